@@ -104,7 +104,9 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
     """
     env = dict(os.environ if environ is None else environ)
     readonly = tuple(
-        Path(p).expanduser() for p in env.get("KERNELCACHE_READONLY_DIRS", "").split(os.pathsep) if p
+        Path(p).expanduser()
+        for p in env.get("KERNELCACHE_READONLY_DIRS", "").split(os.pathsep)
+        if p
     )
     remote = env.get("KERNELCACHE_REMOTE", "").strip() or None
     target = env.get("KERNELCACHE_TARGET", "").strip() or None

@@ -1,0 +1,31 @@
+"""kernelcache: a persistent, content-addressed cache of compiled GPU kernels.
+
+This package imports neither jax nor triton: operators can inspect and prune caches on machines
+that have neither. See ``Cache`` for the guarantees across processes.
+"""
+
+__version__ = "0.1.0"
+
+from .cache import Cache, RemoteTier, default_root
+from .config import ConfigError, settings
+from .errors import CacheError, LockTimeout, LockUnavailable
+from .keys import check_ext, check_key
+from .stats import process_stats
+from .store import Artifact, Store
+
+__all__ = [
+    "Artifact",
+    "Cache",
+    "CacheError",
+    "ConfigError",
+    "LockTimeout",
+    "LockUnavailable",
+    "RemoteTier",
+    "Store",
+    "__version__",
+    "check_ext",
+    "check_key",
+    "default_root",
+    "process_stats",
+    "settings",
+]

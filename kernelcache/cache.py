@@ -1,0 +1,280 @@
+"""The cache: ordered layers over the storage format, and the policy of what to do on failure.
+
+Reads go to the writable root, then each read-only root in order, then the remote tier (if
+any); a remote hit is verified and published into the writable root. Writes go to the writable
+root (and the remote tier). ``get_or_create`` runs at most one ``build`` per key at a time
+across every process sharing the writable root (single flight): the others wait for the
+builder's lock and then read its result.
+
+Failures of the cache never fail the caller's job: ``get`` turns them into misses and
+``get_or_create`` into an artifact built in memory, with one warning per kind of failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from . import stats
+from .config import settings
+from .errors import CacheError, LockTimeout
+from .keys import check_ext, check_key
+from .store import Artifact, Problem, Store, WrongExt, digest, make_metadata
+
+logger = logging.getLogger(__name__)
+
+BuildFn = Callable[[], "tuple[bytes, Mapping[str, Any]]"]
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_once(root: str, topic: str, message: str, *args: object) -> None:
+    """Log a warning the first time (root, topic) comes up in this process."""
+    if (root, topic) not in _warned:
+        _warned.add((root, topic))
+        logger.warning(message, *args)
+
+
+@runtime_checkable
+class RemoteTier(Protocol):
+    """What the cache needs from a shared tier (see kernelcache.remote).
+
+    Implementations handle their own failures: ``get`` returns None and ``put`` returns
+    without raising when the remote is down, slow or returns garbage.
+    """
+
+    def get(self, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | None: ...
+
+    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> None: ...
+
+
+def default_root() -> Path:
+    """``$KERNELCACHE_DIR``, else platformdirs' user cache directory for "kernelcache"."""
+    configured = settings().dir
+    if configured is not None:
+        return configured
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("kernelcache", appauthor=False))
+
+
+def _open_remote(url: str) -> RemoteTier:
+    from .remote import open_remote
+
+    return open_remote(url)
+
+
+class Cache:
+    """A kernel cache over one writable root, read-only roots and an optional remote tier.
+
+    Args:
+        root: the writable root; None for ``$KERNELCACHE_DIR`` or the user cache directory.
+        readonly_roots: roots searched after ``root`` and never written (e.g. a layer baked
+            into a container image); None for ``$KERNELCACHE_READONLY_DIRS``.
+        remote: None for ``$KERNELCACHE_REMOTE``, "" for none, a URL such as
+            ``redis://host:6379/0``, or an object implementing :class:`RemoteTier`.
+        lock_timeout: seconds to wait for a per-key lock before building privately; None for
+            ``$KERNELCACHE_LOCK_TIMEOUT``.
+        lock_mode: "auto", "flock" or "soft"; None for ``$KERNELCACHE_LOCK_MODE``.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        readonly_roots: Sequence[str | os.PathLike[str]] | None = None,
+        remote: str | RemoteTier | None = None,
+        *,
+        lock_timeout: float | None = None,
+        lock_mode: str | None = None,
+    ) -> None:
+        cfg = settings()
+        self.lock_timeout = cfg.lock_timeout if lock_timeout is None else float(lock_timeout)
+        mode = cfg.lock_mode if lock_mode is None else lock_mode
+        self.store = Store(
+            default_root() if root is None else root,
+            lock_mode=mode,
+            lock_stale=cfg.lock_stale,
+            lock_timeout=self.lock_timeout,
+        )
+        self.root = self.store.root
+        ro = cfg.readonly_dirs if readonly_roots is None else readonly_roots
+        self.readonly = [Store(r, readonly=True) for r in ro]
+        if remote is None:
+            remote = cfg.remote or ""
+        self.remote: RemoteTier | None = (
+            (_open_remote(remote) if remote else None) if isinstance(remote, str) else remote
+        )
+        self.disabled = cfg.disable
+        if cfg.stats_log and not self.disabled:
+            stats.enable_log(self.root)
+
+    def __repr__(self) -> str:
+        ro = [s.root for s in self.readonly]
+        return f"Cache(root={self.root!r}, readonly_roots={ro!r}, remote={self.remote!r})"
+
+    @property
+    def layers(self) -> list[Store]:
+        """The local roots in search order: the writable root, then the read-only ones."""
+        return [self.store, *self.readonly]
+
+    # -- reading --------------------------------------------------------------------------
+    def get(self, key: str, ext: str) -> Artifact | None:
+        """Return the verified artifact for ``key``, or None.
+
+        A corrupt entry is a miss: it is quarantined (in the writable root) and counted.
+
+        Raises:
+            ValueError: ``key`` or ``ext`` is malformed (checked before any file is touched).
+        """
+        check_key(key)
+        check_ext(ext)
+        art = self._lookup(key, ext)
+        if art is None:
+            stats.count(self.root, misses=1)
+        return art
+
+    def _lookup(self, key: str, ext: str) -> Artifact | None:
+        """Search every layer; count hits, corruption and errors, but not misses."""
+        if self.disabled:
+            return None
+        for store in self.layers:
+            try:
+                result = store.get(key, ext)
+            except OSError as e:
+                stats.count(self.root, errors=1)
+                warn_once(store.root, "read", "kernelcache: cannot read %s: %s", store.root, e)
+                continue
+            if isinstance(result, Artifact):
+                stats.count(self.root, hits=1, bytes_read=len(result.data))
+                return result
+            if isinstance(result, Problem) and result.corrupt:
+                stats.count(self.root, corrupt=1)
+        if self.remote is not None:
+            return self._remote_lookup(key, ext)
+        return None
+
+    def _remote_lookup(self, key: str, ext: str) -> Artifact | None:
+        assert self.remote is not None
+        found = self.remote.get(key, ext)
+        if found is None:
+            stats.count(self.root, remote_misses=1)
+            return None
+        data, meta = found
+        if (
+            not isinstance(meta, Mapping)
+            or meta.get("key") != key
+            or meta.get("ext") != ext
+            or meta.get("size") != len(data)
+            or meta.get("digest") != digest(data)
+        ):
+            stats.count(self.root, remote_errors=1, corrupt=1)
+            warn_once(self.root, "remote-corrupt", "kernelcache: rejected a corrupt remote entry")
+            return None
+        stats.count(self.root, remote_hits=1, hits=1, bytes_read=len(data))
+        fields = {
+            k: v for k, v in meta.items() if k not in ("format", "key", "ext", "size", "digest")
+        }
+        try:
+            art = self.store.put(key, ext, data, fields)
+        except (CacheError, WrongExt) as e:
+            warn_once(self.root, "write", "kernelcache: cannot store under %s: %s", self.root, e)
+            return Artifact(key, ext, data, None, dict(meta), "remote")
+        return Artifact(art.key, art.ext, art.data, art.path, art.meta, "remote")
+
+    # -- writing --------------------------------------------------------------------------
+    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> Artifact:
+        """Store an artifact atomically; the first complete writer of a key wins.
+
+        Returns the stored artifact (the earlier one if the key was already present).
+
+        Raises:
+            ValueError: malformed key, ext or metadata.
+            CacheError: the writable root cannot take the entry (message says why); nothing
+                partial is left behind.
+        """
+        check_key(key)
+        check_ext(ext)
+        if self.disabled:
+            return self._in_memory(key, ext, data, meta)
+        try:
+            art = self.store.put(key, ext, data, meta)
+        except CacheError:
+            stats.count(self.root, errors=1)
+            raise
+        stats.count(self.root, puts=1, bytes_written=len(art.data))
+        if self.remote is not None:
+            self.remote.put(key, ext, art.data, art.meta)
+            stats.count(self.root, remote_puts=1)
+        return art
+
+    def get_or_create(self, key: str, ext: str, build: BuildFn) -> Artifact:
+        """Return the cached artifact, or run ``build()`` once across processes and store it.
+
+        ``build()`` returns ``(data, meta)``. Concurrent callers for the same missing key, in
+        any process sharing the writable root, wait for the one builder and read its result.
+        If the lock cannot be had within the lock timeout, or the entry cannot be stored, the
+        artifact is built and returned from memory (``path`` None) with one warning.
+
+        Raises:
+            ValueError: malformed key or ext.
+            Exception: whatever ``build`` raises.
+        """
+        check_key(key)
+        check_ext(ext)
+        art = self._lookup(key, ext)
+        if art is not None:
+            return art
+        if self.disabled:
+            stats.count(self.root, misses=1)
+            return self._build(key, ext, build, store=False)
+        started = time.monotonic()
+        held = None
+        try:
+            held = self.store.locker.acquire(
+                key + ".build", shared=False, timeout=self.lock_timeout
+            )
+        except LockTimeout:
+            stats.count(self.root, lock_timeouts=1)
+            warn_once(
+                self.root,
+                "build-lock",
+                "kernelcache: waited %.0fs for another builder under %s; building privately",
+                self.lock_timeout,
+                self.root,
+            )
+        except CacheError as e:
+            warn_once(self.root, "locks", "kernelcache: building without a lock: %s", e)
+        try:
+            if time.monotonic() - started > 0.002:
+                stats.count(self.root, lock_waits=1)
+            if held is not None:
+                art = self._lookup(key, ext)
+                if art is not None:
+                    return art
+            stats.count(self.root, misses=1)
+            return self._build(key, ext, build, store=True)
+        finally:
+            if held is not None:
+                held.release()
+
+    def _build(self, key: str, ext: str, build: BuildFn, *, store: bool) -> Artifact:
+        started = time.monotonic()
+        data, meta = build()
+        stats.count(self.root, builds=1, build_seconds=time.monotonic() - started)
+        if not store:
+            return self._in_memory(key, ext, data, meta)
+        try:
+            return self.put(key, ext, data, meta)
+        except CacheError as e:
+            warn_once(self.root, "write", "kernelcache: using an in-memory artifact: %s", e)
+            return self._in_memory(key, ext, data, meta)
+        finally:
+            stats.flush()
+
+    @staticmethod
+    def _in_memory(key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> Artifact:
+        data = bytes(data)
+        return Artifact(key, ext, data, None, make_metadata(key, ext, data, meta), "memory")

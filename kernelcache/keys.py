@@ -1,0 +1,66 @@
+"""Validation of keys and extensions: the only names ever joined to a cache root.
+
+A key is 32 to 128 lowercase hexadecimal characters; an extension is 1 to 16 characters of
+``[a-z0-9]`` and not ``json`` (the metadata file's own extension). Both are checked before any
+file is touched, so nothing from outside (a manifest, a bundle, a remote value, a command-line
+argument) can name a path outside the root.
+"""
+
+from __future__ import annotations
+
+import re
+
+KEY_PATTERN = re.compile(r"[0-9a-f]{32,128}")
+EXT_PATTERN = re.compile(r"[a-z0-9]{1,16}")
+META_EXT = "json"
+RESERVED_EXTS = frozenset({META_EXT})
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_key(key: object) -> str:
+    """Return ``key`` if it is a valid cache key.
+
+    Raises:
+        ValueError: ``key`` is not a string of 32 to 128 lowercase hexadecimal characters.
+    """
+    if not isinstance(key, str) or KEY_PATTERN.fullmatch(key) is None:
+        raise ValueError(
+            f"invalid cache key {_show(key)}: a key is 32 to 128 lowercase hexadecimal "
+            "characters (e.g. hashlib.sha256(...).hexdigest())"
+        )
+    return key
+
+
+def check_ext(ext: object) -> str:
+    """Return ``ext`` if it is a valid artifact extension.
+
+    Raises:
+        ValueError: ``ext`` is not 1 to 16 characters of [a-z0-9], or is reserved ("json").
+    """
+    if not isinstance(ext, str) or EXT_PATTERN.fullmatch(ext) is None:
+        raise ValueError(
+            f"invalid artifact extension {_show(ext)}: use 1 to 16 characters of [a-z0-9], "
+            "without a leading dot (e.g. 'cubin', 'ptx', 'hsaco')"
+        )
+    if ext in RESERVED_EXTS:
+        raise ValueError(f"artifact extension {ext!r} is reserved for the metadata file")
+    return ext
+
+
+def is_key(name: str) -> bool:
+    """Whether ``name`` is a valid key (no exception)."""
+    return KEY_PATTERN.fullmatch(name) is not None
+
+
+def split_entry_name(name: str) -> tuple[str, str] | None:
+    """Split a file name of a root into (key, ext), or None if it is not an entry file."""
+    key, dot, ext = name.partition(".")
+    if not dot or KEY_PATTERN.fullmatch(key) is None:
+        return None
+    if ext != META_EXT and EXT_PATTERN.fullmatch(ext) is None:
+        return None
+    return key, ext

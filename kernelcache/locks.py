@@ -1,0 +1,407 @@
+"""Per-key locks under ``<root>/.locks/``.
+
+Two mechanisms, chosen per root:
+
+* ``flock`` (default where it works): ``fcntl.flock`` on ``<key>.lock``. Readers take it shared,
+  writers, prune and repair exclusive, so readers never block each other and an entry is never
+  deleted or replaced under a reader. The kernel drops the lock when a process dies, so a
+  killed process never leaves a stale flock behind.
+* ``soft`` (for filesystems where flock does not work: NFS without lockd, some FUSE mounts):
+  ``<key>.softlock`` created with ``O_CREAT | O_EXCL`` and holding ``{host, pid, time, token}``.
+  Only exclusive holders use it; readers rely on digest verification instead. A holder refreshes
+  the file's mtime while it holds the lock. A lock is stale, and is broken, when its holder is a
+  dead process on this host, or when its mtime is older than ``stale_after`` seconds.
+
+``auto`` probes flock once per root and process and falls back to ``soft`` on ENOLCK, ENOSYS,
+EOPNOTSUPP or EINVAL. All processes sharing a root must end up in the same mode; ``auto`` does
+that when they see the same filesystem.
+
+Lock files are opened relative to a directory descriptor with ``O_NOFOLLOW``: a symlink planted
+in the lock directory is never followed. We implement these few primitives directly rather than
+with ``filelock`` because we need shared/exclusive flock on the same file, non-blocking tries for
+prune, and the same stale-lock records on every installed ``filelock`` release.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+import stat
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .errors import LockTimeout, LockUnavailable
+
+logger = logging.getLogger(__name__)
+
+LOCK_DIR = ".locks"
+_FLOCK_UNSUPPORTED = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
+_HOST = socket.gethostname()
+
+
+def _open_flags() -> int:
+    return os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def open_subdir(root: str, name: str, *, create: bool) -> int:
+    """Open ``<root>/<name>`` as a directory without following a symlink at ``name``.
+
+    Creates it (mode 0o777 minus the umask) when ``create`` is true and it is missing.
+
+    Raises:
+        OSError: from the system (ENOENT, EACCES, EROFS, ELOOP/ENOTDIR for a planted symlink).
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    path = os.path.join(root, name)
+    try:
+        return os.open(path, flags)
+    except FileNotFoundError:
+        if not create:
+            raise
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o777)
+    return os.open(path, flags)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class Held:
+    """A lock that is held. Release it with :meth:`release` (or use it as a context manager)."""
+
+    locker: Locker
+    name: str
+    fd: int = -1  # flock: the lock file's descriptor; -1 for a soft lock or no lock
+    token: str = ""  # soft: the token written into the lock file
+    _stop: threading.Event | None = None
+
+    def release(self, *, remove: bool = False) -> None:
+        """Release the lock; with ``remove``, unlink the lock file first (exclusive holders only)."""
+        if self._stop is not None:
+            self._stop.set()
+        if self.fd >= 0:
+            try:
+                if remove:
+                    self.locker._unlink(self.name + ".lock")
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self.fd)
+                self.fd = -1
+        elif self.token:
+            self.locker._release_soft(self.name, self.token)
+            self.token = ""
+
+    def __enter__(self) -> Held:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class Locker:
+    """Locks for one root. Safe to share between threads; each acquire is independent."""
+
+    def __init__(self, root: str, *, mode: str = "auto", stale_after: float = 300.0) -> None:
+        if mode not in ("auto", "flock", "soft"):
+            raise ValueError(f"lock mode {mode!r} is not one of auto, flock, soft")
+        self.root = root
+        self.requested_mode = mode
+        self.stale_after = stale_after
+        self._mode: str | None = None if mode == "auto" else mode
+
+    # -- public ---------------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        """``flock`` or ``soft``; probes the filesystem on first use in ``auto`` mode."""
+        if self._mode is None:
+            self._mode = self._probe()
+        return self._mode
+
+    def acquire(self, name: str, *, shared: bool, timeout: float) -> Held:
+        """Take the lock ``name`` (a validated key), waiting at most ``timeout`` seconds.
+
+        ``timeout=0`` tries once. Shared soft locks are free (readers verify digests instead).
+
+        Raises:
+            LockTimeout: another holder kept it for the whole timeout.
+            LockUnavailable: locks cannot be created here (unwritable or missing lock directory).
+        """
+        deadline = time.monotonic() + timeout
+        if self.mode == "flock":
+            return self._acquire_flock(name, shared, deadline)
+        if shared:
+            return Held(self, name)
+        return self._acquire_soft(name, deadline)
+
+    @contextlib.contextmanager
+    def hold(self, name: str, *, shared: bool, timeout: float) -> Iterator[Held]:
+        held = self.acquire(name, shared=shared, timeout=timeout)
+        try:
+            yield held
+        finally:
+            held.release()
+
+    # -- flock ----------------------------------------------------------------------------
+    def _dir(self) -> int:
+        try:
+            return open_subdir(self.root, LOCK_DIR, create=True)
+        except OSError as e:
+            raise LockUnavailable(
+                e.errno,
+                f"cannot use lock directory {os.path.join(self.root, LOCK_DIR)}: "
+                f"{e.strerror}; make it a writable directory (not a symlink)",
+            ) from e
+
+    def _open_lock_file(self, dfd: int, filename: str) -> int:
+        try:
+            return os.open(filename, _open_flags() | os.O_CREAT, 0o666, dir_fd=dfd)
+        except PermissionError:
+            # An existing lock file of another user in a sticky directory: open without O_CREAT.
+            try:
+                return os.open(filename, _open_flags(), dir_fd=dfd)
+            except OSError as e:
+                raise LockUnavailable(
+                    e.errno, f"cannot open lock file {filename} under {self.root}: {e.strerror}"
+                ) from e
+        except OSError as e:
+            raise LockUnavailable(
+                e.errno,
+                f"cannot open lock file {filename} under {self.root}/{LOCK_DIR}: {e.strerror}"
+                + ("; a symlink was planted there, remove it" if e.errno == errno.ELOOP else ""),
+            ) from e
+
+    def _acquire_flock(self, name: str, shared: bool, deadline: float) -> Held:
+        filename = name + ".lock"
+        op = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
+        delay = 0.0005
+        while True:
+            dfd = self._dir()
+            try:
+                fd = self._open_lock_file(dfd, filename)
+                try:
+                    fcntl.flock(fd, op)
+                except BlockingIOError:
+                    os.close(fd)
+                    fd = -1
+                except OSError as e:
+                    os.close(fd)
+                    if e.errno in _FLOCK_UNSUPPORTED:
+                        raise LockUnavailable(
+                            e.errno, f"flock does not work under {self.root}"
+                        ) from e
+                    raise
+                if fd >= 0:
+                    if shared or self._same_file(dfd, filename, fd):
+                        return Held(self, name, fd=fd)
+                    # The file was unlinked (by a prune) between our open and our lock: retry.
+                    os.close(fd)
+                    continue
+            finally:
+                os.close(dfd)
+            now = time.monotonic()
+            if now >= deadline:
+                raise LockTimeout(
+                    errno.EAGAIN, f"timed out waiting for lock {name} under {self.root}"
+                )
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, 0.01)
+
+    @staticmethod
+    def _same_file(dfd: int, filename: str, fd: int) -> bool:
+        try:
+            on_disk = os.stat(filename, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(fd)
+        return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
+
+    def _unlink(self, filename: str) -> None:
+        dfd = self._dir()
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(filename, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+
+    def _probe(self) -> str:
+        try:
+            dfd = self._dir()
+        except LockUnavailable:
+            return "flock"  # nothing can be locked here anyway; acquire will report it
+        try:
+            fd = self._open_lock_file(dfd, ".probe")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except BlockingIOError:
+                pass  # someone else holds the probe: flock works
+            except OSError as e:
+                if e.errno in _FLOCK_UNSUPPORTED:
+                    logger.warning(
+                        "flock does not work under %s (%s); using soft lock files", self.root, e
+                    )
+                    return "soft"
+                raise
+            finally:
+                os.close(fd)
+        except LockUnavailable:
+            pass
+        finally:
+            os.close(dfd)
+        return "flock"
+
+    # -- soft -----------------------------------------------------------------------------
+    def _acquire_soft(self, name: str, deadline: float) -> Held:
+        filename = name + ".softlock"
+        token = uuid.uuid4().hex
+        record = json.dumps(
+            {"host": _HOST, "pid": os.getpid(), "time": time.time(), "token": token}
+        )
+        delay = 0.001
+        while True:
+            dfd = self._dir()
+            try:
+                try:
+                    fd = os.open(
+                        filename,
+                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        0o666,
+                        dir_fd=dfd,
+                    )
+                except FileExistsError:
+                    self._break_if_stale(dfd, filename)
+                except OSError as e:
+                    raise LockUnavailable(
+                        e.errno,
+                        f"cannot create soft lock {filename} under {self.root}: {e.strerror}",
+                    ) from e
+                else:
+                    try:
+                        os.write(fd, record.encode())
+                    finally:
+                        os.close(fd)
+                    stop = threading.Event()
+                    held = Held(self, name, token=token, _stop=stop)
+                    self._start_heartbeat(filename, stop)
+                    return held
+            finally:
+                os.close(dfd)
+            now = time.monotonic()
+            if now >= deadline:
+                raise LockTimeout(
+                    errno.EAGAIN, f"timed out waiting for lock {name} under {self.root}"
+                )
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, 0.05)
+
+    def read_soft_record(self, dfd: int, filename: str) -> dict | None:
+        """The holder record of a soft lock file, or None if it is unreadable or gone."""
+        try:
+            fd = os.open(filename, _open_flags(), dir_fd=dfd)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            raw = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = {}
+        if not isinstance(record, dict):
+            record = {}
+        record["mtime"] = st.st_mtime
+        return record
+
+    def is_stale(self, record: dict) -> bool:
+        """Whether a soft lock's holder is gone: a dead pid on this host, or no sign of life."""
+        age = time.time() - float(record.get("mtime", 0))
+        if record.get("host") == _HOST and isinstance(record.get("pid"), int):
+            if not pid_alive(record["pid"]):
+                return True
+        return age > self.stale_after
+
+    def _break_if_stale(self, dfd: int, filename: str) -> None:
+        record = self.read_soft_record(dfd, filename)
+        if record is None or not self.is_stale(record):
+            return
+        # Move it aside under a unique name, then check we moved the lock we judged stale: a
+        # concurrent breaker may have broken it and a new holder taken it in between.
+        aside = f"{filename}.broken-{uuid.uuid4().hex}"
+        try:
+            os.rename(filename, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except FileNotFoundError:
+            return
+        moved = self.read_soft_record(dfd, aside)
+        if moved is not None and moved.get("token") != record.get("token"):
+            # We took a fresh lock: put it back unless yet another holder arrived meanwhile.
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, filename, src_dir_fd=dfd, dst_dir_fd=dfd)
+        else:
+            logger.warning(
+                "broke stale lock %s under %s (holder %s pid %s)",
+                filename,
+                self.root,
+                record.get("host"),
+                record.get("pid"),
+            )
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(aside, dir_fd=dfd)
+
+    def _start_heartbeat(self, filename: str, stop: threading.Event) -> None:
+        interval = max(self.stale_after / 4, 0.05)
+
+        def beat() -> None:
+            while not stop.wait(interval):
+                try:
+                    dfd = open_subdir(self.root, LOCK_DIR, create=False)
+                except OSError:
+                    return
+                try:
+                    os.utime(filename, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    return
+                finally:
+                    os.close(dfd)
+
+        threading.Thread(target=beat, name=f"kernelcache-lock-{filename}", daemon=True).start()
+
+    def _release_soft(self, name: str, token: str) -> None:
+        filename = name + ".softlock"
+        try:
+            dfd = open_subdir(self.root, LOCK_DIR, create=False)
+        except OSError:
+            return
+        try:
+            record = self.read_soft_record(dfd, filename)
+            if record is not None and record.get("token") == token:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(filename, dir_fd=dfd)
+            else:
+                logger.warning("soft lock %s under %s was broken while held", filename, self.root)
+        finally:
+            os.close(dfd)
+
+
+def is_regular(st: os.stat_result) -> bool:
+    return stat.S_ISREG(st.st_mode)

@@ -1,0 +1,194 @@
+"""Per-process counters, and append-only per-process statistics logs under each root.
+
+Counters are kept per writable root in memory. :func:`process_stats` sums them for this
+process. Each process appends the changes since its last flush as one JSON line to its own file
+``<root>/.stats/<host>-<pid>-<token>.jsonl`` (at most once a minute, after builds, and at exit),
+so writers never contend and ``kernelcache stats`` aggregates every file it finds. A killed
+process loses at most its last minute of counts.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from .locks import open_subdir
+
+logger = logging.getLogger(__name__)
+
+STATS_DIR = ".stats"
+LOG_VERSION = 1
+FLUSH_INTERVAL = 60.0
+#: counters every snapshot reports, in this order
+COUNTERS = (
+    "hits",
+    "misses",
+    "builds",
+    "puts",
+    "corrupt",
+    "errors",
+    "lock_waits",
+    "lock_timeouts",
+    "bytes_read",
+    "bytes_written",
+    "build_seconds",
+    "remote_hits",
+    "remote_misses",
+    "remote_errors",
+    "remote_puts",
+)
+
+_lock = threading.Lock()
+_counts: dict[str, dict[str, float]] = {}
+_flushed: dict[str, dict[str, float]] = {}
+_logged_roots: set[str] = set()
+_last_flush = time.monotonic()
+_token = uuid.uuid4().hex[:8]
+_host = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64]
+
+
+def _zero() -> dict[str, float]:
+    return dict.fromkeys(COUNTERS, 0)
+
+
+def count(root: str, **deltas: float) -> None:
+    """Add ``deltas`` to the counters of ``root`` (names from :data:`COUNTERS`)."""
+    with _lock:
+        counters = _counts.get(root)
+        if counters is None:
+            counters = _counts[root] = _zero()
+        for name, value in deltas.items():
+            counters[name] += value
+    if time.monotonic() - _last_flush > FLUSH_INTERVAL:
+        flush()
+
+
+def enable_log(root: str) -> None:
+    """Append this process's counters for ``root`` to a log under it (at flushes and exit)."""
+    with _lock:
+        _logged_roots.add(root)
+
+
+def process_stats() -> dict[str, Any]:
+    """This process's counters, summed over every cache root it used."""
+    total = _zero()
+    with _lock:
+        for counters in _counts.values():
+            for name, value in counters.items():
+                total[name] += value
+    result: dict[str, Any] = {}
+    for name, value in total.items():
+        result[name] = round(value, 6) if name.endswith("seconds") else int(value)
+    return result
+
+
+def root_stats(root: str) -> dict[str, float]:
+    with _lock:
+        return dict(_counts.get(root) or _zero())
+
+
+def reset() -> None:
+    """Forget this process's counters (for tests and long-running services)."""
+    with _lock:
+        _counts.clear()
+        _flushed.clear()
+
+
+def flush() -> None:
+    """Append the changes since the last flush to each logged root's per-process log."""
+    global _last_flush
+    with _lock:
+        _last_flush = time.monotonic()
+        pending = []
+        for root in _logged_roots:
+            now = _counts.get(root)
+            if now is None:
+                continue
+            before = _flushed.get(root) or _zero()
+            delta = {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
+            if delta:
+                pending.append((root, delta))
+                _flushed[root] = dict(now)
+    for root, delta in pending:
+        _append(root, delta)
+
+
+def log_name() -> str:
+    """This process's log file name (the same under every root)."""
+    return f"{_host}-{os.getpid()}-{_token}.jsonl"
+
+
+def _append(root: str, delta: dict[str, float]) -> None:
+    line = json.dumps(
+        {"v": LOG_VERSION, "host": _host, "pid": os.getpid(), "time": time.time(), "delta": delta},
+        sort_keys=True,
+    )
+    try:
+        dfd = open_subdir(root, STATS_DIR, create=True)
+    except OSError as e:
+        logger.debug("kernelcache: no stats log under %s: %s", root, e)
+        return
+    try:
+        fd = os.open(
+            log_name(),
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o666,
+            dir_fd=dfd,
+        )
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as e:
+        logger.debug("kernelcache: cannot append stats log under %s: %s", root, e)
+    finally:
+        os.close(dfd)
+
+
+def read_logs(root: str) -> tuple[dict[str, float], int, list[str]]:
+    """Sum every stats log under ``root``.
+
+    Returns (totals, number of processes, problems). Unreadable lines are skipped and listed
+    in problems, never raised.
+    """
+    totals = _zero()
+    processes = 0
+    problems: list[str] = []
+    directory = os.path.join(root, STATS_DIR)
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return totals, 0, problems
+    for name in names:
+        if not name.endswith(".jsonl"):
+            continue
+        processes += 1
+        path = os.path.join(directory, name)
+        try:
+            with open(path, "rb") as f:
+                lines = f.read().splitlines()
+        except OSError as e:
+            problems.append(f"{path}: {e.strerror}")
+            continue
+        for number, raw in enumerate(lines, 1):
+            with contextlib.suppress(ValueError):
+                record = json.loads(raw)
+                delta = record.get("delta") if isinstance(record, dict) else None
+                if isinstance(delta, dict):
+                    for k, v in delta.items():
+                        if k in totals and isinstance(v, (int, float)) and not isinstance(v, bool):
+                            totals[k] += v
+                    continue
+            problems.append(f"{path}:{number}: unreadable line")
+    return totals, processes, problems
+
+
+atexit.register(flush)

@@ -1,0 +1,550 @@
+"""One cache root on disk: the storage format, atomic publication, verified reads, quarantine.
+
+Layout of a root::
+
+    <root>/<key>.<ext>      the artifact bytes, exactly what a loader consumes
+    <root>/<key>.json       metadata, written last: the commit marker of the entry
+    <root>/.tmp/            staging; published into the root with os.replace
+    <root>/.locks/          per-key lock files (see locks.py)
+    <root>/.quarantine/     corrupt entries moved aside, with the reason
+    <root>/.stats/          append-only per-process statistics logs (see stats.py)
+
+Guarantees across processes and hosts sharing a root:
+
+* A reader sees a whole entry or none: the artifact is published before its metadata, both by
+  ``os.replace``, under the key's exclusive lock, while readers hold it shared.
+* Every read checks the size and the xxh3-128 digest recorded in the metadata. A mismatch,
+  unreadable metadata, a symlink or a half entry is never returned: the entry is re-checked
+  under the exclusive lock and moved to ``.quarantine/``.
+* The first complete writer of a key wins; later writers find the entry and keep it.
+* Nothing is written through a symlink: staging, locks and quarantine are opened relative to
+  directory descriptors with ``O_NOFOLLOW``, and ``os.replace`` replaces a planted link rather
+  than following it.
+* Files and directories are created with mode 0o666/0o777 minus the umask, so a group-shared
+  root (``umask 002`` and a set-group-ID directory) stays writable for the whole group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import socket
+import stat
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from . import __version__
+from .errors import CacheError, LockTimeout, LockUnavailable
+from .keys import META_EXT, check_ext, check_key, split_entry_name
+from .locks import Held, Locker, open_subdir
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+TMP_DIR = ".tmp"
+QUARANTINE_DIR = ".quarantine"
+MAX_META_BYTES = 1 << 20
+#: how often a hit refreshes an entry's last-used stamp (the metadata file's mtime)
+TOUCH_INTERVAL = 3600.0
+#: fields the store writes itself; callers' metadata may not set them
+RESERVED_FIELDS = frozenset({"format", "key", "ext", "size", "digest"})
+
+_HINTS = {
+    errno.ENOSPC: "free space on that filesystem or prune the cache (kernelcache prune)",
+    errno.EDQUOT: "raise the quota or prune the cache (kernelcache prune)",
+    errno.EFBIG: "the file size limit (ulimit -f) is too small for this artifact",
+    errno.EROFS: "the filesystem is read-only; use a writable KERNELCACHE_DIR and pass this one "
+    "as a read-only root (KERNELCACHE_READONLY_DIRS)",
+    errno.EACCES: "make it writable for this user (or group), or use another KERNELCACHE_DIR",
+    errno.EPERM: "make it writable for this user (or group), or use another KERNELCACHE_DIR",
+    errno.ELOOP: "a symlink was planted in the cache; remove it (kernelcache verify --repair)",
+    errno.ENOTDIR: "point KERNELCACHE_DIR at a directory",
+    errno.EEXIST: "point KERNELCACHE_DIR at a directory",
+}
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_HOST = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64]
+
+
+def digest(data: bytes | memoryview) -> str:
+    """The digest recorded for an artifact: ``xxh3_128:<32 hex digits>``."""
+    return "xxh3_128:" + xxhash.xxh3_128_hexdigest(data)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """An artifact and its metadata.
+
+    ``path`` is the file a loader can open as is, or None when the artifact exists only in
+    memory (the cache could not store it). ``source`` says where it came from: ``"local"``,
+    ``"readonly"``, ``"remote"`` or ``"memory"``.
+    """
+
+    key: str
+    ext: str
+    data: bytes = field(repr=False)
+    path: str | None
+    meta: Mapping[str, Any] = field(repr=False)
+    source: str = "local"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why an entry could not be served. ``corrupt`` problems get the entry quarantined."""
+
+    key: str
+    reason: str
+    corrupt: bool = True
+
+
+class WrongExt(ValueError):
+    """The key already holds an artifact with another extension."""
+
+
+def make_metadata(key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata document stored beside an artifact (the caller's fields plus the store's).
+
+    Raises:
+        ValueError: ``meta`` sets a reserved field, or is not JSON-serializable.
+    """
+    clash = RESERVED_FIELDS.intersection(meta)
+    if clash:
+        raise ValueError(f"metadata may not set the reserved field(s) {sorted(clash)}")
+    doc: dict[str, Any] = dict(meta)
+    producer = dict(doc.get("producer") or {})
+    producer.setdefault("kernelcache", __version__)
+    doc.update(
+        format=FORMAT_VERSION,
+        key=key,
+        ext=ext,
+        size=len(data),
+        digest=digest(data),
+        created=doc.get("created", time.time()),
+        producer=producer,
+    )
+    try:
+        json.dumps(doc, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"metadata for {key} is not JSON-serializable: {e}") from None
+    return doc
+
+
+def encode_metadata(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def parse_metadata(raw: bytes, key: str) -> dict[str, Any] | str:
+    """Parse and check a metadata document; return it, or a string saying what is wrong."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        return f"unreadable metadata ({e.__class__.__name__})"
+    if not isinstance(doc, dict):
+        return "metadata is not a JSON object"
+    if doc.get("format") != FORMAT_VERSION:
+        return f"unsupported metadata format {doc.get('format')!r}"
+    if doc.get("key") != key:
+        return "metadata names another key"
+    ext = doc.get("ext")
+    if not isinstance(ext, str) or split_entry_name(f"{key}.{ext}") is None or ext == META_EXT:
+        return "metadata has an invalid ext"
+    size = doc.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return "metadata has an invalid size"
+    dig = doc.get("digest")
+    if not isinstance(dig, str) or not dig.startswith("xxh3_128:"):
+        return "metadata has an invalid digest"
+    return doc
+
+
+def _read_exact(fd: int, size: int) -> bytes | None:
+    """Read exactly ``size`` bytes; None if the file is shorter or longer."""
+    chunks = []
+    remaining = size
+    while remaining > 0:
+        chunk = os.read(fd, remaining)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    if os.read(fd, 1):
+        return None
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class Store:
+    """One root directory. ``readonly`` stores are only read: no lock, touch or quarantine.
+
+    Thread-safe and process-safe; see the module docstring for the guarantees.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        readonly: bool = False,
+        lock_mode: str = "auto",
+        lock_stale: float = 300.0,
+        lock_timeout: float = 120.0,
+    ) -> None:
+        self.root = os.fspath(Path(root).expanduser())
+        self.readonly = readonly
+        self.lock_timeout = lock_timeout
+        self.locker = Locker(self.root, mode=lock_mode, stale_after=lock_stale)
+        self._warned: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"Store({self.root!r}, readonly={self.readonly})"
+
+    # -- paths ----------------------------------------------------------------------------
+    def path(self, key: str, ext: str) -> str:
+        return os.path.join(self.root, f"{key}.{ext}")
+
+    def meta_path(self, key: str) -> str:
+        return os.path.join(self.root, f"{key}.{META_EXT}")
+
+    def warn_once(self, topic: str, message: str, *args: object) -> None:
+        if topic not in self._warned:
+            self._warned.add(topic)
+            logger.warning(message, *args)
+
+    # -- locks ----------------------------------------------------------------------------
+    def lock(self, key: str, *, shared: bool, timeout: float | None = None) -> Held | None:
+        """Take the key's lock; None where locks cannot be had (warned once).
+
+        Raises:
+            LockTimeout: held by someone else for the whole timeout.
+        """
+        if self.readonly:
+            return None
+        try:
+            return self.locker.acquire(
+                key, shared=shared, timeout=self.lock_timeout if timeout is None else timeout
+            )
+        except LockUnavailable as e:
+            self.warn_once("locks", "kernelcache: working without locks under %s: %s", self.root, e)
+            return None
+
+    # -- reading --------------------------------------------------------------------------
+    def read(self, key: str, ext: str | None = None) -> Artifact | Problem | None:
+        """Read and verify an entry without locking; None if it does not exist.
+
+        ``ext=None`` accepts whatever extension the entry has. A Problem with
+        ``corrupt=False`` means the key holds another extension than the one asked for.
+        """
+        try:
+            fd = os.open(self.meta_path(key), _READ_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EMLINK):
+                return Problem(key, "metadata is a symlink")
+            if e.errno in (errno.ENOTDIR, errno.EACCES, errno.EPERM):
+                return None
+            return Problem(key, f"metadata unreadable: {e.strerror}", corrupt=False)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return Problem(key, "metadata is not a regular file")
+            if st.st_size > MAX_META_BYTES:
+                return Problem(key, "metadata is too large")
+            raw = os.read(fd, MAX_META_BYTES + 1)
+        except OSError as e:
+            return Problem(key, f"metadata unreadable: {e.strerror}")
+        finally:
+            os.close(fd)
+        doc = parse_metadata(raw, key)
+        if isinstance(doc, str):
+            return Problem(key, doc)
+        stored_ext = doc["ext"]
+        if ext is not None and stored_ext != ext:
+            return Problem(key, f"key holds a .{stored_ext} artifact, not .{ext}", corrupt=False)
+        path = self.path(key, stored_ext)
+        try:
+            afd = os.open(path, _READ_FLAGS)
+        except FileNotFoundError:
+            return Problem(key, "artifact missing")
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EMLINK):
+                return Problem(key, "artifact is a symlink")
+            return Problem(key, f"artifact unreadable: {e.strerror}")
+        try:
+            ast = os.fstat(afd)
+            if not stat.S_ISREG(ast.st_mode):
+                return Problem(key, "artifact is not a regular file")
+            if ast.st_size != doc["size"]:
+                return Problem(
+                    key, f"artifact has {ast.st_size} bytes, metadata says {doc['size']}"
+                )
+            data = _read_exact(afd, doc["size"])
+        except OSError as e:
+            return Problem(key, f"artifact unreadable: {e.strerror}")
+        finally:
+            os.close(afd)
+        if data is None:
+            return Problem(key, "artifact changed size while being read")
+        if digest(data) != doc["digest"]:
+            return Problem(key, "artifact digest mismatch")
+        if not self.readonly and time.time() - st.st_mtime > TOUCH_INTERVAL:
+            self._touch(key)
+        source = "readonly" if self.readonly else "local"
+        return Artifact(key, stored_ext, data, path, doc, source)
+
+    def get(self, key: str, ext: str) -> Artifact | Problem | None:
+        """Read an entry under its shared lock; quarantine it if it is corrupt.
+
+        Returns the Artifact, a Problem (the entry was not served: corrupt and quarantined, or
+        holding another ext), or None (no entry, or the lock could not be had in time).
+        """
+        check_key(key)
+        check_ext(ext)
+        try:
+            held = self.lock(key, shared=True)
+        except LockTimeout:
+            self.warn_once("lock-timeout", "kernelcache: lock wait timed out under %s", self.root)
+            return None
+        try:
+            result = self.read(key, ext)
+        finally:
+            if held is not None:
+                held.release()
+        if isinstance(result, Problem) and result.corrupt:
+            self.repair(key, result)
+        return result
+
+    def _touch(self, key: str) -> None:
+        with contextlib.suppress(OSError):
+            os.utime(self.meta_path(key), follow_symlinks=False)
+
+    # -- writing --------------------------------------------------------------------------
+    def _root_fd(self) -> int:
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileExistsError as e:
+            raise self._write_error("the cache root exists and is not a directory", e) from e
+        except OSError as e:
+            raise self._write_error(f"cannot open the cache root: {e.strerror}", e) from e
+
+    def _write_error(self, what: str, e: OSError | None = None, key: str = "") -> CacheError:
+        hint = _HINTS.get(e.errno if e is not None else None)
+        where = f" entry {key}" if key else ""
+        message = f"kernelcache: cannot write{where} under {self.root}: {what}"
+        if hint:
+            message += f" ({hint})"
+        return CacheError(e.errno if e is not None and e.errno else errno.EIO, message)
+
+    def _stage(self, tmp_fd: int, data: bytes) -> str:
+        name = f"{_HOST}-{os.getpid()}-{uuid.uuid4().hex}.tmp"
+        fd = os.open(
+            name,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o666,
+            dir_fd=tmp_fd,
+        )
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=tmp_fd)
+            raise
+        os.close(fd)
+        return name
+
+    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> Artifact:
+        """Publish an entry atomically; if a valid entry already exists, keep and return it.
+
+        Raises:
+            ValueError: invalid key, ext or metadata; or the key holds another extension.
+            CacheError: the entry could not be written (the message says why and what to do);
+                nothing partial is left behind.
+        """
+        check_key(key)
+        check_ext(ext)
+        data = bytes(data)
+        doc = make_metadata(key, ext, data, meta)
+        if self.readonly:
+            raise CacheError(errno.EROFS, f"kernelcache: {self.root} is a read-only root")
+        root_fd = self._root_fd()
+        staged: list[str] = []
+        tmp_fd = -1
+        try:
+            try:
+                tmp_fd = open_subdir(self.root, TMP_DIR, create=True)
+                staged.append(self._stage(tmp_fd, data))
+                staged.append(self._stage(tmp_fd, encode_metadata(doc)))
+            except OSError as e:
+                raise self._write_error(f"staging failed: {e.strerror}", e, key) from e
+            try:
+                held = self.lock(key, shared=False)
+            except LockTimeout as e:
+                raise CacheError(
+                    errno.EAGAIN, f"kernelcache: timed out waiting to write {key} under {self.root}"
+                ) from e
+            try:
+                existing = self.read(key)
+                if isinstance(existing, Artifact):
+                    if existing.ext != ext:
+                        raise WrongExt(f"key {key} already holds a .{existing.ext} artifact")
+                    return existing
+                if isinstance(existing, Problem):
+                    self._quarantine_locked(root_fd, key, existing.reason)
+                try:
+                    os.replace(staged[0], f"{key}.{ext}", src_dir_fd=tmp_fd, dst_dir_fd=root_fd)
+                    os.replace(
+                        staged[1], f"{key}.{META_EXT}", src_dir_fd=tmp_fd, dst_dir_fd=root_fd
+                    )
+                except OSError as e:
+                    raise self._write_error(f"publishing failed: {e.strerror}", e, key) from e
+                staged.clear()
+            finally:
+                if held is not None:
+                    held.release()
+        finally:
+            if tmp_fd >= 0:
+                for name in staged:
+                    with contextlib.suppress(OSError):
+                        os.unlink(name, dir_fd=tmp_fd)
+                os.close(tmp_fd)
+            os.close(root_fd)
+        return Artifact(key, ext, data, self.path(key, ext), doc, "local")
+
+    # -- repair ---------------------------------------------------------------------------
+    def repair(self, key: str, problem: Problem) -> bool:
+        """Re-check a corrupt entry under the exclusive lock and quarantine it if still bad.
+
+        Returns whether something was quarantined. Read-only stores are never modified.
+        """
+        if self.readonly:
+            self.warn_once(
+                f"ro-corrupt-{key}",
+                "kernelcache: corrupt entry %s in read-only root %s (%s); skipping it",
+                key,
+                self.root,
+                problem.reason,
+            )
+            return False
+        try:
+            held = self.lock(key, shared=False)
+        except LockTimeout:
+            return False
+        try:
+            again = self.read(key)
+            if not isinstance(again, Problem) or not again.corrupt:
+                return False
+            try:
+                root_fd = self._root_fd()
+            except CacheError:
+                return False
+            try:
+                moved = self._quarantine_locked(root_fd, key, again.reason)
+            finally:
+                os.close(root_fd)
+        finally:
+            if held is not None:
+                held.release()
+        if moved:
+            logger.warning("kernelcache: quarantined %s under %s: %s", key, self.root, again.reason)
+        return moved
+
+    def _quarantine_locked(self, root_fd: int, key: str, reason: str) -> bool:
+        """Move every file of ``key`` into .quarantine/ (caller holds the exclusive lock)."""
+        try:
+            qfd = open_subdir(self.root, QUARANTINE_DIR, create=True)
+        except OSError as e:
+            self.warn_once(
+                "quarantine", "kernelcache: cannot quarantine under %s: %s", self.root, e
+            )
+            return False
+        moved = False
+        stamp = f"{time.time():.0f}-{uuid.uuid4().hex[:8]}"
+        try:
+            for name in self._names_of(key):
+                try:
+                    os.replace(name, f"{name}.{stamp}", src_dir_fd=root_fd, dst_dir_fd=qfd)
+                    moved = True
+                except FileNotFoundError:
+                    continue
+                except OSError as e:
+                    self.warn_once("quarantine", "kernelcache: cannot quarantine %s: %s", name, e)
+            if moved:
+                note = json.dumps({"key": key, "reason": reason, "time": time.time()}).encode()
+                with contextlib.suppress(OSError):
+                    fd = os.open(
+                        f"{key}.{stamp}.reason",
+                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        0o666,
+                        dir_fd=qfd,
+                    )
+                    try:
+                        os.write(fd, note)
+                    finally:
+                        os.close(fd)
+        finally:
+            os.close(qfd)
+        return moved
+
+    def _names_of(self, key: str) -> list[str]:
+        """The file names under the root that belong to ``key`` (metadata first)."""
+        prefix = key + "."
+        names = []
+        try:
+            with os.scandir(self.root) as it:
+                for entry in it:
+                    if entry.name.startswith(prefix) and split_entry_name(entry.name) is not None:
+                        names.append(entry.name)
+        except OSError:
+            return []
+        names.sort(key=lambda n: not n.endswith("." + META_EXT))
+        return names
+
+    def delete(self, key: str, *, wait: float = 0.0, remove_lock: bool = True) -> bool | None:
+        """Delete every file of ``key`` under its exclusive lock (metadata first).
+
+        Returns True if something was deleted, False if nothing was there, None if the entry
+        is in use (its lock could not be had within ``wait`` seconds).
+        """
+        check_key(key)
+        if self.readonly:
+            raise CacheError(errno.EROFS, f"kernelcache: {self.root} is a read-only root")
+        try:
+            held = self.lock(key, shared=False, timeout=wait)
+        except LockTimeout:
+            return None
+        deleted = False
+        try:
+            for name in self._names_of(key):
+                try:
+                    os.unlink(os.path.join(self.root, name))
+                    deleted = True
+                except FileNotFoundError:
+                    continue
+        finally:
+            if held is not None:
+                held.release(remove=remove_lock)
+        return deleted
+
+    # -- listing --------------------------------------------------------------------------
+    def entry_files(self) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
+        """Yield (key, ext, DirEntry) for every entry-shaped file in the root (metadata too)."""
+        try:
+            it = os.scandir(self.root)
+        except FileNotFoundError:
+            return
+        with it:
+            for entry in it:
+                parts = split_entry_name(entry.name)
+                if parts is not None:
+                    yield parts[0], parts[1], entry
