@@ -50,6 +50,14 @@ class RemoteTier(Protocol):
 
     def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> None: ...
 
+    def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
+        """Take the job-wide build lock of ``key`` (one builder across machines).
+
+        Returns a function that releases it, or None if it could not be had within
+        ``timeout`` seconds or the remote is unavailable (the caller then builds anyway).
+        """
+        ...
+
 
 def default_root() -> Path:
     """``$KERNELCACHE_DIR``, else platformdirs' user cache directory for "kernelcache"."""
@@ -254,8 +262,20 @@ class Cache:
                 art = self._lookup(key, ext)
                 if art is not None:
                     return art
-            stats.count(self.root, misses=1)
-            return self._build(key, ext, build, store=True)
+            release_remote = None
+            if self.remote is not None:
+                release_remote = self.remote.acquire(key, self.lock_timeout)
+                if release_remote is not None:
+                    art = self._remote_lookup(key, ext)
+                    if art is not None:
+                        release_remote()
+                        return art
+            try:
+                stats.count(self.root, misses=1)
+                return self._build(key, ext, build, store=True)
+            finally:
+                if release_remote is not None:
+                    release_remote()
         finally:
             if held is not None:
                 held.release()

@@ -256,7 +256,7 @@ class Store:
                 return Problem(key, "metadata is not a regular file")
             if st.st_size > MAX_META_BYTES:
                 return Problem(key, "metadata is too large")
-            raw = os.read(fd, MAX_META_BYTES + 1)
+            raw = os.read(fd, st.st_size + 1)
         except OSError as e:
             return Problem(key, f"metadata unreadable: {e.strerror}")
         finally:
