@@ -1,0 +1,768 @@
+"""Scanning a cache root into immutable records; problems are collected, never raised.
+
+:func:`scan` lists a root once and describes every entry (:class:`EntryInfo`) from its
+metadata, without reading artifacts: it is what ``stats``, ``ls``, ``prune`` and ``export`` use.
+:func:`verify` additionally reads every artifact and checks its size and digest.
+
+What is found wrong lands in ``CacheScan.issues`` as :class:`Issue` records (kinds in
+:data:`ISSUE_KINDS`); nothing here modifies an entry. Deciding what to delete is
+:mod:`kernelcache.prune`'s job.
+
+Speed: a scan index, ``<root>/.stats/index.json``, remembers what each metadata file said, keyed
+by the entry's key and the metadata file's inode number. Metadata is written once per entry and
+replaced (new inode) whenever the entry is republished, so a row whose key and inode still match
+the directory listing is reused without opening the file; new or replaced metadata is read and
+parsed. The index is a cache: it is rewritten atomically (``os.replace``) by whoever scans a
+writable root, ignored when missing, unreadable or malformed, and never needed for correctness.
+Last-used stamps (metadata mtimes) are never taken from the index.
+
+Guarantees across processes: a scan runs concurrently with writers, readers and pruners. An
+entry published or deleted during the scan may or may not be listed; a half-published entry
+(artifact without metadata) is reported as an orphan only once it is older than
+:data:`GRACE_SECONDS`, so a write in progress is never reported as a problem.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import stat
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from functools import cached_property
+from itertools import repeat
+from operator import add, itemgetter
+from typing import Any, NamedTuple
+
+from .keys import KEY_PATTERN, META_EXT, split_entry_name
+from .locks import LOCK_DIR, Locker, open_subdir
+from .stats import STATS_DIR
+from .store import MAX_META_BYTES, QUARANTINE_DIR, TMP_DIR, Artifact, Store, parse_metadata
+
+logger = logging.getLogger(__name__)
+
+#: files younger than this may belong to a write in progress: never reported or removed
+GRACE_SECONDS = 3600.0
+INDEX_NAME = "index.json"
+INDEX_VERSION = 1
+MAX_INDEX_BYTES = 512 << 20
+#: the directories a root may hold besides entries
+KNOWN_DIRS = frozenset({TMP_DIR, LOCK_DIR, QUARANTINE_DIR, STATS_DIR})
+#: kind -> what it means
+ISSUE_KINDS: dict[str, str] = {
+    "corrupt": "an entry that must not be served: bad metadata, missing or wrong artifact",
+    "orphan-artifact": "an artifact file without metadata (older than the grace period)",
+    "stale-temp": "a staging file in .tmp/ older than the grace period",
+    "stale-lock": "a lock file nobody holds, or a soft lock whose holder is gone",
+    "foreign": "a file the cache does not know; left alone",
+}
+_LOCK_SUFFIXES = (".build.lock", ".lock", ".softlock")
+
+Progress = Callable[[int], object]
+
+
+class EntryInfo(NamedTuple):
+    """One committed entry as its metadata describes it (immutable).
+
+    ``size`` is the artifact's size recorded in the metadata, ``meta_size`` the metadata
+    file's size; ``kernel`` and ``target`` are the metadata's ``name`` and ``target`` fields
+    (None when absent). ``last_used`` is the metadata file's mtime, the last-used stamp,
+    or None when the scan did not stat files. (A NamedTuple rather than a frozen dataclass:
+    scans of 100,000 entries are built in well under a second.)
+    """
+
+    key: str
+    ext: str
+    size: int
+    meta_size: int
+    kernel: str | None
+    target: str | None
+    created: float | None
+    last_used: float | None = None
+    inode: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes on disk (apparent size): the artifact plus its metadata."""
+        return self.size + self.meta_size
+
+    @property
+    def filename(self) -> str:
+        return f"{self.key}.{self.ext}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "ext": self.ext,
+            "size": self.size,
+            "meta_size": self.meta_size,
+            "kernel": self.kernel,
+            "target": self.target,
+            "created": self.created,
+            "last_used": self.last_used,
+        }
+
+
+#: EntryInfo's fields, in order: the columns of an EntryTable
+COLUMNS = EntryInfo._fields
+
+
+@dataclass(frozen=True)
+class EntryTable:
+    """Entries stored by column (one tuple per EntryInfo field), cheap to aggregate."""
+
+    key: tuple[str, ...] = ()
+    ext: tuple[str, ...] = ()
+    size: tuple[int, ...] = ()
+    meta_size: tuple[int, ...] = ()
+    kernel: tuple[str | None, ...] = ()
+    target: tuple[str | None, ...] = ()
+    created: tuple[float | None, ...] = ()
+    last_used: tuple[float | None, ...] = ()
+    inode: tuple[int, ...] = ()
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[EntryInfo]) -> EntryTable:
+        columns = list(zip(*rows, strict=True))
+        return cls(*columns) if columns else cls()
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    def rows(self) -> list[EntryInfo]:
+        make = tuple.__new__
+        return [make(EntryInfo, r) for r in zip(*(getattr(self, c) for c in COLUMNS), strict=True)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.size) + sum(self.meta_size)
+
+    def group(self, column: str) -> dict[str | None, tuple[int, int]]:
+        """{value of ``column``: (entries, bytes)}, largest first."""
+        values = getattr(self, column)
+        counts = Counter(values)
+        sizes = dict.fromkeys(counts, 0)
+        for value, nbytes in zip(values, map(add, self.size, self.meta_size), strict=True):
+            sizes[value] += nbytes
+        order = sorted(counts, key=lambda v: (-sizes[v], str(v)))
+        return {v: (counts[v], sizes[v]) for v in order}
+
+
+@dataclass(frozen=True)
+class Issue:
+    """Something wrong under a root. ``path`` is relative to the root."""
+
+    kind: str
+    path: str
+    detail: str
+    key: str | None = None
+    size: int = 0
+    mtime: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "key": self.key,
+            "detail": self.detail,
+            "size": self.size,
+        }
+
+
+@dataclass(frozen=True)
+class AuxFile:
+    """A file in one of the root's housekeeping directories (``.tmp``, ``.quarantine``, ...)."""
+
+    path: str  # relative to the root
+    size: int
+    mtime: float
+
+
+@dataclass(frozen=True)
+class CacheScan:
+    """The result of :func:`scan`: immutable; problems collected in ``issues``.
+
+    ``table`` holds the entries by column; ``entries`` gives them as :class:`EntryInfo` rows.
+    ``lock_files`` is the set of names under ``.locks/`` (empty unless scanned with locks).
+    """
+
+    root: str
+    exists: bool
+    table: EntryTable
+    issues: tuple[Issue, ...]
+    temp: tuple[AuxFile, ...] = ()
+    quarantine: tuple[AuxFile, ...] = ()
+    lock_files: frozenset[str] = frozenset()
+    scanned_at: float = 0.0
+
+    @cached_property
+    def entries(self) -> tuple[EntryInfo, ...]:
+        return tuple(self.table.rows())
+
+    @property
+    def nbytes(self) -> int:
+        return self.table.nbytes
+
+
+# -- listing ------------------------------------------------------------------------------
+@dataclass
+class _Listing:
+    metas: dict[str, int]  # key -> inode of <key>.json
+    arts: dict[str, str]  # key -> ext of its artifact file (the first one listed)
+    extra: set[tuple[str, str]]  # (key, ext) of further artifact files of a key in arts
+    foreign: list[str]
+
+    def has_artifact(self, key: str, ext: str) -> bool:
+        return self.arts.get(key) == ext or (key, ext) in self.extra
+
+
+def _read_dir(root: str) -> list[tuple[str, int]] | None:
+    """(name, inode) of everything in the root; None when it does not exist."""
+    try:
+        with os.scandir(root) as it:
+            return [(e.name, e.inode()) for e in it]
+    except FileNotFoundError:
+        return None
+
+
+def _index_matches(index: EntryTable, names: Mapping[str, int]) -> bool:
+    """Whether the listing holds exactly the index's entries, with the same metadata inodes.
+
+    All of it runs in C: the common case of a scan of an unchanged (or only read) cache.
+    """
+    n = len(index)
+    if len(names) != 2 * n + len(KNOWN_DIRS & names.keys()):
+        return False
+    meta_names = map(add, index.key, repeat("." + META_EXT))
+    if not dict(zip(meta_names, index.inode, strict=True)).items() <= names.items():
+        return False
+    return all(map(names.__contains__, map(add, map(add, index.key, repeat(".")), index.ext)))
+
+
+def _parse_listing(pairs: list[tuple[str, int]]) -> _Listing:
+    """Sort the names of a root into metadata, artifacts and foreign files."""
+    suffix = "." + META_EXT
+    metas = {n[: -len(suffix)]: ino for n, ino in pairs if n.endswith(suffix)}
+    parts = [n.partition(".") for n, _ in pairs if not n.endswith(suffix)]
+    keyed = [(key, ext) for key, dot, ext in parts if key and dot]
+    foreign = [k + d + e for k, d, e in parts if not (k and d) and d + e not in KNOWN_DIRS]
+    arts = dict(reversed(keyed))  # the first file listed for a key wins
+    extra = {(k, e) for k, e in keyed if arts[k] != e} if len(arts) < len(keyed) else set()
+    # Validate the names in bulk; look at single names only when the bulk check fails.
+    if metas and not _all_keys(metas):
+        for key in [k for k in metas if KEY_PATTERN.fullmatch(k) is None]:
+            del metas[key]
+            foreign.append(f"{key}.{META_EXT}")
+    if arts and not _all_keys(arts):
+        for key in [k for k in arts if KEY_PATTERN.fullmatch(k) is None]:
+            foreign.append(f"{key}.{arts.pop(key)}")
+        foreign += [f"{k}.{e}" for k, e in extra if k not in arts]
+        extra = {(k, e) for k, e in extra if k in arts}
+    bad = {e for e in {*arts.values(), *(e for _, e in extra)} if not _valid_ext(e)}
+    if bad:
+        foreign += [f"{k}.{e}" for k, e in (*arts.items(), *extra) if e in bad]
+        arts = {k: e for k, e in arts.items() if e not in bad}
+        extra = {(k, e) for k, e in extra if e not in bad}
+        for key, ext in sorted(extra):  # a key whose first file had an invalid ext
+            if key not in arts:
+                arts[key] = ext
+                extra.discard((key, ext))
+    return _Listing(metas, arts, extra, foreign)
+
+
+def _valid_ext(ext: str) -> bool:
+    return split_entry_name("0" * 32 + "." + ext) is not None
+
+
+def _all_keys(table: Mapping[str, object]) -> bool:
+    """Whether every name in ``table`` is a valid key (one pass over all of them)."""
+    lengths = set(map(len, table))
+    if min(lengths) < 32 or max(lengths) > 128:
+        return False
+    return not "".join(table).encode().translate(None, b"0123456789abcdef")
+
+
+# -- the index ----------------------------------------------------------------------------
+def _load_index(root: str) -> EntryTable:
+    """The entries the scan index remembers (empty when it is missing or malformed).
+
+    Never raises: the index is only a cache.
+    """
+    path = os.path.join(root, STATS_DIR, INDEX_NAME)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return EntryTable()
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INDEX_BYTES:
+            return EntryTable()
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read()
+    except OSError:
+        return EntryTable()
+    finally:
+        os.close(fd)
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or doc.get("v") != INDEX_VERSION:
+            return EntryTable()
+        keys = doc["keys"].split("\n") if doc["keys"] else []
+        strings = doc["strings"]
+        inode, ext, size, meta_size, kernel, target, created = (
+            doc[c] for c in ("inode", "ext", "size", "meta_size", "kernel", "target", "created")
+        )
+        ints = (inode, ext, size, meta_size, kernel, target)
+        n = len(keys)
+        if not all(isinstance(c, list) and len(c) == n for c in (*ints, created)):
+            return EntryTable()
+        if not isinstance(strings, list) or not set(map(type, strings)) <= {str}:
+            return EntryTable()
+        if not all(set(map(type, c)) <= {int} for c in ints):
+            return EntryTable()
+        if not set(map(type, created)) <= {int, float, type(None)}:
+            return EntryTable()
+        if n:
+            top = len(strings)
+            if min(ext) < 0 or max(ext) >= top or min(size) < 0 or min(meta_size) < 0:
+                return EntryTable()
+            if min(kernel) < -1 or max(kernel) >= top or min(target) < -1 or max(target) >= top:
+                return EntryTable()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return EntryTable()
+    lookup = [*strings, None]  # index -1 -> None
+    names = lookup.__getitem__
+    return EntryTable(
+        tuple(keys),
+        tuple(map(names, ext)),
+        tuple(size),
+        tuple(meta_size),
+        tuple(map(names, kernel)),
+        tuple(map(names, target)),
+        tuple(created),
+        (None,) * n,
+        tuple(inode),
+    )
+
+
+def _save_index(root: str, table: EntryTable) -> None:
+    """Atomically replace the scan index (best effort: failures are only logged)."""
+    strings: dict[str | None, int] = {None: -1}
+
+    def refs(values: Iterable[str | None]) -> list[int]:
+        return [strings.setdefault(v, len(strings) - 1) for v in values]
+
+    doc = {
+        "v": INDEX_VERSION,
+        "keys": "\n".join(table.key),
+        "inode": table.inode,
+        "ext": refs(table.ext),
+        "size": table.size,
+        "meta_size": table.meta_size,
+        "kernel": refs(table.kernel),
+        "target": refs(table.target),
+        "created": table.created,
+    }
+    doc["strings"] = [v for v in strings if v is not None]
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    try:
+        dfd = open_subdir(root, STATS_DIR, create=True)
+    except OSError as e:
+        logger.debug("kernelcache: not saving the scan index under %s: %s", root, e)
+        return
+    tmp = f".index-{os.getpid()}-{uuid.uuid4().hex}.tmp"
+    try:
+        fd = os.open(
+            tmp,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o666,
+            dir_fd=dfd,
+        )
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, INDEX_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except OSError as e:
+        logger.debug("kernelcache: not saving the scan index under %s: %s", root, e)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | str:
+    """Read one metadata file: the entry it describes, or a string saying what is wrong."""
+    name = f"{key}.{META_EXT}"
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        return "gone"
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EMLINK):
+            return "metadata is a symlink"
+        return f"metadata unreadable: {e.strerror}"
+    try:
+        raw = os.read(fd, 65536)
+        if len(raw) == 65536:
+            raw += os.read(fd, MAX_META_BYTES + 1 - len(raw))
+    except OSError as e:
+        return f"metadata unreadable: {e.strerror}"
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_META_BYTES:
+        return "metadata is too large"
+    doc = parse_metadata(raw, key)
+    if isinstance(doc, str):
+        return doc
+    kernel = doc.get("name")
+    target = doc.get("target")
+    created = doc.get("created")
+    return EntryInfo(
+        key,
+        doc["ext"],
+        doc["size"],
+        len(raw),
+        kernel if isinstance(kernel, str) else None,
+        target if isinstance(target, str) else None,
+        float(created) if type(created) in (int, float) else None,
+        None,
+        inode,
+    )
+
+
+# -- scanning -----------------------------------------------------------------------------
+def scan(
+    root: str | os.PathLike[str],
+    *,
+    last_used: bool = False,
+    locks: bool = False,
+    update_index: bool = True,
+    lock_stale: float = 300.0,
+    progress: Progress | None = None,
+    now: float | None = None,
+) -> CacheScan:
+    """Describe every entry under ``root`` without reading artifacts.
+
+    Args:
+        last_used: stat every metadata file for its last-used stamp (``EntryInfo.last_used``).
+        locks: also examine ``.locks/`` for stale locks (reported as ``stale-lock`` issues).
+        update_index: rewrite the scan index when it changed and the root is writable.
+        lock_stale: seconds after which an unrefreshed soft lock is stale.
+        progress: called with a count of metadata files read (the slow part of a first scan).
+        now: the time against which ages are judged (default: now).
+
+    Never raises for what it finds; an unreadable root is an empty scan with one issue.
+    """
+    root = os.fspath(root)
+    now = time.time() if now is None else now
+    try:
+        pairs = _read_dir(root)
+        if pairs is None:
+            return CacheScan(root, False, EntryTable(), (), scanned_at=now)
+        dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return CacheScan(root, False, EntryTable(), (), scanned_at=now)
+        issue = Issue("foreign", ".", f"cannot read the root: {e.strerror}")
+        return CacheScan(root, True, EntryTable(), (issue,), scanned_at=now)
+    issues: list[Issue] = []
+    try:
+        index = _load_index(root)
+        table = index
+        if not _index_matches(index, dict(pairs)):
+            listing = _parse_listing(pairs)
+            table, fresh = _entries(dfd, listing, index, issues, progress)
+            changed = fresh or len(table) != len(index)
+            if update_index and changed and os.access(root, os.W_OK):
+                _save_index(root, table)
+            committed = dict(zip(table.key, table.ext, strict=True))
+            issues.extend(_orphans(dfd, listing, committed, now))
+            issues.extend(
+                Issue("foreign", name, "not a cache file; remove it by hand if it is not needed")
+                for name in sorted(listing.foreign)
+            )
+        if last_used:
+            table = _with_last_used(dfd, table)
+    finally:
+        os.close(dfd)
+    temp = _aux_files(root, TMP_DIR)
+    quarantine = _aux_files(root, QUARANTINE_DIR)
+    issues.extend(
+        Issue(
+            "stale-temp",
+            f.path,
+            "staging file of a write that did not finish",
+            None,
+            f.size,
+            f.mtime,
+        )
+        for f in temp
+        if now - f.mtime > GRACE_SECONDS
+    )
+    lock_files: frozenset[str] = frozenset()
+    if locks:
+        lock_files, stale = _lock_issues(root, frozenset(table.key), now, lock_stale)
+        issues.extend(stale)
+    return CacheScan(root, True, table, tuple(issues), temp, quarantine, lock_files, now)
+
+
+def _entries(
+    dfd: int,
+    listing: _Listing,
+    index: EntryTable,
+    issues: list[Issue],
+    progress: Progress | None,
+) -> tuple[EntryTable, int]:
+    """The committed entries: index rows whose key and metadata inode still match, plus
+    metadata read for the rest. Returns the table and how many metadata files were read."""
+    metas, arts = listing.metas, listing.arts
+    table = index
+    same = dict(zip(index.key, index.inode, strict=True)) == metas and (
+        dict(zip(index.key, index.ext, strict=True)).items() <= arts.items()
+    )
+    if not same:  # some metadata files are new, replaced or gone: keep the rows that match
+        pos = dict(zip(index.key, range(len(index)), strict=True))
+        inodes, exts = index.inode, index.ext
+        hits = [
+            i
+            for key, ino in metas.items()
+            if (i := pos.get(key, -1)) >= 0 and inodes[i] == ino and arts.get(key) == exts[i]
+        ]
+        columns = [getattr(index, c) for c in COLUMNS]
+        take = itemgetter(*hits) if len(hits) > 1 else lambda c: tuple(c[i] for i in hits)
+        table = EntryTable(*map(take, columns))
+    missing = metas.keys() - set(table.key) if len(table) != len(metas) else ()
+    fresh: list[EntryInfo] = []
+    for count, key in enumerate(sorted(missing), 1):
+        if progress is not None and count % 256 == 0:
+            progress(256)
+        got = _read_entry(dfd, key, metas[key])
+        if isinstance(got, str):
+            if got != "gone":
+                issues.append(Issue("corrupt", f"{key}.{META_EXT}", got, key))
+        elif not listing.has_artifact(key, got.ext):
+            issues.append(Issue("corrupt", f"{key}.{META_EXT}", "artifact missing", key))
+        else:
+            fresh.append(got)
+    if progress is not None and len(missing) % 256:
+        progress(len(missing) % 256)
+    if fresh:
+        table = EntryTable.from_rows([*table.rows(), *fresh])
+    return table, len(missing)
+
+
+def _with_last_used(dfd: int, table: EntryTable) -> EntryTable:
+    """The table with last-used stamps; entries deleted since the listing are dropped."""
+    stamps: list[float | None] = []
+    for key in table.key:
+        try:
+            stamps.append(os.stat(f"{key}.{META_EXT}", dir_fd=dfd, follow_symlinks=False).st_mtime)
+        except OSError:
+            stamps.append(None)
+    rows = [r._replace(last_used=t) for r, t in zip(table.rows(), stamps, strict=True) if t]
+    if len(rows) == len(table):
+        return replace(table, last_used=tuple(stamps))
+    return EntryTable.from_rows(rows)
+
+
+def _orphans(
+    dfd: int, listing: _Listing, committed: Mapping[str, str], now: float
+) -> Iterable[Issue]:
+    """Artifact files that no committed metadata claims, once older than the grace period.
+
+    Keys whose metadata exists but is bad are not listed here: they are corrupt entries.
+    """
+    metas = listing.metas
+    candidates = (listing.arts.items() | listing.extra) - committed.items()
+    unclaimed = [(k, e) for k, e in candidates if k in committed or k not in metas]
+    for key, ext in sorted(unclaimed):
+        name = f"{key}.{ext}"
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            continue
+        if now - st.st_mtime <= GRACE_SECONDS:
+            continue
+        owner = committed.get(key)
+        why = "no metadata" if owner is None else f"the entry holds a .{owner} artifact"
+        yield Issue("orphan-artifact", name, why, key, st.st_size, st.st_mtime)
+
+
+def _aux_files(root: str, directory: str) -> tuple[AuxFile, ...]:
+    found = []
+    try:
+        it = os.scandir(os.path.join(root, directory))
+    except OSError:
+        return ()
+    with it:
+        for entry in it:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            found.append(AuxFile(f"{directory}/{entry.name}", st.st_size, st.st_mtime))
+    found.sort(key=lambda f: f.path)
+    return tuple(found)
+
+
+def lock_name(filename: str) -> tuple[str, str] | None:
+    """Split a lock file name into (key, suffix), or None if it is not a per-key lock."""
+    for suffix in _LOCK_SUFFIXES:
+        if filename.endswith(suffix):
+            key = filename[: -len(suffix)]
+            if KEY_PATTERN.fullmatch(key) is not None:
+                return key, suffix
+            return None
+    return None
+
+
+def _lock_issues(
+    root: str, committed: frozenset[str], now: float, lock_stale: float
+) -> tuple[frozenset[str], list[Issue]]:
+    """Lock files, and those that are stale.
+
+    A ``.lock``/``.build.lock`` file is stale when its key has no entry, it is older than the
+    grace period and nobody holds it (a non-blocking flock succeeds). A ``.softlock`` is stale
+    when its holder is a dead process on this host or it has not been refreshed for the
+    configured stale time; leftovers of broken soft locks are stale after the grace period.
+    """
+    try:
+        dfd = open_subdir(root, LOCK_DIR, create=False)
+    except OSError:
+        return frozenset(), []
+    issues: list[Issue] = []
+    try:
+        names = os.listdir(dfd)
+        soft = Locker(root, mode="soft", stale_after=lock_stale)
+        for name in names:
+            parts = lock_name(name)
+            path = f"{LOCK_DIR}/{name}"
+            if parts is None:
+                if ".softlock.broken-" in name:
+                    st = _lstat(dfd, name)
+                    if st is not None and now - st.st_mtime > GRACE_SECONDS:
+                        issues.append(
+                            Issue(
+                                "stale-lock",
+                                path,
+                                "leftover of a broken soft lock",
+                                None,
+                                st.st_size,
+                                st.st_mtime,
+                            )
+                        )
+                continue
+            key, suffix = parts
+            if suffix == ".softlock":
+                record = soft.read_soft_record(dfd, name)
+                if record is not None and soft.is_stale(record):
+                    who = f"host {record.get('host')} pid {record.get('pid')}"
+                    issues.append(
+                        Issue(
+                            "stale-lock",
+                            path,
+                            f"soft lock of a gone holder ({who})",
+                            key,
+                            0,
+                            record.get("mtime"),
+                        )
+                    )
+                continue
+            if key in committed:
+                continue
+            st = _lstat(dfd, name)
+            if st is None or now - st.st_mtime <= GRACE_SECONDS or not stat.S_ISREG(st.st_mode):
+                continue
+            if _flock_held(dfd, name):
+                continue
+            issues.append(
+                Issue(
+                    "stale-lock",
+                    path,
+                    "lock file of a missing entry, not held",
+                    key,
+                    st.st_size,
+                    st.st_mtime,
+                )
+            )
+    finally:
+        os.close(dfd)
+    return frozenset(names), issues
+
+
+def _lstat(dfd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return None
+
+
+def _flock_held(dfd: int, name: str) -> bool:
+    """Whether someone holds a flock on this lock file (probed without blocking)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return True  # vanished or unreadable: leave it alone
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False  # flock does not work here: the file cannot be held through it
+    finally:
+        os.close(fd)  # closing drops our probe lock
+    return False
+
+
+# -- verification -------------------------------------------------------------------------
+def verify(
+    root: str | os.PathLike[str],
+    base: CacheScan | None = None,
+    *,
+    progress: Progress | None = None,
+) -> CacheScan:
+    """A scan whose entries were each read and checked (size, digest, metadata).
+
+    Returns a new :class:`CacheScan`: entries that failed are moved from ``entries`` to
+    ``issues`` (kind ``corrupt``). Reading never touches last-used stamps.
+    """
+    root = os.fspath(root)
+    if base is None:
+        base = scan(root, last_used=True, locks=True)
+    reader = Store(root, readonly=True)
+    good: list[EntryInfo] = []
+    issues = list(base.issues)
+    for count, entry in enumerate(base.entries, 1):
+        result = reader.read(entry.key)
+        if progress is not None and count % 64 == 0:
+            progress(64)
+        if isinstance(result, Artifact):
+            good.append(entry)
+        elif result is not None:  # None: deleted since the listing
+            issues.append(
+                Issue("corrupt", f"{entry.key}.{META_EXT}", result.reason, entry.key, entry.nbytes)
+            )
+    if progress is not None and len(base.entries) % 64:
+        progress(len(base.entries) % 64)
+    return CacheScan(
+        base.root,
+        base.exists,
+        tuple(good),
+        tuple(issues),
+        base.temp,
+        base.quarantine,
+        base.lock_files,
+        base.scanned_at,
+    )
