@@ -1,0 +1,477 @@
+"""Single-file bundles of cache entries: export from one root, import into another.
+
+A bundle is a POSIX tar archive, optionally compressed with zstd (the optional ``zstandard``
+package, ``pip install 'kernelcache[zstd]'``), holding exactly:
+
+* ``entries/<key>.<ext>``: each artifact, a regular file;
+* ``manifest.json`` (written last): ``{"format": "kernelcache-bundle", "version": 1,
+  "created": <unix time>, "compatibility": {...}, "entries": [<metadata document>, ...]}``,
+  where each metadata document is the entry's own ``<key>.json`` (with its size and xxh3-128
+  digest) and ``compatibility`` holds the entry format version, this package's version, and the
+  producer versions, targets and extensions found in the entries.
+
+Import is all-or-nothing against hostile input: a first pass reads the whole bundle without
+writing anything and rejects it (:class:`BundleError`, naming the member) for an absolute path,
+a ``..`` component, a link, a device or any other non-regular member, an unexpected name, a
+duplicate, a member over the size limit, a damaged archive, a bad manifest, a member the
+manifest does not list (or the reverse), or a size or digest mismatch. Only then does a second
+pass publish each entry through :meth:`Store.put` (atomic, first writer wins), re-checking each
+member's digest first; entries already present are skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import tarfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import xxhash
+
+from . import __version__
+from .errors import CacheError
+from .keys import META_EXT, split_entry_name
+from .scan import EntryInfo
+from .store import (
+    FORMAT_VERSION,
+    RESERVED_FIELDS,
+    Artifact,
+    Store,
+    WrongExt,
+    encode_metadata,
+    parse_metadata,
+)
+
+BUNDLE_FORMAT = "kernelcache-bundle"
+BUNDLE_VERSION = 1
+MANIFEST = "manifest.json"
+MEMBER_DIR = "entries"
+#: default limit on one artifact in a bundle (``import --max-member-size``)
+MAX_MEMBER_BYTES = 256 << 20
+MAX_MANIFEST_BYTES = 256 << 20
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_OTHER_MAGIC = {
+    b"\x1f\x8b": "gzip",
+    b"BZh": "bzip2",
+    b"\xfd7zXZ\x00": "xz",
+    b"PK\x03\x04": "zip",
+}
+_CHUNK = 1 << 20
+
+Progress = Callable[[int], object]
+
+
+class BundleError(ValueError):
+    """A bundle cannot be written or is rejected; the message says which member and why."""
+
+
+class MissingDependency(RuntimeError):
+    """An optional package is needed; the message says what to install."""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: str
+    entries: int
+    bytes: int
+    compression: str
+    skipped: tuple[tuple[str, str], ...] = ()  # (key, reason)
+    compatibility: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    path: str
+    entries: int  # in the bundle
+    imported: int
+    present: int
+    bytes: int  # of the imported artifacts
+    conflicts: tuple[tuple[str, str], ...] = ()  # (key, reason)
+    compatibility: dict[str, Any] = field(default_factory=dict)
+    dry_run: bool = False
+
+
+def _zstandard() -> Any:
+    try:
+        import zstandard
+    except ImportError:
+        raise MissingDependency(
+            "zstd bundles need the zstandard package: pip install 'kernelcache[zstd]'"
+        ) from None
+    return zstandard
+
+
+# -- export -------------------------------------------------------------------------------
+def compatibility(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The compatibility block for a set of metadata documents."""
+    producers: dict[str, set[str]] = {}
+    targets: set[str] = set()
+    exts: set[str] = set()
+    for doc in docs:
+        exts.add(doc["ext"])
+        if isinstance(doc.get("target"), str):
+            targets.add(doc["target"])
+        producer = doc.get("producer")
+        if isinstance(producer, dict):
+            for name, version in producer.items():
+                if isinstance(version, str):
+                    producers.setdefault(str(name), set()).add(version)
+    return {
+        "entry_format": FORMAT_VERSION,
+        "kernelcache": __version__,
+        "producers": {k: sorted(v) for k, v in sorted(producers.items())},
+        "targets": sorted(targets),
+        "exts": sorted(exts),
+    }
+
+
+def resolve_compression(path: str, compression: str) -> str:
+    """``auto`` means zstd for names ending in .zst, .zstd or .tzst, else none."""
+    if compression not in ("auto", "none", "zstd"):
+        raise BundleError(f"unknown compression {compression!r}; use auto, none or zstd")
+    if compression == "auto":
+        return "zstd" if path.endswith((".zst", ".zstd", ".tzst")) else "none"
+    return compression
+
+
+def export_bundle(
+    root: str,
+    entries: Sequence[EntryInfo],
+    path: str,
+    *,
+    compression: str = "auto",
+    level: int = 3,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Write ``entries`` of ``root`` to the bundle ``path``.
+
+    Each artifact is read and verified first (a corrupt or vanished entry is skipped and
+    listed in ``skipped``); reading never refreshes last-used stamps. The bundle appears at
+    ``path`` atomically, complete or not at all.
+
+    Raises:
+        BundleError: ``path`` exists (without ``force``) or cannot be written.
+        MissingDependency: zstd was asked for and ``zstandard`` is not installed.
+    """
+    method = resolve_compression(path, compression)
+    zstd = _zstandard() if method == "zstd" else None
+    if os.path.lexists(path) and not force:
+        raise BundleError(f"{path} exists; pass --force to overwrite it")
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.partial")
+    reader = Store(root, readonly=True)
+    docs: list[dict[str, Any]] = []
+    skipped: list[tuple[str, str]] = []
+    total = 0
+    try:
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666
+        )
+    except OSError as e:
+        raise BundleError(f"cannot write {path}: {e.strerror}") from e
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            sink: IO[bytes] = raw
+            writer = None
+            if zstd is not None:
+                writer = zstd.ZstdCompressor(level=level).stream_writer(raw, closefd=False)
+                sink = writer
+            with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                for entry in entries:
+                    art = reader.read(entry.key)
+                    if progress is not None:
+                        progress(1)
+                    if not isinstance(art, Artifact):
+                        reason = "gone" if art is None else art.reason
+                        skipped.append((entry.key, reason))
+                        continue
+                    doc = dict(art.meta)
+                    _add(tar, f"{MEMBER_DIR}/{art.key}.{art.ext}", art.data, doc.get("created"))
+                    docs.append(doc)
+                    total += len(art.data)
+                manifest = {
+                    "format": BUNDLE_FORMAT,
+                    "version": BUNDLE_VERSION,
+                    "created": time.time(),
+                    "compatibility": compatibility(docs),
+                    "entries": docs,
+                }
+                body = json.dumps(manifest, sort_keys=True, indent=1).encode()
+                _add(tar, MANIFEST, body, manifest["created"])
+            if writer is not None:
+                writer.flush(zstd.FLUSH_FRAME)
+                writer.close()
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise BundleError(f"cannot write {path}: {e.strerror or e}") from e
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return ExportResult(path, len(docs), total, method, tuple(skipped), compatibility(docs))
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: object) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o644
+    info.mtime = int(mtime) if isinstance(mtime, (int, float)) and mtime > 0 else 0
+    info.uname = info.gname = ""
+    tar.addfile(info, io.BytesIO(data))
+
+
+# -- import -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Member:
+    name: str
+    key: str
+    ext: str
+    size: int
+    digest: str
+    data: bytes | None
+
+
+def _member_kind(m: tarfile.TarInfo) -> str | None:
+    """Why a member's type is refused, or None for a plain regular file."""
+    if m.issym():
+        return f"symbolic link (to {m.linkname!r})"
+    if m.islnk():
+        return f"hard link (to {m.linkname!r})"
+    if m.ischr() or m.isblk():
+        return "device file"
+    if m.isfifo():
+        return "FIFO"
+    if m.isdir():
+        return "directory"
+    if m.issparse():
+        return "sparse file"
+    if not m.isreg():
+        return f"unsupported member type {m.type!r}"
+    return None
+
+
+def _check_name(name: str) -> tuple[str, str] | None:
+    """(key, ext) of an entry member, ("", "") for the manifest; raises for anything else."""
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        raise BundleError(f"member {name!r} has an absolute path")
+    if ".." in name.replace("\\", "/").split("/"):
+        raise BundleError(f"member {name!r} escapes the bundle with '..'")
+    if name == MANIFEST:
+        return "", ""
+    directory, _, filename = name.partition("/")
+    parts = split_entry_name(filename) if directory == MEMBER_DIR else None
+    if parts is None or parts[1] == META_EXT:
+        raise BundleError(
+            f"unexpected member {name!r}: a bundle holds only {MANIFEST} and "
+            f"{MEMBER_DIR}/<key>.<ext> files"
+        )
+    return parts
+
+
+def _open_tar(f: IO[bytes]) -> tuple[tarfile.TarFile, Any]:
+    f.seek(0)
+    head = f.read(8)
+    f.seek(0)
+    for magic, name in _OTHER_MAGIC.items():
+        if head.startswith(magic):
+            raise BundleError(f"{name}-compressed bundles are not supported; use tar or tar+zstd")
+    stream: Any = f
+    if head.startswith(_ZSTD_MAGIC):
+        stream = _zstandard().ZstdDecompressor().stream_reader(f, closefd=False)
+    try:
+        return tarfile.open(fileobj=stream, mode="r|"), stream
+    except tarfile.TarError as e:
+        raise BundleError(f"not a tar archive ({e})") from None
+
+
+def _members(
+    f: IO[bytes], max_member: int, *, keep_data: bool, progress: Progress | None = None
+) -> Iterator[_Member]:
+    """Each member of the bundle, checked (name, type, size) and hashed, in archive order."""
+    seen: set[str] = set()
+    tar, stream = _open_tar(f)
+    errors: tuple[type[BaseException], ...] = (OSError,)
+    if stream is not f:
+        errors += (_zstandard().ZstdError,)
+    try:
+        for m in tar:
+            name = m.name
+            why = _member_kind(m)
+            if why is not None:
+                raise BundleError(f"member {name!r} is a {why}; only regular files are allowed")
+            key, ext = _check_name(name)
+            if name in seen:
+                raise BundleError(f"member {name!r} appears twice")
+            seen.add(name)
+            limit = MAX_MANIFEST_BYTES if name == MANIFEST else max_member
+            if m.size > limit:
+                raise BundleError(
+                    f"member {name!r} is oversized: {m.size} bytes, the limit is {limit}"
+                    + ("" if name == MANIFEST else " (raise it with --max-member-size)")
+                )
+            source = tar.extractfile(m)
+            assert source is not None
+            hasher = xxhash.xxh3_128()
+            chunks = []
+            got = 0
+            while True:
+                chunk = source.read(_CHUNK)
+                if not chunk:
+                    break
+                got += len(chunk)
+                hasher.update(chunk)
+                if keep_data or name == MANIFEST:
+                    chunks.append(chunk)
+            if got != m.size:
+                raise BundleError(f"member {name!r} is truncated")
+            data = b"".join(chunks) if keep_data or name == MANIFEST else None
+            if progress is not None and name != MANIFEST:
+                progress(1)
+            yield _Member(name, key, ext, got, "xxh3_128:" + hasher.hexdigest(), data)
+    except tarfile.TarError as e:
+        raise BundleError(f"the bundle is damaged: {e}") from None
+    except EOFError:
+        raise BundleError("the bundle is truncated") from None
+    except errors as e:
+        raise BundleError(f"the bundle cannot be read: {e}") from None
+    finally:
+        tar.close()
+        if stream is not f:
+            stream.close()
+
+
+def _parse_manifest(raw: bytes) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """{member name: metadata document}, compatibility block; raises BundleError."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BundleError(f"bad manifest: not JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != BUNDLE_FORMAT:
+        raise BundleError(f"bad manifest: not a {BUNDLE_FORMAT} manifest")
+    version = doc.get("version")
+    if version != BUNDLE_VERSION:
+        raise BundleError(
+            f"bad manifest: bundle version {version!r} is not supported by kernelcache "
+            f"{__version__} (it reads version {BUNDLE_VERSION}); upgrade kernelcache"
+        )
+    entries = doc.get("entries")
+    compat = doc.get("compatibility")
+    if not isinstance(entries, list) or not isinstance(compat, dict):
+        raise BundleError("bad manifest: 'entries' must be a list, 'compatibility' an object")
+    if compat.get("entry_format") != FORMAT_VERSION:
+        raise BundleError(
+            f"bad manifest: entry format {compat.get('entry_format')!r} differs from this "
+            f"kernelcache's ({FORMAT_VERSION})"
+        )
+    by_name: dict[str, dict[str, Any]] = {}
+    keys: set[str] = set()
+    for number, meta in enumerate(entries):
+        key = meta.get("key") if isinstance(meta, dict) else None
+        if not isinstance(key, str) or split_entry_name(f"{key}.{META_EXT}") is None:
+            raise BundleError(f"bad manifest: entry #{number} has no valid key")
+        checked = parse_metadata(encode_metadata(meta), key)
+        if isinstance(checked, str):
+            raise BundleError(f"bad manifest: entry {key}: {checked}")
+        if key in keys:
+            raise BundleError(f"bad manifest: key {key} is listed twice")
+        keys.add(key)
+        by_name[f"{MEMBER_DIR}/{key}.{checked['ext']}"] = checked
+    return by_name, compat
+
+
+def import_bundle(
+    store: Store,
+    path: str,
+    *,
+    max_member_size: int = MAX_MEMBER_BYTES,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> ImportResult:
+    """Verify the bundle ``path`` completely, then publish its entries into ``store``.
+
+    With ``dry_run`` only the verification runs. Entries whose key is already present (and
+    valid) are skipped; a key present with another extension is a conflict, left alone.
+
+    Raises:
+        BundleError: the bundle is rejected; nothing was written. (If the file changes between
+            the two passes, the error says so; entries published before that are complete and
+            verified.)
+        MissingDependency: a zstd bundle and no ``zstandard``.
+        CacheError: the store cannot take an entry (read-only root, full disk, ...).
+    """
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise BundleError(f"cannot open {path}: {e.strerror}") from e
+    with f:
+        if not os.path.isfile(path) or not f.seekable():
+            raise BundleError(f"{path} is not a regular file")
+        members = {m.name: m for m in _members(f, max_member_size, keep_data=False)}
+        manifest = members.pop(MANIFEST, None)
+        if manifest is None or manifest.data is None:
+            raise BundleError(f"bad manifest: the bundle has no {MANIFEST}")
+        listed, compat = _parse_manifest(manifest.data)
+        lacking = sorted(listed.keys() - members.keys())
+        if lacking:
+            raise BundleError(f"bad manifest: it lists {lacking[0]!r}, which the bundle lacks")
+        unlisted = sorted(members.keys() - listed.keys())
+        if unlisted:
+            raise BundleError(f"member {unlisted[0]!r} is not listed in the manifest")
+        for name, member in sorted(members.items()):
+            meta = listed[name]
+            if member.size != meta["size"] or member.digest != meta["digest"]:
+                raise BundleError(
+                    f"member {name!r} does not match the manifest (size {member.size} vs "
+                    f"{meta['size']}, digest {member.digest} vs {meta['digest']}): the bundle "
+                    "is corrupt or was tampered with"
+                )
+        checker = Store(store.root, readonly=True)
+        present = 0
+        conflicts: list[tuple[str, str]] = []
+        todo = []
+        for name, meta in sorted(listed.items()):
+            existing = checker.read(meta["key"])
+            if isinstance(existing, Artifact):
+                if existing.ext == meta["ext"]:
+                    present += 1
+                else:
+                    conflicts.append((meta["key"], f"holds a .{existing.ext} artifact"))
+                continue
+            todo.append(name)
+        if dry_run or not todo:
+            size = sum(listed[n]["size"] for n in todo)
+            return ImportResult(
+                path, len(listed), len(todo), present, size, tuple(conflicts), compat, dry_run
+            )
+        wanted = set(todo)
+        imported = 0
+        size = 0
+        for member in _members(f, max_member_size, keep_data=True, progress=progress):
+            if member.name not in wanted:
+                continue
+            meta = listed[member.name]
+            if member.digest != meta["digest"] or member.data is None:
+                raise BundleError(
+                    f"{path} changed while being imported (member {member.name!r}); "
+                    f"{imported} verified entries were imported before that"
+                )
+            fields = {k: v for k, v in meta.items() if k not in RESERVED_FIELDS}
+            try:
+                store.put(member.key, member.ext, member.data, fields)
+            except WrongExt as e:
+                conflicts.append((member.key, str(e)))
+                continue
+            except CacheError:
+                raise
+            imported += 1
+            size += member.size
+    return ImportResult(path, len(listed), imported, present, size, tuple(conflicts), compat, False)

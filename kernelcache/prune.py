@@ -1,0 +1,629 @@
+"""Removing things from a root: plan first (:func:`plan_prune`, :func:`plan_repair`), then
+:func:`execute` the plan.
+
+A plan is data: a tuple of :class:`Action` records, in the order they will run, with the bytes
+each frees. ``prune --dry-run`` prints the plan and stops; ``prune`` and ``verify --repair``
+execute it.
+
+Guarantees while other processes read and write the root:
+
+* An entry is deleted with :meth:`Store.delete` under its exclusive per-key lock, tried once
+  (``wait=0``): an entry a reader or writer holds is skipped and reported as ``in-use``, never
+  waited for and never removed under them.
+* An entry used (its last-used stamp refreshed) after the plan was made is skipped
+  (``used-since-plan``).
+* Corrupt entries are quarantined with :meth:`Store.repair`, which re-checks them under the
+  exclusive lock; orphan artifacts are removed under their key's lock after a re-check.
+* Staging files, quarantined files and lock files are removed only once older than their age
+  limits (the grace period for staging and lock files), so a write in progress never loses them.
+* Per-process statistics logs of finished processes are folded into one summary file so that
+  totals are kept (see :func:`fold_logs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import stats
+from .errors import LockTimeout, LockUnavailable
+from .keys import META_EXT
+from .locks import LOCK_DIR, Locker, open_subdir, pid_alive
+from .scan import CacheScan, EntryInfo, Issue, lock_name
+from .stats import STATS_DIR
+from .store import QUARANTINE_DIR, TMP_DIR, Artifact, Problem, Store
+
+logger = logging.getLogger(__name__)
+
+#: kind -> what executing it does
+ACTION_KINDS: dict[str, str] = {
+    "delete-entry": "delete an entry (metadata first) under its exclusive lock",
+    "quarantine-entry": "move a corrupt entry into .quarantine/ under its exclusive lock",
+    "remove-orphan": "remove an artifact file that no metadata claims, under the key's lock",
+    "remove-temp": "remove a stale staging file from .tmp/",
+    "remove-quarantined": "remove an old file from .quarantine/",
+    "remove-lock": "remove a stale lock file (taken first where it can be taken)",
+}
+#: outcome status -> meaning
+STATUSES: dict[str, str] = {
+    "done": "removed (or quarantined)",
+    "in-use": "held by another process: skipped",
+    "used-since-plan": "used after the plan was made: kept",
+    "gone": "already gone or no longer a problem",
+    "failed": "could not be removed (see detail)",
+}
+#: quarantined files are kept this long by default, for diagnosis
+QUARANTINE_AGE = 7 * 86400.0
+#: statistics logs of other hosts are folded once untouched for this long
+LOG_FOLD_AGE = 86400.0
+SUMMARY_NAME = "summary.jsonl"
+_FOLDING = ".folding"
+_SUMMARY_LOCK = "stats-summary"
+
+
+@dataclass(frozen=True)
+class Action:
+    """One step of a plan. ``path`` is relative to the root; ``size`` the bytes it frees."""
+
+    kind: str
+    path: str
+    size: int
+    reason: str
+    key: str | None = None
+    #: for entries and files: the mtime the plan saw (a newer one means "used since")
+    mtime: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "action": self.kind,
+            "path": self.path,
+            "key": self.key,
+            "size": self.size,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a prune or repair will do, in order. ``left`` lists problems it does not act on."""
+
+    root: str
+    actions: tuple[Action, ...]
+    kept_entries: int = 0
+    kept_bytes: int = 0
+    fold_logs: tuple[str, ...] = ()
+    left: tuple[Issue, ...] = ()
+
+    @property
+    def bytes_to_free(self) -> int:
+        return sum(a.size for a in self.actions)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for a in self.actions if a.kind == kind)
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """{action kind: {"count": n, "bytes": b}} for the kinds present."""
+        out: dict[str, dict[str, int]] = {}
+        for a in self.actions:
+            slot = out.setdefault(a.kind, {"count": 0, "bytes": 0})
+            slot["count"] += 1
+            slot["bytes"] += a.size
+        return out
+
+
+@dataclass(frozen=True)
+class Outcome:
+    action: Action
+    status: str
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.action.to_json(), "status": self.status, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Result:
+    """What executing a plan did."""
+
+    plan: Plan
+    outcomes: tuple[Outcome, ...]
+    folded_logs: int = 0
+    fold_error: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def freed_bytes(self) -> int:
+        return sum(o.action.size for o in self.outcomes if o.status == "done")
+
+    def with_status(self, status: str) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == status]
+
+
+# -- planning -----------------------------------------------------------------------------
+def select(
+    entries: Iterable[EntryInfo],
+    kernels: Sequence[str] = (),
+    targets: Sequence[str] = (),
+) -> list[EntryInfo]:
+    """The entries whose kernel is one of ``kernels`` and target one of ``targets``
+    (an empty sequence matches everything)."""
+    ks, ts = set(kernels), set(targets)
+    return [e for e in entries if (not ks or e.kernel in ks) and (not ts or e.target in ts)]
+
+
+def plan_prune(
+    scanned: CacheScan,
+    *,
+    max_size: int | None = None,
+    older_than: float | None = None,
+    kernels: Sequence[str] = (),
+    targets: Sequence[str] = (),
+    quarantine_age: float = QUARANTINE_AGE,
+    now: float | None = None,
+) -> Plan:
+    """Plan a prune of a scan made with ``last_used=True, locks=True``.
+
+    Entries: among those matching ``kernels``/``targets``, those not used for ``older_than``
+    seconds go; then, least recently used first, as many as needed to bring the matching
+    entries' bytes (artifact plus metadata) to at most ``max_size``. With filters but neither
+    limit, every matching entry goes; with no filter and no limit, no entry goes.
+
+    Housekeeping, always: orphan artifacts and metadata without artifact, staging files and
+    lock files past the grace period, quarantined files older than ``quarantine_age``, and the
+    statistics logs of finished processes (folded, not lost).
+    """
+    now = scanned.scanned_at if now is None else now
+    entries = scanned.entries
+    if any(e.last_used is None for e in entries):
+        raise ValueError("plan_prune needs a scan made with last_used=True")
+    chosen = select(entries, kernels, targets)
+    limited = max_size is not None or older_than is not None
+    doomed: dict[str, EntryInfo] = {}
+    if not limited:
+        if kernels or targets:
+            doomed = {e.key: e for e in chosen}
+    else:
+        lru = sorted(chosen, key=lambda e: (e.last_used, e.key))
+        if older_than is not None:
+            doomed = {e.key: e for e in lru if now - e.last_used > older_than}  # type: ignore[operator]
+        if max_size is not None:
+            total = sum(e.nbytes for e in lru if e.key not in doomed)
+            for e in lru:
+                if total <= max_size:
+                    break
+                if e.key not in doomed:
+                    doomed[e.key] = e
+                    total -= e.nbytes
+    actions = [
+        Action("delete-entry", e.filename, e.nbytes, _why(e, now), e.key, e.last_used)
+        for e in sorted(doomed.values(), key=lambda e: (e.last_used, e.key))
+    ]
+    left: list[Issue] = []
+    for issue in scanned.issues:
+        action = _housekeeping(issue)
+        if action is None:
+            left.append(issue)
+        else:
+            actions.append(action)
+    actions += [
+        Action("remove-quarantined", f.path, f.size, "quarantined long ago", None, f.mtime)
+        for f in scanned.quarantine
+        if now - f.mtime > quarantine_age
+    ]
+    kept = [e for e in entries if e.key not in doomed]
+    return Plan(
+        scanned.root,
+        tuple(actions),
+        kept_entries=len(kept),
+        kept_bytes=sum(e.nbytes for e in kept),
+        fold_logs=tuple(foldable_logs(scanned.root, now)),
+        left=tuple(left),
+    )
+
+
+def _why(entry: EntryInfo, now: float) -> str:
+    days = (now - (entry.last_used or now)) / 86400
+    return f"last used {days:.1f} days ago"
+
+
+def _housekeeping(issue: Issue) -> Action | None:
+    """The action prune takes for a problem a fast scan found, or None to leave it."""
+    if issue.kind == "orphan-artifact":
+        return Action("remove-orphan", issue.path, issue.size, issue.detail, issue.key, issue.mtime)
+    if issue.kind == "stale-temp":
+        return Action("remove-temp", issue.path, issue.size, issue.detail, None, issue.mtime)
+    if issue.kind == "stale-lock":
+        return Action("remove-lock", issue.path, issue.size, issue.detail, issue.key, issue.mtime)
+    if issue.kind == "corrupt" and issue.detail == "artifact missing":
+        return Action(
+            "delete-entry", issue.path, issue.size, "metadata without artifact", issue.key
+        )
+    return None
+
+
+def plan_repair(verified: CacheScan) -> Plan:
+    """Plan ``verify --repair`` for a scan checked by :func:`kernelcache.scan.verify`:
+    quarantine corrupt entries; remove orphan artifacts, stale staging files and stale locks.
+    Foreign files are left alone (listed in ``Plan.left``)."""
+    actions: list[Action] = []
+    left: list[Issue] = []
+    for issue in verified.issues:
+        if issue.kind == "corrupt" and issue.key is not None:
+            actions.append(
+                Action("quarantine-entry", issue.path, issue.size, issue.detail, issue.key)
+            )
+            continue
+        action = _housekeeping(issue)
+        if action is None:
+            left.append(issue)
+        else:
+            actions.append(action)
+    return Plan(
+        verified.root, tuple(actions), len(verified.entries), verified.nbytes, (), tuple(left)
+    )
+
+
+# -- execution ----------------------------------------------------------------------------
+def execute(
+    store: Store,
+    plan: Plan,
+    *,
+    progress: Callable[[int], object] | None = None,
+) -> Result:
+    """Carry out ``plan`` on ``store`` (a writable store of the plan's root), in order.
+
+    Never raises for a single action: each gets an :class:`Outcome`.
+    """
+    checker = Store(store.root, readonly=True)
+    soft = Locker(store.root, mode="soft", stale_after=store.locker.stale_after)
+    outcomes = []
+    for action in plan.actions:
+        try:
+            status, detail = _RUN[action.kind](store, checker, soft, action)
+        except OSError as e:
+            status, detail = "failed", e.strerror or str(e)
+        outcomes.append(Outcome(action, status, detail))
+        if progress is not None:
+            progress(1)
+    folded, error = (0, None)
+    if plan.fold_logs:
+        folded, error = fold_logs(store, plan.fold_logs)
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    return Result(plan, tuple(outcomes), folded, error, counts)
+
+
+def _stamp(store: Store, name: str) -> float | None:
+    try:
+        return os.stat(os.path.join(store.root, name), follow_symlinks=False).st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def _delete_entry(store: Store, checker: Store, soft: Locker, action: Action) -> tuple[str, str]:
+    key = action.key
+    assert key is not None
+    if action.mtime is not None:
+        stamp = _stamp(store, f"{key}.{META_EXT}")
+        if stamp is None:
+            return "gone", ""
+        if stamp != action.mtime:
+            return "used-since-plan", ""
+    else:  # metadata without artifact: still broken?
+        found = checker.read(key)
+        if not isinstance(found, Problem):
+            return "gone", "the entry was repaired meanwhile"
+    deleted = store.delete(key, wait=0)
+    if deleted is None:
+        return "in-use", ""
+    if not deleted:
+        return "gone", ""
+    _drop_build_lock(store, key)
+    return "done", ""
+
+
+def _drop_build_lock(store: Store, key: str) -> None:
+    """Remove the single-flight lock file of a deleted entry, unless a builder holds it."""
+    if store.locker.mode != "flock":
+        return
+    if not os.path.lexists(os.path.join(store.root, LOCK_DIR, f"{key}.build.lock")):
+        return
+    try:
+        held = store.locker.acquire(f"{key}.build", shared=False, timeout=0)
+    except (LockTimeout, LockUnavailable):
+        return
+    held.release(remove=True)
+
+
+def _quarantine_entry(
+    store: Store, checker: Store, soft: Locker, action: Action
+) -> tuple[str, str]:
+    key = action.key
+    assert key is not None
+    found = checker.read(key)
+    if not isinstance(found, Problem) or not found.corrupt:
+        return "gone", "no longer corrupt"
+    if store.repair(key, found):
+        return "done", found.reason
+    again = checker.read(key)
+    if isinstance(again, Problem) and again.corrupt:
+        return "in-use", "its lock is held; run verify --repair again later"
+    return "gone", "no longer corrupt"
+
+
+def _remove_orphan(store: Store, checker: Store, soft: Locker, action: Action) -> tuple[str, str]:
+    key = action.key
+    assert key is not None
+    ext = action.path.rpartition(".")[2]
+    try:
+        held = store.lock(key, shared=False, timeout=0)
+    except LockTimeout:
+        return "in-use", ""
+    keep_lock = True
+    try:
+        found = checker.read(key)
+        if isinstance(found, Artifact) and found.ext == ext:
+            return "gone", "claimed by metadata meanwhile"
+        if _stamp(store, action.path) != action.mtime:
+            return "gone", "replaced meanwhile"
+        os.unlink(os.path.join(store.root, action.path))
+        keep_lock = isinstance(found, Artifact)
+        return "done", ""
+    finally:
+        if held is not None:
+            held.release(remove=not keep_lock)
+
+
+def _remove_aux(store: Store, checker: Store, soft: Locker, action: Action) -> tuple[str, str]:
+    """Remove a file of .tmp/ or .quarantine/ if it is still the file the plan saw."""
+    directory, _, name = action.path.partition("/")
+    if directory not in (TMP_DIR, QUARANTINE_DIR) or not name or "/" in name:
+        return "failed", "not a housekeeping file"
+    try:
+        dfd = open_subdir(store.root, directory, create=False)
+    except FileNotFoundError:
+        return "gone", ""
+    try:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return "gone", ""
+        if action.mtime is not None and st.st_mtime != action.mtime:
+            return "gone", "changed meanwhile"
+        os.unlink(name, dir_fd=dfd)
+        return "done", ""
+    except FileNotFoundError:
+        return "gone", ""
+    finally:
+        os.close(dfd)
+
+
+def _remove_lock(store: Store, checker: Store, soft: Locker, action: Action) -> tuple[str, str]:
+    filename = action.path.partition("/")[2]
+    parts = lock_name(filename)
+    if parts is None:  # a leftover of a broken soft lock
+        return _unlink_lock_file(store, filename)
+    key, suffix = parts
+    if suffix == ".softlock":
+        try:
+            held = soft.acquire(key, shared=False, timeout=0.2)  # breaks it if still stale
+        except LockTimeout:
+            return "in-use", "its holder came back"
+        held.release()
+        return "done", ""
+    if store.locker.mode != "flock":
+        return _unlink_lock_file(store, filename)  # flock files are unused in soft mode
+    name = key + (".build" if suffix == ".build.lock" else "")
+    try:
+        held = store.locker.acquire(name, shared=False, timeout=0)
+    except LockTimeout:
+        return "in-use", ""
+    entry_back = os.path.lexists(os.path.join(store.root, f"{key}.{META_EXT}"))
+    held.release(remove=not entry_back)
+    return ("gone", "its entry exists again") if entry_back else ("done", "")
+
+
+def _unlink_lock_file(store: Store, filename: str) -> tuple[str, str]:
+    dfd = open_subdir(store.root, LOCK_DIR, create=False)
+    try:
+        os.unlink(filename, dir_fd=dfd)
+    except FileNotFoundError:
+        return "gone", ""
+    finally:
+        os.close(dfd)
+    return "done", ""
+
+
+_RUN: dict[str, Callable[[Store, Store, Locker, Action], tuple[str, str]]] = {
+    "delete-entry": _delete_entry,
+    "quarantine-entry": _quarantine_entry,
+    "remove-orphan": _remove_orphan,
+    "remove-temp": _remove_aux,
+    "remove-quarantined": _remove_aux,
+    "remove-lock": _remove_lock,
+}
+
+
+# -- statistics logs ----------------------------------------------------------------------
+def _this_host() -> str:
+    return stats.log_name().rsplit("-", 2)[0]
+
+
+def foldable_logs(root: str, now: float | None = None) -> list[str]:
+    """Statistics logs of finished processes: a dead pid on this host, or untouched for
+    :data:`LOG_FOLD_AGE` seconds (any host)."""
+    now = time.time() if now is None else now
+    directory = os.path.join(root, STATS_DIR)
+    try:
+        it = os.scandir(directory)
+    except OSError:
+        return []
+    host = _this_host()
+    found = []
+    with it:
+        for entry in it:
+            name = entry.name
+            if not name.endswith(".jsonl") or name == SUMMARY_NAME:
+                continue
+            parts = name[: -len(".jsonl")].rsplit("-", 2)
+            if len(parts) != 3 or not parts[1].isdigit():
+                continue
+            if parts[0] == host and not pid_alive(int(parts[1])):
+                found.append(name)
+                continue
+            try:
+                if now - entry.stat(follow_symlinks=False).st_mtime > LOG_FOLD_AGE:
+                    found.append(name)
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def read_summary(root: str) -> dict[str, Any] | None:
+    """The folded statistics summary of a root, or None when there is none (or it is bad)."""
+    try:
+        dfd = open_subdir(root, STATS_DIR, create=False)
+    except OSError:
+        return None
+    try:
+        return _read_summary(dfd)
+    except ValueError:
+        return None
+    finally:
+        os.close(dfd)
+
+
+def _read_summary(dfd: int) -> dict[str, Any] | None:
+    """The summary record; None if absent. Raises ValueError if it exists but is unreadable."""
+    try:
+        fd = os.open(SUMMARY_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ValueError(f"cannot read {SUMMARY_NAME}: {e.strerror}") from e
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read()
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        raise ValueError(f"{SUMMARY_NAME} is not valid JSON") from None
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("delta"), dict)
+        or not isinstance(record.get("logs"), int)
+        or not isinstance(record.get("folded"), list)
+    ):
+        raise ValueError(f"{SUMMARY_NAME} is not a kernelcache statistics summary")
+    return record
+
+
+def _sum_log(dfd: int, name: str, totals: dict[str, float]) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        with os.fdopen(fd, "rb") as f:
+            lines = f.read().splitlines()
+        for raw in lines:
+            try:
+                delta = json.loads(raw).get("delta")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(delta, dict):
+                for k, v in delta.items():
+                    if k in totals and isinstance(v, (int, float)) and not isinstance(v, bool):
+                        totals[k] += v
+
+
+def fold_logs(
+    store: Store, names: Iterable[str], *, timeout: float = 10.0
+) -> tuple[int, str | None]:
+    """Fold the named statistics logs into ``.stats/summary.jsonl``; (logs folded, error).
+
+    Totals are preserved and never counted twice by :func:`kernelcache.stats.read_logs`: each
+    log is first renamed out of its view (``*.jsonl.folding``), then the summary is replaced
+    atomically (naming the logs it absorbed), then the renamed logs are deleted. After a crash
+    the next fold finishes the job: a renamed log the summary names is deleted, any other is
+    folded. Folds are serialized by a lock; the summary is never rewritten if it is unreadable.
+    """
+    try:
+        held = store.locker.acquire(_SUMMARY_LOCK, shared=False, timeout=timeout)
+    except LockTimeout:
+        return 0, "another process is folding the statistics logs"
+    except LockUnavailable as e:
+        return 0, str(e)
+    try:
+        try:
+            dfd = open_subdir(store.root, STATS_DIR, create=False)
+        except FileNotFoundError:
+            return 0, None
+        try:
+            return _fold_locked(dfd, names), None
+        except ValueError as e:
+            return 0, str(e)
+        except OSError as e:
+            return 0, f"cannot fold statistics logs: {e.strerror}"
+        finally:
+            os.close(dfd)
+    finally:
+        held.release()
+
+
+def _fold_locked(dfd: int, names: Iterable[str]) -> int:
+    summary = _read_summary(dfd)
+    absorbed = set(summary["folded"]) if summary else set()
+    pending: list[str] = []
+    for name in os.listdir(dfd):
+        if name.endswith(_FOLDING):
+            if name[: -len(_FOLDING)] in absorbed:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=dfd)  # counted by the summary before a crash
+            else:
+                pending.append(name)
+    for name in names:
+        if name == SUMMARY_NAME or not name.endswith(".jsonl") or "/" in name:
+            continue
+        try:
+            os.rename(name, name + _FOLDING, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except FileNotFoundError:
+            continue
+        pending.append(name + _FOLDING)
+    if not pending:
+        return 0
+    totals = dict.fromkeys(stats.COUNTERS, 0.0)
+    if summary:
+        for k, v in summary["delta"].items():
+            if k in totals and isinstance(v, (int, float)) and not isinstance(v, bool):
+                totals[k] += v
+    for name in pending:
+        _sum_log(dfd, name, totals)
+    record = {
+        "v": stats.LOG_VERSION,
+        "summary": True,
+        "time": time.time(),
+        "logs": (summary["logs"] if summary else 0) + len(pending),
+        "delta": {k: (round(v, 6) if k.endswith("seconds") else int(v)) for k, v in totals.items()},
+        "folded": sorted(n[: -len(_FOLDING)] for n in pending),
+    }
+    tmp = f".summary-{os.getpid()}-{uuid.uuid4().hex}.tmp"
+    fd = os.open(
+        tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd
+    )
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write((json.dumps(record, sort_keys=True) + "\n").encode())
+        os.replace(tmp, SUMMARY_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+        raise
+    for name in pending:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dfd)
+    return len(pending)
