@@ -759,7 +759,7 @@ def verify(
     return CacheScan(
         base.root,
         base.exists,
-        tuple(good),
+        EntryTable.from_rows(good),
         tuple(issues),
         base.temp,
         base.quarantine,

@@ -1,0 +1,256 @@
+"""``kernelcache doctor``: what an operator needs to know about a root and its environment.
+
+Everything here only looks: the one thing written is a probe file in ``<root>/.tmp/`` (removed
+at once) and the lock probe of :class:`~kernelcache.locks.Locker`, both only when the root
+exists. Versions of optional packages come from their installed metadata: jax and triton are
+never imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import importlib.metadata
+import os
+import platform
+import pwd
+import stat
+import sys
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import __version__
+from .config import ConfigError, environment_in_effect, settings
+from .locks import Locker, open_subdir
+from .store import TMP_DIR
+
+#: packages whose installed versions are reported (never imported)
+PACKAGES = ("jax", "jaxlib", "triton", "xxhash", "platformdirs", "zstandard", "tqdm", "redis")
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph")
+LOW_FREE_BYTES = 1 << 30
+LOW_FREE_FRACTION = 0.05
+
+
+@dataclass(frozen=True)
+class Check:
+    """One finding: ``status`` is ``ok``, ``warn`` or ``fail``."""
+
+    name: str
+    status: str
+    detail: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "status": self.status, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Report:
+    root: str
+    info: dict[str, Any]
+    checks: tuple[Check, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != "fail" for c in self.checks)
+
+
+def _unescape(field_: str) -> str:
+    """/proc/mounts escapes space, tab, newline and backslash as octal."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field_ = field_.replace(code, char)
+    return field_
+
+
+def filesystem(path: str, mounts: str = "/proc/mounts") -> dict[str, str] | None:
+    """The mount holding ``path`` (its nearest existing ancestor): type, mount point, source."""
+    probe = os.path.realpath(path)
+    while not os.path.exists(probe) and probe != os.path.dirname(probe):
+        probe = os.path.dirname(probe)
+    best: dict[str, str] | None = None
+    try:
+        with open(mounts, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        source, point, fstype = _unescape(parts[0]), _unescape(parts[1]), parts[2]
+        inside = probe == point or probe.startswith(point.rstrip("/") + "/") or point == "/"
+        if inside and (best is None or len(point) >= len(best["mount_point"])):
+            best = {"type": fstype, "mount_point": point, "source": source}
+    return best
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions of kernelcache's optional and runtime packages (None: absent)."""
+    found: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _owner(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _group(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _write_probe(root: str) -> str | None:
+    """Create and remove a file under ``<root>/.tmp/``; None if that works, else why not."""
+    try:
+        dfd = open_subdir(root, TMP_DIR, create=True)
+    except OSError as e:
+        return e.strerror or str(e)
+    name = f"doctor-{os.getpid()}-{uuid.uuid4().hex}.tmp"
+    try:
+        fd = os.open(
+            name,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o666,
+            dir_fd=dfd,
+        )
+        os.close(fd)
+        os.unlink(name, dir_fd=dfd)
+    except OSError as e:
+        return e.strerror or str(e)
+    finally:
+        os.close(dfd)
+    return None
+
+
+def diagnose(root: str) -> Report:
+    """Inspect ``root`` and the environment; never raises for what it finds."""
+    checks: list[Check] = []
+    info: dict[str, Any] = {
+        "kernelcache": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "versions": versions(),
+        "environment": environment_in_effect(),
+    }
+    try:
+        cfg = settings()
+        info["lock_mode_configured"] = cfg.lock_mode
+        checks.append(Check("environment", "ok", "kernelcache variables parse"))
+    except ConfigError as e:
+        cfg = None
+        checks.append(Check("environment", "fail", str(e)))
+    fs = filesystem(root)
+    info["filesystem"] = fs
+    if fs is None:
+        checks.append(Check("filesystem", "warn", "cannot tell (no /proc/mounts)"))
+    elif fs["type"].startswith(NETWORK_FILESYSTEMS) or fs["type"].startswith("fuse"):
+        checks.append(
+            Check(
+                "filesystem",
+                "warn",
+                f"{fs['type']} at {fs['mount_point']}: a shared or network filesystem; every "
+                "host must use the same lock mode (KERNELCACHE_LOCK_MODE)",
+            )
+        )
+    elif fs["type"] == "tmpfs":
+        checks.append(Check("filesystem", "warn", "tmpfs: the cache is lost at reboot"))
+    else:
+        checks.append(Check("filesystem", "ok", f"{fs['type']} at {fs['mount_point']}"))
+    exists = os.path.isdir(root)
+    info["exists"] = exists
+    info["umask"] = _umask()
+    if not exists:
+        what = "is not a directory" if os.path.lexists(root) else "does not exist yet"
+        status = "fail" if os.path.lexists(root) else "warn"
+        checks.append(Check("root", status, f"{root} {what}"))
+        info.update(free_bytes=None, total_bytes=None, free_inodes=None, permissions=None)
+        info["lock_mode"] = None
+        return Report(root, info, tuple(checks))
+    st = os.stat(root)
+    vfs = os.statvfs(root)
+    free, total = vfs.f_bavail * vfs.f_frsize, vfs.f_blocks * vfs.f_frsize
+    info.update(
+        free_bytes=free, total_bytes=total, free_inodes=vfs.f_favail if vfs.f_files else None
+    )
+    if free < LOW_FREE_BYTES or (total and free / total < LOW_FREE_FRACTION):
+        checks.append(Check("free space", "warn", f"only {free} bytes free; prune the cache"))
+    else:
+        checks.append(Check("free space", "ok", f"{free} of {total} bytes free"))
+    if vfs.f_files and vfs.f_favail < 10_000:
+        checks.append(Check("inodes", "warn", f"only {vfs.f_favail} inodes free"))
+    mode = stat.S_IMODE(st.st_mode)
+    permissions = {
+        "mode": oct(mode),
+        "owner": _owner(st.st_uid),
+        "group": _group(st.st_gid),
+        "setgid": bool(mode & stat.S_ISGID),
+        "group_writable": bool(mode & stat.S_IWGRP),
+    }
+    info["permissions"] = permissions
+    probe_error = _write_probe(root)
+    permissions["writable"] = probe_error is None
+    if probe_error is None:
+        checks.append(Check("writable", "ok", "files can be created and removed"))
+    else:
+        checks.append(
+            Check(
+                "writable",
+                "fail",
+                f"cannot write under {root}: {probe_error} (use it as a read-only root via "
+                "KERNELCACHE_READONLY_DIRS, or fix its permissions)",
+            )
+        )
+    if permissions["group_writable"] and not permissions["setgid"]:
+        checks.append(
+            Check(
+                "sharing",
+                "warn",
+                "group-writable without the set-group-ID bit: new files get each user's own "
+                f"group; run chmod g+s {root}",
+            )
+        )
+    elif permissions["group_writable"] and int(info["umask"], 8) & 0o020:
+        checks.append(
+            Check(
+                "sharing",
+                "warn",
+                f"umask {info['umask']} removes group write: files you create will not be "
+                "writable by the group; use umask 002",
+            )
+        )
+    if probe_error is None:
+        locker = Locker(root, mode="auto")
+        info["lock_mode"] = locker.mode
+        configured = cfg.lock_mode if cfg else "auto"
+        if locker.mode == "soft" and configured == "flock":
+            checks.append(
+                Check("locks", "fail", "flock does not work here but KERNELCACHE_LOCK_MODE=flock")
+            )
+        elif locker.mode == "soft":
+            checks.append(Check("locks", "warn", "flock does not work here: soft lock files"))
+        else:
+            checks.append(Check("locks", "ok", "flock works"))
+    else:
+        info["lock_mode"] = None
+    return Report(root, info, tuple(checks))
+
+
+def _umask() -> str:
+    with contextlib.suppress(OSError):
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return "0o" + line.split()[1].lstrip("0").rjust(3, "0")
+    current = os.umask(0o022)  # no /proc: read it the portable way and put it back
+    os.umask(current)
+    return oct(current)
