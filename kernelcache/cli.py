@@ -164,15 +164,28 @@ def _label(value: str | None) -> str:
     return "(none)" if value is None else value
 
 
+def _dumps(doc: dict[str, Any]) -> str:
+    """JSON text: indented on a terminal, compact (and fast) otherwise."""
+    if sys.stdout.isatty():
+        return json.dumps(doc, indent=2, default=str)
+    return json.dumps(doc, separators=(",", ":"), default=str)
+
+
 class Output:
     """Where a command's result goes: one JSON document, or human text."""
 
     def __init__(self, json_mode: bool) -> None:
         self.json = json_mode
 
-    def emit(self, doc: dict[str, Any], human: Callable[[], str | None]) -> None:
+    def emit(
+        self,
+        doc: dict[str, Any] | Callable[[], dict[str, Any]],
+        human: Callable[[], str | None],
+    ) -> None:
+        """Print the JSON document (built only when asked for) or the human text."""
         if self.json:
-            sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+            body = doc() if callable(doc) else doc
+            sys.stdout.write(_dumps(body) + "\n")
         else:
             text = human()
             if text:
@@ -383,7 +396,7 @@ def cmd_stats(args: argparse.Namespace, out: Output) -> int:
     if fmt == "prometheus":
         text = prometheus_text(doc)
     elif fmt == "json":
-        text = json.dumps(doc, indent=2) + "\n"
+        text = _dumps(doc) + "\n"
     else:
         text = _stats_human(doc, args.top) + "\n"
     if args.output:
@@ -679,13 +692,13 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
         "target": args.target or [],
         "quarantine_age": args.quarantine_age,
     }
-    doc = {
+    doc = lambda: {  # noqa: E731 - built only for --json
         **_base("prune", root),
         "dry_run": args.dry_run,
         "criteria": criteria,
         "plan": {
             "actions": [a.to_json() for a in plan.actions],
-            "summary": plan.summary(),
+            "summary": plan.summary,
             "bytes_to_free": plan.bytes_to_free,
             "kept_entries": plan.kept_entries,
             "kept_bytes": plan.kept_bytes,
@@ -697,7 +710,7 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
 
     def human() -> str:
         lines = [f"Plan for {root}:"]
-        for kind, v in plan.summary().items():
+        for kind, v in plan.summary.items():
             lines.append("  " + _ACTION_WORDS[kind].format(n=v["count"], b=human_size(v["bytes"])))
         if plan.fold_logs:
             lines.append(f"  fold {len(plan.fold_logs):,} statistics logs of finished processes")

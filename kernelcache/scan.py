@@ -569,10 +569,12 @@ def _with_last_used(dfd: int, table: EntryTable) -> EntryTable:
             stamps.append(os.stat(f"{key}.{META_EXT}", dir_fd=dfd, follow_symlinks=False).st_mtime)
         except OSError:
             stamps.append(None)
-    rows = [r._replace(last_used=t) for r, t in zip(table.rows(), stamps, strict=True) if t]
-    if len(rows) == len(table):
-        return replace(table, last_used=tuple(stamps))
-    return EntryTable.from_rows(rows)
+    table = replace(table, last_used=tuple(stamps))
+    if None not in stamps:
+        return table
+    keep = [i for i, t in enumerate(stamps) if t is not None]
+    columns = [getattr(table, c) for c in COLUMNS]
+    return EntryTable(*([c[i] for i in keep] for c in columns))  # type: ignore[arg-type]
 
 
 def _orphans(
