@@ -61,7 +61,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from . import stats
 from .config import ConfigError
@@ -231,7 +231,7 @@ def redact(url: str) -> str:
         f"{name}=***" if name in _SECRET_OPTIONS else f"{quote(name)}={quote(value, safe='/.:')}"
         for name, value in parse_qsl(parts.query, keep_blank_values=True)
     )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
 
 
 def _secrets(url: str) -> list[str]:
@@ -316,7 +316,7 @@ def parse_url(url: str) -> tuple[str, RemoteOptions]:
         problems.append("lock_ttl must be at least 1ms")
     if problems:
         raise ConfigError(f"remote URL {shown!r}: {'; '.join(problems)}")
-    address = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+    address = f"{parts.scheme}://{parts.netloc}{parts.path}"
     return address, options
 
 

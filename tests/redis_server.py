@@ -3,7 +3,8 @@
 ``RedisServer(tmpdir).start()`` runs ``redis-server`` (``$PATH`` or /usr/bin) with no
 persistence, waits until it answers PING, and ``stop()``/``kill()`` end it. ``REDIS_SERVER``
 is the binary's path or None; tests skip with ``SKIP_REASON`` when it is absent.
-Also: :func:`blackhole` (a TCP port that accepts connections and never answers) and
+:func:`make_tls_files` makes a self-signed certificate for a TLS server. Also:
+:func:`blackhole` (a TCP port that accepts connections and never answers) and
 :func:`free_port` (a port where nothing listens).
 """
 
@@ -14,10 +15,12 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 REDIS_SERVER = shutil.which("redis-server") or (
@@ -33,10 +36,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ping(port: int, password: str | None, timeout: float = 0.2) -> bool:
-    """Whether a server on ``port`` answers PING (any reply counts, e.g. NOAUTH)."""
+def _ping(port: int, password: str | None, ca: str | None = None, timeout: float = 0.2) -> bool:
+    """Whether a server on ``port`` answers PING (over TLS trusting ``ca`` if given)."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        with contextlib.ExitStack() as stack:
+            s = stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=timeout))
+            if ca is not None:
+                context = ssl.create_default_context(cafile=ca)
+                s = stack.enter_context(context.wrap_socket(s, server_hostname="127.0.0.1"))
             if password:
                 s.sendall(f"AUTH {password}\r\n".encode())
                 s.recv(64)
@@ -44,6 +51,34 @@ def _ping(port: int, password: str | None, timeout: float = 0.2) -> bool:
             return s.recv(64).startswith(b"+PONG")
     except OSError:
         return False
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """A self-signed certificate for 127.0.0.1 (it is its own CA) and its key."""
+
+    cert: str
+    key: str
+
+
+def make_tls_files(directory: str | os.PathLike[str]) -> TLSFiles:
+    """Create a self-signed certificate for 127.0.0.1 with the openssl command.
+
+    Raises:
+        RuntimeError: openssl is not installed or failed.
+    """
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError("openssl is not installed")
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    subject = ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
+    ca = ["-addext", "basicConstraints=critical,CA:TRUE", "-keyout", key, "-out", cert]
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", *subject, *ca],
+        check=True,
+        capture_output=True,
+    )
+    return TLSFiles(cert, key)
 
 
 class RedisServer:
@@ -56,6 +91,7 @@ class RedisServer:
         password: str | None = None,
         args: Sequence[str] = (),
         port: int | None = None,
+        tls: TLSFiles | None = None,
     ) -> None:
         if REDIS_SERVER is None:
             raise RuntimeError(SKIP_REASON)
@@ -63,12 +99,14 @@ class RedisServer:
         self.password = password
         self.args = list(args)
         self.port = port
+        self.tls = tls
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start the server (on a fresh free port unless one was given) and wait for PING."""
@@ -76,10 +114,15 @@ class RedisServer:
         fixed = self.port
         for _attempt in range(1 if fixed else 3):
             port = fixed or free_port()
+            if self.tls:
+                listen = ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no"]
+                listen += ["--tls-cert-file", self.tls.cert, "--tls-key-file", self.tls.key]
+                listen += ["--tls-ca-cert-file", self.tls.cert]
+            else:
+                listen = ["--port", str(port)]
             cmd = [
                 REDIS_SERVER,
-                "--port",
-                str(port),
+                *listen,
                 "--bind",
                 "127.0.0.1",
                 "--dir",
@@ -101,7 +144,7 @@ class RedisServer:
             )
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and self.process.poll() is None:
-                if _ping(port, self.password):
+                if _ping(port, self.password, self.tls.cert if self.tls else None):
                     self.port = port
                     return self
                 time.sleep(0.02)
