@@ -299,6 +299,7 @@ def test_unwritable_root_for_another_user(tmp_path):
         f"{key}.bin",
         f"{key}.json",
     ]
+    shutil.rmtree(shared)
 
 
 @pytest.mark.skipif(not CAN_UNSHARE, reason="needs a private mount namespace (unshare -rm)")
