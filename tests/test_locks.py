@@ -272,3 +272,52 @@ def test_single_flight_waiters_read_the_builders_result(lockroot, mode):
     assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
     assert log.read_text().count("build") == 1
     assert sorted(int(o[0]) for o in outs) == [0, 0, 0, 0, 0, 1]
+
+
+READER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_SH)  # what Store.read holds while it reads an artifact
+print("READING", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_entry_is_never_deleted_under_a_reader(tmp_path):
+    cache = kernelcache.Cache(tmp_path / "root", readonly_roots=())
+    key = key_of("reader")
+    art = cache.put(key, "bin", b"being read", {})
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READER, art.path, "30"],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert reader.stdout.readline().strip() == "READING"
+        assert cache.store.delete(key, wait=0.2) is None  # in use: nothing deleted
+        assert cache.get(key, "bin").data == b"being read"
+        assert cache.store.repair(key, "bin").data == b"being read"
+    finally:
+        reader.kill()
+        reader.wait(timeout=10)
+        reader.stdout.close()
+    assert cache.store.delete(key, wait=1) is True
+    assert cache.get(key, "bin") is None
+    assert not (tmp_path / "root" / f"{key}.bin").exists()
+
+
+def test_republished_entry_is_read_fresh(tmp_path):
+    """A reader that remembered an entry's metadata sees a new entry published under its key."""
+    root = tmp_path / "root"
+    reader = kernelcache.Cache(root, readonly_roots=())
+    corrupt_before = kernelcache.process_stats()["corrupt"]
+    key = key_of("republish")
+    reader.put(key, "bin", b"first version", {"v": 1})
+    assert reader.get(key, "bin").meta["v"] == 1
+    other = kernelcache.Store(root)  # another process would have its own memory
+    assert other.delete(key) is True
+    other.put(key, "bin", b"second", {"v": 2})
+    art = reader.get(key, "bin")
+    assert art.data == b"second" and art.meta["v"] == 2
+    assert kernelcache.process_stats()["corrupt"] == corrupt_before

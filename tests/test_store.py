@@ -105,7 +105,6 @@ def test_key_holds_one_extension(root):
     key = key_of("one-ext")
     cache.put(key, "cubin", b"cubin bytes", {})
     assert cache.get(key, "ptx") is None  # another ext is a miss, not corruption
-    assert kernelcache.process_stats()["corrupt"] == 0 or True  # counters are process-wide
     with pytest.raises(ValueError, match=r"already holds a \.cubin"):
         cache.put(key, "ptx", b"ptx text", {})
     assert cache.get(key, "cubin").data == b"cubin bytes"
