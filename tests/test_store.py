@@ -104,7 +104,9 @@ def test_key_holds_one_extension(root):
     cache = kernelcache.Cache(root, readonly_roots=())
     key = key_of("one-ext")
     cache.put(key, "cubin", b"cubin bytes", {})
+    corrupt_before = kernelcache.process_stats()["corrupt"]
     assert cache.get(key, "ptx") is None  # another ext is a miss, not corruption
+    assert kernelcache.process_stats()["corrupt"] == corrupt_before
     with pytest.raises(ValueError, match=r"already holds a \.cubin"):
         cache.put(key, "ptx", b"ptx text", {})
     assert cache.get(key, "cubin").data == b"cubin bytes"
