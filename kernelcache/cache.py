@@ -150,7 +150,7 @@ class Cache:
             return None
         for store in self.layers:
             try:
-                result = store.get(key, ext)
+                result = store.get_checked(key, ext)
             except OSError as e:
                 stats.count(self.root, errors=1)
                 warn_once(store.root, "read", "kernelcache: cannot read %s: %s", store.root, e)

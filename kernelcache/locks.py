@@ -2,10 +2,10 @@
 
 Two mechanisms, chosen per root:
 
-* ``flock`` (default where it works): ``fcntl.flock`` on ``<key>.lock``. Readers take it shared,
-  writers, prune and repair exclusive, so readers never block each other and an entry is never
-  deleted or replaced under a reader. The kernel drops the lock when a process dies, so a
-  killed process never leaves a stale flock behind.
+* ``flock`` (default where it works): ``fcntl.flock`` on ``<key>.lock``, taken exclusively by
+  writers, prune, repair and (as ``<key>.build.lock``) the single builder of a key. Readers do
+  not use these files: they hold a shared flock on the artifact they read (see store.py). The
+  kernel drops a flock when its process dies, so a killed process never leaves a stale one.
 * ``soft`` (for filesystems where flock does not work: NFS without lockd, some FUSE mounts):
   ``<key>.softlock`` created with ``O_CREAT | O_EXCL`` and holding ``{host, pid, time, token}``.
   Only exclusive holders use it; readers rely on digest verification instead. A holder refreshes
@@ -48,7 +48,8 @@ _HOST = socket.gethostname()
 
 
 def _open_flags() -> int:
-    return os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+    # O_NONBLOCK: a FIFO planted as a lock file must not hang the open
+    return os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
 def open_subdir(root: str, name: str, *, create: bool) -> int:
