@@ -180,8 +180,9 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def blackhole() -> Iterator[int]:
-    """A port on 127.0.0.1 that accepts connections and never sends a byte (a hung server)."""
+def blackhole(reply: bytes = b"") -> Iterator[int]:
+    """A port on 127.0.0.1 that accepts connections, sends ``reply`` (default: nothing) and
+    then never another byte: a hung server, or one that speaks another protocol."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
@@ -194,6 +195,8 @@ def blackhole() -> Iterator[int]:
             with contextlib.suppress(OSError):
                 conn, _ = listener.accept()
                 held.append(conn)
+                if reply:
+                    conn.sendall(reply)
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()

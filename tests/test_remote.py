@@ -252,6 +252,25 @@ def test_unreachable_url_costs_at_most_the_timeout_once(tmp_path, remote_log, ki
     assert kernelcache.process_stats()["remote_errors"] >= 1
 
 
+@pytest.mark.parametrize(
+    "reply",
+    [b"HTTP/1.1 400 Bad Request\r\n\r\n", b":12x\r\n" * 4, b"$900\r\ntruncated", b"\xff" * 64],
+)
+def test_a_server_speaking_garbage_is_skipped(tmp_path, reply) -> None:
+    with blackhole(reply) as port:
+        cache = kernelcache.Cache(
+            tmp_path, readonly_roots=[], remote=f"redis://127.0.0.1:{port}/0?timeout=0.3"
+        )
+        calls: list[str] = []
+        started = time.monotonic()
+        for i in range(10):
+            key = key_of(450 + i)
+            assert cache.get_or_create(key, "cubin", builder(key, calls)).data == payload(key)
+        elapsed = time.monotonic() - started
+    assert len(calls) == 10 and elapsed < 1.0
+    assert cache.remote.counters["breaker_trips"] == 1
+
+
 def test_breaker_reopens_after_its_period(tmp_path) -> None:
     port = free_port()
     tier = open_remote(f"redis://127.0.0.1:{port}/0?breaker=0.5&timeout=0.3")
