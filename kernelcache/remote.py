@@ -65,6 +65,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from . import stats
 from .config import ConfigError
+from .keys import check_ext, check_key
 from .store import MAX_META_BYTES, RESERVED_FIELDS, digest, make_metadata, parse_metadata
 
 if TYPE_CHECKING:
@@ -460,10 +461,8 @@ class RedisTier:
             )
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)``; on a Redis or socket failure: account for it, return None.
-
-        The second element of the result tells whether it failed.
-        """
+        """``(fn(*args, **kwargs), False)``, or ``(None, True)`` after a Redis, socket or
+        protocol failure, which is accounted for (counters, breaker, one warning)."""
         try:
             return fn(*args, **kwargs), False
         except (self._errors.RedisError, OSError, ValueError) as e:
@@ -479,7 +478,12 @@ class RedisTier:
         """The verified ``(data, metadata)`` of ``key``, or None (absent, bad or unavailable).
 
         Never raises for a failure of the server; costs at most ``timeout`` (plus one connect).
+
+        Raises:
+            ValueError: malformed ``key`` or ``ext``.
         """
+        check_key(key)
+        check_ext(ext)
         if not self._usable():
             return None
         self._bump(gets=1)
@@ -513,8 +517,11 @@ class RedisTier:
         of the server.
 
         Raises:
-            ValueError: ``meta`` is not JSON-serializable (the local store rejects it first).
+            ValueError: malformed ``key`` or ``ext``, or ``meta`` is not JSON-serializable
+                (the local store rejects such entries first).
         """
+        check_key(key)
+        check_ext(ext)
         if not self._usable():
             return
         if time.monotonic() < self._full_until:
@@ -548,7 +555,11 @@ class RedisTier:
         remote read then hits), or None when the lock was not had within ``timeout`` seconds
         or the server is unavailable (the caller then builds privately). The lock expires
         after ``lock_ttl`` if its owner dies.
+
+        Raises:
+            ValueError: malformed ``key``.
         """
+        check_key(key)
         if not self._usable():
             return None
         lock = self.name(key) + ":lock"

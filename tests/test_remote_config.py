@@ -188,3 +188,14 @@ def _garbage() -> dict[str, bytes]:
 @pytest.mark.parametrize("name", sorted(_garbage()))
 def test_garbage_values_are_rejected(name: str) -> None:
     assert isinstance(decode_value(_garbage()[name], KEY), str)
+
+
+@pytest.mark.parametrize("call", ["get", "put", "acquire"])
+def test_malformed_keys_are_value_errors_before_any_connection(call: str) -> None:
+    tier = open_remote("redis://127.0.0.1:1/0")
+    args = {"get": ("../x", "cubin"), "put": ("../x", "cubin", b"", {}), "acquire": ("KEY", 1)}
+    with pytest.raises(ValueError, match="invalid cache key"):
+        getattr(tier, call)(*args[call])
+    with pytest.raises(ValueError, match="invalid artifact extension"):
+        tier.get(KEY, ".cubin")
+    assert tier.counters == {}
