@@ -198,7 +198,7 @@ def test_server_killed_mid_run_the_job_completes(server, tmp_path) -> None:
         time.sleep(0.01)
     server.kill()
     results = finish(procs)
-    assert time.monotonic() - started < 25
+    assert time.monotonic() - started < 10  # well under the 20 s lock timeout of the workers
     for result, err in results:
         assert len(result["sources"]) == 30
         assert result["tier"]["breaker_trips"] == 1
