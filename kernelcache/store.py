@@ -60,6 +60,12 @@ MAX_META_BYTES = 1 << 20
 MEMO_ENTRIES = 4096
 #: how often a hit refreshes an entry's last-used stamp (the metadata file's mtime)
 TOUCH_INTERVAL = 3600.0
+#: whose artifacts a store serves: an artifact is code that will run on the GPU
+TRUST_POLICIES = {
+    "group": "this user, root, the root directory's owner, and members of its group",
+    "owner": "this user, root and the root directory's owner",
+    "any": "every user (a private or fully trusted cache)",
+}
 #: fields the store writes itself; callers' metadata may not set them
 RESERVED_FIELDS = frozenset({"format", "key", "ext", "size", "digest"})
 
@@ -108,6 +114,7 @@ class Problem:
     key: str
     reason: str
     corrupt: bool = True
+    untrusted: bool = False  # written by a user the trust policy excludes: skipped, not moved
 
 
 class WrongExt(ValueError):
@@ -170,6 +177,23 @@ def parse_metadata(raw: bytes, key: str) -> dict[str, Any] | str:
     return doc
 
 
+def _in_group(uid: int, gid: int) -> bool:
+    """Whether the user ``uid`` belongs to group ``gid`` (primary or supplementary)."""
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    if user.pw_gid == gid:
+        return True
+    try:
+        return user.pw_name in grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+
+
 def _read_exact(fd: int, size: int) -> bytes | None:
     """Read exactly ``size`` bytes; None if the file is shorter."""
     first = os.read(fd, size)
@@ -200,7 +224,10 @@ class Store:
         lock_mode: str = "auto",
         lock_stale: float = 300.0,
         lock_timeout: float = 120.0,
+        trust: str = "group",
     ) -> None:
+        if trust not in TRUST_POLICIES:
+            raise ValueError(f"trust policy {trust!r} is not one of {', '.join(TRUST_POLICIES)}")
         self.root = os.fspath(Path(root).expanduser())
         self._prefix = os.path.join(self.root, "")
         self.readonly = readonly
@@ -209,6 +236,9 @@ class Store:
         self._warned: set[str] = set()
         self._memo: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
         self._read_locks = not readonly
+        self.trust = trust
+        self._trusted_uids: set[int] = set()
+        self._untrusted_uids: set[int] = set()
 
     def __repr__(self) -> str:
         return f"Store({self.root!r}, readonly={self.readonly})"
@@ -224,6 +254,36 @@ class Store:
         if topic not in self._warned:
             self._warned.add(topic)
             logger.warning(message, *args)
+
+    # -- trust ----------------------------------------------------------------------------
+    def _trusts(self, uid: int) -> bool:
+        """Whether artifacts owned by ``uid`` may be served (see TRUST_POLICIES); remembered."""
+        if uid in self._untrusted_uids:
+            return False
+        trusted = self.trust == "any" or uid in (0, os.geteuid())
+        if not trusted:
+            try:
+                root_st = os.stat(self.root)
+            except OSError:
+                root_st = None
+            if root_st is not None:
+                trusted = uid == root_st.st_uid or (
+                    self.trust == "group" and _in_group(uid, root_st.st_gid)
+                )
+        if trusted:
+            self._trusted_uids.add(uid)
+        else:
+            self._untrusted_uids.add(uid)
+            self.warn_once(
+                f"untrusted-{uid}",
+                "kernelcache: refusing artifacts under %s owned by user %d: not this user, root, "
+                "the root directory's owner%s (KERNELCACHE_TRUST=%s)",
+                self.root,
+                uid,
+                " or a member of its group" if self.trust == "group" else "",
+                self.trust,
+            )
+        return trusted
 
     # -- locks ----------------------------------------------------------------------------
     def lock(self, key: str, *, shared: bool, timeout: float | None = None) -> Held | None:
@@ -286,6 +346,9 @@ class Store:
             ast = os.fstat(afd)
             if not stat.S_ISREG(ast.st_mode):
                 return Problem(key, "artifact is not a regular file")
+            if ast.st_uid not in self._trusted_uids and not self._trusts(ast.st_uid):
+                reason = f"artifact owned by untrusted user {ast.st_uid}"
+                return Problem(key, reason, corrupt=False, untrusted=True)
             if ast.st_size != doc["size"]:
                 return Problem(
                     key, f"artifact has {ast.st_size} bytes, metadata says {doc['size']}"
