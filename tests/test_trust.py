@@ -42,7 +42,8 @@ def test_untrusted_user_is_refused_and_replaced(shared_root, caplog_warnings):
     art = cache.get_or_create(key, "bin", lambda: (b"our build", {}))
     assert art.data == b"our build" and os.stat(art.path).st_uid == os.geteuid()
     after = kernelcache.process_stats()
-    assert after["untrusted"] - before["untrusted"] == 2  # the get and the get_or_create lookup
+    # the get, then get_or_create's lookup and its re-check under the build lock
+    assert after["untrusted"] - before["untrusted"] == 3
     assert after["corrupt"] == before["corrupt"]
 
 
