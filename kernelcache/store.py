@@ -60,6 +60,8 @@ MAX_META_BYTES = 1 << 20
 MEMO_ENTRIES = 4096
 #: how often a hit refreshes an entry's last-used stamp (the metadata file's mtime)
 TOUCH_INTERVAL = 3600.0
+#: a last-used stamp further in the future than this is clock skew: it is reset to now
+FUTURE_SLACK = 300.0
 #: whose artifacts a store serves: an artifact is code that will run on the GPU
 TRUST_POLICIES = {
     "group": "this user, root, the root directory's owner, and members of its group",
@@ -175,6 +177,12 @@ def parse_metadata(raw: bytes, key: str) -> dict[str, Any] | str:
     if not isinstance(dig, str) or not dig.startswith("xxh3_128:"):
         return "metadata has an invalid digest"
     return doc
+
+
+def _stale_stamp(mtime: float) -> bool:
+    """Whether a last-used stamp should be refreshed: older than an hour, or from the future."""
+    age = time.time() - mtime
+    return age > TOUCH_INTERVAL or age < -FUTURE_SLACK
 
 
 def _in_group(uid: int, gid: int) -> bool:
@@ -362,7 +370,7 @@ class Store:
             return Problem(key, "artifact changed size while being read")
         if digest(data) != doc["digest"]:
             return Problem(key, "artifact digest mismatch")
-        if st_mtime is not None and not self.readonly and time.time() - st_mtime > TOUCH_INTERVAL:
+        if st_mtime is not None and not self.readonly and _stale_stamp(st_mtime):
             self._touch(key)
         source = "readonly" if self.readonly else "local"
         return Artifact(key, stored_ext, data, path, doc, source)
@@ -378,7 +386,7 @@ class Store:
             return None
         if memo[0] != (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
             return None
-        if time.time() - st.st_mtime > TOUCH_INTERVAL and not self.readonly:
+        if not self.readonly and _stale_stamp(st.st_mtime):
             self._touch(key)
         return memo[1]
 
