@@ -106,10 +106,11 @@ class Cache:
             lock_mode=mode,
             lock_stale=cfg.lock_stale,
             lock_timeout=self.lock_timeout,
+            trust=cfg.trust,
         )
         self.root = self.store.root
         ro = cfg.readonly_dirs if readonly_roots is None else readonly_roots
-        self.readonly = [Store(r, readonly=True) for r in ro]
+        self.readonly = [Store(r, readonly=True, trust=cfg.trust) for r in ro]
         if remote is None:
             remote = cfg.remote or ""
         self.remote: RemoteTier | None = (
@@ -158,8 +159,11 @@ class Cache:
             if isinstance(result, Artifact):
                 stats.count(self.root, hits=1, bytes_read=len(result.data))
                 return result
-            if isinstance(result, Problem) and result.corrupt:
-                stats.count(self.root, corrupt=1)
+            if isinstance(result, Problem):
+                if result.corrupt:
+                    stats.count(self.root, corrupt=1)
+                elif result.untrusted:
+                    stats.count(self.root, untrusted=1)
         if self.remote is not None:
             return self._remote_lookup(key, ext)
         return None

@@ -60,6 +60,14 @@ MAX_META_BYTES = 1 << 20
 MEMO_ENTRIES = 4096
 #: how often a hit refreshes an entry's last-used stamp (the metadata file's mtime)
 TOUCH_INTERVAL = 3600.0
+#: a last-used stamp further in the future than this is clock skew: it is reset to now
+FUTURE_SLACK = 300.0
+#: whose artifacts a store serves: an artifact is code that will run on the GPU
+TRUST_POLICIES = {
+    "group": "this user, root, the root directory's owner, and members of its group",
+    "owner": "this user, root and the root directory's owner",
+    "any": "every user (a private or fully trusted cache)",
+}
 #: fields the store writes itself; callers' metadata may not set them
 RESERVED_FIELDS = frozenset({"format", "key", "ext", "size", "digest"})
 
@@ -108,6 +116,7 @@ class Problem:
     key: str
     reason: str
     corrupt: bool = True
+    untrusted: bool = False  # written by a user the trust policy excludes: skipped, not moved
 
 
 class WrongExt(ValueError):
@@ -170,6 +179,29 @@ def parse_metadata(raw: bytes, key: str) -> dict[str, Any] | str:
     return doc
 
 
+def _stale_stamp(mtime: float) -> bool:
+    """Whether a last-used stamp should be refreshed: older than an hour, or from the future."""
+    age = time.time() - mtime
+    return age > TOUCH_INTERVAL or age < -FUTURE_SLACK
+
+
+def _in_group(uid: int, gid: int) -> bool:
+    """Whether the user ``uid`` belongs to group ``gid`` (primary or supplementary)."""
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    if user.pw_gid == gid:
+        return True
+    try:
+        return user.pw_name in grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+
+
 def _read_exact(fd: int, size: int) -> bytes | None:
     """Read exactly ``size`` bytes; None if the file is shorter."""
     first = os.read(fd, size)
@@ -200,7 +232,10 @@ class Store:
         lock_mode: str = "auto",
         lock_stale: float = 300.0,
         lock_timeout: float = 120.0,
+        trust: str = "group",
     ) -> None:
+        if trust not in TRUST_POLICIES:
+            raise ValueError(f"trust policy {trust!r} is not one of {', '.join(TRUST_POLICIES)}")
         self.root = os.fspath(Path(root).expanduser())
         self._prefix = os.path.join(self.root, "")
         self.readonly = readonly
@@ -209,6 +244,9 @@ class Store:
         self._warned: set[str] = set()
         self._memo: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
         self._read_locks = not readonly
+        self.trust = trust
+        self._trusted_uids: set[int] = set()
+        self._untrusted_uids: set[int] = set()
 
     def __repr__(self) -> str:
         return f"Store({self.root!r}, readonly={self.readonly})"
@@ -224,6 +262,36 @@ class Store:
         if topic not in self._warned:
             self._warned.add(topic)
             logger.warning(message, *args)
+
+    # -- trust ----------------------------------------------------------------------------
+    def _trusts(self, uid: int) -> bool:
+        """Whether artifacts owned by ``uid`` may be served (see TRUST_POLICIES); remembered."""
+        if uid in self._untrusted_uids:
+            return False
+        trusted = self.trust == "any" or uid in (0, os.geteuid())
+        if not trusted:
+            try:
+                root_st = os.stat(self.root)
+            except OSError:
+                root_st = None
+            if root_st is not None:
+                trusted = uid == root_st.st_uid or (
+                    self.trust == "group" and _in_group(uid, root_st.st_gid)
+                )
+        if trusted:
+            self._trusted_uids.add(uid)
+        else:
+            self._untrusted_uids.add(uid)
+            self.warn_once(
+                f"untrusted-{uid}",
+                "kernelcache: refusing artifacts under %s owned by user %d: not this user, root, "
+                "the root directory's owner%s (KERNELCACHE_TRUST=%s)",
+                self.root,
+                uid,
+                " or a member of its group" if self.trust == "group" else "",
+                self.trust,
+            )
+        return trusted
 
     # -- locks ----------------------------------------------------------------------------
     def lock(self, key: str, *, shared: bool, timeout: float | None = None) -> Held | None:
@@ -286,6 +354,9 @@ class Store:
             ast = os.fstat(afd)
             if not stat.S_ISREG(ast.st_mode):
                 return Problem(key, "artifact is not a regular file")
+            if ast.st_uid not in self._trusted_uids and not self._trusts(ast.st_uid):
+                reason = f"artifact owned by untrusted user {ast.st_uid}"
+                return Problem(key, reason, corrupt=False, untrusted=True)
             if ast.st_size != doc["size"]:
                 return Problem(
                     key, f"artifact has {ast.st_size} bytes, metadata says {doc['size']}"
@@ -299,7 +370,7 @@ class Store:
             return Problem(key, "artifact changed size while being read")
         if digest(data) != doc["digest"]:
             return Problem(key, "artifact digest mismatch")
-        if st_mtime is not None and not self.readonly and time.time() - st_mtime > TOUCH_INTERVAL:
+        if st_mtime is not None and not self.readonly and _stale_stamp(st_mtime):
             self._touch(key)
         source = "readonly" if self.readonly else "local"
         return Artifact(key, stored_ext, data, path, doc, source)
@@ -315,7 +386,7 @@ class Store:
             return None
         if memo[0] != (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
             return None
-        if time.time() - st.st_mtime > TOUCH_INTERVAL and not self.readonly:
+        if not self.readonly and _stale_stamp(st.st_mtime):
             self._touch(key)
         return memo[1]
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -423,3 +424,20 @@ def test_store_read_reports_problems(root):
     (root / f"{key}.bin").write_bytes(b"abd")
     result = store.read(key, "bin")
     assert isinstance(result, Problem) and result.corrupt and "digest" in result.reason
+
+
+def test_last_used_stamp_is_coarse_and_repairs_clock_skew(root):
+    cache = kernelcache.Cache(root, readonly_roots=())
+    key = key_of("stamp")
+    cache.put(key, "bin", b"x", {})
+    meta = root / f"{key}.json"
+    now = time.time()
+    os.utime(meta, (now - 600, now - 600))  # used ten minutes ago: a hit leaves it alone
+    cache.get(key, "bin")
+    assert abs(meta.stat().st_mtime - (now - 600)) < 1
+    os.utime(meta, (now - 7200, now - 7200))  # two hours ago: a hit refreshes it
+    kernelcache.Cache(root, readonly_roots=()).get(key, "bin")
+    assert abs(meta.stat().st_mtime - time.time()) < 5
+    os.utime(meta, (now + 86400, now + 86400))  # "from the future" (clock skew): reset to now
+    kernelcache.Cache(root, readonly_roots=()).get(key, "bin")
+    assert abs(meta.stat().st_mtime - time.time()) < 5
