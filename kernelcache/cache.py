@@ -48,7 +48,9 @@ class RemoteTier(Protocol):
 
     def get(self, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | None: ...
 
-    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> None: ...
+    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> bool:
+        """Send an entry; return whether it was stored."""
+        ...
 
     def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
         """Take the job-wide build lock of ``key`` (one builder across machines).
@@ -69,10 +71,10 @@ def default_root() -> Path:
     return Path(platformdirs.user_cache_dir("kernelcache", appauthor=False))
 
 
-def _open_remote(url: str) -> RemoteTier:
+def _open_remote(url: str, root: str) -> RemoteTier:
     from .remote import open_remote
 
-    return open_remote(url)
+    return open_remote(url, stats_root=root)
 
 
 class Cache:
@@ -114,7 +116,9 @@ class Cache:
         if remote is None:
             remote = cfg.remote or ""
         self.remote: RemoteTier | None = (
-            (_open_remote(remote) if remote else None) if isinstance(remote, str) else remote
+            (_open_remote(remote, self.root) if remote else None)
+            if isinstance(remote, str)
+            else remote
         )
         self.disabled = cfg.disable
         if cfg.stats_log and not self.disabled:
@@ -217,8 +221,7 @@ class Cache:
             stats.count(self.root, errors=1)
             raise
         stats.count(self.root, puts=1, bytes_written=len(art.data))
-        if self.remote is not None:
-            self.remote.put(key, ext, art.data, art.meta)
+        if self.remote is not None and self.remote.put(key, ext, art.data, art.meta):
             stats.count(self.root, remote_puts=1)
         return art
 

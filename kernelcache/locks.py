@@ -134,7 +134,10 @@ class Locker:
     def mode(self) -> str:
         """``flock`` or ``soft``; probes the filesystem on first use in ``auto`` mode."""
         if self._mode is None:
-            self._mode = self._probe()
+            probed = self._probe()
+            if probed is None:
+                return "flock"  # inconclusive (no lock directory yet): probe again next time
+            self._mode = probed
         return self._mode
 
     def acquire(self, name: str, *, shared: bool, timeout: float) -> Held:
@@ -164,7 +167,11 @@ class Locker:
     # -- flock ----------------------------------------------------------------------------
     def _dir(self) -> int:
         try:
-            return open_subdir(self.root, LOCK_DIR, create=True)
+            try:
+                return open_subdir(self.root, LOCK_DIR, create=True)
+            except FileNotFoundError:
+                os.makedirs(self.root, exist_ok=True)  # a fresh root: its first lock creates it
+                return open_subdir(self.root, LOCK_DIR, create=True)
         except OSError as e:
             raise LockUnavailable(
                 e.errno,
@@ -243,11 +250,12 @@ class Locker:
         finally:
             os.close(dfd)
 
-    def _probe(self) -> str:
+    def _probe(self) -> str | None:
+        """``flock`` or ``soft`` for this root's filesystem; None if it cannot be told yet."""
         try:
             dfd = self._dir()
         except LockUnavailable:
-            return "flock"  # nothing can be locked here anyway; acquire will report it
+            return None
         try:
             fd = self._open_lock_file(dfd, ".probe")
             try:
@@ -265,7 +273,7 @@ class Locker:
             finally:
                 os.close(fd)
         except LockUnavailable:
-            pass
+            return None
         finally:
             os.close(dfd)
         return "flock"

@@ -511,10 +511,10 @@ class RedisTier:
         )
         self._call("delete", self._client.delete, self.name(key))
 
-    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> None:
+    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> bool:
         """Send an entry (overwriting what is there), unless it is larger than ``max_size``,
         the breaker is open or the server recently refused writes. Never raises for a failure
-        of the server.
+        of the server. Returns whether the entry was stored.
 
         Raises:
             ValueError: malformed ``key`` or ``ext``, or ``meta`` is not JSON-serializable
@@ -523,10 +523,10 @@ class RedisTier:
         check_key(key)
         check_ext(ext)
         if not self._usable():
-            return
+            return False
         if time.monotonic() < self._full_until:
             self._bump(skipped=1)
-            return
+            return False
         doc = make_metadata(
             key, ext, data, {k: v for k, v in meta.items() if k not in RESERVED_FIELDS}
         )
@@ -541,11 +541,12 @@ class RedisTier:
                 self.url,
                 self.options.max_size,
             )
-            return
+            return False
         ttl_ms = math.ceil(self.options.ttl * 1000) if self.options.ttl else None
         _, failed = self._call("put", self._client.set, self.name(key), value, px=ttl_ms)
         if not failed:
             self._bump(puts=1)
+        return not failed
 
     def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
         """Take the job-wide build lock of ``key``.

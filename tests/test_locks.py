@@ -238,8 +238,8 @@ def test_builder_holding_lock_too_long_means_private_build(lockroot, mode, caplo
         stop(child)
 
 
-@pytest.mark.parametrize("mode", ["flock", "soft"])
-def test_single_flight_waiters_read_the_builders_result(lockroot, mode):
+@pytest.mark.parametrize("mode, fresh", [("flock", False), ("soft", False), ("auto", True)])
+def test_single_flight_waiters_read_the_builders_result(lockroot, mode, fresh):
     """Processes started while a build runs wait for it and read its result, building nothing."""
     code = textwrap.dedent(
         """
@@ -258,6 +258,8 @@ def test_single_flight_waiters_read_the_builders_result(lockroot, mode):
     )
     key = key_of("single-flight", mode)
     log = lockroot.parent / "builds.log"
+    if fresh:  # nobody has created the root yet: the first lock creates it
+        lockroot = lockroot.parent / "fresh-root"
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code, str(lockroot), key, mode, str(log)],
@@ -270,6 +272,7 @@ def test_single_flight_waiters_read_the_builders_result(lockroot, mode):
     ]
     outs = [p.communicate(timeout=60) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    assert not any("without" in err for _, err in outs), [o[1] for o in outs]
     assert log.read_text().count("build") == 1
     assert sorted(int(o[0]) for o in outs) == [0, 0, 0, 0, 0, 1]
 
