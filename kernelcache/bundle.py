@@ -149,6 +149,7 @@ def export_bundle(
     level: int = 3,
     force: bool = False,
     progress: Progress | None = None,
+    trust: str = "group",
 ) -> ExportResult:
     """Write ``entries`` of ``root`` to the bundle ``path``.
 
@@ -166,7 +167,7 @@ def export_bundle(
         raise BundleError(f"{path} exists; pass --force to overwrite it")
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.partial")
-    reader = Store(root, readonly=True)
+    reader = Store(root, readonly=True, trust=trust)
     docs: list[dict[str, Any]] = []
     skipped: list[tuple[str, str]] = []
     total = 0

@@ -485,10 +485,10 @@ def _resolve_key(root: str, text: str) -> str:
 
 
 def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
+    from .scan import READ_FLAGS
+
     try:
-        fd = os.open(
-            os.path.join(root, f"{key}.{META_EXT}"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-        )
+        fd = os.open(os.path.join(root, f"{key}.{META_EXT}"), READ_FLAGS)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
@@ -503,7 +503,7 @@ def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
 def cmd_show(args: argparse.Namespace, out: Output) -> int:
     root = _root(args)
     key = _resolve_key(root, args.key)
-    result = Store(root, readonly=True).read(key)
+    result = Store(root, readonly=True, trust=settings().trust).read(key)
     if result is None:
         raise Failure(f"no entry {key} under {root}")
     meta = dict(result.meta) if isinstance(result, Artifact) else _raw_metadata(root, key)
@@ -604,7 +604,7 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     _, stale = _lock_settings()
     base = scan(root, last_used=True, locks=True, lock_stale=stale)
     with out.progress("verifying", len(base.entries)) as tick:
-        checked = verify(root, base, progress=tick)
+        checked = verify(root, base, progress=tick, trust=settings().trust)
     issues = checked.issues
     counts: dict[str, int] = {}
     for issue in issues:
@@ -754,6 +754,7 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
                 level=args.level,
                 force=args.force,
                 progress=tick,
+                trust=settings().trust,
             )
     except BundleError as e:
         raise Failure(str(e)) from None

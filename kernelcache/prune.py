@@ -38,7 +38,7 @@ from . import stats
 from .errors import LockTimeout, LockUnavailable
 from .keys import META_EXT
 from .locks import LOCK_DIR, Locker, open_subdir, pid_alive
-from .scan import CacheScan, EntryInfo, Issue, lock_name
+from .scan import READ_FLAGS, CacheScan, EntryInfo, Issue, lock_name
 from .stats import STATS_DIR
 from .store import QUARANTINE_DIR, TMP_DIR, Artifact, Problem, Store
 
@@ -366,12 +366,12 @@ def _quarantine_entry(
     found = checker.read(key)
     if not isinstance(found, Problem) or not found.corrupt:
         return "gone", "no longer corrupt"
-    if store.repair(key, found):
+    after = store.repair(key)  # re-checks under the exclusive lock, then quarantines
+    if isinstance(after, Artifact):
+        return "gone", "no longer corrupt"
+    if not os.path.lexists(store.meta_path(key)):  # quarantine moves the metadata first
         return "done", found.reason
-    again = checker.read(key)
-    if isinstance(again, Problem) and again.corrupt:
-        return "in-use", "its lock is held; run verify --repair again later"
-    return "gone", "no longer corrupt"
+    return "in-use", "its lock or artifact is held; run verify --repair again later"
 
 
 def _remove_orphan(store: Store, checker: Store, soft: Locker, action: Action) -> tuple[str, str]:
@@ -519,7 +519,7 @@ def read_summary(root: str) -> dict[str, Any] | None:
 def _read_summary(dfd: int) -> dict[str, Any] | None:
     """The summary record; None if absent. Raises ValueError if it exists but is unreadable."""
     try:
-        fd = os.open(SUMMARY_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        fd = os.open(SUMMARY_NAME, READ_FLAGS, dir_fd=dfd)
     except FileNotFoundError:
         return None
     except OSError as e:
@@ -542,7 +542,7 @@ def _read_summary(dfd: int) -> dict[str, Any] | None:
 
 def _sum_log(dfd: int, name: str, totals: dict[str, float]) -> None:
     with contextlib.suppress(OSError):
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        fd = os.open(name, READ_FLAGS, dir_fd=dfd)
         with os.fdopen(fd, "rb") as f:
             lines = f.read().splitlines()
         for raw in lines:

@@ -61,8 +61,11 @@ ISSUE_KINDS: dict[str, str] = {
     "orphan-artifact": "an artifact file without metadata (older than the grace period)",
     "stale-temp": "a staging file in .tmp/ older than the grace period",
     "stale-lock": "a lock file nobody holds, or a soft lock whose holder is gone",
+    "untrusted": "an entry written by a user the trust policy excludes; left alone",
     "foreign": "a file the cache does not know; left alone",
 }
+#: how housekeeping reads open files: no symlinks, and a planted FIFO cannot block the open
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _LOCK_SUFFIXES = (".build.lock", ".lock", ".softlock")
 
 Progress = Callable[[int], object]
@@ -297,7 +300,7 @@ def _load_index(root: str) -> EntryTable:
     """
     path = os.path.join(root, STATS_DIR, INDEX_NAME)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, READ_FLAGS)
     except OSError:
         return EntryTable()
     try:
@@ -404,7 +407,7 @@ def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | str:
     """Read one metadata file: the entry it describes, or a string saying what is wrong."""
     name = f"{key}.{META_EXT}"
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        fd = os.open(name, READ_FLAGS, dir_fd=dfd)
     except FileNotFoundError:
         return "gone"
     except OSError as e:
@@ -714,7 +717,7 @@ def _lstat(dfd: int, name: str) -> os.stat_result | None:
 def _flock_held(dfd: int, name: str) -> bool:
     """Whether someone holds a flock on this lock file (probed without blocking)."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        fd = os.open(name, READ_FLAGS, dir_fd=dfd)
     except OSError:
         return True  # vanished or unreadable: leave it alone
     try:
@@ -734,16 +737,18 @@ def verify(
     base: CacheScan | None = None,
     *,
     progress: Progress | None = None,
+    trust: str = "group",
 ) -> CacheScan:
     """A scan whose entries were each read and checked (size, digest, metadata).
 
     Returns a new :class:`CacheScan`: entries that failed are moved from ``entries`` to
-    ``issues`` (kind ``corrupt``). Reading never touches last-used stamps.
+    ``issues`` (kind ``corrupt``, or ``untrusted`` for an artifact whose owner the ``trust``
+    policy excludes). Reading never touches last-used stamps.
     """
     root = os.fspath(root)
     if base is None:
         base = scan(root, last_used=True, locks=True)
-    reader = Store(root, readonly=True)
+    reader = Store(root, readonly=True, trust=trust)
     good: list[EntryInfo] = []
     issues = list(base.issues)
     for count, entry in enumerate(base.entries, 1):
@@ -753,8 +758,9 @@ def verify(
         if isinstance(result, Artifact):
             good.append(entry)
         elif result is not None:  # None: deleted since the listing
+            kind = "untrusted" if result.untrusted else "corrupt"
             issues.append(
-                Issue("corrupt", f"{entry.key}.{META_EXT}", result.reason, entry.key, entry.nbytes)
+                Issue(kind, f"{entry.key}.{META_EXT}", result.reason, entry.key, entry.nbytes)
             )
     if progress is not None and len(base.entries) % 64:
         progress(len(base.entries) % 64)
