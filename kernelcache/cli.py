@@ -409,7 +409,7 @@ def cmd_stats(args: argparse.Namespace, out: Output) -> int:
 # -- ls / show ----------------------------------------------------------------------------
 _SORTS: dict[str, tuple[Callable[[Any], Any], bool]] = {
     "name": (lambda e: (e.kernel or "", e.target or "", e.key), False),
-    "size": (lambda e: (e.nbytes, e.key), True),  # largest first
+    "size": (lambda e: (e.size, e.key), True),  # largest artifact first
     "age": (lambda e: (e.created or 0.0, e.key), False),  # oldest first
     "last-used": (lambda e: (e.last_used or 0.0, e.key), False),  # least recently used first
 }
@@ -437,7 +437,7 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
                 [
                     e.key[:16],
                     e.ext,
-                    human_size(e.nbytes),
+                    human_size(e.size),
                     _label(e.kernel),
                     _label(e.target),
                     human_age(now - e.last_used if e.last_used else None),

@@ -64,7 +64,6 @@ def bar(desc: str, total: int | None, *, enabled: bool) -> Iterator[_Bar | _Sile
         total=total,
         desc=desc,
         unit=" entries",
-        unit_scale=True,
         leave=False,
         file=sys.stderr,
         dynamic_ncols=True,

@@ -1,0 +1,530 @@
+"""The ``kernelcache`` command through its real console script: human and JSON output of every
+command on empty, populated and corrupted roots; usage errors; no jax or triton needed."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+from conftest import key_of, run_py
+from test_cli_support import KERNELCACHE, backdate, files_under, kc, kc_json, put
+
+from kernelcache.cli import parse_age, parse_size
+from kernelcache.scan import INDEX_NAME
+
+COMMANDS = [
+    ["stats"],
+    ["stats", "--format", "prometheus"],
+    ["ls"],
+    ["verify"],
+    ["prune", "--dry-run"],
+    ["prune"],
+    ["doctor"],
+]
+
+
+@pytest.fixture
+def populated(tmp_path: Path) -> Path:
+    root = tmp_path / "cache"
+    for i in range(6):
+        put(root, "matmul", "cuda:90", "cubin", 1000 + i, last_used=86400 * (10 - i))
+    for i in range(3):
+        put(root, "softmax", "hip:gfx942", "hsaco", 3000 + i, last_used=3600 * (i + 1))
+    put(root, "attn", "cuda:80", "ptx", 50_000, last_used=60)
+    return root
+
+
+def corrupt_root(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A root with one of every problem verify knows, plus two good entries."""
+    root = tmp_path / "corrupt"
+    put(root, "good", size=10)
+    put(root, "good", size=11)
+    keys = {}
+    flipped = put(root, "flipped", size=200)
+    data = bytearray(Path(flipped.path).read_bytes())
+    data[5] ^= 0xFF
+    Path(flipped.path).write_bytes(bytes(data))
+    keys["flipped"] = flipped.key
+    short = put(root, "short", size=200)
+    Path(short.path).write_bytes(b"x" * 10)
+    keys["short"] = short.key
+    nometa = put(root, "nometa", size=300)
+    (root / f"{nometa.key}.json").unlink()
+    backdate(Path(nometa.path), time.time() - 7200)
+    keys["orphan-artifact"] = nometa.key
+    noart = put(root, "noart", size=300)
+    Path(noart.path).unlink()
+    keys["orphan-metadata"] = noart.key
+    badmeta = put(root, "badmeta", size=300)
+    (root / f"{badmeta.key}.json").write_text("{not json")
+    keys["bad-metadata"] = badmeta.key
+    (root / ".tmp").mkdir(exist_ok=True)
+    (root / ".tmp" / "host-1-dead.tmp").write_bytes(b"half")
+    backdate(root / ".tmp" / "host-1-dead.tmp", time.time() - 7200)
+    (root / ".locks").mkdir(exist_ok=True)
+    gone = key_of("stale lock")
+    (root / ".locks" / f"{gone}.lock").write_bytes(b"")
+    backdate(root / ".locks" / f"{gone}.lock", time.time() - 7200)
+    keys["stale-lock"] = gone
+    (root / "notes.txt").write_text("someone's notes")
+    return root, keys
+
+
+# -- every command on an empty root ---------------------------------------------------------
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a))
+def test_every_command_on_an_empty_root(tmp_path, args):
+    root = tmp_path / "empty"
+    root.mkdir()
+    human = kc(root, *args)
+    assert human.returncode == 0, human.stderr
+    assert "Traceback" not in human.stderr
+    if args[-1] != "prometheus":
+        doc = kc_json(root, *args)
+        assert doc["root"] == str(root)
+        assert doc["command"] == args[0]
+
+
+def test_read_commands_do_not_create_a_missing_root(tmp_path):
+    root = tmp_path / "missing"
+    for args in (["stats"], ["ls"], ["verify"], ["prune", "--dry-run"], ["prune"], ["doctor"]):
+        proc = kc(root, *args)
+        assert proc.returncode == 0, (args, proc.stderr)
+    assert not root.exists()
+    assert kc_json(root, "stats")["exists"] is False
+    assert "does not exist" in kc(root, "ls").stdout
+
+
+def test_export_and_import_of_an_empty_root(tmp_path):
+    root = tmp_path / "empty"
+    root.mkdir()
+    bundle = tmp_path / "empty.tar"
+    doc = kc_json(root, "export", str(bundle))
+    assert doc["entries"] == 0 and bundle.is_file()
+    other = tmp_path / "other"
+    doc = kc_json(other, "import", str(bundle))
+    assert (doc["entries"], doc["imported"], doc["present"]) == (0, 0, 0)
+
+
+# -- a populated root ------------------------------------------------------------------------
+def test_stats_counts_and_bytes(populated):
+    doc = kc_json(populated, "stats")
+    assert doc["entries"] == 10
+    sizes = [1000 + i for i in range(6)] + [3000, 3001, 3002, 50_000]
+    assert doc["artifact_bytes"] == sum(sizes)
+    metadata = sum(p.stat().st_size for p in populated.glob("*.json"))
+    assert doc["metadata_bytes"] == metadata
+    assert doc["bytes"] == sum(sizes) + metadata
+    assert doc["by_ext"]["cubin"]["entries"] == 6
+    assert doc["by_ext"]["hsaco"]["entries"] == 3
+    assert doc["by_target"]["cuda:80"]["entries"] == 1
+    assert doc["by_kernel"]["matmul"]["entries"] == 6
+    assert list(doc["by_kernel"]) == ["attn", "softmax", "matmul"]  # largest first
+    assert doc["problems"] == 0
+    human = kc(populated, "stats").stdout
+    assert "Entries:          10" in human
+    assert "matmul" in human and "hip:gfx942" in human
+
+
+def test_stats_uses_and_refreshes_the_scan_index(populated):
+    kc_json(populated, "stats")
+    index = populated / ".stats" / INDEX_NAME
+    assert index.is_file()
+    # A replaced metadata file (new inode) is read again, not taken from the index.
+    extra = put(populated, "late", "cuda:90", "cubin", 77)
+    doc = kc_json(populated, "stats")
+    assert doc["entries"] == 11 and doc["by_kernel"]["late"]["entries"] == 1
+    (populated / f"{extra.key}.json").unlink()
+    (populated / f"{extra.key}.cubin").unlink()
+    assert kc_json(populated, "stats")["entries"] == 10
+    # A garbage index is ignored, then rewritten.
+    index.write_text('{"v": 1, "keys": 5}')
+    assert kc_json(populated, "stats")["entries"] == 10
+    assert json.loads(index.read_text())["v"] == 1
+
+
+def test_stats_aggregates_process_logs(tmp_path):
+    root = tmp_path / "cache"
+    code = """
+        import sys, time, kernelcache
+        from conftest import key_of
+        c = kernelcache.Cache(sys.argv[1], readonly_roots=())
+        def build():
+            time.sleep(0.05)
+            return b"binary", {"name": "k", "target": "cuda:90"}
+        for i in range(3):
+            for _ in range(4):
+                c.get_or_create(key_of("logs", i), "cubin", build)
+    """
+    run_py(code, str(root), PYTHONPATH=str(Path(__file__).parent))
+    run_py(code, str(root), PYTHONPATH=str(Path(__file__).parent))
+    doc = kc_json(root, "stats")
+    c = doc["counters"]
+    # first process: 3 misses (each built), 9 hits; second: 12 hits
+    assert (c["misses"], c["builds"], c["hits"]) == (3, 3, 21)
+    assert doc["processes"] == 2
+    assert doc["hit_rate"] == pytest.approx(21 / 24)
+    assert doc["mean_build_seconds"] == pytest.approx(c["build_seconds"] / 3, rel=1e-3)
+    assert doc["compile_seconds_saved"] == pytest.approx(21 * c["build_seconds"] / 3, rel=1e-3)
+    assert c["build_seconds"] >= 0.15
+    human = kc(root, "stats").stdout
+    assert "Hit rate:         87.5%" in human
+
+
+def test_stats_prometheus_format_and_atomic_output(populated, tmp_path):
+    text = kc(populated, "stats", "--format", "prometheus").stdout
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    samples = {}
+    for line in lines:
+        name_labels, value = line.rsplit(" ", 1)
+        samples[name_labels] = float(value)
+    root = str(populated)
+    assert samples[f'kernelcache_entries{{root="{root}"}}'] == 10
+    assert samples[f'kernelcache_entries_by_target{{root="{root}",target="cuda:90"}}'] == 6
+    assert samples[f'kernelcache_hits_total{{root="{root}"}}'] == 0
+    assert "# TYPE kernelcache_hits_total counter" in text
+    assert "# TYPE kernelcache_entries gauge" in text
+    out = tmp_path / "textfile" / "kernelcache.prom"
+    out.parent.mkdir()
+    assert kc(populated, "stats", "--format", "prometheus", "-o", str(out)).returncode == 0
+    assert out.read_text() == text
+    assert sorted(p.name for p in out.parent.iterdir()) == ["kernelcache.prom"]
+
+
+def test_ls_filters_sorts_and_json(populated):
+    doc = kc_json(populated, "ls", "--sort", "size")
+    sizes = [e["size"] for e in doc["entries"]]
+    assert sizes == sorted(sizes, reverse=True) and doc["count"] == 10
+    first = doc["entries"][0]
+    assert set(first) >= {
+        "key",
+        "ext",
+        "size",
+        "meta_size",
+        "kernel",
+        "target",
+        "created",
+        "last_used",
+        "path",
+    }
+    assert Path(first["path"]).read_bytes()[:8] == first["key"][:8].encode()
+    lru = kc_json(populated, "ls", "--sort", "last-used")["entries"]
+    stamps = [e["last_used"] for e in lru]
+    assert stamps == sorted(stamps) and lru[0]["kernel"] == "matmul"
+    rev = kc_json(populated, "ls", "--sort", "last-used", "--reverse", "--limit", "2")["entries"]
+    assert [e["kernel"] for e in rev] == ["attn", "softmax"]
+    only = kc_json(populated, "ls", "--kernel", "softmax", "--target", "hip:gfx942")
+    assert only["count"] == 3 and {e["kernel"] for e in only["entries"]} == {"softmax"}
+    both = kc_json(populated, "ls", "--target", "cuda:80", "--target", "hip:gfx942")
+    assert both["count"] == 4
+    human = kc(populated, "ls", "--kernel", "attn").stdout
+    assert "attn" in human and "cuda:80" in human and "1 entries" in human
+
+
+def test_ls_into_a_closed_pipe_is_quiet(populated):
+    assert KERNELCACHE is not None
+    proc = subprocess.run(
+        f"'{KERNELCACHE}' --root '{populated}' ls | head -n 1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0
+    assert "Traceback" not in proc.stderr and "Broken pipe" not in proc.stderr
+
+
+def test_show_by_key_and_prefix(populated):
+    entry = kc_json(populated, "ls", "--kernel", "attn")["entries"][0]
+    doc = kc_json(populated, "show", entry["key"][:10])
+    assert doc["key"] == entry["key"] and doc["status"] == "ok"
+    assert doc["metadata"]["name"] == "attn" and doc["metadata"]["size"] == 50_000
+    assert doc["path"] == entry["path"]
+    human = kc(populated, "show", entry["key"]).stdout
+    assert "status:     ok" in human and "name: attn" in human
+
+
+def test_show_does_not_refresh_the_last_used_stamp(populated):
+    entry = kc_json(populated, "ls", "--kernel", "matmul", "--sort", "last-used")["entries"][0]
+    before = os.stat(Path(populated) / f"{entry['key']}.json").st_mtime
+    kc_json(populated, "show", entry["key"])
+    kc_json(populated, "verify")
+    assert os.stat(Path(populated) / f"{entry['key']}.json").st_mtime == before
+
+
+def test_show_errors(populated):
+    missing = kc(populated, "show", "ab" * 16)
+    assert missing.returncode == 1 and "no entry" in missing.stderr
+    bad = kc(populated, "show", "not-a-key")
+    assert bad.returncode == 2 and "invalid key" in bad.stderr
+    short = kc(populated, "show", "abc")
+    assert short.returncode == 2 and "at least 6" in short.stderr
+
+
+def test_verify_clean_root(populated):
+    doc = kc_json(populated, "verify")
+    assert doc["entries_checked"] == 10 and doc["entries_ok"] == 10
+    assert doc["problems"] == [] and doc["clean"] is True
+    assert "No problems found" in kc(populated, "verify").stdout
+
+
+# -- a corrupted root ------------------------------------------------------------------------
+def test_verify_finds_every_kind_of_problem(tmp_path):
+    root, keys = corrupt_root(tmp_path)
+    doc = kc_json(root, "verify", code=1)
+    found = {(p["kind"], p["key"]) for p in doc["problems"]}
+    assert ("corrupt", keys["flipped"]) in found
+    assert ("corrupt", keys["short"]) in found
+    assert ("corrupt", keys["orphan-metadata"]) in found
+    assert ("corrupt", keys["bad-metadata"]) in found
+    assert ("orphan-artifact", keys["orphan-artifact"]) in found
+    assert ("stale-lock", keys["stale-lock"]) in found
+    kinds = doc["counts"]
+    assert kinds == {
+        "corrupt": 4,
+        "orphan-artifact": 1,
+        "stale-temp": 1,
+        "stale-lock": 1,
+        "foreign": 1,
+    }
+    assert doc["entries_ok"] == 2 and doc["clean"] is False
+    reasons = {p["key"]: p["detail"] for p in doc["problems"]}
+    assert reasons[keys["flipped"]] == "artifact digest mismatch"
+    assert "200" in reasons[keys["short"]]
+    human = kc(root, "verify")
+    assert human.returncode == 1
+    assert "notes.txt" in human.stdout and "verify --repair" in human.stdout
+
+
+def test_verify_repair_fixes_all_but_foreign_files(tmp_path):
+    root, keys = corrupt_root(tmp_path)
+    doc = kc_json(root, "verify", "--repair", code=1)  # notes.txt stays: still not clean
+    counts = doc["repair"]["counts"]
+    assert counts == {"done": 7}
+    quarantined = {p.name.split(".")[0] for p in (root / ".quarantine").iterdir()}
+    for kind in ("flipped", "short", "orphan-metadata", "bad-metadata"):
+        assert keys[kind] in quarantined
+    assert not (root / ".tmp" / "host-1-dead.tmp").exists()
+    assert not (root / ".locks" / f"{keys['stale-lock']}.lock").exists()
+    assert not list(root.glob(f"{keys['orphan-artifact']}.*"))
+    again = kc_json(root, "verify", code=1)
+    assert [p["kind"] for p in again["problems"]] == ["foreign"]
+    (root / "notes.txt").unlink()
+    assert kc_json(root, "verify")["clean"] is True
+    assert kc_json(root, "stats")["entries"] == 2
+
+
+def test_show_and_stats_on_a_corrupted_root(tmp_path):
+    root, keys = corrupt_root(tmp_path)
+    doc = kc_json(root, "show", keys["flipped"], code=1)
+    assert doc["status"] == "corrupt" and doc["problem"] == "artifact digest mismatch"
+    assert doc["metadata"]["name"] == "flipped"
+    assert "CORRUPT" in kc(root, "show", keys["flipped"]).stdout
+    stats = kc_json(root, "stats")
+    assert stats["entries"] == 4  # the quick scan does not read artifacts: flipped, short count
+    assert stats["problems"] >= 4
+    assert kc_json(root, "ls")["count"] == 4
+    assert kc(root, "stats").returncode == 0
+
+
+def test_prune_on_a_corrupted_root_cleans_up_and_leaves_the_rest(tmp_path):
+    root, keys = corrupt_root(tmp_path)
+    plan = kc_json(root, "prune", "--dry-run")
+    kinds = plan["plan"]["summary"]
+    assert kinds["remove-orphan"]["count"] == 1
+    assert kinds["remove-temp"]["count"] == 1
+    assert kinds["remove-lock"]["count"] == 1
+    assert kinds["delete-entry"]["count"] == 1  # metadata without artifact
+    assert {i["kind"] for i in plan["left"]} == {"corrupt", "foreign"}  # for verify --repair
+    before = files_under(root)
+    assert files_under(root) == before
+    done = kc_json(root, "prune")
+    assert done["result"]["counts"] == {"done": 4}
+    assert not (root / f"{keys['orphan-metadata']}.json").exists()
+    assert (root / f"{keys['flipped']}.json").exists()
+
+
+# -- usage errors and exit codes ------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["prune", "--max-size", "10X"], "invalid size '10X'"),
+        (["prune", "--max-size=-5G"], "invalid size"),
+        (["prune", "--older-than", "30"], "invalid age '30'"),
+        (["prune", "--older-than", "3 days"], "invalid age"),
+        (["import", "x", "--max-member-size", "lots"], "invalid size"),
+        (["frobnicate"], "invalid choice"),
+        (["warm", "m.jsonl"], "--target"),
+    ],
+)
+def test_usage_errors_exit_2(tmp_path, args, words):
+    proc = kc(tmp_path, *args)
+    assert proc.returncode == 2
+    assert words in proc.stderr
+
+
+def test_bad_environment_variable_is_a_usage_error(tmp_path):
+    proc = kc(tmp_path, "verify", env={"KERNELCACHE_LOCK_MODE": "sometimes"})
+    assert proc.returncode == 2
+    assert "KERNELCACHE_LOCK_MODE" in proc.stderr
+
+
+def test_json_errors_are_json(tmp_path):
+    proc = kc(tmp_path, "show", "ab" * 16, "--json")
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert doc["command"] == "show" and "no entry" in doc["error"]
+
+
+def test_root_from_the_environment(populated):
+    proc = kc(None, "stats", "--json", env={"KERNELCACHE_DIR": str(populated)})
+    assert json.loads(proc.stdout)["entries"] == 10
+
+
+def test_global_options_before_or_after_the_command(populated):
+    assert KERNELCACHE is not None
+    for argv in (
+        ["--root", str(populated), "--json", "stats"],
+        ["stats", "--root", str(populated), "--json"],
+    ):
+        proc = subprocess.run([KERNELCACHE, *argv], capture_output=True, text=True, timeout=60)
+        assert json.loads(proc.stdout)["entries"] == 10
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("10G", 10 << 30),
+        ("500M", 500 << 20),
+        ("1.5GiB", int(1.5 * (1 << 30))),
+        ("2TB", 2 * 10**12),
+        ("4096", 4096),
+        ("64k", 64 << 10),
+        ("1 MB", 10**6),
+    ],
+)
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("30d", 30 * 86400),
+        ("12h", 43200),
+        ("90m", 5400),
+        ("45s", 45),
+        ("2w", 14 * 86400),
+        ("1d12h", 129600),
+        ("1.5h", 5400),
+    ],
+)
+def test_parse_age(text, value):
+    assert parse_age(text) == value
+
+
+# -- no jax, no triton ----------------------------------------------------------------------
+@pytest.fixture
+def no_gpu_stack(tmp_path) -> dict[str, str]:
+    """PYTHONPATH under which importing jax, jaxlib or triton fails."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    for name in ("jax", "jaxlib", "triton"):
+        (shadow / f"{name}.py").write_text(f"raise ImportError('{name} is not installed here')\n")
+    return {"PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_runs_without_jax_or_triton(populated, tmp_path, no_gpu_stack):
+    env = no_gpu_stack
+    for args in (["stats"], ["ls"], ["verify"], ["prune", "--dry-run"], ["doctor"]):
+        proc = kc(populated, *args, env=env)
+        assert proc.returncode == 0, (args, proc.stderr)
+    bundle = tmp_path / "b.tar.zst"
+    assert kc(populated, "export", str(bundle), env=env).returncode == 0
+    assert kc(tmp_path / "other", "import", str(bundle), env=env).returncode == 0
+    doctor = kc_json(populated, "doctor", env=env)
+    assert doctor["versions"]["triton"] is not None  # read from metadata, not imported
+
+
+def test_warm_without_the_bridge_says_what_to_install(tmp_path, no_gpu_stack):
+    proc = kc(tmp_path, "warm", "manifest.jsonl", "--target", "cuda:90", env=no_gpu_stack)
+    assert proc.returncode == 2
+    assert "pip install 'kernelcache[bridge]'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_warm_calls_the_bridge(tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "bridge").mkdir(parents=True)
+    (fake / "bridge" / "__init__.py").write_text("")
+    record = tmp_path / "called.json"
+    (fake / "bridge" / "warm.py").write_text(
+        "import json\n"
+        "def run(manifest, targets, *, root, json):\n"
+        f"    open({str(record)!r}, 'w').write(__import__('json').dumps([manifest, targets, root, json]))\n"
+        "    return 3\n"
+    )
+    env = {"PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")])}
+    root = tmp_path / "cache"
+    proc = kc(
+        root, "warm", "m.jsonl", "--target", "cuda:90", "--target", "hip:gfx942", "--json", env=env
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert json.loads(record.read_text()) == ["m.jsonl", ["cuda:90", "hip:gfx942"], str(root), True]
+
+
+# -- progress bars --------------------------------------------------------------------------
+def _run_on_a_terminal(args: list[str], timeout: float = 60) -> tuple[int, str]:
+    """Run the CLI with stdout and stderr on a pseudo-terminal; (exit code, everything shown)."""
+    assert KERNELCACHE is not None
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    from conftest import child_env
+
+    proc = subprocess.Popen(
+        [KERNELCACHE, *args],
+        stdin=subprocess.DEVNULL,
+        stdout=secondary,
+        stderr=secondary,
+        env=child_env(COLUMNS="100"),
+    )
+    os.close(secondary)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([primary], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(primary, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    os.close(primary)
+    return proc.wait(timeout=timeout), b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="pseudo-terminals as on Linux")
+def test_progress_bar_only_on_a_terminal_and_never_with_json(tmp_path):
+    root = tmp_path / "cache"
+    for i in range(300):
+        put(root, f"k{i}", size=64)
+    code, shown = _run_on_a_terminal(["--root", str(root), "verify"])
+    assert code == 0 and "verifying" in shown and "300 ok" in shown
+    code, shown = _run_on_a_terminal(["--root", str(root), "verify", "--json"])
+    assert code == 0 and "verifying" not in shown
+    assert json.loads(shown)["entries_ok"] == 300
+    piped = kc(root, "verify")
+    assert "verifying" not in piped.stderr and "verifying" not in piped.stdout

@@ -1,0 +1,95 @@
+"""Helpers for the command-line tests: run the real console script, make entries.
+
+(No tests here; the test_cli*, test_scan*, test_prune* and test_bundle* modules import it.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import child_env, key_of
+
+from kernelcache.store import Artifact, Store
+
+
+def _script() -> str | None:
+    beside = Path(sys.executable).parent / "kernelcache"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("kernelcache")
+
+
+KERNELCACHE = _script()
+
+
+def kc(
+    root: Path | str | None,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``kernelcache [--root ROOT] ARGS...`` (the installed console script)."""
+    if KERNELCACHE is None:
+        pytest.fail(
+            "the kernelcache console script is not installed next to this Python; "
+            "install the project first (pip install -e .)"
+        )
+    cmd = [KERNELCACHE]
+    if root is not None:
+        cmd += ["--root", str(root)]
+    return subprocess.run(
+        [*cmd, *args],
+        env=child_env(**(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def kc_json(root: Path | str | None, *args: str, code: int = 0, **kw: Any) -> dict[str, Any]:
+    """Run a command with --json; check its exit code; return the parsed document."""
+    proc = kc(root, *args, "--json", **kw)
+    assert proc.returncode == code, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    doc = json.loads(proc.stdout)
+    assert doc["schema"] == 1
+    return doc
+
+
+def put(
+    root: Path,
+    name: str = "kern",
+    target: str = "cuda:90",
+    ext: str = "cubin",
+    size: int = 100,
+    *,
+    key: str | None = None,
+    last_used: float | None = None,
+    seed: object = None,
+) -> Artifact:
+    """Store one entry through the core API; optionally backdate its last-used stamp."""
+    key = key or key_of(name, target, ext, size, seed)
+    data = (key.encode() * (size // 64 + 1))[:size]
+    art = Store(root).put(key, ext, data, {"name": name, "target": target, "num_warps": 4})
+    if last_used is not None:
+        backdate(root / f"{key}.json", time.time() - last_used)
+    return art
+
+
+def backdate(path: Path, when: float) -> None:
+    os.utime(path, (when, when), follow_symlinks=False)
+
+
+def files_under(root: Path) -> set[str]:
+    """Every path under ``root``, relative (for "nothing was written" checks)."""
+    if not root.exists():
+        return set()
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
