@@ -278,7 +278,10 @@ def _check_name(name: str) -> tuple[str, str] | None:
     return parts
 
 
-def _open_tar(f: IO[bytes]) -> tuple[tarfile.TarFile, Any]:
+def _open_tar(
+    f: IO[bytes],
+) -> tuple[tarfile.TarFile, Any, tuple[type[BaseException], ...]]:
+    """The archive in ``f`` (plain or zstd), its stream, and the errors reading it may raise."""
     f.seek(0)
     head = f.read(8)
     f.seek(0)
@@ -286,11 +289,14 @@ def _open_tar(f: IO[bytes]) -> tuple[tarfile.TarFile, Any]:
         if head.startswith(magic):
             raise BundleError(f"{name}-compressed bundles are not supported; use tar or tar+zstd")
     stream: Any = f
+    errors: tuple[type[BaseException], ...] = (tarfile.TarError, EOFError, OSError)
     if head.startswith(_ZSTD_MAGIC):
-        stream = _zstandard().ZstdDecompressor().stream_reader(f, closefd=False)
+        zstd = _zstandard()
+        stream = zstd.ZstdDecompressor().stream_reader(f, closefd=False)
+        errors += (zstd.ZstdError,)
     try:
-        return tarfile.open(fileobj=stream, mode="r|"), stream
-    except tarfile.TarError as e:
+        return tarfile.open(fileobj=stream, mode="r|"), stream, errors
+    except errors as e:
         raise BundleError(f"not a tar archive ({e})") from None
 
 
@@ -299,10 +305,7 @@ def _members(
 ) -> Iterator[_Member]:
     """Each member of the bundle, checked (name, type, size) and hashed, in archive order."""
     seen: set[str] = set()
-    tar, stream = _open_tar(f)
-    errors: tuple[type[BaseException], ...] = (OSError,)
-    if stream is not f:
-        errors += (_zstandard().ZstdError,)
+    tar, stream, errors = _open_tar(f)
     try:
         for m in tar:
             name = m.name
@@ -338,12 +341,10 @@ def _members(
             if progress is not None and name != MANIFEST:
                 progress(1)
             yield _Member(name, key, ext, got, "xxh3_128:" + hasher.hexdigest(), data)
-    except tarfile.TarError as e:
-        raise BundleError(f"the bundle is damaged: {e}") from None
     except EOFError:
         raise BundleError("the bundle is truncated") from None
     except errors as e:
-        raise BundleError(f"the bundle cannot be read: {e}") from None
+        raise BundleError(f"the bundle is damaged: {e}") from None
     finally:
         tar.close()
         if stream is not f:
