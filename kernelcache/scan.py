@@ -553,7 +553,9 @@ def _entries(
         if isinstance(got, str):
             if got != "gone":
                 issues.append(Issue("corrupt", f"{key}.{META_EXT}", got, key))
-        elif not listing.has_artifact(key, got.ext):
+        elif not listing.has_artifact(key, got.ext) and not _exists(dfd, got.filename):
+            # (a directory listing is not a snapshot: an entry published during it may show
+            # its metadata without its artifact, hence the second look)
             issues.append(Issue("corrupt", f"{key}.{META_EXT}", "artifact missing", key))
         else:
             fresh.append(got)
@@ -562,6 +564,14 @@ def _entries(
     if fresh:
         table = EntryTable.from_rows([*table.rows(), *fresh])
     return table, len(missing)
+
+
+def _exists(dfd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
 
 
 def _with_last_used(dfd: int, table: EntryTable) -> EntryTable:

@@ -1,0 +1,257 @@
+"""Scanning a root: entries from metadata, the scan index, collected problems, verification."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import IS_ROOT, child_env, key_of
+from test_cli_support import backdate, put
+
+from kernelcache.locks import pid_alive
+from kernelcache.scan import GRACE_SECONDS, INDEX_NAME, EntryInfo, scan, verify
+from kernelcache.store import Store
+
+
+def _kinds(result) -> dict[str, set]:
+    out: dict[str, set] = {}
+    for issue in result.issues:
+        out.setdefault(issue.kind, set()).add(issue.path)
+    return out
+
+
+def test_entries_from_metadata(tmp_path):
+    root = tmp_path / "cache"
+    a = put(root, "matmul", "cuda:90", "cubin", 1234, last_used=3 * 86400)
+    b = put(root, "softmax", "hip:gfx942", "hsaco", 99)
+    result = scan(root, last_used=True)
+    assert result.exists and not result.issues
+    by_key = {e.key: e for e in result.entries}
+    ea = by_key[a.key]
+    assert isinstance(ea, EntryInfo)
+    assert (ea.ext, ea.size, ea.kernel, ea.target) == ("cubin", 1234, "matmul", "cuda:90")
+    assert ea.meta_size == (root / f"{a.key}.json").stat().st_size
+    assert ea.nbytes == 1234 + ea.meta_size
+    assert abs(ea.last_used - (time.time() - 3 * 86400)) < 5
+    assert ea.created == pytest.approx(a.meta["created"])
+    assert by_key[b.key].kernel == "softmax"
+    assert result.table.group("target") == {
+        "cuda:90": (1, ea.nbytes),
+        "hip:gfx942": (1, by_key[b.key].nbytes),
+    }
+    assert scan(root).entries[0].last_used is None  # not asked for: no stat
+
+
+def test_missing_root(tmp_path):
+    result = scan(tmp_path / "nope")
+    assert not result.exists and not result.entries and not result.issues
+
+
+def test_index_is_reused_and_follows_replaced_metadata(tmp_path):
+    root = tmp_path / "cache"
+    art = put(root, "first", size=10)
+    scan(root)
+    index = root / ".stats" / INDEX_NAME
+    assert index.is_file()
+    doc = json.loads(index.read_text())
+    assert doc["keys"] == art.key
+    # Republish the metadata with another name (a new file, as the store always does).
+    meta = json.loads((root / f"{art.key}.json").read_text())
+    meta["name"] = "second"
+    tmp = root / "new.tmp"
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, root / f"{art.key}.json")
+    assert scan(root).entries[0].kernel == "second"
+    # Rows for entries that disappeared are dropped.
+    (root / f"{art.key}.json").unlink()
+    (root / f"{art.key}.cubin").unlink()
+    assert scan(root).entries == ()
+    assert json.loads(index.read_text())["keys"] == ""
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d.update(size=[-1] * len(d["size"])),
+        lambda d: d.update(kernel=[99] * len(d["kernel"])),
+        lambda d: d.update(inode=["x"] * len(d["inode"])),
+        lambda d: d.update(ext=d["ext"][:-1]),
+        lambda d: d.update(v=2),
+        lambda d: d.pop("strings"),
+        lambda d: d.update(created=["yesterday"] * len(d["created"])),
+    ],
+)
+def test_malformed_index_is_ignored(tmp_path, mutate):
+    root = tmp_path / "cache"
+    for i in range(3):
+        put(root, f"k{i}", size=10 + i)
+    truth = sorted(scan(root, update_index=False).entries)
+    index = root / ".stats" / INDEX_NAME
+    assert not index.exists()
+    scan(root)
+    doc = json.loads(index.read_text())
+    mutate(doc)
+    index.write_text(json.dumps(doc))
+    assert sorted(scan(root, update_index=False).entries) == truth
+
+
+def test_index_that_lies_about_inodes_is_not_trusted(tmp_path):
+    root = tmp_path / "cache"
+    put(root, "real", size=10)
+    scan(root)
+    index = root / ".stats" / INDEX_NAME
+    doc = json.loads(index.read_text())
+    doc["strings"] = ["cubin" if s == "cubin" else "forged" for s in doc["strings"]]
+    doc["inode"] = [i + 1 for i in doc["inode"]]
+    index.write_text(json.dumps(doc))
+    assert scan(root).entries[0].kernel == "real"
+
+
+def test_problems_are_collected(tmp_path):
+    root = tmp_path / "cache"
+    good = put(root, "good", size=10)
+    young = put(root, "young-orphan", size=10)
+    (root / f"{young.key}.json").unlink()
+    old = put(root, "old-orphan", size=10)
+    (root / f"{old.key}.json").unlink()
+    backdate(Path(old.path), time.time() - GRACE_SECONDS - 60)
+    second = root / f"{good.key}.ptx"  # a second artifact for a key
+    second.write_bytes(b"extra")
+    backdate(second, time.time() - GRACE_SECONDS - 60)
+    (root / f"{key_of('bad ext')}.CUBIN").write_bytes(b"x")
+    (root / "README").write_text("hello")
+    (root / ".mystery").write_text("?")
+    (root / ".tmp").mkdir(exist_ok=True)
+    (root / ".tmp" / "fresh.tmp").write_bytes(b"in progress")
+    (root / ".tmp" / "dead.tmp").write_bytes(b"left behind")
+    backdate(root / ".tmp" / "dead.tmp", time.time() - GRACE_SECONDS - 60)
+    result = scan(root)
+    kinds = _kinds(result)
+    assert kinds["orphan-artifact"] == {f"{old.key}.cubin", f"{good.key}.ptx"}
+    assert kinds["stale-temp"] == {".tmp/dead.tmp"}
+    assert kinds["foreign"] == {"README", ".mystery", f"{key_of('bad ext')}.CUBIN"}
+    assert [e.key for e in result.entries] == [good.key]
+    assert [f.path for f in result.temp] == [".tmp/dead.tmp", ".tmp/fresh.tmp"]
+
+
+def test_stale_locks(tmp_path):
+    root = tmp_path / "cache"
+    live = put(root, "live", size=10)
+    locks = root / ".locks"
+    locks.mkdir(exist_ok=True)
+    old = time.time() - GRACE_SECONDS - 60
+    names = {
+        "entry": f"{live.key}.lock",  # its entry exists: never stale
+        "gone": f"{key_of('gone')}.lock",
+        "gone-build": f"{key_of('gone')}.build.lock",
+        "held": f"{key_of('held')}.lock",
+        "young": f"{key_of('young')}.lock",
+        "dead-soft": f"{key_of('dead')}.softlock",
+        "live-soft": f"{key_of('alive')}.softlock",
+    }
+    for name in names.values():
+        (locks / name).write_bytes(b"")
+    host = __import__("socket").gethostname()
+    dead_pid = _dead_pid()
+    (locks / names["dead-soft"]).write_text(
+        json.dumps({"host": host, "pid": dead_pid, "token": "t"})
+    )
+    (locks / names["live-soft"]).write_text(
+        json.dumps({"host": host, "pid": os.getpid(), "token": "u"})
+    )
+    for kind, name in names.items():
+        if kind != "young":
+            backdate(locks / name, old if "soft" not in kind else time.time())
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                """
+                import fcntl, os, sys
+                fd = os.open(sys.argv[1], os.O_RDONLY)
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                print("held", flush=True)
+                sys.stdin.read()
+                """
+            ),
+            str(locks / names["held"]),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        result = scan(root, locks=True)
+    finally:
+        holder.communicate("", timeout=30)
+    stale = _kinds(result).get("stale-lock", set())
+    assert stale == {f".locks/{names[k]}" for k in ("gone", "gone-build", "dead-soft")}
+    assert names["entry"] in result.lock_files
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert not pid_alive(proc.pid)
+    return proc.pid
+
+
+def test_verify_reads_every_artifact_without_touching_stamps(tmp_path):
+    root = tmp_path / "cache"
+    good = put(root, "good", size=100, last_used=3 * 86400)
+    bad = put(root, "bad", size=100, last_used=3 * 86400)
+    Path(bad.path).write_bytes(b"\1" * 100)
+    stamp = (root / f"{good.key}.json").stat().st_mtime
+    quick = scan(root, last_used=True)
+    assert len(quick.entries) == 2 and not quick.issues  # sizes match: only digests tell
+    checked = verify(root, quick)
+    assert [e.key for e in checked.entries] == [good.key]
+    assert [(i.kind, i.key, i.detail) for i in checked.issues] == [
+        ("corrupt", bad.key, "artifact digest mismatch")
+    ]
+    assert (root / f"{good.key}.json").stat().st_mtime == stamp
+    assert (root / f"{bad.key}.json").exists()  # verify only reports
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root to give a file to another user")
+def test_verify_reports_untrusted_entries(tmp_path):
+    root = tmp_path / "cache"
+    art = put(root, "foreign-owner", size=10)
+    os.chown(art.path, 65534, 65534)
+    checked = verify(root, scan(root))
+    assert [(i.kind, i.key) for i in checked.issues] == [("untrusted", art.key)]
+    assert verify(root, scan(root), trust="any").issues == ()
+
+
+def test_scan_concurrent_with_writers_reports_no_false_problems(tmp_path):
+    root = tmp_path / "cache"
+    code = """
+        import sys, kernelcache
+        from conftest import key_of
+        s = kernelcache.Store(sys.argv[1])
+        for i in range(300):
+            s.put(key_of("w", sys.argv[2], i), "cubin", b"x" * (i + 1), {"name": "w"})
+    """
+    env = child_env(PYTHONPATH=str(Path(__file__).parent) + os.pathsep + child_env()["PYTHONPATH"])
+    writers = [
+        subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(root), str(n)], env=env)
+        for n in range(2)
+    ]
+    scans = 0
+    while any(w.poll() is None for w in writers):
+        result = scan(root, locks=True)
+        assert not [i for i in result.issues if i.kind != "stale-temp"], result.issues
+        scans += 1
+    assert all(w.wait() == 0 for w in writers)
+    assert scans > 0
+    assert len(scan(root).entries) == 600
+    assert Store(root).read(key_of("w", "0", 5)).data == b"x" * 6
