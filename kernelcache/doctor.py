@@ -145,6 +145,7 @@ def diagnose(root: str) -> Report:
     try:
         cfg = settings()
         info["lock_mode_configured"] = cfg.lock_mode
+        info["trust"] = cfg.trust
         checks.append(Check("environment", "ok", "kernelcache variables parse"))
     except ConfigError as e:
         cfg = None
@@ -183,9 +184,13 @@ def diagnose(root: str) -> Report:
         free_bytes=free, total_bytes=total, free_inodes=vfs.f_favail if vfs.f_files else None
     )
     if free < LOW_FREE_BYTES or (total and free / total < LOW_FREE_FRACTION):
-        checks.append(Check("free space", "warn", f"only {free} bytes free; prune the cache"))
+        checks.append(
+            Check("free space", "warn", f"only {free / 2**30:.2f} GiB free; prune the cache")
+        )
     else:
-        checks.append(Check("free space", "ok", f"{free} of {total} bytes free"))
+        checks.append(
+            Check("free space", "ok", f"{free / 2**30:.1f} GiB of {total / 2**30:.1f} GiB free")
+        )
     if vfs.f_files and vfs.f_favail < 10_000:
         checks.append(Check("inodes", "warn", f"only {vfs.f_favail} inodes free"))
     mode = stat.S_IMODE(st.st_mode)
