@@ -25,7 +25,6 @@ from typing import Any, NoReturn
 
 from . import __version__
 from . import progress as progressbar
-from .bundle import MissingDependency
 from .config import ConfigError, settings
 from .errors import CacheError
 from .keys import KEY_PATTERN, META_EXT
@@ -1102,8 +1101,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(e), EXIT_USAGE, args.command, args.json)
     except ConfigError as e:
         return _fail(f"{e} (fix the environment variable)", EXIT_USAGE, args.command, args.json)
-    except MissingDependency as e:
-        return _fail(str(e), EXIT_USAGE, args.command, args.json)
     except Failure as e:
         return _fail(str(e), EXIT_PROBLEMS, args.command, args.json)
     except BrokenPipeError:
@@ -1117,6 +1114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # pragma: no cover - the message beats a traceback for operators
         if args.verbose > 1:
             raise
+        from .bundle import MissingDependency  # the one optional-package error commands raise
+
+        if isinstance(e, MissingDependency):
+            return _fail(str(e), EXIT_USAGE, args.command, args.json)
         return _fail(
             f"{e.__class__.__name__}: {e} (rerun with -v for a traceback)",
             EXIT_PROBLEMS,

@@ -34,7 +34,7 @@ import stat
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from itertools import repeat
@@ -193,7 +193,6 @@ class CacheScan:
     """The result of :func:`scan`: immutable; problems collected in ``issues``.
 
     ``table`` holds the entries by column; ``entries`` gives them as :class:`EntryInfo` rows.
-    ``lock_files`` is the set of names under ``.locks/`` (empty unless scanned with locks).
     """
 
     root: str
@@ -202,7 +201,6 @@ class CacheScan:
     issues: tuple[Issue, ...]
     temp: tuple[AuxFile, ...] = ()
     quarantine: tuple[AuxFile, ...] = ()
-    lock_files: frozenset[str] = frozenset()
     scanned_at: float = 0.0
 
     @cached_property
@@ -512,11 +510,9 @@ def scan(
         for f in temp
         if now - f.mtime > GRACE_SECONDS
     )
-    lock_files: frozenset[str] = frozenset()
     if locks:
-        lock_files, stale = _lock_issues(root, frozenset(table.key), now, lock_stale)
-        issues.extend(stale)
-    return CacheScan(root, True, table, tuple(issues), temp, quarantine, lock_files, now)
+        issues.extend(_lock_issues(root, table.key, now, lock_stale))
+    return CacheScan(root, True, table, tuple(issues), temp, quarantine, now)
 
 
 def _entries(
@@ -643,78 +639,57 @@ def lock_name(filename: str) -> tuple[str, str] | None:
     return None
 
 
-def _lock_issues(
-    root: str, committed: frozenset[str], now: float, lock_stale: float
-) -> tuple[frozenset[str], list[Issue]]:
-    """Lock files, and those that are stale.
+def _lock_issues(root: str, live: Sequence[str], now: float, lock_stale: float) -> list[Issue]:
+    """The stale locks under ``.locks/``.
 
     A ``.lock``/``.build.lock`` file is stale when its key has no entry, it is older than the
     grace period and nobody holds it (a non-blocking flock succeeds). A ``.softlock`` is stale
-    when its holder is a dead process on this host or it has not been refreshed for the
-    configured stale time; leftovers of broken soft locks are stale after the grace period.
+    when its holder is a dead process on this host or it has not been refreshed for
+    ``lock_stale`` seconds; leftovers of broken soft locks are stale after the grace period.
     """
     try:
         dfd = open_subdir(root, LOCK_DIR, create=False)
     except OSError:
-        return frozenset(), []
+        return []
     issues: list[Issue] = []
     try:
-        names = os.listdir(dfd)
+        # The lock files of live entries are normal: set arithmetic sets them aside in C.
+        normal = {*map(add, live, repeat(".lock")), *map(add, live, repeat(".build.lock"))}
         soft = Locker(root, mode="soft", stale_after=lock_stale)
-        for name in names:
-            parts = lock_name(name)
-            path = f"{LOCK_DIR}/{name}"
-            if parts is None:
-                if ".softlock.broken-" in name:
-                    st = _lstat(dfd, name)
-                    if st is not None and now - st.st_mtime > GRACE_SECONDS:
-                        issues.append(
-                            Issue(
-                                "stale-lock",
-                                path,
-                                "leftover of a broken soft lock",
-                                None,
-                                st.st_size,
-                                st.st_mtime,
-                            )
-                        )
-                continue
-            key, suffix = parts
-            if suffix == ".softlock":
-                record = soft.read_soft_record(dfd, name)
-                if record is not None and soft.is_stale(record):
-                    who = f"host {record.get('host')} pid {record.get('pid')}"
-                    issues.append(
-                        Issue(
-                            "stale-lock",
-                            path,
-                            f"soft lock of a gone holder ({who})",
-                            key,
-                            0,
-                            record.get("mtime"),
-                        )
-                    )
-                continue
-            if key in committed:
-                continue
-            st = _lstat(dfd, name)
-            if st is None or now - st.st_mtime <= GRACE_SECONDS or not stat.S_ISREG(st.st_mode):
-                continue
-            if _flock_held(dfd, name):
-                continue
-            issues.append(
-                Issue(
-                    "stale-lock",
-                    path,
-                    "lock file of a missing entry, not held",
-                    key,
-                    st.st_size,
-                    st.st_mtime,
-                )
-            )
+        for name in sorted(set(os.listdir(dfd)) - normal):
+            issue = _lock_issue(dfd, name, now, soft)
+            if issue is not None:
+                issues.append(issue)
     finally:
         os.close(dfd)
-    return frozenset(names), issues
+    return issues
+
+
+def _lock_issue(dfd: int, name: str, now: float, soft: Locker) -> Issue | None:
+    path = f"{LOCK_DIR}/{name}"
+    parts = lock_name(name)
+    if parts is None:
+        if ".softlock.broken-" not in name:
+            return None  # .probe and other names of the lock machinery
+        st = _lstat(dfd, name)
+        if st is None or now - st.st_mtime <= GRACE_SECONDS:
+            return None
+        return Issue("stale-lock", path, "leftover of a broken soft lock", None, 0, st.st_mtime)
+    key, suffix = parts
+    if suffix == ".softlock":
+        record = soft.read_soft_record(dfd, name)
+        if record is None or not soft.is_stale(record):
+            return None
+        who = f"host {record.get('host')} pid {record.get('pid')}"
+        return Issue(
+            "stale-lock", path, f"soft lock of a gone holder ({who})", key, 0, record.get("mtime")
+        )
+    st = _lstat(dfd, name)
+    if st is None or now - st.st_mtime <= GRACE_SECONDS or not stat.S_ISREG(st.st_mode):
+        return None
+    if _flock_held(dfd, name):
+        return None
+    return Issue("stale-lock", path, "lock file of a missing entry, not held", key, 0, st.st_mtime)
 
 
 def _lstat(dfd: int, name: str) -> os.stat_result | None:
@@ -781,6 +756,5 @@ def verify(
         tuple(issues),
         base.temp,
         base.quarantine,
-        base.lock_files,
         base.scanned_at,
     )

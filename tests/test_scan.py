@@ -195,7 +195,6 @@ def test_stale_locks(tmp_path):
         holder.communicate("", timeout=30)
     stale = _kinds(result).get("stale-lock", set())
     assert stale == {f".locks/{names[k]}" for k in ("gone", "gone-build", "dead-soft")}
-    assert names["entry"] in result.lock_files
 
 
 def _dead_pid() -> int:
