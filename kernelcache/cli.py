@@ -66,9 +66,9 @@ _SIZE_UNITS = {
     "ti": 1 << 40,
     "tb": 10**12,
 }
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-zA-Z]*)")
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)")
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_AGE_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_AGE_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])")
 
 
 def parse_size(text: str) -> int:

@@ -296,12 +296,11 @@ def execute(
 
     Never raises for a single action: each gets an :class:`Outcome`.
     """
-    checker = Store(store.root, readonly=True)
-    soft = Locker(store.root, mode="soft", stale_after=store.locker.stale_after)
+    run = _Executor(store)
     outcomes = []
     for action in plan.actions:
         try:
-            status, detail = _RUN[action.kind](store, checker, soft, action)
+            status, detail = getattr(run, action.kind.replace("-", "_"))(action)
         except OSError as e:
             status, detail = "failed", e.strerror or str(e)
         outcomes.append(Outcome(action, status, detail))
@@ -316,155 +315,144 @@ def execute(
     return Result(plan, tuple(outcomes), folded, error, counts)
 
 
-def _stamp(store: Store, name: str) -> float | None:
-    try:
-        return os.stat(os.path.join(store.root, name), follow_symlinks=False).st_mtime
-    except FileNotFoundError:
-        return None
+class _Executor:
+    """One method per action kind; each returns (status, detail) and re-checks before acting."""
 
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.root = store.root
+        # reads the state of an entry, whoever wrote it, without touching its stamp
+        self.checker = Store(store.root, readonly=True, trust="any")
+        self.soft = Locker(store.root, mode="soft", stale_after=store.locker.stale_after)
 
-def _delete_entry(store: Store, checker: Store, soft: Locker, action: Action) -> tuple[str, str]:
-    key = action.key
-    assert key is not None
-    if action.mtime is not None:
-        stamp = _stamp(store, f"{key}.{META_EXT}")
-        if stamp is None:
-            return "gone", ""
-        if stamp != action.mtime:
-            return "used-since-plan", ""
-    else:  # metadata without artifact: still broken?
-        found = checker.read(key)
-        if not isinstance(found, Problem):
-            return "gone", "the entry was repaired meanwhile"
-    deleted = store.delete(key, wait=0)
-    if deleted is None:
-        return "in-use", ""
-    if not deleted:
-        return "gone", ""
-    _drop_build_lock(store, key)
-    return "done", ""
-
-
-def _drop_build_lock(store: Store, key: str) -> None:
-    """Remove the single-flight lock file of a deleted entry, unless a builder holds it."""
-    if store.locker.mode != "flock":
-        return
-    if not os.path.lexists(os.path.join(store.root, LOCK_DIR, f"{key}.build.lock")):
-        return
-    try:
-        held = store.locker.acquire(f"{key}.build", shared=False, timeout=0)
-    except (LockTimeout, LockUnavailable):
-        return
-    held.release(remove=True)
-
-
-def _quarantine_entry(
-    store: Store, checker: Store, soft: Locker, action: Action
-) -> tuple[str, str]:
-    key = action.key
-    assert key is not None
-    found = checker.read(key)
-    if not isinstance(found, Problem) or not found.corrupt:
-        return "gone", "no longer corrupt"
-    after = store.repair(key)  # re-checks under the exclusive lock, then quarantines
-    if isinstance(after, Artifact):
-        return "gone", "no longer corrupt"
-    if not os.path.lexists(store.meta_path(key)):  # quarantine moves the metadata first
-        return "done", found.reason
-    return "in-use", "its lock or artifact is held; run verify --repair again later"
-
-
-def _remove_orphan(store: Store, checker: Store, soft: Locker, action: Action) -> tuple[str, str]:
-    key = action.key
-    assert key is not None
-    ext = action.path.rpartition(".")[2]
-    try:
-        held = store.lock(key, shared=False, timeout=0)
-    except LockTimeout:
-        return "in-use", ""
-    keep_lock = True
-    try:
-        found = checker.read(key)
-        if isinstance(found, Artifact) and found.ext == ext:
-            return "gone", "claimed by metadata meanwhile"
-        if _stamp(store, action.path) != action.mtime:
-            return "gone", "replaced meanwhile"
-        os.unlink(os.path.join(store.root, action.path))
-        keep_lock = isinstance(found, Artifact)
-        return "done", ""
-    finally:
-        if held is not None:
-            held.release(remove=not keep_lock)
-
-
-def _remove_aux(store: Store, checker: Store, soft: Locker, action: Action) -> tuple[str, str]:
-    """Remove a file of .tmp/ or .quarantine/ if it is still the file the plan saw."""
-    directory, _, name = action.path.partition("/")
-    if directory not in (TMP_DIR, QUARANTINE_DIR) or not name or "/" in name:
-        return "failed", "not a housekeeping file"
-    try:
-        dfd = open_subdir(store.root, directory, create=False)
-    except FileNotFoundError:
-        return "gone", ""
-    try:
+    def _stamp(self, name: str) -> float | None:
         try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            return os.stat(os.path.join(self.root, name), follow_symlinks=False).st_mtime
+        except FileNotFoundError:
+            return None
+
+    def delete_entry(self, action: Action) -> tuple[str, str]:
+        key = action.key
+        assert key is not None
+        if action.mtime is not None:
+            stamp = self._stamp(f"{key}.{META_EXT}")
+            if stamp is None:
+                return "gone", ""
+            if stamp != action.mtime:
+                return "used-since-plan", ""
+        elif not isinstance(self.checker.read(key), Problem):  # metadata without artifact
+            return "gone", "the entry was repaired meanwhile"
+        deleted = self.store.delete(key, wait=0)
+        if deleted is None:
+            return "in-use", ""
+        if not deleted:
+            return "gone", ""
+        self._drop_build_lock(key)
+        return "done", ""
+
+    def _drop_build_lock(self, key: str) -> None:
+        """Remove the single-flight lock file of a deleted entry, unless a builder holds it."""
+        locker = self.store.locker
+        if locker.mode != "flock":
+            return
+        if not os.path.lexists(os.path.join(self.root, LOCK_DIR, f"{key}.build.lock")):
+            return
+        try:
+            held = locker.acquire(f"{key}.build", shared=False, timeout=0)
+        except (LockTimeout, LockUnavailable):
+            return
+        held.release(remove=True)
+
+    def quarantine_entry(self, action: Action) -> tuple[str, str]:
+        key = action.key
+        assert key is not None
+        found = self.checker.read(key)
+        if not isinstance(found, Problem) or not found.corrupt:
+            return "gone", "no longer corrupt"
+        after = self.store.repair(key)  # re-checks under the exclusive lock, then quarantines
+        if isinstance(after, Artifact):
+            return "gone", "no longer corrupt"
+        if not os.path.lexists(self.store.meta_path(key)):  # quarantine moves metadata first
+            return "done", found.reason
+        return "in-use", "its lock or artifact is held; run verify --repair again later"
+
+    def remove_orphan(self, action: Action) -> tuple[str, str]:
+        key = action.key
+        assert key is not None
+        ext = action.path.rpartition(".")[2]
+        try:
+            held = self.store.lock(key, shared=False, timeout=0)
+        except LockTimeout:
+            return "in-use", ""
+        keep_lock = True
+        try:
+            found = self.checker.read(key)
+            if isinstance(found, Artifact) and found.ext == ext:
+                return "gone", "claimed by metadata meanwhile"
+            if self._stamp(action.path) != action.mtime:
+                return "gone", "replaced meanwhile"
+            os.unlink(os.path.join(self.root, action.path))
+            keep_lock = isinstance(found, Artifact)
+            return "done", ""
+        finally:
+            if held is not None:
+                held.release(remove=not keep_lock)
+
+    def remove_temp(self, action: Action) -> tuple[str, str]:
+        """Remove a file of .tmp/ (or .quarantine/) if it is still the file the plan saw."""
+        directory, _, name = action.path.partition("/")
+        if directory not in (TMP_DIR, QUARANTINE_DIR) or not name or "/" in name:
+            return "failed", "not a housekeeping file"
+        try:
+            dfd = open_subdir(self.root, directory, create=False)
         except FileNotFoundError:
             return "gone", ""
-        if action.mtime is not None and st.st_mtime != action.mtime:
-            return "gone", "changed meanwhile"
-        os.unlink(name, dir_fd=dfd)
-        return "done", ""
-    except FileNotFoundError:
-        return "gone", ""
-    finally:
-        os.close(dfd)
-
-
-def _remove_lock(store: Store, checker: Store, soft: Locker, action: Action) -> tuple[str, str]:
-    filename = action.path.partition("/")[2]
-    parts = lock_name(filename)
-    if parts is None:  # a leftover of a broken soft lock
-        return _unlink_lock_file(store, filename)
-    key, suffix = parts
-    if suffix == ".softlock":
         try:
-            held = soft.acquire(key, shared=False, timeout=0.2)  # breaks it if still stale
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if action.mtime is not None and st.st_mtime != action.mtime:
+                return "gone", "changed meanwhile"
+            os.unlink(name, dir_fd=dfd)
+            return "done", ""
+        except FileNotFoundError:
+            return "gone", ""
+        finally:
+            os.close(dfd)
+
+    remove_quarantined = remove_temp
+
+    def remove_lock(self, action: Action) -> tuple[str, str]:
+        filename = action.path.partition("/")[2]
+        parts = lock_name(filename)
+        if parts is None:  # a leftover of a broken soft lock
+            return self._unlink_lock_file(filename)
+        key, suffix = parts
+        if suffix == ".softlock":
+            try:
+                held = self.soft.acquire(key, shared=False, timeout=0.2)  # breaks a stale one
+            except LockTimeout:
+                return "in-use", "its holder came back"
+            held.release()
+            return "done", ""
+        locker = self.store.locker
+        if locker.mode != "flock":
+            return self._unlink_lock_file(filename)  # flock files are unused in soft mode
+        try:
+            held = locker.acquire(key + suffix[: -len(".lock")], shared=False, timeout=0)
         except LockTimeout:
-            return "in-use", "its holder came back"
-        held.release()
+            return "in-use", ""
+        entry_back = os.path.lexists(self.store.meta_path(key))
+        held.release(remove=not entry_back)
+        return ("gone", "its entry exists again") if entry_back else ("done", "")
+
+    def _unlink_lock_file(self, filename: str) -> tuple[str, str]:
+        dfd = open_subdir(self.root, LOCK_DIR, create=False)
+        try:
+            os.unlink(filename, dir_fd=dfd)
+        except FileNotFoundError:
+            return "gone", ""
+        finally:
+            os.close(dfd)
         return "done", ""
-    if store.locker.mode != "flock":
-        return _unlink_lock_file(store, filename)  # flock files are unused in soft mode
-    name = key + (".build" if suffix == ".build.lock" else "")
-    try:
-        held = store.locker.acquire(name, shared=False, timeout=0)
-    except LockTimeout:
-        return "in-use", ""
-    entry_back = os.path.lexists(os.path.join(store.root, f"{key}.{META_EXT}"))
-    held.release(remove=not entry_back)
-    return ("gone", "its entry exists again") if entry_back else ("done", "")
-
-
-def _unlink_lock_file(store: Store, filename: str) -> tuple[str, str]:
-    dfd = open_subdir(store.root, LOCK_DIR, create=False)
-    try:
-        os.unlink(filename, dir_fd=dfd)
-    except FileNotFoundError:
-        return "gone", ""
-    finally:
-        os.close(dfd)
-    return "done", ""
-
-
-_RUN: dict[str, Callable[[Store, Store, Locker, Action], tuple[str, str]]] = {
-    "delete-entry": _delete_entry,
-    "quarantine-entry": _quarantine_entry,
-    "remove-orphan": _remove_orphan,
-    "remove-temp": _remove_aux,
-    "remove-quarantined": _remove_aux,
-    "remove-lock": _remove_lock,
-}
 
 
 # -- statistics logs ----------------------------------------------------------------------
