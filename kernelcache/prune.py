@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import repeat
 from operator import add
 from typing import Any, NamedTuple
 
@@ -222,10 +223,16 @@ def plan_prune(
                     total -= nbytes[i]
             doomed = [i for i in lru if i in reason]
     exts = table.ext
-    actions = [
-        Action("delete-entry", f"{keys[i]}.{exts[i]}", nbytes[i], reason[i], keys[i], last[i])
-        for i in doomed
-    ]
+    paths = [f"{keys[i]}.{exts[i]}" for i in doomed]
+    rows = zip(
+        repeat("delete-entry"),
+        paths,
+        [nbytes[i] for i in doomed],
+        [reason[i] for i in doomed],
+        [keys[i] for i in doomed],
+        [last[i] for i in doomed],
+    )
+    actions: list[Action] = list(map(Action._make, rows))
     left: list[Issue] = []
     for issue in scanned.issues:
         action = _housekeeping(issue)

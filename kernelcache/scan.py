@@ -33,13 +33,16 @@ import os
 import stat
 import time
 import uuid
+from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, partial
 from itertools import repeat
 from operator import add, itemgetter
 from typing import Any, NamedTuple
+
+import xxhash
 
 from .keys import KEY_PATTERN, META_EXT, split_entry_name
 from .locks import LOCK_DIR, Locker, open_subdir
@@ -219,6 +222,7 @@ class _Listing:
     arts: dict[str, str]  # key -> ext of its artifact file (the first one listed)
     extra: set[tuple[str, str]]  # (key, ext) of further artifact files of a key in arts
     foreign: list[str]
+    dirs: int  # how many of KNOWN_DIRS are present
 
     def has_artifact(self, key: str, ext: str) -> bool:
         return self.arts.get(key) == ext or (key, ext) in self.extra
@@ -231,6 +235,14 @@ def _read_dir(root: str) -> list[tuple[str, int]] | None:
             return [(e.name, e.inode()) for e in it]
     except FileNotFoundError:
         return None
+
+
+def _listing_signature(pairs: list[tuple[str, int]]) -> str:
+    """A digest of the names and inode numbers of a listing, in listing order."""
+    names, inodes = zip(*pairs, strict=True) if pairs else ((), ())
+    digest = xxhash.xxh3_128("\0".join(names).encode("utf-8", "surrogateescape"))
+    digest.update(array("Q", inodes).tobytes())
+    return digest.hexdigest()
 
 
 def _index_matches(index: EntryTable, names: Mapping[str, int]) -> bool:
@@ -253,7 +265,8 @@ def _parse_listing(pairs: list[tuple[str, int]]) -> _Listing:
     metas = {n[: -len(suffix)]: ino for n, ino in pairs if n.endswith(suffix)}
     parts = [n.partition(".") for n, _ in pairs if not n.endswith(suffix)]
     keyed = [(key, ext) for key, dot, ext in parts if key and dot]
-    foreign = [k + d + e for k, d, e in parts if not (k and d) and d + e not in KNOWN_DIRS]
+    others = [k + d + e for k, d, e in parts if not (k and d)]
+    foreign = [name for name in others if name not in KNOWN_DIRS]
     arts = dict(reversed(keyed))  # the first file listed for a key wins
     extra = {(k, e) for k, e in keyed if arts[k] != e} if len(arts) < len(keyed) else set()
     # Validate the names in bulk; look at single names only when the bulk check fails.
@@ -275,7 +288,7 @@ def _parse_listing(pairs: list[tuple[str, int]]) -> _Listing:
             if key not in arts:
                 arts[key] = ext
                 extra.discard((key, ext))
-    return _Listing(metas, arts, extra, foreign)
+    return _Listing(metas, arts, extra, foreign, len(others) - len(foreign))
 
 
 def _valid_ext(ext: str) -> bool:
@@ -291,30 +304,28 @@ def _all_keys(table: Mapping[str, object]) -> bool:
 
 
 # -- the index ----------------------------------------------------------------------------
-def _load_index(root: str) -> EntryTable:
-    """The entries the scan index remembers (empty when it is missing or malformed).
-
-    Never raises: the index is only a cache.
-    """
+def _load_index(root: str) -> tuple[EntryTable, str | None]:
+    """The entries the scan index remembers and the signature of the listing they were read
+    from; (empty table, None) when it is missing or malformed. Never raises: it is a cache."""
     path = os.path.join(root, STATS_DIR, INDEX_NAME)
     try:
         fd = os.open(path, READ_FLAGS)
     except OSError:
-        return EntryTable()
+        return EntryTable(), None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INDEX_BYTES:
-            return EntryTable()
+            return EntryTable(), None
         with os.fdopen(os.dup(fd), "rb") as f:
             raw = f.read()
     except OSError:
-        return EntryTable()
+        return EntryTable(), None
     finally:
         os.close(fd)
     try:
         doc = json.loads(raw)
         if not isinstance(doc, dict) or doc.get("v") != INDEX_VERSION:
-            return EntryTable()
+            return EntryTable(), None
         keys = doc["keys"].split("\n") if doc["keys"] else []
         strings = doc["strings"]
         inode, ext, size, meta_size, kernel, target, created = (
@@ -323,24 +334,25 @@ def _load_index(root: str) -> EntryTable:
         ints = (inode, ext, size, meta_size, kernel, target)
         n = len(keys)
         if not all(isinstance(c, list) and len(c) == n for c in (*ints, created)):
-            return EntryTable()
+            return EntryTable(), None
         if not isinstance(strings, list) or not set(map(type, strings)) <= {str}:
-            return EntryTable()
+            return EntryTable(), None
         if not all(set(map(type, c)) <= {int} for c in ints):
-            return EntryTable()
+            return EntryTable(), None
         if not set(map(type, created)) <= {int, float, type(None)}:
-            return EntryTable()
+            return EntryTable(), None
         if n:
             top = len(strings)
             if min(ext) < 0 or max(ext) >= top or min(size) < 0 or min(meta_size) < 0:
-                return EntryTable()
+                return EntryTable(), None
             if min(kernel) < -1 or max(kernel) >= top or min(target) < -1 or max(target) >= top:
-                return EntryTable()
+                return EntryTable(), None
     except (ValueError, KeyError, TypeError, AttributeError):
-        return EntryTable()
+        return EntryTable(), None
+    signature = doc.get("listing")
     lookup = [*strings, None]  # index -1 -> None
     names = lookup.__getitem__
-    return EntryTable(
+    table = EntryTable(
         tuple(keys),
         tuple(map(names, ext)),
         tuple(size),
@@ -351,10 +363,15 @@ def _load_index(root: str) -> EntryTable:
         (None,) * n,
         tuple(inode),
     )
+    return table, signature if isinstance(signature, str) else None
 
 
-def _save_index(root: str, table: EntryTable) -> None:
-    """Atomically replace the scan index (best effort: failures are only logged)."""
+def _save_index(root: str, table: EntryTable, listing: str | None) -> None:
+    """Atomically replace the scan index (best effort: failures are only logged).
+
+    ``listing`` is the signature of a listing that holds exactly these entries and nothing
+    else (None if it held anything more): the same signature later means the same files.
+    """
     strings: dict[str | None, int] = {None: -1}
 
     def refs(values: Iterable[str | None]) -> list[int]:
@@ -370,6 +387,7 @@ def _save_index(root: str, table: EntryTable) -> None:
         "kernel": refs(table.kernel),
         "target": refs(table.target),
         "created": table.created,
+        "listing": listing,
     }
     doc["strings"] = [v for v in strings if v is not None]
     data = json.dumps(doc, separators=(",", ":")).encode()
@@ -478,20 +496,29 @@ def scan(
         return CacheScan(root, True, EntryTable(), (issue,), scanned_at=now)
     issues: list[Issue] = []
     try:
-        index = _load_index(root)
+        index, known = _load_index(root)
+        signature = _listing_signature(pairs)
         table = index
-        if not _index_matches(index, dict(pairs)):
-            listing = _parse_listing(pairs)
-            table, fresh = _entries(dfd, listing, index, issues, progress)
-            changed = fresh or len(table) != len(index)
-            if update_index and changed and os.access(root, os.W_OK):
-                _save_index(root, table)
-            committed = dict(zip(table.key, table.ext, strict=True))
-            issues.extend(_orphans(dfd, listing, committed, now))
-            issues.extend(
-                Issue("foreign", name, "not a cache file; remove it by hand if it is not needed")
-                for name in sorted(listing.foreign)
-            )
+        if known != signature:  # not the very listing the index was made from
+            writable = update_index and os.access(root, os.W_OK)
+            if _index_matches(index, dict(pairs)):
+                if writable:
+                    _save_index(root, index, signature)
+            else:
+                listing = _parse_listing(pairs)
+                table, fresh = _entries(dfd, listing, index, issues, progress)
+                committed = dict(zip(table.key, table.ext, strict=True))
+                issues.extend(_orphans(dfd, listing, committed, now))
+                issues.extend(
+                    Issue(
+                        "foreign", name, "not a cache file; remove it by hand if it is not needed"
+                    )
+                    for name in sorted(listing.foreign)
+                )
+                # clean: the listing holds these entries' two files each, and nothing else
+                clean = len(pairs) == 2 * len(table) + listing.dirs
+                if writable and (fresh or len(table) != len(index) or clean):
+                    _save_index(root, table, signature if clean else None)
         if last_used:
             table = _with_last_used(dfd, table)
     finally:
@@ -572,12 +599,17 @@ def _exists(dfd: int, name: str) -> bool:
 
 def _with_last_used(dfd: int, table: EntryTable) -> EntryTable:
     """The table with last-used stamps; entries deleted since the listing are dropped."""
-    stamps: list[float | None] = []
-    for key in table.key:
-        try:
-            stamps.append(os.stat(f"{key}.{META_EXT}", dir_fd=dfd, follow_symlinks=False).st_mtime)
-        except OSError:
-            stamps.append(None)
+    stat_at = partial(os.stat, dir_fd=dfd, follow_symlinks=False)
+    names = list(map(add, table.key, repeat("." + META_EXT)))
+    try:
+        stamps: list[float | None] = [st.st_mtime for st in map(stat_at, names)]
+    except OSError:  # some entry went away meanwhile: one at a time
+        stamps = []
+        for name in names:
+            try:
+                stamps.append(stat_at(name).st_mtime)
+            except OSError:
+                stamps.append(None)
     table = replace(table, last_used=tuple(stamps))
     if None not in stamps:
         return table
@@ -654,9 +686,11 @@ def _lock_issues(root: str, live: Sequence[str], now: float, lock_stale: float) 
     issues: list[Issue] = []
     try:
         # The lock files of live entries are normal: set arithmetic sets them aside in C.
-        normal = {*map(add, live, repeat(".lock")), *map(add, live, repeat(".build.lock"))}
+        names = set(os.listdir(dfd))
+        names.difference_update(map(add, live, repeat(".lock")))
+        names.difference_update(map(add, live, repeat(".build.lock")))
         soft = Locker(root, mode="soft", stale_after=lock_stale)
-        for name in sorted(set(os.listdir(dfd)) - normal):
+        for name in sorted(names):
             issue = _lock_issue(dfd, name, now, soft)
             if issue is not None:
                 issues.append(issue)

@@ -75,6 +75,33 @@ def test_index_is_reused_and_follows_replaced_metadata(tmp_path):
     assert json.loads(index.read_text())["keys"] == ""
 
 
+def test_a_young_orphan_is_found_once_it_is_old_though_the_listing_is_unchanged(tmp_path):
+    root = tmp_path / "cache"
+    put(root, "entry", size=10)
+    orphan = put(root, "orphan", size=10)
+    (root / f"{orphan.key}.json").unlink()
+    assert scan(root).issues == ()  # young: maybe a publish in progress
+    assert scan(root).issues == ()  # (and the index is now written)
+    backdate(Path(orphan.path), time.time() - GRACE_SECONDS - 60)  # the listing is the same
+    assert [i.kind for i in scan(root).issues] == ["orphan-artifact"]
+
+
+def test_index_of_an_unchanged_listing_is_taken_whole(tmp_path):
+    root = tmp_path / "cache"
+    arts = [put(root, f"k{i}", size=10 + i) for i in range(3)]
+    first = scan(root)
+    index = root / ".stats" / INDEX_NAME
+    doc = json.loads(index.read_text())
+    assert doc["listing"]  # a clean listing: its signature is kept
+    second = scan(root)
+    assert sorted(second.entries) == sorted(first.entries)
+    (root / "stray").write_text("x")
+    third = scan(root)
+    assert [i.path for i in third.issues] == ["stray"]
+    (root / "stray").unlink()
+    assert scan(root).issues == () and len(scan(root).entries) == len(arts)
+
+
 @pytest.mark.parametrize(
     "mutate",
     [
