@@ -222,29 +222,30 @@ def _base(command: str, root: str) -> dict[str, Any]:
 def stats_document(root: str) -> dict[str, Any]:
     """The ``stats --json`` document of a root."""
     from .prune import read_summary
-    from .scan import scan
+    from .scan import summarize
 
-    scanned = scan(root)
-    table = scanned.table
+    summary = summarize(root)
     totals, logs, log_problems = read_logs(root)
-    summary = read_summary(root)
-    processes = logs - 1 + summary["logs"] if summary else logs
+    folded = read_summary(root)
+    processes = logs - 1 + folded["logs"] if folded else logs
     counters: dict[str, float] = {
         k: (round(v, 3) if k.endswith("seconds") else int(v)) for k, v in totals.items()
     }
     lookups = counters["hits"] + counters["misses"]
     mean_build = counters["build_seconds"] / counters["builds"] if counters["builds"] else None
     saved = counters["hits"] * mean_build if mean_build is not None else None
-    artifact_bytes = sum(table.size)
-    metadata_bytes = sum(table.meta_size)
+    artifact_bytes = summary.artifact_bytes
+    metadata_bytes = summary.metadata_bytes
 
     def groups(column: str) -> dict[str, dict[str, int]]:
-        return {_label(v): {"entries": n, "bytes": b} for v, (n, b) in table.group(column).items()}
+        return {
+            _label(v): {"entries": n, "bytes": b} for v, (n, b) in summary.groups[column].items()
+        }
 
     return {
         **_base("stats", root),
-        "exists": scanned.exists,
-        "entries": len(table),
+        "exists": summary.exists,
+        "entries": summary.entries,
         "bytes": artifact_bytes + metadata_bytes,
         "artifact_bytes": artifact_bytes,
         "metadata_bytes": metadata_bytes,
@@ -252,11 +253,11 @@ def stats_document(root: str) -> dict[str, Any]:
         "by_target": groups("target"),
         "by_kernel": groups("kernel"),
         "quarantine": {
-            "files": len(scanned.quarantine),
-            "bytes": sum(f.size for f in scanned.quarantine),
+            "files": len(summary.quarantine),
+            "bytes": sum(f.size for f in summary.quarantine),
         },
-        "temp": {"files": len(scanned.temp), "bytes": sum(f.size for f in scanned.temp)},
-        "problems": len(scanned.issues),
+        "temp": {"files": len(summary.temp), "bytes": sum(f.size for f in summary.temp)},
+        "problems": summary.problems,
         "counters": counters,
         "hit_rate": counters["hits"] / lookups if lookups else None,
         "mean_build_seconds": round(mean_build, 6) if mean_build is not None else None,

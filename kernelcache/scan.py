@@ -54,7 +54,10 @@ logger = logging.getLogger(__name__)
 #: files younger than this may belong to a write in progress: never reported or removed
 GRACE_SECONDS = 3600.0
 INDEX_NAME = "index.json"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+#: the columns whose groups (entries and bytes per value) ``stats`` shows
+_GROUPED = ("ext", "target", "kernel")
+_TOTALS = ("entries", "size", "meta_size")
 MAX_INDEX_BYTES = 512 << 20
 #: the directories a root may hold besides entries
 KNOWN_DIRS = frozenset({TMP_DIR, LOCK_DIR, QUARANTINE_DIR, STATS_DIR})
@@ -304,28 +307,66 @@ def _all_keys(table: Mapping[str, object]) -> bool:
 
 
 # -- the index ----------------------------------------------------------------------------
-def _load_index(root: str) -> tuple[EntryTable, str | None]:
-    """The entries the scan index remembers and the signature of the listing they were read
-    from; (empty table, None) when it is missing or malformed. Never raises: it is a cache."""
+def _index_file(root: str, *, header_only: bool) -> bytes | None:
+    """The scan index's bytes (or its first line only); None if missing or not plausible."""
     path = os.path.join(root, STATS_DIR, INDEX_NAME)
     try:
         fd = os.open(path, READ_FLAGS)
     except OSError:
-        return EntryTable(), None
+        return None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INDEX_BYTES:
-            return EntryTable(), None
+            return None
         with os.fdopen(os.dup(fd), "rb") as f:
-            raw = f.read()
+            return f.readline(MAX_INDEX_BYTES) if header_only else f.read()
     except OSError:
-        return EntryTable(), None
+        return None
     finally:
         os.close(fd)
+
+
+def _parse_header(line: bytes) -> dict[str, Any] | None:
+    """The index's first line: version, listing signature, totals and groups; None if bad."""
     try:
-        doc = json.loads(raw)
-        if not isinstance(doc, dict) or doc.get("v") != INDEX_VERSION:
-            return EntryTable(), None
+        head = json.loads(line)
+        if not isinstance(head, dict) or head.get("v") != INDEX_VERSION:
+            return None
+        totals, groups = head["totals"], head["groups"]
+        if not isinstance(head.get("listing"), (str, type(None))):
+            return None
+        if not all(type(totals.get(k)) is int and totals[k] >= 0 for k in _TOTALS):
+            return None
+        for column in _GROUPED:
+            rows = groups[column]
+            if not isinstance(rows, list):
+                return None
+            for row in rows:
+                if not (
+                    isinstance(row, list)
+                    and len(row) == 3
+                    and isinstance(row[0], (str, type(None)))
+                    and type(row[1]) is int
+                    and type(row[2]) is int
+                ):
+                    return None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return head
+
+
+def _load_index(root: str) -> tuple[EntryTable, str | None]:
+    """The entries the scan index remembers and the signature of the listing they were read
+    from; (empty table, None) when it is missing or malformed. Never raises: it is a cache."""
+    raw = _index_file(root, header_only=False)
+    if raw is None:
+        return EntryTable(), None
+    first, _, rest = raw.partition(b"\n")
+    head = _parse_header(first)
+    if head is None:
+        return EntryTable(), None
+    try:
+        doc = json.loads(rest)
         keys = doc["keys"].split("\n") if doc["keys"] else []
         strings = doc["strings"]
         inode, ext, size, meta_size, kernel, target, created = (
@@ -349,7 +390,6 @@ def _load_index(root: str) -> tuple[EntryTable, str | None]:
                 return EntryTable(), None
     except (ValueError, KeyError, TypeError, AttributeError):
         return EntryTable(), None
-    signature = doc.get("listing")
     lookup = [*strings, None]  # index -1 -> None
     names = lookup.__getitem__
     table = EntryTable(
@@ -363,7 +403,7 @@ def _load_index(root: str) -> tuple[EntryTable, str | None]:
         (None,) * n,
         tuple(inode),
     )
-    return table, signature if isinstance(signature, str) else None
+    return table, head["listing"]
 
 
 def _save_index(root: str, table: EntryTable, listing: str | None) -> None:
@@ -371,14 +411,25 @@ def _save_index(root: str, table: EntryTable, listing: str | None) -> None:
 
     ``listing`` is the signature of a listing that holds exactly these entries and nothing
     else (None if it held anything more): the same signature later means the same files.
+    The first line holds the signature with the totals and groups ``stats`` shows, so that
+    :func:`summarize` of an unchanged root reads nothing else.
     """
     strings: dict[str | None, int] = {None: -1}
 
     def refs(values: Iterable[str | None]) -> list[int]:
         return [strings.setdefault(v, len(strings) - 1) for v in values]
 
-    doc = {
+    head = {
         "v": INDEX_VERSION,
+        "listing": listing,
+        "totals": {
+            "entries": len(table),
+            "size": sum(table.size),
+            "meta_size": sum(table.meta_size),
+        },
+        "groups": {c: [[v, n, b] for v, (n, b) in table.group(c).items()] for c in _GROUPED},
+    }
+    doc = {
         "keys": "\n".join(table.key),
         "inode": table.inode,
         "ext": refs(table.ext),
@@ -387,10 +438,12 @@ def _save_index(root: str, table: EntryTable, listing: str | None) -> None:
         "kernel": refs(table.kernel),
         "target": refs(table.target),
         "created": table.created,
-        "listing": listing,
     }
     doc["strings"] = [v for v in strings if v is not None]
-    data = json.dumps(doc, separators=(",", ":")).encode()
+    data = b"%s\n%s" % (
+        json.dumps(head, separators=(",", ":")).encode(),
+        json.dumps(doc, separators=(",", ":")).encode(),
+    )
     try:
         dfd = open_subdir(root, STATS_DIR, create=True)
     except OSError as e:
@@ -486,8 +539,25 @@ def scan(
     now = time.time() if now is None else now
     try:
         pairs = _read_dir(root)
-        if pairs is None:
-            return CacheScan(root, False, EntryTable(), (), scanned_at=now)
+    except OSError as e:
+        issue = Issue("foreign", ".", f"cannot read the root: {e.strerror}")
+        return CacheScan(root, True, EntryTable(), (issue,), scanned_at=now)
+    if pairs is None:
+        return CacheScan(root, False, EntryTable(), (), scanned_at=now)
+    return _scan(root, pairs, last_used, locks, update_index, lock_stale, progress, now)
+
+
+def _scan(
+    root: str,
+    pairs: list[tuple[str, int]],
+    last_used: bool,
+    locks: bool,
+    update_index: bool,
+    lock_stale: float,
+    progress: Progress | None,
+    now: float,
+) -> CacheScan:
+    try:
         dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
         if e.errno == errno.ENOENT:
@@ -748,6 +818,66 @@ def _flock_held(dfd: int, name: str) -> bool:
     finally:
         os.close(fd)  # closing drops our probe lock
     return False
+
+
+# -- summary ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CacheSummary:
+    """Totals of a root, as ``stats`` shows them. ``groups`` maps ``ext``, ``target`` and
+    ``kernel`` to ``{value: (entries, bytes)}``, largest first; ``problems`` counts what a
+    quick scan finds wrong."""
+
+    root: str
+    exists: bool
+    entries: int
+    artifact_bytes: int
+    metadata_bytes: int
+    groups: dict[str, dict[str | None, tuple[int, int]]]
+    problems: int
+    temp: tuple[AuxFile, ...] = ()
+    quarantine: tuple[AuxFile, ...] = ()
+
+
+def summarize(root: str | os.PathLike[str], *, now: float | None = None) -> CacheSummary:
+    """Totals and groups of the entries of ``root``, from the scan index's first line when the
+    root's listing is exactly the one the index was made from, else from a :func:`scan`."""
+    root = os.fspath(root)
+    now = time.time() if now is None else now
+    try:
+        pairs = _read_dir(root)
+    except OSError:
+        pairs = []
+    if pairs is None:
+        return CacheSummary(root, False, 0, 0, 0, {c: {} for c in _GROUPED}, 0)
+    raw = _index_file(root, header_only=True)
+    head = _parse_header(raw) if raw else None
+    if head is not None and head["listing"] == _listing_signature(pairs):
+        temp = _aux_files(root, TMP_DIR)
+        totals = head["totals"]
+        return CacheSummary(
+            root,
+            True,
+            totals["entries"],
+            totals["size"],
+            totals["meta_size"],
+            {c: {v: (n, b) for v, n, b in head["groups"][c]} for c in _GROUPED},
+            sum(1 for f in temp if now - f.mtime > GRACE_SECONDS),
+            temp,
+            _aux_files(root, QUARANTINE_DIR),
+        )
+    scanned = _scan(root, pairs, False, False, True, 300.0, None, now)
+    table = scanned.table
+    return CacheSummary(
+        root,
+        scanned.exists,
+        len(table),
+        sum(table.size),
+        sum(table.meta_size),
+        {c: table.group(c) for c in _GROUPED},
+        len(scanned.issues),
+        scanned.temp,
+        scanned.quarantine,
+    )
 
 
 # -- verification -------------------------------------------------------------------------

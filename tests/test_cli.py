@@ -149,7 +149,7 @@ def test_stats_uses_and_refreshes_the_scan_index(populated):
     # A garbage index is ignored, then rewritten.
     index.write_text('{"v": 1, "keys": 5}')
     assert kc_json(populated, "stats")["entries"] == 10
-    assert json.loads(index.read_text())["v"] == 1
+    assert json.loads(index.read_text().split("\n")[0])["v"] == 2
 
 
 def test_stats_aggregates_process_logs(tmp_path):

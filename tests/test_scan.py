@@ -15,8 +15,18 @@ from conftest import IS_ROOT, child_env, key_of
 from test_cli_support import backdate, put
 
 from kernelcache.locks import pid_alive
-from kernelcache.scan import GRACE_SECONDS, INDEX_NAME, EntryInfo, scan, verify
+from kernelcache.scan import GRACE_SECONDS, INDEX_NAME, EntryInfo, scan, summarize, verify
 from kernelcache.store import Store
+
+
+def _read_index(path: Path) -> tuple[dict, dict]:
+    """The scan index's two lines: the header and the columns."""
+    head, columns = path.read_text().split("\n", 1)
+    return json.loads(head), json.loads(columns)
+
+
+def _write_index(path: Path, head: dict, columns: dict) -> None:
+    path.write_text(json.dumps(head) + "\n" + json.dumps(columns))
 
 
 def _kinds(result) -> dict[str, set]:
@@ -59,8 +69,8 @@ def test_index_is_reused_and_follows_replaced_metadata(tmp_path):
     scan(root)
     index = root / ".stats" / INDEX_NAME
     assert index.is_file()
-    doc = json.loads(index.read_text())
-    assert doc["keys"] == art.key
+    head, doc = _read_index(index)
+    assert doc["keys"] == art.key and head["totals"]["entries"] == 1
     # Republish the metadata with another name (a new file, as the store always does).
     meta = json.loads((root / f"{art.key}.json").read_text())
     meta["name"] = "second"
@@ -72,7 +82,7 @@ def test_index_is_reused_and_follows_replaced_metadata(tmp_path):
     (root / f"{art.key}.json").unlink()
     (root / f"{art.key}.cubin").unlink()
     assert scan(root).entries == ()
-    assert json.loads(index.read_text())["keys"] == ""
+    assert _read_index(index)[1]["keys"] == ""
 
 
 def test_a_young_orphan_is_found_once_it_is_old_though_the_listing_is_unchanged(tmp_path):
@@ -91,8 +101,7 @@ def test_index_of_an_unchanged_listing_is_taken_whole(tmp_path):
     arts = [put(root, f"k{i}", size=10 + i) for i in range(3)]
     first = scan(root)
     index = root / ".stats" / INDEX_NAME
-    doc = json.loads(index.read_text())
-    assert doc["listing"]  # a clean listing: its signature is kept
+    assert _read_index(index)[0]["listing"]  # a clean listing: its signature is kept
     second = scan(root)
     assert sorted(second.entries) == sorted(first.entries)
     (root / "stray").write_text("x")
@@ -102,16 +111,41 @@ def test_index_of_an_unchanged_listing_is_taken_whole(tmp_path):
     assert scan(root).issues == () and len(scan(root).entries) == len(arts)
 
 
+def test_summary_from_the_index_header_equals_a_full_scan(tmp_path):
+    root = tmp_path / "cache"
+    for i in range(5):
+        put(root, f"k{i % 2}", "cuda:90" if i % 3 else "hip:gfx942", size=100 + i)
+
+    def expected():
+        table = scan(root, update_index=False).table
+        groups = {c: table.group(c) for c in ("ext", "target", "kernel")}
+        return len(table), sum(table.size), sum(table.meta_size), groups
+
+    cold = summarize(root)  # no index yet: a full scan, which writes it
+    assert (cold.entries, cold.artifact_bytes, cold.metadata_bytes, cold.groups) == expected()
+    warm = summarize(root)  # the header of an unchanged listing
+    assert (warm.entries, warm.artifact_bytes, warm.metadata_bytes, warm.groups) == expected()
+    put(root, "new", "cuda:80", size=7)
+    after = summarize(root)
+    assert after.entries == 6 and after.groups["target"]["cuda:80"][0] == 1
+    assert (after.entries, after.artifact_bytes, after.metadata_bytes, after.groups) == expected()
+    (root / "junk").write_text("x")
+    assert summarize(root).problems == 1
+
+
 @pytest.mark.parametrize(
     "mutate",
     [
-        lambda d: d.update(size=[-1] * len(d["size"])),
-        lambda d: d.update(kernel=[99] * len(d["kernel"])),
-        lambda d: d.update(inode=["x"] * len(d["inode"])),
-        lambda d: d.update(ext=d["ext"][:-1]),
-        lambda d: d.update(v=2),
-        lambda d: d.pop("strings"),
-        lambda d: d.update(created=["yesterday"] * len(d["created"])),
+        lambda h, d: d.update(size=[-1] * len(d["size"])),
+        lambda h, d: d.update(kernel=[99] * len(d["kernel"])),
+        lambda h, d: d.update(inode=["x"] * len(d["inode"])),
+        lambda h, d: d.update(ext=d["ext"][:-1]),
+        lambda h, d: d.pop("strings"),
+        lambda h, d: d.update(created=["yesterday"] * len(d["created"])),
+        lambda h, d: h.update(v=1),
+        lambda h, d: h.update(totals={"entries": -1}),
+        lambda h, d: h["groups"].update(kernel=[["k0", "many", 3]]),
+        lambda h, d: h.update(listing=None),
     ],
 )
 def test_malformed_index_is_ignored(tmp_path, mutate):
@@ -122,10 +156,12 @@ def test_malformed_index_is_ignored(tmp_path, mutate):
     index = root / ".stats" / INDEX_NAME
     assert not index.exists()
     scan(root)
-    doc = json.loads(index.read_text())
-    mutate(doc)
-    index.write_text(json.dumps(doc))
+    head, doc = _read_index(index)
+    mutate(head, doc)
+    _write_index(index, head, doc)
     assert sorted(scan(root, update_index=False).entries) == truth
+    summary = summarize(root)
+    assert summary.entries == 3 and summary.groups["kernel"]["k0"][0] == 1
 
 
 def test_index_that_lies_about_inodes_is_not_trusted(tmp_path):
@@ -133,10 +169,11 @@ def test_index_that_lies_about_inodes_is_not_trusted(tmp_path):
     put(root, "real", size=10)
     scan(root)
     index = root / ".stats" / INDEX_NAME
-    doc = json.loads(index.read_text())
+    head, doc = _read_index(index)
     doc["strings"] = ["cubin" if s == "cubin" else "forged" for s in doc["strings"]]
     doc["inode"] = [i + 1 for i in doc["inode"]]
-    index.write_text(json.dumps(doc))
+    head["listing"] = None
+    _write_index(index, head, doc)
     assert scan(root).entries[0].kernel == "real"
 
 
