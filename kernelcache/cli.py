@@ -697,7 +697,10 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
         "dry_run": args.dry_run,
         "criteria": criteria,
         "plan": {
-            "actions": [a.to_json() for a in plan.actions],
+            "actions": [  # (Action.to_json, inlined: plans can hold 100,000 actions)
+                {"action": kind, "path": path, "key": key, "size": size, "reason": reason}
+                for kind, path, size, reason, key, _ in plan.actions
+            ],
             "summary": plan.summary,
             "bytes_to_free": plan.bytes_to_free,
             "kept_entries": plan.kept_entries,
