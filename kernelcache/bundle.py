@@ -35,7 +35,6 @@ from typing import IO, Any
 import xxhash
 
 from . import __version__
-from .errors import CacheError
 from .keys import META_EXT, split_entry_name
 from .scan import EntryInfo
 from .store import (
@@ -68,7 +67,15 @@ Progress = Callable[[int], object]
 
 
 class BundleError(ValueError):
-    """A bundle cannot be written or is rejected; the message says which member and why."""
+    """A bundle cannot be written or is rejected; the message says which member and why.
+
+    ``imported`` counts the entries an import published before the error (0 for a bundle
+    rejected by the first pass: then nothing was written).
+    """
+
+    def __init__(self, message: str, imported: int = 0) -> None:
+        super().__init__(message)
+        self.imported = imported
 
 
 class MissingDependency(RuntimeError):
@@ -463,8 +470,7 @@ def import_bundle(
             meta = listed[member.name]
             if member.digest != meta["digest"] or member.data is None:
                 raise BundleError(
-                    f"{path} changed while being imported (member {member.name!r}); "
-                    f"{imported} verified entries were imported before that"
+                    f"{path} changed while being imported (member {member.name!r})", imported
                 )
             fields = {k: v for k, v in meta.items() if k not in RESERVED_FIELDS}
             try:
@@ -472,8 +478,6 @@ def import_bundle(
             except WrongExt as e:
                 conflicts.append((member.key, str(e)))
                 continue
-            except CacheError:
-                raise
             imported += 1
             size += member.size
     return ImportResult(path, len(listed), imported, present, size, tuple(conflicts), compat, False)

@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
 from . import progress as progressbar
@@ -30,6 +30,9 @@ from .errors import CacheError
 from .keys import KEY_PATTERN, META_EXT
 from .stats import COUNTERS, read_logs
 from .store import Artifact, Store
+
+if TYPE_CHECKING:
+    from .prune import Result
 
 logger = logging.getLogger(__name__)
 
@@ -556,7 +559,7 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
 
 
 # -- verify / prune -----------------------------------------------------------------------
-def _outcomes_human(result: Any, verb: str) -> list[str]:
+def _outcomes_human(result: Result, verb: str) -> list[str]:
     lines = []
     counts = result.counts
     freed = human_size(result.freed_bytes)
@@ -578,7 +581,7 @@ def _outcomes_human(result: Any, verb: str) -> list[str]:
     return lines
 
 
-def _result_json(result: Any) -> dict[str, Any]:
+def _result_json(result: Result) -> dict[str, Any]:
     return {
         "outcomes": [o.to_json() for o in result.outcomes],
         "counts": result.counts,
@@ -801,7 +804,12 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
                 progress=tick,
             )
     except BundleError as e:
-        raise Failure(f"import of {args.file} rejected: {e}; nothing was imported") from None
+        done = (
+            f"{e.imported} verified entries were imported before that"
+            if e.imported
+            else "nothing was imported"
+        )
+        raise Failure(f"import of {args.file} rejected: {e}; {done}") from None
     except CacheError as e:
         raise Failure(str(e)) from None
     doc = {
