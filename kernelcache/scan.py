@@ -445,7 +445,10 @@ def _save_index(root: str, table: EntryTable, listing: str | None) -> None:
         json.dumps(doc, separators=(",", ":")).encode(),
     )
     try:
-        dfd = open_subdir(root, STATS_DIR, create=True)
+        # Create .stats/ only in a root of our own: a .stats/ made by another user (say, an
+        # operator running as root) could keep the cache's users from writing their logs.
+        mine = os.stat(root).st_uid == os.geteuid()
+        dfd = open_subdir(root, STATS_DIR, create=mine)
     except OSError as e:
         logger.debug("kernelcache: not saving the scan index under %s: %s", root, e)
         return

@@ -190,3 +190,21 @@ def test_unwritable_root_as_this_user(tmp_path):
         assert files_under(root) == before
     finally:
         os.chmod(root, 0o755)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act on another user's root")
+def test_stats_by_another_user_creates_no_directories(tmp_path):
+    root = tmp_path / "users-cache"
+    put(root, "k", size=10)
+    os.chown(root, 65534, 65534)  # the cache belongs to another user; we run as root
+    doc = json.loads(
+        subprocess.run(
+            [str(KERNELCACHE), "--root", str(root), "stats", "--json"],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    )
+    assert doc["entries"] == 1
+    assert not (root / ".stats").exists()  # the owner's processes must be able to create it
