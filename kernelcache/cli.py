@@ -19,7 +19,6 @@ import os
 import re
 import sys
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -377,18 +376,16 @@ def prometheus_text(doc: dict[str, Any]) -> str:
 
 def _write_atomic(path: str, text: str) -> None:
     """Write a file so that readers (a textfile collector) see the old or new text, whole."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    from .scan import replace_file
+
+    directory, name = os.path.split(os.path.abspath(path))
     try:
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666
-        )
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            replace_file(dfd, name, text.encode())
+        finally:
+            os.close(dfd)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise Failure(f"cannot write {path}: {e.strerror}") from e
 
 

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -39,7 +38,7 @@ from . import stats
 from .errors import LockTimeout, LockUnavailable
 from .keys import META_EXT
 from .locks import LOCK_DIR, Locker, open_subdir, pid_alive
-from .scan import READ_FLAGS, CacheScan, EntryInfo, Issue, lock_name
+from .scan import READ_FLAGS, CacheScan, EntryInfo, Issue, lock_name, replace_file
 from .stats import STATS_DIR
 from .store import QUARANTINE_DIR, TMP_DIR, Artifact, Problem, Store
 
@@ -621,18 +620,7 @@ def _fold_locked(dfd: int, names: Iterable[str]) -> int:
         "delta": {k: (round(v, 6) if k.endswith("seconds") else int(v)) for k, v in totals.items()},
         "folded": sorted(n[: -len(_FOLDING)] for n in pending),
     }
-    tmp = f".summary-{os.getpid()}-{uuid.uuid4().hex}.tmp"
-    fd = os.open(
-        tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd
-    )
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write((json.dumps(record, sort_keys=True) + "\n").encode())
-        os.replace(tmp, SUMMARY_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dfd)
-        raise
+    replace_file(dfd, SUMMARY_NAME, (json.dumps(record, sort_keys=True) + "\n").encode())
     for name in pending:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=dfd)

@@ -406,6 +406,32 @@ def _load_index(root: str) -> tuple[EntryTable, str | None]:
     return table, head["listing"]
 
 
+def replace_file(dfd: int, name: str, data: bytes) -> None:
+    """Write ``data`` to ``name`` in the directory ``dfd`` atomically: readers see the old file
+    or the new one, whole. Staged under a hidden unique name (never followed if planted as a
+    link), then ``os.replace``d; nothing is left behind on failure.
+
+    Raises:
+        OSError: it could not be written (the old file, if any, is intact).
+    """
+    tmp = f".{name}.{os.getpid()}-{uuid.uuid4().hex}.tmp"
+    fd = os.open(
+        tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd
+    )
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+        raise
+
+
 def _save_index(root: str, table: EntryTable, listing: str | None) -> None:
     """Atomically replace the scan index (best effort: failures are only logged).
 
@@ -452,25 +478,10 @@ def _save_index(root: str, table: EntryTable, listing: str | None) -> None:
     except OSError as e:
         logger.debug("kernelcache: not saving the scan index under %s: %s", root, e)
         return
-    tmp = f".index-{os.getpid()}-{uuid.uuid4().hex}.tmp"
     try:
-        fd = os.open(
-            tmp,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o666,
-            dir_fd=dfd,
-        )
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        os.replace(tmp, INDEX_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
+        replace_file(dfd, INDEX_NAME, data)
     except OSError as e:
         logger.debug("kernelcache: not saving the scan index under %s: %s", root, e)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dfd)
     finally:
         os.close(dfd)
 
@@ -649,7 +660,7 @@ def _entries(
         if isinstance(got, str):
             if got != "gone":
                 issues.append(Issue("corrupt", f"{key}.{META_EXT}", got, key))
-        elif not listing.has_artifact(key, got.ext) and not _exists(dfd, got.filename):
+        elif not listing.has_artifact(key, got.ext) and _lstat(dfd, got.filename) is None:
             # (a directory listing is not a snapshot: an entry published during it may show
             # its metadata without its artifact, hence the second look)
             issues.append(Issue("corrupt", f"{key}.{META_EXT}", "artifact missing", key))
@@ -660,14 +671,6 @@ def _entries(
     if fresh:
         table = EntryTable.from_rows([*table.rows(), *fresh])
     return table, len(missing)
-
-
-def _exists(dfd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except OSError:
-        return False
-    return True
 
 
 def _with_last_used(dfd: int, table: EntryTable) -> EntryTable:

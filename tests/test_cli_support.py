@@ -93,3 +93,33 @@ def files_under(root: Path) -> set[str]:
     if not root.exists():
         return set()
     return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+HOLD = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_SH)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def hold_shared(path: Path | str) -> subprocess.Popen[str]:
+    """Another process holding a shared flock on ``path`` (as a reader of an artifact does)
+    until its standard input is closed: ``proc.communicate("")``."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import child_env, key_of
-from test_cli_support import backdate, kc, kc_json, put
+from test_cli_support import backdate, dead_pid, hold_shared, kc, kc_json, put
 
 from kernelcache import stats
 from kernelcache.prune import (
@@ -116,36 +116,10 @@ def test_housekeeping_by_age(tmp_path):
     assert len(list(root.glob("*.json"))) == 1
 
 
-def _hold(path: str) -> subprocess.Popen:
-    """Another process holding a shared flock on ``path``, as a reader of it does."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(
-                """
-                import fcntl, os, sys
-                fd = os.open(sys.argv[1], os.O_RDONLY)
-                fcntl.flock(fd, fcntl.LOCK_SH)
-                print("held", flush=True)
-                sys.stdin.read()
-                """
-            ),
-            path,
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
-    assert proc.stdout.readline().strip() == "held"
-    return proc
-
-
 def test_entries_in_use_are_skipped_not_waited_for(aged):
     root, arts = aged
     victim = arts[-1]  # the least recently used
-    reader = _hold(victim.path)
+    reader = hold_shared(victim.path)
     try:
         started = time.monotonic()
         doc = kc_json(root, "prune", "--older-than", "8d12h")
@@ -190,18 +164,12 @@ def _log(root: Path, name: str, **delta: float) -> Path:
     return path
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
 def test_logs_of_finished_processes_are_folded_and_totals_kept(tmp_path):
     root = tmp_path / "cache"
     put(root, "x", size=10)
     host = stats.log_name().rsplit("-", 2)[0]
     dead = _log(
-        root, f"{host}-{_dead_pid()}-aaaa1111.jsonl", hits=5, misses=1, builds=1, build_seconds=2.5
+        root, f"{host}-{dead_pid()}-aaaa1111.jsonl", hits=5, misses=1, builds=1, build_seconds=2.5
     )
     _log(root, dead.name, hits=2)
     alive = _log(root, f"{host}-{os.getpid()}-bbbb2222.jsonl", hits=7)
@@ -221,7 +189,7 @@ def test_logs_of_finished_processes_are_folded_and_totals_kept(tmp_path):
     summary = json.loads((root / ".stats" / SUMMARY_NAME).read_text())
     assert summary["logs"] == 2 and summary["delta"]["hits"] == 18
     # A second fold adds to the summary.
-    _log(root, f"{host}-{_dead_pid()}-eeee5555.jsonl", hits=100)
+    _log(root, f"{host}-{dead_pid()}-eeee5555.jsonl", hits=100)
     kc_json(root, "prune")
     again = kc_json(root, "stats")
     assert again["counters"]["hits"] == 138 and again["processes"] == 5
@@ -277,7 +245,7 @@ def test_fold_refuses_to_overwrite_an_unreadable_summary(tmp_path):
     stats_dir = root / ".stats"
     stats_dir.mkdir(parents=True)
     (stats_dir / SUMMARY_NAME).write_text("garbage")
-    log = _log(root, f"{stats.log_name().rsplit('-', 2)[0]}-{_dead_pid()}-ffff.jsonl", hits=1)
+    log = _log(root, f"{stats.log_name().rsplit('-', 2)[0]}-{dead_pid()}-ffff.jsonl", hits=1)
     proc = kc(root, "prune")
     assert proc.returncode == 1 and SUMMARY_NAME in proc.stdout
     assert log.exists() and (stats_dir / SUMMARY_NAME).read_text() == "garbage"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -12,9 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import IS_ROOT, child_env, key_of
-from test_cli_support import backdate, put
+from test_cli_support import backdate, dead_pid, hold_shared, put
 
-from kernelcache.locks import pid_alive
 from kernelcache.scan import GRACE_SECONDS, INDEX_NAME, EntryInfo, scan, summarize, verify
 from kernelcache.store import Store
 
@@ -221,10 +221,10 @@ def test_stale_locks(tmp_path):
     }
     for name in names.values():
         (locks / name).write_bytes(b"")
-    host = __import__("socket").gethostname()
-    dead_pid = _dead_pid()
+    host = socket.gethostname()
+    gone_pid = dead_pid()
     (locks / names["dead-soft"]).write_text(
-        json.dumps({"host": host, "pid": dead_pid, "token": "t"})
+        json.dumps({"host": host, "pid": gone_pid, "token": "t"})
     )
     (locks / names["live-soft"]).write_text(
         json.dumps({"host": host, "pid": os.getpid(), "token": "u"})
@@ -232,40 +232,13 @@ def test_stale_locks(tmp_path):
     for kind, name in names.items():
         if kind != "young":
             backdate(locks / name, old if "soft" not in kind else time.time())
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(
-                """
-                import fcntl, os, sys
-                fd = os.open(sys.argv[1], os.O_RDONLY)
-                fcntl.flock(fd, fcntl.LOCK_SH)
-                print("held", flush=True)
-                sys.stdin.read()
-                """
-            ),
-            str(locks / names["held"]),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
+    holder = hold_shared(locks / names["held"])
     try:
-        assert holder.stdout.readline().strip() == "held"
         result = scan(root, locks=True)
     finally:
         holder.communicate("", timeout=30)
     stale = _kinds(result).get("stale-lock", set())
     assert stale == {f".locks/{names[k]}" for k in ("gone", "gone-build", "dead-soft")}
-
-
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    assert not pid_alive(proc.pid)
-    return proc.pid
 
 
 def test_verify_reads_every_artifact_without_touching_stamps(tmp_path):
