@@ -1,14 +1,15 @@
 """``kernelcache doctor``: what an operator needs to know about a root and its environment.
 
-Everything here only looks: the one thing written is a probe file in ``<root>/.tmp/`` (removed
-at once) and the lock probe of :class:`~kernelcache.locks.Locker`, both only when the root
-exists. Versions of optional packages come from their installed metadata: jax and triton are
-never imported.
+Everything here only looks: the one thing written is a hidden probe file in the root, removed
+at once (and the lock probe of :class:`~kernelcache.locks.Locker` where ``.locks/`` exists).
+Versions of optional packages come from their installed metadata: jax and triton are never
+imported.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import grp
 import importlib.metadata
 import os
@@ -22,8 +23,7 @@ from typing import Any
 
 from . import __version__
 from .config import ConfigError, environment_in_effect, settings
-from .locks import Locker, open_subdir
-from .store import TMP_DIR
+from .locks import LOCK_DIR, Locker
 
 #: packages whose installed versions are reported (never imported)
 PACKAGES = ("jax", "jaxlib", "triton", "xxhash", "platformdirs", "zstandard", "tqdm", "redis")
@@ -109,13 +109,18 @@ def _group(gid: int) -> str:
         return str(gid)
 
 
-def _write_probe(root: str) -> str | None:
-    """Create and remove a file under ``<root>/.tmp/``; None if that works, else why not."""
+def _probe(root: str) -> tuple[str | None, str | None]:
+    """Create, flock and remove a hidden file in ``root``: (why it cannot be written or None,
+    "flock"/"soft"/None for whether flock works on it).
+
+    The probe creates no directory: run by root on another user's cache, doctor must not leave
+    root-owned ``.tmp/`` or ``.locks/`` directories that the cache's users could not write.
+    """
+    name = f".kernelcache-doctor-{os.getpid()}-{uuid.uuid4().hex}.tmp"
     try:
-        dfd = open_subdir(root, TMP_DIR, create=True)
+        dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
-        return e.strerror or str(e)
-    name = f"doctor-{os.getpid()}-{uuid.uuid4().hex}.tmp"
+        return e.strerror or str(e), None
     try:
         fd = os.open(
             name,
@@ -123,13 +128,22 @@ def _write_probe(root: str) -> str | None:
             0o666,
             dir_fd=dfd,
         )
+    except OSError as e:
+        os.close(dfd)
+        return e.strerror or str(e), None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            mode: str | None = "flock"
+        except OSError:
+            mode = "soft"
         os.close(fd)
         os.unlink(name, dir_fd=dfd)
     except OSError as e:
-        return e.strerror or str(e)
+        return e.strerror or str(e), None
     finally:
         os.close(dfd)
-    return None
+    return None, mode
 
 
 def diagnose(root: str) -> Report:
@@ -202,7 +216,7 @@ def diagnose(root: str) -> Report:
         "group_writable": bool(mode & stat.S_IWGRP),
     }
     info["permissions"] = permissions
-    probe_error = _write_probe(root)
+    probe_error, probed_mode = _probe(root)
     permissions["writable"] = probe_error is None
     if probe_error is None:
         checks.append(Check("writable", "ok", "files can be created and removed"))
@@ -233,20 +247,20 @@ def diagnose(root: str) -> Report:
                 "writable by the group; use umask 002",
             )
         )
-    if probe_error is None:
-        locker = Locker(root, mode="auto")
-        info["lock_mode"] = locker.mode
-        configured = cfg.lock_mode if cfg else "auto"
-        if locker.mode == "soft" and configured == "flock":
-            checks.append(
-                Check("locks", "fail", "flock does not work here but KERNELCACHE_LOCK_MODE=flock")
-            )
-        elif locker.mode == "soft":
-            checks.append(Check("locks", "warn", "flock does not work here: soft lock files"))
-        else:
-            checks.append(Check("locks", "ok", "flock works"))
+    if os.path.isdir(os.path.join(root, LOCK_DIR)):
+        lock_mode: str | None = Locker(root, mode="auto").mode  # what the cache itself decides
     else:
-        info["lock_mode"] = None
+        lock_mode = probed_mode
+    info["lock_mode"] = lock_mode
+    configured = cfg.lock_mode if cfg else "auto"
+    if lock_mode == "soft" and configured == "flock":
+        checks.append(
+            Check("locks", "fail", "flock does not work here but KERNELCACHE_LOCK_MODE=flock")
+        )
+    elif lock_mode == "soft":
+        checks.append(Check("locks", "warn", "flock does not work here: soft lock files"))
+    elif lock_mode == "flock":
+        checks.append(Check("locks", "ok", "flock works"))
     return Report(root, info, tuple(checks))
 
 

@@ -193,18 +193,24 @@ def test_unwritable_root_as_this_user(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act on another user's root")
-def test_stats_by_another_user_creates_no_directories(tmp_path):
+def test_reading_commands_by_another_user_create_no_directories(tmp_path):
     root = tmp_path / "users-cache"
     put(root, "k", size=10)
     os.chown(root, 65534, 65534)  # the cache belongs to another user; we run as root
-    doc = json.loads(
-        subprocess.run(
-            [str(KERNELCACHE), "--root", str(root), "stats", "--json"],
+    before = files_under(root)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(KERNELCACHE), "--root", str(root), *args],
             env=child_env(),
             capture_output=True,
             text=True,
             timeout=60,
-        ).stdout
-    )
-    assert doc["entries"] == 1
-    assert not (root / ".stats").exists()  # the owner's processes must be able to create it
+        )
+
+    assert json.loads(run("stats", "--json").stdout)["entries"] == 1
+    assert run("ls").returncode == 0 and run("verify").returncode == 0
+    doctor = json.loads(run("doctor", "--json").stdout)
+    assert doctor["lock_mode"] == "flock" and doctor["permissions"]["writable"] is True
+    # root-owned .stats/, .tmp/ or .locks/ would keep the owner's processes from writing
+    assert files_under(root) == before
