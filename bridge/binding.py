@@ -268,7 +268,10 @@ def bind(parts: KernelParts, backend: Any, named: Mapping[str, Any], variant: Va
     try:
         bound_args, specialization, opts = _binder(fn, backend)(**call, **options)
     except TypeError as e:
-        raise KernelArgumentError(f"{parts.qualname}: {e}") from None
+        reason = str(e).replace("dynamic_func()", "the kernel")
+        raise KernelArgumentError(
+            f"{parts.qualname}: {reason}; pass every parameter positionally or by keyword"
+        ) from None
     triton_options, signature, constexprs, attrs = fn._pack_args(
         backend, {**call, **options}, bound_args, specialization, opts
     )

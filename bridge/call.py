@@ -92,8 +92,7 @@ def _no_jvp(primals: Any, tangents: Any, *, call: CallSpec) -> Any:
 def _vmap(args: Sequence[Any], dims: Sequence[Any], *, call: CallSpec) -> Any:
     """Batching by running the kernel once per batch element (``lax.map``): exactly the
     results of separate calls, in sequence. Write a batched kernel for speed."""
-    size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not batching.not_mapped)
-    batched = [i for i, d in enumerate(dims) if d is not batching.not_mapped]
+    batched = [i for i, d in enumerate(dims) if d is not None]
     moved = [jax.numpy.moveaxis(args[i], dims[i], 0) for i in batched]
 
     def one(xs: Sequence[Any]) -> Any:
@@ -102,7 +101,6 @@ def _vmap(args: Sequence[Any], dims: Sequence[Any], *, call: CallSpec) -> Any:
             full[i] = x
         return tuple(triton_call_p.bind(*full, call=call))
 
-    del size
     outs = jax.lax.map(one, tuple(moved))
     return list(outs), [0] * len(outs)
 
@@ -212,6 +210,13 @@ def _outputs(
         outs = names[n_args : n_args + len(leaves)]
     if len(set(outs)) != len(outs):
         raise KernelArgumentError(f"an output parameter is named twice: {outs}")
+    for p in parts.fn.params:
+        if p.name in outs and p.is_constexpr:
+            raise KernelArgumentError(
+                f"output {p.name} of {parts.qualname} is a tl.constexpr: outputs are pointer "
+                "parameters. Outputs follow the positional arguments unless out_names= or a dict "
+                "out_shape= names them"
+            )
     return outs, leaves, lambda flat: jax.tree_util.tree_unflatten(tree, flat)
 
 

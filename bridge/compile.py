@@ -110,6 +110,11 @@ def compile_source(src: Any, target: Target, backend: Any, options: Any) -> Comp
     except Exception as e:  # annotate and re-raise Triton's own error unchanged
         if hasattr(e, "add_note"):
             e.add_note(f"while compiling {src.name} for {target}")
+            if "gluon" in str(src.language).lower():
+                e.add_note(
+                    f"Gluon layouts must fit the target: {target.warp_size} threads per warp on "
+                    f"{target}, and warps_per_cta multiplying to num_warps={options.num_warps}"
+                )
         raise
     if not isinstance(module, bytes):
         raise KernelArgumentError(

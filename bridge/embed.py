@@ -24,7 +24,7 @@ from .targets import Target
 logger = logging.getLogger(__name__)
 
 MODES = ("auto", "inline", "ptx", "path")
-_warned: set[str] = set()
+_warned: set[tuple[str, str]] = set()
 
 
 def resolve(requested: str | None, target: Target, jaxlib: str | None = None) -> str:
@@ -46,21 +46,20 @@ def resolve(requested: str | None, target: Target, jaxlib: str | None = None) ->
         raise EmbedError(f"embed='ptx' is for CUDA; {target} takes 'inline' or 'path'")
     if mode == "path" and target.backend != "hip":
         raise EmbedError(f"embed='path' is for ROCm; {target} takes 'inline' or 'ptx'")
-    if mode == "inline" and not modern:
+    if mode == "inline" and not modern and (target.backend, jaxlib) not in _warned:
+        # honoured as asked: the module may be exported to run under a newer jaxlib
+        _warned.add((target.backend, jaxlib))
         minimum = ".".join(map(str, versions.MODULE_IMAGE))
-        if target.backend == "hip":
-            raise EmbedError(
-                f"jaxlib {jaxlib} ignores TritonKernel.module_image, and on ROCm it would read "
-                f"the kernel from a file instead: use embed='path' (or 'auto'), or jaxlib >= {minimum}"
-            )
-        if "inline" not in _warned:
-            _warned.add("inline")
-            logger.warning(
-                "jaxlib %s ignores TritonKernel.module_image: the PTX in each call is compiled "
-                "by ptxas at XLA compile time (embed='inline' takes effect with jaxlib >= %s)",
-                jaxlib,
-                minimum,
-            )
+        consequence = (
+            "the PTX in each call is compiled by ptxas at XLA compile time instead"
+            if target.backend == "cuda"
+            else "it would look for a file named by the kernel's token and fail to load it"
+        )
+        logger.warning(
+            "embed='inline': jaxlib %s ignores TritonKernel.module_image, so if this module "
+            "runs under it, %s; inline machine code needs jaxlib >= %s",
+            jaxlib, consequence, minimum,
+        )
     return mode
 
 
