@@ -58,7 +58,9 @@ def resolve(requested: str | None, target: Target, jaxlib: str | None = None) ->
         logger.warning(
             "embed='inline': jaxlib %s ignores TritonKernel.module_image, so if this module "
             "runs under it, %s; inline machine code needs jaxlib >= %s",
-            jaxlib, consequence, minimum,
+            jaxlib,
+            consequence,
+            minimum,
         )
     return mode
 

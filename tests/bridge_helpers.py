@@ -70,7 +70,10 @@ def decoded(fn: Any, *avals: Any, platform: str = "cuda") -> list[Any]:
     """Lower ``fn`` and return the parsed TritonAnyKernelCall of every Triton custom call."""
     from bridge import proto
 
-    return [proto.decode_opaque(c["opaque"]) for c in custom_calls(lowered_module(fn, *avals, platform=platform))]
+    return [
+        proto.decode_opaque(c["opaque"])
+        for c in custom_calls(lowered_module(fn, *avals, platform=platform))
+    ]
 
 
 def kernels_of(call: Any) -> list[Any]:
@@ -119,5 +122,7 @@ def start_child(code: str, **env: str) -> subprocess.Popen:
 def finish_child(proc: subprocess.Popen, timeout: float = 240) -> Any:
     out, err = proc.communicate(timeout=timeout)
     if proc.returncode != 0:
-        raise AssertionError(f"child failed ({proc.returncode})\n--- stdout\n{out}\n--- stderr\n{err}")
+        raise AssertionError(
+            f"child failed ({proc.returncode})\n--- stdout\n{out}\n--- stderr\n{err}"
+        )
     return json.loads(out.strip().splitlines()[-1])

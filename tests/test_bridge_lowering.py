@@ -79,15 +79,18 @@ def test_rocm_inline_embeds_hsaco_and_a_token(cache):
 def test_inline_under_an_old_jaxlib_warns(cache, monkeypatch, caplog):
     monkeypatch.setattr(versions, "jaxlib_version", lambda: "0.10.0")
     with caplog.at_level("WARNING", logger="bridge"):
-        (call,) = decoded(add_fn(cache, target="hip:gfx90a", embed="inline"), F32, F32,
-                          platform="rocm")
+        (call,) = decoded(
+            add_fn(cache, target="hip:gfx90a", embed="inline"), F32, F32, platform="rocm"
+        )
     assert kernels_of(call)[0].module_image.object_file[:4] == ELF_MAGIC
     assert "ignores TritonKernel.module_image" in caplog.text
 
 
 def test_rdna_warp_geometry_is_converted_for_jaxlib(cache):
     """gfx1100 runs wave32; jaxlib's HIP launcher counts 64 threads per warp."""
-    (call,) = decoded(add_fn(cache, target="hip:gfx1100", embed="inline"), F32, F32, platform="rocm")
+    (call,) = decoded(
+        add_fn(cache, target="hip:gfx1100", embed="inline"), F32, F32, platform="rocm"
+    )
     (kernel,) = kernels_of(call)
     assert kernel.num_warps == 2  # 4 warps x 32 threads = 128 threads = 2 jaxlib warps
 
@@ -173,15 +176,25 @@ def test_autotune_configs_conflicting_with_explicit_values_are_dropped(cache):
     (call,) = decoded(fn, a, jax.ShapeDtypeStruct((256, 384), jnp.bfloat16))
     assert len(call.autotuned_kernel_call.configs) == 2
     with pytest.raises(bridge.KernelArgumentError, match="every autotune config"):
-        decoded(lambda x, y: K.matmul(x, y, target="cuda:90", cache=cache, BM=32), a,
-                jax.ShapeDtypeStruct((256, 384), jnp.bfloat16))
+        decoded(
+            lambda x, y: K.matmul(x, y, target="cuda:90", cache=cache, BM=32),
+            a,
+            jax.ShapeDtypeStruct((256, 384), jnp.bfloat16),
+        )
 
 
 def test_heuristics_decide_a_constexpr(cache):
     def copy(x):
-        return bridge.triton_call(x, x.size, kernel=K.heuristic_copy_kernel,
-                                  out_shape=x, grid=(triton.cdiv(x.size, 256),), BLOCK=256,
-                                  target="cuda:90", cache=cache)
+        return bridge.triton_call(
+            x,
+            x.size,
+            kernel=K.heuristic_copy_kernel,
+            out_shape=x,
+            grid=(triton.cdiv(x.size, 256),),
+            BLOCK=256,
+            target="cuda:90",
+            cache=cache,
+        )
 
     (even,) = decoded(copy, jax.ShapeDtypeStruct((1024,), jnp.float32))
     (odd,) = decoded(copy, jax.ShapeDtypeStruct((1000,), jnp.float32))
@@ -192,9 +205,16 @@ def test_heuristics_decide_a_constexpr(cache):
 
 def test_do_not_specialize_shares_one_binary(cache):
     def copy(x):
-        return bridge.triton_call(x, x.size, kernel=K.copy_dns_kernel, out_shape=x,
-                                  grid=(triton.cdiv(x.size, 256),), BLOCK=256, target="cuda:90",
-                                  cache=cache)
+        return bridge.triton_call(
+            x,
+            x.size,
+            kernel=K.copy_dns_kernel,
+            out_shape=x,
+            grid=(triton.cdiv(x.size, 256),),
+            BLOCK=256,
+            target="cuda:90",
+            cache=cache,
+        )
 
     (a,) = decoded(copy, jax.ShapeDtypeStruct((1024,), jnp.float32))
     (b,) = decoded(copy, jax.ShapeDtypeStruct((1000,), jnp.float32))
@@ -208,20 +228,41 @@ def test_integer_specialization_follows_triton(cache):
     """Without do_not_specialize, n=1 becomes a constexpr and n%16==0 a divisibility hint."""
 
     def add_n(x):
-        return bridge.triton_call(x, x, x.size, kernel=K.add_kernel, out_shape=x, grid=(1,),
-                                  BLOCK=256, target="cuda:90", cache=cache)
+        return bridge.triton_call(
+            x,
+            x,
+            x.size,
+            kernel=K.add_kernel,
+            out_shape=x,
+            grid=(1,),
+            BLOCK=256,
+            target="cuda:90",
+            cache=cache,
+        )
 
     (one,) = decoded(add_n, jax.ShapeDtypeStruct((1,), jnp.float32))
     (many,) = decoded(add_n, jax.ShapeDtypeStruct((33,), jnp.float32))
     assert [p.WhichOneof("value") for p in one.kernel_call.parameters] == ["array"] * 3
     assert [p.WhichOneof("value") for p in many.kernel_call.parameters] == [
-        "array", "array", "i32", "array"]
+        "array",
+        "array",
+        "i32",
+        "array",
+    ]
 
 
 def test_tuple_argument(cache):
     def pair(a, b):
-        return bridge.triton_call((a, b), a.size, kernel=K.pair_sum_kernel, out_shape=a,
-                                  grid=(4,), BLOCK=1024, target="cuda:90", cache=cache)
+        return bridge.triton_call(
+            (a, b),
+            a.size,
+            kernel=K.pair_sum_kernel,
+            out_shape=a,
+            grid=(4,),
+            BLOCK=1024,
+            target="cuda:90",
+            cache=cache,
+        )
 
     (call,) = decoded(pair, F32, jax.ShapeDtypeStruct((4096,), jnp.float16))
     kinds = [p.WhichOneof("value") for p in call.kernel_call.parameters]
@@ -239,8 +280,18 @@ def test_scalar_types(cache):
         tl.store(out_ptr + offs, v)
 
     def fn(x):
-        return bridge.triton_call(x, 0.5, 2**40, True, kernel=scalars_kernel, out_shape=x,
-                                  grid=(1,), BLOCK=128, target="cuda:90", cache=cache)
+        return bridge.triton_call(
+            x,
+            0.5,
+            2**40,
+            True,
+            kernel=scalars_kernel,
+            out_shape=x,
+            grid=(1,),
+            BLOCK=128,
+            target="cuda:90",
+            cache=cache,
+        )
 
     (call,) = decoded(fn, jax.ShapeDtypeStruct((128,), jnp.float32))
     params = call.kernel_call.parameters
@@ -251,9 +302,18 @@ def test_scalar_types(cache):
 # -- naming outputs, aliasing, zeroing --------------------------------------------------
 def test_out_names_put_outputs_anywhere(cache):
     def scale(x):
-        return bridge.triton_call(x, x.size, 2.0, kernel=K.scale_kernel, out_names="out_ptr",
-                                  out_shape=x, grid=(4,), BLOCK=1024, target="cuda:90",
-                                  cache=cache)
+        return bridge.triton_call(
+            x,
+            x.size,
+            2.0,
+            kernel=K.scale_kernel,
+            out_names="out_ptr",
+            out_shape=x,
+            grid=(4,),
+            BLOCK=1024,
+            target="cuda:90",
+            cache=cache,
+        )
 
     low = lowered_module(scale, F32)
     (cc,) = custom_calls(low)
@@ -262,16 +322,28 @@ def test_out_names_put_outputs_anywhere(cache):
     assert "stablehlo.broadcast" in low.as_text() or "stablehlo.constant" in low.as_text()
     call = proto.decode_opaque(cc["opaque"])
     assert [p.WhichOneof("value") for p in call.kernel_call.parameters] == [
-        "array", "array", "i32", "f32"]
+        "array",
+        "array",
+        "i32",
+        "f32",
+    ]
     out = jax.eval_shape(scale, F32)
     assert out.shape == (4096,)
 
 
 def test_dict_out_shape_returns_a_dict(cache):
     def scale(x):
-        return bridge.triton_call(x, x.size, 2.0, kernel=K.scale_kernel,
-                                  out_shape={"out_ptr": x}, grid=(4,), BLOCK=1024,
-                                  target="cuda:90", cache=cache)
+        return bridge.triton_call(
+            x,
+            x.size,
+            2.0,
+            kernel=K.scale_kernel,
+            out_shape={"out_ptr": x},
+            grid=(4,),
+            BLOCK=1024,
+            target="cuda:90",
+            cache=cache,
+        )
 
     out = jax.eval_shape(scale, F32)
     assert set(out) == {"out_ptr"} and out["out_ptr"].shape == (4096,)
@@ -281,9 +353,18 @@ def test_dict_out_shape_returns_a_dict(cache):
 
 def test_input_output_aliases_in_place(cache):
     def axpy(y, x):
-        return bridge.triton_call(y, x, 3.0, y.size, kernel=K.axpy_inplace_kernel,
-                                  input_output_aliases=["y_ptr"], grid=(4,), BLOCK=1024,
-                                  target="cuda:90", cache=cache)
+        return bridge.triton_call(
+            y,
+            x,
+            3.0,
+            y.size,
+            kernel=K.axpy_inplace_kernel,
+            input_output_aliases=["y_ptr"],
+            grid=(4,),
+            BLOCK=1024,
+            target="cuda:90",
+            cache=cache,
+        )
 
     (cc,) = custom_calls(lowered_module(axpy, F32, F32))
     assert cc["operands"] == 2 and cc["results"] == 1 and "operand_index = 0" in cc["aliases"]
@@ -294,42 +375,71 @@ def test_input_output_aliases_dict_form(cache):
     """jax-triton 0.3.x: {input array index: output index}; the output has its own pointer."""
 
     def add_into_x(x, y):
-        return bridge.triton_call(x, y, x.size, kernel=K.add_kernel, out_shape=x,
-                                  input_output_aliases={0: 0}, grid=(4,), BLOCK=1024,
-                                  target="cuda:90", cache=cache)
+        return bridge.triton_call(
+            x,
+            y,
+            x.size,
+            kernel=K.add_kernel,
+            out_shape=x,
+            input_output_aliases={0: 0},
+            grid=(4,),
+            BLOCK=1024,
+            target="cuda:90",
+            cache=cache,
+        )
 
     (cc,) = custom_calls(lowered_module(add_into_x, F32, F32))
     assert cc["operands"] == 2 and cc["results"] == 1 and "operand_index = 0" in cc["aliases"]
 
 
 def test_autotuned_in_place_call_restores_inputs(cache):
-    @triton.autotune(configs=[triton.Config({"BLOCK": 256}), triton.Config({"BLOCK": 512})],
-                     key=["n"])
+    @triton.autotune(
+        configs=[triton.Config({"BLOCK": 256}), triton.Config({"BLOCK": 512})], key=["n"]
+    )
     @triton.jit
     def tuned_axpy(y_ptr, x_ptr, a, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
-        tl.store(y_ptr + offs, tl.load(y_ptr + offs, mask=mask) + a * tl.load(x_ptr + offs, mask=mask), mask=mask)
+        tl.store(
+            y_ptr + offs,
+            tl.load(y_ptr + offs, mask=mask) + a * tl.load(x_ptr + offs, mask=mask),
+            mask=mask,
+        )
 
     def fn(y, x):
-        return bridge.triton_call(y, x, 2.0, y.size, kernel=tuned_axpy,
-                                  input_output_aliases=["y_ptr"],
-                                  grid=lambda m: (triton.cdiv(m["n"], m["BLOCK"]),),
-                                  target="cuda:90", cache=cache)
+        return bridge.triton_call(
+            y,
+            x,
+            2.0,
+            y.size,
+            kernel=tuned_axpy,
+            input_output_aliases=["y_ptr"],
+            grid=lambda m: (triton.cdiv(m["n"], m["BLOCK"]),),
+            target="cuda:90",
+            cache=cache,
+        )
 
     (call,) = decoded(fn, F32, F32)
     aliases = list(call.autotuned_kernel_call.input_output_aliases)
     # buffers are operands then results: operand 0 (y) is aliased to buffer 2 (result 0)
     assert [(a.input_buffer_idx, a.output_buffer_idx, a.buffer_size_bytes) for a in aliases] == [
-        (0, 2, 4096 * 4)]
+        (0, 2, 4096 * 4)
+    ]
 
 
 def test_zeroed_outputs(cache):
     def count(x):
-        return bridge.triton_call(x, x.size, kernel=K.atomic_count_kernel,
-                                  out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
-                                  zeroed_outputs=(0,), grid=(4,), BLOCK=1024, target="cuda:90",
-                                  cache=cache)
+        return bridge.triton_call(
+            x,
+            x.size,
+            kernel=K.atomic_count_kernel,
+            out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
+            zeroed_outputs=(0,),
+            grid=(4,),
+            BLOCK=1024,
+            target="cuda:90",
+            cache=cache,
+        )
 
     (call,) = decoded(count, F32)
     arrays = [p.array for p in call.kernel_call.parameters if p.HasField("array")]
@@ -337,11 +447,20 @@ def test_zeroed_outputs(cache):
 
 
 # -- Gluon ------------------------------------------------------------------------------
-@pytest.mark.parametrize("target, platform, warp", [("cuda:90", "cuda", 32),
-                                                    ("hip:gfx942", "rocm", 64)])
+@pytest.mark.parametrize(
+    "target, platform, warp", [("cuda:90", "cuda", 32), ("hip:gfx942", "rocm", 64)]
+)
 def test_gluon_both_vendors(cache, target, platform, warp):
-    fn = lambda x: K.gluon_scale(x, 3.0, warp_size=warp, target=target, embed="inline",  # noqa: E731
-                                 cache=cache)
+    def fn(x):
+        return K.gluon_scale(
+            x,
+            3.0,
+            warp_size=warp,
+            target=target,
+            embed="inline",
+            cache=cache,
+        )
+
     (call,) = decoded(fn, F32, platform=platform)
     (kernel,) = kernels_of(call)
     assert kernel.kernel_name == "gluon_scale_kernel"
@@ -369,10 +488,9 @@ def test_backend_options_are_part_of_the_key(cache):
 
 
 def test_amd_options(cache):
-    (call,) = decoded(add_fn(cache, target="hip:gfx942", waves_per_eu=2), F32, F32,
-                      platform="rocm")
+    (call,) = decoded(add_fn(cache, target="hip:gfx942", waves_per_eu=2), F32, F32, platform="rocm")
     assert kernels_of(call)[0].kernel_name == "add_kernel"
-    with pytest.raises(bridge.OptionError, match="waves_per_eu.*valid options are.*maxnreg"):
+    with pytest.raises(bridge.OptionError, match=r"waves_per_eu.*valid options are.*maxnreg"):
         decoded(add_fn(cache, target="cuda:90", waves_per_eu=2), F32, F32)
 
 
@@ -416,25 +534,61 @@ def test_bad_arguments(cache):
     with pytest.raises(bridge.KernelArgumentError, match="not a Triton kernel"):
         bridge.triton_call(jnp.ones(4), kernel=lambda x: x, out_shape=F32, grid=(1,))
     with pytest.raises(bridge.KernelArgumentError, match="do not fit"):
-        jax.eval_shape(lambda x: bridge.triton_call(x, x, x, x, x, kernel=K.add_kernel,
-                                                    out_shape=x, grid=(1,)), F32)
-    with pytest.raises(bridge.KernelArgumentError, match="BLOCK of .* is a tl.constexpr"):
-        jax.eval_shape(lambda x: bridge.triton_call(x, x, x, x, kernel=K.add_kernel,
-                                                    out_shape=x, grid=(1,)), F32)
+        jax.eval_shape(
+            lambda x: bridge.triton_call(
+                x, x, x, x, x, kernel=K.add_kernel, out_shape=x, grid=(1,)
+            ),
+            F32,
+        )
+    with pytest.raises(bridge.KernelArgumentError, match=r"BLOCK of .* is a tl.constexpr"):
+        jax.eval_shape(
+            lambda x: bridge.triton_call(x, x, x, x, kernel=K.add_kernel, out_shape=x, grid=(1,)),
+            F32,
+        )
     with pytest.raises(bridge.KernelArgumentError, match="both by position and by keyword"):
-        jax.eval_shape(lambda x: bridge.triton_call(x, x, 3, kernel=K.add_kernel, out_shape=x,
-                                                    grid=(1,), n=3), F32)
-    with pytest.raises(bridge.KernelArgumentError, match="missing 1 required positional argument: .BLOCK"):
-        decoded(lambda x: bridge.triton_call(x, x, x.size, kernel=K.add_kernel, out_shape=x,
-                                             grid=(1,), target="cuda:90", cache=cache), F32)
+        jax.eval_shape(
+            lambda x: bridge.triton_call(x, x, 3, kernel=K.add_kernel, out_shape=x, grid=(1,), n=3),
+            F32,
+        )
+    with pytest.raises(
+        bridge.KernelArgumentError, match=r"missing 1 required positional argument: .BLOCK"
+    ):
+        decoded(
+            lambda x: bridge.triton_call(
+                x,
+                x,
+                x.size,
+                kernel=K.add_kernel,
+                out_shape=x,
+                grid=(1,),
+                target="cuda:90",
+                cache=cache,
+            ),
+            F32,
+        )
     with pytest.raises(bridge.KernelArgumentError, match="empty dimension"):
-        decoded(lambda x, y: bridge.triton_call(x, y, x.size, kernel=K.add_kernel, out_shape=x,
-                                                grid=(0,), BLOCK=1024, target="cuda:90",
-                                                cache=cache), F32, F32)
+        decoded(
+            lambda x, y: bridge.triton_call(
+                x,
+                y,
+                x.size,
+                kernel=K.add_kernel,
+                out_shape=x,
+                grid=(0,),
+                BLOCK=1024,
+                target="cuda:90",
+                cache=cache,
+            ),
+            F32,
+            F32,
+        )
     with pytest.raises(bridge.KernelArgumentError, match="complex64"):
-        jax.eval_shape(lambda x: bridge.triton_call(x, x, 4, kernel=K.add_kernel, out_shape=x,
-                                                    grid=(1,), BLOCK=4),
-                       jax.ShapeDtypeStruct((4,), jnp.complex64))
+        jax.eval_shape(
+            lambda x: bridge.triton_call(
+                x, x, 4, kernel=K.add_kernel, out_shape=x, grid=(1,), BLOCK=4
+            ),
+            jax.ShapeDtypeStruct((4,), jnp.complex64),
+        )
 
 
 def test_lowering_for_cpu_says_why(cache):
@@ -489,8 +643,9 @@ def test_unwritable_cache_still_lowers(tmp_path):
     bridge_call._memo.clear()
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    (call,) = decoded(lambda x, y: K.add(x, y, target="cuda:75", cache=str(blocker / "sub")),
-                      F32, F32)
+    (call,) = decoded(
+        lambda x, y: K.add(x, y, target="cuda:75", cache=str(blocker / "sub")), F32, F32
+    )
     assert kernels_of(call)[0].kernel_name == "add_kernel"
 
 
@@ -500,9 +655,11 @@ def test_record_listener_sees_plain_dicts(cache, tmp_path, monkeypatch):
     manifest = tmp_path / "record.jsonl"
     monkeypatch.setenv("KERNELCACHE_RECORD", str(manifest))
     try:
-        decoded(lambda a, b: K.matmul(a, b, target="cuda:90", cache=cache),
-                jax.ShapeDtypeStruct((256, 128), jnp.bfloat16),
-                jax.ShapeDtypeStruct((128, 256), jnp.bfloat16))
+        decoded(
+            lambda a, b: K.matmul(a, b, target="cuda:90", cache=cache),
+            jax.ShapeDtypeStruct((256, 128), jnp.bfloat16),
+            jax.ShapeDtypeStruct((128, 256), jnp.bfloat16),
+        )
     finally:
         remove()
     assert len(seen) == 4
@@ -512,12 +669,17 @@ def test_record_listener_sees_plain_dicts(cache, tmp_path, monkeypatch):
     assert rec["arguments"]["a_ptr"] == {"array": "bfloat16", "shape": [256, 128]}
     assert rec["variant"]["kwargs"] == {"BM": 128, "BN": 128, "BK": 64}
     lines = manifest.read_text().splitlines()
-    assert len(lines) == 4 and {json.loads(line)["key"] for line in lines} == {r["key"] for r in seen}
+    assert len(lines) == 4 and {json.loads(line)["key"] for line in lines} == {
+        r["key"] for r in seen
+    }
 
 
 def test_numpy_inputs_and_scalars(cache):
     x = np.arange(4096, dtype=np.float32)
-    low = jax.jit(lambda: K.add(x, x, target="cuda:90", cache=cache)).trace().lower(
-        lowering_platforms=("cuda",))
+    low = (
+        jax.jit(lambda: K.add(x, x, target="cuda:90", cache=cache))
+        .trace()
+        .lower(lowering_platforms=("cuda",))
+    )
     (cc,) = custom_calls(low)
     assert cc["operands"] == 2
