@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
 ELF_MAGIC = b"\x7fELF"
 
 
@@ -91,7 +92,7 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_child(code: str, *, timeout: float = 240, **env: str) -> Any:
+def run_child(code: str, *, timeout: float = 240, cwd: str | None = None, **env: str) -> Any:
     """Run ``code`` in a fresh interpreter; it prints one JSON document last. Returns it."""
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
@@ -99,7 +100,7 @@ def run_child(code: str, *, timeout: float = 240, **env: str) -> Any:
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=str(REPO),
+        cwd=cwd or str(REPO),
     )
     if proc.returncode != 0:
         raise AssertionError(
