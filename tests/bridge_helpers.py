@@ -109,9 +109,10 @@ def run_child(code: str, *, timeout: float = 240, cwd: str | None = None, **env:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def start_child(code: str, **env: str) -> subprocess.Popen:
+def start_child(code: str, *argv: str, **env: str) -> subprocess.Popen:
+    """Start ``code`` with ``argv`` in a fresh interpreter (finish with :func:`finish_child`)."""
     return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", textwrap.dedent(code), *argv],
         env=child_env(**env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
