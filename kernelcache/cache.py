@@ -48,7 +48,9 @@ class RemoteTier(Protocol):
 
     def get(self, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | None: ...
 
-    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> None: ...
+    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> bool:
+        """Send an entry; return whether it was stored."""
+        ...
 
     def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
         """Take the job-wide build lock of ``key`` (one builder across machines).
@@ -69,10 +71,10 @@ def default_root() -> Path:
     return Path(platformdirs.user_cache_dir("kernelcache", appauthor=False))
 
 
-def _open_remote(url: str) -> RemoteTier:
+def _open_remote(url: str, root: str) -> RemoteTier:
     from .remote import open_remote
 
-    return open_remote(url)
+    return open_remote(url, stats_root=root)
 
 
 class Cache:
@@ -106,14 +108,17 @@ class Cache:
             lock_mode=mode,
             lock_stale=cfg.lock_stale,
             lock_timeout=self.lock_timeout,
+            trust=cfg.trust,
         )
         self.root = self.store.root
         ro = cfg.readonly_dirs if readonly_roots is None else readonly_roots
-        self.readonly = [Store(r, readonly=True) for r in ro]
+        self.readonly = [Store(r, readonly=True, trust=cfg.trust) for r in ro]
         if remote is None:
             remote = cfg.remote or ""
         self.remote: RemoteTier | None = (
-            (_open_remote(remote) if remote else None) if isinstance(remote, str) else remote
+            (_open_remote(remote, self.root) if remote else None)
+            if isinstance(remote, str)
+            else remote
         )
         self.disabled = cfg.disable
         if cfg.stats_log and not self.disabled:
@@ -150,7 +155,7 @@ class Cache:
             return None
         for store in self.layers:
             try:
-                result = store.get(key, ext)
+                result = store.get_checked(key, ext)
             except OSError as e:
                 stats.count(self.root, errors=1)
                 warn_once(store.root, "read", "kernelcache: cannot read %s: %s", store.root, e)
@@ -158,8 +163,11 @@ class Cache:
             if isinstance(result, Artifact):
                 stats.count(self.root, hits=1, bytes_read=len(result.data))
                 return result
-            if isinstance(result, Problem) and result.corrupt:
-                stats.count(self.root, corrupt=1)
+            if isinstance(result, Problem):
+                if result.corrupt:
+                    stats.count(self.root, corrupt=1)
+                elif result.untrusted:
+                    stats.count(self.root, untrusted=1)
         if self.remote is not None:
             return self._remote_lookup(key, ext)
         return None
@@ -213,8 +221,7 @@ class Cache:
             stats.count(self.root, errors=1)
             raise
         stats.count(self.root, puts=1, bytes_written=len(art.data))
-        if self.remote is not None:
-            self.remote.put(key, ext, art.data, art.meta)
+        if self.remote is not None and self.remote.put(key, ext, art.data, art.meta):
             stats.count(self.root, remote_puts=1)
         return art
 

@@ -27,6 +27,10 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "KERNELCACHE_LOCK_STALE": ("seconds after which another host's soft lock is stale", "300"),
     "KERNELCACHE_DISABLE": ("1: bypass the cache entirely (compile in memory)", "0"),
     "KERNELCACHE_STATS_LOG": ("0: do not append per-process stats logs under the root", "1"),
+    "KERNELCACHE_TRUST": (
+        "whose artifacts are served: group (owner, root, root dir's owner and group), owner, any",
+        "group",
+    ),
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -94,6 +98,7 @@ class Settings:
     lock_stale: float = 300.0
     disable: bool = False
     stats_log: bool = True
+    trust: str = "group"
 
 
 def settings(environ: dict[str, str] | None = None) -> Settings:
@@ -122,6 +127,7 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
         lock_stale=_seconds(env, "KERNELCACHE_LOCK_STALE", 300.0),
         disable=_flag(env, "KERNELCACHE_DISABLE", False),
         stats_log=_flag(env, "KERNELCACHE_STATS_LOG", True),
+        trust=_choice(env, "KERNELCACHE_TRUST", "group", ("group", "owner", "any")),
     )
 
 

@@ -2,10 +2,10 @@
 
 Two mechanisms, chosen per root:
 
-* ``flock`` (default where it works): ``fcntl.flock`` on ``<key>.lock``. Readers take it shared,
-  writers, prune and repair exclusive, so readers never block each other and an entry is never
-  deleted or replaced under a reader. The kernel drops the lock when a process dies, so a
-  killed process never leaves a stale flock behind.
+* ``flock`` (default where it works): ``fcntl.flock`` on ``<key>.lock``, taken exclusively by
+  writers, prune, repair and (as ``<key>.build.lock``) the single builder of a key. Readers do
+  not use these files: they hold a shared flock on the artifact they read (see store.py). The
+  kernel drops a flock when its process dies, so a killed process never leaves a stale one.
 * ``soft`` (for filesystems where flock does not work: NFS without lockd, some FUSE mounts):
   ``<key>.softlock`` created with ``O_CREAT | O_EXCL`` and holding ``{host, pid, time, token}``.
   Only exclusive holders use it; readers rely on digest verification instead. A holder refreshes
@@ -48,7 +48,8 @@ _HOST = socket.gethostname()
 
 
 def _open_flags() -> int:
-    return os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+    # O_NONBLOCK: a FIFO planted as a lock file must not hang the open
+    return os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
 def open_subdir(root: str, name: str, *, create: bool) -> int:
@@ -133,7 +134,10 @@ class Locker:
     def mode(self) -> str:
         """``flock`` or ``soft``; probes the filesystem on first use in ``auto`` mode."""
         if self._mode is None:
-            self._mode = self._probe()
+            probed = self._probe()
+            if probed is None:
+                return "flock"  # inconclusive (no lock directory yet): probe again next time
+            self._mode = probed
         return self._mode
 
     def acquire(self, name: str, *, shared: bool, timeout: float) -> Held:
@@ -163,7 +167,11 @@ class Locker:
     # -- flock ----------------------------------------------------------------------------
     def _dir(self) -> int:
         try:
-            return open_subdir(self.root, LOCK_DIR, create=True)
+            try:
+                return open_subdir(self.root, LOCK_DIR, create=True)
+            except FileNotFoundError:
+                os.makedirs(self.root, exist_ok=True)  # a fresh root: its first lock creates it
+                return open_subdir(self.root, LOCK_DIR, create=True)
         except OSError as e:
             raise LockUnavailable(
                 e.errno,
@@ -242,11 +250,12 @@ class Locker:
         finally:
             os.close(dfd)
 
-    def _probe(self) -> str:
+    def _probe(self) -> str | None:
+        """``flock`` or ``soft`` for this root's filesystem; None if it cannot be told yet."""
         try:
             dfd = self._dir()
         except LockUnavailable:
-            return "flock"  # nothing can be locked here anyway; acquire will report it
+            return None
         try:
             fd = self._open_lock_file(dfd, ".probe")
             try:
@@ -264,7 +273,7 @@ class Locker:
             finally:
                 os.close(fd)
         except LockUnavailable:
-            pass
+            return None
         finally:
             os.close(dfd)
         return "flock"

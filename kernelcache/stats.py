@@ -34,6 +34,7 @@ COUNTERS = (
     "builds",
     "puts",
     "corrupt",
+    "untrusted",
     "errors",
     "lock_waits",
     "lock_timeouts",

@@ -12,7 +12,9 @@ Layout of a root::
 Guarantees across processes and hosts sharing a root:
 
 * A reader sees a whole entry or none: the artifact is published before its metadata, both by
-  ``os.replace``, under the key's exclusive lock, while readers hold it shared.
+  ``os.replace`` under the key's exclusive lock. Readers hold a shared flock on the artifact
+  while reading it, and deletion or quarantine first takes that flock exclusively, so an entry
+  is never removed under a reader.
 * Every read checks the size and the xxh3-128 digest recorded in the metadata. A mismatch,
   unreadable metadata, a symlink or a half entry is never returned: the entry is re-checked
   under the exclusive lock and moved to ``.quarantine/``.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -53,8 +56,18 @@ FORMAT_VERSION = 1
 TMP_DIR = ".tmp"
 QUARANTINE_DIR = ".quarantine"
 MAX_META_BYTES = 1 << 20
+#: metadata documents remembered per store and process (see Store.read)
+MEMO_ENTRIES = 4096
 #: how often a hit refreshes an entry's last-used stamp (the metadata file's mtime)
 TOUCH_INTERVAL = 3600.0
+#: a last-used stamp further in the future than this is clock skew: it is reset to now
+FUTURE_SLACK = 300.0
+#: whose artifacts a store serves: an artifact is code that will run on the GPU
+TRUST_POLICIES = {
+    "group": "this user, root, the root directory's owner, and members of its group",
+    "owner": "this user, root and the root directory's owner",
+    "any": "every user (a private or fully trusted cache)",
+}
 #: fields the store writes itself; callers' metadata may not set them
 RESERVED_FIELDS = frozenset({"format", "key", "ext", "size", "digest"})
 
@@ -103,6 +116,7 @@ class Problem:
     key: str
     reason: str
     corrupt: bool = True
+    untrusted: bool = False  # written by a user the trust policy excludes: skipped, not moved
 
 
 class WrongExt(ValueError):
@@ -165,19 +179,43 @@ def parse_metadata(raw: bytes, key: str) -> dict[str, Any] | str:
     return doc
 
 
+def _stale_stamp(mtime: float) -> bool:
+    """Whether a last-used stamp should be refreshed: older than an hour, or from the future."""
+    age = time.time() - mtime
+    return age > TOUCH_INTERVAL or age < -FUTURE_SLACK
+
+
+def _in_group(uid: int, gid: int) -> bool:
+    """Whether the user ``uid`` belongs to group ``gid`` (primary or supplementary)."""
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    if user.pw_gid == gid:
+        return True
+    try:
+        return user.pw_name in grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+
+
 def _read_exact(fd: int, size: int) -> bytes | None:
-    """Read exactly ``size`` bytes; None if the file is shorter or longer."""
-    chunks = []
-    remaining = size
+    """Read exactly ``size`` bytes; None if the file is shorter."""
+    first = os.read(fd, size)
+    if len(first) == size:
+        return first
+    chunks = [first]
+    remaining = size - len(first)
     while remaining > 0:
         chunk = os.read(fd, remaining)
         if not chunk:
             return None
         chunks.append(chunk)
         remaining -= len(chunk)
-    if os.read(fd, 1):
-        return None
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return b"".join(chunks)
 
 
 class Store:
@@ -194,27 +232,66 @@ class Store:
         lock_mode: str = "auto",
         lock_stale: float = 300.0,
         lock_timeout: float = 120.0,
+        trust: str = "group",
     ) -> None:
+        if trust not in TRUST_POLICIES:
+            raise ValueError(f"trust policy {trust!r} is not one of {', '.join(TRUST_POLICIES)}")
         self.root = os.fspath(Path(root).expanduser())
+        self._prefix = os.path.join(self.root, "")
         self.readonly = readonly
         self.lock_timeout = lock_timeout
         self.locker = Locker(self.root, mode=lock_mode, stale_after=lock_stale)
         self._warned: set[str] = set()
+        self._memo: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
+        self._read_locks = not readonly
+        self.trust = trust
+        self._trusted_uids: set[int] = set()
+        self._untrusted_uids: set[int] = set()
 
     def __repr__(self) -> str:
         return f"Store({self.root!r}, readonly={self.readonly})"
 
     # -- paths ----------------------------------------------------------------------------
     def path(self, key: str, ext: str) -> str:
-        return os.path.join(self.root, f"{key}.{ext}")
+        return f"{self._prefix}{key}.{ext}"
 
     def meta_path(self, key: str) -> str:
-        return os.path.join(self.root, f"{key}.{META_EXT}")
+        return f"{self._prefix}{key}.{META_EXT}"
 
     def warn_once(self, topic: str, message: str, *args: object) -> None:
         if topic not in self._warned:
             self._warned.add(topic)
             logger.warning(message, *args)
+
+    # -- trust ----------------------------------------------------------------------------
+    def _trusts(self, uid: int) -> bool:
+        """Whether artifacts owned by ``uid`` may be served (see TRUST_POLICIES); remembered."""
+        if uid in self._untrusted_uids:
+            return False
+        trusted = self.trust == "any" or uid in (0, os.geteuid())
+        if not trusted:
+            try:
+                root_st = os.stat(self.root)
+            except OSError:
+                root_st = None
+            if root_st is not None:
+                trusted = uid == root_st.st_uid or (
+                    self.trust == "group" and _in_group(uid, root_st.st_gid)
+                )
+        if trusted:
+            self._trusted_uids.add(uid)
+        else:
+            self._untrusted_uids.add(uid)
+            self.warn_once(
+                f"untrusted-{uid}",
+                "kernelcache: refusing artifacts under %s owned by user %d: not this user, root, "
+                "the root directory's owner%s (KERNELCACHE_TRUST=%s)",
+                self.root,
+                uid,
+                " or a member of its group" if self.trust == "group" else "",
+                self.trust,
+            )
+        return trusted
 
     # -- locks ----------------------------------------------------------------------------
     def lock(self, key: str, *, shared: bool, timeout: float | None = None) -> Held | None:
@@ -234,12 +311,87 @@ class Store:
             return None
 
     # -- reading --------------------------------------------------------------------------
-    def read(self, key: str, ext: str | None = None) -> Artifact | Problem | None:
-        """Read and verify an entry without locking; None if it does not exist.
+    def read(
+        self, key: str, ext: str | None = None, *, fresh: bool = False
+    ) -> Artifact | Problem | None:
+        """Read and verify an entry; None if it does not exist (or is being deleted).
 
-        ``ext=None`` accepts whatever extension the entry has. A Problem with
-        ``corrupt=False`` means the key holds another extension than the one asked for.
+        The artifact is read under a shared ``flock`` on its own descriptor: deleting or
+        quarantining an entry takes that lock exclusively first, so nothing is removed while
+        it is being read, and a reader never waits for another reader. ``ext=None`` accepts
+        whatever extension the entry has. A Problem with ``corrupt=False`` means the key holds
+        another extension than the one asked for. Parsed metadata is remembered per process by the file's identity (inode, size, mtime,
+        ctime); ``fresh`` reads it from disk regardless. The artifact is always read and
+        verified against it.
         """
+        doc = None if fresh else self._remembered(key)
+        st_mtime = None
+        if doc is None:
+            loaded = self._load_metadata(key)
+            if not isinstance(loaded, tuple):
+                return loaded
+            doc, st_mtime = loaded
+        stored_ext = doc["ext"]
+        if ext is not None and stored_ext != ext:
+            return Problem(key, f"key holds a .{stored_ext} artifact, not .{ext}", corrupt=False)
+        path = self.path(key, stored_ext)
+        try:
+            afd = os.open(path, _READ_FLAGS)
+        except FileNotFoundError:
+            return Problem(key, "artifact missing")
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EMLINK):
+                return Problem(key, "artifact is a symlink")
+            return Problem(key, f"artifact unreadable: {e.strerror}")
+        try:
+            if self._read_locks:
+                try:
+                    fcntl.flock(afd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return None  # being deleted or quarantined right now
+                except OSError:
+                    self._read_locks = False  # no flock here: digests still protect reads
+            ast = os.fstat(afd)
+            if not stat.S_ISREG(ast.st_mode):
+                return Problem(key, "artifact is not a regular file")
+            if ast.st_uid not in self._trusted_uids and not self._trusts(ast.st_uid):
+                reason = f"artifact owned by untrusted user {ast.st_uid}"
+                return Problem(key, reason, corrupt=False, untrusted=True)
+            if ast.st_size != doc["size"]:
+                return Problem(
+                    key, f"artifact has {ast.st_size} bytes, metadata says {doc['size']}"
+                )
+            data = _read_exact(afd, doc["size"])
+        except OSError as e:
+            return Problem(key, f"artifact unreadable: {e.strerror}")
+        finally:
+            os.close(afd)
+        if data is None:
+            return Problem(key, "artifact changed size while being read")
+        if digest(data) != doc["digest"]:
+            return Problem(key, "artifact digest mismatch")
+        if st_mtime is not None and not self.readonly and _stale_stamp(st_mtime):
+            self._touch(key)
+        source = "readonly" if self.readonly else "local"
+        return Artifact(key, stored_ext, data, path, doc, source)
+
+    def _remembered(self, key: str) -> dict[str, Any] | None:
+        """The remembered metadata of ``key`` if its file is still the one it was read from."""
+        memo = self._memo.get(key)
+        if memo is None:
+            return None
+        try:
+            st = os.stat(self.meta_path(key), follow_symlinks=False)
+        except OSError:
+            return None
+        if memo[0] != (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+            return None
+        if not self.readonly and _stale_stamp(st.st_mtime):
+            self._touch(key)
+        return memo[1]
+
+    def _load_metadata(self, key: str) -> tuple[dict[str, Any], float] | Problem | None:
+        """Read, parse and remember ``<key>.json``; return (doc, mtime), a Problem or None."""
         try:
             fd = os.open(self.meta_path(key), _READ_FLAGS)
         except FileNotFoundError:
@@ -264,60 +416,26 @@ class Store:
         doc = parse_metadata(raw, key)
         if isinstance(doc, str):
             return Problem(key, doc)
-        stored_ext = doc["ext"]
-        if ext is not None and stored_ext != ext:
-            return Problem(key, f"key holds a .{stored_ext} artifact, not .{ext}", corrupt=False)
-        path = self.path(key, stored_ext)
-        try:
-            afd = os.open(path, _READ_FLAGS)
-        except FileNotFoundError:
-            return Problem(key, "artifact missing")
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.EMLINK):
-                return Problem(key, "artifact is a symlink")
-            return Problem(key, f"artifact unreadable: {e.strerror}")
-        try:
-            ast = os.fstat(afd)
-            if not stat.S_ISREG(ast.st_mode):
-                return Problem(key, "artifact is not a regular file")
-            if ast.st_size != doc["size"]:
-                return Problem(
-                    key, f"artifact has {ast.st_size} bytes, metadata says {doc['size']}"
-                )
-            data = _read_exact(afd, doc["size"])
-        except OSError as e:
-            return Problem(key, f"artifact unreadable: {e.strerror}")
-        finally:
-            os.close(afd)
-        if data is None:
-            return Problem(key, "artifact changed size while being read")
-        if digest(data) != doc["digest"]:
-            return Problem(key, "artifact digest mismatch")
-        if not self.readonly and time.time() - st.st_mtime > TOUCH_INTERVAL:
-            self._touch(key)
-        source = "readonly" if self.readonly else "local"
-        return Artifact(key, stored_ext, data, path, doc, source)
+        if len(self._memo) >= MEMO_ENTRIES:
+            self._memo.clear()
+        self._memo[key] = ((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns), doc)
+        return doc, st.st_mtime
 
     def get(self, key: str, ext: str) -> Artifact | Problem | None:
-        """Read an entry under its shared lock; quarantine it if it is corrupt.
+        """Read an entry; if it looks corrupt, re-check it under the key's lock and quarantine it.
 
-        Returns the Artifact, a Problem (the entry was not served: corrupt and quarantined, or
-        holding another ext), or None (no entry, or the lock could not be had in time).
+        Returns the Artifact, a Problem (not served: corrupt and quarantined, or the key holds
+        another ext), or None (no entry). Raises ValueError for a malformed key or ext.
         """
         check_key(key)
         check_ext(ext)
-        try:
-            held = self.lock(key, shared=True)
-        except LockTimeout:
-            self.warn_once("lock-timeout", "kernelcache: lock wait timed out under %s", self.root)
-            return None
-        try:
-            result = self.read(key, ext)
-        finally:
-            if held is not None:
-                held.release()
+        return self.get_checked(key, ext)
+
+    def get_checked(self, key: str, ext: str) -> Artifact | Problem | None:
+        """:meth:`get` for a key and ext the caller has already validated."""
+        result = self.read(key, ext)
         if isinstance(result, Problem) and result.corrupt:
-            self.repair(key, result)
+            return self.repair(key, ext)
         return result
 
     def _touch(self, key: str) -> None:
@@ -394,7 +512,7 @@ class Store:
                     errno.EAGAIN, f"kernelcache: timed out waiting to write {key} under {self.root}"
                 ) from e
             try:
-                existing = self.read(key)
+                existing = self.read(key, fresh=True)
                 if isinstance(existing, Artifact):
                     if existing.ext != ext:
                         raise WrongExt(f"key {key} already holds a .{existing.ext} artifact")
@@ -422,42 +540,46 @@ class Store:
         return Artifact(key, ext, data, self.path(key, ext), doc, "local")
 
     # -- repair ---------------------------------------------------------------------------
-    def repair(self, key: str, problem: Problem) -> bool:
-        """Re-check a corrupt entry under the exclusive lock and quarantine it if still bad.
+    def repair(self, key: str, ext: str | None = None) -> Artifact | Problem | None:
+        """Re-read ``key`` from disk under its exclusive lock; quarantine it if it is corrupt.
 
-        Returns whether something was quarantined. Read-only stores are never modified.
+        Returns what the fresh read found: the Artifact (a false alarm, e.g. a concurrent
+        publish), the Problem that got the entry quarantined, or None (the entry is gone).
+        Read-only stores are never modified: their corrupt entries are reported and skipped.
         """
         if self.readonly:
-            self.warn_once(
-                f"ro-corrupt-{key}",
-                "kernelcache: corrupt entry %s in read-only root %s (%s); skipping it",
-                key,
-                self.root,
-                problem.reason,
-            )
-            return False
+            again = self.read(key, ext, fresh=True)
+            if isinstance(again, Problem) and again.corrupt:
+                self.warn_once(
+                    f"ro-corrupt-{key}",
+                    "kernelcache: corrupt entry %s in read-only root %s (%s); skipping it",
+                    key,
+                    self.root,
+                    again.reason,
+                )
+            return again
         try:
             held = self.lock(key, shared=False)
         except LockTimeout:
-            return False
+            return None
         try:
-            again = self.read(key)
-            if not isinstance(again, Problem) or not again.corrupt:
-                return False
-            try:
-                root_fd = self._root_fd()
-            except CacheError:
-                return False
-            try:
-                moved = self._quarantine_locked(root_fd, key, again.reason)
-            finally:
-                os.close(root_fd)
+            again = self.read(key, ext, fresh=True)
+            if isinstance(again, Problem) and again.corrupt:
+                try:
+                    root_fd = self._root_fd()
+                except CacheError:
+                    return again
+                try:
+                    if self._quarantine_locked(root_fd, key, again.reason):
+                        logger.warning(
+                            "kernelcache: quarantined %s under %s: %s", key, self.root, again.reason
+                        )
+                finally:
+                    os.close(root_fd)
+            return again
         finally:
             if held is not None:
                 held.release()
-        if moved:
-            logger.warning("kernelcache: quarantined %s under %s: %s", key, self.root, again.reason)
-        return moved
 
     def _quarantine_locked(self, root_fd: int, key: str, reason: str) -> bool:
         """Move every file of ``key`` into .quarantine/ (caller holds the exclusive lock)."""
@@ -470,8 +592,12 @@ class Store:
             return False
         moved = False
         stamp = f"{time.time():.0f}-{uuid.uuid4().hex[:8]}"
+        names = self._names_of(key)
+        readers = self._exclude_readers(root_fd, names, wait=self.lock_timeout)
         try:
-            for name in self._names_of(key):
+            if readers is None:
+                return False
+            for name in names:
                 try:
                     os.replace(name, f"{name}.{stamp}", src_dir_fd=root_fd, dst_dir_fd=qfd)
                     moved = True
@@ -494,7 +620,39 @@ class Store:
                         os.close(fd)
         finally:
             os.close(qfd)
+            for fd in readers or ():
+                os.close(fd)
         return moved
+
+    def _exclude_readers(self, root_fd: int, names: list[str], *, wait: float) -> list[int] | None:
+        """Lock every artifact file in ``names`` exclusively (readers hold them shared).
+
+        Returns the descriptors to close once the files are gone, or None if a reader kept a
+        file for ``wait`` seconds. Metadata files, links and missing files need no lock.
+        """
+        fds: list[int] = []
+        deadline = time.monotonic() + wait
+        for name in names:
+            if name.endswith("." + META_EXT):
+                continue
+            try:
+                fd = os.open(name, _READ_FLAGS | os.O_NONBLOCK, dir_fd=root_fd)
+            except OSError:
+                continue
+            fds.append(fd)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        for held in fds:
+                            os.close(held)
+                        return None
+                    time.sleep(0.002)
+                except OSError:
+                    break  # no flock on this filesystem
+        return fds
 
     def _names_of(self, key: str) -> list[str]:
         """The file names under the root that belong to ``key`` (metadata first)."""
@@ -511,10 +669,11 @@ class Store:
         return names
 
     def delete(self, key: str, *, wait: float = 0.0, remove_lock: bool = True) -> bool | None:
-        """Delete every file of ``key`` under its exclusive lock (metadata first).
+        """Delete every file of ``key`` (metadata first) under its exclusive lock.
 
+        Waits at most ``wait`` seconds for the key's lock and for readers of its artifact.
         Returns True if something was deleted, False if nothing was there, None if the entry
-        is in use (its lock could not be had within ``wait`` seconds).
+        is in use (then nothing is deleted).
         """
         check_key(key)
         if self.readonly:
@@ -525,12 +684,25 @@ class Store:
             return None
         deleted = False
         try:
-            for name in self._names_of(key):
+            root_fd = self._root_fd()
+            try:
+                names = self._names_of(key)
+                readers = self._exclude_readers(root_fd, names, wait=wait)
+                if readers is None:
+                    return None
                 try:
-                    os.unlink(os.path.join(self.root, name))
-                    deleted = True
-                except FileNotFoundError:
-                    continue
+                    for name in names:
+                        try:
+                            os.unlink(name, dir_fd=root_fd)
+                            deleted = True
+                        except FileNotFoundError:
+                            continue
+                finally:
+                    for fd in readers:
+                        os.close(fd)
+            finally:
+                os.close(root_fd)
+            self._memo.pop(key, None)
         finally:
             if held is not None:
                 held.release(remove=remove_lock)

@@ -1,0 +1,194 @@
+"""Latency of a verified hit and of a put, against Triton's and JAX's own caches, in one run.
+
+For 4 KiB, 64 KiB and 1 MiB artifacts:
+
+* kernelcache: ``Cache.get`` (shared lock, metadata parse, size + xxh3-128 check) and ``Cache.put``
+  (staging, exclusive lock, two renames);
+* Triton's ``FileCacheManager``: ``get_group`` of the kernel's group file, then reading the
+  binary it names (what ``triton.compile`` does on a hit); ``put`` of the binary + ``put_group``;
+* JAX's ``LRUCache`` (the persistent compilation cache's store): ``get``/``put``, once unbounded
+  (``max_size=-1``: no lock, no eviction) and once bounded (global file lock + atime files).
+
+Neither peer verifies content on read. Prints a table and ends with one JSON line; ``--out``
+also writes the JSON to a file.
+
+    python benchmarks/cache_ops.py [--reads 3000] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import kernelcache
+
+SIZES = {"4KiB": 4 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20}
+KEYS = 64
+
+
+def _key(i: int, tag: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(f"{tag}-{i}".encode()).hexdigest()
+
+
+def _time_each(op: Callable[[int], object], n: int, rng: random.Random) -> list[float]:
+    samples = []
+    for _ in range(n):
+        i = rng.randrange(KEYS)
+        t0 = time.perf_counter_ns()
+        op(i)
+        samples.append((time.perf_counter_ns() - t0) / 1000)
+    return samples
+
+
+class Ours:
+    name = "kernelcache"
+
+    def __init__(self, root: str) -> None:
+        self.cache = kernelcache.Cache(root, readonly_roots=(), remote="")
+
+    def put(self, key: str, data: bytes) -> None:
+        self.cache.put(key, "cubin", data, {"name": "kernel"})
+
+    def get(self, key: str) -> bytes:
+        art = self.cache.get(key, "cubin")
+        assert art is not None
+        return art.data
+
+
+class TritonFileCache:
+    name = "triton FileCacheManager"
+
+    def __init__(self, root: str) -> None:
+        os.environ["TRITON_CACHE_DIR"] = root
+        from triton.runtime.cache import FileCacheManager
+
+        self.cls = FileCacheManager
+
+    def put(self, key: str, data: bytes) -> None:
+        mgr = self.cls(key)
+        meta = json.dumps({"name": "kernel", "num_warps": 4, "shared": 0})
+        paths = {
+            "kernel.cubin": mgr.put(data, "kernel.cubin", binary=True),
+            "kernel.json": mgr.put(meta, "kernel.json", binary=False),
+        }
+        mgr.put_group("kernel.json", paths)
+
+    def get(self, key: str) -> bytes:
+        group = self.cls(key).get_group("kernel.json")
+        assert group is not None
+        with open(group["kernel.cubin"], "rb") as f:
+            return f.read()
+
+
+class JaxLRU:
+    def __init__(self, root: str, max_size: int) -> None:
+        from jax._src.lru_cache import LRUCache
+
+        self.name = "jax LRUCache " + ("unbounded" if max_size < 0 else "bounded")
+        self.cache = LRUCache(root, max_size=max_size)
+
+    def put(self, key: str, data: bytes) -> None:
+        self.cache.put(key, data)
+
+    def get(self, key: str) -> bytes:
+        value = self.cache.get(key)
+        assert value is not None
+        return value
+
+
+def bench(reads: int, seed: int = 0) -> dict:
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, size in SIZES.items():
+            payloads = [random.Random(i).randbytes(size) for i in range(KEYS)]
+            impls = [
+                Ours(os.path.join(tmp, f"kc-{label}")),
+                TritonFileCache(os.path.join(tmp, f"triton-{label}")),
+                JaxLRU(os.path.join(tmp, f"jax-{label}"), -1),
+                JaxLRU(os.path.join(tmp, f"jaxb-{label}"), 1 << 34),
+            ]
+            for impl in impls:
+                tag = f"{label}-{impl.name}"
+                puts = []
+                for i in range(KEYS):
+                    t0 = time.perf_counter_ns()
+                    impl.put(_key(i, tag), payloads[i])
+                    puts.append((time.perf_counter_ns() - t0) / 1000)
+                for i in range(KEYS):  # warm the page cache, check the bytes once
+                    assert impl.get(_key(i, tag)) == payloads[i]
+                gets = _time_each(
+                    lambda i, impl=impl, tag=tag: impl.get(_key(i, tag)), reads, random.Random(seed)
+                )
+                results.setdefault(label, {})[impl.name] = {
+                    "get_median_us": statistics.median(gets),
+                    "get_p90_us": statistics.quantiles(gets, n=10)[-1],
+                    "put_median_us": statistics.median(puts),
+                }
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reads", type=int, default=3000, help="timed reads per size and cache")
+    parser.add_argument("--out", type=Path, help="also write the JSON summary here")
+    args = parser.parse_args()
+    results = bench(args.reads)
+
+    header = f"{'size':>6}  {'cache':<28} {'get median':>11} {'get p90':>9} {'put median':>11}"
+    print(header)
+    print("-" * len(header))
+    for label, by_impl in results.items():
+        for name, r in by_impl.items():
+            print(
+                f"{label:>6}  {name:<28} {r['get_median_us']:>9.1f}us {r['get_p90_us']:>7.1f}us"
+                f" {r['put_median_us']:>9.1f}us"
+            )
+    ratios = {}
+    for label, by_impl in results.items():
+        ours = by_impl["kernelcache"]
+        for name, r in by_impl.items():
+            if name != "kernelcache":
+                ratios[f"{label} get: {name} / kernelcache"] = round(
+                    r["get_median_us"] / ours["get_median_us"], 2
+                )
+                ratios[f"{label} put: {name} / kernelcache"] = round(
+                    r["put_median_us"] / ours["put_median_us"], 2
+                )
+    print()
+    for name, ratio in ratios.items():
+        print(f"{name:<58} {ratio:>6.2f}x")
+    summary = {
+        "benchmark": "cache_ops",
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
+        "medians_us": {
+            label: {name: {k: round(v, 2) for k, v in r.items()} for name, r in by_impl.items()}
+            for label, by_impl in results.items()
+        },
+        "ratios": ratios,
+        "target_64KiB_get_median_us": 50,
+        "target_met": results["64KiB"]["kernelcache"]["get_median_us"] < 50
+        and all(r > 1 for k, r in ratios.items() if k.startswith("64KiB get")),
+    }
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

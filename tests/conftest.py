@@ -1,0 +1,103 @@
+"""Shared fixtures: cache roots in temporary directories and fresh child Python processes."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def key_of(*parts: object) -> str:
+    """A valid cache key derived from ``parts``."""
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a child Python process that imports this checkout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + path if path else "")
+    env.update(extra)
+    return env
+
+
+def run_py(code: str, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter; raise with its output if it fails."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"child failed ({proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        )
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch, tmp_path_factory):
+    """Tests never see the caller's kernelcache variables, and get a private default root."""
+    for name in list(os.environ):
+        if name.startswith("KERNELCACHE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path_factory.mktemp("default-root")))
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def caplog_warnings(caplog):
+    caplog.set_level(logging.WARNING, logger="kernelcache")
+    return caplog
+
+
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _probe(*cmd: str) -> bool:
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+#: private mount namespaces (root, or unprivileged user namespaces): real read-only and full filesystems
+CAN_UNSHARE = sys.platform == "linux" and _probe(
+    "unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"
+)
+#: running as root and able to drop to an unprivileged user for permission tests
+CAN_DROP_PRIVILEGES = IS_ROOT and _probe(
+    "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "true"
+)
+
+
+def run_in_namespace(setup: str, code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run shell ``setup`` (mounts) then Python ``code`` inside a private mount namespace."""
+    script = f'set -e\n{setup}\nexec {sys.executable} -c "$KC_CODE"'
+    env = child_env(KC_CODE=textwrap.dedent(code))
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"child failed ({proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        )
+    return proc

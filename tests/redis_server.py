@@ -1,0 +1,210 @@
+"""A real redis-server for tests and benchmarks: started on a free port in a temporary directory.
+
+``RedisServer(tmpdir).start()`` runs ``redis-server`` (``$PATH`` or /usr/bin) with no
+persistence, waits until it answers PING, and ``stop()``/``kill()`` end it. ``REDIS_SERVER``
+is the binary's path or None; tests skip with ``SKIP_REASON`` when it is absent.
+:func:`make_tls_files` makes a self-signed certificate for a TLS server. Also:
+:func:`blackhole` (a TCP port that accepts connections and never answers) and
+:func:`free_port` (a port where nothing listens).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REDIS_SERVER = shutil.which("redis-server") or (
+    "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None
+)
+SKIP_REASON = "redis-server is not installed (apt-get install redis-server)"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 where nothing listens right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ping(port: int, password: str | None, ca: str | None = None, timeout: float = 0.2) -> bool:
+    """Whether a server on ``port`` answers PING (over TLS trusting ``ca`` if given)."""
+    try:
+        with contextlib.ExitStack() as stack:
+            s = stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=timeout))
+            if ca is not None:
+                context = ssl.create_default_context(cafile=ca)
+                s = stack.enter_context(context.wrap_socket(s, server_hostname="127.0.0.1"))
+            if password:
+                s.sendall(f"AUTH {password}\r\n".encode())
+                s.recv(64)
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """A self-signed certificate for 127.0.0.1 (it is its own CA) and its key."""
+
+    cert: str
+    key: str
+
+
+def make_tls_files(directory: str | os.PathLike[str]) -> TLSFiles:
+    """Create a self-signed certificate for 127.0.0.1 with the openssl command.
+
+    Raises:
+        RuntimeError: openssl is not installed or failed.
+    """
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError("openssl is not installed")
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    subject = ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
+    ca = ["-addext", "basicConstraints=critical,CA:TRUE", "-keyout", key, "-out", cert]
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", *subject, *ca],
+        check=True,
+        capture_output=True,
+    )
+    return TLSFiles(cert, key)
+
+
+class RedisServer:
+    """One redis-server process listening on 127.0.0.1, data under ``directory``."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        password: str | None = None,
+        args: Sequence[str] = (),
+        port: int | None = None,
+        tls: TLSFiles | None = None,
+    ) -> None:
+        if REDIS_SERVER is None:
+            raise RuntimeError(SKIP_REASON)
+        self.directory = Path(directory)
+        self.password = password
+        self.args = list(args)
+        self.port = port
+        self.tls = tls
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start the server (on a fresh free port unless one was given) and wait for PING."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fixed = self.port
+        for _attempt in range(1 if fixed else 3):
+            port = fixed or free_port()
+            if self.tls:
+                listen = ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no"]
+                listen += ["--tls-cert-file", self.tls.cert, "--tls-key-file", self.tls.key]
+                listen += ["--tls-ca-cert-file", self.tls.cert]
+            else:
+                listen = ["--port", str(port)]
+            cmd = [
+                REDIS_SERVER,
+                *listen,
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.directory),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--logfile",
+                str(self.directory / f"redis-{port}.log"),
+            ]
+            if self.password:
+                cmd += ["--requirepass", self.password]
+            cmd += self.args
+            self.process = subprocess.Popen(
+                cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and self.process.poll() is None:
+                if _ping(port, self.password, self.tls.cert if self.tls else None):
+                    self.port = port
+                    return self
+                time.sleep(0.02)
+            self.stop()
+        raise RuntimeError(f"redis-server did not start; see {self.directory}")
+
+    def client(self):  # -> redis.Redis
+        """A plain redis-py client of this server (for inspecting and tampering)."""
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password)
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash) and wait for it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Terminate the server and wait for it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def blackhole(reply: bytes = b"") -> Iterator[int]:
+    """A port on 127.0.0.1 that accepts connections, sends ``reply`` (default: nothing) and
+    then never another byte: a hung server, or one that speaks another protocol."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.05)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = listener.accept()
+                held.append(conn)
+                if reply:
+                    conn.sendall(reply)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        listener.close()

@@ -1,0 +1,58 @@
+"""Environment variables: parsed in one place, bad values named in the error."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kernelcache.config import VARIABLES, ConfigError, environment_in_effect, settings
+
+
+def test_defaults():
+    s = settings({})
+    assert s.dir is None and s.readonly_dirs == () and s.remote is None
+    assert s.embed == "auto" and s.lock_mode == "auto" and s.lock_timeout == 120.0
+    assert s.disable is False and s.stats_log is True
+
+
+def test_values_parsed():
+    s = settings(
+        {
+            "KERNELCACHE_DIR": "~/kc",
+            "KERNELCACHE_READONLY_DIRS": f"/a{os.pathsep}{os.pathsep}/b",
+            "KERNELCACHE_REMOTE": " redis://h:1/0 ",
+            "KERNELCACHE_TARGET": "hip:gfx942",
+            "KERNELCACHE_EMBED": "PTX",
+            "KERNELCACHE_LOCK_TIMEOUT": "2.5",
+            "KERNELCACHE_LOCK_MODE": "soft",
+            "KERNELCACHE_DISABLE": "yes",
+        }
+    )
+    assert s.dir == Path("~/kc").expanduser()
+    assert s.readonly_dirs == (Path("/a"), Path("/b"))
+    assert s.remote == "redis://h:1/0" and s.target == "hip:gfx942" and s.embed == "ptx"
+    assert s.lock_timeout == 2.5 and s.lock_mode == "soft" and s.disable is True
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("KERNELCACHE_EMBED", "cubin"),
+        ("KERNELCACHE_LOCK_TIMEOUT", "soon"),
+        ("KERNELCACHE_LOCK_TIMEOUT", "-1"),
+        ("KERNELCACHE_LOCK_TIMEOUT", "nan"),
+        ("KERNELCACHE_LOCK_MODE", "nfs"),
+        ("KERNELCACHE_DISABLE", "maybe"),
+    ],
+)
+def test_bad_values_name_the_variable(name, value):
+    with pytest.raises(ConfigError, match=name):
+        settings({name: value})
+
+
+def test_environment_in_effect_lists_only_known_variables():
+    env = {"KERNELCACHE_DIR": "/x", "KERNELCACHE_BOGUS": "1", "HOME": "/root"}
+    assert environment_in_effect(env) == {"KERNELCACHE_DIR": "/x"}
+    assert all(name.startswith("KERNELCACHE_") for name in VARIABLES)
