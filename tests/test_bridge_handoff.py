@@ -14,7 +14,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-from bridge_helpers import ELF_MAGIC, TESTS, decoded, finish_child, kernels_of, start_child
+from bridge_helpers import ELF_MAGIC, TESTS, decoded, finish_child, start_child
 
 import kernelcache
 from bridge import handoff
@@ -25,7 +25,9 @@ F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 # Lower add for gfx942 by path, wait for every peer to have lowered, then load like jaxlib:
 # read, delete. Also load through a naive shared path (what a stable path under the cache root
 # without per-process hand-off would be), with process 0 loading first.
-CHILD = f"TESTS = {str(TESTS)!r}\n" + r"""
+CHILD = (
+    f"TESTS = {str(TESTS)!r}\n"
+    + r"""
 import json, os, sys, time
 sys.path.insert(0, TESTS)
 index, peers, barrier = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -82,13 +84,18 @@ print(json.dumps({"path": path, "configs": configs, "elf": loaded[:4] == b"\x7fE
                   "size": len(loaded), "naive_ok": naive_ok, "relowered": relowered,
                   "real": os.path.realpath(os.path.dirname(path))}))
 """
+)
 
 
 def test_concurrent_processes_never_consume_each_others_file(tmp_path):
     root = tmp_path / "cache"
     # warm the kernel cache so the peers only lower
-    decoded(lambda x, y: K.add(x, y, target="hip:gfx942", embed="path", cache=str(root)),
-            F32, F32, platform="rocm")
+    decoded(
+        lambda x, y: K.add(x, y, target="hip:gfx942", embed="path", cache=str(root)),
+        F32,
+        F32,
+        platform="rocm",
+    )
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     peers = 4
@@ -110,25 +117,36 @@ def test_concurrent_processes_never_consume_each_others_file(tmp_path):
     assert all(r["configs"] == 2 for r in results)
     assert all(r["relowered"] for r in results)
     # the private directories are gone when their processes exit
-    left = [d for d in (root / handoff.HANDOFF_DIR).iterdir() if d.is_dir()]
+    mine = f"-{os.getpid()}-"
+    left = [d for d in (root / handoff.HANDOFF_DIR).iterdir() if d.is_dir() and mine not in d.name]
     assert left == []
 
 
 def test_path_mode_opaque_is_a_load_guarded_autotuned_call(tmp_path):
-    (call,) = decoded(lambda x, y: K.add(x, y, target="hip:gfx90a", embed="path",
-                                         cache=str(tmp_path)), F32, F32, platform="rocm")
+    (call,) = decoded(
+        lambda x, y: K.add(x, y, target="hip:gfx90a", embed="path", cache=str(tmp_path)),
+        F32,
+        F32,
+        platform="rocm",
+    )
     configs = call.autotuned_kernel_call.configs
     assert len(configs) == 2
     a, b = (c.kernel_call.kernel for c in configs)
     assert (a.kernel_name, a.shared_mem_bytes, a.ptx, a.compute_capability) == (
-        b.kernel_name, b.shared_mem_bytes, b.ptx, b.compute_capability)
+        b.kernel_name,
+        b.shared_mem_bytes,
+        b.ptx,
+        b.compute_capability,
+    )
     with open(a.ptx, "rb") as f:
         data = f.read()
     entry = kernelcache.Cache(root=tmp_path).get(os.path.basename(a.ptx).split(".")[0], "hsaco")
     assert data[:4] == ELF_MAGIC and data == entry.data
 
 
-FORK_CHILD = f"TESTS = {str(TESTS)!r}\n" + r"""
+FORK_CHILD = (
+    f"TESTS = {str(TESTS)!r}\n"
+    + r"""
 import json, os, sys
 sys.path.insert(0, TESTS)
 import jax, jax.numpy as jnp
@@ -153,14 +171,21 @@ child = json.loads(os.read(r, 10000).decode())
 os.waitpid(pid, 0)
 print(json.dumps({"parent_dir": parent_dir, "child": child, "parent_still_has_it": os.path.exists(path)}))
 """
+)
 
 
 def test_forked_child_gets_its_own_handoff_directory(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c", FORK_CHILD],
-        env={**os.environ, "KERNELCACHE_DIR": str(tmp_path),
-             "PYTHONPATH": f"{TESTS.parent}:{os.environ.get('PYTHONPATH', '')}"},
-        capture_output=True, text=True, cwd=str(TESTS.parent), timeout=240,
+        env={
+            **os.environ,
+            "KERNELCACHE_DIR": str(tmp_path),
+            "PYTHONPATH": f"{TESTS.parent}:{os.environ.get('PYTHONPATH', '')}",
+        },
+        capture_output=True,
+        text=True,
+        cwd=str(TESTS.parent),
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr
     import json
@@ -191,8 +216,13 @@ from bridge import handoff
 path = handoff.materialize({str(tmp_path)!r}, "k.hsaco", b"\\x7fELFdata")
 print(json.dumps({{"path": path, "fd_is_devnull": os.path.samefile(f"/proc/self/fd/{handoff.HANDOFF_FD}", os.devnull)}}))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(TESTS.parent)}, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(TESTS.parent)},
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     import json
 

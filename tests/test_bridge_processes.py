@@ -9,7 +9,9 @@ from bridge_helpers import REPO, TESTS, run_child
 
 # Lowers a set of kernels for both vendors in every embedding; counts every way Triton could
 # compile: the front end (ASTSource/GluonASTSource.make_ir), triton.compile and triton_key.
-CHILD = f"TESTS = {str(TESTS)!r}\n" + r"""
+CHILD = (
+    f"TESTS = {str(TESTS)!r}\n"
+    + r"""
 import hashlib, json, sys
 sys.path.insert(0, TESTS)
 counts = {"make_ir": 0, "compile": 0, "triton_key": 0}
@@ -58,6 +60,7 @@ print(json.dumps({"opaques": out, "counts": counts, "module_file": K.__file__,
                   "bridge_compiles": bridge_compile.compile_count(),
                   "stats": kernelcache.process_stats()}))
 """
+)
 
 
 def test_two_processes_identical_opaques_and_warm_start_compiles_nothing(tmp_path):
@@ -84,7 +87,9 @@ def test_opaques_do_not_depend_on_where_the_sources_live(tmp_path):
     shutil.copytree(REPO / "examples", elsewhere / "examples")
     here = run_child(CHILD, KERNELCACHE_DIR=str(tmp_path / "a"))
     there = run_child(
-        CHILD, cwd=str(elsewhere), KERNELCACHE_DIR=str(tmp_path / "b"),
+        CHILD,
+        cwd=str(elsewhere),
+        KERNELCACHE_DIR=str(tmp_path / "b"),
         PYTHONPATH=f"{elsewhere}:{REPO}",
     )
     assert there["module_file"].startswith(str(elsewhere))
