@@ -26,7 +26,13 @@ from typing import Any
 import jax
 import jax.extend
 import numpy as np
-from jax.interpreters import ad, batching, mlir
+
+try:  # the public homes of the primitive registries (jax 0.8 - 0.11)
+    from jax.interpreters import ad, batching, mlir
+
+    _ = (ad.primitive_jvps, batching.primitive_batchers, mlir.register_lowering)
+except (ImportError, AttributeError):  # pragma: no cover - later releases
+    from jax._src.interpreters import ad, batching, mlir  # type: ignore[no-redef]
 
 from . import backends, binding, embed, handoff, keys, proto, record, targets, versions
 from .artifacts import KernelBinary, as_cache, fetch
