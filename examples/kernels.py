@@ -1,22 +1,16 @@
-"""Example Triton and Gluon kernels, with JAX wrappers that call them through the bridge.
+"""Example Triton and Gluon kernels (plain Triton: no JAX, no bridge).
 
-Used by the tests and the benchmark; also a starting point for your own kernels. Every wrapper
-works under ``jax.jit`` and takes ``target=``/``embed=`` so it can be lowered for another GPU
-on a machine without one.
+Used by the tests and the benchmark, and a starting point for your own. The signatures follow
+jax-triton 0.3.x's convention where they can (inputs and scalars, then output pointers); a few
+put the output elsewhere to show ``out_names``. :mod:`examples.ops` calls them from JAX.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import jax
-import jax.numpy as jnp
 import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-
-import bridge
 
 
 # -- elementwise --------------------------------------------------------------------------
@@ -28,19 +22,6 @@ def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
     x = tl.load(x_ptr + offs, mask=mask)
     y = tl.load(y_ptr + offs, mask=mask)
     tl.store(out_ptr + offs, x + y, mask=mask)
-
-
-def add(x: jax.Array, y: jax.Array, *, block: int = 1024, **kw: Any) -> jax.Array:
-    return bridge.triton_call(
-        x,
-        y,
-        x.size,
-        kernel=add_kernel,
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        grid=(triton.cdiv(x.size, block),),
-        BLOCK=block,
-        **kw,
-    )
 
 
 @triton.jit
@@ -113,22 +94,6 @@ def softmax_kernel(x_ptr, n_cols, stride, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + row * stride + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def softmax(x: jax.Array, **kw: Any) -> jax.Array:
-    rows, cols = x.shape
-    block = triton.next_power_of_2(cols)
-    return bridge.triton_call(
-        x,
-        cols,
-        cols,
-        kernel=softmax_kernel,
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        grid=(rows,),
-        BLOCK=block,
-        num_warps=4 if block <= 2048 else 8,
-        **kw,
-    )
-
-
 # -- matmul (autotuned) ----------------------------------------------------------------------
 MATMUL_CONFIGS = [
     triton.Config({"BM": 128, "BN": 128, "BK": 64}, num_warps=8, num_stages=3),
@@ -170,21 +135,6 @@ def matmul_kernel(
     )
 
 
-def matmul(a: jax.Array, b: jax.Array, **kw: Any) -> jax.Array:
-    (m, k), (_, n) = a.shape, b.shape
-    return bridge.triton_call(
-        a,
-        b,
-        m,
-        n,
-        k,
-        kernel=matmul_kernel,
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        grid=lambda meta: (triton.cdiv(m, meta["BM"]), triton.cdiv(n, meta["BN"])),
-        **kw,
-    )
-
-
 # -- Gluon ----------------------------------------------------------------------------------
 @gluon.jit
 def gluon_scale_kernel(x_ptr, n, scale, out_ptr, BLOCK: gl.constexpr, WARP_SIZE: gl.constexpr):
@@ -198,20 +148,3 @@ def gluon_scale_kernel(x_ptr, n, scale, out_ptr, BLOCK: gl.constexpr, WARP_SIZE:
     offs = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=layout)
     mask = offs < n
     gl.store(out_ptr + offs, gl.load(x_ptr + offs, mask=mask) * scale, mask=mask)
-
-
-def gluon_scale(
-    x: jax.Array, scale: float, *, warp_size: int = 32, block: int = 1024, **kw: Any
-) -> jax.Array:
-    return bridge.triton_call(
-        x,
-        x.size,
-        scale,
-        kernel=gluon_scale_kernel,
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        grid=(triton.cdiv(x.size, block),),
-        BLOCK=block,
-        WARP_SIZE=warp_size,
-        num_warps=4,
-        **kw,
-    )

@@ -19,6 +19,7 @@ import bridge
 import kernelcache
 from bridge import versions
 from examples import kernels as K
+from examples import ops
 
 
 def _cuda_devices() -> list:
@@ -45,16 +46,16 @@ def rand(shape, dtype=jnp.float32, seed=0):
 @pytest.mark.parametrize("embed", MODES)
 def test_add(cache, embed):
     x, y = rand((100_000,)), rand((100_000,), seed=1)
-    out = jax.jit(lambda a, b: K.add(a, b, embed=embed, cache=cache))(x, y)
+    out = jax.jit(lambda a, b: ops.add(a, b, embed=embed, cache=cache))(x, y)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(x + y))
-    eager = K.add(x, y, embed=embed, cache=cache)  # outside jit too
+    eager = ops.add(x, y, embed=embed, cache=cache)  # outside jit too
     np.testing.assert_array_equal(np.asarray(eager), np.asarray(x + y))
 
 
 @pytest.mark.parametrize("embed", MODES)
 def test_softmax(cache, embed):
     x = rand((256, 1000))
-    out = jax.jit(lambda a: K.softmax(a, embed=embed, cache=cache))(x)
+    out = jax.jit(lambda a: ops.softmax(a, embed=embed, cache=cache))(x)
     np.testing.assert_allclose(
         np.asarray(out), np.asarray(jax.nn.softmax(x, axis=-1)), rtol=1e-5, atol=1e-6
     )
@@ -63,7 +64,7 @@ def test_softmax(cache, embed):
 @pytest.mark.parametrize("embed", MODES)
 def test_autotuned_bf16_matmul(cache, embed):
     a, b = rand((1024, 512), jnp.bfloat16), rand((512, 768), jnp.bfloat16, seed=1)
-    out = jax.jit(lambda p, q: K.matmul(p, q, embed=embed, cache=cache))(a, b)
+    out = jax.jit(lambda p, q: ops.matmul(p, q, embed=embed, cache=cache))(a, b)
     ref = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
     np.testing.assert_allclose(
         np.asarray(out.astype(jnp.float32)), np.asarray(ref), rtol=2e-2, atol=2e-1
@@ -73,7 +74,7 @@ def test_autotuned_bf16_matmul(cache, embed):
 @pytest.mark.parametrize("embed", MODES)
 def test_gluon(cache, embed):
     x = rand((50_000,))
-    out = jax.jit(lambda a: K.gluon_scale(a, 3.0, warp_size=32, embed=embed, cache=cache))(x)
+    out = jax.jit(lambda a: ops.gluon_scale(a, 3.0, warp_size=32, embed=embed, cache=cache))(x)
     np.testing.assert_allclose(np.asarray(out), np.asarray(x * 3.0), rtol=1e-6)
 
 
@@ -171,7 +172,7 @@ def test_calling_conventions_on_device(cache):
         np.testing.assert_array_equal(np.asarray(out), np.asarray(v))
     # vmap runs the kernel per batch element
     xs = rand((3, 4096), seed=3)
-    out = jax.jit(jax.vmap(lambda a: K.add(a, y, cache=cache)))(xs)
+    out = jax.jit(jax.vmap(lambda a: ops.add(a, y, cache=cache)))(xs)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(xs + y))
 
 
@@ -209,7 +210,9 @@ def test_autotuned_in_place_kernel_is_applied_once(cache):
 def test_a_target_for_another_gpu_is_a_clear_error(cache):
     other = "cuda:80" if _cuda_devices()[0].compute_capability != "8.0" else "cuda:90"
     with pytest.raises(bridge.TargetError, match="does not run on this machine"):
-        jax.jit(lambda a, b: K.add(a, b, target=other, cache=cache)).lower(jnp.ones(8), jnp.ones(8))
+        jax.jit(lambda a, b: ops.add(a, b, target=other, cache=cache)).lower(
+            jnp.ones(8), jnp.ones(8)
+        )
 
 
 CHILD = (
@@ -233,11 +236,12 @@ jax.monitoring.register_event_listener(
 import bridge
 from bridge import compile as bridge_compile
 from examples import kernels as K
+from examples import ops
 bridge.enable_jax_cache(os.environ["JAX_CACHE"])
 x = jax.random.normal(jax.random.PRNGKey(0), (1 << 16,), jnp.float32)
 a = jax.random.normal(jax.random.PRNGKey(1), (512, 256), jnp.float32).astype(jnp.bfloat16)
 b = jax.random.normal(jax.random.PRNGKey(2), (256, 384), jnp.float32).astype(jnp.bfloat16)
-f = jax.jit(lambda x, a, b: (K.add(x, x), K.matmul(a, b), K.gluon_scale(x, 2.0)))
+f = jax.jit(lambda x, a, b: (ops.add(x, x), ops.matmul(a, b), ops.gluon_scale(x, 2.0)))
 s, c, g = f(x, a, b)
 ref = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
 print(json.dumps({

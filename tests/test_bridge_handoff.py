@@ -18,7 +18,7 @@ from bridge_helpers import ELF_MAGIC, TESTS, decoded, finish_child, start_child
 
 import kernelcache
 from bridge import handoff
-from examples import kernels as K
+from examples import ops
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 
@@ -34,6 +34,7 @@ index, peers, barrier = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 import jax, jax.numpy as jnp
 from bridge_helpers import decoded, kernels_of
 from examples import kernels as K
+from examples import ops
 
 def wait_for(name, count):
     deadline = time.time() + 120
@@ -43,7 +44,7 @@ def wait_for(name, count):
         time.sleep(0.01)
 
 f32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
-lower = lambda: decoded(lambda x, y: K.add(x, y, target="hip:gfx942", embed="path"), f32, f32,
+lower = lambda: decoded(lambda x, y: ops.add(x, y, target="hip:gfx942", embed="path"), f32, f32,
                         platform="rocm")[0]
 call = lower()
 paths = {k.ptx for k in kernels_of(call)}
@@ -91,7 +92,7 @@ def test_concurrent_processes_never_consume_each_others_file(tmp_path):
     root = tmp_path / "cache"
     # warm the kernel cache so the peers only lower
     decoded(
-        lambda x, y: K.add(x, y, target="hip:gfx942", embed="path", cache=str(root)),
+        lambda x, y: ops.add(x, y, target="hip:gfx942", embed="path", cache=str(root)),
         F32,
         F32,
         platform="rocm",
@@ -124,7 +125,7 @@ def test_concurrent_processes_never_consume_each_others_file(tmp_path):
 
 def test_path_mode_opaque_is_a_load_guarded_autotuned_call(tmp_path):
     (call,) = decoded(
-        lambda x, y: K.add(x, y, target="hip:gfx90a", embed="path", cache=str(tmp_path)),
+        lambda x, y: ops.add(x, y, target="hip:gfx90a", embed="path", cache=str(tmp_path)),
         F32,
         F32,
         platform="rocm",
@@ -152,8 +153,9 @@ sys.path.insert(0, TESTS)
 import jax, jax.numpy as jnp
 from bridge_helpers import decoded, kernels_of
 from examples import kernels as K
+from examples import ops
 f32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
-(call,) = decoded(lambda x, y: K.add(x, y, target="hip:gfx942", embed="path"), f32, f32,
+(call,) = decoded(lambda x, y: ops.add(x, y, target="hip:gfx942", embed="path"), f32, f32,
                   platform="rocm")
 path = kernels_of(call)[0].ptx
 parent_dir = os.path.realpath(os.path.dirname(path))

@@ -22,6 +22,7 @@ from bridge import compile as bridge_compile
 from bridge import proto, versions
 from bridge.keys import derived_key
 from examples import kernels as K
+from examples import ops
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 MODERN = versions.honours_module_image(versions.jaxlib_version())
@@ -34,7 +35,7 @@ def cache(tmp_path_factory) -> kernelcache.Cache:
 
 
 def add_fn(cache, **kw):
-    return lambda x, y: K.add(x, y, cache=cache, **kw)
+    return lambda x, y: ops.add(x, y, cache=cache, **kw)
 
 
 # -- what is embedded -------------------------------------------------------------------
@@ -148,7 +149,7 @@ def test_cache_entry_metadata(cache):
 # -- kernels ----------------------------------------------------------------------------
 def test_softmax(cache):
     x = jax.ShapeDtypeStruct((64, 1000), jnp.float32)
-    (call,) = decoded(lambda a: K.softmax(a, target="cuda:90", cache=cache), x)
+    (call,) = decoded(lambda a: ops.softmax(a, target="cuda:90", cache=cache), x)
     (kernel,) = kernels_of(call)
     assert kernel.kernel_name == "softmax_kernel" and kernel.num_warps == 4
     assert call.kernel_call.grid_0 == 64
@@ -157,7 +158,7 @@ def test_softmax(cache):
 def test_autotuned_matmul_compiles_every_config(cache):
     a = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
     b = jax.ShapeDtypeStruct((256, 384), jnp.bfloat16)
-    (call,) = decoded(lambda x, y: K.matmul(x, y, target="cuda:90", cache=cache), a, b)
+    (call,) = decoded(lambda x, y: ops.matmul(x, y, target="cuda:90", cache=cache), a, b)
     tuned = call.autotuned_kernel_call
     assert len(tuned.configs) == 4
     grids = [(c.kernel_call.grid_0, c.kernel_call.grid_1) for c in tuned.configs]
@@ -172,12 +173,12 @@ def test_autotuned_matmul_compiles_every_config(cache):
 
 def test_autotune_configs_conflicting_with_explicit_values_are_dropped(cache):
     a = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
-    fn = lambda x, y: K.matmul(x, y, target="cuda:90", cache=cache, BM=64)  # noqa: E731
+    fn = lambda x, y: ops.matmul(x, y, target="cuda:90", cache=cache, BM=64)  # noqa: E731
     (call,) = decoded(fn, a, jax.ShapeDtypeStruct((256, 384), jnp.bfloat16))
     assert len(call.autotuned_kernel_call.configs) == 2
     with pytest.raises(bridge.KernelArgumentError, match="every autotune config"):
         decoded(
-            lambda x, y: K.matmul(x, y, target="cuda:90", cache=cache, BM=32),
+            lambda x, y: ops.matmul(x, y, target="cuda:90", cache=cache, BM=32),
             a,
             jax.ShapeDtypeStruct((256, 384), jnp.bfloat16),
         )
@@ -452,7 +453,7 @@ def test_zeroed_outputs(cache):
 )
 def test_gluon_both_vendors(cache, target, platform, warp):
     def fn(x):
-        return K.gluon_scale(
+        return ops.gluon_scale(
             x,
             3.0,
             warp_size=warp,
@@ -468,7 +469,7 @@ def test_gluon_both_vendors(cache, target, platform, warp):
 
 
 def test_gluon_layout_needs_the_target_warp_size(cache):
-    fn = lambda x: K.gluon_scale(x, 3.0, warp_size=32, target="hip:gfx942", cache=cache)  # noqa: E731
+    fn = lambda x: ops.gluon_scale(x, 3.0, warp_size=32, target="hip:gfx942", cache=cache)  # noqa: E731
     with pytest.raises(RuntimeError) as info:
         decoded(fn, F32, platform="rocm")
     assert any("64 threads per warp on hip:gfx942" in n for n in info.value.__notes__)
@@ -598,7 +599,7 @@ def test_lowering_for_cpu_says_why(cache):
 
 # -- JAX transformations ----------------------------------------------------------------
 def test_grad_is_a_clear_error(cache):
-    f = lambda x: jnp.sum(K.add(x, x, target="cuda:90", cache=cache))  # noqa: E731
+    f = lambda x: jnp.sum(ops.add(x, x, target="cuda:90", cache=cache))  # noqa: E731
     with pytest.raises(bridge.UnsupportedTransformation, match="custom_vjp"):
         jax.jit(jax.grad(f)).trace(jnp.ones(4096)).lower(lowering_platforms=("cuda",))
 
@@ -618,10 +619,10 @@ def test_a_miss_compiles_once_then_hits(tmp_path):
     bridge_call._memo.clear()
     root = tmp_path / "cold"
     before = bridge_compile.compile_count()
-    decoded(lambda x, y: K.add(x, y, target="cuda:75", cache=str(root)), F32, F32)
+    decoded(lambda x, y: ops.add(x, y, target="cuda:75", cache=str(root)), F32, F32)
     assert bridge_compile.compile_count() == before + 1
     bridge_call._memo.clear()
-    decoded(lambda x, y: K.add(x, y, target="cuda:75", cache=str(root)), F32, F32)
+    decoded(lambda x, y: ops.add(x, y, target="cuda:75", cache=str(root)), F32, F32)
     assert bridge_compile.compile_count() == before + 1
     names = sorted(p.suffix for p in root.iterdir() if p.is_file())
     assert names.count(".cubin") == 1 and names.count(".ptx") == 1
@@ -644,7 +645,7 @@ def test_unwritable_cache_still_lowers(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     (call,) = decoded(
-        lambda x, y: K.add(x, y, target="cuda:75", cache=str(blocker / "sub")), F32, F32
+        lambda x, y: ops.add(x, y, target="cuda:75", cache=str(blocker / "sub")), F32, F32
     )
     assert kernels_of(call)[0].kernel_name == "add_kernel"
 
@@ -656,7 +657,7 @@ def test_record_listener_sees_plain_dicts(cache, tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELCACHE_RECORD", str(manifest))
     try:
         decoded(
-            lambda a, b: K.matmul(a, b, target="cuda:90", cache=cache),
+            lambda a, b: ops.matmul(a, b, target="cuda:90", cache=cache),
             jax.ShapeDtypeStruct((256, 128), jnp.bfloat16),
             jax.ShapeDtypeStruct((128, 256), jnp.bfloat16),
         )
@@ -677,7 +678,7 @@ def test_record_listener_sees_plain_dicts(cache, tmp_path, monkeypatch):
 def test_numpy_inputs_and_scalars(cache):
     x = np.arange(4096, dtype=np.float32)
     low = (
-        jax.jit(lambda: K.add(x, x, target="cuda:90", cache=cache))
+        jax.jit(lambda: ops.add(x, x, target="cuda:90", cache=cache))
         .trace()
         .lower(lowering_platforms=("cuda",))
     )

@@ -38,19 +38,20 @@ import kernelcache
 from bridge import compile as bridge_compile
 from bridge_helpers import custom_calls, lowered_module
 from examples import kernels as K
+from examples import ops
 
 f32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 bf = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16)
 cases = {
-    "add/cuda/inline": (lambda x, y: K.add(x, y, target="cuda:90", embed="inline"), (f32, f32), "cuda"),
-    "add/cuda/ptx": (lambda x, y: K.add(x, y, target="cuda:90", embed="ptx"), (f32, f32), "cuda"),
-    "add/rocm/inline": (lambda x, y: K.add(x, y, target="hip:gfx942", embed="inline"), (f32, f32), "rocm"),
-    "add/rocm/path": (lambda x, y: K.add(x, y, target="hip:gfx942", embed="path"), (f32, f32), "rocm"),
-    "matmul/cuda": (lambda a, b: K.matmul(a, b, target="cuda:90", embed="inline"), (bf, bf), "cuda"),
-    "softmax/rocm": (lambda x: K.softmax(x, target="hip:gfx90a", embed="inline"),
+    "add/cuda/inline": (lambda x, y: ops.add(x, y, target="cuda:90", embed="inline"), (f32, f32), "cuda"),
+    "add/cuda/ptx": (lambda x, y: ops.add(x, y, target="cuda:90", embed="ptx"), (f32, f32), "cuda"),
+    "add/rocm/inline": (lambda x, y: ops.add(x, y, target="hip:gfx942", embed="inline"), (f32, f32), "rocm"),
+    "add/rocm/path": (lambda x, y: ops.add(x, y, target="hip:gfx942", embed="path"), (f32, f32), "rocm"),
+    "matmul/cuda": (lambda a, b: ops.matmul(a, b, target="cuda:90", embed="inline"), (bf, bf), "cuda"),
+    "softmax/rocm": (lambda x: ops.softmax(x, target="hip:gfx90a", embed="inline"),
                      (jax.ShapeDtypeStruct((32, 300), jnp.float32),), "rocm"),
-    "gluon/cuda": (lambda x: K.gluon_scale(x, 2.0, warp_size=32, target="cuda:90", embed="inline"), (f32,), "cuda"),
-    "gluon/rocm": (lambda x: K.gluon_scale(x, 2.0, warp_size=64, target="hip:gfx942", embed="inline"), (f32,), "rocm"),
+    "gluon/cuda": (lambda x: ops.gluon_scale(x, 2.0, warp_size=32, target="cuda:90", embed="inline"), (f32,), "cuda"),
+    "gluon/rocm": (lambda x: ops.gluon_scale(x, 2.0, warp_size=64, target="hip:gfx942", embed="inline"), (f32,), "rocm"),
 }
 out = {}
 for name, (fn, avals, platform) in cases.items():

@@ -14,7 +14,7 @@ import pytest
 from bridge_helpers import custom_calls, jaxlib_triton, lowered_module
 
 from bridge import proto
-from examples import kernels as K
+from examples import ops
 
 g = jaxlib_triton()
 needs_jaxlib = pytest.mark.skipif(
@@ -115,7 +115,7 @@ def test_autotuned_call_bytes_equal_jaxlib():
 def test_a_lowered_call_parses_like_jaxlib_builds_it():
     """Rebuild a lowered (PTX-embedded) call with jaxlib's constructors: same bytes."""
     f32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
-    fn = lambda x, y: K.add(x, y, target="cuda:90", embed="ptx")  # noqa: E731
+    fn = lambda x, y: ops.add(x, y, target="cuda:90", embed="ptx")  # noqa: E731
     (cc,) = custom_calls(lowered_module(fn, f32, f32))
     raw = zlib.decompress(cc["opaque"])
     msg = proto.parse_call(raw)
