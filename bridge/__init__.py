@@ -9,6 +9,8 @@ cache beside the kernel cache.
 
 from __future__ import annotations
 
+import kernelcache as _kernelcache  # noqa: F401  (imported with the bridge, not at first lowering)
+
 from .call import triton_call
 from .errors import (
     BackendUnavailable,

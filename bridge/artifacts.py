@@ -30,12 +30,13 @@ _default: dict[Any, Any] = {}
 _default_lock = threading.Lock()
 
 
-def default_cache() -> Any:
-    """The process's kernel cache configured from the environment (one per configuration)."""
+def default_cache(cfg: Any = None) -> Any:
+    """The process's kernel cache configured from the environment (one per configuration;
+    ``cfg`` is a ``kernelcache.config.settings()`` snapshot, read now when None)."""
     import kernelcache
     from kernelcache.config import settings
 
-    cfg = settings()
+    cfg = cfg or settings()
     with _default_lock:
         cache = _default.get(cfg)
         if cache is None:
@@ -43,10 +44,10 @@ def default_cache() -> Any:
         return cache
 
 
-def as_cache(cache: Any) -> Any:
+def as_cache(cache: Any, cfg: Any = None) -> Any:
     """``cache`` as a kernelcache.Cache: None for the default, or a root directory path."""
     if cache is None:
-        return default_cache()
+        return default_cache(cfg)
     if isinstance(cache, (str, os.PathLike)):
         import kernelcache
 

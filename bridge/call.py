@@ -564,11 +564,14 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> tupl
 
     This is the lowering minus the MLIR: usable to inspect what a call embeds.
     """
-    target = targets.resolve(call.target, platform)
+    from kernelcache.config import settings
+
+    cfg = settings()
+    target = targets.resolve(call.target, platform, cfg)
     jaxlib = jaxlib or versions.jaxlib_version()
     backends.check_options(target, set(call.options))
-    mode = embed.resolve(call.embed, target, jaxlib)
-    cache = as_cache(call.cache)
+    mode = embed.resolve(call.embed, target, jaxlib, cfg)
+    cache = as_cache(call.cache, cfg)
     backend = backends.make_backend(target)
     m = proto.messages()
     variants = binding.expand_variants(call.parts, call.named, call.kwargs, call.options)
@@ -606,7 +609,7 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> tupl
         )
         _parameters(kernel_call, call, bound, _zeroed(call, bound))
         configs.append((kernel_call, variant.description))
-        record.emit(_record(call, target, key, bound, grid))
+        record.emit(_record(call, target, key, bound, grid), cfg)
     anycall = m["TritonAnyKernelCall"](name=call.name, metadata=call.metadata)
     if len(configs) == 1 and mode != "path":
         anycall.kernel_call.CopyFrom(configs[0][0])

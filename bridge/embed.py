@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from . import versions
 from .errors import EmbedError
@@ -27,7 +28,9 @@ MODES = ("auto", "inline", "ptx", "path")
 _warned: set[tuple[str, str]] = set()
 
 
-def resolve(requested: str | None, target: Target, jaxlib: str | None = None) -> str:
+def resolve(
+    requested: str | None, target: Target, jaxlib: str | None = None, cfg: Any = None
+) -> str:
     """The embedding to use for ``target`` under ``jaxlib`` (default: the running one).
 
     Raises:
@@ -35,7 +38,7 @@ def resolve(requested: str | None, target: Target, jaxlib: str | None = None) ->
     """
     from kernelcache.config import settings
 
-    mode = (requested or settings().embed or "auto").strip().lower()
+    mode = (requested or (cfg or settings()).embed or "auto").strip().lower()
     if mode not in MODES:
         raise EmbedError(f"embed={requested!r} is not one of {', '.join(MODES)}")
     jaxlib = jaxlib or versions.jaxlib_version()

@@ -53,8 +53,10 @@ def _stat_row(path: str, base: str) -> list[Any]:
     return [os.path.relpath(path, base), st.st_size, st.st_mtime_ns]
 
 
+@functools.lru_cache(maxsize=1)
 def triton_fingerprint() -> str:
-    """A digest of the identity (path, size, mtime) of every file ``triton_key()`` reads."""
+    """A digest of the identity (path, size, mtime) of every file ``triton_key()`` reads
+    (computed once per process)."""
     import triton
 
     base = os.path.dirname(os.path.abspath(triton.__file__))
@@ -70,6 +72,7 @@ def triton_fingerprint() -> str:
     return hashlib.sha256(doc.encode()).hexdigest()
 
 
+@functools.cache
 def ptxas_fingerprint(target: Target) -> str:
     """A digest of what decides the CUDA backend's identity for ``target``: its ptxas files."""
     from triton import knobs

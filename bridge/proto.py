@@ -179,8 +179,9 @@ def parse_call(data: bytes) -> Any:
 
 
 def compress(data: bytes) -> bytes:
-    """The opaque jaxlib expects: zlib-compressed serialized TritonAnyKernelCall."""
-    return zlib.compress(data, 6)
+    """The opaque jaxlib expects: zlib-compressed serialized TritonAnyKernelCall (level 1:
+    machine code compresses little further, and lowering stays fast)."""
+    return zlib.compress(data, 1)
 
 
 def decode_opaque(opaque: bytes) -> Any:

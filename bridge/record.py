@@ -65,7 +65,7 @@ def plain(value: Any) -> Any:
     return {"repr": repr(value)}
 
 
-def emit(record: dict[str, Any]) -> None:
+def emit(record: dict[str, Any], cfg: Any = None) -> None:
     """Hand ``record`` to the listeners and to the ``$KERNELCACHE_RECORD`` manifest."""
     from kernelcache.config import settings
 
@@ -73,7 +73,7 @@ def emit(record: dict[str, Any]) -> None:
         listeners = list(_listeners)
     for listener in listeners:
         listener(record)
-    path = settings().record
+    path = (cfg or settings()).record
     if path is None:
         return
     ident = (str(path), record["key"], record["target"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import TargetError
 
@@ -152,7 +153,7 @@ def _device_target(device, platform: str) -> Target | None:
     return Target("hip", arch, hip_warp_size(arch))
 
 
-def resolve(explicit: str | Target | None, platform: str) -> Target:
+def resolve(explicit: str | Target | None, platform: str, cfg: Any = None) -> Target:
     """The target to compile for when lowering for ``platform``.
 
     Order: ``explicit`` (the call's ``target=``), then ``$KERNELCACHE_TARGET``, then the local
@@ -165,7 +166,7 @@ def resolve(explicit: str | Target | None, platform: str) -> Target:
 
     source = "target="
     if explicit is None:
-        explicit = settings().target
+        explicit = (cfg or settings()).target
         source = "$KERNELCACHE_TARGET"
     local = detect(platform)
     if explicit is None:

@@ -124,6 +124,7 @@ def test_fingerprint_changes_with_the_installation(monkeypatch):
 
     import triton
 
+    identity.triton_fingerprint.cache_clear()
     before = identity.triton_fingerprint()
     path = os.path.join(os.path.dirname(triton.__file__), "language", "core.py")
     real_stat = os.stat
@@ -135,6 +136,8 @@ def test_fingerprint_changes_with_the_installation(monkeypatch):
         return result
 
     monkeypatch.setattr(os, "stat", touched)
+    identity.triton_fingerprint.cache_clear()
     assert identity.triton_fingerprint() != before
     monkeypatch.setattr(os, "stat", real_stat)
+    identity.triton_fingerprint.cache_clear()
     assert identity.triton_fingerprint() == before
