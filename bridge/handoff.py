@@ -98,9 +98,25 @@ def _canonical_fd(dir_fd: int) -> bool:
     return True
 
 
-def _setup(root: str, *, after_fork: bool = False) -> dict[str, object]:
+def _base(root: str) -> Path:
+    """``<root>/.handoff``, or a per-user directory under the system temp directory when the
+    cache root cannot take it (a read-only or missing root must not fail the job)."""
     base = Path(root) / HANDOFF_DIR
-    base.mkdir(parents=True, exist_ok=True)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        if os.access(base, os.W_OK | os.X_OK):
+            return base
+    except OSError as e:
+        logger.debug("cannot use %s for HSACO hand-off: %s", base, e)
+    import tempfile
+
+    base = Path(tempfile.gettempdir()) / f"kernelcache-handoff-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    return base
+
+
+def _setup(root: str, *, after_fork: bool = False) -> dict[str, object]:
+    base = _base(root)
     _reap(base)
     private = base / f"{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     private.mkdir(mode=0o700)

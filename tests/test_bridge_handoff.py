@@ -233,6 +233,20 @@ print(json.dumps({{"path": path, "fd_is_devnull": os.path.samefile(f"/proc/self/
     assert out["path"].startswith(str(tmp_path)) and "is in use" in proc.stderr
 
 
+def test_an_unwritable_cache_root_hands_off_from_the_temp_directory(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    handoff._cleanup()
+    try:
+        path = handoff.materialize(str(blocker / "root"), "k.hsaco", b"\x7fELF")
+        with open(path, "rb") as f:
+            assert f.read() == b"\x7fELF"
+        private, _ = handoff.directory(str(blocker / "root"))
+        assert not private.startswith(str(tmp_path))
+    finally:
+        handoff._cleanup()
+
+
 @pytest.mark.parametrize("size", [0, 7])
 def test_materialize_is_atomic_and_idempotent(tmp_path, size):
     data = b"\x7fELF" + b"x" * size
