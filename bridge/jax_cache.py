@@ -24,8 +24,8 @@ def enable_jax_cache(
     """Turn on JAX's persistent compilation cache and return its directory.
 
     Args:
-        dir: the cache directory; None for ``<kernel cache root>/jax``... placed beside the
-            kernel cache: ``<parent of the kernel cache root>/<root name>-jax``.
+        dir: the cache directory; None for one beside the kernel cache:
+            ``<parent of the kernel cache root>/<root name>-jax``.
         min_compile_time_secs: cache executables whose XLA compile took at least this long
             (JAX's default of 1 s skips most small programs; 0 caches everything).
         min_entry_size_bytes: cache executables at least this large (0: all).
