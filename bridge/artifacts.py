@@ -22,6 +22,8 @@ from typing import Any
 
 from .compile import Compiled
 from .keys import derived_key
+from .record import plain
+from .versions import triton_version
 
 logger = logging.getLogger(__name__)
 
@@ -127,3 +129,32 @@ def fetch(
         return KernelBinary(key, ext, art.data, meta, compiled.ptx, True)
     meta.update(describe(compiled), ptx_sha256=_sha256(compiled.ptx or ""))
     return KernelBinary(key, ext, compiled.binary, meta, compiled.ptx, True)
+
+
+def entry_metadata(parts: Any, target: Any, bound: Any) -> Callable[[Compiled], dict[str, Any]]:
+    """A function turning a compile result of ``bound`` into the cache entry's metadata (plain
+    JSON, no absolute paths)."""
+
+    def describe(compiled: Any) -> dict[str, Any]:
+        md = compiled.metadata
+        return {
+            "name": md["name"],
+            "kernel": parts.qualname,
+            "language": parts.language,
+            "target": str(target),
+            "arch": str(md.get("arch", target.arch)),
+            "warp_size": int(md.get("warp_size", target.warp_size)),
+            "num_warps": int(md["num_warps"]),
+            "num_ctas": int(md.get("num_ctas", 1)),
+            "num_stages": int(md.get("num_stages", 0)),
+            "shared": int(md.get("shared") or 0),
+            "global_scratch_size": int(md.get("global_scratch_size") or 0),
+            "global_scratch_align": int(md.get("global_scratch_align") or 1),
+            "profile_scratch_size": int(md.get("profile_scratch_size") or 0),
+            "tmem_size": int(md.get("tmem_size") or 0),
+            "tensordesc": bool(md.get("tensordesc_meta")),
+            "signature": plain(dict(bound.signature)),
+            "producer": {"triton": triton_version()},
+        }
+
+    return describe

@@ -35,7 +35,7 @@ except (ImportError, AttributeError):  # pragma: no cover - later releases
     from jax._src.interpreters import ad, batching, mlir  # type: ignore[no-redef]
 
 from . import backends, binding, embed, handoff, keys, proto, record, targets, versions
-from .artifacts import KernelBinary, as_cache, fetch
+from .artifacts import KernelBinary, as_cache, entry_metadata, fetch
 from .binding import ArgArray
 from .compile import compile_source
 from .errors import KernelArgumentError, OptionError, UnsupportedTransformation
@@ -451,32 +451,6 @@ def _zeroed(call: CallSpec, bound: binding.Bound) -> dict[int, int]:
     return result
 
 
-def _describe(parts: KernelParts, target: targets.Target, bound: binding.Bound):
-    def describe(compiled: Any) -> dict[str, Any]:
-        md = compiled.metadata
-        return {
-            "name": md["name"],
-            "kernel": parts.qualname,
-            "language": parts.language,
-            "target": str(target),
-            "arch": str(md.get("arch", target.arch)),
-            "warp_size": int(md.get("warp_size", target.warp_size)),
-            "num_warps": int(md["num_warps"]),
-            "num_ctas": int(md.get("num_ctas", 1)),
-            "num_stages": int(md.get("num_stages", 0)),
-            "shared": int(md.get("shared") or 0),
-            "global_scratch_size": int(md.get("global_scratch_size") or 0),
-            "global_scratch_align": int(md.get("global_scratch_align") or 1),
-            "profile_scratch_size": int(md.get("profile_scratch_size") or 0),
-            "tmem_size": int(md.get("tmem_size") or 0),
-            "tensordesc": bool(md.get("tensordesc_meta")),
-            "signature": record.plain(dict(bound.signature)),
-            "producer": {"triton": versions.triton_version()},
-        }
-
-    return describe
-
-
 def _kernel_message(
     call: CallSpec, target: targets.Target, mode: str, kb: KernelBinary, cache: Any, jaxlib: str
 ) -> Any:
@@ -596,7 +570,7 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> tupl
                 key,
                 backend.binary_ext,
                 build=functools.partial(compile_source, src, target, backend, bound.options),
-                describe=_describe(call.parts, target, bound),
+                describe=entry_metadata(call.parts, target, bound),
                 need_ptx=target.backend == "cuda",
             )
             _memo[(key, str(target))] = kb

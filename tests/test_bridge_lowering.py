@@ -684,3 +684,78 @@ def test_numpy_inputs_and_scalars(cache):
     )
     (cc,) = custom_calls(low)
     assert cc["operands"] == 2
+
+
+def test_bridge_kernel_decorator(cache):
+    scale = bridge.kernel(K.scale_kernel, out_names="out_ptr", target="cuda:90", cache=cache)
+
+    def fn(x):
+        return scale[(4,)](x, x.size, 2.0, BLOCK=1024, out_shape=x)
+
+    (call,) = decoded(fn, F32)
+    assert kernels_of(call)[0].kernel_name == "scale_kernel"
+    decorated = bridge.kernel(out_names="out_ptr")(K.scale_kernel)
+    assert isinstance(decorated, bridge.Kernel) and decorated.defaults == {"out_names": "out_ptr"}
+    with pytest.raises(bridge.KernelArgumentError, match="grid"):
+        decorated(jnp.ones(4))
+
+
+def test_recorded_specializations_compile_for_another_target(cache, tmp_path):
+    from bridge import warm
+
+    seen: list = []
+    remove = bridge.on_lowered(seen.append)
+    try:
+        decoded(
+            lambda a, b: ops.matmul(a, b, target="cuda:90", cache=cache),
+            jax.ShapeDtypeStruct((256, 128), jnp.bfloat16),
+            jax.ShapeDtypeStruct((128, 256), jnp.bfloat16),
+        )
+        decoded(add_fn(cache, target="cuda:90"), F32, F32)
+    finally:
+        remove()
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in seen + seen[:1]))
+    elsewhere = kernelcache.Cache(root=tmp_path / "warm")
+    keys = warm.compile_manifest(manifest, ["hip:gfx942"], cache=elsewhere)["hip:gfx942"]
+    assert len(keys) == 5 and all(elsewhere.get(k, "hsaco") is not None for k in keys)
+    # a later lowering for that target finds every kernel: nothing compiles
+    bridge_call._memo.clear()
+    before = bridge_compile.compile_count()
+    lowered = []
+    remove = bridge.on_lowered(lowered.append)
+    try:
+        decoded(
+            lambda a, b: ops.matmul(a, b, target="hip:gfx942", cache=elsewhere),
+            jax.ShapeDtypeStruct((256, 128), jnp.bfloat16),
+            jax.ShapeDtypeStruct((128, 256), jnp.bfloat16),
+            platform="rocm",
+        )
+        decoded(add_fn(elsewhere, target="hip:gfx942"), F32, F32, platform="rocm")
+    finally:
+        remove()
+    assert bridge_compile.compile_count() == before
+    assert sorted(r["key"] for r in lowered) == sorted(keys)
+
+
+def test_enable_jax_cache(tmp_path, monkeypatch):
+    saved = {
+        n: getattr(jax.config, n)
+        for n in (
+            "jax_compilation_cache_dir",
+            "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes",
+        )
+    }
+    try:
+        monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path / "kc"))
+        path = bridge.enable_jax_cache()
+        assert path == tmp_path / "kc-jax" and path.is_dir()
+        assert jax.config.jax_compilation_cache_dir == str(path)
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
+        explicit = bridge.enable_jax_cache(tmp_path / "j", min_compile_time_secs=2.5)
+        assert jax.config.jax_compilation_cache_dir == str(explicit)
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 2.5
+    finally:
+        for name, value in saved.items():
+            jax.config.update(name, value)
