@@ -533,8 +533,26 @@ def _parameters(call_msg: Any, call: CallSpec, bound: binding.Bound, zero: dict[
 _memo: dict[tuple[str, str], KernelBinary] = {}
 
 
-def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> tuple[bytes, str]:
-    """Build the opaque of ``call`` for ``platform``; returns ``(opaque, embed mode)``.
+@dataclass(frozen=True)
+class Lowered:
+    """What a call lowers to: the opaque, the embedding, and whether jaxlib autotunes it."""
+
+    opaque: bytes
+    embed: str
+    autotuned: bool
+
+
+def custom_call_target(lowered: Lowered, jaxlib: str, forward_compat: bool = False) -> str:
+    """``triton_kernel_call_ffi`` where jaxlib has it, except for autotuned calls: those go
+    through the legacy ``triton_kernel_call``, as TransformerEngine does after observing
+    illegal memory accesses with autotuned kernels on the FFI target (TE PR #3077)."""
+    if versions.has_ffi_call(jaxlib) and not forward_compat and not lowered.autotuned:
+        return CUSTOM_CALL_FFI
+    return CUSTOM_CALL_LEGACY
+
+
+def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowered:
+    """Build the opaque of ``call`` for ``platform``.
 
     This is the lowering minus the MLIR: usable to inspect what a call embeds.
     """
@@ -602,7 +620,8 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> tupl
                 buffer_size_bytes=int(np.prod(call.out_avals[j].shape))
                 * call.out_avals[j].dtype.itemsize,
             )
-    return proto.compress(proto.serialize(anycall)), mode
+    opaque = proto.compress(proto.serialize(anycall))
+    return Lowered(opaque, mode, anycall.HasField("autotuned_kernel_call"))
 
 
 def _record(
@@ -633,14 +652,15 @@ def _record(
 
 
 def _lower(ctx: Any, *operands: Any, call: CallSpec, platform: str) -> Any:
-    opaque, _ = lower_call(call, platform)
+    lowered = lower_call(call, platform)
     aliases = dict(call.aliases)
-    legacy = getattr(ctx, "is_forward_compat", lambda: False)()
-    if versions.has_ffi_call(versions.jaxlib_version()) and not legacy:
-        rule = jax.ffi.ffi_lowering(CUSTOM_CALL_FFI, api_version=4, operand_output_aliases=aliases)
-        return rule(ctx, *operands, opaque=opaque)
+    forward_compat = getattr(ctx, "is_forward_compat", lambda: False)()
+    target = custom_call_target(lowered, versions.jaxlib_version(), forward_compat)
+    if target == CUSTOM_CALL_FFI:
+        rule = jax.ffi.ffi_lowering(target, api_version=4, operand_output_aliases=aliases)
+        return rule(ctx, *operands, opaque=lowered.opaque)
     rule = jax.ffi.ffi_lowering(
-        CUSTOM_CALL_LEGACY, api_version=2, backend_config=opaque, operand_output_aliases=aliases
+        target, api_version=2, backend_config=lowered.opaque, operand_output_aliases=aliases
     )
     return rule(ctx, *operands)
 

@@ -131,6 +131,16 @@ def test_custom_call_target_follows_jaxlib(cache, monkeypatch):
     assert proto.decode_opaque(old["opaque"]).kernel_call.kernel.kernel_name == "add_kernel"
 
 
+def test_autotuned_calls_use_the_legacy_target(cache):
+    a = jax.ShapeDtypeStruct((256, 128), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((128, 256), jnp.bfloat16)
+    (cc,) = custom_calls(
+        lowered_module(lambda x, y: ops.matmul(x, y, target="cuda:90", cache=cache), a, b)
+    )
+    assert cc["target"] == "triton_kernel_call" and cc["api_version"] == 2
+    assert len(proto.decode_opaque(cc["opaque"]).autotuned_kernel_call.configs) == 4
+
+
 def test_cache_entry_metadata(cache):
     (call,) = decoded(add_fn(cache, target="cuda:90", embed="inline"), F32, F32)
     key = call.kernel_call.kernel.ptx.rstrip().rsplit(" ", 1)[-1]
