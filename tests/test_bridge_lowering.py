@@ -769,3 +769,15 @@ def test_enable_jax_cache(tmp_path, monkeypatch):
     finally:
         for name, value in saved.items():
             jax.config.update(name, value)
+
+
+def test_tritons_cache_invalidating_variables_change_the_key(cache, monkeypatch):
+    def lower():
+        (call,) = decoded(add_fn(cache, target="cuda:90", embed="ptx"), F32, F32)
+        return kernels_of(call)[0].ptx
+
+    with_lines = lower()
+    monkeypatch.setenv("TRITON_DISABLE_LINE_INFO", "1")
+    without = lower()
+    assert with_lines.rsplit(" ", 1)[-1] != without.rsplit(" ", 1)[-1]
+    assert ".file" in with_lines and ".file" not in without
