@@ -781,3 +781,14 @@ def test_tritons_cache_invalidating_variables_change_the_key(cache, monkeypatch)
     without = lower()
     assert with_lines.rsplit(" ", 1)[-1] != without.rsplit(" ", 1)[-1]
     assert ".file" in with_lines and ".file" not in without
+
+
+def test_jax_export(cache):
+    checks = [
+        jax.export.DisabledSafetyCheck.custom_call(name)
+        for name in ("triton_kernel_call_ffi", "triton_kernel_call")
+    ]
+    fn = jax.jit(add_fn(cache, target="cuda:90", embed="inline"))
+    exported = jax.export.export(fn, platforms=["cuda"], disabled_checks=checks)(F32, F32)
+    assert exported.platforms == ("cuda",)
+    assert "triton_kernel_call" in exported.mlir_module()
