@@ -530,7 +530,8 @@ def _parameters(call_msg: Any, call: CallSpec, bound: binding.Bound, zero: dict[
         raise AssertionError("the kernel's array parameters do not match the buffers")
 
 
-_memo: dict[tuple[str, str], KernelBinary] = {}
+#: kernels already fetched in this process: (key, target, cache root) -> KernelBinary
+_memo: dict[tuple[str, str, str], KernelBinary] = {}
 
 
 @dataclass(frozen=True)
@@ -581,7 +582,8 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
             call.parts.fn, call.parts.is_gluon, bound.signature, bound.constexprs, bound.attrs
         )
         key = keys.kernel_key(cache, target, backend, src, bound.options, call.parts.language)
-        kb = _memo.get((key, str(target)))
+        memo_key = (key, str(target), str(getattr(cache, "root", id(cache))))
+        kb = _memo.get(memo_key)
         if kb is None:
             kb = fetch(
                 cache,
@@ -591,7 +593,7 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
                 describe=entry_metadata(call.parts, target, bound),
                 need_ptx=target.backend == "cuda",
             )
-            _memo[(key, str(target))] = kb
+            _memo[memo_key] = kb
         grid = binding.eval_grid(call.grid, bound.bound_args)
         kernel_call = m["TritonKernelCall"](
             kernel=_kernel_message(call, target, mode, kb, cache, jaxlib),
