@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -245,7 +246,38 @@ def expand_variants(
 def _binder(fn: Any, backend: Any) -> Any:
     from triton.runtime.jit import create_function_from_signature
 
+    _prepare_specializer()
     return create_function_from_signature(fn.signature, fn.params, backend)
+
+
+@functools.cache
+def _prepare_specializer() -> None:
+    """Initialise Triton's native argument specializer without importing PyTorch.
+
+    On its first call in a process, the specializer imports ``torch`` to recognise torch
+    tensors: one to three seconds on a machine where PyTorch is installed, paid by every
+    process at its first lowering. The bridge hands it placeholders for JAX arrays, never
+    torch tensors. So unless torch is already imported, that first call runs with ``torch``
+    unimportable; Triton then treats torch tensors launched later in this process like any
+    other object with ``data_ptr`` and ``dtype`` (the same results, a slightly slower path).
+    """
+    if "torch" in sys.modules:
+        return
+    # import what the specializer imports first, so the window below is one C call
+    import triton._utils
+    import triton.experimental.gluon.nvidia.hopper
+    import triton.language
+    import triton.runtime.jit
+    import triton.tools.tensor_descriptor  # noqa: F401
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` fail
+    try:
+        native_specialize_impl(BaseBackend, 1, False, True, True)
+    finally:
+        if "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
 
 
 def bind(parts: KernelParts, backend: Any, named: Mapping[str, Any], variant: Variant) -> Bound:

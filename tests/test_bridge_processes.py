@@ -95,3 +95,44 @@ def test_opaques_do_not_depend_on_where_the_sources_live(tmp_path):
     )
     assert there["module_file"].startswith(str(elsewhere))
     assert here["opaques"] == there["opaques"]
+
+
+# A stand-in "torch" that records being imported. Triton's argument specializer imports torch
+# in every process where it is installed (1 to 3 s); lowering through the bridge must not.
+FAKE_TORCH = """
+import os
+with open(os.environ["TORCH_IMPORTED"], "a") as f:
+    f.write("imported\\n")
+class Tensor:
+    pass
+"""
+
+
+def test_lowering_does_not_import_torch(tmp_path):
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(FAKE_TORCH)
+    marker = tmp_path / "torch-imported"
+    code = r"""
+import json, sys
+import jax, jax.numpy as jnp
+from examples import ops
+f32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
+jax.jit(lambda x, y: ops.add(x, y, target="cuda:90")).trace(f32, f32).lower(lowering_platforms=("cuda",))
+print(json.dumps({"torch_in_modules": "torch" in sys.modules and sys.modules["torch"] is not None}))
+"""
+    out = run_child(
+        code,
+        PYTHONPATH=f"{REPO}:{tmp_path / 'site'}",
+        TORCH_IMPORTED=str(marker),
+        KERNELCACHE_DIR=str(tmp_path / "kc"),
+    )
+    assert not marker.exists(), "lowering imported torch"
+    assert out["torch_in_modules"] is False
+    # the stand-in is importable: a user's own `import torch` afterwards still works
+    run_child(
+        "import json, torch; from examples import ops; print(json.dumps({'ok': torch.Tensor is not None}))",
+        PYTHONPATH=f"{REPO}:{tmp_path / 'site'}",
+        TORCH_IMPORTED=str(marker),
+    )
+    assert marker.read_text() == "imported\n"
