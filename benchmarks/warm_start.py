@@ -1,0 +1,355 @@
+"""Warm start of JAX programs with Triton kernels: the bridge against jax-triton 0.3.1.
+
+Every measurement is one fresh process: import, lowering (where Triton kernels are compiled or
+fetched), XLA compile, first call. Two models: "small" (a vector add and a bf16 matmul
+autotuned over 4 configs: 5 kernel variants) and "large" (21 kernel variants). States:
+
+  peer     jax-triton 0.3.1, JAX cache off / JAX cache warm (skipped if not installed)
+  bridge   kernel cache cold/warm x JAX persistent cache cold/warm, embed=auto
+  ptx      bridge with embed="ptx" (PTX compiled by ptxas inside XLA compile), kernel cache warm
+
+Prints a table and, last, one JSON line (medians, and ratios against the peer measured in the
+same run); ``--out FILE`` also writes that JSON.
+
+    python benchmarks/warm_start.py --repeats 3 --out warm_start.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PHASES = ("import", "lower", "compile", "first_call")
+DRY_RUN = False
+
+
+# -- the child: one fresh process, one measurement ---------------------------------------
+def child(impl: str, model: str, embed: str | None, jax_cache: str | None, dry_run: bool) -> None:
+    t0 = time.perf_counter()
+    import jax
+    import jax.numpy as jnp
+
+    if impl == "peer":
+        import jax_triton
+
+        triton_call = jax_triton.triton_call
+        extra: dict = {}
+    else:
+        import bridge
+
+        triton_call = bridge.triton_call
+        extra = {"embed": embed} if embed else {}
+    import triton
+
+    from examples import kernels as K
+
+    t_import = time.perf_counter() - t0
+    if jax_cache:
+        jax.config.update("jax_compilation_cache_dir", jax_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    hits: list[str] = []
+    jax.monitoring.register_event_listener(
+        lambda event, **kw: (
+            hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None
+        )
+    )
+
+    def add(x, y, block):
+        return triton_call(
+            x,
+            y,
+            x.size,
+            kernel=K.add_kernel,
+            out_shape=x,
+            grid=(triton.cdiv(x.size, block),),
+            BLOCK=block,
+            **extra,
+        )
+
+    def matmul(a, b):
+        (m, k), (_, n) = a.shape, b.shape
+        return triton_call(
+            a,
+            b,
+            m,
+            n,
+            k,
+            kernel=K.matmul_kernel,
+            out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+            grid=lambda meta: (triton.cdiv(m, meta["BM"]), triton.cdiv(n, meta["BN"])),
+            **extra,
+        )
+
+    def softmax(x, block):
+        rows, cols = x.shape
+        return triton_call(
+            x,
+            cols,
+            cols,
+            kernel=K.softmax_kernel,
+            out_shape=x,
+            grid=(rows,),
+            BLOCK=block,
+            num_warps=4,
+            **extra,
+        )
+
+    def copy(x):
+        return triton_call(
+            x,
+            x.size,
+            kernel=K.heuristic_copy_kernel,
+            out_shape=x,
+            grid=(triton.cdiv(x.size, 256),),
+            BLOCK=256,
+            **extra,
+        )
+
+    key = jax.random.PRNGKey(0)
+    f32 = jax.random.normal(key, (1 << 20,), jnp.float32)
+    a = jax.random.normal(key, (2048, 1024), jnp.float32).astype(jnp.bfloat16)
+    b = jax.random.normal(key, (1024, 2048), jnp.float32).astype(jnp.bfloat16)
+    if model == "small":
+        fn = lambda x, a, b: (add(x, x, 1024), matmul(a, b))  # noqa: E731
+        args = (f32, a, b)
+    else:
+        h16, bf = f32.astype(jnp.float16), f32.astype(jnp.bfloat16)
+        a16, b16 = a.astype(jnp.float16), b.astype(jnp.float16)
+        rows = [jax.random.normal(key, (512, c), jnp.float32) for c in (100, 300, 700, 1500, 3000)]
+        odd = f32[:1000]
+
+        def fn(x, h, bf, a, b, a16, b16, odd, *rows):
+            outs = [add(v, v, blk) for v in (x, h, bf) for blk in (512, 1024)]  # 6
+            outs += [matmul(a, b), matmul(a16, b16)]  # 8
+            outs += [softmax(r, triton.next_power_of_2(r.shape[1])) for r in rows]  # 5
+            outs += [copy(x), copy(odd)]  # 2 (a heuristic picks EVEN)
+            return outs
+
+        args = (f32, h16, bf, a, b, a16, b16, odd, *rows)
+    jax.block_until_ready(args)
+    hits.clear()  # count only the model's compilation, not the inputs'
+    if dry_run:  # no GPU: lower for CUDA only (checks the script, not the speed)
+        t1 = time.perf_counter()
+        jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+        t2 = t3 = t4 = time.perf_counter()
+        ok = True
+    else:
+        t1 = time.perf_counter()
+        lowered = jax.jit(fn).lower(*args)
+        t2 = time.perf_counter()
+        compiled = lowered.compile()
+        t3 = time.perf_counter()
+        out = compiled(*args)
+        jax.block_until_ready(out)
+        t4 = time.perf_counter()
+        ok = bool(jnp.array_equal(out[0], f32 + f32))
+    compiles = None
+    if impl != "peer":
+        from bridge import compile as bridge_compile
+
+        compiles = bridge_compile.compile_count()
+    print(
+        json.dumps(
+            {
+                "import": t_import,
+                "lower": t2 - t1,
+                "compile": t3 - t2,
+                "first_call": t4 - t3,
+                "jax_cache_hits": len(hits),
+                "kernel_compiles": compiles,
+                "ok": ok,
+            }
+        )
+    )
+
+
+# -- the parent: states, repeats, table ---------------------------------------------------
+def run(
+    impl: str,
+    model: str,
+    *,
+    embed: str | None = None,
+    kernels: str | None = None,
+    jax_cache: str | None = None,
+) -> dict:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        impl,
+        model,
+        embed or "-",
+        jax_cache or "-",
+        "dry" if DRY_RUN else "run",
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    if kernels:
+        env["KERNELCACHE_DIR"] = kernels
+    if DRY_RUN:
+        env["KERNELCACHE_TARGET"] = "cuda:90"
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(REPO))
+    if proc.returncode != 0:
+        raise SystemExit(f"{impl}/{model} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def peer_available() -> bool:
+    probe = subprocess.run([sys.executable, "-c", "import jax_triton"], capture_output=True)
+    return probe.returncode == 0
+
+
+def measure(model: str, repeats: int, work: Path, with_peer: bool) -> dict[str, list[dict]]:
+    results: dict[str, list[dict]] = {}
+
+    def fresh(name: str) -> str:
+        path = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work))
+        return str(path)
+
+    def add(state: str, r: dict) -> None:
+        results.setdefault(state, []).append(r)
+        print(
+            f"  {model:5} {state:28} "
+            + " ".join(f"{p}={r[p]:.3f}" for p in PHASES)
+            + f" hits={r['jax_cache_hits']} compiles={r['kernel_compiles']} ok={r['ok']}",
+            flush=True,
+        )
+
+    if with_peer:
+        for _ in range(repeats):
+            add("peer, JAX cache off", run("peer", model))
+        jc = fresh("peer-jax")
+        run("peer", model, jax_cache=jc)  # populate
+        for _ in range(repeats):
+            add("peer, JAX cache warm", run("peer", model, jax_cache=jc))
+    warm_kernels = fresh("kernels")
+    run("bridge", model, kernels=warm_kernels)  # populate the kernel cache
+    warm_jax = fresh("jax")
+    run("bridge", model, kernels=warm_kernels, jax_cache=warm_jax)  # populate JAX's cache
+    for _ in range(repeats):
+        add(
+            "bridge, kc cold, jax cold",
+            run("bridge", model, kernels=fresh("kc"), jax_cache=fresh("jc")),
+        )
+        add(
+            "bridge, kc warm, jax cold",
+            run("bridge", model, kernels=warm_kernels, jax_cache=fresh("jc")),
+        )
+        add(
+            "bridge, kc cold, jax warm",
+            run("bridge", model, kernels=fresh("kc"), jax_cache=warm_jax),
+        )
+        add(
+            "bridge, kc warm, jax warm",
+            run("bridge", model, kernels=warm_kernels, jax_cache=warm_jax),
+        )
+        add(
+            "bridge ptx, kc warm, jax cold",
+            run("bridge", model, embed="ptx", kernels=warm_kernels, jax_cache=fresh("jc")),
+        )
+    return results
+
+
+def medians(rows: list[dict]) -> dict:
+    return {p: statistics.median(r[p] for r in rows) for p in PHASES}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _, _, impl, model, embed, jax_cache, dry = sys.argv
+        child(
+            impl,
+            model,
+            None if embed == "-" else embed,
+            None if jax_cache == "-" else jax_cache,
+            dry == "dry",
+        )
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", default="small,large")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--keep", action="store_true", help="keep the temporary caches")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="no GPU: only lower for cuda:90 (checks the script, not the speed)",
+    )
+    args = parser.parse_args()
+    global DRY_RUN
+    DRY_RUN = args.dry_run
+    with_peer = peer_available() and not DRY_RUN
+    if not with_peer:
+        print(
+            "note: jax_triton is not importable; the peer rows are skipped "
+            "(pip install jax-triton==0.3.1 --no-deps)"
+        )
+    work = Path(tempfile.mkdtemp(prefix="warm-start-"))
+    summary: dict = {"repeats": args.repeats, "models": {}}
+    try:
+        for model in args.models.split(","):
+            print(f"model {model}:", flush=True)
+            res = measure(model, args.repeats, work, with_peer)
+            summary["models"][model] = {state: medians(rows) for state, rows in res.items()}
+            summary["models"][model]["_checks"] = {
+                state: {
+                    "ok": all(r["ok"] for r in rows),
+                    "jax_cache_hits": [r["jax_cache_hits"] for r in rows],
+                    "kernel_compiles": [r["kernel_compiles"] for r in rows],
+                }
+                for state, rows in res.items()
+            }
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    print()
+    print(f"{'model':6} {'state':30} " + " ".join(f"{p:>11}" for p in PHASES) + f" {'total':>8}")
+    for model, states in summary["models"].items():
+        for state, m in states.items():
+            if state.startswith("_"):
+                continue
+            total = sum(m[p] for p in PHASES)
+            print(
+                f"{model:6} {state:30} "
+                + " ".join(f"{m[p]:11.3f}" for p in PHASES)
+                + f" {total:8.3f}"
+            )
+    ratios: dict = {}
+    for model, states in summary["models"].items():
+        r: dict = {}
+        warm = states["bridge, kc warm, jax warm"]
+        inline = states["bridge, kc warm, jax cold"]
+        ptx = states["bridge ptx, kc warm, jax cold"]
+        r["xla_compile_ptx_over_inline"] = (
+            ptx["compile"] / inline["compile"] if inline["compile"] else None
+        )
+        r["warm_lower_s"] = warm["lower"]
+        if "peer, JAX cache warm" in states:
+            peer = states["peer, JAX cache warm"]
+            r["lower_speedup_vs_peer"] = peer["lower"] / warm["lower"]
+            total = lambda m: sum(m[p] for p in PHASES)  # noqa: E731
+            r["total_speedup_vs_peer"] = total(peer) / total(warm)
+            r["lower_speedup_kc_warm_jax_cold_vs_peer_off"] = (
+                states["peer, JAX cache off"]["lower"] / inline["lower"]
+            )
+        ratios[model] = r
+    summary["ratios"] = ratios
+    print()
+    print(json.dumps(summary, sort_keys=True))
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Kernels in the kernel cache: one entry per kernel key, the PTX beside it on CUDA.
+
+The machine code (``<key>.cubin`` / ``<key>.hsaco``) is the entry; its metadata records the
+kernel name, launch geometry, shared memory, scratch sizes, target and producer versions, and,
+on CUDA, the sha256 of the PTX, which is stored as its own entry under a key derived from
+``(key, "ptx")``. A PTX entry is only ever used together with the binary whose metadata names
+its digest, so a pruned or mismatched companion costs a recompile, never a wrong pairing.
+
+Cache failures never fail the caller: ``get_or_create`` degrades to an in-memory artifact, and a
+companion that cannot be stored is rebuilt next time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .compile import Compiled
+from .keys import derived_key
+from .record import plain
+from .versions import triton_version
+
+logger = logging.getLogger(__name__)
+
+PTX_EXT = "ptx"
+_default: dict[Any, Any] = {}
+_default_lock = threading.Lock()
+
+
+def default_cache(cfg: Any = None) -> Any:
+    """The process's kernel cache configured from the environment (one per configuration;
+    ``cfg`` is a ``kernelcache.config.settings()`` snapshot, read now when None)."""
+    import kernelcache
+    from kernelcache.config import settings
+
+    cfg = cfg or settings()
+    with _default_lock:
+        cache = _default.get(cfg)
+        if cache is None:
+            cache = _default[cfg] = kernelcache.Cache()
+        return cache
+
+
+def as_cache(cache: Any, cfg: Any = None) -> Any:
+    """``cache`` as a kernelcache.Cache: None for the default, or a root directory path."""
+    if cache is None:
+        return default_cache(cfg)
+    if isinstance(cache, (str, os.PathLike)):
+        import kernelcache
+
+        return kernelcache.Cache(root=cache)
+    return cache
+
+
+@dataclass(frozen=True)
+class KernelBinary:
+    """A compiled kernel as the lowering needs it."""
+
+    key: str
+    ext: str
+    binary: bytes
+    meta: Mapping[str, Any]
+    ptx: str | None
+    built: bool  # compiled by this call (a kernel-cache miss)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _store_ptx(cache: Any, key: str, ptx: str, meta: Mapping[str, Any]) -> None:
+    from kernelcache import CacheError
+
+    try:
+        cache.put(
+            derived_key(key, PTX_EXT),
+            PTX_EXT,
+            ptx.encode(),
+            {"kind": "ptx", "of": key, "name": meta.get("name"), "target": meta.get("target")},
+        )
+    except (CacheError, ValueError) as e:
+        logger.warning("kernelcache: cannot store the PTX of %s: %s", key, e)
+
+
+def fetch(
+    cache: Any,
+    key: str,
+    ext: str,
+    build: Callable[[], Compiled],
+    describe: Callable[[Compiled], dict[str, Any]],
+    need_ptx: bool,
+) -> KernelBinary:
+    """The kernel ``key`` from ``cache``, compiled by ``build()`` on a miss (once across
+    processes sharing the cache). ``describe`` turns a compile result into the entry's metadata.
+    With ``need_ptx``, the PTX that produced the binary is returned too."""
+    built: list[Compiled] = []
+
+    def build_entry() -> tuple[bytes, dict[str, Any]]:
+        compiled = build()
+        built.append(compiled)
+        meta = describe(compiled)
+        if compiled.ptx is not None:
+            meta["ptx_sha256"] = _sha256(compiled.ptx)
+        return compiled.binary, meta
+
+    art = cache.get_or_create(key, ext, build_entry)
+    if not need_ptx:
+        return KernelBinary(key, ext, art.data, art.meta, None, bool(built))
+    if built and built[0].binary == art.data:
+        ptx = built[0].ptx
+        assert ptx is not None
+        _store_ptx(cache, key, ptx, art.meta)
+        return KernelBinary(key, ext, art.data, art.meta, ptx, True)
+    want = art.meta.get("ptx_sha256")
+    companion = cache.get(derived_key(key, PTX_EXT), PTX_EXT)
+    if companion is not None and want and _sha256(companion.data.decode()) == want:
+        return KernelBinary(key, ext, art.data, art.meta, companion.data.decode(), False)
+    # the PTX is missing (pruned) or belongs to another build: compile again for a matching pair
+    logger.info("kernelcache: PTX of %s missing from the cache; recompiling", key)
+    compiled = build()
+    meta = dict(art.meta)
+    if compiled.binary == art.data:
+        _store_ptx(cache, key, compiled.ptx or "", meta)
+        return KernelBinary(key, ext, art.data, meta, compiled.ptx, True)
+    meta.update(describe(compiled), ptx_sha256=_sha256(compiled.ptx or ""))
+    return KernelBinary(key, ext, compiled.binary, meta, compiled.ptx, True)
+
+
+def entry_metadata(parts: Any, target: Any, bound: Any) -> Callable[[Compiled], dict[str, Any]]:
+    """A function turning a compile result of ``bound`` into the cache entry's metadata (plain
+    JSON, no absolute paths)."""
+
+    def describe(compiled: Any) -> dict[str, Any]:
+        md = compiled.metadata
+        return {
+            "name": md["name"],
+            "kernel": parts.qualname,
+            "language": parts.language,
+            "target": str(target),
+            "arch": str(md.get("arch", target.arch)),
+            "warp_size": int(md.get("warp_size", target.warp_size)),
+            "num_warps": int(md["num_warps"]),
+            "num_ctas": int(md.get("num_ctas", 1)),
+            "num_stages": int(md.get("num_stages", 0)),
+            "shared": int(md.get("shared") or 0),
+            "global_scratch_size": int(md.get("global_scratch_size") or 0),
+            "global_scratch_align": int(md.get("global_scratch_align") or 1),
+            "profile_scratch_size": int(md.get("profile_scratch_size") or 0),
+            "tmem_size": int(md.get("tmem_size") or 0),
+            "tensordesc": bool(md.get("tensordesc_meta")),
+            "signature": plain(dict(bound.signature)),
+            "producer": {"triton": triton_version()},
+        }
+
+    return describe

@@ -1,0 +1,380 @@
+"""Binding a kernel call to Triton's specialization, for abstract JAX arrays.
+
+The bridge does not re-implement Triton's rules: arguments go through the binder that Triton
+itself generates for the kernel (``create_function_from_signature``: defaults, constexprs,
+``do_not_specialize``, tuples, the ``== 1`` and divisibility-by-16 specializations), and the
+result through the kernel's own ``_pack_args`` (options, signature, constexprs, attributes).
+Arrays are represented by :class:`ArgArray` placeholders that answer what Triton asks of a
+tensor: its dtype, a data pointer (XLA buffers are at least 16-byte aligned; jaxlib checks the
+alignment the kernel was specialized for at launch) and its size in bytes.
+
+Autotune configurations and heuristics are applied the way Triton's launcher applies them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import KernelArgumentError, OptionError
+from .kernels import KernelParts
+
+#: JAX dtype name -> name of the ``triton.language`` dtype of a pointer to it
+TRITON_DTYPES = {
+    "bool": "int1",
+    "int8": "int8",
+    "int16": "int16",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float32": "float32",
+    "float64": "float64",
+    "float8_e4m3fn": "float8e4nv",
+    "float8_e5m2": "float8e5",
+    "float8_e4m3fnuz": "float8e4b8",
+    "float8_e5m2fnuz": "float8e5b16",
+    "float8_e4m3b11fnuz": "float8e4b15",
+}
+
+#: Triton scalar type -> field of jaxlib's TritonKernelCall.Parameter
+SCALAR_FIELDS = {
+    "i1": "bool_",
+    "u1": "bool_",
+    "i32": "i32",
+    "u32": "u32",
+    "i64": "i64",
+    "u64": "u64",
+    "fp32": "f32",
+    "fp64": "f64",
+}
+_INT_RANGES = {
+    "i32": (-(2**31), 2**31 - 1),
+    "u32": (0, 2**32 - 1),
+    "i64": (-(2**63), 2**63 - 1),
+    "u64": (0, 2**64 - 1),
+}
+
+
+class ArgArray:
+    """An abstract array standing in for a tensor while Triton binds and specializes a call.
+
+    ``slot`` identifies the buffer (``("in", i)`` for the i-th input array, ``("out", j)`` for
+    the j-th output). Heuristics and grid functions see these objects: they have ``shape``,
+    ``dtype`` (Triton's), ``ndim``, ``numel()``, ``element_size()`` and contiguous ``stride()``.
+    """
+
+    __slots__ = ("dtype", "jax_dtype", "nbytes", "shape", "slot")
+
+    def __init__(self, shape: Sequence[int], jax_dtype: Any, slot: tuple[str, int]) -> None:
+        import triton.language as tl
+
+        self.shape = tuple(int(d) for d in shape)
+        self.jax_dtype = np.dtype(jax_dtype)
+        name = TRITON_DTYPES.get(self.jax_dtype.name)
+        if name is None:
+            raise KernelArgumentError(
+                f"arrays of dtype {self.jax_dtype.name} cannot be passed to a Triton kernel; "
+                f"supported: {', '.join(TRITON_DTYPES)}"
+            )
+        self.dtype = getattr(tl, name)
+        self.nbytes = math.prod(self.shape) * self.jax_dtype.itemsize
+        self.slot = slot
+
+    def data_ptr(self) -> int:
+        return 0  # any multiple of 16: XLA's buffers are aligned at least that much
+
+    def ptr_range(self) -> int:
+        return self.nbytes
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def element_size(self) -> int:
+        return self.jax_dtype.itemsize
+
+    def stride(self, dim: int | None = None) -> Any:
+        strides = [math.prod(self.shape[i + 1 :]) for i in range(len(self.shape))]
+        return tuple(strides) if dim is None else strides[dim]
+
+    def __repr__(self) -> str:
+        return f"ArgArray({self.jax_dtype.name}{list(self.shape)}, {self.slot[0]}{self.slot[1]})"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled variant of a call: an autotune config (or the only one) after heuristics.
+
+    ``kwargs`` are kernel parameters set by configs and heuristics (on top of the call's own),
+    ``options`` backend options, ``zero`` parameter names to zero before every launch
+    (``reset_to_zero``), ``description`` the autotune config as Triton prints it.
+    """
+
+    kwargs: Mapping[str, Any]
+    options: Mapping[str, Any]
+    description: str = ""
+    zero: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A runtime argument of the compiled kernel, in the order of the kernel's ABI."""
+
+    path: tuple[int, ...]
+    type: str
+    value: Any  # ArgArray for pointers, a Python scalar otherwise
+    divisibility: int = 0
+
+    @property
+    def is_array(self) -> bool:
+        return self.type.startswith("*")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A variant bound to Triton's specialization: everything needed to key and compile it."""
+
+    variant: Variant
+    bound_args: Mapping[str, Any]
+    signature: Mapping[str, Any]
+    constexprs: Mapping[tuple[int, ...], Any]
+    attrs: Mapping[tuple[int, ...], Any]
+    options: Any  # the backend's options dataclass (CUDAOptions / HIPOptions)
+    leaves: tuple[Leaf, ...] = field(default=())
+
+
+def _conflicts(config: Any, fixed: Mapping[str, Any]) -> list[str]:
+    return [k for k, v in config.all_kwargs().items() if k in fixed and fixed[k] != v]
+
+
+def expand_variants(
+    parts: KernelParts,
+    named: Mapping[str, Any],
+    kwargs: Mapping[str, Any],
+    options: Mapping[str, Any],
+) -> list[Variant]:
+    """Apply the kernel's autotune and heuristics layers from the outside in.
+
+    ``named`` are the call's arguments by parameter name, ``kwargs`` the kernel parameters the
+    caller set by keyword, ``options`` the backend options the caller set. An autotune config
+    that contradicts a value the caller set explicitly is dropped (the call pinned it); Triton's
+    own ``prune_configs_by`` functions then run on what is left.
+
+    Raises:
+        KernelArgumentError: a hook the bridge cannot run, or no config left.
+    """
+    from triton.runtime.autotuner import Autotuner, Heuristics
+
+    params = set(parts.arg_names)
+
+    def expand(
+        i: int, kw: dict[str, Any], opts: dict[str, Any], desc: list[str], zero: frozenset[str]
+    ) -> list[Variant]:
+        if i == len(parts.layers):
+            return [Variant(kw, opts, ", ".join(desc), zero)]
+        layer = parts.layers[i]
+        if isinstance(layer, Heuristics):
+            kw = dict(kw)
+            for name, rule in layer.values.items():
+                kw[name] = rule({**named, **kw})
+            return expand(i + 1, kw, opts, desc, zero)
+        assert isinstance(layer, Autotuner)
+        if layer.user_defined_pre_hook or layer.user_defined_post_hook:
+            raise KernelArgumentError(
+                f"{parts.qualname}: autotune pre_hook/post_hook run host code on tensors between "
+                "launches, which a compiled JAX program cannot do; use reset_to_zero, or "
+                "zeroed_outputs / input_output_aliases of triton_call"
+            )
+        fixed = {**kw, **opts}
+        configs = [c for c in layer.configs if not _conflicts(c, fixed)]
+        if not configs:
+            clash = sorted({k for c in layer.configs for k in _conflicts(c, fixed)})
+            raise KernelArgumentError(
+                f"{parts.qualname}: every autotune config contradicts the value(s) you passed for "
+                f"{', '.join(clash)}; do not pass autotuned parameters, or pass values some config has"
+            )
+        nargs = {**named, **kw}
+        if layer.early_config_prune:
+            configs = list(layer.early_config_prune(configs, nargs, **kw))
+            if not configs:
+                raise KernelArgumentError(f"{parts.qualname}: early_config_prune left no config")
+        if layer.perf_model and layer.configs_top_k:
+            top_k = layer.configs_top_k
+            if isinstance(top_k, float) and top_k <= 1.0:
+                top_k = int(len(configs) * top_k)
+            if len(configs) > top_k:
+                est = {c: layer.perf_model(**{**nargs, **c.all_kwargs()}) for c in configs}
+                configs = sorted(configs, key=lambda c: est[c])[:top_k]
+        zero = zero | frozenset(layer.reset_to_zero)
+        out: list[Variant] = []
+        for config in configs:
+            if config.pre_hook is not None:
+                raise KernelArgumentError(
+                    f"{parts.qualname}: a triton.Config pre_hook runs host code on tensors, "
+                    "which a compiled JAX program cannot do"
+                )
+            values = config.all_kwargs()
+            unknown = [k for k in config.kwargs if k not in params]
+            if unknown:
+                raise KernelArgumentError(
+                    f"{parts.qualname}: autotune config {config} sets {', '.join(unknown)}, "
+                    "which are not parameters of the kernel"
+                )
+            ckw = {k: v for k, v in values.items() if k in params}
+            copts = {k: v for k, v in values.items() if k not in params}
+            out += expand(i + 1, {**kw, **ckw}, {**opts, **copts}, [*desc, str(config)], zero)
+        return out
+
+    return expand(0, dict(kwargs), dict(options), [], frozenset())
+
+
+@functools.cache
+def _binder(fn: Any, backend: Any) -> Any:
+    from triton.runtime.jit import create_function_from_signature
+
+    _prepare_specializer()
+    return create_function_from_signature(fn.signature, fn.params, backend)
+
+
+@functools.cache
+def _prepare_specializer() -> None:
+    """Initialise Triton's native argument specializer without importing PyTorch.
+
+    On its first call in a process, the specializer imports ``torch`` to recognise torch
+    tensors: one to three seconds on a machine where PyTorch is installed, paid by every
+    process at its first lowering. The bridge hands it placeholders for JAX arrays, never
+    torch tensors. So unless torch is already imported, that first call runs with ``torch``
+    unimportable; Triton then treats torch tensors launched later in this process like any
+    other object with ``data_ptr`` and ``dtype`` (the same results, a slightly slower path).
+    """
+    if "torch" in sys.modules:
+        return
+    # import what the specializer imports first, so the window below is one C call
+    import triton._utils
+    import triton.experimental.gluon.nvidia.hopper
+    import triton.language
+    import triton.runtime.jit
+    import triton.tools.tensor_descriptor  # noqa: F401
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` fail
+    try:
+        native_specialize_impl(BaseBackend, 1, False, True, True)
+    finally:
+        if "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
+
+
+def bind(parts: KernelParts, backend: Any, named: Mapping[str, Any], variant: Variant) -> Bound:
+    """Bind one variant with Triton's binder and ``_pack_args`` for ``backend``.
+
+    Raises:
+        KernelArgumentError: missing or surplus arguments, or runtime arguments whose type
+            jaxlib cannot pass.
+    """
+    from triton import knobs
+
+    fn = parts.fn
+    call = {**named, **variant.kwargs}
+    options = dict(variant.options)
+    if "ir_override" in options:
+        raise OptionError("ir_override is not supported: the kernel cache keys on the source")
+    # what Triton's launcher adds before binding (JITFunction.run)
+    options["debug"] = options.get("debug", fn.debug) or knobs.runtime.debug
+    options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    try:
+        bound_args, specialization, opts = _binder(fn, backend)(**call, **options)
+    except TypeError as e:
+        reason = str(e).replace("dynamic_func()", "the kernel")
+        raise KernelArgumentError(
+            f"{parts.qualname}: {reason}; pass every parameter positionally or by keyword"
+        ) from None
+    triton_options, signature, constexprs, attrs = fn._pack_args(
+        backend, {**call, **options}, bound_args, specialization, opts
+    )
+    leaves = tuple(_leaves(parts, bound_args, signature, attrs))
+    return Bound(variant, bound_args, signature, constexprs, attrs, triton_options, leaves)
+
+
+def _leaves(
+    parts: KernelParts,
+    bound_args: Mapping[str, Any],
+    signature: Mapping[str, Any],
+    attrs: Mapping[tuple[int, ...], Any],
+):
+    def walk(value: Any, typ: Any, path: tuple[int, ...], name: str):
+        if isinstance(typ, tuple):
+            for j, (v, t) in enumerate(zip(value, typ, strict=True)):
+                yield from walk(v, t, (*path, j), name)
+            return
+        if typ == "constexpr":
+            return
+        if typ.startswith("*"):
+            if not isinstance(value, ArgArray):
+                raise KernelArgumentError(
+                    f"{parts.qualname}: parameter {name} is a pointer ({typ}) but got {value!r}; "
+                    "pass a JAX array"
+                )
+            divisible = ["tt.divisibility", 16] in list(attrs.get(path, []))
+            yield Leaf(path, typ, value, 16 if divisible else 0)
+            return
+        if isinstance(value, ArgArray):
+            raise KernelArgumentError(
+                f"{parts.qualname}: parameter {name} is annotated as the scalar type {typ} but got "
+                "an array"
+            )
+        if typ not in SCALAR_FIELDS:
+            raise KernelArgumentError(
+                f"{parts.qualname}: parameter {name} has type {typ}, which jaxlib's Triton call "
+                f"cannot pass; runtime scalars may be {', '.join(sorted(SCALAR_FIELDS))}: make "
+                "it a tl.constexpr or change its annotation"
+            )
+        if typ in _INT_RANGES:
+            lo, hi = _INT_RANGES[typ]
+            if not lo <= int(value) <= hi:
+                raise KernelArgumentError(f"{parts.qualname}: {name}={value} does not fit {typ}")
+        yield Leaf(path, typ, value)
+
+    for i, (name, value) in enumerate(bound_args.items()):
+        yield from walk(value, signature[name], (i,), name)
+
+
+def eval_grid(grid: Any, bound_args: Mapping[str, Any]) -> tuple[int, int, int]:
+    """The launch grid: an int, a tuple of up to three ints, or a function of the bound
+    arguments (every kernel parameter by name, as Triton passes them) returning one.
+
+    Raises:
+        KernelArgumentError: not one to three positive integers within the hardware limits.
+    """
+    value = grid(dict(bound_args)) if callable(grid) else grid
+    if isinstance(value, (int, np.integer)):
+        value = (value,)
+    try:
+        dims = tuple(int(d) for d in value)
+    except (TypeError, ValueError):
+        raise KernelArgumentError(f"grid must be up to three integers, got {value!r}") from None
+    if not 1 <= len(dims) <= 3:
+        raise KernelArgumentError(f"grid must have one to three dimensions, got {value!r}")
+    dims = dims + (1,) * (3 - len(dims))
+    if any(d < 1 for d in dims):
+        raise KernelArgumentError(
+            f"grid {dims} has an empty dimension: a launch needs at least one program per axis"
+        )
+    if dims[0] >= 2**31 or dims[1] > 65535 or dims[2] > 65535:
+        raise KernelArgumentError(f"grid {dims} exceeds the launch limits (2**31-1, 65535, 65535)")
+    return dims  # type: ignore[return-value]

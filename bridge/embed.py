@@ -1,0 +1,78 @@
+"""How a compiled kernel rides in jaxlib's custom call.
+
+- ``inline``: the machine code (cubin or HSACO) in ``TritonKernel.module_image.object_file``.
+  jaxlib >= 0.11.1 loads it as is: no ptxas at XLA compile time, no file on ROCm. The ``ptx``
+  field, which jaxlib uses as part of its in-process module-cache key, then holds the real PTX on
+  CUDA (valid for any fallback compile) and a key-derived token on ROCm; both end with the
+  kernel key, so two different binaries never share it.
+- ``ptx``: CUDA PTX text in ``ptx``; jaxlib runs ptxas on it at XLA compile time (every process
+  whose JAX cache misses). For jaxlib without module_image.
+- ``path``: ROCm HSACO handed over by file path, for jaxlib without module_image (see
+  :mod:`bridge.handoff` for how the read-then-delete race is avoided).
+- ``auto`` (default, or ``$KERNELCACHE_EMBED``): ``inline`` where the running jaxlib honours
+  module_image, else ``ptx`` on CUDA and ``path`` on ROCm.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from . import versions
+from .errors import EmbedError
+from .targets import Target
+
+logger = logging.getLogger(__name__)
+
+MODES = ("auto", "inline", "ptx", "path")
+_warned: set[tuple[str, str]] = set()
+
+
+def resolve(
+    requested: str | None, target: Target, jaxlib: str | None = None, cfg: Any = None
+) -> str:
+    """The embedding to use for ``target`` under ``jaxlib`` (default: the running one).
+
+    Raises:
+        EmbedError: an unknown mode, or one that cannot work for this target and jaxlib.
+    """
+    from kernelcache.config import settings
+
+    mode = (requested or (cfg or settings()).embed or "auto").strip().lower()
+    if mode not in MODES:
+        raise EmbedError(f"embed={requested!r} is not one of {', '.join(MODES)}")
+    jaxlib = jaxlib or versions.jaxlib_version()
+    modern = versions.honours_module_image(jaxlib)
+    if mode == "auto":
+        return "inline" if modern else ("ptx" if target.backend == "cuda" else "path")
+    if mode == "ptx" and target.backend != "cuda":
+        raise EmbedError(f"embed='ptx' is for CUDA; {target} takes 'inline' or 'path'")
+    if mode == "path" and target.backend != "hip":
+        raise EmbedError(f"embed='path' is for ROCm; {target} takes 'inline' or 'ptx'")
+    if mode == "inline" and not modern and (target.backend, jaxlib) not in _warned:
+        # honoured as asked: the module may be exported to run under a newer jaxlib
+        _warned.add((target.backend, jaxlib))
+        minimum = ".".join(map(str, versions.MODULE_IMAGE))
+        consequence = (
+            "the PTX in each call is compiled by ptxas at XLA compile time instead"
+            if target.backend == "cuda"
+            else "it would look for a file named by the kernel's token and fail to load it"
+        )
+        logger.warning(
+            "embed='inline': jaxlib %s ignores TritonKernel.module_image, so if this module "
+            "runs under it, %s; inline machine code needs jaxlib >= %s",
+            jaxlib,
+            consequence,
+            minimum,
+        )
+    return mode
+
+
+def marked_ptx(ptx: str, key: str) -> str:
+    """PTX text ending in a comment naming the kernel key (keeps jaxlib's cache key unique)."""
+    return f"{ptx.rstrip()}\n// kernelcache {key}\n"
+
+
+def hsaco_token(key: str, digest: str) -> str:
+    """The ``ptx`` field of an inline HSACO: a stable token unique to this binary."""
+    return f"kernelcache:hsaco:{key}:{digest}"

@@ -1,0 +1,47 @@
+"""Exceptions raised by the bridge.
+
+Every error names what was wrong and what to do about it. They subclass the closest built-in
+exception as well, so ``except ValueError`` style handling keeps working.
+"""
+
+from __future__ import annotations
+
+
+class BridgeError(Exception):
+    """Base class of every error the bridge raises on purpose."""
+
+
+class TargetError(BridgeError, ValueError):
+    """A compile target is malformed, cannot be detected, or does not match the device."""
+
+
+class BackendUnavailable(BridgeError, ImportError):
+    """A required piece of software is missing: Triton, one of its vendor backends, or jaxlib's
+    Triton support. The message says exactly which, and how to get it."""
+
+
+class KernelArgumentError(BridgeError, TypeError):
+    """The arguments of a kernel call do not fit the kernel's signature or the target."""
+
+
+class OptionError(BridgeError, ValueError):
+    """An unknown or invalid compile option (the message lists the valid ones)."""
+
+
+class EmbedError(BridgeError, ValueError):
+    """The requested embedding of machine code cannot work with this target or jaxlib."""
+
+
+class UnsupportedTransformation(BridgeError, NotImplementedError):
+    """A JAX transformation (grad, vmap, ...) that a raw Triton kernel call cannot support."""
+
+
+__all__ = [
+    "BackendUnavailable",
+    "BridgeError",
+    "EmbedError",
+    "KernelArgumentError",
+    "OptionError",
+    "TargetError",
+    "UnsupportedTransformation",
+]

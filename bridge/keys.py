@@ -1,0 +1,79 @@
+"""The kernel key: computed without compiling, from everything that decides the binary.
+
+Ingredients, all Triton's own: the compiler's identity (``triton_key()``, memoized across
+processes), the source hash of the kernel with its dependencies and specialization
+(``ASTSource.hash()``: ``fn.cache_key``, signature, constexprs, attributes), the backend's
+identity (``backend.hash()``: target and, on CUDA, the ptxas version), the options (every field
+of the parsed options; extern libraries by content, not path), and the environment variables
+Triton declares cache-invalidating. Plus the language (Triton or Gluon), the target and the
+version of the bridge's own compile pipeline.
+
+The same call in any process on any machine with the same software gets the same key; any
+change that can change the binary changes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+from .identity import backend_identity, file_digest, triton_identity
+from .targets import Target
+
+#: bump when the bridge's compile pipeline changes its output for the same inputs
+PIPELINE_VERSION = "bridge-pipeline-1"
+
+
+def options_digest(options: Any) -> str:
+    """sha256 over every field of Triton's options object, extern libraries by content."""
+    fields = dict(vars(options))
+    libs = []
+    for name, path in fields.get("extern_libs") or ():
+        st = os.stat(path)
+        libs.append((name, file_digest(os.path.abspath(path), st.st_size, st.st_mtime_ns)))
+    fields["extern_libs"] = sorted(libs)
+    text = json.dumps(sorted((k, repr(v)) for k, v in fields.items()), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def env_digest() -> str:
+    """The environment variables Triton declares cache-invalidating, as set now."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    return json.dumps(sorted(get_cache_invalidating_env_vars().items()), separators=(",", ":"))
+
+
+def source(fn: Any, gluon: bool, signature: Any, constexprs: Any, attrs: Any) -> Any:
+    """Triton's source object for one specialization (``ASTSource`` or ``GluonASTSource``)."""
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        return GluonASTSource(fn, signature, constexprs, attrs)
+    from triton.compiler.compiler import ASTSource
+
+    return ASTSource(fn, signature, constexprs, attrs)
+
+
+def kernel_key(
+    cache: Any, target: Target, backend: Any, src: Any, options: Any, language: str
+) -> str:
+    """The 64-hex-digit key of one compiled kernel (see the module docstring)."""
+    parts = [
+        PIPELINE_VERSION,
+        triton_identity(cache),
+        src.hash(),
+        backend_identity(cache, target, backend),
+        options_digest(options),
+        env_digest(),
+        language,
+        str(target),
+        str(getattr(backend, "binary_ext", "")),
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def derived_key(key: str, role: str) -> str:
+    """The key of a companion artifact of ``key`` (e.g. ``role="ptx"``)."""
+    return hashlib.sha256(f"{key}:{role}".encode()).hexdigest()

@@ -1,0 +1,81 @@
+"""Versions of the installed software, and the features each jaxlib release has.
+
+Comparisons use parsed release tuples (``packaging.version.Version(v).release``), so local
+suffixes such as ``+rocm7`` or ``.dev2026...+git`` cannot satisfy a check by accident: a
+pre-release of 0.11.1 counts as 0.11.1 only through its release tuple, never through string
+order.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from packaging.version import InvalidVersion, Version
+
+#: first jaxlib with the typed-FFI custom call ``triton_kernel_call_ffi`` (api_version 4)
+FFI_CALL = (0, 10, 1)
+#: first jaxlib whose ROCm loader deletes the HSACO file it was handed (after reading it)
+HSACO_DELETED = (0, 9, 1)
+#: first jaxlib whose TritonKernel has module_image (field 11) and global scratch (12, 13)
+MODULE_IMAGE = (0, 11, 1)
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The release tuple of ``version`` ("0.11.2+rocm7" -> (0, 11, 2)).
+
+    Raises:
+        ValueError: ``version`` is not a PEP 440 version.
+    """
+    try:
+        return Version(version).release
+    except InvalidVersion:
+        raise ValueError(f"not a version number: {version!r}") from None
+
+
+def at_least(version: str | tuple[int, ...], minimum: tuple[int, ...]) -> bool:
+    """Whether ``version`` (a string or a release tuple) is ``minimum`` or newer."""
+    rel = release(version) if isinstance(version, str) else tuple(version)
+    width = max(len(rel), len(minimum))
+    return rel + (0,) * (width - len(rel)) >= minimum + (0,) * (width - len(minimum))
+
+
+@functools.lru_cache(maxsize=1)
+def jaxlib_version() -> str:
+    """The running jaxlib's version string."""
+    import jaxlib
+
+    return jaxlib.__version__
+
+
+@functools.lru_cache(maxsize=1)
+def jax_version() -> str:
+    import jax
+
+    return jax.__version__
+
+
+@functools.lru_cache(maxsize=1)
+def triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def has_ffi_call(jaxlib: str | tuple[int, ...]) -> bool:
+    """jaxlib has ``triton_kernel_call_ffi`` (lowered with api_version 4 and an ``opaque``)."""
+    return at_least(jaxlib, FFI_CALL)
+
+
+def honours_module_image(jaxlib: str | tuple[int, ...]) -> bool:
+    """jaxlib loads ``TritonKernel.module_image.object_file`` instead of compiling ``ptx``."""
+    return at_least(jaxlib, MODULE_IMAGE)
+
+
+def has_global_scratch(jaxlib: str | tuple[int, ...]) -> bool:
+    """jaxlib allocates the global scratch memory a kernel declares (fields 12 and 13)."""
+    return at_least(jaxlib, MODULE_IMAGE)
+
+
+def deletes_hsaco(jaxlib: str | tuple[int, ...]) -> bool:
+    """jaxlib's ROCm loader deletes the HSACO file named in ``ptx`` after reading it."""
+    return at_least(jaxlib, HSACO_DELETED)

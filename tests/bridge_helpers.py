@@ -1,0 +1,130 @@
+"""Helpers for the bridge tests: lowering on CPU for GPU platforms, reading the opaque back,
+and running fresh Python processes that import this checkout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+ELF_MAGIC = b"\x7fELF"
+
+
+def jaxlib_triton() -> Any | None:
+    """jaxlib's Triton bindings when a GPU plugin provides them (the CUDA plugin imports on
+    CPU-only machines), else None."""
+    try:
+        from jax._src.lib import gpu_triton
+    except ImportError:
+        return None
+    return gpu_triton if getattr(gpu_triton, "TritonKernel", None) is not None else None
+
+
+def lowered_module(fn: Any, *avals: Any, platform: str = "cuda") -> Any:
+    import jax
+
+    return jax.jit(fn).trace(*avals).lower(lowering_platforms=(platform,))
+
+
+def custom_calls(lowered: Any) -> list[dict[str, Any]]:
+    """The stablehlo.custom_call ops of a lowered computation: target name, api version,
+    opaque bytes (FFI form) or backend_config bytes (legacy form), operand/result counts."""
+    from jax._src.lib.mlir import ir
+
+    module = lowered.compiler_ir("stablehlo")
+    found: list[Any] = []
+
+    def visit(op: Any) -> Any:
+        if op.name == "stablehlo.custom_call":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    out = []
+    with module.context:
+        for op in found:
+            attrs = op.attributes
+            entry: dict[str, Any] = {
+                "target": ir.StringAttr(attrs["call_target_name"]).value,
+                "api_version": ir.IntegerAttr(attrs["api_version"]).value,
+                "operands": len(op.operands),
+                "results": len(op.results),
+            }
+            if "mhlo.backend_config" in attrs:
+                config = ir.DictAttr(attrs["mhlo.backend_config"])
+                entry["opaque"] = ir.StringAttr(config["opaque"]).value_bytes
+            else:
+                entry["opaque"] = ir.StringAttr(attrs["backend_config"]).value_bytes
+            if "output_operand_aliases" in attrs:
+                entry["aliases"] = str(attrs["output_operand_aliases"])
+            out.append(entry)
+    return out
+
+
+def decoded(fn: Any, *avals: Any, platform: str = "cuda") -> list[Any]:
+    """Lower ``fn`` and return the parsed TritonAnyKernelCall of every Triton custom call."""
+    from bridge import proto
+
+    return [
+        proto.decode_opaque(c["opaque"])
+        for c in custom_calls(lowered_module(fn, *avals, platform=platform))
+    ]
+
+
+def kernels_of(call: Any) -> list[Any]:
+    """The TritonKernel messages of a TritonAnyKernelCall (one per config)."""
+    if call.HasField("kernel_call"):
+        return [call.kernel_call.kernel]
+    return [c.kernel_call.kernel for c in call.autotuned_kernel_call.configs]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + path if path else "")
+    env.update(extra)
+    return env
+
+
+def run_child(code: str, *, timeout: float = 240, cwd: str | None = None, **env: str) -> Any:
+    """Run ``code`` in a fresh interpreter; it prints one JSON document last. Returns it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or str(REPO),
+    )
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"child failed ({proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def start_child(code: str, *argv: str, **env: str) -> subprocess.Popen:
+    """Start ``code`` with ``argv`` in a fresh interpreter (finish with :func:`finish_child`)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *argv],
+        env=child_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(REPO),
+    )
+
+
+def finish_child(proc: subprocess.Popen, timeout: float = 240) -> Any:
+    out, err = proc.communicate(timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"child failed ({proc.returncode})\n--- stdout\n{out}\n--- stderr\n{err}"
+        )
+    return json.loads(out.strip().splitlines()[-1])

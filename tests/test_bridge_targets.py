@@ -1,0 +1,143 @@
+"""Targets, versions, and the lazy, actionable loading of Triton's vendor backends."""
+
+from __future__ import annotations
+
+import pytest
+
+import bridge
+from bridge import backends, embed, identity, versions
+from bridge.targets import Target, hip_warp_size, parse_target
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("cuda:90", Target("cuda", 90, 32)),
+        ("sm_90a", Target("cuda", 90, 32)),
+        ("CUDA:100", Target("cuda", 100, 32)),
+        ("hip:gfx942", Target("hip", "gfx942", 64)),
+        ("rocm:gfx90a:sramecc+:xnack-", Target("hip", "gfx90a", 64)),
+        ("hip:gfx1100", Target("hip", "gfx1100", 32)),
+        ("hip:gfx950", Target("hip", "gfx950", 64)),
+    ],
+)
+def test_parse_target(text, expected):
+    assert parse_target(text) == expected
+    assert parse_target(str(expected)) == expected
+
+
+@pytest.mark.parametrize("text", ["", "cuda", "cuda:9x", "gfx942", "hip:942", "metal:1", "cuda:30"])
+def test_bad_targets_say_what_is_valid(text):
+    with pytest.raises(bridge.TargetError, match=r"cuda:90|older than"):
+        parse_target(text)
+
+
+def test_warp_sizes_follow_triton():
+    from triton.backends.amd.compiler import HIPOptions
+
+    for arch in ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201"):
+        assert hip_warp_size(arch) == HIPOptions(arch=arch).warp_size
+
+
+def test_binary_compatibility():
+    assert parse_target("cuda:80").runs_on(parse_target("cuda:86"))
+    assert not parse_target("cuda:86").runs_on(parse_target("cuda:80"))
+    assert not parse_target("cuda:90").runs_on(parse_target("cuda:100"))
+    assert parse_target("hip:gfx942").runs_on(parse_target("hip:gfx942"))
+    assert not parse_target("hip:gfx942").runs_on(parse_target("hip:gfx90a"))
+
+
+def test_versions_compare_release_tuples():
+    assert versions.release("0.11.2+rocm7.0.0") == (0, 11, 2)
+    assert versions.honours_module_image("0.11.1")
+    assert versions.honours_module_image("0.12.0.1")
+    assert not versions.honours_module_image("0.11.0+git20260101")
+    assert not versions.honours_module_image("0.11.0.dev20260301")
+    assert versions.has_ffi_call("0.10.1") and not versions.has_ffi_call("0.10.0")
+    assert versions.deletes_hsaco("0.9.1.post6") and not versions.deletes_hsaco("0.9.0.1")
+    with pytest.raises(ValueError, match="not a version"):
+        versions.release("latest")
+
+
+@pytest.mark.parametrize(
+    "jaxlib, target, mode",
+    [
+        ("0.11.2", "cuda:90", "inline"),
+        ("0.11.1", "hip:gfx942", "inline"),
+        ("0.10.2", "cuda:90", "ptx"),
+        ("0.11.0", "hip:gfx942", "path"),
+        ("0.9.0", "hip:gfx90a", "path"),
+    ],
+)
+def test_auto_embed_policy(jaxlib, target, mode):
+    assert embed.resolve("auto", parse_target(target), jaxlib) == mode
+
+
+def test_option_names_come_from_triton():
+    assert {"maxnreg", "enable_fp_fusion", "num_warps"} <= backends.option_names("cuda")
+    assert {"waves_per_eu", "kpack", "matrix_instr_nonkdim"} <= backends.option_names("hip")
+    with pytest.raises(bridge.OptionError, match=r"valid options are .*maxnreg"):
+        backends.check_options(parse_target("cuda:90"), {"maxnregs"})
+    with pytest.raises(bridge.OptionError, match="arch"):
+        backends.check_options(parse_target("cuda:90"), {"arch"})
+
+
+def test_a_missing_backend_says_which(monkeypatch):
+    import triton.backends
+
+    monkeypatch.delitem(triton.backends.backends, "amd")
+    backends.compiler_module.cache_clear()
+    try:
+        with pytest.raises(
+            bridge.BackendUnavailable, match=r"no 'amd' backend.*it has: nvidia.*ROCm"
+        ):
+            backends.compiler_module("amd")
+        assert backends.compiler_module("nvidia").__name__ == "triton.backends.nvidia.compiler"
+    finally:
+        backends.compiler_module.cache_clear()
+
+
+def test_triton_identity_is_memoized_in_the_cache(tmp_path, monkeypatch):
+    import triton.runtime.cache as rc
+
+    import kernelcache
+
+    calls = []
+    real = rc.triton_key
+
+    def counting():
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(rc, "triton_key", counting)
+    identity._memo.clear()
+    cache = kernelcache.Cache(root=tmp_path)
+    first = identity.triton_identity(cache)
+    identity._memo.clear()
+    second = identity.triton_identity(cache)
+    assert first == second and len(calls) == 1
+    assert len(first) == 64
+
+
+def test_fingerprint_changes_with_the_installation(monkeypatch):
+    import os
+
+    import triton
+
+    identity.triton_fingerprint.cache_clear()
+    before = identity.triton_fingerprint()
+    path = os.path.join(os.path.dirname(triton.__file__), "language", "core.py")
+    real_stat = os.stat
+
+    def touched(p, *a, **k):
+        result = real_stat(p, *a, **k)
+        if os.path.abspath(p) == path:  # as if the file had been rewritten
+            return os.stat_result(tuple(result[:10]), {"st_mtime_ns": result.st_mtime_ns + 1})
+        return result
+
+    monkeypatch.setattr(os, "stat", touched)
+    identity.triton_fingerprint.cache_clear()
+    assert identity.triton_fingerprint() != before
+    monkeypatch.setattr(os, "stat", real_stat)
+    identity.triton_fingerprint.cache_clear()
+    assert identity.triton_fingerprint() == before
