@@ -917,9 +917,13 @@ def cmd_warm(args: argparse.Namespace, out: Output) -> int:
             f"kernelcache warm needs the bridge and its dependencies (cannot import "
             f"{e.name or 'bridge.warm'}): pip install 'kernelcache[bridge]'"
         ) from None
-    root = _root(args)
-    code = warm.run(args.manifest, list(args.target), root=root, json=out.json)
-    return int(code)
+    run = getattr(warm, "run", None)
+    if run is None:
+        raise UsageError(
+            "the installed bridge has no bridge.warm.run: install a kernelcache[bridge] that "
+            "provides `kernelcache warm` (pip install -U 'kernelcache[bridge]')"
+        )
+    return int(run(args.manifest, list(args.target), root=_root(args), json=out.json))
 
 
 # -- the parser ---------------------------------------------------------------------------
