@@ -83,7 +83,9 @@ _HINTS = {
     errno.ENOTDIR: "point KERNELCACHE_DIR at a directory",
     errno.EEXIST: "point KERNELCACHE_DIR at a directory",
 }
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = (
+    os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+)  # a planted FIFO must not hang a read
 _HOST = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64]
 
 
@@ -636,7 +638,7 @@ class Store:
             if name.endswith("." + META_EXT):
                 continue
             try:
-                fd = os.open(name, _READ_FLAGS | os.O_NONBLOCK, dir_fd=root_fd)
+                fd = os.open(name, _READ_FLAGS, dir_fd=root_fd)
             except OSError:
                 continue
             fds.append(fd)

@@ -97,6 +97,18 @@ def _artifact_is_directory(root: Path, key: str) -> None:
     path.mkdir()
 
 
+def _artifact_fifo(root: Path, key: str) -> None:
+    path = root / f"{key}.cubin"
+    path.unlink()
+    os.mkfifo(path)  # opening it for reading would block forever without O_NONBLOCK
+
+
+def _metadata_fifo(root: Path, key: str) -> None:
+    path = root / f"{key}.json"
+    path.unlink()
+    os.mkfifo(path)
+
+
 DAMAGE: dict[str, Callable[[Path, str], None]] = {
     "flip-byte": _flip_byte,
     "truncate": _truncate,
@@ -112,6 +124,8 @@ DAMAGE: dict[str, Callable[[Path, str], None]] = {
     "artifact-symlink": _artifact_symlink,
     "metadata-symlink": _metadata_symlink,
     "artifact-is-directory": _artifact_is_directory,
+    "artifact-fifo": _artifact_fifo,
+    "metadata-fifo": _metadata_fifo,
 }
 
 
