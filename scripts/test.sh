@@ -11,4 +11,5 @@ python=${PYTHON:-python3}
 # jaxlib's Triton bindings (they import without a GPU): tests compare our protos with jaxlib's.
 jaxlib_version=$(.venv/bin/python -c 'import jaxlib; print(jaxlib.__version__)')
 .venv/bin/python -m pip install -q --no-deps "jax-cuda13-plugin==${jaxlib_version}"
-exec .venv/bin/python -m pytest "$@"
+# two workers: the suite spends much of its time waiting on child processes
+exec .venv/bin/python -m pytest -n 2 "$@"
