@@ -63,8 +63,17 @@ def matmul(a: jax.Array, b: jax.Array, **kw: Any) -> jax.Array:
 
 
 def gluon_scale(
-    x: jax.Array, scale: float, *, warp_size: int = 32, block: int = 1024, **kw: Any
+    x: jax.Array, scale: float, *, warp_size: int | None = None, block: int = 1024, **kw: Any
 ) -> jax.Array:
+    """out = x * scale with a Gluon kernel whose layout has ``warp_size`` threads per warp.
+
+    ``warp_size`` defaults to the warp size of ``target=`` (32 on NVIDIA and RDNA, 64 on CDNA
+    such as gfx942), else 32. A recorded call replays with each warm target's warp size: the
+    ``WARP_SIZE`` parameter follows the target (see docs/warm.md).
+    """
+    if warp_size is None:
+        target = kw.get("target")
+        warp_size = bridge.parse_target(target).warp_size if target else 32
     return bridge.triton_call(
         x,
         x.size,

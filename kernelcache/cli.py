@@ -923,7 +923,12 @@ def cmd_warm(args: argparse.Namespace, out: Output) -> int:
             "the installed bridge has no bridge.warm.run: install a kernelcache[bridge] that "
             "provides `kernelcache warm` (pip install -U 'kernelcache[bridge]')"
         )
-    return int(run(args.manifest, list(args.target), root=_root(args), json=out.json))
+    extra: dict[str, Any] = {}  # only what was given: older bridges take neither keyword
+    if args.jobs is not None:
+        extra["jobs"] = args.jobs
+    if args.allow_changed:
+        extra["allow_changed"] = True
+    return int(run(args.manifest, list(args.target), root=_root(args), json=out.json, **extra))
 
 
 # -- the parser ---------------------------------------------------------------------------
@@ -1082,6 +1087,18 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         metavar="T",
         help="e.g. cuda:90 or hip:gfx942 (repeatable)",
+    )
+    p.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="compile in N processes (default: one per available CPU)",
+    )
+    p.add_argument(
+        "--allow-changed",
+        action="store_true",
+        help="compile the current source of kernels changed since recording instead of failing",
     )
     p.set_defaults(func=cmd_warm)
     return parser
