@@ -11,7 +11,7 @@ Across processes: any number of processes may append to one manifest at once. Ea
 written with a single ``write`` on an ``O_APPEND`` descriptor while holding an exclusive
 ``flock`` on the file, so lines never interleave or tear; under the lock the writer reads what
 other processes appended since it last looked and skips a record the file already has (same
-kernel key and target). Where ``flock`` is unavailable (some network filesystems) lines are
+kernel key, target and import path). Where ``flock`` is unavailable (some network filesystems) lines are
 still whole, and duplicates are removed when the manifest is read.
 
 A kernel that another process cannot import (defined inside a function, in the ``__main__`` of a
@@ -291,11 +291,11 @@ def emit(record: dict[str, Any], cfg: Any = None) -> None:
 @dataclass
 class _Seen:
     """What this process knows a manifest holds: its identity, how far it was read, and the
-    (key, target) of every record in it."""
+    (key, target, kernel) of every record in it."""
 
     ident: tuple[int, int] = (0, 0)
     offset: int = 0
-    records: set[tuple[str, str]] = field(default_factory=set)
+    records: set[tuple[str, str, str]] = field(default_factory=set)
     broken: bool = False  # could not be written: warned once, recording to it stops
 
 
@@ -303,9 +303,10 @@ _files: dict[str, _Seen] = {}
 _file_lock = threading.Lock()
 
 
-def _ident(rec: Any) -> tuple[str, str] | None:
+def _ident(rec: Any) -> tuple[str, str, str] | None:
+    """What makes a record new: its kernel key, target and import path."""
     if isinstance(rec, dict) and isinstance(rec.get("key"), str):
-        return rec["key"], str(rec.get("target"))
+        return rec["key"], str(rec.get("target")), str(rec.get("kernel"))
     return None
 
 
@@ -337,7 +338,9 @@ def append(path: str | os.PathLike[str], record: Mapping[str, Any]) -> bool:
     name = os.path.abspath(os.fspath(path))
     with _file_lock:
         seen = _files.setdefault(name, _Seen())
-        if seen.broken or (ident is not None and ident in seen.records):
+        if seen.broken:
+            return False
+        if ident is not None and ident in seen.records and _unchanged(name, seen):
             return False
         try:
             return _append_locked(name, seen, ident, line)
@@ -351,7 +354,16 @@ def append(path: str | os.PathLike[str], record: Mapping[str, Any]) -> bool:
             return False
 
 
-def _append_locked(name: str, seen: _Seen, ident: tuple[str, str] | None, line: bytes) -> bool:
+def _unchanged(name: str, seen: _Seen) -> bool:
+    """Whether the file is still the one ``seen`` describes (not replaced or truncated)."""
+    try:
+        st = os.stat(name)
+    except OSError:
+        return False
+    return seen.ident == (st.st_dev, st.st_ino) and st.st_size >= seen.offset
+
+
+def _append_locked(name: str, seen: _Seen, ident: tuple[str, str, str] | None, line: bytes) -> bool:
     Path(name).parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
     fd = os.open(name, flags, 0o666)

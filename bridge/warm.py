@@ -727,6 +727,20 @@ def _check_configs(
     return Failure("configs-changed", detail, call.kernel, lines=call.lines)
 
 
+def _merged(failures: Iterable[Failure]) -> tuple[Failure, ...]:
+    """One failure per (kind, kernel, target, config, detail), with the lines of all."""
+    out: dict[tuple[Any, ...], Failure] = {}
+    for f in failures:
+        ident = (f.kind, f.kernel, f.target, f.config, f.detail)
+        seen = out.get(ident)
+        if seen is None:
+            out[ident] = f
+        else:
+            lines = tuple(sorted(set(seen.lines) | set(f.lines)))
+            out[ident] = Failure(f.kind, f.detail, f.kernel, f.target, f.config, lines)
+    return tuple(out.values())
+
+
 def _parse_targets(targets: Iterable[str | Target]) -> list[Target]:
     out: list[Target] = []
     for t in targets:
@@ -876,8 +890,8 @@ def warm(
         calls=len(loaded.calls),
         kernels=len({c.kernel for c in loaded.calls}),
         results=final,
-        failures=tuple(failures),
-        changed=tuple(changed),
+        failures=_merged(failures),
+        changed=_merged(changed),
         workers=workers,
         seconds=time.monotonic() - started,
     )

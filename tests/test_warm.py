@@ -409,6 +409,58 @@ def test_vanished_changed_failing_and_crashing_kernels(tmp_path):
     assert "[compile] kcwarm_demo.kernels:k_gluon for hip:gfx942 [line 5]:" in human.stdout
 
 
+# -- the progress bar ----------------------------------------------------------------------------
+def _on_a_terminal(args: list[str], timeout: float = 240) -> tuple[int, str]:
+    """Run the console script with stdout and stderr on a pseudo-terminal; (exit code, output)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    assert KERNELCACHE is not None, "install the project: pip install -e '.[bridge]'"
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    proc = subprocess.Popen(
+        [KERNELCACHE, *args],
+        stdin=subprocess.DEVNULL,
+        stdout=secondary,
+        stderr=secondary,
+        env=child_env(COLUMNS="100"),
+        cwd=str(REPO),
+    )
+    os.close(secondary)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([primary], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(primary, 65536)
+            except OSError:  # EIO: the terminal's other side closed
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    os.close(primary)
+    return proc.wait(timeout=timeout), b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="pseudo-terminals as on Linux")
+def test_progress_bar_only_on_a_terminal(tmp_path):
+    pytest.importorskip("tqdm", reason="the progress bar needs the optional tqdm package")
+    lines = (REPO / "examples" / "manifest.jsonl").read_text().splitlines()
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(next(line for line in lines if "add_kernel" in line) + "\n")
+    args = ["--root", str(tmp_path / "c"), "warm", str(manifest), "--target"]
+    code, shown = _on_a_terminal([*args, "cuda:80"])
+    assert code == 0 and "warming" in shown and "compiled" in shown
+    code, shown = _on_a_terminal([*args, "cuda:86", "--json"])
+    assert code == 0 and "warming" not in shown
+    assert json.loads(shown)["compiled"] == 1
+
+
 # -- usage errors and output ---------------------------------------------------------------
 def _main(capsys, *argv: str) -> tuple[int, str, str]:
     from kernelcache.cli import main
