@@ -73,6 +73,10 @@ class ManifestError(BridgeError, ValueError):
     """The manifest cannot be read at all, or is not a manifest (a usage error: exit 2)."""
 
 
+class RootError(BridgeError, OSError):
+    """The writable cache root cannot take entries: nothing would be kept (exit 1)."""
+
+
 # -- importing kernels ----------------------------------------------------------------------
 def import_kernel(path: str) -> Any:
     """The kernel object named ``module:qualname`` (the autotune/heuristics wrapper if any).
@@ -146,6 +150,7 @@ class Call:
     #: autotune configs recorded, by the Triton version that recorded them
     configs: Mapping[str, frozenset[str]] = field(default_factory=dict)
     problem: str | None = None  # why the recording process thought it cannot be imported
+    config_lines: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def for_target(self, target: Target) -> dict[str, Any]:
         """The recorded arguments, with the warp-size arguments set for ``target``."""
@@ -240,6 +245,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     failures: list[Failure] = []
     records = 0
     nonblank = 0
+    newer = 0  # records of a later format: a manifest, just not one this version reads
     for number, line in enumerate(raw.splitlines(), start=1):
         if not line.strip():
             continue
@@ -258,6 +264,11 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
             continue
         problem = _check_record(rec)
         if problem is not None:
+            newer += (
+                isinstance(rec, dict)
+                and isinstance(rec.get("version"), int)
+                and (rec["version"] > RECORD_VERSION)
+            )
             kernel = rec.get("kernel") if isinstance(rec, dict) else None
             failures.append(
                 Failure(
@@ -273,9 +284,17 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         ident = _call_ident(rec, params)
         group = groups.setdefault(
             ident,
-            {"first": rec, "lines": [], "sources": set(), "configs": {}, "problem": None},
+            {
+                "first": rec,
+                "lines": [],
+                "sources": set(),
+                "configs": {},
+                "problem": None,
+                "config_lines": {},
+            },
         )
         group["lines"].append(number)
+        group["config_lines"].setdefault(str(rec.get("config") or ""), []).append(number)
         if rec.get("source"):
             group["sources"].add(rec["source"])
         triton = (rec.get("producer") or {}).get("triton")
@@ -283,12 +302,11 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
             group["configs"].setdefault(triton, set()).add(str(rec.get("config") or ""))
         if rec.get("importable") is False and group["problem"] is None:
             group["problem"] = rec.get("problem") or "marked not importable when recorded"
-    if nonblank and not records and all(f.kind == "bad-record" for f in failures):
-        if not any("version" in f.detail for f in failures):
-            raise ManifestError(
-                f"{name} is not a kernelcache manifest (no line is a record): pass the file "
-                "that KERNELCACHE_RECORD wrote"
-            )
+    if nonblank and not records and not newer:
+        raise ManifestError(
+            f"{name} is not a kernelcache manifest (no line is a record): pass the file "
+            "that KERNELCACHE_RECORD wrote"
+        )
     calls = []
     for group in groups.values():
         first = group["first"]
@@ -303,6 +321,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
                 sources=frozenset(group["sources"]),
                 configs={t: frozenset(c) for t, c in group["configs"].items()},
                 problem=group["problem"],
+                config_lines={c: tuple(n) for c, n in group["config_lines"].items()},
             )
         )
     return Manifest(name, records, tuple(calls), tuple(failures))
@@ -525,6 +544,16 @@ def compile_job(job: Job, cache: Any = None) -> Result:
     said = "".join(captured).strip()
     if said:
         logger.info("while compiling %s for %s:\n%s", job.call.kernel, job.target, said)
+    from kernelcache import stats
+
+    stats.flush()  # a pool worker never runs exit handlers
+    if present(cache, spec.key, ext, target.backend == "cuda") is None:
+        return result(
+            "failed",
+            f"compiled, but the kernel could not be stored under {cache.root}"
+            + (f": {said[-_DIAGNOSTIC_CHARS:]}" if said else "")
+            + " (check the root with `kernelcache doctor`)",
+        )
     return result("compiled" if kb.built else "present")
 
 
@@ -568,6 +597,12 @@ def execute(
     from kernelcache import stats
 
     stats.flush()  # forked workers start from flushed counters: nothing is counted twice
+    logger.debug(
+        "compiling %d kernels in %d processes (%s)",
+        len(jobs),
+        workers,
+        _context().get_start_method(),
+    )
     done: dict[int, Result] = {}
     pending = _pool_run(jobs, workers, done, progress)
     for i in pending:  # the pool broke: each unfinished job again, alone, to find the culprit
@@ -727,6 +762,26 @@ def _check_configs(
     return Failure("configs-changed", detail, call.kernel, lines=call.lines)
 
 
+def _check_writable(root: str) -> None:
+    """Create ``root`` if needed and probe it with a hidden file, removed at once.
+
+    Raises:
+        RootError: files cannot be created there.
+    """
+    try:
+        os.makedirs(root, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=root, prefix=".kernelcache-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise RootError(
+            e.errno or 0,
+            f"cannot write the cache root {root} ({e.strerror or e}): warm into a writable "
+            "root (--root or KERNELCACHE_DIR); a read-only layer is read through "
+            "KERNELCACHE_READONLY_DIRS",
+        ) from None
+
+
 def _merged(failures: Iterable[Failure]) -> tuple[Failure, ...]:
     """One failure per (kind, kernel, target, config, detail), with the lines of all."""
     out: dict[tuple[Any, ...], Failure] = {}
@@ -779,6 +834,7 @@ def warm(
 
     Raises:
         ManifestError: the manifest cannot be read or is not a manifest.
+        RootError: there is something to compile and the writable root cannot take it.
         TargetError, BackendUnavailable: a bad target, or Triton lacks its backend.
         ValueError: ``jobs`` < 1.
     """
@@ -862,6 +918,8 @@ def warm(
                 planned.append(
                     Job(call, str(target), index, spec.key, config, str(cache.root), readonly)
                 )
+    if planned:
+        _check_writable(str(cache.root))
     workers = min(jobs or default_workers(), len(planned)) if planned else 0
     if on_planned is not None:
         on_planned(len(planned))
@@ -877,7 +935,7 @@ def warm(
                     outcome.kernel,
                     outcome.target,
                     outcome.config,
-                    job.call.lines,
+                    job.call.config_lines.get(outcome.config, job.call.lines),
                 )
             )
     final = tuple(r for r in results if r is not None)
@@ -916,6 +974,7 @@ def run(
             backend, a disabled cache, ``jobs`` < 1 (the CLI exits 2 with the message).
     """
     from kernelcache import progress as progressbar
+    from kernelcache.cli import Failure as CommandFailed
     from kernelcache.cli import Output, UsageError
     from kernelcache.config import settings
 
@@ -942,6 +1001,8 @@ def run(
             )
         except (ManifestError, TargetError, BackendUnavailable) as e:
             raise UsageError(str(e)) from None
+        except RootError as e:
+            raise CommandFailed(e.strerror) from None
     if not report.records and not report.failures:
         logger.warning("kernelcache: %s holds no records: nothing to warm", manifest)
     out.emit(report.as_json, report.summary)
