@@ -879,11 +879,15 @@ def warm(
             try:
                 specs = specializations(call, parts, target, cache)
             except Exception as e:  # the call does not fit the kernel/target: report it
+                why = (
+                    "the recorded call does not fit the kernel for this target"
+                    if isinstance(e, BridgeError)
+                    else f"binding the recorded call failed (with Triton {triton})"
+                )
                 failures.append(
                     Failure(
                         "invalid",
-                        f"the recorded call does not fit the kernel for this target: "
-                        f"{type(e).__name__}: {e}",
+                        f"{why}: {type(e).__name__}: {e}",
                         call.kernel,
                         str(target),
                         lines=call.lines,

@@ -529,6 +529,22 @@ def test_torn_and_foreign_lines_are_reported_and_the_rest_is_warmed(capsys, tmp_
     assert "newer kernelcache" in details[(3,)] and "not a JSON record" in details[(4,)]
 
 
+def test_a_call_that_does_not_fit_one_target_fails_there_only(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    lines = (REPO / "examples" / "manifest.jsonl").read_text().splitlines()
+    rec = json.loads(next(line for line in lines if "add_kernel" in line))
+    rec["options"] = {"num_warps": 32}  # 1024 threads of 32 on NVIDIA; 2048 of 64 on gfx942
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps(rec) + "\n")
+    argv = ["--root", str(tmp_path / "c"), "warm", str(manifest), "--json", "--jobs", "1"]
+    code, out, _ = _main(capsys, *argv, "--target", "cuda:80", "--target", "hip:gfx942")
+    doc = json.loads(out)
+    assert code == 1 and doc["compiled"] == 1 and doc["results"][0]["target"] == "cuda:80"
+    (failure,) = doc["failures"]
+    assert (failure["kind"], failure["target"]) == ("invalid", "hip:gfx942")
+    assert "2048 threads per block" in failure["detail"]
+
+
 def test_an_empty_manifest_warms_nothing(capsys, tmp_path, caplog):
     manifest = tmp_path / "empty.jsonl"
     manifest.write_text("")
