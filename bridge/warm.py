@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import hashlib
 import importlib
 import json as jsonlib
 import logging
@@ -393,7 +394,6 @@ def present(cache: Any, key: str, ext: str, need_ptx: bool) -> str | None:
     """
     from kernelcache import Artifact
 
-    from .artifacts import _sha256
     from .keys import derived_key
 
     found = None
@@ -409,7 +409,7 @@ def present(cache: Any, key: str, ext: str, need_ptx: bool) -> str | None:
         ptx_key = derived_key(key, PTX_EXT)
         for store in cache.layers:
             art = store.read(ptx_key, PTX_EXT)
-            if isinstance(art, Artifact) and want and _sha256(art.data.decode()) == want:
+            if isinstance(art, Artifact) and want and hashlib.sha256(art.data).hexdigest() == want:
                 return found.source
         return None
     return found.source
@@ -570,12 +570,15 @@ def default_workers() -> int:
     return max(1, cpus)
 
 
-def _context() -> Any:
-    """Fork where it is safe (a single-threaded parent on Linux: workers inherit the imported
-    Triton and the memoized identities for free), else spawn."""
-    if sys.platform == "linux" and threading.active_count() == 1:
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context("spawn")
+def can_fork() -> bool:
+    """Whether worker processes can be forked safely: a single-threaded process on Linux.
+
+    Forked workers share the planning process's imported Triton and memoized identities, so
+    none pays for importing Triton or for ``triton_key()``. Forking a process with other
+    threads can deadlock the child (a lock held by a thread that does not exist there), and
+    spawning would re-run the caller's main module; such callers compile in-process.
+    """
+    return sys.platform == "linux" and threading.active_count() == 1
 
 
 _CRASH = (
@@ -587,7 +590,8 @@ _CRASH = (
 def execute(
     jobs: Sequence[Job], workers: int, cache: Any, progress: Callable[[int], None]
 ) -> list[Result]:
-    """Run ``jobs``: in this process when ``workers`` is 1, else in a process pool."""
+    """Run ``jobs``: in this process when ``workers`` is 1, else in a pool of forked processes
+    (see :func:`can_fork`)."""
     if workers <= 1 or len(jobs) <= 1:
         results = []
         for job in jobs:
@@ -597,12 +601,7 @@ def execute(
     from kernelcache import stats
 
     stats.flush()  # forked workers start from flushed counters: nothing is counted twice
-    logger.debug(
-        "compiling %d kernels in %d processes (%s)",
-        len(jobs),
-        workers,
-        _context().get_start_method(),
-    )
+    logger.debug("compiling %d kernels in %d forked processes", len(jobs), workers)
     done: dict[int, Result] = {}
     pending = _pool_run(jobs, workers, done, progress)
     for i in pending:  # the pool broke: each unfinished job again, alone, to find the culprit
@@ -621,7 +620,9 @@ def _pool_run(
     a single job, records it as crashed)."""
     from concurrent.futures.process import BrokenProcessPool
 
-    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=_context())
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=workers, mp_context=multiprocessing.get_context("fork")
+    )
     broken: list[int] = []
     try:
         futures = {pool.submit(compile_job, job): offset + i for i, job in enumerate(jobs)}
@@ -826,7 +827,8 @@ def warm(
         targets: "cuda:90", "hip:gfx942", ...
         cache: a ``kernelcache.Cache``, a root directory, or None for the default cache.
             Workers open the cache by its writable and read-only roots.
-        jobs: worker processes (default: the CPUs available; 1 compiles in this process).
+        jobs: worker processes (default: the CPUs available; 1 compiles in this process, as
+            does a process with other threads running, see :func:`can_fork`).
         allow_changed: compile the current source of kernels whose source or autotune configs
             changed since recording (reported under ``changed``) instead of failing them.
         progress: called with the number of kernels finished, as they finish.
@@ -925,6 +927,13 @@ def warm(
     if planned:
         _check_writable(str(cache.root))
     workers = min(jobs or default_workers(), len(planned)) if planned else 0
+    if workers > 1 and not can_fork():
+        logger.info(
+            "kernelcache: compiling %d kernels in this process: it runs other threads, so "
+            "worker processes cannot be forked safely (`kernelcache warm` compiles in parallel)",
+            len(planned),
+        )
+        workers = 1
     if on_planned is not None:
         on_planned(len(planned))
     outcomes = execute(planned, workers, cache, progress or (lambda n: None))
