@@ -11,8 +11,8 @@ Across processes: any number of processes may append to one manifest at once. Ea
 written with a single ``write`` on an ``O_APPEND`` descriptor while holding an exclusive
 ``flock`` on the file, so lines never interleave or tear; under the lock the writer reads what
 other processes appended since it last looked and skips a record the file already has (same
-kernel key, target and import path). Where ``flock`` is unavailable (some network filesystems) lines are
-still whole, and duplicates are removed when the manifest is read.
+kernel key, target and import path). Where ``flock`` is unavailable (some network
+filesystems) lines are still whole, and duplicates are removed when the manifest is read.
 
 A kernel that another process cannot import (defined inside a function, in the ``__main__`` of a
 script run as a file, or in a module that is not importable from ``sys.path``) is still
@@ -242,11 +242,12 @@ def _locate_memo(path: str) -> Located:
 
 
 # -- the record as written ----------------------------------------------------------------
-def complete(record: Mapping[str, Any]) -> dict[str, Any]:
+def complete(record: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
     """``record`` with what a manifest needs besides the lowering's own fields: the
     importable path and whether another process can import it (with the reason if not), the
     kernel's source digest, the arguments that follow the target's warp size, and the
-    producer versions."""
+    producer versions. With ``warn``, a kernel that cannot be imported elsewhere is reported
+    with one warning per process."""
     from kernelcache import __version__
 
     from .targets import parse_target
@@ -263,7 +264,7 @@ def complete(record: Mapping[str, Any]) -> dict[str, Any]:
     warp_size = parse_target(str(record["target"])).warp_size
     out["target_params"] = warp_size_params(record.get("arguments") or {}, warp_size)
     out["producer"] = {"triton": triton_version(), "kernelcache": __version__}
-    if not where.importable and where.path not in _warned:
+    if warn and not where.importable and where.path not in _warned:
         _warned.add(where.path)
         logger.warning(
             "kernelcache: recorded %s, but it cannot be warmed: %s", where.path, where.problem
@@ -280,7 +281,7 @@ def emit(record: dict[str, Any], cfg: Any = None) -> None:
     path = (cfg or settings()).record
     if path is None and not listeners:
         return
-    full = complete(record)
+    full = complete(record, warn=path is not None)  # listeners alone warm nothing
     for listener in listeners:
         listener(full)
     if path is not None:

@@ -68,6 +68,8 @@ KINDS = (
     "crash",
 )
 _DIAGNOSTIC_CHARS = 4000
+#: the CPU quota of this process's cgroup (v2): "<quota> <period>" or "max <period>"
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 
 
 class ManifestError(BridgeError, ValueError):
@@ -564,7 +566,7 @@ def default_workers() -> int:
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
     with contextlib.suppress(OSError, ValueError, IndexError):
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        quota, period = CGROUP_CPU_MAX.read_text().split()[:2]
         if quota != "max":
             cpus = min(cpus, max(1, int(int(quota) / int(period) + 0.5)))
     return max(1, cpus)

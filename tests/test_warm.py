@@ -545,6 +545,29 @@ def test_a_call_that_does_not_fit_one_target_fails_there_only(capsys, tmp_path, 
     assert "2048 threads per block" in failure["detail"]
 
 
+@pytest.mark.parametrize(
+    ("cpus", "cpu_max", "expected"),
+    [
+        ({0}, None, 1),  # a 1-core runner: compile in-process
+        ({0, 1}, "max 100000", 2),
+        (set(range(8)), "200000 100000", 2),  # a container limited to 2 CPUs of 8
+        (set(range(8)), "50000 100000", 1),
+        (set(range(8)), "garbage", 8),
+    ],
+)
+def test_the_pool_is_sized_to_the_cpus_this_process_may_use(
+    monkeypatch, tmp_path, cpus, cpu_max, expected
+):
+    from bridge import warm
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cpus)
+    quota = tmp_path / "cpu.max"
+    if cpu_max is not None:
+        quota.write_text(cpu_max + "\n")
+    monkeypatch.setattr(warm, "CGROUP_CPU_MAX", quota)
+    assert warm.default_workers() == expected
+
+
 def test_an_empty_manifest_warms_nothing(capsys, tmp_path, caplog):
     manifest = tmp_path / "empty.jsonl"
     manifest.write_text("")
