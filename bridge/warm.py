@@ -426,6 +426,7 @@ class Job:
     target: str
     index: int
     key: str
+    ext: str
     config: str
     root: str
     readonly: tuple[str, ...]
@@ -478,7 +479,6 @@ def _captured_stderr() -> Iterator[list[str]]:
 
 
 _worker_caches: dict[tuple[str, tuple[str, ...]], Any] = {}
-_worker_parts: dict[str, KernelParts] = {}
 
 
 def _worker_cache(root: str, readonly: tuple[str, ...]) -> Any:
@@ -518,9 +518,7 @@ def compile_job(job: Job, cache: Any = None) -> Result:
 
     captured: list[str] = []
     try:
-        parts = _worker_parts.get(job.call.kernel)
-        if parts is None:
-            parts = _worker_parts[job.call.kernel] = _resolve(job.call)
+        parts = _resolve(job.call)
         spec = specializations(job.call, parts, target, cache)[job.index]
         if spec.key != job.key:
             return result(
@@ -636,7 +634,13 @@ def _pool_run(
                 if len(jobs) == 1:
                     job = jobs[0]
                     done[i] = Result(
-                        job.call.kernel, job.target, job.config, job.key, "", "failed", error=_CRASH
+                        job.call.kernel,
+                        job.target,
+                        job.config,
+                        job.key,
+                        job.ext,
+                        "failed",
+                        error=_CRASH,
                     )
                 else:
                     broken.append(i)
@@ -924,7 +928,7 @@ def warm(
                 slots.append(len(results))
                 results.append(None)
                 planned.append(
-                    Job(call, str(target), index, spec.key, config, str(cache.root), readonly)
+                    Job(call, str(target), index, spec.key, ext, config, str(cache.root), readonly)
                 )
     if planned:
         _check_writable(str(cache.root))
