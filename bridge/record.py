@@ -237,17 +237,31 @@ _warned: set[str] = set()
 def _locate_memo(path: str) -> Located:
     found = _located.get(path)
     if found is None:
-        found = _located[path] = locate(path)
+        try:
+            found = locate(path)
+        except (OSError, ValueError, TypeError, AttributeError, ImportError) as e:
+            found = Located(path, False, f"could not check whether {path} can be imported: {e}")
+        _located[path] = found
     return found
 
 
 # -- the record as written ----------------------------------------------------------------
+def _opaque(value: Any) -> bool:
+    """Whether a plain value holds something recorded only by its ``repr``."""
+    if isinstance(value, list):
+        return any(_opaque(v) for v in value)
+    if isinstance(value, dict):
+        return "repr" in value or any(_opaque(v) for v in value.values())
+    return False
+
+
 def complete(record: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
     """``record`` with what a manifest needs besides the lowering's own fields: the
     importable path and whether another process can import it (with the reason if not), the
     kernel's source digest, the arguments that follow the target's warp size, and the
-    producer versions. With ``warn``, a kernel that cannot be imported elsewhere is reported
-    with one warning per process."""
+    producer versions. With ``warn``, a record that cannot be warmed (a kernel another process
+    cannot import, an argument recorded only by its ``repr``) is reported with one warning
+    per kernel and process."""
     from kernelcache import __version__
 
     from .targets import parse_target
@@ -258,17 +272,24 @@ def complete(record: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
     where = _locate_memo(str(record["kernel"]))
     out["kernel"] = where.path
     out["importable"] = where.importable
-    if where.problem:
-        out["problem"] = where.problem
+    problem = where.problem
+    arguments = record.get("arguments") or {}
+    opaque = sorted(name for name, value in arguments.items() if _opaque(value))
+    if problem is None and opaque:
+        problem = (
+            f"argument(s) {', '.join(opaque)} of {where.path} can only be recorded by their "
+            "repr, so warm cannot rebuild this call: pass arrays, scalars, tuples, dtypes or "
+            "JIT functions"
+        )
+    if problem:
+        out["problem"] = problem
     out["source"] = where.source
     warp_size = parse_target(str(record["target"])).warp_size
-    out["target_params"] = warp_size_params(record.get("arguments") or {}, warp_size)
+    out["target_params"] = warp_size_params(arguments, warp_size)
     out["producer"] = {"triton": triton_version(), "kernelcache": __version__}
-    if warn and not where.importable and where.path not in _warned:
+    if warn and problem and where.path not in _warned:
         _warned.add(where.path)
-        logger.warning(
-            "kernelcache: recorded %s, but it cannot be warmed: %s", where.path, where.problem
-        )
+        logger.warning("kernelcache: recorded %s, but it cannot be warmed: %s", where.path, problem)
     return out
 
 

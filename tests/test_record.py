@@ -129,6 +129,13 @@ def test_kernels_defined_in_a_function_are_marked_and_warned_once(caplog):
     assert len(warned) == 1 and "define the kernel at module level" in warned[0]
 
 
+def test_arguments_recorded_only_by_repr_are_reported(caplog):
+    caplog.set_level(logging.WARNING, logger="bridge")
+    rec = _complete("examples.kernels:scale_kernel", arguments={"scale": {"repr": "<object>"}})
+    assert rec["importable"] is True and "scale" in rec["problem"] and "repr" in rec["problem"]
+    assert any("cannot be warmed" in r.getMessage() for r in caplog.records)
+
+
 def test_a_module_not_importable_from_sys_path_is_marked(tmp_path, monkeypatch):
     hidden = tmp_path / "kc_hidden_kernels.py"
     hidden.write_text(
