@@ -14,6 +14,7 @@ Autotune configurations and heuristics are applied the way Triton's launcher app
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,8 @@ import numpy as np
 
 from .errors import KernelArgumentError, OptionError
 from .kernels import KernelParts
+
+logger = logging.getLogger(__name__)
 
 #: JAX dtype name -> name of the ``triton.language`` dtype of a pointer to it
 TRITON_DTYPES = {
@@ -275,6 +278,10 @@ def _prepare_specializer() -> None:
     sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` fail
     try:
         native_specialize_impl(BaseBackend, 1, False, True, True)
+    except (AttributeError, ImportError, TypeError) as e:
+        # A Triton whose specializer does not import torch this way: it initialises normally
+        # on its next call, as if this function had not run.
+        logger.debug("Triton's specializer was not initialised ahead: %s", e)
     finally:
         if "torch" in sys.modules and sys.modules["torch"] is None:
             del sys.modules["torch"]
