@@ -335,7 +335,7 @@ class Locker:
             os.close(fd)
         try:
             record = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             record = {}
         if not isinstance(record, dict):
             record = {}

@@ -522,7 +522,7 @@ def _read_summary(dfd: int) -> dict[str, Any] | None:
         raw = f.read()
     try:
         record = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ValueError(f"{SUMMARY_NAME} is not valid JSON") from None
     if (
         not isinstance(record, dict)
@@ -542,7 +542,7 @@ def _sum_log(dfd: int, name: str, totals: dict[str, float]) -> None:
         for raw in lines:
             try:
                 delta = json.loads(raw).get("delta")
-            except (ValueError, AttributeError):
+            except (ValueError, RecursionError, AttributeError):
                 continue
             if isinstance(delta, dict):
                 for k, v in delta.items():
