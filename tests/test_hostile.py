@@ -20,7 +20,7 @@ import os
 import tarfile
 
 import pytest
-from conftest import key_of
+from conftest import IS_ROOT, key_of, run_py
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 from test_cli_support import put
 
@@ -128,3 +128,56 @@ def test_deeply_nested_redis_value_is_rejected(tmp_path):
         art = cache.get_or_create(key, "cubin", lambda: (b"built", {}))
         assert art.data == b"built" and art.source == "local"
         assert cache.remote.counters["rejected"] == 1
+
+
+# -- the ROCm hand-off directory ----------------------------------------------------------------
+HANDOFF_CHILD = """
+import json, os, sys
+from bridge import handoff
+out = {}
+for name, root in (("planted", sys.argv[1]), ("unwritable", sys.argv[2])):
+    path = handoff.materialize(root, "ab" * 16 + ".hsaco", b"\\x7fELF code")
+    with open(path, "rb") as f:
+        assert f.read() == b"\\x7fELF code"
+    out[name] = os.path.realpath(handoff.directory(root)[0])
+print(json.dumps(out))
+"""
+
+
+def test_planted_handoff_links_never_redirect_the_hsaco_hand_off(tmp_path):
+    """``<root>/.handoff`` planted as a symlink, and the per-user fallback in the temp
+    directory planted as a symlink or as another user's directory: none of them is used."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / ".handoff").symlink_to(outside)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    attacker = tmp_path / "attacker"
+    attacker.mkdir()
+    (temp / f"kernelcache-handoff-{os.getuid()}").symlink_to(attacker)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory: the cache root cannot hold .handoff")
+    proc = run_py(HANDOFF_CHILD, str(root), str(blocker / "root"), TMPDIR=str(temp))
+    dirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert list(outside.iterdir()) == [] and list(attacker.iterdir()) == []
+    for private in dirs.values():
+        assert not private.startswith((str(outside), str(attacker))), dirs
+        assert private.startswith(str(temp)), dirs  # a private directory of its own
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root to make a directory of another user")
+def test_handoff_fallback_owned_by_another_user_is_not_used(tmp_path):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    theirs = temp / f"kernelcache-handoff-{os.getuid()}"
+    theirs.mkdir(mode=0o777)
+    os.chown(theirs, 65534, 65534)
+    os.chmod(theirs, 0o777)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    proc = run_py(HANDOFF_CHILD, str(blocker / "r1"), str(blocker / "r2"), TMPDIR=str(temp))
+    dirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert list(theirs.iterdir()) == []
+    assert all(not d.startswith(str(theirs)) for d in dirs.values()), dirs
