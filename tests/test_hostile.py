@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -23,24 +22,16 @@ import pytest
 from conftest import IS_ROOT, key_of, run_py
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 from test_cli_support import put
+from test_reliability_support import run_cli
 
 import kernelcache
-from kernelcache import bundle, cli
+from kernelcache import bundle
 from kernelcache.remote import MAGIC
 from kernelcache.store import Store
 
 #: deeper than any JSON parser's recursion limit, smaller than every size limit
 NESTED = b"[" * 200_000
 NESTED_SHORT = b"[" * 4000  # a soft lock record is read in 4 KiB
-
-
-def run_cli(*argv: str) -> tuple[int, str]:
-    """``kernelcache ARGV`` in this process (the console script's own entry point): (exit code,
-    standard output). In-process so that file-system calls can be recorded."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = cli.main(list(argv))
-    return code, out.getvalue()
 
 
 # -- planted files the cache parses -----------------------------------------------------------
