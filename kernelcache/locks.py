@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 LOCK_DIR = ".locks"
 _FLOCK_UNSUPPORTED = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
 _HOST = socket.gethostname()
+#: a soft lock file still without its holder record this long after it was made or touched
+#: lost its holder between creating it and writing the record (done at once): it is stale
+UNWRITTEN_STALE = 5.0
 
 
 def _open_flags() -> int:
@@ -345,6 +348,8 @@ class Locker:
     def is_stale(self, record: dict) -> bool:
         """Whether a soft lock's holder is gone: a dead pid on this host, or no sign of life."""
         age = time.time() - float(record.get("mtime", 0))
+        if "token" not in record:  # no holder record: written at once, so its writer died
+            return age > min(self.stale_after, UNWRITTEN_STALE)
         if record.get("host") == _HOST and isinstance(record.get("pid"), int):
             if not pid_alive(record["pid"]):
                 return True

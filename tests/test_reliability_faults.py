@@ -1,0 +1,44 @@
+"""Faults in the environment: locks left by killed processes, permissions that really stop
+the process (another user via setpriv, or a private mount namespace: tests run as root in CI,
+where permission bits alone stop nothing), full disks, clock skew.
+
+The job never fails and gets the right kernel; nothing partial or corrupt is left or served.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from conftest import key_of
+
+from kernelcache.locks import Locker
+
+
+def _softlock(root, name: str, body: bytes, age: float):
+    locks = root / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    path = locks / f"{name}.softlock"
+    path.write_bytes(body)
+    when = time.time() - age
+    os.utime(path, (when, when))
+    return path
+
+
+# -- locks left behind ------------------------------------------------------------------------
+def test_soft_lock_without_a_holder_record_is_broken_after_seconds_not_minutes(root):
+    """A process killed between creating its soft lock (O_EXCL) and writing the record in it
+    leaves an empty file: no host, no pid. It used to hold the key for lock_stale (5 minutes),
+    so every process waited for the whole lock timeout."""
+    name = key_of("empty-softlock")
+    path = _softlock(root, name, b"", age=10)
+    locker = Locker(str(root), mode="soft", stale_after=300)
+    started = time.monotonic()
+    locker.acquire(name, shared=False, timeout=2).release()
+    assert time.monotonic() - started < 1
+    assert not path.exists()
+    fresh = _softlock(root, name, b"", age=0)  # a holder about to write its record: kept
+    with pytest.raises(Exception, match="timed out"):
+        locker.acquire(name, shared=False, timeout=0.3)
+    assert fresh.exists()
