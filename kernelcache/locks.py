@@ -300,7 +300,8 @@ class Locker:
                         dir_fd=dfd,
                     )
                 except FileExistsError:
-                    self._break_if_stale(dfd, filename)
+                    if self._break_if_stale(dfd, filename):
+                        continue  # broken: try again now, even with no time left to wait
                 except OSError as e:
                     raise LockUnavailable(
                         e.errno,
@@ -355,19 +356,21 @@ class Locker:
                 return True
         return age > self.stale_after
 
-    def _break_if_stale(self, dfd: int, filename: str) -> None:
+    def _break_if_stale(self, dfd: int, filename: str) -> bool:
+        """Move a stale lock out of the way; whether one was broken."""
         record = self.read_soft_record(dfd, filename)
         if record is None or not self.is_stale(record):
-            return
+            return False
         # Move it aside under a unique name, then check we moved the lock we judged stale: a
         # concurrent breaker may have broken it and a new holder taken it in between.
         aside = f"{filename}.broken-{uuid.uuid4().hex}"
         try:
             os.rename(filename, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
         except FileNotFoundError:
-            return
+            return True  # someone else broke it
         moved = self.read_soft_record(dfd, aside)
-        if moved is not None and moved.get("token") != record.get("token"):
+        fresh = moved is not None and moved.get("token") != record.get("token")
+        if fresh:
             # We took a fresh lock: put it back unless yet another holder arrived meanwhile.
             with contextlib.suppress(FileExistsError):
                 os.link(aside, filename, src_dir_fd=dfd, dst_dir_fd=dfd)
@@ -381,6 +384,7 @@ class Locker:
             )
         with contextlib.suppress(FileNotFoundError):
             os.unlink(aside, dir_fd=dfd)
+        return not fresh
 
     def _start_heartbeat(self, filename: str, stop: threading.Event) -> None:
         interval = max(self.stale_after / 4, 0.05)

@@ -7,6 +7,7 @@ The job never fails and gets the right kernel; nothing partial or corrupt is lef
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -42,3 +43,12 @@ def test_soft_lock_without_a_holder_record_is_broken_after_seconds_not_minutes(r
     with pytest.raises(Exception, match="timed out"):
         locker.acquire(name, shared=False, timeout=0.3)
     assert fresh.exists()
+
+
+def test_a_stale_soft_lock_is_taken_at_once_even_without_waiting(root):
+    """timeout=0 (delete, prune) breaks a dead holder's lock and takes it in the same try."""
+    name = key_of("dead-holder")
+    record = {"host": __import__("socket").gethostname(), "pid": 2**22 + 1, "time": 0, "token": "t"}
+    _softlock(root, name, json.dumps(record).encode(), age=0)
+    locker = Locker(str(root), mode="soft", stale_after=300)
+    locker.acquire(name, shared=False, timeout=0).release()
