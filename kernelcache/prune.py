@@ -468,7 +468,8 @@ def _this_host() -> str:
 
 def foldable_logs(root: str, now: float | None = None) -> list[str]:
     """Statistics logs of finished processes: a dead pid on this host, or untouched for
-    :data:`LOG_FOLD_AGE` seconds (any host)."""
+    :data:`LOG_FOLD_AGE` seconds (any host); and logs a killed fold left renamed (the next
+    fold finishes them)."""
     now = time.time() if now is None else now
     directory = os.path.join(root, STATS_DIR)
     try:
@@ -480,6 +481,9 @@ def foldable_logs(root: str, now: float | None = None) -> list[str]:
     with it:
         for entry in it:
             name = entry.name
+            if name.endswith(".jsonl" + _FOLDING):  # hidden by a fold that was killed
+                found.append(name)
+                continue
             if not name.endswith(".jsonl") or name == SUMMARY_NAME:
                 continue
             parts = name[: -len(".jsonl")].rsplit("-", 2)

@@ -13,8 +13,10 @@ import time
 
 import pytest
 from conftest import key_of
+from test_reliability_support import run_cli
 
 from kernelcache.locks import Locker
+from kernelcache.store import Store
 
 
 def _softlock(root, name: str, body: bytes, age: float):
@@ -52,3 +54,29 @@ def test_a_stale_soft_lock_is_taken_at_once_even_without_waiting(root):
     _softlock(root, name, json.dumps(record).encode(), age=0)
     locker = Locker(str(root), mode="soft", stale_after=300)
     locker.acquire(name, shared=False, timeout=0).release()
+
+
+def test_a_fold_killed_after_hiding_the_logs_is_finished_by_the_next_prune(root):
+    """prune folds the statistics logs of finished processes: it renames each out of view,
+    writes the summary, then deletes them. Killed between the renames and the summary, the
+    counts were hidden until some other process's log became foldable."""
+    Store(root).put(key_of("fold"), "bin", b"x", {})
+    stats_dir = root / ".stats"
+    stats_dir.mkdir()
+    for i in range(2):
+        log = stats_dir / f"otherhost-{i}-0000000{i}.jsonl"
+        log.write_text(json.dumps({"v": 1, "delta": {"hits": 5, "builds": 1}}) + "\n")
+        os.utime(log, (1e9, 1e9))
+    assert _counter(root, "hits") == 10
+    for log in stats_dir.glob("otherhost-*.jsonl"):  # the killed fold's renames
+        log.rename(log.with_name(log.name + ".folding"))
+    code, out = run_cli("--root", str(root), "prune", "--json")
+    assert code == 0 and json.loads(out)["result"]["folded_logs"] == 2, out
+    assert _counter(root, "hits") == 10 and _counter(root, "builds") == 2
+    assert sorted(p.name for p in stats_dir.iterdir()) == ["index.json", "summary.jsonl"]
+
+
+def _counter(root, name: str) -> int:
+    code, out = run_cli("--root", str(root), "stats", "--json")
+    assert code == 0, out
+    return json.loads(out)["counters"][name]
