@@ -13,21 +13,29 @@
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import io
 import json
 import os
 import tarfile
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from conftest import IS_ROOT, key_of, run_py
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
-from test_cli_support import put
+from test_cli_support import kc, put
 from test_reliability_support import run_cli
 
 import kernelcache
 from kernelcache import bundle
-from kernelcache.remote import MAGIC
-from kernelcache.store import Store
+from kernelcache.keys import EXT_PATTERN, KEY_PATTERN
+from kernelcache.remote import MAGIC, encode_value
+from kernelcache.store import Store, make_metadata
 
 #: deeper than any JSON parser's recursion limit, smaller than every size limit
 NESTED = b"[" * 200_000
@@ -172,3 +180,239 @@ def test_handoff_fallback_owned_by_another_user_is_not_used(tmp_path):
     dirs = json.loads(proc.stdout.strip().splitlines()[-1])
     assert list(theirs.iterdir()) == []
     assert all(not d.startswith(str(theirs)) for d in dirs.values()), dirs
+
+
+# -- keys and extensions from outside: rejected before any file access -------------------------
+_FS = (
+    "open",
+    "stat",
+    "lstat",
+    "listdir",
+    "scandir",
+    "mkdir",
+    "makedirs",
+    "replace",
+    "rename",
+    "unlink",
+    "rmdir",
+    "utime",
+    "access",
+    "link",
+    "symlink",
+    "chmod",
+    "chown",
+    "truncate",
+)
+
+
+@contextlib.contextmanager
+def file_access_recorder() -> Iterator[list[tuple[str, object]]]:
+    """Record every file-system call made through ``os`` and ``open`` inside the block."""
+    seen: list[tuple[str, object]] = []
+    saved = {name: getattr(os, name) for name in _FS}
+
+    def spy(name: str, real: Callable) -> Callable:
+        def call(*args, **kwargs):
+            seen.append((name, args[0] if args else kwargs.get("path")))
+            return real(*args, **kwargs)
+
+        return call
+
+    real_open = builtins.open
+    try:
+        for name, real in saved.items():
+            setattr(os, name, spy(name, real))
+        builtins.open = spy("builtins.open", real_open)
+        yield seen
+    finally:
+        for name, real in saved.items():
+            setattr(os, name, real)
+        builtins.open = real_open
+
+
+GOOD_KEY = "ab" * 32
+HOSTILE_KEYS = [
+    "../../etc/passwd",
+    "/etc/passwd",
+    "..",
+    "",
+    "a" * 31 + "\x00",
+    "a" * 32 + "\x00" + "b" * 8,
+    "a" * 32 + "/../../x",
+    "a" * 32 + ".json",
+    "a" * 32 + "\n",
+    " " + "a" * 32,
+    "A" * 32,  # upper case: another file on a case-sensitive filesystem
+    "a" * 129,
+    "a" * 100_000,
+    "\uff41" * 32,  # fullwidth "a"
+    "\u0430" * 32,  # Cyrillic "a"
+    "\u0660" * 32,  # Arabic-Indic digit zero (a digit to \d, not to [0-9])
+    "\U0001d7ce" * 32,  # mathematical bold digit zero
+    "a" * 31 + "\u0301",  # a combining accent
+]
+HOSTILE_EXTS = [
+    "../x",
+    "cubin/../../x",
+    "json",
+    "",
+    ".cubin",
+    "CUBIN",
+    "cub\x00in",
+    "cub\u0456n",
+    "\uff43ubin",
+    "a" * 17,
+    "cu bin",
+    "ptx\n",
+    "x" * 10_000,
+]
+
+
+def _api_calls(root: Path) -> dict[str, Callable[[str, str], object]]:
+    cache = kernelcache.Cache(root, readonly_roots=())
+    store = Store(root)
+    return {
+        "Cache.get": lambda k, e: cache.get(k, e),
+        "Cache.put": lambda k, e: cache.put(k, e, b"x", {}),
+        "Cache.get_or_create": lambda k, e: cache.get_or_create(k, e, lambda: (b"x", {})),
+        "Store.get": lambda k, e: store.get(k, e),
+        "Store.put": lambda k, e: store.put(k, e, b"x", {}),
+        "Store.delete": lambda k, e: store.delete(k),
+    }
+
+
+@pytest.mark.parametrize("bad", [*HOSTILE_KEYS, None, 12, b"a" * 32], ids=repr)
+def test_hostile_keys_are_rejected_before_any_file_access(tmp_path, bad):
+    root = tmp_path / "never-created"
+    for name, op in _api_calls(root).items():
+        with file_access_recorder() as seen, pytest.raises(ValueError, match="invalid cache key"):
+            op(bad, "cubin")
+        assert seen == [], (name, seen)
+    assert not root.exists()
+
+
+@pytest.mark.parametrize("bad", [*HOSTILE_EXTS, None, 3], ids=repr)
+def test_hostile_exts_are_rejected_before_any_file_access(tmp_path, bad):
+    root = tmp_path / "never-created"
+    for name, op in _api_calls(root).items():
+        if name == "Store.delete":
+            continue  # takes no ext
+        with file_access_recorder() as seen, pytest.raises(ValueError, match="extension"):
+            op(GOOD_KEY, bad)
+        assert seen == [], (name, seen)
+    assert not root.exists()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key=st.text(max_size=140), ext=st.text(max_size=20))
+def test_any_text_is_a_valid_name_or_rejected_untouched(key, ext):
+    root = Path(tempfile.gettempdir()) / "kc-hostile-never-created"
+    cache = kernelcache.Cache(root, readonly_roots=())
+    valid = KEY_PATTERN.fullmatch(key) and EXT_PATTERN.fullmatch(ext) and ext != "json"
+    if valid:
+        return
+    with file_access_recorder() as seen, pytest.raises(ValueError):
+        cache.get_or_create(key, ext, lambda: (b"x", {}))
+    assert seen == [] and not root.exists()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "../../etc/passwd",
+        "abcdef/../..",
+        "\uff41" * 32,
+        "a" * 129,
+        "abcde",
+        "abc\x00def",
+        "\u0660" * 32,
+    ],
+    ids=repr,
+)
+def test_hostile_key_arguments_of_the_command_line(tmp_path, bad):
+    root = tmp_path / "never-created"
+    with file_access_recorder() as seen:
+        code, out = run_cli("--root", str(root), "show", bad, "--json")
+    assert code == 2 and "invalid key" in json.loads(out)["error"]
+    # (argparse looks up its message catalogs: only paths that have nothing to do with it)
+    touched = [path for _, path in seen if str(tmp_path) in str(path) or bad in str(path)]
+    assert touched == [] and not root.exists()
+
+
+def test_show_dot_dot_through_the_console_script(tmp_path):
+    root = tmp_path / "cache"
+    put(root, "kern")
+    proc = kc(root, "show", "../../etc/passwd")
+    assert proc.returncode == 2 and "invalid key" in proc.stderr, proc.stderr
+    assert "root:" not in proc.stdout
+
+
+# -- bundles ------------------------------------------------------------------------------------
+def _bundle(path: Path, members: list[tuple[str, bytes]], manifest: dict | None) -> Path:
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        if manifest is not None:
+            body = json.dumps(manifest).encode()
+            info = tarfile.TarInfo("manifest.json")
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+    return path
+
+
+def _manifest_for(key: str, ext: str, data: bytes) -> dict:
+    doc = make_metadata(GOOD_KEY, "cubin", data, {"name": "k"})
+    doc.update(key=key, ext=ext)
+    return {
+        "format": "kernelcache-bundle",
+        "version": 1,
+        "created": 1.0,
+        "compatibility": {"entry_format": 1},
+        "entries": [doc],
+    }
+
+
+@pytest.mark.parametrize(
+    "key, ext",
+    [(k, "cubin") for k in HOSTILE_KEYS if "/" not in k and k not in ("", "..")]
+    + [(GOOD_KEY, e) for e in HOSTILE_EXTS if "/" not in e and e],
+    ids=repr,
+)
+def test_hostile_names_in_bundles_are_rejected_before_anything_is_written(tmp_path, key, ext):
+    data = b"\x7fELF code"
+    path = _bundle(
+        tmp_path / "b.tar", [(f"entries/{key}.{ext}", data)], _manifest_for(key, ext, data)
+    )
+    dest = tmp_path / "never-created"
+    with pytest.raises(bundle.BundleError, match=r"unexpected member|bad manifest|invalid"):
+        bundle.import_bundle(Store(dest), str(path))
+    assert not dest.exists()
+    # the manifest alone naming a hostile entry (the member itself well named)
+    path = _bundle(
+        tmp_path / "c.tar", [(f"entries/{GOOD_KEY}.cubin", data)], _manifest_for(key, ext, data)
+    )
+    with pytest.raises(bundle.BundleError):
+        bundle.import_bundle(Store(dest), str(path))
+    assert not dest.exists()
+
+
+# -- Redis values ---------------------------------------------------------------------------------
+@pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
+def test_hostile_metadata_in_redis_values_is_rejected(tmp_path):
+    key = key_of("redis-hostile")
+    data = b"\x7fELF remote code"
+    good = make_metadata(key, "cubin", data, {"name": "k"})
+    variants = [dict(good, key=k) for k in ("../../etc/passwd", "\uff41" * 64, key.upper())]
+    variants += [dict(good, ext=e) for e in ("../../x", "json", "cub\u0456n", "cubin\x00")]
+    variants += [dict(good, size=-1), dict(good, size=True), dict(good, digest=None)]
+    root = tmp_path / "root"
+    with RedisServer(tmp_path / "redis") as srv:
+        cache = kernelcache.Cache(root, readonly_roots=(), remote=srv.url)
+        for doc in variants:
+            srv.client().set(cache.remote.name(key), encode_value(doc, data))
+            assert cache.get(key, "cubin") is None, doc
+        assert cache.remote.counters["rejected"] == len(variants)
+    assert {p.name for p in tmp_path.iterdir()} <= {"root", "redis"}
+    assert not root.exists() or not [p for p in root.iterdir() if not p.name.startswith(".")]
