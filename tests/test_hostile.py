@@ -416,3 +416,115 @@ def test_hostile_metadata_in_redis_values_is_rejected(tmp_path):
         assert cache.remote.counters["rejected"] == len(variants)
     assert {p.name for p in tmp_path.iterdir()} <= {"root", "redis"}
     assert not root.exists() or not [p for p in root.iterdir() if not p.name.startswith(".")]
+
+
+# -- manifest records ---------------------------------------------------------------------------
+def test_hostile_manifest_records_write_nothing(tmp_path):
+    """Records name a kernel by import path; the key is computed, never taken from the record.
+    Bad records are refused (KernelArgumentError, or TypeError/ValueError/KeyError from the
+    current manifest reader, see docs/reliability.md) with nothing written."""
+    from bridge import warm
+
+    base = {
+        "kernel": "examples.kernels:add_kernel",
+        "arguments": {},
+        "variant": {"kwargs": {}, "options": {}},
+    }
+    records = [
+        {**base, "kernel": "os:system"},
+        {**base, "kernel": "../../etc:passwd"},
+        {**base, "kernel": "examples.kernels:add_kernel\x00"},
+        {**base, "kernel": "examples/../../x:y"},
+        {**base, "arguments": {"x_ptr": {"jit": "os:getcwd"}}},
+        {**base, "arguments": {"x_ptr": {"array": "float32", "shape": [-1]}}},
+        {"kernel": "examples.kernels:add_kernel"},
+    ]
+    root = tmp_path / "never-created"
+    for record in records:
+        with pytest.raises((TypeError, ValueError, KeyError)):
+            warm.compile_record(record, "cuda:90", cache=str(root))
+        assert not root.exists(), record
+    with pytest.raises(ValueError):
+        warm.compile_record(base, "../../cuda:90", cache=str(root))
+    assert not root.exists()
+
+
+# -- symlinks planted at every predictable path -----------------------------------------------------
+WORKLOAD = """
+import json, logging, os, sys
+logging.basicConfig(level=logging.WARNING)
+sys.path.insert(0, sys.argv[3])
+import kernelcache
+from kernelcache import stats
+from test_reliability_support import run_cli
+root, elsewhere = sys.argv[1], sys.argv[2]
+keys = [("%02x" % i) * 32 for i in range(4)]
+cache = kernelcache.Cache(root, readonly_roots=(), lock_timeout=2)
+for i, key in enumerate(keys):
+    art = cache.get_or_create(key, "cubin", lambda i=i: (b"code%d" % i * 100, {"name": "k"}))
+    assert art.data == b"code%d" % i * 100
+art = cache.get(keys[0], "cubin")
+if art is not None and art.path:  # damage an entry: its quarantine goes through .quarantine/
+    with open(art.path, "r+b") as f:
+        f.write(b"X")
+    assert cache.get(keys[0], "cubin") is None
+try:
+    cache.put(keys[0], "cubin", b"code0" * 100, {})
+except kernelcache.CacheError as e:  # put raises where the entry cannot be stored
+    print("PUT", e, file=sys.stderr)
+stats.flush()
+codes = {}
+for argv in (["stats"], ["stats", "-o", os.path.join(elsewhere, "metrics.prom"), "--format", "prometheus"],
+             ["ls"], ["verify", "--repair"], ["prune", "--max-size", "600"],
+             ["export", os.path.join(elsewhere, "b.tar")], ["import", os.path.join(elsewhere, "b.tar")],
+             ["doctor"]):
+    codes[argv[0]] = run_cli("--root", root, *argv, "--json")[0]
+print(json.dumps(codes))
+"""
+KEYS = [f"{i:02x}" * 32 for i in range(4)]
+
+
+def _plant(root: Path, victim_dir: Path, victim: Path, layout: str) -> None:
+    root.mkdir()
+    if layout == "directories":
+        for name in (".tmp", ".locks", ".quarantine", ".stats", ".handoff"):
+            (root / name).symlink_to(victim_dir)
+        return
+    for name in (".tmp", ".locks", ".quarantine", ".stats"):
+        (root / name).mkdir()
+    links = ["index.json", "summary.jsonl", ".index.json.tmp"]
+    links = [f".stats/{n}" for n in links]
+    links += [".locks/.probe", ".locks/stats-summary.lock"]
+    for key in KEYS:
+        links += [f".locks/{key}.lock", f".locks/{key}.build.lock", f".locks/{key}.softlock"]
+    links += [f"{KEYS[1]}.cubin", f"{KEYS[1]}.json", f"{KEYS[2]}.json"]
+    for rel in links:
+        (root / rel).symlink_to(victim)
+
+
+@pytest.mark.parametrize("layout", ["directories", "files"])
+def test_planted_symlinks_never_redirect_a_write(tmp_path, layout):
+    """Every directory of a root, or every file name that can be predicted in it (entries,
+    lock files, the scan index and statistics summary), planted as a symlink to a victim
+    outside. Jobs and every command run; the victims are never written, and the jobs get
+    their kernels."""
+    victim_dir = tmp_path / "victim-dir"
+    victim_dir.mkdir()
+    victim = tmp_path / "victim-file"
+    victim.write_bytes(b"precious")
+    before = victim.stat()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    root = tmp_path / "cache"
+    _plant(root, victim_dir, victim, layout)
+    proc = run_py(WORKLOAD, str(root), str(elsewhere), str(Path(__file__).parent))
+    codes = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert codes["stats"] == 0 and codes["ls"] == 0, (codes, proc.stderr)
+    assert list(victim_dir.iterdir()) == []
+    after = victim.stat()
+    assert victim.read_bytes() == b"precious"
+    assert (after.st_mtime_ns, after.st_size, after.st_mode) == (
+        before.st_mtime_ns,
+        before.st_size,
+        before.st_mode,
+    )
