@@ -18,18 +18,22 @@ import contextlib
 import io
 import json
 import os
+import shutil
+import stat
+import subprocess
+import sys
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import IS_ROOT, key_of, run_py
+from conftest import IS_ROOT, child_env, key_of, run_py
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 from test_cli_support import kc, put
-from test_reliability_support import run_cli
+from test_reliability_support import record_figures, run_cli
 
 import kernelcache
 from kernelcache import bundle
@@ -456,7 +460,7 @@ logging.basicConfig(level=logging.WARNING)
 sys.path.insert(0, sys.argv[3])
 import kernelcache
 from kernelcache import stats
-from test_reliability_support import run_cli
+from test_reliability_support import record_figures, run_cli
 root, elsewhere = sys.argv[1], sys.argv[2]
 keys = [("%02x" % i) * 32 for i in range(4)]
 cache = kernelcache.Cache(root, readonly_roots=(), lock_timeout=2)
@@ -528,3 +532,133 @@ def test_planted_symlinks_never_redirect_a_write(tmp_path, layout):
         before.st_size,
         before.st_mode,
     )
+
+
+# -- a group-shared root, two real users, and an intruder ------------------------------------------
+def _can_mount_namespace() -> bool:
+    if not IS_ROOT:
+        return False
+    try:
+        probe = subprocess.run(
+            [
+                "unshare",
+                "-m",
+                "sh",
+                "-c",
+                "setpriv --reuid=65534 --regid=65534 --clear-groups true",
+            ],
+            capture_output=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+CAN_SHARE = _can_mount_namespace()
+SHARE_GID = 4242
+# One role of the scenario, run as a real user (setpriv) with umask 002.
+ROLE = """
+import json, logging, os, sys
+logging.basicConfig(level=logging.WARNING)
+os.umask(0o002)
+import kernelcache
+sys.path.insert(0, sys.argv[3])
+from test_reliability_support import record_figures, run_cli
+role, root = sys.argv[1], sys.argv[2]
+k1, k2, k3 = "a1" * 32, "b2" * 32, "c3" * 32
+cache = kernelcache.Cache(root, readonly_roots=())
+out = {"uid": os.getuid(), "groups": sorted(os.getgroups())}
+if role == "writer":      # daemon: publishes k1
+    out["k1"] = cache.get_or_create(k1, "cubin", lambda: (b"daemon's kernel", {})).source
+elif role == "reader":    # nobody: reads k1, publishes k2
+    got = cache.get(k1, "cubin")
+    out["k1"] = got.data.decode() if got else None
+    out["k2"] = cache.get_or_create(k2, "cubin", lambda: (b"nobody's kernel", {})).source
+elif role == "writer2":   # daemon again: reads k2
+    got = cache.get(k2, "cubin")
+    out["k2"] = got.data.decode() if got else None
+elif role == "intruder":  # bin, not in the group: cannot write the shared root; plants in /world
+    out["shared"] = cache.get_or_create(k3, "cubin", lambda: (b"bin's kernel", {})).source
+    world = kernelcache.Cache(sys.argv[4], readonly_roots=())
+    out["world"] = world.get_or_create(k3, "cubin", lambda: (b"EVIL", {})).source
+elif role == "victim":    # nobody in the world-writable root the intruder planted into
+    got = cache.get(k3, "cubin")
+    out["planted"] = got.data.decode() if got else None
+    art = cache.get_or_create(k3, "cubin", lambda: (b"good kernel", {}))
+    out["k3"] = [art.data.decode(), art.source]
+    code, text = run_cli("--root", root, "verify", "--json")
+    out["verify"] = [p["kind"] for p in json.loads(text)["problems"]]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not CAN_SHARE, reason="needs root, unshare -m and setpriv (real users)")
+def test_group_shared_root_two_users_and_an_intruder(tmp_path):
+    """Users daemon (1) and nobody (65534) share group 4242 (an /etc/group bind-mounted in a
+    private mount namespace); the root is root:4242, mode 2775 (set-group-ID), umask 002.
+    Each user's entries are readable by the other and trusted (same group). User bin (2), not
+    in the group, cannot write there; in a world-writable sticky root it can plant an entry,
+    which nobody refuses with a warning (KERNELCACHE_TRUST=group) and does not serve."""
+    shared = Path(tempfile.mkdtemp(prefix="kc-group-", dir="/tmp"))
+    try:
+        os.chmod(shared, 0o755)
+        group = shared / "group"
+        group.write_text(Path("/etc/group").read_text() + f"kcshare:x:{SHARE_GID}:daemon,nobody\n")
+        root, world = shared / "cache", shared / "world"
+        for path, mode in ((root, 0o2775), (world, 0o3777)):
+            path.mkdir()
+            os.chown(path, 0, SHARE_GID)
+            os.chmod(path, mode)
+        tests_dir = str(Path(__file__).parent)
+
+        def as_user(uid: int, gid: int, role: str, where: Path) -> str:
+            who = f"--reuid={uid} --regid={gid} --init-groups"
+            argv = " ".join(repr(a) for a in (role, str(where), tests_dir, str(world)))
+            return f'setpriv {who} {sys.executable} -c "$ROLE" {argv}'
+
+        script = "\n".join(
+            [
+                "set -e",
+                f"mount --bind {group} /etc/group",
+                as_user(1, SHARE_GID, "writer", root),
+                as_user(65534, SHARE_GID, "reader", root),
+                as_user(1, SHARE_GID, "writer2", root),
+                as_user(2, 2, "intruder", root),
+                as_user(65534, SHARE_GID, "victim", world),
+            ]
+        )
+        proc = subprocess.run(
+            ["unshare", "-m", "sh", "-c", script],
+            env=child_env(ROLE=ROLE, HOME="/tmp"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        writer, reader, writer2, intruder, victim = map(json.loads, proc.stdout.splitlines())
+        assert SHARE_GID in writer["groups"] and SHARE_GID in reader["groups"]
+        assert writer["k1"] == "local"
+        assert reader == {**reader, "k1": "daemon's kernel", "k2": "local"}
+        assert writer2["k2"] == "nobody's kernel"
+        assert intruder == {**intruder, "shared": "memory", "world": "local"}
+        assert victim["planted"] is None and victim["k3"] == ["good kernel", "memory"]
+        assert victim["verify"] == ["untrusted"]
+        assert "refusing artifacts" in proc.stderr and "owned by user 2" in proc.stderr
+        for name, owner in ((f"{'a1' * 32}.cubin", 1), (f"{'b2' * 32}.json", 65534)):
+            st = (root / name).stat()
+            assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (owner, SHARE_GID, 0o664)
+        for sub in (".tmp", ".locks"):
+            st = (root / sub).stat()
+            assert st.st_gid == SHARE_GID and st.st_mode & stat.S_ISGID, sub
+        assert (world / f"{'c3' * 32}.cubin").read_bytes() == b"EVIL"  # left alone, not served
+        record_figures(
+            "group-shared root, two users and an intruder",
+            processes=5,
+            operations=9,
+            faults=1,
+            corrupt_served=0,
+            jobs_failed=0,
+        )
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
