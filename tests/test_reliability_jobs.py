@@ -5,6 +5,7 @@ byte-identical opaques. (benchmarks/job_start.py runs the same scenario on GPUs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -114,3 +115,143 @@ def test_waiters_find_the_ptx_companion_the_builder_stored(tmp_path):
     assert len(builds) == 1, "the waiter compiled again"
     assert sorted(kb.built for kb in got) == [False, True]
     assert {kb.ptx for kb in got} == {"// ptx text"}
+
+
+# A job process: operations on 30 shared keys until told to stop; every artifact served is
+# checked against the bytes its key must hold. Prints its counts.
+WORKER = """
+import hashlib, json, os, random, sys, kernelcache
+root, seed, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rng = random.Random(seed)
+
+def payload(i):
+    return hashlib.sha256(b"chaos-%d" % i).digest() * (100 + 997 * i % 3000)
+
+def key(i):
+    return hashlib.sha256(b"chaos-key-%d" % i).hexdigest()
+
+cache = kernelcache.Cache(root, readonly_roots=(), lock_timeout=30)
+ops = wrong = 0
+print("READY", flush=True)
+while not os.path.exists(stop):
+    i = rng.randrange(30)
+    op = rng.random()
+    if op < 0.6:
+        art = cache.get_or_create(key(i), "cubin", lambda: (payload(i), {"name": "k%d" % i}))
+    elif op < 0.9:
+        art = cache.get(key(i), "cubin")
+    else:
+        try:
+            art = cache.put(key(i), "cubin", payload(i), {"name": "k%d" % i})
+        except kernelcache.CacheError:
+            art = None  # e.g. the entry was being pruned: put may fail, never lie
+    ops += 1
+    if art is not None:
+        # (the bytes served; the file itself may be pruned or damaged once get has returned)
+        wrong += art.data != payload(i)
+print(json.dumps({"ops": ops, "wrong": wrong, "stats": kernelcache.process_stats()}))
+"""
+PRUNER = """
+import sys, time
+from kernelcache import cli
+root = sys.argv[1]
+while True:
+    cli.main(["--root", root, "prune", "--max-size", "400K"])
+    time.sleep(0.05)
+"""
+
+
+KILLS = 20
+
+
+def test_chaos_jobs_pruner_kills_and_damage(tmp_path):
+    """Six job processes at a time on one root, a pruner looping `prune --max-size`, a
+    process killed (SIGKILL) every ~0.3 s and replaced, and artifact files damaged in place:
+    no job is served a wrong byte, no job fails, and the root verifies clean afterwards."""
+    import random
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import child_env
+    from test_reliability_support import audit
+
+    root = tmp_path / "root"
+    stop = tmp_path / "stop"
+    rng = random.Random(7)
+    env = child_env()
+
+    def start(seed: int) -> subprocess.Popen:
+        p = subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(root), str(seed), str(stop)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert p.stdout.readline().strip() == "READY"
+        return p
+
+    pruner = subprocess.Popen(
+        [sys.executable, "-c", PRUNER, str(root)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    live = [start(s) for s in range(6)]
+    seed, kills, damaged = 6, 0, 0
+    while kills < KILLS:
+        time.sleep(rng.uniform(0.1, 0.5))
+        victim = rng.choice(live)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        live.remove(victim)
+        for stream in (victim.stdout, victim.stderr):
+            stream.close()
+        kills += 1
+        live.append(start(seed))
+        seed += 1
+        artifacts = list(root.glob("*.cubin"))
+        if artifacts and kills % 2:
+            target = rng.choice(artifacts)
+            try:
+                with open(target, "r+b") as f:  # damage in place, as a bad disk would
+                    f.seek(rng.randrange(max(target.stat().st_size, 1)))
+                    f.write(b"\xff")
+                damaged += 1
+            except OSError:
+                pass  # pruned meanwhile
+    stop.touch()
+    pruner.send_signal(signal.SIGKILL)
+    pruner.wait()
+    finished = live
+    ops = wrong = failed = 0
+    for p in finished:
+        out, err = p.communicate(timeout=120)
+        if p.returncode != 0:
+            failed += 1
+            print(err)
+            continue
+        doc = json.loads(out.strip().splitlines()[-1])
+        ops += doc["ops"]
+        wrong += doc["wrong"]
+    assert failed == 0 and wrong == 0
+    assert damaged >= KILLS // 4
+    code, out = run_cli("--root", str(root), "verify", "--repair", "--json")
+    assert code == 0, out
+    code, out = run_cli("--root", str(root), "verify", "--json")
+    assert code == 0 and json.loads(out)["clean"] is True
+    expected = {}
+    for i in range(30):
+        k = hashlib.sha256(b"chaos-key-%d" % i).hexdigest()
+        expected[k] = ("cubin", hashlib.sha256(b"chaos-%d" % i).digest() * (100 + 997 * i % 3000))
+    assert audit(root, expected).served_wrong == 0
+    record_figures(
+        "chaos: jobs, pruner, kill -9, damaged artifacts",
+        processes=6 + kills + 1,
+        operations=ops,
+        faults=kills + damaged,
+        corrupt_served=wrong,
+        jobs_failed=failed,
+    )
