@@ -1,7 +1,7 @@
 """The ``kernelcache`` command: inspect, verify, prune, export and import a cache root.
 
 ``kernelcache [--root DIR] COMMAND [options] [--json]``. Human output is for terminals; with
-``--json`` each command prints one JSON document whose fields are documented (docs/cli.md) and
+``--json`` each command prints one JSON document whose fields are documented (README.md, "The command line") and
 stable within ``"schema": 1``. Exit codes: 0 success, 1 problems found or an operation failed,
 2 usage error (bad arguments, bad environment variable, missing optional package).
 

@@ -228,13 +228,19 @@ class Locker:
                     continue
             finally:
                 os.close(dfd)
-            now = time.monotonic()
-            if now >= deadline:
-                raise LockTimeout(
-                    errno.EAGAIN, f"timed out waiting for lock {name} under {self.root}"
-                )
-            time.sleep(min(delay, deadline - now))
-            delay = min(delay * 2, 0.01)
+            delay = self._wait(name, deadline, delay, cap=0.01)
+
+    def _wait(self, name: str, deadline: float, delay: float, *, cap: float) -> float:
+        """Sleep before the next try (exponential back-off up to ``cap``); return the next delay.
+
+        Raises:
+            LockTimeout: the deadline has passed.
+        """
+        now = time.monotonic()
+        if now >= deadline:
+            raise LockTimeout(errno.EAGAIN, f"timed out waiting for lock {name} under {self.root}")
+        time.sleep(min(delay, deadline - now))
+        return min(delay * 2, cap)
 
     @staticmethod
     def _same_file(dfd: int, filename: str, fd: int) -> bool:
@@ -318,13 +324,7 @@ class Locker:
                     return held
             finally:
                 os.close(dfd)
-            now = time.monotonic()
-            if now >= deadline:
-                raise LockTimeout(
-                    errno.EAGAIN, f"timed out waiting for lock {name} under {self.root}"
-                )
-            time.sleep(min(delay, deadline - now))
-            delay = min(delay * 2, 0.05)
+            delay = self._wait(name, deadline, delay, cap=0.05)
 
     def read_soft_record(self, dfd: int, filename: str) -> dict | None:
         """The holder record of a soft lock file, or None if it is unreadable or gone."""

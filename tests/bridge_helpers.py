@@ -4,14 +4,14 @@ and running fresh Python processes that import this checkout."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO, checked, child_env
+
 TESTS = Path(__file__).resolve().parent
 ELF_MAGIC = b"\x7fELF"
 
@@ -84,14 +84,6 @@ def kernels_of(call: Any) -> list[Any]:
     return [c.kernel_call.kernel for c in call.autotuned_kernel_call.configs]
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
-    path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + path if path else "")
-    env.update(extra)
-    return env
-
-
 def run_child(code: str, *, timeout: float = 240, cwd: str | None = None, **env: str) -> Any:
     """Run ``code`` in a fresh interpreter; it prints one JSON document last. Returns it."""
     proc = subprocess.run(
@@ -102,11 +94,7 @@ def run_child(code: str, *, timeout: float = 240, cwd: str | None = None, **env:
         timeout=timeout,
         cwd=cwd or str(REPO),
     )
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"child failed ({proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
-        )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(checked(proc).stdout.strip().splitlines()[-1])
 
 
 def start_child(code: str, *argv: str, **env: str) -> subprocess.Popen:
@@ -123,8 +111,5 @@ def start_child(code: str, *argv: str, **env: str) -> subprocess.Popen:
 
 def finish_child(proc: subprocess.Popen, timeout: float = 240) -> Any:
     out, err = proc.communicate(timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"child failed ({proc.returncode})\n--- stdout\n{out}\n--- stderr\n{err}"
-        )
+    checked(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     return json.loads(out.strip().splitlines()[-1])

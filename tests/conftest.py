@@ -38,6 +38,11 @@ def run_py(code: str, *args: str, timeout: float = 120, **env: str) -> subproces
         text=True,
         timeout=timeout,
     )
+    return checked(proc)
+
+
+def checked(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    """``proc`` if it succeeded; else an AssertionError showing its output."""
     if proc.returncode != 0:
         raise AssertionError(
             f"child failed ({proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
@@ -96,8 +101,4 @@ def run_in_namespace(setup: str, code: str, timeout: float = 120) -> subprocess.
         text=True,
         timeout=timeout,
     )
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"child failed ({proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
-        )
-    return proc
+    return checked(proc)

@@ -1,0 +1,40 @@
+"""The README stays true: its commands are the ones CI runs, its tables match the code."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import REPO
+
+from kernelcache.config import VARIABLES
+
+README = (REPO / "README.md").read_text()
+
+
+def _commands() -> list[str]:
+    block = re.search(r"```bash\n(.*?)```", README, re.S)
+    assert block and README.index(block.group(0)) < 200, "the README must open with its commands"
+    return [line for line in block.group(1).splitlines() if line and not line.startswith("#")]
+
+
+def test_readme_opens_with_setup_and_test_commands():
+    setup, test = _commands()
+    assert "pip install" in setup and "kernelcache warm" in setup and "kernelcache stats" in setup
+    assert test == "bash scripts/test.sh"
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert _commands()[1] in ci
+
+
+def test_every_environment_variable_is_documented():
+    for name, (meaning, default) in VARIABLES.items():
+        row = next((line for line in README.splitlines() if line.startswith(f"| `{name}` |")), None)
+        assert row is not None, f"{name} is missing from the README's configuration table"
+        assert meaning in row and default in row
+
+
+def test_documented_files_exist():
+    for link in re.findall(r"\]\((docs/[^)#]+)\)", README):
+        assert (REPO / link).is_file(), link
