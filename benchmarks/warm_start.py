@@ -32,37 +32,16 @@ PHASES = ("import", "lower", "compile", "first_call")
 DRY_RUN = False
 
 
-# -- the child: one fresh process, one measurement ---------------------------------------
-def child(impl: str, model: str, embed: str | None, jax_cache: str | None, dry_run: bool) -> None:
-    t0 = time.perf_counter()
+# -- the model: shared with benchmarks/job_start.py ---------------------------------------
+def make_model(triton_call, model: str, extra: dict) -> tuple:
+    """The jitted function of ``model`` ("small": 5 kernel variants, "large": 21) calling its
+    kernels through ``triton_call`` (the bridge's or jax-triton's) with ``extra`` keywords,
+    and its arguments. The first output is ``x + x`` for the first argument ``x``."""
     import jax
     import jax.numpy as jnp
-
-    if impl == "peer":
-        import jax_triton
-
-        triton_call = jax_triton.triton_call
-        extra: dict = {}
-    else:
-        import bridge
-
-        triton_call = bridge.triton_call
-        extra = {"embed": embed} if embed else {}
     import triton
 
     from examples import kernels as K
-
-    t_import = time.perf_counter() - t0
-    if jax_cache:
-        jax.config.update("jax_compilation_cache_dir", jax_cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    hits: list[str] = []
-    jax.monitoring.register_event_listener(
-        lambda event, **kw: (
-            hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None
-        )
-    )
 
     def add(x, y, block):
         return triton_call(
@@ -136,6 +115,42 @@ def child(impl: str, model: str, embed: str | None, jax_cache: str | None, dry_r
             return outs
 
         args = (f32, h16, bf, a, b, a16, b16, odd, *rows)
+    return fn, args
+
+
+# -- the child: one fresh process, one measurement ---------------------------------------
+def child(impl: str, model: str, embed: str | None, jax_cache: str | None, dry_run: bool) -> None:
+    t0 = time.perf_counter()
+    import jax
+    import jax.numpy as jnp
+
+    if impl == "peer":
+        import jax_triton
+
+        triton_call = jax_triton.triton_call
+        extra: dict = {}
+    else:
+        import bridge
+
+        triton_call = bridge.triton_call
+        extra = {"embed": embed} if embed else {}
+    import triton  # noqa: F401  (counted in the import phase)
+
+    from examples import kernels  # noqa: F401
+
+    t_import = time.perf_counter() - t0
+    if jax_cache:
+        jax.config.update("jax_compilation_cache_dir", jax_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    hits: list[str] = []
+    jax.monitoring.register_event_listener(
+        lambda event, **kw: (
+            hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None
+        )
+    )
+
+    fn, args = make_model(triton_call, model, extra)
     jax.block_until_ready(args)
     hits.clear()  # count only the model's compilation, not the inputs'
     if dry_run:  # no GPU: lower for CUDA only (checks the script, not the speed)
@@ -152,7 +167,7 @@ def child(impl: str, model: str, embed: str | None, jax_cache: str | None, dry_r
         out = compiled(*args)
         jax.block_until_ready(out)
         t4 = time.perf_counter()
-        ok = bool(jnp.array_equal(out[0], f32 + f32))
+        ok = bool(jnp.array_equal(out[0], args[0] + args[0]))
     compiles = None
     if impl != "peer":
         from bridge import compile as bridge_compile

@@ -106,6 +106,8 @@ def fetch(
         meta = describe(compiled)
         if compiled.ptx is not None:
             meta["ptx_sha256"] = _sha256(compiled.ptx)
+            if need_ptx:  # before the binary, under the build lock: waiters then find both
+                _store_ptx(cache, key, compiled.ptx, meta)
         return compiled.binary, meta
 
     art = cache.get_or_create(key, ext, build_entry)
@@ -114,7 +116,6 @@ def fetch(
     if built and built[0].binary == art.data:
         ptx = built[0].ptx
         assert ptx is not None
-        _store_ptx(cache, key, ptx, art.meta)
         return KernelBinary(key, ext, art.data, art.meta, ptx, True)
     want = art.meta.get("ptx_sha256")
     companion = cache.get(derived_key(key, PTX_EXT), PTX_EXT)

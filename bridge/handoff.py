@@ -37,6 +37,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import threading
 import uuid
 from pathlib import Path
@@ -100,19 +101,26 @@ def _canonical_fd(dir_fd: int) -> bool:
 
 def _base(root: str) -> Path:
     """``<root>/.handoff``, or a per-user directory under the system temp directory when the
-    cache root cannot take it (a read-only or missing root must not fail the job)."""
+    cache root cannot take it (a read-only or missing root must not fail the job).
+
+    A symlink planted at either place is never followed, and the temp directory is used only
+    if this user owns it and nobody else can write it (else a fresh private one is made)."""
     base = Path(root) / HANDOFF_DIR
     try:
         base.mkdir(parents=True, exist_ok=True)
-        if os.access(base, os.W_OK | os.X_OK):
+        if stat.S_ISDIR(os.lstat(base).st_mode) and os.access(base, os.W_OK | os.X_OK):
             return base
     except OSError as e:
         logger.debug("cannot use %s for HSACO hand-off: %s", base, e)
     import tempfile
 
     base = Path(tempfile.gettempdir()) / f"kernelcache-handoff-{os.getuid()}"
-    base.mkdir(mode=0o700, exist_ok=True)
-    return base
+    with contextlib.suppress(FileExistsError):
+        base.mkdir(mode=0o700)
+    st = os.lstat(base)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
+        return base
+    return Path(tempfile.mkdtemp(prefix="kernelcache-handoff-"))
 
 
 def _setup(root: str, *, after_fork: bool = False) -> dict[str, object]:

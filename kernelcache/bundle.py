@@ -362,7 +362,7 @@ def _parse_manifest(raw: bytes) -> tuple[dict[str, dict[str, Any]], dict[str, An
     """{member name: metadata document}, compatibility block; raises BundleError."""
     try:
         doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: deeply nested JSON
         raise BundleError(f"bad manifest: not JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != BUNDLE_FORMAT:
         raise BundleError(f"bad manifest: not a {BUNDLE_FORMAT} manifest")

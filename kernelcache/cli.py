@@ -495,7 +495,7 @@ def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
         raw = f.read(1 << 20)
     try:
         doc = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return doc if isinstance(doc, dict) else None
 

@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 LOCK_DIR = ".locks"
 _FLOCK_UNSUPPORTED = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
 _HOST = socket.gethostname()
+#: a soft lock file still without its holder record this long after it was made or touched
+#: lost its holder between creating it and writing the record (done at once): it is stale
+UNWRITTEN_STALE = 5.0
 
 
 def _open_flags() -> int:
@@ -303,7 +306,8 @@ class Locker:
                         dir_fd=dfd,
                     )
                 except FileExistsError:
-                    self._break_if_stale(dfd, filename)
+                    if self._break_if_stale(dfd, filename):
+                        continue  # broken: try again now, even with no time left to wait
                 except OSError as e:
                     raise LockUnavailable(
                         e.errno,
@@ -335,7 +339,7 @@ class Locker:
             os.close(fd)
         try:
             record = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             record = {}
         if not isinstance(record, dict):
             record = {}
@@ -345,24 +349,28 @@ class Locker:
     def is_stale(self, record: dict) -> bool:
         """Whether a soft lock's holder is gone: a dead pid on this host, or no sign of life."""
         age = time.time() - float(record.get("mtime", 0))
+        if "token" not in record:  # no holder record: written at once, so its writer died
+            return age > min(self.stale_after, UNWRITTEN_STALE)
         if record.get("host") == _HOST and isinstance(record.get("pid"), int):
             if not pid_alive(record["pid"]):
                 return True
         return age > self.stale_after
 
-    def _break_if_stale(self, dfd: int, filename: str) -> None:
+    def _break_if_stale(self, dfd: int, filename: str) -> bool:
+        """Move a stale lock out of the way; whether one was broken."""
         record = self.read_soft_record(dfd, filename)
         if record is None or not self.is_stale(record):
-            return
+            return False
         # Move it aside under a unique name, then check we moved the lock we judged stale: a
         # concurrent breaker may have broken it and a new holder taken it in between.
         aside = f"{filename}.broken-{uuid.uuid4().hex}"
         try:
             os.rename(filename, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
         except FileNotFoundError:
-            return
+            return True  # someone else broke it
         moved = self.read_soft_record(dfd, aside)
-        if moved is not None and moved.get("token") != record.get("token"):
+        fresh = moved is not None and moved.get("token") != record.get("token")
+        if fresh:
             # We took a fresh lock: put it back unless yet another holder arrived meanwhile.
             with contextlib.suppress(FileExistsError):
                 os.link(aside, filename, src_dir_fd=dfd, dst_dir_fd=dfd)
@@ -376,6 +384,7 @@ class Locker:
             )
         with contextlib.suppress(FileNotFoundError):
             os.unlink(aside, dir_fd=dfd)
+        return not fresh
 
     def _start_heartbeat(self, filename: str, stop: threading.Event) -> None:
         interval = max(self.stale_after / 4, 0.05)

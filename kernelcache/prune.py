@@ -468,7 +468,8 @@ def _this_host() -> str:
 
 def foldable_logs(root: str, now: float | None = None) -> list[str]:
     """Statistics logs of finished processes: a dead pid on this host, or untouched for
-    :data:`LOG_FOLD_AGE` seconds (any host)."""
+    :data:`LOG_FOLD_AGE` seconds (any host); and logs a killed fold left renamed (the next
+    fold finishes them)."""
     now = time.time() if now is None else now
     directory = os.path.join(root, STATS_DIR)
     try:
@@ -480,6 +481,9 @@ def foldable_logs(root: str, now: float | None = None) -> list[str]:
     with it:
         for entry in it:
             name = entry.name
+            if name.endswith(".jsonl" + _FOLDING):  # hidden by a fold that was killed
+                found.append(name)
+                continue
             if not name.endswith(".jsonl") or name == SUMMARY_NAME:
                 continue
             parts = name[: -len(".jsonl")].rsplit("-", 2)
@@ -522,7 +526,7 @@ def _read_summary(dfd: int) -> dict[str, Any] | None:
         raw = f.read()
     try:
         record = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ValueError(f"{SUMMARY_NAME} is not valid JSON") from None
     if (
         not isinstance(record, dict)
@@ -542,7 +546,7 @@ def _sum_log(dfd: int, name: str, totals: dict[str, float]) -> None:
         for raw in lines:
             try:
                 delta = json.loads(raw).get("delta")
-            except (ValueError, AttributeError):
+            except (ValueError, RecursionError, AttributeError):
                 continue
             if isinstance(delta, dict):
                 for k, v in delta.items():

@@ -350,7 +350,7 @@ def _parse_header(line: bytes) -> dict[str, Any] | None:
                     and type(row[2]) is int
                 ):
                     return None
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
         return None
     return head
 
@@ -388,7 +388,7 @@ def _load_index(root: str) -> tuple[EntryTable, str | None]:
                 return EntryTable(), None
             if min(kernel) < -1 or max(kernel) >= top or min(target) < -1 or max(target) >= top:
                 return EntryTable(), None
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
         return EntryTable(), None
     lookup = [*strings, None]  # index -1 -> None
     names = lookup.__getitem__

@@ -180,7 +180,7 @@ def read_logs(root: str) -> tuple[dict[str, float], int, list[str]]:
             problems.append(f"{path}: {e.strerror}")
             continue
         for number, raw in enumerate(lines, 1):
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, RecursionError):  # nested JSON
                 record = json.loads(raw)
                 delta = record.get("delta") if isinstance(record, dict) else None
                 if isinstance(delta, dict):

@@ -161,7 +161,7 @@ def parse_metadata(raw: bytes, key: str) -> dict[str, Any] | str:
     """Parse and check a metadata document; return it, or a string saying what is wrong."""
     try:
         doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: deeply nested JSON
         return f"unreadable metadata ({e.__class__.__name__})"
     if not isinstance(doc, dict):
         return "metadata is not a JSON object"
