@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernelcache.jsonio import load_json
+
 logger = logging.getLogger(__name__)
 
 #: format version of a record (one manifest line); readers refuse newer versions
@@ -342,7 +344,7 @@ def _catch_up(fd: int, seen: _Seen, st: os.stat_result) -> None:
     end = data.rfind(b"\n") + 1  # only complete lines; a torn tail is skipped, not parsed
     for line in data[:end].splitlines():
         with contextlib.suppress(ValueError):
-            ident = _ident(json.loads(line))
+            ident = _ident(load_json(line))
             if ident is not None:
                 seen.records.add(ident)
     seen.offset += end

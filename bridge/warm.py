@@ -33,6 +33,7 @@ import json as jsonlib
 import logging
 import multiprocessing
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -42,6 +43,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from kernelcache import CacheError, Store
+from kernelcache.jsonio import load_json
 
 from . import backends, binding, keys
 from .artifacts import PTX_EXT, as_cache, entry_metadata, fetch
@@ -81,6 +85,10 @@ class RootError(BridgeError, OSError):
 
 
 # -- importing kernels ----------------------------------------------------------------------
+#: a dotted Python name (module path or qualified name)
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 def import_kernel(path: str) -> Any:
     """The kernel object named ``module:qualname`` (the autotune/heuristics wrapper if any).
 
@@ -91,6 +99,10 @@ def import_kernel(path: str) -> Any:
     module_name, _, qualname = path.partition(":")
     if not module_name or not qualname or "<locals>" in qualname or "<lambda>" in qualname:
         raise KernelArgumentError(f"{path} is not importable: define kernels at module level")
+    if not (_DOTTED.fullmatch(module_name) and _DOTTED.fullmatch(qualname)):
+        raise KernelArgumentError(
+            f"{path!r} is not a kernel import path: expected module.name:Qualified.name"
+        )
     if module_name == "__main__":
         raise KernelArgumentError(
             f"{path} was defined in a script run as __main__: move it into a module"
@@ -254,7 +266,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
             continue
         nonblank += 1
         try:
-            rec = jsonlib.loads(line)
+            rec = load_json(line)
         except ValueError as e:  # includes a UnicodeDecodeError
             failures.append(
                 Failure(
@@ -335,7 +347,7 @@ def read_manifest(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     seen: dict[str, dict[str, Any]] = {}
     for line in _open_regular(os.fspath(path)).splitlines():
         with contextlib.suppress(ValueError):
-            rec = jsonlib.loads(line)
+            rec = load_json(line)
             if _check_record(rec) is None:
                 ident = jsonlib.dumps(
                     [rec["kernel"], rec["arguments"], rec.get("variant")], sort_keys=True
@@ -609,6 +621,21 @@ def execute(
     return [done[i] for i in range(len(jobs))]
 
 
+def _exit_with_parent(parent: int) -> None:
+    """In a pool worker: exit as soon as the process that forked it is gone.
+
+    A warm killed with SIGKILL cannot shut its pool down, and its workers would wait forever on
+    a queue that their siblings keep open (holding the caller's pipes open too).
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="kernelcache-warm-watchdog", daemon=True).start()
+
+
 def _pool_run(
     jobs: Sequence[Job],
     workers: int,
@@ -621,7 +648,10 @@ def _pool_run(
     from concurrent.futures.process import BrokenProcessPool
 
     pool = concurrent.futures.ProcessPoolExecutor(
-        max_workers=workers, mp_context=multiprocessing.get_context("fork")
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("fork"),
+        initializer=_exit_with_parent,
+        initargs=(os.getpid(),),
     )
     broken: list[int] = []
     try:
@@ -770,22 +800,18 @@ def _check_configs(
 
 
 def _check_writable(root: str) -> None:
-    """Create ``root`` if needed and probe it with a hidden file, removed at once.
+    """Create ``root`` if needed and stage a probe file in it, as a put would.
 
     Raises:
-        RootError: files cannot be created there.
+        RootError: entries cannot be written there.
     """
     try:
-        os.makedirs(root, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=root, prefix=".kernelcache-probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
+        Store(root).check_writable()
+    except CacheError as e:
         raise RootError(
             e.errno or 0,
-            f"cannot write the cache root {root} ({e.strerror or e}): warm into a writable "
-            "root (--root or KERNELCACHE_DIR); a read-only layer is read through "
-            "KERNELCACHE_READONLY_DIRS",
+            f"{e}; warm into a writable root (--root or KERNELCACHE_DIR): a read-only layer "
+            "is read through KERNELCACHE_READONLY_DIRS",
         ) from None
 
 

@@ -35,6 +35,7 @@ from typing import IO, Any
 import xxhash
 
 from . import __version__
+from .jsonio import load_json
 from .keys import META_EXT, split_entry_name
 from .scan import EntryInfo
 from .store import (
@@ -361,8 +362,8 @@ def _members(
 def _parse_manifest(raw: bytes) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """{member name: metadata document}, compatibility block; raises BundleError."""
     try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError) as e:  # RecursionError: deeply nested JSON
+        doc = load_json(raw)
+    except ValueError as e:
         raise BundleError(f"bad manifest: not JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != BUNDLE_FORMAT:
         raise BundleError(f"bad manifest: not a {BUNDLE_FORMAT} manifest")

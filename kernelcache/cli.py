@@ -26,6 +26,7 @@ from . import __version__
 from . import progress as progressbar
 from .config import ConfigError, settings
 from .errors import CacheError
+from .jsonio import load_json
 from .keys import KEY_PATTERN, META_EXT
 from .stats import COUNTERS, read_logs
 from .store import Artifact, Store
@@ -494,8 +495,8 @@ def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
     with os.fdopen(fd, "rb") as f:
         raw = f.read(1 << 20)
     try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):
+        doc = load_json(raw)
+    except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
 

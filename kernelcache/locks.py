@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .errors import LockTimeout, LockUnavailable
+from .jsonio import load_json
 
 logger = logging.getLogger(__name__)
 
@@ -338,8 +339,8 @@ class Locker:
         finally:
             os.close(fd)
         try:
-            record = json.loads(raw)
-        except (ValueError, RecursionError):
+            record = load_json(raw)
+        except ValueError:
             record = {}
         if not isinstance(record, dict):
             record = {}

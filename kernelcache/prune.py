@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 from . import stats
 from .errors import LockTimeout, LockUnavailable
+from .jsonio import load_json
 from .keys import META_EXT
 from .locks import LOCK_DIR, Locker, open_subdir, pid_alive
 from .scan import READ_FLAGS, CacheScan, EntryInfo, Issue, lock_name, replace_file
@@ -525,8 +526,8 @@ def _read_summary(dfd: int) -> dict[str, Any] | None:
     with os.fdopen(fd, "rb") as f:
         raw = f.read()
     try:
-        record = json.loads(raw)
-    except (ValueError, RecursionError):
+        record = load_json(raw)
+    except ValueError:
         raise ValueError(f"{SUMMARY_NAME} is not valid JSON") from None
     if (
         not isinstance(record, dict)
@@ -545,8 +546,8 @@ def _sum_log(dfd: int, name: str, totals: dict[str, float]) -> None:
             lines = f.read().splitlines()
         for raw in lines:
             try:
-                delta = json.loads(raw).get("delta")
-            except (ValueError, RecursionError, AttributeError):
+                delta = load_json(raw).get("delta")
+            except (ValueError, AttributeError):
                 continue
             if isinstance(delta, dict):
                 for k, v in delta.items():

@@ -44,10 +44,19 @@ from typing import Any, NamedTuple
 
 import xxhash
 
+from .jsonio import load_json
 from .keys import KEY_PATTERN, META_EXT, split_entry_name
 from .locks import LOCK_DIR, Locker, open_subdir
 from .stats import STATS_DIR
-from .store import MAX_META_BYTES, QUARANTINE_DIR, TMP_DIR, Artifact, Store, parse_metadata
+from .store import (
+    FUTURE_SLACK,
+    MAX_META_BYTES,
+    QUARANTINE_DIR,
+    TMP_DIR,
+    Artifact,
+    Store,
+    parse_metadata,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -329,7 +338,7 @@ def _index_file(root: str, *, header_only: bool) -> bytes | None:
 def _parse_header(line: bytes) -> dict[str, Any] | None:
     """The index's first line: version, listing signature, totals and groups; None if bad."""
     try:
-        head = json.loads(line)
+        head = load_json(line)
         if not isinstance(head, dict) or head.get("v") != INDEX_VERSION:
             return None
         totals, groups = head["totals"], head["groups"]
@@ -350,7 +359,7 @@ def _parse_header(line: bytes) -> dict[str, Any] | None:
                     and type(row[2]) is int
                 ):
                     return None
-    except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return head
 
@@ -366,7 +375,7 @@ def _load_index(root: str) -> tuple[EntryTable, str | None]:
     if head is None:
         return EntryTable(), None
     try:
-        doc = json.loads(rest)
+        doc = load_json(rest)
         keys = doc["keys"].split("\n") if doc["keys"] else []
         strings = doc["strings"]
         inode, ext, size, meta_size, kernel, target, created = (
@@ -388,7 +397,7 @@ def _load_index(root: str) -> tuple[EntryTable, str | None]:
                 return EntryTable(), None
             if min(kernel) < -1 or max(kernel) >= top or min(target) < -1 or max(target) >= top:
                 return EntryTable(), None
-    except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return EntryTable(), None
     lookup = [*strings, None]  # index -1 -> None
     names = lookup.__getitem__
@@ -674,7 +683,8 @@ def _entries(
 
 
 def _with_last_used(dfd: int, table: EntryTable) -> EntryTable:
-    """The table with last-used stamps; entries deleted since the listing are dropped."""
+    """The table with last-used stamps; entries deleted since the listing are dropped.
+    Stamps further in the future than ``FUTURE_SLACK`` are reset to now (on disk too)."""
     stat_at = partial(os.stat, dir_fd=dfd, follow_symlinks=False)
     names = list(map(add, table.key, repeat("." + META_EXT)))
     try:
@@ -686,6 +696,14 @@ def _with_last_used(dfd: int, table: EntryTable) -> EntryTable:
                 stamps.append(stat_at(name).st_mtime)
             except OSError:
                 stamps.append(None)
+    now = time.time()
+    for i, stamp in enumerate(stamps):
+        if stamp is not None and stamp > now + FUTURE_SLACK:
+            # a stamp from a host whose clock was ahead: reset it as a hit would, so that the
+            # entry ages from now instead of being kept until that date
+            with contextlib.suppress(OSError):
+                os.utime(names[i], dir_fd=dfd, follow_symlinks=False)
+            stamps[i] = now
     table = replace(table, last_used=tuple(stamps))
     if None not in stamps:
         return table

@@ -20,6 +20,7 @@ import time
 import uuid
 from typing import Any
 
+from .jsonio import load_json
 from .locks import open_subdir
 
 logger = logging.getLogger(__name__)
@@ -180,8 +181,8 @@ def read_logs(root: str) -> tuple[dict[str, float], int, list[str]]:
             problems.append(f"{path}: {e.strerror}")
             continue
         for number, raw in enumerate(lines, 1):
-            with contextlib.suppress(ValueError, RecursionError):  # nested JSON
-                record = json.loads(raw)
+            with contextlib.suppress(ValueError):
+                record = load_json(raw)
                 delta = record.get("delta") if isinstance(record, dict) else None
                 if isinstance(delta, dict):
                     for k, v in delta.items():

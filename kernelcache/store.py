@@ -47,6 +47,7 @@ import xxhash
 
 from . import __version__
 from .errors import CacheError, LockTimeout, LockUnavailable
+from .jsonio import load_json
 from .keys import META_EXT, check_ext, check_key, split_entry_name
 from .locks import Held, Locker, open_subdir
 
@@ -160,8 +161,8 @@ def encode_metadata(doc: Mapping[str, Any]) -> bytes:
 def parse_metadata(raw: bytes, key: str) -> dict[str, Any] | str:
     """Parse and check a metadata document; return it, or a string saying what is wrong."""
     try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError) as e:  # RecursionError: deeply nested JSON
+        doc = load_json(raw)
+    except ValueError as e:
         return f"unreadable metadata ({e.__class__.__name__})"
     if not isinstance(doc, dict):
         return "metadata is not a JSON object"
@@ -482,6 +483,27 @@ class Store:
             raise
         os.close(fd)
         return name
+
+    def check_writable(self) -> None:
+        """Stage and remove an empty file, as a put would.
+
+        Raises:
+            CacheError: entries cannot be written under this root (the message says why and
+                what to do).
+        """
+        if self.readonly:
+            raise CacheError(errno.EROFS, f"kernelcache: {self.root} is a read-only root")
+        root_fd = self._root_fd()
+        try:
+            tmp_fd = open_subdir(self.root, TMP_DIR, create=True)
+            try:
+                os.unlink(self._stage(tmp_fd, b""), dir_fd=tmp_fd)
+            finally:
+                os.close(tmp_fd)
+        except OSError as e:
+            raise self._write_error(f"staging failed: {e.strerror}", e) from e
+        finally:
+            os.close(root_fd)
 
     def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> Artifact:
         """Publish an entry atomically; if a valid entry already exists, keep and return it.

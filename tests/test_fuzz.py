@@ -252,12 +252,7 @@ def test_every_tar_member_kind_written_by_tarfile_is_handled():
                 bundle.import_bundle(Store(Path(tmp, "dest")), str(path))
 
 
-# -- the manifest reader (bridge.warm, being reworked) -------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="bridge.warm.read_manifest raises KeyError/TypeError/RecursionError on bad lines "
-    "(reported; the manifest reader is being reworked)",
-)
+# -- the manifest reader (bridge.warm) -------------------------------------------
 @settings(max_examples=60, deadline=None)
 @given(lines=st.lists(st.text(max_size=60) | json_values.map(json.dumps), min_size=1, max_size=4))
 @example(lines=["[" * 5000])

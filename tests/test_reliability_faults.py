@@ -244,10 +244,6 @@ def test_entries_from_the_future_and_prune(root):
     assert code == 0 and json.loads(out)["plan"]["kept_entries"] == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prune takes a future last-used stamp at face value (see docs/reliability.md)",
-)
 def test_a_future_stamp_ages_from_when_prune_first_sees_it(root):
     """An entry stamped a year ahead by a host with a wrong clock, never read again: it should
     age from the day prune first saw it, not be kept for a year by --older-than (nor be kept

@@ -598,8 +598,8 @@ print(json.dumps({{"code": code, "compiles": bridge_compile.compile_count()}}))
     error, end = json.JSONDecoder().raw_decode(proc.stdout)
     result = json.loads(proc.stdout[end:])
     assert result == {"code": 1, "compiles": 0}
-    assert "cannot write the cache root" in error["error"] and "Read-only" in error["error"]
-    assert proc.stderr.count("cannot write the cache root") == 1
+    assert "cannot write under" in error["error"] and "Read-only" in error["error"]
+    assert proc.stderr.count("cannot write under") == 1
 
 
 # -- the README's main job and the shipped manifest -------------------------------------------
