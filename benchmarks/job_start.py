@@ -73,16 +73,7 @@ def child(impl: str, model: str, jax_cache: str | None, dry_run: bool) -> None:
     import warm_start
 
     imported = time.time()
-    if jax_cache:
-        jax.config.update("jax_compilation_cache_dir", jax_cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    hits: list[str] = []
-    jax.monitoring.register_event_listener(
-        lambda event, **kw: (
-            hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None
-        )
-    )
+    hits = warm_start.use_jax_cache(jax_cache)
     fn, args = warm_start.make_model(triton_call, model, {})
     jax.block_until_ready(args)
     hits.clear()

@@ -118,6 +118,24 @@ def make_model(triton_call, model: str, extra: dict) -> tuple:
     return fn, args
 
 
+def use_jax_cache(directory: str | None) -> list[str]:
+    """Turn on JAX's persistent cache in ``directory`` (every compile is stored) when given;
+    returns the list that JAX's cache-hit events are appended to from now on."""
+    import jax
+
+    if directory:
+        jax.config.update("jax_compilation_cache_dir", directory)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    hits: list[str] = []
+    jax.monitoring.register_event_listener(
+        lambda event, **kw: (
+            hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None
+        )
+    )
+    return hits
+
+
 # -- the child: one fresh process, one measurement ---------------------------------------
 def child(impl: str, model: str, embed: str | None, jax_cache: str | None, dry_run: bool) -> None:
     t0 = time.perf_counter()
@@ -139,16 +157,7 @@ def child(impl: str, model: str, embed: str | None, jax_cache: str | None, dry_r
     from examples import kernels  # noqa: F401
 
     t_import = time.perf_counter() - t0
-    if jax_cache:
-        jax.config.update("jax_compilation_cache_dir", jax_cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    hits: list[str] = []
-    jax.monitoring.register_event_listener(
-        lambda event, **kw: (
-            hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None
-        )
-    )
+    hits = use_jax_cache(jax_cache)
 
     fn, args = make_model(triton_call, model, extra)
     jax.block_until_ready(args)

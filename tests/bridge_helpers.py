@@ -113,3 +113,30 @@ def finish_child(proc: subprocess.Popen, timeout: float = 240) -> Any:
     out, err = proc.communicate(timeout=timeout)
     checked(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     return json.loads(out.strip().splitlines()[-1])
+
+
+# Child-process code that counts every way Triton could compile in that process: the front end
+# of both languages, triton.compile, and triton_key() (the 0.3 s compiler hash a warm start must
+# not pay). Prepend it to a child's code; read the totals from ``counts``.
+COUNT_COMPILES = f"""
+import sys
+sys.path.insert(0, {str(TESTS)!r})
+counts = {{"make_ir": 0, "compile": 0, "triton_key": 0}}
+
+def counting(owner, name, label):
+    original = getattr(owner, name)
+    def wrapper(*args, **kwargs):
+        counts[label] += 1
+        return original(*args, **kwargs)
+    setattr(owner, name, wrapper)
+
+import triton
+import triton.compiler.compiler as tc
+import triton.runtime.cache as rc
+from triton.experimental.gluon import _runtime as gr
+counting(tc.ASTSource, "make_ir", "make_ir")
+counting(gr.GluonASTSource, "make_ir", "make_ir")
+counting(tc, "compile", "compile")
+counting(triton, "compile", "compile")
+counting(rc, "triton_key", "triton_key")
+"""

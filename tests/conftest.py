@@ -102,3 +102,40 @@ def run_in_namespace(setup: str, code: str, timeout: float = 120) -> subprocess.
         timeout=timeout,
     )
     return checked(proc)
+
+
+def run_on_a_terminal(argv: list[str], timeout: float = 240, **env: str) -> tuple[int, str]:
+    """Run ``argv`` with stdout and stderr on a pseudo-terminal (100 columns); returns
+    (exit code, everything it showed)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=secondary,
+        stderr=secondary,
+        env=child_env(COLUMNS="100", **env),
+        cwd=str(REPO),
+    )
+    os.close(secondary)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([primary], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(primary, 65536)
+            except OSError:  # EIO: the terminal's other side closed
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    os.close(primary)
+    return proc.wait(timeout=timeout), b"".join(chunks).decode(errors="replace")

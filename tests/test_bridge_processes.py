@@ -5,34 +5,14 @@ from __future__ import annotations
 
 import shutil
 
-from bridge_helpers import REPO, TESTS, run_child
+from bridge_helpers import COUNT_COMPILES, REPO, run_child
 
 # Lowers a set of kernels for both vendors in every embedding; counts every way Triton could
 # compile: the front end (ASTSource/GluonASTSource.make_ir), triton.compile and triton_key.
 CHILD = (
-    f"TESTS = {str(TESTS)!r}\n"
+    COUNT_COMPILES
     + r"""
-import hashlib, json, sys
-sys.path.insert(0, TESTS)
-counts = {"make_ir": 0, "compile": 0, "triton_key": 0}
-
-def counting(owner, name, label):
-    original = getattr(owner, name)
-    def wrapper(*args, **kwargs):
-        counts[label] += 1
-        return original(*args, **kwargs)
-    setattr(owner, name, wrapper)
-
-import triton
-import triton.compiler.compiler as tc
-import triton.runtime.cache as rc
-from triton.experimental.gluon import _runtime as gr
-counting(tc.ASTSource, "make_ir", "make_ir")
-counting(gr.GluonASTSource, "make_ir", "make_ir")
-counting(tc, "compile", "compile")
-counting(triton, "compile", "compile")
-counting(rc, "triton_key", "triton_key")
-
+import hashlib, json
 import jax, jax.numpy as jnp
 import kernelcache
 from bridge import compile as bridge_compile

@@ -3,20 +3,15 @@ command on empty, populated and corrupted roots; usage errors; no jax or triton 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import pty
-import select
-import struct
 import subprocess
 import sys
-import termios
 import time
 from pathlib import Path
 
 import pytest
-from conftest import key_of, run_py
+from conftest import key_of, run_on_a_terminal, run_py
 from test_cli_support import KERNELCACHE, backdate, files_under, kc, kc_json, put
 
 from kernelcache.cli import parse_age, parse_size
@@ -483,47 +478,14 @@ def test_warm_calls_the_bridge(tmp_path):
 
 
 # -- progress bars --------------------------------------------------------------------------
-def _run_on_a_terminal(args: list[str], timeout: float = 60) -> tuple[int, str]:
-    """Run the CLI with stdout and stderr on a pseudo-terminal; (exit code, everything shown)."""
-    assert KERNELCACHE is not None
-    primary, secondary = pty.openpty()
-    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
-    from conftest import child_env
-
-    proc = subprocess.Popen(
-        [KERNELCACHE, *args],
-        stdin=subprocess.DEVNULL,
-        stdout=secondary,
-        stderr=secondary,
-        env=child_env(COLUMNS="100"),
-    )
-    os.close(secondary)
-    chunks = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([primary], [], [], 0.5)
-        if ready:
-            try:
-                data = os.read(primary, 65536)
-            except OSError:
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif proc.poll() is not None:
-            break
-    os.close(primary)
-    return proc.wait(timeout=timeout), b"".join(chunks).decode(errors="replace")
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="pseudo-terminals as on Linux")
 def test_progress_bar_only_on_a_terminal_and_never_with_json(tmp_path):
     root = tmp_path / "cache"
     for i in range(300):
         put(root, f"k{i}", size=64)
-    code, shown = _run_on_a_terminal(["--root", str(root), "verify"])
+    code, shown = run_on_a_terminal([KERNELCACHE, "--root", str(root), "verify"])
     assert code == 0 and "verifying" in shown and "300 ok" in shown
-    code, shown = _run_on_a_terminal(["--root", str(root), "verify", "--json"])
+    code, shown = run_on_a_terminal([KERNELCACHE, "--root", str(root), "verify", "--json"])
     assert code == 0 and "verifying" not in shown
     assert json.loads(shown)["entries_ok"] == 300
     piped = kc(root, "verify")

@@ -14,36 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bridge_helpers import REPO, TESTS, run_child
-from conftest import CAN_UNSHARE, child_env, run_in_namespace
+from bridge_helpers import COUNT_COMPILES, REPO, run_child
+from conftest import CAN_UNSHARE, child_env, run_in_namespace, run_on_a_terminal
 from test_cli_support import KERNELCACHE, files_under
 
 from kernelcache.stats import read_logs
-
-# Counts every way Triton could compile in this process: the front end of both languages,
-# triton.compile, and triton_key() (the 0.3 s compiler hash a warm start must not pay).
-COUNTING = f"""
-import sys
-sys.path.insert(0, {str(TESTS)!r})
-counts = {{"make_ir": 0, "compile": 0, "triton_key": 0}}
-
-def counting(owner, name, label):
-    original = getattr(owner, name)
-    def wrapper(*args, **kwargs):
-        counts[label] += 1
-        return original(*args, **kwargs)
-    setattr(owner, name, wrapper)
-
-import triton
-import triton.compiler.compiler as tc
-import triton.runtime.cache as rc
-from triton.experimental.gluon import _runtime as gr
-counting(tc.ASTSource, "make_ir", "make_ir")
-counting(gr.GluonASTSource, "make_ir", "make_ir")
-counting(tc, "compile", "compile")
-counting(triton, "compile", "compile")
-counting(rc, "triton_key", "triton_key")
-"""
 
 # Lowers the example ops (Triton, autotuned Triton with 4 configs, Gluon) for a target and
 # returns the sha256 of each custom call's opaque.
@@ -74,7 +49,7 @@ def lower(target, **kw):
 # Process 1: records a cuda:90 run, then (recording off) compiles hip:gfx942 directly into a
 # fresh cache: the reference opaques.
 RECORD = (
-    COUNTING
+    COUNT_COMPILES
     + OPS
     + """
 recorded = lower("cuda:90")
@@ -86,7 +61,7 @@ print(json.dumps({"recorded": recorded, "direct": direct}))
 
 # Process 3: lowers for hip:gfx942 with whatever cache the environment configures.
 LOWER = (
-    COUNTING
+    COUNT_COMPILES
     + OPS
     + """
 import kernelcache
@@ -410,43 +385,6 @@ def test_vanished_changed_failing_and_crashing_kernels(tmp_path):
 
 
 # -- the progress bar ----------------------------------------------------------------------------
-def _on_a_terminal(args: list[str], timeout: float = 240) -> tuple[int, str]:
-    """Run the console script with stdout and stderr on a pseudo-terminal; (exit code, output)."""
-    import fcntl
-    import pty
-    import select
-    import struct
-    import termios
-
-    assert KERNELCACHE is not None, "install the project: pip install -e '.[bridge]'"
-    primary, secondary = pty.openpty()
-    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
-    proc = subprocess.Popen(
-        [KERNELCACHE, *args],
-        stdin=subprocess.DEVNULL,
-        stdout=secondary,
-        stderr=secondary,
-        env=child_env(COLUMNS="100"),
-        cwd=str(REPO),
-    )
-    os.close(secondary)
-    chunks = []
-    while True:
-        ready, _, _ = select.select([primary], [], [], 0.5)
-        if ready:
-            try:
-                data = os.read(primary, 65536)
-            except OSError:  # EIO: the terminal's other side closed
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif proc.poll() is not None:
-            break
-    os.close(primary)
-    return proc.wait(timeout=timeout), b"".join(chunks).decode(errors="replace")
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="pseudo-terminals as on Linux")
 def test_progress_bar_only_on_a_terminal(tmp_path):
     pytest.importorskip("tqdm", reason="the progress bar needs the optional tqdm package")
@@ -454,9 +392,9 @@ def test_progress_bar_only_on_a_terminal(tmp_path):
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(next(line for line in lines if "add_kernel" in line) + "\n")
     args = ["--root", str(tmp_path / "c"), "warm", str(manifest), "--target"]
-    code, shown = _on_a_terminal([*args, "cuda:80"])
+    code, shown = run_on_a_terminal([KERNELCACHE, *args, "cuda:80"])
     assert code == 0 and "warming" in shown and "compiled" in shown
-    code, shown = _on_a_terminal([*args, "cuda:86", "--json"])
+    code, shown = run_on_a_terminal([KERNELCACHE, *args, "cuda:86", "--json"])
     assert code == 0 and "warming" not in shown
     assert json.loads(shown)["compiled"] == 1
 
