@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import socket
-import stat
 import threading
 import time
 import uuid
@@ -420,7 +419,3 @@ class Locker:
                 logger.warning("soft lock %s under %s was broken while held", filename, self.root)
         finally:
             os.close(dfd)
-
-
-def is_regular(st: os.stat_result) -> bool:
-    return stat.S_ISREG(st.st_mode)

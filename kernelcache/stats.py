@@ -97,13 +97,6 @@ def root_stats(root: str) -> dict[str, float]:
         return dict(_counts.get(root) or _zero())
 
 
-def reset() -> None:
-    """Forget this process's counters (for tests and long-running services)."""
-    with _lock:
-        _counts.clear()
-        _flushed.clear()
-
-
 def flush() -> None:
     """Append the changes since the last flush to each logged root's per-process log."""
     global _last_flush
