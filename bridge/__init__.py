@@ -5,13 +5,16 @@
 
 See ``triton_call`` and ``kernel``; ``enable_jax_cache`` turns on JAX's persistent compilation
 cache beside the kernel cache.
+
+Importing ``bridge`` is cheap: jax, triton and the lowering machinery are imported when one of
+the names below is first used (``bridge.triton_call``), not by ``import bridge``.
 """
 
 from __future__ import annotations
 
-import kernelcache as _kernelcache  # noqa: F401  (imported with the bridge, not at first lowering)
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from .call import triton_call
 from .errors import (
     BackendUnavailable,
     BridgeError,
@@ -21,10 +24,39 @@ from .errors import (
     TargetError,
     UnsupportedTransformation,
 )
-from .jax_cache import enable_jax_cache
-from .kernel import Kernel, kernel
-from .record import add_listener as on_lowered
-from .targets import Target, parse_target
+
+if TYPE_CHECKING:
+    from .call import triton_call
+    from .jax_cache import enable_jax_cache
+    from .launch import Kernel, kernel
+    from .record import add_listener as on_lowered
+    from .targets import Target, parse_target
+
+#: public name -> (module, attribute), imported on first use
+_LAZY = {
+    "triton_call": (".call", "triton_call"),
+    "enable_jax_cache": (".jax_cache", "enable_jax_cache"),
+    "Kernel": (".launch", "Kernel"),
+    "kernel": (".launch", "kernel"),
+    "on_lowered": (".record", "add_listener"),
+    "Target": (".targets", "Target"),
+    "parse_target": (".targets", "parse_target"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'bridge' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module, __name__), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "BackendUnavailable",

@@ -48,7 +48,7 @@ def compiler_module(vendor: str) -> ModuleType:
     from triton.backends import backends
 
     if vendor not in backends:
-        where = os.path.dirname(mod.__file__)
+        where = os.path.dirname(mod.__file__ or "")
         present = ", ".join(sorted(backends)) or "none"
         raise BackendUnavailable(
             f"Triton {mod.__version__} at {where} has no '{vendor}' backend "
@@ -60,7 +60,12 @@ def compiler_module(vendor: str) -> ModuleType:
 
 
 def backend_class(target: Target) -> type:
-    """Triton's compiler backend class for ``target`` (CUDABackend or HIPBackend)."""
+    """Triton's compiler backend class for ``target`` (CUDABackend or HIPBackend).
+
+    Raises:
+        BackendUnavailable: Triton, or its backend for the target's vendor, is missing.
+    """
+    triton()  # a missing Triton is named as such, with what to install
     from triton.backends.compiler import BaseBackend
 
     module = compiler_module(target.vendor)
@@ -69,7 +74,7 @@ def backend_class(target: Target) -> type:
             isinstance(value, type)
             and issubclass(value, BaseBackend)
             and value is not BaseBackend
-            and value.supports_target(target.triton())
+            and value.supports_target(target.triton())  # type: ignore[attr-defined]
         ):
             return value
     raise BackendUnavailable(f"Triton's {target.vendor} backend does not support {target}")
@@ -80,7 +85,7 @@ def options_class(target: Target) -> type:
     module = compiler_module(target.vendor)
     name = "CUDAOptions" if target.backend == "cuda" else "HIPOptions"
     cls = getattr(module, name, None)
-    if cls is None or not dataclasses.is_dataclass(cls):
+    if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):
         raise BackendUnavailable(f"Triton's {target.vendor} backend has no {name}")
     return cls
 
@@ -129,7 +134,7 @@ def make_backend(target: Target) -> Any:
 
 
 @functools.cache
-def _hip_binding_backend(cls: type) -> type:
+def _hip_binding_backend(cls: Any) -> type:
     from triton.backends.compiler import BaseBackend
 
     def get_tensor_specialization(arg, **kwargs):

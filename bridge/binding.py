@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes  # noqa: F401  (registers bfloat16 and the float8 types with numpy, as jax does)
 import numpy as np
 
 from .errors import KernelArgumentError, OptionError

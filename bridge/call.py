@@ -363,9 +363,9 @@ def make_call(
     for out, src in alias_of.items():
         o = outputs[out]
         if id(o) in buffers and buffers[id(o)] >= n_ops:  # a plain result aliasing an input
-            k = op_arrays.index(src) if src in op_arrays else None
-            if k is None:
+            if src not in op_arrays:
                 raise KernelArgumentError(f"input_output_aliases: {src} is not an operand")
+            k = op_arrays.index(src)
             aliases.append((k, buffers[id(o)] - n_ops))
             restore.append((k, buffers[id(o)] - n_ops))
     if len({k for k, _ in aliases}) != len(aliases):
@@ -662,7 +662,10 @@ def _lower(ctx: Any, *operands: Any, call: CallSpec, platform: str) -> Any:
         rule = jax.ffi.ffi_lowering(target, api_version=4, operand_output_aliases=aliases)
         return rule(ctx, *operands, opaque=lowered.opaque)
     rule = jax.ffi.ffi_lowering(
-        target, api_version=2, backend_config=lowered.opaque, operand_output_aliases=aliases
+        target,
+        api_version=2,
+        backend_config=lowered.opaque,  # type: ignore[arg-type]  # raw bytes, as jaxlib expects
+        operand_output_aliases=aliases,
     )
     return rule(ctx, *operands)
 

@@ -163,7 +163,7 @@ def _cleanup() -> None:
     shutil.rmtree(str(state["dir"]), ignore_errors=True)
     for key in ("dir_fd", "owner"):
         with contextlib.suppress(OSError):
-            os.close(int(state[key]))  # type: ignore[arg-type]
+            os.close(int(state[key]))  # type: ignore[call-overload]
 
 
 def _after_fork_in_child() -> None:
@@ -175,7 +175,7 @@ def _after_fork_in_child() -> None:
         return
     for key in ("dir_fd", "owner"):
         with contextlib.suppress(OSError):
-            os.close(int(old[key]))  # type: ignore[arg-type]
+            os.close(int(old[key]))  # type: ignore[call-overload]
     if old.get("canonical"):
         # executables lowered by the parent may run here first: give the child its own copies
         _state.update(_setup(str(old["root"]), after_fork=True))

@@ -1019,8 +1019,7 @@ def run(
             backend, a disabled cache, ``jobs`` < 1 (the CLI exits 2 with the message).
     """
     from kernelcache import progress as progressbar
-    from kernelcache.cli import Failure as CommandFailed
-    from kernelcache.cli import Output, UsageError
+    from kernelcache.cli import CommandFailed, Output, UsageError
     from kernelcache.config import settings
 
     from .errors import BackendUnavailable, TargetError

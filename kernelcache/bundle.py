@@ -214,7 +214,7 @@ def export_bundle(
                 }
                 body = json.dumps(manifest, sort_keys=True, indent=1).encode()
                 _add(tar, MANIFEST, body, manifest["created"])
-            if writer is not None:
+            if writer is not None and zstd is not None:
                 writer.flush(zstd.FLUSH_FRAME)
                 writer.close()
         os.replace(tmp, path)
@@ -268,7 +268,7 @@ def _member_kind(m: tarfile.TarInfo) -> str | None:
     return None
 
 
-def _check_name(name: str) -> tuple[str, str] | None:
+def _check_name(name: str) -> tuple[str, str]:
     """(key, ext) of an entry member, ("", "") for the manifest; raises for anything else."""
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
         raise BundleError(f"member {name!r} has an absolute path")

@@ -201,7 +201,7 @@ def plan_prune(
         wanted_t = set(targets)
         chosen = [i for i in chosen if table.target[i] in wanted_t]
     # least recently used first; ties broken by key so that plans are reproducible
-    lru = sorted(sorted(chosen, key=keys.__getitem__), key=last.__getitem__)
+    lru = sorted(sorted(chosen, key=keys.__getitem__), key=lambda i: last[i] or 0.0)
     doomed: list[int] = []
     reason: dict[int, str] = {}
     if max_size is None and older_than is None:

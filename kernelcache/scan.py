@@ -529,7 +529,9 @@ def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | str:
         len(raw),
         kernel if isinstance(kernel, str) else None,
         target if isinstance(target, str) else None,
-        float(created) if type(created) in (int, float) else None,
+        float(created)
+        if isinstance(created, (int, float)) and not isinstance(created, bool)
+        else None,
         None,
         inode,
     )

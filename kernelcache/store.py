@@ -456,7 +456,7 @@ class Store:
             raise self._write_error(f"cannot open the cache root: {e.strerror}", e) from e
 
     def _write_error(self, what: str, e: OSError | None = None, key: str = "") -> CacheError:
-        hint = _HINTS.get(e.errno if e is not None else None)
+        hint = _HINTS.get(e.errno) if e is not None and e.errno is not None else None
         where = f" entry {key}" if key else ""
         message = f"kernelcache: cannot write{where} under {self.root}: {what}"
         if hint:

@@ -457,24 +457,45 @@ def test_warm_without_the_bridge_says_what_to_install(tmp_path, no_gpu_stack):
     assert "Traceback" not in proc.stderr
 
 
-def test_warm_calls_the_bridge(tmp_path):
-    fake = tmp_path / "fake"
-    (fake / "bridge").mkdir(parents=True)
-    (fake / "bridge" / "__init__.py").write_text("")
+def _plugin_dist(site: Path, name: str, entry: str, module: str, source: str) -> None:
+    """An installed distribution on ``site`` whose entry point adds a ``kernelcache`` command."""
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[kernelcache.commands]\n{name} = {entry}\n")
+    (site / f"{module}.py").write_text(source)
+
+
+def test_commands_from_other_packages_through_the_entry_point_group(tmp_path):
+    site = tmp_path / "site"
     record = tmp_path / "called.json"
-    (fake / "bridge" / "warm.py").write_text(
+    _plugin_dist(
+        site,
+        "hello",
+        "hello_plugin:register",
+        "hello_plugin",
         "import json\n"
-        "def run(manifest, targets, *, root, json):\n"
-        f"    open({str(record)!r}, 'w').write(__import__('json').dumps([manifest, targets, root, json]))\n"
-        "    return 3\n"
+        "from kernelcache.cli import add_command, root_of\n"
+        "def register(sub):\n"
+        "    p = add_command(sub, 'hello', 'say hello')\n"
+        "    p.add_argument('--times', type=int, default=1)\n"
+        "    p.set_defaults(func=run)\n"
+        "def run(args, out):\n"
+        f"    open({str(record)!r}, 'w').write(json.dumps([root_of(args), args.times, out.json]))\n"
+        "    return 3\n",
     )
-    env = {"PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")])}
+    _plugin_dist(
+        site, "broken", "broken_plugin:register", "broken_plugin", "raise RuntimeError('boom')\n"
+    )
+    env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     root = tmp_path / "cache"
-    proc = kc(
-        root, "warm", "m.jsonl", "--target", "cuda:90", "--target", "hip:gfx942", "--json", env=env
-    )
+    proc = kc(root, "hello", "--times", "2", "--json", env=env)
     assert proc.returncode == 3, proc.stderr
-    assert json.loads(record.read_text()) == ["m.jsonl", ["cuda:90", "hip:gfx942"], str(root), True]
+    assert json.loads(record.read_text()) == [str(root), 2, True]
+    # the broken plugin is named on stderr; the built-in commands still work
+    assert "broken" in proc.stderr and "boom" in proc.stderr
+    assert kc(root, "stats", env=env).returncode == 0
+    assert "warm" in kc(root, "--help", env=env).stdout
 
 
 # -- progress bars --------------------------------------------------------------------------

@@ -455,8 +455,6 @@ def test_kill_9_during_kernelcache_warm_command(tmp_path, manifest):
 
     calibration = tmp_path / "calibration"
     proc, total = run(calibration, 0)
-    if proc.returncode == 2 and "no bridge.warm.run" in proc.stderr:
-        pytest.xfail("kernelcache warm cannot run: the bridge has no warm.run (issue 5)")
     assert proc.returncode == 0 and total, proc.stderr
     expected = _entries(calibration)
     kills = 0

@@ -23,6 +23,9 @@ from .kernels import decompose
 class Kernel:
     """A kernel with default ``triton_call`` keywords; ``k[grid](*args, **kwargs)`` calls it."""
 
+    kernel: Any
+    defaults: dict[str, Any]
+
     def __init__(self, kernel: Any, **defaults: Any) -> None:
         if isinstance(kernel, Kernel):
             defaults = {**kernel.defaults, **defaults}

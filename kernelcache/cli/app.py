@@ -1,18 +1,11 @@
-"""The ``kernelcache`` command: inspect, verify, prune, export and import a cache root.
+"""The ``kernelcache`` command's parser, its built-in commands, and the plugin loader.
 
-``kernelcache [--root DIR] COMMAND [options] [--json]``. Human output is for terminals; with
-``--json`` each command prints one JSON document whose fields are documented (README.md, "The command line") and
-stable within ``"schema": 1``. Exit codes: 0 success, 1 problems found or an operation failed,
-2 usage error (bad arguments, bad environment variable, missing optional package).
-
-The command never imports jax or triton (``warm`` imports the bridge lazily), so it runs on an
-operator's machine that has neither.
+See the package docstring for the conventions every command follows.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -22,31 +15,29 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import __version__
-from . import progress as progressbar
-from .config import ConfigError, settings
-from .errors import CacheError
-from .jsonio import load_json
-from .keys import KEY_PATTERN, META_EXT
-from .stats import COUNTERS, read_logs
-from .store import Artifact, Store
+from .. import __version__
+from ..config import ConfigError, settings
+from ..errors import CacheError
+from ..jsonio import load_json
+from ..keys import KEY_PATTERN, META_EXT
+from ..stats import COUNTERS, read_logs
+from ..store import Artifact, Store
+from .output import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    SCHEMA,
+    CommandFailed,
+    Output,
+    UsageError,
+    dumps,
+    fail,
+)
 
 if TYPE_CHECKING:
-    from .prune import Result
+    from ..prune import Result
 
 logger = logging.getLogger(__name__)
-
-SCHEMA = 1
-EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
-
-
-class UsageError(Exception):
-    """Bad input from the command line: exit code 2."""
-
-
-class Failure(Exception):
-    """The operation could not be done: exit code 1."""
-
 
 # -- parsing sizes and ages ---------------------------------------------------------------
 _SIZE_UNITS = {
@@ -166,42 +157,11 @@ def _label(value: str | None) -> str:
     return "(none)" if value is None else value
 
 
-def _dumps(doc: dict[str, Any]) -> str:
-    """JSON text: indented on a terminal, compact (and fast) otherwise."""
-    if sys.stdout.isatty():
-        return json.dumps(doc, indent=2, default=str)
-    return json.dumps(doc, separators=(",", ":"), default=str)
-
-
-class Output:
-    """Where a command's result goes: one JSON document, or human text."""
-
-    def __init__(self, json_mode: bool) -> None:
-        self.json = json_mode
-
-    def emit(
-        self,
-        doc: dict[str, Any] | Callable[[], dict[str, Any]],
-        human: Callable[[], str | None],
-    ) -> None:
-        """Print the JSON document (built only when asked for) or the human text."""
-        if self.json:
-            body = doc() if callable(doc) else doc
-            sys.stdout.write(_dumps(body) + "\n")
-        else:
-            text = human()
-            if text:
-                sys.stdout.write(text.rstrip("\n") + "\n")
-
-    def progress(self, desc: str, total: int | None) -> contextlib.AbstractContextManager[Any]:
-        return progressbar.bar(desc, total, enabled=progressbar.wanted(self.json))
-
-
 # -- the root -----------------------------------------------------------------------------
-def _root(args: argparse.Namespace) -> str:
+def root_of(args: argparse.Namespace) -> str:
     if args.root:
         return os.path.abspath(os.path.expanduser(args.root))
-    from .cache import default_root
+    from ..cache import default_root
 
     return os.path.abspath(default_root())
 
@@ -224,8 +184,8 @@ def _base(command: str, root: str) -> dict[str, Any]:
 # -- stats --------------------------------------------------------------------------------
 def stats_document(root: str) -> dict[str, Any]:
     """The ``stats --json`` document of a root."""
-    from .prune import read_summary
-    from .scan import summarize
+    from ..prune import read_summary
+    from ..scan import summarize
 
     summary = summarize(root)
     totals, logs, log_problems = read_logs(root)
@@ -377,7 +337,7 @@ def prometheus_text(doc: dict[str, Any]) -> str:
 
 def _write_atomic(path: str, text: str) -> None:
     """Write a file so that readers (a textfile collector) see the old or new text, whole."""
-    from .scan import replace_file
+    from ..scan import replace_file
 
     directory, name = os.path.split(os.path.abspath(path))
     try:
@@ -387,17 +347,17 @@ def _write_atomic(path: str, text: str) -> None:
         finally:
             os.close(dfd)
     except OSError as e:
-        raise Failure(f"cannot write {path}: {e.strerror}") from e
+        raise CommandFailed(f"cannot write {path}: {e.strerror}") from e
 
 
 def cmd_stats(args: argparse.Namespace, out: Output) -> int:
-    root = _root(args)
+    root = root_of(args)
     doc = stats_document(root)
     fmt = "json" if out.json else args.format
     if fmt == "prometheus":
         text = prometheus_text(doc)
     elif fmt == "json":
-        text = _dumps(doc) + "\n"
+        text = dumps(doc) + "\n"
     else:
         text = _stats_human(doc, args.top) + "\n"
     if args.output:
@@ -417,10 +377,10 @@ _SORTS: dict[str, tuple[Callable[[Any], Any], bool]] = {
 
 
 def cmd_ls(args: argparse.Namespace, out: Output) -> int:
-    from .prune import select
-    from .scan import scan
+    from ..prune import select
+    from ..scan import scan
 
-    root = _root(args)
+    root = root_of(args)
     scanned = scan(root, last_used=True)
     entries = select(scanned.entries, args.kernel or (), args.target or ())
     sort_key, descending = _SORTS[args.sort]
@@ -481,12 +441,12 @@ def _resolve_key(root: str, text: str) -> str:
             + (" ..." if len(found) > 5 else "")
         )
     if not found:
-        raise Failure(f"no entry with key prefix {text!r} under {root}")
+        raise CommandFailed(f"no entry with key prefix {text!r} under {root}")
     return found[0]
 
 
 def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
-    from .scan import READ_FLAGS
+    from ..scan import READ_FLAGS
 
     try:
         fd = os.open(os.path.join(root, f"{key}.{META_EXT}"), READ_FLAGS)
@@ -502,11 +462,11 @@ def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
 
 
 def cmd_show(args: argparse.Namespace, out: Output) -> int:
-    root = _root(args)
+    root = root_of(args)
     key = _resolve_key(root, args.key)
     result = Store(root, readonly=True, trust=settings().trust).read(key)
     if result is None:
-        raise Failure(f"no entry {key} under {root}")
+        raise CommandFailed(f"no entry {key} under {root}")
     meta = dict(result.meta) if isinstance(result, Artifact) else _raw_metadata(root, key)
     ext = result.ext if isinstance(result, Artifact) else (meta or {}).get("ext")
     path = os.path.join(root, f"{key}.{ext}") if isinstance(ext, str) else None
@@ -591,17 +551,17 @@ def _result_json(result: Result) -> dict[str, Any]:
 
 def _check_writable(root: str) -> None:
     if os.path.isdir(root) and not os.access(root, os.W_OK):
-        raise Failure(
+        raise CommandFailed(
             f"{root} is not writable by this user (or is on a read-only filesystem); "
             "nothing was changed"
         )
 
 
 def cmd_verify(args: argparse.Namespace, out: Output) -> int:
-    from .prune import execute, plan_repair
-    from .scan import scan, verify
+    from ..prune import execute, plan_repair
+    from ..scan import scan, verify
 
-    root = _root(args)
+    root = root_of(args)
     _, stale = _lock_settings()
     base = scan(root, last_used=True, locks=True, lock_stale=stale)
     with out.progress("verifying", len(base.entries)) as tick:
@@ -667,10 +627,10 @@ _ACTION_WORDS = {
 
 
 def cmd_prune(args: argparse.Namespace, out: Output) -> int:
-    from .prune import execute, plan_prune
-    from .scan import scan
+    from ..prune import execute, plan_prune
+    from ..scan import scan
 
-    root = _root(args)
+    root = root_of(args)
     _, stale = _lock_settings()
     scanned = scan(root, last_used=True, locks=True, lock_stale=stale)
     plan = plan_prune(
@@ -740,11 +700,11 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
 
 # -- export / import ----------------------------------------------------------------------
 def cmd_export(args: argparse.Namespace, out: Output) -> int:
-    from .bundle import BundleError, export_bundle
-    from .prune import select
-    from .scan import scan
+    from ..bundle import BundleError, export_bundle
+    from ..prune import select
+    from ..scan import scan
 
-    root = _root(args)
+    root = root_of(args)
     scanned = scan(root)
     entries = select(scanned.entries, args.kernel or (), args.target or ())
     entries.sort(key=lambda e: e.key)
@@ -761,7 +721,7 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
                 trust=settings().trust,
             )
     except BundleError as e:
-        raise Failure(str(e)) from None
+        raise CommandFailed(str(e)) from None
     doc = {
         **_base("export", root),
         "file": os.path.abspath(result.path),
@@ -786,9 +746,9 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_import(args: argparse.Namespace, out: Output) -> int:
-    from .bundle import BundleError, import_bundle
+    from ..bundle import BundleError, import_bundle
 
-    root = _root(args)
+    root = root_of(args)
     if not args.dry_run:
         _check_writable(root)
     store = _writer(root, lock_timeout=settings().lock_timeout)
@@ -807,9 +767,9 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
             if e.imported
             else "nothing was imported"
         )
-        raise Failure(f"import of {args.file} rejected: {e}; {done}") from None
+        raise CommandFailed(f"import of {args.file} rejected: {e}; {done}") from None
     except CacheError as e:
-        raise Failure(str(e)) from None
+        raise CommandFailed(str(e)) from None
     doc = {
         **_base("import", root),
         "file": os.path.abspath(args.file),
@@ -850,9 +810,9 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
 
 # -- doctor -------------------------------------------------------------------------------
 def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
-    from .doctor import diagnose
+    from ..doctor import diagnose
 
-    root = _root(args)
+    root = root_of(args)
     report = diagnose(root)
     doc = {
         **_base("doctor", root),
@@ -903,37 +863,13 @@ def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
-# -- warm ---------------------------------------------------------------------------------
-_BRIDGE_MODULES = {"bridge", "jax", "jaxlib", "triton", "google", "protobuf"}
-
-
-def cmd_warm(args: argparse.Namespace, out: Output) -> int:
-    try:
-        from bridge import warm  # type: ignore[import-not-found]
-    except ImportError as e:
-        missing = (e.name or "").split(".")[0]
-        if missing and missing not in _BRIDGE_MODULES:
-            raise
-        raise UsageError(
-            f"kernelcache warm needs the bridge and its dependencies (cannot import "
-            f"{e.name or 'bridge.warm'}): pip install 'kernelcache[bridge]'"
-        ) from None
-    run = getattr(warm, "run", None)
-    if run is None:
-        raise UsageError(
-            "the installed bridge has no bridge.warm.run: install a kernelcache[bridge] that "
-            "provides `kernelcache warm` (pip install -U 'kernelcache[bridge]')"
-        )
-    extra: dict[str, Any] = {}  # only what was given: older bridges take neither keyword
-    if args.jobs is not None:
-        extra["jobs"] = args.jobs
-    if args.allow_changed:
-        extra["allow_changed"] = True
-    return int(run(args.manifest, list(args.target), root=_root(args), json=out.json, **extra))
-
-
 # -- the parser ---------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
+#: the entry-point group through which other packages add subcommands
+COMMANDS_GROUP = "kernelcache.commands"
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """--root, --json and -v, accepted before and after the command name."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--root",
@@ -954,6 +890,40 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="log more; -vv for debug messages and tracebacks",
     )
+    return common
+
+
+def add_command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help_: str
+) -> argparse.ArgumentParser:
+    """Add a subcommand that takes the global options (--root, --json, -v) too.
+
+    The caller adds its arguments and sets ``func(args, out) -> exit code`` with
+    ``set_defaults``; ``args.root`` (resolve it with :func:`root_of`), ``args.json`` and
+    ``args.verbose`` are always present.
+    """
+    return subparsers.add_parser(name, parents=[_common_options()], help=help_, description=help_)
+
+
+def _load_plugins(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Let installed packages add their subcommands (entry-point group ``kernelcache.commands``).
+
+    A plugin that cannot be loaded is skipped with a warning: it must not take the operator's
+    own commands down with it.
+    """
+    from importlib.metadata import entry_points
+
+    for ep in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        try:
+            ep.load()(subparsers)
+        except Exception as e:  # a broken plugin is reported, never fatal to the command
+            logger.warning(
+                "kernelcache: skipping the command plugin %s (%s): %s", ep.name, ep.value, e
+            )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common_options()
     parser = argparse.ArgumentParser(
         prog="kernelcache",
         description="Inspect, verify, prune, export and import a kernelcache root.",
@@ -964,7 +934,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def command(name: str, help_: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], help=help_, description=help_)
+        return add_command(sub, name, help_)
 
     def filters(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -1080,38 +1050,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_doctor)
 
-    p = command("warm", "compile a recorded manifest for other targets (needs kernelcache[bridge])")
-    p.add_argument("manifest", metavar="MANIFEST")
-    p.add_argument(
-        "--target",
-        action="append",
-        required=True,
-        metavar="T",
-        help="e.g. cuda:90 or hip:gfx942 (repeatable)",
-    )
-    p.add_argument(
-        "-j",
-        "--jobs",
-        type=int,
-        metavar="N",
-        help="compile in N processes (default: one per available CPU)",
-    )
-    p.add_argument(
-        "--allow-changed",
-        action="store_true",
-        help="compile the current source of kernels changed since recording instead of failing",
-    )
-    p.set_defaults(func=cmd_warm)
+    _load_plugins(sub)
     return parser
-
-
-def _fail(message: str, code: int, command: str | None, json_mode: bool) -> int:
-    if json_mode:
-        doc = {"schema": SCHEMA, "command": command, "error": message}
-        with contextlib.suppress(OSError):
-            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-    sys.stderr.write(f"kernelcache: error: {message}\n")
-    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1129,11 +1069,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args, out))
     except UsageError as e:
-        return _fail(str(e), EXIT_USAGE, args.command, args.json)
+        return fail(str(e), EXIT_USAGE, args.command, args.json)
     except ConfigError as e:
-        return _fail(f"{e} (fix the environment variable)", EXIT_USAGE, args.command, args.json)
-    except Failure as e:
-        return _fail(str(e), EXIT_PROBLEMS, args.command, args.json)
+        return fail(f"{e} (fix the environment variable)", EXIT_USAGE, args.command, args.json)
+    except CommandFailed as e:
+        return fail(str(e), EXIT_PROBLEMS, args.command, args.json)
     except BrokenPipeError:
         # The reader went away (`kernelcache ls | head`): stop quietly.
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -1145,11 +1085,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # pragma: no cover - the message beats a traceback for operators
         if args.verbose > 1:
             raise
-        from .bundle import MissingDependency  # the one optional-package error commands raise
+        from ..bundle import MissingDependency  # the one optional-package error commands raise
 
         if isinstance(e, MissingDependency):
-            return _fail(str(e), EXIT_USAGE, args.command, args.json)
-        return _fail(
+            return fail(str(e), EXIT_USAGE, args.command, args.json)
+        return fail(
             f"{e.__class__.__name__}: {e} (rerun with -v for a traceback)",
             EXIT_PROBLEMS,
             args.command,
@@ -1159,7 +1099,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run() -> NoReturn:
     sys.exit(main())
-
-
-if __name__ == "__main__":
-    run()

@@ -1,0 +1,5 @@
+"""``python -m kernelcache.cli``: the ``kernelcache`` command."""
+
+from .app import run
+
+run()
