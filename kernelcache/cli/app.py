@@ -337,7 +337,7 @@ def prometheus_text(doc: dict[str, Any]) -> str:
 
 def _write_atomic(path: str, text: str) -> None:
     """Write a file so that readers (a textfile collector) see the old or new text, whole."""
-    from ..scan import replace_file
+    from ..fsio import replace_file
 
     directory, name = os.path.split(os.path.abspath(path))
     try:
@@ -446,7 +446,7 @@ def _resolve_key(root: str, text: str) -> str:
 
 
 def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
-    from ..scan import READ_FLAGS
+    from ..fsio import READ_FLAGS
 
     try:
         fd = os.open(os.path.join(root, f"{key}.{META_EXT}"), READ_FLAGS)
