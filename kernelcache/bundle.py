@@ -34,7 +34,7 @@ from typing import IO, Any
 
 import xxhash
 
-from . import __version__
+from ._version import __version__
 from .jsonio import load_json
 from .keys import META_EXT, split_entry_name
 from .store import (

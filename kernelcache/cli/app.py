@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .. import __version__
+from .._version import __version__
 from ..config import ConfigError, settings
 from ..errors import CacheError
 from ..jsonio import load_json
