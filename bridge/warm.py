@@ -47,14 +47,14 @@ from typing import Any
 from kernelcache import CacheError, Store
 from kernelcache.jsonio import load_json
 
-from . import backends, binding, keys
-from .artifacts import PTX_EXT, as_cache, entry_metadata, fetch
+from . import backends, binding
+from .artifacts import PTX_EXT, as_cache
 from .binding import ArgArray
-from .compile import compile_source
-from .errors import BridgeError, KernelArgumentError, OptionError
+from .errors import BridgeError, KernelArgumentError
 from .kernels import KernelParts, decompose
 from .record import RECORD_VERSION, source_digest
-from .targets import MAX_THREADS_PER_BLOCK, Target, parse_target
+from .specialize import Specialization, fetch, specialize, specialize_call
+from .targets import Target, parse_target
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +174,21 @@ class Call:
             if what == "warp_size" and name in args:
                 args[name] = target.warp_size
         return args
+
+    def revived(
+        self, target: Target, counter: list[int]
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """The call as a lowering of it for ``target`` sees it: every argument by parameter
+        name, those the caller set by keyword, and the options the caller set (arrays as
+        placeholders numbered by ``counter``).
+
+        Raises:
+            KernelArgumentError: a value that was recorded only by its ``repr``.
+        """
+        named = {k: revive(v, counter) for k, v in self.for_target(target).items()}
+        kwargs = {k: named[k] for k in self.kwargs if k in named}
+        options = {k: revive(v, counter) for k, v in self.options.items()}
+        return named, kwargs, options
 
 
 @dataclass(frozen=True)
@@ -357,47 +372,23 @@ def read_manifest(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 # -- planning: from a call and a target to kernel keys ------------------------------------
-@dataclass(frozen=True)
-class Spec:
-    """One specialization of a call for a target, bound and keyed (not compiled)."""
-
-    variant: binding.Variant
-    bound: binding.Bound
-    src: Any
-    key: str
-
-
 def _resolve(call: Call) -> KernelParts:
     return decompose(import_kernel(call.kernel))
 
 
-def specializations(call: Call, parts: KernelParts, target: Target, cache: Any) -> list[Spec]:
+def specializations(
+    call: Call, parts: KernelParts, target: Target, cache: Any
+) -> list[Specialization]:
     """Every variant of ``call`` for ``target`` (autotune configs after pruning, heuristics
-    applied), bound and keyed exactly as a lowering for ``target`` does it.
+    applied), bound and keyed by :func:`bridge.specialize.specialize_call`: exactly as a
+    lowering for ``target`` does it.
 
     Raises:
         BridgeError (or whatever the kernel's own heuristics or prune functions raise): the
             call does not fit the kernel or the target.
     """
-    counter = [0]
-    named = {k: revive(v, counter) for k, v in call.for_target(target).items()}
-    kwargs = {k: named[k] for k in call.kwargs if k in named}
-    options = {k: revive(v, counter) for k, v in call.options.items()}
-    backends.check_options(target, set(options))
-    backend = backends.make_backend(target)
-    out = []
-    for variant in binding.expand_variants(parts, named, kwargs, options):
-        bound = binding.bind(parts, backend, named, variant)
-        warps = int(bound.options.num_warps)
-        if warps * target.warp_size > MAX_THREADS_PER_BLOCK:
-            raise OptionError(
-                f"num_warps={warps} on {target} means {warps * target.warp_size} threads per "
-                f"block; the limit is {MAX_THREADS_PER_BLOCK}"
-            )
-        src = keys.source(parts.fn, parts.is_gluon, bound.signature, bound.constexprs, bound.attrs)
-        key = keys.kernel_key(cache, target, backend, src, bound.options, parts.language)
-        out.append(Spec(variant, bound, src, key))
-    return out
+    named, kwargs, options = call.revived(target, [0])
+    return specialize_call(parts, named, kwargs, options, target, cache)
 
 
 def present(cache: Any, key: str, ext: str, need_ptx: bool) -> str | None:
@@ -539,14 +530,7 @@ def compile_job(job: Job, cache: Any = None) -> Result:
                 f"{spec.key[:16]}): the kernel's module changed during the run; run warm again",
             )
         with _captured_stderr() as captured:
-            kb = fetch(
-                cache,
-                spec.key,
-                ext,
-                build=lambda: compile_source(spec.src, target, backend, spec.bound.options),
-                describe=entry_metadata(parts, target, spec.bound),
-                need_ptx=target.backend == "cuda",
-            )
+            kb = fetch(spec, cache)
     except Exception as e:  # a kernel that does not compile is a reported failure, not a crash
         said = "".join(captured).strip()
         message = f"{type(e).__name__}: {e}".strip()
@@ -779,7 +763,7 @@ def _check_source(call: Call, parts: KernelParts, allow_changed: bool) -> Failur
 
 
 def _check_configs(
-    call: Call, specs: Sequence[Spec], allow_changed: bool, triton: str
+    call: Call, specs: Sequence[Specialization], allow_changed: bool, triton: str
 ) -> Failure | None:
     recorded = call.configs.get(triton)
     if recorded is None:
@@ -1070,7 +1054,7 @@ def compile_record(record: Mapping[str, Any], target: str | Target, cache: Any =
         lines=(),
     )
     counter = [0]
-    named = {k: revive(v, counter) for k, v in call.for_target(tgt).items()}
+    named, _, _ = call.revived(tgt, counter)
     recorded = record.get("variant") or {"kwargs": {}, "options": record.get("options") or {}}
     variant_kwargs = {k: revive(v, counter) for k, v in recorded["kwargs"].items()}
     for name in call.target_params:
@@ -1082,20 +1066,10 @@ def compile_record(record: Mapping[str, Any], target: str | Target, cache: Any =
         description=record.get("config", ""),
     )
     backends.check_options(tgt, set(variant.options))
-    backend = backends.make_backend(tgt)
-    bound = binding.bind(parts, backend, named, variant)
     cache = as_cache(cache)
-    src = keys.source(parts.fn, parts.is_gluon, bound.signature, bound.constexprs, bound.attrs)
-    key = keys.kernel_key(cache, tgt, backend, src, bound.options, parts.language)
-    fetch(
-        cache,
-        key,
-        backend.binary_ext,
-        build=lambda: compile_source(src, tgt, backend, bound.options),
-        describe=entry_metadata(parts, tgt, bound),
-        need_ptx=tgt.backend == "cuda",
-    )
-    return key
+    spec = specialize(parts, named, variant, tgt, cache)
+    fetch(spec, cache)
+    return spec.key
 
 
 def compile_manifest(
