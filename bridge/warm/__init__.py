@@ -32,21 +32,28 @@ command.
 from __future__ import annotations
 
 from .command import RootError, compile_manifest, compile_record, run, warm
-from .manifest import Call, Manifest, ManifestError, import_kernel, load_manifest, read_manifest
-from .plan import Job, Plan, make_plan, present, specializations
+from .manifest import (
+    Manifest,
+    ManifestError,
+    RecordedCall,
+    import_kernel,
+    load_manifest,
+    read_manifest,
+)
+from .plan import Job, WarmPlan, make_plan, present, specializations
 from .pool import can_fork, compile_job, default_workers, execute
 from .report import KINDS, SCHEMA, WarmOutcome, WarmProblem, WarmReport
 
 __all__ = [
     "KINDS",
     "SCHEMA",
-    "Call",
     "Job",
     "Manifest",
     "ManifestError",
-    "Plan",
+    "RecordedCall",
     "RootError",
     "WarmOutcome",
+    "WarmPlan",
     "WarmProblem",
     "WarmReport",
     "can_fork",

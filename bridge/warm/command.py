@@ -23,7 +23,7 @@ from ..errors import BridgeError, KernelArgumentError
 from ..kernels import decompose
 from ..specialize import fetch, specialize
 from ..targets import Target, parse_target
-from .manifest import Call, ManifestError, import_kernel, load_manifest, revive
+from .manifest import ManifestError, RecordedCall, import_kernel, load_manifest, revive
 from .plan import make_plan
 from .pool import CRASHED, can_fork, default_workers, execute
 from .report import WarmProblem, WarmReport, merged
@@ -210,7 +210,7 @@ def compile_record(record: Mapping[str, Any], target: str | Target, cache: Cache
     """
     tgt = parse_target(target)
     parts = decompose(import_kernel(record["kernel"]))
-    call = Call(
+    call = RecordedCall(
         kernel=record["kernel"],
         arguments=record["arguments"],
         kwargs=tuple(record.get("kwargs") or {}),

@@ -95,11 +95,11 @@ def revive(value: Any, counter: list[int]) -> Any:
 
 # -- the manifest -------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Call:
+class RecordedCall:
     """One distinct recorded call: a kernel with abstract arguments and options.
 
     Records of the same call (one per autotune config, possibly from several processes and
-    recording targets) are one Call. Arguments that follow the target's warp size
+    recording targets) are one RecordedCall. Arguments that follow the target's warp size
     (``target_params``) are replaced per target.
     """
 
@@ -145,7 +145,7 @@ class Manifest:
 
     path: str
     records: int
-    calls: tuple[Call, ...]
+    calls: tuple[RecordedCall, ...]
     failures: tuple[WarmProblem, ...]
 
 
@@ -267,7 +267,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     for group in groups.values():
         first = group["first"]
         calls.append(
-            Call(
+            RecordedCall(
                 kernel=first["kernel"],
                 arguments=first["arguments"],
                 kwargs=tuple(sorted(first.get("kwargs") or {})),

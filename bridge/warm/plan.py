@@ -21,14 +21,14 @@ from ..keys import derived_key
 from ..record import source_digest
 from ..specialize import Specialization, specialize_call
 from ..targets import Target
-from .manifest import Call, Manifest, import_kernel
+from .manifest import Manifest, RecordedCall, import_kernel
 from .report import WarmOutcome, WarmProblem
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
 
-def resolve(call: Call) -> KernelParts:
+def resolve(call: RecordedCall) -> KernelParts:
     """The kernel ``call`` names, imported and taken apart.
 
     Raises:
@@ -38,7 +38,7 @@ def resolve(call: Call) -> KernelParts:
 
 
 def specializations(
-    call: Call, parts: KernelParts, target: Target, cache: Cache
+    call: RecordedCall, parts: KernelParts, target: Target, cache: Cache
 ) -> list[Specialization]:
     """Every variant of ``call`` for ``target`` (autotune configs after pruning, heuristics
     applied), bound and keyed by :func:`bridge.specialize.specialize_call`: exactly as a
@@ -83,7 +83,7 @@ def present(cache: Cache, key: str, ext: str, need_ptx: bool) -> str | None:
 class Job:
     """One kernel to compile: a call's ``index``-th variant for ``target``, expected ``key``."""
 
-    call: Call
+    call: RecordedCall
     target: str
     index: int
     key: str
@@ -93,7 +93,9 @@ class Job:
     readonly: tuple[str, ...]
 
 
-def _check_source(call: Call, parts: KernelParts, allow_changed: bool) -> WarmProblem | None:
+def _check_source(
+    call: RecordedCall, parts: KernelParts, allow_changed: bool
+) -> WarmProblem | None:
     if not call.sources:
         return None
     if source_digest(parts.fn) in call.sources:
@@ -109,7 +111,7 @@ def _check_source(call: Call, parts: KernelParts, allow_changed: bool) -> WarmPr
 
 
 def _check_configs(
-    call: Call, specs: Sequence[Specialization], allow_changed: bool, triton: str
+    call: RecordedCall, specs: Sequence[Specialization], allow_changed: bool, triton: str
 ) -> WarmProblem | None:
     recorded = call.configs.get(triton)
     if recorded is None:
@@ -130,7 +132,7 @@ def _check_configs(
 
 
 @dataclass(frozen=True)
-class Plan:
+class WarmPlan:
     """What a warm run does, decided without compiling.
 
     ``outcomes`` has one entry per distinct specialization and target, in manifest order: the
@@ -148,7 +150,7 @@ class Plan:
 
 def make_plan(
     loaded: Manifest, targets: Sequence[Target], cache: Cache, allow_changed: bool
-) -> Plan:
+) -> WarmPlan:
     """Plan warming every call of ``loaded`` for every target into ``cache``.
 
     Never raises for a call: a kernel that cannot be imported, changed since recording, or
@@ -230,4 +232,4 @@ def make_plan(
                 jobs.append(
                     Job(call, str(target), index, spec.key, ext, config, str(cache.root), readonly)
                 )
-    return Plan(tuple(outcomes), tuple(jobs), tuple(slots), tuple(problems), tuple(changed))
+    return WarmPlan(tuple(outcomes), tuple(jobs), tuple(slots), tuple(problems), tuple(changed))
