@@ -21,7 +21,7 @@ import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.extend
@@ -39,6 +39,11 @@ from .artifacts import KernelBinary, as_cache
 from .binding import ArgArray
 from .errors import KernelArgumentError, OptionError, UnsupportedTransformation
 from .kernels import KernelParts, decompose
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+
+    from .artifacts import CacheArg
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +68,9 @@ class CallSpec:
     aliases: tuple[tuple[int, int], ...]  # (operand, result)
     restore: tuple[tuple[int, int], ...]  # (operand, result) whose input must survive autotuning
     outputs: tuple[ArgArray, ...]  # user-visible outputs, in the user's order
-    target: Any
+    target: str | targets.Target | None
     embed: str | None
-    cache: Any
+    cache: CacheArg
     name: str
     metadata: bytes
 
@@ -244,9 +249,9 @@ def make_call(
     zeroed_outputs: Any = (),
     options: Mapping[str, Any],
     metaparams: Mapping[str, Any],
-    target: Any = None,
+    target: str | targets.Target | None = None,
     embed_mode: str | None = None,
-    cache: Any = None,
+    cache: CacheArg = None,
     name: str = "",
     serialized_metadata: bytes = b"",
 ) -> tuple[CallSpec, list[Any], Callable[[list[Any]], Any]]:
@@ -451,7 +456,7 @@ def _zeroed(call: CallSpec, bound: binding.Bound) -> dict[int, int]:
 
 
 def _kernel_message(
-    call: CallSpec, target: targets.Target, mode: str, kb: KernelBinary, cache: Any, jaxlib: str
+    call: CallSpec, target: targets.Target, mode: str, kb: KernelBinary, cache: Cache, jaxlib: str
 ) -> Any:
     m = proto.messages()
     meta = kb.meta
@@ -668,7 +673,7 @@ def triton_call(
     out_names: str | Sequence[str] | None = None,
     target: str | None = None,
     embed: str | None = None,
-    cache: Any = None,
+    cache: CacheArg = None,
     name: str = "",
     serialized_metadata: bytes = b"",
     compute_capability: int | None = None,
