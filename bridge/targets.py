@@ -12,6 +12,9 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kernelcache.target_names import EXAMPLES as _EXAMPLES
+from kernelcache.target_names import parse_target_name
+
 from .errors import TargetError
 
 if TYPE_CHECKING:
@@ -23,10 +26,6 @@ logger = logging.getLogger(__name__)
 MAX_THREADS_PER_BLOCK = 1024
 #: threads per warp that jaxlib's launcher assumes (block size = num_warps x this)
 JAXLIB_THREADS_PER_WARP = {"cuda": 32, "hip": 64}
-
-_CUDA = re.compile(r"(?:cuda|sm)[:_]?(\d{2,3})a?")
-_HIP = re.compile(r"(?:hip|rocm)[:_]?(gfx[0-9a-f]{3,5})(?::[a-z0-9+:-]*)?")
-_EXAMPLES = "cuda:90, cuda:80, hip:gfx942, hip:gfx90a"
 
 
 @dataclass(frozen=True, order=True)
@@ -100,22 +99,14 @@ def parse_target(text: str | Target) -> Target:
         return text
     if not isinstance(text, str):
         raise TargetError(f"a target is a string such as {_EXAMPLES}; got {text!r}")
-    value = text.strip().lower()
-    m = _CUDA.fullmatch(value)
-    if m:
-        cc = int(m.group(1))
-        if cc < 50:
-            raise TargetError(
-                f"target {text!r}: compute capability {cc} is older than Triton supports"
-            )
-        return Target("cuda", cc, 32)
-    m = _HIP.fullmatch(value)
-    if m:
-        arch = m.group(1)
-        return Target("hip", arch, hip_warp_size(arch))
-    raise TargetError(
-        f"invalid target {text!r}: use cuda:<compute capability> or hip:<gfx arch>, e.g. {_EXAMPLES}"
-    )
+    try:
+        backend, arch = parse_target_name(text)
+    except ValueError as e:
+        raise TargetError(str(e)) from None
+    if backend == "cuda":
+        return Target("cuda", arch, 32)
+    assert isinstance(arch, str)
+    return Target("hip", arch, hip_warp_size(arch))
 
 
 def detect(platform: str) -> list[Target]:
