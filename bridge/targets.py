@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kernelcache.target_names import EXAMPLES as _EXAMPLES
 from kernelcache.target_names import parse_target_name
 
 from .errors import TargetError
+
+if TYPE_CHECKING:
+    from kernelcache.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +147,7 @@ def _device_target(device, platform: str) -> Target | None:
     return Target("hip", arch, hip_warp_size(arch))
 
 
-def resolve(explicit: str | Target | None, platform: str, cfg: Any = None) -> Target:
+def resolve(explicit: str | Target | None, platform: str, cfg: Settings | None = None) -> Target:
     """The target to compile for when lowering for ``platform``.
 
     Order: ``explicit`` (the call's ``target=``), then ``$KERNELCACHE_TARGET``, then the local
