@@ -321,3 +321,95 @@ def test_prune_while_four_processes_read_and_write(tmp_path):
     assert failed == []
     assert not (root / ".quarantine").exists() or not list((root / ".quarantine").iterdir())
     assert kc_json(root, "verify")["clean"] is True
+
+
+# -- linear time, and re-validation under the lock ----------------------------------------
+def test_deleting_entries_does_not_list_the_root_per_entry(tmp_path, monkeypatch):
+    """A prune of N entries lists the root a constant number of times, not once per entry
+    (one listing per delete made `prune --max-size` quadratic in the entries)."""
+    root = tmp_path / "cache"
+    for i in range(40):
+        put(root, f"k{i}", size=64, last_used=86400 + i)
+    plan = plan_prune(scan(root, last_used=True, locks=True), max_size=0)
+    assert len(_deleted(plan)) == 40
+    listings = []
+    real_scandir, real_listdir = os.scandir, os.listdir
+
+    def counting_scandir(path=".", *a, **kw):
+        if os.fspath(path) == str(root):
+            listings.append(path)
+        return real_scandir(path, *a, **kw)
+
+    def counting_listdir(path=".", *a, **kw):
+        if not isinstance(path, int) and os.fspath(path) == str(root):
+            listings.append(path)
+        return real_listdir(path, *a, **kw)
+
+    monkeypatch.setattr(os, "scandir", counting_scandir)
+    monkeypatch.setattr(os, "listdir", counting_listdir)
+    result = execute(Store(root, lock_timeout=0), plan)
+    assert result.counts == {"done": 40}
+    assert len(listings) <= 1, f"the root was listed {len(listings)} times for 40 deletes"
+    assert not list(root.glob("*.json")) and not list(root.glob("*.cubin"))
+
+
+PUBLISH = """
+import sys
+from kernelcache.store import Store
+Store(sys.argv[1]).put(sys.argv[2], "cubin", b"fresh" * 20, {"name": "fresh", "target": "cuda:90"})
+"""
+HIT = """
+import sys
+from kernelcache.store import Store, Artifact
+assert isinstance(Store(sys.argv[1]).get(sys.argv[2], "cubin"), Artifact)
+"""
+
+
+def _before_the_lock(monkeypatch, key: str, code: str, root: Path) -> list[str]:
+    """Run ``code`` in another process right before the executor takes ``key``'s lock: the
+    moment between a plan's check and its delete."""
+    ran: list[str] = []
+    real_lock = Store.lock
+
+    def lock(self, name, *, shared, timeout=None):
+        if name == key and not shared and not ran:
+            ran.append(name)
+            subprocess.run(
+                [sys.executable, "-c", code, str(root), key],
+                env=child_env(),
+                check=True,
+                timeout=60,
+            )
+        return real_lock(self, name, shared=shared, timeout=timeout)
+
+    monkeypatch.setattr(Store, "lock", lock)
+    return ran
+
+
+def test_metadata_without_artifact_is_rechecked_under_the_lock(tmp_path, monkeypatch):
+    """A writer that publishes between the plan and the delete keeps its fresh entry."""
+    root = tmp_path / "cache"
+    put(root, "keep", size=10)
+    broken = put(root, "broken", size=300)
+    Path(broken.path).unlink()  # metadata without artifact: prune deletes it
+    plan = plan_prune(scan(root, last_used=True, locks=True))
+    assert _deleted(plan) == [broken.key]
+    ran = _before_the_lock(monkeypatch, broken.key, PUBLISH, root)
+    result = execute(Store(root, lock_timeout=5), plan)
+    assert ran == [broken.key]
+    assert [o.status for o in result.outcomes] == ["gone"]
+    fresh = Store(root).get(broken.key, "cubin")
+    assert fresh is not None and fresh.data == b"fresh" * 20
+
+
+def test_an_entry_used_between_the_check_and_the_delete_is_kept(aged, monkeypatch):
+    """The used-since-plan check is made under the key's lock, not before it."""
+    root, arts = aged
+    victim = arts[-1]
+    plan = plan_prune(scan(root, last_used=True, locks=True), older_than=9.5 * 86400)
+    assert _deleted(plan) == [victim.key]
+    ran = _before_the_lock(monkeypatch, victim.key, HIT, root)  # a hit refreshes the stamp
+    result = execute(Store(root, lock_timeout=5), plan)
+    assert ran == [victim.key]
+    assert [o.status for o in result.outcomes] == ["used-since-plan"]
+    assert Path(victim.path).exists() and (root / f"{victim.key}.json").exists()

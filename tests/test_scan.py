@@ -293,3 +293,66 @@ def test_scan_concurrent_with_writers_reports_no_false_problems(tmp_path):
     assert scans > 0
     assert len(scan(root).entries) == 600
     assert Store(root).read(key_of("w", "0", 5)).data == b"x" * 6
+
+
+# -- what the file system says, not what metadata claims ------------------------------------
+def _lie_about_size(root: Path, art, size: int) -> None:
+    """Rewrite an entry's metadata so that it claims ``size`` bytes."""
+    meta = root / f"{art.key}.json"
+    doc = json.loads(meta.read_text())
+    doc["size"] = size
+    meta.write_text(json.dumps(doc))
+
+
+def test_sizes_come_from_the_file_system(tmp_path):
+    root = tmp_path / "cache"
+    good = [put(root, f"good{i}", size=1000) for i in range(3)]
+    liar = put(root, "liar", size=4)
+    _lie_about_size(root, liar, 10**15)
+    for last_used in (False, True):
+        result = scan(root, last_used=last_used)
+        sizes = {e.key: e.size for e in result.entries}
+        assert sizes[liar.key] == 4, last_used
+        assert all(sizes[g.key] == 1000 for g in good)
+        assert result.table.nbytes < 10_000
+    assert summarize(root).artifact_bytes == 3 * 1000 + 4
+    # an artifact that grows in place (same inode, same metadata) is measured again
+    with open(good[0].path, "ab") as f:
+        f.write(b"x" * 500)
+    sizes = {e.key: e.size for e in scan(root, last_used=True).entries}
+    assert sizes[good[0].key] == 1500
+
+
+def test_future_dated_housekeeping_files_are_reported_once_old(tmp_path):
+    """Orphans, staging files and lock files whose mtime is in the future age from when they
+    last changed (their ctime), so they are not kept forever."""
+    root = tmp_path / "cache"
+    put(root, "keep", size=10)
+    orphan = put(root, "orphan", size=10)
+    (root / f"{orphan.key}.json").unlink()
+    (root / ".tmp").mkdir(exist_ok=True)
+    staging = root / ".tmp" / "host-1-dead.tmp"
+    staging.write_bytes(b"half")
+    (root / ".locks").mkdir(exist_ok=True)
+    lock = root / ".locks" / f"{key_of('gone')}.lock"
+    lock.write_bytes(b"")
+    future = time.time() + 30 * 86400
+    for path in (Path(orphan.path), staging, lock):
+        backdate(path, future)
+    now = scan(root, locks=True)
+    assert not {"orphan-artifact", "stale-temp", "stale-lock"} & set(_kinds(now))  # young
+    later = scan(root, locks=True, now=time.time() + GRACE_SECONDS + 600)
+    kinds = _kinds(later)
+    assert kinds["orphan-artifact"] == {f"{orphan.key}.cubin"}
+    assert kinds["stale-temp"] == {".tmp/host-1-dead.tmp"}
+    assert kinds["stale-lock"] == {f".locks/{lock.name}"}
+
+
+def test_the_bridges_handoff_directory_is_not_foreign(tmp_path):
+    root = tmp_path / "cache"
+    put(root, "k", size=10)
+    (root / ".handoff").mkdir()
+    first = scan(root)
+    assert "foreign" not in _kinds(first)
+    head, _ = _read_index(root / ".stats" / INDEX_NAME)
+    assert head["listing"] is not None  # the listing is clean: the index's fast path is on

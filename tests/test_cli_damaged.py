@@ -1,0 +1,319 @@
+"""The ``kernelcache`` command on damaged, hostile and mistyped input, through the real console
+script: files that lie, files that would block, roots that do not exist, settings that are
+wrong, names that carry terminal escapes, numbers that are not numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from conftest import key_of
+from test_cli_support import backdate, dead_pid, files_under, kc, kc_json, put
+
+from kernelcache.config import VARIABLES
+from kernelcache.remote import parse_url
+from kernelcache.store import Store
+
+SECRET = "s3cr3t-pa55"
+
+
+def _strict_json(text: str) -> dict:
+    """Parse JSON as a strict parser would: NaN and Infinity are not JSON."""
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _rewrite_metadata(root: Path, key: str, **fields: object) -> None:
+    meta = root / f"{key}.json"
+    doc = json.loads(meta.read_text())
+    doc.update(fields)
+    meta.write_text(json.dumps(doc))
+
+
+# -- an entry that lies about its size ------------------------------------------------------
+def test_an_entry_that_lies_about_its_size_does_not_steer_prune_or_stats(tmp_path):
+    root = tmp_path / "cache"
+    good = [put(root, f"good{i}", size=1000, last_used=86400 * (i + 1)) for i in range(5)]
+    liar = put(root, "liar", size=4, last_used=60)
+    _rewrite_metadata(root, liar.key, size=10**15)
+    stats = kc_json(root, "stats")
+    metadata = sum(p.stat().st_size for p in root.glob("*.json"))
+    assert stats["artifact_bytes"] == 5 * 1000 + 4
+    assert stats["bytes"] == 5 * 1000 + 4 + metadata
+    assert {e["key"]: e["size"] for e in kc_json(root, "ls")["entries"]}[liar.key] == 4
+    doc = kc_json(root, "prune", "--max-size", "1G")
+    assert doc["plan"]["summary"].get("delete-entry") is None
+    assert all(Path(g.path).exists() for g in good)
+    found = kc_json(root, "verify", code=1)["problems"]
+    assert [(p["kind"], p["key"]) for p in found] == [("corrupt", liar.key)]
+
+
+# -- nothing under a root, and no input path, may block -------------------------------------
+def test_a_fifo_or_device_link_among_the_statistics_logs_does_not_hang(tmp_path):
+    root = tmp_path / "cache"
+    put(root, "k", size=10)
+    logs = root / ".stats"
+    logs.mkdir(exist_ok=True)
+    os.mkfifo(logs / "planted.jsonl")
+    os.mkfifo(logs / "summary.jsonl")
+    os.mkfifo(logs / f"{socket.gethostname()}-{dead_pid()}-deadbeef.jsonl")  # foldable
+    (logs / "zero.jsonl").symlink_to("/dev/zero")
+    doc = kc_json(root, "stats", timeout=30)
+    assert doc["entries"] == 1
+    problems = " ".join(doc["log_problems"])
+    assert "planted.jsonl" in problems and "zero.jsonl" in problems
+    assert kc(root, "stats", "--format", "prometheus", timeout=30).returncode == 0
+    kc(root, "prune", timeout=30)  # folding must not hang either (its exit code may say 1)
+
+
+def test_import_of_a_fifo_is_refused_at_once(tmp_path):
+    fifo = tmp_path / "bundle.tar"
+    os.mkfifo(fifo)
+    proc = kc(tmp_path / "cache", "import", str(fifo), timeout=30)
+    assert proc.returncode == 2
+    assert str(fifo) in proc.stderr and "not a regular file" in proc.stderr
+    assert not (tmp_path / "cache").exists()
+
+
+# -- a mistyped --root -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["stats"],
+        ["stats", "--format", "prometheus"],
+        ["ls"],
+        ["show", "ab" * 16],
+        ["verify"],
+        ["verify", "--repair"],
+        ["prune", "--dry-run"],
+        ["prune", "--max-size", "1G"],
+        ["export", "BUNDLE"],
+    ],
+    ids=lambda a: " ".join(a),
+)
+def test_commands_on_a_missing_root_exit_2_and_name_it(tmp_path, args):
+    root = tmp_path / "mistyped"
+    bundle = tmp_path / "out.tar"
+    args = [str(bundle) if a == "BUNDLE" else a for a in args]
+    proc = kc(root, *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert str(root) in proc.stderr and "does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not root.exists() and not bundle.exists()
+    doc = json.loads(kc(root, *args, "--json").stdout)
+    assert str(root) in doc["error"]
+
+
+def test_a_root_that_is_a_file_is_a_usage_error(tmp_path):
+    root = tmp_path / "file"
+    root.write_text("not a directory")
+    proc = kc(root, "ls")
+    assert proc.returncode == 2 and "not a directory" in proc.stderr
+
+
+def test_doctor_and_import_on_a_missing_root(tmp_path):
+    root = tmp_path / "new"
+    doc = kc_json(root, "doctor")
+    assert doc["exists"] is False
+    assert not root.exists()
+    populated = tmp_path / "populated"
+    put(populated, "k", size=10)
+    bundle = tmp_path / "b.tar"
+    kc_json(populated, "export", str(bundle))
+    assert kc_json(root, "import", str(bundle))["imported"] == 1  # a write creates its root
+
+
+# -- future-dated files ----------------------------------------------------------------------
+def test_future_dated_quarantined_files_are_removed_by_age(tmp_path):
+    root = tmp_path / "cache"
+    put(root, "keep", size=10)
+    q = root / ".quarantine"
+    q.mkdir()
+    (q / "a.cubin.1").write_bytes(b"q" * 10)
+    backdate(q / "a.cubin.1", time.time() + 365 * 86400)
+    time.sleep(0.05)
+    doc = kc_json(root, "prune", "--quarantine-age", "0s")
+    assert doc["plan"]["summary"] == {"remove-quarantined": {"count": 1, "bytes": 10}}
+    assert list(q.iterdir()) == []
+
+
+# -- doctor: every setting, one line each ----------------------------------------------------
+def _setting_checks(doc: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in doc["checks"] if c["name"].startswith("KERNELCACHE_")}
+
+
+def test_doctor_reports_every_setting_on_its_own_line(tmp_path):
+    root = tmp_path / "cache"
+    root.mkdir()
+    doc = kc_json(root, "doctor")
+    checks = _setting_checks(doc)
+    assert sorted(checks) == sorted(v.name for v in VARIABLES)
+    assert all(c["status"] == "ok" for c in checks.values())
+    human = kc(root, "doctor").stdout.splitlines()
+    for var in VARIABLES:
+        assert sum(var.name + ":" in line for line in human) == 1, var.name
+
+
+def test_doctor_checks_the_remote_url_and_hides_its_password(tmp_path):
+    root = tmp_path / "cache"
+    root.mkdir()
+    bad = f"redis://:{SECRET}@h:6379/0?timeout=fast"
+    proc = kc(root, "doctor", "--json", env={"KERNELCACHE_REMOTE": bad})
+    assert proc.returncode == 1, proc.stderr
+    assert SECRET not in proc.stdout + proc.stderr
+    check = _setting_checks(json.loads(proc.stdout))["KERNELCACHE_REMOTE"]
+    assert check["status"] == "fail" and "timeout" in check["detail"]
+    human = kc(root, "doctor", env={"KERNELCACHE_REMOTE": "http://h:6379/0"})
+    assert human.returncode == 1
+    assert any(
+        "KERNELCACHE_REMOTE" in line and "unsupported scheme" in line
+        for line in human.stdout.splitlines()
+    )
+    good = f"redis://:{SECRET}@h:6379/0?ttl=7d"
+    ok = kc(root, "doctor", "--json", env={"KERNELCACHE_REMOTE": good})
+    assert ok.returncode == 0 and SECRET not in ok.stdout + ok.stderr
+
+
+def test_doctor_reports_every_bad_setting_even_without_a_root(tmp_path):
+    env = {
+        "KERNELCACHE_LOCK_TIMEOUT": "soon",
+        "KERNELCACHE_TARGET": "gfx942",
+        "KERNELCACHE_DIR": str(tmp_path / "cache"),
+    }
+    proc = kc(None, "doctor", "--json", env=env)
+    assert proc.returncode == 1, proc.stderr
+    checks = _setting_checks(json.loads(proc.stdout))
+    assert checks["KERNELCACHE_LOCK_TIMEOUT"]["status"] == "fail"
+    assert checks["KERNELCACHE_TARGET"]["status"] == "fail"
+    assert checks["KERNELCACHE_DIR"]["status"] == "ok"
+    # even the root's own variable may be wrong: the rest is still reported
+    proc = kc(None, "doctor", "--json", env={"KERNELCACHE_DIR": "~no-such-user-here/x"})
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert _setting_checks(doc)["KERNELCACHE_DIR"]["status"] == "fail"
+    assert doc["root"] is None
+
+
+# -- smaller things --------------------------------------------------------------------------
+def test_prune_by_kernel_without_a_limit_says_what_it_deletes(tmp_path):
+    root = tmp_path / "cache"
+    for i in range(3):
+        put(root, "old", size=10, seed=i)
+    keep = put(root, "other", size=10)
+    helptext = kc(None, "prune", "--help").stdout
+    assert "every matching entry" in " ".join(helptext.split())
+    proc = kc(root, "prune", "--kernel", "old")
+    assert proc.returncode == 0
+    assert "3 entries" in proc.stderr and "--kernel" in proc.stderr  # said before it acts
+    assert [p.stem for p in root.glob("*.json")] == [keep.key]
+    dry = kc(root, "prune", "--kernel", "other", "--dry-run")
+    assert "Dry run" in dry.stdout and (root / f"{keep.key}.json").exists()
+
+
+def test_one_parser_of_sizes_everywhere():
+    from kernelcache.cli import parse_size
+
+    assert parse_size("64MB") == 64_000_000
+    assert parse_url("redis://h:6379/0?max_size=64MB")[1].max_size == 64_000_000
+    assert parse_url("redis://h:6379/0?max_size=64M")[1].max_size == 64 << 20
+    assert parse_url("redis://h:6379/0?max_size=1.5M")[1].max_size == int(1.5 * (1 << 20))
+    assert parse_url("redis://h:6379/0?ttl=1d12h")[1].ttl == 36 * 3600
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["export", "x.tar.zst", "--level", "99"], "--level"),
+        (["export", "x.tar.zst", "--level", "0"], "--level"),
+        (["ls", "--limit", "-1"], "--limit"),
+        (["stats", "--top", "-3"], "--top"),
+    ],
+)
+def test_out_of_range_numbers_are_usage_errors(tmp_path, args, words):
+    root = tmp_path / "cache"
+    put(root, "k", size=10)
+    proc = kc(root, *args)
+    assert proc.returncode == 2, proc.stderr
+    assert words in proc.stderr and "Traceback" not in proc.stderr
+    assert not (root / "x.tar.zst").exists()
+
+
+def test_an_unexpandable_root_is_a_clear_error(tmp_path):
+    proc = kc(None, "stats", env={"KERNELCACHE_DIR": "~no-such-user-here/x"})
+    assert proc.returncode == 2 and "KERNELCACHE_DIR" in proc.stderr
+    with pytest.raises(ValueError, match="no-such-user-here"):
+        Store("~no-such-user-here/x")
+
+
+def test_json_never_holds_nan_or_infinity(tmp_path):
+    root = tmp_path / "cache"
+    art = put(root, "k", size=10)
+    meta = root / f"{art.key}.json"
+    meta.write_text(meta.read_text().replace(f'"created":{art.meta["created"]}', '"created":NaN'))
+    assert "NaN" in meta.read_text()
+    other = put(root, "j", size=10)
+    meta = root / f"{other.key}.json"
+    meta.write_text(meta.read_text()[:-1] + ',"shared":Infinity}')
+    for args in (["ls"], ["show", art.key], ["show", other.key], ["stats"], ["verify"]):
+        proc = kc(root, *args, "--json")
+        doc = _strict_json(proc.stdout)
+        assert doc["command"] == args[0]
+    entries = {e["key"]: e for e in _strict_json(kc(root, "ls", "--json").stdout)["entries"]}
+    assert entries[art.key]["created"] is None
+    human = kc(root, "ls").stdout
+    assert "nan" not in human.lower()
+
+
+ESCAPE = "evil\x1b[2J\x1b[31mred\nforged line\r"
+
+
+def test_names_with_terminal_escapes_or_newlines_are_printed_escaped(tmp_path):
+    root = tmp_path / "cache"
+    art = put(root, ESCAPE, target="cuda:90\x07", size=10)
+    (root / "notes\x1b[1m.txt").write_text("?")
+    for args in (
+        ["ls"],
+        ["stats"],
+        ["show", art.key],
+        ["verify"],
+        ["prune", "--dry-run", "--list"],
+    ):
+        proc = kc(root, *args)
+        shown = proc.stdout + proc.stderr
+        assert "\x1b" not in shown and "\x07" not in shown and "\r" not in shown, args
+        assert not [line for line in shown.splitlines() if line.startswith("forged line")], args
+    assert "\\x1b[2J" in kc(root, "ls").stdout
+    assert kc_json(root, "ls")["entries"][0]["kernel"] == ESCAPE  # JSON keeps the real name
+
+
+def test_stats_does_not_count_identity_records_as_kernels(tmp_path):
+    root = tmp_path / "cache"
+    put(root, "matmul", size=100)
+    store = Store(root)
+    for label in ("triton_key", "backend:cuda:90"):
+        store.put(
+            key_of("identity", label), "ident", b"digest", {"kind": "identity", "name": label}
+        )
+    doc = kc_json(root, "stats")
+    assert list(doc["by_kernel"]) == ["matmul"]
+    assert doc["entries"] == 3
+    assert doc["by_kind"]["identity"]["entries"] == 2
+    assert doc["by_kind"]["kernel"]["entries"] == 1
+    assert "triton_key" not in kc(root, "stats").stdout
+
+
+def test_the_handoff_directory_is_not_foreign(tmp_path):
+    root = tmp_path / "cache"
+    put(root, "k", size=10)
+    (root / ".handoff").mkdir()
+    assert kc_json(root, "verify")["clean"] is True
+    before = files_under(root)
+    assert kc_json(root, "stats")["problems"] == 0
+    assert files_under(root) >= before
