@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import stats
-from .config import settings
+from .config import parse_variable, settings, variable
 from .errors import CacheError, LockTimeout
 from .keys import check_ext, check_key
 from .store import Artifact, Problem, Store, WrongExt, digest, make_metadata
@@ -40,8 +40,12 @@ def warn_once(root: str, topic: str, message: str, *args: object) -> None:
 
 
 def default_root() -> Path:
-    """``$KERNELCACHE_DIR``, else platformdirs' user cache directory for "kernelcache"."""
-    configured = settings().dir
+    """``$KERNELCACHE_DIR``, else platformdirs' user cache directory for "kernelcache".
+
+    Raises:
+        ConfigError: ``$KERNELCACHE_DIR`` cannot be used (other variables are not read).
+    """
+    configured = parse_variable(variable("KERNELCACHE_DIR"))
     if configured is not None:
         return configured
     import platformdirs
@@ -81,16 +85,15 @@ class Cache:
         cfg = settings()
         self.lock_timeout = cfg.lock_timeout if lock_timeout is None else float(lock_timeout)
         mode = cfg.lock_mode if lock_mode is None else lock_mode
-        self.store = Store(
+        self.store = Store.from_settings(
             default_root() if root is None else root,
+            cfg,
             lock_mode=mode,
-            lock_stale=cfg.lock_stale,
             lock_timeout=self.lock_timeout,
-            trust=cfg.trust,
         )
         self.root = self.store.root
         ro = cfg.readonly_dirs if readonly_roots is None else readonly_roots
-        self.readonly = [Store(r, readonly=True, trust=cfg.trust) for r in ro]
+        self.readonly = [Store.from_settings(r, cfg, readonly=True) for r in ro]
         if remote is None:
             remote = cfg.remote or ""
         self.remote: RemoteTier | None = (

@@ -93,7 +93,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "KERNELCACHE_REMOTE",
         "remote",
-        _stripped,  # parsed and checked by kernelcache.remote when a cache opens it
+        _stripped,  # checked by kernelcache.remote.parse_url when opened (and by doctor)
         None,
         "(none)",
         "remote tier URL, e.g. redis://host:6379/0",
@@ -205,6 +205,18 @@ def parse_variable(var: Variable, environ: Mapping[str, str] | None = None) -> A
         return var.parse(raw)
     except (ValueError, ConfigError) as e:
         raise ConfigError(f"{var.name}={raw!r}: {e}") from None
+
+
+def variable(name: str) -> Variable:
+    """The declaration of the variable ``name``.
+
+    Raises:
+        KeyError: no such kernelcache variable.
+    """
+    for var in VARIABLES:
+        if var.name == name:
+            return var
+    raise KeyError(name)
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:

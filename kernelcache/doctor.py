@@ -18,11 +18,18 @@ import pwd
 import stat
 import sys
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._version import __version__
-from .config import ConfigError, environment_in_effect, settings
+from .config import (
+    VARIABLES,
+    ConfigError,
+    Settings,
+    environment_in_effect,
+    parse_variable,
+)
 from .locks import LOCK_DIR, Locker
 
 #: packages whose installed versions are reported (never imported)
@@ -46,7 +53,7 @@ class Check:
 
 @dataclass(frozen=True)
 class Report:
-    root: str
+    root: str | None
     info: dict[str, Any]
     checks: tuple[Check, ...] = field(default_factory=tuple)
 
@@ -146,24 +153,83 @@ def _probe(root: str) -> tuple[str | None, str | None]:
     return None, mode
 
 
-def diagnose(root: str) -> Report:
-    """Inspect ``root`` and the environment; never raises for what it finds."""
+def _shown(name: str, raw: str) -> str:
+    """A variable's value as doctor shows it: a remote URL without its password."""
+    if name == "KERNELCACHE_REMOTE":
+        from .remote import redact
+
+        return redact(raw.strip())
+    return raw
+
+
+def _check_deeper(name: str, value: Any) -> None:
+    """Checks beyond a variable's own parser: the remote URL as the remote tier reads it.
+
+    Raises:
+        ConfigError: the value cannot be used (the message never shows a password).
+    """
+    if name == "KERNELCACHE_REMOTE" and value:
+        from .remote import parse_url
+
+        parse_url(value)
+
+
+def setting_checks(environ: Mapping[str, str] | None = None) -> tuple[list[Check], Settings | None]:
+    """One check per variable of :data:`kernelcache.config.VARIABLES`: its value (or default)
+    and whether it can be used. Returns the checks and the settings (None if one is bad)."""
+    env = os.environ if environ is None else environ
     checks: list[Check] = []
+    values: dict[str, Any] = {}
+    for var in VARIABLES:
+        raw = env.get(var.name)
+        given = raw is not None and raw.strip() != ""
+        try:
+            value = parse_variable(var, env)  # (its message names the variable and value)
+            try:
+                _check_deeper(var.name, value)
+            except ConfigError as e:
+                raise ConfigError(f"{var.name}: {e}") from None
+        except ConfigError as e:
+            checks.append(Check(var.name, "fail", f"{e} (fix or unset it)"))
+            continue
+        values[var.field] = value
+        if given:
+            detail = _shown(var.name, raw or "").strip()
+        else:
+            detail = f"{var.shown_default} (not set: the default)"
+        checks.append(Check(var.name, "ok", detail))
+    cfg = Settings(**values) if len(values) == len(VARIABLES) else None
+    return checks, cfg
+
+
+def diagnose(root: str | None) -> Report:
+    """Inspect ``root`` (None: it cannot be told, the environment names no usable root) and
+    every setting; never raises for what it finds."""
     info: dict[str, Any] = {
         "kernelcache": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "versions": versions(),
-        "environment": environment_in_effect(),
+        "environment": {k: _shown(k, v) for k, v in environment_in_effect().items()},
     }
-    try:
-        cfg = settings()
-        info["lock_mode_configured"] = cfg.lock_mode
-        info["trust"] = cfg.trust
-        checks.append(Check("environment", "ok", "kernelcache variables parse"))
-    except ConfigError as e:
-        cfg = None
-        checks.append(Check("environment", "fail", str(e)))
+    checks, cfg = setting_checks()
+    info["lock_mode_configured"] = cfg.lock_mode if cfg else None
+    info["trust"] = cfg.trust if cfg else None
+    if root is None:
+        checks.append(
+            Check("root", "fail", "no cache root: KERNELCACHE_DIR cannot be used; pass --root")
+        )
+        info.update(
+            filesystem=None,
+            exists=False,
+            umask=_umask(),
+            free_bytes=None,
+            total_bytes=None,
+            free_inodes=None,
+            permissions=None,
+            lock_mode=None,
+        )
+        return Report(root, info, tuple(checks))
     fs = filesystem(root)
     info["filesystem"] = fs
     if fs is None:

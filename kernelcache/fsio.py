@@ -16,6 +16,14 @@ import uuid
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
+def changed_at(st: os.stat_result) -> float:
+    """When a file last changed, for age limits (grace periods, ``--quarantine-age``): its
+    mtime, or its ctime where that is earlier. An mtime in the future (set by a tool, or by a
+    host whose clock is ahead) would otherwise keep a file young forever; the ctime is set by
+    the file system when the file changes and cannot be set back or forward by ``utime``."""
+    return min(st.st_mtime, st.st_ctime)
+
+
 def replace_file(dfd: int, name: str, data: bytes) -> None:
     """Write ``data`` to ``name`` in the directory ``dfd`` atomically: readers see the old file
     or the new one, whole. Staged under a hidden unique name (never followed if planted as a

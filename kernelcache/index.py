@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import stat
 from array import array
@@ -36,9 +37,9 @@ from .table import KNOWN_DIRS, EntryTable
 logger = logging.getLogger(__name__)
 
 INDEX_NAME = "index.json"
-INDEX_VERSION = 2
+INDEX_VERSION = 3
 #: the columns whose groups (entries and bytes per value) ``stats`` shows
-GROUPED = ("ext", "target", "kernel")
+GROUPED = ("ext", "target", "kernel", "kind")
 _TOTALS = ("entries", "size", "meta_size")
 MAX_INDEX_BYTES = 512 << 20
 
@@ -127,10 +128,11 @@ def load_index(root: str) -> tuple[EntryTable, str | None]:
         doc = load_json(rest)
         keys = doc["keys"].split("\n") if doc["keys"] else []
         strings = doc["strings"]
-        inode, ext, size, meta_size, kernel, target, created = (
-            doc[c] for c in ("inode", "ext", "size", "meta_size", "kernel", "target", "created")
+        inode, ext, size, meta_size, kernel, target, created, kind = (
+            doc[c]
+            for c in ("inode", "ext", "size", "meta_size", "kernel", "target", "created", "kind")
         )
-        ints = (inode, ext, size, meta_size, kernel, target)
+        ints = (inode, ext, size, meta_size, kernel, target, kind)
         n = len(keys)
         if not all(isinstance(c, list) and len(c) == n for c in (*ints, created)):
             return EntryTable(), None
@@ -140,12 +142,15 @@ def load_index(root: str) -> tuple[EntryTable, str | None]:
             return EntryTable(), None
         if not set(map(type, created)) <= {int, float, type(None)}:
             return EntryTable(), None
+        if not all(map(math.isfinite, filter(None, created))):
+            return EntryTable(), None
         if n:
             top = len(strings)
             if min(ext) < 0 or max(ext) >= top or min(size) < 0 or min(meta_size) < 0:
                 return EntryTable(), None
-            if min(kernel) < -1 or max(kernel) >= top or min(target) < -1 or max(target) >= top:
-                return EntryTable(), None
+            for refs in (kernel, target, kind):
+                if min(refs) < -1 or max(refs) >= top:
+                    return EntryTable(), None
     except (ValueError, KeyError, TypeError, AttributeError):
         return EntryTable(), None
     lookup = [*strings, None]  # index -1 -> None
@@ -160,6 +165,7 @@ def load_index(root: str) -> tuple[EntryTable, str | None]:
         tuple(created),
         (None,) * n,
         tuple(inode),
+        tuple(map(names, kind)),
     )
     return table, head["listing"]
 
@@ -196,6 +202,7 @@ def save_index(root: str, table: EntryTable, listing: str | None) -> None:
         "kernel": refs(table.kernel),
         "target": refs(table.target),
         "created": table.created,
+        "kind": refs(table.kind),
     }
     doc["strings"] = [v for v in strings if v is not None]
     data = b"%s\n%s" % (

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from . import stats
 from .errors import LockTimeout, LockUnavailable
-from .fsio import READ_FLAGS, replace_file
+from .fsio import changed_at, replace_file
 from .jsonio import load_json
 from .keys import META_EXT
 from .locks import LOCK_DIR, Locker, open_subdir, pid_alive
@@ -334,28 +334,43 @@ class _Executor:
         self.checker = Store(store.root, readonly=True, trust="any")
         self.soft = Locker(store.root, mode="soft", stale_after=store.locker.stale_after)
 
-    def _stamp(self, name: str) -> float | None:
+    def _stat(self, name: str) -> os.stat_result | None:
         try:
-            return os.stat(os.path.join(self.root, name), follow_symlinks=False).st_mtime
+            return os.stat(os.path.join(self.root, name), follow_symlinks=False)
         except FileNotFoundError:
             return None
 
+    def _stamp(self, name: str) -> float | None:
+        """The last-used stamp of an entry's metadata file (its mtime)."""
+        st = self._stat(name)
+        return None if st is None else st.st_mtime
+
     def delete_entry(self, action: Action) -> tuple[str, str]:
+        """Delete an entry if, under its exclusive lock, it is still what the plan saw: unused
+        since (its last-used stamp unchanged), or still metadata without an artifact."""
         key = action.key
         assert key is not None
-        if action.mtime is not None:
-            stamp = self._stamp(f"{key}.{META_EXT}")
-            if stamp is None:
-                return "gone", ""
-            if stamp != action.mtime:
-                return "used-since-plan", ""
-        elif not isinstance(self.checker.read(key), Problem):  # metadata without artifact
-            return "gone", "the entry was repaired meanwhile"
-        deleted = self.store.delete(key, wait=0)
+        verdict = ("gone", "")
+
+        def still_doomed() -> bool:
+            nonlocal verdict
+            if action.mtime is not None:  # chosen by size or age: unused since the plan?
+                stamp = self._stamp(f"{key}.{META_EXT}")
+                if stamp is not None and stamp != action.mtime:
+                    verdict = ("used-since-plan", "")
+                return stamp == action.mtime
+            found = self.checker.read(key, fresh=True)  # metadata without artifact: still?
+            if isinstance(found, Problem) and found.reason == "artifact missing":
+                return True
+            verdict = ("gone", "the entry was repaired meanwhile")
+            return False
+
+        ext = action.path.rpartition(".")[2] if action.mtime is not None else None
+        deleted = self.store.delete(key, ext=ext, wait=0, check=still_doomed)
         if deleted is None:
             return "in-use", ""
         if not deleted:
-            return "gone", ""
+            return verdict
         self._drop_build_lock(key)
         return "done", ""
 
@@ -398,7 +413,8 @@ class _Executor:
             found = self.checker.read(key)
             if isinstance(found, Artifact) and found.ext == ext:
                 return "gone", "claimed by metadata meanwhile"
-            if self._stamp(action.path) != action.mtime:
+            st = self._stat(action.path)
+            if st is None or changed_at(st) != action.mtime:
                 return "gone", "replaced meanwhile"
             os.unlink(os.path.join(self.root, action.path))
             keep_lock = isinstance(found, Artifact)
@@ -418,7 +434,7 @@ class _Executor:
             return "gone", ""
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            if action.mtime is not None and st.st_mtime != action.mtime:
+            if action.mtime is not None and changed_at(st) != action.mtime:
                 return "gone", "changed meanwhile"
             os.unlink(name, dir_fd=dfd)
             return "done", ""
@@ -496,7 +512,7 @@ def foldable_logs(root: str, now: float | None = None) -> list[str]:
                 found.append(name)
                 continue
             try:
-                if now - entry.stat(follow_symlinks=False).st_mtime > LOG_FOLD_AGE:
+                if now - changed_at(entry.stat(follow_symlinks=False)) > LOG_FOLD_AGE:
                     found.append(name)
             except OSError:
                 continue
@@ -520,13 +536,11 @@ def read_summary(root: str) -> dict[str, Any] | None:
 def _read_summary(dfd: int) -> dict[str, Any] | None:
     """The summary record; None if absent. Raises ValueError if it exists but is unreadable."""
     try:
-        fd = os.open(SUMMARY_NAME, READ_FLAGS, dir_fd=dfd)
+        raw = stats.read_log_file(dfd, SUMMARY_NAME)
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise ValueError(f"cannot read {SUMMARY_NAME}: {e.strerror}") from e
-    with os.fdopen(fd, "rb") as f:
-        raw = f.read()
+        raise ValueError(f"cannot read {SUMMARY_NAME}: {e.strerror or e}") from e
     try:
         record = load_json(raw)
     except ValueError:
@@ -543,18 +557,14 @@ def _read_summary(dfd: int) -> dict[str, Any] | None:
 
 def _sum_log(dfd: int, name: str, totals: dict[str, float]) -> None:
     with contextlib.suppress(OSError):
-        fd = os.open(name, READ_FLAGS, dir_fd=dfd)
-        with os.fdopen(fd, "rb") as f:
-            lines = f.read().splitlines()
+        lines = stats.read_log_file(dfd, name).splitlines()
         for raw in lines:
             try:
                 delta = load_json(raw).get("delta")
             except (ValueError, AttributeError):
                 continue
             if isinstance(delta, dict):
-                for k, v in delta.items():
-                    if k in totals and isinstance(v, (int, float)) and not isinstance(v, bool):
-                        totals[k] += v
+                stats.add_delta(totals, delta)
 
 
 def fold_logs(
@@ -614,9 +624,7 @@ def _fold_locked(dfd: int, names: Iterable[str]) -> int:
         return 0
     totals = dict.fromkeys(stats.COUNTERS, 0.0)
     if summary:
-        for k, v in summary["delta"].items():
-            if k in totals and isinstance(v, (int, float)) and not isinstance(v, bool):
-                totals[k] += v
+        stats.add_delta(totals, summary["delta"])
     for name in pending:
         _sum_log(dfd, name, totals)
     record = {

@@ -14,8 +14,9 @@ asked again for this long, default 30s), ``lock_ttl`` (a build lock expires afte
 a dead builder does not block the job, default 120s). ``rediss://`` also takes ``ssl_ca_certs``,
 ``ssl_ca_path``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_password``, ``ssl_cert_reqs``
 (``none``/``optional``/``required``) and ``ssl_check_hostname``, passed to redis-py. Durations
-take a unit (``500ms``, ``30s``, ``10m``, ``12h``, ``7d``, ``2w``; plain numbers are seconds),
-sizes a binary suffix (``512K``, ``64M``, ``1G``).
+take a unit (``500ms``, ``30s``, ``10m``, ``12h``, ``7d``, ``2w``, ``1d12h``; plain numbers are
+seconds), sizes an optional unit (``512K``, ``64M``, ``1GiB``: powers of 1024; ``64MB``: powers of
+1000); both are read by :mod:`kernelcache.units`, as on the command line.
 
 Layout in Redis, one string per entry (one round trip per read)::
 
@@ -68,6 +69,7 @@ from .config import ConfigError
 from .keys import check_ext, check_key
 from .store import MAX_META_BYTES, RESERVED_FIELDS, digest, make_metadata, parse_metadata
 from .tier import RemoteTier
+from .units import parse_bool, parse_duration, parse_size
 
 logger = logging.getLogger(__name__)
 
@@ -116,46 +118,7 @@ def decode_value(raw: bytes, key: str) -> tuple[bytes, dict[str, Any]] | str:
 
 
 # -- configuration --------------------------------------------------------------------------
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d|w)?", re.IGNORECASE)
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_SIZE = re.compile(r"(\d+)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from ``"0.5"``, ``"500ms"``, ``"30s"``, ``"10m"``, ``"12h"``, ``"7d"``, ``"2w"``.
-
-    Raises:
-        ValueError: not a non-negative duration.
-    """
-    m = _DURATION.fullmatch(text.strip())
-    if m is None:
-        raise ValueError("expected a duration such as 0.5, 500ms, 30s, 10m, 12h or 7d")
-    return float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "s").lower()]
-
-
-def parse_size(text: str) -> int:
-    """Bytes from ``"65536"``, ``"512K"``, ``"64M"``, ``"64MiB"``, ``"1G"`` (binary multiples).
-
-    Raises:
-        ValueError: not a size.
-    """
-    m = _SIZE.fullmatch(text.strip())
-    if m is None:
-        raise ValueError("expected a size such as 65536, 512K, 64M or 1G")
-    return int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
-
-
-def _parse_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError("expected true or false")
 
 
 def _parse_cert_reqs(text: str) -> str:
@@ -210,7 +173,7 @@ CLIENT_OPTIONS: dict[str, Callable[[str], Any]] = {
     "ssl_keyfile": str,
     "ssl_password": str,
     "ssl_cert_reqs": _parse_cert_reqs,
-    "ssl_check_hostname": _parse_bool,
+    "ssl_check_hostname": parse_bool,
 }
 _SECRET_OPTIONS = frozenset({"ssl_password"})
 

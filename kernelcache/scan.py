@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import logging
+import math
 import os
 import stat
 import time
@@ -33,7 +33,7 @@ from itertools import repeat
 from operator import add, itemgetter
 from typing import Any
 
-from .fsio import READ_FLAGS
+from .fsio import READ_FLAGS, changed_at
 from .index import (
     GROUPED,
     index_file,
@@ -55,8 +55,6 @@ from .store import (
     parse_metadata,
 )
 from .table import COLUMNS, KNOWN_DIRS, EntryInfo, EntryTable
-
-logger = logging.getLogger(__name__)
 
 #: files younger than this may belong to a write in progress: never reported or removed
 GRACE_SECONDS = 3600.0
@@ -137,9 +135,6 @@ class _Listing:
     foreign: list[str]
     dirs: int  # how many of KNOWN_DIRS are present
 
-    def has_artifact(self, key: str, ext: str) -> bool:
-        return self.arts.get(key) == ext or (key, ext) in self.extra
-
 
 def _read_dir(root: str) -> list[tuple[str, int]] | None:
     """(name, inode) of everything in the root; None when it does not exist."""
@@ -206,6 +201,8 @@ def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | str:
             return "metadata is a symlink"
         return f"metadata unreadable: {e.strerror}"
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "metadata is not a regular file"
         raw = os.read(fd, 65536)
         if len(raw) == 65536:
             raw += os.read(fd, MAX_META_BYTES + 1 - len(raw))
@@ -221,18 +218,22 @@ def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | str:
     kernel = doc.get("name")
     target = doc.get("target")
     created = doc.get("created")
+    kind = doc.get("kind")
     return EntryInfo(
         key,
         doc["ext"],
-        doc["size"],
+        -1,  # the artifact's size: measured by the caller, never taken from the metadata
         len(raw),
         kernel if isinstance(kernel, str) else None,
         target if isinstance(target, str) else None,
         float(created)
-        if isinstance(created, (int, float)) and not isinstance(created, bool)
+        if isinstance(created, (int, float))
+        and not isinstance(created, bool)
+        and math.isfinite(created)
         else None,
         None,
         inode,
+        kind if isinstance(kind, str) else None,
     )
 
 
@@ -370,12 +371,19 @@ def _entries(
         if isinstance(got, str):
             if got != "gone":
                 issues.append(Issue("corrupt", f"{key}.{META_EXT}", got, key))
-        elif not listing.has_artifact(key, got.ext) and _lstat(dfd, got.filename) is None:
-            # (a directory listing is not a snapshot: an entry published during it may show
-            # its metadata without its artifact, hence the second look)
+            continue
+        # The artifact's size is what the file system says. (A directory listing is not a
+        # snapshot: an entry published during it may show its metadata without its artifact;
+        # this look settles it.)
+        st = _lstat(dfd, got.filename)
+        if st is None:
             issues.append(Issue("corrupt", f"{key}.{META_EXT}", "artifact missing", key))
+        elif not stat.S_ISREG(st.st_mode):
+            issues.append(
+                Issue("corrupt", f"{key}.{META_EXT}", "artifact is not a regular file", key)
+            )
         else:
-            fresh.append(got)
+            fresh.append(got._replace(size=st.st_size))
     if progress is not None and len(missing) % 256:
         progress(len(missing) % 256)
     if fresh:
@@ -384,19 +392,27 @@ def _entries(
 
 
 def _with_last_used(dfd: int, table: EntryTable) -> EntryTable:
-    """The table with last-used stamps; entries deleted since the listing are dropped.
-    Stamps further in the future than ``FUTURE_SLACK`` are reset to now (on disk too)."""
+    """The table with last-used stamps, and the artifacts' sizes as the file system reports
+    them now (an artifact changed in place keeps its metadata's inode); entries deleted since
+    the listing are dropped. Stamps further in the future than ``FUTURE_SLACK`` are reset to
+    now (on disk too)."""
     stat_at = partial(os.stat, dir_fd=dfd, follow_symlinks=False)
     names = list(map(add, table.key, repeat("." + META_EXT)))
+    artifacts = list(map(add, map(add, table.key, repeat(".")), table.ext))
+    stamps: list[float | None]
+    sizes: list[int | None]
     try:
-        stamps: list[float | None] = [st.st_mtime for st in map(stat_at, names)]
+        stamps = [st.st_mtime for st in map(stat_at, names)]
+        sizes = [st.st_size for st in map(stat_at, artifacts)]
     except OSError:  # some entry went away meanwhile: one at a time
-        stamps = []
-        for name in names:
+        stamps, sizes = [], []
+        for name, artifact in zip(names, artifacts, strict=True):
             try:
-                stamps.append(stat_at(name).st_mtime)
+                stamp, size = stat_at(name).st_mtime, stat_at(artifact).st_size
             except OSError:
-                stamps.append(None)
+                stamp = size = None
+            stamps.append(stamp)
+            sizes.append(size)
     now = time.time()
     for i, stamp in enumerate(stamps):
         if stamp is not None and stamp > now + FUTURE_SLACK:
@@ -405,7 +421,7 @@ def _with_last_used(dfd: int, table: EntryTable) -> EntryTable:
             with contextlib.suppress(OSError):
                 os.utime(names[i], dir_fd=dfd, follow_symlinks=False)
             stamps[i] = now
-    table = replace(table, last_used=tuple(stamps))
+    table = replace(table, last_used=tuple(stamps), size=tuple(sizes))  # type: ignore[arg-type]
     if None not in stamps:
         return table
     keep = [i for i, t in enumerate(stamps) if t is not None]
@@ -429,11 +445,12 @@ def _orphans(
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except OSError:
             continue
-        if now - st.st_mtime <= GRACE_SECONDS:
+        stamp = changed_at(st)
+        if now - stamp <= GRACE_SECONDS:
             continue
         owner = committed.get(key)
         why = "no metadata" if owner is None else f"the entry holds a .{owner} artifact"
-        yield Issue("orphan-artifact", name, why, key, st.st_size, st.st_mtime)
+        yield Issue("orphan-artifact", name, why, key, st.st_size, stamp)
 
 
 def _aux_files(root: str, directory: str) -> tuple[AuxFile, ...]:
@@ -450,7 +467,7 @@ def _aux_files(root: str, directory: str) -> tuple[AuxFile, ...]:
                 continue
             if stat.S_ISDIR(st.st_mode):
                 continue
-            found.append(AuxFile(f"{directory}/{entry.name}", st.st_size, st.st_mtime))
+            found.append(AuxFile(f"{directory}/{entry.name}", st.st_size, changed_at(st)))
     found.sort(key=lambda f: f.path)
     return tuple(found)
 
@@ -501,9 +518,9 @@ def _lock_issue(dfd: int, name: str, now: float, soft: Locker) -> Issue | None:
         if ".softlock.broken-" not in name:
             return None  # .probe and other names of the lock machinery
         st = _lstat(dfd, name)
-        if st is None or now - st.st_mtime <= GRACE_SECONDS:
+        if st is None or now - changed_at(st) <= GRACE_SECONDS:
             return None
-        return Issue("stale-lock", path, "leftover of a broken soft lock", None, 0, st.st_mtime)
+        return Issue("stale-lock", path, "leftover of a broken soft lock", None, 0, changed_at(st))
     key, suffix = parts
     if suffix == ".softlock":
         record = soft.read_soft_record(dfd, name)
@@ -514,11 +531,13 @@ def _lock_issue(dfd: int, name: str, now: float, soft: Locker) -> Issue | None:
             "stale-lock", path, f"soft lock of a gone holder ({who})", key, 0, record.get("mtime")
         )
     st = _lstat(dfd, name)
-    if st is None or now - st.st_mtime <= GRACE_SECONDS or not stat.S_ISREG(st.st_mode):
+    if st is None or now - changed_at(st) <= GRACE_SECONDS or not stat.S_ISREG(st.st_mode):
         return None
     if _flock_held(dfd, name):
         return None
-    return Issue("stale-lock", path, "lock file of a missing entry, not held", key, 0, st.st_mtime)
+    return Issue(
+        "stale-lock", path, "lock file of a missing entry, not held", key, 0, changed_at(st)
+    )
 
 
 def _lstat(dfd: int, name: str) -> os.stat_result | None:

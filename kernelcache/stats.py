@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import json
 import logging
+import math
 import os
 import socket
+import stat
 import threading
 import time
 import uuid
 from typing import Any
 
+from .fsio import READ_FLAGS
 from .jsonio import load_json
 from .locks import open_subdir
 
@@ -28,6 +32,8 @@ logger = logging.getLogger(__name__)
 STATS_DIR = ".stats"
 LOG_VERSION = 1
 FLUSH_INTERVAL = 60.0
+#: a statistics log larger than this is not read (a process appends one line a minute)
+MAX_LOG_BYTES = 256 << 20
 #: counters every snapshot reports, in this order
 COUNTERS = (
     "hits",
@@ -148,41 +154,80 @@ def _append(root: str, delta: dict[str, float]) -> None:
         os.close(dfd)
 
 
+def add_delta(totals: dict[str, float], delta: dict[Any, Any]) -> None:
+    """Add a log record's counters to ``totals``; unknown names and anything but a finite
+    number are ignored (a log is untrusted input)."""
+    for k, v in delta.items():
+        if k in totals and type(v) in (int, float) and math.isfinite(v):
+            totals[k] += v
+
+
+def read_log_file(dfd: int, name: str) -> bytes:
+    """The bytes of the log ``name`` in the directory ``dfd``, read without blocking: no
+    symlink is followed, and anything but a regular file (a planted FIFO or device) or a file
+    over :data:`MAX_LOG_BYTES` is refused.
+
+    Raises:
+        OSError: it cannot be read (the message says why).
+    """
+    fd = os.open(name, READ_FLAGS, dir_fd=dfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if st.st_size > MAX_LOG_BYTES:
+            raise OSError(errno.EFBIG, f"larger than {MAX_LOG_BYTES >> 20} MiB")
+        chunks = []
+        remaining = MAX_LOG_BYTES + 1
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        if remaining <= 0:
+            raise OSError(errno.EFBIG, f"larger than {MAX_LOG_BYTES >> 20} MiB")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_logs(root: str) -> tuple[dict[str, float], int, list[str]]:
     """Sum every stats log under ``root``.
 
-    Returns (totals, number of processes, problems). Unreadable lines are skipped and listed
-    in problems, never raised.
+    Returns (totals, number of processes, problems). Unreadable files and lines are skipped
+    and listed in problems, never raised; nothing there can block the reader.
     """
     totals = _zero()
     processes = 0
     problems: list[str] = []
     directory = os.path.join(root, STATS_DIR)
     try:
-        names = sorted(os.listdir(directory))
+        dfd = open_subdir(root, STATS_DIR, create=False)
     except OSError:
         return totals, 0, problems
-    for name in names:
-        if not name.endswith(".jsonl"):
-            continue
-        processes += 1
-        path = os.path.join(directory, name)
-        try:
-            with open(path, "rb") as f:
-                lines = f.read().splitlines()
-        except OSError as e:
-            problems.append(f"{path}: {e.strerror}")
-            continue
-        for number, raw in enumerate(lines, 1):
-            with contextlib.suppress(ValueError):
-                record = load_json(raw)
-                delta = record.get("delta") if isinstance(record, dict) else None
-                if isinstance(delta, dict):
-                    for k, v in delta.items():
-                        if k in totals and isinstance(v, (int, float)) and not isinstance(v, bool):
-                            totals[k] += v
-                    continue
-            problems.append(f"{path}:{number}: unreadable line")
+    try:
+        names = sorted(os.listdir(dfd))
+        for name in names:
+            if not name.endswith(".jsonl"):
+                continue
+            processes += 1
+            path = os.path.join(directory, name)
+            try:
+                lines = read_log_file(dfd, name).splitlines()
+            except OSError as e:
+                problems.append(f"{path}: {e.strerror or e}")
+                continue
+            for number, raw in enumerate(lines, 1):
+                with contextlib.suppress(ValueError):
+                    record = load_json(raw)
+                    delta = record.get("delta") if isinstance(record, dict) else None
+                    if isinstance(delta, dict):
+                        add_delta(totals, delta)
+                        continue
+                problems.append(f"{path}:{number}: unreadable line")
+    finally:
+        os.close(dfd)
     return totals, processes, problems
 
 

@@ -38,7 +38,7 @@ import socket
 import stat
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,9 @@ from typing import Any
 import xxhash
 
 from ._version import __version__
+from .config import Settings, settings
 from .errors import CacheError, LockTimeout, LockUnavailable
+from .fsio import READ_FLAGS
 from .jsonio import load_json
 from .keys import META_EXT, check_ext, check_key, split_entry_name
 from .locks import Held, Locker, open_subdir
@@ -84,9 +86,6 @@ _HINTS = {
     errno.ENOTDIR: "point KERNELCACHE_DIR at a directory",
     errno.EEXIST: "point KERNELCACHE_DIR at a directory",
 }
-_READ_FLAGS = (
-    os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-)  # a planted FIFO must not hang a read
 _HOST = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64]
 
 
@@ -239,7 +238,13 @@ class Store:
     ) -> None:
         if trust not in TRUST_POLICIES:
             raise ValueError(f"trust policy {trust!r} is not one of {', '.join(TRUST_POLICIES)}")
-        self.root = os.fspath(Path(root).expanduser())
+        try:
+            self.root = os.fspath(Path(root).expanduser())
+        except RuntimeError:  # "~user/..." for a user that does not exist, or no home
+            raise ValueError(
+                f"cache root {os.fspath(root)!r}: cannot expand "
+                f"{os.fspath(root).split('/')[0]!r}: no such home directory"
+            ) from None
         self._prefix = os.path.join(self.root, "")
         self.readonly = readonly
         self.lock_timeout = lock_timeout
@@ -250,6 +255,34 @@ class Store:
         self.trust = trust
         self._trusted_uids: set[int] = set()
         self._untrusted_uids: set[int] = set()
+
+    @classmethod
+    def from_settings(
+        cls,
+        root: str | os.PathLike[str],
+        cfg: Settings | None = None,
+        *,
+        readonly: bool = False,
+        lock_timeout: float | None = None,
+        lock_mode: str | None = None,
+    ) -> Store:
+        """A store for ``root`` with the configured lock mode, soft-lock staleness, lock
+        timeout and trust policy (``cfg``, default: :func:`kernelcache.config.settings`);
+        ``lock_timeout`` and ``lock_mode`` override the configured ones.
+
+        Raises:
+            ConfigError: a variable is set to a value that cannot be used.
+        """
+        if cfg is None:
+            cfg = settings()
+        return cls(
+            root,
+            readonly=readonly,
+            lock_mode=cfg.lock_mode if lock_mode is None else lock_mode,
+            lock_stale=cfg.lock_stale,
+            lock_timeout=cfg.lock_timeout if lock_timeout is None else lock_timeout,
+            trust=cfg.trust,
+        )
 
     def __repr__(self) -> str:
         return f"Store({self.root!r}, readonly={self.readonly})"
@@ -339,7 +372,7 @@ class Store:
             return Problem(key, f"key holds a .{stored_ext} artifact, not .{ext}", corrupt=False)
         path = self.path(key, stored_ext)
         try:
-            afd = os.open(path, _READ_FLAGS)
+            afd = os.open(path, READ_FLAGS)
         except FileNotFoundError:
             return Problem(key, "artifact missing")
         except OSError as e:
@@ -396,7 +429,7 @@ class Store:
     def _load_metadata(self, key: str) -> tuple[dict[str, Any], float] | Problem | None:
         """Read, parse and remember ``<key>.json``; return (doc, mtime), a Problem or None."""
         try:
-            fd = os.open(self.meta_path(key), _READ_FLAGS)
+            fd = os.open(self.meta_path(key), READ_FLAGS)
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -660,7 +693,7 @@ class Store:
             if name.endswith("." + META_EXT):
                 continue
             try:
-                fd = os.open(name, _READ_FLAGS, dir_fd=root_fd)
+                fd = os.open(name, READ_FLAGS, dir_fd=root_fd)
             except OSError:
                 continue
             fds.append(fd)
@@ -679,7 +712,10 @@ class Store:
         return fds
 
     def _names_of(self, key: str) -> list[str]:
-        """The file names under the root that belong to ``key`` (metadata first)."""
+        """The file names under the root that belong to ``key`` (metadata first).
+
+        Lists the whole root: only for keys whose metadata cannot say (see :meth:`_files_of`).
+        """
         prefix = key + "."
         names = []
         try:
@@ -692,12 +728,45 @@ class Store:
         names.sort(key=lambda n: not n.endswith("." + META_EXT))
         return names
 
-    def delete(self, key: str, *, wait: float = 0.0, remove_lock: bool = True) -> bool | None:
-        """Delete every file of ``key`` (metadata first) under its exclusive lock.
+    def _files_of(self, root_fd: int, key: str, ext: str | None) -> list[str]:
+        """The files of the entry ``key`` that exist, metadata first: its metadata and its
+        artifact of extension ``ext`` (default: the one its metadata names). The root is listed
+        only when neither tells (no ``ext`` and no readable metadata), so that deleting many
+        entries never lists the root once per entry."""
+        if ext is None:
+            loaded = self._load_metadata(key)
+            if not isinstance(loaded, tuple):
+                return self._names_of(key)
+            ext = loaded[0]["ext"]
+        found = []
+        for name in (f"{key}.{META_EXT}", f"{key}.{ext}"):
+            try:
+                os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            found.append(name)
+        return found
+
+    def delete(
+        self,
+        key: str,
+        *,
+        ext: str | None = None,
+        wait: float = 0.0,
+        remove_lock: bool = True,
+        check: Callable[[], bool] | None = None,
+    ) -> bool | None:
+        """Delete the entry ``key`` (metadata first, then its artifact) under its exclusive lock.
+
+        ``ext`` is the artifact's extension when the caller knows it (else the metadata says;
+        for a key without readable metadata every file of the key is removed). ``check`` is
+        called under the lock before anything is removed: if it returns False nothing is
+        removed. A caller re-validates there what it decided before taking the lock, so that a
+        writer or reader that got in between is never undone (no check-then-act).
 
         Waits at most ``wait`` seconds for the key's lock and for readers of its artifact.
-        Returns True if something was deleted, False if nothing was there, None if the entry
-        is in use (then nothing is deleted).
+        Returns True if something was deleted, False if nothing was there (or ``check``
+        refused), None if the entry is in use (then nothing is deleted).
         """
         check_key(key)
         if self.readonly:
@@ -707,10 +776,17 @@ class Store:
         except LockTimeout:
             return None
         deleted = False
+        keep_lock = False
         try:
-            root_fd = self._root_fd()
+            if check is not None and not check():
+                keep_lock = True  # the entry stays: so does its lock file
+                return False
             try:
-                names = self._names_of(key)
+                root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return False
+            try:
+                names = self._files_of(root_fd, key, ext)
                 readers = self._exclude_readers(root_fd, names, wait=wait)
                 if readers is None:
                     return None
@@ -729,7 +805,7 @@ class Store:
             self._memo.pop(key, None)
         finally:
             if held is not None:
-                held.release(remove=remove_lock)
+                held.release(remove=remove_lock and not keep_lock)
         return deleted
 
     # -- listing --------------------------------------------------------------------------

@@ -17,17 +17,21 @@ from .locks import LOCK_DIR
 from .stats import STATS_DIR
 from .store import QUARANTINE_DIR, TMP_DIR
 
+#: the bridge's hand-off directory (see bridge.handoff): files it hands to jaxlib
+HANDOFF_DIR = ".handoff"
 #: the directories a root may hold besides entries
-KNOWN_DIRS = frozenset({TMP_DIR, LOCK_DIR, QUARANTINE_DIR, STATS_DIR})
+KNOWN_DIRS = frozenset({TMP_DIR, LOCK_DIR, QUARANTINE_DIR, STATS_DIR, HANDOFF_DIR})
 
 
 class EntryInfo(NamedTuple):
     """One committed entry as its metadata describes it (immutable).
 
-    ``size`` is the artifact's size recorded in the metadata, ``meta_size`` the metadata
-    file's size; ``kernel`` and ``target`` are the metadata's ``name`` and ``target`` fields
-    (None when absent). ``last_used`` is the metadata file's mtime, the last-used stamp,
-    or None when the scan did not stat files. (A NamedTuple rather than a frozen dataclass:
+    ``size`` is the artifact file's size and ``meta_size`` the metadata file's, as the file
+    system reports them (never what the metadata claims); ``kernel`` and ``target`` are the
+    metadata's ``name`` and ``target`` fields (None when absent); ``kind`` is its ``kind``
+    field: None for a compiled kernel, else what else the entry is (the bridge stores
+    ``"ptx"`` text and ``"identity"`` records). ``last_used`` is the metadata file's mtime,
+    the last-used stamp, or None when the scan did not stat files. (A NamedTuple rather than a frozen dataclass:
     scans of 100,000 entries are built in well under a second.)
     """
 
@@ -40,6 +44,7 @@ class EntryInfo(NamedTuple):
     created: float | None
     last_used: float | None = None
     inode: int = 0
+    kind: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -60,6 +65,7 @@ class EntryInfo(NamedTuple):
             "target": self.target,
             "created": self.created,
             "last_used": self.last_used,
+            "kind": self.kind,
         }
 
 
@@ -80,6 +86,7 @@ class EntryTable:
     created: tuple[float | None, ...] = ()
     last_used: tuple[float | None, ...] = ()
     inode: tuple[int, ...] = ()
+    kind: tuple[str | None, ...] = ()
 
     @classmethod
     def from_rows(cls, rows: Iterable[EntryInfo]) -> EntryTable:
@@ -98,11 +105,17 @@ class EntryTable:
         return sum(self.size) + sum(self.meta_size)
 
     def group(self, column: str) -> dict[str | None, tuple[int, int]]:
-        """{value of ``column``: (entries, bytes)}, largest first."""
+        """{value of ``column``: (entries, bytes)}, largest first. Grouped by ``kernel``, only
+        kernels count (entries without a ``kind``)."""
         values = getattr(self, column)
+        nbytes = map(add, self.size, self.meta_size)
+        if column == "kernel" and any(k is not None for k in self.kind):
+            rows = [(v, b) for v, b, k in zip(values, nbytes, self.kind, strict=True) if k is None]
+            values = [v for v, _ in rows]
+            nbytes = (b for _, b in rows)
         counts = Counter(values)
         sizes = dict.fromkeys(counts, 0)
-        for value, nbytes in zip(values, map(add, self.size, self.meta_size), strict=True):
-            sizes[value] += nbytes
+        for value, n in zip(values, nbytes, strict=True):
+            sizes[value] += n
         order = sorted(counts, key=lambda v: (-sizes[v], str(v)))
         return {v: (counts[v], sizes[v]) for v in order}

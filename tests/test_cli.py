@@ -15,7 +15,7 @@ from conftest import key_of, run_on_a_terminal, run_py
 from test_cli_support import KERNELCACHE, backdate, files_under, kc, kc_json, put
 
 from kernelcache.cli import parse_age, parse_size
-from kernelcache.index import INDEX_NAME
+from kernelcache.index import INDEX_NAME, INDEX_VERSION
 
 COMMANDS = [
     ["stats"],
@@ -89,14 +89,15 @@ def test_every_command_on_an_empty_root(tmp_path, args):
         assert doc["command"] == args[0]
 
 
-def test_read_commands_do_not_create_a_missing_root(tmp_path):
+def test_no_command_but_a_write_creates_a_missing_root(tmp_path):
     root = tmp_path / "missing"
-    for args in (["stats"], ["ls"], ["verify"], ["prune", "--dry-run"], ["prune"], ["doctor"]):
+    for args in (["stats"], ["ls"], ["verify"], ["prune", "--dry-run"], ["prune"]):
         proc = kc(root, *args)
-        assert proc.returncode == 0, (args, proc.stderr)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert f"{root} does not exist" in proc.stderr
+    assert kc(root, "doctor").returncode == 0  # doctor reports it
     assert not root.exists()
-    assert kc_json(root, "stats")["exists"] is False
-    assert "does not exist" in kc(root, "ls").stdout
+    assert "does not exist" in kc(root, "doctor").stdout
 
 
 def test_export_and_import_of_an_empty_root(tmp_path):
@@ -144,7 +145,7 @@ def test_stats_uses_and_refreshes_the_scan_index(populated):
     # A garbage index is ignored, then rewritten.
     index.write_text('{"v": 1, "keys": 5}')
     assert kc_json(populated, "stats")["entries"] == 10
-    assert json.loads(index.read_text().split("\n")[0])["v"] == 2
+    assert json.loads(index.read_text().split("\n")[0])["v"] == INDEX_VERSION
 
 
 def test_stats_aggregates_process_logs(tmp_path):
@@ -354,8 +355,8 @@ def test_prune_on_a_corrupted_root_cleans_up_and_leaves_the_rest(tmp_path):
     [
         (["prune", "--max-size", "10X"], "invalid size '10X'"),
         (["prune", "--max-size=-5G"], "invalid size"),
-        (["prune", "--older-than", "30"], "invalid age '30'"),
-        (["prune", "--older-than", "3 days"], "invalid age"),
+        (["prune", "--older-than", "30"], "invalid duration '30'"),
+        (["prune", "--older-than", "3 days"], "invalid duration"),
         (["import", "x", "--max-member-size", "lots"], "invalid size"),
         (["frobnicate"], "invalid choice"),
         (["warm", "m.jsonl"], "--target"),
@@ -489,6 +490,7 @@ def test_commands_from_other_packages_through_the_entry_point_group(tmp_path):
     )
     env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     root = tmp_path / "cache"
+    root.mkdir()
     proc = kc(root, "hello", "--times", "2", "--json", env=env)
     assert proc.returncode == 3, proc.stderr
     assert json.loads(record.read_text()) == [str(root), 2, True]

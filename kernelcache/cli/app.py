@@ -19,7 +19,7 @@ from typing import NoReturn
 from .._version import __version__
 from ..config import ConfigError
 from .bundles import cmd_export, cmd_import
-from .common import age_arg, size_arg
+from .common import age_arg, count_arg, level_arg, size_arg
 from .entries import SORTS, cmd_ls, cmd_show
 from .maintenance import cmd_doctor, cmd_prune, cmd_verify
 from .output import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, CommandFailed, Output, UsageError, fail
@@ -99,15 +99,18 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name: str, help_: str) -> argparse.ArgumentParser:
         return add_command(sub, name, help_)
 
-    def filters(p: argparse.ArgumentParser) -> None:
+    def filters(p: argparse.ArgumentParser, note: str = "") -> None:
         p.add_argument(
-            "--kernel", action="append", metavar="NAME", help="only this kernel name (repeatable)"
+            "--kernel",
+            action="append",
+            metavar="NAME",
+            help=f"only entries of this kernel name (repeatable){note}",
         )
         p.add_argument(
             "--target",
             action="append",
             metavar="T",
-            help="only this target, e.g. cuda:90 (repeatable)",
+            help=f"only entries of this target, e.g. cuda:90 (repeatable){note}",
         )
 
     p = command("stats", "entries and bytes by extension, target and kernel; hit rate and counters")
@@ -118,7 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="output format (--json means json)",
     )
     p.add_argument(
-        "--top", type=int, default=10, metavar="N", help="rows per breakdown in the table (0: all)"
+        "--top",
+        type=count_arg,
+        default=10,
+        metavar="N",
+        help="rows per breakdown in the table (0: all)",
     )
     p.add_argument(
         "-o",
@@ -137,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="name (kernel, target, key); size (largest first); age (oldest first); last-used (least recent first)",
     )
     p.add_argument("--reverse", action="store_true", help="reverse the order")
-    p.add_argument("--limit", type=int, metavar="N", help="show at most N entries")
+    p.add_argument("--limit", type=count_arg, metavar="N", help="show at most N entries")
     p.set_defaults(func=cmd_ls)
 
     p = command("show", "one entry: metadata, path, verified status")
@@ -171,7 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="AGE",
         help="remove (matching) entries not used for AGE, e.g. 30d",
     )
-    filters(p)
+    filters(
+        p,
+        "; without --max-size or --older-than, every matching entry is deleted (a summary is "
+        "printed first)",
+    )
     p.add_argument(
         "--quarantine-age",
         type=age_arg,
@@ -192,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto: zstd when FILE ends in .zst/.zstd/.tzst",
     )
-    p.add_argument("--level", type=int, default=3, help="zstd level (default 3)")
+    p.add_argument("--level", type=level_arg, default=3, help="zstd level, 1 to 22 (default 3)")
     p.add_argument("--force", action="store_true", help="overwrite FILE")
     p.set_defaults(func=cmd_export)
 

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 
 from ..config import settings
 from ..errors import CacheError
-from .common import check_writable, root_of, writer
-from .output import EXIT_OK, EXIT_PROBLEMS, CommandFailed, Output, envelope, human_size
+from .common import check_writable, existing_root, root_of, writer
+from .output import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    CommandFailed,
+    Output,
+    UsageError,
+    envelope,
+    human_size,
+    printable,
+)
 
 
 def cmd_export(args: argparse.Namespace, out: Output) -> int:
@@ -16,7 +26,7 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
     from ..prune import select
     from ..scan import scan
 
-    root = root_of(args)
+    root = existing_root(args)
     scanned = scan(root)
     entries = select(scanned.entries, args.kernel or (), args.target or ())
     entries.sort(key=lambda e: e.key)
@@ -50,17 +60,33 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
             f" ({'zstd' if result.compression == 'zstd' else 'uncompressed tar'})."
         ]
         for key, reason in result.skipped:
-            lines.append(f"  skipped {key}: {reason}")
+            lines.append(f"  skipped {key}: {printable(reason)}")
         return "\n".join(lines)
 
     out.emit(doc, human)
     return EXIT_PROBLEMS if result.skipped else EXIT_OK
 
 
+def _check_input(path: str) -> None:
+    """Refuse, before opening it, an input that is not a regular file: opening a FIFO would
+    block, a device would never end.
+
+    Raises:
+        UsageError: it does not exist or is not a regular file (the message names it).
+    """
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{path} is not a regular file: give a bundle file made by export")
+
+
 def cmd_import(args: argparse.Namespace, out: Output) -> int:
     from ..bundle import BundleError, import_bundle
 
     root = root_of(args)
+    _check_input(args.file)
     if not args.dry_run:
         check_writable(root)
     store = writer(root, lock_timeout=settings().lock_timeout)
@@ -103,17 +129,21 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
         ]
         compat = result.compatibility
         if compat.get("targets"):
-            lines.append(f"Targets: {', '.join(compat['targets'])}")
+            lines.append(printable(f"Targets: {', '.join(map(str, compat['targets']))}"))
         producers = compat.get("producers") or {}
         if producers:
             lines.append(
-                "Producers: "
-                + "; ".join(
-                    f"{k} {', '.join(v)}" for k, v in producers.items() if isinstance(v, list)
+                printable(
+                    "Producers: "
+                    + "; ".join(
+                        f"{k} {', '.join(map(str, v))}"
+                        for k, v in producers.items()
+                        if isinstance(v, list)
+                    )
                 )
             )
         for key, reason in result.conflicts:
-            lines.append(f"  conflict {key}: {reason}")
+            lines.append(f"  conflict {key}: {printable(reason)}")
         return "\n".join(lines)
 
     out.emit(doc, human)

@@ -6,70 +6,37 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 
+from .. import units
 from ..config import settings
 from ..store import Store
 from .output import CommandFailed, UsageError
 
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kib": 1 << 10,
-    "ki": 1 << 10,
-    "kb": 10**3,
-    "m": 1 << 20,
-    "mib": 1 << 20,
-    "mi": 1 << 20,
-    "mb": 10**6,
-    "g": 1 << 30,
-    "gib": 1 << 30,
-    "gi": 1 << 30,
-    "gb": 10**9,
-    "t": 1 << 40,
-    "tib": 1 << 40,
-    "ti": 1 << 40,
-    "tb": 10**12,
-}
-_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)")
-_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_AGE_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])")
-
 
 def parse_size(text: str) -> int:
-    """``10G``, ``500M``, ``1.5GiB``, ``2TB``, ``4096`` -> bytes.
-
-    K, M, G, T (and KiB, MiB, ...) are powers of 1024, like ``du -h``; KB, MB, GB, TB are
-    powers of 1000. Units are case-insensitive.
+    """``10G``, ``500M``, ``1.5GiB``, ``2TB``, ``4096`` -> bytes (see :mod:`kernelcache.units`:
+    K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB powers of 1000).
 
     Raises:
         UsageError: anything else, with what is accepted.
     """
-    match = _SIZE.fullmatch(text.strip())
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _SIZE_UNITS:
-        raise UsageError(
-            f"invalid size {text!r}: use a number with an optional unit, e.g. 500M, 10G, "
-            "1.5GiB, 2TB (K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024; KB/MB/GB/TB of 1000)"
-        )
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+    try:
+        return units.parse_size(text)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def parse_age(text: str) -> float:
-    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``, ``1d12h`` -> seconds.
+    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``, ``1d12h`` -> seconds (see
+    :mod:`kernelcache.units`).
 
     Raises:
         UsageError: anything else (a bare number is refused: say which unit).
     """
-    compact = text.strip().lower()
-    parts = _AGE_PART.findall(compact)
-    if not compact or "".join(n + u for n, u in parts) != compact:
-        raise UsageError(
-            f"invalid age {text!r}: use a number with a unit s, m, h, d or w "
-            "(seconds, minutes, hours, days, weeks), e.g. 30d, 12h, 90m, 1d12h"
-        )
-    return sum(float(n) * _AGE_UNITS[u] for n, u in parts)
+    try:
+        return units.parse_duration(text, bare_seconds=False)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def size_arg(text: str) -> int:
@@ -88,13 +55,60 @@ def age_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def count_arg(text: str) -> int:
+    """A count (``--limit``, ``--top``): a whole number, 0 or more, as an argparse ``type``."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: use a whole number, 0 or more")
+    return value
+
+
+#: the compression levels ``export --level`` accepts (zstd's)
+ZSTD_LEVELS = range(1, 23)
+
+
+def level_arg(text: str) -> int:
+    """A zstd compression level, 1 (fastest) to 22 (smallest), as an argparse ``type``."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value not in ZSTD_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"invalid level {text!r}: use 1 (fastest) to 22 (smallest); the default is 3"
+        )
+    return value
+
+
 def root_of(args: argparse.Namespace) -> str:
-    """The absolute cache root a command works on: ``--root``, else the default root."""
+    """The absolute cache root a command works on: ``--root``, else the default root.
+
+    Raises:
+        ConfigError: no ``--root`` and ``$KERNELCACHE_DIR`` cannot be used.
+    """
     if args.root:
         return os.path.abspath(os.path.expanduser(args.root))
     from ..cache import default_root
 
     return os.path.abspath(default_root())
+
+
+def existing_root(args: argparse.Namespace) -> str:
+    """:func:`root_of`, for a command that reads a root (or removes from it): the root must be
+    an existing directory. A mistyped ``--root`` is an error, never an empty cache, and
+    nothing is created.
+
+    Raises:
+        UsageError: the root does not exist or is not a directory (the message names it).
+    """
+    root = root_of(args)
+    if not os.path.isdir(root):
+        what = "is not a directory" if os.path.lexists(root) else "does not exist"
+        raise UsageError(f"the cache root {root} {what} (check --root or KERNELCACHE_DIR)")
+    return root
 
 
 def lock_settings() -> tuple[str, float]:
@@ -104,9 +118,9 @@ def lock_settings() -> tuple[str, float]:
 
 
 def writer(root: str, lock_timeout: float = 0.0) -> Store:
-    """A writable store for this root; per-key locks are tried once unless told otherwise."""
-    mode, stale = lock_settings()
-    return Store(root, lock_mode=mode, lock_stale=stale, lock_timeout=lock_timeout)
+    """A writable store for this root, as configured (lock mode, staleness, trust); per-key
+    locks are tried once unless told otherwise."""
+    return Store.from_settings(root, lock_timeout=lock_timeout)
 
 
 def check_writable(root: str) -> None:

@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
+import stat
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ..config import settings
 from ..jsonio import load_json
 from ..keys import KEY_PATTERN, META_EXT
 from ..store import Artifact, Store
-from .common import root_of
+from .common import existing_root
 from .output import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -24,10 +25,12 @@ from .output import (
     Output,
     UsageError,
     envelope,
+    finite,
     format_label,
     format_table,
     human_age,
     human_size,
+    printable,
 )
 
 SORTS: dict[str, tuple[Callable[[Any], Any], bool]] = {
@@ -42,7 +45,7 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
     from ..prune import select
     from ..scan import scan
 
-    root = root_of(args)
+    root = existing_root(args)
     scanned = scan(root, last_used=True)
     entries = select(scanned.entries, args.kernel or (), args.target or ())
     sort_key, descending = SORTS[args.sort]
@@ -53,7 +56,7 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
 
     def human() -> str:
         if not entries:
-            return "(no entries)" if scanned.exists else f"(no entries: {root} does not exist)"
+            return "(no entries)"
         rows = [["KEY", "EXT", "SIZE", "KERNEL", "TARGET", "LAST USED", "CREATED"]]
         for e in entries:
             rows.append(
@@ -115,6 +118,8 @@ def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None  # a FIFO or device planted there: never read
         raw = f.read(1 << 20)
     try:
         doc = load_json(raw)
@@ -124,9 +129,9 @@ def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
 
 
 def cmd_show(args: argparse.Namespace, out: Output) -> int:
-    root = root_of(args)
+    root = existing_root(args)
     key = _resolve_key(root, args.key)
-    result = Store(root, readonly=True, trust=settings().trust).read(key)
+    result = Store.from_settings(root, readonly=True).read(key)
     if result is None:
         raise CommandFailed(f"no entry {key} under {root}")
     meta = dict(result.meta) if isinstance(result, Artifact) else _raw_metadata(root, key)
@@ -152,26 +157,28 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
     }
 
     def human() -> str:
-        lines = [f"key:        {key}", f"path:       {path}"]
+        lines = [f"key:        {key}", f"path:       {printable(str(path))}"]
         if ok:
             lines.append(f"size:       {doc['size']:,} bytes ({human_size(doc['size'])})")
             lines.append("status:     ok (size and digest verified)")
         else:
-            lines.append(f"status:     CORRUPT: {doc['problem']} (kernelcache verify --repair)")
+            problem = printable(str(doc["problem"]))
+            lines.append(f"status:     CORRUPT: {problem} (kernelcache verify --repair)")
         if last_used is not None:
             lines.append(
                 f"last used:  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(last_used))}"
                 f" ({human_age(time.time() - last_used)})"
             )
         created = (meta or {}).get("created")
-        if isinstance(created, (int, float)):
+        if isinstance(created, (int, float)) and math.isfinite(created) and abs(created) < 1e11:
             lines.append(
                 f"created:    {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(created))}"
                 f" ({human_age(time.time() - created)})"
             )
         lines.append("metadata:")
         for k, v in sorted((meta or {}).items()):
-            lines.append(f"  {k}: {json.dumps(v) if isinstance(v, (dict, list)) else v}")
+            shown = json.dumps(finite(v)) if isinstance(v, (dict, list)) else str(finite(v))
+            lines.append(f"  {printable(k)}: {printable(shown)}")
         return "\n".join(lines)
 
     out.emit(doc, human)

@@ -5,11 +5,20 @@ first, then execute), and diagnose the root and its environment.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING, Any
 
 from ..config import settings
-from .common import check_writable, lock_settings, root_of, writer
-from .output import EXIT_OK, EXIT_PROBLEMS, Output, envelope, format_table, human_size
+from .common import check_writable, existing_root, lock_settings, root_of, writer
+from .output import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    Output,
+    envelope,
+    format_table,
+    human_size,
+    printable,
+)
 
 if TYPE_CHECKING:
     from ..prune import Result
@@ -29,7 +38,7 @@ def _outcomes_human(result: Result, verb: str) -> list[str]:
         if counts.get(status):
             lines.append(f"  {counts[status]:,} {what}")
     for o in result.with_status("failed"):
-        lines.append(f"  failed: {o.action.path}: {o.detail}")
+        lines.append(f"  failed: {printable(o.action.path)}: {printable(o.detail)}")
     if result.plan.fold_logs or result.fold_error:
         lines.append(f"  statistics logs folded: {result.folded_logs}")
         if result.fold_error:
@@ -51,7 +60,7 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     from ..prune import execute, plan_repair
     from ..scan import scan, verify
 
-    root = root_of(args)
+    root = existing_root(args)
     _, stale = lock_settings()
     base = scan(root, last_used=True, locks=True, lock_stale=stale)
     with out.progress("verifying", len(base.entries)) as tick:
@@ -85,8 +94,6 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
         lines = [
             f"Checked {len(base.entries):,} entries under {root}: {len(checked.entries):,} ok."
         ]
-        if not checked.exists:
-            lines[0] = f"{root} does not exist: nothing to verify."
         if issues:
             lines.append(f"Problems ({len(issues):,}):")
             rows = [[i.kind, i.path, i.detail] for i in issues]
@@ -120,7 +127,7 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
     from ..prune import execute, plan_prune
     from ..scan import scan
 
-    root = root_of(args)
+    root = existing_root(args)
     _, stale = lock_settings()
     scanned = scan(root, last_used=True, locks=True, lock_stale=stale)
     plan = plan_prune(
@@ -134,6 +141,20 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
     result = None
     if not args.dry_run and (plan.actions or plan.fold_logs):
         check_writable(root)
+        doomed = plan.summary.get("delete-entry")
+        if doomed and args.max_size is None and args.older_than is None:
+            # a filter and no limit: every match goes; say so before doing it
+            which = " ".join(
+                [
+                    *(f"--kernel {k}" for k in args.kernel or ()),
+                    *(f"--target {t}" for t in args.target or ()),
+                ]
+            )
+            sys.stderr.write(
+                f"kernelcache: no --max-size or --older-than: deleting all {doomed['count']:,} "
+                f"entries ({human_size(doomed['bytes'])}) that match {printable(which)}\n"
+            )
+            sys.stderr.flush()
         with out.progress("pruning", len(plan.actions)) as tick:
             result = execute(writer(root), plan, progress=tick)
     criteria = {
@@ -189,9 +210,13 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
+    from ..config import ConfigError
     from ..doctor import diagnose
 
-    root = root_of(args)
+    try:
+        root: str | None = root_of(args)
+    except ConfigError:
+        root = None  # KERNELCACHE_DIR cannot be used: reported with every other setting
     report = diagnose(root)
     doc = {
         **envelope("doctor", root),
@@ -203,7 +228,10 @@ def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
     def human() -> str:
         info = report.info
         fs = info.get("filesystem") or {}
-        lines = [f"Cache root:   {root}" + ("" if info["exists"] else " (does not exist)")]
+        if root is None:
+            lines = ["Cache root:   (none: KERNELCACHE_DIR cannot be used)"]
+        else:
+            lines = [f"Cache root:   {root}" + ("" if info["exists"] else " (does not exist)")]
         if fs:
             lines.append(f"Filesystem:   {fs['type']} ({fs['source']} on {fs['mount_point']})")
         if info.get("free_bytes") is not None:
@@ -224,18 +252,15 @@ def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
             )
         if info.get("lock_mode"):
             lines.append(
-                f"Locks:        {info['lock_mode']} (configured: {info.get('lock_mode_configured', '?')})"
+                f"Locks:        {info['lock_mode']} "
+                f"(configured: {info.get('lock_mode_configured') or '?'})"
             )
         lines.append(f"kernelcache:  {info['kernelcache']} on Python {info['python']}")
         for name, version in info["versions"].items():
             lines.append(f"  {name + ':':13} {version or '-'}")
-        env = info["environment"]
-        lines.append("Environment:  " + ("(no KERNELCACHE_* variables set)" if not env else ""))
-        for name, value in env.items():
-            lines.append(f"  {name}={value}")
         lines.append("Checks:")
         for c in report.checks:
-            lines.append(f"  [{c.status:4}] {c.name}: {c.detail}")
+            lines.append(printable(f"  [{c.status:4}] {c.name}: {c.detail}"))
         return "\n".join(lines)
 
     out.emit(doc, human)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,10 +30,35 @@ class CommandFailed(Exception):
 
 
 def dumps(doc: dict[str, Any]) -> str:
-    """JSON text: indented on a terminal, compact (and fast) otherwise."""
-    if sys.stdout.isatty():
-        return json.dumps(doc, indent=2, default=str)
-    return json.dumps(doc, separators=(",", ":"), default=str)
+    """JSON text: indented on a terminal, compact (and fast) otherwise. Always strict JSON:
+    NaN and infinities (which metadata read from disk may hold) become null."""
+    layout: dict[str, Any] = {"indent": 2} if sys.stdout.isatty() else {"separators": (",", ":")}
+    try:
+        return json.dumps(doc, default=str, allow_nan=False, **layout)
+    except ValueError:  # a non-finite number somewhere: the rare, slower path
+        return json.dumps(finite(doc), default=str, allow_nan=False, **layout)
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (in any dict, list or tuple) made None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: control characters (escape sequences, newlines,
+    carriage returns, ...) are shown escaped, as ``\\x1b`` or ``\\n``. Names read from a
+    shared root are untrusted: they must not redraw the screen or forge output lines."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )
 
 
 class Output:
@@ -82,7 +108,7 @@ def human_size(n: float) -> str:
 
 def human_age(seconds: float | None) -> str:
     """How long ago: ``90s ago``, ``3h ago``, ``12d ago``; ``-`` for None."""
-    if seconds is None:
+    if seconds is None or not math.isfinite(seconds):
         return "-"
     seconds = max(seconds, 0.0)
     for limit, unit, div in ((120, "s", 1), (7200, "m", 60), (172800, "h", 3600)):
@@ -101,7 +127,9 @@ def human_duration(seconds: float) -> str:
 
 
 def format_table(rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
-    """Rows as aligned columns; the columns numbered in ``right`` are right-aligned."""
+    """Rows as aligned columns; the columns numbered in ``right`` are right-aligned. Cells
+    are shown :func:`printable`."""
+    rows = [[printable(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for row in rows:
@@ -114,10 +142,10 @@ def format_table(rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> st
 
 
 def format_label(value: str | None) -> str:
-    """A kernel or target name as shown; ``(none)`` when absent."""
-    return "(none)" if value is None else value
+    """A kernel or target name as shown (:func:`printable`); ``(none)`` when absent."""
+    return "(none)" if value is None else printable(value)
 
 
-def envelope(command: str, root: str) -> dict[str, Any]:
+def envelope(command: str, root: str | None) -> dict[str, Any]:
     """The fields every command's ``--json`` document starts with."""
     return {"schema": SCHEMA, "command": command, "root": root}

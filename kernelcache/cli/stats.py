@@ -10,14 +10,13 @@ import sys
 from typing import Any
 
 from ..stats import COUNTERS, read_logs
-from .common import root_of
+from .common import existing_root
 from .output import (
     EXIT_OK,
     CommandFailed,
     Output,
     dumps,
     envelope,
-    format_label,
     format_table,
     human_duration,
     human_size,
@@ -42,9 +41,9 @@ def stats_document(root: str) -> dict[str, Any]:
     artifact_bytes = summary.artifact_bytes
     metadata_bytes = summary.metadata_bytes
 
-    def groups(column: str) -> dict[str, dict[str, int]]:
+    def groups(column: str, none: str = "(none)") -> dict[str, dict[str, int]]:
         return {
-            format_label(v): {"entries": n, "bytes": b}
+            none if v is None else v: {"entries": n, "bytes": b}
             for v, (n, b) in summary.groups[column].items()
         }
 
@@ -58,6 +57,7 @@ def stats_document(root: str) -> dict[str, Any]:
         "by_ext": groups("ext"),
         "by_target": groups("target"),
         "by_kernel": groups("kernel"),
+        "by_kind": groups("kind", none="kernel"),
         "quarantine": {
             "files": len(summary.quarantine),
             "bytes": sum(f.size for f in summary.quarantine),
@@ -194,7 +194,7 @@ def _write_atomic(path: str, text: str) -> None:
 
 
 def cmd_stats(args: argparse.Namespace, out: Output) -> int:
-    root = root_of(args)
+    root = existing_root(args)
     doc = stats_document(root)
     fmt = "json" if out.json else args.format
     if fmt == "prometheus":
