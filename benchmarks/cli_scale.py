@@ -1,5 +1,6 @@
-"""How the ``kernelcache`` command scales: stats, ls, verify and prune --dry-run on a root of
-100,000 entries, each timed as a real console-script subprocess (interpreter start included).
+"""How the ``kernelcache`` command scales: stats, ls, verify, prune --dry-run, ``verify --repair``
+and a real ``prune --max-size`` of half the root, on a root of 100,000 entries, each timed as a
+real console-script subprocess (interpreter start included).
 
 The root is written directly in the store's format (artifact, then metadata made with
 ``kernelcache.store.make_metadata``/``encode_metadata``, last-used stamps spread over 60 days,
@@ -12,9 +13,19 @@ The peer, measured in the same run on the same root: the naive way to get the sa
 without its scan index, and what a Triton-cache style layout forces on any tool), and for the
 prune plan the same walk plus a stat of every metadata file and a sort by mtime.
 
-Targets (issue 4): stats under 1 s, prune plan under 2 s on the 2-core CPU machine.
+Destructive runs are timed once each: ``verify --repair`` on the root after 1% of its entries
+were damaged (flipped bytes, lost metadata, dead staging files), then a real ``prune --max-size``
+that deletes about half of it (each entry under its lock, readers excluded). The peer for the
+real prune, on an identical root: a Python walk that parses and stats every metadata file, sorts
+by mtime and unlinks the oldest half's files with no lock at all (the least any tool must do).
+The real prune is also timed on roots of 2,000 and 8,000 entries (``--scales``): linear growth
+means the 8,000 / 2,000 ratio is about 4.
 
-    python benchmarks/cli_scale.py [--entries 100000] [--out results.json] [--dir DIR] [--keep]
+Goals on the 2-core CPU machine: stats under 1 s, prune plan under 2 s, a real prune of half of
+100,000 entries under 10 s.
+
+    python benchmarks/cli_scale.py [--entries 100000] [--scales 2000,8000] [--out results.json]
+                                   [--dir DIR] [--keep]
 
 Prints a table, then one JSON line; ``--out`` also writes that JSON to a file.
 """
@@ -22,6 +33,7 @@ Prints a table, then one JSON line; ``--out`` also writes that JSON to a file.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -39,7 +51,7 @@ from kernelcache.store import encode_metadata, make_metadata
 
 TARGETS = ("cuda:80", "cuda:90", "hip:gfx90a", "hip:gfx942")
 EXT_OF = {"cuda:80": "cubin", "cuda:90": "cubin", "hip:gfx90a": "hsaco", "hip:gfx942": "hsaco"}
-GOALS = {"stats": 1.0, "prune_plan": 2.0}
+GOALS = {"stats": 1.0, "prune_plan": 2.0, "prune_real": 10.0}
 
 
 def console_script() -> str:
@@ -141,6 +153,61 @@ print(json.dumps({"entries": len(rows), "doomed": doomed}))
 """
 
 
+PEER_PRUNE_REAL = r"""
+import json, os, sys
+root, cap = sys.argv[1], int(sys.argv[2])
+rows = []
+for entry in os.scandir(root):
+    if entry.name.endswith(".json"):
+        with open(entry.path, "rb") as f:
+            doc = json.load(f)
+        rows.append((entry.stat().st_mtime, doc["size"] + entry.stat().st_size, doc["key"], doc["ext"]))
+rows.sort()
+total = sum(r[1] for r in rows)
+doomed = 0
+for mtime, size, key, ext in rows:
+    if total <= cap:
+        break
+    os.unlink(os.path.join(root, key + ".json"))
+    os.unlink(os.path.join(root, key + "." + ext))
+    total -= size
+    doomed += 1
+print(json.dumps({"entries": len(rows), "deleted": doomed}))
+"""
+
+
+def damage(root: Path, fraction: float, seed: int = 1) -> dict[str, int]:
+    """Damage ``fraction`` of the entries, as crashes and bad disks do: flipped artifact bytes,
+    lost metadata (orphans, backdated past the grace period), dead writers' staging files."""
+    rng = random.Random(seed)
+    metas = sorted(root.glob("*.json"))
+    n = max(1, int(len(metas) * fraction / 2))
+    chosen = rng.sample(metas, 2 * n)
+    old = time.time() - 2 * 3600
+
+    def artifact_of(meta: Path) -> Path:
+        return root / f"{meta.stem}.{json.loads(meta.read_bytes())['ext']}"
+
+    for meta in chosen[:n]:  # flipped bytes: corrupt entries
+        artifact = artifact_of(meta)
+        data = bytearray(artifact.read_bytes())
+        data[0] ^= 0xFF
+        stamp = artifact.stat().st_mtime
+        artifact.write_bytes(bytes(data))
+        os.utime(artifact, (stamp, stamp))
+    for meta in chosen[n:]:  # lost metadata: orphan artifacts
+        artifact = artifact_of(meta)
+        meta.unlink()
+        os.utime(artifact, (old, old))
+    tmp = root / ".tmp"
+    tmp.mkdir(exist_ok=True)
+    for i in range(n):
+        path = tmp / f"deadhost-{i}-{i:032x}.tmp"
+        path.write_bytes(b"half")
+        os.utime(path, (old, old))
+    return {"corrupt": n, "orphan-artifact": n, "stale-temp": n}
+
+
 def timed(cmd: list[str], repeat: int) -> tuple[float, str]:
     """Median wall time of ``repeat`` runs of ``cmd``, and the last run's stdout."""
     times = []
@@ -155,9 +222,20 @@ def timed(cmd: list[str], repeat: int) -> tuple[float, str]:
     return statistics.median(times), out
 
 
+def kc_entries(kc: str, root: str) -> int:
+    """How many entries ``kernelcache stats`` counts under ``root``."""
+    proc = subprocess.run([kc, "--root", root, "stats", "--json"], capture_output=True, text=True)
+    return int(json.loads(proc.stdout)["entries"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entries", type=int, default=100_000)
+    parser.add_argument(
+        "--scales",
+        default="2000,8000",
+        help="also time a real prune of half of roots this large (comma-separated; '' for none)",
+    )
     parser.add_argument("--min-size", type=int, default=256, help="smallest artifact (bytes)")
     parser.add_argument("--max-size", type=int, default=4096, help="largest artifact (bytes)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per timing (median)")
@@ -203,6 +281,42 @@ def main() -> None:
         peer_prune, out = timed([sys.executable, "-c", PEER_PRUNE, r, cap], args.repeat)
         peer_doomed = json.loads(out)["doomed"]
         index_bytes = (root / ".stats" / INDEX_NAME).stat().st_size
+
+        # -- destructive: verify --repair of a damaged root, then a real prune of half -------
+        damaged = damage(root, 0.01)
+        results["verify_repair"], out = timed([kc, "--root", r, "verify", "--repair", "--json"], 1)
+        repair = json.loads(out)
+        assert repair["counts"] == damaged, (repair["counts"], damaged)
+        assert repair["repair"]["counts"] == {"done": sum(damaged.values())}, repair["repair"]
+        repaired_entries = repair["entries_ok"]
+        results["prune_real"], out = timed(
+            [kc, "--root", r, "prune", "--max-size", cap, "--json"], 1
+        )
+        pruned = json.loads(out)["result"]["counts"]
+        assert set(pruned) == {"done"}, pruned
+        kept = kc_entries(kc, r)
+        peer_root = base / "peer"
+        if peer_root.exists():
+            shutil.rmtree(peer_root)
+        populate(peer_root, args.entries, args.min_size, args.max_size)
+        peer_prune_real, out = timed(
+            [sys.executable, "-c", PEER_PRUNE_REAL, str(peer_root), cap], 1
+        )
+        peer_deleted = json.loads(out)["deleted"]
+        shutil.rmtree(peer_root)
+        scales: dict[int, dict[str, float]] = {}
+        for n in [int(x) for x in args.scales.split(",") if x.strip()]:
+            small = base / f"scale-{n}"
+            if small.exists():
+                shutil.rmtree(small)
+            populate(small, n, args.min_size, args.max_size)
+            small_cap = str(n * (args.min_size + args.max_size) // 4)
+            seconds, out = timed(
+                [kc, "--root", str(small), "prune", "--max-size", small_cap, "--json"], 1
+            )
+            scales[n] = {"seconds": seconds, "deleted": json.loads(out)["result"]["counts"]["done"]}
+            shutil.rmtree(small)
+        scales[args.entries] = {"seconds": results["prune_real"], "deleted": pruned["done"]}
     finally:
         if not args.keep:
             shutil.rmtree(base if not args.dir else root, ignore_errors=True)
@@ -211,10 +325,17 @@ def main() -> None:
         "stats_vs_peer": results["stats"] / peer_stats,
         "stats_cold_vs_peer": results["stats_cold"] / peer_stats,
         "prune_plan_vs_peer": results["prune_plan"] / peer_prune,
+        "prune_real_vs_peer": results["prune_real"] / peer_prune_real,
     }
+    sizes = sorted(scales)
+    for small, large in itertools.pairwise(sizes):
+        ratios[f"prune_real_{large}_vs_{small}"] = (
+            scales[large]["seconds"] / scales[small]["seconds"]
+        )
     met = {
         "stats_under_1s": results["stats"] < GOALS["stats"],
         "prune_plan_under_2s": results["prune_plan"] < GOALS["prune_plan"],
+        "prune_real_under_10s": results["prune_real"] < GOALS["prune_real"],
     }
     rows = [
         ("create root (direct writes)", results["create"], ""),
@@ -234,9 +355,24 @@ def main() -> None:
         ("prune --dry-run --max-size --json", results["prune_plan_json"], ""),
         ("prune --dry-run --older-than 30d", results["prune_plan_age"], ""),
         ("verify --json (reads every artifact)", results["verify"], ""),
+        ("verify --repair --json (1% damaged)", results["verify_repair"], ""),
+        (
+            f"prune --max-size (real, {pruned['done']:,} deleted)",
+            results["prune_real"],
+            f"peer x{ratios['prune_real_vs_peer']:.2f}  goal < 10 s",
+        ),
         ("peer: du -sb + parse every metadata", peer_stats, ""),
         ("peer: parse + stat every metadata, sort", peer_prune, ""),
+        (f"peer: same, then unlink {peer_deleted:,} (no locks)", peer_prune_real, ""),
     ]
+    for n in sizes:
+        rows.append(
+            (
+                f"  prune --max-size (real) at {n:,} entries",
+                scales[n]["seconds"],
+                f"{scales[n]['deleted']:,} deleted",
+            )
+        )
     print(
         f"kernelcache CLI at {args.entries:,} entries ({platform.machine()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}; median of {args.repeat})"
@@ -246,8 +382,16 @@ def main() -> None:
         print(f"  {name:<{width}}  {seconds:8.3f} s  {note}")
     print(
         f"  plan: {plan['summary'].get('delete-entry', {}).get('count', 0):,} entries to delete "
-        f"(peer: {peer_doomed:,}); scan index {index_bytes / 1e6:.1f} MB"
+        f"(peer: {peer_doomed:,}); scan index {index_bytes / 1e6:.1f} MB; after repair "
+        f"{repaired_entries:,} entries ok; after the prune {kept:,} entries"
     )
+    growth = ", ".join(
+        f"{large:,}/{small:,}: x{scales[large]['seconds'] / scales[small]['seconds']:.1f} "
+        f"for x{large / small:.0f} entries"
+        for small, large in itertools.pairwise(sizes)
+    )
+    if growth:
+        print(f"  real prune growth: {growth}")
     doc = {
         "benchmark": "cli_scale",
         "entries": args.entries,
@@ -255,7 +399,15 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "seconds": {k: round(v, 4) for k, v in results.items()},
-        "peer_seconds": {"stats": round(peer_stats, 4), "prune_plan": round(peer_prune, 4)},
+        "peer_seconds": {
+            "stats": round(peer_stats, 4),
+            "prune_plan": round(peer_prune, 4),
+            "prune_real": round(peer_prune_real, 4),
+        },
+        "prune_real_by_entries": {
+            str(n): {"seconds": round(v["seconds"], 4), "deleted": v["deleted"]}
+            for n, v in sorted(scales.items())
+        },
         "ratios": {k: round(v, 3) for k, v in ratios.items()},
         "goals_seconds": GOALS,
         "met": met,

@@ -444,7 +444,7 @@ def import_bundle(
                     f"{meta['size']}, digest {member.digest} vs {meta['digest']}): the bundle "
                     "is corrupt or was tampered with"
                 )
-        checker = Store(store.root, readonly=True)
+        checker = Store(store.root, readonly=True, trust=store.trust)
         present = 0
         conflicts: list[tuple[str, str]] = []
         todo = []

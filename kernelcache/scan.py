@@ -407,10 +407,12 @@ def _with_last_used(dfd: int, table: EntryTable) -> EntryTable:
     except OSError:  # some entry went away meanwhile: one at a time
         stamps, sizes = [], []
         for name, artifact in zip(names, artifacts, strict=True):
+            stamp: float | None
+            size: int | None
             try:
                 stamp, size = stat_at(name).st_mtime, stat_at(artifact).st_size
             except OSError:
-                stamp = size = None
+                stamp, size = None, None
             stamps.append(stamp)
             sizes.append(size)
     now = time.time()

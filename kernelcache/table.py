@@ -108,11 +108,11 @@ class EntryTable:
         """{value of ``column``: (entries, bytes)}, largest first. Grouped by ``kernel``, only
         kernels count (entries without a ``kind``)."""
         values = getattr(self, column)
-        nbytes = map(add, self.size, self.meta_size)
+        nbytes: Iterable[int] = map(add, self.size, self.meta_size)
         if column == "kernel" and any(k is not None for k in self.kind):
             rows = [(v, b) for v, b, k in zip(values, nbytes, self.kind, strict=True) if k is None]
             values = [v for v, _ in rows]
-            nbytes = (b for _, b in rows)
+            nbytes = [b for _, b in rows]
         counts = Counter(values)
         sizes = dict.fromkeys(counts, 0)
         for value, n in zip(values, nbytes, strict=True):

@@ -45,7 +45,7 @@ def _check_writable(root: str) -> None:
         RootError: entries cannot be written there.
     """
     try:
-        Store(root).check_writable()
+        Store.from_settings(root).check_writable()
     except CacheError as e:
         raise RootError(
             e.errno or 0,

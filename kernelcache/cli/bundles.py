@@ -72,12 +72,13 @@ def _check_input(path: str) -> None:
     block, a device would never end.
 
     Raises:
-        UsageError: it does not exist or is not a regular file (the message names it).
+        CommandFailed: it cannot be opened (the message names it).
+        UsageError: it is not a regular file.
     """
     try:
         st = os.stat(path)
     except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+        raise CommandFailed(f"cannot open {path}: {e.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
         raise UsageError(f"{path} is not a regular file: give a bundle file made by export")
 

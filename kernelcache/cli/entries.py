@@ -84,15 +84,25 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK
 
 
-def _resolve_key(root: str, text: str) -> str:
-    """A full key, or a unique prefix (at least 6 hex digits) of one."""
+def _key_text(text: str) -> str:
+    """The key argument, normalized; checked before anything is looked up.
+
+    Raises:
+        UsageError: it is neither a key nor a prefix of at least 6 hex digits.
+    """
     text = text.strip().lower()
-    if KEY_PATTERN.fullmatch(text):
-        return text
     if not re.fullmatch(r"[0-9a-f]{6,128}", text):
         raise UsageError(
             f"invalid key {text!r}: give a key (32-128 hex digits) or a prefix of at least 6"
         )
+    return text
+
+
+def _resolve_key(root: str, text: str) -> str:
+    """A full key, or a unique prefix (at least 6 hex digits) of one."""
+    text = _key_text(text)
+    if KEY_PATTERN.fullmatch(text):
+        return text
     try:
         names = os.listdir(root)
     except OSError:
@@ -129,6 +139,7 @@ def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
 
 
 def cmd_show(args: argparse.Namespace, out: Output) -> int:
+    _key_text(args.key)  # a malformed key is refused before the root is looked at
     root = existing_root(args)
     key = _resolve_key(root, args.key)
     result = Store.from_settings(root, readonly=True).read(key)
