@@ -649,7 +649,7 @@ class Store:
             return False
         moved = False
         stamp = f"{time.time():.0f}-{uuid.uuid4().hex[:8]}"
-        names = self._names_of(key)
+        names = self._files_of(root_fd, key, None)
         readers = self._exclude_readers(root_fd, names, wait=self.lock_timeout)
         try:
             if readers is None:
