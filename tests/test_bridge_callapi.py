@@ -18,10 +18,26 @@ import pytest
 import triton
 import triton.language as tl
 from bridge_helpers import custom_calls, decoded, kernels_of, lowered_module
+from callapi_kernels import (
+    acc_kernel,
+    add_default_kernel,
+    add_fn,
+    add_inplace_kernel,
+    add_kernel,
+    constexpr_first_kernel,
+    default_operand_kernel,
+    device_tma_copy_kernel,
+    dispatch_kernel,
+    gluon_host_tma_copy_kernel,
+    inc_kernel,
+    inc_pair_kernel,
+    mul_fn,
+    output_first_kernel,
+    tma_copy_kernel,
+    two_outputs_kernel,
+)
 from conftest import REPO, child_env
-from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia import hopper as gh
 
 import bridge
 import kernelcache
@@ -42,138 +58,6 @@ def cache(tmp_path_factory) -> kernelcache.Cache:
 def jaxlib_0112(monkeypatch):
     """Lower as if jaxlib 0.11.2 ran (tensor descriptors and global scratch need >= 0.11.1)."""
     monkeypatch.setattr(versions, "jaxlib_version", lambda: "0.11.2")
-
-
-# -- kernels (the peer's test kernels, in this project's style) ---------------------------------
-@triton.jit
-def add_kernel(x_ptr, y_ptr, n_elements, output_ptr, BLOCK_SIZE: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    m = offs < n_elements
-    x = tl.load(x_ptr + offs, mask=m)
-    tl.store(output_ptr + offs, x + tl.load(y_ptr + offs, mask=m), mask=m)
-
-
-@triton.jit
-def add_default_kernel(x_ptr, y_ptr, n_elements, output_ptr, BLOCK_SIZE: tl.constexpr = 8):
-    offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    m = offs < n_elements
-    x = tl.load(x_ptr + offs, mask=m)
-    tl.store(output_ptr + offs, x + tl.load(y_ptr + offs, mask=m), mask=m)
-
-
-@triton.jit
-def add_inplace_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr, INPLACE_Y: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    m = offs < n_elements
-    out = tl.load(x_ptr + offs, mask=m) + tl.load(y_ptr + offs, mask=m)
-    if INPLACE_Y:
-        tl.store(y_ptr + offs, out, mask=m)
-    else:
-        tl.store(x_ptr + offs, out, mask=m)
-
-
-@triton.jit
-def inc_kernel(n_elements, x_in_out_ptr, BLOCK_SIZE: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    m = offs < n_elements
-    tl.store(x_in_out_ptr + offs, tl.load(x_in_out_ptr + offs, mask=m) + 1, mask=m)
-
-
-@triton.jit
-def constexpr_first_kernel(x_ptr, BLOCK_SIZE: tl.constexpr, y_ptr, n_elements, output_ptr):
-    offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    m = offs < n_elements
-    x = tl.load(x_ptr + offs, mask=m)
-    tl.store(output_ptr + offs, x + tl.load(y_ptr + offs, mask=m), mask=m)
-
-
-@triton.jit
-def output_first_kernel(out_ptr, x_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    m = offs < n_elements
-    tl.store(out_ptr + offs, 2 * tl.load(x_ptr + offs, mask=m), mask=m)
-
-
-@triton.jit
-def two_outputs_kernel(a_ptr, x_ptr, y_ptr):
-    a = tl.load(a_ptr)
-    tl.store(x_ptr, a)
-    tl.store(y_ptr, a + 1)
-
-
-@triton.jit
-def acc_kernel(x_ptr, acc_and_bias, out_ptr):
-    acc_ptr = acc_and_bias[0]
-    pid = tl.program_id(0)
-    x = tl.load(x_ptr + pid)
-    acc = tl.load(acc_ptr + pid)
-    tl.store(out_ptr + pid, x + acc + tl.load(acc_and_bias[1] + pid))
-    tl.store(acc_ptr + pid, acc + x)
-
-
-@triton.jit
-def default_operand_kernel(x_ptr, out_ptr, n_elements=8, BLOCK_SIZE: tl.constexpr = 8):
-    offs = tl.arange(0, BLOCK_SIZE)
-    m = offs < n_elements
-    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=m), mask=m)
-
-
-@triton.jit
-def add_fn(x, y):
-    return x + y
-
-
-@triton.jit
-def mul_fn(x, y):
-    return x * y
-
-
-@triton.jit
-def dispatch_kernel(x_ptr, y_ptr, output_ptr, FN: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    offs = tl.arange(0, BLOCK_SIZE)
-    tl.store(output_ptr + offs, FN(tl.load(x_ptr + offs), tl.load(y_ptr + offs)))
-
-
-@triton.autotune(
-    configs=[triton.Config({"BLOCK_SIZE": 1}, num_warps=1), triton.Config({"BLOCK_SIZE": 8})],
-    key=["n_elements"],
-)
-@triton.jit
-def inc_pair_kernel(pair, n_elements, BLOCK_SIZE: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    m = offs < n_elements
-    tl.store(pair[0] + offs, tl.load(pair[0] + offs, mask=m) + 1, mask=m)
-    tl.store(pair[1] + offs, tl.load(pair[1] + offs, mask=m) + 2, mask=m)
-
-
-@triton.jit
-def tma_copy_kernel(in_desc, out_ptr, M: tl.constexpr, N: tl.constexpr):
-    block = in_desc.load([0, 0])
-    offs = tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :]
-    tl.store(out_ptr + offs, block)
-
-
-@triton.jit
-def device_tma_copy_kernel(in_ptr, out_ptr, M: tl.constexpr, N: tl.constexpr):
-    d_in = tl.make_tensor_descriptor(in_ptr, shape=[M, N], strides=[N, 1], block_shape=[M, N])
-    d_out = tl.make_tensor_descriptor(out_ptr, shape=[M, N], strides=[N, 1], block_shape=[M, N])
-    d_out.store([0, 0], d_in.load([0, 0]))
-
-
-@gluon.jit
-def gluon_host_tma_copy_kernel(in_desc, out_ptr, M: gl.constexpr, N: gl.constexpr):
-    out_desc = gh.tma.make_tensor_descriptor(
-        out_ptr, shape=[M, N], strides=[N, 1], block_shape=[M, N], layout=in_desc.layout
-    )
-    smem = gl.allocate_shared_memory(in_desc.dtype, [M, N], in_desc.layout)
-    bar = gl.allocate_shared_memory(gl.int64, [1], gh.mbarrier.MBarrierLayout())
-    gh.mbarrier.init(bar, count=1)
-    gh.mbarrier.expect(bar, in_desc.block_type.nbytes)
-    gh.tma.async_copy_global_to_shared(in_desc, [0, 0], bar, smem)
-    gh.mbarrier.wait(bar, phase=0)
-    gh.mbarrier.invalidate(bar)
-    gh.tma.async_copy_shared_to_global(out_desc, [0, 0], smem)
-    gh.tma.store_wait(0)
 
 
 def call(*args, **kw):
@@ -378,7 +262,7 @@ def test_callable_constexprs_key_the_kernel(cache):
         key(mul_fn)
     finally:
         remove()
-    assert seen[0]["kwargs"]["FN"] == {"jit": f"{__name__}:mul_fn"}
+    assert seen[0]["kwargs"]["FN"] == {"jit": "callapi_kernels:mul_fn"}
 
 
 def test_tuples_and_scalar_before_tuple(cache):
