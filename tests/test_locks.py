@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import filelock
 import pytest
 from conftest import child_env, key_of
 
@@ -87,6 +88,45 @@ def test_exclusive_excludes_other_processes(lockroot, mode):
         assert 0.25 < time.monotonic() - started < 3
     finally:
         stop(child)
+
+
+FILELOCK_HOLD = """
+import sys, time, filelock
+lock = filelock.FileLock(sys.argv[1])
+lock.acquire(timeout=10)
+print("HELD", flush=True)
+time.sleep(30)
+"""
+
+
+def test_exclusive_flock_is_filelocks_lock(lockroot):
+    """A process holding ``.locks/<key>.lock`` with filelock's FileLock excludes our writers and
+    builders, and filelock cannot take a lock file we hold."""
+    name = key_of("filelock")
+    (lockroot / ".locks").mkdir()
+    path = str(lockroot / ".locks" / f"{name}.lock")
+    child = subprocess.Popen(
+        [sys.executable, "-c", FILELOCK_HOLD, path],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "HELD", child.stderr.read()
+        with pytest.raises(LockTimeout):
+            Locker(str(lockroot), mode="flock").acquire(name, shared=False, timeout=0.3)
+    finally:
+        stop(child)
+    held = Locker(str(lockroot), mode="flock").acquire(name, shared=False, timeout=5)
+    try:
+        with pytest.raises(filelock.Timeout):
+            filelock.FileLock(path).acquire(timeout=0.2)
+    finally:
+        held.release()
+    lock = filelock.FileLock(path)
+    lock.acquire(timeout=5)
+    lock.release()
 
 
 def test_flock_shared_holders_coexist_and_block_writers(lockroot):
