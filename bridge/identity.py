@@ -20,9 +20,12 @@ import logging
 import os
 import sysconfig
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .targets import Target
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +91,7 @@ def ptxas_fingerprint(target: Target) -> str:
     return hashlib.sha256(doc.encode()).hexdigest()
 
 
-def _memoized(cache: Any, label: str, fingerprint: str, compute: Callable[[], str]) -> str:
+def _memoized(cache: Cache | None, label: str, fingerprint: str, compute: Callable[[], str]) -> str:
     """``compute()``, stored in ``cache`` under a key derived from ``(label, fingerprint)``.
 
     Cache failures only cost the recomputation; they are logged, never raised.
@@ -112,7 +115,7 @@ def _memoized(cache: Any, label: str, fingerprint: str, compute: Callable[[], st
 _memo: dict[tuple[str, str], str] = {}
 
 
-def triton_identity(cache: Any) -> str:
+def triton_identity(cache: Cache | None) -> str:
     """sha256 of Triton's ``triton_key()``, without computing it when the cache knows it."""
     fp = triton_fingerprint()
     found = _memo.get(("triton", fp))
@@ -127,7 +130,7 @@ def triton_identity(cache: Any) -> str:
     return found
 
 
-def backend_identity(cache: Any, target: Target, backend: Any) -> str:
+def backend_identity(cache: Cache | None, target: Target, backend: Any) -> str:
     """``backend.hash()`` for ``target``; on CUDA memoized by the ptxas files' identity."""
     if target.backend != "cuda":
         return str(backend.hash())
