@@ -23,9 +23,13 @@ never hangs an open, and a lock file is never written.
 What filelock does here. The exclusive flock is filelock's descriptor lock
 (:func:`filelock.lock_descriptor`, filelock 3.30 or later): the same flock that
 ``filelock.FileLock`` takes, so a tool locking ``.locks/<key>.lock`` with filelock excludes
-kernelcache's writers and builders, and the other way round. The rest stays here because
-filelock's path locks fail these tests (tried with filelock 3.32.7 and 4.3.1, ``FileLock`` for
-the exclusive flock and ``SoftFileLease`` for soft locks):
+kernelcache's writers and builders, and the other way round. A filelock older than 3.30 (an
+install without its dependencies) makes locks unavailable: the cache works without them and
+says which filelock it needs
+(tests/test_locks.py::test_filelock_older_than_3_30_means_no_locks_and_a_clear_warning).
+
+The rest stays here because filelock's path locks fail these tests (tried with filelock 3.32.7
+and 4.3.1, ``FileLock`` for the exclusive flock and ``SoftFileLease`` for soft locks):
 
 * Opening. ``FileLock`` and ``SoftFileLease`` open the lock *path* and create its parent
   directories: a symlink planted at ``.locks`` is followed and the lock file made in its target
@@ -37,9 +41,9 @@ the exclusive flock and ``SoftFileLease`` for soft locks):
   tests/test_locks.py::test_flock_shared_holders_coexist_and_block_writers.
 * Waiting. ``lock_descriptor`` either tries once or waits without a deadline; the loop here
   polls it with back-off until the timeout (``timeout=0`` tries once, as prune does).
-* Soft locks. filelock's markers are ``<pid>\n<host>\n`` or ``filelock/2`` lines, not the JSON
-  record above that ``verify``/``prune`` read (scan.py, prune.py) and that every kernelcache
-  process on the root writes. filelock reads a record of ours as malformed and breaks it after
+* Soft locks. filelock writes its own markers (pid and host lines; ``filelock/2`` key=value
+  lines for leases), not the JSON record above that ``verify``/``prune`` read (scan.py,
+  prune.py) and that every kernelcache process on the root writes. filelock reads a record of ours as malformed and breaks it after
   about 2 seconds, a live holder's too, and a dead holder's not at once
   (tests/test_locks.py::test_soft_lock_of_killed_process_on_this_host_is_broken,
   ::test_soft_lock_of_another_host_is_broken_only_when_old,
@@ -57,6 +61,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -64,6 +69,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import LockTimeout, LockUnavailable
@@ -118,20 +124,34 @@ def _try_flock(fd: int, *, shared: bool) -> bool:
         except BlockingIOError:
             return False
         return True
-    # imported on first use: filelock takes longer to import than kernelcache, and a process
-    # that only reads never takes an exclusive lock
-    from filelock import lock_descriptor
-
-    return lock_descriptor(fd, blocking=False)
+    return _descriptor_lock()[0](fd)
 
 
 def _unflock(fd: int, *, shared: bool) -> None:
     if shared:
         fcntl.flock(fd, fcntl.LOCK_UN)
     else:
-        from filelock import unlock_descriptor
+        _descriptor_lock()[1](fd)
 
-        unlock_descriptor(fd)
+
+@functools.cache
+def _descriptor_lock() -> tuple[Callable[[int], bool], Callable[[int], None]]:
+    """filelock's (try once, unlock) of a descriptor's exclusive lock.
+
+    Imported on first use: filelock takes longer to import than kernelcache, and a process that
+    only reads never takes an exclusive lock.
+
+    Raises:
+        LockUnavailable: filelock is missing or older than 3.30.
+    """
+    try:
+        from filelock import lock_descriptor, unlock_descriptor
+    except ImportError as e:
+        raise LockUnavailable(
+            f"kernelcache's locks need filelock 3.30 or later ({e}); "
+            "pip install 'filelock>=3.30,<5'"
+        ) from e
+    return functools.partial(lock_descriptor, blocking=False), unlock_descriptor
 
 
 def pid_alive(pid: int) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import filelock
 import pytest
-from conftest import child_env, key_of
+from conftest import child_env, key_of, run_py
 
 import kernelcache
 from kernelcache.errors import LockTimeout, LockUnavailable
@@ -127,6 +127,30 @@ def test_exclusive_flock_is_filelocks_lock(lockroot):
     lock = filelock.FileLock(path)
     lock.acquire(timeout=5)
     lock.release()
+
+
+OLD_FILELOCK = """
+import logging, sys, types
+logging.basicConfig(level=logging.WARNING)
+sys.modules["filelock"] = types.ModuleType("filelock")  # a filelock without lock_descriptor
+import kernelcache
+root, key = sys.argv[1], sys.argv[2]
+cache = kernelcache.Cache(root, readonly_roots=())
+for _ in range(2):
+    assert cache.get_or_create(key, "bin", lambda: (b"built", {})).data == b"built"
+cache.put(key.replace("a", "b"), "bin", b"put", {})
+print(cache.get(key, "bin").data.decode(), cache.get(key.replace("a", "b"), "bin").data.decode())
+"""
+
+
+def test_filelock_older_than_3_30_means_no_locks_and_a_clear_warning(lockroot):
+    """Installed without its dependencies next to an old filelock, the cache still serves the
+    job: it works without locks and says which filelock it needs."""
+    proc = run_py(OLD_FILELOCK, str(lockroot), "a" * 64)
+    assert proc.stdout.split() == ["built", "put"]
+    assert "filelock 3.30 or later" in proc.stderr, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == len(set(warnings)) <= 2, warnings  # each kind of failure warned once
 
 
 def test_flock_shared_holders_coexist_and_block_writers(lockroot):
