@@ -26,12 +26,13 @@ from .errors import (
     TargetError,
     UnsupportedTransformation,
 )
+from .versions import FFI_TARGET, LEGACY_TARGET
 
 #: jaxlib's typed-FFI Triton custom call (jax-triton 0.4's ``CUSTOM_CALL_TARGET_NAME``)
-CUSTOM_CALL_TARGET_NAME = "triton_kernel_call_ffi"
+CUSTOM_CALL_TARGET_NAME = FFI_TARGET
 #: every custom-call target the bridge emits: the FFI one, and jaxlib's legacy
 #: ``triton_kernel_call`` (autotuned calls, jaxlib < 0.10.1, and exports embedding PTX)
-CUSTOM_CALL_TARGET_NAMES = (CUSTOM_CALL_TARGET_NAME, "triton_kernel_call")
+CUSTOM_CALL_TARGET_NAMES = (FFI_TARGET, LEGACY_TARGET)
 
 if TYPE_CHECKING:
     from .call import triton_call

@@ -34,8 +34,6 @@ except (ImportError, AttributeError):  # pragma: no cover - later releases
     from jax._src.interpreters import partial_eval as pe  # type: ignore[no-redef]
 
 from . import (
-    CUSTOM_CALL_TARGET_NAME,
-    CUSTOM_CALL_TARGET_NAMES,
     backends,
     binding,
     embed,
@@ -61,8 +59,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CUSTOM_CALL_FFI = CUSTOM_CALL_TARGET_NAME
-CUSTOM_CALL_LEGACY = CUSTOM_CALL_TARGET_NAMES[1]
+CUSTOM_CALL_FFI = versions.FFI_TARGET
+CUSTOM_CALL_LEGACY = versions.LEGACY_TARGET
 
 
 # -- the primitive ------------------------------------------------------------------------
@@ -586,7 +584,7 @@ def triton_call(
         The outputs, in the structure of ``out_type`` / ``out_shape`` (0.3: followed by inputs
         updated in place). Refs are updated in place and not returned.
     """
-    if custom_call_target_name not in (None, *CUSTOM_CALL_TARGET_NAMES):
+    if custom_call_target_name not in (None, CUSTOM_CALL_FFI, CUSTOM_CALL_LEGACY):
         raise KernelArgumentError(
             f"custom_call_target_name={custom_call_target_name!r}: the bridge emits jaxlib's "
             f"{CUSTOM_CALL_FFI} or {CUSTOM_CALL_LEGACY}, whichever the running jaxlib needs"

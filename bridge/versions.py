@@ -12,6 +12,10 @@ import functools
 
 from packaging.version import InvalidVersion, Version
 
+#: jaxlib's Triton custom-call targets: the typed-FFI one (api_version 4, an ``opaque``
+#: attribute) and the legacy one (api_version 2, the opaque as raw backend_config)
+FFI_TARGET = "triton_kernel_call_ffi"
+LEGACY_TARGET = "triton_kernel_call"
 #: first jaxlib with the typed-FFI custom call ``triton_kernel_call_ffi`` (api_version 4)
 FFI_CALL = (0, 10, 1)
 #: first jaxlib whose ROCm loader deletes the HSACO file it was handed (after reading it)
