@@ -514,6 +514,10 @@ def test_has_side_effect_survives_dce_and_reaches_the_custom_call(cache):
     assert "triton_kernel_call" in text and "has_side_effect = true" in text
     plain = jax.make_jaxpr(lambda x, y: f(x, y))(jnp.zeros(8), jnp.zeros(8))
     assert eqn_of(plain).params["has_side_effect"] is False
+    with pytest.MonkeyPatch.context() as mp:  # the legacy target carries the flag too
+        mp.setattr(versions, "jaxlib_version", lambda: "0.9.2")
+        legacy = lowered_module(lambda x, y: f(x, y, has_side_effect=True), F8, F8).as_text()
+    assert "@triton_kernel_call(" in legacy and "has_side_effect = true" in legacy
 
 
 def test_cost_estimate_rides_on_the_ffi_call(cache):
@@ -922,3 +926,29 @@ def test_03_call_sites_keep_their_meaning(cache):
             F8,
         )
         assert inplace.shape == (8,)
+
+
+def test_03_keywords_name_metadata_and_compute_capability(cache):
+    def f(x, y, **kw):
+        return bridge.triton_call(
+            x, y, x.size, kernel=add_kernel, out_shape=x, grid=(1,), BLOCK_SIZE=8, cache=cache, **kw
+        )
+
+    (c,) = decoded(
+        lambda x, y: f(
+            x,
+            y,
+            compute_capability=80,
+            name="my_add",
+            serialized_metadata=b"\x01meta",
+            custom_call_target_name="triton_kernel_call",
+        ),
+        F8,
+        F8,
+    )
+    assert (c.name, c.metadata) == ("my_add", b"\x01meta")
+    assert kernels_of(c)[0].compute_capability == 80 and ".target sm_80" in kernels_of(c)[0].ptx
+    with pytest.raises(bridge.KernelArgumentError, match="custom_call_target_name='mine'"):
+        jax.eval_shape(lambda x, y: f(x, y, custom_call_target_name="mine"), F8, F8)
+    with pytest.raises(bridge.KernelArgumentError, match="target= or compute_capability="):
+        jax.eval_shape(lambda x, y: f(x, y, compute_capability=80, target="cuda:90"), F8, F8)
