@@ -649,7 +649,7 @@ class Store:
             return False
         moved = False
         stamp = f"{time.time():.0f}-{uuid.uuid4().hex[:8]}"
-        names = self._files_of(root_fd, key, None)
+        names = self._files_of(key, None)
         readers = self._exclude_readers(root_fd, names, wait=self.lock_timeout)
         try:
             if readers is None:
@@ -728,24 +728,17 @@ class Store:
         names.sort(key=lambda n: not n.endswith("." + META_EXT))
         return names
 
-    def _files_of(self, root_fd: int, key: str, ext: str | None) -> list[str]:
-        """The files of the entry ``key`` that exist, metadata first: its metadata and its
-        artifact of extension ``ext`` (default: the one its metadata names). The root is listed
-        only when neither tells (no ``ext`` and no readable metadata), so that deleting many
-        entries never lists the root once per entry."""
+    def _files_of(self, key: str, ext: str | None) -> list[str]:
+        """The files of the entry ``key``, metadata first: its metadata and its artifact of
+        extension ``ext`` (default: the one its metadata names), whether or not they exist.
+        The root is listed only when neither tells (no ``ext`` and no readable metadata), so
+        that deleting many entries never lists the root once per entry."""
         if ext is None:
             loaded = self._load_metadata(key)
             if not isinstance(loaded, tuple):
                 return self._names_of(key)
             ext = loaded[0]["ext"]
-        found = []
-        for name in (f"{key}.{META_EXT}", f"{key}.{ext}"):
-            try:
-                os.stat(name, dir_fd=root_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            found.append(name)
-        return found
+        return [f"{key}.{META_EXT}", f"{key}.{ext}"]
 
     def delete(
         self,
@@ -786,7 +779,7 @@ class Store:
             except FileNotFoundError:
                 return False
             try:
-                names = self._files_of(root_fd, key, ext)
+                names = self._files_of(key, ext)
                 readers = self._exclude_readers(root_fd, names, wait=wait)
                 if readers is None:
                     return None
