@@ -10,8 +10,11 @@ Guarantees while other processes read and write the root:
 * An entry is deleted with :meth:`Store.delete` under its exclusive per-key lock, tried once
   (``wait=0``): an entry a reader or writer holds is skipped and reported as ``in-use``, never
   waited for and never removed under them.
-* An entry used (its last-used stamp refreshed) after the plan was made is skipped
-  (``used-since-plan``).
+* What the plan decided is re-checked under that lock, never before it: an entry used (its
+  last-used stamp refreshed) after the plan was made is kept (``used-since-plan``), and
+  metadata without artifact that a writer completed meanwhile is kept (``gone``).
+* Each delete touches only the entry's own files (no listing of the root), so a prune is linear
+  in the entries; the deletes of a size or age limit run in a few threads.
 * Corrupt entries are quarantined with :meth:`Store.repair`, which re-checks them under the
   exclusive lock; orphan artifacts are removed under their key's lock after a re-check.
 * Staging files, quarantined files and lock files are removed only once older than their age
@@ -26,8 +29,10 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import repeat
@@ -64,6 +69,9 @@ STATUSES: dict[str, str] = {
     "gone": "already gone or no longer a problem",
     "failed": "could not be removed (see detail)",
 }
+#: threads that delete entries (each under its own key's lock): deleting is file-system work,
+#: mostly waiting for blocks to be freed, and a few threads overlap the waits
+DELETE_THREADS = 4
 #: quarantined files are kept this long by default, for diagnosis
 QUARANTINE_AGE = 7 * 86400.0
 #: statistics logs of other hosts are folded once untouched for this long
@@ -303,18 +311,39 @@ def execute(
 ) -> Result:
     """Carry out ``plan`` on ``store`` (a writable store of the plan's root), in order.
 
-    Never raises for a single action: each gets an :class:`Outcome`.
+    The entries a plan deletes by size or age come first and are distinct keys: they are
+    deleted by :data:`DELETE_THREADS` threads, each delete under its own key's lock (deleting
+    is mostly waiting for the file system to free blocks; threads overlap those waits). The
+    rest runs one action at a time, in order. Never raises for a single action: each gets an
+    :class:`Outcome`, in the plan's order.
     """
     run = _Executor(store)
-    outcomes = []
-    for action in plan.actions:
+    ticking = threading.Lock()  # progress is called from the deleting threads
+
+    def one(action: Action) -> Outcome:
         try:
             status, detail = getattr(run, action.kind.replace("-", "_"))(action)
         except OSError as e:
             status, detail = "failed", e.strerror or str(e)
-        outcomes.append(Outcome(action, status, detail))
         if progress is not None:
-            progress(1)
+            with ticking:
+                progress(1)
+        return Outcome(action, status, detail)
+
+    actions = plan.actions
+    lead = 0  # the deletes by size or age, which plan_prune puts first
+    while (
+        lead < len(actions)
+        and actions[lead].kind == "delete-entry"
+        and actions[lead].mtime is not None
+    ):
+        lead += 1
+    if lead >= 2 * DELETE_THREADS:
+        with ThreadPoolExecutor(DELETE_THREADS, thread_name_prefix="kernelcache-prune") as pool:
+            outcomes = list(pool.map(one, actions[:lead], chunksize=64))
+    else:
+        outcomes = list(map(one, actions[:lead]))
+    outcomes += map(one, actions[lead:])
     folded, error = (0, None)
     if plan.fold_logs:
         folded, error = fold_logs(store, plan.fold_logs)

@@ -413,3 +413,23 @@ def test_an_entry_used_between_the_check_and_the_delete_is_kept(aged, monkeypatc
     assert ran == [victim.key]
     assert [o.status for o in result.outcomes] == ["used-since-plan"]
     assert Path(victim.path).exists() and (root / f"{victim.key}.json").exists()
+
+
+def test_many_deletes_keep_the_plans_order_and_skip_what_is_in_use(tmp_path):
+    """Deletes of a size or age limit run in threads: outcomes still follow the plan, and an
+    entry a reader holds is still skipped."""
+    root = tmp_path / "cache"
+    arts = [put(root, f"k{i}", size=64, last_used=86400 + 60 * i) for i in range(30)]
+    held = arts[12]
+    plan = plan_prune(scan(root, last_used=True, locks=True), max_size=0)
+    assert len(_deleted(plan)) == 30
+    reader = hold_shared(held.path)
+    try:
+        result = execute(Store(root, lock_timeout=0), plan)
+    finally:
+        reader.communicate("", timeout=30)
+    assert [o.action.key for o in result.outcomes] == _deleted(plan)
+    statuses = {o.action.key: o.status for o in result.outcomes}
+    assert statuses.pop(held.key) == "in-use"
+    assert set(statuses.values()) == {"done"}
+    assert [p.stem for p in root.glob("*.json")] == [held.key]
