@@ -26,6 +26,7 @@ Guarantees while other processes read and write the root:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -41,7 +42,7 @@ from typing import Any, NamedTuple
 
 from . import stats
 from .errors import LockTimeout, LockUnavailable
-from .fsio import changed_at, replace_file
+from .fsio import READ_FLAGS, changed_at, replace_file
 from .jsonio import load_json
 from .keys import META_EXT
 from .locks import LOCK_DIR, Locker, open_subdir, pid_alive
@@ -330,8 +331,23 @@ def execute(
                 progress(1)
         return Outcome(action, status, detail)
 
-    actions = plan.actions
-    lead = 0  # the deletes by size or age, which plan_prune puts first
+    try:
+        outcomes = _run(plan.actions, one)
+    finally:
+        run.close()
+    folded, error = (0, None)
+    if plan.fold_logs:
+        folded, error = fold_logs(store, plan.fold_logs)
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    return Result(plan, tuple(outcomes), folded, error, counts)
+
+
+def _run(actions: Sequence[Action], one: Callable[[Action], Outcome]) -> list[Outcome]:
+    """The outcomes of ``actions``, in order: the leading deletes by size or age (distinct
+    keys, which plan_prune puts first) in :data:`DELETE_THREADS` threads, the rest in turn."""
+    lead = 0
     while (
         lead < len(actions)
         and actions[lead].kind == "delete-entry"
@@ -344,13 +360,7 @@ def execute(
     else:
         outcomes = list(map(one, actions[:lead]))
     outcomes += map(one, actions[lead:])
-    folded, error = (0, None)
-    if plan.fold_logs:
-        folded, error = fold_logs(store, plan.fold_logs)
-    counts: dict[str, int] = {}
-    for o in outcomes:
-        counts[o.status] = counts.get(o.status, 0) + 1
-    return Result(plan, tuple(outcomes), folded, error, counts)
+    return outcomes
 
 
 class _Executor:
@@ -362,6 +372,16 @@ class _Executor:
         # reads the state of an entry, whoever wrote it, without touching its stamp
         self.checker = Store(store.root, readonly=True, trust="any")
         self.soft = Locker(store.root, mode="soft", stale_after=store.locker.stale_after)
+        #: .locks/, held open while the plan runs, where build locks are flock files
+        self.locks_dir: int | None = None
+        if store.locker.mode == "flock":
+            with contextlib.suppress(OSError):
+                self.locks_dir = open_subdir(store.root, LOCK_DIR, create=False)
+
+    def close(self) -> None:
+        if self.locks_dir is not None:
+            os.close(self.locks_dir)
+            self.locks_dir = None
 
     def _stat(self, name: str) -> os.stat_result | None:
         try:
@@ -404,17 +424,30 @@ class _Executor:
         return "done", ""
 
     def _drop_build_lock(self, key: str) -> None:
-        """Remove the single-flight lock file of a deleted entry, unless a builder holds it."""
-        locker = self.store.locker
-        if locker.mode != "flock":
+        """Remove the single-flight lock file of a deleted entry, unless a builder holds it.
+
+        Probed as the stale-lock check of :mod:`kernelcache.scan` does: a non-blocking
+        exclusive flock on the file (builders hold it exclusively), and the file is unlinked
+        only if its name still is that file (a builder may have made a new one meanwhile;
+        the locker of a builder that opened the unlinked one notices and retries).
+        """
+        dfd = self.locks_dir
+        if dfd is None:
             return
-        if not os.path.lexists(os.path.join(self.root, LOCK_DIR, f"{key}.build.lock")):
-            return
+        name = f"{key}.build.lock"
         try:
-            held = locker.acquire(f"{key}.build", shared=False, timeout=0)
-        except (LockTimeout, LockUnavailable):
-            return
-        held.release(remove=True)
+            fd = os.open(name, READ_FLAGS, dir_fd=dfd)
+        except OSError:
+            return  # no build lock (or not one to touch)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held, now = os.fstat(fd), os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                os.unlink(name, dir_fd=dfd)
+        except OSError:
+            return  # a builder holds it, or it went away: leave it
+        finally:
+            os.close(fd)  # (drops our flock)
 
     def quarantine_entry(self, action: Action) -> tuple[str, str]:
         key = action.key

@@ -155,6 +155,22 @@ def test_build_lock_of_a_pruned_entry_is_removed(tmp_path):
     assert not list((root / ".locks").glob(f"{art.key}*"))
 
 
+def test_a_held_build_lock_of_a_pruned_entry_is_left_to_its_builder(tmp_path):
+    root = tmp_path / "cache"
+    import kernelcache
+
+    cache = kernelcache.Cache(root, readonly_roots=())
+    art = cache.get_or_create(key_of("rebuilt"), "cubin", lambda: (b"bin", {"name": "b"}))
+    build_lock = root / ".locks" / f"{art.key}.build.lock"
+    builder = hold_shared(build_lock)  # a builder of the same key is at work
+    try:
+        kc_json(root, "prune", "--kernel", "b")
+        assert build_lock.exists()
+    finally:
+        builder.communicate("", timeout=30)
+    assert not (root / f"{art.key}.json").exists()
+
+
 # -- statistics logs ----------------------------------------------------------------------
 def _log(root: Path, name: str, **delta: float) -> Path:
     path = root / ".stats" / name
