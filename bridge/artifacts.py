@@ -6,8 +6,8 @@ on CUDA, the sha256 of the PTX, which is stored as its own entry under a key der
 ``(key, "ptx")``. A PTX entry is only ever used together with the binary whose metadata names
 its digest, so a pruned or mismatched companion costs a recompile, never a wrong pairing.
 
-Cache failures never fail the caller: ``get_or_create`` degrades to an in-memory artifact, and a
-companion that cannot be stored is rebuilt next time.
+Cache failures never fail the caller: ``get_or_create_each`` degrades to an in-memory artifact,
+and a companion that cannot be stored is rebuilt next time.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -26,7 +26,7 @@ from .record import plain
 from .versions import triton_version
 
 if TYPE_CHECKING:
-    from kernelcache import Cache
+    from kernelcache import Artifact, Cache
     from kernelcache.config import Settings
 
     from .binding import Bound
@@ -98,6 +98,18 @@ def _store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> Non
         logger.warning("kernelcache: cannot store the PTX of %s: %s", key, e)
 
 
+@dataclass(frozen=True)
+class Request:
+    """One kernel asked of :func:`fetch_many`: ``build()`` compiles it on a miss, ``describe``
+    turns the compile result into the entry's metadata; ``need_ptx``: the PTX is wanted too."""
+
+    key: str
+    ext: str
+    build: Callable[[], Compiled]
+    describe: Callable[[Compiled], dict[str, Any]]
+    need_ptx: bool
+
+
 def fetch(
     cache: Cache,
     key: str,
@@ -109,20 +121,75 @@ def fetch(
     """The kernel ``key`` from ``cache``, compiled by ``build()`` on a miss (once across
     processes sharing the cache). ``describe`` turns a compile result into the entry's metadata.
     With ``need_ptx``, the PTX that produced the binary is returned too."""
-    built: list[Compiled] = []
+    return fetch_many(cache, [Request(key, ext, build, describe, need_ptx)])[0]
 
-    def build_entry() -> tuple[bytes, dict[str, Any]]:
-        compiled = build()
-        built.append(compiled)
-        meta = describe(compiled)
-        if compiled.ptx is not None:
-            meta["ptx_sha256"] = _sha256(compiled.ptx)
-            if need_ptx:  # before the binary, under the build lock: waiters then find both
-                _store_ptx(cache, key, compiled.ptx, meta)
-        return compiled.binary, meta
 
-    art = cache.get_or_create(key, ext, build_entry)
-    if not need_ptx:
+def fetch_many(cache: Cache, requests: Sequence[Request]) -> list[KernelBinary]:
+    """The kernels of ``requests``, in order, the missing ones compiled with work stealing
+    across the processes sharing ``cache`` (see :func:`fetch_each`).
+
+    Raises:
+        whatever the first failing ``build`` raises.
+    """
+    out: list[KernelBinary | None] = [None] * len(requests)
+    for index, result in fetch_each(cache, requests):
+        if isinstance(result, Exception):
+            raise result
+        out[index] = result
+    return [kb for kb in out if kb is not None]
+
+
+def fetch_each(
+    cache: Cache, requests: Sequence[Request], *, wait: bool = True
+) -> Iterator[tuple[int, KernelBinary | Exception | None]]:
+    """Yield ``(index, kernel)`` for every request as its kernel is ready.
+
+    Through :meth:`kernelcache.Cache.get_or_create_each`: this process compiles every missing
+    kernel whose build lock is free, then waits for those that other processes are compiling
+    (taking over any whose compiler died); each kernel is compiled once across the processes
+    sharing the cache. On CUDA the PTX is stored before the binary, under the build lock, so a
+    process that reads the binary finds its PTX. Whoever compiled what, the returned kernels
+    (binary, metadata fields, PTX) are the same.
+
+    Yields:
+        ``(index, result)`` in completion order: the :class:`KernelBinary`, the exception its
+        compile raised, or (``wait=False``) None for a kernel another process is compiling.
+    """
+    from kernelcache import BuildItem
+
+    #: what this process compiled, per (key, ext): requests for the same kernel share it
+    built: dict[tuple[str, str], list[Compiled]] = {(r.key, r.ext): [] for r in requests}
+
+    def builder(request: Request) -> Callable[[], tuple[bytes, dict[str, Any]]]:
+        def build_entry() -> tuple[bytes, dict[str, Any]]:
+            compiled = request.build()
+            built[(request.key, request.ext)].append(compiled)
+            meta = request.describe(compiled)
+            if compiled.ptx is not None:
+                meta["ptx_sha256"] = _sha256(compiled.ptx)
+                if request.need_ptx:  # before the binary, under the build lock: readers find both
+                    _store_ptx(cache, request.key, compiled.ptx, meta)
+            return compiled.binary, meta
+
+        return build_entry
+
+    items = [BuildItem(r.key, r.ext, builder(r)) for r in requests]
+    for index, art in cache.get_or_create_each(items, wait=wait):
+        if art is None or isinstance(art, Exception):
+            yield index, art
+            continue
+        try:
+            request = requests[index]
+            yield index, _paired(cache, request, art, built[(request.key, request.ext)])
+        except Exception as e:  # a failing recompile of a missing PTX, reported per request
+            yield index, e
+
+
+def _paired(cache: Cache, request: Request, art: Artifact, built: list[Compiled]) -> KernelBinary:
+    """The kernel of ``art``, with its PTX when the request needs it (recompiled when the
+    cache has no matching PTX)."""
+    key, ext = request.key, request.ext
+    if not request.need_ptx:
         return KernelBinary(key, ext, art.data, art.meta, None, bool(built))
     if built and built[0].binary == art.data:
         ptx = built[0].ptx
@@ -134,12 +201,12 @@ def fetch(
         return KernelBinary(key, ext, art.data, art.meta, companion.data.decode(), False)
     # the PTX is missing (pruned) or belongs to another build: compile again for a matching pair
     logger.info("kernelcache: PTX of %s missing from the cache; recompiling", key)
-    compiled = build()
+    compiled = request.build()
     meta = dict(art.meta)
     if compiled.binary == art.data:
         _store_ptx(cache, key, compiled.ptx or "", meta)
         return KernelBinary(key, ext, art.data, meta, compiled.ptx, True)
-    meta.update(describe(compiled), ptx_sha256=_sha256(compiled.ptx or ""))
+    meta.update(request.describe(compiled), ptx_sha256=_sha256(compiled.ptx or ""))
     return KernelBinary(key, ext, compiled.binary, meta, compiled.ptx, True)
 
 

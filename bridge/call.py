@@ -571,14 +571,17 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
     cache = as_cache(call.cache, cfg)
     m = proto.messages()
     configs = []
-    for spec in specialize.specialize_call(
+    specs = specialize.specialize_call(
         call.parts, call.named, call.kwargs, call.options, target, cache
-    ):
+    )
+    memo_keys = [(spec.key, str(target), str(cache.root)) for spec in specs]
+    missing = {mk: spec for mk, spec in zip(memo_keys, specs, strict=True) if mk not in _memo}
+    # every variant at once: compiled here or by another process, whichever is free first
+    fetched = specialize.fetch_many(list(missing.values()), cache)
+    _memo.update(zip(missing, fetched, strict=True))
+    for spec, memo_key in zip(specs, memo_keys, strict=True):
         bound = spec.bound
-        memo_key = (spec.key, str(target), str(cache.root))
-        kb = _memo.get(memo_key)
-        if kb is None:
-            kb = _memo[memo_key] = specialize.fetch(spec, cache)
+        kb = _memo[memo_key]
         grid = binding.eval_grid(call.grid, bound.bound_args)
         kernel_call = m["TritonKernelCall"](
             kernel=_kernel_message(call, target, mode, kb, cache, jaxlib),

@@ -7,20 +7,20 @@ lowering (:mod:`bridge.call`), warm's planning and its compile jobs (:mod:`bridg
 through :func:`specialize`, so warming a recorded call computes the very keys a lowering of that
 call for the same target computes.
 
-Nothing here compiles: :func:`fetch` takes a specialization from the cache, compiling it on a
-miss (once across the processes sharing the cache).
+Nothing here compiles: :func:`fetch` and :func:`fetch_many` take specializations from the
+cache, compiling them on a miss (once across the processes sharing the cache; many at once with
+work stealing between the processes).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import backends, binding, keys
-from .artifacts import KernelBinary, entry_metadata
-from .artifacts import fetch as fetch_entry
+from . import artifacts, backends, binding, keys
+from .artifacts import KernelBinary, Request, entry_metadata
 from .compile import compile_source
 from .errors import OptionError
 from .kernels import KernelParts
@@ -113,16 +113,33 @@ def specialize_call(
     ]
 
 
-def fetch(spec: Specialization, cache: Cache) -> KernelBinary:
-    """The kernel of ``spec`` from ``cache``, compiled on a miss (once across the processes
-    sharing the cache); on CUDA with the PTX that produced it (see :func:`bridge.artifacts.fetch`).
-    """
+def request(spec: Specialization) -> Request:
+    """What :mod:`bridge.artifacts` is asked for the kernel of ``spec``: its key, how to
+    compile it and describe the result, and (on CUDA) that its PTX is wanted too."""
     target, bound = spec.target, spec.bound
-    return fetch_entry(
-        cache,
+    return Request(
         spec.key,
         spec.ext,
         build=functools.partial(compile_source, spec.source, target, spec.backend, bound.options),
         describe=entry_metadata(spec.parts, target, bound),
         need_ptx=target.backend == "cuda",
     )
+
+
+def fetch(spec: Specialization, cache: Cache) -> KernelBinary:
+    """The kernel of ``spec`` from ``cache``, compiled on a miss (once across the processes
+    sharing the cache); on CUDA with the PTX that produced it (see :func:`bridge.artifacts.fetch`).
+    """
+    return fetch_many([spec], cache)[0]
+
+
+def fetch_many(specs: Sequence[Specialization], cache: Cache) -> list[KernelBinary]:
+    """The kernels of ``specs``, in order, the missing ones compiled with work stealing: this
+    process compiles those no other process is compiling, then waits for the rest (see
+    :func:`bridge.artifacts.fetch_each`). Each is compiled once across the processes sharing
+    the cache.
+
+    Raises:
+        whatever Triton raises for the first kernel that fails to compile.
+    """
+    return artifacts.fetch_many(cache, [request(s) for s in specs])

@@ -6,7 +6,7 @@ that have neither. See ``Cache`` for the guarantees across processes.
 
 __version__ = "0.1.0"
 
-from .cache import Cache, RemoteTier, default_root
+from .cache import BuildItem, Cache, RemoteTier, default_root
 from .config import ConfigError, settings
 from .errors import CacheError, LockTimeout, LockUnavailable
 from .keys import check_ext, check_key
@@ -15,6 +15,7 @@ from .store import Artifact, Store
 
 __all__ = [
     "Artifact",
+    "BuildItem",
     "Cache",
     "CacheError",
     "ConfigError",
