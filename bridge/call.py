@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.extend
 import numpy as np
 
 try:  # the public homes of the primitive registries (jax 0.8 - 0.11)
@@ -76,7 +75,19 @@ class CallSpec:
 
 
 # -- the primitive ------------------------------------------------------------------------
-triton_call_p = jax.extend.core.Primitive("kernelcache_triton_call")
+def _primitive_class() -> Any:
+    """``jax.extend.core.Primitive``, without importing all of ``jax.extend`` where JAX's own
+    class is at hand (``import jax.extend`` loads Pallas: about 30 ms)."""
+    try:
+        from jax._src.core import Primitive
+    except ImportError:  # pragma: no cover - a JAX that moved it: the public path
+        import jax.extend
+
+        return jax.extend.core.Primitive
+    return Primitive
+
+
+triton_call_p = _primitive_class()("kernelcache_triton_call")
 triton_call_p.multiple_results = True
 
 
