@@ -40,3 +40,18 @@ def test_the_configuration_table_is_the_declared_variables():
 def test_documented_files_exist():
     for link in re.findall(r"\]\((docs/[^)#]+)\)", README):
         assert (REPO / link).is_file(), link
+
+
+def test_layout_names_every_module():
+    layout = README[README.index("## Layout") :]
+    end = layout.find("\n## ", 1)
+    layout = layout if end < 0 else layout[:end]
+    for package in ("kernelcache", "bridge"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            rel = path.relative_to(REPO / package)
+            if rel.name in ("__init__.py", "__main__.py"):
+                continue
+            names = [f"`{rel.name}`", *(f"`{part}/`" for part in rel.parent.parts)]
+            assert all(n in layout for n in names), (
+                f"{package}/{rel} is not described in README.md's Layout section: add it there"
+            )
