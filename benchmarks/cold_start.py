@@ -5,8 +5,10 @@ the same moment, against one process alone.
 Every process imports jax, the bridge and the kernels, then waits; the parent releases them
 all at once and each lowers the call (Triton compiles every missing variant, or takes it from
 the cache). Per wave: the wall time from the release until the last process has its lowered
-module; the Triton compiles in total (single flight: exactly one per variant) and a check that
-every process lowered the very same module.
+module; the CPU seconds (its own and its ptxas runs') of the busiest process, which is the wall
+time on a machine with a free core per process (this benchmark's machine is shared: the load
+average is printed); the Triton compiles in total (single flight: exactly one per variant) and
+per process; and a check that every process lowered the very same module.
 
 With ``--before REF_OR_DIR`` the same waves also run the bridge of an older checkout (a
 directory, or a git ref exported with ``git archive``) in the same run, e.g. the commit before
@@ -33,7 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD = r"""
-import hashlib, json, os, sys, time
+import hashlib, json, os, resource, sys, time
 import jax, jax.numpy as jnp
 import bridge, kernelcache
 from bridge import compile as bridge_compile
@@ -44,11 +46,15 @@ a = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
 fn = lambda x, y: ops.matmul(x, y, target="cuda:90", embed="inline")
 print("READY", flush=True)
 sys.stdin.readline()  # the parent releases every process at once
-started = time.time()
+def cpu():
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime  # with ptxas
+
+started, cpu_started = time.time(), cpu()
 lowered = jax.jit(fn).trace(a, a).lower(lowering_platforms=("cuda",))
-ended = time.time()
+ended, cpu_ended = time.time(), cpu()
 text = lowered.as_text()
-print(json.dumps({"started": started, "ended": ended,
+print(json.dumps({"started": started, "ended": ended, "cpu": cpu_ended - cpu_started,
                   "compiles": bridge_compile.compile_count(),
                   "builds": kernelcache.process_stats()["builds"],
                   "module": hashlib.sha256(text.encode()).hexdigest()}))
@@ -93,6 +99,9 @@ def wave(code_root: Path, n: int, cache: str) -> dict:
     return {
         "wall": max(r["ended"] for r in results) - released,
         "compiles": sum(r["compiles"] for r in results),
+        "per_process": [r["compiles"] for r in results],
+        # CPU seconds of the busiest process: the wall time it would take with a free core each
+        "cpu_critical": max(r["cpu"] for r in results),
         "builds": sum(r["builds"] for r in results),
         "modules": sorted({r["module"] for r in results}),
     }
@@ -137,7 +146,9 @@ def main() -> None:
                     runs.setdefault(name, []).append(run)
                     print(
                         f"  repeat {rep + 1} {name:22} wall {run['wall']:6.3f} s  compiles "
-                        f"{run['compiles']}  builds {run['builds']}",
+                        f"{run['compiles']} ({'+'.join(map(str, run['per_process']))})  "
+                        f"builds {run['builds']}  busiest process {run['cpu_critical']:.3f} "
+                        f"CPU s  load {os.getloadavg()[0]:.1f}",
                         flush=True,
                     )
     finally:
@@ -146,46 +157,65 @@ def main() -> None:
     waves = {
         name: {
             "wall_s": statistics.median(r["wall"] for r in rs),
+            "cpu_critical_s": statistics.median(r["cpu_critical"] for r in rs),
             "walls_s": [round(r["wall"], 3) for r in rs],
             "compiles": [r["compiles"] for r in rs],
             "builds": [r["builds"] for r in rs],
+            "compiles_per_process": [r["per_process"] for r in rs],
         }
         for name, rs in runs.items()
     }
-    modules = {m for rs in runs.values() for r in rs for m in r["modules"]}
+    modules = {
+        label: {
+            m
+            for name, rs in runs.items()
+            if name.startswith(label)
+            for r in rs
+            for m in r["modules"]
+        }
+        for label in bridges
+    }
     ratios = {}
     for label in bridges:
         alone, job = waves[f"{label}: 1 process"], waves[f"{label}: {n} processes"]
-        ratios[f"{label}: 1 process over {n}"] = round(alone["wall_s"] / job["wall_s"], 2)
-    if "before" in bridges:
-        ratios[f"{n} processes: before over now"] = round(
-            waves[f"before: {n} processes"]["wall_s"] / waves[f"now: {n} processes"]["wall_s"], 2
+        ratios[f"{label}: 1 process over {n}, wall"] = round(alone["wall_s"] / job["wall_s"], 2)
+        ratios[f"{label}: 1 process over {n}, busiest CPU"] = round(
+            alone["cpu_critical_s"] / job["cpu_critical_s"], 2
         )
+    if "before" in bridges:
+        for what, field in (("wall", "wall_s"), ("busiest CPU", "cpu_critical_s")):
+            ratios[f"{n} processes: before over now, {what}"] = round(
+                waves[f"before: {n} processes"][field] / waves[f"now: {n} processes"][field], 2
+            )
     checks = {
         "each variant compiled once per wave": all(
             c == 4 for w in waves.values() for c in w["compiles"]
         ),
-        "one lowered module in every process, wave and bridge": len(modules) == 1,
+        "one lowered module in every process and wave (per bridge)": all(
+            len(m) == 1 for m in modules.values()
+        ),
     }
     summary = {
         "processes": n,
         "repeats": args.repeats,
         "before": args.before,
         "cpus": len(os.sched_getaffinity(0)),
+        "load_average": os.getloadavg(),
         "waves": waves,
         "ratios": ratios,
         "checks": checks,
     }
     print()
-    print(f"{'wave':24} {'wall s (median)':>16} {'compiles':>9} {'builds':>7}")
+    print(
+        f"{'wave':24} {'wall s':>8} {'busiest CPU s':>14} {'compiles per process':>24}  (medians)"
+    )
     for name, w in waves.items():
-        print(
-            f"{name:24} {w['wall_s']:16.3f} {'/'.join(map(str, w['compiles'])):>9} "
-            f"{'/'.join(map(str, w['builds'])):>7}"
-        )
+        shares = " ".join("+".join(map(str, c)) for c in w["compiles_per_process"])
+        print(f"{name:24} {w['wall_s']:8.3f} {w['cpu_critical_s']:14.3f} {shares:>24}")
     print()
     for name, value in ratios.items():
-        print(f"{name:34} {value:5.2f}x")
+        print(f"{name:44} {value:5.2f}x")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} on {summary['cpus']} CPUs")
     for check, passed in checks.items():
         print(f"{'PASS' if passed else 'FAIL'}  {check}")
     print()
