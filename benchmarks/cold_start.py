@@ -42,8 +42,14 @@ from bridge import compile as bridge_compile
 from examples import ops
 
 bridge.triton_call  # the lowering machinery is imported before the start signal
-a = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
-fn = lambda x, y: ops.matmul(x, y, target="cuda:90", embed="inline")
+if sys.argv[1] == "matmul":
+    args = (jax.ShapeDtypeStruct((512, 512), jnp.bfloat16),) * 2
+    fn = lambda x, y: ops.matmul(x, y, target="cuda:90", embed="inline")
+else:  # a model of benchmarks/tuned_models.py
+    sys.path.insert(0, sys.argv[2])
+    import tuned_models
+    fn, args, _ = tuned_models.make_model(bridge.triton_call, sys.argv[1], {"target": "cuda:90"})
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
 print("READY", flush=True)
 sys.stdin.readline()  # the parent releases every process at once
 def cpu():
@@ -51,7 +57,7 @@ def cpu():
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime  # with ptxas
 
 started, cpu_started = time.time(), cpu()
-lowered = jax.jit(fn).trace(a, a).lower(lowering_platforms=("cuda",))
+lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
 ended, cpu_ended = time.time(), cpu()
 text = lowered.as_text()
 print(json.dumps({"started": started, "ended": ended, "cpu": cpu_ended - cpu_started,
@@ -61,7 +67,7 @@ print(json.dumps({"started": started, "ended": ended, "cpu": cpu_ended - cpu_sta
 """
 
 
-def wave(code_root: Path, n: int, cache: str) -> dict:
+def wave(code_root: Path, n: int, cache: str, model: str) -> dict:
     """Start ``n`` processes on the bridge of ``code_root``; release them together; collect."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code_root), env.get("PYTHONPATH")]))
@@ -69,7 +75,7 @@ def wave(code_root: Path, n: int, cache: str) -> dict:
     env["JAX_PLATFORMS"] = "cpu"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CHILD],
+            [sys.executable, "-c", CHILD, model, str(REPO / "benchmarks")],
             env=env,
             cwd=str(code_root),
             stdin=subprocess.PIPE,
@@ -129,8 +135,15 @@ def main() -> None:
     parser.add_argument(
         "--before", help="an older checkout (directory) or git ref to compare against"
     )
+    parser.add_argument(
+        "--model",
+        default="matmul",
+        choices=("matmul", "matmul16", "attention", "autotune"),
+        help="matmul: the 4-config matmul of examples/ (default); others: tuned_models.py",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON summary here")
     args = parser.parse_args()
+    variants = {"matmul": 4, "matmul16": 16, "attention": 8, "autotune": 24}[args.model]
     work = Path(tempfile.mkdtemp(prefix="cold-start-"))
     bridges = {"now": REPO}
     if args.before:
@@ -142,7 +155,7 @@ def main() -> None:
             for label, root in bridges.items():
                 for size in (1, n):
                     name = f"{label}: {size} process{'es' if size > 1 else ''}"
-                    run = wave(root, size, tempfile.mkdtemp(prefix="kc-", dir=work))
+                    run = wave(root, size, tempfile.mkdtemp(prefix="kc-", dir=work), args.model)
                     runs.setdefault(name, []).append(run)
                     print(
                         f"  repeat {rep + 1} {name:22} wall {run['wall']:6.3f} s  compiles "
@@ -189,7 +202,7 @@ def main() -> None:
             )
     checks = {
         "each variant compiled once per wave": all(
-            c == 4 for w in waves.values() for c in w["compiles"]
+            c == variants for w in waves.values() for c in w["compiles"]
         ),
         "one lowered module in every process and wave (per bridge)": all(
             len(m) == 1 for m in modules.values()
@@ -197,6 +210,7 @@ def main() -> None:
     }
     summary = {
         "processes": n,
+        "model": args.model,
         "repeats": args.repeats,
         "before": args.before,
         "cpus": len(os.sched_getaffinity(0)),
