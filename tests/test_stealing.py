@@ -278,3 +278,74 @@ def test_lowering_takes_over_the_variant_of_a_killed_process(tmp_path, mode):
     assert sum(r["compiles"] for r in results) == 4
     assert len({r["opaque"] for r in results}) == 1
     assert len(list(root.glob("*.cubin"))) == 4
+
+
+# -- warm: a kernel another process is compiling is compiled around, then waited for ----------
+HOLD_BUILD = """
+import sys, time
+from kernelcache.locks import Locker
+locker = Locker(sys.argv[1], mode="flock")
+held = [locker.acquire(key + ".build", shared=False, timeout=10) for key in sys.argv[2:]]
+print("HELD", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_warm_compiles_the_other_kernels_while_one_is_being_compiled_elsewhere(tmp_path, jobs):
+    """Another process holds the build locks of two kernels (it is compiling them): warm, in
+    this process (--jobs 1) or in its pool of two (--jobs 2), compiles every other kernel
+    meanwhile, then waits for those two and compiles them once their compiler is gone."""
+    from test_cli_support import KERNELCACHE
+
+    from bridge.targets import parse_target
+    from bridge.warm import load_manifest, make_plan
+
+    if KERNELCACHE is None:
+        pytest.fail("the kernelcache console script is not installed: pip install -e '.[bridge]'")
+    root, manifest = tmp_path / "root", REPO / "examples" / "manifest.jsonl"
+    cache = kernelcache.Cache(root, readonly_roots=(), remote="")
+    plan = make_plan(load_manifest(manifest), [parse_target("cuda:90")], cache, False)
+    keys = [job.key for job in plan.jobs]
+    held, others = keys[:2], keys[2:]
+    assert len(others) >= 3
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_BUILD, str(root), *held],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    warm = None
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "HELD"
+        argv = ["--root", str(root), "warm", str(manifest), "--target", "cuda:90", "--jobs", jobs]
+        warm = subprocess.Popen(
+            [KERNELCACHE, *argv, "--json"],
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=str(REPO),
+            stdin=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 240
+        while not all((root / f"{key}.cubin").exists() for key in others):
+            assert warm.poll() is None, warm.communicate()
+            assert time.monotonic() < deadline, "warm waited instead of compiling the others"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert warm.poll() is None  # it waits for the held kernels
+        assert not any((root / f"{key}.cubin").exists() for key in held)
+        holder.kill()
+        holder.wait(timeout=30)
+        out, err = warm.communicate(timeout=240)
+    finally:
+        holder.kill()
+        holder.communicate(timeout=30)
+        if warm is not None and warm.poll() is None:
+            warm.kill()
+            warm.communicate(timeout=30)
+    assert warm.returncode == 0, err
+    doc = json.loads(out)
+    assert {r["key"]: r["status"] for r in doc["results"]} == dict.fromkeys(keys, "compiled")
+    assert all((root / f"{key}.cubin").exists() for key in held)
