@@ -101,13 +101,16 @@ def _store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> Non
 @dataclass(frozen=True)
 class Request:
     """One kernel asked of :func:`fetch_many`: ``build()`` compiles it on a miss, ``describe``
-    turns the compile result into the entry's metadata; ``need_ptx``: the PTX is wanted too."""
+    turns the compile result into the entry's metadata; ``need_ptx``: the PTX is wanted too;
+    an entry whose metadata ``usable`` rejects is compiled again and used from memory."""
 
     key: str
     ext: str
     build: Callable[[], Compiled]
     describe: Callable[[Compiled], dict[str, Any]]
     need_ptx: bool
+    #: whether a cached entry's metadata has what this call needs (None: any entry will do)
+    usable: Callable[[Mapping[str, Any]], bool] | None = None
 
 
 def fetch(
@@ -117,11 +120,14 @@ def fetch(
     build: Callable[[], Compiled],
     describe: Callable[[Compiled], dict[str, Any]],
     need_ptx: bool,
+    usable: Callable[[Mapping[str, Any]], bool] | None = None,
 ) -> KernelBinary:
     """The kernel ``key`` from ``cache``, compiled by ``build()`` on a miss (once across
     processes sharing the cache). ``describe`` turns a compile result into the entry's metadata.
-    With ``need_ptx``, the PTX that produced the binary is returned too."""
-    return fetch_many(cache, [Request(key, ext, build, describe, need_ptx)])[0]
+    With ``need_ptx``, the PTX that produced the binary is returned too. An entry whose
+    metadata ``usable`` rejects (written by an older bridge without what this call needs) is
+    compiled again and used from memory."""
+    return fetch_many(cache, [Request(key, ext, build, describe, need_ptx, usable)])[0]
 
 
 def fetch_many(cache: Cache, requests: Sequence[Request]) -> list[KernelBinary]:
@@ -189,6 +195,16 @@ def _paired(cache: Cache, request: Request, art: Artifact, built: list[Compiled]
     """The kernel of ``art``, with its PTX when the request needs it (recompiled when the
     cache has no matching PTX)."""
     key, ext = request.key, request.ext
+    if request.usable is not None and not built and not request.usable(art.meta):
+        logger.warning(
+            "kernelcache: the metadata of %s lacks what this lowering needs (an entry from an "
+            "older version?); compiling it again in memory",
+            key,
+        )
+        compiled = request.build()
+        return KernelBinary(
+            key, ext, compiled.binary, request.describe(compiled), compiled.ptx, True
+        )
     if not request.need_ptx:
         return KernelBinary(key, ext, art.data, art.meta, None, bool(built))
     if built and built[0].binary == art.data:
@@ -233,7 +249,7 @@ def entry_metadata(
             "global_scratch_align": int(md.get("global_scratch_align") or 1),
             "profile_scratch_size": int(md.get("profile_scratch_size") or 0),
             "tmem_size": int(md.get("tmem_size") or 0),
-            "tensordesc": bool(md.get("tensordesc_meta")),
+            "tensordesc_meta": plain(list(md.get("tensordesc_meta") or [])),
             "signature": plain(dict(bound.signature)),
             "producer": {"triton": triton_version()},
         }

@@ -15,7 +15,7 @@ work stealing between the processes).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,9 @@ from .targets import MAX_THREADS_PER_BLOCK, Target
 
 if TYPE_CHECKING:
     from kernelcache import Cache
+
+#: whether a cached entry's metadata has what a call needs
+Usable = Callable[[Mapping[str, Any]], bool]
 
 
 @dataclass(frozen=True)
@@ -113,9 +116,10 @@ def specialize_call(
     ]
 
 
-def request(spec: Specialization) -> Request:
+def request(spec: Specialization, usable: Usable | None = None) -> Request:
     """What :mod:`bridge.artifacts` is asked for the kernel of ``spec``: its key, how to
-    compile it and describe the result, and (on CUDA) that its PTX is wanted too."""
+    compile it and describe the result, (on CUDA) that its PTX is wanted too, and which cached
+    entries will do (``usable``: see :class:`bridge.artifacts.Request`)."""
     target, bound = spec.target, spec.bound
     return Request(
         spec.key,
@@ -123,23 +127,30 @@ def request(spec: Specialization) -> Request:
         build=functools.partial(compile_source, spec.source, target, spec.backend, bound.options),
         describe=entry_metadata(spec.parts, target, bound),
         need_ptx=target.backend == "cuda",
+        usable=usable,
     )
 
 
-def fetch(spec: Specialization, cache: Cache) -> KernelBinary:
+def fetch(spec: Specialization, cache: Cache, usable: Usable | None = None) -> KernelBinary:
     """The kernel of ``spec`` from ``cache``, compiled on a miss (once across the processes
     sharing the cache); on CUDA with the PTX that produced it (see :func:`bridge.artifacts.fetch`).
+    An entry whose metadata ``usable`` rejects is compiled again in memory.
     """
-    return fetch_many([spec], cache)[0]
+    return fetch_many([spec], cache, [usable])[0]
 
 
-def fetch_many(specs: Sequence[Specialization], cache: Cache) -> list[KernelBinary]:
+def fetch_many(
+    specs: Sequence[Specialization],
+    cache: Cache,
+    usable: Sequence[Usable | None] | None = None,
+) -> list[KernelBinary]:
     """The kernels of ``specs``, in order, the missing ones compiled with work stealing: this
     process compiles those no other process is compiling, then waits for the rest (see
     :func:`bridge.artifacts.fetch_each`). Each is compiled once across the processes sharing
-    the cache.
+    the cache. ``usable[i]``, if given, tells which cached entries will do for ``specs[i]``.
 
     Raises:
         whatever Triton raises for the first kernel that fails to compile.
     """
-    return artifacts.fetch_many(cache, [request(s) for s in specs])
+    checks = list(usable) if usable is not None else [None] * len(specs)
+    return artifacts.fetch_many(cache, [request(s, u) for s, u in zip(specs, checks, strict=True)])
