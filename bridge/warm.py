@@ -50,7 +50,7 @@ from kernelcache.jsonio import load_json
 from . import backends, binding, keys
 from .artifacts import PTX_EXT, as_cache, entry_metadata, fetch
 from .binding import ArgArray
-from .compile import compile_source
+from .compile import compile_source, output_to_stderr
 from .errors import BridgeError, KernelArgumentError, OptionError
 from .kernels import KernelParts, decompose
 from .record import RECORD_VERSION, source_digest
@@ -1032,7 +1032,8 @@ def run(
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
     out = Output(json)
-    with progressbar.bar("warming", None, enabled=progressbar.wanted(json)) as bar:
+    quiet = output_to_stderr() if json else contextlib.nullcontext()
+    with quiet, progressbar.bar("warming", None, enabled=progressbar.wanted(json)) as bar:
         try:
             report = warm(
                 manifest,
