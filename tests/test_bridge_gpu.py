@@ -7,17 +7,19 @@ Run on the GPU machine with:  python -m pytest -m gpu tests/test_bridge_gpu.py -
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from bridge_helpers import TESTS, run_child
+from bridge_helpers import TESTS, decoded, kernels_of, run_child
 
 import bridge
 import kernelcache
-from bridge import versions
+from bridge import embed as bridge_embed
+from bridge import ptxisa, versions
 from examples import kernels as K
 from examples import ops
 
@@ -76,6 +78,38 @@ def test_gluon(cache, embed):
     x = rand((50_000,))
     out = jax.jit(lambda a: ops.gluon_scale(a, 3.0, warp_size=32, embed=embed, cache=cache))(x)
     np.testing.assert_allclose(np.asarray(out), np.asarray(x * 3.0), rtol=1e-6)
+
+
+def test_ptx_mode_hands_jaxlib_an_isa_its_ptxas_assembles(cache):
+    """embed="ptx" whatever ISA Triton writes (Triton 3.9: 9.4; jaxlib 0.11.2's ptxas: 9.0)."""
+    found = ptxisa.jaxlib_assembler(cache)
+    assert found is not None and os.path.isfile(found.origin), found
+    x, y = rand((8192,), seed=3), rand((8192,), seed=4)
+    fn = lambda a, b: ops.add(a, b, embed="ptx", cache=cache, block=256)  # noqa: E731
+    for call in decoded(fn, x, y):
+        for kernel in kernels_of(call):
+            assert ptxisa.written_isa(kernel.ptx) <= found.isa
+    np.testing.assert_array_equal(np.asarray(jax.jit(fn)(x, y)), np.asarray(x + y))
+
+
+def test_the_detected_isa_is_exactly_what_jaxlib_assembles(cache, monkeypatch):
+    """PTX one ISA newer than detected is refused by jaxlib, whose ptxas names the detected
+    ISA as its own: the detection is neither too old nor too new."""
+    found = ptxisa.jaxlib_assembler(cache)
+    assert found is not None
+    major, minor = (int(p) for p in found.cuda.split(".")[:2])
+    beyond = ptxisa.max_isa((major, minor + 1))
+    assert beyond > found.isa
+
+    def too_new(ptx, *args, **kwargs):
+        return re.sub(r"\.version \d+\.\d+", f".version {ptxisa.isa_text(beyond)}", ptx, count=1)
+
+    monkeypatch.setattr(bridge_embed, "assembled_ptx", too_new)
+    x, y = rand((8192,), seed=5), rand((8192,), seed=6)
+    fn = jax.jit(lambda a, b: ops.add(a, b, embed="ptx", cache=cache, block=128))
+    current = re.escape(f"current version is '{ptxisa.isa_text(found.isa)}'")
+    with pytest.raises(jax.errors.JaxRuntimeError, match=current):
+        fn(x, y).block_until_ready()
 
 
 def test_calling_conventions_on_device(cache):
