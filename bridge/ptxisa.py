@@ -2,7 +2,8 @@
 
 Where jaxlib compiles the ``ptx`` field itself (``embed="ptx"``, or ``"inline"`` under a jaxlib
 that ignores module_image), it runs ptxas at XLA compile time. jaxlib's CUDA plugins are built
-without libnvptxcompiler, so that is a ``ptxas`` executable, found the way XLA finds it
+without libnvptxcompiler (their ``_triton`` library carries XLA's stub, "XLA was built without
+libnvptxcompiler support"), so that is a ``ptxas`` executable, found the way XLA finds it
 (``FindPtxAsExecutable``): ``bin/ptxas`` under the working directory, the ``PATH``, then the
 CUDA roots XLA knows (``/usr/local/cuda``, ``/opt/cuda``, and the ``nvidia-cuda-nvcc`` wheel
 installed beside the plugin: ``site-packages/nvidia/cu13`` for CUDA 13, ``nvidia/cuda_nvcc``
@@ -18,7 +19,8 @@ when the code needs nothing newer, and otherwise raises an error naming both ver
 
 Detection needs no GPU: it runs ``ptxas --version``, memoized in the kernel cache by the
 identity (path, size, mtime) of the file. Where no ptxas is found, the fallback is the CUDA
-release the plugin was built with: what every ptxas its wheels install accepts.
+release the plugin was built with: what every ptxas its wheels install accepts, and what a
+plugin built with libnvptxcompiler (one without the stub) assembles.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
 import re
 import stat
@@ -45,6 +48,8 @@ PLUGINS = (("jax_cuda13_plugin", 13), ("jax_cuda12_plugin", 12))
 MINIMUM_PTXAS = (11, 8, 0)
 EXCLUDED_PTXAS = ((12, 3, 103),)
 _VERSION = re.compile(r"\bV(\d+)\.(\d+)\.(\d+)\b")
+#: in a jaxlib library built without libnvptxcompiler: it runs the ptxas executable
+NO_LIBRARY = b"XLA was built without libnvptxcompiler support"
 _DOT_VERSION = re.compile(r"^(\s*\.version\s+)(\d+)\.(\d+)", re.MULTILINE)
 
 #: the lowest PTX ISA each ``.target`` needs (PTX ISA release notes); unlisted targets are
@@ -230,13 +235,13 @@ def ptxas_release(path: str) -> tuple[int, int, int] | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
-def _fingerprint(path: str) -> str | None:
-    """A digest of the identity of the executable file at ``path``, or None if there is none."""
+def _fingerprint(path: str, executable: bool = True) -> str | None:
+    """A digest of the identity of the (executable) regular file at ``path``, or None."""
     try:
         st = os.stat(path)
     except (OSError, ValueError):
         return None
-    if not stat.S_ISREG(st.st_mode) or not os.access(path, os.X_OK):
+    if not stat.S_ISREG(st.st_mode) or (executable and not os.access(path, os.X_OK)):
         return None
     doc = json.dumps([os.path.abspath(path), st.st_size, st.st_mtime_ns])
     return hashlib.sha256(doc.encode()).hexdigest()
@@ -280,6 +285,30 @@ def _built_with(plugin_name: str) -> tuple[int, int] | None:
     return (built // 1000, built % 1000 // 10) if built > 0 else None
 
 
+def runs_ptxas_executable(plugin_dir: str, cache: Any = None) -> bool:
+    """Whether the plugin's Triton library runs a ptxas executable: it carries XLA's stub for a
+    build without libnvptxcompiler (memoized by the library's identity). True where the library
+    cannot be read: jaxlib's wheels have always done so."""
+    import glob
+
+    libraries = sorted(glob.glob(os.path.join(glob.escape(plugin_dir), "_triton*.so")))
+    if not libraries:
+        return True
+    fingerprint = _fingerprint(libraries[0], executable=False)
+    if fingerprint is None:
+        return True
+    known = identity.lookup(cache, "ptxas-stub", fingerprint)
+    if known in ("0", "1"):
+        return known == "1"
+    try:
+        with open(libraries[0], "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            stub = m.find(NO_LIBRARY) >= 0
+    except (OSError, ValueError):
+        return True
+    identity.remember(cache, "ptxas-stub", fingerprint, "1" if stub else "0")
+    return stub
+
+
 def detect(
     path: Sequence[str],
     plugin_at: tuple[str, int] | None,
@@ -292,12 +321,18 @@ def detect(
         logger.debug("no jaxlib CUDA plugin: the PTX ISA jaxlib assembles is unknown")
         return None
     plugin_dir, major = plugin_at
+    name = os.path.basename(os.path.normpath(plugin_dir))
+    built = _built_with(name) or (major, 0)
+    if not runs_ptxas_executable(plugin_dir, cache):
+        linked = Assembler(
+            f"{built[0]}.{built[1]}", max_isa(built), f"libnvptxcompiler linked into {name}"
+        )
+        logger.debug("jaxlib's PTX assembler: %s", linked)
+        return linked
     assembler = find(candidates(path, plugin_dir, major, system_roots), cache)
     if assembler is not None:
         logger.debug("jaxlib's ptxas: %s", assembler)
         return assembler
-    name = os.path.basename(os.path.normpath(plugin_dir))
-    built = _built_with(name) or (major, 0)
     assumed = Assembler(
         f"{built[0]}.{built[1]}", max_isa(built), f"no ptxas found; the CUDA {name} was built with"
     )

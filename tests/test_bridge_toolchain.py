@@ -205,6 +205,27 @@ def test_detection_finds_the_installed_plugin_and_reads_its_build():
     assert ptxisa._built_with(Path(plugin_dir).name)[0] == major
 
 
+def test_a_plugin_built_with_libnvptxcompiler_assembles_at_its_build(tmp_path):
+    plugin = tmp_path / "site-packages" / "jax_cuda13_plugin"
+    plugin.mkdir(parents=True)
+    on_path = fake_ptxas(tmp_path / "bin", "12.8.93")
+    (plugin / "_triton.so").write_bytes(b"\x7fELF" + b"\0" * 64 + ptxisa.NO_LIBRARY + b"\0")
+    assert ptxisa.runs_ptxas_executable(str(plugin))
+    found = ptxisa.detect([str(on_path.parent)], (str(plugin), 13), None, system_roots=())
+    assert found.origin == str(on_path)
+    (plugin / "_triton.so").write_bytes(b"\x7fELF" + b"\0" * 64)  # no stub: the library
+    assert not ptxisa.runs_ptxas_executable(str(plugin))
+    found = ptxisa.detect([str(on_path.parent)], (str(plugin), 13), None, system_roots=())
+    assert (found.cuda, found.isa) == ("13.0", 90) and "libnvptxcompiler" in found.origin
+
+
+@pytest.mark.skipif(
+    ptxisa.plugin() is None, reason="needs jaxlib's CUDA plugin (jax-cuda13-plugin)"
+)
+def test_the_installed_plugin_runs_a_ptxas_executable():
+    assert ptxisa.runs_ptxas_executable(ptxisa.plugin()[0])
+
+
 def test_ptxas_release_is_memoized_by_file_identity(tmp_path):
     runs = tmp_path / "runs"
     exe = fake_ptxas(tmp_path / "bin", "12.9.86", log=runs)
