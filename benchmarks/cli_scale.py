@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kernelcache.scan import INDEX_NAME
+from kernelcache.index import INDEX_NAME
 from kernelcache.store import encode_metadata, make_metadata
 
 TARGETS = ("cuda:80", "cuda:90", "hip:gfx90a", "hip:gfx942")

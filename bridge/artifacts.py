@@ -18,21 +18,32 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .compile import Compiled
 from .keys import derived_key
 from .record import plain
 from .versions import triton_version
 
+if TYPE_CHECKING:
+    from kernelcache import Cache
+    from kernelcache.config import Settings
+
+    from .binding import Bound
+    from .kernels import KernelParts
+    from .targets import Target
+
+    #: what callers may pass as a cache: a Cache, a cache root directory, or None (the default)
+    CacheArg: TypeAlias = Cache | str | os.PathLike[str] | None
+
 logger = logging.getLogger(__name__)
 
 PTX_EXT = "ptx"
-_default: dict[Any, Any] = {}
+_default: dict[Settings, Cache] = {}
 _default_lock = threading.Lock()
 
 
-def default_cache(cfg: Any = None) -> Any:
+def default_cache(cfg: Settings | None = None) -> Cache:
     """The process's kernel cache configured from the environment (one per configuration;
     ``cfg`` is a ``kernelcache.config.settings()`` snapshot, read now when None)."""
     import kernelcache
@@ -46,7 +57,7 @@ def default_cache(cfg: Any = None) -> Any:
         return cache
 
 
-def as_cache(cache: Any, cfg: Any = None) -> Any:
+def as_cache(cache: CacheArg, cfg: Settings | None = None) -> Cache:
     """``cache`` as a kernelcache.Cache: None for the default, or a root directory path."""
     if cache is None:
         return default_cache(cfg)
@@ -73,7 +84,7 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _store_ptx(cache: Any, key: str, ptx: str, meta: Mapping[str, Any]) -> None:
+def _store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> None:
     from kernelcache import CacheError
 
     try:
@@ -88,7 +99,7 @@ def _store_ptx(cache: Any, key: str, ptx: str, meta: Mapping[str, Any]) -> None:
 
 
 def fetch(
-    cache: Any,
+    cache: Cache,
     key: str,
     ext: str,
     build: Callable[[], Compiled],
@@ -132,11 +143,13 @@ def fetch(
     return KernelBinary(key, ext, compiled.binary, meta, compiled.ptx, True)
 
 
-def entry_metadata(parts: Any, target: Any, bound: Any) -> Callable[[Compiled], dict[str, Any]]:
+def entry_metadata(
+    parts: KernelParts, target: Target, bound: Bound
+) -> Callable[[Compiled], dict[str, Any]]:
     """A function turning a compile result of ``bound`` into the cache entry's metadata (plain
     JSON, no absolute paths)."""
 
-    def describe(compiled: Any) -> dict[str, Any]:
+    def describe(compiled: Compiled) -> dict[str, Any]:
         md = compiled.metadata
         return {
             "name": md["name"],

@@ -21,7 +21,7 @@ import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.extend
@@ -34,12 +34,16 @@ try:  # the public homes of the primitive registries (jax 0.8 - 0.11)
 except (ImportError, AttributeError):  # pragma: no cover - later releases
     from jax._src.interpreters import ad, batching, mlir  # type: ignore[no-redef]
 
-from . import backends, binding, embed, handoff, keys, proto, record, targets, versions
-from .artifacts import KernelBinary, as_cache, entry_metadata, fetch
+from . import backends, binding, embed, handoff, proto, record, specialize, targets, versions
+from .artifacts import KernelBinary, as_cache
 from .binding import ArgArray
-from .compile import compile_source
 from .errors import KernelArgumentError, OptionError, UnsupportedTransformation
 from .kernels import KernelParts, decompose
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+
+    from .artifacts import CacheArg
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +68,9 @@ class CallSpec:
     aliases: tuple[tuple[int, int], ...]  # (operand, result)
     restore: tuple[tuple[int, int], ...]  # (operand, result) whose input must survive autotuning
     outputs: tuple[ArgArray, ...]  # user-visible outputs, in the user's order
-    target: Any
+    target: str | targets.Target | None
     embed: str | None
-    cache: Any
+    cache: CacheArg
     name: str
     metadata: bytes
 
@@ -245,9 +249,9 @@ def make_call(
     zeroed_outputs: Any = (),
     options: Mapping[str, Any],
     metaparams: Mapping[str, Any],
-    target: Any = None,
+    target: str | targets.Target | None = None,
     embed_mode: str | None = None,
-    cache: Any = None,
+    cache: CacheArg = None,
     name: str = "",
     serialized_metadata: bytes = b"",
 ) -> tuple[CallSpec, list[Any], Callable[[list[Any]], Any]]:
@@ -452,7 +456,7 @@ def _zeroed(call: CallSpec, bound: binding.Bound) -> dict[int, int]:
 
 
 def _kernel_message(
-    call: CallSpec, target: targets.Target, mode: str, kb: KernelBinary, cache: Any, jaxlib: str
+    call: CallSpec, target: targets.Target, mode: str, kb: KernelBinary, cache: Cache, jaxlib: str
 ) -> Any:
     m = proto.messages()
     meta = kb.meta
@@ -569,35 +573,16 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
     backends.check_options(target, set(call.options))
     mode = embed.resolve(call.embed, target, jaxlib, cfg)
     cache = as_cache(call.cache, cfg)
-    backend = backends.make_backend(target)
     m = proto.messages()
-    variants = binding.expand_variants(call.parts, call.named, call.kwargs, call.options)
     configs = []
-    for variant in variants:
-        bound = binding.bind(call.parts, backend, call.named, variant)
-        warps = int(bound.options.num_warps)
-        if warps * target.warp_size > targets.MAX_THREADS_PER_BLOCK:
-            raise OptionError(
-                f"num_warps={warps} on {target} means {warps * target.warp_size} threads per "
-                f"block; the limit is {targets.MAX_THREADS_PER_BLOCK}: use num_warps <= "
-                f"{targets.MAX_THREADS_PER_BLOCK // target.warp_size}"
-            )
-        src = keys.source(
-            call.parts.fn, call.parts.is_gluon, bound.signature, bound.constexprs, bound.attrs
-        )
-        key = keys.kernel_key(cache, target, backend, src, bound.options, call.parts.language)
-        memo_key = (key, str(target), str(getattr(cache, "root", id(cache))))
+    for spec in specialize.specialize_call(
+        call.parts, call.named, call.kwargs, call.options, target, cache
+    ):
+        bound = spec.bound
+        memo_key = (spec.key, str(target), str(cache.root))
         kb = _memo.get(memo_key)
         if kb is None:
-            kb = fetch(
-                cache,
-                key,
-                backend.binary_ext,
-                build=functools.partial(compile_source, src, target, backend, bound.options),
-                describe=entry_metadata(call.parts, target, bound),
-                need_ptx=target.backend == "cuda",
-            )
-            _memo[memo_key] = kb
+            kb = _memo[memo_key] = specialize.fetch(spec, cache)
         grid = binding.eval_grid(call.grid, bound.bound_args)
         kernel_call = m["TritonKernelCall"](
             kernel=_kernel_message(call, target, mode, kb, cache, jaxlib),
@@ -606,8 +591,8 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
             grid_2=grid[2],
         )
         _parameters(kernel_call, call, bound, _zeroed(call, bound))
-        configs.append((kernel_call, variant.description))
-        record.emit(_record(call, target, key, bound, grid), cfg)
+        configs.append((kernel_call, spec.variant.description))
+        record.emit(_record(call, target, spec.key, bound, grid), cfg)
     anycall = m["TritonAnyKernelCall"](name=call.name, metadata=call.metadata)
     if len(configs) == 1 and mode != "path":
         anycall.kernel_call.CopyFrom(configs[0][0])
@@ -680,9 +665,6 @@ mlir.register_lowering(triton_call_p, _no_cpu, platform="cpu")
 
 
 # -- the public call ----------------------------------------------------------------------
-_CALL_OPTIONS = ("num_warps", "num_stages")
-
-
 def triton_call(
     *args: Any,
     kernel: Any,
@@ -695,7 +677,7 @@ def triton_call(
     out_names: str | Sequence[str] | None = None,
     target: str | None = None,
     embed: str | None = None,
-    cache: Any = None,
+    cache: CacheArg = None,
     name: str = "",
     serialized_metadata: bytes = b"",
     compute_capability: int | None = None,

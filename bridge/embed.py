@@ -18,11 +18,14 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import backends, ptxisa, versions
 from .errors import EmbedError
 from .targets import Target
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +73,7 @@ def resolve(
     return mode
 
 
-def assembled_ptx(ptx: str, target: Target, what: str, cache: Any, strict: bool) -> str:
+def assembled_ptx(ptx: str, target: Target, what: str, cache: Cache | None, strict: bool) -> str:
     """``ptx`` for a jaxlib that assembles it itself: with the ``.version`` the installed
     jaxlib's ptxas accepts (unchanged where that is unknown: no jaxlib CUDA plugin).
 

@@ -20,9 +20,12 @@ import logging
 import os
 import sysconfig
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .targets import Target
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +95,7 @@ def _memo_key(label: str, fingerprint: str) -> str:
     return hashlib.sha256(f"bridge-identity:{label}:{fingerprint}".encode()).hexdigest()
 
 
-def lookup(cache: Any, label: str, fingerprint: str) -> str | None:
+def lookup(cache: Cache | None, label: str, fingerprint: str) -> str | None:
     """The value memoized in ``cache`` (or None) under ``(label, fingerprint)``, if any."""
     if cache is None:
         return None
@@ -105,7 +108,7 @@ def lookup(cache: Any, label: str, fingerprint: str) -> str | None:
         return None
 
 
-def remember(cache: Any, label: str, fingerprint: str, value: str) -> None:
+def remember(cache: Cache | None, label: str, fingerprint: str, value: str) -> None:
     """Memoize ``value`` in ``cache`` under ``(label, fingerprint)``; failures are logged only."""
     from kernelcache import CacheError
 
@@ -122,7 +125,7 @@ def remember(cache: Any, label: str, fingerprint: str, value: str) -> None:
         logger.debug("cannot memoize the %s identity: %s", label, e)
 
 
-def _memoized(cache: Any, label: str, fingerprint: str, compute: Callable[[], str]) -> str:
+def _memoized(cache: Cache | None, label: str, fingerprint: str, compute: Callable[[], str]) -> str:
     """``compute()``, stored in ``cache`` under a key derived from ``(label, fingerprint)``.
 
     Cache failures only cost the recomputation; they are logged, never raised.
@@ -138,7 +141,7 @@ def _memoized(cache: Any, label: str, fingerprint: str, compute: Callable[[], st
 _memo: dict[tuple[str, str], str] = {}
 
 
-def triton_identity(cache: Any) -> str:
+def triton_identity(cache: Cache | None) -> str:
     """sha256 of Triton's ``triton_key()``, without computing it when the cache knows it."""
     fp = triton_fingerprint()
     found = _memo.get(("triton", fp))
@@ -153,7 +156,7 @@ def triton_identity(cache: Any) -> str:
     return found
 
 
-def backend_identity(cache: Any, target: Target, backend: Any) -> str:
+def backend_identity(cache: Cache | None, target: Target, backend: Any) -> str:
     """``backend.hash()`` for ``target``; on CUDA memoized by the ptxas files' identity."""
     if target.backend != "cuda":
         return str(backend.hash())

@@ -42,12 +42,6 @@ class KernelParts:
     def arg_names(self) -> list[str]:
         return list(self.fn.arg_names)
 
-    @property
-    def autotuned(self) -> bool:
-        from triton.runtime.autotuner import Autotuner
-
-        return any(isinstance(layer, Autotuner) for layer in self.layers)
-
 
 def decompose(kernel: Any) -> KernelParts:
     """Split ``kernel`` into its autotune/heuristics layers and its JIT function.

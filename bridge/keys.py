@@ -17,10 +17,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .identity import backend_identity, file_digest, triton_identity
 from .targets import Target
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
 
 #: bump when the bridge's compile pipeline changes its output for the same inputs
 PIPELINE_VERSION = "bridge-pipeline-1"
@@ -57,7 +60,7 @@ def source(fn: Any, gluon: bool, signature: Any, constexprs: Any, attrs: Any) ->
 
 
 def kernel_key(
-    cache: Any, target: Target, backend: Any, src: Any, options: Any, language: str
+    cache: Cache, target: Target, backend: Any, src: Any, options: Any, language: str
 ) -> str:
     """The 64-hex-digit key of one compiled kernel (see the module docstring)."""
     parts = [

@@ -35,10 +35,13 @@ import stat
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import identity
 from .errors import EmbedError
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
 
 logger = logging.getLogger(__name__)
 
@@ -247,7 +250,7 @@ def _fingerprint(path: str, executable: bool = True) -> str | None:
     return hashlib.sha256(doc.encode()).hexdigest()
 
 
-def _release(path: str, cache: Any) -> tuple[int, ...] | None:
+def _release(path: str, cache: Cache | None) -> tuple[int, ...] | None:
     """:func:`ptxas_release`, memoized in ``cache`` by the file's identity."""
     fingerprint = _fingerprint(path)
     if fingerprint is None:
@@ -261,7 +264,7 @@ def _release(path: str, cache: Any) -> tuple[int, ...] | None:
     return release
 
 
-def find(paths: Iterable[str], cache: Any = None) -> Assembler | None:
+def find(paths: Iterable[str], cache: Cache | None = None) -> Assembler | None:
     """The first of ``paths`` that XLA would run as ptxas (an executable of a release it
     accepts), with its release; releases are memoized in ``cache`` (a kernelcache.Cache or
     None) by file identity."""
@@ -285,7 +288,7 @@ def _built_with(plugin_name: str) -> tuple[int, int] | None:
     return (built // 1000, built % 1000 // 10) if built > 0 else None
 
 
-def runs_ptxas_executable(plugin_dir: str, cache: Any = None) -> bool:
+def runs_ptxas_executable(plugin_dir: str, cache: Cache | None = None) -> bool:
     """Whether the plugin's Triton library runs a ptxas executable: it carries XLA's stub for a
     build without libnvptxcompiler (memoized by the library's identity). True where the library
     cannot be read: jaxlib's wheels have always done so."""
@@ -312,7 +315,7 @@ def runs_ptxas_executable(plugin_dir: str, cache: Any = None) -> bool:
 def detect(
     path: Sequence[str],
     plugin_at: tuple[str, int] | None,
-    cache: Any,
+    cache: Cache | None,
     system_roots: Sequence[str] = SYSTEM_ROOTS,
 ) -> Assembler | None:
     """The assembler of the jaxlib whose CUDA plugin is at ``plugin_at`` (directory, CUDA major)
@@ -353,7 +356,7 @@ def detect(
 _detected: dict[tuple[Any, ...], Assembler | None] = {}
 
 
-def jaxlib_assembler(cache: Any = None) -> Assembler | None:
+def jaxlib_assembler(cache: Cache | None = None) -> Assembler | None:
     """The PTX assembler the installed jaxlib runs: the first ptxas found as XLA finds it, else
     (with a warning) the CUDA release the plugin was built with; None without a jaxlib CUDA
     plugin. Detected once per process and PATH."""

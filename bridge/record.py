@@ -36,9 +36,12 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelcache.jsonio import load_json
+
+if TYPE_CHECKING:
+    from kernelcache.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -295,7 +298,7 @@ def complete(record: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
     return out
 
 
-def emit(record: dict[str, Any], cfg: Any = None) -> None:
+def emit(record: dict[str, Any], cfg: Settings | None = None) -> None:
     """Hand ``record`` to the listeners and to the ``$KERNELCACHE_RECORD`` manifest."""
     from kernelcache.config import settings
 

@@ -10,9 +10,15 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+from kernelcache.target_names import EXAMPLES as _EXAMPLES
+from kernelcache.target_names import parse_target_name
 
 from .errors import TargetError
+
+if TYPE_CHECKING:
+    from kernelcache.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -20,10 +26,6 @@ logger = logging.getLogger(__name__)
 MAX_THREADS_PER_BLOCK = 1024
 #: threads per warp that jaxlib's launcher assumes (block size = num_warps x this)
 JAXLIB_THREADS_PER_WARP = {"cuda": 32, "hip": 64}
-
-_CUDA = re.compile(r"(?:cuda|sm)[:_]?(\d{2,3})a?")
-_HIP = re.compile(r"(?:hip|rocm)[:_]?(gfx[0-9a-f]{3,5})(?::[a-z0-9+:-]*)?")
-_EXAMPLES = "cuda:90, cuda:80, hip:gfx942, hip:gfx90a"
 
 
 @dataclass(frozen=True, order=True)
@@ -97,22 +99,14 @@ def parse_target(text: str | Target) -> Target:
         return text
     if not isinstance(text, str):
         raise TargetError(f"a target is a string such as {_EXAMPLES}; got {text!r}")
-    value = text.strip().lower()
-    m = _CUDA.fullmatch(value)
-    if m:
-        cc = int(m.group(1))
-        if cc < 50:
-            raise TargetError(
-                f"target {text!r}: compute capability {cc} is older than Triton supports"
-            )
-        return Target("cuda", cc, 32)
-    m = _HIP.fullmatch(value)
-    if m:
-        arch = m.group(1)
-        return Target("hip", arch, hip_warp_size(arch))
-    raise TargetError(
-        f"invalid target {text!r}: use cuda:<compute capability> or hip:<gfx arch>, e.g. {_EXAMPLES}"
-    )
+    try:
+        backend, arch = parse_target_name(text)
+    except ValueError as e:
+        raise TargetError(str(e)) from None
+    if backend == "cuda":
+        return Target("cuda", arch, 32)
+    assert isinstance(arch, str)
+    return Target("hip", arch, hip_warp_size(arch))
 
 
 def detect(platform: str) -> list[Target]:
@@ -153,7 +147,7 @@ def _device_target(device, platform: str) -> Target | None:
     return Target("hip", arch, hip_warp_size(arch))
 
 
-def resolve(explicit: str | Target | None, platform: str, cfg: Any = None) -> Target:
+def resolve(explicit: str | Target | None, platform: str, cfg: Settings | None = None) -> Target:
     """The target to compile for when lowering for ``platform``.
 
     Order: ``explicit`` (the call's ``target=``), then ``$KERNELCACHE_TARGET``, then the local

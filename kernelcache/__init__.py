@@ -4,14 +4,14 @@ This package imports neither jax nor triton: operators can inspect and prune cac
 that have neither. See ``Cache`` for the guarantees across processes.
 """
 
-__version__ = "0.1.0"
-
-from .cache import Cache, RemoteTier, default_root
+from ._version import __version__
+from .cache import Cache, default_root
 from .config import ConfigError, settings
 from .errors import CacheError, LockTimeout, LockUnavailable
 from .keys import check_ext, check_key
 from .stats import process_stats
 from .store import Artifact, Store
+from .tier import RemoteTier
 
 __all__ = [
     "Artifact",

@@ -34,10 +34,9 @@ from typing import IO, Any
 
 import xxhash
 
-from . import __version__
+from ._version import __version__
 from .jsonio import load_json
 from .keys import META_EXT, split_entry_name
-from .scan import EntryInfo
 from .store import (
     FORMAT_VERSION,
     RESERVED_FIELDS,
@@ -47,6 +46,7 @@ from .store import (
     encode_metadata,
     parse_metadata,
 )
+from .table import EntryInfo
 
 BUNDLE_FORMAT = "kernelcache-bundle"
 BUNDLE_VERSION = 1

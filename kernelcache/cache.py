@@ -17,13 +17,14 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from . import stats
 from .config import settings
 from .errors import CacheError, LockTimeout
 from .keys import check_ext, check_key
 from .store import Artifact, Problem, Store, WrongExt, digest, make_metadata
+from .tier import RemoteTier
 
 logger = logging.getLogger(__name__)
 
@@ -36,29 +37,6 @@ def warn_once(root: str, topic: str, message: str, *args: object) -> None:
     if (root, topic) not in _warned:
         _warned.add((root, topic))
         logger.warning(message, *args)
-
-
-@runtime_checkable
-class RemoteTier(Protocol):
-    """What the cache needs from a shared tier (see kernelcache.remote).
-
-    Implementations handle their own failures: ``get`` returns None and ``put`` returns
-    without raising when the remote is down, slow or returns garbage.
-    """
-
-    def get(self, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | None: ...
-
-    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> bool:
-        """Send an entry; return whether it was stored."""
-        ...
-
-    def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
-        """Take the job-wide build lock of ``key`` (one builder across machines).
-
-        Returns a function that releases it, or None if it could not be had within
-        ``timeout`` seconds or the remote is unavailable (the caller then builds anyway).
-        """
-        ...
 
 
 def default_root() -> Path:

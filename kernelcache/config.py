@@ -1,91 +1,181 @@
 """The one place that reads kernelcache's environment variables.
 
-Every setting is read through :func:`settings`, which parses the environment each time it is
-called (cheap), so tests and launchers can change variables between calls. Nothing else in
-``kernelcache`` or ``bridge`` reads ``os.environ`` for its own configuration.
+Each variable is declared once in :data:`VARIABLES` (name, parser, default, meaning); the
+README's configuration table is checked against these declarations. Every setting is read
+through :func:`settings`, which parses the environment each time it is called (cheap), so tests
+and launchers can change variables between calls. Nothing else in ``kernelcache`` or ``bridge``
+reads ``os.environ`` for its own configuration.
+
+An unset or empty variable means its default.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
-#: name -> (meaning, default shown in the README)
-VARIABLES: dict[str, tuple[str, str]] = {
-    "KERNELCACHE_DIR": ("writable cache root", "platformdirs user cache dir for 'kernelcache'"),
-    "KERNELCACHE_READONLY_DIRS": (
-        "read-only roots searched after the writable root, separated by ':'",
-        "(none)",
-    ),
-    "KERNELCACHE_REMOTE": ("remote tier URL, e.g. redis://host:6379/0", "(none)"),
-    "KERNELCACHE_TARGET": ("compile target for the bridge, e.g. cuda:90 or hip:gfx942", "detected"),
-    "KERNELCACHE_EMBED": ("how the bridge embeds kernels: auto, inline, ptx, path", "auto"),
-    "KERNELCACHE_RECORD": ("append every lowered specialization to this manifest file", "(off)"),
-    "KERNELCACHE_LOCK_TIMEOUT": ("seconds to wait for a per-key lock before going private", "120"),
-    "KERNELCACHE_LOCK_MODE": ("auto, flock or soft (O_EXCL lock files for NFS)", "auto"),
-    "KERNELCACHE_LOCK_STALE": ("seconds after which another host's soft lock is stale", "300"),
-    "KERNELCACHE_DISABLE": ("1: bypass the cache entirely (compile in memory)", "0"),
-    "KERNELCACHE_STATS_LOG": ("0: do not append per-process stats logs under the root", "1"),
-    "KERNELCACHE_TRUST": (
-        "whose artifacts are served: group (owner, root, root dir's owner and group), owner, any",
-        "group",
-    ),
-}
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+from . import units
+from .target_names import parse_target_name
 
 
 class ConfigError(ValueError):
     """An environment variable holds a value kernelcache cannot use."""
 
 
-def _flag(env: dict[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
-    if raw is None:
-        return default
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigError(f"{name}={raw!r} is not a boolean; use 1 or 0")
-
-
-def _seconds(env: dict[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
+def _path(raw: str) -> Path:
     try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
-    if not value >= 0:
-        raise ConfigError(f"{name}={raw!r} must be a non-negative number of seconds")
+        return Path(raw.strip()).expanduser()
+    except RuntimeError:  # "~user/..." for a user that does not exist, or no home directory
+        home = raw.strip().split("/")[0]
+        raise ValueError(f"cannot expand {home!r}: no such home directory") from None
+
+
+def _paths(raw: str) -> tuple[Path, ...]:
+    return tuple(_path(p) for p in raw.split(os.pathsep) if p.strip())
+
+
+def _seconds(raw: str) -> float:
+    return units.parse_duration(raw)
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in allowed:
+            raise ValueError(f"not one of {', '.join(allowed)}")
+        return value
+
+    return parse
+
+
+def _target(raw: str) -> str:
+    value = raw.strip()
+    parse_target_name(value)
     return value
 
 
-def _choice(env: dict[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
-    value = raw.strip().lower()
-    if value not in allowed:
-        raise ConfigError(f"{name}={raw!r} is not one of {', '.join(allowed)}")
-    return value
+def _stripped(raw: str) -> str:
+    return raw.strip()
 
 
-def _path(env: dict[str, str], name: str) -> Path | None:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return None
-    return Path(raw).expanduser()
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: how it is parsed, its default, and what it means."""
+
+    name: str
+    field: str  #: the attribute of :class:`Settings` it sets
+    parse: Callable[[str], Any]  #: raises ValueError (or ConfigError) for a bad value
+    default: Any
+    shown_default: str  #: the default as the README shows it
+    meaning: str
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable(
+        "KERNELCACHE_DIR",
+        "dir",
+        _path,
+        None,
+        "platformdirs user cache dir for 'kernelcache'",
+        "writable cache root",
+    ),
+    Variable(
+        "KERNELCACHE_READONLY_DIRS",
+        "readonly_dirs",
+        _paths,
+        (),
+        "(none)",
+        "read-only roots searched after the writable root, separated by ':'",
+    ),
+    Variable(
+        "KERNELCACHE_REMOTE",
+        "remote",
+        _stripped,  # parsed and checked by kernelcache.remote when a cache opens it
+        None,
+        "(none)",
+        "remote tier URL, e.g. redis://host:6379/0",
+    ),
+    Variable(
+        "KERNELCACHE_TARGET",
+        "target",
+        _target,
+        None,
+        "detected",
+        "compile target for the bridge, e.g. cuda:90 or hip:gfx942",
+    ),
+    Variable(
+        "KERNELCACHE_EMBED",
+        "embed",
+        _choice("auto", "inline", "ptx", "path"),
+        "auto",
+        "auto",
+        "how the bridge embeds kernels: auto, inline, ptx, path",
+    ),
+    Variable(
+        "KERNELCACHE_RECORD",
+        "record",
+        _path,
+        None,
+        "(off)",
+        "append every lowered specialization to this manifest file",
+    ),
+    Variable(
+        "KERNELCACHE_LOCK_TIMEOUT",
+        "lock_timeout",
+        _seconds,
+        120.0,
+        "120",
+        "seconds to wait for a per-key lock before going private",
+    ),
+    Variable(
+        "KERNELCACHE_LOCK_MODE",
+        "lock_mode",
+        _choice("auto", "flock", "soft"),
+        "auto",
+        "auto",
+        "auto, flock or soft (O_EXCL lock files for NFS)",
+    ),
+    Variable(
+        "KERNELCACHE_LOCK_STALE",
+        "lock_stale",
+        _seconds,
+        300.0,
+        "300",
+        "seconds after which another host's soft lock is stale",
+    ),
+    Variable(
+        "KERNELCACHE_DISABLE",
+        "disable",
+        units.parse_bool,
+        False,
+        "0",
+        "1: bypass the cache entirely (compile in memory)",
+    ),
+    Variable(
+        "KERNELCACHE_STATS_LOG",
+        "stats_log",
+        units.parse_bool,
+        True,
+        "1",
+        "0: do not append per-process stats logs under the root",
+    ),
+    Variable(
+        "KERNELCACHE_TRUST",
+        "trust",
+        _choice("group", "owner", "any"),
+        "group",
+        "group",
+        "whose artifacts are served: group (owner, root, root dir's owner and group), owner, any",
+    ),
+)
 
 
 @dataclass(frozen=True)
 class Settings:
-    """A snapshot of the environment, parsed and validated."""
+    """A snapshot of the environment, parsed and validated (defaults as in :data:`VARIABLES`)."""
 
     dir: Path | None = None
     readonly_dirs: tuple[Path, ...] = ()
@@ -101,37 +191,36 @@ class Settings:
     trust: str = "group"
 
 
-def settings(environ: dict[str, str] | None = None) -> Settings:
+def parse_variable(var: Variable, environ: Mapping[str, str] | None = None) -> Any:
+    """The value of one variable in ``environ`` (default: ``os.environ``), or its default.
+
+    Raises:
+        ConfigError: the variable is set to a value that cannot be used; the message names it,
+            the value, what is wrong and what is accepted.
+    """
+    raw = (os.environ if environ is None else environ).get(var.name)
+    if raw is None or not raw.strip():
+        return var.default
+    try:
+        return var.parse(raw)
+    except (ValueError, ConfigError) as e:
+        raise ConfigError(f"{var.name}={raw!r}: {e}") from None
+
+
+def settings(environ: Mapping[str, str] | None = None) -> Settings:
     """Parse kernelcache's variables from ``environ`` (default: ``os.environ``).
 
     Raises:
         ConfigError: a variable is set to a value that cannot be used; the message names it.
     """
     env = dict(os.environ if environ is None else environ)
-    readonly = tuple(
-        Path(p).expanduser()
-        for p in env.get("KERNELCACHE_READONLY_DIRS", "").split(os.pathsep)
-        if p
-    )
-    remote = env.get("KERNELCACHE_REMOTE", "").strip() or None
-    target = env.get("KERNELCACHE_TARGET", "").strip() or None
-    return Settings(
-        dir=_path(env, "KERNELCACHE_DIR"),
-        readonly_dirs=readonly,
-        remote=remote,
-        target=target,
-        embed=_choice(env, "KERNELCACHE_EMBED", "auto", ("auto", "inline", "ptx", "path")),
-        record=_path(env, "KERNELCACHE_RECORD"),
-        lock_timeout=_seconds(env, "KERNELCACHE_LOCK_TIMEOUT", 120.0),
-        lock_mode=_choice(env, "KERNELCACHE_LOCK_MODE", "auto", ("auto", "flock", "soft")),
-        lock_stale=_seconds(env, "KERNELCACHE_LOCK_STALE", 300.0),
-        disable=_flag(env, "KERNELCACHE_DISABLE", False),
-        stats_log=_flag(env, "KERNELCACHE_STATS_LOG", True),
-        trust=_choice(env, "KERNELCACHE_TRUST", "group", ("group", "owner", "any")),
-    )
+    return Settings(**{var.field: parse_variable(var, env) for var in VARIABLES})
 
 
-def environment_in_effect(environ: dict[str, str] | None = None) -> dict[str, str]:
+def environment_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The kernelcache variables that are set, for diagnostics (values as given)."""
     env = os.environ if environ is None else environ
-    return {name: env[name] for name in VARIABLES if name in env}
+    return {var.name: env[var.name] for var in VARIABLES if var.name in env}
+
+
+assert {v.field for v in VARIABLES} == {f.name for f in fields(Settings)}, "one variable per field"

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import __version__
+from ._version import __version__
 from .config import ConfigError, environment_in_effect, settings
 from .locks import LOCK_DIR, Locker
 

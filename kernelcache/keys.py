@@ -51,11 +51,6 @@ def check_ext(ext: object) -> str:
     return ext
 
 
-def is_key(name: str) -> bool:
-    """Whether ``name`` is a valid key (no exception)."""
-    return KEY_PATTERN.fullmatch(name) is not None
-
-
 def split_entry_name(name: str) -> tuple[str, str] | None:
     """Split a file name of a root into (key, ext), or None if it is not an entry file."""
     key, dot, ext = name.partition(".")

@@ -36,12 +36,14 @@ from typing import Any, NamedTuple
 
 from . import stats
 from .errors import LockTimeout, LockUnavailable
+from .fsio import READ_FLAGS, replace_file
 from .jsonio import load_json
 from .keys import META_EXT
 from .locks import LOCK_DIR, Locker, open_subdir, pid_alive
-from .scan import READ_FLAGS, CacheScan, EntryInfo, Issue, lock_name, replace_file
+from .scan import CacheScan, Issue, lock_name
 from .stats import STATS_DIR
 from .store import QUARANTINE_DIR, TMP_DIR, Artifact, Problem, Store
+from .table import EntryInfo
 
 logger = logging.getLogger(__name__)
 

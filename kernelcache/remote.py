@@ -60,16 +60,14 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from . import stats
 from .config import ConfigError
 from .keys import check_ext, check_key
 from .store import MAX_META_BYTES, RESERVED_FIELDS, digest, make_metadata, parse_metadata
-
-if TYPE_CHECKING:
-    from .cache import RemoteTier
+from .tier import RemoteTier
 
 logger = logging.getLogger(__name__)
 
@@ -341,7 +339,7 @@ def _no_release() -> None:
 
 
 class RedisTier:
-    """The shared tier on a Redis server (implements :class:`kernelcache.cache.RemoteTier`).
+    """The shared tier on a Redis server (implements :class:`kernelcache.tier.RemoteTier`).
 
     Thread-safe; usable after ``fork`` (redis-py reconnects in the child). Construction does
     not connect: the first call does, bounded by ``connect_timeout``.

@@ -8,13 +8,8 @@ What is found wrong lands in ``CacheScan.issues`` as :class:`Issue` records (kin
 :data:`ISSUE_KINDS`); nothing here modifies an entry. Deciding what to delete is
 :mod:`kernelcache.prune`'s job.
 
-Speed: a scan index, ``<root>/.stats/index.json``, remembers what each metadata file said, keyed
-by the entry's key and the metadata file's inode number. Metadata is written once per entry and
-replaced (new inode) whenever the entry is republished, so a row whose key and inode still match
-the directory listing is reused without opening the file; new or replaced metadata is read and
-parsed. The index is a cache: it is rewritten atomically (``os.replace``) by whoever scans a
-writable root, ignored when missing, unreadable or malformed, and never needed for correctness.
-Last-used stamps (metadata mtimes) are never taken from the index.
+Speed: metadata already described by the scan index (:mod:`kernelcache.index`) is not read
+again; the index is rewritten when a scan of a writable root finds it out of date.
 
 Guarantees across processes: a scan runs concurrently with writers, readers and pruners. An
 entry published or deleted during the scan may or may not be listed; a half-published entry
@@ -27,27 +22,29 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import logging
 import os
 import stat
 import time
-import uuid
-from array import array
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property, partial
 from itertools import repeat
 from operator import add, itemgetter
-from typing import Any, NamedTuple
+from typing import Any
 
-import xxhash
-
-from .jsonio import load_json
+from .fsio import READ_FLAGS
+from .index import (
+    GROUPED,
+    index_file,
+    index_matches,
+    listing_signature,
+    load_index,
+    parse_header,
+    save_index,
+)
 from .keys import KEY_PATTERN, META_EXT, split_entry_name
 from .locks import LOCK_DIR, Locker, open_subdir
-from .stats import STATS_DIR
 from .store import (
     FUTURE_SLACK,
     MAX_META_BYTES,
@@ -57,19 +54,12 @@ from .store import (
     Store,
     parse_metadata,
 )
+from .table import COLUMNS, KNOWN_DIRS, EntryInfo, EntryTable
 
 logger = logging.getLogger(__name__)
 
 #: files younger than this may belong to a write in progress: never reported or removed
 GRACE_SECONDS = 3600.0
-INDEX_NAME = "index.json"
-INDEX_VERSION = 2
-#: the columns whose groups (entries and bytes per value) ``stats`` shows
-_GROUPED = ("ext", "target", "kernel")
-_TOTALS = ("entries", "size", "meta_size")
-MAX_INDEX_BYTES = 512 << 20
-#: the directories a root may hold besides entries
-KNOWN_DIRS = frozenset({TMP_DIR, LOCK_DIR, QUARANTINE_DIR, STATS_DIR})
 #: kind -> what it means
 ISSUE_KINDS: dict[str, str] = {
     "corrupt": "an entry that must not be served: bad metadata, missing or wrong artifact",
@@ -79,98 +69,9 @@ ISSUE_KINDS: dict[str, str] = {
     "untrusted": "an entry written by a user the trust policy excludes; left alone",
     "foreign": "a file the cache does not know; left alone",
 }
-#: how housekeeping reads open files: no symlinks, and a planted FIFO cannot block the open
-READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _LOCK_SUFFIXES = (".build.lock", ".lock", ".softlock")
 
 Progress = Callable[[int], object]
-
-
-class EntryInfo(NamedTuple):
-    """One committed entry as its metadata describes it (immutable).
-
-    ``size`` is the artifact's size recorded in the metadata, ``meta_size`` the metadata
-    file's size; ``kernel`` and ``target`` are the metadata's ``name`` and ``target`` fields
-    (None when absent). ``last_used`` is the metadata file's mtime, the last-used stamp,
-    or None when the scan did not stat files. (A NamedTuple rather than a frozen dataclass:
-    scans of 100,000 entries are built in well under a second.)
-    """
-
-    key: str
-    ext: str
-    size: int
-    meta_size: int
-    kernel: str | None
-    target: str | None
-    created: float | None
-    last_used: float | None = None
-    inode: int = 0
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes on disk (apparent size): the artifact plus its metadata."""
-        return self.size + self.meta_size
-
-    @property
-    def filename(self) -> str:
-        return f"{self.key}.{self.ext}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "ext": self.ext,
-            "size": self.size,
-            "meta_size": self.meta_size,
-            "kernel": self.kernel,
-            "target": self.target,
-            "created": self.created,
-            "last_used": self.last_used,
-        }
-
-
-#: EntryInfo's fields, in order: the columns of an EntryTable
-COLUMNS = EntryInfo._fields
-
-
-@dataclass(frozen=True)
-class EntryTable:
-    """Entries stored by column (one tuple per EntryInfo field), cheap to aggregate."""
-
-    key: tuple[str, ...] = ()
-    ext: tuple[str, ...] = ()
-    size: tuple[int, ...] = ()
-    meta_size: tuple[int, ...] = ()
-    kernel: tuple[str | None, ...] = ()
-    target: tuple[str | None, ...] = ()
-    created: tuple[float | None, ...] = ()
-    last_used: tuple[float | None, ...] = ()
-    inode: tuple[int, ...] = ()
-
-    @classmethod
-    def from_rows(cls, rows: Iterable[EntryInfo]) -> EntryTable:
-        columns = list(zip(*rows, strict=True))
-        return cls(*columns) if columns else cls()
-
-    def __len__(self) -> int:
-        return len(self.key)
-
-    def rows(self) -> list[EntryInfo]:
-        make = tuple.__new__
-        return [make(EntryInfo, r) for r in zip(*(getattr(self, c) for c in COLUMNS), strict=True)]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.size) + sum(self.meta_size)
-
-    def group(self, column: str) -> dict[str | None, tuple[int, int]]:
-        """{value of ``column``: (entries, bytes)}, largest first."""
-        values = getattr(self, column)
-        counts = Counter(values)
-        sizes = dict.fromkeys(counts, 0)
-        for value, nbytes in zip(values, map(add, self.size, self.meta_size), strict=True):
-            sizes[value] += nbytes
-        order = sorted(counts, key=lambda v: (-sizes[v], str(v)))
-        return {v: (counts[v], sizes[v]) for v in order}
 
 
 @dataclass(frozen=True)
@@ -249,28 +150,6 @@ def _read_dir(root: str) -> list[tuple[str, int]] | None:
         return None
 
 
-def _listing_signature(pairs: list[tuple[str, int]]) -> str:
-    """A digest of the names and inode numbers of a listing, in listing order."""
-    names, inodes = zip(*pairs, strict=True) if pairs else ((), ())
-    digest = xxhash.xxh3_128("\0".join(names).encode("utf-8", "surrogateescape"))
-    digest.update(array("Q", inodes).tobytes())
-    return digest.hexdigest()
-
-
-def _index_matches(index: EntryTable, names: Mapping[str, int]) -> bool:
-    """Whether the listing holds exactly the index's entries, with the same metadata inodes.
-
-    All of it runs in C: the common case of a scan of an unchanged (or only read) cache.
-    """
-    n = len(index)
-    if len(names) != 2 * n + len(KNOWN_DIRS & names.keys()):
-        return False
-    meta_names = map(add, index.key, repeat("." + META_EXT))
-    if not dict(zip(meta_names, index.inode, strict=True)).items() <= names.items():
-        return False
-    return all(map(names.__contains__, map(add, map(add, index.key, repeat(".")), index.ext)))
-
-
 def _parse_listing(pairs: list[tuple[str, int]]) -> _Listing:
     """Sort the names of a root into metadata, artifacts and foreign files."""
     suffix = "." + META_EXT
@@ -313,186 +192,6 @@ def _all_keys(table: Mapping[str, object]) -> bool:
     if min(lengths) < 32 or max(lengths) > 128:
         return False
     return not "".join(table).encode().translate(None, b"0123456789abcdef")
-
-
-# -- the index ----------------------------------------------------------------------------
-def _index_file(root: str, *, header_only: bool) -> bytes | None:
-    """The scan index's bytes (or its first line only); None if missing or not plausible."""
-    path = os.path.join(root, STATS_DIR, INDEX_NAME)
-    try:
-        fd = os.open(path, READ_FLAGS)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INDEX_BYTES:
-            return None
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.readline(MAX_INDEX_BYTES) if header_only else f.read()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def _parse_header(line: bytes) -> dict[str, Any] | None:
-    """The index's first line: version, listing signature, totals and groups; None if bad."""
-    try:
-        head = load_json(line)
-        if not isinstance(head, dict) or head.get("v") != INDEX_VERSION:
-            return None
-        totals, groups = head["totals"], head["groups"]
-        if not isinstance(head.get("listing"), (str, type(None))):
-            return None
-        if not all(type(totals.get(k)) is int and totals[k] >= 0 for k in _TOTALS):
-            return None
-        for column in _GROUPED:
-            rows = groups[column]
-            if not isinstance(rows, list):
-                return None
-            for row in rows:
-                if not (
-                    isinstance(row, list)
-                    and len(row) == 3
-                    and isinstance(row[0], (str, type(None)))
-                    and type(row[1]) is int
-                    and type(row[2]) is int
-                ):
-                    return None
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return head
-
-
-def _load_index(root: str) -> tuple[EntryTable, str | None]:
-    """The entries the scan index remembers and the signature of the listing they were read
-    from; (empty table, None) when it is missing or malformed. Never raises: it is a cache."""
-    raw = _index_file(root, header_only=False)
-    if raw is None:
-        return EntryTable(), None
-    first, _, rest = raw.partition(b"\n")
-    head = _parse_header(first)
-    if head is None:
-        return EntryTable(), None
-    try:
-        doc = load_json(rest)
-        keys = doc["keys"].split("\n") if doc["keys"] else []
-        strings = doc["strings"]
-        inode, ext, size, meta_size, kernel, target, created = (
-            doc[c] for c in ("inode", "ext", "size", "meta_size", "kernel", "target", "created")
-        )
-        ints = (inode, ext, size, meta_size, kernel, target)
-        n = len(keys)
-        if not all(isinstance(c, list) and len(c) == n for c in (*ints, created)):
-            return EntryTable(), None
-        if not isinstance(strings, list) or not set(map(type, strings)) <= {str}:
-            return EntryTable(), None
-        if not all(set(map(type, c)) <= {int} for c in ints):
-            return EntryTable(), None
-        if not set(map(type, created)) <= {int, float, type(None)}:
-            return EntryTable(), None
-        if n:
-            top = len(strings)
-            if min(ext) < 0 or max(ext) >= top or min(size) < 0 or min(meta_size) < 0:
-                return EntryTable(), None
-            if min(kernel) < -1 or max(kernel) >= top or min(target) < -1 or max(target) >= top:
-                return EntryTable(), None
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return EntryTable(), None
-    lookup = [*strings, None]  # index -1 -> None
-    names = lookup.__getitem__
-    table = EntryTable(
-        tuple(keys),
-        tuple(map(names, ext)),
-        tuple(size),
-        tuple(meta_size),
-        tuple(map(names, kernel)),
-        tuple(map(names, target)),
-        tuple(created),
-        (None,) * n,
-        tuple(inode),
-    )
-    return table, head["listing"]
-
-
-def replace_file(dfd: int, name: str, data: bytes) -> None:
-    """Write ``data`` to ``name`` in the directory ``dfd`` atomically: readers see the old file
-    or the new one, whole. Staged under a hidden unique name (never followed if planted as a
-    link), then ``os.replace``d; nothing is left behind on failure.
-
-    Raises:
-        OSError: it could not be written (the old file, if any, is intact).
-    """
-    tmp = f".{name}.{os.getpid()}-{uuid.uuid4().hex}.tmp"
-    fd = os.open(
-        tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd
-    )
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dfd)
-        raise
-
-
-def _save_index(root: str, table: EntryTable, listing: str | None) -> None:
-    """Atomically replace the scan index (best effort: failures are only logged).
-
-    ``listing`` is the signature of a listing that holds exactly these entries and nothing
-    else (None if it held anything more): the same signature later means the same files.
-    The first line holds the signature with the totals and groups ``stats`` shows, so that
-    :func:`summarize` of an unchanged root reads nothing else.
-    """
-    strings: dict[str | None, int] = {None: -1}
-
-    def refs(values: Iterable[str | None]) -> list[int]:
-        return [strings.setdefault(v, len(strings) - 1) for v in values]
-
-    head = {
-        "v": INDEX_VERSION,
-        "listing": listing,
-        "totals": {
-            "entries": len(table),
-            "size": sum(table.size),
-            "meta_size": sum(table.meta_size),
-        },
-        "groups": {c: [[v, n, b] for v, (n, b) in table.group(c).items()] for c in _GROUPED},
-    }
-    doc = {
-        "keys": "\n".join(table.key),
-        "inode": table.inode,
-        "ext": refs(table.ext),
-        "size": table.size,
-        "meta_size": table.meta_size,
-        "kernel": refs(table.kernel),
-        "target": refs(table.target),
-        "created": table.created,
-    }
-    doc["strings"] = [v for v in strings if v is not None]
-    data = b"%s\n%s" % (
-        json.dumps(head, separators=(",", ":")).encode(),
-        json.dumps(doc, separators=(",", ":")).encode(),
-    )
-    try:
-        # Create .stats/ only in a root of our own: a .stats/ made by another user (say, an
-        # operator running as root) could keep the cache's users from writing their logs.
-        mine = os.stat(root).st_uid == os.geteuid()
-        dfd = open_subdir(root, STATS_DIR, create=mine)
-    except OSError as e:
-        logger.debug("kernelcache: not saving the scan index under %s: %s", root, e)
-        return
-    try:
-        replace_file(dfd, INDEX_NAME, data)
-    except OSError as e:
-        logger.debug("kernelcache: not saving the scan index under %s: %s", root, e)
-    finally:
-        os.close(dfd)
 
 
 def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | str:
@@ -591,14 +290,14 @@ def _scan(
         return CacheScan(root, True, EntryTable(), (issue,), scanned_at=now)
     issues: list[Issue] = []
     try:
-        index, known = _load_index(root)
-        signature = _listing_signature(pairs)
+        index, known = load_index(root)
+        signature = listing_signature(pairs)
         table = index
         if known != signature:  # not the very listing the index was made from
             writable = update_index and os.access(root, os.W_OK)
-            if _index_matches(index, dict(pairs)):
+            if index_matches(index, dict(pairs)):
                 if writable:
-                    _save_index(root, index, signature)
+                    save_index(root, index, signature)
             else:
                 listing = _parse_listing(pairs)
                 table, fresh = _entries(dfd, listing, index, issues, progress)
@@ -613,7 +312,7 @@ def _scan(
                 # clean: the listing holds these entries' two files each, and nothing else
                 clean = len(pairs) == 2 * len(table) + listing.dirs
                 if writable and (fresh or len(table) != len(index) or clean):
-                    _save_index(root, table, signature if clean else None)
+                    save_index(root, table, signature if clean else None)
         if last_used:
             table = _with_last_used(dfd, table)
     finally:
@@ -874,10 +573,10 @@ def summarize(root: str | os.PathLike[str], *, now: float | None = None) -> Cach
     except OSError:
         pairs = []
     if pairs is None:
-        return CacheSummary(root, False, 0, 0, 0, {c: {} for c in _GROUPED}, 0)
-    raw = _index_file(root, header_only=True)
-    head = _parse_header(raw) if raw else None
-    if head is not None and head["listing"] == _listing_signature(pairs):
+        return CacheSummary(root, False, 0, 0, 0, {c: {} for c in GROUPED}, 0)
+    raw = index_file(root, header_only=True)
+    head = parse_header(raw) if raw else None
+    if head is not None and head["listing"] == listing_signature(pairs):
         temp = _aux_files(root, TMP_DIR)
         totals = head["totals"]
         return CacheSummary(
@@ -886,7 +585,7 @@ def summarize(root: str | os.PathLike[str], *, now: float | None = None) -> Cach
             totals["entries"],
             totals["size"],
             totals["meta_size"],
-            {c: {v: (n, b) for v, n, b in head["groups"][c]} for c in _GROUPED},
+            {c: {v: (n, b) for v, n, b in head["groups"][c]} for c in GROUPED},
             sum(1 for f in temp if now - f.mtime > GRACE_SECONDS),
             temp,
             _aux_files(root, QUARANTINE_DIR),
@@ -899,7 +598,7 @@ def summarize(root: str | os.PathLike[str], *, now: float | None = None) -> Cach
         len(table),
         sum(table.size),
         sum(table.meta_size),
-        {c: table.group(c) for c in _GROUPED},
+        {c: table.group(c) for c in GROUPED},
         len(scanned.issues),
         scanned.temp,
         scanned.quarantine,

@@ -45,7 +45,7 @@ from typing import Any
 
 import xxhash
 
-from . import __version__
+from ._version import __version__
 from .errors import CacheError, LockTimeout, LockUnavailable
 from .jsonio import load_json
 from .keys import META_EXT, check_ext, check_key, split_entry_name

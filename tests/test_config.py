@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from kernelcache.config import VARIABLES, ConfigError, environment_in_effect, settings
+from kernelcache.config import (
+    VARIABLES,
+    ConfigError,
+    Settings,
+    environment_in_effect,
+    parse_variable,
+    settings,
+)
 
 
 def test_defaults():
@@ -45,6 +52,13 @@ def test_values_parsed():
         ("KERNELCACHE_LOCK_TIMEOUT", "nan"),
         ("KERNELCACHE_LOCK_MODE", "nfs"),
         ("KERNELCACHE_DISABLE", "maybe"),
+        ("KERNELCACHE_LOCK_STALE", "inf"),
+        ("KERNELCACHE_LOCK_TIMEOUT", "9" * 400),
+        ("KERNELCACHE_TARGET", "cuda:9000"),
+        ("KERNELCACHE_TARGET", "gfx942"),
+        ("KERNELCACHE_DIR", "~no-such-user-here/cache"),
+        ("KERNELCACHE_READONLY_DIRS", "/a:~no-such-user-here/b"),
+        ("KERNELCACHE_TRUST", "everyone"),
     ],
 )
 def test_bad_values_name_the_variable(name, value):
@@ -55,4 +69,26 @@ def test_bad_values_name_the_variable(name, value):
 def test_environment_in_effect_lists_only_known_variables():
     env = {"KERNELCACHE_DIR": "/x", "KERNELCACHE_BOGUS": "1", "HOME": "/root"}
     assert environment_in_effect(env) == {"KERNELCACHE_DIR": "/x"}
-    assert all(name.startswith("KERNELCACHE_") for name in VARIABLES)
+    assert all(var.name.startswith("KERNELCACHE_") for var in VARIABLES)
+
+
+def test_each_variable_declared_once_with_its_default():
+    names = [var.name for var in VARIABLES]
+    assert len(names) == len(set(names))
+    assert settings({}) == Settings(), "declared defaults and the dataclass's defaults agree"
+    for var in VARIABLES:
+        assert parse_variable(var, {}) == var.default
+        assert parse_variable(var, {var.name: "  "}) == var.default, "empty means the default"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "field", "expected"),
+    [
+        ("KERNELCACHE_LOCK_TIMEOUT", "90s", "lock_timeout", 90.0),
+        ("KERNELCACHE_LOCK_STALE", "10m", "lock_stale", 600.0),
+        ("KERNELCACHE_TARGET", " sm_90a ", "target", "sm_90a"),
+        ("KERNELCACHE_STATS_LOG", "off", "stats_log", False),
+    ],
+)
+def test_units_are_the_common_ones(name, value, field, expected):
+    assert getattr(settings({name: value}), field) == expected

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 import kernelcache
 from kernelcache import bundle, scan, stats
+from kernelcache.index import INDEX_NAME
 from kernelcache.locks import Locker
 from kernelcache.prune import read_summary
 from kernelcache.remote import decode_value, encode_value
@@ -135,7 +136,7 @@ def populated(tmp_path_factory) -> Path:
 @given(raw=st.binary(max_size=400) | json_values.map(lambda v: json.dumps(v).encode()))
 @example(raw=b"[" * 100_000)
 def test_scan_index_is_a_cache_whatever_it_holds(populated, raw):
-    index = populated / ".stats" / scan.INDEX_NAME
+    index = populated / ".stats" / INDEX_NAME
     index.parent.mkdir(exist_ok=True)
     index.write_bytes(raw + b"\n" + raw)
     found = scan.scan(str(populated), update_index=False)

@@ -15,8 +15,10 @@ import pytest
 from conftest import IS_ROOT, child_env, key_of
 from test_cli_support import backdate, dead_pid, hold_shared, put
 
-from kernelcache.scan import GRACE_SECONDS, INDEX_NAME, EntryInfo, scan, summarize, verify
+from kernelcache.index import INDEX_NAME
+from kernelcache.scan import GRACE_SECONDS, scan, summarize, verify
 from kernelcache.store import Store
+from kernelcache.table import EntryInfo
 
 
 def _read_index(path: Path) -> tuple[dict, dict]:

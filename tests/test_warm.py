@@ -496,14 +496,14 @@ def test_a_call_that_does_not_fit_one_target_fails_there_only(capsys, tmp_path, 
 def test_the_pool_is_sized_to_the_cpus_this_process_may_use(
     monkeypatch, tmp_path, cpus, cpu_max, expected
 ):
-    from bridge import warm
+    from bridge.warm import pool
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cpus)
     quota = tmp_path / "cpu.max"
     if cpu_max is not None:
         quota.write_text(cpu_max + "\n")
-    monkeypatch.setattr(warm, "CGROUP_CPU_MAX", quota)
-    assert warm.default_workers() == expected
+    monkeypatch.setattr(pool, "CGROUP_CPU_MAX", quota)
+    assert pool.default_workers() == expected
 
 
 def test_an_empty_manifest_warms_nothing(capsys, tmp_path, caplog):

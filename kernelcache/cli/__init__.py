@@ -11,11 +11,18 @@ Other packages add subcommands through the entry-point group ``kernelcache.comma
 entry point names a ``register(subparsers)`` function, which adds its parsers with
 :func:`add_command` and sets ``func(args, out) -> exit code`` on them (the bridge adds ``warm``
 this way).
+
+Modules: :mod:`.app` (the parser, ``main`` and the plugin loader), :mod:`.output` (exit codes,
+errors, the JSON envelope and human formatting), :mod:`.common` (size and age arguments, the
+root), and one module per group of commands: :mod:`.stats`, :mod:`.entries` (``ls``, ``show``),
+:mod:`.maintenance` (``verify``, ``prune``, ``doctor``) and :mod:`.bundles` (``export``,
+``import``).
 """
 
 from __future__ import annotations
 
-from .app import add_command, main, parse_age, parse_size, root_of, run
+from .app import add_command, main, run
+from .common import parse_age, parse_size, root_of
 from .output import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, SCHEMA, CommandFailed, Output, UsageError
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""What every ``kernelcache`` command shares: exit codes, errors, and where results go.
+"""What every ``kernelcache`` command shares: exit codes, errors, where results go, and how
+they read (sizes, ages, tables, the JSON envelope).
 
 Commands contributed by other packages (see :mod:`kernelcache.cli`) use these too, so that
 every command speaks the same JSON envelope and exit codes.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import progress as progressbar
@@ -67,3 +68,56 @@ def fail(message: str, code: int, command: str | None, json_mode: bool) -> int:
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     sys.stderr.write(f"kernelcache: error: {message}\n")
     return code
+
+
+# -- human text and the JSON envelope -------------------------------------------------------
+def human_size(n: float) -> str:
+    """Bytes in binary units: ``512 B``, ``1.5 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_age(seconds: float | None) -> str:
+    """How long ago: ``90s ago``, ``3h ago``, ``12d ago``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    seconds = max(seconds, 0.0)
+    for limit, unit, div in ((120, "s", 1), (7200, "m", 60), (172800, "h", 3600)):
+        if seconds < limit:
+            return f"{seconds / div:.0f}{unit} ago"
+    return f"{seconds / 86400:.0f}d ago"
+
+
+def human_duration(seconds: float) -> str:
+    """A duration: ``4.2s``, ``3.5 min``, ``2.1 h``."""
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def format_table(rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
+    """Rows as aligned columns; the columns numbered in ``right`` are right-aligned."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def format_label(value: str | None) -> str:
+    """A kernel or target name as shown; ``(none)`` when absent."""
+    return "(none)" if value is None else value
+
+
+def envelope(command: str, root: str) -> dict[str, Any]:
+    """The fields every command's ``--json`` document starts with."""
+    return {"schema": SCHEMA, "command": command, "root": root}

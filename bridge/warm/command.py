@@ -1,0 +1,264 @@
+"""``kernelcache warm`` and its Python API: read the manifest, plan, compile the missing
+kernels in the worker pool, and report.
+
+:func:`warm` returns a :class:`~bridge.warm.report.WarmReport`; :func:`run` is the command
+(summary or ``--json`` document, exit code); :func:`compile_record` and
+:func:`compile_manifest` are the programmatic forms for one record and for a whole manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kernelcache import CacheError, Store
+
+from .. import backends, binding
+from ..artifacts import as_cache
+from ..compile import output_to_stderr
+from ..errors import BridgeError, KernelArgumentError
+from ..kernels import decompose
+from ..specialize import fetch, specialize
+from ..targets import Target, parse_target
+from .manifest import ManifestError, RecordedCall, import_kernel, load_manifest, revive
+from .plan import make_plan
+from .pool import CRASHED, can_fork, default_workers, execute
+from .report import WarmProblem, WarmReport, merged
+
+if TYPE_CHECKING:
+    from ..artifacts import CacheArg
+
+logger = logging.getLogger(__name__)
+
+
+class RootError(BridgeError, OSError):
+    """The writable cache root cannot take entries: nothing would be kept (exit 1)."""
+
+
+def _check_writable(root: str) -> None:
+    """Create ``root`` if needed and stage a probe file in it, as a put would.
+
+    Raises:
+        RootError: entries cannot be written there.
+    """
+    try:
+        Store(root).check_writable()
+    except CacheError as e:
+        raise RootError(
+            e.errno or 0,
+            f"{e}; warm into a writable root (--root or KERNELCACHE_DIR): a read-only layer "
+            "is read through KERNELCACHE_READONLY_DIRS",
+        ) from None
+
+
+def _parse_targets(targets: Iterable[str | Target]) -> list[Target]:
+    out: list[Target] = []
+    for t in targets:
+        parsed = parse_target(t)
+        if parsed not in out:
+            out.append(parsed)
+    if not out:
+        raise KernelArgumentError("no target given: pass at least one, e.g. cuda:90")
+    for t in out:
+        backends.make_backend(t)  # a missing vendor backend is an error before any work
+    return out
+
+
+def warm(
+    manifest: str | os.PathLike[str],
+    targets: Iterable[str | Target],
+    *,
+    cache: CacheArg = None,
+    jobs: int | None = None,
+    allow_changed: bool = False,
+    progress: Callable[[int], None] | None = None,
+    on_planned: Callable[[int], None] | None = None,
+) -> WarmReport:
+    """Compile every specialization recorded in ``manifest`` for every target into ``cache``.
+
+    Args:
+        manifest: a file written by ``$KERNELCACHE_RECORD``.
+        targets: "cuda:90", "hip:gfx942", ...
+        cache: a ``kernelcache.Cache``, a root directory, or None for the default cache.
+            Workers open the cache by its writable and read-only roots.
+        jobs: worker processes (default: the CPUs available; 1 compiles in this process, as
+            does a process with other threads running, see :func:`can_fork`).
+        allow_changed: compile the current source of kernels whose source or autotune configs
+            changed since recording (reported under ``changed``) instead of failing them.
+        progress: called with the number of kernels finished, as they finish.
+        on_planned: called once with the number of kernels to compile, before compiling.
+
+    Raises:
+        ManifestError: the manifest cannot be read or is not a manifest.
+        RootError: there is something to compile and the writable root cannot take it.
+        TargetError, BackendUnavailable: a bad target, or Triton lacks its backend.
+        ValueError: ``jobs`` < 1.
+    """
+    started = time.monotonic()
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    tgts = _parse_targets(targets)
+    loaded = load_manifest(manifest)
+    cache = as_cache(cache)
+    plan = make_plan(loaded, tgts, cache, allow_changed)
+    if plan.jobs:
+        _check_writable(str(cache.root))
+    workers = min(jobs or default_workers(), len(plan.jobs)) if plan.jobs else 0
+    if workers > 1 and not can_fork():
+        logger.info(
+            "kernelcache: compiling %d kernels in this process: it runs other threads, so "
+            "worker processes cannot be forked safely (`kernelcache warm` compiles in parallel)",
+            len(plan.jobs),
+        )
+        workers = 1
+    if on_planned is not None:
+        on_planned(len(plan.jobs))
+    outcomes = list(plan.outcomes)
+    problems = list(plan.problems)
+    done = execute(plan.jobs, workers, cache, progress or (lambda n: None))
+    for slot, job, outcome in zip(plan.slots, plan.jobs, done, strict=True):
+        outcomes[slot] = outcome
+        if outcome.status == "failed":
+            kind = "crash" if outcome.error == CRASHED else "compile"
+            problems.append(
+                WarmProblem(
+                    kind,
+                    outcome.error or "failed",
+                    outcome.kernel,
+                    outcome.target,
+                    outcome.config,
+                    job.call.config_lines.get(outcome.config, job.call.lines),
+                )
+            )
+    return WarmReport(
+        manifest=loaded.path,
+        root=str(cache.root),
+        readonly_roots=tuple(str(s.root) for s in cache.readonly),
+        targets=tuple(str(t) for t in tgts),
+        records=loaded.records,
+        calls=len(loaded.calls),
+        kernels=len({c.kernel for c in loaded.calls}),
+        results=tuple(r for r in outcomes if r is not None),
+        failures=merged(problems),
+        changed=merged(plan.changed),
+        workers=workers,
+        seconds=time.monotonic() - started,
+    )
+
+
+def run(
+    manifest: str,
+    targets: Sequence[str],
+    *,
+    root: str | None = None,
+    json: bool = False,
+    jobs: int | None = None,
+    allow_changed: bool = False,
+) -> int:
+    """``kernelcache warm``: warm, print the summary (or the JSON document), return the exit
+    code: 0 all warmed, 1 something failed (listed with its reason).
+
+    Kernels are imported as ``python -m`` would: the current directory first on ``sys.path``.
+
+    Raises:
+        kernelcache.cli.UsageError: a bad target, an unreadable manifest, a missing Triton
+            backend, a disabled cache, ``jobs`` < 1 (the CLI exits 2 with the message).
+    """
+    from kernelcache import progress as progressbar
+    from kernelcache.cli import CommandFailed, Output, UsageError
+    from kernelcache.config import settings
+
+    from ..errors import BackendUnavailable, TargetError
+
+    if settings().disable:
+        raise UsageError("KERNELCACHE_DISABLE is set: there is no cache to warm; unset it")
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {jobs}")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    out = Output(json)
+    quiet = output_to_stderr() if json else contextlib.nullcontext()
+    with quiet, progressbar.bar("warming", None, enabled=progressbar.wanted(json)) as bar:
+        try:
+            report = warm(
+                manifest,
+                targets,
+                cache=root,
+                jobs=jobs,
+                allow_changed=allow_changed,
+                progress=bar,
+                on_planned=bar.set_total,
+            )
+        except (ManifestError, TargetError, BackendUnavailable) as e:
+            raise UsageError(str(e)) from None
+        except RootError as e:
+            raise CommandFailed(e.strerror) from None
+    if not report.records and not report.failures:
+        logger.warning("kernelcache: %s holds no records: nothing to warm", manifest)
+    out.emit(report.as_json, report.summary)
+    return 0 if report.ok else 1
+
+
+def compile_record(record: Mapping[str, Any], target: str | Target, cache: CacheArg = None) -> str:
+    """Fetch or compile the variant of one record for ``target``; returns its key.
+
+    Raises:
+        KernelArgumentError / OptionError: the record does not fit the kernel or the target.
+    """
+    tgt = parse_target(target)
+    parts = decompose(import_kernel(record["kernel"]))
+    call = RecordedCall(
+        kernel=record["kernel"],
+        arguments=record["arguments"],
+        kwargs=tuple(record.get("kwargs") or {}),
+        options=record.get("options") or {},
+        target_params=dict(record.get("target_params") or {}),
+        lines=(),
+    )
+    counter = [0]
+    named, _, _ = call.revived(tgt, counter)
+    recorded = record.get("variant") or {"kwargs": {}, "options": record.get("options") or {}}
+    variant_kwargs = {k: revive(v, counter) for k, v in recorded["kwargs"].items()}
+    for name in call.target_params:
+        if name in variant_kwargs:
+            variant_kwargs[name] = named[name]
+    variant = binding.Variant(
+        kwargs=variant_kwargs,
+        options={k: revive(v, counter) for k, v in recorded["options"].items()},
+        description=record.get("config", ""),
+    )
+    backends.check_options(tgt, set(variant.options))
+    cache = as_cache(cache)
+    spec = specialize(parts, named, variant, tgt, cache)
+    fetch(spec, cache)
+    return spec.key
+
+
+def compile_manifest(
+    path: str | os.PathLike[str],
+    targets: Iterable[str | Target],
+    cache: CacheArg = None,
+    *,
+    jobs: int = 1,
+) -> dict[str, list[str]]:
+    """Warm every record of a manifest for every target; returns the keys per target.
+
+    Raises:
+        KernelArgumentError: something could not be warmed (the message lists what and why).
+    """
+    report = warm(path, targets, cache=cache, jobs=jobs)
+    if report.failures:
+        raise KernelArgumentError(
+            "could not warm "
+            + "; ".join(f"{f.where()}: {f.detail.splitlines()[0]}" for f in report.failures)
+        )
+    out: dict[str, list[str]] = {t: [] for t in report.targets}
+    for r in report.results:
+        out[r.target].append(r.key)
+    return out

@@ -1,0 +1,235 @@
+"""Planning a warm run: from the calls of a manifest and the targets to kernel keys, what is
+already present in the cache, and the jobs that compile the rest.
+
+The plan is made in the calling process without compiling anything. Each call's specializations
+are bound and keyed by :func:`bridge.specialize.specialize_call`, exactly as a lowering of that
+call for the target does it. A kernel is "present" when a layer of the cache holds what a
+lowering needs without compiling; nothing is counted as a hit or a miss while planning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..artifacts import PTX_EXT
+from ..errors import BridgeError, KernelArgumentError
+from ..kernels import KernelParts, decompose
+from ..keys import derived_key
+from ..record import source_digest
+from ..specialize import Specialization, specialize_call
+from ..targets import Target
+from .manifest import Manifest, RecordedCall, import_kernel
+from .report import WarmOutcome, WarmProblem
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+
+
+def resolve(call: RecordedCall) -> KernelParts:
+    """The kernel ``call`` names, imported and taken apart.
+
+    Raises:
+        KernelArgumentError: it cannot be imported, or is not a Triton or Gluon kernel.
+    """
+    return decompose(import_kernel(call.kernel))
+
+
+def specializations(
+    call: RecordedCall, parts: KernelParts, target: Target, cache: Cache
+) -> list[Specialization]:
+    """Every variant of ``call`` for ``target`` (autotune configs after pruning, heuristics
+    applied), bound and keyed by :func:`bridge.specialize.specialize_call`: exactly as a
+    lowering for ``target`` does it.
+
+    Raises:
+        BridgeError (or whatever the kernel's own heuristics or prune functions raise): the
+            call does not fit the kernel or the target.
+    """
+    named, kwargs, options = call.revived(target, [0])
+    return specialize_call(parts, named, kwargs, options, target, cache)
+
+
+def present(cache: Cache, key: str, ext: str, need_ptx: bool) -> str | None:
+    """The layer ("local" or "readonly") that already holds a usable ``key``, or None.
+
+    Usable means what a lowering needs without compiling: the verified binary and, on CUDA,
+    the PTX whose digest its metadata names. Nothing is counted as a hit or a miss.
+    """
+    from kernelcache import Artifact
+
+    found = None
+    for store in cache.layers:
+        art = store.read(key, ext)
+        if isinstance(art, Artifact):
+            found = art
+            break
+    if found is None:
+        return None
+    if need_ptx:
+        want = found.meta.get("ptx_sha256")
+        ptx_key = derived_key(key, PTX_EXT)
+        for store in cache.layers:
+            art = store.read(ptx_key, PTX_EXT)
+            if isinstance(art, Artifact) and want and hashlib.sha256(art.data).hexdigest() == want:
+                return found.source
+        return None
+    return found.source
+
+
+@dataclass(frozen=True)
+class Job:
+    """One kernel to compile: a call's ``index``-th variant for ``target``, expected ``key``."""
+
+    call: RecordedCall
+    target: str
+    index: int
+    key: str
+    ext: str
+    config: str
+    root: str
+    readonly: tuple[str, ...]
+
+
+def _check_source(
+    call: RecordedCall, parts: KernelParts, allow_changed: bool
+) -> WarmProblem | None:
+    if not call.sources:
+        return None
+    if source_digest(parts.fn) in call.sources:
+        return None
+    return WarmProblem(
+        "source-changed",
+        "the kernel's source changed since the manifest was recorded, so the recorded calls may "
+        "no longer be what your program lowers. Record the manifest again"
+        + ("" if allow_changed else ", or pass --allow-changed to compile the current source"),
+        call.kernel,
+        lines=call.lines,
+    )
+
+
+def _check_configs(
+    call: RecordedCall, specs: Sequence[Specialization], allow_changed: bool, triton: str
+) -> WarmProblem | None:
+    recorded = call.configs.get(triton)
+    if recorded is None:
+        return None  # recorded by another Triton: config descriptions are not comparable
+    now = {s.variant.description for s in specs}
+    if now == set(recorded):
+        return None
+    gone, new = sorted(set(recorded) - now), sorted(now - set(recorded))
+    detail = "the kernel's autotune configs changed since the manifest was recorded"
+    if gone:
+        detail += f"; recorded but no longer generated: {'; '.join(gone)}"
+    if new:
+        detail += f"; new: {'; '.join(new)}"
+    detail += ". Record the manifest again" + (
+        "" if allow_changed else ", or pass --allow-changed to compile the current configs"
+    )
+    return WarmProblem("configs-changed", detail, call.kernel, lines=call.lines)
+
+
+@dataclass(frozen=True)
+class WarmPlan:
+    """What a warm run does, decided without compiling.
+
+    ``outcomes`` has one entry per distinct specialization and target, in manifest order: the
+    outcome of those already present, None where the outcome of a job goes (the ``slots``, one
+    per job). ``problems`` cannot be warmed; ``changed`` changed since recording and are
+    compiled anyway (``allow_changed``).
+    """
+
+    outcomes: tuple[WarmOutcome | None, ...]
+    jobs: tuple[Job, ...]
+    slots: tuple[int, ...]
+    problems: tuple[WarmProblem, ...]
+    changed: tuple[WarmProblem, ...]
+
+
+def make_plan(
+    loaded: Manifest, targets: Sequence[Target], cache: Cache, allow_changed: bool
+) -> WarmPlan:
+    """Plan warming every call of ``loaded`` for every target into ``cache``.
+
+    Never raises for a call: a kernel that cannot be imported, changed since recording, or
+    does not fit a target is a problem of the plan, with its reason.
+    """
+    from ..versions import triton_version
+
+    triton = triton_version()
+    problems = list(loaded.failures)
+    changed: list[WarmProblem] = []
+    outcomes: list[WarmOutcome | None] = []
+    jobs: list[Job] = []
+    slots: list[int] = []
+    seen: set[tuple[str, str]] = set()
+    readonly = tuple(str(s.root) for s in cache.readonly)
+    for call in loaded.calls:
+        try:
+            parts = resolve(call)
+        except KernelArgumentError as e:
+            kind = "not-importable" if call.problem else "missing-kernel"
+            detail = f"{call.problem} ({e})" if call.problem else str(e)
+            if not call.problem:
+                detail += (
+                    ". It was renamed, moved or removed since the manifest was recorded, or its "
+                    "module is not on the path: run warm from the directory your program runs "
+                    "in (or set PYTHONPATH), or record the manifest again"
+                )
+            problems.append(WarmProblem(kind, detail, call.kernel, lines=call.lines))
+            continue
+        problem = _check_source(call, parts, allow_changed)
+        config_checked = False
+        if problem is not None:
+            if not allow_changed:
+                problems.append(problem)
+                continue
+            changed.append(problem)
+        for target in targets:
+            try:
+                specs = specializations(call, parts, target, cache)
+            except Exception as e:  # the call does not fit the kernel/target: report it
+                why = (
+                    "the recorded call does not fit the kernel for this target"
+                    if isinstance(e, BridgeError)
+                    else f"binding the recorded call failed (with Triton {triton})"
+                )
+                problems.append(
+                    WarmProblem(
+                        "invalid",
+                        f"{why}: {type(e).__name__}: {e}",
+                        call.kernel,
+                        str(target),
+                        lines=call.lines,
+                    )
+                )
+                continue
+            if not config_checked:
+                config_checked = True
+                problem = _check_configs(call, specs, allow_changed, triton)
+                if problem is not None:
+                    if not allow_changed:
+                        problems.append(problem)
+                        break
+                    changed.append(problem)
+            for index, spec in enumerate(specs):
+                if (spec.key, str(target)) in seen:
+                    continue  # another call has the same specialization
+                seen.add((spec.key, str(target)))
+                config, ext = spec.variant.description, spec.ext
+                layer = present(cache, spec.key, ext, target.backend == "cuda")
+                if layer is not None:
+                    outcomes.append(
+                        WarmOutcome(
+                            call.kernel, str(target), config, spec.key, ext, "present", 0.0, layer
+                        )
+                    )
+                    continue
+                slots.append(len(outcomes))
+                outcomes.append(None)
+                jobs.append(
+                    Job(call, str(target), index, spec.key, ext, config, str(cache.root), readonly)
+                )
+    return WarmPlan(tuple(outcomes), tuple(jobs), tuple(slots), tuple(problems), tuple(changed))

@@ -1,0 +1,120 @@
+"""``kernelcache export`` and ``kernelcache import``: entries to and from a bundle file."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..config import settings
+from ..errors import CacheError
+from .common import check_writable, root_of, writer
+from .output import EXIT_OK, EXIT_PROBLEMS, CommandFailed, Output, envelope, human_size
+
+
+def cmd_export(args: argparse.Namespace, out: Output) -> int:
+    from ..bundle import BundleError, export_bundle
+    from ..prune import select
+    from ..scan import scan
+
+    root = root_of(args)
+    scanned = scan(root)
+    entries = select(scanned.entries, args.kernel or (), args.target or ())
+    entries.sort(key=lambda e: e.key)
+    try:
+        with out.progress("exporting", len(entries)) as tick:
+            result = export_bundle(
+                root,
+                entries,
+                args.file,
+                compression=args.compression,
+                level=args.level,
+                force=args.force,
+                progress=tick,
+                trust=settings().trust,
+            )
+    except BundleError as e:
+        raise CommandFailed(str(e)) from None
+    doc = {
+        **envelope("export", root),
+        "file": os.path.abspath(result.path),
+        "entries": result.entries,
+        "bytes": result.bytes,
+        "compression": result.compression,
+        "skipped": [{"key": k, "reason": r} for k, r in result.skipped],
+        "compatibility": result.compatibility,
+    }
+
+    def human() -> str:
+        lines = [
+            f"Exported {result.entries:,} entries ({human_size(result.bytes)}) to {result.path}"
+            f" ({'zstd' if result.compression == 'zstd' else 'uncompressed tar'})."
+        ]
+        for key, reason in result.skipped:
+            lines.append(f"  skipped {key}: {reason}")
+        return "\n".join(lines)
+
+    out.emit(doc, human)
+    return EXIT_PROBLEMS if result.skipped else EXIT_OK
+
+
+def cmd_import(args: argparse.Namespace, out: Output) -> int:
+    from ..bundle import BundleError, import_bundle
+
+    root = root_of(args)
+    if not args.dry_run:
+        check_writable(root)
+    store = writer(root, lock_timeout=settings().lock_timeout)
+    try:
+        with out.progress("importing", None) as tick:
+            result = import_bundle(
+                store,
+                args.file,
+                max_member_size=args.max_member_size,
+                dry_run=args.dry_run,
+                progress=tick,
+            )
+    except BundleError as e:
+        done = (
+            f"{e.imported} verified entries were imported before that"
+            if e.imported
+            else "nothing was imported"
+        )
+        raise CommandFailed(f"import of {args.file} rejected: {e}; {done}") from None
+    except CacheError as e:
+        raise CommandFailed(str(e)) from None
+    doc = {
+        **envelope("import", root),
+        "file": os.path.abspath(args.file),
+        "dry_run": result.dry_run,
+        "entries": result.entries,
+        "imported": result.imported,
+        "present": result.present,
+        "bytes": result.bytes,
+        "conflicts": [{"key": k, "reason": r} for k, r in result.conflicts],
+        "compatibility": result.compatibility,
+    }
+
+    def human() -> str:
+        verb = "Would import" if result.dry_run else "Imported"
+        lines = [
+            f"Verified {result.entries:,} entries of {args.file}.",
+            f"{verb} {result.imported:,} entries ({human_size(result.bytes)}); "
+            f"{result.present:,} already present.",
+        ]
+        compat = result.compatibility
+        if compat.get("targets"):
+            lines.append(f"Targets: {', '.join(compat['targets'])}")
+        producers = compat.get("producers") or {}
+        if producers:
+            lines.append(
+                "Producers: "
+                + "; ".join(
+                    f"{k} {', '.join(v)}" for k, v in producers.items() if isinstance(v, list)
+                )
+            )
+        for key, reason in result.conflicts:
+            lines.append(f"  conflict {key}: {reason}")
+        return "\n".join(lines)
+
+    out.emit(doc, human)
+    return EXIT_PROBLEMS if result.conflicts else EXIT_OK

@@ -1,0 +1,178 @@
+"""``kernelcache ls`` and ``kernelcache show``: list entries, and show one by its key or a unique
+prefix of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..config import settings
+from ..jsonio import load_json
+from ..keys import KEY_PATTERN, META_EXT
+from ..store import Artifact, Store
+from .common import root_of
+from .output import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    CommandFailed,
+    Output,
+    UsageError,
+    envelope,
+    format_label,
+    format_table,
+    human_age,
+    human_size,
+)
+
+SORTS: dict[str, tuple[Callable[[Any], Any], bool]] = {
+    "name": (lambda e: (e.kernel or "", e.target or "", e.key), False),
+    "size": (lambda e: (e.size, e.key), True),  # largest artifact first
+    "age": (lambda e: (e.created or 0.0, e.key), False),  # oldest first
+    "last-used": (lambda e: (e.last_used or 0.0, e.key), False),  # least recently used first
+}
+
+
+def cmd_ls(args: argparse.Namespace, out: Output) -> int:
+    from ..prune import select
+    from ..scan import scan
+
+    root = root_of(args)
+    scanned = scan(root, last_used=True)
+    entries = select(scanned.entries, args.kernel or (), args.target or ())
+    sort_key, descending = SORTS[args.sort]
+    entries.sort(key=sort_key, reverse=descending != args.reverse)
+    if args.limit is not None:
+        entries = entries[: args.limit]
+    now = time.time()
+
+    def human() -> str:
+        if not entries:
+            return "(no entries)" if scanned.exists else f"(no entries: {root} does not exist)"
+        rows = [["KEY", "EXT", "SIZE", "KERNEL", "TARGET", "LAST USED", "CREATED"]]
+        for e in entries:
+            rows.append(
+                [
+                    e.key[:16],
+                    e.ext,
+                    human_size(e.size),
+                    format_label(e.kernel),
+                    format_label(e.target),
+                    human_age(now - e.last_used if e.last_used else None),
+                    human_age(now - e.created if e.created else None),
+                ]
+            )
+        total = sum(e.nbytes for e in entries)
+        return format_table(rows, right=(2,)) + f"\n{len(entries):,} entries, {human_size(total)}"
+
+    doc = {
+        **envelope("ls", root),
+        "exists": scanned.exists,
+        "count": len(entries),
+        "bytes": sum(e.nbytes for e in entries),
+        "entries": [{**e.to_json(), "path": os.path.join(root, e.filename)} for e in entries],
+    }
+    out.emit(doc, human)
+    return EXIT_OK
+
+
+def _resolve_key(root: str, text: str) -> str:
+    """A full key, or a unique prefix (at least 6 hex digits) of one."""
+    text = text.strip().lower()
+    if KEY_PATTERN.fullmatch(text):
+        return text
+    if not re.fullmatch(r"[0-9a-f]{6,128}", text):
+        raise UsageError(
+            f"invalid key {text!r}: give a key (32-128 hex digits) or a prefix of at least 6"
+        )
+    try:
+        names = os.listdir(root)
+    except OSError:
+        names = []
+    found = sorted(
+        {n.split(".", 1)[0] for n in names if n.startswith(text) and n.endswith("." + META_EXT)}
+    )
+    if len(found) > 1:
+        raise UsageError(
+            f"key prefix {text!r} is ambiguous: {', '.join(found[:5])}"
+            + (" ..." if len(found) > 5 else "")
+        )
+    if not found:
+        raise CommandFailed(f"no entry with key prefix {text!r} under {root}")
+    return found[0]
+
+
+def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
+    from ..fsio import READ_FLAGS
+
+    try:
+        fd = os.open(os.path.join(root, f"{key}.{META_EXT}"), READ_FLAGS)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(1 << 20)
+    try:
+        doc = load_json(raw)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def cmd_show(args: argparse.Namespace, out: Output) -> int:
+    root = root_of(args)
+    key = _resolve_key(root, args.key)
+    result = Store(root, readonly=True, trust=settings().trust).read(key)
+    if result is None:
+        raise CommandFailed(f"no entry {key} under {root}")
+    meta = dict(result.meta) if isinstance(result, Artifact) else _raw_metadata(root, key)
+    ext = result.ext if isinstance(result, Artifact) else (meta or {}).get("ext")
+    path = os.path.join(root, f"{key}.{ext}") if isinstance(ext, str) else None
+    try:
+        last_used: float | None = os.stat(
+            os.path.join(root, f"{key}.{META_EXT}"), follow_symlinks=False
+        ).st_mtime
+    except OSError:
+        last_used = None
+    ok = isinstance(result, Artifact)
+    doc = {
+        **envelope("show", root),
+        "key": key,
+        "ext": ext,
+        "path": path,
+        "size": len(result.data) if isinstance(result, Artifact) else None,
+        "last_used": last_used,
+        "status": "ok" if ok else "corrupt",
+        "problem": None if ok else result.reason,  # type: ignore[union-attr]
+        "metadata": meta,
+    }
+
+    def human() -> str:
+        lines = [f"key:        {key}", f"path:       {path}"]
+        if ok:
+            lines.append(f"size:       {doc['size']:,} bytes ({human_size(doc['size'])})")
+            lines.append("status:     ok (size and digest verified)")
+        else:
+            lines.append(f"status:     CORRUPT: {doc['problem']} (kernelcache verify --repair)")
+        if last_used is not None:
+            lines.append(
+                f"last used:  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(last_used))}"
+                f" ({human_age(time.time() - last_used)})"
+            )
+        created = (meta or {}).get("created")
+        if isinstance(created, (int, float)):
+            lines.append(
+                f"created:    {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(created))}"
+                f" ({human_age(time.time() - created)})"
+            )
+        lines.append("metadata:")
+        for k, v in sorted((meta or {}).items()):
+            lines.append(f"  {k}: {json.dumps(v) if isinstance(v, (dict, list)) else v}")
+        return "\n".join(lines)
+
+    out.emit(doc, human)
+    return EXIT_OK if ok else EXIT_PROBLEMS

@@ -1,0 +1,210 @@
+"""``kernelcache stats``: entries and bytes by extension, target and kernel, the counters of every
+process, as a table, JSON or Prometheus text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from ..stats import COUNTERS, read_logs
+from .common import root_of
+from .output import (
+    EXIT_OK,
+    CommandFailed,
+    Output,
+    dumps,
+    envelope,
+    format_label,
+    format_table,
+    human_duration,
+    human_size,
+)
+
+
+def stats_document(root: str) -> dict[str, Any]:
+    """The ``stats --json`` document of a root."""
+    from ..prune import read_summary
+    from ..scan import summarize
+
+    summary = summarize(root)
+    totals, logs, log_problems = read_logs(root)
+    folded = read_summary(root)
+    processes = logs - 1 + folded["logs"] if folded else logs
+    counters: dict[str, float] = {
+        k: (round(v, 3) if k.endswith("seconds") else int(v)) for k, v in totals.items()
+    }
+    lookups = counters["hits"] + counters["misses"]
+    mean_build = counters["build_seconds"] / counters["builds"] if counters["builds"] else None
+    saved = counters["hits"] * mean_build if mean_build is not None else None
+    artifact_bytes = summary.artifact_bytes
+    metadata_bytes = summary.metadata_bytes
+
+    def groups(column: str) -> dict[str, dict[str, int]]:
+        return {
+            format_label(v): {"entries": n, "bytes": b}
+            for v, (n, b) in summary.groups[column].items()
+        }
+
+    return {
+        **envelope("stats", root),
+        "exists": summary.exists,
+        "entries": summary.entries,
+        "bytes": artifact_bytes + metadata_bytes,
+        "artifact_bytes": artifact_bytes,
+        "metadata_bytes": metadata_bytes,
+        "by_ext": groups("ext"),
+        "by_target": groups("target"),
+        "by_kernel": groups("kernel"),
+        "quarantine": {
+            "files": len(summary.quarantine),
+            "bytes": sum(f.size for f in summary.quarantine),
+        },
+        "temp": {"files": len(summary.temp), "bytes": sum(f.size for f in summary.temp)},
+        "problems": summary.problems,
+        "counters": counters,
+        "hit_rate": counters["hits"] / lookups if lookups else None,
+        "mean_build_seconds": round(mean_build, 6) if mean_build is not None else None,
+        "compile_seconds_saved": round(saved, 3) if saved is not None else None,
+        "processes": processes,
+        "log_problems": log_problems,
+    }
+
+
+def _stats_human(doc: dict[str, Any], top: int) -> str:
+    c = doc["counters"]
+    lines = [f"Cache root:       {doc['root']}" + ("" if doc["exists"] else " (does not exist)")]
+    lines.append(f"Entries:          {doc['entries']:,}")
+    lines.append(
+        f"Size:             {human_size(doc['bytes'])} (artifacts {human_size(doc['artifact_bytes'])},"
+        f" metadata {human_size(doc['metadata_bytes'])})"
+    )
+    q, t = doc["quarantine"], doc["temp"]
+    lines.append(f"Quarantined:      {q['files']:,} files, {human_size(q['bytes'])}")
+    lines.append(f"Staging files:    {t['files']:,} files, {human_size(t['bytes'])}")
+    if doc["problems"]:
+        lines.append(f"Problems:         {doc['problems']:,} (run: kernelcache verify)")
+    lines.append("")
+    rate = doc["hit_rate"]
+    lines.append(f"Hits:             {c['hits']:,}")
+    lines.append(f"Misses:           {c['misses']:,}")
+    lines.append(f"Hit rate:         {'-' if rate is None else f'{rate * 100:.1f}%'}")
+    build = f"{c['builds']:,}"
+    if doc["mean_build_seconds"] is not None:
+        build += (
+            f" (total {human_duration(c['build_seconds'])}, mean "
+            f"{human_duration(doc['mean_build_seconds'])})"
+        )
+    lines.append(f"Builds:           {build}")
+    lines.append(f"Corrupt reads:    {c['corrupt']:,}")
+    lines.append(f"Errors:           {c['errors']:,}")
+    saved = doc["compile_seconds_saved"]
+    lines.append(
+        "Compile time saved: "
+        + ("-" if saved is None else f"~{human_duration(saved)} (hits x mean build time)")
+    )
+    lines.append(f"Processes logged: {doc['processes']:,}")
+    for title, key in (("extension", "by_ext"), ("target", "by_target"), ("kernel", "by_kernel")):
+        items = list(doc[key].items())
+        if not items:
+            continue
+        shown = items if top <= 0 else items[:top]
+        rows = [[title.upper(), "ENTRIES", "SIZE"]]
+        rows += [[name, f"{v['entries']:,}", human_size(v["bytes"])] for name, v in shown]
+        lines += ["", format_table(rows, right=(1, 2))]
+        if len(shown) < len(items):
+            lines.append(f"... and {len(items) - len(shown)} more (--top 0 for all)")
+    return "\n".join(lines)
+
+
+def _prometheus_escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def prometheus_text(doc: dict[str, Any]) -> str:
+    """The stats document in the Prometheus text exposition format (textfile collector)."""
+    root = _prometheus_escape(doc["root"])
+    out: list[str] = []
+
+    def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+        out.append(f"# HELP kernelcache_{name} {help_}")
+        out.append(f"# TYPE kernelcache_{name} {kind}")
+        for labels, value in samples:
+            extra = f",{labels}" if labels else ""
+            text = repr(float(value)) if isinstance(value, float) else str(value)
+            out.append(f'kernelcache_{name}{{root="{root}"{extra}}} {text}')
+
+    metric("entries", "gauge", "Entries in the cache root.", [("", doc["entries"])])
+    metric("bytes", "gauge", "Bytes of artifacts and metadata.", [("", doc["bytes"])])
+    for column, label in (("by_ext", "ext"), ("by_target", "target")):
+        rows = doc[column].items()
+        metric(
+            f"entries_{column}",
+            "gauge",
+            f"Entries per {label}.",
+            [(f'{label}="{_prometheus_escape(k)}"', v["entries"]) for k, v in rows],
+        )
+        metric(
+            f"bytes_{column}",
+            "gauge",
+            f"Bytes per {label}.",
+            [(f'{label}="{_prometheus_escape(k)}"', v["bytes"]) for k, v in rows],
+        )
+    metric(
+        "quarantine_files", "gauge", "Files in .quarantine/.", [("", doc["quarantine"]["files"])]
+    )
+    metric("temp_files", "gauge", "Staging files in .tmp/.", [("", doc["temp"]["files"])])
+    metric("problems", "gauge", "Problems found by a quick scan.", [("", doc["problems"])])
+    for name in COUNTERS:
+        value = doc["counters"][name]
+        metric(
+            f"{name}_total",
+            "counter",
+            f"Sum of the {name} counter over all processes.",
+            [("", value)],
+        )
+    if doc["hit_rate"] is not None:
+        metric("hit_ratio", "gauge", "hits / (hits + misses).", [("", float(doc["hit_rate"]))])
+    if doc["compile_seconds_saved"] is not None:
+        metric(
+            "compile_seconds_saved",
+            "gauge",
+            "Estimated compile time saved: hits x mean build time.",
+            [("", float(doc["compile_seconds_saved"]))],
+        )
+    metric("processes", "gauge", "Processes that logged statistics.", [("", doc["processes"])])
+    return "\n".join(out) + "\n"
+
+
+def _write_atomic(path: str, text: str) -> None:
+    """Write a file so that readers (a textfile collector) see the old or new text, whole."""
+    from ..fsio import replace_file
+
+    directory, name = os.path.split(os.path.abspath(path))
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            replace_file(dfd, name, text.encode())
+        finally:
+            os.close(dfd)
+    except OSError as e:
+        raise CommandFailed(f"cannot write {path}: {e.strerror}") from e
+
+
+def cmd_stats(args: argparse.Namespace, out: Output) -> int:
+    root = root_of(args)
+    doc = stats_document(root)
+    fmt = "json" if out.json else args.format
+    if fmt == "prometheus":
+        text = prometheus_text(doc)
+    elif fmt == "json":
+        text = dumps(doc) + "\n"
+    else:
+        text = _stats_human(doc, args.top) + "\n"
+    if args.output:
+        _write_atomic(args.output, text)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK

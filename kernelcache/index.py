@@ -1,0 +1,218 @@
+"""The scan index, ``<root>/.stats/index.json``: what each metadata file of a root said.
+
+Rows are keyed by the entry's key and the metadata file's inode number. Metadata is written once
+per entry and replaced (new inode) whenever the entry is republished, so a row whose key and
+inode still match the directory listing is reused by :func:`kernelcache.scan.scan` without
+opening the file; new or replaced metadata is read and parsed. The first line holds the
+signature of the listing the index was made from, with the totals and groups ``stats`` shows,
+so that a summary of an unchanged root reads nothing else.
+
+The index is a cache: it is rewritten atomically (``os.replace``) by whoever scans a writable
+root, ignored when missing, unreadable or malformed (every field is validated), and never
+needed for correctness. Last-used stamps (metadata mtimes) are never taken from it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from array import array
+from collections.abc import Iterable, Mapping
+from itertools import repeat
+from operator import add
+from typing import Any
+
+import xxhash
+
+from .fsio import READ_FLAGS, replace_file
+from .jsonio import load_json
+from .keys import META_EXT
+from .locks import open_subdir
+from .stats import STATS_DIR
+from .table import KNOWN_DIRS, EntryTable
+
+logger = logging.getLogger(__name__)
+
+INDEX_NAME = "index.json"
+INDEX_VERSION = 2
+#: the columns whose groups (entries and bytes per value) ``stats`` shows
+GROUPED = ("ext", "target", "kernel")
+_TOTALS = ("entries", "size", "meta_size")
+MAX_INDEX_BYTES = 512 << 20
+
+
+def listing_signature(pairs: list[tuple[str, int]]) -> str:
+    """A digest of the names and inode numbers of a listing, in listing order."""
+    names, inodes = zip(*pairs, strict=True) if pairs else ((), ())
+    digest = xxhash.xxh3_128("\0".join(names).encode("utf-8", "surrogateescape"))
+    digest.update(array("Q", inodes).tobytes())
+    return digest.hexdigest()
+
+
+def index_matches(index: EntryTable, names: Mapping[str, int]) -> bool:
+    """Whether the listing holds exactly the index's entries, with the same metadata inodes.
+
+    All of it runs in C: the common case of a scan of an unchanged (or only read) cache.
+    """
+    n = len(index)
+    if len(names) != 2 * n + len(KNOWN_DIRS & names.keys()):
+        return False
+    meta_names = map(add, index.key, repeat("." + META_EXT))
+    if not dict(zip(meta_names, index.inode, strict=True)).items() <= names.items():
+        return False
+    return all(map(names.__contains__, map(add, map(add, index.key, repeat(".")), index.ext)))
+
+
+def index_file(root: str, *, header_only: bool) -> bytes | None:
+    """The scan index's bytes (or its first line only); None if missing or not plausible."""
+    path = os.path.join(root, STATS_DIR, INDEX_NAME)
+    try:
+        fd = os.open(path, READ_FLAGS)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INDEX_BYTES:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.readline(MAX_INDEX_BYTES) if header_only else f.read()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def parse_header(line: bytes) -> dict[str, Any] | None:
+    """The index's first line: version, listing signature, totals and groups; None if bad."""
+    try:
+        head = load_json(line)
+        if not isinstance(head, dict) or head.get("v") != INDEX_VERSION:
+            return None
+        totals, groups = head["totals"], head["groups"]
+        if not isinstance(head.get("listing"), (str, type(None))):
+            return None
+        if not all(type(totals.get(k)) is int and totals[k] >= 0 for k in _TOTALS):
+            return None
+        for column in GROUPED:
+            rows = groups[column]
+            if not isinstance(rows, list):
+                return None
+            for row in rows:
+                if not (
+                    isinstance(row, list)
+                    and len(row) == 3
+                    and isinstance(row[0], (str, type(None)))
+                    and type(row[1]) is int
+                    and type(row[2]) is int
+                ):
+                    return None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return head
+
+
+def load_index(root: str) -> tuple[EntryTable, str | None]:
+    """The entries the scan index remembers and the signature of the listing they were read
+    from; (empty table, None) when it is missing or malformed. Never raises: it is a cache."""
+    raw = index_file(root, header_only=False)
+    if raw is None:
+        return EntryTable(), None
+    first, _, rest = raw.partition(b"\n")
+    head = parse_header(first)
+    if head is None:
+        return EntryTable(), None
+    try:
+        doc = load_json(rest)
+        keys = doc["keys"].split("\n") if doc["keys"] else []
+        strings = doc["strings"]
+        inode, ext, size, meta_size, kernel, target, created = (
+            doc[c] for c in ("inode", "ext", "size", "meta_size", "kernel", "target", "created")
+        )
+        ints = (inode, ext, size, meta_size, kernel, target)
+        n = len(keys)
+        if not all(isinstance(c, list) and len(c) == n for c in (*ints, created)):
+            return EntryTable(), None
+        if not isinstance(strings, list) or not set(map(type, strings)) <= {str}:
+            return EntryTable(), None
+        if not all(set(map(type, c)) <= {int} for c in ints):
+            return EntryTable(), None
+        if not set(map(type, created)) <= {int, float, type(None)}:
+            return EntryTable(), None
+        if n:
+            top = len(strings)
+            if min(ext) < 0 or max(ext) >= top or min(size) < 0 or min(meta_size) < 0:
+                return EntryTable(), None
+            if min(kernel) < -1 or max(kernel) >= top or min(target) < -1 or max(target) >= top:
+                return EntryTable(), None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return EntryTable(), None
+    lookup = [*strings, None]  # index -1 -> None
+    names = lookup.__getitem__
+    table = EntryTable(
+        tuple(keys),
+        tuple(map(names, ext)),
+        tuple(size),
+        tuple(meta_size),
+        tuple(map(names, kernel)),
+        tuple(map(names, target)),
+        tuple(created),
+        (None,) * n,
+        tuple(inode),
+    )
+    return table, head["listing"]
+
+
+def save_index(root: str, table: EntryTable, listing: str | None) -> None:
+    """Atomically replace the scan index (best effort: failures are only logged).
+
+    ``listing`` is the signature of a listing that holds exactly these entries and nothing
+    else (None if it held anything more): the same signature later means the same files.
+    The first line holds the signature with the totals and groups ``stats`` shows, so that
+    :func:`summarize` of an unchanged root reads nothing else.
+    """
+    strings: dict[str | None, int] = {None: -1}
+
+    def refs(values: Iterable[str | None]) -> list[int]:
+        return [strings.setdefault(v, len(strings) - 1) for v in values]
+
+    head = {
+        "v": INDEX_VERSION,
+        "listing": listing,
+        "totals": {
+            "entries": len(table),
+            "size": sum(table.size),
+            "meta_size": sum(table.meta_size),
+        },
+        "groups": {c: [[v, n, b] for v, (n, b) in table.group(c).items()] for c in GROUPED},
+    }
+    doc = {
+        "keys": "\n".join(table.key),
+        "inode": table.inode,
+        "ext": refs(table.ext),
+        "size": table.size,
+        "meta_size": table.meta_size,
+        "kernel": refs(table.kernel),
+        "target": refs(table.target),
+        "created": table.created,
+    }
+    doc["strings"] = [v for v in strings if v is not None]
+    data = b"%s\n%s" % (
+        json.dumps(head, separators=(",", ":")).encode(),
+        json.dumps(doc, separators=(",", ":")).encode(),
+    )
+    try:
+        # Create .stats/ only in a root of our own: a .stats/ made by another user (say, an
+        # operator running as root) could keep the cache's users from writing their logs.
+        mine = os.stat(root).st_uid == os.geteuid()
+        dfd = open_subdir(root, STATS_DIR, create=mine)
+    except OSError as e:
+        logger.debug("kernelcache: not saving the scan index under %s: %s", root, e)
+        return
+    try:
+        replace_file(dfd, INDEX_NAME, data)
+    except OSError as e:
+        logger.debug("kernelcache: not saving the scan index under %s: %s", root, e)
+    finally:
+        os.close(dfd)

@@ -1,0 +1,108 @@
+"""What a root holds, as :mod:`kernelcache.scan` and its index describe it: one
+:class:`EntryInfo` per committed entry, an :class:`EntryTable` of them by column, and the
+housekeeping directories beside them (:data:`KNOWN_DIRS`).
+
+These records are immutable values built from one listing of a root; nothing here touches disk.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from operator import add
+from typing import Any, NamedTuple
+
+from .locks import LOCK_DIR
+from .stats import STATS_DIR
+from .store import QUARANTINE_DIR, TMP_DIR
+
+#: the directories a root may hold besides entries
+KNOWN_DIRS = frozenset({TMP_DIR, LOCK_DIR, QUARANTINE_DIR, STATS_DIR})
+
+
+class EntryInfo(NamedTuple):
+    """One committed entry as its metadata describes it (immutable).
+
+    ``size`` is the artifact's size recorded in the metadata, ``meta_size`` the metadata
+    file's size; ``kernel`` and ``target`` are the metadata's ``name`` and ``target`` fields
+    (None when absent). ``last_used`` is the metadata file's mtime, the last-used stamp,
+    or None when the scan did not stat files. (A NamedTuple rather than a frozen dataclass:
+    scans of 100,000 entries are built in well under a second.)
+    """
+
+    key: str
+    ext: str
+    size: int
+    meta_size: int
+    kernel: str | None
+    target: str | None
+    created: float | None
+    last_used: float | None = None
+    inode: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes on disk (apparent size): the artifact plus its metadata."""
+        return self.size + self.meta_size
+
+    @property
+    def filename(self) -> str:
+        return f"{self.key}.{self.ext}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "ext": self.ext,
+            "size": self.size,
+            "meta_size": self.meta_size,
+            "kernel": self.kernel,
+            "target": self.target,
+            "created": self.created,
+            "last_used": self.last_used,
+        }
+
+
+#: EntryInfo's fields, in order: the columns of an EntryTable
+COLUMNS = EntryInfo._fields
+
+
+@dataclass(frozen=True)
+class EntryTable:
+    """Entries stored by column (one tuple per EntryInfo field), cheap to aggregate."""
+
+    key: tuple[str, ...] = ()
+    ext: tuple[str, ...] = ()
+    size: tuple[int, ...] = ()
+    meta_size: tuple[int, ...] = ()
+    kernel: tuple[str | None, ...] = ()
+    target: tuple[str | None, ...] = ()
+    created: tuple[float | None, ...] = ()
+    last_used: tuple[float | None, ...] = ()
+    inode: tuple[int, ...] = ()
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[EntryInfo]) -> EntryTable:
+        columns = list(zip(*rows, strict=True))
+        return cls(*columns) if columns else cls()
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    def rows(self) -> list[EntryInfo]:
+        make = tuple.__new__
+        return [make(EntryInfo, r) for r in zip(*(getattr(self, c) for c in COLUMNS), strict=True)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.size) + sum(self.meta_size)
+
+    def group(self, column: str) -> dict[str | None, tuple[int, int]]:
+        """{value of ``column``: (entries, bytes)}, largest first."""
+        values = getattr(self, column)
+        counts = Counter(values)
+        sizes = dict.fromkeys(counts, 0)
+        for value, nbytes in zip(values, map(add, self.size, self.meta_size), strict=True):
+            sizes[value] += nbytes
+        order = sorted(counts, key=lambda v: (-sizes[v], str(v)))
+        return {v: (counts[v], sizes[v]) for v in order}

@@ -1,0 +1,154 @@
+"""The import graph points one way: no cycle inside ``kernelcache`` or ``bridge``, and
+``kernelcache`` never imports ``bridge``.
+
+Read statically from every import statement of every module (function-level and
+``TYPE_CHECKING`` imports included), so an import that runs only on some path still counts.
+``from . import name`` is an edge to the submodule ``name`` when there is one, else to the
+package's ``__init__``; the implicit import of a module's parent packages is not an edge.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("kernelcache", "bridge")
+
+
+def _modules(base: Path, packages: tuple[str, ...]) -> dict[str, Path]:
+    """{dotted module name: file} of every module of the packages."""
+    found = {}
+    for package in packages:
+        for path in sorted((base / package).rglob("*.py")):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ``modules`` that the import statements of module ``name`` name."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    targets: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                origin = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                origin = node.module or ""
+            for alias in node.names:
+                sub = f"{origin}.{alias.name}"
+                targets.add(sub if sub in modules else origin)
+    edges = set()
+    for target in targets:
+        while target and target not in modules:  # `import a.b.c` of a name inside a module
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            edges.add(target)
+    return edges
+
+
+def import_graph(base: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """{module: the modules of ``packages`` it imports}, from the files under ``base``."""
+    modules = _modules(base, packages)
+    return {name: _imported(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _describe(graph: dict[str, set[str]], component: list[str]) -> str:
+    inside = set(component)
+    return "; ".join(f"{m} -> {', '.join(sorted(graph[m] & inside))}" for m in component)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycle_inside_a_package(package):
+    graph = import_graph(REPO, (package,))
+    assert len(graph) > 5, f"found only {sorted(graph)} under {REPO / package}"
+    found = cycles(graph)
+    assert not found, "import cycles: " + " | ".join(_describe(graph, c) for c in found)
+
+
+def test_kernelcache_never_imports_bridge():
+    graph = import_graph(REPO, PACKAGES)
+    crossing = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        if m.split(".")[0] == "kernelcache"
+        for t in targets
+        if t.split(".")[0] == "bridge"
+    )
+    assert not crossing, f"kernelcache imports the bridge: {crossing}"
+    # (the bridge does import kernelcache: the graph sees imports across the packages)
+    assert any(
+        t.startswith("kernelcache") for m in graph if m.startswith("bridge") for t in graph[m]
+    )
+
+
+def test_the_checker_finds_cycles_through_any_kind_of_import(tmp_path):
+    """The checker itself: cycles through relative, absolute, ``from . import`` and
+    function-level imports are found, a one-way graph is clean, and the package's
+    ``__init__`` counts as a module."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "from .a import A\n",
+        "a.py": "from . import b\nA = 1\n",
+        "b.py": "def f():\n    import pkg.sub.c\n",
+        "sub/__init__.py": "",
+        "sub/c.py": "from ...pkg import a\n",  # back to a: a -> b -> sub.c -> a
+        "d.py": "from . import VERSION\n",  # the package's __init__: __init__ -> a, not d
+        "e.py": "from .a import A\n",  # one way
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    graph = import_graph(tmp_path, ("pkg",))
+    assert graph["pkg.b"] == {"pkg.sub.c"} and graph["pkg.d"] == {"pkg"}
+    assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.sub.c"]]
+    (pkg / "sub" / "c.py").write_text("")
+    assert cycles(import_graph(tmp_path, ("pkg",))) == []
+    (pkg / "a.py").write_text(
+        "A = 1\nif False:\n    from . import d\n"
+    )  # __init__ -> a -> d -> __init__
+    assert cycles(import_graph(tmp_path, ("pkg",))) == [["pkg", "pkg.a", "pkg.d"]]
