@@ -325,8 +325,8 @@ def detect(
         return None
     plugin_dir, major = plugin_at
     name = os.path.basename(os.path.normpath(plugin_dir))
-    built = _built_with(name) or (major, 0)
     if not runs_ptxas_executable(plugin_dir, cache):
+        built = _built_with(name) or (major, 0)
         linked = Assembler(
             f"{built[0]}.{built[1]}", max_isa(built), f"libnvptxcompiler linked into {name}"
         )
@@ -336,6 +336,7 @@ def detect(
     if assembler is not None:
         logger.debug("jaxlib's ptxas: %s", assembler)
         return assembler
+    built = _built_with(name) or (major, 0)
     assumed = Assembler(
         f"{built[0]}.{built[1]}", max_isa(built), f"no ptxas found; the CUDA {name} was built with"
     )
