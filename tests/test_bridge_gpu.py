@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from bridge_helpers import TESTS, decoded, kernels_of, run_child
+from bridge_helpers import TESTS, cuda_devices, decoded, kernels_of, run_child
 
 import bridge
 import kernelcache
@@ -23,15 +23,7 @@ from bridge import ptxisa, versions
 from examples import kernels as K
 from examples import ops
 
-
-def _cuda_devices() -> list:
-    try:
-        return jax.devices("cuda")
-    except RuntimeError:
-        return []
-
-
-HAS_GPU = bool(_cuda_devices())
+HAS_GPU = bool(cuda_devices())
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU")]
 MODES = ["ptx", "inline"] if versions.honours_module_image(versions.jaxlib_version()) else ["ptx"]
 
@@ -242,7 +234,7 @@ def test_autotuned_in_place_kernel_is_applied_once(cache):
 
 
 def test_a_target_for_another_gpu_is_a_clear_error(cache):
-    other = "cuda:80" if _cuda_devices()[0].compute_capability != "8.0" else "cuda:90"
+    other = "cuda:80" if cuda_devices()[0].compute_capability != "8.0" else "cuda:90"
     with pytest.raises(bridge.TargetError, match="does not run on this machine"):
         jax.jit(lambda a, b: ops.add(a, b, target=other, cache=cache)).lower(
             jnp.ones(8), jnp.ones(8)
@@ -318,7 +310,7 @@ JAXLIB_TMA = versions.has_tma_descriptors(versions.jaxlib_version())
 
 
 def _hopper() -> bool:
-    devices = _cuda_devices()
+    devices = cuda_devices()
     return bool(devices) and float(devices[0].compute_capability) >= 9.0
 
 
@@ -693,7 +685,7 @@ def test_export_round_trip_runs(cache, embed, tmp_path):
     checks = [
         jax.export.DisabledSafetyCheck.custom_call(n) for n in bridge.CUSTOM_CALL_TARGET_NAMES
     ]
-    cc = _cuda_devices()[0].compute_capability.replace(".", "")
+    cc = cuda_devices()[0].compute_capability.replace(".", "")
     f = jax.jit(lambda a, b: ops.add(a, b, target=f"cuda:{cc}", embed=embed, cache=cache))
     spec = jax.ShapeDtypeStruct((4096,), jnp.float32)
     blob = jax.export.export(f, platforms=["cuda"], disabled_checks=checks)(spec, spec).serialize()

@@ -17,7 +17,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from bridge_helpers import decoded, kernels_of
+from bridge_helpers import cuda_devices, decoded, kernels_of
 from conftest import REPO, child_env
 from test_cli_support import KERNELCACHE
 
@@ -283,7 +283,16 @@ def tritons_older_ptxas() -> str:
     return knobs.nvidia.ptxas.path
 
 
-@pytest.mark.parametrize(("target", "arch"), [("cuda:90", "sm_90a"), ("cuda:100", "sm_100a")])
+#: a target no local GPU runs can only be lowered for where there is no GPU (cross-compiling)
+_CROSS_ONLY = pytest.mark.skipif(
+    bool(cuda_devices()), reason="lowering for another GPU than the local one is refused"
+)
+
+
+@pytest.mark.parametrize(
+    ("target", "arch"),
+    [("cuda:90", "sm_90a"), pytest.param("cuda:100", "sm_100a", marks=_CROSS_ONLY)],
+)
 @pytest.mark.parametrize("name", ["add", "softmax"])
 def test_ptx_for_an_older_ptxas_assembles_with_it_or_says_how(
     tmp_path, monkeypatch, target, arch, name
@@ -432,6 +441,7 @@ def test_lowering_warns_nothing_about_fp_fusion(tmp_path):
 
 
 # -- warm --json: one document on stdout ------------------------------------------------------------
+@pytest.mark.skipif(KERNELCACHE is None, reason="the kernelcache command is not installed here")
 def test_warm_json_stdout_holds_only_the_document(tmp_path):
     """Triton prints the PTX to stdout while compiling (NVPTX_ENABLE_DUMP): with --json that
     goes with the compiler's other diagnostics, which warm logs at level INFO (shown with -v)."""
