@@ -4,11 +4,13 @@ one kernel-cache root. Models: "large" (21 Triton kernel variants, from warm_sta
 (5), and, with a realistic autotune space (tuned_models.py), "matmul16" (a bf16 matmul autotuned
 over 16 configs), "attention" (a flash-attention forward over 8) and "autotune" (both: 24).
 
-Implementations (``--impl NAME=KIND[@DIR,DIR...]``, repeatable; the DIRs go first on the
-workers' PYTHONPATH): KIND "bridge" is the bridge found there (default: this checkout; an older
-checkout for "the bridge before a change"), KIND "peer" is jax-triton found there (with a Triton
-of its own where it needs one). Without ``--impl``: ``bridge`` (this checkout) and ``peer``
-(jax-triton as installed, if importable). The first bridge is the reference of the ratios.
+Implementations, each in its own environment so that each can use the Triton it needs in the
+same run (as in warm_start.py): ``--bridge LABEL=PATHS`` and ``--peer LABEL=PATHS`` put PATHS
+(separated by ':') first on the workers' PYTHONPATH: a bridge found there (e.g. an older
+checkout: "the bridge before a change"), or a jax-triton release (with a folder holding the
+Triton it needs); ``--env LABEL:NAME=VALUE`` sets a variable for one of them. Default: the
+bridge of this checkout ("bridge") and, without --peer, an importable ``jax_triton`` ("peer").
+The first bridge is the reference of the ratios.
 
 States (each: N fresh processes launched together; cold states get fresh cache roots):
 
@@ -28,12 +30,12 @@ one JSON line (medians and ratios against the reference bridge measured in the s
 ``--out FILE`` also writes it.
 
     python benchmarks/job_start.py --per-gpu 8 --repeats 2 --out job_start.json
-    python benchmarks/job_start.py --gpus 1 --per-gpu 8 --model autotune --states cold,pruned \\
-        --impl bridge=bridge --impl before=bridge@.bench/before \\
-        --impl jt031=peer@/tmp/jt031 --impl jt041=peer@/tmp/jt041,/tmp/triton-3.8.0
+    python benchmarks/job_start.py --gpus 1 --per-gpu 8 --model autotune \\
+        --states cold,jax-warm,pruned --bridge bridge= --bridge before=.bench/before \\
+        --peer jax-triton-0.3.1=/tmp/jt031 --peer jax-triton-0.4.1=/tmp/jt041:/tmp/triton-3.8.0
     python benchmarks/job_start.py --dry-run          # no GPU: lowering for cuda:90 only
 
-A peer is skipped, with a note, when ``import jax_triton`` fails with its path. In a dry run a
+A peer is skipped, with a note, when ``import jax_triton`` fails in its environment. In a dry run a
 peer lowers with ``compute_capability=90`` (no GPU to ask).
 """
 
@@ -48,46 +50,45 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 STATES = ("cold", "warm", "jax-warm", "pruned")
-KINDS = ("bridge", "peer")
 MODELS = ("small", "large", "matmul16", "attention", "autotune")
 
 
 @dataclass(frozen=True)
 class Impl:
-    """One implementation under test: its name, kind and the directories put first on the
-    workers' PYTHONPATH."""
+    """One implementation under test: its label, kind ("bridge" or "peer"), the directories put
+    first on its workers' PYTHONPATH and its extra environment variables."""
 
     name: str
     kind: str
     paths: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
 
     def states(self, wanted: list[str]) -> list[str]:
         return [s for s in wanted if self.kind == "bridge" or s != "pruned"]
 
 
-def parse_impl(text: str) -> Impl:
-    """``NAME=KIND[@DIR,DIR...]`` as an :class:`Impl`.
+def parse_impl(kind: str, text: str) -> Impl:
+    """``LABEL=PATHS`` (PATHS separated by ':', possibly empty) as an :class:`Impl`.
 
     Raises:
         SystemExit: malformed, with what is expected.
     """
     name, sep, rest = text.partition("=")
-    kind, _, dirs = rest.partition("@")
-    if not sep or not name or kind not in KINDS or " " in name:
+    if not sep or not name or " " in name:
         raise SystemExit(
-            f"--impl {text!r}: expected NAME=KIND[@DIR,DIR...] with KIND one of "
-            f"{', '.join(KINDS)} and NAME without spaces, e.g. before=bridge@.bench/before"
+            f"--{kind} {text!r}: expected LABEL=PATHS (PATHS separated by ':', may be empty) "
+            f"with a LABEL without spaces, e.g. --{kind} before=.bench/before"
         )
-    paths = tuple(str(Path(d).resolve()) for d in dirs.split(",") if d)
-    for p in paths:
-        if not Path(p).is_dir():
-            raise SystemExit(f"--impl {text!r}: {p} is not a directory")
+    paths = tuple(str(Path(d).resolve()) for d in rest.split(os.pathsep) if d)
+    for path in paths:
+        if not Path(path).is_dir():
+            raise SystemExit(f"--{kind} {text!r}: {path} is not a directory")
     return Impl(name, kind, paths)
 
 
@@ -183,7 +184,7 @@ def gpu_count() -> int:
 def importable(impl: Impl) -> str | None:
     """None if ``impl``'s package imports with its path, else the error."""
     module = "jax_triton" if impl.kind == "peer" else "bridge"
-    env = dict(os.environ, PYTHONPATH=pythonpath(impl))
+    env = dict(os.environ, PYTHONPATH=pythonpath(impl), **impl.env)
     probe = subprocess.run(
         [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, env=env
     )
@@ -204,6 +205,7 @@ def wave(
     """Launch ``n`` workers together; wait for all; return their results and the wall time."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
     base["PYTHONPATH"] = pythonpath(impl)
+    base.update(impl.env)
     base["KERNELCACHE_DIR"] = kernels
     base["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # n processes share each GPU's memory
     if dry_run:
@@ -288,7 +290,7 @@ def count_kernels(root: str) -> int:
 
 def prune_all(root: str, impl: Impl) -> None:
     cmd = [sys.executable, "-m", "kernelcache.cli", "--root", root, "prune", "--max-size", "0"]
-    env = dict(os.environ, PYTHONPATH=pythonpath(impl))
+    env = dict(os.environ, PYTHONPATH=pythonpath(impl), **impl.env)
     subprocess.run(cmd, check=True, capture_output=True, env=env, cwd=str(REPO))
 
 
@@ -336,11 +338,25 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="repeats of every wave (default 2)")
     parser.add_argument("--model", default="large", choices=MODELS)
     parser.add_argument(
-        "--impl",
+        "--bridge",
         action="append",
         default=[],
-        metavar="NAME=KIND[@DIR,...]",
-        help="an implementation to run (repeatable; see the module docstring)",
+        metavar="LABEL=PATHS",
+        help="a bridge in an environment (default: 'bridge', this checkout)",
+    )
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="LABEL=PATHS",
+        help="a jax-triton to compare with: its label, and PYTHONPATH entries holding it",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="LABEL:NAME=VALUE",
+        help="an environment variable for one bridge or peer",
     )
     parser.add_argument("--states", default=",".join(STATES), help="comma-separated subset")
     parser.add_argument("--no-peer", action="store_true", help="skip every peer")
@@ -361,12 +377,18 @@ def main() -> None:
     unknown = set(states) - set(STATES)
     if unknown:
         raise SystemExit(f"unknown states {sorted(unknown)}; choose from {', '.join(STATES)}")
-    impls = [parse_impl(text) for text in args.impl] or [
-        Impl("bridge", "bridge"),
-        Impl("peer", "peer"),
-    ]
+    bridges = [parse_impl("bridge", text) for text in args.bridge] or [Impl("bridge", "bridge")]
+    peers = [parse_impl("peer", text) for text in args.peer] or [Impl("peer", "peer")]
+    impls = [*bridges, *peers]
     if len({i.name for i in impls}) != len(impls):
-        raise SystemExit("--impl: every implementation needs a name of its own")
+        raise SystemExit("every --bridge and --peer needs a label of its own")
+    by_label = {i.name: i for i in impls}
+    for spec in args.env:
+        label, _, assignment = spec.partition(":")
+        name, eq, value = assignment.partition("=")
+        if label not in by_label or not eq or not name:
+            raise SystemExit(f"--env {spec!r}: expected LABEL:NAME=VALUE with a known LABEL")
+        by_label[label].env[name] = value
     usable = []
     for impl in impls:
         if impl.kind == "peer" and args.no_peer:
@@ -447,7 +469,9 @@ def main() -> None:
         "model": args.model,
         "repeats": args.repeats,
         "dry_run": args.dry_run,
-        "impls": [{"name": i.name, "kind": i.kind, "paths": list(i.paths)} for i in impls],
+        "impls": [
+            {"name": i.name, "kind": i.kind, "paths": list(i.paths), "env": i.env} for i in impls
+        ],
         "seconds": round(time.time() - started, 1),
         "waves": {w: summarize(r, kernel_counts[w]) for w, r in runs.items() if r},
     }
