@@ -435,7 +435,7 @@ def main() -> None:
         compiles = [r["kernel_compiles"] for r in run["results"]]
         shares = "+".join(map(str, sorted(compiles))) if None not in compiles else "-"
         print(
-            f"  {name:22} wall {run['wall']:7.2f} s  first result median "
+            f"  {name:30} wall {run['wall']:7.2f} s  first result median "
             f"{statistics.median(firsts):6.2f} s  max {firsts[-1]:6.2f} s  compiles "
             f"{shares}  failed {run['failed']}",
             flush=True,
@@ -493,14 +493,14 @@ def main() -> None:
 
     print()
     print(
-        f"{'wave':22} {'procs':>5} {'wall s':>7} {'first result s: median':>23} {'p90':>6} "
+        f"{'wave':30} {'procs':>5} {'wall s':>7} {'first result s: median':>23} {'p90':>6} "
         f"{'max':>6} {'lower':>6} {'compiles':>9} {'kernels':>7} {'jax hits':>8} {'ok':>3}"
     )
     for name, w in waves.items():
         fr = w["first_result_s"]
         comp = "/".join(map(str, w["kernel_compiles"])) if w["kernel_compiles"] else "-"
         print(
-            f"{name:22} {w['processes']:5d} {w['wall_s']:7.2f} {fr['median'] or 0:23.2f} "
+            f"{name:30} {w['processes']:5d} {w['wall_s']:7.2f} {fr['median'] or 0:23.2f} "
             f"{fr['p90'] or 0:6.2f} {fr['max'] or 0:6.2f} "
             f"{w['phases_median_s'].get('lower', 0):6.2f} {comp:>9} "
             f"{'/'.join(map(str, w['kernels_in_root'])):>7} "
@@ -508,7 +508,7 @@ def main() -> None:
         )
     print()
     for name, value in summary["ratios"].items():
-        print(f"{name:52} {value:6.2f}x")
+        print(f"{name:64} {value:6.2f}x")
     print()
     for check, passed in checks.items():
         print(f"{'PASS' if passed else 'FAIL'}  {check}")
