@@ -70,6 +70,7 @@ print(json.dumps({"started": started, "ended": ended, "cpu": cpu_ended - cpu_sta
 def wave(code_root: Path, n: int, cache: str, model: str) -> dict:
     """Start ``n`` processes on the bridge of ``code_root``; release them together; collect."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as for an installed package
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code_root), env.get("PYTHONPATH")]))
     env["KERNELCACHE_DIR"] = cache
     env["JAX_PLATFORMS"] = "cpu"

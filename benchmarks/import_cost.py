@@ -5,6 +5,8 @@ program pays it), then ``import bridge``, then ``bridge.triton_call`` (the first
 the lowering machinery), then lowers one call whose kernel is already in the kernel cache. The
 modules the first lowering imports are timed with ``-X importtime`` in separate runs (the
 imports between two markers), and the largest of everything the bridge brings in is listed.
+Bytecode is cached (``PYTHONDONTWRITEBYTECODE`` is unset for the measured processes, and a
+first run writes it), as it is for an installed package.
 
 With ``--before REF_OR_DIR`` the same runs also measure an older bridge (a directory, or a git
 ref exported with ``git archive``) for comparison. Prints a table (min and median over
@@ -65,6 +67,7 @@ print(json.dumps({"import jax, triton": t1 - t0, "import bridge": t2 - t1,
 
 def run(root: Path, cache: str, importtime: bool) -> tuple[dict, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as for an installed package
     env.update(PYTHONPATH=str(root), KERNELCACHE_DIR=cache, JAX_PLATFORMS="cpu")
     cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-c", CHILD]
     proc = subprocess.run(cmd, env=env, cwd=str(root), capture_output=True, text=True)
@@ -90,7 +93,7 @@ def imports_between(stderr: str, start: str, end: str) -> dict[str, float]:
 
 def measure(root: Path, repeats: int, work: Path) -> dict:
     cache = tempfile.mkdtemp(prefix="kc-", dir=work)
-    run(root, cache, False)  # the kernel is in the cache from now on
+    run(root, cache, False)  # the kernel and the modules' bytecode are cached from now on
     rows: dict[str, list[float]] = {}
     for _ in range(repeats):
         timings, _ = run(root, cache, False)

@@ -204,6 +204,7 @@ def wave(
 ) -> dict:
     """Launch ``n`` workers together; wait for all; return their results and the wall time."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
+    base.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as for installed packages
     base["PYTHONPATH"] = pythonpath(impl)
     base.update(impl.env)
     base["KERNELCACHE_DIR"] = kernels
