@@ -95,6 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # workers find bytecode, as when installed
     import jax
 
     import bridge
