@@ -7,9 +7,9 @@ A compiler process that dies (a crash inside Triton/LLVM, or killed for memory) 
 pool: every job it left unfinished then runs again on its own, so the culprit is named.
 
 Across processes: workers publish through the cache (atomic, first writer wins, one builder per
-key across every process sharing the root). A kernel that another process is compiling is not
-waited for by a worker: the planning process waits for those at the end, so every worker
-compiles while anything is left to compile (see :func:`execute`).
+key across every process sharing the root). A kernel that another process is compiling is
+skipped at first and waited for once the rest is done, so every worker compiles while anything
+is left to compile (see :func:`execute`).
 """
 
 from __future__ import annotations
@@ -240,9 +240,10 @@ def execute(
     (see :func:`can_fork`).
 
     Work stealing across processes sharing the root (other warm runs, jobs lowering the same
-    kernels): pool workers skip a kernel that another process is compiling; this process then
-    waits for those (taking over any whose compiler died) once the pool is done. Each kernel
-    is compiled once across them all."""
+    kernels): pool workers first skip a kernel that another process is compiling; once every
+    other kernel is done, those are handed to the pool again, whose workers wait for them
+    (taking over any whose compiler died). Each kernel is compiled once across them all, and a
+    compiler that crashes only ever takes a worker down."""
     if workers <= 1 or len(jobs) <= 1:
         return compile_jobs(jobs, cache, progress)
     from kernelcache import stats
@@ -250,18 +251,16 @@ def execute(
     stats.flush()  # forked workers start from flushed counters: nothing is counted twice
     logger.debug("compiling %d kernels in %d forked processes", len(jobs), workers)
     done: dict[int, WarmOutcome | None] = {}
-    pending = _pool_run(jobs, workers, done, progress)
-    for i in pending:  # the pool broke: each unfinished job again, alone, to find the culprit
-        _pool_run([jobs[i]], 1, done, progress, offset=i)
-    # kernels that other processes were compiling: wait for them here (or take them over)
-    busy = [i for i in range(len(jobs)) if done[i] is None]
-    for i, outcome in zip(
-        busy, compile_jobs([jobs[i] for i in busy], cache, progress), strict=True
-    ):
-        done[i] = outcome
+    for wait in (False, True):  # skip what others compile, then wait for it
+        todo = [i for i in range(len(jobs)) if done.get(i) is None]
+        if not todo:
+            break
+        pending = _pool_run(jobs, todo, workers, done, progress, wait=wait)
+        for i in pending:  # the pool broke: each unfinished job again, alone, to find the culprit
+            _pool_run(jobs, [i], 1, done, progress, wait=wait)
     outcomes = [done[i] for i in range(len(jobs))]
     assert all(o is not None for o in outcomes)
-    return outcomes  # type: ignore[return-value]  # every busy job was compiled above
+    return outcomes  # type: ignore[return-value]  # the second round waited for every job
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -281,14 +280,16 @@ def _exit_with_parent(parent: int) -> None:
 
 def _pool_run(
     jobs: Sequence[Job],
+    indices: Sequence[int],
     workers: int,
     done: dict[int, WarmOutcome | None],
     progress: Callable[[int], None],
-    offset: int = 0,
+    *,
+    wait: bool,
 ) -> list[int]:
-    """Run ``jobs`` in a pool, not waiting for kernels that other processes are compiling
-    (recorded as None); returns the indices left unfinished by a broken pool (or, for a single
-    job, records it as crashed)."""
+    """Run ``jobs[i]`` for each of ``indices`` in a pool (without ``wait``, a kernel that
+    another process is compiling is recorded as None); returns the indices left unfinished by
+    a broken pool (or, for a single job, records it as crashed)."""
     from concurrent.futures.process import BrokenProcessPool
 
     pool = concurrent.futures.ProcessPoolExecutor(
@@ -299,16 +300,14 @@ def _pool_run(
     )
     broken: list[int] = []
     try:
-        futures = {
-            pool.submit(compile_job, job, wait=False): offset + i for i, job in enumerate(jobs)
-        }
+        futures = {pool.submit(compile_job, jobs[i], wait=wait): i for i in indices}
         for future in concurrent.futures.as_completed(futures):
             i = futures[future]
             try:
                 done[i] = future.result()
             except BrokenProcessPool:
-                if len(jobs) == 1:
-                    job = jobs[0]
+                if len(indices) == 1:
+                    job = jobs[i]
                     done[i] = WarmOutcome(
                         job.call.kernel,
                         job.target,
