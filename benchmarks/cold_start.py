@@ -7,7 +7,8 @@ all at once and each lowers the call (Triton compiles every missing variant, or 
 the cache). Per wave: the wall time from the release until the last process has its lowered
 module; the CPU seconds (its own and its ptxas runs') of the busiest process, which is the wall
 time on a machine with a free core per process (this benchmark's machine is shared: the load
-average is printed); the Triton compiles in total (single flight: exactly one per variant) and
+average is printed, and the "ceiling": how much faster N processes of pure CPU work finish
+together than in sequence on the machine at that moment); the Triton compiles in total (single flight: exactly one per variant) and
 per process; and a check that every process lowered the very same module.
 
 With ``--before REF_OR_DIR`` the same waves also run the bridge of an older checkout (a
@@ -114,6 +115,23 @@ def wave(code_root: Path, n: int, cache: str, model: str) -> dict:
     }
 
 
+BURN = "import sys, time\nt = time.perf_counter()\nx = 0\nfor i in range(3_000_000): x += i * i\n"
+
+
+def ceiling(n: int) -> float:
+    """How much faster ``n`` processes of pure CPU work finish together than one after the
+    other on this machine now (``n`` on a machine with ``n`` free cores)."""
+
+    def burn(count: int) -> float:
+        started = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(count)]
+        for p in procs:
+            p.wait()
+        return time.perf_counter() - started
+
+    return n * burn(1) / burn(n)
+
+
 def export(ref: str, into: Path) -> Path:
     """A directory holding the bridge of ``ref``: the directory itself, or the git ref's tree."""
     if Path(ref).is_dir():
@@ -151,8 +169,11 @@ def main() -> None:
         bridges["before"] = export(args.before, work)
     n = args.processes
     runs: dict[str, list[dict]] = {}
+    ceilings: list[float] = []
     try:
         for rep in range(args.repeats):
+            ceilings.append(ceiling(n))
+            print(f"  repeat {rep + 1} CPU work, {n} processes at once: {ceilings[-1]:.2f}x faster")
             for label, root in bridges.items():
                 for size in (1, n):
                     name = f"{label}: {size} process{'es' if size > 1 else ''}"
@@ -216,6 +237,9 @@ def main() -> None:
         "before": args.before,
         "cpus": len(os.sched_getaffinity(0)),
         "load_average": os.getloadavg(),
+        # what this machine allowed: n processes of pure CPU work at once against in sequence
+        "ceiling": round(statistics.median(ceilings), 2),
+        "ceilings": [round(c, 2) for c in ceilings],
         "waves": waves,
         "ratios": ratios,
         "checks": checks,
@@ -230,6 +254,10 @@ def main() -> None:
     print()
     for name, value in ratios.items():
         print(f"{name:44} {value:5.2f}x")
+    print(
+        f"{'ceiling: CPU work, ' + str(n) + ' processes at once vs in sequence':44} "
+        f"{summary['ceiling']:5.2f}x"
+    )
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {summary['cpus']} CPUs")
     for check, passed in checks.items():
         print(f"{'PASS' if passed else 'FAIL'}  {check}")
