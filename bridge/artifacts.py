@@ -87,12 +87,13 @@ def _sha256(text: str) -> str:
 def _store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> None:
     from kernelcache import CacheError
 
+    fields = {"kind": "ptx", "of": key, "name": meta.get("name"), "target": meta.get("target")}
     try:
         cache.put(
             derived_key(key, PTX_EXT),
             PTX_EXT,
             ptx.encode(),
-            {"kind": "ptx", "of": key, "name": meta.get("name"), "target": meta.get("target")},
+            {k: v for k, v in fields.items() if v is not None},
         )
     except (CacheError, ValueError) as e:
         logger.warning("kernelcache: cannot store the PTX of %s: %s", key, e)

@@ -119,8 +119,8 @@ def test_key_holds_one_extension(root):
     [
         ({"size": 3}, "reserved"),
         ({"digest": "x"}, "reserved"),
-        ({"obj": object()}, "not JSON-serializable"),
-        ({"nan": float("nan")}, "not JSON-serializable"),
+        ({"obj": object()}, "'obj' holds a object, which is not JSON"),
+        ({"nan": float("nan")}, "'nan' holds nan"),
     ],
 )
 def test_bad_metadata_rejected_before_writing(root, meta, message):

@@ -15,6 +15,7 @@ from typing import Any
 from ..config import settings
 from ..jsonio import load_json
 from ..keys import KEY_PATTERN, META_EXT
+from ..schema import FIELDS, displayable
 from ..store import Artifact, Store
 from .common import root_of
 from .output import (
@@ -120,7 +121,7 @@ def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
         doc = load_json(raw)
     except ValueError:
         return None
-    return doc if isinstance(doc, dict) else None
+    return displayable(doc) if isinstance(doc, dict) else None
 
 
 def cmd_show(args: argparse.Namespace, out: Output) -> int:
@@ -164,7 +165,7 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
                 f" ({human_age(time.time() - last_used)})"
             )
         created = (meta or {}).get("created")
-        if isinstance(created, (int, float)):
+        if isinstance(created, (int, float)) and FIELDS["created"](created) is None:
             lines.append(
                 f"created:    {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(created))}"
                 f" ({human_age(time.time() - created)})"
