@@ -474,3 +474,23 @@ def test_digest_is_still_the_artifact_digest(root):
     art = Store(root).put(key_of("digest"), "cubin", PAYLOAD, KERNEL_META)
     assert art.meta["digest"] == digest(PAYLOAD)
     assert art.meta["entry_digest"].startswith("xxh3_128:") and art.meta["format"] == 1
+
+
+def test_a_planted_scan_index_with_odd_values_is_ignored(tmp_path):
+    """The scan index is a cache of what metadata said: one whose rows hold values the schema
+    refuses (a lone surrogate, Infinity) is ignored and rebuilt, never shown."""
+    root = tmp_path / "cache"
+    art = put(root, "kern", size=100)
+    assert kc(root, "stats").returncode == 0
+    index = root / ".stats" / "index.json"
+    head, _, body = index.read_bytes().partition(b"\n")
+    doc = json.loads(body)
+    doc["strings"] = ["\ud800" if s == "kern" else s for s in doc["strings"]]
+    doc["created"] = [math.inf]
+    index.write_bytes(head + b"\n" + json.dumps(doc).encode())
+    for args in (["ls"], ["ls", "--sort", "age"], ["stats"]):
+        proc = kc(root, *args)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    listed = kc_json(root, "ls")["entries"]
+    assert [(e["key"], e["kernel"]) for e in listed] == [(art.key, "kern")]
+    assert listed[0]["created"] == art.meta["created"]
