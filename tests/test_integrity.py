@@ -272,7 +272,10 @@ def test_no_command_crashes_on_an_odd_value(tmp_path, case):
     doc = kc_json(root, "verify", code=1)
     assert [(p["kind"], p["path"]) for p in doc["problems"]] == [("corrupt", f"{key}.json")]
     assert field in doc["problems"][0]["detail"]
-    assert kc_json(tmp_path / "cache", "ls")["count"] == 1
+    listed = kc_json(root, "ls")
+    assert listed["count"] == 1
+    assert [(p["kind"], p["path"]) for p in listed["problems"]] == [("corrupt", f"{key}.json")]
+    assert f"{key}.json" in kc(root, "ls").stdout
     exported = kc_json(root, "export", str(tmp_path / "c.tar"), code=1)
     assert exported["entries"] == 1 and [s["key"] for s in exported["skipped"]] == [key]
     repaired = kc_json(root, "verify", "--repair")
