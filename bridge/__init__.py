@@ -4,7 +4,9 @@
     out = bridge.triton_call(x, y, kernel=add_kernel, out_shape=x, grid=(n // 1024,), BLOCK=1024)
 
 See ``triton_call`` and ``kernel``; ``enable_jax_cache`` turns on JAX's persistent compilation
-cache beside the kernel cache.
+cache beside the kernel cache. Call sites of jax-triton 0.3 (``out_shape=``) and 0.4
+(``out_type=``, ``TensorDescriptor``, refs) both run; ``CUSTOM_CALL_TARGET_NAMES`` are the
+custom-call targets a lowered call may use (for ``jax.export``'s ``disabled_checks``).
 
 Importing ``bridge`` is cheap: jax, triton and the lowering machinery are imported when one of
 the names below is first used (``bridge.triton_call``), not by ``import bridge``.
@@ -24,9 +26,17 @@ from .errors import (
     TargetError,
     UnsupportedTransformation,
 )
+from .versions import FFI_TARGET, LEGACY_TARGET
+
+#: jaxlib's typed-FFI Triton custom call (jax-triton 0.4's ``CUSTOM_CALL_TARGET_NAME``)
+CUSTOM_CALL_TARGET_NAME = FFI_TARGET
+#: every custom-call target the bridge emits: the FFI one, and jaxlib's legacy
+#: ``triton_kernel_call`` (autotuned calls, jaxlib < 0.10.1, and exports embedding PTX)
+CUSTOM_CALL_TARGET_NAMES = (FFI_TARGET, LEGACY_TARGET)
 
 if TYPE_CHECKING:
     from .call import triton_call
+    from .descriptors import TensorDescriptor, strides_from_shape
     from .jax_cache import enable_jax_cache
     from .launch import Kernel, kernel
     from .record import add_listener as on_lowered
@@ -35,6 +45,8 @@ if TYPE_CHECKING:
 #: public name -> (module, attribute), imported on first use
 _LAZY = {
     "triton_call": (".call", "triton_call"),
+    "TensorDescriptor": (".descriptors", "TensorDescriptor"),
+    "strides_from_shape": (".descriptors", "strides_from_shape"),
     "enable_jax_cache": (".jax_cache", "enable_jax_cache"),
     "Kernel": (".launch", "Kernel"),
     "kernel": (".launch", "kernel"),
@@ -59,6 +71,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CUSTOM_CALL_TARGET_NAME",
+    "CUSTOM_CALL_TARGET_NAMES",
     "BackendUnavailable",
     "BridgeError",
     "EmbedError",
@@ -67,10 +81,12 @@ __all__ = [
     "OptionError",
     "Target",
     "TargetError",
+    "TensorDescriptor",
     "UnsupportedTransformation",
     "enable_jax_cache",
     "kernel",
     "on_lowered",
     "parse_target",
+    "strides_from_shape",
     "triton_call",
 ]

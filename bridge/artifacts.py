@@ -106,10 +106,13 @@ def fetch(
     build: Callable[[], Compiled],
     describe: Callable[[Compiled], dict[str, Any]],
     need_ptx: bool,
+    usable: Callable[[Mapping[str, Any]], bool] | None = None,
 ) -> KernelBinary:
     """The kernel ``key`` from ``cache``, compiled by ``build()`` on a miss (once across
     processes sharing the cache). ``describe`` turns a compile result into the entry's metadata.
-    With ``need_ptx``, the PTX that produced the binary is returned too."""
+    With ``need_ptx``, the PTX that produced the binary is returned too. An entry whose
+    metadata ``usable`` rejects (written by an older bridge without what this call needs) is
+    compiled again and used from memory."""
     built: list[Compiled] = []
 
     def build_entry() -> tuple[bytes, dict[str, Any]]:
@@ -123,6 +126,15 @@ def fetch(
         return compiled.binary, meta
 
     art = cache.get_or_create(key, ext, build_entry)
+    if usable is not None and not built and not usable(art.meta):
+        logger.warning(
+            "kernelcache: the metadata of %s lacks what this lowering needs (an entry from an "
+            "older version?); compiling it again in memory",
+            key,
+        )
+        compiled = build()
+        meta = describe(compiled)
+        return KernelBinary(key, ext, compiled.binary, meta, compiled.ptx, True)
     if not need_ptx:
         return KernelBinary(key, ext, art.data, art.meta, None, bool(built))
     if built and built[0].binary == art.data:
@@ -167,7 +179,7 @@ def entry_metadata(
             "global_scratch_align": int(md.get("global_scratch_align") or 1),
             "profile_scratch_size": int(md.get("profile_scratch_size") or 0),
             "tmem_size": int(md.get("tmem_size") or 0),
-            "tensordesc": bool(md.get("tensordesc_meta")),
+            "tensordesc_meta": plain(list(md.get("tensordesc_meta") or [])),
             "signature": plain(dict(bound.signature)),
             "producer": {"triton": triton_version()},
         }

@@ -70,6 +70,9 @@ _INT_RANGES = {
 }
 
 
+_FP32_MAX = float(np.finfo(np.float32).max)
+
+
 class ArgArray:
     """An abstract array standing in for a tensor while Triton binds and specializes a call.
 
@@ -146,6 +149,11 @@ class Leaf:
     @property
     def is_array(self) -> bool:
         return self.type.startswith("*")
+
+    @property
+    def is_descriptor(self) -> bool:
+        """A host-side tensor descriptor (``value`` is Triton's descriptor object)."""
+        return self.type.startswith("tensordesc")
 
 
 @dataclass(frozen=True)
@@ -332,6 +340,9 @@ def _leaves(
             return
         if typ == "constexpr":
             return
+        if typ.startswith("tensordesc"):
+            yield Leaf(path, typ, value)
+            return
         if typ.startswith("*"):
             if not isinstance(value, ArgArray):
                 raise KernelArgumentError(
@@ -356,6 +367,11 @@ def _leaves(
             lo, hi = _INT_RANGES[typ]
             if not lo <= int(value) <= hi:
                 raise KernelArgumentError(f"{parts.qualname}: {name}={value} does not fit {typ}")
+        if typ == "fp32" and math.isfinite(value) and abs(value) > _FP32_MAX:
+            raise KernelArgumentError(
+                f"{parts.qualname}: {name}={value} overflows fp32 (the type Triton gives a Python "
+                f"float): annotate the parameter ({name}: tl.float64) to pass it as fp64"
+            )
         yield Leaf(path, typ, value)
 
     for i, (name, value) in enumerate(bound_args.items()):

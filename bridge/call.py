@@ -1,23 +1,20 @@
 """``triton_call``: a Triton or Gluon kernel as a JAX primitive.
 
-Tracing a call records the kernel, the abstract arguments and the output layout. Lowering for
-"cuda" or "rocm" resolves the target, binds every variant (autotune config) with Triton's own
-binder, computes each kernel key without compiling, takes the kernel from the cache (compiling
-only on a miss), and emits jaxlib's Triton custom call with the machine code embedded.
+Tracing a call (:mod:`bridge.tracing`) records the kernel, the abstract arguments and the
+output layout, in the jax-triton 0.3 convention (``out_shape=``) or the 0.4 one (``out_type=``).
+Lowering for "cuda" or "rocm" resolves the target, binds every variant (autotune config) with
+Triton's own binder, computes each kernel key without compiling, takes the kernel from the cache
+(compiling only on a miss), and emits jaxlib's Triton custom call with the machine code embedded.
 
 Across processes: the same call, target, software and embedding give a byte-identical opaque
 (no temporary paths, no absolute source paths, deterministic metadata and serialization), so
 JAX's persistent compilation cache hits; on a warm kernel cache no Triton compile runs.
-
-Buffers: jaxlib hands the kernel its array arguments in operand-then-result order. Inputs that
-come after an output in the kernel signature are made to fit by passing such outputs as
-zero-filled operands aliased to their results (one memset); outputs after the last input are
-plain results.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,16 +26,31 @@ import numpy as np
 
 try:  # the public homes of the primitive registries (jax 0.8 - 0.11)
     from jax.interpreters import ad, batching, mlir
+    from jax.interpreters import partial_eval as pe
 
-    _ = (ad.primitive_jvps, batching.primitive_batchers, mlir.register_lowering)
+    _ = (ad.primitive_jvps, batching.primitive_batchers, mlir.register_lowering, pe.dce_rules)
 except (ImportError, AttributeError):  # pragma: no cover - later releases
     from jax._src.interpreters import ad, batching, mlir  # type: ignore[no-redef]
+    from jax._src.interpreters import partial_eval as pe  # type: ignore[no-redef]
 
-from . import backends, binding, embed, handoff, proto, record, specialize, targets, versions
+from . import (
+    backends,
+    binding,
+    embed,
+    handoff,
+    proto,
+    record,
+    specialize,
+    targets,
+    tma,
+    tracing,
+    versions,
+)
 from .artifacts import KernelBinary, as_cache
 from .binding import ArgArray
 from .errors import KernelArgumentError, OptionError, UnsupportedTransformation
-from .kernels import KernelParts, decompose
+from .kernels import decompose
+from .tracing import CallSpec
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -47,32 +59,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CUSTOM_CALL_FFI = "triton_kernel_call_ffi"
-CUSTOM_CALL_LEGACY = "triton_kernel_call"
-
-
-@dataclass(frozen=True, eq=False)
-class CallSpec:
-    """Everything about one ``triton_call`` site except the array values (the primitive's
-    static parameter; compared by identity)."""
-
-    parts: KernelParts
-    named: Mapping[str, Any]  # every argument given, by parameter name (ArgArray for arrays)
-    kwargs: Mapping[str, Any]  # kernel parameters the caller set by keyword
-    options: Mapping[str, Any]  # backend options the caller set
-    grid: Any
-    zeroed: Any  # output indices/names, or a function of the bound arguments returning them
-    n_operands: int
-    out_avals: tuple[Any, ...]  # results, in custom-call order
-    buffers: Mapping[int, int]  # id(ArgArray) -> buffer index (operands, then results)
-    aliases: tuple[tuple[int, int], ...]  # (operand, result)
-    restore: tuple[tuple[int, int], ...]  # (operand, result) whose input must survive autotuning
-    outputs: tuple[ArgArray, ...]  # user-visible outputs, in the user's order
-    target: str | targets.Target | None
-    embed: str | None
-    cache: CacheArg
-    name: str
-    metadata: bytes
+CUSTOM_CALL_FFI = versions.FFI_TARGET
+CUSTOM_CALL_LEGACY = versions.LEGACY_TARGET
 
 
 # -- the primitive ------------------------------------------------------------------------
@@ -80,26 +68,28 @@ triton_call_p = jax.extend.core.Primitive("kernelcache_triton_call")
 triton_call_p.multiple_results = True
 
 
-def _impl(*args: Any, call: CallSpec) -> Any:
-    return jax.jit(lambda *a: triton_call_p.bind(*a, call=call))(*args)
+def _impl(*args: Any, call: CallSpec, has_side_effect: bool) -> Any:
+    return jax.jit(lambda *a: triton_call_p.bind(*a, call=call, has_side_effect=has_side_effect))(
+        *args
+    )
 
 
 triton_call_p.def_impl(_impl)
 
 
 @triton_call_p.def_abstract_eval
-def _abstract_eval(*avals: Any, call: CallSpec) -> tuple[Any, ...]:
+def _abstract_eval(*avals: Any, call: CallSpec, has_side_effect: bool) -> tuple[Any, ...]:
     return call.out_avals
 
 
-def _no_jvp(primals: Any, tangents: Any, *, call: CallSpec) -> Any:
+def _no_jvp(primals: Any, tangents: Any, *, call: CallSpec, has_side_effect: bool) -> Any:
     raise UnsupportedTransformation(
         f"cannot differentiate the Triton kernel {call.parts.qualname}: JAX cannot see inside "
         "it. Wrap the call in jax.custom_vjp (or custom_jvp) with a backward kernel or a jnp rule"
     )
 
 
-def _vmap(args: Sequence[Any], dims: Sequence[Any], *, call: CallSpec) -> Any:
+def _vmap(args: Sequence[Any], dims: Sequence[Any], **params: Any) -> Any:
     """Batching by running the kernel once per batch element (``lax.map``): exactly the
     results of separate calls, in sequence. Write a batched kernel for speed."""
     batched = [i for i, d in enumerate(dims) if d is not None]
@@ -109,17 +99,24 @@ def _vmap(args: Sequence[Any], dims: Sequence[Any], *, call: CallSpec) -> Any:
         full = list(args)
         for i, x in zip(batched, xs, strict=True):
             full[i] = x
-        return tuple(triton_call_p.bind(*full, call=call))
+        return tuple(triton_call_p.bind(*full, **params))
 
     outs = jax.lax.map(one, tuple(moved))
     return list(outs), [0] * len(outs)
 
 
+def _keep(used_outputs: list[bool], eqn: Any) -> tuple[list[bool], Any]:
+    """JAX's dead-code elimination keeps every kernel call, as jax-triton 0.4 does. (Without
+    ``has_side_effect=True``, XLA may still remove a call whose results are all unused.)"""
+    return [True] * len(eqn.invars), eqn
+
+
 ad.primitive_jvps[triton_call_p] = _no_jvp
 batching.primitive_batchers[triton_call_p] = _vmap
+pe.dce_rules[triton_call_p] = _keep
 
 
-def _no_cpu(ctx: Any, *args: Any, call: CallSpec) -> Any:
+def _no_cpu(ctx: Any, *args: Any, call: CallSpec, has_side_effect: bool) -> Any:
     raise KernelArgumentError(
         f"the Triton kernel {call.parts.qualname} runs on NVIDIA (cuda) or AMD (rocm) GPUs, but "
         "this computation is being lowered for cpu: run it on a GPU, or cross-compile with "
@@ -127,329 +124,39 @@ def _no_cpu(ctx: Any, *args: Any, call: CallSpec) -> Any:
     )
 
 
-# -- tracing: from a call to a CallSpec ---------------------------------------------------
-def _is_struct(x: Any) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype")
-
-
-def _is_array(x: Any) -> bool:
-    if isinstance(x, (np.generic, bool, int, float)):
-        return False
-    return isinstance(x, (jax.Array, np.ndarray)) or isinstance(x, jax.core.Tracer)
-
-
-class _Inputs:
-    """Turns call arguments into Triton values: arrays into ArgArray placeholders (recorded as
-    operands), NumPy scalars into Python ones, tuples element-wise."""
-
-    def __init__(self) -> None:
-        self.arrays: list[ArgArray] = []
-        self.values: list[Any] = []
-
-    def convert(self, value: Any) -> Any:
-        if _is_array(value):
-            arr = jax.numpy.asarray(value)
-            placeholder = ArgArray(arr.shape, arr.dtype, ("in", len(self.arrays)))
-            self.arrays.append(placeholder)
-            self.values.append(arr)
-            return placeholder
-        if isinstance(value, tuple):
-            items = [self.convert(v) for v in value]
-            return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-        if isinstance(value, list):
-            raise KernelArgumentError("pass tuples, not lists, as tuple arguments of a kernel")
-        if isinstance(value, np.bool_):
-            return bool(value)
-        if isinstance(value, np.integer):
-            return int(value)
-        if isinstance(value, np.floating):
-            return float(value)
-        return value
-
-
-def _param_index(parts: KernelParts, ref: Any, what: str) -> str:
-    names = parts.arg_names
-    if isinstance(ref, str):
-        if ref not in names:
-            raise KernelArgumentError(
-                f"{what} {ref!r} is not a parameter of {parts.qualname} ({', '.join(names)})"
-            )
-        return ref
-    if isinstance(ref, (int, np.integer)) and 0 <= int(ref) < len(names):
-        return names[int(ref)]
-    raise KernelArgumentError(
-        f"{what} {ref!r} is not a parameter name or index of {parts.qualname}"
-    )
-
-
-def _outputs(
-    parts: KernelParts, n_args: int, out_shape: Any, out_names: Any
-) -> tuple[list[str], list[Any], Callable[[list[Any]], Any]]:
-    """Output parameter names, their shapes, and how to rebuild the caller's structure."""
-    names = parts.arg_names
-    if isinstance(out_shape, Mapping):
-        keys_ = [_param_index(parts, k, "out_shape key") for k in out_shape]
-        if out_names is not None:
-            given = [out_names] if isinstance(out_names, (str, int)) else list(out_names)
-            if {_param_index(parts, n, "out_names entry") for n in given} != set(keys_):
-                raise KernelArgumentError(
-                    "out_names and the keys of out_shape name different parameters"
-                )
-        shapes = list(out_shape.values())
-        return keys_, shapes, lambda outs: dict(zip(keys_, outs, strict=True))
-    leaves, tree = jax.tree_util.tree_flatten(out_shape, is_leaf=_is_struct)
-    if any(not _is_struct(leaf) for leaf in leaves):
-        raise KernelArgumentError(
-            "out_shape must hold objects with .shape and .dtype (e.g. jax.ShapeDtypeStruct)"
-        )
-    if out_names is not None:
-        given = [out_names] if isinstance(out_names, (str, int)) else list(out_names)
-        outs = [_param_index(parts, n, "out_names entry") for n in given]
-        if len(outs) != len(leaves):
-            raise KernelArgumentError(
-                f"out_names names {len(outs)} output(s) but out_shape describes {len(leaves)}"
-            )
-    else:
-        if n_args + len(leaves) > len(names):
-            raise KernelArgumentError(
-                f"{parts.qualname} has {len(names)} parameters ({', '.join(names)}); "
-                f"{n_args} positional argument(s) and {len(leaves)} output(s) do not fit. "
-                "Outputs follow the positional arguments unless out_names= or a dict out_shape= "
-                "names them"
-            )
-        outs = names[n_args : n_args + len(leaves)]
-    if len(set(outs)) != len(outs):
-        raise KernelArgumentError(f"an output parameter is named twice: {outs}")
-    for p in parts.fn.params:
-        if p.name in outs and p.is_constexpr:
-            raise KernelArgumentError(
-                f"output {p.name} of {parts.qualname} is a tl.constexpr: outputs are pointer "
-                "parameters. Outputs follow the positional arguments unless out_names= or a dict "
-                "out_shape= names them"
-            )
-    return outs, leaves, lambda flat: jax.tree_util.tree_unflatten(tree, flat)
-
-
-def _leaf_arrays(value: Any) -> list[ArgArray]:
-    if isinstance(value, ArgArray):
-        return [value]
-    if isinstance(value, tuple):
-        return [a for v in value for a in _leaf_arrays(v)]
-    return []
-
-
-def make_call(
-    args: Sequence[Any],
-    *,
-    kernel: Any,
-    out_shape: Any,
-    grid: Any,
-    out_names: Any = None,
-    input_output_aliases: Any = None,
-    zeroed_outputs: Any = (),
-    options: Mapping[str, Any],
-    metaparams: Mapping[str, Any],
-    target: str | targets.Target | None = None,
-    embed_mode: str | None = None,
-    cache: CacheArg = None,
-    name: str = "",
-    serialized_metadata: bytes = b"",
-) -> tuple[CallSpec, list[Any], Callable[[list[Any]], Any]]:
-    """Plan a call: returns its CallSpec, the operand values, and a function that turns the
-    custom call's results into what ``triton_call`` returns."""
-    parts = decompose(kernel)
-    names = parts.arg_names
-    out_params, out_structs, rebuild = _outputs(parts, len(args), out_shape, out_names)
-    in_params = [n for n in names if n not in out_params]
-    if len(args) > len(in_params):
-        raise KernelArgumentError(
-            f"{parts.qualname} takes {len(in_params)} input argument(s) ({', '.join(in_params)}) "
-            f"besides its output(s) {', '.join(out_params)}; {len(args)} were given"
-        )
-    given: dict[str, Any] = dict(zip(in_params, args, strict=False))
-    kwargs: dict[str, Any] = {}
-    for key, value in metaparams.items():
-        if key in out_params:
-            raise KernelArgumentError(f"{key} is an output of {parts.qualname}: do not pass it")
-        if key in given:
-            raise KernelArgumentError(f"{parts.qualname} got {key} both by position and by keyword")
-        kwargs[key] = value
-    inputs = _Inputs()
-    named: dict[str, Any] = {}
-    outputs: dict[str, ArgArray] = {}
-    for n in names:
-        if n in out_params:
-            s = out_structs[out_params.index(n)]
-            outputs[n] = named[n] = ArgArray(s.shape, s.dtype, ("out", out_params.index(n)))
-        elif n in given or n in kwargs:
-            named[n] = inputs.convert(given[n] if n in given else kwargs[n])
-    kwargs = {k: named[k] for k in kwargs}
-
-    # roles of input arrays: aliased to an output parameter (0.3.x dict form) or in-place (list)
-    alias_of: dict[str, ArgArray] = {}  # output param -> the input array it aliases
-    inplace: list[ArgArray] = []
-    if isinstance(input_output_aliases, Mapping):
-        for src, dst in input_output_aliases.items():
-            if isinstance(src, str):
-                found = _leaf_arrays(
-                    named.get(_param_index(parts, src, "input_output_aliases key"))
-                )
-                if len(found) != 1:
-                    raise KernelArgumentError(f"input_output_aliases: {src} is not one input array")
-                arr = found[0]
-            elif isinstance(src, (int, np.integer)) and 0 <= int(src) < len(inputs.arrays):
-                arr = inputs.arrays[int(src)]
-            else:
-                raise KernelArgumentError(
-                    f"input_output_aliases key {src!r}: use the index of an input array "
-                    f"(0..{len(inputs.arrays) - 1}) or an input parameter name"
-                )
-            out = (
-                dst
-                if isinstance(dst, str)
-                else (out_params[int(dst)] if 0 <= int(dst) < len(out_params) else None)
-            )
-            if out not in outputs:
-                raise KernelArgumentError(f"input_output_aliases value {dst!r} is not an output")
-            o = outputs[out]
-            if (o.shape, o.jax_dtype) != (arr.shape, arr.jax_dtype):
-                raise KernelArgumentError(
-                    f"input_output_aliases: output {out} {o} cannot alias input {arr}: shapes and "
-                    "dtypes must match"
-                )
-            if arr in alias_of.values():
-                raise KernelArgumentError(f"input_output_aliases: {arr} is aliased twice")
-            alias_of[out] = arr
-    elif input_output_aliases:
-        refs = input_output_aliases
-        if isinstance(refs, (str, int)):
-            refs = [refs]
-        for ref in refs:
-            found = _leaf_arrays(named.get(_param_index(parts, ref, "input_output_aliases entry")))
-            if not found:
-                raise KernelArgumentError(f"input_output_aliases: {ref!r} is not an input array")
-            inplace.extend(a for a in found if a not in inplace)
-
-    # buffer layout: array leaves in signature order; operands up to the last input
-    leaves = [a for n in names if n in named for a in _leaf_arrays(named[n])]
-    last_in = max((i for i, a in enumerate(leaves) if a.slot[0] == "in"), default=-1)
-    operands: list[Any] = []
-    op_arrays: list[ArgArray] = []
-    plain: list[ArgArray] = []
-    extra: list[tuple[ArgArray, int]] = []  # results aliasing an operand
-    restore: list[tuple[int, int]] = []
-    in_values = dict(zip(map(id, inputs.arrays), inputs.values, strict=True))
-    for i, a in enumerate(leaves):
-        if i > last_in:
-            plain.append(a)
-            continue
-        k = len(op_arrays)
-        op_arrays.append(a)
-        if a.slot[0] == "in":
-            operands.append(in_values[id(a)])
-            if a in inplace:
-                extra.append((a, k))
-        else:  # an output before the last input: a zero-filled operand aliased to its result
-            src = alias_of.get(_name_of(named, a))
-            operands.append(
-                in_values[id(src)] if src is not None else jax.numpy.zeros(a.shape, a.jax_dtype)
-            )
-            extra.append((a, k))
-    results = plain + [a for a, _ in extra]
-    n_ops = len(op_arrays)
-    buffers = {id(a): i for i, a in enumerate(op_arrays)}
-    buffers.update({id(a): n_ops + j for j, a in enumerate(plain)})
-    aliases: list[tuple[int, int]] = []
-    for j, (a, k) in enumerate(extra):
-        aliases.append((k, len(plain) + j))
-        if a.slot[0] == "in" or alias_of.get(_name_of(named, a)) is not None:
-            restore.append((k, len(plain) + j))
-    for out, src in alias_of.items():
-        o = outputs[out]
-        if id(o) in buffers and buffers[id(o)] >= n_ops:  # a plain result aliasing an input
-            if src not in op_arrays:
-                raise KernelArgumentError(f"input_output_aliases: {src} is not an operand")
-            k = op_arrays.index(src)
-            aliases.append((k, buffers[id(o)] - n_ops))
-            restore.append((k, buffers[id(o)] - n_ops))
-    if len({k for k, _ in aliases}) != len(aliases):
-        raise KernelArgumentError("input_output_aliases: an input buffer is aliased to two outputs")
-
-    out_avals = tuple(jax.core.ShapedArray(a.shape, a.jax_dtype) for a in results)
-    user_outputs = [outputs[n] for n in out_params] + inplace
-    result_index = {id(a): j for j, a in enumerate(results)}
-
-    def finish(flat: list[Any]) -> Any:
-        outs = [flat[result_index[id(a)]] for a in user_outputs]
-        regular = rebuild(outs[: len(out_params)])
-        extras = outs[len(out_params) :]
-        if not extras:
-            return regular
-        if isinstance(regular, dict):
-            return {
-                **regular,
-                **{_name_of(named, a): x for a, x in zip(inplace, extras, strict=True)},
-            }
-        if not out_params:
-            return extras[0] if len(extras) == 1 else tuple(extras)
-        head = regular if isinstance(regular, tuple) else (regular,)
-        return (*head, *extras)
-
-    spec = CallSpec(
-        parts=parts,
-        named=named,
-        kwargs=kwargs,
-        options=dict(options),
-        grid=grid,
-        zeroed=zeroed_outputs,
-        n_operands=n_ops,
-        out_avals=out_avals,
-        buffers=buffers,
-        aliases=tuple(aliases),
-        restore=tuple(restore),
-        outputs=tuple(user_outputs),
-        target=target,
-        embed=embed_mode,
-        cache=cache,
-        name=name or parts.name,
-        metadata=bytes(serialized_metadata),
-    )
-    return spec, operands, finish
-
-
-def _name_of(named: Mapping[str, Any], arr: ArgArray) -> str:
-    for n, v in named.items():
-        if v is arr or (isinstance(v, tuple) and arr in _leaf_arrays(v)):
-            return n
-    return ""
-
-
 # -- lowering -----------------------------------------------------------------------------
 def _zeroed(call: CallSpec, bound: binding.Bound) -> dict[int, int]:
     """id(ArgArray) -> bytes to zero before each launch, for this variant."""
     spec = call.zeroed(dict(bound.bound_args)) if callable(call.zeroed) else call.zeroed
-    refs = list(spec or ())
-    out_names = [n for n, v in call.named.items() if isinstance(v, ArgArray) and v.slot[0] == "out"]
     result: dict[int, int] = {}
-    for ref in refs:
+    for ref in list(spec or ()):
         if isinstance(ref, str):
             arr = call.named.get(ref)
-            if not isinstance(arr, ArgArray) or arr.slot[0] != "out":
-                raise KernelArgumentError(f"zeroed_outputs: {ref!r} is not an output parameter")
-        else:
-            outs = [a for a in call.outputs if a.slot[0] == "out"]
-            if not 0 <= int(ref) < len(outs):
+            if not isinstance(arr, ArgArray) or id(arr) not in call.writable:
                 raise KernelArgumentError(
-                    f"zeroed_outputs: {ref!r} is not an output index (0..{len(outs) - 1})"
+                    f"zeroed_outputs: {ref!r} is not an output parameter (or an input updated in "
+                    "place)"
                 )
-            arr = outs[int(ref)]
+        else:
+            n = len(call.zero_targets)
+            if not isinstance(ref, (int, np.integer)) or not 0 <= int(ref) < n:
+                raise KernelArgumentError(
+                    f"zeroed_outputs: {ref!r} is not an output index (0..{n - 1})"
+                )
+            arr = call.zero_targets[int(ref)]
         result[id(arr)] = arr.nbytes
-    for n in bound.variant.zero:  # the autotuner's reset_to_zero
-        arr = call.named.get(n)
-        if not isinstance(arr, ArgArray) or arr.slot[0] != "out":
+    for name in bound.variant.zero:  # the autotuner's reset_to_zero
+        arr = call.named.get(name)
+        if not isinstance(arr, ArgArray) or id(arr) not in call.writable:
+            writable = [
+                n
+                for n, v in call.named.items()
+                if isinstance(v, ArgArray) and id(v) in call.writable
+            ]
             raise KernelArgumentError(
-                f"{call.parts.qualname}: reset_to_zero names {n}, which is not an output "
-                f"({', '.join(out_names)}); JAX inputs cannot be overwritten"
+                f"{call.parts.qualname}: reset_to_zero names {name}, which is not an output or an "
+                f"input updated in place ({', '.join(writable) or 'none'}); JAX inputs cannot be "
+                "overwritten"
             )
         result[id(arr)] = arr.nbytes
     return result
@@ -473,9 +180,11 @@ def _kernel_message(
             f"{target.platform}; {warps} warps of {target.warp_size} ({threads} threads) cannot be "
             f"launched: use an even num_warps"
         )
-    if meta.get("tensordesc"):
+    if int(meta.get("profile_scratch_size", 0)):
         raise KernelArgumentError(
-            f"{call.parts.qualname} uses tensor descriptors, which jaxlib's Triton call cannot pass"
+            f"{call.parts.qualname} was compiled with profiling instrumentation (it needs a "
+            "profile scratch buffer, which jaxlib passes as a null pointer): unset Triton's "
+            "instrumentation mode (TRITON_INSTRUMENTATION_MODE / proton) for JAX calls"
         )
     kernel = m["TritonKernel"](
         kernel_name=name,
@@ -488,8 +197,9 @@ def _kernel_message(
     if scratch:
         if not versions.has_global_scratch(jaxlib):
             raise KernelArgumentError(
-                f"{call.parts.qualname} needs {scratch} bytes of global scratch memory, which "
-                f"jaxlib {jaxlib} does not provide: use jaxlib >= 0.11.1"
+                f"{call.parts.qualname} needs {scratch} bytes of global scratch memory (device-side "
+                f"tensor descriptors, tl.make_tensor_descriptor), which jaxlib {jaxlib} does not "
+                "provide: use jaxlib >= 0.11.1"
             )
         kernel.global_scratch_size = scratch
         kernel.global_scratch_align = int(meta.get("global_scratch_align", 1))
@@ -507,31 +217,103 @@ def _kernel_message(
     return kernel
 
 
-def _parameters(call_msg: Any, call: CallSpec, bound: binding.Bound, zero: dict[int, int]) -> None:
+def _scalar(p: Any, field: str, value: Any) -> None:
+    setattr(
+        p,
+        field,
+        bool(value)
+        if field == "bool_"
+        else float(value)
+        if field in ("f32", "f64")
+        else int(value),
+    )
+
+
+def _descriptor(
+    call_msg: Any, call: CallSpec, desc: Any, meta: Mapping[str, Any], zero: dict[int, int]
+) -> None:
+    """jaxlib's parameters for one host-side descriptor: the TMA descriptor (field 9), then
+    the shape (i32) and strides (i64), as Triton's CUDA launcher passes them."""
+    where = f"{call.parts.qualname}: a tensor descriptor"
+    if meta["is_im2col"] or meta["fp4_padded"]:
+        kind = "im2col" if meta["is_im2col"] else "fp4-padded"
+        raise KernelArgumentError(
+            f"{where} is {kind}, which jaxlib's TMA descriptors cannot encode"
+        )
+    if id(desc.base) in zero:
+        raise KernelArgumentError(
+            f"{where}'s base cannot be zeroed by jaxlib (zeroed_outputs): zero the array before "
+            "the call"
+        )
+    shape, strides = [int(d) for d in desc.shape], [int(d) for d in desc.strides]
+    if any(not 1 <= d < 2**31 for d in shape) or any(not 0 <= s < 2**40 for s in strides):
+        raise KernelArgumentError(f"{where}: shape {shape} or strides {strides} out of range")
+    tensor = call_msg.parameters.add().tensor_descriptor.nvidia
+    tensor.elem_type = tma.host_elem_type(meta["elem_type"], bool(desc.round_f32_to_tf32))
+    tensor.swizzle = meta["swizzle"]
+    tensor.shape.extend(shape)
+    tensor.strides.extend(strides)
+    tensor.block_shape.extend(meta["block_size"])
+    tensor.oob_fill = 1 if desc.padding == "nan" else 0
+    for d in shape:
+        call_msg.parameters.add().i32 = d
+    for s in strides:
+        call_msg.parameters.add().i64 = s
+
+
+def _parameters(
+    call_msg: Any,
+    call: CallSpec,
+    bound: binding.Bound,
+    zero: dict[int, int],
+    desc_meta: Sequence[Mapping[str, Any]] = (),
+) -> None:
     expected = 0
+    descs = iter(desc_meta)
     for leaf in bound.leaves:
-        p = call_msg.parameters.add()
-        if leaf.is_array:
-            index = call.buffers.get(id(leaf.value))
+        if leaf.is_array or leaf.is_descriptor:
+            arr = leaf.value.base if leaf.is_descriptor else leaf.value
+            index = call.buffers.get(id(arr))
             if index != expected:
                 raise AssertionError(f"buffer order mismatch at {leaf}: {index} != {expected}")
             expected += 1
+        if leaf.is_descriptor:
+            _descriptor(call_msg, call, leaf.value, next(descs), zero)
+        elif leaf.is_array:
+            p = call_msg.parameters.add()
             p.array.bytes_to_zero = zero.get(id(leaf.value), 0)
             p.array.ptr_divisibility = leaf.divisibility
         else:
-            field = binding.SCALAR_FIELDS[leaf.type]
-            value = leaf.value
-            setattr(
-                p,
-                field,
-                bool(value)
-                if field == "bool_"
-                else float(value)
-                if field in ("f32", "f64")
-                else int(value),
-            )
+            _scalar(call_msg.parameters.add(), binding.SCALAR_FIELDS[leaf.type], leaf.value)
     if expected != len(call.buffers):
         raise AssertionError("the kernel's array parameters do not match the buffers")
+
+
+def _check_descriptors(call: CallSpec, spec: specialize.Specialization, jaxlib: str) -> int:
+    """How many host-side descriptors ``spec`` takes, after checking the target and jaxlib can
+    pass them."""
+    n = sum(leaf.is_descriptor for leaf in spec.bound.leaves)
+    target = spec.target
+    if n and (target.backend != "cuda" or int(target.arch) < 90):
+        raise KernelArgumentError(
+            f"{call.parts.qualname} takes a tensor descriptor, which jaxlib passes as a TMA "
+            f"descriptor: that needs a CUDA target with TMA (sm_90 or newer), not {target}. Pass "
+            "the array as a pointer, or build the descriptor in the kernel "
+            "(tl.make_tensor_descriptor)"
+        )
+    if n and not versions.has_tma_descriptors(jaxlib):
+        raise KernelArgumentError(
+            f"{call.parts.qualname} takes a tensor descriptor, which jaxlib {jaxlib} cannot pass "
+            "(jaxlib's tensor_descriptor parameter): use jaxlib >= 0.11.1"
+        )
+    return n
+
+
+def _descriptor_meta(meta: Mapping[str, Any], n: int) -> list[dict[str, Any]] | None:
+    """The TMA metadata of an entry's ``n`` host-side descriptors, or None if it has not
+    exactly that (an entry from an older bridge, or a damaged one)."""
+    found = tma.descriptor_meta(meta.get("tensordesc_meta"))
+    return found if found is not None and len(found) == n else None
 
 
 #: kernels already fetched in this process: (key, target, cache root) -> KernelBinary
@@ -540,20 +322,29 @@ _memo: dict[tuple[str, str, str], KernelBinary] = {}
 
 @dataclass(frozen=True)
 class Lowered:
-    """What a call lowers to: the opaque, the embedding, and whether jaxlib autotunes it."""
+    """What a call lowers to: the opaque, the embedding, whether jaxlib autotunes it, and the
+    oldest jaxlib release that can run it."""
 
     opaque: bytes
     embed: str
     autotuned: bool
+    needs: tuple[int, ...] = (0,)
 
 
 def custom_call_target(lowered: Lowered, jaxlib: str, forward_compat: bool = False) -> str:
     """``triton_kernel_call_ffi`` where jaxlib has it, except for autotuned calls: those go
     through the legacy ``triton_kernel_call``, as TransformerEngine does after observing
-    illegal memory accesses with autotuned kernels on the FFI target (TE PR #3077)."""
-    if versions.has_ffi_call(jaxlib) and not forward_compat and not lowered.autotuned:
-        return CUSTOM_CALL_FFI
-    return CUSTOM_CALL_LEGACY
+    illegal memory accesses with autotuned kernels on the FFI target (TE PR #3077).
+
+    Lowered for export (``forward_compat``), a call keeps the legacy target unless what it
+    embeds already needs a jaxlib with the FFI target (inline machine code, tensor descriptors,
+    global scratch: jaxlib >= 0.11.1), so an exported module runs on every jaxlib its contents
+    allow."""
+    if lowered.autotuned or not versions.has_ffi_call(jaxlib):
+        return CUSTOM_CALL_LEGACY
+    if forward_compat and not versions.has_ffi_call(lowered.needs):
+        return CUSTOM_CALL_LEGACY
+    return CUSTOM_CALL_FFI
 
 
 def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowered:
@@ -571,22 +362,33 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
     cache = as_cache(call.cache, cfg)
     m = proto.messages()
     configs = []
+    needs = versions.MODULE_IMAGE if mode == "inline" else (0,)
     for spec in specialize.specialize_call(
         call.parts, call.named, call.kwargs, call.options, target, cache
     ):
         bound = spec.bound
+        n_desc = _check_descriptors(call, spec, jaxlib)
         memo_key = (spec.key, str(target), str(cache.root))
         kb = _memo.get(memo_key)
         if kb is None:
-            kb = _memo[memo_key] = specialize.fetch(spec, cache)
+            usable = (
+                (lambda meta, n=n_desc: _descriptor_meta(meta, n) is not None) if n_desc else None
+            )
+            kb = _memo[memo_key] = specialize.fetch(spec, cache, usable=usable)
+        desc_meta = _descriptor_meta(kb.meta, n_desc) if n_desc else []
+        if desc_meta is None:
+            raise KernelArgumentError(
+                f"{call.parts.qualname}: Triton compiled its {n_desc} tensor descriptor(s) for "
+                f"{target} without TMA metadata; pass the arrays as pointers"
+            )
         grid = binding.eval_grid(call.grid, bound.bound_args)
+        kernel = _kernel_message(call, target, mode, kb, cache, jaxlib)
+        if n_desc or kernel.HasField("global_scratch_size"):
+            needs = versions.MODULE_IMAGE
         kernel_call = m["TritonKernelCall"](
-            kernel=_kernel_message(call, target, mode, kb, cache, jaxlib),
-            grid_0=grid[0],
-            grid_1=grid[1],
-            grid_2=grid[2],
+            kernel=kernel, grid_0=grid[0], grid_1=grid[1], grid_2=grid[2]
         )
-        _parameters(kernel_call, call, bound, _zeroed(call, bound))
+        _parameters(kernel_call, call, bound, _zeroed(call, bound), desc_meta)
         configs.append((kernel_call, spec.variant.description))
         record.emit(_record(call, target, spec.key, bound, grid), cfg)
     anycall = m["TritonAnyKernelCall"](name=call.name, metadata=call.metadata)
@@ -608,7 +410,7 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
                 * call.out_avals[j].dtype.itemsize,
             )
     opaque = proto.compress(proto.serialize(anycall))
-    return Lowered(opaque, mode, anycall.HasField("autotuned_kernel_call"))
+    return Lowered(opaque, mode, anycall.HasField("autotuned_kernel_call"), tuple(needs))
 
 
 def _record(
@@ -638,19 +440,34 @@ def _record(
     }
 
 
-def _lower(ctx: Any, *operands: Any, call: CallSpec, platform: str) -> Any:
+def _lower(ctx: Any, *operands: Any, call: CallSpec, has_side_effect: bool, platform: str) -> Any:
     lowered = lower_call(call, platform)
     aliases = dict(call.aliases)
     forward_compat = getattr(ctx, "is_forward_compat", lambda: False)()
     target = custom_call_target(lowered, versions.jaxlib_version(), forward_compat)
     if target == CUSTOM_CALL_FFI:
-        rule = jax.ffi.ffi_lowering(target, api_version=4, operand_output_aliases=aliases)
-        return rule(ctx, *operands, opaque=lowered.opaque)
+        rule = jax.ffi.ffi_lowering(
+            target,
+            api_version=4,
+            operand_output_aliases=aliases,
+            has_side_effect=has_side_effect,
+        )
+        attributes: dict[str, Any] = {"opaque": lowered.opaque}
+        if call.cost_estimate:
+            attributes["cost_estimate_json"] = json.dumps(dict(call.cost_estimate))
+        return rule(ctx, *operands, **attributes)
+    if call.cost_estimate:
+        logger.debug(
+            "cost_estimate of %s dropped: the legacy %s call has no attributes",
+            call.parts.qualname,
+            target,
+        )
     rule = jax.ffi.ffi_lowering(
         target,
         api_version=2,
         backend_config=lowered.opaque,  # type: ignore[arg-type]  # raw bytes, as jaxlib expects
         operand_output_aliases=aliases,
+        has_side_effect=has_side_effect,
     )
     return rule(ctx, *operands)
 
@@ -661,16 +478,55 @@ mlir.register_lowering(triton_call_p, _no_cpu, platform="cpu")
 
 
 # -- the public call ----------------------------------------------------------------------
+def _options(
+    parts: Any,
+    explicit: Mapping[str, Any],
+    keywords: Mapping[str, Any],
+    backend_options: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The backend options of a call: explicit keywords, option keywords and
+    ``backend_options`` (a name given twice is an error; unknown names are listed)."""
+    options = {**explicit, **keywords}
+    if backend_options is not None:
+        if not isinstance(backend_options, Mapping):
+            raise OptionError(
+                f"backend_options must be a dict of compile options, not {backend_options!r}"
+            )
+        conflicts = sorted(set(backend_options) & set(options))
+        if conflicts:
+            raise OptionError(
+                f"Cannot specify {', '.join(conflicts)} both as explicit arguments and in "
+                "``backend_options``"
+            )
+        options.update(backend_options)
+    known = backends.option_names("cuda") | backends.option_names("hip")
+    unknown = sorted(set(options) - known) if known else []
+    if unknown:
+        raise OptionError(
+            f"unknown keyword argument(s) {', '.join(map(str, unknown))} for {parts.qualname}: "
+            f"its parameters are {', '.join(parts.arg_names)}; compile options are "
+            f"{', '.join(sorted(known - backends.DERIVED_OPTIONS))}"
+        )
+    derived = sorted(set(options) & backends.DERIVED_OPTIONS)
+    if derived:
+        raise OptionError(f"{', '.join(derived)} follow(s) from the target: pass target= instead")
+    return options
+
+
 def triton_call(
     *args: Any,
     kernel: Any,
-    out_shape: Any = (),
+    out_shape: Any = None,
+    out_type: Any = None,
     grid: Any,
     num_warps: int | None = None,
     num_stages: int | None = None,
     input_output_aliases: Mapping[Any, Any] | Sequence[Any] | None = None,
     zeroed_outputs: Sequence[Any] | Callable[[dict[str, Any]], Sequence[Any]] = (),
     out_names: str | Sequence[str] | None = None,
+    backend_options: Mapping[str, Any] | None = None,
+    has_side_effect: bool = False,
+    cost_estimate: Mapping[str, Any] | None = None,
     target: str | None = None,
     embed: str | None = None,
     cache: CacheArg = None,
@@ -682,43 +538,62 @@ def triton_call(
 ) -> Any:
     """Call a Triton or Gluon kernel on JAX arrays.
 
-    Works under ``jax.jit`` and eagerly. Call sites of jax-triton 0.3.x run unchanged: inputs and
-    scalars positional, output pointers after them in the kernel signature, ``out_shape`` a
-    ShapeDtypeStruct or a sequence of them, metaparameters (constexprs) as keywords.
+    Works under ``jax.jit`` and eagerly. Call sites of jax-triton 0.3 (``out_shape=``) and 0.4
+    (``out_type=``) run unchanged; the keyword describing the outputs selects the convention
+    (see :mod:`bridge.tracing` and docs/bridge.md).
 
     Args:
-        *args: inputs in signature order: arrays, Python/NumPy scalars, tuples of them.
+        *args: the kernel's arguments: arrays, ``jax.Ref`` (updated in place), Python/NumPy
+            scalars, ``bridge.TensorDescriptor``, tuples of these. With ``out_shape=`` they
+            are the inputs in signature order; with ``out_type=`` they bind like a Python call.
         kernel: a ``@triton.jit`` or ``@gluon.jit`` function, optionally wrapped in
             ``@triton.autotune`` (every config compiled and cached; jaxlib picks the fastest at
             the first run) and ``@triton.heuristics``.
-        out_shape: the outputs: a ShapeDtypeStruct-like object, a sequence (pytree) of them,
-            or a dict ``{parameter name: shape}`` that names the output parameters anywhere in
-            the signature (then the result is a dict).
+        out_shape: jax-triton 0.3: a ShapeDtypeStruct-like object or a pytree of them, the
+            output pointers being the parameters after the positional arguments; or a dict
+            ``{parameter name: shape}`` naming the output parameters (then the result is a dict).
+        out_type: jax-triton 0.4: a pytree of ShapeDtypeStruct-like objects (dicts included);
+            the outputs fill the non-constexpr parameters no argument fills, in order, and the
+            result has the same structure.
         grid: up to three ints, or a function of the bound arguments (every parameter by name,
             including autotuned and heuristic values) returning them.
         num_warps, num_stages: compile options (Triton's defaults for the target when None).
-        input_output_aliases: ``{input array index or parameter name: output index or name}``
-            (the output's buffer starts as the input's), or a sequence of input parameter
-            names/indices updated in place and returned after the outputs.
-        zeroed_outputs: outputs (indices or names) zeroed before every launch, or a function of
-            the bound arguments returning them.
+        input_output_aliases: with ``out_shape=``: ``{input array index or parameter name:
+            output index or name}`` (the output's buffer starts as the input's), or a sequence
+            of input parameters updated in place and returned after the outputs. With
+            ``out_type=``: ``{flattened operand index: flattened output index}``; the aliased
+            output has no parameter of its own.
+        zeroed_outputs: outputs (indices, or parameter names) zeroed before every launch, or a
+            function of the bound arguments returning them.
         out_names: output parameter names, matching ``out_shape``'s leaves in order.
+        backend_options: compile options as a dict (jax-triton 0.4); an option also given as a
+            keyword is an error.
+        has_side_effect: keep the call even where its results are unused.
+        cost_estimate: ``{"flops": ..., "bytes_accessed": ...}`` for profilers (attached to the
+            FFI custom call as ``cost_estimate_json``).
         target: "cuda:90", "hip:gfx942", ... (default ``$KERNELCACHE_TARGET``, else the device).
         embed: "auto", "inline", "ptx" or "path" (default ``$KERNELCACHE_EMBED``, else auto).
         cache: a ``kernelcache.Cache``, a cache root directory, or None for the default cache.
         name, serialized_metadata: the custom call's name and metadata (as in jax-triton).
         compute_capability: jax-triton's way to say ``target=f"cuda:{cc}"``.
-        **metaparams: kernel parameters by name (constexprs and runtime values), and options of
+        **metaparams: kernel parameters by name (constexprs, scalars, arrays), and options of
             the target's Triton backend (``num_ctas``, ``maxnreg``, ``enable_fp_fusion``,
             ``waves_per_eu``, ...). Unknown names are an error that lists the valid ones.
 
     Returns:
-        The outputs, in the structure of ``out_shape``, followed by in-place updated inputs.
+        The outputs, in the structure of ``out_type`` / ``out_shape`` (0.3: followed by inputs
+        updated in place). Refs are updated in place and not returned.
     """
     if custom_call_target_name not in (None, CUSTOM_CALL_FFI, CUSTOM_CALL_LEGACY):
         raise KernelArgumentError(
             f"custom_call_target_name={custom_call_target_name!r}: the bridge emits jaxlib's "
             f"{CUSTOM_CALL_FFI} or {CUSTOM_CALL_LEGACY}, whichever the running jaxlib needs"
+        )
+    if out_shape is not None and out_type is not None:
+        raise KernelArgumentError(
+            "Cannot specify both out_type= (jax-triton 0.4: outputs fill the parameters no "
+            "argument fills) and out_shape= (jax-triton 0.3: outputs follow the positional "
+            "arguments); pass one"
         )
     if compute_capability is not None:
         if target is not None:
@@ -726,43 +601,55 @@ def triton_call(
         target = f"cuda:{int(compute_capability)}"
     elif target is not None:
         targets.parse_target(target)
+    if cost_estimate is not None and not isinstance(cost_estimate, Mapping):
+        raise KernelArgumentError(
+            f"cost_estimate must be a dict such as {{'flops': 1e9, 'bytes_accessed': 1e6}}, not "
+            f"{cost_estimate!r}"
+        )
     parts = decompose(kernel)
     params = set(parts.arg_names)
-    options = {
+    kernel_kwargs = {k: v for k, v in metaparams.items() if k in params}
+    explicit = {
         k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None
     }
-    kernel_kwargs: dict[str, Any] = {}
-    for key, value in metaparams.items():
-        if key in params:
-            kernel_kwargs[key] = value
-        else:
-            options[key] = value
-    known = backends.option_names("cuda") | backends.option_names("hip")
-    unknown = sorted(set(options) - known) if known else []
-    if unknown:
-        raise OptionError(
-            f"unknown keyword argument(s) {', '.join(unknown)} for {parts.qualname}: its "
-            f"parameters are {', '.join(parts.arg_names)}; compile options are "
-            f"{', '.join(sorted(known - backends.DERIVED_OPTIONS))}"
+    option_kwargs = {k: v for k, v in metaparams.items() if k not in params}
+    options = _options(parts, explicit, option_kwargs, backend_options)
+    inputs = tracing.Inputs(parts)
+    if out_type is not None:
+        if out_names is not None:
+            raise KernelArgumentError(
+                "out_names= places outputs in the out_shape= (jax-triton 0.3) convention; with "
+                "out_type= the outputs fill the parameters no argument fills"
+            )
+        plan = tracing.plan_04(parts, inputs, args, kernel_kwargs, out_type, input_output_aliases)
+    else:
+        plan = tracing.plan_03(
+            parts,
+            inputs,
+            args,
+            kernel_kwargs,
+            () if out_shape is None else out_shape,
+            out_names,
+            input_output_aliases,
         )
-    derived = sorted(set(options) & backends.DERIVED_OPTIONS)
-    if derived:
-        raise OptionError(f"{', '.join(derived)} follow(s) from the target: pass target= instead")
-    call, operands, finish = make_call(
-        args,
-        kernel=kernel,
-        out_shape=out_shape,
+        if inputs.refs and input_output_aliases:
+            raise KernelArgumentError(
+                "input_output_aliases cannot be combined with Ref arguments. Refs express "
+                "input/output aliasing implicitly"
+            )
+    call, operands, finish = tracing.make_call(
+        parts,
+        inputs,
+        plan,
         grid=grid,
-        out_names=out_names,
-        input_output_aliases=input_output_aliases,
         zeroed_outputs=zeroed_outputs,
         options=options,
-        metaparams=kernel_kwargs,
         target=target,
         embed_mode=embed,
         cache=cache,
         name=name,
         serialized_metadata=serialized_metadata,
+        cost_estimate=cost_estimate,
     )
-    results = triton_call_p.bind(*operands, call=call)
+    results = triton_call_p.bind(*operands, call=call, has_side_effect=bool(has_side_effect))
     return finish(list(results))

@@ -20,8 +20,11 @@ class BackendUnavailable(BridgeError, ImportError):
     Triton support. The message says exactly which, and how to get it."""
 
 
-class KernelArgumentError(BridgeError, TypeError):
-    """The arguments of a kernel call do not fit the kernel's signature or the target."""
+class KernelArgumentError(BridgeError, TypeError, ValueError):
+    """The arguments of a kernel call do not fit the kernel's signature or the target.
+
+    Both a TypeError and a ValueError: jax-triton raises one or the other for the same
+    mistakes (a parameter given twice, aliases that do not fit), so either ``except`` works."""
 
 
 class OptionError(BridgeError, ValueError):

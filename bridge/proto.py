@@ -3,8 +3,10 @@
 The schema of ``jaxlib/gpu/triton.proto`` (package ``jax_triton``) is declared here as a
 ``FileDescriptorProto`` in a private descriptor pool: no protoc, no jaxlib plugin, no
 version-dependent nanobind constructors. What is declared is the union of the released
-schemas: ``num_ctas`` (10) since jaxlib 0.8.2, ``module_image`` (11) and the global scratch
-fields (12, 13) since 0.11.1. Older jaxlib releases skip fields they do not know.
+schemas: ``num_ctas`` (10) since jaxlib 0.8.2, ``module_image`` (11), the global scratch
+fields (12, 13) and the ``tensor_descriptor`` parameter (9) since 0.11.1. Older jaxlib releases
+skip fields they do not know (a parameter they do not know is an error at run time: the bridge
+checks the jaxlib before emitting one).
 
 Fields are declared in field-number order and serialized deterministically, so the bytes of a
 message depend only on its content: the opaque of a custom call is the same in every process.
@@ -90,6 +92,31 @@ def _schema() -> descriptor_pb2.FileDescriptorProto:
         start=2,
     ):
         _field(param, name, number, kind, oneof=0)
+    tensor = param.nested_type.add(name="TensorDescriptor")
+    nvidia = tensor.nested_type.add(name="Nvidia")
+    _field(nvidia, "elem_type", 1, _F.TYPE_UINT32)
+    _field(nvidia, "swizzle", 2, _F.TYPE_UINT32)
+    _field(nvidia, "shape", 3, _F.TYPE_UINT64, repeated=True)
+    _field(nvidia, "strides", 4, _F.TYPE_UINT64, repeated=True)
+    _field(nvidia, "block_shape", 5, _F.TYPE_UINT32, repeated=True)
+    _field(nvidia, "oob_fill", 6, _F.TYPE_UINT32)
+    tensor.oneof_decl.add(name="backend")
+    _field(
+        tensor,
+        "nvidia",
+        1,
+        _F.TYPE_MESSAGE,
+        type_name="TritonKernelCall.Parameter.TensorDescriptor.Nvidia",
+        oneof=0,
+    )
+    _field(
+        param,
+        "tensor_descriptor",
+        9,
+        _F.TYPE_MESSAGE,
+        type_name="TritonKernelCall.Parameter.TensorDescriptor",
+        oneof=0,
+    )
     _field(call, "kernel", 1, _F.TYPE_MESSAGE, type_name="TritonKernel")
     _field(call, "grid_0", 2, _F.TYPE_UINT32)
     _field(call, "grid_1", 3, _F.TYPE_UINT32)

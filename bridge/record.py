@@ -71,8 +71,9 @@ def add_listener(listener: Listener) -> Callable[[], None]:
 
 
 def plain(value: Any) -> Any:
-    """``value`` as JSON data: arrays as ``{"array": dtype, "shape": [...]}``, dtypes and
-    JIT functions by name, tuples as lists, anything else by ``repr``."""
+    """``value`` as JSON data: arrays as ``{"array": dtype, "shape": [...]}``, tensor
+    descriptors as ``{"tensordesc": {...}}``, dtypes and JIT functions by name, tuples as lists,
+    anything else by ``repr``."""
     from .binding import ArgArray
 
     if isinstance(value, ArgArray):
@@ -83,6 +84,19 @@ def plain(value: Any) -> Any:
         return [plain(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): plain(v) for k, v in value.items()}
+    base = getattr(value, "base", None)
+    if isinstance(base, ArgArray) and hasattr(value, "block_shape"):  # a tensor descriptor
+        desc = {
+            "base": plain(base),
+            "shape": [int(d) for d in value.shape],
+            "strides": [int(d) for d in value.strides],
+            "block_shape": [int(d) for d in value.block_shape],
+            "padding": str(value.padding),
+            "round_f32_to_tf32": bool(getattr(value, "round_f32_to_tf32", False)),
+        }
+        if hasattr(value, "layout"):  # Gluon's, recorded by repr
+            desc["layout"] = plain(value.layout)
+        return {"tensordesc": desc}
     fn = getattr(value, "fn", None)
     if fn is not None and hasattr(value, "cache_key"):
         return {"jit": f"{fn.__module__}:{fn.__qualname__}"}

@@ -14,7 +14,7 @@ miss (once across the processes sharing the cache).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -113,9 +113,14 @@ def specialize_call(
     ]
 
 
-def fetch(spec: Specialization, cache: Cache) -> KernelBinary:
+def fetch(
+    spec: Specialization,
+    cache: Cache,
+    usable: Callable[[Mapping[str, Any]], bool] | None = None,
+) -> KernelBinary:
     """The kernel of ``spec`` from ``cache``, compiled on a miss (once across the processes
     sharing the cache); on CUDA with the PTX that produced it (see :func:`bridge.artifacts.fetch`).
+    An entry whose metadata ``usable`` rejects is compiled again in memory.
     """
     target, bound = spec.target, spec.bound
     return fetch_entry(
@@ -125,4 +130,5 @@ def fetch(spec: Specialization, cache: Cache) -> KernelBinary:
         build=functools.partial(compile_source, spec.source, target, spec.backend, bound.options),
         describe=entry_metadata(spec.parts, target, bound),
         need_ptx=target.backend == "cuda",
+        usable=usable,
     )

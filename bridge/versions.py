@@ -12,11 +12,16 @@ import functools
 
 from packaging.version import InvalidVersion, Version
 
+#: jaxlib's Triton custom-call targets: the typed-FFI one (api_version 4, an ``opaque``
+#: attribute) and the legacy one (api_version 2, the opaque as raw backend_config)
+FFI_TARGET = "triton_kernel_call_ffi"
+LEGACY_TARGET = "triton_kernel_call"
 #: first jaxlib with the typed-FFI custom call ``triton_kernel_call_ffi`` (api_version 4)
 FFI_CALL = (0, 10, 1)
 #: first jaxlib whose ROCm loader deletes the HSACO file it was handed (after reading it)
 HSACO_DELETED = (0, 9, 1)
-#: first jaxlib whose TritonKernel has module_image (field 11) and global scratch (12, 13)
+#: first jaxlib whose TritonKernel has module_image (field 11) and global scratch (12, 13), and
+#: whose parameters include host-side TMA descriptors (field 9)
 MODULE_IMAGE = (0, 11, 1)
 
 
@@ -73,6 +78,11 @@ def honours_module_image(jaxlib: str | tuple[int, ...]) -> bool:
 
 def has_global_scratch(jaxlib: str | tuple[int, ...]) -> bool:
     """jaxlib allocates the global scratch memory a kernel declares (fields 12 and 13)."""
+    return at_least(jaxlib, MODULE_IMAGE)
+
+
+def has_tma_descriptors(jaxlib: str | tuple[int, ...]) -> bool:
+    """jaxlib takes host-side TMA descriptors (``tensor_descriptor`` parameters, field 9)."""
     return at_least(jaxlib, MODULE_IMAGE)
 
 

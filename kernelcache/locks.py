@@ -2,8 +2,8 @@
 
 Two mechanisms, chosen per root:
 
-* ``flock`` (default where it works): ``fcntl.flock`` on ``<key>.lock``, taken exclusively by
-  writers, prune, repair and (as ``<key>.build.lock``) the single builder of a key. Readers do
+* ``flock`` (default where it works): ``<key>.lock``, locked exclusively by writers, prune and
+  repair, and ``<key>.build.lock``, locked exclusively by the single builder of a key. Readers do
   not use these files: they hold a shared flock on the artifact they read (see store.py). The
   kernel drops a flock when its process dies, so a killed process never leaves a stale one.
 * ``soft`` (for filesystems where flock does not work: NFS without lockd, some FUSE mounts):
@@ -16,10 +16,44 @@ Two mechanisms, chosen per root:
 EOPNOTSUPP or EINVAL. All processes sharing a root must end up in the same mode; ``auto`` does
 that when they see the same filesystem.
 
-Lock files are opened relative to a directory descriptor with ``O_NOFOLLOW``: a symlink planted
-in the lock directory is never followed. We implement these few primitives directly rather than
-with ``filelock`` because we need shared/exclusive flock on the same file, non-blocking tries for
-prune, and the same stale-lock records on every installed ``filelock`` release.
+Lock files are opened relative to a directory descriptor with ``O_NOFOLLOW`` (and
+``O_NONBLOCK``, read-only): a symlink planted at ``.locks`` or in it is never followed, a FIFO
+never hangs an open, and a lock file is never written.
+
+What filelock does here. The exclusive flock is filelock's descriptor lock
+(:func:`filelock.lock_descriptor`, filelock 3.30 or later): the same flock that
+``filelock.FileLock`` takes, so a tool locking ``.locks/<key>.lock`` with filelock excludes
+kernelcache's writers and builders, and the other way round. A filelock older than 3.30 (an
+install without its dependencies) makes locks unavailable: the cache works without them and
+says which filelock it needs
+(tests/test_locks.py::test_filelock_older_than_3_30_means_no_locks_and_a_clear_warning).
+
+The rest stays here because filelock's path locks fail these tests (tried with filelock 3.32.7
+and 4.3.1, ``FileLock`` for the exclusive flock and ``SoftFileLease`` for soft locks):
+
+* Opening. ``FileLock`` and ``SoftFileLease`` open the lock *path* and create its parent
+  directories: a symlink planted at ``.locks`` is followed and the lock file made in its target
+  (tests/test_hostile.py::test_planted_symlinks_never_redirect_a_write[directories],
+  tests/test_store.py::test_symlinked_subdirectory_is_not_followed[.locks]). ``FileLock`` also
+  opens the file read-write (a lock file another user made without group write cannot be
+  locked) and, in 3.x, truncates it once locked and fails on a FIFO planted there.
+* Shared locks. filelock has no shared flock:
+  tests/test_locks.py::test_flock_shared_holders_coexist_and_block_writers.
+* Waiting. ``lock_descriptor`` either tries once or waits without a deadline; the loop here
+  polls it with back-off until the timeout (``timeout=0`` tries once, as prune does).
+* Soft locks. filelock writes its own markers (pid and host lines; ``filelock/2`` key=value
+  lines for leases), not the JSON record above that ``verify``/``prune`` read (scan.py,
+  prune.py) and that every kernelcache process on the root writes. filelock reads a record of ours as malformed and breaks it after
+  about 2 seconds, a live holder's too, and a dead holder's not at once
+  (tests/test_locks.py::test_soft_lock_of_killed_process_on_this_host_is_broken,
+  ::test_soft_lock_of_another_host_is_broken_only_when_old,
+  tests/test_reliability_faults.py::test_a_stale_soft_lock_is_taken_at_once_even_without_waiting,
+  ::test_builder_killed_while_holding_the_build_lock[soft],
+  tests/test_reliability_kill.py::test_kill_9_during_put[soft]). ``SoftFileLease`` also refuses
+  a lease taken with another duration (``LeaseSettingsMismatch``), where ``stale_after`` is each
+  process's own setting.
+* Falling back. ``FileLock`` falls back to soft locks only on ENOSYS; NFS without lockd answers
+  ENOLCK. The probe below checks the errors listed above.
 """
 
 from __future__ import annotations
@@ -27,6 +61,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -34,7 +69,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import LockTimeout, LockUnavailable
@@ -75,6 +110,50 @@ def open_subdir(root: str, name: str, *, create: bool) -> int:
     return os.open(path, flags)
 
 
+def _try_flock(fd: int, *, shared: bool) -> bool:
+    """One non-blocking try at the flock on ``fd``; False while another holder has it.
+
+    Exclusive: filelock's descriptor lock. Shared: ``flock(LOCK_SH)`` (filelock has none).
+
+    Raises:
+        OSError: flock failed otherwise (ENOLCK and the like where it does not work).
+    """
+    if shared:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+    return _descriptor_lock()[0](fd)
+
+
+def _unflock(fd: int, *, shared: bool) -> None:
+    if shared:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    else:
+        _descriptor_lock()[1](fd)
+
+
+@functools.cache
+def _descriptor_lock() -> tuple[Callable[[int], bool], Callable[[int], None]]:
+    """filelock's (try once, unlock) of a descriptor's exclusive lock.
+
+    Imported on first use: filelock takes longer to import than kernelcache, and a process that
+    only reads never takes an exclusive lock.
+
+    Raises:
+        LockUnavailable: filelock is missing or older than 3.30.
+    """
+    try:
+        from filelock import lock_descriptor, unlock_descriptor
+    except ImportError as e:
+        raise LockUnavailable(
+            f"kernelcache's locks need filelock 3.30 or later ({e}); "
+            "pip install 'filelock>=3.30,<5'"
+        ) from e
+    return functools.partial(lock_descriptor, blocking=False), unlock_descriptor
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists on this host."""
     if pid <= 0:
@@ -95,6 +174,7 @@ class Held:
     locker: Locker
     name: str
     fd: int = -1  # flock: the lock file's descriptor; -1 for a soft lock or no lock
+    shared: bool = False  # flock: a shared lock
     token: str = ""  # soft: the token written into the lock file
     _stop: threading.Event | None = None
 
@@ -106,7 +186,7 @@ class Held:
             try:
                 if remove:
                     self.locker._unlink(self.name + ".lock")
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                _unflock(self.fd, shared=self.shared)
             finally:
                 os.close(self.fd)
                 self.fd = -1
@@ -159,14 +239,6 @@ class Locker:
             return Held(self, name)
         return self._acquire_soft(name, deadline)
 
-    @contextlib.contextmanager
-    def hold(self, name: str, *, shared: bool, timeout: float) -> Iterator[Held]:
-        held = self.acquire(name, shared=shared, timeout=timeout)
-        try:
-            yield held
-        finally:
-            held.release()
-
     # -- flock ----------------------------------------------------------------------------
     def _dir(self) -> int:
         try:
@@ -202,17 +274,13 @@ class Locker:
 
     def _acquire_flock(self, name: str, shared: bool, deadline: float) -> Held:
         filename = name + ".lock"
-        op = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
         delay = 0.0005
         while True:
             dfd = self._dir()
             try:
                 fd = self._open_lock_file(dfd, filename)
                 try:
-                    fcntl.flock(fd, op)
-                except BlockingIOError:
-                    os.close(fd)
-                    fd = -1
+                    locked = _try_flock(fd, shared=shared)
                 except OSError as e:
                     os.close(fd)
                     if e.errno in _FLOCK_UNSUPPORTED:
@@ -220,9 +288,11 @@ class Locker:
                             e.errno, f"flock does not work under {self.root}"
                         ) from e
                     raise
-                if fd >= 0:
-                    if shared or self._same_file(dfd, filename, fd):
-                        return Held(self, name, fd=fd)
+                if not locked:
+                    os.close(fd)
+                elif shared or self._same_file(dfd, filename, fd):
+                    return Held(self, name, fd=fd, shared=shared)
+                else:
                     # The file was unlinked (by a prune) between our open and our lock: retry.
                     os.close(fd)
                     continue
@@ -268,10 +338,8 @@ class Locker:
         try:
             fd = self._open_lock_file(dfd, ".probe")
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            except BlockingIOError:
-                pass  # someone else holds the probe: flock works
+                if _try_flock(fd, shared=False):  # else someone else holds the probe: it works
+                    _unflock(fd, shared=False)
             except OSError as e:
                 if e.errno in _FLOCK_UNSUPPORTED:
                     logger.warning(

@@ -52,7 +52,10 @@ def custom_calls(lowered: Any) -> list[dict[str, Any]]:
             attrs = op.attributes
             entry: dict[str, Any] = {
                 "target": ir.StringAttr(attrs["call_target_name"]).value,
-                "api_version": ir.IntegerAttr(attrs["api_version"]).value,
+                # absent once a module went through jax.export's serialization (the default)
+                "api_version": ir.IntegerAttr(attrs["api_version"]).value
+                if "api_version" in attrs
+                else None,
                 "operands": len(op.operands),
                 "results": len(op.results),
             }

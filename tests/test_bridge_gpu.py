@@ -273,3 +273,401 @@ def test_processes_share_the_jax_cache_and_survive_a_pruned_kernel_cache(tmp_pat
     assert third["bridge_compiles"] == 6
     # the recompiled kernels are byte-identical, so JAX's cache still hits
     assert third["jax_cache_hits"] >= 1
+
+
+# -- jax-triton 0.4's call API on the device (the peer's test cases, ported) -------------------
+# Each test names the peer test (jax-triton 0.4.1 tests/triton_call_test.py or gluon_test.py) it
+# ports. Kernels: tests/callapi_kernels.py.
+import callapi_kernels as CK  # noqa: E402
+
+JAXLIB_TMA = versions.has_tma_descriptors(versions.jaxlib_version())
+
+
+def _hopper() -> bool:
+    devices = _cuda_devices()
+    return bool(devices) and float(devices[0].compute_capability) >= 9.0
+
+
+needs_tma = pytest.mark.skipif(
+    not (JAXLIB_TMA and _hopper()), reason="TMA needs jaxlib >= 0.11.1 and an sm_90+ GPU"
+)
+
+
+def jt_call(*args, **kw):
+    """bridge.triton_call as a jax-triton 0.4 call site writes it (out_type=)."""
+    return bridge.triton_call(*args, **kw)
+
+
+def test_04_add_keyword_operands_and_constexpr_placement(cache):
+    """triton_call_test: test_add, test_kwarg_operands_out_of_order, test_constexpr_before_operand,
+    test_constexpr_defaults, test_grid_types."""
+    x, y = rand((1000,)), rand((1000,), seed=1)
+    for grid in (125, (125,), lambda m: 1000 // m["BLOCK_SIZE"], lambda m: (125,)):
+        out = jax.jit(
+            lambda a, b, grid=grid: jt_call(
+                a,
+                b,
+                a.size,
+                kernel=CK.add_kernel,
+                out_type=jax.typeof(a),
+                grid=grid,
+                BLOCK_SIZE=8,
+                cache=cache,
+            )
+        )(x, y)
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(x + y))
+    out = jt_call(
+        x,
+        n_elements=x.size,
+        y_ptr=y,
+        kernel=CK.add_kernel,
+        out_type=x,
+        grid=(8,),
+        BLOCK_SIZE=128,
+        cache=cache,
+    )
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(x + y))
+    out = jt_call(
+        x,
+        y_ptr=y,
+        n_elements=x.size,
+        kernel=CK.constexpr_first_kernel,
+        out_type=x,
+        grid=(8,),
+        BLOCK_SIZE=128,
+        cache=cache,
+    )
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(x + y))
+    out = jt_call(x, y, x.size, kernel=CK.add_default_kernel, out_type=x, grid=(125,), cache=cache)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(x + y))
+    # an output declared before an input: jax-triton 0.4 swaps the buffers; the bridge does not
+    out = jt_call(
+        x_ptr=x,
+        n_elements=x.size,
+        kernel=CK.output_first_kernel,
+        out_type=x,
+        grid=(8,),
+        BLOCK_SIZE=128,
+        cache=cache,
+    )
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(2 * x))
+
+
+def test_04_outputs_as_pytrees(cache):
+    """triton_call_test: test_multiple_outputs; a dict out_type (sorted keys)."""
+    a = jnp.array([42], jnp.int32)
+    x, y = jt_call(a, kernel=CK.two_outputs_kernel, out_type=[a, a], grid=(1,), cache=cache)
+    assert int(x[0]) == 42 and int(y[0]) == 43
+    d = jt_call(a, kernel=CK.two_outputs_kernel, out_type={"b": a, "a": a}, grid=(1,), cache=cache)
+    assert int(d["a"][0]) == 42 and int(d["b"][0]) == 43
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_04_aliasing_and_zeroing(cache, donate):
+    """triton_call_test: test_input_output_aliasing_simple/_scalar_before_array,
+    test_input_output_aliasing_2outputs, test_zeroed_outputs."""
+    x = rand((8,))
+
+    def launch(v):
+        return jt_call(
+            8,
+            v,
+            kernel=CK.inc_kernel,
+            out_type=jax.typeof(v),
+            grid=(8,),
+            BLOCK_SIZE=1,
+            input_output_aliases={1: 0},
+            cache=cache,
+        )
+
+    if donate:
+        donating = jax.jit(launch, donate_argnums=(0,))
+        arg = x + 0
+        pointer = arg.unsafe_buffer_pointer()
+        out = donating(arg)
+        assert arg.is_deleted() and out.unsafe_buffer_pointer() == pointer
+    else:
+        out = launch(x)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(x + 1))
+    args = [rand((8,), seed=s) for s in range(4)]
+    for first, aliases in ((True, {0: 0, 2: 1}), (False, {1: 0, 3: 1})):
+        io = tuple(aliases)
+        outs = jax.jit(
+            lambda *a, first=first, aliases=aliases, io=io: jt_call(
+                *a,
+                8,
+                kernel=CK.two_inout_kernel,
+                out_type=tuple(a[i] for i in io),
+                input_output_aliases=aliases,
+                grid=(8,),
+                BLOCK_SIZE=1,
+                FIRST_INOUT=first,
+                cache=cache,
+            )
+        )(*args)
+        np.testing.assert_allclose(np.asarray(outs[0]), np.asarray(args[0] + args[1]), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(outs[1]), np.asarray(args[2] + args[3]), rtol=1e-6)
+    x, y = rand((100_000,)), rand((100_000,), seed=1)
+    for zeroed in ((0,), lambda _: (0,)):
+        out = jt_call(
+            x,
+            y,
+            x.size,
+            kernel=CK.add_inplace_kernel,
+            out_type=x,
+            grid=(782,),
+            BLOCK_SIZE=128,
+            INPLACE_Y=True,
+            input_output_aliases={1: 0},
+            zeroed_outputs=zeroed,
+            cache=cache,
+        )
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(x))  # x + a zeroed y
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_04_refs_are_updated_in_place(cache, jit):
+    """triton_call_test: test_ref_simple, test_ref_scalar_before_ref, test_ref_with_allocated_output,
+    test_ref_in_tuple_with_allocated_output, test_autotune_with_ref_and_tuple;
+    gluon_test: test_memcpy_inplace."""
+    x = rand((8,))
+    ref = jax.new_ref(x)
+
+    def f(r):
+        return jt_call(
+            8, r, kernel=CK.inc_kernel, out_type=(), grid=(8,), BLOCK_SIZE=1, cache=cache
+        )
+
+    assert (jax.jit(f) if jit else f)(ref) == ()
+    np.testing.assert_array_equal(np.asarray(ref[...]), np.asarray(x + 1))
+    acc, bias = rand((8,), seed=1), rand((8,), seed=2)
+    acc_ref = jax.new_ref(acc)
+
+    def g(a, r, b):
+        return jt_call(a, (r, b), kernel=CK.acc_kernel, out_type=a, grid=(8,), cache=cache)
+
+    out = (jax.jit(g) if jit else g)(x, acc_ref, bias)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(x + acc + bias), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(acc_ref[...]), np.asarray(acc + x), rtol=1e-6)
+    a, b = rand((8,), seed=3), rand((8,), seed=4)
+    a_ref, b_ref = jax.new_ref(a), jax.new_ref(b)
+
+    def h(p, q):
+        return jt_call((p, q), 8, kernel=CK.inc_pair_kernel, out_type=(), grid=(8,), cache=cache)
+
+    assert (jax.jit(h) if jit else h)(a_ref, b_ref) == ()
+    # autotuned: every trial starts from the refs' values, so the update lands exactly once
+    np.testing.assert_allclose(np.asarray(a_ref[...]), np.asarray(a + 1), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(b_ref[...]), np.asarray(b + 2), rtol=1e-6)
+    src = rand((500,))
+    dst = jax.new_ref(jnp.zeros_like(src))
+
+    def copy(s, d):
+        return jt_call(
+            s,
+            d,
+            500,
+            kernel=CK.gluon_memcpy_kernel,
+            out_type=(),
+            grid=(8,),
+            num_warps=1,
+            block_size=64,
+            cache=cache,
+        )
+
+    (jax.jit(copy) if jit else copy)(src, dst)
+    np.testing.assert_array_equal(np.asarray(dst[...]), np.asarray(src))
+
+
+def test_04_options_side_effects_and_callables(cache):
+    """triton_call_test: test_backend_options, test_has_side_effect_parameter,
+    test_cost_estimate, test_callable_constexpr_and_cache, test_tuple_tensor_args,
+    test_nested_tuple_tensor_args; gluon_test: test_memcpy, test_copy_scalar."""
+    x, y = rand((8,)), rand((8,), seed=1)
+    base = dict(kernel=CK.add_kernel, out_type=x, grid=(1,), BLOCK_SIZE=8, cache=cache)
+    for extra in (
+        {"backend_options": {"num_warps": 2}},
+        {"has_side_effect": True},
+        {"cost_estimate": {"flops": 8, "bytes_accessed": 96}},
+        {"backend_options": {"enable_fp_fusion": False}, "num_warps": 1},
+    ):
+        out = jax.jit(lambda a, b, extra=extra: jt_call(a, b, 8, **base, **extra))(x, y)
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(x + y))
+    for fn, ref in ((CK.add_fn, x + y), (CK.mul_fn, x * y)):
+        out = jt_call(
+            x, y, kernel=CK.dispatch_kernel, out_type=x, grid=(1,), FN=fn, BLOCK_SIZE=8, cache=cache
+        )
+        np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-6)
+    src = rand((16 * 1024 + 1,))
+    out = jt_call(
+        src,
+        size=src.size,
+        kernel=CK.gluon_memcpy_kernel,
+        out_type=src,
+        grid=(257,),
+        num_warps=1,
+        block_size=64,
+        cache=cache,
+    )
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(src))
+    scalar = jnp.array(42.5, jnp.float32)  # a 0-d array in and out
+    out = jt_call(
+        scalar,
+        kernel=CK.gluon_memcpy_kernel,
+        out_type=scalar,
+        grid=1,
+        size=1,
+        block_size=1,
+        cache=cache,
+    )
+    assert float(out) == 42.5
+
+
+@needs_tma
+@pytest.mark.parametrize("shape", [(32, 32), (8, 64), (16, 128)])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float8_e5m2", "int32", "int8", "uint16"])
+def test_04_host_tma_descriptor(cache, shape, dtype):
+    """triton_call_test: test_host_side_tma_copy (zero padding; NaN padding and TF32 below)."""
+    x = (jax.random.uniform(jax.random.PRNGKey(0), shape) * 100).astype(dtype)
+    desc = bridge.TensorDescriptor.from_array(x, block_shape=list(shape))
+    out = jax.jit(
+        lambda d: jt_call(
+            d,
+            kernel=CK.tma_copy_kernel,
+            out_type=d.base,
+            grid=1,
+            M=shape[0],
+            N=shape[1],
+            cache=cache,
+        )
+    )(desc)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
+
+
+@needs_tma
+def test_04_host_tma_padding_and_tf32(cache):
+    """Out-of-bounds rows read as NaN or zero as the descriptor says; round_f32_to_tf32 rounds
+    like lax.reduce_precision(exponent 8, mantissa 10)."""
+    x = jax.random.uniform(jax.random.PRNGKey(0), (32, 32), jnp.float32)
+    for padding, fill in (("nan", np.nan), ("zero", 0.0)):
+        desc = bridge.TensorDescriptor(x, (32, 24), (32, 1), (32, 32), padding=padding)
+        out = np.asarray(
+            jt_call(desc, kernel=CK.tma_copy_kernel, out_type=x, grid=1, M=32, N=32, cache=cache)
+        )
+        np.testing.assert_array_equal(out[:, :24], np.asarray(x)[:, :24])
+        np.testing.assert_array_equal(out[:, 24:], np.full((32, 8), fill, np.float32))
+    desc = bridge.TensorDescriptor.from_array(x, [32, 32], round_f32_to_tf32=True)
+    out = jt_call(desc, kernel=CK.tma_copy_kernel, out_type=x, grid=1, M=32, N=32, cache=cache)
+    expected = jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=10)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(expected))
+
+
+@needs_tma
+@pytest.mark.parametrize("shape", [(32, 32), (8, 64), (16, 128)])
+def test_04_device_tma_descriptors(cache, shape):
+    """triton_call_test: test_device_side_tma_copy; gluon_test: test_device_desc_tma_copy
+    (global scratch memory, TritonKernel fields 12/13)."""
+    x = jax.random.uniform(jax.random.PRNGKey(0), shape, jnp.float32)
+    for kernel in (CK.device_tma_copy_kernel, CK.gluon_device_tma_copy_kernel):
+        out = jt_call(
+            x, kernel=kernel, out_type=jax.typeof(x), grid=1, M=shape[0], N=shape[1], cache=cache
+        )
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
+
+
+@needs_tma
+@pytest.mark.parametrize("shape, swizzle", [((16, 32), 128), ((16, 16), 64), ((16, 8), 32)])
+def test_04_gluon_host_tma_descriptor(cache, shape, swizzle):
+    """gluon_test: test_host_desc_tma_copy."""
+    from triton.experimental.gluon import language as gl
+
+    x = jax.random.uniform(jax.random.PRNGKey(0), shape, jnp.float32)
+    layout = gl.NVMMASharedLayout(swizzle, element_bitwidth=32, rank=2)
+    desc = bridge.TensorDescriptor.from_array(x, block_shape=list(shape), layout=layout)
+    out = jt_call(
+        desc,
+        kernel=CK.gluon_host_tma_copy_kernel,
+        out_type=x,
+        grid=1,
+        M=shape[0],
+        N=shape[1],
+        cache=cache,
+    )
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
+
+
+def test_03_call_sites_on_device(cache):
+    """jax-triton 0.3 call sites next to their 0.4 spelling: same results."""
+    x = rand((8,))
+    old = bridge.triton_call(
+        x, x.size, kernel=K.copy_dns_kernel, out_shape=x, grid=(1,), BLOCK=8, cache=cache
+    )
+    new = jt_call(x, x.size, kernel=K.copy_dns_kernel, out_type=x, grid=(1,), BLOCK=8, cache=cache)
+    np.testing.assert_array_equal(np.asarray(old), np.asarray(new))
+    # the same alias dict, two meanings: 0.3 counts arrays only, 0.4 counts the scalar too
+    y = rand((8,), seed=1)
+    old = bridge.triton_call(
+        x,
+        y,
+        8,
+        kernel=CK.add_inplace_kernel,
+        input_output_aliases=["x_ptr"],
+        grid=(1,),
+        BLOCK_SIZE=8,
+        INPLACE_Y=False,
+        cache=cache,
+    )
+    new = jt_call(
+        x,
+        y,
+        8,
+        kernel=CK.add_inplace_kernel,
+        out_type=x,
+        input_output_aliases={0: 0},
+        grid=(1,),
+        BLOCK_SIZE=8,
+        INPLACE_Y=False,
+        cache=cache,
+    )
+    np.testing.assert_allclose(np.asarray(old), np.asarray(x + y), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(new), np.asarray(x + y), rtol=1e-6)
+
+
+# -- jax.export: export, serialize, deserialize, run ------------------------------------------------
+needs_flatbuffers = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("flatbuffers") is None,
+    reason="jax.export serialization needs flatbuffers (pip install flatbuffers)",
+)
+EXPORT_CHILD = r"""
+import sys
+sys.modules["triton"] = None  # importing triton fails in this process
+import json, jax, jax.numpy as jnp, numpy as np
+blob = open(sys.argv[1], "rb").read()
+exported = jax.export.deserialize(bytearray(blob))
+x = jnp.arange(4096, dtype=jnp.float32)
+out = exported.call(x, x * 2)
+print(json.dumps({"ok": bool(jnp.array_equal(out, x * 3)), "triton": sys.modules.get("triton") is not None}))
+"""
+
+
+@needs_flatbuffers
+@pytest.mark.parametrize("embed", MODES)
+def test_export_round_trip_runs(cache, embed, tmp_path):
+    """Export (as on a machine without a GPU: platforms=["cuda"], a target), serialize,
+    deserialize and run; with inline machine code also in a process where Triton cannot be
+    imported."""
+    checks = [
+        jax.export.DisabledSafetyCheck.custom_call(n) for n in bridge.CUSTOM_CALL_TARGET_NAMES
+    ]
+    cc = _cuda_devices()[0].compute_capability.replace(".", "")
+    f = jax.jit(lambda a, b: ops.add(a, b, target=f"cuda:{cc}", embed=embed, cache=cache))
+    spec = jax.ShapeDtypeStruct((4096,), jnp.float32)
+    blob = jax.export.export(f, platforms=["cuda"], disabled_checks=checks)(spec, spec).serialize()
+    back = jax.export.deserialize(blob)
+    x = jnp.arange(4096, dtype=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(back.call(x, x * 2)), np.asarray(x * 3))
+    if embed == "inline":
+        path = tmp_path / "add.jax_exported"
+        path.write_bytes(blob)
+        result = run_child(EXPORT_CHILD.replace("sys.argv[1]", repr(str(path))))
+        assert result == {"ok": True, "triton": False}

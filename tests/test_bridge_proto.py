@@ -7,6 +7,7 @@ the parity tests are skipped (the bridge itself never needs the plugin to lower)
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -160,3 +161,58 @@ def test_serialization_is_deterministic_and_field_ordered():
     b = proto.serialize(proto.messages()["TritonAnyKernelCall"](name="x", kernel_call=our_call()))
     assert a == b
     assert proto.decode_opaque(proto.compress(a)).name == "x"
+
+
+def our_descriptor_call() -> Any:
+    """A call whose parameters are a TMA descriptor (field 9), its shape and strides, and an
+    array, as the bridge lowers a host-side tensor descriptor."""
+    m = proto.messages()
+    call = m["TritonKernelCall"](kernel=our_kernel("k", 4, 1, 0, "// ptx", 90), grid_0=1)
+    t = call.parameters.add().tensor_descriptor.nvidia
+    t.elem_type, t.swizzle, t.oob_fill = 7, 3, 1
+    t.shape.extend([64, 32])
+    t.strides.extend([32, 1])
+    t.block_shape.extend([16, 32])
+    for v in (64, 32):
+        call.parameters.add().i32 = v
+    for v in (32, 1):
+        call.parameters.add().i64 = v
+    call.parameters.add().array.ptr_divisibility = 16
+    return call
+
+
+def test_tensor_descriptor_parameter_wire_format():
+    data = proto.serialize(our_descriptor_call().parameters[0])
+    # field 9 (length-delimited: tag 0x4a) holding field 1 (nvidia, 0x0a): elem_type (0x08),
+    # swizzle (0x10), packed shape (0x1a), strides (0x22), block_shape (0x2a), oob_fill (0x30)
+    assert data == bytes.fromhex("4a140a12080710031a024020220220012a0210203001")
+    nvidia = proto.parse_call(
+        proto.serialize(proto.messages()["TritonAnyKernelCall"](kernel_call=our_descriptor_call()))
+    ).kernel_call.parameters[0]
+    assert nvidia.WhichOneof("value") == "tensor_descriptor"
+    t = nvidia.tensor_descriptor.nvidia
+    assert list(t.shape) == [64, 32] and list(t.block_shape) == [16, 32] and t.oob_fill == 1
+
+
+@pytest.mark.skipif(
+    g is None or not hasattr(g, "create_tma_descriptor_parameter"),
+    reason="jaxlib's TMA descriptor binding (jaxlib >= 0.11.1 with a GPU plugin) is not installed",
+)
+def test_tensor_descriptor_bytes_equal_jaxlib():
+    kernel = g.TritonKernel("k", 4, 1, 0, "// ptx", "", 90)
+    params = [
+        g.create_tma_descriptor_parameter(
+            elem_type=7,
+            swizzle=3,
+            shape=[64, 32],
+            strides=[32, 1],
+            block_shape=[16, 32],
+            oob_fill=1,
+        ),
+        *(g.create_scalar_parameter(v, "i32") for v in (64, 32)),
+        *(g.create_scalar_parameter(v, "i64") for v in (32, 1)),
+        g.create_array_parameter(0, 16),
+    ]
+    theirs = g.TritonKernelCall(kernel, 1, 0, 0, params).to_proto("n", b"")
+    ours = proto.messages()["TritonAnyKernelCall"](kernel_call=our_descriptor_call(), name="n")
+    assert proto.serialize(ours) == theirs

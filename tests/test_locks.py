@@ -11,8 +11,9 @@ import textwrap
 import time
 from pathlib import Path
 
+import filelock
 import pytest
-from conftest import child_env, key_of
+from conftest import child_env, key_of, run_py
 
 import kernelcache
 from kernelcache.errors import LockTimeout, LockUnavailable
@@ -87,6 +88,69 @@ def test_exclusive_excludes_other_processes(lockroot, mode):
         assert 0.25 < time.monotonic() - started < 3
     finally:
         stop(child)
+
+
+FILELOCK_HOLD = """
+import sys, time, filelock
+lock = filelock.FileLock(sys.argv[1])
+lock.acquire(timeout=10)
+print("HELD", flush=True)
+time.sleep(30)
+"""
+
+
+def test_exclusive_flock_is_filelocks_lock(lockroot):
+    """A process holding ``.locks/<key>.lock`` with filelock's FileLock excludes our writers and
+    builders, and filelock cannot take a lock file we hold."""
+    name = key_of("filelock")
+    (lockroot / ".locks").mkdir()
+    path = str(lockroot / ".locks" / f"{name}.lock")
+    child = subprocess.Popen(
+        [sys.executable, "-c", FILELOCK_HOLD, path],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "HELD", child.stderr.read()
+        with pytest.raises(LockTimeout):
+            Locker(str(lockroot), mode="flock").acquire(name, shared=False, timeout=0.3)
+    finally:
+        stop(child)
+    held = Locker(str(lockroot), mode="flock").acquire(name, shared=False, timeout=5)
+    try:
+        with pytest.raises(filelock.Timeout):
+            filelock.FileLock(path).acquire(timeout=0.2)
+    finally:
+        held.release()
+    lock = filelock.FileLock(path)
+    lock.acquire(timeout=5)
+    lock.release()
+
+
+OLD_FILELOCK = """
+import logging, sys, types
+logging.basicConfig(level=logging.WARNING)
+sys.modules["filelock"] = types.ModuleType("filelock")  # a filelock without lock_descriptor
+import kernelcache
+root, key = sys.argv[1], sys.argv[2]
+cache = kernelcache.Cache(root, readonly_roots=())
+for _ in range(2):
+    assert cache.get_or_create(key, "bin", lambda: (b"built", {})).data == b"built"
+cache.put(key.replace("a", "b"), "bin", b"put", {})
+print(cache.get(key, "bin").data.decode(), cache.get(key.replace("a", "b"), "bin").data.decode())
+"""
+
+
+def test_filelock_older_than_3_30_means_no_locks_and_a_clear_warning(lockroot):
+    """Installed without its dependencies next to an old filelock, the cache still serves the
+    job: it works without locks and says which filelock it needs."""
+    proc = run_py(OLD_FILELOCK, str(lockroot), "a" * 64)
+    assert proc.stdout.split() == ["built", "put"]
+    assert "filelock 3.30 or later" in proc.stderr, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == len(set(warnings)) <= 2, warnings  # each kind of failure warned once
 
 
 def test_flock_shared_holders_coexist_and_block_writers(lockroot):

@@ -89,6 +89,14 @@ def revive(value: Any, counter: list[int]) -> Any:
             return tl.dtype(value["dtype"])
         if "jit" in value:
             return import_kernel(value["jit"])
+        desc = value.get("tensordesc")
+        if isinstance(desc, dict) and isinstance(desc.get("base"), dict):
+            from ..tma import revive as revive_descriptor
+
+            base = revive(desc["base"], counter)
+            if not isinstance(base, ArgArray):
+                raise KernelArgumentError(f"a recorded tensor descriptor has no array: {value}")
+            return revive_descriptor(desc, base, "a recorded kernel")
         raise KernelArgumentError(f"a recorded value cannot be rebuilt: {value}")
     return value
 
