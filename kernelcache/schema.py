@@ -68,7 +68,7 @@ LAUNCH_FIELDS = (
     "global_scratch_align",
     "profile_scratch_size",
     "tmem_size",
-    "tensordesc",
+    "tensordesc_meta",
     "ptx_sha256",
 )
 #: the fields the entry digest (and a signature) covers
@@ -151,8 +151,13 @@ def _target(value: Any) -> str | None:
     return None
 
 
-def _bool(value: Any) -> str | None:
-    return None if isinstance(value, bool) else f"must be true or false, not {_show(value)}"
+def _descriptors(value: Any) -> str | None:
+    if not isinstance(value, list) or len(value) > 64:
+        return f"must be a list of at most 64 objects, not {_show(value)}"
+    for item in value:
+        if not isinstance(item, dict):
+            return f"must be a list of objects, not of {_show(item)}"
+    return _plain(value)
 
 
 def _time(value: Any) -> str | None:
@@ -198,7 +203,7 @@ FIELDS: dict[str, Check] = {
     "global_scratch_align": _power_of_two,
     "profile_scratch_size": _int(0, _U32),
     "tmem_size": _int(0, _U32),
-    "tensordesc": _bool,
+    "tensordesc_meta": _descriptors,
     "ptx_sha256": _pattern(_SHA256, "64 lowercase hexadecimal digits"),
     "kind": _text(64),
     "of": _pattern(KEY_PATTERN, "a cache key"),
@@ -437,3 +442,8 @@ def displayable(value: Any, depth: int = 0) -> Any:
     if isinstance(value, dict):
         return {displayable(str(k)): displayable(v, depth + 1) for k, v in value.items()}
     return repr(value)
+
+
+def covered_metadata(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of ``doc`` the entry digest covers: all a kernel may be launched with."""
+    return {name: doc[name] for name in COVERED_FIELDS if name in doc}

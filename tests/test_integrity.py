@@ -88,12 +88,12 @@ def test_edited_launch_metadata_is_never_served(tmp_path):
 def test_every_launch_field_is_covered(root, field):
     """Changing any launch field by one notch (or adding it) makes the entry corrupt."""
     key = key_of("covered", field)
-    meta = {"name": "k", "target": "cuda:90", "num_warps": 4, "shared": 0, "tensordesc": False}
+    meta = {"name": "k", "target": "cuda:90", "num_warps": 4, "shared": 0}
     Store(root).put(key, "cubin", PAYLOAD, meta)
     doc = json.loads((root / f"{key}.json").read_text())
     old = doc.get(field)
-    if isinstance(old, bool) or field == "tensordesc":
-        new: Any = not old
+    if field == "tensordesc_meta":
+        new: Any = [{"swizzle": 1, "elem_size": 2, "elem_type": 1, "block_size": [64]}]
     elif isinstance(old, int):
         new = old + 1
     elif field == "name":
@@ -125,33 +125,28 @@ def test_fields_outside_the_launch_set_may_change(root):
     assert isinstance(art, kernelcache.Artifact) and art.meta["created"] == 1000.0
 
 
-def test_the_bridge_reads_only_covered_fields():
-    """Every metadata field the bridge looks up in a cached entry is one the entry digest
-    covers (a static check of the bridge's source)."""
-    import ast
-
+def test_the_bridge_is_handed_only_covered_fields(tmp_path):
+    """What the bridge lowers a cached kernel from (``KernelBinary.meta``) holds only fields
+    the entry digest covers, on a build and on a hit."""
+    from bridge.artifacts import fetch
+    from bridge.compile import Compiled
     from kernelcache.schema import COVERED_FIELDS
 
-    used: set[str] = set()
-    for path in (Path(__file__).parent.parent / "bridge").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            target = None
-            if isinstance(node, ast.Subscript):
-                target, index = node.value, node.slice
-            elif (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "get"
-                and node.args
-            ):
-                target, index = node.func.value, node.args[0]
-            else:
-                continue
-            name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
-            if name == "meta" and isinstance(index, ast.Constant) and isinstance(index.value, str):
-                used.add(index.value)
-    assert used >= {"name", "num_warps", "shared"}, used
-    assert used <= set(COVERED_FIELDS), used - set(COVERED_FIELDS)
+    cache = kernelcache.Cache(tmp_path / "c", readonly_roots=(), remote="")
+    key = key_of("bridge-covered")
+
+    def describe(compiled: Compiled) -> dict[str, Any]:
+        return {**KERNEL_META, "kernel": "m:k", "language": "triton", "signature": {"x": "*fp32"}}
+
+    def build() -> Compiled:
+        return Compiled(b"\x7fELF binary", "// ptx", {"name": "add_kernel"})
+
+    for built in (True, False):
+        kb = fetch(cache, key, "cubin", build, describe, need_ptx=True)
+        assert kb.built is built
+        assert set(kb.meta) <= set(COVERED_FIELDS), set(kb.meta) - set(COVERED_FIELDS)
+        assert kb.meta["num_warps"] == 4 and kb.meta["ptx_sha256"] and "signature" not in kb.meta
+    assert "signature" in cache.get(key, "cubin").meta  # stored whole, handed over covered
 
 
 # -- one schema: put ---------------------------------------------------------------------------
@@ -177,7 +172,7 @@ def test_put_refuses_an_odd_value_naming_the_field(root, case):
         ({"shared": -1}, "shared"),
         ({"shared": 1 << 40}, "shared"),
         ({"target": "gpu:1"}, "target"),
-        ({"tensordesc": 1}, "tensordesc"),
+        ({"tensordesc_meta": {"swizzle": 1}}, "tensordesc_meta"),
         ({"ptx_sha256": "xyz"}, "ptx_sha256"),
         ({"created": -5}, "created"),
         ({"producer": {"triton": 3}}, "producer"),
