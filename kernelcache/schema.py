@@ -108,6 +108,10 @@ def _show(value: object) -> str:
 Check = Callable[[Any], "str | None"]
 
 
+#: integer fields and their ranges, checked inline by _check_fields (the common case)
+_INT_RANGES: dict[str, tuple[int, int]] = {}
+
+
 def _int(low: int, high: int) -> Check:
     def check(value: Any) -> str | None:
         if type(value) is not int:
@@ -208,35 +212,52 @@ FIELDS: dict[str, Check] = {
     "kind": _text(64),
     "of": _pattern(KEY_PATTERN, "a cache key"),
 }
+_INT_RANGES.update(
+    {
+        "warp_size": (1, 1024),
+        "num_warps": (1, 1024),
+        "num_ctas": (1, 1024),
+        "num_stages": (0, 1024),
+        "shared": (0, _U32),
+        "global_scratch_size": (0, _U32),
+        "profile_scratch_size": (0, _U32),
+        "tmem_size": (0, _U32),
+    }
+)
 
 
 def _plain(value: Any, depth: int = 0) -> str | None:
     """None if ``value`` is plain, bounded JSON; else what is wrong with it."""
-    if depth > MAX_DEPTH:
-        return f"nests deeper than {MAX_DEPTH} levels"
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, int):
+    kind = type(value)
+    if kind is str:
+        return None if value.isascii() or _utf8(value) else "holds a string that is not valid UTF-8"
+    if kind is int:
         return None if -MAX_INT <= value <= MAX_INT else "holds an integer beyond 64 bits"
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"holds {_show(value)}"
-    if isinstance(value, str):
-        return None if _utf8(value) else "holds a string that is not valid UTF-8"
-    if isinstance(value, (list, tuple)):  # a tuple is written as a list
-        for item in value:
-            bad = _plain(item, depth + 1)
-            if bad:
-                return bad
+    if value is None or kind is bool:
         return None
+    if kind is float:
+        return None if math.isfinite(value) else f"holds {_show(value)}"
+    if depth >= MAX_DEPTH and isinstance(value, (dict, list, tuple)):
+        return f"nests deeper than {MAX_DEPTH} levels"
     if isinstance(value, dict):
         for name, item in value.items():
-            if not isinstance(name, str) or not _utf8(name):
+            if type(name) is not str or not (name.isascii() or _utf8(name)):
                 return "holds a name that is not valid UTF-8"
-            bad = _plain(item, depth + 1)
-            if bad:
-                return bad
+            if type(item) is not str or not item.isascii():
+                bad = _plain(item, depth + 1)
+                if bad:
+                    return bad
         return None
-    return f"holds a {type(value).__name__}, which is not JSON"
+    if isinstance(value, (list, tuple)):  # a tuple is written as a list
+        for item in value:
+            if type(item) is not str or not item.isascii():
+                bad = _plain(item, depth + 1)
+                if bad:
+                    return bad
+        return None
+    if isinstance(value, (str, int, float)):  # subclasses (bool was handled above)
+        return _plain(kind.__mro__[-2](value), depth)
+    return f"holds a {kind.__name__}, which is not JSON"
 
 
 def _utf8(text: str) -> bool:
@@ -252,7 +273,11 @@ def _utf8(text: str) -> bool:
 
 def _check_fields(doc: Mapping[str, Any]) -> str | None:
     """What is wrong with the fields of ``doc`` other than the store's own; None if nothing."""
+    ranges = _INT_RANGES
     for name, value in doc.items():
+        bounds = ranges.get(name)
+        if bounds is not None and type(value) is int and bounds[0] <= value <= bounds[1]:
+            continue
         check = FIELDS.get(name)
         if check is not None:
             bad = check(value)
@@ -268,10 +293,13 @@ def _check_fields(doc: Mapping[str, Any]) -> str | None:
 
 
 # -- the entry digest and signatures -------------------------------------------------------------
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
 def covered_bytes(doc: Mapping[str, Any]) -> bytes:
     """The canonical JSON of the fields :data:`COVERED_FIELDS` names (those present)."""
     covered = {name: doc[name] for name in COVERED_FIELDS if name in doc}
-    return json.dumps(covered, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return _CANONICAL.encode(covered).encode()
 
 
 def entry_digest(doc: Mapping[str, Any]) -> str:
@@ -324,6 +352,9 @@ def check_document(doc: Any, key: str, *, require_digest: bool = True) -> dict[s
     dig = doc.get("digest")
     if not isinstance(dig, str) or _DIGEST.fullmatch(dig) is None:
         return Invalid("metadata has an invalid digest")
+    mac = doc.get(HMAC_FIELD)
+    if mac is not None and (not isinstance(mac, str) or _HMAC.fullmatch(mac) is None):
+        return Invalid("metadata has an invalid signature field")
     bad = _check_fields(doc)
     if bad:
         return Invalid(bad)
@@ -353,7 +384,7 @@ def parse_metadata(raw: bytes, key: str) -> dict[str, Any] | Invalid:
 
 def encode_metadata(doc: Mapping[str, Any]) -> bytes:
     """The bytes of a metadata document as the store writes it."""
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return _CANONICAL.encode(doc).encode()
 
 
 def build_metadata(
