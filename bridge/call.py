@@ -207,7 +207,11 @@ def _kernel_message(
         kernel.ptx = handoff.materialize(str(cache.root), f"{kb.key}.{kb.ext}", kb.binary)
         return kernel
     if target.backend == "cuda":
-        kernel.ptx = embed.marked_ptx(kb.ptx or "", kb.key)
+        ptx = kb.ptx or ""
+        if mode == "ptx" or not versions.honours_module_image(jaxlib):  # jaxlib runs ptxas
+            where = f"{call.parts.qualname} on {target}"
+            ptx = embed.assembled_ptx(ptx, target, where, cache, strict=mode == "ptx")
+        kernel.ptx = embed.marked_ptx(ptx, kb.key)
     else:
         kernel.ptx = embed.hsaco_token(kb.key, str(meta.get("digest", "")))
     if mode == "inline":

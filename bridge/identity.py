@@ -91,24 +91,50 @@ def ptxas_fingerprint(target: Target) -> str:
     return hashlib.sha256(doc.encode()).hexdigest()
 
 
+def _memo_key(label: str, fingerprint: str) -> str:
+    return hashlib.sha256(f"bridge-identity:{label}:{fingerprint}".encode()).hexdigest()
+
+
+def lookup(cache: Cache | None, label: str, fingerprint: str) -> str | None:
+    """The value memoized in ``cache`` (or None) under ``(label, fingerprint)``, if any."""
+    if cache is None:
+        return None
+    art = cache.get(_memo_key(label, fingerprint), IDENTITY_EXT)
+    if art is None:
+        return None
+    try:
+        return art.data.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def remember(cache: Cache | None, label: str, fingerprint: str, value: str) -> None:
+    """Memoize ``value`` in ``cache`` under ``(label, fingerprint)``; failures are logged only."""
+    from kernelcache import CacheError
+
+    if cache is None:
+        return
+    try:
+        cache.put(
+            _memo_key(label, fingerprint),
+            IDENTITY_EXT,
+            value.encode(),
+            {"kind": "identity", "name": label},
+        )
+    except (CacheError, ValueError) as e:
+        logger.debug("cannot memoize the %s identity: %s", label, e)
+
+
 def _memoized(cache: Cache | None, label: str, fingerprint: str, compute: Callable[[], str]) -> str:
     """``compute()``, stored in ``cache`` under a key derived from ``(label, fingerprint)``.
 
     Cache failures only cost the recomputation; they are logged, never raised.
     """
-    from kernelcache import CacheError
-
-    key = hashlib.sha256(f"bridge-identity:{label}:{fingerprint}".encode()).hexdigest()
-    if cache is not None:
-        art = cache.get(key, IDENTITY_EXT)
-        if art is not None:
-            return art.data.decode()
+    known = lookup(cache, label, fingerprint)
+    if known is not None:
+        return known
     value = compute()
-    if cache is not None:
-        try:
-            cache.put(key, IDENTITY_EXT, value.encode(), {"kind": "identity", "name": label})
-        except (CacheError, ValueError) as e:
-            logger.debug("cannot memoize the %s identity: %s", label, e)
+    remember(cache, label, fingerprint, value)
     return value
 
 

@@ -26,6 +26,8 @@ from examples import ops
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 MODERN = versions.honours_module_image(versions.jaxlib_version())
+#: the code object's target for gfx942: Triton 3.6 to 3.8, and Triton 3.9
+HSACO_TRIPLES = (b"amdgcn-amd-amdhsa--gfx942", b"amdgpu9.42-amd-amdhsa-unknown-gfx942")
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +72,7 @@ def test_rocm_inline_embeds_hsaco_and_a_token(cache):
     (call,) = decoded(add_fn(cache, target="hip:gfx942", embed="inline"), F32, F32, platform="rocm")
     (kernel,) = kernels_of(call)
     hsaco = kernel.module_image.object_file
-    assert hsaco[:4] == ELF_MAGIC and b"amdgcn-amd-amdhsa" in hsaco and b"gfx942" in hsaco
+    assert hsaco[:4] == ELF_MAGIC and any(t in hsaco for t in HSACO_TRIPLES)
     assert kernel.ptx.startswith("kernelcache:hsaco:")
     assert kernel.compute_capability == 0
     # 4 warps of 64 threads; jaxlib's HIP launcher also counts 64 threads per warp
