@@ -8,8 +8,9 @@ the cache). Per wave: the wall time from the release until the last process has 
 module; the CPU seconds (its own and its ptxas runs') of the busiest process, which is the wall
 time on a machine with a free core per process (this benchmark's machine is shared: the load
 average is printed, and the "ceiling": how much faster N processes of pure CPU work finish
-together than in sequence on the machine at that moment); the Triton compiles in total (single flight: exactly one per variant) and
-per process; and a check that every process lowered the very same module.
+together than in sequence on the machine at that moment); the Triton compiles in total (single
+flight: exactly one per variant) and per process; and a check that every process lowered the
+very same module.
 
 With ``--before REF_OR_DIR`` the same waves also run the bridge of an older checkout (a
 directory, or a git ref exported with ``git archive``) in the same run, e.g. the commit before
@@ -54,7 +55,8 @@ else:  # a model of benchmarks/tuned_models.py
 print("READY", flush=True)
 sys.stdin.readline()  # the parent releases every process at once
 def cpu():
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime  # with ptxas
 
 started, cpu_started = time.time(), cpu()
@@ -91,8 +93,8 @@ def wave(code_root: Path, n: int, cache: str, model: str) -> dict:
         assert p.stdout is not None
         line = p.stdout.readline()
         if line.strip() != "READY":
-            p.wait()
-            raise SystemExit(f"a worker failed to start:\n{p.stderr.read()[-3000:]}")  # type: ignore[union-attr]
+            _, err = p.communicate()
+            raise SystemExit(f"a worker failed to start:\n{err[-3000:]}")
     released = time.time()
     for p in procs:
         assert p.stdin is not None

@@ -70,7 +70,9 @@ def as_cache(cache: CacheArg, cfg: Settings | None = None) -> Cache:
 
 @dataclass(frozen=True)
 class KernelBinary:
-    """A compiled kernel as the lowering needs it."""
+    """A compiled kernel as the lowering needs it. ``meta`` holds only the metadata fields the
+    cache's entry digest covers (``kernelcache.schema.COVERED_FIELDS``): a kernel is never
+    launched with a field that could have changed on disk unnoticed."""
 
     key: str
     ext: str
@@ -80,6 +82,14 @@ class KernelBinary:
     built: bool  # compiled by this call (a kernel-cache miss)
 
 
+def _binary(
+    key: str, ext: str, data: bytes, meta: Mapping[str, Any], ptx: str | None, built: bool
+) -> KernelBinary:
+    from kernelcache.schema import covered_metadata
+
+    return KernelBinary(key, ext, data, covered_metadata(meta), ptx, built)
+
+
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -87,12 +97,13 @@ def _sha256(text: str) -> str:
 def _store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> None:
     from kernelcache import CacheError
 
+    fields = {"kind": "ptx", "of": key, "name": meta.get("name"), "target": meta.get("target")}
     try:
         cache.put(
             derived_key(key, PTX_EXT),
             PTX_EXT,
             ptx.encode(),
-            {"kind": "ptx", "of": key, "name": meta.get("name"), "target": meta.get("target")},
+            {k: v for k, v in fields.items() if v is not None},
         )
     except (CacheError, ValueError) as e:
         logger.warning("kernelcache: cannot store the PTX of %s: %s", key, e)
@@ -202,28 +213,26 @@ def _paired(cache: Cache, request: Request, art: Artifact, built: list[Compiled]
             key,
         )
         compiled = request.build()
-        return KernelBinary(
-            key, ext, compiled.binary, request.describe(compiled), compiled.ptx, True
-        )
+        return _binary(key, ext, compiled.binary, request.describe(compiled), compiled.ptx, True)
     if not request.need_ptx:
-        return KernelBinary(key, ext, art.data, art.meta, None, bool(built))
+        return _binary(key, ext, art.data, art.meta, None, bool(built))
     if built and built[0].binary == art.data:
         ptx = built[0].ptx
         assert ptx is not None
-        return KernelBinary(key, ext, art.data, art.meta, ptx, True)
+        return _binary(key, ext, art.data, art.meta, ptx, True)
     want = art.meta.get("ptx_sha256")
     companion = cache.get(derived_key(key, PTX_EXT), PTX_EXT)
     if companion is not None and want and _sha256(companion.data.decode()) == want:
-        return KernelBinary(key, ext, art.data, art.meta, companion.data.decode(), False)
+        return _binary(key, ext, art.data, art.meta, companion.data.decode(), False)
     # the PTX is missing (pruned) or belongs to another build: compile again for a matching pair
     logger.info("kernelcache: PTX of %s missing from the cache; recompiling", key)
     compiled = request.build()
     meta = dict(art.meta)
     if compiled.binary == art.data:
         _store_ptx(cache, key, compiled.ptx or "", meta)
-        return KernelBinary(key, ext, art.data, meta, compiled.ptx, True)
+        return _binary(key, ext, art.data, meta, compiled.ptx, True)
     meta.update(request.describe(compiled), ptx_sha256=_sha256(compiled.ptx or ""))
-    return KernelBinary(key, ext, compiled.binary, meta, compiled.ptx, True)
+    return _binary(key, ext, compiled.binary, meta, compiled.ptx, True)
 
 
 def entry_metadata(

@@ -177,7 +177,7 @@ def _kernel_message(
     call: CallSpec, target: targets.Target, mode: str, kb: KernelBinary, cache: Cache, jaxlib: str
 ) -> Any:
     m = proto.messages()
-    meta = kb.meta
+    meta = kb.meta  # read only fields the entry digest covers (kernelcache.schema.LAUNCH_FIELDS)
     name, shared, warps = str(meta["name"]), int(meta["shared"]), int(meta["num_warps"])
     threads = warps * target.warp_size
     if threads > targets.MAX_THREADS_PER_BLOCK:

@@ -27,7 +27,8 @@ from .config import settings
 from .errors import CacheError, LockTimeout
 from .keys import check_ext, check_key
 from .locks import Held
-from .store import Artifact, Problem, Store, WrongExt, digest, make_metadata
+from .schema import RESERVED_FIELDS, Invalid, check_document, digest, make_metadata
+from .store import Artifact, Problem, Store, WrongExt
 from .tier import RemoteTier
 
 logger = logging.getLogger(__name__)
@@ -73,10 +74,10 @@ def default_root() -> Path:
     return Path(platformdirs.user_cache_dir("kernelcache", appauthor=False))
 
 
-def _open_remote(url: str, root: str) -> RemoteTier:
+def _open_remote(url: str, root: str, signing_key: bytes | None) -> RemoteTier:
     from .remote import open_remote
 
-    return open_remote(url, stats_root=root)
+    return open_remote(url, stats_root=root, signing_key=signing_key)
 
 
 class Cache:
@@ -118,7 +119,7 @@ class Cache:
         if remote is None:
             remote = cfg.remote or ""
         self.remote: RemoteTier | None = (
-            (_open_remote(remote, self.root) if remote else None)
+            (_open_remote(remote, self.root, cfg.signing_secret()) if remote else None)
             if isinstance(remote, str)
             else remote
         )
@@ -175,31 +176,38 @@ class Cache:
         return None
 
     def _remote_lookup(self, key: str, ext: str) -> Artifact | None:
+        """Read ``key`` from the remote tier, check it like a local entry (schema, entry digest,
+        artifact digest) and publish it locally. Never raises: whatever the tier returns or
+        raises is a hit or a miss."""
         assert self.remote is not None
-        found = self.remote.get(key, ext)
+        try:
+            found = self.remote.get(key, ext)
+        except Exception as e:  # a tier must not raise; if one does, it is a miss
+            stats.count(self.root, remote_errors=1)
+            warn_once(self.root, "remote-raised", "kernelcache: the remote tier failed: %r", e)
+            return None
         if found is None:
             stats.count(self.root, remote_misses=1)
             return None
-        data, meta = found
-        if (
-            not isinstance(meta, Mapping)
-            or meta.get("key") != key
-            or meta.get("ext") != ext
-            or meta.get("size") != len(data)
-            or meta.get("digest") != digest(data)
-        ):
+        checked = _check_remote(found, key, ext)
+        if isinstance(checked, str):
             stats.count(self.root, remote_errors=1, corrupt=1)
-            warn_once(self.root, "remote-corrupt", "kernelcache: rejected a corrupt remote entry")
+            warn_once(
+                self.root,
+                "remote-corrupt",
+                "kernelcache: rejected a corrupt remote entry (%s): %s",
+                key,
+                checked,
+            )
             return None
+        data, meta = checked
         stats.count(self.root, remote_hits=1, hits=1, bytes_read=len(data))
-        fields = {
-            k: v for k, v in meta.items() if k not in ("format", "key", "ext", "size", "digest")
-        }
+        fields = {k: v for k, v in meta.items() if k not in RESERVED_FIELDS}
         try:
             art = self.store.put(key, ext, data, fields)
         except (CacheError, WrongExt) as e:
             warn_once(self.root, "write", "kernelcache: cannot store under %s: %s", self.root, e)
-            return Artifact(key, ext, data, None, dict(meta), "remote")
+            return Artifact(key, ext, data, None, meta, "remote")
         return Artifact(art.key, art.ext, art.data, art.path, art.meta, "remote")
 
     # -- writing --------------------------------------------------------------------------
@@ -277,8 +285,9 @@ class Cache:
         Across processes sharing the writable root: at most one process builds a key at a
         time (single flight, as :meth:`get_or_create`), so a key is built once in total unless
         its builder dies or fails, or holds it past the lock timeout; a process never waits on
-        a key while it could build another one. With a remote tier, the builder of a key also takes the tier's job-wide lock of
-        that key (waiting for it up to the lock timeout), so one machine builds it.
+        a key while it could build another one. With a remote tier, the builder of a key also
+        takes the tier's job-wide lock of that key (waiting for it up to the lock timeout), so
+        one machine builds it.
 
         Never fails on a cache failure: a key whose lock cannot be taken is built without it,
         and a key held by another process for longer than the lock timeout (of waiting since
@@ -441,3 +450,25 @@ class Cache:
     def _in_memory(key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> Artifact:
         data = bytes(data)
         return Artifact(key, ext, data, None, make_metadata(key, ext, data, meta), "memory")
+
+
+def _check_remote(found: object, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | str:
+    """``(data, metadata)`` from a remote tier if they form a valid entry of ``key`` and
+    ``ext``; else what is wrong. Never raises."""
+    if not isinstance(found, tuple) or len(found) != 2:
+        return "the tier returned something other than (data, metadata)"
+    data, meta = found
+    if not isinstance(data, bytes):
+        return "the artifact is not bytes"
+    try:
+        plain = dict(meta) if isinstance(meta, Mapping) else meta
+    except Exception:  # a hostile Mapping
+        return "the metadata is not a mapping"
+    doc = check_document(plain, key)
+    if isinstance(doc, Invalid):
+        return doc.reason
+    if doc["ext"] != ext:
+        return f"it holds a .{doc['ext']} artifact, not .{ext}"
+    if doc["size"] != len(data) or doc["digest"] != digest(data):
+        return "the artifact does not match its size and digest"
+    return data, doc

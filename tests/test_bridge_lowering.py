@@ -652,6 +652,25 @@ def test_pruned_ptx_companion_is_rebuilt(tmp_path):
     assert len(list((tmp_path / "c").glob("*.ptx"))) == 1
 
 
+def test_edited_launch_metadata_is_rebuilt_never_lowered(tmp_path):
+    """num_warps 4 -> 8 and shared 0 -> 8 edited into a cached kernel's metadata (same size):
+    the next lowering compiles again and launches with the real values."""
+    bridge_call._memo.clear()
+    root = tmp_path / "c"
+    decoded(add_fn(kernelcache.Cache(root=root), target="cuda:75"), F32, F32)
+    (path,) = [p for p in root.glob("*.json") if json.loads(p.read_text())["ext"] == "cubin"]
+    raw = path.read_bytes()
+    edited = raw.replace(b'"num_warps":4', b'"num_warps":8').replace(b'"shared":0', b'"shared":8')
+    assert edited != raw and len(edited) == len(raw)
+    path.write_bytes(edited)
+    bridge_call._memo.clear()
+    before = bridge_compile.compile_count()
+    (call,) = decoded(add_fn(kernelcache.Cache(root=root), target="cuda:75"), F32, F32)
+    (kernel,) = kernels_of(call)
+    assert (kernel.num_warps, kernel.shared_mem_bytes) == (4, 0)
+    assert bridge_compile.compile_count() == before + 1
+
+
 def test_unwritable_cache_still_lowers(tmp_path):
     bridge_call._memo.clear()
     blocker = tmp_path / "file"

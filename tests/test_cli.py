@@ -15,7 +15,7 @@ from conftest import key_of, run_on_a_terminal, run_py
 from test_cli_support import KERNELCACHE, backdate, files_under, kc, kc_json, put
 
 from kernelcache.cli import parse_age, parse_size
-from kernelcache.index import INDEX_NAME
+from kernelcache.index import INDEX_NAME, INDEX_VERSION
 
 COMMANDS = [
     ["stats"],
@@ -144,7 +144,7 @@ def test_stats_uses_and_refreshes_the_scan_index(populated):
     # A garbage index is ignored, then rewritten.
     index.write_text('{"v": 1, "keys": 5}')
     assert kc_json(populated, "stats")["entries"] == 10
-    assert json.loads(index.read_text().split("\n")[0])["v"] == 2
+    assert json.loads(index.read_text().split("\n")[0])["v"] == INDEX_VERSION
 
 
 def test_stats_aggregates_process_logs(tmp_path):

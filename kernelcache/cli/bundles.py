@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 
 from ..config import settings
 from ..errors import CacheError
@@ -17,6 +18,7 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
     from ..scan import scan
 
     root = root_of(args)
+    cfg = settings()
     scanned = scan(root)
     entries = select(scanned.entries, args.kernel or (), args.target or ())
     entries.sort(key=lambda e: e.key)
@@ -30,10 +32,19 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
                 level=args.level,
                 force=args.force,
                 progress=tick,
-                trust=settings().trust,
+                trust=cfg.trust,
+                signing_key=cfg.signing_secret(),
             )
     except BundleError as e:
         raise CommandFailed(str(e)) from None
+    # entries the scan found unusable (bad metadata, older format) are skipped too
+    unusable = [
+        (i.key, f"{i.kind}: {i.detail}")
+        for i in scanned.issues
+        if i.kind in ("corrupt", "outdated") and i.key is not None
+    ]
+    if unusable:
+        result = replace(result, skipped=(*unusable, *result.skipped))
     doc = {
         **envelope("export", root),
         "file": os.path.abspath(result.path),
@@ -61,9 +72,10 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
     from ..bundle import BundleError, import_bundle
 
     root = root_of(args)
+    cfg = settings()
     if not args.dry_run:
         check_writable(root)
-    store = writer(root, lock_timeout=settings().lock_timeout)
+    store = writer(root, lock_timeout=cfg.lock_timeout)
     try:
         with out.progress("importing", None) as tick:
             result = import_bundle(
@@ -72,16 +84,17 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
                 max_member_size=args.max_member_size,
                 dry_run=args.dry_run,
                 progress=tick,
+                signing_key=cfg.signing_secret(),
             )
     except BundleError as e:
         done = (
-            f"{e.imported} verified entries were imported before that"
+            f"{e.imported} verified entries it published could not be removed again"
             if e.imported
             else "nothing was imported"
         )
         raise CommandFailed(f"import of {args.file} rejected: {e}; {done}") from None
     except CacheError as e:
-        raise CommandFailed(str(e)) from None
+        raise CommandFailed(f"{e}; nothing was imported") from None
     doc = {
         **envelope("import", root),
         "file": os.path.abspath(args.file),

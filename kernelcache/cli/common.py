@@ -106,7 +106,9 @@ def lock_settings() -> tuple[str, float]:
 def writer(root: str, lock_timeout: float = 0.0) -> Store:
     """A writable store for this root; per-key locks are tried once unless told otherwise."""
     mode, stale = lock_settings()
-    return Store(root, lock_mode=mode, lock_stale=stale, lock_timeout=lock_timeout)
+    return Store(
+        root, lock_mode=mode, lock_stale=stale, lock_timeout=lock_timeout, trust=settings().trust
+    )
 
 
 def check_writable(root: str) -> None:
