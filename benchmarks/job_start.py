@@ -1,30 +1,42 @@
 """The training-job start: N worker processes start at once on one machine (e.g. 8 per GPU, each
-pinned to one GPU with CUDA_VISIBLE_DEVICES), each lowering and running the same model of 21
-Triton kernel variants (the "large" model of warm_start.py), sharing one kernel-cache root.
+pinned to one GPU with CUDA_VISIBLE_DEVICES), each lowering and running the same model, sharing
+one kernel-cache root. Models: "large" (21 Triton kernel variants, from warm_start.py), "small"
+(5), and, with a realistic autotune space (tuned_models.py), "matmul16" (a bf16 matmul autotuned
+over 16 configs), "attention" (a flash-attention forward over 8) and "autotune" (both: 24).
 
-Waves (each: N fresh processes launched together; cold waves get fresh cache roots):
+Implementations, each in its own environment so that each can use the Triton it needs in the
+same run (as in warm_start.py): ``--bridge LABEL=PATHS`` and ``--peer LABEL=PATHS`` put PATHS
+(separated by ':') first on the workers' PYTHONPATH: a bridge found there (e.g. an older
+checkout: "the bridge before a change"), or a jax-triton release (with a folder holding the
+Triton it needs); ``--env LABEL:NAME=VALUE`` sets a variable for one of them. Default: the
+bridge of this checkout ("bridge") and, without --peer, an importable ``jax_triton`` ("peer").
+The first bridge is the reference of the ratios.
 
-  bridge cold      kernel cache cold, JAX cache cold: every variant must be compiled exactly
-                   once in total across the N processes (single flight; checked)
-  peer cold        jax-triton 0.3.1, JAX cache cold: every process compiles every variant
-  bridge warm      kernel cache warm, JAX persistent cache off
-  peer warm        jax-triton, JAX cache off (it has no kernel cache)
-  bridge jax-warm  kernel cache warm, JAX cache warm
-  peer jax-warm    jax-triton, JAX cache warm (the peer's best start)
-  bridge pruned    JAX cache warm, kernel cache pruned just before (`kernelcache prune
-                   --max-size 0`): kernels compiled again, once in total (checked)
+States (each: N fresh processes launched together; cold states get fresh cache roots):
+
+  cold      kernel cache and JAX cache cold. A bridge compiles every variant exactly once in
+            total across the N processes (single flight; checked); a peer compiles every
+            variant in every process
+  warm      kernel cache warm, JAX persistent cache off (a peer: JAX cache off)
+  jax-warm  kernel cache warm, JAX cache warm (a peer: JAX cache warm, its best start)
+  pruned    (bridges) JAX cache warm, kernel cache pruned just before (`kernelcache prune
+            --max-size 0`): kernels compiled again, once in total (checked)
 
 Per process: time from its launch to its first result (imports, input arrays, lowering, XLA
 compile and first call finished), reported as median, p90 and max, with the median of each
-phase; per wave: wall time from the first launch to the
-last exit, total Triton compiles, JAX cache hits, and a correctness check of every result.
-Prints a table, ends with one JSON line (medians and ratios against the peer measured in the
-same run); ``--out FILE`` also writes it.
+phase; per wave: wall time from the first launch to the last exit, total Triton compiles (and
+per process), JAX cache hits, and a correctness check of every result. Prints a table, ends with
+one JSON line (medians and ratios against the reference bridge measured in the same run);
+``--out FILE`` also writes it.
 
     python benchmarks/job_start.py --per-gpu 8 --repeats 2 --out job_start.json
-    python benchmarks/job_start.py --dry-run          # no GPU: lowering only, a check of the script
+    python benchmarks/job_start.py --gpus 1 --per-gpu 8 --model autotune \\
+        --states cold,jax-warm,pruned --bridge bridge= --bridge before=.bench/before \\
+        --peer jax-triton-0.3.1=/tmp/jt031 --peer jax-triton-0.4.1=/tmp/jt041:/tmp/triton-3.8.0
+    python benchmarks/job_start.py --dry-run          # no GPU: lowering for cuda:90 only
 
-The peer rows are skipped, with a note, when ``import jax_triton`` fails.
+A peer is skipped, with a note, when ``import jax_triton`` fails in its environment. In a dry run a
+peer lowers with ``compute_capability=90`` (no GPU to ask).
 """
 
 from __future__ import annotations
@@ -38,33 +50,80 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-WAVES = (
-    "bridge cold",
-    "peer cold",
-    "bridge warm",
-    "peer warm",
-    "bridge jax-warm",
-    "peer jax-warm",
-    "bridge pruned",
-)
+STATES = ("cold", "warm", "jax-warm", "pruned")
+MODELS = ("small", "large", "matmul16", "attention", "autotune")
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation under test: its label, kind ("bridge" or "peer"), the directories put
+    first on its workers' PYTHONPATH and its extra environment variables."""
+
+    name: str
+    kind: str
+    paths: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+    def states(self, wanted: list[str]) -> list[str]:
+        return [s for s in wanted if self.kind == "bridge" or s != "pruned"]
+
+
+def parse_impl(kind: str, text: str) -> Impl:
+    """``LABEL=PATHS`` (PATHS separated by ':', possibly empty) as an :class:`Impl`.
+
+    Raises:
+        SystemExit: malformed, with what is expected.
+    """
+    name, sep, rest = text.partition("=")
+    if not sep or not name or " " in name:
+        raise SystemExit(
+            f"--{kind} {text!r}: expected LABEL=PATHS (PATHS separated by ':', may be empty) "
+            f"with a LABEL without spaces, e.g. --{kind} before=.bench/before"
+        )
+    paths = tuple(str(Path(d).resolve()) for d in rest.split(os.pathsep) if d)
+    for path in paths:
+        if not Path(path).is_dir():
+            raise SystemExit(f"--{kind} {text!r}: {path} is not a directory")
+    return Impl(name, kind, paths)
+
+
+def pythonpath(impl: Impl) -> str:
+    return os.pathsep.join(filter(None, [*impl.paths, str(REPO), os.environ.get("PYTHONPATH")]))
 
 
 # -- the child: one worker process ------------------------------------------------------------
-def child(impl: str, model: str, jax_cache: str | None, dry_run: bool) -> None:
+def make_model(triton_call, model: str, extra: dict) -> tuple:
+    """``(fn, args, check)`` of ``model``; ``check(outputs)`` tells whether they are right."""
+    sys.path.insert(0, str(HERE))
+    if model in ("small", "large"):
+        import jax.numpy as jnp
+        import warm_start
+
+        fn, args = warm_start.make_model(triton_call, model, extra)
+        return fn, args, lambda out: bool(jnp.array_equal(out[0], args[0] + args[0]))
+    import tuned_models
+
+    return tuned_models.make_model(triton_call, model, extra)
+
+
+def child(kind: str, model: str, jax_cache: str | None, dry_run: bool) -> None:
     """Lower, compile and run the model once; print one JSON line of timings (wall clock, so
     that the parent can relate them to the launch time it passes in $KC_LAUNCHED)."""
     launched = float(os.environ["KC_LAUNCHED"])
     import jax
-    import jax.numpy as jnp
 
-    if impl == "peer":
+    extra: dict = {}
+    if kind == "peer":
         import jax_triton
 
         triton_call = jax_triton.triton_call
+        if dry_run:
+            extra["compute_capability"] = 90
     else:
         import bridge
 
@@ -74,7 +133,7 @@ def child(impl: str, model: str, jax_cache: str | None, dry_run: bool) -> None:
 
     imported = time.time()
     hits = warm_start.use_jax_cache(jax_cache)
-    fn, args = warm_start.make_model(triton_call, model, {})
+    fn, args, check = make_model(triton_call, model, extra)
     jax.block_until_ready(args)
     hits.clear()
     started = time.time()
@@ -88,10 +147,10 @@ def child(impl: str, model: str, jax_cache: str | None, dry_run: bool) -> None:
         exe = low.compile()
         compiled = time.time()
         out = jax.block_until_ready(exe(*args))
-        ok = bool(jnp.array_equal(out[0], args[0] + args[0]))
+        ok = check(out)
     done = time.time()
     compiles = None
-    if impl != "peer":
+    if kind != "peer":
         from bridge import compile as bridge_compile
 
         compiles = bridge_compile.compile_count()
@@ -122,13 +181,18 @@ def gpu_count() -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
-def peer_available() -> bool:
-    probe = subprocess.run([sys.executable, "-c", "import jax_triton"], capture_output=True)
-    return probe.returncode == 0
+def importable(impl: Impl) -> str | None:
+    """None if ``impl``'s package imports with its path, else the error."""
+    module = "jax_triton" if impl.kind == "peer" else "bridge"
+    env = dict(os.environ, PYTHONPATH=pythonpath(impl), **impl.env)
+    probe = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, env=env
+    )
+    return None if probe.returncode == 0 else (probe.stderr.strip().splitlines() or ["?"])[-1]
 
 
 def wave(
-    impl: str,
+    impl: Impl,
     n: int,
     gpus: int,
     *,
@@ -140,12 +204,15 @@ def wave(
 ) -> dict:
     """Launch ``n`` workers together; wait for all; return their results and the wall time."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
-    base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), base.get("PYTHONPATH")]))
+    base.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as for installed packages
+    base["PYTHONPATH"] = pythonpath(impl)
+    base.update(impl.env)
     base["KERNELCACHE_DIR"] = kernels
     base["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # n processes share each GPU's memory
     if dry_run:
         base["KERNELCACHE_TARGET"] = "cuda:90"
-    cmd = [sys.executable, __file__, "--child", impl, model, jax_cache or "-", str(dry_run)]
+        base["JAX_PLATFORMS"] = "cpu"
+    cmd = [sys.executable, __file__, "--child", impl.kind, model, jax_cache or "-", str(dry_run)]
     procs = []
     first = time.time()
     for i in range(n):
@@ -171,7 +238,7 @@ def wave(
         results.append(json.loads(out.decode().strip().splitlines()[-1]))
     wall = time.time() - first
     if failed:
-        print(f"  {len(failed)} of {n} {impl} workers failed; the last error:\n{failed[-1]}")
+        print(f"  {len(failed)} of {n} {impl.name} workers failed; the last error:\n{failed[-1]}")
     return {"results": results, "wall": wall, "failed": len(failed)}
 
 
@@ -182,14 +249,9 @@ def _q(values: list[float], q: float) -> float:
 
 def summarize(runs: list[dict], kernels_in_root: list[int]) -> dict:
     """One wave kind over its repeats: first-result quantiles over every process, wall time
-    median, compiles per repeat, checks."""
+    median, compiles per repeat (in total and per process), checks."""
     first = [r["first_result"] for run in runs for r in run["results"]]
-    compiles = [
-        sum(r["kernel_compiles"] or 0 for r in run["results"])
-        if run["results"] and run["results"][0]["kernel_compiles"] is not None
-        else None
-        for run in runs
-    ]
+    counted = all(r["kernel_compiles"] is not None for run in runs for r in run["results"])
     return {
         "processes": sum(len(run["results"]) for run in runs),
         "failed": sum(run["failed"] for run in runs),
@@ -205,10 +267,17 @@ def summarize(runs: list[dict], kernels_in_root: list[int]) -> dict:
         }
         if first
         else {},
-        "kernel_compiles": compiles,
+        "kernel_compiles": [sum(r["kernel_compiles"] for r in run["results"]) for run in runs]
+        if counted and first
+        else None,
+        "compiles_per_process": [
+            sorted(r["kernel_compiles"] for r in run["results"]) for run in runs
+        ]
+        if counted and first
+        else None,
         "kernels_in_root": kernels_in_root,
         "jax_cache_hits": sorted({r["jax_cache_hits"] for run in runs for r in run["results"]}),
-        "ok": all(r["ok"] for run in runs for r in run["results"]),
+        "ok": bool(first) and all(r["ok"] for run in runs for r in run["results"]),
     }
 
 
@@ -220,28 +289,78 @@ def count_kernels(root: str) -> int:
         return 0
 
 
-def prune_all(root: str) -> None:
+def prune_all(root: str, impl: Impl) -> None:
     cmd = [sys.executable, "-m", "kernelcache.cli", "--root", root, "prune", "--max-size", "0"]
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    )
+    env = dict(os.environ, PYTHONPATH=pythonpath(impl), **impl.env)
     subprocess.run(cmd, check=True, capture_output=True, env=env, cwd=str(REPO))
+
+
+def ratios(waves: dict, impls: list[Impl]) -> dict:
+    """Other implementations over the reference bridge (> 1: the reference is faster): cold
+    wall time and cold first result; pruned against a bridge's pruned wave or a peer's
+    jax-warm wave (its best start, as it has no kernel cache to prune)."""
+    ref = next((i for i in impls if i.kind == "bridge"), None)
+    out: dict = {}
+    if ref is None:
+        return out
+
+    def get(name: str, what: str) -> float | None:
+        w = waves.get(name)
+        if w is None:
+            return None
+        return w["wall_s"] if what == "wall" else w["first_result_s"]["median"]
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 2) if a and b else None
+
+    for other in impls:
+        if other is ref:
+            continue
+        restart = f"{other.name} pruned" if other.kind == "bridge" else f"{other.name} jax-warm"
+        for what in ("wall", "first_result"):
+            out[f"cold {what}: {other.name} / {ref.name}"] = ratio(
+                get(f"{other.name} cold", what), get(f"{ref.name} cold", what)
+            )
+            out[f"pruned {what}: {restart} / {ref.name} pruned"] = ratio(
+                get(restart, what), get(f"{ref.name} pruned", what)
+            )
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        _, _, impl, model, jax_cache, dry = sys.argv
-        child(impl, model, None if jax_cache == "-" else jax_cache, dry == "True")
+        _, _, kind, model, jax_cache, dry = sys.argv
+        child(kind, model, None if jax_cache == "-" else jax_cache, dry == "True")
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-gpu", type=int, default=8, help="workers per GPU (default 8)")
     parser.add_argument("--gpus", type=int, help="GPUs to use (default: all that nvidia-smi lists)")
     parser.add_argument("--processes", type=int, help="total workers (overrides --per-gpu)")
     parser.add_argument("--repeats", type=int, default=2, help="repeats of every wave (default 2)")
-    parser.add_argument("--model", default="large", choices=("small", "large"))
-    parser.add_argument("--waves", default=",".join(WAVES), help="comma-separated subset")
-    parser.add_argument("--no-peer", action="store_true", help="skip jax-triton's waves")
+    parser.add_argument("--model", default="large", choices=MODELS)
+    parser.add_argument(
+        "--bridge",
+        action="append",
+        default=[],
+        metavar="LABEL=PATHS",
+        help="a bridge in an environment (default: 'bridge', this checkout)",
+    )
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="LABEL=PATHS",
+        help="a jax-triton to compare with: its label, and PYTHONPATH entries holding it",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="LABEL:NAME=VALUE",
+        help="an environment variable for one bridge or peer",
+    )
+    parser.add_argument("--states", default=",".join(STATES), help="comma-separated subset")
+    parser.add_argument("--no-peer", action="store_true", help="skip every peer")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per wave")
     parser.add_argument("--out", type=Path, help="also write the JSON summary here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary caches")
@@ -255,34 +374,50 @@ def main() -> None:
     if not args.dry_run and gpus == 0:
         raise SystemExit("no GPU found (nvidia-smi -L); use --dry-run on a machine without one")
     n = args.processes or (4 if args.dry_run else args.per_gpu * gpus)
-    wanted = [w.strip() for w in args.waves.split(",") if w.strip()]
-    unknown = set(wanted) - set(WAVES)
+    states = [s.strip() for s in args.states.split(",") if s.strip()]
+    unknown = set(states) - set(STATES)
     if unknown:
-        raise SystemExit(f"unknown waves {sorted(unknown)}; choose from {', '.join(WAVES)}")
-    with_peer = not args.no_peer and not args.dry_run and peer_available()
-    if not with_peer:
-        wanted = [w for w in wanted if not w.startswith("peer")]
-        if not args.no_peer:
-            print(
-                "note: jax_triton is not importable (or --dry-run); the peer waves are skipped "
-                "(pip install --no-deps jax_triton-0.3.1-py3-none-any.whl)"
-            )
+        raise SystemExit(f"unknown states {sorted(unknown)}; choose from {', '.join(STATES)}")
+    bridges = [parse_impl("bridge", text) for text in args.bridge] or [Impl("bridge", "bridge")]
+    peers = [parse_impl("peer", text) for text in args.peer] or [Impl("peer", "peer")]
+    impls = [*bridges, *peers]
+    if len({i.name for i in impls}) != len(impls):
+        raise SystemExit("every --bridge and --peer needs a label of its own")
+    by_label = {i.name: i for i in impls}
+    for spec in args.env:
+        label, _, assignment = spec.partition(":")
+        name, eq, value = assignment.partition("=")
+        if label not in by_label or not eq or not name:
+            raise SystemExit(f"--env {spec!r}: expected LABEL:NAME=VALUE with a known LABEL")
+        by_label[label].env[name] = value
+    usable = []
+    for impl in impls:
+        if impl.kind == "peer" and args.no_peer:
+            continue
+        why = importable(impl)
+        if why is not None:
+            print(f"note: {impl.name} is skipped: {why}")
+            if impl.kind == "bridge":
+                raise SystemExit(f"the bridge {impl.name} cannot be imported: {why}")
+            continue
+        usable.append(impl)
+    impls = usable
     work = Path(tempfile.mkdtemp(prefix="job-start-"))
     print(
         f"{n} workers ({gpus or 'no'} GPU(s){', dry run: lowering only' if args.dry_run else ''}),"
-        f" model {args.model}, {args.repeats} repeat(s); caches under {work}",
+        f" model {args.model}, {args.repeats} repeat(s), "
+        f"{', '.join(f'{i.name} ({i.kind})' for i in impls)}; caches under {work}",
         flush=True,
     )
-    runs: dict[str, list[dict]] = {w: [] for w in wanted}
-    kernel_counts: dict[str, list[int]] = {w: [] for w in wanted}
+    runs: dict[str, list[dict]] = {f"{i.name} {s}": [] for i in impls for s in i.states(states)}
+    kernel_counts: dict[str, list[int]] = {name: [] for name in runs}
     started = time.time()
 
     def fresh(name: str) -> str:
         return tempfile.mkdtemp(prefix=f"{name}-", dir=work)
 
-    def go(name: str, impl: str, kernels: str, jax_cache: str | None) -> None:
-        if name not in runs:
-            return
+    def go(impl: Impl, state: str, kernels: str, jax_cache: str | None, n: int = n) -> None:
+        name = f"{impl.name} {state}"
         run = wave(
             impl,
             n,
@@ -293,55 +428,38 @@ def main() -> None:
             dry_run=args.dry_run,
             timeout=args.timeout,
         )
+        if name not in runs:  # a preparing wave: not reported
+            return
         runs[name].append(run)
         kernel_counts[name].append(count_kernels(kernels))
         firsts = sorted(r["first_result"] for r in run["results"]) or [float("nan")]
         compiles = [r["kernel_compiles"] for r in run["results"]]
+        shares = "+".join(map(str, sorted(compiles))) if None not in compiles else "-"
         print(
-            f"  {name:16} wall {run['wall']:7.2f} s  first result median "
+            f"  {name:30} wall {run['wall']:7.2f} s  first result median "
             f"{statistics.median(firsts):6.2f} s  max {firsts[-1]:6.2f} s  compiles "
-            f"{sum(c or 0 for c in compiles) if None not in compiles else '-'}  failed "
-            f"{run['failed']}",
+            f"{shares}  failed {run['failed']}",
             flush=True,
         )
 
     try:
         for rep in range(args.repeats):
             print(f"repeat {rep + 1}:", flush=True)
-            kc, jc = fresh("kc"), fresh("jc")
-            go("bridge cold", "bridge", kc, jc)
-            if "bridge cold" not in runs:  # later waves need a warm kernel cache
-                wave(
-                    "bridge",
-                    1,
-                    gpus,
-                    model=args.model,
-                    kernels=kc,
-                    jax_cache=jc,
-                    dry_run=args.dry_run,
-                    timeout=args.timeout,
-                )
-            peer_jc = fresh("peer-jc")
-            go("peer cold", "peer", fresh("unused"), peer_jc)
-            go("bridge warm", "bridge", kc, None)
-            go("peer warm", "peer", fresh("unused"), None)
-            go("bridge jax-warm", "bridge", kc, jc)
-            if "peer jax-warm" in runs and not runs.get("peer cold"):
-                wave(
-                    "peer",
-                    1,
-                    gpus,
-                    model=args.model,
-                    kernels=fresh("unused"),
-                    jax_cache=peer_jc,
-                    dry_run=args.dry_run,
-                    timeout=args.timeout,
-                )
-            go("peer jax-warm", "peer", fresh("unused"), peer_jc)
-            if "bridge pruned" in runs:
-                prune_all(kc)
-                assert count_kernels(kc) == 0
-                go("bridge pruned", "bridge", kc, jc)
+            for impl in impls:
+                mine = impl.states(states)
+                kc, jc = fresh("kc"), fresh("jc")
+                if "cold" in mine:
+                    go(impl, "cold", kc, jc)
+                elif set(mine) - {"cold"}:  # later states need warm caches
+                    go(impl, "prepare", kc, jc, n=1)
+                if "warm" in mine:
+                    go(impl, "warm", kc if impl.kind == "bridge" else fresh("unused"), None)
+                if "jax-warm" in mine:
+                    go(impl, "jax-warm", kc if impl.kind == "bridge" else fresh("unused"), jc)
+                if "pruned" in mine:
+                    prune_all(kc, impl)
+                    assert count_kernels(kc) == 0
+                    go(impl, "pruned", kc, jc)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -352,56 +470,46 @@ def main() -> None:
         "model": args.model,
         "repeats": args.repeats,
         "dry_run": args.dry_run,
+        "impls": [
+            {"name": i.name, "kind": i.kind, "paths": list(i.paths), "env": i.env} for i in impls
+        ],
         "seconds": round(time.time() - started, 1),
         "waves": {w: summarize(r, kernel_counts[w]) for w, r in runs.items() if r},
     }
     waves = summary["waves"]
     checks = {}
-    for name in ("bridge cold", "bridge pruned"):
-        if name in waves:
-            w = waves[name]
-            checks[f"{name}: each variant compiled once in total"] = (
-                w["kernel_compiles"] == w["kernels_in_root"] and w["failed"] == 0
-            )
+    for impl in impls:
+        for state in ("cold", "pruned"):
+            w = waves.get(f"{impl.name} {state}")
+            if impl.kind == "bridge" and w is not None:
+                checks[f"{impl.name} {state}: each variant compiled once in total"] = (
+                    w["kernel_compiles"] == w["kernels_in_root"] and w["failed"] == 0
+                )
     checks["every result correct, no worker failed"] = all(
         w["ok"] and w["failed"] == 0 for w in waves.values()
     )
     summary["checks"] = checks
-
-    def med(name: str) -> float | None:
-        return waves[name]["first_result_s"]["median"] if name in waves else None
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return round(a / b, 2) if a and b else None
-
-    summary["ratios"] = {
-        "cold_wall_peer_over_bridge": ratio(
-            waves.get("peer cold", {}).get("wall_s"), waves.get("bridge cold", {}).get("wall_s")
-        ),
-        "warm_first_result_peer_over_bridge": ratio(med("peer warm"), med("bridge warm")),
-        "jax_warm_first_result_peer_over_bridge": ratio(
-            med("peer jax-warm"), med("bridge jax-warm")
-        ),
-        "pruned_first_result_peer_jax_warm_over_bridge": ratio(
-            med("peer jax-warm"), med("bridge pruned")
-        ),
-    }
-    summary["medians_s"] = {w: med(w) for w in waves}
+    summary["ratios"] = ratios(waves, impls)
+    summary["medians_s"] = {w: v["first_result_s"]["median"] for w, v in waves.items()}
 
     print()
     print(
-        f"{'wave':17} {'procs':>5} {'wall s':>7} {'first result s: median':>23} {'p90':>6} "
-        f"{'max':>6} {'compiles':>9} {'kernels':>7} {'jax hits':>8} {'ok':>3}"
+        f"{'wave':30} {'procs':>5} {'wall s':>7} {'first result s: median':>23} {'p90':>6} "
+        f"{'max':>6} {'lower':>6} {'compiles':>9} {'kernels':>7} {'jax hits':>8} {'ok':>3}"
     )
     for name, w in waves.items():
         fr = w["first_result_s"]
-        comp = "/".join("-" if c is None else str(c) for c in w["kernel_compiles"])
+        comp = "/".join(map(str, w["kernel_compiles"])) if w["kernel_compiles"] else "-"
         print(
-            f"{name:17} {w['processes']:5d} {w['wall_s']:7.2f} {fr['median'] or 0:23.2f} "
-            f"{fr['p90'] or 0:6.2f} {fr['max'] or 0:6.2f} {comp:>9} "
+            f"{name:30} {w['processes']:5d} {w['wall_s']:7.2f} {fr['median'] or 0:23.2f} "
+            f"{fr['p90'] or 0:6.2f} {fr['max'] or 0:6.2f} "
+            f"{w['phases_median_s'].get('lower', 0):6.2f} {comp:>9} "
             f"{'/'.join(map(str, w['kernels_in_root'])):>7} "
             f"{','.join(map(str, w['jax_cache_hits'])):>8} {'yes' if w['ok'] else 'NO':>3}"
         )
+    print()
+    for name, value in summary["ratios"].items():
+        print(f"{name:64} {value:6.2f}x")
     print()
     for check, passed in checks.items():
         print(f"{'PASS' if passed else 'FAIL'}  {check}")

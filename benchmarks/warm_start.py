@@ -1,17 +1,26 @@
-"""Warm start of JAX programs with Triton kernels: the bridge against jax-triton 0.3.1.
+"""Warm start of JAX programs with Triton kernels: the bridge against jax-triton (0.3.1, 0.4.1).
 
 Every measurement is one fresh process: import, lowering (where Triton kernels are compiled or
 fetched), XLA compile, first call. Two models: "small" (a vector add and a bf16 matmul
 autotuned over 4 configs: 5 kernel variants) and "large" (21 kernel variants). States:
 
-  peer     jax-triton 0.3.1, JAX cache off / JAX cache warm (skipped if not installed)
+  peer     each jax-triton given with --peer, JAX cache off / JAX cache warm
   bridge   kernel cache cold/warm x JAX persistent cache cold/warm, embed=auto
   ptx      bridge with embed="ptx" (PTX compiled by ptxas inside XLA compile), kernel cache warm
 
-Prints a table and, last, one JSON line (medians, and ratios against the peer measured in the
+Peers and bridge variants run in their own environments, so that each can use the Triton it
+needs in the same run: ``--peer LABEL=PATHS`` and ``--bridge LABEL=PATHS`` put PATHS (separated
+by ':') first on that variant's PYTHONPATH (e.g. a folder holding one jax-triton release, and a
+folder holding another Triton); ``--env LABEL:NAME=VALUE`` sets a variable for one variant.
+Without --peer, an importable ``jax_triton`` is the one peer ("peer").
+
+Prints a table and, last, one JSON line (medians, and ratios against every peer measured in the
 same run); ``--out FILE`` also writes that JSON.
 
     python benchmarks/warm_start.py --repeats 3 --out warm_start.json
+    python benchmarks/warm_start.py --peer jax-triton-0.3.1=/tmp/jt031 \
+        --peer jax-triton-0.4.1=/tmp/jt041:/tmp/triton-3.9.0 --bridge bridge=  \
+        --bridge bridge-triton-3.9=/tmp/triton-3.9.0 --out warm_start.json
 """
 
 from __future__ import annotations
@@ -142,7 +151,7 @@ def child(impl: str, model: str, embed: str | None, jax_cache: str | None, dry_r
     import jax
     import jax.numpy as jnp
 
-    if impl == "peer":
+    if impl != "bridge":
         import jax_triton
 
         triton_call = jax_triton.triton_call
@@ -152,7 +161,7 @@ def child(impl: str, model: str, embed: str | None, jax_cache: str | None, dry_r
 
         triton_call = bridge.triton_call
         extra = {"embed": embed} if embed else {}
-    import triton  # noqa: F401  (counted in the import phase)
+    import triton  # counted in the import phase
 
     from examples import kernels  # noqa: F401
 
@@ -178,13 +187,14 @@ def child(impl: str, model: str, embed: str | None, jax_cache: str | None, dry_r
         t4 = time.perf_counter()
         ok = bool(jnp.array_equal(out[0], args[0] + args[0]))
     compiles = None
-    if impl != "peer":
+    if impl == "bridge":
         from bridge import compile as bridge_compile
 
         compiles = bridge_compile.compile_count()
     print(
         json.dumps(
             {
+                "triton": triton.__version__,
                 "import": t_import,
                 "lower": t2 - t1,
                 "compile": t3 - t2,
@@ -198,14 +208,24 @@ def child(impl: str, model: str, embed: str | None, jax_cache: str | None, dry_r
 
 
 # -- the parent: states, repeats, table ---------------------------------------------------
+class Variant:
+    """A peer or a bridge in its own environment: extra PYTHONPATH entries and variables."""
+
+    def __init__(self, impl: str, label: str, paths: str = "") -> None:
+        self.impl, self.label = impl, label
+        self.paths = [p for p in paths.split(os.pathsep) if p]
+        self.env: dict[str, str] = {}
+
+
 def run(
-    impl: str,
+    variant: Variant,
     model: str,
     *,
     embed: str | None = None,
     kernels: str | None = None,
     jax_cache: str | None = None,
 ) -> dict:
+    impl = variant.impl
     cmd = [
         sys.executable,
         __file__,
@@ -217,14 +237,15 @@ def run(
         "dry" if DRY_RUN else "run",
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
-    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env["PYTHONPATH"] = os.pathsep.join([*variant.paths, str(REPO), env.get("PYTHONPATH", "")])
+    env.update(variant.env)
     if kernels:
         env["KERNELCACHE_DIR"] = kernels
     if DRY_RUN:
         env["KERNELCACHE_TARGET"] = "cuda:90"
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(REPO))
     if proc.returncode != 0:
-        raise SystemExit(f"{impl}/{model} failed:\n{proc.stderr[-4000:]}")
+        raise SystemExit(f"{variant.label}/{model} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -233,7 +254,9 @@ def peer_available() -> bool:
     return probe.returncode == 0
 
 
-def measure(model: str, repeats: int, work: Path, with_peer: bool) -> dict[str, list[dict]]:
+def measure(
+    model: str, repeats: int, work: Path, peers: list[Variant], bridges: list[Variant]
+) -> dict[str, list[dict]]:
     results: dict[str, list[dict]] = {}
 
     def fresh(name: str) -> str:
@@ -243,44 +266,46 @@ def measure(model: str, repeats: int, work: Path, with_peer: bool) -> dict[str, 
     def add(state: str, r: dict) -> None:
         results.setdefault(state, []).append(r)
         print(
-            f"  {model:5} {state:28} "
+            f"  {model:5} {state:40} "
             + " ".join(f"{p}={r[p]:.3f}" for p in PHASES)
             + f" hits={r['jax_cache_hits']} compiles={r['kernel_compiles']} ok={r['ok']}",
             flush=True,
         )
 
-    if with_peer:
+    for peer in peers:
         for _ in range(repeats):
-            add("peer, JAX cache off", run("peer", model))
+            add(f"{peer.label}, JAX cache off", run(peer, model))
         jc = fresh("peer-jax")
-        run("peer", model, jax_cache=jc)  # populate
+        run(peer, model, jax_cache=jc)  # populate
         for _ in range(repeats):
-            add("peer, JAX cache warm", run("peer", model, jax_cache=jc))
-    warm_kernels = fresh("kernels")
-    run("bridge", model, kernels=warm_kernels)  # populate the kernel cache
-    warm_jax = fresh("jax")
-    run("bridge", model, kernels=warm_kernels, jax_cache=warm_jax)  # populate JAX's cache
-    for _ in range(repeats):
-        add(
-            "bridge, kc cold, jax cold",
-            run("bridge", model, kernels=fresh("kc"), jax_cache=fresh("jc")),
-        )
-        add(
-            "bridge, kc warm, jax cold",
-            run("bridge", model, kernels=warm_kernels, jax_cache=fresh("jc")),
-        )
-        add(
-            "bridge, kc cold, jax warm",
-            run("bridge", model, kernels=fresh("kc"), jax_cache=warm_jax),
-        )
-        add(
-            "bridge, kc warm, jax warm",
-            run("bridge", model, kernels=warm_kernels, jax_cache=warm_jax),
-        )
-        add(
-            "bridge ptx, kc warm, jax cold",
-            run("bridge", model, embed="ptx", kernels=warm_kernels, jax_cache=fresh("jc")),
-        )
+            add(f"{peer.label}, JAX cache warm", run(peer, model, jax_cache=jc))
+    for b in bridges:
+        name = b.label
+        warm_kernels = fresh("kernels")
+        run(b, model, kernels=warm_kernels)  # populate the kernel cache
+        warm_jax = fresh("jax")
+        run(b, model, kernels=warm_kernels, jax_cache=warm_jax)  # populate JAX's cache
+        for _ in range(repeats):
+            add(
+                f"{name}, kc cold, jax cold",
+                run(b, model, kernels=fresh("kc"), jax_cache=fresh("jc")),
+            )
+            add(
+                f"{name}, kc warm, jax cold",
+                run(b, model, kernels=warm_kernels, jax_cache=fresh("jc")),
+            )
+            add(
+                f"{name}, kc cold, jax warm",
+                run(b, model, kernels=fresh("kc"), jax_cache=warm_jax),
+            )
+            add(
+                f"{name}, kc warm, jax warm",
+                run(b, model, kernels=warm_kernels, jax_cache=warm_jax),
+            )
+            add(
+                f"{name} ptx, kc warm, jax cold",
+                run(b, model, embed="ptx", kernels=warm_kernels, jax_cache=fresh("jc")),
+            )
     return results
 
 
@@ -309,27 +334,61 @@ def main() -> None:
         action="store_true",
         help="no GPU: only lower for cuda:90 (checks the script, not the speed)",
     )
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="LABEL=PATHS",
+        help="a jax-triton to compare with: its label, and PYTHONPATH entries holding it",
+    )
+    parser.add_argument(
+        "--bridge",
+        action="append",
+        default=[],
+        metavar="LABEL=PATHS",
+        help="the bridge in an environment (default: 'bridge' as installed)",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="LABEL:NAME=VALUE",
+        help="an environment variable for one peer or bridge variant",
+    )
     args = parser.parse_args()
     global DRY_RUN
     DRY_RUN = args.dry_run
-    with_peer = peer_available() and not DRY_RUN
-    if not with_peer:
-        print(
-            "note: jax_triton is not importable; the peer rows are skipped "
-            "(pip install jax-triton==0.3.1 --no-deps)"
-        )
+
+    def variants(impl: str, specs: list[str]) -> list[Variant]:
+        return [Variant(impl, *spec.split("=", 1)) for spec in specs]
+
+    peers = variants("peer", args.peer)
+    if not args.peer and peer_available():
+        peers = [Variant("peer", "peer")]
+    if DRY_RUN or not peers:
+        peers = []
+        print("note: no peer rows (pass --peer LABEL=PATHS, e.g. a folder with jax-triton 0.4.1)")
+    bridges = variants("bridge", args.bridge) or [Variant("bridge", "bridge")]
+    by_label = {v.label: v for v in (*peers, *bridges)}
+    for spec in args.env:
+        label, _, assignment = spec.partition(":")
+        name, _, value = assignment.partition("=")
+        if label not in by_label:
+            parser.error(f"--env {spec}: no peer or bridge is labelled {label!r}")
+        by_label[label].env[name] = value
     work = Path(tempfile.mkdtemp(prefix="warm-start-"))
     summary: dict = {"repeats": args.repeats, "models": {}}
     try:
         for model in args.models.split(","):
             print(f"model {model}:", flush=True)
-            res = measure(model, args.repeats, work, with_peer)
+            res = measure(model, args.repeats, work, peers, bridges)
             summary["models"][model] = {state: medians(rows) for state, rows in res.items()}
             summary["models"][model]["_checks"] = {
                 state: {
                     "ok": all(r["ok"] for r in rows),
                     "jax_cache_hits": [r["jax_cache_hits"] for r in rows],
                     "kernel_compiles": [r["kernel_compiles"] for r in rows],
+                    "triton": sorted({r["triton"] for r in rows}),
                 }
                 for state, rows in res.items()
             }
@@ -338,37 +397,56 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
 
     print()
-    print(f"{'model':6} {'state':30} " + " ".join(f"{p:>11}" for p in PHASES) + f" {'total':>8}")
+    print(f"{'model':6} {'state':42} " + " ".join(f"{p:>11}" for p in PHASES) + f" {'total':>8}")
     for model, states in summary["models"].items():
         for state, m in states.items():
             if state.startswith("_"):
                 continue
             total = sum(m[p] for p in PHASES)
             print(
-                f"{model:6} {state:30} "
+                f"{model:6} {state:42} "
                 + " ".join(f"{m[p]:11.3f}" for p in PHASES)
                 + f" {total:8.3f}"
             )
     ratios: dict = {}
+
+    def total(m: dict) -> float:
+        return sum(m[p] for p in PHASES)
+
     for model, states in summary["models"].items():
         r: dict = {}
-        warm = states["bridge, kc warm, jax warm"]
-        inline = states["bridge, kc warm, jax cold"]
-        ptx = states["bridge ptx, kc warm, jax cold"]
-        r["xla_compile_ptx_over_inline"] = (
-            ptx["compile"] / inline["compile"] if inline["compile"] else None
-        )
-        r["warm_lower_s"] = warm["lower"]
-        if "peer, JAX cache warm" in states:
-            peer = states["peer, JAX cache warm"]
-            r["lower_speedup_vs_peer"] = peer["lower"] / warm["lower"]
-            total = lambda m: sum(m[p] for p in PHASES)  # noqa: E731
-            r["total_speedup_vs_peer"] = total(peer) / total(warm)
-            r["lower_speedup_kc_warm_jax_cold_vs_peer_off"] = (
-                states["peer, JAX cache off"]["lower"] / inline["lower"]
-            )
+        for b in bridges:
+            warm = states[f"{b.label}, kc warm, jax warm"]
+            inline = states[f"{b.label}, kc warm, jax cold"]
+            ptx = states[f"{b.label} ptx, kc warm, jax cold"]
+            mine: dict = {
+                "xla_compile_ptx_over_inline": (
+                    ptx["compile"] / inline["compile"] if inline["compile"] else None
+                ),
+                "warm_lower_s": warm["lower"],
+            }
+            for peer in peers:
+                theirs = states[f"{peer.label}, JAX cache warm"]
+                mine[f"vs {peer.label}"] = {
+                    "lower_speedup": theirs["lower"] / warm["lower"],
+                    "total_speedup": total(theirs) / total(warm),
+                    "lower_speedup_kc_warm_jax_cold_vs_peer_jax_off": (
+                        states[f"{peer.label}, JAX cache off"]["lower"] / inline["lower"]
+                    ),
+                }
+            r[b.label] = mine
         ratios[model] = r
     summary["ratios"] = ratios
+    if ratios:
+        print()
+        for model, per_bridge in ratios.items():
+            for label, mine in per_bridge.items():
+                for peer_label, vs in mine.items():
+                    if peer_label.startswith("vs "):
+                        print(
+                            f"{model:6} {label} {peer_label}: warm lowering "
+                            f"{vs['lower_speedup']:.1f}x, whole process {vs['total_speedup']:.2f}x"
+                        )
     print()
     print(json.dumps(summary, sort_keys=True))
     if args.out:

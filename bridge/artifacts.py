@@ -6,8 +6,8 @@ on CUDA, the sha256 of the PTX, which is stored as its own entry under a key der
 ``(key, "ptx")``. A PTX entry is only ever used together with the binary whose metadata names
 its digest, so a pruned or mismatched companion costs a recompile, never a wrong pairing.
 
-Cache failures never fail the caller: ``get_or_create`` degrades to an in-memory artifact, and a
-companion that cannot be stored is rebuilt next time.
+Cache failures never fail the caller: ``get_or_create_each`` degrades to an in-memory artifact,
+and a companion that cannot be stored is rebuilt next time.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -26,7 +26,7 @@ from .record import plain
 from .versions import triton_version
 
 if TYPE_CHECKING:
-    from kernelcache import Cache
+    from kernelcache import Artifact, Cache
     from kernelcache.config import Settings
 
     from .binding import Bound
@@ -70,7 +70,9 @@ def as_cache(cache: CacheArg, cfg: Settings | None = None) -> Cache:
 
 @dataclass(frozen=True)
 class KernelBinary:
-    """A compiled kernel as the lowering needs it."""
+    """A compiled kernel as the lowering needs it. ``meta`` holds only the metadata fields the
+    cache's entry digest covers (``kernelcache.schema.COVERED_FIELDS``): a kernel is never
+    launched with a field that could have changed on disk unnoticed."""
 
     key: str
     ext: str
@@ -80,6 +82,14 @@ class KernelBinary:
     built: bool  # compiled by this call (a kernel-cache miss)
 
 
+def _binary(
+    key: str, ext: str, data: bytes, meta: Mapping[str, Any], ptx: str | None, built: bool
+) -> KernelBinary:
+    from kernelcache.schema import covered_metadata
+
+    return KernelBinary(key, ext, data, covered_metadata(meta), ptx, built)
+
+
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -87,15 +97,31 @@ def _sha256(text: str) -> str:
 def _store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> None:
     from kernelcache import CacheError
 
+    fields = {"kind": "ptx", "of": key, "name": meta.get("name"), "target": meta.get("target")}
     try:
         cache.put(
             derived_key(key, PTX_EXT),
             PTX_EXT,
             ptx.encode(),
-            {"kind": "ptx", "of": key, "name": meta.get("name"), "target": meta.get("target")},
+            {k: v for k, v in fields.items() if v is not None},
         )
     except (CacheError, ValueError) as e:
         logger.warning("kernelcache: cannot store the PTX of %s: %s", key, e)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One kernel asked of :func:`fetch_many`: ``build()`` compiles it on a miss, ``describe``
+    turns the compile result into the entry's metadata; ``need_ptx``: the PTX is wanted too;
+    an entry whose metadata ``usable`` rejects is compiled again and used from memory."""
+
+    key: str
+    ext: str
+    build: Callable[[], Compiled]
+    describe: Callable[[Compiled], dict[str, Any]]
+    need_ptx: bool
+    #: whether a cached entry's metadata has what this call needs (None: any entry will do)
+    usable: Callable[[Mapping[str, Any]], bool] | None = None
 
 
 def fetch(
@@ -112,47 +138,101 @@ def fetch(
     With ``need_ptx``, the PTX that produced the binary is returned too. An entry whose
     metadata ``usable`` rejects (written by an older bridge without what this call needs) is
     compiled again and used from memory."""
-    built: list[Compiled] = []
+    return fetch_many(cache, [Request(key, ext, build, describe, need_ptx, usable)])[0]
 
-    def build_entry() -> tuple[bytes, dict[str, Any]]:
-        compiled = build()
-        built.append(compiled)
-        meta = describe(compiled)
-        if compiled.ptx is not None:
-            meta["ptx_sha256"] = _sha256(compiled.ptx)
-            if need_ptx:  # before the binary, under the build lock: waiters then find both
-                _store_ptx(cache, key, compiled.ptx, meta)
-        return compiled.binary, meta
 
-    art = cache.get_or_create(key, ext, build_entry)
-    if usable is not None and not built and not usable(art.meta):
+def fetch_many(cache: Cache, requests: Sequence[Request]) -> list[KernelBinary]:
+    """The kernels of ``requests``, in order, the missing ones compiled with work stealing
+    across the processes sharing ``cache`` (see :func:`fetch_each`).
+
+    Raises:
+        whatever the first failing ``build`` raises.
+    """
+    out: list[KernelBinary | None] = [None] * len(requests)
+    for index, result in fetch_each(cache, requests):
+        if isinstance(result, Exception):
+            raise result
+        out[index] = result
+    return [kb for kb in out if kb is not None]
+
+
+def fetch_each(
+    cache: Cache, requests: Sequence[Request], *, wait: bool = True
+) -> Iterator[tuple[int, KernelBinary | Exception | None]]:
+    """Yield ``(index, kernel)`` for every request as its kernel is ready.
+
+    Through :meth:`kernelcache.Cache.get_or_create_each`: this process compiles every missing
+    kernel whose build lock is free, then waits for those that other processes are compiling
+    (taking over any whose compiler died); each kernel is compiled once across the processes
+    sharing the cache. On CUDA the PTX is stored before the binary, under the build lock, so a
+    process that reads the binary finds its PTX. Whoever compiled what, the returned kernels
+    (binary, metadata fields, PTX) are the same.
+
+    Yields:
+        ``(index, result)`` in completion order: the :class:`KernelBinary`, the exception its
+        compile raised, or (``wait=False``) None for a kernel another process is compiling.
+    """
+    from kernelcache import BuildItem
+
+    #: what this process compiled, per (key, ext): requests for the same kernel share it
+    built: dict[tuple[str, str], list[Compiled]] = {(r.key, r.ext): [] for r in requests}
+
+    def builder(request: Request) -> Callable[[], tuple[bytes, dict[str, Any]]]:
+        def build_entry() -> tuple[bytes, dict[str, Any]]:
+            compiled = request.build()
+            built[(request.key, request.ext)].append(compiled)
+            meta = request.describe(compiled)
+            if compiled.ptx is not None:
+                meta["ptx_sha256"] = _sha256(compiled.ptx)
+                if request.need_ptx:  # before the binary, under the build lock: readers find both
+                    _store_ptx(cache, request.key, compiled.ptx, meta)
+            return compiled.binary, meta
+
+        return build_entry
+
+    items = [BuildItem(r.key, r.ext, builder(r)) for r in requests]
+    for index, art in cache.get_or_create_each(items, wait=wait):
+        if art is None or isinstance(art, Exception):
+            yield index, art
+            continue
+        try:
+            request = requests[index]
+            yield index, _paired(cache, request, art, built[(request.key, request.ext)])
+        except Exception as e:  # a failing recompile of a missing PTX, reported per request
+            yield index, e
+
+
+def _paired(cache: Cache, request: Request, art: Artifact, built: list[Compiled]) -> KernelBinary:
+    """The kernel of ``art``, with its PTX when the request needs it (recompiled when the
+    cache has no matching PTX)."""
+    key, ext = request.key, request.ext
+    if request.usable is not None and not built and not request.usable(art.meta):
         logger.warning(
             "kernelcache: the metadata of %s lacks what this lowering needs (an entry from an "
             "older version?); compiling it again in memory",
             key,
         )
-        compiled = build()
-        meta = describe(compiled)
-        return KernelBinary(key, ext, compiled.binary, meta, compiled.ptx, True)
-    if not need_ptx:
-        return KernelBinary(key, ext, art.data, art.meta, None, bool(built))
+        compiled = request.build()
+        return _binary(key, ext, compiled.binary, request.describe(compiled), compiled.ptx, True)
+    if not request.need_ptx:
+        return _binary(key, ext, art.data, art.meta, None, bool(built))
     if built and built[0].binary == art.data:
         ptx = built[0].ptx
         assert ptx is not None
-        return KernelBinary(key, ext, art.data, art.meta, ptx, True)
+        return _binary(key, ext, art.data, art.meta, ptx, True)
     want = art.meta.get("ptx_sha256")
     companion = cache.get(derived_key(key, PTX_EXT), PTX_EXT)
     if companion is not None and want and _sha256(companion.data.decode()) == want:
-        return KernelBinary(key, ext, art.data, art.meta, companion.data.decode(), False)
+        return _binary(key, ext, art.data, art.meta, companion.data.decode(), False)
     # the PTX is missing (pruned) or belongs to another build: compile again for a matching pair
     logger.info("kernelcache: PTX of %s missing from the cache; recompiling", key)
-    compiled = build()
+    compiled = request.build()
     meta = dict(art.meta)
     if compiled.binary == art.data:
         _store_ptx(cache, key, compiled.ptx or "", meta)
-        return KernelBinary(key, ext, art.data, meta, compiled.ptx, True)
-    meta.update(describe(compiled), ptx_sha256=_sha256(compiled.ptx or ""))
-    return KernelBinary(key, ext, compiled.binary, meta, compiled.ptx, True)
+        return _binary(key, ext, art.data, meta, compiled.ptx, True)
+    meta.update(request.describe(compiled), ptx_sha256=_sha256(compiled.ptx or ""))
+    return _binary(key, ext, compiled.binary, meta, compiled.ptx, True)
 
 
 def entry_metadata(

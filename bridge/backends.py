@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
+import re
 from types import ModuleType
 from typing import Any
 
 from .errors import BackendUnavailable, OptionError
 from .targets import Target
+
+logger = logging.getLogger(__name__)
 
 _INSTALL = {
     "nvidia": "install the standard Triton wheel (pip install triton), which includes it",
@@ -90,6 +94,21 @@ def options_class(target: Target) -> type:
     return cls
 
 
+def llvm_ptx_isa(target: Target, written: int) -> int | None:
+    """The PTX ISA Triton lets LLVM generate code for when it writes PTX ISA ``written`` (as
+    10*major + minor) for ``target``: Triton's own ``get_features`` (``min(written, 90)`` in
+    Triton 3.9). None where this Triton's backend does not say."""
+    try:
+        module = compiler_module("nvidia")
+        options = dataclasses.replace(options_class(target)(), ptx_version=written)
+        features = str(module.get_features(options, int(target.arch)))
+    except (AttributeError, TypeError, ValueError, BackendUnavailable) as e:
+        logger.debug("Triton's nvidia backend does not say which PTX ISA LLVM targets: %s", e)
+        return None
+    m = re.search(r"\+ptx(\d+)", features)
+    return int(m.group(1)) if m else None
+
+
 @functools.cache
 def option_names(target_backend: str) -> frozenset[str]:
     """Field names of the options class of "cuda" or "hip" (empty if the backend is missing)."""
@@ -119,35 +138,61 @@ def check_options(target: Target, names: set[str] | frozenset[str]) -> None:
         )
 
 
+#: FP fusion (contracting a*b+c into one fused multiply-add) when neither the call
+#: (``enable_fp_fusion=``) nor Triton's TRITON_DEFAULT_FP_FUSION says: Triton's documented default
+#: from 3.6 through 3.9. The bridge always passes the option explicitly, so a kernel's code and its
+#: key stay the same when a Triton release changes its own default (3.9 announces that 3.10 will).
+DEFAULT_FP_FUSION = True
+
+
+def default_fp_fusion() -> bool:
+    """``enable_fp_fusion`` for a call that does not set it: Triton's TRITON_DEFAULT_FP_FUSION
+    where that is set (in the environment or through ``triton.knobs``), else
+    :data:`DEFAULT_FP_FUSION`."""
+    from triton import knobs
+
+    knob = vars(type(knobs.language)).get("default_fp_fusion")
+    name = getattr(knob, "key", "TRITON_DEFAULT_FP_FUSION")
+    if knobs.getenv(name) is None:
+        return DEFAULT_FP_FUSION
+    return bool(knobs.language.default_fp_fusion)
+
+
 @functools.cache
 def make_backend(target: Target) -> Any:
     """An instance of the backend compiler for ``target``, shared per process.
 
+    Its options always hold an explicit ``enable_fp_fusion`` (see :func:`default_fp_fusion`).
     On AMD the instance binds arguments without importing torch: Triton 3.6 imports torch to
     decide the 32-bit pointer-range specialization, which the bridge answers from the array's
     size in bytes instead (the placeholder arrays carry ``ptr_range()``).
     """
-    cls = backend_class(target)
-    if target.backend == "hip":
-        cls = _hip_binding_backend(cls)
-    return cls(target.triton())
+    return _bridge_backend(backend_class(target), target.backend == "hip")(target.triton())
 
 
 @functools.cache
-def _hip_binding_backend(cls: Any) -> type:
+def _bridge_backend(cls: Any, hip: bool) -> type:
+    """``cls`` with the bridge's option defaults (and, on AMD, its tensor specialization)."""
     from triton.backends.compiler import BaseBackend
 
-    def get_tensor_specialization(arg, **kwargs):
-        try:
-            return cls.get_tensor_specialization(arg, **kwargs)
-        except ImportError:
-            from triton import knobs
+    def parse_options(self: Any, options: dict[str, Any]) -> Any:
+        if options.get("enable_fp_fusion") is None:
+            options = {**options, "enable_fp_fusion": default_fp_fusion()}
+        return cls.parse_options(self, options)
 
-            spec = BaseBackend.get_tensor_specialization(arg, **kwargs)
-            if knobs.amd.use_buffer_ops and arg.ptr_range() <= 2**31 - 1:
-                spec += "S"
-            return spec
+    body: dict[str, Any] = {"parse_options": parse_options}
+    if hip:
 
-    return type(
-        cls.__name__, (cls,), {"get_tensor_specialization": staticmethod(get_tensor_specialization)}
-    )
+        def get_tensor_specialization(arg, **kwargs):
+            try:
+                return cls.get_tensor_specialization(arg, **kwargs)
+            except ImportError:
+                from triton import knobs
+
+                spec = BaseBackend.get_tensor_specialization(arg, **kwargs)
+                if knobs.amd.use_buffer_ops and arg.ptr_range() <= 2**31 - 1:
+                    spec += "S"
+                return spec
+
+        body["get_tensor_specialization"] = staticmethod(get_tensor_specialization)
+    return type(cls.__name__, (cls,), body)

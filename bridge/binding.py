@@ -14,9 +14,11 @@ Autotune configurations and heuristics are applied the way Triton's launcher app
 from __future__ import annotations
 
 import functools
+import importlib.abc
 import logging
 import math
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,20 +264,37 @@ def _binder(fn: Any, backend: Any) -> Any:
     return create_function_from_signature(fn.signature, fn.params, backend)
 
 
+class _RefuseTorch(importlib.abc.MetaPathFinder):
+    """Refuses ``import torch`` in one thread, and notes whether it was asked."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.asked = False
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        if threading.get_ident() == self.thread and fullname.partition(".")[0] == "torch":
+            self.asked = True
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+        return None
+
+
 @functools.cache
 def _prepare_specializer() -> None:
     """Initialise Triton's native argument specializer without importing PyTorch.
 
-    On its first call in a process, the specializer imports ``torch`` to recognise torch
-    tensors: one to three seconds on a machine where PyTorch is installed, paid by every
-    process at its first lowering. The bridge hands it placeholders for JAX arrays, never
-    torch tensors. So unless torch is already imported, that first call runs with ``torch``
-    unimportable; Triton then treats torch tensors launched later in this process like any
-    other object with ``data_ptr`` and ``dtype`` (the same results, a slightly slower path).
+    Triton 3.6 and 3.7 import ``torch`` in the specializer's first call in a process, to
+    recognise torch tensors: one to three seconds on a machine where PyTorch is installed, paid
+    by every process at its first lowering. The bridge hands it placeholders for JAX arrays, never
+    torch tensors. So unless torch is already imported, that first call runs with ``import torch``
+    refused (in this thread only); Triton then treats torch tensors launched later in this
+    process like any other object with ``data_ptr`` and ``dtype`` (the same results, a slightly
+    slower path). Whether this Triton asks for torch at all is observed, not assumed from its
+    version: later releases look torch up only where it is already imported, and then nothing
+    is refused.
     """
     if "torch" in sys.modules:
         return
-    # import what the specializer imports first, so the window below is one C call
+    # import what the specializer imports first, so that only its own import of torch is refused
     import triton._utils
     import triton.experimental.gluon.nvidia.hopper
     import triton.language
@@ -284,16 +303,16 @@ def _prepare_specializer() -> None:
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
 
-    sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` fail
+    refuse = _RefuseTorch()
+    sys.meta_path.insert(0, refuse)
     try:
         native_specialize_impl(BaseBackend, 1, False, True, True)
-    except (AttributeError, ImportError, TypeError) as e:
-        # A Triton whose specializer does not import torch this way: it initialises normally
-        # on its next call, as if this function had not run.
-        logger.debug("Triton's specializer was not initialised ahead: %s", e)
     finally:
-        if "torch" in sys.modules and sys.modules["torch"] is None:
-            del sys.modules["torch"]
+        sys.meta_path.remove(refuse)
+    logger.debug(
+        "Triton's specializer initialised; it %s",
+        "asked for torch, which was refused" if refuse.asked else "does not import torch",
+    )
 
 
 def bind(parts: KernelParts, backend: Any, named: Mapping[str, Any], variant: Variant) -> Bound:

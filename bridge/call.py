@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.extend
 import numpy as np
 
 try:  # the public homes of the primitive registries (jax 0.8 - 0.11)
@@ -64,7 +63,19 @@ CUSTOM_CALL_LEGACY = versions.LEGACY_TARGET
 
 
 # -- the primitive ------------------------------------------------------------------------
-triton_call_p = jax.extend.core.Primitive("kernelcache_triton_call")
+def _primitive_class() -> Any:
+    """``jax.extend.core.Primitive``, without importing all of ``jax.extend`` where JAX's own
+    class is at hand (``import jax.extend`` loads Pallas: about 30 ms)."""
+    try:
+        from jax._src.core import Primitive
+    except ImportError:  # pragma: no cover - a JAX that moved it: the public path
+        import jax.extend
+
+        return jax.extend.core.Primitive
+    return Primitive
+
+
+triton_call_p = _primitive_class()("kernelcache_triton_call")
 triton_call_p.multiple_results = True
 
 
@@ -166,7 +177,7 @@ def _kernel_message(
     call: CallSpec, target: targets.Target, mode: str, kb: KernelBinary, cache: Cache, jaxlib: str
 ) -> Any:
     m = proto.messages()
-    meta = kb.meta
+    meta = kb.meta  # read only fields the entry digest covers (kernelcache.schema.LAUNCH_FIELDS)
     name, shared, warps = str(meta["name"]), int(meta["shared"]), int(meta["num_warps"])
     threads = warps * target.warp_size
     if threads > targets.MAX_THREADS_PER_BLOCK:
@@ -207,7 +218,11 @@ def _kernel_message(
         kernel.ptx = handoff.materialize(str(cache.root), f"{kb.key}.{kb.ext}", kb.binary)
         return kernel
     if target.backend == "cuda":
-        kernel.ptx = embed.marked_ptx(kb.ptx or "", kb.key)
+        ptx = kb.ptx or ""
+        if mode == "ptx" or not versions.honours_module_image(jaxlib):  # jaxlib runs ptxas
+            where = f"{call.parts.qualname} on {target}"
+            ptx = embed.assembled_ptx(ptx, target, where, cache, strict=mode == "ptx")
+        kernel.ptx = embed.marked_ptx(ptx, kb.key)
     else:
         kernel.ptx = embed.hsaco_token(kb.key, str(meta.get("digest", "")))
     if mode == "inline":
@@ -363,18 +378,26 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
     m = proto.messages()
     configs = []
     needs = versions.MODULE_IMAGE if mode == "inline" else (0,)
-    for spec in specialize.specialize_call(
+    specs = specialize.specialize_call(
         call.parts, call.named, call.kwargs, call.options, target, cache
-    ):
+    )
+    memo_keys = [(spec.key, str(target), str(cache.root)) for spec in specs]
+    n_descs = {
+        mk: _check_descriptors(call, spec, jaxlib)
+        for mk, spec in zip(memo_keys, specs, strict=True)
+    }
+    missing = {mk: spec for mk, spec in zip(memo_keys, specs, strict=True) if mk not in _memo}
+    usable = [
+        (lambda meta, n=n_descs[mk]: _descriptor_meta(meta, n) is not None) if n_descs[mk] else None
+        for mk in missing
+    ]
+    # every variant at once: compiled here or by another process, whichever is free first
+    fetched = specialize.fetch_many(list(missing.values()), cache, usable)
+    _memo.update(zip(missing, fetched, strict=True))
+    for spec, memo_key in zip(specs, memo_keys, strict=True):
         bound = spec.bound
-        n_desc = _check_descriptors(call, spec, jaxlib)
-        memo_key = (spec.key, str(target), str(cache.root))
-        kb = _memo.get(memo_key)
-        if kb is None:
-            usable = (
-                (lambda meta, n=n_desc: _descriptor_meta(meta, n) is not None) if n_desc else None
-            )
-            kb = _memo[memo_key] = specialize.fetch(spec, cache, usable=usable)
+        n_desc = n_descs[memo_key]
+        kb = _memo[memo_key]
         desc_meta = _descriptor_meta(kb.meta, n_desc) if n_desc else []
         if desc_meta is None:
             raise KernelArgumentError(

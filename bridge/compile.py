@@ -9,11 +9,13 @@ lines, the cubin and the HSACO are the same wherever the sources are checked out
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,3 +126,29 @@ def compile_source(src: Any, target: Target, backend: Any, options: Any) -> Comp
         _compiles += 1
     logger.debug("compiled %s for %s (%d bytes)", src.name, target, len(module))
     return Compiled(module, ptx, metadata)
+
+
+@contextlib.contextmanager
+def output_to_stderr() -> Iterator[None]:
+    """Send what is written to standard output, by Python code (``sys.stdout``) and by native
+    code (file descriptor 1), to standard error until the block ends; processes forked or
+    started in the block inherit it.
+
+    For commands whose standard output is one document (``--json``): whatever Triton prints
+    while compiling (IR dumps, messages of its native code) cannot get into the document.
+    """
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no file descriptor 1: only Python's output can be redirected
+        saved = -1
+    try:
+        if saved >= 0:
+            os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        if saved >= 0:
+            os.dup2(saved, 1)
+            os.close(saved)

@@ -6,7 +6,9 @@
   CUDA (valid for any fallback compile) and a key-derived token on ROCm; both end with the
   kernel key, so two different binaries never share it.
 - ``ptx``: CUDA PTX text in ``ptx``; jaxlib runs ptxas on it at XLA compile time (every process
-  whose JAX cache misses). For jaxlib without module_image.
+  whose JAX cache misses). For jaxlib without module_image. The ``.version`` line is the newest
+  PTX ISA the installed jaxlib's ptxas assembles where the code needs nothing newer, else the
+  lowering fails with the versions and the fix (see :mod:`bridge.ptxisa`).
 - ``path``: ROCm HSACO handed over by file path, for jaxlib without module_image (see
   :mod:`bridge.handoff` for how the read-then-delete race is avoided).
 - ``auto`` (default, or ``$KERNELCACHE_EMBED``): ``inline`` where the running jaxlib honours
@@ -16,11 +18,14 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import versions
+from . import backends, ptxisa, versions
 from .errors import EmbedError
 from .targets import Target
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +71,27 @@ def resolve(
             minimum,
         )
     return mode
+
+
+def assembled_ptx(ptx: str, target: Target, what: str, cache: Cache | None, strict: bool) -> str:
+    """``ptx`` for a jaxlib that assembles it itself: with the ``.version`` the installed
+    jaxlib's ptxas accepts (unchanged where that is unknown: no jaxlib CUDA plugin).
+
+    Raises:
+        EmbedError: with ``strict`` (``embed="ptx"``), the code needs a newer PTX ISA than that
+            ptxas assembles. Without it (inline machine code, which a newer jaxlib loads as is),
+            such PTX is left as Triton wrote it.
+    """
+    assembler = ptxisa.jaxlib_assembler(cache)
+    written = ptxisa.written_isa(ptx)
+    if assembler is None or written is None or written <= assembler.isa:
+        return ptx
+    try:
+        return ptxisa.lowered(ptx, assembler, backends.llvm_ptx_isa(target, written), what)
+    except EmbedError:
+        if strict:
+            raise
+        return ptx
 
 
 def marked_ptx(ptx: str, key: str) -> str:

@@ -1,8 +1,9 @@
 """The kernel key: computed without compiling, from everything that decides the binary.
 
-Ingredients, all Triton's own: the compiler's identity (``triton_key()``, memoized across
-processes), the source hash of the kernel with its dependencies and specialization
-(``ASTSource.hash()``: ``fn.cache_key``, signature, constexprs, attributes), the backend's
+Ingredients, all Triton's own: the compiler's identity (what ``triton_key()`` hashes, digested
+with xxh3 and memoized across processes: see :mod:`bridge.identity`), the source hash of the
+kernel with its dependencies and specialization (``ASTSource.hash()``: ``fn.cache_key``,
+signature, constexprs, attributes), the backend's
 identity (``backend.hash()``: target and, on CUDA, the ptxas version), the options (every field
 of the parsed options; extern libraries by content, not path), and the environment variables
 Triton declares cache-invalidating. Plus the language (Triton or Gluon), the target and the

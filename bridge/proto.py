@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import functools
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool
+if TYPE_CHECKING:
+    from google.protobuf import descriptor_pb2
 
-_F = descriptor_pb2.FieldDescriptorProto
 _PACKAGE = "jax_triton"
 
 
@@ -35,6 +35,8 @@ def _field(
     oneof: int | None = None,
     optional: bool = False,
 ) -> None:
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as _F
+
     f = msg.field.add(name=name, number=number, type=kind)
     f.label = _F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL
     if type_name:
@@ -48,6 +50,9 @@ def _field(
 
 
 def _schema() -> descriptor_pb2.FileDescriptorProto:
+    from google.protobuf import descriptor_pb2
+
+    _F = descriptor_pb2.FieldDescriptorProto
     fd = descriptor_pb2.FileDescriptorProto(
         name="kernelcache/bridge/triton.proto", package=_PACKAGE, syntax="proto3"
     )
@@ -174,7 +179,11 @@ def _schema() -> descriptor_pb2.FileDescriptorProto:
 
 @functools.lru_cache(maxsize=1)
 def messages() -> dict[str, type]:
-    """The message classes by name: TritonKernel, TritonKernelCall, TritonAnyKernelCall, ..."""
+    """The message classes by name: TritonKernel, TritonKernelCall, TritonAnyKernelCall, ...
+
+    protobuf is imported here, at the first lowering, not with the bridge."""
+    from google.protobuf import descriptor_pool
+
     pool = descriptor_pool.DescriptorPool()
     pool.Add(_schema())
     try:

@@ -7,20 +7,20 @@ lowering (:mod:`bridge.call`), warm's planning and its compile jobs (:mod:`bridg
 through :func:`specialize`, so warming a recorded call computes the very keys a lowering of that
 call for the same target computes.
 
-Nothing here compiles: :func:`fetch` takes a specialization from the cache, compiling it on a
-miss (once across the processes sharing the cache).
+Nothing here compiles: :func:`fetch` and :func:`fetch_many` take specializations from the
+cache, compiling them on a miss (once across the processes sharing the cache; many at once with
+work stealing between the processes).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import backends, binding, keys
-from .artifacts import KernelBinary, entry_metadata
-from .artifacts import fetch as fetch_entry
+from . import artifacts, backends, binding, keys
+from .artifacts import KernelBinary, Request, entry_metadata
 from .compile import compile_source
 from .errors import OptionError
 from .kernels import KernelParts
@@ -28,6 +28,9 @@ from .targets import MAX_THREADS_PER_BLOCK, Target
 
 if TYPE_CHECKING:
     from kernelcache import Cache
+
+#: whether a cached entry's metadata has what a call needs
+Usable = Callable[[Mapping[str, Any]], bool]
 
 
 @dataclass(frozen=True)
@@ -113,18 +116,12 @@ def specialize_call(
     ]
 
 
-def fetch(
-    spec: Specialization,
-    cache: Cache,
-    usable: Callable[[Mapping[str, Any]], bool] | None = None,
-) -> KernelBinary:
-    """The kernel of ``spec`` from ``cache``, compiled on a miss (once across the processes
-    sharing the cache); on CUDA with the PTX that produced it (see :func:`bridge.artifacts.fetch`).
-    An entry whose metadata ``usable`` rejects is compiled again in memory.
-    """
+def request(spec: Specialization, usable: Usable | None = None) -> Request:
+    """What :mod:`bridge.artifacts` is asked for the kernel of ``spec``: its key, how to
+    compile it and describe the result, (on CUDA) that its PTX is wanted too, and which cached
+    entries will do (``usable``: see :class:`bridge.artifacts.Request`)."""
     target, bound = spec.target, spec.bound
-    return fetch_entry(
-        cache,
+    return Request(
         spec.key,
         spec.ext,
         build=functools.partial(compile_source, spec.source, target, spec.backend, bound.options),
@@ -132,3 +129,28 @@ def fetch(
         need_ptx=target.backend == "cuda",
         usable=usable,
     )
+
+
+def fetch(spec: Specialization, cache: Cache, usable: Usable | None = None) -> KernelBinary:
+    """The kernel of ``spec`` from ``cache``, compiled on a miss (once across the processes
+    sharing the cache); on CUDA with the PTX that produced it (see :func:`bridge.artifacts.fetch`).
+    An entry whose metadata ``usable`` rejects is compiled again in memory.
+    """
+    return fetch_many([spec], cache, [usable])[0]
+
+
+def fetch_many(
+    specs: Sequence[Specialization],
+    cache: Cache,
+    usable: Sequence[Usable | None] | None = None,
+) -> list[KernelBinary]:
+    """The kernels of ``specs``, in order, the missing ones compiled with work stealing: this
+    process compiles those no other process is compiling, then waits for the rest (see
+    :func:`bridge.artifacts.fetch_each`). Each is compiled once across the processes sharing
+    the cache. ``usable[i]``, if given, tells which cached entries will do for ``specs[i]``.
+
+    Raises:
+        whatever Triton raises for the first kernel that fails to compile.
+    """
+    checks = list(usable) if usable is not None else [None] * len(specs)
+    return artifacts.fetch_many(cache, [request(s, u) for s, u in zip(specs, checks, strict=True)])

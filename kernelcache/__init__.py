@@ -5,7 +5,7 @@ that have neither. See ``Cache`` for the guarantees across processes.
 """
 
 from ._version import __version__
-from .cache import Cache, default_root
+from .cache import BuildItem, Cache, default_root
 from .config import ConfigError, settings
 from .errors import CacheError, LockTimeout, LockUnavailable
 from .keys import check_ext, check_key
@@ -15,6 +15,7 @@ from .tier import RemoteTier
 
 __all__ = [
     "Artifact",
+    "BuildItem",
     "Cache",
     "CacheError",
     "ConfigError",

@@ -10,21 +10,30 @@ package, ``pip install 'kernelcache[zstd]'``), holding exactly:
   digest) and ``compatibility`` holds the entry format version, this package's version, and the
   producer versions, targets and extensions found in the entries.
 
-Import is all-or-nothing against hostile input: a first pass reads the whole bundle without
-writing anything and rejects it (:class:`BundleError`, naming the member) for an absolute path,
-a ``..`` component, a link, a device or any other non-regular member, an unexpected name, a
-duplicate, a member over the size limit, a damaged archive, a bad manifest, a member the
-manifest does not list (or the reverse), or a size or digest mismatch. Only then does a second
-pass publish each entry through :meth:`Store.put` (atomic, first writer wins), re-checking each
-member's digest first; entries already present are skipped.
+Import is all-or-nothing: a first pass reads the whole bundle without writing anything and
+rejects it (:class:`BundleError`, naming the member or entry) for an absolute path, a ``..``
+component, a link, a device or any other non-regular member, an unexpected name, a duplicate, a
+member over the size limit, a manifest larger than its entries justify, a damaged archive, a bad
+manifest, an entry whose metadata the schema refuses (:mod:`kernelcache.schema`, entry digest
+included), a member the manifest does not list (or the reverse), a size or digest mismatch, and,
+with a signing key, an entry without a valid signature. ``dry_run`` stops there, with the same
+outcome. Only then does a second pass publish each entry through :meth:`Store.publish` (atomic,
+first writer wins), re-checking each member's digest first; entries already present are skipped.
+If anything fails during that pass (the file changed, a full disk), the entries this import
+published are deleted again before the error is raised: an import publishes everything or
+nothing. (A process killed during the second pass cannot roll back: the entries it published
+are whole and verified.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import io
 import json
 import os
+import stat
 import tarfile
 import time
 import uuid
@@ -37,15 +46,18 @@ import xxhash
 from ._version import __version__
 from .jsonio import load_json
 from .keys import META_EXT, split_entry_name
-from .store import (
+from .schema import (
     FORMAT_VERSION,
+    HMAC_FIELD,
+    MAX_META_BYTES,
     RESERVED_FIELDS,
-    Artifact,
-    Store,
-    WrongExt,
-    encode_metadata,
-    parse_metadata,
+    Invalid,
+    build_metadata,
+    check_document,
+    check_signature,
+    sign,
 )
+from .store import Artifact, Store, WrongExt
 from .table import EntryInfo
 
 BUNDLE_FORMAT = "kernelcache-bundle"
@@ -54,7 +66,11 @@ MANIFEST = "manifest.json"
 MEMBER_DIR = "entries"
 #: default limit on one artifact in a bundle (``import --max-member-size``)
 MAX_MEMBER_BYTES = 256 << 20
-MAX_MANIFEST_BYTES = 256 << 20
+#: a manifest may be this large, plus MANIFEST_PER_ENTRY for every entry member before it,
+#: and never more than MAX_MANIFEST_BYTES: it is read into memory and parsed whole
+MANIFEST_BASE = 1 << 20
+MANIFEST_PER_ENTRY = MAX_META_BYTES + 1024
+MAX_MANIFEST_BYTES = 64 << 20
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _OTHER_MAGIC = {
     b"\x1f\x8b": "gzip",
@@ -70,8 +86,8 @@ Progress = Callable[[int], object]
 class BundleError(ValueError):
     """A bundle cannot be written or is rejected; the message says which member and why.
 
-    ``imported`` counts the entries an import published before the error (0 for a bundle
-    rejected by the first pass: then nothing was written).
+    ``imported`` counts the entries an import published and could not remove again after the
+    error (normally 0: an import publishes everything or nothing).
     """
 
     def __init__(self, message: str, imported: int = 0) -> None:
@@ -158,15 +174,19 @@ def export_bundle(
     force: bool = False,
     progress: Progress | None = None,
     trust: str = "group",
+    signing_key: bytes | None = None,
 ) -> ExportResult:
     """Write ``entries`` of ``root`` to the bundle ``path``.
 
-    Each artifact is read and verified first (a corrupt or vanished entry is skipped and
-    listed in ``skipped``); reading never refreshes last-used stamps. The bundle appears at
-    ``path`` atomically, complete or not at all.
+    Each artifact is read and verified first (a corrupt, untrusted or vanished entry is
+    skipped and listed in ``skipped``); reading never refreshes last-used stamps. With
+    ``signing_key``, every entry of the manifest carries its HMAC (see
+    :func:`kernelcache.schema.sign`). The bundle appears at ``path`` atomically, complete or not
+    at all.
 
     Raises:
-        BundleError: ``path`` exists (without ``force``) or cannot be written.
+        BundleError: ``path`` exists (without ``force``) or cannot be written, or the manifest
+            would exceed :data:`MAX_MANIFEST_BYTES` (export fewer entries per bundle).
         MissingDependency: zstd was asked for and ``zstandard`` is not installed.
     """
     method = resolve_compression(path, compression)
@@ -202,6 +222,8 @@ def export_bundle(
                         skipped.append((entry.key, reason))
                         continue
                     doc = dict(art.meta)
+                    if signing_key is not None:
+                        doc[HMAC_FIELD] = sign(doc, hashlib.sha256(art.data).digest(), signing_key)
                     _add(tar, f"{MEMBER_DIR}/{art.key}.{art.ext}", art.data, doc.get("created"))
                     docs.append(doc)
                     total += len(art.data)
@@ -212,7 +234,13 @@ def export_bundle(
                     "compatibility": compatibility(docs),
                     "entries": docs,
                 }
-                body = json.dumps(manifest, sort_keys=True, indent=1).encode()
+                body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+                if len(body) > MAX_MANIFEST_BYTES:
+                    raise BundleError(
+                        f"the manifest of {len(docs)} entries would be {len(body)} bytes, more "
+                        f"than a bundle may hold ({MAX_MANIFEST_BYTES}); export fewer entries "
+                        "per bundle (--kernel, --target)"
+                    )
                 _add(tar, MANIFEST, body, manifest["created"])
             if writer is not None and zstd is not None:
                 writer.flush(zstd.FLUSH_FRAME)
@@ -247,6 +275,7 @@ class _Member:
     size: int
     digest: str
     data: bytes | None
+    sha256: bytes | None = None  # of the data, when asked for (signed imports)
 
 
 def _member_kind(m: tarfile.TarInfo) -> str | None:
@@ -308,10 +337,22 @@ def _open_tar(
         raise BundleError(f"not a tar archive ({e})") from None
 
 
+def manifest_limit(entries: int) -> int:
+    """The largest manifest a bundle with ``entries`` entry members before it may have."""
+    return min(MAX_MANIFEST_BYTES, MANIFEST_BASE + MANIFEST_PER_ENTRY * entries)
+
+
 def _members(
-    f: IO[bytes], max_member: int, *, keep_data: bool, progress: Progress | None = None
+    f: IO[bytes],
+    max_member: int,
+    *,
+    keep_data: bool,
+    sha256: bool = False,
+    progress: Progress | None = None,
 ) -> Iterator[_Member]:
-    """Each member of the bundle, checked (name, type, size) and hashed, in archive order."""
+    """Each member of the bundle, checked (name, type, size) and hashed, in archive order.
+    The manifest's size is checked against :func:`manifest_limit` from its header, before
+    any of it is read."""
     seen: set[str] = set()
     tar, stream, errors = _open_tar(f)
     try:
@@ -324,15 +365,23 @@ def _members(
             if name in seen:
                 raise BundleError(f"member {name!r} appears twice")
             seen.add(name)
-            limit = MAX_MANIFEST_BYTES if name == MANIFEST else max_member
-            if m.size > limit:
+            if name == MANIFEST:
+                entries = len(seen) - 1
+                limit = manifest_limit(entries)
+                if m.size > limit:
+                    raise BundleError(
+                        f"member {name!r} is oversized: {m.size} bytes, the limit for a "
+                        f"manifest after {entries} entries is {limit}"
+                    )
+            elif m.size > max_member:
                 raise BundleError(
-                    f"member {name!r} is oversized: {m.size} bytes, the limit is {limit}"
-                    + ("" if name == MANIFEST else " (raise it with --max-member-size)")
+                    f"member {name!r} is oversized: {m.size} bytes, the limit is {max_member} "
+                    "(raise it with --max-member-size)"
                 )
             source = tar.extractfile(m)
             assert source is not None
             hasher = xxhash.xxh3_128()
+            strong = hashlib.sha256() if sha256 and name != MANIFEST else None
             chunks = []
             got = 0
             while True:
@@ -341,6 +390,8 @@ def _members(
                     break
                 got += len(chunk)
                 hasher.update(chunk)
+                if strong is not None:
+                    strong.update(chunk)
                 if keep_data or name == MANIFEST:
                     chunks.append(chunk)
             if got != m.size:
@@ -348,7 +399,15 @@ def _members(
             data = b"".join(chunks) if keep_data or name == MANIFEST else None
             if progress is not None and name != MANIFEST:
                 progress(1)
-            yield _Member(name, key, ext, got, "xxh3_128:" + hasher.hexdigest(), data)
+            yield _Member(
+                name,
+                key,
+                ext,
+                got,
+                "xxh3_128:" + hasher.hexdigest(),
+                data,
+                None if strong is None else strong.digest(),
+            )
     except EOFError:
         raise BundleError("the bundle is truncated") from None
     except errors as e:
@@ -359,8 +418,19 @@ def _members(
             stream.close()
 
 
-def _parse_manifest(raw: bytes) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """{member name: metadata document}, compatibility block; raises BundleError."""
+@dataclass(frozen=True)
+class _Listed:
+    """An entry of a manifest, checked: its document, and the fields ``put`` will get."""
+
+    doc: dict[str, Any]
+    fields: dict[str, Any]
+
+
+def _parse_manifest(raw: bytes) -> tuple[dict[str, _Listed], dict[str, Any]]:
+    """{member name: entry}, compatibility block; raises BundleError naming what is wrong.
+
+    Every entry is checked against the metadata schema and its entry digest (entries of
+    bundles from older versions have none), and its fields as ``put`` will store them."""
     try:
         doc = load_json(raw)
     except ValueError as e:
@@ -382,20 +452,54 @@ def _parse_manifest(raw: bytes) -> tuple[dict[str, dict[str, Any]], dict[str, An
             f"bad manifest: entry format {compat.get('entry_format')!r} differs from this "
             f"kernelcache's ({FORMAT_VERSION})"
         )
-    by_name: dict[str, dict[str, Any]] = {}
+    by_name: dict[str, _Listed] = {}
     keys: set[str] = set()
     for number, meta in enumerate(entries):
         key = meta.get("key") if isinstance(meta, dict) else None
         if not isinstance(key, str) or split_entry_name(f"{key}.{META_EXT}") is None:
             raise BundleError(f"bad manifest: entry #{number} has no valid key")
-        checked = parse_metadata(encode_metadata(meta), key)
-        if isinstance(checked, str):
-            raise BundleError(f"bad manifest: entry {key}: {checked}")
+        checked = check_document(meta, key, require_digest=False)
+        if isinstance(checked, Invalid):
+            raise BundleError(f"bad manifest: entry {key}: {checked.reason}")
         if key in keys:
             raise BundleError(f"bad manifest: key {key} is listed twice")
         keys.add(key)
-        by_name[f"{MEMBER_DIR}/{key}.{checked['ext']}"] = checked
+        fields = {k: v for k, v in checked.items() if k not in RESERVED_FIELDS}
+        try:  # exactly what put will check and store
+            build_metadata(key, checked["ext"], checked["size"], checked["digest"], fields)
+        except ValueError as e:
+            raise BundleError(f"bad manifest: entry {key}: {e}") from None
+        by_name[f"{MEMBER_DIR}/{key}.{checked['ext']}"] = _Listed(checked, fields)
     return by_name, compat
+
+
+def _open_bundle(path: str) -> IO[bytes]:
+    """``path`` opened for reading, if it is a regular file (a FIFO or device is refused
+    without blocking on it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise BundleError(f"cannot open {path}: {e.strerror}") from e
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BundleError(f"{path} is not a regular file")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _roll_back(store: Store, keys: Sequence[str]) -> int:
+    """Delete the entries an import published; return how many could not be deleted."""
+    left = 0
+    for key in keys:
+        try:
+            if store.delete(key, wait=store.lock_timeout) is None:
+                left += 1
+        except (OSError, ValueError):
+            left += 1
+    return left
 
 
 def import_bundle(
@@ -405,27 +509,27 @@ def import_bundle(
     max_member_size: int = MAX_MEMBER_BYTES,
     dry_run: bool = False,
     progress: Progress | None = None,
+    signing_key: bytes | None = None,
 ) -> ImportResult:
     """Verify the bundle ``path`` completely, then publish its entries into ``store``.
 
-    With ``dry_run`` only the verification runs. Entries whose key is already present (and
-    valid) are skipped; a key present with another extension is a conflict, left alone.
+    With ``dry_run`` only the verification runs (the same as for a real import: what it
+    accepts, the import publishes). Entries whose key is already present (and valid, under
+    the store's trust policy) are skipped; a key present with another extension is a conflict,
+    left alone. With ``signing_key``, every entry must carry a valid signature.
 
     Raises:
-        BundleError: the bundle is rejected; nothing was written. (If the file changes between
-            the two passes, the error says so; entries published before that are complete and
-            verified.)
+        BundleError: the bundle is rejected, or changed while being imported; nothing was
+            written (``imported`` counts entries that could not be removed again, normally 0).
         MissingDependency: a zstd bundle and no ``zstandard``.
-        CacheError: the store cannot take an entry (read-only root, full disk, ...).
+        CacheError: the store cannot take an entry (read-only root, full disk, ...); the
+            entries this import published before are removed again.
     """
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise BundleError(f"cannot open {path}: {e.strerror}") from e
-    with f:
-        if not os.path.isfile(path) or not f.seekable():
-            raise BundleError(f"{path} is not a regular file")
-        members = {m.name: m for m in _members(f, max_member_size, keep_data=False)}
+    with _open_bundle(path) as f:
+        members = {
+            m.name: m
+            for m in _members(f, max_member_size, keep_data=False, sha256=signing_key is not None)
+        }
         manifest = members.pop(MANIFEST, None)
         if manifest is None or manifest.data is None:
             raise BundleError(f"bad manifest: the bundle has no {MANIFEST}")
@@ -437,48 +541,75 @@ def import_bundle(
         if unlisted:
             raise BundleError(f"member {unlisted[0]!r} is not listed in the manifest")
         for name, member in sorted(members.items()):
-            meta = listed[name]
+            meta = listed[name].doc
             if member.size != meta["size"] or member.digest != meta["digest"]:
                 raise BundleError(
                     f"member {name!r} does not match the manifest (size {member.size} vs "
                     f"{meta['size']}, digest {member.digest} vs {meta['digest']}): the bundle "
                     "is corrupt or was tampered with"
                 )
+            if signing_key is not None:
+                assert member.sha256 is not None
+                why = check_signature(meta, member.sha256, signing_key)
+                if why is not None:
+                    raise BundleError(
+                        f"entry {meta['key']} is refused: {why} (KERNELCACHE_SIGNING_KEY is "
+                        "set: only bundles signed with it are imported)"
+                    )
         checker = Store(store.root, readonly=True, trust=store.trust)
         present = 0
         conflicts: list[tuple[str, str]] = []
         todo = []
-        for name, meta in sorted(listed.items()):
-            existing = checker.read(meta["key"])
+        for name, entry in sorted(listed.items()):
+            existing = checker.read(entry.doc["key"])
             if isinstance(existing, Artifact):
-                if existing.ext == meta["ext"]:
+                if existing.ext == entry.doc["ext"]:
                     present += 1
                 else:
-                    conflicts.append((meta["key"], f"holds a .{existing.ext} artifact"))
+                    conflicts.append((entry.doc["key"], f"holds a .{existing.ext} artifact"))
                 continue
             todo.append(name)
         if dry_run or not todo:
-            size = sum(listed[n]["size"] for n in todo)
+            size = sum(listed[n].doc["size"] for n in todo)
             return ImportResult(
                 path, len(listed), len(todo), present, size, tuple(conflicts), compat, dry_run
             )
         wanted = set(todo)
+        published: list[str] = []
         imported = 0
         size = 0
-        for member in _members(f, max_member_size, keep_data=True, progress=progress):
-            if member.name not in wanted:
-                continue
-            meta = listed[member.name]
-            if member.digest != meta["digest"] or member.data is None:
-                raise BundleError(
-                    f"{path} changed while being imported (member {member.name!r})", imported
-                )
-            fields = {k: v for k, v in meta.items() if k not in RESERVED_FIELDS}
-            try:
-                store.put(member.key, member.ext, member.data, fields)
-            except WrongExt as e:
-                conflicts.append((member.key, str(e)))
-                continue
-            imported += 1
-            size += member.size
+        try:
+            for member in _members(
+                f,
+                max_member_size,
+                keep_data=True,
+                sha256=signing_key is not None,
+                progress=progress,
+            ):
+                if member.name not in wanted:
+                    continue
+                entry = listed[member.name]
+                original = members[member.name]
+                if (
+                    member.digest != entry.doc["digest"]
+                    or member.data is None
+                    or member.sha256 != original.sha256
+                ):
+                    raise BundleError(
+                        f"{path} changed while being imported (member {member.name!r})"
+                    )
+                try:
+                    _, created = store.publish(member.key, member.ext, member.data, entry.fields)
+                except WrongExt as e:
+                    conflicts.append((member.key, str(e)))
+                    continue
+                if created:
+                    published.append(member.key)
+                imported += 1
+                size += member.size
+        except BaseException as e:
+            left = _roll_back(store, published)
+            if isinstance(e, BundleError):
+                e.imported = left
+            raise
     return ImportResult(path, len(listed), imported, present, size, tuple(conflicts), compat, False)

@@ -4,7 +4,9 @@ Reads go to the writable root, then each read-only root in order, then the remot
 any); a remote hit is verified and published into the writable root. Writes go to the writable
 root (and the remote tier). ``get_or_create`` runs at most one ``build`` per key at a time
 across every process sharing the writable root (single flight): the others wait for the
-builder's lock and then read its result.
+builder's lock and then read its result. ``get_or_create_many`` does the same for many keys
+with work stealing: a process builds every missing key whose lock is free before it waits for
+the keys that other processes are building, and takes over those whose builder died.
 
 Failures of the cache never fail the caller's job: ``get`` turns them into misses and
 ``get_or_create`` into an artifact built in memory, with one warning per kind of failure.
@@ -15,7 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +26,35 @@ from . import stats
 from .config import parse_variable, settings, variable
 from .errors import CacheError, LockTimeout
 from .keys import check_ext, check_key
-from .store import Artifact, Problem, Store, WrongExt, digest, make_metadata
+from .locks import Held
+from .schema import RESERVED_FIELDS, Invalid, check_document, digest, make_metadata
+from .store import Artifact, Problem, Store, WrongExt
 from .tier import RemoteTier
 
 logger = logging.getLogger(__name__)
 
 BuildFn = Callable[[], "tuple[bytes, Mapping[str, Any]]"]
 _warned: set[tuple[str, str]] = set()
+#: the first and the longest pause between two rounds of tries while other processes build
+POLL_FIRST = 0.0005
+POLL_MAX = 0.01
+
+
+class _Busy:
+    """A build lock another process holds."""
+
+
+_BUSY = _Busy()
+
+
+@dataclass(frozen=True)
+class BuildItem:
+    """One entry asked of :meth:`Cache.get_or_create_many`: ``build()`` makes it on a miss,
+    returning ``(data, meta)``."""
+
+    key: str
+    ext: str
+    build: BuildFn
 
 
 def warn_once(root: str, topic: str, message: str, *args: object) -> None:
@@ -53,10 +78,10 @@ def default_root() -> Path:
     return Path(platformdirs.user_cache_dir("kernelcache", appauthor=False))
 
 
-def _open_remote(url: str, root: str) -> RemoteTier:
+def _open_remote(url: str, root: str, signing_key: bytes | None) -> RemoteTier:
     from .remote import open_remote
 
-    return open_remote(url, stats_root=root)
+    return open_remote(url, stats_root=root, signing_key=signing_key)
 
 
 class Cache:
@@ -97,7 +122,7 @@ class Cache:
         if remote is None:
             remote = cfg.remote or ""
         self.remote: RemoteTier | None = (
-            (_open_remote(remote, self.root) if remote else None)
+            (_open_remote(remote, self.root, cfg.signing_secret()) if remote else None)
             if isinstance(remote, str)
             else remote
         )
@@ -154,31 +179,38 @@ class Cache:
         return None
 
     def _remote_lookup(self, key: str, ext: str) -> Artifact | None:
+        """Read ``key`` from the remote tier, check it like a local entry (schema, entry digest,
+        artifact digest) and publish it locally. Never raises: whatever the tier returns or
+        raises is a hit or a miss."""
         assert self.remote is not None
-        found = self.remote.get(key, ext)
+        try:
+            found = self.remote.get(key, ext)
+        except Exception as e:  # a tier must not raise; if one does, it is a miss
+            stats.count(self.root, remote_errors=1)
+            warn_once(self.root, "remote-raised", "kernelcache: the remote tier failed: %r", e)
+            return None
         if found is None:
             stats.count(self.root, remote_misses=1)
             return None
-        data, meta = found
-        if (
-            not isinstance(meta, Mapping)
-            or meta.get("key") != key
-            or meta.get("ext") != ext
-            or meta.get("size") != len(data)
-            or meta.get("digest") != digest(data)
-        ):
+        checked = _check_remote(found, key, ext)
+        if isinstance(checked, str):
             stats.count(self.root, remote_errors=1, corrupt=1)
-            warn_once(self.root, "remote-corrupt", "kernelcache: rejected a corrupt remote entry")
+            warn_once(
+                self.root,
+                "remote-corrupt",
+                "kernelcache: rejected a corrupt remote entry (%s): %s",
+                key,
+                checked,
+            )
             return None
+        data, meta = checked
         stats.count(self.root, remote_hits=1, hits=1, bytes_read=len(data))
-        fields = {
-            k: v for k, v in meta.items() if k not in ("format", "key", "ext", "size", "digest")
-        }
+        fields = {k: v for k, v in meta.items() if k not in RESERVED_FIELDS}
         try:
             art = self.store.put(key, ext, data, fields)
         except (CacheError, WrongExt) as e:
             warn_once(self.root, "write", "kernelcache: cannot store under %s: %s", self.root, e)
-            return Artifact(key, ext, data, None, dict(meta), "remote")
+            return Artifact(key, ext, data, None, meta, "remote")
         return Artifact(art.key, art.ext, art.data, art.path, art.meta, "remote")
 
     # -- writing --------------------------------------------------------------------------
@@ -212,61 +244,196 @@ class Cache:
         ``build()`` returns ``(data, meta)``. Concurrent callers for the same missing key, in
         any process sharing the writable root, wait for the one builder and read its result.
         If the lock cannot be had within the lock timeout, or the entry cannot be stored, the
-        artifact is built and returned from memory (``path`` None) with one warning.
+        artifact is built and returned from memory (``path`` None) with one warning. The
+        one-key case of :meth:`get_or_create_many`.
 
         Raises:
             ValueError: malformed key or ext.
             Exception: whatever ``build`` raises.
         """
-        check_key(key)
-        check_ext(ext)
-        art = self._lookup(key, ext)
-        if art is not None:
-            return art
+        return self.get_or_create_many([BuildItem(key, ext, build)])[0]
+
+    def get_or_create_many(self, items: Sequence[BuildItem]) -> list[Artifact]:
+        """The artifacts of ``items``, in order, building the missing ones with work stealing.
+
+        See :meth:`get_or_create_each` for what is guaranteed across processes.
+
+        Raises:
+            ValueError: a malformed key or ext (before any file is touched).
+            Exception: the first exception an item's ``build`` raised (its lock released;
+                items not reached yet are left to other processes or a later call).
+        """
+        results: list[Artifact | None] = [None] * len(items)
+        for index, result in self.get_or_create_each(items):
+            if isinstance(result, Exception):
+                raise result
+            results[index] = result
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]  # every slot was filled above
+
+    def get_or_create_each(
+        self, items: Sequence[BuildItem], *, wait: bool = True
+    ) -> Iterator[tuple[int, Artifact | Exception | None]]:
+        """Yield ``(index, result)`` for every item as its artifact is ready, building the
+        missing ones with work stealing.
+
+        Every key is looked up first. Then, for each missing key in order, the key's build lock
+        is tried without waiting: a key whose lock is had is re-checked under it and built;
+        a key whose lock another process holds (it is building that key) is skipped. Only when
+        nothing is left to build does the caller wait, retrying every remaining key without
+        blocking in a loop: it reads the result of whichever builder finishes first, and takes
+        over a key whose builder died (a ``flock`` is dropped with its process; a soft lock
+        of a dead process, or one not refreshed for the stale timeout, is broken).
+
+        Across processes sharing the writable root: at most one process builds a key at a
+        time (single flight, as :meth:`get_or_create`), so a key is built once in total unless
+        its builder dies or fails, or holds it past the lock timeout; a process never waits on
+        a key while it could build another one. With a remote tier, the builder of a key also
+        takes the tier's job-wide lock of that key (waiting for it up to the lock timeout), so
+        one machine builds it.
+
+        Never fails on a cache failure: a key whose lock cannot be taken is built without it,
+        and a key held by another process for longer than the lock timeout (of waiting since
+        it was first found held) is built privately, with one warning each.
+
+        Yields:
+            ``(index, result)`` in completion order, once per item: ``result`` is the
+            :class:`Artifact`, the exception the item's ``build`` raised (the key is left
+            unbuilt, its lock released), or, with ``wait=False``, None for a key another
+            process is building (nothing is waited for). Equal ``(key, ext)`` items are built
+            once and yielded each. No lock is held while the caller runs between two results.
+
+        Raises:
+            ValueError: a malformed key or ext (at the call, before any file is touched).
+        """
+        slots: dict[tuple[str, str], list[int]] = {}
+        builds: dict[tuple[str, str], BuildFn] = {}
+        for index, item in enumerate(items):
+            check_key(item.key)
+            check_ext(item.ext)
+            slots.setdefault((item.key, item.ext), []).append(index)
+            builds.setdefault((item.key, item.ext), item.build)
+        return self._each(slots, builds, wait)
+
+    def _each(
+        self,
+        slots: dict[tuple[str, str], list[int]],
+        builds: dict[tuple[str, str], BuildFn],
+        wait: bool,
+    ) -> Iterator[tuple[int, Artifact | Exception | None]]:
+        pending: list[tuple[str, str]] = []
+        for entry in slots:
+            art = self._lookup(*entry)
+            if art is None:
+                pending.append(entry)
+            else:
+                yield from ((i, art) for i in slots[entry])
         if self.disabled:
-            stats.count(self.root, misses=1)
-            return self._build(key, ext, build, store=False)
-        started = time.monotonic()
-        held = None
+            for key, ext in pending:
+                stats.count(self.root, misses=1)
+                built = self._attempt(key, ext, builds[(key, ext)], None)
+                yield from ((i, built) for i in slots[(key, ext)])
+            return
+        held_since: dict[tuple[str, str], float] = {}  # first found held by another process
+        delay = POLL_FIRST
+        while pending:
+            left: list[tuple[str, str]] = []
+            for entry in pending:
+                key, ext = entry
+                result: Artifact | Exception | None = None
+                held = self._claim(key)
+                if not isinstance(held, _Busy):
+                    result = self._attempt(key, ext, builds[entry], held)
+                elif wait:
+                    now = time.monotonic()
+                    if entry not in held_since:
+                        held_since[entry] = now
+                        stats.count(self.root, lock_waits=1)
+                    result = self._local_lookup(key, ext)  # published, lock not yet released
+                    if result is None and now - held_since[entry] >= self.lock_timeout:
+                        result = self._private(key, ext, builds[entry])
+                    if result is None:
+                        left.append(entry)
+                        continue
+                # no lock is held here: hand the result over while the others wait their turn
+                yield from ((i, result) for i in slots[entry])
+            if left and len(left) == len(pending):
+                time.sleep(delay)  # every remaining key is being built elsewhere
+                delay = min(delay * 2, POLL_MAX)
+            else:
+                delay = POLL_FIRST
+            pending = left
+
+    def _claim(self, key: str) -> Held | _Busy | None:
+        """Try the build lock of ``key`` without waiting: the lock, None where locks cannot
+        be taken here (warned once), or ``_BUSY`` when another process holds it."""
         try:
-            held = self.store.locker.acquire(
-                key + ".build", shared=False, timeout=self.lock_timeout
-            )
+            return self.store.locker.acquire(key + ".build", shared=False, timeout=0)
         except LockTimeout:
-            stats.count(self.root, lock_timeouts=1)
-            warn_once(
-                self.root,
-                "build-lock",
-                "kernelcache: waited %.0fs for another builder under %s; building privately",
-                self.lock_timeout,
-                self.root,
-            )
+            return _BUSY
         except CacheError as e:
             warn_once(self.root, "locks", "kernelcache: building without a lock: %s", e)
+            return None
+
+    def _private(self, key: str, ext: str, build: BuildFn) -> Artifact | Exception:
+        """Build ``key`` without its lock after another process held it too long."""
+        stats.count(self.root, lock_timeouts=1)
+        warn_once(
+            self.root,
+            "build-lock",
+            "kernelcache: waited %.0fs for another builder under %s; building privately",
+            self.lock_timeout,
+            self.root,
+        )
+        return self._attempt(key, ext, build, None)
+
+    def _attempt(
+        self, key: str, ext: str, build: BuildFn, held: Held | None
+    ) -> Artifact | Exception:
+        """Look ``key`` up again under its lock ``held`` (if any) and build it if still
+        missing; the lock is released before returning. A failing build is returned."""
         try:
-            if time.monotonic() - started > 0.002:
-                stats.count(self.root, lock_waits=1)
-            if held is not None:
-                art = self._lookup(key, ext)
-                if art is not None:
-                    return art
-            release_remote = None
-            if self.remote is not None:
-                release_remote = self.remote.acquire(key, self.lock_timeout)
-                if release_remote is not None:
-                    art = self._remote_lookup(key, ext)
-                    if art is not None:
-                        release_remote()
-                        return art
-            try:
-                stats.count(self.root, misses=1)
-                return self._build(key, ext, build, store=True)
-            finally:
-                if release_remote is not None:
-                    release_remote()
+            return self._build_locked(key, ext, build, held)
+        except Exception as e:  # the caller decides: raise it, or report it per item
+            return e
         finally:
-            if held is not None:
+            if isinstance(held, Held):
                 held.release()
+
+    def _build_locked(self, key: str, ext: str, build: BuildFn, held: Held | None) -> Artifact:
+        if self.disabled:
+            return self._build(key, ext, build, store=False)
+        if held is not None:
+            art = self._lookup(key, ext)
+            if art is not None:
+                return art
+        release_remote = None
+        if self.remote is not None:
+            release_remote = self.remote.acquire(key, self.lock_timeout)
+            if release_remote is not None:
+                art = self._remote_lookup(key, ext)
+                if art is not None:
+                    release_remote()
+                    return art
+        try:
+            stats.count(self.root, misses=1)
+            return self._build(key, ext, build, store=True)
+        finally:
+            if release_remote is not None:
+                release_remote()
+
+    def _local_lookup(self, key: str, ext: str) -> Artifact | None:
+        """A verified artifact of ``key`` in a local layer (the remote tier is not asked:
+        this runs in the waiting loop); counts a hit."""
+        for store in self.layers:
+            try:
+                result = store.get_checked(key, ext)
+            except OSError:
+                continue  # _lookup reports it when the key is looked up for real
+            if isinstance(result, Artifact):
+                stats.count(self.root, hits=1, bytes_read=len(result.data))
+                return result
+        return None
 
     def _build(self, key: str, ext: str, build: BuildFn, *, store: bool) -> Artifact:
         started = time.monotonic()
@@ -286,3 +453,25 @@ class Cache:
     def _in_memory(key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> Artifact:
         data = bytes(data)
         return Artifact(key, ext, data, None, make_metadata(key, ext, data, meta), "memory")
+
+
+def _check_remote(found: object, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | str:
+    """``(data, metadata)`` from a remote tier if they form a valid entry of ``key`` and
+    ``ext``; else what is wrong. Never raises."""
+    if not isinstance(found, tuple) or len(found) != 2:
+        return "the tier returned something other than (data, metadata)"
+    data, meta = found
+    if not isinstance(data, bytes):
+        return "the artifact is not bytes"
+    try:
+        plain = dict(meta) if isinstance(meta, Mapping) else meta
+    except Exception:  # a hostile Mapping
+        return "the metadata is not a mapping"
+    doc = check_document(plain, key)
+    if isinstance(doc, Invalid):
+        return doc.reason
+    if doc["ext"] != ext:
+        return f"it holds a .{doc['ext']} artifact, not .{ext}"
+    if doc["size"] != len(data) or doc["digest"] != digest(data):
+        return "the artifact does not match its size and digest"
+    return data, doc

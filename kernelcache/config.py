@@ -12,8 +12,9 @@ An unset or empty variable means its default.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,56 @@ def _stripped(raw: str) -> str:
     return raw.strip()
 
 
+#: the shortest signing key accepted
+MIN_KEY_BYTES = 16
+#: the largest key file read
+MAX_KEY_FILE_BYTES = 4096
+_KEY_HINT = "e.g. the output of `openssl rand -hex 32`"
+
+
+def _key(raw: str) -> bytes:
+    value = raw.strip().encode()
+    if len(value) < MIN_KEY_BYTES:
+        raise ValueError(f"a signing key must be at least {MIN_KEY_BYTES} bytes ({_KEY_HINT})")
+    return value
+
+
+def read_key_file(path: Path) -> bytes:
+    """The signing key in ``path`` (surrounding whitespace removed).
+
+    Raises:
+        ConfigError: the file cannot be read, is not a regular file, is readable by every
+            user, is too large, or holds a key shorter than :data:`MIN_KEY_BYTES`.
+    """
+    name = "KERNELCACHE_SIGNING_KEY_FILE"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConfigError(f"{name}={str(path)!r}: cannot read it: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{name}={str(path)!r}: not a regular file")
+        if st.st_mode & stat.S_IROTH:
+            raise ConfigError(
+                f"{name}={str(path)!r}: the key is readable by every user; chmod o-r it"
+            )
+        if st.st_size > MAX_KEY_FILE_BYTES:
+            raise ConfigError(f"{name}={str(path)!r}: larger than {MAX_KEY_FILE_BYTES} bytes")
+        raw = os.read(fd, MAX_KEY_FILE_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{name}={str(path)!r}: cannot read it: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    key = raw.strip()
+    if len(key) < MIN_KEY_BYTES:
+        raise ConfigError(
+            f"{name}={str(path)!r}: a signing key must be at least {MIN_KEY_BYTES} bytes "
+            f"({_KEY_HINT})"
+        )
+    return key
+
+
 @dataclass(frozen=True)
 class Variable:
     """One environment variable: how it is parsed, its default, and what it means."""
@@ -71,6 +122,7 @@ class Variable:
     default: Any
     shown_default: str  #: the default as the README shows it
     meaning: str
+    secret: bool = False  #: never shown in messages or diagnostics
 
 
 VARIABLES: tuple[Variable, ...] = (
@@ -170,6 +222,23 @@ VARIABLES: tuple[Variable, ...] = (
         "group",
         "whose artifacts are served: group (owner, root, root dir's owner and group), owner, any",
     ),
+    Variable(
+        "KERNELCACHE_SIGNING_KEY",
+        "signing_key",
+        _key,
+        None,
+        "(none)",
+        "sign Redis values and bundles with this key (HMAC-SHA256); refuse unsigned ones",
+        secret=True,
+    ),
+    Variable(
+        "KERNELCACHE_SIGNING_KEY_FILE",
+        "signing_key_file",
+        _path,
+        None,
+        "(none)",
+        "read the signing key from this file instead (not readable by every user)",
+    ),
 )
 
 
@@ -189,6 +258,22 @@ class Settings:
     disable: bool = False
     stats_log: bool = True
     trust: str = "group"
+    signing_key: bytes | None = field(default=None, repr=False)
+    signing_key_file: Path | None = None
+
+    def signing_secret(self) -> bytes | None:
+        """The key that signs and authenticates Redis values and bundles, or None.
+
+        Raises:
+            ConfigError: both variables are set, or the key file is unusable.
+        """
+        if self.signing_key is not None and self.signing_key_file is not None:
+            raise ConfigError(
+                "set KERNELCACHE_SIGNING_KEY or KERNELCACHE_SIGNING_KEY_FILE, not both"
+            )
+        if self.signing_key_file is not None:
+            return read_key_file(self.signing_key_file)
+        return self.signing_key
 
 
 def parse_variable(var: Variable, environ: Mapping[str, str] | None = None) -> Any:
@@ -204,7 +289,8 @@ def parse_variable(var: Variable, environ: Mapping[str, str] | None = None) -> A
     try:
         return var.parse(raw)
     except (ValueError, ConfigError) as e:
-        raise ConfigError(f"{var.name}={raw!r}: {e}") from None
+        shown = "***" if var.secret else repr(raw)
+        raise ConfigError(f"{var.name}={shown}: {e}") from None
 
 
 def variable(name: str) -> Variable:
@@ -230,9 +316,12 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 def environment_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The kernelcache variables that are set, for diagnostics (values as given)."""
+    """The kernelcache variables that are set, for diagnostics (values as given; secrets
+    as ``***``)."""
     env = os.environ if environ is None else environ
-    return {var.name: env[var.name] for var in VARIABLES if var.name in env}
+    return {
+        var.name: "***" if var.secret else env[var.name] for var in VARIABLES if var.name in env
+    }
 
 
 assert {v.field for v in VARIABLES} == {f.name for f in fields(Settings)}, "one variable per field"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import stat
 from array import array
@@ -37,7 +36,8 @@ from .table import KNOWN_DIRS, EntryTable
 logger = logging.getLogger(__name__)
 
 INDEX_NAME = "index.json"
-INDEX_VERSION = 3
+#: 3: rows are entries that pass the metadata schema and its entry digest; 4: a kind column
+INDEX_VERSION = 4
 #: the columns whose groups (entries and bytes per value) ``stats`` shows
 GROUPED = ("ext", "target", "kernel", "kind")
 _TOTALS = ("entries", "size", "meta_size")
@@ -138,11 +138,13 @@ def load_index(root: str) -> tuple[EntryTable, str | None]:
             return EntryTable(), None
         if not isinstance(strings, list) or not set(map(type, strings)) <= {str}:
             return EntryTable(), None
+        if not all(map(str.isprintable, strings)):  # what the schema lets into these columns
+            return EntryTable(), None
         if not all(set(map(type, c)) <= {int} for c in ints):
             return EntryTable(), None
         if not set(map(type, created)) <= {int, float, type(None)}:
             return EntryTable(), None
-        if not all(map(math.isfinite, filter(None, created))):
+        if not all(c is None or 0 <= c <= 1e11 for c in created):  # NaN and infinities too
             return EntryTable(), None
         if n:
             top = len(strings)

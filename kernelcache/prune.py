@@ -278,6 +278,8 @@ def _housekeeping(issue: Issue) -> Action | None:
         return Action(
             "delete-entry", issue.path, issue.size, "metadata without artifact", issue.key
         )
+    if issue.kind == "outdated" and issue.key is not None:
+        return Action("delete-entry", issue.path, issue.size, issue.detail, issue.key)
     return None
 
 

@@ -20,19 +20,29 @@ seconds), sizes an optional unit (``512K``, ``64M``, ``1GiB``: powers of 1024; `
 
 Layout in Redis, one string per entry (one round trip per read)::
 
-    <namespace>:v1:<key>        b"KCR1" | metadata length (uint32, big endian)
+    <namespace>:v2:<key>        b"KCR1" | metadata length (uint32, big endian)
                                 | the store's metadata JSON | the artifact bytes
-    <namespace>:v1:<key>:lock   build lock: an owner token, set with NX and an expiry
+    <namespace>:v2:<key>:lock   build lock: "<lock_ttl in ms>:<owner token>", set with NX and
+                                an expiry (PX)
+
+(``v1`` values, written by earlier versions without an entry digest, are never read.)
 
 Guarantees across processes and machines:
 
-* A value is used only if its header, metadata (format, key, ext, size) and xxh3-128 digest all
-  check out; anything else is a miss, counted as a remote error, and the bad value is deleted.
-  The cache verifies again before publishing a remote hit into its local root.
+* A value is used only if its header, its metadata (the schema of :mod:`kernelcache.schema`
+  and the entry digest, which covers the launch metadata) and the artifact's size and xxh3-128
+  digest all check out; anything else is a miss, counted as a remote error, and the bad value is
+  deleted. The cache verifies again before publishing a remote hit into its local root.
+* With a signing key (``KERNELCACHE_SIGNING_KEY``), values are stored with an HMAC-SHA256 over
+  their covered metadata and artifact bytes, and a value without a valid one is refused: a
+  miss, counted as ``unauthenticated``, one warning; it is left in place (a peer with the key
+  overwrites it when it rebuilds).
 * One builder per key across the job: :meth:`RedisTier.acquire` sets the lock key only if it is
   absent (``SET NX PX``) and releases it only while it still holds the owner's token; a dead
-  builder's lock expires after ``lock_ttl``. Waiters poll with backoff, stop waiting as soon as
-  the entry has appeared, and give up after their timeout (the caller then builds privately).
+  builder's lock expires after ``lock_ttl``. A lock found without an expiry (left by anyone),
+  or held longer than this client's ``lock_ttl``, is broken at once, with one warning. Waiters
+  poll with backoff, stop waiting as soon as the entry has appeared, and give up after their
+  timeout (the caller then builds privately).
 * Redis down, slow, full, evicting or returning garbage never fails or stalls the caller: every
   socket operation is bounded by ``timeout``, nothing is retried within a call, and a connection
   failure opens a circuit breaker: the server is not asked again for ``breaker`` seconds. A
@@ -47,7 +57,7 @@ a Redis URL is opened.
 
 from __future__ import annotations
 
-import json
+import hashlib
 import logging
 import math
 import os
@@ -67,14 +77,26 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 from . import stats
 from .config import ConfigError
 from .keys import check_ext, check_key
-from .store import MAX_META_BYTES, RESERVED_FIELDS, digest, make_metadata, parse_metadata
+from .schema import (
+    HMAC_FIELD,
+    MAX_META_BYTES,
+    RESERVED_FIELDS,
+    Invalid,
+    check_signature,
+    digest,
+    encode_metadata,
+    make_metadata,
+    parse_metadata,
+    sign,
+)
 from .tier import RemoteTier
 from .units import parse_bool, parse_duration, parse_size
 
 logger = logging.getLogger(__name__)
 
 #: version of the value layout; part of every Redis key, so a new layout never reads an old one
-REMOTE_FORMAT = 1
+#: (2: the metadata carries an entry digest, and optionally an HMAC)
+REMOTE_FORMAT = 2
 MAGIC = b"KCR1"
 _HEADER = struct.Struct(">4sI")
 #: Redis refuses strings larger than this
@@ -88,12 +110,13 @@ _warned_lock = threading.Lock()
 # -- the value format ---------------------------------------------------------------------
 def encode_value(meta: Mapping[str, Any], data: bytes) -> bytes:
     """One entry as a Redis value: magic, metadata length, metadata JSON, artifact bytes."""
-    raw_meta = json.dumps(meta, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    raw_meta = encode_metadata(meta)
     return b"".join((_HEADER.pack(MAGIC, len(raw_meta)), raw_meta, data))
 
 
 def decode_value(raw: bytes, key: str) -> tuple[bytes, dict[str, Any]] | str:
-    """Parse and verify a value read for ``key``.
+    """Parse and verify a value read for ``key`` (header, metadata schema and entry digest,
+    artifact size and digest; not the signature: see :func:`kernelcache.schema.check_signature`).
 
     Returns ``(data, metadata)``, or a string saying what is wrong (never raises).
     """
@@ -107,8 +130,8 @@ def decode_value(raw: bytes, key: str) -> tuple[bytes, dict[str, Any]] | str:
     if meta_len > MAX_META_BYTES or _HEADER.size + meta_len > len(raw):
         return "value is truncated (metadata length exceeds the value)"
     doc = parse_metadata(raw[_HEADER.size : _HEADER.size + meta_len], key)
-    if isinstance(doc, str):
-        return doc
+    if isinstance(doc, Invalid):
+        return doc.reason
     data = raw[_HEADER.size + meta_len :]
     if doc["size"] != len(data):
         return f"artifact is {len(data)} bytes, metadata says {doc['size']}"
@@ -283,17 +306,30 @@ def parse_url(url: str) -> tuple[str, RemoteOptions]:
 
 
 # -- the tier -------------------------------------------------------------------------------
-# Both scripts run atomically in Redis. KEYS[1] is the lock, KEYS[2] the entry.
+# Both scripts run atomically in Redis. KEYS[1] is the lock, KEYS[2] the entry. A lock's value
+# is "<its lock_ttl in ms>:<owner token>", so that its age is that ttl minus its PTTL.
 _ACQUIRE = """
 if redis.call('exists', KEYS[2]) == 1 then return 2 end
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+local ttl = tonumber(ARGV[2])
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ttl) then return 1 end
+local left = redis.call('pttl', KEYS[1])
+local held = redis.pcall('get', KEYS[1])
+local set_ttl = tonumber(string.match(type(held) == 'string' and held or '', '^(%d+):'))
+local stale = left == -1
+if not stale and left > 0 then
+  if set_ttl then stale = set_ttl - left > ttl else stale = left > ttl end
+end
+if stale then
+  redis.call('set', KEYS[1], ARGV[1], 'PX', ttl)
+  return 3
+end
 return 0
 """
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
 """
-_ACQUIRED, _READY = 1, 2
+_ACQUIRED, _READY, _BROKEN = 1, 2, 3
 _POLL_FIRST, _POLL_MAX = 0.02, 0.5
 
 
@@ -311,12 +347,17 @@ class RedisTier:
         url: see the module docstring.
         stats_root: the cache root whose counters take this tier's errors (default: a
             label of the URL; they still show in :func:`kernelcache.process_stats`).
+        signing_key: sign values with this key, and refuse values not signed with it (see
+            the module docstring); None: values are neither signed nor authenticated.
 
     Raises:
         ConfigError: bad URL or options, or redis-py is not installed.
     """
 
-    def __init__(self, url: str, *, stats_root: str | None = None) -> None:
+    def __init__(
+        self, url: str, *, stats_root: str | None = None, signing_key: bytes | None = None
+    ) -> None:
+        self._signing_key = signing_key
         self.url = redact(url)
         self._secrets = _secrets(url)
         address, self.options = parse_url(url)
@@ -461,6 +502,20 @@ class RedisTier:
             self._bump(misses=1)
             logger.debug("kernelcache: remote %s holds .%s, not .%s", key, meta["ext"], ext)
             return None
+        if self._signing_key is not None:
+            why = check_signature(meta, hashlib.sha256(data).digest(), self._signing_key)
+            if why is not None:
+                stats.count(self._stats_root, unauthenticated=1)
+                self._bump(misses=1, unauthenticated=1)
+                self._warn_once(
+                    "unauthenticated",
+                    "kernelcache: refused a value without a valid signature in %s (%s): %s "
+                    "(KERNELCACHE_SIGNING_KEY is set: only values signed with it are used)",
+                    self.url,
+                    key,
+                    why,
+                )
+                return None
         self._bump(hits=1)
         return data, meta
 
@@ -491,6 +546,8 @@ class RedisTier:
         doc = make_metadata(
             key, ext, data, {k: v for k, v in meta.items() if k not in RESERVED_FIELDS}
         )
+        if self._signing_key is not None:
+            doc[HMAC_FIELD] = sign(doc, hashlib.sha256(data).digest(), self._signing_key)
         value = encode_value(doc, data)
         if len(value) > self.options.max_size:
             self._bump(oversize=1)
@@ -525,8 +582,8 @@ class RedisTier:
         if not self._usable():
             return None
         lock = self.name(key) + ":lock"
-        token = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex}"
         ttl_ms = str(max(1, math.ceil(self.options.lock_ttl * 1000)))
+        token = f"{ttl_ms}:{_HOST}:{os.getpid()}:{uuid.uuid4().hex}"
         deadline = time.monotonic() + max(0.0, timeout)
         delay = _POLL_FIRST
         while True:
@@ -535,6 +592,17 @@ class RedisTier:
             )
             if failed:
                 return None
+            if state == _BROKEN:
+                self._bump(locks=1, locks_broken=1)
+                self._warn_once(
+                    "lock-broken",
+                    "kernelcache: broke the build lock of %s in %s: it had no expiry or was "
+                    "held longer than lock_ttl=%gs (a crashed or foreign client); building",
+                    key,
+                    self.url,
+                    self.options.lock_ttl,
+                )
+                return lambda: self._release(lock, token)
             if state == _ACQUIRED:
                 self._bump(locks=1)
                 return lambda: self._release(lock, token)
@@ -559,11 +627,13 @@ class RedisTier:
             logger.debug("kernelcache: build lock %s had expired before its release", lock)
 
 
-def open_remote(url: str, *, stats_root: str | None = None) -> RemoteTier:
+def open_remote(
+    url: str, *, stats_root: str | None = None, signing_key: bytes | None = None
+) -> RemoteTier:
     """Open the remote tier named by ``url`` (see the module docstring). Does not connect.
 
     Raises:
         ConfigError: the URL or an option is invalid (message lists the valid options), or
             the redis client is not installed.
     """
-    return RedisTier(url, stats_root=stats_root)
+    return RedisTier(url, stats_root=stats_root, signing_key=signing_key)

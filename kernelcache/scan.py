@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import math
 import os
 import stat
 import time
@@ -45,15 +44,8 @@ from .index import (
 )
 from .keys import KEY_PATTERN, META_EXT, split_entry_name
 from .locks import LOCK_DIR, Locker, open_subdir
-from .store import (
-    FUTURE_SLACK,
-    MAX_META_BYTES,
-    QUARANTINE_DIR,
-    TMP_DIR,
-    Artifact,
-    Store,
-    parse_metadata,
-)
+from .schema import MAX_META_BYTES, Invalid, parse_metadata
+from .store import FUTURE_SLACK, QUARANTINE_DIR, TMP_DIR, Artifact, Store
 from .table import COLUMNS, KNOWN_DIRS, EntryInfo, EntryTable
 
 #: files younger than this may belong to a write in progress: never reported or removed
@@ -61,6 +53,7 @@ GRACE_SECONDS = 3600.0
 #: kind -> what it means
 ISSUE_KINDS: dict[str, str] = {
     "corrupt": "an entry that must not be served: bad metadata, missing or wrong artifact",
+    "outdated": "an entry written by an older kernelcache (no entry digest): never served",
     "orphan-artifact": "an artifact file without metadata (older than the grace period)",
     "stale-temp": "a staging file in .tmp/ older than the grace period",
     "stale-lock": "a lock file nobody holds, or a soft lock whose holder is gone",
@@ -189,51 +182,43 @@ def _all_keys(table: Mapping[str, object]) -> bool:
     return not "".join(table).encode().translate(None, b"0123456789abcdef")
 
 
-def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | str:
-    """Read one metadata file: the entry it describes, or a string saying what is wrong."""
+def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | Invalid:
+    """Read one metadata file: the entry it describes, or why it is not one (``"gone"``:
+    deleted since the listing). The metadata is checked against the schema and its entry
+    digest, so every value in the record is of its type and range."""
     name = f"{key}.{META_EXT}"
     try:
         fd = os.open(name, READ_FLAGS, dir_fd=dfd)
     except FileNotFoundError:
-        return "gone"
+        return Invalid("gone")
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.EMLINK):
-            return "metadata is a symlink"
-        return f"metadata unreadable: {e.strerror}"
+            return Invalid("metadata is a symlink")
+        return Invalid(f"metadata unreadable: {e.strerror}")
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return "metadata is not a regular file"
+            return Invalid("metadata is not a regular file")
         raw = os.read(fd, 65536)
         if len(raw) == 65536:
             raw += os.read(fd, MAX_META_BYTES + 1 - len(raw))
     except OSError as e:
-        return f"metadata unreadable: {e.strerror}"
+        return Invalid(f"metadata unreadable: {e.strerror}")
     finally:
         os.close(fd)
-    if len(raw) > MAX_META_BYTES:
-        return "metadata is too large"
     doc = parse_metadata(raw, key)
-    if isinstance(doc, str):
+    if isinstance(doc, Invalid):
         return doc
-    kernel = doc.get("name")
-    target = doc.get("target")
-    created = doc.get("created")
-    kind = doc.get("kind")
     return EntryInfo(
         key,
         doc["ext"],
         -1,  # the artifact's size: measured by the caller, never taken from the metadata
         len(raw),
-        kernel if isinstance(kernel, str) else None,
-        target if isinstance(target, str) else None,
-        float(created)
-        if isinstance(created, (int, float))
-        and not isinstance(created, bool)
-        and math.isfinite(created)
-        else None,
+        doc.get("name"),
+        doc.get("target"),
+        float(doc["created"]) if "created" in doc else None,
         None,
         inode,
-        kind if isinstance(kind, str) else None,
+        doc.get("kind"),  # (the schema checked these fields' types)
     )
 
 
@@ -368,9 +353,10 @@ def _entries(
         if progress is not None and count % 256 == 0:
             progress(256)
         got = _read_entry(dfd, key, metas[key])
-        if isinstance(got, str):
-            if got != "gone":
-                issues.append(Issue("corrupt", f"{key}.{META_EXT}", got, key))
+        if isinstance(got, Invalid):
+            if got.reason != "gone":
+                kind = "outdated" if got.outdated else "corrupt"
+                issues.append(Issue(kind, f"{key}.{META_EXT}", got.reason, key))
             continue
         # The artifact's size is what the file system says. (A directory listing is not a
         # snapshot: an entry published during it may show its metadata without its artifact;
@@ -653,7 +639,7 @@ def verify(
         if isinstance(result, Artifact):
             good.append(entry)
         elif result is not None:  # None: deleted since the listing
-            kind = "untrusted" if result.untrusted else "corrupt"
+            kind = "untrusted" if result.untrusted else "outdated" if result.outdated else "corrupt"
             issues.append(
                 Issue(kind, f"{entry.key}.{META_EXT}", result.reason, entry.key, entry.nbytes)
             )

@@ -52,6 +52,7 @@ COUNTERS = (
     "remote_misses",
     "remote_errors",
     "remote_puts",
+    "unauthenticated",
 )
 
 _lock = threading.Lock()

@@ -15,15 +15,22 @@ Guarantees across processes and hosts sharing a root:
   ``os.replace`` under the key's exclusive lock. Readers hold a shared flock on the artifact
   while reading it, and deletion or quarantine first takes that flock exclusively, so an entry
   is never removed under a reader.
-* Every read checks the size and the xxh3-128 digest recorded in the metadata. A mismatch,
-  unreadable metadata, a symlink or a half entry is never returned: the entry is re-checked
-  under the exclusive lock and moved to ``.quarantine/``.
+* Every read checks the metadata against the schema and its entry digest (which covers the
+  launch metadata and the artifact's digest; see :mod:`kernelcache.schema`), and the artifact's
+  size and xxh3-128 digest. A mismatch, a value outside the schema, a symlink or a half entry is
+  never returned: the entry is re-checked under the exclusive lock and moved to
+  ``.quarantine/``. An entry written by an older kernelcache (no entry digest) is a miss,
+  replaced by the next put.
+* Under the trust policies ``owner`` and ``group``, an entry is served only if both its files
+  are owned by trusted users, writable by no one outside the trusted set, and have one link.
 * The first complete writer of a key wins; later writers find the entry and keep it.
 * Nothing is written through a symlink: staging, locks and quarantine are opened relative to
   directory descriptors with ``O_NOFOLLOW``, and ``os.replace`` replaces a planted link rather
   than following it.
-* Files and directories are created with mode 0o666/0o777 minus the umask, so a group-shared
-  root (``umask 002`` and a set-group-ID directory) stays writable for the whole group.
+* Directories are created with mode 0o777 minus the umask, so a group-shared root (``umask
+  002`` and a set-group-ID directory) stays writable for the whole group. Entry files get 0o666
+  minus the umask, less the write bits the trust policy refuses: group write only under
+  ``group`` and in the root directory's group, never write for others (except under ``any``).
 """
 
 from __future__ import annotations
@@ -43,36 +50,57 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
-from ._version import __version__
 from .config import Settings, settings
 from .errors import CacheError, LockTimeout, LockUnavailable
 from .fsio import READ_FLAGS
-from .jsonio import load_json
 from .keys import META_EXT, check_ext, check_key, split_entry_name
 from .locks import Held, Locker, open_subdir
+from .schema import (
+    FORMAT_VERSION,
+    MAX_META_BYTES,
+    RESERVED_FIELDS,
+    Invalid,
+    digest,
+    encode_metadata,
+    make_metadata,
+    parse_metadata,
+)
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_META_BYTES",
+    "RESERVED_FIELDS",
+    "TRUST_POLICIES",
+    "Artifact",
+    "Problem",
+    "Store",
+    "WrongExt",
+    "digest",
+    "encode_metadata",
+    "make_metadata",
+    "parse_metadata",
+]
+
 TMP_DIR = ".tmp"
 QUARANTINE_DIR = ".quarantine"
-MAX_META_BYTES = 1 << 20
 #: metadata documents remembered per store and process (see Store.read)
 MEMO_ENTRIES = 4096
 #: how often a hit refreshes an entry's last-used stamp (the metadata file's mtime)
 TOUCH_INTERVAL = 3600.0
 #: a last-used stamp further in the future than this is clock skew: it is reset to now
 FUTURE_SLACK = 300.0
-#: whose artifacts a store serves: an artifact is code that will run on the GPU
+#: whose entries a store serves: an artifact is code that will run on the GPU. Under "group"
+#: and "owner" an entry's files must also be writable only by the trusted users (no write bit
+#: for others; group write only under "group", for the root directory's group) and have
+#: exactly one link each.
 TRUST_POLICIES = {
     "group": "this user, root, the root directory's owner, and members of its group",
     "owner": "this user, root and the root directory's owner",
     "any": "every user (a private or fully trusted cache)",
 }
-#: fields the store writes itself; callers' metadata may not set them
-RESERVED_FIELDS = frozenset({"format", "key", "ext", "size", "digest"})
+_SHARED_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 _HINTS = {
     errno.ENOSPC: "free space on that filesystem or prune the cache (kernelcache prune)",
@@ -87,11 +115,6 @@ _HINTS = {
     errno.EEXIST: "point KERNELCACHE_DIR at a directory",
 }
 _HOST = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64]
-
-
-def digest(data: bytes | memoryview) -> str:
-    """The digest recorded for an artifact: ``xxh3_128:<32 hex digits>``."""
-    return "xxh3_128:" + xxhash.xxh3_128_hexdigest(data)
 
 
 @dataclass(frozen=True)
@@ -118,67 +141,16 @@ class Problem:
     key: str
     reason: str
     corrupt: bool = True
-    untrusted: bool = False  # written by a user the trust policy excludes: skipped, not moved
+    untrusted: bool = False  # written or writable by users the trust policy excludes: skipped
+    outdated: bool = False  # written by an older kernelcache: a miss, replaced by the next put
+
+
+def _problem(key: str, invalid: Invalid) -> Problem:
+    return Problem(key, invalid.reason, corrupt=not invalid.outdated, outdated=invalid.outdated)
 
 
 class WrongExt(ValueError):
     """The key already holds an artifact with another extension."""
-
-
-def make_metadata(key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> dict[str, Any]:
-    """The metadata document stored beside an artifact (the caller's fields plus the store's).
-
-    Raises:
-        ValueError: ``meta`` sets a reserved field, or is not JSON-serializable.
-    """
-    clash = RESERVED_FIELDS.intersection(meta)
-    if clash:
-        raise ValueError(f"metadata may not set the reserved field(s) {sorted(clash)}")
-    doc: dict[str, Any] = dict(meta)
-    producer = dict(doc.get("producer") or {})
-    producer.setdefault("kernelcache", __version__)
-    doc.update(
-        format=FORMAT_VERSION,
-        key=key,
-        ext=ext,
-        size=len(data),
-        digest=digest(data),
-        created=doc.get("created", time.time()),
-        producer=producer,
-    )
-    try:
-        json.dumps(doc, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"metadata for {key} is not JSON-serializable: {e}") from None
-    return doc
-
-
-def encode_metadata(doc: Mapping[str, Any]) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-
-
-def parse_metadata(raw: bytes, key: str) -> dict[str, Any] | str:
-    """Parse and check a metadata document; return it, or a string saying what is wrong."""
-    try:
-        doc = load_json(raw)
-    except ValueError as e:
-        return f"unreadable metadata ({e.__class__.__name__})"
-    if not isinstance(doc, dict):
-        return "metadata is not a JSON object"
-    if doc.get("format") != FORMAT_VERSION:
-        return f"unsupported metadata format {doc.get('format')!r}"
-    if doc.get("key") != key:
-        return "metadata names another key"
-    ext = doc.get("ext")
-    if not isinstance(ext, str) or split_entry_name(f"{key}.{ext}") is None or ext == META_EXT:
-        return "metadata has an invalid ext"
-    size = doc.get("size")
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        return "metadata has an invalid size"
-    dig = doc.get("digest")
-    if not isinstance(dig, str) or not dig.startswith("xxh3_128:"):
-        return "metadata has an invalid digest"
-    return doc
 
 
 def _stale_stamp(mtime: float) -> bool:
@@ -255,6 +227,7 @@ class Store:
         self.trust = trust
         self._trusted_uids: set[int] = set()
         self._untrusted_uids: set[int] = set()
+        self._root_owner: tuple[int, int] | None = None
 
     @classmethod
     def from_settings(
@@ -300,20 +273,25 @@ class Store:
             logger.warning(message, *args)
 
     # -- trust ----------------------------------------------------------------------------
+    def _root_ids(self) -> tuple[int, int] | None:
+        """(owner, group) of the root directory, read once; None while it cannot be read."""
+        if self._root_owner is None:
+            try:
+                st = os.stat(self.root)
+            except OSError:
+                return None
+            self._root_owner = (st.st_uid, st.st_gid)
+        return self._root_owner
+
     def _trusts(self, uid: int) -> bool:
-        """Whether artifacts owned by ``uid`` may be served (see TRUST_POLICIES); remembered."""
+        """Whether files owned by ``uid`` may be served (see TRUST_POLICIES); remembered."""
         if uid in self._untrusted_uids:
             return False
         trusted = self.trust == "any" or uid in (0, os.geteuid())
         if not trusted:
-            try:
-                root_st = os.stat(self.root)
-            except OSError:
-                root_st = None
-            if root_st is not None:
-                trusted = uid == root_st.st_uid or (
-                    self.trust == "group" and _in_group(uid, root_st.st_gid)
-                )
+            ids = self._root_ids()
+            if ids is not None:
+                trusted = uid == ids[0] or (self.trust == "group" and _in_group(uid, ids[1]))
         if trusted:
             self._trusted_uids.add(uid)
         else:
@@ -328,6 +306,65 @@ class Store:
                 self.trust,
             )
         return trusted
+
+    def _may_serve(self, st: os.stat_result) -> bool:
+        """The fast check: a trusted owner, no write bit for group or others, one link."""
+        return self.trust == "any" or (
+            st.st_uid in self._trusted_uids and not st.st_mode & _SHARED_WRITE and st.st_nlink == 1
+        )
+
+    def _refusal(self, st: os.stat_result, what: str) -> str | None:
+        """Why a file of an entry may not be served under the trust policy; None if it may.
+
+        Under ``owner`` and ``group`` the file must be owned by a trusted user, writable by no
+        one else (no write bit for others; a group write bit only under ``group`` and only for
+        the root directory's group), and have exactly one link: a second name of the file
+        could be written through, or be another key's entry.
+        """
+        if self._may_serve(st):
+            return None
+        uid = st.st_uid
+        if uid not in self._trusted_uids and not self._trusts(uid):
+            return f"{what} owned by untrusted user {uid}"
+        mode = stat.S_IMODE(st.st_mode)
+        writable = mode & _SHARED_WRITE
+        topic, reason = "", None
+        if writable & stat.S_IWOTH:
+            topic, reason = "other-writable", f"{what} is writable by every user (mode {mode:o})"
+        elif writable and self.trust == "owner":
+            topic = "group-writable"
+            reason = (
+                f"{what} is writable by its group (mode {mode:o}), which the owner policy "
+                "does not trust"
+            )
+        elif writable:
+            ids = self._root_ids()
+            if ids is None or st.st_gid != ids[1]:
+                topic = "foreign-group"
+                reason = f"{what} is writable by group {st.st_gid}, not the root directory's group"
+        if reason is None and st.st_nlink != 1:
+            topic, reason = "links", f"{what} has {st.st_nlink} hard links"
+        if reason is not None:
+            self.warn_once(
+                f"refused-{topic}",
+                "kernelcache: refusing an entry under %s: %s (KERNELCACHE_TRUST=%s: an entry's "
+                "files must be writable only by the users it trusts, with one link each)",
+                self.root,
+                reason,
+                self.trust,
+            )
+        return reason
+
+    def _write_bits(self, gid: int) -> int:
+        """The write bits for group and others that a file of this store (group ``gid``) may
+        keep under the trust policy, so that what this process writes passes its own checks."""
+        if self.trust == "any":
+            return _SHARED_WRITE
+        if self.trust == "group":
+            ids = self._root_ids()
+            if ids is not None and gid == ids[1]:
+                return stat.S_IWGRP
+        return 0
 
     # -- locks ----------------------------------------------------------------------------
     def lock(self, key: str, *, shared: bool, timeout: float | None = None) -> Held | None:
@@ -390,9 +427,10 @@ class Store:
             ast = os.fstat(afd)
             if not stat.S_ISREG(ast.st_mode):
                 return Problem(key, "artifact is not a regular file")
-            if ast.st_uid not in self._trusted_uids and not self._trusts(ast.st_uid):
-                reason = f"artifact owned by untrusted user {ast.st_uid}"
-                return Problem(key, reason, corrupt=False, untrusted=True)
+            if not self._may_serve(ast):
+                refusal = self._refusal(ast, "artifact")
+                if refusal is not None:
+                    return Problem(key, refusal, corrupt=False, untrusted=True)
             if ast.st_size != doc["size"]:
                 return Problem(
                     key, f"artifact has {ast.st_size} bytes, metadata says {doc['size']}"
@@ -442,6 +480,10 @@ class Store:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 return Problem(key, "metadata is not a regular file")
+            if not self._may_serve(st):
+                refusal = self._refusal(st, "metadata")
+                if refusal is not None:
+                    return Problem(key, refusal, corrupt=False, untrusted=True)
             if st.st_size > MAX_META_BYTES:
                 return Problem(key, "metadata is too large")
             raw = os.read(fd, st.st_size + 1)
@@ -450,8 +492,8 @@ class Store:
         finally:
             os.close(fd)
         doc = parse_metadata(raw, key)
-        if isinstance(doc, str):
-            return Problem(key, doc)
+        if isinstance(doc, Invalid):
+            return _problem(key, doc)
         if len(self._memo) >= MEMO_ENTRIES:
             self._memo.clear()
         self._memo[key] = ((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns), doc)
@@ -497,6 +539,12 @@ class Store:
         return CacheError(e.errno if e is not None and e.errno else errno.EIO, message)
 
     def _stage(self, tmp_fd: int, data: bytes) -> str:
+        """Write ``data`` to a new file in ``.tmp/``; return its name.
+
+        The file is created with mode 0o666 minus the umask, then loses the write bits the
+        trust policy would refuse (see :meth:`_write_bits`): what this process publishes is
+        never writable by users outside the trusted set, whatever the umask.
+        """
         name = f"{_HOST}-{os.getpid()}-{uuid.uuid4().hex}.tmp"
         fd = os.open(
             name,
@@ -505,6 +553,10 @@ class Store:
             dir_fd=tmp_fd,
         )
         try:
+            st = os.fstat(fd)
+            extra = st.st_mode & _SHARED_WRITE & ~self._write_bits(st.st_gid)
+            if extra:
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~extra)
             view = memoryview(data)
             while view:
                 written = os.write(fd, view)
@@ -541,11 +593,22 @@ class Store:
     def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> Artifact:
         """Publish an entry atomically; if a valid entry already exists, keep and return it.
 
+        An entry that cannot be served (corrupt, untrusted) is quarantined and replaced; one
+        written by an older kernelcache is replaced.
+
         Raises:
-            ValueError: invalid key, ext or metadata; or the key holds another extension.
+            ValueError: invalid key or ext; metadata that the schema refuses (the message names
+                the field); or the key holds another extension.
             CacheError: the entry could not be written (the message says why and what to do);
                 nothing partial is left behind.
         """
+        return self.publish(key, ext, data, meta)[0]
+
+    def publish(
+        self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]
+    ) -> tuple[Artifact, bool]:
+        """:meth:`put`, also saying whether this call published the entry (False: a valid
+        entry was already there and is returned)."""
         check_key(key)
         check_ext(ext)
         data = bytes(data)
@@ -573,9 +636,12 @@ class Store:
                 if isinstance(existing, Artifact):
                     if existing.ext != ext:
                         raise WrongExt(f"key {key} already holds a .{existing.ext} artifact")
-                    return existing
+                    return existing, False
                 if isinstance(existing, Problem):
-                    self._quarantine_locked(root_fd, key, existing.reason)
+                    if existing.outdated:
+                        self._remove_locked(root_fd, key)
+                    else:
+                        self._quarantine_locked(root_fd, key, existing.reason)
                 try:
                     os.replace(staged[0], f"{key}.{ext}", src_dir_fd=tmp_fd, dst_dir_fd=root_fd)
                     os.replace(
@@ -594,7 +660,7 @@ class Store:
                         os.unlink(name, dir_fd=tmp_fd)
                 os.close(tmp_fd)
             os.close(root_fd)
-        return Artifact(key, ext, data, self.path(key, ext), doc, "local")
+        return Artifact(key, ext, data, self.path(key, ext), doc, "local"), True
 
     # -- repair ---------------------------------------------------------------------------
     def repair(self, key: str, ext: str | None = None) -> Artifact | Problem | None:
@@ -680,6 +746,22 @@ class Store:
             for fd in readers or ():
                 os.close(fd)
         return moved
+
+    def _remove_locked(self, root_fd: int, key: str) -> None:
+        """Delete every file of ``key`` (caller holds the exclusive lock) unless a reader holds
+        one; best effort: the publish that follows replaces the files of the same names."""
+        names = self._names_of(key)
+        readers = self._exclude_readers(root_fd, names, wait=0.0)
+        if readers is None:
+            return
+        try:
+            for name in names:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=root_fd)
+        finally:
+            for fd in readers:
+                os.close(fd)
+        self._memo.pop(key, None)
 
     def _exclude_readers(self, root_fd: int, names: list[str], *, wait: float) -> list[int] | None:
         """Lock every artifact file in ``names`` exclusively (readers hold them shared).

@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# Set up .venv (first run) with every extra the tests use, then run the whole test suite.
-# triton is pinned to the GPU machine's release so CPU and GPU test the same compiler.
-# Arguments are passed to pytest, e.g. `bash scripts/test.sh -k store -x`.
+# Set up a virtual environment (first run) with every extra the tests use, then run the test
+# suite in it. Arguments are passed to pytest, e.g. `bash scripts/test.sh -k store -x`.
+#
+# By default the environment is .venv with triton pinned to the GPU machine's release, so CPU and
+# GPU test the same compiler. TRITON=3.9.0 VENV=.venv-triton39 sets up another supported Triton
+# beside it (see .ci/run, which runs the bridge's tests there too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$python" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[bridge,redis,zstd,progress,test]' 'triton==3.6.0'
+triton=${TRITON:-3.6.0}
+venv=${VENV:-.venv}
+unset TRITON VENV # not for the tests
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip
+"$venv/bin/python" -m pip install -q -e '.[bridge,redis,zstd,progress,test]' "triton==$triton"
 # jaxlib's Triton bindings (they import without a GPU): tests compare our protos with jaxlib's.
-jaxlib_version=$(.venv/bin/python -c 'import jaxlib; print(jaxlib.__version__)')
-.venv/bin/python -m pip install -q --no-deps "jax-cuda13-plugin==${jaxlib_version}"
+jaxlib_version=$("$venv/bin/python" -c 'import jaxlib; print(jaxlib.__version__)')
+"$venv/bin/python" -m pip install -q --no-deps "jax-cuda13-plugin==${jaxlib_version}"
+# the ptxas jaxlib runs on PTX (what `jax[cuda13]` installs beside the plugin): tests assemble
+# the PTX the bridge lowers for jaxlib with it
+"$venv/bin/python" -m pip install -q --no-deps 'nvidia-cuda-nvcc==13.0.88'
 # two workers: the suite spends much of its time waiting on child processes
-exec .venv/bin/python -m pytest -n 2 "$@"
+exec "$venv/bin/python" -m pytest -n 2 "$@"

@@ -143,3 +143,13 @@ counting(tc, "compile", "compile")
 counting(triton, "compile", "compile")
 counting(rc, "triton_key", "triton_key")
 """
+
+
+def cuda_devices() -> list[Any]:
+    """This machine's CUDA devices as JAX sees them (none without a GPU)."""
+    import jax
+
+    try:
+        return jax.devices("cuda")
+    except RuntimeError:
+        return []

@@ -752,11 +752,11 @@ def test_an_entry_without_what_the_lowering_needs_is_compiled_again(tmp_path, ca
         key,
         "cubin",
         build,
-        lambda c: {"name": "k", "fresh": True},
+        lambda c: {"name": "k", "tensordesc_meta": []},
         False,
-        usable=lambda meta: "fresh" in meta,
+        usable=lambda meta: "tensordesc_meta" in meta,
     )
-    assert kb.binary == b"new" and kb.meta["fresh"] and kb.built and built == [1]
+    assert kb.binary == b"new" and kb.meta["tensordesc_meta"] == [] and kb.built and built == [1]
     assert "compiling it again in memory" in caplog.text
     kb = artifacts.fetch(cache, key, "cubin", build, lambda c: {}, False, usable=lambda m: True)
     assert kb.binary == b"old" and built == [1]

@@ -7,29 +7,23 @@ Run on the GPU machine with:  python -m pytest -m gpu tests/test_bridge_gpu.py -
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from bridge_helpers import TESTS, run_child
+from bridge_helpers import TESTS, cuda_devices, decoded, kernels_of, run_child
 
 import bridge
 import kernelcache
-from bridge import versions
+from bridge import embed as bridge_embed
+from bridge import ptxisa, versions
 from examples import kernels as K
 from examples import ops
 
-
-def _cuda_devices() -> list:
-    try:
-        return jax.devices("cuda")
-    except RuntimeError:
-        return []
-
-
-HAS_GPU = bool(_cuda_devices())
+HAS_GPU = bool(cuda_devices())
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU")]
 MODES = ["ptx", "inline"] if versions.honours_module_image(versions.jaxlib_version()) else ["ptx"]
 
@@ -76,6 +70,38 @@ def test_gluon(cache, embed):
     x = rand((50_000,))
     out = jax.jit(lambda a: ops.gluon_scale(a, 3.0, warp_size=32, embed=embed, cache=cache))(x)
     np.testing.assert_allclose(np.asarray(out), np.asarray(x * 3.0), rtol=1e-6)
+
+
+def test_ptx_mode_hands_jaxlib_an_isa_its_ptxas_assembles(cache):
+    """embed="ptx" whatever ISA Triton writes (Triton 3.9: 9.4; jaxlib 0.11.2's ptxas: 9.0)."""
+    found = ptxisa.jaxlib_assembler(cache)
+    assert found is not None and os.path.isfile(found.origin), found
+    x, y = rand((8192,), seed=3), rand((8192,), seed=4)
+    fn = lambda a, b: ops.add(a, b, embed="ptx", cache=cache, block=256)  # noqa: E731
+    for call in decoded(fn, x, y):
+        for kernel in kernels_of(call):
+            assert ptxisa.written_isa(kernel.ptx) <= found.isa
+    np.testing.assert_array_equal(np.asarray(jax.jit(fn)(x, y)), np.asarray(x + y))
+
+
+def test_the_detected_isa_is_exactly_what_jaxlib_assembles(cache, monkeypatch):
+    """PTX one ISA newer than detected is refused by jaxlib, whose ptxas names the detected
+    ISA as its own: the detection is neither too old nor too new."""
+    found = ptxisa.jaxlib_assembler(cache)
+    assert found is not None
+    major, minor = (int(p) for p in found.cuda.split(".")[:2])
+    beyond = ptxisa.max_isa((major, minor + 1))
+    assert beyond > found.isa
+
+    def too_new(ptx, *args, **kwargs):
+        return re.sub(r"\.version \d+\.\d+", f".version {ptxisa.isa_text(beyond)}", ptx, count=1)
+
+    monkeypatch.setattr(bridge_embed, "assembled_ptx", too_new)
+    x, y = rand((8192,), seed=5), rand((8192,), seed=6)
+    fn = jax.jit(lambda a, b: ops.add(a, b, embed="ptx", cache=cache, block=128))
+    current = re.escape(f"current version is '{ptxisa.isa_text(found.isa)}'")
+    with pytest.raises(jax.errors.JaxRuntimeError, match=current):
+        fn(x, y).block_until_ready()
 
 
 def test_calling_conventions_on_device(cache):
@@ -208,7 +234,7 @@ def test_autotuned_in_place_kernel_is_applied_once(cache):
 
 
 def test_a_target_for_another_gpu_is_a_clear_error(cache):
-    other = "cuda:80" if _cuda_devices()[0].compute_capability != "8.0" else "cuda:90"
+    other = "cuda:80" if cuda_devices()[0].compute_capability != "8.0" else "cuda:90"
     with pytest.raises(bridge.TargetError, match="does not run on this machine"):
         jax.jit(lambda a, b: ops.add(a, b, target=other, cache=cache)).lower(
             jnp.ones(8), jnp.ones(8)
@@ -284,7 +310,7 @@ JAXLIB_TMA = versions.has_tma_descriptors(versions.jaxlib_version())
 
 
 def _hopper() -> bool:
-    devices = _cuda_devices()
+    devices = cuda_devices()
     return bool(devices) and float(devices[0].compute_capability) >= 9.0
 
 
@@ -659,7 +685,7 @@ def test_export_round_trip_runs(cache, embed, tmp_path):
     checks = [
         jax.export.DisabledSafetyCheck.custom_call(n) for n in bridge.CUSTOM_CALL_TARGET_NAMES
     ]
-    cc = _cuda_devices()[0].compute_capability.replace(".", "")
+    cc = cuda_devices()[0].compute_capability.replace(".", "")
     f = jax.jit(lambda a, b: ops.add(a, b, target=f"cuda:{cc}", embed=embed, cache=cache))
     spec = jax.ShapeDtypeStruct((4096,), jnp.float32)
     blob = jax.export.export(f, platforms=["cuda"], disabled_checks=checks)(spec, spec).serialize()

@@ -1,5 +1,6 @@
 """Across fresh processes: identical opaques (JAX's persistent cache keys on them), and a warm
-kernel cache means no Triton compile at all, not even Triton's 0.3 s ``triton_key()``."""
+kernel cache means no Triton compile at all. No process computes Triton's 0.3 s
+``triton_key()``: the compiler's identity is a faster digest of the same files, memoized."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_two_processes_identical_opaques_and_warm_start_compiles_nothing(tmp_pat
     # the first process compiled every kernel once: add x2 targets (each shared by two
     # embeddings), 4 matmul configs, softmax, Gluon x2
     assert cold["bridge_compiles"] == 9 and cold["counts"]["make_ir"] == 9
-    assert cold["counts"]["triton_key"] == 1
+    assert cold["counts"]["triton_key"] == 0
     # the second compiled nothing and did not even hash Triton's sources
     assert warm["counts"] == {"make_ir": 0, "compile": 0, "triton_key": 0}
     assert warm["bridge_compiles"] == 0

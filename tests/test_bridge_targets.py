@@ -103,20 +103,58 @@ def test_triton_identity_is_memoized_in_the_cache(tmp_path, monkeypatch):
     import kernelcache
 
     calls = []
-    real = rc.triton_key
+    real = identity.triton_digest
 
     def counting():
         calls.append(1)
         return real()
 
-    monkeypatch.setattr(rc, "triton_key", counting)
+    def never():
+        raise AssertionError("triton_key() computed")
+
+    monkeypatch.setattr(identity, "triton_digest", counting)
+    monkeypatch.setattr(rc, "triton_key", never)
     identity._memo.clear()
     cache = kernelcache.Cache(root=tmp_path)
     first = identity.triton_identity(cache)
     identity._memo.clear()
     second = identity.triton_identity(cache)
     assert first == second and len(calls) == 1
-    assert len(first) == 64
+    assert len(first) == 32
+
+
+def test_triton_digest_covers_the_contents_of_what_triton_key_reads(tmp_path, monkeypatch):
+    """The identity changes with the bytes of any file triton_key() reads, even where size
+    and mtime stay the same (a rebuilt libtriton, an edited backend)."""
+    import pkgutil
+
+    import triton
+
+    base, files = identity._triton_files()
+    walked = set()
+    for sub in ("compiler", "backends", "language"):
+        for lib in pkgutil.walk_packages([f"{base}/{sub}"], prefix=f"triton.{sub}."):
+            walked.add(lib.module_finder.find_spec(lib.name).origin)
+    assert walked <= set(files)  # every source file triton_key() hashes
+    assert any(f.endswith((".so", ".pyd")) and "libtriton" in f for f in files)
+    before = identity.triton_digest()
+    target = f"{base}/language/core.py"
+    real_open = open
+
+    def altered(path, *args, **kwargs):
+        if path == target:
+            copy = tmp_path / "core.py"
+            data = bytearray(real_open(path, "rb").read())
+            data[-1] ^= 1  # same size, one byte different
+            copy.write_bytes(bytes(data))
+            return real_open(copy, *args, **kwargs)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", altered)
+    assert identity.triton_digest() != before
+    monkeypatch.setattr("builtins.open", real_open)
+    assert identity.triton_digest() == before
+    assert triton.__version__
 
 
 def test_fingerprint_changes_with_the_installation(monkeypatch):

@@ -15,6 +15,7 @@ import zstandard
 from conftest import key_of
 from test_cli_support import files_under, kc, kc_json, put
 
+from kernelcache.schema import entry_digest
 from kernelcache.store import Store, digest
 
 
@@ -189,6 +190,7 @@ def _hostile(kind: str, members, manifest):
     if kind == "manifest-digest":
         doc = json.loads(json.dumps(manifest))
         doc["entries"][0]["digest"] = digest(b"something else")
+        doc["entries"][0]["entry_digest"] = entry_digest(doc["entries"][0])  # consistent
         return members, doc, None, "does not match the manifest"
     if kind == "not-in-manifest":
         info = tarfile.TarInfo(f"entries/{key_of('extra')}.cubin")

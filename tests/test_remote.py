@@ -372,7 +372,7 @@ def test_namespaces_do_not_see_each_other(server) -> None:
     a, b = open_remote(server.url + "?namespace=jobA"), open_remote(server.url + "?namespace=jobB")
     a.put(key_of(950), "cubin", b"a", {})
     assert b.get(key_of(950), "cubin") is None and a.get(key_of(950), "cubin") is not None
-    assert server.client().exists(f"jobA:v1:{key_of(950)}") == 1
+    assert server.client().exists(f"jobA:v2:{key_of(950)}") == 1
 
 
 def test_full_server_stops_puts_but_reads_go_on(tmp_path, remote_log) -> None:

@@ -17,6 +17,7 @@ from test_cli_support import backdate, dead_pid, hold_shared, put
 
 from kernelcache.index import GROUPED, INDEX_NAME
 from kernelcache.scan import GRACE_SECONDS, scan, summarize, verify
+from kernelcache.schema import entry_digest
 from kernelcache.store import Store
 from kernelcache.table import EntryInfo
 
@@ -76,6 +77,7 @@ def test_index_is_reused_and_follows_replaced_metadata(tmp_path):
     # Republish the metadata with another name (a new file, as the store always does).
     meta = json.loads((root / f"{art.key}.json").read_text())
     meta["name"] = "second"
+    meta["entry_digest"] = entry_digest(meta)
     tmp = root / "new.tmp"
     tmp.write_text(json.dumps(meta))
     os.replace(tmp, root / f"{art.key}.json")

@@ -8,6 +8,7 @@ kernels in the worker pool, and report.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -19,6 +20,7 @@ from kernelcache import CacheError, Store
 
 from .. import backends, binding
 from ..artifacts import as_cache
+from ..compile import output_to_stderr
 from ..errors import BridgeError, KernelArgumentError
 from ..kernels import decompose
 from ..specialize import fetch, specialize
@@ -181,7 +183,8 @@ def run(
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
     out = Output(json)
-    with progressbar.bar("warming", None, enabled=progressbar.wanted(json)) as bar:
+    quiet = output_to_stderr() if json else contextlib.nullcontext()
+    with quiet, progressbar.bar("warming", None, enabled=progressbar.wanted(json)) as bar:
         try:
             report = warm(
                 manifest,

@@ -7,13 +7,16 @@ A compiler process that dies (a crash inside Triton/LLVM, or killed for memory) 
 pool: every job it left unfinished then runs again on its own, so the culprit is named.
 
 Across processes: workers publish through the cache (atomic, first writer wins, one builder per
-key across every process sharing the root).
+key across every process sharing the root). A kernel that another process is compiling is
+skipped at first and waited for once the rest is done, so every worker compiles while anything
+is left to compile (see :func:`execute`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -22,11 +25,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import backends
-from ..specialize import fetch
+from ..artifacts import KernelBinary, Request, fetch_each
+from ..compile import Compiled
+from ..specialize import Specialization, request
 from ..targets import parse_target
 from .plan import Job, present, resolve, specializations
 from .report import WarmOutcome
@@ -73,61 +78,128 @@ def _worker_cache(root: str, readonly: tuple[str, ...]) -> Cache:
     return cache
 
 
-def compile_job(job: Job, cache: Cache | None = None) -> WarmOutcome:
-    """Fetch or compile one job (in a worker process, or in this one with ``cache``).
-
-    Never raises for a kernel that fails to compile: the failure and the compiler's
-    diagnostics are the result.
-    """
-    started = time.monotonic()
-    target = parse_target(job.target)
-    ext = backends.make_backend(target).binary_ext
-    cache = cache if cache is not None else _worker_cache(job.root, job.readonly)
-
-    def result(status: str, error: str | None = None) -> WarmOutcome:
-        return WarmOutcome(
-            job.call.kernel,
-            job.target,
-            job.config,
-            job.key,
-            ext,
-            status,
-            time.monotonic() - started,
-            error=error,
-        )
-
-    captured: list[str] = []
+def _prepare(job: Job, cache: Cache) -> Specialization | str:
+    """The specialization of ``job``, re-bound in this process; or why it cannot be compiled."""
     try:
         parts = resolve(job.call)
-        spec = specializations(job.call, parts, target, cache)[job.index]
-        if spec.key != job.key:
-            return result(
-                "failed",
-                f"the kernel key changed between planning and compiling ({job.key[:16]} -> "
-                f"{spec.key[:16]}): the kernel's module changed during the run; run warm again",
-            )
-        with _captured_stderr() as captured:
-            kb = fetch(spec, cache)
-    except Exception as e:  # a kernel that does not compile is a reported failure, not a crash
-        said = "".join(captured).strip()
-        message = f"{type(e).__name__}: {e}".strip()
-        if said:
-            message += "\n" + said[-_DIAGNOSTIC_CHARS:]
-        return result("failed", message)
-    said = "".join(captured).strip()
-    if said:
-        logger.info("while compiling %s for %s:\n%s", job.call.kernel, job.target, said)
+        spec = specializations(job.call, parts, parse_target(job.target), cache)[job.index]
+    except Exception as e:  # a kernel that no longer binds is a reported failure, not a crash
+        return f"{type(e).__name__}: {e}".strip()
+    if spec.key != job.key:
+        return (
+            f"the kernel key changed between planning and compiling ({job.key[:16]} -> "
+            f"{spec.key[:16]}): the kernel's module changed during the run; run warm again"
+        )
+    return spec
+
+
+@dataclass
+class _Compiling:
+    """What the compiler of one job said on fd 2, and how long it ran in this process."""
+
+    said: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def request(self, spec: Specialization) -> Request:
+        """The request of ``spec``, compiled with the diagnostics collected here."""
+        plain = request(spec)
+
+        def build() -> Compiled:
+            started = time.monotonic()
+            text: list[str] = []
+            try:
+                with _captured_stderr() as text:
+                    return plain.build()
+            finally:
+                self.said.extend(text)
+                self.seconds += time.monotonic() - started
+
+        return dataclasses.replace(plain, build=build)
+
+
+def _outcome(
+    job: Job,
+    spec: Specialization | str,
+    result: KernelBinary | Exception | None,
+    compiling: _Compiling,
+    seconds: float,
+    cache: Cache,
+) -> WarmOutcome:
+    """The outcome of ``job`` from what fetching it gave (``spec`` a string: why it failed)."""
+    text = "".join(compiling.said).strip()
+
+    def outcome(status: str, error: str | None = None) -> WarmOutcome:
+        return WarmOutcome(
+            job.call.kernel, job.target, job.config, job.key, job.ext, status, seconds, error=error
+        )
+
+    if isinstance(spec, str):
+        return outcome("failed", spec)
+    if result is None or isinstance(result, Exception):
+        message = f"{type(result).__name__}: {result}".strip()
+        if text:
+            message += "\n" + text[-_DIAGNOSTIC_CHARS:]
+        return outcome("failed", message)
+    if text:
+        logger.info("while compiling %s for %s:\n%s", job.call.kernel, job.target, text)
+    if present(cache, spec.key, spec.ext, spec.target.backend == "cuda") is None:
+        return outcome(
+            "failed",
+            f"compiled, but the kernel could not be stored under {cache.root}"
+            + (f": {text[-_DIAGNOSTIC_CHARS:]}" if text else "")
+            + " (check the root with `kernelcache doctor`)",
+        )
+    return outcome("compiled" if result.built else "present")
+
+
+def compile_job(job: Job, cache: Cache | None = None, *, wait: bool = True) -> WarmOutcome | None:
+    """Fetch or compile one job (in a worker process, or in this one with ``cache``).
+
+    With ``wait=False``, a kernel that another process is compiling is not waited for: the
+    result is then None. Never raises for a kernel that fails to compile: the failure and the
+    compiler's diagnostics are the result.
+    """
+    started = time.monotonic()
+    cache = cache if cache is not None else _worker_cache(job.root, job.readonly)
+    spec = _prepare(job, cache)
+    compiling = _Compiling()
+    result: KernelBinary | Exception | None = None
+    if not isinstance(spec, str):
+        ((_, result),) = fetch_each(cache, [compiling.request(spec)], wait=wait)
+        if result is None:
+            return None
     from kernelcache import stats
 
     stats.flush()  # a pool worker never runs exit handlers
-    if present(cache, spec.key, ext, target.backend == "cuda") is None:
-        return result(
-            "failed",
-            f"compiled, but the kernel could not be stored under {cache.root}"
-            + (f": {said[-_DIAGNOSTIC_CHARS:]}" if said else "")
-            + " (check the root with `kernelcache doctor`)",
-        )
-    return result("compiled" if kb.built else "present")
+    return _outcome(job, spec, result, compiling, time.monotonic() - started, cache)
+
+
+def compile_jobs(
+    jobs: Sequence[Job], cache: Cache, progress: Callable[[int], None]
+) -> list[WarmOutcome]:
+    """Fetch or compile ``jobs`` in this process, with work stealing: first every kernel that
+    no other process is compiling, then the others as their compilers finish (taking over from
+    a compiler that died; see :func:`bridge.artifacts.fetch_each`). Calls ``progress(1)`` as
+    each job finishes. A job's seconds: its compile, else the time until its kernel was there.
+    """
+    started = time.monotonic()
+    specs = [_prepare(job, cache) for job in jobs]
+    compiling = [_Compiling() for _ in jobs]
+    done: dict[int, WarmOutcome] = {}
+    todo: list[tuple[int, Specialization]] = []
+    for i, spec in enumerate(specs):
+        if isinstance(spec, str):
+            done[i] = _outcome(jobs[i], spec, None, compiling[i], 0.0, cache)
+            progress(1)
+        else:
+            todo.append((i, spec))
+    requests = [compiling[i].request(spec) for i, spec in todo]
+    for n, result in fetch_each(cache, requests):
+        i, spec = todo[n]
+        seconds = compiling[i].seconds or time.monotonic() - started
+        done[i] = _outcome(jobs[i], spec, result, compiling[i], seconds, cache)
+        progress(1)
+    return [done[i] for i in range(len(jobs))]
 
 
 def default_workers() -> int:
@@ -165,22 +237,30 @@ def execute(
     jobs: Sequence[Job], workers: int, cache: Cache, progress: Callable[[int], None]
 ) -> list[WarmOutcome]:
     """Run ``jobs``: in this process when ``workers`` is 1, else in a pool of forked processes
-    (see :func:`can_fork`)."""
+    (see :func:`can_fork`).
+
+    Work stealing across processes sharing the root (other warm runs, jobs lowering the same
+    kernels): pool workers first skip a kernel that another process is compiling; once every
+    other kernel is done, those are handed to the pool again, whose workers wait for them
+    (taking over any whose compiler died). Each kernel is compiled once across them all, and a
+    compiler that crashes only ever takes a worker down."""
     if workers <= 1 or len(jobs) <= 1:
-        results = []
-        for job in jobs:
-            results.append(compile_job(job, cache))
-            progress(1)
-        return results
+        return compile_jobs(jobs, cache, progress)
     from kernelcache import stats
 
     stats.flush()  # forked workers start from flushed counters: nothing is counted twice
     logger.debug("compiling %d kernels in %d forked processes", len(jobs), workers)
-    done: dict[int, WarmOutcome] = {}
-    pending = _pool_run(jobs, workers, done, progress)
-    for i in pending:  # the pool broke: each unfinished job again, alone, to find the culprit
-        _pool_run([jobs[i]], 1, done, progress, offset=i)
-    return [done[i] for i in range(len(jobs))]
+    done: dict[int, WarmOutcome | None] = {}
+    for wait in (False, True):  # skip what others compile, then wait for it
+        todo = [i for i in range(len(jobs)) if done.get(i) is None]
+        if not todo:
+            break
+        pending = _pool_run(jobs, todo, workers, done, progress, wait=wait)
+        for i in pending:  # the pool broke: each unfinished job again, alone, to find the culprit
+            _pool_run(jobs, [i], 1, done, progress, wait=wait)
+    outcomes = [done[i] for i in range(len(jobs))]
+    assert all(o is not None for o in outcomes)
+    return outcomes  # type: ignore[return-value]  # the second round waited for every job
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -200,13 +280,16 @@ def _exit_with_parent(parent: int) -> None:
 
 def _pool_run(
     jobs: Sequence[Job],
+    indices: Sequence[int],
     workers: int,
-    done: dict[int, WarmOutcome],
+    done: dict[int, WarmOutcome | None],
     progress: Callable[[int], None],
-    offset: int = 0,
+    *,
+    wait: bool,
 ) -> list[int]:
-    """Run ``jobs`` in a pool; returns the indices left unfinished by a broken pool (or, for
-    a single job, records it as crashed)."""
+    """Run ``jobs[i]`` for each of ``indices`` in a pool (without ``wait``, a kernel that
+    another process is compiling is recorded as None); returns the indices left unfinished by
+    a broken pool (or, for a single job, records it as crashed)."""
     from concurrent.futures.process import BrokenProcessPool
 
     pool = concurrent.futures.ProcessPoolExecutor(
@@ -217,14 +300,14 @@ def _pool_run(
     )
     broken: list[int] = []
     try:
-        futures = {pool.submit(compile_job, job): offset + i for i, job in enumerate(jobs)}
+        futures = {pool.submit(compile_job, jobs[i], wait=wait): i for i in indices}
         for future in concurrent.futures.as_completed(futures):
             i = futures[future]
             try:
                 done[i] = future.result()
             except BrokenProcessPool:
-                if len(jobs) == 1:
-                    job = jobs[0]
+                if len(indices) == 1:
+                    job = jobs[i]
                     done[i] = WarmOutcome(
                         job.call.kernel,
                         job.target,
@@ -237,7 +320,8 @@ def _pool_run(
                 else:
                     broken.append(i)
                     continue
-            progress(1)
+            if done[i] is not None:
+                progress(1)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     return sorted(broken)

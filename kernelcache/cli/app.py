@@ -264,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(e, MissingDependency):
             return fail(str(e), EXIT_USAGE, args.command, args.json)
         return fail(
-            f"{e.__class__.__name__}: {e} (rerun with -v for a traceback)",
+            f"{e.__class__.__name__}: {e} (rerun with -vv for a traceback)",
             EXIT_PROBLEMS,
             args.command,
             args.json,

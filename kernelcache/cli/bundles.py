@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import stat
+from dataclasses import replace
 
 from ..config import settings
 from ..errors import CacheError
@@ -27,6 +28,7 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
     from ..scan import scan
 
     root = existing_root(args)
+    cfg = settings()
     scanned = scan(root)
     entries = select(scanned.entries, args.kernel or (), args.target or ())
     entries.sort(key=lambda e: e.key)
@@ -40,10 +42,19 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
                 level=args.level,
                 force=args.force,
                 progress=tick,
-                trust=settings().trust,
+                trust=cfg.trust,
+                signing_key=cfg.signing_secret(),
             )
     except BundleError as e:
         raise CommandFailed(str(e)) from None
+    # entries the scan found unusable (bad metadata, older format) are skipped too
+    unusable = [
+        (i.key, f"{i.kind}: {i.detail}")
+        for i in scanned.issues
+        if i.kind in ("corrupt", "outdated") and i.key is not None
+    ]
+    if unusable:
+        result = replace(result, skipped=(*unusable, *result.skipped))
     doc = {
         **envelope("export", root),
         "file": os.path.abspath(result.path),
@@ -88,9 +99,10 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
 
     root = root_of(args)
     _check_input(args.file)
+    cfg = settings()
     if not args.dry_run:
         check_writable(root)
-    store = writer(root, lock_timeout=settings().lock_timeout)
+    store = writer(root, lock_timeout=cfg.lock_timeout)
     try:
         with out.progress("importing", None) as tick:
             result = import_bundle(
@@ -99,16 +111,17 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
                 max_member_size=args.max_member_size,
                 dry_run=args.dry_run,
                 progress=tick,
+                signing_key=cfg.signing_secret(),
             )
     except BundleError as e:
         done = (
-            f"{e.imported} verified entries were imported before that"
+            f"{e.imported} verified entries it published could not be removed again"
             if e.imported
             else "nothing was imported"
         )
         raise CommandFailed(f"import of {args.file} rejected: {e}; {done}") from None
     except CacheError as e:
-        raise CommandFailed(str(e)) from None
+        raise CommandFailed(f"{e}; nothing was imported") from None
     doc = {
         **envelope("import", root),
         "file": os.path.abspath(args.file),

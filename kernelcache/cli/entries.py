@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import stat
@@ -16,6 +15,7 @@ from typing import Any
 
 from ..jsonio import load_json
 from ..keys import KEY_PATTERN, META_EXT
+from ..schema import FIELDS, displayable
 from ..store import Artifact, Store
 from .common import existing_root
 from .output import (
@@ -53,10 +53,21 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
     if args.limit is not None:
         entries = entries[: args.limit]
     now = time.time()
+    # entries whose metadata cannot be served are not listed; name them (verify says more)
+    unusable = [i for i in scanned.issues if i.kind in ("corrupt", "outdated")]
+
+    def problems() -> str:
+        if not unusable:
+            return ""
+        first = unusable[0]
+        more = f" (and {len(unusable) - 1:,} more)" if len(unusable) > 1 else ""
+        return f"\nNot listed: {first.path}: {first.detail}{more}; run kernelcache verify" + (
+            " --repair" if first.kind == "corrupt" else ""
+        )
 
     def human() -> str:
         if not entries:
-            return "(no entries)"
+            return "(no entries)" + problems()
         rows = [["KEY", "EXT", "SIZE", "KERNEL", "TARGET", "LAST USED", "CREATED"]]
         for e in entries:
             rows.append(
@@ -71,7 +82,8 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
                 ]
             )
         total = sum(e.nbytes for e in entries)
-        return format_table(rows, right=(2,)) + f"\n{len(entries):,} entries, {human_size(total)}"
+        table = format_table(rows, right=(2,))
+        return table + f"\n{len(entries):,} entries, {human_size(total)}" + problems()
 
     doc = {
         **envelope("ls", root),
@@ -79,6 +91,7 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
         "count": len(entries),
         "bytes": sum(e.nbytes for e in entries),
         "entries": [{**e.to_json(), "path": os.path.join(root, e.filename)} for e in entries],
+        "problems": [i.to_json() for i in unusable],
     }
     out.emit(doc, human)
     return EXIT_OK
@@ -135,7 +148,7 @@ def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
         doc = load_json(raw)
     except ValueError:
         return None
-    return doc if isinstance(doc, dict) else None
+    return displayable(doc) if isinstance(doc, dict) else None
 
 
 def cmd_show(args: argparse.Namespace, out: Output) -> int:
@@ -181,7 +194,7 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
                 f" ({human_age(time.time() - last_used)})"
             )
         created = (meta or {}).get("created")
-        if isinstance(created, (int, float)) and math.isfinite(created) and abs(created) < 1e11:
+        if isinstance(created, (int, float)) and FIELDS["created"](created) is None:
             lines.append(
                 f"created:    {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(created))}"
                 f" ({human_age(time.time() - created)})"

@@ -1,0 +1,257 @@
+"""The Redis tier against a real redis-server: every value is checked against the metadata
+schema and the entry digest, ``get`` never raises, build locks always expire (and a lock found
+without expiry is broken at once), and with a signing key values are authenticated."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import struct
+import time
+from typing import Any
+
+import pytest
+from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
+
+import kernelcache
+from kernelcache import stats
+from kernelcache.remote import MAGIC, open_remote
+from kernelcache.store import make_metadata
+
+pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
+
+KEY_A = "a1" * 32
+KEY_B = "b2" * 32
+META = {"name": "add_kernel", "target": "cuda:90", "num_warps": 4, "shared": 0}
+DATA = b"\x7fELF cubin" * 400
+
+ODD_VALUES: dict[str, tuple[str, Any]] = {
+    "created-400-digits": ("created", 10**400),
+    "created-infinity": ("created", math.inf),
+    "created-nan": ("created", math.nan),
+    "name-lone-surrogate": ("name", "\ud800"),
+    "name-list": ("name", [1, 2]),
+    "producer-int": ("producer", 5),
+    "producer-str": ("producer", "abc"),
+}
+
+
+@pytest.fixture
+def server(tmp_path):
+    with RedisServer(tmp_path / "redis") as srv:
+        yield srv
+
+
+@pytest.fixture
+def warnings(caplog):
+    caplog.set_level(logging.WARNING, logger="kernelcache")
+
+    def matching(text: str) -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.WARNING and text in r.getMessage()
+        ]
+
+    return matching
+
+
+def _raw_value(doc: dict[str, Any], data: bytes) -> bytes:
+    """A value in the tier's layout with ``doc`` as it is (NaN, huge integers and lone
+    surrogates included), as a buggy or hostile client could store it."""
+    meta = json.dumps(doc, sort_keys=True).encode()
+    return MAGIC + struct.pack(">I", len(meta)) + meta + data
+
+
+def _cache(root, url: str, **kw: Any) -> kernelcache.Cache:
+    return kernelcache.Cache(root, readonly_roots=(), remote=url, **kw)
+
+
+@pytest.mark.parametrize("case", sorted(ODD_VALUES))
+def test_a_value_with_odd_metadata_is_a_miss_never_an_exception(server, tmp_path, case):
+    field, value = ODD_VALUES[case]
+    tier = open_remote(server.url)
+    doc = {**make_metadata(KEY_A, "cubin", DATA, META), field: value}
+    server.client().set(tier.name(KEY_A), _raw_value(doc, DATA))
+    cache = _cache(tmp_path / "root", server.url)
+    assert cache.get(KEY_A, "cubin") is None
+    assert server.client().exists(tier.name(KEY_A)) == 0  # the bad value is removed
+    art = cache.get_or_create(KEY_A, "cubin", lambda: (DATA, META))
+    assert art.source == "local" and art.data == DATA
+    assert _cache(tmp_path / "other", server.url).get(KEY_A, "cubin").source == "remote"
+
+
+def test_a_value_whose_launch_metadata_was_changed_is_rejected(server, tmp_path, warnings):
+    """num_warps changed in Redis (artifact and its digest untouched): the entry digest no
+    longer matches, the value is rejected and counted."""
+    writer = _cache(tmp_path / "w", server.url)
+    writer.put(KEY_A, "cubin", DATA, META)
+    r = server.client()
+    name = writer.remote.name(KEY_A)
+    raw = r.get(name)
+    edited = raw.replace(b'"num_warps":4', b'"num_warps":8')
+    assert edited != raw and len(edited) == len(raw)
+    r.set(name, edited)
+    reader = _cache(tmp_path / "r", server.url)
+    before = stats.process_stats()["remote_errors"]
+    assert reader.get(KEY_A, "cubin") is None
+    assert stats.process_stats()["remote_errors"] > before
+    assert reader.remote.counters["rejected"] == 1
+    assert any("digest" in m for m in warnings("rejected a bad entry"))
+
+
+def test_a_remote_tier_returning_garbage_is_a_miss(tmp_path):
+    """Any RemoteTier implementation: what it returns is checked like a Redis value, and an
+    exception from it is a miss."""
+
+    class Lying:
+        def __init__(self, found: Any) -> None:
+            self.found = found
+
+        def get(self, key: str, ext: str) -> Any:
+            if isinstance(self.found, Exception):
+                raise self.found
+            return self.found
+
+        def put(self, key: str, ext: str, data: bytes, meta: Any) -> bool:
+            return False
+
+        def acquire(self, key: str, timeout: float) -> None:
+            return None
+
+    good = make_metadata(KEY_A, "cubin", DATA, META)
+    for found in (
+        (DATA, {**good, "producer": 5}),
+        (DATA, {**good, "num_warps": 8}),
+        (DATA, {**good, "created": math.nan}),
+        (DATA, "not a mapping"),
+        (b"other bytes", good),
+        ("not bytes", good),
+        None,
+        42,
+        RuntimeError("the tier is broken"),
+    ):
+        cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote=Lying(found))
+        assert cache.get(KEY_A, "cubin") is None, found
+    cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote=Lying((DATA, good)))
+    assert cache.get(KEY_A, "cubin").data == DATA
+
+
+# -- build locks always expire ---------------------------------------------------------------
+@pytest.mark.parametrize("expiry", [None, 86_400_000], ids=["no-expiry", "one-day"])
+def test_a_lock_without_expiry_is_broken_with_one_warning(server, tmp_path, warnings, expiry):
+    """A lock key left without expiry (or with one far longer than lock_ttl), e.g. by a crashed
+    client or by anyone: get_or_create breaks it at once instead of waiting its lock timeout."""
+    tier = open_remote(server.url)
+    r = server.client()
+    for key in (KEY_A, KEY_B):
+        r.set(tier.name(key) + ":lock", "left by someone", px=expiry)
+    cache = _cache(tmp_path / "root", server.url, lock_timeout=20)
+    started = time.monotonic()
+    for key in (KEY_A, KEY_B):
+        art = cache.get_or_create(key, "cubin", lambda: (DATA, META))
+        assert art.path is not None
+    assert time.monotonic() - started < 5
+    assert len(warnings("build lock")) == 1
+    assert cache.remote.counters["locks_broken"] == 2
+    for key in (KEY_A, KEY_B):
+        assert r.exists(tier.name(key) + ":lock") == 0
+        assert r.exists(tier.name(key)) == 1
+
+
+def test_every_build_lock_carries_an_expiry(server):
+    tier = open_remote(server.url + "?lock_ttl=30s")
+    release = tier.acquire(KEY_A, 1)
+    assert release is not None
+    ttl = server.client().pttl(tier.name(KEY_A) + ":lock")
+    assert 0 < ttl <= 30_000
+    release()
+
+
+def test_a_lock_older_than_this_clients_lock_ttl_is_broken(server):
+    """A peer configured with a longer lock_ttl holds the lock: this client waits for it only
+    as long as its own lock_ttl, then takes it over."""
+    long_holder = open_remote(server.url + "?lock_ttl=60s")
+    short = open_remote(server.url + "?lock_ttl=500ms")
+    assert long_holder.acquire(KEY_A, 1) is not None
+    started = time.monotonic()
+    release = short.acquire(KEY_A, 10)
+    assert release is not None and 0.4 < time.monotonic() - started < 3
+    assert short.counters["locks_broken"] == 1
+    release()
+
+
+def test_a_held_lock_within_its_ttl_is_respected(server):
+    a, b = open_remote(server.url + "?lock_ttl=10s"), open_remote(server.url + "?lock_ttl=10s")
+    release = a.acquire(KEY_A, 1)
+    assert release is not None
+    assert b.acquire(KEY_A, 0.5) is None
+    assert b.counters.get("locks_broken", 0) == 0
+    release()
+
+
+# -- signed values -------------------------------------------------------------------------------
+SECRET_1 = "k1-" + "0123456789abcdef" * 2
+SECRET_2 = "k2-" + "fedcba9876543210" * 2
+
+
+def test_signed_values_between_peers(server, tmp_path, monkeypatch, warnings):
+    monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", SECRET_1)
+    writer = _cache(tmp_path / "w", server.url)
+    writer.put(KEY_A, "cubin", DATA, META)
+    raw = server.client().get(writer.remote.name(KEY_A))
+    assert b'"hmac":"hmac-sha256:' in raw and SECRET_1.encode() not in raw
+    assert _cache(tmp_path / "same-key", server.url).get(KEY_A, "cubin").source == "remote"
+
+    monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", SECRET_2)
+    other = _cache(tmp_path / "other-key", server.url)
+    before = stats.process_stats()
+    assert other.get(KEY_A, "cubin") is None
+    assert other.get(KEY_A, "cubin") is None
+    after = stats.process_stats()
+    assert after["unauthenticated"] == before["unauthenticated"] + 2
+    assert len(warnings("signature")) == 1
+    assert server.client().exists(writer.remote.name(KEY_A)) == 1  # left for its owners
+
+
+def test_unsigned_values_are_refused_when_a_key_is_set(server, tmp_path, monkeypatch):
+    unsigned = _cache(tmp_path / "u", server.url)
+    unsigned.put(KEY_B, "cubin", DATA, META)
+    monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", SECRET_1)
+    signed = _cache(tmp_path / "s", server.url)
+    before = stats.process_stats()["unauthenticated"]
+    assert signed.get(KEY_B, "cubin") is None
+    assert stats.process_stats()["unauthenticated"] == before + 1
+    art = signed.get_or_create(KEY_B, "cubin", lambda: (DATA, META))
+    assert art.source == "local"
+    # the rebuild replaced the unsigned value with a signed one
+    assert _cache(tmp_path / "s2", server.url).get(KEY_B, "cubin").source == "remote"
+
+
+def test_a_value_resigned_with_other_bytes_is_refused(server, tmp_path, monkeypatch):
+    """The signature covers the artifact bytes themselves, not only their (non-cryptographic)
+    digest: a value whose bytes and digests were replaced is refused."""
+    monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", SECRET_1)
+    writer = _cache(tmp_path / "w", server.url)
+    writer.put(KEY_A, "cubin", DATA, META)
+    r = server.client()
+    name = writer.remote.name(KEY_A)
+    raw = r.get(name)
+    (length,) = struct.unpack(">I", raw[4:8])
+    doc = json.loads(raw[8 : 8 + length])
+    evil = b"\x7fELF EVIL" * 400
+    forged = {**make_metadata(KEY_A, "cubin", evil, META), "hmac": doc["hmac"]}
+    r.set(name, _raw_value(forged, evil))
+    assert _cache(tmp_path / "r", server.url).get(KEY_A, "cubin") is None
+
+
+def test_the_signing_key_never_appears_in_messages(server, tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG, logger="kernelcache")
+    monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", SECRET_1)
+    cache = _cache(tmp_path / "w", server.url)
+    cache.put(KEY_A, "cubin", DATA, META)
+    monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", SECRET_2)
+    _cache(tmp_path / "r", server.url).get(KEY_A, "cubin")
+    text = caplog.text + repr(cache) + repr(cache.remote) + repr(kernelcache.config.settings())
+    assert SECRET_1 not in text and SECRET_2 not in text

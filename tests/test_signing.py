@@ -1,0 +1,170 @@
+"""Signed bundles, and the signing key's configuration: with KERNELCACHE_SIGNING_KEY (or a key
+file) set, export signs every entry and import refuses entries without a valid signature; the
+key never shows in messages or diagnostics."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+from conftest import IS_ROOT, key_of
+from test_cli_support import files_under, kc, kc_json, put
+
+import kernelcache
+from kernelcache.config import ConfigError, environment_in_effect, settings
+
+KEY_1 = "first-key-" + "0123456789abcdef" * 2
+KEY_2 = "second-key-" + "fedcba9876543210" * 2
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    root = tmp_path / "source"
+    for i in range(3):
+        put(root, "matmul", "cuda:90", "cubin", 500 + i)
+    return root
+
+
+def _export(source: Path, bundle: Path, **env: str) -> None:
+    proc = kc(source, "export", str(bundle), env=env)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_signed_bundle_imports_with_the_same_key(source, tmp_path):
+    bundle = tmp_path / "b.tar"
+    _export(source, bundle, KERNELCACHE_SIGNING_KEY=KEY_1)
+    with tarfile.open(bundle) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))
+    assert all(e["hmac"].startswith("hmac-sha256:") for e in manifest["entries"])
+    assert KEY_1.encode() not in bundle.read_bytes()
+    doc = kc_json(tmp_path / "dest", "import", str(bundle), env={"KERNELCACHE_SIGNING_KEY": KEY_1})
+    assert doc["imported"] == 3
+    # signatures are transport: the entries stored are the plain ones
+    for meta in (tmp_path / "dest").glob("*.json"):
+        assert "hmac" not in json.loads(meta.read_text())
+    # without a key, a signed bundle imports too (nothing to check it against)
+    assert kc_json(tmp_path / "plain", "import", str(bundle))["imported"] == 3
+
+
+@pytest.mark.parametrize("signed_with", [None, KEY_2], ids=["unsigned", "other-key"])
+def test_a_bundle_not_signed_with_the_key_is_refused_whole(source, tmp_path, signed_with):
+    bundle = tmp_path / "b.tar"
+    _export(source, bundle, **({"KERNELCACHE_SIGNING_KEY": signed_with} if signed_with else {}))
+    dest = tmp_path / "dest"
+    for extra in ([], ["--dry-run"]):
+        proc = kc(dest, "import", str(bundle), *extra, env={"KERNELCACHE_SIGNING_KEY": KEY_1})
+        assert proc.returncode == 1, proc.stderr
+        assert "signature" in proc.stderr or "not signed" in proc.stderr, proc.stderr
+        assert "nothing was imported" in proc.stderr
+    assert files_under(dest) == set()
+
+
+def test_a_bundle_entry_with_other_bytes_under_a_valid_signature_is_refused(source, tmp_path):
+    """Replacing an artifact and updating its size and both digests keeps the manifest
+    consistent, but the signature covers the bytes themselves."""
+    from kernelcache.schema import entry_digest
+    from kernelcache.store import digest
+
+    bundle = tmp_path / "b.tar"
+    _export(source, bundle, KERNELCACHE_SIGNING_KEY=KEY_1)
+    with tarfile.open(bundle) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    manifest = json.loads(members[-1][1])
+    evil = b"EVIL" * 100
+    first = manifest["entries"][0]
+    first.update(size=len(evil), digest=digest(evil))
+    first["entry_digest"] = entry_digest(first)
+    forged = tmp_path / "forged.tar"
+    with tarfile.open(forged, "w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members[:-1]:
+            if info.name == f"entries/{first['key']}.{first['ext']}":
+                data = evil
+                info.size = len(evil)
+            tar.addfile(info, io.BytesIO(data))
+        body = json.dumps(manifest).encode()
+        info = tarfile.TarInfo("manifest.json")
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+    assert kc_json(tmp_path / "nokey", "import", str(forged), "--dry-run")["imported"] == 3
+    proc = kc(tmp_path / "dest", "import", str(forged), env={"KERNELCACHE_SIGNING_KEY": KEY_1})
+    assert proc.returncode == 1 and first["key"] in proc.stderr and "signature" in proc.stderr
+
+
+def test_a_key_file(source, tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY_1 + "\n")
+    os.chmod(key_file, 0o600)
+    bundle = tmp_path / "b.tar"
+    _export(source, bundle, KERNELCACHE_SIGNING_KEY_FILE=str(key_file))
+    env = {"KERNELCACHE_SIGNING_KEY": KEY_1}  # the same key, given directly
+    assert kc_json(tmp_path / "dest", "import", str(bundle), env=env)["imported"] == 3
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"KERNELCACHE_SIGNING_KEY": "short"}, "at least 16 bytes"),
+        ({"KERNELCACHE_SIGNING_KEY_FILE": "/nonexistent/key"}, "cannot read it"),
+    ],
+)
+def test_bad_key_settings_are_clear_errors(tmp_path, env, message):
+    proc = kc(tmp_path, "export", str(tmp_path / "b.tar"), env=env)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "short" not in proc.stderr.replace("at least", "")
+
+
+def test_a_key_file_readable_by_everyone_is_refused(tmp_path, monkeypatch):
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY_1)
+    os.chmod(key_file, 0o644)
+    monkeypatch.setenv("KERNELCACHE_SIGNING_KEY_FILE", str(key_file))
+    with pytest.raises(ConfigError, match="readable by every user"):
+        settings().signing_secret()
+    with pytest.raises(ConfigError, match="readable by every user"):
+        kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote="redis://127.0.0.1:1/0")
+    os.chmod(key_file, 0o640)
+    assert settings().signing_secret() == KEY_1.encode()
+    monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", KEY_2)
+    with pytest.raises(ConfigError, match="not both"):
+        settings().signing_secret()
+
+
+def test_the_key_never_shows(monkeypatch):
+    monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", KEY_1)
+    assert environment_in_effect()["KERNELCACHE_SIGNING_KEY"] == "***"
+    assert KEY_1 not in repr(settings())
+    monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", "too-short-" + KEY_1[:3])
+    with pytest.raises(ConfigError) as info:
+        settings()
+    assert KEY_1[:3] not in str(info.value).replace("at least", "")
+    proc = kc(None, "doctor", "--json", env={"KERNELCACHE_SIGNING_KEY": KEY_1})
+    assert KEY_1 not in proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root to create files of another user")
+def test_import_follows_the_configured_trust_policy(tmp_path):
+    """An entry of another user that the group policy trusts and the owner policy does not:
+    import counts it as present under group, and replaces it under owner."""
+    from kernelcache.store import Store
+
+    nobody = 65534
+    root = tmp_path / "shared"
+    root.mkdir()
+    os.chown(root, 0, nobody)
+    key = key_of("import-trust")
+    Store(root).put(key, "bin", b"someone else's code", {})
+    for name in (f"{key}.bin", f"{key}.json"):
+        os.chown(root / name, nobody, nobody)
+    source = tmp_path / "source"
+    Store(source).put(key, "bin", b"our code", {})
+    bundle = tmp_path / "b.tar"
+    _export(source, bundle)
+    grouped = kc_json(root, "import", str(bundle), "--dry-run")
+    assert (grouped["imported"], grouped["present"]) == (0, 1)
+    owned = kc_json(root, "import", str(bundle), env={"KERNELCACHE_TRUST": "owner"})
+    assert (owned["imported"], owned["present"]) == (1, 0)
+    assert Store(root, trust="owner").read(key).data == b"our code"
