@@ -29,6 +29,8 @@ from .config import (
     Settings,
     environment_in_effect,
     parse_variable,
+    read_key_file,
+    variable,
 )
 from .locks import LOCK_DIR, Locker
 
@@ -154,7 +156,10 @@ def _probe(root: str) -> tuple[str | None, str | None]:
 
 
 def _shown(name: str, raw: str) -> str:
-    """A variable's value as doctor shows it: a remote URL without its password."""
+    """A variable's value as doctor shows it: a secret as ``***``, a remote URL without its
+    password."""
+    if variable(name).secret:
+        return "***"
     if name == "KERNELCACHE_REMOTE":
         from .remote import redact
 
@@ -162,16 +167,21 @@ def _shown(name: str, raw: str) -> str:
     return raw
 
 
-def _check_deeper(name: str, value: Any) -> None:
-    """Checks beyond a variable's own parser: the remote URL as the remote tier reads it.
+def _check_deeper(name: str, value: Any, env: Mapping[str, str]) -> None:
+    """Checks beyond a variable's own parser: the remote URL as the remote tier reads it, the
+    signing key file as the cache reads it (and not beside a key given directly).
 
     Raises:
-        ConfigError: the value cannot be used (the message never shows a password).
+        ConfigError: the value cannot be used (the message never shows a secret).
     """
     if name == "KERNELCACHE_REMOTE" and value:
         from .remote import parse_url
 
         parse_url(value)
+    if name == "KERNELCACHE_SIGNING_KEY_FILE" and value:
+        if env.get("KERNELCACHE_SIGNING_KEY", "").strip():
+            raise ConfigError("set KERNELCACHE_SIGNING_KEY or this, not both")
+        read_key_file(value)
 
 
 def setting_checks(environ: Mapping[str, str] | None = None) -> tuple[list[Check], Settings | None]:
@@ -186,9 +196,12 @@ def setting_checks(environ: Mapping[str, str] | None = None) -> tuple[list[Check
         try:
             value = parse_variable(var, env)  # (its message names the variable and value)
             try:
-                _check_deeper(var.name, value)
+                _check_deeper(var.name, value, env)
             except ConfigError as e:
-                raise ConfigError(f"{var.name}: {e}") from None
+                message = str(e)
+                raise ConfigError(
+                    message if message.startswith(var.name) else f"{var.name}: {message}"
+                ) from None
         except ConfigError as e:
             checks.append(Check(var.name, "fail", f"{e} (fix or unset it)"))
             continue

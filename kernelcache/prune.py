@@ -398,7 +398,8 @@ class _Executor:
 
     def delete_entry(self, action: Action) -> tuple[str, str]:
         """Delete an entry if, under its exclusive lock, it is still what the plan saw: unused
-        since (its last-used stamp unchanged), or still metadata without an artifact."""
+        since (its last-used stamp unchanged), or still metadata without an artifact or an
+        entry of an older version."""
         key = action.key
         assert key is not None
         verdict = ("gone", "")
@@ -410,8 +411,11 @@ class _Executor:
                 if stamp is not None and stamp != action.mtime:
                     verdict = ("used-since-plan", "")
                 return stamp == action.mtime
-            found = self.checker.read(key, fresh=True)  # metadata without artifact: still?
-            if isinstance(found, Problem) and found.reason == "artifact missing":
+            # metadata without artifact, or an outdated entry: still one of them?
+            found = self.checker.read(key, fresh=True)
+            if isinstance(found, Problem) and (
+                found.outdated or found.reason == "artifact missing"
+            ):
                 return True
             verdict = ("gone", "the entry was repaired meanwhile")
             return False

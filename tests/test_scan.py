@@ -299,10 +299,12 @@ def test_scan_concurrent_with_writers_reports_no_false_problems(tmp_path):
 
 # -- what the file system says, not what metadata claims ------------------------------------
 def _lie_about_size(root: Path, art, size: int) -> None:
-    """Rewrite an entry's metadata so that it claims ``size`` bytes."""
+    """Rewrite an entry's metadata so that it claims ``size`` bytes, entry digest and all (an
+    entry digest is no secret: anyone who can write the file can recompute it)."""
     meta = root / f"{art.key}.json"
     doc = json.loads(meta.read_text())
     doc["size"] = size
+    doc["entry_digest"] = entry_digest(doc)
     meta.write_text(json.dumps(doc))
 
 
@@ -310,7 +312,7 @@ def test_sizes_come_from_the_file_system(tmp_path):
     root = tmp_path / "cache"
     good = [put(root, f"good{i}", size=1000) for i in range(3)]
     liar = put(root, "liar", size=4)
-    _lie_about_size(root, liar, 10**15)
+    _lie_about_size(root, liar, 1 << 40)
     for last_used in (False, True):
         result = scan(root, last_used=last_used)
         sizes = {e.key: e.size for e in result.entries}

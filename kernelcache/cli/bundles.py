@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import stat
 from dataclasses import replace
 
 from ..config import settings
@@ -15,7 +14,6 @@ from .output import (
     EXIT_PROBLEMS,
     CommandFailed,
     Output,
-    UsageError,
     envelope,
     human_size,
     printable,
@@ -78,27 +76,10 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
     return EXIT_PROBLEMS if result.skipped else EXIT_OK
 
 
-def _check_input(path: str) -> None:
-    """Refuse, before opening it, an input that is not a regular file: opening a FIFO would
-    block, a device would never end.
-
-    Raises:
-        CommandFailed: it cannot be opened (the message names it).
-        UsageError: it is not a regular file.
-    """
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise CommandFailed(f"cannot open {path}: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"{path} is not a regular file: give a bundle file made by export")
-
-
 def cmd_import(args: argparse.Namespace, out: Output) -> int:
     from ..bundle import BundleError, import_bundle
 
     root = root_of(args)
-    _check_input(args.file)
     cfg = settings()
     if not args.dry_run:
         check_writable(root)
