@@ -70,9 +70,11 @@ STATUSES: dict[str, str] = {
     "gone": "already gone or no longer a problem",
     "failed": "could not be removed (see detail)",
 }
-#: threads that delete entries (each under its own key's lock): deleting is file-system work,
-#: mostly waiting for blocks to be freed, and a few threads overlap the waits
+#: threads that delete entries (each under its own key's lock) where deleting is mostly waiting
+#: for the file system to free blocks: a few threads overlap the waits
 DELETE_THREADS = 4
+#: deletes made one at a time first, to tell whether they wait on the file system
+PROBE_DELETES = 512
 #: quarantined files are kept this long by default, for diagnosis
 QUARANTINE_AGE = 7 * 86400.0
 #: statistics logs of other hosts are folded once untouched for this long
@@ -314,11 +316,11 @@ def execute(
 ) -> Result:
     """Carry out ``plan`` on ``store`` (a writable store of the plan's root), in order.
 
-    The entries a plan deletes by size or age come first and are distinct keys: they are
-    deleted by :data:`DELETE_THREADS` threads, each delete under its own key's lock (deleting
-    is mostly waiting for the file system to free blocks; threads overlap those waits). The
-    rest runs one action at a time, in order. Never raises for a single action: each gets an
-    :class:`Outcome`, in the plan's order.
+    The entries a plan deletes by size or age come first and are distinct keys: where
+    deleting them is mostly waiting for the file system, they are deleted by
+    :data:`DELETE_THREADS` threads, each delete under its own key's lock (see :func:`_run`).
+    The rest runs one action at a time, in order. Never raises for a single action: each gets
+    an :class:`Outcome`, in the plan's order.
     """
     run = _Executor(store)
     ticking = threading.Lock()  # progress is called from the deleting threads
@@ -347,8 +349,11 @@ def execute(
 
 
 def _run(actions: Sequence[Action], one: Callable[[Action], Outcome]) -> list[Outcome]:
-    """The outcomes of ``actions``, in order: the leading deletes by size or age (distinct
-    keys, which plan_prune puts first) in :data:`DELETE_THREADS` threads, the rest in turn."""
+    """The outcomes of ``actions``, in order. The leading deletes by size or age (distinct keys,
+    which plan_prune puts first) start one at a time; if those first :data:`PROBE_DELETES`
+    spent most of their time waiting on the file system (freeing blocks on a real disk), the
+    rest run in :data:`DELETE_THREADS` threads to overlap the waits (where nothing waits, as
+    on tmpfs, threads would only contend for the same directories). Then the rest, in turn."""
     lead = 0
     while (
         lead < len(actions)
@@ -356,13 +361,22 @@ def _run(actions: Sequence[Action], one: Callable[[Action], Outcome]) -> list[Ou
         and actions[lead].mtime is not None
     ):
         lead += 1
-    if lead >= 2 * DELETE_THREADS:
+    wall, cpu = time.perf_counter(), time.thread_time()
+    outcomes = list(map(one, actions[: min(lead, PROBE_DELETES)]))
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    rest = actions[PROBE_DELETES:lead]
+    if len(rest) >= 2 * DELETE_THREADS and _mostly_waiting(wall, cpu):
         with ThreadPoolExecutor(DELETE_THREADS, thread_name_prefix="kernelcache-prune") as pool:
-            outcomes = list(pool.map(one, actions[:lead], chunksize=64))
+            outcomes += pool.map(one, rest, chunksize=64)
     else:
-        outcomes = list(map(one, actions[:lead]))
+        outcomes += map(one, rest)
     outcomes += map(one, actions[lead:])
     return outcomes
+
+
+def _mostly_waiting(wall: float, cpu: float) -> bool:
+    """Whether work that took ``wall`` seconds, ``cpu`` of them on the CPU, mostly waited."""
+    return wall - cpu > wall / 2
 
 
 class _Executor:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -431,9 +432,22 @@ def test_an_entry_used_between_the_check_and_the_delete_is_kept(aged, monkeypatc
     assert Path(victim.path).exists() and (root / f"{victim.key}.json").exists()
 
 
-def test_many_deletes_keep_the_plans_order_and_skip_what_is_in_use(tmp_path):
-    """Deletes of a size or age limit run in threads: outcomes still follow the plan, and an
-    entry a reader holds is still skipped."""
+@pytest.mark.parametrize("waiting", [False, True], ids=["in turn", "in threads"])
+def test_many_deletes_keep_the_plans_order_and_skip_what_is_in_use(tmp_path, monkeypatch, waiting):
+    """Deletes of a size or age limit run in threads where they wait on the file system:
+    outcomes still follow the plan, and an entry a reader holds is still skipped."""
+    from kernelcache import prune
+
+    monkeypatch.setattr(prune, "PROBE_DELETES", 4)
+    monkeypatch.setattr(prune, "_mostly_waiting", lambda wall, cpu: waiting)
+    threads = set()
+    real_delete = Store.delete
+
+    def delete(self, key, **kw):
+        threads.add(threading.current_thread().name.split("_")[0])
+        return real_delete(self, key, **kw)
+
+    monkeypatch.setattr(Store, "delete", delete)
     root = tmp_path / "cache"
     arts = [put(root, f"k{i}", size=64, last_used=86400 + 60 * i) for i in range(30)]
     held = arts[12]
@@ -449,3 +463,4 @@ def test_many_deletes_keep_the_plans_order_and_skip_what_is_in_use(tmp_path):
     assert statuses.pop(held.key) == "in-use"
     assert set(statuses.values()) == {"done"}
     assert [p.stem for p in root.glob("*.json")] == [held.key]
+    assert ("kernelcache-prune" in threads) == waiting, threads
