@@ -225,8 +225,8 @@ def test_one_parser_of_sizes_everywhere():
 @pytest.mark.parametrize(
     "args, words",
     [
-        (["export", "x.tar.zst", "--level", "99"], "--level"),
-        (["export", "x.tar.zst", "--level", "0"], "--level"),
+        (["export", "{tmp}/x.tar.zst", "--level", "99"], "--level"),
+        (["export", "{tmp}/x.tar.zst", "--level", "0"], "--level"),
         (["ls", "--limit", "-1"], "--limit"),
         (["stats", "--top", "-3"], "--top"),
     ],
@@ -234,10 +234,10 @@ def test_one_parser_of_sizes_everywhere():
 def test_out_of_range_numbers_are_usage_errors(tmp_path, args, words):
     root = tmp_path / "cache"
     put(root, "k", size=10)
-    proc = kc(root, *args)
+    proc = kc(root, *(a.format(tmp=tmp_path) for a in args))
     assert proc.returncode == 2, proc.stderr
     assert words in proc.stderr and "Traceback" not in proc.stderr
-    assert not (root / "x.tar.zst").exists()
+    assert not (tmp_path / "x.tar.zst").exists()
 
 
 def test_an_unexpandable_root_is_a_clear_error(tmp_path):
