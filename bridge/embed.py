@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from kernelcache.process import warn_once
+
 from . import backends, ptxisa, versions
 from .errors import EmbedError
 from .targets import Target
@@ -30,7 +32,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MODES = ("auto", "inline", "ptx", "path")
-_warned: set[tuple[str, str]] = set()
 
 
 def resolve(
@@ -54,16 +55,17 @@ def resolve(
         raise EmbedError(f"embed='ptx' is for CUDA; {target} takes 'inline' or 'path'")
     if mode == "path" and target.backend != "hip":
         raise EmbedError(f"embed='path' is for ROCm; {target} takes 'inline' or 'ptx'")
-    if mode == "inline" and not modern and (target.backend, jaxlib) not in _warned:
+    if mode == "inline" and not modern:
         # honoured as asked: the module may be exported to run under a newer jaxlib
-        _warned.add((target.backend, jaxlib))
         minimum = ".".join(map(str, versions.MODULE_IMAGE))
         consequence = (
             "the PTX in each call is compiled by ptxas at XLA compile time instead"
             if target.backend == "cuda"
             else "it would look for a file named by the kernel's token and fail to load it"
         )
-        logger.warning(
+        warn_once(
+            logger,
+            ("embed-inline", target.backend, jaxlib),
             "embed='inline': jaxlib %s ignores TritonKernel.module_image, so if this module "
             "runs under it, %s; inline machine code needs jaxlib >= %s",
             jaxlib,

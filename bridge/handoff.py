@@ -36,11 +36,12 @@ import fcntl
 import logging
 import os
 import shutil
-import socket
 import stat
 import threading
 import uuid
 from pathlib import Path
+
+from kernelcache.process import HOST
 
 logger = logging.getLogger(__name__)
 
@@ -54,13 +55,9 @@ _lock = threading.RLock()
 _state: dict[str, object] = {}
 
 
-def _host() -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64]
-
-
 def _reap(base: Path) -> None:
     """Remove hand-off directories of this host whose owning process is gone."""
-    prefix = _host() + "-"
+    prefix = HOST + "-"
     try:
         entries = list(os.scandir(base))
     except OSError:
@@ -126,7 +123,7 @@ def _base(root: str) -> Path:
 def _setup(root: str, *, after_fork: bool = False) -> dict[str, object]:
     base = _base(root)
     _reap(base)
-    private = base / f"{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    private = base / f"{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     private.mkdir(mode=0o700)
     owner = os.open(private / _OWNER, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     fcntl.flock(owner, fcntl.LOCK_EX)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelcache.jsonio import load_json
+from kernelcache.process import warn_once
 
 if TYPE_CHECKING:
     from kernelcache.config import Settings
@@ -250,7 +251,6 @@ def _source_of(module: Any, qualname: str) -> str | None:
 
 
 _located: dict[str, Located] = {}
-_warned: set[str] = set()
 
 
 def _locate_memo(path: str) -> Located:
@@ -306,9 +306,14 @@ def complete(record: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
     warp_size = parse_target(str(record["target"])).warp_size
     out["target_params"] = warp_size_params(arguments, warp_size)
     out["producer"] = {"triton": triton_version(), "kernelcache": __version__}
-    if warn and problem and where.path not in _warned:
-        _warned.add(where.path)
-        logger.warning("kernelcache: recorded %s, but it cannot be warmed: %s", where.path, problem)
+    if warn and problem:
+        warn_once(
+            logger,
+            ("unwarmable", where.path),
+            "kernelcache: recorded %s, but it cannot be warmed: %s",
+            where.path,
+            problem,
+        )
     return out
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import stats
+from . import process, stats
 from .config import parse_variable, settings, variable
 from .errors import CacheError, LockTimeout
 from .keys import check_ext, check_key
@@ -34,7 +34,6 @@ from .tier import RemoteTier
 logger = logging.getLogger(__name__)
 
 BuildFn = Callable[[], "tuple[bytes, Mapping[str, Any]]"]
-_warned: set[tuple[str, str]] = set()
 #: the first and the longest pause between two rounds of tries while other processes build
 POLL_FIRST = 0.0005
 POLL_MAX = 0.01
@@ -59,9 +58,7 @@ class BuildItem:
 
 def warn_once(root: str, topic: str, message: str, *args: object) -> None:
     """Log a warning the first time (root, topic) comes up in this process."""
-    if (root, topic) not in _warned:
-        _warned.add((root, topic))
-        logger.warning(message, *args)
+    process.warn_once(logger, (root, topic), message, *args)
 
 
 def default_root() -> Path:

@@ -65,7 +65,6 @@ import functools
 import json
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
@@ -74,12 +73,12 @@ from dataclasses import dataclass
 
 from .errors import LockTimeout, LockUnavailable
 from .jsonio import load_json
+from .process import HOST
 
 logger = logging.getLogger(__name__)
 
 LOCK_DIR = ".locks"
 _FLOCK_UNSUPPORTED = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
-_HOST = socket.gethostname()
 #: a soft lock file still without its holder record this long after it was made or touched
 #: lost its holder between creating it and writing the record (done at once): it is stale
 UNWRITTEN_STALE = 5.0
@@ -359,9 +358,7 @@ class Locker:
     def _acquire_soft(self, name: str, deadline: float) -> Held:
         filename = name + ".softlock"
         token = uuid.uuid4().hex
-        record = json.dumps(
-            {"host": _HOST, "pid": os.getpid(), "time": time.time(), "token": token}
-        )
+        record = json.dumps({"host": HOST, "pid": os.getpid(), "time": time.time(), "token": token})
         delay = 0.001
         while True:
             dfd = self._dir()
@@ -419,7 +416,7 @@ class Locker:
         age = time.time() - float(record.get("mtime", 0))
         if "token" not in record:  # no holder record: written at once, so its writer died
             return age > min(self.stale_after, UNWRITTEN_STALE)
-        if record.get("host") == _HOST and isinstance(record.get("pid"), int):
+        if record.get("host") == HOST and isinstance(record.get("pid"), int):
             if not pid_alive(record["pid"]):
                 return True
         return age > self.stale_after

@@ -46,6 +46,7 @@ from .fsio import READ_FLAGS, changed_at, replace_file
 from .jsonio import load_json
 from .keys import META_EXT
 from .locks import LOCK_DIR, Locker, open_subdir, pid_alive
+from .process import HOST
 from .scan import CacheScan, Issue, lock_name
 from .stats import STATS_DIR
 from .store import QUARANTINE_DIR, TMP_DIR, Artifact, Problem, Store
@@ -563,10 +564,6 @@ class _Executor:
 
 
 # -- statistics logs ----------------------------------------------------------------------
-def _this_host() -> str:
-    return stats.log_name().rsplit("-", 2)[0]
-
-
 def foldable_logs(root: str, now: float | None = None) -> list[str]:
     """Statistics logs of finished processes: a dead pid on this host, or untouched for
     :data:`LOG_FOLD_AGE` seconds (any host); and logs a killed fold left renamed (the next
@@ -577,7 +574,7 @@ def foldable_logs(root: str, now: float | None = None) -> list[str]:
         it = os.scandir(directory)
     except OSError:
         return []
-    host = _this_host()
+    host = HOST
     found = []
     with it:
         for entry in it:

@@ -63,7 +63,6 @@ import math
 import os
 import random
 import re
-import socket
 import struct
 import threading
 import time
@@ -74,9 +73,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from . import stats
+from . import process, stats
 from .config import ConfigError
 from .keys import check_ext, check_key
+from .process import HOST
 from .schema import (
     HMAC_FIELD,
     MAX_META_BYTES,
@@ -102,9 +102,6 @@ _HEADER = struct.Struct(">4sI")
 #: Redis refuses strings larger than this
 REDIS_MAX_STRING = 512 << 20
 SCHEMES = ("redis", "rediss", "unix")
-_HOST = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())[:64]
-_warned: set[tuple[str, str]] = set()
-_warned_lock = threading.Lock()
 
 
 # -- the value format ---------------------------------------------------------------------
@@ -417,10 +414,8 @@ class RedisTier:
         return text
 
     def _warn_once(self, topic: str, message: str, *args: object) -> None:
-        with _warned_lock:
-            first = (self.url, topic) not in _warned
-            _warned.add((self.url, topic))
-        (logger.warning if first else logger.debug)(message, *args)
+        if not process.warn_once(logger, (self.url, topic), message, *args):
+            logger.debug(message, *args)
 
     def _usable(self) -> bool:
         """False while the circuit breaker is open (the server failed recently)."""
@@ -583,7 +578,7 @@ class RedisTier:
             return None
         lock = self.name(key) + ":lock"
         ttl_ms = str(max(1, math.ceil(self.options.lock_ttl * 1000)))
-        token = f"{ttl_ms}:{_HOST}:{os.getpid()}:{uuid.uuid4().hex}"
+        token = f"{ttl_ms}:{HOST}:{os.getpid()}:{uuid.uuid4().hex}"
         deadline = time.monotonic() + max(0.0, timeout)
         delay = _POLL_FIRST
         while True:

@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import os
-import socket
 import stat
 import threading
 import time
@@ -26,6 +25,7 @@ from typing import Any
 from .fsio import READ_FLAGS
 from .jsonio import load_json
 from .locks import open_subdir
+from .process import HOST
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,6 @@ _flushed: dict[str, dict[str, float]] = {}
 _logged_roots: set[str] = set()
 _last_flush = time.monotonic()
 _token = uuid.uuid4().hex[:8]
-_host = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64]
 
 
 def _zero() -> dict[str, float]:
@@ -125,12 +124,12 @@ def flush() -> None:
 
 def log_name() -> str:
     """This process's log file name (the same under every root)."""
-    return f"{_host}-{os.getpid()}-{_token}.jsonl"
+    return f"{HOST}-{os.getpid()}-{_token}.jsonl"
 
 
 def _append(root: str, delta: dict[str, float]) -> None:
     line = json.dumps(
-        {"v": LOG_VERSION, "host": _host, "pid": os.getpid(), "time": time.time(), "delta": delta},
+        {"v": LOG_VERSION, "host": HOST, "pid": os.getpid(), "time": time.time(), "delta": delta},
         sort_keys=True,
     )
     try:

@@ -41,7 +41,6 @@ import fcntl
 import json
 import logging
 import os
-import socket
 import stat
 import time
 import uuid
@@ -50,11 +49,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import process
 from .config import Settings, settings
 from .errors import CacheError, LockTimeout, LockUnavailable
 from .fsio import READ_FLAGS
 from .keys import META_EXT, check_ext, check_key, split_entry_name
 from .locks import Held, Locker, open_subdir
+from .process import HOST
 from .schema import (
     FORMAT_VERSION,
     MAX_META_BYTES,
@@ -114,7 +115,6 @@ _HINTS = {
     errno.ENOTDIR: "point KERNELCACHE_DIR at a directory",
     errno.EEXIST: "point KERNELCACHE_DIR at a directory",
 }
-_HOST = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64]
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,6 @@ class Store:
         self.readonly = readonly
         self.lock_timeout = lock_timeout
         self.locker = Locker(self.root, mode=lock_mode, stale_after=lock_stale)
-        self._warned: set[str] = set()
         self._memo: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
         self._read_locks = not readonly
         self.trust = trust
@@ -268,9 +267,8 @@ class Store:
         return f"{self._prefix}{key}.{META_EXT}"
 
     def warn_once(self, topic: str, message: str, *args: object) -> None:
-        if topic not in self._warned:
-            self._warned.add(topic)
-            logger.warning(message, *args)
+        """Log a warning the first time ``topic`` comes up for this root in this process."""
+        process.warn_once(logger, (self.root, topic), message, *args)
 
     # -- trust ----------------------------------------------------------------------------
     def _root_ids(self) -> tuple[int, int] | None:
@@ -545,7 +543,7 @@ class Store:
         trust policy would refuse (see :meth:`_write_bits`): what this process publishes is
         never writable by users outside the trusted set, whatever the umask.
         """
-        name = f"{_HOST}-{os.getpid()}-{uuid.uuid4().hex}.tmp"
+        name = f"{HOST}-{os.getpid()}-{uuid.uuid4().hex}.tmp"
         fd = os.open(
             name,
             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,

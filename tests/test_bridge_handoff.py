@@ -200,7 +200,7 @@ def test_forked_child_gets_its_own_handoff_directory(tmp_path):
 
 def test_stale_directories_of_dead_processes_are_reaped(tmp_path):
     base = tmp_path / handoff.HANDOFF_DIR
-    stale = base / f"{handoff._host()}-999999-deadbeef"
+    stale = base / f"{handoff.HOST}-999999-deadbeef"
     stale.mkdir(parents=True)
     (stale / "owner.lock").touch()
     (stale / "x.hsaco").write_bytes(b"old")
