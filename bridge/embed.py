@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kernelcache.process import warn_once
 
@@ -28,6 +28,7 @@ from .targets import Target
 
 if TYPE_CHECKING:
     from kernelcache import Cache
+    from kernelcache.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,10 @@ MODES = ("auto", "inline", "ptx", "path")
 
 
 def resolve(
-    requested: str | None, target: Target, jaxlib: str | None = None, cfg: Any = None
+    requested: str | None,
+    target: Target,
+    jaxlib: str | None = None,
+    cfg: Settings | None = None,
 ) -> str:
     """The embedding to use for ``target`` under ``jaxlib`` (default: the running one).
 
