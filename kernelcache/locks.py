@@ -65,6 +65,7 @@ import functools
 import json
 import logging
 import os
+import stat
 import threading
 import time
 import uuid
@@ -392,14 +393,21 @@ class Locker:
             delay = self._wait(name, deadline, delay, cap=0.05)
 
     def read_soft_record(self, dfd: int, filename: str) -> dict | None:
-        """The holder record of a soft lock file, or None if it is unreadable or gone."""
+        """The holder record of a soft lock file, or None if it is gone or cannot be opened.
+
+        Anything but a regular file holding a record (a planted FIFO or device, unreadable
+        bytes) reads as a file without a holder record: stale after ``UNWRITTEN_STALE``.
+        """
         try:
             fd = os.open(filename, _open_flags(), dir_fd=dfd)
         except OSError:
             return None
         try:
             st = os.fstat(fd)
-            raw = os.read(fd, 4096)
+            raw = b""
+            if stat.S_ISREG(st.st_mode):
+                with contextlib.suppress(OSError):
+                    raw = os.read(fd, 4096)
         finally:
             os.close(fd)
         try:

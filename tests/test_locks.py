@@ -388,3 +388,27 @@ def test_republished_entry_is_read_fresh(tmp_path):
     art = reader.get(key, "bin")
     assert art.data == b"second" and art.meta["v"] == 2
     assert kernelcache.process_stats()["corrupt"] == corrupt_before
+
+
+def test_a_fifo_with_a_writer_planted_as_a_soft_lock_is_broken_once_stale(lockroot):
+    """Reading its record neither blocks nor raises; it has no holder record, so it is stale
+    after UNWRITTEN_STALE and replaced by a real lock."""
+    from kernelcache.locks import UNWRITTEN_STALE
+
+    name = key_of("fifo-soft")
+    (lockroot / ".locks").mkdir(exist_ok=True)
+    path = lockroot / ".locks" / f"{name}.softlock"
+    os.mkfifo(path)
+    reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    writer = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # a live writer: reads would block
+    try:
+        old = time.time() - UNWRITTEN_STALE - 10
+        os.utime(path, (old, old))
+        held = Locker(str(lockroot), mode="soft", stale_after=60).acquire(
+            name, shared=False, timeout=2
+        )
+        assert path.is_file() and json.loads(path.read_text())["token"] == held.token
+        held.release()
+    finally:
+        os.close(writer)
+        os.close(reader)
