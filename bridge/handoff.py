@@ -42,13 +42,12 @@ import uuid
 from pathlib import Path
 
 from kernelcache.process import HOST
+from kernelcache.table import HANDOFF_DIR  # the per-process hand-off directories live here
 
 logger = logging.getLogger(__name__)
 
 #: the descriptor number every process keeps its hand-off directory open as
 HANDOFF_FD = 1023
-#: subdirectory of the writable cache root holding the per-process hand-off directories
-HANDOFF_DIR = ".handoff"
 _OWNER = "owner.lock"
 
 _lock = threading.RLock()
