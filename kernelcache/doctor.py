@@ -35,7 +35,19 @@ from .config import (
 from .locks import LOCK_DIR, Locker
 
 #: packages whose installed versions are reported (never imported)
-PACKAGES = ("jax", "jaxlib", "triton", "xxhash", "platformdirs", "zstandard", "tqdm", "redis")
+PACKAGES = (
+    "jax",
+    "jaxlib",
+    "triton",
+    "xxhash",
+    "platformdirs",
+    "filelock",
+    "zstandard",
+    "tqdm",
+    "redis",
+)
+#: the oldest filelock whose descriptor locks the cache uses (see kernelcache/locks.py)
+MIN_FILELOCK = (3, 30)
 NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph")
 LOW_FREE_BYTES = 1 << 30
 LOW_FREE_FRACTION = 0.05
@@ -215,6 +227,27 @@ def setting_checks(environ: Mapping[str, str] | None = None) -> tuple[list[Check
     return checks, cfg
 
 
+def filelock_check(version: str | None) -> Check:
+    """Whether the installed filelock can take the cache's exclusive locks."""
+    from packaging.version import InvalidVersion, Version
+
+    need = ".".join(map(str, MIN_FILELOCK))
+    fix = f"pip install 'filelock>={need},<5'"
+    if version is None:
+        return Check("filelock", "fail", f"not installed: the cache works without locks; {fix}")
+    try:
+        release = Version(version).release
+    except InvalidVersion:
+        release = ()
+    if release[:2] < MIN_FILELOCK:
+        return Check(
+            "filelock",
+            "fail",
+            f"{version} is older than {need}: the cache works without locks; {fix}",
+        )
+    return Check("filelock", "ok", version)
+
+
 def diagnose(root: str | None) -> Report:
     """Inspect ``root`` (None: it cannot be told, the environment names no usable root) and
     every setting; never raises for what it finds."""
@@ -226,6 +259,7 @@ def diagnose(root: str | None) -> Report:
         "environment": {k: _shown(k, v) for k, v in environment_in_effect().items()},
     }
     checks, cfg = setting_checks()
+    checks.append(filelock_check(info["versions"].get("filelock")))
     info["lock_mode_configured"] = cfg.lock_mode if cfg else None
     info["trust"] = cfg.trust if cfg else None
     if root is None:

@@ -321,3 +321,25 @@ def test_the_handoff_directory_is_not_foreign(tmp_path):
     before = files_under(root)
     assert kc_json(root, "stats")["problems"] == 0
     assert files_under(root) >= before
+
+
+@pytest.mark.parametrize(
+    ("version", "status"), [("4.3.1", "ok"), ("3.30.0", "ok"), ("3.29.7", "fail"), (None, "fail")]
+)
+def test_doctor_says_whether_filelock_can_take_the_locks(version, status):
+    from kernelcache.doctor import filelock_check
+
+    check = filelock_check(version)
+    assert check.status == status
+    if status == "fail":
+        assert "pip install 'filelock>=3.30,<5'" in check.detail
+
+
+def test_doctor_reports_the_installed_filelock(tmp_path):
+    import filelock
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    doc = kc_json(root, "doctor")
+    assert doc["versions"]["filelock"] == filelock.__version__
+    assert {"name": "filelock", "status": "ok", "detail": filelock.__version__} in doc["checks"]
