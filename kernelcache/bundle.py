@@ -28,12 +28,10 @@ are whole and verified.)
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import io
 import json
 import os
-import stat
 import tarfile
 import time
 import uuid
@@ -44,6 +42,7 @@ from typing import IO, Any
 import xxhash
 
 from ._version import __version__
+from .fsio import NotRegularFile, open_regular
 from .jsonio import load_json
 from .keys import META_EXT, split_entry_name
 from .schema import (
@@ -477,17 +476,11 @@ def _open_bundle(path: str) -> IO[bytes]:
     """``path`` opened for reading, if it is a regular file (a FIFO or device is refused
     without blocking on it)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return open_regular(path)
+    except NotRegularFile:
+        raise BundleError(f"{path} is not a regular file") from None
     except OSError as e:
         raise BundleError(f"cannot open {path}: {e.strerror}") from e
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BundleError(f"{path} is not a regular file")
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def _roll_back(store: Store, keys: Sequence[str]) -> int:

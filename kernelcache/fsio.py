@@ -9,11 +9,40 @@ whole.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
+import stat
 import uuid
+from typing import IO
 
 #: how housekeeping reads open files: no symlinks, and a planted FIFO cannot block the open
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+class NotRegularFile(OSError):
+    """A path that should name a regular file names a FIFO, a device, a directory, ..."""
+
+
+def open_regular(path: str) -> IO[bytes]:
+    """``path`` opened for reading in binary mode, if it is a regular file.
+
+    Input named on a command line (a bundle, a manifest) is opened this way: a FIFO or a
+    device is refused at once instead of blocking the reader (or reading forever).
+
+    Raises:
+        NotRegularFile: it is not a regular file.
+        OSError: it cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", path)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def changed_at(st: os.stat_result) -> float:

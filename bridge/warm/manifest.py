@@ -14,11 +14,11 @@ import importlib
 import json as jsonlib
 import os
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernelcache.fsio import NotRegularFile, open_regular
 from kernelcache.jsonio import load_json
 
 from ..binding import ArgArray
@@ -159,18 +159,12 @@ class Manifest:
 
 def _open_regular(path: str) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise ManifestError(f"cannot read the manifest {path}: {e.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ManifestError(f"the manifest {path} is not a regular file")
-        with os.fdopen(os.dup(fd), "rb") as f:
+        with open_regular(path) as f:
             return f.read()
+    except NotRegularFile:
+        raise ManifestError(f"the manifest {path} is not a regular file") from None
     except OSError as e:
         raise ManifestError(f"cannot read the manifest {path}: {e.strerror}") from None
-    finally:
-        os.close(fd)
 
 
 def _check_record(rec: Any) -> str | None:
