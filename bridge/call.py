@@ -175,8 +175,7 @@ def _zeroed(call: CallSpec, bound: binding.Bound) -> dict[int, int]:
 
 def _kernel_message(
     call: CallSpec, target: targets.Target, mode: str, kb: KernelBinary, cache: Cache, jaxlib: str
-) -> Any:
-    m = proto.messages()
+) -> proto.TritonKernel:
     meta = kb.meta  # read only fields the entry digest covers (kernelcache.schema.LAUNCH_FIELDS)
     name, shared, warps = str(meta["name"]), int(meta["shared"]), int(meta["num_warps"])
     threads = warps * target.warp_size
@@ -197,7 +196,7 @@ def _kernel_message(
             "profile scratch buffer, which jaxlib passes as a null pointer): unset Triton's "
             "instrumentation mode (TRITON_INSTRUMENTATION_MODE / proton) for JAX calls"
         )
-    kernel = m["TritonKernel"](
+    kernel = proto.TritonKernel(
         kernel_name=name,
         num_warps=threads // target.jaxlib_warp_size,
         num_ctas=int(meta.get("num_ctas", 1)),
@@ -226,27 +225,27 @@ def _kernel_message(
     else:
         kernel.ptx = embed.hsaco_token(kb.key, str(meta.get("digest", "")))
     if mode == "inline":
-        kernel.module_image.object_file = kb.binary
-        kernel.module_image.kernel_name = name
-        kernel.module_image.shared_mem_bytes = shared
+        kernel.module_image = proto.ModuleImage(
+            object_file=kb.binary, kernel_name=name, shared_mem_bytes=shared
+        )
     return kernel
 
 
-def _scalar(p: Any, field: str, value: Any) -> None:
-    setattr(
-        p,
-        field,
-        bool(value)
-        if field == "bool_"
-        else float(value)
-        if field in ("f32", "f64")
-        else int(value),
-    )
+#: jaxlib's parameter for a scalar argument, by the field it travels in (binding.SCALAR_FIELDS)
+_SCALARS: dict[str, Callable[[Any], proto.Parameter]] = {
+    "bool_": lambda v: proto.Parameter(bool_=bool(v)),
+    "i32": lambda v: proto.Parameter(i32=int(v)),
+    "u32": lambda v: proto.Parameter(u32=int(v)),
+    "i64": lambda v: proto.Parameter(i64=int(v)),
+    "u64": lambda v: proto.Parameter(u64=int(v)),
+    "f32": lambda v: proto.Parameter(f32=float(v)),
+    "f64": lambda v: proto.Parameter(f64=float(v)),
+}
 
 
 def _descriptor(
-    call_msg: Any, call: CallSpec, desc: Any, meta: Mapping[str, Any], zero: dict[int, int]
-) -> None:
+    call: CallSpec, desc: Any, meta: Mapping[str, Any], zero: dict[int, int]
+) -> list[proto.Parameter]:
     """jaxlib's parameters for one host-side descriptor: the TMA descriptor (field 9), then
     the shape (i32) and strides (i64), as Triton's CUDA launcher passes them."""
     where = f"{call.parts.qualname}: a tensor descriptor"
@@ -263,26 +262,29 @@ def _descriptor(
     shape, strides = [int(d) for d in desc.shape], [int(d) for d in desc.strides]
     if any(not 1 <= d < 2**31 for d in shape) or any(not 0 <= s < 2**40 for s in strides):
         raise KernelArgumentError(f"{where}: shape {shape} or strides {strides} out of range")
-    tensor = call_msg.parameters.add().tensor_descriptor.nvidia
-    tensor.elem_type = tma.host_elem_type(meta["elem_type"], bool(desc.round_f32_to_tf32))
-    tensor.swizzle = meta["swizzle"]
-    tensor.shape.extend(shape)
-    tensor.strides.extend(strides)
-    tensor.block_shape.extend(meta["block_size"])
-    tensor.oob_fill = 1 if desc.padding == "nan" else 0
-    for d in shape:
-        call_msg.parameters.add().i32 = d
-    for s in strides:
-        call_msg.parameters.add().i64 = s
+    tensor = proto.NvidiaDescriptor(
+        elem_type=tma.host_elem_type(meta["elem_type"], bool(desc.round_f32_to_tf32)),
+        swizzle=meta["swizzle"],
+        shape=shape,
+        strides=strides,
+        block_shape=list(meta["block_size"]),
+        oob_fill=1 if desc.padding == "nan" else 0,
+    )
+    return [
+        proto.Parameter(tensor_descriptor=proto.TensorDescriptor(nvidia=tensor)),
+        *(proto.Parameter(i32=d) for d in shape),
+        *(proto.Parameter(i64=s) for s in strides),
+    ]
 
 
 def _parameters(
-    call_msg: Any,
     call: CallSpec,
     bound: binding.Bound,
     zero: dict[int, int],
     desc_meta: Sequence[Mapping[str, Any]] = (),
-) -> None:
+) -> list[proto.Parameter]:
+    """jaxlib's parameters of ``bound``, in the kernel's order."""
+    params: list[proto.Parameter] = []
     expected = 0
     descs = iter(desc_meta)
     for leaf in bound.leaves:
@@ -293,15 +295,17 @@ def _parameters(
                 raise AssertionError(f"buffer order mismatch at {leaf}: {index} != {expected}")
             expected += 1
         if leaf.is_descriptor:
-            _descriptor(call_msg, call, leaf.value, next(descs), zero)
+            params += _descriptor(call, leaf.value, next(descs), zero)
         elif leaf.is_array:
-            p = call_msg.parameters.add()
-            p.array.bytes_to_zero = zero.get(id(leaf.value), 0)
-            p.array.ptr_divisibility = leaf.divisibility
+            array = proto.Array(
+                bytes_to_zero=zero.get(id(leaf.value), 0), ptr_divisibility=leaf.divisibility
+            )
+            params.append(proto.Parameter(array=array))
         else:
-            _scalar(call_msg.parameters.add(), binding.SCALAR_FIELDS[leaf.type], leaf.value)
+            params.append(_SCALARS[binding.SCALAR_FIELDS[leaf.type]](leaf.value))
     if expected != len(call.buffers):
         raise AssertionError("the kernel's array parameters do not match the buffers")
+    return params
 
 
 def _check_descriptors(call: CallSpec, spec: specialize.Specialization, jaxlib: str) -> int:
@@ -375,8 +379,7 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
     backends.check_options(target, set(call.options))
     mode = embed.resolve(call.embed, target, jaxlib, cfg)
     cache = as_cache(call.cache, cfg)
-    m = proto.messages()
-    configs = []
+    configs: list[proto.Config] = []
     needs = versions.MODULE_IMAGE if mode == "inline" else (0,)
     specs = specialize.specialize_call(
         call.parts, call.named, call.kwargs, call.options, target, cache
@@ -406,34 +409,40 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
             )
         grid = binding.eval_grid(call.grid, bound.bound_args)
         kernel = _kernel_message(call, target, mode, kb, cache, jaxlib)
-        if n_desc or kernel.HasField("global_scratch_size"):
+        if n_desc or kernel.global_scratch_size is not None:
             needs = versions.MODULE_IMAGE
-        kernel_call = m["TritonKernelCall"](
-            kernel=kernel, grid_0=grid[0], grid_1=grid[1], grid_2=grid[2]
+        kernel_call = proto.TritonKernelCall(
+            kernel=kernel,
+            grid_0=grid[0],
+            grid_1=grid[1],
+            grid_2=grid[2],
+            parameters=_parameters(call, bound, _zeroed(call, bound), desc_meta),
         )
-        _parameters(kernel_call, call, bound, _zeroed(call, bound), desc_meta)
-        configs.append((kernel_call, spec.variant.description))
+        configs.append(proto.Config(kernel_call=kernel_call, description=spec.variant.description))
         record.emit(_record(call, target, spec.key, bound, grid), cfg)
-    anycall = m["TritonAnyKernelCall"](name=call.name, metadata=call.metadata)
+    anycall = proto.TritonAnyKernelCall(name=call.name, metadata=call.metadata)
     if len(configs) == 1 and mode != "path":
-        anycall.kernel_call.CopyFrom(configs[0][0])
+        anycall.kernel_call = configs[0].kernel_call
     else:
-        tuned = anycall.autotuned_kernel_call
-        tuned.name = f"{call.name} ({call.parts.qualname})"
         if len(configs) == 1:  # see bridge.handoff: jaxlib loads autotuned calls under its lock
-            configs.append((configs[0][0], f"{configs[0][1]} (load guard)".strip()))
-        for kernel_call, description in configs:
-            c = tuned.configs.add(description=description)
-            c.kernel_call.CopyFrom(kernel_call)
-        for k, j in call.restore:
-            tuned.input_output_aliases.add(
+            guard = f"{configs[0].description} (load guard)".strip()
+            configs.append(proto.Config(kernel_call=configs[0].kernel_call, description=guard))
+        aliases = [
+            proto.InputOutputAlias(
                 input_buffer_idx=k,
                 output_buffer_idx=call.n_operands + j,
                 buffer_size_bytes=int(np.prod(call.out_avals[j].shape))
                 * call.out_avals[j].dtype.itemsize,
             )
-    opaque = proto.compress(proto.serialize(anycall))
-    return Lowered(opaque, mode, anycall.HasField("autotuned_kernel_call"), tuple(needs))
+            for k, j in call.restore
+        ]
+        anycall.autotuned_kernel_call = proto.TritonAutotunedKernelCall(
+            name=f"{call.name} ({call.parts.qualname})",
+            configs=configs,
+            input_output_aliases=aliases,
+        )
+    opaque = proto.compress(proto.encode(anycall))
+    return Lowered(opaque, mode, anycall.autotuned_kernel_call is not None, tuple(needs))
 
 
 def _record(

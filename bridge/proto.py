@@ -1,223 +1,401 @@
-"""jaxlib's Triton custom-call wire format, built with the protobuf runtime.
+"""jaxlib's Triton custom-call wire format: typed messages and their deterministic encoding.
 
-The schema of ``jaxlib/gpu/triton.proto`` (package ``jax_triton``) is declared here as a
-``FileDescriptorProto`` in a private descriptor pool: no protoc, no jaxlib plugin, no
-version-dependent nanobind constructors. What is declared is the union of the released
-schemas: ``num_ctas`` (10) since jaxlib 0.8.2, ``module_image`` (11), the global scratch
-fields (12, 13) and the ``tensor_descriptor`` parameter (9) since 0.11.1. Older jaxlib releases
-skip fields they do not know (a parameter they do not know is an error at run time: the bridge
-checks the jaxlib before emitting one).
+The schema of ``jaxlib/gpu/triton.proto`` (package ``jax_triton``) is declared once, here, as
+dataclasses whose fields carry their field number and wire type. The lowering builds these
+dataclasses and :func:`encode` writes them in the proto3 wire format, without protobuf: importing
+protobuf and building a descriptor pool costs more than the rest of a warm lowering. What is
+declared is the union of the released schemas: ``num_ctas`` (10) since jaxlib 0.8.2,
+``module_image`` (11), the global scratch fields (12, 13) and the ``tensor_descriptor``
+parameter (9) since 0.11.1. Older jaxlib releases skip fields they do not know (a parameter
+they do not know is an error at run time: the bridge checks the jaxlib before emitting one).
 
-Fields are declared in field-number order and serialized deterministically, so the bytes of a
-message depend only on its content: the opaque of a custom call is the same in every process.
+:func:`encode` writes exactly what protobuf's ``SerializeToString(deterministic=True)`` writes
+for the same content: fields in field-number order; singular scalars without presence omitted
+when they hold their default; ``optional`` scalars, oneof members and sub-messages written
+whenever set (not None), even when zero or empty; repeated scalars packed; repeated messages in
+order. The bytes of a message depend only on its content: the opaque of a custom call is the
+same in every process.
+
+For inspection and tests, :func:`decode_opaque` and :func:`parse_call` parse with protobuf
+through a ``FileDescriptorProto`` derived from the same dataclasses (:func:`file_descriptor`).
 """
 
+# ruff: noqa: RUF009  (``_pb`` returns a ``dataclasses.field``, which ruff does not see)
 from __future__ import annotations
 
+import dataclasses
 import functools
+import struct
 import zlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from google.protobuf import descriptor_pb2
 
 _PACKAGE = "jax_triton"
 
+#: scalar wire types: name -> (protobuf's FieldDescriptorProto type number, wire type)
+_SCALARS = {
+    "double": (1, 1),
+    "float": (2, 5),
+    "int64": (3, 0),
+    "uint64": (4, 0),
+    "int32": (5, 0),
+    "bool": (8, 0),
+    "string": (9, 2),
+    "bytes": (12, 2),
+    "uint32": (13, 0),
+}
+_TYPE_MESSAGE = 11
+_INT_RANGES = {
+    "int32": (-(2**31), 2**31 - 1),
+    "uint32": (0, 2**32 - 1),
+    "int64": (-(2**63), 2**63 - 1),
+    "uint64": (0, 2**64 - 1),
+}
+_FLOAT32_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
 
-def _field(
-    msg: Any,
-    name: str,
+
+def _pb(
     number: int,
-    kind: int,
+    kind: str | type[Message],
     *,
-    type_name: str | None = None,
     repeated: bool = False,
-    oneof: int | None = None,
     optional: bool = False,
-) -> None:
-    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as _F
+    oneof: str | None = None,
+) -> Any:
+    """A message field: its number and type (a scalar type name, or a message class).
 
-    f = msg.field.add(name=name, number=number, type=kind)
-    f.label = _F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL
-    if type_name:
-        f.type_name = f".{_PACKAGE}.{type_name}"
-    if optional:
-        f.proto3_optional = True
-        f.oneof_index = len(msg.oneof_decl)
-        msg.oneof_decl.add(name=f"_{name}")
-    elif oneof is not None:
-        f.oneof_index = oneof
+    Its Python default says its presence: a list for repeated fields, None where presence is
+    explicit (``optional`` scalars, oneof members, sub-messages), else the type's zero."""
+    meta = {"number": number, "kind": kind, "repeated": repeated, "oneof": oneof}
+    meta["optional"] = optional
+    if repeated:
+        return dataclasses.field(default_factory=list, metadata=meta)
+    if optional or oneof is not None or not isinstance(kind, str):
+        return dataclasses.field(default=None, metadata=meta)
+    zero = {"string": "", "bytes": b"", "bool": False, "float": 0.0, "double": 0.0}
+    return dataclasses.field(default=zero.get(kind, 0), metadata=meta)
 
 
-def _schema() -> descriptor_pb2.FileDescriptorProto:
-    from google.protobuf import descriptor_pb2
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    number: int
+    kind: str | type[Message]
+    repeated: bool
+    optional: bool
+    oneof: str | None
 
-    _F = descriptor_pb2.FieldDescriptorProto
-    fd = descriptor_pb2.FileDescriptorProto(
-        name="kernelcache/bridge/triton.proto", package=_PACKAGE, syntax="proto3"
+    @property
+    def explicit(self) -> bool:
+        """Written whenever set (not None): an optional scalar, a oneof member, a message."""
+        return self.optional or self.oneof is not None or not isinstance(self.kind, str)
+
+
+class Message:
+    """A message of the schema: a dataclass registered with :func:`_message`."""
+
+    _proto_name: ClassVar[str]
+    _proto_fields: ClassVar[tuple[_Field, ...]]
+    _proto_reserved: ClassVar[tuple[int, ...]]
+
+
+#: every message class, in declaration order
+_MESSAGES: list[type[Message]] = []
+_M = TypeVar("_M", bound=type[Message])
+
+
+def _message(name: str, reserved: tuple[int, ...] = ()) -> Callable[[_M], _M]:
+    """Register a message dataclass as the message ``name`` (nested names with dots)."""
+
+    def register(cls: _M) -> _M:
+        fields = tuple(_Field(f.name, **f.metadata) for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        numbers = [f.number for f in fields]
+        assert numbers == sorted(numbers), f"{name}: fields out of field-number order"
+        for f in fields:
+            assert not (f.repeated and f.kind in ("string", "bytes")), "only packable scalars"
+        cls._proto_name, cls._proto_fields, cls._proto_reserved = name, fields, reserved
+        _MESSAGES.append(cls)
+        return cls
+
+    return register
+
+
+# -- the schema (jaxlib/gpu/triton.proto) ---------------------------------------------------
+@_message("ModuleImageProto")
+@dataclass(kw_only=True)
+class ModuleImage(Message):
+    """Machine code jaxlib loads instead of compiling ``ptx`` (jaxlib >= 0.11.1)."""
+
+    object_file: bytes = _pb(1, "bytes")
+    kernel_name: str = _pb(2, "string")
+    shared_mem_bytes: int = _pb(3, "uint32")
+
+
+@_message("TritonKernel", reserved=(7, 8, 9))
+@dataclass(kw_only=True)
+class TritonKernel(Message):
+    kernel_name: str = _pb(1, "string")
+    num_warps: int = _pb(2, "uint32")
+    shared_mem_bytes: int = _pb(3, "uint32")
+    ptx: str = _pb(4, "string")
+    ttir: str = _pb(5, "string")
+    compute_capability: int = _pb(6, "uint32")
+    num_ctas: int | None = _pb(10, "uint32", optional=True)
+    module_image: ModuleImage | None = _pb(11, ModuleImage, optional=True)
+    global_scratch_size: int | None = _pb(12, "uint32", optional=True)
+    global_scratch_align: int | None = _pb(13, "uint32", optional=True)
+
+
+@_message("TritonKernelCall.Parameter.Array")
+@dataclass(kw_only=True)
+class Array(Message):
+    bytes_to_zero: int = _pb(1, "uint64")
+    ptr_divisibility: int = _pb(2, "uint64")
+
+
+@_message("TritonKernelCall.Parameter.TensorDescriptor.Nvidia")
+@dataclass(kw_only=True)
+class NvidiaDescriptor(Message):
+    """A host-side TMA descriptor: jaxlib encodes the CUtensorMap at every launch."""
+
+    elem_type: int = _pb(1, "uint32")
+    swizzle: int = _pb(2, "uint32")
+    shape: list[int] = _pb(3, "uint64", repeated=True)
+    strides: list[int] = _pb(4, "uint64", repeated=True)
+    block_shape: list[int] = _pb(5, "uint32", repeated=True)
+    oob_fill: int = _pb(6, "uint32")
+
+
+@_message("TritonKernelCall.Parameter.TensorDescriptor")
+@dataclass(kw_only=True)
+class TensorDescriptor(Message):
+    nvidia: NvidiaDescriptor | None = _pb(1, NvidiaDescriptor, oneof="backend")
+
+
+@_message("TritonKernelCall.Parameter")
+@dataclass(kw_only=True)
+class Parameter(Message):
+    """One kernel parameter: exactly one member of the ``value`` oneof is set."""
+
+    array: Array | None = _pb(1, Array, oneof="value")
+    bool_: bool | None = _pb(2, "bool", oneof="value")
+    i32: int | None = _pb(3, "int32", oneof="value")
+    u32: int | None = _pb(4, "uint32", oneof="value")
+    i64: int | None = _pb(5, "int64", oneof="value")
+    u64: int | None = _pb(6, "uint64", oneof="value")
+    f32: float | None = _pb(7, "float", oneof="value")
+    f64: float | None = _pb(8, "double", oneof="value")
+    tensor_descriptor: TensorDescriptor | None = _pb(9, TensorDescriptor, oneof="value")
+
+
+@_message("TritonKernelCall")
+@dataclass(kw_only=True)
+class TritonKernelCall(Message):
+    kernel: TritonKernel | None = _pb(1, TritonKernel)
+    grid_0: int = _pb(2, "uint32")
+    grid_1: int = _pb(3, "uint32")
+    grid_2: int = _pb(4, "uint32")
+    parameters: list[Parameter] = _pb(5, Parameter, repeated=True)
+
+
+@_message("TritonAutotunedKernelCall.Config")
+@dataclass(kw_only=True)
+class Config(Message):
+    kernel_call: TritonKernelCall | None = _pb(1, TritonKernelCall)
+    description: str = _pb(2, "string")
+
+
+@_message("TritonAutotunedKernelCall.InputOutputAlias")
+@dataclass(kw_only=True)
+class InputOutputAlias(Message):
+    input_buffer_idx: int = _pb(1, "uint32")
+    output_buffer_idx: int = _pb(2, "uint32")
+    buffer_size_bytes: int = _pb(3, "uint64")
+
+
+@_message("TritonAutotunedKernelCall")
+@dataclass(kw_only=True)
+class TritonAutotunedKernelCall(Message):
+    name: str = _pb(1, "string")
+    configs: list[Config] = _pb(2, Config, repeated=True)
+    input_output_aliases: list[InputOutputAlias] = _pb(3, InputOutputAlias, repeated=True)
+
+
+@_message("TritonAnyKernelCall")
+@dataclass(kw_only=True)
+class TritonAnyKernelCall(Message):
+    """What the opaque of jaxlib's Triton custom call holds (zlib-compressed)."""
+
+    kernel_call: TritonKernelCall | None = _pb(1, TritonKernelCall, oneof="value")
+    autotuned_kernel_call: TritonAutotunedKernelCall | None = _pb(
+        2, TritonAutotunedKernelCall, oneof="value"
     )
-    image = fd.message_type.add(name="ModuleImageProto")
-    _field(image, "object_file", 1, _F.TYPE_BYTES)
-    _field(image, "kernel_name", 2, _F.TYPE_STRING)
-    _field(image, "shared_mem_bytes", 3, _F.TYPE_UINT32)
-
-    kernel = fd.message_type.add(name="TritonKernel")
-    _field(kernel, "kernel_name", 1, _F.TYPE_STRING)
-    _field(kernel, "num_warps", 2, _F.TYPE_UINT32)
-    _field(kernel, "shared_mem_bytes", 3, _F.TYPE_UINT32)
-    _field(kernel, "ptx", 4, _F.TYPE_STRING)
-    _field(kernel, "ttir", 5, _F.TYPE_STRING)
-    _field(kernel, "compute_capability", 6, _F.TYPE_UINT32)
-    _field(kernel, "num_ctas", 10, _F.TYPE_UINT32, optional=True)
-    _field(kernel, "module_image", 11, _F.TYPE_MESSAGE, type_name="ModuleImageProto", optional=True)
-    _field(kernel, "global_scratch_size", 12, _F.TYPE_UINT32, optional=True)
-    _field(kernel, "global_scratch_align", 13, _F.TYPE_UINT32, optional=True)
-    for start in (7, 8, 9):
-        kernel.reserved_range.add(start=start, end=start + 1)
-
-    call = fd.message_type.add(name="TritonKernelCall")
-    param = call.nested_type.add(name="Parameter")
-    array = param.nested_type.add(name="Array")
-    _field(array, "bytes_to_zero", 1, _F.TYPE_UINT64)
-    _field(array, "ptr_divisibility", 2, _F.TYPE_UINT64)
-    param.oneof_decl.add(name="value")
-    _field(
-        param, "array", 1, _F.TYPE_MESSAGE, type_name="TritonKernelCall.Parameter.Array", oneof=0
-    )
-    for number, (name, kind) in enumerate(
-        [
-            ("bool_", _F.TYPE_BOOL),
-            ("i32", _F.TYPE_INT32),
-            ("u32", _F.TYPE_UINT32),
-            ("i64", _F.TYPE_INT64),
-            ("u64", _F.TYPE_UINT64),
-            ("f32", _F.TYPE_FLOAT),
-            ("f64", _F.TYPE_DOUBLE),
-        ],
-        start=2,
-    ):
-        _field(param, name, number, kind, oneof=0)
-    tensor = param.nested_type.add(name="TensorDescriptor")
-    nvidia = tensor.nested_type.add(name="Nvidia")
-    _field(nvidia, "elem_type", 1, _F.TYPE_UINT32)
-    _field(nvidia, "swizzle", 2, _F.TYPE_UINT32)
-    _field(nvidia, "shape", 3, _F.TYPE_UINT64, repeated=True)
-    _field(nvidia, "strides", 4, _F.TYPE_UINT64, repeated=True)
-    _field(nvidia, "block_shape", 5, _F.TYPE_UINT32, repeated=True)
-    _field(nvidia, "oob_fill", 6, _F.TYPE_UINT32)
-    tensor.oneof_decl.add(name="backend")
-    _field(
-        tensor,
-        "nvidia",
-        1,
-        _F.TYPE_MESSAGE,
-        type_name="TritonKernelCall.Parameter.TensorDescriptor.Nvidia",
-        oneof=0,
-    )
-    _field(
-        param,
-        "tensor_descriptor",
-        9,
-        _F.TYPE_MESSAGE,
-        type_name="TritonKernelCall.Parameter.TensorDescriptor",
-        oneof=0,
-    )
-    _field(call, "kernel", 1, _F.TYPE_MESSAGE, type_name="TritonKernel")
-    _field(call, "grid_0", 2, _F.TYPE_UINT32)
-    _field(call, "grid_1", 3, _F.TYPE_UINT32)
-    _field(call, "grid_2", 4, _F.TYPE_UINT32)
-    _field(
-        call,
-        "parameters",
-        5,
-        _F.TYPE_MESSAGE,
-        type_name="TritonKernelCall.Parameter",
-        repeated=True,
-    )
-
-    tuned = fd.message_type.add(name="TritonAutotunedKernelCall")
-    config = tuned.nested_type.add(name="Config")
-    _field(config, "kernel_call", 1, _F.TYPE_MESSAGE, type_name="TritonKernelCall")
-    _field(config, "description", 2, _F.TYPE_STRING)
-    alias = tuned.nested_type.add(name="InputOutputAlias")
-    _field(alias, "input_buffer_idx", 1, _F.TYPE_UINT32)
-    _field(alias, "output_buffer_idx", 2, _F.TYPE_UINT32)
-    _field(alias, "buffer_size_bytes", 3, _F.TYPE_UINT64)
-    _field(tuned, "name", 1, _F.TYPE_STRING)
-    _field(
-        tuned,
-        "configs",
-        2,
-        _F.TYPE_MESSAGE,
-        type_name="TritonAutotunedKernelCall.Config",
-        repeated=True,
-    )
-    _field(
-        tuned,
-        "input_output_aliases",
-        3,
-        _F.TYPE_MESSAGE,
-        type_name="TritonAutotunedKernelCall.InputOutputAlias",
-        repeated=True,
-    )
-
-    anycall = fd.message_type.add(name="TritonAnyKernelCall")
-    anycall.oneof_decl.add(name="value")
-    _field(anycall, "kernel_call", 1, _F.TYPE_MESSAGE, type_name="TritonKernelCall", oneof=0)
-    _field(
-        anycall,
-        "autotuned_kernel_call",
-        2,
-        _F.TYPE_MESSAGE,
-        type_name="TritonAutotunedKernelCall",
-        oneof=0,
-    )
-    _field(anycall, "metadata", 3, _F.TYPE_BYTES)
-    _field(anycall, "name", 4, _F.TYPE_STRING)
-    return fd
+    metadata: bytes = _pb(3, "bytes")
+    name: str = _pb(4, "string")
 
 
-@functools.lru_cache(maxsize=1)
-def messages() -> dict[str, type]:
-    """The message classes by name: TritonKernel, TritonKernelCall, TritonAnyKernelCall, ...
-
-    protobuf is imported here, at the first lowering, not with the bridge."""
-    from google.protobuf import descriptor_pool
-
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(_schema())
-    try:
-        from google.protobuf.message_factory import GetMessageClass
-    except ImportError:  # protobuf < 4.22
-        from google.protobuf.message_factory import MessageFactory
-
-        GetMessageClass = MessageFactory(pool).GetPrototype
-    names = [
-        "ModuleImageProto",
-        "TritonKernel",
-        "TritonKernelCall",
-        "TritonAutotunedKernelCall",
-        "TritonAnyKernelCall",
-    ]
-    return {n: GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{n}")) for n in names}
+# -- encoding ---------------------------------------------------------------------------------
+def _varint(n: int, out: bytearray) -> None:
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
 
 
-def serialize(message: Any) -> bytes:
-    """Deterministic bytes of ``message``."""
-    return message.SerializeToString(deterministic=True)
+def _scalar(kind: str, value: Any, where: str) -> bytes:
+    """The payload of one scalar (without its tag)."""
+    out = bytearray()
+    if kind in _INT_RANGES:
+        if not isinstance(value, int):
+            raise TypeError(f"{where}: {value!r} is not an int")
+        lo, hi = _INT_RANGES[kind]
+        if not lo <= value <= hi:
+            raise ValueError(f"{where}: {value} is out of range for {kind}")
+        _varint(value & 0xFFFFFFFFFFFFFFFF, out)  # negative: ten bytes, sign-extended
+    elif kind == "bool":
+        out.append(1 if value else 0)
+    elif kind == "float":
+        v = float(value)
+        if v == v and abs(v) > _FLOAT32_MAX:  # as protobuf stores it: out of range is infinite
+            v = float("inf") if v > 0 else float("-inf")
+        out += struct.pack("<f", v)
+    elif kind == "double":
+        out += struct.pack("<d", float(value))
+    else:  # string, bytes
+        want = str if kind == "string" else (bytes, bytearray)
+        if not isinstance(value, want):
+            raise TypeError(f"{where}: {value!r} is not a {kind}")
+        data = value.encode() if isinstance(value, str) else bytes(value)
+        _varint(len(data), out)
+        out += data
+    return bytes(out)
 
 
-def parse_call(data: bytes) -> Any:
-    """Parse (uncompressed) TritonAnyKernelCall bytes."""
-    msg = messages()["TritonAnyKernelCall"]()
-    msg.ParseFromString(data)
-    return msg
+def _is_default(kind: str, value: Any) -> bool:
+    if kind in ("float", "double"):  # protobuf compares the bits: -0.0 is written
+        return struct.pack("<d", float(value)) == b"\x00" * 8
+    return not value
+
+
+def encode(message: Message) -> bytes:
+    """The wire-format bytes of ``message`` (one of this module's message dataclasses), as
+    protobuf's deterministic serialization writes them.
+
+    Raises:
+        TypeError / ValueError: a field's value does not fit its type.
+    """
+    out = bytearray()
+    for f in type(message)._proto_fields:
+        value = getattr(message, f.name)
+        if f.repeated:
+            if not value:
+                continue
+            if isinstance(f.kind, str):  # packed
+                _varint(f.number << 3 | 2, out)
+                body = b"".join(_scalar(f.kind, v, f.name) for v in value)
+                _varint(len(body), out)
+                out += body
+            else:
+                for item in value:
+                    body = encode(item)
+                    _varint(f.number << 3 | 2, out)
+                    _varint(len(body), out)
+                    out += body
+            continue
+        if value is None:
+            if f.explicit:
+                continue
+            raise TypeError(f"{type(message).__name__}.{f.name} is None")
+        if isinstance(f.kind, str):
+            if not f.explicit and _is_default(f.kind, value):
+                continue
+            _varint(f.number << 3 | _SCALARS[f.kind][1], out)
+            out += _scalar(f.kind, value, f"{type(message).__name__}.{f.name}")
+        else:
+            body = encode(value)
+            _varint(f.number << 3 | 2, out)
+            _varint(len(body), out)
+            out += body
+    return bytes(out)
 
 
 def compress(data: bytes) -> bytes:
     """The opaque jaxlib expects: zlib-compressed serialized TritonAnyKernelCall (level 1:
     machine code compresses little further, and lowering stays fast)."""
     return zlib.compress(data, 1)
+
+
+# -- decoding with protobuf (inspection and tests) --------------------------------------------
+def file_descriptor() -> descriptor_pb2.FileDescriptorProto:
+    """The schema as a protobuf ``FileDescriptorProto``, derived from the message dataclasses."""
+    from google.protobuf import descriptor_pb2
+
+    F = descriptor_pb2.FieldDescriptorProto
+    fd = descriptor_pb2.FileDescriptorProto(
+        name="kernelcache/bridge/triton.proto", package=_PACKAGE, syntax="proto3"
+    )
+    made: dict[str, Any] = {}
+    for cls in sorted(_MESSAGES, key=lambda c: c._proto_name.count(".")):  # parents first
+        parent, _, short = cls._proto_name.rpartition(".")
+        msg = (made[parent].nested_type if parent else fd.message_type).add(name=short)
+        made[cls._proto_name] = msg
+        oneofs: dict[str, int] = {}
+        for f in cls._proto_fields:
+            if f.oneof is not None and f.oneof not in oneofs:
+                oneofs[f.oneof] = len(msg.oneof_decl)
+                msg.oneof_decl.add(name=f.oneof)
+        for f in cls._proto_fields:
+            field = msg.field.add(name=f.name, number=f.number)
+            field.label = F.LABEL_REPEATED if f.repeated else F.LABEL_OPTIONAL
+            if isinstance(f.kind, str):
+                field.type = _SCALARS[f.kind][0]
+            else:
+                field.type = _TYPE_MESSAGE
+                field.type_name = f".{_PACKAGE}.{f.kind._proto_name}"
+            if f.oneof is not None:
+                field.oneof_index = oneofs[f.oneof]
+        for f in cls._proto_fields:  # synthetic oneofs of proto3 optional fields come last
+            if f.optional:
+                field = next(x for x in msg.field if x.number == f.number)
+                field.proto3_optional = True
+                field.oneof_index = len(msg.oneof_decl)
+                msg.oneof_decl.add(name=f"_{f.name}")
+        for number in cls._proto_reserved:
+            msg.reserved_range.add(start=number, end=number + 1)
+    return fd
+
+
+@functools.lru_cache(maxsize=1)
+def messages() -> dict[str, type]:
+    """protobuf's message classes by name (TritonKernel, TritonKernelCall, TritonAnyKernelCall,
+    ...), for parsing. Lowering never needs them."""
+    from google.protobuf import descriptor_pool
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file_descriptor())
+    try:
+        from google.protobuf.message_factory import GetMessageClass
+    except ImportError:  # protobuf < 4.22
+        from google.protobuf.message_factory import MessageFactory
+
+        GetMessageClass = MessageFactory(pool).GetPrototype
+    return {
+        cls._proto_name: GetMessageClass(
+            pool.FindMessageTypeByName(f"{_PACKAGE}.{cls._proto_name}")
+        )
+        for cls in _MESSAGES
+    }
+
+
+def parse_call(data: bytes) -> Any:
+    """Parse (uncompressed) TritonAnyKernelCall bytes with protobuf."""
+    msg = messages()["TritonAnyKernelCall"]()
+    msg.ParseFromString(data)
+    return msg
 
 
 def decode_opaque(opaque: bytes) -> Any:

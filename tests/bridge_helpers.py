@@ -80,6 +80,30 @@ def decoded(fn: Any, *avals: Any, platform: str = "cuda") -> list[Any]:
     ]
 
 
+def to_protobuf(message: Any, into: Any = None) -> Any:
+    """``message`` (a :mod:`bridge.proto` dataclass) as a protobuf message, built field by field
+    through protobuf's message API: the reference the bridge's own encoder is compared with."""
+    from bridge import proto
+
+    cls = type(message)
+    out = proto.messages()[cls._proto_name]() if into is None else into
+    for f in cls._proto_fields:
+        value = getattr(message, f.name)
+        if f.repeated and isinstance(f.kind, str):
+            getattr(out, f.name).extend(value)
+        elif f.repeated:
+            for item in value:
+                to_protobuf(item, getattr(out, f.name).add())
+        elif value is None:
+            continue
+        elif isinstance(f.kind, str):
+            setattr(out, f.name, value)
+        else:
+            getattr(out, f.name).SetInParent()
+            to_protobuf(value, getattr(out, f.name))
+    return out
+
+
 def kernels_of(call: Any) -> list[Any]:
     """The TritonKernel messages of a TritonAnyKernelCall (one per config)."""
     if call.HasField("kernel_call"):
