@@ -419,7 +419,8 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
             parameters=_parameters(call, bound, _zeroed(call, bound), desc_meta),
         )
         configs.append(proto.Config(kernel_call=kernel_call, description=spec.variant.description))
-        record.emit(_record(call, target, spec.key, bound, grid), cfg)
+        if record.wanted(cfg):
+            record.emit(_record(call, target, spec.key, bound, grid), cfg)
     anycall = proto.TritonAnyKernelCall(name=call.name, metadata=call.metadata)
     if len(configs) == 1 and mode != "path":
         anycall.kernel_call = configs[0].kernel_call

@@ -317,6 +317,17 @@ def complete(record: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
     return out
 
 
+def wanted(cfg: Settings | None = None) -> bool:
+    """Whether a lowered variant goes anywhere: a listener is registered or
+    ``$KERNELCACHE_RECORD`` is set (else the lowering does not build its record)."""
+    from kernelcache.config import settings
+
+    with _lock:
+        if _listeners:
+            return True
+    return (cfg or settings()).record is not None
+
+
 def emit(record: dict[str, Any], cfg: Settings | None = None) -> None:
     """Hand ``record`` to the listeners and to the ``$KERNELCACHE_RECORD`` manifest."""
     from kernelcache.config import settings

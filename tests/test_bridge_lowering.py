@@ -706,6 +706,23 @@ def test_record_listener_sees_plain_dicts(cache, tmp_path, monkeypatch):
     }
 
 
+def test_records_are_built_only_where_they_go(cache, monkeypatch):
+    built = []
+    real = bridge_call._record
+    monkeypatch.setattr(bridge_call, "_record", lambda *a: built.append(1) or real(*a))
+    monkeypatch.delenv("KERNELCACHE_RECORD", raising=False)
+    fn = lambda x, y: ops.add(x, y, block=512, target="cuda:90", cache=cache)  # noqa: E731
+    decoded(fn, F32, F32)
+    assert built == []
+    seen = []
+    remove = bridge.on_lowered(seen.append)
+    try:
+        decoded(lambda x, y: fn(x, y), F32, F32)  # a new function: JAX lowers it again
+    finally:
+        remove()
+    assert len(built) == len(seen) == 1
+
+
 def test_numpy_inputs_and_scalars(cache):
     x = np.arange(4096, dtype=np.float32)
     low = (
