@@ -376,7 +376,6 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
     cfg = settings()
     target = targets.resolve(call.target, platform, cfg)
     jaxlib = jaxlib or versions.jaxlib_version()
-    backends.check_options(target, set(call.options))
     mode = embed.resolve(call.embed, target, jaxlib, cfg)
     cache = as_cache(call.cache, cfg)
     configs: list[proto.Config] = []
