@@ -25,6 +25,7 @@ HSACO_DELETED = (0, 9, 1)
 MODULE_IMAGE = (0, 11, 1)
 
 
+@functools.lru_cache(maxsize=64)
 def release(version: str) -> tuple[int, ...]:
     """The release tuple of ``version`` ("0.11.2+rocm7" -> (0, 11, 2)).
 
@@ -37,6 +38,7 @@ def release(version: str) -> tuple[int, ...]:
         raise ValueError(f"not a version number: {version!r}") from None
 
 
+@functools.lru_cache(maxsize=256)
 def at_least(version: str | tuple[int, ...], minimum: tuple[int, ...]) -> bool:
     """Whether ``version`` (a string or a release tuple) is ``minimum`` or newer."""
     rel = release(version) if isinstance(version, str) else tuple(version)
