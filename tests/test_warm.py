@@ -583,3 +583,28 @@ def test_main_job_warms_the_examples_for_nvidia_and_amd_into_the_default_root(tm
     assert doc["by_target"]["cuda:90"]["entries"] == 14  # 7 cubins and their PTX
     assert doc["by_target"]["hip:gfx942"]["entries"] == 7
     assert doc["counters"]["builds"] == 14
+
+
+def test_a_job_binds_and_keys_only_its_own_variant(tmp_path, monkeypatch):
+    """Compiling a job of an autotuned call specializes that variant, not every config."""
+    import kernelcache
+    from bridge import keys, parse_target
+    from bridge.warm import load_manifest
+    from bridge.warm.plan import make_plan, resolve, specializations
+    from bridge.warm.pool import execute
+
+    cache = kernelcache.Cache(root=tmp_path / "root")
+    target = parse_target("cuda:90")
+    loaded = load_manifest(REPO / "examples" / "manifest.jsonl")
+    plan = make_plan(loaded, [target], cache, allow_changed=False)
+    tuned = [j for j in plan.jobs if j.call.kernel.endswith(":matmul_kernel")]
+    assert len(tuned) > 1
+    keyed = []
+    real = keys.kernel_key
+    monkeypatch.setattr(keys, "kernel_key", lambda *a: keyed.append(1) or real(*a))
+    outcomes = execute(tuned, 1, cache, lambda n: None)
+    assert [o.status for o in outcomes] == ["compiled"] * len(tuned)
+    assert len(keyed) == len(tuned)
+    # the variant a job names is the one planning keyed
+    specs = specializations(tuned[0].call, resolve(tuned[0].call), target, cache)
+    assert [specs[j.index].key for j in tuned] == [j.key for j in tuned]

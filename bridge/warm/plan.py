@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..artifacts import PTX_EXT
+from ..backends import check_options
+from ..binding import expand_variants
 from ..errors import BridgeError, KernelArgumentError
 from ..kernels import KernelParts, decompose
 from ..keys import derived_key
 from ..record import source_digest
-from ..specialize import Specialization, specialize_call
+from ..specialize import Specialization, specialize, specialize_call
 from ..targets import Target
 from .manifest import Manifest, RecordedCall, import_kernel
 from .report import WarmOutcome, WarmProblem
@@ -50,6 +52,23 @@ def specializations(
     """
     named, kwargs, options = call.revived(target, [0])
     return specialize_call(parts, named, kwargs, options, target, cache)
+
+
+def specialization(
+    call: RecordedCall, parts: KernelParts, target: Target, cache: Cache, index: int
+) -> Specialization:
+    """``specializations(call, parts, target, cache)[index]``, without binding and keying the
+    other variants.
+
+    Raises:
+        IndexError: the call has no ``index``-th variant (any more).
+        BridgeError (or whatever the kernel's own heuristics or prune functions raise): the
+            call does not fit the kernel or the target.
+    """
+    named, kwargs, options = call.revived(target, [0])
+    check_options(target, set(options))
+    variant = expand_variants(parts, named, kwargs, options)[index]
+    return specialize(parts, named, variant, target, cache)
 
 
 def present(cache: Cache, key: str, ext: str, need_ptx: bool) -> str | None:

@@ -33,7 +33,7 @@ from ..artifacts import KernelBinary, Request, fetch_each
 from ..compile import Compiled
 from ..specialize import Specialization, request
 from ..targets import parse_target
-from .plan import Job, present, resolve, specializations
+from .plan import Job, present, resolve, specialization
 from .report import WarmOutcome
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def _prepare(job: Job, cache: Cache) -> Specialization | str:
     """The specialization of ``job``, re-bound in this process; or why it cannot be compiled."""
     try:
         parts = resolve(job.call)
-        spec = specializations(job.call, parts, parse_target(job.target), cache)[job.index]
+        spec = specialization(job.call, parts, parse_target(job.target), cache, job.index)
     except Exception as e:  # a kernel that no longer binds is a reported failure, not a crash
         return f"{type(e).__name__}: {e}".strip()
     if spec.key != job.key:
