@@ -94,6 +94,13 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def ptx_pairs(meta: Mapping[str, Any], ptx: bytes) -> bool:
+    """Whether ``ptx`` (a PTX entry's bytes) is the PTX of the binary whose metadata is
+    ``meta``: the sha256 the binary's entry names. A binary is only ever used with such a PTX."""
+    want = meta.get("ptx_sha256")
+    return isinstance(want, str) and bool(want) and hashlib.sha256(ptx).hexdigest() == want
+
+
 def _store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> None:
     from kernelcache import CacheError
 
@@ -220,9 +227,8 @@ def _paired(cache: Cache, request: Request, art: Artifact, built: list[Compiled]
         ptx = built[0].ptx
         assert ptx is not None
         return _binary(key, ext, art.data, art.meta, ptx, True)
-    want = art.meta.get("ptx_sha256")
     companion = cache.get(derived_key(key, PTX_EXT), PTX_EXT)
-    if companion is not None and want and _sha256(companion.data.decode()) == want:
+    if companion is not None and ptx_pairs(art.meta, companion.data):
         return _binary(key, ext, art.data, art.meta, companion.data.decode(), False)
     # the PTX is missing (pruned) or belongs to another build: compile again for a matching pair
     logger.info("kernelcache: PTX of %s missing from the cache; recompiling", key)

@@ -9,12 +9,11 @@ lowering needs without compiling; nothing is counted as a hit or a miss while pl
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..artifacts import PTX_EXT
+from ..artifacts import PTX_EXT, ptx_pairs
 from ..backends import check_options
 from ..binding import expand_variants
 from ..errors import BridgeError, KernelArgumentError
@@ -88,11 +87,10 @@ def present(cache: Cache, key: str, ext: str, need_ptx: bool) -> str | None:
     if found is None:
         return None
     if need_ptx:
-        want = found.meta.get("ptx_sha256")
         ptx_key = derived_key(key, PTX_EXT)
         for store in cache.layers:
             art = store.read(ptx_key, PTX_EXT)
-            if isinstance(art, Artifact) and want and hashlib.sha256(art.data).hexdigest() == want:
+            if isinstance(art, Artifact) and ptx_pairs(found.meta, art.data):
                 return found.source
         return None
     return found.source
