@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from conftest import REPO
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -271,3 +272,23 @@ def test_manifest_reader_raises_only_value_errors(lines):
         except ValueError:
             return  # a bad manifest, said clearly
         assert isinstance(records, list)
+
+
+_RECORD_FIELDS = ("producer", "kwargs", "source", "target_params", "config", "importable")
+_RECORD_FIELDS += ("variant", "problem", "options", "arguments", "kernel", "version")
+
+
+@settings(max_examples=150, deadline=None)
+@given(fields=st.dictionaries(st.sampled_from(_RECORD_FIELDS), json_values, max_size=3))
+def test_manifest_loader_reports_any_field_of_a_record(fields):
+    """A record with arbitrary values in any of its fields is loaded or reported as a bad
+    record of its line; nothing else happens."""
+    from bridge import warm
+
+    good = json.loads((REPO / "examples" / "manifest.jsonl").read_text().splitlines()[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "manifest.jsonl")
+        path.write_text(json.dumps(good) + "\n" + json.dumps({**good, **fields}) + "\n")
+        loaded = warm.load_manifest(path)
+        assert loaded.records + len(loaded.failures) == 2
+        assert all(f.kind == "bad-record" and f.lines == (2,) for f in loaded.failures)

@@ -608,3 +608,64 @@ def test_a_job_binds_and_keys_only_its_own_variant(tmp_path, monkeypatch):
     # the variant a job names is the one planning keyed
     specs = specializations(tuned[0].call, resolve(tuned[0].call), target, cache)
     assert [specs[j.index].key for j in tuned] == [j.key for j in tuned]
+
+
+# -- optional record fields of the wrong type ----------------------------------------------------
+BAD_FIELDS = [
+    ("producer", [1]),
+    ("producer", {"triton": [1]}),
+    ("kwargs", 5),
+    ("kwargs", ["BLOCK"]),
+    ("source", [1]),
+    ("target_params", ["n"]),
+    ("target_params", "warp_size"),
+    ("target_params", {"n": 32}),
+    ("config", 5),
+    ("config", ["BM: 64"]),
+    ("importable", "yes"),
+    ("problem", {"why": 1}),
+    ("variant", 5),
+    ("variant", {"kwargs": 5, "options": {}}),
+    ("variant", {"kwargs": {}, "options": ["num_warps"]}),
+]
+
+
+def _example_record() -> dict[str, Any]:
+    return json.loads((REPO / "examples" / "manifest.jsonl").read_text().splitlines()[0])
+
+
+@pytest.mark.parametrize("field, value", BAD_FIELDS)
+def test_a_field_of_the_wrong_type_is_a_bad_record_of_its_line(tmp_path, field, value):
+    from bridge.warm import load_manifest
+
+    good = _example_record()
+    manifest = tmp_path / "manifest.jsonl"
+    lines = [good, {**good, field: value}, {**good, "arguments": {**good["arguments"], "n": 8}}]
+    manifest.write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    loaded = load_manifest(manifest)
+    assert loaded.records == 2 and len(loaded.calls) == 2
+    (failure,) = loaded.failures
+    assert failure.kind == "bad-record" and failure.lines == (2,)
+    assert f"line 2: field {field!r}" in failure.detail
+
+
+@pytest.mark.parametrize("field, value", BAD_FIELDS)
+def test_compile_record_refuses_a_field_of_the_wrong_type(tmp_path, field, value):
+    from bridge import KernelArgumentError
+    from bridge.warm import compile_record
+
+    record = {**_example_record(), field: value}
+    with pytest.raises(KernelArgumentError, match=f"field {field!r}"):
+        compile_record(record, "cuda:90", cache=str(tmp_path / "root"))
+    assert not (tmp_path / "root").exists()
+
+
+def test_compile_record_and_the_manifest_build_the_same_call(tmp_path):
+    """One way from a record to a RecordedCall: what compile_record compiles is what warm plans."""
+    from bridge.warm import compile_manifest, compile_record
+
+    record = _example_record()
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text(json.dumps(record) + "\n")
+    (key,) = compile_manifest(manifest, ["hip:gfx942"], cache=str(tmp_path / "a"))["hip:gfx942"]
+    assert compile_record(record, "hip:gfx942", cache=str(tmp_path / "b")) == key

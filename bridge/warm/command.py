@@ -25,7 +25,14 @@ from ..errors import BridgeError, KernelArgumentError
 from ..kernels import decompose
 from ..specialize import fetch, specialize
 from ..targets import Target, parse_target
-from .manifest import ManifestError, RecordedCall, import_kernel, load_manifest, revive
+from .manifest import (
+    ManifestError,
+    RecordedCall,
+    check_record,
+    import_kernel,
+    load_manifest,
+    revive,
+)
 from .plan import make_plan
 from .pool import CRASHED, can_fork, default_workers, execute
 from .report import WarmProblem, WarmReport, merged
@@ -209,21 +216,18 @@ def compile_record(record: Mapping[str, Any], target: str | Target, cache: Cache
     """Fetch or compile the variant of one record for ``target``; returns its key.
 
     Raises:
-        KernelArgumentError / OptionError: the record does not fit the kernel or the target.
+        KernelArgumentError / OptionError: the record is malformed, or does not fit the kernel
+            or the target.
     """
+    problem = check_record(record)
+    if problem is not None:
+        raise KernelArgumentError(f"not a usable record: {problem}")
     tgt = parse_target(target)
-    parts = decompose(import_kernel(record["kernel"]))
-    call = RecordedCall(
-        kernel=record["kernel"],
-        arguments=record["arguments"],
-        kwargs=tuple(record.get("kwargs") or {}),
-        options=record.get("options") or {},
-        target_params=dict(record.get("target_params") or {}),
-        lines=(),
-    )
+    call = RecordedCall.from_record(record)
+    parts = decompose(import_kernel(call.kernel))
     counter = [0]
     named, _, _ = call.revived(tgt, counter)
-    recorded = record.get("variant") or {"kwargs": {}, "options": record.get("options") or {}}
+    recorded = record.get("variant") or {"kwargs": {}, "options": call.options}
     variant_kwargs = {k: revive(v, counter) for k, v in recorded["kwargs"].items()}
     for name in call.target_params:
         if name in variant_kwargs:
@@ -231,7 +235,7 @@ def compile_record(record: Mapping[str, Any], target: str | Target, cache: Cache
     variant = binding.Variant(
         kwargs=variant_kwargs,
         options={k: revive(v, counter) for k, v in recorded["options"].items()},
-        description=record.get("config", ""),
+        description=record.get("config") or "",
     )
     backends.check_options(tgt, set(variant.options))
     cache = as_cache(cache)

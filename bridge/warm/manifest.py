@@ -123,6 +123,31 @@ class RecordedCall:
     problem: str | None = None  # why the recording process thought it cannot be imported
     config_lines: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
+    @classmethod
+    def from_record(
+        cls,
+        rec: Mapping[str, Any],
+        lines: tuple[int, ...] = (),
+        sources: frozenset[str] = frozenset(),
+        configs: Mapping[str, frozenset[str]] | None = None,
+        problem: str | None = None,
+        config_lines: Mapping[str, tuple[int, ...]] | None = None,
+    ) -> RecordedCall:
+        """The call of ``rec``, a record :func:`check_record` accepts (the first of its group,
+        with what the group's other records add)."""
+        return cls(
+            kernel=rec["kernel"],
+            arguments=rec["arguments"],
+            kwargs=tuple(sorted(rec.get("kwargs") or {})),
+            options=rec["options"],
+            target_params=dict(rec.get("target_params") or {}),
+            lines=lines,
+            sources=sources,
+            configs=configs or {},
+            problem=problem,
+            config_lines=config_lines or {},
+        )
+
     def for_target(self, target: Target) -> dict[str, Any]:
         """The recorded arguments, with the warp-size arguments set for ``target``."""
         args = dict(self.arguments)
@@ -167,8 +192,36 @@ def _open_regular(path: str) -> bytes:
         raise ManifestError(f"cannot read the manifest {path}: {e.strerror}") from None
 
 
-def _check_record(rec: Any) -> str | None:
-    """What is wrong with a parsed line, or None."""
+def _is_variant(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("kwargs"), dict)
+        and isinstance(value.get("options"), dict)
+    )
+
+
+#: the optional fields of a record (absent or null when unknown): check, and what it expects
+_OPTIONAL_FIELDS: dict[str, tuple[Any, str]] = {
+    "kwargs": (lambda v: isinstance(v, dict), "an object"),
+    "target_params": (
+        lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+        "an object of strings",
+    ),
+    "producer": (
+        lambda v: isinstance(v, dict) and isinstance(v.get("triton", ""), (str, type(None))),
+        "an object whose 'triton' is a string",
+    ),
+    "source": (lambda v: isinstance(v, str), "a string"),
+    "config": (lambda v: isinstance(v, str), "a string"),
+    "importable": (lambda v: isinstance(v, bool), "true or false"),
+    "problem": (lambda v: isinstance(v, str), "a string"),
+    "variant": (_is_variant, "an object with objects 'kwargs' and 'options'"),
+}
+
+
+def check_record(rec: Any) -> str | None:
+    """What is wrong with a parsed line (a required field missing, any field of the wrong
+    type), or None: a record that :meth:`RecordedCall.from_record` and warm can use."""
     if not isinstance(rec, dict):
         return "not a JSON object"
     version = rec.get("version")
@@ -182,6 +235,10 @@ def _check_record(rec: Any) -> str | None:
     for name, kind in (("kernel", str), ("arguments", dict), ("options", dict)):
         if not isinstance(rec.get(name), kind):
             return f"field {name!r} is missing or not a {kind.__name__}"
+    for name, (check, expected) in _OPTIONAL_FIELDS.items():
+        value = rec.get(name)
+        if value is not None and not check(value):
+            return f"field {name!r} is not {expected}: {jsonlib.dumps(value)[:80]}"
     return None
 
 
@@ -220,7 +277,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
                 )
             )
             continue
-        problem = _check_record(rec)
+        problem = check_record(rec)
         if problem is not None:
             newer += (
                 isinstance(rec, dict)
@@ -267,14 +324,9 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         )
     calls = []
     for group in groups.values():
-        first = group["first"]
         calls.append(
-            RecordedCall(
-                kernel=first["kernel"],
-                arguments=first["arguments"],
-                kwargs=tuple(sorted(first.get("kwargs") or {})),
-                options=first["options"],
-                target_params=dict(first.get("target_params") or {}),
+            RecordedCall.from_record(
+                group["first"],
                 lines=tuple(group["lines"]),
                 sources=frozenset(group["sources"]),
                 configs={t: frozenset(c) for t, c in group["configs"].items()},
@@ -291,7 +343,7 @@ def read_manifest(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     for line in _open_regular(os.fspath(path)).splitlines():
         with contextlib.suppress(ValueError):
             rec = load_json(line)
-            if _check_record(rec) is None:
+            if check_record(rec) is None:
                 ident = jsonlib.dumps(
                     [rec["kernel"], rec["arguments"], rec.get("variant")], sort_keys=True
                 )
