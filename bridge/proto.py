@@ -70,8 +70,7 @@ def _pb(
 
     Its Python default says its presence: a list for repeated fields, None where presence is
     explicit (``optional`` scalars, oneof members, sub-messages), else the type's zero."""
-    meta = {"number": number, "kind": kind, "repeated": repeated, "oneof": oneof}
-    meta["optional"] = optional
+    meta = dict(number=number, kind=kind, repeated=repeated, optional=optional, oneof=oneof)
     if repeated:
         return dataclasses.field(default_factory=list, metadata=meta)
     if optional or oneof is not None or not isinstance(kind, str):
@@ -112,7 +111,8 @@ def _message(name: str, reserved: tuple[int, ...] = ()) -> Callable[[_M], _M]:
     """Register a message dataclass as the message ``name`` (nested names with dots)."""
 
     def register(cls: _M) -> _M:
-        fields = tuple(_Field(f.name, **f.metadata) for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        declared = dataclasses.fields(cls)  # type: ignore[arg-type]
+        fields = tuple(_Field(f.name, **f.metadata) for f in declared)
         numbers = [f.number for f in fields]
         assert numbers == sorted(numbers), f"{name}: fields out of field-number order"
         for f in fields:

@@ -1,0 +1,128 @@
+"""Warm lowering: the first lowering of a JAX program in a fresh process, every kernel cached.
+
+Each measurement is one fresh process that imports jax, triton and the bridge, builds
+``benchmarks/warm_start.py``'s "small" (5 kernel variants) or "large" (21) model, and times
+``jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))`` with
+``KERNELCACHE_TARGET=cuda:90`` against a kernel cache that a first process filled (so no Triton
+compile runs: what is timed is tracing, binding and keying every variant, reading the cache and
+building the custom calls). No GPU is needed.
+
+With ``--before REF_OR_DIR`` an older bridge (a directory, or a git ref exported with
+``git archive``) is measured in the same run, its processes interleaved with this one's. Prints a
+table (median and min over ``--repeats`` processes), then one JSON line; ``--out FILE`` also
+writes it.
+
+    python benchmarks/warm_lowering.py --repeats 10 --before main --out warm_lowering.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from cold_start import export
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = ("small", "large")
+CHILD = r"""
+import json, sys, time
+sys.path.insert(0, "benchmarks")
+import jax, triton
+import bridge
+from warm_start import make_model
+fn, args = make_model(bridge.triton_call, sys.argv[1], {})
+jax.block_until_ready(args)
+t0 = time.perf_counter()
+jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+t1 = time.perf_counter()
+from bridge import compile as bridge_compile
+print(json.dumps({"lower_ms": (t1 - t0) * 1000, "compiles": bridge_compile.compile_count(),
+                  "protobuf": "google.protobuf" in sys.modules}))
+"""
+
+
+def run(root: Path, cache: str, model: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as for an installed package
+    env.update(
+        PYTHONPATH=str(root),
+        KERNELCACHE_DIR=cache,
+        KERNELCACHE_TARGET="cuda:90",
+        JAX_PLATFORMS="cpu",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, model], env=env, cwd=str(root), capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"the measuring process failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=10, help="processes per bridge and model")
+    parser.add_argument("--before", help="an older checkout (directory) or git ref")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="warm-lowering-"))
+    bridges = {"now": REPO}
+    if args.before:
+        bridges["before"] = export(args.before, work)
+    samples: dict[str, dict[str, list[dict]]] = {b: {m: [] for m in MODELS} for b in bridges}
+    try:
+        caches = {b: tempfile.mkdtemp(prefix="kc-", dir=work) for b in bridges}
+        for label, root in bridges.items():  # fill the kernel cache, write the bytecode
+            for model in MODELS:
+                run(root, caches[label], model)
+        for _ in range(args.repeats):
+            for model in MODELS:
+                for label, root in bridges.items():
+                    samples[label][model].append(run(root, caches[label], model))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    results: dict = {}
+    for label, by_model in samples.items():
+        for model, rows in by_model.items():
+            ms = [r["lower_ms"] for r in rows]
+            results.setdefault(label, {})[model] = {
+                "median_ms": round(statistics.median(ms), 1),
+                "min_ms": round(min(ms), 1),
+                "samples_ms": [round(v, 1) for v in ms],
+                "kernel_compiles": max(r["compiles"] for r in rows),
+                "imports_protobuf": any(r["protobuf"] for r in rows),
+            }
+    summary = {
+        "repeats": args.repeats,
+        "before": args.before,
+        "cpus": len(os.sched_getaffinity(0)),
+        "load_average": os.getloadavg(),
+        "results": results,
+    }
+    if "before" in results:
+        summary["now_over_before"] = {
+            m: round(results["now"][m]["median_ms"] / results["before"][m]["median_ms"], 2)
+            for m in MODELS
+        }
+    print(f"{'bridge':8} {'model':6} {'median ms':>10} {'min ms':>8} {'compiles':>9} protobuf")
+    for label, by_model in results.items():
+        for model, r in by_model.items():
+            print(
+                f"{label:8} {model:6} {r['median_ms']:10.1f} {r['min_ms']:8.1f} "
+                f"{r['kernel_compiles']:9} {'imported' if r['imports_protobuf'] else 'no'}"
+            )
+    print(f"load average: {os.getloadavg()[0]:.1f} on {summary['cpus']} CPUs")
+    print()
+    print(json.dumps(summary, sort_keys=True))
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
