@@ -154,9 +154,14 @@ def _descriptor_lock() -> tuple[Callable[[int], bool], Callable[[int], None]]:
     return functools.partial(lock_descriptor, blocking=False), unlock_descriptor
 
 
+#: above any pid Linux hands out (pid_max is at most 2**22)
+MAX_PID = 1 << 22
+
+
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host."""
-    if pid <= 0:
+    """Whether a process with this pid exists on this host (a pid read from a file is
+    untrusted: anything but a plausible pid is no live process)."""
+    if type(pid) is not int or not 0 < pid <= MAX_PID:
         return False
     try:
         os.kill(pid, 0)
