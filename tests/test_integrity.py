@@ -305,6 +305,29 @@ def test_an_entry_of_an_older_version_is_a_miss_then_replaced(root):
     assert kc_json(root, "verify")["clean"] is True
 
 
+def test_replacing_an_entry_of_an_older_version_does_not_list_the_root(root, monkeypatch):
+    """After an upgrade every rebuilt entry replaces an older one: each must touch only its
+    own files (a listing per put would make a cold start on a big root quadratic)."""
+    keys = [key_of(f"older-{i}") for i in range(5)]
+    for key in keys:
+        Store(root).put(key, "cubin", b"old build", KERNEL_META)
+        _as_written_by_an_older_version(root, key)
+    listings = []
+    real_scandir = os.scandir
+
+    def counting_scandir(path=".", *a, **kw):
+        if os.fspath(path) == str(root):
+            listings.append(path)
+        return real_scandir(path, *a, **kw)
+
+    monkeypatch.setattr(os, "scandir", counting_scandir)
+    store = Store(root)
+    for key in keys:
+        assert store.put(key, "cubin", b"new build", KERNEL_META).data == b"new build"
+    assert listings == []
+    assert sorted(p.name for p in root.glob("*.cubin")) == sorted(f"{k}.cubin" for k in keys)
+
+
 def test_verify_reports_entries_of_older_versions_and_repair_removes_them(root):
     keep = put(root, "current", size=50)
     key = key_of("older-verify")
