@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import units
+from .fsio import NotRegularFile, open_regular
 from .target_names import parse_target_name
 
 
@@ -83,31 +84,23 @@ def read_key_file(path: Path) -> bytes:
         ConfigError: the file cannot be read, is not a regular file, is readable by every
             user, is too large, or holds a key shorter than :data:`MIN_KEY_BYTES`.
     """
-    name = "KERNELCACHE_SIGNING_KEY_FILE"
+    where = f"KERNELCACHE_SIGNING_KEY_FILE={str(path)!r}"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open_regular(os.fspath(path)) as f:
+            st = os.fstat(f.fileno())
+            if st.st_mode & stat.S_IROTH:
+                raise ConfigError(f"{where}: the key is readable by every user; chmod o-r it")
+            if st.st_size > MAX_KEY_FILE_BYTES:
+                raise ConfigError(f"{where}: larger than {MAX_KEY_FILE_BYTES} bytes")
+            raw = f.read(MAX_KEY_FILE_BYTES + 1)
+    except NotRegularFile:
+        raise ConfigError(f"{where}: not a regular file") from None
     except OSError as e:
-        raise ConfigError(f"{name}={str(path)!r}: cannot read it: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{name}={str(path)!r}: not a regular file")
-        if st.st_mode & stat.S_IROTH:
-            raise ConfigError(
-                f"{name}={str(path)!r}: the key is readable by every user; chmod o-r it"
-            )
-        if st.st_size > MAX_KEY_FILE_BYTES:
-            raise ConfigError(f"{name}={str(path)!r}: larger than {MAX_KEY_FILE_BYTES} bytes")
-        raw = os.read(fd, MAX_KEY_FILE_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"{name}={str(path)!r}: cannot read it: {e.strerror}") from None
-    finally:
-        os.close(fd)
+        raise ConfigError(f"{where}: cannot read it: {e.strerror}") from None
     key = raw.strip()
     if len(key) < MIN_KEY_BYTES:
         raise ConfigError(
-            f"{name}={str(path)!r}: a signing key must be at least {MIN_KEY_BYTES} bytes "
-            f"({_KEY_HINT})"
+            f"{where}: a signing key must be at least {MIN_KEY_BYTES} bytes ({_KEY_HINT})"
         )
     return key
 

@@ -28,7 +28,7 @@ import xxhash
 
 from .fsio import READ_FLAGS, replace_file
 from .jsonio import load_json
-from .keys import META_EXT
+from .keys import META_EXT, all_keys, valid_ext
 from .locks import open_subdir
 from .stats import STATS_DIR
 from .table import KNOWN_DIRS, EntryTable
@@ -140,6 +140,8 @@ def load_index(root: str) -> tuple[EntryTable, str | None]:
             return EntryTable(), None
         if not all(map(str.isprintable, strings)):  # what the schema lets into these columns
             return EntryTable(), None
+        if not all_keys(keys) or len(set(keys)) != n:  # keys are joined to paths under the root
+            return EntryTable(), None
         if not all(set(map(type, c)) <= {int} for c in ints):
             return EntryTable(), None
         if not set(map(type, created)) <= {int, float, type(None)}:
@@ -149,6 +151,8 @@ def load_index(root: str) -> tuple[EntryTable, str | None]:
         if n:
             top = len(strings)
             if min(ext) < 0 or max(ext) >= top or min(size) < 0 or min(meta_size) < 0:
+                return EntryTable(), None
+            if not all(valid_ext(strings[i]) for i in set(ext)):
                 return EntryTable(), None
             for refs in (kernel, target, kind):
                 if min(refs) < -1 or max(refs) >= top:

@@ -9,6 +9,7 @@ argument) can name a path outside the root.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 
 KEY_PATTERN = re.compile(r"[0-9a-f]{32,128}")
 EXT_PATTERN = re.compile(r"[a-z0-9]{1,16}")
@@ -59,3 +60,18 @@ def split_entry_name(name: str) -> tuple[str, str] | None:
     if ext != META_EXT and EXT_PATTERN.fullmatch(ext) is None:
         return None
     return key, ext
+
+
+def all_keys(names: Collection[str]) -> bool:
+    """Whether every one of ``names`` is a valid key (one pass over all of them, in C)."""
+    if not names:
+        return True
+    lengths = set(map(len, names))
+    if min(lengths) < 32 or max(lengths) > 128:
+        return False
+    return not "".join(names).encode().translate(None, b"0123456789abcdef")
+
+
+def valid_ext(ext: str) -> bool:
+    """Whether ``ext`` is a valid artifact extension (no exception)."""
+    return EXT_PATTERN.fullmatch(ext) is not None and ext not in RESERVED_EXTS

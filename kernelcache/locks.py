@@ -73,6 +73,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import LockTimeout, LockUnavailable
+from .fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
 from .jsonio import load_json
 from .process import HOST
 
@@ -83,11 +84,6 @@ _FLOCK_UNSUPPORTED = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL
 #: a soft lock file still without its holder record this long after it was made or touched
 #: lost its holder between creating it and writing the record (done at once): it is stale
 UNWRITTEN_STALE = 5.0
-
-
-def _open_flags() -> int:
-    # O_NONBLOCK: a FIFO planted as a lock file must not hang the open
-    return os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
 def open_subdir(root: str, name: str, *, create: bool) -> int:
@@ -154,9 +150,14 @@ def _descriptor_lock() -> tuple[Callable[[int], bool], Callable[[int], None]]:
     return functools.partial(lock_descriptor, blocking=False), unlock_descriptor
 
 
+#: above any pid Linux hands out (pid_max is at most 2**22)
+MAX_PID = 1 << 22
+
+
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host."""
-    if pid <= 0:
+    """Whether a process with this pid exists on this host (a pid read from a file is
+    untrusted: anything but a plausible pid is no live process)."""
+    if type(pid) is not int or not 0 < pid <= MAX_PID:
         return False
     try:
         os.kill(pid, 0)
@@ -256,11 +257,11 @@ class Locker:
 
     def _open_lock_file(self, dfd: int, filename: str) -> int:
         try:
-            return os.open(filename, _open_flags() | os.O_CREAT, 0o666, dir_fd=dfd)
+            return os.open(filename, READ_FLAGS | os.O_CREAT, 0o666, dir_fd=dfd)
         except PermissionError:
             # An existing lock file of another user in a sticky directory: open without O_CREAT.
             try:
-                return os.open(filename, _open_flags(), dir_fd=dfd)
+                return os.open(filename, READ_FLAGS, dir_fd=dfd)
             except OSError as e:
                 raise LockUnavailable(
                     e.errno, f"cannot open lock file {filename} under {self.root}: {e.strerror}"
@@ -399,7 +400,7 @@ class Locker:
         bytes) reads as a file without a holder record: stale after ``UNWRITTEN_STALE``.
         """
         try:
-            fd = os.open(filename, _open_flags(), dir_fd=dfd)
+            fd = os.open(filename, READ_FLAGS, dir_fd=dfd)
         except OSError:
             return None
         try:

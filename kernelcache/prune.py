@@ -585,7 +585,7 @@ def foldable_logs(root: str, now: float | None = None) -> list[str]:
             if not name.endswith(".jsonl") or name == SUMMARY_NAME:
                 continue
             parts = name[: -len(".jsonl")].rsplit("-", 2)
-            if len(parts) != 3 or not parts[1].isdigit():
+            if len(parts) != 3 or not (parts[1].isascii() and parts[1].isdigit()):
                 continue
             if parts[0] == host and not pid_alive(int(parts[1])):
                 found.append(name)
@@ -627,8 +627,10 @@ def _read_summary(dfd: int) -> dict[str, Any] | None:
     if (
         not isinstance(record, dict)
         or not isinstance(record.get("delta"), dict)
-        or not isinstance(record.get("logs"), int)
+        or type(record.get("logs")) is not int
+        or not 0 <= record["logs"] <= stats.MAX_DELTA
         or not isinstance(record.get("folded"), list)
+        or not all(isinstance(name, str) for name in record["folded"])
     ):
         raise ValueError(f"{SUMMARY_NAME} is not a kernelcache statistics summary")
     return record

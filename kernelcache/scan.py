@@ -42,7 +42,7 @@ from .index import (
     parse_header,
     save_index,
 )
-from .keys import KEY_PATTERN, META_EXT, split_entry_name
+from .keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
 from .locks import LOCK_DIR, Locker, open_subdir
 from .schema import MAX_META_BYTES, Invalid, parse_metadata
 from .store import FUTURE_SLACK, QUARANTINE_DIR, TMP_DIR, Artifact, Store
@@ -149,16 +149,16 @@ def _parse_listing(pairs: list[tuple[str, int]]) -> _Listing:
     arts = dict(reversed(keyed))  # the first file listed for a key wins
     extra = {(k, e) for k, e in keyed if arts[k] != e} if len(arts) < len(keyed) else set()
     # Validate the names in bulk; look at single names only when the bulk check fails.
-    if metas and not _all_keys(metas):
+    if metas and not all_keys(metas):
         for key in [k for k in metas if KEY_PATTERN.fullmatch(k) is None]:
             del metas[key]
             foreign.append(f"{key}.{META_EXT}")
-    if arts and not _all_keys(arts):
+    if arts and not all_keys(arts):
         for key in [k for k in arts if KEY_PATTERN.fullmatch(k) is None]:
             foreign.append(f"{key}.{arts.pop(key)}")
         foreign += [f"{k}.{e}" for k, e in extra if k not in arts]
         extra = {(k, e) for k, e in extra if k in arts}
-    bad = {e for e in {*arts.values(), *(e for _, e in extra)} if not _valid_ext(e)}
+    bad = {e for e in {*arts.values(), *(e for _, e in extra)} if not valid_ext(e)}
     if bad:
         foreign += [f"{k}.{e}" for k, e in (*arts.items(), *extra) if e in bad]
         arts = {k: e for k, e in arts.items() if e not in bad}
@@ -168,18 +168,6 @@ def _parse_listing(pairs: list[tuple[str, int]]) -> _Listing:
                 arts[key] = ext
                 extra.discard((key, ext))
     return _Listing(metas, arts, extra, foreign, len(others) - len(foreign))
-
-
-def _valid_ext(ext: str) -> bool:
-    return split_entry_name("0" * 32 + "." + ext) is not None
-
-
-def _all_keys(table: Mapping[str, object]) -> bool:
-    """Whether every name in ``table`` is a valid key (one pass over all of them)."""
-    lengths = set(map(len, table))
-    if min(lengths) < 32 or max(lengths) > 128:
-        return False
-    return not "".join(table).encode().translate(None, b"0123456789abcdef")
 
 
 def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | Invalid:
@@ -279,26 +267,26 @@ def _scan(
         index, known = load_index(root)
         signature = listing_signature(pairs)
         table = index
-        if known != signature:  # not the very listing the index was made from
-            writable = update_index and os.access(root, os.W_OK)
-            if index_matches(index, dict(pairs)):
-                if writable:
-                    save_index(root, index, signature)
-            else:
-                listing = _parse_listing(pairs)
-                table, fresh = _entries(dfd, listing, index, issues, progress)
-                committed = dict(zip(table.key, table.ext, strict=True))
-                issues.extend(_orphans(dfd, listing, committed, now))
-                issues.extend(
-                    Issue(
-                        "foreign", name, "not a cache file; remove it by hand if it is not needed"
-                    )
-                    for name in sorted(listing.foreign)
-                )
-                # clean: the listing holds these entries' two files each, and nothing else
-                clean = len(pairs) == 2 * len(table) + listing.dirs
-                if writable and (fresh or len(table) != len(index) or clean):
-                    save_index(root, table, signature if clean else None)
+        # The index is a cache in a shared directory: it is used only when the listing holds
+        # exactly its entries (checked in C even when the listing's signature matches, which
+        # anyone who can list the root could forge).
+        writable = update_index and os.access(root, os.W_OK)
+        if index_matches(index, dict(pairs)):
+            if known != signature and writable:
+                save_index(root, index, signature)
+        else:
+            listing = _parse_listing(pairs)
+            table, fresh = _entries(dfd, listing, index, issues, progress)
+            committed = dict(zip(table.key, table.ext, strict=True))
+            issues.extend(_orphans(dfd, listing, committed, now))
+            issues.extend(
+                Issue("foreign", name, "not a cache file; remove it by hand if it is not needed")
+                for name in sorted(listing.foreign)
+            )
+            # clean: the listing holds these entries' two files each, and nothing else
+            clean = len(pairs) == 2 * len(table) + listing.dirs
+            if writable and (fresh or len(table) != len(index) or clean):
+                save_index(root, table, signature if clean else None)
         if last_used:
             table = _with_last_used(dfd, table)
     finally:

@@ -91,6 +91,7 @@ class Invalid:
 
     reason: str
     outdated: bool = False
+    ext: str | None = None  #: the artifact's extension, when the document names a valid one
 
 
 def digest(data: bytes | memoryview) -> str:
@@ -364,6 +365,7 @@ def check_document(doc: Any, key: str, *, require_digest: bool = True) -> dict[s
             return Invalid(
                 "written by an older kernelcache (no entry digest): rebuilt on next use",
                 outdated=True,
+                ext=doc["ext"],
             )
         return doc
     if not isinstance(stated, str) or stated != entry_digest(doc):

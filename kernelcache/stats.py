@@ -14,7 +14,6 @@ import contextlib
 import errno
 import json
 import logging
-import math
 import os
 import stat
 import threading
@@ -154,11 +153,16 @@ def _append(root: str, delta: dict[str, float]) -> None:
         os.close(dfd)
 
 
+#: the largest counter value a log record may add (a log is untrusted: a huge integer or one
+#: near float's limit must not overflow a sum, and no process counts this much)
+MAX_DELTA = 2**53
+
+
 def add_delta(totals: dict[str, float], delta: dict[Any, Any]) -> None:
-    """Add a log record's counters to ``totals``; unknown names and anything but a finite
-    number are ignored (a log is untrusted input)."""
+    """Add a log record's counters to ``totals``; unknown names and anything but a number from
+    0 to :data:`MAX_DELTA` are ignored (a log is untrusted input)."""
     for k, v in delta.items():
-        if k in totals and type(v) in (int, float) and math.isfinite(v):
+        if k in totals and type(v) in (int, float) and 0 <= v <= MAX_DELTA:
             totals[k] += v
 
 

@@ -143,10 +143,17 @@ class Problem:
     corrupt: bool = True
     untrusted: bool = False  # written or writable by users the trust policy excludes: skipped
     outdated: bool = False  # written by an older kernelcache: a miss, replaced by the next put
+    ext: str | None = None  # the stored artifact's extension, where the metadata names one
 
 
 def _problem(key: str, invalid: Invalid) -> Problem:
-    return Problem(key, invalid.reason, corrupt=not invalid.outdated, outdated=invalid.outdated)
+    return Problem(
+        key,
+        invalid.reason,
+        corrupt=not invalid.outdated,
+        outdated=invalid.outdated,
+        ext=invalid.ext,
+    )
 
 
 class WrongExt(ValueError):
@@ -637,7 +644,7 @@ class Store:
                     return existing, False
                 if isinstance(existing, Problem):
                     if existing.outdated:
-                        self._remove_locked(root_fd, key)
+                        self._remove_locked(root_fd, key, {ext, existing.ext or ext})
                     else:
                         self._quarantine_locked(root_fd, key, existing.reason)
                 try:
@@ -745,10 +752,11 @@ class Store:
                 os.close(fd)
         return moved
 
-    def _remove_locked(self, root_fd: int, key: str) -> None:
-        """Delete every file of ``key`` (caller holds the exclusive lock) unless a reader holds
-        one; best effort: the publish that follows replaces the files of the same names."""
-        names = self._names_of(key)
+    def _remove_locked(self, root_fd: int, key: str, exts: set[str]) -> None:
+        """Delete the metadata of ``key`` and its artifacts of extensions ``exts`` (caller holds
+        the exclusive lock) unless a reader holds one; best effort: the publish that follows
+        replaces the files of the same names. The root is not listed."""
+        names = [f"{key}.{META_EXT}", *(f"{key}.{e}" for e in sorted(exts))]
         readers = self._exclude_readers(root_fd, names, wait=0.0)
         if readers is None:
             return

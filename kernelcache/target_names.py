@@ -38,13 +38,3 @@ def parse_target_name(text: str) -> tuple[str, int | str]:
     raise ValueError(
         f"invalid target {text!r}: use cuda:<compute capability> or hip:<gfx arch>, e.g. {EXAMPLES}"
     )
-
-
-def canonical_target_name(text: str) -> str:
-    """The one spelling the cache records: ``cuda:90``, ``hip:gfx942``.
-
-    Raises:
-        ValueError: not a target name.
-    """
-    backend, arch = parse_target_name(text)
-    return f"{backend}:{arch}"

@@ -77,6 +77,62 @@ def test_a_fifo_or_device_link_among_the_statistics_logs_does_not_hang(tmp_path)
     kc(root, "prune", timeout=30)  # folding must not hang either (its exit code may say 1)
 
 
+@pytest.mark.parametrize(
+    "delta",
+    [{"hits": 10**400}, {"hits": 1e308}, {"hits": -5}, {"builds": float("nan")}, {"hits": "1"}],
+    ids=["huge-int", "near-overflow", "negative", "nan", "string"],
+)
+def test_odd_counters_in_statistics_logs_are_ignored_by_stats_and_prune(tmp_path, delta):
+    """A log is untrusted: odd values are skipped, never summed into inf or a crash, and a
+    fold keeps working (its summary stays readable by the next stats and prune)."""
+    root = tmp_path / "cache"
+    put(root, "k", size=10)
+    logs = root / ".stats"
+    logs.mkdir(exist_ok=True)
+    for i in range(2):  # two 1e308 lines would sum to inf
+        name = f"{socket.gethostname()}-{dead_pid()}-odd{i}.jsonl"
+        good = {"v": 1, "delta": {"hits": 3}}
+        bad = {"v": 1, "delta": delta}
+        (logs / name).write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    before = kc_json(root, "stats")
+    assert before["counters"]["hits"] == 6
+    done = kc(root, "prune", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["result"]["folded_logs"] == 2
+    after = kc_json(root, "stats")
+    assert after["counters"]["hits"] == 6 and after["processes"] == 2
+    assert kc(root, "prune").returncode == 0
+
+
+def test_a_statistics_summary_with_odd_fields_is_not_used(tmp_path):
+    root = tmp_path / "cache"
+    put(root, "k", size=10)
+    logs = root / ".stats"
+    logs.mkdir(exist_ok=True)
+    foldable = logs / f"{socket.gethostname()}-{dead_pid()}-x.jsonl"
+    for summary in (
+        {"v": 1, "summary": True, "logs": 1, "delta": {"hits": 1}, "folded": [{"a": 1}]},
+        {"v": 1, "summary": True, "logs": 10**400, "delta": {"hits": 1}, "folded": []},
+    ):
+        (logs / "summary.jsonl").write_text(json.dumps(summary) + "\n")
+        foldable.write_text('{"v": 1, "delta": {"hits": 2}}\n')
+        assert kc_json(root, "stats")["counters"]["hits"] >= 2
+        done = kc(root, "prune", "--json")
+        assert done.returncode == 1, done.stderr  # the fold fails, saying why; nothing crashes
+        assert "summary.jsonl" in json.loads(done.stdout)["result"]["fold_error"]
+        assert foldable.exists(), "a log is never lost to a fold that cannot write its summary"
+
+
+def test_a_statistics_log_named_with_unicode_digits_does_not_crash_prune(tmp_path):
+    root = tmp_path / "cache"
+    put(root, "k", size=10)
+    logs = root / ".stats"
+    logs.mkdir(exist_ok=True)
+    (logs / f"{socket.gethostname()}-\u00b2-x.jsonl").write_text('{"v": 1, "delta": {}}\n')
+    proc = kc(root, "prune")
+    assert proc.returncode == 0, proc.stderr
+
+
 # -- a mistyped --root -----------------------------------------------------------------------
 @pytest.mark.parametrize(
     "args",

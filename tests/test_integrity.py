@@ -305,6 +305,29 @@ def test_an_entry_of_an_older_version_is_a_miss_then_replaced(root):
     assert kc_json(root, "verify")["clean"] is True
 
 
+def test_replacing_an_entry_of_an_older_version_does_not_list_the_root(root, monkeypatch):
+    """After an upgrade every rebuilt entry replaces an older one: each must touch only its
+    own files (a listing per put would make a cold start on a big root quadratic)."""
+    keys = [key_of(f"older-{i}") for i in range(5)]
+    for key in keys:
+        Store(root).put(key, "cubin", b"old build", KERNEL_META)
+        _as_written_by_an_older_version(root, key)
+    listings = []
+    real_scandir = os.scandir
+
+    def counting_scandir(path=".", *a, **kw):
+        if os.fspath(path) == str(root):
+            listings.append(path)
+        return real_scandir(path, *a, **kw)
+
+    monkeypatch.setattr(os, "scandir", counting_scandir)
+    store = Store(root)
+    for key in keys:
+        assert store.put(key, "cubin", b"new build", KERNEL_META).data == b"new build"
+    assert listings == []
+    assert sorted(p.name for p in root.glob("*.cubin")) == sorted(f"{k}.cubin" for k in keys)
+
+
 def test_verify_reports_entries_of_older_versions_and_repair_removes_them(root):
     keep = put(root, "current", size=50)
     key = key_of("older-verify")
@@ -492,3 +515,25 @@ def test_a_planted_scan_index_with_odd_values_is_ignored(tmp_path):
     listed = kc_json(root, "ls")["entries"]
     assert [(e["key"], e["kernel"]) for e in listed] == [(art.key, "kern")]
     assert listed[0]["created"] == art.meta["created"]
+
+
+def test_a_forged_scan_index_with_the_listings_signature_is_not_trusted(tmp_path):
+    """The index's header names the listing it was made from; anyone who can list the root can
+    compute that, so an index that hides entries (or names ones that are not there, or keys
+    that are not keys) is never used, whatever its header says."""
+    root = tmp_path / "cache"
+    arts = [put(root, f"kern{i}", size=100) for i in range(3)]
+    for _ in range(2):  # the second scan sees .stats/ and signs the listing it then has
+        assert kc(root, "stats").returncode == 0
+    index = root / ".stats" / "index.json"
+    head, _, body = index.read_bytes().partition(b"\n")
+    doc = json.loads(body)
+    columns = ("inode", "ext", "size", "meta_size", "kernel", "target", "created", "kind")
+    hidden = {**doc, "keys": "", **{c: [] for c in columns}}  # "this root is empty"
+    index.write_bytes(head + b"\n" + json.dumps(hidden).encode())
+    checked = kc_json(root, "verify")
+    assert checked["entries_checked"] == 3 and checked["clean"]
+    assert sorted(e["key"] for e in kc_json(root, "ls")["entries"]) == sorted(a.key for a in arts)
+    bad_key = {**doc, "keys": doc["keys"].replace(arts[0].key, "../" + arts[0].key[3:], 1)}
+    index.write_bytes(head + b"\n" + json.dumps(bad_key).encode())
+    assert kc_json(root, "stats")["entries"] == 3

@@ -412,3 +412,15 @@ def test_a_fifo_with_a_writer_planted_as_a_soft_lock_is_broken_once_stale(lockro
     finally:
         os.close(writer)
         os.close(reader)
+
+
+@pytest.mark.parametrize("pid", [10**20, -1, 0, 2**63], ids=["huge", "negative", "zero", "2**63"])
+def test_a_soft_lock_record_with_an_impossible_pid_of_this_host_is_broken(lockroot, pid):
+    """The record is untrusted: a pid no process can have means its holder is gone (and must
+    never raise out of a lock attempt, which would fail the job)."""
+    from kernelcache.process import HOST
+
+    name = key_of(f"pid-{pid}")
+    _plant_soft_lock(lockroot, name, HOST, pid, age=1)
+    held = Locker(str(lockroot), mode="soft", stale_after=60).acquire(name, shared=False, timeout=2)
+    held.release()
