@@ -24,7 +24,6 @@ Prints a table, then one JSON line (medians and ratios); ``--out FILE`` also wri
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -34,6 +33,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from common import emit_summary, export
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD = r"""
@@ -132,21 +133,6 @@ def ceiling(n: int) -> float:
         return time.perf_counter() - started
 
     return n * burn(1) / burn(n)
-
-
-def export(ref: str, into: Path) -> Path:
-    """A directory holding the bridge of ``ref``: the directory itself, or the git ref's tree."""
-    if Path(ref).is_dir():
-        return Path(ref).resolve()
-    tree = into / f"before-{hashlib.sha256(ref.encode()).hexdigest()[:8]}"
-    tree.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--format=tar", ref],
-        capture_output=True,
-        check=True,
-    )
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-    return tree
 
 
 def main() -> None:
@@ -264,9 +250,7 @@ def main() -> None:
     for check, passed in checks.items():
         print(f"{'PASS' if passed else 'FAIL'}  {check}")
     print()
-    print(json.dumps(summary, sort_keys=True))
-    if args.out:
-        args.out.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    emit_summary(summary, args.out)
     if not all(checks.values()):
         sys.exit(1)
 

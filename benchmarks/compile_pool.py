@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import multiprocessing
 import os
 import statistics
@@ -29,6 +28,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from common import emit_summary
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -128,9 +129,7 @@ def main() -> None:
         print(f"{k:18} {v:9.3f} {' '.join(f'{x:.3f}' for x in rows[k]):>28} {be!s:>32}")
     print(f"load average: {os.getloadavg()[0]:.1f} on {summary['cpus']} CPUs")
     print()
-    print(json.dumps(summary, sort_keys=True))
-    if args.out:
-        args.out.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    emit_summary(summary, args.out)
 
 
 if __name__ == "__main__":

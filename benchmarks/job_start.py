@@ -53,6 +53,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common import emit_summary
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 STATES = ("cold", "warm", "jax-warm", "pruned")
@@ -514,9 +516,7 @@ def main() -> None:
     for check, passed in checks.items():
         print(f"{'PASS' if passed else 'FAIL'}  {check}")
     print()
-    print(json.dumps(summary, sort_keys=True))
-    if args.out:
-        args.out.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    emit_summary(summary, args.out)
     if not all(checks.values()):
         sys.exit(1)
 

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cold_start import export
+from common import emit_summary, export
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = ("small", "large")
@@ -119,9 +119,7 @@ def main() -> None:
             )
     print(f"load average: {os.getloadavg()[0]:.1f} on {summary['cpus']} CPUs")
     print()
-    print(json.dumps(summary, sort_keys=True))
-    if args.out:
-        args.out.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    emit_summary(summary, args.out)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import emit_summary
+
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ("import", "lower", "compile", "first_call")
 DRY_RUN = False
@@ -448,9 +450,7 @@ def main() -> None:
                             f"{vs['lower_speedup']:.1f}x, whole process {vs['total_speedup']:.2f}x"
                         )
     print()
-    print(json.dumps(summary, sort_keys=True))
-    if args.out:
-        args.out.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    emit_summary(summary, args.out)
 
 
 if __name__ == "__main__":
