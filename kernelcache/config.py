@@ -39,10 +39,6 @@ def _paths(raw: str) -> tuple[Path, ...]:
     return tuple(_path(p) for p in raw.split(os.pathsep) if p.strip())
 
 
-def _seconds(raw: str) -> float:
-    return units.parse_duration(raw)
-
-
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         value = raw.strip().lower()
@@ -170,7 +166,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "KERNELCACHE_LOCK_TIMEOUT",
         "lock_timeout",
-        _seconds,
+        units.parse_duration,
         120.0,
         "120",
         "seconds to wait for a per-key lock before going private",
@@ -186,7 +182,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "KERNELCACHE_LOCK_STALE",
         "lock_stale",
-        _seconds,
+        units.parse_duration,
         300.0,
         "300",
         "seconds after which another host's soft lock is stale",
