@@ -6,8 +6,8 @@ that have neither. See ``Cache`` for the guarantees across processes.
 
 from ._version import __version__
 from .cache import BuildItem, Cache, default_root
-from .config import ConfigError, settings
-from .errors import CacheError, LockTimeout, LockUnavailable
+from .config import settings
+from .errors import CacheError, ConfigError, KernelCacheError, LockTimeout, LockUnavailable
 from .keys import check_ext, check_key
 from .stats import process_stats
 from .store import Artifact, Store
@@ -19,6 +19,7 @@ __all__ = [
     "Cache",
     "CacheError",
     "ConfigError",
+    "KernelCacheError",
     "LockTimeout",
     "LockUnavailable",
     "RemoteTier",

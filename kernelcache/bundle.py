@@ -42,7 +42,8 @@ from typing import IO, Any
 import xxhash
 
 from ._version import __version__
-from .fsio import NotRegularFile, open_regular
+from .errors import BundleError, MissingDependency, NotRegularFile, WrongExt
+from .fsio import open_regular
 from .jsonio import load_json
 from .keys import META_EXT, split_entry_name
 from .schema import (
@@ -56,7 +57,7 @@ from .schema import (
     check_signature,
     sign,
 )
-from .store import Artifact, Store, WrongExt
+from .store import Artifact, Store
 from .table import EntryInfo
 
 BUNDLE_FORMAT = "kernelcache-bundle"
@@ -80,22 +81,6 @@ _OTHER_MAGIC = {
 _CHUNK = 1 << 20
 
 Progress = Callable[[int], object]
-
-
-class BundleError(ValueError):
-    """A bundle cannot be written or is rejected; the message says which member and why.
-
-    ``imported`` counts the entries an import published and could not remove again after the
-    error (normally 0: an import publishes everything or nothing).
-    """
-
-    def __init__(self, message: str, imported: int = 0) -> None:
-        super().__init__(message)
-        self.imported = imported
-
-
-class MissingDependency(RuntimeError):
-    """An optional package is needed; the message says what to install."""
 
 
 @dataclass(frozen=True)

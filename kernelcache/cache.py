@@ -24,11 +24,11 @@ from typing import Any
 
 from . import process, stats
 from .config import parse_variable, settings, variable
-from .errors import CacheError, LockTimeout
+from .errors import CacheError, LockTimeout, WrongExt
 from .keys import check_ext, check_key
 from .locks import Held
 from .schema import RESERVED_FIELDS, Invalid, check_document, digest, make_metadata
-from .store import Artifact, Problem, Store, WrongExt
+from .store import Artifact, Problem, Store
 from .tier import RemoteTier
 
 logger = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class Cache:
             lock_timeout=self.lock_timeout,
         )
         self.root = self.store.root
-        ro = cfg.readonly_dirs if readonly_roots is None else readonly_roots
+        ro = cfg.readonly_roots if readonly_roots is None else readonly_roots
         self.readonly = [Store.from_settings(r, cfg, readonly=True) for r in ro]
         if remote is None:
             remote = cfg.remote or ""

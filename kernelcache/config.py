@@ -19,12 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from . import units
-from .fsio import NotRegularFile, open_regular
+from .errors import ConfigError, NotRegularFile
+from .fsio import open_regular
 from .target_names import parse_target_name
-
-
-class ConfigError(ValueError):
-    """An environment variable holds a value kernelcache cannot use."""
 
 
 def _path(raw: str) -> Path:
@@ -117,7 +114,7 @@ class Variable:
 VARIABLES: tuple[Variable, ...] = (
     Variable(
         "KERNELCACHE_DIR",
-        "dir",
+        "root",
         _path,
         None,
         "platformdirs user cache dir for 'kernelcache'",
@@ -125,7 +122,7 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable(
         "KERNELCACHE_READONLY_DIRS",
-        "readonly_dirs",
+        "readonly_roots",
         _paths,
         (),
         "(none)",
@@ -235,8 +232,8 @@ VARIABLES: tuple[Variable, ...] = (
 class Settings:
     """A snapshot of the environment, parsed and validated (defaults as in :data:`VARIABLES`)."""
 
-    dir: Path | None = None
-    readonly_dirs: tuple[Path, ...] = ()
+    root: Path | None = None
+    readonly_roots: tuple[Path, ...] = ()
     remote: str | None = None
     target: str | None = None
     embed: str = "auto"

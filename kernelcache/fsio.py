@@ -16,12 +16,10 @@ import stat
 import uuid
 from typing import IO
 
+from .errors import NotRegularFile
+
 #: how housekeeping reads open files: no symlinks, and a planted FIFO cannot block the open
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-
-
-class NotRegularFile(OSError):
-    """A path that should name a regular file names a FIFO, a device, a directory, ..."""
 
 
 def open_regular(path: str) -> IO[bytes]:

@@ -74,7 +74,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from . import process, stats
-from .config import ConfigError
+from .errors import ConfigError
 from .keys import check_ext, check_key
 from .process import HOST
 from .schema import (

@@ -51,7 +51,7 @@ from typing import Any
 
 from . import process
 from .config import Settings, settings
-from .errors import CacheError, LockTimeout, LockUnavailable
+from .errors import CacheError, LockTimeout, LockUnavailable, WrongExt
 from .fsio import READ_FLAGS
 from .keys import META_EXT, check_ext, check_key, split_entry_name
 from .locks import Held, Locker, open_subdir
@@ -154,10 +154,6 @@ def _problem(key: str, invalid: Invalid) -> Problem:
         outdated=invalid.outdated,
         ext=invalid.ext,
     )
-
-
-class WrongExt(ValueError):
-    """The key already holds an artifact with another extension."""
 
 
 def _stale_stamp(mtime: float) -> bool:

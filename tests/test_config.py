@@ -19,7 +19,7 @@ from kernelcache.config import (
 
 def test_defaults():
     s = settings({})
-    assert s.dir is None and s.readonly_dirs == () and s.remote is None
+    assert s.root is None and s.readonly_roots == () and s.remote is None
     assert s.embed == "auto" and s.lock_mode == "auto" and s.lock_timeout == 120.0
     assert s.disable is False and s.stats_log is True
 
@@ -37,8 +37,8 @@ def test_values_parsed():
             "KERNELCACHE_DISABLE": "yes",
         }
     )
-    assert s.dir == Path("~/kc").expanduser()
-    assert s.readonly_dirs == (Path("/a"), Path("/b"))
+    assert s.root == Path("~/kc").expanduser()
+    assert s.readonly_roots == (Path("/a"), Path("/b"))
     assert s.remote == "redis://h:1/0" and s.target == "hip:gfx942" and s.embed == "ptx"
     assert s.lock_timeout == 2.5 and s.lock_mode == "soft" and s.disable is True
 

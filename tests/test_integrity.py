@@ -23,7 +23,8 @@ from test_cli_support import kc, kc_json, put
 
 import kernelcache
 from kernelcache import stats
-from kernelcache.bundle import BundleError, import_bundle
+from kernelcache.bundle import import_bundle
+from kernelcache.errors import BundleError
 from kernelcache.schema import LAUNCH_FIELDS
 from kernelcache.store import Store, digest, make_metadata
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import kernelcache
-from kernelcache.config import ConfigError
+from kernelcache.errors import ConfigError
 from kernelcache.remote import (
     MAGIC,
     OPTIONS,

@@ -15,7 +15,8 @@ from conftest import IS_ROOT, key_of
 from test_cli_support import files_under, kc, kc_json, put
 
 import kernelcache
-from kernelcache.config import ConfigError, environment_in_effect, settings
+from kernelcache.config import environment_in_effect, settings
+from kernelcache.errors import ConfigError
 
 KEY_1 = "first-key-" + "0123456789abcdef" * 2
 KEY_2 = "second-key-" + "fedcba9876543210" * 2

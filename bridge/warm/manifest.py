@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelcache.fsio import NotRegularFile, open_regular
+from kernelcache.errors import NotRegularFile
+from kernelcache.fsio import open_regular
 from kernelcache.jsonio import load_json
 
 from ..binding import ArgArray

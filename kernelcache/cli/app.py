@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from .._version import __version__
-from ..config import ConfigError
+from ..errors import ConfigError
 from .bundles import cmd_export, cmd_import
 from .common import age_arg, count_arg, level_arg, size_arg
 from .entries import SORTS, cmd_ls, cmd_show
@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # pragma: no cover - the message beats a traceback for operators
         if args.verbose > 1:
             raise
-        from ..bundle import MissingDependency  # the one optional-package error commands raise
+        from ..errors import MissingDependency  # the one optional-package error commands raise
 
         if isinstance(e, MissingDependency):
             return fail(str(e), EXIT_USAGE, args.command, args.json)

@@ -21,7 +21,8 @@ from .output import (
 
 
 def cmd_export(args: argparse.Namespace, out: Output) -> int:
-    from ..bundle import BundleError, export_bundle
+    from ..bundle import export_bundle
+    from ..errors import BundleError
     from ..prune import select
     from ..scan import scan
 
@@ -77,7 +78,8 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_import(args: argparse.Namespace, out: Output) -> int:
-    from ..bundle import BundleError, import_bundle
+    from ..bundle import import_bundle
+    from ..errors import BundleError
 
     root = root_of(args)
     cfg = settings()

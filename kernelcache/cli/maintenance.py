@@ -210,8 +210,8 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
-    from ..config import ConfigError
     from ..doctor import diagnose
+    from ..errors import ConfigError
 
     try:
         root: str | None = root_of(args)

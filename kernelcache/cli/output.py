@@ -15,17 +15,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import progress as progressbar
+from ..errors import KernelCacheError
 
 #: the version of every command's ``--json`` document
 SCHEMA = 1
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
 
 
-class UsageError(Exception):
+class UsageError(KernelCacheError):
     """Bad input from the command line or the environment: exit code 2."""
 
 
-class CommandFailed(Exception):
+class CommandFailed(KernelCacheError):
     """The operation could not be done: exit code 1."""
 
 
