@@ -42,7 +42,7 @@ from typing import IO, Any
 import xxhash
 
 from ._version import __version__
-from .errors import BundleError, MissingDependency, NotRegularFile, WrongExt
+from .errors import BundleError, MissingDependency, NotRegularFile, Problem, WrongExt
 from .fsio import open_regular
 from .jsonio import load_json
 from .keys import META_EXT, split_entry_name
@@ -51,7 +51,6 @@ from .schema import (
     HMAC_FIELD,
     MAX_META_BYTES,
     RESERVED_FIELDS,
-    Invalid,
     build_metadata,
     check_document,
     check_signature,
@@ -443,7 +442,7 @@ def _parse_manifest(raw: bytes) -> tuple[dict[str, _Listed], dict[str, Any]]:
         if not isinstance(key, str) or split_entry_name(f"{key}.{META_EXT}") is None:
             raise BundleError(f"bad manifest: entry #{number} has no valid key")
         checked = check_document(meta, key, require_digest=False)
-        if isinstance(checked, Invalid):
+        if isinstance(checked, Problem):
             raise BundleError(f"bad manifest: entry {key}: {checked.reason}")
         if key in keys:
             raise BundleError(f"bad manifest: key {key} is listed twice")

@@ -24,11 +24,11 @@ from typing import Any
 
 from . import process, stats
 from .config import parse_variable, settings, variable
-from .errors import CacheError, LockTimeout, WrongExt
+from .errors import CacheError, LockTimeout, Problem, WrongExt
 from .keys import check_ext, check_key
 from .locks import Held
-from .schema import RESERVED_FIELDS, Invalid, check_document, digest, make_metadata
-from .store import Artifact, Problem, Store
+from .schema import RESERVED_FIELDS, check_document, digest, make_metadata
+from .store import Artifact, Store
 from .tier import RemoteTier
 
 logger = logging.getLogger(__name__)
@@ -465,7 +465,7 @@ def _check_remote(found: object, key: str, ext: str) -> tuple[bytes, dict[str, A
     except Exception:  # a hostile Mapping
         return "the metadata is not a mapping"
     doc = check_document(plain, key)
-    if isinstance(doc, Invalid):
+    if isinstance(doc, Problem):
         return doc.reason
     if doc["ext"] != ext:
         return f"it holds a .{doc['ext']} artifact, not .{ext}"

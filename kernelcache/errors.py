@@ -6,6 +6,8 @@ Each also derives from the built-in a caller would catch for its kind of failure
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class KernelCacheError(Exception):
     """The base of every exception kernelcache raises."""
@@ -57,6 +59,21 @@ class MissingDependency(KernelCacheError, RuntimeError):
     """An optional package is needed; the message says what to install."""
 
 
+@dataclass(frozen=True)
+class Problem:
+    """Why an entry (in a root, a remote value or a bundle) cannot be served: a value returned,
+    never raised. ``corrupt`` problems get the entry quarantined; ``untrusted`` ones (written or
+    writable by users the trust policy excludes) are skipped; ``outdated`` ones (written by an
+    older kernelcache) are misses, replaced by the next put."""
+
+    key: str
+    reason: str
+    corrupt: bool = True
+    untrusted: bool = False
+    outdated: bool = False
+    ext: str | None = None  #: the stored artifact's extension, where the metadata names one
+
+
 __all__ = [
     "BundleError",
     "CacheError",
@@ -66,5 +83,6 @@ __all__ = [
     "LockUnavailable",
     "MissingDependency",
     "NotRegularFile",
+    "Problem",
     "WrongExt",
 ]

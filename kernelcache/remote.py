@@ -74,14 +74,13 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from . import process, stats
-from .errors import ConfigError
+from .errors import ConfigError, Problem
 from .keys import check_ext, check_key
 from .process import HOST
 from .schema import (
     HMAC_FIELD,
     MAX_META_BYTES,
     RESERVED_FIELDS,
-    Invalid,
     check_signature,
     digest,
     encode_metadata,
@@ -127,7 +126,7 @@ def decode_value(raw: bytes, key: str) -> tuple[bytes, dict[str, Any]] | str:
     if meta_len > MAX_META_BYTES or _HEADER.size + meta_len > len(raw):
         return "value is truncated (metadata length exceeds the value)"
     doc = parse_metadata(raw[_HEADER.size : _HEADER.size + meta_len], key)
-    if isinstance(doc, Invalid):
+    if isinstance(doc, Problem):
         return doc.reason
     data = raw[_HEADER.size + meta_len :]
     if doc["size"] != len(data):

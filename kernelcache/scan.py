@@ -32,6 +32,7 @@ from itertools import repeat
 from operator import add, itemgetter
 from typing import Any
 
+from .errors import Problem
 from .fsio import READ_FLAGS, changed_at
 from .index import (
     GROUPED,
@@ -44,7 +45,7 @@ from .index import (
 )
 from .keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
 from .locks import LOCK_DIR, Locker, open_subdir
-from .schema import MAX_META_BYTES, Invalid, parse_metadata
+from .schema import MAX_META_BYTES, parse_metadata
 from .store import FUTURE_SLACK, QUARANTINE_DIR, TMP_DIR, Artifact, Store
 from .table import COLUMNS, KNOWN_DIRS, EntryInfo, EntryTable
 
@@ -170,7 +171,7 @@ def _parse_listing(pairs: list[tuple[str, int]]) -> _Listing:
     return _Listing(metas, arts, extra, foreign, len(others) - len(foreign))
 
 
-def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | Invalid:
+def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | Problem:
     """Read one metadata file: the entry it describes, or why it is not one (``"gone"``:
     deleted since the listing). The metadata is checked against the schema and its entry
     digest, so every value in the record is of its type and range."""
@@ -178,23 +179,23 @@ def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | Invalid:
     try:
         fd = os.open(name, READ_FLAGS, dir_fd=dfd)
     except FileNotFoundError:
-        return Invalid("gone")
+        return Problem(key, "gone")
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.EMLINK):
-            return Invalid("metadata is a symlink")
-        return Invalid(f"metadata unreadable: {e.strerror}")
+            return Problem(key, "metadata is a symlink")
+        return Problem(key, f"metadata unreadable: {e.strerror}")
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return Invalid("metadata is not a regular file")
+            return Problem(key, "metadata is not a regular file")
         raw = os.read(fd, 65536)
         if len(raw) == 65536:
             raw += os.read(fd, MAX_META_BYTES + 1 - len(raw))
     except OSError as e:
-        return Invalid(f"metadata unreadable: {e.strerror}")
+        return Problem(key, f"metadata unreadable: {e.strerror}")
     finally:
         os.close(fd)
     doc = parse_metadata(raw, key)
-    if isinstance(doc, Invalid):
+    if isinstance(doc, Problem):
         return doc
     return EntryInfo(
         key,
@@ -341,7 +342,7 @@ def _entries(
         if progress is not None and count % 256 == 0:
             progress(256)
         got = _read_entry(dfd, key, metas[key])
-        if isinstance(got, Invalid):
+        if isinstance(got, Problem):
             if got.reason != "gone":
                 kind = "outdated" if got.outdated else "corrupt"
                 issues.append(Issue(kind, f"{key}.{META_EXT}", got.reason, key))

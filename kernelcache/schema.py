@@ -32,12 +32,12 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import xxhash
 
 from ._version import __version__
+from .errors import Problem
 from .jsonio import load_json
 from .keys import EXT_PATTERN, KEY_PATTERN, META_EXT
 from .target_names import parse_target_name
@@ -82,16 +82,6 @@ _DIGEST = re.compile(r"xxh3_128:[0-9a-f]{32}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _HMAC = re.compile(r"hmac-sha256:[0-9a-f]{64}")
 _U32 = (1 << 32) - 1
-
-
-@dataclass(frozen=True)
-class Invalid:
-    """Why a metadata document is refused. ``outdated``: it is well formed but was written by
-    an older kernelcache (no entry digest): a miss, replaced by the next build, not corrupt."""
-
-    reason: str
-    outdated: bool = False
-    ext: str | None = None  #: the artifact's extension, when the document names a valid one
 
 
 def digest(data: bytes | memoryview) -> str:
@@ -333,54 +323,56 @@ def check_signature(doc: Mapping[str, Any], artifact_sha256: bytes, secret: byte
 
 
 # -- whole documents -------------------------------------------------------------------------------
-def check_document(doc: Any, key: str, *, require_digest: bool = True) -> dict[str, Any] | Invalid:
+def check_document(doc: Any, key: str, *, require_digest: bool = True) -> dict[str, Any] | Problem:
     """``doc`` if it is a valid metadata document of ``key`` (schema and entry digest), else
-    :class:`Invalid`. Never raises. With ``require_digest=False`` a document without an entry
+    :class:`~kernelcache.errors.Problem`. Never raises. With ``require_digest=False`` a document without an entry
     digest is accepted (bundles of older versions); one with a wrong digest never is."""
     if not isinstance(doc, dict):
-        return Invalid("metadata is not a JSON object")
+        return Problem(key, "metadata is not a JSON object")
     fmt = doc.get("format")
     if type(fmt) is not int or fmt != FORMAT_VERSION:
-        return Invalid(f"unsupported metadata format {_show(fmt)}")
+        return Problem(key, f"unsupported metadata format {_show(fmt)}")
     if doc.get("key") != key:
-        return Invalid("metadata names another key")
+        return Problem(key, "metadata names another key")
     ext = doc.get("ext")
     if not isinstance(ext, str) or EXT_PATTERN.fullmatch(ext) is None or ext == META_EXT:
-        return Invalid("metadata has an invalid ext")
+        return Problem(key, "metadata has an invalid ext")
     size = doc.get("size")
     if type(size) is not int or not 0 <= size <= MAX_ARTIFACT_BYTES:
-        return Invalid("metadata has an invalid size")
+        return Problem(key, "metadata has an invalid size")
     dig = doc.get("digest")
     if not isinstance(dig, str) or _DIGEST.fullmatch(dig) is None:
-        return Invalid("metadata has an invalid digest")
+        return Problem(key, "metadata has an invalid digest")
     mac = doc.get(HMAC_FIELD)
     if mac is not None and (not isinstance(mac, str) or _HMAC.fullmatch(mac) is None):
-        return Invalid("metadata has an invalid signature field")
+        return Problem(key, "metadata has an invalid signature field")
     bad = _check_fields(doc)
     if bad:
-        return Invalid(bad)
+        return Problem(key, bad)
     stated = doc.get("entry_digest")
     if stated is None:
         if require_digest:
-            return Invalid(
+            return Problem(
+                key,
                 "written by an older kernelcache (no entry digest): rebuilt on next use",
+                corrupt=False,
                 outdated=True,
                 ext=doc["ext"],
             )
         return doc
     if not isinstance(stated, str) or stated != entry_digest(doc):
-        return Invalid("entry digest mismatch: the launch metadata was altered or damaged")
+        return Problem(key, "entry digest mismatch: the launch metadata was altered or damaged")
     return doc
 
 
-def parse_metadata(raw: bytes, key: str) -> dict[str, Any] | Invalid:
+def parse_metadata(raw: bytes, key: str) -> dict[str, Any] | Problem:
     """Parse and check the bytes of a metadata document (see :func:`check_document`)."""
     if len(raw) > MAX_META_BYTES:
-        return Invalid("metadata is too large")
+        return Problem(key, "metadata is too large")
     try:
         doc = load_json(raw)
     except ValueError as e:
-        return Invalid(f"unreadable metadata ({e.__class__.__name__})")
+        return Problem(key, f"unreadable metadata ({e.__class__.__name__})")
     return check_document(doc, key)
 
 

@@ -51,7 +51,7 @@ from typing import Any
 
 from . import process
 from .config import Settings, settings
-from .errors import CacheError, LockTimeout, LockUnavailable, WrongExt
+from .errors import CacheError, LockTimeout, LockUnavailable, Problem, WrongExt
 from .fsio import READ_FLAGS
 from .keys import META_EXT, check_ext, check_key, split_entry_name
 from .locks import Held, Locker, open_subdir
@@ -60,7 +60,6 @@ from .schema import (
     FORMAT_VERSION,
     MAX_META_BYTES,
     RESERVED_FIELDS,
-    Invalid,
     digest,
     encode_metadata,
     make_metadata,
@@ -132,28 +131,6 @@ class Artifact:
     path: str | None
     meta: Mapping[str, Any] = field(repr=False)
     source: str = "local"
-
-
-@dataclass(frozen=True)
-class Problem:
-    """Why an entry could not be served. ``corrupt`` problems get the entry quarantined."""
-
-    key: str
-    reason: str
-    corrupt: bool = True
-    untrusted: bool = False  # written or writable by users the trust policy excludes: skipped
-    outdated: bool = False  # written by an older kernelcache: a miss, replaced by the next put
-    ext: str | None = None  # the stored artifact's extension, where the metadata names one
-
-
-def _problem(key: str, invalid: Invalid) -> Problem:
-    return Problem(
-        key,
-        invalid.reason,
-        corrupt=not invalid.outdated,
-        outdated=invalid.outdated,
-        ext=invalid.ext,
-    )
 
 
 def _stale_stamp(mtime: float) -> bool:
@@ -493,8 +470,8 @@ class Store:
         finally:
             os.close(fd)
         doc = parse_metadata(raw, key)
-        if isinstance(doc, Invalid):
-            return _problem(key, doc)
+        if isinstance(doc, Problem):
+            return doc
         if len(self._memo) >= MEMO_ENTRIES:
             self._memo.clear()
         self._memo[key] = ((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns), doc)
