@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import entries as entries  # declares the bridge's metadata fields to kernelcache
+from . import settings as settings  # declares the bridge's variables to kernelcache
 from .errors import (
     BackendUnavailable,
     BridgeError,

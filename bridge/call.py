@@ -373,10 +373,12 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
     """
     from kernelcache.config import settings
 
-    cfg = settings()
-    target = targets.resolve(call.target, platform, cfg)
+    from .settings import settings as bridge_settings
+
+    cfg, ours = settings(), bridge_settings()
+    target = targets.resolve(call.target, platform, ours)
     jaxlib = jaxlib or versions.jaxlib_version()
-    mode = embed.resolve(call.embed, target, jaxlib, cfg)
+    mode = embed.resolve(call.embed, target, jaxlib, ours)
     cache = as_cache(call.cache, cfg)
     configs: list[proto.Config] = []
     needs = versions.MODULE_IMAGE if mode == "inline" else (0,)
@@ -418,8 +420,8 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
             parameters=_parameters(call, bound, _zeroed(call, bound), desc_meta),
         )
         configs.append(proto.Config(kernel_call=kernel_call, description=spec.variant.description))
-        if record.wanted(cfg):
-            record.emit(_record(call, target, spec.key, bound, grid), cfg)
+        if record.wanted(ours):
+            record.emit(_record(call, target, spec.key, bound, grid), ours)
     anycall = proto.TritonAnyKernelCall(name=call.name, metadata=call.metadata)
     if len(configs) == 1 and mode != "path":
         anycall.kernel_call = configs[0].kernel_call

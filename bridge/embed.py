@@ -24,29 +24,31 @@ from kernelcache.process import warn_once
 
 from . import backends, ptxisa, versions
 from .errors import EmbedError
+from .settings import EMBED_MODES
 from .targets import Target
 
 if TYPE_CHECKING:
     from kernelcache import Cache
-    from kernelcache.config import Settings
+
+    from .settings import BridgeSettings
 
 logger = logging.getLogger(__name__)
 
-MODES = ("auto", "inline", "ptx", "path")
+MODES = EMBED_MODES
 
 
 def resolve(
     requested: str | None,
     target: Target,
     jaxlib: str | None = None,
-    cfg: Settings | None = None,
+    cfg: BridgeSettings | None = None,
 ) -> str:
     """The embedding to use for ``target`` under ``jaxlib`` (default: the running one).
 
     Raises:
         EmbedError: an unknown mode, or one that cannot work for this target and jaxlib.
     """
-    from kernelcache.config import settings
+    from .settings import settings
 
     mode = (requested or (cfg or settings()).embed or "auto").strip().lower()
     if mode not in MODES:

@@ -42,7 +42,7 @@ from kernelcache.jsonio import load_json
 from kernelcache.process import warn_once
 
 if TYPE_CHECKING:
-    from kernelcache.config import Settings
+    from .settings import BridgeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -317,10 +317,10 @@ def complete(record: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
     return out
 
 
-def wanted(cfg: Settings | None = None) -> bool:
+def wanted(cfg: BridgeSettings | None = None) -> bool:
     """Whether a lowered variant goes anywhere: a listener is registered or
     ``$KERNELCACHE_RECORD`` is set (else the lowering does not build its record)."""
-    from kernelcache.config import settings
+    from .settings import settings
 
     with _lock:
         if _listeners:
@@ -328,9 +328,9 @@ def wanted(cfg: Settings | None = None) -> bool:
     return (cfg or settings()).record is not None
 
 
-def emit(record: dict[str, Any], cfg: Settings | None = None) -> None:
+def emit(record: dict[str, Any], cfg: BridgeSettings | None = None) -> None:
     """Hand ``record`` to the listeners and to the ``$KERNELCACHE_RECORD`` manifest."""
-    from kernelcache.config import settings
+    from .settings import settings
 
     with _lock:
         listeners = list(_listeners)

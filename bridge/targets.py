@@ -18,7 +18,7 @@ from kernelcache.target_names import parse_target_name
 from .errors import TargetError
 
 if TYPE_CHECKING:
-    from kernelcache.config import Settings
+    from .settings import BridgeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,9 @@ def _device_target(device, platform: str) -> Target | None:
     return Target("hip", arch, hip_warp_size(arch))
 
 
-def resolve(explicit: str | Target | None, platform: str, cfg: Settings | None = None) -> Target:
+def resolve(
+    explicit: str | Target | None, platform: str, cfg: BridgeSettings | None = None
+) -> Target:
     """The target to compile for when lowering for ``platform``.
 
     Order: ``explicit`` (the call's ``target=``), then ``$KERNELCACHE_TARGET``, then the local
@@ -156,7 +158,7 @@ def resolve(explicit: str | Target | None, platform: str, cfg: Settings | None =
     Raises:
         TargetError: malformed, for the other vendor, undetectable, or not runnable here.
     """
-    from kernelcache.config import settings
+    from .settings import settings
 
     source = "target="
     if explicit is None:

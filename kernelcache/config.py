@@ -1,10 +1,11 @@
 """The one place that reads kernelcache's environment variables.
 
-Each variable is declared once in :data:`VARIABLES` (name, parser, default, meaning); the
-README's configuration table is checked against these declarations. Every setting is read
-through :func:`settings`, which parses the environment each time it is called (cheap), so tests
-and launchers can change variables between calls. Nothing else in ``kernelcache`` or ``bridge``
-reads ``os.environ`` for its own configuration.
+Each variable is declared once, as a :class:`Variable` (name, parser, default, meaning):
+kernelcache's own in :data:`VARIABLES`, those of packages built on it through
+:func:`register_variables`. Tools (``doctor``, the README's table) list :func:`variables`.
+:func:`settings` parses kernelcache's own; it re-parses only when one of their values in the
+environment changed, so tests and launchers can change variables between calls. Nothing else
+reads ``os.environ`` for kernelcache's configuration.
 
 An unset or empty variable means its default.
 """
@@ -21,10 +22,10 @@ from typing import Any
 from . import units
 from .errors import ConfigError, NotRegularFile
 from .fsio import open_regular
-from .target_names import parse_target_name
 
 
-def _path(raw: str) -> Path:
+def path(raw: str) -> Path:
+    """A path (``~`` expanded)."""
     try:
         return Path(raw.strip()).expanduser()
     except RuntimeError:  # "~user/..." for a user that does not exist, or no home directory
@@ -33,10 +34,12 @@ def _path(raw: str) -> Path:
 
 
 def _paths(raw: str) -> tuple[Path, ...]:
-    return tuple(_path(p) for p in raw.split(os.pathsep) if p.strip())
+    return tuple(path(p) for p in raw.split(os.pathsep) if p.strip())
 
 
-def _choice(*allowed: str) -> Callable[[str], str]:
+def choice(*allowed: str) -> Callable[[str], str]:
+    """A parser of one of ``allowed`` (case-insensitive)."""
+
     def parse(raw: str) -> str:
         value = raw.strip().lower()
         if value not in allowed:
@@ -44,12 +47,6 @@ def _choice(*allowed: str) -> Callable[[str], str]:
         return value
 
     return parse
-
-
-def _target(raw: str) -> str:
-    value = raw.strip()
-    parse_target_name(value)
-    return value
 
 
 def _stripped(raw: str) -> str:
@@ -115,7 +112,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "KERNELCACHE_DIR",
         "root",
-        _path,
+        path,
         None,
         "platformdirs user cache dir for 'kernelcache'",
         "writable cache root",
@@ -137,30 +134,6 @@ VARIABLES: tuple[Variable, ...] = (
         "remote tier URL, e.g. redis://host:6379/0",
     ),
     Variable(
-        "KERNELCACHE_TARGET",
-        "target",
-        _target,
-        None,
-        "detected",
-        "compile target for the bridge, e.g. cuda:90 or hip:gfx942",
-    ),
-    Variable(
-        "KERNELCACHE_EMBED",
-        "embed",
-        _choice("auto", "inline", "ptx", "path"),
-        "auto",
-        "auto",
-        "how the bridge embeds kernels: auto, inline, ptx, path",
-    ),
-    Variable(
-        "KERNELCACHE_RECORD",
-        "record",
-        _path,
-        None,
-        "(off)",
-        "append every lowered specialization to this manifest file",
-    ),
-    Variable(
         "KERNELCACHE_LOCK_TIMEOUT",
         "lock_timeout",
         units.parse_duration,
@@ -171,7 +144,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "KERNELCACHE_LOCK_MODE",
         "lock_mode",
-        _choice("auto", "flock", "soft"),
+        choice("auto", "flock", "soft"),
         "auto",
         "auto",
         "auto, flock or soft (O_EXCL lock files for NFS)",
@@ -203,7 +176,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "KERNELCACHE_TRUST",
         "trust",
-        _choice("group", "owner", "any"),
+        choice("group", "owner", "any"),
         "group",
         "group",
         "whose artifacts are served: group (owner, root, root dir's owner and group), owner, any",
@@ -220,7 +193,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "KERNELCACHE_SIGNING_KEY_FILE",
         "signing_key_file",
-        _path,
+        path,
         None,
         "(none)",
         "read the signing key from this file instead (not readable by every user)",
@@ -235,9 +208,6 @@ class Settings:
     root: Path | None = None
     readonly_roots: tuple[Path, ...] = ()
     remote: str | None = None
-    target: str | None = None
-    embed: str = "auto"
-    record: Path | None = None
     lock_timeout: float = 120.0
     lock_mode: str = "auto"
     lock_stale: float = 300.0
@@ -279,34 +249,69 @@ def parse_variable(var: Variable, environ: Mapping[str, str] | None = None) -> A
         raise ConfigError(f"{var.name}={shown}: {e}") from None
 
 
+_registered: dict[str, Variable] = {}
+
+
+def register_variables(*declared: Variable) -> None:
+    """Declare the variables of a package built on kernelcache (once per process; declaring
+    the same variable again is a no-op), so that ``doctor`` and the documentation list them.
+
+    Raises:
+        ValueError: a name kernelcache already declares, or one declared differently before.
+    """
+    own = {var.name for var in VARIABLES}
+    for var in declared:
+        if var.name in own or _registered.get(var.name, var) != var:
+            raise ValueError(f"the variable {var.name} is already declared differently")
+        _registered[var.name] = var
+
+
+def variables() -> tuple[Variable, ...]:
+    """Every declared variable: kernelcache's own, then the registered ones."""
+    return VARIABLES + tuple(_registered.values())
+
+
 def variable(name: str) -> Variable:
     """The declaration of the variable ``name``.
 
     Raises:
-        KeyError: no such kernelcache variable.
+        KeyError: no such variable is declared.
     """
-    for var in VARIABLES:
+    for var in variables():
         if var.name == name:
             return var
     raise KeyError(name)
 
 
+#: what a parse depends on: the variables, and HOME (``~`` in paths)
+_NAMES = (*(var.name for var in VARIABLES), "HOME")
+_last: tuple[tuple[str | None, ...], Settings] | None = None
+
+
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """Parse kernelcache's variables from ``environ`` (default: ``os.environ``).
+    """Parse kernelcache's variables from ``environ`` (default: ``os.environ``; parsed again only
+    when one of their values changed).
 
     Raises:
         ConfigError: a variable is set to a value that cannot be used; the message names it.
     """
-    env = dict(os.environ if environ is None else environ)
-    return Settings(**{var.field: parse_variable(var, env) for var in VARIABLES})
+    global _last
+    env = os.environ if environ is None else environ
+    raw = tuple(map(env.get, _NAMES))
+    last = _last
+    if last is not None and last[0] == raw:
+        return last[1]
+    parsed = Settings(**{var.field: parse_variable(var, env) for var in VARIABLES})
+    _last = (raw, parsed)
+    return parsed
 
 
 def environment_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The kernelcache variables that are set, for diagnostics (values as given; secrets
-    as ``***``)."""
+    """The declared variables that are set, for diagnostics (values as given; secrets as
+    ``***``)."""
     env = os.environ if environ is None else environ
     return {
-        var.name: "***" if var.secret else env[var.name] for var in VARIABLES if var.name in env
+        var.name: "***" if var.secret else env[var.name] for var in variables() if var.name in env
     }
 
 

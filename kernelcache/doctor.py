@@ -31,6 +31,7 @@ from .config import (
     parse_variable,
     read_key_file,
     variable,
+    variables,
 )
 from .locks import LOCK_DIR, Locker
 
@@ -197,12 +198,13 @@ def _check_deeper(name: str, value: Any, env: Mapping[str, str]) -> None:
 
 
 def setting_checks(environ: Mapping[str, str] | None = None) -> tuple[list[Check], Settings | None]:
-    """One check per variable of :data:`kernelcache.config.VARIABLES`: its value (or default)
-    and whether it can be used. Returns the checks and the settings (None if one is bad)."""
+    """One check per declared variable (:func:`kernelcache.config.variables`): its value (or
+    default) and whether it can be used. Returns the checks and kernelcache's settings (None if
+    one of its variables is bad)."""
     env = os.environ if environ is None else environ
     checks: list[Check] = []
     values: dict[str, Any] = {}
-    for var in VARIABLES:
+    for var in variables():
         raw = env.get(var.name)
         given = raw is not None and raw.strip() != ""
         try:
@@ -217,7 +219,8 @@ def setting_checks(environ: Mapping[str, str] | None = None) -> tuple[list[Check
         except ConfigError as e:
             checks.append(Check(var.name, "fail", f"{e} (fix or unset it)"))
             continue
-        values[var.field] = value
+        if var in VARIABLES:
+            values[var.field] = value
         if given:
             detail = _shown(var.name, raw or "").strip()
         else:

@@ -2,17 +2,20 @@
 Redis values, bundles, and ``put``.
 
 A metadata document is a JSON object. The store writes ``format``, ``key``, ``ext``, ``size``,
-``digest`` (xxh3-128 of the artifact) and ``entry_digest``; callers add fields of their own.
-Known fields have a type and a range (:data:`FIELDS`); any other field is allowed if it is plain,
-bounded JSON (finite numbers, 64-bit integers, valid UTF-8 strings, nesting at most
+``digest`` (xxh3-128 of the artifact), ``covers`` and ``entry_digest``; callers add fields of
+their own. Known fields have a type and a range (:data:`FIELDS`: kernelcache's own, plus those a
+package built on it declares with :func:`register_fields`); any other field is allowed if it is
+plain, bounded JSON (finite numbers, 64-bit integers, valid UTF-8 strings, nesting at most
 :data:`MAX_DEPTH` deep). A whole document is at most :data:`MAX_META_BYTES` encoded.
 
-The **entry digest** is the xxh3-128 of the canonical JSON of the :data:`COVERED_FIELDS`: the
-store's own fields (which include the artifact's digest, so the artifact bytes are covered
-through it) and every field the bridge launches or embeds a kernel with
-(:data:`LAUNCH_FIELDS`). A flipped bit in any of them is a corrupt entry, as a flipped bit in
-the artifact is. Fields outside that set (``created``, ``producer``, ...) are checked against
-the schema but may change (tools rewrite ``created``; last use is the file's mtime).
+The **entry digest** is the xxh3-128 of the canonical JSON of the store's own fields (which
+include the artifact's digest, so the artifact bytes are covered through it) and of the caller
+fields the document's ``covers`` list names: every field registered as covered when it was
+written (what a kernel is launched or embedded with), present or not, so that a field added later
+is damage too. A document carries its ``covers``, so any reader checks it without knowing who
+wrote it. A flipped bit in a covered field is a corrupt entry, as a flipped bit in the artifact
+is. Fields outside that set (``created``, ``producer``, ...) are checked against the schema but
+may change (tools rewrite ``created``; last use is the file's mtime).
 
 An entry digest detects damage, not forgery: anyone who can write an entry can recompute it.
 What is local is protected by the trust policy (:mod:`kernelcache.store`); what comes from
@@ -31,7 +34,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import xxhash
@@ -40,7 +43,6 @@ from ._version import __version__
 from .errors import Problem
 from .jsonio import load_json
 from .keys import EXT_PATTERN, KEY_PATTERN, META_EXT
-from .target_names import parse_target_name
 
 #: the version of the metadata document; entries of this format without an entry digest were
 #: written by earlier versions and are misses (rebuilt), never served
@@ -55,33 +57,19 @@ MAX_ARTIFACT_BYTES = 1 << 40
 MAX_DEPTH = 16
 MAX_INT = (1 << 63) - 1
 MAX_FIELD_NAME = 64
-#: what the bridge launches or embeds a kernel with: covered by the entry digest
-LAUNCH_FIELDS = (
-    "name",
-    "target",
-    "arch",
-    "warp_size",
-    "num_warps",
-    "num_ctas",
-    "shared",
-    "global_scratch_size",
-    "global_scratch_align",
-    "profile_scratch_size",
-    "tmem_size",
-    "tensordesc_meta",
-    "ptx_sha256",
-)
-#: the fields the entry digest (and a signature) covers
-COVERED_FIELDS = ("format", "key", "ext", "size", "digest", *LAUNCH_FIELDS)
+#: the store's own fields that the entry digest (and a signature) covers
+STORE_COVERED = ("format", "key", "ext", "size", "digest")
+#: the list of caller fields a document's entry digest covers
+COVERS_FIELD = "covers"
 #: the HMAC of a Redis value or a bundle entry; never stored in a root
 HMAC_FIELD = "hmac"
 #: fields only the store writes; callers' metadata may not set them
 RESERVED_FIELDS = frozenset({"format", "key", "ext", "size", "digest", "entry_digest", HMAC_FIELD})
+#: the most caller fields one document's entry digest covers
+MAX_COVERED = 64
 
 _DIGEST = re.compile(r"xxh3_128:[0-9a-f]{32}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _HMAC = re.compile(r"hmac-sha256:[0-9a-f]{64}")
-_U32 = (1 << 32) - 1
 
 
 def digest(data: bytes | memoryview) -> str:
@@ -99,11 +87,9 @@ def _show(value: object) -> str:
 Check = Callable[[Any], "str | None"]
 
 
-#: integer fields and their ranges, checked inline by _check_fields (the common case)
-_INT_RANGES: dict[str, tuple[int, int]] = {}
+def integer(low: int, high: int) -> Check:
+    """An integer from ``low`` to ``high``."""
 
-
-def _int(low: int, high: int) -> Check:
     def check(value: Any) -> str | None:
         if type(value) is not int:
             return f"must be an integer, not {_show(value)}"
@@ -111,10 +97,13 @@ def _int(low: int, high: int) -> Check:
             return f"must be between {low} and {high}, not {_show(value)}"
         return None
 
+    check.bounds = (low, high)  # type: ignore[attr-defined]  # the fast path of _check_fields
     return check
 
 
-def _text(limit: int) -> Check:
+def text(limit: int) -> Check:
+    """Printable text of 1 to ``limit`` characters."""
+
     def check(value: Any) -> str | None:
         if not isinstance(value, str):
             return f"must be a string, not {_show(value)}"
@@ -127,7 +116,9 @@ def _text(limit: int) -> Check:
     return check
 
 
-def _pattern(regex: re.Pattern[str], what: str) -> Check:
+def pattern(regex: re.Pattern[str], what: str) -> Check:
+    """A string that ``regex`` matches whole (``what`` says what it must be)."""
+
     def check(value: Any) -> str | None:
         if not isinstance(value, str) or regex.fullmatch(value) is None:
             return f"must be {what}, not {_show(value)}"
@@ -136,23 +127,20 @@ def _pattern(regex: re.Pattern[str], what: str) -> Check:
     return check
 
 
-def _target(value: Any) -> str | None:
-    if not isinstance(value, str) or len(value) > 64:
-        return f"must be a target name such as cuda:90 or hip:gfx942, not {_show(value)}"
-    try:
-        parse_target_name(value)
-    except ValueError:
-        return f"must be a target name such as cuda:90 or hip:gfx942, not {_show(value)}"
+def _covers(value: Any) -> str | None:
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_COVERED
+        or not all(_valid_name(v) and v not in RESERVED_FIELDS for v in value)
+        or value != sorted(set(value))
+    ):
+        return f"must be a sorted list of at most {MAX_COVERED} field names, not {_show(value)}"
     return None
 
 
-def _descriptors(value: Any) -> str | None:
-    if not isinstance(value, list) or len(value) > 64:
-        return f"must be a list of at most 64 objects, not {_show(value)}"
-    for item in value:
-        if not isinstance(item, dict):
-            return f"must be a list of objects, not of {_show(item)}"
-    return _plain(value)
+#: what a target name looks like to kernelcache, which gives targets no meaning (a package
+#: built on it may register a stricter check): printable, no spaces, at most 64 characters
+_TARGET = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}")
 
 
 def _time(value: Any) -> str | None:
@@ -167,54 +155,102 @@ def _producer(value: Any) -> str | None:
     if not isinstance(value, dict) or len(value) > 32:
         return f"must be an object of package versions, not {_show(value)}"
     for name, version in value.items():
-        bad = _text(MAX_FIELD_NAME)(name) or _text(128)(version)
+        bad = text(MAX_FIELD_NAME)(name) or text(128)(version)
         if bad:
             return f"must map package names to version strings ({_show(name)}: {bad})"
     return None
 
 
-def _power_of_two(value: Any) -> str | None:
-    bad = _int(1, 1 << 20)(value)
-    if bad is None and value & (value - 1):
-        return f"must be a power of two, not {value}"
-    return bad
+def objects(limit: int) -> Check:
+    """A list of at most ``limit`` JSON objects of plain, bounded JSON."""
+
+    def check(value: Any) -> str | None:
+        if not isinstance(value, list) or len(value) > limit:
+            return f"must be a list of at most {limit} objects, not {_show(value)}"
+        for item in value:
+            if not isinstance(item, dict):
+                return f"must be a list of objects, not of {_show(item)}"
+        return _plain(value)
+
+    return check
 
 
-#: the fields the store and the bridge know, and what each must be
+def power_of_two(high: int) -> Check:
+    """A power of two from 1 to ``high``."""
+    bounded = integer(1, high)
+
+    def check(value: Any) -> str | None:
+        bad = bounded(value)
+        if bad is None and value & (value - 1):
+            return f"must be a power of two, not {value}"
+        return bad
+
+    return check
+
+
+#: the fields a document may hold and what each must be: kernelcache's own (below), and those
+#: registered by packages built on it (:func:`register_fields`)
 FIELDS: dict[str, Check] = {
     "created": _time,
     "producer": _producer,
-    "name": _text(1024),
-    "kernel": _text(1024),
-    "language": _text(64),
-    "target": _target,
-    "arch": _text(64),
-    "warp_size": _int(1, 1024),
-    "num_warps": _int(1, 1024),
-    "num_ctas": _int(1, 1024),
-    "num_stages": _int(0, 1024),
-    "shared": _int(0, _U32),
-    "global_scratch_size": _int(0, _U32),
-    "global_scratch_align": _power_of_two,
-    "profile_scratch_size": _int(0, _U32),
-    "tmem_size": _int(0, _U32),
-    "tensordesc_meta": _descriptors,
-    "ptx_sha256": _pattern(_SHA256, "64 lowercase hexadecimal digits"),
-    "kind": _text(64),
-    "of": _pattern(KEY_PATTERN, "a cache key"),
+    "name": text(1024),
+    "target": pattern(_TARGET, "a target name such as cuda:90"),
+    "kind": text(64),
+    "of": pattern(KEY_PATTERN, "a cache key"),
+    COVERS_FIELD: _covers,
 }
-_INT_RANGES.update(
-    {
-        "warp_size": (1, 1024),
-        "num_warps": (1, 1024),
-        "num_ctas": (1, 1024),
-        "num_stages": (0, 1024),
-        "shared": (0, _U32),
-        "global_scratch_size": (0, _U32),
-        "profile_scratch_size": (0, _U32),
-        "tmem_size": (0, _U32),
-    }
-)
+#: the fields kernelcache itself gives a meaning
+OWN_FIELDS = frozenset(FIELDS)
+#: integer fields and their ranges, checked inline by _check_fields (the common case)
+_INT_RANGES: dict[str, tuple[int, int]] = {}
+#: the caller fields the entry digest of a new document covers: kernelcache's own (an entry's
+#: name and target, which operators select by) and those registered as covered
+_covered: set[str] = {"name", "target"}
+
+
+def register_fields(checks: Mapping[str, Check], *, covered: frozenset[str] = frozenset()) -> None:
+    """Declare the metadata fields of a package built on kernelcache: what each must be, and
+    which of them the entry digest of every new document covers (those a reader acts on).
+
+    A check for a field that already has one is added to it: a value must pass both.
+    Declaring the same check again is a no-op.
+
+    Raises:
+        ValueError: a reserved field, a name that is not a field name, or too many covered
+            fields.
+    """
+    for name, check in checks.items():
+        if not name or name in RESERVED_FIELDS or name == COVERS_FIELD or not _valid_name(name):
+            raise ValueError(f"{name!r} cannot be declared as a metadata field")
+        known = FIELDS.get(name)
+        if known is None:
+            FIELDS[name] = check
+        elif check is not known and check not in getattr(known, "parts", ()):
+            FIELDS[name] = _both(known, check)
+        bounds = getattr(check, "bounds", None)
+        if known is None and bounds is not None:
+            _INT_RANGES[name] = bounds
+    unknown = set(covered) - FIELDS.keys()
+    if unknown or len(_covered | set(covered)) > MAX_COVERED:
+        raise ValueError(f"covered fields must be declared fields (at most {MAX_COVERED})")
+    _covered.update(covered)
+
+
+def _valid_name(name: object) -> bool:
+    return isinstance(name, str) and len(name) <= MAX_FIELD_NAME and _utf8(name)
+
+
+def _both(first: Check, second: Check) -> Check:
+    def check(value: Any) -> str | None:
+        return first(value) or second(value)
+
+    check.parts = (first, second)  # type: ignore[attr-defined]
+    return check
+
+
+def covered_fields() -> frozenset[str]:
+    """The caller fields the entry digest of a document written now covers."""
+    return frozenset(_covered)
 
 
 def _plain(value: Any, depth: int = 0) -> str | None:
@@ -275,7 +311,7 @@ def _check_fields(doc: Mapping[str, Any]) -> str | None:
             if bad:
                 return f"metadata field {name!r} {bad}"
         elif name not in RESERVED_FIELDS:
-            if not isinstance(name, str) or len(name) > MAX_FIELD_NAME or not _utf8(name):
+            if not _valid_name(name):
                 return f"metadata field {_show(name)} has an invalid name"
             bad = _plain(value)
             if bad:
@@ -287,9 +323,20 @@ def _check_fields(doc: Mapping[str, Any]) -> str | None:
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
+def _covered_names(doc: Mapping[str, Any]) -> Iterable[str]:
+    """The caller fields ``doc``'s entry digest covers: those its ``covers`` names, or (a
+    document written before documents named them) those registered in this process."""
+    names = doc.get(COVERS_FIELD)
+    return _covered if names is None else names
+
+
 def covered_bytes(doc: Mapping[str, Any]) -> bytes:
-    """The canonical JSON of the fields :data:`COVERED_FIELDS` names (those present)."""
-    covered = {name: doc[name] for name in COVERED_FIELDS if name in doc}
+    """The canonical JSON of the covered fields of ``doc`` (those present): the store's own and
+    those its ``covers`` names."""
+    covered = {name: doc[name] for name in STORE_COVERED if name in doc}
+    for name in _covered_names(doc):
+        if name in doc:
+            covered[name] = doc[name]
     return _CANONICAL.encode(covered).encode()
 
 
@@ -361,6 +408,15 @@ def check_document(doc: Any, key: str, *, require_digest: bool = True) -> dict[s
             )
         return doc
     if not isinstance(stated, str) or stated != entry_digest(doc):
+        if isinstance(stated, str) and COVERS_FIELD not in doc:
+            return Problem(
+                key,
+                "written by an older kernelcache, with an entry digest over fields this process "
+                "does not cover: rebuilt on next use",
+                corrupt=False,
+                outdated=True,
+                ext=doc["ext"],
+            )
         return Problem(key, "entry digest mismatch: the launch metadata was altered or damaged")
     return doc
 
@@ -407,6 +463,12 @@ def build_metadata(
         )
     producer = dict(producer)
     producer.setdefault("kernelcache", __version__)
+    given = doc.get(COVERS_FIELD, ())
+    if not isinstance(given, (list, tuple)) or not all(isinstance(n, str) for n in given):
+        raise ValueError(
+            f"metadata for {key}: metadata field {COVERS_FIELD!r} must be a list of field names"
+        )
+    doc[COVERS_FIELD] = sorted(_covered.union(given))
     doc.update(
         format=FORMAT_VERSION,
         key=key,
@@ -470,5 +532,9 @@ def displayable(value: Any, depth: int = 0) -> Any:
 
 
 def covered_metadata(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of ``doc`` the entry digest covers: all a kernel may be launched with."""
-    return {name: doc[name] for name in COVERED_FIELDS if name in doc}
+    """The fields of ``doc`` its entry digest covers (those present): all a reader may act on."""
+    covered = {name: doc[name] for name in STORE_COVERED if name in doc}
+    for name in _covered_names(doc):
+        if name in doc:
+            covered[name] = doc[name]
+    return covered

@@ -22,10 +22,10 @@ from conftest import child_env, key_of, run_py
 from test_cli_support import kc, kc_json, put
 
 import kernelcache
+from bridge.entries import LAUNCH_FIELDS  # importing bridge declares its fields
 from kernelcache import stats
 from kernelcache.bundle import import_bundle
 from kernelcache.errors import BundleError
-from kernelcache.schema import LAUNCH_FIELDS
 from kernelcache.store import Store, digest, make_metadata
 
 PAYLOAD = bytes(range(256)) * 64  # 16 KiB
@@ -85,7 +85,7 @@ def test_edited_launch_metadata_is_never_served(tmp_path):
     assert any(name.startswith(f"{key}.json") for name in _quarantined(root))
 
 
-@pytest.mark.parametrize("field", sorted(set(LAUNCH_FIELDS) - {"target", "ptx_sha256"}))
+@pytest.mark.parametrize("field", sorted((LAUNCH_FIELDS | {"name"}) - {"ptx_sha256"}))
 def test_every_launch_field_is_covered(root, field):
     """Changing any launch field by one notch (or adding it) makes the entry corrupt."""
     key = key_of("covered", field)
@@ -131,7 +131,9 @@ def test_the_bridge_is_handed_only_covered_fields(tmp_path):
     the entry digest covers, on a build and on a hit."""
     from bridge.artifacts import fetch
     from bridge.compile import Compiled
-    from kernelcache.schema import COVERED_FIELDS
+    from kernelcache.schema import STORE_COVERED, covered_fields
+
+    covered = set(STORE_COVERED) | covered_fields()
 
     cache = kernelcache.Cache(tmp_path / "c", readonly_roots=(), remote="")
     key = key_of("bridge-covered")
@@ -145,7 +147,7 @@ def test_the_bridge_is_handed_only_covered_fields(tmp_path):
     for built in (True, False):
         kb = fetch(cache, key, "cubin", build, describe, need_ptx=True)
         assert kb.built is built
-        assert set(kb.meta) <= set(COVERED_FIELDS), set(kb.meta) - set(COVERED_FIELDS)
+        assert set(kb.meta) <= covered, set(kb.meta) - covered
         assert kb.meta["num_warps"] == 4 and kb.meta["ptx_sha256"] and "signature" not in kb.meta
     assert "signature" in cache.get(key, "cubin").meta  # stored whole, handed over covered
 

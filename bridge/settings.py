@@ -1,0 +1,83 @@
+"""The bridge's environment variables, declared to kernelcache's configuration (so that
+``kernelcache doctor`` and the README list them) and parsed here.
+
+:func:`settings` re-parses only when one of their values changed, like kernelcache's own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernelcache.config import Variable, choice, parse_variable, path, register_variables
+from kernelcache.target_names import parse_target_name
+
+#: how a compiled kernel rides in jaxlib's custom call (see :mod:`bridge.embed`)
+EMBED_MODES = ("auto", "inline", "ptx", "path")
+
+
+def _target(raw: str) -> str:
+    value = raw.strip()
+    parse_target_name(value)
+    return value
+
+
+VARIABLES = (
+    Variable(
+        "KERNELCACHE_TARGET",
+        "target",
+        _target,
+        None,
+        "detected",
+        "compile target for the bridge, e.g. cuda:90 or hip:gfx942",
+    ),
+    Variable(
+        "KERNELCACHE_EMBED",
+        "embed",
+        choice(*EMBED_MODES),
+        "auto",
+        "auto",
+        f"how the bridge embeds kernels: {', '.join(EMBED_MODES)}",
+    ),
+    Variable(
+        "KERNELCACHE_RECORD",
+        "record",
+        path,
+        None,
+        "(off)",
+        "append every lowered specialization to this manifest file",
+    ),
+)
+register_variables(*VARIABLES)
+
+
+@dataclass(frozen=True)
+class BridgeSettings:
+    """The bridge's variables, parsed (defaults as declared in :data:`VARIABLES`)."""
+
+    target: str | None = None
+    embed: str = "auto"
+    record: Path | None = None
+
+
+_NAMES = (*(var.name for var in VARIABLES), "HOME")
+_last: tuple[tuple[str | None, ...], BridgeSettings] | None = None
+
+
+def settings(environ: Mapping[str, str] | None = None) -> BridgeSettings:
+    """Parse the bridge's variables from ``environ`` (default: ``os.environ``).
+
+    Raises:
+        kernelcache.ConfigError: a variable is set to a value that cannot be used.
+    """
+    global _last
+    env = os.environ if environ is None else environ
+    raw = tuple(map(env.get, _NAMES))
+    last = _last
+    if last is not None and last[0] == raw:
+        return last[1]
+    parsed = BridgeSettings(**{var.field: parse_variable(var, env) for var in VARIABLES})
+    _last = (raw, parsed)
+    return parsed
