@@ -9,9 +9,9 @@ from .cache import BuildItem, Cache, default_root
 from .config import settings
 from .errors import CacheError, ConfigError, KernelCacheError, LockTimeout, LockUnavailable
 from .keys import check_ext, check_key
+from .remote import RemoteTier
 from .stats import process_stats
 from .store import Artifact, Store
-from .tier import RemoteTier
 
 __all__ = [
     "Artifact",

@@ -27,9 +27,9 @@ from .config import parse_variable, settings, variable
 from .errors import CacheError, LockTimeout, Problem, WrongExt
 from .keys import check_ext, check_key
 from .locks import Held
+from .remote import RemoteTier, open_remote
 from .schema import RESERVED_FIELDS, check_document, digest, make_metadata
 from .store import Artifact, Store
-from .tier import RemoteTier
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +75,8 @@ def default_root() -> Path:
     return Path(platformdirs.user_cache_dir("kernelcache", appauthor=False))
 
 
-def _open_remote(url: str, root: str, signing_key: bytes | None) -> RemoteTier:
-    from .remote import open_remote
-
+def _open_remote(url: str, root: str, signing_key: bytes | None) -> RemoteTier | None:
+    """The tier of ``url``, by its scheme; None if its plugin is broken (one warning)."""
     return open_remote(url, stats_root=root, signing_key=signing_key)
 
 

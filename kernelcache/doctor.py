@@ -181,16 +181,16 @@ def _shown(name: str, raw: str) -> str:
 
 
 def _check_deeper(name: str, value: Any, env: Mapping[str, str]) -> None:
-    """Checks beyond a variable's own parser: the remote URL as the remote tier reads it, the
+    """Checks beyond a variable's own parser: the remote URL as its tier reads it, the
     signing key file as the cache reads it (and not beside a key given directly).
 
     Raises:
         ConfigError: the value cannot be used (the message never shows a secret).
     """
     if name == "KERNELCACHE_REMOTE" and value:
-        from .remote import parse_url
+        from .remote import check_url
 
-        parse_url(value)
+        check_url(value)
     if name == "KERNELCACHE_SIGNING_KEY_FILE" and value:
         if env.get("KERNELCACHE_SIGNING_KEY", "").strip():
             raise ConfigError("set KERNELCACHE_SIGNING_KEY or this, not both")

@@ -25,6 +25,7 @@ from redis_server import (
 
 import kernelcache
 from kernelcache import stats
+from kernelcache.errors import Problem
 from kernelcache.remote import MAGIC, RedisTier, decode_value, encode_value, open_remote
 from kernelcache.store import make_metadata
 
@@ -304,7 +305,7 @@ def test_corrupt_value_is_rejected_deleted_and_rebuilt(server, tmp_path, remote_
     assert kernelcache.process_stats()["remote_errors"] > before
     assert len(warnings_of(remote_log, "rejected")) == 1
     # the rebuilt entry replaced the bad value
-    assert not isinstance(decode_value(r.get(name), key), str)
+    assert not isinstance(decode_value(r.get(name), key), Problem)
     c = kernelcache.Cache(tmp_path / "c", readonly_roots=[], remote=server.url)
     assert c.get(key, "cubin").source == "remote"
 

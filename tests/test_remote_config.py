@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import kernelcache
-from kernelcache.errors import ConfigError
+from kernelcache.errors import ConfigError, Problem
 from kernelcache.remote import (
     MAGIC,
     OPTIONS,
@@ -16,12 +16,11 @@ from kernelcache.remote import (
     decode_value,
     encode_value,
     open_remote,
-    parse_duration,
-    parse_size,
     parse_url,
     redact,
 )
 from kernelcache.store import digest, make_metadata
+from kernelcache.units import parse_duration, parse_size
 
 KEY = "0123456789abcdef" * 2
 SECRET = "hunter2-S3cr3t"
@@ -152,7 +151,7 @@ def test_missing_redis_client_says_what_to_install(monkeypatch) -> None:
 def test_value_round_trip() -> None:
     data = bytes(range(256)) * 10
     found = decode_value(entry(data=data), KEY)
-    assert not isinstance(found, str)
+    assert not isinstance(found, Problem)
     got, meta = found
     assert got == data
     assert meta["key"] == KEY and meta["ext"] == "cubin" and meta["name"] == "add_kernel"
@@ -187,7 +186,7 @@ def _garbage() -> dict[str, bytes]:
 
 @pytest.mark.parametrize("name", sorted(_garbage()))
 def test_garbage_values_are_rejected(name: str) -> None:
-    assert isinstance(decode_value(_garbage()[name], KEY), str)
+    assert isinstance(decode_value(_garbage()[name], KEY), Problem)
 
 
 @pytest.mark.parametrize("call", ["get", "put", "acquire"])

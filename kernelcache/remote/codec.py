@@ -1,0 +1,90 @@
+"""An entry as one remote value, the same bytes for every tier: ``b"KCR1"``, the metadata's
+length (uint32, big endian), the store's metadata JSON, the artifact bytes.
+
+Invariants: a decoded value is used only if its header, its metadata (the one schema and the
+entry digest) and the artifact's size and xxh3-128 digest check out; with a signing key, only
+if its HMAC does too. Nothing here raises for what a server returns: a refused value is a
+:class:`~kernelcache.errors.Problem`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import Problem
+from ..schema import (
+    HMAC_FIELD,
+    MAX_META_BYTES,
+    RESERVED_FIELDS,
+    check_signature,
+    digest,
+    encode_metadata,
+    make_metadata,
+    parse_metadata,
+    sign,
+)
+
+#: version of the value layout; part of every Redis key, so a new layout never reads an old one
+#: (2: the metadata carries an entry digest, and optionally an HMAC)
+REMOTE_FORMAT = 2
+MAGIC = b"KCR1"
+_HEADER = struct.Struct(">4sI")
+
+
+def encode_value(meta: Mapping[str, Any], data: bytes) -> bytes:
+    """One entry as a remote value: magic, metadata length, metadata JSON, artifact bytes."""
+    raw_meta = encode_metadata(meta)
+    return b"".join((_HEADER.pack(MAGIC, len(raw_meta)), raw_meta, data))
+
+
+def make_value(
+    key: str, ext: str, data: bytes, meta: Mapping[str, Any], signing_key: bytes | None
+) -> bytes:
+    """The value a tier stores for an entry: its metadata (the store's fields computed from
+    ``data``; those ``meta`` carries are replaced), signed when ``signing_key`` is given.
+
+    Raises:
+        ValueError: ``meta`` is outside the schema (the local store rejects such entries first).
+    """
+    doc = make_metadata(key, ext, data, {k: v for k, v in meta.items() if k not in RESERVED_FIELDS})
+    if signing_key is not None:
+        doc[HMAC_FIELD] = sign(doc, hashlib.sha256(data).digest(), signing_key)
+    return encode_value(doc, data)
+
+
+def decode_value(raw: bytes, key: str) -> tuple[bytes, dict[str, Any]] | Problem:
+    """Parse and verify a value read for ``key`` (header, metadata schema and entry digest,
+    artifact size and digest; not the signature: see :func:`authenticate`).
+
+    Returns ``(data, metadata)``, or a :class:`Problem` saying what is wrong (never raises).
+    """
+    if not isinstance(raw, bytes):
+        return Problem(key, f"value is a {type(raw).__name__}, not bytes")
+    if len(raw) < _HEADER.size:
+        return Problem(key, "value is shorter than its header")
+    magic, meta_len = _HEADER.unpack_from(raw)
+    if magic != MAGIC:
+        return Problem(key, "value does not start with the kernelcache header")
+    if meta_len > MAX_META_BYTES or _HEADER.size + meta_len > len(raw):
+        return Problem(key, "value is truncated (metadata length exceeds the value)")
+    doc = parse_metadata(raw[_HEADER.size : _HEADER.size + meta_len], key)
+    if isinstance(doc, Problem):
+        return doc
+    data = raw[_HEADER.size + meta_len :]
+    if doc["size"] != len(data):
+        return Problem(key, f"artifact is {len(data)} bytes, metadata says {doc['size']}")
+    if doc["digest"] != digest(data):
+        return Problem(key, "artifact digest does not match its metadata")
+    return data, doc
+
+
+def authenticate(
+    key: str, data: bytes, meta: Mapping[str, Any], signing_key: bytes
+) -> Problem | None:
+    """None if a decoded value carries a valid signature under ``signing_key``; else an
+    untrusted (not corrupt) :class:`Problem` saying why: the value is refused, not deleted."""
+    why = check_signature(meta, hashlib.sha256(data).digest(), signing_key)
+    return None if why is None else Problem(key, why, corrupt=False, untrusted=True)

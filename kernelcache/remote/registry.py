@@ -1,0 +1,129 @@
+"""Remote tiers by URL scheme. ``redis://``, ``rediss://`` and ``unix://`` are built in (the
+Redis tier); installed packages add schemes through the entry-point group
+``kernelcache.remotes``: an entry point named by the scheme, pointing at a
+:class:`~kernelcache.remote.tier.TierClass` (docs/remote.md, "Other backends").
+
+Invariants: opening a tier never connects; an unknown scheme is a
+:class:`~kernelcache.errors.ConfigError` that names the known ones; a plugin that fails to load
+or to make its tier never fails the job (one warning, and no remote tier).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from ..errors import ConfigError
+from ..process import warn_once
+from .tier import RemoteTier
+from .url import SCHEMES, parse_url, redact, scrub, secrets_of
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint  # imported when a plugin is looked for
+
+#: the entry-point group of remote tiers that other packages add, named by URL scheme
+GROUP = "kernelcache.remotes"
+
+logger = logging.getLogger("kernelcache.remote")
+
+
+def schemes() -> list[str]:
+    """The URL schemes a remote tier can have here: the built-in ones, then the plugins'."""
+    from importlib.metadata import entry_points
+
+    plugins = {ep.name for ep in entry_points(group=GROUP)}.difference(SCHEMES)
+    return [*SCHEMES, *sorted(plugins)]
+
+
+def _scheme(url: str) -> str:
+    try:
+        return urlsplit(url.strip()).scheme
+    except ValueError as e:
+        raise ConfigError(f"remote URL {redact(url)!r} is malformed: {e}") from None
+
+
+def _plugin(url: str, scheme: str) -> EntryPoint:
+    """The installed entry point of ``scheme``.
+
+    Raises:
+        ConfigError: no package registers ``scheme``.
+    """
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=GROUP, name=scheme):
+        return ep
+    raise ConfigError(
+        f"remote URL {redact(url)!r}: unsupported scheme {scheme!r}; known schemes: "
+        f"{', '.join(schemes())} (a package adds one through the entry-point group {GROUP})"
+    )
+
+
+def _open_plugin(
+    plugin: EntryPoint, url: str, stats_root: str | None, signing_key: bytes | None
+) -> RemoteTier:
+    """Load ``plugin`` and make its tier of ``url``. Raises ConfigError for the URL, anything
+    else for a broken plugin."""
+    tier = plugin.load()(url, stats_root=stats_root, signing_key=signing_key)
+    if not isinstance(tier, RemoteTier):
+        raise TypeError(f"it made a {type(tier).__name__}, which lacks get, put or acquire")
+    return tier
+
+
+def _broken(plugin: EntryPoint, url: str, e: Exception) -> str:
+    reason = scrub(f"{type(e).__name__}: {e}", secrets_of(url))
+    return f"the remote tier plugin {plugin.name} = {plugin.value} ({GROUP}) failed: {reason}"
+
+
+def open_remote(
+    url: str, *, stats_root: str | None = None, signing_key: bytes | None = None
+) -> RemoteTier | None:
+    """The remote tier of ``url``, by its scheme; see :class:`~kernelcache.remote.tier.TierClass`
+    for the arguments. Does not connect.
+
+    Returns None, after one warning per scheme and process, when the scheme's plugin cannot be
+    loaded or fails to make its tier: the job goes on without a remote tier.
+
+    Raises:
+        ConfigError: the scheme is unknown, or the tier refuses the URL or an option (the
+            message never shows a secret).
+    """
+    scheme = _scheme(url)
+    if scheme in SCHEMES:
+        from .redis import RedisTier
+
+        return RedisTier(url, stats_root=stats_root, signing_key=signing_key)
+    plugin = _plugin(url, scheme)
+    try:
+        return _open_plugin(plugin, url, stats_root, signing_key)
+    except ConfigError:
+        raise
+    except Exception as e:  # a broken plugin is reported, never fatal to the job
+        warn_once(
+            logger,
+            (GROUP, scheme),
+            "kernelcache: %s; continuing without a remote tier",
+            _broken(plugin, url, e),
+        )
+        return None
+
+
+def check_url(url: str) -> None:
+    """What ``kernelcache doctor`` checks of a remote URL: a known scheme whose tier accepts
+    it. A Redis URL is parsed without the (optional) redis client; a plugin's tier is made
+    (which does not connect). Nothing is logged.
+
+    Raises:
+        ConfigError: unknown scheme, a broken plugin, or a URL its tier refuses.
+    """
+    scheme = _scheme(url)
+    if scheme in SCHEMES:
+        parse_url(url)
+        return
+    plugin = _plugin(url, scheme)
+    try:
+        _open_plugin(plugin, url, None, None)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(_broken(plugin, url, e)) from None

@@ -1,0 +1,192 @@
+"""Remote URLs: the Redis tier's URL and options (:func:`parse_url`), and the redaction of
+secrets (a password, secret options) that every message about any remote URL goes through.
+
+Invariant: a secret given in a URL never appears in ``repr``, ``str``, a log message or an
+error; it reads ``***``. The options are described in docs/remote.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+from ..errors import ConfigError
+from ..units import parse_bool, parse_duration, parse_size
+from .codec import REMOTE_FORMAT
+
+#: the URL schemes of the Redis tier (the built-in ones of :mod:`kernelcache.remote.registry`)
+SCHEMES = ("redis", "rediss", "unix")
+#: Redis refuses strings larger than this
+REDIS_MAX_STRING = 512 << 20
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _parse_cert_reqs(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("none", "optional", "required"):
+        raise ValueError("expected none, optional or required")
+    return value
+
+
+def _parse_db(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("expected a database number >= 0")
+    return value
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """The policy of the Redis tier, from the URL's query string (see docs/remote.md)."""
+
+    timeout: float = 0.5
+    connect_timeout: float | None = None
+    ttl: float = 0.0
+    namespace: str = "kc"
+    max_size: int = 64 << 20
+    breaker: float = 30.0
+    lock_ttl: float = 120.0
+    #: options passed to redis-py as they are (TLS settings, ``db`` for unix sockets)
+    client: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.namespace}:v{REMOTE_FORMAT}:"
+
+
+#: option -> (parser, meaning); the tier's own policy
+OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "timeout": (parse_duration, "seconds per socket operation (default 0.5)"),
+    "connect_timeout": (parse_duration, "seconds to connect (default: timeout)"),
+    "ttl": (parse_duration, "entries expire this long after being stored (default 0: never)"),
+    "namespace": (str, "key prefix, [A-Za-z0-9_.-]{1,64} (default kc)"),
+    "max_size": (parse_size, "entries larger than this are not sent (default 64M)"),
+    "breaker": (parse_duration, "after a connection failure, skip the server this long (30s)"),
+    "lock_ttl": (parse_duration, "a build lock expires after this long (default 120s)"),
+}
+#: option -> parser; passed through to redis-py (TLS options need rediss://)
+CLIENT_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "db": _parse_db,
+    "ssl_ca_certs": str,
+    "ssl_ca_path": str,
+    "ssl_certfile": str,
+    "ssl_keyfile": str,
+    "ssl_password": str,
+    "ssl_cert_reqs": _parse_cert_reqs,
+    "ssl_check_hostname": parse_bool,
+}
+_SECRET_OPTIONS = frozenset({"ssl_password"})
+
+
+def redact(url: str) -> str:
+    """``url`` with its password (and any secret option) replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hostport = netloc.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        netloc = f"{user}{':***' if colon else ''}@{hostport}"
+    query = "&".join(
+        f"{name}=***" if name in _SECRET_OPTIONS else f"{quote(name)}={quote(value, safe='/.:')}"
+        for name, value in parse_qsl(parts.query, keep_blank_values=True)
+    )
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+
+
+def secrets_of(url: str) -> list[str]:
+    """The secrets in ``url`` (as written and unquoted), longest first, for :func:`scrub`."""
+    found: list[str] = []
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        return found
+    values = [password] if password else []
+    values += [v for k, v in pairs if k in _SECRET_OPTIONS and v]
+    for value in values:
+        found += {value, unquote(value), quote(value, safe="")}
+    return sorted(found, key=len, reverse=True)
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """``text`` (e.g. an exception's message) with each of ``secrets`` replaced by ``***``."""
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
+
+
+def parse_url(url: str) -> tuple[str, RemoteOptions]:
+    """Split a Redis tier URL into the address for redis-py (no query) and the options.
+
+    Raises:
+        ConfigError: unsupported scheme, no host, unknown option or a bad value; the message
+            names it and lists the valid options (and never shows a password).
+    """
+    shown = redact(url)
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018 -- validates the port
+    except ValueError as e:
+        raise ConfigError(f"remote URL {shown!r} is malformed: {e}") from None
+    if parts.scheme not in SCHEMES:
+        raise ConfigError(
+            f"remote URL {shown!r}: unsupported scheme {parts.scheme!r}; use redis://host:port/db,"
+            " rediss:// (TLS) or unix:///path/to/socket"
+        )
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ConfigError(f"remote URL {shown!r} names no host; use redis://host:6379/0")
+    if parts.scheme == "unix" and not parts.path:
+        raise ConfigError(f"remote URL {shown!r} names no socket; use unix:///path/to/redis.sock")
+    if parts.scheme != "unix" and parts.path.strip("/"):
+        try:
+            _parse_db(parts.path.strip("/"))
+        except ValueError:
+            raise ConfigError(
+                f"remote URL {shown!r}: the path must be a database number, e.g. /0"
+            ) from None
+    values: dict[str, Any] = {}
+    client: dict[str, Any] = {}
+    valid = sorted([*OPTIONS, *CLIENT_OPTIONS])
+    for name, raw in parse_qsl(parts.query, keep_blank_values=True):
+        if name in values or name in client:
+            raise ConfigError(f"remote URL {shown!r} sets option {name!r} twice")
+        parser = OPTIONS[name][0] if name in OPTIONS else CLIENT_OPTIONS.get(name)
+        if parser is None:
+            raise ConfigError(
+                f"remote URL {shown!r}: unknown option {name!r}; valid options: {', '.join(valid)}"
+            )
+        try:
+            value = parser(raw)
+        except ValueError as e:
+            what = "***" if name in _SECRET_OPTIONS else repr(raw)
+            raise ConfigError(f"remote URL {shown!r}: option {name}={what}: {e}") from None
+        (values if name in OPTIONS else client)[name] = value
+    if any(name.startswith("ssl_") for name in client) and parts.scheme != "rediss":
+        raise ConfigError(f"remote URL {shown!r}: ssl_* options need a rediss:// URL")
+    if "db" in client and parts.scheme != "unix":
+        raise ConfigError(f"remote URL {shown!r}: give the database as the path, e.g. /0")
+    options = RemoteOptions(**values, client=client)
+    problems = []
+    if not (0 < options.timeout <= 3600):
+        problems.append("timeout must be more than 0 and at most 1h")
+    if options.connect_timeout is not None and not (0 < options.connect_timeout <= 3600):
+        problems.append("connect_timeout must be more than 0 and at most 1h")
+    if options.ttl != 0 and options.ttl < 0.001:
+        problems.append("ttl must be 0 (never expire) or at least 1ms")
+    if _NAMESPACE.fullmatch(options.namespace) is None:
+        problems.append("namespace must be 1 to 64 characters of [A-Za-z0-9_.-]")
+    if not (0 < options.max_size <= REDIS_MAX_STRING):
+        problems.append("max_size must be more than 0 and at most 512M")
+    if options.lock_ttl < 0.001:
+        problems.append("lock_ttl must be at least 1ms")
+    if problems:
+        raise ConfigError(f"remote URL {shown!r}: {'; '.join(problems)}")
+    address = f"{parts.scheme}://{parts.netloc}{parts.path}"
+    return address, options
