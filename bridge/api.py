@@ -1,9 +1,9 @@
 """``bridge.triton_call``: the public call, from the caller's arguments to one bind of the
 primitive (:mod:`bridge.call`).
 
-Invariants: everything a call site gets wrong (conventions mixed, unknown options, a malformed
-target) is an error here, at trace time, naming what to change; nothing is compiled or looked
-up before lowering.
+Invariants: nothing is compiled or looked up in the cache before lowering; a call written
+wrongly (conventions mixed, unknown options, a malformed target) fails at trace time, with a
+message naming what to change.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def triton_call(
 
     Works under ``jax.jit`` and eagerly. Call sites of jax-triton 0.3 (``out_shape=``) and 0.4
     (``out_type=``) run unchanged; the keyword describing the outputs selects the convention
-    (see :mod:`bridge.tracing` and docs/bridge.md).
+    (see :mod:`bridge.conventions` and docs/bridge.md).
 
     Args:
         *args: the kernel's arguments: arrays, ``jax.Ref`` (updated in place), Python/NumPy
