@@ -37,7 +37,7 @@ CUSTOM_CALL_TARGET_NAME = FFI_TARGET
 CUSTOM_CALL_TARGET_NAMES = (FFI_TARGET, LEGACY_TARGET)
 
 if TYPE_CHECKING:
-    from .call import triton_call
+    from .api import triton_call
     from .descriptors import TensorDescriptor, strides_from_shape
     from .jax_cache import enable_jax_cache
     from .launch import Kernel, kernel
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 #: public name -> (module, attribute), imported on first use
 _LAZY = {
-    "triton_call": (".call", "triton_call"),
+    "triton_call": (".api", "triton_call"),
     "TensorDescriptor": (".descriptors", "TensorDescriptor"),
     "strides_from_shape": (".descriptors", "strides_from_shape"),
     "enable_jax_cache": (".jax_cache", "enable_jax_cache"),

@@ -1,8 +1,8 @@
 """Triton and its vendor backends, imported only when a kernel needs them.
 
-Triton ships one backend per vendor ("nvidia", "amd"); a build may have only one of them. The
-bridge asks for the backend of the target at hand and, when it is missing, says which one and
-how to get it rather than "Triton is required".
+Triton ships one backend per vendor; a build may have only some of them. The bridge asks for
+the backend of the target at hand and, when it is missing, says which one and how to get it
+(from the target's descriptor) rather than "Triton is required".
 """
 
 from __future__ import annotations
@@ -15,15 +15,12 @@ import re
 from types import ModuleType
 from typing import Any
 
+from . import vendors
 from .errors import BackendUnavailable, OptionError
-from .targets import Target
+from .targets import Target, target_of
+from .vendors import Vendor
 
 logger = logging.getLogger(__name__)
-
-_INSTALL = {
-    "nvidia": "install the standard Triton wheel (pip install triton), which includes it",
-    "amd": "install a Triton build with the AMD backend (the ROCm build of Triton)",
-}
 
 
 def triton() -> ModuleType:
@@ -42,8 +39,8 @@ def triton() -> ModuleType:
 
 
 @functools.cache
-def compiler_module(vendor: str) -> ModuleType:
-    """``triton.backends.<vendor>.compiler`` for "nvidia" or "amd".
+def compiler_module(vendor: Vendor) -> ModuleType:
+    """``triton.backends.<package>.compiler`` of ``vendor``.
 
     Raises:
         BackendUnavailable: this Triton has no backend for ``vendor``.
@@ -51,20 +48,21 @@ def compiler_module(vendor: str) -> ModuleType:
     mod = triton()
     from triton.backends import backends
 
-    if vendor not in backends:
+    package = vendor.package
+    if package not in backends:
         where = os.path.dirname(mod.__file__ or "")
         present = ", ".join(sorted(backends)) or "none"
         raise BackendUnavailable(
-            f"Triton {mod.__version__} at {where} has no '{vendor}' backend "
-            f"(triton/backends/{vendor} is missing; it has: {present}): {_INSTALL[vendor]}"
+            f"Triton {mod.__version__} at {where} has no '{package}' backend "
+            f"(triton/backends/{package} is missing; it has: {present}): {vendor.install_hint}"
         )
     import importlib
 
-    return importlib.import_module(f"triton.backends.{vendor}.compiler")
+    return importlib.import_module(f"triton.backends.{package}.compiler")
 
 
 def backend_class(target: Target) -> type:
-    """Triton's compiler backend class for ``target`` (CUDABackend or HIPBackend).
+    """Triton's compiler backend class for ``target`` (CUDABackend, HIPBackend, ...).
 
     Raises:
         BackendUnavailable: Triton, or its backend for the target's vendor, is missing.
@@ -81,16 +79,16 @@ def backend_class(target: Target) -> type:
             and value.supports_target(target.triton())  # type: ignore[attr-defined]
         ):
             return value
-    raise BackendUnavailable(f"Triton's {target.vendor} backend does not support {target}")
+    raise BackendUnavailable(f"Triton's {target.vendor.package} backend does not support {target}")
 
 
 def options_class(target: Target) -> type:
-    """The options dataclass of ``target``'s backend (CUDAOptions or HIPOptions)."""
+    """The options dataclass of ``target``'s backend (CUDAOptions, HIPOptions, ...)."""
     module = compiler_module(target.vendor)
-    name = "CUDAOptions" if target.backend == "cuda" else "HIPOptions"
+    name = target.vendor.options_class
     cls = getattr(module, name, None)
     if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):
-        raise BackendUnavailable(f"Triton's {target.vendor} backend has no {name}")
+        raise BackendUnavailable(f"Triton's {target.vendor.package} backend has no {name}")
     return cls
 
 
@@ -99,24 +97,33 @@ def llvm_ptx_isa(target: Target, written: int) -> int | None:
     10*major + minor) for ``target``: Triton's own ``get_features`` (``min(written, 90)`` in
     Triton 3.9). None where this Triton's backend does not say."""
     try:
-        module = compiler_module("nvidia")
+        module = compiler_module(target.vendor)
         options = dataclasses.replace(options_class(target)(), ptx_version=written)
         features = str(module.get_features(options, int(target.arch)))
     except (AttributeError, TypeError, ValueError, BackendUnavailable) as e:
-        logger.debug("Triton's nvidia backend does not say which PTX ISA LLVM targets: %s", e)
+        logger.debug(
+            "Triton's %s backend does not say which PTX ISA LLVM targets: %s",
+            target.vendor.package,
+            e,
+        )
         return None
     m = re.search(r"\+ptx(\d+)", features)
     return int(m.group(1)) if m else None
 
 
 @functools.cache
-def option_names(target_backend: str) -> frozenset[str]:
-    """Field names of the options class of "cuda" or "hip" (empty if the backend is missing)."""
-    probe = Target("cuda", 90, 32) if target_backend == "cuda" else Target("hip", "gfx942", 64)
+def option_names(vendor: Vendor) -> frozenset[str]:
+    """Field names of the options class of ``vendor``'s backend (empty if it is missing)."""
+    probe = target_of(vendor, vendor.probe_arch)
     try:
         return frozenset(f.name for f in dataclasses.fields(options_class(probe)))
     except BackendUnavailable:
         return frozenset()
+
+
+def all_option_names() -> frozenset[str]:
+    """Field names of the options classes of every registered vendor's backend."""
+    return frozenset().union(*(option_names(v) for v in vendors.registered()))
 
 
 #: option fields that are derived from the target and may not be set by a caller
@@ -129,7 +136,7 @@ def check_options(target: Target, names: set[str] | frozenset[str]) -> None:
     Raises:
         OptionError: an unknown or derived option; the message lists the valid ones.
     """
-    valid = option_names(target.backend) - DERIVED_OPTIONS
+    valid = option_names(target.vendor) - DERIVED_OPTIONS
     unknown = sorted(set(names) - valid)
     if unknown:
         raise OptionError(
@@ -163,16 +170,19 @@ def make_backend(target: Target) -> Any:
     """An instance of the backend compiler for ``target``, shared per process.
 
     Its options always hold an explicit ``enable_fp_fusion`` (see :func:`default_fp_fusion`).
-    On AMD the instance binds arguments without importing torch: Triton 3.6 imports torch to
-    decide the 32-bit pointer-range specialization, which the bridge answers from the array's
-    size in bytes instead (the placeholder arrays carry ``ptr_range()``).
+    Where the vendor's backend specializes pointers on their 32-bit range (AMD), the instance
+    binds arguments without importing torch: Triton 3.6 imports torch to decide it, which the
+    bridge answers from the array's size in bytes instead (placeholder arrays carry
+    ``ptr_range()``).
     """
-    return _bridge_backend(backend_class(target), target.backend == "hip")(target.triton())
+    cls = _bridge_backend(backend_class(target), target.vendor.pointer_range_specialization)
+    return cls(target.triton())
 
 
 @functools.cache
-def _bridge_backend(cls: Any, hip: bool) -> type:
-    """``cls`` with the bridge's option defaults (and, on AMD, its tensor specialization)."""
+def _bridge_backend(cls: Any, pointer_range: bool) -> type:
+    """``cls`` with the bridge's option defaults (and, with ``pointer_range``, the bridge's
+    answer to the pointer-range specialization)."""
     from triton.backends.compiler import BaseBackend
 
     def parse_options(self: Any, options: dict[str, Any]) -> Any:
@@ -181,7 +191,7 @@ def _bridge_backend(cls: Any, hip: bool) -> type:
         return cls.parse_options(self, options)
 
     body: dict[str, Any] = {"parse_options": parse_options}
-    if hip:
+    if pointer_range:
 
         def get_tensor_specialization(arg, **kwargs):
             try:

@@ -1,10 +1,10 @@
 """Compiling one specialization for one target, on a kernel-cache miss.
 
 The bridge drives the backend's stages itself (as Triton's ``compile`` does) instead of calling
-``triton.compile``, so Triton's own on-disk cache is neither read nor written and its 0.3 s
-``triton_key()`` is not paid on a miss. After the LLVM IR stage, absolute source directories in
-the debug information are rewritten to paths relative to the import root, so the PTX ``.file``
-lines, the cubin and the HSACO are the same wherever the sources are checked out.
+``triton.compile``, so Triton's own on-disk cache is neither read nor written and
+``triton_key()`` is not computed on a miss. Invariant: the machine code is the same wherever the
+sources are checked out (after the LLVM IR stage, absolute source directories in the debug
+information are rewritten to paths relative to the import root).
 """
 
 from __future__ import annotations

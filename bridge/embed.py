@@ -2,9 +2,9 @@
 
 - ``inline``: the machine code (cubin or HSACO) in ``TritonKernel.module_image.object_file``.
   jaxlib >= 0.11.1 loads it as is: no ptxas at XLA compile time, no file on ROCm. The ``ptx``
-  field, which jaxlib uses as part of its in-process module-cache key, then holds the real PTX on
-  CUDA (valid for any fallback compile) and a key-derived token on ROCm; both end with the
-  kernel key, so two different binaries never share it.
+  field, which jaxlib uses as part of its in-process module-cache key, then holds the real PTX
+  where the target has PTX (valid for any fallback compile) and a key-derived token elsewhere;
+  both end with the kernel key, so two different binaries never share it.
 - ``ptx``: CUDA PTX text in ``ptx``; jaxlib runs ptxas on it at XLA compile time (every process
   whose JAX cache misses). For jaxlib without module_image. The ``.version`` line is the newest
   PTX ISA the installed jaxlib's ptxas assembles where the code needs nothing newer, else the
@@ -12,7 +12,9 @@
 - ``path``: ROCm HSACO handed over by file path, for jaxlib without module_image (see
   :mod:`bridge.handoff` for how the read-then-delete race is avoided).
 - ``auto`` (default, or ``$KERNELCACHE_EMBED``): ``inline`` where the running jaxlib honours
-  module_image, else ``ptx`` on CUDA and ``path`` on ROCm.
+  module_image, else the vendor's fallback (``ptx`` on CUDA, ``path`` on ROCm).
+
+Which modes a target takes is its descriptor's (:mod:`bridge.vendors`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from kernelcache.process import warn_once
 
-from . import backends, ptxisa, versions
+from . import backends, ptxisa, vendors, versions
 from .errors import EmbedError
 from .settings import EMBED_MODES
 from .targets import Target
@@ -37,7 +39,7 @@ logger = logging.getLogger(__name__)
 MODES = EMBED_MODES
 
 
-def resolve(
+def choose_mode(
     requested: str | None,
     target: Target,
     jaxlib: str | None = None,
@@ -55,20 +57,17 @@ def resolve(
         raise EmbedError(f"embed={requested!r} is not one of {', '.join(MODES)}")
     jaxlib = jaxlib or versions.jaxlib_version()
     modern = versions.honours_module_image(jaxlib)
+    vendor = target.vendor
     if mode == "auto":
-        return "inline" if modern else ("ptx" if target.backend == "cuda" else "path")
-    if mode == "ptx" and target.backend != "cuda":
-        raise EmbedError(f"embed='ptx' is for CUDA; {target} takes 'inline' or 'path'")
-    if mode == "path" and target.backend != "hip":
-        raise EmbedError(f"embed='path' is for ROCm; {target} takes 'inline' or 'ptx'")
+        return "inline" if modern else vendor.fallback_embed
+    if mode not in vendor.embed_modes:
+        takers = " and ".join(v.title for v in vendors.registered() if mode in v.embed_modes)
+        takes = " or ".join(map(repr, vendor.embed_modes))
+        raise EmbedError(f"embed={mode!r} is for {takers}; {target} takes {takes}")
     if mode == "inline" and not modern:
         # honoured as asked: the module may be exported to run under a newer jaxlib
         minimum = ".".join(map(str, versions.MODULE_IMAGE))
-        consequence = (
-            "the PTX in each call is compiled by ptxas at XLA compile time instead"
-            if target.backend == "cuda"
-            else "it would look for a file named by the kernel's token and fail to load it"
-        )
+        consequence = vendor.inline_on_old_jaxlib
         warn_once(
             logger,
             ("embed-inline", target.backend, jaxlib),
@@ -107,6 +106,7 @@ def marked_ptx(ptx: str, key: str) -> str:
     return f"{ptx.rstrip()}\n// kernelcache {key}\n"
 
 
-def hsaco_token(key: str, digest: str) -> str:
-    """The ``ptx`` field of an inline HSACO: a stable token unique to this binary."""
-    return f"kernelcache:hsaco:{key}:{digest}"
+def binary_token(ext: str, key: str, digest: str) -> str:
+    """The ``ptx`` field of inline machine code without PTX (HSACO): a stable token unique to
+    this binary."""
+    return f"kernelcache:{ext}:{key}:{digest}"

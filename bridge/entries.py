@@ -9,7 +9,8 @@ import re
 from typing import Any
 
 from kernelcache import schema
-from kernelcache.target_names import parse_target_name
+
+from .vendors import parse_name
 
 _U32 = (1 << 32) - 1
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -17,8 +18,8 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 def _target(value: Any) -> str | None:
     try:
-        parse_target_name(value)
-    except (ValueError, AttributeError):
+        parse_name(value)
+    except (ValueError, AttributeError, TypeError):
         return f"must be a target name such as cuda:90 or hip:gfx942, not {value!r:.40}"
     return None
 

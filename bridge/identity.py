@@ -1,16 +1,10 @@
-"""The compiler's identity, memoized across processes.
+"""The compiler's identity, memoized across processes (see docs/bridge.md for its cost).
 
-Triton keys its own cache with ``triton_key()``: a sha256 of Triton's version, its Python
-sources and libtriton (~400 MB), about 0.3 s per process. The bridge's identity is a digest of
-the same ingredients (the version and the contents of every file ``triton_key()`` reads) with
-xxh3-128, about a tenth of that: what a process pays on a cold cache. It is stored in the kernel
-cache under a key derived from the *file identity* of the installed Triton: the relative path,
-size and modification time of each of those files. Reinstalling or editing Triton changes that
-fingerprint and the identity is recomputed; an unchanged installation costs a few hundred
-``stat`` calls.
-
-The CUDA backend's identity (``backend.hash()``) runs ``ptxas --version``; it is memoized the
-same way, keyed by the ptxas files Triton would pick.
+The identity digests what Triton's own ``triton_key()`` hashes (Triton's version and the contents
+of every file it reads) with xxh3-128. It is memoized in the kernel cache (:mod:`bridge.memo`)
+under the *file identity* of the installed Triton: the relative path, size and modification time
+of each of those files, so reinstalling or editing Triton recomputes it. A backend whose
+``hash()`` runs ptxas is memoized the same way, keyed by the ptxas files Triton would pick.
 """
 
 from __future__ import annotations
@@ -18,21 +12,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import logging
 import os
 import sysconfig
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .memo import memoized
 from .targets import Target
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
-logger = logging.getLogger(__name__)
-
-#: artifact extension of memoized identities in the kernel cache
-IDENTITY_EXT = "ident"
 _VERSION = 1
 
 
@@ -89,7 +79,7 @@ def triton_fingerprint() -> str:
 
 def triton_digest() -> str:
     """xxh3-128 of Triton's version and of the contents of every file ``triton_key()`` reads
-    (each with its relative path and size): what ``triton_key()`` hashes, ~10x faster."""
+    (each with its relative path and size): what ``triton_key()`` hashes, with a faster hash."""
     import triton
     import xxhash
 
@@ -110,7 +100,8 @@ def triton_digest() -> str:
 
 @functools.cache
 def ptxas_fingerprint(target: Target) -> str:
-    """A digest of what decides the CUDA backend's identity for ``target``: its ptxas files."""
+    """A digest of what decides the identity of a backend whose ``hash()`` runs ptxas, for
+    ``target``: the ptxas files Triton would pick."""
     from triton import knobs
 
     name = "ptxas_blackwell" if int(target.arch) >= 100 else "ptxas"
@@ -124,53 +115,6 @@ def ptxas_fingerprint(target: Target) -> str:
     return hashlib.sha256(doc.encode()).hexdigest()
 
 
-def _memo_key(label: str, fingerprint: str) -> str:
-    return hashlib.sha256(f"bridge-identity:{label}:{fingerprint}".encode()).hexdigest()
-
-
-def lookup(cache: Cache | None, label: str, fingerprint: str) -> str | None:
-    """The value memoized in ``cache`` (or None) under ``(label, fingerprint)``, if any."""
-    if cache is None:
-        return None
-    art = cache.get(_memo_key(label, fingerprint), IDENTITY_EXT)
-    if art is None:
-        return None
-    try:
-        return art.data.decode()
-    except UnicodeDecodeError:
-        return None
-
-
-def remember(cache: Cache | None, label: str, fingerprint: str, value: str) -> None:
-    """Memoize ``value`` in ``cache`` under ``(label, fingerprint)``; failures are logged only."""
-    from kernelcache import CacheError
-
-    if cache is None:
-        return
-    try:
-        cache.put(
-            _memo_key(label, fingerprint),
-            IDENTITY_EXT,
-            value.encode(),
-            {"kind": "identity", "name": label},
-        )
-    except (CacheError, ValueError) as e:
-        logger.debug("cannot memoize the %s identity: %s", label, e)
-
-
-def _memoized(cache: Cache | None, label: str, fingerprint: str, compute: Callable[[], str]) -> str:
-    """``compute()``, stored in ``cache`` under a key derived from ``(label, fingerprint)``.
-
-    Cache failures only cost the recomputation; they are logged, never raised.
-    """
-    known = lookup(cache, label, fingerprint)
-    if known is not None:
-        return known
-    value = compute()
-    remember(cache, label, fingerprint, value)
-    return value
-
-
 _memo: dict[tuple[str, str], str] = {}
 
 
@@ -180,28 +124,19 @@ def triton_identity(cache: Cache | None) -> str:
     fp = triton_fingerprint()
     found = _memo.get(("triton", fp))
     if found is None:
-        found = _memo[("triton", fp)] = _memoized(cache, "triton_files", fp, triton_digest)
+        found = _memo[("triton", fp)] = memoized(cache, "triton_files", fp, triton_digest)
     return found
 
 
 def backend_identity(cache: Cache | None, target: Target, backend: Any) -> str:
-    """``backend.hash()`` for ``target``; on CUDA memoized by the ptxas files' identity."""
-    if target.backend != "cuda":
+    """``backend.hash()`` for ``target``; where it runs ptxas, memoized by the ptxas files'
+    identity."""
+    if not target.vendor.hash_runs_ptxas:
         return str(backend.hash())
     fp = ptxas_fingerprint(target)
     found = _memo.get(("ptxas", fp))
     if found is None:
-        found = _memo[("ptxas", fp)] = _memoized(
+        found = _memo[("ptxas", fp)] = memoized(
             cache, f"backend:{target}", fp, lambda: str(backend.hash())
         )
     return found
-
-
-@functools.lru_cache(maxsize=256)
-def file_digest(path: str, size: int, mtime_ns: int) -> str:
-    """sha256 of a file's content, memoized per process by its identity."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

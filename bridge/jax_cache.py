@@ -35,7 +35,7 @@ def enable_jax_cache(
     import jax
 
     if dir is None:
-        from .artifacts import default_cache
+        from .caches import default_cache
 
         root = Path(default_cache().root)
         dir = root.parent / f"{root.name}-jax"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .call import triton_call
+from .api import triton_call
 from .errors import KernelArgumentError
 from .kernels import decompose
 

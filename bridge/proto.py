@@ -172,7 +172,10 @@ class NvidiaDescriptor(Message):
 
 @_message("TritonKernelCall.Parameter.TensorDescriptor")
 @dataclass(kw_only=True)
-class TensorDescriptor(Message):
+class DescriptorParameter(Message):
+    """A host-side descriptor parameter (jaxlib's ``Parameter.TensorDescriptor``), one member
+    per backend."""
+
     nvidia: NvidiaDescriptor | None = _pb(1, NvidiaDescriptor, oneof="backend")
 
 
@@ -189,7 +192,7 @@ class Parameter(Message):
     u64: int | None = _pb(6, "uint64", oneof="value")
     f32: float | None = _pb(7, "float", oneof="value")
     f64: float | None = _pb(8, "double", oneof="value")
-    tensor_descriptor: TensorDescriptor | None = _pb(9, TensorDescriptor, oneof="value")
+    tensor_descriptor: DescriptorParameter | None = _pb(9, DescriptorParameter, oneof="value")
 
 
 @_message("TritonKernelCall")

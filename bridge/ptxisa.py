@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import identity
+from . import memo
 from .errors import EmbedError
 
 if TYPE_CHECKING:
@@ -255,12 +255,12 @@ def _release(path: str, cache: Cache | None) -> tuple[int, ...] | None:
     fingerprint = _fingerprint(path)
     if fingerprint is None:
         return None
-    known = identity.lookup(cache, "ptxas-release", fingerprint)
+    known = memo.lookup(cache, "ptxas-release", fingerprint)
     if known is not None and re.fullmatch(r"\d+\.\d+\.\d+", known):
         return tuple(int(x) for x in known.split("."))
     release = ptxas_release(path)
     if release is not None:
-        identity.remember(cache, "ptxas-release", fingerprint, ".".join(map(str, release)))
+        memo.remember(cache, "ptxas-release", fingerprint, ".".join(map(str, release)))
     return release
 
 
@@ -300,7 +300,7 @@ def runs_ptxas_executable(plugin_dir: str, cache: Cache | None = None) -> bool:
     fingerprint = _fingerprint(libraries[0], executable=False)
     if fingerprint is None:
         return True
-    known = identity.lookup(cache, "ptxas-stub", fingerprint)
+    known = memo.lookup(cache, "ptxas-stub", fingerprint)
     if known in ("0", "1"):
         return known == "1"
     try:
@@ -308,7 +308,7 @@ def runs_ptxas_executable(plugin_dir: str, cache: Cache | None = None) -> bool:
             stub = m.find(NO_LIBRARY) >= 0
     except (OSError, ValueError):
         return True
-    identity.remember(cache, "ptxas-stub", fingerprint, "1" if stub else "0")
+    memo.remember(cache, "ptxas-stub", fingerprint, "1" if stub else "0")
     return stub
 
 

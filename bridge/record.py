@@ -42,7 +42,10 @@ from kernelcache.jsonio import load_json
 from kernelcache.process import warn_once
 
 if TYPE_CHECKING:
+    from .binding import Bound
     from .settings import BridgeSettings
+    from .targets import Target
+    from .tracing import CallSpec
 
 logger = logging.getLogger(__name__)
 
@@ -265,6 +268,31 @@ def _locate_memo(path: str) -> Located:
 
 
 # -- the record as written ----------------------------------------------------------------
+def build(
+    call: CallSpec, target: Target, key: str, bound: Bound, grid: tuple[int, int, int]
+) -> dict[str, Any]:
+    """The lowering's own fields of the record of one lowered variant (see :func:`complete`
+    for the rest)."""
+    return {
+        "version": RECORD_VERSION,
+        "kernel": call.parts.qualname,
+        "language": call.parts.language,
+        "target": str(target),
+        "key": key,
+        "arguments": plain(dict(call.named)),
+        "kwargs": plain(dict(call.kwargs)),
+        "options": plain(dict(call.options)),
+        "config": bound.variant.description,
+        "variant": {
+            "kwargs": plain(dict(bound.variant.kwargs)),
+            "options": plain(dict(bound.variant.options)),
+        },
+        "signature": plain(dict(bound.signature)),
+        "constexprs": {",".join(map(str, k)): plain(v) for k, v in bound.constexprs.items()},
+        "grid": list(grid),
+    }
+
+
 def _opaque(value: Any) -> bool:
     """Whether a plain value holds something recorded only by its ``repr``."""
     if isinstance(value, list):

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kernelcache.config import Variable, choice, parse_variable, path, register_variables
-from kernelcache.target_names import parse_target_name
+
+from .vendors import parse_name
 
 #: how a compiled kernel rides in jaxlib's custom call (see :mod:`bridge.embed`)
 EMBED_MODES = ("auto", "inline", "ptx", "path")
@@ -20,7 +21,7 @@ EMBED_MODES = ("auto", "inline", "ptx", "path")
 
 def _target(raw: str) -> str:
     value = raw.strip()
-    parse_target_name(value)
+    parse_name(value)
     return value
 
 

@@ -19,12 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import artifacts, backends, binding, keys
-from .artifacts import KernelBinary, Request, entry_metadata
+from . import backends, binding, kernel_fetch, kernel_keys
 from .compile import compile_source
-from .errors import OptionError
+from .errors import BackendUnavailable, OptionError
+from .kernel_fetch import KernelBinary, Request, entry_metadata
 from .kernels import KernelParts
-from .targets import MAX_THREADS_PER_BLOCK, Target
+from .targets import Target
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -48,21 +48,22 @@ class Specialization:
 
     @property
     def ext(self) -> str:
-        """The file extension of the machine code: "cubin" or "hsaco"."""
-        return str(self.backend.binary_ext)
+        """The file extension of the machine code ("cubin", "hsaco", ...)."""
+        return self.target.vendor.binary_ext
 
 
 def check_threads(target: Target, num_warps: int) -> None:
     """Check that ``num_warps`` warps of ``target`` fit in one block.
 
     Raises:
-        OptionError: more than :data:`MAX_THREADS_PER_BLOCK` threads.
+        OptionError: more threads than a block of the target's vendor may have.
     """
     threads = num_warps * target.warp_size
-    if threads > MAX_THREADS_PER_BLOCK:
+    limit = target.vendor.max_threads_per_block
+    if threads > limit:
         raise OptionError(
             f"num_warps={num_warps} on {target} means {threads} threads per block; the limit is "
-            f"{MAX_THREADS_PER_BLOCK}: use num_warps <= {MAX_THREADS_PER_BLOCK // target.warp_size}"
+            f"{limit}: use num_warps <= {limit // target.warp_size}"
         )
 
 
@@ -80,13 +81,21 @@ def specialize(
     Raises:
         KernelArgumentError: the arguments do not fit the kernel.
         OptionError: the variant's options do not fit the target (too many threads).
-        BackendUnavailable: Triton has no backend for ``target``.
+        BackendUnavailable: Triton has no backend for ``target``, or it writes machine code of
+            another kind than the target's descriptor says.
     """
     backend = backends.make_backend(target)
+    if backend.binary_ext != target.vendor.binary_ext:
+        raise BackendUnavailable(
+            f"Triton's {target.vendor.package} backend writes .{backend.binary_ext} files, but "
+            f"the bridge expects .{target.vendor.binary_ext} for {target}"
+        )
     bound = binding.bind(parts, backend, named, variant)
     check_threads(target, int(bound.options.num_warps))
-    src = keys.source(parts.fn, parts.is_gluon, bound.signature, bound.constexprs, bound.attrs)
-    key = keys.kernel_key(cache, target, backend, src, bound.options, parts.language)
+    src = kernel_keys.source(
+        parts.fn, parts.is_gluon, bound.signature, bound.constexprs, bound.attrs
+    )
+    key = kernel_keys.kernel_key(cache, target, backend, src, bound.options, parts.language)
     return Specialization(parts, variant, bound, src, key, target, backend)
 
 
@@ -117,23 +126,23 @@ def specialize_call(
 
 
 def request(spec: Specialization, usable: Usable | None = None) -> Request:
-    """What :mod:`bridge.artifacts` is asked for the kernel of ``spec``: its key, how to
-    compile it and describe the result, (on CUDA) that its PTX is wanted too, and which cached
-    entries will do (``usable``: see :class:`bridge.artifacts.Request`)."""
+    """What :mod:`bridge.kernel_fetch` is asked for the kernel of ``spec``: its key, how to
+    compile it and describe the result, that its PTX is wanted too (where the target has PTX),
+    and which cached entries will do (``usable``: see :class:`bridge.kernel_fetch.Request`)."""
     target, bound = spec.target, spec.bound
     return Request(
         spec.key,
         spec.ext,
         build=functools.partial(compile_source, spec.source, target, spec.backend, bound.options),
         describe=entry_metadata(spec.parts, target, bound),
-        need_ptx=target.backend == "cuda",
+        need_ptx=target.vendor.has_ptx,
         usable=usable,
     )
 
 
 def fetch(spec: Specialization, cache: Cache, usable: Usable | None = None) -> KernelBinary:
     """The kernel of ``spec`` from ``cache``, compiled on a miss (once across the processes
-    sharing the cache); on CUDA with the PTX that produced it (see :func:`bridge.artifacts.fetch`).
+    sharing the cache); on CUDA with the PTX that produced it (see :func:`bridge.kernel_fetch.fetch`).
     An entry whose metadata ``usable`` rejects is compiled again in memory.
     """
     return fetch_many([spec], cache, [usable])[0]
@@ -146,11 +155,13 @@ def fetch_many(
 ) -> list[KernelBinary]:
     """The kernels of ``specs``, in order, the missing ones compiled with work stealing: this
     process compiles those no other process is compiling, then waits for the rest (see
-    :func:`bridge.artifacts.fetch_each`). Each is compiled once across the processes sharing
+    :func:`bridge.kernel_fetch.fetch_each`). Each is compiled once across the processes sharing
     the cache. ``usable[i]``, if given, tells which cached entries will do for ``specs[i]``.
 
     Raises:
         whatever Triton raises for the first kernel that fails to compile.
     """
     checks = list(usable) if usable is not None else [None] * len(specs)
-    return artifacts.fetch_many(cache, [request(s, u) for s, u in zip(specs, checks, strict=True)])
+    return kernel_fetch.fetch_many(
+        cache, [request(s, u) for s, u in zip(specs, checks, strict=True)]
+    )

@@ -18,8 +18,6 @@ FFI_TARGET = "triton_kernel_call_ffi"
 LEGACY_TARGET = "triton_kernel_call"
 #: first jaxlib with the typed-FFI custom call ``triton_kernel_call_ffi`` (api_version 4)
 FFI_CALL = (0, 10, 1)
-#: first jaxlib whose ROCm loader deletes the HSACO file it was handed (after reading it)
-HSACO_DELETED = (0, 9, 1)
 #: first jaxlib whose TritonKernel has module_image (field 11) and global scratch (12, 13), and
 #: whose parameters include host-side TMA descriptors (field 9)
 MODULE_IMAGE = (0, 11, 1)
@@ -55,13 +53,6 @@ def jaxlib_version() -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def jax_version() -> str:
-    import jax
-
-    return jax.__version__
-
-
-@functools.lru_cache(maxsize=1)
 def triton_version() -> str:
     import triton
 
@@ -86,8 +77,3 @@ def has_global_scratch(jaxlib: str | tuple[int, ...]) -> bool:
 def has_tma_descriptors(jaxlib: str | tuple[int, ...]) -> bool:
     """jaxlib takes host-side TMA descriptors (``tensor_descriptor`` parameters, field 9)."""
     return at_least(jaxlib, MODULE_IMAGE)
-
-
-def deletes_hsaco(jaxlib: str | tuple[int, ...]) -> bool:
-    """jaxlib's ROCm loader deletes the HSACO file named in ``ptx`` after reading it."""
-    return at_least(jaxlib, HSACO_DELETED)

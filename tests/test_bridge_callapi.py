@@ -41,7 +41,7 @@ from triton.experimental.gluon import language as gl
 
 import bridge
 import kernelcache
-from bridge import artifacts, proto, tma, versions
+from bridge import kernel_fetch, proto, tma, versions
 from bridge.compile import Compiled
 
 F8 = jax.ShapeDtypeStruct((8,), jnp.float32)
@@ -747,7 +747,7 @@ def test_an_entry_without_what_the_lowering_needs_is_compiled_again(tmp_path, ca
         built.append(1)
         return Compiled(b"new", None, {})
 
-    kb = artifacts.fetch(
+    kb = kernel_fetch.fetch(
         cache,
         key,
         "cubin",
@@ -758,7 +758,7 @@ def test_an_entry_without_what_the_lowering_needs_is_compiled_again(tmp_path, ca
     )
     assert kb.binary == b"new" and kb.meta["tensordesc_meta"] == [] and kb.built and built == [1]
     assert "compiling it again in memory" in caplog.text
-    kb = artifacts.fetch(cache, key, "cubin", build, lambda c: {}, False, usable=lambda m: True)
+    kb = kernel_fetch.fetch(cache, key, "cubin", build, lambda c: {}, False, usable=lambda m: True)
     assert kb.binary == b"old" and built == [1]
 
 

@@ -20,7 +20,8 @@ import kernelcache
 from bridge import call as bridge_call
 from bridge import compile as bridge_compile
 from bridge import proto, versions
-from bridge.keys import derived_key
+from bridge import record as bridge_record
+from bridge.kernel_keys import derived_key
 from examples import kernels as K
 from examples import ops
 
@@ -708,8 +709,8 @@ def test_record_listener_sees_plain_dicts(cache, tmp_path, monkeypatch):
 
 def test_records_are_built_only_where_they_go(cache, monkeypatch):
     built = []
-    real = bridge_call._record
-    monkeypatch.setattr(bridge_call, "_record", lambda *a: built.append(1) or real(*a))
+    real = bridge_record.build
+    monkeypatch.setattr(bridge_record, "build", lambda *a: built.append(1) or real(*a))
     monkeypatch.delenv("KERNELCACHE_RECORD", raising=False)
     fn = lambda x, y: ops.add(x, y, block=512, target="cuda:90", cache=cache)  # noqa: E731
     decoded(fn, F32, F32)

@@ -519,7 +519,7 @@ def our_descriptor_call() -> proto.TritonKernelCall:
         kernel=our_kernel("k", 4, 1, 0, "// ptx", 90),
         grid_0=1,
         parameters=[
-            proto.Parameter(tensor_descriptor=proto.TensorDescriptor(nvidia=tensor)),
+            proto.Parameter(tensor_descriptor=proto.DescriptorParameter(nvidia=tensor)),
             *(proto.Parameter(i32=v) for v in (64, 32)),
             *(proto.Parameter(i64=v) for v in (32, 1)),
             proto.Parameter(array=proto.Array(ptr_divisibility=16)),

@@ -129,8 +129,8 @@ def test_fields_outside_the_launch_set_may_change(root):
 def test_the_bridge_is_handed_only_covered_fields(tmp_path):
     """What the bridge lowers a cached kernel from (``KernelBinary.meta``) holds only fields
     the entry digest covers, on a build and on a hit."""
-    from bridge.artifacts import fetch
     from bridge.compile import Compiled
+    from bridge.kernel_fetch import fetch
     from kernelcache.schema import STORE_COVERED, covered_fields
 
     covered = set(STORE_COVERED) | covered_fields()

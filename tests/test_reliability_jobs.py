@@ -82,8 +82,8 @@ def test_waiters_find_the_ptx_companion_the_builder_stored(tmp_path):
     """A process that waited for the builder of a CUDA kernel finds the binary *and* its PTX:
     the companion is stored before the binary, under the build lock (it used to be stored
     after the lock was released, and a waiter that came in between compiled again)."""
-    from bridge.artifacts import fetch
     from bridge.compile import Compiled
+    from bridge.kernel_fetch import fetch
 
     root = tmp_path / "kernels"
     builds: list[int] = []

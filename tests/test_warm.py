@@ -588,9 +588,9 @@ def test_main_job_warms_the_examples_for_nvidia_and_amd_into_the_default_root(tm
 def test_a_job_binds_and_keys_only_its_own_variant(tmp_path, monkeypatch):
     """Compiling a job of an autotuned call specializes that variant, not every config."""
     import kernelcache
-    from bridge import keys, parse_target
+    from bridge import kernel_keys, parse_target
     from bridge.warm import load_manifest
-    from bridge.warm.plan import make_plan, resolve, specializations
+    from bridge.warm.plan import kernel_parts, make_plan, specializations
     from bridge.warm.pool import execute
 
     cache = kernelcache.Cache(root=tmp_path / "root")
@@ -600,13 +600,13 @@ def test_a_job_binds_and_keys_only_its_own_variant(tmp_path, monkeypatch):
     tuned = [j for j in plan.jobs if j.call.kernel.endswith(":matmul_kernel")]
     assert len(tuned) > 1
     keyed = []
-    real = keys.kernel_key
-    monkeypatch.setattr(keys, "kernel_key", lambda *a: keyed.append(1) or real(*a))
+    real = kernel_keys.kernel_key
+    monkeypatch.setattr(kernel_keys, "kernel_key", lambda *a: keyed.append(1) or real(*a))
     outcomes = execute(tuned, 1, cache, lambda n: None)
     assert [o.status for o in outcomes] == ["compiled"] * len(tuned)
     assert len(keyed) == len(tuned)
     # the variant a job names is the one planning keyed
-    specs = specializations(tuned[0].call, resolve(tuned[0].call), target, cache)
+    specs = specializations(tuned[0].call, kernel_parts(tuned[0].call), target, cache)
     assert [specs[j.index].key for j in tuned] == [j.key for j in tuned]
 
 

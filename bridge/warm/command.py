@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from kernelcache import CacheError, Store
 
 from .. import backends, binding
-from ..artifacts import as_cache
+from ..caches import as_cache
 from ..compile import output_to_stderr
 from ..errors import BridgeError, KernelArgumentError
 from ..kernels import decompose
@@ -38,7 +38,7 @@ from .pool import CRASHED, can_fork, default_workers, execute
 from .report import WarmProblem, WarmReport, merged
 
 if TYPE_CHECKING:
-    from ..artifacts import CacheArg
+    from ..caches import CacheArg
 
 logger = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..artifacts import PTX_EXT, ptx_pairs
 from ..backends import check_options
 from ..binding import expand_variants
 from ..errors import BridgeError, KernelArgumentError
+from ..kernel_fetch import PTX_EXT, ptx_pairs
+from ..kernel_keys import derived_key
 from ..kernels import KernelParts, decompose
-from ..keys import derived_key
 from ..record import source_digest
 from ..specialize import Specialization, specialize, specialize_call
 from ..targets import Target
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from kernelcache import Cache
 
 
-def resolve(call: RecordedCall) -> KernelParts:
+def kernel_parts(call: RecordedCall) -> KernelParts:
     """The kernel ``call`` names, imported and taken apart.
 
     Raises:
@@ -73,8 +73,8 @@ def specialization(
 def present(cache: Cache, key: str, ext: str, need_ptx: bool) -> str | None:
     """The layer ("local" or "readonly") that already holds a usable ``key``, or None.
 
-    Usable means what a lowering needs without compiling: the verified binary and, on CUDA,
-    the PTX whose digest its metadata names. Nothing is counted as a hit or a miss.
+    Usable means what a lowering needs without compiling: the verified binary and, with
+    ``need_ptx`` (a target with PTX), the PTX whose digest its metadata names. Nothing is counted as a hit or a miss.
     """
     from kernelcache import Artifact
 
@@ -185,7 +185,7 @@ def make_plan(
     readonly = tuple(str(s.root) for s in cache.readonly)
     for call in loaded.calls:
         try:
-            parts = resolve(call)
+            parts = kernel_parts(call)
         except KernelArgumentError as e:
             kind = "not-importable" if call.problem else "missing-kernel"
             detail = f"{call.problem} ({e})" if call.problem else str(e)
@@ -236,7 +236,7 @@ def make_plan(
                     continue  # another call has the same specialization
                 seen.add((spec.key, str(target)))
                 config, ext = spec.variant.description, spec.ext
-                layer = present(cache, spec.key, ext, target.backend == "cuda")
+                layer = present(cache, spec.key, ext, target.vendor.has_ptx)
                 if layer is not None:
                     outcomes.append(
                         WarmOutcome(

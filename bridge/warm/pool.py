@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..artifacts import KernelBinary, Request, fetch_each
 from ..compile import Compiled
+from ..kernel_fetch import KernelBinary, Request, fetch_each
 from ..specialize import Specialization, request
 from ..targets import parse_target
-from .plan import Job, present, resolve, specialization
+from .plan import Job, kernel_parts, present, specialization
 from .report import WarmOutcome
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def _worker_cache(root: str, readonly: tuple[str, ...]) -> Cache:
 def _prepare(job: Job, cache: Cache) -> Specialization | str:
     """The specialization of ``job``, re-bound in this process; or why it cannot be compiled."""
     try:
-        parts = resolve(job.call)
+        parts = kernel_parts(job.call)
         spec = specialization(job.call, parts, parse_target(job.target), cache, job.index)
     except Exception as e:  # a kernel that no longer binds is a reported failure, not a crash
         return f"{type(e).__name__}: {e}".strip()
@@ -142,7 +142,7 @@ def _outcome(
         return outcome("failed", message)
     if text:
         logger.info("while compiling %s for %s:\n%s", job.call.kernel, job.target, text)
-    if present(cache, spec.key, spec.ext, spec.target.backend == "cuda") is None:
+    if present(cache, spec.key, spec.ext, spec.target.vendor.has_ptx) is None:
         return outcome(
             "failed",
             f"compiled, but the kernel could not be stored under {cache.root}"
@@ -179,7 +179,7 @@ def compile_jobs(
 ) -> list[WarmOutcome]:
     """Fetch or compile ``jobs`` in this process, with work stealing: first every kernel that
     no other process is compiling, then the others as their compilers finish (taking over from
-    a compiler that died; see :func:`bridge.artifacts.fetch_each`). Calls ``progress(1)`` as
+    a compiler that died; see :func:`bridge.kernel_fetch.fetch_each`). Calls ``progress(1)`` as
     each job finishes. A job's seconds: its compile, else the time until its kernel was there.
     """
     started = time.monotonic()

@@ -1,4 +1,6 @@
-"""Kernels in the kernel cache: one entry per kernel key, the PTX beside it on CUDA.
+"""Fetching compiled kernels from the kernel cache, compiling them on a miss.
+
+One entry per kernel key, the PTX beside it where the target has PTX (CUDA).
 
 The machine code (``<key>.cubin`` / ``<key>.hsaco``) is the entry; its metadata records the
 kernel name, launch geometry, shared memory, scratch sizes, target and producer versions, and,
@@ -14,58 +16,25 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 from .compile import Compiled
-from .keys import derived_key
+from .kernel_keys import derived_key
 from .record import plain
 from .versions import triton_version
 
 if TYPE_CHECKING:
     from kernelcache import Artifact, Cache
-    from kernelcache.config import Settings
 
     from .binding import Bound
     from .kernels import KernelParts
     from .targets import Target
 
-    #: what callers may pass as a cache: a Cache, a cache root directory, or None (the default)
-    CacheArg: TypeAlias = Cache | str | os.PathLike[str] | None
-
 logger = logging.getLogger(__name__)
 
 PTX_EXT = "ptx"
-_default: dict[Settings, Cache] = {}
-_default_lock = threading.Lock()
-
-
-def default_cache(cfg: Settings | None = None) -> Cache:
-    """The process's kernel cache configured from the environment (one per configuration;
-    ``cfg`` is a ``kernelcache.config.settings()`` snapshot, read now when None)."""
-    import kernelcache
-    from kernelcache.config import settings
-
-    cfg = cfg or settings()
-    with _default_lock:
-        cache = _default.get(cfg)
-        if cache is None:
-            cache = _default[cfg] = kernelcache.Cache()
-        return cache
-
-
-def as_cache(cache: CacheArg, cfg: Settings | None = None) -> Cache:
-    """``cache`` as a kernelcache.Cache: None for the default, or a root directory path."""
-    if cache is None:
-        return default_cache(cfg)
-    if isinstance(cache, (str, os.PathLike)):
-        import kernelcache
-
-        return kernelcache.Cache(root=cache)
-    return cache
 
 
 @dataclass(frozen=True)

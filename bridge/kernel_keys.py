@@ -1,26 +1,26 @@
-"""The kernel key: computed without compiling, from everything that decides the binary.
+"""Kernel keys: computed without compiling, from everything that decides the binary.
 
 Ingredients, all Triton's own: the compiler's identity (what ``triton_key()`` hashes, digested
 with xxh3 and memoized across processes: see :mod:`bridge.identity`), the source hash of the
 kernel with its dependencies and specialization (``ASTSource.hash()``: ``fn.cache_key``,
-signature, constexprs, attributes), the backend's
-identity (``backend.hash()``: target and, on CUDA, the ptxas version), the options (every field
-of the parsed options; extern libraries by content, not path), and the environment variables
-Triton declares cache-invalidating. Plus the language (Triton or Gluon), the target and the
-version of the bridge's own compile pipeline.
+signature, constexprs, attributes), the backend's identity (``backend.hash()``: the target and,
+on CUDA, the ptxas version), the options (every field of the parsed options; extern libraries by
+content, not path), and the environment variables Triton declares cache-invalidating. Plus the
+language (Triton or Gluon), the target and the version of the bridge's own compile pipeline.
 
-The same call in any process on any machine with the same software gets the same key; any
-change that can change the binary changes it.
+Invariants: the same call in any process on any machine with the same software gets the same
+key; any change that can change the binary changes it.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from .identity import backend_identity, file_digest, triton_identity
+from .identity import backend_identity, triton_identity
 from .targets import Target
 
 if TYPE_CHECKING:
@@ -28,6 +28,16 @@ if TYPE_CHECKING:
 
 #: bump when the bridge's compile pipeline changes its output for the same inputs
 PIPELINE_VERSION = "bridge-pipeline-1"
+
+
+@functools.lru_cache(maxsize=256)
+def file_digest(path: str, size: int, mtime_ns: int) -> str:
+    """sha256 of a file's content, memoized per process by its identity."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def options_digest(options: Any) -> str:

@@ -1,0 +1,363 @@
+"""The two calling conventions of ``triton_call``: where a call's outputs go.
+
+The keyword that describes the outputs chooses the convention:
+
+- ``out_shape=`` (jax-triton 0.3 and the ROCm fork): inputs are positional (keywords naming
+  parameters allowed); the output pointers are the parameters right after the positional
+  arguments, or those ``out_names=`` / the keys of a dict ``out_shape`` name.
+  ``input_output_aliases`` maps an input *array* index (or parameter name) to an output index
+  (or name), the output keeping its own parameter; a list names inputs updated in place.
+- ``out_type=`` (jax-triton 0.4): arguments bind to the signature like a Python call
+  (positionally and by keyword, in any order); the outputs, a pytree, fill the non-constexpr
+  parameters no argument fills, in declaration order. ``input_output_aliases`` maps an index of
+  the *flattened* operands (non-constexpr parameters in declaration order, tuples flattened,
+  scalars counted) to an index of the flattened outputs, and an aliased output has no parameter:
+  the kernel writes through the input's pointer.
+
+Each gives a :class:`Plan`: arguments and outputs by parameter, and how the results become what
+the caller gets back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from .arguments import Inputs, leaf_arrays
+from .binding import ArgArray
+from .errors import KernelArgumentError
+from .kernels import KernelParts
+
+
+def _operand_leaves(value: Any) -> list[Any]:
+    """The leaves of a converted argument as jax-triton 0.4 counts operands: arrays, scalars
+    and descriptors one each, tuples flattened, None none."""
+    if value is None:
+        return []
+    if isinstance(value, tuple):
+        return [x for v in value for x in _operand_leaves(v)]
+    return [value]
+
+
+def _param_index(parts: KernelParts, ref: Any, what: str) -> str:
+    names = parts.arg_names
+    if isinstance(ref, str):
+        if ref not in names:
+            raise KernelArgumentError(
+                f"{what} {ref!r} is not a parameter of {parts.qualname} ({', '.join(names)})"
+            )
+        return ref
+    if isinstance(ref, (int, np.integer)) and 0 <= int(ref) < len(names):
+        return names[int(ref)]
+    raise KernelArgumentError(
+        f"{what} {ref!r} is not a parameter name or index of {parts.qualname}"
+    )
+
+
+def _is_struct(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _name_of(named: Mapping[str, Any], arr: ArgArray) -> str:
+    for n, v in named.items():
+        if v is arr or (isinstance(v, tuple) and arr in leaf_arrays(v)):
+            return n
+    return ""
+
+
+@dataclass
+class Plan:
+    """What a convention decides: arguments and outputs by parameter, buffers updated in place,
+    and how the results become what the caller gets back."""
+
+    named: dict[str, Any]  # every argument given and every output, by parameter name
+    kwargs: dict[str, Any]  # kernel parameters the caller pinned
+    outputs: list[ArgArray]  # output parameters (in the order of their slots)
+    initial: dict[int, ArgArray]  # id(output) -> the input whose value it starts from
+    inplace: list[ArgArray]  # inputs the kernel updates in place (each gets a result)
+    visible: list[ArgArray]  # the caller's results, flat
+    rebuild: Callable[[list[Any]], Any]  # flat results -> what triton_call returns
+    zero_targets: list[ArgArray]  # what an integer in zeroed_outputs names
+
+
+def _outputs_03(
+    parts: KernelParts, n_args: int, out_shape: Any, out_names: Any
+) -> tuple[list[str], list[Any], Callable[[list[Any]], Any]]:
+    """Output parameter names, their shapes, and how to rebuild the caller's structure."""
+    names = parts.arg_names
+    if isinstance(out_shape, Mapping):
+        keys_ = [_param_index(parts, k, "out_shape key") for k in out_shape]
+        if out_names is not None:
+            given = [out_names] if isinstance(out_names, (str, int)) else list(out_names)
+            if {_param_index(parts, n, "out_names entry") for n in given} != set(keys_):
+                raise KernelArgumentError(
+                    "out_names and the keys of out_shape name different parameters"
+                )
+        shapes = list(out_shape.values())
+        return keys_, shapes, lambda outs: dict(zip(keys_, outs, strict=True))
+    leaves, tree = jax.tree_util.tree_flatten(out_shape, is_leaf=_is_struct)
+    if any(not _is_struct(leaf) for leaf in leaves):
+        raise KernelArgumentError(
+            "out_shape must hold objects with .shape and .dtype (e.g. jax.ShapeDtypeStruct)"
+        )
+    if out_names is not None:
+        given = [out_names] if isinstance(out_names, (str, int)) else list(out_names)
+        outs = [_param_index(parts, n, "out_names entry") for n in given]
+        if len(outs) != len(leaves):
+            raise KernelArgumentError(
+                f"out_names names {len(outs)} output(s) but out_shape describes {len(leaves)}"
+            )
+    else:
+        if n_args + len(leaves) > len(names):
+            raise KernelArgumentError(
+                f"{parts.qualname} has {len(names)} parameters ({', '.join(names)}); "
+                f"{n_args} positional argument(s) and {len(leaves)} output(s) do not fit. "
+                "Outputs follow the positional arguments unless out_names= or a dict out_shape= "
+                "names them (or write out_type=, jax-triton 0.4's convention: outputs fill the "
+                "parameters no argument fills)"
+            )
+        outs = names[n_args : n_args + len(leaves)]
+    if len(set(outs)) != len(outs):
+        raise KernelArgumentError(f"an output parameter is named twice: {outs}")
+    for p in parts.fn.params:
+        if p.name in outs and p.is_constexpr:
+            raise KernelArgumentError(
+                f"output {p.name} of {parts.qualname} is a tl.constexpr: outputs are pointer "
+                "parameters. With out_shape= (jax-triton 0.3) outputs follow the positional "
+                "arguments unless out_names= or a dict out_shape= names them; with out_type= "
+                "(jax-triton 0.4) they fill the parameters no argument fills"
+            )
+    return outs, leaves, lambda flat: jax.tree_util.tree_unflatten(tree, flat)
+
+
+def plan_03(
+    parts: KernelParts,
+    inputs: Inputs,
+    args: Sequence[Any],
+    kernel_kwargs: Mapping[str, Any],
+    out_shape: Any,
+    out_names: Any,
+    input_output_aliases: Any,
+) -> Plan:
+    """The jax-triton 0.3 convention (``out_shape=``; see the module docstring)."""
+    names = parts.arg_names
+    out_params, out_structs, rebuild = _outputs_03(parts, len(args), out_shape, out_names)
+    in_params = [n for n in names if n not in out_params]
+    if len(args) > len(in_params):
+        raise KernelArgumentError(
+            f"{parts.qualname} takes {len(in_params)} input argument(s) ({', '.join(in_params)}) "
+            f"besides its output(s) {', '.join(out_params)}; {len(args)} were given"
+        )
+    given: dict[str, Any] = dict(zip(in_params, args, strict=False))
+    for key in kernel_kwargs:
+        if key in out_params:
+            raise KernelArgumentError(f"{key} is an output of {parts.qualname}: do not pass it")
+        if key in given:
+            raise KernelArgumentError(
+                f"{parts.qualname} got {key} both by position and by keyword (multiple values "
+                f"for argument '{key}')"
+            )
+    named: dict[str, Any] = {}
+    outputs: dict[str, ArgArray] = {}
+    for n in names:
+        if n in out_params:
+            s = out_structs[out_params.index(n)]
+            outputs[n] = named[n] = ArgArray(s.shape, s.dtype, ("out", out_params.index(n)))
+        elif n in given or n in kernel_kwargs:
+            named[n] = inputs.convert(given[n] if n in given else kernel_kwargs[n], n)
+    kwargs = {k: named[k] for k in kernel_kwargs}
+
+    # roles of input arrays: an output's initial value (dict form) or updated in place (list)
+    initial: dict[int, ArgArray] = {}
+    inplace: list[ArgArray] = []
+    if isinstance(input_output_aliases, Mapping):
+        for src, dst in input_output_aliases.items():
+            if isinstance(src, str):
+                found = leaf_arrays(named.get(_param_index(parts, src, "input_output_aliases key")))
+                if len(found) != 1:
+                    raise KernelArgumentError(f"input_output_aliases: {src} is not one input array")
+                arr = found[0]
+            elif isinstance(src, (int, np.integer)) and 0 <= int(src) < len(inputs.arrays):
+                arr = inputs.arrays[int(src)]
+            else:
+                raise KernelArgumentError(
+                    f"input_output_aliases key {src!r}: use the index of an input array "
+                    f"(0..{len(inputs.arrays) - 1}) or an input parameter name"
+                )
+            out = (
+                dst
+                if isinstance(dst, str)
+                else (out_params[int(dst)] if 0 <= int(dst) < len(out_params) else None)
+            )
+            if out not in outputs:
+                raise KernelArgumentError(f"input_output_aliases value {dst!r} is not an output")
+            o = outputs[out]
+            if (o.shape, o.jax_dtype) != (arr.shape, arr.jax_dtype):
+                raise KernelArgumentError(
+                    f"input_output_aliases: output {out} {o} cannot alias input {arr}: shapes and "
+                    "dtypes must match"
+                )
+            if arr in initial.values():
+                raise KernelArgumentError(f"input_output_aliases: {arr} is aliased twice")
+            initial[id(o)] = arr
+    elif input_output_aliases:
+        refs = input_output_aliases
+        if isinstance(refs, (str, int)):
+            refs = [refs]
+        for ref in refs:
+            found = leaf_arrays(named.get(_param_index(parts, ref, "input_output_aliases entry")))
+            if not found:
+                raise KernelArgumentError(f"input_output_aliases: {ref!r} is not an input array")
+            inplace.extend(a for a in found if a not in inplace)
+    out_list = [outputs[n] for n in out_params]
+    n_regular = len(out_list)
+    visible = out_list + list(inplace)
+
+    def finish(flat: list[Any]) -> Any:
+        regular = rebuild(flat[:n_regular])
+        extras = flat[n_regular:]
+        if not extras:
+            return regular
+        if isinstance(regular, dict):
+            return {
+                **regular,
+                **{_name_of(named, a): x for a, x in zip(inplace, extras, strict=True)},
+            }
+        if not n_regular:
+            return extras[0] if len(extras) == 1 else tuple(extras)
+        head = regular if isinstance(regular, tuple) else (regular,)
+        return (*head, *extras)
+
+    return Plan(named, kwargs, out_list, initial, inplace, visible, finish, list(out_list))
+
+
+def plan_04(
+    parts: KernelParts,
+    inputs: Inputs,
+    args: Sequence[Any],
+    kernel_kwargs: Mapping[str, Any],
+    out_type: Any,
+    input_output_aliases: Any,
+) -> Plan:
+    """The jax-triton 0.4 convention (``out_type=``; see the module docstring).
+
+    Non-constexpr parameters with a default: when the outputs do not fill every parameter no
+    argument fills, they fill those without a default, and the others keep their defaults
+    (jax-triton 0.4 then raises). Missing constexprs take their defaults (Triton's binder).
+    """
+    names = parts.arg_names
+    constexpr = {p.name for p in parts.fn.params if p.is_constexpr}
+    has_default = {p.name for p in parts.fn.params if p.has_default}
+    if len(args) > len(names):
+        raise KernelArgumentError(
+            f"{parts.qualname} takes {len(names)} positional arguments but {len(args)} were "
+            "given (outputs are not passed: out_type= describes them)"
+        )
+    bound: dict[str, Any] = dict(zip(names, args, strict=False))
+    for key, value in kernel_kwargs.items():
+        if key in bound:
+            raise KernelArgumentError(
+                f"{parts.qualname} got multiple values for argument '{key}' (by position and by "
+                "keyword)"
+            )
+        bound[key] = value
+    leaves, tree = jax.tree_util.tree_flatten(out_type)
+    if any(not _is_struct(leaf) for leaf in leaves):
+        raise KernelArgumentError(
+            "out_type must be a pytree of objects with .shape and .dtype (jax.ShapeDtypeStruct, "
+            "jax.typeof(x), arrays)"
+        )
+    structs = [(tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in leaves]
+    named: dict[str, Any] = {}
+    for n in names:
+        if n in bound:
+            named[n] = inputs.convert(bound[n], n)
+    operands = [
+        x for n in names if n in named and n not in constexpr for x in _operand_leaves(named[n])
+    ]
+
+    if input_output_aliases is None:
+        input_output_aliases = {}
+    if not isinstance(input_output_aliases, Mapping):
+        raise KernelArgumentError(
+            "with out_type=, input_output_aliases is a dict {flattened operand index: flattened "
+            "output index} (jax-triton 0.4); pass refs (jax.new_ref) for buffers updated in place"
+        )
+    if input_output_aliases and inputs.refs:
+        raise KernelArgumentError(
+            "input_output_aliases cannot be combined with Ref arguments. Refs express "
+            "input/output aliasing implicitly"
+        )
+    alias_out: dict[int, ArgArray] = {}
+    for i, j in input_output_aliases.items():
+        if not isinstance(i, (int, np.integer)) or not 0 <= int(i) < len(operands):
+            raise KernelArgumentError(
+                f"input_output_aliases key {i!r}: with out_type= it is an index into the "
+                f"{len(operands)} flattened operands (non-constexpr parameters in declaration "
+                "order, tuples flattened, scalars counted)"
+            )
+        if not isinstance(j, (int, np.integer)) or not 0 <= int(j) < len(structs):
+            raise KernelArgumentError(
+                f"input_output_aliases value {j!r} is not an index into the {len(structs)} "
+                "flattened outputs of out_type"
+            )
+        leaf = operands[int(i)]
+        arr = leaf_arrays(leaf)
+        if len(arr) != 1:
+            raise KernelArgumentError(
+                f"input_output_aliases: operand {i} is {leaf!r}, not an array: only arrays can "
+                "be aliased to outputs"
+            )
+        if int(j) in alias_out:
+            raise KernelArgumentError("input_output_aliases must be a bijection")
+        if arr[0] in alias_out.values():
+            raise KernelArgumentError(f"input_output_aliases: operand {i} is aliased twice")
+        if (arr[0].shape, arr[0].jax_dtype) != structs[int(j)]:
+            raise KernelArgumentError(
+                f"input_output_aliases: output {j} {structs[int(j)]} cannot alias operand {i} "
+                f"{arr[0]}: shapes and dtypes must match"
+            )
+        alias_out[int(j)] = arr[0]
+
+    missing = [n for n in names if n not in constexpr and n not in bound]
+    n_out = len(structs) - len(alias_out)
+    if len(missing) != n_out:
+        required = [n for n in missing if n not in has_default]
+        if len(required) != n_out:
+            raise KernelArgumentError(
+                f"out_type has {n_out} unaliased outputs, but {len(missing)} kernel parameters "
+                f"are missing an argument ({', '.join(missing) or 'none'}) in {parts.qualname}: "
+                "outputs fill the non-constexpr parameters no argument fills, in declaration "
+                "order; aliased outputs take no parameter"
+            )
+        missing = required
+    free = iter(j for j in range(len(structs)) if j not in alias_out)
+    visible: list[ArgArray | None] = [None] * len(structs)
+    outputs: list[ArgArray] = []
+    for n in missing:
+        j = next(free)
+        a = ArgArray(structs[j][0], structs[j][1], ("out", j))
+        named[n] = visible[j] = a
+        outputs.append(a)
+    inplace = []
+    for j, src in sorted(alias_out.items()):
+        visible[j] = src
+        inplace.append(src)
+    order = {n: i for i, n in enumerate(names)}
+    named = dict(sorted(named.items(), key=lambda item: order[item[0]]))
+    kwargs = {n: named[n] for n in names if n in bound and (n in kernel_kwargs or n in constexpr)}
+    flat = [a for a in visible if a is not None]
+    return Plan(
+        named,
+        kwargs,
+        outputs,
+        {},
+        inplace,
+        flat,
+        lambda results: jax.tree_util.tree_unflatten(tree, results),
+        list(flat),
+    )

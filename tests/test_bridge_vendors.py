@@ -1,0 +1,165 @@
+"""Vendor descriptors: what differs by vendor is data of one descriptor, so a third vendor is one
+descriptor away, and one Triton has no backend for fails clearly instead of passing for CUDA or
+HIP."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from bridge_helpers import decoded
+
+import bridge
+from bridge import backends, embed, vendors, warm
+from bridge.call import lower_call, triton_call_p
+from bridge.targets import Target, max_shared_memory, parse_target
+from bridge.vendors import AMD, NVIDIA, Vendor
+from examples import ops
+
+REPO = Path(__file__).resolve().parent.parent
+F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
+
+#: a vendor the bridge does not ship and Triton has no backend for (Intel's GPUs)
+XPU = Vendor(
+    name="xpu",
+    package="intel",
+    platform="xpu",
+    maker="Intel",
+    title="XPU",
+    grammar=re.compile(r"xpu[:_]?(pvc|bmg)"),
+    name_form="xpu:<device>",
+    examples=("xpu:pvc",),
+    install_hint="install Triton's Intel XPU backend",
+    options_class="XPUOptions",
+    probe_arch="pvc",
+    binary_ext="spv",
+    has_ptx=False,
+    embed_modes=("inline",),
+    fallback_embed="inline",
+    inline_on_old_jaxlib="it cannot load the kernel",
+    warp_size_default=16,
+    jaxlib_threads_per_warp=16,
+    max_threads_per_block=1024,
+    hash_runs_ptxas=False,
+    pointer_range_specialization=False,
+    shared_memory={},
+)
+
+
+@pytest.fixture
+def xpu() -> Iterator[Vendor]:
+    vendors.register(XPU)
+    try:
+        yield XPU
+    finally:
+        vendors.unregister(XPU)
+        backends.option_names.cache_clear()
+
+
+def test_a_registered_vendor_names_targets(xpu):
+    target = parse_target("XPU:PVC")
+    assert target == Target("xpu", "pvc", 16) and str(target) == "xpu:pvc"
+    assert parse_target(str(target)) == target
+    assert target.vendor is xpu and target.platform == "xpu"
+    assert target.runs_on(parse_target("xpu_pvc")) and not target.runs_on(parse_target("xpu:bmg"))
+    assert not target.runs_on(parse_target("cuda:90"))
+    assert parse_target("cuda:90").vendor is NVIDIA and parse_target("hip:gfx942").vendor is AMD
+    with pytest.raises(bridge.TargetError, match=r"or xpu:<device>, e\.g\. .*xpu:pvc"):
+        parse_target("xpu:a770")
+
+
+def test_the_fake_vendor_is_never_cuda_or_hip(xpu):
+    target = parse_target("xpu:bmg")
+    assert max_shared_memory(target) is None
+    assert embed.choose_mode("auto", target, "0.10.0") == "inline"
+    with pytest.raises(bridge.EmbedError, match=r"embed='ptx' is for CUDA; xpu:bmg takes 'inline'"):
+        embed.choose_mode("ptx", target, "0.11.2")
+    with pytest.raises(bridge.EmbedError, match=r"embed='path' is for ROCm"):
+        embed.choose_mode("path", target, "0.11.2")
+    with pytest.raises(bridge.TargetError, match=r"is a xpu target, but .* lowered for cuda"):
+        decoded(lambda x, y: ops.add(x, y, target="xpu:pvc"), F32, F32)
+
+
+def test_compiling_for_a_vendor_without_a_triton_backend_says_what_is_missing(xpu, tmp_path):
+    root = tmp_path / "root"
+    missing = r"no 'intel' backend \(triton/backends/intel is missing; .*Intel XPU backend"
+    with pytest.raises(bridge.BackendUnavailable, match=missing):
+        backends.make_backend(parse_target("xpu:pvc"))
+    record = json.loads((REPO / "examples" / "manifest.jsonl").read_text().splitlines()[0])
+    with pytest.raises(bridge.BackendUnavailable, match=missing):
+        warm.compile_record(record, "xpu:pvc", cache=str(root))
+    jaxpr = jax.make_jaxpr(lambda x, y: ops.add(x, y, target="xpu:pvc", cache=str(root)))(F32, F32)
+    (eqn,) = [e for e in jaxpr.eqns if e.primitive is triton_call_p]
+    with pytest.raises(bridge.BackendUnavailable, match=missing):
+        lower_call(eqn.params["call"], "xpu")
+    assert not [p for p in root.rglob("*") if p.is_file()]  # nothing cached, under any name
+
+
+def test_a_platform_belongs_to_one_vendor(xpu):
+    twin = Vendor(**{**vars(XPU), "name": "xpu2"})
+    with pytest.raises(ValueError, match="platform 'xpu' belongs to xpu"):
+        vendors.register(twin)
+    assert vendors.by_platform("xpu") is xpu and vendors.by_platform("metal") is None
+    with pytest.raises(bridge.TargetError, match="unknown GPU backend 'xpu2'"):
+        Target("xpu2", "pvc", 16)
+
+
+def test_descriptors_pickle_as_the_registered_one():
+    import pickle
+
+    target = parse_target("hip:gfx950")
+    assert pickle.loads(pickle.dumps(target)) == target
+    assert pickle.loads(pickle.dumps(target)).vendor is AMD
+
+
+@pytest.mark.parametrize(
+    "target, limit",
+    [
+        ("cuda:80", 166912),
+        ("cuda:86", 101376),
+        ("cuda:87", 166912),
+        ("cuda:89", 101376),
+        ("cuda:90", 232448),
+        ("cuda:100", 232448),
+        ("cuda:120", 101376),
+        ("hip:gfx90a", 65536),
+        ("hip:gfx942", 65536),
+        ("hip:gfx950", 163840),
+        ("cuda:75", None),
+        ("hip:gfx1100", None),
+    ],
+)
+def test_shared_memory_per_block(target, limit):
+    assert max_shared_memory(parse_target(target)) == limit
+
+
+#: a backend, vendor or platform name compared with a string literal
+_COMPARISON = re.compile(
+    r"""(==|!=|\bin\s*[(\[{])\s*["'](cuda|hip|rocm|nvidia|amd)["']"""
+    r"""|["'](cuda|hip|rocm|nvidia|amd)["']\s*(==|!=|\bin\b)"""
+)
+
+
+def test_only_the_vendor_module_compares_vendor_names():
+    found = [
+        f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+        for path in sorted((REPO / "bridge").rglob("*.py"))
+        if path.name != "vendors.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if _COMPARISON.search(line)
+    ]
+    assert not found, "compare the target's descriptor instead:\n" + "\n".join(found)
+    platforms = {v.platform for v in vendors.registered()}
+    assert {"cuda", "rocm"} <= platforms
+    # the primitive has a lowering for the platform of every registered vendor
+    from jax._src.interpreters import mlir
+
+    lowered = {
+        p for p, rules in mlir._platform_specific_lowerings.items() if triton_call_p in rules
+    }
+    assert platforms <= lowered
