@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from . import entries as entries  # declares the bridge's metadata fields to kernelcache
 from . import settings as settings  # declares the bridge's variables to kernelcache
 from .errors import (
+    AutotuneError,
     BackendUnavailable,
     BridgeError,
     EmbedError,
@@ -75,6 +76,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "CUSTOM_CALL_TARGET_NAME",
     "CUSTOM_CALL_TARGET_NAMES",
+    "AutotuneError",
     "BackendUnavailable",
     "BridgeError",
     "EmbedError",

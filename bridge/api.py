@@ -15,6 +15,7 @@ from . import arguments, backends, conventions, targets, tracing
 from .call import CUSTOM_CALL_FFI, CUSTOM_CALL_LEGACY, triton_call_p
 from .errors import KernelArgumentError, OptionError
 from .kernels import decompose
+from .settings import AUTOTUNE_MODES
 
 if TYPE_CHECKING:
     from .caches import CacheArg
@@ -71,6 +72,7 @@ def triton_call(
     cost_estimate: Mapping[str, Any] | None = None,
     target: str | None = None,
     embed: str | None = None,
+    autotune: str | None = None,
     cache: CacheArg = None,
     name: str = "",
     serialized_metadata: bytes = b"",
@@ -89,8 +91,9 @@ def triton_call(
             scalars, ``bridge.TensorDescriptor``, tuples of these. With ``out_shape=`` they
             are the inputs in signature order; with ``out_type=`` they bind like a Python call.
         kernel: a ``@triton.jit`` or ``@gluon.jit`` function, optionally wrapped in
-            ``@triton.autotune`` (every config compiled and cached; jaxlib picks the fastest at
-            the first run) and ``@triton.heuristics``.
+            ``@triton.autotune`` (the decided config, or every config compiled and cached and
+            jaxlib picking the fastest at the first run: see ``autotune``) and
+            ``@triton.heuristics``.
         out_shape: jax-triton 0.3: a ShapeDtypeStruct-like object or a pytree of them, the
             output pointers being the parameters after the positional arguments; or a dict
             ``{parameter name: shape}`` naming the output parameters (then the result is a dict).
@@ -115,6 +118,11 @@ def triton_call(
             FFI custom call as ``cost_estimate_json``).
         target: "cuda:90", "hip:gfx942", ... (default ``$KERNELCACHE_TARGET``, else the device).
         embed: "auto", "inline", "ptx" or "path" (default ``$KERNELCACHE_EMBED``, else auto).
+        autotune: which config of an autotuned kernel runs (default ``$KERNELCACHE_AUTOTUNE``,
+            else "decided"): "decided" (the decision in the cache, else jaxlib's autotuning at
+            the first run), "runtime" (always jaxlib's), "require" (a decision, else an error),
+            "job" (without a decision, one process of the job measures and the others use its
+            choice). See ``kernelcache tune``.
         cache: a ``kernelcache.Cache``, a cache root directory, or None for the default cache.
         name, serialized_metadata: the custom call's name and metadata (as in jax-triton).
         compute_capability: jax-triton's way to say ``target=f"cuda:{cc}"``.
@@ -143,6 +151,10 @@ def triton_call(
         target = f"cuda:{int(compute_capability)}"
     elif target is not None:
         targets.parse_target(target)
+    if autotune is not None and autotune not in AUTOTUNE_MODES:
+        raise KernelArgumentError(
+            f"autotune={autotune!r} is not one of {', '.join(AUTOTUNE_MODES)}"
+        )
     if cost_estimate is not None and not isinstance(cost_estimate, Mapping):
         raise KernelArgumentError(
             f"cost_estimate must be a dict such as {{'flops': 1e9, 'bytes_accessed': 1e6}}, not "
@@ -194,6 +206,7 @@ def triton_call(
         name=name,
         serialized_metadata=serialized_metadata,
         cost_estimate=cost_estimate,
+        autotune=autotune,
     )
     results = triton_call_p.bind(*operands, call=call, has_side_effect=bool(has_side_effect))
     return finish(list(results))

@@ -31,7 +31,18 @@ except (ImportError, AttributeError):  # pragma: no cover - later releases
     from jax._src.interpreters import ad, batching, mlir  # type: ignore[no-redef]
     from jax._src.interpreters import partial_eval as pe  # type: ignore[no-redef]
 
-from . import binding, embed, messages, proto, record, specialize, targets, vendors, versions
+from . import (
+    binding,
+    embed,
+    messages,
+    proto,
+    record,
+    specialize,
+    targets,
+    tuning,
+    vendors,
+    versions,
+)
 from .caches import as_cache
 from .errors import KernelArgumentError, UnsupportedTransformation
 from .kernel_fetch import KernelBinary
@@ -166,9 +177,10 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
     cache = as_cache(call.cache, cfg)
     configs: list[proto.Config] = []
     needs = versions.MODULE_IMAGE if mode == "inline" else (0,)
-    specs = specialize.specialize_call(
+    every = specialize.specialize_call(
         call.parts, call.named, call.kwargs, call.options, target, cache
     )
+    specs = tuning.select(call, every, target, platform, cache, call.autotune or ours.autotune)
     memo_keys = [(spec.key, str(target), str(cache.root)) for spec in specs]
     n_descs = {
         mk: messages.host_descriptor_count(call, spec, jaxlib)
@@ -200,8 +212,10 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
             needs = versions.MODULE_IMAGE
         kernel_call = messages.kernel_call(call, kernel, bound, desc_meta, grid)
         configs.append(proto.Config(kernel_call=kernel_call, description=spec.variant.description))
-        if record.wanted(ours):
-            record.emit(record.build(call, target, spec.key, bound, grid), ours)
+    if call.choice is None and record.wanted(ours):  # every variant: a later tune measures them
+        for spec in every:
+            grid = binding.eval_grid(call.grid, spec.bound.bound_args)
+            record.emit(record.build(call, target, spec.key, spec.bound, grid), ours)
     anycall = messages.any_kernel_call(call, configs, mode)
     opaque = proto.compress(proto.encode(anycall))
     return Lowered(opaque, mode, anycall.autotuned_kernel_call is not None, tuple(needs))

@@ -35,11 +35,17 @@ class EmbedError(BridgeError, ValueError):
     """The requested embedding of machine code cannot work with this target or jaxlib."""
 
 
+class AutotuneError(BridgeError, RuntimeError):
+    """No autotune decision where one is required, or none could be made (the message says
+    how to make one)."""
+
+
 class UnsupportedTransformation(BridgeError, NotImplementedError):
     """A JAX transformation (grad, vmap, ...) that a raw Triton kernel call cannot support."""
 
 
 __all__ = [
+    "AutotuneError",
     "BackendUnavailable",
     "BridgeError",
     "EmbedError",

@@ -273,6 +273,8 @@ def build(
 ) -> dict[str, Any]:
     """The lowering's own fields of the record of one lowered variant (see :func:`complete`
     for the rest)."""
+    from .arguments import leaf_arrays
+
     return {
         "version": RECORD_VERSION,
         "kernel": call.parts.qualname,
@@ -290,6 +292,11 @@ def build(
         "signature": plain(dict(bound.signature)),
         "constexprs": {",".join(map(str, k)): plain(v) for k, v in bound.constexprs.items()},
         "grid": list(grid),
+        "outputs": [
+            name
+            for name in call.parts.arg_names
+            if any(a.slot[0] == "out" for a in leaf_arrays(call.named.get(name)))
+        ],
     }
 
 

@@ -17,6 +17,10 @@ from .vendors import parse_name
 
 #: how a compiled kernel rides in jaxlib's custom call (see :mod:`bridge.embed`)
 EMBED_MODES = ("auto", "inline", "ptx", "path")
+#: which config of an autotuned call runs (see :mod:`bridge.tuning`): the decision in the cache
+#: (else jaxlib's autotuning at the first run), always jaxlib's, a decision or an error, or a
+#: decision made by one process of the job when there is none
+AUTOTUNE_MODES = ("decided", "runtime", "require", "job")
 
 
 def _target(raw: str) -> str:
@@ -43,6 +47,14 @@ VARIABLES = (
         f"how the bridge embeds kernels: {', '.join(EMBED_MODES)}",
     ),
     Variable(
+        "KERNELCACHE_AUTOTUNE",
+        "autotune",
+        choice(*AUTOTUNE_MODES),
+        "decided",
+        "decided",
+        f"which config of an autotuned call runs: {', '.join(AUTOTUNE_MODES)}",
+    ),
+    Variable(
         "KERNELCACHE_RECORD",
         "record",
         path,
@@ -60,6 +72,7 @@ class BridgeSettings:
 
     target: str | None = None
     embed: str = "auto"
+    autotune: str = "decided"
     record: Path | None = None
 
 

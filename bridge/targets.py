@@ -88,11 +88,9 @@ def max_shared_memory(target: Target, device: Any = None) -> int | None:
     return found if found is not None else target.vendor.max_shared_memory(target.arch)
 
 
-def detect(platform: str) -> list[Target]:
-    """The targets of this process's local devices of JAX's ``platform``.
-
-    Returns an empty list when there are none (a CPU-only machine, or another platform).
-    """
+def detect_devices(platform: str) -> list[tuple[Any, Target]]:
+    """This process's local JAX devices of ``platform``, each with its target (none on a
+    CPU-only machine, or for another platform)."""
     vendor = vendors.by_platform(platform)
     if vendor is None:
         return []
@@ -102,11 +100,20 @@ def detect(platform: str) -> list[Target]:
         devices = jax.local_devices(backend=platform)
     except RuntimeError:
         return []
-    found: list[Target] = []
+    found = []
     for device in devices:
         arch = vendor.device_arch(device)
-        target = None if arch is None else target_of(vendor, arch)
-        if target is not None and target not in found:
+        if arch is not None:
+            found.append((device, target_of(vendor, arch)))
+    return found
+
+
+def detect(platform: str) -> list[Target]:
+    """The targets of this process's local devices of JAX's ``platform`` (see
+    :func:`detect_devices`), each once."""
+    found: list[Target] = []
+    for _, target in detect_devices(platform):
+        if target not in found:
             found.append(target)
     return found
 

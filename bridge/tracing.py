@@ -54,6 +54,8 @@ class CallSpec:
     name: str
     metadata: bytes
     cost_estimate: Mapping[str, Any] | None = None
+    autotune: str | None = None  # the call's autotune mode (None: $KERNELCACHE_AUTOTUNE)
+    choice: int | None = None  # lower only this variant (measuring one config)
 
     def __repr__(self) -> str:  # how jaxprs print the primitive's parameter
         return f"CallSpec({self.parts.qualname}, grid={self.grid!r})"
@@ -73,6 +75,7 @@ def make_call(
     name: str,
     serialized_metadata: bytes,
     cost_estimate: Mapping[str, Any] | None,
+    autotune: str | None = None,
 ) -> tuple[CallSpec, list[Any], Callable[[list[Any]], Any]]:
     """Lay out the buffers of a planned call: returns its CallSpec, the operand values, and a
     function that turns the custom call's results into what ``triton_call`` returns (writing
@@ -162,5 +165,6 @@ def make_call(
         name=name or parts.name,
         metadata=bytes(serialized_metadata),
         cost_estimate=dict(cost_estimate) if cost_estimate else None,
+        autotune=autotune,
     )
     return spec, operands, finish

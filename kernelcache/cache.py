@@ -136,23 +136,26 @@ class Cache:
         return [self.store, *self.readonly]
 
     # -- reading --------------------------------------------------------------------------
-    def get(self, key: str, ext: str) -> Artifact | None:
+    def get(self, key: str, ext: str, *, counted: bool = True) -> Artifact | None:
         """Return the verified artifact for ``key``, or None.
 
         A corrupt entry is a miss: it is quarantined (in the writable root) and counted.
+        ``counted=False``: a lookup that is not one of the entries the hit rate is about
+        (hits and misses are not counted; corruption and errors are).
 
         Raises:
             ValueError: ``key`` or ``ext`` is malformed (checked before any file is touched).
         """
         check_key(key)
         check_ext(ext)
-        art = self._lookup(key, ext)
-        if art is None:
+        art = self._lookup(key, ext, counted)
+        if art is None and counted:
             stats.count(self.root, misses=1)
         return art
 
-    def _lookup(self, key: str, ext: str) -> Artifact | None:
-        """Search every layer; count hits, corruption and errors, but not misses."""
+    def _lookup(self, key: str, ext: str, counted: bool = True) -> Artifact | None:
+        """Search every layer; count hits (if ``counted``), corruption and errors, but not
+        misses."""
         if self.disabled:
             return None
         for store in self.layers:
@@ -163,7 +166,8 @@ class Cache:
                 warn_once(store.root, "read", "kernelcache: cannot read %s: %s", store.root, e)
                 continue
             if isinstance(result, Artifact):
-                stats.count(self.root, hits=1, bytes_read=len(result.data))
+                if counted:
+                    stats.count(self.root, hits=1, bytes_read=len(result.data))
                 return result
             if isinstance(result, Problem):
                 if result.corrupt:

@@ -249,6 +249,12 @@ def _call_ident(rec: Mapping[str, Any], target_params: Mapping[str, str]) -> str
     return jsonlib.dumps([rec["kernel"], args, kwargs, rec["options"]], sort_keys=True)
 
 
+def call_ident(rec: Mapping[str, Any]) -> str:
+    """What identifies the call of a record (checked by :func:`check_record`): the records of
+    one call's variants, for any target, share it."""
+    return _call_ident(rec, rec.get("target_params") or {})
+
+
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Read a manifest: distinct calls in first-seen order, and unusable lines as failures.
 

@@ -1,0 +1,305 @@
+"""Which variants of an autotuned call a lowering emits, and measuring them.
+
+With a decision in the cache for the call on this device (or one pinned for its target), only
+the chosen variant is lowered: a plain kernel call, the same in every process. Without one, by
+the call's autotune mode (``autotune=``, else ``$KERNELCACHE_AUTOTUNE``):
+
+- ``decided`` (default): every variant, for jaxlib to autotune at the first run;
+- ``runtime``: every variant, even where a decision exists;
+- ``require``: an :class:`~bridge.errors.AutotuneError` naming ``kernelcache tune``;
+- ``job``: one process measures (single flight through the cache's build lock: the others wait
+  for its decision, and take over if it dies) and every process lowers the chosen variant.
+
+Measuring runs each variant on the local GPU on synthetic inputs, the way jaxlib's autotuner
+does: one launch each to estimate, then enough launches for a target time, repeated; the time of
+a variant is its fastest repetition. Arrays of floating point numbers are filled with normally
+distributed values, integer and boolean arrays with zeros (so that no index read from an array
+points out of bounds); ``fill=`` overrides this per parameter. The measurer is replaceable
+(:func:`use`), for machines without the GPU and for tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kernelcache.process import warn_once
+
+from . import decisions
+from .arguments import leaf_arrays
+from .binding import ArgArray
+from .decisions import ANY_DEVICE, Decision
+from .errors import AutotuneError
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+
+    from .kernels import KernelParts
+    from .specialize import Specialization
+    from .targets import Target
+    from .tracing import CallSpec
+
+logger = logging.getLogger(__name__)
+
+#: how long the timed launches of one variant should take, as jaxlib aims for
+TARGET_SECONDS = 0.01
+#: the most launches one timing of a variant makes (jaxlib's cap)
+MAX_LAUNCHES = 100
+#: timings of each variant; its time is the fastest
+REPEATS = 5
+#: what fills an array parameter of a measured call: a number, or one of these
+FILLS = ("random", "zeros", "ones")
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """What measuring the variants of a call found: seconds per launch (None where a variant
+    could not run, with the reason), and the relative spread of repeated timings."""
+
+    times: tuple[float | None, ...]
+    noise: float | None = None
+    reasons: Mapping[int, str] = dataclasses.field(default_factory=dict)
+
+
+class Measurer(Protocol):
+    """Measures the variants of calls on one kind of device."""
+
+    def device(self, target: Target, platform: str) -> str | None:
+        """The kind of the local device that runs ``target`` (None: there is none)."""
+        ...
+
+    def measure(self, call: CallSpec, n: int) -> Measured:
+        """Time each of the ``n`` variants of ``call``."""
+        ...
+
+
+# -- the call's variants ----------------------------------------------------------------------
+def autotune_keys(parts: KernelParts) -> list[str]:
+    """The argument names of the ``key`` of every autotune layer of the kernel."""
+    names: list[str] = []
+    for layer in parts.layers:
+        for name in getattr(layer, "keys", None) or ():
+            if isinstance(name, str) and name not in names:
+                names.append(name)
+    return names
+
+
+def keys_of(
+    parts: KernelParts,
+    named: Mapping[str, Any],
+    specs: Sequence[Specialization],
+    device: str | None,
+) -> list[str]:
+    """The keys under which a decision for a call (its kernel and arguments by parameter name)
+    is looked up: the device's own, then the one pinned for every device of the target."""
+    variants = [spec.key for spec in specs]
+    inputs = decisions.tuning_inputs(named, autotune_keys(parts))
+    devices = [device, ANY_DEVICE] if device else [ANY_DEVICE]
+    return [decisions.decision_key(variants, inputs, d) for d in devices]
+
+
+def select(
+    call: CallSpec,
+    specs: Sequence[Specialization],
+    target: Target,
+    platform: str,
+    cache: Cache,
+    mode: str,
+) -> list[Specialization]:
+    """The variants a lowering of ``call`` emits (see the module docstring).
+
+    Raises:
+        AutotuneError: ``mode`` is "require" and there is no decision, or "job" and no
+            variant could run.
+    """
+    if call.choice is not None:
+        return [specs[call.choice]]
+    if len(specs) < 2 or mode == "runtime":
+        return list(specs)
+    device = _measurer.device(target, platform)
+    keys = keys_of(call.parts, call.named, specs, device)
+    variants = [spec.key for spec in specs]
+    found = decisions.find(cache, keys, variants)
+    if found is not None:
+        return [specs[found.chosen]]
+    where = f"{call.parts.qualname} on {device or target}"
+    if mode == "decided":
+        return list(specs)
+    if mode == "require":
+        raise AutotuneError(
+            f"no autotune decision for {where} ({len(specs)} configs), and "
+            "KERNELCACHE_AUTOTUNE=require: record the job's calls (KERNELCACHE_RECORD=FILE) and "
+            "run `kernelcache tune FILE` on this GPU, or pin a config with `kernelcache tune "
+            "FILE --pin KERNEL=INDEX`; or use autotune='decided' to let jaxlib choose"
+        )
+    if device is None:
+        warn_once(
+            logger,
+            ("tune-no-device", str(target)),
+            "kernelcache: KERNELCACHE_AUTOTUNE=job needs the GPU the call runs on to measure "
+            "its configs; there is no %s device here, so jaxlib autotunes at the first run",
+            target,
+        )
+        return list(specs)
+
+    def tune() -> tuple[bytes, dict[str, Any]]:
+        made = decide(call, specs, target, device)
+        logger.info(
+            "kernelcache: tuned %s: %s (margin %s)", where, made.config, _percent(made.margin)
+        )
+        return made.to_bytes(), made.metadata()
+
+    art = cache.get_or_create(keys[0], decisions.EXT, tune)
+    made = decisions.parse(art.data, variants)
+    if isinstance(made, str):
+        raise AutotuneError(f"the autotune decision for {where} cannot be used: {made}")
+    return [specs[made.chosen]]
+
+
+def decide(
+    call: CallSpec, specs: Sequence[Specialization], target: Target, device: str
+) -> Decision:
+    """Measure the variants of ``call`` and choose (see :func:`bridge.decisions.choose`).
+
+    Raises:
+        AutotuneError: no variant could run.
+    """
+    measured = _measurer.measure(call, len(specs))
+    chosen = decisions.choose(measured.times)
+    if chosen is None:
+        why = "; ".join(f"{specs[i].variant.description}: {r}" for i, r in measured.reasons.items())
+        raise AutotuneError(f"no config of {call.parts.qualname} could run on {device}: {why}")
+    return Decision(
+        kernel=call.parts.qualname,
+        target=str(target),
+        device=device,
+        variants=tuple(spec.key for spec in specs),
+        configs=tuple(spec.variant.description for spec in specs),
+        chosen=chosen,
+        times=measured.times,
+        margin=decisions.margin(measured.times, chosen),
+        noise=measured.noise,
+        reasons=dict(measured.reasons),
+    )
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+# -- measuring on the local GPU -----------------------------------------------------------------
+def operand_arrays(call: CallSpec) -> list[tuple[str, ArgArray]]:
+    """The operands of ``call`` in custom-call order, each with its parameter's name."""
+    found: dict[int, tuple[str, ArgArray]] = {}
+    for name in call.parts.arg_names:
+        for arr in leaf_arrays(call.named.get(name)):
+            index = call.buffers.get(id(arr))
+            if index is not None and index < call.n_operands:
+                found[index] = (name, arr)
+    return [found[i] for i in range(call.n_operands)]
+
+
+def synthetic(arr: ArgArray, fill: str | float, seed: int) -> Any:
+    """A device array of ``arr``'s shape and dtype, filled as ``fill`` says (see FILLS)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    dtype = arr.jax_dtype
+    if fill == "random" and not np.issubdtype(dtype, np.floating):
+        fill = "zeros"  # integers are often indices: zeros never point out of bounds
+    if fill == "random":
+        draw = jax.random.normal(jax.random.PRNGKey(seed), arr.shape, jnp.float32)
+        return draw.astype(dtype)
+    value = fill if not isinstance(fill, str) else 1 if fill == "ones" else 0
+    return jnp.full(arr.shape, value, dtype)
+
+
+class JaxMeasurer:
+    """Measures on the local GPU through JAX (see the module docstring)."""
+
+    def __init__(self, fill: Mapping[str, str | float] | None = None) -> None:
+        self.fill = dict(fill or {})
+
+    def device(self, target: Target, platform: str) -> str | None:
+        from .targets import detect_devices
+
+        for device, local in detect_devices(platform):
+            if target.runs_on(local):
+                return str(getattr(device, "device_kind", "") or local) or None
+        return None
+
+    def measure(self, call: CallSpec, n: int) -> Measured:
+        import jax
+
+        fill = self.fill
+        ops = [
+            synthetic(arr, fill.get(f"{call.parts.name}:{name}", fill.get(name, "random")), seed)
+            for seed, (name, arr) in enumerate(operand_arrays(call))
+        ]
+        reasons: dict[int, str] = {}
+        first: dict[int, float] = {}
+        for i in range(n):
+            run = _launches(call, i, 1)
+            try:
+                jax.block_until_ready(run(*ops))  # compile and warm up
+                first[i] = _timed(run, ops)
+            except jax.errors.JaxRuntimeError as e:
+                reasons[i] = str(e).strip().splitlines()[0][:300]
+        if not first:
+            return Measured((None,) * n, None, reasons)
+        launches = max(1, min(MAX_LAUNCHES, int(TARGET_SECONDS / max(min(first.values()), 1e-9))))
+        times: list[float | None] = [None] * n
+        spreads = []
+        for i in first:
+            run = _launches(call, i, launches)
+            jax.block_until_ready(run(*ops))
+            samples = [_timed(run, ops) / launches for _ in range(REPEATS)]
+            times[i] = min(samples)
+            spreads.append(max(samples) / min(samples) - 1 if min(samples) > 0 else 0.0)
+        noise = statistics.median(spreads) if spreads else None
+        return Measured(tuple(times), noise, reasons)
+
+
+def _launches(call: CallSpec, index: int, count: int) -> Any:
+    """A jitted function launching variant ``index`` of ``call`` ``count`` times in a row."""
+    import jax
+
+    from .call import triton_call_p
+
+    one = dataclasses.replace(call, choice=index, autotune="runtime")
+
+    def run(*ops: Any) -> Any:
+        out = None
+        for _ in range(count):  # has_side_effect: XLA keeps every launch
+            out = triton_call_p.bind(*ops, call=one, has_side_effect=True)
+        return out
+
+    return jax.jit(run)
+
+
+def _timed(run: Any, ops: Sequence[Any]) -> float:
+    import jax
+
+    start = time.perf_counter()
+    jax.block_until_ready(run(*ops))
+    return time.perf_counter() - start
+
+
+_measurer: Measurer = JaxMeasurer()
+
+
+def current() -> Measurer:
+    """The measurer this process uses."""
+    return _measurer
+
+
+def use(measurer: Measurer) -> Measurer:
+    """Measure with ``measurer`` from now on in this process; returns the one it replaces."""
+    global _measurer
+    previous, _measurer = _measurer, measurer
+    return previous

@@ -1,0 +1,294 @@
+"""Autotune decisions: entries of the cache that say which config of an autotuned call runs.
+
+Lowered for cuda:90 on this CPU machine. Measuring needs the GPU; here a stand-in measurer
+(``bridge.tuning.use``) plays the GPU where a test needs one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from bridge_helpers import decoded
+from conftest import REPO, checked, child_env
+from test_cli_support import kc, kc_json
+
+import bridge
+import kernelcache
+from bridge import decisions, tune
+from bridge.decisions import Decision
+from examples import ops
+
+A = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
+B = jax.ShapeDtypeStruct((256, 384), jnp.bfloat16)
+MATMUL = "examples.kernels:matmul_kernel"
+
+
+def lower(cache, **kw):
+    (call,) = decoded(lambda x, y: ops.matmul(x, y, target="cuda:90", cache=cache, **kw), A, B)
+    return call
+
+
+def record_manifest(tmp_path: Path, cache, monkeypatch) -> Path:
+    manifest = tmp_path / "manifest.jsonl"
+    monkeypatch.setenv("KERNELCACHE_RECORD", str(manifest))
+    lower(cache, autotune="runtime")
+    monkeypatch.delenv("KERNELCACHE_RECORD")
+    return manifest
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote="")
+
+
+# -- the decision document ---------------------------------------------------------------------
+def _decision(**kw) -> Decision:
+    base = dict(
+        kernel=MATMUL,
+        target="cuda:90",
+        device="NVIDIA H200",
+        variants=("a" * 32, "b" * 32, "c" * 32),
+        configs=("BM: 128", "BM: 64", "BM: 32"),
+        chosen=1,
+        times=(2.0e-3, 1.0e-3, None),
+        margin=1.0,
+        noise=0.01,
+        reasons={2: "out of resources"},
+    )
+    return Decision(**{**base, **kw})
+
+
+def test_a_decision_reads_back_as_written():
+    made = _decision()
+    assert decisions.parse(made.to_bytes(), made.variants) == made
+    assert made.config == "BM: 64" and made.metadata()["kind"] == "decision"
+
+
+@pytest.mark.parametrize(
+    "edit, why",
+    [
+        ({"variants": ["a" * 32]}, "other variants"),
+        ({"chosen": 3}, "out of range"),
+        ({"chosen": True}, "out of range"),
+        ({"times": [1.0, float("nan"), None]}, "not durations"),
+        ({"times": [1.0, -1.0, None]}, "not durations"),
+        ({"configs": ["x"]}, "configs"),
+        ({"reasons": {"7": "x"}}, "reasons"),
+        ({"margin": "big"}, "margin"),
+        ({"device": ""}, "device"),
+        ({"format": 2}, "format"),
+    ],
+)
+def test_an_odd_decision_is_refused_with_a_reason(edit, why):
+    made = _decision()
+    doc = {**made.to_json(), **edit}
+    found = decisions.parse(json.dumps(doc).encode(), made.variants)
+    assert isinstance(found, str) and why in found
+
+
+@pytest.mark.parametrize("raw", [b"", b"[", b"[]", b"\xff", b"1e999", b"{" * 5000])
+def test_garbage_is_refused_never_raised(raw):
+    assert isinstance(decisions.parse(raw, ["a" * 32]), str)
+
+
+def test_ties_within_the_tolerance_go_to_the_earliest_config():
+    assert decisions.choose([1.0, 0.5, 0.505]) == 1
+    assert decisions.choose([0.51, 0.5]) == 0  # within 2 %: the kernel's own order decides
+    assert decisions.choose([None, 2.0, 1.0]) == 2
+    assert decisions.choose([None, None]) is None
+    assert decisions.margin([1.0, 0.5, 0.75], 1) == pytest.approx(0.5)
+    assert decisions.margin([None, 0.5], 1) is None
+
+
+def test_the_key_depends_on_variants_inputs_and_device():
+    v, inputs = ["a" * 32, "b" * 32], {"arrays": {"x": [[4], "float32"]}, "key": {"n": 4}}
+    key = decisions.decision_key(v, inputs, "NVIDIA H200")
+    assert len(key) == 64 and key == decisions.decision_key(v, inputs, "NVIDIA H200")
+    assert key != decisions.decision_key(v[::-1], inputs, "NVIDIA H200")
+    assert key != decisions.decision_key(v, {**inputs, "key": {"n": 8}}, "NVIDIA H200")
+    assert key != decisions.decision_key(v, inputs, "NVIDIA H100")
+
+
+# -- lowering -----------------------------------------------------------------------------------
+def test_without_a_decision_every_config_is_lowered(cache):
+    call = lower(cache)
+    assert len(call.autotuned_kernel_call.configs) == 4
+
+
+def test_require_without_a_decision_names_kernelcache_tune(cache):
+    with pytest.raises(bridge.AutotuneError, match="kernelcache tune"):
+        lower(cache, autotune="require")
+    with pytest.raises(bridge.KernelArgumentError, match="not one of"):
+        lower(cache, autotune="sometimes")
+
+
+def test_a_pinned_decision_lowers_the_one_chosen_kernel(tmp_path, cache, monkeypatch):
+    every = lower(cache, autotune="runtime").autotuned_kernel_call.configs
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    (result,) = tune.tune(str(manifest), cache, pins={"matmul_kernel": 2})
+    assert result.status == "pinned" and result.decision.chosen == 2
+    assert result.decision.device == decisions.ANY_DEVICE and result.decision.pinned
+    for mode in ("decided", "require", "job"):
+        call = lower(cache, autotune=mode)
+        assert call.HasField("kernel_call"), mode  # one plain kernel call: nothing to autotune
+        assert call.kernel_call.kernel == every[2].kernel_call.kernel
+        assert call.kernel_call.grid_0 == every[2].kernel_call.grid_0
+    assert len(lower(cache, autotune="runtime").autotuned_kernel_call.configs) == 4
+    # another shape is another decision
+    (other,) = decoded(
+        lambda x, y: ops.matmul(x, y, target="cuda:90", cache=cache),
+        A,
+        jax.ShapeDtypeStruct((256, 512), jnp.bfloat16),
+    )
+    assert len(other.autotuned_kernel_call.configs) == 4
+
+
+def test_a_pin_outside_the_kernels_configs_is_refused(tmp_path, cache, monkeypatch):
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    (result,) = tune.tune(str(manifest), cache, pins={MATMUL: 4})
+    assert result.status == "skipped" and "4 configs" in result.detail
+
+
+def test_a_decision_for_pruned_variants_is_not_used(tmp_path, cache, monkeypatch):
+    """Pinning BM=64 drops two configs: the pinned decision was for the four."""
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    tune.tune(str(manifest), cache, pins={MATMUL: 0})
+    call = lower(cache, BM=64)
+    assert len(call.autotuned_kernel_call.configs) == 2
+
+
+# -- the command --------------------------------------------------------------------------------
+LOWER_MATMUL = """
+import json, sys, jax, jax.numpy as jnp
+sys.path.insert(0, {tests!r})
+from bridge_helpers import decoded, kernels_of
+from examples import ops
+a = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
+b = jax.ShapeDtypeStruct((256, 384), jnp.bfloat16)
+(call,) = decoded(lambda x, y: ops.matmul(x, y, target="cuda:90"), a, b)
+print(json.dumps({{"kernels": [k.num_warps for k in kernels_of(call)],
+                  "plain": call.HasField("kernel_call")}}))
+"""
+
+
+def test_kernelcache_tune_pin_and_a_job_that_requires_decisions(tmp_path, cache, monkeypatch):
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    root = Path(cache.root)
+    bad = kc(root, "tune", str(manifest), "--pin", "nosuchkernel=1")
+    assert bad.returncode == 2 and "nosuchkernel" in bad.stderr
+    doc = kc_json(root, "tune", str(manifest), "--pin", "matmul_kernel=1")
+    (result,) = doc["results"]
+    assert result["status"] == "pinned" and result["decision"]["chosen"] == 1
+    assert result["decision"]["configs"][1].startswith("BM: 128, BN: 64")
+    human = kc(root, "tune", str(manifest), "--pin", "matmul_kernel=1").stdout
+    assert "pinned config 1" in human
+    code = LOWER_MATMUL.format(tests=str(REPO / "tests"))
+    env = child_env(KERNELCACHE_DIR=str(root), KERNELCACHE_AUTOTUNE="require")
+    proc = checked(
+        subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240
+        )
+    )
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out == {"kernels": [4], "plain": True}
+    listed = kc_json(root, "ls")
+    kinds = [e.get("kind") for e in listed["entries"]]
+    assert kinds.count("decision") == 1
+    assert kc(root, "verify").returncode == 0
+
+
+def test_decisions_travel_like_entries(tmp_path, cache, monkeypatch):
+    """A read-only layer and a bundle carry decisions as they carry kernels."""
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    tune.tune(str(manifest), cache, pins={"matmul_kernel": 3})
+    bundle = tmp_path / "decisions.tar"
+    assert kc(Path(cache.root), "export", str(bundle)).returncode == 0
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert kc(fresh, "import", str(bundle)).returncode == 0
+    for layered in (
+        kernelcache.Cache(fresh, readonly_roots=(), remote=""),
+        kernelcache.Cache(tmp_path / "empty", readonly_roots=(cache.root,), remote=""),
+    ):
+        call = lower(layered)
+        assert call.HasField("kernel_call") and call.kernel_call.kernel.num_warps == 4
+
+
+# -- one process of the job tunes ---------------------------------------------------------------
+JOB = """
+import json, os, sys, time
+sys.path.insert(0, {tests!r})
+from bridge import tuning
+
+class Stand_in:
+    def device(self, target, platform):
+        return "Stand-in GPU"
+    def measure(self, call, n):
+        with open({marker!r}, "a") as f:
+            f.write(f"{{os.getpid()}}\\n")
+        time.sleep(float(os.environ.get("MEASURE_SECONDS", "1")))
+        return tuning.Measured(tuple(1e-3 * (3, 1, 2, 4)[i] for i in range(n)), 0.01)
+
+tuning.use(Stand_in())
+import jax, jax.numpy as jnp
+from bridge_helpers import decoded, kernels_of
+from examples import ops
+a = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
+b = jax.ShapeDtypeStruct((256, 384), jnp.bfloat16)
+(call,) = decoded(lambda x, y: ops.matmul(x, y, target="cuda:90", autotune="job"), a, b)
+print(json.dumps({{"kernels": [k.num_warps for k in kernels_of(call)],
+                  "grid": call.kernel_call.grid_1 if call.HasField("kernel_call") else None}}))
+"""
+
+
+def _job(root: Path, marker: Path, seconds: float) -> subprocess.Popen:
+    code = JOB.format(tests=str(REPO / "tests"), marker=str(marker))
+    env = child_env(KERNELCACHE_DIR=str(root), MEASURE_SECONDS=str(seconds))
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _result(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.splitlines()[-1])
+
+
+def test_four_processes_tune_once_and_run_the_same_config(tmp_path):
+    root, marker = tmp_path / "root", tmp_path / "measured"
+    procs = [_job(root, marker, 3.0) for _ in range(4)]
+    results = [_result(p) for p in procs]
+    assert len(marker.read_text().split()) == 1, "one process measured"
+    assert results == [{"kernels": [4], "grid": 6}] * 4  # config 1 (BM 128, BN 64): 1 ms
+
+
+def test_a_killed_tuner_is_taken_over(tmp_path):
+    root, marker = tmp_path / "root", tmp_path / "measured"
+    first = _job(root, marker, 600.0)
+    deadline = time.monotonic() + 240
+    while not (marker.exists() and marker.read_text().strip()):
+        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+        time.sleep(0.1)
+    others = [_job(root, marker, 1.0) for _ in range(3)]
+    time.sleep(2.0)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    results = [_result(p) for p in others]
+    measured = marker.read_text().split()
+    assert len(measured) == 2 and measured[0] == str(first.pid), measured
+    assert results == [{"kernels": [4], "grid": 6}] * 3
