@@ -84,6 +84,7 @@ class _Group:
     call: RecordedCall
     targets: list[str] = field(default_factory=list)
     grids: dict[str, list[int]] = field(default_factory=dict)  # target + variant kwargs -> grid
+    variant_names: set[str] = field(default_factory=set)  # the kwargs a variant records
     outputs: list[str] | None = None
 
 
@@ -105,7 +106,9 @@ def recorded_calls(manifest: str) -> list[_Group]:
         variant = rec.get("variant") or {}
         grid = rec.get("grid")
         if isinstance(grid, list) and len(grid) == 3 and all(type(g) is int for g in grid):
-            group.grids[_grid_key(target, variant.get("kwargs") or {})] = grid
+            kwargs = variant.get("kwargs") or {}
+            group.grids[_grid_key(target, kwargs)] = grid
+            group.variant_names.update(kwargs)
         outputs = rec.get("outputs")
         if isinstance(outputs, list) and all(isinstance(o, str) for o in outputs):
             group.outputs = outputs
@@ -199,7 +202,7 @@ def traced_call(group: _Group, target: Target, cache: Cache) -> CallSpec:
     out_shape = {n: abstract(named[n]) for n in parts.arg_names if n in outputs}
 
     def grid(meta: Mapping[str, Any]) -> tuple[int, ...]:
-        variant = {k: plain(meta[k]) for k in _variant_names(parts) if k in meta}
+        variant = {k: plain(meta[k]) for k in group.variant_names if k in meta}
         found = group.grids.get(_grid_key(str(target), variant))
         if found is None:
             raise KernelArgumentError(
@@ -229,15 +232,6 @@ def traced_call(group: _Group, target: Target, cache: Cache) -> CallSpec:
         if eqn.primitive is triton_call_p:
             return eqn.params["call"]
     raise KernelArgumentError("the replayed call did not reach the kernel")
-
-
-def _variant_names(parts: Any) -> list[str]:
-    names: list[str] = []
-    for layer in parts.layers:
-        for config in getattr(layer, "configs", ()):
-            names += [k for k in config.kwargs if k not in names]
-        names += [k for k in getattr(layer, "values", {}) if k not in names]
-    return names
 
 
 def measure(group: _Group, target: Target, cache: Cache, platform: str, force: bool) -> Tuned:

@@ -24,7 +24,7 @@ from test_cli_support import kc, kc_json
 
 import bridge
 import kernelcache
-from bridge import decisions, tune
+from bridge import binding, decisions, tune, tuning
 from bridge.decisions import Decision
 from examples import ops
 
@@ -292,3 +292,93 @@ def test_a_killed_tuner_is_taken_over(tmp_path):
     measured = marker.read_text().split()
     assert len(measured) == 2 and measured[0] == str(first.pid), measured
     assert results == [{"kernels": [4], "grid": 6}] * 3
+
+
+class StandIn:
+    """Plays a GPU: config 1 is fastest."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def device(self, target, platform):
+        return "Stand-in GPU"
+
+    def measure(self, call, n):
+        self.calls.append(n)
+        return tuning.Measured(tuple(1e-3 * (3, 1, 2, 4)[i] for i in range(n)), 0.01, {3: "x"})
+
+
+@pytest.fixture
+def stand_in():
+    measurer = StandIn()
+    previous = tuning.use(measurer)
+    yield measurer
+    tuning.use(previous)
+
+
+def test_tune_replays_recorded_calls_and_measures_them(tmp_path, cache, monkeypatch, stand_in):
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    (result,) = tune.tune(str(manifest), cache)
+    assert result.status == "tuned" and stand_in.calls == [4]
+    made = result.decision
+    assert made.device == "Stand-in GPU" and made.chosen == 1 and made.reasons == {3: "x"}
+    assert made.margin == pytest.approx(1.0) and not made.pinned
+    assert "* " in result.line() and "margin 100.0%" in result.line()
+    assert [r.status for r in tune.tune(str(manifest), cache)] == ["present"]
+    assert [r.status for r in tune.tune(str(manifest), cache, force=True)] == ["tuned"]
+    call = lower(cache, autotune="require")  # this "device" has its decision now
+    assert call.HasField("kernel_call") and call.kernel_call.grid_1 == 6
+
+
+def test_a_replayed_call_keys_like_the_lowering(tmp_path, cache, monkeypatch):
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    (group,) = tune.recorded_calls(str(manifest))
+    assert group.targets == ["cuda:90"] and group.outputs == ["c_ptr"]
+    target = bridge.parse_target("cuda:90")
+    replayed = tune.traced_call(group, target, cache)
+    specs = tune.specialize_call(
+        replayed.parts, replayed.named, replayed.kwargs, replayed.options, target, cache
+    )
+    recorded = [json.loads(line)["key"] for line in manifest.read_text().splitlines()]
+    assert [s.key for s in specs] == recorded
+    assert len(group.grids) == 4
+
+
+def test_a_call_with_constexpr_keywords_replays_each_configs_grid(tmp_path, cache, monkeypatch):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import triton
+    from tuned_models import attention_fwd_kernel
+
+    q = jax.ShapeDtypeStruct((4, 256, 64), jnp.bfloat16)
+
+    def attention(q, k, v, **kw):
+        return bridge.triton_call(
+            q,
+            k,
+            v,
+            256,
+            kernel=attention_fwd_kernel,
+            out_shape=q,
+            grid=lambda meta: (triton.cdiv(256, meta["BLOCK_M"]), 4),
+            HEAD_DIM=64,
+            SM_SCALE=0.125,
+            target="cuda:90",
+            cache=cache,
+            **kw,
+        )
+
+    manifest = tmp_path / "attention.jsonl"
+    monkeypatch.setenv("KERNELCACHE_RECORD", str(manifest))
+    (every,) = decoded(attention, q, q, q)
+    monkeypatch.delenv("KERNELCACHE_RECORD")
+    (group,) = tune.recorded_calls(str(manifest))
+    target = bridge.parse_target("cuda:90")
+    replayed = tune.traced_call(group, target, cache)
+    lowered = tune.specialize_call(
+        replayed.parts, replayed.named, replayed.kwargs, replayed.options, target, cache
+    )
+    grids = [binding.eval_grid(replayed.grid, s.bound.bound_args) for s in lowered]
+    want = [
+        (c.kernel_call.grid_0, c.kernel_call.grid_1, 1) for c in every.autotuned_kernel_call.configs
+    ]
+    assert grids == want and len(set(grids)) == 2
