@@ -44,6 +44,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="compile the current source of kernels changed since recording instead of failing",
     )
+    p.add_argument(
+        "--device",
+        action="append",
+        metavar="KIND",
+        help="of an autotuned call decided for this device kind (e.g. 'NVIDIA H200'; "
+        "repeatable), compile only the chosen config (pinned decisions count for every device)",
+    )
+    p.add_argument(
+        "--all-configs",
+        action="store_true",
+        help="compile every config of autotuned calls, decided or not",
+    )
     p.set_defaults(func=cmd_warm)
 
     p = add_command(
@@ -168,4 +180,6 @@ def cmd_warm(args: argparse.Namespace, out: Output) -> int:
         json=out.json,
         jobs=args.jobs,
         allow_changed=args.allow_changed,
+        devices=list(args.device or ()),
+        all_configs=args.all_configs,
     )

@@ -157,7 +157,7 @@ def pin(group: _Group, target: Target, index: int, cache: Cache) -> Tuned:
         pinned=True,
     )
     named, _, _ = group.call.revived(target, [0])
-    _store(cache, tuning.keys_of(parts, named, specs, None)[0], made)
+    _store(cache, decisions.keys_of(parts, named, specs)[0], made)
     return Tuned(group.call.kernel, str(target), "pinned", made)
 
 
@@ -244,7 +244,7 @@ def measure(group: _Group, target: Target, cache: Cache, platform: str, force: b
     specs = specialize_call(call.parts, call.named, call.kwargs, call.options, target, cache)
     if len(specs) < 2:
         return Tuned(kernel, str(target), "single")
-    key = tuning.keys_of(call.parts, call.named, specs, device)[0]
+    key = decisions.keys_of(call.parts, call.named, specs, [device])[0]
     if not force:
         found = decisions.find(cache, [key], [s.key for s in specs])
         if found is not None:

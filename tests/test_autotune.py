@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import pytest
 from bridge_helpers import decoded
 from conftest import REPO, checked, child_env
+from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 from test_cli_support import kc, kc_json
 
 import bridge
@@ -382,3 +383,35 @@ def test_a_call_with_constexpr_keywords_replays_each_configs_grid(tmp_path, cach
         (c.kernel_call.grid_0, c.kernel_call.grid_1, 1) for c in every.autotuned_kernel_call.configs
     ]
     assert grids == want and len(set(grids)) == 2
+
+
+def test_warm_compiles_only_decided_configs_unless_told(tmp_path, cache, monkeypatch):
+    from bridge.warm import warm
+
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    fresh = kernelcache.Cache(tmp_path / "image", readonly_roots=(), remote="")
+    tune.tune(str(manifest), fresh, pins={"matmul_kernel": 2})
+    report = warm(str(manifest), ["cuda:90"], cache=fresh, jobs=1)
+    assert [o.status for o in report.results] == ["compiled"]
+    assert report.results[0].config.startswith("BM: 64, BN: 128")
+    report = warm(str(manifest), ["cuda:90"], cache=fresh, jobs=1, all_configs=True)
+    assert sorted(o.status for o in report.results) == ["compiled"] * 3 + ["present"]
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
+def test_decisions_travel_through_redis_signed(tmp_path, cache, monkeypatch):
+    """One machine pins; another, with an empty root and the same signing key, lowers the
+    decided kernel from the shared tier; with another key the value is refused."""
+    monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", "k" * 32)
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    with RedisServer(tmp_path / "redis") as server:
+        first = kernelcache.Cache(tmp_path / "one", readonly_roots=(), remote=server.url)
+        (result,) = tune.tune(str(manifest), first, pins={"matmul_kernel": 3})
+        assert result.status == "pinned"
+        other = kernelcache.Cache(tmp_path / "two", readonly_roots=(), remote=server.url)
+        call = lower(other)
+        assert call.HasField("kernel_call") and call.kernel_call.grid_0 == 8
+        assert list((tmp_path / "two").glob("*.decision")), "published locally"
+        monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", "z" * 32)
+        third = kernelcache.Cache(tmp_path / "three", readonly_roots=(), remote=server.url)
+        assert len(lower(third).autotuned_kernel_call.configs) == 4
