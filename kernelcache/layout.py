@@ -26,7 +26,7 @@ import os
 import stat
 import threading
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,6 +105,31 @@ def create_exclusive(name: str, dir_fd: int) -> int:
     return os.open(name, CREATE_FLAGS, 0o666, dir_fd=dir_fd)
 
 
+def write_new(
+    dfd: int, name: str, data: bytes, prepare: Callable[[int], object] | None = None
+) -> None:
+    """Write ``data`` to a new file ``name`` in the directory ``dfd`` (:func:`create_exclusive`),
+    calling ``prepare`` with its descriptor first; nothing is left behind on failure.
+
+    Raises:
+        OSError: it could not be written.
+    """
+    fd = create_exclusive(name, dfd)
+    try:
+        try:
+            if prepare is not None:
+                prepare(fd)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dfd)
+        raise
+
+
 def replace_file(dfd: int, name: str, data: bytes) -> None:
     """Write ``data`` to ``name`` in the directory ``dfd`` atomically: readers see the old file
     or the new one, whole. Staged under a hidden unique name (never followed if planted as a
@@ -114,14 +139,8 @@ def replace_file(dfd: int, name: str, data: bytes) -> None:
         OSError: it could not be written (the old file, if any, is intact).
     """
     tmp = f".{name}.{os.getpid()}-{uuid.uuid4().hex}.tmp"
-    fd = create_exclusive(tmp, dfd)
+    write_new(dfd, tmp, data)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -156,12 +175,9 @@ def read_metadata(
         return Problem(key, f"metadata unreadable: {e.strerror}", corrupt=False)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return Problem(key, "metadata is not a regular file")
-        if trust is not None and not trust.may_serve(st):
-            refusal = trust.refusal(st, "metadata")
-            if refusal is not None:
-                return Problem(key, refusal, corrupt=False, untrusted=True)
+        refused = unservable(key, st, "metadata", trust)
+        if refused is not None:
+            return refused
         if st.st_size > MAX_META_BYTES:
             return Problem(key, "metadata is too large")
         raw = os.read(fd, st.st_size + 1)
@@ -173,6 +189,21 @@ def read_metadata(
     if isinstance(doc, Problem):
         return doc
     return doc, st
+
+
+def unservable(
+    key: str, st: os.stat_result, what: str, trust: TrustPolicy | None
+) -> Problem | None:
+    """Why the file ``what`` (``"metadata"``, ``"artifact"``) of ``key``, of status ``st``,
+    may not be served: not a regular file, or refused by ``trust`` (None: no policy); None if
+    it may."""
+    if not stat.S_ISREG(st.st_mode):
+        return Problem(key, f"{what} is not a regular file")
+    if trust is not None and not trust.may_serve(st):
+        refusal = trust.refusal(st, what)
+        if refusal is not None:
+            return Problem(key, refusal, corrupt=False, untrusted=True)
+    return None
 
 
 # -- the root -----------------------------------------------------------------------------

@@ -495,8 +495,8 @@ class _Executor:
             if held is not None:
                 held.release(remove=not keep_lock)
 
-    def remove_temp(self, action: Action) -> tuple[str, str]:
-        """Remove a file of .tmp/ (or .quarantine/) if it is still the file the plan saw."""
+    def _remove_aux_file(self, action: Action) -> tuple[str, str]:
+        """Remove a file of .tmp/ or .quarantine/ if it is still the file the plan saw."""
         directory, _, name = action.path.partition("/")
         if directory not in (TMP_DIR, QUARANTINE_DIR) or not name or "/" in name:
             return "failed", "not a housekeeping file"
@@ -515,7 +515,7 @@ class _Executor:
         finally:
             os.close(dfd)
 
-    remove_quarantined = remove_temp
+    remove_temp = remove_quarantined = _remove_aux_file
 
     def remove_lock(self, action: Action) -> tuple[str, str]:
         filename = action.path.partition("/")[2]

@@ -28,7 +28,6 @@ import fcntl
 import json
 import logging
 import os
-import stat
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -43,10 +42,11 @@ from .layout import (
     NOT_VISIBLE,
     QUARANTINE_DIR,
     TMP_DIR,
-    create_exclusive,
     open_subdir,
     read_metadata,
     resolve_root,
+    unservable,
+    write_new,
 )
 from .locks import Held, Locker, exclude_readers
 from .process import HOST, warn_once
@@ -59,7 +59,7 @@ from .schema import (
     make_metadata,
     parse_metadata,
 )
-from .trust import SHARED_WRITE, TRUST_POLICIES, TrustPolicy, check_policy
+from .trust import TRUST_POLICIES, TrustPolicy, check_policy
 
 logger = logging.getLogger(__name__)
 
@@ -282,12 +282,9 @@ class Store:
                 except OSError:
                     self._read_locks = False  # no flock here: digests still protect reads
             ast = os.fstat(afd)
-            if not stat.S_ISREG(ast.st_mode):
-                return Problem(key, "artifact is not a regular file")
-            if policy is not None and not policy.may_serve(ast):
-                refusal = policy.refusal(ast, "artifact")
-                if refusal is not None:
-                    return Problem(key, refusal, corrupt=False, untrusted=True)
+            refused = unservable(key, ast, "artifact", policy)
+            if refused is not None:
+                return refused
             if ast.st_size != doc["size"]:
                 return Problem(
                     key, f"artifact has {ast.st_size} bytes, metadata says {doc['size']}"
@@ -372,29 +369,11 @@ class Store:
         return CacheError(e.errno if e is not None and e.errno else errno.EIO, message)
 
     def _stage(self, tmp_fd: int, data: bytes) -> str:
-        """Write ``data`` to a new file in ``.tmp/``; return its name.
-
-        The file is created with mode 0o666 minus the umask, then loses the write bits the
-        trust policy would refuse (see :meth:`TrustPolicy.write_bits`): what this process
-        publishes is never writable by users outside the trusted set, whatever the umask.
-        """
+        """Write ``data`` to a new file in ``.tmp/``; return its name. It keeps only the write
+        bits the trust policy accepts: what this process publishes is never writable by users
+        outside the trusted set, whatever the umask."""
         name = f"{HOST}-{os.getpid()}-{uuid.uuid4().hex}.tmp"
-        fd = create_exclusive(name, tmp_fd)
-        try:
-            st = os.fstat(fd)
-            extra = st.st_mode & SHARED_WRITE & ~self._policy.write_bits(st.st_gid)
-            if extra:
-                os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~extra)
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-        except BaseException:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=tmp_fd)
-            raise
-        os.close(fd)
+        write_new(tmp_fd, name, data, self._policy.limit_write_bits)
         return name
 
     def check_writable(self) -> None:
@@ -570,11 +549,7 @@ class Store:
             if moved:
                 note = json.dumps({"key": key, "reason": reason, "time": time.time()}).encode()
                 with contextlib.suppress(OSError):
-                    fd = create_exclusive(f"{key}.{stamp}.reason", qfd)
-                    try:
-                        os.write(fd, note)
-                    finally:
-                        os.close(fd)
+                    write_new(qfd, f"{key}.{stamp}.reason", note)
         finally:
             os.close(qfd)
             for fd in readers or ():

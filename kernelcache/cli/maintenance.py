@@ -217,7 +217,7 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
         "dry_run": args.dry_run,
         "criteria": criteria,
         "plan": {
-            "actions": [  # (Action.to_json, inlined: plans can hold 100,000 actions)
+            "actions": [  # (Action.to_json, inlined: a plan may hold an action per entry)
                 {"action": kind, "path": path, "key": key, "size": size, "reason": reason}
                 for kind, path, size, reason, key, _ in plan.actions
             ],
