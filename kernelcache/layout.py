@@ -12,10 +12,12 @@
 Other packages register the directories they keep in a root (:func:`register_directory`; the
 bridge's ``.handoff``), so that a scan knows them from foreign files.
 
-Invariants: nothing under a root is opened through a symlink (directories are opened with
-``O_NOFOLLOW`` and files relative to their descriptors); files are created exclusively, never
-truncated or reused; a directory gets mode 0o777 and a file 0o666, minus the umask, so that a
-group-shared root (umask 002, a set-group-ID directory) stays writable for its group.
+Invariants: nothing under a root is opened through a symlink: entry files and the
+housekeeping directories are opened with ``O_NOFOLLOW``, and the files in those directories
+relative to their descriptors. What is written is a new file (:func:`create_exclusive`), put
+in place with ``os.replace``; only lock files and the append-only statistics logs are opened
+again. A directory gets mode 0o777 and a file 0o666, minus the umask, so that a group-shared
+root (umask 002, a set-group-ID directory) stays writable for its group.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ import fcntl
 import json
 import logging
 import os
+import stat
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -264,7 +265,7 @@ class Store:
         stored_ext = doc["ext"]
         if ext is not None and stored_ext != ext:
             return Problem(key, f"key holds a .{stored_ext} artifact, not .{ext}", corrupt=False)
-        path = self.path(key, stored_ext)
+        path = f"{self._prefix}{key}.{stored_ext}"  # self.path(), inline: the hot path
         try:
             afd = os.open(path, READ_FLAGS)
         except FileNotFoundError:
@@ -282,9 +283,10 @@ class Store:
                 except OSError:
                     self._read_locks = False  # no flock here: digests still protect reads
             ast = os.fstat(afd)
-            refused = unservable(key, ast, "artifact", policy)
-            if refused is not None:
-                return refused
+            if not stat.S_ISREG(ast.st_mode) or (policy is not None and not policy.may_serve(ast)):
+                refused = unservable(key, ast, "artifact", policy)
+                if refused is not None:
+                    return refused
             if ast.st_size != doc["size"]:
                 return Problem(
                     key, f"artifact has {ast.st_size} bytes, metadata says {doc['size']}"
