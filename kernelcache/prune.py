@@ -103,7 +103,6 @@ class Action(NamedTuple):
 class Plan:
     """What a prune or repair will do, in order. ``left`` lists problems it does not act on."""
 
-    root: str
     actions: tuple[Action, ...]
     kept_entries: int = 0
     kept_bytes: int = 0
@@ -252,7 +251,6 @@ def plan_prune(
         if now - f.mtime > quarantine_age
     ]
     return Plan(
-        scanned.root,
         tuple(actions),
         kept_entries=len(table) - len(doomed),
         kept_bytes=sum(nbytes) - sum(nbytes[i] for i in doomed),
@@ -295,9 +293,7 @@ def plan_repair(verified: CacheScan) -> Plan:
             left.append(issue)
         else:
             actions.append(action)
-    return Plan(
-        verified.root, tuple(actions), len(verified.entries), verified.nbytes, (), tuple(left)
-    )
+    return Plan(tuple(actions), len(verified.entries), verified.nbytes, (), tuple(left))
 
 
 # -- execution ----------------------------------------------------------------------------
