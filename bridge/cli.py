@@ -18,7 +18,11 @@ _BRIDGE_DEPENDENCIES = {"bridge", "jax", "jaxlib", "triton", "google", "protobuf
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``warm`` and ``tune`` to the ``kernelcache`` command."""
+    """Add ``warm`` and ``tune`` to the ``kernelcache`` command, and make the bridge's
+    directories of a root known to the other commands (importing :mod:`bridge.handoff`
+    registers ``.handoff``; it imports neither jax nor triton)."""
+    from . import handoff  # noqa: F401
+
     p = add_command(
         subparsers,
         "warm",
