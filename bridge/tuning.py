@@ -244,7 +244,7 @@ def _launches(call: CallSpec, index: int, count: int) -> Any:
     """A jitted function launching variant ``index`` of ``call`` ``count`` times in a row."""
     import jax
 
-    from .call import triton_call_p
+    from .primitive import triton_call_p
 
     one = dataclasses.replace(call, choice=index, autotune="runtime")
 

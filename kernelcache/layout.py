@@ -9,8 +9,8 @@
     <root>/.quarantine/    corrupt entries moved aside, with the reason
     <root>/.stats/         per-process statistics logs, their summary, the scan index
 
-Other packages register the directories they keep in a root (:func:`register_directory`; the
-bridge's ``.handoff``), so that a scan knows them from foreign files.
+Other packages register the directories they keep in a root (:func:`register_directory`), so
+that a scan knows them from foreign files.
 
 Invariants: nothing under a root is opened through a symlink: entry files and the
 housekeeping directories are opened with ``O_NOFOLLOW``, and the files in those directories
