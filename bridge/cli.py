@@ -94,7 +94,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _bridge_module(name: str):  # -> ModuleType
-    """``bridge.<name>``, or a usage error naming the package to install."""
+    """``bridge.<name>`` for ``kernelcache <name>``, or a usage error naming the package to
+    install."""
     import importlib
 
     try:
@@ -104,7 +105,7 @@ def _bridge_module(name: str):  # -> ModuleType
         if missing and missing not in _BRIDGE_DEPENDENCIES:
             raise
         raise UsageError(
-            f"this command needs the bridge and its dependencies (cannot import "
+            f"kernelcache {name} needs the bridge and its dependencies (cannot import "
             f"{e.name or 'bridge.' + name}): pip install 'kernelcache[bridge]'"
         ) from None
 
@@ -167,16 +168,7 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_warm(args: argparse.Namespace, out: Output) -> int:
-    try:
-        from . import warm
-    except ImportError as e:
-        missing = (e.name or "").split(".")[0]
-        if missing and missing not in _BRIDGE_DEPENDENCIES:
-            raise
-        raise UsageError(
-            f"kernelcache warm needs the bridge and its dependencies (cannot import "
-            f"{e.name or 'bridge.warm'}): pip install 'kernelcache[bridge]'"
-        ) from None
+    warm = _bridge_module("warm")
     return warm.run(
         args.manifest,
         list(args.target),
