@@ -4,7 +4,8 @@
 persistence, waits until it answers PING, and ``stop()``/``kill()`` end it. ``REDIS_SERVER``
 is the binary's path or None; tests skip with ``SKIP_REASON`` when it is absent.
 :func:`make_tls_files` makes a self-signed certificate for a TLS server. Also:
-:func:`blackhole` (a TCP port that accepts connections and never answers) and
+:func:`blackhole` (a TCP port that accepts connections and never answers), :func:`drip` (a
+server that answers one byte at a time, or floods) and
 :func:`free_port` (a port where nothing listens).
 """
 
@@ -207,4 +208,51 @@ def blackhole(reply: bytes = b"") -> Iterator[int]:
         thread.join()
         for conn in held:
             conn.close()
+        listener.close()
+
+
+@contextlib.contextmanager
+def drip(
+    head: bytes = b"$1000000\r\n",
+    chunk: bytes = b"x",
+    interval: float = 0.3,
+    limit: float = 60.0,
+) -> Iterator[int]:
+    """A port on 127.0.0.1 whose server answers every connection with ``head``, then
+    ``chunk`` every ``interval`` seconds (0: as fast as the client reads) whatever it is asked:
+    a slow (or flooding) server. Each connection stops after ``limit`` seconds, or when the
+    client goes away."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def serve(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.sendall(head)
+            end = time.monotonic() + limit
+            while not stop.is_set() and time.monotonic() < end:
+                conn.sendall(chunk)
+                if interval:
+                    stop.wait(interval)
+
+    def accept() -> None:
+        listener.settimeout(0.05)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = listener.accept()
+                thread = threading.Thread(target=serve, args=(conn,), daemon=True)
+                thread.start()
+                threads.append(thread)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        acceptor.join()
+        for thread in threads:
+            thread.join(timeout=5)
         listener.close()
