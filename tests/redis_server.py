@@ -256,3 +256,81 @@ def drip(
         for thread in threads:
             thread.join(timeout=5)
         listener.close()
+
+
+def _cluster_ports(count: int) -> list[int]:
+    """``count`` free ports whose cluster bus ports (port + 10000) are free too."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port + 10000 > 65535 or port in ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+class RedisClusterServers:
+    """A Redis Cluster of ``size`` primaries (no replicas) on 127.0.0.1, every slot assigned:
+    ``size`` redis-server processes in cluster mode, each given a range of slots, then joined.
+    ``url`` is ``redis+cluster://127.0.0.1:p1,127.0.0.1:p2,...``."""
+
+    def __init__(self, directory: str | os.PathLike[str], size: int = 3) -> None:
+        self.directory = Path(directory)
+        self.size = size
+        self.nodes: list[RedisServer] = []
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def start(self, timeout: float = 30.0) -> RedisClusterServers:
+        for port in _cluster_ports(self.size):
+            args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]
+            args += ["--cluster-config-file", str(self.directory / f"nodes-{port}.conf")]
+            node = RedisServer(self.directory / str(port), args=args, port=port)
+            self.nodes.append(node.start())
+        # what redis-cli --cluster create does, without its pauses: each node takes an equal
+        # range of the 16384 slots and a config epoch of its own, then meets the first one
+        for i, node in enumerate(self.nodes):
+            first, last = i * 16384 // self.size, (i + 1) * 16384 // self.size - 1
+            client = node.client()
+            client.execute_command("CLUSTER ADDSLOTSRANGE", first, last)
+            client.execute_command("CLUSTER SET-CONFIG-EPOCH", i + 1)
+        for node in self.nodes[1:]:
+            node.client().execute_command("CLUSTER MEET", "127.0.0.1", self.nodes[0].port)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(self._state_ok(n) for n in self.nodes):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"the Redis Cluster did not come up; see {self.directory}")
+
+    @staticmethod
+    def _state_ok(node: RedisServer) -> bool:
+        try:
+            info = node.client().execute_command("CLUSTER INFO")  # parsed by redis-py
+            return str(info.get("cluster_state")) == "ok"
+        except Exception:
+            return False
+
+    def client(self):  # -> redis.cluster.RedisCluster
+        """A plain redis-py cluster client (for inspecting and tampering)."""
+        from redis.cluster import RedisCluster
+
+        return RedisCluster(host="127.0.0.1", port=self.nodes[0].port)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> RedisClusterServers:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -70,7 +70,7 @@ _SCRIPTS = {"get": _GET, "acquire": _ACQUIRE, "release": _RELEASE}
 _ACQUIRED, _READY, _BROKEN = 1, 2, 3
 _POLL_FIRST, _POLL_MAX = 0.02, 0.5
 #: the most bytes a reply other than a value may take (a cluster's slot map, a lock state)
-_REPLY_LIMIT = 1 << 20
+_REPLY_LIMIT = 4 << 20
 
 
 def _no_release() -> None:
@@ -258,6 +258,8 @@ class RedisTier(TierBase):
     def _client(self) -> Any:
         with self._client_lock:
             if self._client_obj is None:
+                if self._budget.deadline is not None:  # making it connects (a cluster)
+                    self._budget.deadline += self.options.connect_timeout or self.options.timeout
                 self._client_obj = self._make_client()
             return self._client_obj
 
@@ -290,7 +292,8 @@ class RedisTier(TierBase):
         else:  # refused, lost, timed out, too long a reply, TLS or auth failure, garbage
             if overrun:
                 self._bump(oversize=1)
-            timeout = isinstance(e, (errors.TimeoutError, TimeoutError))
+            timeouts = (errors.TimeoutError, TimeoutError)
+            timeout = isinstance(e, timeouts) or isinstance(e.__context__, timeouts)
             self._trip(what, reason, timeout=timeout)
             self._disconnect()
 
@@ -311,12 +314,12 @@ class RedisTier(TierBase):
         """``(fn(*args, **kw), False)``, or ``(None, True)`` after a Redis, socket or protocol
         failure, which is accounted for (counters, breaker, one warning). The call may take
         ``timeout`` seconds in all (plus the time to connect) and read ``limit`` reply bytes."""
-        budget = self._budget
+        budget, errors = self._budget, self._errors
         budget.deadline = time.monotonic() + self.options.timeout
         budget.left, budget.overrun = limit, False
         try:
             return fn(self._client, *args, **kw), False
-        except (self._errors.RedisError, OSError, ValueError, IndexError) as e:
+        except (errors.RedisError, errors.RedisClusterException, OSError, ValueError) as e:
             self._failed(what, e, budget.overrun)
             return None, True
         finally:
@@ -345,9 +348,9 @@ class RedisTier(TierBase):
             return None
         self._bump(gets=1)
         limit = self.options.max_size
-        # a value is at most max_size; its reply adds a header of a few bytes
+        # the value is at most max_size; the call may also connect (a cluster reads its slots)
         raw, failed = self._call(
-            "get", self._run, "get", [self.name(key)], [limit], limit=limit + 64
+            "get", self._run, "get", [self.name(key)], [limit], limit=limit + _REPLY_LIMIT
         )
         if failed or raw is None:
             self._bump(misses=1)
