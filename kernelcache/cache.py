@@ -28,8 +28,8 @@ from .keys import check_ext, check_key
 from .layout import resolve_root
 from .locks import Held
 from .process import warn_once
-from .remote import RemoteTier, open_remote
-from .schema import RESERVED_FIELDS, check_document, digest, make_metadata
+from .remote import RemoteTier, check_entry, open_remote
+from .schema import RESERVED_FIELDS, make_metadata
 from .store import Artifact, Store
 
 logger = logging.getLogger(__name__)
@@ -57,11 +57,6 @@ class BuildItem:
     build: BuildFn
 
 
-def _open_remote(url: str, root: str, signing_key: bytes | None) -> RemoteTier | None:
-    """The tier of ``url``, by its scheme; None if its plugin is broken (one warning)."""
-    return open_remote(url, stats_root=root, signing_key=signing_key)
-
-
 class Cache:
     """A kernel cache over one writable root, read-only roots and an optional remote tier.
 
@@ -70,7 +65,9 @@ class Cache:
         readonly_roots: roots searched after ``root`` and never written (e.g. a layer baked
             into a container image); None for ``$KERNELCACHE_READONLY_DIRS``.
         remote: None for ``$KERNELCACHE_REMOTE``, "" for none, a URL such as
-            ``redis://host:6379/0``, or an object implementing :class:`RemoteTier`.
+            ``redis://host:6379/0``, several separated by whitespace (tiers tried in order,
+            see docs/remote.md), an object implementing :class:`RemoteTier`, or a sequence of
+            URLs and such objects.
         lock_timeout: seconds to wait for a per-key lock before building privately; None for
             ``$KERNELCACHE_LOCK_TIMEOUT``.
         lock_mode: "auto", "flock" or "soft"; None for ``$KERNELCACHE_LOCK_MODE``.
@@ -80,7 +77,7 @@ class Cache:
         self,
         root: str | os.PathLike[str] | None = None,
         readonly_roots: Sequence[str | os.PathLike[str]] | None = None,
-        remote: str | RemoteTier | None = None,
+        remote: str | RemoteTier | Sequence[str | RemoteTier] | None = None,
         *,
         lock_timeout: float | None = None,
         lock_mode: str | None = None,
@@ -100,9 +97,9 @@ class Cache:
         if remote is None:
             remote = cfg.remote or ""
         self.remote: RemoteTier | None = (
-            (_open_remote(remote, self.root, cfg.signing_secret()) if remote else None)
-            if isinstance(remote, str)
-            else remote
+            remote
+            if isinstance(remote, RemoteTier)
+            else open_remote(remote, stats_root=self.root, signing_key=cfg.signing_secret())
         )
         self.disabled = cfg.disable
         if cfg.stats_log and not self.disabled:
@@ -178,7 +175,7 @@ class Cache:
         if found is None:
             stats.count(self.root, remote_misses=1)
             return None
-        checked = _check_remote(found, key, ext)
+        checked = check_entry(found, key, ext)
         if isinstance(checked, str):
             stats.count(self.root, remote_errors=1, corrupt=1)
             warn_once(
@@ -464,25 +461,3 @@ class Cache:
     def _in_memory(key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> Artifact:
         data = bytes(data)
         return Artifact(key, ext, data, None, make_metadata(key, ext, data, meta), "memory")
-
-
-def _check_remote(found: object, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | str:
-    """``(data, metadata)`` from a remote tier if they form a valid entry of ``key`` and
-    ``ext``; else what is wrong. Never raises."""
-    if not isinstance(found, tuple) or len(found) != 2:
-        return "the tier returned something other than (data, metadata)"
-    data, meta = found
-    if not isinstance(data, bytes):
-        return "the artifact is not bytes"
-    try:
-        plain = dict(meta) if isinstance(meta, Mapping) else meta
-    except Exception:  # a hostile Mapping
-        return "the metadata is not a mapping"
-    doc = check_document(plain, key)
-    if isinstance(doc, Problem):
-        return doc.reason
-    if doc["ext"] != ext:
-        return f"it holds a .{doc['ext']} artifact, not .{ext}"
-    if doc["size"] != len(data) or doc["digest"] != digest(data):
-        return "the artifact does not match its size and digest"
-    return data, doc

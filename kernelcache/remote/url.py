@@ -127,6 +127,33 @@ def scrub(text: str, secrets: list[str]) -> str:
     return text
 
 
+def read_options(
+    shown: str, query: str, parsers: Mapping[str, Callable[[str], Any]]
+) -> dict[str, Any]:
+    """The options of a URL's query string, each read by its parser.
+
+    Raises:
+        ConfigError: an option set twice, unknown (the message lists the valid ones) or with
+            a bad value (a secret option's value is shown as ``***``).
+    """
+    values: dict[str, Any] = {}
+    for name, raw in parse_qsl(query, keep_blank_values=True):
+        if name in values:
+            raise ConfigError(f"remote URL {shown!r} sets option {name!r} twice")
+        parser = parsers.get(name)
+        if parser is None:
+            raise ConfigError(
+                f"remote URL {shown!r}: unknown option {name!r}; valid options: "
+                + ", ".join(sorted(parsers))
+            )
+        try:
+            values[name] = parser(raw)
+        except ValueError as e:
+            what = "***" if name in _SECRET_OPTIONS else repr(raw)
+            raise ConfigError(f"remote URL {shown!r}: option {name}={what}: {e}") from None
+    return values
+
+
 def parse_url(url: str) -> tuple[str, RemoteOptions]:
     """Split a Redis tier URL into the address for redis-py (no query) and the options.
 
@@ -161,23 +188,10 @@ def parse_url(url: str) -> tuple[str, RemoteOptions]:
             raise ConfigError(
                 f"remote URL {shown!r}: the path must be a database number, e.g. /0"
             ) from None
-    values: dict[str, Any] = {}
-    client: dict[str, Any] = {}
-    valid = sorted([*OPTIONS, *CLIENT_OPTIONS])
-    for name, raw in parse_qsl(parts.query, keep_blank_values=True):
-        if name in values or name in client:
-            raise ConfigError(f"remote URL {shown!r} sets option {name!r} twice")
-        parser = OPTIONS[name][0] if name in OPTIONS else CLIENT_OPTIONS.get(name)
-        if parser is None:
-            raise ConfigError(
-                f"remote URL {shown!r}: unknown option {name!r}; valid options: {', '.join(valid)}"
-            )
-        try:
-            value = parser(raw)
-        except ValueError as e:
-            what = "***" if name in _SECRET_OPTIONS else repr(raw)
-            raise ConfigError(f"remote URL {shown!r}: option {name}={what}: {e}") from None
-        (values if name in OPTIONS else client)[name] = value
+    parsers = {name: parser for name, (parser, _) in OPTIONS.items()}
+    found = read_options(shown, parts.query, {**parsers, **CLIENT_OPTIONS})
+    values = {k: v for k, v in found.items() if k in OPTIONS}
+    client = {k: v for k, v in found.items() if k not in OPTIONS}
     if any(name.startswith("ssl_") for name in client) and not parts.scheme.startswith("rediss"):
         raise ConfigError(f"remote URL {shown!r}: ssl_* options need a rediss:// URL")
     if "db" in client and parts.scheme != "unix":
