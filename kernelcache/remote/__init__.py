@@ -20,7 +20,16 @@ from .codec import (
     encode_value,
     make_value,
 )
-from .registry import GROUP, SCHEMES, check_url, open_one, open_remote, schemes, split_urls
+from .registry import (
+    GROUP,
+    SCHEMES,
+    check_url,
+    open_one,
+    open_remote,
+    probe,
+    schemes,
+    split_urls,
+)
 from .tier import RemoteTier, TierClass
 from .url import (
     CLIENT_OPTIONS,
@@ -72,6 +81,7 @@ __all__ = [
     "open_one",
     "open_remote",
     "parse_url",
+    "probe",
     "redact",
     "schemes",
     "scrub",

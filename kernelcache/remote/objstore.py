@@ -21,8 +21,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -199,7 +200,7 @@ class ObjectStoreTier(TierBase):
     def _failed(self, what: str, e: Exception) -> None:
         import obstore.exceptions as errors
 
-        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        reason = f"{type(e).__name__}: {_first_line(e)}"
         if isinstance(e, errors.PermissionDeniedError) and what == "put":
             self._refuse_writes(reason)
             return
@@ -217,6 +218,19 @@ class ObjectStoreTier(TierBase):
         except Exception as e:  # obstore raises its own errors and built-in ones
             self._failed(what, e)
             return None, True
+
+    def probe(self) -> str | None:
+        """Whether the store answers (a HEAD of an object that is not there): None, or why
+        not (nothing is counted or warned about)."""
+        import obstore
+
+        try:
+            obstore.head(self.store, "kernelcache-probe")
+        except FileNotFoundError:
+            return None
+        except Exception as e:
+            return f"{type(e).__name__}: {_first_line(e)}"
+        return None
 
     # -- the RemoteTier interface ---------------------------------------------------------
     def get(self, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | None:
@@ -329,3 +343,94 @@ def read_object(store: Any, path: str, max_size: int, timeout: float) -> bytes |
             raise TimeoutError(f"reading {path} took more than {timeout:g}s")
         chunks.append(bytes(chunk))
     return b"".join(chunks)
+
+
+# -- whole files (bundles) ----------------------------------------------------------------------
+#: defaults of a file transfer where the URL does not set them (bundles are large)
+TRANSFER_TIMEOUT = 600.0
+TRANSFER_MAX_SIZE = 16 << 30
+
+
+def _file_location(url: str) -> tuple[Any, str, str]:
+    """``(store, object name, shown URL)`` of a URL naming one object (a bundle).
+
+    Raises:
+        ConfigError: not an object URL, no object name, or a bad option.
+    """
+    where = parse_object_url(url)
+    shown = redact(url)
+    directory, _, name = where.path.rpartition("/")
+    if not name:
+        raise ConfigError(f"{shown!r} names no object; use {where.scheme}://bucket/path/FILE")
+    query = urlsplit(url).query
+    defaults: dict[str, Any] = {}
+    if "timeout=" not in query:
+        defaults["timeout"] = TRANSFER_TIMEOUT
+    if "max_size=" not in query:
+        defaults["max_size"] = TRANSFER_MAX_SIZE
+    where = replace(where, **defaults)
+    return make_store(where, directory, shown=shown), name, shown
+
+
+def upload_file(url: str, path: str, *, overwrite: bool) -> None:
+    """Copy the local file ``path`` to the object ``url`` names (``s3://bucket/dir/FILE``);
+    without ``overwrite``, only if there is no such object yet.
+
+    Raises:
+        ConfigError: a bad URL, or obstore is not installed.
+        FileExistsError: the object exists and ``overwrite`` is false.
+        OSError: the store failed (the message says why, without credentials).
+    """
+    import obstore
+    from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+    store, name, shown = _file_location(url)
+    try:
+        obstore.put(store, name, Path(path), mode="overwrite" if overwrite else "create")
+    except (AlreadyExistsError, PreconditionError):
+        raise FileExistsError(f"{shown} exists (use --force to replace it)") from None
+    except Exception as e:
+        raise OSError(f"cannot write {shown}: {_first_line(e)}") from None
+
+
+def download_file(url: str, path: str) -> int:
+    """Copy the object ``url`` names to the new local file ``path``; its size. The object may
+    be at most the URL's ``max_size`` (default 16G) and take at most its ``timeout`` (600s).
+
+    Raises:
+        ConfigError: a bad URL, or obstore is not installed.
+        FileNotFoundError: there is no such object.
+        OSError: the store failed, or the object is too large or too slow.
+    """
+    import obstore
+
+    store, name, shown = _file_location(url)
+    where = parse_object_url(url)
+    limit = where.max_size if "max_size=" in urlsplit(url).query else TRANSFER_MAX_SIZE
+    started = time.monotonic()
+    try:
+        result = obstore.get(store, name)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no object {shown}") from None
+    except Exception as e:
+        raise OSError(f"cannot read {shown}: {_first_line(e)}") from None
+    if result.meta["size"] > limit:
+        raise OSError(f"{shown} is {result.meta['size']} bytes, more than max_size={limit}")
+    written = 0
+    with open(path, "xb") as f:
+        try:
+            for chunk in result.stream(min_chunk_size=8 << 20):
+                written += len(chunk)
+                if written > limit:
+                    break
+                f.write(chunk)
+        except Exception as e:
+            elapsed = time.monotonic() - started
+            raise OSError(f"cannot read {shown} ({elapsed:.1f}s): {_first_line(e)}") from None
+    if written > limit:
+        raise OSError(f"{shown} is more than max_size={limit} bytes")
+    return written
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:300]

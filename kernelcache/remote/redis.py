@@ -314,16 +314,32 @@ class RedisTier(TierBase):
         """``(fn(*args, **kw), False)``, or ``(None, True)`` after a Redis, socket or protocol
         failure, which is accounted for (counters, breaker, one warning). The call may take
         ``timeout`` seconds in all (plus the time to connect) and read ``limit`` reply bytes."""
+        result, error, overrun = self._attempt(fn, *args, limit=limit, **kw)
+        if error is None:
+            return result, False
+        self._failed(what, error, overrun)
+        return None, True
+
+    def _attempt(
+        self, fn: Callable[..., Any], *args: Any, limit: int = _REPLY_LIMIT, **kw: Any
+    ) -> tuple[Any, Exception | None, bool]:
+        """``(fn(client, *args, **kw), None, False)``, or ``(None, the failure, whether the
+        reply ran past ``limit``)``, within the call's deadline and reply budget."""
         budget, errors = self._budget, self._errors
         budget.deadline = time.monotonic() + self.options.timeout
         budget.left, budget.overrun = limit, False
         try:
-            return fn(self._client, *args, **kw), False
+            return fn(self._client, *args, **kw), None, False
         except (errors.RedisError, errors.RedisClusterException, OSError, ValueError) as e:
-            self._failed(what, e, budget.overrun)
-            return None, True
+            return None, e, budget.overrun
         finally:
             budget.deadline = budget.left = None
+
+    def probe(self) -> str | None:
+        """Whether the server answers a PING within the bounds of a call: None, or why not
+        (nothing is counted or warned about)."""
+        _, error, _ = self._attempt(lambda c: c.ping())
+        return None if error is None else scrub(f"{type(error).__name__}: {error}", self._secrets)
 
     # -- the RemoteTier interface ---------------------------------------------------------
     def name(self, key: str) -> str:

@@ -12,8 +12,9 @@ or to make its tier never fails the job (one warning, and no remote tier).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
@@ -185,3 +186,32 @@ def _check_one(url: str) -> None:
         raise
     except Exception as e:
         raise ConfigError(_broken(plugin, url, e)) from None
+
+
+def probe(url: str, *, stats_root: str | None = None) -> dict[str, Any]:
+    """Ask the tier of one ``url`` whether it answers (``kernelcache stats --remote``):
+    ``{"tier", "read_only", "up", "seconds", "error"}``. Never raises: a URL that cannot be
+    used is a tier that is not up."""
+    from .layered import label_of
+
+    started = time.monotonic()
+    error: str | None = None
+    tier: object = None
+    try:
+        tier = open_one(url, stats_root=stats_root)
+        check = getattr(tier, "probe", None)
+        if tier is None:
+            error = "its plugin is broken"
+        elif callable(check):
+            error = check()
+        else:  # a plugin's tier: a miss is an answer
+            tier.get("0" * 32, "probe")
+    except Exception as e:
+        error = scrub(f"{type(e).__name__}: {e}", secrets_of(url))
+    return {
+        "tier": label_of(tier) if tier is not None else redact(url).split("?", 1)[0],
+        "read_only": bool(getattr(tier, "read_only", False)),
+        "up": error is None,
+        "seconds": round(time.monotonic() - started, 6),
+        "error": error,
+    }
