@@ -208,3 +208,25 @@ def test_gcs_writes_through_obstores_memory_store():
     assert tier.name(key) == f"team-a/v2/{key}" and tier.prefix == "team-a/v2"
     assert tier.put(key, "cubin", b"one", META) and not tier.put(key, "cubin", b"two", META)
     assert tier.get(key, "cubin")[0] == b"one"
+
+
+def test_a_process_forked_after_the_tier_was_used_skips_it_instead_of_hanging(bucket, tmp_path):
+    import multiprocessing
+
+    key = key_of(80)
+    cache = kernelcache.Cache(tmp_path / "parent", (), bucket)
+    cache.put(key, "cubin", b"before the fork", META)
+    assert cache.remote.get(key, "cubin") is not None  # obstore's runtime runs here now
+
+    def child(queue):
+        forked = kernelcache.Cache(tmp_path / "child", (), bucket)
+        art = forked.get_or_create(key, "cubin", lambda: (b"built in the child", META))
+        queue.put((art.data, forked.remote.counters.get("skipped", 0)))
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    process = ctx.Process(target=child, args=(queue,))
+    process.start()
+    data, skipped = queue.get(timeout=30)
+    process.join(timeout=30)
+    assert data == b"built in the child" and skipped >= 1

@@ -141,6 +141,19 @@ def make_store(where: ObjectURL, prefix: str, *, shown: str) -> Any:
         raise ConfigError(f"remote URL {shown!r}: {e}") from None
 
 
+#: the process whose requests started obstore's runtime (one per process, made at the first
+#: request); a process forked from it after that cannot make requests: they would hang
+_runtime_pid: int | None = None
+
+
+def _runtime_here() -> bool:
+    """Whether obstore can make requests in this process (and notes that it will)."""
+    global _runtime_pid
+    if _runtime_pid is None:
+        _runtime_pid = os.getpid()
+    return _runtime_pid == os.getpid()
+
+
 def _no_release() -> None:
     """An object store has no locks: machines may build a key at the same time (harmless)."""
 
@@ -197,6 +210,19 @@ class ObjectStoreTier(TierBase):
         return f"{self.prefix}/{key}"
 
     # -- failure policy -------------------------------------------------------------------
+    def _usable(self) -> bool:
+        if not _runtime_here():
+            self._bump(skipped=1)
+            self._warn(
+                "forked",
+                "remote cache %s is not used in this process: it was forked from one that used "
+                "it, and obstore cannot make requests after a fork (start workers with the "
+                "'spawn' or 'forkserver' method)",
+                self.url,
+            )
+            return False
+        return super()._usable()
+
     def _failed(self, what: str, e: Exception) -> None:
         import obstore.exceptions as errors
 
@@ -224,6 +250,8 @@ class ObjectStoreTier(TierBase):
         not (nothing is counted or warned about)."""
         import obstore
 
+        if not _runtime_here():
+            return "this process was forked from one that used obstore"
         try:
             obstore.head(self.store, "kernelcache-probe")
         except FileNotFoundError:
