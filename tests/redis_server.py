@@ -20,7 +20,7 @@ import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,68 +181,23 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def blackhole(reply: bytes = b"") -> Iterator[int]:
-    """A port on 127.0.0.1 that accepts connections, sends ``reply`` (default: nothing) and
-    then never another byte: a hung server, or one that speaks another protocol."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.05)
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                conn, _ = listener.accept()
-                held.append(conn)
-                if reply:
-                    conn.sendall(reply)
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        listener.close()
-
-
-@contextlib.contextmanager
-def drip(
-    head: bytes = b"$1000000\r\n",
-    chunk: bytes = b"x",
-    interval: float = 0.3,
-    limit: float = 60.0,
-) -> Iterator[int]:
-    """A port on 127.0.0.1 whose server answers every connection with ``head``, then
-    ``chunk`` every ``interval`` seconds (0: as fast as the client reads) whatever it is asked:
-    a slow (or flooding) server. Each connection stops after ``limit`` seconds, or when the
-    client goes away."""
+def _listener(serve: Callable[[socket.socket, threading.Event], None]) -> Iterator[int]:
+    """A port on 127.0.0.1 whose every connection is handed to ``serve(conn, stop)`` in a
+    thread of its own; ``stop`` is set, and every connection closed, on exit."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
     stop = threading.Event()
     threads: list[threading.Thread] = []
-
-    def serve(conn: socket.socket) -> None:
-        with conn, contextlib.suppress(OSError):
-            conn.sendall(head)
-            end = time.monotonic() + limit
-            while not stop.is_set() and time.monotonic() < end:
-                conn.sendall(chunk)
-                if interval:
-                    stop.wait(interval)
+    conns: list[socket.socket] = []
 
     def accept() -> None:
         listener.settimeout(0.05)
         while not stop.is_set():
             with contextlib.suppress(OSError):
                 conn, _ = listener.accept()
-                thread = threading.Thread(target=serve, args=(conn,), daemon=True)
+                conns.append(conn)
+                thread = threading.Thread(target=serve, args=(conn, stop), daemon=True)
                 thread.start()
                 threads.append(thread)
 
@@ -255,7 +210,44 @@ def drip(
         acceptor.join()
         for thread in threads:
             thread.join(timeout=5)
+        for conn in conns:
+            conn.close()
         listener.close()
+
+
+def blackhole(reply: bytes = b"") -> contextlib.AbstractContextManager[int]:
+    """A port on 127.0.0.1 that accepts connections, sends ``reply`` (default: nothing) and
+    then never another byte: a hung server, or one that speaks another protocol."""
+
+    def serve(conn: socket.socket, stop: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            if reply:
+                conn.sendall(reply)
+
+    return _listener(serve)
+
+
+def drip(
+    head: bytes = b"$1000000\r\n",
+    chunk: bytes = b"x",
+    interval: float = 0.3,
+    limit: float = 60.0,
+) -> contextlib.AbstractContextManager[int]:
+    """A port on 127.0.0.1 whose server answers every connection with ``head``, then
+    ``chunk`` every ``interval`` seconds (0: as fast as the client reads) whatever it is asked:
+    a slow (or flooding) server. Each connection stops after ``limit`` seconds, or when the
+    client goes away."""
+
+    def serve(conn: socket.socket, stop: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            conn.sendall(head)
+            end = time.monotonic() + limit
+            while not stop.is_set() and time.monotonic() < end:
+                conn.sendall(chunk)
+                if interval:
+                    stop.wait(interval)
+
+    return _listener(serve)
 
 
 def _cluster_ports(count: int) -> list[int]:

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from .. import stats
 from ..errors import Problem
+from ..keys import check_ext, check_key
 from ..process import warn_once
 from .codec import authenticate, decode_value, make_value
 
@@ -183,3 +184,54 @@ class TierBase:
 
     def _discard(self, key: str) -> None:
         """Delete a corrupt value of ``key`` (a tier that cannot does nothing)."""
+
+    # -- the RemoteTier interface, over what each store does ---------------------------------
+    def _fetch(self, key: str) -> tuple[bytes | int | None, bool]:
+        """``(the value of key, or its size when larger than max_size, or None when absent;
+        whether the store failed)``; a failure is accounted for already."""
+        raise NotImplementedError
+
+    def _send(self, key: str, value: bytes) -> bool:
+        """Store ``value``; whether it was stored (a failure is accounted for already)."""
+        raise NotImplementedError
+
+    def get(self, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | None:
+        """The verified ``(data, metadata)`` of ``key``, or None (absent, bad, larger than
+        ``max_size``, or unavailable). Never raises for a failure of the store; bounded by the
+        tier's ``timeout``.
+
+        Raises:
+            ValueError: malformed ``key`` or ``ext``.
+        """
+        check_key(key)
+        check_ext(ext)
+        if not self._usable():
+            return None
+        self._bump(gets=1)
+        raw, failed = self._fetch(key)
+        if failed or raw is None:
+            self._bump(misses=1)
+            return None
+        if isinstance(raw, int):
+            self._oversize(key, raw)
+            return None
+        return self._decode(key, ext, raw)
+
+    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> bool:
+        """Send an entry, unless it is larger than ``max_size``, the tier is read-only, the
+        breaker is open or the store recently refused writes. Never raises for a failure of
+        the store. Returns whether the entry was stored.
+
+        Raises:
+            ValueError: malformed ``key`` or ``ext``, or ``meta`` outside the schema (the
+                local store rejects such entries first).
+        """
+        check_key(key)
+        check_ext(ext)
+        if not self._writable() or not self._usable():
+            return False
+        value = self._encode(key, ext, data, meta)
+        if value is None or not self._send(key, value):
+            return False
+        self._bump(puts=1, bytes_written=len(value))
+        return True

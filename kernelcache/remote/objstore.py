@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from ..keys import check_ext, check_key
+from ..keys import check_key
 from ..units import parse_bool, parse_duration, parse_size
 from .base import TierBase
 from .codec import REMOTE_FORMAT
@@ -161,8 +161,9 @@ def _no_release() -> None:
 class ObjectStoreTier(TierBase):
     """The shared tier in an S3-compatible or GCS bucket (a
     :class:`kernelcache.remote.RemoteTier`, made as every :class:`kernelcache.remote.TierClass`
-    is). Thread-safe and usable after ``fork`` (the store is made again in a child process).
-    Construction does not connect.
+    is). Thread-safe. Construction does not connect. A process forked after the tier made
+    requests skips it (obstore's runtime does not survive a fork); one forked before makes its
+    own store.
 
     Raises:
         ConfigError: bad URL or options, or obstore is not installed.
@@ -261,31 +262,10 @@ class ObjectStoreTier(TierBase):
         return None
 
     # -- the RemoteTier interface ---------------------------------------------------------
-    def get(self, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | None:
-        """The verified ``(data, metadata)`` of ``key``, or None (absent, bad, larger than
-        ``max_size``, or unavailable). Never raises for a failure of the store; costs at
-        most ``timeout`` (connecting included).
-
-        Raises:
-            ValueError: malformed ``key`` or ``ext``.
-        """
-        check_key(key)
-        check_ext(ext)
-        if not self._usable():
-            return None
-        self._bump(gets=1)
-        raw, failed = self._call("get", lambda store: self._read(store, key))
-        if failed or raw is None:
-            self._bump(misses=1)
-            return None
-        if isinstance(raw, int):
-            self._oversize(key, raw)
-            return None
-        return self._decode(key, ext, raw)
-
-    def _read(self, store: Any, path: str) -> bytes | int | None:
-        """The bytes of an object, or its size when it is larger than ``max_size``."""
-        return read_object(store, path, self.where.max_size, self.where.timeout)
+    def _fetch(self, key: str) -> tuple[bytes | int | None, bool]:
+        return self._call(
+            "get", lambda store: read_object(store, key, self.where.max_size, self.where.timeout)
+        )
 
     def _discard(self, key: str) -> None:
         if not self.read_only:
@@ -293,26 +273,10 @@ class ObjectStoreTier(TierBase):
 
             self._call("delete", lambda store: obstore.delete(store, key))
 
-    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> bool:
-        """Store an entry unless the key is there already (the first writer wins), it is
-        larger than ``max_size``, the tier is read-only or the store is unavailable or
-        refuses writes. Never raises for a failure of the store. Returns whether this call
-        stored it.
-
-        Raises:
-            ValueError: malformed ``key`` or ``ext``, or ``meta`` outside the schema.
-        """
-        check_key(key)
-        check_ext(ext)
-        if not self._writable() or not self._usable():
-            return False
-        value = self._encode(key, ext, data, meta)
-        if value is None:
-            return False
+    def _send(self, key: str, value: bytes) -> bool:
+        """Store ``value`` unless the key is there already: the first writer wins."""
         stored, failed = self._call("put", lambda store: self._create(store, key, value))
-        if stored:
-            self._bump(puts=1, bytes_written=len(value))
-        elif not failed:
+        if not stored and not failed:
             self._bump(present=1)
         return bool(stored)
 

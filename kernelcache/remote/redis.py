@@ -28,11 +28,11 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError
-from ..keys import check_ext, check_key
+from ..keys import check_key
 from ..process import HOST
 from .base import TierBase, logger
 from .url import cluster_nodes, parse_url, redact, scrub, secrets_of
@@ -349,56 +349,20 @@ class RedisTier(TierBase):
             return f"{self.options.prefix}{{{key}}}"
         return self.options.prefix + key
 
-    def get(self, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | None:
-        """The verified ``(data, metadata)`` of ``key``, or None (absent, bad, larger than
-        ``max_size``, or unavailable).
-
-        Never raises for a failure of the server; costs at most ``timeout`` (plus one connect).
-
-        Raises:
-            ValueError: malformed ``key`` or ``ext``.
-        """
-        check_key(key)
-        check_ext(ext)
-        if not self._usable():
-            return None
-        self._bump(gets=1)
+    def _fetch(self, key: str) -> tuple[bytes | int | None, bool]:
         limit = self.options.max_size
         # the value is at most max_size; the call may also connect (a cluster reads its slots)
-        raw, failed = self._call(
+        return self._call(
             "get", self._run, "get", [self.name(key)], [limit], limit=limit + _REPLY_LIMIT
         )
-        if failed or raw is None:
-            self._bump(misses=1)
-            return None
-        if isinstance(raw, int):
-            self._oversize(key, raw)
-            return None
-        return self._decode(key, ext, raw)
 
     def _discard(self, key: str) -> None:
         self._call("delete", lambda c: c.delete(self.name(key)))
 
-    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> bool:
-        """Send an entry (overwriting what is there), unless it is larger than ``max_size``,
-        the tier is read-only, the breaker is open or the server recently refused writes.
-        Never raises for a failure of the server. Returns whether the entry was stored.
-
-        Raises:
-            ValueError: malformed ``key`` or ``ext``, or ``meta`` is not JSON-serializable
-                (the local store rejects such entries first).
-        """
-        check_key(key)
-        check_ext(ext)
-        if not self._writable() or not self._usable():
-            return False
-        value = self._encode(key, ext, data, meta)
-        if value is None:
-            return False
+    def _send(self, key: str, value: bytes) -> bool:
+        """Store ``value`` under the entry's key (overwriting what is there)."""
         ttl_ms = math.ceil(self.options.ttl * 1000) if self.options.ttl else None
         _, failed = self._call("put", lambda c: c.set(self.name(key), value, px=ttl_ms))
-        if not failed:
-            self._bump(puts=1, bytes_written=len(value))
         return not failed
 
     def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
