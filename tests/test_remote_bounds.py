@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer, drip
+from test_remote import key_of
 
 import kernelcache
 from kernelcache.errors import ConfigError
@@ -22,10 +23,6 @@ from kernelcache.remote import RedisTier, parse_url
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def key_of(i: int) -> str:
-    return f"{i:032x}"
 
 
 def build_of(key: str):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from object_store import MotoS3, moto_available, s3_env
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer, free_port
+from test_remote import key_of
 
 import kernelcache
 from kernelcache import stats
@@ -27,10 +28,6 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parent.parent
 META = {"name": "kernel", "target": "cuda:90"}
-
-
-def key_of(i: int) -> str:
-    return f"{i:032x}"
 
 
 @pytest.fixture(scope="module")

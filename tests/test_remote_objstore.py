@@ -10,6 +10,7 @@ import time
 import pytest
 from object_store import FakeGCS, MotoS3, fake_gcs_binary, moto_available, read_only_bucket, s3_env
 from redis_server import drip, free_port
+from test_remote import key_of
 
 import kernelcache
 from kernelcache.errors import ConfigError
@@ -18,10 +19,6 @@ from kernelcache.remote import ObjectStoreTier, make_value, open_remote
 pytestmark = pytest.mark.skipif(not moto_available(), reason="needs moto and obstore (test extra)")
 
 META = {"name": "kernel", "target": "cuda:90"}
-
-
-def key_of(i: int) -> str:
-    return f"{i:032x}"
 
 
 @pytest.fixture(scope="module")
