@@ -1,200 +1,218 @@
-"""Remote (Redis) hits against local hits, for 64 KB artifacts, from 1 and 16 processes.
+"""Remote hits per tier (Redis, Redis Cluster, an S3-compatible store) against local hits, and a
+job's start through each tier, all measured in the same run.
 
-Scenarios, each measured in the same run against the same data:
+For each tier and artifact size (64 KiB, 1 MiB), from one process:
 
 * ``local``: ``Cache.get`` on a warm local root (the peer every ratio is taken against);
-* ``remote-tier``: ``RedisTier.get``: one Redis round trip, header and digest verified;
-* ``remote-cache``: ``Cache.get`` on an empty local root: a remote hit, verified again and
-  published into the local root (what a process on a fresh node pays once per kernel).
+* ``tier``: the tier's ``get``: one read, header, digests (and size bound) checked;
+* ``cache``: ``Cache.get`` on an empty local root: a remote hit, checked again and published
+  into the root (what a process on a fresh node pays once per kernel).
 
-Each process reads every key (``--keys``) ``--rounds`` times, after a barrier; latency is per
-call (median and 90th percentile over all processes), throughput is all calls over the wall
-time from the barrier to the last process's end. Prints a table, then one JSON line; ``--out``
-also writes the JSON to a file.
+Then a job start: 4 processes on 2 fresh roots (2 per root, as 2 nodes of 2 processes) call
+``get_or_create_many`` for every key, the tier holding them all; against the same job on warm
+roots (every key a local hit). Prints a table, then one JSON line; ``--out`` writes the JSON.
 
-Usage: ``python benchmarks/remote.py [--url redis://host:6379/0] [--procs 1,16] [--out F]``.
-Without ``--url`` a redis-server is started in a temporary directory (tests/redis_server.py).
+Usage: ``python benchmarks/remote.py [--tiers redis,cluster,s3] [--keys 32] [--out F]``. The
+servers are started on this machine (loopback): redis-server, a 3-node Redis Cluster, and
+moto's S3-compatible server in a process of its own.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from common import emit_summary
+
 import kernelcache
 from kernelcache.remote import open_remote
 
 EXT = "cubin"
+META = {"name": "bench_kernel", "target": "cuda:90"}
+SIZES = {"64K": 64 << 10, "1M": 1 << 20}
 
 
-def key_of(i: int) -> str:
-    return f"{i:064x}"
+def key_of(i: int, size: int) -> str:
+    return f"{size:016x}{i:048x}"
 
 
-def worker(
-    scenario: str,
-    url: str,
-    warm_root: str,
-    scratch: str,
-    keys: int,
-    rounds: int,
-    barrier: Any,
-    results: Any,
-) -> None:
-    tier = open_remote(url) if scenario == "remote-tier" else None
-    local = kernelcache.Cache(warm_root, readonly_roots=[], remote="")
-    names = [key_of(i) for i in range(keys)]
-    latencies: list[int] = []
+def payload(key: str, size: int) -> bytes:
+    return (key.encode() * (size // 64 + 1))[:size]
+
+
+def _moto(stack: ExitStack) -> str:
+    """moto's S3 server in a process of its own; the URL of a bucket in it."""
+    from object_store import S3_ENV
+    from redis_server import free_port
+
+    os.environ.update(S3_ENV)
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    stack.callback(process.terminate)
+    endpoint = f"http://127.0.0.1:{port}"
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.create_bucket(Bucket="kc-bench")
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    return f"s3://kc-bench/run?endpoint={endpoint}&region=us-east-1"
+
+
+def start_tiers(names: list[str], tmp: Path, stack: ExitStack) -> dict[str, str]:
+    from redis_server import RedisClusterServers, RedisServer
+
+    urls = {}
+    namespace = f"namespace=kcbench{uuid.uuid4().hex[:8]}&timeout=5"
+    if "redis" in names:
+        server = stack.enter_context(RedisServer(tmp / "redis"))
+        urls["redis"] = f"{server.url}?{namespace}"
+    if "cluster" in names:
+        cluster = stack.enter_context(RedisClusterServers(tmp / "cluster"))
+        urls["cluster"] = f"{cluster.url}?{namespace}"
+    if "s3" in names:
+        urls["s3"] = _moto(stack)
+    return urls
+
+
+def timed(fn: Any, calls: list[tuple[str, ...]]) -> list[float]:
+    out = []
+    for args in calls:
+        t0 = time.perf_counter_ns()
+        if fn(*args) is None:
+            raise SystemExit(f"not a hit: {args}")
+        out.append((time.perf_counter_ns() - t0) / 1000)
+    return out
+
+
+def latencies(url: str, size: int, keys: int, rounds: int, tmp: Path) -> dict[str, float]:
+    """Median microseconds of a local hit, a tier read and a remote hit via ``Cache.get``."""
+    names = [key_of(i, size) for i in range(keys)]
+    warm = kernelcache.Cache(tmp / f"warm-{size}", (), url)
+    for key in names:
+        warm.put(key, EXT, payload(key, size), META)
+    local = kernelcache.Cache(warm.root, (), "")
+    tier = open_remote(url)
+    calls = [(key, EXT) for key in names]
+    result = {
+        "local": timed(local.get, calls * rounds),
+        "tier": timed(tier.get, calls * rounds),
+        "cache": [],
+    }
+    for r in range(rounds):
+        fresh = kernelcache.Cache(tmp / f"fresh-{size}-{r}", (), url)
+        result["cache"] += timed(fresh.get, calls)
+    return {name: statistics.median(values) for name, values in result.items()}
+
+
+def _job_process(url: str, root: str, keys: list[str], size: int, barrier: Any, q: Any) -> None:
+    cache = kernelcache.Cache(root, (), url)
+    items = [
+        kernelcache.BuildItem(k, EXT, lambda k=k: (payload(k, size), META))  # type: ignore[misc]
+        for k in keys
+    ]
     barrier.wait()
     started = time.perf_counter()
-    for r in range(rounds):
-        if scenario == "remote-cache":
-            root = os.path.join(scratch, f"{os.getpid()}-{r}")
-            cache = kernelcache.Cache(root, readonly_roots=[], remote=url)
-        for key in names:
-            t0 = time.perf_counter_ns()
-            if scenario == "local":
-                art = local.get(key, EXT)
-                ok = art is not None and art.source == "local"
-            elif scenario == "remote-tier":
-                ok = tier.get(key, EXT) is not None
-            else:
-                art = cache.get(key, EXT)
-                ok = art is not None and art.source == "remote"
-            latencies.append(time.perf_counter_ns() - t0)
-            if not ok:
-                raise SystemExit(f"{scenario}: {key} was not a hit")
-    results.put((latencies, started, time.perf_counter()))
+    arts = cache.get_or_create_many(items)
+    q.put((started, time.perf_counter(), sum(a.source == "remote" for a in arts)))
 
 
-def run(scenario: str, procs: int, args: argparse.Namespace, url: str, warm: str) -> dict:
-    ctx = mp.get_context("fork")
-    barrier = ctx.Barrier(procs)
-    results = ctx.Queue()
-    rounds = args.rounds if scenario != "remote-cache" else max(1, args.rounds // 4)
-    if procs > 1:
-        rounds = max(1, rounds // 4)
-    with tempfile.TemporaryDirectory(prefix="kc-bench-") as scratch:
-        workers = [
-            ctx.Process(
-                target=worker,
-                args=(scenario, url, warm, scratch, args.keys, rounds, barrier, results),
-            )
-            for _ in range(procs)
-        ]
-        for w in workers:
-            w.start()
-        collected = [results.get(timeout=600) for _ in workers]
-        for w in workers:
-            w.join()
-            if w.exitcode != 0:
-                raise SystemExit(f"a {scenario} worker failed (exit code {w.exitcode})")
-    latencies = sorted(ns for lat, _, _ in collected for ns in lat)
-    wall = max(end for _, _, end in collected) - min(start for _, start, _ in collected)
-    ops = len(latencies)
-    return {
-        "scenario": scenario,
-        "procs": procs,
-        "ops": ops,
-        "median_us": statistics.median(latencies) / 1000,
-        "p90_us": latencies[int(0.9 * (ops - 1))] / 1000,
-        "ops_per_s": ops / wall,
-        "mb_per_s": ops * args.size / wall / 1e6,
-    }
+def job_start(url: str, size: int, keys: int, roots: list[str]) -> dict[str, float]:
+    """Wall seconds for 4 processes on 2 roots to get every key (2 processes per root)."""
+    ctx = mp.get_context("spawn")  # obstore cannot make requests in a forked child
+    barrier, q = ctx.Barrier(4), ctx.Queue()
+    names = [key_of(i, size) for i in range(keys)]
+    procs = [
+        ctx.Process(target=_job_process, args=(url, roots[i % 2], names, size, barrier, q))
+        for i in range(4)
+    ]
+    for p in procs:
+        p.start()
+    done = [q.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join()
+    wall = max(end for _, end, _ in done) - min(start for start, _, _ in done)
+    return {"seconds": wall, "remote_hits": sum(n for _, _, n in done)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", help="an existing Redis server (default: start one)")
-    parser.add_argument("--size", type=int, default=64 * 1024, help="artifact bytes (64 KiB)")
-    parser.add_argument("--keys", type=int, default=128, help="distinct artifacts (128)")
-    parser.add_argument("--rounds", type=int, default=8, help="reads of every key (8)")
-    parser.add_argument("--procs", default="1,16", help="process counts (1,16)")
-    parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--tiers", default="redis,cluster,s3", help="redis,cluster,s3")
+    parser.add_argument("--keys", type=int, default=32, help="distinct artifacts per size (32)")
+    parser.add_argument("--rounds", type=int, default=4, help="reads of every key (4)")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
-    procs = [int(p) for p in args.procs.split(",")]
-    namespace = f"kcbench{uuid.uuid4().hex[:8]}"
-
-    with tempfile.TemporaryDirectory(prefix="kc-bench-") as tmp:
-        server = None
-        base = args.url
-        if base is None:
-            from redis_server import RedisServer
-
-            server = RedisServer(Path(tmp) / "redis").start()
-            base = server.url
-        url = f"{base}{'&' if '?' in base else '?'}namespace={namespace}&timeout=5"
-        try:
-            warm = os.path.join(tmp, "warm")
-            writer = kernelcache.Cache(warm, readonly_roots=[], remote=url)
-            for i in range(args.keys):
-                data = (key_of(i).encode() * (args.size // 64 + 1))[: args.size]
-                writer.put(key_of(i), EXT, data, {"name": "bench_kernel", "target": "cuda:90"})
-            if writer.remote.counters.get("puts") != args.keys:
-                raise SystemExit(f"could not fill {writer.remote!r}: {writer.remote.counters}")
-            rows = [
-                run(scenario, p, args, url, warm)
-                for p in procs
-                for scenario in ("local", "remote-tier", "remote-cache")
-            ]
-            client = writer.remote._client
-            for name in client.scan_iter(match=f"{namespace}:*", count=1000):
-                client.delete(name)
-        finally:
-            if server is not None:
-                server.stop()
-
-    def row(scenario: str, p: int) -> dict:
-        return next(r for r in rows if r["scenario"] == scenario and r["procs"] == p)
-
+    names = args.tiers.split(",")
+    rows: list[dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="kc-bench-") as tmp_name, ExitStack() as stack:
+        tmp = Path(tmp_name)
+        urls = start_tiers(names, tmp, stack)
+        for name in names:
+            for label, size in SIZES.items():
+                medians = latencies(urls[name], size, args.keys, args.rounds, tmp / name)
+                rows.append(
+                    {"tier": name, "size": label, **{f"{k}_us": v for k, v in medians.items()}}
+                )
+            size = SIZES["64K"]
+            warm_roots = [str(tmp / name / f"job-warm-{i}") for i in range(2)]
+            cold = job_start(
+                urls[name], size, args.keys, [str(tmp / name / f"job-{i}") for i in range(2)]
+            )
+            job_start(urls[name], size, args.keys, warm_roots)  # fills the roots
+            warm = job_start("", size, args.keys, warm_roots)
+            jobs.append({"tier": name, "cold_roots": cold, "warm_roots": warm})
     print(
-        f"{'scenario':<14} {'procs':>5} {'ops':>7} {'median us':>10} {'p90 us':>9} "
-        f"{'ops/s':>10} {'MB/s':>8} {'median vs local':>16}"
+        f"{'tier':<8} {'size':>5} {'local us':>9} {'tier us':>9} {'cache us':>9} "
+        f"{'tier/local':>10} {'cache/local':>11}"
     )
     for r in rows:
-        ratio = r["median_us"] / row("local", r["procs"])["median_us"]
+        local, tier, cache = r["local_us"], r["tier_us"], r["cache_us"]
         print(
-            f"{r['scenario']:<14} {r['procs']:>5} {r['ops']:>7} {r['median_us']:>10.1f} "
-            f"{r['p90_us']:>9.1f} {r['ops_per_s']:>10.0f} {r['mb_per_s']:>8.1f} {ratio:>15.1f}x"
+            f"{r['tier']:<8} {r['size']:>5} {local:>9.0f} {tier:>9.0f} {cache:>9.0f} "
+            f"{tier / local:>9.1f}x {cache / local:>10.1f}x"
         )
-    ratios = {}
-    for p in procs:
-        local = row("local", p)
-        for scenario in ("remote-tier", "remote-cache"):
-            r = row(scenario, p)
-            ratios[f"{scenario}_median_vs_local_{p}p"] = round(
-                r["median_us"] / local["median_us"], 2
-            )
-            ratios[f"{scenario}_throughput_vs_local_{p}p"] = round(
-                r["ops_per_s"] / local["ops_per_s"], 3
-            )
+    print(
+        f"\n{'job start: 4 processes, 2 roots':<34} {'keys':>5} {'cold roots s':>12} "
+        f"{'warm roots s':>12} {'ratio':>6}"
+    )
+    for j in jobs:
+        cold, warm = j["cold_roots"]["seconds"], j["warm_roots"]["seconds"]
+        print(f"{j['tier']:<34} {args.keys:>5} {cold:>12.3f} {warm:>12.3f} {cold / warm:>5.1f}x")
     summary = {
         "benchmark": "remote",
-        "artifact_bytes": args.size,
-        "keys": args.keys,
         "cpus": os.cpu_count(),
-        "server": "given" if args.url else "local redis-server",
-        "results": [
-            {k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()} for r in rows
+        "keys": args.keys,
+        "rounds": args.rounds,
+        "latency_median_us": [
+            {k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()} for r in rows
         ],
-        "ratios": ratios,
+        "job_start": jobs,
     }
-    line = json.dumps(summary, sort_keys=True)
-    print(line)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
+    emit_summary(summary, args.out)
     return 0
 
 

@@ -28,8 +28,8 @@ from .keys import check_ext, check_key
 from .layout import resolve_root
 from .locks import Held
 from .process import warn_once
-from .remote import RemoteTier, open_remote
-from .schema import RESERVED_FIELDS, check_document, digest, make_metadata
+from .remote import RemoteTier, check_entry, open_remote
+from .schema import RESERVED_FIELDS, make_metadata
 from .store import Artifact, Store
 
 logger = logging.getLogger(__name__)
@@ -57,11 +57,6 @@ class BuildItem:
     build: BuildFn
 
 
-def _open_remote(url: str, root: str, signing_key: bytes | None) -> RemoteTier | None:
-    """The tier of ``url``, by its scheme; None if its plugin is broken (one warning)."""
-    return open_remote(url, stats_root=root, signing_key=signing_key)
-
-
 class Cache:
     """A kernel cache over one writable root, read-only roots and an optional remote tier.
 
@@ -70,7 +65,9 @@ class Cache:
         readonly_roots: roots searched after ``root`` and never written (e.g. a layer baked
             into a container image); None for ``$KERNELCACHE_READONLY_DIRS``.
         remote: None for ``$KERNELCACHE_REMOTE``, "" for none, a URL such as
-            ``redis://host:6379/0``, or an object implementing :class:`RemoteTier`.
+            ``redis://host:6379/0``, several separated by whitespace (tiers tried in order,
+            see docs/remote.md), an object implementing :class:`RemoteTier`, or a sequence of
+            URLs and such objects.
         lock_timeout: seconds to wait for a per-key lock before building privately; None for
             ``$KERNELCACHE_LOCK_TIMEOUT``.
         lock_mode: "auto", "flock" or "soft"; None for ``$KERNELCACHE_LOCK_MODE``.
@@ -80,7 +77,7 @@ class Cache:
         self,
         root: str | os.PathLike[str] | None = None,
         readonly_roots: Sequence[str | os.PathLike[str]] | None = None,
-        remote: str | RemoteTier | None = None,
+        remote: str | RemoteTier | Sequence[str | RemoteTier] | None = None,
         *,
         lock_timeout: float | None = None,
         lock_mode: str | None = None,
@@ -100,9 +97,9 @@ class Cache:
         if remote is None:
             remote = cfg.remote or ""
         self.remote: RemoteTier | None = (
-            (_open_remote(remote, self.root, cfg.signing_secret()) if remote else None)
-            if isinstance(remote, str)
-            else remote
+            remote
+            if isinstance(remote, RemoteTier)
+            else open_remote(remote, stats_root=self.root, signing_key=cfg.signing_secret())
         )
         self.disabled = cfg.disable
         if cfg.stats_log and not self.disabled:
@@ -178,7 +175,7 @@ class Cache:
         if found is None:
             stats.count(self.root, remote_misses=1)
             return None
-        checked = _check_remote(found, key, ext)
+        checked = check_entry(found, key, ext)
         if isinstance(checked, str):
             stats.count(self.root, remote_errors=1, corrupt=1)
             warn_once(
@@ -277,8 +274,8 @@ class Cache:
         time (single flight, as :meth:`get_or_create`), so a key is built once in total unless
         its builder dies or fails, or holds it past the lock timeout; a process never waits on
         a key while it could build another one. With a remote tier, the builder of a key also
-        takes the tier's job-wide lock of that key (waiting for it up to the lock timeout), so
-        one machine builds it.
+        takes the tier's job-wide lock of that key, so one machine builds it; the waits for
+        those locks share one budget per call, the lock timeout (not one per key).
 
         Never fails on a cache failure: a key whose lock cannot be taken is built without it,
         and a key held by another process for longer than the lock timeout (of waiting since
@@ -319,9 +316,11 @@ class Cache:
         if self.disabled:
             for key, ext in pending:
                 stats.count(self.root, misses=1)
-                built = self._attempt(key, ext, builds[(key, ext)], None)
+                built = self._attempt(key, ext, builds[(key, ext)], None, 0.0)
                 yield from ((i, built) for i in slots[(key, ext)])
             return
+        # one budget for the remote lock waits of the whole call, not one per key
+        remote_deadline = time.monotonic() + self.lock_timeout
         held_since: dict[tuple[str, str], float] = {}  # first found held by another process
         delay = POLL_FIRST
         while pending:
@@ -331,7 +330,7 @@ class Cache:
                 result: Artifact | Exception | None = None
                 held = self._claim(key)
                 if not isinstance(held, _Busy):
-                    result = self._attempt(key, ext, builds[entry], held)
+                    result = self._attempt(key, ext, builds[entry], held, remote_deadline)
                 elif wait:
                     now = time.monotonic()
                     if entry not in held_since:
@@ -339,7 +338,7 @@ class Cache:
                         stats.count(self.root, lock_waits=1)
                     result = self._local_lookup(key, ext)  # published, lock not yet released
                     if result is None and now - held_since[entry] >= self.lock_timeout:
-                        result = self._private(key, ext, builds[entry])
+                        result = self._private(key, ext, builds[entry], remote_deadline)
                     if result is None:
                         left.append(entry)
                         continue
@@ -363,7 +362,9 @@ class Cache:
             warn_once(logger, (self.root, "locks"), "kernelcache: building without a lock: %s", e)
             return None
 
-    def _private(self, key: str, ext: str, build: BuildFn) -> Artifact | Exception:
+    def _private(
+        self, key: str, ext: str, build: BuildFn, remote_deadline: float
+    ) -> Artifact | Exception:
         """Build ``key`` without its lock after another process held it too long."""
         stats.count(self.root, lock_timeouts=1)
         warn_once(
@@ -373,22 +374,25 @@ class Cache:
             self.lock_timeout,
             self.root,
         )
-        return self._attempt(key, ext, build, None)
+        return self._attempt(key, ext, build, None, remote_deadline)
 
     def _attempt(
-        self, key: str, ext: str, build: BuildFn, held: Held | None
+        self, key: str, ext: str, build: BuildFn, held: Held | None, remote_deadline: float
     ) -> Artifact | Exception:
         """Look ``key`` up again under its lock ``held`` (if any) and build it if still
-        missing; the lock is released before returning. A failing build is returned."""
+        missing; the lock is released before returning. A failing build is returned. The
+        remote tier's lock is waited for until ``remote_deadline`` (``time.monotonic()``)."""
         try:
-            return self._build_locked(key, ext, build, held)
+            return self._build_locked(key, ext, build, held, remote_deadline)
         except Exception as e:  # the caller decides: raise it, or report it per item
             return e
         finally:
             if isinstance(held, Held):
                 held.release()
 
-    def _build_locked(self, key: str, ext: str, build: BuildFn, held: Held | None) -> Artifact:
+    def _build_locked(
+        self, key: str, ext: str, build: BuildFn, held: Held | None, remote_deadline: float
+    ) -> Artifact:
         if self.disabled:
             return self._build(key, ext, build, store=False)
         if held is not None:
@@ -397,7 +401,8 @@ class Cache:
                 return art
         release_remote = None
         if self.remote is not None:
-            release_remote = self.remote.acquire(key, self.lock_timeout)
+            budget = max(0.0, remote_deadline - time.monotonic())
+            release_remote = self._remote_acquire(key, budget)
             if release_remote is not None:
                 art = self._remote_lookup(key, ext)
                 if art is not None:
@@ -409,6 +414,19 @@ class Cache:
         finally:
             if release_remote is not None:
                 release_remote()
+
+    def _remote_acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
+        """The remote tier's build lock of ``key`` within ``timeout`` seconds; None if it could
+        not be had (the caller builds anyway). A tier that raises is a tier without the lock."""
+        assert self.remote is not None
+        try:
+            return self.remote.acquire(key, timeout)
+        except Exception as e:  # a tier must not raise; if one does, build without its lock
+            stats.count(self.root, remote_errors=1)
+            warn_once(
+                logger, (self.root, "remote-raised"), "kernelcache: the remote tier failed: %r", e
+            )
+            return None
 
     def _local_lookup(self, key: str, ext: str) -> Artifact | None:
         """A verified artifact of ``key`` in a local layer (the remote tier is not asked:
@@ -443,25 +461,3 @@ class Cache:
     def _in_memory(key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> Artifact:
         data = bytes(data)
         return Artifact(key, ext, data, None, make_metadata(key, ext, data, meta), "memory")
-
-
-def _check_remote(found: object, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | str:
-    """``(data, metadata)`` from a remote tier if they form a valid entry of ``key`` and
-    ``ext``; else what is wrong. Never raises."""
-    if not isinstance(found, tuple) or len(found) != 2:
-        return "the tier returned something other than (data, metadata)"
-    data, meta = found
-    if not isinstance(data, bytes):
-        return "the artifact is not bytes"
-    try:
-        plain = dict(meta) if isinstance(meta, Mapping) else meta
-    except Exception:  # a hostile Mapping
-        return "the metadata is not a mapping"
-    doc = check_document(plain, key)
-    if isinstance(doc, Problem):
-        return doc.reason
-    if doc["ext"] != ext:
-        return f"it holds a .{doc['ext']} artifact, not .{ext}"
-    if doc["size"] != len(data) or doc["digest"] != digest(data):
-        return "the artifact does not match its size and digest"
-    return data, doc

@@ -128,10 +128,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "KERNELCACHE_REMOTE",
         "remote",
-        _stripped,  # checked by kernelcache.remote.parse_url when opened (and by doctor)
+        _stripped,  # checked by kernelcache.remote.check_url when opened (and by doctor)
         None,
         "(none)",
-        "remote tier URL, e.g. redis://host:6379/0",
+        "remote tier URLs, tried in order, separated by whitespace, e.g. redis://host:6379/0 s3://bucket/kc",
     ),
     Variable(
         "KERNELCACHE_LOCK_TIMEOUT",

@@ -47,6 +47,7 @@ PACKAGES = (
     "zstandard",
     "tqdm",
     "redis",
+    "obstore",
 )
 #: the oldest filelock whose descriptor locks the cache uses (see kernelcache/locks.py)
 MIN_FILELOCK = (3, 30)
@@ -165,14 +166,14 @@ def _probe(root: str) -> tuple[str | None, str | None]:
 
 
 def _shown(name: str, raw: str) -> str:
-    """A variable's value as doctor shows it: a secret as ``***``, a remote URL without its
-    password."""
+    """A variable's value as doctor shows it: a secret as ``***``, remote URLs without their
+    passwords."""
     if variable(name).secret:
         return "***"
     if name == "KERNELCACHE_REMOTE":
-        from .remote import redact
+        from .remote import redact, split_urls
 
-        return redact(raw.strip())
+        return " ".join(redact(url) for url in split_urls(raw))
     return raw
 
 

@@ -59,10 +59,23 @@ COUNTERS = (
     "remote_puts",
     "unauthenticated",
 )
+#: counters of each remote tier (``"tiers"`` in a log record, keyed by the tier's label)
+TIER_COUNTERS = (
+    "hits",
+    "misses",
+    "errors",
+    "timeouts",
+    "bytes_read",
+    "puts",
+    "bytes_written",
+    "backfills",
+)
 
 _lock = threading.Lock()
 _counts: dict[str, dict[str, float]] = {}
 _flushed: dict[str, dict[str, float]] = {}
+_tier_counts: dict[str, dict[str, dict[str, float]]] = {}  # root -> tier label -> counters
+_tier_flushed: dict[str, dict[str, dict[str, float]]] = {}
 _logged_roots: set[str] = set()
 _last_flush = time.monotonic()
 _token = uuid.uuid4().hex[:8]
@@ -82,6 +95,33 @@ def count(root: str, **deltas: float) -> None:
             counters[name] += value
     if time.monotonic() - _last_flush > FLUSH_INTERVAL:
         flush()
+
+
+def count_tier(root: str, tier: str, **deltas: float) -> None:
+    """Add ``deltas`` (names from :data:`TIER_COUNTERS`; others are ignored) to the counters
+    of the remote tier labelled ``tier`` under ``root``."""
+    with _lock:
+        counters = _tier_counts.setdefault(root, {}).setdefault(
+            tier, dict.fromkeys(TIER_COUNTERS, 0)
+        )
+        for name, value in deltas.items():
+            if name in counters:
+                counters[name] += value
+
+
+def tier_stats() -> dict[str, dict[str, float]]:
+    """This process's counters of each remote tier, summed over every cache root."""
+    total: dict[str, dict[str, float]] = {}
+    with _lock:
+        for tiers in _tier_counts.values():
+            for tier, counters in tiers.items():
+                add_delta(total.setdefault(tier, dict.fromkeys(TIER_COUNTERS, 0)), counters)
+    return total
+
+
+def _changes(now: dict[str, float], before: dict[str, float] | None) -> dict[str, float]:
+    before = before or {}
+    return {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
 
 
 def enable_log(root: str) -> None:
@@ -110,16 +150,18 @@ def flush() -> None:
         _last_flush = time.monotonic()
         pending = []
         for root in _logged_roots:
-            now = _counts.get(root)
-            if now is None:
-                continue
-            before = _flushed.get(root) or _zero()
-            delta = {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
-            if delta:
-                pending.append((root, delta))
-                _flushed[root] = dict(now)
-    for root, delta in pending:
-        _append(root, delta)
+            delta = _changes(_counts.get(root) or {}, _flushed.get(root))
+            tiers = {}
+            for tier, now in _tier_counts.get(root, {}).items():
+                changed = _changes(now, _tier_flushed.get(root, {}).get(tier))
+                if changed:
+                    tiers[tier] = changed
+                    _tier_flushed.setdefault(root, {})[tier] = dict(now)
+            if delta or tiers:
+                pending.append((root, delta, tiers))
+                _flushed[root] = dict(_counts.get(root) or {})
+    for root, delta, tiers in pending:
+        _append(root, delta, tiers)
 
 
 def log_name() -> str:
@@ -127,11 +169,17 @@ def log_name() -> str:
     return f"{HOST}-{os.getpid()}-{_token}.jsonl"
 
 
-def _append(root: str, delta: dict[str, float]) -> None:
-    line = json.dumps(
-        {"v": LOG_VERSION, "host": HOST, "pid": os.getpid(), "time": time.time(), "delta": delta},
-        sort_keys=True,
-    )
+def _append(root: str, delta: dict[str, float], tiers: dict[str, dict[str, float]]) -> None:
+    record: dict[str, Any] = {
+        "v": LOG_VERSION,
+        "host": HOST,
+        "pid": os.getpid(),
+        "time": time.time(),
+        "delta": delta,
+    }
+    if tiers:
+        record["tiers"] = tiers
+    line = json.dumps(record, sort_keys=True)
     try:
         dfd = open_subdir(root, STATS_DIR, create=True)
     except OSError as e:
@@ -167,6 +215,23 @@ def add_delta(totals: dict[str, float], delta: dict[Any, Any]) -> None:
             totals[k] += v
 
 
+#: the most remote tiers a log record or the summary may name (labels come from URLs)
+MAX_TIERS = 64
+
+
+def add_tiers(totals: dict[str, dict[str, float]], tiers: object) -> None:
+    """Add a record's per-tier counters (``{label: {counter: n}}``) to ``totals``; anything
+    malformed is ignored, and at most :data:`MAX_TIERS` labels are kept (untrusted input)."""
+    if not isinstance(tiers, dict):
+        return
+    for label, delta in tiers.items():
+        if not isinstance(label, str) or len(label) > 1024 or not isinstance(delta, dict):
+            continue
+        if label not in totals and len(totals) >= MAX_TIERS:
+            continue
+        add_delta(totals.setdefault(label, dict.fromkeys(TIER_COUNTERS, 0)), delta)
+
+
 def read_log_file(dfd: int, name: str) -> bytes:
     """The bytes of the log ``name`` in the directory ``dfd``, read without blocking: no
     symlink is followed, and anything but a regular file (a planted FIFO or device) or a file
@@ -197,8 +262,11 @@ def read_log_file(dfd: int, name: str) -> bytes:
         os.close(fd)
 
 
-def read_logs(root: str) -> tuple[dict[str, float], int, list[str]]:
-    """Sum every stats log under ``root``.
+def read_logs(
+    root: str, tiers: dict[str, dict[str, float]] | None = None
+) -> tuple[dict[str, float], int, list[str]]:
+    """Sum every stats log under ``root`` (and, into ``tiers`` if given, the counters of each
+    remote tier).
 
     Returns (totals, number of processes, problems). Unreadable files and lines are skipped
     and listed in problems, never raised; nothing there can block the reader.
@@ -229,6 +297,8 @@ def read_logs(root: str) -> tuple[dict[str, float], int, list[str]]:
                     delta = record.get("delta") if isinstance(record, dict) else None
                     if isinstance(delta, dict):
                         add_delta(totals, delta)
+                        if tiers is not None:
+                            add_tiers(tiers, record.get("tiers"))
                         continue
                 problems.append(f"{path}:{number}: unreadable line")
     finally:
@@ -316,16 +386,20 @@ def _read_summary(dfd: int) -> dict[str, Any] | None:
     return record
 
 
-def _sum_log(dfd: int, name: str, totals: dict[str, float]) -> None:
+def _sum_log(
+    dfd: int, name: str, totals: dict[str, float], tiers: dict[str, dict[str, float]]
+) -> None:
     with contextlib.suppress(OSError):
         lines = read_log_file(dfd, name).splitlines()
         for raw in lines:
             try:
-                delta = load_json(raw).get("delta")
+                record = load_json(raw)
+                delta = record.get("delta")
             except (ValueError, AttributeError):
                 continue
             if isinstance(delta, dict):
                 add_delta(totals, delta)
+                add_tiers(tiers, record.get("tiers"))
 
 
 def fold_logs(
@@ -385,10 +459,12 @@ def _fold_locked(dfd: int, names: Iterable[str]) -> int:
     if not pending:
         return 0
     totals = dict.fromkeys(COUNTERS, 0.0)
+    tiers: dict[str, dict[str, float]] = {}
     if summary:
         add_delta(totals, summary["delta"])
+        add_tiers(tiers, summary.get("tiers"))
     for name in pending:
-        _sum_log(dfd, name, totals)
+        _sum_log(dfd, name, totals, tiers)
     record = {
         "v": LOG_VERSION,
         "summary": True,
@@ -397,6 +473,8 @@ def _fold_locked(dfd: int, names: Iterable[str]) -> int:
         "delta": {k: (round(v, 6) if k.endswith("seconds") else int(v)) for k, v in totals.items()},
         "folded": sorted(n[: -len(_FOLDING)] for n in pending),
     }
+    if tiers:
+        record["tiers"] = {t: {k: int(v) for k, v in c.items()} for t, c in tiers.items()}
     replace_file(dfd, SUMMARY_NAME, (json.dumps(record, sort_keys=True) + "\n").encode())
     for name in pending:
         with contextlib.suppress(FileNotFoundError):

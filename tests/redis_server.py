@@ -4,7 +4,8 @@
 persistence, waits until it answers PING, and ``stop()``/``kill()`` end it. ``REDIS_SERVER``
 is the binary's path or None; tests skip with ``SKIP_REASON`` when it is absent.
 :func:`make_tls_files` makes a self-signed certificate for a TLS server. Also:
-:func:`blackhole` (a TCP port that accepts connections and never answers) and
+:func:`blackhole` (a TCP port that accepts connections and never answers), :func:`drip` (a
+server that answers one byte at a time, or floods) and
 :func:`free_port` (a port where nothing listens).
 """
 
@@ -19,7 +20,7 @@ import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,31 +181,148 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def blackhole(reply: bytes = b"") -> Iterator[int]:
-    """A port on 127.0.0.1 that accepts connections, sends ``reply`` (default: nothing) and
-    then never another byte: a hung server, or one that speaks another protocol."""
+def _listener(serve: Callable[[socket.socket, threading.Event], None]) -> Iterator[int]:
+    """A port on 127.0.0.1 whose every connection is handed to ``serve(conn, stop)`` in a
+    thread of its own; ``stop`` is set, and every connection closed, on exit."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
-    held: list[socket.socket] = []
     stop = threading.Event()
+    threads: list[threading.Thread] = []
+    conns: list[socket.socket] = []
 
     def accept() -> None:
         listener.settimeout(0.05)
         while not stop.is_set():
             with contextlib.suppress(OSError):
                 conn, _ = listener.accept()
-                held.append(conn)
-                if reply:
-                    conn.sendall(reply)
+                conns.append(conn)
+                thread = threading.Thread(target=serve, args=(conn, stop), daemon=True)
+                thread.start()
+                threads.append(thread)
 
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
     try:
         yield listener.getsockname()[1]
     finally:
         stop.set()
-        thread.join()
-        for conn in held:
+        acceptor.join()
+        for thread in threads:
+            thread.join(timeout=5)
+        for conn in conns:
             conn.close()
         listener.close()
+
+
+def blackhole(reply: bytes = b"") -> contextlib.AbstractContextManager[int]:
+    """A port on 127.0.0.1 that accepts connections, sends ``reply`` (default: nothing) and
+    then never another byte: a hung server, or one that speaks another protocol."""
+
+    def serve(conn: socket.socket, stop: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            if reply:
+                conn.sendall(reply)
+
+    return _listener(serve)
+
+
+def drip(
+    head: bytes = b"$1000000\r\n",
+    chunk: bytes = b"x",
+    interval: float = 0.3,
+    limit: float = 60.0,
+) -> contextlib.AbstractContextManager[int]:
+    """A port on 127.0.0.1 whose server answers every connection with ``head``, then
+    ``chunk`` every ``interval`` seconds (0: as fast as the client reads) whatever it is asked:
+    a slow (or flooding) server. Each connection stops after ``limit`` seconds, or when the
+    client goes away."""
+
+    def serve(conn: socket.socket, stop: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            conn.sendall(head)
+            end = time.monotonic() + limit
+            while not stop.is_set() and time.monotonic() < end:
+                conn.sendall(chunk)
+                if interval:
+                    stop.wait(interval)
+
+    return _listener(serve)
+
+
+def _cluster_ports(count: int) -> list[int]:
+    """``count`` free ports whose cluster bus ports (port + 10000) are free too."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port + 10000 > 65535 or port in ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+class RedisClusterServers:
+    """A Redis Cluster of ``size`` primaries (no replicas) on 127.0.0.1, every slot assigned:
+    ``size`` redis-server processes in cluster mode, each given a range of slots, then joined.
+    ``url`` is ``redis+cluster://127.0.0.1:p1,127.0.0.1:p2,...``."""
+
+    def __init__(self, directory: str | os.PathLike[str], size: int = 3) -> None:
+        self.directory = Path(directory)
+        self.size = size
+        self.nodes: list[RedisServer] = []
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def start(self, timeout: float = 30.0) -> RedisClusterServers:
+        for port in _cluster_ports(self.size):
+            args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]
+            args += ["--cluster-config-file", str(self.directory / f"nodes-{port}.conf")]
+            node = RedisServer(self.directory / str(port), args=args, port=port)
+            self.nodes.append(node.start())
+        # what redis-cli --cluster create does, without its pauses: each node takes an equal
+        # range of the 16384 slots and a config epoch of its own, then meets the first one
+        for i, node in enumerate(self.nodes):
+            first, last = i * 16384 // self.size, (i + 1) * 16384 // self.size - 1
+            client = node.client()
+            client.execute_command("CLUSTER ADDSLOTSRANGE", first, last)
+            client.execute_command("CLUSTER SET-CONFIG-EPOCH", i + 1)
+        for node in self.nodes[1:]:
+            node.client().execute_command("CLUSTER MEET", "127.0.0.1", self.nodes[0].port)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(self._state_ok(n) for n in self.nodes):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"the Redis Cluster did not come up; see {self.directory}")
+
+    @staticmethod
+    def _state_ok(node: RedisServer) -> bool:
+        try:
+            info = node.client().execute_command("CLUSTER INFO")  # parsed by redis-py
+            return str(info.get("cluster_state")) == "ok"
+        except Exception:
+            return False
+
+    def client(self):  # -> redis.cluster.RedisCluster
+        """A plain redis-py cluster client (for inspecting and tampering)."""
+        from redis.cluster import RedisCluster
+
+        return RedisCluster(host="127.0.0.1", port=self.nodes[0].port)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> RedisClusterServers:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

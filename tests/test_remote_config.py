@@ -198,3 +198,45 @@ def test_malformed_keys_are_value_errors_before_any_connection(call: str) -> Non
     with pytest.raises(ValueError, match="invalid artifact extension"):
         tier.get(KEY, ".cubin")
     assert tier.counters == {}
+
+
+class _Tier:
+    """A tier object of a test: misses, stores nothing, has no locks."""
+
+    def get(self, key, ext):
+        return None
+
+    def put(self, key, ext, data, meta):
+        return False
+
+    def acquire(self, key, timeout):
+        return lambda: None
+
+
+def test_a_list_of_urls_and_tiers_is_one_layered_tier(tmp_path, monkeypatch):
+    from kernelcache.remote import LayeredTier, ObjectStoreTier, check_url
+
+    pytest.importorskip("obstore")
+    mine = _Tier()
+    cache = kernelcache.Cache(tmp_path, (), ["redis://127.0.0.1:1/0", mine])
+    assert isinstance(cache.remote, LayeredTier) and cache.remote.tiers[1] is mine
+    spec = f"redis://:{SECRET}@127.0.0.1:1/0 \n\t s3://bucket/kc?read_only=1"
+    monkeypatch.setenv("KERNELCACHE_REMOTE", spec)
+    layered = kernelcache.Cache(tmp_path).remote
+    assert [type(t) for t in layered.tiers] == [RedisTier, ObjectStoreTier]
+    assert layered.tiers[1].read_only and SECRET not in repr(layered)
+    check_url(spec)
+    with pytest.raises(ConfigError, match="unknown option 'nope'"):
+        check_url(f"{spec} s3://b/p?nope=1")
+    assert kernelcache.Cache(tmp_path, (), "  ").remote is None
+
+
+def test_doctor_shows_every_url_of_the_list_without_passwords(monkeypatch):
+    from kernelcache.doctor import setting_checks
+
+    spec = f"redis://:{SECRET}@h:6379/0 redis+cluster://:{SECRET}@a:7000,b:7001"
+    monkeypatch.setenv("KERNELCACHE_REMOTE", spec)
+    checks, _ = setting_checks()
+    remote = next(c for c in checks if c.name == "KERNELCACHE_REMOTE")
+    assert remote.status == "ok", remote
+    assert SECRET not in remote.detail and "redis+cluster://:***@a:7000,b:7001" in remote.detail

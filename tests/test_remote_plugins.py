@@ -169,7 +169,8 @@ def test_installed_schemes_are_listed_in_the_error(tmp_path, site):
         print(e)
     """
     proc = run_py(code, **with_site(site))
-    assert "known schemes: redis, rediss, unix, broken, fake " in proc.stdout
+    known = "redis, rediss, unix, redis+cluster, rediss+cluster, s3, gs, broken, fake "
+    assert f"known schemes: {known}" in proc.stdout
 
 
 BROKEN = """

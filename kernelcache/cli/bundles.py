@@ -1,18 +1,23 @@
-"""``kernelcache export`` and ``kernelcache import``: entries to and from a bundle file."""
+"""``kernelcache export`` and ``kernelcache import``: entries to and from a bundle file, local or
+in an object store (``--to``/``--from s3://bucket/path/FILE``)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
+from collections.abc import Callable
 from dataclasses import replace
+from urllib.parse import urlsplit
 
-from ..errors import CacheError
+from ..errors import CacheError, ConfigError
 from .common import Context, Subparsers, add_command, add_filters, level_arg, size_arg
 from .output import (
     EXIT_OK,
     EXIT_PROBLEMS,
     CommandFailed,
     Output,
+    UsageError,
     envelope,
     human_size,
     printable,
@@ -21,7 +26,12 @@ from .output import (
 
 def register(subparsers: Subparsers) -> None:
     p = add_command(subparsers, "export", "write entries to a bundle (tar, or tar+zstd)")
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", nargs="?")
+    p.add_argument(
+        "--to",
+        metavar="URL",
+        help="write the bundle to an object store instead: s3://bucket/path/FILE, gs://...",
+    )
     add_filters(p)
     p.add_argument(
         "--compression",
@@ -34,7 +44,13 @@ def register(subparsers: Subparsers) -> None:
     p.set_defaults(func=cmd_export)
 
     p = add_command(subparsers, "import", "verify a bundle completely, then add its entries")
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", nargs="?")
+    p.add_argument(
+        "--from",
+        dest="source",
+        metavar="URL",
+        help="read the bundle from an object store instead: s3://bucket/path/FILE, gs://...",
+    )
     p.add_argument(
         "--max-member-size",
         type=size_arg,
@@ -46,7 +62,51 @@ def register(subparsers: Subparsers) -> None:
     p.set_defaults(func=cmd_import)
 
 
+def _one_place(args: argparse.Namespace, url: str | None, option: str) -> None:
+    if (args.file is None) == (url is None):
+        raise UsageError(f"give either FILE or {option} URL")
+    if url is not None:
+        from ..remote.objstore import parse_object_url
+
+        try:
+            where = parse_object_url(url)
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
+        if not where.path or where.path.endswith("/"):
+            raise UsageError(
+                f"{option} needs the bundle's object: {where.scheme}://bucket/path/FILE"
+            )
+
+
 def cmd_export(args: argparse.Namespace, out: Output) -> int:
+    _one_place(args, args.to, "--to")
+    if args.to is None:
+        return _export(args, out, args.file, None)
+    from ..remote import redact
+    from ..remote.objstore import upload_file
+
+    name = urlsplit(args.to).path.rpartition("/")[2]
+    with tempfile.TemporaryDirectory(prefix="kernelcache-export-") as tmp:
+        local = os.path.join(tmp, name)
+
+        def upload() -> None:
+            try:
+                upload_file(args.to, local, overwrite=args.force)
+            except ConfigError as e:  # obstore missing
+                raise UsageError(str(e)) from None
+            except OSError as e:
+                raise CommandFailed(str(e)) from None
+
+        return _export(args, out, local, (redact(args.to), upload))
+
+
+def _export(
+    args: argparse.Namespace,
+    out: Output,
+    file: str,
+    upload: tuple[str, Callable[[], None]] | None,
+) -> int:
+    """Export to ``file``, then (``upload``: the URL shown, and how) copy it to a store."""
     from ..bundle import export_bundle
     from ..errors import BundleError
     from ..prune import select
@@ -63,10 +123,10 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
             result = export_bundle(
                 root,
                 entries,
-                args.file,
+                file,
                 compression=args.compression,
                 level=args.level,
-                force=args.force,
+                force=args.force or upload is not None,
                 progress=tick,
                 trust=cfg.trust,
                 signing_key=cfg.signing_secret(),
@@ -83,7 +143,7 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
         result = replace(result, skipped=(*unusable, *result.skipped))
     doc = {
         **envelope("export", root),
-        "file": os.path.abspath(result.path),
+        "file": upload[0] if upload else os.path.abspath(result.path),
         "entries": result.entries,
         "bytes": result.bytes,
         "compression": result.compression,
@@ -93,18 +153,41 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
 
     def human() -> str:
         lines = [
-            f"Exported {result.entries:,} entries ({human_size(result.bytes)}) to {result.path}"
+            f"Exported {result.entries:,} entries ({human_size(result.bytes)}) to "
+            f"{upload[0] if upload else result.path}"
             f" ({'zstd' if result.compression == 'zstd' else 'uncompressed tar'})."
         ]
         for key, reason in result.skipped:
             lines.append(f"  skipped {key}: {printable(reason)}")
         return "\n".join(lines)
 
+    if upload is not None:
+        upload[1]()
     out.emit(doc, human)
     return EXIT_PROBLEMS if result.skipped else EXIT_OK
 
 
 def cmd_import(args: argparse.Namespace, out: Output) -> int:
+    _one_place(args, args.source, "--from")
+    if args.source is None:
+        return _import(args, out, args.file, args.file)
+    from ..remote import redact
+    from ..remote.objstore import download_file
+
+    name = urlsplit(args.source).path.rpartition("/")[2]
+    with tempfile.TemporaryDirectory(prefix="kernelcache-import-") as tmp:
+        local = os.path.join(tmp, name)
+        try:
+            download_file(args.source, local)
+        except ConfigError as e:  # obstore missing
+            raise UsageError(str(e)) from None
+        except OSError as e:
+            raise CommandFailed(str(e)) from None
+        return _import(args, out, local, redact(args.source))
+
+
+def _import(args: argparse.Namespace, out: Output, file: str, shown: str) -> int:
+    """Import the bundle ``file`` (``shown`` as the file or URL it came from)."""
     from ..bundle import import_bundle
     from ..errors import BundleError
 
@@ -118,7 +201,7 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
         with out.progress("importing", None) as tick:
             result = import_bundle(
                 store,
-                args.file,
+                file,
                 max_member_size=args.max_member_size,
                 dry_run=args.dry_run,
                 progress=tick,
@@ -130,12 +213,12 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
             if e.imported
             else "nothing was imported"
         )
-        raise CommandFailed(f"import of {args.file} rejected: {e}; {done}") from None
+        raise CommandFailed(f"import of {shown} rejected: {e}; {done}") from None
     except CacheError as e:
         raise CommandFailed(f"{e}; nothing was imported") from None
     doc = {
         **envelope("import", root),
-        "file": os.path.abspath(args.file),
+        "file": shown if args.source else os.path.abspath(file),
         "dry_run": result.dry_run,
         "entries": result.entries,
         "imported": result.imported,
@@ -148,7 +231,7 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
     def human() -> str:
         verb = "Would import" if result.dry_run else "Imported"
         lines = [
-            f"Verified {result.entries:,} entries of {args.file}.",
+            f"Verified {result.entries:,} entries of {shown}.",
             f"{verb} {result.imported:,} entries ({human_size(result.bytes)}); "
             f"{result.present:,} already present.",
         ]

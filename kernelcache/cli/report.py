@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from ..layout import replace_file
-from ..stats import COUNTERS, read_logs, read_summary
+from ..stats import COUNTERS, TIER_COUNTERS, read_logs, read_summary
 from .common import Context, Subparsers, add_command, count_arg
 from .output import (
     EXIT_OK,
@@ -21,6 +21,7 @@ from .output import (
     format_table,
     human_duration,
     human_size,
+    printable,
 )
 
 
@@ -29,7 +30,8 @@ def stats_document(root: str) -> dict[str, Any]:
     from ..scan import summarize
 
     summary = summarize(root)
-    totals, logs, log_problems = read_logs(root)
+    tiers: dict[str, dict[str, float]] = {}
+    totals, logs, log_problems = read_logs(root, tiers)
     folded = read_summary(root)
     processes = logs - 1 + folded["logs"] if folded else logs
     counters: dict[str, float] = {
@@ -70,7 +72,18 @@ def stats_document(root: str) -> dict[str, Any]:
         "compile_seconds_saved": round(saved, 3) if saved is not None else None,
         "processes": processes,
         "log_problems": log_problems,
+        "remote_tiers": {
+            label: {k: int(v) for k, v in counts.items()} for label, counts in sorted(tiers.items())
+        },
     }
+
+
+def probe_remotes(spec: str, root: str) -> list[dict[str, Any]]:
+    """Ask each tier of ``spec`` (``$KERNELCACHE_REMOTE``) whether it answers: one bounded
+    request each (see :func:`kernelcache.remote.probe`)."""
+    from ..remote import probe, split_urls
+
+    return [probe(url, stats_root=root) for url in split_urls(spec)]
 
 
 def _stats_human(doc: dict[str, Any], top: int) -> str:
@@ -106,6 +119,22 @@ def _stats_human(doc: dict[str, Any], top: int) -> str:
         + ("-" if saved is None else f"~{human_duration(saved)} (hits x mean build time)")
     )
     lines.append(f"Processes logged: {doc['processes']:,}")
+    tiers = doc["remote_tiers"]
+    if tiers:
+        rows = [["REMOTE TIER", "HITS", "MISSES", "ERRORS", "TIMEOUTS", "READ", "PUTS", "WRITTEN"]]
+        rows[0].append("BACKFILLS")
+        for label, c in tiers.items():
+            row = [printable(label), *(f"{c[k]:,}" for k in ("hits", "misses", "errors"))]
+            row += [f"{c['timeouts']:,}", human_size(c["bytes_read"]), f"{c['puts']:,}"]
+            row += [human_size(c["bytes_written"]), f"{c['backfills']:,}"]
+            rows.append(row)
+        lines += ["", format_table(rows, right=tuple(range(1, 9)))]
+    for probe in doc.get("remote") or ():
+        state = "answers" if probe["up"] else f"does not answer: {probe['error']}"
+        mode = " (read-only)" if probe["read_only"] else ""
+        lines.append(
+            printable(f"Remote {probe['tier']}{mode}: {state} ({probe['seconds'] * 1000:.1f} ms)")
+        )
     for title, key in (("extension", "by_ext"), ("target", "by_target"), ("kernel", "by_kernel")):
         items = list(doc[key].items())
         if not items:
@@ -175,6 +204,17 @@ def prometheus_text(doc: dict[str, Any]) -> str:
             [("", float(doc["compile_seconds_saved"]))],
         )
     metric("processes", "gauge", "Processes that logged statistics.", [("", doc["processes"])])
+    for name in TIER_COUNTERS:
+        samples = [
+            (f'tier="{_prometheus_escape(label)}"', counts[name])
+            for label, counts in doc["remote_tiers"].items()
+        ]
+        if samples:
+            help_ = f"Sum of the {name} counter of each remote tier over all processes."
+            metric(f"remote_tier_{name}_total", "counter", help_, samples)
+    for probe in doc.get("remote") or ():
+        labels = f'tier="{_prometheus_escape(probe["tier"])}"'
+        metric("remote_up", "gauge", "Whether the tier answered.", [(labels, int(probe["up"]))])
     return "\n".join(out) + "\n"
 
 
@@ -211,6 +251,11 @@ def register(subparsers: Subparsers) -> None:
         help="rows per breakdown in the table (0: all)",
     )
     p.add_argument(
+        "--remote",
+        action="store_true",
+        help="also ask each tier of KERNELCACHE_REMOTE whether it answers, and how fast",
+    )
+    p.add_argument(
         "-o",
         "--output",
         metavar="FILE",
@@ -223,6 +268,8 @@ def cmd_stats(args: argparse.Namespace, out: Output) -> int:
     context: Context = args.context
     root = context.existing_root()
     doc = stats_document(root)
+    if args.remote:
+        doc["remote"] = probe_remotes(context.settings.remote or "", root)
     fmt = "json" if out.json else args.format
     if fmt == "prometheus":
         text = prometheus_text(doc)

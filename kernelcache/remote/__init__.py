@@ -1,23 +1,40 @@
-"""The remote tier, shared by many machines: its interface (:mod:`.tier`), the value every tier
-stores (:mod:`.codec`), remote URLs (:mod:`.url`), the tiers by URL scheme (:mod:`.registry`)
-and the built-in Redis tier (:mod:`.redis`). See docs/remote.md.
+"""The remote tiers, shared by many machines: their interface (:mod:`.tier`), the value every
+tier stores (:mod:`.codec`), remote URLs (:mod:`.url`), the tiers by URL scheme
+(:mod:`.registry`), the built-in tiers (:mod:`.redis`, :mod:`.objstore`, sharing
+:mod:`.base`) and an ordered list of tiers (:mod:`.layered`). See docs/remote.md.
 
-The Redis tier's module is imported only when it is used (``open_remote`` of a Redis URL, or
-``RedisTier`` read from this package): the cache needs the interface and the registry only.
+A built-in tier's module is imported only when it is used (``open_remote`` of its URL, or
+its class read from this package): the cache needs the interface and the registry only.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .codec import MAGIC, REMOTE_FORMAT, authenticate, decode_value, encode_value, make_value
-from .registry import GROUP, check_url, open_remote, schemes
+from .codec import (
+    MAGIC,
+    REMOTE_FORMAT,
+    authenticate,
+    check_entry,
+    decode_value,
+    encode_value,
+    make_value,
+)
+from .registry import (
+    GROUP,
+    SCHEMES,
+    check_url,
+    open_one,
+    open_remote,
+    probe,
+    schemes,
+    split_urls,
+)
 from .tier import RemoteTier, TierClass
 from .url import (
     CLIENT_OPTIONS,
     OPTIONS,
     REDIS_MAX_STRING,
-    SCHEMES,
     RemoteOptions,
     parse_url,
     redact,
@@ -26,14 +43,18 @@ from .url import (
 )
 
 if TYPE_CHECKING:
+    from .layered import LayeredTier
+    from .objstore import ObjectStoreTier
     from .redis import RedisTier
+
+_LAZY = {"RedisTier": ".redis", "ObjectStoreTier": ".objstore", "LayeredTier": ".layered"}
 
 
 def __getattr__(name: str) -> object:
-    if name == "RedisTier":
-        from .redis import RedisTier
+    if name in _LAZY:
+        import importlib
 
-        return RedisTier
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -45,19 +66,25 @@ __all__ = [
     "REDIS_MAX_STRING",
     "REMOTE_FORMAT",
     "SCHEMES",
+    "LayeredTier",
+    "ObjectStoreTier",
     "RedisTier",
     "RemoteOptions",
     "RemoteTier",
     "TierClass",
     "authenticate",
+    "check_entry",
     "check_url",
     "decode_value",
     "encode_value",
     "make_value",
+    "open_one",
     "open_remote",
     "parse_url",
+    "probe",
     "redact",
     "schemes",
     "scrub",
     "secrets_of",
+    "split_urls",
 ]

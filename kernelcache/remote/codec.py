@@ -19,6 +19,7 @@ from ..schema import (
     HMAC_FIELD,
     MAX_META_BYTES,
     RESERVED_FIELDS,
+    check_document,
     check_signature,
     digest,
     encode_metadata,
@@ -88,3 +89,25 @@ def authenticate(
     untrusted (not corrupt) :class:`Problem` saying why: the value is refused, not deleted."""
     why = check_signature(meta, hashlib.sha256(data).digest(), signing_key)
     return None if why is None else Problem(key, why, corrupt=False, untrusted=True)
+
+
+def check_entry(found: object, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | str:
+    """``(data, metadata)`` returned by any tier (a plugin's too) if they form a valid entry
+    of ``key`` and ``ext``; else what is wrong. Never raises."""
+    if not isinstance(found, tuple) or len(found) != 2:
+        return "the tier returned something other than (data, metadata)"
+    data, meta = found
+    if not isinstance(data, bytes):
+        return "the artifact is not bytes"
+    try:
+        plain = dict(meta) if isinstance(meta, Mapping) else meta
+    except Exception:  # a hostile Mapping
+        return "the metadata is not a mapping"
+    doc = check_document(plain, key)
+    if isinstance(doc, Problem):
+        return doc.reason
+    if doc["ext"] != ext:
+        return f"it holds a .{doc['ext']} artifact, not .{ext}"
+    if doc["size"] != len(data) or doc["digest"] != digest(data):
+        return "the artifact does not match its size and digest"
+    return data, doc

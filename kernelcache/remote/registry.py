@@ -1,5 +1,6 @@
-"""Remote tiers by URL scheme. ``redis://``, ``rediss://`` and ``unix://`` are built in (the
-Redis tier); installed packages add schemes through the entry-point group
+"""Remote tiers by URL scheme. ``redis://``, ``rediss://``, ``unix://`` and ``redis+cluster://``
+(the Redis tier) and ``s3://`` and ``gs://`` (the object-store tier) are built in; installed
+packages add schemes through the entry-point group
 ``kernelcache.remotes``: an entry point named by the scheme, pointing at a
 :class:`~kernelcache.remote.tier.TierClass` (docs/remote.md, "Other backends").
 
@@ -11,13 +12,21 @@ or to make its tier never fails the job (one warning, and no remote tier).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from ..process import warn_once
 from .tier import RemoteTier
-from .url import SCHEMES, parse_url, redact, scrub, secrets_of
+from .url import SCHEMES as REDIS_SCHEMES
+from .url import parse_url, redact, scrub, secrets_of
+
+#: the object stores' schemes (kernelcache.remote.objstore, imported when used)
+OBJECT_SCHEMES = ("s3", "gs")
+#: the built-in schemes
+SCHEMES = (*REDIS_SCHEMES, *OBJECT_SCHEMES)
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint  # imported when a plugin is looked for
@@ -75,7 +84,43 @@ def _broken(plugin: EntryPoint, url: str, e: Exception) -> str:
     return f"the remote tier plugin {plugin.name} = {plugin.value} ({GROUP}) failed: {reason}"
 
 
+def split_urls(spec: str) -> list[str]:
+    """The URLs of a list of remote tiers (``$KERNELCACHE_REMOTE``): separated by whitespace,
+    which no URL contains unencoded (a cluster's nodes are separated by commas)."""
+    return spec.split()
+
+
 def open_remote(
+    spec: str | Sequence[str | RemoteTier],
+    *,
+    stats_root: str | None = None,
+    signing_key: bytes | None = None,
+) -> RemoteTier | None:
+    """The remote tier of a URL, or of several (a whitespace-separated list, or a sequence of
+    URLs and tiers) as one :class:`~kernelcache.remote.layered.LayeredTier` tried in order;
+    None for none. Does not connect.
+
+    A tier whose plugin is broken is left out (one warning each).
+
+    Raises:
+        ConfigError: as :func:`open_one`, for any URL of the list.
+    """
+    items = split_urls(spec) if isinstance(spec, str) else list(spec)
+    tiers = [
+        open_one(item, stats_root=stats_root, signing_key=signing_key)
+        if isinstance(item, str)
+        else item
+        for item in items
+    ]
+    found = [t for t in tiers if t is not None]
+    if len(items) <= 1:
+        return found[0] if found else None
+    from .layered import LayeredTier
+
+    return LayeredTier(found, stats_root=stats_root) if found else None
+
+
+def open_one(
     url: str, *, stats_root: str | None = None, signing_key: bytes | None = None
 ) -> RemoteTier | None:
     """The remote tier of ``url``, by its scheme; see :class:`~kernelcache.remote.tier.TierClass`
@@ -89,10 +134,14 @@ def open_remote(
             message never shows a secret).
     """
     scheme = _scheme(url)
-    if scheme in SCHEMES:
+    if scheme in REDIS_SCHEMES:
         from .redis import RedisTier
 
         return RedisTier(url, stats_root=stats_root, signing_key=signing_key)
+    if scheme in OBJECT_SCHEMES:
+        from .objstore import ObjectStoreTier
+
+        return ObjectStoreTier(url, stats_root=stats_root, signing_key=signing_key)
     plugin = _plugin(url, scheme)
     try:
         return _open_plugin(plugin, url, stats_root, signing_key)
@@ -108,17 +157,27 @@ def open_remote(
         return None
 
 
-def check_url(url: str) -> None:
-    """What ``kernelcache doctor`` checks of a remote URL: a known scheme whose tier accepts
-    it. A Redis URL is parsed without the (optional) redis client; a plugin's tier is made
-    (which does not connect). Nothing is logged.
+def check_url(spec: str) -> None:
+    """What ``kernelcache doctor`` checks of ``$KERNELCACHE_REMOTE``: each URL of the list has
+    a known scheme whose tier accepts it. A Redis or object-store URL is parsed without its
+    (optional) client; a plugin's tier is made (which does not connect). Nothing is logged.
 
     Raises:
         ConfigError: unknown scheme, a broken plugin, or a URL its tier refuses.
     """
+    for url in split_urls(spec):
+        _check_one(url)
+
+
+def _check_one(url: str) -> None:
     scheme = _scheme(url)
-    if scheme in SCHEMES:
+    if scheme in REDIS_SCHEMES:
         parse_url(url)
+        return
+    if scheme in OBJECT_SCHEMES:
+        from .objstore import parse_object_url
+
+        parse_object_url(url)
         return
     plugin = _plugin(url, scheme)
     try:
@@ -127,3 +186,32 @@ def check_url(url: str) -> None:
         raise
     except Exception as e:
         raise ConfigError(_broken(plugin, url, e)) from None
+
+
+def probe(url: str, *, stats_root: str | None = None) -> dict[str, Any]:
+    """Ask the tier of one ``url`` whether it answers (``kernelcache stats --remote``):
+    ``{"tier", "read_only", "up", "seconds", "error"}``. Never raises: a URL that cannot be
+    used is a tier that is not up."""
+    from .layered import label_of
+
+    started = time.monotonic()
+    error: str | None = None
+    tier: object = None
+    try:
+        tier = open_one(url, stats_root=stats_root)
+        check = getattr(tier, "probe", None)
+        if tier is None:
+            error = "its plugin is broken"
+        elif callable(check):
+            error = check()
+        else:  # a plugin's tier: a miss is an answer
+            tier.get("0" * 32, "probe")
+    except Exception as e:
+        error = scrub(f"{type(e).__name__}: {e}", secrets_of(url))
+    return {
+        "tier": label_of(tier) if tier is not None else redact(url).split("?", 1)[0],
+        "read_only": bool(getattr(tier, "read_only", False)),
+        "up": error is None,
+        "seconds": round(time.monotonic() - started, 6),
+        "error": error,
+    }

@@ -28,6 +28,10 @@ class RemoteTier(Protocol):
     def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
         """Take the job-wide build lock of ``key`` (one builder across machines).
 
+        ``timeout`` is what is left of the caller's budget, which the cache gives to a whole
+        call (many keys), not to each key: wait at most that long in all, and try at least
+        once even when it is 0.
+
         Returns a function that releases it, or None if it could not be had within
         ``timeout`` seconds or the remote is unavailable (the caller then builds anyway).
         """

@@ -17,10 +17,13 @@ from ..errors import ConfigError
 from ..units import parse_bool, parse_duration, parse_size
 from .codec import REMOTE_FORMAT
 
-#: the URL schemes of the Redis tier (the built-in ones of :mod:`kernelcache.remote.registry`)
-SCHEMES = ("redis", "rediss", "unix")
+#: the URL schemes of the Redis tier: one server, or a Redis Cluster (``+cluster``)
+SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 #: Redis refuses strings larger than this
 REDIS_MAX_STRING = 512 << 20
+#: the longest expiry (``ttl``, ``lock_ttl``) in seconds: Redis takes at most 2**63-1 ms less
+#: the clock, and its scripts pass numbers on as text of 14 significant digits (Redis 6)
+REDIS_MAX_EXPIRE = (10**14 - 1) / 1000
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -49,6 +52,7 @@ class RemoteOptions:
     max_size: int = 64 << 20
     breaker: float = 30.0
     lock_ttl: float = 120.0
+    read_only: bool = False
     #: options passed to redis-py as they are (TLS settings, ``db`` for unix sockets)
     client: Mapping[str, Any] = field(default_factory=dict)
 
@@ -66,6 +70,7 @@ OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "max_size": (parse_size, "entries larger than this are not sent (default 64M)"),
     "breaker": (parse_duration, "after a connection failure, skip the server this long (30s)"),
     "lock_ttl": (parse_duration, "a build lock expires after this long (default 120s)"),
+    "read_only": (parse_bool, "1: only read this tier: no puts, backfill or locks (default 0)"),
 }
 #: option -> parser; passed through to redis-py (TLS options need rediss://)
 CLIENT_OPTIONS: dict[str, Callable[[str], Any]] = {
@@ -122,6 +127,33 @@ def scrub(text: str, secrets: list[str]) -> str:
     return text
 
 
+def read_options(
+    shown: str, query: str, parsers: Mapping[str, Callable[[str], Any]]
+) -> dict[str, Any]:
+    """The options of a URL's query string, each read by its parser.
+
+    Raises:
+        ConfigError: an option set twice, unknown (the message lists the valid ones) or with
+            a bad value (a secret option's value is shown as ``***``).
+    """
+    values: dict[str, Any] = {}
+    for name, raw in parse_qsl(query, keep_blank_values=True):
+        if name in values:
+            raise ConfigError(f"remote URL {shown!r} sets option {name!r} twice")
+        parser = parsers.get(name)
+        if parser is None:
+            raise ConfigError(
+                f"remote URL {shown!r}: unknown option {name!r}; valid options: "
+                + ", ".join(sorted(parsers))
+            )
+        try:
+            values[name] = parser(raw)
+        except ValueError as e:
+            what = "***" if name in _SECRET_OPTIONS else repr(raw)
+            raise ConfigError(f"remote URL {shown!r}: option {name}={what}: {e}") from None
+    return values
+
+
 def parse_url(url: str) -> tuple[str, RemoteOptions]:
     """Split a Redis tier URL into the address for redis-py (no query) and the options.
 
@@ -132,18 +164,23 @@ def parse_url(url: str) -> tuple[str, RemoteOptions]:
     shown = redact(url)
     try:
         parts = urlsplit(url.strip())
-        parts.port  # noqa: B018 -- validates the port
+        if not parts.scheme.endswith("+cluster"):
+            parts.port  # noqa: B018 -- validates the port (a cluster's nodes: cluster_nodes)
     except ValueError as e:
         raise ConfigError(f"remote URL {shown!r} is malformed: {e}") from None
     if parts.scheme not in SCHEMES:
         raise ConfigError(
             f"remote URL {shown!r}: unsupported scheme {parts.scheme!r}; use redis://host:port/db,"
-            " rediss:// (TLS) or unix:///path/to/socket"
+            " rediss:// (TLS), unix:///path/to/socket or redis+cluster://host:port,..."
         )
-    if parts.scheme != "unix" and not parts.hostname:
+    if parts.scheme.endswith("+cluster"):
+        cluster_nodes(url)
+    elif parts.scheme != "unix" and not parts.hostname:
         raise ConfigError(f"remote URL {shown!r} names no host; use redis://host:6379/0")
     if parts.scheme == "unix" and not parts.path:
         raise ConfigError(f"remote URL {shown!r} names no socket; use unix:///path/to/redis.sock")
+    if parts.scheme.endswith("+cluster") and parts.path.strip("/") not in ("", "0"):
+        raise ConfigError(f"remote URL {shown!r}: a Redis Cluster has only database 0")
     if parts.scheme != "unix" and parts.path.strip("/"):
         try:
             _parse_db(parts.path.strip("/"))
@@ -151,24 +188,11 @@ def parse_url(url: str) -> tuple[str, RemoteOptions]:
             raise ConfigError(
                 f"remote URL {shown!r}: the path must be a database number, e.g. /0"
             ) from None
-    values: dict[str, Any] = {}
-    client: dict[str, Any] = {}
-    valid = sorted([*OPTIONS, *CLIENT_OPTIONS])
-    for name, raw in parse_qsl(parts.query, keep_blank_values=True):
-        if name in values or name in client:
-            raise ConfigError(f"remote URL {shown!r} sets option {name!r} twice")
-        parser = OPTIONS[name][0] if name in OPTIONS else CLIENT_OPTIONS.get(name)
-        if parser is None:
-            raise ConfigError(
-                f"remote URL {shown!r}: unknown option {name!r}; valid options: {', '.join(valid)}"
-            )
-        try:
-            value = parser(raw)
-        except ValueError as e:
-            what = "***" if name in _SECRET_OPTIONS else repr(raw)
-            raise ConfigError(f"remote URL {shown!r}: option {name}={what}: {e}") from None
-        (values if name in OPTIONS else client)[name] = value
-    if any(name.startswith("ssl_") for name in client) and parts.scheme != "rediss":
+    parsers = {name: parser for name, (parser, _) in OPTIONS.items()}
+    found = read_options(shown, parts.query, {**parsers, **CLIENT_OPTIONS})
+    values = {k: v for k, v in found.items() if k in OPTIONS}
+    client = {k: v for k, v in found.items() if k not in OPTIONS}
+    if any(name.startswith("ssl_") for name in client) and not parts.scheme.startswith("rediss"):
         raise ConfigError(f"remote URL {shown!r}: ssl_* options need a rediss:// URL")
     if "db" in client and parts.scheme != "unix":
         raise ConfigError(f"remote URL {shown!r}: give the database as the path, e.g. /0")
@@ -178,15 +202,40 @@ def parse_url(url: str) -> tuple[str, RemoteOptions]:
         problems.append("timeout must be more than 0 and at most 1h")
     if options.connect_timeout is not None and not (0 < options.connect_timeout <= 3600):
         problems.append("connect_timeout must be more than 0 and at most 1h")
-    if options.ttl != 0 and options.ttl < 0.001:
-        problems.append("ttl must be 0 (never expire) or at least 1ms")
+    years = f"{REDIS_MAX_EXPIRE / 31_557_600:.0f} years"
+    if options.ttl != 0 and not (0.001 <= options.ttl <= REDIS_MAX_EXPIRE):
+        problems.append(f"ttl must be 0 (never expire) or from 1ms to {years} (Redis's range)")
     if _NAMESPACE.fullmatch(options.namespace) is None:
         problems.append("namespace must be 1 to 64 characters of [A-Za-z0-9_.-]")
     if not (0 < options.max_size <= REDIS_MAX_STRING):
         problems.append("max_size must be more than 0 and at most 512M")
-    if options.lock_ttl < 0.001:
-        problems.append("lock_ttl must be at least 1ms")
+    if not (0.001 <= options.lock_ttl <= REDIS_MAX_EXPIRE):
+        problems.append(f"lock_ttl must be from 1ms to {years} (Redis's range)")
     if problems:
         raise ConfigError(f"remote URL {shown!r}: {'; '.join(problems)}")
     address = f"{parts.scheme}://{parts.netloc}{parts.path}"
     return address, options
+
+
+def cluster_nodes(url: str) -> list[tuple[str, int]]:
+    """The ``(host, port)`` of each node a ``redis+cluster://`` URL names (comma-separated,
+    ``host:port``, IPv6 in brackets; the port defaults to 6379).
+
+    Raises:
+        ConfigError: no node, or a node that is not ``host:port``.
+    """
+    netloc = urlsplit(url.strip()).netloc.rpartition("@")[2]
+    nodes = []
+    for item in netloc.split(","):
+        probe = urlsplit(f"//{item.strip()}")
+        try:
+            host, port = probe.hostname, probe.port or 6379
+        except ValueError:
+            host = None
+        if not host or probe.path:
+            raise ConfigError(
+                f"remote URL {redact(url)!r}: {item!r} is not a node; use "
+                "redis+cluster://host:port,host:port,..."
+            )
+        nodes.append((host, port))
+    return nodes

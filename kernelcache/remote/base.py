@@ -1,0 +1,237 @@
+"""What the built-in tiers (Redis, Redis Cluster, object stores) share: counters, the circuit
+breaker, the window in which writes are refused, one warning per kind of failure, and the
+checks of every value read (decode, extension, signature) and sent (encoding, ``max_size``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from .. import stats
+from ..errors import Problem
+from ..keys import check_ext, check_key
+from ..process import warn_once
+from .codec import authenticate, decode_value, make_value
+
+#: the remote tiers' logger, whichever module logs (docs/remote.md names it)
+logger = logging.getLogger("kernelcache.remote")
+
+
+def tier_label(shown_url: str) -> str:
+    """A tier's name in counters and warnings: its redacted URL without the query string."""
+    return shown_url.split("?", 1)[0] if urlsplit(shown_url).scheme else shown_url
+
+
+class TierBase:
+    """The failure policy and accounting of a built-in tier.
+
+    Args:
+        shown: the tier's URL, redacted (what messages show).
+        stats_root: the cache root whose counters take this tier's errors, or None.
+        signing_key: sign values with it and refuse values not signed with it, or None.
+        breaker: seconds to skip the store after it failed.
+        max_size: the largest value sent or read, in bytes.
+        read_only: never write to this tier (no puts, no backfill, no locks).
+    """
+
+    def __init__(
+        self,
+        shown: str,
+        *,
+        stats_root: str | None,
+        signing_key: bytes | None,
+        breaker: float,
+        max_size: int,
+        read_only: bool,
+    ) -> None:
+        self.url = shown
+        self.label = tier_label(shown)
+        self.read_only = read_only
+        self._signing_key = signing_key
+        self._stats_root = stats_root or f"remote:{self.label}"
+        self._breaker = breaker
+        self._max_size = max_size
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+        self._full_until = 0.0
+        self._counters: Counter[str] = Counter()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    __str__ = __repr__
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """This tier's own counters in this process (gets, hits, errors, breaker_trips, ...)."""
+        with self._lock:
+            return dict(self._counters)
+
+    def _bump(self, **deltas: int) -> None:
+        """Count in this process, and in the stats logs of the root (per-tier counters)."""
+        with self._lock:
+            self._counters.update(deltas)
+        stats.count_tier(self._stats_root, self.label, **deltas)
+
+    def _warn(self, topic: str, message: str, *args: object) -> None:
+        warn_once(logger, (self.url, topic), "kernelcache: " + message, *args)
+
+    # -- failure policy -------------------------------------------------------------------
+    def _usable(self) -> bool:
+        """False while the circuit breaker is open (the store failed recently)."""
+        if time.monotonic() < self._down_until:
+            self._bump(skipped=1)
+            return False
+        return True
+
+    def _writable(self) -> bool:
+        """False for a read-only tier, and while the store refuses writes."""
+        if self.read_only:
+            return False
+        if time.monotonic() < self._full_until:
+            self._bump(skipped=1)
+            return False
+        return True
+
+    def _trip(self, what: str, reason: str, *, timeout: bool) -> None:
+        """The store failed (down, hung, slow, garbage): skip it for ``breaker`` seconds."""
+        stats.count(self._stats_root, remote_errors=1)
+        self._down_until = time.monotonic() + self._breaker
+        self._bump(errors=1, breaker_trips=1, timeouts=int(timeout))
+        self._warn(
+            "unavailable",
+            "remote cache %s unavailable during %s (%s); continuing with the local cache and "
+            "not asking it again for %gs",
+            self.url,
+            what,
+            reason,
+            self._breaker,
+        )
+
+    def _refuse_writes(self, reason: str) -> None:
+        """The store refuses writes (full, read-only, no permission): reads go on."""
+        stats.count(self._stats_root, remote_errors=1)
+        self._full_until = time.monotonic() + self._breaker
+        self._bump(errors=1, full=1)
+        self._warn(
+            "full",
+            "remote cache %s refuses writes (%s); not storing new entries there for %gs",
+            self.url,
+            reason,
+            self._breaker,
+        )
+
+    # -- values -----------------------------------------------------------------------------
+    def _oversize(self, key: str, size: int) -> None:
+        self._bump(oversize=1, misses=1)
+        self._warn(
+            "oversize",
+            "%s: entry %s is %d bytes, larger than max_size=%d; not sent or read",
+            self.url,
+            key,
+            size,
+            self._max_size,
+        )
+
+    def _encode(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> bytes | None:
+        """The value to store for an entry, or None if it is larger than ``max_size``."""
+        value = make_value(key, ext, data, meta, self._signing_key)
+        if len(value) > self._max_size:
+            self._oversize(key, len(value))
+            return None
+        return value
+
+    def _decode(self, key: str, ext: str, raw: object) -> tuple[bytes, dict[str, Any]] | None:
+        """A value read for ``key``, verified (and authenticated with a signing key), or None:
+        a corrupt value is rejected (counted, warned, :meth:`_discard`-ed), an unsigned one is
+        refused and left in place, one of another extension is a miss."""
+        found = decode_value(raw, key)  # type: ignore[arg-type]  # checked there
+        if isinstance(found, Problem):
+            stats.count(self._stats_root, remote_errors=1)
+            self._bump(misses=1, rejected=1)
+            self._warn(
+                "rejected", "rejected a bad entry in %s (%s): %s", self.url, key, found.reason
+            )
+            self._discard(key)
+            return None
+        data, meta = found
+        if meta["ext"] != ext:
+            self._bump(misses=1)
+            logger.debug("kernelcache: remote %s holds .%s, not .%s", key, meta["ext"], ext)
+            return None
+        if self._signing_key is not None:
+            refused = authenticate(key, data, meta, self._signing_key)
+            if refused is not None:
+                stats.count(self._stats_root, unauthenticated=1)
+                self._bump(misses=1, unauthenticated=1)
+                self._warn(
+                    "unauthenticated",
+                    "refused a value without a valid signature in %s (%s): %s "
+                    "(KERNELCACHE_SIGNING_KEY is set: only values signed with it are used)",
+                    self.url,
+                    key,
+                    refused.reason,
+                )
+                return None
+        self._bump(hits=1, bytes_read=len(raw))  # type: ignore[arg-type]  # bytes here
+        return data, meta
+
+    def _discard(self, key: str) -> None:
+        """Delete a corrupt value of ``key`` (a tier that cannot does nothing)."""
+
+    # -- the RemoteTier interface, over what each store does ---------------------------------
+    def _fetch(self, key: str) -> tuple[bytes | int | None, bool]:
+        """``(the value of key, or its size when larger than max_size, or None when absent;
+        whether the store failed)``; a failure is accounted for already."""
+        raise NotImplementedError
+
+    def _send(self, key: str, value: bytes) -> bool:
+        """Store ``value``; whether it was stored (a failure is accounted for already)."""
+        raise NotImplementedError
+
+    def get(self, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | None:
+        """The verified ``(data, metadata)`` of ``key``, or None (absent, bad, larger than
+        ``max_size``, or unavailable). Never raises for a failure of the store; bounded by the
+        tier's ``timeout``.
+
+        Raises:
+            ValueError: malformed ``key`` or ``ext``.
+        """
+        check_key(key)
+        check_ext(ext)
+        if not self._usable():
+            return None
+        self._bump(gets=1)
+        raw, failed = self._fetch(key)
+        if failed or raw is None:
+            self._bump(misses=1)
+            return None
+        if isinstance(raw, int):
+            self._oversize(key, raw)
+            return None
+        return self._decode(key, ext, raw)
+
+    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> bool:
+        """Send an entry, unless it is larger than ``max_size``, the tier is read-only, the
+        breaker is open or the store recently refused writes. Never raises for a failure of
+        the store. Returns whether the entry was stored.
+
+        Raises:
+            ValueError: malformed ``key`` or ``ext``, or ``meta`` outside the schema (the
+                local store rejects such entries first).
+        """
+        check_key(key)
+        check_ext(ext)
+        if not self._writable() or not self._usable():
+            return False
+        value = self._encode(key, ext, data, meta)
+        if value is None or not self._send(key, value):
+            return False
+        self._bump(puts=1, bytes_written=len(value))
+        return True

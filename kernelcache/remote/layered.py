@@ -1,0 +1,178 @@
+"""Several remote tiers as one, tried in order (e.g. a Redis Cluster, then a bucket): a hit in a
+lower tier is copied to the writable tiers above it (backfill), in a background thread so that
+the job does not wait for it.
+
+Invariants: a tier that raises is a tier that missed (one warning per tier); what a lower tier
+returns is checked (:func:`~kernelcache.remote.codec.check_entry`) before it is copied up;
+read-only tiers are never written; backfill never blocks a caller (a full queue drops copies)
+and is given a bounded time at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .. import stats
+from ..process import warn_once
+from .base import logger, tier_label
+from .codec import check_entry
+from .tier import RemoteTier
+
+#: copies waiting to be made at most; more are dropped (a later hit copies them again)
+BACKFILL_QUEUE = 256
+#: seconds a process waits at exit for the copies it queued
+EXIT_WAIT = 2.0
+
+_Copy = tuple[list[RemoteTier], str, str, bytes, dict[str, Any]]
+
+
+def label_of(tier: object) -> str:
+    """A tier's name in counters and warnings (a built-in tier's, else its class's)."""
+    label = getattr(tier, "label", None)
+    return label if isinstance(label, str) else tier_label(type(tier).__name__)
+
+
+def writable(tier: object) -> bool:
+    return not getattr(tier, "read_only", False)
+
+
+class LayeredTier:
+    """Remote tiers tried in order, as one :class:`~kernelcache.remote.RemoteTier`.
+
+    ``get`` asks each tier until one hits, then copies the entry to the writable tiers above
+    it in the background; ``put`` sends to every writable tier; ``acquire`` takes the build
+    lock of the first writable tier.
+    """
+
+    def __init__(self, tiers: Sequence[RemoteTier], *, stats_root: str | None = None) -> None:
+        self.tiers = list(tiers)
+        self._stats_root = stats_root or "remote:layered"
+        self._queue: queue.Queue[_Copy] = queue.Queue(BACKFILL_QUEUE)
+        self._worker: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        _live.add(self)
+
+    def __repr__(self) -> str:
+        return f"LayeredTier({', '.join(label_of(t) for t in self.tiers)})"
+
+    __str__ = __repr__
+
+    @property
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Each tier's own counters in this process, by label."""
+        return {label_of(t): dict(getattr(t, "counters", {})) for t in self.tiers}
+
+    def _safely(self, tier: RemoteTier, method: str, *args: Any, default: Any = None) -> Any:
+        """``tier.method(*args)``, or ``default`` (counted, warned once) if it raised."""
+        try:
+            return getattr(tier, method)(*args)
+        except Exception as e:  # a tier must not raise; if one does, it missed
+            label = label_of(tier)
+            stats.count(self._stats_root, remote_errors=1)
+            stats.count_tier(self._stats_root, label, errors=1)
+            warn_once(
+                logger, (label, "raised"), "kernelcache: the remote tier %s failed: %r", label, e
+            )
+            return default
+
+    # -- the RemoteTier interface ---------------------------------------------------------
+    def get(self, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | None:
+        for index, tier in enumerate(self.tiers):
+            found = self._safely(tier, "get", key, ext)
+            if found is None:
+                continue
+            checked = check_entry(found, key, ext)
+            if isinstance(checked, str):
+                stats.count_tier(self._stats_root, label_of(tier), errors=1)
+                warn_once(
+                    logger,
+                    (label_of(tier), "bad-entry"),
+                    "kernelcache: the remote tier %s returned a bad entry (%s): %s",
+                    label_of(tier),
+                    key,
+                    checked,
+                )
+                continue
+            above = [t for t in self.tiers[:index] if writable(t)]
+            if above:
+                self._backfill((above, key, ext, *checked))
+            return checked
+        return None
+
+    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> bool:
+        stored = False
+        for tier in self.tiers:
+            if writable(tier):
+                stored = bool(self._safely(tier, "put", key, ext, data, meta)) or stored
+        return stored
+
+    def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
+        for tier in self.tiers:
+            if writable(tier):
+                return self._safely(tier, "acquire", key, timeout)
+        return _no_release
+
+    def close(self) -> None:
+        """Close every tier that can be closed."""
+        for tier in self.tiers:
+            if callable(getattr(tier, "close", None)):
+                self._safely(tier, "close")
+
+    # -- backfill -----------------------------------------------------------------------
+    def _backfill(self, copy: _Copy) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: its parent's thread is not here
+                self._queue, self._worker = queue.Queue(BACKFILL_QUEUE), None
+                self._pid = os.getpid()
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._copy_loop, name="kernelcache-backfill", daemon=True
+                )
+                self._worker.start()
+        try:
+            self._queue.put_nowait(copy)
+        except queue.Full:
+            logger.debug("kernelcache: backfill queue full; not copying %s", copy[1])
+
+    def _copy_loop(self) -> None:
+        work = self._queue
+        while True:
+            tiers, key, ext, data, meta = work.get()
+            try:
+                for tier in tiers:
+                    if self._safely(tier, "put", key, ext, data, meta):
+                        stats.count_tier(self._stats_root, label_of(tier), backfills=1)
+            finally:
+                work.task_done()
+
+    def flush(self, timeout: float = EXIT_WAIT) -> bool:
+        """Wait up to ``timeout`` seconds for the queued copies; whether all were made."""
+        deadline = time.monotonic() + timeout
+        work = self._queue
+        while work.unfinished_tasks:
+            if time.monotonic() >= deadline or self._pid != os.getpid():
+                return False
+            time.sleep(0.005)
+        return True
+
+
+def _no_release() -> None:
+    """No writable tier: no lock to take or release."""
+
+
+_live: weakref.WeakSet[LayeredTier] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    deadline = time.monotonic() + EXIT_WAIT
+    for tier in list(_live):
+        tier.flush(max(0.0, deadline - time.monotonic()))
