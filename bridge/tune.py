@@ -3,7 +3,9 @@
 On a machine with the GPU, each recorded call with more than one variant is measured on
 synthetic inputs (see :mod:`bridge.tuning`) and its decision stored for this device. With
 ``--pin KERNEL=INDEX`` nothing is measured and no GPU is needed: config INDEX of KERNEL's own
-list (0-based) is the decision for every device of each recorded target. Either way the
+list (0-based) is the decision for every device of each recorded target. Either way, configs
+that cannot compile or launch there (see :mod:`bridge.variants`) are never measured or chosen;
+the decision lists them with their reasons. Either way the
 decision's key is the one a lowering of the call computes, so a job that lowers it runs the
 chosen kernel.
 
@@ -24,7 +26,8 @@ from . import decisions, tuning
 from .decisions import ANY_DEVICE, Decision
 from .errors import AutotuneError, BridgeError, KernelArgumentError
 from .specialize import Specialization, specialize_call
-from .targets import Target, parse_target
+from .targets import Target, local_device, parse_target
+from .variants import Variants
 from .warm.manifest import RecordedCall, call_ident, import_kernel, read_manifest
 from .warm.plan import kernel_parts
 
@@ -144,6 +147,14 @@ def pin(group: _Group, target: Target, index: int, cache: Cache) -> Tuned:
             detail=f"config {index} ({wanted}) is not one variant of this call (it was pruned, "
             "or heuristics make several of it)",
         )
+    left = Variants(specs, cache).left_out()
+    if found[0] in left:
+        return Tuned(
+            group.call.kernel,
+            str(target),
+            "skipped",
+            detail=f"config {index} ({wanted}) cannot run on {target}: {left[found[0]]}",
+        )
     made = Decision(
         kernel=group.call.kernel,
         target=str(target),
@@ -152,6 +163,7 @@ def pin(group: _Group, target: Target, index: int, cache: Cache) -> Tuned:
         configs=tuple(s.variant.description for s in specs),
         chosen=found[0],
         pinned=True,
+        reasons=left,
     )
     named, _, _ = group.call.revived(target, [0])
     _store(cache, tuning.keys_of(parts, named, specs, None)[0], made)
@@ -255,7 +267,8 @@ def measure(group: _Group, target: Target, cache: Cache, platform: str, force: b
         found = decisions.find(cache, [key], [s.key for s in specs])
         if found is not None:
             return Tuned(kernel, str(target), "present", found)
-    made = tuning.decide(call, specs, target, device)
+    left = Variants(specs, cache, device=local_device(target, platform)).left_out()
+    made = tuning.decide(call, specs, target, device, left)
     _store(cache, key, made)
     return Tuned(kernel, str(target), "tuned", made)
 
