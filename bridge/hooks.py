@@ -20,8 +20,8 @@ from types import SimpleNamespace
 from typing import Any, NoReturn
 
 from . import tma
-from .binding import ArgArray
 from .errors import KernelArgumentError
+from .placeholders import ArgArray
 
 ADVICE = (
     "a compiled JAX program cannot run host code on arrays between launches: zero outputs with "

@@ -323,7 +323,7 @@ def test_the_limit_comes_from_the_target_and_is_unknown_for_others():
 X = jax.ShapeDtypeStruct((128, 256), jnp.float16)
 
 
-def tma_call(cache, descriptor=True, target="cuda:90"):
+def tma_call(cache, descriptor=True, target="cuda:90", **kw):
     def f(x):
         arg = bridge.TensorDescriptor.from_array(x, [1, 1]) if descriptor else x
         return bridge.triton_call(
@@ -335,6 +335,7 @@ def tma_call(cache, descriptor=True, target="cuda:90"):
             grid=K.tma_grid,
             target=target,
             cache=cache,
+            **kw,
         )
 
     return f
@@ -452,7 +453,7 @@ def test_a_hook_may_zero_only_outputs_and_set_only_block_shapes(cache, jaxlib_01
 
     bad = triton.autotune(
         configs=[triton.Config({"BM": 32, "BN": 64}, pre_hook=reshape)], key=["M", "N"]
-    )(K.tma_double_kernel)
+    )(K.tma_double_kernel.fn)
     with pytest.raises(bridge.KernelArgumentError, match=r"reshape set x_desc\.shape"):
         decoded(
             lambda x: bridge.triton_call(
@@ -578,3 +579,30 @@ def test_warm_does_not_compile_what_the_cache_knows_cannot_compile(tmp_path, fre
     assert warm.compile_manifest(manifest, ["cuda:90"], cache=fresh)["cuda:90"] == [
         r.key for r in here.results if r.status == "present"
     ]
+
+
+def test_a_pinned_config_keeps_the_block_its_pre_hook_set(
+    tmp_path, fresh, monkeypatch, jaxlib_0112
+):
+    from bridge import warm
+
+    manifest = tmp_path / "tma.jsonl"
+    monkeypatch.setenv("KERNELCACHE_RECORD", str(manifest))
+    decoded(tma_call(fresh, autotune="runtime"), X)
+    monkeypatch.delenv("KERNELCACHE_RECORD")
+    records = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert [r["variant"]["args"]["x_desc"]["tensordesc"]["block_shape"] for r in records] == [
+        [32, 64],
+        [64, 32],
+        [16, 128],
+    ]
+    # one record warms the very kernel its lowering compiled
+    assert [warm.compile_record(r, "cuda:90", fresh) for r in records] == [
+        r["key"] for r in records
+    ]
+    (pinned,) = tune.tune(str(manifest), fresh, pins={"tma_double_kernel": 1})
+    assert pinned.status == "pinned", pinned.detail
+    (call,) = decoded(tma_call(fresh, autotune="require"), X)
+    desc = call.kernel_call.parameters[0].tensor_descriptor.nvidia
+    assert list(desc.block_shape) == [64, 32]
+    assert (call.kernel_call.grid_0, call.kernel_call.grid_1) == (2, 8)
