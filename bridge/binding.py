@@ -198,12 +198,12 @@ def expand_variants(
                 )
             ckw = {k: v for k, v in values.items() if k in params}
             copts = {k: v for k, v in values.items() if k not in params}
-            effects = hooks.Effects()
             found = _hooks(layer, config)
-            if found:
-                effects = hooks.run_hooks(
-                    found, {**nargs, **values}, parts.qualname, parts.is_gluon
-                )
+            effects = (
+                hooks.run_hooks(found, {**nargs, **values}, parts.qualname, parts.is_gluon)
+                if found
+                else hooks.Effects()
+            )
             out += expand(
                 i + 1,
                 {**kw, **ckw},

@@ -3,7 +3,8 @@ dead-code elimination) and its lowerings, one per registered vendor's platform.
 
 Lowering selects the target, binds every variant (autotune config) with Triton's own binder,
 computes each kernel key without compiling, takes the kernels from the cache (compiling only on
-a miss) and emits jaxlib's Triton custom call with the messages :mod:`bridge.messages` builds.
+a miss), leaves out the variants that cannot compile or launch (:mod:`bridge.variants`) and emits
+jaxlib's Triton custom call with the messages :mod:`bridge.messages` builds.
 
 Invariants: the same call, target, software and embedding give a byte-identical opaque in every
 process (no temporary paths, no absolute source paths, deterministic metadata and
@@ -193,8 +194,8 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
         usable=usable,
         memo=_memo,
     )
+    # the kernels select needs (every variant at once, compiled here or by another process)
     chosen = tuning.select(call, found, target, platform, cache, call.autotune or ours.autotune)
-    found.fetch(chosen)  # every variant at once: compiled here or by another process
     for index in chosen:
         spec = every[index]
         bound = spec.bound

@@ -3,11 +3,10 @@
 On a machine with the GPU, each recorded call with more than one variant is measured on
 synthetic inputs (see :mod:`bridge.tuning`) and its decision stored for this device. With
 ``--pin KERNEL=INDEX`` nothing is measured and no GPU is needed: config INDEX of KERNEL's own
-list (0-based) is the decision for every device of each recorded target. Either way, configs
-that cannot compile or launch there (see :mod:`bridge.variants`) are never measured or chosen;
-the decision lists them with their reasons. Either way the
+list (0-based) is the decision for every device of each recorded target. Either way the
 decision's key is the one a lowering of the call computes, so a job that lowers it runs the
-chosen kernel.
+chosen kernel; configs that cannot compile or launch there (see :mod:`bridge.variants`) are
+never measured or chosen, and the decision lists them with their reasons.
 
 Calls are replayed from their records: arguments (arrays as shapes and dtypes), the outputs,
 and the grid of each config. A record that lacks what a measurement needs is reported and

@@ -10,6 +10,9 @@ the call's autotune mode (``autotune=``, else ``$KERNELCACHE_AUTOTUNE``):
 - ``job``: one process measures (single flight through the cache's build lock: the others wait
   for its decision, and take over if it dies) and every process lowers the chosen variant.
 
+A variant left out of the call (it cannot compile or launch: see :mod:`bridge.variants`) is
+never emitted, measured or chosen; a decision that chose one is ignored, with a warning.
+
 Measuring runs each variant on the local GPU on synthetic inputs, the way jaxlib's autotuner
 does: one launch each to estimate, then enough launches for a target time, repeated; the time of
 a variant is its fastest repetition. Arrays of floating point numbers are filled with normally

@@ -274,6 +274,60 @@ def test_failure_documents_are_checked(data):
     assert failures.parse(json.dumps({**good, "reason": "a\nb"}).encode(), "k") is None
 
 
+def test_what_is_left_out_is_what_tritons_autotuner_skips():
+    import ast
+
+    from triton.compiler.errors import CompilationError, CompileTimeAssertionFailure
+    from triton.runtime.errors import OutOfResources, PTXASError
+
+    oor = OutOfResources(300_000, 232_448, "shared memory")
+    assert failures.reason_of(oor).startswith("out of resource: shared memory, Required: 300000")
+    ptxas = PTXASError(
+        "`ptxas` failed with error code 255\n`ptxas` stderr:\nptxas error   : Entry function "
+        "'k' uses too much data\n\nRepro command: ptxas -v k.ptx\n"
+    )
+    reason = (
+        "`ptxas` failed with error code 255; ptxas error : Entry function 'k' uses too much data"
+    )
+    assert failures.reason_of(ptxas) == reason and failures.lasting(ptxas)
+    for crash in ("`ptxas` raised SIGSEGV", "`ptxas` failed with error code -9"):
+        assert failures.reason_of(PTXASError(crash)) and not failures.lasting(PTXASError(crash))
+    node = ast.parse("x").body[0]
+    inner = CompileTimeAssertionFailure("x", node, "too big")
+    outer = CompilationError("x", node, None)
+    outer.__cause__ = inner  # how Triton reports a failure inside a called @jit function
+    assert failures.reason_of(outer) == "static assertion failed: too big"
+    for other in (
+        CompilationError("x", node, "NameError"),
+        RuntimeError("AMD LLVM 21: error: cannot select"),  # the AMD backend's codegen errors
+        ValueError("num_ctas > 1 not supported on gfx942"),
+    ):
+        assert failures.reason_of(other) is None
+
+
+def test_a_ptxas_crash_leaves_the_config_out_but_is_not_remembered(tmp_path, monkeypatch):
+    from triton.runtime.errors import PTXASError
+
+    from bridge import specialize
+
+    real, tries = specialize.compile_source, []
+
+    def crashing(src, target, backend, options):
+        if src.constants.get((3,)) == 128:  # BLOCK
+            tries.append(1)
+            raise PTXASError("`ptxas` raised SIGSEGV\n`ptxas` stderr:\n")
+        return real(src, target, backend, options)
+
+    monkeypatch.setattr(specialize, "compile_source", crashing)
+    cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote="")
+    for _ in range(2):
+        bridge_call._memo.clear()
+        (call,) = decoded(copy_call(K.bounded_copy, cache), F32)
+        assert call.HasField("kernel_call") and call.kernel_call.grid_0 == 16  # BLOCK 256
+    assert len(tries) == 2  # tried again by the next lowering
+    assert len(list(Path(cache.root).glob("*.failure"))) == 2  # the static assertions only
+
+
 # -- 3. configs that cannot launch ---------------------------------------------------------------
 H = jax.ShapeDtypeStruct((512, 512), jnp.float16)
 
