@@ -187,6 +187,12 @@ def run_hooks(
             hook(seen, **keywords)
         except _Refused:
             pass
+        except Exception as e:  # the hook's own error, raised as it is (named on Python 3.11+)
+            if hasattr(e, "add_note"):
+                e.add_note(
+                    f"in the {phase} {run.hook} of {kernel}, run at lowering on placeholders"
+                )
+            raise
         allowed = {"block_shape"} if phase == "pre_hook" else set()
         for name, d in descs.items():
             fields, base = before[name]

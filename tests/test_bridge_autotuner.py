@@ -263,6 +263,27 @@ def test_a_malformed_failure_entry_is_ignored(tmp_path, monkeypatch):
         assert len(configs_of(call)) == 2
 
 
+def test_failure_entries_travel_in_bundles(tmp_path, monkeypatch):
+    from triton.compiler.compiler import ASTSource
+
+    here = kernelcache.Cache(tmp_path / "here", readonly_roots=(), remote="")
+    decoded(copy_call(K.bounded_copy, here), F32)
+    bundle = tmp_path / "kernels.tar"
+    assert kc(Path(here.root), "export", str(bundle)).returncode == 0
+    there = tmp_path / "there"
+    there.mkdir()
+    assert kc(there, "import", str(bundle)).returncode == 0
+    attempts = []
+    make_ir = ASTSource.make_ir
+    monkeypatch.setattr(
+        ASTSource, "make_ir", lambda *a, **k: attempts.append(1) or make_ir(*a, **k)
+    )
+    bridge_call._memo.clear()
+    cache = kernelcache.Cache(there, readonly_roots=(), remote="")
+    (call,) = decoded(copy_call(K.bounded_copy, cache), F32)
+    assert len(configs_of(call)) == 2 and not attempts  # nothing compiled, nothing tried
+
+
 @pytest.mark.parametrize(
     "data",
     [b"", b"[", b"\xff", b"{}", b'{"format": 2}', b'{"format": 1, "of": "k", "reason": ""}'],
@@ -492,6 +513,15 @@ def test_what_a_hook_may_not_do(cache, hook, tried):
         K.sum_kernel
     )
     with pytest.raises(bridge.KernelArgumentError, match=tried):
+        decoded(sum_call(kernel, cache), F32)
+
+
+def test_a_hooks_own_error_is_raised_as_it_is(cache):
+    kernel = triton.autotune(
+        configs=[triton.Config({"BLOCK": 128}, pre_hook=lambda nargs: nargs["BLOCK_M"])],
+        key=["n"],
+    )(K.sum_kernel)
+    with pytest.raises(KeyError, match="BLOCK_M"):
         decoded(sum_call(kernel, cache), F32)
 
 
