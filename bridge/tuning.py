@@ -78,7 +78,8 @@ class Measurer(Protocol):
 
     def measure(self, call: CallSpec, n: int, skip: frozenset[int] = frozenset()) -> Measured:
         """Time each of the ``n`` variants of ``call`` but those in ``skip`` (left out of the
-        call: they cannot compile or launch; their times are None)."""
+        call: they cannot compile or launch; their times are None). ``skip`` is passed only
+        when some variant is left out, so a measurer that never sees one may omit it."""
         ...
 
 
@@ -204,7 +205,11 @@ def decide(
         AutotuneError: no variant could run.
     """
     left = dict(left_out or {})
-    measured = _measurer.measure(call, len(specs), skip=frozenset(left))
+    measured = (
+        _measurer.measure(call, len(specs), skip=frozenset(left))
+        if left
+        else _measurer.measure(call, len(specs))
+    )
     times = [None if i in left else t for i, t in enumerate(measured.times)]
     reasons = {**measured.reasons, **left}
     chosen = decisions.choose(times)

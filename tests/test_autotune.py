@@ -233,7 +233,7 @@ from bridge import tuning
 class Stand_in:
     def device(self, target, platform):
         return "Stand-in GPU"
-    def measure(self, call, n, skip=frozenset()):
+    def measure(self, call, n):
         with open({marker!r}, "a") as f:
             f.write(f"{{os.getpid()}}\\n")
         time.sleep(float(os.environ.get("MEASURE_SECONDS", "1")))
