@@ -142,28 +142,7 @@ print(json.dumps({"entries": n, "du": du, "groups": len(groups)}))
 
 PEER_PRUNE = r"""
 import json, os, sys
-root, cap = sys.argv[1], int(sys.argv[2])
-rows = []
-for entry in os.scandir(root):
-    if entry.name.endswith(".json"):
-        with open(entry.path, "rb") as f:
-            doc = json.load(f)
-        rows.append((entry.stat().st_mtime, doc["size"] + entry.stat().st_size, doc["key"]))
-rows.sort()
-total = sum(r[1] for r in rows)
-doomed = 0
-for mtime, size, key in rows:
-    if total <= cap:
-        break
-    total -= size
-    doomed += 1
-print(json.dumps({"entries": len(rows), "doomed": doomed}))
-"""
-
-
-PEER_PRUNE_REAL = r"""
-import json, os, sys
-root, cap = sys.argv[1], int(sys.argv[2])
+root, cap, delete = sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["--delete"]
 rows = []
 for entry in os.scandir(root):
     if entry.name.endswith(".json"):
@@ -176,11 +155,12 @@ doomed = 0
 for mtime, size, key, ext in rows:
     if total <= cap:
         break
-    os.unlink(os.path.join(root, key + ".json"))
-    os.unlink(os.path.join(root, key + "." + ext))
+    if delete:
+        os.unlink(os.path.join(root, key + ".json"))
+        os.unlink(os.path.join(root, key + "." + ext))
     total -= size
     doomed += 1
-print(json.dumps({"entries": len(rows), "deleted": doomed}))
+print(json.dumps({"entries": len(rows), "doomed": doomed}))
 """
 
 
@@ -326,9 +306,9 @@ def main() -> None:
             shutil.rmtree(peer_root)
         populate(peer_root, args.entries, args.min_size, args.max_size)
         peer_prune_real, cpu["peer_prune_real"], out = timed_once(
-            [sys.executable, "-c", PEER_PRUNE_REAL, str(peer_root), cap]
+            [sys.executable, "-c", PEER_PRUNE, str(peer_root), cap, "--delete"]
         )
-        peer_deleted = json.loads(out)["deleted"]
+        peer_deleted = json.loads(out)["doomed"]
         shutil.rmtree(peer_root)
         scales: dict[int, dict[str, float]] = {}
         for n in [int(x) for x in args.scales.split(",") if x.strip()]:

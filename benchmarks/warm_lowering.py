@@ -7,6 +7,11 @@ Each measurement is one fresh process that imports jax, triton and the bridge, b
 compile runs: what is timed is tracing, binding and keying every variant, reading the cache and
 building the custom calls). No GPU is needed.
 
+The floor, measured in the same run: the same program with every ``triton_call`` replaced by one
+plain ``jax.ffi.ffi_call`` of the same outputs with a small fixed backend config, which is JAX's
+own cost of tracing and lowering that program; no bridge can lower it faster. The table shows
+each bridge's ratio to it.
+
 With ``--before REF_OR_DIR`` an older bridge (a directory, or a git ref exported with
 ``git archive``) is measured in the same run, its processes interleaved with this one's. Prints a
 table (median and min over ``--repeats`` processes), then one JSON line; ``--out FILE`` also
@@ -37,7 +42,17 @@ sys.path.insert(0, "benchmarks")
 import jax, triton
 import bridge
 from warm_start import make_model
-fn, args = make_model(bridge.triton_call, sys.argv[1], {})
+
+def floor_call(*args, kernel, out_shape, grid, **kw):
+    # one custom call with the same outputs: what JAX itself spends on a call
+    arrays = [a for a in args if isinstance(a, jax.Array) or hasattr(a, "aval")]
+    shapes = jax.tree_util.tree_leaves(out_shape)
+    outs = [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in shapes]
+    result = jax.ffi.ffi_call("kernelcache_floor", outs)(*arrays, opaque=b"x" * 64)
+    return result[0] if len(result) == 1 else tuple(result)
+
+call = floor_call if sys.argv[2] == "floor" else bridge.triton_call
+fn, args = make_model(call, sys.argv[1], {})
 jax.block_until_ready(args)
 t0 = time.perf_counter()
 jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
@@ -48,7 +63,7 @@ print(json.dumps({"lower_ms": (t1 - t0) * 1000, "compiles": bridge_compile.compi
 """
 
 
-def run(root: Path, cache: str, model: str) -> dict:
+def run(root: Path, cache: str, model: str, floor: bool = False) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as for an installed package
     env.update(
@@ -58,7 +73,11 @@ def run(root: Path, cache: str, model: str) -> dict:
         JAX_PLATFORMS="cpu",
     )
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, model], env=env, cwd=str(root), capture_output=True, text=True
+        [sys.executable, "-c", CHILD, model, "floor" if floor else "bridge"],
+        env=env,
+        cwd=str(root),
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
         raise SystemExit(f"the measuring process failed:\n{proc.stderr[-3000:]}")
@@ -75,7 +94,9 @@ def main() -> None:
     bridges = {"now": REPO}
     if args.before:
         bridges["before"] = export(args.before, work)
-    samples: dict[str, dict[str, list[dict]]] = {b: {m: [] for m in MODELS} for b in bridges}
+    samples: dict[str, dict[str, list[dict]]] = {
+        b: {m: [] for m in MODELS} for b in [*bridges, "floor"]
+    }
     try:
         caches = {b: tempfile.mkdtemp(prefix="kc-", dir=work) for b in bridges}
         for label, root in bridges.items():  # fill the kernel cache, write the bytecode
@@ -83,6 +104,7 @@ def main() -> None:
                 run(root, caches[label], model)
         for _ in range(args.repeats):
             for model in MODELS:
+                samples["floor"][model].append(run(REPO, caches["now"], model, floor=True))
                 for label, root in bridges.items():
                     samples[label][model].append(run(root, caches[label], model))
     finally:
@@ -105,17 +127,28 @@ def main() -> None:
         "load_average": os.getloadavg(),
         "results": results,
     }
+    summary["over_floor"] = {
+        label: {
+            m: round(results[label][m]["median_ms"] / results["floor"][m]["median_ms"], 2)
+            for m in MODELS
+        }
+        for label in bridges
+    }
     if "before" in results:
         summary["now_over_before"] = {
             m: round(results["now"][m]["median_ms"] / results["before"][m]["median_ms"], 2)
             for m in MODELS
         }
-    print(f"{'bridge':8} {'model':6} {'median ms':>10} {'min ms':>8} {'compiles':>9} protobuf")
+    print(
+        f"{'bridge':8} {'model':6} {'median ms':>10} {'min ms':>8} {'x floor':>8} {'compiles':>9}"
+    )
     for label, by_model in results.items():
         for model, r in by_model.items():
+            ratio = summary["over_floor"].get(label, {}).get(model)
+            shown = f"{ratio:8.2f}" if ratio is not None else f"{'':8}"
             print(
-                f"{label:8} {model:6} {r['median_ms']:10.1f} {r['min_ms']:8.1f} "
-                f"{r['kernel_compiles']:9} {'imported' if r['imports_protobuf'] else 'no'}"
+                f"{label:8} {model:6} {r['median_ms']:10.1f} {r['min_ms']:8.1f} {shown} "
+                f"{r['kernel_compiles']:9}"
             )
     print(f"load average: {os.getloadavg()[0]:.1f} on {summary['cpus']} CPUs")
     print()

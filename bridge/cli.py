@@ -18,7 +18,11 @@ _BRIDGE_DEPENDENCIES = {"bridge", "jax", "jaxlib", "triton", "google", "protobuf
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``warm`` and ``tune`` to the ``kernelcache`` command."""
+    """Add ``warm`` and ``tune`` to the ``kernelcache`` command, and make the bridge's
+    directories of a root known to the other commands (importing :mod:`bridge.handoff`
+    registers ``.handoff``; it imports neither jax nor triton)."""
+    from . import handoff  # noqa: F401
+
     p = add_command(
         subparsers,
         "warm",
@@ -43,6 +47,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--allow-changed",
         action="store_true",
         help="compile the current source of kernels changed since recording instead of failing",
+    )
+    p.add_argument(
+        "--device",
+        action="append",
+        metavar="KIND",
+        help="of an autotuned call decided for this device kind (e.g. 'NVIDIA H200'; "
+        "repeatable), compile only the chosen config (pinned decisions count for every device)",
+    )
+    p.add_argument(
+        "--all-configs",
+        action="store_true",
+        help="compile every config of autotuned calls, decided or not",
     )
     p.set_defaults(func=cmd_warm)
 
@@ -78,7 +94,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _bridge_module(name: str):  # -> ModuleType
-    """``bridge.<name>``, or a usage error naming the package to install."""
+    """``bridge.<name>`` for ``kernelcache <name>``, or a usage error naming the package to
+    install."""
     import importlib
 
     try:
@@ -88,7 +105,7 @@ def _bridge_module(name: str):  # -> ModuleType
         if missing and missing not in _BRIDGE_DEPENDENCIES:
             raise
         raise UsageError(
-            f"this command needs the bridge and its dependencies (cannot import "
+            f"kernelcache {name} needs the bridge and its dependencies (cannot import "
             f"{e.name or 'bridge.' + name}): pip install 'kernelcache[bridge]'"
         ) from None
 
@@ -151,16 +168,7 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_warm(args: argparse.Namespace, out: Output) -> int:
-    try:
-        from . import warm
-    except ImportError as e:
-        missing = (e.name or "").split(".")[0]
-        if missing and missing not in _BRIDGE_DEPENDENCIES:
-            raise
-        raise UsageError(
-            f"kernelcache warm needs the bridge and its dependencies (cannot import "
-            f"{e.name or 'bridge.warm'}): pip install 'kernelcache[bridge]'"
-        ) from None
+    warm = _bridge_module("warm")
     return warm.run(
         args.manifest,
         list(args.target),
@@ -168,4 +176,6 @@ def cmd_warm(args: argparse.Namespace, out: Output) -> int:
         json=out.json,
         jobs=args.jobs,
         allow_changed=args.allow_changed,
+        devices=list(args.device or ()),
+        all_configs=args.all_configs,
     )

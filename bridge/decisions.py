@@ -31,6 +31,9 @@ from .binding import ArgArray
 if TYPE_CHECKING:
     from kernelcache import Cache
 
+    from .kernels import KernelParts
+    from .specialize import Specialization
+
 #: the extension and kind of a decision entry
 EXT = "decision"
 KIND = "decision"
@@ -175,6 +178,29 @@ def tuning_inputs(named: Mapping[str, Any], autotune_keys: Sequence[str]) -> dic
             value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
         )
     return {"arrays": arrays, "key": keys}
+
+
+def autotune_keys(parts: KernelParts) -> list[str]:
+    """The argument names of the ``key`` of every autotune layer of the kernel."""
+    names: list[str] = []
+    for layer in parts.layers:
+        for name in getattr(layer, "keys", None) or ():
+            if isinstance(name, str) and name not in names:
+                names.append(name)
+    return names
+
+
+def keys_of(
+    parts: KernelParts,
+    named: Mapping[str, Any],
+    specs: Sequence[Specialization],
+    devices: Sequence[str] = (),
+) -> list[str]:
+    """The keys under which a decision for a call (its kernel and arguments by parameter name)
+    is looked up: each device kind's own, then the one pinned for every device of the target."""
+    variants = [spec.key for spec in specs]
+    inputs = tuning_inputs(named, autotune_keys(parts))
+    return [decision_key(variants, inputs, d) for d in (*devices, ANY_DEVICE)]
 
 
 def decision_key(variants: Sequence[str], inputs: Mapping[str, Any], device: str) -> str:

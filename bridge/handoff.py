@@ -41,10 +41,14 @@ import threading
 import uuid
 from pathlib import Path
 
+from kernelcache.layout import register_directory
 from kernelcache.process import HOST
-from kernelcache.table import HANDOFF_DIR  # the per-process hand-off directories live here
 
 logger = logging.getLogger(__name__)
+
+#: the directory of a cache root that holds the per-process hand-off directories
+HANDOFF_DIR = ".handoff"
+register_directory(HANDOFF_DIR)  # a scan of the root knows it from a foreign file
 
 #: the descriptor number every process keeps its hand-off directory open as
 HANDOFF_FD = 1023

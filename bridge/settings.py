@@ -6,12 +6,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelcache.config import Variable, choice, parse_variable, path, register_variables
+from kernelcache.config import Variable, choice, parser, path, register_variables
 
 from .vendors import parse_name
 
@@ -76,22 +75,14 @@ class BridgeSettings:
     record: Path | None = None
 
 
-_NAMES = (*(var.name for var in VARIABLES), "HOME")
-_last: tuple[tuple[str | None, ...], BridgeSettings] | None = None
+_parse = parser(VARIABLES, BridgeSettings)
 
 
 def settings(environ: Mapping[str, str] | None = None) -> BridgeSettings:
-    """Parse the bridge's variables from ``environ`` (default: ``os.environ``).
+    """Parse the bridge's variables from ``environ`` (default: ``os.environ``; parsed again only
+    when one of their values changed).
 
     Raises:
         kernelcache.ConfigError: a variable is set to a value that cannot be used.
     """
-    global _last
-    env = os.environ if environ is None else environ
-    raw = tuple(map(env.get, _NAMES))
-    last = _last
-    if last is not None and last[0] == raw:
-        return last[1]
-    parsed = BridgeSettings(**{var.field: parse_variable(var, env) for var in VARIABLES})
-    _last = (raw, parsed)
-    return parsed
+    return _parse(environ)

@@ -86,6 +86,7 @@ class _Group:
     call: RecordedCall
     targets: list[str] = field(default_factory=list)
     grids: dict[str, list[int]] = field(default_factory=dict)  # target + variant kwargs -> grid
+    variant_names: set[str] = field(default_factory=set)  # the kwargs a variant records
     outputs: list[str] | None = None
 
 
@@ -107,7 +108,9 @@ def recorded_calls(manifest: str) -> list[_Group]:
         variant = rec.get("variant") or {}
         grid = rec.get("grid")
         if isinstance(grid, list) and len(grid) == 3 and all(type(g) is int for g in grid):
-            group.grids[_grid_key(target, variant.get("kwargs") or {})] = grid
+            kwargs = variant.get("kwargs") or {}
+            group.grids[_grid_key(target, kwargs)] = grid
+            group.variant_names.update(kwargs)
         outputs = rec.get("outputs")
         if isinstance(outputs, list) and all(isinstance(o, str) for o in outputs):
             group.outputs = outputs
@@ -165,7 +168,7 @@ def pin(group: _Group, target: Target, index: int, cache: Cache) -> Tuned:
         reasons=left,
     )
     named, _, _ = group.call.revived(target, [0])
-    _store(cache, tuning.keys_of(parts, named, specs, None)[0], made)
+    _store(cache, decisions.keys_of(parts, named, specs)[0], made)
     return Tuned(group.call.kernel, str(target), "pinned", made)
 
 
@@ -210,7 +213,7 @@ def traced_call(group: _Group, target: Target, cache: Cache) -> CallSpec:
     out_shape = {n: abstract(named[n]) for n in parts.arg_names if n in outputs}
 
     def grid(meta: Mapping[str, Any]) -> tuple[int, ...]:
-        variant = {k: plain(meta[k]) for k in _variant_names(parts) if k in meta}
+        variant = {k: plain(meta[k]) for k in group.variant_names if k in meta}
         found = group.grids.get(_grid_key(str(target), variant))
         if found is None:
             raise KernelArgumentError(
@@ -242,15 +245,6 @@ def traced_call(group: _Group, target: Target, cache: Cache) -> CallSpec:
     raise KernelArgumentError("the replayed call did not reach the kernel")
 
 
-def _variant_names(parts: Any) -> list[str]:
-    names: list[str] = []
-    for layer in parts.layers:
-        for config in getattr(layer, "configs", ()):
-            names += [k for k in config.kwargs if k not in names]
-        names += [k for k in getattr(layer, "values", {}) if k not in names]
-    return names
-
-
 def measure(group: _Group, target: Target, cache: Cache, platform: str, force: bool) -> Tuned:
     """Measure ``group``'s call for ``target`` on this machine's GPU and store the decision."""
     kernel = group.call.kernel
@@ -261,7 +255,7 @@ def measure(group: _Group, target: Target, cache: Cache, platform: str, force: b
     specs = specialize_call(call.parts, call.named, call.kwargs, call.options, target, cache)
     if len(specs) < 2:
         return Tuned(kernel, str(target), "single")
-    key = tuning.keys_of(call.parts, call.named, specs, device)[0]
+    key = decisions.keys_of(call.parts, call.named, specs, [device])[0]
     if not force:
         found = decisions.find(cache, [key], [s.key for s in specs])
         if found is not None:

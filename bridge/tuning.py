@@ -35,13 +35,12 @@ from kernelcache.process import warn_once
 from . import decisions
 from .arguments import leaf_arrays
 from .binding import ArgArray
-from .decisions import ANY_DEVICE, Decision
+from .decisions import Decision
 from .errors import AutotuneError
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
-    from .kernels import KernelParts
     from .specialize import Specialization
     from .targets import Target
     from .tracing import CallSpec
@@ -84,30 +83,6 @@ class Measurer(Protocol):
 
 
 # -- the call's variants ----------------------------------------------------------------------
-def autotune_keys(parts: KernelParts) -> list[str]:
-    """The argument names of the ``key`` of every autotune layer of the kernel."""
-    names: list[str] = []
-    for layer in parts.layers:
-        for name in getattr(layer, "keys", None) or ():
-            if isinstance(name, str) and name not in names:
-                names.append(name)
-    return names
-
-
-def keys_of(
-    parts: KernelParts,
-    named: Mapping[str, Any],
-    specs: Sequence[Specialization],
-    device: str | None,
-) -> list[str]:
-    """The keys under which a decision for a call (its kernel and arguments by parameter name)
-    is looked up: the device's own, then the one pinned for every device of the target."""
-    variants = [spec.key for spec in specs]
-    inputs = decisions.tuning_inputs(named, autotune_keys(parts))
-    devices = [device, ANY_DEVICE] if device else [ANY_DEVICE]
-    return [decisions.decision_key(variants, inputs, d) for d in devices]
-
-
 def select(
     call: CallSpec,
     variants: Variants,
@@ -130,7 +105,7 @@ def select(
     if len(specs) < 2 or mode == "runtime":
         return variants.viable()
     device = _measurer.device(target, platform)
-    keys = keys_of(call.parts, call.named, specs, device)
+    keys = decisions.keys_of(call.parts, call.named, specs, [device] if device else [])
     names = [spec.key for spec in specs]
     where = f"{call.parts.qualname} on {device or target}"
     found = decisions.find(cache, keys, names)
@@ -314,7 +289,7 @@ def _launches(call: CallSpec, index: int, count: int) -> Any:
     """A jitted function launching variant ``index`` of ``call`` ``count`` times in a row."""
     import jax
 
-    from .call import triton_call_p
+    from .primitive import triton_call_p
 
     one = dataclasses.replace(call, choice=index, autotune="runtime")
 

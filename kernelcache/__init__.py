@@ -5,10 +5,11 @@ that have neither. See ``Cache`` for the guarantees across processes.
 """
 
 from ._version import __version__
-from .cache import BuildItem, Cache, default_root
+from .cache import BuildItem, Cache
 from .config import settings
 from .errors import CacheError, ConfigError, KernelCacheError, LockTimeout, LockUnavailable
 from .keys import check_ext, check_key
+from .layout import default_root
 from .remote import RemoteTier
 from .stats import process_stats
 from .store import Artifact, Store

@@ -19,14 +19,15 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from . import process, stats
-from .config import parse_variable, settings, variable
+from . import stats
+from .config import settings
 from .errors import CacheError, LockTimeout, Problem, WrongExt
 from .keys import check_ext, check_key
+from .layout import resolve_root
 from .locks import Held
+from .process import warn_once
 from .remote import RemoteTier, open_remote
 from .schema import RESERVED_FIELDS, check_document, digest, make_metadata
 from .store import Artifact, Store
@@ -54,25 +55,6 @@ class BuildItem:
     key: str
     ext: str
     build: BuildFn
-
-
-def warn_once(root: str, topic: str, message: str, *args: object) -> None:
-    """Log a warning the first time (root, topic) comes up in this process."""
-    process.warn_once(logger, (root, topic), message, *args)
-
-
-def default_root() -> Path:
-    """``$KERNELCACHE_DIR``, else platformdirs' user cache directory for "kernelcache".
-
-    Raises:
-        ConfigError: ``$KERNELCACHE_DIR`` cannot be used (other variables are not read).
-    """
-    configured = parse_variable(variable("KERNELCACHE_DIR"))
-    if configured is not None:
-        return configured
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("kernelcache", appauthor=False))
 
 
 def _open_remote(url: str, root: str, signing_key: bytes | None) -> RemoteTier | None:
@@ -107,7 +89,7 @@ class Cache:
         self.lock_timeout = cfg.lock_timeout if lock_timeout is None else float(lock_timeout)
         mode = cfg.lock_mode if lock_mode is None else lock_mode
         self.store = Store.from_settings(
-            default_root() if root is None else root,
+            resolve_root(root, cfg),
             cfg,
             lock_mode=mode,
             lock_timeout=self.lock_timeout,
@@ -163,7 +145,9 @@ class Cache:
                 result = store.get_checked(key, ext)
             except OSError as e:
                 stats.count(self.root, errors=1)
-                warn_once(store.root, "read", "kernelcache: cannot read %s: %s", store.root, e)
+                warn_once(
+                    logger, (store.root, "read"), "kernelcache: cannot read %s: %s", store.root, e
+                )
                 continue
             if isinstance(result, Artifact):
                 if counted:
@@ -187,7 +171,9 @@ class Cache:
             found = self.remote.get(key, ext)
         except Exception as e:  # a tier must not raise; if one does, it is a miss
             stats.count(self.root, remote_errors=1)
-            warn_once(self.root, "remote-raised", "kernelcache: the remote tier failed: %r", e)
+            warn_once(
+                logger, (self.root, "remote-raised"), "kernelcache: the remote tier failed: %r", e
+            )
             return None
         if found is None:
             stats.count(self.root, remote_misses=1)
@@ -196,8 +182,8 @@ class Cache:
         if isinstance(checked, str):
             stats.count(self.root, remote_errors=1, corrupt=1)
             warn_once(
-                self.root,
-                "remote-corrupt",
+                logger,
+                (self.root, "remote-corrupt"),
                 "kernelcache: rejected a corrupt remote entry (%s): %s",
                 key,
                 checked,
@@ -209,7 +195,9 @@ class Cache:
         try:
             art = self.store.put(key, ext, data, fields)
         except (CacheError, WrongExt) as e:
-            warn_once(self.root, "write", "kernelcache: cannot store under %s: %s", self.root, e)
+            warn_once(
+                logger, (self.root, "write"), "kernelcache: cannot store under %s: %s", self.root, e
+            )
             return Artifact(key, ext, data, None, meta, "remote")
         return Artifact(art.key, art.ext, art.data, art.path, art.meta, "remote")
 
@@ -372,15 +360,15 @@ class Cache:
         except LockTimeout:
             return _BUSY
         except CacheError as e:
-            warn_once(self.root, "locks", "kernelcache: building without a lock: %s", e)
+            warn_once(logger, (self.root, "locks"), "kernelcache: building without a lock: %s", e)
             return None
 
     def _private(self, key: str, ext: str, build: BuildFn) -> Artifact | Exception:
         """Build ``key`` without its lock after another process held it too long."""
         stats.count(self.root, lock_timeouts=1)
         warn_once(
-            self.root,
-            "build-lock",
+            logger,
+            (self.root, "build-lock"),
             "kernelcache: waited %.0fs for another builder under %s; building privately",
             self.lock_timeout,
             self.root,
@@ -444,7 +432,9 @@ class Cache:
         try:
             return self.put(key, ext, data, meta)
         except CacheError as e:
-            warn_once(self.root, "write", "kernelcache: using an in-memory artifact: %s", e)
+            warn_once(
+                logger, (self.root, "write"), "kernelcache: using an in-memory artifact: %s", e
+            )
             return self._in_memory(key, ext, data, meta)
         finally:
             stats.flush()

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from . import units
 from .errors import ConfigError, NotRegularFile
@@ -283,9 +283,29 @@ def variable(name: str) -> Variable:
     raise KeyError(name)
 
 
-#: what a parse depends on: the variables, and HOME (``~`` in paths)
-_NAMES = (*(var.name for var in VARIABLES), "HOME")
-_last: tuple[tuple[str | None, ...], Settings] | None = None
+T = TypeVar("T")
+
+
+def parser(declared: Sequence[Variable], make: Callable[..., T]) -> Callable[..., T]:
+    """A function that parses the ``declared`` variables from an environment (default:
+    ``os.environ``) into ``make(**{field: value})``, again only when one of their values (or
+    HOME, for ``~`` in paths) changed since its last call."""
+    names = (*(var.name for var in declared), "HOME")
+    last: list[tuple[tuple[str | None, ...], T]] = []
+
+    def parse(environ: Mapping[str, str] | None = None) -> T:
+        env = os.environ if environ is None else environ
+        raw = tuple(map(env.get, names))
+        if last and last[0][0] == raw:
+            return last[0][1]
+        parsed = make(**{var.field: parse_variable(var, env) for var in declared})
+        last[:] = [(raw, parsed)]
+        return parsed
+
+    return parse
+
+
+_parse = parser(VARIABLES, Settings)
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
@@ -295,15 +315,7 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
     Raises:
         ConfigError: a variable is set to a value that cannot be used; the message names it.
     """
-    global _last
-    env = os.environ if environ is None else environ
-    raw = tuple(map(env.get, _NAMES))
-    last = _last
-    if last is not None and last[0] == raw:
-        return last[1]
-    parsed = Settings(**{var.field: parse_variable(var, env) for var in VARIABLES})
-    _last = (raw, parsed)
-    return parsed
+    return _parse(environ)
 
 
 def environment_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, str]:

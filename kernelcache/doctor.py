@@ -33,7 +33,8 @@ from .config import (
     variable,
     variables,
 )
-from .locks import LOCK_DIR, Locker
+from .layout import LOCK_DIR, create_exclusive
+from .locks import Locker
 
 #: packages whose installed versions are reported (never imported)
 PACKAGES = (
@@ -144,12 +145,7 @@ def _probe(root: str) -> tuple[str | None, str | None]:
     except OSError as e:
         return e.strerror or str(e), None
     try:
-        fd = os.open(
-            name,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o666,
-            dir_fd=dfd,
-        )
+        fd = create_exclusive(name, dfd)
     except OSError as e:
         os.close(dfd)
         return e.strerror or str(e), None

@@ -1,19 +1,16 @@
-"""Reading and replacing small files in a shared root, safely.
+"""Opening files that others may have planted, safely.
 
-Housekeeping (the scan index, the statistics summary, ``stats --output``) opens files with
-:data:`READ_FLAGS` and replaces them with :func:`replace_file`: no symlink is followed, a planted
-FIFO cannot block a reader, and a reader in another process sees the old file or the new one,
-whole.
+Files under a shared root are opened with :data:`READ_FLAGS`: no symlink is followed and a
+planted FIFO cannot block the open. Files named on a command line are opened with
+:func:`open_regular`, which refuses anything but a regular file.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import os
 import stat
-import uuid
 from typing import IO
 
 from .errors import NotRegularFile
@@ -51,27 +48,17 @@ def changed_at(st: os.stat_result) -> float:
     return min(st.st_mtime, st.st_ctime)
 
 
-def replace_file(dfd: int, name: str, data: bytes) -> None:
-    """Write ``data`` to ``name`` in the directory ``dfd`` atomically: readers see the old file
-    or the new one, whole. Staged under a hidden unique name (never followed if planted as a
-    link), then ``os.replace``d; nothing is left behind on failure.
-
-    Raises:
-        OSError: it could not be written (the old file, if any, is intact).
-    """
-    tmp = f".{name}.{os.getpid()}-{uuid.uuid4().hex}.tmp"
-    fd = os.open(
-        tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd
-    )
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dfd)
-        raise
+def read_exact(fd: int, size: int) -> bytes | None:
+    """Read exactly ``size`` bytes from ``fd``; None if the file is shorter."""
+    first = os.read(fd, size)
+    if len(first) == size:
+        return first
+    chunks = [first]
+    remaining = size - len(first)
+    while remaining > 0:
+        chunk = os.read(fd, remaining)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)

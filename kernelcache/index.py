@@ -26,12 +26,11 @@ from typing import Any
 
 import xxhash
 
-from .fsio import READ_FLAGS, replace_file
+from .fsio import READ_FLAGS
 from .jsonio import load_json
 from .keys import META_EXT, all_keys, valid_ext
-from .locks import open_subdir
-from .stats import STATS_DIR
-from .table import KNOWN_DIRS, EntryTable
+from .layout import STATS_DIR, known_directories, open_subdir, replace_file
+from .table import EntryTable
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +57,7 @@ def index_matches(index: EntryTable, names: Mapping[str, int]) -> bool:
     All of it runs in C: the common case of a scan of an unchanged (or only read) cache.
     """
     n = len(index)
-    if len(names) != 2 * n + len(KNOWN_DIRS & names.keys()):
+    if len(names) != 2 * n + len(known_directories() & names.keys()):
         return False
     meta_names = map(add, index.key, repeat("." + META_EXT))
     if not dict(zip(meta_names, index.inode, strict=True)).items() <= names.items():

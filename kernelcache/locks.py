@@ -1,59 +1,26 @@
-"""Per-key locks under ``<root>/.locks/``.
+"""Per-key locks under ``<root>/.locks/``, and the readers' shared flock on an artifact.
 
 Two mechanisms, chosen per root:
 
 * ``flock`` (default where it works): ``<key>.lock``, locked exclusively by writers, prune and
-  repair, and ``<key>.build.lock``, locked exclusively by the single builder of a key. Readers do
-  not use these files: they hold a shared flock on the artifact they read (see store.py). The
-  kernel drops a flock when its process dies, so a killed process never leaves a stale one.
-* ``soft`` (for filesystems where flock does not work: NFS without lockd, some FUSE mounts):
-  ``<key>.softlock`` created with ``O_CREAT | O_EXCL`` and holding ``{host, pid, time, token}``.
-  Only exclusive holders use it; readers rely on digest verification instead. A holder refreshes
-  the file's mtime while it holds the lock. A lock is stale, and is broken, when its holder is a
-  dead process on this host, or when its mtime is older than ``stale_after`` seconds.
+  repair, and ``<key>.build.lock``, locked exclusively by the single builder of a key. Readers
+  do not use these files: they hold a shared flock on the artifact they read, which deletion
+  and quarantine take exclusively first (:func:`exclude_readers`). The kernel drops a flock
+  when its process dies, so a killed process never leaves a stale one.
+* ``soft`` (filesystems where flock does not work: NFS without lockd, some FUSE mounts):
+  ``<key>.softlock``, created exclusively and holding ``{host, pid, time, token}``. Only
+  exclusive holders use it; readers rely on digest verification. A holder refreshes the file's
+  mtime while it holds the lock. A lock is stale, and is broken, when its holder is a dead
+  process on this host or its mtime is older than ``stale_after`` seconds.
 
 ``auto`` probes flock once per root and process and falls back to ``soft`` on ENOLCK, ENOSYS,
-EOPNOTSUPP or EINVAL. All processes sharing a root must end up in the same mode; ``auto`` does
-that when they see the same filesystem.
+EOPNOTSUPP or EINVAL. All processes sharing a root must end up in the same mode.
 
-Lock files are opened relative to a directory descriptor with ``O_NOFOLLOW`` (and
-``O_NONBLOCK``, read-only): a symlink planted at ``.locks`` or in it is never followed, a FIFO
-never hangs an open, and a lock file is never written.
-
-What filelock does here. The exclusive flock is filelock's descriptor lock
-(:func:`filelock.lock_descriptor`, filelock 3.30 or later): the same flock that
-``filelock.FileLock`` takes, so a tool locking ``.locks/<key>.lock`` with filelock excludes
-kernelcache's writers and builders, and the other way round. A filelock older than 3.30 (an
-install without its dependencies) makes locks unavailable: the cache works without them and
-says which filelock it needs
-(tests/test_locks.py::test_filelock_older_than_3_30_means_no_locks_and_a_clear_warning).
-
-The rest stays here because filelock's path locks fail these tests (tried with filelock 3.32.7
-and 4.3.1, ``FileLock`` for the exclusive flock and ``SoftFileLease`` for soft locks):
-
-* Opening. ``FileLock`` and ``SoftFileLease`` open the lock *path* and create its parent
-  directories: a symlink planted at ``.locks`` is followed and the lock file made in its target
-  (tests/test_hostile.py::test_planted_symlinks_never_redirect_a_write[directories],
-  tests/test_store.py::test_symlinked_subdirectory_is_not_followed[.locks]). ``FileLock`` also
-  opens the file read-write (a lock file another user made without group write cannot be
-  locked) and, in 3.x, truncates it once locked and fails on a FIFO planted there.
-* Shared locks. filelock has no shared flock:
-  tests/test_locks.py::test_flock_shared_holders_coexist_and_block_writers.
-* Waiting. ``lock_descriptor`` either tries once or waits without a deadline; the loop here
-  polls it with back-off until the timeout (``timeout=0`` tries once, as prune does).
-* Soft locks. filelock writes its own markers (pid and host lines; ``filelock/2`` key=value
-  lines for leases), not the JSON record above that ``verify``/``prune`` read (scan.py,
-  prune.py) and that every kernelcache process on the root writes. filelock reads a record of ours as malformed and breaks it after
-  about 2 seconds, a live holder's too, and a dead holder's not at once
-  (tests/test_locks.py::test_soft_lock_of_killed_process_on_this_host_is_broken,
-  ::test_soft_lock_of_another_host_is_broken_only_when_old,
-  tests/test_reliability_faults.py::test_a_stale_soft_lock_is_taken_at_once_even_without_waiting,
-  ::test_builder_killed_while_holding_the_build_lock[soft],
-  tests/test_reliability_kill.py::test_kill_9_during_put[soft]). ``SoftFileLease`` also refuses
-  a lease taken with another duration (``LeaseSettingsMismatch``), where ``stale_after`` is each
-  process's own setting.
-* Falling back. ``FileLock`` falls back to soft locks only on ENOSYS; NFS without lockd answers
-  ENOLCK. The probe below checks the errors listed above.
+Invariants: lock files are opened relative to the directory's descriptor with ``O_NOFOLLOW``
+and ``O_NONBLOCK``, read-only, so a planted symlink is never followed, a FIFO never hangs an
+open, and a lock file is never written. The exclusive flock is filelock's descriptor lock, so a
+tool locking ``.locks/<key>.lock`` with ``filelock.FileLock`` excludes kernelcache's writers
+and the other way round. Why the rest is not filelock's: docs/reliability.md, "Locks".
 """
 
 from __future__ import annotations
@@ -75,35 +42,18 @@ from dataclasses import dataclass
 from .errors import LockTimeout, LockUnavailable
 from .fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
 from .jsonio import load_json
+from .keys import KEY_PATTERN
+from .layout import LOCK_DIR, create_exclusive, open_subdir
 from .process import HOST
 
 logger = logging.getLogger(__name__)
 
-LOCK_DIR = ".locks"
+#: the lock files of a key: its writers', its builder's and its soft lock
+LOCK_SUFFIXES = (".build.lock", ".lock", ".softlock")
 _FLOCK_UNSUPPORTED = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
 #: a soft lock file still without its holder record this long after it was made or touched
 #: lost its holder between creating it and writing the record (done at once): it is stale
 UNWRITTEN_STALE = 5.0
-
-
-def open_subdir(root: str, name: str, *, create: bool) -> int:
-    """Open ``<root>/<name>`` as a directory without following a symlink at ``name``.
-
-    Creates it (mode 0o777 minus the umask) when ``create`` is true and it is missing.
-
-    Raises:
-        OSError: from the system (ENOENT, EACCES, EROFS, ELOOP/ENOTDIR for a planted symlink).
-    """
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    path = os.path.join(root, name)
-    try:
-        return os.open(path, flags)
-    except FileNotFoundError:
-        if not create:
-            raise
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o777)
-    return os.open(path, flags)
 
 
 def _try_flock(fd: int, *, shared: bool) -> bool:
@@ -166,6 +116,105 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def lock_name(filename: str) -> tuple[str, str] | None:
+    """Split a lock file name into (key, suffix), or None if it is not a per-key lock."""
+    for suffix in LOCK_SUFFIXES:
+        if filename.endswith(suffix):
+            key = filename[: -len(suffix)]
+            if KEY_PATTERN.fullmatch(key) is not None:
+                return key, suffix
+            return None
+    return None
+
+
+def flock_held(dfd: int, name: str) -> bool:
+    """Whether someone holds a flock on the lock file ``name`` in ``dfd`` (probed without
+    blocking; a file that vanished or cannot be opened counts as held: leave it alone)."""
+    try:
+        fd = os.open(name, READ_FLAGS, dir_fd=dfd)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False  # flock does not work here: the file cannot be held through it
+    finally:
+        os.close(fd)  # closing drops our probe lock
+    return False
+
+
+def exclude_readers(dfd: int, names: list[str], *, wait: float) -> list[int] | None:
+    """Lock every file of ``names`` in ``dfd`` exclusively (readers hold them shared).
+
+    Returns the descriptors to close once the files are gone, or None if a reader kept a
+    file for ``wait`` seconds. Links and missing files need no lock.
+    """
+    fds: list[int] = []
+    deadline = time.monotonic() + wait
+    for name in names:
+        try:
+            fd = os.open(name, READ_FLAGS, dir_fd=dfd)
+        except OSError:
+            continue
+        fds.append(fd)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    for held in fds:
+                        os.close(held)
+                    return None
+                time.sleep(0.002)
+            except OSError:
+                break  # no flock on this filesystem
+    return fds
+
+
+def read_soft_record(dfd: int, filename: str) -> dict | None:
+    """The holder record of the soft lock file ``filename`` in ``dfd``, with its ``mtime``;
+    None if it is gone or cannot be opened.
+
+    Anything but a regular file holding a record (a planted FIFO or device, unreadable
+    bytes) reads as a file without a holder record: stale after ``UNWRITTEN_STALE``.
+    """
+    try:
+        fd = os.open(filename, READ_FLAGS, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        raw = b""
+        if stat.S_ISREG(st.st_mode):
+            with contextlib.suppress(OSError):
+                raw = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    try:
+        record = load_json(raw)
+    except ValueError:
+        record = {}
+    if not isinstance(record, dict):
+        record = {}
+    record["mtime"] = st.st_mtime
+    return record
+
+
+def soft_lock_stale(record: dict, stale_after: float) -> bool:
+    """Whether a soft lock's holder is gone: a dead pid on this host, or no sign of life for
+    ``stale_after`` seconds."""
+    age = time.time() - float(record.get("mtime", 0))
+    if "token" not in record:  # no holder record: written at once, so its writer died
+        return age > min(stale_after, UNWRITTEN_STALE)
+    if record.get("host") == HOST and isinstance(record.get("pid"), int):
+        if not pid_alive(record["pid"]):
+            return True
+    return age > stale_after
 
 
 @dataclass
@@ -239,6 +288,16 @@ class Locker:
         if shared:
             return Held(self, name)
         return self._acquire_soft(name, deadline)
+
+    def acquire_soft(self, name: str, *, timeout: float) -> Held:
+        """Take the soft lock ``name`` whatever this root's mode, breaking it if it is stale
+        (prune removes the soft locks of gone holders this way).
+
+        Raises:
+            LockTimeout: a live holder kept it for the whole timeout.
+            LockUnavailable: the soft lock cannot be created here.
+        """
+        return self._acquire_soft(name, time.monotonic() + timeout)
 
     # -- flock ----------------------------------------------------------------------------
     def _dir(self) -> int:
@@ -366,12 +425,7 @@ class Locker:
             dfd = self._dir()
             try:
                 try:
-                    fd = os.open(
-                        filename,
-                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                        0o666,
-                        dir_fd=dfd,
-                    )
+                    fd = create_exclusive(filename, dfd)
                 except FileExistsError:
                     if self._break_if_stale(dfd, filename):
                         continue  # broken: try again now, even with no time left to wait
@@ -393,47 +447,10 @@ class Locker:
                 os.close(dfd)
             delay = self._wait(name, deadline, delay, cap=0.05)
 
-    def read_soft_record(self, dfd: int, filename: str) -> dict | None:
-        """The holder record of a soft lock file, or None if it is gone or cannot be opened.
-
-        Anything but a regular file holding a record (a planted FIFO or device, unreadable
-        bytes) reads as a file without a holder record: stale after ``UNWRITTEN_STALE``.
-        """
-        try:
-            fd = os.open(filename, READ_FLAGS, dir_fd=dfd)
-        except OSError:
-            return None
-        try:
-            st = os.fstat(fd)
-            raw = b""
-            if stat.S_ISREG(st.st_mode):
-                with contextlib.suppress(OSError):
-                    raw = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-        try:
-            record = load_json(raw)
-        except ValueError:
-            record = {}
-        if not isinstance(record, dict):
-            record = {}
-        record["mtime"] = st.st_mtime
-        return record
-
-    def is_stale(self, record: dict) -> bool:
-        """Whether a soft lock's holder is gone: a dead pid on this host, or no sign of life."""
-        age = time.time() - float(record.get("mtime", 0))
-        if "token" not in record:  # no holder record: written at once, so its writer died
-            return age > min(self.stale_after, UNWRITTEN_STALE)
-        if record.get("host") == HOST and isinstance(record.get("pid"), int):
-            if not pid_alive(record["pid"]):
-                return True
-        return age > self.stale_after
-
     def _break_if_stale(self, dfd: int, filename: str) -> bool:
         """Move a stale lock out of the way; whether one was broken."""
-        record = self.read_soft_record(dfd, filename)
-        if record is None or not self.is_stale(record):
+        record = read_soft_record(dfd, filename)
+        if record is None or not soft_lock_stale(record, self.stale_after):
             return False
         # Move it aside under a unique name, then check we moved the lock we judged stale: a
         # concurrent breaker may have broken it and a new holder taken it in between.
@@ -442,7 +459,7 @@ class Locker:
             os.rename(filename, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
         except FileNotFoundError:
             return True  # someone else broke it
-        moved = self.read_soft_record(dfd, aside)
+        moved = read_soft_record(dfd, aside)
         fresh = moved is not None and moved.get("token") != record.get("token")
         if fresh:
             # We took a fresh lock: put it back unless yet another holder arrived meanwhile.
@@ -485,7 +502,7 @@ class Locker:
         except OSError:
             return
         try:
-            record = self.read_soft_record(dfd, filename)
+            record = read_soft_record(dfd, filename)
             if record is not None and record.get("token") == token:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(filename, dir_fd=dfd)

@@ -20,14 +20,13 @@ Guarantees while other processes read and write the root:
 * Staging files, quarantined files and lock files are removed only once older than their age
   limits (the grace period for staging and lock files), so a write in progress never loses them.
 * Per-process statistics logs of finished processes are folded into one summary file so that
-  totals are kept (see :func:`fold_logs`).
+  totals are kept (see :func:`kernelcache.stats.fold_logs`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import threading
@@ -40,16 +39,14 @@ from itertools import repeat
 from operator import add
 from typing import Any, NamedTuple
 
-from . import stats
-from .errors import LockTimeout, LockUnavailable
-from .fsio import READ_FLAGS, changed_at, replace_file
-from .jsonio import load_json
+from .errors import LockTimeout
+from .fsio import READ_FLAGS, changed_at
 from .keys import META_EXT
-from .locks import LOCK_DIR, Locker, open_subdir, pid_alive
-from .process import HOST
-from .scan import CacheScan, Issue, lock_name
-from .stats import STATS_DIR
-from .store import QUARANTINE_DIR, TMP_DIR, Artifact, Problem, Store
+from .layout import LOCK_DIR, QUARANTINE_DIR, TMP_DIR, open_subdir
+from .locks import lock_name
+from .scan import CacheScan, Issue
+from .stats import fold_logs, foldable_logs
+from .store import Artifact, Problem, Store
 from .table import EntryInfo
 
 logger = logging.getLogger(__name__)
@@ -78,16 +75,11 @@ DELETE_THREADS = 4
 PROBE_DELETES = 512
 #: quarantined files are kept this long by default, for diagnosis
 QUARANTINE_AGE = 7 * 86400.0
-#: statistics logs of other hosts are folded once untouched for this long
-LOG_FOLD_AGE = 86400.0
-SUMMARY_NAME = "summary.jsonl"
-_FOLDING = ".folding"
-_SUMMARY_LOCK = "stats-summary"
 
 
 class Action(NamedTuple):
     """One step of a plan (immutable). ``path`` is relative to the root; ``size`` the bytes
-    it frees. (A NamedTuple: a prune of 100,000 entries plans 100,000 of them quickly.)"""
+    it frees. (A NamedTuple: a prune plans one per entry it deletes, and they may be many.)"""
 
     kind: str
     path: str
@@ -111,11 +103,10 @@ class Action(NamedTuple):
 class Plan:
     """What a prune or repair will do, in order. ``left`` lists problems it does not act on."""
 
-    root: str
     actions: tuple[Action, ...]
     kept_entries: int = 0
     kept_bytes: int = 0
-    fold_logs: tuple[str, ...] = ()
+    logs_to_fold: tuple[str, ...] = ()
     left: tuple[Issue, ...] = ()
 
     @property
@@ -260,11 +251,10 @@ def plan_prune(
         if now - f.mtime > quarantine_age
     ]
     return Plan(
-        scanned.root,
         tuple(actions),
         kept_entries=len(table) - len(doomed),
         kept_bytes=sum(nbytes) - sum(nbytes[i] for i in doomed),
-        fold_logs=tuple(foldable_logs(scanned.root, now)),
+        logs_to_fold=tuple(foldable_logs(scanned.root, now)),
         left=tuple(left),
     )
 
@@ -303,9 +293,7 @@ def plan_repair(verified: CacheScan) -> Plan:
             left.append(issue)
         else:
             actions.append(action)
-    return Plan(
-        verified.root, tuple(actions), len(verified.entries), verified.nbytes, (), tuple(left)
-    )
+    return Plan(tuple(actions), len(verified.entries), verified.nbytes, (), tuple(left))
 
 
 # -- execution ----------------------------------------------------------------------------
@@ -341,8 +329,8 @@ def execute(
     finally:
         run.close()
     folded, error = (0, None)
-    if plan.fold_logs:
-        folded, error = fold_logs(store, plan.fold_logs)
+    if plan.logs_to_fold:
+        folded, error = fold_logs(store.locker, plan.logs_to_fold)
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
@@ -386,9 +374,6 @@ class _Executor:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.root = store.root
-        # reads the state of an entry, whoever wrote it, without touching its stamp
-        self.checker = Store(store.root, readonly=True, trust="any")
-        self.soft = Locker(store.root, mode="soft", stale_after=store.locker.stale_after)
         #: .locks/, held open while the plan runs, where build locks are flock files
         self.locks_dir: int | None = None
         if store.locker.mode == "flock":
@@ -427,7 +412,7 @@ class _Executor:
                     verdict = ("used-since-plan", "")
                 return stamp == action.mtime
             # metadata without artifact, or an outdated entry: still one of them?
-            found = self.checker.read(key, fresh=True)
+            found = self.store.inspect(key, any_owner=True)
             if isinstance(found, Problem) and (
                 found.outdated or found.reason == "artifact missing"
             ):
@@ -473,7 +458,7 @@ class _Executor:
     def quarantine_entry(self, action: Action) -> tuple[str, str]:
         key = action.key
         assert key is not None
-        found = self.checker.read(key)
+        found = self.store.inspect(key, any_owner=True)
         if not isinstance(found, Problem) or not found.corrupt:
             return "gone", "no longer corrupt"
         after = self.store.repair(key)  # re-checks under the exclusive lock, then quarantines
@@ -493,7 +478,7 @@ class _Executor:
             return "in-use", ""
         keep_lock = True
         try:
-            found = self.checker.read(key)
+            found = self.store.inspect(key, any_owner=True)
             if isinstance(found, Artifact) and found.ext == ext:
                 return "gone", "claimed by metadata meanwhile"
             st = self._stat(action.path)
@@ -506,8 +491,8 @@ class _Executor:
             if held is not None:
                 held.release(remove=not keep_lock)
 
-    def remove_temp(self, action: Action) -> tuple[str, str]:
-        """Remove a file of .tmp/ (or .quarantine/) if it is still the file the plan saw."""
+    def _remove_aux_file(self, action: Action) -> tuple[str, str]:
+        """Remove a file of .tmp/ or .quarantine/ if it is still the file the plan saw."""
         directory, _, name = action.path.partition("/")
         if directory not in (TMP_DIR, QUARANTINE_DIR) or not name or "/" in name:
             return "failed", "not a housekeeping file"
@@ -526,7 +511,7 @@ class _Executor:
         finally:
             os.close(dfd)
 
-    remove_quarantined = remove_temp
+    remove_temp = remove_quarantined = _remove_aux_file
 
     def remove_lock(self, action: Action) -> tuple[str, str]:
         filename = action.path.partition("/")[2]
@@ -536,7 +521,7 @@ class _Executor:
         key, suffix = parts
         if suffix == ".softlock":
             try:
-                held = self.soft.acquire(key, shared=False, timeout=0.2)  # breaks a stale one
+                held = self.store.locker.acquire_soft(key, timeout=0.2)  # breaks a stale one
             except LockTimeout:
                 return "in-use", "its holder came back"
             held.release()
@@ -561,163 +546,3 @@ class _Executor:
         finally:
             os.close(dfd)
         return "done", ""
-
-
-# -- statistics logs ----------------------------------------------------------------------
-def foldable_logs(root: str, now: float | None = None) -> list[str]:
-    """Statistics logs of finished processes: a dead pid on this host, or untouched for
-    :data:`LOG_FOLD_AGE` seconds (any host); and logs a killed fold left renamed (the next
-    fold finishes them)."""
-    now = time.time() if now is None else now
-    directory = os.path.join(root, STATS_DIR)
-    try:
-        it = os.scandir(directory)
-    except OSError:
-        return []
-    host = HOST
-    found = []
-    with it:
-        for entry in it:
-            name = entry.name
-            if name.endswith(".jsonl" + _FOLDING):  # hidden by a fold that was killed
-                found.append(name)
-                continue
-            if not name.endswith(".jsonl") or name == SUMMARY_NAME:
-                continue
-            parts = name[: -len(".jsonl")].rsplit("-", 2)
-            if len(parts) != 3 or not (parts[1].isascii() and parts[1].isdigit()):
-                continue
-            if parts[0] == host and not pid_alive(int(parts[1])):
-                found.append(name)
-                continue
-            try:
-                if now - changed_at(entry.stat(follow_symlinks=False)) > LOG_FOLD_AGE:
-                    found.append(name)
-            except OSError:
-                continue
-    return sorted(found)
-
-
-def read_summary(root: str) -> dict[str, Any] | None:
-    """The folded statistics summary of a root, or None when there is none (or it is bad)."""
-    try:
-        dfd = open_subdir(root, STATS_DIR, create=False)
-    except OSError:
-        return None
-    try:
-        return _read_summary(dfd)
-    except ValueError:
-        return None
-    finally:
-        os.close(dfd)
-
-
-def _read_summary(dfd: int) -> dict[str, Any] | None:
-    """The summary record; None if absent. Raises ValueError if it exists but is unreadable."""
-    try:
-        raw = stats.read_log_file(dfd, SUMMARY_NAME)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise ValueError(f"cannot read {SUMMARY_NAME}: {e.strerror or e}") from e
-    try:
-        record = load_json(raw)
-    except ValueError:
-        raise ValueError(f"{SUMMARY_NAME} is not valid JSON") from None
-    if (
-        not isinstance(record, dict)
-        or not isinstance(record.get("delta"), dict)
-        or type(record.get("logs")) is not int
-        or not 0 <= record["logs"] <= stats.MAX_DELTA
-        or not isinstance(record.get("folded"), list)
-        or not all(isinstance(name, str) for name in record["folded"])
-    ):
-        raise ValueError(f"{SUMMARY_NAME} is not a kernelcache statistics summary")
-    return record
-
-
-def _sum_log(dfd: int, name: str, totals: dict[str, float]) -> None:
-    with contextlib.suppress(OSError):
-        lines = stats.read_log_file(dfd, name).splitlines()
-        for raw in lines:
-            try:
-                delta = load_json(raw).get("delta")
-            except (ValueError, AttributeError):
-                continue
-            if isinstance(delta, dict):
-                stats.add_delta(totals, delta)
-
-
-def fold_logs(
-    store: Store, names: Iterable[str], *, timeout: float = 10.0
-) -> tuple[int, str | None]:
-    """Fold the named statistics logs into ``.stats/summary.jsonl``; (logs folded, error).
-
-    Totals are preserved and never counted twice by :func:`kernelcache.stats.read_logs`: each
-    log is first renamed out of its view (``*.jsonl.folding``), then the summary is replaced
-    atomically (naming the logs it absorbed), then the renamed logs are deleted. After a crash
-    the next fold finishes the job: a renamed log the summary names is deleted, any other is
-    folded. Folds are serialized by a lock; the summary is never rewritten if it is unreadable.
-    """
-    try:
-        held = store.locker.acquire(_SUMMARY_LOCK, shared=False, timeout=timeout)
-    except LockTimeout:
-        return 0, "another process is folding the statistics logs"
-    except LockUnavailable as e:
-        return 0, str(e)
-    try:
-        try:
-            dfd = open_subdir(store.root, STATS_DIR, create=False)
-        except FileNotFoundError:
-            return 0, None
-        try:
-            return _fold_locked(dfd, names), None
-        except ValueError as e:
-            return 0, str(e)
-        except OSError as e:
-            return 0, f"cannot fold statistics logs: {e.strerror}"
-        finally:
-            os.close(dfd)
-    finally:
-        held.release()
-
-
-def _fold_locked(dfd: int, names: Iterable[str]) -> int:
-    summary = _read_summary(dfd)
-    absorbed = set(summary["folded"]) if summary else set()
-    pending: list[str] = []
-    for name in os.listdir(dfd):
-        if name.endswith(_FOLDING):
-            if name[: -len(_FOLDING)] in absorbed:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(name, dir_fd=dfd)  # counted by the summary before a crash
-            else:
-                pending.append(name)
-    for name in names:
-        if name == SUMMARY_NAME or not name.endswith(".jsonl") or "/" in name:
-            continue
-        try:
-            os.rename(name, name + _FOLDING, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except FileNotFoundError:
-            continue
-        pending.append(name + _FOLDING)
-    if not pending:
-        return 0
-    totals = dict.fromkeys(stats.COUNTERS, 0.0)
-    if summary:
-        stats.add_delta(totals, summary["delta"])
-    for name in pending:
-        _sum_log(dfd, name, totals)
-    record = {
-        "v": stats.LOG_VERSION,
-        "summary": True,
-        "time": time.time(),
-        "logs": (summary["logs"] if summary else 0) + len(pending),
-        "delta": {k: (round(v, 6) if k.endswith("seconds") else int(v)) for k, v in totals.items()},
-        "folded": sorted(n[: -len(_FOLDING)] for n in pending),
-    }
-    replace_file(dfd, SUMMARY_NAME, (json.dumps(record, sort_keys=True) + "\n").encode())
-    for name in pending:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=dfd)
-    return len(pending)

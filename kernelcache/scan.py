@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import stat
 import time
@@ -33,7 +32,7 @@ from operator import add, itemgetter
 from typing import Any
 
 from .errors import Problem
-from .fsio import READ_FLAGS, changed_at
+from .fsio import changed_at
 from .index import (
     GROUPED,
     index_file,
@@ -44,10 +43,18 @@ from .index import (
     save_index,
 )
 from .keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
-from .locks import LOCK_DIR, Locker, open_subdir
-from .schema import MAX_META_BYTES, parse_metadata
-from .store import FUTURE_SLACK, QUARANTINE_DIR, TMP_DIR, Artifact, Store
-from .table import COLUMNS, KNOWN_DIRS, EntryInfo, EntryTable
+from .layout import (
+    LOCK_DIR,
+    QUARANTINE_DIR,
+    TMP_DIR,
+    known_directories,
+    open_subdir,
+    read_metadata,
+    writable,
+)
+from .locks import flock_held, lock_name, read_soft_record, soft_lock_stale
+from .store import FUTURE_SLACK, Artifact, Store
+from .table import COLUMNS, EntryInfo, EntryTable
 
 #: files younger than this may belong to a write in progress: never reported or removed
 GRACE_SECONDS = 3600.0
@@ -61,7 +68,6 @@ ISSUE_KINDS: dict[str, str] = {
     "untrusted": "an entry written by a user the trust policy excludes; left alone",
     "foreign": "a file the cache does not know; left alone",
 }
-_LOCK_SUFFIXES = (".build.lock", ".lock", ".softlock")
 
 Progress = Callable[[int], object]
 
@@ -127,7 +133,7 @@ class _Listing:
     arts: dict[str, str]  # key -> ext of its artifact file (the first one listed)
     extra: set[tuple[str, str]]  # (key, ext) of further artifact files of a key in arts
     foreign: list[str]
-    dirs: int  # how many of KNOWN_DIRS are present
+    dirs: int  # how many of the known directories are present
 
 
 def _read_dir(root: str) -> list[tuple[str, int]] | None:
@@ -146,7 +152,8 @@ def _parse_listing(pairs: list[tuple[str, int]]) -> _Listing:
     parts = [n.partition(".") for n, _ in pairs if not n.endswith(suffix)]
     keyed = [(key, ext) for key, dot, ext in parts if key and dot]
     others = [k + d + e for k, d, e in parts if not (k and d)]
-    foreign = [name for name in others if name not in KNOWN_DIRS]
+    known = known_directories()
+    foreign = [name for name in others if name not in known]
     arts = dict(reversed(keyed))  # the first file listed for a key wins
     extra = {(k, e) for k, e in keyed if arts[k] != e} if len(arts) < len(keyed) else set()
     # Validate the names in bulk; look at single names only when the bulk check fails.
@@ -171,37 +178,19 @@ def _parse_listing(pairs: list[tuple[str, int]]) -> _Listing:
     return _Listing(metas, arts, extra, foreign, len(others) - len(foreign))
 
 
-def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | Problem:
-    """Read one metadata file: the entry it describes, or why it is not one (``"gone"``:
-    deleted since the listing). The metadata is checked against the schema and its entry
+def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | Problem | None:
+    """Read one metadata file: the entry it describes, why it is not one, or None when it was
+    deleted since the listing. The metadata is checked against the schema and its entry
     digest, so every value in the record is of its type and range."""
-    name = f"{key}.{META_EXT}"
-    try:
-        fd = os.open(name, READ_FLAGS, dir_fd=dfd)
-    except FileNotFoundError:
-        return Problem(key, "gone")
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.EMLINK):
-            return Problem(key, "metadata is a symlink")
-        return Problem(key, f"metadata unreadable: {e.strerror}")
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return Problem(key, "metadata is not a regular file")
-        raw = os.read(fd, 65536)
-        if len(raw) == 65536:
-            raw += os.read(fd, MAX_META_BYTES + 1 - len(raw))
-    except OSError as e:
-        return Problem(key, f"metadata unreadable: {e.strerror}")
-    finally:
-        os.close(fd)
-    doc = parse_metadata(raw, key)
-    if isinstance(doc, Problem):
-        return doc
+    loaded = read_metadata(f"{key}.{META_EXT}", key, dir_fd=dfd)
+    if not isinstance(loaded, tuple):
+        return loaded
+    doc, st = loaded
     return EntryInfo(
         key,
         doc["ext"],
         -1,  # the artifact's size: measured by the caller, never taken from the metadata
-        len(raw),
+        st.st_size,
         doc.get("name"),
         doc.get("target"),
         float(doc["created"]) if "created" in doc else None,
@@ -271,9 +260,9 @@ def _scan(
         # The index is a cache in a shared directory: it is used only when the listing holds
         # exactly its entries (checked in C even when the listing's signature matches, which
         # anyone who can list the root could forge).
-        writable = update_index and os.access(root, os.W_OK)
+        may_write = update_index and writable(root)
         if index_matches(index, dict(pairs)):
-            if known != signature and writable:
+            if known != signature and may_write:
                 save_index(root, index, signature)
         else:
             listing = _parse_listing(pairs)
@@ -286,7 +275,7 @@ def _scan(
             )
             # clean: the listing holds these entries' two files each, and nothing else
             clean = len(pairs) == 2 * len(table) + listing.dirs
-            if writable and (fresh or len(table) != len(index) or clean):
+            if may_write and (fresh or len(table) != len(index) or clean):
                 save_index(root, table, signature if clean else None)
         if last_used:
             table = _with_last_used(dfd, table)
@@ -342,10 +331,11 @@ def _entries(
         if progress is not None and count % 256 == 0:
             progress(256)
         got = _read_entry(dfd, key, metas[key])
+        if got is None:  # deleted since the listing
+            continue
         if isinstance(got, Problem):
-            if got.reason != "gone":
-                kind = "outdated" if got.outdated else "corrupt"
-                issues.append(Issue(kind, f"{key}.{META_EXT}", got.reason, key))
+            kind = "outdated" if got.outdated else "corrupt"
+            issues.append(Issue(kind, f"{key}.{META_EXT}", got.reason, key))
             continue
         # The artifact's size is what the file system says. (A directory listing is not a
         # snapshot: an entry published during it may show its metadata without its artifact;
@@ -449,17 +439,6 @@ def _aux_files(root: str, directory: str) -> tuple[AuxFile, ...]:
     return tuple(found)
 
 
-def lock_name(filename: str) -> tuple[str, str] | None:
-    """Split a lock file name into (key, suffix), or None if it is not a per-key lock."""
-    for suffix in _LOCK_SUFFIXES:
-        if filename.endswith(suffix):
-            key = filename[: -len(suffix)]
-            if KEY_PATTERN.fullmatch(key) is not None:
-                return key, suffix
-            return None
-    return None
-
-
 def _lock_issues(root: str, live: Sequence[str], now: float, lock_stale: float) -> list[Issue]:
     """The stale locks under ``.locks/``.
 
@@ -478,9 +457,8 @@ def _lock_issues(root: str, live: Sequence[str], now: float, lock_stale: float) 
         names = set(os.listdir(dfd))
         names.difference_update(map(add, live, repeat(".lock")))
         names.difference_update(map(add, live, repeat(".build.lock")))
-        soft = Locker(root, mode="soft", stale_after=lock_stale)
         for name in sorted(names):
-            issue = _lock_issue(dfd, name, now, soft)
+            issue = _lock_issue(dfd, name, now, lock_stale)
             if issue is not None:
                 issues.append(issue)
     finally:
@@ -488,7 +466,7 @@ def _lock_issues(root: str, live: Sequence[str], now: float, lock_stale: float) 
     return issues
 
 
-def _lock_issue(dfd: int, name: str, now: float, soft: Locker) -> Issue | None:
+def _lock_issue(dfd: int, name: str, now: float, lock_stale: float) -> Issue | None:
     path = f"{LOCK_DIR}/{name}"
     parts = lock_name(name)
     if parts is None:
@@ -500,8 +478,8 @@ def _lock_issue(dfd: int, name: str, now: float, soft: Locker) -> Issue | None:
         return Issue("stale-lock", path, "leftover of a broken soft lock", None, 0, changed_at(st))
     key, suffix = parts
     if suffix == ".softlock":
-        record = soft.read_soft_record(dfd, name)
-        if record is None or not soft.is_stale(record):
+        record = read_soft_record(dfd, name)
+        if record is None or not soft_lock_stale(record, lock_stale):
             return None
         who = f"host {record.get('host')} pid {record.get('pid')}"
         return Issue(
@@ -510,7 +488,7 @@ def _lock_issue(dfd: int, name: str, now: float, soft: Locker) -> Issue | None:
     st = _lstat(dfd, name)
     if st is None or now - changed_at(st) <= GRACE_SECONDS or not stat.S_ISREG(st.st_mode):
         return None
-    if _flock_held(dfd, name):
+    if flock_held(dfd, name):
         return None
     return Issue(
         "stale-lock", path, "lock file of a missing entry, not held", key, 0, changed_at(st)
@@ -522,23 +500,6 @@ def _lstat(dfd: int, name: str) -> os.stat_result | None:
         return os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except OSError:
         return None
-
-
-def _flock_held(dfd: int, name: str) -> bool:
-    """Whether someone holds a flock on this lock file (probed without blocking)."""
-    try:
-        fd = os.open(name, READ_FLAGS, dir_fd=dfd)
-    except OSError:
-        return True  # vanished or unreadable: leave it alone
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False  # flock does not work here: the file cannot be held through it
-    finally:
-        os.close(fd)  # closing drops our probe lock
-    return False
 
 
 # -- summary ------------------------------------------------------------------------------
@@ -603,26 +564,21 @@ def summarize(root: str | os.PathLike[str], *, now: float | None = None) -> Cach
 
 # -- verification -------------------------------------------------------------------------
 def verify(
-    root: str | os.PathLike[str],
-    base: CacheScan | None = None,
-    *,
-    progress: Progress | None = None,
-    trust: str = "group",
+    store: Store, base: CacheScan | None = None, *, progress: Progress | None = None
 ) -> CacheScan:
-    """A scan whose entries were each read and checked (size, digest, metadata).
+    """A scan of ``store``'s root whose entries were each read and checked (size, digest,
+    metadata, and the store's trust policy).
 
     Returns a new :class:`CacheScan`: entries that failed are moved from ``entries`` to
-    ``issues`` (kind ``corrupt``, or ``untrusted`` for an artifact whose owner the ``trust``
-    policy excludes). Reading never touches last-used stamps.
+    ``issues`` (kind ``corrupt``, or ``untrusted`` for an entry the trust policy refuses).
+    Reading leaves no trace (:meth:`Store.inspect`): no last-used stamp is touched.
     """
-    root = os.fspath(root)
     if base is None:
-        base = scan(root, last_used=True, locks=True)
-    reader = Store(root, readonly=True, trust=trust)
+        base = scan(store.root, last_used=True, locks=True, lock_stale=store.locker.stale_after)
     good: list[EntryInfo] = []
     issues = list(base.issues)
     for count, entry in enumerate(base.entries, 1):
-        result = reader.read(entry.key)
+        result = store.inspect(entry.key)
         if progress is not None and count % 64 == 0:
             progress(64)
         if isinstance(result, Artifact):

@@ -1,10 +1,14 @@
-"""Per-process counters, and append-only per-process statistics logs under each root.
+"""Per-process counters, their append-only logs under each root, and the summary they fold into.
 
-Counters are kept per writable root in memory. :func:`process_stats` sums them for this
+Counters are kept per writable root in memory; :func:`process_stats` sums them for this
 process. Each process appends the changes since its last flush as one JSON line to its own file
-``<root>/.stats/<host>-<pid>-<token>.jsonl`` (at most once a minute, after builds, and at exit),
-so writers never contend and ``kernelcache stats`` aggregates every file it finds. A killed
-process loses at most its last minute of counts.
+``<root>/.stats/<host>-<pid>-<token>.jsonl`` (every :data:`FLUSH_INTERVAL` seconds at most,
+after builds, and at exit), so writers never contend and ``kernelcache stats`` adds up every
+log it finds. A killed process loses at most its last interval of counts.
+
+The logs of finished processes are folded into ``.stats/summary.jsonl`` (:func:`fold_logs`,
+run by ``prune``), so that totals are kept, never lost or counted twice, while logs go away.
+Logs and the summary are untrusted input: a bad line or value is skipped, never raised.
 """
 
 from __future__ import annotations
@@ -19,16 +23,18 @@ import stat
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
-from .fsio import READ_FLAGS
+from .errors import LockTimeout, LockUnavailable
+from .fsio import READ_FLAGS, changed_at
 from .jsonio import load_json
-from .locks import open_subdir
+from .layout import STATS_DIR, open_subdir, replace_file
+from .locks import Locker, pid_alive
 from .process import HOST
 
 logger = logging.getLogger(__name__)
 
-STATS_DIR = ".stats"
 LOG_VERSION = 1
 FLUSH_INTERVAL = 60.0
 #: a statistics log larger than this is not read (a process appends one line a minute)
@@ -95,11 +101,6 @@ def process_stats() -> dict[str, Any]:
     for name, value in total.items():
         result[name] = round(value, 6) if name.endswith("seconds") else int(value)
     return result
-
-
-def root_stats(root: str) -> dict[str, float]:
-    with _lock:
-        return dict(_counts.get(root) or _zero())
 
 
 def flush() -> None:
@@ -233,6 +234,174 @@ def read_logs(root: str) -> tuple[dict[str, float], int, list[str]]:
     finally:
         os.close(dfd)
     return totals, processes, problems
+
+
+# -- folding logs into the summary ----------------------------------------------------------
+#: statistics logs of other hosts are folded once untouched for this long
+LOG_FOLD_AGE = 86400.0
+SUMMARY_NAME = "summary.jsonl"
+_FOLDING = ".folding"
+_SUMMARY_LOCK = "stats-summary"
+
+
+def foldable_logs(root: str, now: float | None = None) -> list[str]:
+    """Statistics logs of finished processes: a dead pid on this host, or untouched for
+    :data:`LOG_FOLD_AGE` seconds (any host); and logs a killed fold left renamed (the next
+    fold finishes them)."""
+    now = time.time() if now is None else now
+    directory = os.path.join(root, STATS_DIR)
+    try:
+        it = os.scandir(directory)
+    except OSError:
+        return []
+    host = HOST
+    found = []
+    with it:
+        for entry in it:
+            name = entry.name
+            if name.endswith(".jsonl" + _FOLDING):  # hidden by a fold that was killed
+                found.append(name)
+                continue
+            if not name.endswith(".jsonl") or name == SUMMARY_NAME:
+                continue
+            parts = name[: -len(".jsonl")].rsplit("-", 2)
+            if len(parts) != 3 or not (parts[1].isascii() and parts[1].isdigit()):
+                continue
+            if parts[0] == host and not pid_alive(int(parts[1])):
+                found.append(name)
+                continue
+            try:
+                if now - changed_at(entry.stat(follow_symlinks=False)) > LOG_FOLD_AGE:
+                    found.append(name)
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def read_summary(root: str) -> dict[str, Any] | None:
+    """The folded statistics summary of a root, or None when there is none (or it is bad)."""
+    try:
+        dfd = open_subdir(root, STATS_DIR, create=False)
+    except OSError:
+        return None
+    try:
+        return _read_summary(dfd)
+    except ValueError:
+        return None
+    finally:
+        os.close(dfd)
+
+
+def _read_summary(dfd: int) -> dict[str, Any] | None:
+    """The summary record; None if absent. Raises ValueError if it exists but is unreadable."""
+    try:
+        raw = read_log_file(dfd, SUMMARY_NAME)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ValueError(f"cannot read {SUMMARY_NAME}: {e.strerror or e}") from e
+    try:
+        record = load_json(raw)
+    except ValueError:
+        raise ValueError(f"{SUMMARY_NAME} is not valid JSON") from None
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("delta"), dict)
+        or type(record.get("logs")) is not int
+        or not 0 <= record["logs"] <= MAX_DELTA
+        or not isinstance(record.get("folded"), list)
+        or not all(isinstance(name, str) for name in record["folded"])
+    ):
+        raise ValueError(f"{SUMMARY_NAME} is not a kernelcache statistics summary")
+    return record
+
+
+def _sum_log(dfd: int, name: str, totals: dict[str, float]) -> None:
+    with contextlib.suppress(OSError):
+        lines = read_log_file(dfd, name).splitlines()
+        for raw in lines:
+            try:
+                delta = load_json(raw).get("delta")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(delta, dict):
+                add_delta(totals, delta)
+
+
+def fold_logs(
+    locker: Locker, names: Iterable[str], *, timeout: float = 10.0
+) -> tuple[int, str | None]:
+    """Fold the named statistics logs of ``locker``'s root into ``.stats/summary.jsonl``;
+    (logs folded, error).
+
+    Totals are preserved and never counted twice by :func:`read_logs`: each log is first
+    renamed out of its view (``*.jsonl.folding``), then the summary is replaced atomically
+    (naming the logs it absorbed), then the renamed logs are deleted. After a crash the next
+    fold finishes the job: a renamed log the summary names is deleted, any other is folded.
+    Folds are serialized by a lock; the summary is never rewritten if it is unreadable.
+    """
+    try:
+        held = locker.acquire(_SUMMARY_LOCK, shared=False, timeout=timeout)
+    except LockTimeout:
+        return 0, "another process is folding the statistics logs"
+    except LockUnavailable as e:
+        return 0, str(e)
+    try:
+        try:
+            dfd = open_subdir(locker.root, STATS_DIR, create=False)
+        except FileNotFoundError:
+            return 0, None
+        try:
+            return _fold_locked(dfd, names), None
+        except ValueError as e:
+            return 0, str(e)
+        except OSError as e:
+            return 0, f"cannot fold statistics logs: {e.strerror}"
+        finally:
+            os.close(dfd)
+    finally:
+        held.release()
+
+
+def _fold_locked(dfd: int, names: Iterable[str]) -> int:
+    summary = _read_summary(dfd)
+    absorbed = set(summary["folded"]) if summary else set()
+    pending: list[str] = []
+    for name in os.listdir(dfd):
+        if name.endswith(_FOLDING):
+            if name[: -len(_FOLDING)] in absorbed:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=dfd)  # counted by the summary before a crash
+            else:
+                pending.append(name)
+    for name in names:
+        if name == SUMMARY_NAME or not name.endswith(".jsonl") or "/" in name:
+            continue
+        try:
+            os.rename(name, name + _FOLDING, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except FileNotFoundError:
+            continue
+        pending.append(name + _FOLDING)
+    if not pending:
+        return 0
+    totals = dict.fromkeys(COUNTERS, 0.0)
+    if summary:
+        add_delta(totals, summary["delta"])
+    for name in pending:
+        _sum_log(dfd, name, totals)
+    record = {
+        "v": LOG_VERSION,
+        "summary": True,
+        "time": time.time(),
+        "logs": (summary["logs"] if summary else 0) + len(pending),
+        "delta": {k: (round(v, 6) if k.endswith("seconds") else int(v)) for k, v in totals.items()},
+        "folded": sorted(n[: -len(_FOLDING)] for n in pending),
+    }
+    replace_file(dfd, SUMMARY_NAME, (json.dumps(record, sort_keys=True) + "\n").encode())
+    for name in pending:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dfd)
+    return len(pending)
 
 
 atexit.register(flush)

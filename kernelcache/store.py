@@ -1,13 +1,7 @@
 """One cache root on disk: the storage format, atomic publication, verified reads, quarantine.
 
-Layout of a root::
-
-    <root>/<key>.<ext>      the artifact bytes, exactly what a loader consumes
-    <root>/<key>.json       metadata, written last: the commit marker of the entry
-    <root>/.tmp/            staging; published into the root with os.replace
-    <root>/.locks/          per-key lock files (see locks.py)
-    <root>/.quarantine/     corrupt entries moved aside, with the reason
-    <root>/.stats/          append-only per-process statistics logs (see stats.py)
+(The layout of a root: :mod:`kernelcache.layout`; whose files are served:
+:mod:`kernelcache.trust`; the locks: :mod:`kernelcache.locks`.)
 
 Guarantees across processes and hosts sharing a root:
 
@@ -16,21 +10,14 @@ Guarantees across processes and hosts sharing a root:
   while reading it, and deletion or quarantine first takes that flock exclusively, so an entry
   is never removed under a reader.
 * Every read checks the metadata against the schema and its entry digest (which covers the
-  launch metadata and the artifact's digest; see :mod:`kernelcache.schema`), and the artifact's
-  size and xxh3-128 digest. A mismatch, a value outside the schema, a symlink or a half entry is
-  never returned: the entry is re-checked under the exclusive lock and moved to
-  ``.quarantine/``. An entry written by an older kernelcache (no entry digest) is a miss,
-  replaced by the next put.
-* Under the trust policies ``owner`` and ``group``, an entry is served only if both its files
-  are owned by trusted users, writable by no one outside the trusted set, and have one link.
+  launch metadata and the artifact's digest; see :mod:`kernelcache.schema`), the artifact's
+  size and xxh3-128 digest, and the trust policy of both files. A mismatch, a value outside the
+  schema, a symlink or a half entry is never returned: the entry is re-checked under the
+  exclusive lock and moved to ``.quarantine/``. An entry written by an older kernelcache (no
+  entry digest) is a miss, replaced by the next put.
 * The first complete writer of a key wins; later writers find the entry and keep it.
-* Nothing is written through a symlink: staging, locks and quarantine are opened relative to
-  directory descriptors with ``O_NOFOLLOW``, and ``os.replace`` replaces a planted link rather
-  than following it.
-* Directories are created with mode 0o777 minus the umask, so a group-shared root (``umask
-  002`` and a set-group-ID directory) stays writable for the whole group. Entry files get 0o666
-  minus the umask, less the write bits the trust policy refuses: group write only under
-  ``group`` and in the root directory's group, never write for others (except under ``any``).
+* Nothing is written through a symlink, and what this process writes passes its own trust
+  policy whatever the umask.
 """
 
 from __future__ import annotations
@@ -44,18 +31,26 @@ import os
 import stat
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from . import process
 from .config import Settings, settings
 from .errors import CacheError, LockTimeout, LockUnavailable, Problem, WrongExt
-from .fsio import READ_FLAGS
+from .fsio import READ_FLAGS, read_exact
 from .keys import META_EXT, check_ext, check_key, split_entry_name
-from .locks import Held, Locker, open_subdir
-from .process import HOST
+from .layout import (
+    NOT_VISIBLE,
+    QUARANTINE_DIR,
+    TMP_DIR,
+    open_subdir,
+    read_metadata,
+    resolve_root,
+    unservable,
+    write_new,
+)
+from .locks import Held, Locker, exclude_readers
+from .process import HOST, warn_once
 from .schema import (
     FORMAT_VERSION,
     MAX_META_BYTES,
@@ -65,6 +60,7 @@ from .schema import (
     make_metadata,
     parse_metadata,
 )
+from .trust import TRUST_POLICIES, TrustPolicy, check_policy
 
 logger = logging.getLogger(__name__)
 
@@ -83,24 +79,13 @@ __all__ = [
     "parse_metadata",
 ]
 
-TMP_DIR = ".tmp"
-QUARANTINE_DIR = ".quarantine"
 #: metadata documents remembered per store and process (see Store.read)
 MEMO_ENTRIES = 4096
 #: how often a hit refreshes an entry's last-used stamp (the metadata file's mtime)
 TOUCH_INTERVAL = 3600.0
 #: a last-used stamp further in the future than this is clock skew: it is reset to now
 FUTURE_SLACK = 300.0
-#: whose entries a store serves: an artifact is code that will run on the GPU. Under "group"
-#: and "owner" an entry's files must also be writable only by the trusted users (no write bit
-#: for others; group write only under "group", for the root directory's group) and have
-#: exactly one link each.
-TRUST_POLICIES = {
-    "group": "this user, root, the root directory's owner, and members of its group",
-    "owner": "this user, root and the root directory's owner",
-    "any": "every user (a private or fully trusted cache)",
-}
-_SHARED_WRITE = stat.S_IWGRP | stat.S_IWOTH
+_META_SUFFIX = "." + META_EXT
 
 _HINTS = {
     errno.ENOSPC: "free space on that filesystem or prune the cache (kernelcache prune)",
@@ -139,39 +124,6 @@ def _stale_stamp(mtime: float) -> bool:
     return age > TOUCH_INTERVAL or age < -FUTURE_SLACK
 
 
-def _in_group(uid: int, gid: int) -> bool:
-    """Whether the user ``uid`` belongs to group ``gid`` (primary or supplementary)."""
-    import grp
-    import pwd
-
-    try:
-        user = pwd.getpwuid(uid)
-    except KeyError:
-        return False
-    if user.pw_gid == gid:
-        return True
-    try:
-        return user.pw_name in grp.getgrgid(gid).gr_mem
-    except KeyError:
-        return False
-
-
-def _read_exact(fd: int, size: int) -> bytes | None:
-    """Read exactly ``size`` bytes; None if the file is shorter."""
-    first = os.read(fd, size)
-    if len(first) == size:
-        return first
-    chunks = [first]
-    remaining = size - len(first)
-    while remaining > 0:
-        chunk = os.read(fd, remaining)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
-
-
 class Store:
     """One root directory. ``readonly`` stores are only read: no lock, touch or quarantine.
 
@@ -188,25 +140,17 @@ class Store:
         lock_timeout: float = 120.0,
         trust: str = "group",
     ) -> None:
-        if trust not in TRUST_POLICIES:
-            raise ValueError(f"trust policy {trust!r} is not one of {', '.join(TRUST_POLICIES)}")
-        try:
-            self.root = os.fspath(Path(root).expanduser())
-        except RuntimeError:  # "~user/..." for a user that does not exist, or no home
-            raise ValueError(
-                f"cache root {os.fspath(root)!r}: cannot expand "
-                f"{os.fspath(root).split('/')[0]!r}: no such home directory"
-            ) from None
+        check_policy(trust)
+        self.root = resolve_root(root)
         self._prefix = os.path.join(self.root, "")
         self.readonly = readonly
         self.lock_timeout = lock_timeout
         self.locker = Locker(self.root, mode=lock_mode, stale_after=lock_stale)
         self._memo: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
         self._read_locks = not readonly
+        #: the trust policy's name (see :data:`kernelcache.trust.TRUST_POLICIES`)
         self.trust = trust
-        self._trusted_uids: set[int] = set()
-        self._untrusted_uids: set[int] = set()
-        self._root_owner: tuple[int, int] | None = None
+        self._policy = TrustPolicy(self.root, trust)
 
     @classmethod
     def from_settings(
@@ -246,104 +190,6 @@ class Store:
     def meta_path(self, key: str) -> str:
         return f"{self._prefix}{key}.{META_EXT}"
 
-    def warn_once(self, topic: str, message: str, *args: object) -> None:
-        """Log a warning the first time ``topic`` comes up for this root in this process."""
-        process.warn_once(logger, (self.root, topic), message, *args)
-
-    # -- trust ----------------------------------------------------------------------------
-    def _root_ids(self) -> tuple[int, int] | None:
-        """(owner, group) of the root directory, read once; None while it cannot be read."""
-        if self._root_owner is None:
-            try:
-                st = os.stat(self.root)
-            except OSError:
-                return None
-            self._root_owner = (st.st_uid, st.st_gid)
-        return self._root_owner
-
-    def _trusts(self, uid: int) -> bool:
-        """Whether files owned by ``uid`` may be served (see TRUST_POLICIES); remembered."""
-        if uid in self._untrusted_uids:
-            return False
-        trusted = self.trust == "any" or uid in (0, os.geteuid())
-        if not trusted:
-            ids = self._root_ids()
-            if ids is not None:
-                trusted = uid == ids[0] or (self.trust == "group" and _in_group(uid, ids[1]))
-        if trusted:
-            self._trusted_uids.add(uid)
-        else:
-            self._untrusted_uids.add(uid)
-            self.warn_once(
-                f"untrusted-{uid}",
-                "kernelcache: refusing artifacts under %s owned by user %d: not this user, root, "
-                "the root directory's owner%s (KERNELCACHE_TRUST=%s)",
-                self.root,
-                uid,
-                " or a member of its group" if self.trust == "group" else "",
-                self.trust,
-            )
-        return trusted
-
-    def _may_serve(self, st: os.stat_result) -> bool:
-        """The fast check: a trusted owner, no write bit for group or others, one link."""
-        return self.trust == "any" or (
-            st.st_uid in self._trusted_uids and not st.st_mode & _SHARED_WRITE and st.st_nlink == 1
-        )
-
-    def _refusal(self, st: os.stat_result, what: str) -> str | None:
-        """Why a file of an entry may not be served under the trust policy; None if it may.
-
-        Under ``owner`` and ``group`` the file must be owned by a trusted user, writable by no
-        one else (no write bit for others; a group write bit only under ``group`` and only for
-        the root directory's group), and have exactly one link: a second name of the file
-        could be written through, or be another key's entry.
-        """
-        if self._may_serve(st):
-            return None
-        uid = st.st_uid
-        if uid not in self._trusted_uids and not self._trusts(uid):
-            return f"{what} owned by untrusted user {uid}"
-        mode = stat.S_IMODE(st.st_mode)
-        writable = mode & _SHARED_WRITE
-        topic, reason = "", None
-        if writable & stat.S_IWOTH:
-            topic, reason = "other-writable", f"{what} is writable by every user (mode {mode:o})"
-        elif writable and self.trust == "owner":
-            topic = "group-writable"
-            reason = (
-                f"{what} is writable by its group (mode {mode:o}), which the owner policy "
-                "does not trust"
-            )
-        elif writable:
-            ids = self._root_ids()
-            if ids is None or st.st_gid != ids[1]:
-                topic = "foreign-group"
-                reason = f"{what} is writable by group {st.st_gid}, not the root directory's group"
-        if reason is None and st.st_nlink != 1:
-            topic, reason = "links", f"{what} has {st.st_nlink} hard links"
-        if reason is not None:
-            self.warn_once(
-                f"refused-{topic}",
-                "kernelcache: refusing an entry under %s: %s (KERNELCACHE_TRUST=%s: an entry's "
-                "files must be writable only by the users it trusts, with one link each)",
-                self.root,
-                reason,
-                self.trust,
-            )
-        return reason
-
-    def _write_bits(self, gid: int) -> int:
-        """The write bits for group and others that a file of this store (group ``gid``) may
-        keep under the trust policy, so that what this process writes passes its own checks."""
-        if self.trust == "any":
-            return _SHARED_WRITE
-        if self.trust == "group":
-            ids = self._root_ids()
-            if ids is not None and gid == ids[1]:
-                return stat.S_IWGRP
-        return 0
-
     # -- locks ----------------------------------------------------------------------------
     def lock(self, key: str, *, shared: bool, timeout: float | None = None) -> Held | None:
         """Take the key's lock; None where locks cannot be had (warned once).
@@ -358,7 +204,13 @@ class Store:
                 key, shared=shared, timeout=self.lock_timeout if timeout is None else timeout
             )
         except LockUnavailable as e:
-            self.warn_once("locks", "kernelcache: working without locks under %s: %s", self.root, e)
+            warn_once(
+                logger,
+                (self.root, "locks"),
+                "kernelcache: working without locks under %s: %s",
+                self.root,
+                e,
+            )
             return None
 
     # -- reading --------------------------------------------------------------------------
@@ -371,21 +223,49 @@ class Store:
         quarantining an entry takes that lock exclusively first, so nothing is removed while
         it is being read, and a reader never waits for another reader. ``ext=None`` accepts
         whatever extension the entry has. A Problem with ``corrupt=False`` means the key holds
-        another extension than the one asked for. Parsed metadata is remembered per process by the file's identity (inode, size, mtime,
-        ctime); ``fresh`` reads it from disk regardless. The artifact is always read and
-        verified against it.
+        another extension than the one asked for. Parsed metadata is remembered per process by
+        the file's identity (inode, size, mtime, ctime); ``fresh`` reads it from disk
+        regardless. The artifact is always read and verified against it.
         """
         doc = None if fresh else self._remembered(key)
-        st_mtime = None
+        stamp = None
         if doc is None:
             loaded = self._load_metadata(key)
             if not isinstance(loaded, tuple):
                 return loaded
-            doc, st_mtime = loaded
+            doc, stamp = loaded
+        found = self._read_artifact(key, ext, doc, self._policy, self._read_locks)
+        if stamp is not None and not self.readonly and _stale_stamp(stamp):
+            if isinstance(found, Artifact):
+                self._touch(key)
+        return found
+
+    def inspect(
+        self, key: str, ext: str | None = None, *, any_owner: bool = False
+    ) -> Artifact | Problem | None:
+        """:meth:`read` straight from disk, leaving no trace: no reader's lock, no last-used
+        stamp refreshed, nothing remembered. With ``any_owner`` the trust policy is not
+        applied: what the entry is, whoever wrote it (as prune re-checks what it planned)."""
+        policy = None if any_owner else self._policy
+        loaded = read_metadata(self.meta_path(key), key, trust=policy, not_visible=NOT_VISIBLE)
+        if not isinstance(loaded, tuple):
+            return loaded
+        return self._read_artifact(key, ext, loaded[0], policy, False)
+
+    def _read_artifact(
+        self,
+        key: str,
+        ext: str | None,
+        doc: dict[str, Any],
+        policy: TrustPolicy | None,
+        lock: bool,
+    ) -> Artifact | Problem | None:
+        """Read and verify the artifact that the metadata ``doc`` describes, under a shared
+        flock if ``lock``, applying ``policy`` (None: none)."""
         stored_ext = doc["ext"]
         if ext is not None and stored_ext != ext:
             return Problem(key, f"key holds a .{stored_ext} artifact, not .{ext}", corrupt=False)
-        path = self.path(key, stored_ext)
+        path = f"{self._prefix}{key}.{stored_ext}"  # self.path(), inline: the hot path
         try:
             afd = os.open(path, READ_FLAGS)
         except FileNotFoundError:
@@ -395,7 +275,7 @@ class Store:
                 return Problem(key, "artifact is a symlink")
             return Problem(key, f"artifact unreadable: {e.strerror}")
         try:
-            if self._read_locks:
+            if lock:
                 try:
                     fcntl.flock(afd, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -403,17 +283,15 @@ class Store:
                 except OSError:
                     self._read_locks = False  # no flock here: digests still protect reads
             ast = os.fstat(afd)
-            if not stat.S_ISREG(ast.st_mode):
-                return Problem(key, "artifact is not a regular file")
-            if not self._may_serve(ast):
-                refusal = self._refusal(ast, "artifact")
-                if refusal is not None:
-                    return Problem(key, refusal, corrupt=False, untrusted=True)
+            if not stat.S_ISREG(ast.st_mode) or (policy is not None and not policy.may_serve(ast)):
+                refused = unservable(key, ast, "artifact", policy)
+                if refused is not None:
+                    return refused
             if ast.st_size != doc["size"]:
                 return Problem(
                     key, f"artifact has {ast.st_size} bytes, metadata says {doc['size']}"
                 )
-            data = _read_exact(afd, doc["size"])
+            data = read_exact(afd, doc["size"])
         except OSError as e:
             return Problem(key, f"artifact unreadable: {e.strerror}")
         finally:
@@ -422,8 +300,6 @@ class Store:
             return Problem(key, "artifact changed size while being read")
         if digest(data) != doc["digest"]:
             return Problem(key, "artifact digest mismatch")
-        if st_mtime is not None and not self.readonly and _stale_stamp(st_mtime):
-            self._touch(key)
         source = "readonly" if self.readonly else "local"
         return Artifact(key, stored_ext, data, path, doc, source)
 
@@ -443,35 +319,13 @@ class Store:
         return memo[1]
 
     def _load_metadata(self, key: str) -> tuple[dict[str, Any], float] | Problem | None:
-        """Read, parse and remember ``<key>.json``; return (doc, mtime), a Problem or None."""
-        try:
-            fd = os.open(self.meta_path(key), READ_FLAGS)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.EMLINK):
-                return Problem(key, "metadata is a symlink")
-            if e.errno in (errno.ENOTDIR, errno.EACCES, errno.EPERM):
-                return None
-            return Problem(key, f"metadata unreadable: {e.strerror}", corrupt=False)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return Problem(key, "metadata is not a regular file")
-            if not self._may_serve(st):
-                refusal = self._refusal(st, "metadata")
-                if refusal is not None:
-                    return Problem(key, refusal, corrupt=False, untrusted=True)
-            if st.st_size > MAX_META_BYTES:
-                return Problem(key, "metadata is too large")
-            raw = os.read(fd, st.st_size + 1)
-        except OSError as e:
-            return Problem(key, f"metadata unreadable: {e.strerror}")
-        finally:
-            os.close(fd)
-        doc = parse_metadata(raw, key)
-        if isinstance(doc, Problem):
-            return doc
+        """Read, check and remember ``<key>.json``; return (doc, mtime), a Problem or None."""
+        loaded = read_metadata(
+            self.meta_path(key), key, trust=self._policy, not_visible=NOT_VISIBLE
+        )
+        if not isinstance(loaded, tuple):
+            return loaded
+        doc, st = loaded
         if len(self._memo) >= MEMO_ENTRIES:
             self._memo.clear()
         self._memo[key] = ((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns), doc)
@@ -517,34 +371,11 @@ class Store:
         return CacheError(e.errno if e is not None and e.errno else errno.EIO, message)
 
     def _stage(self, tmp_fd: int, data: bytes) -> str:
-        """Write ``data`` to a new file in ``.tmp/``; return its name.
-
-        The file is created with mode 0o666 minus the umask, then loses the write bits the
-        trust policy would refuse (see :meth:`_write_bits`): what this process publishes is
-        never writable by users outside the trusted set, whatever the umask.
-        """
+        """Write ``data`` to a new file in ``.tmp/``; return its name. It keeps only the write
+        bits the trust policy accepts: what this process publishes is never writable by users
+        outside the trusted set, whatever the umask."""
         name = f"{HOST}-{os.getpid()}-{uuid.uuid4().hex}.tmp"
-        fd = os.open(
-            name,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o666,
-            dir_fd=tmp_fd,
-        )
-        try:
-            st = os.fstat(fd)
-            extra = st.st_mode & _SHARED_WRITE & ~self._write_bits(st.st_gid)
-            if extra:
-                os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~extra)
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-        except BaseException:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=tmp_fd)
-            raise
-        os.close(fd)
+        write_new(tmp_fd, name, data, self._policy.limit_write_bits)
         return name
 
     def check_writable(self) -> None:
@@ -651,8 +482,9 @@ class Store:
         if self.readonly:
             again = self.read(key, ext, fresh=True)
             if isinstance(again, Problem) and again.corrupt:
-                self.warn_once(
-                    f"ro-corrupt-{key}",
+                warn_once(
+                    logger,
+                    (self.root, f"ro-corrupt-{key}"),
                     "kernelcache: corrupt entry %s in read-only root %s (%s); skipping it",
                     key,
                     self.root,
@@ -687,8 +519,12 @@ class Store:
         try:
             qfd = open_subdir(self.root, QUARANTINE_DIR, create=True)
         except OSError as e:
-            self.warn_once(
-                "quarantine", "kernelcache: cannot quarantine under %s: %s", self.root, e
+            warn_once(
+                logger,
+                (self.root, "quarantine"),
+                "kernelcache: cannot quarantine under %s: %s",
+                self.root,
+                e,
             )
             return False
         moved = False
@@ -705,20 +541,17 @@ class Store:
                 except FileNotFoundError:
                     continue
                 except OSError as e:
-                    self.warn_once("quarantine", "kernelcache: cannot quarantine %s: %s", name, e)
+                    warn_once(
+                        logger,
+                        (self.root, "quarantine"),
+                        "kernelcache: cannot quarantine %s: %s",
+                        name,
+                        e,
+                    )
             if moved:
                 note = json.dumps({"key": key, "reason": reason, "time": time.time()}).encode()
                 with contextlib.suppress(OSError):
-                    fd = os.open(
-                        f"{key}.{stamp}.reason",
-                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                        0o666,
-                        dir_fd=qfd,
-                    )
-                    try:
-                        os.write(fd, note)
-                    finally:
-                        os.close(fd)
+                    write_new(qfd, f"{key}.{stamp}.reason", note)
         finally:
             os.close(qfd)
             for fd in readers or ():
@@ -742,35 +575,12 @@ class Store:
                 os.close(fd)
         self._memo.pop(key, None)
 
-    def _exclude_readers(self, root_fd: int, names: list[str], *, wait: float) -> list[int] | None:
-        """Lock every artifact file in ``names`` exclusively (readers hold them shared).
-
-        Returns the descriptors to close once the files are gone, or None if a reader kept a
-        file for ``wait`` seconds. Metadata files, links and missing files need no lock.
-        """
-        fds: list[int] = []
-        deadline = time.monotonic() + wait
-        for name in names:
-            if name.endswith("." + META_EXT):
-                continue
-            try:
-                fd = os.open(name, READ_FLAGS, dir_fd=root_fd)
-            except OSError:
-                continue
-            fds.append(fd)
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        for held in fds:
-                            os.close(held)
-                        return None
-                    time.sleep(0.002)
-                except OSError:
-                    break  # no flock on this filesystem
-        return fds
+    @staticmethod
+    def _exclude_readers(root_fd: int, names: list[str], *, wait: float) -> list[int] | None:
+        """:func:`kernelcache.locks.exclude_readers` of the artifact files among ``names``
+        (readers lock artifacts, never metadata)."""
+        artifacts = [name for name in names if not name.endswith(_META_SUFFIX)]
+        return exclude_readers(root_fd, artifacts, wait=wait)
 
     def _names_of(self, key: str) -> list[str]:
         """The file names under the root that belong to ``key`` (metadata first).
@@ -786,7 +596,7 @@ class Store:
                         names.append(entry.name)
         except OSError:
             return []
-        names.sort(key=lambda n: not n.endswith("." + META_EXT))
+        names.sort(key=lambda n: not n.endswith(_META_SUFFIX))
         return names
 
     def _files_of(self, key: str, ext: str | None) -> list[str]:
@@ -861,16 +671,3 @@ class Store:
             if held is not None:
                 held.release(remove=remove_lock and not keep_lock)
         return deleted
-
-    # -- listing --------------------------------------------------------------------------
-    def entry_files(self) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
-        """Yield (key, ext, DirEntry) for every entry-shaped file in the root (metadata too)."""
-        try:
-            it = os.scandir(self.root)
-        except FileNotFoundError:
-            return
-        with it:
-            for entry in it:
-                parts = split_entry_name(entry.name)
-                if parts is not None:
-                    yield parts[0], parts[1], entry

@@ -1,6 +1,5 @@
 """What a root holds, as :mod:`kernelcache.scan` and its index describe it: one
-:class:`EntryInfo` per committed entry, an :class:`EntryTable` of them by column, and the
-housekeeping directories beside them (:data:`KNOWN_DIRS`).
+:class:`EntryInfo` per committed entry, and an :class:`EntryTable` of them by column.
 
 These records are immutable values built from one listing of a root; nothing here touches disk.
 """
@@ -13,15 +12,6 @@ from dataclasses import dataclass
 from operator import add
 from typing import Any, NamedTuple
 
-from .locks import LOCK_DIR
-from .stats import STATS_DIR
-from .store import QUARANTINE_DIR, TMP_DIR
-
-#: the bridge's hand-off directory (see bridge.handoff): files it hands to jaxlib
-HANDOFF_DIR = ".handoff"
-#: the directories a root may hold besides entries
-KNOWN_DIRS = frozenset({TMP_DIR, LOCK_DIR, QUARANTINE_DIR, STATS_DIR, HANDOFF_DIR})
-
 
 class EntryInfo(NamedTuple):
     """One committed entry as its metadata describes it (immutable).
@@ -31,8 +21,8 @@ class EntryInfo(NamedTuple):
     metadata's ``name`` and ``target`` fields (None when absent); ``kind`` is its ``kind``
     field: None for a compiled kernel, else what else the entry is (the bridge stores
     ``"ptx"`` text and ``"identity"`` records). ``last_used`` is the metadata file's mtime,
-    the last-used stamp, or None when the scan did not stat files. (A NamedTuple rather than a frozen dataclass:
-    scans of 100,000 entries are built in well under a second.)
+    the last-used stamp, or None when the scan did not stat files. (A NamedTuple: a scan
+    builds one per entry, and a root may hold a great many.)
     """
 
     key: str

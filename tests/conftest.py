@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kernelcache.keys import META_EXT, split_entry_name
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -48,6 +50,15 @@ def checked(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
             f"child failed ({proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
         )
     return proc
+
+
+def metadata_keys(root: str | os.PathLike[str]) -> list[str]:
+    """The keys of the metadata files a listing of ``root`` shows (none if it does not exist)."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return [parts[0] for parts in map(split_entry_name, names) if parts and parts[1] == META_EXT]
 
 
 @pytest.fixture(autouse=True)

@@ -20,11 +20,12 @@ import jax.numpy as jnp
 import pytest
 from bridge_helpers import decoded
 from conftest import REPO, checked, child_env
+from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 from test_cli_support import kc, kc_json
 
 import bridge
 import kernelcache
-from bridge import decisions, tune
+from bridge import binding, decisions, tune, tuning
 from bridge.decisions import Decision
 from examples import ops
 
@@ -292,3 +293,125 @@ def test_a_killed_tuner_is_taken_over(tmp_path):
     measured = marker.read_text().split()
     assert len(measured) == 2 and measured[0] == str(first.pid), measured
     assert results == [{"kernels": [4], "grid": 6}] * 3
+
+
+class StandIn:
+    """Plays a GPU: config 1 is fastest."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def device(self, target, platform):
+        return "Stand-in GPU"
+
+    def measure(self, call, n):
+        self.calls.append(n)
+        return tuning.Measured(tuple(1e-3 * (3, 1, 2, 4)[i] for i in range(n)), 0.01, {3: "x"})
+
+
+@pytest.fixture
+def stand_in():
+    measurer = StandIn()
+    previous = tuning.use(measurer)
+    yield measurer
+    tuning.use(previous)
+
+
+def test_tune_replays_recorded_calls_and_measures_them(tmp_path, cache, monkeypatch, stand_in):
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    (result,) = tune.tune(str(manifest), cache)
+    assert result.status == "tuned" and stand_in.calls == [4]
+    made = result.decision
+    assert made.device == "Stand-in GPU" and made.chosen == 1 and made.reasons == {3: "x"}
+    assert made.margin == pytest.approx(1.0) and not made.pinned
+    assert "* " in result.line() and "margin 100.0%" in result.line()
+    assert [r.status for r in tune.tune(str(manifest), cache)] == ["present"]
+    assert [r.status for r in tune.tune(str(manifest), cache, force=True)] == ["tuned"]
+    call = lower(cache, autotune="require")  # this "device" has its decision now
+    assert call.HasField("kernel_call") and call.kernel_call.grid_1 == 6
+
+
+def test_a_replayed_call_keys_like_the_lowering(tmp_path, cache, monkeypatch):
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    (group,) = tune.recorded_calls(str(manifest))
+    assert group.targets == ["cuda:90"] and group.outputs == ["c_ptr"]
+    target = bridge.parse_target("cuda:90")
+    replayed = tune.traced_call(group, target, cache)
+    specs = tune.specialize_call(
+        replayed.parts, replayed.named, replayed.kwargs, replayed.options, target, cache
+    )
+    recorded = [json.loads(line)["key"] for line in manifest.read_text().splitlines()]
+    assert [s.key for s in specs] == recorded
+    assert len(group.grids) == 4
+
+
+def test_a_call_with_constexpr_keywords_replays_each_configs_grid(tmp_path, cache, monkeypatch):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import triton
+    from tuned_models import attention_fwd_kernel
+
+    q = jax.ShapeDtypeStruct((4, 256, 64), jnp.bfloat16)
+
+    def attention(q, k, v, **kw):
+        return bridge.triton_call(
+            q,
+            k,
+            v,
+            256,
+            kernel=attention_fwd_kernel,
+            out_shape=q,
+            grid=lambda meta: (triton.cdiv(256, meta["BLOCK_M"]), 4),
+            HEAD_DIM=64,
+            SM_SCALE=0.125,
+            target="cuda:90",
+            cache=cache,
+            **kw,
+        )
+
+    manifest = tmp_path / "attention.jsonl"
+    monkeypatch.setenv("KERNELCACHE_RECORD", str(manifest))
+    (every,) = decoded(attention, q, q, q)
+    monkeypatch.delenv("KERNELCACHE_RECORD")
+    (group,) = tune.recorded_calls(str(manifest))
+    target = bridge.parse_target("cuda:90")
+    replayed = tune.traced_call(group, target, cache)
+    lowered = tune.specialize_call(
+        replayed.parts, replayed.named, replayed.kwargs, replayed.options, target, cache
+    )
+    grids = [binding.eval_grid(replayed.grid, s.bound.bound_args) for s in lowered]
+    want = [
+        (c.kernel_call.grid_0, c.kernel_call.grid_1, 1) for c in every.autotuned_kernel_call.configs
+    ]
+    assert grids == want and len(set(grids)) == 2
+
+
+def test_warm_compiles_only_decided_configs_unless_told(tmp_path, cache, monkeypatch):
+    from bridge.warm import warm
+
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    fresh = kernelcache.Cache(tmp_path / "image", readonly_roots=(), remote="")
+    tune.tune(str(manifest), fresh, pins={"matmul_kernel": 2})
+    report = warm(str(manifest), ["cuda:90"], cache=fresh, jobs=1)
+    assert [o.status for o in report.results] == ["compiled"]
+    assert report.results[0].config.startswith("BM: 64, BN: 128")
+    report = warm(str(manifest), ["cuda:90"], cache=fresh, jobs=1, all_configs=True)
+    assert sorted(o.status for o in report.results) == ["compiled"] * 3 + ["present"]
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
+def test_decisions_travel_through_redis_signed(tmp_path, cache, monkeypatch):
+    """One machine pins; another, with an empty root and the same signing key, lowers the
+    decided kernel from the shared tier; with another key the value is refused."""
+    monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", "k" * 32)
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    with RedisServer(tmp_path / "redis") as server:
+        first = kernelcache.Cache(tmp_path / "one", readonly_roots=(), remote=server.url)
+        (result,) = tune.tune(str(manifest), first, pins={"matmul_kernel": 3})
+        assert result.status == "pinned"
+        other = kernelcache.Cache(tmp_path / "two", readonly_roots=(), remote=server.url)
+        call = lower(other)
+        assert call.HasField("kernel_call") and call.kernel_call.grid_0 == 8
+        assert list((tmp_path / "two").glob("*.decision")), "published locally"
+        monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", "z" * 32)
+        third = kernelcache.Cache(tmp_path / "three", readonly_roots=(), remote=server.url)
+        assert len(lower(third).autotuned_kernel_call.configs) == 4

@@ -635,7 +635,7 @@ def test_a_decision_for_a_left_out_config_is_ignored(tmp_path, fresh, monkeypatc
         chosen=3,
         pinned=True,
     )
-    key = tuning.keys_of(specs[0].parts, named, specs, None)[0]
+    key = decisions.keys_of(specs[0].parts, named, specs)[0]
     fresh.put(key, decisions.EXT, wrong.to_bytes(), wrong.metadata())
     (call,) = decoded(copy_call(K.bounded_copy, fresh), F32)
     assert len(configs_of(call)) == 2

@@ -289,7 +289,7 @@ def test_damaged_and_foreign_files(source, tmp_path):
     kc_json(source, "export", str(bundle))
     raw = bundle.read_bytes()
     truncated = tmp_path / "truncated.tar"
-    truncated.write_bytes(raw[: len(raw) // 2])
+    truncated.write_bytes(raw[: len(raw.rstrip(b"\0")) - 100])  # into the last member
     proc = kc(tmp_path / "fresh", "import", str(truncated))
     assert proc.returncode == 1 and "nothing was imported" in proc.stderr
     gz = tmp_path / "b.tar.gz"

@@ -483,12 +483,12 @@ def test_a_bundle_of_an_older_version_imports(tmp_path):
 def test_unexpected_errors_point_at_the_flag_that_shows_the_traceback(
     tmp_path, monkeypatch, capsys
 ):
-    from kernelcache.cli import app
+    from kernelcache.cli import app, report
 
     def broken(args: Any, out: Any) -> int:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(app, "cmd_stats", broken)
+    monkeypatch.setattr(report, "cmd_stats", broken)
     assert app.main(["--root", str(tmp_path), "stats"]) == 1
     err = capsys.readouterr().err
     assert "RuntimeError: a bug" in err and "rerun with -vv" in err

@@ -152,3 +152,94 @@ def test_the_checker_finds_cycles_through_any_kind_of_import(tmp_path):
         "A = 1\nif False:\n    from . import d\n"
     )  # __init__ -> a -> d -> __init__
     assert cycles(import_graph(tmp_path, ("pkg",))) == [["pkg", "pkg.a", "pkg.d"]]
+
+
+def _kernelcache_sources() -> dict[Path, str]:
+    return {path: path.read_text() for path in sorted((REPO / "kernelcache").rglob("*.py"))}
+
+
+def test_kernelcache_sources_name_no_bridge_variable_field_or_directory():
+    """What the bridge stores and reads is declared by the bridge (variables, metadata fields,
+    the hand-off directory); kernelcache's sources name none of it."""
+    import re
+
+    import bridge.entries
+    import bridge.handoff
+    import bridge.settings
+    from kernelcache import schema
+
+    variables = {var.name for var in bridge.settings.VARIABLES}
+    # kernelcache's own fields (an entry's name, target, kind, ...) are shared vocabulary;
+    # "kernel" is also the name of kernelcache's own column for an entry's `name`
+    fields = set(bridge.entries.FIELDS) - schema.OWN_FIELDS - {"kernel"}
+    assert variables and fields, "nothing to look for"
+    found = []
+    for path, text in _kernelcache_sources().items():
+        words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+        strings = {
+            node.value
+            for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        }
+        named = (variables & words) | (fields & strings)
+        named |= {f for f in fields if "_" in f and f in words}  # also in prose and names
+        if bridge.handoff.HANDOFF_DIR in text:
+            named.add(bridge.handoff.HANDOFF_DIR)
+        found += [f"{path.relative_to(REPO)}: {name}" for name in sorted(named)]
+    assert not found, found
+
+
+def test_every_kernelcache_exception_derives_from_its_base():
+    import importlib
+    import inspect
+
+    from kernelcache.errors import KernelCacheError
+
+    classes = []
+    for name in _modules(REPO, ("kernelcache",)):
+        if name.endswith("__main__"):
+            continue
+        module = importlib.import_module(name)
+        classes += [
+            c
+            for c in vars(module).values()
+            if inspect.isclass(c) and issubclass(c, BaseException) and c.__module__ == name
+        ]
+    assert len(classes) >= 8, classes
+    stray = [
+        f"{c.__module__}.{c.__qualname__}" for c in classes if not issubclass(c, KernelCacheError)
+    ]
+    assert not stray, stray
+
+
+VENDOR_NAMES = {"cuda", "hip", "rocm", "nvidia", "amd"}
+
+
+def _compares_a_vendor_name(node: ast.AST) -> bool:
+    def names(value: ast.AST) -> bool:
+        if isinstance(value, ast.Constant):
+            return isinstance(value.value, str) and value.value.lower() in VENDOR_NAMES
+        if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
+            return any(names(v) for v in value.elts)
+        return False
+
+    return isinstance(node, ast.Compare) and any(names(v) for v in (node.left, *node.comparators))
+
+
+def test_no_backend_name_is_compared_outside_the_vendor_descriptors():
+    """What differs by GPU vendor is asked of a target's descriptor (bridge/vendors.py);
+    kernelcache gives targets no meaning at all."""
+    found = []
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            if path == REPO / "bridge" / "vendors.py":
+                continue
+            tree = ast.parse(path.read_text())
+            found += [
+                f"{path.relative_to(REPO)}:{node.lineno}"
+                for node in ast.walk(tree)
+                if _compares_a_vendor_name(node)
+            ]
+    assert not found, "compare the target's descriptor instead: " + ", ".join(found)
+    sample = ast.parse("a == 'cuda'\nb in ('x', 'HIP')\nc == 'cudaX'").body
+    assert [_compares_a_vendor_name(s.value) for s in sample] == [True, True, False]

@@ -13,7 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from conftest import child_env
+from conftest import child_env, metadata_keys
 
 import kernelcache
 from kernelcache.keys import split_entry_name
@@ -89,7 +89,7 @@ def test_hammer_overlapping_keys(tmp_path):
     builds = collections.Counter(line.split()[0] for line in log.read_text().splitlines())
     assert builds and max(builds.values()) == 1, builds
     store = Store(root)
-    keys = {k for k, ext, _ in store.entry_files() if ext == "json"}
+    keys = set(metadata_keys(root))
     assert len(keys) == 24
     for k in keys:
         assert not isinstance(store.read(k, "bin"), Problem)
@@ -157,12 +157,11 @@ def test_kill_9_writers_never_leaves_a_servable_torn_entry(tmp_path):
     # every metadata file left behind describes a valid entry or is quarantined on read
     store = Store(root)
     served = 0
-    for k, ext, _ in list(store.entry_files()):
-        if ext == "json":
-            result = store.get(k, "bin")
-            if result is not None and not isinstance(result, Problem):
-                served += 1
-                assert result.data == _expected(result.meta["i"])
+    for k in metadata_keys(root):
+        result = store.get(k, "bin")
+        if result is not None and not isinstance(result, Problem):
+            served += 1
+            assert result.data == _expected(result.meta["i"])
     # temp files of killed writers may remain in .tmp/ (swept by `kernelcache prune`), never in the root
     strays = [
         p.name for p in Path(root).iterdir() if p.is_file() and split_entry_name(p.name) is None

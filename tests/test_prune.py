@@ -17,14 +17,9 @@ from conftest import child_env, key_of
 from test_cli_support import backdate, dead_pid, hold_shared, kc, kc_json, put
 
 from kernelcache import stats
-from kernelcache.prune import (
-    SUMMARY_NAME,
-    execute,
-    fold_logs,
-    foldable_logs,
-    plan_prune,
-)
+from kernelcache.prune import execute, plan_prune
 from kernelcache.scan import scan
+from kernelcache.stats import SUMMARY_NAME, fold_logs, foldable_logs
 from kernelcache.store import Store
 
 TESTS = str(Path(__file__).parent)
@@ -248,7 +243,7 @@ def test_fold_recovers_after_a_crash(tmp_path):
     (stats_dir / "a.jsonl.folding").write_text(json.dumps({"delta": {"hits": 10}}) + "\n")
     # crash after renaming, before the summary: b.jsonl is not counted yet
     (stats_dir / "b.jsonl.folding").write_text(json.dumps({"delta": {"hits": 3}}) + "\n")
-    folded, error = fold_logs(Store(root), [])
+    folded, error = fold_logs(Store(root).locker, [])
     assert (folded, error) == (1, None)
     summary = json.loads((stats_dir / SUMMARY_NAME).read_text())
     assert summary["delta"]["hits"] == 13 and summary["logs"] == 2

@@ -230,7 +230,9 @@ def test_entries_from_the_future_and_prune(root):
     assert code == 0
     gone = [a["key"] for a in json.loads(out)["plan"]["actions"]]
     assert gone == [keys["old"]]
-    code, out = run_cli("--root", str(root), "prune", "--max-size", "1500", "--dry-run", "--json")
+    one = 1000 + (root / f"{keys['future']}.json").stat().st_size  # room for one entry
+    cap = str(one + 200)
+    code, out = run_cli("--root", str(root), "prune", "--max-size", cap, "--dry-run", "--json")
     assert [a["key"] for a in json.loads(out)["plan"]["actions"]] == [keys["recent"]]
     cache = kernelcache.Cache(root, readonly_roots=())
     assert cache.get(keys["future"], "cubin") is not None  # a hit: the stamp is reset to now

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import key_of, run_py
+from conftest import key_of, metadata_keys, run_py
 from test_reliability_support import (
     KILLER,
     audit,
@@ -403,11 +403,10 @@ print(json.dumps(out))
 def _entries(root: Path) -> dict[str, tuple[str, bytes]]:
     out = {}
     store = Store(root)
-    for key, ext, _ in store.entry_files():
-        if ext == "json":
-            art = store.read(key)
-            assert isinstance(art, Artifact), (key, art)
-            out[key] = (art.ext, art.data)
+    for key in metadata_keys(root):
+        art = store.read(key)
+        assert isinstance(art, Artifact), (key, art)
+        out[key] = (art.ext, art.data)
     return out
 
 

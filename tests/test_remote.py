@@ -509,4 +509,6 @@ def test_build_errors_do_not_leave_a_lock(server, tmp_path) -> None:
 def test_tier_counts_errors_under_the_given_root(tmp_path) -> None:
     tier = RedisTier(f"redis://127.0.0.1:{free_port()}/0", stats_root=str(tmp_path))
     tier.get(key_of(1900), "cubin")
-    assert stats.root_stats(str(tmp_path))["remote_errors"] == 1
+    stats.enable_log(str(tmp_path))
+    stats.flush()
+    assert stats.read_logs(str(tmp_path))[0]["remote_errors"] == 1

@@ -253,7 +253,7 @@ def test_verify_reads_every_artifact_without_touching_stamps(tmp_path):
     stamp = (root / f"{good.key}.json").stat().st_mtime
     quick = scan(root, last_used=True)
     assert len(quick.entries) == 2 and not quick.issues  # sizes match: only digests tell
-    checked = verify(root, quick)
+    checked = verify(Store(root), quick)
     assert [e.key for e in checked.entries] == [good.key]
     assert [(i.kind, i.key, i.detail) for i in checked.issues] == [
         ("corrupt", bad.key, "artifact digest mismatch")
@@ -267,9 +267,9 @@ def test_verify_reports_untrusted_entries(tmp_path):
     root = tmp_path / "cache"
     art = put(root, "foreign-owner", size=10)
     os.chown(art.path, 65534, 65534)
-    checked = verify(root, scan(root))
+    checked = verify(Store(root), scan(root))
     assert [(i.kind, i.key) for i in checked.issues] == [("untrusted", art.key)]
-    assert verify(root, scan(root), trust="any").issues == ()
+    assert verify(Store(root, trust="any"), scan(root)).issues == ()
 
 
 def test_scan_concurrent_with_writers_reports_no_false_problems(tmp_path):
@@ -353,6 +353,8 @@ def test_future_dated_housekeeping_files_are_reported_once_old(tmp_path):
 
 
 def test_the_bridges_handoff_directory_is_not_foreign(tmp_path):
+    import bridge.handoff  # noqa: F401  (registers the directory, as the bridge does at import)
+
     root = tmp_path / "cache"
     put(root, "k", size=10)
     (root / ".handoff").mkdir()

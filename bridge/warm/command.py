@@ -83,6 +83,8 @@ def warm(
     cache: CacheArg = None,
     jobs: int | None = None,
     allow_changed: bool = False,
+    devices: Sequence[str] = (),
+    all_configs: bool = False,
     progress: Callable[[int], None] | None = None,
     on_planned: Callable[[int], None] | None = None,
 ) -> WarmReport:
@@ -97,6 +99,10 @@ def warm(
             does a process with other threads running, see :func:`can_fork`).
         allow_changed: compile the current source of kernels whose source or autotune configs
             changed since recording (reported under ``changed``) instead of failing them.
+        devices: device kinds (``NVIDIA H200``) whose autotune decisions count: of an autotuned
+            call with a decision for one of them (or one pinned for every device), only the
+            chosen variant is compiled.
+        all_configs: compile every variant of autotuned calls, decided or not.
         progress: called with the number of kernels finished, as they finish.
         on_planned: called once with the number of kernels to compile, before compiling.
 
@@ -112,7 +118,7 @@ def warm(
     tgts = _parse_targets(targets)
     loaded = load_manifest(manifest)
     cache = as_cache(cache)
-    plan = make_plan(loaded, tgts, cache, allow_changed)
+    plan = make_plan(loaded, tgts, cache, allow_changed, devices=devices, all_configs=all_configs)
     if plan.jobs:
         _check_writable(str(cache.root))
     workers = min(jobs or default_workers(), len(plan.jobs)) if plan.jobs else 0
@@ -166,6 +172,8 @@ def run(
     json: bool = False,
     jobs: int | None = None,
     allow_changed: bool = False,
+    devices: Sequence[str] = (),
+    all_configs: bool = False,
 ) -> int:
     """``kernelcache warm``: warm, print the summary (or the JSON document), return the exit
     code: 0 all warmed, 1 something failed (listed with its reason).
@@ -199,6 +207,8 @@ def run(
                 cache=root,
                 jobs=jobs,
                 allow_changed=allow_changed,
+                devices=devices,
+                all_configs=all_configs,
                 progress=bar,
                 on_planned=bar.set_total,
             )

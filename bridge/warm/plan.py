@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .. import decisions
 from ..backends import check_options
 from ..binding import expand_variants
 from ..errors import BridgeError, KernelArgumentError
@@ -167,10 +168,36 @@ class WarmPlan:
     changed: tuple[WarmProblem, ...]
 
 
+def decided(
+    call: RecordedCall,
+    parts: KernelParts,
+    target: Target,
+    specs: Sequence[Specialization],
+    cache: Cache,
+    devices: Sequence[str],
+) -> Sequence[Specialization]:
+    """The variants of ``call`` worth compiling for ``target``: the chosen one where the cache
+    holds an autotune decision for one of ``devices`` (or one pinned for every device), else
+    all of them."""
+    if len(specs) < 2:
+        return specs
+    named, _, _ = call.revived(target, [0])
+    keys = decisions.keys_of(parts, named, specs, devices)
+    found = decisions.find(cache, keys, [s.key for s in specs])
+    return specs if found is None else [specs[found.chosen]]
+
+
 def make_plan(
-    loaded: Manifest, targets: Sequence[Target], cache: Cache, allow_changed: bool
+    loaded: Manifest,
+    targets: Sequence[Target],
+    cache: Cache,
+    allow_changed: bool,
+    *,
+    devices: Sequence[str] = (),
+    all_configs: bool = False,
 ) -> WarmPlan:
-    """Plan warming every call of ``loaded`` for every target into ``cache``.
+    """Plan warming every call of ``loaded`` for every target into ``cache``: of an autotuned
+    call with a decision, only the chosen variant (every variant with ``all_configs``).
 
     Never raises for a call: a kernel that cannot be imported, changed since recording, or
     does not fit a target is a problem of the plan, with its reason.
@@ -233,7 +260,11 @@ def make_plan(
                         problems.append(problem)
                         break
                     changed.append(problem)
+            wanted = specs if all_configs else decided(call, parts, target, specs, cache, devices)
+            keys = {s.key for s in wanted}
             for index, spec in enumerate(specs):
+                if spec.key not in keys:
+                    continue  # an autotune decision chose another config
                 if (spec.key, str(target)) in seen:
                     continue  # another call has the same specialization
                 seen.add((spec.key, str(target)))

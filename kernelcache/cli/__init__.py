@@ -7,22 +7,25 @@ operation failed, 2 usage error (bad arguments, bad environment variable, missin
 package).
 
 The command imports neither jax nor triton, so it runs on an operator's machine that has neither.
-Other packages add subcommands through the entry-point group ``kernelcache.commands``: each
-entry point names a ``register(subparsers)`` function, which adds its parsers with
-:func:`add_command` and sets ``func(args, out) -> exit code`` on them (the bridge adds ``warm``
-this way).
+
+One protocol for every command: a module exports ``register(subparsers)``, which adds its
+parsers with :func:`add_command` and sets ``func(args, out) -> exit code`` on them. ``args``
+carries the command's :class:`~.common.Context` (the root and the settings, resolved once;
+:func:`root_of`), ``out`` is the :class:`Output`. The built-in modules are listed in
+:mod:`.app`; other packages add theirs through the entry-point group ``kernelcache.commands``
+(the bridge adds ``warm`` this way).
 
 Modules: :mod:`.app` (the parser, ``main`` and the plugin loader), :mod:`.output` (exit codes,
-errors, the JSON envelope and human formatting), :mod:`.common` (size and age arguments, the
-root), and one module per group of commands: :mod:`.stats`, :mod:`.entries` (``ls``, ``show``),
-:mod:`.maintenance` (``verify``, ``prune``, ``doctor``) and :mod:`.bundles` (``export``,
-``import``).
+errors, the JSON envelope and human formatting), :mod:`.common` (global options, argument types,
+the context), and one module per group of commands: :mod:`.report` (``stats``),
+:mod:`.entries` (``ls``, ``show``), :mod:`.maintenance` (``verify``, ``prune``),
+:mod:`.bundles` (``export``, ``import``) and :mod:`.diagnosis` (``doctor``).
 """
 
 from __future__ import annotations
 
-from .app import add_command, main, run
-from .common import parse_age, parse_size, root_of
+from .app import main, run
+from .common import add_command, parse_age, parse_size, root_of
 from .output import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, SCHEMA, CommandFailed, Output, UsageError
 
 __all__ = [

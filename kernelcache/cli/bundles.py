@@ -6,9 +6,8 @@ import argparse
 import os
 from dataclasses import replace
 
-from ..config import settings
 from ..errors import CacheError
-from .common import check_writable, existing_root, root_of, writer
+from .common import Context, Subparsers, add_command, add_filters, level_arg, size_arg
 from .output import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -20,14 +19,42 @@ from .output import (
 )
 
 
+def register(subparsers: Subparsers) -> None:
+    p = add_command(subparsers, "export", "write entries to a bundle (tar, or tar+zstd)")
+    p.add_argument("file", metavar="FILE")
+    add_filters(p)
+    p.add_argument(
+        "--compression",
+        choices=("auto", "none", "zstd"),
+        default="auto",
+        help="auto: zstd when FILE ends in .zst/.zstd/.tzst",
+    )
+    p.add_argument("--level", type=level_arg, default=3, help="zstd level, 1 to 22 (default 3)")
+    p.add_argument("--force", action="store_true", help="overwrite FILE")
+    p.set_defaults(func=cmd_export)
+
+    p = add_command(subparsers, "import", "verify a bundle completely, then add its entries")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument(
+        "--max-member-size",
+        type=size_arg,
+        default=256 << 20,
+        metavar="SIZE",
+        help="refuse artifacts larger than SIZE (default 256M)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="verify only; write nothing")
+    p.set_defaults(func=cmd_import)
+
+
 def cmd_export(args: argparse.Namespace, out: Output) -> int:
     from ..bundle import export_bundle
     from ..errors import BundleError
     from ..prune import select
     from ..scan import scan
 
-    root = existing_root(args)
-    cfg = settings()
+    context: Context = args.context
+    root = context.existing_root()
+    cfg = context.settings
     scanned = scan(root)
     entries = select(scanned.entries, args.kernel or (), args.target or ())
     entries.sort(key=lambda e: e.key)
@@ -81,11 +108,12 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
     from ..bundle import import_bundle
     from ..errors import BundleError
 
-    root = root_of(args)
-    cfg = settings()
+    context: Context = args.context
+    root = context.root
+    cfg = context.settings
     if not args.dry_run:
-        check_writable(root)
-    store = writer(root, lock_timeout=cfg.lock_timeout)
+        context.require_writable()
+    store = context.store(lock_timeout=None)
     try:
         with out.progress("importing", None) as tick:
             result = import_bundle(

@@ -1,16 +1,24 @@
-"""What several ``kernelcache`` commands share besides their output: size and age arguments,
-the root a command works on, and a writable store for it.
+"""What every ``kernelcache`` command shares besides its output: the global options, how a
+command is added (:func:`add_command`), argument types (sizes, ages, counts), and the
+:class:`Context` it works in: the root and the settings, each resolved once per command.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from functools import cached_property
+from typing import TypeAlias
 
 from .. import units
-from ..config import settings
+from ..config import Settings, settings
+from ..errors import ConfigError
+from ..layout import resolve_root, writable
 from ..store import Store
 from .output import CommandFailed, UsageError
+
+#: what ``register(subparsers)`` is given
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def parse_size(text: str) -> int:
@@ -83,50 +91,124 @@ def level_arg(text: str) -> int:
     return value
 
 
+def common_options() -> argparse.ArgumentParser:
+    """--root, --json and -v, accepted before and after the command name."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--root",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="cache root (default: $KERNELCACHE_DIR, else the user cache directory)",
+    )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print one JSON document (fields documented in the README)",
+    )
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="log more; -vv for debug messages and tracebacks",
+    )
+    return common
+
+
+def add_command(subparsers: Subparsers, name: str, help_: str) -> argparse.ArgumentParser:
+    """Add a subcommand that takes the global options (--root, --json, -v) too.
+
+    The caller adds its arguments and sets ``func(args, out) -> exit code`` with
+    ``set_defaults``; ``args.json``, ``args.verbose`` and ``args.context`` (the
+    :class:`Context`; the root is also :func:`root_of`) are always present.
+    """
+    return subparsers.add_parser(name, parents=[common_options()], help=help_, description=help_)
+
+
+def add_filters(p: argparse.ArgumentParser, note: str = "") -> None:
+    """--kernel and --target, the entry filters of ``ls``, ``prune`` and ``export``."""
+    p.add_argument(
+        "--kernel",
+        action="append",
+        metavar="NAME",
+        help=f"only entries of this kernel name (repeatable){note}",
+    )
+    p.add_argument(
+        "--target",
+        action="append",
+        metavar="T",
+        help=f"only entries of this target, e.g. cuda:90 (repeatable){note}",
+    )
+
+
+class Context:
+    """What a command works on, each resolved once, when the command first asks: the root and
+    the settings. ``main`` makes one per command (``args.context``)."""
+
+    def __init__(self, given_root: str | None) -> None:
+        self.given_root = given_root
+
+    @cached_property
+    def root(self) -> str:
+        """The absolute cache root: ``--root``, else ``$KERNELCACHE_DIR``, else the user cache
+        directory.
+
+        Raises:
+            ConfigError: no ``--root`` and ``$KERNELCACHE_DIR`` cannot be used.
+            UsageError: ``--root`` names the home of a user that does not exist.
+        """
+        try:
+            return os.path.abspath(resolve_root(self.given_root))
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+
+    @cached_property
+    def settings(self) -> Settings:
+        """Every setting, parsed from the environment once.
+
+        Raises:
+            ConfigError: a variable is set to a value that cannot be used.
+        """
+        return settings()
+
+    def existing_root(self) -> str:
+        """:attr:`root`, for a command that reads a root (or removes from it): the root must be
+        an existing directory. A mistyped ``--root`` is an error, never an empty cache, and
+        nothing is created.
+
+        Raises:
+            UsageError: the root does not exist or is not a directory (the message names it).
+        """
+        root = self.root
+        if not os.path.isdir(root):
+            what = "is not a directory" if os.path.lexists(root) else "does not exist"
+            raise UsageError(f"the cache root {root} {what} (check --root or KERNELCACHE_DIR)")
+        return root
+
+    def require_writable(self) -> None:
+        """Refuse, before changing anything, to work on a root this user cannot write."""
+        if os.path.isdir(self.root) and not writable(self.root):
+            raise CommandFailed(
+                f"{self.root} is not writable by this user (or is on a read-only filesystem); "
+                "nothing was changed"
+            )
+
+    def store(self, *, readonly: bool = False, lock_timeout: float | None = 0.0) -> Store:
+        """A store of the root as configured (lock mode, staleness, trust); per-key locks are
+        tried once unless told otherwise (None: the configured lock timeout)."""
+        return Store.from_settings(
+            self.root, self.settings, readonly=readonly, lock_timeout=lock_timeout
+        )
+
+
 def root_of(args: argparse.Namespace) -> str:
-    """The absolute cache root a command works on: ``--root``, else the default root.
+    """The absolute cache root a command works on (:attr:`Context.root`, resolved once).
 
     Raises:
         ConfigError: no ``--root`` and ``$KERNELCACHE_DIR`` cannot be used.
     """
-    if args.root:
-        return os.path.abspath(os.path.expanduser(args.root))
-    from ..cache import default_root
-
-    return os.path.abspath(default_root())
-
-
-def existing_root(args: argparse.Namespace) -> str:
-    """:func:`root_of`, for a command that reads a root (or removes from it): the root must be
-    an existing directory. A mistyped ``--root`` is an error, never an empty cache, and
-    nothing is created.
-
-    Raises:
-        UsageError: the root does not exist or is not a directory (the message names it).
-    """
-    root = root_of(args)
-    if not os.path.isdir(root):
-        what = "is not a directory" if os.path.lexists(root) else "does not exist"
-        raise UsageError(f"the cache root {root} {what} (check --root or KERNELCACHE_DIR)")
-    return root
-
-
-def lock_settings() -> tuple[str, float]:
-    """The configured lock mode and soft-lock staleness (seconds)."""
-    cfg = settings()
-    return cfg.lock_mode, cfg.lock_stale
-
-
-def writer(root: str, lock_timeout: float = 0.0) -> Store:
-    """A writable store for this root, as configured (lock mode, staleness, trust); per-key
-    locks are tried once unless told otherwise."""
-    return Store.from_settings(root, lock_timeout=lock_timeout)
-
-
-def check_writable(root: str) -> None:
-    """Refuse, before changing anything, to work on a root this user cannot write."""
-    if os.path.isdir(root) and not os.access(root, os.W_OK):
-        raise CommandFailed(
-            f"{root} is not writable by this user (or is on a read-only filesystem); "
-            "nothing was changed"
-        )
+    context: Context = args.context
+    return context.root

@@ -16,8 +16,8 @@ from typing import Any
 from ..jsonio import load_json
 from ..keys import KEY_PATTERN, META_EXT
 from ..schema import FIELDS, displayable
-from ..store import Artifact, Store
-from .common import existing_root
+from ..store import Artifact
+from .common import Context, Subparsers, add_command, add_filters, count_arg
 from .output import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -41,11 +41,30 @@ SORTS: dict[str, tuple[Callable[[Any], Any], bool]] = {
 }
 
 
+def register(subparsers: Subparsers) -> None:
+    p = add_command(subparsers, "ls", "list entries and their metadata")
+    add_filters(p)
+    p.add_argument(
+        "--sort",
+        choices=tuple(SORTS),
+        default="name",
+        help="name (kernel, target, key); size (largest first); age (oldest first); last-used (least recent first)",
+    )
+    p.add_argument("--reverse", action="store_true", help="reverse the order")
+    p.add_argument("--limit", type=count_arg, metavar="N", help="show at most N entries")
+    p.set_defaults(func=cmd_ls)
+
+    p = add_command(subparsers, "show", "one entry: metadata, path, verified status")
+    p.add_argument("key", metavar="KEY", help="a key or a unique prefix of at least 6 hex digits")
+    p.set_defaults(func=cmd_show)
+
+
 def cmd_ls(args: argparse.Namespace, out: Output) -> int:
     from ..prune import select
     from ..scan import scan
 
-    root = existing_root(args)
+    context: Context = args.context
+    root = context.existing_root()
     scanned = scan(root, last_used=True)
     entries = select(scanned.entries, args.kernel or (), args.target or ())
     sort_key, descending = SORTS[args.sort]
@@ -153,9 +172,10 @@ def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
 
 def cmd_show(args: argparse.Namespace, out: Output) -> int:
     _key_text(args.key)  # a malformed key is refused before the root is looked at
-    root = existing_root(args)
+    context: Context = args.context
+    root = context.existing_root()
     key = _resolve_key(root, args.key)
-    result = Store.from_settings(root, readonly=True).read(key)
+    result = context.store(readonly=True, lock_timeout=None).read(key)
     if result is None:
         raise CommandFailed(f"no entry {key} under {root}")
     meta = dict(result.meta) if isinstance(result, Artifact) else _raw_metadata(root, key)

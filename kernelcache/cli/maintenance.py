@@ -1,5 +1,5 @@
-"""``kernelcache verify``, ``prune`` and ``doctor``: check a root, remove what should go (plan
-first, then execute), and diagnose the root and its environment.
+"""``kernelcache verify`` and ``prune``: check a root, and remove what should go (plan first,
+then execute).
 """
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ..config import settings
-from .common import check_writable, existing_root, lock_settings, root_of, writer
+from .common import Context, Subparsers, add_command, add_filters, age_arg, size_arg
 from .output import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -22,6 +21,53 @@ from .output import (
 
 if TYPE_CHECKING:
     from ..prune import Result
+
+
+def register(subparsers: Subparsers) -> None:
+    p = add_command(
+        subparsers,
+        "verify",
+        "check every entry's size, digest and metadata; find orphans, stale staging files and locks",
+    )
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="quarantine corrupt entries; remove orphans, stale staging files and stale locks",
+    )
+    p.set_defaults(func=cmd_verify)
+
+    p = add_command(
+        subparsers,
+        "prune",
+        "plan, then remove entries by size cap (least recently used first) or age; clean up",
+    )
+    p.add_argument(
+        "--max-size",
+        type=size_arg,
+        metavar="SIZE",
+        help="keep at most SIZE bytes of (matching) entries, e.g. 10G",
+    )
+    p.add_argument(
+        "--older-than",
+        type=age_arg,
+        metavar="AGE",
+        help="remove (matching) entries not used for AGE, e.g. 30d",
+    )
+    add_filters(
+        p,
+        "; without --max-size or --older-than, every matching entry is deleted (a summary is "
+        "printed first)",
+    )
+    p.add_argument(
+        "--quarantine-age",
+        type=age_arg,
+        default=7 * 86400.0,
+        metavar="AGE",
+        help="remove quarantined files older than AGE (default 7d)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    p.add_argument("--list", action="store_true", help="list every planned action")
+    p.set_defaults(func=cmd_prune)
 
 
 def _outcomes_human(result: Result, verb: str) -> list[str]:
@@ -39,7 +85,7 @@ def _outcomes_human(result: Result, verb: str) -> list[str]:
             lines.append(f"  {counts[status]:,} {what}")
     for o in result.with_status("failed"):
         lines.append(f"  failed: {printable(o.action.path)}: {printable(o.detail)}")
-    if result.plan.fold_logs or result.fold_error:
+    if result.plan.logs_to_fold or result.fold_error:
         lines.append(f"  statistics logs folded: {result.folded_logs}")
         if result.fold_error:
             lines.append(f"  could not fold statistics logs: {result.fold_error}")
@@ -60,11 +106,12 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     from ..prune import execute, plan_repair
     from ..scan import scan, verify
 
-    root = existing_root(args)
-    _, stale = lock_settings()
-    base = scan(root, last_used=True, locks=True, lock_stale=stale)
+    context: Context = args.context
+    root = context.existing_root()
+    store = context.store()
+    base = scan(root, last_used=True, locks=True, lock_stale=store.locker.stale_after)
     with out.progress("verifying", len(base.entries)) as tick:
-        checked = verify(root, base, progress=tick, trust=settings().trust)
+        checked = verify(store, base, progress=tick)
     issues = checked.issues
     counts: dict[str, int] = {}
     for issue in issues:
@@ -72,10 +119,10 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     result = None
     remaining = len(issues)
     if args.repair and issues:
-        check_writable(root)
+        context.require_writable()
         plan = plan_repair(checked)
         with out.progress("repairing", len(plan.actions)) as tick:
-            result = execute(writer(root), plan, progress=tick)
+            result = execute(store, plan, progress=tick)
         remaining = len(plan.left) + sum(
             1 for o in result.outcomes if o.status in ("in-use", "failed")
         )
@@ -127,9 +174,10 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
     from ..prune import execute, plan_prune
     from ..scan import scan
 
-    root = existing_root(args)
-    _, stale = lock_settings()
-    scanned = scan(root, last_used=True, locks=True, lock_stale=stale)
+    context: Context = args.context
+    root = context.existing_root()
+    store = context.store()
+    scanned = scan(root, last_used=True, locks=True, lock_stale=store.locker.stale_after)
     plan = plan_prune(
         scanned,
         max_size=args.max_size,
@@ -139,8 +187,8 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
         quarantine_age=args.quarantine_age,
     )
     result = None
-    if not args.dry_run and (plan.actions or plan.fold_logs):
-        check_writable(root)
+    if not args.dry_run and (plan.actions or plan.logs_to_fold):
+        context.require_writable()
         doomed = plan.summary.get("delete-entry")
         if doomed and args.max_size is None and args.older_than is None:
             # a filter and no limit: every match goes; say so before doing it
@@ -156,7 +204,7 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
             )
             sys.stderr.flush()
         with out.progress("pruning", len(plan.actions)) as tick:
-            result = execute(writer(root), plan, progress=tick)
+            result = execute(store, plan, progress=tick)
     criteria = {
         "max_size": args.max_size,
         "older_than": args.older_than,
@@ -169,7 +217,7 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
         "dry_run": args.dry_run,
         "criteria": criteria,
         "plan": {
-            "actions": [  # (Action.to_json, inlined: plans can hold 100,000 actions)
+            "actions": [  # (Action.to_json, inlined: a plan may hold an action per entry)
                 {"action": kind, "path": path, "key": key, "size": size, "reason": reason}
                 for kind, path, size, reason, key, _ in plan.actions
             ],
@@ -177,7 +225,7 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
             "bytes_to_free": plan.bytes_to_free,
             "kept_entries": plan.kept_entries,
             "kept_bytes": plan.kept_bytes,
-            "fold_logs": len(plan.fold_logs),
+            "fold_logs": len(plan.logs_to_fold),
         },
         "left": [i.to_json() for i in plan.left],
         "result": _result_json(result) if result is not None else None,
@@ -187,9 +235,9 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
         lines = [f"Plan for {root}:"]
         for kind, v in plan.summary.items():
             lines.append("  " + _ACTION_WORDS[kind].format(n=v["count"], b=human_size(v["bytes"])))
-        if plan.fold_logs:
-            lines.append(f"  fold {len(plan.fold_logs):,} statistics logs of finished processes")
-        if not plan.actions and not plan.fold_logs:
+        if plan.logs_to_fold:
+            lines.append(f"  fold {len(plan.logs_to_fold):,} statistics logs of finished processes")
+        if not plan.actions and not plan.logs_to_fold:
             lines.append("  nothing to do")
         lines.append(f"Keeps {plan.kept_entries:,} entries ({human_size(plan.kept_bytes)}).")
         if args.list:
@@ -207,61 +255,3 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
     out.emit(doc, human)
     failed = result is not None and (result.counts.get("failed") or result.fold_error)
     return EXIT_PROBLEMS if failed else EXIT_OK
-
-
-def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
-    from ..doctor import diagnose
-    from ..errors import ConfigError
-
-    try:
-        root: str | None = root_of(args)
-    except ConfigError:
-        root = None  # KERNELCACHE_DIR cannot be used: reported with every other setting
-    report = diagnose(root)
-    doc = {
-        **envelope("doctor", root),
-        **report.info,
-        "checks": [c.to_json() for c in report.checks],
-        "ok": report.ok,
-    }
-
-    def human() -> str:
-        info = report.info
-        fs = info.get("filesystem") or {}
-        if root is None:
-            lines = ["Cache root:   (none: KERNELCACHE_DIR cannot be used)"]
-        else:
-            lines = [f"Cache root:   {root}" + ("" if info["exists"] else " (does not exist)")]
-        if fs:
-            lines.append(f"Filesystem:   {fs['type']} ({fs['source']} on {fs['mount_point']})")
-        if info.get("free_bytes") is not None:
-            lines.append(
-                f"Free space:   {human_size(info['free_bytes'])} of {human_size(info['total_bytes'])}"
-                + (
-                    f", {info['free_inodes']:,} inodes"
-                    if info.get("free_inodes") is not None
-                    else ""
-                )
-            )
-        perm = info.get("permissions")
-        if perm:
-            lines.append(
-                f"Permissions:  {perm['mode']} {perm['owner']}:{perm['group']}"
-                f"{' setgid' if perm['setgid'] else ''}"
-                f"{'' if perm['writable'] else ' (not writable)'}; umask {info['umask']}"
-            )
-        if info.get("lock_mode"):
-            lines.append(
-                f"Locks:        {info['lock_mode']} "
-                f"(configured: {info.get('lock_mode_configured') or '?'})"
-            )
-        lines.append(f"kernelcache:  {info['kernelcache']} on Python {info['python']}")
-        for name, version in info["versions"].items():
-            lines.append(f"  {name + ':':13} {version or '-'}")
-        lines.append("Checks:")
-        for c in report.checks:
-            lines.append(printable(f"  [{c.status:4}] {c.name}: {c.detail}"))
-        return "\n".join(lines)
-
-    out.emit(doc, human)
-    return EXIT_OK if report.ok else EXIT_PROBLEMS

@@ -1,5 +1,5 @@
-"""``kernelcache stats``: entries and bytes by extension, target and kernel, the counters of every
-process, as a table, JSON or Prometheus text.
+"""``kernelcache stats``: a report of a root: entries and bytes by extension, target and kernel,
+and the counters of every process, as a table, JSON or Prometheus text.
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import os
 import sys
 from typing import Any
 
-from ..stats import COUNTERS, read_logs
-from .common import existing_root
+from ..layout import replace_file
+from ..stats import COUNTERS, read_logs, read_summary
+from .common import Context, Subparsers, add_command, count_arg
 from .output import (
     EXIT_OK,
     CommandFailed,
@@ -25,7 +26,6 @@ from .output import (
 
 def stats_document(root: str) -> dict[str, Any]:
     """The ``stats --json`` document of a root."""
-    from ..prune import read_summary
     from ..scan import summarize
 
     summary = summarize(root)
@@ -180,8 +180,6 @@ def prometheus_text(doc: dict[str, Any]) -> str:
 
 def _write_atomic(path: str, text: str) -> None:
     """Write a file so that readers (a textfile collector) see the old or new text, whole."""
-    from ..fsio import replace_file
-
     directory, name = os.path.split(os.path.abspath(path))
     try:
         dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -193,8 +191,37 @@ def _write_atomic(path: str, text: str) -> None:
         raise CommandFailed(f"cannot write {path}: {e.strerror}") from e
 
 
+def register(subparsers: Subparsers) -> None:
+    p = add_command(
+        subparsers,
+        "stats",
+        "entries and bytes by extension, target and kernel; hit rate and counters",
+    )
+    p.add_argument(
+        "--format",
+        choices=("table", "json", "prometheus"),
+        default="table",
+        help="output format (--json means json)",
+    )
+    p.add_argument(
+        "--top",
+        type=count_arg,
+        default=10,
+        metavar="N",
+        help="rows per breakdown in the table (0: all)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write to FILE atomically (e.g. a node exporter textfile)",
+    )
+    p.set_defaults(func=cmd_stats)
+
+
 def cmd_stats(args: argparse.Namespace, out: Output) -> int:
-    root = existing_root(args)
+    context: Context = args.context
+    root = context.existing_root()
     doc = stats_document(root)
     fmt = "json" if out.json else args.format
     if fmt == "prometheus":

@@ -1,0 +1,249 @@
+"""The layout of a cache root, and the one way each of its parts is named, found and opened.
+
+::
+
+    <root>/<key>.<ext>     an artifact, exactly what a loader consumes
+    <root>/<key>.json      its metadata, written last: the entry's commit marker
+    <root>/.tmp/           staging, published into the root with os.replace
+    <root>/.locks/         per-key lock files (see locks.py)
+    <root>/.quarantine/    corrupt entries moved aside, with the reason
+    <root>/.stats/         per-process statistics logs, their summary, the scan index
+
+Other packages register the directories they keep in a root (:func:`register_directory`), so
+that a scan knows them from foreign files.
+
+Invariants: nothing under a root is opened through a symlink: entry files and the
+housekeeping directories are opened with ``O_NOFOLLOW``, and the files in those directories
+relative to their descriptors. What is written is a new file (:func:`create_exclusive`), put
+in place with ``os.replace``; only lock files and the append-only statistics logs are opened
+again. A directory gets mode 0o777 and a file 0o666, minus the umask, so that a group-shared
+root (umask 002, a set-group-ID directory) stays writable for its group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import threading
+import uuid
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .config import Settings, parse_variable, variable
+from .errors import Problem
+from .fsio import READ_FLAGS
+from .schema import MAX_META_BYTES, parse_metadata
+
+if TYPE_CHECKING:
+    from .trust import TrustPolicy
+
+TMP_DIR = ".tmp"
+LOCK_DIR = ".locks"
+QUARANTINE_DIR = ".quarantine"
+STATS_DIR = ".stats"
+
+_known_dirs = frozenset({TMP_DIR, LOCK_DIR, QUARANTINE_DIR, STATS_DIR})
+_registering = threading.Lock()
+
+#: how a file is created under a root: a new file only, never through a symlink
+CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: errors opening a metadata file after which a reader sees no entry rather than a damaged one:
+#: a path component is not a directory, or this user may not read the file
+NOT_VISIBLE = frozenset({errno.ENOTDIR, errno.EACCES, errno.EPERM})
+
+
+# -- directories --------------------------------------------------------------------------
+def register_directory(name: str) -> None:
+    """Declare ``name`` a directory that may sit in a root beside the entries.
+
+    Raises:
+        ValueError: ``name`` is not a hidden name of one path component (``.name``), which
+            can never be taken for an entry file.
+    """
+    if not name.startswith(".") or name in (".", "..") or "/" in name or "\0" in name:
+        raise ValueError(f"a root's directory is named '.name', not {name!r}")
+    global _known_dirs
+    with _registering:
+        _known_dirs = _known_dirs | {name}
+
+
+def known_directories() -> frozenset[str]:
+    """Every directory a root may hold besides its entries: kernelcache's and those other
+    packages registered in this process."""
+    return _known_dirs
+
+
+def open_subdir(root: str, name: str, *, create: bool) -> int:
+    """Open ``<root>/<name>`` as a directory without following a symlink at ``name``.
+
+    Creates it (mode 0o777 minus the umask) when ``create`` is true and it is missing.
+
+    Raises:
+        OSError: from the system (ENOENT, EACCES, EROFS, ELOOP/ENOTDIR for a planted symlink).
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    path = os.path.join(root, name)
+    try:
+        return os.open(path, flags)
+    except FileNotFoundError:
+        if not create:
+            raise
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o777)
+    return os.open(path, flags)
+
+
+# -- files --------------------------------------------------------------------------------
+def create_exclusive(name: str, dir_fd: int) -> int:
+    """A new file ``name`` in the directory ``dir_fd``, opened for writing (mode 0o666 minus
+    the umask): an existing file or a symlink planted there is an error, never opened.
+
+    Raises:
+        OSError: FileExistsError, ELOOP, or whatever else the system says.
+    """
+    return os.open(name, CREATE_FLAGS, 0o666, dir_fd=dir_fd)
+
+
+def write_new(
+    dfd: int, name: str, data: bytes, prepare: Callable[[int], object] | None = None
+) -> None:
+    """Write ``data`` to a new file ``name`` in the directory ``dfd`` (:func:`create_exclusive`),
+    calling ``prepare`` with its descriptor first; nothing is left behind on failure.
+
+    Raises:
+        OSError: it could not be written.
+    """
+    fd = create_exclusive(name, dfd)
+    try:
+        try:
+            if prepare is not None:
+                prepare(fd)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dfd)
+        raise
+
+
+def replace_file(dfd: int, name: str, data: bytes) -> None:
+    """Write ``data`` to ``name`` in the directory ``dfd`` atomically: readers see the old file
+    or the new one, whole. Staged under a hidden unique name (never followed if planted as a
+    link), then ``os.replace``d; nothing is left behind on failure.
+
+    Raises:
+        OSError: it could not be written (the old file, if any, is intact).
+    """
+    tmp = f".{name}.{os.getpid()}-{uuid.uuid4().hex}.tmp"
+    write_new(dfd, tmp, data)
+    try:
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+        raise
+
+
+def read_metadata(
+    path: str,
+    key: str,
+    *,
+    dir_fd: int | None = None,
+    trust: TrustPolicy | None = None,
+    not_visible: Collection[int] = (),
+) -> tuple[dict[str, Any], os.stat_result] | Problem | None:
+    """Read and check the metadata file ``path`` of ``key`` (relative to ``dir_fd`` if given).
+
+    Returns the document (checked against the schema and its entry digest) and the file's
+    status; None if there is no such file (or its open failed with an errno in
+    ``not_visible``); else the Problem: a symlink, not a regular file, refused by ``trust``,
+    too large, unreadable or not a valid document.
+    """
+    try:
+        fd = os.open(path, READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EMLINK):
+            return Problem(key, "metadata is a symlink")
+        if e.errno in not_visible:
+            return None
+        return Problem(key, f"metadata unreadable: {e.strerror}", corrupt=False)
+    try:
+        st = os.fstat(fd)
+        refused = unservable(key, st, "metadata", trust)
+        if refused is not None:
+            return refused
+        if st.st_size > MAX_META_BYTES:
+            return Problem(key, "metadata is too large")
+        raw = os.read(fd, st.st_size + 1)
+    except OSError as e:
+        return Problem(key, f"metadata unreadable: {e.strerror}")
+    finally:
+        os.close(fd)
+    doc = parse_metadata(raw, key)
+    if isinstance(doc, Problem):
+        return doc
+    return doc, st
+
+
+def unservable(
+    key: str, st: os.stat_result, what: str, trust: TrustPolicy | None
+) -> Problem | None:
+    """Why the file ``what`` (``"metadata"``, ``"artifact"``) of ``key``, of status ``st``,
+    may not be served: not a regular file, or refused by ``trust`` (None: no policy); None if
+    it may."""
+    if not stat.S_ISREG(st.st_mode):
+        return Problem(key, f"{what} is not a regular file")
+    if trust is not None and not trust.may_serve(st):
+        refusal = trust.refusal(st, what)
+        if refusal is not None:
+            return Problem(key, refusal, corrupt=False, untrusted=True)
+    return None
+
+
+# -- the root -----------------------------------------------------------------------------
+def default_root(cfg: Settings | None = None) -> Path:
+    """``$KERNELCACHE_DIR`` (from ``cfg`` when given), else platformdirs' user cache directory
+    for "kernelcache".
+
+    Raises:
+        ConfigError: ``$KERNELCACHE_DIR`` cannot be used (no other variable is read).
+    """
+    configured = cfg.root if cfg is not None else parse_variable(variable("KERNELCACHE_DIR"))
+    if configured is not None:
+        return Path(configured)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("kernelcache", appauthor=False))
+
+
+def resolve_root(root: str | os.PathLike[str] | None, cfg: Settings | None = None) -> str:
+    """The cache root to work on: ``root`` with a leading ``~`` expanded, else
+    :func:`default_root`.
+
+    Raises:
+        ValueError: ``root`` starts with ``~user`` of no such user (or there is no home).
+        ConfigError: ``root`` is None and ``$KERNELCACHE_DIR`` cannot be used.
+    """
+    if root is None:
+        return os.fspath(default_root(cfg))
+    try:
+        return os.fspath(Path(root).expanduser())
+    except RuntimeError:  # "~user/..." for a user that does not exist, or no home
+        raise ValueError(
+            f"cache root {os.fspath(root)!r}: cannot expand "
+            f"{os.fspath(root).split('/')[0]!r}: no such home directory"
+        ) from None
+
+
+def writable(root: str) -> bool:
+    """Whether this process may create files in the directory ``root`` (its permissions, and
+    a read-only mount)."""
+    return os.access(root, os.W_OK)

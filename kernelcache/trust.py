@@ -1,0 +1,165 @@
+"""The trust policy of a root: whose files a store serves, and the write bits its own files keep.
+
+An artifact is code that will run on the GPU. Under ``owner`` and ``group`` a file of an entry
+is served only if it is owned by a trusted user, writable by no one outside the trusted set (no
+write bit for others; a group write bit only under ``group`` and for the root directory's
+group) and has exactly one link. What this process writes keeps only the write bits its own
+policy accepts, so it always passes its own checks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+
+from .process import warn_once
+
+logger = logging.getLogger(__name__)
+
+#: policy -> whose entries are served
+TRUST_POLICIES = {
+    "group": "this user, root, the root directory's owner, and members of its group",
+    "owner": "this user, root and the root directory's owner",
+    "any": "every user (a private or fully trusted cache)",
+}
+SHARED_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def check_policy(policy: str) -> str:
+    """Return ``policy`` if it is one of :data:`TRUST_POLICIES`.
+
+    Raises:
+        ValueError: it is not (the message lists them).
+    """
+    if policy not in TRUST_POLICIES:
+        raise ValueError(f"trust policy {policy!r} is not one of {', '.join(TRUST_POLICIES)}")
+    return policy
+
+
+def in_group(uid: int, gid: int) -> bool:
+    """Whether the user ``uid`` belongs to group ``gid`` (primary or supplementary)."""
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    if user.pw_gid == gid:
+        return True
+    try:
+        return user.pw_name in grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+
+
+class TrustPolicy:
+    """The policy ``policy`` applied to the files of ``root``; verdicts on users are
+    remembered, and each refusal is warned about once per root."""
+
+    def __init__(self, root: str, policy: str) -> None:
+        self.root = root
+        self.policy = check_policy(policy)
+        self._trusted_uids: set[int] = set()
+        self._untrusted_uids: set[int] = set()
+        self._root_owner: tuple[int, int] | None = None
+
+    def _root_ids(self) -> tuple[int, int] | None:
+        """(owner, group) of the root directory, read once; None while it cannot be read."""
+        if self._root_owner is None:
+            try:
+                st = os.stat(self.root)
+            except OSError:
+                return None
+            self._root_owner = (st.st_uid, st.st_gid)
+        return self._root_owner
+
+    def _trusts(self, uid: int) -> bool:
+        """Whether files owned by ``uid`` may be served; remembered."""
+        if uid in self._untrusted_uids:
+            return False
+        trusted = self.policy == "any" or uid in (0, os.geteuid())
+        if not trusted:
+            ids = self._root_ids()
+            if ids is not None:
+                trusted = uid == ids[0] or (self.policy == "group" and in_group(uid, ids[1]))
+        if trusted:
+            self._trusted_uids.add(uid)
+        else:
+            self._untrusted_uids.add(uid)
+            warn_once(
+                logger,
+                (self.root, f"untrusted-{uid}"),
+                "kernelcache: refusing artifacts under %s owned by user %d: not this user, root, "
+                "the root directory's owner%s (KERNELCACHE_TRUST=%s)",
+                self.root,
+                uid,
+                " or a member of its group" if self.policy == "group" else "",
+                self.policy,
+            )
+        return trusted
+
+    def may_serve(self, st: os.stat_result) -> bool:
+        """The fast check: a trusted owner, no write bit for group or others, one link."""
+        return self.policy == "any" or (
+            st.st_uid in self._trusted_uids and not st.st_mode & SHARED_WRITE and st.st_nlink == 1
+        )
+
+    def refusal(self, st: os.stat_result, what: str) -> str | None:
+        """Why the file ``what`` (``"artifact"``, ``"metadata"``) of status ``st`` may not be
+        served; None if it may. A second link of a file could be written through, or be
+        another key's entry."""
+        if self.may_serve(st):
+            return None
+        uid = st.st_uid
+        if uid not in self._trusted_uids and not self._trusts(uid):
+            return f"{what} owned by untrusted user {uid}"
+        mode = stat.S_IMODE(st.st_mode)
+        writable = mode & SHARED_WRITE
+        topic, reason = "", None
+        if writable & stat.S_IWOTH:
+            topic, reason = "other-writable", f"{what} is writable by every user (mode {mode:o})"
+        elif writable and self.policy == "owner":
+            topic = "group-writable"
+            reason = (
+                f"{what} is writable by its group (mode {mode:o}), which the owner policy "
+                "does not trust"
+            )
+        elif writable:
+            ids = self._root_ids()
+            if ids is None or st.st_gid != ids[1]:
+                topic = "foreign-group"
+                reason = f"{what} is writable by group {st.st_gid}, not the root directory's group"
+        if reason is None and st.st_nlink != 1:
+            topic, reason = "links", f"{what} has {st.st_nlink} hard links"
+        if reason is not None:
+            warn_once(
+                logger,
+                (self.root, f"refused-{topic}"),
+                "kernelcache: refusing an entry under %s: %s (KERNELCACHE_TRUST=%s: an entry's "
+                "files must be writable only by the users it trusts, with one link each)",
+                self.root,
+                reason,
+                self.policy,
+            )
+        return reason
+
+    def limit_write_bits(self, fd: int) -> None:
+        """Drop from the new file ``fd`` the write bits this policy would refuse, whatever the
+        umask left it, so that it passes this policy's own checks."""
+        st = os.fstat(fd)
+        extra = st.st_mode & SHARED_WRITE & ~self.write_bits(st.st_gid)
+        if extra:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~extra)
+
+    def write_bits(self, gid: int) -> int:
+        """The write bits for group and others that a file of group ``gid`` written under the
+        root may keep, so that it passes this policy's own checks."""
+        if self.policy == "any":
+            return SHARED_WRITE
+        if self.policy == "group":
+            ids = self._root_ids()
+            if ids is not None and gid == ids[1]:
+                return stat.S_IWGRP
+        return 0
