@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import specialize, targets
+from . import failures, specialize, targets
 from .errors import NoConfigError
 from .failures import LeftOut
 from .kernel_fetch import KernelBinary
@@ -55,6 +55,22 @@ def launch_problem(meta: Mapping[str, Any], target: Target, device: Any = None) 
     if tmem > MAX_TMEM_COLUMNS:
         return f"needs {tmem} columns of tensor memory; there are {MAX_TMEM_COLUMNS}"
     return None
+
+
+def known_left_out(
+    specs: Sequence[Specialization], cache: Cache, device: Any = None
+) -> dict[int, str]:
+    """Why each of ``specs`` that the cache knows cannot compile (a failure entry) or launch
+    (its kernel's entry) is left out; nothing is compiled."""
+    found: dict[int, str] = {}
+    for i, spec in enumerate(specs):
+        why = failures.remembered(cache, spec.key)
+        if why is None:
+            art = cache.get(spec.key, spec.ext, counted=False)
+            why = None if art is None else launch_problem(art.meta, spec.target, device)
+        if why is not None:
+            found[i] = why
+    return found
 
 
 def _config(spec: Specialization) -> str:
