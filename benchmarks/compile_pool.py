@@ -69,7 +69,7 @@ def _one_compile(cache_root: str) -> float:
         "c_ptr": ArgArray((512, 512), jnp.bfloat16, ("out", 0)),
     }
     target = parse_target("cuda:90")
-    variant = binding.expand_variants(parts, named, {}, {})[0]
+    variant = binding.expand_variants(parts, named, {}, {}, target)[0]
     spec = specialize.specialize(parts, named, variant, target, cache)
     started = time.perf_counter()
     specialize.fetch(spec, cache)

@@ -19,39 +19,18 @@ import logging
 import math
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import ml_dtypes  # noqa: F401  (registers bfloat16 and the float8 types with numpy, as jax does)
 import numpy as np
 
 from .errors import KernelArgumentError, OptionError
 from .kernels import KernelParts
+from .placeholders import ArgArray
+from .targets import Target
 
 logger = logging.getLogger(__name__)
-
-#: JAX dtype name -> name of the ``triton.language`` dtype of a pointer to it
-TRITON_DTYPES = {
-    "bool": "int1",
-    "int8": "int8",
-    "int16": "int16",
-    "int32": "int32",
-    "int64": "int64",
-    "uint8": "uint8",
-    "uint16": "uint16",
-    "uint32": "uint32",
-    "uint64": "uint64",
-    "float16": "float16",
-    "bfloat16": "bfloat16",
-    "float32": "float32",
-    "float64": "float64",
-    "float8_e4m3fn": "float8e4nv",
-    "float8_e5m2": "float8e5",
-    "float8_e4m3fnuz": "float8e4b8",
-    "float8_e5m2fnuz": "float8e5b16",
-    "float8_e4m3b11fnuz": "float8e4b15",
-}
 
 #: Triton scalar type -> field of jaxlib's TritonKernelCall.Parameter
 SCALAR_FIELDS = {
@@ -75,68 +54,22 @@ _INT_RANGES = {
 _FP32_MAX = float(np.finfo(np.float32).max)
 
 
-class ArgArray:
-    """An abstract array standing in for a tensor while Triton binds and specializes a call.
-
-    ``slot`` identifies the buffer (``("in", i)`` for the i-th input array, ``("out", j)`` for
-    the j-th output). Heuristics and grid functions see these objects: they have ``shape``,
-    ``dtype`` (Triton's), ``ndim``, ``numel()``, ``element_size()`` and contiguous ``stride()``.
-    """
-
-    __slots__ = ("dtype", "jax_dtype", "nbytes", "shape", "slot")
-
-    def __init__(self, shape: Sequence[int], jax_dtype: Any, slot: tuple[str, int]) -> None:
-        import triton.language as tl
-
-        self.shape = tuple(int(d) for d in shape)
-        self.jax_dtype = np.dtype(jax_dtype)
-        name = TRITON_DTYPES.get(self.jax_dtype.name)
-        if name is None:
-            raise KernelArgumentError(
-                f"arrays of dtype {self.jax_dtype.name} cannot be passed to a Triton kernel; "
-                f"supported: {', '.join(TRITON_DTYPES)}"
-            )
-        self.dtype = getattr(tl, name)
-        self.nbytes = math.prod(self.shape) * self.jax_dtype.itemsize
-        self.slot = slot
-
-    def data_ptr(self) -> int:
-        return 0  # any multiple of 16: XLA's buffers are aligned at least that much
-
-    def ptr_range(self) -> int:
-        return self.nbytes
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    def element_size(self) -> int:
-        return self.jax_dtype.itemsize
-
-    def stride(self, dim: int | None = None) -> Any:
-        strides = [math.prod(self.shape[i + 1 :]) for i in range(len(self.shape))]
-        return tuple(strides) if dim is None else strides[dim]
-
-    def __repr__(self) -> str:
-        return f"ArgArray({self.jax_dtype.name}{list(self.shape)}, {self.slot[0]}{self.slot[1]})"
-
-
 @dataclass(frozen=True)
 class Variant:
     """One compiled variant of a call: an autotune config (or the only one) after heuristics.
 
     ``kwargs`` are kernel parameters set by configs and heuristics (on top of the call's own),
-    ``options`` backend options, ``zero`` parameter names to zero before every launch
-    (``reset_to_zero``), ``description`` the autotune config as Triton prints it.
+    ``options`` backend options (the call's and the config's), ``zero`` parameter names to zero
+    before every launch (``reset_to_zero``, ``zero_()`` in a pre_hook), ``description`` the
+    autotune config as Triton prints it, ``args`` arguments a config's pre_hook changed (host
+    descriptors with the block shape it set).
     """
 
     kwargs: Mapping[str, Any]
     options: Mapping[str, Any]
     description: str = ""
     zero: frozenset[str] = frozenset()
+    args: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -175,44 +108,62 @@ def _conflicts(config: Any, fixed: Mapping[str, Any]) -> list[str]:
     return [k for k, v in config.all_kwargs().items() if k in fixed and fixed[k] != v]
 
 
+def _hooks(layer: Any, config: Any) -> list[tuple[str, Any, dict[str, Any]]]:
+    """The hooks Triton's autotuner runs around a launch of ``config``, in its order."""
+    found: list[tuple[str, Any, dict[str, Any]]] = []
+    if config.pre_hook is not None:
+        found.append(("pre_hook", config.pre_hook, {}))
+    if layer.user_defined_pre_hook:
+        found.append(("pre_hook", layer.pre_hook, {}))
+    if layer.user_defined_post_hook:
+        found.append(("post_hook", layer.post_hook, {"exception": None}))
+    return found
+
+
 def expand_variants(
     parts: KernelParts,
     named: Mapping[str, Any],
     kwargs: Mapping[str, Any],
     options: Mapping[str, Any],
+    target: Target,
 ) -> list[Variant]:
-    """Apply the kernel's autotune and heuristics layers from the outside in.
+    """Apply the kernel's autotune and heuristics layers from the outside in, for ``target``.
 
     ``named`` are the call's arguments by parameter name, ``kwargs`` the kernel parameters the
     caller set by keyword, ``options`` the backend options the caller set. An autotune config
     that contradicts a value the caller set explicitly is dropped (the call pinned it); Triton's
-    own ``prune_configs_by`` functions then run on what is left.
+    own ``prune_configs_by`` functions then run on what is left. A name in a config's kwargs
+    that is an option of the target's backend is a compile option of that config, as in Triton.
+    The hooks of each config run on placeholders (see :mod:`bridge.hooks`).
 
     Raises:
-        KernelArgumentError: a hook the bridge cannot run, or no config left.
+        KernelArgumentError: a config sets a name that is neither a parameter nor an option, a
+            hook does what a compiled program cannot, or no config is left.
     """
     from triton.runtime.autotuner import Autotuner, Heuristics
 
+    from . import backends, hooks
+
     params = set(parts.arg_names)
+    valid = backends.option_names(target.vendor) - backends.DERIVED_OPTIONS
 
     def expand(
-        i: int, kw: dict[str, Any], opts: dict[str, Any], desc: list[str], zero: frozenset[str]
+        i: int,
+        kw: dict[str, Any],
+        opts: dict[str, Any],
+        desc: list[str],
+        zero: frozenset[str],
+        args: dict[str, Any],
     ) -> list[Variant]:
         if i == len(parts.layers):
-            return [Variant(kw, opts, ", ".join(desc), zero)]
+            return [Variant(kw, opts, ", ".join(desc), zero, args)]
         layer = parts.layers[i]
         if isinstance(layer, Heuristics):
             kw = dict(kw)
             for name, rule in layer.values.items():
-                kw[name] = rule({**named, **kw})
-            return expand(i + 1, kw, opts, desc, zero)
+                kw[name] = rule({**named, **args, **kw})
+            return expand(i + 1, kw, opts, desc, zero, args)
         assert isinstance(layer, Autotuner)
-        if layer.user_defined_pre_hook or layer.user_defined_post_hook:
-            raise KernelArgumentError(
-                f"{parts.qualname}: autotune pre_hook/post_hook run host code on tensors between "
-                "launches, which a compiled JAX program cannot do; use reset_to_zero, or "
-                "zeroed_outputs / input_output_aliases of triton_call"
-            )
         fixed = {**kw, **opts}
         configs = [c for c in layer.configs if not _conflicts(c, fixed)]
         if not configs:
@@ -221,7 +172,7 @@ def expand_variants(
                 f"{parts.qualname}: every autotune config contradicts the value(s) you passed for "
                 f"{', '.join(clash)}; do not pass autotuned parameters, or pass values some config has"
             )
-        nargs = {**named, **kw}
+        nargs = {**named, **args, **kw}
         if layer.early_config_prune:
             configs = list(layer.early_config_prune(configs, nargs, **kw))
             if not configs:
@@ -236,24 +187,34 @@ def expand_variants(
         zero = zero | frozenset(layer.reset_to_zero)
         out: list[Variant] = []
         for config in configs:
-            if config.pre_hook is not None:
-                raise KernelArgumentError(
-                    f"{parts.qualname}: a triton.Config pre_hook runs host code on tensors, "
-                    "which a compiled JAX program cannot do"
-                )
             values = config.all_kwargs()
-            unknown = [k for k in config.kwargs if k not in params]
+            unknown = [k for k in config.kwargs if k not in params and k not in valid]
             if unknown:
                 raise KernelArgumentError(
-                    f"{parts.qualname}: autotune config {config} sets {', '.join(unknown)}, "
-                    "which are not parameters of the kernel"
+                    f"{parts.qualname}: autotune config {config} sets {', '.join(unknown)}, which "
+                    f"are neither parameters of the kernel ({', '.join(parts.arg_names)}) nor "
+                    f"options of Triton's {target.vendor.package} backend for {target} "
+                    f"({', '.join(sorted(valid))})"
                 )
             ckw = {k: v for k, v in values.items() if k in params}
             copts = {k: v for k, v in values.items() if k not in params}
-            out += expand(i + 1, {**kw, **ckw}, {**opts, **copts}, [*desc, str(config)], zero)
+            found = _hooks(layer, config)
+            effects = (
+                hooks.run_hooks(found, {**nargs, **values}, parts.qualname, parts.is_gluon)
+                if found
+                else hooks.Effects()
+            )
+            out += expand(
+                i + 1,
+                {**kw, **ckw},
+                {**opts, **copts},
+                [*desc, str(config)],
+                zero | effects.zero,
+                {**args, **effects.descriptors},
+            )
         return out
 
-    return expand(0, dict(kwargs), dict(options), [], frozenset())
+    return expand(0, dict(kwargs), dict(options), [], frozenset(), {})
 
 
 @functools.cache
@@ -325,7 +286,7 @@ def bind(parts: KernelParts, backend: Any, named: Mapping[str, Any], variant: Va
     from triton import knobs
 
     fn = parts.fn
-    call = {**named, **variant.kwargs}
+    call = {**named, **variant.args, **variant.kwargs}
     options = dict(variant.options)
     if "ir_override" in options:
         raise OptionError("ir_override is not supported: the kernel cache keys on the source")

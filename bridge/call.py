@@ -3,7 +3,8 @@ vendor's platform.
 
 Lowering selects the target, binds every variant (autotune config) with Triton's own binder,
 computes each kernel key without compiling, takes the kernels from the cache (compiling only on
-a miss) and emits jaxlib's Triton custom call with the messages :mod:`bridge.messages` builds.
+a miss), leaves out the variants that cannot compile or launch (:mod:`bridge.variants`) and emits
+jaxlib's Triton custom call with the messages :mod:`bridge.messages` builds.
 
 Invariants: the same call, target, software and embedding give a byte-identical opaque in every
 process (no temporary paths, no absolute source paths, deterministic metadata and
@@ -37,12 +38,12 @@ from . import (
     specialize,
     targets,
     tuning,
+    variants,
     vendors,
     versions,
 )
 from .caches import as_cache
 from .errors import KernelArgumentError
-from .kernel_fetch import KernelBinary
 from .primitive import triton_call_p
 from .tracing import CallSpec
 
@@ -63,8 +64,9 @@ def _no_cpu(ctx: Any, *args: Any, call: CallSpec, has_side_effect: bool) -> Any:
 
 
 # -- lowering -----------------------------------------------------------------------------
-#: kernels already fetched in this process: (key, target, cache root) -> KernelBinary
-_memo: dict[tuple[str, str, str], KernelBinary] = {}
+#: kernels already fetched in this process: (key, target, cache root) -> the KernelBinary, or
+#: why it cannot compile
+_memo: variants.Memo = {}
 
 
 @dataclass(frozen=True)
@@ -113,26 +115,25 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
     every = specialize.specialize_call(
         call.parts, call.named, call.kwargs, call.options, target, cache
     )
-    specs = tuning.select(call, every, target, platform, cache, call.autotune or ours.autotune)
-    memo_keys = [(spec.key, str(target), str(cache.root)) for spec in specs]
-    n_descs = {
-        mk: messages.host_descriptor_count(call, spec, jaxlib)
-        for mk, spec in zip(memo_keys, specs, strict=True)
-    }
-    missing = {mk: spec for mk, spec in zip(memo_keys, specs, strict=True) if mk not in _memo}
-    usable = [
-        (lambda meta, n=n_descs[mk]: messages.descriptor_meta(meta, n) is not None)
-        if n_descs[mk]
-        else None
-        for mk in missing
-    ]
-    # every variant at once: compiled here or by another process, whichever is free first
-    fetched = specialize.fetch_many(list(missing.values()), cache, usable)
-    _memo.update(zip(missing, fetched, strict=True))
-    for spec, memo_key in zip(specs, memo_keys, strict=True):
+
+    def usable(spec: specialize.Specialization) -> specialize.Usable | None:
+        n = messages.host_descriptor_count(call, spec, jaxlib)
+        return (lambda meta: messages.descriptor_meta(meta, n) is not None) if n else None
+
+    found = variants.Variants(
+        every,
+        cache,
+        device=targets.local_device(target, platform),
+        usable=usable,
+        memo=_memo,
+    )
+    # the kernels select needs (every variant at once, compiled here or by another process)
+    chosen = tuning.select(call, found, target, platform, cache, call.autotune or ours.autotune)
+    for index in chosen:
+        spec = every[index]
         bound = spec.bound
-        n_desc = n_descs[memo_key]
-        kb = _memo[memo_key]
+        n_desc = messages.host_descriptor_count(call, spec, jaxlib)
+        kb = found.kernel(index)
         desc_meta = messages.descriptor_meta(kb.meta, n_desc) if n_desc else []
         if desc_meta is None:
             raise KernelArgumentError(

@@ -40,6 +40,11 @@ class AutotuneError(BridgeError, RuntimeError):
     how to make one)."""
 
 
+class NoConfigError(BridgeError, RuntimeError):
+    """No config of a kernel call can compile or launch for its target (the message names each
+    config and why)."""
+
+
 class UnsupportedTransformation(BridgeError, NotImplementedError):
     """A JAX transformation (grad, vmap, ...) that a raw Triton kernel call cannot support."""
 
@@ -50,6 +55,7 @@ __all__ = [
     "BridgeError",
     "EmbedError",
     "KernelArgumentError",
+    "NoConfigError",
     "OptionError",
     "TargetError",
     "UnsupportedTransformation",

@@ -8,6 +8,10 @@ on CUDA, the sha256 of the PTX, which is stored as its own entry under a key der
 ``(key, "ptx")``. A PTX entry is only ever used together with the binary whose metadata names
 its digest, so a pruned or mismatched companion costs a recompile, never a wrong pairing.
 
+A kernel that cannot compile for a reason Triton's autotuner leaves its config out for is
+remembered beside it (see :mod:`bridge.failures`), under the kernel's build lock: no process
+sharing the cache compiles it again, and it is returned as a :class:`~bridge.failures.LeftOut`.
+
 Cache failures never fail the caller: ``get_or_create_each`` degrades to an in-memory artifact,
 and a companion that cannot be stored is rebuilt next time.
 """
@@ -17,10 +21,12 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import failures
 from .compile import Compiled
+from .failures import LeftOut
 from .kernel_keys import derived_key
 from .record import plain
 from .versions import triton_version
@@ -89,7 +95,8 @@ def _store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> Non
 class Request:
     """One kernel asked of :func:`fetch_many`: ``build()`` compiles it on a miss, ``describe``
     turns the compile result into the entry's metadata; ``need_ptx``: the PTX is wanted too;
-    an entry whose metadata ``usable`` rejects is compiled again and used from memory."""
+    an entry whose metadata ``usable`` rejects is compiled again and used from memory;
+    ``about``: the metadata of a failure entry (kernel, name, target) if it cannot compile."""
 
     key: str
     ext: str
@@ -98,6 +105,7 @@ class Request:
     need_ptx: bool
     #: whether a cached entry's metadata has what this call needs (None: any entry will do)
     usable: Callable[[Mapping[str, Any]], bool] | None = None
+    about: Mapping[str, Any] = field(default_factory=dict)
 
 
 def fetch(
@@ -113,20 +121,29 @@ def fetch(
     processes sharing the cache). ``describe`` turns a compile result into the entry's metadata.
     With ``need_ptx``, the PTX that produced the binary is returned too. An entry whose
     metadata ``usable`` rejects (written by an older bridge without what this call needs) is
-    compiled again and used from memory."""
-    return fetch_many(cache, [Request(key, ext, build, describe, need_ptx, usable)])[0]
-
-
-def fetch_many(cache: Cache, requests: Sequence[Request]) -> list[KernelBinary]:
-    """The kernels of ``requests``, in order, the missing ones compiled with work stealing
-    across the processes sharing ``cache`` (see :func:`fetch_each`).
+    compiled again and used from memory.
 
     Raises:
-        whatever the first failing ``build`` raises.
+        LeftOut: the kernel cannot compile (see :mod:`bridge.failures`).
+        whatever else ``build`` raises.
     """
-    out: list[KernelBinary | None] = [None] * len(requests)
+    (found,) = fetch_many(cache, [Request(key, ext, build, describe, need_ptx, usable)])
+    if isinstance(found, LeftOut):
+        raise found
+    return found
+
+
+def fetch_many(cache: Cache, requests: Sequence[Request]) -> list[KernelBinary | LeftOut]:
+    """The kernels of ``requests``, in order, the missing ones compiled with work stealing
+    across the processes sharing ``cache`` (see :func:`fetch_each`); a :class:`LeftOut` for
+    each that cannot compile.
+
+    Raises:
+        whatever else the first failing ``build`` raises.
+    """
+    out: list[KernelBinary | LeftOut | None] = [None] * len(requests)
     for index, result in fetch_each(cache, requests):
-        if isinstance(result, Exception):
+        if isinstance(result, Exception) and not isinstance(result, LeftOut):
             raise result
         out[index] = result
     return [kb for kb in out if kb is not None]
@@ -145,17 +162,33 @@ def fetch_each(
     (binary, metadata fields, PTX) are the same.
 
     Yields:
-        ``(index, result)`` in completion order: the :class:`KernelBinary`, the exception its
-        compile raised, or (``wait=False``) None for a kernel another process is compiling.
+        ``(index, result)`` in completion order: the :class:`KernelBinary`, a
+        :class:`LeftOut` for a kernel that cannot compile (remembered, or found now), the
+        exception its compile raised, or (``wait=False``) None for a kernel another process is
+        compiling.
     """
     from kernelcache import BuildItem
 
     #: what this process compiled, per (key, ext): requests for the same kernel share it
     built: dict[tuple[str, str], list[Compiled]] = {(r.key, r.ext): [] for r in requests}
 
+    def compile_or_leave_out(request: Request) -> Compiled:
+        known = failures.remembered(cache, request.key)
+        if known is not None:
+            raise LeftOut(known)
+        try:
+            return request.build()
+        except Exception as e:
+            reason = failures.reason_of(e)
+            if reason is None:
+                raise
+            if failures.lasting(e):  # before the build lock is released: nobody compiles it again
+                failures.remember(cache, request.key, reason, request.about)
+            raise LeftOut(reason) from e
+
     def builder(request: Request) -> Callable[[], tuple[bytes, dict[str, Any]]]:
         def build_entry() -> tuple[bytes, dict[str, Any]]:
-            compiled = request.build()
+            compiled = compile_or_leave_out(request)
             built[(request.key, request.ext)].append(compiled)
             meta = request.describe(compiled)
             if compiled.ptx is not None:

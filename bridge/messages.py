@@ -48,7 +48,7 @@ def zeroed_bytes(call: CallSpec, bound: binding.Bound) -> dict[int, int]:
                 )
             arr = call.zero_targets[int(ref)]
         result[id(arr)] = arr.nbytes
-    for name in bound.variant.zero:  # the autotuner's reset_to_zero
+    for name in bound.variant.zero:  # the autotuner's reset_to_zero, zero_() in a pre_hook
         arr = call.named.get(name)
         if not isinstance(arr, ArgArray) or id(arr) not in call.writable:
             writable = [
@@ -57,9 +57,9 @@ def zeroed_bytes(call: CallSpec, bound: binding.Bound) -> dict[int, int]:
                 if isinstance(v, ArgArray) and id(v) in call.writable
             ]
             raise KernelArgumentError(
-                f"{call.parts.qualname}: reset_to_zero names {name}, which is not an output or an "
-                f"input updated in place ({', '.join(writable) or 'none'}); JAX inputs cannot be "
-                "overwritten"
+                f"{call.parts.qualname}: {name} is zeroed before each launch (reset_to_zero, or "
+                "zero_() in a pre_hook), but it is not an output or an input updated in place "
+                f"({', '.join(writable) or 'none'}); JAX inputs cannot be overwritten"
             )
         result[id(arr)] = arr.nbytes
     return result

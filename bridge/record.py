@@ -288,6 +288,7 @@ def build(
         "variant": {
             "kwargs": plain(dict(bound.variant.kwargs)),
             "options": plain(dict(bound.variant.options)),
+            **({"args": plain(dict(bound.variant.args))} if bound.variant.args else {}),
         },
         "signature": plain(dict(bound.signature)),
         "constexprs": {",".join(map(str, k)): plain(v) for k, v in bound.constexprs.items()},

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from . import backends, binding, kernel_fetch, kernel_keys
 from .compile import compile_source
 from .errors import BackendUnavailable, OptionError
+from .failures import LeftOut
 from .kernel_fetch import KernelBinary, Request, entry_metadata
 from .kernels import KernelParts
 from .targets import Target
@@ -121,7 +122,7 @@ def specialize_call(
     backends.check_options(target, set(options))
     return [
         specialize(parts, named, variant, target, cache)
-        for variant in binding.expand_variants(parts, named, kwargs, options)
+        for variant in binding.expand_variants(parts, named, kwargs, options, target)
     ]
 
 
@@ -137,6 +138,7 @@ def request(spec: Specialization, usable: Usable | None = None) -> Request:
         describe=entry_metadata(spec.parts, target, bound),
         need_ptx=target.vendor.has_ptx,
         usable=usable,
+        about={"name": spec.parts.name, "kernel": spec.parts.qualname, "target": str(target)},
     )
 
 
@@ -144,22 +146,30 @@ def fetch(spec: Specialization, cache: Cache, usable: Usable | None = None) -> K
     """The kernel of ``spec`` from ``cache``, compiled on a miss (once across the processes
     sharing the cache); on CUDA with the PTX that produced it (see :func:`bridge.kernel_fetch.fetch`).
     An entry whose metadata ``usable`` rejects is compiled again in memory.
+
+    Raises:
+        LeftOut: the kernel cannot compile (see :mod:`bridge.failures`).
+        whatever else Triton raises.
     """
-    return fetch_many([spec], cache, [usable])[0]
+    (found,) = fetch_many([spec], cache, [usable])
+    if isinstance(found, LeftOut):
+        raise found
+    return found
 
 
 def fetch_many(
     specs: Sequence[Specialization],
     cache: Cache,
     usable: Sequence[Usable | None] | None = None,
-) -> list[KernelBinary]:
+) -> list[KernelBinary | LeftOut]:
     """The kernels of ``specs``, in order, the missing ones compiled with work stealing: this
     process compiles those no other process is compiling, then waits for the rest (see
     :func:`bridge.kernel_fetch.fetch_each`). Each is compiled once across the processes sharing
     the cache. ``usable[i]``, if given, tells which cached entries will do for ``specs[i]``.
+    A kernel that cannot compile is a :class:`~bridge.failures.LeftOut`.
 
     Raises:
-        whatever Triton raises for the first kernel that fails to compile.
+        whatever else Triton raises for the first kernel that fails to compile.
     """
     checks = list(usable) if usable is not None else [None] * len(specs)
     return kernel_fetch.fetch_many(

@@ -108,6 +108,11 @@ def detect_devices(platform: str) -> list[tuple[Any, Target]]:
     return found
 
 
+def local_device(target: Target, platform: str) -> Any:
+    """A local JAX device of ``platform`` that runs ``target``'s code (None: there is none)."""
+    return next((d for d, local in detect_devices(platform) if target.runs_on(local)), None)
+
+
 def detect(platform: str) -> list[Target]:
     """The targets of this process's local devices of JAX's ``platform`` (see
     :func:`detect_devices`), each once."""

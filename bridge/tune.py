@@ -5,7 +5,10 @@ synthetic inputs (see :mod:`bridge.tuning`) and its decision stored for this dev
 ``--pin KERNEL=INDEX`` nothing is measured and no GPU is needed: config INDEX of KERNEL's own
 list (0-based) is the decision for every device of each recorded target. Either way the
 decision's key is the one a lowering of the call computes, so a job that lowers it runs the
-chosen kernel.
+chosen kernel. Configs that cannot compile or launch there (see :mod:`bridge.variants`) are
+never measured or chosen, and the decision lists them with their reasons; a pin compiles
+nothing, so it refuses the configs the cache knows to be left out (a lowering ignores a
+decision for any other, with a warning).
 
 Calls are replayed from their records: arguments (arrays as shapes and dtypes), the outputs,
 and the grid of each config. A record that lacks what a measurement needs is reported and
@@ -24,7 +27,8 @@ from . import decisions, tuning
 from .decisions import ANY_DEVICE, Decision
 from .errors import AutotuneError, BridgeError, KernelArgumentError
 from .specialize import Specialization, specialize_call
-from .targets import Target, parse_target
+from .targets import Target, local_device, parse_target
+from .variants import Variants, known_left_out
 from .warm.manifest import RecordedCall, call_ident, import_kernel, read_manifest
 from .warm.plan import kernel_parts
 
@@ -147,6 +151,14 @@ def pin(group: _Group, target: Target, index: int, cache: Cache) -> Tuned:
             detail=f"config {index} ({wanted}) is not one variant of this call (it was pruned, "
             "or heuristics make several of it)",
         )
+    left = known_left_out(specs, cache)  # nothing compiled: a pin needs no compiler
+    if found[0] in left:
+        return Tuned(
+            group.call.kernel,
+            str(target),
+            "skipped",
+            detail=f"config {index} ({wanted}) cannot run on {target}: {left[found[0]]}",
+        )
     made = Decision(
         kernel=group.call.kernel,
         target=str(target),
@@ -155,6 +167,7 @@ def pin(group: _Group, target: Target, index: int, cache: Cache) -> Tuned:
         configs=tuple(s.variant.description for s in specs),
         chosen=found[0],
         pinned=True,
+        reasons=left,
     )
     named, _, _ = group.call.revived(target, [0])
     _store(cache, decisions.keys_of(parts, named, specs)[0], made)
@@ -249,7 +262,8 @@ def measure(group: _Group, target: Target, cache: Cache, platform: str, force: b
         found = decisions.find(cache, [key], [s.key for s in specs])
         if found is not None:
             return Tuned(kernel, str(target), "present", found)
-    made = tuning.decide(call, specs, target, device)
+    left = Variants(specs, cache, device=local_device(target, platform)).left_out()
+    made = tuning.decide(call, specs, target, device, left)
     _store(cache, key, made)
     return Tuned(kernel, str(target), "tuned", made)
 

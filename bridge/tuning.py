@@ -10,6 +10,9 @@ the call's autotune mode (``autotune=``, else ``$KERNELCACHE_AUTOTUNE``):
 - ``job``: one process measures (single flight through the cache's build lock: the others wait
   for its decision, and take over if it dies) and every process lowers the chosen variant.
 
+A variant left out of the call (it cannot compile or launch: see :mod:`bridge.variants`) is
+never emitted, measured or chosen; a decision that chose one is ignored, with a warning.
+
 Measuring runs each variant on the local GPU on synthetic inputs, the way jaxlib's autotuner
 does: one launch each to estimate, then enough launches for a target time, repeated; the time of
 a variant is its fastest repetition. Arrays of floating point numbers are filled with normally
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
     from .specialize import Specialization
     from .targets import Target
     from .tracing import CallSpec
+    from .variants import Variants
 
 logger = logging.getLogger(__name__)
 
@@ -71,39 +75,44 @@ class Measurer(Protocol):
         """The kind of the local device that runs ``target`` (None: there is none)."""
         ...
 
-    def measure(self, call: CallSpec, n: int) -> Measured:
-        """Time each of the ``n`` variants of ``call``."""
+    def measure(self, call: CallSpec, n: int, skip: frozenset[int] = frozenset()) -> Measured:
+        """Time each of the ``n`` variants of ``call`` but those in ``skip`` (left out of the
+        call: they cannot compile or launch; their times are None). ``skip`` is passed only
+        when some variant is left out, so a measurer that never sees one may omit it."""
         ...
 
 
 # -- the call's variants ----------------------------------------------------------------------
 def select(
     call: CallSpec,
-    specs: Sequence[Specialization],
+    variants: Variants,
     target: Target,
     platform: str,
     cache: Cache,
     mode: str,
-) -> list[Specialization]:
-    """The variants a lowering of ``call`` emits (see the module docstring).
+) -> list[int]:
+    """The indices of the variants a lowering of ``call`` emits (see the module docstring);
+    never one left out of the call (see :mod:`bridge.variants`).
 
     Raises:
         AutotuneError: ``mode`` is "require" and there is no decision, or "job" and no
             variant could run.
+        NoConfigError: every variant is left out.
     """
+    specs = variants.specs
     if call.choice is not None:
-        return [specs[call.choice]]
+        return variants.viable([call.choice])
     if len(specs) < 2 or mode == "runtime":
-        return list(specs)
+        return variants.viable()
     device = _measurer.device(target, platform)
     keys = decisions.keys_of(call.parts, call.named, specs, [device] if device else [])
-    variants = [spec.key for spec in specs]
-    found = decisions.find(cache, keys, variants)
-    if found is not None:
-        return [specs[found.chosen]]
+    names = [spec.key for spec in specs]
     where = f"{call.parts.qualname} on {device or target}"
+    found = decisions.find(cache, keys, names)
+    if found is not None and _usable(found, variants, where):
+        return [found.chosen]
     if mode == "decided":
-        return list(specs)
+        return variants.viable()
     if mode == "require":
         raise AutotuneError(
             f"no autotune decision for {where} ({len(specs)} configs), and "
@@ -119,34 +128,68 @@ def select(
             "its configs; there is no %s device here, so jaxlib autotunes at the first run",
             target,
         )
-        return list(specs)
+        return variants.viable()
+    kept = variants.viable()
+    left = variants.left_out()
 
     def tune() -> tuple[bytes, dict[str, Any]]:
-        made = decide(call, specs, target, device)
+        made = decide(call, specs, target, device, left)
         logger.info(
             "kernelcache: tuned %s: %s (margin %s)", where, made.config, _percent(made.margin)
         )
         return made.to_bytes(), made.metadata()
 
     art = cache.get_or_create(keys[0], decisions.EXT, tune)
-    made = decisions.parse(art.data, variants)
+    made = decisions.parse(art.data, names)
     if isinstance(made, str):
         raise AutotuneError(f"the autotune decision for {where} cannot be used: {made}")
-    return [specs[made.chosen]]
+    return [made.chosen] if _usable(made, variants, where) else kept
+
+
+def _usable(made: Decision, variants: Variants, where: str) -> bool:
+    """Whether the config ``made`` chooses can run here (a decision for a config left out of
+    the call is ignored, with a warning)."""
+    why = variants.left_out([made.chosen]).get(made.chosen)
+    if why is None:
+        return True
+    warn_once(
+        logger,
+        ("decision-left-out", where, made.chosen),
+        "kernelcache: the autotune decision for %s chooses config %d (%s), which is left out "
+        "here: %s; ignoring it",
+        where,
+        made.chosen,
+        made.config,
+        why,
+    )
+    return False
 
 
 def decide(
-    call: CallSpec, specs: Sequence[Specialization], target: Target, device: str
+    call: CallSpec,
+    specs: Sequence[Specialization],
+    target: Target,
+    device: str,
+    left_out: Mapping[int, str] | None = None,
 ) -> Decision:
     """Measure the variants of ``call`` and choose (see :func:`bridge.decisions.choose`).
+    Those in ``left_out`` (index: why it cannot compile or launch) are not measured, never
+    chosen, and listed with their reasons.
 
     Raises:
         AutotuneError: no variant could run.
     """
-    measured = _measurer.measure(call, len(specs))
-    chosen = decisions.choose(measured.times)
+    left = dict(left_out or {})
+    measured = (
+        _measurer.measure(call, len(specs), skip=frozenset(left))
+        if left
+        else _measurer.measure(call, len(specs))
+    )
+    times = [None if i in left else t for i, t in enumerate(measured.times)]
+    reasons = {**measured.reasons, **left}
+    chosen = decisions.choose(times)
     if chosen is None:
-        why = "; ".join(f"{specs[i].variant.description}: {r}" for i, r in measured.reasons.items())
+        why = "; ".join(f"{specs[i].variant.description}: {r}" for i, r in sorted(reasons.items()))
         raise AutotuneError(f"no config of {call.parts.qualname} could run on {device}: {why}")
     return Decision(
         kernel=call.parts.qualname,
@@ -155,10 +198,10 @@ def decide(
         variants=tuple(spec.key for spec in specs),
         configs=tuple(spec.variant.description for spec in specs),
         chosen=chosen,
-        times=measured.times,
-        margin=decisions.margin(measured.times, chosen),
+        times=tuple(times),
+        margin=decisions.margin(times, chosen),
         noise=measured.noise,
-        reasons=dict(measured.reasons),
+        reasons=dict(sorted(reasons.items())),
     )
 
 
@@ -208,7 +251,7 @@ class JaxMeasurer:
                 return str(getattr(device, "device_kind", "") or local) or None
         return None
 
-    def measure(self, call: CallSpec, n: int) -> Measured:
+    def measure(self, call: CallSpec, n: int, skip: frozenset[int] = frozenset()) -> Measured:
         import jax
 
         fill = self.fill
@@ -219,6 +262,8 @@ class JaxMeasurer:
         reasons: dict[int, str] = {}
         first: dict[int, float] = {}
         for i in range(n):
+            if i in skip:
+                continue
             run = _launches(call, i, 1)
             try:
                 jax.block_until_ready(run(*ops))  # compile and warm up

@@ -697,3 +697,81 @@ def test_export_round_trip_runs(cache, embed, tmp_path):
         path.write_bytes(blob)
         result = run_child(EXPORT_CHILD.replace("sys.argv[1]", repr(str(path))))
         assert result == {"ok": True, "triton": False}
+
+
+# -- Triton's autotuner: per-config descriptor blocks and zeroing pre_hooks -------------------------
+# Kernels: tests/autotuner_kernels.py (lowered on CPU by tests/test_bridge_autotuner.py).
+import autotuner_kernels as AK  # noqa: E402
+
+from bridge import tune  # noqa: E402
+
+
+def tma_double(x, cache, **kw):
+    """2 * x through AK.tma_double: its descriptor made with a dummy [1, 1] block, which each
+    config's pre_hook replaces with the config's (BM, BN)."""
+    desc = bridge.TensorDescriptor.from_array(x, [1, 1])
+    m, n = x.shape
+    return bridge.triton_call(
+        desc, m, n, kernel=AK.tma_double, out_shape=x, grid=AK.tma_grid, cache=cache, **kw
+    )
+
+
+TMA_BLOCKS = [(32, 64), (64, 32), (16, 128)]
+
+
+@needs_tma
+def test_per_config_descriptor_blocks_reach_the_launch(tmp_path, monkeypatch):
+    """Every config of an autotuned TMA kernel runs with its own descriptor block: jaxlib
+    autotuning over all of them, and each one alone through a pinned decision."""
+    x = rand((256, 512), jnp.float16)
+    want = np.asarray(x) * 2  # exact in fp16
+    base = kernelcache.Cache(tmp_path / "base", readonly_roots=(), remote="")
+    manifest = tmp_path / "manifest.jsonl"
+    monkeypatch.setenv("KERNELCACHE_RECORD", str(manifest))
+    (every,) = decoded(lambda a: tma_double(a, base, autotune="runtime"), x)
+    monkeypatch.delenv("KERNELCACHE_RECORD")
+    configs = every.autotuned_kernel_call.configs
+    assert [c.kernel_call.grid_0 for c in configs] == [256 // bm for bm, _ in TMA_BLOCKS]
+    got = jax.jit(lambda a: tma_double(a, base, autotune="runtime"))(x)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    for i, (bm, bn) in enumerate(TMA_BLOCKS):
+        # a layer of its own for each pin: kernels from the base, the decision on top
+        pinned = kernelcache.Cache(tmp_path / f"pin{i}", readonly_roots=(base.root,), remote="")
+        (result,) = tune.tune(str(manifest), pinned, pins={"tma_double_kernel": i})
+        assert result.status == "pinned", result.detail
+        (alone,) = decoded(lambda a, c=pinned: tma_double(a, c, autotune="require"), x)
+        assert alone.HasField("kernel_call"), f"config {i} alone"
+        assert (alone.kernel_call.grid_0, alone.kernel_call.grid_1) == (256 // bm, 512 // bn)
+        desc = alone.kernel_call.parameters[0].tensor_descriptor.nvidia
+        assert desc.block_shape[0] == bm  # the TMA box: Triton splits rows over 128 bytes
+        got = jax.jit(lambda a, c=pinned: tma_double(a, c, autotune="require"))(x)
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"config {i}: {bm}x{bn}")
+
+
+def test_a_zeroing_pre_hook_zeroes_the_output_before_each_launch(cache):
+    """AK.sum_kernel atomically adds into out[0], so it is right only if out is zeroed before
+    each launch, which the configs' pre_hook asks for (nargs["out_ptr"].zero_()). The output's
+    buffer starts as 1000 (aliased to an input): without the zeroing the sum would be off by
+    that, and by every earlier launch of jaxlib's autotuning."""
+    x = rand((100_000,))
+    want = float(np.asarray(x, np.float64).sum())
+    one = jax.ShapeDtypeStruct((1,), jnp.float32)
+
+    def total(a, init, **kw):
+        return bridge.triton_call(
+            a,
+            a.size,
+            init,
+            kernel=AK.sum_zeroing,
+            out_type=one,
+            input_output_aliases={2: 0},
+            grid=AK.sum_grid,
+            cache=cache,
+            **kw,
+        )
+
+    init = jnp.full((1,), 1000.0, jnp.float32)
+    for kw in ({"autotune": "runtime"}, {"BLOCK": 128}, {"BLOCK": 512}):
+        for _ in range(2):
+            got = float(jax.jit(lambda a, i, kw=kw: total(a, i, **kw))(x, init)[0])
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=0.05, err_msg=str(kw))

@@ -242,10 +242,12 @@ def compile_record(record: Mapping[str, Any], target: str | Target, cache: Cache
     for name in call.target_params:
         if name in variant_kwargs:
             variant_kwargs[name] = named[name]
+    args = recorded.get("args")  # descriptors a config's pre_hook changed
     variant = binding.Variant(
         kwargs=variant_kwargs,
         options={k: revive(v, counter) for k, v in recorded["options"].items()},
         description=record.get("config") or "",
+        args={k: revive(v, counter) for k, v in args.items()} if isinstance(args, dict) else {},
     )
     backends.check_options(tgt, set(variant.options))
     cache = as_cache(cache)
@@ -261,7 +263,8 @@ def compile_manifest(
     *,
     jobs: int = 1,
 ) -> dict[str, list[str]]:
-    """Warm every record of a manifest for every target; returns the keys per target.
+    """Warm every record of a manifest for every target; returns the keys per target (not
+    those of configs that cannot compile).
 
     Raises:
         KernelArgumentError: something could not be warmed (the message lists what and why).
@@ -274,5 +277,6 @@ def compile_manifest(
         )
     out: dict[str, list[str]] = {t: [] for t in report.targets}
     for r in report.results:
-        out[r.target].append(r.key)
+        if r.status != "left-out":
+            out[r.target].append(r.key)
     return out

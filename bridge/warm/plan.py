@@ -17,6 +17,7 @@ from .. import decisions
 from ..backends import check_options
 from ..binding import expand_variants
 from ..errors import BridgeError, KernelArgumentError
+from ..failures import remembered
 from ..kernel_fetch import PTX_EXT, ptx_pairs
 from ..kernel_keys import derived_key
 from ..kernels import KernelParts, decompose
@@ -67,7 +68,7 @@ def specialization(
     """
     named, kwargs, options = call.revived(target, [0])
     check_options(target, set(options))
-    variant = expand_variants(parts, named, kwargs, options)[index]
+    variant = expand_variants(parts, named, kwargs, options, target)[index]
     return specialize(parts, named, variant, target, cache)
 
 
@@ -156,7 +157,8 @@ class WarmPlan:
     ``outcomes`` has one entry per distinct specialization and target, in manifest order: the
     outcome of those already present, None where the outcome of a job goes (the ``slots``, one
     per job). ``problems`` cannot be warmed; ``changed`` changed since recording and are
-    compiled anyway (``allow_changed``).
+    compiled anyway (``allow_changed``). A kernel the cache knows cannot compile is "left-out",
+    never a job.
     """
 
     outcomes: tuple[WarmOutcome | None, ...]
@@ -272,6 +274,20 @@ def make_plan(
                     outcomes.append(
                         WarmOutcome(
                             call.kernel, str(target), config, spec.key, ext, "present", 0.0, layer
+                        )
+                    )
+                    continue
+                failed = remembered(cache, spec.key)
+                if failed is not None:  # known not to compile: never compiled again
+                    outcomes.append(
+                        WarmOutcome(
+                            call.kernel,
+                            str(target),
+                            config,
+                            spec.key,
+                            ext,
+                            "left-out",
+                            error=failed,
                         )
                     )
                     continue

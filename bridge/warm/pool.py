@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..compile import Compiled
+from ..failures import LeftOut
 from ..kernel_fetch import KernelBinary, Request, fetch_each
 from ..specialize import Specialization, request
 from ..targets import parse_target
@@ -135,6 +136,8 @@ def _outcome(
 
     if isinstance(spec, str):
         return outcome("failed", spec)
+    if isinstance(result, LeftOut):  # cannot compile, as Triton's autotuner leaves configs out
+        return outcome("left-out", result.reason)
     if result is None or isinstance(result, Exception):
         message = f"{type(result).__name__}: {result}".strip()
         if text:

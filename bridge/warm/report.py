@@ -80,7 +80,9 @@ class WarmOutcome:
     config: str
     key: str
     ext: str
-    status: str  # "compiled", "present" or "failed"
+    status: (
+        str  # "compiled", "present", "left-out" (cannot compile: ``error`` says why) or "failed"
+    )
     seconds: float = 0.0
     layer: str | None = None  # where a present entry was found: "local" or "readonly"
     error: str | None = None
@@ -137,6 +139,7 @@ class WarmReport:
             "specializations": len(self.results),
             "compiled": self.count("compiled"),
             "present": self.count("present"),
+            "left_out": self.count("left-out"),
             "failed": len(self.failures),
             "workers": self.workers,
             "seconds": round(self.seconds, 3),
@@ -157,6 +160,15 @@ class WarmReport:
             f"  already present  {self.count('present'):5d}",
             f"  failed           {len(self.failures):5d}",
         ]
+        left = [r for r in self.results if r.status == "left-out"]
+        if left:
+            lines.insert(
+                -1, f"  left out         {len(left):5d}  (cannot compile: not tried again)"
+            )
+            lines.append(
+                "Left out (configs that cannot compile, as Triton's autotuner skips them):"
+            )
+            lines += [f"  {r.kernel} for {r.target} ({r.config}): {r.error}" for r in left]
         if self.changed:
             lines.append("Compiled the current source of kernels that changed since recording:")
             lines += [f"  {f.where()}: {f.detail}" for f in self.changed]
