@@ -276,6 +276,38 @@ def _prepare_specializer() -> None:
     )
 
 
+def launch_options(parts: KernelParts, variant: Variant) -> dict[str, Any]:
+    """The options of ``variant`` with what Triton's launcher adds before binding
+    (``JITFunction.run``: ``debug`` and the instrumentation mode, from Triton's knobs)."""
+    from triton import knobs
+
+    options = dict(variant.options)
+    if "ir_override" in options:
+        raise OptionError("ir_override is not supported: the kernel cache keys on the source")
+    options["debug"] = options.get("debug", parts.fn.debug) or knobs.runtime.debug
+    options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    return options
+
+
+def bound_arguments(
+    parts: KernelParts, backend: Any, named: Mapping[str, Any], variant: Variant
+) -> tuple[dict[str, Any], Any, Any]:
+    """Triton's binder on one variant: every parameter's value (defaults applied), the
+    specialization and the options it returns.
+
+    Raises:
+        KernelArgumentError: missing or surplus arguments.
+    """
+    call = {**named, **variant.args, **variant.kwargs}
+    try:
+        return _binder(parts.fn, backend)(**call, **launch_options(parts, variant))
+    except TypeError as e:
+        reason = str(e).replace("dynamic_func()", "the kernel")
+        raise KernelArgumentError(
+            f"{parts.qualname}: {reason}; pass every parameter positionally or by keyword"
+        ) from None
+
+
 def bind(parts: KernelParts, backend: Any, named: Mapping[str, Any], variant: Variant) -> Bound:
     """Bind one variant with Triton's binder and ``_pack_args`` for ``backend``.
 
@@ -283,23 +315,10 @@ def bind(parts: KernelParts, backend: Any, named: Mapping[str, Any], variant: Va
         KernelArgumentError: missing or surplus arguments, or runtime arguments whose type
             jaxlib cannot pass.
     """
-    from triton import knobs
-
     fn = parts.fn
     call = {**named, **variant.args, **variant.kwargs}
-    options = dict(variant.options)
-    if "ir_override" in options:
-        raise OptionError("ir_override is not supported: the kernel cache keys on the source")
-    # what Triton's launcher adds before binding (JITFunction.run)
-    options["debug"] = options.get("debug", fn.debug) or knobs.runtime.debug
-    options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-    try:
-        bound_args, specialization, opts = _binder(fn, backend)(**call, **options)
-    except TypeError as e:
-        reason = str(e).replace("dynamic_func()", "the kernel")
-        raise KernelArgumentError(
-            f"{parts.qualname}: {reason}; pass every parameter positionally or by keyword"
-        ) from None
+    options = launch_options(parts, variant)
+    bound_args, specialization, opts = bound_arguments(parts, backend, named, variant)
     triton_options, signature, constexprs, attrs = fn._pack_args(
         backend, {**call, **options}, bound_args, specialization, opts
     )
