@@ -139,8 +139,13 @@ def _covers(value: Any) -> str | None:
 
 
 #: what a target name looks like to kernelcache, which gives targets no meaning (a package
-#: built on it may register a stricter check): printable, no spaces, at most 64 characters
-_TARGET = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}")
+#: built on it may register a stricter check): at most 64 letters, digits and ``_.+-``, in
+#: parts separated by single colons (``cuda:90``, ``hip:gfx90a:xnack-``; not ``cuda:``)
+_TARGET = re.compile(r"(?=.{1,64}\Z)[A-Za-z0-9][A-Za-z0-9_.+-]*(?::[A-Za-z0-9_.+-]+)*", re.DOTALL)
+#: kernelcache's own rules for the two fields operators select entries by (``--target``,
+#: ``--kernel``), whatever stricter checks packages register
+TARGET_NAME = pattern(_TARGET, "a target name such as cuda:90")
+KERNEL_NAME = text(1024)
 
 
 def _time(value: Any) -> str | None:
@@ -193,8 +198,8 @@ def power_of_two(high: int) -> Check:
 FIELDS: dict[str, Check] = {
     "created": _time,
     "producer": _producer,
-    "name": text(1024),
-    "target": pattern(_TARGET, "a target name such as cuda:90"),
+    "name": KERNEL_NAME,
+    "target": TARGET_NAME,
     "kind": text(64),
     "of": pattern(KEY_PATTERN, "a cache key"),
     COVERS_FIELD: _covers,

@@ -55,7 +55,7 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
     context: Context = args.context
     root = context.existing_root()
     cfg = context.settings
-    scanned = scan(root)
+    scanned = scan(root, trust=cfg.trust)
     entries = select(scanned.entries, args.kernel or (), args.target or ())
     entries.sort(key=lambda e: e.key)
     try:

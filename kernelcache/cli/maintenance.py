@@ -78,6 +78,7 @@ def _outcomes_human(result: Result, verb: str) -> list[str]:
     for status, what in (
         ("in-use", "in use by another process (skipped; try again later)"),
         ("used-since-plan", "used since the plan was made (kept)"),
+        ("changed", "no longer what the plan selected, by their own metadata (kept)"),
         ("gone", "already gone or repaired meanwhile"),
         ("failed", "failed"),
     ):
@@ -109,7 +110,9 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     context: Context = args.context
     root = context.existing_root()
     store = context.store()
-    base = scan(root, last_used=True, locks=True, lock_stale=store.locker.stale_after)
+    base = scan(
+        root, last_used=True, locks=True, lock_stale=store.locker.stale_after, trust=store.trust
+    )
     with out.progress("verifying", len(base.entries)) as tick:
         checked = verify(store, base, progress=tick)
     issues = checked.issues
@@ -177,7 +180,9 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
     context: Context = args.context
     root = context.existing_root()
     store = context.store()
-    scanned = scan(root, last_used=True, locks=True, lock_stale=store.locker.stale_after)
+    scanned = scan(
+        root, last_used=True, locks=True, lock_stale=store.locker.stale_after, trust=store.trust
+    )
     plan = plan_prune(
         scanned,
         max_size=args.max_size,

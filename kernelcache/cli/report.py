@@ -24,11 +24,11 @@ from .output import (
 )
 
 
-def stats_document(root: str) -> dict[str, Any]:
-    """The ``stats --json`` document of a root."""
+def stats_document(root: str, trust: str = "group") -> dict[str, Any]:
+    """The ``stats --json`` document of a root (``trust``: whose scan index is read)."""
     from ..scan import summarize
 
-    summary = summarize(root)
+    summary = summarize(root, trust=trust)
     totals, logs, log_problems = read_logs(root)
     folded = read_summary(root)
     processes = logs - 1 + folded["logs"] if folded else logs
@@ -222,7 +222,7 @@ def register(subparsers: Subparsers) -> None:
 def cmd_stats(args: argparse.Namespace, out: Output) -> int:
     context: Context = args.context
     root = context.existing_root()
-    doc = stats_document(root)
+    doc = stats_document(root, context.trust)
     fmt = "json" if out.json else args.format
     if fmt == "prometheus":
         text = prometheus_text(doc)
