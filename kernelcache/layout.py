@@ -181,13 +181,14 @@ def read_metadata(
     dir_fd: int | None = None,
     trust: TrustPolicy | None = None,
     not_visible: Collection[int] = (),
+    parse: Callable[[bytes, str], dict[str, Any] | Problem] = parse_metadata,
 ) -> tuple[dict[str, Any], os.stat_result] | Problem | None:
     """Read and check the metadata file ``path`` of ``key`` (relative to ``dir_fd`` if given).
 
-    Returns the document (checked against the schema and its entry digest) and the file's
-    status; None if there is no such file (or its open failed with an errno in
-    ``not_visible``); else the Problem: a symlink, not a regular file, refused by ``trust``,
-    too large, unreadable or not a valid document.
+    Returns the document (checked by ``parse``: by default against the schema and its entry
+    digest) and the file's status; None if there is no such file (or its open failed with an
+    errno in ``not_visible``); else the Problem: a symlink, not a regular file, refused by
+    ``trust``, too large, unreadable or not a valid document.
     """
     try:
         fd = os.open(path, READ_FLAGS, dir_fd=dir_fd)
@@ -211,7 +212,7 @@ def read_metadata(
         return Problem(key, f"metadata unreadable: {e.strerror}")
     finally:
         os.close(fd)
-    doc = parse_metadata(raw, key)
+    doc = parse(raw, key)
     if isinstance(doc, Problem):
         return doc
     return doc, st

@@ -48,6 +48,7 @@ from .index import discard_index
 from .layout import LOCK_DIR, NOT_VISIBLE, QUARANTINE_DIR, TMP_DIR, open_subdir, read_metadata
 from .locks import lock_name
 from .scan import CacheScan, Issue
+from .schema import parse_fields
 from .stats import fold_logs, foldable_logs
 from .store import Artifact, Problem, Store
 from .table import EntryInfo
@@ -439,9 +440,11 @@ class _Executor:
 
     def _differs(self, key: str, action: Action) -> tuple[str, str] | None:
         """Why the entry ``key`` is not what ``action`` planned to delete, re-derived from the
-        entry itself (its metadata, read and checked, and both files' status); None if it is.
+        entry itself (the fields of its metadata, and both files' status); None if it is.
         The plan may have read the scan index, which others can write."""
-        loaded = read_metadata(self.store.meta_path(key), key, not_visible=NOT_VISIBLE)
+        loaded = read_metadata(
+            self.store.meta_path(key), key, not_visible=NOT_VISIBLE, parse=parse_fields
+        )
         if loaded is None:
             return "gone", ""
         if not isinstance(loaded, tuple):
@@ -452,13 +455,13 @@ class _Executor:
         ext = action.path.rpartition(".")[2]
         plan = self.plan
         wrong = [
-            f"{field} is {doc.get(name)!r}"
+            f"{field} is {repr(doc.get(name))[:40]}"
             for field, name, wanted in (
                 ("its extension", "ext", {ext}),
                 ("its kernel", "name", plan.kernels),
                 ("its target", "target", plan.targets),
             )
-            if wanted and doc.get(name) not in wanted
+            if wanted and not (isinstance(doc.get(name), str) and doc[name] in wanted)
         ]
         if wrong:
             return "changed", f"not what the plan selected: {', '.join(wrong)}"

@@ -437,6 +437,22 @@ def parse_metadata(raw: bytes, key: str) -> dict[str, Any] | Problem:
     return check_document(doc, key)
 
 
+def parse_fields(raw: bytes, key: str) -> dict[str, Any] | Problem:
+    """The fields of a metadata document of ``key``, parsed but not checked against the schema
+    (what names the entry, for selecting it: a reader of a file checks more); a Problem if it
+    is not a JSON object naming ``key`` with a valid extension."""
+    try:
+        doc = load_json(raw)
+    except ValueError as e:
+        return Problem(key, f"unreadable metadata ({e.__class__.__name__})")
+    if not isinstance(doc, dict) or doc.get("key") != key:
+        return Problem(key, "metadata does not name its key")
+    ext = doc.get("ext")
+    if not isinstance(ext, str) or EXT_PATTERN.fullmatch(ext) is None or ext == META_EXT:
+        return Problem(key, "metadata has an invalid ext")
+    return doc
+
+
 def encode_metadata(doc: Mapping[str, Any]) -> bytes:
     """The bytes of a metadata document as the store writes it."""
     return _CANONICAL.encode(doc).encode()
