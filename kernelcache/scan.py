@@ -593,6 +593,18 @@ def summarize(
 
 
 # -- verification -------------------------------------------------------------------------
+def scan_store(store: Store) -> CacheScan:
+    """The scan ``verify`` and ``prune`` work from: with last-used stamps and lock files, under
+    the store's soft-lock staleness and trust policy."""
+    return scan(
+        store.root,
+        last_used=True,
+        locks=True,
+        lock_stale=store.locker.stale_after,
+        trust=store.trust,
+    )
+
+
 def verify(
     store: Store, base: CacheScan | None = None, *, progress: Progress | None = None
 ) -> CacheScan:
@@ -604,13 +616,7 @@ def verify(
     Reading leaves no trace (:meth:`Store.inspect`): no last-used stamp is touched.
     """
     if base is None:
-        base = scan(
-            store.root,
-            last_used=True,
-            locks=True,
-            lock_stale=store.locker.stale_after,
-            trust=store.trust,
-        )
+        base = scan_store(store)
     good: list[EntryInfo] = []
     issues = list(base.issues)
     for count, entry in enumerate(base.entries, 1):

@@ -184,21 +184,21 @@ class TrustPolicy:
     def read_bits(self, gid: int) -> int:
         """The read bits for group and others that a file of group ``gid`` under the root may
         keep: only the users this policy trusts may open it."""
-        if self.policy == "any":
-            return SHARED_READ
-        if self.policy == "group":
-            ids = self._root_ids()
-            if ids is not None and gid == ids[1]:
-                return stat.S_IRGRP
-        return 0
+        return self._trusted_bits(gid, SHARED_READ, stat.S_IRGRP)
 
     def write_bits(self, gid: int) -> int:
         """The write bits for group and others that a file of group ``gid`` written under the
         root may keep, so that it passes this policy's own checks."""
+        return self._trusted_bits(gid, SHARED_WRITE, stat.S_IWGRP)
+
+    def _trusted_bits(self, gid: int, everyone: int, group: int) -> int:
+        """Of the bits ``everyone`` (group's and others'), those of the users this policy
+        trusts for a file of group ``gid``: all under ``any``; ``group`` under ``group`` when
+        the file's group is the root directory's; none else."""
         if self.policy == "any":
-            return SHARED_WRITE
+            return everyone
         if self.policy == "group":
             ids = self._root_ids()
             if ids is not None and gid == ids[1]:
-                return stat.S_IWGRP
+                return group
         return 0
