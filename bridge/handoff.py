@@ -26,6 +26,15 @@ How the bridge meets all three:
 If descriptor :data:`HANDOFF_FD` is taken by something else in the process, the directory's own
 absolute path is used instead: still correct, but that process's opaques differ from other
 processes' (JAX's persistent cache cannot hit for them); a warning says so.
+
+Others who may write the cache root must not be able to hand jaxlib their bytes. Files are
+checked and written through the private directory's descriptor (``O_NOFOLLOW``, a new file
+put in place with ``os.replace``), a file is taken as present only if it holds exactly the
+kernel's bytes (never by its size), and before an absolute path is handed over it is checked
+to lead to that same directory (a renamed directory and one planted at its name are told
+apart). ``<root>/.handoff`` is created sticky, and used only if it belongs to this user or
+root, or is sticky and belongs to the cache root's owner; else a private directory under the
+system's temp directory is used.
 """
 
 from __future__ import annotations
@@ -48,7 +57,7 @@ logger = logging.getLogger(__name__)
 
 #: the directory of a cache root that holds the per-process hand-off directories
 HANDOFF_DIR = ".handoff"
-register_directory(HANDOFF_DIR)  # a scan of the root knows it from a foreign file
+register_directory(HANDOFF_DIR, shared=True)  # a scan knows it from a foreign file
 
 #: the descriptor number every process keeps its hand-off directory open as
 HANDOFF_FD = 1023
@@ -58,8 +67,12 @@ _lock = threading.RLock()
 _state: dict[str, object] = {}
 
 
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
 def _reap(base: Path) -> None:
-    """Remove hand-off directories of this host whose owning process is gone."""
+    """Remove this user's hand-off directories of this host whose owning process is gone."""
     prefix = HOST + "-"
     try:
         entries = list(os.scandir(base))
@@ -69,7 +82,9 @@ def _reap(base: Path) -> None:
         if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
             continue
         try:
-            fd = os.open(os.path.join(entry.path, _OWNER), os.O_RDWR | os.O_CLOEXEC)
+            if entry.stat(follow_symlinks=False).st_uid != os.geteuid():
+                continue  # another user's: theirs to reap
+            fd = os.open(os.path.join(entry.path, _OWNER), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             continue
         try:
@@ -100,18 +115,26 @@ def _canonical_fd(dir_fd: int) -> bool:
 
 
 def _base(root: str) -> Path:
-    """``<root>/.handoff``, or a per-user directory under the system temp directory when the
-    cache root cannot take it (a read-only or missing root must not fail the job).
+    """``<root>/.handoff`` (created sticky), or a per-user directory under the system temp
+    directory when the cache root cannot take it (a read-only or missing root must not fail
+    the job) or when others could rename what this process keeps there.
 
     A symlink planted at either place is never followed, and the temp directory is used only
     if this user owns it and nobody else can write it (else a fresh private one is made)."""
     base = Path(root) / HANDOFF_DIR
     try:
-        base.mkdir(parents=True, exist_ok=True)
-        if stat.S_ISDIR(os.lstat(base).st_mode) and os.access(base, os.W_OK | os.X_OK):
+        Path(root).mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(base, 0o1777)
+        if _usable_base(root, base):
             return base
     except OSError as e:
         logger.debug("cannot use %s for HSACO hand-off: %s", base, e)
+    return _temp_base()
+
+
+def _temp_base() -> Path:
+    """A directory of this user's alone under the system temp directory."""
     import tempfile
 
     base = Path(tempfile.gettempdir()) / f"kernelcache-handoff-{os.getuid()}"
@@ -123,8 +146,29 @@ def _base(root: str) -> Path:
     return Path(tempfile.mkdtemp(prefix="kernelcache-handoff-"))
 
 
-def _setup(root: str, *, after_fork: bool = False) -> dict[str, object]:
-    base = _base(root)
+def _usable_base(root: str, base: Path) -> bool:
+    """Whether ``base`` (``<root>/.handoff``) may hold this process's directory: a real
+    directory this user may write, in which no one but this user, root and the cache root's
+    owner may rename it (a sticky directory owned by one of them; one of this user's own is
+    made sticky).
+
+    Raises:
+        OSError: it cannot be examined.
+    """
+    st = os.lstat(base)
+    if not stat.S_ISDIR(st.st_mode) or not os.access(base, os.W_OK | os.X_OK):
+        return False
+    me = os.geteuid()
+    if st.st_uid == me and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        os.chmod(base, stat.S_IMODE(st.st_mode) | stat.S_ISVTX, follow_symlinks=False)
+        return True
+    if st.st_uid in (me, 0):
+        return True
+    return bool(st.st_mode & stat.S_ISVTX) and st.st_uid == os.stat(root).st_uid
+
+
+def _setup(root: str, *, after_fork: bool = False, private_base: bool = False) -> dict[str, object]:
+    base = _temp_base() if private_base else _base(root)
     _reap(base)
     private = base / f"{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     private.mkdir(mode=0o700)
@@ -160,7 +204,13 @@ def _cleanup() -> None:
         _state.clear()
     if state.get("pid") != os.getpid():
         return
-    shutil.rmtree(str(state["dir"]), ignore_errors=True)
+    dir_fd = int(state["dir_fd"])  # type: ignore[call-overload]
+    with contextlib.suppress(OSError):
+        for name in os.listdir(dir_fd):  # through the descriptor: whatever its name leads to
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
+        if _leads_to(str(state["dir"]), dir_fd):
+            os.rmdir(str(state["dir"]))
     for key in ("dir_fd", "owner"):
         with contextlib.suppress(OSError):
             os.close(int(state[key]))  # type: ignore[call-overload]
@@ -193,26 +243,81 @@ atexit.register(_cleanup)
 def directory(root: str) -> tuple[str, bool]:
     """This process's hand-off directory under ``root``, and whether the canonical
     ``/proc/self/fd`` path reaches it (created on first use)."""
+    state = _current(root)
+    return str(state["dir"]), bool(state["canonical"])
+
+
+def _current(root: str) -> dict[str, object]:
+    """This process's hand-off state for ``root`` (set up on first use)."""
     with _lock:
         if not _state or _state.get("root") != str(root):
             if _state:
                 _cleanup()
             _state.update(_setup(str(root)))
-        return str(_state["dir"]), bool(_state["canonical"])
+        return dict(_state)
+
+
+def _leads_to(path: str, dir_fd: int) -> bool:
+    """Whether ``path`` resolves, now, to the directory open as ``dir_fd``."""
+    try:
+        st, held = os.stat(path), os.fstat(dir_fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _holds(dir_fd: int, name: str, data: bytes) -> bool:
+    """Whether the file ``name`` in ``dir_fd`` is a regular file holding exactly ``data``."""
+    try:
+        fd = os.open(name, _READ, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(len(data) + 1) == data
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _write(dir_fd: int, name: str, data: bytes) -> None:
+    """Put a new file holding ``data`` at ``name`` in ``dir_fd``, atomically."""
+    tmp = f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+    fd = os.open(tmp, _NEW_FILE, 0o600, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
 
 
 def materialize(root: str, name: str, data: bytes) -> str:
-    """Write ``data`` as ``name`` in this process's hand-off directory unless it is there, and
-    return the path to hand to jaxlib (the same string in every process when canonical)."""
-    private, canonical = directory(root)
-    target = os.path.join(private, name)
-    try:
-        present = os.stat(target).st_size == len(data)
-    except FileNotFoundError:
-        present = False
-    if not present:
-        tmp = os.path.join(private, f".{name}.{uuid.uuid4().hex[:8]}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    return f"/proc/self/fd/{HANDOFF_FD}/{name}" if canonical else target
+    """Write ``data`` as ``name`` in this process's hand-off directory unless it holds exactly
+    that, and return the path to hand to jaxlib (the same string in every process when
+    canonical). Everything is done through the directory's descriptor; an absolute path is
+    handed over only while it leads to that directory (else a fresh one is set up)."""
+    for _ in range(2):
+        state = _current(root)
+        dir_fd = int(state["dir_fd"])  # type: ignore[call-overload]
+        if not _holds(dir_fd, name, data):
+            _write(dir_fd, name, data)
+        if state["canonical"]:
+            return f"/proc/self/fd/{HANDOFF_FD}/{name}"
+        private = str(state["dir"])
+        if _leads_to(private, dir_fd):
+            return os.path.join(private, name)
+        logger.warning(
+            "kernelcache: the HSACO hand-off directory %s was moved or replaced by someone "
+            "else; using a new private one",
+            private,
+        )
+        with _lock:
+            _cleanup()
+            _state.update(_setup(str(root), private_base=True))
+    raise OSError(f"cannot hand HSACO over safely under {root}")

@@ -13,7 +13,8 @@ package, ``pip install 'kernelcache[zstd]'``), holding exactly:
 Import is all-or-nothing: a first pass reads the whole bundle without writing anything and
 rejects it (:class:`BundleError`, naming the member or entry) for an absolute path, a ``..``
 component, a link, a device or any other non-regular member, an unexpected name, a duplicate, a
-member over the size limit, a manifest larger than its entries justify, a damaged archive, a bad
+member over the size limit, a manifest larger than its entries justify (:func:`manifest_limit`:
+room for each entry's document, more the more its member holds), a damaged archive, a bad
 manifest, an entry whose metadata the schema refuses (:mod:`kernelcache.schema`, entry digest
 included), a member the manifest does not list (or the reverse), a size or digest mismatch, and,
 with a signing key, an entry without a valid signature. ``dry_run`` stops there, with the same
@@ -23,21 +24,28 @@ If anything fails during that pass (the file changed, a full disk), the entries 
 published are deleted again before the error is raised: an import publishes everything or
 nothing. (A process killed during the second pass cannot roll back: the entries it published
 are whole and verified.)
+
+Memory is bounded by what the bundle holds: members are streamed (one at a time in the second
+pass), and the manifest is parsed one value at a time (:class:`_JsonStream`), each from a
+bounded window, keeping only each valid entry's own text; a hostile manifest of countless tiny
+values costs no more than its size.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import xxhash
 
@@ -65,11 +73,17 @@ MANIFEST = "manifest.json"
 MEMBER_DIR = "entries"
 #: default limit on one artifact in a bundle (``import --max-member-size``)
 MAX_MEMBER_BYTES = 256 << 20
-#: a manifest may be this large, plus MANIFEST_PER_ENTRY for every entry member before it,
-#: and never more than MAX_MANIFEST_BYTES: it is read into memory and parsed whole
+#: a manifest may be this large, plus, for every entry member before it, MANIFEST_PER_ENTRY and
+#: as many bytes as the member holds, up to MANIFEST_ENTRY_MAX (see manifest_limit); never more
+#: than MAX_MANIFEST_BYTES
 MANIFEST_BASE = 1 << 20
-MANIFEST_PER_ENTRY = MAX_META_BYTES + 1024
+MANIFEST_PER_ENTRY = 16 << 10
+#: the most characters one entry's document may take in a manifest (the window it is parsed in)
+MANIFEST_ENTRY_MAX = MAX_META_BYTES + 1024
 MAX_MANIFEST_BYTES = 64 << 20
+#: the most characters a field name and any other value of a manifest may take
+_NAME_MAX = 256
+_VALUE_MAX = MANIFEST_BASE
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _OTHER_MAGIC = {
     b"\x1f\x8b": "gzip",
@@ -169,7 +183,8 @@ def export_bundle(
 
     Raises:
         BundleError: ``path`` exists (without ``force``) or cannot be written, or the manifest
-            would exceed :data:`MAX_MANIFEST_BYTES` (export fewer entries per bundle).
+            would exceed what an import accepts (:func:`manifest_limit`; export fewer entries
+            per bundle).
         MissingDependency: zstd was asked for and ``zstandard`` is not installed.
     """
     method = resolve_compression(path, compression)
@@ -180,6 +195,7 @@ def export_bundle(
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.partial")
     reader = Store(root, readonly=True, trust=trust)
     docs: list[dict[str, Any]] = []
+    sizes: list[int] = []
     skipped: list[tuple[str, str]] = []
     total = 0
     try:
@@ -209,6 +225,7 @@ def export_bundle(
                         doc[HMAC_FIELD] = sign(doc, hashlib.sha256(art.data).digest(), signing_key)
                     _add(tar, f"{MEMBER_DIR}/{art.key}.{art.ext}", art.data, doc.get("created"))
                     docs.append(doc)
+                    sizes.append(len(art.data))
                     total += len(art.data)
                 manifest = {
                     "format": BUNDLE_FORMAT,
@@ -218,10 +235,11 @@ def export_bundle(
                     "entries": docs,
                 }
                 body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-                if len(body) > MAX_MANIFEST_BYTES:
+                limit = manifest_limit(sizes)
+                if len(body) > limit:
                     raise BundleError(
                         f"the manifest of {len(docs)} entries would be {len(body)} bytes, more "
-                        f"than a bundle may hold ({MAX_MANIFEST_BYTES}); export fewer entries "
+                        f"than a bundle of them may hold ({limit}); export fewer entries "
                         "per bundle (--kernel, --target)"
                     )
                 _add(tar, MANIFEST, body, manifest["created"])
@@ -259,6 +277,7 @@ class _Member:
     digest: str
     data: bytes | None
     sha256: bytes | None = None  # of the data, when asked for (signed imports)
+    manifest: _Manifest | None = None  # the manifest member, parsed
 
 
 def _member_kind(m: tarfile.TarInfo) -> str | None:
@@ -320,9 +339,13 @@ def _open_tar(
         raise BundleError(f"not a tar archive ({e})") from None
 
 
-def manifest_limit(entries: int) -> int:
-    """The largest manifest a bundle with ``entries`` entry members before it may have."""
-    return min(MAX_MANIFEST_BYTES, MANIFEST_BASE + MANIFEST_PER_ENTRY * entries)
+def manifest_limit(sizes: Iterable[int]) -> int:
+    """The largest manifest a bundle may have after entry members of ``sizes`` bytes: room for
+    each entry's document, more the more its member holds (a document is at most
+    :data:`MANIFEST_ENTRY_MAX`), so that what a manifest costs is bounded by what the bundle
+    holds, never bought by empty members."""
+    room = sum(min(MANIFEST_ENTRY_MAX, MANIFEST_PER_ENTRY + size) for size in sizes)
+    return min(MAX_MANIFEST_BYTES, MANIFEST_BASE + room)
 
 
 def _members(
@@ -332,11 +355,14 @@ def _members(
     keep_data: bool,
     sha256: bool = False,
     progress: Progress | None = None,
+    read_manifest: bool = False,
 ) -> Iterator[_Member]:
     """Each member of the bundle, checked (name, type, size) and hashed, in archive order.
     The manifest's size is checked against :func:`manifest_limit` from its header, before
-    any of it is read."""
+    any of it is read; with ``read_manifest`` it is parsed (:func:`_read_manifest`), else
+    skipped."""
     seen: set[str] = set()
+    sizes: list[int] = []
     tar, stream, errors = _open_tar(f)
     try:
         for m in tar:
@@ -348,23 +374,27 @@ def _members(
             if name in seen:
                 raise BundleError(f"member {name!r} appears twice")
             seen.add(name)
+            source = tar.extractfile(m)
+            assert source is not None
             if name == MANIFEST:
-                entries = len(seen) - 1
-                limit = manifest_limit(entries)
+                limit = manifest_limit(sizes)
                 if m.size > limit:
                     raise BundleError(
                         f"member {name!r} is oversized: {m.size} bytes, the limit for a "
-                        f"manifest after {entries} entries is {limit}"
+                        f"manifest after {len(sizes)} entries of {sum(sizes)} bytes is {limit}"
                     )
-            elif m.size > max_member:
+                if read_manifest:
+                    parsed = _read_manifest(source, m.size)
+                    yield _Member(name, key, ext, m.size, "", None, manifest=parsed)
+                continue
+            if m.size > max_member:
                 raise BundleError(
                     f"member {name!r} is oversized: {m.size} bytes, the limit is {max_member} "
                     "(raise it with --max-member-size)"
                 )
-            source = tar.extractfile(m)
-            assert source is not None
+            sizes.append(m.size)
             hasher = xxhash.xxh3_128()
-            strong = hashlib.sha256() if sha256 and name != MANIFEST else None
+            strong = hashlib.sha256() if sha256 else None
             chunks = []
             got = 0
             while True:
@@ -375,12 +405,11 @@ def _members(
                 hasher.update(chunk)
                 if strong is not None:
                     strong.update(chunk)
-                if keep_data or name == MANIFEST:
+                if keep_data:
                     chunks.append(chunk)
             if got != m.size:
                 raise BundleError(f"member {name!r} is truncated")
-            data = b"".join(chunks) if keep_data or name == MANIFEST else None
-            if progress is not None and name != MANIFEST:
+            if progress is not None:
                 progress(1)
             yield _Member(
                 name,
@@ -388,7 +417,7 @@ def _members(
                 ext,
                 got,
                 "xxh3_128:" + hasher.hexdigest(),
-                data,
+                b"".join(chunks) if keep_data else None,
                 None if strong is None else strong.digest(),
             )
     except EOFError:
@@ -401,59 +430,214 @@ def _members(
             stream.close()
 
 
-@dataclass(frozen=True)
-class _Listed:
-    """An entry of a manifest, checked: its document, and the fields ``put`` will get."""
+# -- the manifest, one value at a time ---------------------------------------------------------
+_SPACE = re.compile(r"[ \t\n\r]*")
+_WINDOW_FIRST = 4096  # most values fit: tried before the value's whole window
 
-    doc: dict[str, Any]
+
+class _JsonStream:
+    """JSON read from a UTF-8 byte stream one value at a time, each parsed from a window of at
+    most a given number of characters: a value longer than its window is refused, so what
+    parsing one value costs is bounded by its window, whatever the stream holds."""
+
+    def __init__(self, source: IO[bytes]) -> None:
+        self._source = source
+        self._decode = codecs.getincrementaldecoder("utf-8")().decode
+        self._text = ""
+        self._pos = 0
+        self._ended = False
+        self.read = 0  # bytes read from the stream
+        self._decoder = json.JSONDecoder()
+
+    def _fill(self, want: int) -> None:
+        """Have ``want`` characters from the position on, unless the stream ends first."""
+        while len(self._text) - self._pos < want and not self._ended:
+            chunk = self._source.read(_CHUNK)
+            self.read += len(chunk)
+            self._ended = not chunk
+            try:
+                text = self._decode(chunk, final=self._ended)
+            except UnicodeDecodeError:
+                raise BundleError("bad manifest: not JSON (not UTF-8)") from None
+            self._text = self._text[self._pos :] + text
+            self._pos = 0
+
+    def peek(self) -> str:
+        """The next character that is not white space ("" at the end), not consumed."""
+        while True:
+            self._fill(1)
+            self._pos = _SPACE.match(self._text, self._pos).end()  # type: ignore[union-attr]
+            if self._pos < len(self._text) or self._ended:
+                return self._text[self._pos : self._pos + 1]
+
+    def take(self, char: str) -> bool:
+        """Consume ``char`` if it comes next; whether it did."""
+        if self.peek() != char:
+            return False
+        self._pos += 1
+        return True
+
+    def value(self, limit: int, what: str) -> tuple[Any, str]:
+        """The next JSON value and its text, if that is at most ``limit`` characters.
+
+        Raises:
+            BundleError: not JSON, nested too deeply, or longer than ``limit`` (``what`` names
+                it).
+        """
+        self.peek()
+        for size in (min(_WINDOW_FIRST, limit), limit):
+            self._fill(size + 1)
+            window = self._text[self._pos : self._pos + size + 1]
+            cut = len(window) > size  # more text follows the window
+            try:
+                value, end = self._decoder.raw_decode(window)
+            except RecursionError:
+                raise BundleError("bad manifest: not JSON (nested too deeply)") from None
+            except ValueError as e:
+                if cut and size < limit:
+                    continue
+                if cut:
+                    raise BundleError(
+                        f"bad manifest: {what} is larger than {limit} bytes"
+                    ) from None
+                raise BundleError(f"bad manifest: not JSON ({e})") from None
+            if end <= size:
+                self._pos += end
+                return value, window[:end]
+            if size == limit:
+                raise BundleError(f"bad manifest: {what} is larger than {limit} bytes")
+        raise AssertionError("unreachable")
+
+
+class _Listed(NamedTuple):
+    """An entry of a manifest, checked: what the checks and the publishing pass need of it,
+    and its document's own text (parsed again when it is published)."""
+
+    key: str
+    ext: str
+    size: int
+    digest: str
+    text: str
+
+    def fields(self) -> dict[str, Any]:
+        """The fields ``put`` will get (the document less the store's own)."""
+        doc = load_json(self.text)
+        return {k: v for k, v in doc.items() if k not in RESERVED_FIELDS}
+
+
+@dataclass(frozen=True)
+class _Manifest:
+    """A parsed manifest: its entries by member name, and its other fields (with
+    ``entries`` mapped to None)."""
+
+    entries: dict[str, _Listed]
     fields: dict[str, Any]
 
 
-def _parse_manifest(raw: bytes) -> tuple[dict[str, _Listed], dict[str, Any]]:
-    """{member name: entry}, compatibility block; raises BundleError naming what is wrong.
+def _read_manifest(source: IO[bytes], size: int) -> _Manifest:
+    """Parse the manifest member ``source`` of ``size`` bytes one value at a time, checking
+    each entry as it comes (:func:`_check_entry`) and keeping only its text.
 
-    Every entry is checked against the metadata schema and its entry digest (entries of
-    bundles from older versions have none), and its fields as ``put`` will store them."""
+    Raises:
+        BundleError: the manifest is not a JSON object of bounded fields, or (once its format
+            and version are known to be this one's) an entry is bad.
+    """
+    stream = _JsonStream(source)
+    entries: dict[str, _Listed] = {}
+    keys: set[str] = set()
+    fields: dict[str, Any] = {}
+    first_error: BundleError | None = None
     try:
-        doc = load_json(raw)
-    except ValueError as e:
-        raise BundleError(f"bad manifest: not JSON ({e})") from None
-    if not isinstance(doc, dict) or doc.get("format") != BUNDLE_FORMAT:
+        if not stream.take("{"):
+            if stream.peek() in ("", "[", '"', "t", "f", "n", "-") or stream.peek().isdigit():
+                raise BundleError(f"bad manifest: not a {BUNDLE_FORMAT} manifest")
+            raise BundleError("bad manifest: not JSON")
+        while not stream.take("}"):
+            if fields and not stream.take(","):
+                raise BundleError("bad manifest: not JSON (expected ',' or '}')")
+            name, _ = stream.value(_NAME_MAX, "a field name")
+            if not isinstance(name, str) or not stream.take(":"):
+                raise BundleError("bad manifest: not JSON (expected a field name)")
+            if name in fields:
+                raise BundleError(f"bad manifest: field {name!r} appears twice")
+            fields[name] = None
+            if name != "entries":
+                fields[name] = stream.value(_VALUE_MAX, f"field {name!r}")[0]
+                continue
+            if not stream.take("["):
+                first_error = first_error or BundleError(
+                    "bad manifest: 'entries' must be a list, 'compatibility' an object"
+                )
+                stream.value(_VALUE_MAX, "field 'entries'")
+                continue
+            number = 0
+            while not stream.take("]"):
+                if number and not stream.take(","):
+                    raise BundleError("bad manifest: not JSON (expected ',' or ']')")
+                meta, text = stream.value(MANIFEST_ENTRY_MAX, f"entry #{number}")
+                if first_error is None:
+                    try:
+                        listed = _check_entry(number, meta, text, keys)
+                        entries[f"{MEMBER_DIR}/{listed.key}.{listed.ext}"] = listed
+                    except BundleError as e:
+                        first_error = e
+                        entries.clear()  # kept no longer: it is refused
+                number += 1
+        if stream.peek() != "":
+            raise BundleError("bad manifest: not JSON (extra data after it)")
+    except BundleError:
+        if stream.read < size and stream.peek() == "":
+            raise BundleError(f"member {MANIFEST!r} is truncated") from None
+        raise
+    _check_header(fields)
+    if first_error is not None:
+        raise first_error
+    return _Manifest(entries, fields)
+
+
+def _check_header(fields: dict[str, Any]) -> None:
+    """Raise BundleError if the manifest is not of this format and version."""
+    if fields.get("format") != BUNDLE_FORMAT:
         raise BundleError(f"bad manifest: not a {BUNDLE_FORMAT} manifest")
-    version = doc.get("version")
+    version = fields.get("version")
     if version != BUNDLE_VERSION:
         raise BundleError(
             f"bad manifest: bundle version {version!r} is not supported by kernelcache "
             f"{__version__} (it reads version {BUNDLE_VERSION}); upgrade kernelcache"
         )
-    entries = doc.get("entries")
-    compat = doc.get("compatibility")
-    if not isinstance(entries, list) or not isinstance(compat, dict):
+    compat = fields.get("compatibility")
+    if "entries" not in fields or not isinstance(compat, dict):
         raise BundleError("bad manifest: 'entries' must be a list, 'compatibility' an object")
     if compat.get("entry_format") != FORMAT_VERSION:
         raise BundleError(
             f"bad manifest: entry format {compat.get('entry_format')!r} differs from this "
             f"kernelcache's ({FORMAT_VERSION})"
         )
-    by_name: dict[str, _Listed] = {}
-    keys: set[str] = set()
-    for number, meta in enumerate(entries):
-        key = meta.get("key") if isinstance(meta, dict) else None
-        if not isinstance(key, str) or split_entry_name(f"{key}.{META_EXT}") is None:
-            raise BundleError(f"bad manifest: entry #{number} has no valid key")
-        checked = check_document(meta, key, require_digest=False)
-        if isinstance(checked, Problem):
-            raise BundleError(f"bad manifest: entry {key}: {checked.reason}")
-        if key in keys:
-            raise BundleError(f"bad manifest: key {key} is listed twice")
-        keys.add(key)
-        fields = {k: v for k, v in checked.items() if k not in RESERVED_FIELDS}
-        try:  # exactly what put will check and store
-            build_metadata(key, checked["ext"], checked["size"], checked["digest"], fields)
-        except ValueError as e:
-            raise BundleError(f"bad manifest: entry {key}: {e}") from None
-        by_name[f"{MEMBER_DIR}/{key}.{checked['ext']}"] = _Listed(checked, fields)
-    return by_name, compat
+
+
+def _check_entry(number: int, meta: Any, text: str, seen: set[str]) -> _Listed:
+    """The entry #``number`` of a manifest, checked against the metadata schema and its entry
+    digest (entries of bundles from older versions have none), and its fields as ``put`` will
+    store them.
+
+    Raises:
+        BundleError: naming the entry and what is wrong.
+    """
+    key = meta.get("key") if isinstance(meta, dict) else None
+    if not isinstance(key, str) or split_entry_name(f"{key}.{META_EXT}") is None:
+        raise BundleError(f"bad manifest: entry #{number} has no valid key")
+    checked = check_document(meta, key, require_digest=False)
+    if isinstance(checked, Problem):
+        raise BundleError(f"bad manifest: entry {key}: {checked.reason}")
+    if key in seen:
+        raise BundleError(f"bad manifest: key {key} is listed twice")
+    seen.add(key)
+    fields = {k: v for k, v in checked.items() if k not in RESERVED_FIELDS}
+    try:  # exactly what put will check and store
+        build_metadata(key, checked["ext"], checked["size"], checked["digest"], fields)
+    except ValueError as e:
+        raise BundleError(f"bad manifest: entry {key}: {e}") from None
+    return _Listed(key, checked["ext"], checked["size"], checked["digest"], text)
 
 
 def _open_bundle(path: str) -> IO[bytes]:
@@ -505,12 +689,18 @@ def import_bundle(
     with _open_bundle(path) as f:
         members = {
             m.name: m
-            for m in _members(f, max_member_size, keep_data=False, sha256=signing_key is not None)
+            for m in _members(
+                f,
+                max_member_size,
+                keep_data=False,
+                sha256=signing_key is not None,
+                read_manifest=True,
+            )
         }
         manifest = members.pop(MANIFEST, None)
-        if manifest is None or manifest.data is None:
+        if manifest is None or manifest.manifest is None:
             raise BundleError(f"bad manifest: the bundle has no {MANIFEST}")
-        listed, compat = _parse_manifest(manifest.data)
+        listed, compat = manifest.manifest.entries, manifest.manifest.fields["compatibility"]
         lacking = sorted(listed.keys() - members.keys())
         if lacking:
             raise BundleError(f"bad manifest: it lists {lacking[0]!r}, which the bundle lacks")
@@ -518,19 +708,19 @@ def import_bundle(
         if unlisted:
             raise BundleError(f"member {unlisted[0]!r} is not listed in the manifest")
         for name, member in sorted(members.items()):
-            meta = listed[name].doc
-            if member.size != meta["size"] or member.digest != meta["digest"]:
+            entry = listed[name]
+            if member.size != entry.size or member.digest != entry.digest:
                 raise BundleError(
                     f"member {name!r} does not match the manifest (size {member.size} vs "
-                    f"{meta['size']}, digest {member.digest} vs {meta['digest']}): the bundle "
+                    f"{entry.size}, digest {member.digest} vs {entry.digest}): the bundle "
                     "is corrupt or was tampered with"
                 )
             if signing_key is not None:
                 assert member.sha256 is not None
-                why = check_signature(meta, member.sha256, signing_key)
+                why = check_signature(load_json(entry.text), member.sha256, signing_key)
                 if why is not None:
                     raise BundleError(
-                        f"entry {meta['key']} is refused: {why} (KERNELCACHE_SIGNING_KEY is "
+                        f"entry {entry.key} is refused: {why} (KERNELCACHE_SIGNING_KEY is "
                         "set: only bundles signed with it are imported)"
                     )
         checker = Store(store.root, readonly=True, trust=store.trust)
@@ -538,16 +728,16 @@ def import_bundle(
         conflicts: list[tuple[str, str]] = []
         todo = []
         for name, entry in sorted(listed.items()):
-            existing = checker.read(entry.doc["key"])
+            existing = checker.read(entry.key)
             if isinstance(existing, Artifact):
-                if existing.ext == entry.doc["ext"]:
+                if existing.ext == entry.ext:
                     present += 1
                 else:
-                    conflicts.append((entry.doc["key"], f"holds a .{existing.ext} artifact"))
+                    conflicts.append((entry.key, f"holds a .{existing.ext} artifact"))
                 continue
             todo.append(name)
         if dry_run or not todo:
-            size = sum(listed[n].doc["size"] for n in todo)
+            size = sum(listed[n].size for n in todo)
             return ImportResult(
                 path, len(listed), len(todo), present, size, tuple(conflicts), compat, dry_run
             )
@@ -568,7 +758,7 @@ def import_bundle(
                 entry = listed[member.name]
                 original = members[member.name]
                 if (
-                    member.digest != entry.doc["digest"]
+                    member.digest != entry.digest
                     or member.data is None
                     or member.sha256 != original.sha256
                 ):
@@ -576,7 +766,7 @@ def import_bundle(
                         f"{path} changed while being imported (member {member.name!r})"
                     )
                 try:
-                    _, created = store.publish(member.key, member.ext, member.data, entry.fields)
+                    _, created = store.publish(member.key, member.ext, member.data, entry.fields())
                 except WrongExt as e:
                     conflicts.append((member.key, str(e)))
                     continue

@@ -10,6 +10,11 @@ the keys that other processes are building, and takes over those whose builder d
 
 Failures of the cache never fail the caller's job: ``get`` turns them into misses and
 ``get_or_create`` into an artifact built in memory, with one warning per kind of failure.
+
+Every call waits at most the lock timeout in all, over all its keys and all its waits (locks,
+readers of a corrupt entry, the remote tier's lock): one :class:`~kernelcache.locks.WaitBudget`
+per call, which stands still while the call builds. A call whose budget is spent tries each
+lock once and never waits again.
 """
 
 from __future__ import annotations
@@ -26,11 +31,11 @@ from .config import settings
 from .errors import CacheError, LockTimeout, Problem, WrongExt
 from .keys import check_ext, check_key
 from .layout import resolve_root
-from .locks import Held
+from .locks import Held, WaitBudget
 from .process import warn_once
 from .remote import RemoteTier, check_entry, open_remote
 from .schema import RESERVED_FIELDS, make_metadata
-from .store import Artifact, Store
+from .store import Artifact, Store, as_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -127,19 +132,24 @@ class Cache:
         """
         check_key(key)
         check_ext(ext)
-        art = self._lookup(key, ext, counted)
-        if art is None and counted:
-            stats.count(self.root, misses=1)
+        art = self._lookup(key, ext, WaitBudget(self.lock_timeout), counted)
+        if not isinstance(art, Artifact):
+            art = None
+            if counted:
+                stats.count(self.root, misses=1)
         return art
 
-    def _lookup(self, key: str, ext: str, counted: bool = True) -> Artifact | None:
-        """Search every layer; count hits (if ``counted``), corruption and errors, but not
-        misses."""
+    def _lookup(
+        self, key: str, ext: str, budget: WaitBudget, counted: bool = True
+    ) -> Artifact | WrongExt | None:
+        """Search every layer, waiting at most what is left of ``budget``; count hits (if
+        ``counted``), corruption and errors, but not misses. WrongExt (returned, not raised)
+        when the writable root holds the key with another extension."""
         if self.disabled:
             return None
         for store in self.layers:
             try:
-                result = store.get_checked(key, ext)
+                result = store.get_checked(key, ext, wait=budget.remaining())
             except OSError as e:
                 stats.count(self.root, errors=1)
                 warn_once(
@@ -155,11 +165,13 @@ class Cache:
                     stats.count(self.root, corrupt=1)
                 elif result.untrusted:
                     stats.count(self.root, untrusted=1)
+                elif store is self.store and result.ext not in (None, ext):
+                    return WrongExt(f"key {key} already holds a .{result.ext} artifact")
         if self.remote is not None:
-            return self._remote_lookup(key, ext)
+            return self._remote_lookup(key, ext, budget)
         return None
 
-    def _remote_lookup(self, key: str, ext: str) -> Artifact | None:
+    def _remote_lookup(self, key: str, ext: str, budget: WaitBudget) -> Artifact | None:
         """Read ``key`` from the remote tier, check it like a local entry (schema, entry digest,
         artifact digest) and publish it locally. Never raises: whatever the tier returns or
         raises is a hit or a miss."""
@@ -190,7 +202,7 @@ class Cache:
         stats.count(self.root, remote_hits=1, hits=1, bytes_read=len(data))
         fields = {k: v for k, v in meta.items() if k not in RESERVED_FIELDS}
         try:
-            art = self.store.put(key, ext, data, fields)
+            art = self.store.put(key, ext, data, fields, wait=budget.remaining())
         except (CacheError, WrongExt) as e:
             warn_once(
                 logger, (self.root, "write"), "kernelcache: cannot store under %s: %s", self.root, e
@@ -205,16 +217,23 @@ class Cache:
         Returns the stored artifact (the earlier one if the key was already present).
 
         Raises:
+            TypeError: ``data`` is not bytes.
             ValueError: malformed key, ext or metadata.
             CacheError: the writable root cannot take the entry (message says why); nothing
                 partial is left behind.
         """
         check_key(key)
         check_ext(ext)
+        return self._put(key, ext, data, meta, None)
+
+    def _put(
+        self, key: str, ext: str, data: bytes, meta: Mapping[str, Any], wait: float | None
+    ) -> Artifact:
+        """:meth:`put`, waiting at most ``wait`` seconds (None: the lock timeout)."""
         if self.disabled:
             return self._in_memory(key, ext, data, meta)
         try:
-            art = self.store.put(key, ext, data, meta)
+            art = self.store.put(key, ext, data, meta, wait=wait)
         except CacheError:
             stats.count(self.root, errors=1)
             raise
@@ -234,6 +253,8 @@ class Cache:
 
         Raises:
             ValueError: malformed key or ext.
+            WrongExt: the key holds an artifact of another extension (before any build).
+            TypeError: ``build`` returned data that is not bytes.
             Exception: whatever ``build`` raises.
         """
         return self.get_or_create_many([BuildItem(key, ext, build)])[0]
@@ -278,15 +299,20 @@ class Cache:
         those locks share one budget per call, the lock timeout (not one per key).
 
         Never fails on a cache failure: a key whose lock cannot be taken is built without it,
-        and a key held by another process for longer than the lock timeout (of waiting since
-        it was first found held) is built privately, with one warning each.
+        and the keys still held by other processes once the call has waited the lock timeout
+        in all (its builds not counted) are built privately, with one warning naming the
+        holder; their ``put`` then tries the key's lock once and never waits again (the
+        artifact is published, or returned from memory). A call of N keys waits about one lock
+        timeout, not N.
 
         Yields:
             ``(index, result)`` in completion order, once per item: ``result`` is the
             :class:`Artifact`, the exception the item's ``build`` raised (the key is left
-            unbuilt, its lock released), or, with ``wait=False``, None for a key another
-            process is building (nothing is waited for). Equal ``(key, ext)`` items are built
-            once and yielded each. No lock is held while the caller runs between two results.
+            unbuilt, its lock released), :class:`WrongExt` for a key the writable root holds
+            with another extension (never built), or, with ``wait=False``, None for a key
+            another process is building (nothing is waited for). Equal ``(key, ext)`` items are
+            built once and yielded each. No lock is held while the caller runs between two
+            results.
 
         Raises:
             ValueError: a malformed key or ext (at the call, before any file is touched).
@@ -306,22 +332,24 @@ class Cache:
         builds: dict[tuple[str, str], BuildFn],
         wait: bool,
     ) -> Iterator[tuple[int, Artifact | Exception | None]]:
+        # every wait of this call together; the caller's time between two results is not ours
+        budget = WaitBudget(self.lock_timeout)
         pending: list[tuple[str, str]] = []
         for entry in slots:
-            art = self._lookup(*entry)
+            art = self._lookup(*entry, budget)
             if art is None:
                 pending.append(entry)
             else:
-                yield from ((i, art) for i in slots[entry])
+                with budget.paused():
+                    yield from ((i, art) for i in slots[entry])
         if self.disabled:
             for key, ext in pending:
                 stats.count(self.root, misses=1)
-                built = self._attempt(key, ext, builds[(key, ext)], None, 0.0)
-                yield from ((i, built) for i in slots[(key, ext)])
+                built = self._attempt(key, ext, builds[(key, ext)], None, budget)
+                with budget.paused():
+                    yield from ((i, built) for i in slots[(key, ext)])
             return
-        # one budget for the remote lock waits of the whole call, not one per key
-        remote_deadline = time.monotonic() + self.lock_timeout
-        held_since: dict[tuple[str, str], float] = {}  # first found held by another process
+        waited: set[tuple[str, str]] = set()  # found held by another process
         delay = POLL_FIRST
         while pending:
             left: list[tuple[str, str]] = []
@@ -330,20 +358,20 @@ class Cache:
                 result: Artifact | Exception | None = None
                 held = self._claim(key)
                 if not isinstance(held, _Busy):
-                    result = self._attempt(key, ext, builds[entry], held, remote_deadline)
+                    result = self._attempt(key, ext, builds[entry], held, budget)
                 elif wait:
-                    now = time.monotonic()
-                    if entry not in held_since:
-                        held_since[entry] = now
+                    if entry not in waited:
+                        waited.add(entry)
                         stats.count(self.root, lock_waits=1)
                     result = self._local_lookup(key, ext)  # published, lock not yet released
-                    if result is None and now - held_since[entry] >= self.lock_timeout:
-                        result = self._private(key, ext, builds[entry], remote_deadline)
+                    if result is None and budget.remaining() <= 0:
+                        result = self._private(key, ext, builds[entry], budget)
                     if result is None:
                         left.append(entry)
                         continue
                 # no lock is held here: hand the result over while the others wait their turn
-                yield from ((i, result) for i in slots[entry])
+                with budget.paused():
+                    yield from ((i, result) for i in slots[entry])
             if left and len(left) == len(pending):
                 time.sleep(delay)  # every remaining key is being built elsewhere
                 delay = min(delay * 2, POLL_MAX)
@@ -363,27 +391,36 @@ class Cache:
             return None
 
     def _private(
-        self, key: str, ext: str, build: BuildFn, remote_deadline: float
+        self, key: str, ext: str, build: BuildFn, budget: WaitBudget
     ) -> Artifact | Exception:
-        """Build ``key`` without its lock after another process held it too long."""
+        """Build ``key`` without its lock once the call has waited its lock timeout; say who
+        held the lock (and note it in the statistics log, for ``kernelcache doctor``)."""
         stats.count(self.root, lock_timeouts=1)
+        holder = self.store.locker.holder(key + ".build")
+        stats.note_lock_wait(self.root, key, self.lock_timeout, holder)
+        who = ""
+        if holder is not None:
+            since = holder["since"]
+            held_for = time.time() - since if since is not None else self.lock_timeout
+            who = f" (held by pid {holder['pid']} on host {holder['host']} for {held_for:.0f}s)"
         warn_once(
             logger,
             (self.root, "build-lock"),
-            "kernelcache: waited %.0fs for another builder under %s; building privately",
+            "kernelcache: waited %.0fs for another builder under %s%s; building privately",
             self.lock_timeout,
             self.root,
+            who,
         )
-        return self._attempt(key, ext, build, None, remote_deadline)
+        return self._attempt(key, ext, build, None, budget)
 
     def _attempt(
-        self, key: str, ext: str, build: BuildFn, held: Held | None, remote_deadline: float
+        self, key: str, ext: str, build: BuildFn, held: Held | None, budget: WaitBudget
     ) -> Artifact | Exception:
         """Look ``key`` up again under its lock ``held`` (if any) and build it if still
         missing; the lock is released before returning. A failing build is returned. The
-        remote tier's lock is waited for until ``remote_deadline`` (``time.monotonic()``)."""
+        remote tier's lock is waited for within what is left of ``budget``."""
         try:
-            return self._build_locked(key, ext, build, held, remote_deadline)
+            return self._build_locked(key, ext, build, held, budget)
         except Exception as e:  # the caller decides: raise it, or report it per item
             return e
         finally:
@@ -391,26 +428,28 @@ class Cache:
                 held.release()
 
     def _build_locked(
-        self, key: str, ext: str, build: BuildFn, held: Held | None, remote_deadline: float
+        self, key: str, ext: str, build: BuildFn, held: Held | None, budget: WaitBudget
     ) -> Artifact:
         if self.disabled:
-            return self._build(key, ext, build, store=False)
+            return self._build(key, ext, build, None)
         if held is not None:
-            art = self._lookup(key, ext)
+            art = self._lookup(key, ext, budget)
+            if isinstance(art, WrongExt):
+                raise art
             if art is not None:
                 return art
         release_remote = None
         if self.remote is not None:
-            budget = max(0.0, remote_deadline - time.monotonic())
-            release_remote = self._remote_acquire(key, budget)
+            # the remote tier's wait shares this call's budget: its timeout is what is left
+            release_remote = self._remote_acquire(key, budget.remaining())
             if release_remote is not None:
-                art = self._remote_lookup(key, ext)
+                art = self._remote_lookup(key, ext, budget)
                 if art is not None:
                     release_remote()
                     return art
         try:
             stats.count(self.root, misses=1)
-            return self._build(key, ext, build, store=True)
+            return self._build(key, ext, build, budget)
         finally:
             if release_remote is not None:
                 release_remote()
@@ -441,14 +480,20 @@ class Cache:
                 return result
         return None
 
-    def _build(self, key: str, ext: str, build: BuildFn, *, store: bool) -> Artifact:
+    def _build(self, key: str, ext: str, build: BuildFn, budget: WaitBudget | None) -> Artifact:
+        """Run ``build`` and store what it made (``budget`` None: keep it in memory), waiting
+        at most what is left of ``budget`` to store it."""
         started = time.monotonic()
-        data, meta = build()
+        if budget is None:
+            data, meta = build()
+        else:
+            with budget.paused():
+                data, meta = build()
         stats.count(self.root, builds=1, build_seconds=time.monotonic() - started)
-        if not store:
+        if budget is None:
             return self._in_memory(key, ext, data, meta)
         try:
-            return self.put(key, ext, data, meta)
+            return self._put(key, ext, data, meta, budget.remaining())
         except CacheError as e:
             warn_once(
                 logger, (self.root, "write"), "kernelcache: using an in-memory artifact: %s", e
@@ -459,5 +504,5 @@ class Cache:
 
     @staticmethod
     def _in_memory(key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> Artifact:
-        data = bytes(data)
+        data = as_bytes(data)
         return Artifact(key, ext, data, None, make_metadata(key, ext, data, meta), "memory")

@@ -7,7 +7,8 @@ kernelcache's own in :data:`VARIABLES`, those of packages built on it through
 environment changed, so tests and launchers can change variables between calls. Nothing else
 reads ``os.environ`` for kernelcache's configuration.
 
-An unset or empty variable means its default.
+An unset or empty variable means its default, except a secret's (the signing key, its file):
+set but blank, it is an error naming it, never signing turned off without a word.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ class Variable:
     shown_default: str  #: the default as the README shows it
     meaning: str
     secret: bool = False  #: never shown in messages or diagnostics
+    #: set but blank is an error (fail closed), not the default: what turns a protection on
+    required_if_set: bool = False
 
 
 VARIABLES: tuple[Variable, ...] = (
@@ -189,6 +192,7 @@ VARIABLES: tuple[Variable, ...] = (
         "(none)",
         "sign Redis values and bundles with this key (HMAC-SHA256); refuse unsigned ones",
         secret=True,
+        required_if_set=True,
     ),
     Variable(
         "KERNELCACHE_SIGNING_KEY_FILE",
@@ -197,6 +201,7 @@ VARIABLES: tuple[Variable, ...] = (
         None,
         "(none)",
         "read the signing key from this file instead (not readable by every user)",
+        required_if_set=True,
     ),
 )
 
@@ -236,11 +241,19 @@ def parse_variable(var: Variable, environ: Mapping[str, str] | None = None) -> A
     """The value of one variable in ``environ`` (default: ``os.environ``), or its default.
 
     Raises:
-        ConfigError: the variable is set to a value that cannot be used; the message names it,
-            the value, what is wrong and what is accepted.
+        ConfigError: the variable is set to a value that cannot be used (or, for a variable
+            :attr:`Variable.required_if_set`, set but blank); the message names it, the value,
+            what is wrong and what is accepted.
     """
     raw = (os.environ if environ is None else environ).get(var.name)
-    if raw is None or not raw.strip():
+    if raw is None:
+        return var.default
+    if not raw.strip():
+        if var.required_if_set:
+            raise ConfigError(
+                f"{var.name} is set but blank: give it a value or unset it (a blank value "
+                "would turn off what it protects)"
+            )
         return var.default
     try:
         return var.parse(raw)

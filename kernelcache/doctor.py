@@ -33,8 +33,10 @@ from .config import (
     variable,
     variables,
 )
-from .layout import LOCK_DIR, create_exclusive
-from .locks import Locker
+from .layout import LOCK_DIR, create_exclusive, shared_directories
+from .locks import Locker, pid_alive
+from .process import HOST
+from .stats import lock_waits
 
 #: packages whose installed versions are reported (never imported)
 PACKAGES = (
@@ -54,6 +56,8 @@ MIN_FILELOCK = (3, 30)
 NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph")
 LOW_FREE_BYTES = 1 << 30
 LOW_FREE_FRACTION = 0.05
+#: the lock waits noted in the statistics logs that doctor shows (the latest)
+SHOWN_LOCK_WAITS = 3
 
 
 @dataclass(frozen=True)
@@ -374,7 +378,57 @@ def diagnose(root: str | None) -> Report:
         checks.append(Check("locks", "warn", "flock does not work here: soft lock files"))
     elif lock_mode == "flock":
         checks.append(Check("locks", "ok", "flock works"))
+    checks += _shared_dir_checks(root)
+    waits = lock_waits(root)
+    if waits:
+        checks.append(Check("lock waits", "warn", _lock_waits_detail(waits)))
     return Report(root, info, tuple(checks))
+
+
+def _shared_dir_checks(root: str) -> list[Check]:
+    """A warning for each directory every user writes into (``.locks``, ``.stats``, and those
+    packages registered as shared) that others can write but that is not sticky: any of them
+    may rename or replace another user's lock files, scan index or other files there."""
+    checks = []
+    for name in sorted(shared_directories()):
+        try:
+            st = os.lstat(os.path.join(root, name))
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            checks.append(
+                Check(
+                    f"{name} sticky",
+                    "warn",
+                    f"{name} is writable by others but not sticky: any of them may replace "
+                    f"another user's files there; run chmod +t {os.path.join(root, name)}",
+                )
+            )
+    return checks
+
+
+def _lock_waits_detail(waits: list[dict[str, Any]]) -> str:
+    """The latest lock waits a job noted (see :func:`kernelcache.stats.note_lock_wait`), each
+    with who held the lock and whether it still runs."""
+    parts = []
+    for wait in waits[-SHOWN_LOCK_WAITS:]:
+        holder = wait["holder"]
+        if holder is None:
+            who = "held by a process that cannot be told"
+        else:
+            since = holder["since"]
+            held_for = wait["time"] - since if since is not None else wait["seconds"]
+            alive = holder["host"] != HOST or pid_alive(holder["pid"])
+            who = (
+                f"held by pid {holder['pid']} on host {holder['host']} for "
+                f"{'at least ' if since is None else ''}{held_for:.0f}s"
+                f"{' (still running)' if alive else ' (gone now)'}"
+            )
+        parts.append(
+            f"pid {wait['pid']} on host {wait['host']} waited {wait['seconds']:.0f}s for the "
+            f"lock of {wait['key'][:16]}, {who}"
+        )
+    return f"{len(waits)} lock waits timed out; latest: " + "; ".join(parts)
 
 
 def _umask() -> str:

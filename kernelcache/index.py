@@ -10,6 +10,12 @@ so that a summary of an unchanged root reads nothing else.
 The index is a cache: it is rewritten atomically (``os.replace``) by whoever scans a writable
 root, ignored when missing, unreadable or malformed (every field is validated), and never
 needed for correctness. Last-used stamps (metadata mtimes) are never taken from it.
+
+It lives in a directory others may write (``.stats/``), so it is a hint for listing speed only:
+read only when the file passes the root's trust policy (a trusted owner, writable by no one
+else), and only when what it says is possible (no metadata file larger than a document may be,
+no more bytes than the filesystem holds). Nothing selects a deletion by it: ``prune`` re-reads
+every field it selects on from the entry itself, under the entry's lock.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from array import array
 from collections.abc import Iterable, Mapping
 from itertools import repeat
 from operator import add
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
@@ -30,7 +36,11 @@ from .fsio import READ_FLAGS
 from .jsonio import load_json
 from .keys import META_EXT, all_keys, valid_ext
 from .layout import STATS_DIR, known_directories, open_subdir, replace_file
+from .schema import MAX_META_BYTES
 from .table import EntryTable
+
+if TYPE_CHECKING:
+    from .trust import TrustPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +75,9 @@ def index_matches(index: EntryTable, names: Mapping[str, int]) -> bool:
     return all(map(names.__contains__, map(add, map(add, index.key, repeat(".")), index.ext)))
 
 
-def index_file(root: str, *, header_only: bool) -> bytes | None:
-    """The scan index's bytes (or its first line only); None if missing or not plausible."""
+def index_file(root: str, *, header_only: bool, trust: TrustPolicy | None = None) -> bytes | None:
+    """The scan index's bytes (or its first line only); None if missing, not plausible, or
+    refused by the trust policy ``trust`` (None: every owner is accepted)."""
     path = os.path.join(root, STATS_DIR, INDEX_NAME)
     try:
         fd = os.open(path, READ_FLAGS)
@@ -75,6 +86,8 @@ def index_file(root: str, *, header_only: bool) -> bytes | None:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INDEX_BYTES:
+            return None
+        if trust is not None and not trust.accepts(st):
             return None
         with os.fdopen(os.dup(fd), "rb") as f:
             return f.readline(MAX_INDEX_BYTES) if header_only else f.read()
@@ -113,10 +126,36 @@ def parse_header(line: bytes) -> dict[str, Any] | None:
     return head
 
 
-def load_index(root: str) -> tuple[EntryTable, str | None]:
+def capacity(root: str) -> int:
+    """The bytes the filesystem of ``root`` holds in all: what no listing of it can exceed."""
+    try:
+        vfs = os.statvfs(root)
+    except OSError:
+        return 1 << 62
+    return vfs.f_blocks * vfs.f_frsize
+
+
+def plausible_header(head: dict[str, Any], names: int, room: int) -> bool:
+    """Whether the totals and groups of an index header can describe a listing of ``names``
+    names on a filesystem of ``room`` bytes (each entry has two files; a metadata file is at
+    most a document's size; the groups add up to at most the totals)."""
+    totals = head["totals"]
+    entries, nbytes = totals["entries"], totals["size"] + totals["meta_size"]
+    if 2 * entries > names or totals["meta_size"] > entries * MAX_META_BYTES or nbytes > room:
+        return False
+    return all(
+        sum(n for _, n, _ in head["groups"][c]) <= entries
+        and sum(b for _, _, b in head["groups"][c]) <= nbytes
+        for c in GROUPED
+    )
+
+
+def load_index(root: str, trust: TrustPolicy | None = None) -> tuple[EntryTable, str | None]:
     """The entries the scan index remembers and the signature of the listing they were read
-    from; (empty table, None) when it is missing or malformed. Never raises: it is a cache."""
-    raw = index_file(root, header_only=False)
+    from; (empty table, None) when it is missing, malformed, refused by the trust policy
+    ``trust`` or says what cannot be (see the module's docstring). Never raises: it is a
+    cache."""
+    raw = index_file(root, header_only=False, trust=trust)
     if raw is None:
         return EntryTable(), None
     first, _, rest = raw.partition(b"\n")
@@ -151,6 +190,8 @@ def load_index(root: str) -> tuple[EntryTable, str | None]:
             top = len(strings)
             if min(ext) < 0 or max(ext) >= top or min(size) < 0 or min(meta_size) < 0:
                 return EntryTable(), None
+            if max(meta_size) > MAX_META_BYTES or sum(size) + sum(meta_size) > capacity(root):
+                return EntryTable(), None
             if not all(valid_ext(strings[i]) for i in set(ext)):
                 return EntryTable(), None
             for refs in (kernel, target, kind):
@@ -173,6 +214,21 @@ def load_index(root: str) -> tuple[EntryTable, str | None]:
         tuple(map(names, kind)),
     )
     return table, head["listing"]
+
+
+def discard_index(root: str) -> None:
+    """Remove the scan index of ``root`` (best effort): it said what an entry's own metadata
+    does not, so the next scan reads every metadata file and writes a new one."""
+    try:
+        dfd = open_subdir(root, STATS_DIR, create=False)
+    except OSError:
+        return
+    try:
+        os.unlink(INDEX_NAME, dir_fd=dfd)
+    except OSError as e:
+        logger.debug("kernelcache: cannot remove the scan index under %s: %s", root, e)
+    finally:
+        os.close(dfd)
 
 
 def save_index(root: str, table: EntryTable, listing: str | None) -> None:

@@ -17,7 +17,10 @@ housekeeping directories are opened with ``O_NOFOLLOW``, and the files in those 
 relative to their descriptors. What is written is a new file (:func:`create_exclusive`), put
 in place with ``os.replace``; only lock files and the append-only statistics logs are opened
 again. A directory gets mode 0o777 and a file 0o666, minus the umask, so that a group-shared
-root (umask 002, a set-group-ID directory) stays writable for its group.
+root (umask 002, a set-group-ID directory) stays writable for its group. In a root set up for
+sharing (set-group-ID or sticky), the directories every user writes files of their own into
+(:func:`shared_directories`) are created sticky, so that a user may remove or replace only
+their own files there.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ QUARANTINE_DIR = ".quarantine"
 STATS_DIR = ".stats"
 
 _known_dirs = frozenset({TMP_DIR, LOCK_DIR, QUARANTINE_DIR, STATS_DIR})
+#: directories where every user of a root keeps files of their own (lock files, statistics
+#: logs, the scan index): created sticky in a shared root
+_shared_dirs = frozenset({LOCK_DIR, STATS_DIR})
 _registering = threading.Lock()
 
 #: how a file is created under a root: a new file only, never through a symlink
@@ -56,8 +62,9 @@ NOT_VISIBLE = frozenset({errno.ENOTDIR, errno.EACCES, errno.EPERM})
 
 
 # -- directories --------------------------------------------------------------------------
-def register_directory(name: str) -> None:
-    """Declare ``name`` a directory that may sit in a root beside the entries.
+def register_directory(name: str, *, shared: bool = False) -> None:
+    """Declare ``name`` a directory that may sit in a root beside the entries; ``shared``: one
+    where every user keeps files of their own (it should be sticky, and doctor says so).
 
     Raises:
         ValueError: ``name`` is not a hidden name of one path component (``.name``), which
@@ -65,9 +72,11 @@ def register_directory(name: str) -> None:
     """
     if not name.startswith(".") or name in (".", "..") or "/" in name or "\0" in name:
         raise ValueError(f"a root's directory is named '.name', not {name!r}")
-    global _known_dirs
+    global _known_dirs, _shared_dirs
     with _registering:
         _known_dirs = _known_dirs | {name}
+        if shared:
+            _shared_dirs = _shared_dirs | {name}
 
 
 def known_directories() -> frozenset[str]:
@@ -76,10 +85,24 @@ def known_directories() -> frozenset[str]:
     return _known_dirs
 
 
+def shared_directories() -> frozenset[str]:
+    """The known directories where every user of a root keeps files of their own."""
+    return _shared_dirs
+
+
+def shared_root(root: str) -> bool:
+    """Whether ``root`` is set up for sharing: set-group-ID (the README's recipe) or sticky."""
+    try:
+        return bool(os.stat(root).st_mode & (stat.S_ISGID | stat.S_ISVTX))
+    except OSError:
+        return False
+
+
 def open_subdir(root: str, name: str, *, create: bool) -> int:
     """Open ``<root>/<name>`` as a directory without following a symlink at ``name``.
 
-    Creates it (mode 0o777 minus the umask) when ``create`` is true and it is missing.
+    Creates it (mode 0o777 minus the umask; sticky for a :func:`shared_directories` one in a
+    :func:`shared_root`) when ``create`` is true and it is missing.
 
     Raises:
         OSError: from the system (ENOENT, EACCES, EROFS, ELOOP/ENOTDIR for a planted symlink).
@@ -91,8 +114,9 @@ def open_subdir(root: str, name: str, *, create: bool) -> int:
     except FileNotFoundError:
         if not create:
             raise
+    sticky = name in _shared_dirs and shared_root(root)
     with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o777)
+        os.mkdir(path, 0o1777 if sticky else 0o777)
     return os.open(path, flags)
 
 
@@ -157,13 +181,14 @@ def read_metadata(
     dir_fd: int | None = None,
     trust: TrustPolicy | None = None,
     not_visible: Collection[int] = (),
+    parse: Callable[[bytes, str], dict[str, Any] | Problem] = parse_metadata,
 ) -> tuple[dict[str, Any], os.stat_result] | Problem | None:
     """Read and check the metadata file ``path`` of ``key`` (relative to ``dir_fd`` if given).
 
-    Returns the document (checked against the schema and its entry digest) and the file's
-    status; None if there is no such file (or its open failed with an errno in
-    ``not_visible``); else the Problem: a symlink, not a regular file, refused by ``trust``,
-    too large, unreadable or not a valid document.
+    Returns the document (checked by ``parse``: by default against the schema and its entry
+    digest) and the file's status; None if there is no such file (or its open failed with an
+    errno in ``not_visible``); else the Problem: a symlink, not a regular file, refused by
+    ``trust``, too large, unreadable or not a valid document.
     """
     try:
         fd = os.open(path, READ_FLAGS, dir_fd=dir_fd)
@@ -187,7 +212,7 @@ def read_metadata(
         return Problem(key, f"metadata unreadable: {e.strerror}")
     finally:
         os.close(fd)
-    doc = parse_metadata(raw, key)
+    doc = parse(raw, key)
     if isinstance(doc, Problem):
         return doc
     return doc, st

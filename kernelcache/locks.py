@@ -18,7 +18,10 @@ EOPNOTSUPP or EINVAL. All processes sharing a root must end up in the same mode.
 
 Invariants: lock files are opened relative to the directory's descriptor with ``O_NOFOLLOW``
 and ``O_NONBLOCK``, read-only, so a planted symlink is never followed, a FIFO never hangs an
-open, and a lock file is never written. The exclusive flock is filelock's descriptor lock, so a
+open, and a lock file is never written. With a trust policy (a store's), a lock file keeps only
+the read and write bits of the users the policy trusts (whoever can open it can hold it), and a
+lock file of a user the policy does not trust is never waited on: the lock is unavailable, and
+the caller works without it. Waits are bounded per call, in total (:class:`WaitBudget`). The exclusive flock is filelock's descriptor lock, so a
 tool locking ``.locks/<key>.lock`` with ``filelock.FileLock`` excludes kernelcache's writers
 and the other way round. Why the rest is not filelock's: docs/reliability.md, "Locks".
 """
@@ -36,8 +39,9 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from .errors import LockTimeout, LockUnavailable
 from .fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
@@ -45,6 +49,9 @@ from .jsonio import load_json
 from .keys import KEY_PATTERN
 from .layout import LOCK_DIR, create_exclusive, open_subdir
 from .process import HOST
+
+if TYPE_CHECKING:
+    from .trust import TrustPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +61,30 @@ _FLOCK_UNSUPPORTED = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL
 #: a soft lock file still without its holder record this long after it was made or touched
 #: lost its holder between creating it and writing the record (done at once): it is stale
 UNWRITTEN_STALE = 5.0
+#: the longest pause between two refreshes of a held soft lock, whatever the staleness time
+MAX_HEARTBEAT = 60.0
+
+
+class WaitBudget:
+    """The time one call may still spend waiting, over all of its waits together (for locks,
+    for readers, for the remote tier's lock): :meth:`remaining` counts down while the call
+    waits, and stands still while it works (:meth:`paused`, around a build)."""
+
+    def __init__(self, seconds: float) -> None:
+        self._end = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        """Seconds left to wait (0 once spent: try once, never wait)."""
+        return max(0.0, self._end - time.monotonic())
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Work that is not waiting: its time is given back to the budget."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self._end += time.monotonic() - started
 
 
 def _try_flock(fd: int, *, shared: bool) -> bool:
@@ -114,8 +145,36 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return not _exited(pid)
+
+
+def _exited(pid: int) -> bool:
+    """Whether the process ``pid`` has exited and waits to be reaped (a zombie): it holds no
+    lock and will never refresh one. False where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read(4096).rpartition(b")")[2].split()[:1]
+    except OSError:
+        return False
+    return state in ([b"Z"], [b"X"])
+
+
+def flock_holder(dfd: int, name: str) -> int | None:
+    """The pid of a process holding a flock on the file ``name`` in ``dfd`` (from
+    /proc/locks); None when none is found or it cannot be told."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        with open("/proc/locks", "rb") as f:
+            lines = f.read(1 << 22).splitlines()
+    except OSError:
+        return None
+    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}".encode()
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == b"FLOCK" and fields[5] == wanted:
+            return int(fields[4]) if fields[4].isdigit() else None
+    return None
 
 
 def lock_name(filename: str) -> tuple[str, str] | None:
@@ -202,6 +261,7 @@ def read_soft_record(dfd: int, filename: str) -> dict | None:
     if not isinstance(record, dict):
         record = {}
     record["mtime"] = st.st_mtime
+    record["uid"] = st.st_uid
     return record
 
 
@@ -254,12 +314,21 @@ class Held:
 class Locker:
     """Locks for one root. Safe to share between threads; each acquire is independent."""
 
-    def __init__(self, root: str, *, mode: str = "auto", stale_after: float = 300.0) -> None:
+    def __init__(
+        self,
+        root: str,
+        *,
+        mode: str = "auto",
+        stale_after: float = 300.0,
+        trust: TrustPolicy | None = None,
+    ) -> None:
         if mode not in ("auto", "flock", "soft"):
             raise ValueError(f"lock mode {mode!r} is not one of auto, flock, soft")
         self.root = root
         self.requested_mode = mode
         self.stale_after = stale_after
+        #: whose lock files are waited on, and the bits this process's lock files keep
+        self.trust = trust
         self._mode: str | None = None if mode == "auto" else mode
 
     # -- public ---------------------------------------------------------------------------
@@ -299,6 +368,30 @@ class Locker:
         """
         return self._acquire_soft(name, time.monotonic() + timeout)
 
+    def holder(self, name: str) -> dict[str, Any] | None:
+        """Who holds the lock ``name``, where it can be told: ``{"pid", "host", "since"}``
+        (``since``, the Unix time it was taken, is known for soft locks only); None if nobody
+        is found."""
+        try:
+            dfd = open_subdir(self.root, LOCK_DIR, create=False)
+        except OSError:
+            return None
+        try:
+            if self.mode == "soft":
+                record = read_soft_record(dfd, name + ".softlock")
+                if record is None or not isinstance(record.get("pid"), int):
+                    return None
+                since = record.get("time")
+                return {
+                    "pid": record["pid"],
+                    "host": str(record.get("host")),
+                    "since": since if isinstance(since, (int, float)) else None,
+                }
+            pid = flock_holder(dfd, name + ".lock")
+            return None if pid is None else {"pid": pid, "host": HOST, "since": None}
+        finally:
+            os.close(dfd)
+
     # -- flock ----------------------------------------------------------------------------
     def _dir(self) -> int:
         try:
@@ -316,11 +409,11 @@ class Locker:
 
     def _open_lock_file(self, dfd: int, filename: str) -> int:
         try:
-            return os.open(filename, READ_FLAGS | os.O_CREAT, 0o666, dir_fd=dfd)
+            fd = os.open(filename, READ_FLAGS | os.O_CREAT, 0o666, dir_fd=dfd)
         except PermissionError:
             # An existing lock file of another user in a sticky directory: open without O_CREAT.
             try:
-                return os.open(filename, READ_FLAGS, dir_fd=dfd)
+                fd = os.open(filename, READ_FLAGS, dir_fd=dfd)
             except OSError as e:
                 raise LockUnavailable(
                     e.errno, f"cannot open lock file {filename} under {self.root}: {e.strerror}"
@@ -331,6 +424,34 @@ class Locker:
                 f"cannot open lock file {filename} under {self.root}/{LOCK_DIR}: {e.strerror}"
                 + ("; a symlink was planted there, remove it" if e.errno == errno.ELOOP else ""),
             ) from e
+        try:
+            self._vet(fd, filename)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _vet(self, fd: int, filename: str) -> None:
+        """Apply the trust policy to the open lock file ``fd``: a file of this user keeps only
+        the bits of trusted users; a file of a user the policy does not trust is refused.
+
+        Raises:
+            LockUnavailable: the file belongs to an untrusted user (it may hold it for ever).
+        """
+        policy = self.trust
+        if policy is None:
+            return
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid():
+            with contextlib.suppress(OSError):
+                policy.limit_access(fd)
+        elif not policy.trusts(st.st_uid):
+            raise LockUnavailable(
+                errno.EPERM,
+                f"lock file {filename} under {self.root}/{LOCK_DIR} belongs to user "
+                f"{st.st_uid}, whom KERNELCACHE_TRUST={policy.policy} does not trust; "
+                "not waiting for it",
+            )
 
     def _acquire_flock(self, name: str, shared: bool, deadline: float) -> Held:
         filename = name + ".lock"
@@ -384,7 +505,8 @@ class Locker:
     def _unlink(self, filename: str) -> None:
         dfd = self._dir()
         try:
-            with contextlib.suppress(FileNotFoundError):
+            # (PermissionError: another user's file in the sticky lock directory: it stays)
+            with contextlib.suppress(FileNotFoundError, PermissionError):
                 os.unlink(filename, dir_fd=dfd)
         finally:
             os.close(dfd)
@@ -436,6 +558,8 @@ class Locker:
                     ) from e
                 else:
                     try:
+                        if self.trust is not None:  # (others read it to judge staleness)
+                            self.trust.limit_write_bits(fd)
                         os.write(fd, record.encode())
                     finally:
                         os.close(fd)
@@ -448,9 +572,22 @@ class Locker:
             delay = self._wait(name, deadline, delay, cap=0.05)
 
     def _break_if_stale(self, dfd: int, filename: str) -> bool:
-        """Move a stale lock out of the way; whether one was broken."""
+        """Move a stale lock out of the way; whether one was broken.
+
+        Raises:
+            LockUnavailable: the lock file belongs to a user the trust policy does not trust.
+        """
         record = read_soft_record(dfd, filename)
-        if record is None or not soft_lock_stale(record, self.stale_after):
+        if record is None:
+            return False
+        if self.trust is not None and not self.trust.trusts(record["uid"]):
+            raise LockUnavailable(
+                errno.EPERM,
+                f"soft lock {filename} under {self.root}/{LOCK_DIR} belongs to user "
+                f"{record['uid']}, whom KERNELCACHE_TRUST={self.trust.policy} does not trust; "
+                "not waiting for it",
+            )
+        if not soft_lock_stale(record, self.stale_after):
             return False
         # Move it aside under a unique name, then check we moved the lock we judged stale: a
         # concurrent breaker may have broken it and a new holder taken it in between.
@@ -478,7 +615,7 @@ class Locker:
         return not fresh
 
     def _start_heartbeat(self, filename: str, stop: threading.Event) -> None:
-        interval = max(self.stale_after / 4, 0.05)
+        interval = min(max(self.stale_after / 4, 0.05), MAX_HEARTBEAT)
 
         def beat() -> None:
             while not stop.wait(interval):

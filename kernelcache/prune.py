@@ -10,9 +10,12 @@ Guarantees while other processes read and write the root:
 * An entry is deleted with :meth:`Store.delete` under its exclusive per-key lock, tried once
   (``wait=0``): an entry a reader or writer holds is skipped and reported as ``in-use``, never
   waited for and never removed under them.
-* What the plan decided is re-checked under that lock, never before it: an entry used (its
-  last-used stamp refreshed) after the plan was made is kept (``used-since-plan``), and
-  metadata without artifact that a writer completed meanwhile is kept (``gone``).
+* What the plan decided is re-checked under that lock, never before it, from the entry itself:
+  an entry used (its last-used stamp refreshed) after the plan was made is kept
+  (``used-since-plan``); one whose own metadata no longer says what the plan selected it for
+  (its extension, its kernel or target for a filter, its sizes) is kept (``changed``): the
+  scan index the plan may have read is a hint that others can write, never a reason to delete;
+  and metadata without artifact that a writer completed meanwhile is kept (``gone``).
 * Each delete touches only the entry's own files (no listing of the root), so a prune is linear
   in the entries; the deletes of a size or age limit run in a few threads.
 * Corrupt entries are quarantined with :meth:`Store.repair`, which re-checks them under the
@@ -41,10 +44,11 @@ from typing import Any, NamedTuple
 
 from .errors import LockTimeout
 from .fsio import READ_FLAGS, changed_at
-from .keys import META_EXT
-from .layout import LOCK_DIR, QUARANTINE_DIR, TMP_DIR, open_subdir
+from .index import discard_index
+from .layout import LOCK_DIR, NOT_VISIBLE, QUARANTINE_DIR, TMP_DIR, open_subdir, read_metadata
 from .locks import lock_name
 from .scan import CacheScan, Issue
+from .schema import parse_fields
 from .stats import fold_logs, foldable_logs
 from .store import Artifact, Problem, Store
 from .table import EntryInfo
@@ -65,6 +69,7 @@ STATUSES: dict[str, str] = {
     "done": "removed (or quarantined)",
     "in-use": "held by another process: skipped",
     "used-since-plan": "used after the plan was made: kept",
+    "changed": "its own metadata or sizes no longer match what the plan selected: kept",
     "gone": "already gone or no longer a problem",
     "failed": "could not be removed (see detail)",
 }
@@ -108,6 +113,9 @@ class Plan:
     kept_bytes: int = 0
     logs_to_fold: tuple[str, ...] = ()
     left: tuple[Issue, ...] = ()
+    #: the filters entries were selected by (re-checked against each entry before it goes)
+    kernels: frozenset[str] = frozenset()
+    targets: frozenset[str] = frozenset()
 
     @property
     def bytes_to_free(self) -> int:
@@ -256,6 +264,8 @@ def plan_prune(
         kept_bytes=sum(nbytes) - sum(nbytes[i] for i in doomed),
         logs_to_fold=tuple(foldable_logs(scanned.root, now)),
         left=tuple(left),
+        kernels=frozenset(kernels),
+        targets=frozenset(targets),
     )
 
 
@@ -311,7 +321,7 @@ def execute(
     The rest runs one action at a time, in order. Never raises for a single action: each gets
     an :class:`Outcome`, in the plan's order.
     """
-    run = _Executor(store)
+    run = _Executor(store, plan)
     ticking = threading.Lock()  # progress is called from the deleting threads
 
     def one(action: Action) -> Outcome:
@@ -328,6 +338,8 @@ def execute(
         outcomes = _run(plan.actions, one)
     finally:
         run.close()
+    if any(o.status == "changed" for o in outcomes):
+        discard_index(store.root)  # it may be what misled the plan
     folded, error = (0, None)
     if plan.logs_to_fold:
         folded, error = fold_logs(store.locker, plan.logs_to_fold)
@@ -371,8 +383,9 @@ def _mostly_waiting(wall: float, cpu: float) -> bool:
 class _Executor:
     """One method per action kind; each returns (status, detail) and re-checks before acting."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, plan: Plan) -> None:
         self.store = store
+        self.plan = plan
         self.root = store.root
         #: .locks/, held open while the plan runs, where build locks are flock files
         self.locks_dir: int | None = None
@@ -391,26 +404,22 @@ class _Executor:
         except FileNotFoundError:
             return None
 
-    def _stamp(self, name: str) -> float | None:
-        """The last-used stamp of an entry's metadata file (its mtime)."""
-        st = self._stat(name)
-        return None if st is None else st.st_mtime
-
     def delete_entry(self, action: Action) -> tuple[str, str]:
         """Delete an entry if, under its exclusive lock, it is still what the plan saw: unused
-        since (its last-used stamp unchanged), or still metadata without an artifact or an
-        entry of an older version."""
+        since (its last-used stamp unchanged) and, by its own metadata and files, what the
+        plan selected (:meth:`_differs`); or still metadata without an artifact or an entry
+        of an older version."""
         key = action.key
         assert key is not None
         verdict = ("gone", "")
 
         def still_doomed() -> bool:
             nonlocal verdict
-            if action.mtime is not None:  # chosen by size or age: unused since the plan?
-                stamp = self._stamp(f"{key}.{META_EXT}")
-                if stamp is not None and stamp != action.mtime:
-                    verdict = ("used-since-plan", "")
-                return stamp == action.mtime
+            if action.mtime is not None:  # chosen by size, age or filter: still that entry?
+                why = self._differs(key, action)
+                if why is not None:
+                    verdict = why
+                return why is None
             # metadata without artifact, or an outdated entry: still one of them?
             found = self.store.inspect(key, any_owner=True)
             if isinstance(found, Problem) and (
@@ -428,6 +437,38 @@ class _Executor:
             return verdict
         self._drop_build_lock(key)
         return "done", ""
+
+    def _differs(self, key: str, action: Action) -> tuple[str, str] | None:
+        """Why the entry ``key`` is not what ``action`` planned to delete, re-derived from the
+        entry itself (the fields of its metadata, and both files' status); None if it is.
+        The plan may have read the scan index, which others can write."""
+        loaded = read_metadata(
+            self.store.meta_path(key), key, not_visible=NOT_VISIBLE, parse=parse_fields
+        )
+        if loaded is None:
+            return "gone", ""
+        if not isinstance(loaded, tuple):
+            return "changed", f"its metadata cannot be read now ({loaded.reason})"
+        doc, st = loaded
+        if st.st_mtime != action.mtime:
+            return "used-since-plan", ""
+        ext = action.path.rpartition(".")[2]
+        plan = self.plan
+        wrong = [
+            f"{field} is {repr(doc.get(name))[:40]}"
+            for field, name, wanted in (
+                ("its extension", "ext", {ext}),
+                ("its kernel", "name", plan.kernels),
+                ("its target", "target", plan.targets),
+            )
+            if wanted and not (isinstance(doc.get(name), str) and doc[name] in wanted)
+        ]
+        if wrong:
+            return "changed", f"not what the plan selected: {', '.join(wrong)}"
+        artifact = self._stat(f"{key}.{ext}")
+        if artifact is None or artifact.st_size + st.st_size != action.size:
+            return "changed", "its files' sizes changed since the plan"
+        return None
 
     def _drop_build_lock(self, key: str) -> None:
         """Remove the single-flight lock file of a deleted entry, unless a builder holds it.

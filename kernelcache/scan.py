@@ -9,7 +9,10 @@ What is found wrong lands in ``CacheScan.issues`` as :class:`Issue` records (kin
 :mod:`kernelcache.prune`'s job.
 
 Speed: metadata already described by the scan index (:mod:`kernelcache.index`) is not read
-again; the index is rewritten when a scan of a writable root finds it out of date.
+again; the index is rewritten when a scan of a writable root finds it out of date. The index
+is a hint for listing (read only if the trust policy accepts it); sizes and last-used stamps
+of a scan with ``last_used`` come from the file system, and a prune re-reads what it selects
+on from each entry under its lock.
 
 Guarantees across processes: a scan runs concurrently with writers, readers and pruners. An
 entry published or deleted during the scan may or may not be listed; a half-published entry
@@ -35,11 +38,13 @@ from .errors import Problem
 from .fsio import changed_at
 from .index import (
     GROUPED,
+    capacity,
     index_file,
     index_matches,
     listing_signature,
     load_index,
     parse_header,
+    plausible_header,
     save_index,
 )
 from .keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
@@ -55,6 +60,7 @@ from .layout import (
 from .locks import flock_held, lock_name, read_soft_record, soft_lock_stale
 from .store import FUTURE_SLACK, Artifact, Store
 from .table import COLUMNS, EntryInfo, EntryTable
+from .trust import TrustPolicy
 
 #: files younger than this may belong to a write in progress: never reported or removed
 GRACE_SECONDS = 3600.0
@@ -210,16 +216,19 @@ def scan(
     lock_stale: float = 300.0,
     progress: Progress | None = None,
     now: float | None = None,
+    trust: str = "group",
 ) -> CacheScan:
     """Describe every entry under ``root`` without reading artifacts.
 
     Args:
-        last_used: stat every metadata file for its last-used stamp (``EntryInfo.last_used``).
+        last_used: stat every metadata file for its last-used stamp (``EntryInfo.last_used``),
+            and both files of every entry for their sizes.
         locks: also examine ``.locks/`` for stale locks (reported as ``stale-lock`` issues).
         update_index: rewrite the scan index when it changed and the root is writable.
         lock_stale: seconds after which an unrefreshed soft lock is stale.
         progress: called with a count of metadata files read (the slow part of a first scan).
         now: the time against which ages are judged (default: now).
+        trust: the trust policy whose users' scan index is read (see :mod:`kernelcache.trust`).
 
     Never raises for what it finds; an unreadable root is an empty scan with one issue.
     """
@@ -232,7 +241,8 @@ def scan(
         return CacheScan(root, True, EntryTable(), (issue,), scanned_at=now)
     if pairs is None:
         return CacheScan(root, False, EntryTable(), (), scanned_at=now)
-    return _scan(root, pairs, last_used, locks, update_index, lock_stale, progress, now)
+    policy = TrustPolicy(root, trust)
+    return _scan(root, pairs, last_used, locks, update_index, lock_stale, progress, now, policy)
 
 
 def _scan(
@@ -244,6 +254,7 @@ def _scan(
     lock_stale: float,
     progress: Progress | None,
     now: float,
+    trust: TrustPolicy,
 ) -> CacheScan:
     try:
         dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -254,7 +265,7 @@ def _scan(
         return CacheScan(root, True, EntryTable(), (issue,), scanned_at=now)
     issues: list[Issue] = []
     try:
-        index, known = load_index(root)
+        index, known = load_index(root, trust)
         signature = listing_signature(pairs)
         table = index
         # The index is a cache in a shared directory: it is used only when the listing holds
@@ -357,29 +368,35 @@ def _entries(
 
 
 def _with_last_used(dfd: int, table: EntryTable) -> EntryTable:
-    """The table with last-used stamps, and the artifacts' sizes as the file system reports
-    them now (an artifact changed in place keeps its metadata's inode); entries deleted since
-    the listing are dropped. Stamps further in the future than ``FUTURE_SLACK`` are reset to
-    now (on disk too)."""
+    """The table with last-used stamps, and the sizes of both files of each entry as the file
+    system reports them now (an artifact changed in place keeps its metadata's inode; the scan
+    index's sizes are never used here); entries deleted since the listing are dropped. Stamps
+    further in the future than ``FUTURE_SLACK`` are reset to now (on disk too)."""
     stat_at = partial(os.stat, dir_fd=dfd, follow_symlinks=False)
     names = list(map(add, table.key, repeat("." + META_EXT)))
     artifacts = list(map(add, map(add, table.key, repeat(".")), table.ext))
     stamps: list[float | None]
     sizes: list[int | None]
+    meta_sizes: list[int | None]
     try:
-        stamps = [st.st_mtime for st in map(stat_at, names)]
+        metas = list(map(stat_at, names))
+        stamps = [st.st_mtime for st in metas]
+        meta_sizes = [st.st_size for st in metas]
         sizes = [st.st_size for st in map(stat_at, artifacts)]
     except OSError:  # some entry went away meanwhile: one at a time
-        stamps, sizes = [], []
+        stamps, sizes, meta_sizes = [], [], []
         for name, artifact in zip(names, artifacts, strict=True):
             stamp: float | None
             size: int | None
+            meta_size: int | None
             try:
-                stamp, size = stat_at(name).st_mtime, stat_at(artifact).st_size
+                meta = stat_at(name)
+                stamp, meta_size, size = meta.st_mtime, meta.st_size, stat_at(artifact).st_size
             except OSError:
-                stamp, size = None, None
+                stamp, meta_size, size = None, None, None
             stamps.append(stamp)
             sizes.append(size)
+            meta_sizes.append(meta_size)
     now = time.time()
     for i, stamp in enumerate(stamps):
         if stamp is not None and stamp > now + FUTURE_SLACK:
@@ -388,7 +405,12 @@ def _with_last_used(dfd: int, table: EntryTable) -> EntryTable:
             with contextlib.suppress(OSError):
                 os.utime(names[i], dir_fd=dfd, follow_symlinks=False)
             stamps[i] = now
-    table = replace(table, last_used=tuple(stamps), size=tuple(sizes))  # type: ignore[arg-type]
+    table = replace(
+        table,
+        last_used=tuple(stamps),
+        size=tuple(sizes),  # type: ignore[arg-type]
+        meta_size=tuple(meta_sizes),  # type: ignore[arg-type]
+    )
     if None not in stamps:
         return table
     keep = [i for i, t in enumerate(stamps) if t is not None]
@@ -520,9 +542,12 @@ class CacheSummary:
     quarantine: tuple[AuxFile, ...] = ()
 
 
-def summarize(root: str | os.PathLike[str], *, now: float | None = None) -> CacheSummary:
+def summarize(
+    root: str | os.PathLike[str], *, now: float | None = None, trust: str = "group"
+) -> CacheSummary:
     """Totals and groups of the entries of ``root``, from the scan index's first line when the
-    root's listing is exactly the one the index was made from, else from a :func:`scan`."""
+    root's listing is exactly the one the index was made from (and the index is accepted by
+    the trust policy ``trust`` and plausible), else from a :func:`scan`."""
     root = os.fspath(root)
     now = time.time() if now is None else now
     try:
@@ -531,9 +556,14 @@ def summarize(root: str | os.PathLike[str], *, now: float | None = None) -> Cach
         pairs = []
     if pairs is None:
         return CacheSummary(root, False, 0, 0, 0, {c: {} for c in GROUPED}, 0)
-    raw = index_file(root, header_only=True)
+    policy = TrustPolicy(root, trust)
+    raw = index_file(root, header_only=True, trust=policy)
     head = parse_header(raw) if raw else None
-    if head is not None and head["listing"] == listing_signature(pairs):
+    if (
+        head is not None
+        and head["listing"] == listing_signature(pairs)
+        and plausible_header(head, len(pairs), capacity(root))
+    ):
         temp = _aux_files(root, TMP_DIR)
         totals = head["totals"]
         return CacheSummary(
@@ -547,7 +577,7 @@ def summarize(root: str | os.PathLike[str], *, now: float | None = None) -> Cach
             temp,
             _aux_files(root, QUARANTINE_DIR),
         )
-    scanned = _scan(root, pairs, False, False, True, 300.0, None, now)
+    scanned = _scan(root, pairs, False, False, True, 300.0, None, now, policy)
     table = scanned.table
     return CacheSummary(
         root,
@@ -563,6 +593,18 @@ def summarize(root: str | os.PathLike[str], *, now: float | None = None) -> Cach
 
 
 # -- verification -------------------------------------------------------------------------
+def scan_store(store: Store) -> CacheScan:
+    """The scan ``verify`` and ``prune`` work from: with last-used stamps and lock files, under
+    the store's soft-lock staleness and trust policy."""
+    return scan(
+        store.root,
+        last_used=True,
+        locks=True,
+        lock_stale=store.locker.stale_after,
+        trust=store.trust,
+    )
+
+
 def verify(
     store: Store, base: CacheScan | None = None, *, progress: Progress | None = None
 ) -> CacheScan:
@@ -574,7 +616,7 @@ def verify(
     Reading leaves no trace (:meth:`Store.inspect`): no last-used stamp is touched.
     """
     if base is None:
-        base = scan(store.root, last_used=True, locks=True, lock_stale=store.locker.stale_after)
+        base = scan_store(store)
     good: list[EntryInfo] = []
     issues = list(base.issues)
     for count, entry in enumerate(base.entries, 1):

@@ -139,8 +139,13 @@ def _covers(value: Any) -> str | None:
 
 
 #: what a target name looks like to kernelcache, which gives targets no meaning (a package
-#: built on it may register a stricter check): printable, no spaces, at most 64 characters
-_TARGET = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}")
+#: built on it may register a stricter check): at most 64 letters, digits and ``_.+-``, in
+#: parts separated by single colons (``cuda:90``, ``hip:gfx90a:xnack-``; not ``cuda:``)
+_TARGET = re.compile(r"(?=.{1,64}\Z)[A-Za-z0-9][A-Za-z0-9_.+-]*(?::[A-Za-z0-9_.+-]+)*", re.DOTALL)
+#: kernelcache's own rules for the two fields operators select entries by (``--target``,
+#: ``--kernel``), whatever stricter checks packages register
+TARGET_NAME = pattern(_TARGET, "a target name such as cuda:90")
+KERNEL_NAME = text(1024)
 
 
 def _time(value: Any) -> str | None:
@@ -193,8 +198,8 @@ def power_of_two(high: int) -> Check:
 FIELDS: dict[str, Check] = {
     "created": _time,
     "producer": _producer,
-    "name": text(1024),
-    "target": pattern(_TARGET, "a target name such as cuda:90"),
+    "name": KERNEL_NAME,
+    "target": TARGET_NAME,
     "kind": text(64),
     "of": pattern(KEY_PATTERN, "a cache key"),
     COVERS_FIELD: _covers,
@@ -430,6 +435,22 @@ def parse_metadata(raw: bytes, key: str) -> dict[str, Any] | Problem:
     except ValueError as e:
         return Problem(key, f"unreadable metadata ({e.__class__.__name__})")
     return check_document(doc, key)
+
+
+def parse_fields(raw: bytes, key: str) -> dict[str, Any] | Problem:
+    """The fields of a metadata document of ``key``, parsed but not checked against the schema
+    (what names the entry, for selecting it: a reader of a file checks more); a Problem if it
+    is not a JSON object naming ``key`` with a valid extension."""
+    try:
+        doc = load_json(raw)
+    except ValueError as e:
+        return Problem(key, f"unreadable metadata ({e.__class__.__name__})")
+    if not isinstance(doc, dict) or doc.get("key") != key:
+        return Problem(key, "metadata does not name its key")
+    ext = doc.get("ext")
+    if not isinstance(ext, str) or EXT_PATTERN.fullmatch(ext) is None or ext == META_EXT:
+        return Problem(key, "metadata has an invalid ext")
+    return doc
 
 
 def encode_metadata(doc: Mapping[str, Any]) -> bytes:

@@ -9,6 +9,9 @@ log it finds. A killed process loses at most its last interval of counts.
 The logs of finished processes are folded into ``.stats/summary.jsonl`` (:func:`fold_logs`,
 run by ``prune``), so that totals are kept, never lost or counted twice, while logs go away.
 Logs and the summary are untrusted input: a bad line or value is skipped, never raised.
+
+A lock a call waited on for its whole lock timeout is noted in the log at once, with who held
+it (:func:`note_lock_wait`), for ``kernelcache doctor`` (:func:`lock_waits`).
 """
 
 from __future__ import annotations
@@ -161,7 +164,7 @@ def flush() -> None:
                 pending.append((root, delta, tiers))
                 _flushed[root] = dict(_counts.get(root) or {})
     for root, delta, tiers in pending:
-        _append(root, delta, tiers)
+        _append(root, delta, **({"tiers": tiers} if tiers else {}))
 
 
 def log_name() -> str:
@@ -169,17 +172,18 @@ def log_name() -> str:
     return f"{HOST}-{os.getpid()}-{_token}.jsonl"
 
 
-def _append(root: str, delta: dict[str, float], tiers: dict[str, dict[str, float]]) -> None:
-    record: dict[str, Any] = {
-        "v": LOG_VERSION,
-        "host": HOST,
-        "pid": os.getpid(),
-        "time": time.time(),
-        "delta": delta,
-    }
-    if tiers:
-        record["tiers"] = tiers
-    line = json.dumps(record, sort_keys=True)
+def note_lock_wait(root: str, key: str, waited: float, holder: dict[str, Any] | None) -> None:
+    """Note in this process's log under ``root`` that it waited ``waited`` seconds for the lock
+    of ``key``, held by ``holder`` (``{"pid", "host", "since"}``, None if unknown)."""
+    with _lock:
+        if root not in _logged_roots:
+            return
+    _append(root, {}, waited={"key": key, "seconds": waited, "holder": holder})
+
+
+def _append(root: str, delta: dict[str, float], **extra: object) -> None:
+    record = {"v": LOG_VERSION, "host": HOST, "pid": os.getpid(), "time": time.time()}
+    line = json.dumps({**record, "delta": delta, **extra}, sort_keys=True)
     try:
         dfd = open_subdir(root, STATS_DIR, create=True)
     except OSError as e:
@@ -266,7 +270,8 @@ def read_logs(
     root: str, tiers: dict[str, dict[str, float]] | None = None
 ) -> tuple[dict[str, float], int, list[str]]:
     """Sum every stats log under ``root`` (and, into ``tiers`` if given, the counters of each
-    remote tier).
+    remote tier): the summary, the logs, and the logs a fold renamed out of the way that its
+    summary does not name yet (a fold killed half-way).
 
     Returns (totals, number of processes, problems). Unreadable files and lines are skipped
     and listed in problems, never raised; nothing there can block the reader.
@@ -280,9 +285,17 @@ def read_logs(
     except OSError:
         return totals, 0, problems
     try:
+        try:
+            summary = _read_summary(dfd)
+        except ValueError:
+            summary = None
+        absorbed = set(summary["folded"]) if summary else set()
         names = sorted(os.listdir(dfd))
         for name in names:
-            if not name.endswith(".jsonl"):
+            if name.endswith(".jsonl" + _FOLDING):
+                if name[: -len(_FOLDING)] in absorbed:
+                    continue  # counted by the summary
+            elif not name.endswith(".jsonl"):
                 continue
             processes += 1
             path = os.path.join(directory, name)
@@ -312,6 +325,66 @@ LOG_FOLD_AGE = 86400.0
 SUMMARY_NAME = "summary.jsonl"
 _FOLDING = ".folding"
 _SUMMARY_LOCK = "stats-summary"
+
+
+def lock_waits(root: str) -> list[dict[str, Any]]:
+    """The lock waits noted in the statistics logs under ``root`` (:func:`note_lock_wait`),
+    oldest first: ``{"time", "host", "pid", "key", "seconds", "holder"}``; malformed ones are
+    skipped."""
+    found: list[dict[str, Any]] = []
+    try:
+        dfd = open_subdir(root, STATS_DIR, create=False)
+    except OSError:
+        return found
+    try:
+        try:
+            names = os.listdir(dfd)
+        except OSError:
+            names = []
+        for name in names:
+            if not name.endswith(".jsonl") or name == SUMMARY_NAME:
+                continue
+            try:
+                lines = read_log_file(dfd, name).splitlines()
+            except OSError:
+                continue
+            for raw in lines:
+                if b'"waited"' not in raw:
+                    continue
+                with contextlib.suppress(ValueError):
+                    wait = _lock_wait(load_json(raw))
+                    if wait is not None:
+                        found.append(wait)
+    finally:
+        os.close(dfd)
+    return sorted(found, key=lambda w: w["time"])
+
+
+def _lock_wait(record: Any) -> dict[str, Any] | None:
+    """A lock-wait record of a log line, checked (a log is untrusted); None if it is not one."""
+    if not isinstance(record, dict) or not isinstance(record.get("waited"), dict):
+        return None
+    waited, holder = record["waited"], record["waited"].get("holder")
+    numbers = (record.get("time"), waited.get("seconds"))
+    if not all(isinstance(n, (int, float)) and 0 <= n < 1e11 for n in numbers):
+        return None
+    if not isinstance(waited.get("key"), str) or type(record.get("pid")) is not int:
+        return None
+    if holder is not None and not (
+        isinstance(holder, dict)
+        and type(holder.get("pid")) is int
+        and isinstance(holder.get("host"), str)
+        and (holder.get("since") is None or type(holder.get("since")) in (int, float))
+    ):
+        return None
+    return {
+        "time": record["time"],
+        "host": str(record.get("host")),
+        "pid": record["pid"],
+        "key": waited["key"],
+        "seconds": waited["seconds"],
+        "holder": holder,
+    }
 
 
 def foldable_logs(root: str, now: float | None = None) -> list[str]:
@@ -437,14 +510,28 @@ def fold_logs(
         held.release()
 
 
+def _may_replace(dfd: int, name: str) -> bool:
+    """Whether this user may replace the file ``name`` in the directory ``dfd``: anyone may in
+    a plain directory; in a sticky one, only the file's owner, the directory's and root."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    me = os.geteuid()
+    directory = os.fstat(dfd)
+    return me in (0, st.st_uid, directory.st_uid) or not directory.st_mode & stat.S_ISVTX
+
+
 def _fold_locked(dfd: int, names: Iterable[str]) -> int:
+    if not _may_replace(dfd, SUMMARY_NAME):
+        return 0  # another user's summary in the sticky .stats/: theirs to fold
     summary = _read_summary(dfd)
     absorbed = set(summary["folded"]) if summary else set()
     pending: list[str] = []
     for name in os.listdir(dfd):
         if name.endswith(_FOLDING):
             if name[: -len(_FOLDING)] in absorbed:
-                with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(FileNotFoundError, PermissionError):
                     os.unlink(name, dir_fd=dfd)  # counted by the summary before a crash
             else:
                 pending.append(name)
@@ -453,7 +540,7 @@ def _fold_locked(dfd: int, names: Iterable[str]) -> int:
             continue
         try:
             os.rename(name, name + _FOLDING, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except FileNotFoundError:
+        except (FileNotFoundError, PermissionError):  # gone, or another user's (sticky .stats/)
             continue
         pending.append(name + _FOLDING)
     if not pending:
@@ -477,7 +564,7 @@ def _fold_locked(dfd: int, names: Iterable[str]) -> int:
         record["tiers"] = {t: {k: int(v) for k, v in c.items()} for t, c in tiers.items()}
     replace_file(dfd, SUMMARY_NAME, (json.dumps(record, sort_keys=True) + "\n").encode())
     for name in pending:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, PermissionError):  # (named by the summary)
             os.unlink(name, dir_fd=dfd)
     return len(pending)
 

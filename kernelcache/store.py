@@ -49,7 +49,7 @@ from .layout import (
     unservable,
     write_new,
 )
-from .locks import Held, Locker, exclude_readers
+from .locks import Held, Locker, WaitBudget, exclude_readers
 from .process import HOST, warn_once
 from .schema import (
     FORMAT_VERSION,
@@ -118,6 +118,19 @@ class Artifact:
     source: str = "local"
 
 
+def as_bytes(data: object) -> bytes:
+    """``data`` as bytes, if it is bytes-like (bytes, bytearray, memoryview).
+
+    Raises:
+        TypeError: anything else (``bytes(5)`` would be five zero bytes).
+    """
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"an artifact's data must be bytes, not {type(data).__name__}")
+
+
 def _stale_stamp(mtime: float) -> bool:
     """Whether a last-used stamp should be refreshed: older than an hour, or from the future."""
     age = time.time() - mtime
@@ -145,12 +158,12 @@ class Store:
         self._prefix = os.path.join(self.root, "")
         self.readonly = readonly
         self.lock_timeout = lock_timeout
-        self.locker = Locker(self.root, mode=lock_mode, stale_after=lock_stale)
-        self._memo: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
-        self._read_locks = not readonly
         #: the trust policy's name (see :data:`kernelcache.trust.TRUST_POLICIES`)
         self.trust = trust
         self._policy = TrustPolicy(self.root, trust)
+        self.locker = Locker(self.root, mode=lock_mode, stale_after=lock_stale, trust=self._policy)
+        self._memo: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
+        self._read_locks = not readonly
 
     @classmethod
     def from_settings(
@@ -264,7 +277,12 @@ class Store:
         flock if ``lock``, applying ``policy`` (None: none)."""
         stored_ext = doc["ext"]
         if ext is not None and stored_ext != ext:
-            return Problem(key, f"key holds a .{stored_ext} artifact, not .{ext}", corrupt=False)
+            return Problem(
+                key,
+                f"key holds a .{stored_ext} artifact, not .{ext}",
+                corrupt=False,
+                ext=stored_ext,
+            )
         path = f"{self._prefix}{key}.{stored_ext}"  # self.path(), inline: the hot path
         try:
             afd = os.open(path, READ_FLAGS)
@@ -341,11 +359,14 @@ class Store:
         check_ext(ext)
         return self.get_checked(key, ext)
 
-    def get_checked(self, key: str, ext: str) -> Artifact | Problem | None:
-        """:meth:`get` for a key and ext the caller has already validated."""
+    def get_checked(
+        self, key: str, ext: str, *, wait: float | None = None
+    ) -> Artifact | Problem | None:
+        """:meth:`get` for a key and ext the caller has already validated; a repair waits at
+        most ``wait`` seconds in all (None: the lock timeout)."""
         result = self.read(key, ext)
         if isinstance(result, Problem) and result.corrupt:
-            return self.repair(key, ext)
+            return self.repair(key, ext, wait=wait)
         return result
 
     def _touch(self, key: str) -> None:
@@ -399,29 +420,46 @@ class Store:
         finally:
             os.close(root_fd)
 
-    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> Artifact:
+    def put(
+        self,
+        key: str,
+        ext: str,
+        data: bytes,
+        meta: Mapping[str, Any],
+        *,
+        wait: float | None = None,
+    ) -> Artifact:
         """Publish an entry atomically; if a valid entry already exists, keep and return it.
 
         An entry that cannot be served (corrupt, untrusted) is quarantined and replaced; one
-        written by an older kernelcache is replaced.
+        written by an older kernelcache is replaced. Waits at most ``wait`` seconds in all for
+        the key's lock and readers of a corrupt entry (None: the lock timeout).
 
         Raises:
+            TypeError: ``data`` is not bytes (a bytes-like object).
             ValueError: invalid key or ext; metadata that the schema refuses (the message names
                 the field); or the key holds another extension.
             CacheError: the entry could not be written (the message says why and what to do);
                 nothing partial is left behind.
         """
-        return self.publish(key, ext, data, meta)[0]
+        return self.publish(key, ext, data, meta, wait=wait)[0]
 
     def publish(
-        self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]
+        self,
+        key: str,
+        ext: str,
+        data: bytes,
+        meta: Mapping[str, Any],
+        *,
+        wait: float | None = None,
     ) -> tuple[Artifact, bool]:
         """:meth:`put`, also saying whether this call published the entry (False: a valid
         entry was already there and is returned)."""
         check_key(key)
         check_ext(ext)
-        data = bytes(data)
+        data = as_bytes(data)
         doc = make_metadata(key, ext, data, meta)
+        budget = WaitBudget(self.lock_timeout if wait is None else wait)
         if self.readonly:
             raise CacheError(errno.EROFS, f"kernelcache: {self.root} is a read-only root")
         root_fd = self._root_fd()
@@ -435,7 +473,7 @@ class Store:
             except OSError as e:
                 raise self._write_error(f"staging failed: {e.strerror}", e, key) from e
             try:
-                held = self.lock(key, shared=False)
+                held = self.lock(key, shared=False, timeout=budget.remaining())
             except LockTimeout as e:
                 raise CacheError(
                     errno.EAGAIN, f"kernelcache: timed out waiting to write {key} under {self.root}"
@@ -450,7 +488,7 @@ class Store:
                     if existing.outdated:
                         self._remove_locked(root_fd, key, {ext, existing.ext or ext})
                     else:
-                        self._quarantine_locked(root_fd, key, existing.reason)
+                        self._quarantine_locked(root_fd, key, existing.reason, budget.remaining())
                 try:
                     os.replace(staged[0], f"{key}.{ext}", src_dir_fd=tmp_fd, dst_dir_fd=root_fd)
                     os.replace(
@@ -472,11 +510,14 @@ class Store:
         return Artifact(key, ext, data, self.path(key, ext), doc, "local"), True
 
     # -- repair ---------------------------------------------------------------------------
-    def repair(self, key: str, ext: str | None = None) -> Artifact | Problem | None:
+    def repair(
+        self, key: str, ext: str | None = None, *, wait: float | None = None
+    ) -> Artifact | Problem | None:
         """Re-read ``key`` from disk under its exclusive lock; quarantine it if it is corrupt.
 
         Returns what the fresh read found: the Artifact (a false alarm, e.g. a concurrent
-        publish), the Problem that got the entry quarantined, or None (the entry is gone).
+        publish), the Problem that got the entry quarantined, or None (the entry is gone, or
+        its lock or readers were held for ``wait`` seconds in all; None: the lock timeout).
         Read-only stores are never modified: their corrupt entries are reported and skipped.
         """
         if self.readonly:
@@ -491,8 +532,9 @@ class Store:
                     again.reason,
                 )
             return again
+        budget = WaitBudget(self.lock_timeout if wait is None else wait)
         try:
-            held = self.lock(key, shared=False)
+            held = self.lock(key, shared=False, timeout=budget.remaining())
         except LockTimeout:
             return None
         try:
@@ -503,7 +545,7 @@ class Store:
                 except CacheError:
                     return again
                 try:
-                    if self._quarantine_locked(root_fd, key, again.reason):
+                    if self._quarantine_locked(root_fd, key, again.reason, budget.remaining()):
                         logger.warning(
                             "kernelcache: quarantined %s under %s: %s", key, self.root, again.reason
                         )
@@ -514,8 +556,9 @@ class Store:
             if held is not None:
                 held.release()
 
-    def _quarantine_locked(self, root_fd: int, key: str, reason: str) -> bool:
-        """Move every file of ``key`` into .quarantine/ (caller holds the exclusive lock)."""
+    def _quarantine_locked(self, root_fd: int, key: str, reason: str, wait: float) -> bool:
+        """Move every file of ``key`` into .quarantine/ (caller holds the exclusive lock),
+        waiting at most ``wait`` seconds for its readers."""
         try:
             qfd = open_subdir(self.root, QUARANTINE_DIR, create=True)
         except OSError as e:
@@ -530,7 +573,7 @@ class Store:
         moved = False
         stamp = f"{time.time():.0f}-{uuid.uuid4().hex[:8]}"
         names = self._files_of(key, None)
-        readers = self._exclude_readers(root_fd, names, wait=self.lock_timeout)
+        readers = self._exclude_readers(root_fd, names, wait=wait)
         try:
             if readers is None:
                 return False

@@ -4,7 +4,8 @@ An artifact is code that will run on the GPU. Under ``owner`` and ``group`` a fi
 is served only if it is owned by a trusted user, writable by no one outside the trusted set (no
 write bit for others; a group write bit only under ``group`` and for the root directory's
 group) and has exactly one link. What this process writes keeps only the write bits its own
-policy accepts, so it always passes its own checks.
+policy accepts, so it always passes its own checks; its lock files keep only the read bits of
+the users the policy trusts (whoever can open a lock file can hold a flock on it).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ TRUST_POLICIES = {
     "any": "every user (a private or fully trusted cache)",
 }
 SHARED_WRITE = stat.S_IWGRP | stat.S_IWOTH
+SHARED_READ = stat.S_IRGRP | stat.S_IROTH
 
 
 def check_policy(policy: str) -> str:
@@ -75,8 +77,10 @@ class TrustPolicy:
             self._root_owner = (st.st_uid, st.st_gid)
         return self._root_owner
 
-    def _trusts(self, uid: int) -> bool:
-        """Whether files owned by ``uid`` may be served; remembered."""
+    def trusts(self, uid: int) -> bool:
+        """Whether the user ``uid`` is one this policy trusts; remembered, never warned about."""
+        if uid in self._trusted_uids:
+            return True
         if uid in self._untrusted_uids:
             return False
         trusted = self.policy == "any" or uid in (0, os.geteuid())
@@ -84,10 +88,13 @@ class TrustPolicy:
             ids = self._root_ids()
             if ids is not None:
                 trusted = uid == ids[0] or (self.policy == "group" and in_group(uid, ids[1]))
-        if trusted:
-            self._trusted_uids.add(uid)
-        else:
-            self._untrusted_uids.add(uid)
+        (self._trusted_uids if trusted else self._untrusted_uids).add(uid)
+        return trusted
+
+    def _trusts(self, uid: int) -> bool:
+        """Whether files owned by ``uid`` may be served; warned about once when not."""
+        trusted = self.trusts(uid)
+        if not trusted:
             warn_once(
                 logger,
                 (self.root, f"untrusted-{uid}"),
@@ -115,6 +122,28 @@ class TrustPolicy:
         uid = st.st_uid
         if uid not in self._trusted_uids and not self._trusts(uid):
             return f"{what} owned by untrusted user {uid}"
+        topic, reason = self._why_not(st, what)
+        if reason is not None:
+            warn_once(
+                logger,
+                (self.root, f"refused-{topic}"),
+                "kernelcache: refusing an entry under %s: %s (KERNELCACHE_TRUST=%s: an entry's "
+                "files must be writable only by the users it trusts, with one link each)",
+                self.root,
+                reason,
+                self.policy,
+            )
+        return reason
+
+    def accepts(self, st: os.stat_result) -> bool:
+        """Whether a file of status ``st`` passes this policy (as :meth:`refusal`, without a
+        warning): for files the cache only reads as a hint, such as the scan index."""
+        if self.may_serve(st):
+            return True
+        return self.trusts(st.st_uid) and self._why_not(st, "file")[1] is None
+
+    def _why_not(self, st: os.stat_result, what: str) -> tuple[str, str | None]:
+        """(topic, reason) a file of a trusted owner is refused for; reason None if it is not."""
         mode = stat.S_IMODE(st.st_mode)
         writable = mode & SHARED_WRITE
         topic, reason = "", None
@@ -133,17 +162,7 @@ class TrustPolicy:
                 reason = f"{what} is writable by group {st.st_gid}, not the root directory's group"
         if reason is None and st.st_nlink != 1:
             topic, reason = "links", f"{what} has {st.st_nlink} hard links"
-        if reason is not None:
-            warn_once(
-                logger,
-                (self.root, f"refused-{topic}"),
-                "kernelcache: refusing an entry under %s: %s (KERNELCACHE_TRUST=%s: an entry's "
-                "files must be writable only by the users it trusts, with one link each)",
-                self.root,
-                reason,
-                self.policy,
-            )
-        return reason
+        return topic, reason
 
     def limit_write_bits(self, fd: int) -> None:
         """Drop from the new file ``fd`` the write bits this policy would refuse, whatever the
@@ -153,13 +172,33 @@ class TrustPolicy:
         if extra:
             os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~extra)
 
+    def limit_access(self, fd: int) -> None:
+        """Drop from the file ``fd`` (of this user) the read and write bits of users this policy
+        does not trust: for lock files, which whoever can open may hold a flock on."""
+        st = os.fstat(fd)
+        allowed = self.write_bits(st.st_gid) | self.read_bits(st.st_gid)
+        extra = st.st_mode & (SHARED_WRITE | SHARED_READ) & ~allowed
+        if extra:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~extra)
+
+    def read_bits(self, gid: int) -> int:
+        """The read bits for group and others that a file of group ``gid`` under the root may
+        keep: only the users this policy trusts may open it."""
+        return self._trusted_bits(gid, SHARED_READ, stat.S_IRGRP)
+
     def write_bits(self, gid: int) -> int:
         """The write bits for group and others that a file of group ``gid`` written under the
         root may keep, so that it passes this policy's own checks."""
+        return self._trusted_bits(gid, SHARED_WRITE, stat.S_IWGRP)
+
+    def _trusted_bits(self, gid: int, everyone: int, group: int) -> int:
+        """Of the bits ``everyone`` (group's and others'), those of the users this policy
+        trusts for a file of group ``gid``: all under ``any``; ``group`` under ``group`` when
+        the file's group is the root directory's; none else."""
         if self.policy == "any":
-            return SHARED_WRITE
+            return everyone
         if self.policy == "group":
             ids = self._root_ids()
             if ids is not None and gid == ids[1]:
-                return stat.S_IWGRP
+                return group
         return 0

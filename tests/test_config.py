@@ -73,6 +73,10 @@ def test_each_variable_declared_once_with_its_default():
     assert settings({}) == Settings(), "declared defaults and the dataclass's defaults agree"
     for var in VARIABLES:
         assert parse_variable(var, {}) == var.default
+        if var.required_if_set:  # a secret set but blank fails closed
+            with pytest.raises(ConfigError, match=f"{var.name} is set but blank"):
+                parse_variable(var, {var.name: "  "})
+            continue
         assert parse_variable(var, {var.name: "  "}) == var.default, "empty means the default"
 
 

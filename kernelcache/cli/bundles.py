@@ -115,7 +115,7 @@ def _export(
     context: Context = args.context
     root = context.existing_root()
     cfg = context.settings
-    scanned = scan(root)
+    scanned = scan(root, trust=cfg.trust)
     entries = select(scanned.entries, args.kernel or (), args.target or ())
     entries.sort(key=lambda e: e.key)
     try:

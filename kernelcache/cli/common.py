@@ -10,8 +10,8 @@ import os
 from functools import cached_property
 from typing import TypeAlias
 
-from .. import units
-from ..config import Settings, settings
+from .. import schema, units
+from ..config import Settings, parse_variable, settings, variable
 from ..errors import ConfigError
 from ..layout import resolve_root, writable
 from ..store import Store
@@ -126,17 +126,37 @@ def add_command(subparsers: Subparsers, name: str, help_: str) -> argparse.Argum
     return subparsers.add_parser(name, parents=[common_options()], help=help_, description=help_)
 
 
+def kernel_arg(text: str) -> str:
+    """A kernel name as an entry's metadata may hold one, as an argparse ``type``."""
+    return _field_arg(text, "kernel name", schema.KERNEL_NAME)
+
+
+def target_arg(text: str) -> str:
+    """A target name by kernelcache's generic rule (see :mod:`kernelcache.schema`), as an
+    argparse ``type``: a filter no entry could match is an error, never an empty match."""
+    return _field_arg(text, "target", schema.TARGET_NAME)
+
+
+def _field_arg(text: str, what: str, check: schema.Check) -> str:
+    bad = check(text)
+    if bad:
+        raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: it {bad}")
+    return text
+
+
 def add_filters(p: argparse.ArgumentParser, note: str = "") -> None:
     """--kernel and --target, the entry filters of ``ls``, ``prune`` and ``export``."""
     p.add_argument(
         "--kernel",
         action="append",
+        type=kernel_arg,
         metavar="NAME",
         help=f"only entries of this kernel name (repeatable){note}",
     )
     p.add_argument(
         "--target",
         action="append",
+        type=target_arg,
         metavar="T",
         help=f"only entries of this target, e.g. cuda:90 (repeatable){note}",
     )
@@ -164,6 +184,17 @@ class Context:
             raise
         except ValueError as e:
             raise UsageError(str(e)) from None
+
+    @cached_property
+    def trust(self) -> str:
+        """The trust policy (``$KERNELCACHE_TRUST``), read alone: what a command that only
+        reads the scan index needs, whatever the other variables hold.
+
+        Raises:
+            ConfigError: ``$KERNELCACHE_TRUST`` cannot be used.
+        """
+        policy: str = parse_variable(variable("KERNELCACHE_TRUST"))
+        return policy
 
     @cached_property
     def settings(self) -> Settings:

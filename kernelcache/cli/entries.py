@@ -65,7 +65,7 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
 
     context: Context = args.context
     root = context.existing_root()
-    scanned = scan(root, last_used=True)
+    scanned = scan(root, last_used=True, trust=context.trust)
     entries = select(scanned.entries, args.kernel or (), args.target or ())
     sort_key, descending = SORTS[args.sort]
     entries.sort(key=sort_key, reverse=descending != args.reverse)

@@ -78,6 +78,7 @@ def _outcomes_human(result: Result, verb: str) -> list[str]:
     for status, what in (
         ("in-use", "in use by another process (skipped; try again later)"),
         ("used-since-plan", "used since the plan was made (kept)"),
+        ("changed", "no longer what the plan selected, by their own metadata (kept)"),
         ("gone", "already gone or repaired meanwhile"),
         ("failed", "failed"),
     ):
@@ -104,12 +105,12 @@ def _result_json(result: Result) -> dict[str, Any]:
 
 def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     from ..prune import execute, plan_repair
-    from ..scan import scan, verify
+    from ..scan import scan_store, verify
 
     context: Context = args.context
     root = context.existing_root()
     store = context.store()
-    base = scan(root, last_used=True, locks=True, lock_stale=store.locker.stale_after)
+    base = scan_store(store)
     with out.progress("verifying", len(base.entries)) as tick:
         checked = verify(store, base, progress=tick)
     issues = checked.issues
@@ -172,12 +173,12 @@ _ACTION_WORDS = {
 
 def cmd_prune(args: argparse.Namespace, out: Output) -> int:
     from ..prune import execute, plan_prune
-    from ..scan import scan
+    from ..scan import scan_store
 
     context: Context = args.context
     root = context.existing_root()
     store = context.store()
-    scanned = scan(root, last_used=True, locks=True, lock_stale=store.locker.stale_after)
+    scanned = scan_store(store)
     plan = plan_prune(
         scanned,
         max_size=args.max_size,

@@ -25,11 +25,11 @@ from .output import (
 )
 
 
-def stats_document(root: str) -> dict[str, Any]:
-    """The ``stats --json`` document of a root."""
+def stats_document(root: str, trust: str = "group") -> dict[str, Any]:
+    """The ``stats --json`` document of a root (``trust``: whose scan index is read)."""
     from ..scan import summarize
 
-    summary = summarize(root)
+    summary = summarize(root, trust=trust)
     tiers: dict[str, dict[str, float]] = {}
     totals, logs, log_problems = read_logs(root, tiers)
     folded = read_summary(root)
@@ -267,7 +267,7 @@ def register(subparsers: Subparsers) -> None:
 def cmd_stats(args: argparse.Namespace, out: Output) -> int:
     context: Context = args.context
     root = context.existing_root()
-    doc = stats_document(root)
+    doc = stats_document(root, context.trust)
     if args.remote:
         doc["remote"] = probe_remotes(context.settings.remote or "", root)
     fmt = "json" if out.json else args.format
