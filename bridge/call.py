@@ -17,10 +17,11 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import jax
+
+from kernelcache import stats
 
 try:  # the public home of the lowering registry (jax 0.8 - 0.11)
     from jax.interpreters import mlir
@@ -32,6 +33,7 @@ except (ImportError, AttributeError):  # pragma: no cover - later releases
 from . import (
     binding,
     embed,
+    lowerings,
     messages,
     proto,
     record,
@@ -44,6 +46,7 @@ from . import (
 )
 from .caches import as_cache
 from .errors import KernelArgumentError
+from .lowerings import Lowered
 from .primitive import triton_call_p
 from .tracing import CallSpec
 
@@ -69,17 +72,6 @@ def _no_cpu(ctx: Any, *args: Any, call: CallSpec, has_side_effect: bool) -> Any:
 _memo: variants.Memo = {}
 
 
-@dataclass(frozen=True)
-class Lowered:
-    """What a call lowers to: the opaque, the embedding, whether jaxlib autotunes it, and the
-    oldest jaxlib release that can run it."""
-
-    opaque: bytes
-    embed: str
-    autotuned: bool
-    needs: tuple[int, ...] = (0,)
-
-
 def custom_call_target(lowered: Lowered, jaxlib: str, forward_compat: bool = False) -> str:
     """``triton_kernel_call_ffi`` where jaxlib has it, except for autotuned calls: those go
     through the legacy ``triton_kernel_call``, as TransformerEngine does after observing
@@ -97,7 +89,9 @@ def custom_call_target(lowered: Lowered, jaxlib: str, forward_compat: bool = Fal
 
 
 def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowered:
-    """Build the opaque of ``call`` for ``platform``.
+    """Build the opaque of ``call`` for ``platform``: from the lowering entry of an identical
+    call lowered before (see :mod:`bridge.lowerings`), else by specializing, fetching and
+    assembling it (and keeping it as such an entry).
 
     This is the lowering minus the MLIR: usable to inspect what a call embeds.
     """
@@ -110,6 +104,63 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
     jaxlib = jaxlib or versions.jaxlib_version()
     mode = embed.choose_mode(call.embed, target, jaxlib, ours)
     cache = as_cache(call.cache, cfg)
+    autotune = call.autotune or ours.autotune
+    device = targets.local_device(target, platform)
+    keyed = None
+    if mode != "path" and call.choice is None and not record.wanted(ours):
+        keyed = lowerings.lowering_key(call, target, mode, jaxlib, device, cache)
+    if keyed is not None:
+        found = _replay(call, keyed, target, platform, cache, autotune)
+        if found is not None:
+            # the kernels it launches were served from the cache: hits, as a lookup of each
+            stats.count(cache.root, hits=keyed[1] if found.autotuned else 1)
+            return found
+    done, state, names = _assemble(call, target, platform, jaxlib, mode, cache, autotune, device)
+    if keyed is not None:
+        lowerings.store(cache, keyed[0], call, target, state, done, names)
+    return done
+
+
+def _replay(
+    call: CallSpec,
+    keyed: tuple[str, int],
+    target: targets.Target,
+    platform: str,
+    cache: Any,
+    autotune: str,
+) -> Lowered | None:
+    """The stored lowering of ``call`` in the state its autotune mode and decision ask for;
+    None where there is none (or the decision must be made or refused by the full lowering)."""
+    key, count = keyed
+    if count < 2 or autotune == "runtime":
+        return lowerings.lowered(cache, key, lowerings.EVERY)
+    names = lowerings.variant_keys(cache, key)
+    if names is None or len(names) != count:
+        return None
+    kind = tuning.current().device(target, platform)
+    state = lowerings.decided_state(cache, call, names, [kind] if kind else [])
+    if state is None:
+        if autotune != "decided":  # "require" refuses and "job" decides: the full lowering
+            return None
+        state = lowerings.EVERY
+    return lowerings.lowered(cache, key, state)
+
+
+def _assemble(
+    call: CallSpec,
+    target: targets.Target,
+    platform: str,
+    jaxlib: str,
+    mode: str,
+    cache: Any,
+    autotune: str,
+    device: Any,
+) -> tuple[Lowered, str, list[str]]:
+    """Lower ``call`` from its kernels: the lowering, its state (see :mod:`bridge.lowerings`)
+    and the kernel keys of its variants."""
+    from .settings import settings as bridge_settings
+
+    ours = bridge_settings()
     configs: list[proto.Config] = []
     needs = versions.MODULE_IMAGE if mode == "inline" else (0,)
     every = specialize.specialize_call(
@@ -120,15 +171,9 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
         n = messages.host_descriptor_count(call, spec, jaxlib)
         return (lambda meta: messages.descriptor_meta(meta, n) is not None) if n else None
 
-    found = variants.Variants(
-        every,
-        cache,
-        device=targets.local_device(target, platform),
-        usable=usable,
-        memo=_memo,
-    )
+    found = variants.Variants(every, cache, device=device, usable=usable, memo=_memo)
     # the kernels select needs (every variant at once, compiled here or by another process)
-    chosen = tuning.select(call, found, target, platform, cache, call.autotune or ours.autotune)
+    chosen = tuning.select(call, found, target, platform, cache, autotune)
     for index in chosen:
         spec = every[index]
         bound = spec.bound
@@ -152,7 +197,9 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
             record.emit(record.build(call, target, spec.key, spec.bound, grid), ours)
     anycall = messages.any_kernel_call(call, configs, mode)
     opaque = proto.compress(proto.encode(anycall))
-    return Lowered(opaque, mode, anycall.autotuned_kernel_call is not None, tuple(needs))
+    done = Lowered(opaque, mode, anycall.autotuned_kernel_call is not None, tuple(needs))
+    state = lowerings.EVERY if len(chosen) != 1 or len(every) == 1 else str(chosen[0])
+    return done, state, [spec.key for spec in every]
 
 
 def _lower(ctx: Any, *operands: Any, call: CallSpec, has_side_effect: bool, platform: str) -> Any:

@@ -198,7 +198,16 @@ def keys_of(
 ) -> list[str]:
     """The keys under which a decision for a call (its kernel and arguments by parameter name)
     is looked up: each device kind's own, then the one pinned for every device of the target."""
-    variants = [spec.key for spec in specs]
+    return keys_for(parts, named, [spec.key for spec in specs], devices)
+
+
+def keys_for(
+    parts: KernelParts,
+    named: Mapping[str, Any],
+    variants: Sequence[str],
+    devices: Sequence[str] = (),
+) -> list[str]:
+    """:func:`keys_of` for the kernel keys of a call's variants."""
     inputs = tuning_inputs(named, autotune_keys(parts))
     return [decision_key(variants, inputs, d) for d in (*devices, ANY_DEVICE)]
 

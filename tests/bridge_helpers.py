@@ -177,3 +177,17 @@ def cuda_devices() -> list[Any]:
         return jax.devices("cuda")
     except RuntimeError:
         return []
+
+
+def forget_lowerings(root: Any) -> int:
+    """Remove the lowering entries under ``root`` (see :mod:`bridge.lowerings`), so that the
+    next lowering works from the kernel entries alone; returns how many files went."""
+    from bridge import lowerings
+
+    gone = 0
+    for ext in (lowerings.STATE_EXT, lowerings.VARIANTS_EXT):
+        for path in Path(root).glob(f"*.{ext}"):
+            path.with_suffix(".json").unlink()
+            path.unlink()
+            gone += 1
+    return gone

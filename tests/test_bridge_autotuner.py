@@ -21,6 +21,7 @@ from bridge_helpers import (
     COUNT_COMPILES,
     custom_calls,
     decoded,
+    forget_lowerings,
     kernels_of,
     lowered_module,
     run_child,
@@ -258,6 +259,7 @@ def test_a_malformed_failure_entry_is_ignored(tmp_path, monkeypatch):
     for forged in ({"format": 1, "of": "0" * 64, "reason": "x"}, {"format": 1, "of": key}):
         path.unlink()
         path.with_suffix(".json").unlink()
+        forget_lowerings(cache.root)
         cache.put(derived_key(key, "failure"), "failure", json.dumps(forged).encode(), {})
         assert failures.remembered(cache, key) is None
         bridge_call._memo.clear()

@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 import triton
 import triton.language as tl
-from bridge_helpers import ELF_MAGIC, custom_calls, decoded, kernels_of, lowered_module
+from bridge_helpers import (
+    ELF_MAGIC,
+    custom_calls,
+    decoded,
+    forget_lowerings,
+    kernels_of,
+    lowered_module,
+)
 
 import bridge
 import kernelcache
@@ -647,6 +654,7 @@ def test_pruned_ptx_companion_is_rebuilt(tmp_path):
     (first,) = decoded(add_fn(cache, target="cuda:75"), F32, F32)
     for p in (tmp_path / "c").glob("*.ptx"):
         os.unlink(p)
+    forget_lowerings(tmp_path / "c")
     bridge_call._memo.clear()
     (second,) = decoded(add_fn(cache, target="cuda:75"), F32, F32)
     assert kernels_of(first)[0].ptx == kernels_of(second)[0].ptx
@@ -664,6 +672,7 @@ def test_edited_launch_metadata_is_rebuilt_never_lowered(tmp_path):
     edited = raw.replace(b'"num_warps":4', b'"num_warps":8').replace(b'"shared":0', b'"shared":8')
     assert edited != raw and len(edited) == len(raw)
     path.write_bytes(edited)
+    forget_lowerings(root)
     bridge_call._memo.clear()
     before = bridge_compile.compile_count()
     (call,) = decoded(add_fn(kernelcache.Cache(root=root), target="cuda:75"), F32, F32)

@@ -1,0 +1,280 @@
+"""Lowered calls as cache entries: a warm process lowers a call with one key computation and one
+read, and the opaque it embeds is the one the first process built.
+
+The key of a call's lowering (:func:`lowering_key`) is derived, without binding or keying any
+kernel, from everything that decides the opaque: the kernel (Triton's ``cache_key`` of the JIT
+function, which covers its source and the jitted functions it calls, and its autotune and
+heuristics layers), the call's arguments (arrays by shape, dtype and buffer; scalars and
+constexprs by value; JIT functions passed as arguments by their ``cache_key``), keywords and
+options, every variant as the kernel's layers make it (heuristics, pruning and pre_hooks
+applied) with its grid and zeroed outputs, the buffer layout, the target, the embedding, the
+local device, and the software: the bridge, Triton (the identity of its files), the backend
+(ptxas), Triton's cache-invalidating environment and knobs, jaxlib. A value known only by its
+``repr`` makes a call unkeyable: it is lowered as before, and nothing is stored.
+
+An autotuned call's lowering depends on its decision (:mod:`bridge.decisions`), which can
+appear later: its entry (``<key>.variants``) holds the kernel keys of its variants, and each
+outcome (every variant for jaxlib to autotune, or one chosen variant) is an entry of its own
+(``<key>.lowering``: a small header and the opaque). Where jaxlib assembles the PTX itself, the
+key holds the release of the ptxas it runs (the PTX's ``.version`` is written for it). Calls
+that hand a file over (``embed="path"``) are not stored: their opaque names a file of the process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kernelcache import __version__
+
+from . import backends, binding, decisions, identity, ptxisa, versions
+from .arguments import leaf_arrays
+from .binding import ArgArray
+from .kernel_keys import PIPELINE_VERSION, env_digest
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+
+    from .targets import Target
+    from .tracing import CallSpec
+
+#: extensions and kind of the entries
+STATE_EXT = "lowering"
+VARIANTS_EXT = "variants"
+KIND = "lowering"
+FORMAT = 1
+MAGIC = b"KCL1"
+_HEADER = struct.Struct(">4sI")
+#: the state of a lowering that emits every variant (for jaxlib to autotune, or the only one)
+EVERY = "every"
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """What a call lowers to: the opaque, the embedding, whether jaxlib autotunes it, and the
+    oldest jaxlib release that can run it."""
+
+    opaque: bytes
+    embed: str
+    autotuned: bool
+    needs: tuple[int, ...] = (0,)
+
+
+class Unkeyable(Exception):
+    """A value of the call is known only by its ``repr``: the call is not stored."""
+
+
+def _canon(value: Any, buffers: Mapping[int, int]) -> Any:
+    """``value`` as JSON data that identifies it exactly (see the module docstring)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return ["int", str(value)]
+    if isinstance(value, float):
+        return ["float", repr(value)]
+    if isinstance(value, ArgArray):
+        return ["array", value.jax_dtype.name, list(value.shape), buffers.get(id(value))]
+    if isinstance(value, (tuple, list)):
+        return ["tuple", [_canon(v, buffers) for v in value]]
+    if isinstance(value, Mapping):
+        if not all(isinstance(k, str) for k in value):
+            raise Unkeyable(f"a mapping with keys that are not strings: {value!r:.60}")
+        return ["map", [[k, _canon(value[k], buffers)] for k in sorted(value)]]
+    kind = type(value).__name__
+    if hasattr(value, "cache_key") and hasattr(value, "fn"):  # a JIT function
+        return ["jit", f"{value.fn.__module__}:{value.fn.__qualname__}", value.cache_key]
+    if kind == "constexpr":
+        return _canon(value.value, buffers)
+    if kind == "dtype" and hasattr(value, "name"):
+        return ["dtype", str(value.name)]
+    base = getattr(value, "base", None)
+    if isinstance(base, ArgArray) and hasattr(value, "block_shape"):  # a tensor descriptor
+        from .record import plain
+
+        return ["descriptor", type(value).__module__, plain(value), buffers.get(id(base))]
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "shape", None) == ():  # a NumPy scalar
+        return _canon(item(), buffers)
+    raise Unkeyable(f"{kind} {value!r:.60} is known only by its repr")
+
+
+def _kernel(parts: Any) -> list[Any]:
+    layers = []
+    for layer in parts.layers:
+        row: list[Any] = [type(layer).__name__]
+        configs = getattr(layer, "configs", None)
+        if configs is not None:
+            row += [[str(c) for c in configs], list(getattr(layer, "keys", None) or ())]
+        values = getattr(layer, "values", None)
+        if isinstance(values, Mapping):
+            row.append(sorted(values))
+        layers.append(row)
+    return [parts.qualname, parts.language, parts.fn.cache_key, layers]
+
+
+def lowering_key(
+    call: CallSpec, target: Target, embed: str, jaxlib: str, device: Any, cache: Cache
+) -> tuple[str, int] | None:
+    """The key of ``call``'s lowering and the number of its variants (None: it is not stored;
+    see the module docstring)."""
+    parts, buffers = call.parts, call.buffers
+    try:
+        backend = backends.make_backend(target)
+        variants = binding.expand_variants(parts, call.named, call.kwargs, call.options, target)
+        rows = []
+        for variant in variants:
+            bound, _, _ = binding.bound_arguments(parts, backend, call.named, variant)
+            zeroed = call.zeroed(dict(bound)) if callable(call.zeroed) else call.zeroed
+            rows.append(
+                [
+                    _canon(dict(variant.kwargs), buffers),
+                    _canon(binding.launch_options(parts, variant), buffers),
+                    variant.description,
+                    sorted(variant.zero),
+                    _canon(dict(variant.args), buffers),
+                    list(binding.eval_grid(call.grid, bound)),
+                    _canon(list(zeroed or ()), buffers),
+                ]
+            )
+        doc = {
+            "format": FORMAT,
+            "software": [
+                __version__,
+                PIPELINE_VERSION,
+                identity.triton_fingerprint(),
+                identity.ptxas_fingerprint(target) if target.vendor.hash_runs_ptxas else None,
+                env_digest(),
+                backends.default_fp_fusion(),
+                jaxlib,
+                _assembler(target, embed, jaxlib, cache),
+            ],
+            "target": str(target),
+            "device": None if device is None else str(getattr(device, "device_kind", device)),
+            "embed": embed,
+            "kernel": _kernel(parts),
+            "named": _canon(dict(call.named), buffers),
+            "kwargs": _canon(dict(call.kwargs), buffers),
+            "options": _canon(dict(call.options), buffers),
+            "variants": rows,
+            "layout": [
+                call.n_operands,
+                [[list(a.shape), a.dtype.name] for a in call.out_avals],
+                [list(x) for x in call.aliases],
+                [list(x) for x in call.restore],
+                sorted(buffers[id(a)] for a in _writable(call)),
+                [buffers.get(id(a)) for a in call.zero_targets],
+            ],
+            "name": call.name,
+            "metadata": call.metadata.hex(),
+        }
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    except (Unkeyable, TypeError, ValueError):
+        return None
+    return hashlib.sha256(text.encode()).hexdigest(), len(variants)
+
+
+def _assembler(target: Target, embed: str, jaxlib: str, cache: Cache) -> list[Any] | None:
+    """The PTX assembler jaxlib runs, where the PTX the call embeds is written for it."""
+    if not target.vendor.has_ptx or (embed != "ptx" and versions.honours_module_image(jaxlib)):
+        return None
+    found = ptxisa.jaxlib_assembler(cache)
+    return None if found is None else [found.cuda, found.isa]
+
+
+def _writable(call: CallSpec) -> list[ArgArray]:
+    found = []
+    for value in call.named.values():
+        found += [a for a in leaf_arrays(value) if id(a) in call.writable and id(a) in call.buffers]
+    return found
+
+
+def _derived(key: str, state: str) -> str:
+    return hashlib.sha256(f"{key}:{state}".encode()).hexdigest()
+
+
+# -- entries ------------------------------------------------------------------------------------
+def _metadata(call: CallSpec, target: Target) -> dict[str, Any]:
+    parts = call.parts
+    return {"kind": KIND, "name": parts.name, "kernel": parts.qualname, "target": str(target)}
+
+
+def variant_keys(cache: Cache, key: str) -> list[str] | None:
+    """The kernel keys of the variants of the call whose lowering key is ``key``."""
+    art = cache.get(_derived(key, "variants"), VARIANTS_EXT, counted=False)
+    if art is None:
+        return None
+    try:
+        doc = json.loads(art.data)
+    except (ValueError, RecursionError):
+        return None
+    names = doc.get("variants") if isinstance(doc, dict) else None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return None
+    return names
+
+
+def lowered(cache: Cache, key: str, state: str) -> Lowered | None:
+    """The stored lowering of ``state`` (:data:`EVERY`, or a chosen variant's index)."""
+    art = cache.get(_derived(key, state), STATE_EXT, counted=False)
+    if art is None:
+        return None
+    data = art.data
+    if len(data) < _HEADER.size:
+        return None
+    magic, size = _HEADER.unpack_from(data)
+    if magic != MAGIC or _HEADER.size + size > len(data):
+        return None
+    try:
+        head = json.loads(data[_HEADER.size : _HEADER.size + size])
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(head, dict):
+        return None
+    embed, autotuned, needs = head.get("embed"), head.get("autotuned"), head.get("needs")
+    if not isinstance(embed, str) or type(autotuned) is not bool:
+        return None
+    if not isinstance(needs, list) or not all(type(n) is int and n >= 0 for n in needs):
+        return None
+    return Lowered(data[_HEADER.size + size :], embed, autotuned, tuple(needs))
+
+
+def store(
+    cache: Cache,
+    key: str,
+    call: CallSpec,
+    target: Target,
+    state: str,
+    done: Lowered,
+    variants: Sequence[str],
+) -> None:
+    """Keep what a lowering of ``call`` made (never fails the lowering: a failing put is a
+    lowering done again next time)."""
+    from kernelcache import CacheError
+
+    head = json.dumps(
+        {"embed": done.embed, "autotuned": done.autotuned, "needs": list(done.needs)},
+        sort_keys=True,
+    ).encode()
+    data = _HEADER.pack(MAGIC, len(head)) + head + done.opaque
+    meta = _metadata(call, target)
+    try:
+        if len(variants) > 1:
+            doc = json.dumps({"variants": list(variants)}).encode()
+            cache.put(_derived(key, "variants"), VARIANTS_EXT, doc, meta)
+        cache.put(_derived(key, state), STATE_EXT, data, meta)
+    except (CacheError, ValueError):
+        return
+
+
+def decided_state(
+    cache: Cache, call: CallSpec, names: Sequence[str], devices: Sequence[str]
+) -> str | None:
+    """The state of an autotuned call's lowering: its decision's chosen index, or None when
+    there is no decision."""
+    keys = decisions.keys_for(call.parts, call.named, names, devices)
+    found = decisions.find(cache, keys, names)
+    return None if found is None else str(found.chosen)

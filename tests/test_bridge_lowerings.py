@@ -1,0 +1,210 @@
+"""Lowerings as cache entries (``bridge.lowerings``): a warm lowering is replayed from one entry,
+the module is byte-identical to one built from the kernel entries, and nothing stale is served
+after the kernel's source, a jitted dependency, Triton, jaxlib, a setting or a decision changes.
+
+Lowered for cuda on this CPU machine (``embed="ptx"`` under jaxlib < 0.11.1, inline above).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from bridge_helpers import decoded, forget_lowerings, kernels_of, lowered_module
+from test_cli_support import kc, kc_json
+
+import bridge
+import kernelcache
+from bridge import backends, identity, ptxisa, tune, versions
+from bridge import call as bridge_call
+from examples import ops
+
+F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
+A = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
+B = jax.ShapeDtypeStruct((256, 384), jnp.bfloat16)
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote="")
+
+
+@pytest.fixture
+def assembled(monkeypatch):
+    """The lowerings built from kernel entries (a replayed lowering does not add one)."""
+    seen: list[int] = []
+    real = bridge_call._assemble
+    monkeypatch.setattr(bridge_call, "_assemble", lambda *a, **k: seen.append(1) or real(*a, **k))
+    return seen
+
+
+def module_text(fn, *avals) -> str:
+    return lowered_module(fn, *avals).as_text()
+
+
+def add(cache, **kw):
+    return lambda x, y: ops.add(x, y, target="cuda:90", cache=cache, **kw)
+
+
+def matmul(cache, **kw):
+    return lambda x, y: ops.matmul(x, y, target="cuda:90", cache=cache, **kw)
+
+
+def entries(root) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for entry in kc_json(root, "ls")["entries"]:
+        found[entry["ext"]] = found.get(entry["ext"], 0) + 1
+    return found
+
+
+@pytest.mark.parametrize("program", ["add", "autotuned"])
+def test_a_warm_lowering_is_replayed_byte_identical(cache, assembled, program):
+    make, avals = (add, (F32, F32)) if program == "add" else (matmul, (A, B))
+    cold = module_text(make(cache), *avals)
+    assert len(assembled) == 1
+    bridge_call._memo.clear()
+    warm = module_text(make(cache), *avals)
+    assert len(assembled) == 1  # replayed: no binding, keying or reading of kernels
+    assert forget_lowerings(cache.root) >= 1
+    bridge_call._memo.clear()
+    rebuilt = module_text(make(cache), *avals)
+    assert len(assembled) == 2
+    assert cold == warm == rebuilt
+    assert entries(cache.root)["lowering"] == 1
+    assert kc(cache.root, "verify").returncode == 0
+
+
+def test_an_edited_lowering_entry_is_never_served(cache, assembled):
+    cold = module_text(add(cache), F32, F32)
+    (path,) = Path(cache.root).glob("*.lowering")
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    assert module_text(add(cache), F32, F32) == cold
+    assert len(assembled) == 2  # the edited entry was refused, the lowering built again
+    assert module_text(add(cache), F32, F32) == cold
+    assert len(assembled) == 2  # and kept again
+
+
+def kernel_module(directory: Path, name: str, body: str):
+    """Import ``body`` (Triton code) as the module ``name`` from a file under ``directory``
+    (importing it again after the file changed gives the new kernel)."""
+    path = directory / f"{name}.py"
+    path.write_text("import triton\nimport triton.language as tl\n" + textwrap.dedent(body))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+KERNEL = """
+@triton.jit
+def helper(x):
+    return x {helper}
+
+@triton.jit
+def kernel(x_ptr, n, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, helper(tl.load(x_ptr + offs, mask=mask)) {kernel}, mask=mask)
+"""
+
+
+def lower_module_kernel(module, cache):
+    def fn(x):
+        return bridge.triton_call(
+            x,
+            x.size,
+            kernel=module.kernel,
+            out_shape=x,
+            grid=(x.size // 256,),
+            BLOCK=256,
+            target="cuda:90",
+            cache=cache,
+        )
+
+    (call,) = decoded(fn, F32)
+    return call
+
+
+@pytest.mark.parametrize(
+    "edit", [{"kernel": "* 2.0"}, {"helper": "+ 2.0"}], ids=["source", "jitted-dependency"]
+)
+def test_an_edited_kernel_or_dependency_is_lowered_again(tmp_path, cache, assembled, edit):
+    name = f"lowerings_kernel_{'_'.join(edit)}"
+    first = kernel_module(tmp_path, name, KERNEL.format(**{"kernel": "", "helper": "+ 1.0"}))
+    before = kernels_of(lower_module_kernel(first, cache))[0].ptx
+    assert kernels_of(lower_module_kernel(first, cache))[0].ptx == before
+    assert len(assembled) == 1
+    changed = kernel_module(
+        tmp_path, name, KERNEL.format(**{"kernel": "", "helper": "+ 1.0", **edit})
+    )
+    after = kernels_of(lower_module_kernel(changed, cache))[0].ptx
+    assert len(assembled) == 2 and after != before
+    assert entries(cache.root)["lowering"] == 2
+
+
+def _other_triton(monkeypatch):
+    monkeypatch.setattr(identity, "triton_fingerprint", lambda: "another triton")
+
+
+def _other_jaxlib(monkeypatch):
+    release = versions.jaxlib_version()
+    major, minor, micro = (int(p) for p in release.split(".")[:3])
+    monkeypatch.setattr(versions, "jaxlib_version", lambda: f"{major}.{minor}.{micro}.post1")
+
+
+def _other_ptxas(monkeypatch):
+    found = ptxisa.jaxlib_assembler()
+    other = ptxisa.Assembler(cuda="12.9", isa=88, origin="another ptxas")
+    assert found != other
+    monkeypatch.setattr(ptxisa, "jaxlib_assembler", lambda cache=None: other)
+
+
+def _triton_setting(monkeypatch):
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0" if backends.default_fp_fusion() else "1")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [_other_triton, _other_jaxlib, _other_ptxas, _triton_setting],
+    ids=["triton", "jaxlib", "jaxlib-ptxas", "triton-setting"],
+)
+def test_a_changed_toolchain_or_setting_is_lowered_again(cache, assembled, monkeypatch, change):
+    module_text(add(cache), F32, F32)
+    module_text(add(cache), F32, F32)
+    assert len(assembled) == 1
+    change(monkeypatch)
+    module_text(add(cache), F32, F32)
+    assert len(assembled) == 2
+    module_text(add(cache), F32, F32)
+    assert len(assembled) == 2  # kept under its own key
+
+
+def test_a_decision_made_later_replaces_the_autotuned_lowering_and_a_setting_restores_it(
+    tmp_path, cache, monkeypatch
+):
+    (before,) = decoded(matmul(cache), A, B)
+    assert len(before.autotuned_kernel_call.configs) == 4
+    manifest = tmp_path / "manifest.jsonl"
+    monkeypatch.setenv("KERNELCACHE_RECORD", str(manifest))
+    decoded(matmul(cache, autotune="runtime"), A, B)
+    monkeypatch.delenv("KERNELCACHE_RECORD")
+    (result,) = tune.tune(str(manifest), cache, pins={"matmul_kernel": 2})
+    assert result.status == "pinned"
+    (after,) = decoded(matmul(cache), A, B)
+    assert after.HasField("kernel_call")  # the decision's one kernel, not the stored four
+    assert after.kernel_call.kernel == before.autotuned_kernel_call.configs[2].kernel_call.kernel
+    (again,) = decoded(matmul(cache), A, B)
+    assert again == after
+    assert entries(cache.root)["lowering"] == 2  # every config, and the decided one
+    monkeypatch.setenv("KERNELCACHE_AUTOTUNE", "runtime")  # a setting: jaxlib autotunes again
+    (runtime,) = decoded(matmul(cache), A, B)
+    assert runtime == before
