@@ -75,7 +75,8 @@ def source(fn: Any, gluon: bool, signature: Any, constexprs: Any, attrs: Any) ->
     return ASTSource(fn, signature, constexprs, attrs)
 
 
-def _sha256(text: str) -> str:
+def text_digest(text: str) -> str:
+    """sha256 of ``text``: how a component that is not already a digest is recorded."""
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -112,13 +113,13 @@ def key_components(
         "triton": triton_version(),
         "compiler": triton_identity(cache),
         "target": str(target),
-        "backend": _sha256(backend_identity(cache, target, backend)),
+        "backend": text_digest(backend_identity(cache, target, backend)),
         "language": language,
-        "source": _sha256(str(src.fn.cache_key)),
-        "signature": _sha256(f"{src.attrs}-{sig}"),
-        "constexprs": _sha256(constants),
+        "source": text_digest(str(src.fn.cache_key)),
+        "signature": text_digest(f"{src.attrs}-{sig}"),
+        "constexprs": text_digest(constants),
         "options": options_digest(options),
-        "environment": _sha256(env_digest()),
+        "environment": text_digest(env_digest()),
     }
 
 
