@@ -209,7 +209,9 @@ def cmd_explain(args: argparse.Namespace, out: Output) -> int:
         results = explain.explain(args.manifest, kernelcache.Cache(root=root), args.target or ())
     except (ManifestError, TargetError) as e:
         raise UsageError(str(e)) from None
-    counts = {s: sum(r.status == s for r in results) for s in ("hit", "miss", "left-out", "problem")}
+    counts = {
+        s: sum(r.status == s for r in results) for s in ("hit", "miss", "left-out", "problem")
+    }
 
     def human() -> str:
         lines = [r.line() for r in results]

@@ -242,9 +242,7 @@ def _targets_of(call: RecordedCall, given: Sequence[Target]) -> tuple[list[Targe
     return out, bad
 
 
-def explain(
-    manifest: str, cache: Cache, targets: Sequence[str | Target] = ()
-) -> list[Explained]:
+def explain(manifest: str, cache: Cache, targets: Sequence[str | Target] = ()) -> list[Explained]:
     """Explain every specialization of every call of ``manifest`` for ``targets`` (default:
     each call's recorded targets) against ``cache``.
 
@@ -257,7 +255,9 @@ def explain(
     candidates = _Candidates(cache)
     out: list[Explained] = []
     for failure in loaded.failures:
-        out.append(Explained(failure.kernel or "(manifest)", "", "", "problem", notes=(failure.detail,)))
+        out.append(
+            Explained(failure.kernel or "(manifest)", "", "", "problem", notes=(failure.detail,))
+        )
     for call in loaded.calls:
         wanted, bad = _targets_of(call, given)
         for detail in bad:
@@ -339,7 +339,11 @@ class Toolchain:
         self._backends: dict[str, str | None] = {}
 
     def describe(self) -> str:
-        target = str(self.target) if self.target else "target not known here"
+        target = (
+            str(self.target)
+            if self.target
+            else "no GPU found and KERNELCACHE_TARGET not set, so entries of every target count"
+        )
         return f"Triton {self.here['triton']}, {target}"
 
     def _backend(self, name: str) -> str | None:
@@ -347,7 +351,7 @@ class Toolchain:
         if name not in self._backends:
             from . import backends
             from .identity import backend_identity
-    
+
             try:
                 target = parse_target(name)
                 backend = backends.make_backend(target)
@@ -356,12 +360,32 @@ class Toolchain:
                 self._backends[name] = None
         return self._backends[name]
 
+    def _memo_keys(self, label: Any) -> set[str]:
+        """The keys this installation memoizes the identity ``label`` under."""
+        from .identity import ptxas_fingerprint, triton_fingerprint
+        from .memo import memo_key
+
+        if label == "triton_files":
+            return {memo_key(label, triton_fingerprint())}
+        if isinstance(label, str) and label.startswith("backend:cuda:"):
+            try:
+                target = parse_target(label.partition(":")[2])
+            except TargetError:
+                return set()
+            return {memo_key(label, ptxas_fingerprint(target))}
+        return set()
+
     def judge(self, meta: Mapping[str, Any]) -> str | None:
         """None if this machine's keys can name the entry ``meta``; else why not."""
         target = meta.get("target") if isinstance(meta.get("target"), str) else None
         if self.target is not None and target is not None and target != str(self.target):
             return f"target {target} (here {self.target})"
-        if meta.get("kind") is not None:
+        kind = meta.get("kind")
+        if kind == "identity":
+            if meta.get("key") in self._memo_keys(meta.get("name")):
+                return None
+            return "memo of another installation's compiler identity (recomputed here)"
+        if kind is not None:
             return None  # PTX, decisions, failures: looked up with their kernels
         recorded = recorded_components(meta)
         if recorded is None:
@@ -400,4 +424,3 @@ def toolchain() -> Toolchain:
                 target = found[0]
                 break
     return Toolchain(target)
-

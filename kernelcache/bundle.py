@@ -55,7 +55,6 @@ from .errors import BundleError, MissingDependency, NotRegularFile, Problem, Wro
 from .fsio import open_regular
 from .jsonio import load_json
 from .keys import META_EXT, split_entry_name
-from .toolchains import Judge
 from .schema import (
     FORMAT_VERSION,
     HMAC_FIELD,
@@ -68,6 +67,7 @@ from .schema import (
 )
 from .store import Artifact, Store
 from .table import EntryInfo
+from .toolchains import Judge
 
 BUNDLE_FORMAT = "kernelcache-bundle"
 BUNDLE_VERSION = 1
@@ -815,13 +815,21 @@ def _judged(
     entries: Iterable[_Listed], judge: Judge | None
 ) -> tuple[int | None, tuple[tuple[str, int], ...]]:
     """How many of ``entries`` ``judge`` says this machine would look up, and the others by
-    reason, most frequent first (None and nothing without a judge)."""
+    reason, most frequent first (None and nothing without a judge). A companion of an entry
+    of the bundle (its ``of`` names that entry's key) is looked up with it: it shares its
+    verdict."""
     if judge is None:
         return None, ()
+    docs = {entry.key: load_json(entry.text) for entry in entries}
+    verdicts = {
+        key: judge(doc)
+        for key, doc in docs.items()
+        if not (isinstance(doc.get("of"), str) and doc["of"] in docs)
+    }
     reasons: Counter[str] = Counter()
     looked_up = 0
-    for entry in entries:
-        why = judge(load_json(entry.text))
+    for key, doc in docs.items():
+        why = verdicts[key] if key in verdicts else verdicts.get(doc["of"])
         if why is None:
             looked_up += 1
         else:

@@ -243,7 +243,7 @@ def _import(args: argparse.Namespace, out: Output, file: str, shown: str) -> int
     if not args.dry_run:
         context.require_writable()
     store = context.store(lock_timeout=None)
-    judge, toolchain = _toolchain() if args.dry_run else (None, None)
+    judge, toolchain = _toolchain() if args.dry_run else (None, "")
     try:
         with out.progress("importing", None) as tick:
             result = import_bundle(
