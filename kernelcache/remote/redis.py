@@ -176,13 +176,20 @@ class RedisTier(TierBase):
             label of the URL; they still show in :func:`kernelcache.process_stats`).
         signing_key: sign values with this key, and refuse values not signed with it (see
             docs/remote.md); None: values are neither signed nor authenticated.
+        overwrite: replace values this process refused as unverifiable when it writes the
+            same key (default: leave them for the jobs that can verify them).
 
     Raises:
         ConfigError: bad URL or options, or redis-py is not installed.
     """
 
     def __init__(
-        self, url: str, *, stats_root: str | None = None, signing_key: bytes | None = None
+        self,
+        url: str,
+        *,
+        stats_root: str | None = None,
+        signing_key: bytes | None = None,
+        overwrite: bool = False,
     ) -> None:
         address, self.options = parse_url(url)
         opts = self.options
@@ -193,6 +200,7 @@ class RedisTier(TierBase):
             breaker=opts.breaker,
             max_size=opts.max_size,
             read_only=opts.read_only,
+            overwrite=overwrite,
         )
         self._secrets = secrets_of(url)
         self.cluster = address.split("://", 1)[0].endswith("+cluster")
@@ -359,11 +367,14 @@ class RedisTier(TierBase):
     def _discard(self, key: str) -> None:
         self._call("delete", lambda c: c.delete(self.name(key)))
 
-    def _send(self, key: str, value: bytes) -> bool:
-        """Store ``value`` under the entry's key (overwriting what is there)."""
+    def _send(self, key: str, value: bytes, replace: bool) -> tuple[bool, bool]:
+        """Store ``value`` under the entry's key if it has none (``SET NX``), or whatever it
+        has with ``replace``."""
         ttl_ms = math.ceil(self.options.ttl * 1000) if self.options.ttl else None
-        _, failed = self._call("put", lambda c: c.set(self.name(key), value, px=ttl_ms))
-        return not failed
+        done, failed = self._call(
+            "put", lambda c: c.set(self.name(key), value, px=ttl_ms, nx=not replace)
+        )
+        return bool(done) and not failed, failed
 
     def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
         """Take the job-wide build lock of ``key``, waiting at most ``timeout`` seconds: the
