@@ -73,6 +73,18 @@ _POLL_FIRST, _POLL_MAX = 0.02, 0.5
 _REPLY_LIMIT = 4 << 20
 
 
+#: the most keys ``kernelcache stats --remote`` scans in one namespace
+USAGE_SCAN_LIMIT = 100_000
+
+
+def _strlens(client: Any, names: list[bytes]) -> list[int]:
+    """The length of each value of ``names``, in one round trip."""
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.strlen(name)
+    return list(pipe.execute())
+
+
 def _no_release() -> None:
     """Release function returned when the entry appeared while waiting: nothing is held."""
 
@@ -348,6 +360,39 @@ class RedisTier(TierBase):
         (nothing is counted or warned about)."""
         _, error, _ = self._attempt(lambda c: c.ping())
         return None if error is None else scrub(f"{type(error).__name__}: {error}", self._secrets)
+
+    def usage(self, limit: int = USAGE_SCAN_LIMIT) -> dict[str, Any]:
+        """This tier's entries and their bytes (``kernelcache stats --remote``), bounded for a
+        big server: ``SCAN`` of the namespace's keys, 1,000 a call, and ``STRLEN`` of each in
+        one pipeline a batch, stopping after ``limit`` keys (``complete`` false: at least that
+        many); ``server_keys``: every key of the database, from ``DBSIZE`` (O(1)). A cluster
+        is not scanned (its keys are spread over nodes): only None values. Never raises."""
+        out: dict[str, Any] = {"entries": None, "bytes": None, "complete": False}
+        if self.cluster:
+            out["server_keys"] = None
+            return out
+        size, error, _ = self._attempt(lambda c: c.dbsize())
+        out["server_keys"] = int(size) if error is None else None
+        pattern = f"{self.options.prefix}*"
+        cursor, entries, total = 0, 0, 0
+        while True:
+            found, error, _ = self._attempt(
+                lambda c, at=cursor: c.scan(cursor=at, match=pattern, count=1000)
+            )
+            if error is not None:
+                return out
+            cursor, names = found
+            names = [n for n in names if not n.endswith(b":lock")]
+            if names:
+                lengths, error, _ = self._attempt(_strlens, names)
+                if error is not None:
+                    return out
+                entries += len(names)
+                total += sum(int(n) for n in lengths)
+            if int(cursor) == 0 or entries >= limit:
+                break
+        out.update(entries=entries, bytes=total, complete=int(cursor) == 0)
+        return out
 
     # -- the RemoteTier interface ---------------------------------------------------------
     def name(self, key: str) -> str:

@@ -199,13 +199,16 @@ def _check_one(url: str) -> None:
 
 def probe(url: str, *, stats_root: str | None = None) -> dict[str, Any]:
     """Ask the tier of one ``url`` whether it answers (``kernelcache stats --remote``):
-    ``{"tier", "read_only", "up", "seconds", "error"}``. Never raises: a URL that cannot be
-    used is a tier that is not up."""
+    ``{"tier", "read_only", "up", "seconds", "error", "usage"}``, ``usage`` being what a tier
+    that counts its entries says (``{"entries", "bytes", "complete", "server_keys"}``, bounded:
+    see :meth:`~kernelcache.remote.redis.RedisTier.usage`), else None. Never raises: a URL
+    that cannot be used is a tier that is not up."""
     from .layered import label_of
 
     started = time.monotonic()
     error: str | None = None
     tier: object = None
+    usage: dict[str, Any] | None = None
     try:
         tier = open_one(url, stats_root=stats_root)
         check = getattr(tier, "probe", None)
@@ -213,6 +216,9 @@ def probe(url: str, *, stats_root: str | None = None) -> dict[str, Any]:
             error = "its plugin is broken"
         elif callable(check):
             error = check()
+            count = getattr(tier, "usage", None)
+            if error is None and callable(count):
+                usage = count()
         else:  # a plugin's tier: a miss is an answer
             tier.get("0" * 32, "probe")
     except Exception as e:
@@ -223,4 +229,5 @@ def probe(url: str, *, stats_root: str | None = None) -> dict[str, Any]:
         "up": error is None,
         "seconds": round(time.monotonic() - started, 6),
         "error": error,
+        "usage": usage,
     }
