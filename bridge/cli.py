@@ -1,5 +1,6 @@
-"""``kernelcache warm`` and ``kernelcache tune``: the bridge's subcommands of the ``kernelcache``
-command.
+"""``kernelcache warm``, ``kernelcache tune`` and ``kernelcache explain``: the bridge's
+subcommands of the ``kernelcache`` command, and the bridge's toolchain (which entries this
+machine's keys can name, for ``kernelcache import --dry-run``).
 
 Registered through the entry-point group ``kernelcache.commands``. Importing this module imports
 neither jax nor triton: they are imported when the command runs, and their absence is a usage
@@ -18,10 +19,15 @@ _BRIDGE_DEPENDENCIES = {"bridge", "jax", "jaxlib", "triton", "google", "protobuf
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``warm`` and ``tune`` to the ``kernelcache`` command, and make the bridge's
-    directories of a root known to the other commands (importing :mod:`bridge.handoff`
-    registers ``.handoff``; it imports neither jax nor triton)."""
+    """Add ``warm``, ``tune`` and ``explain`` to the ``kernelcache`` command, register the
+    bridge's toolchain, and make the bridge's directories of a root known to the other
+    commands (importing :mod:`bridge.handoff` registers ``.handoff``; it imports neither jax
+    nor triton)."""
+    from kernelcache.toolchains import register_toolchain
+
     from . import handoff  # noqa: F401
+
+    register_toolchain("bridge", _toolchain)
 
     p = add_command(
         subparsers,
@@ -91,6 +97,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--force", action="store_true", help="measure again where a decision exists")
     p.set_defaults(func=cmd_tune)
+
+    p = add_command(
+        subparsers,
+        "explain",
+        "for each call of a recorded manifest and target: hit, or the nearest entry of the "
+        "same kernel and which components of the key differ (needs kernelcache[bridge])",
+    )
+    p.add_argument("manifest", metavar="MANIFEST")
+    p.add_argument(
+        "--target",
+        action="append",
+        metavar="T",
+        help="explain for these targets (repeatable; default: the recorded ones)",
+    )
+    p.set_defaults(func=cmd_explain)
 
 
 def _bridge_module(name: str):  # -> ModuleType
@@ -165,6 +186,51 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
         lambda: "\n".join(r.line() for r in results) or "no autotuned call in the manifest",
     )
     return EXIT_PROBLEMS if any(r.status == "skipped" for r in results) else EXIT_OK
+
+
+def _toolchain():  # -> tuple[Judge, str]
+    """The bridge's judge of entries for ``kernelcache import --dry-run`` (ImportError: the
+    bridge's dependencies are missing)."""
+    from .explain import toolchain
+
+    found = toolchain()
+    return found.judge, found.describe()
+
+
+def cmd_explain(args: argparse.Namespace, out: Output) -> int:
+    explain = _bridge_module("explain")
+    import kernelcache
+
+    from .errors import TargetError
+    from .warm.manifest import ManifestError
+
+    root = root_of(args)
+    try:
+        results = explain.explain(args.manifest, kernelcache.Cache(root=root), args.target or ())
+    except (ManifestError, TargetError) as e:
+        raise UsageError(str(e)) from None
+    counts = {
+        s: sum(r.status == s for r in results) for s in ("hit", "miss", "left-out", "problem")
+    }
+
+    def human() -> str:
+        lines = [r.line() for r in results]
+        lines.append(
+            f"{counts['hit']} hit, {counts['miss']} missed, {counts['left-out']} left out "
+            f"(known not to compile), {counts['problem']} could not be explained"
+        )
+        return "\n".join(lines)
+
+    out.emit(
+        lambda: {
+            **envelope("explain", root),
+            "manifest": args.manifest,
+            **{k.replace("-", "_"): v for k, v in counts.items()},
+            "results": [r.to_json() for r in results],
+        },
+        human,
+    )
+    return EXIT_OK if counts["hit"] == len(results) else EXIT_PROBLEMS
 
 
 def cmd_warm(args: argparse.Namespace, out: Output) -> int:

@@ -1,6 +1,10 @@
 """What the bridge stores in an entry's metadata, declared to kernelcache's schema: each field's
 type and range, and which of them the entry digest covers (everything a kernel is launched or
 embedded with, so that a damaged value is a corrupt entry, never a wrong launch).
+
+``components`` (the ingredients of the entry's key, see :func:`bridge.kernel_keys.key_components`)
+only explains misses: nothing is launched with it, so the digest does not cover it, and an entry
+without it (written by an earlier version) is served all the same.
 """
 
 from __future__ import annotations
@@ -24,6 +28,16 @@ def _target(value: Any) -> str | None:
     return None
 
 
+def _components(value: Any) -> str | None:
+    if not isinstance(value, dict) or len(value) > 32:
+        return f"must be an object of at most 32 named components, not {value!r:.40}"
+    for name, part in value.items():
+        bad = schema.text(64)(name) or schema.text(128)(part)
+        if bad:
+            return f"must map component names to short strings ({name!r:.40}: {bad})"
+    return None
+
+
 #: the bridge's fields and what each must be
 FIELDS: dict[str, schema.Check] = {
     "target": _target,
@@ -41,6 +55,7 @@ FIELDS: dict[str, schema.Check] = {
     "tmem_size": schema.integer(0, _U32),
     "tensordesc_meta": schema.objects(64),
     "ptx_sha256": schema.pattern(_SHA256, "64 lowercase hexadecimal digits"),
+    "components": _components,
 }
 #: what a kernel is launched or embedded with (besides its name and target, which kernelcache
 #: covers itself): covered by the entry digest

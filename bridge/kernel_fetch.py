@@ -244,10 +244,14 @@ def _paired(cache: Cache, request: Request, art: Artifact, built: list[Compiled]
 
 
 def entry_metadata(
-    parts: KernelParts, target: Target, bound: Bound
+    parts: KernelParts,
+    target: Target,
+    bound: Bound,
+    components: Callable[[], Mapping[str, str]] | None = None,
 ) -> Callable[[Compiled], dict[str, Any]]:
     """A function turning a compile result of ``bound`` into the cache entry's metadata (plain
-    JSON, no absolute paths)."""
+    JSON, no absolute paths); ``components()`` gives the key's components to record (see
+    :func:`bridge.kernel_keys.key_components`), computed only when something is compiled."""
 
     def describe(compiled: Compiled) -> dict[str, Any]:
         md = compiled.metadata
@@ -269,6 +273,7 @@ def entry_metadata(
             "tensordesc_meta": plain(list(md.get("tensordesc_meta") or [])),
             "signature": plain(dict(bound.signature)),
             "producer": {"triton": triton_version()},
+            **({"components": dict(components())} if components is not None else {}),
         }
 
     return describe

@@ -10,6 +10,11 @@ language (Triton or Gluon), the target and the version of the bridge's own compi
 
 Invariants: the same call in any process on any machine with the same software gets the same
 key; any change that can change the binary changes it.
+
+:func:`key_components` names these ingredients one by one (the source hash split into the
+kernel's source, its signature and its constexprs): each entry records them, so that a miss can
+be explained by the ingredients that differ (``kernelcache explain``). They explain a key; they
+never make one.
 """
 
 from __future__ import annotations
@@ -68,6 +73,54 @@ def source(fn: Any, gluon: bool, signature: Any, constexprs: Any, attrs: Any) ->
     from triton.compiler.compiler import ASTSource
 
     return ASTSource(fn, signature, constexprs, attrs)
+
+
+def text_digest(text: str) -> str:
+    """sha256 of ``text``: how a component that is not already a digest is recorded."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+#: the components of a key, in the order ``explain`` reports them, and what each is
+COMPONENTS: dict[str, str] = {
+    "pipeline": "the bridge's compile pipeline",
+    "triton": "Triton version",
+    "compiler": "compiler identity (Triton's files)",
+    "target": "target",
+    "backend": "backend identity (target, ptxas version)",
+    "language": "language",
+    "source": "source digest (the kernel and the functions it calls)",
+    "signature": "signature digest (argument types and specialization)",
+    "constexprs": "constexprs digest",
+    "options": "options digest (num_warps, num_stages, ...)",
+    "environment": "Triton's cache-invalidating environment variables",
+}
+
+
+def key_components(
+    cache: Cache | None, target: Target, backend: Any, src: Any, options: Any, language: str
+) -> dict[str, str]:
+    """The ingredients of :func:`kernel_key`, named (see :data:`COMPONENTS`): what an entry
+    records so that a miss can say which of them differ. The source hash is split the way
+    Triton's ``ASTSource.hash()`` assembles it."""
+    from .versions import triton_version
+
+    sig = [v for _, v in sorted(src.signature.items())]
+    constants = "-".join(
+        v.cache_key if hasattr(v, "cache_key") else str(v) for _, v in sorted(src.constants.items())
+    )
+    return {
+        "pipeline": PIPELINE_VERSION,
+        "triton": triton_version(),
+        "compiler": triton_identity(cache),
+        "target": str(target),
+        "backend": text_digest(backend_identity(cache, target, backend)),
+        "language": language,
+        "source": text_digest(str(src.fn.cache_key)),
+        "signature": text_digest(f"{src.attrs}-{sig}"),
+        "constexprs": text_digest(constants),
+        "options": options_digest(options),
+        "environment": text_digest(env_digest()),
+    }
 
 
 def kernel_key(

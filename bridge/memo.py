@@ -22,7 +22,8 @@ logger = logging.getLogger(__name__)
 MEMO_EXT = "ident"
 
 
-def _memo_key(label: str, fingerprint: str) -> str:
+def memo_key(label: str, fingerprint: str) -> str:
+    """The key of the value memoized under ``(label, fingerprint)``."""
     return hashlib.sha256(f"bridge-identity:{label}:{fingerprint}".encode()).hexdigest()
 
 
@@ -30,7 +31,7 @@ def lookup(cache: Cache | None, label: str, fingerprint: str) -> str | None:
     """The value memoized in ``cache`` (or None) under ``(label, fingerprint)``, if any."""
     if cache is None:
         return None
-    art = cache.get(_memo_key(label, fingerprint), MEMO_EXT)
+    art = cache.get(memo_key(label, fingerprint), MEMO_EXT)
     if art is None:
         return None
     try:
@@ -47,7 +48,7 @@ def remember(cache: Cache | None, label: str, fingerprint: str, value: str) -> N
         return
     try:
         cache.put(
-            _memo_key(label, fingerprint),
+            memo_key(label, fingerprint),
             MEMO_EXT,
             value.encode(),
             {"kind": "identity", "name": label},

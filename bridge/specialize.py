@@ -126,6 +126,15 @@ def specialize_call(
     ]
 
 
+def components(spec: Specialization, cache: Cache | None = None) -> dict[str, str]:
+    """The components of ``spec``'s key, named (see :func:`bridge.kernel_keys.key_components`).
+    Without ``cache``, the compiler's identity comes from this process's memo (computed when
+    ``spec`` was keyed)."""
+    return kernel_keys.key_components(
+        cache, spec.target, spec.backend, spec.source, spec.bound.options, spec.parts.language
+    )
+
+
 def request(spec: Specialization, usable: Usable | None = None) -> Request:
     """What :mod:`bridge.kernel_fetch` is asked for the kernel of ``spec``: its key, how to
     compile it and describe the result, that its PTX is wanted too (where the target has PTX),
@@ -135,7 +144,7 @@ def request(spec: Specialization, usable: Usable | None = None) -> Request:
         spec.key,
         spec.ext,
         build=functools.partial(compile_source, spec.source, target, spec.backend, bound.options),
-        describe=entry_metadata(spec.parts, target, bound),
+        describe=entry_metadata(spec.parts, target, bound, functools.partial(components, spec)),
         need_ptx=target.vendor.has_ptx,
         usable=usable,
         about={"name": spec.parts.name, "kernel": spec.parts.qualname, "target": str(target)},

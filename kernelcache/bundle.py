@@ -43,6 +43,7 @@ import re
 import tarfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, NamedTuple
@@ -66,6 +67,7 @@ from .schema import (
 )
 from .store import Artifact, Store
 from .table import EntryInfo
+from .toolchains import Judge
 
 BUNDLE_FORMAT = "kernelcache-bundle"
 BUNDLE_VERSION = 1
@@ -116,6 +118,9 @@ class ImportResult:
     conflicts: tuple[tuple[str, str], ...] = ()  # (key, reason)
     compatibility: dict[str, Any] = field(default_factory=dict)
     dry_run: bool = False
+    #: with a judge: entries this machine would look up, and the others counted by reason
+    looked_up: int | None = None
+    not_looked_up: tuple[tuple[str, int], ...] = ()
 
 
 def _zstandard() -> Any:
@@ -671,13 +676,16 @@ def import_bundle(
     dry_run: bool = False,
     progress: Progress | None = None,
     signing_key: bytes | None = None,
+    judge: Judge | None = None,
 ) -> ImportResult:
     """Verify the bundle ``path`` completely, then publish its entries into ``store``.
 
     With ``dry_run`` only the verification runs (the same as for a real import: what it
     accepts, the import publishes). Entries whose key is already present (and valid, under
     the store's trust policy) are skipped; a key present with another extension is a conflict,
-    left alone. With ``signing_key``, every entry must carry a valid signature.
+    left alone. With ``signing_key``, every entry must carry a valid signature. With ``judge``
+    (see :mod:`kernelcache.toolchains`), the result counts the entries this machine's keys can
+    name, and the others by reason.
 
     Raises:
         BundleError: the bundle is rejected, or changed while being imported; nothing was
@@ -736,10 +744,20 @@ def import_bundle(
                     conflicts.append((entry.key, f"holds a .{existing.ext} artifact"))
                 continue
             todo.append(name)
+        looked_up, reasons = _judged(listed.values(), judge)
         if dry_run or not todo:
             size = sum(listed[n].size for n in todo)
             return ImportResult(
-                path, len(listed), len(todo), present, size, tuple(conflicts), compat, dry_run
+                path,
+                len(listed),
+                len(todo),
+                present,
+                size,
+                tuple(conflicts),
+                compat,
+                dry_run,
+                looked_up,
+                reasons,
             )
         wanted = set(todo)
         published: list[str] = []
@@ -779,4 +797,41 @@ def import_bundle(
             if isinstance(e, BundleError):
                 e.imported = left
             raise
-    return ImportResult(path, len(listed), imported, present, size, tuple(conflicts), compat, False)
+    return ImportResult(
+        path,
+        len(listed),
+        imported,
+        present,
+        size,
+        tuple(conflicts),
+        compat,
+        False,
+        looked_up,
+        reasons,
+    )
+
+
+def _judged(
+    entries: Iterable[_Listed], judge: Judge | None
+) -> tuple[int | None, tuple[tuple[str, int], ...]]:
+    """How many of ``entries`` ``judge`` says this machine would look up, and the others by
+    reason, most frequent first (None and nothing without a judge). A companion of an entry
+    of the bundle (its ``of`` names that entry's key) is looked up with it: it shares its
+    verdict."""
+    if judge is None:
+        return None, ()
+    docs = {entry.key: load_json(entry.text) for entry in entries}
+    verdicts = {
+        key: judge(doc)
+        for key, doc in docs.items()
+        if not (isinstance(doc.get("of"), str) and doc["of"] in docs)
+    }
+    reasons: Counter[str] = Counter()
+    looked_up = 0
+    for key, doc in docs.items():
+        why = verdicts[key] if key in verdicts else verdicts.get(doc["of"])
+        if why is None:
+            looked_up += 1
+        else:
+            reasons[why] += 1
+    return looked_up, tuple(reasons.most_common())

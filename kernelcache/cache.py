@@ -104,7 +104,12 @@ class Cache:
         self.remote: RemoteTier | None = (
             remote
             if isinstance(remote, RemoteTier)
-            else open_remote(remote, stats_root=self.root, signing_key=cfg.signing_secret())
+            else open_remote(
+                remote,
+                stats_root=self.root,
+                signing_key=cfg.signing_secret(),
+                overwrite=cfg.remote_overwrite,
+            )
         )
         self.disabled = cfg.disable
         if cfg.stats_log and not self.disabled:

@@ -185,6 +185,15 @@ VARIABLES: tuple[Variable, ...] = (
         "whose artifacts are served: group (owner, root, root dir's owner and group), owner, any",
     ),
     Variable(
+        "KERNELCACHE_REMOTE_OVERWRITE",
+        "remote_overwrite",
+        units.parse_bool,
+        False,
+        "0",
+        "1: a job replaces remote values it cannot verify (another signing key, unsigned) when "
+        "it rebuilds them; 0: leaves them for the jobs that can",
+    ),
+    Variable(
         "KERNELCACHE_SIGNING_KEY",
         "signing_key",
         _key,
@@ -219,6 +228,7 @@ class Settings:
     disable: bool = False
     stats_log: bool = True
     trust: str = "group"
+    remote_overwrite: bool = False
     signing_key: bytes | None = field(default=None, repr=False)
     signing_key_file: Path | None = None
 

@@ -61,6 +61,7 @@ COUNTERS = (
     "remote_errors",
     "remote_puts",
     "unauthenticated",
+    "kept_unverified",
 )
 #: counters of each remote tier (``"tiers"`` in a log record, keyed by the tier's label)
 TIER_COUNTERS = (

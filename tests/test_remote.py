@@ -512,3 +512,35 @@ def test_tier_counts_errors_under_the_given_root(tmp_path) -> None:
     stats.enable_log(str(tmp_path))
     stats.flush()
     assert stats.read_logs(str(tmp_path))[0]["remote_errors"] == 1
+
+
+def test_stats_remote_shows_the_tiers_entries_and_bytes_bounded(server, tmp_path):
+    """``kernelcache stats --remote`` counts the namespace's entries and bytes (SCAN and STRLEN,
+    lock keys left out, other namespaces not counted), and a scan of a big server stops at its
+    limit, saying so."""
+    from test_cli_support import kc
+
+    url = server.url + "?namespace=team-a"
+    cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote=url)
+    for i in range(3):
+        cache.put(f"{i:064x}", "cubin", b"x" * 1000, {"name": "k", "target": "cuda:90"})
+    client = server.client()
+    client.set(cache.remote.name("f" * 64) + ":lock", b"token")  # a build lock: not an entry
+    client.set("kc:v2:team-b:" + "e" * 64, b"y" * 50_000)  # another namespace
+    doc = json.loads(
+        kc(tmp_path / "root", "stats", "--remote", "--json", env={"KERNELCACHE_REMOTE": url}).stdout
+    )
+    (probe,) = doc["remote"]
+    usage = probe["usage"]
+    assert (usage["entries"], usage["complete"], usage["server_keys"]) == (3, True, 5)
+    assert 3000 < usage["bytes"] < 5000
+    text = kc(tmp_path / "root", "stats", "--remote", env={"KERNELCACHE_REMOTE": url}).stdout
+    assert "  3 entries, " in text and "holds 5 keys" in text
+
+    pipe = client.pipeline(transaction=False)
+    for i in range(2500):
+        pipe.set(cache.remote.name(f"{i + 100:064x}"), b"z")
+    pipe.execute()
+    bounded = cache.remote.usage(limit=1000)
+    assert bounded["complete"] is False and 1000 <= bounded["entries"] < 2503
+    assert cache.remote.usage()["entries"] == 2503

@@ -219,6 +219,7 @@ def test_signed_values_between_peers(server, tmp_path, monkeypatch, warnings):
 def test_unsigned_values_are_refused_when_a_key_is_set(server, tmp_path, monkeypatch):
     unsigned = _cache(tmp_path / "u", server.url)
     unsigned.put(KEY_B, "cubin", DATA, META)
+    name = unsigned.remote.name(KEY_B)
     monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", SECRET_1)
     signed = _cache(tmp_path / "s", server.url)
     before = stats.process_stats()["unauthenticated"]
@@ -226,7 +227,14 @@ def test_unsigned_values_are_refused_when_a_key_is_set(server, tmp_path, monkeyp
     assert stats.process_stats()["unauthenticated"] == before + 1
     art = signed.get_or_create(KEY_B, "cubin", lambda: (DATA, META))
     assert art.source == "local"
-    # the rebuild replaced the unsigned value with a signed one
+    # the rebuild left the unsigned value in place (it cannot verify it) ...
+    assert b'"hmac"' not in server.client().get(name)
+    assert signed.remote.counters["kept_unverified"] == 1
+    # ... unless told to replace such values
+    monkeypatch.setenv("KERNELCACHE_REMOTE_OVERWRITE", "1")
+    replacing = _cache(tmp_path / "r", server.url)
+    replacing.get_or_create(KEY_B, "cubin", lambda: (DATA, META))
+    assert replacing.remote.counters["overwritten"] == 1
     assert _cache(tmp_path / "s2", server.url).get(KEY_B, "cubin").source == "remote"
 
 
@@ -256,3 +264,66 @@ def test_the_signing_key_never_appears_in_messages(server, tmp_path, monkeypatch
     _cache(tmp_path / "r", server.url).get(KEY_A, "cubin")
     text = caplog.text + repr(cache) + repr(cache.remote) + repr(kernelcache.config.settings())
     assert SECRET_1 not in text and SECRET_2 not in text
+
+
+# Process of a job: fetches two kernels through the remote tier of $KERNELCACHE_REMOTE, building
+# (with its own bytes) what it does not find, and reports what it built.
+JOB = """
+import json, os, sys
+import kernelcache
+cache = kernelcache.Cache(sys.argv[1])
+built = []
+for key in sys.argv[2:]:
+    def build(key=key):
+        built.append(key)
+        return b"\\x7fELF " + os.environ["WHO"].encode() * 200, {"name": "k", "target": "cuda:90"}
+    cache.get_or_create(key, "cubin", build)
+print(json.dumps({"built": built, "tier": cache.remote.counters}))
+"""
+
+
+def test_jobs_with_another_signing_key_leave_the_values_they_cannot_verify(server, tmp_path):
+    """Two real processes with different (valid) keys: the second refuses the first's values,
+    rebuilds, and does not overwrite them, so the first key's next job hits; with
+    KERNELCACHE_REMOTE_OVERWRITE=1 it replaces them. Counted, warned once, shown by stats."""
+    import subprocess
+    import sys
+
+    from conftest import child_env
+    from test_cli_support import kc
+
+    keys = [KEY_A, KEY_B]
+
+    def job(name: str, secret: str, **env: str) -> tuple[dict[str, Any], str]:
+        root = tmp_path / name
+        proc = subprocess.run(
+            [sys.executable, "-c", JOB, str(root), *keys],
+            env=child_env(
+                KERNELCACHE_REMOTE=server.url,
+                KERNELCACHE_SIGNING_KEY=secret,
+                WHO=name,
+                **env,
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout), proc.stderr
+
+    first, _ = job("first", SECRET_1)
+    assert first["built"] == keys
+    other, stderr = job("other", SECRET_2)
+    assert other["built"] == keys  # it cannot use them: it builds its own
+    assert other["tier"]["kept_unverified"] == 2 and other["tier"]["unauthenticated"] >= 2
+    assert "puts" not in other["tier"]  # nothing of the first key's was overwritten
+    assert stderr.count("cannot verify") == 1 and "KERNELCACHE_REMOTE_OVERWRITE=1" in stderr
+    again, _ = job("again", SECRET_1)
+    assert again["built"] == [] and again["tier"]["hits"] == 2  # the first key's values
+    doc = json.loads(kc(tmp_path / "other", "stats", "--json").stdout)
+    assert doc["counters"]["kept_unverified"] == 2 and doc["counters"]["unauthenticated"] >= 2
+
+    told, _ = job("told", SECRET_2, KERNELCACHE_REMOTE_OVERWRITE="1")
+    assert told["built"] == keys and told["tier"]["overwritten"] == 2 and told["tier"]["puts"] == 2
+    last, _ = job("last", SECRET_1)
+    assert last["built"] == keys and last["tier"]["unauthenticated"] >= 2

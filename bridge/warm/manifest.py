@@ -123,6 +123,8 @@ class RecordedCall:
     configs: Mapping[str, frozenset[str]] = field(default_factory=dict)
     problem: str | None = None  # why the recording process thought it cannot be imported
     config_lines: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    #: the targets the call was recorded for, in first-seen order
+    targets: tuple[str, ...] = ()
 
     @classmethod
     def from_record(
@@ -133,6 +135,7 @@ class RecordedCall:
         configs: Mapping[str, frozenset[str]] | None = None,
         problem: str | None = None,
         config_lines: Mapping[str, tuple[int, ...]] | None = None,
+        targets: tuple[str, ...] = (),
     ) -> RecordedCall:
         """The call of ``rec``, a record :func:`check_record` accepts (the first of its group,
         with what the group's other records add)."""
@@ -147,6 +150,7 @@ class RecordedCall:
             configs=configs or {},
             problem=problem,
             config_lines=config_lines or {},
+            targets=targets,
         )
 
     def for_target(self, target: Target) -> dict[str, Any]:
@@ -313,12 +317,15 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
                 "configs": {},
                 "problem": None,
                 "config_lines": {},
+                "targets": [],
             },
         )
         group["lines"].append(number)
         group["config_lines"].setdefault(str(rec.get("config") or ""), []).append(number)
         if rec.get("source"):
             group["sources"].add(rec["source"])
+        if rec.get("target") and rec["target"] not in group["targets"]:
+            group["targets"].append(rec["target"])
         triton = (rec.get("producer") or {}).get("triton")
         if triton:
             group["configs"].setdefault(triton, set()).add(str(rec.get("config") or ""))
@@ -339,6 +346,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
                 configs={t: frozenset(c) for t, c in group["configs"].items()},
                 problem=group["problem"],
                 config_lines={c: tuple(n) for c, n in group["config_lines"].items()},
+                targets=tuple(group["targets"]),
             )
         )
     return Manifest(name, records, tuple(calls), tuple(failures))

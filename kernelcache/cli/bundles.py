@@ -8,6 +8,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..errors import CacheError, ConfigError
@@ -22,6 +23,10 @@ from .output import (
     human_size,
     printable,
 )
+
+if TYPE_CHECKING:
+    from ..bundle import ImportResult
+    from ..toolchains import Judge
 
 
 def register(subparsers: Subparsers) -> None:
@@ -58,7 +63,12 @@ def register(subparsers: Subparsers) -> None:
         metavar="SIZE",
         help="refuse artifacts larger than SIZE (default 256M)",
     )
-    p.add_argument("--dry-run", action="store_true", help="verify only; write nothing")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="verify only; write nothing; say how many entries this machine's toolchain would "
+        "look up, and why not the others",
+    )
     p.set_defaults(func=cmd_import)
 
 
@@ -167,6 +177,42 @@ def _export(
     return EXIT_PROBLEMS if result.skipped else EXIT_OK
 
 
+def _toolchain() -> tuple[Judge | None, str]:
+    """The judge of the toolchain registered here (see :mod:`kernelcache.toolchains`) and what
+    it is; without one, None and why not."""
+    from ..toolchains import registered
+
+    found = registered()
+    if not found:
+        return None, (
+            "no package that computes keys is installed here (pip install "
+            "'kernelcache[bridge]'): which entries this machine would look up is not known"
+        )
+    name, factory = sorted(found.items())[0]
+    try:
+        judge, what = factory()
+    except ImportError as e:
+        return None, (
+            f"{name} cannot be imported here ({e}): which entries this machine would look up "
+            "is not known"
+        )
+    return judge, f"{name}: {what}"
+
+
+def _lookup_lines(total: int, result: ImportResult, toolchain: str) -> list[str]:
+    if result.looked_up is None:
+        return [printable(f"Lookups: {toolchain}.")]
+    lines = [
+        printable(
+            f"This machine ({toolchain}) would look up {result.looked_up:,} of {total:,} entries"
+            + ("; not the others:" if result.not_looked_up else ".")
+        )
+    ]
+    for reason, count in result.not_looked_up:
+        lines.append(printable(f"  {count:,} {reason}"))
+    return lines
+
+
 def cmd_import(args: argparse.Namespace, out: Output) -> int:
     _one_place(args, args.source, "--from")
     if args.source is None:
@@ -197,6 +243,7 @@ def _import(args: argparse.Namespace, out: Output, file: str, shown: str) -> int
     if not args.dry_run:
         context.require_writable()
     store = context.store(lock_timeout=None)
+    judge, toolchain = _toolchain() if args.dry_run else (None, "")
     try:
         with out.progress("importing", None) as tick:
             result = import_bundle(
@@ -206,6 +253,7 @@ def _import(args: argparse.Namespace, out: Output, file: str, shown: str) -> int
                 dry_run=args.dry_run,
                 progress=tick,
                 signing_key=cfg.signing_secret(),
+                judge=judge,
             )
     except BundleError as e:
         done = (
@@ -227,6 +275,12 @@ def _import(args: argparse.Namespace, out: Output, file: str, shown: str) -> int
         "conflicts": [{"key": k, "reason": r} for k, r in result.conflicts],
         "compatibility": result.compatibility,
     }
+    if args.dry_run:
+        doc["lookup"] = {
+            "toolchain": toolchain,
+            "looked_up": result.looked_up,
+            "not_looked_up": [{"reason": r, "entries": n} for r, n in result.not_looked_up],
+        }
 
     def human() -> str:
         verb = "Would import" if result.dry_run else "Imported"
@@ -252,6 +306,8 @@ def _import(args: argparse.Namespace, out: Output, file: str, shown: str) -> int
             )
         for key, reason in result.conflicts:
             lines.append(f"  conflict {key}: {printable(reason)}")
+        if args.dry_run:
+            lines.extend(_lookup_lines(result.entries, result, toolchain))
         return "\n".join(lines)
 
     out.emit(doc, human)

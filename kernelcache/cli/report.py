@@ -135,6 +135,17 @@ def _stats_human(doc: dict[str, Any], top: int) -> str:
         lines.append(
             printable(f"Remote {probe['tier']}{mode}: {state} ({probe['seconds'] * 1000:.1f} ms)")
         )
+        usage = probe.get("usage")
+        if usage and usage["entries"] is not None:
+            more = "" if usage["complete"] else f" or more (the first {usage['entries']:,} keys)"
+            lines.append(
+                f"  {usage['entries']:,} entries{more}, {human_size(usage['bytes'])}"
+                + (
+                    f"; the server's database holds {usage['server_keys']:,} keys"
+                    if usage["server_keys"] is not None
+                    else ""
+                )
+            )
     for title, key in (("extension", "by_ext"), ("target", "by_target"), ("kernel", "by_kernel")):
         items = list(doc[key].items())
         if not items:
@@ -253,7 +264,8 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument(
         "--remote",
         action="store_true",
-        help="also ask each tier of KERNELCACHE_REMOTE whether it answers, and how fast",
+        help="also ask each tier of KERNELCACHE_REMOTE whether it answers, how fast, and "
+        "(Redis) how many entries and bytes it holds (the first 100,000 keys at most)",
     )
     p.add_argument(
         "-o",

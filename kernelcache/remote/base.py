@@ -1,6 +1,12 @@
 """What the built-in tiers (Redis, Redis Cluster, object stores) share: counters, the circuit
 breaker, the window in which writes are refused, one warning per kind of failure, and the
 checks of every value read (decode, extension, signature) and sent (encoding, ``max_size``).
+
+Writes never replace a value: the first complete writer wins, as in a root. In particular a
+value this process refused because it cannot verify it (signed with another key, or unsigned,
+while ``KERNELCACHE_SIGNING_KEY`` is set) is left in place for the jobs that can, counted
+(``kept_unverified``) and warned about once; with ``overwrite`` (``KERNELCACHE_REMOTE_OVERWRITE=1``)
+such a value is replaced by this job's signed one (``overwritten``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from .codec import authenticate, decode_value, make_value
 
 #: the remote tiers' logger, whichever module logs (docs/remote.md names it)
 logger = logging.getLogger("kernelcache.remote")
+#: the most keys a tier remembers having refused as unverifiable
+_MAX_UNVERIFIED = 4096
 
 
 def tier_label(shown_url: str) -> str:
@@ -38,6 +46,8 @@ class TierBase:
         breaker: seconds to skip the store after it failed.
         max_size: the largest value sent or read, in bytes.
         read_only: never write to this tier (no puts, no backfill, no locks).
+        overwrite: replace values this process refused as unverifiable when it writes the
+            same key (default: leave them in place).
     """
 
     def __init__(
@@ -49,6 +59,7 @@ class TierBase:
         breaker: float,
         max_size: int,
         read_only: bool,
+        overwrite: bool = False,
     ) -> None:
         self.url = shown
         self.label = tier_label(shown)
@@ -61,6 +72,9 @@ class TierBase:
         self._down_until = 0.0
         self._full_until = 0.0
         self._counters: Counter[str] = Counter()
+        self._overwrite = overwrite
+        #: keys whose value this process refused as unverifiable, oldest first (bounded)
+        self._unverified: dict[str, None] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
@@ -170,6 +184,7 @@ class TierBase:
             if refused is not None:
                 stats.count(self._stats_root, unauthenticated=1)
                 self._bump(misses=1, unauthenticated=1)
+                self._remember_unverified(key)
                 self._warn(
                     "unauthenticated",
                     "refused a value without a valid signature in %s (%s): %s "
@@ -182,6 +197,12 @@ class TierBase:
         self._bump(hits=1, bytes_read=len(raw))  # type: ignore[arg-type]  # bytes here
         return data, meta
 
+    def _remember_unverified(self, key: str) -> None:
+        with self._lock:
+            self._unverified[key] = None
+            if len(self._unverified) > _MAX_UNVERIFIED:
+                del self._unverified[next(iter(self._unverified))]
+
     def _discard(self, key: str) -> None:
         """Delete a corrupt value of ``key`` (a tier that cannot does nothing)."""
 
@@ -191,8 +212,10 @@ class TierBase:
         whether the store failed)``; a failure is accounted for already."""
         raise NotImplementedError
 
-    def _send(self, key: str, value: bytes) -> bool:
-        """Store ``value``; whether it was stored (a failure is accounted for already)."""
+    def _send(self, key: str, value: bytes, replace: bool) -> tuple[bool, bool]:
+        """Store ``value`` if ``key`` has none (or, with ``replace``, whatever it has):
+        ``(whether it was stored, whether the store failed)``; a failure is accounted for
+        already."""
         raise NotImplementedError
 
     def get(self, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | None:
@@ -231,7 +254,32 @@ class TierBase:
         if not self._writable() or not self._usable():
             return False
         value = self._encode(key, ext, data, meta)
-        if value is None or not self._send(key, value):
+        if value is None:
             return False
+        with self._lock:
+            unverified = key in self._unverified
+        stored, failed = self._send(key, value, self._overwrite and unverified)
+        if failed:
+            return False
+        if not stored:
+            if unverified:
+                stats.count(self._stats_root, kept_unverified=1)
+                self._bump(kept_unverified=1)
+                self._warn(
+                    "kept",
+                    "left a value in %s that this job cannot verify in place (%s): jobs with "
+                    "its signing key still use it; this job uses its own build. Give every job "
+                    "the same KERNELCACHE_SIGNING_KEY, or set KERNELCACHE_REMOTE_OVERWRITE=1 "
+                    "to replace such values",
+                    self.url,
+                    key,
+                )
+            else:
+                self._bump(present=1)  # another writer was first
+            return False
+        if unverified:
+            self._bump(overwritten=1)
+            with self._lock:
+                self._unverified.pop(key, None)
         self._bump(puts=1, bytes_written=len(value))
         return True

@@ -176,6 +176,7 @@ class ObjectStoreTier(TierBase):
         stats_root: str | None = None,
         signing_key: bytes | None = None,
         store: Any = None,
+        overwrite: bool = False,
     ) -> None:
         self.where = parse_object_url(url)
         super().__init__(
@@ -185,6 +186,7 @@ class ObjectStoreTier(TierBase):
             breaker=self.where.breaker,
             max_size=self.where.max_size,
             read_only=self.where.read_only,
+            overwrite=overwrite,
         )
         #: the store's prefix: the URL's path, then the value layout's version
         self.prefix = "/".join(p for p in (self.where.path, f"v{REMOTE_FORMAT}") if p)
@@ -273,19 +275,22 @@ class ObjectStoreTier(TierBase):
 
             self._call("delete", lambda store: obstore.delete(store, key))
 
-    def _send(self, key: str, value: bytes) -> bool:
-        """Store ``value`` unless the key is there already: the first writer wins."""
-        stored, failed = self._call("put", lambda store: self._create(store, key, value))
-        if not stored and not failed:
-            self._bump(present=1)
-        return bool(stored)
+    def _send(self, key: str, value: bytes, replace: bool) -> tuple[bool, bool]:
+        """Store ``value`` unless the key is there already (the first writer wins), or
+        whatever is there with ``replace``."""
+        stored, failed = self._call("put", lambda store: self._create(store, key, value, replace))
+        return bool(stored) and not failed, failed
 
-    def _create(self, store: Any, key: str, value: bytes) -> bool:
-        """Write ``value`` only if the object is absent; whether it was written."""
+    def _create(self, store: Any, key: str, value: bytes, replace: bool) -> bool:
+        """Write ``value`` only if the object is absent (or ``replace``); whether it was
+        written."""
         import obstore
         from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
 
         path = key
+        if replace:
+            obstore.put(store, path, value)
+            return True
         try:
             obstore.put(store, path, value, mode="create")
             return True

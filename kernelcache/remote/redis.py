@@ -73,6 +73,18 @@ _POLL_FIRST, _POLL_MAX = 0.02, 0.5
 _REPLY_LIMIT = 4 << 20
 
 
+#: the most keys ``kernelcache stats --remote`` scans in one namespace
+USAGE_SCAN_LIMIT = 100_000
+
+
+def _strlens(client: Any, names: list[bytes]) -> list[int]:
+    """The length of each value of ``names``, in one round trip."""
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.strlen(name)
+    return list(pipe.execute())
+
+
 def _no_release() -> None:
     """Release function returned when the entry appeared while waiting: nothing is held."""
 
@@ -176,13 +188,20 @@ class RedisTier(TierBase):
             label of the URL; they still show in :func:`kernelcache.process_stats`).
         signing_key: sign values with this key, and refuse values not signed with it (see
             docs/remote.md); None: values are neither signed nor authenticated.
+        overwrite: replace values this process refused as unverifiable when it writes the
+            same key (default: leave them for the jobs that can verify them).
 
     Raises:
         ConfigError: bad URL or options, or redis-py is not installed.
     """
 
     def __init__(
-        self, url: str, *, stats_root: str | None = None, signing_key: bytes | None = None
+        self,
+        url: str,
+        *,
+        stats_root: str | None = None,
+        signing_key: bytes | None = None,
+        overwrite: bool = False,
     ) -> None:
         address, self.options = parse_url(url)
         opts = self.options
@@ -193,6 +212,7 @@ class RedisTier(TierBase):
             breaker=opts.breaker,
             max_size=opts.max_size,
             read_only=opts.read_only,
+            overwrite=overwrite,
         )
         self._secrets = secrets_of(url)
         self.cluster = address.split("://", 1)[0].endswith("+cluster")
@@ -341,6 +361,39 @@ class RedisTier(TierBase):
         _, error, _ = self._attempt(lambda c: c.ping())
         return None if error is None else scrub(f"{type(error).__name__}: {error}", self._secrets)
 
+    def usage(self, limit: int = USAGE_SCAN_LIMIT) -> dict[str, Any]:
+        """This tier's entries and their bytes (``kernelcache stats --remote``), bounded for a
+        big server: ``SCAN`` of the namespace's keys, 1,000 a call, and ``STRLEN`` of each in
+        one pipeline a batch, stopping after ``limit`` keys (``complete`` false: at least that
+        many); ``server_keys``: every key of the database, from ``DBSIZE`` (O(1)). A cluster
+        is not scanned (its keys are spread over nodes): only None values. Never raises."""
+        out: dict[str, Any] = {"entries": None, "bytes": None, "complete": False}
+        if self.cluster:
+            out["server_keys"] = None
+            return out
+        size, error, _ = self._attempt(lambda c: c.dbsize())
+        out["server_keys"] = int(size) if error is None else None
+        pattern = f"{self.options.prefix}*"
+        cursor, entries, total = 0, 0, 0
+        while True:
+            found, error, _ = self._attempt(
+                lambda c, at=cursor: c.scan(cursor=at, match=pattern, count=1000)
+            )
+            if error is not None:
+                return out
+            cursor, names = found
+            names = [n for n in names if not n.endswith(b":lock")]
+            if names:
+                lengths, error, _ = self._attempt(_strlens, names)
+                if error is not None:
+                    return out
+                entries += len(names)
+                total += sum(int(n) for n in lengths)
+            if int(cursor) == 0 or entries >= limit:
+                break
+        out.update(entries=entries, bytes=total, complete=int(cursor) == 0)
+        return out
+
     # -- the RemoteTier interface ---------------------------------------------------------
     def name(self, key: str) -> str:
         """The Redis key of an entry (on a cluster, the key is a hash tag: its lock, the
@@ -359,11 +412,14 @@ class RedisTier(TierBase):
     def _discard(self, key: str) -> None:
         self._call("delete", lambda c: c.delete(self.name(key)))
 
-    def _send(self, key: str, value: bytes) -> bool:
-        """Store ``value`` under the entry's key (overwriting what is there)."""
+    def _send(self, key: str, value: bytes, replace: bool) -> tuple[bool, bool]:
+        """Store ``value`` under the entry's key if it has none (``SET NX``), or whatever it
+        has with ``replace``."""
         ttl_ms = math.ceil(self.options.ttl * 1000) if self.options.ttl else None
-        _, failed = self._call("put", lambda c: c.set(self.name(key), value, px=ttl_ms))
-        return not failed
+        done, failed = self._call(
+            "put", lambda c: c.set(self.name(key), value, px=ttl_ms, nx=not replace)
+        )
+        return bool(done) and not failed, failed
 
     def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
         """Take the job-wide build lock of ``key``, waiting at most ``timeout`` seconds: the

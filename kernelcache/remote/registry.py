@@ -95,6 +95,7 @@ def open_remote(
     *,
     stats_root: str | None = None,
     signing_key: bytes | None = None,
+    overwrite: bool = False,
 ) -> RemoteTier | None:
     """The remote tier of a URL, or of several (a whitespace-separated list, or a sequence of
     URLs and tiers) as one :class:`~kernelcache.remote.layered.LayeredTier` tried in order;
@@ -107,7 +108,7 @@ def open_remote(
     """
     items = split_urls(spec) if isinstance(spec, str) else list(spec)
     tiers = [
-        open_one(item, stats_root=stats_root, signing_key=signing_key)
+        open_one(item, stats_root=stats_root, signing_key=signing_key, overwrite=overwrite)
         if isinstance(item, str)
         else item
         for item in items
@@ -121,10 +122,16 @@ def open_remote(
 
 
 def open_one(
-    url: str, *, stats_root: str | None = None, signing_key: bytes | None = None
+    url: str,
+    *,
+    stats_root: str | None = None,
+    signing_key: bytes | None = None,
+    overwrite: bool = False,
 ) -> RemoteTier | None:
     """The remote tier of ``url``, by its scheme; see :class:`~kernelcache.remote.tier.TierClass`
-    for the arguments. Does not connect.
+    for the arguments. Does not connect. ``overwrite``: built-in tiers replace values they
+    cannot verify when they write the same key (``KERNELCACHE_REMOTE_OVERWRITE``); a plugin's
+    tier keeps its own policy.
 
     Returns None, after one warning per scheme and process, when the scheme's plugin cannot be
     loaded or fails to make its tier: the job goes on without a remote tier.
@@ -137,11 +144,13 @@ def open_one(
     if scheme in REDIS_SCHEMES:
         from .redis import RedisTier
 
-        return RedisTier(url, stats_root=stats_root, signing_key=signing_key)
+        return RedisTier(url, stats_root=stats_root, signing_key=signing_key, overwrite=overwrite)
     if scheme in OBJECT_SCHEMES:
         from .objstore import ObjectStoreTier
 
-        return ObjectStoreTier(url, stats_root=stats_root, signing_key=signing_key)
+        return ObjectStoreTier(
+            url, stats_root=stats_root, signing_key=signing_key, overwrite=overwrite
+        )
     plugin = _plugin(url, scheme)
     try:
         return _open_plugin(plugin, url, stats_root, signing_key)
@@ -190,13 +199,16 @@ def _check_one(url: str) -> None:
 
 def probe(url: str, *, stats_root: str | None = None) -> dict[str, Any]:
     """Ask the tier of one ``url`` whether it answers (``kernelcache stats --remote``):
-    ``{"tier", "read_only", "up", "seconds", "error"}``. Never raises: a URL that cannot be
-    used is a tier that is not up."""
+    ``{"tier", "read_only", "up", "seconds", "error", "usage"}``, ``usage`` being what a tier
+    that counts its entries says (``{"entries", "bytes", "complete", "server_keys"}``, bounded:
+    see :meth:`~kernelcache.remote.redis.RedisTier.usage`), else None. Never raises: a URL
+    that cannot be used is a tier that is not up."""
     from .layered import label_of
 
     started = time.monotonic()
     error: str | None = None
     tier: object = None
+    usage: dict[str, Any] | None = None
     try:
         tier = open_one(url, stats_root=stats_root)
         check = getattr(tier, "probe", None)
@@ -204,6 +216,9 @@ def probe(url: str, *, stats_root: str | None = None) -> dict[str, Any]:
             error = "its plugin is broken"
         elif callable(check):
             error = check()
+            count = getattr(tier, "usage", None)
+            if error is None and callable(count):
+                usage = count()
         else:  # a plugin's tier: a miss is an answer
             tier.get("0" * 32, "probe")
     except Exception as e:
@@ -214,4 +229,5 @@ def probe(url: str, *, stats_root: str | None = None) -> dict[str, Any]:
         "up": error is None,
         "seconds": round(time.monotonic() - started, 6),
         "error": error,
+        "usage": usage,
     }
