@@ -177,6 +177,14 @@ VARIABLES: tuple[Variable, ...] = (
         "0: do not append per-process stats logs under the root",
     ),
     Variable(
+        "KERNELCACHE_PROGRESS_INTERVAL",
+        "progress_interval",
+        units.parse_duration,
+        10.0,
+        "10",
+        "seconds between two plain progress lines of long commands off a terminal (0: one per step)",
+    ),
+    Variable(
         "KERNELCACHE_TRUST",
         "trust",
         choice("group", "owner", "any"),
@@ -218,6 +226,7 @@ class Settings:
     lock_stale: float = 300.0
     disable: bool = False
     stats_log: bool = True
+    progress_interval: float = 10.0
     trust: str = "group"
     signing_key: bytes | None = field(default=None, repr=False)
     signing_key_file: Path | None = None

@@ -21,6 +21,7 @@ from .output import (
     format_table,
     human_duration,
     human_size,
+    plural,
     printable,
 )
 
@@ -95,8 +96,8 @@ def _stats_human(doc: dict[str, Any], top: int) -> str:
         f" metadata {human_size(doc['metadata_bytes'])})"
     )
     q, t = doc["quarantine"], doc["temp"]
-    lines.append(f"Quarantined:      {q['files']:,} files, {human_size(q['bytes'])}")
-    lines.append(f"Staging files:    {t['files']:,} files, {human_size(t['bytes'])}")
+    lines.append(f"Quarantined:      {plural(q['files'], 'file')}, {human_size(q['bytes'])}")
+    lines.append(f"Staging files:    {plural(t['files'], 'file')}, {human_size(t['bytes'])}")
     if doc["problems"]:
         lines.append(f"Problems:         {doc['problems']:,} (run: kernelcache verify)")
     lines.append("")
