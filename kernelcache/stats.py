@@ -34,7 +34,7 @@ from .fsio import READ_FLAGS, changed_at
 from .jsonio import load_json
 from .layout import STATS_DIR, open_subdir, replace_file
 from .locks import Locker, pid_alive
-from .process import HOST
+from .process import HOST, warn_once
 
 logger = logging.getLogger(__name__)
 
@@ -181,13 +181,34 @@ def note_lock_wait(root: str, key: str, waited: float, holder: dict[str, Any] | 
     _append(root, {}, waited={"key": key, "seconds": waited, "holder": holder})
 
 
+def _stats_dir(root: str) -> int:
+    """``<root>/.stats/``, opened; the root is created first if it does not exist yet (a job
+    served only by read-only layers or a remote tier has written nothing there before).
+
+    Raises:
+        OSError: it cannot be opened or created.
+    """
+    try:
+        return open_subdir(root, STATS_DIR, create=True)
+    except FileNotFoundError:
+        os.makedirs(root, exist_ok=True)
+        return open_subdir(root, STATS_DIR, create=True)
+
+
 def _append(root: str, delta: dict[str, float], **extra: object) -> None:
     record = {"v": LOG_VERSION, "host": HOST, "pid": os.getpid(), "time": time.time()}
     line = json.dumps({**record, "delta": delta, **extra}, sort_keys=True)
     try:
-        dfd = open_subdir(root, STATS_DIR, create=True)
+        dfd = _stats_dir(root)
     except OSError as e:
-        logger.debug("kernelcache: no stats log under %s: %s", root, e)
+        warn_once(
+            logger,
+            (root, "stats-log"),
+            "kernelcache: cannot log statistics under %s: %s (make the root writable, or set "
+            "KERNELCACHE_STATS_LOG=0)",
+            root,
+            e.strerror or e,
+        )
         return
     try:
         fd = os.open(
@@ -201,7 +222,14 @@ def _append(root: str, delta: dict[str, float], **extra: object) -> None:
         finally:
             os.close(fd)
     except OSError as e:
-        logger.debug("kernelcache: cannot append stats log under %s: %s", root, e)
+        warn_once(
+            logger,
+            (root, "stats-log"),
+            "kernelcache: cannot log statistics under %s: %s (make the root writable, or set "
+            "KERNELCACHE_STATS_LOG=0)",
+            root,
+            e.strerror or e,
+        )
     finally:
         os.close(dfd)
 
