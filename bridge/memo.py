@@ -30,7 +30,7 @@ def lookup(cache: Cache | None, label: str, fingerprint: str) -> str | None:
     """The value memoized in ``cache`` (or None) under ``(label, fingerprint)``, if any."""
     if cache is None:
         return None
-    art = cache.get(_memo_key(label, fingerprint), MEMO_EXT)
+    art = cache.get(_memo_key(label, fingerprint), MEMO_EXT, counted="memo")
     if art is None:
         return None
     try:

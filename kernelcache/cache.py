@@ -120,33 +120,39 @@ class Cache:
         return [self.store, *self.readonly]
 
     # -- reading --------------------------------------------------------------------------
-    def get(self, key: str, ext: str, *, counted: bool = True) -> Artifact | None:
+    def get(self, key: str, ext: str, *, counted: bool | str = True) -> Artifact | None:
         """Return the verified artifact for ``key``, or None.
 
         A corrupt entry is a miss: it is quarantined (in the writable root) and counted.
-        ``counted=False``: a lookup that is not one of the entries the hit rate is about
-        (hits and misses are not counted; corruption and errors are).
+        ``counted``: True, a lookup of one of the entries the hit rate is about (one per
+        kernel); False, none of them (hits and misses are not counted; corruption and errors
+        are); or a class of lookups counted apart (``"companion"``, ``"memo"``: see
+        :data:`kernelcache.stats.LOOKUP_CLASSES`).
 
         Raises:
-            ValueError: ``key`` or ``ext`` is malformed (checked before any file is touched).
+            ValueError: ``key``, ``ext`` or ``counted`` is malformed (checked before any file
+                is touched).
         """
         check_key(key)
         check_ext(ext)
+        names = stats.lookup_counters(counted)
         art = self._lookup(key, ext, WaitBudget(self.lock_timeout), counted)
         if not isinstance(art, Artifact):
             art = None
-            if counted:
-                stats.count(self.root, misses=1)
+            if names is not None:
+                stats.count(self.root, **{names[1]: 1})
         return art
 
     def _lookup(
-        self, key: str, ext: str, budget: WaitBudget, counted: bool = True
+        self, key: str, ext: str, budget: WaitBudget, counted: bool | str = True
     ) -> Artifact | WrongExt | None:
-        """Search every layer, waiting at most what is left of ``budget``; count hits (if
-        ``counted``), corruption and errors, but not misses. WrongExt (returned, not raised)
-        when the writable root holds the key with another extension."""
+        """Search every layer, waiting at most what is left of ``budget``; count hits (as
+        ``counted`` says: :func:`kernelcache.stats.lookup_counters`), corruption and errors,
+        but not misses. WrongExt (returned, not raised) when the writable root holds the key
+        with another extension."""
         if self.disabled:
             return None
+        names = stats.lookup_counters(counted)
         for store in self.layers:
             try:
                 result = store.get_checked(key, ext, wait=budget.remaining())
@@ -157,8 +163,8 @@ class Cache:
                 )
                 continue
             if isinstance(result, Artifact):
-                if counted:
-                    stats.count(self.root, hits=1, bytes_read=len(result.data))
+                if names is not None:
+                    stats.count(self.root, **{names[0]: 1}, bytes_read=len(result.data))
                 return result
             if isinstance(result, Problem):
                 if result.corrupt:
@@ -168,10 +174,16 @@ class Cache:
                 elif store is self.store and result.ext not in (None, ext):
                     return WrongExt(f"key {key} already holds a .{result.ext} artifact")
         if self.remote is not None:
-            return self._remote_lookup(key, ext, budget)
+            return self._remote_lookup(key, ext, budget, names)
         return None
 
-    def _remote_lookup(self, key: str, ext: str, budget: WaitBudget) -> Artifact | None:
+    def _remote_lookup(
+        self,
+        key: str,
+        ext: str,
+        budget: WaitBudget,
+        names: tuple[str, str] | None = ("hits", "misses"),
+    ) -> Artifact | None:
         """Read ``key`` from the remote tier, check it like a local entry (schema, entry digest,
         artifact digest) and publish it locally. Never raises: whatever the tier returns or
         raises is a hit or a miss."""
@@ -199,7 +211,8 @@ class Cache:
             )
             return None
         data, meta = checked
-        stats.count(self.root, remote_hits=1, hits=1, bytes_read=len(data))
+        hit = {names[0]: 1, "bytes_read": len(data)} if names is not None else {}
+        stats.count(self.root, remote_hits=1, **hit)
         fields = {k: v for k, v in meta.items() if k not in RESERVED_FIELDS}
         try:
             art = self.store.put(key, ext, data, fields, wait=budget.remaining())

@@ -61,7 +61,14 @@ COUNTERS = (
     "remote_errors",
     "remote_puts",
     "unauthenticated",
+    "companion_hits",
+    "companion_misses",
+    "memo_hits",
+    "memo_misses",
 )
+#: lookups counted apart from the hit rate's (which is one lookup per kernel): ``companion``,
+#: an entry read beside another (a kernel's PTX); ``memo``, a memoized value (an identity)
+LOOKUP_CLASSES = ("companion", "memo")
 #: counters of each remote tier (``"tiers"`` in a log record, keyed by the tier's label)
 TIER_COUNTERS = (
     "hits",
@@ -98,6 +105,22 @@ def count(root: str, **deltas: float) -> None:
             counters[name] += value
     if time.monotonic() - _last_flush > FLUSH_INTERVAL:
         flush()
+
+
+def lookup_counters(counted: bool | str) -> tuple[str, str] | None:
+    """The (hit, miss) counters of a lookup: the hit rate's for True, those of the class
+    ``counted`` (one of :data:`LOOKUP_CLASSES`), None for False (not counted).
+
+    Raises:
+        ValueError: ``counted`` is none of these.
+    """
+    if counted is True:
+        return "hits", "misses"
+    if counted is False:
+        return None
+    if counted in LOOKUP_CLASSES:
+        return f"{counted}_hits", f"{counted}_misses"
+    raise ValueError(f"counted must be True, False or one of {', '.join(LOOKUP_CLASSES)}")
 
 
 def count_tier(root: str, tier: str, **deltas: float) -> None:
