@@ -9,6 +9,7 @@ error that names the package to install.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from kernelcache.cli import UsageError, add_command, root_of
 from kernelcache.cli.output import EXIT_OK, EXIT_PROBLEMS, Output, envelope
@@ -17,11 +18,46 @@ from kernelcache.cli.output import EXIT_OK, EXIT_PROBLEMS, Output, envelope
 _BRIDGE_DEPENDENCIES = {"bridge", "jax", "jaxlib", "triton", "google", "protobuf"}
 
 
+#: JAX's settings of its persistent compilation cache that ``doctor`` shows: (option, shown as)
+JAX_CACHE_OPTIONS = (
+    ("jax_compilation_cache_dir", "dir"),
+    ("jax_persistent_cache_min_compile_time_secs", "min compile time (s)"),
+    ("jax_persistent_cache_min_entry_size_bytes", "min entry size (bytes)"),
+    ("jax_compilation_cache_max_size", "max size (bytes, -1: no cap)"),
+    ("jax_enable_compilation_cache", "enabled"),
+)
+
+
+def jax_cache_report() -> tuple[dict[str, Any] | None, list[Any]]:
+    """``doctor``'s view of JAX's persistent compilation cache, as a process started with this
+    environment gets it (JAX_* variables and JAX's defaults): the settings, and a check. None
+    and no check when jax is not installed."""
+    from kernelcache.doctor import Check
+
+    try:
+        import jax
+    except ImportError:
+        return None, []
+    found = {option: getattr(jax.config, option, None) for option, _ in JAX_CACHE_OPTIONS}
+    shown = ", ".join(f"{label} {found[option]}" for option, label in JAX_CACHE_OPTIONS)
+    if not found["jax_compilation_cache_dir"] or found["jax_enable_compilation_cache"] is False:
+        detail = (
+            f"off ({shown}): every process compiles XLA again; turn it on with "
+            "bridge.enable_jax_cache() or JAX_COMPILATION_CACHE_DIR"
+        )
+        return found, [Check("jax cache", "warn", detail)]
+    return found, [Check("jax cache", "ok", shown)]
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``warm`` and ``tune`` to the ``kernelcache`` command, and make the bridge's
     directories of a root known to the other commands (importing :mod:`bridge.handoff`
     registers ``.handoff``; it imports neither jax nor triton)."""
+    from kernelcache.doctor import register_report
+
     from . import handoff  # noqa: F401
+
+    register_report("jax_cache", jax_cache_report)
 
     p = add_command(
         subparsers,

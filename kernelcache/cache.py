@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import stats
-from .config import settings
-from .errors import CacheError, LockTimeout, Problem, WrongExt
+from .config import Settings, settings
+from .errors import CacheError, ConfigError, LockTimeout, Problem, WrongExt
 from .keys import check_ext, check_key
 from .layout import resolve_root
 from .locks import Held, WaitBudget
@@ -60,6 +60,21 @@ class BuildItem:
     key: str
     ext: str
     build: BuildFn
+
+
+def readonly_problem(root: str | os.PathLike[str]) -> str | None:
+    """Why the read-only root ``root`` cannot serve anything as given, with the remedy; None
+    when it is an absolute path to a directory."""
+    path = os.fspath(root)
+    if not os.path.isabs(path):
+        return (
+            f"{path!r} is a relative path, read from the current directory "
+            f"({os.getcwd()}): give an absolute path"
+        )
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.lexists(path) else "does not exist"
+        return f"{path} {what}: nothing is read from it (fix the path, or remove it)"
+    return None
 
 
 class Cache:
@@ -98,17 +113,41 @@ class Cache:
         )
         self.root = self.store.root
         ro = cfg.readonly_roots if readonly_roots is None else readonly_roots
+        named = "KERNELCACHE_READONLY_DIRS" if readonly_roots is None else "readonly_roots"
+        for r in ro:
+            problem = readonly_problem(r)
+            if problem is not None:
+                warn_once(logger, ("readonly", os.fspath(r)), "kernelcache: %s: %s", named, problem)
         self.readonly = [Store.from_settings(r, cfg, readonly=True) for r in ro]
         if remote is None:
             remote = cfg.remote or ""
         self.remote: RemoteTier | None = (
-            remote
-            if isinstance(remote, RemoteTier)
-            else open_remote(remote, stats_root=self.root, signing_key=cfg.signing_secret())
+            remote if isinstance(remote, RemoteTier) else self._open_remote(remote, cfg)
         )
         self.disabled = cfg.disable
         if cfg.stats_log and not self.disabled:
             stats.enable_log(self.root)
+
+    def _open_remote(
+        self, remote: str | Sequence[str | RemoteTier], cfg: Settings
+    ) -> RemoteTier | None:
+        """The remote tier of ``remote``; None (off, warned once) when the signing key that
+        must authenticate its values cannot be used: never unsigned values instead, and never
+        a failed job."""
+        if not remote:
+            return None
+        try:
+            key = cfg.signing_secret()
+        except ConfigError as e:
+            warn_once(
+                logger,
+                ("signing-key", str(e)),
+                "kernelcache: %s; the remote tier is off until the key is fixed (local layers "
+                "still work; `kernelcache doctor` checks it)",
+                e,
+            )
+            return None
+        return open_remote(remote, stats_root=self.root, signing_key=key)
 
     def __repr__(self) -> str:
         ro = [s.root for s in self.readonly]

@@ -119,7 +119,7 @@ def bar(
             hint_once(stream)
         else:
 
-            class Bar(tqdm):  # type: ignore[misc]  # (tqdm is untyped)
+            class Bar(tqdm):  # (tqdm is untyped)
                 monitor_interval = 0  # no monitor thread: see the module's invariant
 
             with Bar(
