@@ -206,7 +206,8 @@ VARIABLES: tuple[Variable, ...] = (
         _key,
         None,
         "(none)",
-        "sign Redis values and bundles with this key (HMAC-SHA256); refuse unsigned ones",
+        "sign Redis values and bundles with this key (HMAC-SHA256, at least 16 bytes); refuse "
+        "unsigned ones",
         secret=True,
         required_if_set=True,
     ),
