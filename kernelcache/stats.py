@@ -4,7 +4,12 @@ Counters are kept per writable root in memory; :func:`process_stats` sums them f
 process. Each process appends the changes since its last flush as one JSON line to its own file
 ``<root>/.stats/<host>-<pid>-<token>.jsonl`` (every :data:`FLUSH_INTERVAL` seconds at most,
 after builds, and at exit), so writers never contend and ``kernelcache stats`` adds up every
-log it finds. A killed process loses at most its last interval of counts.
+log it finds. A killed process loses at most its last interval of counts. The writable root is
+created for the log if it does not exist yet (a job served only by read-only layers); a root
+that cannot hold it is warned about once.
+
+Hits and misses count one lookup per kernel (the hit rate); entries read beside a kernel and
+memoized values are counted apart (:data:`LOOKUP_CLASSES`).
 
 The logs of finished processes are folded into ``.stats/summary.jsonl`` (:func:`fold_logs`,
 run by ``prune``), so that totals are kept, never lost or counted twice, while logs go away.
