@@ -115,3 +115,12 @@ def test_stats_names_the_configured_remote_and_shows_its_counters(tmp_path):
     human = kc(tmp_path / "c", "stats", env=env).stdout
     assert "Remote:           redis://:***@127.0.0.1:1/0" in human and "secret" not in human
     assert "0 unauthenticated" in human
+
+
+def test_verify_reports_a_foreign_file_with_its_size(tmp_path):
+    root = tmp_path / "c"
+    put(root, "k")
+    (root / "notes.txt").write_bytes(b"x" * 1234)
+    doc = kc_json(root, "verify")
+    (foreign,) = [p for p in doc["problems"] if p["kind"] == "foreign"]
+    assert foreign["path"] == "notes.txt" and foreign["size"] == 1234
