@@ -62,7 +62,8 @@ def _no_cpu(ctx: Any, *args: Any, call: CallSpec, has_side_effect: bool) -> Any:
     raise KernelArgumentError(
         f"the Triton kernel {call.parts.qualname} runs on {gpus} GPUs, but "
         "this computation is being lowered for cpu: run it on a GPU, or cross-compile with "
-        f"jax.jit(f).trace(*args).lower(lowering_platforms=({first!r},)) and a target= "
+        f"jax.jit(f).trace(*args).lower(lowering_platforms=({first!r},)) and a target "
+        "(target='cuda:90' or 'hip:gfx942', or $KERNELCACHE_TARGET)"
     )
 
 

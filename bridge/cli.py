@@ -10,6 +10,7 @@ error that names the package to install.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from kernelcache.cli import UsageError, add_command, root_of
 from kernelcache.cli.output import EXIT_OK, EXIT_PROBLEMS, Output, envelope
@@ -18,16 +19,57 @@ from kernelcache.cli.output import EXIT_OK, EXIT_PROBLEMS, Output, envelope
 _BRIDGE_DEPENDENCIES = {"bridge", "jax", "jaxlib", "triton", "google", "protobuf"}
 
 
+#: JAX's options of its persistent compilation cache that ``doctor`` shows: (option, shown as);
+#: JAX reads each from the environment variable of its name in capitals
+JAX_CACHE_OPTIONS = (
+    ("jax_compilation_cache_dir", "dir"),
+    ("jax_persistent_cache_min_compile_time_secs", "min compile time (s)"),
+    ("jax_persistent_cache_min_entry_size_bytes", "min entry size (bytes)"),
+    ("jax_compilation_cache_max_size", "max size (bytes)"),
+    ("jax_enable_compilation_cache", "enabled"),
+)
+
+
+def jax_cache_report() -> tuple[dict[str, Any] | None, list[Any]]:
+    """``doctor``'s view of JAX's persistent compilation cache as a job started with this
+    environment begins with it (before its code calls ``bridge.enable_jax_cache()`` or
+    ``jax.config.update``): each option's variable, or None where JAX's default applies. jax
+    is not imported (it costs seconds); None and no check when it is not installed."""
+    import importlib.util
+    import os
+
+    from kernelcache.doctor import Check
+
+    if importlib.util.find_spec("jax") is None:
+        return None, []
+    found = {option: os.environ.get(option.upper()) for option, _ in JAX_CACHE_OPTIONS}
+    shown = ", ".join(
+        f"{label} {found[option] if found[option] is not None else '(default)'}"
+        for option, label in JAX_CACHE_OPTIONS
+    )
+    off = (found["jax_enable_compilation_cache"] or "").strip().lower() in ("0", "false")
+    if not found["jax_compilation_cache_dir"] or off:
+        detail = (
+            f"off in this environment ({shown}): unless the job turns it on "
+            "(bridge.enable_jax_cache(), or JAX_COMPILATION_CACHE_DIR), every process compiles "
+            "XLA again"
+        )
+        return found, [Check("jax cache", "warn", detail)]
+    return found, [Check("jax cache", "ok", shown)]
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``warm``, ``tune`` and ``explain`` to the ``kernelcache`` command, register the
-    bridge's toolchain, and make the bridge's directories of a root known to the other
-    commands (importing :mod:`bridge.handoff` registers ``.handoff``; it imports neither jax
-    nor triton)."""
+    bridge's toolchain and its doctor report, and make the bridge's directories of a root known
+    to the other commands (importing :mod:`bridge.handoff` registers ``.handoff``; it imports
+    neither jax nor triton)."""
+    from kernelcache.doctor import register_report
     from kernelcache.toolchains import register_toolchain
 
     from . import handoff  # noqa: F401
 
     register_toolchain("bridge", _toolchain)
+    register_report("jax_cache", jax_cache_report)
 
     p = add_command(
         subparsers,

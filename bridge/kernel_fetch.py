@@ -229,7 +229,7 @@ def _paired(cache: Cache, request: Request, art: Artifact, built: list[Compiled]
         ptx = built[0].ptx
         assert ptx is not None
         return _binary(key, ext, art.data, art.meta, ptx, True)
-    companion = cache.get(derived_key(key, PTX_EXT), PTX_EXT)
+    companion = cache.get(derived_key(key, PTX_EXT), PTX_EXT, counted="companion")
     if companion is not None and ptx_pairs(art.meta, companion.data):
         return _binary(key, ext, art.data, art.meta, companion.data.decode(), False)
     # the PTX is missing (pruned) or belongs to another build: compile again for a matching pair

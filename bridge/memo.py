@@ -31,7 +31,7 @@ def lookup(cache: Cache | None, label: str, fingerprint: str) -> str | None:
     """The value memoized in ``cache`` (or None) under ``(label, fingerprint)``, if any."""
     if cache is None:
         return None
-    art = cache.get(memo_key(label, fingerprint), MEMO_EXT)
+    art = cache.get(memo_key(label, fingerprint), MEMO_EXT, counted="memo")
     if art is None:
         return None
     try:

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import stats
-from .config import settings
-from .errors import CacheError, LockTimeout, Problem, WrongExt
+from .config import Settings, settings
+from .errors import CacheError, ConfigError, LockTimeout, Problem, WrongExt
 from .keys import check_ext, check_key
 from .layout import resolve_root
 from .locks import Held, WaitBudget
@@ -60,6 +60,21 @@ class BuildItem:
     key: str
     ext: str
     build: BuildFn
+
+
+def readonly_problem(root: str | os.PathLike[str]) -> str | None:
+    """Why the read-only root ``root`` cannot serve anything as given, with the remedy; None
+    when it is an absolute path to a directory."""
+    path = os.fspath(root)
+    if not os.path.isabs(path):
+        return (
+            f"{path!r} is a relative path, read from the current directory "
+            f"({os.getcwd()}): give an absolute path"
+        )
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.lexists(path) else "does not exist"
+        return f"{path} {what}: nothing is read from it (fix the path, or remove it)"
+    return None
 
 
 class Cache:
@@ -98,22 +113,43 @@ class Cache:
         )
         self.root = self.store.root
         ro = cfg.readonly_roots if readonly_roots is None else readonly_roots
+        named = "KERNELCACHE_READONLY_DIRS" if readonly_roots is None else "readonly_roots"
+        for r in ro:
+            problem = readonly_problem(r)
+            if problem is not None:
+                warn_once(logger, ("readonly", os.fspath(r)), "kernelcache: %s: %s", named, problem)
         self.readonly = [Store.from_settings(r, cfg, readonly=True) for r in ro]
         if remote is None:
             remote = cfg.remote or ""
         self.remote: RemoteTier | None = (
-            remote
-            if isinstance(remote, RemoteTier)
-            else open_remote(
-                remote,
-                stats_root=self.root,
-                signing_key=cfg.signing_secret(),
-                overwrite=cfg.remote_overwrite,
-            )
+            remote if isinstance(remote, RemoteTier) else self._open_remote(remote, cfg)
         )
         self.disabled = cfg.disable
         if cfg.stats_log and not self.disabled:
             stats.enable_log(self.root)
+
+    def _open_remote(
+        self, remote: str | Sequence[str | RemoteTier], cfg: Settings
+    ) -> RemoteTier | None:
+        """The remote tier of ``remote``; None (off, warned once) when the signing key that
+        must authenticate its values cannot be used: never unsigned values instead, and never
+        a failed job."""
+        if not remote:
+            return None
+        try:
+            key = cfg.signing_secret()
+        except ConfigError as e:
+            warn_once(
+                logger,
+                ("signing-key", str(e)),
+                "kernelcache: %s; the remote tier is off until the key is fixed (local layers "
+                "still work; `kernelcache doctor` checks it)",
+                e,
+            )
+            return None
+        return open_remote(
+            remote, stats_root=self.root, signing_key=key, overwrite=cfg.remote_overwrite
+        )
 
     def __repr__(self) -> str:
         ro = [s.root for s in self.readonly]
@@ -125,33 +161,39 @@ class Cache:
         return [self.store, *self.readonly]
 
     # -- reading --------------------------------------------------------------------------
-    def get(self, key: str, ext: str, *, counted: bool = True) -> Artifact | None:
+    def get(self, key: str, ext: str, *, counted: bool | str = True) -> Artifact | None:
         """Return the verified artifact for ``key``, or None.
 
         A corrupt entry is a miss: it is quarantined (in the writable root) and counted.
-        ``counted=False``: a lookup that is not one of the entries the hit rate is about
-        (hits and misses are not counted; corruption and errors are).
+        ``counted``: True, a lookup of one of the entries the hit rate is about (one per
+        kernel); False, none of them (hits and misses are not counted; corruption and errors
+        are); or a class of lookups counted apart (``"companion"``, ``"memo"``: see
+        :data:`kernelcache.stats.LOOKUP_CLASSES`).
 
         Raises:
-            ValueError: ``key`` or ``ext`` is malformed (checked before any file is touched).
+            ValueError: ``key``, ``ext`` or ``counted`` is malformed (checked before any file
+                is touched).
         """
         check_key(key)
         check_ext(ext)
+        names = stats.lookup_counters(counted)
         art = self._lookup(key, ext, WaitBudget(self.lock_timeout), counted)
         if not isinstance(art, Artifact):
             art = None
-            if counted:
-                stats.count(self.root, misses=1)
+            if names is not None:
+                stats.count(self.root, **{names[1]: 1})
         return art
 
     def _lookup(
-        self, key: str, ext: str, budget: WaitBudget, counted: bool = True
+        self, key: str, ext: str, budget: WaitBudget, counted: bool | str = True
     ) -> Artifact | WrongExt | None:
-        """Search every layer, waiting at most what is left of ``budget``; count hits (if
-        ``counted``), corruption and errors, but not misses. WrongExt (returned, not raised)
-        when the writable root holds the key with another extension."""
+        """Search every layer, waiting at most what is left of ``budget``; count hits (as
+        ``counted`` says: :func:`kernelcache.stats.lookup_counters`), corruption and errors,
+        but not misses. WrongExt (returned, not raised) when the writable root holds the key
+        with another extension."""
         if self.disabled:
             return None
+        names = stats.lookup_counters(counted)
         for store in self.layers:
             try:
                 result = store.get_checked(key, ext, wait=budget.remaining())
@@ -162,8 +204,8 @@ class Cache:
                 )
                 continue
             if isinstance(result, Artifact):
-                if counted:
-                    stats.count(self.root, hits=1, bytes_read=len(result.data))
+                if names is not None:
+                    stats.count(self.root, **{names[0]: 1}, bytes_read=len(result.data))
                 return result
             if isinstance(result, Problem):
                 if result.corrupt:
@@ -173,10 +215,16 @@ class Cache:
                 elif store is self.store and result.ext not in (None, ext):
                     return WrongExt(f"key {key} already holds a .{result.ext} artifact")
         if self.remote is not None:
-            return self._remote_lookup(key, ext, budget)
+            return self._remote_lookup(key, ext, budget, names)
         return None
 
-    def _remote_lookup(self, key: str, ext: str, budget: WaitBudget) -> Artifact | None:
+    def _remote_lookup(
+        self,
+        key: str,
+        ext: str,
+        budget: WaitBudget,
+        names: tuple[str, str] | None = ("hits", "misses"),
+    ) -> Artifact | None:
         """Read ``key`` from the remote tier, check it like a local entry (schema, entry digest,
         artifact digest) and publish it locally. Never raises: whatever the tier returns or
         raises is a hit or a miss."""
@@ -204,7 +252,8 @@ class Cache:
             )
             return None
         data, meta = checked
-        stats.count(self.root, remote_hits=1, hits=1, bytes_read=len(data))
+        hit = {names[0]: 1, "bytes_read": len(data)} if names is not None else {}
+        stats.count(self.root, remote_hits=1, **hit)
         fields = {k: v for k, v in meta.items() if k not in RESERVED_FIELDS}
         try:
             art = self.store.put(key, ext, data, fields, wait=budget.remaining())

@@ -62,10 +62,23 @@ _KEY_HINT = "e.g. the output of `openssl rand -hex 32`"
 
 
 def _key(raw: str) -> bytes:
-    value = raw.strip().encode()
-    if len(value) < MIN_KEY_BYTES:
-        raise ValueError(f"a signing key must be at least {MIN_KEY_BYTES} bytes ({_KEY_HINT})")
-    return value
+    # its length is checked where it is used (Settings.signing_secret): a job warns and turns
+    # its remote tier off, a command fails; the other settings stay usable either way
+    return raw.strip().encode()
+
+
+def check_key(key: bytes, where: str) -> bytes:
+    """``key`` if it is long enough to sign with.
+
+    Raises:
+        ConfigError: shorter than :data:`MIN_KEY_BYTES` (the message names ``where``, never
+            the key).
+    """
+    if len(key) < MIN_KEY_BYTES:
+        raise ConfigError(
+            f"{where}: a signing key must be at least {MIN_KEY_BYTES} bytes ({_KEY_HINT})"
+        )
+    return key
 
 
 def read_key_file(path: Path) -> bytes:
@@ -88,12 +101,7 @@ def read_key_file(path: Path) -> bytes:
         raise ConfigError(f"{where}: not a regular file") from None
     except OSError as e:
         raise ConfigError(f"{where}: cannot read it: {e.strerror}") from None
-    key = raw.strip()
-    if len(key) < MIN_KEY_BYTES:
-        raise ConfigError(
-            f"{where}: a signing key must be at least {MIN_KEY_BYTES} bytes ({_KEY_HINT})"
-        )
-    return key
+    return check_key(raw.strip(), where)
 
 
 @dataclass(frozen=True)
@@ -177,6 +185,14 @@ VARIABLES: tuple[Variable, ...] = (
         "0: do not append per-process stats logs under the root",
     ),
     Variable(
+        "KERNELCACHE_PROGRESS_INTERVAL",
+        "progress_interval",
+        units.parse_duration,
+        10.0,
+        "10",
+        "seconds between two plain progress lines of long commands off a terminal (0: one per step)",
+    ),
+    Variable(
         "KERNELCACHE_TRUST",
         "trust",
         choice("group", "owner", "any"),
@@ -199,7 +215,8 @@ VARIABLES: tuple[Variable, ...] = (
         _key,
         None,
         "(none)",
-        "sign Redis values and bundles with this key (HMAC-SHA256); refuse unsigned ones",
+        "sign Redis values and bundles with this key (HMAC-SHA256, at least 16 bytes); refuse "
+        "unsigned ones",
         secret=True,
         required_if_set=True,
     ),
@@ -227,6 +244,7 @@ class Settings:
     lock_stale: float = 300.0
     disable: bool = False
     stats_log: bool = True
+    progress_interval: float = 10.0
     trust: str = "group"
     remote_overwrite: bool = False
     signing_key: bytes | None = field(default=None, repr=False)
@@ -236,7 +254,8 @@ class Settings:
         """The key that signs and authenticates Redis values and bundles, or None.
 
         Raises:
-            ConfigError: both variables are set, or the key file is unusable.
+            ConfigError: both variables are set, the key is shorter than
+                :data:`MIN_KEY_BYTES`, or the key file is unusable.
         """
         if self.signing_key is not None and self.signing_key_file is not None:
             raise ConfigError(
@@ -244,7 +263,9 @@ class Settings:
             )
         if self.signing_key_file is not None:
             return read_key_file(self.signing_key_file)
-        return self.signing_key
+        if self.signing_key is not None:
+            return check_key(self.signing_key, "KERNELCACHE_SIGNING_KEY")
+        return None
 
 
 def parse_variable(var: Variable, environ: Mapping[str, str] | None = None) -> Any:

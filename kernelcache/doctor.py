@@ -2,8 +2,9 @@
 
 Everything here only looks: the one thing written is a hidden probe file in the root, removed
 at once (and the lock probe of :class:`~kernelcache.locks.Locker` where ``.locks/`` exists).
-Versions of optional packages come from their installed metadata: jax and triton are never
-imported.
+Each remote tier is asked once whether it answers. Versions of optional packages come from
+their installed metadata: kernelcache imports neither jax nor triton here (a package may add
+its own findings with :func:`register_report`: the bridge's imports jax when installed).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pwd
 import stat
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,12 +28,14 @@ from .config import (
     VARIABLES,
     ConfigError,
     Settings,
+    check_key,
     environment_in_effect,
     parse_variable,
     read_key_file,
     variable,
     variables,
 )
+from .keys import META_EXT, split_entry_name
 from .layout import LOCK_DIR, create_exclusive, shared_directories
 from .locks import Locker, pid_alive
 from .process import HOST
@@ -70,6 +73,18 @@ class Check:
 
     def to_json(self) -> dict[str, str]:
         return {"name": self.name, "status": self.status, "detail": self.detail}
+
+
+#: what packages built on kernelcache add to the diagnosis: name -> a function returning
+#: (information for the ``--json`` document under ``name``, or None; its checks)
+Contribution = Callable[[], "tuple[dict[str, Any] | None, list[Check]]"]
+_contributions: dict[str, Contribution] = {}
+
+
+def register_report(name: str, contribute: Contribution) -> None:
+    """Add a package's findings to every diagnosis (the bridge adds JAX's cache settings).
+    ``contribute`` runs at each :func:`diagnose`; registering a name again replaces it."""
+    _contributions[name] = contribute
 
 
 @dataclass(frozen=True)
@@ -192,6 +207,8 @@ def _check_deeper(name: str, value: Any, env: Mapping[str, str]) -> None:
         from .remote import check_url
 
         check_url(value)
+    if name == "KERNELCACHE_SIGNING_KEY" and value:
+        check_key(value, name)
     if name == "KERNELCACHE_SIGNING_KEY_FILE" and value:
         if env.get("KERNELCACHE_SIGNING_KEY", "").strip():
             raise ConfigError("set KERNELCACHE_SIGNING_KEY or this, not both")
@@ -231,6 +248,69 @@ def setting_checks(environ: Mapping[str, str] | None = None) -> tuple[list[Check
     return checks, cfg
 
 
+def readonly_checks(roots: Sequence[os.PathLike[str] | str]) -> list[Check]:
+    """One check per read-only root: an absolute path to a directory that holds entries."""
+    from .cache import readonly_problem
+
+    checks = []
+    for root in roots:
+        name = f"read-only {os.fspath(root)}"
+        problem = readonly_problem(root)
+        if problem is not None:
+            checks.append(Check(name, "fail", f"KERNELCACHE_READONLY_DIRS: {problem}"))
+            continue
+        try:
+            with os.scandir(root) as it:
+                entries = sum(
+                    1 for e in it if (split_entry_name(e.name) or ("", ""))[1] == META_EXT
+                )
+        except OSError as e:
+            checks.append(
+                Check(name, "fail", f"cannot list it: {e.strerror} (fix its permissions)")
+            )
+            continue
+        if entries:
+            checks.append(Check(name, "ok", f"entries: {entries:,}"))
+        else:
+            checks.append(
+                Check(
+                    name,
+                    "warn",
+                    "holds no entries: nothing is served from it (warm it, or "
+                    "check that it is the layer you meant)",
+                )
+            )
+    return checks
+
+
+def remote_checks(spec: str) -> list[Check]:
+    """Whether each tier of ``spec`` (``$KERNELCACHE_REMOTE``) answers: one bounded request each
+    (a Redis PING within the URL's timeout). A URL that cannot be used is its variable's check."""
+    from .remote import check_url, probe, split_urls
+
+    checks = []
+    for url in split_urls(spec):
+        try:
+            check_url(url)
+        except ConfigError:
+            continue  # (reported by the variable's own check)
+        found = probe(url)
+        name = f"remote {found['tier']}"
+        ms = found["seconds"] * 1000
+        if found["up"]:
+            checks.append(Check(name, "ok", f"answers ({ms:.1f} ms)"))
+        else:
+            checks.append(
+                Check(
+                    name,
+                    "fail",
+                    f"does not answer after {ms:.0f} ms: {found['error']} (start the server, or "
+                    "fix KERNELCACHE_REMOTE; jobs run without the tier meanwhile)",
+                )
+            )
+    return checks
+
+
 def filelock_check(version: str | None) -> Check:
     """Whether the installed filelock can take the cache's exclusive locks."""
     from packaging.version import InvalidVersion, Version
@@ -264,6 +344,13 @@ def diagnose(root: str | None) -> Report:
     }
     checks, cfg = setting_checks()
     checks.append(filelock_check(info["versions"].get("filelock")))
+    if cfg is not None:
+        checks += readonly_checks(cfg.readonly_roots)
+        checks += remote_checks(cfg.remote or "")
+    for name, contribute in sorted(_contributions.items()):
+        found, more = contribute()
+        info[name] = found
+        checks += more
     info["lock_mode_configured"] = cfg.lock_mode if cfg else None
     info["trust"] = cfg.trust if cfg else None
     if root is None:

@@ -1,29 +1,36 @@
-"""Progress bars for long operations of the command line.
+"""Progress of long operations of the command line, on standard error.
 
-A bar is shown only when standard error is a terminal, the output is not ``--json``, and the
-optional ``tqdm`` package is installed (``pip install 'kernelcache[progress]'``). Otherwise
-every function here is a no-op, so callers never check.
+Where standard error is a terminal (and the output is not ``--json``), a bar is drawn by the
+optional ``tqdm`` package (``pip install 'kernelcache[progress]'``); without it, a one-time hint
+names the extra and plain lines are written instead. Anywhere else (a pipe, a CI log, or with
+``--json``), plain lines are written: ``kernelcache: warming: 12/40 (30%) after 20s``, at
+most one per ``$KERNELCACHE_PROGRESS_INTERVAL`` seconds (0: one per step), and a last one at the
+end of an operation that lasted that long. Callers never check: the reporter is called with the number of items done.
+
+Invariant: nothing here starts a thread. The commands fork worker processes (``warm``), which
+is only safe in a single-threaded process; tqdm's monitor thread is turned off.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
+from .config import settings
+from .errors import ConfigError
 
-class _Silent:
-    """Stands in for a bar where none is shown."""
-
-    def __call__(self, n: int = 1) -> None:
-        pass
-
-    def set_total(self, total: int) -> None:
-        pass
+#: the hint shown once on a terminal without tqdm
+HINT = "kernelcache: install 'kernelcache[progress]' (tqdm) for a progress bar"
+_hinted = False
 
 
 class _Bar:
+    """A tqdm bar."""
+
     def __init__(self, bar: Any) -> None:
         self._bar = bar
 
@@ -35,38 +42,99 @@ class _Bar:
         self._bar.refresh()
 
 
-def wanted(json_mode: bool, stream: IO[str] | None = None) -> bool:
-    """Whether a bar should be drawn: a terminal on ``stream`` (stderr) and no ``--json``."""
-    stream = sys.stderr if stream is None else stream
-    if json_mode:
-        return False
+class _Lines:
+    """Plain progress lines, at most one per ``interval`` seconds (called from any thread)."""
+
+    def __init__(self, desc: str, total: int | None, interval: float, stream: IO[str]) -> None:
+        self.desc, self.total, self.interval, self.stream = desc, total, interval, stream
+        self.done = 0
+        self.started = self.last = time.monotonic()
+        self.written = False
+        self._lock = threading.Lock()
+
+    def __call__(self, n: int = 1) -> None:
+        with self._lock:
+            self.done += n
+            now = time.monotonic()
+            if now - self.last >= self.interval:
+                self.last = now
+                self._write(now)
+
+    def set_total(self, total: int) -> None:
+        self.total = total
+
+    def finish(self) -> None:
+        """The last line: written when any was, or when the operation lasted the interval."""
+        now = time.monotonic()
+        if self.written or now - self.started >= self.interval:
+            self._write(now)
+
+    def _write(self, now: float) -> None:
+        if self.total:
+            count = f"{self.done}/{self.total} ({100 * self.done // self.total}%)"
+        else:
+            count = f"{self.done}"
+        self.stream.write(f"kernelcache: {self.desc}: {count} after {now - self.started:.0f}s\n")
+        self.stream.flush()
+        self.written = True
+
+
+def on_terminal(stream: IO[str]) -> bool:
     try:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
 
 
-@contextmanager
-def bar(desc: str, total: int | None, *, enabled: bool) -> Iterator[_Bar | _Silent]:
-    """A progress bar on stderr; the yielded object is called with the number of items done.
-
-    Yields a silent stand-in when ``enabled`` is false or tqdm is not installed.
-    """
-    if not enabled:
-        yield _Silent()
-        return
+def interval() -> float:
+    """Seconds between two plain progress lines (``$KERNELCACHE_PROGRESS_INTERVAL``; 0: a line
+    per step).
+    A bad value is the command's usage error elsewhere; here it means the default."""
     try:
-        from tqdm import tqdm
-    except ImportError:
-        yield _Silent()
-        return
-    with tqdm(
-        total=total,
-        desc=desc,
-        unit=" entries",
-        leave=False,
-        file=sys.stderr,
-        dynamic_ncols=True,
-        mininterval=0.2,
-    ) as t:
-        yield _Bar(t)
+        return settings().progress_interval
+    except ConfigError:
+        return 10.0
+
+
+def hint_once(stream: IO[str]) -> None:
+    """Name the extra that draws bars, once per process."""
+    global _hinted
+    if not _hinted:
+        _hinted = True
+        stream.write(HINT + "\n")
+
+
+@contextmanager
+def bar(
+    desc: str, total: int | None, *, json_mode: bool = False, unit: str = "entries"
+) -> Iterator[_Bar | _Lines]:
+    """Progress on stderr for ``desc`` (``total`` items, None: not known yet; the reporter's
+    ``set_total`` gives it later). The yielded reporter is called with the number of items done.
+    """
+    stream = sys.stderr
+    if on_terminal(stream) and not json_mode:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            hint_once(stream)
+        else:
+
+            class Bar(tqdm):  # (tqdm is untyped)
+                monitor_interval = 0  # no monitor thread: see the module's invariant
+
+            with Bar(
+                total=total,
+                desc=desc,
+                unit=f" {unit}",
+                leave=False,
+                file=stream,
+                dynamic_ncols=True,
+                mininterval=0.2,
+            ) as t:
+                yield _Bar(t)
+            return
+    lines = _Lines(desc, total, interval(), stream)
+    try:
+        yield lines
+    finally:
+        lines.finish()

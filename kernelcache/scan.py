@@ -27,7 +27,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property, partial
 from itertools import repeat
@@ -280,10 +280,7 @@ def _scan(
             table, fresh = _entries(dfd, listing, index, issues, progress)
             committed = dict(zip(table.key, table.ext, strict=True))
             issues.extend(_orphans(dfd, listing, committed, now))
-            issues.extend(
-                Issue("foreign", name, "not a cache file; remove it by hand if it is not needed")
-                for name in sorted(listing.foreign)
-            )
+            issues.extend(_foreign(dfd, sorted(listing.foreign)))
             # clean: the listing holds these entries' two files each, and nothing else
             clean = len(pairs) == 2 * len(table) + listing.dirs
             if may_write and (fresh or len(table) != len(index) or clean):
@@ -515,6 +512,15 @@ def _lock_issue(dfd: int, name: str, now: float, lock_stale: float) -> Issue | N
     return Issue(
         "stale-lock", path, "lock file of a missing entry, not held", key, 0, changed_at(st)
     )
+
+
+def _foreign(dfd: int, names: list[str]) -> Iterator[Issue]:
+    """An issue for each file the cache does not know, with its size on disk."""
+    for name in names:
+        st = _lstat(dfd, name)
+        size = st.st_size if st is not None else 0
+        why = "not a cache file; remove it by hand if it is not needed"
+        yield Issue("foreign", name, why, size=size)
 
 
 def _lstat(dfd: int, name: str) -> os.stat_result | None:

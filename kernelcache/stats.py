@@ -4,7 +4,12 @@ Counters are kept per writable root in memory; :func:`process_stats` sums them f
 process. Each process appends the changes since its last flush as one JSON line to its own file
 ``<root>/.stats/<host>-<pid>-<token>.jsonl`` (every :data:`FLUSH_INTERVAL` seconds at most,
 after builds, and at exit), so writers never contend and ``kernelcache stats`` adds up every
-log it finds. A killed process loses at most its last interval of counts.
+log it finds. A killed process loses at most its last interval of counts. The writable root is
+created for the log if it does not exist yet (a job served only by read-only layers); a root
+that cannot hold it is warned about once.
+
+Hits and misses count one lookup per kernel (the hit rate); entries read beside a kernel and
+memoized values are counted apart (:data:`LOOKUP_CLASSES`).
 
 The logs of finished processes are folded into ``.stats/summary.jsonl`` (:func:`fold_logs`,
 run by ``prune``), so that totals are kept, never lost or counted twice, while logs go away.
@@ -34,7 +39,7 @@ from .fsio import READ_FLAGS, changed_at
 from .jsonio import load_json
 from .layout import STATS_DIR, open_subdir, replace_file
 from .locks import Locker, pid_alive
-from .process import HOST
+from .process import HOST, warn_once
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +67,14 @@ COUNTERS = (
     "remote_puts",
     "unauthenticated",
     "kept_unverified",
+    "companion_hits",
+    "companion_misses",
+    "memo_hits",
+    "memo_misses",
 )
+#: lookups counted apart from the hit rate's (which is one lookup per kernel): ``companion``,
+#: an entry read beside another (a kernel's PTX); ``memo``, a memoized value (an identity)
+LOOKUP_CLASSES = ("companion", "memo")
 #: counters of each remote tier (``"tiers"`` in a log record, keyed by the tier's label)
 TIER_COUNTERS = (
     "hits",
@@ -99,6 +111,22 @@ def count(root: str, **deltas: float) -> None:
             counters[name] += value
     if time.monotonic() - _last_flush > FLUSH_INTERVAL:
         flush()
+
+
+def lookup_counters(counted: bool | str) -> tuple[str, str] | None:
+    """The (hit, miss) counters of a lookup: the hit rate's for True, those of the class
+    ``counted`` (one of :data:`LOOKUP_CLASSES`), None for False (not counted).
+
+    Raises:
+        ValueError: ``counted`` is none of these.
+    """
+    if counted is True:
+        return "hits", "misses"
+    if counted is False:
+        return None
+    if counted in LOOKUP_CLASSES:
+        return f"{counted}_hits", f"{counted}_misses"
+    raise ValueError(f"counted must be True, False or one of {', '.join(LOOKUP_CLASSES)}")
 
 
 def count_tier(root: str, tier: str, **deltas: float) -> None:
@@ -182,13 +210,34 @@ def note_lock_wait(root: str, key: str, waited: float, holder: dict[str, Any] | 
     _append(root, {}, waited={"key": key, "seconds": waited, "holder": holder})
 
 
+def _stats_dir(root: str) -> int:
+    """``<root>/.stats/``, opened; the root is created first if it does not exist yet (a job
+    served only by read-only layers or a remote tier has written nothing there before).
+
+    Raises:
+        OSError: it cannot be opened or created.
+    """
+    try:
+        return open_subdir(root, STATS_DIR, create=True)
+    except FileNotFoundError:
+        os.makedirs(root, exist_ok=True)
+        return open_subdir(root, STATS_DIR, create=True)
+
+
 def _append(root: str, delta: dict[str, float], **extra: object) -> None:
     record = {"v": LOG_VERSION, "host": HOST, "pid": os.getpid(), "time": time.time()}
     line = json.dumps({**record, "delta": delta, **extra}, sort_keys=True)
     try:
-        dfd = open_subdir(root, STATS_DIR, create=True)
+        dfd = _stats_dir(root)
     except OSError as e:
-        logger.debug("kernelcache: no stats log under %s: %s", root, e)
+        warn_once(
+            logger,
+            (root, "stats-log"),
+            "kernelcache: cannot log statistics under %s: %s (make the root writable, or set "
+            "KERNELCACHE_STATS_LOG=0)",
+            root,
+            e.strerror or e,
+        )
         return
     try:
         fd = os.open(
@@ -202,7 +251,14 @@ def _append(root: str, delta: dict[str, float], **extra: object) -> None:
         finally:
             os.close(fd)
     except OSError as e:
-        logger.debug("kernelcache: cannot append stats log under %s: %s", root, e)
+        warn_once(
+            logger,
+            (root, "stats-log"),
+            "kernelcache: cannot log statistics under %s: %s (make the root writable, or set "
+            "KERNELCACHE_STATS_LOG=0)",
+            root,
+            e.strerror or e,
+        )
     finally:
         os.close(dfd)
 

@@ -223,7 +223,7 @@ def test_ls_filters_sorts_and_json(populated):
     both = kc_json(populated, "ls", "--target", "cuda:80", "--target", "hip:gfx942")
     assert both["count"] == 4
     human = kc(populated, "ls", "--kernel", "attn").stdout
-    assert "attn" in human and "cuda:80" in human and "1 entries" in human
+    assert "attn" in human and "cuda:80" in human and "1 entry," in human
 
 
 def test_ls_into_a_closed_pipe_is_quiet(populated):

@@ -484,7 +484,8 @@ for argv in (["stats"], ["stats", "-o", os.path.join(elsewhere, "metrics.prom"),
              ["ls"], ["verify", "--repair"], ["prune", "--max-size", "600"],
              ["export", os.path.join(elsewhere, "b.tar")], ["import", os.path.join(elsewhere, "b.tar")],
              ["doctor"]):
-    codes[argv[0]] = run_cli("--root", root, *argv, "--json")[0]
+    json_flag = [] if "--format" in argv else ["--json"]  # (they conflict)
+    codes[argv[0]] = run_cli("--root", root, *argv, *json_flag)[0]
 print(json.dumps(codes))
 """
 KEYS = [f"{i:02x}" * 32 for i in range(4)]

@@ -199,7 +199,7 @@ def run(
         sys.path.insert(0, cwd)
     out = Output(json)
     quiet = output_to_stderr() if json else contextlib.nullcontext()
-    with quiet, progressbar.bar("warming", None, enabled=progressbar.wanted(json)) as bar:
+    with quiet, progressbar.bar("warming", None, json_mode=json, unit="kernels") as bar:
         try:
             report = warm(
                 manifest,

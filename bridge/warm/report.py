@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from kernelcache.cli.output import plural
+
 #: version of the ``--json`` document (the CLI's schema)
 SCHEMA = 1
 #: problem kinds, in the order the summary lists them
@@ -153,10 +155,15 @@ class WarmReport:
         """The human-readable summary."""
         lines = [
             f"Warmed {self.manifest} into {self.root}",
-            f"  {self.records} records: {self.calls} calls of {self.kernels} kernels; "
+            f"  {plural(self.records, 'record')}: {plural(self.calls, 'call')} of "
+            f"{plural(self.kernels, 'kernel')}; "
             f"targets {', '.join(self.targets)}",
             f"  compiled         {self.count('compiled'):5d}"
-            + (f"  ({self.seconds:.1f} s, {self.workers} processes)" if self.workers else ""),
+            + (
+                f"  ({self.seconds:.1f} s, {plural(self.workers, 'process')})"
+                if self.workers
+                else ""
+            ),
             f"  already present  {self.count('present'):5d}",
             f"  failed           {len(self.failures):5d}",
         ]

@@ -48,6 +48,21 @@ def _load_plugins(subparsers: Subparsers) -> None:
             )
 
 
+class _Formatter(logging.Formatter):
+    """``kernelcache: LEVEL: message``, once: the library's own messages already start with
+    ``kernelcache:`` (for jobs that show them unformatted), and are not prefixed twice."""
+
+    PREFIX = "kernelcache: "
+
+    def __init__(self) -> None:
+        super().__init__(self.PREFIX + "%(levelname)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        if record.message.startswith(self.PREFIX):
+            record.message = record.message[len(self.PREFIX) :]
+        return super().formatMessage(record)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kernelcache",
@@ -71,10 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.root = getattr(args, "root", None)
     args.verbose = getattr(args, "verbose", 0)
     args.context = Context(args.root)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
-        format="kernelcache: %(levelname)s: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(_Formatter())
+    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), handlers=[handler])
     out = Output(args.json)
     try:
         return int(args.func(args, out))

@@ -21,6 +21,7 @@ from .output import (
     UsageError,
     envelope,
     human_size,
+    plural,
     printable,
 )
 
@@ -163,7 +164,7 @@ def _export(
 
     def human() -> str:
         lines = [
-            f"Exported {result.entries:,} entries ({human_size(result.bytes)}) to "
+            f"Exported {plural(result.entries, 'entry')} ({human_size(result.bytes)}) to "
             f"{upload[0] if upload else result.path}"
             f" ({'zstd' if result.compression == 'zstd' else 'uncompressed tar'})."
         ]
@@ -285,8 +286,8 @@ def _import(args: argparse.Namespace, out: Output, file: str, shown: str) -> int
     def human() -> str:
         verb = "Would import" if result.dry_run else "Imported"
         lines = [
-            f"Verified {result.entries:,} entries of {shown}.",
-            f"{verb} {result.imported:,} entries ({human_size(result.bytes)}); "
+            f"Verified {plural(result.entries, 'entry')} of {shown}.",
+            f"{verb} {plural(result.imported, 'entry')} ({human_size(result.bytes)}); "
             f"{result.present:,} already present.",
         ]
         compat = result.compatibility

@@ -30,6 +30,7 @@ from .output import (
     format_table,
     human_age,
     human_size,
+    plural,
     printable,
 )
 
@@ -102,7 +103,7 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
             )
         total = sum(e.nbytes for e in entries)
         table = format_table(rows, right=(2,))
-        return table + f"\n{len(entries):,} entries, {human_size(total)}" + problems()
+        return table + f"\n{plural(len(entries), 'entry')}, {human_size(total)}" + problems()
 
     doc = {
         **envelope("ls", root),

@@ -16,6 +16,7 @@ from .output import (
     envelope,
     format_table,
     human_size,
+    plural,
     printable,
 )
 
@@ -140,7 +141,7 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
 
     def human() -> str:
         lines = [
-            f"Checked {len(base.entries):,} entries under {root}: {len(checked.entries):,} ok."
+            f"Checked {plural(len(base.entries), 'entry')} under {root}: {len(checked.entries):,} ok."
         ]
         if issues:
             lines.append(f"Problems ({len(issues):,}):")
@@ -237,10 +238,12 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
         for kind, v in plan.summary.items():
             lines.append("  " + _ACTION_WORDS[kind].format(n=v["count"], b=human_size(v["bytes"])))
         if plan.logs_to_fold:
-            lines.append(f"  fold {len(plan.logs_to_fold):,} statistics logs of finished processes")
+            lines.append(
+                f"  fold {plural(len(plan.logs_to_fold), 'statistics log')} of finished processes"
+            )
         if not plan.actions and not plan.logs_to_fold:
             lines.append("  nothing to do")
-        lines.append(f"Keeps {plan.kept_entries:,} entries ({human_size(plan.kept_bytes)}).")
+        lines.append(f"Keeps {plural(plan.kept_entries, 'entry')} ({human_size(plan.kept_bytes)}).")
         if args.list:
             rows = [[a.kind, a.path, human_size(a.size), a.reason] for a in plan.actions]
             if rows:

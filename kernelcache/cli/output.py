@@ -83,8 +83,9 @@ class Output:
                 sys.stdout.write(text.rstrip("\n") + "\n")
 
     def progress(self, desc: str, total: int | None) -> contextlib.AbstractContextManager[Any]:
-        """A progress bar on standard error, drawn only on a terminal and never with --json."""
-        return progressbar.bar(desc, total, enabled=progressbar.wanted(self.json))
+        """Progress on standard error: a bar on a terminal without --json, else plain lines
+        (see :mod:`kernelcache.progress`)."""
+        return progressbar.bar(desc, total, json_mode=self.json)
 
 
 def fail(message: str, code: int, command: str | None, json_mode: bool) -> int:
@@ -98,6 +99,18 @@ def fail(message: str, code: int, command: str | None, json_mode: bool) -> int:
 
 
 # -- human text and the JSON envelope -------------------------------------------------------
+def plural(n: int, word: str) -> str:
+    """``n`` and ``word``, plural unless ``n`` is 1: ``1 process``, ``2 processes``,
+    ``1,024 entries``."""
+    if n == 1:
+        return f"1 {word}"
+    if word.endswith(("s", "x", "ch", "sh")):
+        return f"{n:,} {word}es"
+    if word.endswith("y") and word[-2:-1] not in "aeiou":
+        return f"{n:,} {word[:-1]}ies"
+    return f"{n:,} {word}s"
+
+
 def human_size(n: float) -> str:
     """Bytes in binary units: ``512 B``, ``1.5 MiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -16,11 +16,13 @@ from .output import (
     EXIT_OK,
     CommandFailed,
     Output,
+    UsageError,
     dumps,
     envelope,
     format_table,
     human_duration,
     human_size,
+    plural,
     printable,
 )
 
@@ -37,8 +39,9 @@ def stats_document(root: str, trust: str = "group") -> dict[str, Any]:
     counters: dict[str, float] = {
         k: (round(v, 3) if k.endswith("seconds") else int(v)) for k, v in totals.items()
     }
-    lookups = counters["hits"] + counters["misses"]
+    lookups = counters["hits"] + counters["misses"]  # one per kernel (companions apart)
     mean_build = counters["build_seconds"] / counters["builds"] if counters["builds"] else None
+    # each kernel hit is a build avoided (a companion or memoized value is not a build)
     saved = counters["hits"] * mean_build if mean_build is not None else None
     artifact_bytes = summary.artifact_bytes
     metadata_bytes = summary.metadata_bytes
@@ -78,12 +81,24 @@ def stats_document(root: str, trust: str = "group") -> dict[str, Any]:
     }
 
 
+def remote_urls(spec: str) -> list[str]:
+    """The tiers of ``spec`` (``$KERNELCACHE_REMOTE``) as shown: URLs without passwords."""
+    from ..remote import redact, split_urls
+
+    return [redact(url) for url in split_urls(spec)]
+
+
 def probe_remotes(spec: str, root: str) -> list[dict[str, Any]]:
     """Ask each tier of ``spec`` (``$KERNELCACHE_REMOTE``) whether it answers: one bounded
     request each (see :func:`kernelcache.remote.probe`)."""
     from ..remote import probe, split_urls
 
     return [probe(url, stats_root=root) for url in split_urls(spec)]
+
+
+def _lookups(hits: int, misses: int) -> str:
+    rate = f" (hit rate {hits / (hits + misses) * 100:.1f}%)" if hits + misses else ""
+    return f"{plural(hits, 'hit')}, {plural(misses, 'miss')}{rate}"
 
 
 def _stats_human(doc: dict[str, Any], top: int) -> str:
@@ -95,13 +110,13 @@ def _stats_human(doc: dict[str, Any], top: int) -> str:
         f" metadata {human_size(doc['metadata_bytes'])})"
     )
     q, t = doc["quarantine"], doc["temp"]
-    lines.append(f"Quarantined:      {q['files']:,} files, {human_size(q['bytes'])}")
-    lines.append(f"Staging files:    {t['files']:,} files, {human_size(t['bytes'])}")
+    lines.append(f"Quarantined:      {plural(q['files'], 'file')}, {human_size(q['bytes'])}")
+    lines.append(f"Staging files:    {plural(t['files'], 'file')}, {human_size(t['bytes'])}")
     if doc["problems"]:
         lines.append(f"Problems:         {doc['problems']:,} (run: kernelcache verify)")
     lines.append("")
     rate = doc["hit_rate"]
-    lines.append(f"Hits:             {c['hits']:,}")
+    lines.append(f"Hits:             {c['hits']:,} (one lookup per kernel)")
     lines.append(f"Misses:           {c['misses']:,}")
     lines.append(f"Hit rate:         {'-' if rate is None else f'{rate * 100:.1f}%'}")
     build = f"{c['builds']:,}"
@@ -111,13 +126,37 @@ def _stats_human(doc: dict[str, Any], top: int) -> str:
             f"{human_duration(doc['mean_build_seconds'])})"
         )
     lines.append(f"Builds:           {build}")
-    lines.append(f"Corrupt reads:    {c['corrupt']:,}")
-    lines.append(f"Errors:           {c['errors']:,}")
     saved = doc["compile_seconds_saved"]
     lines.append(
         "Compile time saved: "
-        + ("-" if saved is None else f"~{human_duration(saved)} (hits x mean build time)")
+        + (
+            "-"
+            if saved is None
+            else f"~{human_duration(saved)} ({plural(c['hits'], 'build')} avoided x mean "
+            "build time)"
+        )
     )
+    companions = _lookups(c["companion_hits"], c["companion_misses"])
+    lines.append(f"PTX companions:   {companions}")
+    lines.append(f"Memoized values:  {_lookups(c['memo_hits'], c['memo_misses'])}")
+    lines.append(
+        f"Written:          {plural(c['puts'], 'entry')}, {human_size(c['bytes_written'])}; "
+        f"read {human_size(c['bytes_read'])}"
+    )
+    lines.append(f"Corrupt reads:    {c['corrupt']:,}")
+    lines.append(f"Untrusted:        {c['untrusted']:,} (refused by KERNELCACHE_TRUST)")
+    lines.append(f"Errors:           {c['errors']:,}")
+    lines.append(
+        f"Lock waits:       {c['lock_waits']:,} ({c['lock_timeouts']:,} timed out: built privately)"
+    )
+    remote = " ".join(doc["remote_urls"]) or "(none configured)"
+    lines.append(printable(f"Remote:           {remote}"))
+    if doc["remote_urls"] or any(c[k] for k in COUNTERS if k.startswith("remote_")):
+        lines.append(
+            f"  lookups:        {_lookups(c['remote_hits'], c['remote_misses'])}; "
+            f"{c['remote_puts']:,} puts, {c['remote_errors']:,} errors, "
+            f"{c['unauthenticated']:,} unauthenticated (refused: bad or missing signature)"
+        )
     lines.append(f"Processes logged: {doc['processes']:,}")
     tiers = doc["remote_tiers"]
     if tiers:
@@ -157,6 +196,11 @@ def _stats_human(doc: dict[str, Any], top: int) -> str:
         if len(shown) < len(items):
             lines.append(f"... and {len(items) - len(shown)} more (--top 0 for all)")
     return "\n".join(lines)
+
+
+#: counters whose Prometheus name puts the unit last, as the convention wants; the old names
+#: (``kernelcache_bytes_read_total``, ...) are exported too, marked deprecated, for one release
+PROMETHEUS_NAMES = {"bytes_read": "read_bytes", "bytes_written": "written_bytes"}
 
 
 def _prometheus_escape(value: str) -> str:
@@ -200,19 +244,30 @@ def prometheus_text(doc: dict[str, Any]) -> str:
     for name in COUNTERS:
         value = doc["counters"][name]
         metric(
-            f"{name}_total",
+            f"{PROMETHEUS_NAMES.get(name, name)}_total",
             "counter",
             f"Sum of the {name} counter over all processes.",
             [("", value)],
         )
+        if name in PROMETHEUS_NAMES:  # the name before units came last, for one release
+            new = f"kernelcache_{PROMETHEUS_NAMES[name]}_total"
+            metric(f"{name}_total", "counter", f"Deprecated: use {new}.", [("", value)])
     if doc["hit_rate"] is not None:
-        metric("hit_ratio", "gauge", "hits / (hits + misses).", [("", float(doc["hit_rate"]))])
+        metric(
+            "hit_ratio",
+            "gauge",
+            "hits / (hits + misses), one lookup per kernel.",
+            [("", float(doc["hit_rate"]))],
+        )
     if doc["compile_seconds_saved"] is not None:
+        saved = [("", float(doc["compile_seconds_saved"]))]
+        help_ = "Estimated compile time saved: kernel hits x mean build time."
+        metric("compile_saved_seconds", "gauge", help_, saved)
         metric(
             "compile_seconds_saved",
             "gauge",
-            "Estimated compile time saved: hits x mean build time.",
-            [("", float(doc["compile_seconds_saved"]))],
+            "Deprecated: use kernelcache_compile_saved_seconds.",
+            saved,
         )
     metric("processes", "gauge", "Processes that logged statistics.", [("", doc["processes"])])
     for name in TIER_COUNTERS:
@@ -222,7 +277,12 @@ def prometheus_text(doc: dict[str, Any]) -> str:
         ]
         if samples:
             help_ = f"Sum of the {name} counter of each remote tier over all processes."
-            metric(f"remote_tier_{name}_total", "counter", help_, samples)
+            metric(
+                f"remote_tier_{PROMETHEUS_NAMES.get(name, name)}_total", "counter", help_, samples
+            )
+            if name in PROMETHEUS_NAMES:
+                new = f"kernelcache_remote_tier_{PROMETHEUS_NAMES[name]}_total"
+                metric(f"remote_tier_{name}_total", "counter", f"Deprecated: use {new}.", samples)
     for probe in doc.get("remote") or ():
         labels = f'tier="{_prometheus_escape(probe["tier"])}"'
         metric("remote_up", "gauge", "Whether the tier answered.", [(labels, int(probe["up"]))])
@@ -251,8 +311,8 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument(
         "--format",
         choices=("table", "json", "prometheus"),
-        default="table",
-        help="output format (--json means json)",
+        default=None,
+        help="output format (default: table; --json means json, and conflicts with the others)",
     )
     p.add_argument(
         "--top",
@@ -277,12 +337,15 @@ def register(subparsers: Subparsers) -> None:
 
 
 def cmd_stats(args: argparse.Namespace, out: Output) -> int:
+    if out.json and args.format not in (None, "json"):
+        raise UsageError(f"--json and --format {args.format} conflict: give one of them")
     context: Context = args.context
     root = context.existing_root()
     doc = stats_document(root, context.trust)
+    doc["remote_urls"] = remote_urls(context.settings.remote or "")
     if args.remote:
         doc["remote"] = probe_remotes(context.settings.remote or "", root)
-    fmt = "json" if out.json else args.format
+    fmt = "json" if out.json else args.format or "table"
     if fmt == "prometheus":
         text = prometheus_text(doc)
     elif fmt == "json":

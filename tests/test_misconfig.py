@@ -1,0 +1,156 @@
+"""Misconfiguration is found early and said once, with the remedy, through the real command line
+and real jobs: read-only roots that are relative or missing, a remote that refuses connections
+(doctor connects), a signing key too short to sign with (the job runs, its remote tier off),
+JAX's cache settings in doctor, the CPU-lowering message, and log lines with one prefix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO, child_env
+from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer, free_port
+from test_cli_support import kc, put
+
+KEY = "0123456789abcdef0123"
+
+# A job that opens the default cache twice and reads and writes one entry.
+JOB = """
+import kernelcache
+for _ in range(2):
+    cache = kernelcache.Cache()
+    art = cache.put("ab" * 16, "bin", b"x", {})
+    assert cache.get("ab" * 16, "bin").data == b"x"
+print("remote:", cache.remote)
+"""
+
+
+def _job(**env: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", JOB], env=child_env(**env), capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def _doctor(root, **env: str) -> tuple[int, dict[str, dict[str, str]], str]:
+    """doctor's exit code, its checks by name, and its human text."""
+    proc = kc(root, "doctor", "--json", env=env)
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    return proc.returncode, checks, kc(root, "doctor", env=env).stdout
+
+
+def test_missing_and_relative_read_only_roots_are_warned_once_in_the_job(tmp_path):
+    dirs = f"{tmp_path / 'doesnotexist'}:relative/layer"
+    proc = _job(KERNELCACHE_DIR=str(tmp_path / "c"), KERNELCACHE_READONLY_DIRS=dirs)
+    lines = proc.stderr.splitlines()
+    missing = [line for line in lines if "doesnotexist does not exist" in line]
+    relative = [line for line in lines if "'relative/layer' is a relative path" in line]
+    assert len(missing) == 1 and len(relative) == 1, proc.stderr
+    assert missing[0].startswith("kernelcache: KERNELCACHE_READONLY_DIRS: ")
+    assert "fix the path, or remove it" in missing[0] and "give an absolute path" in relative[0]
+
+
+def test_doctor_checks_every_read_only_root(tmp_path):
+    full, empty = tmp_path / "full", tmp_path / "empty"
+    put(full, "k")
+    empty.mkdir()
+    dirs = ":".join([str(full), str(empty), str(tmp_path / "gone"), "relative"])
+    code, checks, human = _doctor(tmp_path / "c", KERNELCACHE_READONLY_DIRS=dirs)
+    assert code == 1
+    assert checks[f"read-only {full}"] == {
+        "name": f"read-only {full}",
+        "status": "ok",
+        "detail": "entries: 1",
+    }
+    assert checks[f"read-only {empty}"]["status"] == "warn"
+    assert "holds no entries" in checks[f"read-only {empty}"]["detail"]
+    assert checks[f"read-only {tmp_path / 'gone'}"]["status"] == "fail"
+    assert "relative path" in checks["read-only relative"]["detail"]
+    assert f"[fail] read-only {tmp_path / 'gone'}: KERNELCACHE_READONLY_DIRS:" in human
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
+def test_doctor_connects_to_each_remote_tier(tmp_path):
+    refused = f"redis://127.0.0.1:{free_port()}/0?timeout=0.5"
+    started = time.monotonic()
+    code, checks, _ = _doctor(tmp_path / "c", KERNELCACHE_REMOTE=refused)
+    assert time.monotonic() - started < 30
+    (check,) = [c for name, c in checks.items() if name.startswith("remote ")]
+    assert code == 1 and check["status"] == "fail", check
+    assert "does not answer" in check["detail"] and "Connection refused" in check["detail"]
+    assert "start the server, or fix KERNELCACHE_REMOTE" in check["detail"]
+    with RedisServer(tmp_path / "redis") as srv:
+        code, checks, _ = _doctor(tmp_path / "c", KERNELCACHE_REMOTE=srv.url)
+    (check,) = [c for name, c in checks.items() if name.startswith("remote ")]
+    assert check["status"] == "ok" and check["detail"].startswith("answers ("), check
+
+
+def test_a_short_signing_key_turns_the_remote_tier_off_with_one_warning(tmp_path):
+    env = {
+        "KERNELCACHE_DIR": str(tmp_path / "c"),
+        "KERNELCACHE_REMOTE": f"redis://127.0.0.1:{free_port()}/0",
+        "KERNELCACHE_SIGNING_KEY": "short",
+    }
+    proc = _job(**env)
+    assert "remote: None" in proc.stdout  # off: never unsigned values instead
+    warnings = [line for line in proc.stderr.splitlines() if "signing key" in line]
+    assert len(warnings) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "KERNELCACHE_SIGNING_KEY: a signing key must be at least 16 bytes" in warnings[0]
+    assert "the remote tier is off until the key is fixed" in warnings[0]
+    assert "short" not in warnings[0].replace("shorter", "")
+    code, checks, _ = _doctor(tmp_path / "c", KERNELCACHE_SIGNING_KEY="short")
+    assert code == 1 and checks["KERNELCACHE_SIGNING_KEY"]["status"] == "fail"
+    assert "at least 16 bytes" in checks["KERNELCACHE_SIGNING_KEY"]["detail"]
+    signed = _job(**dict(env, KERNELCACHE_SIGNING_KEY=KEY))
+    assert "remote: None" not in signed.stdout and "signing key" not in signed.stderr
+
+
+def test_doctor_shows_the_jax_cache_settings(tmp_path):
+    pytest.importorskip("jax", reason="the settings are JAX's")
+    jax_dir = str(tmp_path / "jax-cache")
+    env = {"JAX_COMPILATION_CACHE_DIR": jax_dir, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    doc = json.loads(kc(tmp_path / "c", "doctor", "--json", env=env).stdout)
+    assert doc["jax_cache"]["jax_compilation_cache_dir"] == jax_dir
+    assert doc["jax_cache"]["jax_persistent_cache_min_compile_time_secs"] == "0"
+    assert doc["jax_cache"]["jax_compilation_cache_max_size"] is None  # JAX's default
+    check = {c["name"]: c for c in doc["checks"]}["jax cache"]
+    assert check["status"] == "ok" and f"dir {jax_dir}, min compile time (s) 0," in check["detail"]
+    human = kc(tmp_path / "c", "doctor").stdout
+    assert "[warn] jax cache: off in this environment (dir (default)" in human
+    assert "bridge.enable_jax_cache()" in human
+
+
+def test_lowering_for_cpu_says_the_whole_remedy(tmp_path):
+    pytest.importorskip("jax", reason="lowers a JAX computation")
+    code = """
+import jax, jax.numpy as jnp
+from examples import ops
+try:
+    jax.jit(lambda x: ops.add(x, x)).lower(jax.ShapeDtypeStruct((8,), jnp.float32))
+except Exception as e:
+    print(str(e).splitlines()[-1])
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=child_env(KERNELCACHE_DIR=str(tmp_path / "c")),
+        capture_output=True,
+        text=True,
+        cwd=str(REPO),
+    )
+    assert "being lowered for cpu" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stdout.rstrip().endswith(
+        "and a target (target='cuda:90' or 'hip:gfx942', or $KERNELCACHE_TARGET)"
+    ), proc.stdout
+
+
+def test_log_lines_carry_one_prefix(tmp_path):
+    manifest = tmp_path / "empty.jsonl"
+    manifest.write_text("")
+    proc = kc(tmp_path / "c", "warm", str(manifest), "--target", "cuda:90")
+    assert proc.returncode == 0, proc.stderr
+    assert f"kernelcache: WARNING: {manifest} holds no records" in proc.stderr
+    assert "kernelcache: WARNING: kernelcache:" not in proc.stderr

@@ -1,0 +1,152 @@
+"""Progress of long commands, through the real command line: a bar when standard error is a
+pseudo-terminal (and ``warm`` still compiles in parallel: the bar starts no thread), plain
+periodic lines when it is a pipe, and a one-time hint on a terminal without tqdm."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import REPO, child_env
+from test_cli_support import KERNELCACHE, put
+
+from kernelcache.stats import read_logs
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="pseudo-terminals as on Linux")
+
+
+def stderr_on_a_terminal(argv: list[str], **env: str) -> tuple[int, str, str]:
+    """Run ``argv`` with standard error on a pseudo-terminal and standard output to a file;
+    returns (exit code, stdout, what the terminal showed)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    with tempfile.TemporaryFile() as stdout:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=secondary,
+            env=child_env(COLUMNS="100", **env),
+            cwd=str(REPO),
+        )
+        os.close(secondary)
+        chunks = []
+        while True:
+            ready, _, _ = select.select([primary], [], [], 0.5)
+            if ready:
+                try:
+                    data = os.read(primary, 65536)
+                except OSError:  # EIO: the terminal's other side closed
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+        os.close(primary)
+        code = proc.wait(timeout=240)
+        stdout.seek(0)
+        return code, stdout.read().decode(), b"".join(chunks).decode(errors="replace")
+
+
+def _manifest(tmp_path: Path) -> Path:
+    """A manifest of one Triton kernel (two specializations with two targets)."""
+    lines = (REPO / "examples" / "manifest.jsonl").read_text().splitlines()
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(next(line for line in lines if "add_kernel" in line) + "\n")
+    return manifest
+
+
+def _builders(root: Path) -> set[int]:
+    """The pids whose statistics logs under ``root`` count a build."""
+    pids = set()
+    for log in (root / ".stats").glob("*.jsonl"):
+        for line in log.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("delta", {}).get("builds"):
+                pids.add(record["pid"])
+    return pids
+
+
+def test_warm_on_a_terminal_draws_a_bar_and_compiles_in_parallel(tmp_path):
+    pytest.importorskip("tqdm", reason="the bar needs the optional tqdm package")
+    root = tmp_path / "c"
+    argv = [KERNELCACHE or "kernelcache", "--root", str(root), "warm", str(_manifest(tmp_path))]
+    argv += ["--target", "cuda:80", "--target", "cuda:86", "-j", "2"]
+    code, out, shown = stderr_on_a_terminal(argv)
+    assert code == 0, out + shown
+    assert "warming" in shown  # the bar
+    assert "compiled             2  (" in out and "2 processes)" in out, out
+    assert len(_builders(root)) == 2  # each worker process compiled one kernel
+    assert read_logs(str(root))[0]["builds"] == 2
+
+
+def test_warm_piped_writes_plain_progress_lines(tmp_path):
+    root = tmp_path / "c"
+    argv = [KERNELCACHE or "kernelcache", "--root", str(root), "warm", str(_manifest(tmp_path))]
+    argv += ["--target", "cuda:80", "--target", "cuda:86", "-j", "2", "--json"]
+    proc = subprocess.run(
+        argv,
+        env=child_env(KERNELCACHE_PROGRESS_INTERVAL="0"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=str(REPO),
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("kernelcache: warming")]
+    assert lines and lines[-1].startswith("kernelcache: warming: 2/2 (100%) after "), proc.stderr
+    assert "\r" not in proc.stderr and "\x1b" not in proc.stderr  # no bar drawn into a log
+    assert json.loads(proc.stdout)["workers"] == 2
+
+
+def _entries(root: Path, n: int) -> None:
+    for i in range(n):
+        put(root, f"k{i}", size=64)
+
+
+def test_verify_piped_lines_only_past_the_interval(tmp_path):
+    root = tmp_path / "c"
+    _entries(root, 3)
+    argv = [KERNELCACHE or "kernelcache", "--root", str(root), "verify"]
+    quick = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=60)
+    assert quick.returncode == 0 and "verifying" not in quick.stderr  # shorter than 10 s
+    every = subprocess.run(
+        argv,
+        env=child_env(KERNELCACHE_PROGRESS_INTERVAL="0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert every.returncode == 0
+    assert "kernelcache: verifying: 3/3 (100%) after " in every.stderr, every.stderr
+
+
+# the command line with tqdm missing (its import fails, as when the extra is not installed)
+_NO_TQDM = "import sys; sys.modules['tqdm'] = None; from kernelcache.cli.app import run; run()"
+
+
+def test_a_terminal_without_tqdm_gets_a_hint_once_and_plain_lines(tmp_path):
+    root = tmp_path / "c"
+    _entries(root, 3)
+    argv = [sys.executable, "-c", _NO_TQDM, "--root", str(root), "verify", "--repair"]
+    code, out, shown = stderr_on_a_terminal(argv, KERNELCACHE_PROGRESS_INTERVAL="0")
+    assert code == 0, out + shown
+    assert shown.count("install 'kernelcache[progress]'") == 1, shown
+    assert "kernelcache: verifying: 3/3 (100%)" in shown
+    code, out, shown = stderr_on_a_terminal(argv)
+    assert "install 'kernelcache[progress]'" in shown
+    piped = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=60)
+    assert piped.returncode == 0 and "kernelcache[progress]" not in piped.stderr

@@ -1,0 +1,126 @@
+"""Statistics that tell the truth, through the real command line: every job's lookups are
+logged (also one served only by a read-only layer), the hit rate counts one lookup per kernel
+(PTX companions and memoized identities apart), time saved is builds avoided, and the human
+table shows every counter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from bridge_helpers import TESTS, run_child
+from conftest import child_env
+from test_cli_support import kc, kc_json, put
+
+# A job that reads one kernel (and its companions) through the cache API and exits.
+JOB = """
+import sys, kernelcache
+cache = kernelcache.Cache(root=sys.argv[1], readonly_roots=[sys.argv[2]])
+for key in sys.argv[3:]:
+    assert cache.get(key, "cubin") is not None
+"""
+
+
+def _job(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", JOB, *args],
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_job_served_by_a_read_only_layer_logs_its_hits_under_a_new_root(tmp_path):
+    image, root = tmp_path / "image", tmp_path / "fresh" / "root"
+    keys = [put(image, f"k{i}").key for i in range(2)]
+    proc = _job(str(root), str(image), *keys)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    doc = kc_json(root, "stats")
+    assert doc["counters"]["hits"] == 2 and doc["processes"] == 1
+
+
+def test_a_root_that_cannot_hold_statistics_is_warned_about_once(tmp_path):
+    image = tmp_path / "image"
+    (tmp_path / "file").write_text("not a directory")
+    keys = [put(image, f"k{i}").key for i in range(2)]
+    proc = _job(str(tmp_path / "file" / "root"), str(image), *keys)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("cannot log statistics under") == 1, proc.stderr
+    assert "KERNELCACHE_STATS_LOG=0" in proc.stderr
+    quiet = _job(str(tmp_path / "file" / "root"), str(image), *keys, KERNELCACHE_STATS_LOG="0")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+@pytest.mark.parametrize("fmt", ["prometheus", "table"])
+def test_stats_json_with_another_format_is_a_usage_error(tmp_path, fmt):
+    put(tmp_path / "c", "k")
+    proc = kc(tmp_path / "c", "stats", "--format", fmt, "--json")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert (
+        json.loads(proc.stdout)["error"] == f"--json and --format {fmt} conflict: give one of them"
+    )
+    assert kc(tmp_path / "c", "stats", "--format", "json", "--json").returncode == 0
+
+
+# Lowers two kernels for CUDA (each with its PTX beside it) in a fresh process.
+LOWER = f"""
+import sys
+sys.path.insert(0, {str(TESTS)!r})
+import json, jax, jax.numpy as jnp, kernelcache
+from bridge_helpers import lowered_module
+from examples import ops
+f32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
+lowered_module(lambda x, y: ops.add(x, y, target="cuda:90", embed="ptx"), f32, f32, platform="cuda")
+lowered_module(lambda x: ops.gluon_scale(x, 2.0, warp_size=32, target="cuda:90"), f32, platform="cuda")
+print(json.dumps(kernelcache.process_stats()))
+"""
+
+
+def test_hit_rate_and_time_saved_count_kernels_not_their_companions(tmp_path):
+    root = tmp_path / "c"
+    cold = run_child(LOWER, KERNELCACHE_DIR=str(root))
+    warm = run_child(LOWER, KERNELCACHE_DIR=str(root))
+    assert (cold["misses"], cold["builds"], cold["hits"]) == (2, 2, 0)
+    # one lookup per kernel; its PTX and the compiler's memoized identity are counted apart
+    assert (warm["hits"], warm["misses"], warm["companion_hits"]) == (2, 0, 2)
+    assert warm["memo_hits"] >= 1 and cold["memo_misses"] >= 1
+    doc = kc_json(root, "stats")
+    c = doc["counters"]
+    assert (c["hits"], c["misses"], c["companion_hits"]) == (2, 2, 2)
+    assert doc["hit_rate"] == 0.5
+    assert doc["compile_seconds_saved"] == pytest.approx(c["build_seconds"], abs=0.01)
+    human = kc(root, "stats").stdout
+    assert "Hit rate:         50.0%" in human and "(2 builds avoided x mean build time)" in human
+    assert "PTX companions:   2 hits, 0 misses" in human
+    for line in ("Untrusted:", "Lock waits:", "Written:", "Remote:           (none configured)"):
+        assert line in human
+    prom = kc(root, "stats", "--format", "prometheus").stdout
+    assert "# TYPE kernelcache_read_bytes_total counter" in prom
+    assert (
+        "kernelcache_companion_hits_total" in prom and "kernelcache_compile_saved_seconds" in prom
+    )
+    assert (
+        "# HELP kernelcache_bytes_read_total Deprecated: use kernelcache_read_bytes_total." in prom
+    )
+
+
+def test_stats_names_the_configured_remote_and_shows_its_counters(tmp_path):
+    put(tmp_path / "c", "k")
+    env = {"KERNELCACHE_REMOTE": "redis://:secret@127.0.0.1:1/0"}
+    doc = kc_json(tmp_path / "c", "stats", env=env)
+    assert doc["remote_urls"] == ["redis://:***@127.0.0.1:1/0"]
+    human = kc(tmp_path / "c", "stats", env=env).stdout
+    assert "Remote:           redis://:***@127.0.0.1:1/0" in human and "secret" not in human
+    assert "0 unauthenticated" in human
+
+
+def test_verify_reports_a_foreign_file_with_its_size(tmp_path):
+    root = tmp_path / "c"
+    put(root, "k")
+    (root / "notes.txt").write_bytes(b"x" * 1234)
+    doc = kc_json(root, "verify", code=1)  # (problems found)
+    (foreign,) = [p for p in doc["problems"] if p["kind"] == "foreign"]
+    assert foreign["path"] == "notes.txt" and foreign["size"] == 1234
