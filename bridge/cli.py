@@ -232,10 +232,11 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
 
 def _toolchain():  # -> tuple[Judge, str]
     """The bridge's judge of entries for ``kernelcache import --dry-run`` (ImportError: the
-    bridge's dependencies are missing)."""
+    bridge's dependencies are missing). The target is ``$KERNELCACHE_TARGET``'s: finding the
+    GPU would import jax, several times the memory an import is allowed."""
     from .explain import toolchain
 
-    found = toolchain()
+    found = toolchain(find_gpu=False)
     return found.judge, found.describe()
 
 

@@ -342,7 +342,7 @@ class Toolchain:
         target = (
             str(self.target)
             if self.target
-            else "no GPU found and KERNELCACHE_TARGET not set, so entries of every target count"
+            else "KERNELCACHE_TARGET not set (and no GPU found), so entries of every target count"
         )
         return f"Triton {self.here['triton']}, {target}"
 
@@ -408,8 +408,9 @@ class Toolchain:
         return first.text()
 
 
-def toolchain() -> Toolchain:
-    """This machine's toolchain: its target from ``$KERNELCACHE_TARGET``, else its GPU."""
+def toolchain(find_gpu: bool = True) -> Toolchain:
+    """This machine's toolchain: its target from ``$KERNELCACHE_TARGET``, else (with
+    ``find_gpu``, which imports jax) its GPU."""
     from .settings import settings
     from .targets import detect
 
@@ -417,7 +418,7 @@ def toolchain() -> Toolchain:
     target: Target | None = None
     if explicit is not None:
         target = parse_target(explicit)
-    else:
+    elif find_gpu:
         for platform in ("cuda", "rocm"):
             found = detect(platform)
             if found:

@@ -820,16 +820,21 @@ def _judged(
     verdict."""
     if judge is None:
         return None, ()
-    docs = {entry.key: load_json(entry.text) for entry in entries}
-    verdicts = {
-        key: judge(doc)
-        for key, doc in docs.items()
-        if not (isinstance(doc.get("of"), str) and doc["of"] in docs)
-    }
+    entries = list(entries)
+    keys = {entry.key for entry in entries}
+    verdicts: dict[str, str | None] = {}
+    companions: dict[str, str] = {}  # one document parsed at a time: a manifest may be large
+    for entry in entries:
+        doc = load_json(entry.text)
+        of = doc.get("of")
+        if isinstance(of, str) and of in keys:
+            companions[entry.key] = of
+        else:
+            verdicts[entry.key] = judge(doc)
     reasons: Counter[str] = Counter()
     looked_up = 0
-    for key, doc in docs.items():
-        why = verdicts[key] if key in verdicts else verdicts.get(doc["of"])
+    for entry in entries:
+        why = verdicts[entry.key] if entry.key in verdicts else verdicts[companions[entry.key]]
         if why is None:
             looked_up += 1
         else:

@@ -27,6 +27,7 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import stat
 import time
@@ -162,7 +163,8 @@ class Store:
         self.trust = trust
         self._policy = TrustPolicy(self.root, trust)
         self.locker = Locker(self.root, mode=lock_mode, stale_after=lock_stale, trust=self._policy)
-        self._memo: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
+        #: checked metadata by key, and when its last-used stamp is due (then it is read again)
+        self._memo: dict[str, tuple[dict[str, Any], float]] = {}
         self._read_locks = not readonly
 
     @classmethod
@@ -236,21 +238,28 @@ class Store:
         quarantining an entry takes that lock exclusively first, so nothing is removed while
         it is being read, and a reader never waits for another reader. ``ext=None`` accepts
         whatever extension the entry has. A Problem with ``corrupt=False`` means the key holds
-        another extension than the one asked for. Parsed metadata is remembered per process by
-        the file's identity (inode, size, mtime, ctime); ``fresh`` reads it from disk
-        regardless. The artifact is always read and verified against it.
+        another extension than the one asked for.
+
+        The metadata, once read and checked, is remembered per process: a later read of the key
+        opens only the artifact, and verifies its size, trust and digest against the remembered
+        document (what is returned is always a verified pair). Where the artifact no longer
+        matches it (the entry was replaced, repaired or removed), or the last-used stamp is due
+        (:data:`TOUCH_INTERVAL`), the metadata is read from disk again; ``fresh`` always does.
         """
-        doc = None if fresh else self._remembered(key)
-        stamp = None
-        if doc is None:
-            loaded = self._load_metadata(key)
-            if not isinstance(loaded, tuple):
-                return loaded
-            doc, stamp = loaded
+        if not fresh:
+            memo = self._memo.get(key)
+            if memo is not None and time.time() < memo[1]:
+                found = self._read_artifact(key, ext, memo[0], self._policy, self._read_locks)
+                if not isinstance(found, Problem) or not found.corrupt:
+                    return found
+        loaded = self._load_metadata(key)
+        if not isinstance(loaded, tuple):
+            return loaded
+        doc, stamp = loaded
         found = self._read_artifact(key, ext, doc, self._policy, self._read_locks)
-        if stamp is not None and not self.readonly and _stale_stamp(stamp):
-            if isinstance(found, Artifact):
-                self._touch(key)
+        if not self.readonly and _stale_stamp(stamp) and isinstance(found, Artifact):
+            self._touch(key)
+            self._memo[key] = (doc, time.time() + TOUCH_INTERVAL)
         return found
 
     def inspect(
@@ -321,21 +330,6 @@ class Store:
         source = "readonly" if self.readonly else "local"
         return Artifact(key, stored_ext, data, path, doc, source)
 
-    def _remembered(self, key: str) -> dict[str, Any] | None:
-        """The remembered metadata of ``key`` if its file is still the one it was read from."""
-        memo = self._memo.get(key)
-        if memo is None:
-            return None
-        try:
-            st = os.stat(self.meta_path(key), follow_symlinks=False)
-        except OSError:
-            return None
-        if memo[0] != (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
-            return None
-        if not self.readonly and _stale_stamp(st.st_mtime):
-            self._touch(key)
-        return memo[1]
-
     def _load_metadata(self, key: str) -> tuple[dict[str, Any], float] | Problem | None:
         """Read, check and remember ``<key>.json``; return (doc, mtime), a Problem or None."""
         loaded = read_metadata(
@@ -346,7 +340,11 @@ class Store:
         doc, st = loaded
         if len(self._memo) >= MEMO_ENTRIES:
             self._memo.clear()
-        self._memo[key] = ((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns), doc)
+        if self.readonly:
+            due = math.inf  # never touched: read again only when the artifact does not match
+        else:
+            due = 0.0 if _stale_stamp(st.st_mtime) else st.st_mtime + TOUCH_INTERVAL
+        self._memo[key] = (doc, due)
         return doc, st.st_mtime
 
     def get(self, key: str, ext: str) -> Artifact | Problem | None:
