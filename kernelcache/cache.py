@@ -177,7 +177,7 @@ class Cache:
         check_key(key)
         check_ext(ext)
         names = stats.lookup_counters(counted)
-        art = self._lookup(key, ext, WaitBudget(self.lock_timeout), counted)
+        art = self._lookup(key, ext, WaitBudget(self.lock_timeout), names)
         if not isinstance(art, Artifact):
             art = None
             if names is not None:
@@ -185,18 +185,21 @@ class Cache:
         return art
 
     def _lookup(
-        self, key: str, ext: str, budget: WaitBudget, counted: bool | str = True
+        self,
+        key: str,
+        ext: str,
+        budget: WaitBudget,
+        names: tuple[str, str] | None = ("hits", "misses"),
     ) -> Artifact | WrongExt | None:
-        """Search every layer, waiting at most what is left of ``budget``; count hits (as
-        ``counted`` says: :func:`kernelcache.stats.lookup_counters`), corruption and errors,
-        but not misses. WrongExt (returned, not raised) when the writable root holds the key
-        with another extension."""
+        """Search every layer, waiting at most what is left of ``budget``; count hits (in
+        the counters ``names``: :func:`kernelcache.stats.lookup_counters`; None: not counted),
+        corruption and errors, but not misses. WrongExt (returned, not raised) when the
+        writable root holds the key with another extension."""
         if self.disabled:
             return None
-        names = stats.lookup_counters(counted)
-        for store in self.layers:
+        for store in (self.store, *self.readonly):
             try:
-                result = store.get_checked(key, ext, wait=budget.remaining())
+                result = store.get_checked(key, ext, wait=budget)
             except OSError as e:
                 stats.count(self.root, errors=1)
                 warn_once(
@@ -205,7 +208,7 @@ class Cache:
                 continue
             if isinstance(result, Artifact):
                 if names is not None:
-                    stats.count(self.root, **{names[0]: 1}, bytes_read=len(result.data))
+                    stats.count_hit(self.root, names[0], len(result.data))
                 return result
             if isinstance(result, Problem):
                 if result.corrupt:

@@ -70,6 +70,8 @@ class WaitBudget:
     for readers, for the remote tier's lock): :meth:`remaining` counts down while the call
     waits, and stands still while it works (:meth:`paused`, around a build)."""
 
+    __slots__ = ("_end",)
+
     def __init__(self, seconds: float) -> None:
         self._end = time.monotonic() + seconds
 

@@ -113,6 +113,18 @@ def count(root: str, **deltas: float) -> None:
         flush()
 
 
+def count_hit(root: str, name: str, nbytes: int) -> None:
+    """:func:`count` of one hit of the counter ``name`` that read ``nbytes``: the hot path's."""
+    with _lock:
+        counters = _counts.get(root)
+        if counters is None:
+            counters = _counts[root] = _zero()
+        counters[name] += 1
+        counters["bytes_read"] += nbytes
+    if time.monotonic() - _last_flush > FLUSH_INTERVAL:
+        flush()
+
+
 def lookup_counters(counted: bool | str) -> tuple[str, str] | None:
     """The (hit, miss) counters of a lookup: the hit rate's for True, those of the class
     ``counted`` (one of :data:`LOOKUP_CLASSES`), None for False (not counted).

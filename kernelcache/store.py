@@ -119,6 +119,16 @@ class Artifact:
     source: str = "local"
 
 
+def _artifact(
+    key: str, ext: str, data: bytes, path: str, meta: Mapping[str, Any], source: str
+) -> Artifact:
+    """``Artifact(key, ext, data, path, meta, source)`` for the hot path: the same object,
+    without the frozen dataclass's one ``object.__setattr__`` per field."""
+    art = object.__new__(Artifact)
+    art.__dict__.update(key=key, ext=ext, data=data, path=path, meta=meta, source=source)
+    return art
+
+
 def as_bytes(data: object) -> bytes:
     """``data`` as bytes, if it is bytes-like (bytes, bytearray, memoryview).
 
@@ -327,8 +337,7 @@ class Store:
             return Problem(key, "artifact changed size while being read")
         if digest(data) != doc["digest"]:
             return Problem(key, "artifact digest mismatch")
-        source = "readonly" if self.readonly else "local"
-        return Artifact(key, stored_ext, data, path, doc, source)
+        return _artifact(key, stored_ext, data, path, doc, "readonly" if self.readonly else "local")
 
     def _load_metadata(self, key: str) -> tuple[dict[str, Any], float] | Problem | None:
         """Read, check and remember ``<key>.json``; return (doc, mtime), a Problem or None."""
@@ -358,12 +367,15 @@ class Store:
         return self.get_checked(key, ext)
 
     def get_checked(
-        self, key: str, ext: str, *, wait: float | None = None
+        self, key: str, ext: str, *, wait: float | WaitBudget | None = None
     ) -> Artifact | Problem | None:
         """:meth:`get` for a key and ext the caller has already validated; a repair waits at
-        most ``wait`` seconds in all (None: the lock timeout)."""
+        most ``wait`` seconds in all (or what is left of that budget; None: the lock
+        timeout)."""
         result = self.read(key, ext)
         if isinstance(result, Problem) and result.corrupt:
+            if isinstance(wait, WaitBudget):
+                wait = wait.remaining()
             return self.repair(key, ext, wait=wait)
         return result
 

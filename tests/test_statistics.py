@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from bridge_helpers import TESTS, run_child
+from bridge_helpers import TESTS, forget_lowerings, run_child
 from conftest import child_env
 from test_cli_support import kc, kc_json, put
 
@@ -82,18 +82,22 @@ print(json.dumps(kernelcache.process_stats()))
 def test_hit_rate_and_time_saved_count_kernels_not_their_companions(tmp_path):
     root = tmp_path / "c"
     cold = run_child(LOWER, KERNELCACHE_DIR=str(root))
+    replayed = run_child(LOWER, KERNELCACHE_DIR=str(root))
+    forget_lowerings(root)  # the next process works from the kernel entries
     warm = run_child(LOWER, KERNELCACHE_DIR=str(root))
     assert (cold["misses"], cold["builds"], cold["hits"]) == (2, 2, 0)
+    # a replayed lowering: a hit per kernel it launches, nothing else read
+    assert (replayed["hits"], replayed["misses"], replayed["companion_hits"]) == (2, 0, 0)
     # one lookup per kernel; its PTX and the compiler's memoized identity are counted apart
     assert (warm["hits"], warm["misses"], warm["companion_hits"]) == (2, 0, 2)
     assert warm["memo_hits"] >= 1 and cold["memo_misses"] >= 1
     doc = kc_json(root, "stats")
     c = doc["counters"]
-    assert (c["hits"], c["misses"], c["companion_hits"]) == (2, 2, 2)
-    assert doc["hit_rate"] == 0.5
-    assert doc["compile_seconds_saved"] == pytest.approx(c["build_seconds"], abs=0.01)
+    assert (c["hits"], c["misses"], c["companion_hits"]) == (4, 2, 2)
+    assert doc["hit_rate"] == pytest.approx(4 / 6)
+    assert doc["compile_seconds_saved"] == pytest.approx(2 * c["build_seconds"], abs=0.01)
     human = kc(root, "stats").stdout
-    assert "Hit rate:         50.0%" in human and "(2 builds avoided x mean build time)" in human
+    assert "Hit rate:         66.7%" in human and "(4 builds avoided x mean build time)" in human
     assert "PTX companions:   2 hits, 0 misses" in human
     for line in ("Untrusted:", "Lock waits:", "Written:", "Remote:           (none configured)"):
         assert line in human
