@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib.abc
+import inspect
 import logging
 import math
 import sys
@@ -142,7 +143,7 @@ def expand_variants(
     """
     from triton.runtime.autotuner import Autotuner, Heuristics
 
-    from . import backends, hooks
+    from . import backends
 
     params = set(parts.arg_names)
     valid = backends.option_names(target.vendor) - backends.DERIVED_OPTIONS
@@ -199,18 +200,22 @@ def expand_variants(
             ckw = {k: v for k, v in values.items() if k in params}
             copts = {k: v for k, v in values.items() if k not in params}
             found = _hooks(layer, config)
-            effects = (
-                hooks.run_hooks(found, {**nargs, **values}, parts.qualname, parts.is_gluon)
-                if found
-                else hooks.Effects()
-            )
+            more_zero: frozenset[str] = frozenset()
+            descriptors: Mapping[str, Any] = {}
+            if found:
+                from . import hooks
+
+                effects = hooks.run_hooks(
+                    found, {**nargs, **values}, parts.qualname, parts.is_gluon
+                )
+                more_zero, descriptors = effects.zero, effects.descriptors
             out += expand(
                 i + 1,
                 {**kw, **ckw},
                 {**opts, **copts},
                 [*desc, str(config)],
-                zero | effects.zero,
-                {**args, **effects.descriptors},
+                zero | more_zero,
+                {**args, **descriptors},
             )
         return out
 
@@ -306,6 +311,24 @@ def bound_arguments(
         raise KernelArgumentError(
             f"{parts.qualname}: {reason}; pass every parameter positionally or by keyword"
         ) from None
+
+
+def parameter_values(
+    parts: KernelParts, named: Mapping[str, Any], variant: Variant
+) -> dict[str, Any] | None:
+    """Every parameter's value in ``variant`` (defaults applied), as Triton's binder gives it
+    (:func:`bound_arguments`) but without specializing anything; None where the arguments do
+    not bind (missing or surplus: :func:`bound_arguments` says which)."""
+    call = {**named, **variant.args, **variant.kwargs}
+    values = {}
+    for param in parts.fn.params:
+        if param.name in call:
+            values[param.name] = call.pop(param.name)
+        elif param.default is not inspect.Parameter.empty:
+            values[param.name] = param.default
+        else:
+            return None
+    return None if call else values
 
 
 def bind(parts: KernelParts, backend: Any, named: Mapping[str, Any], variant: Variant) -> Bound:

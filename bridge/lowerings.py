@@ -123,11 +123,12 @@ def lowering_key(
     see the module docstring)."""
     parts, buffers = call.parts, call.buffers
     try:
-        backend = backends.make_backend(target)
         variants = binding.expand_variants(parts, call.named, call.kwargs, call.options, target)
         rows = []
         for variant in variants:
-            bound, _, _ = binding.bound_arguments(parts, backend, call.named, variant)
+            bound = binding.parameter_values(parts, call.named, variant)
+            if bound is None:
+                return None  # the lowering says what does not bind
             zeroed = call.zeroed(dict(bound)) if callable(call.zeroed) else call.zeroed
             rows.append(
                 [
