@@ -77,6 +77,10 @@ def readonly_problem(root: str | os.PathLike[str]) -> str | None:
     return None
 
 
+#: how many validated (key, ext) pairs a cache remembers
+_VALID_MEMO = 1 << 16
+
+
 class Cache:
     """A kernel cache over one writable root, read-only roots and an optional remote tier.
 
@@ -125,6 +129,8 @@ class Cache:
             remote if isinstance(remote, RemoteTier) else self._open_remote(remote, cfg)
         )
         self.disabled = cfg.disable
+        #: (key, ext) pairs :meth:`get` has validated (its hot path checks each pair once)
+        self._valid: set[tuple[str, str]] = set()
         if cfg.stats_log and not self.disabled:
             stats.enable_log(self.root)
 
@@ -174,8 +180,12 @@ class Cache:
             ValueError: ``key``, ``ext`` or ``counted`` is malformed (checked before any file
                 is touched).
         """
-        check_key(key)
-        check_ext(ext)
+        if (key, ext) not in self._valid:
+            check_key(key)
+            check_ext(ext)
+            if len(self._valid) >= _VALID_MEMO:
+                self._valid.clear()
+            self._valid.add((key, ext))
         names = stats.lookup_counters(counted)
         art = self._lookup(key, ext, WaitBudget(self.lock_timeout), names)
         if not isinstance(art, Artifact):
