@@ -17,6 +17,17 @@ from kernelcache.cli.output import EXIT_OK, EXIT_PROBLEMS, Output, envelope
 _BRIDGE_DEPENDENCIES = {"bridge", "jax", "jaxlib", "triton", "google", "protobuf"}
 
 
+def compile_target(text: str) -> str:
+    """A target to compile for, as an argparse ``type``: a name, never a pattern (``ls``,
+    ``prune`` and ``export`` take patterns; ``warm`` and ``tune`` need each target named)."""
+    if any(c in text for c in "*?["):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a pattern: name each target to compile for (e.g. --target cuda:90 "
+            "--target hip:gfx942)"
+        )
+    return text
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``warm`` and ``tune`` to the ``kernelcache`` command, and make the bridge's
     directories of a root known to the other commands (importing :mod:`bridge.handoff`
@@ -33,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--target",
         action="append",
         required=True,
+        type=compile_target,
         metavar="T",
         help="e.g. cuda:90 or hip:gfx942 (repeatable)",
     )
@@ -79,6 +91,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--target",
         action="append",
+        type=compile_target,
         metavar="T",
         help="tune for these targets (repeatable; default: the recorded ones)",
     )
