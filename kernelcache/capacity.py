@@ -1,0 +1,264 @@
+"""Keeping a writable root under a size cap (``KERNELCACHE_MAX_SIZE``, ``Cache(max_size=)``).
+
+Accounting is cheap and shared by every process writing the root: a put that publishes an
+entry appends its bytes (artifact plus metadata) to ``<root>/.stats/usage`` as one record of
+:data:`RECORD` bytes, and reads the records others appended since its last look. The first
+record is the root's size as the last eviction pass measured it, so the sum is a running
+estimate of the root's size. (Deletes by ``prune``, ``clear`` or other tools are not counted:
+they remove the file, and the next put measures the root again.)
+
+When the estimate passes the cap, the process that notices runs an eviction pass under the
+lock ``capacity``, tried once: processes that notice meanwhile go on without waiting, and no
+two passes run at once. A pass is a prune (:mod:`kernelcache.prune`): a scan of the root, a
+plan that removes the least recently used entries (by their last-used stamps) down to
+:data:`LOW_WATER` of the cap, each delete re-checked under its key's lock, an entry in use
+skipped; then the usage file is rewritten with the size the pass measured. So a put costs one
+small append and read, and a pass (linear in the entries) runs once per fifth of the cap
+written: the cost per put is bounded, amortized.
+
+The usage file is a hint that others can write: it decides when a pass runs, never what it
+deletes (the pass measures the root itself). A pass that cannot bring the root under the cap
+(entries in use) puts off the next until another fifth of the cap is written, so a full root
+never costs a scan per put. Only the writable root is ever evicted from; read-only roots never.
+Failures (an unwritable ``.stats/``, a lock that cannot be had) never fail a put: accounting
+stops with one warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+
+from .errors import LockTimeout, LockUnavailable
+from .layout import STATS_DIR, open_subdir, replace_file
+from .process import warn_once
+from .store import Store
+
+logger = logging.getLogger(__name__)
+
+USAGE_NAME = "usage"
+#: a record: one kind byte (``B`` the base a pass measured, ``+`` bytes a put added), the
+#: number in 22 digits, a newline
+RECORD = 24
+#: a pass brings the root down to this fraction of the cap (as ccache's cleanup does)
+LOW_WATER = 0.8
+#: the lock name under ``.locks/`` that eviction passes take
+PASS_LOCK = "capacity"
+#: a usage file larger than this is rewritten (two records) by the next process that reads it
+MAX_USAGE_BYTES = 1 << 20
+
+
+def _record(kind: bytes, value: int) -> bytes:
+    return kind + b"%22d\n" % max(0, min(value, 10**22 - 1))
+
+
+class SizeCap:
+    """The size cap of one writable store: :meth:`added` after each entry a process publishes.
+
+    Thread-safe; each process keeps its own view of the usage file (see the module docstring).
+    """
+
+    def __init__(self, store: Store, max_size: int) -> None:
+        if max_size <= 0:
+            raise ValueError(f"a size cap must be positive, not {max_size}")
+        self.store = store
+        self.max_size = max_size
+        self.low_water = int(max_size * LOW_WATER)
+        self._lock = threading.Lock()
+        self._inode: int | None = None
+        self._offset = 0
+        #: the base record (what the last pass measured) and the running total
+        self.base = 0
+        self.total = 0
+        #: eviction passes this process ran, and the seconds they took (for benchmarks)
+        self.passes = 0
+        self.pass_seconds = 0.0
+        #: set when the cap cannot be kept here (warned once): accounting stops
+        self.broken = False
+
+    def __repr__(self) -> str:
+        return f"SizeCap({self.store.root!r}, max_size={self.max_size})"
+
+    def added(self, nbytes: int) -> None:
+        """Account for ``nbytes`` just published; run an eviction pass when the root is over
+        the cap and no other process is running one. Never raises."""
+        if self.broken:
+            return
+        with self._lock:
+            try:
+                due = self._append(nbytes)
+            except OSError as e:
+                self._give_up(e)
+                return
+        if due:
+            self.evict()
+
+    def _give_up(self, why: object) -> None:
+        self.broken = True
+        warn_once(
+            logger,
+            (self.store.root, "capacity"),
+            "kernelcache: cannot keep %s under its size cap (%s); this process no longer tries",
+            self.store.root,
+            why,
+        )
+
+    def _due(self) -> bool:
+        """Whether a pass is due: over the cap, and a fifth of the cap written since the last
+        pass measured the root (a pass that could not get under the cap is not repeated at
+        once)."""
+        slack = self.max_size - self.low_water
+        return self.total > self.max_size and self.total >= self.base + slack
+
+    def _append(self, nbytes: int) -> bool:
+        """Append ``nbytes`` to the usage file and read what was appended since the last look;
+        whether a pass is due. A missing file (none yet, or removed by a prune) is due: the
+        pass measures the root and writes it."""
+        try:
+            dfd = open_subdir(self.store.root, STATS_DIR, create=False)
+        except FileNotFoundError:
+            return True
+        try:
+            try:
+                fd = os.open(
+                    USAGE_NAME,
+                    os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    dir_fd=dfd,
+                )
+            except FileNotFoundError:
+                return True
+            try:
+                os.write(fd, _record(b"+", nbytes))
+                size = self._read_new(fd)
+            finally:
+                os.close(fd)
+            if size > MAX_USAGE_BYTES:
+                self._compact(dfd)
+        finally:
+            os.close(dfd)
+        return self._due()
+
+    def _read_new(self, fd: int) -> int:
+        """Fold the records appended since the last look into :attr:`total`; the file's size."""
+        st = os.fstat(fd)
+        if st.st_ino != self._inode:  # replaced by a pass (or new): read it from the start
+            self._inode, self._offset, self.base, self.total = st.st_ino, 0, 0, 0
+        whole = (st.st_size - self._offset) // RECORD * RECORD
+        if whole <= 0:
+            return st.st_size
+        data = os.pread(fd, whole, self._offset)
+        self._offset += len(data)
+        for start in range(0, len(data) - RECORD + 1, RECORD):
+            kind, digits = data[start : start + 1], data[start + 1 : start + RECORD - 1]
+            number = digits.strip()
+            if not number.isdigit() or data[start + RECORD - 1] != 0x0A:
+                continue  # not a record this module writes: skipped (the file is a hint)
+            if kind == b"B":
+                self.base = self.total = int(number)
+            elif kind == b"+":
+                self.total += int(number)
+        return st.st_size
+
+    def _compact(self, dfd: int) -> None:
+        """Rewrite a long usage file as two records (base and the rest), under the pass lock
+        (tried once; appends that race with it are lost, which the next pass corrects)."""
+        try:
+            held = self.store.locker.acquire(PASS_LOCK, shared=False, timeout=0)
+        except (LockTimeout, LockUnavailable):
+            return
+        try:
+            data = _record(b"B", self.base) + _record(b"+", self.total - self.base)
+            replace_file(dfd, USAGE_NAME, data)
+        except OSError as e:
+            logger.debug("kernelcache: cannot compact %s/%s: %s", STATS_DIR, USAGE_NAME, e)
+        finally:
+            held.release()
+
+    def evict(self) -> bool:
+        """Run an eviction pass unless another process is running one; whether this one ran.
+        Never raises for what it finds (each delete's outcome is the prune's)."""
+        try:
+            held = self.store.locker.acquire(PASS_LOCK, shared=False, timeout=0)
+        except LockTimeout:
+            return False  # another process is evicting: go on
+        except LockUnavailable as e:
+            self._give_up(e)
+            return False
+        started = time.perf_counter()
+        try:
+            measured = self._pass()
+        except OSError as e:
+            self._give_up(e)
+            return False
+        finally:
+            held.release()
+            self.pass_seconds += time.perf_counter() - started
+        with self._lock:
+            self._inode, self._offset, self.base, self.total = None, 0, measured, measured
+        return True
+
+    def _pass(self) -> int:
+        """Scan, plan down to the low-water mark if over the cap, delete, and write the
+        usage file anew; the root's bytes afterwards as measured. Caller holds the pass lock.
+
+        Raises:
+            OSError: the usage file cannot be written.
+        """
+        from .prune import execute, plan_prune
+        from .scan import scan
+
+        store = self.store
+        # (stale locks are left to prune: listing .locks/ would cost a pass as much again)
+        scanned = scan(
+            store.root,
+            last_used=True,
+            lock_stale=store.locker.stale_after,
+            trust=store.trust,
+        )
+        measured = scanned.nbytes
+        if measured > self.max_size:
+            plan = plan_prune(scanned, max_size=self.low_water)
+            result = execute(store, plan)
+            kept = sum(
+                o.action.size
+                for o in result.outcomes
+                if o.action.kind == "delete-entry" and o.status != "done"
+            )
+            measured = plan.kept_bytes + kept
+            done = result.counts.get("done", 0)
+            logger.info(
+                "kernelcache: evicted %d entries (%d bytes) to keep %s under %d bytes",
+                done,
+                result.freed_bytes,
+                store.root,
+                self.max_size,
+            )
+        self.passes += 1
+        mine = os.stat(store.root).st_uid == os.geteuid()
+        dfd = open_subdir(store.root, STATS_DIR, create=mine)
+        try:
+            replace_file(dfd, USAGE_NAME, _record(b"B", measured))
+        finally:
+            os.close(dfd)
+        return measured
+
+
+def discard_usage(root: str) -> None:
+    """Remove the usage file of ``root`` (best effort), after entries were removed outside an
+    eviction pass: the next put that counts measures the root again."""
+    try:
+        dfd = open_subdir(root, STATS_DIR, create=False)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(USAGE_NAME, dir_fd=dfd)
+    except OSError as e:
+        logger.debug(
+            "kernelcache: cannot remove %s/%s under %s: %s", STATS_DIR, USAGE_NAME, root, e
+        )
+    finally:
+        os.close(dfd)
