@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
+import string
 from functools import cached_property
 from typing import TypeAlias
 
@@ -163,7 +164,7 @@ _GRAMMAR = {
 
 
 #: what a pattern's wildcards are tried with: letters and digits first
-_EXAMPLE_CHARS = "a0Z_.+-:"
+_EXAMPLE_CHARS = string.ascii_letters + string.digits + "_.+-:"
 
 
 def _pattern_examples(pattern: str) -> list[str]:
