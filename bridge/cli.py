@@ -11,7 +11,17 @@ from __future__ import annotations
 import argparse
 
 from kernelcache.cli import UsageError, add_command, root_of
-from kernelcache.cli.output import EXIT_OK, EXIT_PROBLEMS, Output, envelope
+from kernelcache.cli.common import age_arg, size_arg
+from kernelcache.cli.output import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    CommandFailed,
+    Output,
+    envelope,
+    human_age,
+    human_size,
+    printable,
+)
 
 #: top-level modules whose absence means the bridge's extra is not installed
 _BRIDGE_DEPENDENCIES = {"bridge", "jax", "jaxlib", "triton", "google", "protobuf"}
@@ -105,6 +115,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--force", action="store_true", help="measure again where a decision exists")
     p.set_defaults(func=cmd_tune)
 
+    p = add_command(
+        subparsers,
+        "jax-cache",
+        "show JAX's persistent compilation cache directory; prune it by size (least recently "
+        "used first) or age",
+    )
+    p.add_argument(
+        "--dir",
+        metavar="DIR",
+        help="JAX's cache directory (default: $JAX_COMPILATION_CACHE_DIR, else the one "
+        "bridge.enable_jax_cache uses beside the kernel cache root: <root>-jax)",
+    )
+    p.add_argument(
+        "--max-size", type=size_arg, metavar="SIZE", help="keep at most SIZE bytes, e.g. 20G"
+    )
+    p.add_argument(
+        "--max-age", type=age_arg, metavar="AGE", help="remove entries not used for AGE, e.g. 30d"
+    )
+    p.add_argument("--dry-run", action="store_true", help="say what would go, change nothing")
+    p.set_defaults(func=cmd_jax_cache)
+
 
 def _bridge_module(name: str):  # -> ModuleType
     """``bridge.<name>`` for ``kernelcache <name>``, or a usage error naming the package to
@@ -192,3 +223,74 @@ def cmd_warm(args: argparse.Namespace, out: Output) -> int:
         devices=list(args.device or ()),
         all_configs=args.all_configs,
     )
+
+
+def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
+    """``kernelcache jax-cache``: JAX's cache directory, and a prune of it under JAX's lock
+    (see :mod:`bridge.jax_cache`; needs neither jax nor triton)."""
+    import os
+    import time
+
+    from . import jax_cache
+
+    given = args.dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    directory = os.path.abspath(
+        os.path.expanduser(given) if given else jax_cache.default_dir(root_of(args))
+    )
+    if not os.path.isdir(directory):
+        raise UsageError(
+            f"JAX's cache directory {directory} does not exist (check --dir or "
+            "JAX_COMPILATION_CACHE_DIR)"
+        )
+    entries, stray = jax_cache.scan_jax_cache(directory)
+    pruning = args.max_size is not None or args.max_age is not None
+    doomed = (
+        jax_cache.plan_jax_prune(entries, max_size=args.max_size, max_age=args.max_age)
+        if pruning
+        else []
+    )
+    if not pruning:
+        stray = []  # showing only
+    removed = freed = 0
+    if (doomed or stray) and not args.dry_run:
+        try:
+            with out.progress("pruning", len(doomed)) as tick:
+                removed, freed = jax_cache.prune_jax_cache(directory, doomed, stray, progress=tick)
+        except (TimeoutError, OSError) as e:
+            raise CommandFailed(f"nothing was removed: {e}") from None
+    now = time.time()
+    total = sum(e.size for e in entries)
+    doc = {
+        **envelope("jax-cache", directory),
+        "dir": directory,
+        "entries": len(entries),
+        "bytes": total,
+        "oldest_used": entries[0].last_used if entries else None,
+        "newest_used": entries[-1].last_used if entries else None,
+        "dry_run": args.dry_run,
+        "to_remove": [{"key": e.key, "size": e.size, "last_used": e.last_used} for e in doomed],
+        "removed": removed,
+        "freed_bytes": freed,
+    }
+
+    def human() -> str:
+        lines = [
+            f"JAX cache:  {printable(directory)}",
+            f"Entries:    {len(entries):,} ({human_size(total)})",
+        ]
+        if entries:
+            lines.append(
+                f"Last used:  {human_age(now - entries[-1].last_used)} (newest), "
+                f"{human_age(now - entries[0].last_used)} (oldest)"
+            )
+        if pruning:
+            size = human_size(sum(e.size for e in doomed))
+            if args.dry_run:
+                lines.append(f"Would remove {len(doomed):,} entries ({size}).")
+                lines.append("Dry run: nothing was changed.")
+            else:
+                lines.append(f"Removed {removed:,} entries ({human_size(freed)}).")
+        return "\n".join(lines)
+
+    out.emit(doc, human)
+    return EXIT_OK
