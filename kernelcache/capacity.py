@@ -4,8 +4,9 @@ Accounting is cheap and shared by every process writing the root: a put that pub
 entry appends its bytes (artifact plus metadata) to ``<root>/.stats/usage`` as one record of
 :data:`RECORD` bytes, and reads the records others appended since its last look. The first
 record is the root's size as the last eviction pass measured it, so the sum is a running
-estimate of the root's size. (Deletes by ``prune``, ``clear`` or other tools are not counted:
-they remove the file, and the next put measures the root again.)
+estimate of the root's size. (Deletes are not counted: ``kernelcache prune`` and ``clear``
+remove the file, and the next put measures the root again; what other tools delete makes the
+estimate too high, which the next pass corrects.)
 
 When the estimate passes the cap, the process that notices runs an eviction pass under the
 lock ``capacity``, tried once: processes that notice meanwhile go on without waiting, and no

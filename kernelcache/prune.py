@@ -44,7 +44,6 @@ from itertools import repeat
 from operator import add
 from typing import Any, NamedTuple
 
-from .capacity import discard_usage
 from .errors import LockTimeout
 from .fsio import READ_FLAGS, changed_at
 from .index import discard_index
@@ -376,8 +375,6 @@ def execute(
         run.close()
     if any(o.status == "changed" for o in outcomes):
         discard_index(store.root)  # it may be what misled the plan
-    if any(o.status == "done" and o.action.kind == "delete-entry" for o in outcomes):
-        discard_usage(store.root)  # the size cap's running total: the next put measures again
     folded, error = (0, None)
     if plan.logs_to_fold:
         folded, error = fold_logs(store.locker, plan.logs_to_fold)

@@ -146,3 +146,18 @@ def test_a_cap_that_cannot_be_kept_never_fails_a_put(tmp_path):
     assert out.stdout.split()[-1] == "True"
     assert out.stderr.count("cannot keep") == 1
     assert kc_json(root, "stats")["entries"] == 6
+
+
+def test_prune_and_clear_make_the_next_capped_put_measure_again(tmp_path):
+    root = tmp_path / "cache"
+    putters(root, ["a"], count=10, size=10_000, KERNELCACHE_MAX_SIZE="1M")
+    usage = root / ".stats" / "usage"
+    assert usage.read_bytes().startswith(b"B")  # the first put measured the root
+    assert len(usage.read_bytes()) == 24 * 10  # then one record per later entry
+    kc_json(root, "prune", "--max-size", "50K")
+    assert not usage.exists()
+    assert putters(root, ["b"], count=1, size=10_000, KERNELCACHE_MAX_SIZE="1M") == [1]
+    measured = int(usage.read_bytes()[1:23])
+    assert measured == kc_json(root, "stats")["bytes"]
+    kc_json(root, "clear")
+    assert not usage.exists()

@@ -13,6 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ..capacity import discard_usage
 from .common import Context, Subparsers, add_command, add_filters, age_arg, size_arg
 from .output import (
     EXIT_OK,
@@ -241,6 +242,8 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
             sys.stderr.flush()
         with out.progress("pruning", len(plan.actions)) as tick:
             result = execute(store, plan, progress=tick)
+        if result.freed_bytes:
+            discard_usage(root)  # a size cap's running total: the next capped put measures
     criteria = {
         "max_size": args.max_size,
         "older_than": args.older_than,
@@ -310,6 +313,7 @@ def cmd_clear(args: argparse.Namespace, out: Output) -> int:
                 raise CommandFailed("not confirmed: nothing was removed")
         with out.progress("clearing", len(plan.actions)) as tick:
             result = execute(store, plan, progress=tick)
+        discard_usage(root)
 
     def human() -> str:
         if args.dry_run:
