@@ -10,10 +10,11 @@ estimate too high, which the next pass corrects.)
 
 When the estimate passes the cap, the process that notices runs an eviction pass under the
 lock ``capacity``, tried once: processes that notice meanwhile go on without waiting, and no
-two passes run at once. A pass is a prune (:mod:`kernelcache.prune`): a scan of the root, a
-plan that removes the least recently used entries (by their last-used stamps) down to
-:data:`LOW_WATER` of the cap, each delete re-checked under its key's lock, an entry in use
-skipped; then the usage file is rewritten with the size the pass measured. So a put costs one
+two passes run at once. A pass is a prune (:mod:`kernelcache.prune`): a listing of the root
+and the status of each entry's files (no metadata is read: :func:`sizes_and_stamps`), a plan
+that removes the least recently used entries (by their last-used stamps) down to
+:data:`LOW_WATER` of the cap, each delete re-checked under its key's lock (its metadata read
+then), an entry in use skipped; then the usage file is rewritten with the size the pass measured. So a put costs one
 small append and read, and a pass (linear in the entries) runs once per fifth of the cap
 written: the cost per put is bounded, amortized.
 
@@ -28,15 +29,19 @@ stops with one warning.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import stat
 import threading
 import time
 
 from .errors import LockTimeout, LockUnavailable
+from .keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
 from .layout import STATS_DIR, open_subdir, replace_file
 from .process import warn_once
 from .store import Store
+from .table import EntryInfo, EntryTable
 
 logger = logging.getLogger(__name__)
 
@@ -126,12 +131,14 @@ class SizeCap:
             try:
                 fd = os.open(
                     USAGE_NAME,
-                    os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                     dir_fd=dfd,
                 )
             except FileNotFoundError:
                 return True
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO planted there: never wait
+                    raise OSError(errno.EINVAL, f"{STATS_DIR}/{USAGE_NAME} is not a regular file")
                 os.write(fd, _record(b"+", nbytes))
                 size = self._read_new(fd)
             finally:
@@ -202,25 +209,21 @@ class SizeCap:
         return True
 
     def _pass(self) -> int:
-        """Scan, plan down to the low-water mark if over the cap, delete, and write the
-        usage file anew; the root's bytes afterwards as measured. Caller holds the pass lock.
+        """Measure the root (:func:`sizes_and_stamps`), plan down to the low-water mark if
+        over the cap, delete, and write the usage file anew; the root's bytes afterwards as
+        measured. Caller holds the pass lock.
 
         Raises:
             OSError: the usage file cannot be written.
         """
         from .prune import execute, plan_prune
-        from .scan import scan
+        from .scan import CacheScan
 
         store = self.store
-        # (stale locks are left to prune: listing .locks/ would cost a pass as much again)
-        scanned = scan(
-            store.root,
-            last_used=True,
-            lock_stale=store.locker.stale_after,
-            trust=store.trust,
-        )
-        measured = scanned.nbytes
+        table = sizes_and_stamps(store.root)
+        measured = table.nbytes
         if measured > self.max_size:
+            scanned = CacheScan(store.root, True, table, (), scanned_at=time.time())
             plan = plan_prune(scanned, max_size=self.low_water)
             result = execute(store, plan)
             kept = sum(
@@ -245,6 +248,45 @@ class SizeCap:
         finally:
             os.close(dfd)
         return measured
+
+
+def sizes_and_stamps(root: str) -> EntryTable:
+    """The entries of ``root`` as an eviction pass sees them, from one listing and the status
+    of each entry's two files: key, extension (of its one artifact file), sizes and last-used
+    stamp; no metadata is read (kernel, target and creation time are None).
+
+    A name that only looks like an entry is caught where it matters: a prune re-reads each
+    entry's metadata under its lock before deleting it, and keeps one whose metadata does not
+    say what the plan saw (see :mod:`kernelcache.prune`). Housekeeping is left to ``prune``.
+    """
+    suffix = "." + META_EXT
+    with os.scandir(root) as it:
+        names = [e.name for e in it]
+    metas = {n[: -len(suffix)] for n in names if n.endswith(suffix)}
+    arts: dict[str, str | None] = {}
+    for name in names:
+        key, dot, ext = name.partition(".")
+        if dot and key in metas and ext != META_EXT:
+            arts[key] = ext if key not in arts else None  # two artifacts: left to prune
+    rows = [(k, e) for k, e in arts.items() if e is not None and valid_ext(e)]
+    if rows and not all_keys([k for k, _ in rows]):
+        rows = [(k, e) for k, e in rows if KEY_PATTERN.fullmatch(k)]
+    dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    found: list[EntryInfo] = []
+    try:
+        for key, ext in rows:
+            try:
+                meta = os.stat(key + suffix, dir_fd=dfd, follow_symlinks=False)
+                art = os.stat(f"{key}.{ext}", dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue  # deleted meanwhile
+            if stat.S_ISREG(meta.st_mode) and stat.S_ISREG(art.st_mode):
+                found.append(
+                    EntryInfo(key, ext, art.st_size, meta.st_size, None, None, None, meta.st_mtime)
+                )
+    finally:
+        os.close(dfd)
+    return EntryTable.from_rows(found)
 
 
 def discard_usage(root: str) -> None:

@@ -4,6 +4,7 @@ eviction pass runs at a time, read-only roots are never touched."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -127,11 +128,12 @@ def test_a_bad_cap_is_a_usage_error_naming_the_variable(tmp_path):
     assert "KERNELCACHE_MAX_SIZE='50Q'" in proc.stderr
 
 
-def test_a_cap_that_cannot_be_kept_never_fails_a_put(tmp_path):
+@pytest.mark.parametrize("planted", [os.mkdir, os.mkfifo], ids=["directory", "fifo"])
+def test_a_cap_that_cannot_be_kept_never_fails_a_put(tmp_path, planted):
     root = tmp_path / "cache"
     put(root)
     (root / ".stats").mkdir(exist_ok=True)
-    (root / ".stats" / "usage").mkdir()  # not a file: accounting cannot work
+    planted(root / ".stats" / "usage")  # not a file: accounting cannot work (and never waits)
     out = run_py(
         """
         import hashlib, kernelcache
