@@ -8,15 +8,18 @@ estimate of the root's size. (Deletes are not counted: ``kernelcache prune`` and
 remove the file, and the next put measures the root again; what other tools delete makes the
 estimate too high, which the next pass corrects.)
 
-When the estimate passes the cap, the process that notices runs an eviction pass under the
-lock ``capacity``, tried once: processes that notice meanwhile go on without waiting, and no
-two passes run at once. A pass is a prune (:mod:`kernelcache.prune`): a listing of the root
-and the status of each entry's files (no metadata is read: :func:`sizes_and_stamps`), a plan
-that removes the least recently used entries (by their last-used stamps) down to
-:data:`LOW_WATER` of the cap, each delete re-checked under its key's lock (its metadata read
-then), an entry in use skipped; then the usage file is rewritten with the size the pass measured. So a put costs one
-small append and read, and a pass (linear in the entries) runs once per fifth of the cap
-written: the cost per put is bounded, amortized.
+When the estimate passes the cap, the process that notices starts an eviction pass in a thread
+of its own (the put that noticed returns at once), under the lock ``capacity``, tried once:
+processes that notice meanwhile go on without waiting, and no two passes run at once. A pass
+is a prune (:mod:`kernelcache.prune`): a listing of the root and the status of each entry's
+files (no metadata is read: :func:`sizes_and_stamps`), a plan that removes the least recently
+used entries (by their last-used stamps) down to :data:`LOW_WATER` of the cap, each delete
+re-checked under its key's lock (its metadata read then), an entry in use skipped; then the
+usage file is rewritten with the size the pass measured and the records appended while it ran.
+So a put costs one small append and read, and a pass (linear in the entries) runs once per
+fifth of the cap written: the cost per put is bounded, amortized, and no put waits for a pass.
+A process may exit during its pass: what was deleted is gone whole (each delete is a prune's),
+and the next put over the cap measures the root again.
 
 The usage file is a hint that others can write: it decides when a pass runs, never what it
 deletes (the pass measures the root itself). A pass that cannot bring the root under the cap
@@ -79,18 +82,24 @@ class SizeCap:
         #: the base record (what the last pass measured) and the running total
         self.base = 0
         self.total = 0
+        #: whether the file read holds a base (a size a pass measured)
+        self.measured = False
         #: eviction passes this process ran, and the seconds they took (for benchmarks)
         self.passes = 0
         self.pass_seconds = 0.0
         #: set when the cap cannot be kept here (warned once): accounting stops
         self.broken = False
+        #: the thread running this process's eviction passes, and whether it still runs
+        self._thread: threading.Thread | None = None
+        self._running = False
 
     def __repr__(self) -> str:
         return f"SizeCap({self.store.root!r}, max_size={self.max_size})"
 
     def added(self, nbytes: int) -> None:
-        """Account for ``nbytes`` just published; run an eviction pass when the root is over
-        the cap and no other process is running one. Never raises."""
+        """Account for ``nbytes`` just published; when the root is over the cap, start an
+        eviction pass in a thread of its own (the put returns at once) unless one is running
+        in this process. Never raises."""
         if self.broken:
             return
         with self._lock:
@@ -99,8 +108,21 @@ class SizeCap:
             except OSError as e:
                 self._give_up(e)
                 return
-        if due:
-            self.evict()
+            if not due or self._running:
+                return
+            self._running = True
+            self._thread = threading.Thread(
+                target=self._evict_while_due, name="kernelcache-evict", daemon=True
+            )
+            self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for this process's eviction pass, if one is running (at most ``timeout``
+        seconds; None: until it ends). A process may exit during a pass: what it deleted is
+        gone whole, and the next put over the cap measures the root again."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
 
     def _give_up(self, why: object) -> None:
         self.broken = True
@@ -113,29 +135,31 @@ class SizeCap:
         )
 
     def _due(self) -> bool:
-        """Whether a pass is due: over the cap, and a fifth of the cap written since the last
-        pass measured the root (a pass that could not get under the cap is not repeated at
-        once)."""
-        slack = self.max_size - self.low_water
-        return self.total > self.max_size and self.total >= self.base + slack
+        """Whether a pass is due: no measured base yet; or over the cap, and a fifth of the cap
+        written since the last pass measured the root (a pass that could not get under the cap
+        is not repeated at once)."""
+        if not self.measured:
+            return True
+        if self.base > self.max_size:  # the last pass could not get under the cap
+            return self.total >= self.base + (self.max_size - self.low_water)
+        return self.total > self.max_size
 
     def _append(self, nbytes: int) -> bool:
         """Append ``nbytes`` to the usage file and read what was appended since the last look;
-        whether a pass is due. A missing file (none yet, or removed by a prune) is due: the
-        pass measures the root and writes it."""
+        whether a pass is due. A file without a measured base (none yet, or removed by a prune:
+        this put creates it) is due: the pass measures the root and writes the base."""
+        root = self.store.root
         try:
-            dfd = open_subdir(self.store.root, STATS_DIR, create=False)
+            dfd = open_subdir(root, STATS_DIR, create=os.stat(root).st_uid == os.geteuid())
         except FileNotFoundError:
             return True
         try:
-            try:
-                fd = os.open(
-                    USAGE_NAME,
-                    os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                    dir_fd=dfd,
-                )
-            except FileNotFoundError:
-                return True
+            fd = os.open(
+                USAGE_NAME,
+                os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                0o666,
+                dir_fd=dfd,
+            )
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO planted there: never wait
                     raise OSError(errno.EINVAL, f"{STATS_DIR}/{USAGE_NAME} is not a regular file")
@@ -154,6 +178,7 @@ class SizeCap:
         st = os.fstat(fd)
         if st.st_ino != self._inode:  # replaced by a pass (or new): read it from the start
             self._inode, self._offset, self.base, self.total = st.st_ino, 0, 0, 0
+            self.measured = False
         whole = (st.st_size - self._offset) // RECORD * RECORD
         if whole <= 0:
             return st.st_size
@@ -166,6 +191,7 @@ class SizeCap:
                 continue  # not a record this module writes: skipped (the file is a hint)
             if kind == b"B":
                 self.base = self.total = int(number)
+                self.measured = True
             elif kind == b"+":
                 self.total += int(number)
         return st.st_size
@@ -184,6 +210,46 @@ class SizeCap:
             logger.debug("kernelcache: cannot compact %s/%s: %s", STATS_DIR, USAGE_NAME, e)
         finally:
             held.release()
+
+    #: the most passes one thread runs in a row (puts made during a pass may make another due)
+    MAX_PASSES_IN_A_ROW = 3
+
+    def _evict_while_due(self) -> None:
+        """Run a pass; again while what was published during it keeps a pass due. Ends under
+        the lock puts account under, so a put after its last look starts a new thread."""
+        try:
+            for _ in range(self.MAX_PASSES_IN_A_ROW):
+                if not self.evict():
+                    return
+                with self._lock:
+                    try:
+                        due = self._refresh()
+                    except OSError:
+                        due = False
+                    if not due:
+                        self._running = False
+                        return
+        finally:
+            with self._lock:
+                self._running = False
+
+    def _refresh(self) -> bool:
+        """Read what was appended to the usage file since the last look; whether a pass is
+        due."""
+        dfd = open_subdir(self.store.root, STATS_DIR, create=False)
+        try:
+            fd = os.open(
+                USAGE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
+            )
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return False
+                self._read_new(fd)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(dfd)
+        return self._due()
 
     def evict(self) -> bool:
         """Run an eviction pass unless another process is running one; whether this one ran.
@@ -204,8 +270,9 @@ class SizeCap:
         finally:
             held.release()
             self.pass_seconds += time.perf_counter() - started
-        with self._lock:
+        with self._lock:  # the next put reads the new file: the base and what came since
             self._inode, self._offset, self.base, self.total = None, 0, measured, measured
+            self.measured = True
         return True
 
     def _pass(self) -> int:
@@ -220,6 +287,7 @@ class SizeCap:
         from .scan import CacheScan
 
         store = self.store
+        start = _usage_end(store.root)
         table = sizes_and_stamps(store.root)
         measured = table.nbytes
         if measured > self.max_size:
@@ -244,10 +312,49 @@ class SizeCap:
         mine = os.stat(store.root).st_uid == os.geteuid()
         dfd = open_subdir(store.root, STATS_DIR, create=mine)
         try:
-            replace_file(dfd, USAGE_NAME, _record(b"B", measured))
+            with self._lock:  # (this process's puts wait: none appends to the file replaced)
+                since = _records_after(dfd, start)  # puts published while the pass ran
+                replace_file(dfd, USAGE_NAME, _record(b"B", measured) + since)
         finally:
             os.close(dfd)
         return measured
+
+
+def _usage_end(root: str) -> tuple[int, int] | None:
+    """(inode, size) of the usage file now, or None: where the records a pass's listing may
+    not see begin."""
+    try:
+        st = os.stat(os.path.join(root, STATS_DIR, USAGE_NAME), follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size) if stat.S_ISREG(st.st_mode) else None
+
+
+def _records_after(dfd: int, start: tuple[int, int] | None) -> bytes:
+    """The ``+`` records appended to the usage file after ``start`` (:func:`_usage_end`), if
+    it is still the same file: the puts published while a pass ran, kept for the new file."""
+    if start is None:
+        return b""
+    try:
+        fd = os.open(
+            USAGE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
+        )
+    except OSError:
+        return b""
+    try:
+        st = os.fstat(fd)
+        begin = start[1] // RECORD * RECORD
+        if st.st_ino != start[0] or not stat.S_ISREG(st.st_mode) or st.st_size <= begin:
+            return b""
+        data = os.pread(fd, min(st.st_size - begin, MAX_USAGE_BYTES), begin)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+    records = (data[i : i + RECORD] for i in range(0, len(data) - RECORD + 1, RECORD))
+    return b"".join(
+        r for r in records if r[:1] == b"+" and r[1:-1].strip().isdigit() and r[-1:] == b"\n"
+    )
 
 
 def sizes_and_stamps(root: str) -> EntryTable:
