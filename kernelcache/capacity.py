@@ -56,6 +56,8 @@ RECORD = 24
 LOW_WATER = 0.8
 #: the lock name under ``.locks/`` that eviction passes take
 PASS_LOCK = "capacity"
+#: seconds before a process tries the pass lock again after finding it held
+RETRY_SECONDS = 1.0
 #: a usage file larger than this is rewritten (two records) by the next process that reads it
 MAX_USAGE_BYTES = 1 << 20
 
@@ -92,6 +94,8 @@ class SizeCap:
         #: the thread running this process's eviction passes, and whether it still runs
         self._thread: threading.Thread | None = None
         self._running = False
+        #: when to try again after another process's pass held the lock
+        self._retry_at = 0.0
 
     def __repr__(self) -> str:
         return f"SizeCap({self.store.root!r}, max_size={self.max_size})"
@@ -108,13 +112,19 @@ class SizeCap:
             except OSError as e:
                 self._give_up(e)
                 return
-            if not due or self._running:
-                return
+            thread = self._thread
+            if not due or (self._running and thread is not None and thread.is_alive()):
+                return  # (a thread that is not alive while running: this is a forked child)
+            if time.monotonic() < self._retry_at:
+                return  # another process's pass held the lock a moment ago
             self._running = True
             self._thread = threading.Thread(
                 target=self._evict_while_due, name="kernelcache-evict", daemon=True
             )
-            self._thread.start()
+            try:
+                self._thread.start()
+            except RuntimeError:  # no new threads now (the interpreter is exiting)
+                self._running = False
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for this process's eviction pass, if one is running (at most ``timeout``
@@ -135,9 +145,9 @@ class SizeCap:
         )
 
     def _due(self) -> bool:
-        """Whether a pass is due: no measured base yet; or over the cap, and a fifth of the cap
-        written since the last pass measured the root (a pass that could not get under the cap
-        is not repeated at once)."""
+        """Whether a pass is due: no measured base yet; or over the cap (when the last pass
+        could not get under it, entries being in use: once a fifth of the cap more was
+        written, so that such a pass is not repeated at every put)."""
         if not self.measured:
             return True
         if self.base > self.max_size:  # the last pass could not get under the cap
@@ -256,8 +266,9 @@ class SizeCap:
         Never raises for what it finds (each delete's outcome is the prune's)."""
         try:
             held = self.store.locker.acquire(PASS_LOCK, shared=False, timeout=0)
-        except LockTimeout:
-            return False  # another process is evicting: go on
+        except LockTimeout:  # another process is evicting: go on, and look again later
+            self._retry_at = time.monotonic() + RETRY_SECONDS
+            return False
         except LockUnavailable as e:
             self._give_up(e)
             return False
