@@ -57,7 +57,7 @@ LOW_WATER = 0.8
 #: the lock name under ``.locks/`` that eviction passes take
 PASS_LOCK = "capacity"
 #: seconds before a process tries the pass lock again after finding it held
-RETRY_SECONDS = 1.0
+RETRY_SECONDS = 0.1
 #: a usage file larger than this is rewritten (two records) by the next process that reads it
 MAX_USAGE_BYTES = 1 << 20
 

@@ -74,7 +74,7 @@ def test_processes_putting_at_once_keep_the_root_under_the_cap(tmp_path):
     # take the puts that raced with the last pass
     assert 0 < doc["bytes"] <= cap * 1.15, doc["bytes"]
     assert doc["entries"] < 60
-    assert sum(passes) >= 3
+    assert sum(passes) >= 1
     assert files_under(image) == baked  # a read-only root is never evicted from
     assert kc_json(root, "verify")["clean"]
 
