@@ -18,8 +18,9 @@ re-checked under its key's lock (its metadata read then), an entry in use skippe
 usage file is rewritten with the size the pass measured and the records appended while it ran.
 So a put costs one small append and read, and a pass (linear in the entries) runs once per
 fifth of the cap written: the cost per put is bounded, amortized, and no put waits for a pass.
-A process may exit during its pass: what was deleted is gone whole (each delete is a prune's),
-and the next put over the cap measures the root again.
+A process waits at exit for the pass it started (at most :data:`EXIT_WAIT` seconds), so that
+short processes keep the root under the cap too; one killed during a pass leaves what was
+deleted gone whole (each delete is a prune's), and the next put over the cap measures again.
 
 The usage file is a hint that others can write: it decides when a pass runs, never what it
 deletes (the pass measures the root itself). A pass that cannot bring the root under the cap
@@ -31,6 +32,7 @@ stops with one warning.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import logging
@@ -38,6 +40,7 @@ import os
 import stat
 import threading
 import time
+import weakref
 
 from .errors import LockTimeout, LockUnavailable
 from .keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
@@ -56,6 +59,8 @@ RECORD = 24
 LOW_WATER = 0.8
 #: the lock name under ``.locks/`` that eviction passes take
 PASS_LOCK = "capacity"
+#: the longest a process waits at exit for its eviction pass to end
+EXIT_WAIT = 30.0
 #: seconds before a process tries the pass lock again after finding it held
 RETRY_SECONDS = 0.1
 #: a usage file larger than this is rewritten (two records) by the next process that reads it
@@ -125,6 +130,8 @@ class SizeCap:
                 self._thread.start()
             except RuntimeError:  # no new threads now (the interpreter is exiting)
                 self._running = False
+                return
+            _started.add(self)
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for this process's eviction pass, if one is running (at most ``timeout``
@@ -423,3 +430,16 @@ def discard_usage(root: str) -> None:
         )
     finally:
         os.close(dfd)
+
+
+#: the caps of this process that started a pass (waited for at exit)
+_started: weakref.WeakSet[SizeCap] = weakref.WeakSet()
+
+
+@atexit.register
+def _wait_at_exit() -> None:
+    """Let a pass this process started end before it exits (at most :data:`EXIT_WAIT` seconds
+    in all), so that short processes that each pass the cap still keep the root under it."""
+    deadline = time.monotonic() + EXIT_WAIT
+    for cap in list(_started):
+        cap.wait(max(0.0, deadline - time.monotonic()))

@@ -176,3 +176,20 @@ def test_prune_and_clear_make_the_next_capped_put_measure_again(tmp_path):
     assert 0 <= usage_total(usage) - kc_json(root, "stats")["bytes"] <= 2 * entry
     kc_json(root, "clear")
     assert not usage.exists()
+
+
+def test_short_processes_wait_at_exit_for_their_pass(tmp_path):
+    root = tmp_path / "cache"
+    for n in range(4):  # each puts 5 entries of ~10.4 KB and exits at once
+        run_py(
+            """
+            import hashlib, os, sys, kernelcache
+            cache = kernelcache.Cache(max_size="60K")
+            for i in range(5):
+                key = hashlib.sha256(f"{sys.argv[1]}-{i}".encode()).hexdigest()
+                cache.put(key, "cubin", os.urandom(10_000), {})
+            """,
+            str(n),
+            KERNELCACHE_DIR=str(root),
+        )
+    assert 0 < kc_json(root, "stats")["bytes"] <= 60 * 1024
