@@ -9,11 +9,12 @@ remove the file, and the next put measures the root again; what other tools dele
 estimate too high, which the next pass corrects.)
 
 When the estimate passes the cap, the process that notices starts an eviction pass in a thread
-of its own (the put that noticed returns at once), under the lock ``capacity``, tried once:
-processes that notice meanwhile go on without waiting, and no two passes run at once. A pass
-is a prune (:mod:`kernelcache.prune`): a listing of the root and the status of each entry's
-files (no metadata is read: :func:`sizes_and_stamps`), a plan that removes the least recently
-used entries (by their last-used stamps) down to :data:`LOW_WATER` of the cap, each delete
+of its own (the put that noticed returns at once), under the lock ``capacity``: no two passes
+run at once, no put waits for the lock, and a thread that finds it held looks again every
+:data:`RETRY_SECONDS` (the other pass may make its own needless). A pass is a prune
+(:mod:`kernelcache.prune`): a listing of the root and the status of each entry's files (no
+metadata is read: :func:`sizes_and_stamps`), a plan that removes the least recently used
+entries (by their last-used stamps) down to :data:`LOW_WATER` of the cap, each delete
 re-checked under its key's lock (its metadata read then), an entry in use skipped; then the
 usage file is rewritten with the size the pass measured and the records appended while it ran.
 So a put costs one small append and read, and a pass (linear in the entries) runs once per
@@ -61,7 +62,7 @@ LOW_WATER = 0.8
 PASS_LOCK = "capacity"
 #: the longest a process waits at exit for its eviction pass to end
 EXIT_WAIT = 30.0
-#: seconds before a process tries the pass lock again after finding it held
+#: seconds before a thread tries the pass lock again after finding it held
 RETRY_SECONDS = 0.1
 #: a usage file larger than this is rewritten (two records) by the next process that reads it
 MAX_USAGE_BYTES = 1 << 20
@@ -99,8 +100,6 @@ class SizeCap:
         #: the thread running this process's eviction passes, and whether it still runs
         self._thread: threading.Thread | None = None
         self._running = False
-        #: when to try again after another process's pass held the lock
-        self._retry_at = 0.0
 
     def __repr__(self) -> str:
         return f"SizeCap({self.store.root!r}, max_size={self.max_size})"
@@ -120,8 +119,10 @@ class SizeCap:
             thread = self._thread
             if not due or (self._running and thread is not None and thread.is_alive()):
                 return  # (a thread that is not alive while running: this is a forked child)
-            if time.monotonic() < self._retry_at:
-                return  # another process's pass held the lock a moment ago
+            # what a pass imports, imported here: a thread cannot import concurrent.futures
+            # once the interpreter is exiting (the pass may still run then)
+            from . import prune, scan  # noqa: F401
+
             self._running = True
             self._thread = threading.Thread(
                 target=self._evict_while_due, name="kernelcache-evict", daemon=True
@@ -230,14 +231,24 @@ class SizeCap:
 
     #: the most passes one thread runs in a row (puts made during a pass may make another due)
     MAX_PASSES_IN_A_ROW = 3
+    #: how often a thread tries again while another process's pass holds the lock
+    MAX_TRIES = 50
 
     def _evict_while_due(self) -> None:
-        """Run a pass; again while what was published during it keeps a pass due. Ends under
-        the lock puts account under, so a put after its last look starts a new thread."""
+        """Run a pass; again while what was published during it keeps a pass due; while
+        another process's pass holds the lock, look again every :data:`RETRY_SECONDS` (that
+        pass may make this one needless). Ends under the lock puts account under, so a put
+        after its last look starts a new thread."""
         try:
-            for _ in range(self.MAX_PASSES_IN_A_ROW):
-                if not self.evict():
+            passes = tries = 0
+            while passes < self.MAX_PASSES_IN_A_ROW and tries < self.MAX_TRIES:
+                if self.evict():
+                    passes += 1
+                elif self.broken:
                     return
+                else:
+                    tries += 1
+                    time.sleep(RETRY_SECONDS)
                 with self._lock:
                     try:
                         due = self._refresh()
@@ -273,9 +284,8 @@ class SizeCap:
         Never raises for what it finds (each delete's outcome is the prune's)."""
         try:
             held = self.store.locker.acquire(PASS_LOCK, shared=False, timeout=0)
-        except LockTimeout:  # another process is evicting: go on, and look again later
-            self._retry_at = time.monotonic() + RETRY_SECONDS
-            return False
+        except LockTimeout:
+            return False  # another process is evicting
         except LockUnavailable as e:
             self._give_up(e)
             return False

@@ -28,6 +28,7 @@ cache = kernelcache.Cache()
 for i in range(count):
     key = hashlib.sha256(f"{tag}-{i}".encode()).hexdigest()
     cache.put(key, "cubin", os.urandom(size), {"name": tag, "target": "cuda:90"})
+print("put", flush=True)
 if cache.capacity:
     cache.capacity.wait()
 print(cache.capacity.passes if cache.capacity else -1)
@@ -99,15 +100,22 @@ def test_one_eviction_pass_at_a_time(tmp_path):
     for i in range(10):
         put(root, "old", size=10_000, seed=i, last_used=86400)
     held = Locker(str(root)).acquire(PASS_LOCK, shared=False, timeout=0)
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(PUTTER), "new", "5", "10000"],
+        env=child_env(KERNELCACHE_DIR=str(root), KERNELCACHE_MAX_SIZE="50K"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        started = time.monotonic()
-        (passes,) = putters(root, ["new"], count=5, size=10_000, KERNELCACHE_MAX_SIZE="50K")
-        assert passes == 0 and time.monotonic() - started < 60  # never waited for the lock
-        assert kc_json(root, "stats")["entries"] == 15
+        assert child.stdout.readline().strip() == "put"  # every put returned: none waited
+        time.sleep(0.3)  # (its pass thread tries the lock meanwhile)
+        assert kc_json(root, "stats")["entries"] == 15  # nothing evicted while another holds it
     finally:
         held.release()
-    (passes,) = putters(root, ["more"], count=1, size=10_000, KERNELCACHE_MAX_SIZE="50K")
-    assert passes == 1
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    assert int(out.split()[-1]) == 1  # the thread tried again, and ran once the lock was free
     assert kc_json(root, "stats")["bytes"] <= 50 * 1024
 
 
