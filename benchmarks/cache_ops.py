@@ -12,10 +12,20 @@ For 4 KiB, 64 KiB and 1 MiB artifacts:
 Neither peer verifies content on read. The floor of a hit, measured on the same files: a bare
 read of kernelcache's artifact file, once as Python code usually reads a file (``open(path,
 "rb").read()``, as Triton's cache does) and once with the fewest calls Python has (``os.open``,
-``os.read``, ``os.close``); the table prints each ``get`` against both. Prints a table and ends
-with one JSON line; ``--out`` also writes the JSON to a file.
+``os.read``, ``os.close``); the table prints each ``get`` against both.
 
-    python benchmarks/cache_ops.py [--reads 3000] [--out results.json]
+Then the cost of a put under a size cap (``KERNELCACHE_MAX_SIZE``): into a root of 10,000
+entries (of 4 KiB, and of 64 KiB) and of 100,000 entries of 4 KiB, puts of new entries with the
+cap set to the root's size (so every put is over it, and eviction passes run every fifth of the
+cap), against the same puts into a root filled alike without a cap, in alternating chunks;
+amortized: the total time of all the puts, passes included (a pass runs in a thread: each
+capped chunk waits for it), over their number. At a cap, each
+put also pays for an eviction: one delete under the entry's lock (as ``prune``), and its share
+of the pass's listing.
+
+Prints a table and ends with one JSON line; ``--out`` also writes the JSON to a file.
+
+    python benchmarks/cache_ops.py [--reads 3000] [--capped 10000:4K,100000:4K] [--out results.json]
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import kernelcache
+from kernelcache import units
 
 SIZES = {"4KiB": 4 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20}
 KEYS = 64
@@ -176,14 +187,89 @@ def bench(reads: int, seed: int = 0) -> dict:
     return results
 
 
+def _fill(root: str, n: int, size: int, tag: str) -> None:
+    """``n`` entries of ``size`` bytes under ``root``, last used in order (oldest first)."""
+    from kernelcache.store import Store
+
+    store = Store(root)
+    data = random.Random(n).randbytes(size)
+    start = time.time() - n
+    for i in range(n):
+        key = _key(i, tag)
+        store.put(key, "cubin", data, {"name": "kernel", "target": "cuda:90"})
+        os.utime(store.meta_path(key), (start + i, start + i))
+
+
+def bench_capped(n: int, puts: int, size: int = 4 << 10, chunk: int = 500) -> dict:
+    """Amortized put under a size cap at ``n`` entries, against puts without one: two roots
+    filled alike, the puts made in alternating chunks (so that the machine's background load
+    and the file system's writeback fall on both alike)."""
+    from kernelcache.scan import scan
+
+    with tempfile.TemporaryDirectory() as tmp:
+        roots = {label: os.path.join(tmp, label) for label in ("capped", "uncapped")}
+        for root in roots.values():
+            _fill(root, n, size, f"fill-{n}")
+        cap = scan(roots["capped"]).nbytes
+        data = random.Random(1).randbytes(size)
+        caches = {
+            label: kernelcache.Cache(
+                root, readonly_roots=(), remote="", max_size=cap if label == "capped" else 0
+            )
+            for label, root in roots.items()
+        }
+        samples: dict[str, list[float]] = {label: [] for label in caches}
+        totals = dict.fromkeys(caches, 0.0)
+        for start in range(0, puts, chunk):
+            for label, cache in caches.items():
+                t_all = time.perf_counter()
+                for i in range(start, min(puts, start + chunk)):
+                    t0 = time.perf_counter_ns()
+                    cache.put(_key(i, f"{label}-{n}"), "cubin", data, {"name": "kernel"})
+                    samples[label].append((time.perf_counter_ns() - t0) / 1000)
+                if cache.capacity is not None:
+                    cache.capacity.wait()  # a pass runs in a thread: its time is the capped's
+                totals[label] += time.perf_counter() - t_all
+        out: dict = {"entries": n, "entry_bytes": size, "puts": puts, "max_size": cap}
+        for label, cache in caches.items():
+            capacity = cache.capacity
+            passes = capacity.passes if capacity is not None else 0
+            out[label] = {
+                "put_mean_us": round(totals[label] / puts * 1e6, 1),
+                "put_median_us": round(statistics.median(samples[label]), 1),
+                "put_max_ms": round(max(samples[label]) / 1000, 1),
+                "passes": passes,
+                "pass_mean_ms": (
+                    round(capacity.pass_seconds / passes * 1000, 1)
+                    if capacity is not None and passes
+                    else None
+                ),
+                "entries_after": len(scan(roots[label]).table),
+            }
+        out["ratio"] = round(out["capped"]["put_mean_us"] / out["uncapped"]["put_mean_us"], 2)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--reads", type=int, default=3000, help="timed reads per size and cache")
+    parser.add_argument(
+        "--capped",
+        default="10000:4K,10000:64K,100000:4K",
+        help="ENTRIES:SIZE,... at which to time puts under a size cap ('' to skip)",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON summary here")
     args = parser.parse_args()
     results = bench(args.reads)
+    capped = []
+    for spec in filter(None, (s.strip() for s in args.capped.split(","))):
+        n, _, size = spec.partition(":")
+        entries = int(n)
+        capped.append(
+            bench_capped(entries, max(2000, entries * 6 // 10), units.parse_size(size or "4K"))
+        )
 
     header = f"{'size':>6}  {'cache':<28} {'get median':>11} {'get p90':>9} {'put median':>11}"
     print(header)
@@ -213,6 +299,24 @@ def main() -> int:
     print()
     for name, ratio in ratios.items():
         print(f"{name:<58} {ratio:>6.2f}x")
+    if capped:
+        print()
+        head = (
+            f"{'entries':>8} {'size':>6}  {'puts':>6}  {'put':<9} {'mean':>9} {'median':>9}"
+            f" {'max':>9} {'passes':>6} {'pass':>9}"
+        )
+        print(head)
+        print("-" * len(head))
+        for row in capped:
+            for label in ("capped", "uncapped"):
+                r = row[label]
+                each = f"{r['pass_mean_ms']:>7.1f}ms" if r["pass_mean_ms"] else f"{'-':>9}"
+                print(
+                    f"{row['entries']:>8,} {row['entry_bytes'] >> 10:>4}Ki  {row['puts']:>6,}  "
+                    f"{label:<9} {r['put_mean_us']:>7.1f}us {r['put_median_us']:>7.1f}us"
+                    f" {r['put_max_ms']:>7.1f}ms {r['passes']:>6} {each}"
+                )
+            print(f"{'':>17}  capped / uncapped, amortized: {row['ratio']:.2f}x")
     summary = {
         "benchmark": "cache_ops",
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
@@ -221,6 +325,8 @@ def main() -> int:
             for label, by_impl in results.items()
         },
         "ratios": ratios,
+        "capped_puts": capped,
+        "target_capped_put_ratio": 1.5,
         "target_64KiB_get_median_us": 50,
         "target_met": results["64KiB"]["kernelcache"]["get_median_us"] < 50
         and all(r > 1 for k, r in ratios.items() if k.startswith("64KiB get") and "bare" not in k),

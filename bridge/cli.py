@@ -13,7 +13,17 @@ import argparse
 from typing import Any
 
 from kernelcache.cli import UsageError, add_command, root_of
-from kernelcache.cli.output import EXIT_OK, EXIT_PROBLEMS, Output, envelope
+from kernelcache.cli.common import age_arg, size_arg
+from kernelcache.cli.output import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    CommandFailed,
+    Output,
+    envelope,
+    human_age,
+    human_size,
+    printable,
+)
 
 #: top-level modules whose absence means the bridge's extra is not installed
 _BRIDGE_DEPENDENCIES = {"bridge", "jax", "jaxlib", "triton", "google", "protobuf"}
@@ -58,6 +68,17 @@ def jax_cache_report() -> tuple[dict[str, Any] | None, list[Any]]:
     return found, [Check("jax cache", "ok", shown)]
 
 
+def compile_target(text: str) -> str:
+    """A target to compile for, as an argparse ``type``: a name, never a pattern (``ls``,
+    ``prune`` and ``export`` take patterns; ``warm`` and ``tune`` need each target named)."""
+    if any(c in text for c in "*?["):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a pattern: name each target to compile for (e.g. --target cuda:90 "
+            "--target hip:gfx942)"
+        )
+    return text
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``warm``, ``tune`` and ``explain`` to the ``kernelcache`` command, register the
     bridge's toolchain and its doctor report, and make the bridge's directories of a root known
@@ -81,6 +102,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--target",
         action="append",
         required=True,
+        type=compile_target,
         metavar="T",
         help="e.g. cuda:90 or hip:gfx942 (repeatable)",
     )
@@ -127,6 +149,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--target",
         action="append",
+        type=compile_target,
         metavar="T",
         help="tune for these targets (repeatable; default: the recorded ones)",
     )
@@ -154,6 +177,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="explain for these targets (repeatable; default: the recorded ones)",
     )
     p.set_defaults(func=cmd_explain)
+
+    p = add_command(
+        subparsers,
+        "jax-cache",
+        "show JAX's persistent compilation cache directory; prune it by size (least recently "
+        "used first) or age",
+    )
+    p.add_argument(
+        "--dir",
+        metavar="DIR",
+        help="JAX's cache directory (default: $JAX_COMPILATION_CACHE_DIR, else the one "
+        "bridge.enable_jax_cache uses beside the kernel cache root: <root>-jax)",
+    )
+    p.add_argument(
+        "--max-size", type=size_arg, metavar="SIZE", help="keep at most SIZE bytes, e.g. 20G"
+    )
+    p.add_argument(
+        "--max-age", type=age_arg, metavar="AGE", help="remove entries not used for AGE, e.g. 30d"
+    )
+    p.add_argument("--dry-run", action="store_true", help="say what would go, change nothing")
+    p.set_defaults(func=cmd_jax_cache)
 
 
 def _bridge_module(name: str):  # -> ModuleType
@@ -288,3 +332,74 @@ def cmd_warm(args: argparse.Namespace, out: Output) -> int:
         devices=list(args.device or ()),
         all_configs=args.all_configs,
     )
+
+
+def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
+    """``kernelcache jax-cache``: JAX's cache directory, and a prune of it under JAX's lock
+    (see :mod:`bridge.jax_cache`; needs neither jax nor triton)."""
+    import os
+    import time
+
+    from . import jax_cache
+
+    given = args.dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    directory = os.path.abspath(
+        os.path.expanduser(given) if given else jax_cache.default_dir(root_of(args))
+    )
+    if not os.path.isdir(directory):
+        raise UsageError(
+            f"JAX's cache directory {directory} does not exist (check --dir or "
+            "JAX_COMPILATION_CACHE_DIR)"
+        )
+    entries, stray = jax_cache.scan_jax_cache(directory)
+    pruning = args.max_size is not None or args.max_age is not None
+    doomed = (
+        jax_cache.plan_jax_prune(entries, max_size=args.max_size, max_age=args.max_age)
+        if pruning
+        else []
+    )
+    if not pruning:
+        stray = []  # showing only
+    removed = freed = 0
+    if (doomed or stray) and not args.dry_run:
+        try:
+            with out.progress("pruning", len(doomed)) as tick:
+                removed, freed = jax_cache.prune_jax_cache(directory, doomed, stray, progress=tick)
+        except (TimeoutError, OSError) as e:
+            raise CommandFailed(f"nothing was removed: {e}") from None
+    now = time.time()
+    total = sum(e.size for e in entries)
+    doc = {
+        **envelope("jax-cache", directory),
+        "dir": directory,
+        "entries": len(entries),
+        "bytes": total,
+        "oldest_used": entries[0].last_used if entries else None,
+        "newest_used": entries[-1].last_used if entries else None,
+        "dry_run": args.dry_run,
+        "to_remove": [{"key": e.key, "size": e.size, "last_used": e.last_used} for e in doomed],
+        "removed": removed,
+        "freed_bytes": freed,
+    }
+
+    def human() -> str:
+        lines = [
+            f"JAX cache:  {printable(directory)}",
+            f"Entries:    {len(entries):,} ({human_size(total)})",
+        ]
+        if entries:
+            lines.append(
+                f"Last used:  {human_age(now - entries[-1].last_used)} (newest), "
+                f"{human_age(now - entries[0].last_used)} (oldest)"
+            )
+        if pruning:
+            size = human_size(sum(e.size for e in doomed))
+            if args.dry_run:
+                lines.append(f"Would remove {len(doomed):,} entries ({size}).")
+                lines.append("Dry run: nothing was changed.")
+            else:
+                lines.append(f"Removed {removed:,} entries ({human_size(freed)}).")
+        return "\n".join(lines)
+
+    out.emit(doc, human)
+    return EXIT_OK

@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import stats
+from . import stats, units
+from .capacity import SizeCap
 from .config import Settings, settings
 from .errors import CacheError, ConfigError, LockTimeout, Problem, WrongExt
 from .keys import check_ext, check_key
@@ -95,6 +96,9 @@ class Cache:
         lock_timeout: seconds to wait for a per-key lock before building privately; None for
             ``$KERNELCACHE_LOCK_TIMEOUT``.
         lock_mode: "auto", "flock" or "soft"; None for ``$KERNELCACHE_LOCK_MODE``.
+        max_size: a size cap of the writable root in bytes, or a size such as ``"50G"``:
+            least recently used entries are evicted past it (see :mod:`kernelcache.capacity`);
+            None for ``$KERNELCACHE_MAX_SIZE``; 0 for none.
     """
 
     def __init__(
@@ -105,6 +109,7 @@ class Cache:
         *,
         lock_timeout: float | None = None,
         lock_mode: str | None = None,
+        max_size: int | str | None = None,
     ) -> None:
         cfg = settings()
         self.lock_timeout = cfg.lock_timeout if lock_timeout is None else float(lock_timeout)
@@ -133,6 +138,13 @@ class Cache:
         self._valid: set[tuple[str, str]] = set()
         if cfg.stats_log and not self.disabled:
             stats.enable_log(self.root)
+        cap = cfg.max_size if max_size is None else max_size
+        if isinstance(cap, str):
+            cap = units.parse_size(cap)
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise ValueError(f"max_size must be a size such as '50G' or bytes >= 0, not {cap!r}")
+        #: the size cap of the writable root (None: none)
+        self.capacity = SizeCap(self.store, cap) if cap and not self.disabled else None
 
     def _open_remote(
         self, remote: str | Sequence[str | RemoteTier], cfg: Settings
@@ -269,7 +281,7 @@ class Cache:
         stats.count(self.root, remote_hits=1, **hit)
         fields = {k: v for k, v in meta.items() if k not in RESERVED_FIELDS}
         try:
-            art = self.store.put(key, ext, data, fields, wait=budget.remaining())
+            art = self._publish(key, ext, data, fields, budget.remaining())
         except (CacheError, WrongExt) as e:
             warn_once(
                 logger, (self.root, "write"), "kernelcache: cannot store under %s: %s", self.root, e
@@ -300,13 +312,26 @@ class Cache:
         if self.disabled:
             return self._in_memory(key, ext, data, meta)
         try:
-            art = self.store.put(key, ext, data, meta, wait=wait)
+            art = self._publish(key, ext, data, meta, wait)
         except CacheError:
             stats.count(self.root, errors=1)
             raise
         stats.count(self.root, puts=1, bytes_written=len(art.data))
         if self.remote is not None and self.remote.put(key, ext, art.data, art.meta):
             stats.count(self.root, remote_puts=1)
+        return art
+
+    def _publish(
+        self, key: str, ext: str, data: bytes, meta: Mapping[str, Any], wait: float | None
+    ) -> Artifact:
+        """Publish into the writable root, and account for what it added under the size cap."""
+        art, published = self.store.publish(key, ext, data, meta, wait=wait)
+        if published and self.capacity is not None:
+            try:
+                meta_size = os.stat(self.store.meta_path(key)).st_size
+            except OSError:
+                meta_size = 0  # evicted or replaced already: its bytes count as the artifact's
+            self.capacity.added(len(art.data) + meta_size)
         return art
 
     def get_or_create(self, key: str, ext: str, build: BuildFn) -> Artifact:

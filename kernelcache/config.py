@@ -145,6 +145,15 @@ VARIABLES: tuple[Variable, ...] = (
         "remote tier URLs, tried in order, separated by whitespace, e.g. redis://host:6379/0 s3://bucket/kc",
     ),
     Variable(
+        "KERNELCACHE_MAX_SIZE",
+        "max_size",
+        units.parse_size,
+        0,
+        "0",
+        "size cap of the writable root, e.g. 50G: least recently used entries are evicted "
+        "past it (0: no cap)",
+    ),
+    Variable(
         "KERNELCACHE_LOCK_TIMEOUT",
         "lock_timeout",
         units.parse_duration,
@@ -239,6 +248,7 @@ class Settings:
     root: Path | None = None
     readonly_roots: tuple[Path, ...] = ()
     remote: str | None = None
+    max_size: int = 0
     lock_timeout: float = 120.0
     lock_mode: str = "auto"
     lock_stale: float = 300.0

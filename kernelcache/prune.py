@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -116,6 +118,8 @@ class Plan:
     #: the filters entries were selected by (re-checked against each entry before it goes)
     kernels: frozenset[str] = frozenset()
     targets: frozenset[str] = frozenset()
+    #: whether an entry used after the plan was made is kept (False for ``clear``)
+    keep_used: bool = True
 
     @property
     def bytes_to_free(self) -> int:
@@ -168,15 +172,39 @@ class Result:
 
 
 # -- planning -----------------------------------------------------------------------------
+#: the characters that make a ``--kernel`` or ``--target`` value a pattern (:mod:`fnmatch`)
+GLOB_CHARS = frozenset("*?[")
+
+
+def is_pattern(value: str) -> bool:
+    """Whether ``value`` is an :mod:`fnmatch` pattern rather than a plain name."""
+    return not GLOB_CHARS.isdisjoint(value)
+
+
+def matcher(patterns: Iterable[str]) -> Callable[[object], bool]:
+    """A test of a metadata value against ``patterns``: names matched exactly and
+    :mod:`fnmatch` patterns (``cuda:*``, ``hip:gfx9?2``, ``matmul_[ab]*``), case-sensitively.
+    Anything but a string matches nothing."""
+    exact = {p for p in patterns if not is_pattern(p)}
+    globs = [re.compile(fnmatch.translate(p)).match for p in patterns if is_pattern(p)]
+
+    def match(value: object) -> bool:
+        if not isinstance(value, str):
+            return False
+        return value in exact or any(g(value) is not None for g in globs)
+
+    return match
+
+
 def select(
     entries: Iterable[EntryInfo],
     kernels: Sequence[str] = (),
     targets: Sequence[str] = (),
 ) -> list[EntryInfo]:
-    """The entries whose kernel is one of ``kernels`` and target one of ``targets``
-    (an empty sequence matches everything)."""
-    ks, ts = set(kernels), set(targets)
-    return [e for e in entries if (not ks or e.kernel in ks) and (not ts or e.target in ts)]
+    """The entries whose kernel matches one of ``kernels`` and target one of ``targets``
+    (names or patterns, see :func:`matcher`; an empty sequence matches everything)."""
+    mk, mt = matcher(kernels), matcher(targets)
+    return [e for e in entries if (not kernels or mk(e.kernel)) and (not targets or mt(e.target))]
 
 
 def plan_prune(
@@ -188,6 +216,7 @@ def plan_prune(
     targets: Sequence[str] = (),
     quarantine_age: float = QUARANTINE_AGE,
     now: float | None = None,
+    everything: bool = False,
 ) -> Plan:
     """Plan a prune of a scan made with ``last_used=True, locks=True``.
 
@@ -195,6 +224,8 @@ def plan_prune(
     seconds go; then, least recently used first, as many as needed to bring the matching
     entries' bytes (artifact plus metadata) to at most ``max_size``. With filters but neither
     limit, every matching entry goes; with no filter and no limit, no entry goes.
+    ``everything`` (``kernelcache clear``): every matching entry goes, even one used after
+    the plan was made.
 
     Housekeeping, always: orphan artifacts and metadata without artifact, staging files and
     lock files past the grace period, quarantined files older than ``quarantine_age``, and the
@@ -208,16 +239,19 @@ def plan_prune(
     keys, nbytes = table.key, list(map(add, table.size, table.meta_size))
     chosen: Iterable[int] = range(len(table))
     if kernels:
-        wanted_k = set(kernels)
-        chosen = [i for i in chosen if table.kernel[i] in wanted_k]
+        match_k = matcher(kernels)
+        chosen = [i for i in chosen if match_k(table.kernel[i])]
     if targets:
-        wanted_t = set(targets)
-        chosen = [i for i in chosen if table.target[i] in wanted_t]
+        match_t = matcher(targets)
+        chosen = [i for i in chosen if match_t(table.target[i])]
     # least recently used first; ties broken by key so that plans are reproducible
     lru = sorted(sorted(chosen, key=keys.__getitem__), key=lambda i: last[i] or 0.0)
     doomed: list[int] = []
     reason: dict[int, str] = {}
-    if max_size is None and older_than is None:
+    if everything:
+        doomed = lru
+        reason = dict.fromkeys(lru, "clear")
+    elif max_size is None and older_than is None:
         if kernels or targets:
             doomed = lru
             reason = dict.fromkeys(lru, "matches --kernel/--target")
@@ -266,6 +300,7 @@ def plan_prune(
         left=tuple(left),
         kernels=frozenset(kernels),
         targets=frozenset(targets),
+        keep_used=not everything,
     )
 
 
@@ -387,6 +422,8 @@ class _Executor:
         self.store = store
         self.plan = plan
         self.root = store.root
+        self.match_kernel = matcher(plan.kernels)
+        self.match_target = matcher(plan.targets)
         #: .locks/, held open while the plan runs, where build locks are flock files
         self.locks_dir: int | None = None
         if store.locker.mode == "flock":
@@ -450,18 +487,18 @@ class _Executor:
         if not isinstance(loaded, tuple):
             return "changed", f"its metadata cannot be read now ({loaded.reason})"
         doc, st = loaded
-        if st.st_mtime != action.mtime:
+        if st.st_mtime != action.mtime and self.plan.keep_used:
             return "used-since-plan", ""
         ext = action.path.rpartition(".")[2]
         plan = self.plan
         wrong = [
             f"{field} is {repr(doc.get(name))[:40]}"
-            for field, name, wanted in (
-                ("its extension", "ext", {ext}),
-                ("its kernel", "name", plan.kernels),
-                ("its target", "target", plan.targets),
+            for field, name, wanted, match in (
+                ("its extension", "ext", {ext}, {ext}.__contains__),
+                ("its kernel", "name", plan.kernels, self.match_kernel),
+                ("its target", "target", plan.targets, self.match_target),
             )
-            if wanted and not (isinstance(doc.get(name), str) and doc[name] in wanted)
+            if wanted and not match(doc.get(name))
         ]
         if wrong:
             return "changed", f"not what the plan selected: {', '.join(wrong)}"

@@ -638,4 +638,46 @@ def _fold_locked(dfd: int, names: Iterable[str]) -> int:
     return len(pending)
 
 
+def zero_logs(locker: Locker, *, timeout: float = 10.0) -> tuple[int, list[str], str | None]:
+    """Zero the statistics of ``locker``'s root (``kernelcache stats --zero``): remove every
+    statistics log and the folded summary; (files removed, files left, error).
+
+    Runs under the lock folds take, so no fold writes back what was removed. Each file goes
+    with one ``unlink``: a process that appends afterwards starts a new log holding only what
+    it counted since its last flush, so nothing is counted twice (what a process flushes at
+    that very moment may be lost with the zeroed counts). Logs of other users in a sticky
+    ``.stats/`` cannot be removed: they are left and named.
+    """
+    try:
+        held = locker.acquire(_SUMMARY_LOCK, shared=False, timeout=timeout)
+    except LockTimeout:
+        return 0, [], "another process is folding the statistics logs; try again"
+    except LockUnavailable as e:
+        return 0, [], str(e)
+    removed, left = 0, []
+    try:
+        try:
+            dfd = open_subdir(locker.root, STATS_DIR, create=False)
+        except FileNotFoundError:
+            return 0, [], None
+        try:
+            for name in sorted(os.listdir(dfd)):
+                if not (name.endswith(".jsonl") or name.endswith(".jsonl" + _FOLDING)):
+                    continue
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                    removed += 1
+                except FileNotFoundError:
+                    continue
+                except OSError as e:
+                    left.append(f"{os.path.join(locker.root, STATS_DIR, name)}: {e.strerror}")
+        except OSError as e:
+            return removed, left, f"cannot zero the statistics: {e.strerror}"
+        finally:
+            os.close(dfd)
+    finally:
+        held.release()
+    return removed, left, None
+
+
 atexit.register(flush)

@@ -6,7 +6,9 @@ command is added (:func:`add_command`), argument types (sizes, ages, counts), an
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import os
+import string
 from functools import cached_property
 from typing import TypeAlias
 
@@ -127,21 +129,81 @@ def add_command(subparsers: Subparsers, name: str, help_: str) -> argparse.Argum
 
 
 def kernel_arg(text: str) -> str:
-    """A kernel name as an entry's metadata may hold one, as an argparse ``type``."""
+    """A kernel name as an entry's metadata may hold one, or an :mod:`fnmatch` pattern that
+    one could match, as an argparse ``type``."""
     return _field_arg(text, "kernel name", schema.KERNEL_NAME)
 
 
 def target_arg(text: str) -> str:
-    """A target name by kernelcache's generic rule (see :mod:`kernelcache.schema`), as an
-    argparse ``type``: a filter no entry could match is an error, never an empty match."""
+    """A target name by kernelcache's generic rule (see :mod:`kernelcache.schema`), or an
+    :mod:`fnmatch` pattern that one could match (``cuda:*``), as an argparse ``type``: a filter
+    no entry could match is an error, never an empty match."""
     return _field_arg(text, "target", schema.TARGET_NAME)
 
 
 def _field_arg(text: str, what: str, check: schema.Check) -> str:
-    bad = check(text)
-    if bad:
-        raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: it {bad}")
+    from ..prune import is_pattern
+
+    if not is_pattern(text):
+        bad = check(text)
+        if bad:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: it {bad}")
+        return text
+    if not any(check(name) is None for name in _pattern_examples(text)):
+        raise argparse.ArgumentTypeError(
+            f"invalid {what} pattern {text!r}: no {what} could match it ({_GRAMMAR[what]})"
+        )
     return text
+
+
+_GRAMMAR = {
+    "target": "a target is letters, digits and _.+- in parts separated by single colons, at "
+    "most 64 characters: cuda:90, hip:gfx942",
+    "kernel name": "a kernel name is 1 to 1024 printable characters",
+}
+
+
+#: what a pattern's wildcards are tried with: letters and digits first
+_EXAMPLE_CHARS = string.ascii_letters + string.digits + "_.+-:"
+
+
+def _pattern_examples(pattern: str) -> list[str]:
+    """Names the :mod:`fnmatch` ``pattern`` matches, one with each ``*`` empty and one with
+    each ``*`` a letter (``?`` and ``[...]`` take the first of :data:`_EXAMPLE_CHARS` they
+    match): enough to tell whether a name of a field's grammar could match it."""
+    examples = []
+    for star in ("", "a"):
+        out: list[str] = []
+        i, n = 0, len(pattern)
+        while i < n:
+            c = pattern[i]
+            i += 1
+            if c == "*":
+                out.append(star)
+            elif c == "?":
+                out.append("a")
+            elif c == "[" and (end := _class_end(pattern, i)) > 0:
+                members = [
+                    x for x in _EXAMPLE_CHARS if fnmatch.fnmatchcase(x, pattern[i - 1 : end])
+                ]
+                out.append(members[0] if members else "\0")  # no such character: unprintable
+                i = end
+            else:
+                out.append(c)
+        examples.append("".join(out))
+    return examples
+
+
+def _class_end(pattern: str, start: int) -> int:
+    """The index after the ``]`` that closes a ``[`` class opened before ``start``, or -1
+    when there is none (fnmatch then reads the ``[`` as itself)."""
+    j = start
+    if j < len(pattern) and pattern[j] == "!":
+        j += 1
+    if j < len(pattern) and pattern[j] == "]":
+        j += 1
+    j = pattern.find("]", j)
+    return -1 if j < 0 else j + 1
 
 
 def add_filters(p: argparse.ArgumentParser, note: str = "") -> None:
@@ -151,14 +213,14 @@ def add_filters(p: argparse.ArgumentParser, note: str = "") -> None:
         action="append",
         type=kernel_arg,
         metavar="NAME",
-        help=f"only entries of this kernel name (repeatable){note}",
+        help=f"only entries of this kernel name or pattern, e.g. 'matmul_*' (repeatable){note}",
     )
     p.add_argument(
         "--target",
         action="append",
         type=target_arg,
         metavar="T",
-        help=f"only entries of this target, e.g. cuda:90 (repeatable){note}",
+        help=f"only entries of this target or pattern, e.g. cuda:90 or 'cuda:*' (repeatable){note}",
     )
 
 

@@ -1,18 +1,26 @@
-"""``kernelcache verify`` and ``prune``: check a root, and remove what should go (plan first,
-then execute).
+"""``kernelcache verify``, ``prune`` and ``clear``: check a root, and remove what should go (plan
+first, then execute).
+
+``clear`` removes every entry of the writable root, as ``prune`` removes entries (each under its
+key's lock); it asks first when standard input is a terminal (``--yes`` does not), and, like
+``pip cache purge``, does not ask when it is not (scripts and CI).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ..capacity import discard_usage
 from .common import Context, Subparsers, add_command, add_filters, age_arg, size_arg
 from .output import (
     EXIT_OK,
     EXIT_PROBLEMS,
+    CommandFailed,
     Output,
+    UsageError,
     envelope,
     format_table,
     human_size,
@@ -21,7 +29,7 @@ from .output import (
 )
 
 if TYPE_CHECKING:
-    from ..prune import Result
+    from ..prune import Plan, Result
 
 
 def register(subparsers: Subparsers) -> None:
@@ -70,6 +78,15 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--list", action="store_true", help="list every planned action")
     p.set_defaults(func=cmd_prune)
 
+    p = add_command(
+        subparsers,
+        "clear",
+        "remove every entry of the root (never of read-only roots); asks first on a terminal",
+    )
+    p.add_argument("--dry-run", action="store_true", help="say what would go, change nothing")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    p.set_defaults(func=cmd_clear)
+
 
 def _outcomes_human(result: Result, verb: str) -> list[str]:
     lines = []
@@ -101,6 +118,25 @@ def _result_json(result: Result) -> dict[str, Any]:
         "freed_bytes": result.freed_bytes,
         "folded_logs": result.folded_logs,
         "fold_error": result.fold_error,
+    }
+
+
+def _plan_json(plan: Plan, result: Result | None) -> dict[str, Any]:
+    """The ``plan``, ``left`` and ``result`` fields of ``prune`` and ``clear``."""
+    return {
+        "plan": {
+            "actions": [  # (Action.to_json, inlined: a plan may hold an action per entry)
+                {"action": kind, "path": path, "key": key, "size": size, "reason": reason}
+                for kind, path, size, reason, key, _ in plan.actions
+            ],
+            "summary": plan.summary,
+            "bytes_to_free": plan.bytes_to_free,
+            "kept_entries": plan.kept_entries,
+            "kept_bytes": plan.kept_bytes,
+            "fold_logs": len(plan.logs_to_fold),
+        },
+        "left": [i.to_json() for i in plan.left],
+        "result": _result_json(result) if result is not None else None,
     }
 
 
@@ -207,6 +243,8 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
             sys.stderr.flush()
         with out.progress("pruning", len(plan.actions)) as tick:
             result = execute(store, plan, progress=tick)
+        if result.freed_bytes:
+            discard_usage(root)  # a size cap's running total: the next capped put measures
     criteria = {
         "max_size": args.max_size,
         "older_than": args.older_than,
@@ -218,19 +256,7 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
         **envelope("prune", root),
         "dry_run": args.dry_run,
         "criteria": criteria,
-        "plan": {
-            "actions": [  # (Action.to_json, inlined: a plan may hold an action per entry)
-                {"action": kind, "path": path, "key": key, "size": size, "reason": reason}
-                for kind, path, size, reason, key, _ in plan.actions
-            ],
-            "summary": plan.summary,
-            "bytes_to_free": plan.bytes_to_free,
-            "kept_entries": plan.kept_entries,
-            "kept_bytes": plan.kept_bytes,
-            "fold_logs": len(plan.logs_to_fold),
-        },
-        "left": [i.to_json() for i in plan.left],
-        "result": _result_json(result) if result is not None else None,
+        **_plan_json(plan, result),
     }
 
     def human() -> str:
@@ -257,5 +283,56 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
         return "\n".join(lines)
 
     out.emit(doc, human)
+    failed = result is not None and (result.counts.get("failed") or result.fold_error)
+    return EXIT_PROBLEMS if failed else EXIT_OK
+
+
+def cmd_clear(args: argparse.Namespace, out: Output) -> int:
+    from ..prune import execute, plan_prune
+    from ..scan import scan_store
+
+    context: Context = args.context
+    root = context.existing_root()
+    real = os.path.realpath(root)
+    if any(os.path.realpath(r) == real for r in context.settings.readonly_roots):
+        raise UsageError(
+            f"{root} is a read-only root (KERNELCACHE_READONLY_DIRS): clear never removes from "
+            "one; give the writable root with --root"
+        )
+    store = context.store()
+    plan = plan_prune(scan_store(store), everything=True, quarantine_age=0.0)
+    doomed = plan.summary.get("delete-entry", {"count": 0, "bytes": 0})
+    others = len(plan.actions) - doomed["count"]
+    what = f"{doomed['count']:,} entries ({human_size(doomed['bytes'])})" + (
+        f" and {others:,} other files" if others else ""
+    )
+    result = None
+    if not args.dry_run and (plan.actions or plan.logs_to_fold):
+        context.require_writable()
+        if plan.actions and not args.yes and sys.stdin.isatty():
+            sys.stderr.write(f"Remove {what} from {root}? [y/N] ")
+            sys.stderr.flush()
+            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                raise CommandFailed("not confirmed: nothing was removed")
+        with out.progress("clearing", len(plan.actions)) as tick:
+            result = execute(store, plan, progress=tick)
+        discard_usage(root)
+
+    def human() -> str:
+        if args.dry_run:
+            lines = [f"Would remove {what} from {root}." if plan.actions else "Nothing to remove."]
+            lines.append("Dry run: nothing was changed.")
+        elif result is None:
+            lines = [f"Nothing to remove under {root}."]
+        else:
+            lines = _outcomes_human(result, f"Cleared {root}")
+        if plan.left:
+            lines.append(f"{len(plan.left):,} other problems left alone (see kernelcache verify).")
+        return "\n".join(lines)
+
+    out.emit(
+        lambda: {**envelope("clear", root), "dry_run": args.dry_run, **_plan_json(plan, result)},
+        human,
+    )
     failed = result is not None and (result.counts.get("failed") or result.fold_error)
     return EXIT_PROBLEMS if failed else EXIT_OK

@@ -14,6 +14,7 @@ from ..stats import COUNTERS, TIER_COUNTERS, read_logs, read_summary
 from .common import Context, Subparsers, add_command, count_arg
 from .output import (
     EXIT_OK,
+    EXIT_PROBLEMS,
     CommandFailed,
     Output,
     UsageError,
@@ -333,13 +334,39 @@ def register(subparsers: Subparsers) -> None:
         metavar="FILE",
         help="write to FILE atomically (e.g. a node exporter textfile)",
     )
+    p.add_argument(
+        "-z",
+        "--zero",
+        action="store_true",
+        help="zero the counters of the root (remove every statistics log); entries stay",
+    )
     p.set_defaults(func=cmd_stats)
+
+
+def cmd_zero(context: Context, out: Output) -> int:
+    """``stats --zero``: remove the statistics logs of the root (see :func:`zero_logs`)."""
+    from ..stats import zero_logs
+
+    root = context.existing_root()
+    context.require_writable()
+    removed, left, error = zero_logs(context.store().locker)
+    problems = [*left, *([error] if error else [])]
+
+    def human() -> str:
+        lines = [f"Statistics zeroed under {root} ({removed:,} logs removed)."]
+        lines += [f"  not removed: {printable(p)}" for p in problems]
+        return "\n".join(lines)
+
+    out.emit({**envelope("stats", root), "zeroed": removed, "problems": problems}, human)
+    return EXIT_PROBLEMS if problems else EXIT_OK
 
 
 def cmd_stats(args: argparse.Namespace, out: Output) -> int:
     if out.json and args.format not in (None, "json"):
         raise UsageError(f"--json and --format {args.format} conflict: give one of them")
     context: Context = args.context
+    if args.zero:
+        return cmd_zero(context, out)
     root = context.existing_root()
     doc = stats_document(root, context.trust)
     doc["remote_urls"] = remote_urls(context.settings.remote or "")

@@ -1,0 +1,455 @@
+"""Keeping a writable root under a size cap (``KERNELCACHE_MAX_SIZE``, ``Cache(max_size=)``).
+
+Accounting is cheap and shared by every process writing the root: a put that publishes an
+entry appends its bytes (artifact plus metadata) to ``<root>/.stats/usage`` as one record of
+:data:`RECORD` bytes, and reads the records others appended since its last look. The first
+record is the root's size as the last eviction pass measured it, so the sum is a running
+estimate of the root's size. (Deletes are not counted: ``kernelcache prune`` and ``clear``
+remove the file, and the next put measures the root again; what other tools delete makes the
+estimate too high, which the next pass corrects.)
+
+When the estimate passes the cap, the process that notices starts an eviction pass in a thread
+of its own (the put that noticed returns at once), under the lock ``capacity``: no two passes
+run at once, no put waits for the lock, and a thread that finds it held looks again every
+:data:`RETRY_SECONDS` (the other pass may make its own needless). A pass is a prune
+(:mod:`kernelcache.prune`): a listing of the root and the status of each entry's files (no
+metadata is read: :func:`sizes_and_stamps`), a plan that removes the least recently used
+entries (by their last-used stamps) down to :data:`LOW_WATER` of the cap, each delete
+re-checked under its key's lock (its metadata read then), an entry in use skipped; then the
+usage file is rewritten with the size the pass measured and the records appended while it ran.
+So a put costs one small append and read, and a pass (linear in the entries) runs once per
+fifth of the cap written: the cost per put is bounded, amortized, and no put waits for a pass.
+A process waits at exit for the pass it started (at most :data:`EXIT_WAIT` seconds), so that
+short processes keep the root under the cap too; one killed during a pass leaves what was
+deleted gone whole (each delete is a prune's), and the next put over the cap measures again.
+
+The usage file is a hint that others can write: it decides when a pass runs, never what it
+deletes (the pass measures the root itself). A pass that cannot bring the root under the cap
+(entries in use) puts off the next until another fifth of the cap is written, so a full root
+never costs a scan per put. Only the writable root is ever evicted from; read-only roots never.
+Failures (an unwritable ``.stats/``, a lock that cannot be had) never fail a put: accounting
+stops with one warning.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import logging
+import os
+import stat
+import threading
+import time
+import weakref
+
+from .errors import LockTimeout, LockUnavailable
+from .keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
+from .layout import STATS_DIR, open_subdir, replace_file
+from .process import warn_once
+from .store import Store
+from .table import EntryInfo, EntryTable
+
+logger = logging.getLogger(__name__)
+
+USAGE_NAME = "usage"
+#: a record: one kind byte (``B`` the base a pass measured, ``+`` bytes a put added), the
+#: number in 22 digits, a newline
+RECORD = 24
+#: a pass brings the root down to this fraction of the cap (as ccache's cleanup does)
+LOW_WATER = 0.8
+#: the lock name under ``.locks/`` that eviction passes take
+PASS_LOCK = "capacity"
+#: the longest a process waits at exit for its eviction pass to end
+EXIT_WAIT = 30.0
+#: seconds before a thread tries the pass lock again after finding it held
+RETRY_SECONDS = 0.1
+#: a usage file larger than this is rewritten (two records) by the next process that reads it
+MAX_USAGE_BYTES = 1 << 20
+
+
+def _record(kind: bytes, value: int) -> bytes:
+    return kind + b"%22d\n" % max(0, min(value, 10**22 - 1))
+
+
+class SizeCap:
+    """The size cap of one writable store: :meth:`added` after each entry a process publishes.
+
+    Thread-safe; each process keeps its own view of the usage file (see the module docstring).
+    """
+
+    def __init__(self, store: Store, max_size: int) -> None:
+        if max_size <= 0:
+            raise ValueError(f"a size cap must be positive, not {max_size}")
+        self.store = store
+        self.max_size = max_size
+        self.low_water = int(max_size * LOW_WATER)
+        self._lock = threading.Lock()
+        self._inode: int | None = None
+        self._offset = 0
+        #: the base record (what the last pass measured) and the running total
+        self.base = 0
+        self.total = 0
+        #: whether the file read holds a base (a size a pass measured)
+        self.measured = False
+        #: eviction passes this process ran, and the seconds they took (for benchmarks)
+        self.passes = 0
+        self.pass_seconds = 0.0
+        #: set when the cap cannot be kept here (warned once): accounting stops
+        self.broken = False
+        #: the thread running this process's eviction passes, and whether it still runs
+        self._thread: threading.Thread | None = None
+        self._running = False
+
+    def __repr__(self) -> str:
+        return f"SizeCap({self.store.root!r}, max_size={self.max_size})"
+
+    def added(self, nbytes: int) -> None:
+        """Account for ``nbytes`` just published; when the root is over the cap, start an
+        eviction pass in a thread of its own (the put returns at once) unless one is running
+        in this process. Never raises."""
+        if self.broken:
+            return
+        with self._lock:
+            try:
+                due = self._append(nbytes)
+            except OSError as e:
+                self._give_up(e)
+                return
+            thread = self._thread
+            if not due or (self._running and thread is not None and thread.is_alive()):
+                return  # (a thread that is not alive while running: this is a forked child)
+            # what a pass imports, imported here: a thread cannot import concurrent.futures
+            # once the interpreter is exiting (the pass may still run then)
+            from . import prune, scan  # noqa: F401
+
+            self._running = True
+            self._thread = threading.Thread(
+                target=self._evict_while_due, name="kernelcache-evict", daemon=True
+            )
+            try:
+                self._thread.start()
+            except RuntimeError:  # no new threads now (the interpreter is exiting)
+                self._running = False
+                return
+            _started.add(self)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for this process's eviction pass, if one is running (at most ``timeout``
+        seconds; None: until it ends). A process may exit during a pass: what it deleted is
+        gone whole, and the next put over the cap measures the root again."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _give_up(self, why: object) -> None:
+        self.broken = True
+        warn_once(
+            logger,
+            (self.store.root, "capacity"),
+            "kernelcache: cannot keep %s under its size cap (%s); this process no longer tries",
+            self.store.root,
+            why,
+        )
+
+    def _due(self) -> bool:
+        """Whether a pass is due: no measured base yet; or over the cap (when the last pass
+        could not get under it, entries being in use: once a fifth of the cap more was
+        written, so that such a pass is not repeated at every put)."""
+        if not self.measured:
+            return True
+        if self.base > self.max_size:  # the last pass could not get under the cap
+            return self.total >= self.base + (self.max_size - self.low_water)
+        return self.total > self.max_size
+
+    def _append(self, nbytes: int) -> bool:
+        """Append ``nbytes`` to the usage file and read what was appended since the last look;
+        whether a pass is due. A file without a measured base (none yet, or removed by a prune:
+        this put creates it) is due: the pass measures the root and writes the base."""
+        root = self.store.root
+        try:
+            dfd = open_subdir(root, STATS_DIR, create=os.stat(root).st_uid == os.geteuid())
+        except FileNotFoundError:
+            return True
+        try:
+            fd = os.open(
+                USAGE_NAME,
+                os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                0o666,
+                dir_fd=dfd,
+            )
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO planted there: never wait
+                    raise OSError(errno.EINVAL, f"{STATS_DIR}/{USAGE_NAME} is not a regular file")
+                os.write(fd, _record(b"+", nbytes))
+                size = self._read_new(fd)
+            finally:
+                os.close(fd)
+            if size > MAX_USAGE_BYTES:
+                self._compact(dfd)
+        finally:
+            os.close(dfd)
+        return self._due()
+
+    def _read_new(self, fd: int) -> int:
+        """Fold the records appended since the last look into :attr:`total`; the file's size."""
+        st = os.fstat(fd)
+        if st.st_ino != self._inode:  # replaced by a pass (or new): read it from the start
+            self._inode, self._offset, self.base, self.total = st.st_ino, 0, 0, 0
+            self.measured = False
+        whole = (st.st_size - self._offset) // RECORD * RECORD
+        if whole <= 0:
+            return st.st_size
+        data = os.pread(fd, whole, self._offset)
+        self._offset += len(data)
+        for start in range(0, len(data) - RECORD + 1, RECORD):
+            kind, digits = data[start : start + 1], data[start + 1 : start + RECORD - 1]
+            number = digits.strip()
+            if not number.isdigit() or data[start + RECORD - 1] != 0x0A:
+                continue  # not a record this module writes: skipped (the file is a hint)
+            if kind == b"B":
+                self.base = self.total = int(number)
+                self.measured = True
+            elif kind == b"+":
+                self.total += int(number)
+        return st.st_size
+
+    def _compact(self, dfd: int) -> None:
+        """Rewrite a long usage file as two records (base and the rest), under the pass lock
+        (tried once; appends that race with it are lost, which the next pass corrects)."""
+        try:
+            held = self.store.locker.acquire(PASS_LOCK, shared=False, timeout=0)
+        except (LockTimeout, LockUnavailable):
+            return
+        try:
+            data = _record(b"B", self.base) + _record(b"+", self.total - self.base)
+            replace_file(dfd, USAGE_NAME, data)
+        except OSError as e:
+            logger.debug("kernelcache: cannot compact %s/%s: %s", STATS_DIR, USAGE_NAME, e)
+        finally:
+            held.release()
+
+    #: the most passes one thread runs in a row (puts made during a pass may make another due)
+    MAX_PASSES_IN_A_ROW = 3
+    #: how often a thread tries again while another process's pass holds the lock
+    MAX_TRIES = 50
+
+    def _evict_while_due(self) -> None:
+        """Run a pass; again while what was published during it keeps a pass due; while
+        another process's pass holds the lock, look again every :data:`RETRY_SECONDS` (that
+        pass may make this one needless). Ends under the lock puts account under, so a put
+        after its last look starts a new thread."""
+        try:
+            passes = tries = 0
+            while passes < self.MAX_PASSES_IN_A_ROW and tries < self.MAX_TRIES:
+                if self.evict():
+                    passes += 1
+                elif self.broken:
+                    return
+                else:
+                    tries += 1
+                    time.sleep(RETRY_SECONDS)
+                with self._lock:
+                    try:
+                        due = self._refresh()
+                    except OSError:
+                        due = False
+                    if not due:
+                        self._running = False
+                        return
+        finally:
+            with self._lock:
+                self._running = False
+
+    def _refresh(self) -> bool:
+        """Read what was appended to the usage file since the last look; whether a pass is
+        due."""
+        dfd = open_subdir(self.store.root, STATS_DIR, create=False)
+        try:
+            fd = os.open(
+                USAGE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
+            )
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return False
+                self._read_new(fd)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(dfd)
+        return self._due()
+
+    def evict(self) -> bool:
+        """Run an eviction pass unless another process is running one; whether this one ran.
+        Never raises for what it finds (each delete's outcome is the prune's)."""
+        try:
+            held = self.store.locker.acquire(PASS_LOCK, shared=False, timeout=0)
+        except LockTimeout:
+            return False  # another process is evicting
+        except LockUnavailable as e:
+            self._give_up(e)
+            return False
+        started = time.perf_counter()
+        try:
+            measured = self._pass()
+        except OSError as e:
+            self._give_up(e)
+            return False
+        finally:
+            held.release()
+            self.pass_seconds += time.perf_counter() - started
+        with self._lock:  # the next put reads the new file: the base and what came since
+            self._inode, self._offset, self.base, self.total = None, 0, measured, measured
+            self.measured = True
+        return True
+
+    def _pass(self) -> int:
+        """Measure the root (:func:`sizes_and_stamps`), plan down to the low-water mark if
+        over the cap, delete, and write the usage file anew; the root's bytes afterwards as
+        measured. Caller holds the pass lock.
+
+        Raises:
+            OSError: the usage file cannot be written.
+        """
+        from .prune import execute, plan_prune
+        from .scan import CacheScan
+
+        store = self.store
+        start = _usage_end(store.root)
+        table = sizes_and_stamps(store.root)
+        measured = table.nbytes
+        if measured > self.max_size:
+            scanned = CacheScan(store.root, True, table, (), scanned_at=time.time())
+            plan = plan_prune(scanned, max_size=self.low_water)
+            result = execute(store, plan)
+            kept = sum(
+                o.action.size
+                for o in result.outcomes
+                if o.action.kind == "delete-entry" and o.status != "done"
+            )
+            measured = plan.kept_bytes + kept
+            done = result.counts.get("done", 0)
+            logger.info(
+                "kernelcache: evicted %d entries (%d bytes) to keep %s under %d bytes",
+                done,
+                result.freed_bytes,
+                store.root,
+                self.max_size,
+            )
+        self.passes += 1
+        mine = os.stat(store.root).st_uid == os.geteuid()
+        dfd = open_subdir(store.root, STATS_DIR, create=mine)
+        try:
+            with self._lock:  # (this process's puts wait: none appends to the file replaced)
+                since = _records_after(dfd, start)  # puts published while the pass ran
+                replace_file(dfd, USAGE_NAME, _record(b"B", measured) + since)
+        finally:
+            os.close(dfd)
+        return measured
+
+
+def _usage_end(root: str) -> tuple[int, int] | None:
+    """(inode, size) of the usage file now, or None: where the records a pass's listing may
+    not see begin."""
+    try:
+        st = os.stat(os.path.join(root, STATS_DIR, USAGE_NAME), follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size) if stat.S_ISREG(st.st_mode) else None
+
+
+def _records_after(dfd: int, start: tuple[int, int] | None) -> bytes:
+    """The ``+`` records appended to the usage file after ``start`` (:func:`_usage_end`), if
+    it is still the same file: the puts published while a pass ran, kept for the new file."""
+    if start is None:
+        return b""
+    try:
+        fd = os.open(
+            USAGE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
+        )
+    except OSError:
+        return b""
+    try:
+        st = os.fstat(fd)
+        begin = start[1] // RECORD * RECORD
+        if st.st_ino != start[0] or not stat.S_ISREG(st.st_mode) or st.st_size <= begin:
+            return b""
+        data = os.pread(fd, min(st.st_size - begin, MAX_USAGE_BYTES), begin)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+    records = (data[i : i + RECORD] for i in range(0, len(data) - RECORD + 1, RECORD))
+    return b"".join(
+        r for r in records if r[:1] == b"+" and r[1:-1].strip().isdigit() and r[-1:] == b"\n"
+    )
+
+
+def sizes_and_stamps(root: str) -> EntryTable:
+    """The entries of ``root`` as an eviction pass sees them, from one listing and the status
+    of each entry's two files: key, extension (of its one artifact file), sizes and last-used
+    stamp; no metadata is read (kernel, target and creation time are None).
+
+    A name that only looks like an entry is caught where it matters: a prune re-reads each
+    entry's metadata under its lock before deleting it, and keeps one whose metadata does not
+    say what the plan saw (see :mod:`kernelcache.prune`). Housekeeping is left to ``prune``.
+    """
+    suffix = "." + META_EXT
+    with os.scandir(root) as it:
+        names = [e.name for e in it]
+    metas = {n[: -len(suffix)] for n in names if n.endswith(suffix)}
+    arts: dict[str, str | None] = {}
+    for name in names:
+        key, dot, ext = name.partition(".")
+        if dot and key in metas and ext != META_EXT:
+            arts[key] = ext if key not in arts else None  # two artifacts: left to prune
+    rows = [(k, e) for k, e in arts.items() if e is not None and valid_ext(e)]
+    if rows and not all_keys([k for k, _ in rows]):
+        rows = [(k, e) for k, e in rows if KEY_PATTERN.fullmatch(k)]
+    dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    found: list[EntryInfo] = []
+    try:
+        for key, ext in rows:
+            try:
+                meta = os.stat(key + suffix, dir_fd=dfd, follow_symlinks=False)
+                art = os.stat(f"{key}.{ext}", dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue  # deleted meanwhile
+            if stat.S_ISREG(meta.st_mode) and stat.S_ISREG(art.st_mode):
+                found.append(
+                    EntryInfo(key, ext, art.st_size, meta.st_size, None, None, None, meta.st_mtime)
+                )
+    finally:
+        os.close(dfd)
+    return EntryTable.from_rows(found)
+
+
+def discard_usage(root: str) -> None:
+    """Remove the usage file of ``root`` (best effort), after entries were removed outside an
+    eviction pass: the next put that counts measures the root again."""
+    try:
+        dfd = open_subdir(root, STATS_DIR, create=False)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(USAGE_NAME, dir_fd=dfd)
+    except OSError as e:
+        logger.debug(
+            "kernelcache: cannot remove %s/%s under %s: %s", STATS_DIR, USAGE_NAME, root, e
+        )
+    finally:
+        os.close(dfd)
+
+
+#: the caps of this process that started a pass (waited for at exit)
+_started: weakref.WeakSet[SizeCap] = weakref.WeakSet()
+
+
+@atexit.register
+def _wait_at_exit() -> None:
+    """Let a pass this process started end before it exits (at most :data:`EXIT_WAIT` seconds
+    in all), so that short processes that each pass the cap still keep the root under it."""
+    deadline = time.monotonic() + EXIT_WAIT
+    for cap in list(_started):
+        cap.wait(max(0.0, deadline - time.monotonic()))
