@@ -163,7 +163,7 @@ def _other_jaxlib(monkeypatch):
 
 def _other_ptxas(monkeypatch):
     found = ptxisa.jaxlib_assembler()
-    other = ptxisa.Assembler(cuda="12.9", isa=88, origin="another ptxas")
+    other = ptxisa.Assembler(cuda="13.9", isa=99, origin="a newer ptxas")  # takes any PTX
     assert found != other
     monkeypatch.setattr(ptxisa, "jaxlib_assembler", lambda cache=None: other)
 
