@@ -132,6 +132,20 @@ def test_no_cap_by_default_and_sizes_read_with_the_one_parser(tmp_path, monkeypa
         kernelcache.Cache(tmp_path / "f")
 
 
+def test_stats_shows_the_cap(tmp_path):
+    put(tmp_path / "cache")
+    env = {"KERNELCACHE_MAX_SIZE": "1M"}
+    doc = kc_json(tmp_path / "cache", "stats", env=env)
+    assert doc["max_size"] == 1 << 20
+    human = kc(tmp_path / "cache", "stats", env=env).stdout
+    assert "Size cap:" in human and "% used; KERNELCACHE_MAX_SIZE)" in human
+    prom = kc(tmp_path / "cache", "stats", "--format", "prometheus", env=env).stdout
+    assert "# TYPE kernelcache_max_size_bytes gauge" in prom
+    assert prom.count(f"}} {doc['max_size']}\n") == 1  # the cap's sample
+    assert kc_json(tmp_path / "cache", "stats")["max_size"] is None
+    assert "Size cap:" not in kc(tmp_path / "cache", "stats").stdout
+
+
 def test_a_bad_cap_is_a_usage_error_naming_the_variable(tmp_path):
     put(tmp_path / "cache")
     proc = kc(tmp_path / "cache", "clear", "--dry-run", env={"KERNELCACHE_MAX_SIZE": "50Q"})

@@ -110,6 +110,12 @@ def _stats_human(doc: dict[str, Any], top: int) -> str:
         f"Size:             {human_size(doc['bytes'])} (artifacts {human_size(doc['artifact_bytes'])},"
         f" metadata {human_size(doc['metadata_bytes'])})"
     )
+    cap = doc.get("max_size")
+    if cap:
+        used = doc["bytes"] / cap * 100
+        lines.append(
+            f"Size cap:         {human_size(cap)} ({used:.0f}% used; KERNELCACHE_MAX_SIZE)"
+        )
     q, t = doc["quarantine"], doc["temp"]
     lines.append(f"Quarantined:      {plural(q['files'], 'file')}, {human_size(q['bytes'])}")
     lines.append(f"Staging files:    {plural(t['files'], 'file')}, {human_size(t['bytes'])}")
@@ -223,6 +229,9 @@ def prometheus_text(doc: dict[str, Any]) -> str:
 
     metric("entries", "gauge", "Entries in the cache root.", [("", doc["entries"])])
     metric("bytes", "gauge", "Bytes of artifacts and metadata.", [("", doc["bytes"])])
+    if doc.get("max_size"):
+        help_ = "The size cap of the root (KERNELCACHE_MAX_SIZE)."
+        metric("max_size_bytes", "gauge", help_, [("", doc["max_size"])])
     for column, label in (("by_ext", "ext"), ("by_target", "target")):
         rows = doc[column].items()
         metric(
@@ -370,6 +379,7 @@ def cmd_stats(args: argparse.Namespace, out: Output) -> int:
     root = context.existing_root()
     doc = stats_document(root, context.trust)
     doc["remote_urls"] = remote_urls(context.settings.remote or "")
+    doc["max_size"] = context.settings.max_size or None
     if args.remote:
         doc["remote"] = probe_remotes(context.settings.remote or "", root)
     fmt = "json" if out.json else args.format or "table"
