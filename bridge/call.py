@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
@@ -49,6 +49,9 @@ from .errors import KernelArgumentError
 from .lowerings import Lowered
 from .primitive import triton_call_p
 from .tracing import CallSpec
+
+if TYPE_CHECKING:
+    from .settings import BridgeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +119,9 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
             # the kernels it launches were served from the cache: hits, as a lookup of each
             stats.count(cache.root, hits=keyed[1] if found.autotuned else 1)
             return found
-    done, state, names = _assemble(call, target, platform, jaxlib, mode, cache, autotune, device)
+    done, state, names = _assemble(
+        call, target, platform, jaxlib, mode, cache, autotune, device, ours
+    )
     if keyed is not None:
         lowerings.store(cache, keyed[0], call, target, state, done, names)
     return done
@@ -156,12 +161,10 @@ def _assemble(
     cache: Any,
     autotune: str,
     device: Any,
+    ours: BridgeSettings,
 ) -> tuple[Lowered, str, list[str]]:
-    """Lower ``call`` from its kernels: the lowering, its state (see :mod:`bridge.lowerings`)
-    and the kernel keys of its variants."""
-    from .settings import settings as bridge_settings
-
-    ours = bridge_settings()
+    """Lower ``call`` from its kernels (``ours``: the bridge's settings): the lowering, its
+    state (see :mod:`bridge.lowerings`) and the kernel keys of its variants."""
     configs: list[proto.Config] = []
     needs = versions.MODULE_IMAGE if mode == "inline" else (0,)
     every = specialize.specialize_call(

@@ -34,7 +34,7 @@ from kernelcache import __version__
 from . import backends, binding, decisions, identity, ptxisa, versions
 from .arguments import leaf_arrays
 from .binding import ArgArray
-from .kernel_keys import PIPELINE_VERSION, env_digest
+from .kernel_keys import PIPELINE_VERSION, derived_key, env_digest
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -193,10 +193,6 @@ def _writable(call: CallSpec) -> list[ArgArray]:
     return found
 
 
-def _derived(key: str, state: str) -> str:
-    return hashlib.sha256(f"{key}:{state}".encode()).hexdigest()
-
-
 # -- entries ------------------------------------------------------------------------------------
 def _metadata(call: CallSpec, target: Target) -> dict[str, Any]:
     parts = call.parts
@@ -205,7 +201,7 @@ def _metadata(call: CallSpec, target: Target) -> dict[str, Any]:
 
 def variant_keys(cache: Cache, key: str) -> list[str] | None:
     """The kernel keys of the variants of the call whose lowering key is ``key``."""
-    art = cache.get(_derived(key, "variants"), VARIANTS_EXT, counted=False)
+    art = cache.get(derived_key(key, "variants"), VARIANTS_EXT, counted=False)
     if art is None:
         return None
     try:
@@ -220,7 +216,7 @@ def variant_keys(cache: Cache, key: str) -> list[str] | None:
 
 def lowered(cache: Cache, key: str, state: str) -> Lowered | None:
     """The stored lowering of ``state`` (:data:`EVERY`, or a chosen variant's index)."""
-    art = cache.get(_derived(key, state), STATE_EXT, counted=False)
+    art = cache.get(derived_key(key, state), STATE_EXT, counted=False)
     if art is None:
         return None
     data = art.data
@@ -265,8 +261,8 @@ def store(
     try:
         if len(variants) > 1:
             doc = json.dumps({"variants": list(variants)}).encode()
-            cache.put(_derived(key, "variants"), VARIANTS_EXT, doc, meta)
-        cache.put(_derived(key, state), STATE_EXT, data, meta)
+            cache.put(derived_key(key, "variants"), VARIANTS_EXT, doc, meta)
+        cache.put(derived_key(key, state), STATE_EXT, data, meta)
     except (CacheError, ValueError):
         return
 

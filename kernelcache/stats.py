@@ -241,27 +241,19 @@ def _append(root: str, delta: dict[str, float], **extra: object) -> None:
     line = json.dumps({**record, "delta": delta, **extra}, sort_keys=True)
     try:
         dfd = _stats_dir(root)
-    except OSError as e:
-        warn_once(
-            logger,
-            (root, "stats-log"),
-            "kernelcache: cannot log statistics under %s: %s (make the root writable, or set "
-            "KERNELCACHE_STATS_LOG=0)",
-            root,
-            e.strerror or e,
-        )
-        return
-    try:
-        fd = os.open(
-            log_name(),
-            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o666,
-            dir_fd=dfd,
-        )
         try:
-            os.write(fd, (line + "\n").encode())
+            fd = os.open(
+                log_name(),
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o666,
+                dir_fd=dfd,
+            )
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
+            os.close(dfd)
     except OSError as e:
         warn_once(
             logger,
@@ -271,8 +263,6 @@ def _append(root: str, delta: dict[str, float], **extra: object) -> None:
             root,
             e.strerror or e,
         )
-    finally:
-        os.close(dfd)
 
 
 #: the largest counter value a log record may add (a log is untrusted: a huge integer or one

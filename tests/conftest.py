@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,9 +116,11 @@ def run_in_namespace(setup: str, code: str, timeout: float = 120) -> subprocess.
     return checked(proc)
 
 
-def run_on_a_terminal(argv: list[str], timeout: float = 240, **env: str) -> tuple[int, str]:
-    """Run ``argv`` with stdout and stderr on a pseudo-terminal (100 columns); returns
-    (exit code, everything it showed)."""
+def run_on_a_terminal(
+    argv: list[str], timeout: float = 240, stdout: Any = None, **env: str
+) -> tuple[int, str]:
+    """Run ``argv`` with stderr (and stdout, unless ``stdout`` is a file to write it to) on a
+    pseudo-terminal (100 columns); returns (exit code, everything the terminal showed)."""
     import fcntl
     import pty
     import select
@@ -129,7 +132,7 @@ def run_on_a_terminal(argv: list[str], timeout: float = 240, **env: str) -> tupl
     proc = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
-        stdout=secondary,
+        stdout=secondary if stdout is None else stdout,
         stderr=secondary,
         env=child_env(COLUMNS="100", **env),
         cwd=str(REPO),

@@ -5,15 +5,13 @@ periodic lines when it is a pipe, and a one-time hint on a terminal without tqdm
 from __future__ import annotations
 
 import json
-import os
-import select
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, child_env
+from conftest import REPO, child_env, run_on_a_terminal
 from test_cli_support import KERNELCACHE, put
 
 from kernelcache.stats import read_logs
@@ -24,40 +22,10 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="pseudo-terminal
 def stderr_on_a_terminal(argv: list[str], **env: str) -> tuple[int, str, str]:
     """Run ``argv`` with standard error on a pseudo-terminal and standard output to a file;
     returns (exit code, stdout, what the terminal showed)."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    primary, secondary = pty.openpty()
-    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
     with tempfile.TemporaryFile() as stdout:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=secondary,
-            env=child_env(COLUMNS="100", **env),
-            cwd=str(REPO),
-        )
-        os.close(secondary)
-        chunks = []
-        while True:
-            ready, _, _ = select.select([primary], [], [], 0.5)
-            if ready:
-                try:
-                    data = os.read(primary, 65536)
-                except OSError:  # EIO: the terminal's other side closed
-                    break
-                if not data:
-                    break
-                chunks.append(data)
-            elif proc.poll() is not None:
-                break
-        os.close(primary)
-        code = proc.wait(timeout=240)
+        code, shown = run_on_a_terminal(argv, stdout=stdout, **env)
         stdout.seek(0)
-        return code, stdout.read().decode(), b"".join(chunks).decode(errors="replace")
+        return code, stdout.read().decode(), shown
 
 
 def _manifest(tmp_path: Path) -> Path:
