@@ -249,7 +249,8 @@ def store(
     variants: Sequence[str],
 ) -> None:
     """Keep what a lowering of ``call`` made (never fails the lowering: a failing put is a
-    lowering done again next time)."""
+    lowering done again next time). Never waits: a key whose lock is held is being written by
+    another process, with the same bytes."""
     from kernelcache import CacheError
 
     head = json.dumps(
@@ -261,8 +262,8 @@ def store(
     try:
         if len(variants) > 1:
             doc = json.dumps({"variants": list(variants)}).encode()
-            cache.put(derived_key(key, "variants"), VARIANTS_EXT, doc, meta)
-        cache.put(derived_key(key, state), STATE_EXT, data, meta)
+            cache.put(derived_key(key, "variants"), VARIANTS_EXT, doc, meta, wait=0)
+        cache.put(derived_key(key, state), STATE_EXT, data, meta, wait=0)
     except (CacheError, ValueError):
         return
 

@@ -290,10 +290,19 @@ class Cache:
         return Artifact(art.key, art.ext, art.data, art.path, art.meta, "remote")
 
     # -- writing --------------------------------------------------------------------------
-    def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> Artifact:
+    def put(
+        self,
+        key: str,
+        ext: str,
+        data: bytes,
+        meta: Mapping[str, Any],
+        *,
+        wait: float | None = None,
+    ) -> Artifact:
         """Store an artifact atomically; the first complete writer of a key wins.
 
-        Returns the stored artifact (the earlier one if the key was already present).
+        Returns the stored artifact (the earlier one if the key was already present). Waits at
+        most ``wait`` seconds for the key's lock (None: the lock timeout; 0: try once).
 
         Raises:
             TypeError: ``data`` is not bytes.
@@ -303,7 +312,7 @@ class Cache:
         """
         check_key(key)
         check_ext(ext)
-        return self._put(key, ext, data, meta, None)
+        return self._put(key, ext, data, meta, wait)
 
     def _put(
         self, key: str, ext: str, data: bytes, meta: Mapping[str, Any], wait: float | None

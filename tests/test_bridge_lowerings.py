@@ -209,3 +209,24 @@ def test_a_decision_made_later_replaces_the_autotuned_lowering_and_a_setting_res
     monkeypatch.setenv("KERNELCACHE_AUTOTUNE", "runtime")  # a setting: jaxlib autotunes again
     (runtime,) = decoded(matmul(cache), A, B)
     assert runtime == before
+
+
+def test_a_held_lock_on_a_lowering_entry_costs_no_wait(tmp_path, assembled):
+    """Another process writing the same lowering entry (its key's lock held for as long as
+    it likes): the lowering neither waits for it nor fails, and keeps nothing itself."""
+    import time
+
+    cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote="", lock_timeout=20)
+    cold = module_text(add(cache), F32, F32)
+    (path,) = Path(cache.root).glob("*.lowering")
+    key = path.stem
+    forget_lowerings(cache.root)
+    held = cache.store.lock(key, shared=False, timeout=1)
+    assert held is not None
+    try:
+        started = time.monotonic()
+        assert module_text(add(cache), F32, F32) == cold
+        assert time.monotonic() - started < 10  # not the lock timeout (20 s)
+    finally:
+        held.release()
+    assert len(assembled) == 2 and not list(Path(cache.root).glob("*.lowering"))
