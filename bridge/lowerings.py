@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import __version__
+from kernelcache.keys import KEY_PATTERN
 
 from . import backends, binding, decisions, identity, ptxisa, versions
 from .arguments import leaf_arrays
@@ -209,7 +210,9 @@ def variant_keys(cache: Cache, key: str) -> list[str] | None:
     except (ValueError, RecursionError):
         return None
     names = doc.get("variants") if isinstance(doc, dict) else None
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+    if not isinstance(names, list) or not all(
+        isinstance(n, str) and KEY_PATTERN.fullmatch(n) for n in names
+    ):
         return None
     return names
 

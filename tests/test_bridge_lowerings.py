@@ -8,6 +8,7 @@ Lowered for cuda on this CPU machine (``embed="ptx"`` under jaxlib < 0.11.1, inl
 from __future__ import annotations
 
 import importlib.util
+import struct
 import sys
 import textwrap
 from pathlib import Path
@@ -230,3 +231,50 @@ def test_a_held_lock_on_a_lowering_entry_costs_no_wait(tmp_path, assembled):
     finally:
         held.release()
     assert len(assembled) == 2 and not list(Path(cache.root).glob("*.lowering"))
+
+
+def _lowering(head: bytes, opaque: bytes = b"x", size: int | None = None) -> bytes:
+    return struct.pack(">4sI", b"KCL1", len(head) if size is None else size) + head + opaque
+
+
+ODD_LOWERINGS = {
+    "empty": b"",
+    "short": b"KCL1\x00",
+    "magic": b"XXXX" + _lowering(b"{}")[4:],
+    "size-lie": _lowering(b'{"embed": "ptx"}', size=1 << 31),
+    "not-json": _lowering(b"\xff\xfe{"),
+    "not-an-object": _lowering(b"[1, 2]"),
+    "embed-type": _lowering(b'{"embed": 5, "autotuned": false, "needs": [0]}'),
+    "autotuned-type": _lowering(b'{"embed": "ptx", "autotuned": 1, "needs": [0]}'),
+    "needs-negative": _lowering(b'{"embed": "ptx", "autotuned": false, "needs": [-1]}'),
+    "needs-nan": _lowering(b'{"embed": "ptx", "autotuned": false, "needs": [NaN]}'),
+    "deep": _lowering(b"[" * 100_000 + b"]" * 100_000),
+}
+ODD_VARIANTS = {
+    "not-json": b"\xff",
+    "not-a-list": b'{"variants": 5}',
+    "not-strings": b'{"variants": [1, 2, 3, 4]}',
+    "lone-surrogate": b'{"variants": ["\\ud800", "a", "b", "c"]}',
+    "huge": b'{"variants": ["' + b"a" * 100_000 + b'"]}',
+}
+
+
+@pytest.mark.parametrize("raw", ODD_LOWERINGS.values(), ids=ODD_LOWERINGS.keys())
+def test_an_odd_lowering_entry_is_a_miss(cache, assembled, raw):
+    cold = module_text(add(cache), F32, F32)
+    (path,) = Path(cache.root).glob("*.lowering")
+    forget_lowerings(cache.root)
+    cache.put(path.stem, "lowering", raw, {"kind": "lowering"})
+    assert module_text(add(cache), F32, F32) == cold
+    assert len(assembled) == 2
+
+
+@pytest.mark.parametrize("raw", ODD_VARIANTS.values(), ids=ODD_VARIANTS.keys())
+def test_an_odd_variants_entry_is_a_miss(cache, assembled, raw):
+    cold = module_text(matmul(cache), A, B)
+    (path,) = Path(cache.root).glob("*.variants")
+    path.with_suffix(".json").unlink()
+    path.unlink()
+    cache.put(path.stem, "variants", raw, {"kind": "lowering"})
+    assert module_text(matmul(cache), A, B) == cold
+    assert len(assembled) == 2
