@@ -2,10 +2,12 @@
 read, and the opaque it embeds is the one the first process built.
 
 The key of a call's lowering (:func:`lowering_key`) is derived, without binding or keying any
-kernel, from everything that decides the opaque: the kernel (Triton's ``cache_key`` of the JIT
-function, which covers its source and the jitted functions it calls, and its autotune and
-heuristics layers), the call's arguments (arrays by shape, dtype and buffer; scalars and
-constexprs by value; JIT functions passed as arguments by their ``cache_key``), keywords and
+kernel, from everything that decides the opaque: the kernel (its code as
+:mod:`bridge.jit_identity` identifies it without parsing it: a superset of what Triton's
+``cache_key`` covers, its source and the jitted functions and constants it uses, plus its
+decorator's settings; and its autotune and heuristics layers), the call's arguments (arrays by
+shape, dtype and buffer; scalars and constexprs by value; JIT functions passed as arguments by
+their identity), keywords and
 options, every variant as the kernel's layers make it (heuristics, pruning and pre_hooks
 applied) with its grid and zeroed outputs, the buffer layout, the target, the embedding, the
 local device, and the software: the bridge, Triton (the identity of its files), the backend
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from kernelcache import __version__
 from kernelcache.keys import KEY_PATTERN
 
-from . import backends, binding, decisions, identity, ptxisa, versions
+from . import backends, binding, decisions, identity, jit_identity, ptxisa, versions
 from .arguments import leaf_arrays
 from .binding import ArgArray
 from .kernel_keys import PIPELINE_VERSION, derived_key, env_digest
@@ -86,8 +88,8 @@ def _canon(value: Any, buffers: Mapping[int, int]) -> Any:
             raise Unkeyable(f"a mapping with keys that are not strings: {value!r:.60}")
         return ["map", [[k, _canon(value[k], buffers)] for k in sorted(value)]]
     kind = type(value).__name__
-    if hasattr(value, "cache_key") and hasattr(value, "fn"):  # a JIT function
-        return ["jit", f"{value.fn.__module__}:{value.fn.__qualname__}", value.cache_key]
+    if jit_identity.is_jit(value):  # a JIT function
+        return ["jit", jit_identity.identity(value)]
     if kind == "constexpr":
         return _canon(value.value, buffers)
     if kind == "dtype" and hasattr(value, "name"):
@@ -114,7 +116,7 @@ def _kernel(parts: Any) -> list[Any]:
         if isinstance(values, Mapping):
             row.append(sorted(values))
         layers.append(row)
-    return [parts.qualname, parts.language, parts.fn.cache_key, layers]
+    return [parts.qualname, parts.language, jit_identity.identity(parts.fn), layers]
 
 
 def lowering_key(

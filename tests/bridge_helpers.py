@@ -3,6 +3,7 @@ and running fresh Python processes that import this checkout."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -191,3 +192,16 @@ def forget_lowerings(root: Any) -> int:
             path.unlink()
             gone += 1
     return gone
+
+
+def kernel_module(directory: Path, name: str, body: str):
+    """Import ``body`` (Triton code) as the module ``name`` from a file under ``directory``
+    (importing it again after the file changed gives the new kernel)."""
+    path = directory / f"{name}.py"
+    path.write_text("import triton\nimport triton.language as tl\n" + textwrap.dedent(body))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

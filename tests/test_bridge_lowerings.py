@@ -7,16 +7,13 @@ Lowered for cuda on this CPU machine (``embed="ptx"`` under jaxlib < 0.11.1, inl
 
 from __future__ import annotations
 
-import importlib.util
 import struct
-import sys
-import textwrap
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
-from bridge_helpers import decoded, forget_lowerings, kernels_of, lowered_module
+from bridge_helpers import decoded, forget_lowerings, kernel_module, kernels_of, lowered_module
 from test_cli_support import kc, kc_json
 
 import bridge
@@ -92,30 +89,20 @@ def test_an_edited_lowering_entry_is_never_served(cache, assembled):
     assert len(assembled) == 2  # and kept again
 
 
-def kernel_module(directory: Path, name: str, body: str):
-    """Import ``body`` (Triton code) as the module ``name`` from a file under ``directory``
-    (importing it again after the file changed gives the new kernel)."""
-    path = directory / f"{name}.py"
-    path.write_text("import triton\nimport triton.language as tl\n" + textwrap.dedent(body))
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 KERNEL = """
+SCALE = tl.constexpr({scale})
+
 @triton.jit
 def helper(x):
     return x {helper}
 
-@triton.jit
+@triton.jit{decorator}
 def kernel(x_ptr, n, y_ptr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    tl.store(y_ptr + offs, helper(tl.load(x_ptr + offs, mask=mask)) {kernel}, mask=mask)
+    tl.store(y_ptr + offs, helper(tl.load(x_ptr + offs, mask=mask)) * SCALE {kernel}, mask=mask)
 """
+UNCHANGED = {"kernel": "", "helper": "+ 1.0", "scale": "1.0", "decorator": ""}
 
 
 def lower_module_kernel(module, cache):
@@ -136,17 +123,22 @@ def lower_module_kernel(module, cache):
 
 
 @pytest.mark.parametrize(
-    "edit", [{"kernel": "* 2.0"}, {"helper": "+ 2.0"}], ids=["source", "jitted-dependency"]
+    "edit",
+    [
+        {"kernel": "* 2.0"},
+        {"helper": "+ 2.0"},
+        {"scale": "2.0"},
+        {"decorator": "(do_not_specialize=['n'])"},
+    ],
+    ids=["source", "jitted-dependency", "constexpr-global", "decorator-setting"],
 )
 def test_an_edited_kernel_or_dependency_is_lowered_again(tmp_path, cache, assembled, edit):
     name = f"lowerings_kernel_{'_'.join(edit)}"
-    first = kernel_module(tmp_path, name, KERNEL.format(**{"kernel": "", "helper": "+ 1.0"}))
+    first = kernel_module(tmp_path, name, KERNEL.format(**UNCHANGED))
     before = kernels_of(lower_module_kernel(first, cache))[0].ptx
     assert kernels_of(lower_module_kernel(first, cache))[0].ptx == before
     assert len(assembled) == 1
-    changed = kernel_module(
-        tmp_path, name, KERNEL.format(**{"kernel": "", "helper": "+ 1.0", **edit})
-    )
+    changed = kernel_module(tmp_path, name, KERNEL.format(**{**UNCHANGED, **edit}))
     after = kernels_of(lower_module_kernel(changed, cache))[0].ptx
     assert len(assembled) == 2 and after != before
     assert entries(cache.root)["lowering"] == 2
