@@ -8,20 +8,28 @@ estimate of the root's size. (Deletes are not counted: ``kernelcache prune`` and
 remove the file, and the next put measures the root again; what other tools delete makes the
 estimate too high, which the next pass corrects.)
 
-When the estimate passes the cap, the process that notices starts an eviction pass in a thread
-of its own (the put that noticed returns at once), under the lock ``capacity``: no two passes
-run at once, no put waits for the lock, and a thread that finds it held looks again every
-:data:`RETRY_SECONDS` (the other pass may make its own needless). A pass is a prune
-(:mod:`kernelcache.prune`): a listing of the root and the status of each entry's files (no
-metadata is read: :func:`sizes_and_stamps`), a plan that removes the least recently used
-entries (by their last-used stamps) down to :data:`LOW_WATER` of the cap, each delete
-re-checked under its key's lock (its metadata read then), an entry in use skipped; then the
-usage file is rewritten with the size the pass measured and the records appended while it ran.
-So a put costs one small append and read, and a pass (linear in the entries) runs once per
-fifth of the cap written: the cost per put is bounded, amortized, and no put waits for a pass.
-A process waits at exit for the pass it started (at most :data:`EXIT_WAIT` seconds), so that
-short processes keep the root under the cap too; one killed during a pass leaves what was
-deleted gone whole (each delete is a prune's), and the next put over the cap measures again.
+When the estimate passes the cap, the process that notices asks its helper process for an
+eviction pass (the put that noticed returns at once): one helper per capped cache of a process,
+started at its first pass (``python -c`` :data:`HELPER_CODE`), asked through its standard input
+and answering with a report line, which the process logs; it ends when that input closes, at
+the process's exit or death. A pass in a thread of the process itself would contend for its
+interpreter lock at every system call (a delete makes about twenty), slowing the puts beside
+it; where no helper can be started or one failed, passes run in a thread all the same. Passes
+take the lock ``capacity``: no two run at once, no put waits for the lock, and one that finds
+it held looks again every :data:`RETRY_SECONDS` (the other pass may make its own needless).
+
+A pass is a prune (:mod:`kernelcache.prune`): a listing of the root and the status of each
+entry's files (no metadata is read: :func:`entries_of`; the entries the same helper's last pass
+saw and left are taken as it saw them, and every :data:`FULL_EVERY` passes all are looked at
+again), a plan that removes the least recently used entries (by their last-used stamps) down
+to :data:`LOW_WATER` of the cap, each delete re-checked under its key's lock (the status of
+both files: unused since, the sizes planned), an entry in use skipped; then the usage file is
+rewritten with the size the pass measured and the records appended while it ran. So a put
+costs one small append and read, and a pass (linear in the entries) runs once per fifth of the
+cap written: the cost per put is bounded, amortized, and no put waits for a pass. A process
+waits at exit for the pass it asked for (at most :data:`EXIT_WAIT` seconds), so that short
+processes keep the root under the cap too; one killed during a pass leaves what was deleted
+gone whole (each delete is a prune's), and the next put over the cap measures again.
 
 The usage file is a hint that others can write: it decides when a pass runs, never what it
 deletes (the pass measures the root itself). A pass that cannot bring the root under the cap
@@ -36,12 +44,16 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import json
 import logging
 import os
 import stat
+import subprocess
+import sys
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 
 from .errors import LockTimeout, LockUnavailable
 from .keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
@@ -66,6 +78,9 @@ EXIT_WAIT = 30.0
 RETRY_SECONDS = 0.1
 #: a usage file larger than this is rewritten (two records) by the next process that reads it
 MAX_USAGE_BYTES = 1 << 20
+#: a pass stats only the entries the previous pass of the same process did not see (or did
+#: not leave as it saw them); every this many passes it stats every entry again
+FULL_EVERY = 8
 
 
 def _record(kind: bytes, value: int) -> bytes:
@@ -95,19 +110,31 @@ class SizeCap:
         #: eviction passes this process ran, and the seconds they took (for benchmarks)
         self.passes = 0
         self.pass_seconds = 0.0
+        #: the CPU seconds helper processes spent on this process's passes (a pass in a
+        #: thread spends this process's)
+        self.helper_cpu_seconds = 0.0
         #: set when the cap cannot be kept here (warned once): accounting stops
         self.broken = False
         #: the thread running this process's eviction passes, and whether it still runs
         self._thread: threading.Thread | None = None
         self._running = False
+        #: the helper process running this process's passes, if one runs
+        self._helper: _Helper | None = None
+        #: in a helper: what each pass evicted (entries, bytes), reported to the process
+        #: that started it instead of logged
+        self.reporting = False
+        self.evicted: list[tuple[int, int]] = []
+        self.why_broken: str | None = None
+        #: the entries the last pass saw and left (by key): the next pass stats only others
+        self._seen: dict[str, EntryInfo] = {}
 
     def __repr__(self) -> str:
         return f"SizeCap({self.store.root!r}, max_size={self.max_size})"
 
     def added(self, nbytes: int) -> None:
         """Account for ``nbytes`` just published; when the root is over the cap, start an
-        eviction pass in a thread of its own (the put returns at once) unless one is running
-        in this process. Never raises."""
+        eviction pass in a helper process (or, where none can be started, a thread) unless
+        one is running for this process. The put returns at once. Never raises."""
         if self.broken:
             return
         with self._lock:
@@ -116,9 +143,11 @@ class SizeCap:
             except OSError as e:
                 self._give_up(e)
                 return
-            thread = self._thread
-            if not due or (self._running and thread is not None and thread.is_alive()):
-                return  # (a thread that is not alive while running: this is a forked child)
+            if not due or self._pass_running():
+                return
+            if self._ask_helper():
+                _started.add(self)
+                return
             # what a pass imports, imported here: a thread cannot import concurrent.futures
             # once the interpreter is exiting (the pass may still run then)
             from . import prune, scan  # noqa: F401
@@ -138,12 +167,68 @@ class SizeCap:
         """Wait for this process's eviction pass, if one is running (at most ``timeout``
         seconds; None: until it ends). A process may exit during a pass: what it deleted is
         gone whole, and the next put over the cap measures the root again."""
+        helper = self._helper
+        if helper is not None and helper.pid == os.getpid():
+            helper.idle.wait(timeout)
         thread = self._thread
         if thread is not None:
             thread.join(timeout)
 
+    def _pass_running(self) -> bool:
+        """Whether this process's pass still runs (caller holds ``_lock``)."""
+        helper = self._helper
+        if helper is not None and helper.pid == os.getpid() and helper.alive:
+            return not helper.idle.is_set()
+        thread = self._thread
+        # (a thread that is not alive while running: this is a forked child)
+        return self._running and thread is not None and thread.is_alive()
+
+    def _ask_helper(self) -> bool:
+        """Have this cap's helper process run the passes now due, starting it on first use
+        (caller holds ``_lock``); whether it was asked. A helper runs passes beside this
+        process: a pass in a thread would contend for the interpreter lock at every system
+        call. Where no helper can be started (or one failed), passes run in a thread."""
+        helper = self._helper
+        if helper is None or helper.pid != os.getpid() or not helper.alive:
+            if _no_helpers_since is not None or not sys.executable:
+                return False
+            try:
+                helper = self._helper = _Helper(self)
+            except (OSError, ValueError) as e:
+                _no_helpers(self.store.root, e)
+                return False
+        return helper.ask()
+
+    def _take_report(self, line: bytes) -> bool:
+        """Take up a helper's report of the passes it ran (one JSON line): count them, log
+        what they evicted, and give up where it found the cap cannot be kept; whether the
+        line was a report."""
+        try:
+            report = json.loads(line)
+            passes, seconds = int(report["passes"]), float(report["seconds"])
+            cpu = float(report["cpu"])
+            evicted = [(int(done), int(freed)) for done, freed in report["evicted"]]
+            broken = report["broken"]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            return False
+        with self._lock:
+            self.passes += passes
+            self.pass_seconds += seconds
+            self.helper_cpu_seconds += cpu
+            if not broken:  # the next put reads the file the helper wrote from its start
+                self._inode, self._offset, self.base, self.total = None, 0, 0, 0
+                self.measured = False
+        for done, freed in evicted:
+            _log_evicted(done, freed, self.store.root, self.max_size)
+        if broken:
+            self._give_up(broken)
+        return True
+
     def _give_up(self, why: object) -> None:
         self.broken = True
+        if self.reporting:  # a helper: the process that started it warns
+            self.why_broken = str(why)
+            return
         warn_once(
             logger,
             (self.store.root, "capacity"),
@@ -304,7 +389,7 @@ class SizeCap:
         return True
 
     def _pass(self) -> int:
-        """Measure the root (:func:`sizes_and_stamps`), plan down to the low-water mark if
+        """Measure the root (:func:`entries_of`), plan down to the low-water mark if
         over the cap, delete, and write the usage file anew; the root's bytes afterwards as
         measured. Caller holds the pass lock.
 
@@ -316,8 +401,11 @@ class SizeCap:
 
         store = self.store
         start = _usage_end(store.root)
-        table = sizes_and_stamps(store.root)
+        full = self.passes % FULL_EVERY == 0
+        rows = entries_of(store.root, None if full else self._seen)
+        table = EntryTable.from_rows(rows)
         measured = table.nbytes
+        self._seen = {row.key: row for row in rows}
         if measured > self.max_size:
             scanned = CacheScan(store.root, True, table, (), scanned_at=time.time())
             plan = plan_prune(scanned, max_size=self.low_water)
@@ -328,14 +416,11 @@ class SizeCap:
                 if o.action.kind == "delete-entry" and o.status != "done"
             )
             measured = plan.kept_bytes + kept
-            done = result.counts.get("done", 0)
-            logger.info(
-                "kernelcache: evicted %d entries (%d bytes) to keep %s under %d bytes",
-                done,
-                result.freed_bytes,
-                store.root,
-                self.max_size,
-            )
+            for outcome in result.outcomes:  # deleted, or to be looked at again (used since)
+                self._seen.pop(outcome.action.key or "", None)
+            self.evicted.append((result.counts.get("done", 0), result.freed_bytes))
+            if not self.reporting:
+                _log_evicted(*self.evicted.pop(), store.root, self.max_size)
         self.passes += 1
         mine = os.stat(store.root).st_uid == os.geteuid()
         dfd = open_subdir(store.root, STATS_DIR, create=mine)
@@ -386,30 +471,44 @@ def _records_after(dfd: int, start: tuple[int, int] | None) -> bytes:
 
 
 def sizes_and_stamps(root: str) -> EntryTable:
+    """The entries of ``root`` as an eviction pass sees them (:func:`entries_of`)."""
+    return EntryTable.from_rows(entries_of(root))
+
+
+def entries_of(root: str, seen: Mapping[str, EntryInfo] | None = None) -> list[EntryInfo]:
     """The entries of ``root`` as an eviction pass sees them, from one listing and the status
     of each entry's two files: key, extension (of its one artifact file), sizes and last-used
-    stamp; no metadata is read (kernel, target and creation time are None).
+    stamp; no metadata is read (kernel, target and creation time are None). An entry in
+    ``seen`` (by key, with the same extension) is taken from there instead of its files'
+    status: a pass before saw it.
 
-    A name that only looks like an entry is caught where it matters: a prune re-reads each
-    entry's metadata under its lock before deleting it, and keeps one whose metadata does not
-    say what the plan saw (see :mod:`kernelcache.prune`). Housekeeping is left to ``prune``.
+    A name that only looks like an entry is caught where it matters: a prune re-checks each
+    entry under its lock before deleting it, and keeps one that is not what the plan saw (see
+    :mod:`kernelcache.prune`). Housekeeping is left to ``prune``.
     """
-    suffix = "." + META_EXT
-    with os.scandir(root) as it:
-        names = [e.name for e in it]
-    metas = {n[: -len(suffix)] for n in names if n.endswith(suffix)}
+    metas: set[str] = set()
     arts: dict[str, str | None] = {}
-    for name in names:
+    for name in os.listdir(root):
         key, dot, ext = name.partition(".")
-        if dot and key in metas and ext != META_EXT:
+        if not dot:
+            continue
+        if ext == META_EXT:
+            metas.add(key)
+        else:
             arts[key] = ext if key not in arts else None  # two artifacts: left to prune
-    rows = [(k, e) for k, e in arts.items() if e is not None and valid_ext(e)]
+    exts = {e: valid_ext(e) for e in set(arts.values()) if e is not None}
+    rows = [(k, e) for k, e in arts.items() if e is not None and exts[e] and k in metas]
     if rows and not all_keys([k for k, _ in rows]):
         rows = [(k, e) for k, e in rows if KEY_PATTERN.fullmatch(k)]
-    dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    suffix = "." + META_EXT
     found: list[EntryInfo] = []
+    dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for key, ext in rows:
+            known = seen.get(key) if seen else None
+            if known is not None and known.ext == ext:
+                found.append(known)
+                continue
             try:
                 meta = os.stat(key + suffix, dir_fd=dfd, follow_symlinks=False)
                 art = os.stat(f"{key}.{ext}", dir_fd=dfd, follow_symlinks=False)
@@ -421,7 +520,7 @@ def sizes_and_stamps(root: str) -> EntryTable:
                 )
     finally:
         os.close(dfd)
-    return EntryTable.from_rows(found)
+    return found
 
 
 def discard_usage(root: str) -> None:
@@ -450,6 +549,144 @@ _started: weakref.WeakSet[SizeCap] = weakref.WeakSet()
 def _wait_at_exit() -> None:
     """Let a pass this process started end before it exits (at most :data:`EXIT_WAIT` seconds
     in all), so that short processes that each pass the cap still keep the root under it."""
+    global _exiting
     deadline = time.monotonic() + EXIT_WAIT
     for cap in list(_started):
         cap.wait(max(0.0, deadline - time.monotonic()))
+    _exiting = True
+    for helper in list(_helpers):
+        if helper.pid == os.getpid():
+            helper.close()
+
+
+# -- helper processes ---------------------------------------------------------------------------
+class _Helper:
+    """The helper process of one cap in one process (:func:`helper_main`): asked for passes
+    through its standard input, one line each; it answers each with a report line. It ends when
+    its standard input closes (this process exited, or was killed)."""
+
+    def __init__(self, cap: SizeCap) -> None:
+        store = cap.store
+        config = {
+            "root": store.root,
+            "max_size": cap.max_size,
+            "lock_mode": store.locker.mode,
+            "lock_stale": store.locker.stale_after,
+            "lock_timeout": store.lock_timeout,
+            "trust": store.trust,
+        }
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (here, env.get("PYTHONPATH"))))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HELPER_CODE, json.dumps(config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd="/",
+        )
+        self.cap = cap
+        self.pid = os.getpid()
+        self.alive = True
+        #: set while no pass was asked for that has not been reported
+        self.idle = threading.Event()
+        self.idle.set()
+        threading.Thread(target=self._watch, name="kernelcache-evict-helper", daemon=True).start()
+        _helpers.add(self)
+
+    def ask(self) -> bool:
+        """Ask for the passes now due; whether the helper took the request."""
+        stdin = self.proc.stdin
+        assert stdin is not None
+        self.idle.clear()
+        try:
+            stdin.write(b"pass\n")
+            stdin.flush()
+        except (OSError, ValueError):  # it ended: the watcher says why
+            self.idle.set()
+            return False
+        return True
+
+    def _watch(self) -> None:
+        """Read the helper's reports until it ends; then mark it gone, and say why."""
+        stdout = self.proc.stdout
+        assert stdout is not None
+        for line in stdout:
+            if self.cap._take_report(line):
+                self.idle.set()
+        self.alive = False
+        self.idle.set()
+        err = self.proc.stderr.read() if self.proc.stderr is not None else b""
+        status = self.proc.wait()
+        if status != 0 and not _exiting:
+            tail = err.decode(errors="replace").strip()[-300:]
+            _no_helpers(self.cap.store.root, f"a helper ended with status {status}: {tail}")
+
+    def close(self) -> None:
+        """Let the helper end (after the pass it runs, if any)."""
+        with contextlib.suppress(OSError, ValueError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+
+
+#: what a helper process runs: :func:`helper_main` with the cap's settings as JSON
+HELPER_CODE = "import sys\nfrom kernelcache.capacity import helper_main\nhelper_main(sys.argv[1])"
+#: why helper processes cannot be started here (passes then run in threads), once known
+_no_helpers_since: str | None = None
+#: the helpers this process started (closed at exit)
+_helpers: weakref.WeakSet[_Helper] = weakref.WeakSet()
+#: set at exit: helpers that end then are not failures
+_exiting = False
+
+
+def _no_helpers(root: str, why: object) -> None:
+    """Run passes in threads from now on: helper processes cannot be started, or failed."""
+    global _no_helpers_since
+    _no_helpers_since = str(why)
+    logger.info(
+        "kernelcache: eviction passes for %s run in a thread: no helper process (%s)", root, why
+    )
+
+
+def _log_evicted(done: int, freed: int, root: str, max_size: int) -> None:
+    logger.info(
+        "kernelcache: evicted %d entries (%d bytes) to keep %s under %d bytes",
+        done,
+        freed,
+        root,
+        max_size,
+    )
+
+
+def helper_main(config_json: str) -> None:
+    """The body of a helper process (:data:`HELPER_CODE`): for each line read, run the passes
+    of the cap that ``config_json`` describes while they are due, then write one JSON report
+    (passes, their seconds, what each evicted, and why the cap cannot be kept, if it cannot)
+    for the process that asked, which logs it. Logs nothing itself; ends at end of input."""
+    logging.getLogger("kernelcache").addHandler(logging.NullHandler())
+    logging.getLogger("kernelcache").propagate = False
+    config = json.loads(config_json)
+    store = Store(
+        config["root"],
+        lock_mode=config["lock_mode"],
+        lock_stale=config["lock_stale"],
+        lock_timeout=config["lock_timeout"],
+        trust=config["trust"],
+    )
+    cap = SizeCap(store, config["max_size"])
+    cap.reporting = True
+    for _ in sys.stdin.buffer:
+        passes, seconds, cpu = cap.passes, cap.pass_seconds, time.process_time()
+        cap.evicted.clear()
+        if not cap.broken:
+            cap._evict_while_due()
+        report = {
+            "passes": cap.passes - passes,
+            "seconds": cap.pass_seconds - seconds,
+            "cpu": time.process_time() - cpu,
+            "evicted": cap.evicted,
+            "broken": cap.why_broken,
+        }
+        sys.stdout.write(json.dumps(report) + "\n")
+        sys.stdout.flush()

@@ -289,6 +289,8 @@ class Held:
     shared: bool = False  # flock: a shared lock
     token: str = ""  # soft: the token written into the lock file
     _stop: threading.Event | None = None
+    #: flock, exclusive: the lock directory, kept open to unlink the lock file at release
+    dir_fd: int = -1
 
     def release(self, *, remove: bool = False) -> None:
         """Release the lock; with ``remove``, unlink the lock file first (exclusive holders only)."""
@@ -297,11 +299,14 @@ class Held:
         if self.fd >= 0:
             try:
                 if remove:
-                    self.locker._unlink(self.name + ".lock")
+                    self.locker._unlink(self.name + ".lock", self.dir_fd)
                 _unflock(self.fd, shared=self.shared)
             finally:
                 os.close(self.fd)
                 self.fd = -1
+                if self.dir_fd >= 0:
+                    os.close(self.dir_fd)
+                    self.dir_fd = -1
         elif self.token:
             self.locker._release_soft(self.name, self.token)
             self.token = ""
@@ -446,7 +451,7 @@ class Locker:
         st = os.fstat(fd)
         if st.st_uid == os.geteuid():
             with contextlib.suppress(OSError):
-                policy.limit_access(fd)
+                policy.limit_access(fd, st)
         elif not policy.trusts(st.st_uid):
             raise LockUnavailable(
                 errno.EPERM,
@@ -460,6 +465,7 @@ class Locker:
         delay = 0.0005
         while True:
             dfd = self._dir()
+            kept = False
             try:
                 fd = self._open_lock_file(dfd, filename)
                 try:
@@ -473,14 +479,18 @@ class Locker:
                     raise
                 if not locked:
                     os.close(fd)
-                elif shared or self._same_file(dfd, filename, fd):
-                    return Held(self, name, fd=fd, shared=shared)
+                elif shared:
+                    return Held(self, name, fd=fd, shared=True)
+                elif self._same_file(dfd, filename, fd):
+                    kept = True  # (the release unlinks the lock file relative to it)
+                    return Held(self, name, fd=fd, dir_fd=dfd)
                 else:
                     # The file was unlinked (by a prune) between our open and our lock: retry.
                     os.close(fd)
                     continue
             finally:
-                os.close(dfd)
+                if not kept:
+                    os.close(dfd)
             delay = self._wait(name, deadline, delay, cap=0.01)
 
     def _wait(self, name: str, deadline: float, delay: float, *, cap: float) -> float:
@@ -504,14 +514,17 @@ class Locker:
         held = os.fstat(fd)
         return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
 
-    def _unlink(self, filename: str) -> None:
-        dfd = self._dir()
+    def _unlink(self, filename: str, dir_fd: int = -1) -> None:
+        """Unlink a lock file, relative to ``dir_fd`` (the lock directory the lock was taken
+        in) when given."""
+        dfd = dir_fd if dir_fd >= 0 else self._dir()
         try:
             # (PermissionError: another user's file in the sticky lock directory: it stays)
             with contextlib.suppress(FileNotFoundError, PermissionError):
                 os.unlink(filename, dir_fd=dfd)
         finally:
-            os.close(dfd)
+            if dfd != dir_fd:
+                os.close(dfd)
 
     def _probe(self) -> str | None:
         """``flock`` or ``soft`` for this root's filesystem; None if it cannot be told yet."""

@@ -34,6 +34,7 @@ import fnmatch
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -47,6 +48,7 @@ from typing import Any, NamedTuple
 from .errors import LockTimeout
 from .fsio import READ_FLAGS, changed_at
 from .index import discard_index
+from .keys import META_EXT
 from .layout import LOCK_DIR, NOT_VISIBLE, QUARANTINE_DIR, TMP_DIR, open_subdir, read_metadata
 from .locks import lock_name
 from .scan import CacheScan, Issue
@@ -478,7 +480,18 @@ class _Executor:
     def _differs(self, key: str, action: Action) -> tuple[str, str] | None:
         """Why the entry ``key`` is not what ``action`` planned to delete, re-derived from the
         entry itself (the fields of its metadata, and both files' status); None if it is.
-        The plan may have read the scan index, which others can write."""
+        The plan may have read the scan index, which others can write. A plan that selects by
+        no field of the metadata (no kernel or target filter: size, age, an eviction pass)
+        needs only the status of both files: the artifact of the planned extension must be
+        there with the planned sizes, and the stamp unchanged."""
+        plan = self.plan
+        if not plan.kernels and not plan.targets:
+            meta = self._stat(f"{key}.{META_EXT}")
+            if meta is None:
+                return "gone", ""
+            if not stat.S_ISREG(meta.st_mode):
+                return "changed", "its metadata is not a regular file now"
+            return self._files_changed(key, action, meta)
         loaded = read_metadata(
             self.store.meta_path(key), key, not_visible=NOT_VISIBLE, parse=parse_fields
         )
@@ -487,10 +500,9 @@ class _Executor:
         if not isinstance(loaded, tuple):
             return "changed", f"its metadata cannot be read now ({loaded.reason})"
         doc, st = loaded
-        if st.st_mtime != action.mtime and self.plan.keep_used:
+        if st.st_mtime != action.mtime and plan.keep_used:
             return "used-since-plan", ""
         ext = action.path.rpartition(".")[2]
-        plan = self.plan
         wrong = [
             f"{field} is {repr(doc.get(name))[:40]}"
             for field, name, wanted, match in (
@@ -502,8 +514,21 @@ class _Executor:
         ]
         if wrong:
             return "changed", f"not what the plan selected: {', '.join(wrong)}"
-        artifact = self._stat(f"{key}.{ext}")
-        if artifact is None or artifact.st_size + st.st_size != action.size:
+        return self._files_changed(key, action, st)
+
+    def _files_changed(
+        self, key: str, action: Action, meta: os.stat_result
+    ) -> tuple[str, str] | None:
+        """Why the files of ``key`` (its metadata's status ``meta``) are not those ``action``
+        planned to delete: used since, or other sizes; None if they are."""
+        if meta.st_mtime != action.mtime and self.plan.keep_used:
+            return "used-since-plan", ""
+        artifact = self._stat(f"{key}.{action.path.rpartition('.')[2]}")
+        if (
+            artifact is None
+            or not stat.S_ISREG(artifact.st_mode)
+            or artifact.st_size + meta.st_size != action.size
+        ):
             return "changed", "its files' sizes changed since the plan"
         return None
 

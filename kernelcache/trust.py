@@ -172,10 +172,12 @@ class TrustPolicy:
         if extra:
             os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~extra)
 
-    def limit_access(self, fd: int) -> None:
-        """Drop from the file ``fd`` (of this user) the read and write bits of users this policy
-        does not trust: for lock files, which whoever can open may hold a flock on."""
-        st = os.fstat(fd)
+    def limit_access(self, fd: int, st: os.stat_result | None = None) -> None:
+        """Drop from the file ``fd`` (of this user; ``st``: its status, if known) the read and
+        write bits of users this policy does not trust: for lock files, which whoever can open
+        may hold a flock on."""
+        if st is None:
+            st = os.fstat(fd)
         allowed = self.write_bits(st.st_gid) | self.read_bits(st.st_gid)
         extra = st.st_mode & (SHARED_WRITE | SHARED_READ) & ~allowed
         if extra:

@@ -215,3 +215,59 @@ def test_short_processes_wait_at_exit_for_their_pass(tmp_path):
             KERNELCACHE_DIR=str(root),
         )
     assert 0 < kc_json(root, "stats")["bytes"] <= 60 * 1024
+
+
+HELPED = """
+import hashlib, os, sys, kernelcache
+import kernelcache.capacity as capacity
+how = sys.argv[1]
+if how == "no-helpers":
+    sys.executable = ""  # nothing to start a helper with
+if how == "failing-helper":
+    capacity.HELPER_CODE = "import sys; sys.exit(3)"
+cache = kernelcache.Cache(max_size="60K")
+def put(i):
+    key = hashlib.sha256(f"{how}-{i}".encode()).hexdigest()
+    cache.put(key, "cubin", os.urandom(10_000), {})
+for i in range(10):
+    put(i)
+cache.capacity.wait()
+put(10)  # (where the helper failed, this pass runs in a thread)
+cache.capacity.wait()
+helper = cache.capacity._helper
+print(helper.proc.pid if helper and helper.alive else -1, cache.capacity.passes, flush=True)
+if how == "killed":
+    os._exit(0)  # no exit handlers: the helper sees its input close
+"""
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("how", ["exits", "killed"])
+def test_passes_run_in_a_helper_process_that_ends_with_its_process(tmp_path, how):
+    root = tmp_path / "cache"
+    out = run_py(HELPED, how, KERNELCACHE_DIR=str(root))
+    pid, passes = map(int, out.stdout.split()[-2:])
+    assert pid > 0 and passes >= 1
+    deadline = time.monotonic() + 20
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid)
+    assert 0 < kc_json(root, "stats")["bytes"] <= 60 * 1024
+
+
+@pytest.mark.parametrize("how", ["no-helpers", "failing-helper"])
+def test_without_a_helper_process_passes_run_in_a_thread(tmp_path, how):
+    root = tmp_path / "cache"
+    out = run_py(HELPED, how, KERNELCACHE_DIR=str(root))
+    pid, passes = map(int, out.stdout.split()[-2:])
+    assert pid == -1 and passes >= 1
+    assert 0 < kc_json(root, "stats")["bytes"] <= 60 * 1024
+    assert "Traceback" not in out.stderr
