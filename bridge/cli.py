@@ -70,7 +70,7 @@ def jax_cache_report() -> tuple[dict[str, Any] | None, list[Any]]:
 
 def compile_target(text: str) -> str:
     """A target to compile for, as an argparse ``type``: a name, never a pattern (``ls``,
-    ``prune`` and ``export`` take patterns; ``warm`` and ``tune`` need each target named)."""
+    ``prune``, ``export`` and ``tune`` take patterns; ``warm`` needs each target named)."""
     if any(c in text for c in "*?["):
         raise argparse.ArgumentTypeError(
             f"{text!r} is a pattern: name each target to compile for (e.g. --target cuda:90 "
@@ -149,9 +149,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--target",
         action="append",
-        type=compile_target,
         metavar="T",
-        help="tune for these targets (repeatable; default: the recorded ones)",
+        help="tune for these targets (repeatable; a pattern such as 'cuda:*' selects among the "
+        "recorded ones; default: the recorded ones)",
     )
     p.add_argument(
         "--fill",
@@ -253,13 +253,16 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
     if fill:
         tuning.use(tuning.JaxMeasurer(fill))
     root = root_of(args)
-    results = tune.tune(
-        args.manifest,
-        kernelcache.Cache(root=root),
-        pins=pins,
-        targets=list(args.target or ()),
-        force=args.force,
-    )
+    try:
+        results = tune.tune(
+            args.manifest,
+            kernelcache.Cache(root=root),
+            pins=pins,
+            targets=list(args.target or ()),
+            force=args.force,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     unknown = sorted(
         set(pins or ())
         - {r.kernel for r in results}

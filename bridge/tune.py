@@ -277,9 +277,27 @@ def tune(
     force: bool = False,
 ) -> list[Tuned]:
     """Decisions for every autotuned call of ``manifest`` (see the module docstring), for the
-    recorded targets (or ``targets``). Problems with one call are reported, not raised."""
+    recorded targets, or ``targets``: names, and :mod:`fnmatch` patterns (``cuda:*``) that
+    select among the recorded ones. Problems with one call are reported, not raised.
+
+    Raises:
+        ValueError: a pattern matches no target the manifest records.
+    """
+    from kernelcache.prune import is_pattern, matcher
+
+    names = [t for t in targets if not is_pattern(t)]
+    patterns = [t for t in targets if is_pattern(t)]
+    selects = matcher(patterns)
+    groups = recorded_calls(manifest)
+    recorded = {t for group in groups for t in group.targets}
+    unmatched = [p for p in patterns if not any(matcher([p])(t) for t in recorded)]
+    if unmatched:
+        raise ValueError(
+            f"--target {', '.join(unmatched)} matches no target {manifest} records "
+            f"(recorded: {', '.join(sorted(recorded)) or 'none'})"
+        )
     results: list[Tuned] = []
-    for group in recorded_calls(manifest):
+    for group in groups:
         kernel = group.call.kernel
         short = kernel.rpartition(":")[2]
         index = None
@@ -287,7 +305,8 @@ def tune(
             index = pins.get(kernel, pins.get(short))
             if index is None:
                 continue
-        for name in targets or group.targets:
+        chosen = names + [t for t in group.targets if selects(t) and t not in names]
+        for name in chosen if targets else group.targets:
             try:
                 target = parse_target(name)
                 if index is not None:

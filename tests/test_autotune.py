@@ -193,6 +193,12 @@ def test_kernelcache_tune_pin_and_a_job_that_requires_decisions(tmp_path, cache,
     assert result["decision"]["configs"][1].startswith("BM: 128, BN: 64")
     human = kc(root, "tune", str(manifest), "--pin", "matmul_kernel=1").stdout
     assert "pinned config 1" in human
+    # a pattern selects among the recorded targets; one that selects none is a usage error
+    picked = kc_json(root, "tune", str(manifest), "--pin", "matmul_kernel=1", "--target", "cu*")
+    assert [r["target"] for r in picked["results"]] == ["cuda:90"]
+    none = kc(root, "tune", str(manifest), "--pin", "matmul_kernel=1", "--target", "hip:*")
+    assert none.returncode == 2
+    assert "hip:* matches no target" in none.stderr and "recorded: cuda:90" in none.stderr
     code = LOWER_MATMUL.format(tests=str(REPO / "tests"))
     env = child_env(KERNELCACHE_DIR=str(root), KERNELCACHE_AUTOTUNE="require")
     proc = checked(
