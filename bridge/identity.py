@@ -41,11 +41,13 @@ def _package_files(directory: str) -> Iterator[str]:
 
 
 def _stat_row(path: str, base: str) -> list[Any]:
+    # (every path is under base: _triton_files joins them to it)
+    name = path[len(base) + 1 :] if path.startswith(base + os.sep) else os.path.relpath(path, base)
     try:
         st = os.stat(path)
     except OSError:
-        return [os.path.relpath(path, base), None, None]
-    return [os.path.relpath(path, base), st.st_size, st.st_mtime_ns]
+        return [name, None, None]
+    return [name, st.st_size, st.st_mtime_ns]
 
 
 @functools.lru_cache(maxsize=1)

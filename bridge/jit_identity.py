@@ -30,6 +30,8 @@ import hashlib
 import json
 import re
 import types
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -56,9 +58,27 @@ def _src(fn: Any) -> Any:
 
 
 def identity(fn: Any) -> str:
-    """The identity of the JIT function ``fn`` (see the module docstring): a sha256 digest."""
+    """The identity of the JIT function ``fn`` (see the module docstring): a sha256 digest.
+
+    Memoized per function object for the process while its source and settings stay the
+    same, as Triton memoizes ``cache_key`` on the function (a new module, or a source
+    replaced, is identified anew)."""
+    mark = (_src(fn), *(_plain(getattr(fn, s, None)) for s in _SETTINGS))
+    known = _memo.get(id(fn))
+    if known is not None and known[0]() is fn and known[1] == mark:
+        return known[2]
     doc = _Describer().jit(fn)
-    return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
+    found = hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
+    try:
+        _memo[id(fn)] = (weakref.ref(fn), mark, found)
+    except TypeError:  # (an object that cannot be referred to weakly: not memoized)
+        pass
+    return found
+
+
+#: identities by the id of their function: (a weak reference to it, its source and settings
+#: then, the identity)
+_memo: dict[int, tuple[Callable[[], Any], tuple[Any, ...], str]] = {}
 
 
 class _Describer:

@@ -43,14 +43,16 @@ class ArgArray:
     ``dtype`` (Triton's), ``ndim``, ``numel()``, ``element_size()`` and contiguous ``stride()``.
     """
 
-    __slots__ = ("dtype", "jax_dtype", "nbytes", "shape", "slot")
+    __slots__ = ("dtype", "dtype_name", "jax_dtype", "nbytes", "shape", "slot")
 
     def __init__(self, shape: Sequence[int], jax_dtype: Any, slot: tuple[str, int]) -> None:
         import triton.language as tl
 
         self.shape = tuple(int(d) for d in shape)
         self.jax_dtype = np.dtype(jax_dtype)
-        name = TRITON_DTYPES.get(self.jax_dtype.name)
+        #: the NumPy name of its dtype (``float32``, ``bfloat16``)
+        self.dtype_name: str = self.jax_dtype.name
+        name = TRITON_DTYPES.get(self.dtype_name)
         if name is None:
             raise KernelArgumentError(
                 f"arrays of dtype {self.jax_dtype.name} cannot be passed to a Triton kernel; "
