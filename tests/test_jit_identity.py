@@ -105,3 +105,12 @@ def test_a_jit_function_is_told_from_other_values(tmp_path):
     module = load(tmp_path, "kinds")
     assert jit_identity.is_jit(module.kernel) and jit_identity.is_jit(module.shift)
     assert not jit_identity.is_jit(module.make) and not jit_identity.is_jit(module.SCALE)
+
+
+def test_a_replaced_source_is_identified_anew(tmp_path):
+    kernel = load(tmp_path, "replaced").kernel
+    before = jit_identity.identity(kernel)
+    assert jit_identity.identity(kernel) == before  # (memoized for the process)
+    kernel._unsafe_update_src(kernel.src.replace("* SCALE", "* SCALE * 2.0"))
+    assert jit_identity.identity(kernel) != before
+
