@@ -127,7 +127,14 @@ def pattern(regex: re.Pattern[str], what: str) -> Check:
     return check
 
 
+#: ``covers`` lists found valid (most documents of a root name the same fields)
+_valid_covers: set[tuple[str, ...]] = set()
+
+
 def _covers(value: Any) -> str | None:
+    known = tuple(value) if type(value) is list and all(type(v) is str for v in value) else None
+    if known is not None and known in _valid_covers:
+        return None
     if (
         not isinstance(value, list)
         or len(value) > MAX_COVERED
@@ -135,6 +142,8 @@ def _covers(value: Any) -> str | None:
         or value != sorted(set(value))
     ):
         return f"must be a sorted list of at most {MAX_COVERED} field names, not {_show(value)}"
+    if known is not None and len(_valid_covers) < 64:
+        _valid_covers.add(known)
     return None
 
 
@@ -156,13 +165,23 @@ def _time(value: Any) -> str | None:
     return None
 
 
+_NAME_TEXT, _VERSION_TEXT = text(MAX_FIELD_NAME), text(128)
+#: ``producer`` objects found valid, as their items
+_valid_producers: set[tuple[tuple[str, str], ...]] = set()
+
+
 def _producer(value: Any) -> str | None:
     if not isinstance(value, dict) or len(value) > 32:
         return f"must be an object of package versions, not {_show(value)}"
-    for name, version in value.items():
-        bad = text(MAX_FIELD_NAME)(name) or text(128)(version)
+    items = tuple(value.items())
+    if all(type(n) is str and type(v) is str for n, v in items) and items in _valid_producers:
+        return None
+    for name, version in items:
+        bad = _NAME_TEXT(name) or _VERSION_TEXT(version)
         if bad:
             return f"must map package names to version strings ({_show(name)}: {bad})"
+    if len(_valid_producers) < 64:
+        _valid_producers.add(items)
     return None
 
 

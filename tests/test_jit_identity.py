@@ -113,4 +113,3 @@ def test_a_replaced_source_is_identified_anew(tmp_path):
     assert jit_identity.identity(kernel) == before  # (memoized for the process)
     kernel._unsafe_update_src(kernel.src.replace("* SCALE", "* SCALE * 2.0"))
     assert jit_identity.identity(kernel) != before
-
