@@ -23,7 +23,8 @@ entry's files (no metadata is read: :func:`entries_of`; the entries the same hel
 saw and left are taken as it saw them, and every :data:`FULL_EVERY` passes all are looked at
 again), a plan that removes the least recently used entries (by their last-used stamps) down
 to :data:`LOW_WATER` of the cap, each delete re-checked under its key's lock (the status of
-both files: unused since, the sizes planned), an entry in use skipped; then the usage file is
+both files: unused since, the sizes planned), an entry in use skipped (a helper deletes one
+entry at a time: nobody waits for it, and parallel deletes would slow the puts beside it); then the usage file is
 rewritten with the size the pass measured and the records appended while it ran. So a put
 costs one small append and read, and a pass (linear in the entries) runs once per fifth of the
 cap written: the cost per put is bounded, amortized, and no put waits for a pass. A process
@@ -409,7 +410,7 @@ class SizeCap:
         if measured > self.max_size:
             scanned = CacheScan(store.root, True, table, (), scanned_at=time.time())
             plan = plan_prune(scanned, max_size=self.low_water)
-            result = execute(store, plan)
+            result = execute(store, plan, threads=not self.reporting)
             kept = sum(
                 o.action.size
                 for o in result.outcomes

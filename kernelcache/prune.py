@@ -349,14 +349,16 @@ def execute(
     plan: Plan,
     *,
     progress: Callable[[int], object] | None = None,
+    threads: bool = True,
 ) -> Result:
     """Carry out ``plan`` on ``store`` (a writable store of the plan's root), in order.
 
     The entries a plan deletes by size or age come first and are distinct keys: where
     deleting them is mostly waiting for the file system, they are deleted by
-    :data:`DELETE_THREADS` threads, each delete under its own key's lock (see :func:`_run`).
-    The rest runs one action at a time, in order. Never raises for a single action: each gets
-    an :class:`Outcome`, in the plan's order.
+    :data:`DELETE_THREADS` threads, each delete under its own key's lock (see :func:`_run`),
+    unless ``threads`` is false (a pass that runs beside the writers it would slow, which
+    nobody waits for). The rest runs one action at a time, in order. Never raises for a
+    single action: each gets an :class:`Outcome`, in the plan's order.
     """
     run = _Executor(store, plan)
     ticking = threading.Lock()  # progress is called from the deleting threads
@@ -372,7 +374,7 @@ def execute(
         return Outcome(action, status, detail)
 
     try:
-        outcomes = _run(plan.actions, one)
+        outcomes = _run(plan.actions, one, threads)
     finally:
         run.close()
     if any(o.status == "changed" for o in outcomes):
@@ -386,7 +388,9 @@ def execute(
     return Result(plan, tuple(outcomes), folded, error, counts)
 
 
-def _run(actions: Sequence[Action], one: Callable[[Action], Outcome]) -> list[Outcome]:
+def _run(
+    actions: Sequence[Action], one: Callable[[Action], Outcome], threads: bool = True
+) -> list[Outcome]:
     """The outcomes of ``actions``, in order. The leading deletes by size or age (distinct keys,
     which plan_prune puts first) start one at a time; if those first :data:`PROBE_DELETES`
     spent most of their time waiting on the file system (freeing blocks on a real disk), the
@@ -403,7 +407,7 @@ def _run(actions: Sequence[Action], one: Callable[[Action], Outcome]) -> list[Ou
     outcomes = list(map(one, actions[: min(lead, PROBE_DELETES)]))
     wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
     rest = actions[PROBE_DELETES:lead]
-    if len(rest) >= 2 * DELETE_THREADS and _mostly_waiting(wall, cpu):
+    if threads and len(rest) >= 2 * DELETE_THREADS and _mostly_waiting(wall, cpu):
         with ThreadPoolExecutor(DELETE_THREADS, thread_name_prefix="kernelcache-prune") as pool:
             outcomes += pool.map(one, rest, chunksize=64)
     else:

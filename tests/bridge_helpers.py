@@ -3,11 +3,11 @@ and running fresh Python processes that import this checkout."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 from typing import Any
 
@@ -196,12 +196,13 @@ def forget_lowerings(root: Any) -> int:
 
 def kernel_module(directory: Path, name: str, body: str):
     """Import ``body`` (Triton code) as the module ``name`` from a file under ``directory``
-    (importing it again after the file changed gives the new kernel)."""
+    (importing it again after the file changed gives the new kernel: the source is compiled
+    each time, never taken from a bytecode cache, which cannot tell an edit that keeps the
+    file's size within the same second)."""
     path = directory / f"{name}.py"
     path.write_text("import triton\nimport triton.language as tl\n" + textwrap.dedent(body))
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
     return module
