@@ -43,6 +43,7 @@ stops with one warning.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import errno
 import json
@@ -583,7 +584,7 @@ class _Helper:
             [sys.executable, "-c", HELPER_CODE, json.dumps(config)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.STDOUT,  # (read as it comes: a full pipe would stop the helper)
             env=env,
             cwd="/",
         )
@@ -613,16 +614,18 @@ class _Helper:
         """Read the helper's reports until it ends; then mark it gone, and say why."""
         stdout = self.proc.stdout
         assert stdout is not None
+        said: collections.deque[bytes] = collections.deque(maxlen=8)  # what else it wrote
         for line in stdout:
             if self.cap._take_report(line):
                 self.idle.set()
+            else:
+                said.append(line[-300:])
+        status = self.proc.wait()
+        if status != 0 and not _exiting:  # (said before it is seen gone: no new helper then)
+            tail = b"".join(said).decode(errors="replace").strip()[-300:]
+            _no_helpers(self.cap.store.root, f"a helper ended with status {status}: {tail}")
         self.alive = False
         self.idle.set()
-        err = self.proc.stderr.read() if self.proc.stderr is not None else b""
-        status = self.proc.wait()
-        if status != 0 and not _exiting:
-            tail = err.decode(errors="replace").strip()[-300:]
-            _no_helpers(self.cap.store.root, f"a helper ended with status {status}: {tail}")
 
     def close(self) -> None:
         """Let the helper end (after the pass it runs, if any)."""

@@ -224,7 +224,7 @@ how = sys.argv[1]
 if how == "no-helpers":
     sys.executable = ""  # nothing to start a helper with
 if how == "failing-helper":
-    capacity.HELPER_CODE = "import sys; sys.exit(3)"
+    capacity.HELPER_CODE = "import sys; sys.stderr.write('cannot start here'); sys.exit(3)"
 cache = kernelcache.Cache(max_size="60K")
 def put(i):
     key = hashlib.sha256(f"{how}-{i}".encode()).hexdigest()
@@ -235,6 +235,7 @@ cache.capacity.wait()
 put(10)  # (where the helper failed, this pass runs in a thread)
 cache.capacity.wait()
 helper = cache.capacity._helper
+print(repr(capacity._no_helpers_since))
 print(helper.proc.pid if helper and helper.alive else -1, cache.capacity.passes, flush=True)
 if how == "killed":
     os._exit(0)  # no exit handlers: the helper sees its input close
@@ -271,3 +272,5 @@ def test_without_a_helper_process_passes_run_in_a_thread(tmp_path, how):
     assert pid == -1 and passes >= 1
     assert 0 < kc_json(root, "stats")["bytes"] <= 60 * 1024
     assert "Traceback" not in out.stderr
+    if how == "failing-helper":  # why is kept (and logged at INFO)
+        assert "status 3: cannot start here" in out.stdout
