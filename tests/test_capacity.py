@@ -88,7 +88,7 @@ def test_least_recently_used_entries_go_first(tmp_path):
     # the 20th entry passes the cap (200K): one pass keeps 80% of it, 15 entries, so the 5
     # least recently used go: the 5 oldest of the old ones
     (passes,) = putters(root, ["new"], count=5, size=10_000, KERNELCACHE_MAX_SIZE="200K")
-    assert passes >= 1  # (the first measured the root, in a thread, while the puts went on)
+    assert passes >= 1  # (the first measured the root, in its helper, while the puts went on)
     keys = {e["key"] for e in kc_json(root, "ls")["entries"]}
     assert keys & {a.key for a in old} == {a.key for a in old[:5]}
     assert {a.key for a in recent} <= keys
@@ -109,13 +109,13 @@ def test_one_eviction_pass_at_a_time(tmp_path):
     )
     try:
         assert child.stdout.readline().strip() == "put"  # every put returned: none waited
-        time.sleep(0.3)  # (its pass thread tries the lock meanwhile)
+        time.sleep(0.3)  # (its pass tries the lock meanwhile)
         assert kc_json(root, "stats")["entries"] == 15  # nothing evicted while another holds it
     finally:
         held.release()
     out, err = child.communicate(timeout=60)
     assert child.returncode == 0, err
-    assert int(out.split()[-1]) == 1  # the thread tried again, and ran once the lock was free
+    assert int(out.split()[-1]) == 1  # the pass tried again, and ran once the lock was free
     assert kc_json(root, "stats")["bytes"] <= 50 * 1024
 
 
