@@ -21,7 +21,8 @@ Triton's key changes this one:
   lowering key covers.
 
 A value whose description is not the same in every process (an object whose ``repr`` holds an
-address) gives a key that never matches: a lowering done again, never a stale one.
+address) gives a key that never matches: a lowering done again, never a stale one. An object
+whose ``repr`` fails makes :func:`identity` raise ``ValueError``: the call is not stored.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ _OPAQUE_MODULES = ("triton", "math", "copy", "builtins")
 #: the decorator settings that change what is compiled but not ``cache_key``
 _SETTINGS = ("noinline", "debug", "do_not_specialize", "do_not_specialize_on_alignment")
 _PLAIN = (int, float, str, bytes, bool, type(None), complex)
-_MISSING = object()
 
 
 def is_jit(value: Any) -> bool:
@@ -48,6 +48,11 @@ def is_jit(value: Any) -> bool:
     from triton.runtime import jit
 
     return isinstance(value, getattr(jit, "JITCallable", jit.JITFunction))
+
+
+def _settings(fn: Any) -> list[Any]:
+    """The decorator settings of ``fn`` (:data:`_SETTINGS`), as plain values."""
+    return [_plain(getattr(fn, s, None)) for s in _SETTINGS]
 
 
 def _src(fn: Any) -> Any:
@@ -63,7 +68,7 @@ def identity(fn: Any) -> str:
     Memoized per function object for the process while its source and settings stay the
     same, as Triton memoizes ``cache_key`` on the function (a new module, or a source
     replaced, is identified anew)."""
-    mark = (_src(fn), *(_plain(getattr(fn, s, None)) for s in _SETTINGS))
+    mark = (_src(fn), *_settings(fn))
     known = _memo.get(id(fn))
     if known is not None and known[0]() is fn and known[1] == mark:
         return known[2]
@@ -101,13 +106,12 @@ class _Describer:
                 for scope, where in ((closure, "c"), (glob, "g")):
                     if name in scope:
                         found.append([where, name, self.value(scope[name], names)])
-            settings = [_plain(getattr(fn, s, None)) for s in _SETTINGS]
             return [
                 "jit",
                 _name(fn),
                 src,
                 getattr(fn, "starting_line_number", None),
-                settings,
+                _settings(fn),
                 found,
             ]
         finally:
@@ -141,7 +145,10 @@ class _Describer:
             ]
         else:
             self.seen[id(value)] = f"{_name(kind)}@{len(self.seen)}"
-            shown = repr(value)
+            try:
+                shown = repr(value)
+            except Exception as e:  # (the call is then not stored: lowered as before)
+                raise ValueError(f"{_name(kind)} {_name(value)} has no repr: {e!r:.80}") from e
             described = [
                 "object",
                 _name(kind),

@@ -73,35 +73,26 @@ class Unkeyable(Exception):
 
 def _canon(value: Any, buffers: Mapping[int, int]) -> Any:
     """``value`` as JSON data that identifies it exactly (see the module docstring)."""
-    kind = type(value)
-    if kind is ArgArray:
+    if isinstance(value, ArgArray):
         return ["array", value.dtype_name, list(value.shape), buffers.get(id(value))]
-    if kind is int:
-        return ["int", str(value)]
-    if kind is str or kind is bool or value is None:
-        return value
-    if kind is tuple or kind is list:
-        return ["tuple", [_canon(v, buffers) for v in value]]
-    if isinstance(value, (bool, str)):
+    if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
         return ["int", str(value)]
     if isinstance(value, float):
         return ["float", repr(value)]
-    if isinstance(value, ArgArray):
-        return ["array", value.dtype_name, list(value.shape), buffers.get(id(value))]
     if isinstance(value, (tuple, list)):
         return ["tuple", [_canon(v, buffers) for v in value]]
     if isinstance(value, Mapping):
         if not all(isinstance(k, str) for k in value):
             raise Unkeyable(f"a mapping with keys that are not strings: {value!r:.60}")
         return ["map", [[k, _canon(value[k], buffers)] for k in sorted(value)]]
-    kind_name = type(value).__name__
+    kind = type(value).__name__
     if jit_identity.is_jit(value):  # a JIT function
         return ["jit", jit_identity.identity(value)]
-    if kind_name == "constexpr":
+    if kind == "constexpr":
         return _canon(value.value, buffers)
-    if kind_name == "dtype" and hasattr(value, "name"):
+    if kind == "dtype" and hasattr(value, "name"):
         return ["dtype", str(value.name)]
     base = getattr(value, "base", None)
     if isinstance(base, ArgArray) and hasattr(value, "block_shape"):  # a tensor descriptor
@@ -111,7 +102,7 @@ def _canon(value: Any, buffers: Mapping[int, int]) -> Any:
     item = getattr(value, "item", None)
     if callable(item) and getattr(value, "shape", None) == ():  # a NumPy scalar
         return _canon(item(), buffers)
-    raise Unkeyable(f"{kind_name} {value!r:.60} is known only by its repr")
+    raise Unkeyable(f"{kind} {value!r:.60} is known only by its repr")
 
 
 def _kernel(parts: Any) -> list[Any]:

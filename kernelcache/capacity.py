@@ -169,12 +169,13 @@ class SizeCap:
         """Wait for this process's eviction pass, if one is running (at most ``timeout``
         seconds; None: until it ends). A process may exit during a pass: what it deleted is
         gone whole, and the next put over the cap measures the root again."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         helper = self._helper
         if helper is not None and helper.pid == os.getpid():
             helper.idle.wait(timeout)
         thread = self._thread
         if thread is not None:
-            thread.join(timeout)
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _pass_running(self) -> bool:
         """Whether this process's pass still runs (caller holds ``_lock``)."""
@@ -420,9 +421,11 @@ class SizeCap:
             measured = plan.kept_bytes + kept
             for outcome in result.outcomes:  # deleted, or to be looked at again (used since)
                 self._seen.pop(outcome.action.key or "", None)
-            self.evicted.append((result.counts.get("done", 0), result.freed_bytes))
-            if not self.reporting:
-                _log_evicted(*self.evicted.pop(), store.root, self.max_size)
+            evicted = (result.counts.get("done", 0), result.freed_bytes)
+            if self.reporting:
+                self.evicted.append(evicted)
+            else:
+                _log_evicted(*evicted, store.root, self.max_size)
         self.passes += 1
         mine = os.stat(store.root).st_uid == os.geteuid()
         dfd = open_subdir(store.root, STATS_DIR, create=mine)
@@ -470,11 +473,6 @@ def _records_after(dfd: int, start: tuple[int, int] | None) -> bytes:
     return b"".join(
         r for r in records if r[:1] == b"+" and r[1:-1].strip().isdigit() and r[-1:] == b"\n"
     )
-
-
-def sizes_and_stamps(root: str) -> EntryTable:
-    """The entries of ``root`` as an eviction pass sees them (:func:`entries_of`)."""
-    return EntryTable.from_rows(entries_of(root))
 
 
 def entries_of(root: str, seen: Mapping[str, EntryInfo] | None = None) -> list[EntryInfo]:

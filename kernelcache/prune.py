@@ -489,22 +489,24 @@ class _Executor:
         needs only the status of both files: the artifact of the planned extension must be
         there with the planned sizes, and the stamp unchanged."""
         plan = self.plan
-        if not plan.kernels and not plan.targets:
-            meta = self._stat(f"{key}.{META_EXT}")
-            if meta is None:
+        filtered = bool(plan.kernels or plan.targets)
+        if filtered:
+            loaded = read_metadata(
+                self.store.meta_path(key), key, not_visible=NOT_VISIBLE, parse=parse_fields
+            )
+            if loaded is None:
                 return "gone", ""
-            if not stat.S_ISREG(meta.st_mode):
+            if not isinstance(loaded, tuple):
+                return "changed", f"its metadata cannot be read now ({loaded.reason})"
+            doc, meta = loaded
+        else:
+            found = self._stat(f"{key}.{META_EXT}")
+            if found is None:
+                return "gone", ""
+            if not stat.S_ISREG(found.st_mode):
                 return "changed", "its metadata is not a regular file now"
-            return self._files_changed(key, action, meta)
-        loaded = read_metadata(
-            self.store.meta_path(key), key, not_visible=NOT_VISIBLE, parse=parse_fields
-        )
-        if loaded is None:
-            return "gone", ""
-        if not isinstance(loaded, tuple):
-            return "changed", f"its metadata cannot be read now ({loaded.reason})"
-        doc, st = loaded
-        if st.st_mtime != action.mtime and plan.keep_used:
+            doc, meta = {}, found
+        if meta.st_mtime != action.mtime and plan.keep_used:
             return "used-since-plan", ""
         ext = action.path.rpartition(".")[2]
         wrong = [
@@ -514,20 +516,11 @@ class _Executor:
                 ("its kernel", "name", plan.kernels, self.match_kernel),
                 ("its target", "target", plan.targets, self.match_target),
             )
-            if wanted and not match(doc.get(name))
+            if filtered and wanted and not match(doc.get(name))
         ]
         if wrong:
             return "changed", f"not what the plan selected: {', '.join(wrong)}"
-        return self._files_changed(key, action, st)
-
-    def _files_changed(
-        self, key: str, action: Action, meta: os.stat_result
-    ) -> tuple[str, str] | None:
-        """Why the files of ``key`` (its metadata's status ``meta``) are not those ``action``
-        planned to delete: used since, or other sizes; None if they are."""
-        if meta.st_mtime != action.mtime and self.plan.keep_used:
-            return "used-since-plan", ""
-        artifact = self._stat(f"{key}.{action.path.rpartition('.')[2]}")
+        artifact = self._stat(f"{key}.{ext}")
         if (
             artifact is None
             or not stat.S_ISREG(artifact.st_mode)

@@ -113,3 +113,23 @@ def test_a_replaced_source_is_identified_anew(tmp_path):
     assert jit_identity.identity(kernel) == before  # (memoized for the process)
     kernel._unsafe_update_src(kernel.src.replace("* SCALE", "* SCALE * 2.0"))
     assert jit_identity.identity(kernel) != before
+
+
+def test_a_value_whose_repr_fails_is_a_value_error(tmp_path):
+    module = kernel_module(
+        tmp_path,
+        "jit_identity_odd",
+        """
+        class Odd:
+            def __repr__(self):
+                raise RuntimeError("no")
+
+        ODD = Odd()
+
+        @triton.jit
+        def kernel(x_ptr):  # reads nothing of ODD, but names it
+            tl.store(x_ptr, 1.0)
+        """,
+    )
+    with pytest.raises(ValueError, match="has no repr"):
+        jit_identity.identity(module.kernel)
