@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -51,6 +53,9 @@ from .primitive import triton_call_p
 from .tracing import CallSpec
 
 if TYPE_CHECKING:
+    from kernelcache import Cache
+    from kernelcache.config import Settings
+
     from .settings import BridgeSettings
 
 logger = logging.getLogger(__name__)
@@ -92,13 +97,25 @@ def custom_call_target(lowered: Lowered, jaxlib: str, forward_compat: bool = Fal
     return CUSTOM_CALL_FFI
 
 
-def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowered:
-    """Build the opaque of ``call`` for ``platform``: from the lowering entry of an identical
-    call lowered before (see :mod:`bridge.lowerings`), else by specializing, fetching and
-    assembling it (and keeping it as such an entry).
+@dataclass(frozen=True)
+class Setup:
+    """What lowering a call reads from the process: its settings, and what they and the call's
+    ``target``, ``embed`` and ``cache`` arguments resolve to (``context``: the start of its
+    lowering key, None where lowerings are not stored; see :mod:`bridge.lowerings`)."""
 
-    This is the lowering minus the MLIR: usable to inspect what a call embeds.
-    """
+    cfg: Settings
+    ours: BridgeSettings
+    target: targets.Target
+    jaxlib: str
+    mode: str
+    cache: Cache
+    device: Any
+    context: bytes | None
+
+
+def setup(call: CallSpec, platform: str, jaxlib: str | None = None) -> Setup:
+    """Read the settings and resolve the target, embedding, cache and local device of ``call``
+    for ``platform`` (see :class:`Setup`)."""
     from kernelcache.config import settings
 
     from .settings import settings as bridge_settings
@@ -108,23 +125,65 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
     jaxlib = jaxlib or versions.jaxlib_version()
     mode = embed.choose_mode(call.embed, target, jaxlib, ours)
     cache = as_cache(call.cache, cfg)
-    autotune = call.autotune or ours.autotune
     device = targets.local_device(target, platform)
+    context = None if mode == "path" else lowerings.context(target, mode, jaxlib, device, cache)
+    return Setup(cfg, ours, target, jaxlib, mode, cache, device, context)
+
+
+#: the setups of the module being lowered: (a weak reference to it, its setups by what the
+#: calls pass)
+_scope: tuple[weakref.ref[Any], dict[tuple[Any, ...], Setup]] | None = None
+
+
+def _scoped_setup(call: CallSpec, platform: str, module: Any) -> Setup:
+    """:func:`setup`, once per lowered ``module`` (an MLIR module) for the calls that pass the
+    same ``target``, ``embed`` and ``cache``: the settings are read once per lowering of a
+    program."""
+    global _scope
+    scope = _scope
+    if scope is None or scope[0]() is not module:
+        try:
+            scope = (weakref.ref(module), {})
+        except TypeError:  # not weakly referable: read for each call
+            return setup(call, platform)
+        _scope = scope
+    cache = call.cache
+    which = (platform, call.target, call.embed, cache if isinstance(cache, str) else id(cache))
+    found = scope[1].get(which)
+    if found is None:
+        found = scope[1][which] = setup(call, platform)
+    return found
+
+
+def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowered:
+    """Build the opaque of ``call`` for ``platform``: from the lowering entry of an identical
+    call lowered before (see :mod:`bridge.lowerings`), else by specializing, fetching and
+    assembling it (and keeping it as such an entry).
+
+    This is the lowering minus the MLIR: usable to inspect what a call embeds.
+    """
+    return _lower_with(call, platform, setup(call, platform, jaxlib))
+
+
+def _lower_with(call: CallSpec, platform: str, done: Setup) -> Lowered:
+    """:func:`lower_call` with its :class:`Setup`."""
+    target, cache = done.target, done.cache
+    autotune = call.autotune or done.ours.autotune
     keyed = None
-    if mode != "path" and call.choice is None and not record.wanted(ours):
-        keyed = lowerings.lowering_key(call, target, mode, jaxlib, device, cache)
+    if done.context is not None and call.choice is None and not record.wanted(done.ours):
+        keyed = lowerings.lowering_key(call, target, done.context)
     if keyed is not None:
         found = _replay(call, keyed, target, platform, cache, autotune)
         if found is not None:
             # the kernels it launches were served from the cache: hits, as a lookup of each
             stats.count(cache.root, hits=keyed[1] if found.autotuned else 1)
             return found
-    done, state, names = _assemble(
-        call, target, platform, jaxlib, mode, cache, autotune, device, ours
+    lowered, state, names = _assemble(
+        call, target, platform, done.jaxlib, done.mode, cache, autotune, done.device, done.ours
     )
     if keyed is not None:
-        lowerings.store(cache, keyed[0], call, target, state, done, names)
-    return done
+        lowerings.store(cache, keyed[0], call, target, state, lowered, names)
+    return lowered
 
 
 def _replay(
@@ -207,10 +266,11 @@ def _assemble(
 
 
 def _lower(ctx: Any, *operands: Any, call: CallSpec, has_side_effect: bool, platform: str) -> Any:
-    lowered = lower_call(call, platform)
+    done = _scoped_setup(call, platform, ctx.module_context.module)
+    lowered = _lower_with(call, platform, done)
     aliases = dict(call.aliases)
     forward_compat = getattr(ctx, "is_forward_compat", lambda: False)()
-    target = custom_call_target(lowered, versions.jaxlib_version(), forward_compat)
+    target = custom_call_target(lowered, done.jaxlib, forward_compat)
     if target == CUSTOM_CALL_FFI:
         rule = jax.ffi.ffi_lowering(
             target,

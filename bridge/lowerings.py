@@ -119,11 +119,35 @@ def _kernel(parts: Any) -> list[Any]:
     return [parts.qualname, parts.language, jit_identity.identity(parts.fn), layers]
 
 
-def lowering_key(
-    call: CallSpec, target: Target, embed: str, jaxlib: str, device: Any, cache: Cache
-) -> tuple[str, int] | None:
-    """The key of ``call``'s lowering and the number of its variants (None: it is not stored;
-    see the module docstring)."""
+def context(target: Target, embed: str, jaxlib: str, device: Any, cache: Cache) -> bytes | None:
+    """What every lowering key for ``target``, ``embed``, ``jaxlib`` and ``device`` starts with:
+    the software that decides a lowering (see the module docstring), serialized; None where it
+    cannot be told (nothing is stored)."""
+    try:
+        doc = [
+            FORMAT,
+            [
+                __version__,
+                PIPELINE_VERSION,
+                identity.triton_fingerprint(),
+                identity.ptxas_fingerprint(target) if target.vendor.hash_runs_ptxas else None,
+                env_digest(),
+                backends.default_fp_fusion(),
+                jaxlib,
+                _assembler(target, embed, jaxlib, cache),
+            ],
+            str(target),
+            None if device is None else str(getattr(device, "device_kind", device)),
+            embed,
+        ]
+        return json.dumps(doc, separators=(",", ":")).encode()
+    except (TypeError, ValueError):
+        return None
+
+
+def lowering_key(call: CallSpec, target: Target, context: bytes) -> tuple[str, int] | None:
+    """The key of ``call``'s lowering for ``target`` and the :func:`context` of its lowering,
+    and the number of its variants (None: it is not stored; see the module docstring)."""
     parts, buffers = call.parts, call.buffers
     try:
         variants = binding.expand_variants(parts, call.named, call.kwargs, call.options, target)
@@ -145,20 +169,6 @@ def lowering_key(
                 ]
             )
         doc = {
-            "format": FORMAT,
-            "software": [
-                __version__,
-                PIPELINE_VERSION,
-                identity.triton_fingerprint(),
-                identity.ptxas_fingerprint(target) if target.vendor.hash_runs_ptxas else None,
-                env_digest(),
-                backends.default_fp_fusion(),
-                jaxlib,
-                _assembler(target, embed, jaxlib, cache),
-            ],
-            "target": str(target),
-            "device": None if device is None else str(getattr(device, "device_kind", device)),
-            "embed": embed,
             "kernel": _kernel(parts),
             "named": _canon(dict(call.named), buffers),
             "kwargs": _canon(dict(call.kwargs), buffers),
@@ -178,7 +188,7 @@ def lowering_key(
         text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     except (Unkeyable, TypeError, ValueError):
         return None
-    return hashlib.sha256(text.encode()).hexdigest(), len(variants)
+    return hashlib.sha256(context + b"\0" + text.encode()).hexdigest(), len(variants)
 
 
 def _assembler(target: Target, embed: str, jaxlib: str, cache: Cache) -> list[Any] | None:

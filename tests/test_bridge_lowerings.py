@@ -270,3 +270,28 @@ def test_an_odd_variants_entry_is_a_miss(cache, assembled, raw):
     cache.put(path.stem, "variants", raw, {"kind": "lowering"})
     assert module_text(matmul(cache), A, B) == cold
     assert len(assembled) == 2
+
+
+def test_a_program_reads_the_settings_once_per_lowering(cache, monkeypatch):
+    made: list[tuple[object, ...]] = []
+    real = bridge_call.setup
+    monkeypatch.setattr(
+        bridge_call,
+        "setup",
+        lambda call, *a: made.append((call.target, call.cache)) or real(call, *a),
+    )
+
+    def program():  # a new function each time: JAX caches the lowering of a traced one
+        def run(x, y):
+            z = ops.add(x, y, target="cuda:90", cache=cache)
+            z = ops.add(z, y, target="cuda:90", cache=cache)
+            return ops.add(z, x, target="cuda:90", cache=cache, embed="ptx")
+
+        return run
+
+    first = module_text(program(), F32, F32)
+    assert len(made) == 2  # one per (target, embed, cache) the calls pass
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0" if backends.default_fp_fusion() else "1")
+    second = module_text(program(), F32, F32)
+    assert len(made) == 4  # read again for the next lowering, which sees the new setting
+    assert second != first
