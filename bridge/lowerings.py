@@ -72,21 +72,47 @@ class Unkeyable(Exception):
 
 
 def _canon(value: Any, buffers: Mapping[int, int]) -> Any:
-    """``value`` as JSON data that identifies it exactly (see the module docstring)."""
-    if isinstance(value, ArgArray):
-        return ["array", value.dtype_name, list(value.shape), buffers.get(id(value))]
-    if value is None or isinstance(value, (bool, str)):
+    """``value`` as JSON data that identifies it exactly (see the module docstring). The types
+    calls pass are told by identity first (this runs for every value of every call)."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
         return value
-    if isinstance(value, int):
+    if kind is int:
+        return ["int", str(value)]
+    if kind is tuple or kind is list:
+        return ["tuple", [_canon(v, buffers) for v in value]]
+    if kind is dict:
+        return _mapping(value, buffers)
+    if kind is ArgArray:
+        return _array(value, buffers)
+    return _canon_other(value, buffers)
+
+
+def _array(value: ArgArray, buffers: Mapping[int, int]) -> list[Any]:
+    return ["array", value.dtype_name, list(value.shape), buffers.get(id(value))]
+
+
+def _mapping(value: Mapping[Any, Any], buffers: Mapping[int, int]) -> list[Any]:
+    if not all(isinstance(k, str) for k in value):
+        raise Unkeyable(f"a mapping with keys that are not strings: {value!r:.60}")
+    return ["map", [[k, _canon(value[k], buffers)] for k in sorted(value)]]
+
+
+def _canon_other(value: Any, buffers: Mapping[int, int]) -> Any:
+    """:func:`_canon` of a value of any other type: subclasses of the plain types, JIT
+    functions, constexprs, dtypes, tensor descriptors and NumPy scalars."""
+    if isinstance(value, ArgArray):
+        return _array(value, buffers)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int):  # bool cannot be subclassed: it was told by identity
         return ["int", str(value)]
     if isinstance(value, float):
         return ["float", repr(value)]
     if isinstance(value, (tuple, list)):
         return ["tuple", [_canon(v, buffers) for v in value]]
     if isinstance(value, Mapping):
-        if not all(isinstance(k, str) for k in value):
-            raise Unkeyable(f"a mapping with keys that are not strings: {value!r:.60}")
-        return ["map", [[k, _canon(value[k], buffers)] for k in sorted(value)]]
+        return _mapping(value, buffers)
     kind = type(value).__name__
     if jit_identity.is_jit(value):  # a JIT function
         return ["jit", jit_identity.identity(value)]
