@@ -132,9 +132,12 @@ _valid_covers: set[tuple[str, ...]] = set()
 
 
 def _covers(value: Any) -> str | None:
-    known = tuple(value) if type(value) is list and all(type(v) is str for v in value) else None
-    if known is not None and known in _valid_covers:
-        return None
+    known = tuple(value) if type(value) is list else None
+    try:
+        if known in _valid_covers:  # equal to a list of names found valid: one
+            return None
+    except TypeError:  # holds an unhashable value: checked below, and refused
+        known = None
     if (
         not isinstance(value, list)
         or len(value) > MAX_COVERED
@@ -143,7 +146,7 @@ def _covers(value: Any) -> str | None:
     ):
         return f"must be a sorted list of at most {MAX_COVERED} field names, not {_show(value)}"
     if known is not None and len(_valid_covers) < 64:
-        _valid_covers.add(known)
+        _valid_covers.add(known)  # (every item is a valid name: a str)
     return None
 
 
