@@ -9,7 +9,9 @@ jaxlib's Triton custom call with the messages :mod:`bridge.messages` builds.
 Invariants: the same call, target, software and embedding give a byte-identical opaque in every
 process (no temporary paths, no absolute source paths, deterministic metadata and
 serialization), so JAX's persistent compilation cache hits; on a warm kernel cache no Triton
-compile runs.
+compile runs. What a call's lowering reads from the process (:class:`Setup`: the settings, the
+target, embedding, cache and device they resolve to, the software its key starts with) is read
+once per lowered module for the calls that pass the same ``target``, ``embed`` and ``cache``.
 """
 
 from __future__ import annotations
