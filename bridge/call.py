@@ -146,7 +146,7 @@ def _scoped_setup(call: CallSpec, platform: str, module: Any) -> Setup:
     if scope is None or scope[0]() is not module:
         try:
             scope = (weakref.ref(module), {})
-        except TypeError:  # not weakly referable: read for each call
+        except TypeError:  # not weakly referable (or None): read for each call
             return setup(call, platform)
         _scope = scope
     cache = call.cache
@@ -167,13 +167,13 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
     return _lower_with(call, platform, setup(call, platform, jaxlib))
 
 
-def _lower_with(call: CallSpec, platform: str, done: Setup) -> Lowered:
+def _lower_with(call: CallSpec, platform: str, prepared: Setup) -> Lowered:
     """:func:`lower_call` with its :class:`Setup`."""
-    target, cache = done.target, done.cache
-    autotune = call.autotune or done.ours.autotune
+    target, cache = prepared.target, prepared.cache
+    autotune = call.autotune or prepared.ours.autotune
     keyed = None
-    if done.context is not None and call.choice is None and not record.wanted(done.ours):
-        keyed = lowerings.lowering_key(call, target, done.context)
+    if prepared.context is not None and call.choice is None and not record.wanted(prepared.ours):
+        keyed = lowerings.lowering_key(call, target, prepared.context)
     if keyed is not None:
         found = _replay(call, keyed, target, platform, cache, autotune)
         if found is not None:
@@ -181,7 +181,15 @@ def _lower_with(call: CallSpec, platform: str, done: Setup) -> Lowered:
             stats.count(cache.root, hits=keyed[1] if found.autotuned else 1)
             return found
     lowered, state, names = _assemble(
-        call, target, platform, done.jaxlib, done.mode, cache, autotune, done.device, done.ours
+        call,
+        target,
+        platform,
+        prepared.jaxlib,
+        prepared.mode,
+        cache,
+        autotune,
+        prepared.device,
+        prepared.ours,
     )
     if keyed is not None:
         lowerings.store(cache, keyed[0], call, target, state, lowered, names)
@@ -268,11 +276,13 @@ def _assemble(
 
 
 def _lower(ctx: Any, *operands: Any, call: CallSpec, has_side_effect: bool, platform: str) -> Any:
-    done = _scoped_setup(call, platform, ctx.module_context.module)
-    lowered = _lower_with(call, platform, done)
+    # the module being lowered (a JAX without the attribute: the setup is read for each call)
+    module = getattr(ctx.module_context, "module", None)
+    prepared = _scoped_setup(call, platform, module)
+    lowered = _lower_with(call, platform, prepared)
     aliases = dict(call.aliases)
     forward_compat = getattr(ctx, "is_forward_compat", lambda: False)()
-    target = custom_call_target(lowered, done.jaxlib, forward_compat)
+    target = custom_call_target(lowered, prepared.jaxlib, forward_compat)
     if target == CUSTOM_CALL_FFI:
         rule = jax.ffi.ffi_lowering(
             target,
