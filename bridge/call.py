@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,7 @@ from .caches import as_cache
 from .errors import KernelArgumentError
 from .lowerings import Lowered
 from .primitive import triton_call_p
+from .programs import Item, Program
 from .tracing import CallSpec
 
 if TYPE_CHECKING:
@@ -132,29 +134,65 @@ def setup(call: CallSpec, platform: str, jaxlib: str | None = None) -> Setup:
     return Setup(cfg, ours, target, jaxlib, mode, cache, device, context)
 
 
-#: the setups of the module being lowered: (a weak reference to it, its setups by what the
-#: calls pass)
-_scope: tuple[weakref.ref[Any], dict[tuple[Any, ...], Setup]] | None = None
+class _Module:
+    """The module being lowered in one thread: its setups, each with the :class:`Program` of
+    the calls that use it, by what those calls pass."""
+
+    __slots__ = ("ref", "setups")
+
+    def __init__(self, ref: weakref.ref[Any]) -> None:
+        self.ref = ref
+        self.setups: dict[tuple[Any, ...], tuple[Setup, Program]] = {}
+
+    def close(self) -> None:
+        """Store each program's lowerings (:meth:`Program.close`) and forget the setups."""
+        found, self.setups = self.setups, {}
+        for _, program in found.values():
+            program.close()
 
 
-def _scoped_setup(call: CallSpec, platform: str, module: Any) -> Setup:
+#: the module each thread is lowering
+_local = threading.local()
+
+
+def _scoped_setup(call: CallSpec, platform: str, module: Any) -> tuple[Setup, Program]:
     """:func:`setup`, once per lowered ``module`` (an MLIR module) for the calls that pass the
-    same ``target``, ``embed`` and ``cache``: the settings are read once per lowering of a
-    program."""
-    global _scope
-    scope = _scope
-    if scope is None or scope[0]() is not module:
+    same ``target``, ``embed`` and ``cache`` (the settings are read once per lowering of a
+    program), with the :class:`Program` of those calls."""
+    scope: _Module | None = getattr(_local, "module", None)
+    if scope is None or scope.ref() is not module:
+        if scope is not None:  # the end of its lowering was not reported
+            _local.module = None
+            scope.close()
         try:
-            scope = (weakref.ref(module), {})
+            scope = _Module(weakref.ref(module))
         except TypeError:  # not weakly referable (or None): read for each call
-            return setup(call, platform)
-        _scope = scope
+            prepared = setup(call, platform)
+            return prepared, Program(prepared.cache)
+        _local.module = scope
     cache = call.cache
     which = (platform, call.target, call.embed, cache if isinstance(cache, str) else id(cache))
-    found = scope[1].get(which)
+    found = scope.setups.get(which)
     if found is None:
-        found = scope[1][which] = setup(call, platform)
+        prepared = setup(call, platform)
+        found = scope.setups[which] = (prepared, Program(prepared.cache))
     return found
+
+
+def _module_lowered(event: str, duration_secs: float, **kwargs: str | int) -> None:
+    """JAX's report that a module's lowering ended (in this thread): its programs are
+    complete."""
+    if event != _MODULE_EVENT:
+        return
+    scope: _Module | None = getattr(_local, "module", None)
+    if scope is not None:
+        _local.module = None
+        scope.close()
+
+
+#: what JAX reports (``jax.monitoring``) when it has lowered a jaxpr to an MLIR module
+_MODULE_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+jax.monitoring.register_event_duration_secs_listener(_module_lowered)
 
 
 def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowered:
@@ -164,22 +202,24 @@ def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowe
 
     This is the lowering minus the MLIR: usable to inspect what a call embeds.
     """
-    return _lower_with(call, platform, setup(call, platform, jaxlib))
+    prepared = setup(call, platform, jaxlib)
+    return _lower_with(call, platform, prepared, Program(prepared.cache))
 
 
-def _lower_with(call: CallSpec, platform: str, prepared: Setup) -> Lowered:
-    """:func:`lower_call` with its :class:`Setup`."""
+def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program) -> Lowered:
+    """:func:`lower_call` with its :class:`Setup`, as a call of ``program``."""
     target, cache = prepared.target, prepared.cache
     autotune = call.autotune or prepared.ours.autotune
     keyed = None
     if prepared.context is not None and call.choice is None and not record.wanted(prepared.ours):
         keyed = lowerings.lowering_key(call, target, prepared.context)
     if keyed is not None:
-        found = _replay(call, keyed, target, platform, cache, autotune)
+        found = _replay(call, keyed, target, platform, autotune, program)
         if found is not None:
             # the kernels it launches were served from the cache: hits, as a lookup of each
-            stats.count(cache.root, hits=keyed[1] if found.autotuned else 1)
-            return found
+            stats.count(cache.root, hits=keyed[1] if found.lowered.autotuned else 1)
+            program.note(found, call, target)
+            return found.lowered
     lowered, state, names = _assemble(
         call,
         target,
@@ -193,6 +233,8 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup) -> Lowered:
     )
     if keyed is not None:
         lowerings.store(cache, keyed[0], call, target, state, lowered, names)
+        variants = tuple(names) if len(names) > 1 else None
+        program.note(Item(keyed[0], state, variants, lowered), call, target)
     return lowered
 
 
@@ -201,24 +243,28 @@ def _replay(
     keyed: tuple[str, int],
     target: targets.Target,
     platform: str,
-    cache: Any,
     autotune: str,
-) -> Lowered | None:
+    program: Program,
+) -> Item | None:
     """The stored lowering of ``call`` in the state its autotune mode and decision ask for;
     None where there is none (or the decision must be made or refused by the full lowering)."""
     key, count = keyed
+    names = None
     if count < 2 or autotune == "runtime":
-        return lowerings.lowered(cache, key, lowerings.EVERY)
-    names = lowerings.variant_keys(cache, key)
-    if names is None or len(names) != count:
-        return None
-    kind = tuning.current().device(target, platform)
-    state = lowerings.decided_state(cache, call, names, [kind] if kind else [])
-    if state is None:
-        if autotune != "decided":  # "require" refuses and "job" decides: the full lowering
-            return None
         state = lowerings.EVERY
-    return lowerings.lowered(cache, key, state)
+    else:
+        names = program.variants(key)
+        if names is None or len(names) != count:
+            return None
+        kind = tuning.current().device(target, platform)
+        decided = lowerings.decided_state(program.cache, call, names, [kind] if kind else [])
+        if decided is None and autotune != "decided":  # "require" refuses, "job" decides
+            return None
+        state = decided or lowerings.EVERY
+    found = program.lowered(key, state)
+    if found is None:
+        return None
+    return Item(key, state, None if names is None else tuple(names), found)
 
 
 def _assemble(
@@ -278,8 +324,8 @@ def _assemble(
 def _lower(ctx: Any, *operands: Any, call: CallSpec, has_side_effect: bool, platform: str) -> Any:
     # the module being lowered (a JAX without the attribute: the setup is read for each call)
     module = getattr(ctx.module_context, "module", None)
-    prepared = _scoped_setup(call, platform, module)
-    lowered = _lower_with(call, platform, prepared)
+    prepared, program = _scoped_setup(call, platform, module)
+    lowered = _lower_with(call, platform, prepared, program)
     aliases = dict(call.aliases)
     forward_compat = getattr(ctx, "is_forward_compat", lambda: False)()
     target = custom_call_target(lowered, prepared.jaxlib, forward_compat)

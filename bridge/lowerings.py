@@ -233,7 +233,8 @@ def _writable(call: CallSpec) -> list[ArgArray]:
 
 
 # -- entries ------------------------------------------------------------------------------------
-def _metadata(call: CallSpec, target: Target) -> dict[str, Any]:
+def metadata(call: CallSpec, target: Target) -> dict[str, Any]:
+    """The metadata of the entries of ``call``'s lowering."""
     parts = call.parts
     return {"kind": KIND, "name": parts.name, "kernel": parts.qualname, "target": str(target)}
 
@@ -258,18 +259,16 @@ def variant_keys(cache: Cache, key: str) -> list[str] | None:
 def lowered(cache: Cache, key: str, state: str) -> Lowered | None:
     """The stored lowering of ``state`` (:data:`EVERY`, or a chosen variant's index)."""
     art = cache.get(derived_key(key, state), STATE_EXT, counted=False)
-    if art is None:
-        return None
-    data = art.data
-    if len(data) < _HEADER.size:
-        return None
-    magic, size = _HEADER.unpack_from(data)
-    if magic != MAGIC or _HEADER.size + size > len(data):
-        return None
-    try:
-        head = json.loads(data[_HEADER.size : _HEADER.size + size])
-    except (ValueError, RecursionError):
-        return None
+    return None if art is None else decode(art.data)
+
+
+def head(done: Lowered) -> dict[str, Any]:
+    """What a stored lowering says of itself besides its opaque."""
+    return {"embed": done.embed, "autotuned": done.autotuned, "needs": list(done.needs)}
+
+
+def from_head(head: Any, opaque: bytes) -> Lowered | None:
+    """The lowering whose :func:`head` is ``head`` (untrusted), or None."""
     if not isinstance(head, dict):
         return None
     embed, autotuned, needs = head.get("embed"), head.get("autotuned"), head.get("needs")
@@ -277,7 +276,27 @@ def lowered(cache: Cache, key: str, state: str) -> Lowered | None:
         return None
     if not isinstance(needs, list) or not all(type(n) is int and n >= 0 for n in needs):
         return None
-    return Lowered(data[_HEADER.size + size :], embed, autotuned, tuple(needs))
+    return Lowered(opaque, embed, autotuned, tuple(needs))
+
+
+def encode(done: Lowered) -> bytes:
+    """A lowering as its entry stores it: a small header, then the opaque."""
+    text = json.dumps(head(done), sort_keys=True).encode()
+    return _HEADER.pack(MAGIC, len(text)) + text + done.opaque
+
+
+def decode(data: bytes) -> Lowered | None:
+    """The lowering :func:`encode` made; None for anything else."""
+    if len(data) < _HEADER.size:
+        return None
+    magic, size = _HEADER.unpack_from(data)
+    if magic != MAGIC or _HEADER.size + size > len(data):
+        return None
+    try:
+        found = json.loads(data[_HEADER.size : _HEADER.size + size])
+    except (ValueError, RecursionError):
+        return None
+    return from_head(found, data[_HEADER.size + size :])
 
 
 def store(
@@ -294,12 +313,8 @@ def store(
     another process, with the same bytes."""
     from kernelcache import CacheError
 
-    head = json.dumps(
-        {"embed": done.embed, "autotuned": done.autotuned, "needs": list(done.needs)},
-        sort_keys=True,
-    ).encode()
-    data = _HEADER.pack(MAGIC, len(head)) + head + done.opaque
-    meta = _metadata(call, target)
+    data = encode(done)
+    meta = metadata(call, target)
     try:
         if len(variants) > 1:
             doc = json.dumps({"variants": list(variants)}).encode()

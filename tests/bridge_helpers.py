@@ -181,16 +181,30 @@ def cuda_devices() -> list[Any]:
 
 
 def forget_lowerings(root: Any) -> int:
-    """Remove the lowering entries under ``root`` (see :mod:`bridge.lowerings`), so that the
-    next lowering works from the kernel entries alone; returns how many files went."""
-    from bridge import lowerings
+    """Remove the lowering and program entries under ``root`` (see :mod:`bridge.lowerings`,
+    :mod:`bridge.programs`), so that the next lowering works from the kernel entries alone;
+    returns how many files went."""
+    from bridge import lowerings, programs
 
     gone = 0
-    for ext in (lowerings.STATE_EXT, lowerings.VARIANTS_EXT):
+    for ext in (lowerings.STATE_EXT, lowerings.VARIANTS_EXT, programs.EXT):
         for path in Path(root).glob(f"*.{ext}"):
             path.with_suffix(".json").unlink()
             path.unlink()
             gone += 1
+    return gone
+
+
+def forget_programs(root: Any) -> int:
+    """Remove the program entries under ``root`` (:mod:`bridge.programs`), so that the next
+    lowering reads each call's own lowering entries; returns how many went."""
+    from bridge import programs
+
+    gone = 0
+    for path in Path(root).glob(f"*.{programs.EXT}"):
+        path.with_suffix(".json").unlink()
+        path.unlink()
+        gone += 1
     return gone
 
 

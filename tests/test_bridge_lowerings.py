@@ -13,7 +13,14 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from bridge_helpers import decoded, forget_lowerings, kernel_module, kernels_of, lowered_module
+from bridge_helpers import (
+    decoded,
+    forget_lowerings,
+    forget_programs,
+    kernel_module,
+    kernels_of,
+    lowered_module,
+)
 from test_cli_support import kc, kc_json
 
 import bridge
@@ -79,12 +86,14 @@ def test_a_warm_lowering_is_replayed_byte_identical(cache, assembled, program):
 
 def test_an_edited_lowering_entry_is_never_served(cache, assembled):
     cold = module_text(add(cache), F32, F32)
-    (path,) = Path(cache.root).glob("*.lowering")
+    assert forget_programs(cache.root) == 1  # the call's own entry is read (edited programs:
+    (path,) = Path(cache.root).glob("*.lowering")  # tests/test_bridge_programs.py)
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0xFF
     path.write_bytes(bytes(raw))
     assert module_text(add(cache), F32, F32) == cold
     assert len(assembled) == 2  # the edited entry was refused, the lowering built again
+    forget_programs(cache.root)
     assert module_text(add(cache), F32, F32) == cold
     assert len(assembled) == 2  # and kept again
 
@@ -264,6 +273,7 @@ def test_an_odd_lowering_entry_is_a_miss(cache, assembled, raw):
 @pytest.mark.parametrize("raw", ODD_VARIANTS.values(), ids=ODD_VARIANTS.keys())
 def test_an_odd_variants_entry_is_a_miss(cache, assembled, raw):
     cold = module_text(matmul(cache), A, B)
+    forget_programs(cache.root)
     (path,) = Path(cache.root).glob("*.variants")
     path.with_suffix(".json").unlink()
     path.unlink()
