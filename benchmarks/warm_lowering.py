@@ -67,7 +67,8 @@ def run(root: Path, cache: str, model: str, floor: bool = False) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as for an installed package
     env.update(
-        PYTHONPATH=str(root),
+        # the bridge measured first; what the environment adds (carried packages) after it
+        PYTHONPATH=os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")])),
         KERNELCACHE_DIR=cache,
         KERNELCACHE_TARGET="cuda:90",
         JAX_PLATFORMS="cpu",

@@ -32,16 +32,22 @@ def is_ref(value: Any) -> bool:
     """Whether ``value`` is a ``jax.Ref`` (or a tracer of one)."""
     if value is None or isinstance(value, (np.ndarray, np.generic, bool, int, float, str)):
         return False
+    if isinstance(value, _TRACER):
+        return isinstance(value.aval, _AbstractRef)
     try:
         return isinstance(jax.typeof(value), _AbstractRef)
     except TypeError:
         return False
 
 
+_TRACER = jax.core.Tracer
+_JAX_VALUES = (_TRACER, jax.Array)  # (the tracer class first: jax.Array is an ABC, slower)
+
+
 def _is_array(x: Any) -> bool:
     if isinstance(x, (np.generic, bool, int, float)):
         return False
-    return isinstance(x, (jax.Array, np.ndarray)) or isinstance(x, jax.core.Tracer)
+    return isinstance(x, (_TRACER, np.ndarray, jax.Array))
 
 
 class Inputs:
@@ -56,13 +62,19 @@ class Inputs:
         self.refs: dict[int, Any] = {}  # id(ArgArray) -> the jax.Ref it reads
 
     def _array(self, value: Any) -> ArgArray:
-        arr = jax.numpy.asarray(value)
+        # JAX's own values are what asarray would return; others (NumPy) are converted
+        arr = value if isinstance(value, _JAX_VALUES) else jax.numpy.asarray(value)
         placeholder = ArgArray(arr.shape, arr.dtype, ("in", len(self.arrays)))
         self.arrays.append(placeholder)
         self.values.append(arr)
         return placeholder
 
     def convert(self, value: Any, where: str) -> Any:
+        kind = type(value)
+        if kind is int or kind is float or kind is bool:  # the common cases first
+            return value
+        if isinstance(value, _TRACER) and not isinstance(value.aval, _AbstractRef):
+            return self._array(value)
         if isinstance(value, _TRANSFORMED_REF):
             raise KernelArgumentError(
                 f"{where}: a transformed ref (ref.at[...]) cannot be passed to a kernel; pass "

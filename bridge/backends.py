@@ -123,7 +123,12 @@ def option_names(vendor: Vendor) -> frozenset[str]:
 
 def all_option_names() -> frozenset[str]:
     """Field names of the options classes of every registered vendor's backend."""
-    return frozenset().union(*(option_names(v) for v in vendors.registered()))
+    return _option_names_of(vendors.registered())
+
+
+@functools.cache
+def _option_names_of(registered: tuple[Vendor, ...]) -> frozenset[str]:
+    return frozenset().union(*(option_names(v) for v in registered))
 
 
 #: option fields that are derived from the target and may not be set by a caller

@@ -35,6 +35,29 @@ TRITON_DTYPES = {
 }
 
 
+#: what each dtype seen so far gives: (the NumPy dtype, its name, Triton's dtype)
+_DTYPES: dict[Any, tuple[np.dtype[Any], str, Any]] = {}
+
+
+def _dtype(jax_dtype: Any) -> tuple[np.dtype[Any], str, Any]:
+    """:data:`_DTYPES`' entry of ``jax_dtype``, computed (and kept where it is hashable)."""
+    import triton.language as tl
+
+    dtype = np.dtype(jax_dtype)
+    name = TRITON_DTYPES.get(dtype.name)
+    if name is None:
+        raise KernelArgumentError(
+            f"arrays of dtype {dtype.name} cannot be passed to a Triton kernel; "
+            f"supported: {', '.join(TRITON_DTYPES)}"
+        )
+    found = (dtype, dtype.name, getattr(tl, name))
+    try:
+        _DTYPES[jax_dtype] = found
+    except TypeError:  # (an unhashable description of a dtype: computed each time)
+        pass
+    return found
+
+
 class ArgArray:
     """An abstract array standing in for a tensor while Triton binds and specializes a call.
 
@@ -46,19 +69,12 @@ class ArgArray:
     __slots__ = ("dtype", "dtype_name", "jax_dtype", "nbytes", "shape", "slot")
 
     def __init__(self, shape: Sequence[int], jax_dtype: Any, slot: tuple[str, int]) -> None:
-        import triton.language as tl
-
         self.shape = tuple(int(d) for d in shape)
-        self.jax_dtype = np.dtype(jax_dtype)
-        #: the NumPy name of its dtype (``float32``, ``bfloat16``)
-        self.dtype_name: str = self.jax_dtype.name
-        name = TRITON_DTYPES.get(self.dtype_name)
-        if name is None:
-            raise KernelArgumentError(
-                f"arrays of dtype {self.jax_dtype.name} cannot be passed to a Triton kernel; "
-                f"supported: {', '.join(TRITON_DTYPES)}"
-            )
-        self.dtype = getattr(tl, name)
+        known = _DTYPES.get(jax_dtype)
+        if known is None:
+            known = _dtype(jax_dtype)
+        #: the NumPy dtype, its name (``float32``, ``bfloat16``) and Triton's dtype
+        self.jax_dtype, self.dtype_name, self.dtype = known
         self.nbytes = math.prod(self.shape) * self.jax_dtype.itemsize
         self.slot = slot
 

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from .conventions import Plan
 
 
+_SHAPED = jax.core.ShapedArray
+
+
 @dataclass(frozen=True, eq=False)
 class CallSpec:
     """Everything about one ``triton_call`` site except the array values (the primitive's
@@ -134,7 +137,7 @@ def make_call(
     if len({k for k, _ in aliases}) != len(aliases):
         raise KernelArgumentError("input_output_aliases: an input buffer is aliased to two outputs")
 
-    out_avals = tuple(jax.core.ShapedArray(a.shape, a.jax_dtype) for a in results)
+    out_avals = tuple(_SHAPED(a.shape, a.jax_dtype) for a in results)
     result_index = {id(a): j for j, a in enumerate(results)}
     refs = [
         (result_index[id(a)], inputs.refs[id(a)]) for a in inputs.arrays if id(a) in inputs.refs
