@@ -141,6 +141,8 @@ def expand_variants(
         KernelArgumentError: a config sets a name that is neither a parameter nor an option, a
             hook does what a compiled program cannot, or no config is left.
     """
+    if not parts.layers:  # a plain kernel: its one variant is the call
+        return [Variant(dict(kwargs), dict(options), "", frozenset(), {})]
     from triton.runtime.autotuner import Autotuner, Heuristics
 
     from . import backends

@@ -165,7 +165,7 @@ def tuning_inputs(named: Mapping[str, Any], autotune_keys: Sequence[str]) -> dic
     """What of a call's arguments a choice depends on besides its variants: the shape and dtype
     of every array (by parameter name) and the value of every autotune ``key`` argument."""
     arrays = {
-        name: [list(value.shape), value.jax_dtype.name]
+        name: [list(value.shape), value.dtype_name]
         for name, value in sorted(named.items())
         if isinstance(value, ArgArray)
     }

@@ -35,9 +35,9 @@ from kernelcache import __version__
 from kernelcache.keys import KEY_PATTERN
 
 from . import backends, binding, decisions, identity, jit_identity, ptxisa, versions
-from .arguments import leaf_arrays
 from .binding import ArgArray
 from .kernel_keys import PIPELINE_VERSION, derived_key, env_digest
+from .placeholders import dtype_name
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -93,9 +93,11 @@ def _array(value: ArgArray, buffers: Mapping[int, int]) -> list[Any]:
 
 
 def _mapping(value: Mapping[Any, Any], buffers: Mapping[int, int]) -> list[Any]:
-    if not all(isinstance(k, str) for k in value):
-        raise Unkeyable(f"a mapping with keys that are not strings: {value!r:.60}")
-    return ["map", [[k, _canon(value[k], buffers)] for k in sorted(value)]]
+    keys = sorted(value)  # (keys of types that do not compare: TypeError, unkeyable too)
+    for k in keys:
+        if not isinstance(k, str):
+            raise Unkeyable(f"a mapping with keys that are not strings: {value!r:.60}")
+    return ["map", [[k, _canon(value[k], buffers)] for k in keys]]
 
 
 def _canon_other(value: Any, buffers: Mapping[int, int]) -> Any:
@@ -185,27 +187,27 @@ def lowering_key(call: CallSpec, target: Target, context: bytes) -> tuple[str, i
             zeroed = call.zeroed(dict(bound)) if callable(call.zeroed) else call.zeroed
             rows.append(
                 [
-                    _canon(dict(variant.kwargs), buffers),
-                    _canon(binding.launch_options(parts, variant), buffers),
+                    _mapping(variant.kwargs, buffers),
+                    _mapping(binding.launch_options(parts, variant), buffers),
                     variant.description,
                     sorted(variant.zero),
-                    _canon(dict(variant.args), buffers),
+                    _mapping(variant.args, buffers),
                     list(binding.eval_grid(call.grid, bound)),
                     _canon(list(zeroed or ()), buffers),
                 ]
             )
         doc = {
             "kernel": _kernel(parts),
-            "named": _canon(dict(call.named), buffers),
-            "kwargs": _canon(dict(call.kwargs), buffers),
-            "options": _canon(dict(call.options), buffers),
+            "named": _mapping(call.named, buffers),
+            "kwargs": _mapping(call.kwargs, buffers),
+            "options": _mapping(call.options, buffers),
             "variants": rows,
             "layout": [
                 call.n_operands,
-                [[list(a.shape), a.dtype.name] for a in call.out_avals],
+                [[list(a.shape), dtype_name(a.dtype)] for a in call.out_avals],
                 [list(x) for x in call.aliases],
                 [list(x) for x in call.restore],
-                sorted(buffers[id(a)] for a in _writable(call)),
+                sorted(buffers[i] for i in call.writable if i in buffers),
                 [buffers.get(id(a)) for a in call.zero_targets],
             ],
             "name": call.name,
@@ -223,13 +225,6 @@ def _assembler(target: Target, embed: str, jaxlib: str, cache: Cache) -> list[An
         return None
     found = ptxisa.jaxlib_assembler(cache)
     return None if found is None else [found.cuda, found.isa]
-
-
-def _writable(call: CallSpec) -> list[ArgArray]:
-    found = []
-    for value in call.named.values():
-        found += [a for a in leaf_arrays(value) if id(a) in call.writable and id(a) in call.buffers]
-    return found
 
 
 # -- entries ------------------------------------------------------------------------------------

@@ -58,6 +58,17 @@ def _dtype(jax_dtype: Any) -> tuple[np.dtype[Any], str, Any]:
     return found
 
 
+_NAMES: dict[Any, str] = {}
+
+
+def dtype_name(dtype: np.dtype[Any]) -> str:
+    """``dtype.name``, kept per dtype (NumPy computes it anew each time)."""
+    found = _NAMES.get(dtype)
+    if found is None:
+        found = _NAMES[dtype] = dtype.name
+    return found
+
+
 class ArgArray:
     """An abstract array standing in for a tensor while Triton binds and specializes a call.
 

@@ -250,13 +250,16 @@ def _fingerprint(path: str, executable: bool = True) -> str | None:
     return hashlib.sha256(doc.encode()).hexdigest()
 
 
+_RELEASE = re.compile(r"\d+\.\d+\.\d+")
+
+
 def _release(path: str, cache: Cache | None) -> tuple[int, ...] | None:
     """:func:`ptxas_release`, memoized in ``cache`` by the file's identity."""
     fingerprint = _fingerprint(path)
     if fingerprint is None:
         return None
     known = memo.lookup(cache, "ptxas-release", fingerprint)
-    if known is not None and re.fullmatch(r"\d+\.\d+\.\d+", known):
+    if known is not None and _RELEASE.fullmatch(known):
         return tuple(int(x) for x in known.split("."))
     release = ptxas_release(path)
     if release is not None:
@@ -292,9 +295,13 @@ def runs_ptxas_executable(plugin_dir: str, cache: Cache | None = None) -> bool:
     """Whether the plugin's Triton library runs a ptxas executable: it carries XLA's stub for a
     build without libnvptxcompiler (memoized by the library's identity). True where the library
     cannot be read: jaxlib's wheels have always done so."""
-    import glob
-
-    libraries = sorted(glob.glob(os.path.join(glob.escape(plugin_dir), "_triton*.so")))
+    try:  # _triton*.so, listed without glob (which compiles its pattern in every process)
+        names = os.listdir(plugin_dir)
+    except OSError:
+        names = []
+    libraries = sorted(
+        os.path.join(plugin_dir, n) for n in names if n.startswith("_triton") and n.endswith(".so")
+    )
     if not libraries:
         return True
     fingerprint = _fingerprint(libraries[0], executable=False)

@@ -130,9 +130,13 @@ class Cache:
         self.readonly = [Store.from_settings(r, cfg, readonly=True) for r in ro]
         if remote is None:
             remote = cfg.remote or ""
-        self.remote: RemoteTier | None = (
-            remote if isinstance(remote, RemoteTier) else self._open_remote(remote, cfg)
-        )
+        self.remote: RemoteTier | None
+        if isinstance(remote, (str, list, tuple)):  # before the protocol's check, which is slow
+            self.remote = self._open_remote(remote, cfg)
+        elif isinstance(remote, RemoteTier):
+            self.remote = remote
+        else:
+            self.remote = self._open_remote(remote, cfg)
         self.disabled = cfg.disable
         #: (key, ext) pairs :meth:`get` has validated (its hot path checks each pair once)
         self._valid: set[tuple[str, str]] = set()
