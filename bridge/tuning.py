@@ -242,8 +242,15 @@ class JaxMeasurer:
 
     def __init__(self, fill: Mapping[str, str | float] | None = None) -> None:
         self.fill = dict(fill or {})
+        self._kinds: dict[tuple[str, str], str | None] = {}  # a process's devices stay put
 
     def device(self, target: Target, platform: str) -> str | None:
+        which = (str(target), platform)
+        if which not in self._kinds:
+            self._kinds[which] = self._device(target, platform)
+        return self._kinds[which]
+
+    def _device(self, target: Target, platform: str) -> str | None:
         from .targets import detect_devices
 
         for device, local in detect_devices(platform):
