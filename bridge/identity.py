@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import operator
 import os
 import sysconfig
 from collections.abc import Iterator
@@ -29,15 +30,18 @@ _VERSION = 1
 def _package_files(directory: str) -> Iterator[str]:
     """Python files of ``directory`` and of its sub-packages (directories with __init__.py)."""
     try:
-        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        entries = sorted(os.scandir(directory), key=_entry_name)
     except OSError:
         return
     for entry in entries:
         if entry.is_dir(follow_symlinks=False):
-            if os.path.exists(os.path.join(entry.path, "__init__.py")):
+            if os.path.exists(entry.path + os.sep + "__init__.py"):
                 yield from _package_files(entry.path)
         elif entry.name.endswith(".py"):
             yield entry.path
+
+
+_entry_name = operator.attrgetter("name")
 
 
 def _stat_row(path: str, base: str) -> list[Any]:
@@ -74,7 +78,15 @@ def triton_fingerprint() -> str:
     import triton
 
     base, files = _triton_files()
-    rows = [_stat_row(p, base) for p in files]
+    skip = len(base) + 1
+    rows: list[list[Any]] = []
+    for path in files:  # (every path is under base: _triton_files joins them to it)
+        try:
+            st = os.stat(path)
+        except OSError:
+            rows.append([path[skip:], None, None])
+            continue
+        rows.append([path[skip:], st.st_size, st.st_mtime_ns])
     doc = json.dumps([_VERSION, triton.__version__, rows], separators=(",", ":"))
     return hashlib.sha256(doc.encode()).hexdigest()
 
