@@ -28,7 +28,6 @@ whose ``repr`` fails makes :func:`identity` raise ``ValueError``: the call is no
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import types
 import weakref
@@ -73,7 +72,7 @@ def identity(fn: Any) -> str:
     if known is not None and known[0]() is fn and known[1] == mark:
         return known[2]
     doc = _Describer().jit(fn)
-    found = hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
+    found = hashlib.sha256(repr(doc).encode()).hexdigest()  # (plain lists and strings)
     try:
         _memo[id(fn)] = (weakref.ref(fn), mark, found)
     except TypeError:  # (an object that cannot be referred to weakly: not memoized)

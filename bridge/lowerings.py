@@ -213,7 +213,7 @@ def lowering_key(call: CallSpec, target: Target, context: bytes) -> tuple[str, i
             "name": call.name,
             "metadata": call.metadata.hex(),
         }
-        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        text = repr(doc)  # (plain lists, strings, numbers: exact, and cheaper than JSON)
     except (Unkeyable, TypeError, ValueError):
         return None
     return hashlib.sha256(context + b"\0" + text.encode()).hexdigest(), len(variants)
