@@ -42,6 +42,8 @@ def _options(
                 "``backend_options``"
             )
         options.update(backend_options)
+    if not options:
+        return options
     known = backends.all_option_names()
     unknown = sorted(set(options) - known) if known else []
     if unknown:

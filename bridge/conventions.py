@@ -20,6 +20,7 @@ the caller gets back.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -99,7 +100,11 @@ def _outputs_03(
                 )
         shapes = list(out_shape.values())
         return keys_, shapes, lambda outs: dict(zip(keys_, outs, strict=True))
-    leaves, tree = jax.tree_util.tree_flatten(out_shape, is_leaf=_is_struct)
+    if _is_struct(out_shape):  # one output (the common case): no tree to flatten
+        leaves, rebuild = [out_shape], _only
+    else:
+        leaves, tree = jax.tree_util.tree_flatten(out_shape, is_leaf=_is_struct)
+        rebuild = functools.partial(jax.tree_util.tree_unflatten, tree)
     if any(not _is_struct(leaf) for leaf in leaves):
         raise KernelArgumentError(
             "out_shape must hold objects with .shape and .dtype (e.g. jax.ShapeDtypeStruct)"
@@ -131,7 +136,12 @@ def _outputs_03(
                 "arguments unless out_names= or a dict out_shape= names them; with out_type= "
                 "(jax-triton 0.4) they fill the parameters no argument fills"
             )
-    return outs, leaves, lambda flat: jax.tree_util.tree_unflatten(tree, flat)
+    return outs, leaves, rebuild
+
+
+def _only(flat: list[Any]) -> Any:
+    (value,) = flat
+    return value
 
 
 def plan_03(
