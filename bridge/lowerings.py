@@ -20,6 +20,8 @@ outcome (every variant for jaxlib to autotune, or one chosen variant) is an entr
 (``<key>.lowering``: a small header and the opaque). Where jaxlib assembles the PTX itself, the
 key holds the release of the ptxas it runs (the PTX's ``.version`` is written for it). Calls
 that hand a file over (``embed="path"``) are not stored: their opaque names a file of the process.
+A whole program's lowerings are also kept together, so that a warm process reads one entry for
+all its calls (:mod:`bridge.programs`, which serves exactly what these entries hold).
 """
 
 from __future__ import annotations
