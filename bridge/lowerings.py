@@ -276,24 +276,35 @@ def from_head(head: Any, opaque: bytes) -> Lowered | None:
     return Lowered(opaque, embed, autotuned, tuple(needs))
 
 
+def frame(magic: bytes, head: bytes, *body: bytes) -> bytes:
+    """``magic``, the size of the JSON text ``head``, ``head``, then ``body``: how lowering and
+    program entries (:mod:`bridge.programs`) lay out their bytes."""
+    return b"".join([_HEADER.pack(magic, len(head)), head, *body])
+
+
+def unframe(data: bytes, magic: bytes) -> tuple[Any, int] | None:
+    """The parsed header of what :func:`frame` made with ``magic``, and where its body starts;
+    None for anything else."""
+    if len(data) < _HEADER.size:
+        return None
+    found, size = _HEADER.unpack_from(data)
+    if found != magic or _HEADER.size + size > len(data):
+        return None
+    try:
+        return json.loads(data[_HEADER.size : _HEADER.size + size]), _HEADER.size + size
+    except (ValueError, RecursionError):
+        return None
+
+
 def encode(done: Lowered) -> bytes:
     """A lowering as its entry stores it: a small header, then the opaque."""
-    text = json.dumps(head(done), sort_keys=True).encode()
-    return _HEADER.pack(MAGIC, len(text)) + text + done.opaque
+    return frame(MAGIC, json.dumps(head(done), sort_keys=True).encode(), done.opaque)
 
 
 def decode(data: bytes) -> Lowered | None:
     """The lowering :func:`encode` made; None for anything else."""
-    if len(data) < _HEADER.size:
-        return None
-    magic, size = _HEADER.unpack_from(data)
-    if magic != MAGIC or _HEADER.size + size > len(data):
-        return None
-    try:
-        found = json.loads(data[_HEADER.size : _HEADER.size + size])
-    except (ValueError, RecursionError):
-        return None
-    return from_head(found, data[_HEADER.size + size :])
+    found = unframe(data, MAGIC)
+    return None if found is None else from_head(found[0], data[found[1] :])
 
 
 def store(

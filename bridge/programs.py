@@ -22,7 +22,6 @@ lowering: an odd program entry is a miss, a failed put costs the next process it
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -42,7 +41,6 @@ if TYPE_CHECKING:
 #: extension of program entries (metadata ``kind: lowering``)
 EXT = "program"
 MAGIC = b"KCP1"
-_HEADER = struct.Struct(">4sI")
 #: at most this many calls in one program entry (more are looked up one by one)
 MAX_ITEMS = 4096
 
@@ -72,7 +70,7 @@ def encode(items: Sequence[Item]) -> bytes:
         for item in items
     ]
     head = json.dumps({"items": index}, separators=(",", ":")).encode()
-    return b"".join([_HEADER.pack(MAGIC, len(head)), head, *(i.lowered.opaque for i in items)])
+    return lowerings.frame(MAGIC, head, *(i.lowered.opaque for i in items))
 
 
 def _state(value: Any) -> bool:
@@ -89,19 +87,14 @@ def _variants(value: Any) -> bool:
 
 def decode(data: bytes) -> list[Item] | None:
     """The items of a program entry; None for anything that is not exactly one."""
-    if len(data) < _HEADER.size:
+    framed = lowerings.unframe(data, MAGIC)
+    if framed is None:
         return None
-    magic, size = _HEADER.unpack_from(data)
-    if magic != MAGIC or _HEADER.size + size > len(data):
-        return None
-    try:
-        head = json.loads(data[_HEADER.size : _HEADER.size + size])
-    except (ValueError, RecursionError):
-        return None
+    head, at = framed
     index = head.get("items") if isinstance(head, dict) else None
     if not isinstance(index, list) or not 0 < len(index) <= MAX_ITEMS:
         return None
-    items, at = [], _HEADER.size + size
+    items = []
     for row in index:
         if not isinstance(row, list) or len(row) != 5:
             return None
