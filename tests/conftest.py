@@ -77,6 +77,18 @@ def root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def assembled(monkeypatch):
+    """The bridge's lowerings built from kernel entries, one item each (a lowering replayed
+    from a lowering or program entry adds none)."""
+    from bridge import call as bridge_call
+
+    seen: list[int] = []
+    real = bridge_call._assemble
+    monkeypatch.setattr(bridge_call, "_assemble", lambda *a, **k: seen.append(1) or real(*a, **k))
+    return seen
+
+
+@pytest.fixture
 def caplog_warnings(caplog):
     caplog.set_level(logging.WARNING, logger="kernelcache")
     return caplog

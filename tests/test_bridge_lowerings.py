@@ -39,15 +39,6 @@ def cache(tmp_path):
     return kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote="")
 
 
-@pytest.fixture
-def assembled(monkeypatch):
-    """The lowerings built from kernel entries (a replayed lowering does not add one)."""
-    seen: list[int] = []
-    real = bridge_call._assemble
-    monkeypatch.setattr(bridge_call, "_assemble", lambda *a, **k: seen.append(1) or real(*a, **k))
-    return seen
-
-
 def module_text(fn, *avals) -> str:
     return lowered_module(fn, *avals).as_text()
 

@@ -37,15 +37,6 @@ def cache(tmp_path):
 
 
 @pytest.fixture
-def assembled(monkeypatch):
-    """The lowerings built from kernel entries."""
-    seen: list[int] = []
-    real = bridge_call._assemble
-    monkeypatch.setattr(bridge_call, "_assemble", lambda *a, **k: seen.append(1) or real(*a, **k))
-    return seen
-
-
-@pytest.fixture
 def reads(monkeypatch):
     """The extensions of the entries read since the last clear()."""
     seen: Counter[str] = Counter()
