@@ -161,9 +161,7 @@ def _scoped_setup(call: CallSpec, platform: str, module: Any) -> tuple[Setup, Pr
     program), with the :class:`Program` of those calls."""
     scope: _Module | None = getattr(_local, "module", None)
     if scope is None or scope.ref() is not module:
-        if scope is not None:  # the end of its lowering was not reported
-            _local.module = None
-            scope.close()
+        _close_module()  # (one open still: the end of its lowering was not reported)
         try:
             scope = _Module(weakref.ref(module))
         except TypeError:  # not weakly referable (or None): read for each call
@@ -182,8 +180,12 @@ def _scoped_setup(call: CallSpec, platform: str, module: Any) -> tuple[Setup, Pr
 def _module_lowered(event: str, duration_secs: float, **kwargs: str | int) -> None:
     """JAX's report that a module's lowering ended (in this thread): its programs are
     complete."""
-    if event != _MODULE_EVENT:
-        return
+    if event == _MODULE_EVENT:
+        _close_module()
+
+
+def _close_module() -> None:
+    """Forget the module this thread was lowering, if any, storing its programs."""
     scope: _Module | None = getattr(_local, "module", None)
     if scope is not None:
         _local.module = None

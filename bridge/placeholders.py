@@ -58,15 +58,10 @@ def _dtype(jax_dtype: Any) -> tuple[np.dtype[Any], str, Any]:
     return found
 
 
-_NAMES: dict[Any, str] = {}
-
-
 def dtype_name(dtype: np.dtype[Any]) -> str:
-    """``dtype.name``, kept per dtype (NumPy computes it anew each time)."""
-    found = _NAMES.get(dtype)
-    if found is None:
-        found = _NAMES[dtype] = dtype.name
-    return found
+    """``dtype.name`` of a dtype arrays may have, from :data:`_DTYPES` (NumPy computes it anew
+    each time)."""
+    return (_DTYPES.get(dtype) or _dtype(dtype))[1]
 
 
 class ArgArray:
