@@ -90,7 +90,8 @@ def _outputs_03(
 ) -> tuple[list[str], list[Any], Callable[[list[Any]], Any]]:
     """Output parameter names, their shapes, and how to rebuild the caller's structure."""
     names = parts.arg_names
-    if isinstance(out_shape, Mapping):
+    # (a struct first: a new class's first check against the Mapping ABC costs tens of us)
+    if not _is_struct(out_shape) and isinstance(out_shape, Mapping):
         keys_ = [_param_index(parts, k, "out_shape key") for k in out_shape]
         if out_names is not None:
             given = [out_names] if isinstance(out_names, (str, int)) else list(out_names)
@@ -184,7 +185,7 @@ def plan_03(
     # roles of input arrays: an output's initial value (dict form) or updated in place (list)
     initial: dict[int, ArgArray] = {}
     inplace: list[ArgArray] = []
-    if isinstance(input_output_aliases, Mapping):
+    if input_output_aliases is not None and isinstance(input_output_aliases, Mapping):
         for src, dst in input_output_aliases.items():
             if isinstance(src, str):
                 found = leaf_arrays(named.get(_param_index(parts, src, "input_output_aliases key")))

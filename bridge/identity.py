@@ -12,10 +12,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import operator
 import os
 import sysconfig
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .memo import memoized
@@ -27,26 +25,27 @@ if TYPE_CHECKING:
 _VERSION = 1
 
 
-def _package_files(directory: str) -> Iterator[str]:
-    """Python files of ``directory`` and of its sub-packages (directories with __init__.py)."""
+def _package_rows(directory: str, package: str, rows: list[list[Any]]) -> None:
+    """Append the rows (:func:`_stat_row`) of the Python files of ``package`` (at
+    ``directory``) and of its sub-packages (directories with ``__init__.py``, as
+    ``pkgutil.walk_packages`` finds them; not ``__pycache__``, which never is one), in name
+    order."""
     try:
-        entries = sorted(os.scandir(directory), key=_entry_name)
+        names = sorted(os.listdir(directory))
     except OSError:
         return
-    for entry in entries:
-        if entry.is_dir(follow_symlinks=False):
-            if os.path.exists(entry.path + os.sep + "__init__.py"):
-                yield from _package_files(entry.path)
-        elif entry.name.endswith(".py"):
-            yield entry.path
+    sep = os.sep
+    for name in names:
+        if name.endswith(".py"):
+            rows.append(_stat_row(directory + sep + name, package + sep + name))
+        elif name != "__pycache__" and name.isidentifier():
+            path = directory + sep + name
+            if os.path.exists(path + sep + "__init__.py"):
+                _package_rows(path, package + sep + name, rows)
 
 
-_entry_name = operator.attrgetter("name")
-
-
-def _stat_row(path: str, base: str) -> list[Any]:
-    # (every path is under base: _triton_files joins them to it)
-    name = path[len(base) + 1 :] if path.startswith(base + os.sep) else os.path.relpath(path, base)
+def _stat_row(path: str, name: str) -> list[Any]:
+    """``[name, size, mtime_ns]`` of the file at ``path`` (size and mtime None: no such file)."""
     try:
         st = os.stat(path)
     except OSError:
@@ -54,21 +53,26 @@ def _stat_row(path: str, base: str) -> list[Any]:
     return [name, st.st_size, st.st_mtime_ns]
 
 
-@functools.lru_cache(maxsize=1)
-def _triton_files() -> tuple[str, tuple[str, ...]]:
-    """Triton's directory and every file ``triton_key()`` reads (plus the ``__init__.py`` of
-    the packages it walks)."""
+def _triton_rows() -> tuple[str, list[list[Any]]]:
+    """Triton's directory, and the row (:func:`_stat_row`) of every file ``triton_key()``
+    reads (plus the ``__init__.py`` of the packages it walks); one pass over the files."""
     import triton
 
     base = os.path.dirname(os.path.abspath(triton.__file__))
     ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
-    files = [
-        os.path.join(base, "runtime", "cache.py"),
-        os.path.join(base, "_C", f"libtriton.{ext}"),
+    rows = [
+        _stat_row(os.path.join(base, name), name)
+        for name in (os.path.join("runtime", "cache.py"), os.path.join("_C", f"libtriton.{ext}"))
     ]
-    for sub in ("compiler", "backends", "language"):
-        files.extend(_package_files(os.path.join(base, sub)))
-    return base, tuple(files)
+    for package in ("compiler", "backends", "language"):
+        _package_rows(os.path.join(base, package), package, rows)
+    return base, rows
+
+
+def _triton_files() -> tuple[str, tuple[str, ...]]:
+    """Triton's directory and every file ``triton_key()`` reads (see :func:`_triton_rows`)."""
+    base, rows = _triton_rows()
+    return base, tuple(os.path.join(base, row[0]) for row in rows)
 
 
 @functools.lru_cache(maxsize=1)
@@ -77,17 +81,7 @@ def triton_fingerprint() -> str:
     (computed once per process)."""
     import triton
 
-    base, files = _triton_files()
-    skip = len(base) + 1
-    rows: list[list[Any]] = []
-    for path in files:  # (every path is under base: _triton_files joins them to it)
-        try:
-            st = os.stat(path)
-        except OSError:
-            rows.append([path[skip:], None, None])
-            continue
-        rows.append([path[skip:], st.st_size, st.st_mtime_ns])
-    doc = json.dumps([_VERSION, triton.__version__, rows], separators=(",", ":"))
+    doc = json.dumps([_VERSION, triton.__version__, _triton_rows()[1]], separators=(",", ":"))
     return hashlib.sha256(doc.encode()).hexdigest()
 
 
@@ -124,7 +118,7 @@ def ptxas_fingerprint(target: Target) -> str:
     rows: list[Any] = [[configured]]
     for path in (configured, tool.default_path):
         if path:
-            rows.append([*_stat_row(path, "/"), os.path.abspath(path)])
+            rows.append(_stat_row(path, os.path.abspath(path)))
     doc = json.dumps([_VERSION, str(target), rows], separators=(",", ":"))
     return hashlib.sha256(doc.encode()).hexdigest()
 

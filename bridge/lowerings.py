@@ -143,7 +143,7 @@ def _kernel(parts: Any) -> list[Any]:
         if configs is not None:
             row += [[str(c) for c in configs], list(getattr(layer, "keys", None) or ())]
         values = getattr(layer, "values", None)
-        if isinstance(values, Mapping):
+        if values is not None and isinstance(values, Mapping):
             row.append(sorted(values))
         layers.append(row)
     return [parts.qualname, parts.language, jit_identity.identity(parts.fn), layers]
