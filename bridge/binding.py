@@ -168,7 +168,7 @@ def expand_variants(
             return expand(i + 1, kw, opts, desc, zero, args)
         assert isinstance(layer, Autotuner)
         fixed = {**kw, **opts}
-        configs = [c for c in layer.configs if not _conflicts(c, fixed)]
+        configs = [c for c in layer.configs if not fixed or not _conflicts(c, fixed)]
         if not configs:
             clash = sorted({k for c in layer.configs for k in _conflicts(c, fixed)})
             raise KernelArgumentError(

@@ -54,6 +54,17 @@ def _settings(fn: Any) -> list[Any]:
     return [_plain(getattr(fn, s, None)) for s in _SETTINGS]
 
 
+def _mark(fn: Any) -> tuple[Any, ...]:
+    """The source and decorator settings of ``fn`` as they are now (lists and sets copied):
+    what the memo of its identity is valid for."""
+    mark = [_src(fn)]
+    for s in _SETTINGS:
+        value = getattr(fn, s, None)
+        kind = type(value)
+        mark.append(tuple(value) if kind is list else frozenset(value) if kind is set else value)
+    return tuple(mark)
+
+
 def _src(fn: Any) -> Any:
     try:
         return fn.src
@@ -67,7 +78,7 @@ def identity(fn: Any) -> str:
     Memoized per function object for the process while its source and settings stay the
     same, as Triton memoizes ``cache_key`` on the function (a new module, or a source
     replaced, is identified anew)."""
-    mark = (_src(fn), *_settings(fn))
+    mark = _mark(fn)
     known = _memo.get(id(fn))
     if known is not None and known[0]() is fn and known[1] == mark:
         return known[2]

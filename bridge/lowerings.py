@@ -74,13 +74,12 @@ class Unkeyable(Exception):
 
 
 def _canon(value: Any, buffers: Mapping[int, int]) -> Any:
-    """``value`` as JSON data that identifies it exactly (see the module docstring). The types
-    calls pass are told by identity first (this runs for every value of every call)."""
+    """``value`` as plain data whose ``repr`` identifies it exactly (see the module
+    docstring). The types calls pass are told by identity first (this runs for every value of
+    every call)."""
     kind = type(value)
-    if kind is str or kind is bool or value is None:
-        return value
-    if kind is int:
-        return ["int", str(value)]
+    if kind is str or kind is bool or kind is int or value is None:
+        return value  # (the key is their repr: 1, True and '1' are told apart)
     if kind is tuple or kind is list:
         return ["tuple", [_canon(v, buffers) for v in value]]
     if kind is dict:

@@ -352,7 +352,8 @@ def parser(declared: Sequence[Variable], make: Callable[..., T]) -> Callable[...
         raw = tuple(map(env.get, names))
         if last and last[0][0] == raw:
             return last[0][1]
-        parsed = make(**{var.field: parse_variable(var, env) for var in declared})
+        values = dict(zip(names, raw, strict=True))  # (each variable read once)
+        parsed = make(**{var.field: parse_variable(var, values) for var in declared})
         last[:] = [(raw, parsed)]
         return parsed
 

@@ -144,6 +144,22 @@ def test_an_edited_kernel_or_dependency_is_lowered_again(tmp_path, cache, assemb
     assert entries(cache.root)["lowering"] == 2
 
 
+def test_values_of_different_types_key_differently():
+    """The key holds the ``repr`` of each value's canonical form: values that print alike but
+    specialize differently (an int and a bool, a float, a string, an int subclass, a tuple)
+    never share a key."""
+    import enum
+
+    from bridge import lowerings
+
+    class Flag(enum.IntEnum):
+        ON = 1
+
+    values = [1, True, 1.0, "1", Flag.ON, (1,), {"1": 1}, None, 0, False, "", ()]
+    shown = [repr(lowerings._canon(v, {})) for v in values]
+    assert len(set(shown)) == len(values), shown
+
+
 def _other_triton(monkeypatch):
     monkeypatch.setattr(identity, "triton_fingerprint", lambda: "another triton")
 

@@ -115,6 +115,18 @@ def test_a_replaced_source_is_identified_anew(tmp_path):
     assert jit_identity.identity(kernel) != before
 
 
+def test_a_setting_changed_on_the_function_is_identified_anew(tmp_path):
+    """The memo holds for the settings it was computed with: one set again, or a list of them
+    edited in place, identifies the function anew."""
+    kernel = load(tmp_path, "resettled", decorator="(do_not_specialize=['y_ptr'])").kernel
+    before = jit_identity.identity(kernel)
+    kernel.debug = not kernel.debug
+    flipped = jit_identity.identity(kernel)
+    assert flipped != before
+    kernel.do_not_specialize.append("x_ptr")  # (the list the decorator was given, edited)
+    assert jit_identity.identity(kernel) not in (before, flipped)
+
+
 def test_a_value_whose_repr_fails_is_a_value_error(tmp_path):
     module = kernel_module(
         tmp_path,
