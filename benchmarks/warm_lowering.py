@@ -12,6 +12,13 @@ plain ``jax.ffi.ffi_call`` of the same outputs with a small fixed backend config
 own cost of tracing and lowering that program; no bridge can lower it faster. The table shows
 each bridge's ratio to it.
 
+Where the garbage collector runs is set per sample, not left to the imports before the
+window: each process makes a full collection and then holds that sample's number of objects
+(0 to 6999, the same for every bridge and the floor), so the window starts at that point of the
+cycles of generations 0 and 1 (a collection of generation 1 costs about 1 ms with JAX loaded; a
+fixed phase puts one inside every window of one program and none in another's). The JSON has
+the collections each window saw.
+
 With ``--before REF_OR_DIR`` an older bridge (a directory, or a git ref exported with
 ``git archive``) is measured in the same run, its processes interleaved with this one's. Prints a
 table (median and min over ``--repeats`` processes), then one JSON line; ``--out FILE`` also
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -37,7 +45,7 @@ from common import emit_summary, export
 REPO = Path(__file__).resolve().parent.parent
 MODELS = ("small", "large")
 CHILD = r"""
-import json, sys, time
+import gc, json, sys, time
 sys.path.insert(0, "benchmarks")
 import jax, triton
 import bridge
@@ -54,16 +62,26 @@ def floor_call(*args, kernel, out_shape, grid, **kw):
 call = floor_call if sys.argv[2] == "floor" else bridge.triton_call
 fn, args = make_model(call, sys.argv[1], {})
 jax.block_until_ready(args)
+# the collector's phase: a full collection, then this sample's number of live objects (the
+# same for every bridge and the floor), so the window starts where the sample says in the
+# cycles of generations 0 and 1 instead of where the imports before it happened to leave it
+gc.collect()
+phase = [[] for _ in range(int(sys.argv[3]))]
+collections = [0, 0, 0]
+gc.callbacks.append(lambda p, info: p == "start" and collections.__setitem__(
+    info["generation"], collections[info["generation"]] + 1))
 t0 = time.perf_counter()
 jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
 t1 = time.perf_counter()
 from bridge import compile as bridge_compile
 print(json.dumps({"lower_ms": (t1 - t0) * 1000, "compiles": bridge_compile.compile_count(),
-                  "protobuf": "google.protobuf" in sys.modules}))
+                  "protobuf": "google.protobuf" in sys.modules, "collections": collections}))
 """
+#: objects that make one full cycle of generation 1 at CPython's default thresholds (700, 10)
+GC_CYCLE = 7000
 
 
-def run(root: Path, cache: str, model: str, floor: bool = False) -> dict:
+def run(root: Path, cache: str, model: str, floor: bool = False, phase: int = 0) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as for an installed package
     env.update(
@@ -74,7 +92,7 @@ def run(root: Path, cache: str, model: str, floor: bool = False) -> dict:
         JAX_PLATFORMS="cpu",
     )
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, model, "floor" if floor else "bridge"],
+        [sys.executable, "-c", CHILD, model, "floor" if floor else "bridge", str(phase)],
         env=env,
         cwd=str(root),
         capture_output=True,
@@ -103,11 +121,14 @@ def main() -> None:
         for label, root in bridges.items():  # fill the kernel cache, write the bytecode
             for model in MODELS:
                 run(root, caches[label], model)
-        for _ in range(args.repeats):
+        phases = random.Random(0).sample(range(GC_CYCLE), args.repeats)
+        for phase in phases:
             for model in MODELS:
-                samples["floor"][model].append(run(REPO, caches["now"], model, floor=True))
+                samples["floor"][model].append(
+                    run(REPO, caches["now"], model, floor=True, phase=phase)
+                )
                 for label, root in bridges.items():
-                    samples[label][model].append(run(root, caches[label], model))
+                    samples[label][model].append(run(root, caches[label], model, phase=phase))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results: dict = {}
@@ -119,6 +140,8 @@ def main() -> None:
                 "min_ms": round(min(ms), 1),
                 "samples_ms": [round(v, 1) for v in ms],
                 "kernel_compiles": max(r["compiles"] for r in rows),
+                # garbage collections in the timed window, by generation, summed over samples
+                "collections": [sum(r["collections"][g] for r in rows) for g in range(3)],
                 "imports_protobuf": any(r["protobuf"] for r in rows),
             }
     summary = {

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,19 +44,26 @@ class KernelParts:
         return list(self.fn.arg_names)
 
 
+@functools.cache
+def _classes() -> tuple[tuple[type, ...], type]:
+    """Triton's layer classes (autotune, heuristics) and its JIT function class."""
+    triton()
+    from triton.runtime.autotuner import Autotuner, Heuristics
+    from triton.runtime.jit import JITFunction
+
+    return (Autotuner, Heuristics), JITFunction
+
+
 def decompose(kernel: Any) -> KernelParts:
     """Split ``kernel`` into its autotune/heuristics layers and its JIT function.
 
     Raises:
         KernelArgumentError: ``kernel`` is not a Triton or Gluon kernel.
     """
-    triton()
-    from triton.runtime.autotuner import Autotuner, Heuristics
-    from triton.runtime.jit import JITFunction
-
+    layered, JITFunction = _classes()
     layers: list[Any] = []
     current = kernel
-    while isinstance(current, (Autotuner, Heuristics)):
+    while isinstance(current, layered):
         layers.append(current)
         current = current.fn
     if not isinstance(current, JITFunction):

@@ -94,6 +94,8 @@ def _array(value: ArgArray, buffers: Mapping[int, int]) -> list[Any]:
 
 
 def _mapping(value: Mapping[Any, Any], buffers: Mapping[int, int]) -> list[Any]:
+    if not value:
+        return ["map", []]
     keys = sorted(value)  # (keys of types that do not compare: TypeError, unkeyable too)
     for k in keys:
         if not isinstance(k, str):

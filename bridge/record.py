@@ -358,9 +358,8 @@ def wanted(cfg: BridgeSettings | None = None) -> bool:
     ``$KERNELCACHE_RECORD`` is set (else the lowering does not build its record)."""
     from .settings import settings
 
-    with _lock:
-        if _listeners:
-            return True
+    if _listeners:  # (a list's truth is read atomically: the lock guards its changes)
+        return True
     return (cfg or settings()).record is not None
 
 
