@@ -59,7 +59,7 @@ def _mark(fn: Any) -> tuple[Any, ...]:
     what the memo of its identity is valid for."""
     mark = [_src(fn)]
     for s in _SETTINGS:
-        value = getattr(fn, s, None)
+        value: Any = getattr(fn, s, None)
         kind = type(value)
         mark.append(tuple(value) if kind is list else frozenset(value) if kind is set else value)
     return tuple(mark)

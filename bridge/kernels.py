@@ -45,7 +45,7 @@ class KernelParts:
 
 
 @functools.cache
-def _classes() -> tuple[tuple[type, ...], type]:
+def _classes() -> tuple[Any, Any]:
     """Triton's layer classes (autotune, heuristics) and its JIT function class."""
     triton()
     from triton.runtime.autotuner import Autotuner, Heuristics
@@ -62,7 +62,7 @@ def decompose(kernel: Any) -> KernelParts:
     """
     layered, JITFunction = _classes()
     layers: list[Any] = []
-    current = kernel
+    current: Any = kernel
     while isinstance(current, layered):
         layers.append(current)
         current = current.fn

@@ -352,7 +352,7 @@ def parser(declared: Sequence[Variable], make: Callable[..., T]) -> Callable[...
         raw = tuple(map(env.get, names))
         if last and last[0][0] == raw:
             return last[0][1]
-        values = dict(zip(names, raw, strict=True))  # (each variable read once)
+        values = {n: v for n, v in zip(names, raw, strict=True) if v is not None}  # read once
         parsed = make(**{var.field: parse_variable(var, values) for var in declared})
         last[:] = [(raw, parsed)]
         return parsed
