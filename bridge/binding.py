@@ -413,7 +413,7 @@ def eval_grid(grid: Any, bound_args: Mapping[str, Any]) -> tuple[int, int, int]:
     if isinstance(value, (int, np.integer)):
         value = (value,)
     try:
-        dims = tuple(int(d) for d in value)
+        dims = tuple(map(int, value))
     except (TypeError, ValueError):
         raise KernelArgumentError(f"grid must be up to three integers, got {value!r}") from None
     if not 1 <= len(dims) <= 3:

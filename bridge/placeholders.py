@@ -75,7 +75,7 @@ class ArgArray:
     __slots__ = ("dtype", "dtype_name", "jax_dtype", "nbytes", "shape", "slot")
 
     def __init__(self, shape: Sequence[int], jax_dtype: Any, slot: tuple[str, int]) -> None:
-        self.shape = tuple(int(d) for d in shape)
+        self.shape = tuple(map(int, shape))
         known = _DTYPES.get(jax_dtype)
         if known is None:
             known = _dtype(jax_dtype)
