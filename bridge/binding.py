@@ -106,6 +106,8 @@ class Bound:
 
 
 def _conflicts(config: Any, fixed: Mapping[str, Any]) -> list[str]:
+    if not fixed:  # (the call pinned nothing: the config's values need not be built)
+        return []
     return [k for k, v in config.all_kwargs().items() if k in fixed and fixed[k] != v]
 
 
@@ -168,7 +170,7 @@ def expand_variants(
             return expand(i + 1, kw, opts, desc, zero, args)
         assert isinstance(layer, Autotuner)
         fixed = {**kw, **opts}
-        configs = [c for c in layer.configs if not fixed or not _conflicts(c, fixed)]
+        configs = [c for c in layer.configs if not _conflicts(c, fixed)]
         if not configs:
             clash = sorted({k for c in layer.configs for k in _conflicts(c, fixed)})
             raise KernelArgumentError(
