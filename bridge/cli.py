@@ -160,7 +160,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="fill an array parameter when measuring with random, zeros, ones or a number "
         "(default: random floats, zero integers)",
     )
-    p.add_argument("--force", action="store_true", help="measure again where a decision exists")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="measure again where a decision exists, and replace it (a pin always replaces "
+        "the one pinned before; a remote tier keeps its value, with a warning)",
+    )
     p.set_defaults(func=cmd_tune)
 
     p = add_command(

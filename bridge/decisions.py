@@ -13,18 +13,26 @@ part of it: a decision outlives their updates until it is tuned again. A decisio
 device (pinned by an operator) holds for every device of its target, and is looked up after the
 device's own.
 
-A document read back is untrusted input: it is used only if it names exactly the call's variants
-and a chosen index among them.
+A document read back is untrusted input, read within bounds (its size, by the number of
+variants: :data:`BYTES_PER_VARIANT`; JSON nesting caught) and checked field by field: it is used
+only if it names exactly the call's variants (in their order) and a chosen index among them
+that ran, with times, reasons and flags that agree with them (a pinned decision holds for every
+device and measured nothing; a measured one has a time per variant). Any other document under a
+decision's key (malformed, stale, for other variants) is ignored as if absent, with one warning
+per document and process naming its key and why.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+from kernelcache.process import warn_once
 
 from .binding import ArgArray
 
@@ -33,6 +41,8 @@ if TYPE_CHECKING:
 
     from .kernels import KernelParts
     from .specialize import Specialization
+
+logger = logging.getLogger(__name__)
 
 #: the extension and kind of a decision entry
 EXT = "decision"
@@ -43,8 +53,14 @@ ANY_DEVICE = "*"
 #: a config whose time is within this fraction of the fastest one ties with it: the earliest
 #: of the tied configs is chosen, so that two tunings of one machine agree
 TIE = 0.02
-#: the largest decision document read back
+#: the largest decision document read back; one for N variants is at most
+#: ``min(MAX_BYTES, BYTES_PER_VARIANT * (N + 1))``
 MAX_BYTES = 1 << 20
+#: the longest config description, and the longest reason a variant did not run (characters)
+MAX_TEXT = 4096
+#: what one variant may add to a document: its key, time, config and reason (each text escaped
+#: as JSON may escape it, six bytes a character), with room to spare
+BYTES_PER_VARIANT = 16 * MAX_TEXT
 #: the most variants one decision chooses among
 MAX_VARIANTS = 4096
 
@@ -108,29 +124,42 @@ def _finite(value: Any) -> bool:
     return type(value) in (int, float) and math.isfinite(value) and value >= 0
 
 
+def _index(text: Any, n: int) -> bool:
+    """Whether ``text`` is a variant's index among ``n`` written as JSON keys are: decimal
+    ASCII digits."""
+    return isinstance(text, str) and text.isascii() and text.isdigit() and int(text) < n
+
+
+def _text(value: Any, most: int) -> TypeGuard[str]:
+    return isinstance(value, str) and 0 < len(value) <= most
+
+
 def parse(data: bytes, variants: Sequence[str]) -> Decision | str:
     """The decision in ``data`` if it chooses among exactly ``variants``; else why not."""
-    if len(data) > MAX_BYTES:
-        return "the decision is too large"
+    most = min(MAX_BYTES, BYTES_PER_VARIANT * (len(variants) + 1))
+    if len(data) > most:
+        return (
+            f"the decision is too large ({len(data):,} bytes; one for {len(variants)} variants "
+            f"has at most {most:,})"
+        )
     try:
         doc = json.loads(data)
     except (ValueError, RecursionError):
-        return "the decision is not JSON"
+        return "the decision is not JSON (or nested too deeply)"
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         return "the decision has an unknown format"
-    names = doc.get("variants")
-    if names != list(variants):
-        return "the decision chooses among other variants"
+    if doc.get("variants") != list(variants):
+        return "the decision chooses among other variants (or in another order)"
     n = len(variants)
     chosen, configs, times = doc.get("chosen"), doc.get("configs"), doc.get("times")
     if type(chosen) is not int or not 0 <= chosen < n:
         return "the decision's chosen variant is out of range"
     if not isinstance(configs, list) or len(configs) != n:
         return "the decision's configs do not match its variants"
-    if not all(isinstance(c, str) and len(c) <= 4096 for c in configs):
+    if not all(isinstance(c, str) and len(c) <= MAX_TEXT for c in configs):
         return "the decision's configs are not text"
     if not isinstance(times, list) or len(times) not in (0, n):
-        return "the decision's times do not match its variants"
+        return "the decision's times do not match its variants (stale times)"
     if not all(t is None or _finite(t) for t in times):
         return "the decision's times are not durations"
     margin, noise, pinned = doc.get("margin"), doc.get("noise"), doc.get("pinned")
@@ -138,14 +167,20 @@ def parse(data: bytes, variants: Sequence[str]) -> Decision | str:
         return "the decision's margin, noise or pinned flag is malformed"
     reasons = doc.get("reasons")
     if not isinstance(reasons, dict) or not all(
-        isinstance(k, str) and k.isdigit() and int(k) < n and isinstance(v, str)
-        for k, v in reasons.items()
+        _index(k, n) and _text(v, MAX_TEXT) for k, v in reasons.items()
     ):
         return "the decision's reasons are malformed"
-    text = [doc.get("kernel"), doc.get("target"), doc.get("device")]
-    kernel, target, device = [t if isinstance(t, str) and 0 < len(t) <= 1024 else "" for t in text]
-    if not (kernel and target and device):
+    kernel, target, device = doc.get("kernel"), doc.get("target"), doc.get("device")
+    if not (_text(kernel, 1024) and _text(target, 1024) and _text(device, 1024)):
         return "the decision's kernel, target or device is malformed"
+    if pinned and (device != ANY_DEVICE or times or margin is not None or noise is not None):
+        return "the decision is pinned but names a device or measurements"
+    if not pinned and device == ANY_DEVICE:
+        return "the decision was measured but names no device"
+    if not pinned and (not times or times[chosen] is None):
+        return "the decision was measured but its chosen variant has no time"
+    if str(chosen) in reasons:
+        return "the decision chooses a variant it says cannot run"
     return Decision(
         kernel=kernel,
         target=target,
@@ -238,13 +273,36 @@ def margin(times: Sequence[float | None], chosen: int) -> float | None:
     return min(others) / own - 1
 
 
-def find(cache: Cache, keys: Sequence[str], variants: Sequence[str]) -> Decision | None:
-    """The first usable decision under ``keys`` (a device's own, then its target's)."""
+def lookup(
+    cache: Cache, keys: Sequence[str], variants: Sequence[str]
+) -> tuple[str, Decision] | None:
+    """The first usable decision under ``keys`` (a device's own, then its target's), with its
+    key; a document that is not one is warned about (see the module docstring) and skipped."""
     for key in keys:
         art = cache.get(key, EXT, counted=False)  # the hit rate is about kernels
         if art is None:
             continue
         found = parse(art.data, variants)
         if isinstance(found, Decision):
-            return found
+            return key, found
+        ignored(key, art.meta.get("digest"), found)
     return None
+
+
+def find(cache: Cache, keys: Sequence[str], variants: Sequence[str]) -> Decision | None:
+    """The decision :func:`lookup` finds, without its key."""
+    found = lookup(cache, keys, variants)
+    return None if found is None else found[1]
+
+
+def ignored(key: str, document: object, why: str) -> None:
+    """Warn, once per process for the ``document`` (its digest) under ``key``, that the
+    decision there is ignored, and why."""
+    warn_once(
+        logger,
+        ("decision-ignored", key, document),
+        "kernelcache: ignoring the autotune decision %s: %s; the call is lowered as without one "
+        "(`kernelcache tune MANIFEST --force`, or --pin, replaces it)",
+        key,
+        why,
+    )

@@ -10,6 +10,11 @@ never measured or chosen, and the decision lists them with their reasons; a pin 
 nothing, so it refuses the configs the cache knows to be left out (a lowering ignores a
 decision for any other, with a warning).
 
+A pin replaces the decision pinned before; measuring keeps a usable decision already stored
+(it reports it: "present") unless ``force``. A stored document that is not a usable decision is
+replaced as if absent. Replacing is atomic in the writable root; a remote tier keeps its value,
+with a warning (see :meth:`kernelcache.Cache.replace`).
+
 Calls are replayed from their records: arguments (arrays as shapes and dtypes), the outputs,
 and the grid of each config. A record that lacks what a measurement needs is reported and
 skipped.
@@ -126,7 +131,7 @@ def _specs(group: _Group, target: Target, cache: Cache) -> list[Specialization]:
 
 def pin(group: _Group, target: Target, index: int, cache: Cache) -> Tuned:
     """Store config ``index`` (of the kernel's own config list) as the decision of ``group``'s
-    call for every device of ``target``."""
+    call for every device of ``target``, in place of the one pinned before."""
     parts = kernel_parts(group.call)
     specs = _specs(group, target, cache)
     configs = [layer.configs for layer in parts.layers if hasattr(layer, "configs")]
@@ -170,12 +175,15 @@ def pin(group: _Group, target: Target, index: int, cache: Cache) -> Tuned:
         reasons=left,
     )
     named, _, _ = group.call.revived(target, [0])
-    _store(cache, decisions.keys_of(parts, named, specs)[0], made)
+    key = decisions.keys_of(parts, named, specs)[0]
+    if decisions.find(cache, [key], made.variants) != made:
+        _store(cache, key, made)
     return Tuned(group.call.kernel, str(target), "pinned", made)
 
 
 def _store(cache: Cache, key: str, made: Decision) -> None:
-    cache.put(key, decisions.EXT, made.to_bytes(), made.metadata())
+    """Store ``made`` under ``key`` in place of what is there (the caller decided to)."""
+    cache.replace(key, decisions.EXT, made.to_bytes(), made.metadata())
 
 
 def traced_call(group: _Group, target: Target, cache: Cache) -> CallSpec:

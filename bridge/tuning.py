@@ -8,10 +8,13 @@ the call's autotune mode (``autotune=``, else ``$KERNELCACHE_AUTOTUNE``):
 - ``runtime``: every variant, even where a decision exists;
 - ``require``: an :class:`~bridge.errors.AutotuneError` naming ``kernelcache tune``;
 - ``job``: one process measures (single flight through the cache's build lock: the others wait
-  for its decision, and take over if it dies) and every process lowers the chosen variant.
+  for its decision, and take over if it dies) and every process lowers the chosen variant. A
+  decision under the device's key that cannot be used (malformed, or choosing a variant left
+  out here) is measured again the same way, and replaced.
 
 A variant left out of the call (it cannot compile or launch: see :mod:`bridge.variants`) is
-never emitted, measured or chosen; a decision that chose one is ignored, with a warning.
+never emitted, measured or chosen; a decision that chose one is ignored, with a warning, as is
+a document that is not a decision for the call (see :mod:`bridge.decisions`).
 
 Measuring runs each variant on the local GPU on synthetic inputs, the way jaxlib's autotuner
 does: one launch each to estimate, then enough launches for a target time, repeated; the time of
@@ -108,9 +111,9 @@ def select(
     keys = decisions.keys_of(call.parts, call.named, specs, [device] if device else [])
     names = [spec.key for spec in specs]
     where = f"{call.parts.qualname} on {device or target}"
-    found = decisions.find(cache, keys, names)
-    if found is not None and _usable(found, variants, where):
-        return [found.chosen]
+    found = decisions.lookup(cache, keys, names)
+    if found is not None and _usable(*found, variants, where):
+        return [found[1].chosen]
     if mode == "decided":
         return variants.viable()
     if mode == "require":
@@ -140,23 +143,29 @@ def select(
         return made.to_bytes(), made.metadata()
 
     art = cache.get_or_create(keys[0], decisions.EXT, tune)
-    made = decisions.parse(art.data, names)
-    if isinstance(made, str):
-        raise AutotuneError(f"the autotune decision for {where} cannot be used: {made}")
-    return [made.chosen] if _usable(made, variants, where) else kept
+    for again in (True, False):  # one that cannot be used is measured again, once
+        made = decisions.parse(art.data, names)
+        if isinstance(made, str):
+            decisions.ignored(keys[0], art.meta.get("digest"), made)
+        elif _usable(keys[0], made, variants, where):
+            return [made.chosen]
+        if again:
+            art = cache.rebuild(keys[0], decisions.EXT, tune, stale=art)
+    return kept
 
 
-def _usable(made: Decision, variants: Variants, where: str) -> bool:
-    """Whether the config ``made`` chooses can run here (a decision for a config left out of
-    the call is ignored, with a warning)."""
+def _usable(key: str, made: Decision, variants: Variants, where: str) -> bool:
+    """Whether the config ``made`` (the decision under ``key``) chooses can run here (a
+    decision for a config left out of the call is ignored, with a warning)."""
     why = variants.left_out([made.chosen]).get(made.chosen)
     if why is None:
         return True
     warn_once(
         logger,
-        ("decision-left-out", where, made.chosen),
-        "kernelcache: the autotune decision for %s chooses config %d (%s), which is left out "
-        "here: %s; ignoring it",
+        ("decision-left-out", key, made.chosen),
+        "kernelcache: ignoring the autotune decision %s for %s: it chooses config %d (%s), "
+        "which is left out here: %s",
+        key,
         where,
         made.chosen,
         made.config,

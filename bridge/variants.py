@@ -2,7 +2,8 @@
 kernel, or why it is left out of the call.
 
 A config is left out, as Triton's autotuner leaves it out, when it cannot compile (see
-:mod:`bridge.failures`: remembered in the cache) or cannot launch on the target: it needs more
+:mod:`bridge.failures`: remembered in the cache, and consulted only where the cache holds no
+kernel for it: a kernel entry is what runs) or cannot launch on the target: it needs more
 shared memory than one block may have there (:func:`bridge.targets.max_shared_memory`: the
 local device's figure where it can be read, else the vendor's table), or more tensor memory
 than Triton allows. Left-out configs are named in one warning per kernel and process (a later
@@ -60,14 +61,16 @@ def launch_problem(meta: Mapping[str, Any], target: Target, device: Any = None) 
 def known_left_out(
     specs: Sequence[Specialization], cache: Cache, device: Any = None
 ) -> dict[int, str]:
-    """Why each of ``specs`` that the cache knows cannot compile (a failure entry) or launch
-    (its kernel's entry) is left out; nothing is compiled."""
+    """Why each of ``specs`` that the cache knows cannot launch (its kernel's entry) or, having
+    no kernel entry, cannot compile (a failure entry) is left out; nothing is compiled. A
+    kernel entry wins over a failure entry: it is what a lowering runs."""
     found: dict[int, str] = {}
     for i, spec in enumerate(specs):
-        why = failures.remembered(cache, spec.key)
-        if why is None:
-            art = cache.get(spec.key, spec.ext, counted=False)
-            why = None if art is None else launch_problem(art.meta, spec.target, device)
+        art = cache.get(spec.key, spec.ext, counted=False)
+        if art is not None:
+            why = launch_problem(art.meta, spec.target, device)
+        else:
+            why = failures.remembered(cache, spec.key)
         if why is not None:
             found[i] = why
     return found

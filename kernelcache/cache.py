@@ -2,9 +2,11 @@
 
 Reads go to the writable root, then each read-only root in order, then the remote tier (if
 any); a remote hit is verified and published into the writable root. Writes go to the writable
-root (and the remote tier). ``get_or_create`` runs at most one ``build`` per key at a time
-across every process sharing the writable root (single flight): the others wait for the
-builder's lock and then read its result. ``get_or_create_many`` does the same for many keys
+root (and the remote tier); the first writer of a key wins, except where ``replace`` (or
+``rebuild``, single flight) puts an entry in place of the writable root's (never of the remote
+tier's value). ``get_or_create`` runs at most one ``build`` per key at a time across every
+process sharing the writable root (single flight): the others wait for the builder's lock and
+then read its result. ``get_or_create_many`` does the same for many keys
 with work stealing: a process builds every missing key whose lock is free before it waits for
 the keys that other processes are building, and takes over those whose builder died.
 
@@ -318,27 +320,141 @@ class Cache:
         check_ext(ext)
         return self._put(key, ext, data, meta, wait)
 
-    def _put(
-        self, key: str, ext: str, data: bytes, meta: Mapping[str, Any], wait: float | None
+    def replace(
+        self,
+        key: str,
+        ext: str,
+        data: bytes,
+        meta: Mapping[str, Any],
+        *,
+        wait: float | None = None,
     ) -> Artifact:
-        """:meth:`put`, waiting at most ``wait`` seconds (None: the lock timeout)."""
+        """Store an artifact in place of the entry the writable root holds under ``key``, if
+        any (:meth:`put` keeps the first writer's). Atomic as a put: a reader gets the earlier
+        entry or this one, never a mix. An entry of ``key`` in a read-only root stays, unread
+        (the writable root is searched first).
+
+        The remote tier never replaces a value (its first writer wins): the entry is sent to it
+        as by :meth:`put`, and where the tier holds another value for ``key``, or did not take
+        this one, one warning says so; machines that read ``key`` from the tier still get
+        its value there.
+
+        Raises:
+            as :meth:`put`.
+        """
+        check_key(key)
+        check_ext(ext)
+        return self._put(key, ext, data, meta, wait, replace=True)
+
+    def rebuild(self, key: str, ext: str, build: BuildFn, *, stale: Artifact) -> Artifact:
+        """Build ``key`` again in place of ``stale``: what a read of ``key`` returned that the
+        caller cannot use (a document it refuses inside a whole entry).
+
+        Single flight across the processes sharing the writable root: under the key's build
+        lock (the one :meth:`get_or_create` takes; the remote tier's is not taken), an entry
+        other than ``stale`` (another process rebuilt it meanwhile) is returned as it is;
+        otherwise ``build()`` runs and what it made replaces ``stale`` (:meth:`replace`). A
+        lock not had within the lock timeout is built without, and a result that cannot be
+        stored is returned from memory, each with one warning.
+
+        Raises:
+            ValueError: malformed key or ext.
+            Exception: whatever ``build`` raises.
+        """
+        check_key(key)
+        check_ext(ext)
+        budget = WaitBudget(self.lock_timeout)
+        if self.disabled:
+            return self._build(key, ext, build, None)
+        held: Held | None = None
+        try:
+            held = self.store.locker.acquire(
+                key + ".build", shared=False, timeout=self.lock_timeout
+            )
+        except LockTimeout:
+            warn_once(
+                logger,
+                (self.root, "build-lock"),
+                "kernelcache: waited %.0fs for another builder under %s; building privately",
+                self.lock_timeout,
+                self.root,
+            )
+        except CacheError as e:
+            warn_once(logger, (self.root, "locks"), "kernelcache: building without a lock: %s", e)
+        try:
+            now = self._local_lookup(key, ext)
+            if now is not None and now.meta.get("digest") != stale.meta.get("digest"):
+                return now
+            return self._build(key, ext, build, budget, replace=True)
+        finally:
+            if held is not None:
+                held.release()
+
+    def _put(
+        self,
+        key: str,
+        ext: str,
+        data: bytes,
+        meta: Mapping[str, Any],
+        wait: float | None,
+        *,
+        replace: bool = False,
+    ) -> Artifact:
+        """:meth:`put` (or :meth:`replace`), waiting at most ``wait`` seconds (None: the lock
+        timeout)."""
         if self.disabled:
             return self._in_memory(key, ext, data, meta)
         try:
-            art = self._publish(key, ext, data, meta, wait)
+            art = self._publish(key, ext, data, meta, wait, replace=replace)
         except CacheError:
             stats.count(self.root, errors=1)
             raise
         stats.count(self.root, puts=1, bytes_written=len(art.data))
         if self.remote is not None and self.remote.put(key, ext, art.data, art.meta):
             stats.count(self.root, remote_puts=1)
+        elif self.remote is not None and replace:
+            self._remote_kept(art)
         return art
 
+    def _remote_kept(self, art: Artifact) -> None:
+        """Warn once when the remote tier, which never replaces a value, does not hold the
+        value of ``art`` that this process just put in place of another one."""
+        assert self.remote is not None
+        try:
+            found = self.remote.get(art.key, art.ext)
+        except Exception:  # a tier must not raise; if one does, it holds nothing we can read
+            found = None
+        if found is not None and found[0] == art.data:
+            return
+        what = (
+            "did not take it (unavailable, or read-only)"
+            if found is None
+            else "keeps its earlier value (a remote value is never replaced)"
+        )
+        warn_once(
+            logger,
+            (self.root, "remote-kept", art.key),
+            "kernelcache: replaced %s.%s under %s, but the remote tier %s: machines that read it "
+            "from the tier get that value, not this one",
+            art.key,
+            art.ext,
+            self.root,
+            what,
+        )
+
     def _publish(
-        self, key: str, ext: str, data: bytes, meta: Mapping[str, Any], wait: float | None
+        self,
+        key: str,
+        ext: str,
+        data: bytes,
+        meta: Mapping[str, Any],
+        wait: float | None,
+        *,
+        replace: bool = False,
     ) -> Artifact:
-        """Publish into the writable root, and account for what it added under the size cap."""
-        art, published = self.store.publish(key, ext, data, meta, wait=wait)
+        """Publish into the writable root (``replace``: in place of an entry there), and
+        account for what it added under the size cap."""
+        art, published = self.store.publish(key, ext, data, meta, wait=wait, replace=replace)
         if published and self.capacity is not None:
             try:
                 meta_size = os.stat(self.store.meta_path(key)).st_size
@@ -585,9 +701,18 @@ class Cache:
                 return result
         return None
 
-    def _build(self, key: str, ext: str, build: BuildFn, budget: WaitBudget | None) -> Artifact:
-        """Run ``build`` and store what it made (``budget`` None: keep it in memory), waiting
-        at most what is left of ``budget`` to store it."""
+    def _build(
+        self,
+        key: str,
+        ext: str,
+        build: BuildFn,
+        budget: WaitBudget | None,
+        *,
+        replace: bool = False,
+    ) -> Artifact:
+        """Run ``build`` and store what it made (``budget`` None: keep it in memory;
+        ``replace``: in place of an entry), waiting at most what is left of ``budget`` to
+        store it."""
         started = time.monotonic()
         if budget is None:
             data, meta = build()
@@ -598,7 +723,7 @@ class Cache:
         if budget is None:
             return self._in_memory(key, ext, data, meta)
         try:
-            return self._put(key, ext, data, meta, budget.remaining())
+            return self._put(key, ext, data, meta, budget.remaining(), replace=replace)
         except CacheError as e:
             warn_once(
                 logger, (self.root, "write"), "kernelcache: using an in-memory artifact: %s", e

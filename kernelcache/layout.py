@@ -222,8 +222,11 @@ def unservable(
     key: str, st: os.stat_result, what: str, trust: TrustPolicy | None
 ) -> Problem | None:
     """Why the file ``what`` (``"metadata"``, ``"artifact"``) of ``key``, of status ``st``,
-    may not be served: not a regular file, or refused by ``trust`` (None: no policy); None if
-    it may."""
+    may not be served: replaced or removed since it was opened (a corrupt read: the read is
+    done again, under the key's lock), not a regular file, or refused by ``trust`` (None: no
+    policy); None if it may."""
+    if st.st_nlink == 0:
+        return Problem(key, f"{what} was replaced while being read")
     if not stat.S_ISREG(st.st_mode):
         return Problem(key, f"{what} is not a regular file")
     if trust is not None and not trust.may_serve(st):

@@ -15,7 +15,8 @@ Guarantees across processes and hosts sharing a root:
   schema, a symlink or a half entry is never returned: the entry is re-checked under the
   exclusive lock and moved to ``.quarantine/``. An entry written by an older kernelcache (no
   entry digest) is a miss, replaced by the next put.
-* The first complete writer of a key wins; later writers find the entry and keep it.
+* The first complete writer of a key wins; later writers find the entry and keep it, unless
+  they replace it explicitly (``publish(..., replace=True)``), which is atomic as above.
 * Nothing is written through a symlink, and what this process writes passes its own trust
   policy whatever the umask.
 """
@@ -462,9 +463,13 @@ class Store:
         meta: Mapping[str, Any],
         *,
         wait: float | None = None,
+        replace: bool = False,
     ) -> tuple[Artifact, bool]:
         """:meth:`put`, also saying whether this call published the entry (False: a valid
-        entry was already there and is returned)."""
+        entry was already there and is returned). With ``replace``, a valid entry of the same
+        extension is replaced too: both files by ``os.replace`` under the key's exclusive lock,
+        so a reader gets the earlier entry or this one (one that read the earlier metadata and
+        this artifact re-checks under the lock, and finds this one)."""
         check_key(key)
         check_ext(ext)
         data = as_bytes(data)
@@ -493,7 +498,8 @@ class Store:
                 if isinstance(existing, Artifact):
                     if existing.ext != ext:
                         raise WrongExt(f"key {key} already holds a .{existing.ext} artifact")
-                    return existing, False
+                    if not replace:
+                        return existing, False
                 if isinstance(existing, Problem):
                     if existing.outdated:
                         self._remove_locked(root_fd, key, {ext, existing.ext or ext})
@@ -507,6 +513,8 @@ class Store:
                 except OSError as e:
                     raise self._write_error(f"publishing failed: {e.strerror}", e, key) from e
                 staged.clear()
+                if replace:
+                    self._memo.pop(key, None)
             finally:
                 if held is not None:
                     held.release()

@@ -7,6 +7,7 @@ Lowered for cuda:90 on this CPU machine. Measuring needs the GPU; here a stand-i
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -88,6 +89,12 @@ def test_a_decision_reads_back_as_written():
         ({"margin": "big"}, "margin"),
         ({"device": ""}, "device"),
         ({"format": 2}, "format"),
+        ({"reasons": {"\u00b2": "x"}}, "reasons"),  # a digit, but not one int() reads
+        ({"reasons": {"1": "out of resources"}}, "says cannot run"),
+        ({"pinned": True}, "pinned but names a device"),
+        ({"device": decisions.ANY_DEVICE}, "names no device"),
+        ({"times": []}, "has no time"),
+        ({"times": [1.0, None, None]}, "has no time"),
     ],
 )
 def test_an_odd_decision_is_refused_with_a_reason(edit, why):
@@ -258,9 +265,9 @@ print(json.dumps({{"kernels": [k.num_warps for k in kernels_of(call)],
 """
 
 
-def _job(root: Path, marker: Path, seconds: float) -> subprocess.Popen:
+def _job(root: Path, marker: Path, seconds: float, **more: str) -> subprocess.Popen:
     code = JOB.format(tests=str(REPO / "tests"), marker=str(marker))
-    env = child_env(KERNELCACHE_DIR=str(root), MEASURE_SECONDS=str(seconds))
+    env = child_env(KERNELCACHE_DIR=str(root), MEASURE_SECONDS=str(seconds), **more)
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=env,
@@ -302,17 +309,18 @@ def test_a_killed_tuner_is_taken_over(tmp_path):
 
 
 class StandIn:
-    """Plays a GPU: config 1 is fastest."""
+    """Plays a GPU: config 1 is fastest (``times``: milliseconds per config)."""
 
     def __init__(self) -> None:
         self.calls: list[int] = []
+        self.times = (3, 1, 2, 4)
 
     def device(self, target, platform):
         return "Stand-in GPU"
 
     def measure(self, call, n):
         self.calls.append(n)
-        return tuning.Measured(tuple(1e-3 * (3, 1, 2, 4)[i] for i in range(n)), 0.01, {3: "x"})
+        return tuning.Measured(tuple(1e-3 * self.times[i] for i in range(n)), 0.01, {3: "x"})
 
 
 @pytest.fixture
@@ -321,6 +329,19 @@ def stand_in():
     previous = tuning.use(measurer)
     yield measurer
     tuning.use(previous)
+
+
+def test_a_forced_tune_replaces_the_measured_decision(tmp_path, cache, monkeypatch, stand_in):
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    assert [r.decision.chosen for r in tune.tune(str(manifest), cache)] == [1]
+    stand_in.times = (3, 2, 1, 4)  # the GPU changed its mind: config 2 is fastest now
+    (kept,) = tune.tune(str(manifest), cache)
+    assert kept.status == "present" and kept.decision.chosen == 1
+    assert lower(cache, autotune="require").kernel_call.grid_1 == 6  # config 1: BN 64
+    (forced,) = tune.tune(str(manifest), cache, force=True)
+    assert forced.status == "tuned" and forced.decision.chosen == 2
+    call = lower(cache, autotune="require")
+    assert call.HasField("kernel_call") and call.kernel_call.grid_1 == 3  # config 2: BN 128
 
 
 def test_tune_replays_recorded_calls_and_measures_them(tmp_path, cache, monkeypatch, stand_in):
@@ -421,3 +442,126 @@ def test_decisions_travel_through_redis_signed(tmp_path, cache, monkeypatch):
         monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", "z" * 32)
         third = kernelcache.Cache(tmp_path / "three", readonly_roots=(), remote=server.url)
         assert len(lower(third).autotuned_kernel_call.configs) == 4
+
+
+# -- replaced and ignored decisions -------------------------------------------------------------
+def test_tune_pins_in_place_of_the_decision_a_lowering_runs(tmp_path, cache, monkeypatch):
+    every = lower(cache, autotune="runtime").autotuned_kernel_call.configs
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    root = Path(cache.root)
+    for args, index in (
+        (["--pin", "matmul_kernel=0"], 0),
+        (["--pin", "matmul_kernel=3", "--force"], 3),
+        (["--pin", "matmul_kernel=2"], 2),
+    ):
+        done = kc(root, "tune", str(manifest), *args)
+        assert done.returncode == 0 and f"pinned config {index}" in done.stdout, done.stderr
+        call = lower(cache)  # this process read the decision before: it reads the new one
+        assert call.HasField("kernel_call"), args
+        assert call.kernel_call.kernel == every[index].kernel_call.kernel
+        assert call.kernel_call.grid_0 == every[index].kernel_call.grid_0
+    (entry,) = root.glob("*.decision")
+    assert json.loads(entry.read_bytes())["chosen"] == 2
+    assert not (root / ".quarantine").exists() and kc(root, "verify").returncode == 0
+
+
+@pytest.fixture(scope="module")
+def pinned(tmp_path_factory):
+    """A root holding the kernels of the matmul call, the document of a decision pinning its
+    config 1, that decision's key, and the key of a decision for the stand-in GPU."""
+    base = tmp_path_factory.mktemp("pinned")
+    kernels = kernelcache.Cache(base / "kernels", readonly_roots=(), remote="")
+    with pytest.MonkeyPatch.context() as patch:
+        manifest = record_manifest(base, kernels, patch)
+    scratch = kernelcache.Cache(base / "scratch", readonly_roots=(kernels.root,), remote="")
+    tune.tune(str(manifest), scratch, pins={"matmul_kernel": 1})
+    (entry,) = Path(scratch.root).glob("*.decision")
+    (group,) = tune.recorded_calls(str(manifest))
+    target = bridge.parse_target("cuda:90")
+    specs = tune._specs(group, target, kernels)
+    named, _, _ = group.call.revived(target, [0])
+    device, anywhere = decisions.keys_of(specs[0].parts, named, specs, ["Stand-in GPU"])
+    assert entry.name == f"{anywhere}.decision"
+    return kernels.root, json.loads(entry.read_bytes()), anywhere, device
+
+
+def _doc(doc: dict, **edit) -> bytes:
+    return json.dumps({**doc, **edit}).encode()
+
+
+#: decision documents a lowering ignores, and why (as the warning says)
+MALFORMED = {
+    "chosen out of range": (lambda d: _doc(d, chosen=4), "out of range"),
+    "chosen negative": (lambda d: _doc(d, chosen=-1), "out of range"),
+    "chosen as a string": (lambda d: _doc(d, chosen="1"), "out of range"),
+    "variants reordered": (lambda d: _doc(d, variants=d["variants"][::-1]), "other variants"),
+    "a variant replaced": (lambda d: _doc(d, variants=[*d["variants"][:3], "f" * 64]), "other"),
+    "stale times": (lambda d: _doc(d, times=[1e-3, 2e-3, 3e-3]), "stale times"),
+    "2 MB": (lambda d: _doc(d, padding="x" * (2 << 20)), "too large"),
+    "deeply nested": (
+        lambda d: _doc(d)[:-1] + b', "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        "nested too deeply",
+    ),
+    "truncated": (lambda d: _doc(d)[:-3], "not JSON"),
+    "another format": (lambda d: _doc(d, format=2), "unknown format"),
+    "a reason keyed by a digit int() cannot read": (
+        lambda d: _doc(d, reasons={"\u00b2": "x"}),
+        "reasons are malformed",
+    ),
+    "chooses a config it says cannot run": (
+        lambda d: _doc(d, reasons={"1": "out of resources"}),
+        "says cannot run",
+    ),
+}
+DECISION_META = {"kind": "decision", "name": "matmul_kernel"}
+
+
+def decision_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "bridge.decisions"]
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_an_ignored_decision_is_warned_about_once(name, pinned, tmp_path, caplog):
+    kernels, doc, key, _ = pinned
+    make, why = MALFORMED[name]
+    cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(kernels,), remote="")
+    cache.put(key, decisions.EXT, make(doc), DECISION_META)
+    caplog.set_level(logging.WARNING, logger="bridge")
+    for _ in range(2):
+        assert len(lower(cache).autotuned_kernel_call.configs) == 4  # as without a decision
+    (said,) = decision_warnings(caplog)
+    assert key in said and why in said
+    with pytest.raises(bridge.AutotuneError, match="no autotune decision"):
+        lower(cache, autotune="require")
+    assert len(decision_warnings(caplog)) == 1
+
+
+@pytest.mark.parametrize("name", ["chosen out of range", "deeply nested", "a variant replaced"])
+def test_job_mode_measures_in_place_of_a_malformed_decision(
+    name, pinned, tmp_path, caplog, stand_in
+):
+    kernels, doc, _, key = pinned
+    cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(kernels,), remote="")
+    cache.put(key, decisions.EXT, MALFORMED[name][0](doc), DECISION_META)
+    caplog.set_level(logging.WARNING, logger="bridge")
+    call = lower(cache, autotune="job")
+    assert stand_in.calls == [4]  # measured, as for an absent decision
+    assert call.HasField("kernel_call") and call.kernel_call.grid_1 == 6  # config 1: 1 ms
+    (said,) = decision_warnings(caplog)
+    assert key in said and MALFORMED[name][1] in said
+    made = decisions.parse(cache.get(key, decisions.EXT).data, doc["variants"])
+    assert made.chosen == 1 and made.device == "Stand-in GPU"  # stored in its place
+    assert lower(cache, autotune="job").HasField("kernel_call") and stand_in.calls == [4]
+
+
+def test_a_job_measures_once_in_place_of_a_malformed_decision(pinned, tmp_path):
+    kernels, doc, _, key = pinned
+    root, marker = tmp_path / "root", tmp_path / "measured"
+    bad = MALFORMED["chosen out of range"][0](doc)
+    kernelcache.Cache(root, readonly_roots=(), remote="").put(key, "decision", bad, DECISION_META)
+    procs = [_job(root, marker, 2.0, KERNELCACHE_READONLY_DIRS=str(kernels)) for _ in range(3)]
+    results = [_result(p) for p in procs]
+    assert len(marker.read_text().split()) == 1, "one process measured"
+    assert results == [{"kernels": [4], "grid": 6}] * 3
+    fixed = kernelcache.Cache(root, readonly_roots=(), remote="").get(key, "decision")
+    assert decisions.parse(fixed.data, doc["variants"]).chosen == 1

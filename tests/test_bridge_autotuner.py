@@ -597,6 +597,29 @@ def test_a_pin_of_a_left_out_config_is_refused(tmp_path, fresh, monkeypatch):
     assert "BLOCK: 1024" in human and "static assertion failed" in human
 
 
+def test_a_kernel_entry_wins_over_a_failure_entry(tmp_path, fresh, monkeypatch):
+    """A config whose kernel is in the cache runs, whatever a failure entry beside it says."""
+    from bridge import explain, warm
+
+    manifest = record_manifest(tmp_path, fresh, monkeypatch)
+    (group,) = tune.recorded_calls(str(manifest))
+    specs = tune._specs(group, bridge.parse_target("cuda:90"), fresh)
+    assert fresh.get(specs[0].key, specs[0].ext) is not None  # BLOCK 128 compiled
+    failures.remember(fresh, specs[0].key, "static assertion failed: forged", {})
+    assert failures.remembered(fresh, specs[0].key) == "static assertion failed: forged"
+    (pinned,) = tune.tune(str(manifest), fresh, pins={"bounded_copy_kernel": 0})
+    assert pinned.status == "pinned", pinned.detail
+    assert pinned.decision.chosen == 0 and sorted(pinned.decision.reasons) == [1, 3]
+    (call,) = decoded(copy_call(K.bounded_copy, fresh, autotune="require"), F32)
+    assert call.HasField("kernel_call") and call.kernel_call.grid_0 == 32  # 4096 / 128
+    report = warm.warm(manifest, ["cuda:90"], cache=fresh, jobs=1)
+    assert [r.status for r in report.results] == ["present"]  # the decided config only
+    (told,) = [
+        e for e in explain.explain(str(manifest), fresh, ["cuda:90"]) if e.key == specs[0].key
+    ]
+    assert told.status == "hit"
+
+
 class StandIn:
     """A GPU that finds the left-out configs fastest (it is never asked to run them)."""
 
