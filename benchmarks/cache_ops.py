@@ -25,9 +25,18 @@ the pass's listing; passes run in a helper process beside the puts (see
 :mod:`kernelcache.capacity`), so the table also shows the CPU time per put, the helper's
 included: the work a cap costs the machine, where the first figure is what it costs the job.
 
+Then how far a burst takes a root past its cap: writer processes that each put their entries
+as fast as they can into one capped root (by default 4 writers of 150 entries of 32,000 bytes,
+19 MB over a 1 MiB cap), against the same writers pacing their puts (a sleep between two), in
+alternating runs; a thread samples the root's entries (as an eviction pass lists them) every
+millisecond: the peak over the cap, the slowest put (what waiting for passes cost a writer) and
+the root over the cap once the writers are done. ``--before REF`` also runs the burst with
+kernelcache of a git ref or directory.
+
 Prints a table and ends with one JSON line; ``--out`` also writes the JSON to a file.
 
-    python benchmarks/cache_ops.py [--reads 3000] [--capped 10000:4K,100000:4K] [--out results.json]
+    python benchmarks/cache_ops.py [--reads 3000] [--capped 10000:4K,100000:4K]
+        [--burst 4:150:32000:1M] [--before REF] [--out results.json]
 """
 
 from __future__ import annotations
@@ -39,16 +48,21 @@ import platform
 import random
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common import REPO, export
+
 import kernelcache
 from kernelcache import units
+from kernelcache.capacity import entries_of
 
 SIZES = {"4KiB": 4 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20}
 KEYS = 64
@@ -271,6 +285,124 @@ def _cpu_seconds(cache: kernelcache.Cache) -> float:
     return me.ru_utime + me.ru_stime + helpers
 
 
+#: one writer of a burst: puts its entries once told to go (a line on stdin), ``pace`` seconds
+#: apart; prints its seconds and its slowest put's
+BURST_WRITER = """
+import hashlib, os, sys, time
+import kernelcache
+tag, count, size, pace = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+cache = kernelcache.Cache(readonly_roots=(), remote="")
+blobs = [os.urandom(size) for _ in range(count)]
+sys.stdin.readline()
+slowest, started = 0.0, time.perf_counter()
+for i, blob in enumerate(blobs):
+    t0 = time.perf_counter()
+    cache.put(hashlib.sha256(f"{tag}-{i}".encode()).hexdigest(), "bin", blob, {"name": tag})
+    slowest = max(slowest, time.perf_counter() - t0)
+    if pace:
+        time.sleep(pace)
+print(time.perf_counter() - started, slowest, flush=True)
+"""
+
+
+def _burst_run(
+    tree: Path, root: str, writers: int, count: int, size: int, cap: int, pace: float
+) -> dict:
+    """One run of ``writers`` processes (kernelcache from ``tree``) putting into ``root``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
+    env.update(PYTHONPATH=str(tree), KERNELCACHE_DIR=root, KERNELCACHE_MAX_SIZE=str(cap))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BURST_WRITER, f"{n}-{pace}", str(count), str(size), str(pace)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd="/",
+        )
+        for n in range(writers)
+    ]
+    os.makedirs(root, exist_ok=True)
+    peak, stop = 0, threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.wait(0.001):
+            peak = max(peak, sum(e.nbytes for e in entries_of(root)))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        for proc in procs:  # all at once
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        reports = [proc.communicate(timeout=600)[0].split() for proc in procs]
+    finally:
+        stop.set()
+        sampler.join()
+    assert all(proc.returncode == 0 for proc in procs), "a writer failed"
+    return {
+        "peak_over_cap": round(peak / cap, 2),
+        "seconds": round(max(float(r[0]) for r in reports), 3),
+        "slowest_put_ms": round(max(float(r[1]) for r in reports) * 1000, 1),
+        "after_over_cap": round(sum(e.nbytes for e in entries_of(root)) / cap, 2),
+    }
+
+
+def bench_burst(spec: str, pace: float, runs: int, before: Path | None) -> dict:
+    """Peak of a root over its cap under a burst of writers, against paced writers (and the
+    burst with an older kernelcache, ``before``), in ``runs`` alternating runs each."""
+    writers, count, size, cap = spec.split(":")
+    shape = (int(writers), int(count), units.parse_size(size), units.parse_size(cap))
+    modes = {"burst": (REPO, 0.0), "paced": (REPO, pace)}
+    if before is not None:
+        modes["burst, before"] = (before, 0.0)
+    rows: dict[str, list[dict]] = {mode: [] for mode in modes}
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in range(runs):
+            for mode, (tree, wait) in modes.items() if run % 2 == 0 else reversed(modes.items()):
+                root = os.path.join(tmp, f"{mode}-{run}".replace(", ", "-"))
+                rows[mode].append(_burst_run(tree, root, *shape, wait))
+    out: dict = dict(
+        zip(("writers", "entries_each", "entry_bytes", "max_size"), shape, strict=True)
+    )
+    out["pace_s"] = pace
+    for mode, each in rows.items():
+        out[mode] = {
+            "peak_over_cap_max": max(r["peak_over_cap"] for r in each),
+            "peak_over_cap_median": statistics.median(r["peak_over_cap"] for r in each),
+            "slowest_put_ms": max(r["slowest_put_ms"] for r in each),
+            "seconds_median": statistics.median(r["seconds"] for r in each),
+            "after_over_cap_max": max(r["after_over_cap"] for r in each),
+            "runs": each,
+        }
+    return out
+
+
+def _print_burst(burst: dict) -> None:
+    print()
+    print(
+        f"{burst['writers']} writers x {burst['entries_each']} entries of"
+        f" {burst['entry_bytes']:,} bytes over a cap of {burst['max_size']:,} bytes"
+        f" (paced: {burst['pace_s'] * 1000:.0f} ms between puts)"
+    )
+    head = (
+        f"{'writers':<14} {'peak/cap max':>12} {'median':>7} {'after/cap':>9}"
+        f" {'slowest put':>11} {'seconds':>8}"
+    )
+    print(head)
+    print("-" * len(head))
+    for mode in ("burst", "paced", "burst, before"):
+        r = burst.get(mode)
+        if r is not None:
+            print(
+                f"{mode:<14} {r['peak_over_cap_max']:>11.2f}x {r['peak_over_cap_median']:>6.2f}x"
+                f" {r['after_over_cap_max']:>8.2f}x {r['slowest_put_ms']:>9.1f}ms"
+                f" {r['seconds_median']:>8.3f}"
+            )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -281,8 +413,21 @@ def main() -> int:
         default="10000:4K,10000:64K,100000:4K",
         help="ENTRIES:SIZE,... at which to time puts under a size cap ('' to skip)",
     )
+    parser.add_argument(
+        "--burst",
+        default="4:150:32000:1M",
+        help="WRITERS:ENTRIES:SIZE:CAP of the burst over a cap ('' to skip)",
+    )
+    parser.add_argument("--burst-pace", type=float, default=0.01, help="paced writers' sleep")
+    parser.add_argument("--burst-runs", type=int, default=3, help="runs of each kind of writers")
+    parser.add_argument("--before", help="also burst with kernelcache of this git ref or directory")
     parser.add_argument("--out", type=Path, help="also write the JSON summary here")
     args = parser.parse_args()
+    burst = None
+    if args.burst:
+        with tempfile.TemporaryDirectory() as tmp:
+            before = export(args.before, Path(tmp)) if args.before else None
+            burst = bench_burst(args.burst, args.burst_pace, args.burst_runs, before)
     results = bench(args.reads)
     capped = []
     for spec in filter(None, (s.strip() for s in args.capped.split(","))):
@@ -342,6 +487,8 @@ def main() -> int:
                 f"{'':>17}  capped / uncapped, amortized: {row['ratio']:.2f}x"
                 f" (cpu, the helper's included: {row['cpu_ratio']:.2f}x)"
             )
+    if burst is not None:
+        _print_burst(burst)
     summary = {
         "benchmark": "cache_ops",
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
@@ -351,6 +498,7 @@ def main() -> int:
         },
         "ratios": ratios,
         "capped_puts": capped,
+        "burst": burst,
         "target_capped_put_ratio": 1.5,
         "target_64KiB_get_median_us": 50,
         "target_met": results["64KiB"]["kernelcache"]["get_median_us"] < 50

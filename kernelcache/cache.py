@@ -453,14 +453,16 @@ class Cache:
         replace: bool = False,
     ) -> Artifact:
         """Publish into the writable root (``replace``: in place of an entry there), and
-        account for what it added under the size cap."""
+        account for what it added under the size cap (waiting within the same ``wait`` where
+        the root is past the cap's bound)."""
+        budget = WaitBudget(self.lock_timeout if wait is None else wait)
         art, published = self.store.publish(key, ext, data, meta, wait=wait, replace=replace)
         if published and self.capacity is not None:
             try:
                 meta_size = os.stat(self.store.meta_path(key)).st_size
             except OSError:
                 meta_size = 0  # evicted or replaced already: its bytes count as the artifact's
-            self.capacity.added(len(art.data) + meta_size)
+            self.capacity.added(len(art.data) + meta_size, budget.remaining())
         return art
 
     def get_or_create(self, key: str, ext: str, build: BuildFn) -> Artifact:

@@ -6,7 +6,9 @@ entry appends its bytes (artifact plus metadata) to ``<root>/.stats/usage`` as o
 record is the root's size as the last eviction pass measured it, so the sum is a running
 estimate of the root's size. (Deletes are not counted: ``kernelcache prune`` and ``clear``
 remove the file, and the next put measures the root again; what other tools delete makes the
-estimate too high, which the next pass corrects.)
+estimate too high, which the next pass corrects.) It is never too low: a pass that writes the
+file anew keeps the records appended since it began, those appended until its replace took
+effect included, and a put that finds it appended to a file replaced meanwhile appends again.
 
 When the estimate passes the cap, the process that notices asks its helper process for an
 eviction pass (the put that noticed returns at once): one helper per capped cache of a process,
@@ -16,7 +18,8 @@ the process's exit or death. A pass in a thread of the process itself would cont
 interpreter lock at every system call (a delete makes about twenty), slowing the puts beside
 it; where no helper can be started or one failed, passes run in a thread all the same. Passes
 take the lock ``capacity``: no two run at once, no put waits for the lock, and one that finds
-it held looks again every :data:`RETRY_SECONDS` (the other pass may make its own needless).
+it held waits for it (:data:`RETRY_SECONDS` at a time), then runs only if still due (the other
+pass may make its own needless).
 
 A pass is a prune (:mod:`kernelcache.prune`): a listing of the root and the status of each
 entry's files (no metadata is read: :func:`entries_of`; the entries the same helper's last pass
@@ -24,16 +27,30 @@ saw and left are taken as it saw them, and every :data:`FULL_EVERY` passes all a
 again), a plan that removes the least recently used entries (by their last-used stamps) down
 to :data:`LOW_WATER` of the cap, each delete re-checked under its key's lock (the status of
 both files: unused since, the sizes planned), an entry in use skipped (a helper deletes one
-entry at a time: nobody waits for it, and parallel deletes would slow the puts beside it); then the usage file is
-rewritten with the size the pass measured and the records appended while it ran. So a put
-costs one small append and read, and a pass (linear in the entries) runs once per fifth of the
-cap written: the cost per put is bounded, amortized, and no put waits for a pass. A process
-waits at exit for the pass it asked for (at most :data:`EXIT_WAIT` seconds), so that short
-processes keep the root under the cap too; one killed during a pass leaves what was deleted
-gone whole (each delete is a prune's), and the next put over the cap measures again.
+entry at a time: nobody waits for it, and parallel deletes would slow the puts beside it);
+then the usage file is rewritten with the size the pass measured and the records appended
+while it ran. So a put costs one small append and read, and a pass (linear in the entries)
+runs once per fifth of the cap written: the cost per put is bounded, amortized, and no put
+waits for a pass. A process waits at exit for the pass it asked for (at most
+:data:`EXIT_WAIT` seconds), so that short processes keep the root under the cap too; one
+killed during a pass leaves what was deleted gone whole (each delete is a prune's), and the
+next put over the cap measures again.
+
+Writers can outrun the passes (a burst of puts as a job starts, a helper still starting): a
+put that finds the estimate past :meth:`SizeCap.bound`, twice the cap, runs passes in its own
+thread (it waits anyway), or waits for another process's, until the estimate is back under,
+within the put's own wait budget (``wait=``, the lock timeout by default; a put with
+``wait=0`` does not wait). So a burst takes the root at most to twice the cap and the entries
+being published at that moment, one per writer. A put whose budget runs out goes on (warned
+once), and puts stop waiting until one finds the root back under.
 
 The usage file is a hint that others can write: it decides when a pass runs, never what it
-deletes (the pass measures the root itself). A pass that cannot bring the root under the cap
+deletes (the pass measures the root itself), and nothing written there can keep passes from
+running. A process reads at most :data:`MAX_USAGE_READ` bytes of it at a look; a file with more
+unread (huge, sparse), or holding anything this module never writes there (a base record
+anywhere but first, a record of nothing, a number larger than any file, another kind, a torn
+record), is read no further (one warning per process, naming it): the estimate is unknown, so a
+pass is due, and it writes the file anew. A pass that cannot bring the root under the cap
 (entries in use) puts off the next until another fifth of the cap is written, so a full root
 never costs a scan per put. Only the writable root is ever evicted from; read-only roots never.
 Failures (an unwritable ``.stats/``, a lock that cannot be had) never fail a put: accounting
@@ -60,6 +77,7 @@ from collections.abc import Mapping
 from .errors import LockTimeout, LockUnavailable
 from .keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
 from .layout import STATS_DIR, open_subdir, replace_file
+from .locks import WaitBudget
 from .process import warn_once
 from .store import Store
 from .table import EntryInfo, EntryTable
@@ -76,17 +94,39 @@ LOW_WATER = 0.8
 PASS_LOCK = "capacity"
 #: the longest a process waits at exit for its eviction pass to end
 EXIT_WAIT = 30.0
-#: seconds before a thread tries the pass lock again after finding it held
+#: the longest a pass waits at a time for the pass lock another holds, before it looks whether
+#: it is still due
 RETRY_SECONDS = 0.1
 #: a usage file larger than this is rewritten (two records) by the next process that reads it
 MAX_USAGE_BYTES = 1 << 20
+#: the most a process reads of the usage file at one look: more unread than this is not a file
+#: this module keeps (it is compacted at :data:`MAX_USAGE_BYTES`), and is refused unread
+MAX_USAGE_READ = 4 * MAX_USAGE_BYTES
+#: the largest number a record may hold: no file, hence no entry and no root, is larger
+MAX_RECORD = (1 << 63) - 1
 #: a pass stats only the entries the previous pass of the same process did not see (or did
 #: not leave as it saw them); every this many passes it stats every entry again
 FULL_EVERY = 8
 
 
 def _record(kind: bytes, value: int) -> bytes:
-    return kind + b"%22d\n" % max(0, min(value, 10**22 - 1))
+    return kind + b"%22d\n" % max(0, min(value, MAX_RECORD))
+
+
+def _parse(record: bytes, at: int) -> tuple[bytes, int] | None:
+    """The kind and number of ``record`` (:data:`RECORD` bytes read at offset ``at`` of the
+    usage file); None where it is not what this module writes there: a base anywhere but
+    first, an addition of nothing, a number larger than :data:`MAX_RECORD`, any other kind or
+    shape."""
+    kind, digits = record[:1], record[1 : RECORD - 1].lstrip(b" ")
+    if len(record) != RECORD or record[-1:] != b"\n" or not digits.isdigit():
+        return None
+    value = int(digits)
+    if value > MAX_RECORD or kind not in (b"B", b"+"):
+        return None
+    if (kind == b"B" and at != 0) or (kind == b"+" and value == 0):
+        return None
+    return kind, value
 
 
 class SizeCap:
@@ -102,13 +142,22 @@ class SizeCap:
         self.max_size = max_size
         self.low_water = int(max_size * LOW_WATER)
         self._lock = threading.Lock()
+        #: the usage file last read: its inode number and first record (a pass's new file
+        #: may get the number of one it replaced), and how far it was read
         self._inode: int | None = None
+        self._head = b""
         self._offset = 0
         #: the base record (what the last pass measured) and the running total
         self.base = 0
         self.total = 0
         #: whether the file read holds a base (a size a pass measured)
         self.measured = False
+        #: whether the file read holds what this module never writes (warned once): it is
+        #: read no further, and a pass is due, which writes it anew
+        self._refused = False
+        #: set when a put waited its whole budget with the root past :meth:`bound`: puts
+        #: no longer wait until one finds it back under (warned once)
+        self._stalled = False
         #: eviction passes this process ran, and the seconds they took (for benchmarks)
         self.passes = 0
         self.pass_seconds = 0.0
@@ -133,10 +182,12 @@ class SizeCap:
     def __repr__(self) -> str:
         return f"SizeCap({self.store.root!r}, max_size={self.max_size})"
 
-    def added(self, nbytes: int) -> None:
+    def added(self, nbytes: int, wait: float) -> None:
         """Account for ``nbytes`` just published; when the root is over the cap, start an
         eviction pass in a helper process (or, where none can be started, a thread) unless
-        one is running for this process. The put returns at once. Never raises."""
+        one is running for this process. The put returns at once, unless the root is past
+        :meth:`bound`: then it waits for passes to take it back under, at most ``wait``
+        seconds (the put's own budget; 0: never). Never raises."""
         if self.broken:
             return
         with self._lock:
@@ -145,25 +196,73 @@ class SizeCap:
             except OSError as e:
                 self._give_up(e)
                 return
-            if not due or self._pass_running():
-                return
-            if self._ask_helper():
-                _started.add(self)
-                return
-            # what a pass imports, imported here: a thread cannot import concurrent.futures
-            # once the interpreter is exiting (the pass may still run then)
-            from . import prune, scan  # noqa: F401
+            over = self.total > self.bound()
+            self._stalled = self._stalled and over
+            if due and not self._pass_running():
+                self._start_pass()
+            over = over and not self._stalled and wait > 0
+        if over:
+            self._wait_under_bound(WaitBudget(wait))
 
-            self._running = True
-            self._thread = threading.Thread(
-                target=self._evict_while_due, name="kernelcache-evict", daemon=True
-            )
-            try:
-                self._thread.start()
-            except RuntimeError:  # no new threads now (the interpreter is exiting)
-                self._running = False
-                return
+    def bound(self) -> int:
+        """The bytes past which a put waits for eviction passes: twice the cap, or, where
+        the last pass could not get under the cap (entries in use), the cap more than it
+        left."""
+        return self.max_size + max(self.base, self.max_size)
+
+    def _start_pass(self) -> None:
+        """Have this cap's helper process (or a thread) run the passes now due (caller holds
+        ``_lock``, and no pass of this process runs)."""
+        if self._ask_helper():
             _started.add(self)
+            return
+        # what a pass imports, imported here: a thread cannot import concurrent.futures
+        # once the interpreter is exiting (the pass may still run then)
+        from . import prune, scan  # noqa: F401
+
+        self._running = True
+        self._thread = threading.Thread(
+            target=self._evict_while_due, name="kernelcache-evict", daemon=True
+        )
+        try:
+            self._thread.start()
+        except RuntimeError:  # no new threads now (the interpreter is exiting)
+            self._running = False
+            return
+        _started.add(self)
+
+    def _wait_under_bound(self, budget: WaitBudget) -> None:
+        """Run a pass in this thread (the put waits anyway, and a helper process may still be
+        starting), waiting first for another process's to end, until the root's estimate is
+        back under :meth:`bound`, within ``budget``. Writers that wait so cannot outrun a pass:
+        an estimate still past the bound after this thread's pass, or a budget spent, means
+        others do (or something else writes the usage file): then warn once, and let puts go
+        on without waiting until one finds the root back under."""
+        while True:
+            ran = self.evict(min(RETRY_SECONDS, budget.remaining()))
+            with self._lock:
+                if self.broken:
+                    return
+                try:
+                    self._refresh()
+                except OSError:
+                    return  # no usage file (a prune removed it): the next put measures
+                if self.total <= self.bound():
+                    return
+                if ran or budget.remaining() <= 0:
+                    self._stalled = True
+                    break
+        warn_once(
+            logger,
+            (self.store.root, "bound"),
+            "kernelcache: eviction passes cannot keep %s under %d bytes (writers that do not"
+            " wait for them, or another program writing %s/%s); puts go on without waiting"
+            " until it is",
+            self.store.root,
+            self.bound(),
+            STATS_DIR,
+            USAGE_NAME,
+        )
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for this process's eviction pass, if one is running (at most ``timeout``
@@ -260,58 +359,93 @@ class SizeCap:
         except FileNotFoundError:
             return True
         try:
-            fd = os.open(
-                USAGE_NAME,
-                os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                0o666,
-                dir_fd=dfd,
-            )
+            fd = _open_appending(dfd)
             try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO planted there: never wait
-                    raise OSError(errno.EINVAL, f"{STATS_DIR}/{USAGE_NAME} is not a regular file")
-                os.write(fd, _record(b"+", nbytes))
+                if nbytes > 0:  # (a record of nothing is never written: see _parse)
+                    os.write(fd, _record(b"+", nbytes))
+                    if os.fstat(fd).st_nlink == 0:
+                        # a pass replaced the file as this put wrote: count it in the new one
+                        # (perhaps twice: too high, which the next pass corrects)
+                        again = _open_appending(dfd)
+                        os.close(fd)
+                        fd = again
+                        os.write(fd, _record(b"+", nbytes))
                 size = self._read_new(fd)
+                if self._refused:  # read no further: this process counts its own
+                    self.total += nbytes
+                elif size > MAX_USAGE_BYTES:
+                    self._compact(dfd, fd)
             finally:
                 os.close(fd)
-            if size > MAX_USAGE_BYTES:
-                self._compact(dfd)
         finally:
             os.close(dfd)
         return self._due()
 
     def _read_new(self, fd: int) -> int:
-        """Fold the records appended since the last look into :attr:`total`; the file's size."""
+        """Fold the records appended since the last look into :attr:`total`; the file's size.
+        Reads at most :data:`MAX_USAGE_READ` bytes: a file with more unread, or holding what
+        this module never writes (:func:`_parse`), is refused (:meth:`_refuse`)."""
         st = os.fstat(fd)
-        if st.st_ino != self._inode:  # replaced by a pass (or new): read it from the start
-            self._inode, self._offset, self.base, self.total = st.st_ino, 0, 0, 0
-            self.measured = False
-        whole = (st.st_size - self._offset) // RECORD * RECORD
-        if whole <= 0:
+        head = os.pread(fd, RECORD, 0)
+        if (st.st_ino, head) != (self._inode, self._head) or st.st_size < self._offset:
+            # another file (a pass replaced it, or it is new): read it from the start
+            self._inode, self._head, self._offset, self.base, self.total = st.st_ino, head, 0, 0, 0
+            self.measured = self._refused = False
+        if self._refused:
             return st.st_size
-        data = os.pread(fd, whole, self._offset)
-        self._offset += len(data)
+        unread = st.st_size - self._offset
+        if unread > MAX_USAGE_READ:
+            self._refuse(f"{unread} bytes to read, more than a usage file holds")
+            return st.st_size
+        data = os.pread(fd, unread // RECORD * RECORD, self._offset)
         for start in range(0, len(data) - RECORD + 1, RECORD):
-            kind, digits = data[start : start + 1], data[start + 1 : start + RECORD - 1]
-            number = digits.strip()
-            if not number.isdigit() or data[start + RECORD - 1] != 0x0A:
-                continue  # not a record this module writes: skipped (the file is a hint)
+            record = data[start : start + RECORD]
+            parsed = _parse(record, self._offset)
+            if parsed is None:
+                self._refuse(f"at byte {self._offset}, {record!r} is no record kernelcache writes")
+                break
+            self._offset += RECORD
+            kind, number = parsed
             if kind == b"B":
-                self.base = self.total = int(number)
+                self.base = self.total = number
                 self.measured = True
-            elif kind == b"+":
-                self.total += int(number)
+            else:
+                self.total += number
         return st.st_size
 
-    def _compact(self, dfd: int) -> None:
-        """Rewrite a long usage file as two records (base and the rest), under the pass lock
-        (tried once; appends that race with it are lost, which the next pass corrects)."""
+    def _refuse(self, why: str) -> None:
+        """Stop reading the usage file (another program writes it, or it is damaged): a pass
+        is due, which measures the root and writes the file anew; until then the estimate is
+        what was read and what this process adds. Warned once per process."""
+        self._refused = True
+        self.measured = False
+        if self.reporting:  # a helper: the process that started it reads the same file
+            return
+        warn_once(
+            logger,
+            (self.store.root, "usage"),
+            "kernelcache: ignoring %s: %s; the next eviction pass writes it anew (if this"
+            " comes back, a program other than kernelcache writes that file: find it, or"
+            " remove the file)",
+            os.path.join(self.store.root, STATS_DIR, USAGE_NAME),
+            why,
+        )
+
+    def _compact(self, dfd: int, fd: int) -> None:
+        """Rewrite the long usage file ``fd`` (read whole) as two records, the base and the
+        rest, and what was appended since (:func:`_replace_usage`); under the pass lock, tried
+        once, and only while the file is still the one read."""
         try:
             held = self.store.locker.acquire(PASS_LOCK, shared=False, timeout=0)
         except (LockTimeout, LockUnavailable):
             return
         try:
-            data = _record(b"B", self.base) + _record(b"+", self.total - self.base)
-            replace_file(dfd, USAGE_NAME, data)
+            now = os.stat(USAGE_NAME, dir_fd=dfd, follow_symlinks=False)
+            if now.st_ino != os.fstat(fd).st_ino:
+                return  # a pass wrote it anew since
+            rest = self.total - self.base
+            head = _record(b"B", self.base) + (_record(b"+", rest) if rest > 0 else b"")
+            _replace_usage(dfd, fd, self._offset, head)
         except OSError as e:
             logger.debug("kernelcache: cannot compact %s/%s: %s", STATS_DIR, USAGE_NAME, e)
         finally:
@@ -324,30 +458,34 @@ class SizeCap:
 
     def _evict_while_due(self) -> None:
         """Run a pass; again while what was published during it keeps a pass due; while
-        another process's pass holds the lock, look again every :data:`RETRY_SECONDS` (that
-        pass may make this one needless). Ends under the lock puts account under, so a put
-        after its last look starts a new thread."""
+        another process's pass holds the lock, wait for it, :data:`RETRY_SECONDS` at a time
+        (that pass may make this one needless). Ends under the lock puts account under, so a
+        put after its last look starts a new thread."""
         try:
             passes = tries = 0
             while passes < self.MAX_PASSES_IN_A_ROW and tries < self.MAX_TRIES:
-                if self.evict():
+                if self.evict(RETRY_SECONDS if tries else 0.0):
                     passes += 1
                 elif self.broken:
                     return
                 else:
                     tries += 1
-                    time.sleep(RETRY_SECONDS)
                 with self._lock:
-                    try:
-                        due = self._refresh()
-                    except OSError:
-                        due = False
-                    if not due:
+                    if not self._still_due():
                         self._running = False
                         return
         finally:
             with self._lock:
                 self._running = False
+
+    def _still_due(self) -> bool:
+        """Whether a pass is due, from what was appended to the usage file since the last
+        look (no file: not due, as after a pass of another process that could not write it).
+        Caller holds ``_lock``."""
+        try:
+            return self._refresh()
+        except OSError:
+            return False
 
     def _refresh(self) -> bool:
         """Read what was appended to the usage file since the last look; whether a pass is
@@ -367,11 +505,13 @@ class SizeCap:
             os.close(dfd)
         return self._due()
 
-    def evict(self) -> bool:
+    def evict(self, wait: float = 0.0) -> bool:
         """Run an eviction pass unless another process is running one; whether this one ran.
-        Never raises for what it finds (each delete's outcome is the prune's)."""
+        Waits at most ``wait`` seconds for another's pass to end; having waited, runs only if
+        a pass is still due (the other may have made it needless). Never raises for what it
+        finds (each delete's outcome is the prune's)."""
         try:
-            held = self.store.locker.acquire(PASS_LOCK, shared=False, timeout=0)
+            held = self.store.locker.acquire(PASS_LOCK, shared=False, timeout=wait)
         except LockTimeout:
             return False  # another process is evicting
         except LockUnavailable as e:
@@ -379,6 +519,10 @@ class SizeCap:
             return False
         started = time.perf_counter()
         try:
+            if wait > 0:
+                with self._lock:
+                    if not self._still_due():
+                        return False
             measured = self._pass()
         except OSError as e:
             self._give_up(e)
@@ -429,11 +573,17 @@ class SizeCap:
         self.passes += 1
         mine = os.stat(store.root).st_uid == os.geteuid()
         dfd = open_subdir(store.root, STATS_DIR, create=mine)
+        old = _open_usage(dfd)
         try:
             with self._lock:  # (this process's puts wait: none appends to the file replaced)
-                since = _records_after(dfd, start)  # puts published while the pass ran
-                replace_file(dfd, USAGE_NAME, _record(b"B", measured) + since)
+                if old is not None and start is not None and os.fstat(old).st_ino == start[0]:
+                    # the records of the puts published while the pass ran are kept
+                    _replace_usage(dfd, old, start[1], _record(b"B", measured))
+                else:
+                    _replace_usage(dfd, None, 0, _record(b"B", measured))
         finally:
+            if old is not None:
+                os.close(old)
             os.close(dfd)
         return measured
 
@@ -448,31 +598,74 @@ def _usage_end(root: str) -> tuple[int, int] | None:
     return (st.st_ino, st.st_size) if stat.S_ISREG(st.st_mode) else None
 
 
-def _records_after(dfd: int, start: tuple[int, int] | None) -> bytes:
-    """The ``+`` records appended to the usage file after ``start`` (:func:`_usage_end`), if
-    it is still the same file: the puts published while a pass ran, kept for the new file."""
-    if start is None:
-        return b""
+def _open_appending(dfd: int) -> int:
+    """The usage file in the directory ``dfd`` (created if missing), open for reading and
+    appending.
+
+    Raises:
+        OSError: it cannot be opened, or it is not a regular file (a FIFO planted there is
+            never waited on).
+    """
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(USAGE_NAME, flags, 0o666, dir_fd=dfd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{STATS_DIR}/{USAGE_NAME} is not a regular file")
+    return fd
+
+
+def _open_usage(dfd: int) -> int | None:
+    """The usage file in the directory ``dfd``, open for reading; None where there is none
+    (or something else is there)."""
     try:
         fd = os.open(
             USAGE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
         )
     except OSError:
-        return b""
-    try:
-        st = os.fstat(fd)
-        begin = start[1] // RECORD * RECORD
-        if st.st_ino != start[0] or not stat.S_ISREG(st.st_mode) or st.st_size <= begin:
-            return b""
-        data = os.pread(fd, min(st.st_size - begin, MAX_USAGE_BYTES), begin)
-    except OSError:
-        return b""
-    finally:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-    records = (data[i : i + RECORD] for i in range(0, len(data) - RECORD + 1, RECORD))
-    return b"".join(
-        r for r in records if r[:1] == b"+" and r[1:-1].strip().isdigit() and r[-1:] == b"\n"
-    )
+        return None
+    return fd
+
+
+def _additions_from(fd: int, begin: int) -> tuple[bytes, int]:
+    """The ``+`` records (:func:`_parse`) of the usage file ``fd`` from offset ``begin`` on
+    (at most :data:`MAX_USAGE_READ` bytes), and the offset read to."""
+    begin = begin // RECORD * RECORD
+    size = os.fstat(fd).st_size
+    if size <= begin:
+        return b"", begin
+    data = os.pread(fd, min(size - begin, MAX_USAGE_READ) // RECORD * RECORD, begin)
+    kept = []
+    for i in range(0, len(data) - RECORD + 1, RECORD):
+        parsed = _parse(data[i : i + RECORD], begin + i)
+        if parsed is not None and parsed[0] == b"+":
+            kept.append(data[i : i + RECORD])
+    return b"".join(kept), begin + len(data)
+
+
+def _replace_usage(dfd: int, old: int | None, begin: int, head: bytes) -> None:
+    """Replace the usage file with ``head`` and the additions of the file ``old`` (open)
+    from ``begin`` on, those appended until the replace took effect included: a put that
+    appends to the old file after that sees it replaced, and appends again
+    (:meth:`SizeCap._append`), so no put goes uncounted. Caller holds the pass lock.
+
+    Raises:
+        OSError: the new file cannot be written.
+    """
+    since, end = _additions_from(old, begin) if old is not None else (b"", 0)
+    replace_file(dfd, USAGE_NAME, head + since)
+    if old is None:
+        return
+    late, _ = _additions_from(old, end)
+    if late:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(USAGE_NAME, flags, dir_fd=dfd)
+        try:
+            os.write(fd, late)
+        finally:
+            os.close(fd)
 
 
 def entries_of(root: str, seen: Mapping[str, EntryInfo] | None = None) -> list[EntryInfo]:

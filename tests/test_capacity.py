@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -16,9 +17,13 @@ from conftest import child_env, run_py
 from test_cli_support import files_under, kc, kc_json, put
 
 import kernelcache
-from kernelcache.capacity import PASS_LOCK
+from kernelcache.capacity import PASS_LOCK, entries_of
 from kernelcache.errors import ConfigError
 from kernelcache.locks import Locker
+
+#: the extension of the artifacts these tests store: one without a structural check (what they
+#: hold is random bytes of a given size)
+EXT = "bin"
 
 PUTTER = """
 import hashlib, os, sys
@@ -27,7 +32,7 @@ tag, count, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 cache = kernelcache.Cache()
 for i in range(count):
     key = hashlib.sha256(f"{tag}-{i}".encode()).hexdigest()
-    cache.put(key, "cubin", os.urandom(size), {"name": tag, "target": "cuda:90"})
+    cache.put(key, "bin", os.urandom(size), {"name": tag, "target": "cuda:90"})
 print("put", flush=True)
 if cache.capacity:
     cache.capacity.wait()
@@ -35,10 +40,12 @@ print(cache.capacity.passes if cache.capacity else -1)
 """
 
 
-def putters(root: Path, tags: list[str], count: int, size: int, **env: str) -> list[int]:
-    """Run one process per tag at once, each putting ``count`` entries of ``size`` bytes into
-    ``root``; the eviction passes each ran."""
-    procs = [
+def start_putters(
+    root: Path, tags: list[str], count: int, size: int, **env: str
+) -> list[subprocess.Popen[str]]:
+    """Start one process per tag, each putting ``count`` entries of ``size`` bytes into
+    ``root``."""
+    return [
         subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(PUTTER), tag, str(count), str(size)],
             env=child_env(KERNELCACHE_DIR=str(root), **env),
@@ -48,18 +55,28 @@ def putters(root: Path, tags: list[str], count: int, size: int, **env: str) -> l
         )
         for tag in tags
     ]
-    passes = []
+
+
+def finish(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str]]:
+    """Wait for putters: the eviction passes each ran, and what each wrote to stderr."""
+    done = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
-        passes.append(int(out.split()[-1]))
-    return passes
+        done.append((int(out.split()[-1]), err))
+    return done
+
+
+def putters(root: Path, tags: list[str], count: int, size: int, **env: str) -> list[int]:
+    """Run one process per tag at once, each putting ``count`` entries of ``size`` bytes into
+    ``root``; the eviction passes each ran."""
+    return [passes for passes, _ in finish(start_putters(root, tags, count, size, **env))]
 
 
 def test_processes_putting_at_once_keep_the_root_under_the_cap(tmp_path):
     root, image = tmp_path / "cache", tmp_path / "image"
     for i in range(5):
-        put(image, "baked", size=20_000, seed=i)
+        put(image, "baked", size=20_000, seed=i, ext=EXT)
     baked = files_under(image)
     cap = 300_000
     passes = putters(
@@ -83,8 +100,10 @@ def test_processes_putting_at_once_keep_the_root_under_the_cap(tmp_path):
 def test_least_recently_used_entries_go_first(tmp_path):
     root = tmp_path / "cache"
     # entries of ~10.4 KB: 10 old ones (the higher i, the older), 5 recent ones
-    old = [put(root, "old", size=10_000, seed=i, last_used=2 * 86400 + i) for i in range(10)]
-    recent = [put(root, "recent", size=10_000, seed=i, last_used=60 + i) for i in range(5)]
+    old = [
+        put(root, "old", size=10_000, seed=i, last_used=2 * 86400 + i, ext=EXT) for i in range(10)
+    ]
+    recent = [put(root, "recent", size=10_000, seed=i, last_used=60 + i, ext=EXT) for i in range(5)]
     # the 20th entry passes the cap (200K): one pass keeps 80% of it, 15 entries, so the 5
     # least recently used go: the 5 oldest of the old ones
     (passes,) = putters(root, ["new"], count=5, size=10_000, KERNELCACHE_MAX_SIZE="200K")
@@ -98,7 +117,7 @@ def test_least_recently_used_entries_go_first(tmp_path):
 def test_one_eviction_pass_at_a_time(tmp_path):
     root = tmp_path / "cache"
     for i in range(10):
-        put(root, "old", size=10_000, seed=i, last_used=86400)
+        put(root, "old", size=10_000, seed=i, last_used=86400, ext=EXT)
     held = Locker(str(root)).acquire(PASS_LOCK, shared=False, timeout=0)
     child = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(PUTTER), "new", "5", "10000"],
@@ -133,7 +152,7 @@ def test_no_cap_by_default_and_sizes_read_with_the_one_parser(tmp_path, monkeypa
 
 
 def test_stats_shows_the_cap(tmp_path):
-    put(tmp_path / "cache")
+    put(tmp_path / "cache", ext=EXT)
     env = {"KERNELCACHE_MAX_SIZE": "1M"}
     doc = kc_json(tmp_path / "cache", "stats", env=env)
     assert doc["max_size"] == 1 << 20
@@ -147,7 +166,7 @@ def test_stats_shows_the_cap(tmp_path):
 
 
 def test_a_bad_cap_is_a_usage_error_naming_the_variable(tmp_path):
-    put(tmp_path / "cache")
+    put(tmp_path / "cache", ext=EXT)
     proc = kc(tmp_path / "cache", "clear", "--dry-run", env={"KERNELCACHE_MAX_SIZE": "50Q"})
     assert proc.returncode == 2
     assert "KERNELCACHE_MAX_SIZE='50Q'" in proc.stderr
@@ -156,7 +175,7 @@ def test_a_bad_cap_is_a_usage_error_naming_the_variable(tmp_path):
 @pytest.mark.parametrize("planted", [os.mkdir, os.mkfifo], ids=["directory", "fifo"])
 def test_a_cap_that_cannot_be_kept_never_fails_a_put(tmp_path, planted):
     root = tmp_path / "cache"
-    put(root)
+    put(root, ext=EXT)
     (root / ".stats").mkdir(exist_ok=True)
     planted(root / ".stats" / "usage")  # not a file: accounting cannot work (and never waits)
     out = run_py(
@@ -165,7 +184,7 @@ def test_a_cap_that_cannot_be_kept_never_fails_a_put(tmp_path, planted):
         cache = kernelcache.Cache(max_size="10K")
         for i in range(5):
             key = hashlib.sha256(str(i).encode()).hexdigest()
-            cache.put(key, "cubin", b"x" * 4000, {})
+            cache.put(key, "bin", b"x" * 4000, {})
             cache.capacity.wait()
         print(cache.capacity.broken)
         """,
@@ -209,7 +228,7 @@ def test_short_processes_wait_at_exit_for_their_pass(tmp_path):
             cache = kernelcache.Cache(max_size="60K")
             for i in range(5):
                 key = hashlib.sha256(f"{sys.argv[1]}-{i}".encode()).hexdigest()
-                cache.put(key, "cubin", os.urandom(10_000), {})
+                cache.put(key, "bin", os.urandom(10_000), {})
             """,
             str(n),
             KERNELCACHE_DIR=str(root),
@@ -228,7 +247,7 @@ if how == "failing-helper":
 cache = kernelcache.Cache(max_size="60K")
 def put(i):
     key = hashlib.sha256(f"{how}-{i}".encode()).hexdigest()
-    cache.put(key, "cubin", os.urandom(10_000), {})
+    cache.put(key, "bin", os.urandom(10_000), {})
 for i in range(10):
     put(i)
 cache.capacity.wait()
@@ -274,3 +293,105 @@ def test_without_a_helper_process_passes_run_in_a_thread(tmp_path, how):
     assert "Traceback" not in out.stderr
     if how == "failing-helper":  # why is kept (and logged at INFO)
         assert "status 3: cannot start here" in out.stdout
+
+
+HOSTILE = """
+import os, sys, time
+path, record = sys.argv[1], bytes.fromhex(sys.argv[2])
+for n in range(1 << 30):  # as another program might: open, append, close (each new file)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    os.write(fd, record)
+    os.close(fd)
+    if n == 0:
+        print("writing", flush=True)
+    time.sleep(0.005)
+"""
+
+
+@pytest.mark.parametrize(
+    "record",
+    [b"B%22d\n" % 0, b"B%22d\n" % (10**22 - 1), b"-1\n"],
+    ids=["zero-base", "huge-base", "short-negative"],
+)
+def test_records_another_writer_appends_cannot_starve_passes(tmp_path, record):
+    root = tmp_path / "cache"
+    (root / ".stats").mkdir(parents=True)
+    usage = root / ".stats" / "usage"
+    usage.write_bytes(b"B%22d\n" % 0)  # as a pass leaves it for an empty root
+    hostile = subprocess.Popen(
+        [sys.executable, "-c", HOSTILE, str(usage), record.hex()],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert hostile.stdout.readline().strip() == "writing"  # (then it writes on)
+        # 500 entries of ~2.4 KB (6x the cap) while a record comes every 5 ms
+        done = finish(
+            start_putters(root, ["a", "b"], count=250, size=2_000, KERNELCACHE_MAX_SIZE="200K")
+        )
+    finally:
+        hostile.kill()
+        hostile.wait()
+    assert 0 < kc_json(root, "stats")["bytes"] <= 200 * 1024 * 1.15
+    assert sum(passes for passes, _ in done) >= 1
+    warnings = [err.count(f"kernelcache: ignoring {usage}") for _, err in done]
+    assert max(warnings) == 1  # once per process, naming the file
+
+
+def test_a_huge_sparse_usage_file_costs_a_put_neither_time_nor_memory(tmp_path):
+    root = tmp_path / "cache"
+    put(root, ext=EXT)
+    (root / ".stats").mkdir()
+    usage = root / ".stats" / "usage"
+    with open(usage, "wb") as f:
+        f.truncate(1 << 30)  # 1 GiB of nothing
+    out = run_py(
+        """
+        import hashlib, os, resource, time, kernelcache
+        def read_bytes():  # every byte this process has read, by any system call
+            with open("/proc/self/io") as f:
+                return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+        cache = kernelcache.Cache(max_size="1M")
+        data = [os.urandom(10_000) for _ in range(5)]
+        rss, read, slowest = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, read_bytes(), 0.0
+        for i in range(5):
+            started = time.monotonic()
+            cache.put(hashlib.sha256(str(i).encode()).hexdigest(), "bin", data[i], {})
+            slowest = max(slowest, time.monotonic() - started)
+        grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) * 1024
+        print(read_bytes() - read, grown, slowest, flush=True)
+        cache.capacity.wait()
+        """,
+        KERNELCACHE_DIR=str(root),
+    )
+    read, grown, slowest = out.stdout.split()
+    # (bytes read stand for the time: the put reads what it must, not the file's gigabyte)
+    assert int(read) < 8 << 20, (read, slowest)
+    assert int(grown) < 64 << 20, grown
+    assert usage.stat().st_size < 1024  # the eviction pass wrote it anew
+    assert out.stderr.count(f"kernelcache: ignoring {usage}") == 1
+    assert kc_json(root, "stats")["entries"] == 6
+
+
+def test_a_burst_of_writers_never_takes_the_root_past_twice_the_cap(tmp_path):
+    root, cap, size, tags = tmp_path / "cache", 1 << 20, 32_000, ["a", "b", "c", "d"]
+    root.mkdir()
+    peak = 0
+    stop = threading.Event()
+
+    def sample() -> None:  # the root's entries as a pass would see them, every millisecond
+        nonlocal peak
+        while not stop.wait(0.001):
+            peak = max(peak, sum(entry.nbytes for entry in entries_of(str(root))))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:  # 600 entries of ~32.4 KB: 19 MB as fast as four processes can put them
+        finish(start_putters(root, tags, count=150, size=size, KERNELCACHE_MAX_SIZE=str(cap)))
+    finally:
+        stop.set()
+        sampler.join()
+    entry = size + 1024  # an entry's bytes, metadata included (at most)
+    # twice the cap, and the one entry each writer may have published since it last looked
+    assert peak <= 2 * cap + len(tags) * entry, f"peak {peak / cap:.2f}x the cap"
+    assert 0 < kc_json(root, "stats")["bytes"] <= cap * 1.15
