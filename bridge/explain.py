@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 #: are digests
 _SHOWN = frozenset({"pipeline", "triton", "target", "language"})
 #: a component implied by another one that differs: not reported again
-_IMPLIED = {"compiler": "triton", "backend": "target"}
+_IMPLIED = {"compiler": "triton", "backend": "target", "code": "source"}
 
 
 @dataclass(frozen=True)
@@ -299,6 +299,9 @@ def _one(
     notes: tuple[str, ...],
 ) -> Explained:
     target, config = str(spec.target), spec.variant.description
+    if not spec.stored:
+        why = "never stored: a value it is compiled with cannot be described (see the warning)"
+        return Explained(kernel, target, config, "miss", spec.key, notes=(*notes, why))
     layer = present(cache, spec.key, spec.ext, spec.target.vendor.has_ptx)
     if layer is not None:
         return Explained(kernel, target, config, "hit", spec.key, layer, notes=notes)

@@ -1,24 +1,44 @@
-"""What identifies a JIT function's code, without parsing it: the kernel part of a lowering key.
+"""What identifies a JIT function's code, and the constexprs it is compiled with, without
+parsing: the kernel part of lowering keys and of kernel keys.
 
 Triton's ``JITFunction.cache_key`` parses the function's source and walks its syntax tree to
-find what it depends on (0.5 to 1 ms per kernel in every process). :func:`identity` is computed
-from the same inputs without parsing, and covers a superset of them, so that whatever changes
-Triton's key changes this one:
+find what it depends on (0.5 to 1 ms per kernel in every process), and leaves out some of what
+its frontend reads: constexprs reached as attributes of another module, globals read by a
+``constexpr_function``, the values of globals it checks only when it launches. :func:`identity`
+is computed from the same inputs without parsing, and covers a superset of what the frontend
+reads, so that whatever changes the compiled code changes it:
 
 - the source Triton compiles (``src``, which may have been replaced) and its first line;
 - the decorator's settings, which Triton leaves out of ``cache_key`` but which change the
   compiled code (``noinline``, ``debug``, ``do_not_specialize``, ``do_not_specialize_on_alignment``);
 - every name the source spells (a regular expression over the text: a superset of the names
   its syntax tree reads, including those in strings and comments), looked up as Triton looks
-  them up, in the closure and in the module's globals; each value found is described:
-  a JIT function by its own identity (recursively; a cycle by a marker), a ``constexpr`` by
-  its ``repr`` (as Triton's key holds it), a Triton aggregate by its annotations and hashed
-  attributes, plain numbers and strings by their ``repr``, and any other object by its type
-  and ``repr`` (unless that shows an address) and, for every name of the source that it has as
-  an attribute, that attribute's description (the attribute chains Triton resolves,
-  ``module.kernel`` or ``namespace.constant``; found without calling properties). Triton's
-  own language modules are described by name: their contents are Triton's files, which the
-  lowering key covers.
+  them up, in the closure and in the module's globals (but for the function's parameters,
+  which hide globals of their names); each value found is described: a JIT
+  function (``constexpr_function`` included) by its own identity (recursively; a cycle by a
+  marker), a ``constexpr`` by the value it holds, a Triton aggregate by its annotations and
+  hashed attributes, numbers and strings by their ``repr``, lists, tuples and dicts item by
+  item, and any other object by its type and ``repr`` (unless that shows an address) and, for
+  every name of the source that it has as an attribute, that attribute's description (the
+  attribute chains Triton resolves, ``module.kernel`` or ``namespace.constant``; found without
+  calling properties). Triton's own language modules and Python's standard library are
+  described by name: their contents are installed files (Triton's are in every key) and the
+  process's state (``os.environ``), not the kernel's.
+
+An identity is memoized per function for the process, and used only while nothing it read has
+changed: each read (a global, a closure cell, a module's or object's attribute, the items of a
+list or dict, a helper's source and settings) is kept with the object it found, and the memo
+holds while every read still finds that very object (Triton's launcher checks the globals a
+kernel used the same way before each launch; here a change gives a new identity, so the new
+code is lowered, never the old one).
+
+:func:`constant` describes a constexpr argument for a kernel key: exactly, or not at all. A
+value is described by what it is, never by its ``str`` (two objects that print alike may
+compile differently): numbers and strings by ``repr``, containers item by item, enums by
+member, JIT functions by identity, classes by their members (functions by their code,
+closures and defaults included), other objects by their type and every field. A value with no
+such description (an object known only by its address) raises :class:`Undescribable`: its
+kernel is compiled in the process and not stored.
 
 A value whose description is not the same in every process (an object whose ``repr`` holds an
 address) gives a key that never matches: a lowering done again, never a stale one. An object
@@ -27,8 +47,11 @@ whose ``repr`` fails makes :func:`identity` raise ``ValueError``: the call is no
 
 from __future__ import annotations
 
+import enum
+import functools
 import hashlib
 import re
+import sys
 import types
 import weakref
 from collections.abc import Callable
@@ -40,6 +63,25 @@ _OPAQUE_MODULES = ("triton", "math", "copy", "builtins")
 #: the decorator settings that change what is compiled but not ``cache_key``
 _SETTINGS = ("noinline", "debug", "do_not_specialize", "do_not_specialize_on_alignment")
 _PLAIN = (int, float, str, bytes, bool, type(None), complex)
+#: the most values one :func:`constant` describes (a larger one is not described)
+MAX_VALUES = 20_000
+#: what a class's namespace holds that is not its behaviour
+_CLASS_NOISE = frozenset(
+    {"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__", "__firstlineno__",
+     "__static_attributes__", "__annotations__", "__annotate__", "__orig_bases__",
+     "__parameters__", "__slots__", "__match_args__", "__dataclass_fields__",
+     "__dataclass_params__", "__hash__"}
+)  # fmt: skip
+
+
+class Undescribable(ValueError):
+    """A constexpr value with no description that tells it from every other value;
+    ``path``: where the value is among a specialization's constexprs (its parameter's
+    position first), where known."""
+
+    def __init__(self, message: str, path: tuple[Any, ...] = ()) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 def is_jit(value: Any) -> bool:
@@ -55,8 +97,7 @@ def _settings(fn: Any) -> list[Any]:
 
 
 def _mark(fn: Any) -> tuple[Any, ...]:
-    """The source and decorator settings of ``fn`` as they are now (lists and sets copied):
-    what the memo of its identity is valid for."""
+    """The source and decorator settings of ``fn`` as they are now (lists and sets copied)."""
     mark = [_src(fn)]
     for s in _SETTINGS:
         value: Any = getattr(fn, s, None)
@@ -72,34 +113,98 @@ def _src(fn: Any) -> Any:
         return getattr(fn, "_src", None)
 
 
+# -- what a description read --------------------------------------------------------------------
+#: a read: (where, what, the object found). ``what`` is a name looked up in the mapping
+#: ``where``; None: the content of the closure cell ``where``; :data:`_ITEMS`: the items of the
+#: list, dict or set ``where``; :data:`_SOURCE`: the source and settings of the JIT function
+#: ``where``
+Read = tuple[Any, Any, Any]
+_MISSING = object()
+_ITEMS = object()
+_SOURCE = object()
+
+
+def _items(container: Any) -> Any:
+    """What a read of ``container``'s items keeps: its items, or for a set the set."""
+    if isinstance(container, dict):
+        return tuple(x for item in container.items() for x in item)
+    if isinstance(container, (set, frozenset)):
+        return frozenset(container)
+    return tuple(container)
+
+
+def unchanged(reads: tuple[Read, ...]) -> bool:
+    """Whether every read of ``reads`` still finds the very object it found."""
+    for where, what, found in reads:
+        if what is None:
+            try:
+                now = where.cell_contents
+            except ValueError:  # an empty cell
+                now = _MISSING
+        elif what is _ITEMS:
+            now = _items(where)
+            if type(now) is frozenset:
+                if now != found:
+                    return False
+                continue
+            if len(now) != len(found) or any(a is not b for a, b in zip(now, found, strict=True)):
+                return False
+            continue
+        elif what is _SOURCE:
+            if _mark(where) != found:
+                return False
+            continue
+        else:
+            now = where.get(what, _MISSING)
+        if now is not found:
+            return False
+    return True
+
+
+# -- identities --------------------------------------------------------------------------------
 def identity(fn: Any) -> str:
     """The identity of the JIT function ``fn`` (see the module docstring): a sha256 digest.
 
-    Memoized per function object for the process while its source and settings stay the
-    same, as Triton memoizes ``cache_key`` on the function (a new module, or a source
-    replaced, is identified anew)."""
+    Memoized per function object for the process while its source and settings, and every
+    value its description read, stay the same (see the module docstring)."""
     mark = _mark(fn)
     known = _memo.get(id(fn))
-    if known is not None and known[0]() is fn and known[1] == mark:
+    if known is not None and known[0]() is fn and known[1] == mark and unchanged(known[3]):
         return known[2]
-    doc = _Describer().jit(fn)
+    describer = _Describer()
+    doc = describer.jit(fn)
     found = hashlib.sha256(repr(doc).encode()).hexdigest()  # (plain lists and strings)
     try:
-        _memo[id(fn)] = (weakref.ref(fn), mark, found)
+        _memo[id(fn)] = (weakref.ref(fn), mark, found, tuple(describer.reads))
     except TypeError:  # (an object that cannot be referred to weakly: not memoized)
         pass
     return found
 
 
 #: identities by the id of their function: (a weak reference to it, its source and settings
-#: then, the identity)
-_memo: dict[int, tuple[Callable[[], Any], tuple[Any, ...], str]] = {}
+#: then, the identity, what its description read)
+_memo: dict[int, tuple[Callable[[], Any], tuple[Any, ...], str, tuple[Read, ...]]] = {}
+
+
+def constant(value: Any) -> Any:
+    """``value``, a constexpr, as plain data whose ``repr`` tells it from every value the
+    frontend could compile differently (see the module docstring).
+
+    Raises:
+        Undescribable: ``value`` has no such description (it is named in the message).
+    """
+    return _Describer(exact=True).value(value, [])
 
 
 class _Describer:
-    def __init__(self) -> None:
+    """One description: of a JIT function (:meth:`jit`), or, ``exact``, of a constexpr."""
+
+    def __init__(self, exact: bool = False) -> None:
+        self.exact = exact
         self.active: set[int] = set()  # JIT functions being described (a cycle's marker)
         self.seen: dict[int, Any] = {}  # objects described already, by id
+        self.reads: list[Read] = []
+        self.count = 0
 
     def jit(self, fn: Any) -> Any:
         if id(fn) in self.active:
@@ -107,15 +212,29 @@ class _Describer:
         self.active.add(id(fn))
         try:
             src = _src(fn)
+            self.reads.append((fn, _SOURCE, _mark(fn)))
             names = sorted(set(_NAME.findall(src)))
             inner = getattr(fn, "fn", None)
-            closure = _closure(inner)
+            cells = _cells(inner)
             glob = getattr(fn, "__globals__", None) or getattr(inner, "__globals__", {})
+            params = _parameters(inner)
             found = []
             for name in names:
-                for scope, where in ((closure, "c"), (glob, "g")):
-                    if name in scope:
-                        found.append([where, name, self.value(scope[name], names)])
+                if name in params:  # (a parameter hides a global of its name, as Triton has it)
+                    continue
+                cell = cells.get(name)
+                if cell is not None:
+                    try:
+                        value = cell.cell_contents
+                    except ValueError:  # an empty cell
+                        value = _MISSING
+                    self.reads.append((cell, None, value))
+                    if value is not _MISSING:
+                        found.append(["c", name, self.value(value, names)])
+                if name in glob:
+                    value = glob[name]
+                    self.reads.append((glob, name, value))
+                    found.append(["g", name, self.value(value, names)])
             return [
                 "jit",
                 _name(fn),
@@ -128,49 +247,64 @@ class _Describer:
             self.active.discard(id(fn))
 
     def value(self, value: Any, names: list[str]) -> Any:
+        self.count += 1
+        if self.count > MAX_VALUES:
+            raise Undescribable(f"more than {MAX_VALUES} values to describe")
         if isinstance(value, _PLAIN):
             return [type(value).__name__, repr(value)]
         if is_jit(value):
-            return self.jit(value)
+            return ["jit", identity(value)] if self.exact else self.jit(value)
         known = self.seen.get(id(value))
         if known is not None:
             return ["seen", known]
         kind = type(value)
-        if kind.__name__ == "constexpr":
-            described: Any = ["constexpr", repr(value)]
-        elif isinstance(value, types.ModuleType):
-            described = self._module(value, names)
-        elif isinstance(value, (tuple, list)):
-            self.seen[id(value)] = f"{kind.__name__}@{len(self.seen)}"
-            described = [kind.__name__, [self.value(v, names) for v in value]]
-        elif getattr(value, "__triton_aggregate__", False):
-            self.seen[id(value)] = f"aggregate@{len(self.seen)}"
-            attrs = getattr(value, "hash_attrs", ())
-            described = [
-                "aggregate",
-                _name(value),
-                str(getattr(value, "__annotations__", None)),
-                [self.value(a, names) for a in attrs],
-                self._attributes(value, names),
-            ]
-        else:
-            self.seen[id(value)] = f"{_name(kind)}@{len(self.seen)}"
-            try:
-                shown = repr(value)
-            except Exception as e:  # (the call is then not stored: lowered as before)
-                raise ValueError(f"{_name(kind)} {_name(value)} has no repr: {e!r:.80}") from e
-            described = [
-                "object",
-                _name(kind),
-                _name(value),
-                None if " at 0x" in shown else shown[:200],
-                self._attributes(value, names),
-            ]
-        return described
+        if kind.__name__ == "constexpr" and hasattr(value, "value"):
+            return ["constexpr", self.value(value.value, names)]
+        if isinstance(value, types.ModuleType):
+            return self._module(value, names)
+        self.seen[id(value)] = f"{_name(kind)}@{len(self.seen)}"
+        if isinstance(value, (tuple, list)):
+            if isinstance(value, list):
+                self.reads.append((value, _ITEMS, _items(value)))
+            return [_name(kind), [self.value(v, names) for v in value]]
+        if isinstance(value, dict):
+            self.reads.append((value, _ITEMS, _items(value)))
+            rows = [[repr(k), self.value(v, names)] for k, v in value.items()]
+            return [_name(kind), sorted(rows, key=lambda row: row[0])]
+        if isinstance(value, (set, frozenset)):
+            if isinstance(value, set):
+                self.reads.append((value, _ITEMS, _items(value)))
+            return [_name(kind), sorted(repr(v) for v in value)]
+        if getattr(value, "__triton_aggregate__", False):
+            return self._aggregate(value, names)
+        if self.exact:
+            return self._exact(value)
+        shown = _repr(value)
+        return [
+            "object",
+            _name(kind),
+            _name(value),
+            None if " at 0x" in shown else shown,
+            self._attributes(value, names),
+        ]
+
+    def _aggregate(self, value: Any, names: list[str]) -> Any:
+        attrs = getattr(value, "hash_attrs", ())
+        fields: Any = None
+        annotations = getattr(value, "__annotations__", None) or {}
+        if self.exact and not isinstance(value, type):  # an instance: its fields' values
+            fields = [[k, self.value(getattr(value, k, None), names)] for k in annotations]
+        return [
+            "aggregate",
+            _name(value),
+            str(annotations),
+            [self.value(a, names) for a in attrs],
+            fields if self.exact else self._attributes(value, names),
+        ]
 
     def _module(self, module: types.ModuleType, names: list[str]) -> Any:
         name = module.__name__
-        if name.split(".")[0] in _OPAQUE_MODULES:
+        if self.exact or _opaque_module(name):
             return ["module", name]
         self.seen[id(module)] = f"module {name}"
         return ["module", name, self._attributes(module, names)]
@@ -182,14 +316,170 @@ class _Describer:
         found = []
         spaces = _namespaces(value)
         for name in names:
-            for space in spaces:
+            for i, space in enumerate(spaces):
                 if name in space:
                     attr = space[name]
+                    self.reads += [(s, name, _MISSING) for s in spaces[:i]]
+                    self.reads.append((space, name, attr))
                     if isinstance(attr, (staticmethod, classmethod)):
                         attr = attr.__func__
                     found.append([name, self.value(attr, names)])
                     break
         return found
+
+    # -- exact descriptions (constexprs) ---------------------------------------------------
+    def _exact(self, value: Any) -> Any:
+        kind = type(value)
+        if isinstance(value, enum.Enum):
+            return ["enum", _name(kind), value.name, self.value(value.value, [])]
+        if isinstance(value, type):
+            return self._class(value)
+        if isinstance(value, types.FunctionType):
+            return ["function", _name(value), self._function(value)]
+        if isinstance(value, (staticmethod, classmethod)):
+            return [_name(kind), self.value(value.__func__, [])]
+        if isinstance(value, property):
+            return ["property", [self.value(f, []) for f in (value.fget, value.fset, value.fdel)]]
+        if isinstance(value, types.BuiltinFunctionType):  # (its module and name say which)
+            return ["builtin", _name(value)]
+        if isinstance(value, types.MethodType):
+            return ["method", self.value(value.__func__, []), self.value(value.__self__, [])]
+        if hasattr(value, "tobytes") and hasattr(value, "dtype") and hasattr(value, "shape"):
+            data = value.tobytes()  # an array: its repr elides items
+            digest = hashlib.sha256(data).hexdigest()
+            return ["array", _name(kind), str(value.dtype), list(value.shape), digest]
+        fields = _fields(value)
+        if fields is not None:
+            rows = [[k, self.value(v, [])] for k, v in sorted(fields.items())]
+            return ["object", self.value(kind, []), rows]
+        shown = _repr(value)
+        if " at 0x" in shown or kind.__repr__ is object.__repr__:
+            raise Undescribable(f"a {_name(kind)} is known only by its address ({shown:.60})")
+        return ["repr", _name(kind), shown]
+
+    def _class(self, cls: type) -> Any:
+        if _opaque(cls):  # (Triton's and Python's own classes: their code is installed files)
+            return ["class", _name(cls)]
+        bases = [self.value(b, []) for b in cls.__bases__]
+        members = [
+            [k, self.value(v, []) if _is_member(v) else _descriptor(v)]
+            for k, v in sorted(vars(cls).items())
+            if k not in _CLASS_NOISE
+        ]
+        return ["class", _name(cls), bases, str(vars(cls).get("__annotations__", {})), members]
+
+    def _function(self, fn: types.FunctionType) -> Any:
+        code = fn.__code__
+        cells = zip(code.co_freevars, fn.__closure__ or (), strict=False)
+        glob = fn.__globals__
+        return [
+            _code(code),
+            [[n, self.value(_cell(c), [])] for n, c in cells],
+            self.value(fn.__defaults__, []),
+            self.value(fn.__kwdefaults__, []),
+            [[n, self.value(glob[n], [])] for n in sorted(_global_names(code)) if n in glob],
+        ]
+
+
+@functools.lru_cache(maxsize=1024)
+def _code(code: types.CodeType) -> str:
+    """A digest of what a code object runs (its instructions, constants, names and nested code;
+    not its file or line numbers)."""
+    consts: list[Any] = []
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            consts.append(_code(c))
+        elif isinstance(c, frozenset):  # (its iteration order varies between processes)
+            consts.append(sorted(repr(x) for x in c))
+        else:
+            consts.append(repr(c))
+    doc = [
+        code.co_code.hex(),
+        consts,
+        code.co_names,
+        code.co_varnames,
+        code.co_freevars,
+        code.co_cellvars,
+        code.co_argcount,
+        code.co_posonlyargcount,
+        code.co_kwonlyargcount,
+        code.co_flags,
+    ]
+    return hashlib.sha256(repr(doc).encode()).hexdigest()
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The names ``code`` and the code nested in it may look up as globals."""
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _global_names(c)
+    return names
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _opaque_module(name: str) -> bool:
+    """Whether the module ``name`` is described by its name alone: Triton's language and
+    Python's standard library (their contents are installed files and the process's state,
+    such as ``os.environ``, which no kernel key holds)."""
+    top = name.split(".")[0]
+    return top in _OPAQUE_MODULES or top in sys.stdlib_module_names
+
+
+def _opaque(cls: type) -> bool:
+    """Whether the class ``cls`` is described by its name alone (see :func:`_opaque_module`)."""
+    return _opaque_module(getattr(cls, "__module__", "") or "")
+
+
+def _is_member(value: Any) -> bool:
+    """Whether a class attribute is described as a value (not a C-level slot or wrapper)."""
+    return not isinstance(
+        value,
+        (
+            types.MemberDescriptorType,
+            types.GetSetDescriptorType,
+            types.WrapperDescriptorType,
+            types.MethodDescriptorType,
+        ),
+    )
+
+
+def _descriptor(value: Any) -> Any:
+    return ["descriptor", type(value).__name__, getattr(value, "__name__", None)]
+
+
+def _fields(value: Any) -> dict[str, Any] | None:
+    """The fields of ``value`` (its ``__dict__`` and slots), or None where its state may be
+    elsewhere (an instance of a C type)."""
+    own = getattr(value, "__dict__", None)
+    fields = dict(own) if isinstance(own, dict) else None
+    classes = [c for c in type(value).__mro__ if c is not object]
+    if fields is None and not all("__slots__" in vars(c) for c in classes):
+        return None
+    fields = fields or {}
+    for cls in classes:
+        slots = vars(cls).get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if isinstance(slot, str) and slot not in ("__dict__", "__weakref__"):
+                fields[slot] = getattr(value, slot, _MISSING_FIELD)
+    return fields
+
+
+_MISSING_FIELD = "<unset>"
+
+
+def _repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception as e:  # (the call is then not stored: lowered as before)
+        kind = _name(type(value))
+        raise ValueError(f"{kind} {_name(value)} has no repr: {e!r:.80}") from e
 
 
 def _namespaces(value: Any) -> list[Any]:
@@ -203,18 +493,22 @@ def _namespaces(value: Any) -> list[Any]:
     return spaces
 
 
-def _closure(inner: Any) -> dict[str, Any]:
+def _parameters(inner: Any) -> frozenset[str]:
+    """The parameter names of the Python function ``inner``."""
+    code = getattr(inner, "__code__", None)
+    if code is None:
+        return frozenset()
+    count = code.co_argcount + code.co_kwonlyargcount
+    return frozenset(code.co_varnames[:count])
+
+
+def _cells(inner: Any) -> dict[str, Any]:
+    """The closure cells of the Python function ``inner``, by name."""
     code = getattr(inner, "__code__", None)
     cells = getattr(inner, "__closure__", None) or ()
     if code is None:
         return {}
-    found = {}
-    for name, cell in zip(code.co_freevars, cells, strict=False):
-        try:
-            found[name] = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-    return found
+    return dict(zip(code.co_freevars, cells, strict=False))
 
 
 def _name(value: Any) -> str:

@@ -106,6 +106,8 @@ class Request:
     #: whether a cached entry's metadata has what this call needs (None: any entry will do)
     usable: Callable[[Mapping[str, Any]], bool] | None = None
     about: Mapping[str, Any] = field(default_factory=dict)
+    #: False: compiled in this process and never looked up nor stored (a kernel with no key)
+    stored: bool = True
 
 
 def fetch(
@@ -199,8 +201,13 @@ def fetch_each(
 
         return build_entry
 
-    items = [BuildItem(r.key, r.ext, builder(r)) for r in requests]
+    for index, request in enumerate(requests):
+        if not request.stored:
+            yield index, _in_memory(request)
+    cached = [i for i, r in enumerate(requests) if r.stored]
+    items = [BuildItem(requests[i].key, requests[i].ext, builder(requests[i])) for i in cached]
     for index, art in cache.get_or_create_each(items, wait=wait):
+        index = cached[index]
         if art is None or isinstance(art, Exception):
             yield index, art
             continue
@@ -209,6 +216,25 @@ def fetch_each(
             yield index, _paired(cache, request, art, built[(request.key, request.ext)])
         except Exception as e:  # a failing recompile of a missing PTX, reported per request
             yield index, e
+
+
+def _in_memory(request: Request) -> KernelBinary | Exception:
+    """The kernel of a request that is not stored, compiled here, under a key derived from its
+    machine code (what the opaque names it by: the same binary, the same opaque); a
+    :class:`LeftOut` (not remembered) or the compile's own exception if it cannot compile."""
+    try:
+        compiled = request.build()
+    except Exception as e:  # reported per request, as for stored kernels
+        reason = failures.reason_of(e)
+        return e if reason is None else LeftOut(reason)
+    from kernelcache.schema import make_metadata
+
+    meta = request.describe(compiled)
+    if compiled.ptx is not None:
+        meta["ptx_sha256"] = _sha256(compiled.ptx)
+    key = hashlib.sha256(b"in-memory\0" + compiled.binary).hexdigest()
+    doc = make_metadata(key, request.ext, compiled.binary, meta)  # (as if stored)
+    return _binary(key, request.ext, compiled.binary, doc, compiled.ptx, True)
 
 
 def _paired(cache: Cache, request: Request, art: Artifact, built: list[Compiled]) -> KernelBinary:

@@ -1,20 +1,25 @@
 """Kernel keys: computed without compiling, from everything that decides the binary.
 
-Ingredients, all Triton's own: the compiler's identity (what ``triton_key()`` hashes, digested
-with xxh3 and memoized across processes: see :mod:`bridge.identity`), the source hash of the
-kernel with its dependencies and specialization (``ASTSource.hash()``: ``fn.cache_key``,
-signature, constexprs, attributes), the backend's identity (``backend.hash()``: the target and,
-on CUDA, the ptxas version), the options (every field of the parsed options; extern libraries by
-content, not path), and the environment variables Triton declares cache-invalidating. Plus the
-language (Triton or Gluon), the target and the version of the bridge's own compile pipeline.
+Ingredients, named one by one in :data:`COMPONENTS` and listed once (:func:`key_components`):
+the compiler's identity (what ``triton_key()`` hashes, digested with xxh3 and memoized across
+processes: see :mod:`bridge.identity`), the kernel's code as Triton's ``cache_key`` holds it
+(its source and the jitted functions and constexpr globals it reaches by name), the code as
+:mod:`bridge.jit_identity` identifies it (everything the frontend reads besides: constexprs
+reached as attributes of other modules, globals read by a ``constexpr_function``, helpers and
+values rebound since Triton memoized its key), the signature and specialization, every
+constexpr described exactly (:func:`bridge.jit_identity.constant`, never by its ``str``), the
+backend's identity (``backend.hash()``: the target and, on CUDA, the ptxas version), the
+options (every field of the parsed options; extern libraries by content, not path), the
+environment variables Triton declares cache-invalidating, the language, the target, the
+binary's kind and the version of the bridge's own compile pipeline. Triton's own source hash
+(``ASTSource.hash()``) is part of the key too, so whatever a Triton release adds to it counts.
 
 Invariants: the same call in any process on any machine with the same software gets the same
-key; any change that can change the binary changes it.
+key; any change that can change the binary changes it. A constexpr that cannot be described
+exactly raises :class:`~bridge.jit_identity.Undescribable`: such a kernel has no key.
 
-:func:`key_components` names these ingredients one by one (the source hash split into the
-kernel's source, its signature and its constexprs): each entry records them, so that a miss can
-be explained by the ingredients that differ (``kernelcache explain``). They explain a key; they
-never make one.
+Each entry records the components, so that a miss can be explained by the ingredients that
+differ (``kernelcache explain``); the key is a digest of the same components.
 """
 
 from __future__ import annotations
@@ -26,13 +31,14 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .identity import backend_identity, triton_identity
+from .jit_identity import Undescribable, constant, identity
 from .targets import Target
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
 #: bump when the bridge's compile pipeline changes its output for the same inputs
-PIPELINE_VERSION = "bridge-pipeline-1"
+PIPELINE_VERSION = "bridge-pipeline-2"
 
 
 @functools.lru_cache(maxsize=256)
@@ -89,25 +95,60 @@ COMPONENTS: dict[str, str] = {
     "backend": "backend identity (target, ptxas version)",
     "language": "language",
     "source": "source digest (the kernel and the functions it calls)",
+    "code": "code digest (every global, attribute and helper the frontend reads)",
     "signature": "signature digest (argument types and specialization)",
     "constexprs": "constexprs digest",
     "options": "options digest (num_warps, num_stages, ...)",
     "environment": "Triton's cache-invalidating environment variables",
+    "binary": "kind of machine code",
 }
+
+
+def constexprs_digest(fn: Any, constants: Any) -> str:
+    """The digest of the constexprs (``ASTSource.constants``) of a specialization of the JIT
+    function ``fn``, each described exactly (:func:`bridge.jit_identity.constant`).
+
+    Raises:
+        Undescribable: a constexpr has no exact description (the message names it).
+    """
+    rows = []
+    for path, value in sorted(constants.items()):
+        try:
+            rows.append([repr(path), constant(value)])
+        except ValueError as e:  # (Undescribable, or a repr that fails)
+            where = path if isinstance(path, tuple) else (path,)
+            names = list(getattr(fn, "arg_names", ()))
+            first = where[0] if where and isinstance(where[0], int) else None
+            name = names[first] if first is not None and first < len(names) else str(path)
+            raise Undescribable(f"its constexpr {name}: {e}", where) from e
+    return text_digest(repr(rows))
+
+
+def code_digest(fn: Any) -> str:
+    """The identity of the JIT function ``fn`` (:func:`bridge.jit_identity.identity`).
+
+    Raises:
+        Undescribable: a value its code reads has no description (a ``repr`` that fails).
+    """
+    try:
+        return identity(fn)
+    except ValueError as e:
+        raise Undescribable(f"its code reads {e}") from e
 
 
 def key_components(
     cache: Cache | None, target: Target, backend: Any, src: Any, options: Any, language: str
 ) -> dict[str, str]:
-    """The ingredients of :func:`kernel_key`, named (see :data:`COMPONENTS`): what an entry
-    records so that a miss can say which of them differ. The source hash is split the way
-    Triton's ``ASTSource.hash()`` assembles it."""
+    """The ingredients of :func:`kernel_key`, named (see :data:`COMPONENTS`): the key is their
+    digest, and an entry records them, so that a miss can say which of them differ. The source
+    hash is split the way Triton's ``ASTSource.hash()`` assembles it.
+
+    Raises:
+        Undescribable: a constexpr of ``src``, or a value its code reads, has no description.
+    """
     from .versions import triton_version
 
     sig = [v for _, v in sorted(src.signature.items())]
-    constants = "-".join(
-        v.cache_key if hasattr(v, "cache_key") else str(v) for _, v in sorted(src.constants.items())
-    )
     return {
         "pipeline": PIPELINE_VERSION,
         "triton": triton_version(),
@@ -116,29 +157,27 @@ def key_components(
         "backend": text_digest(backend_identity(cache, target, backend)),
         "language": language,
         "source": text_digest(str(src.fn.cache_key)),
+        "code": code_digest(src.fn),
         "signature": text_digest(f"{src.attrs}-{sig}"),
-        "constexprs": text_digest(constants),
+        "constexprs": constexprs_digest(src.fn, src.constants),
         "options": options_digest(options),
         "environment": text_digest(env_digest()),
+        "binary": str(getattr(backend, "binary_ext", "")),
     }
 
 
 def kernel_key(
     cache: Cache, target: Target, backend: Any, src: Any, options: Any, language: str
 ) -> str:
-    """The 64-hex-digit key of one compiled kernel (see the module docstring)."""
-    parts = [
-        PIPELINE_VERSION,
-        triton_identity(cache),
-        src.hash(),
-        backend_identity(cache, target, backend),
-        options_digest(options),
-        env_digest(),
-        language,
-        str(target),
-        str(getattr(backend, "binary_ext", "")),
-    ]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    """The 64-hex-digit key of one compiled kernel (see the module docstring): a digest of
+    :func:`key_components` and of Triton's own source hash.
+
+    Raises:
+        Undescribable: a constexpr of ``src`` has no exact description (the kernel has no key).
+    """
+    parts = key_components(cache, target, backend, src, options, language)
+    text = repr([src.hash(), sorted(parts.items())])
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def derived_key(key: str, role: str) -> str:

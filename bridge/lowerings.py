@@ -12,7 +12,8 @@ options, every variant as the kernel's layers make it (heuristics, pruning and p
 applied) with its grid and zeroed outputs, the buffer layout, the target, the embedding, the
 local device, and the software: the bridge, Triton (the identity of its files), the backend
 (ptxas), Triton's cache-invalidating environment and knobs, jaxlib. A value known only by its
-``repr`` makes a call unkeyable: it is lowered as before, and nothing is stored.
+address makes a call unkeyable: it is lowered as before, and nothing is stored. Other values
+are described exactly, as kernel keys describe constexprs (:func:`bridge.jit_identity.constant`).
 
 An autotuned call's lowering depends on its decision (:mod:`bridge.decisions`), which can
 appear later: its entry (``<key>.variants``) holds the kernel keys of its variants, and each
@@ -70,7 +71,7 @@ class Lowered:
 
 
 class Unkeyable(Exception):
-    """A value of the call is known only by its ``repr``: the call is not stored."""
+    """A value of the call is known only by its address: the call is not stored."""
 
 
 def _canon(value: Any, buffers: Mapping[int, int]) -> Any:
@@ -133,7 +134,10 @@ def _canon_other(value: Any, buffers: Mapping[int, int]) -> Any:
     item = getattr(value, "item", None)
     if callable(item) and getattr(value, "shape", None) == ():  # a NumPy scalar
         return _canon(item(), buffers)
-    raise Unkeyable(f"{kind} {value!r:.60} is known only by its repr")
+    try:  # (a class, an enum, a dataclass, an object with fields: as a kernel key has it)
+        return ["value", jit_identity.constant(value)]
+    except ValueError as e:
+        raise Unkeyable(f"{kind} {value!r:.60} is known only by its address") from e
 
 
 def _kernel(parts: Any) -> list[Any]:

@@ -15,6 +15,8 @@ work stealing between the processes).
 from __future__ import annotations
 
 import functools
+import logging
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,12 +25,15 @@ from . import backends, binding, kernel_fetch, kernel_keys
 from .compile import compile_source
 from .errors import BackendUnavailable, OptionError
 from .failures import LeftOut
+from .jit_identity import Undescribable
 from .kernel_fetch import KernelBinary, Request, entry_metadata
 from .kernels import KernelParts
 from .targets import Target
 
 if TYPE_CHECKING:
     from kernelcache import Cache
+
+logger = logging.getLogger(__name__)
 
 #: whether a cached entry's metadata has what a call needs
 Usable = Callable[[Mapping[str, Any]], bool]
@@ -46,6 +51,9 @@ class Specialization:
     key: str
     target: Target
     backend: Any  # the target's Triton backend (CUDABackend / HIPBackend)
+    #: False: a constexpr has no exact description, so the kernel has no key (``key`` is then
+    #: unique to this specialization): it is compiled in the process and never stored
+    stored: bool = True
 
     @property
     def ext(self) -> str:
@@ -96,8 +104,34 @@ def specialize(
     src = kernel_keys.source(
         parts.fn, parts.is_gluon, bound.signature, bound.constexprs, bound.attrs
     )
-    key = kernel_keys.kernel_key(cache, target, backend, src, bound.options, parts.language)
+    try:
+        key = kernel_keys.kernel_key(cache, target, backend, src, bound.options, parts.language)
+    except Undescribable as e:
+        _warn_unstored(parts, e)
+        return Specialization(parts, variant, bound, src, _unique_key(), target, backend, False)
     return Specialization(parts, variant, bound, src, key, target, backend)
+
+
+def _unique_key() -> str:
+    """A key no other specialization has, in any process (that of a kernel that has none)."""
+    return uuid.uuid4().hex * 2
+
+
+_unstored: set[tuple[str, tuple[Any, ...]]] = set()
+
+
+def _warn_unstored(parts: KernelParts, why: Undescribable) -> None:
+    """Say once per kernel and constexpr that the kernel is compiled here and not stored."""
+    if (parts.qualname, why.path) in _unstored:
+        return
+    _unstored.add((parts.qualname, why.path))
+    logger.warning(
+        "kernelcache: %s is compiled in this process and not stored: %s. A kernel is stored "
+        "when every value it is compiled with can be told from others: numbers, strings, "
+        "tuples, enums, dataclasses, classes, JIT functions, objects with their fields",
+        parts.qualname,
+        why,
+    )
 
 
 def specialize_call(
@@ -144,10 +178,13 @@ def request(spec: Specialization, usable: Usable | None = None) -> Request:
         spec.key,
         spec.ext,
         build=functools.partial(compile_source, spec.source, target, spec.backend, bound.options),
-        describe=entry_metadata(spec.parts, target, bound, functools.partial(components, spec)),
+        describe=entry_metadata(
+            spec.parts, target, bound, functools.partial(components, spec) if spec.stored else None
+        ),
         need_ptx=target.vendor.has_ptx,
         usable=usable,
         about={"name": spec.parts.name, "kernel": spec.parts.qualname, "target": str(target)},
+        stored=spec.stored,
     )
 
 

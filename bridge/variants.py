@@ -116,15 +116,16 @@ class Variants:
         another process, whichever is free first)."""
         wanted = [i for i in dict.fromkeys(indices) if i not in self._found]
         todo = [i for i in wanted if self._memo_key(i) not in self.memo]
+        fetched: dict[int, KernelBinary | str] = {}
         if todo:
             checks = [self.usable(self.specs[i]) if self.usable else None for i in todo]
             got = specialize.fetch_many([self.specs[i] for i in todo], self.cache, checks)
             for i, result in zip(todo, got, strict=True):
-                self.memo[self._memo_key(i)] = (
-                    result.reason if isinstance(result, LeftOut) else result
-                )
+                fetched[i] = result.reason if isinstance(result, LeftOut) else result
+                if self.specs[i].stored:  # (a kernel with no key is not kept either)
+                    self.memo[self._memo_key(i)] = fetched[i]
         for i in wanted:
-            found = self.memo[self._memo_key(i)]
+            found = fetched[i] if i in fetched else self.memo[self._memo_key(i)]
             if isinstance(found, KernelBinary):
                 spec = self.specs[i]
                 found = launch_problem(found.meta, spec.target, self.device) or found

@@ -265,6 +265,18 @@ def make_plan(
             for index, spec in enumerate(specs):
                 if spec.key not in keys:
                     continue  # an autotune decision chose another config
+                if not spec.stored:
+                    problems.append(
+                        WarmProblem(
+                            "invalid",
+                            "a value the kernel is compiled with cannot be described: it is "
+                            "compiled in each process and never stored",
+                            call.kernel,
+                            str(target),
+                            lines=call.lines,
+                        )
+                    )
+                    continue
                 if (spec.key, str(target)) in seen:
                     continue  # another call has the same specialization
                 seen.add((spec.key, str(target)))
