@@ -239,15 +239,9 @@ class SizeCap:
         others do (or something else writes the usage file): then warn once, and let puts go
         on without waiting until one finds the root back under."""
         while True:
-            ran = self.evict(min(RETRY_SECONDS, budget.remaining()))
+            ran = self.evict(min(RETRY_SECONDS, budget.remaining()), past_bound=True)
             with self._lock:
-                if self.broken:
-                    return
-                try:
-                    self._refresh()
-                except OSError:
-                    return  # no usage file (a prune removed it): the next put measures
-                if self.total <= self.bound():
+                if self.broken or not self._past_bound():
                     return
                 if ran or budget.remaining() <= 0:
                     self._stalled = True
@@ -487,6 +481,15 @@ class SizeCap:
         except OSError:
             return False
 
+    def _past_bound(self) -> bool:
+        """Whether the estimate is past :meth:`bound`, from what was appended to the usage
+        file since the last look (no file: not, as after a prune). Caller holds ``_lock``."""
+        try:
+            self._refresh()
+        except OSError:
+            return False
+        return self.total > self.bound()
+
     def _refresh(self) -> bool:
         """Read what was appended to the usage file since the last look; whether a pass is
         due."""
@@ -505,11 +508,12 @@ class SizeCap:
             os.close(dfd)
         return self._due()
 
-    def evict(self, wait: float = 0.0) -> bool:
+    def evict(self, wait: float = 0.0, *, past_bound: bool = False) -> bool:
         """Run an eviction pass unless another process is running one; whether this one ran.
         Waits at most ``wait`` seconds for another's pass to end; having waited, runs only if
-        a pass is still due (the other may have made it needless). Never raises for what it
-        finds (each delete's outcome is the prune's)."""
+        a pass is still due (``past_bound``: the estimate still past :meth:`bound`): the other
+        may have made it needless. Never raises for what it finds (each delete's outcome is
+        the prune's)."""
         try:
             held = self.store.locker.acquire(PASS_LOCK, shared=False, timeout=wait)
         except LockTimeout:
@@ -521,7 +525,7 @@ class SizeCap:
         try:
             if wait > 0:
                 with self._lock:
-                    if not self._still_due():
+                    if not (self._past_bound() if past_bound else self._still_due()):
                         return False
             measured = self._pass()
         except OSError as e:
