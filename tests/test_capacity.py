@@ -1,6 +1,8 @@
 """The size cap of a writable root (``KERNELCACHE_MAX_SIZE``, ``Cache(max_size=)``): real
 processes putting at once keep the root under it, least recently used entries go first, one
-eviction pass runs at a time, read-only roots are never touched."""
+eviction pass runs at a time, read-only roots are never touched; what another writer puts in the
+usage file cannot keep passes from running nor cost a put time or memory, and a burst of
+writers never takes the root past twice the cap."""
 
 from __future__ import annotations
 
