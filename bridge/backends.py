@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import re
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -148,6 +149,36 @@ def check_options(target: Target, names: set[str] | frozenset[str]) -> None:
             f"unknown compile option(s) {', '.join(unknown)} for {target}: valid options are "
             f"{', '.join(sorted(valid))}"
         )
+
+
+#: options that Triton's launcher (not its compiler) applies, as launch attributes, and what
+#: each asks for: jaxlib's Triton kernel call has no field for either (every jaxlib through
+#: 0.11 launches plainly, or with a cluster for num_ctas > 1)
+LAUNCH_ATTRIBUTES = {
+    "launch_pdl": (
+        "programmatic dependent launch (the kernel's gdc_wait() and gdc_launch_dependents() "
+        "overlapping it with its neighbours)"
+    ),
+    "launch_cooperative_grid": (
+        "a cooperative launch (every program resident at once: a kernel that synchronizes "
+        "across its grid would deadlock without it)"
+    ),
+}
+
+
+def check_launch_options(options: Mapping[str, Any], where: str) -> None:
+    """Refuse a launch attribute (:data:`LAUNCH_ATTRIBUTES`) that ``options`` turns on.
+
+    Raises:
+        OptionError: naming the option, what it asks for, and that jaxlib cannot launch it.
+    """
+    for name, what in LAUNCH_ATTRIBUTES.items():
+        if options.get(name):
+            raise OptionError(
+                f"{where}: {name}={options[name]!r} asks Triton's launcher for {what}, but "
+                "jaxlib's Triton kernel call has no field for it and would launch the kernel "
+                f"without it: drop {name}, or launch the kernel outside JAX"
+            )
 
 
 #: FP fusion (contracting a*b+c into one fused multiply-add) when neither the call

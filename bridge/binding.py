@@ -72,6 +72,19 @@ class Variant:
     zero: frozenset[str] = frozenset()
     args: Mapping[str, Any] = field(default_factory=dict)
 
+    def arguments(self, named: Mapping[str, Any]) -> dict[str, Any]:
+        """The call's arguments ``named`` as this variant launches them: its kwargs set, and
+        the arguments its pre_hooks changed last (a descriptor passed by keyword is in both
+        ``named`` and ``kwargs``, with the block shape the caller gave it)."""
+        return _arguments(named, self.kwargs, self.args)
+
+
+def _arguments(
+    named: Mapping[str, Any], kwargs: Mapping[str, Any], args: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``named``, then ``kwargs``, then ``args`` (see :meth:`Variant.arguments`)."""
+    return {**named, **kwargs, **args}
+
 
 @dataclass(frozen=True)
 class Leaf:
@@ -166,7 +179,7 @@ def expand_variants(
         if isinstance(layer, Heuristics):
             kw = dict(kw)
             for name, rule in layer.values.items():
-                kw[name] = rule({**named, **args, **kw})
+                kw[name] = rule(_arguments(named, kw, args))
             return expand(i + 1, kw, opts, desc, zero, args)
         assert isinstance(layer, Autotuner)
         fixed = {**kw, **opts}
@@ -177,7 +190,7 @@ def expand_variants(
                 f"{parts.qualname}: every autotune config contradicts the value(s) you passed for "
                 f"{', '.join(clash)}; do not pass autotuned parameters, or pass values some config has"
             )
-        nargs = {**named, **args, **kw}
+        nargs = _arguments(named, kw, args)
         if layer.early_config_prune:
             configs = list(layer.early_config_prune(configs, nargs, **kw))
             if not configs:
@@ -287,12 +300,23 @@ def _prepare_specializer() -> None:
 
 def launch_options(parts: KernelParts, variant: Variant) -> dict[str, Any]:
     """The options of ``variant`` with what Triton's launcher adds before binding
-    (``JITFunction.run``: ``debug`` and the instrumentation mode, from Triton's knobs)."""
+    (``JITFunction.run``: ``debug`` and the instrumentation mode, from Triton's knobs).
+
+    Raises:
+        OptionError: an option the bridge cannot honour (``ir_override``, or a launch
+            attribute jaxlib cannot launch with: :func:`bridge.backends.check_launch_options`).
+    """
     from triton import knobs
+
+    from . import backends
 
     options = dict(variant.options)
     if "ir_override" in options:
         raise OptionError("ir_override is not supported: the kernel cache keys on the source")
+    where = parts.qualname + (
+        f" (autotune config {variant.description})" if variant.description else ""
+    )
+    backends.check_launch_options(options, where)
     options["debug"] = options.get("debug", parts.fn.debug) or knobs.runtime.debug
     options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     return options
@@ -307,7 +331,7 @@ def bound_arguments(
     Raises:
         KernelArgumentError: missing or surplus arguments.
     """
-    call = {**named, **variant.args, **variant.kwargs}
+    call = variant.arguments(named)
     try:
         return _binder(parts.fn, backend)(**call, **launch_options(parts, variant))
     except TypeError as e:
@@ -323,7 +347,7 @@ def parameter_values(
     """Every parameter's value in ``variant`` (defaults applied), as Triton's binder gives it
     (:func:`bound_arguments`) but without specializing anything; None where the arguments do
     not bind (missing or surplus: :func:`bound_arguments` says which)."""
-    call = {**named, **variant.args, **variant.kwargs}
+    call = variant.arguments(named)
     values = {}
     for param in parts.fn.params:
         if param.name in call:
@@ -343,7 +367,7 @@ def bind(parts: KernelParts, backend: Any, named: Mapping[str, Any], variant: Va
             jaxlib cannot pass.
     """
     fn = parts.fn
-    call = {**named, **variant.args, **variant.kwargs}
+    call = variant.arguments(named)
     options = launch_options(parts, variant)
     bound_args, specialization, opts = bound_arguments(parts, backend, named, variant)
     triton_options, signature, constexprs, attrs = fn._pack_args(

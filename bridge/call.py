@@ -212,9 +212,11 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
     """:func:`lower_call` with its :class:`Setup`, as a call of ``program``."""
     target, cache = prepared.target, prepared.cache
     autotune = call.autotune or prepared.ours.autotune
+    # the kernel's heuristics, prune functions and hooks run here, once per lowering
+    every = specialize.call_variants(call.parts, call.named, call.kwargs, call.options, target)
     keyed = None
     if prepared.context is not None and call.choice is None and not record.wanted(prepared.ours):
-        keyed = lowerings.lowering_key(call, target, prepared.context)
+        keyed = lowerings.lowering_key(call, target, prepared.context, every)
     if keyed is not None:
         found = _replay(call, keyed, target, platform, autotune, program)
         if found is not None:
@@ -224,6 +226,7 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
             return found.lowered
     lowered, state, names = _assemble(
         call,
+        every,
         target,
         platform,
         prepared.jaxlib,
@@ -271,6 +274,7 @@ def _replay(
 
 def _assemble(
     call: CallSpec,
+    every_variant: list[binding.Variant],
     target: targets.Target,
     platform: str,
     jaxlib: str,
@@ -280,13 +284,15 @@ def _assemble(
     device: Any,
     ours: BridgeSettings,
 ) -> tuple[Lowered, str, list[str]]:
-    """Lower ``call`` from its kernels (``ours``: the bridge's settings): the lowering, its
-    state (see :mod:`bridge.lowerings`) and the kernel keys of its variants."""
+    """Lower ``call`` from its kernels (``every_variant``: its variants, ``ours``: the
+    bridge's settings): the lowering, its state (see :mod:`bridge.lowerings`) and the kernel
+    keys of its variants."""
     configs: list[proto.Config] = []
     needs = versions.MODULE_IMAGE if mode == "inline" else (0,)
-    every = specialize.specialize_call(
-        call.parts, call.named, call.kwargs, call.options, target, cache
-    )
+    every = [
+        specialize.specialize(call.parts, call.named, variant, target, cache)
+        for variant in every_variant
+    ]
 
     def usable(spec: specialize.Specialization) -> specialize.Usable | None:
         n = messages.host_descriptor_count(call, spec, jaxlib)

@@ -4,11 +4,13 @@
 The hooks get ``nargs`` as Triton builds it (the call's arguments by name, the config's
 parameters merged in), holding placeholders: arrays have a shape and a dtype but no data,
 host descriptors are copies of Triton's own descriptor objects, constexprs and scalars are
-their values. Two things a hook does have a meaning in a compiled JAX program: setting a
+their values. Arrays behave like tensors for attribute probes: ``hasattr`` is True for what a
+tensor has and False (AttributeError) for what it has not, such as a descriptor's
+``block_shape``. Two things a hook does have a meaning in a compiled JAX program: setting a
 descriptor's ``block_shape`` (that config's launch gets a TMA descriptor of that block) and
 ``zero_()`` on an output (zeroed before each launch, as ``zeroed_outputs`` does). Anything else
-done to an array is a :class:`~bridge.errors.KernelArgumentError` naming the hook and what it
-tried.
+done to an array (reading its data or device, calling a tensor method) is a
+:class:`~bridge.errors.KernelArgumentError` naming the hook and what it tried.
 """
 
 from __future__ import annotations
@@ -57,9 +59,33 @@ class _Run:
         raise _Refused(self.refused[-1])
 
 
+#: tensor methods that read or make data, present on a hook's arrays and refused when called
+#: (besides the in-place ones: every other name ending in one underscore, as in torch)
+TENSOR_METHODS = frozenset(
+    """
+    data_ptr item tolist numpy cpu cuda to type clone detach contiguous is_contiguous storage
+    untyped_storage storage_offset get_device record_stream pin_memory view view_as reshape
+    flatten expand expand_as permute transpose t squeeze unsqueeze narrow select index_select
+    masked_select gather split chunk unbind new_empty new_zeros new_ones new_full new_tensor
+    float half bfloat16 int long bool double sum mean amax amin max min abs any all norm equal
+    eq ne lt le gt ge add sub mul div neg sqrt exp log pow matmul cumsum sort argmax argmin
+    nonzero count_nonzero isnan isinf allclose
+    """.split()
+)
+#: tensor properties that describe data or a device, refused when read
+TENSOR_PROPERTIES = frozenset("device data T mT is_cuda is_cpu grad requires_grad is_leaf".split())
+
+
+def _tensor_method(attr: str) -> bool:
+    """Whether a tensor has a method ``attr`` that the placeholder does not answer."""
+    return attr in TENSOR_METHODS or (attr.endswith("_") and not attr.startswith("_"))
+
+
 class HookArray:
     """An array as a hook sees it: ``shape``, ``dtype`` (Triton's), ``ndim``, ``numel()``,
-    ``element_size()``, ``stride()`` and ``zero_()``; no data."""
+    ``element_size()``, ``stride()``, ``size()`` and ``zero_()``; no data. Other tensor
+    methods are present but refused when called, tensor properties that describe data are
+    refused when read, and what a tensor does not have raises AttributeError."""
 
     __slots__ = ("_arr", "_name", "_run")
 
@@ -98,7 +124,18 @@ class HookArray:
         self._run.zero.add(self._name)
         return self
 
-    def __getattr__(self, attr: str) -> NoReturn:
+    def __getattr__(self, attr: str) -> Any:
+        if attr in TENSOR_PROPERTIES:
+            self._refuse_use(attr)
+        if _tensor_method(attr):
+            return lambda *args, **kwargs: self._refuse_use(attr)
+        raise AttributeError(
+            f"{self._name} has no attribute {attr!r}: at lowering a hook's arrays are "
+            "placeholders with shape, dtype, ndim, numel(), element_size(), stride(), size() "
+            "and zero_(), and no data"
+        )
+
+    def _refuse_use(self, attr: str) -> NoReturn:
         self._run.refuse(f"used {self._name}.{attr}, but arrays have no data at lowering")
 
     def __repr__(self) -> str:

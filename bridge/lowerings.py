@@ -180,12 +180,15 @@ def context(target: Target, embed: str, jaxlib: str, device: Any, cache: Cache) 
         return None
 
 
-def lowering_key(call: CallSpec, target: Target, context: bytes) -> tuple[str, int] | None:
+def lowering_key(
+    call: CallSpec, target: Target, context: bytes, variants: Sequence[binding.Variant]
+) -> tuple[str, int] | None:
     """The key of ``call``'s lowering for ``target`` and the :func:`context` of its lowering,
-    and the number of its variants (None: it is not stored; see the module docstring)."""
+    and the number of its variants (None: it is not stored; see the module docstring).
+    ``variants`` are the call's variants for ``target``
+    (:func:`bridge.specialize.call_variants`)."""
     parts, buffers = call.parts, call.buffers
     try:
-        variants = binding.expand_variants(parts, call.named, call.kwargs, call.options, target)
         rows = []
         for variant in variants:
             bound = binding.parameter_values(parts, call.named, variant)

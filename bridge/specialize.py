@@ -134,6 +134,29 @@ def _warn_unstored(parts: KernelParts, why: Undescribable) -> None:
     )
 
 
+def call_variants(
+    parts: KernelParts,
+    named: Mapping[str, Any],
+    kwargs: Mapping[str, Any],
+    options: Mapping[str, Any],
+    target: Target,
+) -> list[binding.Variant]:
+    """Every variant of a call for ``target``: autotune configs after pruning, heuristics
+    applied and pre_hooks run (see :func:`bridge.binding.expand_variants`), as one lowering
+    sees them: they run here, once per config.
+
+    ``named`` are the call's arguments by parameter name, ``kwargs`` the kernel parameters the
+    caller set by keyword, ``options`` the backend options the caller set.
+
+    Raises:
+        OptionError: an option ``target``'s backend does not have.
+        KernelArgumentError: the call does not fit the kernel.
+        whatever the kernel's own heuristics, prune functions or hooks raise.
+    """
+    backends.check_options(target, set(options))
+    return binding.expand_variants(parts, named, kwargs, options, target)
+
+
 def specialize_call(
     parts: KernelParts,
     named: Mapping[str, Any],
@@ -142,22 +165,16 @@ def specialize_call(
     target: Target,
     cache: Cache,
 ) -> list[Specialization]:
-    """Every variant of a call for ``target`` (autotune configs after pruning, heuristics
-    applied; see :func:`bridge.binding.expand_variants`), each through :func:`specialize`.
-
-    ``named`` are the call's arguments by parameter name, ``kwargs`` the kernel parameters the
-    caller set by keyword, ``options`` the backend options the caller set.
+    """Every variant of a call for ``target`` (:func:`call_variants`), each through
+    :func:`specialize`.
 
     Raises:
         OptionError: an option ``target``'s backend does not have, or too many threads.
         KernelArgumentError: the call does not fit the kernel.
-        whatever the kernel's own heuristics or prune functions raise.
+        whatever the kernel's own heuristics, prune functions or hooks raise.
     """
-    backends.check_options(target, set(options))
-    return [
-        specialize(parts, named, variant, target, cache)
-        for variant in binding.expand_variants(parts, named, kwargs, options, target)
-    ]
+    variants = call_variants(parts, named, kwargs, options, target)
+    return [specialize(parts, named, variant, target, cache) for variant in variants]
 
 
 def components(spec: Specialization, cache: Cache | None = None) -> dict[str, str]:

@@ -183,3 +183,108 @@ def read_data(nargs):
 sum_reading = triton.autotune(
     configs=[triton.Config({"BLOCK": 128}, pre_hook=read_data)], key=["n"]
 )(sum_kernel)
+
+
+def shape_by_duck_typing(nargs):
+    """shape_descriptors as hooks written without imports test: a pointer has no block_shape."""
+    if hasattr(nargs["x_desc"], "block_shape"):
+        nargs["x_desc"].block_shape = [nargs["BM"], nargs["BN"]]
+
+
+tma_double_duck = triton.autotune(
+    configs=[
+        triton.Config({"BM": 32, "BN": 64}, num_warps=4, pre_hook=shape_by_duck_typing),
+        triton.Config({"BM": 64, "BN": 32}, num_warps=4, pre_hook=shape_by_duck_typing),
+    ],
+    key=["M", "N"],
+)(tma_double_kernel.fn)
+
+
+# -- host descriptors passed by keyword, shaped by a pre_hook -----------------------------------
+def attention_blocks(nargs):
+    """Give the dummy-block descriptors of q, k and v the config's blocks."""
+    head = nargs["HEAD_DIM"]
+    nargs["desc_q"].block_shape = [nargs["BLOCK_M"], head]
+    nargs["desc_k"].block_shape = [nargs["BLOCK_N"], head]
+    nargs["desc_v"].block_shape = [nargs["BLOCK_N"], head]
+
+
+#: (BLOCK_M, BLOCK_N) of each attention config; BLOCK_M is a multiple of BLOCK_N
+ATTENTION_BLOCKS = [(64, 32), (64, 64), (128, 64)]
+
+
+@triton.autotune(
+    configs=[
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=4, pre_hook=attention_blocks)
+        for m, n in ATTENTION_BLOCKS
+    ],
+    key=["N_CTX", "HEAD_DIM", "CAUSAL"],
+)
+@triton.jit
+def attention_kernel(
+    desc_q,
+    desc_k,
+    desc_v,
+    scale,
+    N_CTX,
+    out_ptr,
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """out = softmax(q k^T * scale) v per head, q, k, v and out (heads * N_CTX, HEAD_DIM) fp16
+    row-major, read through host descriptors; query block by query block with a running
+    maximum and sum (keys after the query masked out when CAUSAL)."""
+    start_m = tl.program_id(0)
+    row0 = tl.program_id(1) * N_CTX
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q = desc_q.load([row0 + start_m * BLOCK_M, 0])
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    end = (start_m + 1) * BLOCK_M if CAUSAL else N_CTX
+    for start_n in range(0, end, BLOCK_N):
+        k = desc_k.load([row0 + start_n, 0])
+        s = tl.dot(q, k.T) * scale
+        if CAUSAL:
+            cols = start_n + tl.arange(0, BLOCK_N)
+            s = tl.where(rows[:, None] >= cols[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = desc_v.load([row0 + start_n, 0])
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+        m_i = m_new
+    out = (acc / l_i[:, None]).to(tl.float16)
+    cols = tl.arange(0, HEAD_DIM)
+    tl.store(out_ptr + (row0 + rows)[:, None] * HEAD_DIM + cols[None, :], out)
+
+
+def attention(q, k, v, causal, by_keyword=True, **kw):
+    """attention_kernel on q, k, v (heads, n_ctx, head_dim) fp16 as a jax-triton 0.4 call site
+    writes it: host descriptors with a dummy [1, 1] block, passed by keyword (or positionally),
+    the output described by out_type."""
+    import jax
+
+    import bridge
+
+    heads, n_ctx, head = q.shape
+    descs = [
+        bridge.TensorDescriptor.from_array(a.reshape(heads * n_ctx, head), [1, 1])
+        for a in (q, k, v)
+    ]
+    args = (*descs, head**-0.5, n_ctx)
+    names = ("desc_q", "desc_k", "desc_v", "scale", "N_CTX")
+    out = bridge.triton_call(
+        *(() if by_keyword else args),
+        **(dict(zip(names, args, strict=True)) if by_keyword else {}),
+        HEAD_DIM=head,
+        CAUSAL=causal,
+        kernel=attention_kernel,
+        out_type=jax.ShapeDtypeStruct((heads * n_ctx, head), q.dtype),
+        grid=lambda meta: (triton.cdiv(n_ctx, meta["BLOCK_M"]), heads),
+        **kw,
+    )
+    return out.reshape(q.shape)

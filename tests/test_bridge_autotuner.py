@@ -404,14 +404,14 @@ def test_the_limit_comes_from_the_target_and_is_unknown_for_others():
 X = jax.ShapeDtypeStruct((128, 256), jnp.float16)
 
 
-def tma_call(cache, descriptor=True, target="cuda:90", **kw):
+def tma_call(cache, descriptor=True, target="cuda:90", kernel=K.tma_double, **kw):
     def f(x):
         arg = bridge.TensorDescriptor.from_array(x, [1, 1]) if descriptor else x
         return bridge.triton_call(
             arg,
             128,
             256,
-            kernel=K.tma_double,
+            kernel=kernel,
             out_shape=x,
             grid=K.tma_grid,
             target=target,
@@ -443,6 +443,91 @@ def test_a_descriptor_hook_returns_at_once_for_pointers(cache, target, platform)
         ["BM: 64", " BN: 32"],
         ["BM: 16", " BN: 128"],
     ]
+
+
+Q = jax.ShapeDtypeStruct((2, 256, 64), jnp.float16)
+
+
+def descriptor_blocks(call) -> list[list[list[int]]]:
+    """The TMA block of each host descriptor parameter, config by config."""
+    return [
+        [
+            list(p.tensor_descriptor.nvidia.block_shape)
+            for p in config.kernel_call.parameters
+            if p.HasField("tensor_descriptor")
+        ]
+        for config in call.autotuned_kernel_call.configs
+    ]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_descriptors_passed_by_keyword_get_the_blocks_their_pre_hook_sets(
+    cache, jaxlib_0112, causal
+):
+    """K.attention's descriptors are made with a dummy [1, 1] block and passed by keyword
+    (jax-triton 0.4 style); each config's pre_hook sets the blocks its tl.dot needs (K >= 16),
+    and the lowering is the one of the same descriptors passed positionally."""
+
+    def attention(by_keyword):
+        return lambda q, k, v: K.attention(
+            q, k, v, causal, by_keyword, target="cuda:90", cache=cache
+        )
+
+    (call,) = decoded(attention(True), Q, Q, Q)
+    assert descriptor_blocks(call) == [[[m, 64], [n, 64], [n, 64]] for m, n in K.ATTENTION_BLOCKS]
+    ((by_keyword,), (positional,)) = (
+        custom_calls(lowered_module(attention(b), Q, Q, Q)) for b in (True, False)
+    )
+    assert by_keyword["opaque"] == positional["opaque"]
+
+
+@pytest.mark.parametrize("target, platform", TARGETS)
+def test_a_hook_probing_an_array_for_a_block_shape_finds_none(cache, jaxlib_0112, target, platform):
+    """hasattr(nargs["x_desc"], "block_shape") is False for an array, as for a tensor: the hook
+    leaves a pointer alone and shapes a descriptor."""
+    pointer = tma_call(cache, descriptor=False, target=target, kernel=K.tma_double_duck)
+    (call,) = decoded(pointer, X, platform=platform)
+    assert [c.split(",")[:2] for c in configs_of(call)] == [
+        ["BM: 32", " BN: 64"],
+        ["BM: 64", " BN: 32"],
+    ]
+    (call,) = decoded(tma_call(cache, kernel=K.tma_double_duck), X)
+    assert descriptor_blocks(call) == [[[32, 64]], [[64, 32]]]
+
+
+def test_a_hooks_arrays_answer_attribute_probes_as_tensors_do(cache):
+    seen = {}
+
+    def probe(nargs):
+        x = nargs["x_ptr"]
+        seen.update(
+            block_shape=hasattr(x, "block_shape"),
+            base=getattr(x, "base", None),
+            data_ptr=hasattr(x, "data_ptr"),
+            copy_=hasattr(x, "copy_"),
+            shape=x.shape,
+        )
+
+    kernel = triton.autotune(configs=[triton.Config({"BLOCK": 128}, pre_hook=probe)], key=["n"])(
+        K.sum_kernel
+    )
+    decoded(sum_call(kernel, cache), F32)
+    assert seen == {
+        "block_shape": False,
+        "base": None,
+        "data_ptr": True,
+        "copy_": True,
+        "shape": (4096,),
+    }
+
+    def unguarded(nargs):
+        nargs["x_ptr"].block_shape = list(nargs["x_ptr"].block_shape)
+
+    kernel = triton.autotune(
+        configs=[triton.Config({"BLOCK": 128}, pre_hook=unguarded)], key=["n"]
+    )(K.sum_kernel)
+    with pytest.raises(AttributeError, match="x_ptr has no attribute 'block_shape'"):
+        decoded(sum_call(kernel, cache), F32)
 
 
 def sum_call(kernel, cache, target="cuda:90", **kw):
@@ -512,6 +597,7 @@ def _caught(nargs):
         (lambda nargs: nargs["out_ptr"].__iadd__(1), r"updated out_ptr in place"),
         (lambda nargs: float(nargs["x_ptr"]), r"read x_ptr as a number"),
         (_caught, r"_caught used x_ptr\.copy_"),
+        (lambda nargs: nargs["x_ptr"].device, r"used x_ptr\.device"),
     ],
 )
 def test_what_a_hook_may_not_do(cache, hook, tried):

@@ -748,6 +748,36 @@ def test_per_config_descriptor_blocks_reach_the_launch(tmp_path, monkeypatch):
         np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"config {i}: {bm}x{bn}")
 
 
+def attention_reference(q, k, v, causal):
+    """softmax(q k^T / sqrt(d)) v per head, in float32."""
+    q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
+    s = jnp.einsum("hqd,hkd->hqk", q, k) * q.shape[-1] ** -0.5
+    if causal:
+        n = q.shape[1]
+        s = jnp.where(jnp.tril(jnp.ones((n, n), bool)), s, -jnp.inf)
+    return jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(s, axis=-1), v)
+
+
+@needs_tma
+@pytest.mark.parametrize("causal", [False, True])
+def test_descriptors_passed_by_keyword_run_with_the_blocks_their_pre_hook_sets(cache, causal):
+    """AK.attention passes dummy-block descriptors by keyword; each config's pre_hook gives
+    them the config's blocks. Every config alone (pinned by its blocks) and jaxlib's autotuning
+    over all of them compute the attention."""
+    q, k, v = (rand((4, 512, 64), jnp.float16, seed=i) for i in range(3))
+    want = np.asarray(attention_reference(q, k, v, causal))
+    runs = [{"autotune": "runtime"}] + [
+        {"BLOCK_M": m, "BLOCK_N": n} for m, n in AK.ATTENTION_BLOCKS
+    ]
+    for kw in runs:
+        got = jax.jit(lambda a, b, c, kw=kw: AK.attention(a, b, c, causal, cache=cache, **kw))(
+            q, k, v
+        )
+        np.testing.assert_allclose(
+            np.asarray(got, np.float32), want, rtol=2e-2, atol=2e-2, err_msg=str(kw)
+        )
+
+
 def test_a_zeroing_pre_hook_zeroes_the_output_before_each_launch(cache):
     """AK.sum_kernel atomically adds into out[0], so it is right only if out is zeroed before
     each launch, which the configs' pre_hook asks for (nargs["out_ptr"].zero_()). The output's

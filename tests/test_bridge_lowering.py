@@ -224,6 +224,60 @@ def test_heuristics_decide_a_constexpr(cache):
     assert "setp" not in ke.ptx.split(".entry")[1].split("ret;")[0] or len(ke.ptx) < len(ko.ptx)
 
 
+@triton.jit
+def even_copy_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    """out = x, unmasked where a heuristic says n is a multiple of BLOCK."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = (offs >= 0) if EVEN else (offs < n)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+@pytest.mark.parametrize(
+    "autotuned, sizes, answers",
+    [
+        (False, (1024, 1000), [[True], [False]]),  # jax-triton 0.4's test_heuristics
+        (True, (1024, 1152), [[True, True], [True, False]]),  # test_autotune_with_heuristics
+    ],
+)
+def test_heuristics_run_once_per_config_per_lowering(
+    tmp_path, assembled, autotuned, sizes, answers
+):
+    """A heuristic that records its answers is called once per config in each lowering: the
+    first (which compiles and stores it) and a warm one (served from its lowering entry)."""
+    cache = kernelcache.Cache(tmp_path, readonly_roots=(), remote="")
+    seen: list[bool] = []
+
+    def even(args):
+        seen.append(args["n"] % args["BLOCK"] == 0)
+        return seen[-1]
+
+    kernel = triton.heuristics({"EVEN": even})(even_copy_kernel)
+    pinned = {"BLOCK": 128}
+    if autotuned:
+        configs = [triton.Config({"BLOCK": 128}), triton.Config({"BLOCK": 256})]
+        kernel, pinned = triton.autotune(configs, key=["n"])(kernel), {}
+
+    def copy(x):
+        return bridge.triton_call(
+            x,
+            x.size,
+            kernel=kernel,
+            out_shape=x,
+            grid=lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),),
+            target="cuda:90",
+            cache=cache,
+            **pinned,
+        )
+
+    for n, want in zip(sizes, answers, strict=True):
+        for lowering, built in (("first", 1), ("warm", 0)):
+            seen.clear()
+            assembled.clear()
+            decoded(lambda x: copy(x), jax.ShapeDtypeStruct((n,), jnp.float32))  # (JAX lowers anew)
+            assert seen == want, f"{lowering} lowering of n={n}"
+            assert len(assembled) == built
+
+
 def test_do_not_specialize_shares_one_binary(cache):
     def copy(x):
         return bridge.triton_call(
@@ -525,6 +579,32 @@ def test_too_many_warps(cache):
         decoded(add_fn(cache, target="cuda:90", num_warps=64), F32, F32)
     with pytest.raises(bridge.OptionError, match="num_warps <= 16"):
         decoded(add_fn(cache, target="hip:gfx942", num_warps=32), F32, F32, platform="rocm")
+
+
+def test_launch_attributes_jaxlib_cannot_launch_with_are_refused(cache):
+    """launch_pdl and launch_cooperative_grid are launch attributes of Triton's launcher; jaxlib's
+    Triton call has no field for them, so turning one on is refused, in a call or a config."""
+    with pytest.raises(
+        bridge.OptionError, match=r"launch_pdl=True asks .*programmatic dependent launch.*no field"
+    ):
+        decoded(add_fn(cache, target="cuda:90", launch_pdl=True), F32, F32)
+    for target, platform in (("cuda:90", "cuda"), ("hip:gfx942", "rocm")):
+        with pytest.raises(bridge.OptionError, match=r"launch_cooperative_grid=True .*deadlock"):
+            fn = add_fn(cache, target=target, launch_cooperative_grid=True)
+            decoded(fn, F32, F32, platform=platform)
+    off = add_fn(cache, target="cuda:90", launch_pdl=False, launch_cooperative_grid=False)
+    assert decoded(off, F32, F32) == decoded(add_fn(cache, target="cuda:90"), F32, F32)
+
+    configs = [triton.Config({"BLOCK": 256}), triton.Config({"BLOCK": 512, "launch_pdl": True})]
+    tuned = triton.autotune(configs, key=["n"])(K.add_kernel)
+    with pytest.raises(bridge.OptionError, match=r"autotune config BLOCK: 512.*launch_pdl=True"):
+        decoded(
+            lambda x, y: bridge.triton_call(
+                x, y, x.size, kernel=tuned, out_shape=x, grid=(8,), target="cuda:90", cache=cache
+            ),
+            F32,
+            F32,
+        )
 
 
 def test_bad_target_string(cache):
