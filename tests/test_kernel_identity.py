@@ -282,7 +282,9 @@ def test_constexpr_objects_that_print_alike_get_their_own_kernels(tmp_path, obje
     assert opaque(kernel, tmp_path / "fresh", **{name: other}) == second
     # each is stored under its own key: lowered again, nothing compiles, the same bytes
     compiles = bridge_compile.compile_count()
-    assert opaque(kernel, shared, **{name: objects.Scheduler(1) if name == "Impl" else one}) == first
+    assert (
+        opaque(kernel, shared, **{name: objects.Scheduler(1) if name == "Impl" else one}) == first
+    )
     assert bridge_compile.compile_count() == compiles
 
 
