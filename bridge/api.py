@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import arguments, backends, conventions, targets, tracing
+from . import backends, conventions, targets, tracing
 from .call import CUSTOM_CALL_FFI, CUSTOM_CALL_LEGACY, triton_call_p
 from .errors import KernelArgumentError, OptionError
 from .kernels import decompose
@@ -75,6 +75,7 @@ def triton_call(
     target: str | None = None,
     embed: str | None = None,
     autotune: str | None = None,
+    convention: str | None = None,
     cache: CacheArg = None,
     name: str = "",
     serialized_metadata: bytes = b"",
@@ -84,14 +85,17 @@ def triton_call(
 ) -> Any:
     """Call a Triton or Gluon kernel on JAX arrays.
 
-    Works under ``jax.jit`` and eagerly. Call sites of jax-triton 0.3 (``out_shape=``) and 0.4
-    (``out_type=``) run unchanged; the keyword describing the outputs selects the convention
-    (see :mod:`bridge.conventions` and docs/bridge.md).
+    Works under ``jax.jit`` and eagerly. Call sites of jax-triton 0.3 and the ROCm fork
+    (``out_shape=``) and of jax-triton 0.4 (``out_type=``) run unchanged: the keyword describing
+    the outputs selects the convention, and an ``out_shape=`` call that 0.3 and the fork read
+    differently is read the way that fits the kernel (see :mod:`bridge.conventions` and
+    docs/bridge.md), or as ``convention=`` says.
 
     Args:
         *args: the kernel's arguments: arrays, ``jax.Ref`` (updated in place), Python/NumPy
             scalars, ``bridge.TensorDescriptor``, tuples of these. With ``out_shape=`` they
-            are the inputs in signature order; with ``out_type=`` they bind like a Python call.
+            are the inputs in signature order (jax-triton 0.3 flattens them first: a ``None``
+            vanishes); with ``out_type=`` they bind like a Python call.
         kernel: a ``@triton.jit`` or ``@gluon.jit`` function, optionally wrapped in
             ``@triton.autotune`` (the decided config, or every config compiled and cached and
             jaxlib picking the fastest at the first run: see ``autotune``) and
@@ -105,11 +109,14 @@ def triton_call(
         grid: up to three ints, or a function of the bound arguments (every parameter by name,
             including autotuned and heuristic values) returning them.
         num_warps, num_stages: compile options (Triton's defaults for the target when None).
-        input_output_aliases: with ``out_shape=``: ``{input array index or parameter name:
-            output index or name}`` (the output's buffer starts as the input's), or a sequence
-            of input parameters updated in place and returned after the outputs. With
-            ``out_type=``: ``{flattened operand index: flattened output index}``; the aliased
-            output has no parameter of its own.
+        input_output_aliases: with ``out_shape=``: a sequence of input parameters updated in
+            place and returned after the outputs, or a dict: jax-triton 0.3's ``{input array
+            index or parameter name: output index or name}`` (the output has its own parameter,
+            its buffer starting as the input's) or the ROCm fork's ``{parameter index, name or
+            (name, index, ...): out_shape index}`` (the aliased entries last in ``out_shape``;
+            no output parameter: the kernel writes through the input). With ``out_type=``:
+            ``{flattened operand index: flattened output index}``; the aliased output has no
+            parameter of its own.
         zeroed_outputs: outputs (indices, or parameter names) zeroed before every launch, or a
             function of the bound arguments returning them.
         out_names: output parameter names, matching ``out_shape``'s leaves in order.
@@ -125,6 +132,9 @@ def triton_call(
             the first run), "runtime" (always jaxlib's), "require" (a decision, else an error),
             "job" (without a decision, one process of the job measures and the others use its
             choice). See ``kernelcache tune``.
+        convention: "0.3", "rocm" or "0.4": read the call as jax-triton 0.3, the ROCm fork or
+            jax-triton 0.4 does (0.4 with ``out_shape=``: as its deprecated ``out_type=``).
+            Needed only for an ``out_shape=`` call that fits both 0.3 and the fork.
         cache: a ``kernelcache.Cache``, a cache root directory, or None for the default cache.
         name, serialized_metadata: the custom call's name and metadata (as in jax-triton).
         compute_capability: jax-triton's way to say ``target=f"cuda:{cc}"``.
@@ -133,19 +143,13 @@ def triton_call(
             ``waves_per_eu``, ...). Unknown names are an error that lists the valid ones.
 
     Returns:
-        The outputs, in the structure of ``out_type`` / ``out_shape`` (0.3: followed by inputs
-        updated in place). Refs are updated in place and not returned.
+        The outputs, in the structure of ``out_type`` / ``out_shape`` (``out_shape=``: followed
+        by inputs updated in place). Refs are updated in place and not returned.
     """
     if custom_call_target_name not in (None, CUSTOM_CALL_FFI, CUSTOM_CALL_LEGACY):
         raise KernelArgumentError(
             f"custom_call_target_name={custom_call_target_name!r}: the bridge emits jaxlib's "
             f"{CUSTOM_CALL_FFI} or {CUSTOM_CALL_LEGACY}, whichever the running jaxlib needs"
-        )
-    if out_shape is not None and out_type is not None:
-        raise KernelArgumentError(
-            "Cannot specify both out_type= (jax-triton 0.4: outputs fill the parameters no "
-            "argument fills) and out_shape= (jax-triton 0.3: outputs follow the positional "
-            "arguments); pass one"
         )
     if compute_capability is not None:
         if target is not None:
@@ -170,31 +174,16 @@ def triton_call(
     }
     option_kwargs = {k: v for k, v in metaparams.items() if k not in params}
     options = _options(parts, explicit, option_kwargs, backend_options)
-    inputs = arguments.Inputs(parts)
-    if out_type is not None:
-        if out_names is not None:
-            raise KernelArgumentError(
-                "out_names= places outputs in the out_shape= (jax-triton 0.3) convention; with "
-                "out_type= the outputs fill the parameters no argument fills"
-            )
-        plan = conventions.plan_04(
-            parts, inputs, args, kernel_kwargs, out_type, input_output_aliases
-        )
-    else:
-        plan = conventions.plan_03(
-            parts,
-            inputs,
-            args,
-            kernel_kwargs,
-            () if out_shape is None else out_shape,
-            out_names,
-            input_output_aliases,
-        )
-        if inputs.refs and input_output_aliases:
-            raise KernelArgumentError(
-                "input_output_aliases cannot be combined with Ref arguments. Refs express "
-                "input/output aliasing implicitly"
-            )
+    plan, inputs = conventions.plan_call(
+        parts,
+        args,
+        kernel_kwargs,
+        out_shape=out_shape,
+        out_type=out_type,
+        out_names=out_names,
+        input_output_aliases=input_output_aliases,
+        convention=convention,
+    )
     call, operands, finish = tracing.make_call(
         parts,
         inputs,
