@@ -16,10 +16,13 @@ component, a link, a device or any other non-regular member, an unexpected name,
 member over the size limit, a manifest larger than its entries justify (:func:`manifest_limit`:
 room for each entry's document, more the more its member holds), a damaged archive, a bad
 manifest, an entry whose metadata the schema refuses (:mod:`kernelcache.schema`, entry digest
-included), a member the manifest does not list (or the reverse), a size or digest mismatch, and,
+and coverage included), a member the manifest does not list (or the reverse), a size or digest mismatch, and,
 with a signing key, an entry without a valid signature. ``dry_run`` stops there, with the same
 outcome. Only then does a second pass publish each entry through :meth:`Store.publish` (atomic,
 first writer wins), re-checking each member's digest first; entries already present are skipped.
+Each document is published as written (its fields, ``covers`` and entry digest; its signature is
+dropped), and exported as the root holds it (plus a signature): a bundle never widens what an
+entry's writer covered.
 If anything fails during that pass (the file changed, a full disk), the entries this import
 published are deleted again before the error is raised: an import publishes everything or
 nothing. (A process killed during the second pass cannot roll back: the entries it published
@@ -59,10 +62,8 @@ from .schema import (
     FORMAT_VERSION,
     HMAC_FIELD,
     MAX_META_BYTES,
-    RESERVED_FIELDS,
-    build_metadata,
-    check_document,
     check_signature,
+    check_written,
     sign,
 )
 from .store import Artifact, Store
@@ -524,10 +525,10 @@ class _Listed(NamedTuple):
     digest: str
     text: str
 
-    def fields(self) -> dict[str, Any]:
-        """The fields ``put`` will get (the document less the store's own)."""
-        doc = load_json(self.text)
-        return {k: v for k, v in doc.items() if k not in RESERVED_FIELDS}
+    def document(self) -> dict[str, Any]:
+        """The entry's document, as written."""
+        doc: dict[str, Any] = load_json(self.text)
+        return doc
 
 
 @dataclass(frozen=True)
@@ -616,14 +617,15 @@ def _check_header(fields: dict[str, Any]) -> None:
     if compat.get("entry_format") != FORMAT_VERSION:
         raise BundleError(
             f"bad manifest: entry format {compat.get('entry_format')!r} differs from this "
-            f"kernelcache's ({FORMAT_VERSION})"
+            f"kernelcache's ({FORMAT_VERSION}); export the entries again with kernelcache "
+            f"{__version__}"
         )
 
 
 def _check_entry(number: int, meta: Any, text: str, seen: set[str]) -> _Listed:
-    """The entry #``number`` of a manifest, checked against the metadata schema and its entry
-    digest (entries of bundles from older versions have none), and its fields as ``put`` will
-    store them.
+    """The entry #``number`` of a manifest, checked as the publishing pass will check it
+    (:func:`~kernelcache.schema.check_written`): the metadata schema, its entry digest, what
+    it covers and its size.
 
     Raises:
         BundleError: naming the entry and what is wrong.
@@ -631,17 +633,12 @@ def _check_entry(number: int, meta: Any, text: str, seen: set[str]) -> _Listed:
     key = meta.get("key") if isinstance(meta, dict) else None
     if not isinstance(key, str) or split_entry_name(f"{key}.{META_EXT}") is None:
         raise BundleError(f"bad manifest: entry #{number} has no valid key")
-    checked = check_document(meta, key, require_digest=False)
+    checked = check_written(meta, key)
     if isinstance(checked, Problem):
         raise BundleError(f"bad manifest: entry {key}: {checked.reason}")
     if key in seen:
         raise BundleError(f"bad manifest: key {key} is listed twice")
     seen.add(key)
-    fields = {k: v for k, v in checked.items() if k not in RESERVED_FIELDS}
-    try:  # exactly what put will check and store
-        build_metadata(key, checked["ext"], checked["size"], checked["digest"], fields)
-    except ValueError as e:
-        raise BundleError(f"bad manifest: entry {key}: {e}") from None
     return _Listed(key, checked["ext"], checked["size"], checked["digest"], text)
 
 
@@ -784,7 +781,9 @@ def import_bundle(
                         f"{path} changed while being imported (member {member.name!r})"
                     )
                 try:
-                    _, created = store.publish(member.key, member.ext, member.data, entry.fields())
+                    _, created = store.publish(
+                        member.key, member.ext, member.data, entry.document(), as_written=True
+                    )
                 except WrongExt as e:
                     conflicts.append((member.key, str(e)))
                     continue

@@ -37,7 +37,7 @@ from .layout import resolve_root
 from .locks import Held, WaitBudget
 from .process import warn_once
 from .remote import RemoteTier, check_entry, open_remote
-from .schema import RESERVED_FIELDS, make_metadata
+from .schema import make_metadata
 from .store import Artifact, Store, as_bytes
 
 logger = logging.getLogger(__name__)
@@ -285,10 +285,9 @@ class Cache:
         data, meta = checked
         hit = {names[0]: 1, "bytes_read": len(data)} if names is not None else {}
         stats.count(self.root, remote_hits=1, **hit)
-        fields = {k: v for k, v in meta.items() if k not in RESERVED_FIELDS}
-        try:
-            art = self._publish(key, ext, data, fields, budget.remaining())
-        except (CacheError, WrongExt) as e:
+        try:  # the document as its writer wrote it: what it covers is never widened here
+            art = self._publish(key, ext, data, meta, budget.remaining(), as_written=True)
+        except (CacheError, WrongExt, ValueError) as e:  # ValueError: larger once re-encoded
             warn_once(
                 logger, (self.root, "write"), "kernelcache: cannot store under %s: %s", self.root, e
             )
@@ -451,12 +450,16 @@ class Cache:
         wait: float | None,
         *,
         replace: bool = False,
+        as_written: bool = False,
     ) -> Artifact:
-        """Publish into the writable root (``replace``: in place of an entry there), and
-        account for what it added under the size cap (waiting within the same ``wait`` where
-        the root is past the cap's bound)."""
+        """Publish into the writable root (``replace``: in place of an entry there;
+        ``as_written``: ``meta`` is a document another process wrote, see
+        :meth:`Store.publish`), and account for what it added under the size cap (waiting
+        within the same ``wait`` where the root is past the cap's bound)."""
         budget = WaitBudget(self.lock_timeout if wait is None else wait)
-        art, published = self.store.publish(key, ext, data, meta, wait=wait, replace=replace)
+        art, published = self.store.publish(
+            key, ext, data, meta, wait=wait, replace=replace, as_written=as_written
+        )
         if published and self.capacity is not None:
             try:
                 meta_size = os.stat(self.store.meta_path(key)).st_size

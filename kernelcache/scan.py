@@ -67,7 +67,8 @@ GRACE_SECONDS = 3600.0
 #: kind -> what it means
 ISSUE_KINDS: dict[str, str] = {
     "corrupt": "an entry that must not be served: bad metadata, missing or wrong artifact",
-    "outdated": "an entry written by an older kernelcache (no entry digest): never served",
+    "outdated": "an entry of an older format, or holding fields its digest does not cover that "
+    "this kernelcache requires covered: never served, rebuilt",
     "orphan-artifact": "an artifact file without metadata (older than the grace period)",
     "stale-temp": "a staging file in .tmp/ older than the grace period",
     "stale-lock": "a lock file nobody holds, or a soft lock whose holder is gone",

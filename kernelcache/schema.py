@@ -9,18 +9,34 @@ plain, bounded JSON (finite numbers, 64-bit integers, valid UTF-8 strings, nesti
 :data:`MAX_DEPTH` deep). A whole document is at most :data:`MAX_META_BYTES` encoded.
 
 The **entry digest** is the xxh3-128 of the canonical JSON of the store's own fields (which
-include the artifact's digest, so the artifact bytes are covered through it) and of the caller
-fields the document's ``covers`` list names: every field registered as covered when it was
-written (what a kernel is launched or embedded with), present or not, so that a field added later
-is damage too. A document carries its ``covers``, so any reader checks it without knowing who
-wrote it. A flipped bit in a covered field is a corrupt entry, as a flipped bit in the artifact
-is. Fields outside that set (``created``, ``producer``, ...) are checked against the schema but
-may change (tools rewrite ``created``; last use is the file's mtime).
+include the artifact's digest, so the artifact bytes are covered through it), of the
+document's ``covers`` list itself, and of the caller fields that list names: every field
+registered as covered when it was written (what a kernel is launched or embedded with), present
+or not, so that a field added later is damage too. A document carries its ``covers``, so any
+reader checks it without knowing who wrote it. A flipped bit in a covered field, or in the
+list of what is covered, is a corrupt entry, as a flipped bit in the artifact is. Fields
+outside that set (``created``, ``producer``, ...) are checked against the schema but may change
+(tools rewrite ``created``; last use is the file's mtime).
+
+What a document covers is its writer's to decide, and no one else's. A reader never widens it:
+a document read from a remote tier, copied to another tier, published from a remote hit or
+imported from a bundle is kept as written (:func:`check_written`: the same fields, covers
+and entry digest; only a signature is dropped on the way into a root). A document that holds a
+field this process registers as covered without covering it (a launch field such as
+``num_warps`` from a writer that did not cover it) is a **miss**, never served with that field
+ignored: nothing vouches for the value, and a kernel is never launched with a default in its
+place. It is not corrupt (nothing in it contradicts its digest): it is outdated, rebuilt by the
+next put, deleted by ``verify --repair`` and ``prune``, and a remote value is deleted like one
+of an earlier format. A field this process registers as covered that the document neither
+holds nor covers is nothing to act on.
+
+Format 2 documents are the only ones served: format 1 digests did not cover the ``covers``
+list, so its documents are outdated misses (rebuilt), never an exception and never served.
 
 An entry digest detects damage, not forgery: anyone who can write an entry can recompute it.
 What is local is protected by the trust policy (:mod:`kernelcache.store`); what comes from
 outside the machine (Redis values, bundles) can carry an HMAC-SHA256 (:func:`sign`) made with a
-shared key, over the covered fields and the artifact bytes themselves.
+shared key, over the covered fields (``covers`` included) and the artifact bytes themselves.
 
 Every check returns a reason instead of raising: nothing here trusts its input, and nothing
 here crashes on it.
@@ -44,9 +60,9 @@ from .errors import Problem
 from .jsonio import load_json
 from .keys import EXT_PATTERN, KEY_PATTERN, META_EXT
 
-#: the version of the metadata document; entries of this format without an entry digest were
-#: written by earlier versions and are misses (rebuilt), never served
-FORMAT_VERSION = 1
+#: the version of the metadata document (2: the entry digest and a signature cover the
+#: ``covers`` list); documents of an earlier format are misses (rebuilt), never served
+FORMAT_VERSION = 2
 DIGEST_PREFIX = "xxh3_128:"
 HMAC_PREFIX = "hmac-sha256:"
 #: the largest metadata document accepted, encoded
@@ -351,19 +367,17 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=F
 
 
 def _covered_names(doc: Mapping[str, Any]) -> Iterable[str]:
-    """The caller fields ``doc``'s entry digest covers: those its ``covers`` names, or (a
-    document written before documents named them) those registered in this process."""
+    """The caller fields ``doc``'s entry digest covers: those its ``covers`` names."""
     names = doc.get(COVERS_FIELD)
-    return _covered if names is None else names
+    return names if isinstance(names, list) else ()
 
 
 def covered_bytes(doc: Mapping[str, Any]) -> bytes:
-    """The canonical JSON of the covered fields of ``doc`` (those present): the store's own and
-    those its ``covers`` names."""
-    covered = {name: doc[name] for name in STORE_COVERED if name in doc}
-    for name in _covered_names(doc):
-        if name in doc:
-            covered[name] = doc[name]
+    """The canonical JSON of the covered fields of ``doc`` (those present): the store's own,
+    its ``covers`` list, and the fields that list names."""
+    covered = covered_metadata(doc)
+    if COVERS_FIELD in doc:
+        covered[COVERS_FIELD] = doc[COVERS_FIELD]
     return _CANONICAL.encode(covered).encode()
 
 
@@ -397,19 +411,21 @@ def check_signature(doc: Mapping[str, Any], artifact_sha256: bytes, secret: byte
 
 
 # -- whole documents -------------------------------------------------------------------------------
-def check_document(doc: Any, key: str, *, require_digest: bool = True) -> dict[str, Any] | Problem:
-    """``doc`` if it is a valid metadata document of ``key`` (schema and entry digest), else
-    :class:`~kernelcache.errors.Problem`. Never raises. With ``require_digest=False`` a document without an entry
-    digest is accepted (bundles of older versions); one with a wrong digest never is."""
+def check_document(doc: Any, key: str) -> dict[str, Any] | Problem:
+    """``doc`` if it is a valid metadata document of ``key`` (schema, entry digest, and every
+    field this process registers as covered that it holds covered by it), else
+    :class:`~kernelcache.errors.Problem`. Never raises."""
     if not isinstance(doc, dict):
         return Problem(key, "metadata is not a JSON object")
     fmt = doc.get("format")
     if type(fmt) is not int or fmt != FORMAT_VERSION:
+        if type(fmt) is int and 0 < fmt < FORMAT_VERSION and doc.get("key") == key:
+            return _outdated(doc, key, f"written by an older kernelcache (format {fmt})")
         return Problem(key, f"unsupported metadata format {_show(fmt)}")
     if doc.get("key") != key:
         return Problem(key, "metadata names another key")
     ext = doc.get("ext")
-    if not isinstance(ext, str) or EXT_PATTERN.fullmatch(ext) is None or ext == META_EXT:
+    if not _valid_ext(ext):
         return Problem(key, "metadata has an invalid ext")
     size = doc.get("size")
     if type(size) is not int or not 0 <= size <= MAX_ARTIFACT_BYTES:
@@ -420,32 +436,40 @@ def check_document(doc: Any, key: str, *, require_digest: bool = True) -> dict[s
     mac = doc.get(HMAC_FIELD)
     if mac is not None and (not isinstance(mac, str) or _HMAC.fullmatch(mac) is None):
         return Problem(key, "metadata has an invalid signature field")
+    if COVERS_FIELD not in doc:
+        return Problem(key, f"metadata has no {COVERS_FIELD!r} list")
     bad = _check_fields(doc)
     if bad:
         return Problem(key, bad)
     stated = doc.get("entry_digest")
-    if stated is None:
-        if require_digest:
-            return Problem(
-                key,
-                "written by an older kernelcache (no entry digest): rebuilt on next use",
-                corrupt=False,
-                outdated=True,
-                ext=doc["ext"],
-            )
-        return doc
     if not isinstance(stated, str) or stated != entry_digest(doc):
-        if isinstance(stated, str) and COVERS_FIELD not in doc:
-            return Problem(
-                key,
-                "written by an older kernelcache, with an entry digest over fields this process "
-                "does not cover: rebuilt on next use",
-                corrupt=False,
-                outdated=True,
-                ext=doc["ext"],
-            )
-        return Problem(key, "entry digest mismatch: the launch metadata was altered or damaged")
+        if stated is None:
+            return Problem(key, "metadata has no entry digest")
+        return Problem(
+            key, "entry digest mismatch: the launch metadata or its covers list was altered"
+        )
+    covers = doc[COVERS_FIELD]
+    if _covered.issubset(covers):  # what writers of this installation write: one pass
+        return doc
+    uncovered = sorted(name for name in _covered if name in doc and name not in covers)
+    if uncovered:
+        return _outdated(
+            doc,
+            key,
+            f"its digest does not cover {', '.join(uncovered)}, which this process requires "
+            "covered (its writer did not cover them)",
+        )
     return doc
+
+
+def _valid_ext(ext: object) -> bool:
+    return isinstance(ext, str) and EXT_PATTERN.fullmatch(ext) is not None and ext != META_EXT
+
+
+def _outdated(doc: dict[str, Any], key: str, why: str) -> Problem:
+    """A document that is not damaged but is not served here (see the module docstring)."""
+    ext = doc.get("ext")
+    return Problem(key, why, corrupt=False, outdated=True, ext=ext if _valid_ext(ext) else None)
 
 
 def parse_metadata(raw: bytes, key: str) -> dict[str, Any] | Problem:
@@ -469,8 +493,7 @@ def parse_fields(raw: bytes, key: str) -> dict[str, Any] | Problem:
         return Problem(key, f"unreadable metadata ({e.__class__.__name__})")
     if not isinstance(doc, dict) or doc.get("key") != key:
         return Problem(key, "metadata does not name its key")
-    ext = doc.get("ext")
-    if not isinstance(ext, str) or EXT_PATTERN.fullmatch(ext) is None or ext == META_EXT:
+    if not _valid_ext(doc.get("ext")):
         return Problem(key, "metadata has an invalid ext")
     return doc
 
@@ -552,6 +575,36 @@ def make_metadata(key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> d
         ValueError: a reserved or invalid field; the message names it.
     """
     return build_metadata(key, ext, len(data), digest(data), meta)
+
+
+def check_written(doc: Any, key: str) -> dict[str, Any] | Problem:
+    """``doc``, a document as another process wrote it (a remote value, a bundle entry, an
+    entry of another root), as a root stores it: checked (:func:`check_document`), its fields,
+    ``covers`` and entry digest as written, less its signature (never stored in a root), and
+    at most :data:`MAX_META_BYTES` encoded; else a :class:`~kernelcache.errors.Problem`. What
+    a reader keeps or passes on: never a widened copy. Never raises."""
+    checked = check_document(doc, key)
+    if isinstance(checked, Problem):
+        return checked
+    kept = {name: value for name, value in checked.items() if name != HMAC_FIELD}
+    if len(encode_metadata(kept)) > MAX_META_BYTES:
+        return Problem(key, f"metadata is larger than {MAX_META_BYTES} bytes encoded")
+    return kept
+
+
+def written_document(key: str, ext: str, data: bytes, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`check_written` of ``doc``, found to describe ``data`` as ``ext``.
+
+    Raises:
+        ValueError: ``doc`` is not a valid document of ``key`` (the message says why), or it
+            describes another artifact.
+    """
+    kept = check_written(dict(doc), key)
+    if isinstance(kept, Problem):
+        raise ValueError(f"metadata for {key}: {kept.reason}")
+    if kept["ext"] != ext or kept["size"] != len(data) or kept["digest"] != digest(data):
+        raise ValueError(f"metadata for {key} describes another artifact (ext, size or digest)")
+    return kept
 
 
 def displayable(value: Any, depth: int = 0) -> Any:

@@ -13,8 +13,9 @@ Guarantees across processes and hosts sharing a root:
   launch metadata and the artifact's digest; see :mod:`kernelcache.schema`), the artifact's
   size and xxh3-128 digest, and the trust policy of both files. A mismatch, a value outside the
   schema, a symlink or a half entry is never returned: the entry is re-checked under the
-  exclusive lock and moved to ``.quarantine/``. An entry written by an older kernelcache (no
-  entry digest) is a miss, replaced by the next put.
+  exclusive lock and moved to ``.quarantine/``. An entry of an older format, or one holding a
+  field this process requires covered that its digest does not cover, is a miss, replaced by
+  the next put.
 * The first complete writer of a key wins; later writers find the entry and keep it, unless
   they replace it explicitly (``publish(..., replace=True)``), which is atomic as above.
 * Nothing is written through a symlink, and what this process writes passes its own trust
@@ -61,6 +62,7 @@ from .schema import (
     encode_metadata,
     make_metadata,
     parse_metadata,
+    written_document,
 )
 from .trust import TRUST_POLICIES, TrustPolicy, check_policy
 
@@ -464,16 +466,23 @@ class Store:
         *,
         wait: float | None = None,
         replace: bool = False,
+        as_written: bool = False,
     ) -> tuple[Artifact, bool]:
         """:meth:`put`, also saying whether this call published the entry (False: a valid
         entry was already there and is returned). With ``replace``, a valid entry of the same
         extension is replaced too: both files by ``os.replace`` under the key's exclusive lock,
         so a reader gets the earlier entry or this one (one that read the earlier metadata and
-        this artifact re-checks under the lock, and finds this one)."""
+        this artifact re-checks under the lock, and finds this one). With ``as_written``,
+        ``meta`` is a whole document another process wrote (a remote hit, a bundle entry),
+        published as written (:func:`~kernelcache.schema.written_document`): never rebuilt
+        with this process's covered fields."""
         check_key(key)
         check_ext(ext)
         data = as_bytes(data)
-        doc = make_metadata(key, ext, data, meta)
+        if as_written:
+            doc = written_document(key, ext, data, meta)
+        else:
+            doc = make_metadata(key, ext, data, meta)
         budget = WaitBudget(self.lock_timeout if wait is None else wait)
         if self.readonly:
             raise CacheError(errno.EROFS, f"kernelcache: {self.root} is a read-only root")

@@ -13,6 +13,10 @@ from typing import Any
 
 import pytest
 
+# The kernelcache command these tests run loads the bridge's command plugin, which declares the
+# bridge's metadata fields (launch fields such as num_warps are covered); this process declares
+# them too, so that entries the tests write are entries such a reader serves.
+import bridge.entries  # noqa: F401
 from kernelcache.keys import META_EXT, split_entry_name
 
 REPO = Path(__file__).resolve().parent.parent

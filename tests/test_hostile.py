@@ -39,6 +39,7 @@ import kernelcache
 from kernelcache import bundle
 from kernelcache.keys import EXT_PATTERN, KEY_PATTERN
 from kernelcache.remote import MAGIC, encode_value
+from kernelcache.schema import FORMAT_VERSION
 from kernelcache.store import Store, make_metadata
 
 #: deeper than any JSON parser's recursion limit, smaller than every size limit
@@ -375,7 +376,7 @@ def _manifest_for(key: str, ext: str, data: bytes) -> dict:
         "format": "kernelcache-bundle",
         "version": 1,
         "created": 1.0,
-        "compatibility": {"entry_format": 1},
+        "compatibility": {"entry_format": FORMAT_VERSION},
         "entries": [doc],
     }
 

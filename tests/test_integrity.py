@@ -26,6 +26,7 @@ from bridge.entries import LAUNCH_FIELDS  # importing bridge declares its fields
 from kernelcache import stats
 from kernelcache.bundle import import_bundle
 from kernelcache.errors import BundleError
+from kernelcache.schema import FORMAT_VERSION
 from kernelcache.store import Store, digest, make_metadata
 
 PAYLOAD = bytes(range(256)) * 64  # 16 KiB
@@ -150,6 +151,52 @@ def test_the_bridge_is_handed_only_covered_fields(tmp_path):
         assert set(kb.meta) <= covered, set(kb.meta) - covered
         assert kb.meta["num_warps"] == 4 and kb.meta["ptx_sha256"] and "signature" not in kb.meta
     assert "signature" in cache.get(key, "cubin").meta  # stored whole, handed over covered
+
+
+# -- what a document covers is covered ---------------------------------------------------------
+#: a process that puts an entry without the bridge: its digest covers name and target only
+WRITER_WITHOUT_THE_BRIDGE = """
+import json, sys
+import kernelcache
+root, key, data, meta = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3]), sys.argv[4]
+kernelcache.Cache(root, readonly_roots=(), remote="").put(key, "bin", data, json.loads(meta))
+assert "bridge" not in sys.modules
+"""
+
+
+def test_a_covers_list_edited_on_disk_is_a_corrupt_entry(root):
+    """Dropping from ``covers`` a launch field the entry does not hold changes no covered
+    value: only a digest over the list itself sees it (else the field could then be added,
+    uncovered)."""
+    key = key_of("covers-edit")
+    Store(root).put(key, "bin", PAYLOAD, KERNEL_META)
+    covers = json.loads((root / f"{key}.json").read_text())["covers"]
+    assert "tmem_size" in covers and "tmem_size" not in KERNEL_META
+    _edit_metadata(root, key, covers=[name for name in covers if name != "tmem_size"])
+    found = Store(root).read(key, "bin")
+    assert isinstance(found, kernelcache.store.Problem) and found.corrupt, found
+    assert "covers" in found.reason
+
+
+def test_a_launch_field_its_writer_did_not_cover_is_rebuilt_never_served(root):
+    """A writer without the bridge stored num_warps without covering it; edited to 32 (and
+    shared to 200000), its digest still holds. A reader that requires launch fields covered
+    never serves it and never covers it in its stead: a miss (not corrupt: nothing was
+    quarantined), rebuilt with the reader's own fields; verify names it."""
+    key = key_of("uncovered-launch")
+    run_py(WRITER_WITHOUT_THE_BRIDGE, str(root), key, PAYLOAD.hex(), json.dumps(KERNEL_META))
+    doc = json.loads((root / f"{key}.json").read_text())
+    assert doc["covers"] == ["name", "target"] and doc["num_warps"] == 4
+    _edit_metadata(root, key, num_warps=32, shared=200_000)
+    cache = kernelcache.Cache(root, readonly_roots=(), remote="")
+    before = stats.process_stats()
+    assert cache.get(key, "bin") is None
+    assert stats.process_stats()["corrupt"] == before["corrupt"] and _quarantined(root) == []
+    (problem,) = kc_json(root, "verify", code=1)["problems"]
+    assert problem["kind"] == "outdated" and "num_warps, shared" in problem["detail"]
+    art = cache.get_or_create(key, "bin", lambda: (PAYLOAD, KERNEL_META))
+    assert art.meta["num_warps"] == 4 and {"num_warps", "shared"} <= set(art.meta["covers"])
+    assert Store(root).read(key, "bin").meta["shared"] == 0
 
 
 # -- one schema: put ---------------------------------------------------------------------------
@@ -287,6 +334,7 @@ def test_no_command_crashes_on_an_odd_value(tmp_path, case):
 def _as_written_by_an_older_version(root: Path, key: str) -> None:
     path = root / f"{key}.json"
     doc = json.loads(path.read_text())
+    doc["format"] = 1
     del doc["entry_digest"]
     path.write_text(json.dumps(doc, sort_keys=True, separators=(",", ":")))
 
@@ -357,16 +405,21 @@ def test_prune_removes_entries_of_older_versions(root):
 
 # -- import: validate everything, then publish ---------------------------------------------------
 def _bundle(path: Path, docs: list[dict], blobs: list[bytes], **manifest_extra: Any) -> Path:
+    return write_bundle(path, blobs, entries=docs, **manifest_extra)
+
+
+def write_bundle(path: Path, blobs: list[bytes], **manifest_fields: Any) -> Path:
+    """A bundle at ``path``: a member per entry of the manifest (its ``entries``, holding
+    ``blobs`` in order), then the manifest (other fields: a valid header unless given)."""
     manifest = {
         "format": "kernelcache-bundle",
         "version": 1,
         "created": time.time(),
-        "compatibility": {"entry_format": 1, "kernelcache": "0", "producers": {}},
-        "entries": docs,
-        **manifest_extra,
+        "compatibility": {"entry_format": FORMAT_VERSION, "kernelcache": "0", "producers": {}},
+        **manifest_fields,
     }
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
-        for doc, data in zip(docs, blobs, strict=True):
+        for doc, data in zip(manifest["entries"], blobs, strict=True):
             info = tarfile.TarInfo(f"entries/{doc['key']}.{doc['ext']}")
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -464,19 +517,18 @@ def test_manifest_entries_are_checked_against_the_schema_and_digest(tmp_path):
         import_bundle(Store(tmp_path / "dest"), str(bundle), dry_run=True)
 
 
-def test_a_bundle_of_an_older_version_imports(tmp_path):
-    """Bundles exported before entry digests existed: their documents are checked against the
-    schema and their artifacts against the manifest's digests; the entries get a digest."""
+def test_a_bundle_of_an_older_version_is_refused_saying_what_to_do(tmp_path):
+    """Bundles of entry format 1 (digests that do not cover the covers list, or none): the
+    importer would have to rebuild their documents with its own covered fields, which no
+    reader does; it refuses them, naming the format and the remedy, and writes nothing."""
     docs, blobs = _four_docs()
     for doc in docs:
+        doc["format"] = 1
         del doc["entry_digest"]
-    bundle = _bundle(tmp_path / "b.tar", docs, blobs)
-    result = import_bundle(Store(tmp_path / "dest"), str(bundle))
-    assert result.imported == 4
-    for doc, data in zip(docs, blobs, strict=True):
-        art = Store(tmp_path / "dest").read(doc["key"], "cubin")
-        assert isinstance(art, kernelcache.Artifact) and art.data == data
-        assert art.meta["entry_digest"]
+    bundle = _bundle(tmp_path / "b.tar", docs, blobs, compatibility={"entry_format": 1})
+    with pytest.raises(BundleError, match=r"entry format 1 .* export the entries again"):
+        import_bundle(Store(tmp_path / "dest"), str(bundle))
+    assert not (tmp_path / "dest").exists() or not any((tmp_path / "dest").glob("*.json"))
 
 
 # -- the command's last resort --------------------------------------------------------------------
@@ -497,7 +549,7 @@ def test_unexpected_errors_point_at_the_flag_that_shows_the_traceback(
 def test_digest_is_still_the_artifact_digest(root):
     art = Store(root).put(key_of("digest"), "cubin", PAYLOAD, KERNEL_META)
     assert art.meta["digest"] == digest(PAYLOAD)
-    assert art.meta["entry_digest"].startswith("xxh3_128:") and art.meta["format"] == 1
+    assert art.meta["entry_digest"].startswith("xxh3_128:") and art.meta["format"] == FORMAT_VERSION
 
 
 def test_a_planted_scan_index_with_odd_values_is_ignored(tmp_path):

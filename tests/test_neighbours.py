@@ -451,7 +451,7 @@ def _hostile_bundle(
     top-level field of ``pad_top`` bytes of empty lists."""
     import zstandard
 
-    from kernelcache.schema import make_metadata
+    from kernelcache.schema import FORMAT_VERSION, make_metadata
 
     data = bytes(member_size)
     pad = ', "pad": [' + "[]," * 19_999 + "[]]}" if pad_entries else "}"
@@ -466,7 +466,7 @@ def _hostile_bundle(
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
             head = '{"format": "kernelcache-bundle", "version": 1, "created": 0, '
-            head += '"compatibility": {"entry_format": 1}, "entries": ['
+            head += f'"compatibility": {{"entry_format": {FORMAT_VERSION}}}, "entries": ['
             manifest = (head + ",".join(entries) + "]").encode()
             entries.clear()
             if pad_top:

@@ -373,7 +373,7 @@ def test_namespaces_do_not_see_each_other(server) -> None:
     a, b = open_remote(server.url + "?namespace=jobA"), open_remote(server.url + "?namespace=jobB")
     a.put(key_of(950), "cubin", b"a", {})
     assert b.get(key_of(950), "cubin") is None and a.get(key_of(950), "cubin") is not None
-    assert server.client().exists(f"jobA:v2:{key_of(950)}") == 1
+    assert server.client().exists(f"jobA:v3:{key_of(950)}") == 1
 
 
 def test_full_server_stops_puts_but_reads_go_on(tmp_path, remote_log) -> None:
@@ -526,7 +526,7 @@ def test_stats_remote_shows_the_tiers_entries_and_bytes_bounded(server, tmp_path
         cache.put(f"{i:064x}", "cubin", b"x" * 1000, {"name": "k", "target": "cuda:90"})
     client = server.client()
     client.set(cache.remote.name("f" * 64) + ":lock", b"token")  # a build lock: not an entry
-    client.set("kc:v2:team-b:" + "e" * 64, b"y" * 50_000)  # another namespace
+    client.set("kc:v3:team-b:" + "e" * 64, b"y" * 50_000)  # another namespace
     doc = json.loads(
         kc(tmp_path / "root", "stats", "--remote", "--json", env={"KERNELCACHE_REMOTE": url}).stdout
     )

@@ -4,6 +4,7 @@ without expiry is broken at once), and with a signing key values are authenticat
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -12,12 +13,14 @@ import time
 from typing import Any
 
 import pytest
+from conftest import run_py
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 
 import bridge.entries  # noqa: F401 -- its launch fields (num_warps, ...) are covered by the digest
 import kernelcache
 from kernelcache import stats
 from kernelcache.remote import MAGIC, open_remote
+from kernelcache.schema import check_signature, encode_metadata, entry_digest
 from kernelcache.store import make_metadata
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
@@ -238,17 +241,27 @@ def test_unsigned_values_are_refused_when_a_key_is_set(server, tmp_path, monkeyp
     assert _cache(tmp_path / "s2", server.url).get(KEY_B, "cubin").source == "remote"
 
 
+def _signed_value(server: RedisServer, tmp_path: Any, ext: str) -> tuple[Any, str, dict, bytes]:
+    """(a client, the name, the metadata and the artifact) of a value that a writer of this
+    process (the bridge's fields declared) signed with SECRET_1 (set in the environment)."""
+    writer = _cache(tmp_path / "w", server.url)
+    writer.put(KEY_A, ext, DATA, META)
+    name = writer.remote.name(KEY_A)
+    doc, data = _split_value(server.client().get(name))
+    return server.client(), name, doc, data
+
+
+def _split_value(raw: bytes) -> tuple[dict[str, Any], bytes]:
+    """(metadata, artifact) of a value in the tier's layout."""
+    (length,) = struct.unpack(">I", raw[4:8])
+    return json.loads(raw[8 : 8 + length]), raw[8 + length :]
+
+
 def test_a_value_resigned_with_other_bytes_is_refused(server, tmp_path, monkeypatch):
     """The signature covers the artifact bytes themselves, not only their (non-cryptographic)
     digest: a value whose bytes and digests were replaced is refused."""
     monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", SECRET_1)
-    writer = _cache(tmp_path / "w", server.url)
-    writer.put(KEY_A, "cubin", DATA, META)
-    r = server.client()
-    name = writer.remote.name(KEY_A)
-    raw = r.get(name)
-    (length,) = struct.unpack(">I", raw[4:8])
-    doc = json.loads(raw[8 : 8 + length])
+    r, name, doc, _ = _signed_value(server, tmp_path, "cubin")
     evil = b"\x7fELF EVIL" * 400
     forged = {**make_metadata(KEY_A, "cubin", evil, META), "hmac": doc["hmac"]}
     r.set(name, _raw_value(forged, evil))
@@ -264,6 +277,111 @@ def test_the_signing_key_never_appears_in_messages(server, tmp_path, monkeypatch
     _cache(tmp_path / "r", server.url).get(KEY_A, "cubin")
     text = caplog.text + repr(cache) + repr(cache.remote) + repr(kernelcache.config.settings())
     assert SECRET_1 not in text and SECRET_2 not in text
+
+
+# -- what a value covers -------------------------------------------------------------------------
+#: a process that puts an entry without the bridge: its digest covers name and target only
+WRITER_WITHOUT_THE_BRIDGE = """
+import json, sys
+import kernelcache
+url, root, key, data, meta = sys.argv[1:]
+cache = kernelcache.Cache(root, readonly_roots=(), remote=url)
+cache.put(key, "bin", bytes.fromhex(data), json.loads(meta))
+assert "bridge" not in sys.modules
+"""
+
+
+def _write_without_the_bridge(url: str, root: Any, key: str, meta: dict[str, Any]) -> None:
+    run_py(
+        WRITER_WITHOUT_THE_BRIDGE,
+        url,
+        str(root),
+        key,
+        DATA.hex(),
+        json.dumps(meta),
+        KERNELCACHE_SIGNING_KEY=SECRET_1,
+    )
+
+
+def test_a_launch_field_its_writer_did_not_cover_is_a_miss_never_resigned(
+    server, tmp_path, monkeypatch
+):
+    """num_warps 4 -> 32 and shared 0 -> 200000 in a value signed by a writer that did not
+    cover them: the signature still holds, but a reader that requires launch fields covered
+    refuses the value instead of covering them itself; nothing is published locally or
+    re-signed into the tier above, and the reader's rebuild is what the tiers then hold."""
+    monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", SECRET_1)
+    _write_without_the_bridge(server.url, tmp_path / "w", KEY_A, META)
+    r = server.client()
+    name = open_remote(server.url).name(KEY_A)
+    doc, data = _split_value(r.get(name))
+    assert doc["covers"] == ["name", "target"] and doc["hmac"]
+    forged = {**doc, "num_warps": 32, "shared": 200_000}
+    assert check_signature(forged, hashlib.sha256(data).digest(), SECRET_1.encode()) is None
+    r.set(name, _raw_value(forged, data))
+
+    reader = _cache(tmp_path / "r", f"{server.url}?namespace=top {server.url}")
+    assert reader.get(KEY_A, "bin") is None
+    reader.remote.flush()
+    assert r.keys("top:*") == [] and list((tmp_path / "r").glob("*.json")) == []
+    art = reader.get_or_create(KEY_A, "bin", lambda: (data, META))
+    assert art.meta["num_warps"] == 4 and {"num_warps", "shared"} <= set(art.meta["covers"])
+    held, _ = _split_value(r.get(name))
+    assert held["num_warps"] == 4 and held["covers"] == art.meta["covers"]
+
+
+def test_a_value_travels_as_written_through_a_hit_and_a_backfill(server, tmp_path, monkeypatch):
+    """A value of a writer that covers less than the reader declares (and holds none of the
+    fields it did not cover): served; the tier above gets the same bytes, the local root the
+    same document less its signature; neither covers more than its writer did."""
+    monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", SECRET_1)
+    low, top = f"{server.url}?namespace=low", f"{server.url}?namespace=top"
+    _write_without_the_bridge(low, tmp_path / "w", KEY_B, {"name": "k", "target": "cuda:90"})
+    r = server.client()
+    raw = r.get(open_remote(low).name(KEY_B))
+    doc, _ = _split_value(raw)
+    assert doc["covers"] == ["name", "target"]
+
+    reader = _cache(tmp_path / "r", f"{top} {low}")
+    art = reader.get(KEY_B, "bin")
+    assert art is not None and art.source == "remote" and art.meta["covers"] == ["name", "target"]
+    reader.remote.flush()
+    assert r.get(open_remote(top).name(KEY_B)) == raw
+    as_written = {name: value for name, value in doc.items() if name != "hmac"}
+    assert (tmp_path / "r" / f"{KEY_B}.json").read_bytes() == encode_metadata(as_written)
+
+
+@pytest.mark.parametrize("entry_digest_too", [False, True], ids=["as-is", "digest-recomputed"])
+def test_a_covers_list_edited_after_signing_is_refused(
+    server, tmp_path, monkeypatch, entry_digest_too
+):
+    """Dropping from ``covers`` a launch field the value does not hold changes no covered
+    value: the entry digest and the signature cover the list itself."""
+    monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", SECRET_1)
+    r, name, doc, data = _signed_value(server, tmp_path, "bin")
+    assert "tmem_size" in doc["covers"] and "tmem_size" not in doc
+    forged = {**doc, "covers": [n for n in doc["covers"] if n != "tmem_size"]}
+    if entry_digest_too:
+        forged["entry_digest"] = entry_digest(forged)
+    r.set(name, _raw_value(forged, data))
+    reader = _cache(tmp_path / "r", server.url)
+    assert reader.get(KEY_A, "bin") is None
+    refused = "unauthenticated" if entry_digest_too else "rejected"
+    assert reader.remote.counters.get(refused) == 1, reader.remote.counters
+
+
+def test_a_value_larger_once_re_encoded_is_a_hit_never_an_exception(server, tmp_path):
+    """Metadata within the size limit as the value holds it (UTF-8), beyond it as a root
+    writes it (ASCII escapes): served from memory, with one warning; never an exception."""
+    doc = {**make_metadata(KEY_A, "bin", DATA, META), "note": "\u00e9" * 30_000}  # not covered
+    raw = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+    assert len(raw) < 64 << 10 < len(json.dumps(doc))
+    server.client().set(
+        open_remote(server.url).name(KEY_A), MAGIC + struct.pack(">I", len(raw)) + raw + DATA
+    )
+    art = _cache(tmp_path / "r", server.url).get(KEY_A, "bin")
+    assert art is not None and art.data == DATA and art.path is None
+    assert list((tmp_path / "r").glob("*.json")) == []
 
 
 # Process of a job: fetches two kernels through the remote tier of $KERNELCACHE_REMOTE, building

@@ -180,7 +180,7 @@ def test_gcs_reads_through_an_emulator():
         # a static token: no credential lookup (a real run takes them from the environment)
         store = obstore.store.GCSStore(
             "kcgcs",
-            prefix="kc/v2",
+            prefix="kc/v3",
             base_url=gcs.endpoint,
             bearer_token="test",
             client_options={"allow_http": True},
@@ -202,7 +202,7 @@ def test_gcs_writes_through_obstores_memory_store():
 
     tier = ObjectStoreTier("gs://bucket/team-a", store=MemoryStore())
     key = key_of(70)
-    assert tier.name(key) == f"team-a/v2/{key}" and tier.prefix == "team-a/v2"
+    assert tier.name(key) == f"team-a/v3/{key}" and tier.prefix == "team-a/v3"
     assert tier.put(key, "cubin", b"one", META) and not tier.put(key, "cubin", b"two", META)
     assert tier.get(key, "cubin")[0] == b"one"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+import xxhash
 
 import kernelcache
 from kernelcache import schema
@@ -118,40 +118,30 @@ def test_a_reader_that_knows_no_fields_checks_a_document_by_its_covers(tmp_path)
     assert read_alone().startswith("Problem entry digest mismatch")
 
 
-def test_a_document_without_covers_is_checked_with_the_declared_fields(tmp_path):
-    """Documents written before they named their covered fields: verified with the fields this
-    process declares; where those do not match, outdated (rebuilt), never served."""
-    import bridge  # noqa: F401
-
+def test_a_document_of_the_previous_format_is_a_clean_miss(tmp_path):
+    """Format 1 digests did not cover the covers list: such a document is never served, nor
+    quarantined; the next put replaces it. A document without a covers list is corrupt."""
     meta = {"name": "add_kernel", "target": "cuda:90", "num_warps": 4, "shared": 0}
     Store(tmp_path).put(KEY, "cubin", PAYLOAD, meta)
     path = tmp_path / f"{KEY}.json"
     doc = json.loads(path.read_text())
-    del doc["covers"]
-    doc["entry_digest"] = schema.entry_digest(doc)  # the digest an older writer computed
-    path.write_text(json.dumps(doc))
-    art = Store(tmp_path).read(KEY, "cubin")
-    assert isinstance(art, kernelcache.Artifact) and art.meta["num_warps"] == 4
-    path.write_text(json.dumps({**doc, "num_warps": 8}))
-    found = Store(tmp_path).read(KEY, "cubin")
-    assert isinstance(found, kernelcache.errors.Problem) and found.outdated and not found.corrupt
-
-
-def test_older_readers_compute_the_same_entry_digest(tmp_path):
-    """A reader of the previous format computes the digest over a fixed list of launch
-    fields: for the bridge's documents it is the same digest."""
-    import bridge  # noqa: F401
-
-    previous = (
-        "format key ext size digest name target arch warp_size num_warps num_ctas shared "
-        "global_scratch_size global_scratch_align profile_scratch_size tmem_size "
-        "tensordesc_meta ptx_sha256"
-    ).split()
-    meta = {"name": "k", "target": "cuda:90", "num_warps": 4, "shared": 0, "kernel": "m:k"}
-    Store(tmp_path).put(KEY, "cubin", PAYLOAD, {**meta, "ptx_sha256": "ab" * 32})
-    doc = json.loads(Path(tmp_path, f"{KEY}.json").read_text())
-    covered = {name: doc[name] for name in previous if name in doc}
-    old = schema.DIGEST_PREFIX + __import__("xxhash").xxh3_128_hexdigest(
+    older = {**doc, "format": 1}
+    names = ("format", "key", "ext", "size", "digest", *doc["covers"])
+    covered = {name: older[name] for name in names if name in older}
+    older["entry_digest"] = schema.DIGEST_PREFIX + xxhash.xxh3_128_hexdigest(
         json.dumps(covered, sort_keys=True, separators=(",", ":")).encode()
-    )
-    assert doc["entry_digest"] == old
+    )  # the digest a writer of format 1 computed: its covers list outside it
+    path.write_text(json.dumps(older))
+    found = Store(tmp_path).get(KEY, "cubin")
+    assert isinstance(found, kernelcache.errors.Problem) and found.outdated and not found.corrupt
+    assert "older kernelcache" in found.reason and path.exists()  # not quarantined
+    art = Store(tmp_path).put(KEY, "cubin", PAYLOAD, meta)
+    assert art.meta["format"] == schema.FORMAT_VERSION
+    assert isinstance(Store(tmp_path).read(KEY, "cubin"), kernelcache.Artifact)
+
+    del doc["covers"]
+    doc["entry_digest"] = schema.entry_digest(doc)
+    path.write_text(json.dumps(doc))
+    found = Store(tmp_path).read(KEY, "cubin")
+    assert isinstance(found, kernelcache.errors.Problem) and found.corrupt
+    assert "covers" in found.reason

@@ -8,15 +8,20 @@ import io
 import json
 import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import IS_ROOT, key_of
+from conftest import IS_ROOT, key_of, run_py
 from test_cli_support import files_under, kc, kc_json, put
+from test_integrity import write_bundle
 
 import kernelcache
 from kernelcache.config import environment_in_effect, settings
 from kernelcache.errors import ConfigError
+from kernelcache.schema import encode_metadata
+from kernelcache.store import Store
 
 KEY_1 = "first-key-" + "0123456789abcdef" * 2
 KEY_2 = "second-key-" + "fedcba9876543210" * 2
@@ -93,6 +98,107 @@ def test_a_bundle_entry_with_other_bytes_under_a_valid_signature_is_refused(sour
     assert kc_json(tmp_path / "nokey", "import", str(forged), "--dry-run")["imported"] == 3
     proc = kc(tmp_path / "dest", "import", str(forged), env={"KERNELCACHE_SIGNING_KEY": KEY_1})
     assert proc.returncode == 1 and first["key"] in proc.stderr and "signature" in proc.stderr
+
+
+#: a process without the bridge: puts one entry (its digest covers name and target only) and
+#: exports it, signed with $KERNELCACHE_SIGNING_KEY
+EXPORT_WITHOUT_THE_BRIDGE = """
+import json, sys
+from kernelcache.bundle import export_bundle
+from kernelcache.config import settings
+from kernelcache.scan import scan
+from kernelcache.store import Store
+root, bundle, key, meta = sys.argv[1:]
+Store(root).put(key, "bin", b"\\x7fELF code" * 50, json.loads(meta))
+export_bundle(root, scan(root).entries, bundle, signing_key=settings().signing_secret())
+assert "bridge" not in sys.modules
+"""
+
+
+def _export_without_the_bridge(tmp_path: Path, meta: dict[str, object]) -> tuple[Path, str]:
+    bundle, key = tmp_path / "plain.tar", key_of("plain", json.dumps(meta))
+    run_py(
+        EXPORT_WITHOUT_THE_BRIDGE,
+        str(tmp_path / "plain"),
+        str(bundle),
+        key,
+        json.dumps(meta),
+        KERNELCACHE_SIGNING_KEY=KEY_1,
+    )
+    return bundle, key
+
+
+def _rewrite_manifest(bundle: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """A copy of ``bundle`` whose manifest ``edit`` changed (members as they were)."""
+    with tarfile.open(bundle) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))
+        entries = manifest.pop("entries")
+        blobs = [tar.extractfile(f"entries/{e['key']}.{e['ext']}").read() for e in entries]
+    manifest["entries"] = entries
+    edit(manifest)
+    return write_bundle(bundle.with_name("edited-" + bundle.name), blobs, **manifest)
+
+
+def test_a_launch_field_its_writer_did_not_cover_is_refused_in_a_signed_bundle(tmp_path):
+    """num_warps 4 -> 32 and shared 0 -> 200000 in a bundle signed by a writer that did not
+    cover them: the signature still holds, but the importer (whose kernelcache command loads
+    the bridge, which requires launch fields covered) refuses the bundle rather than cover
+    the edited values itself."""
+    meta = {"name": "add_kernel", "target": "cuda:90", "num_warps": 4, "shared": 0}
+    bundle, key = _export_without_the_bridge(tmp_path, meta)
+
+    def edit(manifest: dict[str, Any]) -> None:
+        (entry,) = manifest["entries"]
+        assert entry["covers"] == ["name", "target"] and entry["hmac"]
+        entry.update(num_warps=32, shared=200_000)
+
+    forged = _rewrite_manifest(bundle, edit)
+    dest = tmp_path / "dest"
+    for extra in ([], ["--dry-run"]):
+        proc = kc(dest, "import", str(forged), *extra, env={"KERNELCACHE_SIGNING_KEY": KEY_1})
+        assert proc.returncode == 1, proc.stdout
+        assert key in proc.stderr and "does not cover num_warps, shared" in proc.stderr
+    assert files_under(dest) == set()
+
+
+def test_a_bundle_entry_is_imported_as_written(tmp_path):
+    """An entry whose writer covered less than the importer declares (and which holds none
+    of the fields it did not cover): stored as written, its signature dropped; never with
+    a wider covers list or another entry digest."""
+    bundle, key = _export_without_the_bridge(tmp_path, {"name": "k", "target": "cuda:90"})
+    dest = tmp_path / "dest"
+    doc = kc_json(dest, "import", str(bundle), env={"KERNELCACHE_SIGNING_KEY": KEY_1})
+    assert doc["imported"] == 1
+    with tarfile.open(bundle) as tar:
+        (entry,) = json.load(tar.extractfile("manifest.json"))["entries"]
+    del entry["hmac"]
+    assert (tmp_path / "plain" / f"{key}.json").read_bytes() == encode_metadata(entry)
+    assert (dest / f"{key}.json").read_bytes() == encode_metadata(entry)
+
+
+@pytest.mark.parametrize("entry_digest_too", [False, True], ids=["as-is", "digest-recomputed"])
+def test_a_covers_list_edited_after_signing_is_refused(tmp_path, entry_digest_too):
+    """Dropping from ``covers`` a launch field the entry does not hold changes no covered
+    value: the entry digest and the signature cover the list itself."""
+    from kernelcache.schema import entry_digest
+
+    source = tmp_path / "source"
+    Store(source).put(key_of("covers"), "bin", b"code" * 100, {"name": "k", "num_warps": 4})
+    bundle = tmp_path / "b.tar"
+    _export(source, bundle, KERNELCACHE_SIGNING_KEY=KEY_1)
+
+    def edit(manifest: dict[str, Any]) -> None:
+        (entry,) = manifest["entries"]
+        assert "tmem_size" in entry["covers"] and "tmem_size" not in entry
+        entry["covers"].remove("tmem_size")
+        if entry_digest_too:
+            entry["entry_digest"] = entry_digest(entry)
+
+    forged = _rewrite_manifest(bundle, edit)
+    proc = kc(tmp_path / "dest", "import", str(forged), env={"KERNELCACHE_SIGNING_KEY": KEY_1})
+    assert proc.returncode == 1
+    assert ("signature" if entry_digest_too else "entry digest mismatch") in proc.stderr
+    assert files_under(tmp_path / "dest") == set()
 
 
 def test_a_key_file(source, tmp_path):

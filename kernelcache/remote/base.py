@@ -163,8 +163,10 @@ class TierBase:
 
     def _decode(self, key: str, ext: str, raw: object) -> tuple[bytes, dict[str, Any]] | None:
         """A value read for ``key``, verified (and authenticated with a signing key), or None:
-        a corrupt value is rejected (counted, warned, :meth:`_discard`-ed), an unsigned one is
-        refused and left in place, one of another extension is a miss."""
+        a corrupt or outdated value (see :func:`~kernelcache.schema.check_document`: an
+        earlier format, or a field this process requires covered that it does not cover) is
+        rejected (counted, warned, :meth:`_discard`-ed, so that this job's build replaces it),
+        an unsigned one is refused and left in place, one of another extension is a miss."""
         found = decode_value(raw, key)  # type: ignore[arg-type]  # checked there
         if isinstance(found, Problem):
             stats.count(self._stats_root, remote_errors=1)
@@ -243,7 +245,8 @@ class TierBase:
     def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> bool:
         """Send an entry, unless it is larger than ``max_size``, the tier is read-only, the
         breaker is open or the store recently refused writes. Never raises for a failure of
-        the store. Returns whether the entry was stored.
+        the store. Returns whether the entry was stored. ``meta``: the entry's document,
+        kept as written, or the fields of a new entry (see :func:`~.codec.make_value`).
 
         Raises:
             ValueError: malformed ``key`` or ``ext``, or ``meta`` outside the schema (the

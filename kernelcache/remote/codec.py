@@ -4,7 +4,10 @@ length (uint32, big endian), the store's metadata JSON, the artifact bytes.
 Invariants: a decoded value is used only if its header, its metadata (the one schema and the
 entry digest) and the artifact's size and xxh3-128 digest check out; with a signing key, only
 if its HMAC does too. Nothing here raises for what a server returns: a refused value is a
-:class:`~kernelcache.errors.Problem`.
+:class:`~kernelcache.errors.Problem`. An entry's document travels as written: a value made of
+a document (a backfill, an entry read from a root) carries its fields, ``covers`` and entry
+digest unchanged (:func:`~kernelcache.schema.written_document`), so a reader never widens what
+a writer covered, and the same document under the same key is the same value.
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from ..schema import (
     make_metadata,
     parse_metadata,
     sign,
+    written_document,
 )
 
 #: version of the value layout; part of every Redis key, so a new layout never reads an old one
-#: (2: the metadata carries an entry digest, and optionally an HMAC)
-REMOTE_FORMAT = 2
+#: (2: the metadata carries an entry digest, and optionally an HMAC; 3: metadata of format 2,
+#: whose entry digest and HMAC cover its ``covers`` list)
+REMOTE_FORMAT = 3
 MAGIC = b"KCR1"
 _HEADER = struct.Struct(">4sI")
 
@@ -44,13 +49,25 @@ def encode_value(meta: Mapping[str, Any], data: bytes) -> bytes:
 def make_value(
     key: str, ext: str, data: bytes, meta: Mapping[str, Any], signing_key: bytes | None
 ) -> bytes:
-    """The value a tier stores for an entry: its metadata (the store's fields computed from
-    ``data``; those ``meta`` carries are replaced), signed when ``signing_key`` is given.
+    """The value a tier stores for an entry, signed when ``signing_key`` is given (else a
+    signature the document carries is kept as written).
+
+    ``meta`` is either the entry's document (one with an entry digest: an entry read from a
+    root or a tier), kept as written, or the caller's fields of a new entry, from which its
+    document is made (:func:`~kernelcache.schema.make_metadata`).
 
     Raises:
-        ValueError: ``meta`` is outside the schema (the local store rejects such entries first).
+        ValueError: ``meta`` is outside the schema, or a document that does not describe
+            ``data`` (the local store rejects such entries first).
     """
-    doc = make_metadata(key, ext, data, {k: v for k, v in meta.items() if k not in RESERVED_FIELDS})
+    if "entry_digest" in meta:
+        doc = written_document(key, ext, data, meta)
+        if signing_key is None and HMAC_FIELD in meta:
+            doc[HMAC_FIELD] = meta[HMAC_FIELD]
+    else:
+        doc = make_metadata(
+            key, ext, data, {k: v for k, v in meta.items() if k not in RESERVED_FIELDS}
+        )
     if signing_key is not None:
         doc[HMAC_FIELD] = sign(doc, hashlib.sha256(data).digest(), signing_key)
     return encode_value(doc, data)

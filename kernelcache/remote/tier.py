@@ -22,7 +22,9 @@ class RemoteTier(Protocol):
     def get(self, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | None: ...
 
     def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> bool:
-        """Send an entry; return whether it was stored."""
+        """Send an entry; return whether it was stored. ``meta`` is the entry's metadata
+        document as the cache holds it: a tier stores it as written (see
+        :func:`kernelcache.remote.make_value`), never widened with its own covered fields."""
         ...
 
     def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
