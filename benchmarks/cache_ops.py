@@ -33,6 +33,11 @@ millisecond: the peak over the cap, the slowest put (what waiting for passes cos
 the root over the cap once the writers are done. ``--before REF`` also runs the burst with
 kernelcache of a git ref or directory.
 
+Then what checking an artifact's structure (:mod:`kernelcache.formats`: a whole ELF file, whole
+PTX text) would add to each verified read: ``Cache.get`` of 4 KiB and 64 KiB cubins (ELF of 16
+sections) and PTX, alone and followed by the check, on a hit whose metadata the process
+remembers and on the first read of an entry, in alternating rounds (``--no-whole`` skips it).
+
 Prints a table and ends with one JSON line; ``--out`` also writes the JSON to a file.
 
     python benchmarks/cache_ops.py [--reads 3000] [--capped 10000:4K,100000:4K]
@@ -57,6 +62,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from common import REPO, export
 
@@ -403,6 +409,91 @@ def _print_burst(burst: dict) -> None:
             )
 
 
+def _ptx_text(size: int) -> bytes:
+    """Whole PTX text of ``size`` bytes: one kernel of many instructions, as LLVM writes them
+    (each with the comment of its source line)."""
+    head = b".version 8.7\n.target sm_90a\n.address_size 64\n\n.visible .entry k(\n)\n{\n"
+    line = b"\tadd.s32 \t%r2, %r1, 1;                // kernels.py:18:4\n"
+    tail = b"\tret;\n}\n"
+    text = head + line * ((size - len(head) - len(tail) - 3) // len(line)) + tail
+    return text + b"//" + b"-" * (size - len(text) - 3) + b"\n"
+
+
+def bench_whole(reads: int, seed: int = 0) -> dict:
+    """What the structural check of an artifact's format (:mod:`kernelcache.formats`) would
+    add to a verified ``Cache.get``, against the get alone, for cubins (ELF with 16 sections)
+    and PTX of 4 KiB and 64 KiB: on a hit whose metadata this process remembers, and on the
+    first read of an entry (metadata read from disk), in alternating rounds."""
+    from artifact_images import elf_image
+
+    from kernelcache.formats import problem
+
+    rounds = 10
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label in ("4KiB", "64KiB"):
+            size = SIZES[label]
+            pad = size - len(elf_image(sections=16))
+            datas = {
+                "cubin": [
+                    elf_image(random.Random(i).randbytes(pad), sections=16) for i in range(KEYS)
+                ],
+                "ptx": [_ptx_text(size)] * KEYS,
+            }
+            for ext, payloads in datas.items():
+                cache = kernelcache.Cache(
+                    os.path.join(tmp, f"whole-{label}-{ext}"), readonly_roots=(), remote=""
+                )
+                keys = [_key(i, f"whole-{label}-{ext}") for i in range(KEYS)]
+                for key, data in zip(keys, payloads, strict=True):
+                    assert len(data) == size and problem(ext, data) is None
+                    cache.put(key, ext, data, {"name": "kernel"})
+
+                def read(i: int, first: bool, check: bool, cache=cache, keys=keys, ext=ext) -> None:
+                    if first:
+                        cache.store._memo.clear()  # the metadata is read from disk again
+                    art = cache.get(keys[i], ext)
+                    assert art is not None
+                    if check:
+                        problem(ext, art.data)
+
+                rng = random.Random(seed)
+                samples: dict[tuple[bool, bool], list[float]] = {}
+                order = [(first, check) for first in (False, True) for check in (False, True)]
+                for run in range(rounds):
+                    for first, check in order if run % 2 == 0 else order[::-1]:
+                        samples.setdefault((first, check), []).extend(
+                            _time_each(
+                                lambda i, f=first, c=check: read(i, f, c), reads // rounds, rng
+                            )
+                        )
+                row = {}
+                for first, name in ((False, "remembered"), (True, "first_read")):
+                    bare = statistics.median(samples[(first, False)])
+                    checked = statistics.median(samples[(first, True)])
+                    row[name] = {
+                        "get_median_us": round(bare, 2),
+                        "checked_median_us": round(checked, 2),
+                        "ratio": round(checked / bare, 3),
+                    }
+                out.setdefault(label, {})[ext] = row
+    return out
+
+
+def _print_whole(whole: dict) -> None:
+    print()
+    head = f"{'size':>6}  {'ext':<6} {'read':<11} {'get':>9} {'get+check':>10} {'ratio':>7}"
+    print(head)
+    print("-" * len(head))
+    for label, by_ext in whole.items():
+        for ext, row in by_ext.items():
+            for name, r in row.items():
+                print(
+                    f"{label:>6}  {ext:<6} {name:<11} {r['get_median_us']:>7.1f}us"
+                    f" {r['checked_median_us']:>8.1f}us {r['ratio']:>6.2f}x"
+                )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -421,6 +512,12 @@ def main() -> int:
     parser.add_argument("--burst-pace", type=float, default=0.01, help="paced writers' sleep")
     parser.add_argument("--burst-runs", type=int, default=3, help="runs of each kind of writers")
     parser.add_argument("--before", help="also burst with kernelcache of this git ref or directory")
+    parser.add_argument(
+        "--whole",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time the structural check of an artifact's format on reads",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON summary here")
     args = parser.parse_args()
     burst = None
@@ -429,6 +526,7 @@ def main() -> int:
             before = export(args.before, Path(tmp)) if args.before else None
             burst = bench_burst(args.burst, args.burst_pace, args.burst_runs, before)
     results = bench(args.reads)
+    whole = bench_whole(args.reads) if args.whole else None
     capped = []
     for spec in filter(None, (s.strip() for s in args.capped.split(","))):
         n, _, size = spec.partition(":")
@@ -489,6 +587,8 @@ def main() -> int:
             )
     if burst is not None:
         _print_burst(burst)
+    if whole is not None:
+        _print_whole(whole)
     summary = {
         "benchmark": "cache_ops",
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
@@ -499,6 +599,7 @@ def main() -> int:
         "ratios": ratios,
         "capped_puts": capped,
         "burst": burst,
+        "whole_check": whole,
         "target_capped_put_ratio": 1.5,
         "target_64KiB_get_median_us": 50,
         "target_met": results["64KiB"]["kernelcache"]["get_median_us"] < 50

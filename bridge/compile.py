@@ -5,22 +5,35 @@ The bridge drives the backend's stages itself (as Triton's ``compile`` does) ins
 ``triton_key()`` is not computed on a miss. Invariant: the machine code is the same wherever the
 sources are checked out (after the LLVM IR stage, absolute source directories in the debug
 information are rewritten to paths relative to the import root).
+
+Only whole output leaves a compile: the machine code must be a complete ELF file of the
+target's machine and the PTX complete text (:func:`output_problem`). A compiler that runs out
+of room in its temporary directory can exit 0 after a short write; that, and running out of
+space while compiling, is an :class:`~bridge.errors.IncompleteOutput` naming ``TMPDIR`` and its
+free space, never a result (nothing is stored, and nothing is remembered as the kernel's
+failure: the next compile, with room, stores the kernel).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
+import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import KernelArgumentError
+from kernelcache import formats
+
+from .errors import IncompleteOutput, KernelArgumentError
 from .targets import Target
+from .vendors import Vendor, by_binary_ext
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +86,79 @@ def relative_debug_paths(llir: str) -> str:
     return _DIFILE.sub(fix, llir)
 
 
+def _machine_code_problem(vendor: Vendor, data: bytes) -> str | None:
+    """Why ``data`` is not whole machine code of ``vendor``: a complete ELF file of its machine
+    (or whole by its extension's check, for a vendor whose code is not ELF)."""
+    if vendor.elf_machine is not None:
+        reason = formats.elf_problem(data, vendor.elf_machine)
+    else:
+        reason = formats.problem(vendor.binary_ext, data)
+    if reason is None:
+        return None
+    return f"its .{vendor.binary_ext} ({len(data):,} bytes) is not whole: {reason}"
+
+
+def output_problem(binary: bytes, ptx: str | None, target: Target) -> str | None:
+    """Why what a compile for ``target`` produced is not whole, None when it is: the machine
+    code is checked as a complete ELF file of the target's machine (or by its extension's
+    check, for a vendor whose code is not ELF), the PTX as complete PTX text (see
+    :mod:`kernelcache.formats`)."""
+    reason = _machine_code_problem(target.vendor, binary)
+    if reason is not None:
+        return reason
+    if ptx is not None:
+        reason = formats.ptx_problem(ptx.encode())
+        if reason is not None:
+            return f"its PTX is not whole: {reason}"
+    return None
+
+
+def binary_problem(ext: str, data: bytes) -> str | None:
+    """Why ``data``, machine code of extension ``ext`` read from the cache, is not what a
+    compile gives (as :func:`output_problem` checks it); None when it is."""
+    vendor = by_binary_ext(ext)
+    if vendor is None:
+        reason = formats.problem(ext, data)
+        return None if reason is None else f"its .{ext} is not whole: {reason}"
+    return _machine_code_problem(vendor, data)
+
+
+def temp_dir() -> str:
+    """The directory Triton's compilers write their files to (``TMPDIR``), with its free
+    space, for messages."""
+    from kernelcache.cli.output import human_size
+
+    path = tempfile.gettempdir()
+    try:
+        free = f"{human_size(shutil.disk_usage(path).free)} free"
+    except OSError as e:
+        free = f"free space unknown: {e.strerror}"
+    return f"{path} ({free})"
+
+
+def _incomplete(src: Any, target: Target, what: str) -> IncompleteOutput:
+    return IncompleteOutput(
+        f"compiling {src.name} for {target}: {what}. Triton's compilers write their files under "
+        f"TMPDIR, {temp_dir()}, and a full disk there cuts their output short: free space "
+        "there, or set TMPDIR to a directory with room, and run again (nothing was stored; the "
+        "kernel is compiled again next time)"
+    )
+
+
+def _out_of_space(error: BaseException) -> bool:
+    """Whether ``error`` says a disk is full (also in a compiler's message)."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(error)
+    return os.strerror(errno.ENOSPC) in text or os.strerror(errno.EDQUOT) in text
+
+
 def compile_source(src: Any, target: Target, backend: Any, options: Any) -> Compiled:
-    """Run the backend's stages from the source to machine code.
+    """Run the backend's stages from the source to machine code, and check that what they
+    produced is whole (:func:`output_problem`).
 
     Raises:
+        IncompleteOutput: the output is not whole, or a disk filled up while compiling.
         whatever Triton raises for an invalid kernel (CompilationError, ...), with a note
         naming the kernel and target.
     """
@@ -110,6 +192,8 @@ def compile_source(src: Any, target: Target, backend: Any, options: Any) -> Comp
             elif ext == "ptx":
                 ptx = module
     except Exception as e:  # annotate and re-raise Triton's own error unchanged
+        if _out_of_space(e):
+            raise _incomplete(src, target, f"a disk filled up while compiling ({e})") from e
         if hasattr(e, "add_note"):
             e.add_note(f"while compiling {src.name} for {target}")
             if "gluon" in str(src.language).lower():
@@ -122,6 +206,9 @@ def compile_source(src: Any, target: Target, backend: Any, options: Any) -> Comp
         raise KernelArgumentError(
             f"Triton's {target.backend} pipeline ended in {names[-1]}, not machine code"
         )
+    problem = output_problem(module, ptx, target)
+    if problem is not None:
+        raise _incomplete(src, target, problem)
     with _lock:
         _compiles += 1
     logger.debug("compiled %s for %s (%d bytes)", src.name, target, len(module))

@@ -45,6 +45,13 @@ class NoConfigError(BridgeError, RuntimeError):
     config and why)."""
 
 
+class IncompleteOutput(BridgeError, OSError):
+    """A compile's output is not whole (see :mod:`kernelcache.formats`): the compiler ran out
+    of room in its temporary directory (``TMPDIR``), or cut its output short some other way.
+    The message names the directory and its free space. Nothing is stored, and the kernel is
+    compiled again next time: the environment failed, not the kernel."""
+
+
 class UnsupportedTransformation(BridgeError, NotImplementedError):
     """A JAX transformation (grad, vmap, ...) that a raw Triton kernel call cannot support."""
 
@@ -54,6 +61,7 @@ __all__ = [
     "BackendUnavailable",
     "BridgeError",
     "EmbedError",
+    "IncompleteOutput",
     "KernelArgumentError",
     "NoConfigError",
     "OptionError",

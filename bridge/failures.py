@@ -4,7 +4,10 @@ Triton's autotuner leaves a config out when compiling or loading it raises one o
 ``CompileTimeAssertionFailure`` (a ``tl.static_assert`` that fails for this config),
 ``OutOfResources`` or ``PTXASError`` (Triton 3.6 to 3.9, both backends; the AMD backend raises
 nothing more specific: its code generation errors are plain ``RuntimeError``). The bridge leaves
-out the same ones, and only those: any other exception still fails the call.
+out the same ones, and only those: any other exception still fails the call. A compile whose
+output is cut short, or that ran out of disk space (:class:`~bridge.errors.IncompleteOutput`,
+whatever the compiler raised underneath), is the environment's failure: it fails the call and
+is never remembered.
 
 Such a failure is remembered as an entry keyed by the kernel key (``derived_key(key,
 "failure")``, extension ``failure``, metadata ``kind: failure``): a JSON document with the
@@ -21,7 +24,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .errors import BridgeError
+from .errors import BridgeError, IncompleteOutput
 from .kernel_keys import derived_key
 
 if TYPE_CHECKING:
@@ -59,6 +62,8 @@ def reason_of(error: BaseException) -> str | None:
 
     seen: BaseException | None = error
     while seen is not None:
+        if isinstance(seen, IncompleteOutput):  # the environment's failure, not the config's
+            return None
         if isinstance(seen, CompileTimeAssertionFailure):
             return _one_line(f"static assertion failed: {seen.error_message or ''}")
         if isinstance(seen, OutOfResources):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import failures
-from .compile import Compiled
+from .compile import Compiled, binary_problem
 from .failures import LeftOut
 from .kernel_keys import derived_key
 from .record import plain
@@ -213,9 +213,31 @@ def fetch_each(
             continue
         try:
             request = requests[index]
-            yield index, _paired(cache, request, art, built[(request.key, request.ext)])
-        except Exception as e:  # a failing recompile of a missing PTX, reported per request
+            here = built[(request.key, request.ext)]
+            whole = art if here else _whole(cache, art, builder(request))
+            kernel = _rebuilt(request) if whole is None else _paired(cache, request, whole, here)
+            yield index, kernel
+        except Exception as e:  # a failing recompile, reported per request
             yield index, e
+
+
+def _whole(
+    cache: Cache, art: Artifact, build: Callable[[], tuple[bytes, dict[str, Any]]]
+) -> Artifact | None:
+    """``art``, a cached kernel, if its machine code is what a compile gives (whole, for its
+    vendor's machine: :func:`bridge.compile.binary_problem`). Otherwise the entry is corrupt
+    (one an older version stored cut short, say): it is reported to the cache (counted,
+    quarantined) and compiled again by ``build`` (once across processes) and stored; None
+    where the cache still serves the broken copy (a read-only root): compile it here."""
+    problem = binary_problem(art.ext, art.data)
+    if problem is None:
+        return art
+    logger.warning(
+        "kernelcache: cached kernel %s is corrupt (%s); compiling it again", art.key, problem
+    )
+    cache.quarantine(art, problem)
+    again = cache.get_or_create(art.key, art.ext, build)
+    return again if binary_problem(again.ext, again.data) is None else None
 
 
 def _in_memory(request: Request) -> KernelBinary | Exception:
@@ -237,6 +259,14 @@ def _in_memory(request: Request) -> KernelBinary | Exception:
     return _binary(key, request.ext, compiled.binary, doc, compiled.ptx, True)
 
 
+def _rebuilt(request: Request) -> KernelBinary:
+    """The kernel of ``request`` compiled again here, kept in memory."""
+    compiled = request.build()
+    return _binary(
+        request.key, request.ext, compiled.binary, request.describe(compiled), compiled.ptx, True
+    )
+
+
 def _paired(cache: Cache, request: Request, art: Artifact, built: list[Compiled]) -> KernelBinary:
     """The kernel of ``art``, with its PTX when the request needs it (recompiled when the
     cache has no matching PTX)."""
@@ -247,8 +277,7 @@ def _paired(cache: Cache, request: Request, art: Artifact, built: list[Compiled]
             "older version?); compiling it again in memory",
             key,
         )
-        compiled = request.build()
-        return _binary(key, ext, compiled.binary, request.describe(compiled), compiled.ptx, True)
+        return _rebuilt(request)
     if not request.need_ptx:
         return _binary(key, ext, art.data, art.meta, None, bool(built))
     if built and built[0].binary == art.data:

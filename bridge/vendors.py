@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kernelcache.formats import EM_AMDGPU, EM_CUDA
+
 from .errors import TargetError
 
 logger = logging.getLogger(__name__)
@@ -75,6 +77,9 @@ class Vendor:
     pointer_range_specialization: bool
     #: the most shared memory (LDS) one block may use, in bytes, per architecture
     shared_memory: Mapping[Arch, int]
+    #: the ELF ``e_machine`` of the machine code (None: not ELF); a compile's output is checked
+    #: against it (see :func:`bridge.compile.output_problem`)
+    elf_machine: int | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         return by_name, (self.name,)
@@ -214,6 +219,7 @@ NVIDIA: Vendor = _Nvidia(
     max_threads_per_block=1024,
     hash_runs_ptxas=True,
     pointer_range_specialization=False,
+    elf_machine=EM_CUDA,
     # The largest shared memory one block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin),
     # as NVIDIA's CUDA C++ Programming Guide gives it under "Technical Specifications per Compute
     # Capability" (maximum amount of shared memory per thread block: 163 KB on 8.0 and 8.7, 99 KB
@@ -253,6 +259,7 @@ AMD: Vendor = _Amd(
     max_threads_per_block=1024,
     hash_runs_ptxas=False,
     pointer_range_specialization=True,
+    elf_machine=EM_AMDGPU,
     # LDS one workgroup may use, as Triton's AMD backend sizes it: third_party/amd/lib/
     # TritonAMDGPUToLLVM/TargetInfo.cpp, TargetInfo::getSharedMemorySize (160 KiB on CDNA4,
     # i.e. gfx950; 64 KiB on CDNA2 and CDNA3). LLVM's AMDGPU backend enforces the same limits
@@ -304,6 +311,11 @@ def by_name(name: str) -> Vendor:
     except KeyError:
         known = ", ".join(_registry)
         raise TargetError(f"unknown GPU backend {name!r}: the bridge knows {known}") from None
+
+
+def by_binary_ext(ext: str) -> Vendor | None:
+    """The descriptor whose machine code has the extension ``ext``, None if there is none."""
+    return next((v for v in _registry.values() if v.binary_ext == ext), None)
 
 
 def by_platform(platform: str) -> Vendor | None:

@@ -212,6 +212,24 @@ class Cache:
                 stats.count(self.root, **{names[1]: 1})
         return art
 
+    def quarantine(self, art: Artifact, reason: str) -> bool:
+        """Report ``art`` (what a read returned) unusable for ``reason``: a corrupt entry,
+        counted, and quarantined where it lies in the writable root and still holds the same
+        artifact (re-checked under its lock: :meth:`Store.repair`). A caller that checks more
+        than a read does (e.g. which machine a kernel's code is for) calls it, then builds the
+        entry again. Returns whether the entry is gone (not for an entry of a read-only root,
+        one replaced meanwhile, or one whose readers held it for the lock timeout)."""
+        stats.count(self.root, corrupt=1)
+        digest = art.meta.get("digest")
+        if self.disabled or art.path is None or os.path.dirname(art.path) != self.root:
+            return False
+
+        def same(now: Artifact) -> str | None:
+            return reason if now.meta.get("digest") == digest else None
+
+        found = self.store.repair(art.key, art.ext, refuse=same)
+        return isinstance(found, Problem) and not os.path.lexists(self.store.meta_path(art.key))
+
     def _lookup(
         self,
         key: str,

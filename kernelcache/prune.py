@@ -54,7 +54,7 @@ from .locks import lock_name
 from .scan import CacheScan, Issue
 from .schema import parse_fields
 from .stats import fold_logs, foldable_logs
-from .store import Artifact, Problem, Store
+from .store import Artifact, Problem, Store, not_whole
 from .table import EntryInfo
 
 logger = logging.getLogger(__name__)
@@ -558,10 +558,10 @@ class _Executor:
     def quarantine_entry(self, action: Action) -> tuple[str, str]:
         key = action.key
         assert key is not None
-        found = self.store.inspect(key, any_owner=True)
+        found = self.store.inspect(key, any_owner=True, whole=True)
         if not isinstance(found, Problem) or not found.corrupt:
             return "gone", "no longer corrupt"
-        after = self.store.repair(key)  # re-checks under the exclusive lock, then quarantines
+        after = self.store.repair(key, refuse=not_whole)  # re-checked under the lock, then moved
         if isinstance(after, Artifact):
             return "gone", "no longer corrupt"
         if not os.path.lexists(self.store.meta_path(key)):  # quarantine moves metadata first

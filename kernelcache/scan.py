@@ -2,7 +2,8 @@
 
 :func:`scan` lists a root once and describes every entry (:class:`EntryInfo`) from its
 metadata, without reading artifacts: it is what ``stats``, ``ls``, ``prune`` and ``export`` use.
-:func:`verify` additionally reads every artifact and checks its size and digest.
+:func:`verify` additionally reads every artifact and checks its size, digest and structure
+(:mod:`kernelcache.formats`).
 
 What is found wrong lands in ``CacheScan.issues`` as :class:`Issue` records (kinds in
 :data:`ISSUE_KINDS`); nothing here modifies an entry. Deciding what to delete is
@@ -616,7 +617,7 @@ def verify(
     store: Store, base: CacheScan | None = None, *, progress: Progress | None = None
 ) -> CacheScan:
     """A scan of ``store``'s root whose entries were each read and checked (size, digest,
-    metadata, and the store's trust policy).
+    metadata, the structure of the artifact's format, and the store's trust policy).
 
     Returns a new :class:`CacheScan`: entries that failed are moved from ``entries`` to
     ``issues`` (kind ``corrupt``, or ``untrusted`` for an entry the trust policy refuses).
@@ -627,7 +628,7 @@ def verify(
     good: list[EntryInfo] = []
     issues = list(base.issues)
     for count, entry in enumerate(base.entries, 1):
-        result = store.inspect(entry.key)
+        result = store.inspect(entry.key, whole=True)
         if progress is not None and count % 64 == 0:
             progress(64)
         if isinstance(result, Artifact):

@@ -16,6 +16,11 @@ Guarantees across processes and hosts sharing a root:
   exclusive lock and moved to ``.quarantine/``. An entry of an older format, or one holding a
   field this process requires covered that its digest does not cover, is a miss, replaced by
   the next put.
+* What an artifact holds is its writer's business: a read checks its digest, not its format.
+  :meth:`Store.inspect` with ``whole`` (what ``verify`` runs) also checks its structure
+  (:mod:`kernelcache.formats`: an empty or cut-short cubin, hsaco or PTX is corrupt), and a
+  caller that finds an entry it read unusable (a package checking more than the format)
+  quarantines it with :meth:`Store.repair`'s ``refuse``.
 * The first complete writer of a key wins; later writers find the entry and keep it, unless
   they replace it explicitly (``publish(..., replace=True)``), which is atomic as above.
 * Nothing is written through a symlink, and what this process writes passes its own trust
@@ -40,6 +45,7 @@ from typing import Any
 
 from .config import Settings, settings
 from .errors import CacheError, LockTimeout, LockUnavailable, Problem, WrongExt
+from .formats import problem
 from .fsio import READ_FLAGS, read_exact
 from .keys import META_EXT, check_ext, check_key, split_entry_name
 from .layout import (
@@ -143,6 +149,13 @@ def as_bytes(data: object) -> bytes:
     if isinstance(data, (bytearray, memoryview)):
         return bytes(data)
     raise TypeError(f"an artifact's data must be bytes, not {type(data).__name__}")
+
+
+def not_whole(art: Artifact) -> str | None:
+    """Why ``art`` is not a whole artifact of its format (:func:`kernelcache.formats.problem`),
+    None when it is: what ``verify`` reports and ``repair(refuse=not_whole)`` quarantines."""
+    reason = problem(art.ext, art.data)
+    return None if reason is None else f"not a whole .{art.ext} artifact: {reason}"
 
 
 def _stale_stamp(mtime: float) -> bool:
@@ -276,16 +289,18 @@ class Store:
         return found
 
     def inspect(
-        self, key: str, ext: str | None = None, *, any_owner: bool = False
+        self, key: str, ext: str | None = None, *, any_owner: bool = False, whole: bool = False
     ) -> Artifact | Problem | None:
         """:meth:`read` straight from disk, leaving no trace: no reader's lock, no last-used
         stamp refreshed, nothing remembered. With ``any_owner`` the trust policy is not
-        applied: what the entry is, whoever wrote it (as prune re-checks what it planned)."""
+        applied: what the entry is, whoever wrote it (as prune re-checks what it planned).
+        With ``whole``, an artifact that is not whole for its format (an empty or cut-short
+        cubin, hsaco or PTX: :mod:`kernelcache.formats`) is a corrupt entry too."""
         policy = None if any_owner else self._policy
         loaded = read_metadata(self.meta_path(key), key, trust=policy, not_visible=NOT_VISIBLE)
         if not isinstance(loaded, tuple):
             return loaded
-        return self._read_artifact(key, ext, loaded[0], policy, False)
+        return self._read_artifact(key, ext, loaded[0], policy, False, whole=whole)
 
     def _read_artifact(
         self,
@@ -294,9 +309,12 @@ class Store:
         doc: dict[str, Any],
         policy: TrustPolicy | None,
         lock: bool,
+        *,
+        whole: bool = False,
     ) -> Artifact | Problem | None:
         """Read and verify the artifact that the metadata ``doc`` describes, under a shared
-        flock if ``lock``, applying ``policy`` (None: none)."""
+        flock if ``lock``, applying ``policy`` (None: none); with ``whole``, also its structure
+        (:func:`kernelcache.formats.problem`)."""
         stored_ext = doc["ext"]
         if ext is not None and stored_ext != ext:
             return Problem(
@@ -340,7 +358,12 @@ class Store:
             return Problem(key, "artifact changed size while being read")
         if digest(data) != doc["digest"]:
             return Problem(key, "artifact digest mismatch")
-        return _artifact(key, stored_ext, data, path, doc, "readonly" if self.readonly else "local")
+        art = _artifact(key, stored_ext, data, path, doc, "readonly" if self.readonly else "local")
+        if whole:
+            reason = not_whole(art)
+            if reason is not None:
+                return Problem(key, reason)
+        return art
 
     def _load_metadata(self, key: str) -> tuple[dict[str, Any], float] | Problem | None:
         """Read, check and remember ``<key>.json``; return (doc, mtime), a Problem or None."""
@@ -538,9 +561,17 @@ class Store:
 
     # -- repair ---------------------------------------------------------------------------
     def repair(
-        self, key: str, ext: str | None = None, *, wait: float | None = None
+        self,
+        key: str,
+        ext: str | None = None,
+        *,
+        wait: float | None = None,
+        refuse: Callable[[Artifact], str | None] | None = None,
     ) -> Artifact | Problem | None:
-        """Re-read ``key`` from disk under its exclusive lock; quarantine it if it is corrupt.
+        """Re-read ``key`` from disk under its exclusive lock; quarantine it if it is corrupt,
+        or if ``refuse`` gives a reason against the artifact read (:func:`not_whole`, or what
+        a reader that checks more than a read does found: it was read, so it is re-read here
+        and refused only as it still is).
 
         Returns what the fresh read found: the Artifact (a false alarm, e.g. a concurrent
         publish), the Problem that got the entry quarantined, or None (the entry is gone, or
@@ -566,6 +597,9 @@ class Store:
             return None
         try:
             again = self.read(key, ext, fresh=True)
+            reason = refuse(again) if refuse is not None and isinstance(again, Artifact) else None
+            if reason is not None:
+                again = Problem(key, reason)
             if isinstance(again, Problem) and again.corrupt:
                 try:
                     root_fd = self._root_fd()

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import triton
 import triton.language as tl
+from artifact_images import elf_image
 from bridge_helpers import custom_calls, decoded, kernels_of, lowered_module
 from callapi_kernels import (
     acc_kernel,
@@ -740,12 +741,12 @@ def test_descriptor_metadata_is_validated():
 def test_an_entry_without_what_the_lowering_needs_is_compiled_again(tmp_path, caplog):
     cache = kernelcache.Cache(root=tmp_path / "c")
     key = "ab" * 32
-    cache.put(key, "cubin", b"old", {"name": "k"})
+    cache.put(key, "cubin", elf_image(b"old"), {"name": "k"})
     built = []
 
     def build():
         built.append(1)
-        return Compiled(b"new", None, {})
+        return Compiled(elf_image(b"new"), None, {})
 
     kb = kernel_fetch.fetch(
         cache,
@@ -756,7 +757,12 @@ def test_an_entry_without_what_the_lowering_needs_is_compiled_again(tmp_path, ca
         False,
         usable=lambda meta: "tensordesc_meta" in meta,
     )
-    assert kb.binary == b"new" and kb.meta["tensordesc_meta"] == [] and kb.built and built == [1]
+    assert (
+        kb.binary == elf_image(b"new")
+        and kb.meta["tensordesc_meta"] == []
+        and kb.built
+        and built == [1]
+    )
     assert "compiling it again in memory" in caplog.text
     kb = kernel_fetch.fetch(cache, key, "cubin", build, lambda c: {}, False, usable=lambda m: True)
     assert kb.binary == b"old" and built == [1]

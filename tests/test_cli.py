@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from artifact_images import sized
 from conftest import key_of, run_on_a_terminal, run_py
 from test_cli_support import KERNELCACHE, backdate, files_under, kc, kc_json, put
 
@@ -42,8 +43,8 @@ def populated(tmp_path: Path) -> Path:
 def corrupt_root(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A root with one of every problem verify knows, plus two good entries."""
     root = tmp_path / "corrupt"
-    put(root, "good", size=10)
-    put(root, "good", size=11)
+    put(root, "good", size=400)  # whole cubins (see test_cli_support.put)
+    put(root, "good", size=401)
     keys = {}
     flipped = put(root, "flipped", size=200)
     data = bytearray(Path(flipped.path).read_bytes())
@@ -212,7 +213,9 @@ def test_ls_filters_sorts_and_json(populated):
         "last_used",
         "path",
     }
-    assert Path(first["path"]).read_bytes()[:8] == first["key"][:8].encode()
+    assert Path(first["path"]).read_bytes() == sized(
+        first["ext"], first["size"], first["key"].encode()
+    )
     lru = kc_json(populated, "ls", "--sort", "last-used")["entries"]
     stamps = [e["last_used"] for e in lru]
     assert stamps == sorted(stamps) and lru[0]["kernel"] == "matmul"
@@ -505,7 +508,7 @@ def test_commands_from_other_packages_through_the_entry_point_group(tmp_path):
 def test_progress_bar_only_on_a_terminal_and_never_with_json(tmp_path):
     root = tmp_path / "cache"
     for i in range(300):
-        put(root, f"k{i}", size=64)
+        put(root, f"k{i}", size=400)
     code, shown = run_on_a_terminal([KERNELCACHE, "--root", str(root), "verify"])
     assert code == 0 and "verifying" in shown and "300 ok" in shown
     code, shown = run_on_a_terminal([KERNELCACHE, "--root", str(root), "verify", "--json"])

@@ -377,7 +377,7 @@ def test_stats_does_not_count_identity_records_as_kernels(tmp_path):
 
 def test_the_handoff_directory_is_not_foreign(tmp_path):
     root = tmp_path / "cache"
-    put(root, "k", size=10)
+    put(root, "k", size=400)  # a whole cubin: verify finds nothing else
     (root / ".handoff").mkdir()
     assert kc_json(root, "verify")["clean"] is True
     before = files_under(root)

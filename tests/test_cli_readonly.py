@@ -195,7 +195,7 @@ def test_unwritable_root_as_this_user(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act on another user's root")
 def test_reading_commands_by_another_user_create_no_directories(tmp_path):
     root = tmp_path / "users-cache"
-    put(root, "k", size=10)
+    put(root, "k", size=400)  # a whole cubin: verify finds it clean
     os.chown(root, 65534, 65534)  # the cache belongs to another user; we run as root
     before = files_under(root)
 

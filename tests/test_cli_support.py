@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from artifact_images import sized
 from conftest import child_env, key_of
 
 from kernelcache.store import Artifact, Store
@@ -75,9 +76,11 @@ def put(
     last_used: float | None = None,
     seed: object = None,
 ) -> Artifact:
-    """Store one entry through the core API; optionally backdate its last-used stamp."""
+    """Store one entry of ``size`` bytes through the core API (whole for its format where the
+    size has room: see :func:`artifact_images.sized`); optionally backdate its last-used
+    stamp."""
     key = key or key_of(name, target, ext, size, seed)
-    data = (key.encode() * (size // 64 + 1))[:size]
+    data = sized(ext, size, key.encode())
     art = Store(root).put(key, ext, data, {"name": name, "target": target, "num_warps": 4})
     if last_used is not None:
         backdate(root / f"{key}.json", time.time() - last_used)

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from artifact_images import elf_image
 from conftest import IS_ROOT, child_env, key_of, run_py
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -51,13 +52,14 @@ NESTED_SHORT = b"[" * 4000  # a soft lock record is read in 4 KiB
 def test_deeply_nested_metadata_is_corrupt_not_a_crash(root, caplog_warnings):
     cache = kernelcache.Cache(root, readonly_roots=())
     key = key_of("nested-meta")
-    cache.put(key, "cubin", b"code", {"name": "k"})
+    image = elf_image(b"code")  # whole cubins: verify finds only what is nested
+    cache.put(key, "cubin", image, {"name": "k"})
     (root / f"{key}.json").write_bytes(NESTED)
     assert cache.get(key, "cubin") is None  # a miss, not RecursionError in the user's job
     assert any("quarantined" in r.getMessage() for r in caplog_warnings.records)
-    assert cache.get_or_create(key, "cubin", lambda: (b"code", {})).data == b"code"
+    assert cache.get_or_create(key, "cubin", lambda: (image, {})).data == image
     other = key_of("nested-meta-2")
-    Store(root).put(other, "cubin", b"more", {})
+    Store(root).put(other, "cubin", elf_image(b"more"), {})
     (root / f"{other}.json").write_bytes(NESTED)
     code, out = run_cli("--root", str(root), "show", other, "--json")
     assert code == 1 and json.loads(out)["status"] == "corrupt"
@@ -69,12 +71,12 @@ def test_deeply_nested_metadata_is_corrupt_not_a_crash(root, caplog_warnings):
     assert code == 1 and [p["key"] for p in doc["problems"]] == [other]
     code, out = run_cli("--root", str(root), "verify", "--repair", "--json")
     assert code == 0 and json.loads(out)["clean"] is True
-    assert Store(root).read(other) is None and Store(root).read(key).data == b"code"
+    assert Store(root).read(other) is None and Store(root).read(key).data == image
 
 
 def test_deeply_nested_index_summary_and_logs_do_not_break_commands(root):
-    put(root, "kern", size=100)
-    put(root, "kern", size=200)
+    put(root, "kern", size=400)  # whole cubins: verify finds only what is nested
+    put(root, "kern", size=500)
     run_cli("--root", str(root), "stats")  # writes the scan index
     stats_dir = root / ".stats"
     (stats_dir / "index.json").write_bytes(NESTED)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from artifact_images import elf_image
 from conftest import child_env, key_of, run_py
 from test_cli_support import kc, kc_json, put
 
@@ -29,7 +30,7 @@ from kernelcache.errors import BundleError
 from kernelcache.schema import FORMAT_VERSION
 from kernelcache.store import Store, digest, make_metadata
 
-PAYLOAD = bytes(range(256)) * 64  # 16 KiB
+PAYLOAD = elf_image(bytes(range(256)) * 64)  # a whole cubin of 16 KiB and some
 KERNEL_META = {"name": "add_kernel", "target": "cuda:90", "num_warps": 4, "shared": 0}
 
 #: values that put, an import or a Redis value used to accept, and that broke every command
@@ -143,7 +144,7 @@ def test_the_bridge_is_handed_only_covered_fields(tmp_path):
         return {**KERNEL_META, "kernel": "m:k", "language": "triton", "signature": {"x": "*fp32"}}
 
     def build() -> Compiled:
-        return Compiled(b"\x7fELF binary", "// ptx", {"name": "add_kernel"})
+        return Compiled(elf_image(b"binary"), "// ptx", {"name": "add_kernel"})
 
     for built in (True, False):
         kb = fetch(cache, key, "cubin", build, describe, need_ptx=True)
@@ -349,10 +350,11 @@ def test_an_entry_of_an_older_version_is_a_miss_then_replaced(root):
     after = stats.process_stats()
     assert after["corrupt"] == before["corrupt"] and after["misses"] == before["misses"] + 1
     assert _quarantined(root) == []  # not an attack: left for the rebuild to replace
-    art = cache.get_or_create(key, "cubin", lambda: (b"new build", KERNEL_META))
-    assert art.data == b"new build" and art.path is not None
+    new = elf_image(b"new build")  # whole: verify finds the root clean
+    art = cache.get_or_create(key, "cubin", lambda: (new, KERNEL_META))
+    assert art.data == new and art.path is not None
     assert "entry_digest" in json.loads((root / f"{key}.json").read_text())
-    assert cache.get(key, "cubin").data == b"new build"
+    assert cache.get(key, "cubin").data == new
     assert kc_json(root, "verify")["clean"] is True
 
 
@@ -380,7 +382,7 @@ def test_replacing_an_entry_of_an_older_version_does_not_list_the_root(root, mon
 
 
 def test_verify_reports_entries_of_older_versions_and_repair_removes_them(root):
-    keep = put(root, "current", size=50)
+    keep = put(root, "current", size=300)  # a whole cubin
     key = key_of("older-verify")
     Store(root).put(key, "cubin", PAYLOAD, KERNEL_META)
     _as_written_by_an_older_version(root, key)
@@ -577,7 +579,7 @@ def test_a_forged_scan_index_with_the_listings_signature_is_not_trusted(tmp_path
     compute that, so an index that hides entries (or names ones that are not there, or keys
     that are not keys) is never used, whatever its header says."""
     root = tmp_path / "cache"
-    arts = [put(root, f"kern{i}", size=100) for i in range(3)]
+    arts = [put(root, f"kern{i}", size=300) for i in range(3)]  # whole cubins
     for _ in range(2):  # the second scan sees .stats/ and signs the listing it then has
         assert kc(root, "stats").returncode == 0
     index = root / ".stats" / "index.json"

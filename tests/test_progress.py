@@ -82,7 +82,7 @@ def test_warm_piped_writes_plain_progress_lines(tmp_path):
 
 def _entries(root: Path, n: int) -> None:
     for i in range(n):
-        put(root, f"k{i}", size=64)
+        put(root, f"k{i}", size=400)  # whole cubins: verify finds them clean
 
 
 def test_verify_piped_lines_only_past_the_interval(tmp_path):

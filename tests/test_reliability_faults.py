@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from artifact_images import elf_image
 from conftest import (
     CAN_DROP_PRIVILEGES,
     CAN_UNSHARE,
@@ -97,10 +98,13 @@ def _counter(root, name: str) -> int:
     return json.loads(out)["counters"][name]
 
 
-# A job process: get_or_create three kernels (each build waits until told to finish when
-# $KC_HOLD names a file), print what it got.
-JOB = """
+# A job process: get_or_create three kernels (whole cubins; each build waits until told to
+# finish when $KC_HOLD names a file), print what it got.
+JOB = (
+    f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+    + """
 import json, logging, os, sys, time, kernelcache
+from artifact_images import elf_image
 logging.basicConfig(level=logging.WARNING)
 root, hold = sys.argv[1], os.environ.get("KC_HOLD")
 keys = [("%02x" % i) * 32 for i in range(3)]
@@ -110,15 +114,16 @@ def build(i):
         print("BUILDING", i, flush=True)
         while hold and not os.path.exists(hold):
             time.sleep(0.01)
-        return b"kernel-%d" % i * 1000, {"name": "k%d" % i}
+        return elf_image(b"kernel-%d" % i * 1000), {"name": "k%d" % i}
     return run
 
 cache = kernelcache.Cache(root, readonly_roots=())
 got = [cache.get_or_create(k, "cubin", build(i)) for i, k in enumerate(keys)]
-assert all(a.data == b"kernel-%d" % i * 1000 for i, a in enumerate(got))
+assert all(a.data == elf_image(b"kernel-%d" % i * 1000) for i, a in enumerate(got))
 print(json.dumps({"sources": [a.source for a in got], "stats": kernelcache.process_stats()}))
 """
-JOB_KEYS = [(f"{i:02x}" * 32, f"kernel-{i}".encode() * 1000) for i in range(3)]
+)
+JOB_KEYS = [(f"{i:02x}" * 32, elf_image(f"kernel-{i}".encode() * 1000)) for i in range(3)]
 
 
 @pytest.mark.parametrize("lock_mode", ["soft", "flock"])

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 
+from artifact_images import elf_image
 from bridge_helpers import finish_child, start_child
 from conftest import key_of
 from test_reliability_support import record_figures, run_cli
@@ -97,7 +98,7 @@ def test_waiters_find_the_ptx_companion_the_builder_stored(tmp_path):
     def build() -> Compiled:
         builds.append(1)
         time.sleep(0.1)
-        return Compiled(b"\x7fELF binary", "// ptx text", {"name": "k"})
+        return Compiled(elf_image(b"binary"), "// ptx text", {"name": "k"})
 
     key = key_of("ptx-companion")
     got = []

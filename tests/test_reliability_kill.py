@@ -66,12 +66,14 @@ def _backdate(path: Path, seconds: float) -> None:
 
 
 # -- put ------------------------------------------------------------------------------------
-PUT = """
+PUT = (
+    f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+    + """
 import hashlib, os, sys, kernelcache
+from artifact_images import sized
 
 def payload(key, size):  # as test_reliability_support.payload
-    seed = hashlib.sha256(key.encode()).digest()
-    return (seed * (size // len(seed) + 1))[:size]
+    return sized("cubin", size, hashlib.sha256(key.encode()).digest())
 
 root, keys = sys.argv[1], sys.argv[2].split(",")
 cache = kernelcache.Cache(root, readonly_roots=())
@@ -86,6 +88,7 @@ assert cache.get(keys[1], "cubin").data == payload(keys[1], 6_000)    # refreshe
 # and writing the holder record leaves a lock that is stale only after a few seconds.)
 assert cache.store.delete(keys[2], wait=10) is not None
 """
+)
 PUT_SIZES = [5_000, 6_000, 7_000, 30_000, 70_000, 9_000]
 
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from artifact_images import sized
 from conftest import child_env, metadata_keys
 
 import kernelcache
@@ -78,9 +79,9 @@ def run_cli(*argv: str) -> tuple[int, str]:
 
 
 def payload(key: str, size: int) -> bytes:
-    """The artifact bytes of ``key`` in these tests (so any served entry can be checked)."""
-    seed = hashlib.sha256(key.encode()).digest()
-    return (seed * (size // len(seed) + 1))[:size]
+    """The artifact bytes of ``key`` in these tests, a whole cubin (so any served entry can be
+    checked, and verify finds the entries whole)."""
+    return sized("cubin", size, hashlib.sha256(key.encode()).digest())
 
 
 def run_armed(

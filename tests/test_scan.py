@@ -247,9 +247,9 @@ def test_stale_locks(tmp_path):
 
 def test_verify_reads_every_artifact_without_touching_stamps(tmp_path):
     root = tmp_path / "cache"
-    good = put(root, "good", size=100, last_used=3 * 86400)
-    bad = put(root, "bad", size=100, last_used=3 * 86400)
-    Path(bad.path).write_bytes(b"\1" * 100)
+    good = put(root, "good", size=300, last_used=3 * 86400)  # a whole cubin
+    bad = put(root, "bad", size=300, last_used=3 * 86400)
+    Path(bad.path).write_bytes(b"\1" * 300)
     stamp = (root / f"{good.key}.json").stat().st_mtime
     quick = scan(root, last_used=True)
     assert len(quick.entries) == 2 and not quick.issues  # sizes match: only digests tell
@@ -265,7 +265,7 @@ def test_verify_reads_every_artifact_without_touching_stamps(tmp_path):
 @pytest.mark.skipif(not IS_ROOT, reason="needs root to give a file to another user")
 def test_verify_reports_untrusted_entries(tmp_path):
     root = tmp_path / "cache"
-    art = put(root, "foreign-owner", size=10)
+    art = put(root, "foreign-owner", size=300)  # a whole cubin: its owner is the problem
     os.chown(art.path, 65534, 65534)
     checked = verify(Store(root), scan(root))
     assert [(i.kind, i.key) for i in checked.issues] == [("untrusted", art.key)]
