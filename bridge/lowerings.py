@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -262,9 +263,28 @@ def variant_keys(cache: Cache, key: str) -> list[str] | None:
 
 
 def lowered(cache: Cache, key: str, state: str) -> Lowered | None:
-    """The stored lowering of ``state`` (:data:`EVERY`, or a chosen variant's index)."""
+    """The stored lowering of ``state`` (:data:`EVERY`, or a chosen variant's index); an
+    entry that does not decode, or whose opaque does not inflate whole, is a corrupt entry (a
+    miss, quarantined)."""
     art = cache.get(derived_key(key, state), STATE_EXT, counted=False)
-    return None if art is None else decode(art.data)
+    if art is None:
+        return None
+    found = decode(art.data)
+    if found is None or not whole(found.opaque):
+        cache.quarantine(art, "a lowering entry that does not decode")
+        return None
+    return found
+
+
+def whole(opaque: bytes) -> bool:
+    """Whether ``opaque`` inflates completely, with nothing after its end: what jaxlib does
+    with an opaque first (zlib-compressed, see :func:`bridge.proto.compress`)."""
+    inflater = zlib.decompressobj()
+    try:
+        inflater.decompress(opaque)
+    except zlib.error:
+        return False
+    return inflater.eof and not inflater.unused_data
 
 
 def head(done: Lowered) -> dict[str, Any]:

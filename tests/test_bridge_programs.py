@@ -175,6 +175,50 @@ def test_an_edited_or_foreign_program_entry_is_never_served(cache, assembled, re
     assert lowering_reads(reads) == 4
 
 
+def _damaged(opaque: bytes) -> bytes:
+    """``opaque`` with one byte of its compressed body changed: it no longer inflates."""
+    raw = bytearray(opaque)
+    raw[len(raw) // 2] ^= 0x55
+    return bytes(raw)
+
+
+@pytest.mark.parametrize("which", ["program", "lowering"])
+def test_an_entry_whose_opaque_does_not_inflate_is_a_corrupt_miss(cache, assembled, which):
+    """Written with its digests made again (by a writer the trust policy trusts), an entry
+    whose opaque cannot be inflated is never served: quarantined, counted, lowered again."""
+    cold = text(program(cache))
+    (path,) = Path(cache.root).glob(f"*.{programs.EXT}")
+    items = programs.decode(path.read_bytes())
+    assert items is not None
+    if which == "program":
+        first, second, *rest = items
+        lowered = second.lowered
+        bad = programs.Item(
+            second.key,
+            second.state,
+            second.variants,
+            lowerings.Lowered(_damaged(lowered.opaque), lowered.embed, lowered.autotuned),
+        )
+        data = programs.encode([first, bad, *rest])
+    else:  # the calls' own entries only: the first call's lowering entry
+        forget_programs(cache.root)
+        path = Path(cache.root) / f"{lowerings.derived_key(items[0].key, items[0].state)}.lowering"
+        done = lowerings.decode(path.read_bytes())
+        assert done is not None
+        data = lowerings.encode(lowerings.Lowered(_damaged(done.opaque), done.embed, False))
+    path.with_suffix(".json").unlink()
+    path.unlink()
+    cache.put(path.stem, path.suffix[1:], data, {"kind": "lowering"})  # digests made again
+    before = kernelcache.process_stats()["corrupt"]
+    assert text(program(cache)) == cold
+    assert kernelcache.process_stats()["corrupt"] == before + 1
+    (moved,) = Path(cache.root, ".quarantine").glob(f"{path.stem}.{path.suffix[1:]}.*")
+    assert moved.read_bytes() == data
+    if path.exists():  # (the lowering entry, stored again by this lowering: whole)
+        again = lowerings.decode(path.read_bytes())
+        assert again is not None and lowerings.whole(again.opaque)
+
+
 def test_a_decision_made_later_is_read_from_the_calls_entry(tmp_path, cache, monkeypatch, reads):
     text(program(cache))  # the program entry holds the matmul's every-config lowering
     manifest = tmp_path / "manifest.jsonl"
