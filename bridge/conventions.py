@@ -50,11 +50,13 @@ from .binding import ArgArray
 from .errors import KernelArgumentError
 from .kernels import KernelParts
 
+#: the convention= values (see the module docstring)
+JAX_TRITON_03, JAX_TRITON_04, ROCM_FORK = "0.3", "0.4", "rocm"
 #: convention= values, and what each names
 CONVENTIONS = {
-    "0.3": "jax-triton 0.3",
-    "0.4": "jax-triton 0.4",
-    "rocm": "the ROCm fork of jax-triton",
+    JAX_TRITON_03: "jax-triton 0.3",
+    JAX_TRITON_04: "jax-triton 0.4",
+    ROCM_FORK: "the ROCm fork of jax-triton",
 }
 
 
@@ -274,11 +276,11 @@ def plan_out_shape(
     (``"rocm"``); see the module docstring for where they differ."""
     names = parts.arg_names
     rocm_dict = (
-        convention == "rocm"
+        convention == ROCM_FORK
         and bool(input_output_aliases)
         and isinstance(input_output_aliases, Mapping)
     )
-    if convention == "0.3":
+    if convention == JAX_TRITON_03:
         args = _flatten_03(args)
     entries: list[Any] = []
     n_pure = 0
@@ -292,7 +294,7 @@ def plan_out_shape(
             f"besides its output(s) {', '.join(out_params)}; {len(args)} were given"
         )
     given: dict[str, Any] = dict(zip(in_params, args, strict=False))
-    if convention == "0.3":
+    if convention == JAX_TRITON_03:
         for p in parts.fn.params:
             if p.is_constexpr and p.name in given:
                 raise KernelArgumentError(
@@ -467,8 +469,8 @@ def plan_call(
             "argument fills) and out_shape= (jax-triton 0.3: outputs follow the positional "
             "arguments); pass one"
         )
-    if out_type is not None or convention == "0.4":
-        if convention not in (None, "0.4"):
+    if out_type is not None or convention == JAX_TRITON_04:
+        if convention not in (None, JAX_TRITON_04):
             raise KernelArgumentError(
                 f"out_type= is jax-triton 0.4's keyword; {CONVENTIONS[convention]} "
                 f"(convention={convention!r}) describes outputs with out_shape="
@@ -492,7 +494,7 @@ def plan_call(
     if out_shape is None:
         out_shape = ()
     if convention is None and not _readings_differ(args, input_output_aliases):
-        convention = "rocm"  # (0.3 reads this call the same way)
+        convention = ROCM_FORK  # (0.3 reads this call the same way)
 
     def reading(name: str) -> tuple[Plan, Inputs]:
         inputs = Inputs(parts)
@@ -505,7 +507,7 @@ def plan_call(
         return reading(convention)
     fits: dict[str, tuple[Plan, Inputs]] = {}
     why: dict[str, str] = {}
-    for name in ("0.3", "rocm"):
+    for name in (JAX_TRITON_03, ROCM_FORK):
         try:
             plan, inputs = reading(name)
         except KernelArgumentError as e:
@@ -528,7 +530,9 @@ def plan_call(
         )
     raise KernelArgumentError(
         f"this call of {parts.qualname} fits no convention of out_shape=. "
-        + " ".join(f"{CONVENTIONS[k]} (convention={k!r}): {why[k]}." for k in ("0.3", "rocm"))
+        + " ".join(
+            f"{CONVENTIONS[k]} (convention={k!r}): {why[k]}." for k in (JAX_TRITON_03, ROCM_FORK)
+        )
         + " jax-triton 0.4 describes outputs with out_type= instead"
     )
 

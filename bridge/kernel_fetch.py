@@ -249,22 +249,25 @@ def _in_memory(request: Request) -> KernelBinary | Exception:
     except Exception as e:  # reported per request, as for stored kernels
         reason = failures.reason_of(e)
         return e if reason is None else LeftOut(reason)
+    key = hashlib.sha256(b"in-memory\0" + compiled.binary).hexdigest()
+    return _made(key, request, compiled)
+
+
+def _made(key: str, request: Request, compiled: Compiled) -> KernelBinary:
+    """``compiled``, the kernel of ``request``, kept in memory under ``key``: with the metadata
+    a stored entry of it would have (its covered fields, as for a cached kernel)."""
     from kernelcache.schema import make_metadata
 
     meta = request.describe(compiled)
     if compiled.ptx is not None:
         meta["ptx_sha256"] = _sha256(compiled.ptx)
-    key = hashlib.sha256(b"in-memory\0" + compiled.binary).hexdigest()
-    doc = make_metadata(key, request.ext, compiled.binary, meta)  # (as if stored)
+    doc = make_metadata(key, request.ext, compiled.binary, meta)
     return _binary(key, request.ext, compiled.binary, doc, compiled.ptx, True)
 
 
 def _rebuilt(request: Request) -> KernelBinary:
     """The kernel of ``request`` compiled again here, kept in memory."""
-    compiled = request.build()
-    return _binary(
-        request.key, request.ext, compiled.binary, request.describe(compiled), compiled.ptx, True
-    )
+    return _made(request.key, request, request.build())
 
 
 def _paired(cache: Cache, request: Request, art: Artifact, built: list[Compiled]) -> KernelBinary:

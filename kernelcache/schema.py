@@ -22,8 +22,8 @@ What a document covers is its writer's to decide, and no one else's. A reader ne
 a document read from a remote tier, copied to another tier, published from a remote hit or
 imported from a bundle is kept as written (:func:`check_written`: the same fields, covers
 and entry digest; only a signature is dropped on the way into a root). A document that holds a
-field this process registers as covered without covering it (a launch field such as
-``num_warps`` from a writer that did not cover it) is a **miss**, never served with that field
+field this process registers as covered without covering it (a launch field another package
+registered, from a writer that did not cover it) is a **miss**, never served with that field
 ignored: nothing vouches for the value, and a kernel is never launched with a default in its
 place. It is not corrupt (nothing in it contradicts its digest): it is outdated, rebuilt by the
 next put, deleted by ``verify --repair`` and ``prune``, and a remote value is deleted like one

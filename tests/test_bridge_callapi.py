@@ -765,7 +765,7 @@ def test_an_entry_without_what_the_lowering_needs_is_compiled_again(tmp_path, ca
     )
     assert "compiling it again in memory" in caplog.text
     kb = kernel_fetch.fetch(cache, key, "cubin", build, lambda c: {}, False, usable=lambda m: True)
-    assert kb.binary == b"old" and built == [1]
+    assert kb.binary == elf_image(b"old") and built == [1]
 
 
 def test_descriptor_calls_are_recorded_and_warmed_for_the_same_key(cache, jaxlib_0112, tmp_path):
