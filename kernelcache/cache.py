@@ -8,10 +8,13 @@ tier's value). ``get_or_create`` runs at most one ``build`` per key at a time ac
 process sharing the writable root (single flight): the others wait for the builder's lock and
 then read its result. ``get_or_create_many`` does the same for many keys
 with work stealing: a process builds every missing key whose lock is free before it waits for
-the keys that other processes are building, and takes over those whose builder died.
+the keys that other processes are building, and takes over those whose builder died. With a
+remote tier the same holds across machines: a key whose job-wide lock another machine holds is
+set aside while the process builds the others, and asked again with back-off.
 
 Failures of the cache never fail the caller's job: ``get`` turns them into misses and
-``get_or_create`` into an artifact built in memory, with one warning per kind of failure.
+``get_or_create`` into an artifact built in memory, with one warning per kind of failure. An
+entry the writable root cannot take (a full disk) still goes to the remote tier.
 
 Every call waits at most the lock timeout in all, over all its keys and all its waits (locks,
 readers of a corrupt entry, the remote tier's lock): one :class:`~kernelcache.locks.WaitBudget`
@@ -37,6 +40,8 @@ from .layout import resolve_root
 from .locks import Held, WaitBudget
 from .process import warn_once
 from .remote import RemoteTier, check_entry, open_remote
+from .remote.tier import POLL_FIRST as REMOTE_POLL_FIRST
+from .remote.tier import Busy, Claim, next_poll, try_lock
 from .schema import make_metadata
 from .store import Artifact, Store, as_bytes
 
@@ -236,11 +241,14 @@ class Cache:
         ext: str,
         budget: WaitBudget,
         names: tuple[str, str] | None = ("hits", "misses"),
+        *,
+        remote: bool = True,
     ) -> Artifact | WrongExt | None:
-        """Search every layer, waiting at most what is left of ``budget``; count hits (in
-        the counters ``names``: :func:`kernelcache.stats.lookup_counters`; None: not counted),
-        corruption and errors, but not misses. WrongExt (returned, not raised) when the
-        writable root holds the key with another extension."""
+        """Search every layer (the remote tier too, unless ``remote`` is false), waiting at
+        most what is left of ``budget``; count hits (in the counters ``names``:
+        :func:`kernelcache.stats.lookup_counters`; None: not counted), corruption and errors,
+        but not misses. WrongExt (returned, not raised) when the writable root holds the key
+        with another extension."""
         if self.disabled:
             return None
         for store in (self.store, *self.readonly):
@@ -263,7 +271,7 @@ class Cache:
                     stats.count(self.root, untrusted=1)
                 elif store is self.store and result.ext not in (None, ext):
                     return WrongExt(f"key {key} already holds a .{result.ext} artifact")
-        if self.remote is not None:
+        if self.remote is not None and remote:
             return self._remote_lookup(key, ext, budget, names)
         return None
 
@@ -331,7 +339,7 @@ class Cache:
             TypeError: ``data`` is not bytes.
             ValueError: malformed key, ext or metadata.
             CacheError: the writable root cannot take the entry (message says why); nothing
-                partial is left behind.
+                partial is left behind there. The remote tier still gets it.
         """
         check_key(key)
         check_ext(ext)
@@ -425,6 +433,8 @@ class Cache:
             art = self._publish(key, ext, data, meta, wait, replace=replace)
         except CacheError:
             stats.count(self.root, errors=1)
+            if self.remote is not None and self.remote.put(key, ext, as_bytes(data), meta):
+                stats.count(self.root, remote_puts=1)  # other machines still get it
             raise
         stats.count(self.root, puts=1, bytes_written=len(art.data))
         if self.remote is not None and self.remote.put(key, ext, art.data, art.meta):
@@ -539,8 +549,12 @@ class Cache:
         time (single flight, as :meth:`get_or_create`), so a key is built once in total unless
         its builder dies or fails, or holds it past the lock timeout; a process never waits on
         a key while it could build another one. With a remote tier, the builder of a key also
-        takes the tier's job-wide lock of that key, so one machine builds it; the waits for
-        those locks share one budget per call, the lock timeout (not one per key).
+        takes the tier's job-wide lock of that key, so one machine builds it; a key whose
+        remote lock another machine holds is set aside (its local lock released) and asked
+        again with back-off while this process builds the others, and read once built. The
+        waits for those locks share one budget per call, the lock timeout (not one per key);
+        a key still held elsewhere once it is spent is built without the remote lock, with one
+        warning naming the lock, its holder and the tier.
 
         Never fails on a cache failure: a key whose lock cannot be taken is built without it,
         and the keys still held by other processes once the call has waited the lock timeout
@@ -590,19 +604,36 @@ class Cache:
             for key, ext in pending:
                 stats.count(self.root, misses=1)
                 built = self._attempt(key, ext, builds[(key, ext)], None, budget)
+                assert not isinstance(built, Busy)  # a disabled cache takes no locks
                 with budget.paused():
                     yield from ((i, built) for i in slots[(key, ext)])
             return
         waited: set[tuple[str, str]] = set()  # found held by another process
+        # keys whose remote lock another machine holds: (when to ask again, the next delay)
+        remote_waits: dict[tuple[str, str], tuple[float, float]] = {}
         delay = POLL_FIRST
         while pending:
             left: list[tuple[str, str]] = []
             for entry in pending:
                 key, ext = entry
+                due = remote_waits.get(entry)
+                if due is not None and time.monotonic() < due[0] and budget.remaining() > 0:
+                    left.append(entry)  # built on another machine: not yet time to ask again
+                    continue
                 result: Artifact | Exception | None = None
                 held = self._claim(key)
                 if not isinstance(held, _Busy):
-                    result = self._attempt(key, ext, builds[entry], held, budget)
+                    attempt = self._attempt(key, ext, builds[entry], held, budget)
+                    if not isinstance(attempt, Busy):
+                        result = attempt
+                    elif wait:
+                        if entry not in waited:
+                            waited.add(entry)
+                            stats.count(self.root, lock_waits=1)
+                        pause, after = next_poll(REMOTE_POLL_FIRST if due is None else due[1])
+                        remote_waits[entry] = (time.monotonic() + pause, after)
+                        left.append(entry)
+                        continue
                 elif wait:
                     if entry not in waited:
                         waited.add(entry)
@@ -616,8 +647,8 @@ class Cache:
                 # no lock is held here: hand the result over while the others wait their turn
                 with budget.paused():
                     yield from ((i, result) for i in slots[entry])
-            if left and len(left) == len(pending):
-                time.sleep(delay)  # every remaining key is being built elsewhere
+            if left and len(left) == len(pending):  # every remaining key is built elsewhere
+                time.sleep(delay)
                 delay = min(delay * 2, POLL_MAX)
             else:
                 delay = POLL_FIRST
@@ -655,14 +686,17 @@ class Cache:
             self.root,
             who,
         )
-        return self._attempt(key, ext, build, None, budget)
+        built = self._attempt(key, ext, build, None, budget)
+        assert not isinstance(built, Busy)  # the budget is spent: nothing is waited for
+        return built
 
     def _attempt(
         self, key: str, ext: str, build: BuildFn, held: Held | None, budget: WaitBudget
-    ) -> Artifact | Exception:
+    ) -> Artifact | Exception | Busy:
         """Look ``key`` up again under its lock ``held`` (if any) and build it if still
-        missing; the lock is released before returning. A failing build is returned. The
-        remote tier's lock is waited for within what is left of ``budget``."""
+        missing; the lock is released before returning. A failing build is returned; so is
+        :class:`Busy` while another machine holds the key's remote lock and ``budget`` is not
+        spent (nothing was built)."""
         try:
             return self._build_locked(key, ext, build, held, budget)
         except Exception as e:  # the caller decides: raise it, or report it per item
@@ -673,20 +707,24 @@ class Cache:
 
     def _build_locked(
         self, key: str, ext: str, build: BuildFn, held: Held | None, budget: WaitBudget
-    ) -> Artifact:
+    ) -> Artifact | Busy:
         if self.disabled:
             return self._build(key, ext, build, None)
-        if held is not None:
-            art = self._lookup(key, ext, budget)
+        if held is not None:  # (the remote tier is asked through its lock, below)
+            art = self._lookup(key, ext, budget, remote=False)
             if isinstance(art, WrongExt):
                 raise art
             if art is not None:
                 return art
         release_remote = None
         if self.remote is not None:
-            # the remote tier's wait shares this call's budget: its timeout is what is left
-            release_remote = self._remote_acquire(key, budget.remaining())
-            if release_remote is not None:
+            claim = self._remote_claim(key, budget)
+            if isinstance(claim, Busy):
+                if budget.remaining() > 0:
+                    return claim  # built on another machine: the caller asks again later
+                self._remote_wait_spent(claim)
+            elif claim is not None:
+                release_remote = claim
                 art = self._remote_lookup(key, ext, budget)
                 if art is not None:
                     release_remote()
@@ -698,18 +736,34 @@ class Cache:
             if release_remote is not None:
                 release_remote()
 
-    def _remote_acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
-        """The remote tier's build lock of ``key`` within ``timeout`` seconds; None if it could
-        not be had (the caller builds anyway). A tier that raises is a tier without the lock."""
+    def _remote_claim(self, key: str, budget: WaitBudget) -> Claim:
+        """One try at the remote tier's build lock of ``key`` (a tier that cannot try once
+        waits within what is left of ``budget``); None if it is unavailable (the caller builds
+        anyway). A tier that raises is a tier without the lock."""
         assert self.remote is not None
         try:
-            return self.remote.acquire(key, timeout)
+            return try_lock(self.remote, key, budget.remaining())
         except Exception as e:  # a tier must not raise; if one does, build without its lock
             stats.count(self.root, remote_errors=1)
             warn_once(
                 logger, (self.root, "remote-raised"), "kernelcache: the remote tier failed: %r", e
             )
             return None
+
+    def _remote_wait_spent(self, busy: Busy) -> None:
+        """The call waited its lock timeout and another machine still holds a remote lock:
+        build without it, saying which lock, who holds it and where."""
+        stats.count(self.root, lock_timeouts=1)
+        warn_once(
+            logger,
+            (self.root, "remote-build-lock"),
+            "kernelcache: waited %.0fs for build locks in the remote tier %s; %s is still held "
+            "by %s; building without it",
+            self.lock_timeout,
+            busy.tier,
+            busy.lock,
+            busy.holder,
+        )
 
     def _local_lookup(self, key: str, ext: str) -> Artifact | None:
         """A verified artifact of ``key`` in a local layer (the remote tier is not asked:

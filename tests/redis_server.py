@@ -164,9 +164,20 @@ class RedisServer:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(timeout=10)
 
-    def stop(self) -> None:
-        """Terminate the server and wait for it."""
+    def pause(self) -> None:
+        """SIGSTOP the server: it accepts connections (the kernel does) and never answers."""
         if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused server."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        """Terminate the server (resumed first, if paused) and wait for it."""
+        if self.process is not None and self.process.poll() is None:
+            self.resume()
             self.process.terminate()
             try:
                 self.process.wait(timeout=10)
@@ -269,11 +280,19 @@ def _cluster_ports(count: int) -> list[int]:
 class RedisClusterServers:
     """A Redis Cluster of ``size`` primaries (no replicas) on 127.0.0.1, every slot assigned:
     ``size`` redis-server processes in cluster mode, each given a range of slots, then joined.
-    ``url`` is ``redis+cluster://127.0.0.1:p1,127.0.0.1:p2,...``."""
+    ``url`` is ``redis+cluster://127.0.0.1:p1,127.0.0.1:p2,...``.
 
-    def __init__(self, directory: str | os.PathLike[str], size: int = 3) -> None:
+    Configured as docs/remote.md recommends for a cache: ``cluster-require-full-coverage no``
+    (the primaries that are up keep serving their slots when one is down); ``full_coverage``
+    keeps Redis's default, under which the whole cluster refuses every key once a primary has
+    been unreachable for the node timeout (2 s here)."""
+
+    def __init__(
+        self, directory: str | os.PathLike[str], size: int = 3, *, full_coverage: bool = False
+    ) -> None:
         self.directory = Path(directory)
         self.size = size
+        self.full_coverage = full_coverage
         self.nodes: list[RedisServer] = []
 
     @property
@@ -284,6 +303,8 @@ class RedisClusterServers:
         for port in _cluster_ports(self.size):
             args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]
             args += ["--cluster-config-file", str(self.directory / f"nodes-{port}.conf")]
+            if not self.full_coverage:
+                args += ["--cluster-require-full-coverage", "no"]
             node = RedisServer(self.directory / str(port), args=args, port=port)
             self.nodes.append(node.start())
         # what redis-cli --cluster create does, without its pauses: each node takes an equal
@@ -319,6 +340,7 @@ class RedisClusterServers:
 
     def stop(self) -> None:
         for node in self.nodes:
+            node.resume()
             node.stop()
 
     def __enter__(self) -> RedisClusterServers:

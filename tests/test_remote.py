@@ -489,7 +489,7 @@ def test_release_only_removes_the_owners_lock(server) -> None:
     assert release_a is not None and release_b is not None
     release_a()
     lock = a.name(key_of(1700)) + ":lock"
-    assert server.client().pttl(lock) > 5000  # b still holds it
+    assert server.client().pttl(lock) > 1000  # b still holds it (a's lasted 200 ms at most)
     assert a.counters["locks_lost"] == 1
     release_b()
     assert server.client().exists(lock) == 0

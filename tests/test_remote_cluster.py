@@ -1,5 +1,8 @@
 """The Redis tier on a real Redis Cluster (3 local primaries): entries and locks across shards,
-a job of many processes sharing it, and a shard going away."""
+a job of many processes sharing it, and faults of one primary (killed, stopped): each costs the
+keys of its own shard only (one failure and one warning per process, naming it), the other
+shards keep single flight and sharing, and a builder whose companion entry lives on the failed
+shard still publishes its entry and releases its lock."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from collections import Counter
 
 import pytest
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisClusterServers
+from remote_job import companion_of, run_job
 from test_remote import finish, key_of, start_workers
 
 import kernelcache
@@ -76,20 +80,114 @@ def test_a_cluster_url_is_checked():
         parse_url("redis+cluster://10.0.0.1:7000/3")
 
 
-def test_a_shard_going_away_costs_one_timeout_and_the_job_goes_on(tmp_path):
-    """A shard that fails opens the breaker of the whole tier: one failure per period."""
+def shard_of(servers: RedisClusterServers, tier: RedisTier, key: str) -> str:
+    """The primary ("host:port") whose slots hold ``key``'s entry."""
+    return servers.client().get_node_from_key(tier.name(key)).name
+
+
+def keys_by_shard(servers: RedisClusterServers, url: str, per_shard: int, first: int):
+    """``per_shard`` keys for each primary, by its "host:port"."""
+    tier = RedisTier(url)
+    found: dict[str, list[str]] = {f"127.0.0.1:{node.port}": [] for node in servers.nodes}
+    i = first
+    while any(len(keys) < per_shard for keys in found.values()):
+        key, i = key_of(i), i + 1
+        keys = found[shard_of(servers, tier, key)]
+        if len(keys) < per_shard:
+            keys.append(key)
+    return found
+
+
+def test_a_killed_primary_costs_one_failure_and_the_other_shards_serve(tmp_path):
+    """A shard that failed opened the breaker of the whole tier: every key was rebuilt."""
     with RedisClusterServers(tmp_path / "cluster") as servers:
         url = servers.url + "?timeout=0.5&breaker=30"
+        by_shard = keys_by_shard(servers, url, 4, 13_000)
         writer = kernelcache.Cache(tmp_path / "a", (), url)
-        keys = [key_of(13_000 + i) for i in range(12)]
-        for key in keys:
-            writer.put(key, "cubin", key.encode(), META)
+        for keys in by_shard.values():
+            for key in keys:
+                writer.put(key, "cubin", key.encode(), META)
+        dead = f"127.0.0.1:{servers.nodes[1].port}"
         servers.nodes[1].kill()
         reader = kernelcache.Cache(tmp_path / "b", (), url)
         started = time.monotonic()
-        for key in keys:
-            art = reader.get_or_create(key, "cubin", lambda key=key: (key.encode(), META))
-            assert art.data == key.encode()
+        sources = {}
+        for keys in by_shard.values():
+            for key in keys:
+                art = reader.get_or_create(key, "cubin", lambda key=key: (key.encode(), META))
+                assert art.data == key.encode()
+                sources[key] = art.source
         elapsed = time.monotonic() - started
     assert reader.remote.counters["breaker_trips"] == 1
+    for shard, keys in by_shard.items():
+        assert {sources[k] for k in keys} == {"local" if shard == dead else "remote"}, shard
     assert elapsed < 3.0, elapsed
+
+
+def test_a_job_with_a_killed_primary_builds_the_other_shards_keys_once(tmp_path):
+    """2 nodes x 2 processes, one of 3 primaries killed (kill -9) before the job: the keys of
+    the live shards are built once for the job, those of the dead shard once per node; each
+    process warns once, naming the dead shard."""
+    with RedisClusterServers(tmp_path / "cluster") as servers:
+        url = servers.url + "?timeout=0.5"
+        by_shard = keys_by_shard(servers, url, 2, 14_000)
+        dead = f"127.0.0.1:{servers.nodes[1].port}"
+        servers.nodes[1].kill()
+        keys = [key for keys in by_shard.values() for key in keys]
+        job = run_job(url, tmp_path, keys, nodes=2, per_node=2, build_s=0.2)
+    for shard, shard_keys in by_shard.items():
+        expected = 2 if shard == dead else 1
+        assert {k: job.builds[k] for k in shard_keys} == dict.fromkeys(shard_keys, expected)
+    warned = job.warnings("unavailable")
+    assert warned and all(f"shard {dead} unavailable" in w for w in warned), warned
+    assert all(len([w for w in r["warnings"] if "unavailable" in w]) <= 1 for r in job.results)
+    assert all(r["tier"].get("breaker_trips", 0) <= 1 for r in job.results)
+    assert job.seconds < 5.0, job.seconds
+
+
+def test_a_stopped_primary_costs_one_timeout_and_new_clients_read_the_other_shards(tmp_path):
+    """A primary stopped (SIGSTOP: it accepts connections and never answers). Loading the
+    tier's scripts touched every primary: a new client's read of a key on a live primary
+    timed out and opened the breaker of the whole tier."""
+    with RedisClusterServers(tmp_path / "cluster") as servers:
+        url = servers.url + "?timeout=0.5"
+        by_shard = keys_by_shard(servers, url, 2, 15_000)
+        writer = kernelcache.Cache(tmp_path / "writer", (), url)
+        keys = [key for keys in by_shard.values() for key in keys]
+        for key in keys:
+            writer.put(key, "cubin", key.encode() * 64, META)
+        stopped = f"127.0.0.1:{servers.nodes[2].port}"
+        servers.nodes[2].pause()
+        job = run_job(url, tmp_path, keys, nodes=2, per_node=1, build_s=0.1)
+    for shard, shard_keys in by_shard.items():
+        built = dict.fromkeys(shard_keys, 2 if shard == stopped else 0)
+        assert {k: job.builds[k] for k in shard_keys} == built, shard
+        sources = {r["sources"][k] for r in job.results for k in shard_keys}
+        assert sources == {"local" if shard == stopped else "remote"}, shard
+    assert all(r["tier"]["timeouts"] == 1 for r in job.results), job.results
+    # a timeout for the stopped shard, and maybe one to read the slot map (a random node)
+    assert job.seconds < 3.0, job.seconds
+
+
+def test_a_builder_whose_companion_is_on_a_dead_primary_publishes_and_releases(tmp_path):
+    """A build stores a companion entry (as the bridge stores a kernel's PTX) whose key is on a
+    dead primary, before its own entry, which is on a live one. The failed companion put
+    opened the breaker of the whole tier: the entry was not published and its lock not
+    released, so the other node waited for the lock until it expired."""
+    with RedisClusterServers(tmp_path / "cluster") as servers:
+        url = servers.url + "?timeout=0.5"
+        tier = RedisTier(url)
+        dead = f"127.0.0.1:{servers.nodes[0].port}"
+        keys: list[str] = []
+        i = 16_000
+        while len(keys) < 3:
+            key, i = key_of(i), i + 1
+            if shard_of(servers, tier, key) != dead == shard_of(servers, tier, companion_of(key)):
+                keys.append(key)
+        servers.nodes[0].kill()
+        job = run_job(
+            url, tmp_path, keys, nodes=2, per_node=1, build_s=1.0, companion=True, lock_timeout=60
+        )
+    assert job.builds == dict.fromkeys(keys, 1), job.builds
+    assert {s for r in job.results for s in r["sources"].values()} == {"local", "remote"}
+    assert job.seconds < 3 * 1.0 + 2.0, job.seconds  # the builds and a little: no lock wait

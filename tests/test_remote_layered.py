@@ -1,6 +1,7 @@
 """Tiers in layers (a Redis server or cluster, then a bucket): read-through, backfill upward,
-read-only tiers, one warning per broken tier, per-tier counters in `kernelcache stats`, and
-bundles to and from a bucket (`export --to`, `import --from`)."""
+read-only tiers, one warning per broken tier, a cluster's failed primary covered by the bucket
+(its keys' locks and entries), per-tier counters in `kernelcache stats`, and bundles to and
+from a bucket (`export --to`, `import --from`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from object_store import MotoS3, moto_available, s3_env
-from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer, free_port
+from object_store import S3_ENV, MotoS3, moto_available, s3_env
+from redis_server import REDIS_SERVER, SKIP_REASON, RedisClusterServers, RedisServer, free_port
+from remote_job import run_job
 from test_remote import key_of
 
 import kernelcache
@@ -101,6 +103,23 @@ def test_a_broken_tier_in_front_warns_once_and_the_next_one_serves(s3, tmp_path,
     warned = [r for r in caplog.records if "unavailable" in r.getMessage()]
     assert len(warned) == 1
     assert ObjectStoreTier(bucket).get(key_of(10), "cubin") is not None  # the bucket got puts
+
+
+def test_a_killed_primary_in_front_of_a_bucket_costs_no_extra_builds(s3, tmp_path):
+    """2 nodes x 2 processes on a Redis Cluster (one of 3 primaries killed) in front of a
+    bucket: the dead shard's keys take their build locks in the bucket, so every key is built
+    once; the next job, on fresh roots, reads them all (the dead shard's from the bucket)."""
+    bucket = s3.bucket("kc-killed-primary") + "&timeout=1s"
+    with RedisClusterServers(tmp_path / "cluster") as servers:
+        layers = f"{servers.url}?timeout=0.5 {bucket}"
+        servers.nodes[1].kill()
+        keys = [key_of(40 + i) for i in range(9)]
+        first = run_job(layers, tmp_path / "first", keys, build_s=0.3, env=S3_ENV)
+        second = run_job(layers, tmp_path / "second", keys, build_s=0.3, env=S3_ENV)
+    assert first.builds == dict.fromkeys(keys, 1), first.builds
+    assert second.builds == {}, second.builds
+    assert {s for r in second.results for s in r["sources"].values()} <= {"remote", "local"}
+    assert first.seconds < 9 * 0.3 + 4.0 and second.seconds < 4.0
 
 
 def _run_cli(*args: str, root: Path, extra: dict[str, str] | None = None):

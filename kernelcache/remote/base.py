@@ -1,6 +1,14 @@
 """What the built-in tiers (Redis, Redis Cluster, object stores) share: counters, the circuit
-breaker, the window in which writes are refused, one warning per kind of failure, and the
-checks of every value read (decode, extension, signature) and sent (encoding, ``max_size``).
+breakers, the windows in which writes are refused, one warning per kind of failure, the checks
+of every value read (decode, extension, signature) and sent (encoding, ``max_size``), and the
+leases of the build locks a process holds.
+
+Failures are per shard: a tier's keys may live on several servers (a Redis Cluster's
+primaries), and a shard that fails is skipped for ``breaker`` seconds while the others serve
+(the shard ``""`` is the whole tier: a single server, a bucket, a cluster whose slot map cannot
+be read). A build lock is a lease: its holder renews it every third of ``lease`` from a
+background thread (for at most ``lock_ttl``), so the lock of a holder that stops (killed,
+stopped, cut off) goes away within ``lease``, and a release is sent whatever failed before it.
 
 Writes never replace a value: the first complete writer wins, as in a root. In particular a
 value this process refused because it cannot verify it (signed with another key, or unsigned,
@@ -12,10 +20,11 @@ such a value is replaced by this job's signed one (``overwritten``).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,6 +33,7 @@ from ..errors import Problem
 from ..keys import check_ext, check_key
 from ..process import warn_once
 from .codec import authenticate, decode_value, make_value
+from .tier import Busy, Claim, wait_for
 
 #: the remote tiers' logger, whichever module logs (docs/remote.md names it)
 logger = logging.getLogger("kernelcache.remote")
@@ -36,6 +46,73 @@ def tier_label(shown_url: str) -> str:
     return shown_url.split("?", 1)[0] if urlsplit(shown_url).scheme else shown_url
 
 
+def no_release() -> None:
+    """The release of a lock not taken: the entry is there already, or the tier takes none."""
+
+
+class Leases:
+    """The build locks one tier holds in this process, renewed by one background thread every
+    third of ``lease``, each to last at most ``longest`` seconds after it was taken (a build
+    that takes longer may be duplicated by a waiter: harmless).
+
+    ``renew(seconds)`` of a lock extends it to last that long from now (the lease, or what is
+    left of ``longest``) and returns True (renewed), False (lost: another client holds it
+    now; no longer renewed) or None (the store failed: tried again at the next beat; the
+    lease may lapse meanwhile). A process forked while holding locks holds none of them.
+    """
+
+    def __init__(self, lease: float, longest: float, lost: Callable[[], None]) -> None:
+        self._lease = lease
+        self._every = lease / 3
+        self._longest = longest
+        self._lost = lost
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[float, Callable[[float], bool | None]]] = {}
+        self._wake = threading.Event()
+        self._pid = os.getpid()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, token: str, renew: Callable[[float], bool | None]) -> None:
+        """Renew the lock of ``token`` from now on, until :meth:`drop`."""
+        with self._lock:
+            if self._pid != os.getpid():  # forked: the parent's locks and thread are not ours
+                self._held, self._thread, self._pid = {}, None, os.getpid()
+            idle = not self._held
+            self._held[token] = (time.monotonic(), renew)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._beat, name="kernelcache-remote-leases", daemon=True
+                )
+                self._thread.start()
+            if idle:  # the thread sleeps until there is something to renew
+                self._wake.set()
+
+    def drop(self, token: str) -> None:
+        """Stop renewing the lock of ``token`` (released, or lost)."""
+        with self._lock:
+            self._held.pop(token, None)
+
+    def _beat(self) -> None:
+        while True:
+            with self._lock:
+                idle = not self._held
+            if idle:
+                self._wake.wait()
+                self._wake.clear()
+            time.sleep(self._every)
+            with self._lock:
+                held = list(self._held.items())
+            for token, (since, renew) in held:
+                left = self._longest - (time.monotonic() - since)
+                if left <= 0:
+                    self.drop(token)
+                    logger.debug("kernelcache: a build lock reached its lock_ttl; not renewed")
+                    continue
+                if renew(min(self._lease, left)) is False:
+                    self.drop(token)
+                    self._lost()
+
+
 class TierBase:
     """The failure policy and accounting of a built-in tier.
 
@@ -43,9 +120,11 @@ class TierBase:
         shown: the tier's URL, redacted (what messages show).
         stats_root: the cache root whose counters take this tier's errors, or None.
         signing_key: sign values with it and refuse values not signed with it, or None.
-        breaker: seconds to skip the store after it failed.
+        breaker: seconds to skip the store (or one of its shards) after it failed.
         max_size: the largest value sent or read, in bytes.
         read_only: never write to this tier (no puts, no backfill, no locks).
+        lease: seconds a build lock lasts unless its holder renews it (every third of it).
+        lock_ttl: the longest a holder renews a build lock, in seconds.
         overwrite: replace values this process refused as unverifiable when it writes the
             same key (default: leave them in place).
     """
@@ -59,6 +138,8 @@ class TierBase:
         breaker: float,
         max_size: int,
         read_only: bool,
+        lease: float,
+        lock_ttl: float,
         overwrite: bool = False,
     ) -> None:
         self.url = shown
@@ -68,9 +149,13 @@ class TierBase:
         self._stats_root = stats_root or f"remote:{self.label}"
         self._breaker = breaker
         self._max_size = max_size
+        self.lease = lease
         self._lock = threading.Lock()
-        self._down_until = 0.0
-        self._full_until = 0.0
+        #: shard ("" for the whole tier) -> monotonic time until which it is not asked
+        self._down: dict[str, float] = {}
+        #: shard -> monotonic time until which it is not written to
+        self._full: dict[str, float] = {}
+        self._leases = Leases(lease, lock_ttl, lambda: self._bump(locks_lost=1))
         self._counters: Counter[str] = Counter()
         self._overwrite = overwrite
         #: keys whose value this process refused as unverifiable, oldest first (bounded)
@@ -97,46 +182,68 @@ class TierBase:
         warn_once(logger, (self.url, topic), "kernelcache: " + message, *args)
 
     # -- failure policy -------------------------------------------------------------------
-    def _usable(self) -> bool:
-        """False while the circuit breaker is open (the store failed recently)."""
-        if time.monotonic() < self._down_until:
+    def _usable(self, shard: str = "") -> bool:
+        """False while the circuit breaker of the tier, or of ``shard``, is open (it failed
+        recently)."""
+        now = time.monotonic()
+        if now < self._down.get("", 0.0) or (shard and now < self._down.get(shard, 0.0)):
             self._bump(skipped=1)
             return False
         return True
 
-    def _writable(self) -> bool:
-        """False for a read-only tier, and while the store refuses writes."""
+    def _writable(self, shard: str = "") -> bool:
+        """False for a read-only tier, and while the store (or ``shard``) refuses writes."""
         if self.read_only:
             return False
-        if time.monotonic() < self._full_until:
+        now = time.monotonic()
+        if now < self._full.get("", 0.0) or (shard and now < self._full.get(shard, 0.0)):
             self._bump(skipped=1)
             return False
         return True
 
-    def _trip(self, what: str, reason: str, *, timeout: bool) -> None:
-        """The store failed (down, hung, slow, garbage): skip it for ``breaker`` seconds."""
+    def _trip(self, what: str, reason: str, *, timeout: bool, shard: str = "") -> None:
+        """The store, or its ``shard``, failed (down, hung, slow, garbage): skip it for
+        ``breaker`` seconds; warn once per shard."""
         stats.count(self._stats_root, remote_errors=1)
-        self._down_until = time.monotonic() + self._breaker
+        with self._lock:
+            self._down[shard] = time.monotonic() + self._breaker
         self._bump(errors=1, breaker_trips=1, timeouts=int(timeout))
-        self._warn(
-            "unavailable",
-            "remote cache %s unavailable during %s (%s); continuing with the local cache and "
-            "not asking it again for %gs",
+        if not shard:
+            self._warn(
+                "unavailable",
+                "remote cache %s unavailable during %s (%s); continuing with the local cache "
+                "and not asking it again for %gs",
+                self.url,
+                what,
+                reason,
+                self._breaker,
+            )
+            return
+        warn_once(
+            logger,
+            (self.url, "unavailable", shard),
+            "kernelcache: remote cache %s: shard %s unavailable during %s (%s); the keys it "
+            "holds are built and kept locally (the other shards still serve), and it is not "
+            "asked again for %gs",
             self.url,
+            shard,
             what,
             reason,
             self._breaker,
         )
 
-    def _refuse_writes(self, reason: str) -> None:
-        """The store refuses writes (full, read-only, no permission): reads go on."""
+    def _refuse_writes(self, reason: str, shard: str = "") -> None:
+        """The store (or ``shard``) refuses writes (full, read-only, no permission): reads go
+        on."""
         stats.count(self._stats_root, remote_errors=1)
-        self._full_until = time.monotonic() + self._breaker
+        with self._lock:
+            self._full[shard] = time.monotonic() + self._breaker
         self._bump(errors=1, full=1)
+        where = f"{self.url} (shard {shard})" if shard else self.url
         self._warn(
             "full",
             "remote cache %s refuses writes (%s); not storing new entries there for %gs",
-            self.url,
+            where,
             reason,
             self._breaker,
         )
@@ -219,6 +326,57 @@ class TierBase:
         ``(whether it was stored, whether the store failed)``; a failure is accounted for
         already."""
         raise NotImplementedError
+
+    def _try_lock(self, key: str) -> Claim:
+        """One try at the build lock of ``key`` in the store (see :meth:`try_acquire`); a
+        failure is accounted for already."""
+        raise NotImplementedError
+
+    def try_acquire(self, key: str) -> Claim:
+        """One try at the job-wide build lock of ``key``, without waiting.
+
+        Returns a function that releases the lock (renewed meanwhile: see :class:`Leases`), a
+        function that releases nothing when the entry is in the tier already (the caller's
+        read then hits) or the tier is read-only, :class:`Busy` while another client holds
+        it, or None when the tier (or the key's shard) is unavailable: the caller builds
+        without it. Never raises for a failure of the store.
+
+        Raises:
+            ValueError: malformed ``key``.
+        """
+        check_key(key)
+        if self.read_only:
+            return no_release
+        if not self._usable():
+            return None
+        return self._try_lock(key)
+
+    def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
+        """Take the job-wide build lock of ``key``, waiting at most ``timeout`` seconds (the
+        caller's remaining budget; tried once at 0): :meth:`try_acquire` until the lock is
+        not busy. None when it was not had in time (counted: ``lock_timeouts``) or the tier is
+        unavailable; the caller then builds without it.
+
+        Raises:
+            ValueError: malformed ``key``.
+        """
+        claim = wait_for(lambda: self.try_acquire(key), timeout)
+        if isinstance(claim, Busy):
+            self._bump(lock_timeouts=1)
+            return None
+        return claim
+
+    def _holding(
+        self, token: str, renew: Callable[[float], bool | None], release: Callable[[], None]
+    ) -> Callable[[], None]:
+        """The release function of a lock just taken, renewed by ``renew`` until released."""
+        self._leases.hold(token, renew)
+
+        def released() -> None:
+            self._leases.drop(token)
+            release()
+
+        return released
 
     def get(self, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | None:
         """The verified ``(data, metadata)`` of ``key``, or None (absent, bad, larger than

@@ -5,12 +5,15 @@ the job does not wait for it.
 Invariants: a tier that raises is a tier that missed (one warning per tier); what a lower tier
 returns is checked (:func:`~kernelcache.remote.codec.check_entry`) before it is copied up;
 read-only tiers are never written; backfill never blocks a caller (a full queue drops copies)
-and is given a bounded time at exit.
+and is given a bounded time at exit. A key's build lock is taken in the first writable tier
+that can give it: where a tier (or the key's shard in it) is unavailable, the next writable
+tier's lock keeps one builder across the job.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import queue
 import threading
@@ -21,9 +24,9 @@ from typing import Any
 
 from .. import stats
 from ..process import warn_once
-from .base import logger, tier_label
+from .base import logger, no_release, tier_label
 from .codec import check_entry
-from .tier import RemoteTier
+from .tier import Busy, Claim, RemoteTier, try_lock, wait_for
 
 #: copies waiting to be made at most; more are dropped (a later hit copies them again)
 BACKFILL_QUEUE = 256
@@ -47,8 +50,8 @@ class LayeredTier:
     """Remote tiers tried in order, as one :class:`~kernelcache.remote.RemoteTier`.
 
     ``get`` asks each tier until one hits, then copies the entry to the writable tiers above
-    it in the background; ``put`` sends to every writable tier; ``acquire`` takes the build
-    lock of the first writable tier.
+    it in the background; ``put`` sends to every writable tier; ``try_acquire`` and
+    ``acquire`` take the build lock of the first writable tier that is available for the key.
     """
 
     def __init__(self, tiers: Sequence[RemoteTier], *, stats_root: str | None = None) -> None:
@@ -72,8 +75,13 @@ class LayeredTier:
 
     def _safely(self, tier: RemoteTier, method: str, *args: Any, default: Any = None) -> Any:
         """``tier.method(*args)``, or ``default`` (counted, warned once) if it raised."""
+        return self._guarded(tier, lambda: getattr(tier, method)(*args), default)
+
+    def _guarded(self, tier: RemoteTier, call: Callable[[], Any], default: Any = None) -> Any:
+        """``call()`` (something asked of ``tier``), or ``default`` (counted, warned once) if
+        it raised."""
         try:
-            return getattr(tier, method)(*args)
+            return call()
         except Exception as e:  # a tier must not raise; if one does, it missed
             label = label_of(tier)
             stats.count(self._stats_root, remote_errors=1)
@@ -114,11 +122,24 @@ class LayeredTier:
                 stored = bool(self._safely(tier, "put", key, ext, data, meta)) or stored
         return stored
 
+    def try_acquire(self, key: str) -> Claim:
+        """One try at the build lock of ``key`` in the first writable tier that is available
+        for it (a tier, or the key's shard in it, may be down: the next one's lock then keeps
+        one builder); :class:`Busy` from the tier that holds it elsewhere; None when no
+        writable tier is available. A tier without ``try_acquire`` is asked ``acquire(key,
+        0)``, and its None read as unavailable."""
+        writable_tiers = [t for t in self.tiers if writable(t)]
+        for tier in writable_tiers:
+            claim: Claim = self._guarded(tier, functools.partial(try_lock, tier, key, 0.0))
+            if claim is not None:
+                return claim
+        return None if writable_tiers else no_release
+
     def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
-        for tier in self.tiers:
-            if writable(tier):
-                return self._safely(tier, "acquire", key, timeout)
-        return _no_release
+        """:meth:`try_acquire` until the lock is not busy, for at most ``timeout`` seconds;
+        None when it was not had in time or no tier is available."""
+        claim = wait_for(lambda: self.try_acquire(key), timeout)
+        return None if isinstance(claim, Busy) else claim
 
     def close(self) -> None:
         """Close every tier that can be closed."""
@@ -162,10 +183,6 @@ class LayeredTier:
                 return False
             time.sleep(0.005)
         return True
-
-
-def _no_release() -> None:
-    """No writable tier: no lock to take or release."""
 
 
 _live: weakref.WeakSet[LayeredTier] = weakref.WeakSet()

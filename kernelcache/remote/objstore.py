@@ -3,10 +3,18 @@ Storage (``gs://bucket/prefix``), through obstore (docs/remote.md says why that 
 
 Invariants:
 
-* One object per entry, ``<prefix>/v2/<key>``, holding the value every tier stores
-  (:mod:`kernelcache.remote.codec`); what is read is verified like a Redis value.
+* One object per entry, ``<prefix>/v3/<key>`` (the value layout's version), holding the value
+  every tier stores (:mod:`kernelcache.remote.codec`); what is read is verified like a Redis
+  value.
 * The first writer of a key wins: a conditional put (``If-None-Match: *``); a store without
   it is asked whether the object exists first.
+* One builder per key across the job: a build lock is the object ``<key>.lock``, created only
+  if absent, renewed by its holder (a conditional put on the version it wrote,
+  ``If-Match``) every third of ``lease``, and deleted at its release. A waiter that sees the
+  same version of a lock for ``lease`` seconds of its own clock (the holder stopped renewing
+  it) takes it over with a conditional put on that version: no clock is compared across
+  machines, and of two waiters that take over at once one wins. A store without conditional
+  puts has no build locks.
 * Every call is bounded: ``timeout`` for the whole request (connecting, headers, body), no
   retries, an object larger than ``max_size`` is refused from its length before its body is
   read, and a body is read in chunks that stop at ``max_size``.
@@ -17,9 +25,11 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -28,11 +38,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from ..keys import check_key
+from ..process import HOST
 from ..units import parse_bool, parse_duration, parse_size
-from .base import TierBase
+from .base import TierBase, no_release
 from .codec import REMOTE_FORMAT
-from .url import read_options, redact
+from .tier import Busy, Claim
+from .url import default_lease, lease_problems, read_options, redact
 
 #: the URL schemes of object stores
 SCHEMES = ("s3", "gs")
@@ -51,7 +62,12 @@ OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "connect_timeout": (parse_duration, "seconds to connect (default 2)"),
     "max_size": (parse_size, "entries larger than this are not sent or read (default 64M)"),
     "breaker": (parse_duration, "after a failure, skip the store this long (default 30s)"),
-    "read_only": (parse_bool, "1: only read this tier: no puts or backfill (default 0)"),
+    "read_only": (parse_bool, "1: only read this tier: no puts, backfill or locks (default 0)"),
+    "lock_ttl": (parse_duration, "a build lock is renewed for at most this long (default 120s)"),
+    "lease": (
+        parse_duration,
+        "a build lock not renewed for this long is taken over (default 2 x timeout, at least 5s)",
+    ),
     "endpoint": (_endpoint, "the store's URL, for S3-compatible stores and emulators"),
     "region": (str, "the S3 region (default: from the environment)"),
 }
@@ -69,8 +85,15 @@ class ObjectURL:
     max_size: int = 64 << 20
     breaker: float = 30.0
     read_only: bool = False
+    lock_ttl: float = 120.0
+    lease: float | None = None
     endpoint: str | None = None
     region: str | None = None
+
+    @property
+    def lease_s(self) -> float:
+        """The lease of a build lock, in seconds (given, or :func:`default_lease`)."""
+        return default_lease(self.timeout, self.lock_ttl) if self.lease is None else self.lease
 
 
 def parse_object_url(url: str) -> ObjectURL:
@@ -105,6 +128,9 @@ def parse_object_url(url: str) -> ObjectURL:
             problems.append(f"{name} must be more than 0 and at most 1d")
     if found.max_size <= 0:
         problems.append("max_size must be more than 0")
+    if not (0.001 <= found.lock_ttl <= 10**9):
+        problems.append("lock_ttl must be from 1ms to 1,000,000,000s")
+    problems += lease_problems(found.lease, found.timeout, found.lock_ttl)
     if problems:
         raise ConfigError(f"remote URL {shown!r}: {'; '.join(problems)}")
     return found
@@ -154,8 +180,14 @@ def _runtime_here() -> bool:
     return _runtime_pid == os.getpid()
 
 
-def _no_release() -> None:
-    """An object store has no locks: machines may build a key at the same time (harmless)."""
+#: the calls that write (a refusal of one is a bucket that refuses writes, not a down one)
+_WRITES = ("put", "lock", "renew", "unlock")
+#: the most bytes of a lock object read (its holder record is far smaller)
+_LOCK_RECORD_MAX = 4096
+#: the most locks a tier watches for renewals at once
+_MAX_WATCHED = 4096
+#: an object's version as its store tells it: (e_tag, version), either possibly None
+Version = tuple[Any, Any]
 
 
 class ObjectStoreTier(TierBase):
@@ -186,6 +218,8 @@ class ObjectStoreTier(TierBase):
             breaker=self.where.breaker,
             max_size=self.where.max_size,
             read_only=self.where.read_only,
+            lease=self.where.lease_s,
+            lock_ttl=self.where.lock_ttl,
             overwrite=overwrite,
         )
         #: the store's prefix: the URL's path, then the value layout's version
@@ -194,6 +228,11 @@ class ObjectStoreTier(TierBase):
         self._given = store
         self._store = store if store is not None else self._make()
         self._pid = os.getpid()
+        #: lock object -> (the version seen, when this process first saw it): a version seen
+        #: for ``lease`` seconds is a lock its holder stopped renewing
+        self._watched: dict[str, tuple[Version, float]] = {}
+        #: False once the store refused a conditional put: no build locks
+        self._conditional = True
 
     def _make(self) -> Any:
         return make_store(self.where, self.prefix, shown=self.url)
@@ -208,12 +247,12 @@ class ObjectStoreTier(TierBase):
             return self._store
 
     def name(self, key: str) -> str:
-        """The object of an entry in the bucket: ``<path>/v2/<key>`` (in :attr:`store`, whose
-        paths are under :attr:`prefix`, it is ``key``)."""
+        """The object of an entry in the bucket: ``<path>/v3/<key>`` (in :attr:`store`, whose
+        paths are under :attr:`prefix`, it is ``key``; its build lock is ``<key>.lock``)."""
         return f"{self.prefix}/{key}"
 
     # -- failure policy -------------------------------------------------------------------
-    def _usable(self) -> bool:
+    def _usable(self, shard: str = "") -> bool:
         if not _runtime_here():
             self._bump(skipped=1)
             self._warn(
@@ -224,13 +263,13 @@ class ObjectStoreTier(TierBase):
                 self.url,
             )
             return False
-        return super()._usable()
+        return super()._usable(shard)
 
     def _failed(self, what: str, e: Exception) -> None:
         import obstore.exceptions as errors
 
         reason = f"{type(e).__name__}: {_first_line(e)}"
-        if isinstance(e, errors.PermissionDeniedError) and what == "put":
+        if isinstance(e, errors.PermissionDeniedError) and what in _WRITES:
             self._refuse_writes(reason)
             return
         text = str(e).lower()
@@ -305,10 +344,194 @@ class ObjectStoreTier(TierBase):
             obstore.put(store, path, value)
             return True
 
-    def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
-        """An object store has no build locks: a function that releases nothing."""
-        check_key(key)
-        return _no_release
+    # -- build locks ----------------------------------------------------------------------
+    def _try_lock(self, key: str) -> Claim:
+        """One try at the build lock of ``key`` (see :meth:`TierBase.try_acquire`): the entry
+        is looked for first (there: nothing to build), then the lock object is created only
+        if absent; a lock whose version this process has seen unchanged for its lease is
+        taken over (one warning)."""
+        if not self._conditional:
+            return no_release
+        if not self._writable():
+            return None
+        found, failed = self._call("lock", lambda store: _exists(store, key))
+        if failed:
+            return None
+        if found:
+            self._bump(lock_ready=1)
+            return no_release
+        lock = f"{key}.lock"
+        token = uuid.uuid4().hex
+        made, failed = self._call("lock", lambda store: self._put_lock(store, lock, token, None))
+        if failed:
+            return None
+        if made == "unsupported":
+            self._conditional = False
+            self._warn(
+                "no-locks",
+                "remote cache %s has no conditional puts: no build locks there (machines may "
+                "build a key at the same time)",
+                self.url,
+            )
+            return no_release
+        if isinstance(made, tuple):
+            return self._held(key, lock, token, made)
+        seen, failed = self._call("lock", lambda store: _read_lock(store, lock))
+        if failed or seen is None:
+            return Busy(self.name(lock), "unknown", self.label)  # gone meanwhile: try again
+        version, record = seen
+        holder = _holder(record)
+        if not self._stale(lock, version, record):
+            return Busy(self.name(lock), holder, self.label)
+        taken, failed = self._call(
+            "lock", lambda store: self._put_lock(store, lock, token, version)
+        )
+        if failed or not isinstance(taken, tuple):
+            return Busy(self.name(lock), holder, self.label)
+        self._bump(locks_broken=1)
+        self._warn(
+            "lock-broken",
+            "took over the build lock of %s in %s: its holder (%s) had not renewed it for "
+            "%gs; building",
+            key,
+            self.url,
+            holder,
+            self.lease,
+        )
+        return self._held(key, lock, token, taken)
+
+    def _stale(self, lock: str, version: Version, record: bytes) -> bool:
+        """Whether this process has seen ``version`` of ``lock`` for longer than its lease
+        (the holder's, at least this tier's, at most ``lock_ttl``)."""
+        now = time.monotonic()
+        with self._lock:
+            seen = self._watched.get(lock)
+            if seen is None or seen[0] != version:
+                if len(self._watched) >= _MAX_WATCHED:
+                    del self._watched[next(iter(self._watched))]
+                self._watched[lock] = (version, now)
+                return False
+        lease = min(max(self.lease, _declared_lease(record)), self.where.lock_ttl)
+        return now - seen[1] > lease
+
+    def _held(self, key: str, lock: str, token: str, version: Version) -> Callable[[], None]:
+        """The release of a lock this process holds at ``version``, renewed meanwhile."""
+        with self._lock:
+            self._watched.pop(lock, None)
+        current = [version]
+        self._bump(locks=1)
+
+        def renew(_seconds: float) -> bool | None:
+            done, failed = self._call(
+                "renew", lambda store: self._put_lock(store, lock, token, current[0])
+            )
+            if failed:
+                return None
+            if not isinstance(done, tuple):
+                return False
+            current[0] = done
+            return True
+
+        def release() -> None:
+            gone, failed = self._call("unlock", lambda store: _delete_if(store, lock, current[0]))
+            if not failed and not gone:
+                self._bump(locks_lost=1)
+
+        return self._holding(token, renew, release)
+
+    def _put_lock(
+        self, store: Any, lock: str, token: str, version: Version | None
+    ) -> Version | str | None:
+        """Write this process's record into ``lock``: only if absent (``version`` None), else
+        only if it is still at ``version``. The version written; None when the condition
+        failed; ``"unsupported"`` for a store without conditional puts."""
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
+
+        record = {
+            "holder": f"{HOST} pid {os.getpid()}",
+            "token": token,
+            "lease": self.lease,
+            "time": time.time(),  # every write differs: a renewal makes a new version
+        }
+        mode: Any = "create" if version is None else _update_mode(version)
+        try:
+            result = obstore.put(store, lock, json.dumps(record).encode(), mode=mode)
+        except (AlreadyExistsError, PreconditionError):
+            return None
+        except NotSupportedError:
+            return "unsupported"
+        return _version_of(result)
+
+
+def _version_of(meta: Any) -> Version:
+    return (meta.get("e_tag"), meta.get("version"))
+
+
+def _update_mode(version: Version) -> dict[str, str]:
+    """obstore's put mode that writes only over ``version`` (S3: If-Match on the e_tag; GCS:
+    the generation)."""
+    e_tag, generation = version
+    mode = {"e_tag": e_tag} if e_tag is not None else {}
+    if generation is not None:
+        mode["version"] = generation
+    return mode
+
+
+def _read_lock(store: Any, path: str) -> tuple[Version, bytes] | None:
+    """The version and record of the lock object ``path`` (a record larger than a holder's is
+    not read: empty), or None if there is none."""
+    import obstore
+
+    try:
+        result = obstore.get(store, path)
+    except FileNotFoundError:
+        return None
+    if result.meta["size"] > _LOCK_RECORD_MAX:
+        return _version_of(result.meta), b""
+    return _version_of(result.meta), bytes(result.bytes())
+
+
+def _exists(store: Any, path: str) -> bool:
+    import obstore
+
+    try:
+        obstore.head(store, path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _delete_if(store: Any, path: str, version: Version) -> bool:
+    """Delete ``path`` if it is still at ``version``; whether it was (a writer between the
+    check and the delete loses its lock: the next waiter builds again, which is harmless)."""
+    import obstore
+
+    try:
+        if _version_of(obstore.head(store, path)) != version:
+            return False
+    except FileNotFoundError:
+        return False
+    obstore.delete(store, path)
+    return True
+
+
+def _holder(record: bytes) -> str:
+    """Who holds a lock, from its record, or "unknown"."""
+    try:
+        holder = json.loads(record).get("holder")
+    except (ValueError, AttributeError):
+        return "unknown"
+    return holder[:200] if isinstance(holder, str) else "unknown"
+
+
+def _declared_lease(record: bytes) -> float:
+    """The lease a lock's record declares, in seconds (0 when it declares none)."""
+    try:
+        lease = json.loads(record).get("lease")
+    except (ValueError, AttributeError):
+        return 0.0
+    return float(lease) if isinstance(lease, (int, float)) and lease > 0 else 0.0
 
 
 def read_object(store: Any, path: str, max_size: int, timeout: float) -> bytes | int | None:

@@ -7,20 +7,29 @@ Invariants (docs/remote.md says more):
   authenticated with a signing key); a bad value is a miss and is deleted, an unauthenticated
   one is a miss and is left in place. A value larger than ``max_size`` is refused before it is
   read (its length is asked first, in the same script), and no reply may exceed it.
-* One builder per key across the job: the lock key is set only if absent, with an expiry
-  (``SET NX PX``), and released only by the owner of its token; a lock without an expiry, or
-  held longer than this client's ``lock_ttl``, is broken at once. On a cluster an entry and its
-  lock share a slot (the key in a hash tag).
+* One builder per key across the job: the lock key is set only if absent, with the expiry
+  ``lease`` (``SET NX PX``) that its holder renews (``PEXPIRE``, by the owner of its token
+  only), and released only by that owner; a lock without an expiry, or set longer ago than
+  this client's ``lock_ttl``, is broken at once. On a cluster an entry and its lock share a
+  slot (the key in a hash tag).
 * The server never fails or stalls the caller: each call is bounded by ``timeout`` in total
   (plus ``connect_timeout`` when it connects), however slowly the server answers; nothing is
   retried within a call, and a failure or timeout opens a circuit breaker for ``breaker``
   seconds. Each kind of failure is warned about once per process.
+* On a cluster, a call for a key goes to the primary that serves the key's slot, and to no
+  other: redis-py's cluster client is used for the slot map only. A primary that fails (killed,
+  stopped, refusing) opens the breaker of its shard alone; the keys of the other shards keep
+  their reads, writes and locks. Scripts are loaded where they run (``EVALSHA``, else
+  ``EVAL``), never on every primary. The slot map is read again when a shard's breaker closes
+  (a failover may have moved its slots) and after a ``MOVED`` reply.
 * redis-py is optional, imported when a tier is used.
 """
 
 from __future__ import annotations
 
+import bisect
 import errno
+import hashlib
 import math
 import os
 import random
@@ -30,47 +39,93 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
-from ..keys import check_key
 from ..process import HOST
-from .base import TierBase, logger
+from .base import TierBase, logger, no_release
+from .tier import Busy, Claim
 from .url import cluster_nodes, parse_url, redact, scrub, secrets_of
 
 # -- scripts ----------------------------------------------------------------------------------
 # They run atomically in Redis. In the lock scripts KEYS[1] is the lock, KEYS[2] the entry. A
-# lock's value is "<its lock_ttl in ms>:<owner token>", so that its age is that ttl minus its PTTL.
+# lock's value is "<its lease in ms>:<host>:<pid>:<token>", set (and renewed) with that expiry,
+# so that the time since it was last set is that lease minus its PTTL.
 _GET = """
 local n = redis.call('strlen', KEYS[1])
 if n > tonumber(ARGV[1]) then return n end
 return redis.call('get', KEYS[1])
 """
 _ACQUIRE = """
-if redis.call('exists', KEYS[2]) == 1 then return 2 end
-local ttl = tonumber(ARGV[2])
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ttl) then return 1 end
+if redis.call('exists', KEYS[2]) == 1 then return {2, ''} end
+local lease = tonumber(ARGV[2])
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', lease) then return {1, ''} end
 local left = redis.call('pttl', KEYS[1])
 local held = redis.pcall('get', KEYS[1])
-local set_ttl = tonumber(string.match(type(held) == 'string' and held or '', '^(%d+):'))
+if type(held) ~= 'string' then held = '' end
+local set_ttl = tonumber(string.match(held, '^(%d+):'))
+local longest = tonumber(ARGV[3])
 local stale = left == -1
 if not stale and left > 0 then
-  if set_ttl then stale = set_ttl - left > ttl else stale = left > ttl end
+  if set_ttl then stale = set_ttl - left > longest else stale = left > longest end
 end
 if stale then
-  redis.call('set', KEYS[1], ARGV[1], 'PX', ttl)
-  return 3
+  redis.call('set', KEYS[1], ARGV[1], 'PX', lease)
+  return {3, held}
 end
+return {0, held}
+"""
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
 return 0
 """
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
 """
-_SCRIPTS = {"get": _GET, "acquire": _ACQUIRE, "release": _RELEASE}
+_SCRIPTS = {"get": _GET, "acquire": _ACQUIRE, "renew": _RENEW, "release": _RELEASE}
+_SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in _SCRIPTS.items()}
 _ACQUIRED, _READY, _BROKEN = 1, 2, 3
-_POLL_FIRST, _POLL_MAX = 0.02, 0.5
 #: the most bytes a reply other than a value may take (a cluster's slot map, a lock state)
 _REPLY_LIMIT = 4 << 20
+#: the last hash slot of a Redis Cluster
+_MAX_SLOT = 16383
+
+
+def _slot_ranges(reply: Any, asked: str) -> list[tuple[int, int, str]]:
+    """``(first slot, last slot, "host:port" of its primary)`` of a ``CLUSTER SLOTS`` reply,
+    sorted (a primary announced without a host is the node ``asked``).
+
+    Raises:
+        ValueError: the reply is not a slot map.
+    """
+    ranges = []
+    try:
+        for row in reply:
+            first, last, primary = int(row[0]), int(row[1]), row[2]
+            host = primary[0].decode() if isinstance(primary[0], bytes) else str(primary[0])
+            host = host or asked
+            host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+            ranges.append((first, last, f"{host}:{int(primary[1])}"))
+    except (TypeError, IndexError, ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"CLUSTER SLOTS gave no slot map ({e!r})") from None
+    if not ranges:
+        raise ValueError("CLUSTER SLOTS gave an empty slot map")
+    return sorted(ranges)
+
+
+def _ms(seconds: float) -> str:
+    return str(max(1, math.ceil(seconds * 1000)))
+
+
+def holder_of(value: bytes | str) -> str:
+    """Who holds a lock, from its value ("<ms>:<host>:<pid>:<token>"): "host pid N", or
+    "unknown" (another client's format)."""
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    parts = text.split(":")
+    if len(parts) >= 4 and parts[-2].isdigit():
+        return f"{':'.join(parts[1:-2])[:200]} pid {parts[-2]}"
+    return "unknown"
 
 
 #: the most keys ``kernelcache stats --remote`` scans in one namespace
@@ -83,10 +138,6 @@ def _strlens(client: Any, names: list[bytes]) -> list[int]:
     for name in names:
         pipe.strlen(name)
     return list(pipe.execute())
-
-
-def _no_release() -> None:
-    """Release function returned when the entry appeared while waiting: nothing is held."""
 
 
 # -- a bound on every call, whatever the server does --------------------------------------------
@@ -212,6 +263,8 @@ class RedisTier(TierBase):
             breaker=opts.breaker,
             max_size=opts.max_size,
             read_only=opts.read_only,
+            lease=opts.lease_s,
+            lock_ttl=opts.lock_ttl,
             overwrite=overwrite,
         )
         self._secrets = secrets_of(url)
@@ -227,85 +280,174 @@ class RedisTier(TierBase):
         self._budget = _Budget()
         self._address = address
         self._client_lock = threading.Lock()
-        self._client_obj: Any = None
-        self._scripts: dict[str, Any] = {}
-        if not self.cluster:
-            self._client_obj = self._make_client()  # checks the options; does not connect
+        #: a single server's client (made here: it checks the options, and does not connect)
+        self._single: Any = None if self.cluster else self._make_client()
+        #: a cluster's slot map: sorted (first slot, last slot, primary), read at the first call
+        self._slots: list[tuple[int, int, str]] | None = None
+        #: a cluster's primaries by "host:port": their clients
+        self._primaries: dict[str, Any] = {}
 
-    def _make_client(self) -> Any:
-        """The redis-py client, its connections bounded by :class:`_Budget`. A cluster client
-        connects as it is made (it reads the slot map), so it is made at the first call."""
-        import redis
+    def _common(self) -> dict[str, Any]:
+        """What every redis-py connection of this tier is made with."""
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
         opts = self.options
-        common: dict[str, Any] = {
+        return {
             "socket_timeout": opts.timeout,
             "socket_connect_timeout": opts.connect_timeout or opts.timeout,
             "retry": Retry(NoBackoff(), 0),
             "health_check_interval": 0,
         }
-        try:
-            if not self.cluster:
-                scheme = self._address.split("://", 1)[0]
-                base = {"rediss": redis.SSLConnection, "unix": redis.UnixDomainSocketConnection}
-                cls = _bounded(base.get(scheme, redis.Connection), self._budget)
-                return redis.Redis.from_url(
-                    self._address, connection_class=cls, **common, **opts.client
-                )
-            from redis.cluster import ClusterNode, RedisCluster
 
-            nodes = cluster_nodes(self._address)
-            tls = self._address.startswith("rediss")
-            base_cls = redis.SSLConnection if tls else redis.Connection
-            cls = _bounded(base_cls, self._budget, **(opts.client if tls else {}))
-            userinfo = self._address.split("://", 1)[1].rpartition("@")
-            auth = f"{userinfo[0]}@" if userinfo[1] else ""
-            host, port = nodes[0]
-            host = f"[{host}]" if ":" in host else host
-            return RedisCluster(
-                url=f"redis://{auth}{host}:{port}/0",  # TLS comes from the connection class
-                startup_nodes=[ClusterNode(h, p) for h, p in nodes[1:]],
-                connection_class=cls,
-                require_full_coverage=False,
-                **common,
+    def _make_client(self) -> Any:
+        """A single server's redis-py client, its connections bounded by :class:`_Budget`."""
+        import redis
+
+        scheme = self._address.split("://", 1)[0]
+        base = {"rediss": redis.SSLConnection, "unix": redis.UnixDomainSocketConnection}
+        cls = _bounded(base.get(scheme, redis.Connection), self._budget)
+        try:
+            return redis.Redis.from_url(
+                self._address, connection_class=cls, **self._common(), **self.options.client
             )
         except (ValueError, TypeError) as e:
             raise ConfigError(f"remote URL {self.url!r}: {scrub(str(e), self._secrets)}") from None
 
-    @property
-    def _client(self) -> Any:
-        with self._client_lock:
-            if self._client_obj is None:
-                if self._budget.deadline is not None:  # making it connects (a cluster)
-                    self._budget.deadline += self.options.connect_timeout or self.options.timeout
-                self._client_obj = self._make_client()
-            return self._client_obj
+    def _primary(self, name: str) -> Any:
+        """The client of a cluster's node ``name`` ("host:port"), made once (it connects at
+        its first command)."""
+        import redis
 
-    def _run(self, client: Any, script: str, keys: list[str], args: list[Any]) -> Any:
-        """Run one of the tier's scripts (``get``, ``acquire``, ``release``) on ``client``
-        (EVALSHA, loading it where the server lacks it)."""
-        found = self._scripts.get(script)
-        if found is None or found.registered_client is not client:
-            found = self._scripts[script] = client.register_script(_SCRIPTS[script])
-        return found(keys=keys, args=args)
+        with self._client_lock:
+            client = self._primaries.get(name)
+            if client is None:
+                host, _, port = name.rpartition(":")
+                tls = self._address.startswith("rediss")
+                base = redis.SSLConnection if tls else redis.Connection
+                cls = _bounded(base, self._budget, **(self.options.client if tls else {}))
+                auth = urlsplit(self._address)
+                pool = redis.ConnectionPool(
+                    connection_class=cls,
+                    host=host.strip("[]"),
+                    port=int(port),
+                    username=unquote(auth.username) if auth.username else None,
+                    password=unquote(auth.password) if auth.password else None,
+                    **self._common(),
+                )
+                client = self._primaries[name] = redis.Redis(connection_pool=pool)
+            return client
+
+    def _topology_budget(self) -> float:
+        """Seconds to read a cluster's slot map: each node it knows may be tried in turn."""
+        opts = self.options
+        per_node = (opts.connect_timeout or opts.timeout) + opts.timeout
+        return per_node * max(len(cluster_nodes(self._address)), len(self._primaries))
+
+    def _read_slots(self) -> list[tuple[int, int, str]]:
+        """A cluster's slot map (``CLUSTER SLOTS``) from the first node that answers, the
+        nodes of the URL and the primaries known tried in a random order, within
+        :meth:`_topology_budget`.
+
+        Raises:
+            what redis-py raises when no node answers (the last failure).
+        """
+        names = {f"{host}:{port}" for host, port in cluster_nodes(self._address)}
+        names.update(self._primaries)
+        order = random.sample(sorted(names), len(names))
+        budget, errors = self._budget, self._errors
+        budget.deadline = time.monotonic() + self._topology_budget()
+        failure: Exception = errors.ConnectionError("the cluster names no node")
+        try:
+            for name in order:
+                budget.left = _REPLY_LIMIT
+                try:
+                    reply = self._primary(name).execute_command("CLUSTER SLOTS")
+                except (errors.RedisError, OSError) as e:
+                    failure = e
+                    continue
+                return _slot_ranges(reply, name.rpartition(":")[0])
+            raise failure
+        finally:
+            budget.deadline = budget.left = None
+
+    def _route(self, key: str | None) -> tuple[Any, str]:
+        """``(the client that serves key, its shard)``: the tier's client and "" on a single
+        server; on a cluster, the client of the primary that serves the key's slot and that
+        primary's ``host:port`` (for ``key`` None, any primary). The slot map is read at the
+        first call, and again when a shard's breaker has closed (a failover may have moved
+        its slots).
+
+        Raises:
+            what redis-py raises when the slot map cannot be read; ValueError for a slot it
+            does not cover.
+        """
+        if not self.cluster:
+            return self._single, ""
+        if self._slots is None:
+            slots = self._read_slots()
+            with self._client_lock:
+                self._slots = slots
+        slots = self._slots
+        if key is None:
+            name = slots[0][2]
+        else:
+            name = self._serving(slots, self.name(key))
+            until = self._down.get(name)
+            if until is not None and time.monotonic() >= until:
+                with self._lock:
+                    self._down.pop(name, None)
+                self._refresh_slots()
+                name = self._serving(self._slots or slots, self.name(key))
+        return self._primary(name), name
+
+    @staticmethod
+    def _serving(slots: list[tuple[int, int, str]], name: str) -> str:
+        """The primary that serves the slot of the Redis key ``name``.
+
+        Raises:
+            ValueError: no primary serves it.
+        """
+        from redis.crc import key_slot
+
+        slot = key_slot(name.encode())
+        at = bisect.bisect_right(slots, (slot, _MAX_SLOT + 1, "")) - 1
+        if at < 0 or not slots[at][0] <= slot <= slots[at][1]:
+            raise ValueError(f"no primary serves hash slot {slot}")
+        return slots[at][2]
+
+    def _refresh_slots(self) -> None:
+        """Read a cluster's slot map again; a failure keeps the map it had."""
+        try:
+            slots = self._read_slots()
+        except (self._errors.RedisError, OSError) as e:
+            logger.debug("kernelcache: %s: slot map not read again: %r", self.url, e)
+            return
+        with self._client_lock:
+            self._slots = slots
+
+    def _eval(self, client: Any, script: str, keys: list[str], args: list[Any]) -> Any:
+        """Run one of the tier's scripts on ``client``, loading it there if it lacks it."""
+        try:
+            return client.evalsha(_SHAS[script], len(keys), *keys, *args)
+        except self._errors.NoScriptError:
+            return client.eval(_SCRIPTS[script], len(keys), *keys, *args)
 
     def close(self) -> None:
         """Close the connections (the tier reconnects if used again)."""
         with self._client_lock:
-            if self._client_obj is not None:
-                self._client_obj.close()
-            if self.cluster:
-                self._client_obj = None
+            for client in [self._single, *self._primaries.values()]:
+                if client is not None:
+                    client.close()
 
     # -- failure policy -------------------------------------------------------------------
-    def _failed(self, what: str, e: BaseException, overrun: bool) -> None:
-        """Account for an exception from redis-py; open the breaker if the server is gone."""
+    def _failed(self, what: str, e: BaseException, overrun: bool, shard: str, client: Any) -> None:
+        """Account for an exception from redis-py; open the breaker of ``shard`` if its server
+        is gone."""
         reason = scrub(f"{e.__class__.__name__}: {e}", self._secrets)
         errors = self._errors
         if isinstance(e, (errors.OutOfMemoryError, errors.ReadOnlyError)):
-            self._refuse_writes(reason)
+            self._refuse_writes(reason, shard)
         elif isinstance(e, errors.ResponseError) and not isinstance(e, errors.ClusterError):
             self._bump(errors=1)
             self._warn("response", "remote cache %s: %s", self.url, reason)
@@ -314,52 +456,81 @@ class RedisTier(TierBase):
                 self._bump(oversize=1)
             timeouts = (errors.TimeoutError, TimeoutError)
             timeout = isinstance(e, timeouts) or isinstance(e.__context__, timeouts)
-            self._trip(what, reason, timeout=timeout)
-            self._disconnect()
-
-    def _disconnect(self) -> None:
-        client = self._client_obj
-        if client is None:
-            return
-        if self.cluster:
-            for node in client.get_nodes():
-                if node.redis_connection is not None:
-                    node.redis_connection.connection_pool.disconnect(inuse_connections=False)
-        else:
-            client.connection_pool.disconnect(inuse_connections=False)
+            self._trip(what, reason, timeout=timeout, shard=shard)
+            if client is not None:
+                client.connection_pool.disconnect(inuse_connections=False)
 
     def _call(
-        self, what: str, fn: Callable[..., Any], *args: Any, limit: int = _REPLY_LIMIT, **kw: Any
-    ) -> Any:
-        """``(fn(*args, **kw), False)``, or ``(None, True)`` after a Redis, socket or protocol
-        failure, which is accounted for (counters, breaker, one warning). The call may take
-        ``timeout`` seconds in all (plus the time to connect) and read ``limit`` reply bytes."""
-        result, error, overrun = self._attempt(fn, *args, limit=limit, **kw)
-        if error is None:
-            return result, False
-        self._failed(what, error, overrun)
+        self,
+        what: str,
+        key: str | None,
+        fn: Callable[..., Any],
+        *args: Any,
+        limit: int = _REPLY_LIMIT,
+        write: bool = False,
+    ) -> tuple[Any, bool]:
+        """``(fn(client, *args), False)`` on the client that serves ``key`` (None: the tier's),
+        or ``(None, True)`` after a Redis, socket or protocol failure, which is accounted for
+        (counters, the breaker of the key's shard, one warning), or while that breaker is
+        open (or, for a ``write``, while that shard refuses writes). The call may take
+        ``timeout`` seconds in all (plus the time to connect) and read ``limit`` reply bytes.
+        A ``MOVED`` reply reads the slot map again and is followed once."""
+        errors = self._errors
+        client: Any = None
+        shard, error, overrun = "", None, False
+        for _ in range(2):
+            try:
+                client, shard = self._route(key)
+            except (errors.RedisError, OSError, ValueError) as e:
+                self._failed(what, e, False, "", None)  # no slot map: the whole tier
+                return None, True
+            if not self._usable(shard) or (write and not self._writable(shard)):
+                return None, True
+            result, error, overrun = self._attempt(client, fn, *args, limit=limit)
+            if error is None:
+                return result, False
+            if not (self.cluster and isinstance(error, self._errors.MovedError)):
+                break
+            self._refresh_slots()
+        assert error is not None
+        self._failed(what, error, overrun, shard, client)
         return None, True
 
     def _attempt(
-        self, fn: Callable[..., Any], *args: Any, limit: int = _REPLY_LIMIT, **kw: Any
+        self, client: Any, fn: Callable[..., Any], *args: Any, limit: int = _REPLY_LIMIT
     ) -> tuple[Any, Exception | None, bool]:
-        """``(fn(client, *args, **kw), None, False)``, or ``(None, the failure, whether the
-        reply ran past ``limit``)``, within the call's deadline and reply budget."""
+        """``(fn(client, *args), None, False)``, or ``(None, the failure, whether the reply
+        ran past ``limit``)``, within the call's deadline and reply budget."""
         budget, errors = self._budget, self._errors
         budget.deadline = time.monotonic() + self.options.timeout
         budget.left, budget.overrun = limit, False
         try:
-            return fn(self._client, *args, **kw), None, False
-        except (errors.RedisError, errors.RedisClusterException, OSError, ValueError) as e:
+            return fn(client, *args), None, False
+        except (errors.RedisError, OSError, ValueError) as e:
             return None, e, budget.overrun
         finally:
             budget.deadline = budget.left = None
 
     def probe(self) -> str | None:
-        """Whether the server answers a PING within the bounds of a call: None, or why not
-        (nothing is counted or warned about)."""
-        _, error, _ = self._attempt(lambda c: c.ping())
-        return None if error is None else scrub(f"{type(error).__name__}: {error}", self._secrets)
+        """Whether the server answers a PING within the bounds of a call (on a cluster, every
+        primary, each within those bounds): None, or why not (nothing is counted or warned
+        about)."""
+        try:
+            client, _ = self._route(None)
+        except (self._errors.RedisError, OSError, ValueError) as e:
+            return self._shown(e)
+        if not self.cluster:
+            error = self._attempt(client, lambda c: c.ping())[1]
+            return None if error is None else self._shown(error)
+        down = []
+        for name in sorted({name for _, _, name in self._slots or ()}):
+            error = self._attempt(self._primary(name), lambda c: c.ping())[1]
+            if error is not None:
+                down.append(f"{name}: {self._shown(error)}")
+        return "; ".join(down) or None
+
+    def _shown(self, error: BaseException) -> str:
+        return scrub(f"{type(error).__name__}: {error}", self._secrets)
 
     def usage(self, limit: int = USAGE_SCAN_LIMIT) -> dict[str, Any]:
         """This tier's entries and their bytes (``kernelcache stats --remote``), bounded for a
@@ -371,20 +542,21 @@ class RedisTier(TierBase):
         if self.cluster:
             out["server_keys"] = None
             return out
-        size, error, _ = self._attempt(lambda c: c.dbsize())
+        client = self._single
+        size, error, _ = self._attempt(client, lambda c: c.dbsize())
         out["server_keys"] = int(size) if error is None else None
         pattern = f"{self.options.prefix}*"
         cursor, entries, total = 0, 0, 0
         while True:
             found, error, _ = self._attempt(
-                lambda c, at=cursor: c.scan(cursor=at, match=pattern, count=1000)
+                client, lambda c, at=cursor: c.scan(cursor=at, match=pattern, count=1000)
             )
             if error is not None:
                 return out
             cursor, names = found
             names = [n for n in names if not n.endswith(b":lock")]
             if names:
-                lengths, error, _ = self._attempt(_strlens, names)
+                lengths, error, _ = self._attempt(client, _strlens, names)
                 if error is not None:
                     return out
                 entries += len(names)
@@ -406,81 +578,76 @@ class RedisTier(TierBase):
         limit = self.options.max_size
         # the value is at most max_size; the call may also connect (a cluster reads its slots)
         return self._call(
-            "get", self._run, "get", [self.name(key)], [limit], limit=limit + _REPLY_LIMIT
+            "get", key, self._eval, "get", [self.name(key)], [limit], limit=limit + _REPLY_LIMIT
         )
 
     def _discard(self, key: str) -> None:
-        self._call("delete", lambda c: c.delete(self.name(key)))
+        self._call("delete", key, lambda c: c.delete(self.name(key)))
 
     def _send(self, key: str, value: bytes, replace: bool) -> tuple[bool, bool]:
         """Store ``value`` under the entry's key if it has none (``SET NX``), or whatever it
         has with ``replace``."""
         ttl_ms = math.ceil(self.options.ttl * 1000) if self.options.ttl else None
         done, failed = self._call(
-            "put", lambda c: c.set(self.name(key), value, px=ttl_ms, nx=not replace)
+            "put",
+            key,
+            lambda c: c.set(self.name(key), value, px=ttl_ms, nx=not replace),
+            write=True,
         )
         return bool(done) and not failed, failed
 
-    def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
-        """Take the job-wide build lock of ``key``, waiting at most ``timeout`` seconds: the
-        caller's remaining budget (:class:`kernelcache.Cache` gives one budget to a whole
-        ``get_or_create_many`` call, not one per key).
-
-        Returns a function that releases the lock (only while this owner still holds it), or a
-        function that does nothing when the entry appeared in Redis meanwhile (the caller's
-        remote read then hits) or the tier is read-only, or None when the lock was not had in
-        time or the server is unavailable (the caller then builds privately). The lock expires
-        after ``lock_ttl`` if its owner dies.
-
-        Raises:
-            ValueError: malformed ``key``.
-        """
-        check_key(key)
-        if self.read_only:
-            return _no_release
-        if not self._usable():
-            return None
+    def _try_lock(self, key: str) -> Claim:
+        """One try at the build lock of ``key`` (see :meth:`TierBase.try_acquire`): taken and
+        renewed every third of ``lease``; a lock without an expiry, or set longer ago than
+        ``lock_ttl`` (a crashed or foreign client), is broken at once (one warning)."""
         lock = self.name(key) + ":lock"
-        ttl_ms = str(max(1, math.ceil(self.options.lock_ttl * 1000)))
-        token = f"{ttl_ms}:{HOST}:{os.getpid()}:{uuid.uuid4().hex}"
-        deadline = time.monotonic() + max(0.0, timeout)
-        delay = _POLL_FIRST
-        while True:
-            state, failed = self._call(
-                "lock", self._run, "acquire", [lock, self.name(key)], [token, ttl_ms]
+        lease = _ms(self.lease)
+        token = f"{lease}:{HOST}:{os.getpid()}:{uuid.uuid4().hex}"
+        reply, failed = self._call(
+            "lock",
+            key,
+            self._eval,
+            "acquire",
+            [lock, self.name(key)],
+            [token, lease, _ms(self.options.lock_ttl)],
+        )
+        if failed:
+            return None
+        state, held = int(reply[0]), reply[1]
+        if state == _READY:
+            self._bump(lock_ready=1)
+            return no_release
+        if state == _BROKEN:
+            self._bump(locks_broken=1)
+            self._warn(
+                "lock-broken",
+                "broke the build lock of %s in %s, held by %s: it had no expiry or was set "
+                "longer ago than lock_ttl=%gs (a crashed or foreign client); building",
+                key,
+                self.url,
+                holder_of(held),
+                self.options.lock_ttl,
             )
-            if failed:
-                return None
-            if state == _BROKEN:
-                self._bump(locks=1, locks_broken=1)
-                self._warn(
-                    "lock-broken",
-                    "broke the build lock of %s in %s: it had no expiry or was held longer "
-                    "than lock_ttl=%gs (a crashed or foreign client); building",
-                    key,
-                    self.url,
-                    self.options.lock_ttl,
-                )
-                return lambda: self._release(lock, token)
-            if state == _ACQUIRED:
-                self._bump(locks=1)
-                return lambda: self._release(lock, token)
-            if state == _READY:
-                self._bump(lock_ready=1)
-                return _no_release
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._bump(lock_timeouts=1)
-                return None
-            time.sleep(min(remaining, delay * random.uniform(0.5, 1.0)))
-            delay = min(delay * 2, _POLL_MAX)
-            if not self._usable():
-                return None
+        if state in (_ACQUIRED, _BROKEN):
+            self._bump(locks=1)
+            return self._holding(
+                token,
+                lambda seconds: self._renew(key, lock, token, seconds),
+                lambda: self._release(key, lock, token),
+            )
+        return Busy(lock, holder_of(held), self.label)
 
-    def _release(self, lock: str, token: str) -> None:
-        if time.monotonic() < self._down_until:
-            return  # the lock expires by itself
-        released, failed = self._call("unlock", self._run, "release", [lock], [token])
+    def _renew(self, key: str, lock: str, token: str, seconds: float) -> bool | None:
+        renewed, failed = self._call(
+            "renew", key, self._eval, "renew", [lock], [token, _ms(seconds)]
+        )
+        return None if failed else bool(renewed)
+
+    def _release(self, key: str, lock: str, token: str) -> None:
+        """Delete the lock if this owner still holds it; sent whatever failed before (on
+        another shard, or a put), skipped only while the lock's own shard is known down (the
+        lock then lapses within its lease)."""
+        released, failed = self._call("unlock", key, self._eval, "release", [lock], [token])
         if not failed and not released:
             self._bump(locks_lost=1)
             logger.debug("kernelcache: build lock %s had expired before its release", lock)

@@ -3,12 +3,72 @@ many machines (:class:`RemoteTier`), and how a tier is made from its URL (:class
 
 The cache depends on this module and on the registry only; every implementation (the Redis
 tier, a plugin's tier, or any object a caller passes as ``Cache(remote=...)``) implements it.
+A tier may also offer ``try_acquire(key)``: one try at a key's build lock that tells a lock
+held by another client (:class:`Busy`) from an unavailable one (None); the cache then builds
+other keys while another machine holds a key's lock, and says who held a lock it stopped
+waiting for (:func:`try_lock`).
 """
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+
+#: the first and the longest pause between two tries of a build lock held elsewhere
+POLL_FIRST, POLL_MAX = 0.02, 0.5
+
+
+@dataclass(frozen=True)
+class Busy:
+    """What ``try_acquire`` returns while another client holds the build lock of a key."""
+
+    #: the lock's name in the tier
+    lock: str
+    #: who holds it, as far as the tier can tell (e.g. "host pid 1234"), or "unknown"
+    holder: str
+    #: the tier's label (its URL without query or secrets)
+    tier: str
+
+
+#: what one try at a build lock gives: a function that releases it (or releases nothing: the
+#: entry is there already, or the tier takes no locks), Busy, or None (the tier is unavailable:
+#: build without it)
+Claim = Callable[[], None] | Busy | None
+
+
+def next_poll(delay: float) -> tuple[float, float]:
+    """``(the pause before the next try of a busy lock, the delay after that)``: exponential
+    back-off from :data:`POLL_FIRST` to :data:`POLL_MAX`, jittered so that waiters spread."""
+    return delay * random.uniform(0.5, 1.0), min(max(delay, POLL_FIRST) * 2, POLL_MAX)
+
+
+def wait_for(try_acquire: Callable[[], Claim], timeout: float) -> Claim:
+    """Call ``try_acquire`` until it returns other than :class:`Busy`, for at most
+    ``timeout`` seconds in all (at least once); the last :class:`Busy` when time ran out."""
+    deadline = time.monotonic() + max(0.0, timeout)
+    delay = POLL_FIRST
+    while True:
+        claim = try_acquire()
+        remaining = deadline - time.monotonic()
+        if not isinstance(claim, Busy) or remaining <= 0:
+            return claim
+        pause, delay = next_poll(delay)
+        time.sleep(min(remaining, pause))
+
+
+def try_lock(tier: object, key: str, timeout: float) -> Claim:
+    """One try at ``tier``'s build lock of ``key``: its ``try_acquire`` where it has one;
+    else its ``acquire``, which may wait up to ``timeout`` (its None, busy or unavailable
+    alike, reads as unavailable)."""
+    try_acquire = getattr(tier, "try_acquire", None)
+    if try_acquire is not None:
+        claim: Claim = try_acquire(key)
+        return claim
+    release: Callable[[], None] | None = tier.acquire(key, timeout)  # type: ignore[attr-defined]
+    return release
 
 
 @runtime_checkable

@@ -25,6 +25,26 @@ REDIS_MAX_STRING = 512 << 20
 #: the clock, and its scripts pass numbers on as text of 14 significant digits (Redis 6)
 REDIS_MAX_EXPIRE = (10**14 - 1) / 1000
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: the shortest default lease of a build lock, in seconds
+MIN_LEASE = 5.0
+
+
+def default_lease(timeout: float, lock_ttl: float) -> float:
+    """A build lock's lease where the URL gives none: twice the time one call may take (a
+    renewal must fit in a third of it, with room), at least :data:`MIN_LEASE`, at most
+    ``lock_ttl``."""
+    return min(max(MIN_LEASE, 2 * timeout), lock_ttl)
+
+
+def lease_problems(lease: float | None, timeout: float, lock_ttl: float) -> list[str]:
+    """What is wrong with a ``lease`` option given with these ``timeout`` and ``lock_ttl``."""
+    if lease is None:
+        return []
+    if not (0.001 <= lease <= lock_ttl):
+        return ["lease must be from 1ms to lock_ttl"]
+    if lease <= timeout:
+        return ["lease must be longer than timeout (a renewal may take that long)"]
+    return []
 
 
 def _parse_cert_reqs(text: str) -> str:
@@ -52,6 +72,7 @@ class RemoteOptions:
     max_size: int = 64 << 20
     breaker: float = 30.0
     lock_ttl: float = 120.0
+    lease: float | None = None
     read_only: bool = False
     #: options passed to redis-py as they are (TLS settings, ``db`` for unix sockets)
     client: Mapping[str, Any] = field(default_factory=dict)
@@ -59,6 +80,11 @@ class RemoteOptions:
     @property
     def prefix(self) -> str:
         return f"{self.namespace}:v{REMOTE_FORMAT}:"
+
+    @property
+    def lease_s(self) -> float:
+        """The lease of a build lock, in seconds (given, or :func:`default_lease`)."""
+        return default_lease(self.timeout, self.lock_ttl) if self.lease is None else self.lease
 
 
 #: option -> (parser, meaning); the tier's own policy
@@ -69,7 +95,12 @@ OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "namespace": (str, "key prefix, [A-Za-z0-9_.-]{1,64} (default kc)"),
     "max_size": (parse_size, "entries larger than this are not sent (default 64M)"),
     "breaker": (parse_duration, "after a connection failure, skip the server this long (30s)"),
-    "lock_ttl": (parse_duration, "a build lock expires after this long (default 120s)"),
+    "lock_ttl": (parse_duration, "a build lock lasts at most this long (default 120s)"),
+    "lease": (
+        parse_duration,
+        "a build lock whose holder stops renewing it lasts this long (default 2 x timeout, "
+        "at least 5s)",
+    ),
     "read_only": (parse_bool, "1: only read this tier: no puts, backfill or locks (default 0)"),
 }
 #: option -> parser; passed through to redis-py (TLS options need rediss://)
@@ -211,6 +242,7 @@ def parse_url(url: str) -> tuple[str, RemoteOptions]:
         problems.append("max_size must be more than 0 and at most 512M")
     if not (0.001 <= options.lock_ttl <= REDIS_MAX_EXPIRE):
         problems.append(f"lock_ttl must be from 1ms to {years} (Redis's range)")
+    problems += lease_problems(options.lease, options.timeout, options.lock_ttl)
     if problems:
         raise ConfigError(f"remote URL {shown!r}: {'; '.join(problems)}")
     address = f"{parts.scheme}://{parts.netloc}{parts.path}"
