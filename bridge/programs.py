@@ -18,21 +18,22 @@ made after it was written) is read from the call's own entry. Per module and set
 one program entry is looked up in vain and at most one is written. Nothing here fails a
 lowering: an odd program entry is a miss, a failed put costs the next process its reads.
 
-An item is served only once its opaque is known to inflate whole (what jaxlib does with it
-first): the opaques of an entry read are inflated in a background thread while the lowering
-goes on (zlib works without the interpreter lock), so the check costs the lowering a wait only
-where it is not done yet. A program entry that does not decode, or holds an opaque that does
-not inflate, is a corrupt entry: quarantined, and none of its items is served.
+A program entry is served only once every opaque in it is known to inflate whole (what jaxlib
+does with one first): checked when a process reads the entry, unless this user recorded the
+check of these very bytes before (:mod:`kernelcache.checked`; the process that writes an entry
+records it, having built its opaques), so a warm process of the same user inflates nothing. A
+program entry that does not decode, or holds an opaque that does not inflate, is a corrupt
+entry: quarantined, and none of its items is served.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kernelcache import checked
 from kernelcache.keys import KEY_PATTERN
 
 from . import lowerings
@@ -118,39 +119,8 @@ def decode(data: bytes) -> list[Item] | None:
     return items if at == len(data) else None
 
 
-class Checks:
-    """Whether each of some opaques inflates whole (:func:`bridge.lowerings.whole`), found in
-    a background thread in their order; :meth:`ok` waits for one verdict."""
-
-    def __init__(self, opaques: Sequence[bytes]) -> None:
-        self._opaques = list(opaques)
-        self._verdicts: list[bool] = []
-        self._ready = threading.Condition()
-        try:
-            threading.Thread(target=self._run, name="kernelcache-checks", daemon=True).start()
-        except RuntimeError:  # (no thread to be had: checked here, now)
-            self._run()
-
-    def _run(self) -> None:
-        for opaque in self._opaques:
-            verdict = lowerings.whole(opaque)
-            with self._ready:
-                self._verdicts.append(verdict)
-                self._ready.notify_all()
-
-    def ok(self, index: int) -> bool:
-        """Whether opaque ``index`` inflates whole (waits for the verdict)."""
-        with self._ready:
-            self._ready.wait_for(lambda: len(self._verdicts) > index)
-            return self._verdicts[index]
-
-
-@dataclass(frozen=True)
-class _Read:
-    """A program entry read: what it was read as, and the checks of its items' opaques."""
-
-    art: Any  # kernelcache.Artifact
-    checks: Checks
+#: the name of the check recorded for a program entry (:mod:`kernelcache.checked`)
+CHECK = "opaques-inflate"
 
 
 def entry_key(key: str) -> str:
@@ -164,8 +134,7 @@ class Program:
 
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
-        #: the items of the entries read: (key, state) -> the lowering, its entry, its index
-        self._lowered: dict[tuple[str, str], tuple[Lowered, _Read, int]] = {}
+        self._lowered: dict[tuple[str, str], Lowered] = {}
         self._variants: dict[str, tuple[str, ...] | None] = {}  # every key the entries hold
         self._calls: list[Item] = []
         self._described: list[tuple[CallSpec, Target]] = []
@@ -184,17 +153,19 @@ class Program:
                 self.cache.quarantine(art, "a program entry that does not decode")
             self._missed, self._start = True, len(self._calls)
             return
-        read = _Read(art, Checks([item.lowered.opaque for item in items]))
-        for index, item in enumerate(items):
-            self._lowered.setdefault((item.key, item.state), (item.lowered, read, index))
+        assert art is not None
+        digest = art.meta.get("digest")
+        if not checked.recorded(self.cache.root, CHECK, art.key, digest):
+            if not all(lowerings.whole(item.lowered.opaque) for item in items):
+                self.cache.quarantine(
+                    art, "a program entry holding an opaque that does not inflate"
+                )
+                self._missed, self._start = True, len(self._calls)
+                return
+            checked.record(self.cache.root, CHECK, art.key, digest)
+        for item in items:
+            self._lowered.setdefault((item.key, item.state), item.lowered)
             self._variants.setdefault(item.key, item.variants)
-
-    def _reject(self, read: _Read) -> None:
-        """Serve nothing more of the entry ``read``, and quarantine it."""
-        for where, (_, held, _) in list(self._lowered.items()):
-            if held is read:
-                del self._lowered[where]
-        self.cache.quarantine(read.art, "a program entry holding an opaque that does not inflate")
 
     def variants(self, key: str) -> list[str] | None:
         """:func:`bridge.lowerings.variant_keys`, from the program entries where they hold
@@ -211,12 +182,7 @@ class Program:
         if key not in self._variants:
             self._read(key)
         found = self._lowered.get((key, state))
-        if found is not None:
-            done, read, index = found
-            if read.checks.ok(index):
-                return done
-            self._reject(read)
-        return lowerings.lowered(self.cache, key, state)
+        return found if found is not None else lowerings.lowered(self.cache, key, state)
 
     def note(self, item: Item, call: CallSpec, target: Target) -> None:
         """Note what ``call``, a call of the program, lowered to for ``target``."""
@@ -242,6 +208,9 @@ class Program:
                 items.append(item)
         try:
             meta = lowerings.metadata(*described[start])
-            self.cache.put(entry_key(items[0].key), EXT, encode(items), meta, wait=0)
+            data = encode(items)
+            art = self.cache.put(entry_key(items[0].key), EXT, data, meta, wait=0)
         except (CacheError, ValueError, OSError):
             return
+        if art.data == data:  # (its opaques were built or checked here; not another's entry)
+            checked.record(self.cache.root, CHECK, art.key, art.meta.get("digest"))

@@ -8,6 +8,7 @@
     <root>/.locks/         per-key lock files (see locks.py)
     <root>/.quarantine/    corrupt entries moved aside, with the reason
     <root>/.stats/         per-process statistics logs, their summary, the scan index
+    <root>/.checked/       what each user checked of an entry beyond a read (see checked.py)
 
 Other packages register the directories they keep in a root (:func:`register_directory`), so
 that a scan knows them from foreign files.
@@ -47,11 +48,12 @@ TMP_DIR = ".tmp"
 LOCK_DIR = ".locks"
 QUARANTINE_DIR = ".quarantine"
 STATS_DIR = ".stats"
+CHECKED_DIR = ".checked"
 
-_known_dirs = frozenset({TMP_DIR, LOCK_DIR, QUARANTINE_DIR, STATS_DIR})
+_known_dirs = frozenset({TMP_DIR, LOCK_DIR, QUARANTINE_DIR, STATS_DIR, CHECKED_DIR})
 #: directories where every user of a root keeps files of their own (lock files, statistics
-#: logs, the scan index): created sticky in a shared root
-_shared_dirs = frozenset({LOCK_DIR, STATS_DIR})
+#: logs, the scan index, check records): created sticky in a shared root
+_shared_dirs = frozenset({LOCK_DIR, STATS_DIR, CHECKED_DIR})
 _registering = threading.Lock()
 
 #: how a file is created under a root: a new file only, never through a symlink

@@ -8,6 +8,7 @@ Lowered for cuda on this CPU machine (``embed="ptx"`` under jaxlib < 0.11.1, inl
 from __future__ import annotations
 
 import json
+import os
 import struct
 import threading
 from collections import Counter
@@ -214,9 +215,38 @@ def test_an_entry_whose_opaque_does_not_inflate_is_a_corrupt_miss(cache, assembl
     assert kernelcache.process_stats()["corrupt"] == before + 1
     (moved,) = Path(cache.root, ".quarantine").glob(f"{path.stem}.{path.suffix[1:]}.*")
     assert moved.read_bytes() == data
-    if path.exists():  # (the lowering entry, stored again by this lowering: whole)
-        again = lowerings.decode(path.read_bytes())
-        assert again is not None and lowerings.whole(again.opaque)
+    if path.exists():  # (the entry, stored again by this lowering: whole)
+        raw = path.read_bytes()
+        if which == "program":
+            again = [i.lowered for i in programs.decode(raw) or ()]
+        else:
+            again = [lowerings.decode(raw)]
+        assert again and all(d is not None and lowerings.whole(d.opaque) for d in again)
+
+
+def test_a_warm_process_inflates_no_opaque_its_user_checked(cache, assembled, monkeypatch):
+    """The process that writes a program entry records that its opaques inflate; a later
+    lowering by the same user checks none of them again, until the record is gone or is not
+    this user's."""
+    inflated: list[bytes] = []
+    real = lowerings.whole
+
+    def whole(opaque: bytes) -> bool:
+        inflated.append(opaque)
+        return real(opaque)
+
+    monkeypatch.setattr(lowerings, "whole", whole)
+    cold = text(program(cache))
+    assert inflated == []  # (built here: nothing to check)
+    assert text(program(cache)) == cold and inflated == []
+    (record,) = Path(cache.root, ".checked").iterdir()
+    record.unlink()
+    assert text(program(cache)) == cold and len(inflated) == 3  # checked, and recorded again
+    (record,) = Path(cache.root, ".checked").iterdir()
+    if os.geteuid() == 0:  # a record this user does not own vouches for nothing
+        os.chown(record, 65534, -1)
+        inflated.clear()
+        assert text(program(cache)) == cold and len(inflated) == 3
 
 
 def test_a_decision_made_later_is_read_from_the_calls_entry(tmp_path, cache, monkeypatch, reads):
