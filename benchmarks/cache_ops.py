@@ -316,7 +316,7 @@ def _burst_run(
 ) -> dict:
     """One run of ``writers`` processes (kernelcache from ``tree``) putting into ``root``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
-    env.update(PYTHONPATH=str(tree), KERNELCACHE_DIR=root, KERNELCACHE_MAX_SIZE=str(cap))
+    env.update(PYTHONPATH=str(tree), KERNELCACHE_DIR=root, KERNELCACHE_MAX_SIZE=f"{cap}B")
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", BURST_WRITER, f"{n}-{pace}", str(count), str(size), str(pace)],

@@ -256,7 +256,7 @@ def main() -> None:
         r = str(root)
         results: dict[str, float] = {"create": created}
         cpu: dict[str, float] = {}
-        cap = str(args.entries * (args.min_size + args.max_size) // 4)  # about half the bytes
+        cap = f"{args.entries * (args.min_size + args.max_size) // 4}B"  # about half the bytes
 
         results["stats_cold"], out = timed([kc, "--root", r, "stats", "--json"], 1)
         assert json.loads(out)["entries"] == args.entries, out[:200]
@@ -316,7 +316,7 @@ def main() -> None:
             if small.exists():
                 shutil.rmtree(small)
             populate(small, n, args.min_size, args.max_size)
-            small_cap = str(n * (args.min_size + args.max_size) // 4)
+            small_cap = f"{n * (args.min_size + args.max_size) // 4}B"
             seconds, cpu_seconds, out = timed_once(
                 [kc, "--root", str(small), "prune", "--max-size", small_cap, "--json"]
             )

@@ -4,15 +4,24 @@ machine's keys can name, for ``kernelcache import --dry-run``).
 
 Registered through the entry-point group ``kernelcache.commands``. Importing this module imports
 neither jax nor triton: they are imported when the command runs, and their absence is a usage
-error that names the package to install.
+error that names the package to install. Kernels named in a manifest are imported as
+``python -m`` would: the current directory first on ``sys.path``.
+
+The plugin also tells ``kernelcache show`` what an autotune decision holds (which config was
+chosen, pinned or measured, the margin and each config's time): reading one needs neither
+jax, triton nor numpy.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping
 from typing import Any
 
-from kernelcache.cli import UsageError, add_command, root_of
+from kernelcache.cli import Content, UsageError, add_command, register_content, root_of
 from kernelcache.cli.common import age_arg, size_arg
 from kernelcache.cli.output import (
     EXIT_OK,
@@ -25,8 +34,9 @@ from kernelcache.cli.output import (
     printable,
 )
 
-#: top-level modules whose absence means the bridge's extra is not installed
-_BRIDGE_DEPENDENCIES = {"bridge", "jax", "jaxlib", "triton", "google", "protobuf"}
+#: the modules the bridge's commands need: its extra's packages (``pip install
+#: 'kernelcache[bridge]'``) and what they bring
+BRIDGE_DEPENDENCIES = ("numpy", "jax", "jaxlib", "triton", "google.protobuf")
 
 
 #: JAX's options of its persistent compilation cache that ``doctor`` shows: (option, shown as);
@@ -88,9 +98,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     from kernelcache.toolchains import register_toolchain
 
     from . import handoff  # noqa: F401
+    from .decisions import KIND as DECISION
 
     register_toolchain("bridge", _toolchain)
     register_report("jax_cache", jax_cache_report)
+    register_content(DECISION, decision_content)
 
     p = add_command(
         subparsers,
@@ -123,7 +135,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="append",
         metavar="KIND",
         help="of an autotuned call decided for this device kind (e.g. 'NVIDIA H200'; "
-        "repeatable), compile only the chosen config (pinned decisions count for every device)",
+        "repeatable), compile only the chosen config; a decision pinned for every device "
+        "counts without it; an undecided call compiles every config",
     )
     p.add_argument(
         "--all-configs",
@@ -205,21 +218,62 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=cmd_jax_cache)
 
 
-def _bridge_module(name: str):  # -> ModuleType
-    """``bridge.<name>`` for ``kernelcache <name>``, or a usage error naming the package to
-    install."""
-    import importlib
+def _absent(module: str) -> bool:
+    import importlib.util
 
     try:
-        return importlib.import_module(f"bridge.{name}")
+        return importlib.util.find_spec(module) is None
+    except ModuleNotFoundError:  # its parent package is absent
+        return True
+
+
+def _bridge_module(command: str):  # -> ModuleType
+    """``bridge.<command>`` for ``kernelcache <command>``, with the current directory first on
+    ``sys.path`` (kernels are imported as ``python -m`` would), or a usage error naming the
+    package to install when the bridge's dependencies are missing."""
+    import importlib
+
+    def needs(what: str) -> UsageError:
+        return UsageError(
+            f"kernelcache {command} needs the bridge's dependencies (cannot import {what}): "
+            "pip install 'kernelcache[bridge]'"
+        )
+
+    missing = [m for m in BRIDGE_DEPENDENCIES if _absent(m)]
+    if missing:
+        raise needs(", ".join(missing))
+    try:
+        module = importlib.import_module(f"bridge.{command}")
     except ImportError as e:
-        missing = (e.name or "").split(".")[0]
-        if missing and missing not in _BRIDGE_DEPENDENCIES:
-            raise
-        raise UsageError(
-            f"kernelcache {name} needs the bridge and its dependencies (cannot import "
-            f"{e.name or 'bridge.' + name}): pip install 'kernelcache[bridge]'"
-        ) from None
+        if (e.name or "").partition(".")[0] == "bridge":
+            raise  # a module of the bridge itself is missing: not the user's to fix
+        raise needs(e.name or str(e)) from None
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    return module
+
+
+def decision_content(data: bytes, meta: Mapping[str, Any]) -> Content:
+    """What ``kernelcache show`` says a decision entry holds (see
+    :func:`kernelcache.cli.register_content`)."""
+    from .decisions import MAX_BYTES, parse
+
+    found: Any = f"the decision is too large ({len(data):,} bytes)"
+    if len(data) <= MAX_BYTES:
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError):
+            doc = None
+        variants = doc.get("variants") if isinstance(doc, dict) else None
+        if isinstance(variants, list) and all(isinstance(v, str) for v in variants):
+            found = parse(data, variants)  # every field checked against the variants it names
+        else:
+            found = "the decision is not a JSON document that names its variants"
+    if isinstance(found, str):
+        return Content({"problem": found}, (f"not a usable decision: {found}",))
+    first, *rest = found.describe()
+    return Content(found.to_json(), (f"decision: {first}", *rest))
 
 
 def _assignments(values: list[str] | None, option: str) -> dict[str, str]:
@@ -254,6 +308,8 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
     import kernelcache
 
     from . import tuning
+    from .errors import TargetError
+    from .warm.manifest import ManifestError
 
     if fill:
         tuning.use(tuning.JaxMeasurer(fill))
@@ -266,7 +322,7 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
             targets=list(args.target or ()),
             force=args.force,
         )
-    except ValueError as e:
+    except (TargetError, ManifestError) as e:
         raise UsageError(str(e)) from None
     unknown = sorted(
         set(pins or ())

@@ -34,8 +34,6 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from kernelcache.process import warn_once
 
-from .binding import ArgArray
-
 if TYPE_CHECKING:
     from kernelcache import Cache
 
@@ -109,6 +107,25 @@ class Decision:
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
+
+    def describe(self) -> list[str]:
+        """The decision for people: a line with the chosen config, pinned or the device it was
+        measured on, the margin over the runner-up and the noise; then one line per config
+        with its time (``*`` marks the chosen one) or why it could not run."""
+        where = "pinned for every device" if self.pinned else f"measured on {self.device}"
+        parts = [f"config {self.chosen} ({self.config}), {where}"]
+        if self.margin is not None:
+            parts.append(f"margin {100 * self.margin:.1f}%")
+        if self.noise is not None:
+            parts.append(f"noise {100 * self.noise:.1f}%")
+        lines = [", ".join(parts)]
+        times = self.times or (None,) * len(self.configs)
+        for i, (config, t) in enumerate(zip(self.configs, times, strict=True)):
+            why = self.reasons.get(i)
+            shown = f"{t * 1e6:9.1f} us" if t is not None else f"{'-':>12}"
+            mark = "*" if i == self.chosen else " "
+            lines.append(f"  {mark} {i:3d} {shown}  {config}{' (' + why + ')' if why else ''}")
+        return lines
 
     def metadata(self) -> dict[str, Any]:
         """The entry metadata of this decision."""
@@ -199,6 +216,8 @@ def parse(data: bytes, variants: Sequence[str]) -> Decision | str:
 def tuning_inputs(named: Mapping[str, Any], autotune_keys: Sequence[str]) -> dict[str, Any]:
     """What of a call's arguments a choice depends on besides its variants: the shape and dtype
     of every array (by parameter name) and the value of every autotune ``key`` argument."""
+    from .binding import ArgArray  # (numpy: not needed to read a decision)
+
     arrays = {
         name: [list(value.shape), value.dtype_name]
         for name, value in sorted(named.items())

@@ -34,7 +34,7 @@ from .failures import remembered
 from .kernel_keys import COMPONENTS, PIPELINE_VERSION, env_digest, text_digest
 from .record import source_digest
 from .specialize import Specialization, components
-from .targets import Target, parse_target
+from .targets import Target, parse_target, recorded_targets
 from .warm.manifest import RecordedCall, load_manifest
 from .warm.plan import kernel_parts, present, specializations
 
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 #: are digests
 _SHOWN = frozenset({"pipeline", "triton", "target", "language"})
 #: a component implied by another one that differs: not reported again
-_IMPLIED = {"compiler": "triton", "backend": "target", "code": "source"}
+_IMPLIED = {"compiler": "triton", "backend": "target", "options": "target", "code": "source"}
 
 
 @dataclass(frozen=True)
@@ -226,12 +226,10 @@ class _Candidates:
         return None if best is None else best[1]
 
 
-def _targets_of(call: RecordedCall, given: Sequence[Target]) -> tuple[list[Target], list[str]]:
-    if given:
-        return list(given), []
+def _targets_of(call: RecordedCall, chosen: list[str]) -> tuple[list[Target], list[str]]:
     out: list[Target] = []
     bad: list[str] = []
-    for name in call.targets:
+    for name in chosen:
         try:
             target = parse_target(name)
         except TargetError as e:
@@ -243,15 +241,17 @@ def _targets_of(call: RecordedCall, given: Sequence[Target]) -> tuple[list[Targe
 
 
 def explain(manifest: str, cache: Cache, targets: Sequence[str | Target] = ()) -> list[Explained]:
-    """Explain every specialization of every call of ``manifest`` for ``targets`` (default:
-    each call's recorded targets) against ``cache``.
+    """Explain every specialization of every call of ``manifest`` for ``targets`` (names, and
+    patterns that select among the recorded ones: :func:`~bridge.targets.recorded_targets`;
+    default: each call's recorded targets) against ``cache``.
 
     Raises:
         ManifestError: the manifest cannot be read or is not a manifest.
-        TargetError: a target given is malformed.
+        TargetError: a target given is malformed, or a pattern matches no recorded target.
     """
-    given = [parse_target(t) for t in targets]
     loaded = load_manifest(manifest)
+    recorded = (t for call in loaded.calls for t in call.targets)
+    choose = recorded_targets([str(t) for t in targets], recorded, manifest)
     candidates = _Candidates(cache)
     out: list[Explained] = []
     for failure in loaded.failures:
@@ -259,7 +259,7 @@ def explain(manifest: str, cache: Cache, targets: Sequence[str | Target] = ()) -
             Explained(failure.kernel or "(manifest)", "", "", "problem", notes=(failure.detail,))
         )
     for call in loaded.calls:
-        wanted, bad = _targets_of(call, given)
+        wanted, bad = _targets_of(call, choose(call.targets))
         for detail in bad:
             out.append(Explained(call.kernel, "", "", "problem", notes=(detail,)))
         try:

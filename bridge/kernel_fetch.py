@@ -78,8 +78,15 @@ def ptx_pairs(meta: Mapping[str, Any], ptx: bytes) -> bool:
 
 def _store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> None:
     from kernelcache import CacheError
+    from kernelcache.process import warn_once
 
-    fields = {"kind": "ptx", "of": key, "name": meta.get("name"), "target": meta.get("target")}
+    fields = {
+        "kind": "ptx",
+        "of": key,
+        "name": meta.get("name"),
+        "kernel": meta.get("kernel"),
+        "target": meta.get("target"),
+    }
     try:
         cache.put(
             derived_key(key, PTX_EXT),
@@ -87,8 +94,10 @@ def _store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> Non
             ptx.encode(),
             {k: v for k, v in fields.items() if v is not None},
         )
-    except (CacheError, ValueError) as e:
-        logger.warning("kernelcache: cannot store the PTX of %s: %s", key, e)
+    except (CacheError, ValueError) as e:  # the root's write problem: said once, as the cache's
+        warn_once(
+            logger, (cache.root, "write"), "kernelcache: cannot store the PTX of %s: %s", key, e
+        )
 
 
 @dataclass(frozen=True)

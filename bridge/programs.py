@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache import checked
 from kernelcache.keys import KEY_PATTERN
+from kernelcache.schema import KERNEL_NAME
+from kernelcache.table import NAME_SEPARATOR
 
 from . import lowerings
 from .kernel_keys import derived_key
@@ -208,6 +210,15 @@ class Program:
                 items.append(item)
         try:
             meta = lowerings.metadata(*described[start])
+            # named after every kernel it holds (as many as the fields have room for), so that
+            # `kernelcache ls` says what it holds and `prune --kernel` finds it by any of them
+            held = list(
+                dict.fromkeys((c.parts.name, c.parts.qualname) for c, _ in described[start:])
+            )
+            while len(held) > 1 and KERNEL_NAME(NAME_SEPARATOR.join(q for _, q in held)):
+                held.pop()
+            meta["name"] = NAME_SEPARATOR.join(dict.fromkeys(n for n, _ in held))
+            meta["kernel"] = NAME_SEPARATOR.join(dict.fromkeys(q for _, q in held))
             data = encode(items)
             art = self.cache.put(entry_key(items[0].key), EXT, data, meta, wait=0)
         except (CacheError, ValueError, OSError):

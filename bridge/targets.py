@@ -10,6 +10,7 @@ need no GPU at all. What differs by vendor is asked of the target's descriptor
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -168,3 +169,37 @@ def select_target(
             "or cross-compile on a machine without these GPUs"
         )
     return target
+
+
+def recorded_targets(
+    given: Sequence[str], recorded: Iterable[str], manifest: str
+) -> Callable[[Sequence[str]], list[str]]:
+    """How a command over a manifest (``tune``, ``explain``) chooses its targets: the names
+    ``given``, and :mod:`fnmatch` patterns (``cuda:*``) that select among the targets the
+    manifest records (``recorded``). Returns, for a call recorded for some targets, the ones
+    to work on: every name given and the call's own that a pattern selects; with nothing
+    given, the call's own.
+
+    Raises:
+        TargetError: a name given is not a target, or a pattern selects none of ``recorded``
+            (the message names ``manifest`` and what it records).
+    """
+    from kernelcache.prune import is_pattern, matcher
+
+    names = [str(parse_target(t)) for t in given if not is_pattern(t)]
+    patterns = [t for t in given if is_pattern(t)]
+    known = sorted(set(recorded))
+    unmatched = [p for p in patterns if not any(map(matcher([p]), known))]
+    if unmatched:
+        raise TargetError(
+            f"--target {', '.join(unmatched)} matches no target {manifest} records "
+            f"(recorded: {', '.join(known) or 'none'})"
+        )
+    selects = matcher(patterns)
+
+    def choose(own: Sequence[str]) -> list[str]:
+        if not given:
+            return list(own)
+        return names + [t for t in own if selects(t) and t not in names]
+
+    return choose

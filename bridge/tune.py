@@ -32,7 +32,7 @@ from . import decisions, tuning
 from .decisions import ANY_DEVICE, Decision
 from .errors import AutotuneError, BridgeError, KernelArgumentError
 from .specialize import Specialization, specialize_call
-from .targets import Target, local_device, parse_target
+from .targets import Target, local_device, parse_target, recorded_targets
 from .variants import Variants, known_left_out
 from .warm.manifest import RecordedCall, call_ident, import_kernel, read_manifest
 from .warm.plan import kernel_parts
@@ -72,20 +72,8 @@ class Tuned:
         head = f"{self.kernel} on {self.target}: {self.status}"
         if d is None:
             return f"{head}{': ' + self.detail if self.detail else ''}"
-        parts = [f"{head} config {d.chosen} ({d.config}) on {d.device}"]
-        if d.margin is not None:
-            parts.append(f"margin {100 * d.margin:.1f}%")
-        if d.noise is not None:
-            parts.append(f"noise {100 * d.noise:.1f}%")
-        lines = [", ".join(parts)]
-        times = d.times or (None,) * len(d.configs)
-        for i, (config, t) in enumerate(zip(d.configs, times, strict=True)):
-            why = d.reasons.get(i)
-            shown = f"{t * 1e6:9.1f} us" if t is not None else f"{'-':>12}"
-            lines.append(
-                f"  {'*' if i == d.chosen else ' '} {i:3d} {shown}  {config}{' (' + why + ')' if why else ''}"
-            )
-        return "\n".join(lines)
+        first, *rest = d.describe()
+        return "\n".join([f"{head} {first}", *rest])
 
 
 @dataclass
@@ -258,9 +246,20 @@ def traced_call(group: _Group, target: Target, cache: Cache) -> CallSpec:
 def measure(group: _Group, target: Target, cache: Cache, platform: str, force: bool) -> Tuned:
     """Measure ``group``'s call for ``target`` on this machine's GPU and store the decision."""
     kernel = group.call.kernel
+    configs = [
+        layer.configs for layer in kernel_parts(group.call).layers if hasattr(layer, "configs")
+    ]
+    if not configs or len(configs[0]) < 2:
+        return Tuned(kernel, str(target), "single")  # not autotuned: nothing to choose
     device = tuning.current().device(target, platform)
     if device is None:
-        return Tuned(kernel, str(target), "skipped", detail=f"no {target} device here")
+        return Tuned(
+            kernel,
+            str(target),
+            "skipped",
+            detail=f"no {target} device here to measure on (--pin {kernel}=INDEX decides "
+            "without a GPU)",
+        )
     call = traced_call(group, target, cache)
     specs = specialize_call(call.parts, call.named, call.kwargs, call.options, target, cache)
     if len(specs) < 2:
@@ -286,24 +285,15 @@ def tune(
 ) -> list[Tuned]:
     """Decisions for every autotuned call of ``manifest`` (see the module docstring), for the
     recorded targets, or ``targets``: names, and :mod:`fnmatch` patterns (``cuda:*``) that
-    select among the recorded ones. Problems with one call are reported, not raised.
+    select among the recorded ones (:func:`~bridge.targets.recorded_targets`). Problems with
+    one call are reported, not raised.
 
     Raises:
-        ValueError: a pattern matches no target the manifest records.
+        TargetError: a target given is malformed, or a pattern matches no target the manifest
+            records.
     """
-    from kernelcache.prune import is_pattern, matcher
-
-    names = [t for t in targets if not is_pattern(t)]
-    patterns = [t for t in targets if is_pattern(t)]
-    selects = matcher(patterns)
     groups = recorded_calls(manifest)
-    recorded = {t for group in groups for t in group.targets}
-    unmatched = [p for p in patterns if not any(matcher([p])(t) for t in recorded)]
-    if unmatched:
-        raise ValueError(
-            f"--target {', '.join(unmatched)} matches no target {manifest} records "
-            f"(recorded: {', '.join(sorted(recorded)) or 'none'})"
-        )
+    choose = recorded_targets(targets, (t for group in groups for t in group.targets), manifest)
     results: list[Tuned] = []
     for group in groups:
         kernel = group.call.kernel
@@ -313,8 +303,7 @@ def tune(
             index = pins.get(kernel, pins.get(short))
             if index is None:
                 continue
-        chosen = names + [t for t in group.targets if selects(t) and t not in names]
-        for name in chosen if targets else group.targets:
+        for name in choose(group.targets):
             try:
                 target = parse_target(name)
                 if index is not None:

@@ -135,15 +135,16 @@ class Cache:
             if problem is not None:
                 warn_once(logger, ("readonly", os.fspath(r)), "kernelcache: %s: %s", named, problem)
         self.readonly = [Store.from_settings(r, cfg, readonly=True) for r in ro]
+        from_env = remote is None
         if remote is None:
             remote = cfg.remote or ""
         self.remote: RemoteTier | None
         if isinstance(remote, (str, list, tuple)):  # before the protocol's check, which is slow
-            self.remote = self._open_remote(remote, cfg)
+            self.remote = self._open_remote(remote, cfg, from_env)
         elif isinstance(remote, RemoteTier):
             self.remote = remote
         else:
-            self.remote = self._open_remote(remote, cfg)
+            self.remote = self._open_remote(remote, cfg, from_env)
         self.disabled = cfg.disable
         #: (key, ext) pairs :meth:`get` has validated (its hot path checks each pair once)
         self._valid: set[tuple[str, str]] = set()
@@ -158,11 +159,13 @@ class Cache:
         self.capacity = SizeCap(self.store, cap) if cap and not self.disabled else None
 
     def _open_remote(
-        self, remote: str | Sequence[str | RemoteTier], cfg: Settings
+        self, remote: str | Sequence[str | RemoteTier], cfg: Settings, from_env: bool = False
     ) -> RemoteTier | None:
         """The remote tier of ``remote``; None (off, warned once) when the signing key that
-        must authenticate its values cannot be used: never unsigned values instead, and never
-        a failed job."""
+        must authenticate its values cannot be used (never unsigned values instead), or when
+        ``$KERNELCACHE_REMOTE`` (``from_env``) holds a URL its tier cannot use: never a failed
+        job for a setting of the tier. A URL given as an argument that cannot be used is an
+        error (ConfigError)."""
         if not remote:
             return None
         try:
@@ -176,9 +179,21 @@ class Cache:
                 e,
             )
             return None
-        return open_remote(
-            remote, stats_root=self.root, signing_key=key, overwrite=cfg.remote_overwrite
-        )
+        try:
+            return open_remote(
+                remote, stats_root=self.root, signing_key=key, overwrite=cfg.remote_overwrite
+            )
+        except ConfigError as e:
+            if not from_env:
+                raise
+            warn_once(
+                logger,
+                ("remote-url", str(e)),
+                "kernelcache: KERNELCACHE_REMOTE: %s; the remote tier is off until it is fixed "
+                "(local layers still work; `kernelcache doctor` checks it)",
+                e,
+            )
+            return None
 
     def __repr__(self) -> str:
         ro = [s.root for s in self.readonly]

@@ -9,10 +9,14 @@ reads ``os.environ`` for kernelcache's configuration.
 
 An unset or empty variable means its default, except a secret's (the signing key, its file):
 set but blank, it is an error naming it, never signing turned off without a word.
+
+:func:`unknown_variables` finds the ``KERNELCACHE_*`` names set that no package declares: a
+misspelled variable is otherwise ignored without a word.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +27,9 @@ from typing import Any, TypeVar
 from . import units
 from .errors import ConfigError, NotRegularFile
 from .fsio import open_regular
+
+#: the prefix of every variable kernelcache and the packages built on it declare
+PREFIX = "KERNELCACHE_"
 
 
 def path(raw: str) -> Path:
@@ -52,6 +59,11 @@ def choice(*allowed: str) -> Callable[[str], str]:
 
 def _stripped(raw: str) -> str:
     return raw.strip()
+
+
+def _cap(raw: str) -> int:
+    """A size cap: a size with its unit (a bare number other than 0 is ambiguous)."""
+    return units.parse_size(raw, bare_bytes=False)
 
 
 #: the shortest signing key accepted
@@ -147,7 +159,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "KERNELCACHE_MAX_SIZE",
         "max_size",
-        units.parse_size,
+        _cap,
         0,
         "0",
         "size cap of the writable root, e.g. 50G: least recently used entries are evicted "
@@ -380,6 +392,18 @@ def environment_in_effect(environ: Mapping[str, str] | None = None) -> dict[str,
     return {
         var.name: "***" if var.secret else env[var.name] for var in variables() if var.name in env
     }
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """The ``KERNELCACHE_*`` names set in ``environ`` (default: ``os.environ``) that no package
+    declares, each with the declared name nearest to it (None when none is near), sorted."""
+    env = os.environ if environ is None else environ
+    known = {var.name[len(PREFIX) :]: var.name for var in variables()}
+    found = []
+    for name in sorted(n for n in env if n.startswith(PREFIX) and n not in known.values()):
+        near = difflib.get_close_matches(name[len(PREFIX) :], list(known), n=1, cutoff=0.6)
+        found.append((name, known[near[0]] if near else None))
+    return found
 
 
 assert {v.field for v in VARIABLES} == {f.name for f in fields(Settings)}, "one variable per field"

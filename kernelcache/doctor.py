@@ -27,16 +27,16 @@ from ._version import __version__
 from .config import (
     VARIABLES,
     ConfigError,
-    Settings,
     check_key,
     environment_in_effect,
     parse_variable,
     read_key_file,
+    unknown_variables,
     variable,
     variables,
 )
 from .keys import META_EXT, split_entry_name
-from .layout import LOCK_DIR, create_exclusive, shared_directories
+from .layout import LOCK_DIR, UNREADABLE_HINT, create_exclusive, readable, shared_directories
 from .locks import Locker, pid_alive
 from .process import HOST
 from .stats import lock_waits
@@ -198,7 +198,8 @@ def _shown(name: str, raw: str) -> str:
 
 def _check_deeper(name: str, value: Any, env: Mapping[str, str]) -> None:
     """Checks beyond a variable's own parser: the remote URL as its tier reads it, the
-    signing key file as the cache reads it (and not beside a key given directly).
+    signing key file as the cache reads it (and not beside a key given directly), the
+    read-only roots as the cache uses them.
 
     Raises:
         ConfigError: the value cannot be used (the message never shows a secret).
@@ -207,6 +208,14 @@ def _check_deeper(name: str, value: Any, env: Mapping[str, str]) -> None:
         from .remote import check_url
 
         check_url(value)
+    if name == "KERNELCACHE_READONLY_DIRS" and value:
+        from .cache import readonly_problem
+
+        bad = [os.fspath(r) for r in value if readonly_problem(r) is not None]
+        if bad:
+            raise ConfigError(
+                f"{', '.join(bad)} cannot be used as read-only roots (see the read-only checks)"
+            )
     if name == "KERNELCACHE_SIGNING_KEY" and value:
         check_key(value, name)
     if name == "KERNELCACHE_SIGNING_KEY_FILE" and value:
@@ -215,10 +224,14 @@ def _check_deeper(name: str, value: Any, env: Mapping[str, str]) -> None:
         read_key_file(value)
 
 
-def setting_checks(environ: Mapping[str, str] | None = None) -> tuple[list[Check], Settings | None]:
+def setting_checks(
+    environ: Mapping[str, str] | None = None,
+) -> tuple[list[Check], dict[str, Any]]:
     """One check per declared variable (:func:`kernelcache.config.variables`): its value (or
-    default) and whether it can be used. Returns the checks and kernelcache's settings (None if
-    one of its variables is bad)."""
+    default) and whether it can be used, and a warning for each ``KERNELCACHE_*`` name no
+    package declares (with the declared name nearest to it). Returns the checks and the
+    values of kernelcache's variables that can be used, by their settings' field (a bad
+    variable leaves the others usable)."""
     env = os.environ if environ is None else environ
     checks: list[Check] = []
     values: dict[str, Any] = {}
@@ -227,25 +240,34 @@ def setting_checks(environ: Mapping[str, str] | None = None) -> tuple[list[Check
         given = raw is not None and raw.strip() != ""
         try:
             value = parse_variable(var, env)  # (its message names the variable and value)
-            try:
-                _check_deeper(var.name, value, env)
-            except ConfigError as e:
-                message = str(e)
-                raise ConfigError(
-                    message if message.startswith(var.name) else f"{var.name}: {message}"
-                ) from None
         except ConfigError as e:
             checks.append(Check(var.name, "fail", f"{e} (fix or unset it)"))
             continue
         if var in VARIABLES:
             values[var.field] = value
+        try:
+            _check_deeper(var.name, value, env)
+        except ConfigError as e:
+            message = str(e)
+            message = message if message.startswith(var.name) else f"{var.name}: {message}"
+            checks.append(Check(var.name, "fail", f"{message} (fix or unset it)"))
+            continue
         if given:
             detail = _shown(var.name, raw or "").strip()
         else:
             detail = f"{var.shown_default} (not set: the default)"
         checks.append(Check(var.name, "ok", detail))
-    cfg = Settings(**values) if len(values) == len(VARIABLES) else None
-    return checks, cfg
+    for name, near in unknown_variables(env):
+        hint = f"did you mean {near}? " if near else ""
+        checks.append(
+            Check(
+                name,
+                "warn",
+                f"no such variable: ignored ({hint}`kernelcache doctor --json` lists the "
+                "variables under checks)",
+            )
+        )
+    return checks, values
 
 
 def readonly_checks(roots: Sequence[os.PathLike[str] | str]) -> list[Check]:
@@ -342,17 +364,17 @@ def diagnose(root: str | None) -> Report:
         "versions": versions(),
         "environment": {k: _shown(k, v) for k, v in environment_in_effect().items()},
     }
-    checks, cfg = setting_checks()
+    checks, values = setting_checks()
     checks.append(filelock_check(info["versions"].get("filelock")))
-    if cfg is not None:
-        checks += readonly_checks(cfg.readonly_roots)
-        checks += remote_checks(cfg.remote or "")
+    # each setting that can be used is checked further, whatever the others hold
+    checks += readonly_checks(values.get("readonly_roots", ()))
+    checks += remote_checks(values.get("remote") or "")
     for name, contribute in sorted(_contributions.items()):
         found, more = contribute()
         info[name] = found
         checks += more
-    info["lock_mode_configured"] = cfg.lock_mode if cfg else None
-    info["trust"] = cfg.trust if cfg else None
+    info["lock_mode_configured"] = values.get("lock_mode")
+    info["trust"] = values.get("trust")
     if root is None:
         checks.append(
             Check("root", "fail", "no cache root: KERNELCACHE_DIR cannot be used; pass --root")
@@ -385,17 +407,29 @@ def diagnose(root: str | None) -> Report:
         checks.append(Check("filesystem", "warn", "tmpfs: the cache is lost at reboot"))
     else:
         checks.append(Check("filesystem", "ok", f"{fs['type']} at {fs['mount_point']}"))
-    exists = os.path.isdir(root)
-    info["exists"] = exists
     info["umask"] = _umask()
-    if not exists:
+    try:
+        st = os.stat(root)
+        problem = None if stat.S_ISDIR(st.st_mode) else ("fail", "is not a directory")
+    except PermissionError as e:
+        problem = ("fail", f"cannot be reached: {e.strerror} ({UNREADABLE_HINT})")
+    except OSError:
         what = "is not a directory" if os.path.lexists(root) else "does not exist yet"
-        status = "fail" if os.path.lexists(root) else "warn"
-        checks.append(Check("root", status, f"{root} {what}"))
+        problem = ("fail" if os.path.lexists(root) else "warn", what)
+    info["exists"] = problem is None or problem[1].startswith("cannot be reached")
+    if problem is not None:
+        checks.append(Check("root", problem[0], f"{root} {problem[1]}"))
         info.update(free_bytes=None, total_bytes=None, free_inodes=None, permissions=None)
         info["lock_mode"] = None
         return Report(root, info, tuple(checks))
-    st = os.stat(root)
+    if not readable(root):
+        checks.append(
+            Check(
+                "readable",
+                "fail",
+                f"cannot list or read {root}: Permission denied ({UNREADABLE_HINT})",
+            )
+        )
     vfs = os.statvfs(root)
     free, total = vfs.f_bavail * vfs.f_frsize, vfs.f_blocks * vfs.f_frsize
     info.update(
@@ -425,13 +459,13 @@ def diagnose(root: str | None) -> Report:
     if probe_error is None:
         checks.append(Check("writable", "ok", "files can be created and removed"))
     else:
+        remedy = (
+            "use it as a read-only root via KERNELCACHE_READONLY_DIRS, or fix its permissions"
+            if readable(root)
+            else "fix its permissions"
+        )
         checks.append(
-            Check(
-                "writable",
-                "fail",
-                f"cannot write under {root}: {probe_error} (use it as a read-only root via "
-                "KERNELCACHE_READONLY_DIRS, or fix its permissions)",
-            )
+            Check("writable", "fail", f"cannot write under {root}: {probe_error} ({remedy})")
         )
     if permissions["group_writable"] and not permissions["setgid"]:
         checks.append(
@@ -456,7 +490,7 @@ def diagnose(root: str | None) -> Report:
     else:
         lock_mode = probed_mode
     info["lock_mode"] = lock_mode
-    configured = cfg.lock_mode if cfg else "auto"
+    configured = values.get("lock_mode", "auto")
     if lock_mode == "soft" and configured == "flock":
         checks.append(
             Check("locks", "fail", "flock does not work here but KERNELCACHE_LOCK_MODE=flock")

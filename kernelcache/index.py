@@ -45,8 +45,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 INDEX_NAME = "index.json"
-#: 3: rows are entries that pass the metadata schema and its entry digest; 4: a kind column
-INDEX_VERSION = 4
+#: 3: rows are entries that pass the metadata schema and its entry digest; 4: a kind column;
+#: 5: a qualname column
+INDEX_VERSION = 5
 #: the columns whose groups (entries and bytes per value) ``stats`` shows
 GROUPED = ("ext", "target", "kernel", "kind")
 _TOTALS = ("entries", "size", "meta_size")
@@ -166,11 +167,21 @@ def load_index(root: str, trust: TrustPolicy | None = None) -> tuple[EntryTable,
         doc = load_json(rest)
         keys = doc["keys"].split("\n") if doc["keys"] else []
         strings = doc["strings"]
-        inode, ext, size, meta_size, kernel, target, created, kind = (
+        inode, ext, size, meta_size, kernel, target, created, kind, qualname = (
             doc[c]
-            for c in ("inode", "ext", "size", "meta_size", "kernel", "target", "created", "kind")
+            for c in (
+                "inode",
+                "ext",
+                "size",
+                "meta_size",
+                "kernel",
+                "target",
+                "created",
+                "kind",
+                "qualname",
+            )
         )
-        ints = (inode, ext, size, meta_size, kernel, target, kind)
+        ints = (inode, ext, size, meta_size, kernel, target, kind, qualname)
         n = len(keys)
         if not all(isinstance(c, list) and len(c) == n for c in (*ints, created)):
             return EntryTable(), None
@@ -194,7 +205,7 @@ def load_index(root: str, trust: TrustPolicy | None = None) -> tuple[EntryTable,
                 return EntryTable(), None
             if not all(valid_ext(strings[i]) for i in set(ext)):
                 return EntryTable(), None
-            for refs in (kernel, target, kind):
+            for refs in (kernel, target, kind, qualname):
                 if min(refs) < -1 or max(refs) >= top:
                     return EntryTable(), None
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -212,6 +223,7 @@ def load_index(root: str, trust: TrustPolicy | None = None) -> tuple[EntryTable,
         (None,) * n,
         tuple(inode),
         tuple(map(names, kind)),
+        tuple(map(names, qualname)),
     )
     return table, head["listing"]
 
@@ -264,6 +276,7 @@ def save_index(root: str, table: EntryTable, listing: str | None) -> None:
         "target": refs(table.target),
         "created": table.created,
         "kind": refs(table.kind),
+        "qualname": refs(table.qualname),
     }
     doc["strings"] = [v for v in strings if v is not None]
     data = b"%s\n%s" % (

@@ -277,3 +277,14 @@ def writable(root: str) -> bool:
     """Whether this process may create files in the directory ``root`` (its permissions, and
     a read-only mount)."""
     return os.access(root, os.W_OK)
+
+
+#: what to do about a root this user may not read
+UNREADABLE_HINT = "run as a user who may read it, e.g. a member of its group"
+
+
+def readable(root: str) -> bool:
+    """Whether this process may list the directory ``root`` and read the files in it (its
+    permissions, as the process's effective user and capabilities)."""
+    effective = os.access in os.supports_effective_ids
+    return os.access(root, os.R_OK | os.X_OK, effective_ids=effective)

@@ -55,7 +55,7 @@ from .scan import CacheScan, Issue
 from .schema import parse_fields
 from .stats import fold_logs, foldable_logs
 from .store import Artifact, Problem, Store, not_whole
-from .table import EntryInfo
+from .table import EntryInfo, EntryTable, kernel_names
 
 logger = logging.getLogger(__name__)
 
@@ -198,15 +198,51 @@ def matcher(patterns: Iterable[str]) -> Callable[[object], bool]:
     return match
 
 
+def kernel_matcher(patterns: Iterable[str]) -> Callable[[object, object], bool]:
+    """A test of an entry's kernel against ``patterns`` (as :func:`matcher`), given its
+    ``name`` and ``kernel`` fields: it matches when a pattern matches a kernel name the entry
+    holds (an entry of several lists them: :func:`~kernelcache.table.kernel_names`) or where
+    one is defined (``module:name``, as ``warm`` and ``explain`` print it)."""
+    match = matcher(patterns)
+
+    def test(name: object, qualname: object) -> bool:
+        return any(
+            match(n)
+            for field in (name, qualname)
+            if isinstance(field, str)
+            for n in kernel_names(field)
+        )
+
+    return test
+
+
 def select(
     entries: Iterable[EntryInfo],
     kernels: Sequence[str] = (),
     targets: Sequence[str] = (),
 ) -> list[EntryInfo]:
-    """The entries whose kernel matches one of ``kernels`` and target one of ``targets``
-    (names or patterns, see :func:`matcher`; an empty sequence matches everything)."""
-    mk, mt = matcher(kernels), matcher(targets)
-    return [e for e in entries if (not kernels or mk(e.kernel)) and (not targets or mt(e.target))]
+    """The entries whose kernel matches one of ``kernels`` (:func:`kernel_matcher`) and target
+    one of ``targets`` (names or patterns, see :func:`matcher`; an empty sequence matches
+    everything)."""
+    mk, mt = kernel_matcher(kernels), matcher(targets)
+    return [
+        e
+        for e in entries
+        if (not kernels or mk(e.kernel, e.qualname)) and (not targets or mt(e.target))
+    ]
+
+
+def unmatched(
+    table: EntryTable, kernels: Sequence[str] = (), targets: Sequence[str] = ()
+) -> list[str]:
+    """The filters (``--kernel NAME``, ``--target T``) that match no entry of ``table`` on
+    their own: a filter that selects nothing is said, never silently an empty result."""
+    found = [
+        f"--kernel {k}"
+        for k in kernels
+        if not any(map(kernel_matcher([k]), table.kernel, table.qualname))
+    ]
+    return found + [f"--target {t}" for t in targets if not any(map(matcher([t]), table.target))]
 
 
 def plan_prune(
@@ -241,8 +277,8 @@ def plan_prune(
     keys, nbytes = table.key, list(map(add, table.size, table.meta_size))
     chosen: Iterable[int] = range(len(table))
     if kernels:
-        match_k = matcher(kernels)
-        chosen = [i for i in chosen if match_k(table.kernel[i])]
+        match_k = kernel_matcher(kernels)
+        chosen = [i for i in chosen if match_k(table.kernel[i], table.qualname[i])]
     if targets:
         match_t = matcher(targets)
         chosen = [i for i in chosen if match_t(table.target[i])]
@@ -428,7 +464,7 @@ class _Executor:
         self.store = store
         self.plan = plan
         self.root = store.root
-        self.match_kernel = matcher(plan.kernels)
+        self.match_kernel = kernel_matcher(plan.kernels)
         self.match_target = matcher(plan.targets)
         #: .locks/, held open while the plan runs, where build locks are flock files
         self.locks_dir: int | None = None
@@ -513,11 +549,12 @@ class _Executor:
             f"{field} is {repr(doc.get(name))[:40]}"
             for field, name, wanted, match in (
                 ("its extension", "ext", {ext}, {ext}.__contains__),
-                ("its kernel", "name", plan.kernels, self.match_kernel),
                 ("its target", "target", plan.targets, self.match_target),
             )
             if filtered and wanted and not match(doc.get(name))
         ]
+        if filtered and plan.kernels and not self.match_kernel(doc.get("name"), doc.get("kernel")):
+            wrong.append(f"its kernel is {repr(doc.get('name'))[:40]}")
         if wrong:
             return "changed", f"not what the plan selected: {', '.join(wrong)}"
         artifact = self._stat(f"{key}.{ext}")

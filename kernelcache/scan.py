@@ -59,6 +59,7 @@ from .layout import (
     writable,
 )
 from .locks import flock_held, lock_name, read_soft_record, soft_lock_stale
+from .schema import KERNEL_NAME
 from .store import FUTURE_SLACK, Artifact, Store
 from .table import COLUMNS, EntryInfo, EntryTable
 from .trust import TrustPolicy
@@ -205,7 +206,13 @@ def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | Problem | None:
         None,
         inode,
         doc.get("kind"),  # (the schema checked these fields' types)
+        _qualname(doc.get("kernel")),
     )
+
+
+def _qualname(value: Any) -> str | None:
+    """The ``kernel`` field (a package's, which the schema may not know) if it is a name."""
+    return value if isinstance(value, str) and KERNEL_NAME(value) is None else None
 
 
 # -- scanning -----------------------------------------------------------------------------

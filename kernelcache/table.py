@@ -21,8 +21,11 @@ class EntryInfo(NamedTuple):
     metadata's ``name`` and ``target`` fields (None when absent); ``kind`` is its ``kind``
     field: None for a compiled kernel, else what else the entry is (the bridge stores
     ``"ptx"`` text and ``"identity"`` records). ``last_used`` is the metadata file's mtime,
-    the last-used stamp, or None when the scan did not stat files. (A NamedTuple: a scan
-    builds one per entry, and a root may hold a great many.)
+    the last-used stamp, or None when the scan did not stat files. ``qualname`` is the
+    metadata's ``kernel`` field, where the kernel is defined (``module:name``), when it is
+    printable text. An entry that holds several kernels lists them in ``name`` (and
+    ``kernel``), separated by :data:`NAME_SEPARATOR`. (A NamedTuple: a scan builds one per
+    entry, and a root may hold a great many.)
     """
 
     key: str
@@ -35,6 +38,7 @@ class EntryInfo(NamedTuple):
     last_used: float | None = None
     inode: int = 0
     kind: str | None = None
+    qualname: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -52,6 +56,7 @@ class EntryInfo(NamedTuple):
             "size": self.size,
             "meta_size": self.meta_size,
             "kernel": self.kernel,
+            "qualname": self.qualname,
             "target": self.target,
             "created": self.created,
             "last_used": self.last_used,
@@ -61,6 +66,14 @@ class EntryInfo(NamedTuple):
 
 #: EntryInfo's fields, in order: the columns of an EntryTable
 COLUMNS = EntryInfo._fields
+#: how an entry that holds several kernels separates their names in its ``name`` and
+#: ``kernel`` fields (a kernel's own name never holds it)
+NAME_SEPARATOR = ", "
+
+
+def kernel_names(value: str | None) -> list[str]:
+    """The kernel names a ``name`` or ``kernel`` field lists (see :data:`NAME_SEPARATOR`)."""
+    return value.split(NAME_SEPARATOR) if value else []
 
 
 @dataclass(frozen=True)
@@ -77,6 +90,7 @@ class EntryTable:
     last_used: tuple[float | None, ...] = ()
     inode: tuple[int, ...] = ()
     kind: tuple[str | None, ...] = ()
+    qualname: tuple[str | None, ...] = ()
 
     @classmethod
     def from_rows(cls, rows: Iterable[EntryInfo]) -> EntryTable:

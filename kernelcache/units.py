@@ -4,9 +4,11 @@ Used by the command line (``--max-size 10G``, ``--older-than 30d``), the Redis U
 (``?max_size=64M&ttl=7d``) and the environment variables, so that "64MB" means the same bytes
 everywhere:
 
-* **sizes**: a number (decimals allowed) and an optional unit, case-insensitive. ``K``, ``M``,
-  ``G``, ``T`` and ``KiB``, ``MiB``, ``GiB``, ``TiB`` are powers of 1024 (as in ``du -h``);
-  ``KB``, ``MB``, ``GB``, ``TB`` are powers of 1000; ``B`` or no unit means bytes.
+* **sizes**: a number (decimals allowed) and a unit, case-insensitive. ``K``, ``M``, ``G``,
+  ``T`` and ``KiB``, ``MiB``, ``GiB``, ``TiB`` are powers of 1024 (as in ``du -h``); ``KB``,
+  ``MB``, ``GB``, ``TB`` are powers of 1000; ``B`` means bytes. Where a bare number is accepted
+  it means bytes; the command line and ``KERNELCACHE_MAX_SIZE`` refuse it (``--max-size 10``
+  could mean 10 bytes or, as some caches read it, 10 GB), except ``0``.
 * **durations**: a number and a unit ``ms``, ``s``, ``m`` (minutes), ``h``, ``d``, ``w``,
   possibly combined (``1d12h``). Where a bare number is accepted it means seconds; the command
   line refuses it (``--older-than 30`` is ambiguous).
@@ -58,8 +60,8 @@ _DURATION_PART = re.compile(rf"({_NUMBER})\s*(ms|s|m|h|d|w)")
 _LIMIT = 2.0**63
 
 SIZE_FORMS = (
-    "a number with an optional unit, e.g. 500M, 10G, 1.5GiB, 2TB, 4096 "
-    "(K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024; KB/MB/GB/TB of 1000)"
+    "a number with a unit, e.g. 500M, 10G, 1.5GiB, 2TB, 4096B "
+    "(K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024; KB/MB/GB/TB of 1000; B bytes)"
 )
 DURATION_FORMS = (
     "a number with a unit ms, s, m, h, d or w (milliseconds, seconds, minutes, hours, days, "
@@ -67,8 +69,10 @@ DURATION_FORMS = (
 )
 
 
-def parse_size(text: str) -> int:
-    """Bytes from ``"4096"``, ``"512K"``, ``"64MB"``, ``"1.5GiB"``, ``"2TB"``.
+def parse_size(text: str, *, bare_bytes: bool = True) -> int:
+    """Bytes from ``"4096"``, ``"4096B"``, ``"512K"``, ``"64MB"``, ``"1.5GiB"``, ``"2TB"``.
+
+    ``bare_bytes``: whether a number without a unit is accepted (as bytes); ``0`` always is.
 
     Raises:
         ValueError: not a size (the message shows the accepted forms).
@@ -77,7 +81,13 @@ def parse_size(text: str) -> int:
     unit = match.group(2) if match else None
     if match is None or unit not in SIZE_UNITS:
         raise ValueError(f"invalid size {text!r}: use {SIZE_FORMS}")
-    value = float(match.group(1)) * SIZE_UNITS[unit]
+    number = float(match.group(1))
+    if not unit and not bare_bytes and number != 0:
+        raise ValueError(
+            f"invalid size {text!r}: a number needs a unit, e.g. {match.group(1)}G or "
+            f"{match.group(1)}M ({match.group(1)}B for bytes)"
+        )
+    value = number * SIZE_UNITS[unit]
     if value >= _LIMIT:
         raise ValueError(f"invalid size {text!r}: too large")
     return int(value)

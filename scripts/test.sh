@@ -13,7 +13,10 @@ venv=${VENV:-.venv}
 unset TRITON VENV # not for the tests
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q -e '.[bridge,redis,s3,zstd,progress,test]' "triton==$triton"
+# (setuptools announces every editable install with a warning banner, "Editable installation
+# ... folders in your working directory with the same name": expected here, so not shown)
+PYTHONWARNINGS="ignore:Editable installation" \
+    "$venv/bin/python" -m pip install -q -e '.[bridge,redis,s3,zstd,progress,test]' "triton==$triton"
 # jaxlib's Triton bindings (they import without a GPU): tests compare our protos with jaxlib's.
 jaxlib_version=$("$venv/bin/python" -c 'import jaxlib; print(jaxlib.__version__)')
 "$venv/bin/python" -m pip install -q --no-deps "jax-cuda13-plugin==${jaxlib_version}"

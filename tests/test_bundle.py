@@ -307,7 +307,7 @@ def test_damaged_and_foreign_files(source, tmp_path):
     proc = kc(tmp_path / "fresh", "import", str(zst))
     assert proc.returncode == 1 and "nothing was imported" in proc.stderr
     missing = kc(tmp_path / "fresh", "import", str(tmp_path / "nope.tar"))
-    assert missing.returncode == 1 and "cannot open" in missing.stderr
+    assert missing.returncode == 2 and "nope.tar does not exist" in missing.stderr  # a usage error
     assert not (tmp_path / "fresh").exists()
 
 

@@ -86,7 +86,7 @@ def test_processes_putting_at_once_keep_the_root_under_the_cap(tmp_path):
         ["a", "b", "c"],
         count=60,
         size=8_000,
-        KERNELCACHE_MAX_SIZE="300000",
+        KERNELCACHE_MAX_SIZE="300000B",
         KERNELCACHE_READONLY_DIRS=str(image),
     )
     doc = kc_json(root, "stats")
@@ -389,7 +389,7 @@ def test_a_burst_of_writers_never_takes_the_root_past_twice_the_cap(tmp_path):
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:  # 600 entries of ~32.4 KB: 19 MB as fast as four processes can put them
-        finish(start_putters(root, tags, count=150, size=size, KERNELCACHE_MAX_SIZE=str(cap)))
+        finish(start_putters(root, tags, count=150, size=size, KERNELCACHE_MAX_SIZE=f"{cap}B"))
     finally:
         stop.set()
         sampler.join()

@@ -17,6 +17,7 @@ from test_cli_support import KERNELCACHE, backdate, files_under, kc, kc_json, pu
 
 from kernelcache.cli import parse_age, parse_size
 from kernelcache.index import INDEX_NAME, INDEX_VERSION
+from kernelcache.store import Store
 
 COMMANDS = [
     ["stats"],
@@ -92,13 +93,30 @@ def test_every_command_on_an_empty_root(tmp_path, args):
 
 def test_no_command_but_a_write_creates_a_missing_root(tmp_path):
     root = tmp_path / "missing"
-    for args in (["stats"], ["ls"], ["verify"], ["prune", "--dry-run"], ["prune"]):
+    for args in (["ls"], ["verify"], ["prune", "--dry-run"], ["prune"]):
         proc = kc(root, *args)
         assert proc.returncode == 2, (args, proc.stderr)
         assert f"{root} does not exist" in proc.stderr
+    assert kc(root, "stats").returncode == 0  # zeros before the first job
     assert kc(root, "doctor").returncode == 0  # doctor reports it
     assert not root.exists()
     assert "does not exist" in kc(root, "doctor").stdout
+
+
+def test_stats_before_the_first_job_shows_zeros(tmp_path):
+    root = tmp_path / "not-yet"
+    human = kc(root, "stats")
+    assert human.returncode == 0, human.stderr
+    assert "(does not exist yet)" in human.stdout and "Entries:          0" in human.stdout
+    doc = kc_json(root, "stats")
+    assert (doc["exists"], doc["entries"], doc["bytes"]) == (False, 0, 0)
+    assert doc["counters"]["hits"] == 0 and doc["hit_rate"] is None
+    # a metrics cron set up before the first job: the textfile is written, with zeros
+    out = tmp_path / "kernelcache.prom"
+    proc = kc(root, "stats", "--format", "prometheus", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert f'kernelcache_entries{{root="{root}"}} 0' in out.read_text()
+    assert not root.exists()
 
 
 def test_export_and_import_of_an_empty_root(tmp_path):
@@ -229,6 +247,63 @@ def test_ls_filters_sorts_and_json(populated):
     assert "attn" in human and "cuda:80" in human and "1 entry," in human
 
 
+def _named(root: Path, name: str, qualname: str, kind: str | None = None, size: int = 400) -> str:
+    """An entry as the bridge names one: ``name`` and where it is defined (``kernel``)."""
+    key = key_of(name, qualname, kind)
+    meta = {"name": name, "kernel": qualname, "target": "cuda:90", "num_warps": 4}
+    if kind is not None:
+        meta["kind"] = kind
+    Store(root).put(
+        key, "cubin" if kind is None else "bin", sized("cubin", size, key.encode()), meta
+    )
+    return key
+
+
+def test_kernel_filters_take_where_a_kernel_is_defined(tmp_path):
+    """``--kernel`` matches the name ``ls`` shows, where the kernel is defined
+    (``module:name``, as ``warm`` and ``explain`` print it), and each kernel an entry of
+    several holds; a filter that matches nothing says so."""
+    root = tmp_path / "cache"
+    mine = _named(root, "matmul_kernel", "myproj.kernels:matmul_kernel")
+    theirs = _named(root, "matmul_kernel", "theirs.ops:matmul_kernel")
+    program = _named(
+        root,
+        "add_kernel, matmul_kernel",
+        "myproj.kernels:add_kernel, myproj.kernels:matmul_kernel",
+        kind="lowering",
+    )
+    listed = kc_json(root, "ls", "--kernel", "myproj.kernels:matmul_kernel")
+    assert {e["key"] for e in listed["entries"]} == {mine, program}
+    assert listed["unmatched"] == []
+    assert kc_json(root, "ls", "--kernel", "add_kernel")["count"] == 1
+    assert kc_json(root, "ls", "--kernel", "theirs.*")["count"] == 1
+    human = kc(root, "ls", "--kernel", "add_kernel").stdout
+    assert "add_kernel, matmul_kernel" in human
+    # nothing matches: said, on every command that filters
+    none = kc_json(root, "prune", "--kernel", "myproj.kernels:nothing", "--dry-run")
+    assert none["unmatched"] == ["--kernel myproj.kernels:nothing"]
+    text = kc(root, "prune", "--kernel", "nothing", "--target", "hip:*", "--dry-run").stdout
+    assert "no entry matches --kernel nothing" in text
+    assert "no entry matches --target hip:*" in text
+    assert "No entry matches --kernel nothing." in kc(root, "ls", "--kernel", "nothing").stdout
+    bundle = tmp_path / "b.tar"
+    exported = kc_json(root, "export", str(bundle), "--kernel", "nothing")
+    assert exported["unmatched"] == ["--kernel nothing"] and exported["entries"] == 0
+    # prune by where the kernel is defined deletes its entries and the program's, not theirs
+    done = kc_json(root, "prune", "--kernel", "myproj.kernels:matmul_kernel")
+    assert done["result"]["counts"] == {"done": 2}
+    assert [p.stem for p in root.glob("*.json")] == [theirs]
+
+
+def test_ls_names_every_kernel_of_an_entry_that_holds_many(tmp_path):
+    root = tmp_path / "cache"
+    names = [f"k{i}" for i in range(5)]
+    _named(root, ", ".join(names), ", ".join(f"m:{n}" for n in names), kind="lowering")
+    row = kc(root, "ls").stdout.splitlines()[1]
+    assert "k0, k1, k2 (+2 more)" in row
+    assert kc_json(root, "ls")["entries"][0]["kernel"] == ", ".join(names)
+
+
 def test_ls_into_a_closed_pipe_is_quiet(populated):
     assert KERNELCACHE is not None
     proc = subprocess.run(
@@ -306,7 +381,8 @@ def test_verify_finds_every_kind_of_problem(tmp_path):
 
 def test_verify_repair_fixes_all_but_foreign_files(tmp_path):
     root, keys = corrupt_root(tmp_path)
-    doc = kc_json(root, "verify", "--repair", code=1)  # notes.txt stays: still not clean
+    doc = kc_json(root, "verify", "--repair")  # notes.txt stays: it is not the cache's
+    assert doc["clean"] is True
     counts = doc["repair"]["counts"]
     assert counts == {"done": 7}
     quarantined = {p.name.split(".")[0] for p in (root / ".quarantine").iterdir()}
@@ -315,7 +391,7 @@ def test_verify_repair_fixes_all_but_foreign_files(tmp_path):
     assert not (root / ".tmp" / "host-1-dead.tmp").exists()
     assert not (root / ".locks" / f"{keys['stale-lock']}.lock").exists()
     assert not list(root.glob(f"{keys['orphan-artifact']}.*"))
-    again = kc_json(root, "verify", code=1)
+    again = kc_json(root, "verify")
     assert [p["kind"] for p in again["problems"]] == ["foreign"]
     (root / "notes.txt").unlink()
     assert kc_json(root, "verify")["clean"] is True
@@ -352,6 +428,39 @@ def test_prune_on_a_corrupted_root_cleans_up_and_leaves_the_rest(tmp_path):
     assert (root / f"{keys['flipped']}.json").exists()
 
 
+def test_a_foreign_file_alone_is_no_failure(tmp_path):
+    """A file the cache does not know is reported and left alone: verify does not fail for it,
+    nor suggest a repair that would leave it there."""
+    root = tmp_path / "cache"
+    put(root, "k", size=400)
+    (root / "notes.txt").write_text("someone's notes")
+    proc = kc(root, "verify")
+    assert proc.returncode == 0, proc.stdout
+    assert "notes.txt" in proc.stdout and "--repair" not in proc.stdout
+    doc = kc_json(root, "verify")
+    assert doc["clean"] is True and doc["counts"] == {"foreign": 1}
+    damaged = put(root, "bad", size=400)
+    Path(damaged.path).write_bytes(b"\0" * 400)
+    again = kc(root, "verify")
+    assert again.returncode == 1 and "verify --repair" in again.stdout
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="pseudo-terminals as on Linux")
+def test_prune_prints_its_plan_before_it_runs(tmp_path):
+    root = tmp_path / "cache"
+    for i in range(300):
+        put(root, f"k{i}", size=400, last_used=40 * 86400)
+    code, shown = run_on_a_terminal(
+        [KERNELCACHE, "--root", str(root), "prune", "--older-than", "30d"]
+    )
+    assert code == 0, shown
+    plan, bar, outcome = (shown.find(s) for s in ("Plan for", "pruning", "Pruned:"))
+    assert -1 < plan < bar < outcome, shown
+    assert shown.count("Plan for") == 1
+    piped = kc(root, "prune")
+    assert piped.stdout.startswith("Plan for") and "nothing to do" in piped.stdout
+
+
 # -- usage errors and exit codes ------------------------------------------------------------
 @pytest.mark.parametrize(
     "args, words",
@@ -384,6 +493,21 @@ def test_json_errors_are_json(tmp_path):
     assert doc["command"] == "show" and "no entry" in doc["error"]
 
 
+def test_errors_read_like_results(tmp_path):
+    """An error's JSON is laid out as a result's (compact when piped), and a file that does
+    not exist is a usage error for every command that reads one."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    error = kc(root, "show", "ab" * 16, "--json")
+    result = kc(root, "stats", "--json")
+    assert error.stdout.count("\n") == result.stdout.count("\n") == 1
+    assert ": " not in error.stdout  # compact separators, as every piped document
+    missing = kc(root, "import", str(tmp_path / "missing.tar"))
+    assert missing.returncode == 2 and "missing.tar does not exist" in missing.stderr
+    doc = json.loads(kc(root, "import", str(tmp_path / "missing.tar"), "--json").stdout)
+    assert "does not exist" in doc["error"]
+
+
 def test_root_from_the_environment(populated):
     proc = kc(None, "stats", "--json", env={"KERNELCACHE_DIR": str(populated)})
     assert json.loads(proc.stdout)["entries"] == 10
@@ -406,13 +530,31 @@ def test_global_options_before_or_after_the_command(populated):
         ("500M", 500 << 20),
         ("1.5GiB", int(1.5 * (1 << 30))),
         ("2TB", 2 * 10**12),
-        ("4096", 4096),
+        ("4096B", 4096),
         ("64k", 64 << 10),
         ("1 MB", 10**6),
+        ("0", 0),
     ],
 )
 def test_parse_size(text, value):
     assert parse_size(text) == value
+
+
+def test_a_size_needs_its_unit(populated):
+    """A bare number is refused as a size, as it is as an age: `--max-size 10` could mean 10
+    bytes (deleting everything) or 10 gigabytes."""
+    entries = sorted(populated.glob("*.json"))
+    proc = kc(populated, "prune", "--max-size", "10", "--dry-run")
+    assert proc.returncode == 2
+    assert "invalid size '10'" in proc.stderr and "10G" in proc.stderr
+    assert kc(populated, "import", "x.tar", "--max-member-size", "4096").returncode == 2
+    bad = kc(populated, "stats", env={"KERNELCACHE_MAX_SIZE": "50"})
+    assert bad.returncode == 2 and "KERNELCACHE_MAX_SIZE='50': invalid size" in bad.stderr
+    assert "needs a unit" in bad.stderr
+    assert kc_json(populated, "stats", env={"KERNELCACHE_MAX_SIZE": "50G"})["max_size"] == 50 << 30
+    kept = kc_json(populated, "prune", "--max-size", "10B", "--dry-run")["plan"]["kept_entries"]
+    assert kept == 0 and sorted(populated.glob("*.json")) == entries
+    assert kc_json(populated, "prune", "--max-size", "0", "--dry-run")["plan"]["kept_entries"] == 0
 
 
 @pytest.mark.parametrize(

@@ -138,8 +138,7 @@ def test_a_statistics_log_named_with_unicode_digits_does_not_crash_prune(tmp_pat
 @pytest.mark.parametrize(
     "args",
     [
-        ["stats"],
-        ["stats", "--format", "prometheus"],
+        ["stats", "--zero"],
         ["ls"],
         ["show", "ab" * 16],
         ["verify"],

@@ -1,6 +1,7 @@
 """Every command on a root that cannot be written: a read-only bind mount (which stops root
 too), and a root owned by another user for an unprivileged user. Reading commands work; writing
-commands fail with a clear message and change nothing."""
+commands fail with a clear message and change nothing. A root this user cannot read is an
+error naming it, never an empty cache."""
 
 from __future__ import annotations
 
@@ -214,3 +215,43 @@ def test_reading_commands_by_another_user_create_no_directories(tmp_path):
     assert doctor["lock_mode"] == "flock" and doctor["permissions"]["writable"] is True
     # root-owned .stats/, .tmp/ or .locks/ would keep the owner's processes from writing
     assert files_under(root) == before
+
+
+#: permission bits stop root too once it gives up the capabilities that override them
+WITHOUT_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+CAN_LOSE_OVERRIDE = os.geteuid() != 0 or (
+    shutil.which("setpriv") is not None
+    and subprocess.run([*WITHOUT_OVERRIDE, "true"], capture_output=True).returncode == 0
+)
+
+
+@pytest.mark.skipif(not CAN_LOSE_OVERRIDE, reason="needs setpriv to run root without overrides")
+def test_a_root_this_user_cannot_read_is_said_by_every_command(tmp_path):
+    root = tmp_path / "cache"
+    keys = _populate(root)
+    os.chmod(root, 0)
+    prefix = WITHOUT_OVERRIDE if os.geteuid() == 0 else []
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        assert KERNELCACHE is not None
+        return subprocess.run(
+            [*prefix, KERNELCACHE, "--root", str(root), *args],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    try:
+        for args in (["stats"], ["ls"], ["show", keys["good"]], ["verify"], ["prune"]):
+            proc = run(*args)
+            assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+            assert f"cannot read the cache root {root}: Permission denied" in proc.stderr
+            assert "run as a user who may read it" in proc.stderr
+            assert proc.stdout == "", (args, proc.stdout)
+        doctor = json.loads(run("doctor", "--json").stdout)
+        checks = {c["name"]: c for c in doctor["checks"]}
+        assert checks["readable"]["status"] == "fail"
+        assert "read-only root" not in checks["writable"]["detail"]
+    finally:
+        os.chmod(root, 0o755)

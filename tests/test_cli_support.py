@@ -36,8 +36,9 @@ def kc(
     *args: str,
     env: dict[str, str] | None = None,
     timeout: float = 120,
+    cwd: Path | str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``kernelcache [--root ROOT] ARGS...`` (the installed console script)."""
+    """Run ``kernelcache [--root ROOT] ARGS...`` (the installed console script), in ``cwd``."""
     if KERNELCACHE is None:
         pytest.fail(
             "the kernelcache console script is not installed next to this Python; "
@@ -53,6 +54,7 @@ def kc(
         text=True,
         timeout=timeout,
         stdin=subprocess.DEVNULL,
+        cwd=cwd,
     )
 
 

@@ -190,3 +190,22 @@ def test_explain_names_an_edited_source_and_serves_entries_without_components(tm
     assert "components not recorded" in kc(*common, "explain", str(manifest), code=1, **env).stdout
     kernels.write_text(source)
     assert explain(code=0)["status"] == "hit"
+
+
+def test_explain_takes_target_patterns_and_names_only_the_target_that_differs(tmp_path):
+    """``--target`` takes names and patterns that select among the recorded targets, as
+    ``tune`` and ``prune`` do; an entry of another target differs in the target (and what the
+    target implies), not in an options digest."""
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text(RECORD + "\n")  # recorded for cuda:90
+    common = ("--root", str(tmp_path / "root"))
+    kc(*common, "warm", str(manifest), "--target", "cuda:80", code=0)
+    doc = as_json(kc(*common, "explain", str(manifest), "--target", "cuda:*", "--json", code=1))
+    (result,) = doc["results"]
+    assert result["target"] == "cuda:90" and result["status"] == "miss"
+    assert result["nearest"]["target"] == "cuda:80"
+    assert [d["component"] for d in result["nearest"]["differences"]] == ["target"]
+    named = as_json(kc(*common, "explain", str(manifest), "--target", "cuda:80", "--json", code=0))
+    assert [r["status"] for r in named["results"]] == ["hit"]
+    none = kc(*common, "explain", str(manifest), "--target", "hip:*", code=2)
+    assert "--target hip:* matches no target" in none.stderr and "cuda:90" in none.stderr

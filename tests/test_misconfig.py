@@ -1,7 +1,10 @@
 """Misconfiguration is found early and said once, with the remedy, through the real command line
 and real jobs: read-only roots that are relative or missing, a remote that refuses connections
-(doctor connects), a signing key too short to sign with (the job runs, its remote tier off),
-JAX's cache settings in doctor, the CPU-lowering message, and log lines with one prefix."""
+(doctor connects), bad tier settings (a signing key too short to sign with, a remote URL with
+a typo: the job runs, its remote tier off, one warning naming the variable), a writable root
+that is not a directory (one warning per problem, however many kernels), doctor's checks
+whatever other variables hold, misspelled variables, JAX's cache settings in doctor, the
+CPU-lowering message, and log lines with one prefix."""
 
 from __future__ import annotations
 
@@ -107,6 +110,113 @@ def test_a_short_signing_key_turns_the_remote_tier_off_with_one_warning(tmp_path
     assert "at least 16 bytes" in checks["KERNELCACHE_SIGNING_KEY"]["detail"]
     signed = _job(**dict(env, KERNELCACHE_SIGNING_KEY=KEY))
     assert "remote: None" not in signed.stdout and "signing key" not in signed.stderr
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
+def test_a_remote_url_with_a_typo_turns_the_tier_off_with_one_warning(tmp_path):
+    with RedisServer(tmp_path / "redis") as srv:
+        typo = f"{srv.url}?timout=1"
+        proc = _job(KERNELCACHE_DIR=str(tmp_path / "c"), KERNELCACHE_REMOTE=typo)
+        assert "remote: None" in proc.stdout and "Traceback" not in proc.stderr
+        warnings = [line for line in proc.stderr.splitlines() if "KERNELCACHE_REMOTE" in line]
+        assert len(warnings) == 1, proc.stderr
+        assert "unknown option 'timout'" in warnings[0]
+        assert "the remote tier is off until it is fixed" in warnings[0]
+        assert srv.client().dbsize() == 0  # nothing went to the tier
+        # doctor fails the variable's check; stats --remote says why the tier is not there
+        stats = kc(tmp_path / "c", "stats", "--remote", env={"KERNELCACHE_REMOTE": typo})
+        assert "unknown option 'timout'" in stats.stdout
+        code, checks, _ = _doctor(tmp_path / "c", KERNELCACHE_REMOTE=typo)
+        assert code == 1 and checks["KERNELCACHE_REMOTE"]["status"] == "fail"
+        fixed = _job(KERNELCACHE_DIR=str(tmp_path / "c"), KERNELCACHE_REMOTE=srv.url)
+        assert "remote: None" not in fixed.stdout and srv.client().dbsize() > 0
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
+def test_doctor_checks_each_setting_whatever_the_others_hold(tmp_path):
+    """A bad variable does not hide the checks of the others (read-only roots, the remote
+    tier), and a misspelled one is named with the variable meant."""
+    full = tmp_path / "layer"
+    put(full, "k")
+    gone = tmp_path / "gone"
+    with RedisServer(tmp_path / "redis") as srv:
+        code, checks, human = _doctor(
+            tmp_path / "c",
+            KERNELCACHE_LOCK_TIMEOUT="abc",
+            KERNELCACHE_READONLY_DIRS=f"{full}:{gone}",
+            KERNELCACHE_REMOTE=srv.url,
+            KERNELCACHE_MAXSIZE="10G",
+        )
+    assert code == 1
+    assert checks["KERNELCACHE_LOCK_TIMEOUT"]["status"] == "fail"
+    assert checks[f"read-only {full}"]["status"] == "ok"
+    assert checks[f"read-only {gone}"]["status"] == "fail"
+    assert checks["KERNELCACHE_READONLY_DIRS"]["status"] == "fail"
+    assert str(gone) in checks["KERNELCACHE_READONLY_DIRS"]["detail"]
+    assert checks[f"remote {srv.url}"]["status"] == "ok"
+    misspelled = checks["KERNELCACHE_MAXSIZE"]
+    assert misspelled["status"] == "warn"
+    assert "did you mean KERNELCACHE_MAX_SIZE?" in misspelled["detail"]
+    assert "[warn] KERNELCACHE_MAXSIZE: no such variable" in human
+
+
+# A job that lowers the kernels named in argv[1] (each a name of kmod.py) for cuda:90 on the CPU.
+KERNELS = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n) * 3, mask=i < n)
+
+
+@triton.jit
+def shift(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n) + 5, mask=i < n)
+"""
+LOWER = """
+import sys
+import jax, jax.numpy as jnp
+import bridge, kmod
+
+x = jax.ShapeDtypeStruct((1024,), jnp.float32)
+for name in sys.argv[1].split(","):
+    for block in (64, 128, 256):
+        def f(x, kernel=getattr(kmod, name), block=block):
+            return bridge.triton_call(
+                x, x.size, kernel=kernel, out_shape=x, grid=(1024 // block,), BLOCK=block,
+                target="cuda:90",
+            )
+        jax.jit(f).trace(x).lower(lowering_platforms=("cuda",))
+print("lowered")
+"""
+
+
+def test_a_root_that_is_a_file_is_warned_about_once_per_problem(tmp_path):
+    pytest.importorskip("jax", reason="lowers kernels")
+    (tmp_path / "kmod.py").write_text(KERNELS)
+    not_a_dir = tmp_path / "passwd"
+    not_a_dir.write_text("root:x:0:0\n")
+
+    def warnings(kernels: str) -> list[str]:
+        proc = subprocess.run(
+            [sys.executable, "-c", LOWER, kernels],
+            env=child_env(KERNELCACHE_DIR=str(not_a_dir)),
+            capture_output=True,
+            text=True,
+            cwd=str(tmp_path),
+            timeout=300,
+        )
+        assert proc.returncode == 0 and "lowered" in proc.stdout, proc.stderr
+        return [line for line in proc.stderr.splitlines() if line.startswith("kernelcache:")]
+
+    one, six = warnings("scale"), warnings("scale,shift")
+    assert len(six) == len(one), (one, six)  # 3 kernels or 6: the same warnings
+    assert sum(str(not_a_dir) in line for line in six) == len(six)
+    assert sum("cannot store" in line or "in-memory" in line for line in six) == 1, six
 
 
 def test_doctor_shows_the_jax_cache_settings(tmp_path):

@@ -236,7 +236,7 @@ def test_entries_from_the_future_and_prune(root):
     gone = [a["key"] for a in json.loads(out)["plan"]["actions"]]
     assert gone == [keys["old"]]
     one = 1000 + (root / f"{keys['future']}.json").stat().st_size  # room for one entry
-    cap = str(one + 200)
+    cap = f"{one + 200}B"
     code, out = run_cli("--root", str(root), "prune", "--max-size", cap, "--dry-run", "--json")
     assert [a["key"] for a in json.loads(out)["plan"]["actions"]] == [keys["recent"]]
     cache = kernelcache.Cache(root, readonly_roots=())

@@ -207,6 +207,8 @@ def test_gcs_writes_through_obstores_memory_store():
     assert tier.get(key, "cubin")[0] == b"one"
 
 
+# it forks on purpose; JAX, when another test of this worker started it, warns of any fork
+@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
 def test_a_process_forked_after_the_tier_was_used_skips_it_instead_of_hanging(bucket, tmp_path):
     import multiprocessing
 

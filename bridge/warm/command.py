@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -178,8 +177,6 @@ def run(
     """``kernelcache warm``: warm, print the summary (or the JSON document), return the exit
     code: 0 all warmed, 1 something failed (listed with its reason).
 
-    Kernels are imported as ``python -m`` would: the current directory first on ``sys.path``.
-
     Raises:
         kernelcache.cli.UsageError: a bad target, an unreadable manifest, a missing Triton
             backend, a disabled cache, ``jobs`` < 1 (the CLI exits 2 with the message).
@@ -194,9 +191,6 @@ def run(
         raise UsageError("KERNELCACHE_DISABLE is set: there is no cache to warm; unset it")
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {jobs}")
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
     out = Output(json)
     quiet = output_to_stderr() if json else contextlib.nullcontext()
     with quiet, progressbar.bar("warming", None, json_mode=json, unit="kernels") as bar:

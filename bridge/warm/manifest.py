@@ -353,14 +353,15 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
 
 
 def read_manifest(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The usable records of a manifest, one per distinct (kernel, call, variant)."""
+    """The usable records of a manifest, one per distinct (kernel, call, variant, target)."""
     seen: dict[str, dict[str, Any]] = {}
     for line in _open_regular(os.fspath(path)).splitlines():
         with contextlib.suppress(ValueError):
             rec = load_json(line)
             if check_record(rec) is None:
                 ident = jsonlib.dumps(
-                    [rec["kernel"], rec["arguments"], rec.get("variant")], sort_keys=True
+                    [rec["kernel"], rec["arguments"], rec.get("variant"), rec.get("target")],
+                    sort_keys=True,
                 )
                 seen.setdefault(ident, rec)
     return list(seen.values())

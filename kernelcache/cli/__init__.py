@@ -18,7 +18,8 @@ carries the command's :class:`~.common.Context` (the root and the settings, reso
 Modules: :mod:`.app` (the parser, ``main`` and the plugin loader), :mod:`.output` (exit codes,
 errors, the JSON envelope and human formatting), :mod:`.common` (global options, argument types,
 the context), and one module per group of commands: :mod:`.report` (``stats``),
-:mod:`.entries` (``ls``, ``show``), :mod:`.maintenance` (``verify``, ``prune``),
+:mod:`.entries` (``ls``, ``show``; :func:`register_content`, through which a package says
+what its entries hold), :mod:`.maintenance` (``verify``, ``prune``),
 :mod:`.bundles` (``export``, ``import``) and :mod:`.diagnosis` (``doctor``).
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from .app import main, run
 from .common import add_command, parse_age, parse_size, root_of
+from .entries import Content, register_content
 from .output import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, SCHEMA, CommandFailed, Output, UsageError
 
 __all__ = [
@@ -34,12 +36,14 @@ __all__ = [
     "EXIT_USAGE",
     "SCHEMA",
     "CommandFailed",
+    "Content",
     "Output",
     "UsageError",
     "add_command",
     "main",
     "parse_age",
     "parse_size",
+    "register_content",
     "root_of",
     "run",
 ]

@@ -120,7 +120,7 @@ def _export(
     """Export to ``file``, then (``upload``: the URL shown, and how) copy it to a store."""
     from ..bundle import export_bundle
     from ..errors import BundleError
-    from ..prune import select
+    from ..prune import select, unmatched
     from ..scan import scan
 
     context: Context = args.context
@@ -128,6 +128,7 @@ def _export(
     cfg = context.settings
     scanned = scan(root, trust=cfg.trust)
     entries = select(scanned.entries, args.kernel or (), args.target or ())
+    missed = unmatched(scanned.table, args.kernel or (), args.target or ())
     entries.sort(key=lambda e: e.key)
     try:
         with out.progress("exporting", len(entries)) as tick:
@@ -160,6 +161,7 @@ def _export(
         "compression": result.compression,
         "skipped": [{"key": k, "reason": r} for k, r in result.skipped],
         "compatibility": result.compatibility,
+        "unmatched": missed,
     }
 
     def human() -> str:
@@ -168,6 +170,7 @@ def _export(
             f"{upload[0] if upload else result.path}"
             f" ({'zstd' if result.compression == 'zstd' else 'uncompressed tar'})."
         ]
+        lines += [f"No entry matches {printable(f)}." for f in missed]
         for key, reason in result.skipped:
             lines.append(f"  skipped {key}: {printable(reason)}")
         return "\n".join(lines)
@@ -217,6 +220,8 @@ def _lookup_lines(total: int, result: ImportResult, toolchain: str) -> list[str]
 def cmd_import(args: argparse.Namespace, out: Output) -> int:
     _one_place(args, args.source, "--from")
     if args.source is None:
+        if not os.path.lexists(args.file):  # as a missing manifest is for warm and explain
+            raise UsageError(f"the bundle {args.file} does not exist (check the path)")
         return _import(args, out, args.file, args.file)
     from ..remote import redact
     from ..remote.objstore import download_file

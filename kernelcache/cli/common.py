@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
+import stat
 import string
 from functools import cached_property
 from typing import TypeAlias
@@ -15,7 +16,7 @@ from typing import TypeAlias
 from .. import schema, units
 from ..config import Settings, parse_variable, settings, variable
 from ..errors import ConfigError
-from ..layout import resolve_root, writable
+from ..layout import UNREADABLE_HINT, readable, resolve_root, writable
 from ..store import Store
 from .output import CommandFailed, UsageError
 
@@ -24,14 +25,15 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def parse_size(text: str) -> int:
-    """``10G``, ``500M``, ``1.5GiB``, ``2TB``, ``4096`` -> bytes (see :mod:`kernelcache.units`:
-    K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB powers of 1000).
+    """``10G``, ``500M``, ``1.5GiB``, ``2TB``, ``4096B`` -> bytes (see :mod:`kernelcache.units`:
+    K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB powers of 1000, B bytes).
 
     Raises:
-        UsageError: anything else, with what is accepted.
+        UsageError: anything else, with what is accepted (a bare number other than 0 is
+            refused: say which unit).
     """
     try:
-        return units.parse_size(text)
+        return units.parse_size(text, bare_bytes=False)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -267,18 +269,34 @@ class Context:
         """
         return settings()
 
-    def existing_root(self) -> str:
+    def existing_root(self, *, missing_ok: bool = False) -> str:
         """:attr:`root`, for a command that reads a root (or removes from it): the root must be
-        an existing directory. A mistyped ``--root`` is an error, never an empty cache, and
-        nothing is created.
+        an existing directory this user may list and read. A mistyped ``--root`` is an error,
+        never an empty cache, and nothing is created. ``missing_ok``: a root that does not
+        exist yet is no error (``stats`` before the first job shows zeros).
 
         Raises:
             UsageError: the root does not exist or is not a directory (the message names it).
+            CommandFailed: this user may not list or read it.
         """
         root = self.root
-        if not os.path.isdir(root):
+        try:
+            st = os.stat(root)
+        except PermissionError as e:
+            raise CommandFailed(_unreadable(root, e.strerror)) from None
+        except OSError:
+            if missing_ok and not os.path.lexists(root):
+                return root
             what = "is not a directory" if os.path.lexists(root) else "does not exist"
-            raise UsageError(f"the cache root {root} {what} (check --root or KERNELCACHE_DIR)")
+            raise UsageError(
+                f"the cache root {root} {what} (check --root or KERNELCACHE_DIR)"
+            ) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise UsageError(
+                f"the cache root {root} is not a directory (check --root or KERNELCACHE_DIR)"
+            )
+        if not readable(root):
+            raise CommandFailed(_unreadable(root, "Permission denied"))
         return root
 
     def require_writable(self) -> None:
@@ -295,6 +313,13 @@ class Context:
         return Store.from_settings(
             self.root, self.settings, readonly=readonly, lock_timeout=lock_timeout
         )
+
+
+def _unreadable(root: str, why: str | None) -> str:
+    return (
+        f"cannot read the cache root {root}: {why or 'Permission denied'} ({UNREADABLE_HINT}, "
+        "or check --root or KERNELCACHE_DIR)"
+    )
 
 
 def root_of(args: argparse.Namespace) -> str:

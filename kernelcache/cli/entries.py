@@ -1,5 +1,9 @@
 """``kernelcache ls`` and ``kernelcache show``: list entries, and show one by its key or a unique
 prefix of it.
+
+``show`` prints what an entry holds where the package that writes entries of its ``kind``
+says how to read them: :func:`register_content` (the bridge describes its autotune
+decisions). kernelcache itself reads no artifact's content.
 """
 
 from __future__ import annotations
@@ -10,7 +14,8 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..jsonio import load_json
@@ -26,6 +31,7 @@ from .output import (
     UsageError,
     envelope,
     finite,
+    format_kernels,
     format_label,
     format_table,
     human_age,
@@ -33,6 +39,41 @@ from .output import (
     plural,
     printable,
 )
+
+
+@dataclass(frozen=True)
+class Content:
+    """What an entry holds, as the package that wrote it reads it: ``doc`` is ``show --json``'s
+    ``content``, ``lines`` what ``show`` prints for people."""
+
+    doc: dict[str, Any]
+    lines: tuple[str, ...]
+
+
+#: reads an entry's artifact bytes (verified) with its metadata; the bytes are untrusted input:
+#: what cannot be read is said in the Content, never raised (ImportError: the package's own
+#: dependencies are missing here)
+Describe = Callable[[bytes, Mapping[str, Any]], Content]
+_contents: dict[str, Describe] = {}
+
+
+def register_content(kind: str, describe: Describe) -> None:
+    """Let ``show`` say what entries of metadata ``kind`` hold (registering a kind again
+    replaces its reader)."""
+    _contents[kind] = describe
+
+
+def _content(data: bytes, meta: Mapping[str, Any]) -> Content | None:
+    """What the registered reader of the entry's kind says it holds; None: no reader."""
+    describe = _contents.get(meta.get("kind"))  # type: ignore[arg-type]
+    if describe is None:
+        return None
+    try:
+        return describe(data, meta)
+    except ImportError as e:
+        why = f"its reader cannot be imported here ({e})"
+        return Content({"problem": why}, (f"cannot be shown: {why}",))
+
 
 SORTS: dict[str, tuple[Callable[[Any], Any], bool]] = {
     "name": (lambda e: (e.kernel or "", e.target or "", e.key), False),
@@ -61,13 +102,14 @@ def register(subparsers: Subparsers) -> None:
 
 
 def cmd_ls(args: argparse.Namespace, out: Output) -> int:
-    from ..prune import select
+    from ..prune import select, unmatched
     from ..scan import scan
 
     context: Context = args.context
     root = context.existing_root()
     scanned = scan(root, last_used=True, trust=context.trust)
     entries = select(scanned.entries, args.kernel or (), args.target or ())
+    missed = unmatched(scanned.table, args.kernel or (), args.target or ())
     sort_key, descending = SORTS[args.sort]
     entries.sort(key=sort_key, reverse=descending != args.reverse)
     if args.limit is not None:
@@ -77,12 +119,15 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
     unusable = [i for i in scanned.issues if i.kind in ("corrupt", "outdated")]
 
     def problems() -> str:
+        text = "".join(f"\nNo entry matches {printable(f)}." for f in missed)
         if not unusable:
-            return ""
+            return text
         first = unusable[0]
         more = f" (and {len(unusable) - 1:,} more)" if len(unusable) > 1 else ""
-        return f"\nNot listed: {first.path}: {first.detail}{more}; run kernelcache verify" + (
-            " --repair" if first.kind == "corrupt" else ""
+        return (
+            text
+            + f"\nNot listed: {first.path}: {first.detail}{more}; run kernelcache verify"
+            + (" --repair" if first.kind == "corrupt" else "")
         )
 
     def human() -> str:
@@ -95,7 +140,7 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
                     e.key[:16],
                     e.ext,
                     human_size(e.size),
-                    format_label(e.kernel),
+                    format_kernels(e.kernel),
                     format_label(e.target),
                     human_age(now - e.last_used if e.last_used else None),
                     human_age(now - e.created if e.created else None),
@@ -112,6 +157,7 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
         "bytes": sum(e.nbytes for e in entries),
         "entries": [{**e.to_json(), "path": os.path.join(root, e.filename)} for e in entries],
         "problems": [i.to_json() for i in unusable],
+        "unmatched": missed,
     }
     out.emit(doc, human)
     return EXIT_OK
@@ -189,6 +235,7 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
     except OSError:
         last_used = None
     ok = isinstance(result, Artifact)
+    content = _content(result.data, result.meta) if isinstance(result, Artifact) else None
     doc = {
         **envelope("show", root),
         "key": key,
@@ -199,6 +246,7 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
         "status": "ok" if ok else "corrupt",
         "problem": None if ok else result.reason,  # type: ignore[union-attr]
         "metadata": meta,
+        "content": None if content is None else content.doc,
     }
 
     def human() -> str:
@@ -224,6 +272,9 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
         for k, v in sorted((meta or {}).items()):
             shown = json.dumps(finite(v)) if isinstance(v, (dict, list)) else str(finite(v))
             lines.append(f"  {printable(k)}: {printable(shown)}")
+        if content is not None:
+            lines.append("content:")
+            lines += [f"  {printable(line)}" for line in content.lines]
         return "\n".join(lines)
 
     out.emit(doc, human)

@@ -154,14 +154,16 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     counts: dict[str, int] = {}
     for issue in issues:
         counts[issue.kind] = counts.get(issue.kind, 0) + 1
+    # a file the cache does not know is reported, and left alone: it is not the cache's damage
+    foreign = counts.get("foreign", 0)
     result = None
-    remaining = len(issues)
-    if args.repair and issues:
+    remaining = len(issues) - foreign
+    if args.repair and remaining:
         context.require_writable()
         plan = plan_repair(checked)
         with out.progress("repairing", len(plan.actions)) as tick:
             result = execute(store, plan, progress=tick)
-        remaining = len(plan.left) + sum(
+        remaining = sum(1 for i in plan.left if i.kind != "foreign") + sum(
             1 for o in result.outcomes if o.status in ("in-use", "failed")
         )
     doc = {
@@ -183,10 +185,15 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
             lines.append(f"Problems ({len(issues):,}):")
             rows = [[i.kind, i.path, i.detail] for i in issues]
             lines += ["  " + line for line in format_table(rows).splitlines()]
-            if result is None:
+            if result is None and len(issues) > foreign:
                 lines.append(
                     "Run `kernelcache verify --repair` to quarantine corrupt entries and remove "
                     "orphans, stale staging files and stale locks (foreign files are left alone)."
+                )
+            if foreign:
+                lines.append(
+                    f"{plural(foreign, 'foreign file')}: not the cache's; left alone (remove "
+                    "what you do not need; the cache neither reads nor removes them)."
                 )
         else:
             lines.append("No problems found.")
@@ -209,7 +216,7 @@ _ACTION_WORDS = {
 
 
 def cmd_prune(args: argparse.Namespace, out: Output) -> int:
-    from ..prune import execute, plan_prune
+    from ..prune import execute, plan_prune, unmatched
     from ..scan import scan_store
 
     context: Context = args.context
@@ -224,9 +231,34 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
         targets=args.target or (),
         quarantine_age=args.quarantine_age,
     )
+    missed = unmatched(scanned.table, args.kernel or (), args.target or ())
+
+    def plan_text() -> str:
+        lines = [f"Plan for {root}:"]
+        lines += [f"  no entry matches {printable(f)}" for f in missed]
+        for kind, v in plan.summary.items():
+            lines.append("  " + _ACTION_WORDS[kind].format(n=v["count"], b=human_size(v["bytes"])))
+        if plan.logs_to_fold:
+            lines.append(
+                f"  fold {plural(len(plan.logs_to_fold), 'statistics log')} of finished processes"
+            )
+        if not plan.actions and not plan.logs_to_fold:
+            lines.append("  nothing to do")
+        lines.append(f"Keeps {plural(plan.kept_entries, 'entry')} ({human_size(plan.kept_bytes)}).")
+        if args.list:
+            rows = [[a.kind, a.path, human_size(a.size), a.reason] for a in plan.actions]
+            if rows:
+                lines += ["  " + line for line in format_table(rows, right=(2,)).splitlines()]
+        if plan.left:
+            lines.append(f"{len(plan.left):,} other problems left alone (see kernelcache verify).")
+        return "\n".join(lines)
+
     result = None
     if not args.dry_run and (plan.actions or plan.logs_to_fold):
         context.require_writable()
+        if not out.json:  # the plan first, then the work (and its progress), then the outcome
+            sys.stdout.write(plan_text() + "\n")
+            sys.stdout.flush()
         doomed = plan.summary.get("delete-entry")
         if doomed and args.max_size is None and args.older_than is None:
             # a filter and no limit: every match goes; say so before doing it
@@ -256,30 +288,16 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
         **envelope("prune", root),
         "dry_run": args.dry_run,
         "criteria": criteria,
+        "unmatched": missed,
         **_plan_json(plan, result),
     }
 
     def human() -> str:
-        lines = [f"Plan for {root}:"]
-        for kind, v in plan.summary.items():
-            lines.append("  " + _ACTION_WORDS[kind].format(n=v["count"], b=human_size(v["bytes"])))
-        if plan.logs_to_fold:
-            lines.append(
-                f"  fold {plural(len(plan.logs_to_fold), 'statistics log')} of finished processes"
-            )
-        if not plan.actions and not plan.logs_to_fold:
-            lines.append("  nothing to do")
-        lines.append(f"Keeps {plural(plan.kept_entries, 'entry')} ({human_size(plan.kept_bytes)}).")
-        if args.list:
-            rows = [[a.kind, a.path, human_size(a.size), a.reason] for a in plan.actions]
-            if rows:
-                lines += ["  " + line for line in format_table(rows, right=(2,)).splitlines()]
-        if plan.left:
-            lines.append(f"{len(plan.left):,} other problems left alone (see kernelcache verify).")
+        if result is not None:  # the plan was printed before the work
+            return "\n".join(_outcomes_human(result, "Pruned"))
+        lines = [plan_text()]
         if args.dry_run:
             lines.append("Dry run: nothing was changed.")
-        elif result is not None:
-            lines += _outcomes_human(result, "Pruned")
         return "\n".join(lines)
 
     out.emit(doc, human)

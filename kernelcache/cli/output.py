@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import progress as progressbar
 from ..errors import KernelCacheError
+from ..table import NAME_SEPARATOR, kernel_names
 
 #: the version of every command's ``--json`` document
 SCHEMA = 1
@@ -93,7 +94,7 @@ def fail(message: str, code: int, command: str | None, json_mode: bool) -> int:
     if json_mode:
         doc = {"schema": SCHEMA, "command": command, "error": message}
         with contextlib.suppress(OSError):
-            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+            sys.stdout.write(dumps(doc) + "\n")
     sys.stderr.write(f"kernelcache: error: {message}\n")
     return code
 
@@ -158,6 +159,20 @@ def format_table(rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> st
 def format_label(value: str | None) -> str:
     """A kernel or target name as shown (:func:`printable`); ``(none)`` when absent."""
     return "(none)" if value is None else printable(value)
+
+
+#: the kernel names ``ls`` shows of an entry that holds several
+SHOWN_KERNELS = 3
+
+
+def format_kernels(value: str | None) -> str:
+    """An entry's kernel name as shown (:func:`format_label`); of an entry that holds several
+    kernels, the first :data:`SHOWN_KERNELS` and how many more."""
+    names = kernel_names(value)
+    if len(names) <= SHOWN_KERNELS:
+        return format_label(value)
+    shown = NAME_SEPARATOR.join(names[:SHOWN_KERNELS])
+    return f"{printable(shown)} (+{len(names) - SHOWN_KERNELS} more)"
 
 
 def envelope(command: str, root: str | None) -> dict[str, Any]:

@@ -104,7 +104,9 @@ def _lookups(hits: int, misses: int) -> str:
 
 def _stats_human(doc: dict[str, Any], top: int) -> str:
     c = doc["counters"]
-    lines = [f"Cache root:       {doc['root']}" + ("" if doc["exists"] else " (does not exist)")]
+    lines = [
+        f"Cache root:       {doc['root']}" + ("" if doc["exists"] else " (does not exist yet)")
+    ]
     lines.append(f"Entries:          {doc['entries']:,}")
     lines.append(
         f"Size:             {human_size(doc['bytes'])} (artifacts {human_size(doc['artifact_bytes'])},"
@@ -376,7 +378,7 @@ def cmd_stats(args: argparse.Namespace, out: Output) -> int:
     context: Context = args.context
     if args.zero:
         return cmd_zero(context, out)
-    root = context.existing_root()
+    root = context.existing_root(missing_ok=True)  # before the first job: zeros
     doc = stats_document(root, context.trust)
     doc["remote_urls"] = remote_urls(context.settings.remote or "")
     doc["max_size"] = context.settings.max_size or None
