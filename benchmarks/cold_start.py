@@ -14,7 +14,9 @@ very same module.
 
 With ``--before REF_OR_DIR`` the same waves also run the bridge of an older checkout (a
 directory, or a git ref exported with ``git archive``) in the same run, e.g. the commit before
-work stealing, so the ratios compare like with like on the same machine and load.
+work stealing, so the ratios compare like with like on the same machine and load: "before over
+now" for one process alone and for the job (above 1: now is faster). The CPU seconds include
+the compiler processes the bridge forks (children, reaped within the lowering).
 
     python benchmarks/cold_start.py --repeats 5 --before d60eb4c --out cold_start.json
 
@@ -206,10 +208,12 @@ def main() -> None:
             alone["cpu_critical_s"] / job["cpu_critical_s"], 2
         )
     if "before" in bridges:
-        for what, field in (("wall", "wall_s"), ("busiest CPU", "cpu_critical_s")):
-            ratios[f"{n} processes: before over now, {what}"] = round(
-                waves[f"before: {n} processes"][field] / waves[f"now: {n} processes"][field], 2
-            )
+        for size in (1, n):
+            wave_name = f"{size} process{'es' if size > 1 else ''}"
+            for what, field in (("wall", "wall_s"), ("busiest CPU", "cpu_critical_s")):
+                ratios[f"{wave_name}: before over now, {what}"] = round(
+                    waves[f"before: {wave_name}"][field] / waves[f"now: {wave_name}"][field], 2
+                )
     checks = {
         "each variant compiled once per wave": all(
             c == variants for w in waves.values() for c in w["compiles"]

@@ -12,6 +12,11 @@ of room in its temporary directory can exit 0 after a short write; that, and run
 space while compiling, is an :class:`~bridge.errors.IncompleteOutput` naming ``TMPDIR`` and its
 free space, never a result (nothing is stored, and nothing is remembered as the kernel's
 failure: the next compile, with room, stores the kernel).
+
+The stages run in a compiler process (:mod:`bridge.compiler_process`): a compiler that aborts or
+segfaults fails its compile with a :class:`~bridge.compiler_process.CompilerCrash`, and the job
+goes on. A Gluon compile that fails because a layout does not fit the target (Triton's verifier
+says so on standard error) gets a note saying what fits; other errors do not.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any
 
 from kernelcache import formats
 
+from . import compiler_process
 from .errors import IncompleteOutput, KernelArgumentError
 from .targets import Target
 from .vendors import Vendor, by_binary_ext
@@ -153,16 +159,57 @@ def _out_of_space(error: BaseException) -> bool:
     return os.strerror(errno.ENOSPC) in text or os.strerror(errno.EDQUOT) in text
 
 
+#: what Triton's verifier says of a Gluon layout that does not fit the module: its threads per
+#: warp against the target's warp size, its warps against num_warps (Triton 3.6 to 3.9, on
+#: standard error; the exception itself only says "error encountered during parsing")
+_LAYOUT_MISFIT = re.compile(r"\bLayout has \d+ (threads per warp|warps per CTA)\b")
+
+
+def about_layouts(error: BaseException, said: str) -> bool:
+    """Whether a compile that raised ``error``, its compiler having written ``said`` to
+    standard error, failed because a layout does not fit the target's warp size or the
+    kernel's number of warps."""
+    return any(_LAYOUT_MISFIT.search(text) for text in (said, str(error)))
+
+
 def compile_source(src: Any, target: Target, backend: Any, options: Any) -> Compiled:
-    """Run the backend's stages from the source to machine code, and check that what they
-    produced is whole (:func:`output_problem`).
+    """Compile ``src`` for ``target`` in a compiler process (see :mod:`bridge.compiler_process`:
+    a compiler that aborts or segfaults fails this compile, not the job), and check that what
+    it produced is whole (:func:`output_problem`).
 
     Raises:
         IncompleteOutput: the output is not whole, or a disk filled up while compiling.
+        CompilerCrash: the compiler process died (lasting or not: see its ``lasting``).
         whatever Triton raises for an invalid kernel (CompilationError, ...), with a note
-        naming the kernel and target.
+        naming the kernel and target (and, for a Gluon layout that does not fit the target,
+        one saying what fits).
     """
     global _compiles
+    ran = compiler_process.run(_stages, src, target, backend, options)
+    error = ran.error
+    if error is not None:
+        if _out_of_space(error):
+            raise _incomplete(src, target, f"a disk filled up while compiling ({error})") from error
+        if hasattr(error, "add_note"):
+            error.add_note(f"while compiling {src.name} for {target}")
+            if "gluon" in str(src.language).lower() and about_layouts(error, ran.said):
+                error.add_note(
+                    f"Gluon layouts must fit the target: {target.warp_size} threads per warp on "
+                    f"{target}, and warps_per_cta multiplying to num_warps={options.num_warps}"
+                )
+        raise error
+    compiled: Compiled = ran.value
+    problem = output_problem(compiled.binary, compiled.ptx, target)
+    if problem is not None:
+        raise _incomplete(src, target, problem)
+    with _lock:
+        _compiles += 1
+    logger.debug("compiled %s for %s (%d bytes)", src.name, target, len(compiled.binary))
+    return compiled
+
+
+def _stages(src: Any, target: Target, backend: Any, options: Any) -> Compiled:
+    """Run the backend's stages from the source to machine code (in the compiler process)."""
     import triton
     from triton._C.libtriton import get_cache_invalidating_env_vars, ir
 
@@ -182,36 +229,18 @@ def compile_source(src: Any, target: Target, backend: Any, options: Any) -> Comp
     codegen_fns = backend.get_codegen_implementation(options)
     module_map = backend.get_module_map()
     ptx = None
-    try:
-        module = src.make_ir(gpu_target, options, codegen_fns, module_map, context)
-        names = list(stages)
-        for ext in names[names.index(src.ext) :]:
-            module = stages[ext](module, metadata)
-            if ext == "llir":
-                module = relative_debug_paths(module)
-            elif ext == "ptx":
-                ptx = module
-    except Exception as e:  # annotate and re-raise Triton's own error unchanged
-        if _out_of_space(e):
-            raise _incomplete(src, target, f"a disk filled up while compiling ({e})") from e
-        if hasattr(e, "add_note"):
-            e.add_note(f"while compiling {src.name} for {target}")
-            if "gluon" in str(src.language).lower():
-                e.add_note(
-                    f"Gluon layouts must fit the target: {target.warp_size} threads per warp on "
-                    f"{target}, and warps_per_cta multiplying to num_warps={options.num_warps}"
-                )
-        raise
+    module = src.make_ir(gpu_target, options, codegen_fns, module_map, context)
+    names = list(stages)
+    for ext in names[names.index(src.ext) :]:
+        module = stages[ext](module, metadata)
+        if ext == "llir":
+            module = relative_debug_paths(module)
+        elif ext == "ptx":
+            ptx = module
     if not isinstance(module, bytes):
         raise KernelArgumentError(
             f"Triton's {target.backend} pipeline ended in {names[-1]}, not machine code"
         )
-    problem = output_problem(module, ptx, target)
-    if problem is not None:
-        raise _incomplete(src, target, problem)
-    with _lock:
-        _compiles += 1
-    logger.debug("compiled %s for %s (%d bytes)", src.name, target, len(module))
     return Compiled(module, ptx, metadata)
 
 

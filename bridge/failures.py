@@ -4,10 +4,16 @@ Triton's autotuner leaves a config out when compiling or loading it raises one o
 ``CompileTimeAssertionFailure`` (a ``tl.static_assert`` that fails for this config),
 ``OutOfResources`` or ``PTXASError`` (Triton 3.6 to 3.9, both backends; the AMD backend raises
 nothing more specific: its code generation errors are plain ``RuntimeError``). The bridge leaves
-out the same ones, and only those: any other exception still fails the call. A compile whose
-output is cut short, or that ran out of disk space (:class:`~bridge.errors.IncompleteOutput`,
-whatever the compiler raised underneath), is the environment's failure: it fails the call and
-is never remembered.
+out the same ones, and one more: a compiler process that died
+(:class:`~bridge.compiler_process.CompilerCrash`), where Triton's autotuner dies with it. Any
+other exception still fails the call. A compile whose output is cut short, or that ran out of
+disk space (:class:`~bridge.errors.IncompleteOutput`, whatever the compiler raised underneath),
+is the environment's failure: it fails the call and is never remembered.
+
+Of those left out, a failure is remembered when the same compile would fail again: a compiler
+process that crashed by itself (SIGABRT, SIGSEGV, ...) or exited is; a ptxas killed by a signal,
+or a compiler process killed from outside (SIGKILL: out of memory), is left out of this call
+only.
 
 Such a failure is remembered as an entry keyed by the kernel key (``derived_key(key,
 "failure")``, extension ``failure``, metadata ``kind: failure``): a JSON document with the
@@ -24,6 +30,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .compiler_process import CompilerCrash
 from .errors import BridgeError, IncompleteOutput
 from .kernel_keys import derived_key
 
@@ -56,7 +63,7 @@ def _one_line(text: str) -> str:
 def reason_of(error: BaseException) -> str | None:
     """Why a config cannot compile, when ``error`` is what Triton's autotuner leaves a config
     out for (a static assertion, also one failing in a function the kernel calls; out of
-    resources; ptxas failing); else None."""
+    resources; ptxas failing) or a crash of the compiler process; else None."""
     from triton.compiler.errors import CompileTimeAssertionFailure
     from triton.runtime.errors import OutOfResources, PTXASError
 
@@ -64,6 +71,8 @@ def reason_of(error: BaseException) -> str | None:
     while seen is not None:
         if isinstance(seen, IncompleteOutput):  # the environment's failure, not the config's
             return None
+        if isinstance(seen, CompilerCrash):
+            return _one_line(seen.reason)
         if isinstance(seen, CompileTimeAssertionFailure):
             return _one_line(f"static assertion failed: {seen.error_message or ''}")
         if isinstance(seen, OutOfResources):
@@ -78,11 +87,15 @@ def reason_of(error: BaseException) -> str | None:
 
 def lasting(error: BaseException) -> bool:
     """Whether the failure will happen again for the same kernel key: not when ptxas was killed
-    by a signal (a crash, or out of memory), which is then not remembered."""
+    by a signal (a crash, or out of memory), nor when the compiler process was killed from
+    outside (see :class:`~bridge.compiler_process.CompilerCrash`); such a failure is not
+    remembered."""
     from triton.runtime.errors import PTXASError
 
     seen: BaseException | None = error
     while seen is not None:
+        if isinstance(seen, CompilerCrash):
+            return seen.lasting
         if isinstance(seen, PTXASError):
             return not re.search(r"SIGSEGV|error code -\d", seen.error_message or "")
         seen = seen.__cause__

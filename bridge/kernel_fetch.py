@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import failures
+from . import compiler_process, failures
 from .compile import Compiled, binary_problem
 from .failures import LeftOut
 from .kernel_keys import derived_key
@@ -170,7 +170,8 @@ def fetch_each(
     (taking over any whose compiler died); each kernel is compiled once across the processes
     sharing the cache. On CUDA the PTX is stored before the binary, under the build lock, so a
     process that reads the binary finds its PTX. Whoever compiled what, the returned kernels
-    (binary, metadata fields, PTX) are the same.
+    (binary, metadata fields, PTX) are the same. The compiles share one compiler process
+    (:func:`bridge.compiler_process.session`), forked at the first miss.
 
     Yields:
         ``(index, result)`` in completion order: the :class:`KernelBinary`, a
@@ -210,24 +211,27 @@ def fetch_each(
 
         return build_entry
 
-    for index, request in enumerate(requests):
-        if not request.stored:
-            yield index, _in_memory(request)
-    cached = [i for i, r in enumerate(requests) if r.stored]
-    items = [BuildItem(requests[i].key, requests[i].ext, builder(requests[i])) for i in cached]
-    for index, art in cache.get_or_create_each(items, wait=wait):
-        index = cached[index]
-        if art is None or isinstance(art, Exception):
-            yield index, art
-            continue
-        try:
-            request = requests[index]
-            here = built[(request.key, request.ext)]
-            whole = art if here else _whole(cache, art, builder(request))
-            kernel = _rebuilt(request) if whole is None else _paired(cache, request, whole, here)
-            yield index, kernel
-        except Exception as e:  # a failing recompile, reported per request
-            yield index, e
+    with compiler_process.session():  # the compiles of these requests share one process
+        for index, request in enumerate(requests):
+            if not request.stored:
+                yield index, _in_memory(request)
+        cached = [i for i, r in enumerate(requests) if r.stored]
+        items = [BuildItem(requests[i].key, requests[i].ext, builder(requests[i])) for i in cached]
+        for index, art in cache.get_or_create_each(items, wait=wait):
+            index = cached[index]
+            if art is None or isinstance(art, Exception):
+                yield index, art
+                continue
+            try:
+                request = requests[index]
+                here = built[(request.key, request.ext)]
+                whole = art if here else _whole(cache, art, builder(request))
+                kernel = (
+                    _rebuilt(request) if whole is None else _paired(cache, request, whole, here)
+                )
+                yield index, kernel
+            except Exception as e:  # a failing recompile, reported per request
+                yield index, e
 
 
 def _whole(

@@ -145,16 +145,26 @@ def finish_child(proc: subprocess.Popen, timeout: float = 240) -> Any:
 
 # Child-process code that counts every way Triton could compile in that process: the front end
 # of both languages, triton.compile, and triton_key() (the 0.3 s compiler hash a warm start must
-# not pay). Prepend it to a child's code; read the totals from ``counts``.
+# not pay). Prepend it to a child's code; read the totals from ``counts``. Compiles run in
+# compiler processes forked from the child (bridge.compiler_process): they count in memory
+# shared with it, which ``counts`` shows after each compile.
 COUNT_COMPILES = f"""
-import sys
+import mmap, sys
 sys.path.insert(0, {str(TESTS)!r})
 counts = {{"make_ir": 0, "compile": 0, "triton_key": 0}}
+_shared = mmap.mmap(-1, 8 * len(counts))
+
+def _synced():
+    for i, label in enumerate(counts):
+        counts[label] = int.from_bytes(_shared[8 * i : 8 * i + 8], "little")
 
 def counting(owner, name, label):
     original = getattr(owner, name)
+    at = 8 * list(counts).index(label)
     def wrapper(*args, **kwargs):
-        counts[label] += 1
+        n = int.from_bytes(_shared[at : at + 8], "little") + 1
+        _shared[at : at + 8] = n.to_bytes(8, "little")
+        _synced()
         return original(*args, **kwargs)
     setattr(owner, name, wrapper)
 
@@ -162,11 +172,19 @@ import triton
 import triton.compiler.compiler as tc
 import triton.runtime.cache as rc
 from triton.experimental.gluon import _runtime as gr
+import bridge.compiler_process as _compiler_process
 counting(tc.ASTSource, "make_ir", "make_ir")
 counting(gr.GluonASTSource, "make_ir", "make_ir")
 counting(tc, "compile", "compile")
 counting(triton, "compile", "compile")
 counting(rc, "triton_key", "triton_key")
+_run = _compiler_process.run
+def _run_and_count(*args, **kwargs):
+    try:
+        return _run(*args, **kwargs)
+    finally:
+        _synced()
+_compiler_process.run = _run_and_count
 """
 
 

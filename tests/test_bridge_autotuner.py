@@ -32,7 +32,7 @@ from test_cli_support import kc, kc_json
 import bridge
 import kernelcache
 from bridge import call as bridge_call
-from bridge import decisions, failures, tune, tuning, variants, versions
+from bridge import decisions, failures, specialize, tune, tuning, variants, versions
 from bridge.kernel_keys import derived_key
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
@@ -244,17 +244,15 @@ def test_a_second_process_does_not_compile_the_left_out_configs_again(tmp_path):
 
 
 def test_a_malformed_failure_entry_is_ignored(tmp_path, monkeypatch):
-    from triton.compiler.compiler import ASTSource
-
     cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote="")
     decoded(copy_call(K.bounded_copy, cache), F32)
     path = sorted(Path(cache.root).glob("*.failure"))[0]
     key = json.loads(path.read_bytes())["of"]
     assert failures.remembered(cache, key) == "static assertion failed: BLOCK must be at most 256"
     attempts = []
-    make_ir = ASTSource.make_ir
+    compile_source = specialize.compile_source
     monkeypatch.setattr(
-        ASTSource, "make_ir", lambda *a, **k: attempts.append(1) or make_ir(*a, **k)
+        specialize, "compile_source", lambda *a: attempts.append(1) or compile_source(*a)
     )
     for forged in ({"format": 1, "of": "0" * 64, "reason": "x"}, {"format": 1, "of": key}):
         path.unlink()
@@ -270,8 +268,6 @@ def test_a_malformed_failure_entry_is_ignored(tmp_path, monkeypatch):
 
 
 def test_failure_entries_travel_in_bundles(tmp_path, monkeypatch):
-    from triton.compiler.compiler import ASTSource
-
     here = kernelcache.Cache(tmp_path / "here", readonly_roots=(), remote="")
     decoded(copy_call(K.bounded_copy, here), F32)
     bundle = tmp_path / "kernels.tar"
@@ -280,9 +276,9 @@ def test_failure_entries_travel_in_bundles(tmp_path, monkeypatch):
     there.mkdir()
     assert kc(there, "import", str(bundle)).returncode == 0
     attempts = []
-    make_ir = ASTSource.make_ir
+    compile_source = specialize.compile_source
     monkeypatch.setattr(
-        ASTSource, "make_ir", lambda *a, **k: attempts.append(1) or make_ir(*a, **k)
+        specialize, "compile_source", lambda *a: attempts.append(1) or compile_source(*a)
     )
     bridge_call._memo.clear()
     cache = kernelcache.Cache(there, readonly_roots=(), remote="")
@@ -334,8 +330,6 @@ def test_what_is_left_out_is_what_tritons_autotuner_skips():
 
 def test_a_ptxas_crash_leaves_the_config_out_but_is_not_remembered(tmp_path, monkeypatch):
     from triton.runtime.errors import PTXASError
-
-    from bridge import specialize
 
     real, tries = specialize.compile_source, []
 

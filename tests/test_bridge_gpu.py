@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from bridge_helpers import TESTS, cuda_devices, decoded, kernels_of, run_child
+from bridge_helpers import COUNT_COMPILES, cuda_devices, decoded, kernels_of, run_child
 
 import bridge
 import kernelcache
@@ -242,19 +242,9 @@ def test_a_target_for_another_gpu_is_a_clear_error(cache):
 
 
 CHILD = (
-    f"TESTS = {str(TESTS)!r}\n"
+    COUNT_COMPILES
     + r"""
-import json, os, sys
-sys.path.insert(0, TESTS)
-counts = {"make_ir": 0}
-import triton.compiler.compiler as tc
-from triton.experimental.gluon import _runtime as gr
-for owner in (tc.ASTSource, gr.GluonASTSource):
-    original = owner.make_ir
-    def counted(self, *a, _original=original, **k):
-        counts["make_ir"] += 1
-        return _original(self, *a, **k)
-    owner.make_ir = counted
+import json, os
 import jax, jax.numpy as jnp, numpy as np
 hits = []
 jax.monitoring.register_event_listener(

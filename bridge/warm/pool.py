@@ -3,8 +3,10 @@
 Workers are forked from the planning process, so they share its imported Triton and memoized
 identities (see :func:`can_fork`); each re-binds its job and checks that the key is still the
 planned one before compiling. A worker exits as soon as the process that forked it is gone.
-A compiler process that dies (a crash inside Triton/LLVM, or killed for memory) breaks the
-pool: every job it left unfinished then runs again on its own, so the culprit is named.
+A crash of Triton's compiler fails only its job (the compile runs in a compiler process of its
+own, :mod:`bridge.compiler_process`: the kernel is left out). A worker that dies (a crash
+outside the compiler, or killed for memory) breaks the pool: every job it left unfinished then
+runs again on its own, so the culprit is named.
 
 Across processes: workers publish through the cache (atomic, first writer wins, one builder per
 key across every process sharing the root). A kernel that another process is compiling is
@@ -229,9 +231,9 @@ def can_fork() -> bool:
     return sys.platform == "linux" and threading.active_count() == 1
 
 
-#: the error of a job whose compiler process died
+#: the error of a job whose worker process died
 CRASHED = (
-    "the compiler process died (a crash inside Triton/LLVM, or killed for memory); run "
+    "the worker process died (a crash outside Triton's compiler, or killed for memory); run "
     "`kernelcache warm` with --jobs 1 to see its output"
 )
 
