@@ -53,8 +53,10 @@ def payload(key: str, size: int) -> bytes:
     return (key.encode() * (size // 64 + 1))[:size]
 
 
-def _moto(stack: ExitStack) -> str:
-    """moto's S3 server in a process of its own; the URL of a bucket in it."""
+def start_moto(stack: ExitStack) -> tuple[str, subprocess.Popen[bytes]]:
+    """moto's S3 server in a process of its own (ended with ``stack``); the URL of a bucket
+    in it (prefix ``run``) and the process. Sets the test credentials in this process's
+    environment (the children inherit them)."""
     from object_store import S3_ENV
     from redis_server import free_port
 
@@ -65,6 +67,7 @@ def _moto(stack: ExitStack) -> str:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    stack.callback(process.wait, 10)
     stack.callback(process.terminate)
     endpoint = f"http://127.0.0.1:{port}"
     import boto3
@@ -79,7 +82,7 @@ def _moto(stack: ExitStack) -> str:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
-    return f"s3://kc-bench/run?endpoint={endpoint}&region=us-east-1"
+    return f"s3://kc-bench/run?endpoint={endpoint}&region=us-east-1", process
 
 
 def start_tiers(names: list[str], tmp: Path, stack: ExitStack) -> dict[str, str]:
@@ -94,7 +97,7 @@ def start_tiers(names: list[str], tmp: Path, stack: ExitStack) -> dict[str, str]
         cluster = stack.enter_context(RedisClusterServers(tmp / "cluster"))
         urls["cluster"] = f"{cluster.url}?{namespace}"
     if "s3" in names:
-        urls["s3"] = _moto(stack)
+        urls["s3"] = start_moto(stack)[0]
     return urls
 
 

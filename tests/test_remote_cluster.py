@@ -124,6 +124,27 @@ def test_a_killed_primary_costs_one_failure_and_the_other_shards_serve(tmp_path)
     assert elapsed < 3.0, elapsed
 
 
+def test_slots_without_a_primary_cost_their_own_keys_only(tmp_path):
+    """The slot map may give some slots no primary (Redis leaves out a failed one at times):
+    a read of such a key was a failure of the whole tier."""
+    with RedisClusterServers(tmp_path / "cluster") as servers:
+        url = servers.url + "?timeout=0.5"
+        by_shard = keys_by_shard(servers, url, 3, 17_000)
+        writer = RedisTier(url)
+        for keys in by_shard.values():
+            for key in keys:
+                assert writer.put(key, "cubin", key.encode(), META)
+        owner = servers.nodes[2]
+        first, last = 2 * 16384 // 3, 16383  # its slots (RedisClusterServers.start)
+        for node in servers.nodes:  # unassigned in every node's view
+            node.client().execute_command("CLUSTER DELSLOTSRANGE", first, last)
+        reader = RedisTier(url)
+        found = {k: reader.get(k, "cubin") is not None for ks in by_shard.values() for k in ks}
+    lost = by_shard[f"127.0.0.1:{owner.port}"]
+    assert found == {key: key not in lost for key in found}
+    assert reader.counters["breaker_trips"] == 1 and reader.counters["skipped"] == len(lost) - 1
+
+
 def test_a_job_with_a_killed_primary_builds_the_other_shards_keys_once(tmp_path):
     """2 nodes x 2 processes, one of 3 primaries killed (kill -9) before the job: the keys of
     the live shards are built once for the job, those of the dead shard once per node; each

@@ -16,6 +16,7 @@ import textwrap
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from conftest import child_env
@@ -88,20 +89,27 @@ def end(proc: subprocess.Popen[str]) -> None:
     proc.wait(timeout=10)
 
 
+def build_while_held(url: str, root: Path, key: str, lock_timeout: float, sig: int | None = None):
+    """``get_or_create`` of ``key`` (built as ``b"built here"``) while another process holds
+    its lock (sent ``sig`` first, if given): the artifact, the seconds it took, the holder's
+    pid and the cache."""
+    holder = start_holder(url, key, hold=60)
+    try:
+        if sig is not None:
+            os.kill(holder.pid, sig)
+        cache = kernelcache.Cache(root, (), url, lock_timeout=lock_timeout)
+        started = time.monotonic()
+        art = cache.get_or_create(key, "cubin", lambda: (b"built here", META))
+        return art, time.monotonic() - started, holder.pid, cache
+    finally:
+        end(holder)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["stopped", "killed"])
 def test_a_holder_that_stops_renewing_loses_its_lock_within_the_lease(url, tmp_path, sig):
     """A lock outlived its holder by lock_ttl (120 s), and a bucket had no locks at all."""
-    key = key_of(100)
-    holder = start_holder(url, key, hold=60)
-    try:
-        os.kill(holder.pid, sig)
-        cache = kernelcache.Cache(tmp_path / "root", (), url, lock_timeout=20)
-        started = time.monotonic()
-        art = cache.get_or_create(key, "cubin", lambda: (b"built by the waiter", META))
-        elapsed = time.monotonic() - started
-    finally:
-        end(holder)
-    assert art.data == b"built by the waiter" and art.source == "local"
+    art, elapsed, _, cache = build_while_held(url, tmp_path / "root", key_of(100), 20, sig)
+    assert art.data == b"built here" and art.source == "local"
     assert elapsed < 1.0 + 2.0, elapsed  # the lease, a poll, and room for a loaded machine
     if url.startswith("s3"):  # a bucket's lock is judged stale after a lease of watching it
         assert elapsed >= 1.0, elapsed
@@ -118,20 +126,13 @@ def test_a_holder_building_longer_than_its_lease_keeps_its_lock(url, tmp_path):
 def test_a_wait_that_reaches_the_lock_timeout_is_said(url, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="kernelcache")
     key = key_of(300)
-    holder = start_holder(url, key, hold=30)
-    try:
-        cache = kernelcache.Cache(tmp_path / "root", (), url, lock_timeout=1.0)
-        started = time.monotonic()
-        art = cache.get_or_create(key, "cubin", lambda: (b"built anyway", META))
-        elapsed = time.monotonic() - started
-    finally:
-        end(holder)
-    assert art.data == b"built anyway"
+    art, elapsed, pid, _ = build_while_held(url, tmp_path / "root", key, 1.0)
+    assert art.data == b"built here"
     assert 1.0 <= elapsed < 3.0, elapsed
     said = [r.getMessage() for r in caplog.records if "still held by" in r.getMessage()]
     assert len(said) == 1, said
     tier = url.split("?", 1)[0]
-    assert key in said[0] and f"pid {holder.pid}" in said[0] and tier in said[0], said
+    assert key in said[0] and f"pid {pid}" in said[0] and tier in said[0], said
 
 
 def test_a_process_builds_other_keys_while_another_machine_holds_one(url, tmp_path):

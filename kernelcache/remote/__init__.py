@@ -30,7 +30,7 @@ from .registry import (
     schemes,
     split_urls,
 )
-from .tier import RemoteTier, TierClass
+from .tier import Busy, RemoteTier, TierClass
 from .url import (
     CLIENT_OPTIONS,
     OPTIONS,
@@ -66,6 +66,7 @@ __all__ = [
     "REDIS_MAX_STRING",
     "REMOTE_FORMAT",
     "SCHEMES",
+    "Busy",
     "LayeredTier",
     "ObjectStoreTier",
     "RedisTier",

@@ -90,6 +90,21 @@ _ACQUIRED, _READY, _BROKEN = 1, 2, 3
 _REPLY_LIMIT = 4 << 20
 #: the last hash slot of a Redis Cluster
 _MAX_SLOT = 16383
+#: the shard of the hash slots a cluster's slot map gives no primary (it may leave out a failed
+#: one): skipped as one shard
+UNSERVED = "(slots without a primary)"
+
+
+def _serving(slots: list[tuple[int, int, str]], name: str) -> str:
+    """The primary ("host:port") that serves the slot of the Redis key ``name``, or
+    :data:`UNSERVED`."""
+    from redis.crc import key_slot
+
+    slot = key_slot(name.encode())
+    at = bisect.bisect_right(slots, (slot, _MAX_SLOT + 1, "")) - 1
+    if at < 0 or not slots[at][0] <= slot <= slots[at][1]:
+        return UNSERVED
+    return slots[at][2]
 
 
 def _slot_ranges(reply: Any, asked: str) -> list[tuple[int, int, str]]:
@@ -374,13 +389,13 @@ class RedisTier(TierBase):
     def _route(self, key: str | None) -> tuple[Any, str]:
         """``(the client that serves key, its shard)``: the tier's client and "" on a single
         server; on a cluster, the client of the primary that serves the key's slot and that
-        primary's ``host:port`` (for ``key`` None, any primary). The slot map is read at the
-        first call, and again when a shard's breaker has closed (a failover may have moved
-        its slots).
+        primary's ``host:port`` (for ``key`` None, any primary), or ``(None, UNSERVED)`` for
+        a slot the map gives no primary (a failed one may be left out). The slot map is read
+        at the first call, and again when a shard's breaker has closed (a failover may have
+        moved its slots).
 
         Raises:
-            what redis-py raises when the slot map cannot be read; ValueError for a slot it
-            does not cover.
+            what redis-py raises, or ValueError, when the slot map cannot be read.
         """
         if not self.cluster:
             return self._single, ""
@@ -390,31 +405,15 @@ class RedisTier(TierBase):
                 self._slots = slots
         slots = self._slots
         if key is None:
-            name = slots[0][2]
-        else:
-            name = self._serving(slots, self.name(key))
-            until = self._down.get(name)
-            if until is not None and time.monotonic() >= until:
-                with self._lock:
-                    self._down.pop(name, None)
-                self._refresh_slots()
-                name = self._serving(self._slots or slots, self.name(key))
-        return self._primary(name), name
-
-    @staticmethod
-    def _serving(slots: list[tuple[int, int, str]], name: str) -> str:
-        """The primary that serves the slot of the Redis key ``name``.
-
-        Raises:
-            ValueError: no primary serves it.
-        """
-        from redis.crc import key_slot
-
-        slot = key_slot(name.encode())
-        at = bisect.bisect_right(slots, (slot, _MAX_SLOT + 1, "")) - 1
-        if at < 0 or not slots[at][0] <= slot <= slots[at][1]:
-            raise ValueError(f"no primary serves hash slot {slot}")
-        return slots[at][2]
+            return self._primary(slots[0][2]), slots[0][2]
+        name = _serving(slots, self.name(key))
+        until = self._down.get(name)
+        if until is not None and time.monotonic() >= until:
+            with self._lock:
+                self._down.pop(name, None)
+            self._refresh_slots()
+            name = _serving(self._slots or slots, self.name(key))
+        return (None if name == UNSERVED else self._primary(name)), name
 
     def _refresh_slots(self) -> None:
         """Read a cluster's slot map again; a failure keeps the map it had."""
@@ -485,6 +484,10 @@ class RedisTier(TierBase):
                 self._failed(what, e, False, "", None)  # no slot map: the whole tier
                 return None, True
             if not self._usable(shard) or (write and not self._writable(shard)):
+                return None, True
+            if client is None:
+                why = "the slot map gives no primary for the key's hash slot"
+                self._trip(what, why, timeout=False, shard=shard)
                 return None, True
             result, error, overrun = self._attempt(client, fn, *args, limit=limit)
             if error is None:
