@@ -70,7 +70,7 @@ _CLASS_NOISE = frozenset(
     {"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__", "__firstlineno__",
      "__static_attributes__", "__annotations__", "__annotate__", "__orig_bases__",
      "__parameters__", "__slots__", "__match_args__", "__dataclass_fields__",
-     "__dataclass_params__", "__hash__"}
+     "__dataclass_params__", "__hash__", "__slotnames__", "__abstractmethods__", "_abc_impl"}
 )  # fmt: skip
 
 

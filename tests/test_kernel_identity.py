@@ -367,3 +367,21 @@ def test_a_constant_known_only_by_its_address_is_undescribable():
         jit_identity.constant(threading.Lock())
     with pytest.raises(jit_identity.Undescribable, match="_thread:lock"):
         jit_identity.constant(Tile(threading.Lock(), 1))  # (a field of one)
+
+
+class Pickled:
+    __slots__ = ("k",)
+
+    def __init__(self, k):
+        self.k = k
+
+
+def test_pickling_an_object_does_not_change_its_description():
+    """``pickle`` caches ``__slotnames__`` on a class the first time it pickles an instance:
+    that is not the class's behaviour, and not part of its description."""
+    import pickle
+
+    before = repr(jit_identity.constant(Pickled(3)))
+    pickle.dumps(Pickled(3))
+    assert "__slotnames__" in vars(Pickled)
+    assert repr(jit_identity.constant(Pickled(3))) == before
