@@ -484,7 +484,7 @@ except kernelcache.CacheError as e:  # put raises where the entry cannot be stor
 stats.flush()
 codes = {}
 for argv in (["stats"], ["stats", "-o", os.path.join(elsewhere, "metrics.prom"), "--format", "prometheus"],
-             ["ls"], ["verify", "--repair"], ["prune", "--max-size", "600"],
+             ["ls"], ["verify", "--repair"], ["prune", "--max-size", "600B"],
              ["export", os.path.join(elsewhere, "b.tar")], ["import", os.path.join(elsewhere, "b.tar")],
              ["doctor"]):
     json_flag = [] if "--format" in argv else ["--json"]  # (they conflict)

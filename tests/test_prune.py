@@ -264,11 +264,14 @@ def test_fold_refuses_to_overwrite_an_unreadable_summary(tmp_path):
 
 
 # -- prune while jobs read and write ------------------------------------------------------
-WORKER = """
+WORKER = (
+    f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+    + """
 import json, random, sys, time, hashlib, kernelcache
+from artifact_images import elf_image
 root, seed, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 def data_of(i):
-    return hashlib.sha256(str(i).encode()).digest() * (64 + 16 * i)
+    return elf_image(hashlib.sha256(str(i).encode()).digest() * (64 + 16 * i))
 def key_of(i):
     return hashlib.sha256(b"mayhem-%d" % i).hexdigest()
 cache = kernelcache.Cache(root, readonly_roots=())
@@ -292,6 +295,7 @@ while time.monotonic() < deadline:
 done.update(kernelcache.process_stats())
 print(json.dumps(done))
 """
+)
 
 
 def test_prune_while_four_processes_read_and_write(tmp_path):

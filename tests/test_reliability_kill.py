@@ -164,7 +164,7 @@ import os, sys
 from kernelcache import cli
 root, max_size = sys.argv[1], sys.argv[2]
 arm(int(os.environ["KC_KILL_AT"]))
-sys.exit(cli.main(["--root", root, "prune", "--max-size", max_size, "--quarantine-age", "1d"]))
+sys.exit(cli.main(["--root", root, "prune", "--max-size", max_size + "B", "--quarantine-age", "1d"]))
 """
 PRUNE_ENTRIES = 40
 OLD = 2 * 86400
