@@ -54,10 +54,11 @@ from typing import IO, Any, NamedTuple
 import xxhash
 
 from ._version import __version__
-from .errors import BundleError, MissingDependency, NotRegularFile, Problem, WrongExt
+from .errors import BundleError, MissingDependency, NotRegularFile, WrongExt
 from .fsio import open_regular
 from .jsonio import load_json
 from .keys import META_EXT, split_entry_name
+from .problem import Problem
 from .schema import (
     FORMAT_VERSION,
     HMAC_FIELD,

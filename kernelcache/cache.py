@@ -34,10 +34,11 @@ from typing import Any
 from . import stats, units
 from .capacity import SizeCap
 from .config import Settings, settings
-from .errors import CacheError, ConfigError, LockTimeout, Problem, WrongExt
+from .errors import CacheError, ConfigError, InvalidValue, LockTimeout, WrongExt
 from .keys import check_ext, check_key
 from .layout import resolve_root
 from .locks import Held, WaitBudget
+from .problem import Problem
 from .process import warn_once
 from .remote import RemoteTier, check_entry, open_remote
 from .remote.tier import POLL_FIRST as REMOTE_POLL_FIRST
@@ -154,7 +155,7 @@ class Cache:
         if isinstance(cap, str):
             cap = units.parse_size(cap)
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-            raise ValueError(f"max_size must be a size such as '50G' or bytes >= 0, not {cap!r}")
+            raise InvalidValue(f"max_size must be a size such as '50G' or bytes >= 0, not {cap!r}")
         #: the size cap of the writable root (None: none)
         self.capacity = SizeCap(self.store, cap) if cap and not self.disabled else None
 

@@ -74,7 +74,7 @@ import time
 import weakref
 from collections.abc import Mapping
 
-from .errors import LockTimeout, LockUnavailable
+from .errors import InvalidValue, LockTimeout, LockUnavailable, NotRegularFile
 from .keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
 from .layout import STATS_DIR, open_subdir, replace_file
 from .locks import WaitBudget
@@ -137,7 +137,7 @@ class SizeCap:
 
     def __init__(self, store: Store, max_size: int) -> None:
         if max_size <= 0:
-            raise ValueError(f"a size cap must be positive, not {max_size}")
+            raise InvalidValue(f"a size cap must be positive, not {max_size}")
         self.store = store
         self.max_size = max_size
         self.low_water = int(max_size * LOW_WATER)
@@ -614,7 +614,7 @@ def _open_appending(dfd: int) -> int:
     fd = os.open(USAGE_NAME, flags, 0o666, dir_fd=dfd)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise OSError(errno.EINVAL, f"{STATS_DIR}/{USAGE_NAME} is not a regular file")
+        raise NotRegularFile(errno.EINVAL, f"{STATS_DIR}/{USAGE_NAME} is not a regular file")
     return fd
 
 

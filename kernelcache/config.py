@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import units
-from .errors import ConfigError, NotRegularFile
+from .errors import ConfigError, DeclarationError, InvalidValue, NotRegularFile, UnknownVariable
 from .fsio import open_regular
 
 #: the prefix of every variable kernelcache and the packages built on it declare
@@ -38,7 +38,7 @@ def path(raw: str) -> Path:
         return Path(raw.strip()).expanduser()
     except RuntimeError:  # "~user/..." for a user that does not exist, or no home directory
         home = raw.strip().split("/")[0]
-        raise ValueError(f"cannot expand {home!r}: no such home directory") from None
+        raise InvalidValue(f"cannot expand {home!r}: no such home directory") from None
 
 
 def _paths(raw: str) -> tuple[Path, ...]:
@@ -51,7 +51,7 @@ def choice(*allowed: str) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         value = raw.strip().lower()
         if value not in allowed:
-            raise ValueError(f"not one of {', '.join(allowed)}")
+            raise InvalidValue(f"not one of {', '.join(allowed)}")
         return value
 
     return parse
@@ -328,7 +328,7 @@ def register_variables(*declared: Variable) -> None:
     own = {var.name for var in VARIABLES}
     for var in declared:
         if var.name in own or _registered.get(var.name, var) != var:
-            raise ValueError(f"the variable {var.name} is already declared differently")
+            raise DeclarationError(f"the variable {var.name} is already declared differently")
         _registered[var.name] = var
 
 
@@ -346,7 +346,7 @@ def variable(name: str) -> Variable:
     for var in variables():
         if var.name == name:
             return var
-    raise KeyError(name)
+    raise UnknownVariable(name)
 
 
 T = TypeVar("T")

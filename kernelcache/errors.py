@@ -6,8 +6,6 @@ Each also derives from the built-in a caller would catch for its kind of failure
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 
 class KernelCacheError(Exception):
     """The base of every exception kernelcache raises."""
@@ -59,30 +57,109 @@ class MissingDependency(KernelCacheError, RuntimeError):
     """An optional package is needed; the message says what to install."""
 
 
-@dataclass(frozen=True)
-class Problem:
-    """Why an entry (in a root, a remote value or a bundle) cannot be served: a value returned,
-    never raised. ``corrupt`` problems get the entry quarantined; ``untrusted`` ones (written or
-    writable by users the trust policy excludes) are skipped; ``outdated`` ones (written by an
-    older kernelcache) are misses, replaced by the next put."""
+class UsageError(KernelCacheError):
+    """Bad input from the command line or the environment: the command exits with code 2."""
 
-    key: str
-    reason: str
-    corrupt: bool = True
-    untrusted: bool = False
-    outdated: bool = False
-    ext: str | None = None  #: the stored artifact's extension, where the metadata names one
+
+class CommandFailed(KernelCacheError):
+    """A command could not do what was asked: it exits with code 1."""
+
+
+class InvalidKey(KernelCacheError, ValueError):
+    """A key or an artifact extension that kernelcache does not accept; raised before any file
+    is touched."""
+
+
+class InvalidValue(KernelCacheError, ValueError):
+    """A value given in code or as text that kernelcache cannot use: a size, a duration, a
+    boolean, a mode or policy outside its choices, an argument out of range."""
+
+
+class InvalidMetadata(KernelCacheError, ValueError):
+    """Metadata given to ``put`` (or built for an entry) that the schema refuses; the message
+    names the key and the field."""
+
+
+class DeclarationError(KernelCacheError, ValueError):
+    """A package declared a variable, metadata field or directory that clashes with one
+    already declared, or that cannot be declared."""
+
+
+class UnknownVariable(KernelCacheError, KeyError):
+    """No variable of that name is declared."""
+
+
+class UnreadableFile(KernelCacheError, ValueError):
+    """A file kernelcache keeps (a summary, a JSON document) cannot be parsed."""
+
+
+class FileTooLarge(KernelCacheError, OSError):
+    """A file kernelcache reads is larger than it will read."""
+
+
+class RemoteError(KernelCacheError, OSError):
+    """A remote store answered with something other than what was asked (an object too large,
+    a failed read or write, a malformed reply)."""
+
+
+class RemoteTimeout(RemoteError, TimeoutError):
+    """A remote call ran past its deadline."""
+
+
+class ObjectExists(RemoteError, FileExistsError):
+    """An object that would be written exists already (and replacing it was not asked)."""
+
+
+class ObjectMissing(RemoteError, FileNotFoundError):
+    """No object at the path asked for."""
+
+
+class BadPlugin(KernelCacheError, TypeError):
+    """A plugin from an entry-point group made something that is not what the group asks."""
+
+
+class WrongType(KernelCacheError, TypeError):
+    """A value of the wrong type, such as artifact data that is not bytes."""
+
+
+def __getattr__(name: str) -> object:
+    if name == "Problem":  # moved to kernelcache.problem: it is a value, not an exception
+        import warnings
+
+        from .problem import Problem
+
+        warnings.warn(
+            "kernelcache.errors.Problem moved to kernelcache.problem.Problem",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return Problem
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
+    "BadPlugin",
     "BundleError",
     "CacheError",
+    "CommandFailed",
     "ConfigError",
+    "DeclarationError",
+    "FileTooLarge",
+    "InvalidKey",
+    "InvalidMetadata",
+    "InvalidValue",
     "KernelCacheError",
     "LockTimeout",
     "LockUnavailable",
     "MissingDependency",
     "NotRegularFile",
-    "Problem",
+    "ObjectExists",
+    "ObjectMissing",
+    "RemoteError",
+    "RemoteTimeout",
+    "UnknownVariable",
+    "UnreadableFile",
+    "UsageError",
     "WrongExt",
+    "WrongType",
 ]

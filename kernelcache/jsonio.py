@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .errors import UnreadableFile
+
 
 def load_json(raw: bytes | str) -> Any:
     """``json.loads`` whose every failure is a ValueError.
@@ -15,4 +17,4 @@ def load_json(raw: bytes | str) -> Any:
     try:
         return json.loads(raw)
     except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
+        raise UnreadableFile("JSON nested too deeply") from None

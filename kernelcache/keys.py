@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 
+from .errors import InvalidKey
+
 KEY_PATTERN = re.compile(r"[0-9a-f]{32,128}")
 EXT_PATTERN = re.compile(r"[a-z0-9]{1,16}")
 META_EXT = "json"
@@ -29,7 +31,7 @@ def check_key(key: object) -> str:
         ValueError: ``key`` is not a string of 32 to 128 lowercase hexadecimal characters.
     """
     if not isinstance(key, str) or KEY_PATTERN.fullmatch(key) is None:
-        raise ValueError(
+        raise InvalidKey(
             f"invalid cache key {_show(key)}: a key is 32 to 128 lowercase hexadecimal "
             "characters (e.g. hashlib.sha256(...).hexdigest())"
         )
@@ -43,12 +45,12 @@ def check_ext(ext: object) -> str:
         ValueError: ``ext`` is not 1 to 16 characters of [a-z0-9], or is reserved ("json").
     """
     if not isinstance(ext, str) or EXT_PATTERN.fullmatch(ext) is None:
-        raise ValueError(
+        raise InvalidKey(
             f"invalid artifact extension {_show(ext)}: use 1 to 16 characters of [a-z0-9], "
             "without a leading dot (e.g. 'cubin', 'ptx', 'hsaco')"
         )
     if ext in RESERVED_EXTS:
-        raise ValueError(f"artifact extension {ext!r} is reserved for the metadata file")
+        raise InvalidKey(f"artifact extension {ext!r} is reserved for the metadata file")
     return ext
 
 

@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import Settings, parse_variable, variable
-from .errors import Problem
+from .errors import DeclarationError, InvalidValue
 from .fsio import READ_FLAGS
+from .problem import Problem
 from .schema import MAX_META_BYTES, parse_metadata
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def register_directory(name: str, *, shared: bool = False) -> None:
             can never be taken for an entry file.
     """
     if not name.startswith(".") or name in (".", "..") or "/" in name or "\0" in name:
-        raise ValueError(f"a root's directory is named '.name', not {name!r}")
+        raise DeclarationError(f"a root's directory is named '.name', not {name!r}")
     global _known_dirs, _shared_dirs
     with _registering:
         _known_dirs = _known_dirs | {name}
@@ -267,7 +268,7 @@ def resolve_root(root: str | os.PathLike[str] | None, cfg: Settings | None = Non
     try:
         return os.fspath(Path(root).expanduser())
     except RuntimeError:  # "~user/..." for a user that does not exist, or no home
-        raise ValueError(
+        raise InvalidValue(
             f"cache root {os.fspath(root)!r}: cannot expand "
             f"{os.fspath(root).split('/')[0]!r}: no such home directory"
         ) from None

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import LockTimeout, LockUnavailable
+from .errors import InvalidValue, LockTimeout, LockUnavailable
 from .fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
 from .jsonio import load_json
 from .keys import KEY_PATTERN
@@ -330,7 +330,7 @@ class Locker:
         trust: TrustPolicy | None = None,
     ) -> None:
         if mode not in ("auto", "flock", "soft"):
-            raise ValueError(f"lock mode {mode!r} is not one of auto, flock, soft")
+            raise InvalidValue(f"lock mode {mode!r} is not one of auto, flock, soft")
         self.root = root
         self.requested_mode = mode
         self.stale_after = stale_after

@@ -45,7 +45,7 @@ from itertools import repeat
 from operator import add
 from typing import Any, NamedTuple
 
-from .errors import LockTimeout
+from .errors import InvalidValue, LockTimeout
 from .fsio import READ_FLAGS, changed_at
 from .index import discard_index
 from .keys import META_EXT
@@ -273,7 +273,7 @@ def plan_prune(
     table = scanned.table
     last = table.last_used
     if len(last) != len(table) or None in last:
-        raise ValueError("plan_prune needs a scan made with last_used=True")
+        raise InvalidValue("plan_prune needs a scan made with last_used=True")
     keys, nbytes = table.key, list(map(add, table.size, table.meta_size))
     chosen: Iterable[int] = range(len(table))
     if kernels:

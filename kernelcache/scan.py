@@ -35,7 +35,6 @@ from itertools import repeat
 from operator import add, itemgetter
 from typing import Any
 
-from .errors import Problem
 from .fsio import changed_at
 from .index import (
     GROUPED,
@@ -59,6 +58,7 @@ from .layout import (
     writable,
 )
 from .locks import flock_held, lock_name, read_soft_record, soft_lock_stale
+from .problem import Problem
 from .schema import KERNEL_NAME
 from .store import FUTURE_SLACK, Artifact, Store
 from .table import COLUMNS, EntryInfo, EntryTable

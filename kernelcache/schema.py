@@ -56,9 +56,10 @@ from typing import Any
 import xxhash
 
 from ._version import __version__
-from .errors import Problem
+from .errors import DeclarationError, InvalidMetadata
 from .jsonio import load_json
 from .keys import EXT_PATTERN, KEY_PATTERN, META_EXT
+from .problem import Problem
 
 #: the version of the metadata document (2: the entry digest and a signature cover the
 #: ``covers`` list); documents of an earlier format are misses (rebuilt), never served
@@ -264,7 +265,7 @@ def register_fields(checks: Mapping[str, Check], *, covered: frozenset[str] = fr
     """
     for name, check in checks.items():
         if not name or name in RESERVED_FIELDS or name == COVERS_FIELD or not _valid_name(name):
-            raise ValueError(f"{name!r} cannot be declared as a metadata field")
+            raise DeclarationError(f"{name!r} cannot be declared as a metadata field")
         known = FIELDS.get(name)
         if known is None:
             FIELDS[name] = check
@@ -275,7 +276,7 @@ def register_fields(checks: Mapping[str, Check], *, covered: frozenset[str] = fr
             _INT_RANGES[name] = bounds
     unknown = set(covered) - FIELDS.keys()
     if unknown or len(_covered | set(covered)) > MAX_COVERED:
-        raise ValueError(f"covered fields must be declared fields (at most {MAX_COVERED})")
+        raise DeclarationError(f"covered fields must be declared fields (at most {MAX_COVERED})")
     _covered.update(covered)
 
 
@@ -514,16 +515,16 @@ def build_metadata(
             the message names the field.
     """
     if not isinstance(meta, Mapping):
-        raise ValueError(f"metadata for {key} must be a mapping, not {type(meta).__name__}")
+        raise InvalidMetadata(f"metadata for {key} must be a mapping, not {type(meta).__name__}")
     clash = RESERVED_FIELDS.intersection(name for name in meta if isinstance(name, str))
     if clash:
-        raise ValueError(f"metadata may not set the reserved field(s) {sorted(clash)}")
+        raise InvalidMetadata(f"metadata may not set the reserved field(s) {sorted(clash)}")
     doc: dict[str, Any] = dict(meta)
     producer = doc.get("producer")
     if producer is None:
         producer = {}
     if not isinstance(producer, Mapping):
-        raise ValueError(
+        raise InvalidMetadata(
             f"metadata for {key}: metadata field 'producer' must be an object of package "
             f"versions, not {_show(producer)}"
         )
@@ -531,7 +532,7 @@ def build_metadata(
     producer.setdefault("kernelcache", __version__)
     given = doc.get(COVERS_FIELD, ())
     if not isinstance(given, (list, tuple)) or not all(isinstance(n, str) for n in given):
-        raise ValueError(
+        raise InvalidMetadata(
             f"metadata for {key}: metadata field {COVERS_FIELD!r} must be a list of field names"
         )
     doc[COVERS_FIELD] = sorted(_covered.union(given))
@@ -546,24 +547,24 @@ def build_metadata(
     )
     for name, value in doc.items():
         if not isinstance(name, str):
-            raise ValueError(f"metadata for {key}: field name {_show(name)} is not a string")
+            raise InvalidMetadata(f"metadata for {key}: field name {_show(name)} is not a string")
         bad = _plain(value)
         if bad:
-            raise ValueError(f"metadata for {key}: metadata field {name!r} {bad}")
+            raise InvalidMetadata(f"metadata for {key}: metadata field {name!r} {bad}")
     try:
         raw = encode_metadata(doc)
     except (TypeError, ValueError, RecursionError) as e:
-        raise ValueError(f"metadata for {key} is not JSON-serializable: {e}") from None
+        raise InvalidMetadata(f"metadata for {key} is not JSON-serializable: {e}") from None
     if len(raw) > MAX_META_BYTES - 128:  # room for the entry digest
         largest = max(doc, key=lambda name: len(encode_metadata({name: doc[name]})))
-        raise ValueError(
+        raise InvalidMetadata(
             f"metadata for {key} is {len(raw)} bytes encoded, more than the limit of "
             f"{MAX_META_BYTES}; its largest field is {largest!r}"
         )
     normalized = load_json(raw)  # tuples become lists: what every reader will see
     bad = _check_fields(normalized)
     if bad:
-        raise ValueError(f"metadata for {key}: {bad}")
+        raise InvalidMetadata(f"metadata for {key}: {bad}")
     normalized["entry_digest"] = entry_digest(normalized)
     return normalized
 
@@ -601,9 +602,11 @@ def written_document(key: str, ext: str, data: bytes, doc: Mapping[str, Any]) ->
     """
     kept = check_written(dict(doc), key)
     if isinstance(kept, Problem):
-        raise ValueError(f"metadata for {key}: {kept.reason}")
+        raise InvalidMetadata(f"metadata for {key}: {kept.reason}")
     if kept["ext"] != ext or kept["size"] != len(data) or kept["digest"] != digest(data):
-        raise ValueError(f"metadata for {key} describes another artifact (ext, size or digest)")
+        raise InvalidMetadata(
+            f"metadata for {key} describes another artifact (ext, size or digest)"
+        )
     return kept
 
 

@@ -34,7 +34,14 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from .errors import LockTimeout, LockUnavailable
+from .errors import (
+    FileTooLarge,
+    InvalidValue,
+    LockTimeout,
+    LockUnavailable,
+    NotRegularFile,
+    UnreadableFile,
+)
 from .fsio import READ_FLAGS, changed_at
 from .jsonio import load_json
 from .layout import STATS_DIR, open_subdir, replace_file
@@ -138,7 +145,7 @@ def lookup_counters(counted: bool | str) -> tuple[str, str] | None:
         return None
     if counted in LOOKUP_CLASSES:
         return f"{counted}_hits", f"{counted}_misses"
-    raise ValueError(f"counted must be True, False or one of {', '.join(LOOKUP_CLASSES)}")
+    raise InvalidValue(f"counted must be True, False or one of {', '.join(LOOKUP_CLASSES)}")
 
 
 def count_tier(root: str, tier: str, **deltas: float) -> None:
@@ -307,9 +314,9 @@ def read_log_file(dfd: int, name: str) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
+            raise NotRegularFile(errno.EINVAL, "not a regular file")
         if st.st_size > MAX_LOG_BYTES:
-            raise OSError(errno.EFBIG, f"larger than {MAX_LOG_BYTES >> 20} MiB")
+            raise FileTooLarge(errno.EFBIG, f"larger than {MAX_LOG_BYTES >> 20} MiB")
         chunks = []
         remaining = MAX_LOG_BYTES + 1
         while remaining > 0:
@@ -319,7 +326,7 @@ def read_log_file(dfd: int, name: str) -> bytes:
             chunks.append(chunk)
             remaining -= len(chunk)
         if remaining <= 0:
-            raise OSError(errno.EFBIG, f"larger than {MAX_LOG_BYTES >> 20} MiB")
+            raise FileTooLarge(errno.EFBIG, f"larger than {MAX_LOG_BYTES >> 20} MiB")
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -501,11 +508,11 @@ def _read_summary(dfd: int) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise ValueError(f"cannot read {SUMMARY_NAME}: {e.strerror or e}") from e
+        raise UnreadableFile(f"cannot read {SUMMARY_NAME}: {e.strerror or e}") from e
     try:
         record = load_json(raw)
     except ValueError:
-        raise ValueError(f"{SUMMARY_NAME} is not valid JSON") from None
+        raise UnreadableFile(f"{SUMMARY_NAME} is not valid JSON") from None
     if (
         not isinstance(record, dict)
         or not isinstance(record.get("delta"), dict)
@@ -514,7 +521,7 @@ def _read_summary(dfd: int) -> dict[str, Any] | None:
         or not isinstance(record.get("folded"), list)
         or not all(isinstance(name, str) for name in record["folded"])
     ):
-        raise ValueError(f"{SUMMARY_NAME} is not a kernelcache statistics summary")
+        raise UnreadableFile(f"{SUMMARY_NAME} is not a kernelcache statistics summary")
     return record
 
 

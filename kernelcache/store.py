@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import Settings, settings
-from .errors import CacheError, LockTimeout, LockUnavailable, Problem, WrongExt
+from .errors import CacheError, LockTimeout, LockUnavailable, WrongExt, WrongType
 from .formats import problem
 from .fsio import READ_FLAGS, read_exact
 from .keys import META_EXT, check_ext, check_key, split_entry_name
@@ -59,6 +59,7 @@ from .layout import (
     write_new,
 )
 from .locks import Held, Locker, WaitBudget, exclude_readers
+from .problem import Problem
 from .process import HOST, warn_once
 from .schema import (
     FORMAT_VERSION,
@@ -148,7 +149,7 @@ def as_bytes(data: object) -> bytes:
         return data
     if isinstance(data, (bytearray, memoryview)):
         return bytes(data)
-    raise TypeError(f"an artifact's data must be bytes, not {type(data).__name__}")
+    raise WrongType(f"an artifact's data must be bytes, not {type(data).__name__}")
 
 
 def not_whole(art: Artifact) -> str | None:

@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 
+from .errors import InvalidValue
 from .process import warn_once
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ def check_policy(policy: str) -> str:
         ValueError: it is not (the message lists them).
     """
     if policy not in TRUST_POLICIES:
-        raise ValueError(f"trust policy {policy!r} is not one of {', '.join(TRUST_POLICIES)}")
+        raise InvalidValue(f"trust policy {policy!r} is not one of {', '.join(TRUST_POLICIES)}")
     return policy
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 import re
 
+from .errors import InvalidValue
+
 SIZE_UNITS: dict[str, int] = {
     "": 1,
     "b": 1,
@@ -80,16 +82,16 @@ def parse_size(text: str, *, bare_bytes: bool = True) -> int:
     match = _SIZE.fullmatch(text.strip().lower())
     unit = match.group(2) if match else None
     if match is None or unit not in SIZE_UNITS:
-        raise ValueError(f"invalid size {text!r}: use {SIZE_FORMS}")
+        raise InvalidValue(f"invalid size {text!r}: use {SIZE_FORMS}")
     number = float(match.group(1))
     if not unit and not bare_bytes and number != 0:
-        raise ValueError(
+        raise InvalidValue(
             f"invalid size {text!r}: a number needs a unit, e.g. {match.group(1)}G or "
             f"{match.group(1)}M ({match.group(1)}B for bytes)"
         )
     value = number * SIZE_UNITS[unit]
     if value >= _LIMIT:
-        raise ValueError(f"invalid size {text!r}: too large")
+        raise InvalidValue(f"invalid size {text!r}: too large")
     return int(value)
 
 
@@ -108,10 +110,10 @@ def parse_duration(text: str, *, bare_seconds: bool = True) -> float:
     else:
         parts = _DURATION_PART.findall(compact)
         if not compact or "".join(n + u for n, u in parts) != compact.replace(" ", ""):
-            raise ValueError(f"invalid duration {text!r}: use {forms}")
+            raise InvalidValue(f"invalid duration {text!r}: use {forms}")
         value = sum(float(n) * DURATION_UNITS[u] for n, u in parts)
     if not math.isfinite(value) or value >= _LIMIT:
-        raise ValueError(f"invalid duration {text!r}: too large")
+        raise InvalidValue(f"invalid duration {text!r}: too large")
     return value
 
 
@@ -126,4 +128,4 @@ def parse_bool(text: str) -> bool:
         return True
     if value in FALSE:
         return False
-    raise ValueError(f"invalid boolean {text!r}: use 1 or 0 (or true/false, yes/no, on/off)")
+    raise InvalidValue(f"invalid boolean {text!r}: use 1 or 0 (or true/false, yes/no, on/off)")

@@ -29,9 +29,9 @@ from hypothesis import strategies as st
 
 import kernelcache
 from kernelcache import bundle, scan, stats
-from kernelcache.errors import Problem
 from kernelcache.index import INDEX_NAME
 from kernelcache.locks import read_soft_record, soft_lock_stale
+from kernelcache.problem import Problem
 from kernelcache.remote import decode_value, encode_value
 from kernelcache.stats import read_summary
 from kernelcache.store import Artifact, Store, digest, make_metadata, parse_metadata

@@ -25,7 +25,7 @@ from redis_server import (
 
 import kernelcache
 from kernelcache import stats
-from kernelcache.errors import Problem
+from kernelcache.problem import Problem
 from kernelcache.remote import MAGIC, RedisTier, decode_value, encode_value, open_remote
 from kernelcache.store import make_metadata
 

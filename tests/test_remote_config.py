@@ -8,7 +8,8 @@ import sys
 import pytest
 
 import kernelcache
-from kernelcache.errors import ConfigError, Problem
+from kernelcache.errors import ConfigError
+from kernelcache.problem import Problem
 from kernelcache.remote import (
     MAGIC,
     OPTIONS,

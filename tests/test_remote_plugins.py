@@ -24,7 +24,8 @@ import json
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from kernelcache.errors import ConfigError, Problem
+from kernelcache.errors import ConfigError
+from kernelcache.problem import Problem
 from kernelcache.remote import authenticate, decode_value, make_value
 
 

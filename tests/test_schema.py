@@ -43,7 +43,7 @@ def test_a_declared_field_is_checked_and_covered(tmp_path):
     doc["test_width"] = 5  # covered: damage
     (tmp_path / f"{KEY}.json").write_text(json.dumps(doc))
     found = Store(tmp_path).read(KEY, "bin")
-    assert isinstance(found, kernelcache.errors.Problem) and found.corrupt
+    assert isinstance(found, kernelcache.problem.Problem) and found.corrupt
 
 
 def test_a_covered_field_added_later_is_damage(tmp_path):
@@ -53,7 +53,7 @@ def test_a_covered_field_added_later_is_damage(tmp_path):
     doc = json.loads(path.read_text())
     path.write_text(json.dumps({**doc, "test_lanes": 32}))
     found = Store(tmp_path).read(KEY, "bin")
-    assert isinstance(found, kernelcache.errors.Problem) and found.corrupt
+    assert isinstance(found, kernelcache.problem.Problem) and found.corrupt
 
 
 @pytest.mark.parametrize(
@@ -90,7 +90,7 @@ def test_an_odd_covers_list_is_a_corrupt_entry(tmp_path, covers):
     doc["entry_digest"] = schema.entry_digest(doc) if isinstance(covers, list) else "x"
     path.write_text(json.dumps(doc))
     found = Store(tmp_path).read(KEY, "bin")
-    assert isinstance(found, kernelcache.errors.Problem) and found.corrupt
+    assert isinstance(found, kernelcache.problem.Problem) and found.corrupt
 
 
 def test_a_reader_that_knows_no_fields_checks_a_document_by_its_covers(tmp_path):
@@ -133,7 +133,7 @@ def test_a_document_of_the_previous_format_is_a_clean_miss(tmp_path):
     )  # the digest a writer of format 1 computed: its covers list outside it
     path.write_text(json.dumps(older))
     found = Store(tmp_path).get(KEY, "cubin")
-    assert isinstance(found, kernelcache.errors.Problem) and found.outdated and not found.corrupt
+    assert isinstance(found, kernelcache.problem.Problem) and found.outdated and not found.corrupt
     assert "older kernelcache" in found.reason and path.exists()  # not quarantined
     art = Store(tmp_path).put(KEY, "cubin", PAYLOAD, meta)
     assert art.meta["format"] == schema.FORMAT_VERSION
@@ -143,5 +143,5 @@ def test_a_document_of_the_previous_format_is_a_clean_miss(tmp_path):
     doc["entry_digest"] = schema.entry_digest(doc)
     path.write_text(json.dumps(doc))
     found = Store(tmp_path).read(KEY, "cubin")
-    assert isinstance(found, kernelcache.errors.Problem) and found.corrupt
+    assert isinstance(found, kernelcache.problem.Problem) and found.corrupt
     assert "covers" in found.reason

@@ -25,10 +25,11 @@ what its entries hold), :mod:`.maintenance` (``verify``, ``prune``),
 
 from __future__ import annotations
 
+from ..errors import CommandFailed, UsageError
 from .app import main, run
 from .common import add_command, parse_age, parse_size, root_of
 from .entries import Content, register_content
-from .output import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, SCHEMA, CommandFailed, Output, UsageError
+from .output import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, SCHEMA, Output
 
 __all__ = [
     "EXIT_OK",

@@ -18,10 +18,10 @@ from types import ModuleType
 from typing import NoReturn
 
 from .._version import __version__
-from ..errors import ConfigError
+from ..errors import CommandFailed, ConfigError, UsageError
 from . import bundles, diagnosis, entries, maintenance, report
 from .common import Context, Subparsers, common_options
-from .output import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, CommandFailed, Output, UsageError, fail
+from .output import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, Output, fail
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,9 @@ from typing import TypeAlias
 
 from .. import schema, units
 from ..config import Settings, parse_variable, settings, variable
-from ..errors import ConfigError
+from ..errors import CommandFailed, ConfigError, UsageError
 from ..layout import UNREADABLE_HINT, readable, resolve_root, writable
 from ..store import Store
-from .output import CommandFailed, UsageError
 
 #: what ``register(subparsers)`` is given
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"

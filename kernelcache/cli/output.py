@@ -15,20 +15,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import progress as progressbar
-from ..errors import KernelCacheError
+from ..errors import CommandFailed as CommandFailed  # the errors commands raise, kept here too
+from ..errors import UsageError as UsageError
 from ..table import NAME_SEPARATOR, kernel_names
 
 #: the version of every command's ``--json`` document
 SCHEMA = 1
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
-
-
-class UsageError(KernelCacheError):
-    """Bad input from the command line or the environment: exit code 2."""
-
-
-class CommandFailed(KernelCacheError):
-    """The operation could not be done: exit code 1."""
 
 
 def dumps(doc: dict[str, Any]) -> str:

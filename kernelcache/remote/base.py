@@ -29,8 +29,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .. import stats
-from ..errors import Problem
 from ..keys import check_ext, check_key
+from ..problem import Problem
 from ..process import warn_once
 from .codec import authenticate, decode_value, make_value
 from .tier import Busy, Claim, wait_for

@@ -17,7 +17,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import Problem
+from ..problem import Problem
 from ..schema import (
     HMAC_FIELD,
     MAX_META_BYTES,

@@ -37,7 +37,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
+from ..errors import (
+    ConfigError,
+    InvalidValue,
+    ObjectExists,
+    ObjectMissing,
+    RemoteError,
+    RemoteTimeout,
+)
 from ..process import HOST
 from ..units import parse_bool, parse_duration, parse_size
 from .base import TierBase, no_release
@@ -52,7 +59,7 @@ SCHEMES = ("s3", "gs")
 def _endpoint(text: str) -> str:
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.username:
-        raise ValueError("expected http(s)://host[:port], without credentials")
+        raise InvalidValue("expected http(s)://host[:port], without credentials")
     return text.rstrip("/")
 
 
@@ -560,7 +567,7 @@ def read_object(store: Any, path: str, max_size: int, timeout: float) -> bytes |
         if got > max_size:
             return got
         if time.monotonic() - started > timeout:
-            raise TimeoutError(f"reading {path} took more than {timeout:g}s")
+            raise RemoteTimeout(f"reading {path} took more than {timeout:g}s")
         chunks.append(bytes(chunk))
     return b"".join(chunks)
 
@@ -608,9 +615,9 @@ def upload_file(url: str, path: str, *, overwrite: bool) -> None:
     try:
         obstore.put(store, name, Path(path), mode="overwrite" if overwrite else "create")
     except (AlreadyExistsError, PreconditionError):
-        raise FileExistsError(f"{shown} exists (use --force to replace it)") from None
+        raise ObjectExists(f"{shown} exists (use --force to replace it)") from None
     except Exception as e:
-        raise OSError(f"cannot write {shown}: {_first_line(e)}") from None
+        raise RemoteError(f"cannot write {shown}: {_first_line(e)}") from None
 
 
 def download_file(url: str, path: str) -> int:
@@ -631,11 +638,11 @@ def download_file(url: str, path: str) -> int:
     try:
         result = obstore.get(store, name)
     except FileNotFoundError:
-        raise FileNotFoundError(f"no object {shown}") from None
+        raise ObjectMissing(f"no object {shown}") from None
     except Exception as e:
-        raise OSError(f"cannot read {shown}: {_first_line(e)}") from None
+        raise RemoteError(f"cannot read {shown}: {_first_line(e)}") from None
     if result.meta["size"] > limit:
-        raise OSError(f"{shown} is {result.meta['size']} bytes, more than max_size={limit}")
+        raise RemoteError(f"{shown} is {result.meta['size']} bytes, more than max_size={limit}")
     written = 0
     with open(path, "xb") as f:
         try:
@@ -646,9 +653,9 @@ def download_file(url: str, path: str) -> int:
                 f.write(chunk)
         except Exception as e:
             elapsed = time.monotonic() - started
-            raise OSError(f"cannot read {shown} ({elapsed:.1f}s): {_first_line(e)}") from None
+            raise RemoteError(f"cannot read {shown} ({elapsed:.1f}s): {_first_line(e)}") from None
     if written > limit:
-        raise OSError(f"{shown} is more than max_size={limit} bytes")
+        raise RemoteError(f"{shown} is more than max_size={limit} bytes")
     return written
 
 

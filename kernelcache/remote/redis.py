@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RemoteError, RemoteTimeout
 from ..process import HOST
 from .base import TierBase, logger, no_release
 from .tier import Busy, Claim
@@ -123,9 +123,9 @@ def _slot_ranges(reply: Any, asked: str) -> list[tuple[int, int, str]]:
             host = f"[{host}]" if ":" in host and not host.startswith("[") else host
             ranges.append((first, last, f"{host}:{int(primary[1])}"))
     except (TypeError, IndexError, ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"CLUSTER SLOTS gave no slot map ({e!r})") from None
+        raise RemoteError(f"CLUSTER SLOTS gave no slot map ({e!r})") from None
     if not ranges:
-        raise ValueError("CLUSTER SLOTS gave an empty slot map")
+        raise RemoteError("CLUSTER SLOTS gave an empty slot map")
     return sorted(ranges)
 
 
@@ -189,7 +189,7 @@ class _BoundedSocket:
             return
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError("the call's deadline passed")
+            raise RemoteTimeout("the call's deadline passed")
         self._sock.settimeout(left if self._timeout is None else min(left, self._timeout))
 
     def _spend(self, n: int, flags: int) -> None:
@@ -199,7 +199,7 @@ class _BoundedSocket:
         budget.left -= n
         if budget.left < 0:
             budget.overrun = True
-            raise OSError(errno.EMSGSIZE, "the reply is larger than max_size")
+            raise RemoteError(errno.EMSGSIZE, "the reply is larger than max_size")
 
     def recv(self, size: int, flags: int = 0) -> bytes:
         self._arm()

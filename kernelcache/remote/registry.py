@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
+from ..errors import BadPlugin, ConfigError
 from ..process import warn_once
 from .tier import RemoteTier
 from .url import SCHEMES as REDIS_SCHEMES
@@ -75,7 +75,7 @@ def _open_plugin(
     else for a broken plugin."""
     tier = plugin.load()(url, stats_root=stats_root, signing_key=signing_key)
     if not isinstance(tier, RemoteTier):
-        raise TypeError(f"it made a {type(tier).__name__}, which lacks get, put or acquire")
+        raise BadPlugin(f"it made a {type(tier).__name__}, which lacks get, put or acquire")
     return tier
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidValue
 from ..units import parse_bool, parse_duration, parse_size
 from .codec import REMOTE_FORMAT
 
@@ -50,14 +50,14 @@ def lease_problems(lease: float | None, timeout: float, lock_ttl: float) -> list
 def _parse_cert_reqs(text: str) -> str:
     value = text.strip().lower()
     if value not in ("none", "optional", "required"):
-        raise ValueError("expected none, optional or required")
+        raise InvalidValue("expected none, optional or required")
     return value
 
 
 def _parse_db(text: str) -> int:
     value = int(text)
     if value < 0:
-        raise ValueError("expected a database number >= 0")
+        raise InvalidValue("expected a database number >= 0")
     return value
 
 
