@@ -22,7 +22,7 @@ run ending when the eviction pass it started ends; amortized: the total time of 
 passes included where they did not run beside the puts, over their number. At a cap, each put
 also pays for an eviction: one delete under the entry's lock (as ``prune``), and its share of
 the pass's listing; passes run in a helper process beside the puts (see
-:mod:`kernelcache.capacity`), so the table also shows the CPU time per put, the helper's
+:mod:`kernelcache.maintenance.capacity`), so the table also shows the CPU time per put, the helper's
 included: the work a cap costs the machine, where the first figure is what it costs the job.
 
 Then how far a burst takes a root past its cap: writer processes that each put their entries
@@ -68,7 +68,7 @@ from common import REPO, export
 
 import kernelcache
 from kernelcache import units
-from kernelcache.capacity import entries_of
+from kernelcache.maintenance.capacity import entries_of
 
 SIZES = {"4KiB": 4 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20}
 KEYS = 64
@@ -229,7 +229,7 @@ def bench_capped(n: int, puts: int, size: int = 4 << 10, runs: int = 4) -> dict:
     background load and the file system's writeback fall on both alike). Each run ends by
     waiting for the eviction pass it started, so every pass is counted whole: its wall time
     where it did not overlap the puts, and its CPU time (helper processes' included)."""
-    from kernelcache.scan import scan
+    from kernelcache.maintenance.scan import scan
 
     with tempfile.TemporaryDirectory() as tmp:
         roots = {label: os.path.join(tmp, label) for label in ("capped", "uncapped")}

@@ -53,7 +53,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kernelcache.index import INDEX_NAME
+from kernelcache.maintenance.index import INDEX_NAME
 from kernelcache.store import encode_metadata, make_metadata
 
 TARGETS = ("cuda:80", "cuda:90", "hip:gfx90a", "hip:gfx942")

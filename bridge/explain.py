@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import Artifact
-from kernelcache.scan import scan
+from kernelcache.maintenance.scan import scan
 
 from .errors import BackendUnavailable, BridgeError, KernelArgumentError, TargetError
 from .failures import remembered

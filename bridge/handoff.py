@@ -50,8 +50,8 @@ import threading
 import uuid
 from pathlib import Path
 
-from kernelcache.layout import register_directory
 from kernelcache.process import HOST
+from kernelcache.store.layout import register_directory
 
 logger = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from .cache import BuildItem, Cache
 from .config import settings
 from .errors import CacheError, ConfigError, KernelCacheError, LockTimeout, LockUnavailable
 from .keys import check_ext, check_key
-from .layout import default_root
 from .remote import RemoteTier
-from .stats import process_stats
-from .store import Artifact, Store
+from .stats.counters import process_stats
+from .store.layout import default_root
+from .store.root import Artifact, Store
 
 __all__ = [
     "Artifact",

@@ -19,9 +19,9 @@ from conftest import child_env, run_py
 from test_cli_support import files_under, kc, kc_json, put
 
 import kernelcache
-from kernelcache.capacity import PASS_LOCK, entries_of
 from kernelcache.errors import ConfigError
-from kernelcache.locks import Locker
+from kernelcache.maintenance.capacity import PASS_LOCK, entries_of
+from kernelcache.store.locks import Locker
 
 #: the extension of the artifacts these tests store: one without a structural check (what they
 #: hold is random bytes of a given size)
@@ -240,7 +240,7 @@ def test_short_processes_wait_at_exit_for_their_pass(tmp_path):
 
 HELPED = """
 import hashlib, os, sys, kernelcache
-import kernelcache.capacity as capacity
+import kernelcache.maintenance.capacity as capacity
 how = sys.argv[1]
 if how == "no-helpers":
     sys.executable = ""  # nothing to start a helper with

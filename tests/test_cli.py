@@ -16,7 +16,7 @@ from conftest import key_of, run_on_a_terminal, run_py
 from test_cli_support import KERNELCACHE, backdate, files_under, kc, kc_json, put
 
 from kernelcache.cli import parse_age, parse_size
-from kernelcache.index import INDEX_NAME, INDEX_VERSION
+from kernelcache.maintenance.index import INDEX_NAME, INDEX_VERSION
 from kernelcache.store import Store
 
 COMMANDS = [

@@ -29,12 +29,12 @@ from hypothesis import strategies as st
 
 import kernelcache
 from kernelcache import bundle, scan, stats
-from kernelcache.index import INDEX_NAME
-from kernelcache.locks import read_soft_record, soft_lock_stale
+from kernelcache.maintenance.index import INDEX_NAME
 from kernelcache.problem import Problem
 from kernelcache.remote import decode_value, encode_value
 from kernelcache.stats import read_summary
 from kernelcache.store import Artifact, Store, digest, make_metadata, parse_metadata
+from kernelcache.store.locks import read_soft_record, soft_lock_stale
 
 KEY = "5e" * 32
 FUZZ = settings(

@@ -17,11 +17,11 @@ from conftest import child_env, key_of, run_py
 
 import kernelcache
 from kernelcache.errors import LockTimeout, LockUnavailable
-from kernelcache.locks import Locker
+from kernelcache.store.locks import Locker
 
 HOLD = """
 import sys, time
-from kernelcache.locks import Locker
+from kernelcache.store.locks import Locker
 root, name, mode, shared, seconds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1", float(sys.argv[5])
 stale = float(sys.argv[6]) if len(sys.argv) > 6 else 300.0
 held = Locker(root, mode=mode, stale_after=stale).acquire(name, shared=shared, timeout=10)
@@ -393,7 +393,7 @@ def test_republished_entry_is_read_fresh(tmp_path):
 def test_a_fifo_with_a_writer_planted_as_a_soft_lock_is_broken_once_stale(lockroot):
     """Reading its record neither blocks nor raises; it has no holder record, so it is stale
     after UNWRITTEN_STALE and replaced by a real lock."""
-    from kernelcache.locks import UNWRITTEN_STALE
+    from kernelcache.store.locks import UNWRITTEN_STALE
 
     name = key_of("fifo-soft")
     (lockroot / ".locks").mkdir(exist_ok=True)

@@ -628,14 +628,14 @@ def test_an_enormous_lock_staleness_is_no_traceback(tmp_path):
 def test_an_unreaped_builder_is_not_alive(tmp_path):
     """A soft lock whose holder exited but was not reaped by its parent (a zombie) was taken
     for a live holder's until it went stale (300 s); it is broken at once."""
-    from kernelcache.locks import Locker
+    from kernelcache.store.locks import Locker
 
     name = key_of("zombie")
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import os, sys\nfrom kernelcache.locks import Locker\n"
+            "import os, sys\nfrom kernelcache.store.locks import Locker\n"
             "Locker(sys.argv[1], mode='soft').acquire(sys.argv[2], shared=False, timeout=5)\n"
             "print('held', flush=True)\nos._exit(0)",
             str(tmp_path),

@@ -17,8 +17,8 @@ from conftest import child_env, key_of
 from test_cli_support import backdate, dead_pid, hold_shared, kc, kc_json, put
 
 from kernelcache import stats
-from kernelcache.prune import execute, plan_prune
-from kernelcache.scan import scan
+from kernelcache.maintenance.prune import execute, plan_prune
+from kernelcache.maintenance.scan import scan
 from kernelcache.stats import SUMMARY_NAME, fold_logs, foldable_logs
 from kernelcache.store import Store
 
@@ -435,7 +435,7 @@ def test_an_entry_used_between_the_check_and_the_delete_is_kept(aged, monkeypatc
 def test_many_deletes_keep_the_plans_order_and_skip_what_is_in_use(tmp_path, monkeypatch, waiting):
     """Deletes of a size or age limit run in threads where they wait on the file system:
     outcomes still follow the plan, and an entry a reader holds is still skipped."""
-    from kernelcache import prune
+    from kernelcache.maintenance import prune
 
     monkeypatch.setattr(prune, "PROBE_DELETES", 4)
     monkeypatch.setattr(prune, "_mostly_waiting", lambda wall, cpu: waiting)

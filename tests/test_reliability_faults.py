@@ -31,8 +31,8 @@ from test_cli_support import put
 from test_reliability_support import record_figures, run_cli
 
 import kernelcache
-from kernelcache.locks import Locker
 from kernelcache.store import Artifact, Store
+from kernelcache.store.locks import Locker
 
 
 def _softlock(root, name: str, body: bytes, age: float):

@@ -7,7 +7,7 @@ import json
 import os
 
 from kernelcache import stats
-from kernelcache.locks import Locker
+from kernelcache.store.locks import Locker
 
 
 def test_tier_counters_are_logged_summed_and_kept_by_a_fold(tmp_path):

@@ -15,8 +15,8 @@ import pytest
 from conftest import IS_ROOT, child_env, key_of
 from test_cli_support import backdate, dead_pid, hold_shared, put
 
-from kernelcache.index import GROUPED, INDEX_NAME
-from kernelcache.scan import GRACE_SECONDS, scan, summarize, verify
+from kernelcache.maintenance.index import GROUPED, INDEX_NAME
+from kernelcache.maintenance.scan import GRACE_SECONDS, scan, summarize, verify
 from kernelcache.schema import entry_digest
 from kernelcache.store import Store
 from kernelcache.table import EntryInfo

@@ -19,15 +19,18 @@ PAYLOAD = b"\x7fELF" + bytes(60)
 
 
 @pytest.fixture(autouse=True)
-def _declarations_undone(monkeypatch):
+def _declarations_undone():
     """What a test declares is undone after it (other tests share the process). The bridge's
     fields are declared first, for good: a test that imports the bridge for the first time
     would otherwise undo them for every test after it."""
     import bridge.entries  # noqa: F401
+    from kernelcache.schema import fields
 
-    monkeypatch.setattr(schema, "FIELDS", dict(schema.FIELDS))
-    monkeypatch.setattr(schema, "_INT_RANGES", dict(schema._INT_RANGES))
-    monkeypatch.setattr(schema, "_covered", set(schema._covered))
+    saved = dict(fields.FIELDS), dict(fields._INT_RANGES), set(fields._covered)
+    yield
+    for now, before in zip((fields.FIELDS, fields._INT_RANGES, fields._covered), saved, strict=True):
+        now.clear()
+        now.update(before)
 
 
 def test_a_declared_field_is_checked_and_covered(tmp_path):

@@ -106,7 +106,7 @@ EXPORT_WITHOUT_THE_BRIDGE = """
 import json, sys
 from kernelcache.bundle import export_bundle
 from kernelcache.config import settings
-from kernelcache.scan import scan
+from kernelcache.maintenance.scan import scan
 from kernelcache.store import Store
 root, bundle, key, meta = sys.argv[1:]
 Store(root).put(key, "bin", b"\\x7fELF code" * 50, json.loads(meta))

@@ -283,7 +283,7 @@ def test_lowering_takes_over_the_variant_of_a_killed_process(tmp_path, mode):
 # -- warm: a kernel another process is compiling is compiled around, then waited for ----------
 HOLD_BUILD = """
 import sys, time
-from kernelcache.locks import Locker
+from kernelcache.store.locks import Locker
 locker = Locker(sys.argv[1], mode="flock")
 held = [locker.acquire(key + ".build", shared=False, timeout=10) for key in sys.argv[2:]]
 print("HELD", flush=True)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from ..errors import CommandFailed, UsageError
 from .app import main, run
 from .common import add_command, parse_age, parse_size, root_of
-from .entries import Content, register_content
+from .listing import Content, register_content
 from .output import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, SCHEMA, Output
 
 __all__ = [

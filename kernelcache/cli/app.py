@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from .._version import __version__
 from ..errors import CommandFailed, ConfigError, UsageError
-from . import bundles, diagnosis, entries, maintenance, report
+from . import bundles, diagnosis, listing, maintenance, report
 from .common import Context, Subparsers, common_options
 from .output import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, Output, fail
 
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 #: the entry-point group through which other packages add subcommands
 COMMANDS_GROUP = "kernelcache.commands"
 #: the built-in commands, in the order ``--help`` lists them
-COMMAND_MODULES: tuple[ModuleType, ...] = (report, entries, maintenance, bundles, diagnosis)
+COMMAND_MODULES: tuple[ModuleType, ...] = (report, listing, maintenance, bundles, diagnosis)
 
 
 def _load_plugins(subparsers: Subparsers) -> None:

@@ -26,7 +26,7 @@ from .output import (
 )
 
 if TYPE_CHECKING:
-    from ..bundle import ImportResult
+    from ..bundle.importing import ImportResult
     from ..toolchains import Judge
 
 
@@ -118,10 +118,10 @@ def _export(
     upload: tuple[str, Callable[[], None]] | None,
 ) -> int:
     """Export to ``file``, then (``upload``: the URL shown, and how) copy it to a store."""
-    from ..bundle import export_bundle
+    from ..bundle.importing import export_bundle
     from ..errors import BundleError
-    from ..prune import select, unmatched
-    from ..scan import scan
+    from ..maintenance.prune import select, unmatched
+    from ..maintenance.scan import scan
 
     context: Context = args.context
     root = context.existing_root()
@@ -240,7 +240,7 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
 
 def _import(args: argparse.Namespace, out: Output, file: str, shown: str) -> int:
     """Import the bundle ``file`` (``shown`` as the file or URL it came from)."""
-    from ..bundle import import_bundle
+    from ..bundle.importing import import_bundle
     from ..errors import BundleError
 
     context: Context = args.context

@@ -16,8 +16,8 @@ from typing import TypeAlias
 from .. import schema, units
 from ..config import Settings, parse_variable, settings, variable
 from ..errors import CommandFailed, ConfigError, UsageError
-from ..layout import UNREADABLE_HINT, readable, resolve_root, writable
-from ..store import Store
+from ..store.layout import UNREADABLE_HINT, readable, resolve_root, writable
+from ..store.root import Store
 
 #: what ``register(subparsers)`` is given
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -143,7 +143,7 @@ def target_arg(text: str) -> str:
 
 
 def _field_arg(text: str, what: str, check: schema.Check) -> str:
-    from ..prune import is_pattern
+    from ..maintenance.prune import is_pattern
 
     if not is_pattern(text):
         bad = check(text)

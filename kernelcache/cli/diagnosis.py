@@ -20,7 +20,7 @@ def register(subparsers: Subparsers) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
-    from ..doctor import diagnose
+    from ..doctor.diagnose import diagnose
     from ..errors import ConfigError
 
     context: Context = args.context

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ..capacity import discard_usage
+from ..maintenance.capacity import discard_usage
 from .common import Context, Subparsers, add_command, add_filters, age_arg, size_arg
 from .output import (
     EXIT_OK,
@@ -29,7 +29,7 @@ from .output import (
 )
 
 if TYPE_CHECKING:
-    from ..prune import Plan, Result
+    from ..maintenance.prune import Plan, Result
 
 
 def register(subparsers: Subparsers) -> None:
@@ -141,8 +141,8 @@ def _plan_json(plan: Plan, result: Result | None) -> dict[str, Any]:
 
 
 def cmd_verify(args: argparse.Namespace, out: Output) -> int:
-    from ..prune import execute, plan_repair
-    from ..scan import scan_store, verify
+    from ..maintenance.prune import execute, plan_repair
+    from ..maintenance.scan import scan_store, verify
 
     context: Context = args.context
     root = context.existing_root()
@@ -216,8 +216,8 @@ _ACTION_WORDS = {
 
 
 def cmd_prune(args: argparse.Namespace, out: Output) -> int:
-    from ..prune import execute, plan_prune, unmatched
-    from ..scan import scan_store
+    from ..maintenance.prune import execute, plan_prune, unmatched
+    from ..maintenance.scan import scan_store
 
     context: Context = args.context
     root = context.existing_root()
@@ -306,8 +306,8 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_clear(args: argparse.Namespace, out: Output) -> int:
-    from ..prune import execute, plan_prune
-    from ..scan import scan_store
+    from ..maintenance.prune import execute, plan_prune
+    from ..maintenance.scan import scan_store
 
     context: Context = args.context
     root = context.existing_root()

@@ -9,8 +9,8 @@ import os
 import sys
 from typing import Any
 
-from ..layout import replace_file
-from ..stats import COUNTERS, TIER_COUNTERS, read_logs, read_summary
+from ..stats.counters import COUNTERS, TIER_COUNTERS, read_logs, read_summary
+from ..store.layout import replace_file
 from .common import Context, Subparsers, add_command, count_arg
 from .output import (
     EXIT_OK,
@@ -30,7 +30,7 @@ from .output import (
 
 def stats_document(root: str, trust: str = "group") -> dict[str, Any]:
     """The ``stats --json`` document of a root (``trust``: whose scan index is read)."""
-    from ..scan import summarize
+    from ..maintenance.scan import summarize
 
     summary = summarize(root, trust=trust)
     tiers: dict[str, dict[str, float]] = {}
@@ -356,7 +356,7 @@ def register(subparsers: Subparsers) -> None:
 
 def cmd_zero(context: Context, out: Output) -> int:
     """``stats --zero``: remove the statistics logs of the root (see :func:`zero_logs`)."""
-    from ..stats import zero_logs
+    from ..stats.counters import zero_logs
 
     root = context.existing_root()
     context.require_writable()

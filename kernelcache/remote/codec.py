@@ -18,19 +18,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..problem import Problem
-from ..schema import (
-    HMAC_FIELD,
-    MAX_META_BYTES,
-    RESERVED_FIELDS,
+from ..schema.digests import check_signature, sign
+from ..schema.document import (
     check_document,
-    check_signature,
-    digest,
     encode_metadata,
     make_metadata,
     parse_metadata,
-    sign,
     written_document,
 )
+from ..schema.format import HMAC_FIELD, MAX_META_BYTES, RESERVED_FIELDS, digest
 
 #: version of the value layout; part of every Redis key, so a new layout never reads an old one
 #: (2: the metadata carries an entry digest, and optionally an HMAC; 3: metadata of format 2,

@@ -20,8 +20,9 @@ from typing import Any
 
 from ..jsonio import load_json
 from ..keys import KEY_PATTERN, META_EXT
-from ..schema import FIELDS, displayable
-from ..store import Artifact
+from ..schema.document import displayable
+from ..schema.fields import FIELDS
+from ..store.root import Artifact
 from .common import Context, Subparsers, add_command, add_filters, count_arg
 from .output import (
     EXIT_OK,
@@ -102,8 +103,8 @@ def register(subparsers: Subparsers) -> None:
 
 
 def cmd_ls(args: argparse.Namespace, out: Output) -> int:
-    from ..prune import select, unmatched
-    from ..scan import scan
+    from ..maintenance.prune import select, unmatched
+    from ..maintenance.scan import scan
 
     context: Context = args.context
     root = context.existing_root()

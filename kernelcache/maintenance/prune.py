@@ -45,17 +45,24 @@ from itertools import repeat
 from operator import add
 from typing import Any, NamedTuple
 
-from .errors import InvalidValue, LockTimeout
-from .fsio import READ_FLAGS, changed_at
+from ..errors import InvalidValue, LockTimeout
+from ..fsio import READ_FLAGS, changed_at
+from ..keys import META_EXT
+from ..schema.document import parse_fields
+from ..stats.counters import fold_logs, foldable_logs
+from ..store.layout import (
+    LOCK_DIR,
+    NOT_VISIBLE,
+    QUARANTINE_DIR,
+    TMP_DIR,
+    open_subdir,
+    read_metadata,
+)
+from ..store.locks.locker import lock_name
+from ..store.root import Artifact, Problem, Store, not_whole
+from ..table import EntryInfo, EntryTable, kernel_names
 from .index import discard_index
-from .keys import META_EXT
-from .layout import LOCK_DIR, NOT_VISIBLE, QUARANTINE_DIR, TMP_DIR, open_subdir, read_metadata
-from .locks import lock_name
 from .scan import CacheScan, Issue
-from .schema import parse_fields
-from .stats import fold_logs, foldable_logs
-from .store import Artifact, Problem, Store, not_whole
-from .table import EntryInfo, EntryTable, kernel_names
 
 logger = logging.getLogger(__name__)
 

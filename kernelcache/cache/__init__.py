@@ -31,20 +31,20 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import stats, units
-from .capacity import SizeCap
-from .config import Settings, settings
-from .errors import CacheError, ConfigError, InvalidValue, LockTimeout, WrongExt
-from .keys import check_ext, check_key
-from .layout import resolve_root
-from .locks import Held, WaitBudget
-from .problem import Problem
-from .process import warn_once
-from .remote import RemoteTier, check_entry, open_remote
-from .remote.tier import POLL_FIRST as REMOTE_POLL_FIRST
-from .remote.tier import Busy, Claim, next_poll, try_lock
-from .schema import make_metadata
-from .store import Artifact, Store, as_bytes
+from .. import stats, units
+from ..config import Settings, settings
+from ..errors import CacheError, ConfigError, InvalidValue, LockTimeout, WrongExt
+from ..keys import check_ext, check_key
+from ..maintenance.capacity import SizeCap
+from ..problem import Problem
+from ..process import warn_once
+from ..remote import RemoteTier, check_entry, open_remote
+from ..remote.tier import POLL_FIRST as REMOTE_POLL_FIRST
+from ..remote.tier import Busy, Claim, next_poll, try_lock
+from ..schema.document import make_metadata
+from ..store.layout import resolve_root
+from ..store.locks.locker import Held, WaitBudget
+from ..store.root import Artifact, Store, as_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -43,15 +43,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidValue, LockTimeout, LockUnavailable
-from .fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
-from .jsonio import load_json
-from .keys import KEY_PATTERN
-from .layout import LOCK_DIR, create_exclusive, open_subdir
-from .process import HOST
+from ...errors import InvalidValue, LockTimeout, LockUnavailable
+from ...fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
+from ...jsonio import load_json
+from ...keys import KEY_PATTERN
+from ...process import HOST
+from ..layout import LOCK_DIR, create_exclusive, open_subdir
 
 if TYPE_CHECKING:
-    from .trust import TrustPolicy
+    from ..trust import TrustPolicy
 
 logger = logging.getLogger(__name__)
 

@@ -32,15 +32,15 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from .fsio import READ_FLAGS
-from .jsonio import load_json
-from .keys import META_EXT, all_keys, valid_ext
-from .layout import STATS_DIR, known_directories, open_subdir, replace_file
-from .schema import MAX_META_BYTES
-from .table import EntryTable
+from ..fsio import READ_FLAGS
+from ..jsonio import load_json
+from ..keys import META_EXT, all_keys, valid_ext
+from ..schema.format import MAX_META_BYTES
+from ..store.layout import STATS_DIR, known_directories, open_subdir, replace_file
+from ..table import EntryTable
 
 if TYPE_CHECKING:
-    from .trust import TrustPolicy
+    from ..store.trust import TrustPolicy
 
 logger = logging.getLogger(__name__)
 

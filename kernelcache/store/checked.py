@@ -24,7 +24,7 @@ import os
 import re
 import stat
 
-from .keys import KEY_PATTERN
+from ..keys import KEY_PATTERN
 from .layout import CHECKED_DIR, create_exclusive, open_subdir
 
 _CHECK = re.compile(r"[a-z0-9-]{1,32}")

@@ -53,23 +53,18 @@ from typing import IO, Any, NamedTuple
 
 import xxhash
 
-from ._version import __version__
-from .errors import BundleError, MissingDependency, NotRegularFile, WrongExt
-from .fsio import open_regular
-from .jsonio import load_json
-from .keys import META_EXT, split_entry_name
-from .problem import Problem
-from .schema import (
-    FORMAT_VERSION,
-    HMAC_FIELD,
-    MAX_META_BYTES,
-    check_signature,
-    check_written,
-    sign,
-)
-from .store import Artifact, Store
-from .table import EntryInfo
-from .toolchains import Judge
+from .._version import __version__
+from ..errors import BundleError, MissingDependency, NotRegularFile, WrongExt
+from ..fsio import open_regular
+from ..jsonio import load_json
+from ..keys import META_EXT, split_entry_name
+from ..problem import Problem
+from ..schema.digests import check_signature, sign
+from ..schema.document import check_written
+from ..schema.format import FORMAT_VERSION, HMAC_FIELD, MAX_META_BYTES
+from ..store.root import Artifact, Store
+from ..table import EntryInfo
+from ..toolchains import Judge
 
 BUNDLE_FORMAT = "kernelcache-bundle"
 BUNDLE_VERSION = 1

@@ -35,7 +35,23 @@ from itertools import repeat
 from operator import add, itemgetter
 from typing import Any
 
-from .fsio import changed_at
+from ..fsio import changed_at
+from ..keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
+from ..problem import Problem
+from ..schema.fields import KERNEL_NAME
+from ..store.layout import (
+    LOCK_DIR,
+    QUARANTINE_DIR,
+    TMP_DIR,
+    known_directories,
+    open_subdir,
+    read_metadata,
+    writable,
+)
+from ..store.locks.locker import flock_held, lock_name, read_soft_record, soft_lock_stale
+from ..store.root import FUTURE_SLACK, Artifact, Store
+from ..store.trust import TrustPolicy
+from ..table import COLUMNS, EntryInfo, EntryTable
 from .index import (
     GROUPED,
     capacity,
@@ -47,22 +63,6 @@ from .index import (
     plausible_header,
     save_index,
 )
-from .keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
-from .layout import (
-    LOCK_DIR,
-    QUARANTINE_DIR,
-    TMP_DIR,
-    known_directories,
-    open_subdir,
-    read_metadata,
-    writable,
-)
-from .locks import flock_held, lock_name, read_soft_record, soft_lock_stale
-from .problem import Problem
-from .schema import KERNEL_NAME
-from .store import FUTURE_SLACK, Artifact, Store
-from .table import COLUMNS, EntryInfo, EntryTable
-from .trust import TrustPolicy
 
 #: files younger than this may belong to a write in progress: never reported or removed
 GRACE_SECONDS = 3600.0

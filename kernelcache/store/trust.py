@@ -14,8 +14,8 @@ import logging
 import os
 import stat
 
-from .errors import InvalidValue
-from .process import warn_once
+from ..errors import InvalidValue
+from ..process import warn_once
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from .errors import (
+from ..errors import (
     FileTooLarge,
     InvalidValue,
     LockTimeout,
@@ -42,11 +42,11 @@ from .errors import (
     NotRegularFile,
     UnreadableFile,
 )
-from .fsio import READ_FLAGS, changed_at
-from .jsonio import load_json
-from .layout import STATS_DIR, open_subdir, replace_file
-from .locks import Locker, pid_alive
-from .process import HOST, warn_once
+from ..fsio import READ_FLAGS, changed_at
+from ..jsonio import load_json
+from ..process import HOST, warn_once
+from ..store.layout import STATS_DIR, open_subdir, replace_file
+from ..store.locks.locker import Locker, pid_alive
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._version import __version__
-from .config import (
+from .._version import __version__
+from ..config import (
     VARIABLES,
     ConfigError,
     check_key,
@@ -35,11 +35,11 @@ from .config import (
     variable,
     variables,
 )
-from .keys import META_EXT, split_entry_name
-from .layout import LOCK_DIR, UNREADABLE_HINT, create_exclusive, readable, shared_directories
-from .locks import Locker, pid_alive
-from .process import HOST
-from .stats import lock_waits
+from ..keys import META_EXT, split_entry_name
+from ..process import HOST
+from ..stats.counters import lock_waits
+from ..store.layout import LOCK_DIR, UNREADABLE_HINT, create_exclusive, readable, shared_directories
+from ..store.locks.locker import Locker, pid_alive
 
 #: packages whose installed versions are reported (never imported)
 PACKAGES = (
@@ -190,7 +190,7 @@ def _shown(name: str, raw: str) -> str:
     if variable(name).secret:
         return "***"
     if name == "KERNELCACHE_REMOTE":
-        from .remote import redact, split_urls
+        from ..remote import redact, split_urls
 
         return " ".join(redact(url) for url in split_urls(raw))
     return raw
@@ -205,11 +205,11 @@ def _check_deeper(name: str, value: Any, env: Mapping[str, str]) -> None:
         ConfigError: the value cannot be used (the message never shows a secret).
     """
     if name == "KERNELCACHE_REMOTE" and value:
-        from .remote import check_url
+        from ..remote import check_url
 
         check_url(value)
     if name == "KERNELCACHE_READONLY_DIRS" and value:
-        from .cache import readonly_problem
+        from ..cache import readonly_problem
 
         bad = [os.fspath(r) for r in value if readonly_problem(r) is not None]
         if bad:
@@ -272,7 +272,7 @@ def setting_checks(
 
 def readonly_checks(roots: Sequence[os.PathLike[str] | str]) -> list[Check]:
     """One check per read-only root: an absolute path to a directory that holds entries."""
-    from .cache import readonly_problem
+    from ..cache import readonly_problem
 
     checks = []
     for root in roots:
@@ -308,7 +308,7 @@ def readonly_checks(roots: Sequence[os.PathLike[str] | str]) -> list[Check]:
 def remote_checks(spec: str) -> list[Check]:
     """Whether each tier of ``spec`` (``$KERNELCACHE_REMOTE``) answers: one bounded request each
     (a Redis PING within the URL's timeout). A URL that cannot be used is its variable's check."""
-    from .remote import check_url, probe, split_urls
+    from ..remote import check_url, probe, split_urls
 
     checks = []
     for url in split_urls(spec):

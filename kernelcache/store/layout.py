@@ -36,11 +36,12 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import Settings, parse_variable, variable
-from .errors import DeclarationError, InvalidValue
-from .fsio import READ_FLAGS
-from .problem import Problem
-from .schema import MAX_META_BYTES, parse_metadata
+from ..config import Settings, parse_variable, variable
+from ..errors import DeclarationError, InvalidValue
+from ..fsio import READ_FLAGS
+from ..problem import Problem
+from ..schema.document import parse_metadata
+from ..schema.format import MAX_META_BYTES
 
 if TYPE_CHECKING:
     from .trust import TrustPolicy

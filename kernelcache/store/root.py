@@ -43,11 +43,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import Settings, settings
-from .errors import CacheError, LockTimeout, LockUnavailable, WrongExt, WrongType
-from .formats import problem
-from .fsio import READ_FLAGS, read_exact
-from .keys import META_EXT, check_ext, check_key, split_entry_name
+from ..config import Settings, settings
+from ..errors import CacheError, LockTimeout, LockUnavailable, WrongExt, WrongType
+from ..formats import problem
+from ..fsio import READ_FLAGS, read_exact
+from ..keys import META_EXT, check_ext, check_key, split_entry_name
+from ..problem import Problem
+from ..process import HOST, warn_once
+from ..schema.document import encode_metadata, make_metadata, parse_metadata, written_document
+from ..schema.format import FORMAT_VERSION, MAX_META_BYTES, RESERVED_FIELDS, digest
 from .layout import (
     NOT_VISIBLE,
     QUARANTINE_DIR,
@@ -58,19 +62,7 @@ from .layout import (
     unservable,
     write_new,
 )
-from .locks import Held, Locker, WaitBudget, exclude_readers
-from .problem import Problem
-from .process import HOST, warn_once
-from .schema import (
-    FORMAT_VERSION,
-    MAX_META_BYTES,
-    RESERVED_FIELDS,
-    digest,
-    encode_metadata,
-    make_metadata,
-    parse_metadata,
-    written_document,
-)
+from .locks.locker import Held, Locker, WaitBudget, exclude_readers
 from .trust import TRUST_POLICIES, TrustPolicy, check_policy
 
 logger = logging.getLogger(__name__)

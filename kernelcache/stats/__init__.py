@@ -1,0 +1,74 @@
+"""Counters of this process, their logs under a root's ``.stats/`` and the summary they fold
+into.
+
+What enters: counts from the store, the cache and the remote tiers (hits, misses, builds, puts,
+corrupt entries, lock waits, per-tier counts). What leaves: :func:`process_stats` for this
+process, and per-process append-only logs that the command line reads and folds into one summary.
+Counting never raises and never blocks a read or a write.
+"""
+
+from __future__ import annotations
+
+from .counters import (
+    COUNTERS,
+    FLUSH_INTERVAL,
+    LOG_FOLD_AGE,
+    LOG_VERSION,
+    LOOKUP_CLASSES,
+    MAX_DELTA,
+    MAX_LOG_BYTES,
+    MAX_TIERS,
+    SUMMARY_NAME,
+    TIER_COUNTERS,
+    add_delta,
+    add_tiers,
+    count,
+    count_hit,
+    count_tier,
+    enable_log,
+    flush,
+    fold_logs,
+    foldable_logs,
+    lock_waits,
+    log_name,
+    lookup_counters,
+    note_lock_wait,
+    process_stats,
+    read_log_file,
+    read_logs,
+    read_summary,
+    tier_stats,
+    zero_logs,
+)
+
+__all__ = [
+    "COUNTERS",
+    "FLUSH_INTERVAL",
+    "LOG_FOLD_AGE",
+    "LOG_VERSION",
+    "LOOKUP_CLASSES",
+    "MAX_DELTA",
+    "MAX_LOG_BYTES",
+    "MAX_TIERS",
+    "SUMMARY_NAME",
+    "TIER_COUNTERS",
+    "add_delta",
+    "add_tiers",
+    "count",
+    "count_hit",
+    "count_tier",
+    "enable_log",
+    "flush",
+    "fold_logs",
+    "foldable_logs",
+    "lock_waits",
+    "log_name",
+    "lookup_counters",
+    "note_lock_wait",
+    "process_stats",
+    "read_log_file",
+    "read_logs",
+    "read_summary",
+    "tier_stats",
+    "zero_logs",
+]

@@ -1,0 +1,43 @@
+"""Per-key locks under a root's ``.locks/`` and the readers' shared flocks.
+
+What enters: a key, a mode (``flock``, ``soft`` for network filesystems, or ``auto``) and a
+wait budget. What leaves: a held lock (:class:`Held`) or ``None``/:class:`LockTimeout` when the
+budget ran out. A soft lock whose holder is gone (or silent for longer than ``lock_stale``) is
+broken; a reader's shared flock on an artifact keeps removal away while it reads.
+"""
+
+from __future__ import annotations
+
+from .locker import (
+    LOCK_SUFFIXES,
+    MAX_HEARTBEAT,
+    MAX_PID,
+    UNWRITTEN_STALE,
+    Held,
+    Locker,
+    WaitBudget,
+    exclude_readers,
+    flock_held,
+    flock_holder,
+    lock_name,
+    pid_alive,
+    read_soft_record,
+    soft_lock_stale,
+)
+
+__all__ = [
+    "LOCK_SUFFIXES",
+    "MAX_HEARTBEAT",
+    "MAX_PID",
+    "UNWRITTEN_STALE",
+    "Held",
+    "Locker",
+    "WaitBudget",
+    "exclude_readers",
+    "flock_held",
+    "flock_holder",
+    "lock_name",
+    "pid_alive",
+    "read_soft_record",
+    "soft_lock_stale",
+]
