@@ -11,8 +11,9 @@ from .errors import CacheError, ConfigError, KernelCacheError, LockTimeout, Lock
 from .keys import check_ext, check_key
 from .remote import RemoteTier
 from .stats.counters import process_stats
+from .store.entry import Artifact
 from .store.layout import default_root
-from .store.root import Artifact, Store
+from .store.root import Store
 
 __all__ = [
     "Artifact",

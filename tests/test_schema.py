@@ -28,7 +28,9 @@ def _declarations_undone():
 
     saved = dict(fields.FIELDS), dict(fields._INT_RANGES), set(fields._covered)
     yield
-    for now, before in zip((fields.FIELDS, fields._INT_RANGES, fields._covered), saved, strict=True):
+    for now, before in zip(
+        (fields.FIELDS, fields._INT_RANGES, fields._covered), saved, strict=True
+    ):
         now.clear()
         now.update(before)
 

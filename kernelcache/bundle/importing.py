@@ -62,7 +62,8 @@ from ..problem import Problem
 from ..schema.digests import check_signature, sign
 from ..schema.document import check_written
 from ..schema.format import FORMAT_VERSION, HMAC_FIELD, MAX_META_BYTES
-from ..store.root import Artifact, Store
+from ..store.entry import Artifact
+from ..store.root import Store
 from ..table import EntryInfo
 from ..toolchains import Judge
 

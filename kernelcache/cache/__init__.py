@@ -42,9 +42,11 @@ from ..remote import RemoteTier, check_entry, open_remote
 from ..remote.tier import POLL_FIRST as REMOTE_POLL_FIRST
 from ..remote.tier import Busy, Claim, next_poll, try_lock
 from ..schema.document import make_metadata
+from ..store.entry import Artifact, as_bytes
 from ..store.layout import resolve_root
-from ..store.locks.locker import Held, WaitBudget
-from ..store.root import Artifact, Store, as_bytes
+from ..store.locks.budget import WaitBudget
+from ..store.locks.locker import Held
+from ..store.root import Store
 
 logger = logging.getLogger(__name__)
 

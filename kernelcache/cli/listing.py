@@ -22,7 +22,7 @@ from ..jsonio import load_json
 from ..keys import KEY_PATTERN, META_EXT
 from ..schema.document import displayable
 from ..schema.fields import FIELDS
-from ..store.root import Artifact
+from ..store.entry import Artifact
 from .common import Context, Subparsers, add_command, add_filters, count_arg
 from .output import (
     EXIT_OK,

@@ -39,7 +39,8 @@ from ..keys import META_EXT, split_entry_name
 from ..process import HOST
 from ..stats.counters import lock_waits
 from ..store.layout import LOCK_DIR, UNREADABLE_HINT, create_exclusive, readable, shared_directories
-from ..store.locks.locker import Locker, pid_alive
+from ..store.locks.liveness import pid_alive
+from ..store.locks.locker import Locker
 
 #: packages whose installed versions are reported (never imported)
 PACKAGES = (

@@ -78,7 +78,7 @@ from ..errors import InvalidValue, LockTimeout, LockUnavailable, NotRegularFile
 from ..keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
 from ..process import warn_once
 from ..store.layout import STATS_DIR, open_subdir, replace_file
-from ..store.locks.locker import WaitBudget
+from ..store.locks.budget import WaitBudget
 from ..store.root import Store
 from ..table import EntryInfo, EntryTable
 
@@ -830,7 +830,9 @@ class _Helper:
 
 
 #: what a helper process runs: :func:`helper_main` with the cap's settings as JSON
-HELPER_CODE = "import sys\nfrom kernelcache.maintenance.capacity import helper_main\nhelper_main(sys.argv[1])"
+HELPER_CODE = (
+    "import sys\nfrom kernelcache.maintenance.capacity import helper_main\nhelper_main(sys.argv[1])"
+)
 #: why helper processes cannot be started here (passes then run in threads), once known
 _no_helpers_since: str | None = None
 #: the helpers this process started (closed at exit)

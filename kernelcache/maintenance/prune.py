@@ -48,8 +48,10 @@ from typing import Any, NamedTuple
 from ..errors import InvalidValue, LockTimeout
 from ..fsio import READ_FLAGS, changed_at
 from ..keys import META_EXT
+from ..problem import Problem
 from ..schema.document import parse_fields
 from ..stats.counters import fold_logs, foldable_logs
+from ..store.entry import Artifact, not_whole
 from ..store.layout import (
     LOCK_DIR,
     NOT_VISIBLE,
@@ -58,8 +60,8 @@ from ..store.layout import (
     open_subdir,
     read_metadata,
 )
-from ..store.locks.locker import lock_name
-from ..store.root import Artifact, Problem, Store, not_whole
+from ..store.locks.flock import lock_name
+from ..store.root import Store
 from ..table import EntryInfo, EntryTable, kernel_names
 from .index import discard_index
 from .scan import CacheScan, Issue

@@ -39,6 +39,7 @@ from ..fsio import changed_at
 from ..keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
 from ..problem import Problem
 from ..schema.fields import KERNEL_NAME
+from ..store.entry import FUTURE_SLACK, Artifact
 from ..store.layout import (
     LOCK_DIR,
     QUARANTINE_DIR,
@@ -48,8 +49,9 @@ from ..store.layout import (
     read_metadata,
     writable,
 )
-from ..store.locks.locker import flock_held, lock_name, read_soft_record, soft_lock_stale
-from ..store.root import FUTURE_SLACK, Artifact, Store
+from ..store.locks.flock import flock_held, lock_name
+from ..store.locks.soft import read_soft_record, soft_lock_stale
+from ..store.root import Store
 from ..store.trust import TrustPolicy
 from ..table import COLUMNS, EntryInfo, EntryTable
 from .index import (

@@ -46,7 +46,8 @@ from ..fsio import READ_FLAGS, changed_at
 from ..jsonio import load_json
 from ..process import HOST, warn_once
 from ..store.layout import STATS_DIR, open_subdir, replace_file
-from ..store.locks.locker import Locker, pid_alive
+from ..store.locks.liveness import pid_alive
+from ..store.locks.locker import Locker
 
 logger = logging.getLogger(__name__)
 

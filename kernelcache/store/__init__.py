@@ -8,20 +8,13 @@ commit marker). Files of a root are removed in one place (``removal.py``) or by 
 
 from __future__ import annotations
 
-from .root import (
-    FORMAT_VERSION,
-    MAX_META_BYTES,
-    RESERVED_FIELDS,
-    TRUST_POLICIES,
-    Artifact,
-    Problem,
-    Store,
-    WrongExt,
-    digest,
-    encode_metadata,
-    make_metadata,
-    parse_metadata,
-)
+from ..errors import WrongExt
+from ..problem import Problem
+from ..schema.document import encode_metadata, make_metadata, parse_metadata
+from ..schema.format import FORMAT_VERSION, MAX_META_BYTES, RESERVED_FIELDS, digest
+from .entry import Artifact
+from .root import Store
+from .trust import TRUST_POLICIES
 
 __all__ = [
     "FORMAT_VERSION",

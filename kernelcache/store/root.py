@@ -32,132 +32,49 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import logging
 import math
 import os
 import stat
 import time
-import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from ..config import Settings, settings
-from ..errors import CacheError, LockTimeout, LockUnavailable, WrongExt, WrongType
-from ..formats import problem
+from ..errors import CacheError, LockTimeout, LockUnavailable, WrongExt
 from ..fsio import READ_FLAGS, read_exact
-from ..keys import META_EXT, check_ext, check_key, split_entry_name
+from ..keys import META_EXT, check_ext, check_key
 from ..problem import Problem
-from ..process import HOST, warn_once
-from ..schema.document import encode_metadata, make_metadata, parse_metadata, written_document
-from ..schema.format import FORMAT_VERSION, MAX_META_BYTES, RESERVED_FIELDS, digest
+from ..process import warn_once
+from ..schema.document import encode_metadata, make_metadata, written_document
+from ..schema.format import digest
+from .entry import (
+    MEMO_ENTRIES,
+    TOUCH_INTERVAL,
+    Artifact,
+    _artifact,
+    _stale_stamp,
+    as_bytes,
+    not_whole,
+)
 from .layout import (
     NOT_VISIBLE,
-    QUARANTINE_DIR,
     TMP_DIR,
     open_subdir,
     read_metadata,
     resolve_root,
     unservable,
-    write_new,
 )
-from .locks.locker import Held, Locker, WaitBudget, exclude_readers
-from .trust import TRUST_POLICIES, TrustPolicy, check_policy
+from .locks.budget import WaitBudget
+from .locks.locker import Held, Locker
+from .publish import stage, write_error
+from .removal import Removal
+from .trust import TrustPolicy, check_policy
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "FORMAT_VERSION",
-    "MAX_META_BYTES",
-    "RESERVED_FIELDS",
-    "TRUST_POLICIES",
-    "Artifact",
-    "Problem",
-    "Store",
-    "WrongExt",
-    "digest",
-    "encode_metadata",
-    "make_metadata",
-    "parse_metadata",
-]
 
-#: metadata documents remembered per store and process (see Store.read)
-MEMO_ENTRIES = 4096
-#: how often a hit refreshes an entry's last-used stamp (the metadata file's mtime)
-TOUCH_INTERVAL = 3600.0
-#: a last-used stamp further in the future than this is clock skew: it is reset to now
-FUTURE_SLACK = 300.0
-_META_SUFFIX = "." + META_EXT
-
-_HINTS = {
-    errno.ENOSPC: "free space on that filesystem or prune the cache (kernelcache prune)",
-    errno.EDQUOT: "raise the quota or prune the cache (kernelcache prune)",
-    errno.EFBIG: "the file size limit (ulimit -f) is too small for this artifact",
-    errno.EROFS: "the filesystem is read-only; use a writable KERNELCACHE_DIR and pass this one "
-    "as a read-only root (KERNELCACHE_READONLY_DIRS)",
-    errno.EACCES: "make it writable for this user (or group), or use another KERNELCACHE_DIR",
-    errno.EPERM: "make it writable for this user (or group), or use another KERNELCACHE_DIR",
-    errno.ELOOP: "a symlink was planted in the cache; remove it (kernelcache verify --repair)",
-    errno.ENOTDIR: "point KERNELCACHE_DIR at a directory",
-    errno.EEXIST: "point KERNELCACHE_DIR at a directory",
-}
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """An artifact and its metadata.
-
-    ``path`` is the file a loader can open as is, or None when the artifact exists only in
-    memory (the cache could not store it). ``source`` says where it came from: ``"local"``,
-    ``"readonly"``, ``"remote"`` or ``"memory"``.
-    """
-
-    key: str
-    ext: str
-    data: bytes = field(repr=False)
-    path: str | None
-    meta: Mapping[str, Any] = field(repr=False)
-    source: str = "local"
-
-
-def _artifact(
-    key: str, ext: str, data: bytes, path: str, meta: Mapping[str, Any], source: str
-) -> Artifact:
-    """``Artifact(key, ext, data, path, meta, source)`` for the hot path: the same object,
-    without the frozen dataclass's one ``object.__setattr__`` per field."""
-    art = object.__new__(Artifact)
-    art.__dict__.update(key=key, ext=ext, data=data, path=path, meta=meta, source=source)
-    return art
-
-
-def as_bytes(data: object) -> bytes:
-    """``data`` as bytes, if it is bytes-like (bytes, bytearray, memoryview).
-
-    Raises:
-        TypeError: anything else (``bytes(5)`` would be five zero bytes).
-    """
-    if isinstance(data, bytes):
-        return data
-    if isinstance(data, (bytearray, memoryview)):
-        return bytes(data)
-    raise WrongType(f"an artifact's data must be bytes, not {type(data).__name__}")
-
-
-def not_whole(art: Artifact) -> str | None:
-    """Why ``art`` is not a whole artifact of its format (:func:`kernelcache.formats.problem`),
-    None when it is: what ``verify`` reports and ``repair(refuse=not_whole)`` quarantines."""
-    reason = problem(art.ext, art.data)
-    return None if reason is None else f"not a whole .{art.ext} artifact: {reason}"
-
-
-def _stale_stamp(mtime: float) -> bool:
-    """Whether a last-used stamp should be refreshed: older than an hour, or from the future."""
-    age = time.time() - mtime
-    return age > TOUCH_INTERVAL or age < -FUTURE_SLACK
-
-
-class Store:
+class Store(Removal):
     """One root directory. ``readonly`` stores are only read: no lock, touch or quarantine.
 
     Thread-safe and process-safe; see the module docstring for the guarantees.
@@ -408,25 +325,9 @@ class Store:
             os.makedirs(self.root, exist_ok=True)
             return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileExistsError as e:
-            raise self._write_error("the cache root exists and is not a directory", e) from e
+            raise write_error(self.root, "the cache root exists and is not a directory", e) from e
         except OSError as e:
-            raise self._write_error(f"cannot open the cache root: {e.strerror}", e) from e
-
-    def _write_error(self, what: str, e: OSError | None = None, key: str = "") -> CacheError:
-        hint = _HINTS.get(e.errno) if e is not None and e.errno is not None else None
-        where = f" entry {key}" if key else ""
-        message = f"kernelcache: cannot write{where} under {self.root}: {what}"
-        if hint:
-            message += f" ({hint})"
-        return CacheError(e.errno if e is not None and e.errno else errno.EIO, message)
-
-    def _stage(self, tmp_fd: int, data: bytes) -> str:
-        """Write ``data`` to a new file in ``.tmp/``; return its name. It keeps only the write
-        bits the trust policy accepts: what this process publishes is never writable by users
-        outside the trusted set, whatever the umask."""
-        name = f"{HOST}-{os.getpid()}-{uuid.uuid4().hex}.tmp"
-        write_new(tmp_fd, name, data, self._policy.limit_write_bits)
-        return name
+            raise write_error(self.root, f"cannot open the cache root: {e.strerror}", e) from e
 
     def check_writable(self) -> None:
         """Stage and remove an empty file, as a put would.
@@ -441,11 +342,11 @@ class Store:
         try:
             tmp_fd = open_subdir(self.root, TMP_DIR, create=True)
             try:
-                os.unlink(self._stage(tmp_fd, b""), dir_fd=tmp_fd)
+                os.unlink(stage(tmp_fd, self._policy, b""), dir_fd=tmp_fd)
             finally:
                 os.close(tmp_fd)
         except OSError as e:
-            raise self._write_error(f"staging failed: {e.strerror}", e) from e
+            raise write_error(self.root, f"staging failed: {e.strerror}", e) from e
         finally:
             os.close(root_fd)
 
@@ -508,10 +409,10 @@ class Store:
         try:
             try:
                 tmp_fd = open_subdir(self.root, TMP_DIR, create=True)
-                staged.append(self._stage(tmp_fd, data))
-                staged.append(self._stage(tmp_fd, encode_metadata(doc)))
+                staged.append(stage(tmp_fd, self._policy, data))
+                staged.append(stage(tmp_fd, self._policy, encode_metadata(doc)))
             except OSError as e:
-                raise self._write_error(f"staging failed: {e.strerror}", e, key) from e
+                raise write_error(self.root, f"staging failed: {e.strerror}", e, key) from e
             try:
                 held = self.lock(key, shared=False, timeout=budget.remaining())
             except LockTimeout as e:
@@ -536,7 +437,7 @@ class Store:
                         staged[1], f"{key}.{META_EXT}", src_dir_fd=tmp_fd, dst_dir_fd=root_fd
                     )
                 except OSError as e:
-                    raise self._write_error(f"publishing failed: {e.strerror}", e, key) from e
+                    raise write_error(self.root, f"publishing failed: {e.strerror}", e, key) from e
                 staged.clear()
                 if replace:
                     self._memo.pop(key, None)
@@ -553,218 +454,3 @@ class Store:
         return Artifact(key, ext, data, self.path(key, ext), doc, "local"), True
 
     # -- repair ---------------------------------------------------------------------------
-    def repair(
-        self,
-        key: str,
-        ext: str | None = None,
-        *,
-        wait: float | None = None,
-        refuse: Callable[[Artifact], str | None] | None = None,
-    ) -> Artifact | Problem | None:
-        """Re-read ``key`` from disk under its exclusive lock; quarantine it if it is corrupt,
-        or if ``refuse`` gives a reason against the artifact read (:func:`not_whole`, or what
-        a reader that checks more than a read does found: it was read, so it is re-read here
-        and refused only as it still is).
-
-        Returns what the fresh read found: the Artifact (a false alarm, e.g. a concurrent
-        publish), the Problem that got the entry quarantined, or None (the entry is gone, or
-        its lock or readers were held for ``wait`` seconds in all; None: the lock timeout).
-        Read-only stores are never modified: their corrupt entries are reported and skipped.
-        """
-        if self.readonly:
-            again = self.read(key, ext, fresh=True)
-            if isinstance(again, Problem) and again.corrupt:
-                warn_once(
-                    logger,
-                    (self.root, f"ro-corrupt-{key}"),
-                    "kernelcache: corrupt entry %s in read-only root %s (%s); skipping it",
-                    key,
-                    self.root,
-                    again.reason,
-                )
-            return again
-        budget = WaitBudget(self.lock_timeout if wait is None else wait)
-        try:
-            held = self.lock(key, shared=False, timeout=budget.remaining())
-        except LockTimeout:
-            return None
-        try:
-            again = self.read(key, ext, fresh=True)
-            reason = refuse(again) if refuse is not None and isinstance(again, Artifact) else None
-            if reason is not None:
-                again = Problem(key, reason)
-            if isinstance(again, Problem) and again.corrupt:
-                try:
-                    root_fd = self._root_fd()
-                except CacheError:
-                    return again
-                try:
-                    if self._quarantine_locked(root_fd, key, again.reason, budget.remaining()):
-                        logger.warning(
-                            "kernelcache: quarantined %s under %s: %s", key, self.root, again.reason
-                        )
-                finally:
-                    os.close(root_fd)
-            return again
-        finally:
-            if held is not None:
-                held.release()
-
-    def _quarantine_locked(self, root_fd: int, key: str, reason: str, wait: float) -> bool:
-        """Move every file of ``key`` into .quarantine/ (caller holds the exclusive lock),
-        waiting at most ``wait`` seconds for its readers."""
-        try:
-            qfd = open_subdir(self.root, QUARANTINE_DIR, create=True)
-        except OSError as e:
-            warn_once(
-                logger,
-                (self.root, "quarantine"),
-                "kernelcache: cannot quarantine under %s: %s",
-                self.root,
-                e,
-            )
-            return False
-        moved = False
-        stamp = f"{time.time():.0f}-{uuid.uuid4().hex[:8]}"
-        names = self._files_of(key, None)
-        readers = self._exclude_readers(root_fd, names, wait=wait)
-        try:
-            if readers is None:
-                return False
-            for name in names:
-                try:
-                    os.replace(name, f"{name}.{stamp}", src_dir_fd=root_fd, dst_dir_fd=qfd)
-                    moved = True
-                except FileNotFoundError:
-                    continue
-                except OSError as e:
-                    warn_once(
-                        logger,
-                        (self.root, "quarantine"),
-                        "kernelcache: cannot quarantine %s: %s",
-                        name,
-                        e,
-                    )
-            if moved:
-                note = json.dumps({"key": key, "reason": reason, "time": time.time()}).encode()
-                with contextlib.suppress(OSError):
-                    write_new(qfd, f"{key}.{stamp}.reason", note)
-        finally:
-            os.close(qfd)
-            for fd in readers or ():
-                os.close(fd)
-        return moved
-
-    def _remove_locked(self, root_fd: int, key: str, exts: set[str]) -> None:
-        """Delete the metadata of ``key`` and its artifacts of extensions ``exts`` (caller holds
-        the exclusive lock) unless a reader holds one; best effort: the publish that follows
-        replaces the files of the same names. The root is not listed."""
-        names = [f"{key}.{META_EXT}", *(f"{key}.{e}" for e in sorted(exts))]
-        readers = self._exclude_readers(root_fd, names, wait=0.0)
-        if readers is None:
-            return
-        try:
-            for name in names:
-                with contextlib.suppress(OSError):
-                    os.unlink(name, dir_fd=root_fd)
-        finally:
-            for fd in readers:
-                os.close(fd)
-        self._memo.pop(key, None)
-
-    @staticmethod
-    def _exclude_readers(root_fd: int, names: list[str], *, wait: float) -> list[int] | None:
-        """:func:`kernelcache.locks.exclude_readers` of the artifact files among ``names``
-        (readers lock artifacts, never metadata)."""
-        artifacts = [name for name in names if not name.endswith(_META_SUFFIX)]
-        return exclude_readers(root_fd, artifacts, wait=wait)
-
-    def _names_of(self, key: str) -> list[str]:
-        """The file names under the root that belong to ``key`` (metadata first).
-
-        Lists the whole root: only for keys whose metadata cannot say (see :meth:`_files_of`).
-        """
-        prefix = key + "."
-        names = []
-        try:
-            with os.scandir(self.root) as it:
-                for entry in it:
-                    if entry.name.startswith(prefix) and split_entry_name(entry.name) is not None:
-                        names.append(entry.name)
-        except OSError:
-            return []
-        names.sort(key=lambda n: not n.endswith(_META_SUFFIX))
-        return names
-
-    def _files_of(self, key: str, ext: str | None) -> list[str]:
-        """The files of the entry ``key``, metadata first: its metadata and its artifact of
-        extension ``ext`` (default: the one its metadata names), whether or not they exist.
-        The root is listed only when neither tells (no ``ext`` and no readable metadata), so
-        that deleting many entries never lists the root once per entry."""
-        if ext is None:
-            loaded = self._load_metadata(key)
-            if not isinstance(loaded, tuple):
-                return self._names_of(key)
-            ext = loaded[0]["ext"]
-        return [f"{key}.{META_EXT}", f"{key}.{ext}"]
-
-    def delete(
-        self,
-        key: str,
-        *,
-        ext: str | None = None,
-        wait: float = 0.0,
-        remove_lock: bool = True,
-        check: Callable[[], bool] | None = None,
-    ) -> bool | None:
-        """Delete the entry ``key`` (metadata first, then its artifact) under its exclusive lock.
-
-        ``ext`` is the artifact's extension when the caller knows it (else the metadata says;
-        for a key without readable metadata every file of the key is removed). ``check`` is
-        called under the lock before anything is removed: if it returns False nothing is
-        removed. A caller re-validates there what it decided before taking the lock, so that a
-        writer or reader that got in between is never undone (no check-then-act).
-
-        Waits at most ``wait`` seconds for the key's lock and for readers of its artifact.
-        Returns True if something was deleted, False if nothing was there (or ``check``
-        refused), None if the entry is in use (then nothing is deleted).
-        """
-        check_key(key)
-        if self.readonly:
-            raise CacheError(errno.EROFS, f"kernelcache: {self.root} is a read-only root")
-        try:
-            held = self.lock(key, shared=False, timeout=wait)
-        except LockTimeout:
-            return None
-        deleted = False
-        keep_lock = False
-        try:
-            if check is not None and not check():
-                keep_lock = True  # the entry stays: so does its lock file
-                return False
-            try:
-                root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                return False
-            try:
-                names = self._files_of(key, ext)
-                readers = self._exclude_readers(root_fd, names, wait=wait)
-                if readers is None:
-                    return None
-                try:
-                    for name in names:
-                        try:
-                            os.unlink(name, dir_fd=root_fd)
-                            deleted = True
-                        except FileNotFoundError:
-                            continue
-                finally:
-                    for fd in readers:
-                        os.close(fd)
-            finally:
-                os.close(root_fd)
-            self._memo.pop(key, None)
-        finally:
-            if held is not None:
-                held.release(remove=remove_lock and not keep_lock)
-        return deleted

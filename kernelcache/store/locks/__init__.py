@@ -8,19 +8,26 @@ broken; a reader's shared flock on an artifact keeps removal away while it reads
 
 from __future__ import annotations
 
-from .locker import (
-    LOCK_SUFFIXES,
-    MAX_HEARTBEAT,
-    MAX_PID,
-    UNWRITTEN_STALE,
-    Held,
-    Locker,
+from .budget import (
     WaitBudget,
-    exclude_readers,
+)
+from .flock import (
+    LOCK_SUFFIXES,
     flock_held,
     flock_holder,
     lock_name,
+)
+from .liveness import (
+    MAX_PID,
     pid_alive,
+)
+from .locker import Held, Locker
+from .readers import (
+    exclude_readers,
+)
+from .soft import (
+    MAX_HEARTBEAT,
+    UNWRITTEN_STALE,
     read_soft_record,
     soft_lock_stale,
 )

@@ -30,253 +30,26 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
-import functools
 import json
 import logging
 import os
-import stat
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidValue, LockTimeout, LockUnavailable
 from ...fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
-from ...jsonio import load_json
-from ...keys import KEY_PATTERN
 from ...process import HOST
 from ..layout import LOCK_DIR, create_exclusive, open_subdir
+from .flock import _FLOCK_UNSUPPORTED, _try_flock, _unflock, flock_holder
+from .soft import MAX_HEARTBEAT, read_soft_record, soft_lock_stale
 
 if TYPE_CHECKING:
     from ..trust import TrustPolicy
 
 logger = logging.getLogger(__name__)
-
-#: the lock files of a key: its writers', its builder's and its soft lock
-LOCK_SUFFIXES = (".build.lock", ".lock", ".softlock")
-_FLOCK_UNSUPPORTED = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
-#: a soft lock file still without its holder record this long after it was made or touched
-#: lost its holder between creating it and writing the record (done at once): it is stale
-UNWRITTEN_STALE = 5.0
-#: the longest pause between two refreshes of a held soft lock, whatever the staleness time
-MAX_HEARTBEAT = 60.0
-
-
-class WaitBudget:
-    """The time one call may still spend waiting, over all of its waits together (for locks,
-    for readers, for the remote tier's lock): :meth:`remaining` counts down while the call
-    waits, and stands still while it works (:meth:`paused`, around a build)."""
-
-    __slots__ = ("_end",)
-
-    def __init__(self, seconds: float) -> None:
-        self._end = time.monotonic() + seconds
-
-    def remaining(self) -> float:
-        """Seconds left to wait (0 once spent: try once, never wait)."""
-        return max(0.0, self._end - time.monotonic())
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Work that is not waiting: its time is given back to the budget."""
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            self._end += time.monotonic() - started
-
-
-def _try_flock(fd: int, *, shared: bool) -> bool:
-    """One non-blocking try at the flock on ``fd``; False while another holder has it.
-
-    Exclusive: filelock's descriptor lock. Shared: ``flock(LOCK_SH)`` (filelock has none).
-
-    Raises:
-        OSError: flock failed otherwise (ENOLCK and the like where it does not work).
-    """
-    if shared:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
-    return _descriptor_lock()[0](fd)
-
-
-def _unflock(fd: int, *, shared: bool) -> None:
-    if shared:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    else:
-        _descriptor_lock()[1](fd)
-
-
-@functools.cache
-def _descriptor_lock() -> tuple[Callable[[int], bool], Callable[[int], None]]:
-    """filelock's (try once, unlock) of a descriptor's exclusive lock.
-
-    Imported on first use: filelock takes longer to import than kernelcache, and a process that
-    only reads never takes an exclusive lock.
-
-    Raises:
-        LockUnavailable: filelock is missing or older than 3.30.
-    """
-    try:
-        from filelock import lock_descriptor, unlock_descriptor
-    except ImportError as e:
-        raise LockUnavailable(
-            f"kernelcache's locks need filelock 3.30 or later ({e}); "
-            "pip install 'filelock>=3.30,<5'"
-        ) from e
-    return functools.partial(lock_descriptor, blocking=False), unlock_descriptor
-
-
-#: above any pid Linux hands out (pid_max is at most 2**22)
-MAX_PID = 1 << 22
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host (a pid read from a file is
-    untrusted: anything but a plausible pid is no live process)."""
-    if type(pid) is not int or not 0 < pid <= MAX_PID:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return not _exited(pid)
-
-
-def _exited(pid: int) -> bool:
-    """Whether the process ``pid`` has exited and waits to be reaped (a zombie): it holds no
-    lock and will never refresh one. False where /proc cannot tell."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read(4096).rpartition(b")")[2].split()[:1]
-    except OSError:
-        return False
-    return state in ([b"Z"], [b"X"])
-
-
-def flock_holder(dfd: int, name: str) -> int | None:
-    """The pid of a process holding a flock on the file ``name`` in ``dfd`` (from
-    /proc/locks); None when none is found or it cannot be told."""
-    try:
-        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        with open("/proc/locks", "rb") as f:
-            lines = f.read(1 << 22).splitlines()
-    except OSError:
-        return None
-    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}".encode()
-    for line in lines:
-        fields = line.split()
-        if len(fields) >= 6 and fields[1] == b"FLOCK" and fields[5] == wanted:
-            return int(fields[4]) if fields[4].isdigit() else None
-    return None
-
-
-def lock_name(filename: str) -> tuple[str, str] | None:
-    """Split a lock file name into (key, suffix), or None if it is not a per-key lock."""
-    for suffix in LOCK_SUFFIXES:
-        if filename.endswith(suffix):
-            key = filename[: -len(suffix)]
-            if KEY_PATTERN.fullmatch(key) is not None:
-                return key, suffix
-            return None
-    return None
-
-
-def flock_held(dfd: int, name: str) -> bool:
-    """Whether someone holds a flock on the lock file ``name`` in ``dfd`` (probed without
-    blocking; a file that vanished or cannot be opened counts as held: leave it alone)."""
-    try:
-        fd = os.open(name, READ_FLAGS, dir_fd=dfd)
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False  # flock does not work here: the file cannot be held through it
-    finally:
-        os.close(fd)  # closing drops our probe lock
-    return False
-
-
-def exclude_readers(dfd: int, names: list[str], *, wait: float) -> list[int] | None:
-    """Lock every file of ``names`` in ``dfd`` exclusively (readers hold them shared).
-
-    Returns the descriptors to close once the files are gone, or None if a reader kept a
-    file for ``wait`` seconds. Links and missing files need no lock.
-    """
-    fds: list[int] = []
-    deadline = time.monotonic() + wait
-    for name in names:
-        try:
-            fd = os.open(name, READ_FLAGS, dir_fd=dfd)
-        except OSError:
-            continue
-        fds.append(fd)
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    for held in fds:
-                        os.close(held)
-                    return None
-                time.sleep(0.002)
-            except OSError:
-                break  # no flock on this filesystem
-    return fds
-
-
-def read_soft_record(dfd: int, filename: str) -> dict | None:
-    """The holder record of the soft lock file ``filename`` in ``dfd``, with its ``mtime``;
-    None if it is gone or cannot be opened.
-
-    Anything but a regular file holding a record (a planted FIFO or device, unreadable
-    bytes) reads as a file without a holder record: stale after ``UNWRITTEN_STALE``.
-    """
-    try:
-        fd = os.open(filename, READ_FLAGS, dir_fd=dfd)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        raw = b""
-        if stat.S_ISREG(st.st_mode):
-            with contextlib.suppress(OSError):
-                raw = os.read(fd, 4096)
-    finally:
-        os.close(fd)
-    try:
-        record = load_json(raw)
-    except ValueError:
-        record = {}
-    if not isinstance(record, dict):
-        record = {}
-    record["mtime"] = st.st_mtime
-    record["uid"] = st.st_uid
-    return record
-
-
-def soft_lock_stale(record: dict, stale_after: float) -> bool:
-    """Whether a soft lock's holder is gone: a dead pid on this host, or no sign of life for
-    ``stale_after`` seconds."""
-    age = time.time() - float(record.get("mtime", 0))
-    if "token" not in record:  # no holder record: written at once, so its writer died
-        return age > min(stale_after, UNWRITTEN_STALE)
-    if record.get("host") == HOST and isinstance(record.get("pid"), int):
-        if not pid_alive(record["pid"]):
-            return True
-    return age > stale_after
 
 
 @dataclass

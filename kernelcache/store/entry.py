@@ -1,0 +1,78 @@
+"""An entry of a root as readers get it: :class:`Artifact`, and the rules every read and
+write applies to one (whole artifacts, bytes-like data, when a last-used stamp is refreshed).
+
+An entry is two files, ``<key>.<ext>`` (the artifact bytes, loadable as is) and
+``<key>.json`` (its metadata, written last: the commit marker).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import WrongType
+from ..formats import problem
+from ..keys import META_EXT
+
+#: metadata documents remembered per store and process (see Store.read)
+MEMO_ENTRIES = 4096
+#: how often a hit refreshes an entry's last-used stamp (the metadata file's mtime)
+TOUCH_INTERVAL = 3600.0
+#: a last-used stamp further in the future than this is clock skew: it is reset to now
+FUTURE_SLACK = 300.0
+_META_SUFFIX = "." + META_EXT
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """An artifact and its metadata.
+
+    ``path`` is the file a loader can open as is, or None when the artifact exists only in
+    memory (the cache could not store it). ``source`` says where it came from: ``"local"``,
+    ``"readonly"``, ``"remote"`` or ``"memory"``.
+    """
+
+    key: str
+    ext: str
+    data: bytes = field(repr=False)
+    path: str | None
+    meta: Mapping[str, Any] = field(repr=False)
+    source: str = "local"
+
+
+def _artifact(
+    key: str, ext: str, data: bytes, path: str, meta: Mapping[str, Any], source: str
+) -> Artifact:
+    """``Artifact(key, ext, data, path, meta, source)`` for the hot path: the same object,
+    without the frozen dataclass's one ``object.__setattr__`` per field."""
+    art = object.__new__(Artifact)
+    art.__dict__.update(key=key, ext=ext, data=data, path=path, meta=meta, source=source)
+    return art
+
+
+def as_bytes(data: object) -> bytes:
+    """``data`` as bytes, if it is bytes-like (bytes, bytearray, memoryview).
+
+    Raises:
+        TypeError: anything else (``bytes(5)`` would be five zero bytes).
+    """
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise WrongType(f"an artifact's data must be bytes, not {type(data).__name__}")
+
+
+def not_whole(art: Artifact) -> str | None:
+    """Why ``art`` is not a whole artifact of its format (:func:`kernelcache.formats.problem`),
+    None when it is: what ``verify`` reports and ``repair(refuse=not_whole)`` quarantines."""
+    reason = problem(art.ext, art.data)
+    return None if reason is None else f"not a whole .{art.ext} artifact: {reason}"
+
+
+def _stale_stamp(mtime: float) -> bool:
+    """Whether a last-used stamp should be refreshed: older than an hour, or from the future."""
+    age = time.time() - mtime
+    return age > TOUCH_INTERVAL or age < -FUTURE_SLACK

@@ -1,0 +1,287 @@
+"""The one place files of a root are removed: deleting an entry's files, quarantining them,
+and removing what maintenance finds stray (staging leftovers, old quarantine, lock files).
+
+Invariants: a file is removed relative to the root's descriptor, never through a symlink; an
+artifact is removed only after its readers' shared flocks were excluded (a reader never loses
+the bytes it holds); the caller holds the key's exclusive lock where an entry is concerned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CacheError, LockTimeout
+from ..keys import META_EXT, check_key, split_entry_name
+from ..problem import Problem
+from ..process import warn_once
+from .entry import _META_SUFFIX, Artifact
+from .layout import QUARANTINE_DIR, open_subdir, write_new
+from .locks.budget import WaitBudget
+from .locks.locker import Held
+from .locks.readers import exclude_readers
+
+logger = logging.getLogger(__name__)
+
+
+def _exclude_readers(root_fd: int, names: list[str], *, wait: float) -> list[int] | None:
+    """:func:`~kernelcache.store.locks.readers.exclude_readers` of the artifact files among ``names``
+    (readers lock artifacts, never metadata)."""
+    artifacts = [name for name in names if not name.endswith(_META_SUFFIX)]
+    return exclude_readers(root_fd, artifacts, wait=wait)
+
+
+def remove_files(
+    root_fd: int, names: list[str], *, wait: float, best_effort: bool = False
+) -> bool | None:
+    """Unlink the files ``names`` of one entry (metadata first) from the root ``root_fd``, once
+    no reader holds one of its artifacts (waiting at most ``wait`` seconds).
+
+    Returns True if a file was removed, False if none was there, None if readers held an
+    artifact (then nothing is removed). ``best_effort`` ignores every error of an unlink.
+    """
+    readers = _exclude_readers(root_fd, names, wait=wait)
+    if readers is None:
+        return None
+    removed = False
+    try:
+        for name in names:
+            try:
+                os.unlink(name, dir_fd=root_fd)
+                removed = True
+            except FileNotFoundError:
+                continue
+            except OSError:
+                if not best_effort:
+                    raise
+    finally:
+        for fd in readers:
+            os.close(fd)
+    return removed
+
+
+def quarantine_files(
+    root: str, root_fd: int, key: str, names: list[str], reason: str, wait: float
+) -> bool:
+    """Move the files ``names`` of ``key`` into .quarantine/ (the caller holds the key's
+    exclusive lock), with a note of why, waiting at most ``wait`` seconds for their readers."""
+    try:
+        qfd = open_subdir(root, QUARANTINE_DIR, create=True)
+    except OSError as e:
+        warn_once(
+            logger,
+            (root, "quarantine"),
+            "kernelcache: cannot quarantine under %s: %s",
+            root,
+            e,
+        )
+        return False
+    moved = False
+    stamp = f"{time.time():.0f}-{uuid.uuid4().hex[:8]}"
+    readers = _exclude_readers(root_fd, names, wait=wait)
+    try:
+        if readers is None:
+            return False
+        for name in names:
+            try:
+                os.replace(name, f"{name}.{stamp}", src_dir_fd=root_fd, dst_dir_fd=qfd)
+                moved = True
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                warn_once(
+                    logger,
+                    (root, "quarantine"),
+                    "kernelcache: cannot quarantine %s: %s",
+                    name,
+                    e,
+                )
+        if moved:
+            note = json.dumps({"key": key, "reason": reason, "time": time.time()}).encode()
+            with contextlib.suppress(OSError):
+                write_new(qfd, f"{key}.{stamp}.reason", note)
+    finally:
+        os.close(qfd)
+        for fd in readers or ():
+            os.close(fd)
+    return moved
+
+
+def names_of(root: str, key: str) -> list[str]:
+    """The file names under the root that belong to ``key`` (metadata first).
+
+    Lists the whole root: only for keys whose metadata cannot say (see :meth:`Store._files_of`).
+    """
+    prefix = key + "."
+    names = []
+    try:
+        with os.scandir(root) as it:
+            for entry in it:
+                if entry.name.startswith(prefix) and split_entry_name(entry.name) is not None:
+                    names.append(entry.name)
+    except OSError:
+        return []
+    names.sort(key=lambda n: not n.endswith(_META_SUFFIX))
+    return names
+
+
+class Removal:
+    """What a :class:`~kernelcache.store.root.Store` removes: an entry it is asked to delete,
+    one found corrupt (quarantined) and the files a replacing publish supersedes."""
+
+    root: str
+    readonly: bool
+    lock_timeout: float
+    _memo: dict[str, tuple[dict[str, Any], float]]
+
+    if TYPE_CHECKING:  # provided by Store
+
+        def lock(self, key: str, *, shared: bool, timeout: float | None = None) -> Held | None: ...
+
+        def read(
+            self, key: str, ext: str | None = None, *, fresh: bool = False
+        ) -> Artifact | Problem | None: ...
+
+        def _load_metadata(self, key: str) -> tuple[dict[str, Any], float] | Problem | None: ...
+
+        def _root_fd(self) -> int: ...
+
+    def repair(
+        self,
+        key: str,
+        ext: str | None = None,
+        *,
+        wait: float | None = None,
+        refuse: Callable[[Artifact], str | None] | None = None,
+    ) -> Artifact | Problem | None:
+        """Re-read ``key`` from disk under its exclusive lock; quarantine it if it is corrupt,
+        or if ``refuse`` gives a reason against the artifact read (:func:`not_whole`, or what
+        a reader that checks more than a read does found: it was read, so it is re-read here
+        and refused only as it still is).
+
+        Returns what the fresh read found: the Artifact (a false alarm, e.g. a concurrent
+        publish), the Problem that got the entry quarantined, or None (the entry is gone, or
+        its lock or readers were held for ``wait`` seconds in all; None: the lock timeout).
+        Read-only stores are never modified: their corrupt entries are reported and skipped.
+        """
+        if self.readonly:
+            again = self.read(key, ext, fresh=True)
+            if isinstance(again, Problem) and again.corrupt:
+                warn_once(
+                    logger,
+                    (self.root, f"ro-corrupt-{key}"),
+                    "kernelcache: corrupt entry %s in read-only root %s (%s); skipping it",
+                    key,
+                    self.root,
+                    again.reason,
+                )
+            return again
+        budget = WaitBudget(self.lock_timeout if wait is None else wait)
+        try:
+            held = self.lock(key, shared=False, timeout=budget.remaining())
+        except LockTimeout:
+            return None
+        try:
+            again = self.read(key, ext, fresh=True)
+            reason = refuse(again) if refuse is not None and isinstance(again, Artifact) else None
+            if reason is not None:
+                again = Problem(key, reason)
+            if isinstance(again, Problem) and again.corrupt:
+                try:
+                    root_fd = self._root_fd()
+                except CacheError:
+                    return again
+                try:
+                    if self._quarantine_locked(root_fd, key, again.reason, budget.remaining()):
+                        logger.warning(
+                            "kernelcache: quarantined %s under %s: %s", key, self.root, again.reason
+                        )
+                finally:
+                    os.close(root_fd)
+            return again
+        finally:
+            if held is not None:
+                held.release()
+
+    def _remove_locked(self, root_fd: int, key: str, exts: set[str]) -> None:
+        """Delete the metadata of ``key`` and its artifacts of extensions ``exts`` (caller holds
+        the exclusive lock) unless a reader holds one; best effort: the publish that follows
+        replaces the files of the same names. The root is not listed."""
+        names = [f"{key}.{META_EXT}", *(f"{key}.{e}" for e in sorted(exts))]
+        if remove_files(root_fd, names, wait=0.0, best_effort=True) is not None:
+            self._memo.pop(key, None)
+
+    def _quarantine_locked(self, root_fd: int, key: str, reason: str, wait: float) -> bool:
+        """Move every file of ``key`` into .quarantine/ (caller holds the exclusive lock),
+        waiting at most ``wait`` seconds for its readers."""
+        return quarantine_files(self.root, root_fd, key, self._files_of(key, None), reason, wait)
+
+    def _files_of(self, key: str, ext: str | None) -> list[str]:
+        """The files of the entry ``key``, metadata first: its metadata and its artifact of
+        extension ``ext`` (default: the one its metadata names), whether or not they exist.
+        The root is listed only when neither tells (no ``ext`` and no readable metadata), so
+        that deleting many entries never lists the root once per entry."""
+        if ext is None:
+            loaded = self._load_metadata(key)
+            if not isinstance(loaded, tuple):
+                return names_of(self.root, key)
+            ext = loaded[0]["ext"]
+        return [f"{key}.{META_EXT}", f"{key}.{ext}"]
+
+    def delete(
+        self,
+        key: str,
+        *,
+        ext: str | None = None,
+        wait: float = 0.0,
+        remove_lock: bool = True,
+        check: Callable[[], bool] | None = None,
+    ) -> bool | None:
+        """Delete the entry ``key`` (metadata first, then its artifact) under its exclusive lock.
+
+        ``ext`` is the artifact's extension when the caller knows it (else the metadata says;
+        for a key without readable metadata every file of the key is removed). ``check`` is
+        called under the lock before anything is removed: if it returns False nothing is
+        removed. A caller re-validates there what it decided before taking the lock, so that a
+        writer or reader that got in between is never undone (no check-then-act).
+
+        Waits at most ``wait`` seconds for the key's lock and for readers of its artifact.
+        Returns True if something was deleted, False if nothing was there (or ``check``
+        refused), None if the entry is in use (then nothing is deleted).
+        """
+        check_key(key)
+        if self.readonly:
+            raise CacheError(errno.EROFS, f"kernelcache: {self.root} is a read-only root")
+        try:
+            held = self.lock(key, shared=False, timeout=wait)
+        except LockTimeout:
+            return None
+        deleted = False
+        keep_lock = False
+        try:
+            if check is not None and not check():
+                keep_lock = True  # the entry stays: so does its lock file
+                return False
+            try:
+                root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return False
+            try:
+                removed = remove_files(root_fd, self._files_of(key, ext), wait=wait)
+                if removed is None:
+                    return None
+                deleted = removed
+            finally:
+                os.close(root_fd)
+            self._memo.pop(key, None)
+        finally:
+            if held is not None:
+                held.release(remove=remove_lock and not keep_lock)
+        return deleted
