@@ -9,7 +9,8 @@ import os
 import sys
 from typing import Any
 
-from ..stats.counters import COUNTERS, TIER_COUNTERS, read_logs, read_summary
+from ..stats.counters import COUNTERS, TIER_COUNTERS
+from ..stats.summary import read_logs, read_summary
 from ..store.layout import replace_file
 from .common import Context, Subparsers, add_command, count_arg
 from .output import (
@@ -356,7 +357,7 @@ def register(subparsers: Subparsers) -> None:
 
 def cmd_zero(context: Context, out: Output) -> int:
     """``stats --zero``: remove the statistics logs of the root (see :func:`zero_logs`)."""
-    from ..stats.counters import zero_logs
+    from ..stats.summary import zero_logs
 
     root = context.existing_root()
     context.require_writable()

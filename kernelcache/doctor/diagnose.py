@@ -37,7 +37,7 @@ from ..config import (
 )
 from ..keys import META_EXT, split_entry_name
 from ..process import HOST
-from ..stats.counters import lock_waits
+from ..stats.summary import lock_waits
 from ..store.layout import LOCK_DIR, UNREADABLE_HINT, create_exclusive, readable, shared_directories
 from ..store.locks.liveness import pid_alive
 from ..store.locks.locker import Locker

@@ -50,7 +50,7 @@ from ..fsio import READ_FLAGS, changed_at
 from ..keys import META_EXT
 from ..problem import Problem
 from ..schema.document import parse_fields
-from ..stats.counters import fold_logs, foldable_logs
+from ..stats.summary import fold_logs, foldable_logs
 from ..store.entry import Artifact, not_whole
 from ..store.layout import (
     LOCK_DIR,

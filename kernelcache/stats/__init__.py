@@ -12,13 +12,10 @@ from __future__ import annotations
 from .counters import (
     COUNTERS,
     FLUSH_INTERVAL,
-    LOG_FOLD_AGE,
     LOG_VERSION,
     LOOKUP_CLASSES,
     MAX_DELTA,
-    MAX_LOG_BYTES,
     MAX_TIERS,
-    SUMMARY_NAME,
     TIER_COUNTERS,
     add_delta,
     add_tiers,
@@ -27,17 +24,24 @@ from .counters import (
     count_tier,
     enable_log,
     flush,
-    fold_logs,
-    foldable_logs,
-    lock_waits,
     log_name,
     lookup_counters,
     note_lock_wait,
     process_stats,
+    tier_stats,
+)
+from .logs import (
+    MAX_LOG_BYTES,
     read_log_file,
+)
+from .summary import (
+    LOG_FOLD_AGE,
+    SUMMARY_NAME,
+    fold_logs,
+    foldable_logs,
+    lock_waits,
     read_logs,
     read_summary,
-    tier_stats,
     zero_logs,
 )
 
