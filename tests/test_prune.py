@@ -17,7 +17,8 @@ from conftest import child_env, key_of
 from test_cli_support import backdate, dead_pid, hold_shared, kc, kc_json, put
 
 from kernelcache import stats
-from kernelcache.maintenance.prune import execute, plan_prune
+from kernelcache.maintenance.execute import execute
+from kernelcache.maintenance.prune import plan_prune
 from kernelcache.maintenance.scan import scan
 from kernelcache.stats import SUMMARY_NAME, fold_logs, foldable_logs
 from kernelcache.store import Store
@@ -435,10 +436,10 @@ def test_an_entry_used_between_the_check_and_the_delete_is_kept(aged, monkeypatc
 def test_many_deletes_keep_the_plans_order_and_skip_what_is_in_use(tmp_path, monkeypatch, waiting):
     """Deletes of a size or age limit run in threads where they wait on the file system:
     outcomes still follow the plan, and an entry a reader holds is still skipped."""
-    from kernelcache.maintenance import prune
+    from kernelcache.maintenance import execute as executing
 
-    monkeypatch.setattr(prune, "PROBE_DELETES", 4)
-    monkeypatch.setattr(prune, "_mostly_waiting", lambda wall, cpu: waiting)
+    monkeypatch.setattr(executing, "PROBE_DELETES", 4)
+    monkeypatch.setattr(executing, "_mostly_waiting", lambda wall, cpu: waiting)
     threads = set()
     real_delete = Store.delete
 
@@ -463,3 +464,10 @@ def test_many_deletes_keep_the_plans_order_and_skip_what_is_in_use(tmp_path, mon
     assert set(statuses.values()) == {"done"}
     assert [p.stem for p in root.glob("*.json")] == [held.key]
     assert ("kernelcache-prune" in threads) == waiting, threads
+
+
+def test_every_action_kind_has_one_function():
+    from kernelcache.maintenance.execute import ACTIONS
+    from kernelcache.maintenance.prune import ACTION_KINDS
+
+    assert set(ACTIONS) == set(ACTION_KINDS)

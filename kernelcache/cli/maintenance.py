@@ -141,7 +141,8 @@ def _plan_json(plan: Plan, result: Result | None) -> dict[str, Any]:
 
 
 def cmd_verify(args: argparse.Namespace, out: Output) -> int:
-    from ..maintenance.prune import execute, plan_repair
+    from ..maintenance.execute import execute
+    from ..maintenance.prune import plan_repair
     from ..maintenance.scan import scan_store, verify
 
     context: Context = args.context
@@ -216,7 +217,8 @@ _ACTION_WORDS = {
 
 
 def cmd_prune(args: argparse.Namespace, out: Output) -> int:
-    from ..maintenance.prune import execute, plan_prune, unmatched
+    from ..maintenance.execute import execute
+    from ..maintenance.prune import plan_prune, unmatched
     from ..maintenance.scan import scan_store
 
     context: Context = args.context
@@ -306,7 +308,8 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_clear(args: argparse.Namespace, out: Output) -> int:
-    from ..maintenance.prune import execute, plan_prune
+    from ..maintenance.execute import execute
+    from ..maintenance.prune import plan_prune
     from ..maintenance.scan import scan_store
 
     context: Context = args.context

@@ -547,7 +547,8 @@ class SizeCap:
         Raises:
             OSError: the usage file cannot be written.
         """
-        from .prune import execute, plan_prune
+        from .execute import execute
+        from .prune import plan_prune
         from .scan import CacheScan
 
         store = self.store

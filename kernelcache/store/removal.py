@@ -1,5 +1,7 @@
-"""The one place files of a root are removed: deleting an entry's files, quarantining them,
-and removing what maintenance finds stray (staging leftovers, old quarantine, lock files).
+"""The one place entries and maintenance remove files of a root: an entry's files (deleted or
+quarantined), orphan artifacts, old staging and quarantined files, and lock files no one holds.
+(A module that keeps a file of its own, such as the statistics logs or the scan index, replaces
+or removes only that file.)
 
 Invariants: a file is removed relative to the root's descriptor, never through a symlink; an
 artifact is removed only after its readers' shared flocks were excluded (a reader never loses
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -19,11 +22,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CacheError, LockTimeout
+from ..fsio import READ_FLAGS, changed_at
 from ..keys import META_EXT, check_key, split_entry_name
 from ..problem import Problem
 from ..process import warn_once
 from .entry import _META_SUFFIX, Artifact
-from .layout import QUARANTINE_DIR, open_subdir, write_new
+from .layout import LOCK_DIR, QUARANTINE_DIR, open_subdir, write_new
 from .locks.budget import WaitBudget
 from .locks.locker import Held
 from .locks.readers import exclude_readers
@@ -130,6 +134,71 @@ def names_of(root: str, key: str) -> list[str]:
         return []
     names.sort(key=lambda n: not n.endswith(_META_SUFFIX))
     return names
+
+
+def remove_root_file(root: str, name: str) -> None:
+    """Remove the file ``name`` at the top of ``root`` (an artifact no metadata claims; the
+    caller holds its key's exclusive lock)."""
+    os.unlink(os.path.join(root, name))
+
+
+def remove_aux_file(root: str, directory: str, name: str, mtime: float | None) -> bool | None:
+    """Remove ``name`` from the directory ``directory`` of ``root`` (``.tmp/`` or
+    ``.quarantine/``) if it is still the file last changed at ``mtime`` (None: any).
+
+    Returns True if it was removed, False if it is gone, None if it changed meanwhile (kept).
+    """
+    try:
+        dfd = open_subdir(root, directory, create=False)
+    except FileNotFoundError:
+        return False
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if mtime is not None and changed_at(st) != mtime:
+            return None
+        os.unlink(name, dir_fd=dfd)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(dfd)
+
+
+def remove_lock_file(root: str, filename: str) -> bool:
+    """Remove the lock file ``filename`` from ``root``'s ``.locks/`` (one no process can hold:
+    a leftover of a broken soft lock, or a flock file in soft mode). False: it is gone."""
+    dfd = open_subdir(root, LOCK_DIR, create=False)
+    try:
+        os.unlink(filename, dir_fd=dfd)
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(dfd)
+    return True
+
+
+def remove_unheld_lock(locks_dfd: int, name: str) -> None:
+    """Remove the flock file ``name`` from the lock directory ``locks_dfd`` unless a process
+    holds it.
+
+    Probed as the stale-lock check of a scan does: a non-blocking exclusive flock on the file
+    (holders hold it exclusively), and the file is unlinked only if its name still is that file
+    (a holder may have made a new one meanwhile; the locker of a holder that opened the unlinked
+    one notices and retries).
+    """
+    try:
+        fd = os.open(name, READ_FLAGS, dir_fd=locks_dfd)
+    except OSError:
+        return  # no such lock file (or not one to touch)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held, now = os.fstat(fd), os.stat(name, dir_fd=locks_dfd, follow_symlinks=False)
+        if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+            os.unlink(name, dir_fd=locks_dfd)
+    except OSError:
+        return  # held, or it went away: leave it
+    finally:
+        os.close(fd)  # (drops our flock)
 
 
 class Removal:
