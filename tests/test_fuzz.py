@@ -28,8 +28,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import kernelcache
-from kernelcache import bundle, scan, stats
+from kernelcache import bundle, stats
 from kernelcache.maintenance.index import INDEX_NAME
+from kernelcache.maintenance.scan import scan
+from kernelcache.maintenance.summary import summarize
 from kernelcache.problem import Problem
 from kernelcache.remote import decode_value, encode_value
 from kernelcache.stats import read_summary
@@ -141,9 +143,9 @@ def test_scan_index_is_a_cache_whatever_it_holds(populated, raw):
     index = populated / ".stats" / INDEX_NAME
     index.parent.mkdir(exist_ok=True)
     index.write_bytes(raw + b"\n" + raw)
-    found = scan.scan(str(populated), update_index=False)
+    found = scan(str(populated), update_index=False)
     assert sorted(e.key for e in found.entries) == [f"{i:02x}" * 32 for i in range(3)]
-    assert scan.summarize(str(populated)).entries == 3
+    assert summarize(str(populated)).entries == 3
 
 
 @FUZZ
@@ -186,7 +188,7 @@ def _real_bundle(compress: bool) -> bytes:
         store = Store(Path(tmp, "src"))
         for i in range(3):
             store.put(f"{i:02x}" * 32, "cubin", b"code %d " % i * 50, {"name": f"k{i}"})
-        entries = scan.scan(str(Path(tmp, "src"))).entries
+        entries = scan(str(Path(tmp, "src"))).entries
         path = Path(tmp, "b.tar.zst" if compress else "b.tar")
         bundle.export_bundle(str(Path(tmp, "src")), entries, str(path))
         return path.read_bytes()

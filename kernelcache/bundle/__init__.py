@@ -8,7 +8,16 @@ digest and (with a signing key) its signature.
 
 from __future__ import annotations
 
-from .importing import (
+from ..errors import BundleError
+from .checks import (
+    manifest_limit,
+)
+from .export import (
+    compatibility,
+    export_bundle,
+    resolve_compression,
+)
+from .format import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
     MANIFEST,
@@ -21,12 +30,8 @@ from .importing import (
     ExportResult,
     ImportResult,
     Progress,
-    compatibility,
-    export_bundle,
-    import_bundle,
-    manifest_limit,
-    resolve_compression,
 )
+from .importing import import_bundle
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -38,6 +43,7 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "MAX_MEMBER_BYTES",
     "MEMBER_DIR",
+    "BundleError",
     "ExportResult",
     "ImportResult",
     "Progress",

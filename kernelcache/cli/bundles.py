@@ -26,7 +26,7 @@ from .output import (
 )
 
 if TYPE_CHECKING:
-    from ..bundle.importing import ImportResult
+    from ..bundle.format import ImportResult
     from ..toolchains import Judge
 
 
@@ -118,7 +118,7 @@ def _export(
     upload: tuple[str, Callable[[], None]] | None,
 ) -> int:
     """Export to ``file``, then (``upload``: the URL shown, and how) copy it to a store."""
-    from ..bundle.importing import export_bundle
+    from ..bundle.export import export_bundle
     from ..errors import BundleError
     from ..maintenance.prune import select, unmatched
     from ..maintenance.scan import scan

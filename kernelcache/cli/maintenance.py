@@ -143,7 +143,7 @@ def _plan_json(plan: Plan, result: Result | None) -> dict[str, Any]:
 def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     from ..maintenance.execute import execute
     from ..maintenance.prune import plan_repair
-    from ..maintenance.scan import scan_store, verify
+    from ..maintenance.verify import scan_store, verify
 
     context: Context = args.context
     root = context.existing_root()
@@ -219,7 +219,7 @@ _ACTION_WORDS = {
 def cmd_prune(args: argparse.Namespace, out: Output) -> int:
     from ..maintenance.execute import execute
     from ..maintenance.prune import plan_prune, unmatched
-    from ..maintenance.scan import scan_store
+    from ..maintenance.verify import scan_store
 
     context: Context = args.context
     root = context.existing_root()
@@ -310,7 +310,7 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
 def cmd_clear(args: argparse.Namespace, out: Output) -> int:
     from ..maintenance.execute import execute
     from ..maintenance.prune import plan_prune
-    from ..maintenance.scan import scan_store
+    from ..maintenance.verify import scan_store
 
     context: Context = args.context
     root = context.existing_root()

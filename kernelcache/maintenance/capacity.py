@@ -549,7 +549,7 @@ class SizeCap:
         """
         from .execute import execute
         from .prune import plan_prune
-        from .scan import CacheScan
+        from .records import CacheScan
 
         store = self.store
         start = _usage_end(store.root)

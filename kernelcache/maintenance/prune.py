@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 from ..errors import InvalidValue
 from ..stats.summary import foldable_logs
 from ..table import EntryInfo, EntryTable, kernel_names
-from .scan import CacheScan, Issue
+from .records import CacheScan, Issue
 
 logger = logging.getLogger(__name__)
 

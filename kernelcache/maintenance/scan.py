@@ -2,14 +2,14 @@
 
 :func:`scan` lists a root once and describes every entry (:class:`EntryInfo`) from its
 metadata, without reading artifacts: it is what ``stats``, ``ls``, ``prune`` and ``export`` use.
-:func:`verify` additionally reads every artifact and checks its size, digest and structure
-(:mod:`kernelcache.formats`).
+:func:`~kernelcache.maintenance.verify.verify` additionally reads every artifact and checks
+its size, digest and structure (:mod:`kernelcache.formats`).
 
 What is found wrong lands in ``CacheScan.issues`` as :class:`Issue` records (kinds in
-:data:`ISSUE_KINDS`); nothing here modifies an entry. Deciding what to delete is
-:mod:`kernelcache.prune`'s job.
+:data:`~kernelcache.maintenance.records.ISSUE_KINDS`); nothing here modifies an entry. Deciding what to delete is
+:mod:`kernelcache.maintenance.prune`'s job.
 
-Speed: metadata already described by the scan index (:mod:`kernelcache.index`) is not read
+Speed: metadata already described by the scan index (:mod:`kernelcache.maintenance.index`) is not read
 again; the index is rewritten when a scan of a writable root finds it out of date. The index
 is a hint for listing (read only if the trust policy accepts it); sizes and last-used stamps
 of a scan with ``last_used`` come from the file system, and a prune re-reads what it selects
@@ -18,7 +18,7 @@ on from each entry under its lock.
 Guarantees across processes: a scan runs concurrently with writers, readers and pruners. An
 entry published or deleted during the scan may or may not be listed; a half-published entry
 (artifact without metadata) is reported as an orphan only once it is older than
-:data:`GRACE_SECONDS`, so a write in progress is never reported as a problem.
+:data:`~kernelcache.maintenance.records.GRACE_SECONDS`, so a write in progress is never reported as a problem.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property, partial
+from functools import partial
 from itertools import repeat
 from operator import add, itemgetter
 from typing import Any
@@ -39,7 +39,7 @@ from ..fsio import changed_at
 from ..keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
 from ..problem import Problem
 from ..schema.fields import KERNEL_NAME
-from ..store.entry import FUTURE_SLACK, Artifact
+from ..store.entry import FUTURE_SLACK
 from ..store.layout import (
     LOCK_DIR,
     QUARANTINE_DIR,
@@ -51,90 +51,15 @@ from ..store.layout import (
 )
 from ..store.locks.flock import flock_held, lock_name
 from ..store.locks.soft import read_soft_record, soft_lock_stale
-from ..store.root import Store
 from ..store.trust import TrustPolicy
 from ..table import COLUMNS, EntryInfo, EntryTable
 from .index import (
-    GROUPED,
-    capacity,
-    index_file,
     index_matches,
     listing_signature,
     load_index,
-    parse_header,
-    plausible_header,
     save_index,
 )
-
-#: files younger than this may belong to a write in progress: never reported or removed
-GRACE_SECONDS = 3600.0
-#: kind -> what it means
-ISSUE_KINDS: dict[str, str] = {
-    "corrupt": "an entry that must not be served: bad metadata, missing or wrong artifact",
-    "outdated": "an entry of an older format, or holding fields its digest does not cover that "
-    "this kernelcache requires covered: never served, rebuilt",
-    "orphan-artifact": "an artifact file without metadata (older than the grace period)",
-    "stale-temp": "a staging file in .tmp/ older than the grace period",
-    "stale-lock": "a lock file nobody holds, or a soft lock whose holder is gone",
-    "untrusted": "an entry written by a user the trust policy excludes; left alone",
-    "foreign": "a file the cache does not know; left alone",
-}
-
-Progress = Callable[[int], object]
-
-
-@dataclass(frozen=True)
-class Issue:
-    """Something wrong under a root. ``path`` is relative to the root."""
-
-    kind: str
-    path: str
-    detail: str
-    key: str | None = None
-    size: int = 0
-    mtime: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "path": self.path,
-            "key": self.key,
-            "detail": self.detail,
-            "size": self.size,
-        }
-
-
-@dataclass(frozen=True)
-class AuxFile:
-    """A file in one of the root's housekeeping directories (``.tmp``, ``.quarantine``, ...)."""
-
-    path: str  # relative to the root
-    size: int
-    mtime: float
-
-
-@dataclass(frozen=True)
-class CacheScan:
-    """The result of :func:`scan`: immutable; problems collected in ``issues``.
-
-    ``table`` holds the entries by column; ``entries`` gives them as :class:`EntryInfo` rows.
-    """
-
-    root: str
-    exists: bool
-    table: EntryTable
-    issues: tuple[Issue, ...]
-    temp: tuple[AuxFile, ...] = ()
-    quarantine: tuple[AuxFile, ...] = ()
-    scanned_at: float = 0.0
-
-    @cached_property
-    def entries(self) -> tuple[EntryInfo, ...]:
-        return tuple(self.table.rows())
-
-    @property
-    def nbytes(self) -> int:
-        return self.table.nbytes
+from .records import GRACE_SECONDS, AuxFile, CacheScan, Issue, Progress
 
 
 # -- listing ------------------------------------------------------------------------------
@@ -539,122 +464,3 @@ def _lstat(dfd: int, name: str) -> os.stat_result | None:
         return os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except OSError:
         return None
-
-
-# -- summary ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CacheSummary:
-    """Totals of a root, as ``stats`` shows them. ``groups`` maps ``ext``, ``target`` and
-    ``kernel`` to ``{value: (entries, bytes)}``, largest first; ``problems`` counts what a
-    quick scan finds wrong."""
-
-    root: str
-    exists: bool
-    entries: int
-    artifact_bytes: int
-    metadata_bytes: int
-    groups: dict[str, dict[str | None, tuple[int, int]]]
-    problems: int
-    temp: tuple[AuxFile, ...] = ()
-    quarantine: tuple[AuxFile, ...] = ()
-
-
-def summarize(
-    root: str | os.PathLike[str], *, now: float | None = None, trust: str = "group"
-) -> CacheSummary:
-    """Totals and groups of the entries of ``root``, from the scan index's first line when the
-    root's listing is exactly the one the index was made from (and the index is accepted by
-    the trust policy ``trust`` and plausible), else from a :func:`scan`."""
-    root = os.fspath(root)
-    now = time.time() if now is None else now
-    try:
-        pairs = _read_dir(root)
-    except OSError:
-        pairs = []
-    if pairs is None:
-        return CacheSummary(root, False, 0, 0, 0, {c: {} for c in GROUPED}, 0)
-    policy = TrustPolicy(root, trust)
-    raw = index_file(root, header_only=True, trust=policy)
-    head = parse_header(raw) if raw else None
-    if (
-        head is not None
-        and head["listing"] == listing_signature(pairs)
-        and plausible_header(head, len(pairs), capacity(root))
-    ):
-        temp = _aux_files(root, TMP_DIR)
-        totals = head["totals"]
-        return CacheSummary(
-            root,
-            True,
-            totals["entries"],
-            totals["size"],
-            totals["meta_size"],
-            {c: {v: (n, b) for v, n, b in head["groups"][c]} for c in GROUPED},
-            sum(1 for f in temp if now - f.mtime > GRACE_SECONDS),
-            temp,
-            _aux_files(root, QUARANTINE_DIR),
-        )
-    scanned = _scan(root, pairs, False, False, True, 300.0, None, now, policy)
-    table = scanned.table
-    return CacheSummary(
-        root,
-        scanned.exists,
-        len(table),
-        sum(table.size),
-        sum(table.meta_size),
-        {c: table.group(c) for c in GROUPED},
-        len(scanned.issues),
-        scanned.temp,
-        scanned.quarantine,
-    )
-
-
-# -- verification -------------------------------------------------------------------------
-def scan_store(store: Store) -> CacheScan:
-    """The scan ``verify`` and ``prune`` work from: with last-used stamps and lock files, under
-    the store's soft-lock staleness and trust policy."""
-    return scan(
-        store.root,
-        last_used=True,
-        locks=True,
-        lock_stale=store.locker.stale_after,
-        trust=store.trust,
-    )
-
-
-def verify(
-    store: Store, base: CacheScan | None = None, *, progress: Progress | None = None
-) -> CacheScan:
-    """A scan of ``store``'s root whose entries were each read and checked (size, digest,
-    metadata, the structure of the artifact's format, and the store's trust policy).
-
-    Returns a new :class:`CacheScan`: entries that failed are moved from ``entries`` to
-    ``issues`` (kind ``corrupt``, or ``untrusted`` for an entry the trust policy refuses).
-    Reading leaves no trace (:meth:`Store.inspect`): no last-used stamp is touched.
-    """
-    if base is None:
-        base = scan_store(store)
-    good: list[EntryInfo] = []
-    issues = list(base.issues)
-    for count, entry in enumerate(base.entries, 1):
-        result = store.inspect(entry.key, whole=True)
-        if progress is not None and count % 64 == 0:
-            progress(64)
-        if isinstance(result, Artifact):
-            good.append(entry)
-        elif result is not None:  # None: deleted since the listing
-            kind = "untrusted" if result.untrusted else "outdated" if result.outdated else "corrupt"
-            issues.append(
-                Issue(kind, f"{entry.key}.{META_EXT}", result.reason, entry.key, entry.nbytes)
-            )
-    if progress is not None and len(base.entries) % 64:
-        progress(len(base.entries) % 64)
-    return CacheScan(
-        base.root,
-        base.exists,
-        EntryTable.from_rows(good),
-        tuple(issues),
-        base.temp,
-        base.quarantine,
-        base.scanned_at,
-    )

@@ -1,0 +1,64 @@
+"""``kernelcache verify``: a scan that also reads every artifact and checks its size, digest and
+structure (:mod:`kernelcache.formats`). Nothing here modifies an entry: repairs are planned
+by :func:`kernelcache.maintenance.prune.plan_repair`.
+"""
+
+from __future__ import annotations
+
+from ..keys import META_EXT
+from ..store.entry import Artifact
+from ..store.root import Store
+from ..table import EntryInfo, EntryTable
+from .records import CacheScan, Issue, Progress
+from .scan import scan
+
+
+# -- verification -------------------------------------------------------------------------
+def scan_store(store: Store) -> CacheScan:
+    """The scan ``verify`` and ``prune`` work from: with last-used stamps and lock files, under
+    the store's soft-lock staleness and trust policy."""
+    return scan(
+        store.root,
+        last_used=True,
+        locks=True,
+        lock_stale=store.locker.stale_after,
+        trust=store.trust,
+    )
+
+
+def verify(
+    store: Store, base: CacheScan | None = None, *, progress: Progress | None = None
+) -> CacheScan:
+    """A scan of ``store``'s root whose entries were each read and checked (size, digest,
+    metadata, the structure of the artifact's format, and the store's trust policy).
+
+    Returns a new :class:`CacheScan`: entries that failed are moved from ``entries`` to
+    ``issues`` (kind ``corrupt``, or ``untrusted`` for an entry the trust policy refuses).
+    Reading leaves no trace (:meth:`Store.inspect`): no last-used stamp is touched.
+    """
+    if base is None:
+        base = scan_store(store)
+    good: list[EntryInfo] = []
+    issues = list(base.issues)
+    for count, entry in enumerate(base.entries, 1):
+        result = store.inspect(entry.key, whole=True)
+        if progress is not None and count % 64 == 0:
+            progress(64)
+        if isinstance(result, Artifact):
+            good.append(entry)
+        elif result is not None:  # None: deleted since the listing
+            kind = "untrusted" if result.untrusted else "outdated" if result.outdated else "corrupt"
+            issues.append(
+                Issue(kind, f"{entry.key}.{META_EXT}", result.reason, entry.key, entry.nbytes)
+            )
+    if progress is not None and len(base.entries) % 64:
+        progress(len(base.entries) % 64)
+    return CacheScan(
+        base.root,
+        base.exists,
+        EntryTable.from_rows(good),
+        tuple(issues),
+        base.temp,
+        base.quarantine,
+        base.scanned_at,
+    )
