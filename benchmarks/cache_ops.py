@@ -68,7 +68,7 @@ from common import REPO, export
 
 import kernelcache
 from kernelcache import units
-from kernelcache.maintenance.capacity import entries_of
+from kernelcache.maintenance.usage import entries_of
 
 SIZES = {"4KiB": 4 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20}
 KEYS = 64

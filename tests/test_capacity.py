@@ -20,7 +20,7 @@ from test_cli_support import files_under, kc, kc_json, put
 
 import kernelcache
 from kernelcache.errors import ConfigError
-from kernelcache.maintenance.capacity import PASS_LOCK, entries_of
+from kernelcache.maintenance.usage import PASS_LOCK, entries_of
 from kernelcache.store.locks import Locker
 
 #: the extension of the artifacts these tests store: one without a structural check (what they
@@ -240,12 +240,12 @@ def test_short_processes_wait_at_exit_for_their_pass(tmp_path):
 
 HELPED = """
 import hashlib, os, sys, kernelcache
-import kernelcache.maintenance.capacity as capacity
+import kernelcache.maintenance.helper as helpers
 how = sys.argv[1]
 if how == "no-helpers":
     sys.executable = ""  # nothing to start a helper with
 if how == "failing-helper":
-    capacity.HELPER_CODE = "import sys; sys.stderr.write('cannot start here'); sys.exit(3)"
+    helpers.HELPER_CODE = "import sys; sys.stderr.write('cannot start here'); sys.exit(3)"
 cache = kernelcache.Cache(max_size="60K")
 def put(i):
     key = hashlib.sha256(f"{how}-{i}".encode()).hexdigest()
@@ -256,7 +256,7 @@ cache.capacity.wait()
 put(10)  # (where the helper failed, this pass runs in a thread)
 cache.capacity.wait()
 helper = cache.capacity._helper
-print(repr(capacity._no_helpers_since))
+print(repr(helpers.no_helpers_since))
 print(helper.proc.pid if helper and helper.alive else -1, cache.capacity.passes, flush=True)
 if how == "killed":
     os._exit(0)  # no exit handlers: the helper sees its input close
