@@ -8,24 +8,26 @@ root.
 
 from __future__ import annotations
 
-from .diagnose import (
+from .checks import (
     LOW_FREE_BYTES,
     LOW_FREE_FRACTION,
     MIN_FILELOCK,
     NETWORK_FILESYSTEMS,
     PACKAGES,
     SHOWN_LOCK_WAITS,
-    Check,
-    Contribution,
-    Report,
-    diagnose,
     filelock_check,
     filesystem,
     readonly_checks,
-    register_report,
     remote_checks,
     setting_checks,
     versions,
+)
+from .diagnose import diagnose
+from .report import (
+    Check,
+    Contribution,
+    Report,
+    register_report,
 )
 
 __all__ = [
