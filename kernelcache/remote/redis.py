@@ -27,13 +27,9 @@ Invariants (docs/remote.md says more):
 
 from __future__ import annotations
 
-import bisect
-import errno
-import hashlib
 import math
 import os
 import random
-import socket
 import threading
 import time
 import uuid
@@ -41,109 +37,26 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ..errors import ConfigError, RemoteError, RemoteTimeout
+from ..errors import ConfigError
 from ..process import HOST
 from .base import TierBase, logger, no_release
+from .redis_bounds import _bounded, _Budget
+from .redis_scripts import (
+    _ACQUIRED,
+    _BROKEN,
+    _READY,
+    _REPLY_LIMIT,
+    _SCRIPTS,
+    _SHAS,
+    UNSERVED,
+    _ms,
+    _serving,
+    _slot_ranges,
+    holder_of,
+)
 from .tier import Busy, Claim
 from .url import cluster_nodes, parse_url, redact, scrub, secrets_of
 
-# -- scripts ----------------------------------------------------------------------------------
-# They run atomically in Redis. In the lock scripts KEYS[1] is the lock, KEYS[2] the entry. A
-# lock's value is "<its lease in ms>:<host>:<pid>:<token>", set (and renewed) with that expiry,
-# so that the time since it was last set is that lease minus its PTTL.
-_GET = """
-local n = redis.call('strlen', KEYS[1])
-if n > tonumber(ARGV[1]) then return n end
-return redis.call('get', KEYS[1])
-"""
-_ACQUIRE = """
-if redis.call('exists', KEYS[2]) == 1 then return {2, ''} end
-local lease = tonumber(ARGV[2])
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', lease) then return {1, ''} end
-local left = redis.call('pttl', KEYS[1])
-local held = redis.pcall('get', KEYS[1])
-if type(held) ~= 'string' then held = '' end
-local set_ttl = tonumber(string.match(held, '^(%d+):'))
-local longest = tonumber(ARGV[3])
-local stale = left == -1
-if not stale and left > 0 then
-  if set_ttl then stale = set_ttl - left > longest else stale = left > longest end
-end
-if stale then
-  redis.call('set', KEYS[1], ARGV[1], 'PX', lease)
-  return {3, held}
-end
-return {0, held}
-"""
-_RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-return 0
-"""
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
-_SCRIPTS = {"get": _GET, "acquire": _ACQUIRE, "renew": _RENEW, "release": _RELEASE}
-_SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in _SCRIPTS.items()}
-_ACQUIRED, _READY, _BROKEN = 1, 2, 3
-#: the most bytes a reply other than a value may take (a cluster's slot map, a lock state)
-_REPLY_LIMIT = 4 << 20
-#: the last hash slot of a Redis Cluster
-_MAX_SLOT = 16383
-#: the shard of the hash slots a cluster's slot map gives no primary (it may leave out a failed
-#: one): skipped as one shard
-UNSERVED = "(slots without a primary)"
-
-
-def _serving(slots: list[tuple[int, int, str]], name: str) -> str:
-    """The primary ("host:port") that serves the slot of the Redis key ``name``, or
-    :data:`UNSERVED`."""
-    from redis.crc import key_slot
-
-    slot = key_slot(name.encode())
-    at = bisect.bisect_right(slots, (slot, _MAX_SLOT + 1, "")) - 1
-    if at < 0 or not slots[at][0] <= slot <= slots[at][1]:
-        return UNSERVED
-    return slots[at][2]
-
-
-def _slot_ranges(reply: Any, asked: str) -> list[tuple[int, int, str]]:
-    """``(first slot, last slot, "host:port" of its primary)`` of a ``CLUSTER SLOTS`` reply,
-    sorted (a primary announced without a host is the node ``asked``).
-
-    Raises:
-        ValueError: the reply is not a slot map.
-    """
-    ranges = []
-    try:
-        for row in reply:
-            first, last, primary = int(row[0]), int(row[1]), row[2]
-            host = primary[0].decode() if isinstance(primary[0], bytes) else str(primary[0])
-            host = host or asked
-            host = f"[{host}]" if ":" in host and not host.startswith("[") else host
-            ranges.append((first, last, f"{host}:{int(primary[1])}"))
-    except (TypeError, IndexError, ValueError, UnicodeDecodeError) as e:
-        raise RemoteError(f"CLUSTER SLOTS gave no slot map ({e!r})") from None
-    if not ranges:
-        raise RemoteError("CLUSTER SLOTS gave an empty slot map")
-    return sorted(ranges)
-
-
-def _ms(seconds: float) -> str:
-    return str(max(1, math.ceil(seconds * 1000)))
-
-
-def holder_of(value: bytes | str) -> str:
-    """Who holds a lock, from its value ("<ms>:<host>:<pid>:<token>"): "host pid N", or
-    "unknown" (another client's format)."""
-    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-    parts = text.split(":")
-    if len(parts) >= 4 and parts[-2].isdigit():
-        return f"{':'.join(parts[1:-2])[:200]} pid {parts[-2]}"
-    return "unknown"
-
-
-#: the most keys ``kernelcache stats --remote`` scans in one namespace
 USAGE_SCAN_LIMIT = 100_000
 
 
@@ -153,90 +66,6 @@ def _strlens(client: Any, names: list[bytes]) -> list[int]:
     for name in names:
         pipe.strlen(name)
     return list(pipe.execute())
-
-
-# -- a bound on every call, whatever the server does --------------------------------------------
-class _Budget(threading.local):
-    """What the current call of this thread may still spend: a deadline and reply bytes."""
-
-    deadline: float | None = None
-    left: int | None = None
-    overrun = False
-
-
-class _BoundedSocket:
-    """A connected socket whose every read and write waits at most until the call's deadline
-    and whose reads stop past the call's byte budget (redis-py's own timeout is per read)."""
-
-    def __init__(self, sock: Any, budget: _Budget) -> None:
-        self._sock = sock
-        self._budget = budget
-        self._timeout = sock.gettimeout()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sock, name)
-
-    def settimeout(self, value: float | None) -> None:
-        self._timeout = value
-        self._sock.settimeout(value)
-
-    def gettimeout(self) -> float | None:
-        return self._timeout
-
-    def _arm(self) -> None:
-        deadline = self._budget.deadline
-        if deadline is None:
-            return
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise RemoteTimeout("the call's deadline passed")
-        self._sock.settimeout(left if self._timeout is None else min(left, self._timeout))
-
-    def _spend(self, n: int, flags: int) -> None:
-        budget = self._budget
-        if budget.left is None or flags & socket.MSG_PEEK:
-            return
-        budget.left -= n
-        if budget.left < 0:
-            budget.overrun = True
-            raise RemoteError(errno.EMSGSIZE, "the reply is larger than max_size")
-
-    def recv(self, size: int, flags: int = 0) -> bytes:
-        self._arm()
-        data = self._sock.recv(size, flags)
-        self._spend(len(data), flags)
-        return data
-
-    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-        self._arm()
-        n = self._sock.recv_into(buffer, nbytes, flags)
-        self._spend(n, flags)
-        return n
-
-    def sendall(self, data: Any, flags: int = 0) -> None:
-        self._arm()
-        self._sock.sendall(data, flags)
-
-    def send(self, data: Any, flags: int = 0) -> int:
-        self._arm()
-        return self._sock.send(data, flags)
-
-
-def _bounded(base: Any, budget: _Budget, **baked: Any) -> type:
-    """A subclass of the redis-py connection class ``base`` whose sockets obey ``budget``
-    (``baked``: constructor arguments it always gets, e.g. TLS settings on a cluster)."""
-
-    def __init__(self: Any, **kwargs: Any) -> None:
-        base.__init__(self, **{**baked, **kwargs})
-
-    def _connect(self: Any) -> _BoundedSocket:
-        started = time.monotonic()
-        sock = base._connect(self)
-        if budget.deadline is not None:  # connecting is bounded by connect_timeout
-            budget.deadline += time.monotonic() - started
-        return _BoundedSocket(sock, budget)
-
-    return type(f"Bounded{base.__name__}", (base,), {"__init__": __init__, "_connect": _connect})
 
 
 class RedisTier(TierBase):

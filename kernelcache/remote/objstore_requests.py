@@ -1,0 +1,177 @@
+"""Requests to an object store through obstore, each bounded: making the store of a URL, reading
+an object no larger than ``max_size`` within ``timeout`` (from its length before its body, in
+chunks that stop at ``max_size``), lock objects and their versions, conditional deletes.
+obstore is imported when a store is made; a process forked after obstore's runtime started
+makes no requests (they would hang).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+from ..errors import (
+    ConfigError,
+    RemoteTimeout,
+)
+from .objstore_url import ObjectURL
+
+#: the most bytes of a lock object read (its holder record is far smaller)
+_LOCK_RECORD_MAX = 4096
+#: an object's version as its store tells it: (e_tag, version), either possibly None
+Version = tuple[Any, Any]
+
+
+def make_store(where: ObjectURL, prefix: str, *, shown: str) -> Any:
+    """The obstore store of a bucket, its paths under ``prefix`` (the prefix goes into
+    requests as it is; a path's own ``/`` are encoded, which some emulators do not read)."""
+
+    try:
+        from obstore.store import GCSStore, S3Store
+    except ImportError:
+        raise ConfigError(
+            f"the remote tier {shown!r} needs obstore: pip install 'kernelcache[s3]'"
+        ) from None
+    client: dict[str, Any] = {
+        "timeout": f"{round(where.timeout * 1000)}ms",
+        "connect_timeout": f"{round(where.connect_timeout * 1000)}ms",
+    }
+    if where.endpoint is not None and where.endpoint.startswith("http://"):
+        client["allow_http"] = True
+    config: dict[str, Any] = {}
+    if where.endpoint is not None:
+        config["endpoint" if where.scheme == "s3" else "base_url"] = where.endpoint
+    if where.region is not None:
+        config["region"] = where.region
+    retry = {"max_retries": 0, "retry_timeout": timedelta(seconds=where.timeout)}
+    cls: Any = S3Store if where.scheme == "s3" else GCSStore
+    try:
+        return cls(
+            where.bucket, prefix=prefix or None, client_options=client, retry_config=retry, **config
+        )
+    except Exception as e:  # obstore's configuration errors
+        raise ConfigError(f"remote URL {shown!r}: {e}") from None
+
+
+#: the process whose requests started obstore's runtime (one per process, made at the first
+#: request); a process forked from it after that cannot make requests: they would hang
+_runtime_pid: int | None = None
+
+
+def _runtime_here() -> bool:
+    """Whether obstore can make requests in this process (and notes that it will)."""
+    global _runtime_pid
+    if _runtime_pid is None:
+        _runtime_pid = os.getpid()
+    return _runtime_pid == os.getpid()
+
+
+#: the calls that write (a refusal of one is a bucket that refuses writes, not a down one)
+
+
+def _version_of(meta: Any) -> Version:
+    return (meta.get("e_tag"), meta.get("version"))
+
+
+def _update_mode(version: Version) -> dict[str, str]:
+    """obstore's put mode that writes only over ``version`` (S3: If-Match on the e_tag; GCS:
+    the generation)."""
+    e_tag, generation = version
+    mode = {"e_tag": e_tag} if e_tag is not None else {}
+    if generation is not None:
+        mode["version"] = generation
+    return mode
+
+
+def _read_lock(store: Any, path: str) -> tuple[Version, bytes] | None:
+    """The version and record of the lock object ``path`` (a record larger than a holder's is
+    not read: empty), or None if there is none."""
+    import obstore
+
+    try:
+        result = obstore.get(store, path)
+    except FileNotFoundError:
+        return None
+    if result.meta["size"] > _LOCK_RECORD_MAX:
+        return _version_of(result.meta), b""
+    return _version_of(result.meta), bytes(result.bytes())
+
+
+def _exists(store: Any, path: str) -> bool:
+    import obstore
+
+    try:
+        obstore.head(store, path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _delete_if(store: Any, path: str, version: Version) -> bool:
+    """Delete ``path`` if it is still at ``version``; whether it was (a writer between the
+    check and the delete loses its lock: the next waiter builds again, which is harmless)."""
+    import obstore
+
+    try:
+        if _version_of(obstore.head(store, path)) != version:
+            return False
+    except FileNotFoundError:
+        return False
+    obstore.delete(store, path)
+    return True
+
+
+def _holder(record: bytes) -> str:
+    """Who holds a lock, from its record, or "unknown"."""
+    try:
+        holder = json.loads(record).get("holder")
+    except (ValueError, AttributeError):
+        return "unknown"
+    return holder[:200] if isinstance(holder, str) else "unknown"
+
+
+def _declared_lease(record: bytes) -> float:
+    """The lease a lock's record declares, in seconds (0 when it declares none)."""
+    try:
+        lease = json.loads(record).get("lease")
+    except (ValueError, AttributeError):
+        return 0.0
+    return float(lease) if isinstance(lease, (int, float)) and lease > 0 else 0.0
+
+
+def read_object(store: Any, path: str, max_size: int, timeout: float) -> bytes | int | None:
+    """The bytes of the object at ``path``, its size when it is larger than ``max_size`` (the
+    body is then not read), or None if there is none. The body is read in chunks and refused
+    past ``max_size`` whatever the length announced; the whole read takes at most ``timeout``
+    (the client's own bound) and is checked against it here too.
+
+    Raises:
+        TimeoutError: the read took longer than ``timeout``.
+        Exception: what obstore raises for a failure of the store.
+    """
+    import obstore
+
+    started = time.monotonic()
+    try:
+        result = obstore.get(store, path)
+    except FileNotFoundError:
+        return None
+    size = result.meta["size"]
+    if size > max_size:
+        return int(size)
+    chunks, got = [], 0
+    for chunk in result.stream(min_chunk_size=1 << 20):
+        got += len(chunk)
+        if got > max_size:
+            return got
+        if time.monotonic() - started > timeout:
+            raise RemoteTimeout(f"reading {path} took more than {timeout:g}s")
+        chunks.append(bytes(chunk))
+    return b"".join(chunks)
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:300]

@@ -1,0 +1,98 @@
+"""A bound on every call to a Redis server, whatever the server does: a socket that spends one
+deadline and one reply budget per call (:class:`_Budget`), so a slow or hostile server can
+neither stall a caller past ``timeout`` nor send a reply larger than ``max_size``.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+import time
+from typing import Any
+
+from ..errors import RemoteError, RemoteTimeout
+
+
+# -- a bound on every call, whatever the server does --------------------------------------------
+class _Budget(threading.local):
+    """What the current call of this thread may still spend: a deadline and reply bytes."""
+
+    deadline: float | None = None
+    left: int | None = None
+    overrun = False
+
+
+class _BoundedSocket:
+    """A connected socket whose every read and write waits at most until the call's deadline
+    and whose reads stop past the call's byte budget (redis-py's own timeout is per read)."""
+
+    def __init__(self, sock: Any, budget: _Budget) -> None:
+        self._sock = sock
+        self._budget = budget
+        self._timeout = sock.gettimeout()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+    def settimeout(self, value: float | None) -> None:
+        self._timeout = value
+        self._sock.settimeout(value)
+
+    def gettimeout(self) -> float | None:
+        return self._timeout
+
+    def _arm(self) -> None:
+        deadline = self._budget.deadline
+        if deadline is None:
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RemoteTimeout("the call's deadline passed")
+        self._sock.settimeout(left if self._timeout is None else min(left, self._timeout))
+
+    def _spend(self, n: int, flags: int) -> None:
+        budget = self._budget
+        if budget.left is None or flags & socket.MSG_PEEK:
+            return
+        budget.left -= n
+        if budget.left < 0:
+            budget.overrun = True
+            raise RemoteError(errno.EMSGSIZE, "the reply is larger than max_size")
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        self._arm()
+        data = self._sock.recv(size, flags)
+        self._spend(len(data), flags)
+        return data
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        self._arm()
+        n = self._sock.recv_into(buffer, nbytes, flags)
+        self._spend(n, flags)
+        return n
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        self._arm()
+        self._sock.sendall(data, flags)
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        self._arm()
+        return self._sock.send(data, flags)
+
+
+def _bounded(base: Any, budget: _Budget, **baked: Any) -> type:
+    """A subclass of the redis-py connection class ``base`` whose sockets obey ``budget``
+    (``baked``: constructor arguments it always gets, e.g. TLS settings on a cluster)."""
+
+    def __init__(self: Any, **kwargs: Any) -> None:
+        base.__init__(self, **{**baked, **kwargs})
+
+    def _connect(self: Any) -> _BoundedSocket:
+        started = time.monotonic()
+        sock = base._connect(self)
+        if budget.deadline is not None:  # connecting is bounded by connect_timeout
+            budget.deadline += time.monotonic() - started
+        return _BoundedSocket(sock, budget)
+
+    return type(f"Bounded{base.__name__}", (base,), {"__init__": __init__, "_connect": _connect})
