@@ -20,7 +20,7 @@ import difflib
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -79,7 +79,7 @@ def _key(raw: str) -> bytes:
     return raw.strip().encode()
 
 
-def check_key(key: bytes, where: str) -> bytes:
+def check_signing_key(key: bytes, where: str) -> bytes:
     """``key`` if it is long enough to sign with.
 
     Raises:
@@ -113,7 +113,7 @@ def read_key_file(path: Path) -> bytes:
         raise ConfigError(f"{where}: not a regular file") from None
     except OSError as e:
         raise ConfigError(f"{where}: cannot read it: {e.strerror}") from None
-    return check_key(raw.strip(), where)
+    return check_signing_key(raw.strip(), where)
 
 
 @dataclass(frozen=True)
@@ -131,108 +131,115 @@ class Variable:
     required_if_set: bool = False
 
 
-VARIABLES: tuple[Variable, ...] = (
-    Variable(
+def setting(
+    name: str,
+    parse: Callable[[str], Any],
+    default: Any,
+    shown_default: str,
+    meaning: str,
+    *,
+    secret: bool = False,
+    required_if_set: bool = False,
+) -> Any:
+    """A field of :class:`Settings` declared with its variable: the one place a setting's name,
+    parser, default and meaning are written."""
+    var = Variable(name, "", parse, default, shown_default, meaning, secret, required_if_set)
+    return field(default=default, repr=not secret, metadata={"variable": var})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A snapshot of the environment, parsed and validated: one field per variable, each
+    declared with :func:`setting`."""
+
+    root: Path | None = setting(
         "KERNELCACHE_DIR",
-        "root",
         path,
         None,
         "platformdirs user cache dir for 'kernelcache'",
         "writable cache root",
-    ),
-    Variable(
+    )
+    readonly_roots: tuple[Path, ...] = setting(
         "KERNELCACHE_READONLY_DIRS",
-        "readonly_roots",
         _paths,
         (),
         "(none)",
         "read-only roots searched after the writable root, separated by ':'",
-    ),
-    Variable(
+    )
+    remote: str | None = setting(
         "KERNELCACHE_REMOTE",
-        "remote",
         _stripped,  # checked by kernelcache.remote.check_url when opened (and by doctor)
         None,
         "(none)",
         "remote tier URLs, tried in order, separated by whitespace, e.g. redis://host:6379/0 s3://bucket/kc",
-    ),
-    Variable(
+    )
+    max_size: int = setting(
         "KERNELCACHE_MAX_SIZE",
-        "max_size",
         _cap,
         0,
         "0",
         "size cap of the writable root, e.g. 50G: least recently used entries are evicted "
         "past it (0: no cap)",
-    ),
-    Variable(
+    )
+    lock_timeout: float = setting(
         "KERNELCACHE_LOCK_TIMEOUT",
-        "lock_timeout",
         units.parse_duration,
         120.0,
         "120",
         "seconds to wait for a per-key lock before going private",
-    ),
-    Variable(
+    )
+    lock_mode: str = setting(
         "KERNELCACHE_LOCK_MODE",
-        "lock_mode",
         choice("auto", "flock", "soft"),
         "auto",
         "auto",
         "auto, flock or soft (O_EXCL lock files for NFS)",
-    ),
-    Variable(
+    )
+    lock_stale: float = setting(
         "KERNELCACHE_LOCK_STALE",
-        "lock_stale",
         units.parse_duration,
         300.0,
         "300",
         "seconds after which another host's soft lock is stale",
-    ),
-    Variable(
+    )
+    disable: bool = setting(
         "KERNELCACHE_DISABLE",
-        "disable",
         units.parse_bool,
         False,
         "0",
         "1: bypass the cache entirely (compile in memory)",
-    ),
-    Variable(
+    )
+    stats_log: bool = setting(
         "KERNELCACHE_STATS_LOG",
-        "stats_log",
         units.parse_bool,
         True,
         "1",
         "0: do not append per-process stats logs under the root",
-    ),
-    Variable(
+    )
+    progress_interval: float = setting(
         "KERNELCACHE_PROGRESS_INTERVAL",
-        "progress_interval",
         units.parse_duration,
         10.0,
         "10",
         "seconds between two plain progress lines of long commands off a terminal (0: one per step)",
-    ),
-    Variable(
+    )
+    trust: str = setting(
         "KERNELCACHE_TRUST",
-        "trust",
         choice("group", "owner", "any"),
         "group",
         "group",
         "whose artifacts are served: group (owner, root, root dir's owner and group), owner, any",
-    ),
-    Variable(
+    )
+    remote_overwrite: bool = setting(
         "KERNELCACHE_REMOTE_OVERWRITE",
-        "remote_overwrite",
         units.parse_bool,
         False,
         "0",
         "1: a job replaces remote values it cannot verify (another signing key, unsigned) when "
         "it rebuilds them; 0: leaves them for the jobs that can",
-    ),
-    Variable(
+    )
+    signing_key: bytes | None = setting(
         "KERNELCACHE_SIGNING_KEY",
-        "signing_key",
         _key,
         None,
         "(none)",
@@ -240,37 +247,15 @@ VARIABLES: tuple[Variable, ...] = (
         "unsigned ones",
         secret=True,
         required_if_set=True,
-    ),
-    Variable(
+    )
+    signing_key_file: Path | None = setting(
         "KERNELCACHE_SIGNING_KEY_FILE",
-        "signing_key_file",
         path,
         None,
         "(none)",
         "read the signing key from this file instead (not readable by every user)",
         required_if_set=True,
-    ),
-)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """A snapshot of the environment, parsed and validated (defaults as in :data:`VARIABLES`)."""
-
-    root: Path | None = None
-    readonly_roots: tuple[Path, ...] = ()
-    remote: str | None = None
-    max_size: int = 0
-    lock_timeout: float = 120.0
-    lock_mode: str = "auto"
-    lock_stale: float = 300.0
-    disable: bool = False
-    stats_log: bool = True
-    progress_interval: float = 10.0
-    trust: str = "group"
-    remote_overwrite: bool = False
-    signing_key: bytes | None = field(default=None, repr=False)
-    signing_key_file: Path | None = None
+    )
 
     def signing_secret(self) -> bytes | None:
         """The key that signs and authenticates Redis values and bundles, or None.
@@ -286,8 +271,16 @@ class Settings:
         if self.signing_key_file is not None:
             return read_key_file(self.signing_key_file)
         if self.signing_key is not None:
-            return check_key(self.signing_key, "KERNELCACHE_SIGNING_KEY")
+            return check_signing_key(self.signing_key, "KERNELCACHE_SIGNING_KEY")
         return None
+
+
+#: kernelcache's own variables, in the order :class:`Settings` declares them
+VARIABLES: tuple[Variable, ...] = tuple(
+    replace(f.metadata["variable"], field=f.name) for f in fields(Settings)
+)
+#: every setting at its default (what a function's default argument takes)
+DEFAULTS = Settings()
 
 
 def parse_variable(var: Variable, environ: Mapping[str, str] | None = None) -> Any:
@@ -404,6 +397,3 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> list[tuple[st
         near = difflib.get_close_matches(name[len(PREFIX) :], list(known), n=1, cutoff=0.6)
         found.append((name, known[near[0]] if near else None))
     return found
-
-
-assert {v.field for v in VARIABLES} == {f.name for f in fields(Settings)}, "one variable per field"

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from .._version import __version__
+from ..config import DEFAULTS
 from ..errors import BundleError
 from ..schema.digests import sign
 from ..schema.format import FORMAT_VERSION, HMAC_FIELD
@@ -77,7 +78,7 @@ def export_bundle(
     level: int = 3,
     force: bool = False,
     progress: Progress | None = None,
-    trust: str = "group",
+    trust: str = DEFAULTS.trust,
     signing_key: bytes | None = None,
 ) -> ExportResult:
     """Write ``entries`` of ``root`` to the bundle ``path``.

@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any
 
+from ..config import DEFAULTS
 from ..stats.counters import COUNTERS, TIER_COUNTERS
 from ..stats.summary import read_logs, read_summary
 from ..store.layout import replace_file
@@ -29,7 +30,7 @@ from .output import (
 )
 
 
-def stats_document(root: str, trust: str = "group") -> dict[str, Any]:
+def stats_document(root: str, trust: str = DEFAULTS.trust) -> dict[str, Any]:
     """The ``stats --json`` document of a root (``trust``: whose scan index is read)."""
     from ..maintenance.summary import summarize
 

@@ -19,7 +19,7 @@ from typing import Any
 from ..config import (
     VARIABLES,
     ConfigError,
-    check_key,
+    check_signing_key,
     parse_variable,
     read_key_file,
     unknown_variables,
@@ -173,7 +173,7 @@ def _check_deeper(name: str, value: Any, env: Mapping[str, str]) -> None:
                 f"{', '.join(bad)} cannot be used as read-only roots (see the read-only checks)"
             )
     if name == "KERNELCACHE_SIGNING_KEY" and value:
-        check_key(value, name)
+        check_signing_key(value, name)
     if name == "KERNELCACHE_SIGNING_KEY_FILE" and value:
         if env.get("KERNELCACHE_SIGNING_KEY", "").strip():
             raise ConfigError("set KERNELCACHE_SIGNING_KEY or this, not both")

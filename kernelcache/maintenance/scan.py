@@ -35,6 +35,7 @@ from itertools import repeat
 from operator import add, itemgetter
 from typing import Any
 
+from ..config import DEFAULTS
 from ..fsio import changed_at
 from ..keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
 from ..problem import Problem
@@ -149,10 +150,10 @@ def scan(
     last_used: bool = False,
     locks: bool = False,
     update_index: bool = True,
-    lock_stale: float = 300.0,
+    lock_stale: float = DEFAULTS.lock_stale,
     progress: Progress | None = None,
     now: float | None = None,
-    trust: str = "group",
+    trust: str = DEFAULTS.trust,
 ) -> CacheScan:
     """Describe every entry under ``root`` without reading artifacts.
 

@@ -8,6 +8,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from ..config import DEFAULTS
 from ..store.layout import (
     QUARANTINE_DIR,
     TMP_DIR,
@@ -44,7 +45,7 @@ class CacheSummary:
 
 
 def summarize(
-    root: str | os.PathLike[str], *, now: float | None = None, trust: str = "group"
+    root: str | os.PathLike[str], *, now: float | None = None, trust: str = DEFAULTS.trust
 ) -> CacheSummary:
     """Totals and groups of the entries of ``root``, from the scan index's first line when the
     root's listing is exactly the one the index was made from (and the index is accepted by
@@ -78,7 +79,7 @@ def summarize(
             temp,
             _aux_files(root, QUARANTINE_DIR),
         )
-    scanned = _scan(root, pairs, False, False, True, 300.0, None, now, policy)
+    scanned = _scan(root, pairs, False, False, True, DEFAULTS.lock_stale, None, now, policy)
     table = scanned.table
     return CacheSummary(
         root,

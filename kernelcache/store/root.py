@@ -40,7 +40,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import Settings, settings
+from ..config import DEFAULTS, Settings, settings
 from ..errors import CacheError, LockTimeout, LockUnavailable, WrongExt
 from ..fsio import READ_FLAGS, read_exact
 from ..keys import META_EXT, check_ext, check_key
@@ -85,10 +85,10 @@ class Store(Removal):
         root: str | os.PathLike[str],
         *,
         readonly: bool = False,
-        lock_mode: str = "auto",
-        lock_stale: float = 300.0,
-        lock_timeout: float = 120.0,
-        trust: str = "group",
+        lock_mode: str = DEFAULTS.lock_mode,
+        lock_stale: float = DEFAULTS.lock_stale,
+        lock_timeout: float = DEFAULTS.lock_timeout,
+        trust: str = DEFAULTS.trust,
     ) -> None:
         check_policy(trust)
         self.root = resolve_root(root)

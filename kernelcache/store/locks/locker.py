@@ -39,6 +39,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ...config import DEFAULTS
 from ...errors import InvalidValue, LockTimeout, LockUnavailable
 from ...fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
 from ...process import HOST
@@ -99,7 +100,7 @@ class Locker:
         root: str,
         *,
         mode: str = "auto",
-        stale_after: float = 300.0,
+        stale_after: float = DEFAULTS.lock_stale,
         trust: TrustPolicy | None = None,
     ) -> None:
         if mode not in ("auto", "flock", "soft"):
