@@ -53,7 +53,6 @@ from .format import (
 )
 
 
-# -- import -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Member:
     name: str

@@ -36,7 +36,6 @@ from .format import (
 )
 
 
-# -- export -------------------------------------------------------------------------------
 def compatibility(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The compatibility block for a set of metadata documents."""
     producers: dict[str, set[str]] = {}

@@ -113,7 +113,7 @@ def import_bundle(
                         f"entry {entry.key} is refused: {why} (KERNELCACHE_SIGNING_KEY is "
                         "set: only bundles signed with it are imported)"
                     )
-        checker = Store(store.root, readonly=True, trust=store.trust)
+        checker = Store(store.root, readonly=True, trust=store.trust, resolved=True)
         present = 0
         conflicts: list[tuple[str, str]] = []
         todo = []

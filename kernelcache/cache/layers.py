@@ -61,6 +61,7 @@ class Layers:
             cfg,
             lock_mode=mode,
             lock_timeout=self.lock_timeout,
+            resolved=True,
         )
         self.root = self.store.root
         ro = cfg.readonly_roots if readonly_roots is None else readonly_roots

@@ -310,7 +310,7 @@ class Context:
         """A store of the root as configured (lock mode, staleness, trust); per-key locks are
         tried once unless told otherwise (None: the configured lock timeout)."""
         return Store.from_settings(
-            self.root, self.settings, readonly=readonly, lock_timeout=lock_timeout
+            self.root, self.settings, readonly=readonly, lock_timeout=lock_timeout, resolved=True
         )
 
 

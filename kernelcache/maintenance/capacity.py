@@ -463,6 +463,7 @@ def helper_main(config_json: str) -> None:
         lock_stale=config["lock_stale"],
         lock_timeout=config["lock_timeout"],
         trust=config["trust"],
+        resolved=True,
     )
     cap = SizeCap(store, config["max_size"])
     cap.reporting = True

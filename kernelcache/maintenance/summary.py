@@ -26,7 +26,6 @@ from .records import GRACE_SECONDS, AuxFile
 from .scan import _aux_files, _read_dir, _scan
 
 
-# -- summary ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CacheSummary:
     """Totals of a root, as ``stats`` shows them. ``groups`` maps ``ext``, ``target`` and

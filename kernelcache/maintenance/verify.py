@@ -13,7 +13,6 @@ from .records import CacheScan, Issue, Progress
 from .scan import scan
 
 
-# -- verification -------------------------------------------------------------------------
 def scan_store(store: Store) -> CacheScan:
     """The scan ``verify`` and ``prune`` work from: with last-used stamps and lock files, under
     the store's soft-lock staleness and trust policy."""

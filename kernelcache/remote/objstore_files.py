@@ -21,7 +21,6 @@ from .objstore_requests import _first_line, make_store
 from .objstore_url import parse_object_url
 from .url import redact
 
-# -- whole files (bundles) ----------------------------------------------------------------------
 #: defaults of a file transfer where the URL does not set them (bundles are large)
 TRANSFER_TIMEOUT = 600.0
 TRANSFER_MAX_SIZE = 16 << 30

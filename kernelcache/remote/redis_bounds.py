@@ -14,7 +14,6 @@ from typing import Any
 from ..errors import RemoteError, RemoteTimeout
 
 
-# -- a bound on every call, whatever the server does --------------------------------------------
 class _Budget(threading.local):
     """What the current call of this thread may still spend: a deadline and reply bytes."""
 

@@ -24,7 +24,6 @@ import xxhash
 
 from .format import _HMAC, COVERS_FIELD, DIGEST_PREFIX, HMAC_FIELD, HMAC_PREFIX, STORE_COVERED
 
-# -- the entry digest and signatures -------------------------------------------------------------
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 

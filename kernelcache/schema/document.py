@@ -42,7 +42,6 @@ from .format import (
 )
 
 
-# -- whole documents -------------------------------------------------------------------------------
 def check_document(doc: Any, key: str) -> dict[str, Any] | Problem:
     """``doc`` if it is a valid metadata document of ``key`` (schema, entry digest, and every
     field this process registers as covered that it holds covered by it), else

@@ -39,7 +39,6 @@ from .counters import (
 )
 from .logs import read_log_file
 
-# -- folding logs into the summary ----------------------------------------------------------
 #: statistics logs of other hosts are folded once untouched for this long
 LOG_FOLD_AGE = 86400.0
 SUMMARY_NAME = "summary.jsonl"

@@ -89,9 +89,13 @@ class Store(Removal):
         lock_stale: float = DEFAULTS.lock_stale,
         lock_timeout: float = DEFAULTS.lock_timeout,
         trust: str = DEFAULTS.trust,
+        resolved: bool = False,
     ) -> None:
+        """``root`` with a leading ``~`` expanded; ``resolved``: ``root`` is already what
+        :func:`~kernelcache.store.layout.resolve_root` made of it (a command or a cache that
+        resolved it once), used as given."""
         check_policy(trust)
-        self.root = resolve_root(root)
+        self.root = os.fspath(root) if resolved else resolve_root(root)
         self._prefix = os.path.join(self.root, "")
         self.readonly = readonly
         self.lock_timeout = lock_timeout
@@ -112,10 +116,12 @@ class Store(Removal):
         readonly: bool = False,
         lock_timeout: float | None = None,
         lock_mode: str | None = None,
+        resolved: bool = False,
     ) -> Store:
         """A store for ``root`` with the configured lock mode, soft-lock staleness, lock
         timeout and trust policy (``cfg``, default: :func:`kernelcache.config.settings`);
-        ``lock_timeout`` and ``lock_mode`` override the configured ones.
+        ``lock_timeout`` and ``lock_mode`` override the configured ones; ``resolved`` as for
+        the constructor.
 
         Raises:
             ConfigError: a variable is set to a value that cannot be used.
@@ -129,6 +135,7 @@ class Store(Removal):
             lock_stale=cfg.lock_stale,
             lock_timeout=cfg.lock_timeout if lock_timeout is None else lock_timeout,
             trust=cfg.trust,
+            resolved=resolved,
         )
 
     def __repr__(self) -> str:
