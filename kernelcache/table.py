@@ -1,4 +1,4 @@
-"""What a root holds, as :mod:`kernelcache.scan` and its index describe it: one
+"""What a root holds, as :mod:`kernelcache.maintenance.scan` and its index describe it: one
 :class:`EntryInfo` per committed entry, and an :class:`EntryTable` of them by column.
 
 These records are immutable values built from one listing of a root; nothing here touches disk.

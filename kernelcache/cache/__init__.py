@@ -17,7 +17,7 @@ Failures of the cache never fail the caller's job: ``get`` turns them into misse
 entry the writable root cannot take (a full disk) still goes to the remote tier.
 
 Every call waits at most the lock timeout in all, over all its keys and all its waits (locks,
-readers of a corrupt entry, the remote tier's lock): one :class:`~kernelcache.locks.WaitBudget`
+readers of a corrupt entry, the remote tier's lock): one :class:`~kernelcache.store.locks.WaitBudget`
 per call, which stands still while the call builds. A call whose budget is spent tries each
 lock once and never waits again.
 """
@@ -43,7 +43,7 @@ class Cache(Builds):
             ``$KERNELCACHE_LOCK_TIMEOUT``.
         lock_mode: "auto", "flock" or "soft"; None for ``$KERNELCACHE_LOCK_MODE``.
         max_size: a size cap of the writable root in bytes, or a size such as ``"50G"``:
-            least recently used entries are evicted past it (see :mod:`kernelcache.capacity`);
+            least recently used entries are evicted past it (see :mod:`kernelcache.maintenance.capacity`);
             None for ``$KERNELCACHE_MAX_SIZE``; 0 for none.
     """
 

@@ -45,7 +45,7 @@ PACKAGES = (
     "redis",
     "obstore",
 )
-#: the oldest filelock whose descriptor locks the cache uses (see kernelcache/locks.py)
+#: the oldest filelock whose descriptor locks the cache uses (see kernelcache/store/locks/)
 MIN_FILELOCK = (3, 30)
 NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph")
 LOW_FREE_BYTES = 1 << 30

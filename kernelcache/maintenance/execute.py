@@ -251,7 +251,7 @@ class _Executor:
     def _drop_build_lock(self, key: str) -> None:
         """Remove the single-flight lock file of a deleted entry, unless a builder holds it.
 
-        Probed as the stale-lock check of :mod:`kernelcache.scan` does: a non-blocking
+        Probed as the stale-lock check of :mod:`kernelcache.maintenance.scan` does: a non-blocking
         exclusive flock on the file (builders hold it exclusively), and the file is unlinked
         only if its name still is that file (a builder may have made a new one meanwhile;
         the locker of a builder that opened the unlinked one notices and retries).

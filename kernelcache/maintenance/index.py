@@ -2,7 +2,7 @@
 
 Rows are keyed by the entry's key and the metadata file's inode number. Metadata is written once
 per entry and replaced (new inode) whenever the entry is republished, so a row whose key and
-inode still match the directory listing is reused by :func:`kernelcache.scan.scan` without
+inode still match the directory listing is reused by :func:`kernelcache.maintenance.scan.scan` without
 opening the file; new or replaced metadata is read and parsed. The first line holds the
 signature of the listing the index was made from, with the totals and groups ``stats`` shows,
 so that a summary of an unchanged root reads nothing else.

@@ -325,7 +325,7 @@ def _housekeeping(issue: Issue) -> Action | None:
 
 
 def plan_repair(verified: CacheScan) -> Plan:
-    """Plan ``verify --repair`` for a scan checked by :func:`kernelcache.scan.verify`:
+    """Plan ``verify --repair`` for a scan checked by :func:`kernelcache.maintenance.verify.verify`:
     quarantine corrupt entries; remove orphan artifacts, stale staging files and stale locks.
     Foreign files are left alone (listed in ``Plan.left``)."""
     actions: list[Action] = []

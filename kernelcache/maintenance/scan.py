@@ -165,7 +165,7 @@ def scan(
         lock_stale: seconds after which an unrefreshed soft lock is stale.
         progress: called with a count of metadata files read (the slow part of a first scan).
         now: the time against which ages are judged (default: now).
-        trust: the trust policy whose users' scan index is read (see :mod:`kernelcache.trust`).
+        trust: the trust policy whose users' scan index is read (see :mod:`kernelcache.store.trust`).
 
     Never raises for what it finds; an unreadable root is an empty scan with one issue.
     """

@@ -297,7 +297,7 @@ def entries_of(root: str, seen: Mapping[str, EntryInfo] | None = None) -> list[E
 
     A name that only looks like an entry is caught where it matters: a prune re-checks each
     entry under its lock before deleting it, and keeps one that is not what the plan saw (see
-    :mod:`kernelcache.prune`). Housekeeping is left to ``prune``.
+    :mod:`kernelcache.maintenance.prune`). Housekeeping is left to ``prune``.
     """
     metas: set[str] = set()
     arts: dict[str, str | None] = {}

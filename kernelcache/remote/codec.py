@@ -4,7 +4,7 @@ length (uint32, big endian), the store's metadata JSON, the artifact bytes.
 Invariants: a decoded value is used only if its header, its metadata (the one schema and the
 entry digest) and the artifact's size and xxh3-128 digest check out; with a signing key, only
 if its HMAC does too. Nothing here raises for what a server returns: a refused value is a
-:class:`~kernelcache.errors.Problem`. An entry's document travels as written: a value made of
+:class:`~kernelcache.problem.Problem`. An entry's document travels as written: a value made of
 a document (a backfill, an entry read from a root) carries its fields, ``covers`` and entry
 digest unchanged (:func:`~kernelcache.schema.written_document`), so a reader never widens what
 a writer covered, and the same document under the same key is the same value.

@@ -45,7 +45,7 @@ from .format import (
 def check_document(doc: Any, key: str) -> dict[str, Any] | Problem:
     """``doc`` if it is a valid metadata document of ``key`` (schema, entry digest, and every
     field this process registers as covered that it holds covered by it), else
-    :class:`~kernelcache.errors.Problem`. Never raises."""
+    :class:`~kernelcache.problem.Problem`. Never raises."""
     if not isinstance(doc, dict):
         return Problem(key, "metadata is not a JSON object")
     fmt = doc.get("format")
@@ -212,7 +212,7 @@ def check_written(doc: Any, key: str) -> dict[str, Any] | Problem:
     """``doc``, a document as another process wrote it (a remote value, a bundle entry, an
     entry of another root), as a root stores it: checked (:func:`check_document`), its fields,
     ``covers`` and entry digest as written, less its signature (never stored in a root), and
-    at most :data:`MAX_META_BYTES` encoded; else a :class:`~kernelcache.errors.Problem`. What
+    at most :data:`MAX_META_BYTES` encoded; else a :class:`~kernelcache.problem.Problem`. What
     a reader keeps or passes on: never a widened copy. Never raises."""
     checked = check_document(doc, key)
     if isinstance(checked, Problem):

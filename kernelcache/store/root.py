@@ -1,7 +1,7 @@
 """One cache root on disk: the storage format, atomic publication, verified reads, quarantine.
 
-(The layout of a root: :mod:`kernelcache.layout`; whose files are served:
-:mod:`kernelcache.trust`; the locks: :mod:`kernelcache.locks`.)
+(The layout of a root: :mod:`kernelcache.store.layout`; whose files are served:
+:mod:`kernelcache.store.trust`; the locks: :mod:`kernelcache.store.locks`.)
 
 Guarantees across processes and hosts sharing a root:
 
@@ -99,7 +99,7 @@ class Store(Removal):
         self._prefix = os.path.join(self.root, "")
         self.readonly = readonly
         self.lock_timeout = lock_timeout
-        #: the trust policy's name (see :data:`kernelcache.trust.TRUST_POLICIES`)
+        #: the trust policy's name (see :data:`kernelcache.store.trust.TRUST_POLICIES`)
         self.trust = trust
         self._policy = TrustPolicy(self.root, trust)
         self.locker = Locker(self.root, mode=lock_mode, stale_after=lock_stale, trust=self._policy)
