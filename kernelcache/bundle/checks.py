@@ -35,19 +35,19 @@ from ..problem import Problem
 from ..schema.document import check_written
 from ..schema.format import FORMAT_VERSION
 from .format import (
-    _CHUNK,
-    _NAME_MAX,
-    _OTHER_MAGIC,
-    _VALUE_MAX,
-    _ZSTD_MAGIC,
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
+    CHUNK,
     MANIFEST,
     MANIFEST_BASE,
     MANIFEST_ENTRY_MAX,
     MANIFEST_PER_ENTRY,
     MAX_MANIFEST_BYTES,
     MEMBER_DIR,
+    NAME_MAX,
+    OTHER_MAGIC,
+    VALUE_MAX,
+    ZSTD_MAGIC,
     Progress,
     _zstandard,
 )
@@ -109,12 +109,12 @@ def _open_tar(
     f.seek(0)
     head = f.read(8)
     f.seek(0)
-    for magic, name in _OTHER_MAGIC.items():
+    for magic, name in OTHER_MAGIC.items():
         if head.startswith(magic):
             raise BundleError(f"{name}-compressed bundles are not supported; use tar or tar+zstd")
     stream: Any = f
     errors: tuple[type[BaseException], ...] = (tarfile.TarError, EOFError, OSError)
-    if head.startswith(_ZSTD_MAGIC):
+    if head.startswith(ZSTD_MAGIC):
         zstd = _zstandard()
         stream = zstd.ZstdDecompressor().stream_reader(f, closefd=False)
         errors += (zstd.ZstdError,)
@@ -183,7 +183,7 @@ def _members(
             chunks = []
             got = 0
             while True:
-                chunk = source.read(_CHUNK)
+                chunk = source.read(CHUNK)
                 if not chunk:
                     break
                 got += len(chunk)
@@ -237,7 +237,7 @@ class _JsonStream:
     def _fill(self, want: int) -> None:
         """Have ``want`` characters from the position on, unless the stream ends first."""
         while len(self._text) - self._pos < want and not self._ended:
-            chunk = self._source.read(_CHUNK)
+            chunk = self._source.read(CHUNK)
             self.read += len(chunk)
             self._ended = not chunk
             try:
@@ -294,7 +294,7 @@ class _JsonStream:
         raise AssertionError("unreachable")
 
 
-class _Listed(NamedTuple):
+class Listed(NamedTuple):
     """An entry of a manifest, checked: what the checks and the publishing pass need of it,
     and its document's own text (parsed again when it is published)."""
 
@@ -315,7 +315,7 @@ class _Manifest:
     """A parsed manifest: its entries by member name, and its other fields (with
     ``entries`` mapped to None)."""
 
-    entries: dict[str, _Listed]
+    entries: dict[str, Listed]
     fields: dict[str, Any]
 
 
@@ -328,7 +328,7 @@ def _read_manifest(source: IO[bytes], size: int) -> _Manifest:
             and version are known to be this one's) an entry is bad.
     """
     stream = _JsonStream(source)
-    entries: dict[str, _Listed] = {}
+    entries: dict[str, Listed] = {}
     keys: set[str] = set()
     fields: dict[str, Any] = {}
     first_error: BundleError | None = None
@@ -340,20 +340,20 @@ def _read_manifest(source: IO[bytes], size: int) -> _Manifest:
         while not stream.take("}"):
             if fields and not stream.take(","):
                 raise BundleError("bad manifest: not JSON (expected ',' or '}')")
-            name, _ = stream.value(_NAME_MAX, "a field name")
+            name, _ = stream.value(NAME_MAX, "a field name")
             if not isinstance(name, str) or not stream.take(":"):
                 raise BundleError("bad manifest: not JSON (expected a field name)")
             if name in fields:
                 raise BundleError(f"bad manifest: field {name!r} appears twice")
             fields[name] = None
             if name != "entries":
-                fields[name] = stream.value(_VALUE_MAX, f"field {name!r}")[0]
+                fields[name] = stream.value(VALUE_MAX, f"field {name!r}")[0]
                 continue
             if not stream.take("["):
                 first_error = first_error or BundleError(
                     "bad manifest: 'entries' must be a list, 'compatibility' an object"
                 )
-                stream.value(_VALUE_MAX, "field 'entries'")
+                stream.value(VALUE_MAX, "field 'entries'")
                 continue
             number = 0
             while not stream.take("]"):
@@ -401,7 +401,7 @@ def _check_header(fields: dict[str, Any]) -> None:
         )
 
 
-def _check_entry(number: int, meta: Any, text: str, seen: set[str]) -> _Listed:
+def _check_entry(number: int, meta: Any, text: str, seen: set[str]) -> Listed:
     """The entry #``number`` of a manifest, checked as the publishing pass will check it
     (:func:`~kernelcache.schema.check_written`): the metadata schema, its entry digest, what
     it covers and its size.
@@ -418,4 +418,4 @@ def _check_entry(number: int, meta: Any, text: str, seen: set[str]) -> _Listed:
     if key in seen:
         raise BundleError(f"bad manifest: key {key} is listed twice")
     seen.add(key)
-    return _Listed(key, checked["ext"], checked["size"], checked["digest"], text)
+    return Listed(key, checked["ext"], checked["size"], checked["digest"], text)

@@ -35,16 +35,16 @@ MANIFEST_PER_ENTRY = 16 << 10
 MANIFEST_ENTRY_MAX = MAX_META_BYTES + 1024
 MAX_MANIFEST_BYTES = 64 << 20
 #: the most characters a field name and any other value of a manifest may take
-_NAME_MAX = 256
-_VALUE_MAX = MANIFEST_BASE
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_OTHER_MAGIC = {
+NAME_MAX = 256
+VALUE_MAX = MANIFEST_BASE
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+OTHER_MAGIC = {
     b"\x1f\x8b": "gzip",
     b"BZh": "bzip2",
     b"\xfd7zXZ\x00": "xz",
     b"PK\x03\x04": "zip",
 }
-_CHUNK = 1 << 20
+CHUNK = 1 << 20
 
 Progress = Callable[[int], object]
 

@@ -23,7 +23,7 @@ from ..schema.digests import check_signature
 from ..store.entry import Artifact
 from ..store.root import Store
 from ..toolchains import Judge
-from .checks import _Listed, _members
+from .checks import Listed, _members
 from .format import MANIFEST, MAX_MEMBER_BYTES, ImportResult, Progress
 
 
@@ -196,7 +196,7 @@ def import_bundle(
 
 
 def _judged(
-    entries: Iterable[_Listed], judge: Judge | None
+    entries: Iterable[Listed], judge: Judge | None
 ) -> tuple[int | None, tuple[tuple[str, int], ...]]:
     """How many of ``entries`` ``judge`` says this machine would look up, and the others by
     reason, most frequent first (None and nothing without a judge). A companion of an entry

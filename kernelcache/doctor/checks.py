@@ -310,7 +310,7 @@ def filelock_check(version: str | None) -> Check:
     return Check("filelock", "ok", version)
 
 
-def _shared_dir_checks(root: str) -> list[Check]:
+def shared_dir_checks(root: str) -> list[Check]:
     """A warning for each directory every user writes into (``.locks``, ``.stats``, and those
     packages registered as shared) that others can write but that is not sticky: any of them
     may rename or replace another user's lock files, scan index or other files there."""
@@ -332,7 +332,7 @@ def _shared_dir_checks(root: str) -> list[Check]:
     return checks
 
 
-def _lock_waits_detail(waits: list[dict[str, Any]]) -> str:
+def lock_waits_detail(waits: list[dict[str, Any]]) -> str:
     """The latest lock waits a job noted (see :func:`kernelcache.stats.note_lock_wait`), each
     with who held the lock and whether it still runs."""
     parts = []

@@ -27,17 +27,17 @@ from .checks import (
     LOW_FREE_FRACTION,
     NETWORK_FILESYSTEMS,
     _group,
-    _lock_waits_detail,
     _owner,
     _probe,
-    _shared_dir_checks,
     _shown,
     _umask,
     filelock_check,
     filesystem,
+    lock_waits_detail,
     readonly_checks,
     remote_checks,
     setting_checks,
+    shared_dir_checks,
     versions,
 )
 from .report import Check, Report, _contributions
@@ -188,8 +188,8 @@ def diagnose(root: str | None) -> Report:
         checks.append(Check("locks", "warn", "flock does not work here: soft lock files"))
     elif lock_mode == "flock":
         checks.append(Check("locks", "ok", "flock works"))
-    checks += _shared_dir_checks(root)
+    checks += shared_dir_checks(root)
     waits = lock_waits(root)
     if waits:
-        checks.append(Check("lock waits", "warn", _lock_waits_detail(waits)))
+        checks.append(Check("lock waits", "warn", lock_waits_detail(waits)))
     return Report(root, info, tuple(checks))

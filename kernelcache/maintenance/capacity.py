@@ -55,11 +55,11 @@ from .usage import (
     PASS_LOCK,
     USAGE_NAME,
     UsageView,
-    _open_usage,
     _record,
-    _replace_usage,
-    _usage_end,
     entries_of,
+    open_usage,
+    replace_usage,
+    usage_end,
 )
 
 logger = logging.getLogger(__name__)
@@ -384,7 +384,7 @@ class SizeCap(UsageView):
         from .records import CacheScan
 
         store = self.store
-        start = _usage_end(store.root)
+        start = usage_end(store.root)
         full = self.passes % FULL_EVERY == 0
         rows = entries_of(store.root, None if full else self._seen)
         table = EntryTable.from_rows(rows)
@@ -410,14 +410,14 @@ class SizeCap(UsageView):
         self.passes += 1
         mine = os.stat(store.root).st_uid == os.geteuid()
         dfd = open_subdir(store.root, STATS_DIR, create=mine)
-        old = _open_usage(dfd)
+        old = open_usage(dfd)
         try:
             with self._lock:  # (this process's puts wait: none appends to the file replaced)
                 if old is not None and start is not None and os.fstat(old).st_ino == start[0]:
                     # the records of the puts published while the pass ran are kept
-                    _replace_usage(dfd, old, start[1], _record(b"B", measured))
+                    replace_usage(dfd, old, start[1], _record(b"B", measured))
                 else:
-                    _replace_usage(dfd, None, 0, _record(b"B", measured))
+                    replace_usage(dfd, None, 0, _record(b"B", measured))
         finally:
             if old is not None:
                 os.close(old)

@@ -73,7 +73,7 @@ class _Listing:
     dirs: int  # how many of the known directories are present
 
 
-def _read_dir(root: str) -> list[tuple[str, int]] | None:
+def read_dir(root: str) -> list[tuple[str, int]] | None:
     """(name, inode) of everything in the root; None when it does not exist."""
     try:
         with os.scandir(root) as it:
@@ -172,7 +172,7 @@ def scan(
     root = os.fspath(root)
     now = time.time() if now is None else now
     try:
-        pairs = _read_dir(root)
+        pairs = read_dir(root)
     except OSError as e:
         issue = Issue("foreign", ".", f"cannot read the root: {e.strerror}")
         return CacheScan(root, True, EntryTable(), (issue,), scanned_at=now)
@@ -226,8 +226,8 @@ def _scan(
             table = _with_last_used(dfd, table)
     finally:
         os.close(dfd)
-    temp = _aux_files(root, TMP_DIR)
-    quarantine = _aux_files(root, QUARANTINE_DIR)
+    temp = aux_files(root, TMP_DIR)
+    quarantine = aux_files(root, QUARANTINE_DIR)
     issues.extend(
         Issue(
             "stale-temp",
@@ -376,7 +376,7 @@ def _orphans(
         yield Issue("orphan-artifact", name, why, key, st.st_size, stamp)
 
 
-def _aux_files(root: str, directory: str) -> tuple[AuxFile, ...]:
+def aux_files(root: str, directory: str) -> tuple[AuxFile, ...]:
     found = []
     try:
         it = os.scandir(os.path.join(root, directory))

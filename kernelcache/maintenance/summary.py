@@ -23,7 +23,7 @@ from .index import (
     plausible_header,
 )
 from .records import GRACE_SECONDS, AuxFile
-from .scan import _aux_files, _read_dir, _scan
+from .scan import _scan, aux_files, read_dir
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def summarize(
     root = os.fspath(root)
     now = time.time() if now is None else now
     try:
-        pairs = _read_dir(root)
+        pairs = read_dir(root)
     except OSError:
         pairs = []
     if pairs is None:
@@ -65,7 +65,7 @@ def summarize(
         and head["listing"] == listing_signature(pairs)
         and plausible_header(head, len(pairs), capacity(root))
     ):
-        temp = _aux_files(root, TMP_DIR)
+        temp = aux_files(root, TMP_DIR)
         totals = head["totals"]
         return CacheSummary(
             root,
@@ -76,7 +76,7 @@ def summarize(
             {c: {v: (n, b) for v, n, b in head["groups"][c]} for c in GROUPED},
             sum(1 for f in temp if now - f.mtime > GRACE_SECONDS),
             temp,
-            _aux_files(root, QUARANTINE_DIR),
+            aux_files(root, QUARANTINE_DIR),
         )
     scanned = _scan(root, pairs, False, False, True, DEFAULTS.lock_stale, None, now, policy)
     table = scanned.table

@@ -189,7 +189,7 @@ class UsageView:
 
     def _compact(self, dfd: int, fd: int) -> None:
         """Rewrite the long usage file ``fd`` (read whole) as two records, the base and the
-        rest, and what was appended since (:func:`_replace_usage`); under the pass lock, tried
+        rest, and what was appended since (:func:`replace_usage`); under the pass lock, tried
         once, and only while the file is still the one read."""
         try:
             held = self.store.locker.acquire(PASS_LOCK, shared=False, timeout=0)
@@ -201,14 +201,14 @@ class UsageView:
                 return  # a pass wrote it anew since
             rest = self.total - self.base
             head = _record(b"B", self.base) + (_record(b"+", rest) if rest > 0 else b"")
-            _replace_usage(dfd, fd, self._offset, head)
+            replace_usage(dfd, fd, self._offset, head)
         except OSError as e:
             logger.debug("kernelcache: cannot compact %s/%s: %s", STATS_DIR, USAGE_NAME, e)
         finally:
             held.release()
 
 
-def _usage_end(root: str) -> tuple[int, int] | None:
+def usage_end(root: str) -> tuple[int, int] | None:
     """(inode, size) of the usage file now, or None: where the records a pass's listing may
     not see begin."""
     try:
@@ -234,7 +234,7 @@ def _open_appending(dfd: int) -> int:
     return fd
 
 
-def _open_usage(dfd: int) -> int | None:
+def open_usage(dfd: int) -> int | None:
     """The usage file in the directory ``dfd``, open for reading; None where there is none
     (or something else is there)."""
     try:
@@ -265,7 +265,7 @@ def _additions_from(fd: int, begin: int) -> tuple[bytes, int]:
     return b"".join(kept), begin + len(data)
 
 
-def _replace_usage(dfd: int, old: int | None, begin: int, head: bytes) -> None:
+def replace_usage(dfd: int, old: int | None, begin: int, head: bytes) -> None:
     """Replace the usage file with ``head`` and the additions of the file ``old`` (open)
     from ``begin`` on, those appended until the replace took effect included: a put that
     appends to the old file after that sees it replaced, and appends again

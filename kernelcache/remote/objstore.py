@@ -38,17 +38,17 @@ from .base import TierBase, no_release
 from .codec import REMOTE_FORMAT
 from .objstore_requests import (
     Version,
-    _declared_lease,
-    _delete_if,
     _exists,
-    _first_line,
     _holder,
-    _read_lock,
-    _runtime_here,
-    _update_mode,
-    _version_of,
+    declared_lease,
+    delete_if,
+    first_line,
     make_store,
+    read_lock,
     read_object,
+    runtime_here,
+    update_mode,
+    version_of,
 )
 from .objstore_url import parse_object_url
 from .tier import Busy, Claim
@@ -122,7 +122,7 @@ class ObjectStoreTier(TierBase):
 
     # -- failure policy -------------------------------------------------------------------
     def _usable(self, shard: str = "") -> bool:
-        if not _runtime_here():
+        if not runtime_here():
             self._bump(skipped=1)
             self._warn(
                 "forked",
@@ -137,7 +137,7 @@ class ObjectStoreTier(TierBase):
     def _failed(self, what: str, e: Exception) -> None:
         import obstore.exceptions as errors
 
-        reason = f"{type(e).__name__}: {_first_line(e)}"
+        reason = f"{type(e).__name__}: {first_line(e)}"
         if isinstance(e, errors.PermissionDeniedError) and what in _WRITES:
             self._refuse_writes(reason)
             return
@@ -161,14 +161,14 @@ class ObjectStoreTier(TierBase):
         not (nothing is counted or warned about)."""
         import obstore
 
-        if not _runtime_here():
+        if not runtime_here():
             return "this process was forked from one that used obstore"
         try:
             obstore.head(self.store, "kernelcache-probe")
         except FileNotFoundError:
             return None
         except Exception as e:
-            return f"{type(e).__name__}: {_first_line(e)}"
+            return f"{type(e).__name__}: {first_line(e)}"
         return None
 
     # -- the RemoteTier interface ---------------------------------------------------------
@@ -245,7 +245,7 @@ class ObjectStoreTier(TierBase):
             return no_release
         if isinstance(made, tuple):
             return self._held(key, lock, token, made)
-        seen, failed = self._call("lock", lambda store: _read_lock(store, lock))
+        seen, failed = self._call("lock", lambda store: read_lock(store, lock))
         if failed or seen is None:
             return Busy(self.name(lock), "unknown", self.label)  # gone meanwhile: try again
         version, record = seen
@@ -280,7 +280,7 @@ class ObjectStoreTier(TierBase):
                     del self._watched[next(iter(self._watched))]
                 self._watched[lock] = (version, now)
                 return False
-        lease = min(max(self.lease, _declared_lease(record)), self.where.lock_ttl)
+        lease = min(max(self.lease, declared_lease(record)), self.where.lock_ttl)
         return now - seen[1] > lease
 
     def _held(self, key: str, lock: str, token: str, version: Version) -> Callable[[], None]:
@@ -302,7 +302,7 @@ class ObjectStoreTier(TierBase):
             return True
 
         def release() -> None:
-            gone, failed = self._call("unlock", lambda store: _delete_if(store, lock, current[0]))
+            gone, failed = self._call("unlock", lambda store: delete_if(store, lock, current[0]))
             if not failed and not gone:
                 self._bump(locks_lost=1)
 
@@ -323,11 +323,11 @@ class ObjectStoreTier(TierBase):
             "lease": self.lease,
             "time": time.time(),  # every write differs: a renewal makes a new version
         }
-        mode: Any = "create" if version is None else _update_mode(version)
+        mode: Any = "create" if version is None else update_mode(version)
         try:
             result = obstore.put(store, lock, json.dumps(record).encode(), mode=mode)
         except (AlreadyExistsError, PreconditionError):
             return None
         except NotSupportedError:
             return "unsupported"
-        return _version_of(result)
+        return version_of(result)

@@ -17,7 +17,7 @@ from ..errors import (
     ObjectMissing,
     RemoteError,
 )
-from .objstore_requests import _first_line, make_store
+from .objstore_requests import first_line, make_store
 from .objstore_url import parse_object_url
 from .url import redact
 
@@ -65,7 +65,7 @@ def upload_file(url: str, path: str, *, overwrite: bool) -> None:
     except (AlreadyExistsError, PreconditionError):
         raise ObjectExists(f"{shown} exists (use --force to replace it)") from None
     except Exception as e:
-        raise RemoteError(f"cannot write {shown}: {_first_line(e)}") from None
+        raise RemoteError(f"cannot write {shown}: {first_line(e)}") from None
 
 
 def download_file(url: str, path: str) -> int:
@@ -88,7 +88,7 @@ def download_file(url: str, path: str) -> int:
     except FileNotFoundError:
         raise ObjectMissing(f"no object {shown}") from None
     except Exception as e:
-        raise RemoteError(f"cannot read {shown}: {_first_line(e)}") from None
+        raise RemoteError(f"cannot read {shown}: {first_line(e)}") from None
     if result.meta["size"] > limit:
         raise RemoteError(f"{shown} is {result.meta['size']} bytes, more than max_size={limit}")
     written = 0
@@ -101,7 +101,7 @@ def download_file(url: str, path: str) -> int:
                 f.write(chunk)
         except Exception as e:
             elapsed = time.monotonic() - started
-            raise RemoteError(f"cannot read {shown} ({elapsed:.1f}s): {_first_line(e)}") from None
+            raise RemoteError(f"cannot read {shown} ({elapsed:.1f}s): {first_line(e)}") from None
     if written > limit:
         raise RemoteError(f"{shown} is more than max_size={limit} bytes")
     return written

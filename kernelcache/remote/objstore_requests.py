@@ -61,7 +61,7 @@ def make_store(where: ObjectURL, prefix: str, *, shown: str) -> Any:
 _runtime_pid: int | None = None
 
 
-def _runtime_here() -> bool:
+def runtime_here() -> bool:
     """Whether obstore can make requests in this process (and notes that it will)."""
     global _runtime_pid
     if _runtime_pid is None:
@@ -72,11 +72,11 @@ def _runtime_here() -> bool:
 #: the calls that write (a refusal of one is a bucket that refuses writes, not a down one)
 
 
-def _version_of(meta: Any) -> Version:
+def version_of(meta: Any) -> Version:
     return (meta.get("e_tag"), meta.get("version"))
 
 
-def _update_mode(version: Version) -> dict[str, str]:
+def update_mode(version: Version) -> dict[str, str]:
     """obstore's put mode that writes only over ``version`` (S3: If-Match on the e_tag; GCS:
     the generation)."""
     e_tag, generation = version
@@ -86,7 +86,7 @@ def _update_mode(version: Version) -> dict[str, str]:
     return mode
 
 
-def _read_lock(store: Any, path: str) -> tuple[Version, bytes] | None:
+def read_lock(store: Any, path: str) -> tuple[Version, bytes] | None:
     """The version and record of the lock object ``path`` (a record larger than a holder's is
     not read: empty), or None if there is none."""
     import obstore
@@ -96,8 +96,8 @@ def _read_lock(store: Any, path: str) -> tuple[Version, bytes] | None:
     except FileNotFoundError:
         return None
     if result.meta["size"] > _LOCK_RECORD_MAX:
-        return _version_of(result.meta), b""
-    return _version_of(result.meta), bytes(result.bytes())
+        return version_of(result.meta), b""
+    return version_of(result.meta), bytes(result.bytes())
 
 
 def _exists(store: Any, path: str) -> bool:
@@ -110,13 +110,13 @@ def _exists(store: Any, path: str) -> bool:
     return True
 
 
-def _delete_if(store: Any, path: str, version: Version) -> bool:
+def delete_if(store: Any, path: str, version: Version) -> bool:
     """Delete ``path`` if it is still at ``version``; whether it was (a writer between the
     check and the delete loses its lock: the next waiter builds again, which is harmless)."""
     import obstore
 
     try:
-        if _version_of(obstore.head(store, path)) != version:
+        if version_of(obstore.head(store, path)) != version:
             return False
     except FileNotFoundError:
         return False
@@ -133,7 +133,7 @@ def _holder(record: bytes) -> str:
     return holder[:200] if isinstance(holder, str) else "unknown"
 
 
-def _declared_lease(record: bytes) -> float:
+def declared_lease(record: bytes) -> float:
     """The lease a lock's record declares, in seconds (0 when it declares none)."""
     try:
         lease = json.loads(record).get("lease")
@@ -173,5 +173,5 @@ def read_object(store: Any, path: str, max_size: int, timeout: float) -> bytes |
     return b"".join(chunks)
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
     return (str(e).splitlines() or [type(e).__name__])[0][:300]

@@ -40,19 +40,19 @@ from urllib.parse import unquote, urlsplit
 from ..errors import ConfigError
 from ..process import HOST
 from .base import TierBase, logger, no_release
-from .redis_bounds import _bounded, _Budget
+from .redis_bounds import Budget, _bounded
 from .redis_scripts import (
-    _ACQUIRED,
     _BROKEN,
     _READY,
-    _REPLY_LIMIT,
-    _SCRIPTS,
-    _SHAS,
+    ACQUIRED,
+    REPLY_LIMIT,
+    SCRIPTS,
+    SHAS,
     UNSERVED,
     _ms,
     _serving,
-    _slot_ranges,
     holder_of,
+    slot_ranges,
 )
 from .tier import Busy, Claim
 from .url import cluster_nodes, parse_url, redact, scrub, secrets_of
@@ -121,7 +121,7 @@ class RedisTier(TierBase):
                 "pip install 'kernelcache[redis]'"
             ) from None
         self._errors = redis.exceptions
-        self._budget = _Budget()
+        self._budget = Budget()
         self._address = address
         self._client_lock = threading.Lock()
         #: a single server's client (made here: it checks the options, and does not connect)
@@ -145,7 +145,7 @@ class RedisTier(TierBase):
         }
 
     def _make_client(self) -> Any:
-        """A single server's redis-py client, its connections bounded by :class:`_Budget`."""
+        """A single server's redis-py client, its connections bounded by :class:`Budget`."""
         import redis
 
         scheme = self._address.split("://", 1)[0]
@@ -204,13 +204,13 @@ class RedisTier(TierBase):
         failure: Exception = errors.ConnectionError("the cluster names no node")
         try:
             for name in order:
-                budget.left = _REPLY_LIMIT
+                budget.left = REPLY_LIMIT
                 try:
                     reply = self._primary(name).execute_command("CLUSTER SLOTS")
                 except (errors.RedisError, OSError) as e:
                     failure = e
                     continue
-                return _slot_ranges(reply, name.rpartition(":")[0])
+                return slot_ranges(reply, name.rpartition(":")[0])
             raise failure
         finally:
             budget.deadline = budget.left = None
@@ -257,9 +257,9 @@ class RedisTier(TierBase):
     def _eval(self, client: Any, script: str, keys: list[str], args: list[Any]) -> Any:
         """Run one of the tier's scripts on ``client``, loading it there if it lacks it."""
         try:
-            return client.evalsha(_SHAS[script], len(keys), *keys, *args)
+            return client.evalsha(SHAS[script], len(keys), *keys, *args)
         except self._errors.NoScriptError:
-            return client.eval(_SCRIPTS[script], len(keys), *keys, *args)
+            return client.eval(SCRIPTS[script], len(keys), *keys, *args)
 
     def close(self) -> None:
         """Close the connections (the tier reconnects if used again)."""
@@ -294,7 +294,7 @@ class RedisTier(TierBase):
         key: str | None,
         fn: Callable[..., Any],
         *args: Any,
-        limit: int = _REPLY_LIMIT,
+        limit: int = REPLY_LIMIT,
         write: bool = False,
     ) -> tuple[Any, bool]:
         """``(fn(client, *args), False)`` on the client that serves ``key`` (None: the tier's),
@@ -329,7 +329,7 @@ class RedisTier(TierBase):
         return None, True
 
     def _attempt(
-        self, client: Any, fn: Callable[..., Any], *args: Any, limit: int = _REPLY_LIMIT
+        self, client: Any, fn: Callable[..., Any], *args: Any, limit: int = REPLY_LIMIT
     ) -> tuple[Any, Exception | None, bool]:
         """``(fn(client, *args), None, False)``, or ``(None, the failure, whether the reply
         ran past ``limit``)``, within the call's deadline and reply budget."""
@@ -410,7 +410,7 @@ class RedisTier(TierBase):
         limit = self.options.max_size
         # the value is at most max_size; the call may also connect (a cluster reads its slots)
         return self._call(
-            "get", key, self._eval, "get", [self.name(key)], [limit], limit=limit + _REPLY_LIMIT
+            "get", key, self._eval, "get", [self.name(key)], [limit], limit=limit + REPLY_LIMIT
         )
 
     def _discard(self, key: str) -> None:
@@ -460,7 +460,7 @@ class RedisTier(TierBase):
                 holder_of(held),
                 self.options.lock_ttl,
             )
-        if state in (_ACQUIRED, _BROKEN):
+        if state in (ACQUIRED, _BROKEN):
             self._bump(locks=1)
             return self._holding(
                 token,

@@ -1,5 +1,5 @@
 """A bound on every call to a Redis server, whatever the server does: a socket that spends one
-deadline and one reply budget per call (:class:`_Budget`), so a slow or hostile server can
+deadline and one reply budget per call (:class:`Budget`), so a slow or hostile server can
 neither stall a caller past ``timeout`` nor send a reply larger than ``max_size``.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import RemoteError, RemoteTimeout
 
 
-class _Budget(threading.local):
+class Budget(threading.local):
     """What the current call of this thread may still spend: a deadline and reply bytes."""
 
     deadline: float | None = None
@@ -26,7 +26,7 @@ class _BoundedSocket:
     """A connected socket whose every read and write waits at most until the call's deadline
     and whose reads stop past the call's byte budget (redis-py's own timeout is per read)."""
 
-    def __init__(self, sock: Any, budget: _Budget) -> None:
+    def __init__(self, sock: Any, budget: Budget) -> None:
         self._sock = sock
         self._budget = budget
         self._timeout = sock.gettimeout()
@@ -80,7 +80,7 @@ class _BoundedSocket:
         return self._sock.send(data, flags)
 
 
-def _bounded(base: Any, budget: _Budget, **baked: Any) -> type:
+def _bounded(base: Any, budget: Budget, **baked: Any) -> type:
     """A subclass of the redis-py connection class ``base`` whose sockets obey ``budget``
     (``baked``: constructor arguments it always gets, e.g. TLS settings on a cluster)."""
 

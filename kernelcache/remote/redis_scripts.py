@@ -49,11 +49,11 @@ _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
 """
-_SCRIPTS = {"get": _GET, "acquire": _ACQUIRE, "renew": _RENEW, "release": _RELEASE}
-_SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in _SCRIPTS.items()}
-_ACQUIRED, _READY, _BROKEN = 1, 2, 3
+SCRIPTS = {"get": _GET, "acquire": _ACQUIRE, "renew": _RENEW, "release": _RELEASE}
+SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in SCRIPTS.items()}
+ACQUIRED, _READY, _BROKEN = 1, 2, 3
 #: the most bytes a reply other than a value may take (a cluster's slot map, a lock state)
-_REPLY_LIMIT = 4 << 20
+REPLY_LIMIT = 4 << 20
 #: the last hash slot of a Redis Cluster
 _MAX_SLOT = 16383
 #: the shard of the hash slots a cluster's slot map gives no primary (it may leave out a failed
@@ -73,7 +73,7 @@ def _serving(slots: list[tuple[int, int, str]], name: str) -> str:
     return slots[at][2]
 
 
-def _slot_ranges(reply: Any, asked: str) -> list[tuple[int, int, str]]:
+def slot_ranges(reply: Any, asked: str) -> list[tuple[int, int, str]]:
     """``(first slot, last slot, "host:port" of its primary)`` of a ``CLUSTER SLOTS`` reply,
     sorted (a primary announced without a host is the node ``asked``).
 

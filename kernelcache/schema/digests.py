@@ -24,7 +24,7 @@ import xxhash
 
 from .format import _HMAC, COVERS_FIELD, DIGEST_PREFIX, HMAC_FIELD, HMAC_PREFIX, STORE_COVERED
 
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 def _covered_names(doc: Mapping[str, Any]) -> Iterable[str]:
@@ -48,7 +48,7 @@ def covered_bytes(doc: Mapping[str, Any]) -> bytes:
     covered = covered_metadata(doc)
     if COVERS_FIELD in doc:
         covered[COVERS_FIELD] = doc[COVERS_FIELD]
-    return _CANONICAL.encode(covered).encode()
+    return CANONICAL.encode(covered).encode()
 
 
 def entry_digest(doc: Mapping[str, Any]) -> str:

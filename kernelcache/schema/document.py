@@ -24,12 +24,12 @@ from ..errors import InvalidMetadata
 from ..jsonio import load_json
 from ..keys import EXT_PATTERN, META_EXT
 from ..problem import Problem
-from .digests import _CANONICAL, entry_digest
-from .fields import _check_fields, _covered, _plain, _utf8
+from .digests import CANONICAL, entry_digest
+from .fields import _covered, _plain, check_fields, utf8
 from .format import (
-    _DIGEST,
     _HMAC,
     COVERS_FIELD,
+    DIGEST,
     FORMAT_VERSION,
     HMAC_FIELD,
     MAX_ARTIFACT_BYTES,
@@ -62,14 +62,14 @@ def check_document(doc: Any, key: str) -> dict[str, Any] | Problem:
     if type(size) is not int or not 0 <= size <= MAX_ARTIFACT_BYTES:
         return Problem(key, "metadata has an invalid size")
     dig = doc.get("digest")
-    if not isinstance(dig, str) or _DIGEST.fullmatch(dig) is None:
+    if not isinstance(dig, str) or DIGEST.fullmatch(dig) is None:
         return Problem(key, "metadata has an invalid digest")
     mac = doc.get(HMAC_FIELD)
     if mac is not None and (not isinstance(mac, str) or _HMAC.fullmatch(mac) is None):
         return Problem(key, "metadata has an invalid signature field")
     if COVERS_FIELD not in doc:
         return Problem(key, f"metadata has no {COVERS_FIELD!r} list")
-    bad = _check_fields(doc)
+    bad = check_fields(doc)
     if bad:
         return Problem(key, bad)
     stated = doc.get("entry_digest")
@@ -131,7 +131,7 @@ def parse_fields(raw: bytes, key: str) -> dict[str, Any] | Problem:
 
 def encode_metadata(doc: Mapping[str, Any]) -> bytes:
     """The bytes of a metadata document as the store writes it."""
-    return _CANONICAL.encode(doc).encode()
+    return CANONICAL.encode(doc).encode()
 
 
 def build_metadata(
@@ -192,7 +192,7 @@ def build_metadata(
             f"{MAX_META_BYTES}; its largest field is {largest!r}"
         )
     normalized = load_json(raw)  # tuples become lists: what every reader will see
-    bad = _check_fields(normalized)
+    bad = check_fields(normalized)
     if bad:
         raise InvalidMetadata(f"metadata for {key}: {bad}")
     normalized["entry_digest"] = entry_digest(normalized)
@@ -244,7 +244,7 @@ def displayable(value: Any, depth: int = 0) -> Any:
     """A copy of a value read from outside that JSON and a UTF-8 terminal can show: lone
     surrogates escaped, non-finite numbers and integers beyond 64 bits as text, nesting cut."""
     if isinstance(value, str):
-        return value if _utf8(value) else value.encode("utf-8", "backslashreplace").decode()
+        return value if utf8(value) else value.encode("utf-8", "backslashreplace").decode()
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):

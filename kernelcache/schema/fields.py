@@ -41,7 +41,7 @@ def integer(low: int, high: int) -> Check:
             return f"must be between {low} and {high}, not {_show(value)}"
         return None
 
-    check.bounds = (low, high)  # type: ignore[attr-defined]  # the fast path of _check_fields
+    check.bounds = (low, high)  # type: ignore[attr-defined]  # the fast path of check_fields
     return check
 
 
@@ -172,7 +172,7 @@ FIELDS: dict[str, Check] = {
 }
 #: the fields kernelcache itself gives a meaning
 OWN_FIELDS = frozenset(FIELDS)
-#: integer fields and their ranges, checked inline by _check_fields (the common case)
+#: integer fields and their ranges, checked inline by check_fields (the common case)
 _INT_RANGES: dict[str, tuple[int, int]] = {}
 #: the caller fields the entry digest of a new document covers: kernelcache's own (an entry's
 #: name and target, which operators select by) and those registered as covered
@@ -208,7 +208,7 @@ def register_fields(checks: Mapping[str, Check], *, covered: frozenset[str] = fr
 
 
 def _valid_name(name: object) -> bool:
-    return isinstance(name, str) and len(name) <= MAX_FIELD_NAME and _utf8(name)
+    return isinstance(name, str) and len(name) <= MAX_FIELD_NAME and utf8(name)
 
 
 def _both(first: Check, second: Check) -> Check:
@@ -228,7 +228,7 @@ def _plain(value: Any, depth: int = 0) -> str | None:
     """None if ``value`` is plain, bounded JSON; else what is wrong with it."""
     kind = type(value)
     if kind is str:
-        return None if value.isascii() or _utf8(value) else "holds a string that is not valid UTF-8"
+        return None if value.isascii() or utf8(value) else "holds a string that is not valid UTF-8"
     if kind is int:
         return None if -MAX_INT <= value <= MAX_INT else "holds an integer beyond 64 bits"
     if value is None or kind is bool:
@@ -239,7 +239,7 @@ def _plain(value: Any, depth: int = 0) -> str | None:
         return f"nests deeper than {MAX_DEPTH} levels"
     if isinstance(value, dict):
         for name, item in value.items():
-            if type(name) is not str or not (name.isascii() or _utf8(name)):
+            if type(name) is not str or not (name.isascii() or utf8(name)):
                 return "holds a name that is not valid UTF-8"
             if type(item) is not str or not item.isascii():
                 bad = _plain(item, depth + 1)
@@ -258,7 +258,7 @@ def _plain(value: Any, depth: int = 0) -> str | None:
     return f"holds a {kind.__name__}, which is not JSON"
 
 
-def _utf8(text: str) -> bool:
+def utf8(text: str) -> bool:
     """Whether ``text`` encodes as UTF-8 (no lone surrogates)."""
     if text.isascii():
         return True
@@ -269,7 +269,7 @@ def _utf8(text: str) -> bool:
     return True
 
 
-def _check_fields(doc: Mapping[str, Any]) -> str | None:
+def check_fields(doc: Mapping[str, Any]) -> str | None:
     """What is wrong with the fields of ``doc`` other than the store's own; None if nothing."""
     ranges = _INT_RANGES
     for name, value in doc.items():

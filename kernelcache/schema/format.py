@@ -35,7 +35,7 @@ RESERVED_FIELDS = frozenset({"format", "key", "ext", "size", "digest", "entry_di
 #: the most caller fields one document's entry digest covers
 MAX_COVERED = 64
 
-_DIGEST = re.compile(r"xxh3_128:[0-9a-f]{32}")
+DIGEST = re.compile(r"xxh3_128:[0-9a-f]{32}")
 _HMAC = re.compile(r"hmac-sha256:[0-9a-f]{64}")
 
 

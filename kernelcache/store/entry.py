@@ -22,7 +22,7 @@ MEMO_ENTRIES = 4096
 TOUCH_INTERVAL = 3600.0
 #: a last-used stamp further in the future than this is clock skew: it is reset to now
 FUTURE_SLACK = 300.0
-_META_SUFFIX = "." + META_EXT
+META_SUFFIX = "." + META_EXT
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def not_whole(art: Artifact) -> str | None:
     return None if reason is None else f"not a whole .{art.ext} artifact: {reason}"
 
 
-def _stale_stamp(mtime: float) -> bool:
+def stale_stamp(mtime: float) -> bool:
     """Whether a last-used stamp should be refreshed: older than an hour, or from the future."""
     age = time.time() - mtime
     return age > TOUCH_INTERVAL or age < -FUTURE_SLACK

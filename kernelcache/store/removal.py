@@ -26,7 +26,7 @@ from ..fsio import READ_FLAGS, changed_at
 from ..keys import META_EXT, check_key, split_entry_name
 from ..problem import Problem
 from ..process import warn_once
-from .entry import _META_SUFFIX, Artifact
+from .entry import META_SUFFIX, Artifact
 from .layout import LOCK_DIR, QUARANTINE_DIR, open_subdir, write_new
 from .locks.budget import WaitBudget
 from .locks.locker import Held
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 def _exclude_readers(root_fd: int, names: list[str], *, wait: float) -> list[int] | None:
     """:func:`~kernelcache.store.locks.readers.exclude_readers` of the artifact files among ``names``
     (readers lock artifacts, never metadata)."""
-    artifacts = [name for name in names if not name.endswith(_META_SUFFIX)]
+    artifacts = [name for name in names if not name.endswith(META_SUFFIX)]
     return exclude_readers(root_fd, artifacts, wait=wait)
 
 
@@ -132,7 +132,7 @@ def names_of(root: str, key: str) -> list[str]:
                     names.append(entry.name)
     except OSError:
         return []
-    names.sort(key=lambda n: not n.endswith(_META_SUFFIX))
+    names.sort(key=lambda n: not n.endswith(META_SUFFIX))
     return names
 
 

@@ -53,9 +53,9 @@ from .entry import (
     TOUCH_INTERVAL,
     Artifact,
     _artifact,
-    _stale_stamp,
     as_bytes,
     not_whole,
+    stale_stamp,
 )
 from .layout import (
     NOT_VISIBLE,
@@ -200,7 +200,7 @@ class Store(Removal):
             return loaded
         doc, stamp = loaded
         found = self._read_artifact(key, ext, doc, self._policy, self._read_locks)
-        if not self.readonly and _stale_stamp(stamp) and isinstance(found, Artifact):
+        if not self.readonly and stale_stamp(stamp) and isinstance(found, Artifact):
             self._touch(key)
             self._memo[key] = (doc, time.time() + TOUCH_INTERVAL)
         return found
@@ -295,7 +295,7 @@ class Store(Removal):
         if self.readonly:
             due = math.inf  # never touched: read again only when the artifact does not match
         else:
-            due = 0.0 if _stale_stamp(st.st_mtime) else st.st_mtime + TOUCH_INTERVAL
+            due = 0.0 if stale_stamp(st.st_mtime) else st.st_mtime + TOUCH_INTERVAL
         self._memo[key] = (doc, due)
         return doc, st.st_mtime
 

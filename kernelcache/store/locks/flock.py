@@ -22,10 +22,10 @@ if TYPE_CHECKING:
     pass
 #: the lock files of a key: its writers', its builder's and its soft lock
 LOCK_SUFFIXES = (".build.lock", ".lock", ".softlock")
-_FLOCK_UNSUPPORTED = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
+FLOCK_UNSUPPORTED = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
 
 
-def _try_flock(fd: int, *, shared: bool) -> bool:
+def try_flock(fd: int, *, shared: bool) -> bool:
     """One non-blocking try at the flock on ``fd``; False while another holder has it.
 
     Exclusive: filelock's descriptor lock. Shared: ``flock(LOCK_SH)`` (filelock has none).
@@ -42,7 +42,7 @@ def _try_flock(fd: int, *, shared: bool) -> bool:
     return _descriptor_lock()[0](fd)
 
 
-def _unflock(fd: int, *, shared: bool) -> None:
+def unflock(fd: int, *, shared: bool) -> None:
     if shared:
         fcntl.flock(fd, fcntl.LOCK_UN)
     else:

@@ -44,7 +44,7 @@ from ...errors import InvalidValue, LockTimeout, LockUnavailable
 from ...fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
 from ...process import HOST
 from ..layout import LOCK_DIR, create_exclusive, open_subdir
-from .flock import _FLOCK_UNSUPPORTED, _try_flock, _unflock, flock_holder
+from .flock import FLOCK_UNSUPPORTED, flock_holder, try_flock, unflock
 from .soft import MAX_HEARTBEAT, read_soft_record, soft_lock_stale
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class Held:
             try:
                 if remove:
                     self.locker._unlink(self.name + ".lock", self.dir_fd)
-                _unflock(self.fd, shared=self.shared)
+                unflock(self.fd, shared=self.shared)
             finally:
                 os.close(self.fd)
                 self.fd = -1
@@ -243,10 +243,10 @@ class Locker:
             try:
                 fd = self._open_lock_file(dfd, filename)
                 try:
-                    locked = _try_flock(fd, shared=shared)
+                    locked = try_flock(fd, shared=shared)
                 except OSError as e:
                     os.close(fd)
-                    if e.errno in _FLOCK_UNSUPPORTED:
+                    if e.errno in FLOCK_UNSUPPORTED:
                         raise LockUnavailable(
                             e.errno, f"flock does not work under {self.root}"
                         ) from e
@@ -309,10 +309,10 @@ class Locker:
         try:
             fd = self._open_lock_file(dfd, ".probe")
             try:
-                if _try_flock(fd, shared=False):  # else someone else holds the probe: it works
-                    _unflock(fd, shared=False)
+                if try_flock(fd, shared=False):  # else someone else holds the probe: it works
+                    unflock(fd, shared=False)
             except OSError as e:
-                if e.errno in _FLOCK_UNSUPPORTED:
+                if e.errno in FLOCK_UNSUPPORTED:
                     logger.warning(
                         "flock does not work under %s (%s); using soft lock files", self.root, e
                     )
