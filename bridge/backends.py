@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from . import vendors
 from .errors import BackendUnavailable, OptionError
 from .targets import Target, target_of
-from .vendors import Vendor
+from .vendors import base
+from .vendors.base import Vendor
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def option_names(vendor: Vendor) -> frozenset[str]:
 
 def all_option_names() -> frozenset[str]:
     """Field names of the options classes of every registered vendor's backend."""
-    return _option_names_of(vendors.registered())
+    return _option_names_of(base.registered())
 
 
 @functools.cache

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 import bridge
-from bridge import backends, embed, identity, versions
+from bridge import backends, versions
+from bridge.identity import compiler
+from bridge.lowering import embed
 from bridge.targets import Target, parse_target
-from bridge.vendors import AMD, NVIDIA
+from bridge.vendors.base import AMD, NVIDIA
 
 
 @pytest.mark.parametrize(
@@ -105,7 +107,7 @@ def test_triton_identity_is_memoized_in_the_cache(tmp_path, monkeypatch):
     import kernelcache
 
     calls = []
-    real = identity.triton_digest
+    real = compiler.triton_digest
 
     def counting():
         calls.append(1)
@@ -114,13 +116,13 @@ def test_triton_identity_is_memoized_in_the_cache(tmp_path, monkeypatch):
     def never():
         raise AssertionError("triton_key() computed")
 
-    monkeypatch.setattr(identity, "triton_digest", counting)
+    monkeypatch.setattr(compiler, "triton_digest", counting)
     monkeypatch.setattr(rc, "triton_key", never)
-    identity._memo.clear()
+    compiler._memo.clear()
     cache = kernelcache.Cache(root=tmp_path)
-    first = identity.triton_identity(cache)
-    identity._memo.clear()
-    second = identity.triton_identity(cache)
+    first = compiler.triton_identity(cache)
+    compiler._memo.clear()
+    second = compiler.triton_identity(cache)
     assert first == second and len(calls) == 1
     assert len(first) == 32
 
@@ -132,14 +134,14 @@ def test_triton_digest_covers_the_contents_of_what_triton_key_reads(tmp_path, mo
 
     import triton
 
-    base, files = identity._triton_files()
+    base, files = compiler._triton_files()
     walked = set()
     for sub in ("compiler", "backends", "language"):
         for lib in pkgutil.walk_packages([f"{base}/{sub}"], prefix=f"triton.{sub}."):
             walked.add(lib.module_finder.find_spec(lib.name).origin)
     assert walked <= set(files)  # every source file triton_key() hashes
     assert any(f.endswith((".so", ".pyd")) and "libtriton" in f for f in files)
-    before = identity.triton_digest()
+    before = compiler.triton_digest()
     target = f"{base}/language/core.py"
     real_open = open
 
@@ -153,9 +155,9 @@ def test_triton_digest_covers_the_contents_of_what_triton_key_reads(tmp_path, mo
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr("builtins.open", altered)
-    assert identity.triton_digest() != before
+    assert compiler.triton_digest() != before
     monkeypatch.setattr("builtins.open", real_open)
-    assert identity.triton_digest() == before
+    assert compiler.triton_digest() == before
     assert triton.__version__
 
 
@@ -164,8 +166,8 @@ def test_fingerprint_changes_with_the_installation(monkeypatch):
 
     import triton
 
-    identity.triton_fingerprint.cache_clear()
-    before = identity.triton_fingerprint()
+    compiler.triton_fingerprint.cache_clear()
+    before = compiler.triton_fingerprint()
     path = os.path.join(os.path.dirname(triton.__file__), "language", "core.py")
     real_stat = os.stat
 
@@ -176,8 +178,8 @@ def test_fingerprint_changes_with_the_installation(monkeypatch):
         return result
 
     monkeypatch.setattr(os, "stat", touched)
-    identity.triton_fingerprint.cache_clear()
-    assert identity.triton_fingerprint() != before
+    compiler.triton_fingerprint.cache_clear()
+    assert compiler.triton_fingerprint() != before
     monkeypatch.setattr(os, "stat", real_stat)
-    identity.triton_fingerprint.cache_clear()
-    assert identity.triton_fingerprint() == before
+    compiler.triton_fingerprint.cache_clear()
+    assert compiler.triton_fingerprint() == before

@@ -15,10 +15,12 @@ import pytest
 from bridge_helpers import decoded
 
 import bridge
-from bridge import backends, embed, vendors, warm
-from bridge.call import lower_call, triton_call_p
+from bridge import backends, warm
+from bridge.lowering import embed
+from bridge.lowering.lower import lower_call, triton_call_p
 from bridge.targets import Target, max_shared_memory, parse_target
-from bridge.vendors import AMD, NVIDIA, Vendor
+from bridge.vendors import base
+from bridge.vendors.base import AMD, NVIDIA, Vendor
 from examples import ops
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,11 +55,11 @@ XPU = Vendor(
 
 @pytest.fixture
 def xpu() -> Iterator[Vendor]:
-    vendors.register(XPU)
+    base.register(XPU)
     try:
         yield XPU
     finally:
-        vendors.unregister(XPU)
+        base.unregister(XPU)
         backends.option_names.cache_clear()
 
 
@@ -103,8 +105,8 @@ def test_compiling_for_a_vendor_without_a_triton_backend_says_what_is_missing(xp
 def test_a_platform_belongs_to_one_vendor(xpu):
     twin = Vendor(**{**vars(XPU), "name": "xpu2"})
     with pytest.raises(ValueError, match="platform 'xpu' belongs to xpu"):
-        vendors.register(twin)
-    assert vendors.by_platform("xpu") is xpu and vendors.by_platform("metal") is None
+        base.register(twin)
+    assert base.by_platform("xpu") is xpu and base.by_platform("metal") is None
     with pytest.raises(bridge.TargetError, match="unknown GPU backend 'xpu2'"):
         Target("xpu2", "pvc", 16)
 
@@ -146,7 +148,7 @@ _COMPARISON = re.compile(
 
 
 def test_every_registered_platform_has_a_lowering():
-    platforms = {v.platform for v in vendors.registered()}
+    platforms = {v.platform for v in base.registered()}
     assert {"cuda", "rocm"} <= platforms
     # the primitive has a lowering for the platform of every registered vendor
     from jax._src.interpreters import mlir

@@ -16,12 +16,12 @@ import pytest
 from bridge_helpers import REPO
 from conftest import child_env
 
-from bridge import record
+from bridge.lowering import record
 from bridge.warm import load_manifest
 
 WRITER = """
 import json, os, random, sys, time
-from bridge import record
+from bridge.lowering import record
 
 path, go, me = sys.argv[1], sys.argv[2], int(sys.argv[3])
 pad = "x" * 9000  # lines longer than PIPE_BUF: only a single O_APPEND write keeps them whole

@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache import CacheError, Store
 
-from .. import backends, binding
+from .. import backends
 from ..caches import as_cache
-from ..compile import output_to_stderr
+from ..call import binding
+from ..call.kernels import decompose
+from ..compile.compiler import output_to_stderr
+from ..compile.fetch import fetch
 from ..errors import BridgeError, KernelArgumentError
-from ..kernels import decompose
-from ..specialize import fetch, specialize
+from ..identity.specialize import specialize
 from ..targets import Target, parse_target
 from .manifest import (
     ManifestError,

@@ -1,0 +1,150 @@
+"""The compiler's identity, memoized across processes (see docs/bridge.md for its cost).
+
+The identity digests what Triton's own ``triton_key()`` hashes (Triton's version and the contents
+of every file it reads) with xxh3-128. It is memoized in the kernel cache (:mod:`bridge.entries.memos`)
+under the *file identity* of the installed Triton: the relative path, size and modification time
+of each of those files, so reinstalling or editing Triton recomputes it. A backend whose
+``hash()`` runs ptxas is memoized the same way, keyed by the ptxas files Triton would pick.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import sysconfig
+from typing import TYPE_CHECKING, Any
+
+from ..entries.memos import memoized
+from ..targets import Target
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+
+_VERSION = 1
+
+
+def _package_rows(directory: str, package: str, rows: list[list[Any]]) -> None:
+    """Append the rows (:func:`_stat_row`) of the Python files of ``package`` (at
+    ``directory``) and of its sub-packages (directories with ``__init__.py``, as
+    ``pkgutil.walk_packages`` finds them; not ``__pycache__``, which never is one), in name
+    order."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return
+    sep = os.sep
+    for name in names:
+        if name.endswith(".py"):
+            rows.append(_stat_row(directory + sep + name, package + sep + name))
+        elif name != "__pycache__" and name.isidentifier():
+            path = directory + sep + name
+            if os.path.exists(path + sep + "__init__.py"):
+                _package_rows(path, package + sep + name, rows)
+
+
+def _stat_row(path: str, name: str) -> list[Any]:
+    """``[name, size, mtime_ns]`` of the file at ``path`` (size and mtime None: no such file)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return [name, None, None]
+    return [name, st.st_size, st.st_mtime_ns]
+
+
+def _triton_rows() -> tuple[str, list[list[Any]]]:
+    """Triton's directory, and the row (:func:`_stat_row`) of every file ``triton_key()``
+    reads (plus the ``__init__.py`` of the packages it walks); one pass over the files."""
+    import triton
+
+    base = os.path.dirname(os.path.abspath(triton.__file__))
+    ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
+    rows = [
+        _stat_row(os.path.join(base, name), name)
+        for name in (os.path.join("runtime", "cache.py"), os.path.join("_C", f"libtriton.{ext}"))
+    ]
+    for package in ("compiler", "backends", "language"):
+        _package_rows(os.path.join(base, package), package, rows)
+    return base, rows
+
+
+def _triton_files() -> tuple[str, tuple[str, ...]]:
+    """Triton's directory and every file ``triton_key()`` reads (see :func:`_triton_rows`)."""
+    base, rows = _triton_rows()
+    return base, tuple(os.path.join(base, row[0]) for row in rows)
+
+
+@functools.lru_cache(maxsize=1)
+def triton_fingerprint() -> str:
+    """A digest of the identity (path, size, mtime) of every file ``triton_key()`` reads
+    (computed once per process)."""
+    import triton
+
+    doc = json.dumps([_VERSION, triton.__version__, _triton_rows()[1]], separators=(",", ":"))
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+def triton_digest() -> str:
+    """xxh3-128 of Triton's version and of the contents of every file ``triton_key()`` reads
+    (each with its relative path and size): what ``triton_key()`` hashes, with a faster hash."""
+    import triton
+    import xxhash
+
+    base, files = _triton_files()
+    h = xxhash.xxh3_128()
+    h.update(f"{_VERSION}\0{triton.__version__}\0".encode())
+    for path in files:
+        h.update(f"{os.path.relpath(path, base)}\0".encode())
+        try:
+            with open(path, "rb") as f:
+                h.update(f"{os.fstat(f.fileno()).st_size}\0".encode())
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    h.update(chunk)
+        except OSError as e:
+            h.update(f"unreadable {e.errno}\0".encode())
+    return h.hexdigest()
+
+
+@functools.cache
+def ptxas_fingerprint(target: Target) -> str:
+    """A digest of what decides the identity of a backend whose ``hash()`` runs ptxas, for
+    ``target``: the ptxas files Triton would pick."""
+    from triton import knobs
+
+    name = "ptxas_blackwell" if int(target.arch) >= 100 else "ptxas"
+    tool = vars(type(knobs.nvidia))[name]  # the descriptor: environment key and default path
+    configured = knobs.nvidia.__dict__.get(name) or knobs.getenv(tool.key)
+    rows: list[Any] = [[configured]]
+    for path in (configured, tool.default_path):
+        if path:
+            rows.append(_stat_row(path, os.path.abspath(path)))
+    doc = json.dumps([_VERSION, str(target), rows], separators=(",", ":"))
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+_memo: dict[tuple[str, str], str] = {}
+
+
+def triton_identity(cache: Cache | None) -> str:
+    """The compiler's identity (:func:`triton_digest`), without computing it when the cache
+    knows it."""
+    fp = triton_fingerprint()
+    found = _memo.get(("triton", fp))
+    if found is None:
+        found = _memo[("triton", fp)] = memoized(cache, "triton_files", fp, triton_digest)
+    return found
+
+
+def backend_identity(cache: Cache | None, target: Target, backend: Any) -> str:
+    """``backend.hash()`` for ``target``; where it runs ptxas, memoized by the ptxas files'
+    identity."""
+    if not target.vendor.hash_runs_ptxas:
+        return str(backend.hash())
+    fp = ptxas_fingerprint(target)
+    found = _memo.get(("ptxas", fp))
+    if found is None:
+        found = _memo[("ptxas", fp)] = memoized(
+            cache, f"backend:{target}", fp, lambda: str(backend.hash())
+        )
+    return found
