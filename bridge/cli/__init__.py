@@ -307,9 +307,8 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
     tune = _bridge_module("tune", "bridge.cli.tune")
     import kernelcache
 
-    from ..errors import TargetError
+    from ..errors import ManifestError, TargetError
     from ..tune import select
-    from ..warm.manifest import ManifestError
 
     if fill:
         select.use(select.JaxMeasurer(fill))
@@ -352,8 +351,7 @@ def cmd_explain(args: argparse.Namespace, out: Output) -> int:
     explain = _bridge_module("explain", "bridge.cli.explain")
     import kernelcache
 
-    from ..errors import TargetError
-    from ..warm.manifest import ManifestError
+    from ..errors import ManifestError, TargetError
 
     root = root_of(args)
     try:

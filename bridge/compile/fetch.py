@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..entries import failures
-from ..entries.failures import LeftOut
+from ..errors import LeftOut
 from ..identity.keys import derived_key
 from ..identity.specialize import Specialization, Usable, components
 from ..lowering.record import plain

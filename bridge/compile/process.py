@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, NoReturn
 
-from ..errors import BridgeError
+from ..errors import CompilerCrash, CompilerTraceback
 
 logger = logging.getLogger(__name__)
 
@@ -75,25 +75,6 @@ _LENGTH = struct.Struct("<Q")
 _ERROR_LINE = re.compile(r"^.*\berror\b.*$", re.IGNORECASE | re.MULTILINE)
 #: the exceptions of a cause chain carried back at most
 _CHAIN = 16
-
-
-class CompilerCrash(BridgeError, RuntimeError):
-    """The compiler process died while compiling (``reason``: one line naming the signal or
-    exit status, and the compiler's last error line). ``lasting``: the compiler crashed by
-    itself, so the same compile would crash again; False when it was killed from outside."""
-
-    def __init__(self, reason: str, lasting: bool) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.lasting = lasting
-
-    def __reduce__(self) -> tuple[type[CompilerCrash], tuple[str, bool]]:
-        return type(self), (self.reason, self.lasting)
-
-
-class CompilerTraceback(Exception):
-    """Where the compiler process raised: its traceback as text (the innermost cause of the
-    exception raised again here)."""
 
 
 @dataclass(frozen=True)

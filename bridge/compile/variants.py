@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import targets
 from ..entries import failures
-from ..entries.failures import LeftOut
-from ..errors import NoConfigError
+from ..errors import LeftOut, NoConfigError
 from . import fetch
 from .fetch import KernelBinary
 

@@ -30,8 +30,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..compile.process import CompilerCrash
-from ..errors import BridgeError, IncompleteOutput
+from ..errors import CompilerCrash, IncompleteOutput
 from ..identity.keys import derived_key
 
 if TYPE_CHECKING:
@@ -44,15 +43,6 @@ KIND = "failure"
 FORMAT = 1
 #: the longest reason kept (one line)
 MAX_REASON = 500
-
-
-class LeftOut(BridgeError):
-    """A kernel that cannot compile for its target, for a reason Triton's autotuner leaves its
-    config out for (``reason``: one line)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def _one_line(text: str) -> str:

@@ -43,6 +43,7 @@ from ..call import binding
 from ..call.binding import ArgArray
 from ..call.placeholders import dtype_name
 from ..compile import ptxisa
+from ..errors import Unkeyable
 from ..identity import compiler, jit
 from ..identity.keys import PIPELINE_VERSION, derived_key, env_digest
 from . import decisions
@@ -73,10 +74,6 @@ class Lowered:
     embed: str
     autotuned: bool
     needs: tuple[int, ...] = (0,)
-
-
-class Unkeyable(Exception):
-    """A value of the call is known only by its address: the call is not stored."""
 
 
 def _canon(value: Any, buffers: Mapping[int, int]) -> Any:

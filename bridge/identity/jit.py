@@ -57,6 +57,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import Undescribable
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: modules whose attributes Triton does not follow (its language, and what it treats as such)
 _OPAQUE_MODULES = ("triton", "math", "copy", "builtins")
@@ -72,16 +74,6 @@ _CLASS_NOISE = frozenset(
      "__parameters__", "__slots__", "__match_args__", "__dataclass_fields__",
      "__dataclass_params__", "__hash__", "__slotnames__", "__abstractmethods__", "_abc_impl"}
 )  # fmt: skip
-
-
-class Undescribable(ValueError):
-    """A constexpr value with no description that tells it from every other value;
-    ``path``: where the value is among a specialization's constexprs (its parameter's
-    position first), where known."""
-
-    def __init__(self, message: str, path: tuple[Any, ...] = ()) -> None:
-        super().__init__(message)
-        self.path = path
 
 
 def is_jit(value: Any) -> bool:

@@ -30,9 +30,10 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from ..errors import Undescribable
 from ..targets import Target
 from .compiler import backend_identity, triton_identity
-from .jit import Undescribable, constant, identity
+from .jit import constant, identity
 
 if TYPE_CHECKING:
     from kernelcache import Cache

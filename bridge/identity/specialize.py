@@ -23,10 +23,9 @@ from typing import TYPE_CHECKING, Any
 from .. import backends
 from ..call import binding
 from ..call.kernels import KernelParts
-from ..errors import BackendUnavailable, OptionError
+from ..errors import BackendUnavailable, OptionError, Undescribable
 from ..targets import Target
 from . import keys
-from .jit import Undescribable
 
 if TYPE_CHECKING:
     from kernelcache import Cache

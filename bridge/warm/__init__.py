@@ -31,10 +31,10 @@ command.
 
 from __future__ import annotations
 
-from .command import RootError, compile_manifest, compile_record, run, warm
+from ..errors import ManifestError, RootError
+from .command import compile_manifest, compile_record, run, warm
 from .manifest import (
     Manifest,
-    ManifestError,
     RecordedCall,
     import_kernel,
     load_manifest,

@@ -23,7 +23,7 @@ from ..call import binding
 from ..call.kernels import decompose
 from ..compile.compiler import output_to_stderr
 from ..compile.fetch import fetch
-from ..errors import BridgeError, KernelArgumentError
+from ..errors import KernelArgumentError, RootError
 from ..identity.specialize import specialize
 from ..targets import Target, parse_target
 from .manifest import (
@@ -42,10 +42,6 @@ if TYPE_CHECKING:
     from ..caches import CacheArg
 
 logger = logging.getLogger(__name__)
-
-
-class RootError(BridgeError, OSError):
-    """The writable cache root cannot take entries: nothing would be kept (exit 1)."""
 
 
 def _check_writable(root: str) -> None:

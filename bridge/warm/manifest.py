@@ -23,15 +23,10 @@ from kernelcache.fsio import open_regular
 from kernelcache.jsonio import load_json
 
 from ..call.binding import ArgArray
-from ..errors import BridgeError, KernelArgumentError
+from ..errors import KernelArgumentError, ManifestError
 from ..lowering.record import RECORD_VERSION
 from ..targets import Target
 from .report import WarmProblem
-
-
-class ManifestError(BridgeError, ValueError):
-    """The manifest cannot be read at all, or is not a manifest (a usage error: exit 2)."""
-
 
 # -- importing kernels ----------------------------------------------------------------------
 #: a dotted Python name (module path or qualified name)

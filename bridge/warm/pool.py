@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from ..compile.compiler import Compiled
 from ..compile.fetch import KernelBinary, Request, fetch_each, request
-from ..entries.failures import LeftOut
+from ..errors import LeftOut
 from ..identity.specialize import Specialization
 from ..targets import parse_target
 from .plan import Job, kernel_parts, present, specialization
