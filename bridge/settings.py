@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kernelcache.config import Variable, choice, parser, path, register_variables
 
-from .vendors.base import parse_name
+from .vendors.registry import parse_name
 
 #: how a compiled kernel rides in jaxlib's custom call (see :mod:`bridge.lowering.embed`)
 EMBED_MODES = ("auto", "inline", "ptx", "path")

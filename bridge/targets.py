@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import TargetError
-from .vendors import base
+from .vendors import registry
 from .vendors.base import Arch, Vendor
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class Target:
     vendor: Vendor = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "vendor", base.by_name(self.backend))
+        object.__setattr__(self, "vendor", registry.by_name(self.backend))
 
     def __str__(self) -> str:
         return f"{self.backend}:{self.arch}"
@@ -77,8 +77,8 @@ def parse_target(text: str | Target) -> Target:
     if isinstance(text, Target):
         return text
     if not isinstance(text, str):
-        raise TargetError(f"a target is a string such as {base.examples()}; got {text!r}")
-    return target_of(*base.parse_name(text))
+        raise TargetError(f"a target is a string such as {registry.examples()}; got {text!r}")
+    return target_of(*registry.parse_name(text))
 
 
 def max_shared_memory(target: Target, device: Any = None) -> int | None:
@@ -92,7 +92,7 @@ def max_shared_memory(target: Target, device: Any = None) -> int | None:
 def detect_devices(platform: str) -> list[tuple[Any, Target]]:
     """This process's local JAX devices of ``platform``, each with its target (none on a
     CPU-only machine, or for another platform)."""
-    vendor = base.by_platform(platform)
+    vendor = registry.by_platform(platform)
     if vendor is None:
         return []
     import jax
@@ -146,7 +146,7 @@ def select_target(
         if not local:
             raise TargetError(
                 f"no {platform} device here to detect the compile target from: pass target= "
-                f"(e.g. {base.examples()}) or set KERNELCACHE_TARGET to cross-compile on this "
+                f"(e.g. {registry.examples()}) or set KERNELCACHE_TARGET to cross-compile on this "
                 "machine"
             )
         if len(local) > 1:

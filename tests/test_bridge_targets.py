@@ -9,7 +9,8 @@ from bridge import backends, versions
 from bridge.identity import compiler
 from bridge.lowering import embed
 from bridge.targets import Target, parse_target
-from bridge.vendors.base import AMD, NVIDIA
+from bridge.vendors.cuda import CUDA
+from bridge.vendors.hip import HIP
 
 
 @pytest.mark.parametrize(
@@ -39,7 +40,7 @@ def test_warp_sizes_follow_triton():
     from triton.backends.amd.compiler import HIPOptions
 
     for arch in ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201"):
-        assert AMD.warp_size(arch) == HIPOptions(arch=arch).warp_size
+        assert HIP.warp_size(arch) == HIPOptions(arch=arch).warp_size
 
 
 def test_binary_compatibility():
@@ -78,8 +79,8 @@ def test_auto_embed_policy(jaxlib, target, mode):
 
 
 def test_option_names_come_from_triton():
-    assert {"maxnreg", "enable_fp_fusion", "num_warps"} <= backends.option_names(NVIDIA)
-    assert {"waves_per_eu", "kpack", "matrix_instr_nonkdim"} <= backends.option_names(AMD)
+    assert {"maxnreg", "enable_fp_fusion", "num_warps"} <= backends.option_names(CUDA)
+    assert {"waves_per_eu", "kpack", "matrix_instr_nonkdim"} <= backends.option_names(HIP)
     with pytest.raises(bridge.OptionError, match=r"valid options are .*maxnreg"):
         backends.check_options(parse_target("cuda:90"), {"maxnregs"})
     with pytest.raises(bridge.OptionError, match="arch"):
@@ -95,8 +96,8 @@ def test_a_missing_backend_says_which(monkeypatch):
         with pytest.raises(
             bridge.BackendUnavailable, match=r"no 'amd' backend.*it has: nvidia.*ROCm"
         ):
-            backends.compiler_module(AMD)
-        assert backends.compiler_module(NVIDIA).__name__ == "triton.backends.nvidia.compiler"
+            backends.compiler_module(HIP)
+        assert backends.compiler_module(CUDA).__name__ == "triton.backends.nvidia.compiler"
     finally:
         backends.compiler_module.cache_clear()
 

@@ -227,12 +227,12 @@ def _compares_a_vendor_name(node: ast.AST) -> bool:
 
 
 def test_no_backend_name_is_compared_outside_the_vendor_descriptors():
-    """What differs by GPU vendor is asked of a target's descriptor (bridge/vendors/base.py);
+    """What differs by GPU vendor is asked of a target's vendor (bridge/vendors/);
     kernelcache gives targets no meaning at all."""
     found = []
     for package in PACKAGES:
         for path in sorted((REPO / package).rglob("*.py")):
-            if path == REPO / "bridge" / "vendors" / "base.py":
+            if path.parent == REPO / "bridge" / "vendors":
                 continue
             tree = ast.parse(path.read_text())
             found += [

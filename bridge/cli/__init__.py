@@ -341,7 +341,7 @@ def _toolchain():  # -> tuple[Judge, str]
     """The bridge's judge of entries for ``kernelcache import --dry-run`` (ImportError: the
     bridge's dependencies are missing). The target is ``$KERNELCACHE_TARGET``'s: finding the
     GPU would import jax, several times the memory an import is allowed."""
-    from .explain import toolchain
+    from .toolchain import toolchain
 
     found = toolchain(find_gpu=False)
     return found.judge, found.describe()

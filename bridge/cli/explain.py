@@ -1,5 +1,4 @@
-"""Why the cache hits or misses: ``kernelcache explain MANIFEST`` and the toolchain behind
-``kernelcache import --dry-run``.
+"""Why the cache hits or misses: ``kernelcache explain MANIFEST``.
 
 Every entry the bridge compiles records the components of its key
 (:func:`bridge.identity.keys.key_components`). :func:`explain` keys each call of a manifest for
@@ -10,10 +9,6 @@ names the components that differ, worded for a person ("triton version 3.6.0 her
 the entry", "source digest differs"). An entry written before components were recorded is still
 a hit; as the nearest entry it is compared by what it does record (target, Triton version) and
 says "components not recorded".
-
-:class:`Toolchain` judges entries without their kernel: whether this machine's keys could name
-them at all (Triton version and build, pipeline, target, backend, environment). It is registered
-with :mod:`kernelcache.toolchains` by the bridge's command plugin.
 
 Nothing here compiles, counts a hit or a miss, or changes the cache: layers are scanned once
 (metadata, through the scan index) and the candidates of a kernel are read without a trace
@@ -30,8 +25,8 @@ from kernelcache import Artifact
 from kernelcache.scan import scan
 
 from ..entries.failures import remembered
-from ..errors import BackendUnavailable, BridgeError, KernelArgumentError, TargetError
-from ..identity.keys import COMPONENTS, PIPELINE_VERSION, env_digest, text_digest
+from ..errors import BridgeError, KernelArgumentError, TargetError
+from ..identity.keys import COMPONENTS
 from ..identity.specialize import Specialization, components
 from ..lowering.record import source_digest
 from ..targets import Target, parse_target, recorded_targets
@@ -319,112 +314,3 @@ def _one(
     if nearest is not None and nearest.key == spec.key:
         notes = (*notes, "the entry is there, but not the PTX it was built from (pruned?)")
     return Explained(kernel, target, config, "miss", spec.key, nearest=nearest, notes=notes)
-
-
-# -- the toolchain of import --dry-run -------------------------------------------------------
-class Toolchain:
-    """This machine's toolchain as a lookup sees it: which entries its keys could name,
-    judged from an entry's metadata alone (no kernel needed). ``target``: the one this
-    machine compiles for, or None when it is not known (every target is judged possible)."""
-
-    def __init__(self, target: Target | None, cache: Cache | None = None) -> None:
-        from ..identity.compiler import triton_identity
-        from ..versions import triton_version
-
-        self.target = target
-        self._cache = cache
-        self.here = {
-            "pipeline": PIPELINE_VERSION,
-            "triton": triton_version(),
-            "compiler": triton_identity(cache),
-            "environment": text_digest(env_digest()),
-        }
-        self._backends: dict[str, str | None] = {}
-
-    def describe(self) -> str:
-        target = (
-            str(self.target)
-            if self.target
-            else "KERNELCACHE_TARGET not set (and no GPU found), so entries of every target count"
-        )
-        return f"Triton {self.here['triton']}, {target}"
-
-    def _backend(self, name: str) -> str | None:
-        """The backend component for target ``name`` here; None: no backend for it."""
-        if name not in self._backends:
-            from .. import backends
-            from ..identity.compiler import backend_identity
-
-            try:
-                target = parse_target(name)
-                backend = backends.make_backend(target)
-                self._backends[name] = text_digest(backend_identity(self._cache, target, backend))
-            except (TargetError, BackendUnavailable):
-                self._backends[name] = None
-        return self._backends[name]
-
-    def _memo_keys(self, label: Any) -> set[str]:
-        """The keys this installation memoizes the identity ``label`` under."""
-        from ..entries.memos import memo_key
-        from ..identity.compiler import ptxas_fingerprint, triton_fingerprint
-
-        if label == "triton_files":
-            return {memo_key(label, triton_fingerprint())}
-        if isinstance(label, str) and label.startswith("backend:cuda:"):
-            try:
-                target = parse_target(label.partition(":")[2])
-            except TargetError:
-                return set()
-            return {memo_key(label, ptxas_fingerprint(target))}
-        return set()
-
-    def judge(self, meta: Mapping[str, Any]) -> str | None:
-        """None if this machine's keys can name the entry ``meta``; else why not."""
-        target = meta.get("target") if isinstance(meta.get("target"), str) else None
-        if self.target is not None and target is not None and target != str(self.target):
-            return f"target {target} (here {self.target})"
-        kind = meta.get("kind")
-        if kind == "identity":
-            if meta.get("key") in self._memo_keys(meta.get("name")):
-                return None
-            return "memo of another installation's compiler identity (recomputed here)"
-        if kind is not None:
-            return None  # PTX, decisions, failures: looked up with their kernels
-        recorded = recorded_components(meta)
-        if recorded is None:
-            entry = fallback_components(meta)
-            if entry.get("triton") not in (None, self.here["triton"]):
-                return f"Triton {entry['triton']} (here {self.here['triton']})"
-            return None
-        here = dict(self.here)
-        if target is not None:
-            backend = self._backend(target)
-            if backend is None:
-                return f"no Triton backend for {target} here"
-            here["backend"] = backend
-        diffs = differences(here, recorded)
-        if not diffs:
-            return None
-        first = diffs[0]
-        if first.component == "triton":
-            return f"Triton {first.entry} (here {first.here})"
-        return first.text()
-
-
-def toolchain(find_gpu: bool = True) -> Toolchain:
-    """This machine's toolchain: its target from ``$KERNELCACHE_TARGET``, else (with
-    ``find_gpu``, which imports jax) its GPU."""
-    from ..settings import settings
-    from ..targets import detect
-
-    explicit = settings().target
-    target: Target | None = None
-    if explicit is not None:
-        target = parse_target(explicit)
-    elif find_gpu:
-        for platform in ("cuda", "rocm"):
-            found = detect(platform)
-            if found:
-                target = found[0]
-                break
-    return Toolchain(target)

@@ -38,7 +38,8 @@ from kernelcache import formats
 
 from ..errors import IncompleteOutput, KernelArgumentError
 from ..targets import Target
-from ..vendors.base import Vendor, by_binary_ext
+from ..vendors.base import Vendor
+from ..vendors.registry import by_binary_ext
 from . import process
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import Any
 
 from kernelcache import schema
 
-from ..vendors.base import parse_name
+from ..vendors.registry import parse_name
 
 _U32 = (1 << 32) - 1
 _SHA256 = re.compile(r"[0-9a-f]{64}")

@@ -167,7 +167,7 @@ def context(target: Target, embed: str, jaxlib: str, device: Any, cache: Cache) 
                 __version__,
                 PIPELINE_VERSION,
                 compiler.triton_fingerprint(),
-                compiler.ptxas_fingerprint(target) if target.vendor.hash_runs_ptxas else None,
+                target.vendor.backend_fingerprint(target.arch),
                 env_digest(),
                 backends.default_fp_fusion(),
                 jaxlib,

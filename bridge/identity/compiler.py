@@ -4,7 +4,8 @@ The identity digests what Triton's own ``triton_key()`` hashes (Triton's version
 of every file it reads) with xxh3-128. It is memoized in the kernel cache (:mod:`bridge.entries.memos`)
 under the *file identity* of the installed Triton: the relative path, size and modification time
 of each of those files, so reinstalling or editing Triton recomputes it. A backend whose
-``hash()`` runs ptxas is memoized the same way, keyed by the ptxas files Triton would pick.
+``hash()`` reads more (ptxas on CUDA) is memoized the same way, keyed by the fingerprint its
+vendor gives (:meth:`~bridge.vendors.base.Vendor.backend_fingerprint`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..entries.memos import memoized
 from ..targets import Target
+from ..vendors.base import file_row
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -26,7 +28,7 @@ _VERSION = 1
 
 
 def _package_rows(directory: str, package: str, rows: list[list[Any]]) -> None:
-    """Append the rows (:func:`_stat_row`) of the Python files of ``package`` (at
+    """Append the rows (:func:`~bridge.vendors.base.file_row`) of the Python files of ``package`` (at
     ``directory``) and of its sub-packages (directories with ``__init__.py``, as
     ``pkgutil.walk_packages`` finds them; not ``__pycache__``, which never is one), in name
     order."""
@@ -37,31 +39,22 @@ def _package_rows(directory: str, package: str, rows: list[list[Any]]) -> None:
     sep = os.sep
     for name in names:
         if name.endswith(".py"):
-            rows.append(_stat_row(directory + sep + name, package + sep + name))
+            rows.append(file_row(directory + sep + name, package + sep + name))
         elif name != "__pycache__" and name.isidentifier():
             path = directory + sep + name
             if os.path.exists(path + sep + "__init__.py"):
                 _package_rows(path, package + sep + name, rows)
 
 
-def _stat_row(path: str, name: str) -> list[Any]:
-    """``[name, size, mtime_ns]`` of the file at ``path`` (size and mtime None: no such file)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return [name, None, None]
-    return [name, st.st_size, st.st_mtime_ns]
-
-
 def _triton_rows() -> tuple[str, list[list[Any]]]:
-    """Triton's directory, and the row (:func:`_stat_row`) of every file ``triton_key()``
+    """Triton's directory, and the row (:func:`~bridge.vendors.base.file_row`) of every file ``triton_key()``
     reads (plus the ``__init__.py`` of the packages it walks); one pass over the files."""
     import triton
 
     base = os.path.dirname(os.path.abspath(triton.__file__))
     ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
     rows = [
-        _stat_row(os.path.join(base, name), name)
+        file_row(os.path.join(base, name), name)
         for name in (os.path.join("runtime", "cache.py"), os.path.join("_C", f"libtriton.{ext}"))
     ]
     for package in ("compiler", "backends", "language"):
@@ -106,23 +99,6 @@ def triton_digest() -> str:
     return h.hexdigest()
 
 
-@functools.cache
-def ptxas_fingerprint(target: Target) -> str:
-    """A digest of what decides the identity of a backend whose ``hash()`` runs ptxas, for
-    ``target``: the ptxas files Triton would pick."""
-    from triton import knobs
-
-    name = "ptxas_blackwell" if int(target.arch) >= 100 else "ptxas"
-    tool = vars(type(knobs.nvidia))[name]  # the descriptor: environment key and default path
-    configured = knobs.nvidia.__dict__.get(name) or knobs.getenv(tool.key)
-    rows: list[Any] = [[configured]]
-    for path in (configured, tool.default_path):
-        if path:
-            rows.append(_stat_row(path, os.path.abspath(path)))
-    doc = json.dumps([_VERSION, str(target), rows], separators=(",", ":"))
-    return hashlib.sha256(doc.encode()).hexdigest()
-
-
 _memo: dict[tuple[str, str], str] = {}
 
 
@@ -137,14 +113,15 @@ def triton_identity(cache: Cache | None) -> str:
 
 
 def backend_identity(cache: Cache | None, target: Target, backend: Any) -> str:
-    """``backend.hash()`` for ``target``; where it runs ptxas, memoized by the ptxas files'
-    identity."""
-    if not target.vendor.hash_runs_ptxas:
+    """``backend.hash()`` for ``target``; where the vendor names what it reads besides Triton's
+    files (:meth:`~bridge.vendors.base.Vendor.backend_fingerprint`: ptxas on CUDA), memoized
+    under that."""
+    fp = target.vendor.backend_fingerprint(target.arch)
+    if fp is None:
         return str(backend.hash())
-    fp = ptxas_fingerprint(target)
-    found = _memo.get(("ptxas", fp))
+    found = _memo.get(("backend", fp))
     if found is None:
-        found = _memo[("ptxas", fp)] = memoized(
+        found = _memo[("backend", fp)] = memoized(
             cache, f"backend:{target}", fp, lambda: str(backend.hash())
         )
     return found

@@ -14,7 +14,7 @@
 - ``auto`` (default, or ``$KERNELCACHE_EMBED``): ``inline`` where the running jaxlib honours
   module_image, else the vendor's fallback (``ptx`` on CUDA, ``path`` on ROCm).
 
-Which modes a target takes is its descriptor's (:mod:`bridge.vendors.base`).
+Which modes a target takes is its descriptor's (:meth:`bridge.vendors.base.Vendor.embed_modes`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..compile import ptxisa
 from ..errors import EmbedError
 from ..settings import EMBED_MODES
 from ..targets import Target
-from ..vendors import base
+from ..vendors import registry
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -61,10 +61,10 @@ def choose_mode(
     modern = versions.honours_module_image(jaxlib)
     vendor = target.vendor
     if mode == "auto":
-        return "inline" if modern else vendor.fallback_embed
-    if mode not in vendor.embed_modes:
-        takers = " and ".join(v.title for v in base.registered() if mode in v.embed_modes)
-        takes = " or ".join(map(repr, vendor.embed_modes))
+        return vendor.auto_embed(modern)
+    if mode not in vendor.embed_modes():
+        takers = " and ".join(v.title for v in registry.registered() if mode in v.embed_modes())
+        takes = " or ".join(map(repr, vendor.embed_modes()))
         raise EmbedError(f"embed={mode!r} is for {takers}; {target} takes {takes}")
     if mode == "inline" and not modern:
         # honoured as asked: the module may be exported to run under a newer jaxlib

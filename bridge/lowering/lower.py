@@ -47,7 +47,7 @@ from ..entries.programs import Item, Program
 from ..errors import KernelArgumentError
 from ..identity import specialize
 from ..tune import select
-from ..vendors import base
+from ..vendors import registry
 from . import embed, messages, proto, record
 
 if TYPE_CHECKING:
@@ -63,8 +63,8 @@ CUSTOM_CALL_LEGACY = versions.LEGACY_TARGET
 
 
 def _no_cpu(ctx: Any, *args: Any, call: CallSpec, has_side_effect: bool) -> Any:
-    gpus = " or ".join(f"{v.maker} ({v.platform})" for v in base.registered())
-    first = base.registered()[0].platform
+    gpus = " or ".join(f"{v.maker} ({v.platform})" for v in registry.registered())
+    first = registry.registered()[0].platform
     raise KernelArgumentError(
         f"the Triton kernel {call.parts.qualname} runs on {gpus} GPUs, but "
         "this computation is being lowered for cpu: run it on a GPU, or cross-compile with "
@@ -358,7 +358,7 @@ def _lower(ctx: Any, *operands: Any, call: CallSpec, has_side_effect: bool, plat
     return rule(ctx, *operands)
 
 
-for _vendor in base.registered():
+for _vendor in registry.registered():
     mlir.register_lowering(
         triton_call_p,
         functools.partial(_lower, platform=_vendor.platform),
