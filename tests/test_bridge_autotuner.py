@@ -35,7 +35,7 @@ from bridge import versions
 from bridge.cli import tune
 from bridge.compile import fetch, variants
 from bridge.entries import decisions, failures
-from bridge.identity.keys import derived_key
+from bridge.entries.kinds import derived_key
 from bridge.lowering import lower as bridge_call
 from bridge.tune import select
 

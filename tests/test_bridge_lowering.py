@@ -26,7 +26,7 @@ import bridge
 import kernelcache
 from bridge import versions
 from bridge.compile import compiler as bridge_compile
-from bridge.identity.keys import derived_key
+from bridge.entries.kinds import derived_key
 from bridge.lowering import lower as bridge_call
 from bridge.lowering import proto
 from bridge.lowering import record as bridge_record

@@ -153,13 +153,13 @@ def test_values_of_different_types_key_differently():
     never share a key."""
     import enum
 
-    from bridge.entries import lowerings
+    from bridge.lowering import keys
 
     class Flag(enum.IntEnum):
         ON = 1
 
     values = [1, True, 1.0, "1", Flag.ON, (1,), {"1": 1}, None, 0, False, "", ()]
-    shown = [repr(lowerings._canon(v, {})) for v in values]
+    shown = [repr(keys._canon(v, {})) for v in values]
     assert len(set(shown)) == len(values), shown
 
 

@@ -115,7 +115,7 @@ def triton_descriptor(
 
 def revive(fields: Mapping[str, Any], base: Any, kernel: str) -> Any:
     """The Triton descriptor object of a recorded ``@triton.jit`` descriptor argument
-    (``fields`` as :func:`bridge.lowering.record.plain` wrote them) around ``base``.
+    (``fields`` as :func:`bridge.call.plain.plain` wrote them) around ``base``.
 
     Raises:
         KernelArgumentError: a Gluon descriptor (its layout is recorded only by repr) or

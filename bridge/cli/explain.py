@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 from kernelcache import Artifact
 from kernelcache.scan import scan
 
+from ..call.plain import source_digest
 from ..entries.failures import remembered
 from ..errors import BridgeError, KernelArgumentError, TargetError
 from ..identity.keys import COMPONENTS
 from ..identity.specialize import Specialization, components
-from ..lowering.record import source_digest
 from ..targets import Target, parse_target, recorded_targets
 from ..warm.manifest import RecordedCall, load_manifest
 from ..warm.plan import kernel_parts, present, specializations

@@ -186,8 +186,8 @@ def traced_call(group: _Group, target: Target, cache: Cache) -> CallSpec:
 
     from ..api import triton_call
     from ..call.binding import ArgArray
+    from ..call.plain import plain
     from ..lowering.lower import triton_call_p
-    from ..lowering.record import plain
 
     if group.outputs is None:
         raise KernelArgumentError(

@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..entries import failures
+from ..call.plain import plain
+from ..entries import failures, kinds
+from ..entries.kinds import derived_key
 from ..errors import LeftOut
-from ..identity.keys import derived_key
 from ..identity.specialize import Specialization, Usable, components
-from ..lowering.record import plain
 from ..versions import triton_version
 from . import process
 from .compiler import Compiled, binary_problem, compile_source
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PTX_EXT = "ptx"
+PTX_EXT = kinds.PTX
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def _store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> Non
     from kernelcache.process import warn_once
 
     fields = {
-        "kind": "ptx",
+        "kind": kinds.PTX,
         "of": key,
         "name": meta.get("name"),
         "kernel": meta.get("kernel"),

@@ -30,21 +30,29 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from kernelcache.process import warn_once
+
+from . import kinds
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
     from ..call.kernels import KernelParts
-    from ..identity.specialize import Specialization
 
 logger = logging.getLogger(__name__)
 
+
+class Keyed(Protocol):
+    """A variant with its kernel key (a :class:`bridge.identity.specialize.Specialization`)."""
+
+    @property
+    def key(self) -> str: ...
+
+
 #: the extension and kind of a decision entry
-EXT = "decision"
-KIND = "decision"
+EXT = KIND = kinds.DECISION
 FORMAT = 1
 #: the device of a decision that holds for every device of its target (a pinned one)
 ANY_DEVICE = "*"
@@ -247,7 +255,7 @@ def autotune_keys(parts: KernelParts) -> list[str]:
 def keys_of(
     parts: KernelParts,
     named: Mapping[str, Any],
-    specs: Sequence[Specialization],
+    specs: Sequence[Keyed],
     devices: Sequence[str] = (),
 ) -> list[str]:
     """The keys under which a decision for a call (its kernel and arguments by parameter name)

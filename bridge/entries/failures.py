@@ -31,15 +31,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CompilerCrash, IncompleteOutput
-from ..identity.keys import derived_key
+from . import kinds
+from .kinds import derived_key
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
 logger = logging.getLogger(__name__)
 
-EXT = "failure"
-KIND = "failure"
+EXT = KIND = kinds.FAILURE
 FORMAT = 1
 #: the longest reason kept (one line)
 MAX_REASON = 500

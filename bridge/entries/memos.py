@@ -13,13 +13,14 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from . import kinds
+
 if TYPE_CHECKING:
     from kernelcache import Cache
 
 logger = logging.getLogger(__name__)
 
-#: artifact extension of memoized values in the kernel cache
-MEMO_EXT = "ident"
+MEMO_EXT = kinds.MEMO
 
 
 def memo_key(label: str, fingerprint: str) -> str:

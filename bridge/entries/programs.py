@@ -38,8 +38,8 @@ from kernelcache.keys import KEY_PATTERN
 from kernelcache.schema import KERNEL_NAME
 from kernelcache.table import NAME_SEPARATOR
 
-from ..identity.keys import derived_key
-from . import lowerings
+from . import kinds, lowerings
+from .kinds import derived_key
 from .lowerings import Lowered
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from ..targets import Target
 
 #: extension of program entries (metadata ``kind: lowering``)
-EXT = "program"
+EXT = kinds.PROGRAM
 MAGIC = b"KCP1"
 #: at most this many calls in one program entry (more are looked up one by one)
 MAX_ITEMS = 4096

@@ -179,8 +179,3 @@ def kernel_key(
     parts = key_components(cache, target, backend, src, options, language)
     text = repr([src.hash(), sorted(parts.items())])
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def derived_key(key: str, role: str) -> str:
-    """The key of a companion artifact of ``key`` (e.g. ``role="ptx"``)."""
-    return hashlib.sha256(f"{key}:{role}".encode()).hexdigest()

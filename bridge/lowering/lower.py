@@ -48,7 +48,7 @@ from ..errors import KernelArgumentError
 from ..identity import specialize
 from ..tune import select
 from ..vendors import registry
-from . import embed, messages, proto, record
+from . import embed, keys, messages, proto, record
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -124,7 +124,7 @@ def setup(call: CallSpec, platform: str, jaxlib: str | None = None) -> Setup:
     mode = embed.choose_mode(call.embed, target, jaxlib, ours)
     cache = as_cache(call.cache, cfg)
     device = targets.local_device(target, platform)
-    context = None if mode == "path" else lowerings.context(target, mode, jaxlib, device, cache)
+    context = None if mode == "path" else keys.context(target, mode, jaxlib, device, cache)
     return Setup(cfg, ours, target, jaxlib, mode, cache, device, context)
 
 
@@ -210,7 +210,7 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
     every = specialize.call_variants(call.parts, call.named, call.kwargs, call.options, target)
     keyed = None
     if prepared.context is not None and call.choice is None and not record.wanted(prepared.ours):
-        keyed = lowerings.lowering_key(call, target, prepared.context, every)
+        keyed = keys.lowering_key(call, target, prepared.context, every)
     if keyed is not None:
         found = _replay(call, keyed, target, platform, autotune, program)
         if found is not None:

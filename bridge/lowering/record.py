@@ -14,10 +14,9 @@ other processes appended since it last looked and skips a record the file alread
 kernel key, target and import path). Where ``flock`` is unavailable (some network
 filesystems) lines are still whole, and duplicates are removed when the manifest is read.
 
-A kernel that another process cannot import (defined inside a function, in the ``__main__`` of a
-script run as a file, or in a module that is not importable from ``sys.path``) is still
-recorded, marked ``"importable": false`` with the reason, and reported once per process with a
-warning that says what to do.
+A kernel that another process cannot import (:mod:`bridge.call.importable`) is still recorded,
+marked ``"importable": false`` with the reason, and reported once per process with a warning
+that says what to do. Values are recorded as :mod:`bridge.call.plain` writes them.
 """
 
 from __future__ import annotations
@@ -25,13 +24,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
-import importlib.machinery
 import json
 import logging
 import os
 import stat
-import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache.jsonio import load_json
 from kernelcache.process import warn_once
+
+from ..call.importable import located
+from ..call.plain import plain
 
 if TYPE_CHECKING:
     from ..call.binding import Bound
@@ -74,49 +73,6 @@ def add_listener(listener: Listener) -> Callable[[], None]:
     return remove
 
 
-def plain(value: Any) -> Any:
-    """``value`` as JSON data: arrays as ``{"array": dtype, "shape": [...]}``, tensor
-    descriptors as ``{"tensordesc": {...}}``, dtypes and JIT functions by name, tuples as lists,
-    anything else by ``repr``."""
-    from ..call.binding import ArgArray
-
-    if isinstance(value, ArgArray):
-        return {"array": value.jax_dtype.name, "shape": list(value.shape)}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (tuple, list)):
-        return [plain(v) for v in value]
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    base = getattr(value, "base", None)
-    if isinstance(base, ArgArray) and hasattr(value, "block_shape"):  # a tensor descriptor
-        desc = {
-            "base": plain(base),
-            "shape": [int(d) for d in value.shape],
-            "strides": [int(d) for d in value.strides],
-            "block_shape": [int(d) for d in value.block_shape],
-            "padding": str(value.padding),
-            "round_f32_to_tf32": bool(getattr(value, "round_f32_to_tf32", False)),
-        }
-        if hasattr(value, "layout"):  # Gluon's, recorded by repr
-            desc["layout"] = plain(value.layout)
-        return {"tensordesc": desc}
-    fn = getattr(value, "fn", None)
-    if fn is not None and hasattr(value, "cache_key"):
-        return {"jit": f"{fn.__module__}:{fn.__qualname__}"}
-    inner = getattr(value, "value", None)
-    if type(value).__name__ == "constexpr":
-        return plain(inner)
-    if type(value).__name__ == "dtype" and hasattr(value, "name"):
-        return {"dtype": str(value.name)}
-    return {"repr": repr(value)}
-
-
-def source_digest(fn: Any) -> str:
-    """sha256 of a kernel function's source text as Triton parses it (decorators excluded)."""
-    return hashlib.sha256(str(fn.src).encode()).hexdigest()
-
-
 def warp_size_params(arguments: Mapping[str, Any], warp_size: int) -> dict[str, str]:
     """Constexpr arguments that carry the recording target's warp size, by name.
 
@@ -134,140 +90,6 @@ def warp_size_params(arguments: Mapping[str, Any], warp_size: int) -> dict[str, 
     }
 
 
-# -- can another process import the kernel? -----------------------------------------------
-@dataclass(frozen=True)
-class Located:
-    """Where a recorded kernel can be imported from, as far as this process can tell."""
-
-    path: str  # module:qualname under which another process imports it
-    importable: bool
-    problem: str | None = None
-    source: str | None = None  # source_digest of the kernel function, when it was found
-
-
-def _spec_on_path(name: str) -> Any:
-    """The spec that a fresh import of top-level module ``name`` would find, or None."""
-    with contextlib.suppress(ImportError, ValueError, AttributeError):
-        spec = importlib.machinery.PathFinder.find_spec(name)
-        if spec is not None:
-            return spec
-    for finder in sys.meta_path:
-        if finder is importlib.machinery.PathFinder:
-            continue
-        find = getattr(finder, "find_spec", None)
-        if find is None:
-            continue
-        try:
-            spec = find(name, None)
-        except (ImportError, ValueError, AttributeError, TypeError):
-            continue
-        if spec is not None:
-            return spec
-    return None
-
-
-def _same_file(a: str | None, b: str | None) -> bool:
-    if not a or not b:
-        return False
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
-def _module_problem(module_name: str, module: Any) -> str | None:
-    """Why a fresh process could not import ``module_name`` the way this one did, or None."""
-    top_name = module_name.split(".")[0]
-    top = sys.modules.get(top_name)
-    spec = _spec_on_path(top_name)
-    if spec is None:
-        where = getattr(module, "__file__", None) or "(no file)"
-        return (
-            f"module {module_name} (loaded from {where}) cannot be imported from sys.path: "
-            f"put its directory on PYTHONPATH where you warm, or install it as a package"
-        )
-    loaded = getattr(getattr(top, "__spec__", None), "origin", None) or getattr(
-        top, "__file__", None
-    )
-    if spec.origin not in (None, "namespace") and loaded and not _same_file(spec.origin, loaded):
-        return (
-            f"module {top_name} was loaded from {loaded}, but importing it from sys.path finds "
-            f"{spec.origin}: warm from an environment where the kernel's module is found first"
-        )
-    return None
-
-
-def locate(path: str) -> Located:
-    """Check that ``module:qualname`` names a kernel another process can import.
-
-    Only this process's ``sys.modules`` and the import system's finders are consulted:
-    nothing is imported or executed.
-    """
-    module_name, _, qualname = path.partition(":")
-    if not qualname or "<locals>" in qualname or "<lambda>" in qualname:
-        return Located(
-            path,
-            False,
-            f"{path} is defined inside a function: another process cannot import it; "
-            "define the kernel at module level",
-        )
-    module = sys.modules.get(module_name)
-    if module_name == "__main__":
-        spec = getattr(module, "__spec__", None)
-        name = getattr(spec, "name", None)
-        if not name or name == "__main__":
-            script = getattr(module, "__file__", None) or "an interactive session"
-            return Located(
-                path,
-                False,
-                f"{path} is defined in {script}, which runs as __main__: another process "
-                "cannot import it without running it; move the kernel into a module that "
-                "the script imports",
-                _source_of(module, qualname),
-            )
-        module_name = name  # `python -m pkg.mod`: importable as pkg.mod
-        path = f"{name}:{qualname}"
-    elif module is None:
-        return Located(path, False, f"module {module_name} of {path} is not loaded")
-    found = _source_of(module, qualname)
-    if found is None:
-        return Located(
-            path,
-            False,
-            f"{path} cannot be found by name in module {module_name}: define the kernel at "
-            "module level under the name it is defined with",
-        )
-    problem = _module_problem(module_name, module)
-    return Located(path, problem is None, problem, found)
-
-
-def _source_of(module: Any, qualname: str) -> str | None:
-    obj = module
-    try:
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        return None
-    while hasattr(obj, "fn") and not hasattr(obj, "src"):  # autotune / heuristics layers
-        obj = obj.fn
-    return source_digest(obj) if hasattr(obj, "src") else None
-
-
-_located: dict[str, Located] = {}
-
-
-def _locate_memo(path: str) -> Located:
-    found = _located.get(path)
-    if found is None:
-        try:
-            found = locate(path)
-        except (OSError, ValueError, TypeError, AttributeError, ImportError) as e:
-            found = Located(path, False, f"could not check whether {path} can be imported: {e}")
-        _located[path] = found
-    return found
-
-
-# -- the record as written ----------------------------------------------------------------
 def build(
     call: CallSpec, target: Target, key: str, bound: Bound, grid: tuple[int, int, int]
 ) -> dict[str, Any]:
@@ -324,7 +146,7 @@ def complete(record: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
 
     out = dict(record)
     out.setdefault("version", RECORD_VERSION)
-    where = _locate_memo(str(record["kernel"]))
+    where = located(str(record["kernel"]))
     out["kernel"] = where.path
     out["importable"] = where.importable
     problem = where.problem

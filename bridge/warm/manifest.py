@@ -68,7 +68,7 @@ def import_kernel(path: str) -> Any:
 
 
 def revive(value: Any, counter: list[int]) -> Any:
-    """The inverse of :func:`bridge.lowering.record.plain` for what a call can contain.
+    """The inverse of :func:`bridge.call.plain.plain` for what a call can contain.
 
     Raises:
         KernelArgumentError: a value that was recorded only by its ``repr``.

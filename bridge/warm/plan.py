@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 from ..backends import check_options
 from ..call.binding import expand_variants
 from ..call.kernels import KernelParts, decompose
+from ..call.plain import source_digest
 from ..compile.fetch import PTX_EXT, ptx_pairs
 from ..entries import decisions
 from ..entries.failures import remembered
+from ..entries.kinds import derived_key
 from ..errors import BridgeError, KernelArgumentError
-from ..identity.keys import derived_key
 from ..identity.specialize import Specialization, specialize, specialize_call
-from ..lowering.record import source_digest
 from ..targets import Target
 from .manifest import Manifest, RecordedCall, import_kernel
 from .report import WarmOutcome, WarmProblem
