@@ -27,7 +27,7 @@ from .kernels import KernelParts
 
 if TYPE_CHECKING:
     from ..caches import CacheArg
-    from .conventions import Plan
+    from .plan import Plan
 
 
 _SHAPED = jax.core.ShapedArray

@@ -37,14 +37,11 @@ import contextlib
 import faulthandler
 import functools
 import gc
-import io
-import itertools
 import logging
 import os
 import pickle
 import re
 import signal
-import struct
 import sys
 import tempfile
 import threading
@@ -54,7 +51,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, NoReturn
 
-from ..errors import CompilerCrash, CompilerTraceback
+from ..errors import CompilerCrash
+from . import wire
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +68,8 @@ LASTING_SIGNALS = frozenset(
         signal.SIGSYS,
     }
 )
-_LENGTH = struct.Struct("<Q")
 #: a line of the compiler's last words that says what went wrong
 _ERROR_LINE = re.compile(r"^.*\berror\b.*$", re.IGNORECASE | re.MULTILINE)
-#: the exceptions of a cause chain carried back at most
-_CHAIN = 16
 
 
 @dataclass(frozen=True)
@@ -161,11 +156,11 @@ class _CompilerProcess:
         self.pinned: dict[int, Any] = {}
 
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Ran:
-        message, refs = _dumps(fn, args)
+        message, refs = wire.dumps(fn, args)
         known = all(self.pinned.get(id(r)) is r for r in refs)
         if self.pid and message is not None and known:
             try:
-                _write_message(self.requests, message)
+                wire.write_message(self.requests, message)
             except BrokenPipeError:  # it was killed while idle: this request goes to a new one
                 pass
             else:
@@ -218,7 +213,7 @@ class _CompilerProcess:
 
     def _reply(self) -> Ran:
         try:
-            data = _read_message(self.replies)
+            data = wire.read_message(self.replies)
         except BaseException:  # interrupted here: the compile is abandoned with its process
             self.close()
             raise
@@ -231,7 +226,7 @@ class _CompilerProcess:
         kind, *payload = pickle.loads(data)
         if kind == "value":
             return Ran(value=payload[0], said=said)
-        return Ran(error=_rebuilt(*payload), said=said)
+        return Ran(error=wire.rebuilt(*payload), said=said)
 
     def _new_said(self) -> str:
         """What the compiler process wrote to standard error since the last call, also
@@ -245,7 +240,7 @@ class _CompilerProcess:
         if data:
             sys.stderr.flush()
             with contextlib.suppress(OSError):  # no standard error here: nothing to pass on
-                _write_all(2, data)
+                wire.write_all(2, data)
         return data.decode(errors="replace")
 
     def close(self) -> None:
@@ -303,9 +298,9 @@ def _serve(
         current: tuple[Callable[..., Any], tuple[Any, ...]] | None = task
         while current is not None:
             fn, args = current
-            _write_message(replies, _attempt(fn, args))
-            message = _read_message(requests)
-            current = None if message is None else _Unpickler(message, process.pinned).load()
+            wire.write_message(replies, _attempt(fn, args))
+            message = wire.read_message(requests)
+            current = None if message is None else wire.Unpickler(message, process.pinned).load()
     finally:
         os._exit(0)
 
@@ -316,40 +311,10 @@ def _attempt(fn: Callable[..., Any], args: tuple[Any, ...]) -> bytes:
         return pickle.dumps(("value", fn(*args)), protocol=pickle.HIGHEST_PROTOCOL)
     except BaseException as e:  # carried back and raised there
         text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-        return pickle.dumps(("error", _portable(e), text), protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(("error", wire.portable(e), text), protocol=pickle.HIGHEST_PROTOCOL)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-
-
-def _portable(error: BaseException) -> list[tuple[BaseException, list[str]]]:
-    """``error`` and its causes, each with its notes, as they can be pickled: one that does
-    not come back whole from pickling travels as a RuntimeError with its type and message."""
-    chain: list[tuple[BaseException, list[str]]] = []
-    seen: BaseException | None = error
-    while seen is not None and len(chain) < _CHAIN:
-        try:
-            whole = type(pickle.loads(pickle.dumps(seen))) is type(seen)
-        except Exception:  # any exception that does not pickle travels as its text
-            whole = False
-        kind = type(seen)
-        copy = seen if whole else RuntimeError(f"{kind.__module__}.{kind.__qualname__}: {seen}")
-        chain.append((copy, list(getattr(seen, "__notes__", ()))))
-        seen = seen.__cause__
-    return chain
-
-
-def _rebuilt(chain: list[tuple[BaseException, list[str]]], text: str) -> BaseException:
-    """The exception the compiler process raised, its causes linked again, its traceback the
-    innermost cause."""
-    errors = [e for e, _ in chain]
-    for error, notes in chain:
-        if notes:  # as they were there (pickling may drop them)
-            error.__notes__ = notes  # type: ignore[attr-defined]
-    for outer, inner in itertools.pairwise(errors):
-        outer.__cause__ = inner
-    errors[-1].__cause__ = CompilerTraceback(f"in the compiler process:\n{text}")
-    return errors[0]
 
 
 def _crash(status: int | None, said: str) -> CompilerCrash:
@@ -375,91 +340,6 @@ def _crash(status: int | None, said: str) -> CompilerCrash:
     if words:
         reason += f": {words[0].strip()}"
     return CompilerCrash(reason, lasting)
-
-
-#: types pickled as themselves (no class of theirs is touched by pickling)
-_PLAIN = frozenset(
-    {int, float, complex, bool, str, bytes, type(None), tuple, list, dict, set, frozenset}
-)
-
-
-def _dumps(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[bytes | None, list[Any]]:
-    """A request: ``fn`` and ``args`` pickled (None if they do not pickle), and the objects
-    it references. The arguments travel as their class and fields; plain data (numbers,
-    strings, containers) as itself; every other object, ``fn`` included, by reference to the
-    object the compiler process was forked with. Pickling by value would change what a kernel
-    key describes: it caches ``__slotnames__`` on the class of each object it pickles."""
-    refs: list[Any] = []
-    out = io.BytesIO()
-    try:
-        _Pickler(out, refs, args).dump((fn, args))
-    except Exception:  # anything that does not pickle goes in memory, in a new process
-        return None, refs
-    return out.getvalue(), refs
-
-
-def _instance(cls: Any, fields: dict[str, Any]) -> Any:
-    """An object of class ``cls`` with ``fields`` (frozen dataclasses included)."""
-    obj = cls.__new__(cls)
-    obj.__dict__.update(fields)
-    return obj
-
-
-class _Pickler(pickle.Pickler):
-    def __init__(self, file: IO[bytes], refs: list[Any], copied: tuple[Any, ...]) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.refs = refs
-        self.copied = copied
-
-    def _copied(self, obj: Any) -> bool:
-        return any(obj is c for c in self.copied) and hasattr(obj, "__dict__")
-
-    def persistent_id(self, obj: Any) -> int | None:
-        if type(obj) in _PLAIN or self._copied(obj):
-            return None
-        self.refs.append(obj)
-        return id(obj)
-
-    def reducer_override(self, obj: Any) -> Any:
-        if self._copied(obj):
-            return _instance, (type(obj), dict(vars(obj)))
-        return NotImplemented
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, pinned: dict[int, Any]) -> None:
-        super().__init__(io.BytesIO(data))
-        self.pinned = pinned
-
-    def persistent_load(self, pid: Any) -> Any:
-        return self.pinned[pid]
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _write_message(fd: int, data: bytes) -> None:
-    _write_all(fd, _LENGTH.pack(len(data)) + data)
-
-
-def _read_exactly(fd: int, size: int) -> bytes | None:
-    parts, left = [], size
-    while left:
-        part = os.read(fd, min(left, 1 << 20))
-        if not part:
-            return None
-        parts.append(part)
-        left -= len(part)
-    return b"".join(parts)
-
-
-def _read_message(fd: int) -> bytes | None:
-    """One message from ``fd``; None if the pipe closed first."""
-    head = _read_exactly(fd, _LENGTH.size)
-    return None if head is None else _read_exactly(fd, _LENGTH.unpack(head)[0])
 
 
 #: (message, category) of the warnings about forking a multithreaded process: JAX's (an

@@ -48,23 +48,19 @@ whose ``repr`` fails makes :func:`identity` raise ``ValueError``: the call is no
 from __future__ import annotations
 
 import enum
-import functools
 import hashlib
 import re
-import sys
 import types
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import Undescribable
+from . import reads
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-#: modules whose attributes Triton does not follow (its language, and what it treats as such)
-_OPAQUE_MODULES = ("triton", "math", "copy", "builtins")
 #: the decorator settings that change what is compiled but not ``cache_key``
 _SETTINGS = ("noinline", "debug", "do_not_specialize", "do_not_specialize_on_alignment")
-_PLAIN = (int, float, str, bytes, bool, type(None), complex)
 #: the most values one :func:`constant` describes (a larger one is not described)
 MAX_VALUES = 20_000
 #: what a class's namespace holds that is not its behaviour
@@ -85,7 +81,7 @@ def is_jit(value: Any) -> bool:
 
 def _settings(fn: Any) -> list[Any]:
     """The decorator settings of ``fn`` (:data:`_SETTINGS`), as plain values."""
-    return [_plain(getattr(fn, s, None)) for s in _SETTINGS]
+    return [reads.plain_value(getattr(fn, s, None)) for s in _SETTINGS]
 
 
 def _mark(fn: Any) -> tuple[Any, ...]:
@@ -200,16 +196,16 @@ class _Describer:
 
     def jit(self, fn: Any) -> Any:
         if id(fn) in self.active:
-            return ["cycle", _name(fn)]
+            return ["cycle", reads.name_of(fn)]
         self.active.add(id(fn))
         try:
             src = _src(fn)
             self.reads.append((fn, _SOURCE, _mark(fn)))
             names = sorted(set(_NAME.findall(src)))
             inner = getattr(fn, "fn", None)
-            cells = _cells(inner)
+            cells = reads.cells(inner)
             glob = getattr(fn, "__globals__", None) or getattr(inner, "__globals__", {})
-            params = _parameters(inner)
+            params = reads.parameters(inner)
             found = []
             for name in names:
                 if name in params:  # (a parameter hides a global of its name, as Triton has it)
@@ -229,7 +225,7 @@ class _Describer:
                     found.append(["g", name, self.value(value, names)])
             return [
                 "jit",
-                _name(fn),
+                reads.name_of(fn),
                 src,
                 getattr(fn, "starting_line_number", None),
                 _settings(fn),
@@ -242,7 +238,7 @@ class _Describer:
         self.count += 1
         if self.count > MAX_VALUES:
             raise Undescribable(f"more than {MAX_VALUES} values to describe")
-        if isinstance(value, _PLAIN):
+        if isinstance(value, reads.PLAIN):
             return [type(value).__name__, repr(value)]
         if is_jit(value):
             return ["jit", identity(value)] if self.exact else self.jit(value)
@@ -254,28 +250,28 @@ class _Describer:
             return ["constexpr", self.value(value.value, names)]
         if isinstance(value, types.ModuleType):
             return self._module(value, names)
-        self.seen[id(value)] = f"{_name(kind)}@{len(self.seen)}"
+        self.seen[id(value)] = f"{reads.name_of(kind)}@{len(self.seen)}"
         if isinstance(value, (tuple, list)):
             if isinstance(value, list):
                 self.reads.append((value, _ITEMS, _items(value)))
-            return [_name(kind), [self.value(v, names) for v in value]]
+            return [reads.name_of(kind), [self.value(v, names) for v in value]]
         if isinstance(value, dict):
             self.reads.append((value, _ITEMS, _items(value)))
             rows = [[repr(k), self.value(v, names)] for k, v in value.items()]
-            return [_name(kind), sorted(rows, key=lambda row: row[0])]
+            return [reads.name_of(kind), sorted(rows, key=lambda row: row[0])]
         if isinstance(value, (set, frozenset)):
             if isinstance(value, set):
                 self.reads.append((value, _ITEMS, _items(value)))
-            return [_name(kind), sorted(repr(v) for v in value)]
+            return [reads.name_of(kind), sorted(repr(v) for v in value)]
         if getattr(value, "__triton_aggregate__", False):
             return self._aggregate(value, names)
         if self.exact:
             return self._exact(value)
-        shown = _repr(value)
+        shown = reads.safe_repr(value)
         return [
             "object",
-            _name(kind),
-            _name(value),
+            reads.name_of(kind),
+            reads.name_of(value),
             None if " at 0x" in shown else shown,
             self._attributes(value, names),
         ]
@@ -288,7 +284,7 @@ class _Describer:
             fields = [[k, self.value(getattr(value, k, None), names)] for k in annotations]
         return [
             "aggregate",
-            _name(value),
+            reads.name_of(value),
             str(annotations),
             [self.value(a, names) for a in attrs],
             fields if self.exact else self._attributes(value, names),
@@ -296,7 +292,7 @@ class _Describer:
 
     def _module(self, module: types.ModuleType, names: list[str]) -> Any:
         name = module.__name__
-        if self.exact or _opaque_module(name):
+        if self.exact or reads.opaque_module(name):
             return ["module", name]
         self.seen[id(module)] = f"module {name}"
         return ["module", name, self._attributes(module, names)]
@@ -306,7 +302,7 @@ class _Describer:
         (looked up in its own and its classes' namespaces: a property is described, not
         called)."""
         found = []
-        spaces = _namespaces(value)
+        spaces = reads.namespaces(value)
         for name in names:
             for i, space in enumerate(spaces):
                 if name in space:
@@ -323,195 +319,59 @@ class _Describer:
     def _exact(self, value: Any) -> Any:
         kind = type(value)
         if isinstance(value, enum.Enum):
-            return ["enum", _name(kind), value.name, self.value(value.value, [])]
+            return ["enum", reads.name_of(kind), value.name, self.value(value.value, [])]
         if isinstance(value, type):
             return self._class(value)
         if isinstance(value, types.FunctionType):
-            return ["function", _name(value), self._function(value)]
+            return ["function", reads.name_of(value), self._function(value)]
         if isinstance(value, (staticmethod, classmethod)):
-            return [_name(kind), self.value(value.__func__, [])]
+            return [reads.name_of(kind), self.value(value.__func__, [])]
         if isinstance(value, property):
             return ["property", [self.value(f, []) for f in (value.fget, value.fset, value.fdel)]]
         if isinstance(value, types.BuiltinFunctionType):  # (its module and name say which)
-            return ["builtin", _name(value)]
+            return ["builtin", reads.name_of(value)]
         if isinstance(value, types.MethodType):
             return ["method", self.value(value.__func__, []), self.value(value.__self__, [])]
         if hasattr(value, "tobytes") and hasattr(value, "dtype") and hasattr(value, "shape"):
             data = value.tobytes()  # an array: its repr elides items
             digest = hashlib.sha256(data).hexdigest()
-            return ["array", _name(kind), str(value.dtype), list(value.shape), digest]
-        fields = _fields(value)
+            return ["array", reads.name_of(kind), str(value.dtype), list(value.shape), digest]
+        fields = reads.fields(value)
         if fields is not None:
             rows = [[k, self.value(v, [])] for k, v in sorted(fields.items())]
             return ["object", self.value(kind, []), rows]
-        shown = _repr(value)
+        shown = reads.safe_repr(value)
         if " at 0x" in shown or kind.__repr__ is object.__repr__:
-            raise Undescribable(f"a {_name(kind)} is known only by its address ({shown:.60})")
-        return ["repr", _name(kind), shown]
+            raise Undescribable(
+                f"a {reads.name_of(kind)} is known only by its address ({shown:.60})"
+            )
+        return ["repr", reads.name_of(kind), shown]
 
     def _class(self, cls: type) -> Any:
-        if _opaque(cls):  # (Triton's and Python's own classes: their code is installed files)
-            return ["class", _name(cls)]
+        if reads.opaque(cls):  # (Triton's and Python's own classes: their code is installed files)
+            return ["class", reads.name_of(cls)]
         bases = [self.value(b, []) for b in cls.__bases__]
         members = [
-            [k, self.value(v, []) if _is_member(v) else _descriptor(v)]
+            [k, self.value(v, []) if reads.is_member(v) else reads.descriptor(v)]
             for k, v in sorted(vars(cls).items())
             if k not in _CLASS_NOISE
         ]
-        return ["class", _name(cls), bases, str(vars(cls).get("__annotations__", {})), members]
+        return [
+            "class",
+            reads.name_of(cls),
+            bases,
+            str(vars(cls).get("__annotations__", {})),
+            members,
+        ]
 
     def _function(self, fn: types.FunctionType) -> Any:
         code = fn.__code__
         cells = zip(code.co_freevars, fn.__closure__ or (), strict=False)
         glob = fn.__globals__
         return [
-            _code(code),
-            [[n, self.value(_cell(c), [])] for n, c in cells],
+            reads.code_text(code),
+            [[n, self.value(reads.cell(c), [])] for n, c in cells],
             self.value(fn.__defaults__, []),
             self.value(fn.__kwdefaults__, []),
-            [[n, self.value(glob[n], [])] for n in sorted(_global_names(code)) if n in glob],
+            [[n, self.value(glob[n], [])] for n in sorted(reads.global_names(code)) if n in glob],
         ]
-
-
-@functools.lru_cache(maxsize=1024)
-def _code(code: types.CodeType) -> str:
-    """A digest of what a code object runs (its instructions, constants, names and nested code;
-    not its file or line numbers)."""
-    consts: list[Any] = []
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            consts.append(_code(c))
-        elif isinstance(c, frozenset):  # (its iteration order varies between processes)
-            consts.append(sorted(repr(x) for x in c))
-        else:
-            consts.append(repr(c))
-    doc = [
-        code.co_code.hex(),
-        consts,
-        code.co_names,
-        code.co_varnames,
-        code.co_freevars,
-        code.co_cellvars,
-        code.co_argcount,
-        code.co_posonlyargcount,
-        code.co_kwonlyargcount,
-        code.co_flags,
-    ]
-    return hashlib.sha256(repr(doc).encode()).hexdigest()
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    """The names ``code`` and the code nested in it may look up as globals."""
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            names |= _global_names(c)
-    return names
-
-
-def _cell(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell
-        return None
-
-
-def _opaque_module(name: str) -> bool:
-    """Whether the module ``name`` is described by its name alone: Triton's language and
-    Python's standard library (their contents are installed files and the process's state,
-    such as ``os.environ``, which no kernel key holds)."""
-    top = name.split(".")[0]
-    return top in _OPAQUE_MODULES or top in sys.stdlib_module_names
-
-
-def _opaque(cls: type) -> bool:
-    """Whether the class ``cls`` is described by its name alone (see :func:`_opaque_module`)."""
-    return _opaque_module(getattr(cls, "__module__", "") or "")
-
-
-def _is_member(value: Any) -> bool:
-    """Whether a class attribute is described as a value (not a C-level slot or wrapper)."""
-    return not isinstance(
-        value,
-        (
-            types.MemberDescriptorType,
-            types.GetSetDescriptorType,
-            types.WrapperDescriptorType,
-            types.MethodDescriptorType,
-        ),
-    )
-
-
-def _descriptor(value: Any) -> Any:
-    return ["descriptor", type(value).__name__, getattr(value, "__name__", None)]
-
-
-def _fields(value: Any) -> dict[str, Any] | None:
-    """The fields of ``value`` (its ``__dict__`` and slots), or None where its state may be
-    elsewhere (an instance of a C type)."""
-    own = getattr(value, "__dict__", None)
-    fields = dict(own) if isinstance(own, dict) else None
-    classes = [c for c in type(value).__mro__ if c is not object]
-    if fields is None and not all("__slots__" in vars(c) for c in classes):
-        return None
-    fields = fields or {}
-    for cls in classes:
-        slots = vars(cls).get("__slots__", ())
-        for slot in (slots,) if isinstance(slots, str) else slots:
-            if isinstance(slot, str) and slot not in ("__dict__", "__weakref__"):
-                fields[slot] = getattr(value, slot, _MISSING_FIELD)
-    return fields
-
-
-_MISSING_FIELD = "<unset>"
-
-
-def _repr(value: Any) -> str:
-    try:
-        return repr(value)
-    except Exception as e:  # (the call is then not stored: lowered as before)
-        kind = _name(type(value))
-        raise ValueError(f"{kind} {_name(value)} has no repr: {e!r:.80}") from e
-
-
-def _namespaces(value: Any) -> list[Any]:
-    """Where attributes of ``value`` are found: its own namespace, then its classes'."""
-    own = getattr(value, "__dict__", None)
-    spaces = [own] if isinstance(own, (dict, types.MappingProxyType)) else []
-    if isinstance(value, types.ModuleType):
-        return spaces
-    classes = value.__mro__ if isinstance(value, type) else type(value).__mro__
-    spaces += [vars(c) for c in classes if c is not object and c is not value]
-    return spaces
-
-
-def _parameters(inner: Any) -> frozenset[str]:
-    """The parameter names of the Python function ``inner``."""
-    code = getattr(inner, "__code__", None)
-    if code is None:
-        return frozenset()
-    count = code.co_argcount + code.co_kwonlyargcount
-    return frozenset(code.co_varnames[:count])
-
-
-def _cells(inner: Any) -> dict[str, Any]:
-    """The closure cells of the Python function ``inner``, by name."""
-    code = getattr(inner, "__code__", None)
-    cells = getattr(inner, "__closure__", None) or ()
-    if code is None:
-        return {}
-    return dict(zip(code.co_freevars, cells, strict=False))
-
-
-def _name(value: Any) -> str:
-    module = getattr(value, "__module__", None)
-    qualname = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
-    return f"{module}:{qualname}" if isinstance(qualname, str) else type(value).__name__
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, _PLAIN):
-        return repr(value)
-    if isinstance(value, (tuple, list, set, frozenset)):
-        return sorted(repr(v) for v in value)
-    return _name(value)
