@@ -14,7 +14,7 @@ free space, never a result (nothing is stored, and nothing is remembered as the 
 failure: the next compile, with room, stores the kernel).
 
 The stages run in a compiler process (:mod:`bridge.compile.process`): a compiler that aborts or
-segfaults fails its compile with a :class:`~bridge.compile.process.CompilerCrash`, and the job
+segfaults fails its compile with a :class:`~bridge.errors.CompilerCrash`, and the job
 goes on. A Gluon compile that fails because a layout does not fit the target (Triton's verifier
 says so on standard error) gets a note saying what fits; other errors do not.
 """

@@ -10,7 +10,7 @@ its digest, so a pruned or mismatched companion costs a recompile, never a wrong
 
 A kernel that cannot compile for a reason Triton's autotuner leaves its config out for is
 remembered beside it (see :mod:`bridge.entries.failures`), under the kernel's build lock: no process
-sharing the cache compiles it again, and it is returned as a :class:`~bridge.entries.failures.LeftOut`.
+sharing the cache compiles it again, and it is returned as a :class:`~bridge.errors.LeftOut`.
 
 Cache failures never fail the caller: ``get_or_create_each`` degrades to an in-memory artifact,
 and a companion that cannot be stored is rebuilt next time.
@@ -385,7 +385,7 @@ def fetch_many(
     process compiles those no other process is compiling, then waits for the rest (see
     :func:`fetch_each`). Each is compiled once across the processes sharing
     the cache. ``usable[i]``, if given, tells which cached entries will do for ``specs[i]``.
-    A kernel that cannot compile is a :class:`~bridge.entries.failures.LeftOut`.
+    A kernel that cannot compile is a :class:`~bridge.errors.LeftOut`.
 
     Raises:
         whatever else Triton raises for the first kernel that fails to compile.

@@ -1,6 +1,6 @@
 """Kernel keys: computed without compiling, from everything that decides the binary.
 
-Ingredients, named one by one in :data:`COMPONENTS` and listed once (:func:`key_components`):
+Ingredients, named one by one and listed once, in :data:`STEPS`:
 the compiler's identity (what ``triton_key()`` hashes, digested with xxh3 and memoized across
 processes: see :mod:`bridge.identity.compiler`), the kernel's code as Triton's ``cache_key`` holds it
 (its source and the jitted functions and constexpr globals it reaches by name), the code as
@@ -16,7 +16,7 @@ binary's kind and the version of the bridge's own compile pipeline. Triton's own
 
 Invariants: the same call in any process on any machine with the same software gets the same
 key; any change that can change the binary changes it. A constexpr that cannot be described
-exactly raises :class:`~bridge.identity.jit.Undescribable`: such a kernel has no key.
+exactly raises :class:`~bridge.errors.Undescribable`: such a kernel has no key.
 
 Each entry records the components, so that a miss can be explained by the ingredients that
 differ (``kernelcache explain``); the key is a digest of the same components.
@@ -28,6 +28,8 @@ import functools
 import hashlib
 import json
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Undescribable
@@ -87,24 +89,6 @@ def text_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-#: the components of a key, in the order ``explain`` reports them, and what each is
-COMPONENTS: dict[str, str] = {
-    "pipeline": "the bridge's compile pipeline",
-    "triton": "Triton version",
-    "compiler": "compiler identity (Triton's files)",
-    "target": "target",
-    "backend": "backend identity (target, ptxas version)",
-    "language": "language",
-    "source": "source digest (the kernel and the functions it calls)",
-    "code": "code digest (every global, attribute and helper the frontend reads)",
-    "signature": "signature digest (argument types and specialization)",
-    "constexprs": "constexprs digest",
-    "options": "options digest (num_warps, num_stages, ...)",
-    "environment": "Triton's cache-invalidating environment variables",
-    "binary": "kind of machine code",
-}
-
-
 def constexprs_digest(fn: Any, constants: Any) -> str:
     """The digest of the constexprs (``ASTSource.constants``) of a specialization of the JIT
     function ``fn``, each described exactly (:func:`bridge.identity.jit.constant`).
@@ -137,34 +121,95 @@ def code_digest(fn: Any) -> str:
         raise Undescribable(f"its code reads {e}") from e
 
 
+@dataclass(frozen=True)
+class Ingredients:
+    """What one kernel key is computed from: the target and its backend, Triton's source object
+    for the specialization, the parsed options and the language; ``cache`` memoizes the
+    compiler's and the backend's identities."""
+
+    cache: Cache | None
+    target: Target
+    backend: Any
+    src: Any
+    options: Any
+    language: str
+
+
+@dataclass(frozen=True)
+class Step:
+    """One ingredient of a kernel key: its ``name`` (recorded in each entry), how ``explain``
+    words it (``label``) and how it is computed (``value``)."""
+
+    name: str
+    label: str
+    value: Callable[[Ingredients], str]
+
+
+def _triton_version(_: Ingredients) -> str:
+    from ..versions import triton_version
+
+    return triton_version()
+
+
+def _signature(made: Ingredients) -> str:
+    sig = [v for _, v in sorted(made.src.signature.items())]
+    return text_digest(f"{made.src.attrs}-{sig}")
+
+
+#: the ingredients of a kernel key, in the order ``explain`` reports them: the one list both the
+#: key (:func:`kernel_key`) and the components an entry records (:func:`key_components`) are
+#: made of. The source hash is split the way Triton's ``ASTSource.hash()`` assembles it.
+STEPS: tuple[Step, ...] = (
+    Step("pipeline", "the bridge's compile pipeline", lambda _: PIPELINE_VERSION),
+    Step("triton", "Triton version", _triton_version),
+    Step("compiler", "compiler identity (Triton's files)", lambda m: triton_identity(m.cache)),
+    Step("target", "target", lambda m: str(m.target)),
+    Step(
+        "backend",
+        "backend identity (target, ptxas version)",
+        lambda m: text_digest(backend_identity(m.cache, m.target, m.backend)),
+    ),
+    Step("language", "language", lambda m: m.language),
+    Step(
+        "source",
+        "source digest (the kernel and the functions it calls)",
+        lambda m: text_digest(str(m.src.fn.cache_key)),
+    ),
+    Step(
+        "code",
+        "code digest (every global, attribute and helper the frontend reads)",
+        lambda m: code_digest(m.src.fn),
+    ),
+    Step("signature", "signature digest (argument types and specialization)", _signature),
+    Step("constexprs", "constexprs digest", lambda m: constexprs_digest(m.src.fn, m.src.constants)),
+    Step(
+        "options",
+        "options digest (num_warps, num_stages, ...)",
+        lambda m: options_digest(m.options),
+    ),
+    Step(
+        "environment",
+        "Triton's cache-invalidating environment variables",
+        lambda _: text_digest(env_digest()),
+    ),
+    Step("binary", "kind of machine code", lambda m: str(getattr(m.backend, "binary_ext", ""))),
+)
+
+#: what each component of a key is, by name, in :data:`STEPS` order (how ``explain`` words it)
+COMPONENTS: dict[str, str] = {step.name: step.label for step in STEPS}
+
+
 def key_components(
     cache: Cache | None, target: Target, backend: Any, src: Any, options: Any, language: str
 ) -> dict[str, str]:
-    """The ingredients of :func:`kernel_key`, named (see :data:`COMPONENTS`): the key is their
-    digest, and an entry records them, so that a miss can say which of them differ. The source
-    hash is split the way Triton's ``ASTSource.hash()`` assembles it.
+    """The ingredients of :func:`kernel_key`, named, one per step of :data:`STEPS`: the key is
+    their digest, and an entry records them, so that a miss can say which of them differ.
 
     Raises:
         Undescribable: a constexpr of ``src``, or a value its code reads, has no description.
     """
-    from ..versions import triton_version
-
-    sig = [v for _, v in sorted(src.signature.items())]
-    return {
-        "pipeline": PIPELINE_VERSION,
-        "triton": triton_version(),
-        "compiler": triton_identity(cache),
-        "target": str(target),
-        "backend": text_digest(backend_identity(cache, target, backend)),
-        "language": language,
-        "source": text_digest(str(src.fn.cache_key)),
-        "code": code_digest(src.fn),
-        "signature": text_digest(f"{src.attrs}-{sig}"),
-        "constexprs": constexprs_digest(src.fn, src.constants),
-        "options": options_digest(options),
-        "environment": text_digest(env_digest()),
-        "binary": str(getattr(backend, "binary_ext", "")),
-    }
+    made = Ingredients(cache, target, backend, src, options, language)
+    return {step.name: step.value(made) for step in STEPS}
 
 
 def kernel_key(
