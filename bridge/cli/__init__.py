@@ -1,6 +1,7 @@
-"""``kernelcache warm``, ``kernelcache tune`` and ``kernelcache explain``: the bridge's
-subcommands of the ``kernelcache`` command, and the bridge's toolchain (which entries this
-machine's keys can name, for ``kernelcache import --dry-run``).
+"""``kernelcache warm``, ``kernelcache tune``, ``kernelcache explain`` and ``kernelcache
+jax-cache``: the bridge's subcommands of the ``kernelcache`` command (their arguments, and the
+adapters that run them), the bridge's toolchain for ``kernelcache import --dry-run``
+(:mod:`.toolchain`) and its report for ``kernelcache doctor`` (:mod:`.jax_cache_command`).
 
 Registered through the entry-point group ``kernelcache.commands``. Importing this module imports
 neither jax nor triton: they are imported when the command runs, and their absence is a usage
@@ -22,60 +23,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from kernelcache.cli import Content, UsageError, add_command, register_content, root_of
-from kernelcache.cli.common import age_arg, size_arg
-from kernelcache.cli.output import (
-    EXIT_OK,
-    EXIT_PROBLEMS,
-    CommandFailed,
-    Output,
-    envelope,
-    human_age,
-    human_size,
-    printable,
-)
+from kernelcache.cli.output import EXIT_OK, EXIT_PROBLEMS, Output, envelope
+
+from . import jax_cache_command
 
 #: the modules the bridge's commands need: its extra's packages (``pip install
 #: 'kernelcache[bridge]'``) and what they bring
 BRIDGE_DEPENDENCIES = ("numpy", "jax", "jaxlib", "triton", "google.protobuf")
-
-
-#: JAX's options of its persistent compilation cache that ``doctor`` shows: (option, shown as);
-#: JAX reads each from the environment variable of its name in capitals
-JAX_CACHE_OPTIONS = (
-    ("jax_compilation_cache_dir", "dir"),
-    ("jax_persistent_cache_min_compile_time_secs", "min compile time (s)"),
-    ("jax_persistent_cache_min_entry_size_bytes", "min entry size (bytes)"),
-    ("jax_compilation_cache_max_size", "max size (bytes)"),
-    ("jax_enable_compilation_cache", "enabled"),
-)
-
-
-def jax_cache_report() -> tuple[dict[str, Any] | None, list[Any]]:
-    """``doctor``'s view of JAX's persistent compilation cache as a job started with this
-    environment begins with it (before its code calls ``bridge.enable_jax_cache()`` or
-    ``jax.config.update``): each option's variable, or None where JAX's default applies. jax
-    is not imported (it costs seconds); None and no check when it is not installed."""
-    import importlib.util
-    import os
-
-    from kernelcache.doctor import Check
-
-    if importlib.util.find_spec("jax") is None:
-        return None, []
-    found = {option: os.environ.get(option.upper()) for option, _ in JAX_CACHE_OPTIONS}
-    shown = ", ".join(
-        f"{label} {found[option] if found[option] is not None else '(default)'}"
-        for option, label in JAX_CACHE_OPTIONS
-    )
-    off = (found["jax_enable_compilation_cache"] or "").strip().lower() in ("0", "false")
-    if not found["jax_compilation_cache_dir"] or off:
-        detail = (
-            f"off in this environment ({shown}): unless the job turns it on "
-            "(bridge.enable_jax_cache(), or JAX_COMPILATION_CACHE_DIR), every process compiles "
-            "XLA again"
-        )
-        return found, [Check("jax cache", "warn", detail)]
-    return found, [Check("jax cache", "ok", shown)]
 
 
 def compile_target(text: str) -> str:
@@ -101,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     from ..entries.decisions import KIND as DECISION
 
     register_toolchain("bridge", _toolchain)
-    register_report("jax_cache", jax_cache_report)
+    register_report("jax_cache", jax_cache_command.jax_cache_report)
     register_content(DECISION, decision_content)
 
     p = add_command(
@@ -196,26 +150,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.set_defaults(func=cmd_explain)
 
-    p = add_command(
-        subparsers,
-        "jax-cache",
-        "show JAX's persistent compilation cache directory; prune it by size (least recently "
-        "used first) or age",
-    )
-    p.add_argument(
-        "--dir",
-        metavar="DIR",
-        help="JAX's cache directory (default: $JAX_COMPILATION_CACHE_DIR, else the one "
-        "bridge.enable_jax_cache uses beside the kernel cache root: <root>-jax)",
-    )
-    p.add_argument(
-        "--max-size", type=size_arg, metavar="SIZE", help="keep at most SIZE bytes, e.g. 20G"
-    )
-    p.add_argument(
-        "--max-age", type=age_arg, metavar="AGE", help="remove entries not used for AGE, e.g. 30d"
-    )
-    p.add_argument("--dry-run", action="store_true", help="say what would go, change nothing")
-    p.set_defaults(func=cmd_jax_cache)
+    jax_cache_command.register(subparsers)
 
 
 def _absent(module: str) -> bool:
@@ -394,74 +329,3 @@ def cmd_warm(args: argparse.Namespace, out: Output) -> int:
         devices=list(args.device or ()),
         all_configs=args.all_configs,
     )
-
-
-def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
-    """``kernelcache jax-cache``: JAX's cache directory, and a prune of it under JAX's lock
-    (see :mod:`bridge.jax_cache`; needs neither jax nor triton)."""
-    import os
-    import time
-
-    from .. import jax_cache
-
-    given = args.dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    directory = os.path.abspath(
-        os.path.expanduser(given) if given else jax_cache.default_dir(root_of(args))
-    )
-    if not os.path.isdir(directory):
-        raise UsageError(
-            f"JAX's cache directory {directory} does not exist (check --dir or "
-            "JAX_COMPILATION_CACHE_DIR)"
-        )
-    entries, stray = jax_cache.scan_jax_cache(directory)
-    pruning = args.max_size is not None or args.max_age is not None
-    doomed = (
-        jax_cache.plan_jax_prune(entries, max_size=args.max_size, max_age=args.max_age)
-        if pruning
-        else []
-    )
-    if not pruning:
-        stray = []  # showing only
-    removed = freed = 0
-    if (doomed or stray) and not args.dry_run:
-        try:
-            with out.progress("pruning", len(doomed)) as tick:
-                removed, freed = jax_cache.prune_jax_cache(directory, doomed, stray, progress=tick)
-        except (TimeoutError, OSError) as e:
-            raise CommandFailed(f"nothing was removed: {e}") from None
-    now = time.time()
-    total = sum(e.size for e in entries)
-    doc = {
-        **envelope("jax-cache", directory),
-        "dir": directory,
-        "entries": len(entries),
-        "bytes": total,
-        "oldest_used": entries[0].last_used if entries else None,
-        "newest_used": entries[-1].last_used if entries else None,
-        "dry_run": args.dry_run,
-        "to_remove": [{"key": e.key, "size": e.size, "last_used": e.last_used} for e in doomed],
-        "removed": removed,
-        "freed_bytes": freed,
-    }
-
-    def human() -> str:
-        lines = [
-            f"JAX cache:  {printable(directory)}",
-            f"Entries:    {len(entries):,} ({human_size(total)})",
-        ]
-        if entries:
-            lines.append(
-                f"Last used:  {human_age(now - entries[-1].last_used)} (newest), "
-                f"{human_age(now - entries[0].last_used)} (oldest)"
-            )
-        if pruning:
-            size = human_size(sum(e.size for e in doomed))
-            if args.dry_run:
-                lines.append(f"Would remove {len(doomed):,} entries ({size}).")
-                lines.append("Dry run: nothing was changed.")
-            else:
-                lines.append(f"Removed {removed:,} entries ({human_size(freed)}).")
-        return "\n".join(lines)
-
-    out.emit(doc, human)
-    return EXIT_OK
