@@ -1,7 +1,7 @@
 """Autotune decisions: entries of the cache that say which config of an autotuned call runs.
 
 Lowered for cuda:90 on this CPU machine. Measuring needs the GPU; here a stand-in measurer
-(``bridge.tune.select.use``) plays the GPU where a test needs one.
+(``bridge.tune.measure.use``) plays the GPU where a test needs one.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from bridge.call import binding
 from bridge.cli import tune
 from bridge.entries import decisions
 from bridge.entries.decisions import Decision
-from bridge.tune import select
+from bridge.tune import measure
 from examples import ops
 
 A = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
@@ -245,7 +245,7 @@ def test_decisions_travel_like_entries(tmp_path, cache, monkeypatch):
 JOB = """
 import json, os, sys, time
 sys.path.insert(0, {tests!r})
-from bridge.tune import select
+from bridge.tune import measure, select
 
 class Stand_in:
     def device(self, target, platform):
@@ -254,9 +254,9 @@ class Stand_in:
         with open({marker!r}, "a") as f:
             f.write(f"{{os.getpid()}}\\n")
         time.sleep(float(os.environ.get("MEASURE_SECONDS", "1")))
-        return select.Measured(tuple(1e-3 * (3, 1, 2, 4)[i] for i in range(n)), 0.01)
+        return measure.Measured(tuple(1e-3 * (3, 1, 2, 4)[i] for i in range(n)), 0.01)
 
-select.use(Stand_in())
+measure.use(Stand_in())
 import jax, jax.numpy as jnp
 from bridge_helpers import decoded, kernels_of
 from examples import ops
@@ -323,15 +323,15 @@ class StandIn:
 
     def measure(self, call, n):
         self.calls.append(n)
-        return select.Measured(tuple(1e-3 * self.times[i] for i in range(n)), 0.01, {3: "x"})
+        return measure.Measured(tuple(1e-3 * self.times[i] for i in range(n)), 0.01, {3: "x"})
 
 
 @pytest.fixture
 def stand_in():
     measurer = StandIn()
-    previous = select.use(measurer)
+    previous = measure.use(measurer)
     yield measurer
-    select.use(previous)
+    measure.use(previous)
 
 
 def test_a_forced_tune_replaces_the_measured_decision(tmp_path, cache, monkeypatch, stand_in):

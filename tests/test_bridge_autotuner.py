@@ -37,7 +37,7 @@ from bridge.compile import fetch, variants
 from bridge.entries import decisions, failures
 from bridge.entries.kinds import derived_key
 from bridge.lowering import lower as bridge_call
-from bridge.tune import select
+from bridge.tune import measure
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 ONE = jax.ShapeDtypeStruct((1,), jnp.float32)
@@ -716,16 +716,16 @@ class StandIn:
 
     def measure(self, call, n, skip=frozenset()):
         self.skipped.append(skip)
-        return select.Measured(tuple(1e-6 if i in (1, 3) else 1e-3 * (4 - i) for i in range(n)))
+        return measure.Measured(tuple(1e-6 if i in (1, 3) else 1e-3 * (4 - i) for i in range(n)))
 
 
 def test_a_tuning_job_never_measures_or_chooses_a_left_out_config(fresh):
     stand_in = StandIn()
-    previous = select.use(stand_in)
+    previous = measure.use(stand_in)
     try:
         (call,) = decoded(copy_call(K.bounded_copy, fresh, autotune="job"), F32)
     finally:
-        select.use(previous)
+        measure.use(previous)
     assert stand_in.skipped == [frozenset({1, 3})]
     assert call.HasField("kernel_call") and call.kernel_call.grid_0 == 16  # BLOCK 256: 2 ms
     (entry,) = Path(fresh.root).glob("*.decision")

@@ -243,10 +243,10 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
     import kernelcache
 
     from ..errors import ManifestError, TargetError
-    from ..tune import select
+    from ..tune import measure
 
     if fill:
-        select.use(select.JaxMeasurer(fill))
+        measure.use(measure.JaxMeasurer(fill))
     root = root_of(args)
     try:
         results = tune.tune(

@@ -34,7 +34,7 @@ from ..entries.decisions import ANY_DEVICE, Decision
 from ..errors import AutotuneError, BridgeError, KernelArgumentError
 from ..identity.specialize import Specialization, specialize_call
 from ..targets import Target, local_device, parse_target, recorded_targets
-from ..tune import select
+from ..tune import measure, select
 from ..warm.manifest import RecordedCall, call_ident, import_kernel, read_manifest
 from ..warm.plan import kernel_parts
 
@@ -244,7 +244,7 @@ def traced_call(group: _Group, target: Target, cache: Cache) -> CallSpec:
     raise KernelArgumentError("the replayed call did not reach the kernel")
 
 
-def measure(group: _Group, target: Target, cache: Cache, platform: str, force: bool) -> Tuned:
+def measure_group(group: _Group, target: Target, cache: Cache, platform: str, force: bool) -> Tuned:
     """Measure ``group``'s call for ``target`` on this machine's GPU and store the decision."""
     kernel = group.call.kernel
     configs = [
@@ -252,7 +252,7 @@ def measure(group: _Group, target: Target, cache: Cache, platform: str, force: b
     ]
     if not configs or len(configs[0]) < 2:
         return Tuned(kernel, str(target), "single")  # not autotuned: nothing to choose
-    device = select.current().device(target, platform)
+    device = measure.current().device(target, platform)
     if device is None:
         return Tuned(
             kernel,
@@ -311,7 +311,7 @@ def tune(
                     results.append(pin(group, target, index, cache))
                 else:
                     platform = target.vendor.platform
-                    results.append(measure(group, target, cache, platform, force))
+                    results.append(measure_group(group, target, cache, platform, force))
             except (BridgeError, ValueError) as e:
                 results.append(Tuned(kernel, name, "skipped", detail=str(e)))
     return results

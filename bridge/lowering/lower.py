@@ -46,7 +46,7 @@ from ..entries.lowerings import Lowered
 from ..entries.programs import Item, Program
 from ..errors import KernelArgumentError
 from ..identity import specialize
-from ..tune import select
+from ..tune import measure, select
 from ..vendors import registry
 from . import embed, keys, messages, proto, record
 
@@ -255,7 +255,7 @@ def _replay(
         names = program.variants(key)
         if names is None or len(names) != count:
             return None
-        kind = select.current().device(target, platform)
+        kind = measure.current().device(target, platform)
         decided = lowerings.decided_state(program.cache, call, names, [kind] if kind else [])
         if decided is None and autotune != "decided":  # "require" refuses, "job" decides
             return None
