@@ -199,7 +199,7 @@ from examples import ops
 
 start, stuck = sys.argv[1], sys.argv[2]
 if stuck:  # this process hangs in its first compile, holding that variant's build lock
-    import bridge.identity.specialize as S
+    import bridge.compile.fetch as S
     def hang(*args, **kwargs):
         print("COMPILING", flush=True)
         time.sleep(600)
