@@ -1,12 +1,11 @@
-"""Fetching compiled kernels from the kernel cache, compiling them on a miss.
+"""Fetching compiled kernels from the kernel cache, compiling them on a miss: the one fetch of
+the bridge (:func:`fetch` and :func:`fetch_many` for specializations, :func:`fetch_requests`
+for what a warm worker asks).
 
-One entry per kernel key, the PTX beside it where the target has PTX (CUDA).
-
-The machine code (``<key>.cubin`` / ``<key>.hsaco``) is the entry; its metadata records the
-kernel name, launch geometry, shared memory, scratch sizes, target and producer versions, and,
-on CUDA, the sha256 of the PTX, which is stored as its own entry under a key derived from
-``(key, "ptx")``. A PTX entry is only ever used together with the binary whose metadata names
-its digest, so a pruned or mismatched companion costs a recompile, never a wrong pairing.
+One entry per kernel key, the PTX beside it where the target has PTX (CUDA); what the entries
+hold, and how a PTX pairs with its binary, is declared in :mod:`bridge.entries.kernels`. A PTX
+entry is only ever used together with the binary whose metadata names its digest, so a pruned
+or mismatched companion costs a recompile, never a wrong pairing.
 
 A kernel that cannot compile for a reason Triton's autotuner leaves its config out for is
 remembered beside it (see :mod:`bridge.entries.failures`), under the kernel's build lock: no process
@@ -25,25 +24,18 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..call.plain import plain
-from ..entries import failures, kinds
+from ..entries import failures, kernels
 from ..entries.kinds import derived_key
 from ..errors import LeftOut
 from ..identity.specialize import Specialization, Usable, components
-from ..versions import triton_version
 from . import process
 from .compiler import Compiled, binary_problem, compile_source
 
 if TYPE_CHECKING:
     from kernelcache import Artifact, Cache
 
-    from ..call.binding import Bound
-    from ..call.kernels import KernelParts
-    from ..targets import Target
 
 logger = logging.getLogger(__name__)
-
-PTX_EXT = kinds.PTX
 
 
 @dataclass(frozen=True)
@@ -66,41 +58,6 @@ def _binary(
     from kernelcache.schema import covered_metadata
 
     return KernelBinary(key, ext, data, covered_metadata(meta), ptx, built)
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def ptx_pairs(meta: Mapping[str, Any], ptx: bytes) -> bool:
-    """Whether ``ptx`` (a PTX entry's bytes) is the PTX of the binary whose metadata is
-    ``meta``: the sha256 the binary's entry names. A binary is only ever used with such a PTX."""
-    want = meta.get("ptx_sha256")
-    return isinstance(want, str) and bool(want) and hashlib.sha256(ptx).hexdigest() == want
-
-
-def _store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> None:
-    from kernelcache import CacheError
-    from kernelcache.process import warn_once
-
-    fields = {
-        "kind": kinds.PTX,
-        "of": key,
-        "name": meta.get("name"),
-        "kernel": meta.get("kernel"),
-        "target": meta.get("target"),
-    }
-    try:
-        cache.put(
-            derived_key(key, PTX_EXT),
-            PTX_EXT,
-            ptx.encode(),
-            {k: v for k, v in fields.items() if v is not None},
-        )
-    except (CacheError, ValueError) as e:  # the root's write problem: said once, as the cache's
-        warn_once(
-            logger, (cache.root, "write"), "kernelcache: cannot store the PTX of %s: %s", key, e
-        )
 
 
 @dataclass(frozen=True)
@@ -196,9 +153,9 @@ def fetch_each(
             built[(request.key, request.ext)].append(compiled)
             meta = request.describe(compiled)
             if compiled.ptx is not None:
-                meta["ptx_sha256"] = _sha256(compiled.ptx)
+                meta["ptx_sha256"] = kernels.ptx_sha256(compiled.ptx)
                 if request.need_ptx:  # before the binary, under the build lock: readers find both
-                    _store_ptx(cache, request.key, compiled.ptx, meta)
+                    kernels.store_ptx(cache, request.key, compiled.ptx, meta)
             return compiled.binary, meta
 
         return build_entry
@@ -265,7 +222,7 @@ def _made(key: str, request: Request, compiled: Compiled) -> KernelBinary:
 
     meta = request.describe(compiled)
     if compiled.ptx is not None:
-        meta["ptx_sha256"] = _sha256(compiled.ptx)
+        meta["ptx_sha256"] = kernels.ptx_sha256(compiled.ptx)
     doc = make_metadata(key, request.ext, compiled.binary, meta)
     return _binary(key, request.ext, compiled.binary, doc, compiled.ptx, True)
 
@@ -292,54 +249,18 @@ def _paired(cache: Cache, request: Request, art: Artifact, built: list[Compiled]
         ptx = built[0].ptx
         assert ptx is not None
         return _binary(key, ext, art.data, art.meta, ptx, True)
-    companion = cache.get(derived_key(key, PTX_EXT), PTX_EXT, counted="companion")
-    if companion is not None and ptx_pairs(art.meta, companion.data):
+    companion = cache.get(derived_key(key, kernels.PTX_EXT), kernels.PTX_EXT, counted="companion")
+    if companion is not None and kernels.ptx_pairs(art.meta, companion.data):
         return _binary(key, ext, art.data, art.meta, companion.data.decode(), False)
     # the PTX is missing (pruned) or belongs to another build: compile again for a matching pair
     logger.info("kernelcache: PTX of %s missing from the cache; recompiling", key)
     compiled = request.build()
     meta = dict(art.meta)
     if compiled.binary == art.data:
-        _store_ptx(cache, key, compiled.ptx or "", meta)
+        kernels.store_ptx(cache, key, compiled.ptx or "", meta)
         return _binary(key, ext, art.data, meta, compiled.ptx, True)
-    meta.update(request.describe(compiled), ptx_sha256=_sha256(compiled.ptx or ""))
+    meta.update(request.describe(compiled), ptx_sha256=kernels.ptx_sha256(compiled.ptx or ""))
     return _binary(key, ext, compiled.binary, meta, compiled.ptx, True)
-
-
-def entry_metadata(
-    parts: KernelParts,
-    target: Target,
-    bound: Bound,
-    components: Callable[[], Mapping[str, str]] | None = None,
-) -> Callable[[Compiled], dict[str, Any]]:
-    """A function turning a compile result of ``bound`` into the cache entry's metadata (plain
-    JSON, no absolute paths); ``components()`` gives the key's components to record (see
-    :func:`bridge.identity.keys.key_components`), computed only when something is compiled."""
-
-    def describe(compiled: Compiled) -> dict[str, Any]:
-        md = compiled.metadata
-        return {
-            "name": md["name"],
-            "kernel": parts.qualname,
-            "language": parts.language,
-            "target": str(target),
-            "arch": str(md.get("arch", target.arch)),
-            "warp_size": int(md.get("warp_size", target.warp_size)),
-            "num_warps": int(md["num_warps"]),
-            "num_ctas": int(md.get("num_ctas", 1)),
-            "num_stages": int(md.get("num_stages", 0)),
-            "shared": int(md.get("shared") or 0),
-            "global_scratch_size": int(md.get("global_scratch_size") or 0),
-            "global_scratch_align": int(md.get("global_scratch_align") or 1),
-            "profile_scratch_size": int(md.get("profile_scratch_size") or 0),
-            "tmem_size": int(md.get("tmem_size") or 0),
-            "tensordesc_meta": plain(list(md.get("tensordesc_meta") or [])),
-            "signature": plain(dict(bound.signature)),
-            "producer": {"triton": triton_version()},
-            **({"components": dict(components())} if components is not None else {}),
-        }
-
-    return describe
 
 
 def request(spec: Specialization, usable: Usable | None = None) -> Request:
@@ -351,7 +272,7 @@ def request(spec: Specialization, usable: Usable | None = None) -> Request:
         spec.key,
         spec.ext,
         build=functools.partial(compile_source, spec.source, target, spec.backend, bound.options),
-        describe=entry_metadata(
+        describe=kernels.entry_metadata(
             spec.parts, target, bound, functools.partial(components, spec) if spec.stored else None
         ),
         need_ptx=target.vendor.has_ptx,

@@ -17,9 +17,9 @@ from ..backends import check_options
 from ..call.binding import expand_variants
 from ..call.kernels import KernelParts, decompose
 from ..call.plain import source_digest
-from ..compile.fetch import PTX_EXT, ptx_pairs
 from ..entries import decisions
 from ..entries.failures import remembered
+from ..entries.kernels import PTX_EXT, ptx_pairs
 from ..entries.kinds import derived_key
 from ..errors import BridgeError, KernelArgumentError
 from ..identity.specialize import Specialization, specialize, specialize_call
