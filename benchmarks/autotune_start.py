@@ -93,7 +93,7 @@ def embedded(lowered) -> list[str]:
     jaxlib logs its choice under (autotuned at the first run)."""
     from jax._src.lib.mlir import ir
 
-    from bridge import proto
+    from bridge.lowering import proto
 
     found: list[str] = []
 
@@ -121,7 +121,7 @@ def child(size: int, ctx: int, heads: int) -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("bridge.tuning").setLevel(logging.INFO)
+    logging.getLogger("bridge.tune.select").setLevel(logging.INFO)
     import jax
 
     start = time.perf_counter()
@@ -222,7 +222,7 @@ def main() -> None:
         return
     if args.tune:  # what `kernelcache tune MANIFEST` runs, without needing the console script
         import kernelcache
-        from bridge import tune
+        from bridge.cli import tune
 
         for result in tune.tune(args.tune, kernelcache.Cache()):
             print(result.line())

@@ -43,7 +43,10 @@ CHILD = r"""
 import hashlib, json, os, resource, sys, time
 import jax, jax.numpy as jnp
 import bridge, kernelcache
-from bridge import compile as bridge_compile
+try:
+    from bridge.compile import compiler as bridge_compile
+except ImportError:  # a bridge from before the stage folders
+    from bridge import compile as bridge_compile
 from examples import ops
 
 bridge.triton_call  # the lowering machinery is imported before the start signal

@@ -41,7 +41,7 @@ def _noop() -> int:
 def _import_compiler() -> int:
     import triton  # noqa: F401
 
-    import bridge.specialize  # noqa: F401
+    import bridge.identity.specialize  # noqa: F401
     from examples import kernels  # noqa: F401
 
     return os.getpid()
@@ -52,9 +52,11 @@ def _one_compile(cache_root: str) -> float:
     import jax.numpy as jnp
 
     import kernelcache
-    from bridge import binding, specialize
-    from bridge.binding import ArgArray
-    from bridge.kernels import decompose
+    from bridge.call import binding
+    from bridge.call.binding import ArgArray
+    from bridge.call.kernels import decompose
+    from bridge.compile import fetch
+    from bridge.identity import specialize
     from bridge.targets import parse_target
     from examples import kernels
 
@@ -72,7 +74,7 @@ def _one_compile(cache_root: str) -> float:
     variant = binding.expand_variants(parts, named, {}, {}, target)[0]
     spec = specialize.specialize(parts, named, variant, target, cache)
     started = time.perf_counter()
-    specialize.fetch(spec, cache)
+    fetch.fetch(spec, cache)
     return time.perf_counter() - started
 
 

@@ -153,7 +153,10 @@ def child(kind: str, model: str, jax_cache: str | None, dry_run: bool) -> None:
     done = time.time()
     compiles = None
     if kind != "peer":
-        from bridge import compile as bridge_compile
+        try:
+            from bridge.compile import compiler as bridge_compile
+        except ImportError:  # a bridge from before the stage folders
+            from bridge import compile as bridge_compile  # type: ignore[no-redef]
 
         compiles = bridge_compile.compile_count()
     print(

@@ -73,7 +73,10 @@ gc.callbacks.append(lambda p, info: p == "start" and collections.__setitem__(
 t0 = time.perf_counter()
 jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
 t1 = time.perf_counter()
-from bridge import compile as bridge_compile
+try:
+    from bridge.compile import compiler as bridge_compile
+except ImportError:  # a bridge from before the stage folders
+    from bridge import compile as bridge_compile
 print(json.dumps({"lower_ms": (t1 - t0) * 1000, "compiles": bridge_compile.compile_count(),
                   "protobuf": "google.protobuf" in sys.modules, "collections": collections}))
 """

@@ -190,7 +190,10 @@ def child(impl: str, model: str, embed: str | None, jax_cache: str | None, dry_r
         ok = bool(jnp.array_equal(out[0], args[0] + args[0]))
     compiles = None
     if impl == "bridge":
-        from bridge import compile as bridge_compile
+        try:
+            from bridge.compile import compiler as bridge_compile
+        except ImportError:  # a bridge from before the stage folders
+            from bridge import compile as bridge_compile  # type: ignore[no-redef]
 
         compiles = bridge_compile.compile_count()
     print(

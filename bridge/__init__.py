@@ -17,8 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import entries as entries  # declares the bridge's metadata fields to kernelcache
 from . import settings as settings  # declares the bridge's variables to kernelcache
+from .entries import fields  # noqa: F401  (declares the metadata fields to kernelcache)
 from .errors import (
     AutotuneError,
     BackendUnavailable,
@@ -41,21 +41,21 @@ CUSTOM_CALL_TARGET_NAMES = (FFI_TARGET, LEGACY_TARGET)
 
 if TYPE_CHECKING:
     from .api import triton_call
-    from .descriptors import TensorDescriptor, strides_from_shape
+    from .call.descriptors import TensorDescriptor, strides_from_shape
     from .jax_cache import enable_jax_cache
     from .launch import Kernel, kernel
-    from .record import add_listener as on_lowered
+    from .lowering.record import add_listener as on_lowered
     from .targets import Target, parse_target
 
 #: public name -> (module, attribute), imported on first use
 _LAZY = {
     "triton_call": (".api", "triton_call"),
-    "TensorDescriptor": (".descriptors", "TensorDescriptor"),
-    "strides_from_shape": (".descriptors", "strides_from_shape"),
+    "TensorDescriptor": (".call.descriptors", "TensorDescriptor"),
+    "strides_from_shape": (".call.descriptors", "strides_from_shape"),
     "enable_jax_cache": (".jax_cache", "enable_jax_cache"),
     "Kernel": (".launch", "Kernel"),
     "kernel": (".launch", "kernel"),
-    "on_lowered": (".record", "add_listener"),
+    "on_lowered": (".lowering.record", "add_listener"),
     "Target": (".targets", "Target"),
     "parse_target": (".targets", "parse_target"),
 }

@@ -1,5 +1,5 @@
 """``bridge.triton_call``: the public call, from the caller's arguments to one bind of the
-primitive (:mod:`bridge.call`).
+primitive (:mod:`bridge.lowering.lower`).
 
 Invariants: nothing is compiled or looked up in the cache before lowering; a call written
 wrongly (conventions mixed, unknown options, a malformed target) fails at trace time, with a
@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import backends, conventions, targets, tracing
-from .call import CUSTOM_CALL_FFI, CUSTOM_CALL_LEGACY, triton_call_p
+from . import backends, targets
+from .call import conventions, tracing
+from .call.kernels import decompose
 from .errors import KernelArgumentError, OptionError
-from .kernels import decompose
+from .lowering.lower import CUSTOM_CALL_FFI, CUSTOM_CALL_LEGACY, triton_call_p
 from .settings import AUTOTUNE_MODES
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ def triton_call(
     Works under ``jax.jit`` and eagerly. Call sites of jax-triton 0.3 and the ROCm fork
     (``out_shape=``) and of jax-triton 0.4 (``out_type=``) run unchanged: the keyword describing
     the outputs selects the convention, and an ``out_shape=`` call that 0.3 and the fork read
-    differently is read the way that fits the kernel (see :mod:`bridge.conventions` and
+    differently is read the way that fits the kernel (see :mod:`bridge.call.conventions` and
     docs/bridge.md), or as ``convention=`` says.
 
     Args:

@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from . import vendors
 from .errors import BackendUnavailable, OptionError
 from .targets import Target, target_of
-from .vendors import Vendor
+from .vendors import registry
+from .vendors.base import Vendor
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def option_names(vendor: Vendor) -> frozenset[str]:
 
 def all_option_names() -> frozenset[str]:
     """Field names of the options classes of every registered vendor's backend."""
-    return _option_names_of(vendors.registered())
+    return _option_names_of(registry.registered())
 
 
 @functools.cache
@@ -206,20 +206,17 @@ def make_backend(target: Target) -> Any:
     """An instance of the backend compiler for ``target``, shared per process.
 
     Its options always hold an explicit ``enable_fp_fusion`` (see :func:`default_fp_fusion`).
-    Where the vendor's backend specializes pointers on their 32-bit range (AMD), the instance
-    binds arguments without importing torch: Triton 3.6 imports torch to decide it, which the
-    bridge answers from the array's size in bytes instead (placeholder arrays carry
-    ``ptr_range()``).
+    Where the vendor answers the backend's pointer specialization in its place (AMD's backend
+    would import torch), the instance binds arguments with the vendor's answer.
     """
-    cls = _bridge_backend(backend_class(target), target.vendor.pointer_range_specialization)
+    cls = _bridge_backend(backend_class(target), target.vendor)
     return cls(target.triton())
 
 
 @functools.cache
-def _bridge_backend(cls: Any, pointer_range: bool) -> type:
-    """``cls`` with the bridge's option defaults (and, with ``pointer_range``, the bridge's
-    answer to the pointer-range specialization)."""
-    from triton.backends.compiler import BaseBackend
+def _bridge_backend(cls: Any, vendor: Vendor) -> type:
+    """``cls`` with the bridge's option defaults, and the vendor's own pointer specialization
+    where it has one (:meth:`~bridge.vendors.base.Vendor.tensor_specialization`)."""
 
     def parse_options(self: Any, options: dict[str, Any]) -> Any:
         if options.get("enable_fp_fusion") is None:
@@ -227,18 +224,7 @@ def _bridge_backend(cls: Any, pointer_range: bool) -> type:
         return cls.parse_options(self, options)
 
     body: dict[str, Any] = {"parse_options": parse_options}
-    if pointer_range:
-
-        def get_tensor_specialization(arg, **kwargs):
-            try:
-                return cls.get_tensor_specialization(arg, **kwargs)
-            except ImportError:
-                from triton import knobs
-
-                spec = BaseBackend.get_tensor_specialization(arg, **kwargs)
-                if knobs.amd.use_buffer_ops and arg.ptr_range() <= 2**31 - 1:
-                    spec += "S"
-                return spec
-
-        body["get_tensor_specialization"] = staticmethod(get_tensor_specialization)
+    special = vendor.tensor_specialization(cls)
+    if special is not None:
+        body["get_tensor_specialization"] = staticmethod(special)
     return type(cls.__name__, (cls,), body)

@@ -1,13 +1,19 @@
-"""Exceptions raised by the bridge.
+"""Every exception class of the bridge, under one base, :class:`BridgeError`, itself a
+:class:`kernelcache.errors.KernelCacheError`.
 
 Every error names what was wrong and what to do about it. They subclass the closest built-in
-exception as well, so ``except ValueError`` style handling keeps working.
+exception as well, so ``except ValueError`` style handling keeps working. Importing this module
+imports neither jax nor triton.
 """
 
 from __future__ import annotations
 
+from typing import Any
 
-class BridgeError(Exception):
+from kernelcache.errors import KernelCacheError
+
+
+class BridgeError(KernelCacheError):
     """Base class of every error the bridge raises on purpose."""
 
 
@@ -56,15 +62,72 @@ class UnsupportedTransformation(BridgeError, NotImplementedError):
     """A JAX transformation (grad, vmap, ...) that a raw Triton kernel call cannot support."""
 
 
+class Undescribable(BridgeError, ValueError):
+    """A constexpr value with no description that tells it from every other value;
+    ``path``: where the value is among a specialization's constexprs (its parameter's
+    position first), where known."""
+
+    def __init__(self, message: str, path: tuple[Any, ...] = ()) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class Unkeyable(BridgeError):
+    """A value of the call is known only by its address: the call is not stored."""
+
+
+class LeftOut(BridgeError):
+    """A kernel that cannot compile for its target, for a reason Triton's autotuner leaves its
+    config out for (``reason``: one line)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class CompilerCrash(BridgeError, RuntimeError):
+    """The compiler process died while compiling (``reason``: one line naming the signal or
+    exit status, and the compiler's last error line). ``lasting``: the compiler crashed by
+    itself, so the same compile would crash again; False when it was killed from outside."""
+
+    def __init__(self, reason: str, lasting: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.lasting = lasting
+
+    def __reduce__(self) -> tuple[type[CompilerCrash], tuple[str, bool]]:
+        return type(self), (self.reason, self.lasting)
+
+
+class CompilerTraceback(BridgeError):
+    """Where the compiler process raised: its traceback as text (the innermost cause of the
+    exception raised again here)."""
+
+
+class RootError(BridgeError, OSError):
+    """The writable cache root cannot take entries: nothing would be kept (exit 1)."""
+
+
+class ManifestError(BridgeError, ValueError):
+    """The manifest cannot be read at all, or is not a manifest (a usage error: exit 2)."""
+
+
 __all__ = [
     "AutotuneError",
     "BackendUnavailable",
     "BridgeError",
+    "CompilerCrash",
+    "CompilerTraceback",
     "EmbedError",
     "IncompleteOutput",
     "KernelArgumentError",
+    "LeftOut",
+    "ManifestError",
     "NoConfigError",
     "OptionError",
+    "RootError",
     "TargetError",
+    "Undescribable",
+    "Unkeyable",
     "UnsupportedTransformation",
 ]

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .api import triton_call
+from .call.kernels import decompose
 from .errors import KernelArgumentError
-from .kernels import decompose
 
 
 class Kernel:

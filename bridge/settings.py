@@ -12,11 +12,11 @@ from pathlib import Path
 
 from kernelcache.config import Variable, choice, parser, path, register_variables
 
-from .vendors import parse_name
+from .vendors.registry import parse_name
 
-#: how a compiled kernel rides in jaxlib's custom call (see :mod:`bridge.embed`)
+#: how a compiled kernel rides in jaxlib's custom call (see :mod:`bridge.lowering.embed`)
 EMBED_MODES = ("auto", "inline", "ptx", "path")
-#: which config of an autotuned call runs (see :mod:`bridge.tuning`): the decision in the cache
+#: which config of an autotuned call runs (see :mod:`bridge.tune.select`): the decision in the cache
 #: (else jaxlib's autotuning at the first run), always jaxlib's, a decision or an error, or a
 #: decision made by one process of the job when there is none
 AUTOTUNE_MODES = ("decided", "runtime", "require", "job")

@@ -4,7 +4,7 @@ chooses one.
 A target is explicit (the ``target=`` argument or ``$KERNELCACHE_TARGET``) or detected from the
 local device of the platform being lowered for. With an explicit target, compiling and lowering
 need no GPU at all. What differs by vendor is asked of the target's descriptor
-(:mod:`bridge.vendors`), never decided here by name.
+(:mod:`bridge.vendors.base`), never decided here by name.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import vendors
 from .errors import TargetError
-from .vendors import Arch, Vendor
+from .vendors import registry
+from .vendors.base import Arch, Vendor
 
 if TYPE_CHECKING:
     from .settings import BridgeSettings
@@ -42,7 +42,7 @@ class Target:
     vendor: Vendor = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "vendor", vendors.by_name(self.backend))
+        object.__setattr__(self, "vendor", registry.by_name(self.backend))
 
     def __str__(self) -> str:
         return f"{self.backend}:{self.arch}"
@@ -77,8 +77,8 @@ def parse_target(text: str | Target) -> Target:
     if isinstance(text, Target):
         return text
     if not isinstance(text, str):
-        raise TargetError(f"a target is a string such as {vendors.examples()}; got {text!r}")
-    return target_of(*vendors.parse_name(text))
+        raise TargetError(f"a target is a string such as {registry.examples()}; got {text!r}")
+    return target_of(*registry.parse_name(text))
 
 
 def max_shared_memory(target: Target, device: Any = None) -> int | None:
@@ -92,7 +92,7 @@ def max_shared_memory(target: Target, device: Any = None) -> int | None:
 def detect_devices(platform: str) -> list[tuple[Any, Target]]:
     """This process's local JAX devices of ``platform``, each with its target (none on a
     CPU-only machine, or for another platform)."""
-    vendor = vendors.by_platform(platform)
+    vendor = registry.by_platform(platform)
     if vendor is None:
         return []
     import jax
@@ -146,7 +146,7 @@ def select_target(
         if not local:
             raise TargetError(
                 f"no {platform} device here to detect the compile target from: pass target= "
-                f"(e.g. {vendors.examples()}) or set KERNELCACHE_TARGET to cross-compile on this "
+                f"(e.g. {registry.examples()}) or set KERNELCACHE_TARGET to cross-compile on this "
                 "machine"
             )
         if len(local) > 1:

@@ -73,7 +73,7 @@ def custom_calls(lowered: Any) -> list[dict[str, Any]]:
 
 def decoded(fn: Any, *avals: Any, platform: str = "cuda") -> list[Any]:
     """Lower ``fn`` and return the parsed TritonAnyKernelCall of every Triton custom call."""
-    from bridge import proto
+    from bridge.lowering import proto
 
     return [
         proto.decode_opaque(c["opaque"])
@@ -82,9 +82,9 @@ def decoded(fn: Any, *avals: Any, platform: str = "cuda") -> list[Any]:
 
 
 def to_protobuf(message: Any, into: Any = None) -> Any:
-    """``message`` (a :mod:`bridge.proto` dataclass) as a protobuf message, built field by field
+    """``message`` (a :mod:`bridge.lowering.proto` dataclass) as a protobuf message, built field by field
     through protobuf's message API: the reference the bridge's own encoder is compared with."""
-    from bridge import proto
+    from bridge.lowering import proto
 
     cls = type(message)
     out = proto.messages()[cls._proto_name]() if into is None else into
@@ -146,7 +146,7 @@ def finish_child(proc: subprocess.Popen, timeout: float = 240) -> Any:
 # Child-process code that counts every way Triton could compile in that process: the front end
 # of both languages, triton.compile, and triton_key() (the 0.3 s compiler hash a warm start must
 # not pay). Prepend it to a child's code; read the totals from ``counts``. Compiles run in
-# compiler processes forked from the child (bridge.compiler_process): they count in memory
+# compiler processes forked from the child (bridge.compile.process): they count in memory
 # shared with it, which ``counts`` shows after each compile.
 COUNT_COMPILES = f"""
 import mmap, sys
@@ -172,7 +172,7 @@ import triton
 import triton.compiler.compiler as tc
 import triton.runtime.cache as rc
 from triton.experimental.gluon import _runtime as gr
-import bridge.compiler_process as _compiler_process
+import bridge.compile.process as _compiler_process
 counting(tc.ASTSource, "make_ir", "make_ir")
 counting(gr.GluonASTSource, "make_ir", "make_ir")
 counting(tc, "compile", "compile")
@@ -199,10 +199,10 @@ def cuda_devices() -> list[Any]:
 
 
 def forget_lowerings(root: Any) -> int:
-    """Remove the lowering and program entries under ``root`` (see :mod:`bridge.lowerings`,
-    :mod:`bridge.programs`), so that the next lowering works from the kernel entries alone;
+    """Remove the lowering and program entries under ``root`` (see :mod:`bridge.entries.lowerings`,
+    :mod:`bridge.entries.programs`), so that the next lowering works from the kernel entries alone;
     returns how many files went."""
-    from bridge import lowerings, programs
+    from bridge.entries import lowerings, programs
 
     gone = 0
     for ext in (lowerings.STATE_EXT, lowerings.VARIANTS_EXT, programs.EXT):
@@ -214,9 +214,9 @@ def forget_lowerings(root: Any) -> int:
 
 
 def forget_programs(root: Any) -> int:
-    """Remove the program entries under ``root`` (:mod:`bridge.programs`), so that the next
+    """Remove the program entries under ``root`` (:mod:`bridge.entries.programs`), so that the next
     lowering reads each call's own lowering entries; returns how many went."""
-    from bridge import programs
+    from bridge.entries import programs
 
     gone = 0
     for path in Path(root).glob(f"*.{programs.EXT}"):

@@ -1,7 +1,7 @@
 """Autotune decisions: entries of the cache that say which config of an autotuned call runs.
 
 Lowered for cuda:90 on this CPU machine. Measuring needs the GPU; here a stand-in measurer
-(``bridge.tuning.use``) plays the GPU where a test needs one.
+(``bridge.tune.measure.use``) plays the GPU where a test needs one.
 """
 
 from __future__ import annotations
@@ -26,8 +26,11 @@ from test_cli_support import kc, kc_json
 
 import bridge
 import kernelcache
-from bridge import binding, decisions, tune, tuning
-from bridge.decisions import Decision
+from bridge.call import binding
+from bridge.cli import tune
+from bridge.entries import decisions
+from bridge.entries.decisions import Decision
+from bridge.tune import measure
 from examples import ops
 
 A = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
@@ -242,7 +245,7 @@ def test_decisions_travel_like_entries(tmp_path, cache, monkeypatch):
 JOB = """
 import json, os, sys, time
 sys.path.insert(0, {tests!r})
-from bridge import tuning
+from bridge.tune import measure, select
 
 class Stand_in:
     def device(self, target, platform):
@@ -251,9 +254,9 @@ class Stand_in:
         with open({marker!r}, "a") as f:
             f.write(f"{{os.getpid()}}\\n")
         time.sleep(float(os.environ.get("MEASURE_SECONDS", "1")))
-        return tuning.Measured(tuple(1e-3 * (3, 1, 2, 4)[i] for i in range(n)), 0.01)
+        return measure.Measured(tuple(1e-3 * (3, 1, 2, 4)[i] for i in range(n)), 0.01)
 
-tuning.use(Stand_in())
+measure.use(Stand_in())
 import jax, jax.numpy as jnp
 from bridge_helpers import decoded, kernels_of
 from examples import ops
@@ -320,15 +323,15 @@ class StandIn:
 
     def measure(self, call, n):
         self.calls.append(n)
-        return tuning.Measured(tuple(1e-3 * self.times[i] for i in range(n)), 0.01, {3: "x"})
+        return measure.Measured(tuple(1e-3 * self.times[i] for i in range(n)), 0.01, {3: "x"})
 
 
 @pytest.fixture
 def stand_in():
     measurer = StandIn()
-    previous = tuning.use(measurer)
+    previous = measure.use(measurer)
     yield measurer
-    tuning.use(previous)
+    measure.use(previous)
 
 
 def test_a_forced_tune_replaces_the_measured_decision(tmp_path, cache, monkeypatch, stand_in):
@@ -517,7 +520,7 @@ DECISION_META = {"kind": "decision", "name": "matmul_kernel"}
 
 
 def decision_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "bridge.decisions"]
+    return [r.getMessage() for r in caplog.records if r.name == "bridge.entries.decisions"]
 
 
 @pytest.mark.parametrize("name", list(MALFORMED))

@@ -18,7 +18,8 @@ from bridge_helpers import cuda_devices, decoded
 
 import bridge
 import kernelcache
-from bridge import decisions, tune
+from bridge.cli import tune
+from bridge.entries import decisions
 from examples import ops
 
 HAS_GPU = bool(cuda_devices())

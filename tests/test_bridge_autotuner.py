@@ -31,9 +31,13 @@ from test_cli_support import kc, kc_json
 
 import bridge
 import kernelcache
-from bridge import call as bridge_call
-from bridge import decisions, failures, specialize, tune, tuning, variants, versions
-from bridge.kernel_keys import derived_key
+from bridge import versions
+from bridge.cli import tune
+from bridge.compile import fetch, variants
+from bridge.entries import decisions, failures
+from bridge.entries.kinds import derived_key
+from bridge.lowering import lower as bridge_call
+from bridge.tune import measure
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 ONE = jax.ShapeDtypeStruct((1,), jnp.float32)
@@ -61,7 +65,7 @@ def warnings_(caplog):
 
 
 def left_out_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "bridge.variants"]
+    return [r.getMessage() for r in caplog.records if r.name == "bridge.compile.variants"]
 
 
 @pytest.fixture
@@ -250,9 +254,9 @@ def test_a_malformed_failure_entry_is_ignored(tmp_path, monkeypatch):
     key = json.loads(path.read_bytes())["of"]
     assert failures.remembered(cache, key) == "static assertion failed: BLOCK must be at most 256"
     attempts = []
-    compile_source = specialize.compile_source
+    compile_source = fetch.compile_source
     monkeypatch.setattr(
-        specialize, "compile_source", lambda *a: attempts.append(1) or compile_source(*a)
+        fetch, "compile_source", lambda *a: attempts.append(1) or compile_source(*a)
     )
     for forged in ({"format": 1, "of": "0" * 64, "reason": "x"}, {"format": 1, "of": key}):
         path.unlink()
@@ -276,9 +280,9 @@ def test_failure_entries_travel_in_bundles(tmp_path, monkeypatch):
     there.mkdir()
     assert kc(there, "import", str(bundle)).returncode == 0
     attempts = []
-    compile_source = specialize.compile_source
+    compile_source = fetch.compile_source
     monkeypatch.setattr(
-        specialize, "compile_source", lambda *a: attempts.append(1) or compile_source(*a)
+        fetch, "compile_source", lambda *a: attempts.append(1) or compile_source(*a)
     )
     bridge_call._memo.clear()
     cache = kernelcache.Cache(there, readonly_roots=(), remote="")
@@ -331,7 +335,7 @@ def test_what_is_left_out_is_what_tritons_autotuner_skips():
 def test_a_ptxas_crash_leaves_the_config_out_but_is_not_remembered(tmp_path, monkeypatch):
     from triton.runtime.errors import PTXASError
 
-    real, tries = specialize.compile_source, []
+    real, tries = fetch.compile_source, []
 
     def crashing(src, target, backend, options):
         if src.constants.get((3,)) == 128:  # BLOCK
@@ -339,7 +343,7 @@ def test_a_ptxas_crash_leaves_the_config_out_but_is_not_remembered(tmp_path, mon
             raise PTXASError("`ptxas` raised SIGSEGV\n`ptxas` stderr:\n")
         return real(src, target, backend, options)
 
-    monkeypatch.setattr(specialize, "compile_source", crashing)
+    monkeypatch.setattr(fetch, "compile_source", crashing)
     cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote="")
     for _ in range(2):
         bridge_call._memo.clear()
@@ -679,7 +683,8 @@ def test_a_pin_of_a_left_out_config_is_refused(tmp_path, fresh, monkeypatch):
 
 def test_a_kernel_entry_wins_over_a_failure_entry(tmp_path, fresh, monkeypatch):
     """A config whose kernel is in the cache runs, whatever a failure entry beside it says."""
-    from bridge import explain, warm
+    from bridge import warm
+    from bridge.cli import explain
 
     manifest = record_manifest(tmp_path, fresh, monkeypatch)
     (group,) = tune.recorded_calls(str(manifest))
@@ -711,16 +716,16 @@ class StandIn:
 
     def measure(self, call, n, skip=frozenset()):
         self.skipped.append(skip)
-        return tuning.Measured(tuple(1e-6 if i in (1, 3) else 1e-3 * (4 - i) for i in range(n)))
+        return measure.Measured(tuple(1e-6 if i in (1, 3) else 1e-3 * (4 - i) for i in range(n)))
 
 
 def test_a_tuning_job_never_measures_or_chooses_a_left_out_config(fresh):
     stand_in = StandIn()
-    previous = tuning.use(stand_in)
+    previous = measure.use(stand_in)
     try:
         (call,) = decoded(copy_call(K.bounded_copy, fresh, autotune="job"), F32)
     finally:
-        tuning.use(previous)
+        measure.use(previous)
     assert stand_in.skipped == [frozenset({1, 3})]
     assert call.HasField("kernel_call") and call.kernel_call.grid_0 == 16  # BLOCK 256: 2 ms
     (entry,) = Path(fresh.root).glob("*.decision")

@@ -42,8 +42,11 @@ from triton.experimental.gluon import language as gl
 
 import bridge
 import kernelcache
-from bridge import kernel_fetch, proto, tma, versions
-from bridge.compile import Compiled
+from bridge import versions
+from bridge.call import tma
+from bridge.compile import fetch
+from bridge.compile.compiler import Compiled
+from bridge.lowering import proto
 
 F8 = jax.ShapeDtypeStruct((8,), jnp.float32)
 F64 = jax.ShapeDtypeStruct((64,), jnp.float32)
@@ -748,14 +751,16 @@ def test_an_entry_without_what_the_lowering_needs_is_compiled_again(tmp_path, ca
         built.append(1)
         return Compiled(elf_image(b"new"), None, {})
 
-    kb = kernel_fetch.fetch(
+    kb = fetch.fetch_request(
         cache,
-        key,
-        "cubin",
-        build,
-        lambda c: {"name": "k", "tensordesc_meta": []},
-        False,
-        usable=lambda meta: "tensordesc_meta" in meta,
+        fetch.Request(
+            key,
+            "cubin",
+            build,
+            lambda c: {"name": "k", "tensordesc_meta": []},
+            False,
+            usable=lambda meta: "tensordesc_meta" in meta,
+        ),
     )
     assert (
         kb.binary == elf_image(b"new")
@@ -764,7 +769,9 @@ def test_an_entry_without_what_the_lowering_needs_is_compiled_again(tmp_path, ca
         and built == [1]
     )
     assert "compiling it again in memory" in caplog.text
-    kb = kernel_fetch.fetch(cache, key, "cubin", build, lambda c: {}, False, usable=lambda m: True)
+    kb = fetch.fetch_request(
+        cache, fetch.Request(key, "cubin", build, lambda c: {}, False, usable=lambda m: True)
+    )
     assert kb.binary == elf_image(b"old") and built == [1]
 
 

@@ -22,7 +22,7 @@ from bridge_helpers import cuda_devices, custom_calls, lowered_module
 
 import bridge
 import kernelcache
-from bridge import proto
+from bridge.lowering import proto
 
 TARGETS = [("cuda:90", "cuda"), ("hip:gfx942", "rocm"), ("hip:gfx950", "rocm")]
 HAS_GPU = bool(cuda_devices())

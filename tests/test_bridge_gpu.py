@@ -18,8 +18,9 @@ from bridge_helpers import COUNT_COMPILES, cuda_devices, decoded, kernels_of, ru
 
 import bridge
 import kernelcache
-from bridge import embed as bridge_embed
-from bridge import ptxisa, versions
+from bridge import versions
+from bridge.compile import ptxisa
+from bridge.lowering import embed as bridge_embed
 from examples import kernels as K
 from examples import ops
 
@@ -250,7 +251,7 @@ hits = []
 jax.monitoring.register_event_listener(
     lambda event, **kw: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None)
 import bridge
-from bridge import compile as bridge_compile
+from bridge.compile import compiler as bridge_compile
 from examples import kernels as K
 from examples import ops
 bridge.enable_jax_cache(os.environ["JAX_CACHE"])
@@ -693,7 +694,7 @@ def test_export_round_trip_runs(cache, embed, tmp_path):
 # Kernels: tests/autotuner_kernels.py (lowered on CPU by tests/test_bridge_autotuner.py).
 import autotuner_kernels as AK  # noqa: E402
 
-from bridge import tune  # noqa: E402
+from bridge.cli import tune  # noqa: E402
 
 
 def tma_double(x, cache, **kw):

@@ -24,11 +24,12 @@ from bridge_helpers import (
 
 import bridge
 import kernelcache
-from bridge import call as bridge_call
-from bridge import compile as bridge_compile
-from bridge import proto, versions
-from bridge import record as bridge_record
-from bridge.kernel_keys import derived_key
+from bridge import versions
+from bridge.compile import compiler as bridge_compile
+from bridge.entries.kinds import derived_key
+from bridge.lowering import lower as bridge_call
+from bridge.lowering import proto
+from bridge.lowering import record as bridge_record
 from examples import kernels as K
 from examples import ops
 

@@ -1,4 +1,4 @@
-"""Lowerings as cache entries (``bridge.lowerings``): a warm lowering is replayed from one entry,
+"""Lowerings as cache entries (``bridge.entries.lowerings``): a warm lowering is replayed from one entry,
 the module is byte-identical to one built from the kernel entries, and nothing stale is served
 after the kernel's source, a jitted dependency, Triton, jaxlib, a setting or a decision changes.
 
@@ -25,8 +25,11 @@ from test_cli_support import kc, kc_json
 
 import bridge
 import kernelcache
-from bridge import backends, identity, ptxisa, tune, versions
-from bridge import call as bridge_call
+from bridge import backends, versions
+from bridge.cli import tune
+from bridge.compile import ptxisa
+from bridge.identity import compiler
+from bridge.lowering import lower as bridge_call
 from examples import ops
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
@@ -150,18 +153,18 @@ def test_values_of_different_types_key_differently():
     never share a key."""
     import enum
 
-    from bridge import lowerings
+    from bridge.lowering import keys
 
     class Flag(enum.IntEnum):
         ON = 1
 
     values = [1, True, 1.0, "1", Flag.ON, (1,), {"1": 1}, None, 0, False, "", ()]
-    shown = [repr(lowerings._canon(v, {})) for v in values]
+    shown = [repr(keys._canon(v, {})) for v in values]
     assert len(set(shown)) == len(values), shown
 
 
 def _other_triton(monkeypatch):
-    monkeypatch.setattr(identity, "triton_fingerprint", lambda: "another triton")
+    monkeypatch.setattr(compiler, "triton_fingerprint", lambda: "another triton")
 
 
 def _other_jaxlib(monkeypatch):

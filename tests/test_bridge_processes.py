@@ -16,7 +16,7 @@ CHILD = (
 import hashlib, json
 import jax, jax.numpy as jnp
 import kernelcache
-from bridge import compile as bridge_compile
+from bridge.compile import compiler as bridge_compile
 from bridge_helpers import custom_calls, lowered_module
 from examples import kernels as K
 from examples import ops

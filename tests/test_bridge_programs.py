@@ -1,4 +1,4 @@
-"""Program entries (``bridge.programs``): a warm lowering of a program reads one entry for all
+"""Program entries (``bridge.entries.programs``): a warm lowering of a program reads one entry for all
 its calls, serves nothing its calls' own entries would not, and degrades to those entries when a
 program entry is missing, edited, odd or written by another program.
 
@@ -21,8 +21,9 @@ from bridge_helpers import forget_lowerings, forget_programs, lowered_module
 from test_cli_support import kc
 
 import kernelcache
-from bridge import call as bridge_call
-from bridge import lowerings, programs, tune
+from bridge.cli import tune
+from bridge.entries import lowerings, programs
+from bridge.lowering import lower as bridge_call
 from examples import ops
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 import bridge
 import kernelcache
-from bridge import proto, versions
+from bridge import versions
+from bridge.lowering import proto
 from examples import kernels as K
 from examples import ops
 

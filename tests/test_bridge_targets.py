@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 
 import bridge
-from bridge import backends, embed, identity, versions
+from bridge import backends, versions
+from bridge.identity import compiler
+from bridge.lowering import embed
 from bridge.targets import Target, parse_target
-from bridge.vendors import AMD, NVIDIA
+from bridge.vendors.cuda import CUDA
+from bridge.vendors.hip import HIP
 
 
 @pytest.mark.parametrize(
@@ -37,7 +40,7 @@ def test_warp_sizes_follow_triton():
     from triton.backends.amd.compiler import HIPOptions
 
     for arch in ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201"):
-        assert AMD.warp_size(arch) == HIPOptions(arch=arch).warp_size
+        assert HIP.warp_size(arch) == HIPOptions(arch=arch).warp_size
 
 
 def test_binary_compatibility():
@@ -76,8 +79,8 @@ def test_auto_embed_policy(jaxlib, target, mode):
 
 
 def test_option_names_come_from_triton():
-    assert {"maxnreg", "enable_fp_fusion", "num_warps"} <= backends.option_names(NVIDIA)
-    assert {"waves_per_eu", "kpack", "matrix_instr_nonkdim"} <= backends.option_names(AMD)
+    assert {"maxnreg", "enable_fp_fusion", "num_warps"} <= backends.option_names(CUDA)
+    assert {"waves_per_eu", "kpack", "matrix_instr_nonkdim"} <= backends.option_names(HIP)
     with pytest.raises(bridge.OptionError, match=r"valid options are .*maxnreg"):
         backends.check_options(parse_target("cuda:90"), {"maxnregs"})
     with pytest.raises(bridge.OptionError, match="arch"):
@@ -93,8 +96,8 @@ def test_a_missing_backend_says_which(monkeypatch):
         with pytest.raises(
             bridge.BackendUnavailable, match=r"no 'amd' backend.*it has: nvidia.*ROCm"
         ):
-            backends.compiler_module(AMD)
-        assert backends.compiler_module(NVIDIA).__name__ == "triton.backends.nvidia.compiler"
+            backends.compiler_module(HIP)
+        assert backends.compiler_module(CUDA).__name__ == "triton.backends.nvidia.compiler"
     finally:
         backends.compiler_module.cache_clear()
 
@@ -105,7 +108,7 @@ def test_triton_identity_is_memoized_in_the_cache(tmp_path, monkeypatch):
     import kernelcache
 
     calls = []
-    real = identity.triton_digest
+    real = compiler.triton_digest
 
     def counting():
         calls.append(1)
@@ -114,13 +117,13 @@ def test_triton_identity_is_memoized_in_the_cache(tmp_path, monkeypatch):
     def never():
         raise AssertionError("triton_key() computed")
 
-    monkeypatch.setattr(identity, "triton_digest", counting)
+    monkeypatch.setattr(compiler, "triton_digest", counting)
     monkeypatch.setattr(rc, "triton_key", never)
-    identity._memo.clear()
+    compiler._memo.clear()
     cache = kernelcache.Cache(root=tmp_path)
-    first = identity.triton_identity(cache)
-    identity._memo.clear()
-    second = identity.triton_identity(cache)
+    first = compiler.triton_identity(cache)
+    compiler._memo.clear()
+    second = compiler.triton_identity(cache)
     assert first == second and len(calls) == 1
     assert len(first) == 32
 
@@ -132,14 +135,14 @@ def test_triton_digest_covers_the_contents_of_what_triton_key_reads(tmp_path, mo
 
     import triton
 
-    base, files = identity._triton_files()
+    base, files = compiler._triton_files()
     walked = set()
     for sub in ("compiler", "backends", "language"):
         for lib in pkgutil.walk_packages([f"{base}/{sub}"], prefix=f"triton.{sub}."):
             walked.add(lib.module_finder.find_spec(lib.name).origin)
     assert walked <= set(files)  # every source file triton_key() hashes
     assert any(f.endswith((".so", ".pyd")) and "libtriton" in f for f in files)
-    before = identity.triton_digest()
+    before = compiler.triton_digest()
     target = f"{base}/language/core.py"
     real_open = open
 
@@ -153,9 +156,9 @@ def test_triton_digest_covers_the_contents_of_what_triton_key_reads(tmp_path, mo
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr("builtins.open", altered)
-    assert identity.triton_digest() != before
+    assert compiler.triton_digest() != before
     monkeypatch.setattr("builtins.open", real_open)
-    assert identity.triton_digest() == before
+    assert compiler.triton_digest() == before
     assert triton.__version__
 
 
@@ -164,8 +167,8 @@ def test_fingerprint_changes_with_the_installation(monkeypatch):
 
     import triton
 
-    identity.triton_fingerprint.cache_clear()
-    before = identity.triton_fingerprint()
+    compiler.triton_fingerprint.cache_clear()
+    before = compiler.triton_fingerprint()
     path = os.path.join(os.path.dirname(triton.__file__), "language", "core.py")
     real_stat = os.stat
 
@@ -176,8 +179,8 @@ def test_fingerprint_changes_with_the_installation(monkeypatch):
         return result
 
     monkeypatch.setattr(os, "stat", touched)
-    identity.triton_fingerprint.cache_clear()
-    assert identity.triton_fingerprint() != before
+    compiler.triton_fingerprint.cache_clear()
+    assert compiler.triton_fingerprint() != before
     monkeypatch.setattr(os, "stat", real_stat)
-    identity.triton_fingerprint.cache_clear()
-    assert identity.triton_fingerprint() == before
+    compiler.triton_fingerprint.cache_clear()
+    assert compiler.triton_fingerprint() == before

@@ -23,8 +23,10 @@ from test_cli_support import KERNELCACHE
 
 import bridge
 import kernelcache
-from bridge import backends, binding, ptxisa, versions
-from bridge.ptxisa import Assembler
+from bridge import backends, versions
+from bridge.call import binding
+from bridge.compile import ptxisa
+from bridge.compile.ptxisa import Assembler
 from bridge.targets import parse_target
 from examples import ops
 
@@ -378,7 +380,7 @@ def key_of(cache, **kw) -> str:
 def options_of(target: str, **options) -> object:
     from examples import kernels as K
 
-    parts = bridge.kernels.decompose(K.add_kernel)
+    parts = bridge.call.kernels.decompose(K.add_kernel)
     tgt = parse_target(target)
     named = {
         "x_ptr": binding.ArgArray((8,), "float32", ("in", 0)),
@@ -469,7 +471,7 @@ def test_warm_json_stdout_holds_only_the_document(tmp_path):
 def test_output_to_stderr_covers_python_and_native_writes(tmp_path):
     code = (
         "import os, sys\n"
-        "from bridge.compile import output_to_stderr\n"
+        "from bridge.compile.compiler import output_to_stderr\n"
         "with output_to_stderr():\n"
         "    print('python')\n"
         "    os.write(1, b'native\\n')\n"

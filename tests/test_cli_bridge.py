@@ -149,7 +149,7 @@ def test_show_says_what_a_decision_decided(project, tmp_path):
     assert "decision: config 1 (BLOCK: 128" in text and "pinned for every device" in text
     # a measured decision: the device, the margin and each config's time
     import kernelcache
-    from bridge.decisions import Decision
+    from bridge.entries.decisions import Decision
 
     pinned = Decision(**{k: v for k, v in _decision_fields(content).items()})
     measured = Decision(

@@ -33,8 +33,9 @@ from triton.experimental.gluon import language as gl
 
 import bridge
 import kernelcache
-from bridge import backends, specialize, variants
-from bridge import call as bridge_call
+from bridge import backends
+from bridge.compile import fetch, variants
+from bridge.lowering import lower as bridge_call
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 TARGETS = [("cuda:90", "cuda"), ("hip:gfx942", "rocm"), ("hip:gfx950", "rocm")]
@@ -70,13 +71,13 @@ def cache(tmp_path) -> kernelcache.Cache:
 def attempts(monkeypatch) -> list[int]:
     """Every compile this process asks for (one per kernel-cache miss), its num_warps."""
     asked: list[int] = []
-    real = specialize.compile_source
+    real = fetch.compile_source
 
     def counted(src, target, backend, options):
         asked.append(options.num_warps)
         return real(src, target, backend, options)
 
-    monkeypatch.setattr(specialize, "compile_source", counted)
+    monkeypatch.setattr(fetch, "compile_source", counted)
     return asked
 
 
@@ -161,7 +162,7 @@ def test_a_config_whose_compiler_aborts_is_left_out_and_the_others_run(
     (call,) = decoded(copy_call(tuned_copy, cache, target, embed="inline"), F32, platform=platform)
     assert [k.num_warps for k in kernels_of(call)] == [2, 8]
     assert all(k.module_image.object_file.startswith(b"\x7fELF") for k in kernels_of(call))
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "bridge.variants"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "bridge.compile.variants"]
     assert "left out 1 of its 3 configs" in warning
     assert "num_warps: 4" in warning and "the compiler crashed (SIGABRT: Aborted)" in warning
     assert sorted(attempts) == [2, 4, 8]
@@ -388,7 +389,7 @@ def test_the_layout_hint_only_for_errors_about_layouts(cache, capfd, target, pla
 
 
 def test_the_layout_hint_reads_what_the_verifier_said():
-    from bridge.compile import about_layouts
+    from bridge.compile.compiler import about_layouts
 
     error = RuntimeError("error encountered during parsing")
     assert about_layouts(error, "Layout has 32 threads per warp, but the module specifies 64")

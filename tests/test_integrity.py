@@ -23,7 +23,7 @@ from conftest import child_env, key_of, run_py
 from test_cli_support import kc, kc_json, put
 
 import kernelcache
-from bridge.entries import LAUNCH_FIELDS  # importing bridge declares its fields
+from bridge.entries.fields import LAUNCH_FIELDS  # importing bridge declares its fields
 from kernelcache import stats
 from kernelcache.bundle import import_bundle
 from kernelcache.errors import BundleError
@@ -131,8 +131,8 @@ def test_fields_outside_the_launch_set_may_change(root):
 def test_the_bridge_is_handed_only_covered_fields(tmp_path):
     """What the bridge lowers a cached kernel from (``KernelBinary.meta``) holds only fields
     the entry digest covers, on a build and on a hit."""
-    from bridge.compile import Compiled
-    from bridge.kernel_fetch import fetch
+    from bridge.compile.compiler import Compiled
+    from bridge.compile.fetch import Request, fetch_request
     from kernelcache.schema import STORE_COVERED, covered_fields
 
     covered = set(STORE_COVERED) | covered_fields()
@@ -147,7 +147,7 @@ def test_the_bridge_is_handed_only_covered_fields(tmp_path):
         return Compiled(elf_image(b"binary"), "// ptx", {"name": "add_kernel"})
 
     for built in (True, False):
-        kb = fetch(cache, key, "cubin", build, describe, need_ptx=True)
+        kb = fetch_request(cache, Request(key, "cubin", build, describe, need_ptx=True))
         assert kb.built is built
         assert set(kb.meta) <= covered, set(kb.meta) - covered
         assert kb.meta["num_warps"] == 4 and kb.meta["ptx_sha256"] and "signature" not in kb.meta

@@ -1,4 +1,4 @@
-"""A JIT function's identity (bridge.jit_identity): whatever changes Triton's ``cache_key``
+"""A JIT function's identity (bridge.identity.jit): whatever changes Triton's ``cache_key``
 changes it, so do the decorator's settings, and it is the same in every process."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from bridge_helpers import kernel_module, run_child
 
-from bridge import jit_identity
+from bridge.identity import jit
 
 DEPS = """
 @triton.jit
@@ -74,57 +74,57 @@ def test_what_changes_tritons_key_changes_the_identity(tmp_path, edit):
     base = load(tmp_path, "base").kernel
     changed = load(tmp_path, "changed", **edit).kernel
     assert changed.cache_key != base.cache_key  # the edit is one Triton's key sees
-    assert jit_identity.identity(changed) != jit_identity.identity(base)
+    assert jit.identity(changed) != jit.identity(base)
 
 
 def test_the_same_code_loaded_again_has_the_same_identity(tmp_path):
-    first = jit_identity.identity(load(tmp_path, "again").kernel)
-    assert jit_identity.identity(load(tmp_path, "again").kernel) == first
+    first = jit.identity(load(tmp_path, "again").kernel)
+    assert jit.identity(load(tmp_path, "again").kernel) == first
 
 
 @pytest.mark.parametrize("edit", SETTING_EDITS.values(), ids=SETTING_EDITS.keys())
 def test_decorator_settings_change_the_identity(tmp_path, edit):
     base = load(tmp_path, "base").kernel
     changed = load(tmp_path, "setting", **edit).kernel
-    assert jit_identity.identity(changed) != jit_identity.identity(base)
+    assert jit.identity(changed) != jit.identity(base)
 
 
 def test_the_identity_is_the_same_in_another_process(tmp_path):
-    here = jit_identity.identity(load(tmp_path, "shared").kernel)
+    here = jit.identity(load(tmp_path, "shared").kernel)
     code = f"""
 import json, sys
 sys.path.insert(0, {str(tmp_path)!r})
 import jit_identity_shared
-from bridge import jit_identity
-print(json.dumps(jit_identity.identity(jit_identity_shared.kernel)))
+from bridge.identity import jit
+print(json.dumps(jit.identity(jit_identity_shared.kernel)))
 """
     assert run_child(code) == here
 
 
 def test_a_jit_function_is_told_from_other_values(tmp_path):
     module = load(tmp_path, "kinds")
-    assert jit_identity.is_jit(module.kernel) and jit_identity.is_jit(module.shift)
-    assert not jit_identity.is_jit(module.make) and not jit_identity.is_jit(module.SCALE)
+    assert jit.is_jit(module.kernel) and jit.is_jit(module.shift)
+    assert not jit.is_jit(module.make) and not jit.is_jit(module.SCALE)
 
 
 def test_a_replaced_source_is_identified_anew(tmp_path):
     kernel = load(tmp_path, "replaced").kernel
-    before = jit_identity.identity(kernel)
-    assert jit_identity.identity(kernel) == before  # (memoized for the process)
+    before = jit.identity(kernel)
+    assert jit.identity(kernel) == before  # (memoized for the process)
     kernel._unsafe_update_src(kernel.src.replace("* SCALE", "* SCALE * 2.0"))
-    assert jit_identity.identity(kernel) != before
+    assert jit.identity(kernel) != before
 
 
 def test_a_setting_changed_on_the_function_is_identified_anew(tmp_path):
     """The memo holds for the settings it was computed with: one set again, or a list of them
     edited in place, identifies the function anew."""
     kernel = load(tmp_path, "resettled", decorator="(do_not_specialize=['y_ptr'])").kernel
-    before = jit_identity.identity(kernel)
+    before = jit.identity(kernel)
     kernel.debug = not kernel.debug
-    flipped = jit_identity.identity(kernel)
+    flipped = jit.identity(kernel)
     assert flipped != before
     kernel.do_not_specialize.append("x_ptr")  # (the list the decorator was given, edited)
-    assert jit_identity.identity(kernel) not in (before, flipped)
+    assert jit.identity(kernel) not in (before, flipped)
 
 
 def test_a_value_whose_repr_fails_is_a_value_error(tmp_path):
@@ -144,4 +144,4 @@ def test_a_value_whose_repr_fails_is_a_value_error(tmp_path):
         """,
     )
     with pytest.raises(ValueError, match="has no repr"):
-        jit_identity.identity(module.kernel)
+        jit.identity(module.kernel)

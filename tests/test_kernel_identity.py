@@ -1,4 +1,4 @@
-"""A kernel's key is everything that shapes its code (bridge.kernel_keys, bridge.jit_identity):
+"""A kernel's key is everything that shapes its code (bridge.identity.keys, bridge.identity.jit):
 values Triton's frontend reads through another module, a constexpr_function or a constexpr
 object reach the key; a warm process that sees a changed global lowers the new code; a
 constexpr known only by its address is compiled in the process and never stored."""
@@ -19,8 +19,8 @@ from bridge_helpers import TESTS, custom_calls, kernel_module, lowered_module, r
 
 import bridge
 import kernelcache
-from bridge import compile as bridge_compile
-from bridge import jit_identity
+from bridge.compile import compiler as bridge_compile
+from bridge.identity import jit
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 
@@ -76,7 +76,7 @@ import hashlib, json, sys
 sys.path[:0] = [{path!r}, {tests!r}]
 import jax, jax.numpy as jnp
 import bridge, kernelcache
-from bridge import compile as bridge_compile
+from bridge.compile import compiler as bridge_compile
 from bridge_helpers import custom_calls, lowered_module
 import kid_kernels as K
 
@@ -193,18 +193,18 @@ def test_a_warm_process_lowers_the_code_as_it_is_now(tmp_path, change):
 def test_the_identity_is_memoized_while_nothing_it_read_changed(tmp_path, monkeypatch):
     module = kernel_module(tmp_path, "kid_memo", WARM.format(cfg="math"))
     described = []
-    real = jit_identity._Describer.jit
+    real = jit._Describer.jit
 
     def counting(self, fn):
         described.append(fn)
         return real(self, fn)
 
-    monkeypatch.setattr(jit_identity._Describer, "jit", counting)
-    first = jit_identity.identity(module.kernel)
+    monkeypatch.setattr(jit._Describer, "jit", counting)
+    first = jit.identity(module.kernel)
     n = len(described)
-    assert jit_identity.identity(module.kernel) == first and len(described) == n
+    assert jit.identity(module.kernel) == first and len(described) == n
     module.SCALE = tl.constexpr(2.0)  # an equal value, another object: described again
-    assert jit_identity.identity(module.kernel) == first and len(described) > n
+    assert jit.identity(module.kernel) == first and len(described) > n
 
 
 # -- constexpr objects --------------------------------------------------------------------------
@@ -344,7 +344,7 @@ DISTINCT = [
 
 
 def test_constants_that_differ_are_described_apart():
-    found = [repr(jit_identity.constant(v)) for v in DISTINCT]
+    found = [repr(jit.constant(v)) for v in DISTINCT]
     assert len(set(found)) == len(found)
 
 
@@ -352,10 +352,10 @@ def test_a_constant_is_described_alike_in_every_process(tmp_path):
     code = """
 import json, sys
 sys.path.insert(0, {tests!r})
-from bridge import jit_identity
+from bridge.identity import jit
 import test_kernel_identity as T
-print(json.dumps([repr(jit_identity.constant(v)) for v in T.DISTINCT if not callable(v)]
-                 + [repr(jit_identity.constant(T._maker(1)))]))
+print(json.dumps([repr(jit.constant(v)) for v in T.DISTINCT if not callable(v)]
+                 + [repr(jit.constant(T._maker(1)))]))
 """
     code = code.format(tests=str(TESTS))
     first = run_child(code, PYTHONHASHSEED="1")
@@ -363,10 +363,10 @@ print(json.dumps([repr(jit_identity.constant(v)) for v in T.DISTINCT if not call
 
 
 def test_a_constant_known_only_by_its_address_is_undescribable():
-    with pytest.raises(jit_identity.Undescribable, match="_thread:lock"):
-        jit_identity.constant(threading.Lock())
-    with pytest.raises(jit_identity.Undescribable, match="_thread:lock"):
-        jit_identity.constant(Tile(threading.Lock(), 1))  # (a field of one)
+    with pytest.raises(jit.Undescribable, match="_thread:lock"):
+        jit.constant(threading.Lock())
+    with pytest.raises(jit.Undescribable, match="_thread:lock"):
+        jit.constant(Tile(threading.Lock(), 1))  # (a field of one)
 
 
 class Pickled:
@@ -381,7 +381,7 @@ def test_pickling_an_object_does_not_change_its_description():
     that is not the class's behaviour, and not part of its description."""
     import pickle
 
-    before = repr(jit_identity.constant(Pickled(3)))
+    before = repr(jit.constant(Pickled(3)))
     pickle.dumps(Pickled(3))
     assert "__slotnames__" in vars(Pickled)
-    assert repr(jit_identity.constant(Pickled(3))) == before
+    assert repr(jit.constant(Pickled(3))) == before

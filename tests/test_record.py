@@ -16,12 +16,13 @@ import pytest
 from bridge_helpers import REPO
 from conftest import child_env
 
-from bridge import record
+from bridge.call import plain
+from bridge.lowering import record
 from bridge.warm import load_manifest
 
 WRITER = """
 import json, os, random, sys, time
-from bridge import record
+from bridge.lowering import record
 
 path, go, me = sys.argv[1], sys.argv[2], int(sys.argv[3])
 pad = "x" * 9000  # lines longer than PIPE_BUF: only a single O_APPEND write keeps them whole
@@ -114,7 +115,7 @@ def test_importable_kernels_carry_their_source_digest():
 
     rec = _complete("examples.kernels:matmul_kernel")  # behind an autotune layer
     assert rec["importable"] is True and "problem" not in rec
-    assert rec["source"] == record.source_digest(K.matmul_kernel.fn)
+    assert rec["source"] == plain.source_digest(K.matmul_kernel.fn)
     assert rec["producer"]["triton"] and rec["producer"]["kernelcache"]
     assert rec["version"] == record.RECORD_VERSION
 
@@ -147,7 +148,7 @@ def test_a_module_not_importable_from_sys_path_is_marked(tmp_path, monkeypatch):
     spec.loader.exec_module(module)
     rec = _complete("kc_hidden_kernels:k")
     assert rec["importable"] is False and "PYTHONPATH" in rec["problem"]
-    assert rec["source"] == record.source_digest(module.k)  # still checkable if it is found later
+    assert rec["source"] == plain.source_digest(module.k)  # still checkable if it is found later
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ index, peers, barrier = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 import jax, jax.numpy as jnp
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
 from bridge_helpers import custom_calls, lowered_module
-from bridge import compile as bridge_compile
+from bridge.compile import compiler as bridge_compile
 from examples import ops
 
 open(os.path.join(barrier, f"ready-{index}"), "w").close()
@@ -83,8 +83,8 @@ def test_waiters_find_the_ptx_companion_the_builder_stored(tmp_path):
     """A process that waited for the builder of a CUDA kernel finds the binary *and* its PTX:
     the companion is stored before the binary, under the build lock (it used to be stored
     after the lock was released, and a waiter that came in between compiled again)."""
-    from bridge.compile import Compiled
-    from bridge.kernel_fetch import fetch
+    from bridge.compile.compiler import Compiled
+    from bridge.compile.fetch import Request, fetch_request
 
     root = tmp_path / "kernels"
     builds: list[int] = []
@@ -105,7 +105,8 @@ def test_waiters_find_the_ptx_companion_the_builder_stored(tmp_path):
 
     def worker() -> None:
         cache = SlowCompanion(root, readonly_roots=())
-        got.append(fetch(cache, key, "cubin", build, lambda c: {"name": "k"}, need_ptx=True))
+        request = Request(key, "cubin", build, lambda c: {"name": "k"}, need_ptx=True)
+        got.append(fetch_request(cache, request))
 
     threads = [threading.Thread(target=worker) for _ in range(2)]
     threads[0].start()

@@ -18,8 +18,8 @@ from bridge_helpers import lowered_module
 
 import bridge
 import kernelcache
-from bridge import compile as bridge_compile
 from bridge import warm
+from bridge.compile import compiler as bridge_compile
 from examples import kernels as K
 
 TARGETS = ("cuda:90", "hip:gfx942")

@@ -193,13 +193,13 @@ LOWER = (
 import hashlib, json, os, time
 import jax, jax.numpy as jnp
 import bridge, kernelcache
-from bridge import compile as bridge_compile
+from bridge.compile import compiler as bridge_compile
 from bridge_helpers import custom_calls, lowered_module
 from examples import ops
 
 start, stuck = sys.argv[1], sys.argv[2]
 if stuck:  # this process hangs in its first compile, holding that variant's build lock
-    import bridge.specialize as S
+    import bridge.compile.fetch as S
     def hang(*args, **kwargs):
         print("COMPILING", flush=True)
         time.sleep(600)

@@ -343,7 +343,7 @@ def test_a_cubin_cut_short_by_ptxas_is_a_compile_failure_never_remembered(tmp_pa
     root = tmp_path / "cache"
     root.mkdir()
     code = LOWER.format(root=str(root)) + textwrap.dedent("""
-        from bridge import failures
+        from bridge.entries import failures
         out = {}
         for keep in ("0", "4096"):
             os.environ["PTXAS_KEEP_BYTES"] = keep
@@ -413,7 +413,7 @@ def test_a_lowering_never_embeds_a_cut_short_entry(tmp_path):
 
 
 def test_the_bridge_checks_each_vendors_machine():
-    from bridge.compile import binary_problem
+    from bridge.compile.compiler import binary_problem
 
     assert binary_problem("cubin", IMAGE) is None
     assert binary_problem("hsaco", elf_image(machine=EM_AMDGPU)) is None

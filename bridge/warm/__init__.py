@@ -1,7 +1,7 @@
 """Warming: compile recorded specializations for any target, without a GPU and without the
 program that recorded them.
 
-A manifest (written by ``$KERNELCACHE_RECORD``, see :mod:`bridge.record` and docs/warm.md) holds
+A manifest (written by ``$KERNELCACHE_RECORD``, see :mod:`bridge.lowering.record` and docs/warm.md) holds
 one record per lowered specialization. :func:`warm` groups its records into distinct calls
 (kernel, abstract arguments, options), imports each kernel, and for every target does what a
 lowering there does: rebuild the call with placeholder arrays, expand the autotune and heuristics
@@ -23,7 +23,7 @@ no longer fits the kernel is reported with the reason and makes the run fail; no
 served, because the kernel key covers the kernel's source.
 
 The parts: :mod:`.manifest` reads and validates the records and imports kernels; :mod:`.plan`
-keys every call for every target (through :mod:`bridge.specialize`, as a lowering does) and
+keys every call for every target (through :mod:`bridge.identity.specialize`, as a lowering does) and
 finds what is present; :mod:`.pool` compiles the jobs in forked workers; :mod:`.report` holds
 what a run reports; :mod:`.command` ties them into :func:`warm` and the ``kernelcache warm``
 command.
@@ -31,10 +31,10 @@ command.
 
 from __future__ import annotations
 
-from .command import RootError, compile_manifest, compile_record, run, warm
+from ..errors import ManifestError, RootError
+from .command import compile_manifest, compile_record, run, warm
 from .manifest import (
     Manifest,
-    ManifestError,
     RecordedCall,
     import_kernel,
     load_manifest,

@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache import CacheError, Store
 
-from .. import backends, binding
+from .. import backends
 from ..caches import as_cache
-from ..compile import output_to_stderr
-from ..errors import BridgeError, KernelArgumentError
-from ..kernels import decompose
-from ..specialize import fetch, specialize
+from ..call import binding
+from ..call.kernels import decompose
+from ..compile.compiler import output_to_stderr
+from ..compile.fetch import fetch
+from ..errors import KernelArgumentError, RootError
+from ..identity.specialize import specialize
 from ..targets import Target, parse_target
 from .manifest import (
     ManifestError,
@@ -40,10 +42,6 @@ if TYPE_CHECKING:
     from ..caches import CacheArg
 
 logger = logging.getLogger(__name__)
-
-
-class RootError(BridgeError, OSError):
-    """The writable cache root cannot take entries: nothing would be kept (exit 1)."""
 
 
 def _check_writable(root: str) -> None:

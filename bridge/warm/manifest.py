@@ -22,16 +22,11 @@ from kernelcache.errors import NotRegularFile
 from kernelcache.fsio import open_regular
 from kernelcache.jsonio import load_json
 
-from ..binding import ArgArray
-from ..errors import BridgeError, KernelArgumentError
-from ..record import RECORD_VERSION
+from ..call.binding import ArgArray
+from ..errors import KernelArgumentError, ManifestError
+from ..lowering.record import RECORD_VERSION
 from ..targets import Target
 from .report import WarmProblem
-
-
-class ManifestError(BridgeError, ValueError):
-    """The manifest cannot be read at all, or is not a manifest (a usage error: exit 2)."""
-
 
 # -- importing kernels ----------------------------------------------------------------------
 #: a dotted Python name (module path or qualified name)
@@ -73,7 +68,7 @@ def import_kernel(path: str) -> Any:
 
 
 def revive(value: Any, counter: list[int]) -> Any:
-    """The inverse of :func:`bridge.record.plain` for what a call can contain.
+    """The inverse of :func:`bridge.call.plain.plain` for what a call can contain.
 
     Raises:
         KernelArgumentError: a value that was recorded only by its ``repr``.
@@ -92,7 +87,7 @@ def revive(value: Any, counter: list[int]) -> Any:
             return import_kernel(value["jit"])
         desc = value.get("tensordesc")
         if isinstance(desc, dict) and isinstance(desc.get("base"), dict):
-            from ..tma import revive as revive_descriptor
+            from ..call.tma import revive as revive_descriptor
 
             base = revive(desc["base"], counter)
             if not isinstance(base, ArgArray):

@@ -2,7 +2,7 @@
 already present in the cache, and the jobs that compile the rest.
 
 The plan is made in the calling process without compiling anything. Each call's specializations
-are bound and keyed by :func:`bridge.specialize.specialize_call`, exactly as a lowering of that
+are bound and keyed by :func:`bridge.identity.specialize.specialize_call`, exactly as a lowering of that
 call for the target does it. A kernel is "present" when a layer of the cache holds what a
 lowering needs without compiling; nothing is counted as a hit or a miss while planning.
 """
@@ -13,16 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .. import decisions
 from ..backends import check_options
-from ..binding import expand_variants
+from ..call.binding import expand_variants
+from ..call.kernels import KernelParts, decompose
+from ..call.plain import source_digest
+from ..entries import decisions
+from ..entries.failures import remembered
+from ..entries.kernels import PTX_EXT, ptx_pairs
+from ..entries.kinds import derived_key
 from ..errors import BridgeError, KernelArgumentError
-from ..failures import remembered
-from ..kernel_fetch import PTX_EXT, ptx_pairs
-from ..kernel_keys import derived_key
-from ..kernels import KernelParts, decompose
-from ..record import source_digest
-from ..specialize import Specialization, specialize, specialize_call
+from ..identity.specialize import Specialization, specialize, specialize_call
 from ..targets import Target
 from .manifest import Manifest, RecordedCall, import_kernel
 from .report import WarmOutcome, WarmProblem
@@ -44,7 +44,7 @@ def specializations(
     call: RecordedCall, parts: KernelParts, target: Target, cache: Cache
 ) -> list[Specialization]:
     """Every variant of ``call`` for ``target`` (autotune configs after pruning, heuristics
-    applied), bound and keyed by :func:`bridge.specialize.specialize_call`: exactly as a
+    applied), bound and keyed by :func:`bridge.identity.specialize.specialize_call`: exactly as a
     lowering for ``target`` does it.
 
     Raises:

@@ -4,7 +4,7 @@ Workers are forked from the planning process, so they share its imported Triton 
 identities (see :func:`can_fork`); each re-binds its job and checks that the key is still the
 planned one before compiling. A worker exits as soon as the process that forked it is gone.
 A crash of Triton's compiler fails only its job (the compile runs in a compiler process of its
-own, :mod:`bridge.compiler_process`: the kernel is left out). A worker that dies (a crash
+own, :mod:`bridge.compile.process`: the kernel is left out). A worker that dies (a crash
 outside the compiler, or killed for memory) breaks the pool: every job it left unfinished then
 runs again on its own, so the culprit is named.
 
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..compile import Compiled
-from ..failures import LeftOut
-from ..kernel_fetch import KernelBinary, Request, fetch_each
-from ..specialize import Specialization, request
+from ..compile.compiler import Compiled
+from ..compile.fetch import KernelBinary, Request, fetch_each, request
+from ..errors import LeftOut
+from ..identity.specialize import Specialization
 from ..targets import parse_target
 from .plan import Job, kernel_parts, present, specialization
 from .report import WarmOutcome
@@ -184,7 +184,7 @@ def compile_jobs(
 ) -> list[WarmOutcome]:
     """Fetch or compile ``jobs`` in this process, with work stealing: first every kernel that
     no other process is compiling, then the others as their compilers finish (taking over from
-    a compiler that died; see :func:`bridge.kernel_fetch.fetch_each`). Calls ``progress(1)`` as
+    a compiler that died; see :func:`bridge.compile.fetch.fetch_each`). Calls ``progress(1)`` as
     each job finishes. A job's seconds: its compile, else the time until its kernel was there.
     """
     started = time.monotonic()

@@ -1,0 +1,316 @@
+"""Why the cache hits or misses: ``kernelcache explain MANIFEST``.
+
+Every entry the bridge compiles records the components of its key
+(:func:`bridge.identity.keys.key_components`). :func:`explain` keys each call of a manifest for
+each target exactly as a lowering (and ``warm``) does (:mod:`bridge.warm.plan`) and says, per
+specialization, whether a layer of the cache holds it; for a miss, it finds the nearest entry of
+the same kernel (the fewest differing components, among entries of the same kernel name) and
+names the components that differ, worded for a person ("triton version 3.6.0 here vs 3.9.0 in
+the entry", "source digest differs"). An entry written before components were recorded is still
+a hit; as the nearest entry it is compared by what it does record (target, Triton version) and
+says "components not recorded".
+
+Nothing here compiles, counts a hit or a miss, or changes the cache: layers are scanned once
+(metadata, through the scan index) and the candidates of a kernel are read without a trace
+(``Store.inspect``). Linear in entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kernelcache import Artifact
+from kernelcache.maintenance.scan import scan
+
+from ..call.plain import source_digest
+from ..entries.failures import remembered
+from ..errors import BridgeError, KernelArgumentError, TargetError
+from ..identity.keys import COMPONENTS
+from ..identity.specialize import Specialization, components
+from ..targets import Target, parse_target, recorded_targets
+from ..warm.manifest import RecordedCall, load_manifest
+from ..warm.plan import kernel_parts, present, specializations
+
+if TYPE_CHECKING:
+    from kernelcache import Cache, Store
+
+#: components whose values are worth showing ("3.6.0 here vs 3.9.0 in the entry"); the others
+#: are digests
+_SHOWN = frozenset({"pipeline", "triton", "target", "language"})
+#: a component implied by another one that differs: not reported again
+_IMPLIED = {"compiler": "triton", "backend": "target", "options": "target", "code": "source"}
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One component of a key that differs between this machine and an entry."""
+
+    component: str
+    here: str | None
+    entry: str | None
+
+    def text(self) -> str:
+        label = COMPONENTS.get(self.component, self.component)
+        if self.entry is None:
+            return f"{label}: not recorded in the entry"
+        if self.component in _SHOWN:
+            return f"{label} {self.here} here vs {self.entry} in the entry"
+        return f"{label} differs"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "component": self.component,
+            "here": self.here,
+            "entry": self.entry,
+            "detail": self.text(),
+        }
+
+
+def differences(here: Mapping[str, str], entry: Mapping[str, Any]) -> list[Difference]:
+    """The components of ``here`` that ``entry`` (an entry's ``components``) records otherwise,
+    in :data:`COMPONENTS` order; one implied by another that differs is left out (another
+    Triton version is another compiler identity)."""
+    found = {
+        name: Difference(name, value, _str_or_none(entry.get(name)))
+        for name, value in here.items()
+        if entry.get(name) != value
+    }
+    return [
+        d
+        for name, d in sorted(found.items(), key=lambda item: _order(item[0]))
+        if _IMPLIED.get(name) not in found
+    ]
+
+
+def _order(name: str) -> int:
+    names = list(COMPONENTS)
+    return names.index(name) if name in names else len(names)
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def recorded_components(meta: Mapping[str, Any]) -> dict[str, str] | None:
+    """The components an entry records, or None (an entry of an earlier version)."""
+    found = meta.get("components")
+    if not isinstance(found, dict):
+        return None
+    return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def fallback_components(meta: Mapping[str, Any]) -> dict[str, str]:
+    """What an entry without components still says about its key: target and Triton version."""
+    out = {}
+    if isinstance(meta.get("target"), str):
+        out["target"] = meta["target"]
+    producer = meta.get("producer")
+    if isinstance(producer, dict) and isinstance(producer.get("triton"), str):
+        out["triton"] = producer["triton"]
+    return out
+
+
+# -- explain ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Nearest:
+    """The entry of the same kernel closest to a missed key."""
+
+    key: str
+    target: str | None
+    layer: str  # "local" or "readonly"
+    differences: tuple[Difference, ...]
+    recorded: bool  # whether the entry records its components
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "target": self.target,
+            "layer": self.layer,
+            "components_recorded": self.recorded,
+            "differences": [d.to_json() for d in self.differences],
+        }
+
+    def text(self) -> str:
+        parts = [d.text() for d in self.differences]
+        if not self.recorded:
+            parts.append("components not recorded (an entry of an earlier version)")
+        if not parts:
+            parts.append("same components (its key differs in what no component names)")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Explained:
+    """One specialization of a recorded call for one target: hit or miss, and why."""
+
+    kernel: str
+    target: str
+    config: str
+    status: str  # "hit", "miss", "left-out" or "problem"
+    key: str | None = None
+    layer: str | None = None
+    nearest: Nearest | None = None
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kernel": self.kernel,
+            "target": self.target,
+            "config": self.config,
+            "status": self.status,
+            "key": self.key,
+            "layer": self.layer,
+            "nearest": None if self.nearest is None else self.nearest.to_json(),
+            "notes": list(self.notes),
+        }
+
+    def line(self) -> str:
+        where = f"{self.kernel} {self.target}" + (f" ({self.config})" if self.config else "")
+        if self.status == "hit":
+            text = f"hit   {where}: {self.layer}"
+        elif self.status == "miss":
+            if self.nearest is None:
+                why = "no entry of this kernel in the cache"
+            else:
+                why = (
+                    f"nearest entry {self.nearest.key[:16]} ({self.nearest.layer}"
+                    f"{', ' + self.nearest.target if self.nearest.target else ''}): "
+                    f"{self.nearest.text()}"
+                )
+            text = f"miss  {where}: {why}"
+        else:
+            text = f"{self.status:<5} {where}"
+        return "\n".join([text, *(f"      {n}" for n in self.notes)])
+
+
+@dataclass
+class _Candidates:
+    """The entries of the cache's layers by kernel name (one scan per layer)."""
+
+    cache: Cache
+    by_name: dict[str, list[tuple[Store, str, str]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for index, store in enumerate(self.cache.layers):
+            layer = "local" if index == 0 else "readonly"
+            for e in scan(store.root, trust=store.trust).entries:
+                if e.kind is None and e.kernel is not None:
+                    self.by_name.setdefault(e.kernel, []).append((store, layer, e.key))
+
+    def nearest(self, spec: Specialization, here: Mapping[str, str]) -> Nearest | None:
+        best: tuple[tuple[int, ...], Nearest] | None = None
+        for store, layer, key in self.by_name.get(spec.parts.name, ()):
+            art = store.inspect(key)
+            if not isinstance(art, Artifact):
+                continue
+            meta = art.meta
+            if meta.get("kernel") not in (None, spec.parts.qualname):
+                continue  # another kernel of the same name
+            recorded = recorded_components(meta)
+            against = recorded if recorded is not None else fallback_components(meta)
+            diffs = differences(
+                here if recorded is not None else {k: here[k] for k in against}, against
+            )
+            target = meta.get("target") if isinstance(meta.get("target"), str) else None
+            found = Nearest(key, target, layer, tuple(diffs), recorded is not None)
+            rank = (recorded is None, len(diffs), target != str(spec.target), layer != "local")
+            if best is None or rank < best[0]:
+                best = (rank, found)
+        return None if best is None else best[1]
+
+
+def _targets_of(call: RecordedCall, chosen: list[str]) -> tuple[list[Target], list[str]]:
+    out: list[Target] = []
+    bad: list[str] = []
+    for name in chosen:
+        try:
+            target = parse_target(name)
+        except TargetError as e:
+            bad.append(f"recorded target {name!r:.40}: {e}")
+            continue
+        if target not in out:
+            out.append(target)
+    return out, bad
+
+
+def explain(manifest: str, cache: Cache, targets: Sequence[str | Target] = ()) -> list[Explained]:
+    """Explain every specialization of every call of ``manifest`` for ``targets`` (names, and
+    patterns that select among the recorded ones: :func:`~bridge.targets.recorded_targets`;
+    default: each call's recorded targets) against ``cache``.
+
+    Raises:
+        ManifestError: the manifest cannot be read or is not a manifest.
+        TargetError: a target given is malformed, or a pattern matches no recorded target.
+    """
+    loaded = load_manifest(manifest)
+    recorded = (t for call in loaded.calls for t in call.targets)
+    choose = recorded_targets([str(t) for t in targets], recorded, manifest)
+    candidates = _Candidates(cache)
+    out: list[Explained] = []
+    for failure in loaded.failures:
+        out.append(
+            Explained(failure.kernel or "(manifest)", "", "", "problem", notes=(failure.detail,))
+        )
+    for call in loaded.calls:
+        wanted, bad = _targets_of(call, choose(call.targets))
+        for detail in bad:
+            out.append(Explained(call.kernel, "", "", "problem", notes=(detail,)))
+        try:
+            parts = kernel_parts(call)
+        except KernelArgumentError as e:
+            for target in wanted:
+                out.append(Explained(call.kernel, str(target), "", "problem", notes=(str(e),)))
+            continue
+        notes: tuple[str, ...] = ()
+        if call.sources and source_digest(parts.fn) not in call.sources:
+            notes = ("the kernel's source changed since the manifest was recorded",)
+        for target in wanted:
+            try:
+                specs = specializations(call, parts, target, cache)
+            except Exception as e:  # the call does not fit the kernel/target: reported
+                why = "does not fit the kernel" if isinstance(e, BridgeError) else "failed to bind"
+                out.append(
+                    Explained(
+                        call.kernel,
+                        str(target),
+                        "",
+                        "problem",
+                        notes=(f"the recorded call {why}: {type(e).__name__}: {e}",),
+                    )
+                )
+                continue
+            for spec in specs:
+                out.append(_one(call.kernel, spec, cache, candidates, notes))
+    return out
+
+
+def _one(
+    kernel: str,
+    spec: Specialization,
+    cache: Cache,
+    candidates: _Candidates,
+    notes: tuple[str, ...],
+) -> Explained:
+    target, config = str(spec.target), spec.variant.description
+    if not spec.stored:
+        why = "never stored: a value it is compiled with cannot be described (see the warning)"
+        return Explained(kernel, target, config, "miss", spec.key, notes=(*notes, why))
+    layer = present(cache, spec.key, spec.ext, spec.target.vendor.has_ptx)
+    if layer is not None:
+        return Explained(kernel, target, config, "hit", spec.key, layer, notes=notes)
+    failed = remembered(cache, spec.key)
+    if failed is not None:
+        return Explained(
+            kernel,
+            target,
+            config,
+            "left-out",
+            spec.key,
+            notes=(*notes, f"known not to compile: {failed}"),
+        )
+    nearest = candidates.nearest(spec, components(spec, cache))
+    if nearest is not None and nearest.key == spec.key:
+        notes = (*notes, "the entry is there, but not the PTX it was built from (pruned?)")
+    return Explained(kernel, target, config, "miss", spec.key, nearest=nearest, notes=notes)

@@ -1,0 +1,157 @@
+"""``kernelcache jax-cache``, and what ``kernelcache doctor`` reports of JAX's persistent
+compilation cache.
+
+The command shows JAX's cache directory and prunes it by size or age under JAX's own lock
+(:mod:`bridge.jax_cache` reads JAX's format). Neither the command nor the report imports jax or
+triton: the report reads the environment a job would start with.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kernelcache.cli import UsageError, add_command, root_of
+from kernelcache.cli.common import age_arg, size_arg
+from kernelcache.cli.output import (
+    EXIT_OK,
+    CommandFailed,
+    Output,
+    envelope,
+    human_age,
+    human_size,
+    printable,
+)
+
+#: JAX's options of its persistent compilation cache that ``doctor`` shows: (option, shown as);
+#: JAX reads each from the environment variable of its name in capitals
+JAX_CACHE_OPTIONS = (
+    ("jax_compilation_cache_dir", "dir"),
+    ("jax_persistent_cache_min_compile_time_secs", "min compile time (s)"),
+    ("jax_persistent_cache_min_entry_size_bytes", "min entry size (bytes)"),
+    ("jax_compilation_cache_max_size", "max size (bytes)"),
+    ("jax_enable_compilation_cache", "enabled"),
+)
+
+
+def jax_cache_report() -> tuple[dict[str, Any] | None, list[Any]]:
+    """``doctor``'s view of JAX's persistent compilation cache as a job started with this
+    environment begins with it (before its code calls ``bridge.enable_jax_cache()`` or
+    ``jax.config.update``): each option's variable, or None where JAX's default applies. jax
+    is not imported (it costs seconds); None and no check when it is not installed."""
+    import importlib.util
+    import os
+
+    from kernelcache.doctor import Check
+
+    if importlib.util.find_spec("jax") is None:
+        return None, []
+    found = {option: os.environ.get(option.upper()) for option, _ in JAX_CACHE_OPTIONS}
+    shown = ", ".join(
+        f"{label} {found[option] if found[option] is not None else '(default)'}"
+        for option, label in JAX_CACHE_OPTIONS
+    )
+    off = (found["jax_enable_compilation_cache"] or "").strip().lower() in ("0", "false")
+    if not found["jax_compilation_cache_dir"] or off:
+        detail = (
+            f"off in this environment ({shown}): unless the job turns it on "
+            "(bridge.enable_jax_cache(), or JAX_COMPILATION_CACHE_DIR), every process compiles "
+            "XLA again"
+        )
+        return found, [Check("jax cache", "warn", detail)]
+    return found, [Check("jax cache", "ok", shown)]
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``jax-cache`` to the ``kernelcache`` command."""
+    p = add_command(
+        subparsers,
+        "jax-cache",
+        "show JAX's persistent compilation cache directory; prune it by size (least recently "
+        "used first) or age",
+    )
+    p.add_argument(
+        "--dir",
+        metavar="DIR",
+        help="JAX's cache directory (default: $JAX_COMPILATION_CACHE_DIR, else the one "
+        "bridge.enable_jax_cache uses beside the kernel cache root: <root>-jax)",
+    )
+    p.add_argument(
+        "--max-size", type=size_arg, metavar="SIZE", help="keep at most SIZE bytes, e.g. 20G"
+    )
+    p.add_argument(
+        "--max-age", type=age_arg, metavar="AGE", help="remove entries not used for AGE, e.g. 30d"
+    )
+    p.add_argument("--dry-run", action="store_true", help="say what would go, change nothing")
+    p.set_defaults(func=cmd_jax_cache)
+
+
+def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
+    """``kernelcache jax-cache``: JAX's cache directory, and a prune of it under JAX's lock
+    (see :mod:`bridge.jax_cache`; needs neither jax nor triton)."""
+    import os
+    import time
+
+    from .. import jax_cache
+
+    given = args.dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    directory = os.path.abspath(
+        os.path.expanduser(given) if given else jax_cache.default_dir(root_of(args))
+    )
+    if not os.path.isdir(directory):
+        raise UsageError(
+            f"JAX's cache directory {directory} does not exist (check --dir or "
+            "JAX_COMPILATION_CACHE_DIR)"
+        )
+    entries, stray = jax_cache.scan_jax_cache(directory)
+    pruning = args.max_size is not None or args.max_age is not None
+    doomed = (
+        jax_cache.plan_jax_prune(entries, max_size=args.max_size, max_age=args.max_age)
+        if pruning
+        else []
+    )
+    if not pruning:
+        stray = []  # showing only
+    removed = freed = 0
+    if (doomed or stray) and not args.dry_run:
+        try:
+            with out.progress("pruning", len(doomed)) as tick:
+                removed, freed = jax_cache.prune_jax_cache(directory, doomed, stray, progress=tick)
+        except (TimeoutError, OSError) as e:
+            raise CommandFailed(f"nothing was removed: {e}") from None
+    now = time.time()
+    total = sum(e.size for e in entries)
+    doc = {
+        **envelope("jax-cache", directory),
+        "dir": directory,
+        "entries": len(entries),
+        "bytes": total,
+        "oldest_used": entries[0].last_used if entries else None,
+        "newest_used": entries[-1].last_used if entries else None,
+        "dry_run": args.dry_run,
+        "to_remove": [{"key": e.key, "size": e.size, "last_used": e.last_used} for e in doomed],
+        "removed": removed,
+        "freed_bytes": freed,
+    }
+
+    def human() -> str:
+        lines = [
+            f"JAX cache:  {printable(directory)}",
+            f"Entries:    {len(entries):,} ({human_size(total)})",
+        ]
+        if entries:
+            lines.append(
+                f"Last used:  {human_age(now - entries[-1].last_used)} (newest), "
+                f"{human_age(now - entries[0].last_used)} (oldest)"
+            )
+        if pruning:
+            size = human_size(sum(e.size for e in doomed))
+            if args.dry_run:
+                lines.append(f"Would remove {len(doomed):,} entries ({size}).")
+                lines.append("Dry run: nothing was changed.")
+            else:
+                lines.append(f"Removed {removed:,} entries ({human_size(freed)}).")
+        return "\n".join(lines)
+
+    out.emit(doc, human)
+    return EXIT_OK

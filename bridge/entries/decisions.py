@@ -1,0 +1,335 @@
+"""Autotune decisions: which config of an autotuned call runs, decided once and kept in the cache.
+
+A decision is an entry like a kernel: ``<key>.decision`` holds a small JSON document (the
+variants it chose among, the chosen one, each one's measured time, the margin over the runner-up
+and the measurement noise), its metadata says ``kind: decision``. It goes wherever entries go:
+verified reads, read-only layers, the remote tier, bundles, ``ls``/``show``/``verify``/``prune``.
+
+Its key is derived from everything the choice depends on: the ordered kernel keys of the call's
+variants (the kernel source, its constexprs and options, the target, Triton's version), the
+shapes and dtypes of the call's arrays and the values of the autotune ``key`` arguments, and the
+device it was measured on (``device_kind``, e.g. "NVIDIA H200"). The driver and toolkit are not
+part of it: a decision outlives their updates until it is tuned again. A decision made without a
+device (pinned by an operator) holds for every device of its target, and is looked up after the
+device's own.
+
+A document read back is untrusted input, read within bounds (its size, by the number of
+variants: :data:`BYTES_PER_VARIANT`; JSON nesting caught) and checked field by field: it is used
+only if it names exactly the call's variants (in their order) and a chosen index among them
+that ran, with times, reasons and flags that agree with them (a pinned decision holds for every
+device and measured nothing; a measured one has a time per variant). Any other document under a
+decision's key (malformed, stale, for other variants) is ignored as if absent, with one warning
+per document and process naming its key and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
+
+from kernelcache.process import warn_once
+
+from . import kinds
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+
+    from ..call.kernels import KernelParts
+
+logger = logging.getLogger(__name__)
+
+
+class Keyed(Protocol):
+    """A variant with its kernel key (a :class:`bridge.identity.specialize.Specialization`)."""
+
+    @property
+    def key(self) -> str: ...
+
+
+#: the extension and kind of a decision entry
+EXT = KIND = kinds.DECISION
+FORMAT = 1
+#: the device of a decision that holds for every device of its target (a pinned one)
+ANY_DEVICE = "*"
+#: a config whose time is within this fraction of the fastest one ties with it: the earliest
+#: of the tied configs is chosen, so that two tunings of one machine agree
+TIE = 0.02
+#: the largest decision document read back; one for N variants is at most
+#: ``min(MAX_BYTES, BYTES_PER_VARIANT * (N + 1))``
+MAX_BYTES = 1 << 20
+#: the longest config description, and the longest reason a variant did not run (characters)
+MAX_TEXT = 4096
+#: what one variant may add to a document: its key, time, config and reason (each text escaped
+#: as JSON may escape it, six bytes a character), with room to spare
+BYTES_PER_VARIANT = 16 * MAX_TEXT
+#: the most variants one decision chooses among
+MAX_VARIANTS = 4096
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The choice among the variants of one autotuned call on one device.
+
+    ``times`` are seconds per launch (None: the variant could not run, see ``reasons``);
+    ``margin`` is how much slower the runner-up is (0.05: 5 %), ``noise`` the relative spread
+    of repeated measurements; both None when nothing was measured (``pinned``).
+    """
+
+    kernel: str
+    target: str
+    device: str
+    variants: tuple[str, ...]
+    configs: tuple[str, ...]
+    chosen: int
+    times: tuple[float | None, ...] = ()
+    margin: float | None = None
+    noise: float | None = None
+    pinned: bool = False
+    reasons: Mapping[int, str] = field(default_factory=dict)
+
+    @property
+    def config(self) -> str:
+        """The chosen config, as Triton prints it."""
+        return self.configs[self.chosen]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "kernel": self.kernel,
+            "target": self.target,
+            "device": self.device,
+            "variants": list(self.variants),
+            "configs": list(self.configs),
+            "chosen": self.chosen,
+            "times": list(self.times),
+            "margin": self.margin,
+            "noise": self.noise,
+            "pinned": self.pinned,
+            "reasons": {str(i): r for i, r in sorted(self.reasons.items())},
+        }
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
+
+    def describe(self) -> list[str]:
+        """The decision for people: a line with the chosen config, pinned or the device it was
+        measured on, the margin over the runner-up and the noise; then one line per config
+        with its time (``*`` marks the chosen one) or why it could not run."""
+        where = "pinned for every device" if self.pinned else f"measured on {self.device}"
+        parts = [f"config {self.chosen} ({self.config}), {where}"]
+        if self.margin is not None:
+            parts.append(f"margin {100 * self.margin:.1f}%")
+        if self.noise is not None:
+            parts.append(f"noise {100 * self.noise:.1f}%")
+        lines = [", ".join(parts)]
+        times = self.times or (None,) * len(self.configs)
+        for i, (config, t) in enumerate(zip(self.configs, times, strict=True)):
+            why = self.reasons.get(i)
+            shown = f"{t * 1e6:9.1f} us" if t is not None else f"{'-':>12}"
+            mark = "*" if i == self.chosen else " "
+            lines.append(f"  {mark} {i:3d} {shown}  {config}{' (' + why + ')' if why else ''}")
+        return lines
+
+    def metadata(self) -> dict[str, Any]:
+        """The entry metadata of this decision."""
+        return {
+            "kind": KIND,
+            "name": self.kernel.rpartition(":")[2] or self.kernel,
+            "kernel": self.kernel,
+            "target": self.target,
+        }
+
+
+def _finite(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and value >= 0
+
+
+def _index(text: Any, n: int) -> bool:
+    """Whether ``text`` is a variant's index among ``n`` written as JSON keys are: decimal
+    ASCII digits."""
+    return isinstance(text, str) and text.isascii() and text.isdigit() and int(text) < n
+
+
+def _text(value: Any, most: int) -> TypeGuard[str]:
+    return isinstance(value, str) and 0 < len(value) <= most
+
+
+def parse(data: bytes, variants: Sequence[str]) -> Decision | str:
+    """The decision in ``data`` if it chooses among exactly ``variants``; else why not."""
+    most = min(MAX_BYTES, BYTES_PER_VARIANT * (len(variants) + 1))
+    if len(data) > most:
+        return (
+            f"the decision is too large ({len(data):,} bytes; one for {len(variants)} variants "
+            f"has at most {most:,})"
+        )
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        return "the decision is not JSON (or nested too deeply)"
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        return "the decision has an unknown format"
+    if doc.get("variants") != list(variants):
+        return "the decision chooses among other variants (or in another order)"
+    n = len(variants)
+    chosen, configs, times = doc.get("chosen"), doc.get("configs"), doc.get("times")
+    if type(chosen) is not int or not 0 <= chosen < n:
+        return "the decision's chosen variant is out of range"
+    if not isinstance(configs, list) or len(configs) != n:
+        return "the decision's configs do not match its variants"
+    if not all(isinstance(c, str) and len(c) <= MAX_TEXT for c in configs):
+        return "the decision's configs are not text"
+    if not isinstance(times, list) or len(times) not in (0, n):
+        return "the decision's times do not match its variants (stale times)"
+    if not all(t is None or _finite(t) for t in times):
+        return "the decision's times are not durations"
+    margin, noise, pinned = doc.get("margin"), doc.get("noise"), doc.get("pinned")
+    if not all(v is None or _finite(v) for v in (margin, noise)) or type(pinned) is not bool:
+        return "the decision's margin, noise or pinned flag is malformed"
+    reasons = doc.get("reasons")
+    if not isinstance(reasons, dict) or not all(
+        _index(k, n) and _text(v, MAX_TEXT) for k, v in reasons.items()
+    ):
+        return "the decision's reasons are malformed"
+    kernel, target, device = doc.get("kernel"), doc.get("target"), doc.get("device")
+    if not (_text(kernel, 1024) and _text(target, 1024) and _text(device, 1024)):
+        return "the decision's kernel, target or device is malformed"
+    if pinned and (device != ANY_DEVICE or times or margin is not None or noise is not None):
+        return "the decision is pinned but names a device or measurements"
+    if not pinned and device == ANY_DEVICE:
+        return "the decision was measured but names no device"
+    if not pinned and (not times or times[chosen] is None):
+        return "the decision was measured but its chosen variant has no time"
+    if str(chosen) in reasons:
+        return "the decision chooses a variant it says cannot run"
+    return Decision(
+        kernel=kernel,
+        target=target,
+        device=device,
+        variants=tuple(variants),
+        configs=tuple(configs),
+        chosen=chosen,
+        times=tuple(float(t) if t is not None else None for t in times),
+        margin=None if margin is None else float(margin),
+        noise=None if noise is None else float(noise),
+        pinned=pinned,
+        reasons={int(k): v for k, v in reasons.items()},
+    )
+
+
+def tuning_inputs(named: Mapping[str, Any], autotune_keys: Sequence[str]) -> dict[str, Any]:
+    """What of a call's arguments a choice depends on besides its variants: the shape and dtype
+    of every array (by parameter name) and the value of every autotune ``key`` argument."""
+    from ..call.binding import ArgArray  # (numpy: not needed to read a decision)
+
+    arrays = {
+        name: [list(value.shape), value.dtype_name]
+        for name, value in sorted(named.items())
+        if isinstance(value, ArgArray)
+    }
+    keys = {}
+    for name in sorted(set(autotune_keys)):
+        value = named.get(name)
+        if isinstance(value, ArgArray):
+            continue  # its shape and dtype are above
+        keys[name] = (
+            value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
+        )
+    return {"arrays": arrays, "key": keys}
+
+
+def autotune_keys(parts: KernelParts) -> list[str]:
+    """The argument names of the ``key`` of every autotune layer of the kernel."""
+    names: list[str] = []
+    for layer in parts.layers:
+        for name in getattr(layer, "keys", None) or ():
+            if isinstance(name, str) and name not in names:
+                names.append(name)
+    return names
+
+
+def keys_of(
+    parts: KernelParts,
+    named: Mapping[str, Any],
+    specs: Sequence[Keyed],
+    devices: Sequence[str] = (),
+) -> list[str]:
+    """The keys under which a decision for a call (its kernel and arguments by parameter name)
+    is looked up: each device kind's own, then the one pinned for every device of the target."""
+    return keys_for(parts, named, [spec.key for spec in specs], devices)
+
+
+def keys_for(
+    parts: KernelParts,
+    named: Mapping[str, Any],
+    variants: Sequence[str],
+    devices: Sequence[str] = (),
+) -> list[str]:
+    """:func:`keys_of` for the kernel keys of a call's variants."""
+    inputs = tuning_inputs(named, autotune_keys(parts))
+    return [decision_key(variants, inputs, d) for d in (*devices, ANY_DEVICE)]
+
+
+def decision_key(variants: Sequence[str], inputs: Mapping[str, Any], device: str) -> str:
+    """The cache key of the decision among ``variants`` for ``inputs`` on ``device``."""
+    identity = {"decision": FORMAT, "variants": list(variants), "inputs": inputs, "device": device}
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def choose(times: Sequence[float | None], tie: float = TIE) -> int | None:
+    """The variant to run: the earliest of those within ``tie`` of the fastest (None if none
+    ran)."""
+    ran = [t for t in times if t is not None]
+    if not ran:
+        return None
+    best = min(ran)
+    return next(i for i, t in enumerate(times) if t is not None and t <= best * (1 + tie))
+
+
+def margin(times: Sequence[float | None], chosen: int) -> float | None:
+    """How much slower the fastest other variant is than the chosen one (None: no other)."""
+    others = [t for i, t in enumerate(times) if t is not None and i != chosen]
+    own = times[chosen]
+    if not others or own is None or own <= 0:
+        return None
+    return min(others) / own - 1
+
+
+def lookup(
+    cache: Cache, keys: Sequence[str], variants: Sequence[str]
+) -> tuple[str, Decision] | None:
+    """The first usable decision under ``keys`` (a device's own, then its target's), with its
+    key; a document that is not one is warned about (see the module docstring) and skipped."""
+    for key in keys:
+        art = cache.get(key, EXT, counted=False)  # the hit rate is about kernels
+        if art is None:
+            continue
+        found = parse(art.data, variants)
+        if isinstance(found, Decision):
+            return key, found
+        ignored(key, art.meta.get("digest"), found)
+    return None
+
+
+def find(cache: Cache, keys: Sequence[str], variants: Sequence[str]) -> Decision | None:
+    """The decision :func:`lookup` finds, without its key."""
+    found = lookup(cache, keys, variants)
+    return None if found is None else found[1]
+
+
+def ignored(key: str, document: object, why: str) -> None:
+    """Warn, once per process for the ``document`` (its digest) under ``key``, that the
+    decision there is ignored, and why."""
+    warn_once(
+        logger,
+        ("decision-ignored", key, document),
+        "kernelcache: ignoring the autotune decision %s: %s; the call is lowered as without one "
+        "(`kernelcache tune MANIFEST --force`, or --pin, replaces it)",
+        key,
+        why,
+    )

@@ -1,0 +1,107 @@
+"""A compiled kernel as a cache entry: its metadata, and the PTX stored beside it on CUDA.
+
+The machine code (``<key>.cubin`` / ``<key>.hsaco``) is the entry; its metadata records the
+kernel name, launch geometry, shared memory, scratch sizes, target and producer versions, the
+components of its key and, on CUDA, the sha256 of the PTX, which is stored as its own entry under
+``derived_key(key, "ptx")``. Fetching and compiling them is :mod:`bridge.compile.fetch`'s.
+
+Invariants: a PTX entry is only ever paired with the binary whose metadata names its digest
+(:func:`ptx_pairs`); metadata is plain JSON with no absolute paths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..call.plain import plain
+from ..versions import triton_version
+from . import kinds
+from .kinds import derived_key
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+
+    from ..call.binding import Bound
+    from ..call.kernels import KernelParts
+    from ..targets import Target
+
+logger = logging.getLogger(__name__)
+
+PTX_EXT = kinds.PTX
+
+
+def ptx_sha256(text: str) -> str:
+    """The digest of a PTX text, as a binary's entry names it (``ptx_sha256``)."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def ptx_pairs(meta: Mapping[str, Any], ptx: bytes) -> bool:
+    """Whether ``ptx`` (a PTX entry's bytes) is the PTX of the binary whose metadata is
+    ``meta``: the sha256 the binary's entry names. A binary is only ever used with such a PTX."""
+    want = meta.get("ptx_sha256")
+    return isinstance(want, str) and bool(want) and hashlib.sha256(ptx).hexdigest() == want
+
+
+def store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> None:
+    """Store ``ptx`` as the companion of the kernel ``key`` (whose entry's metadata is
+    ``meta``); a root that cannot take it is said once, never raised."""
+    from kernelcache import CacheError
+    from kernelcache.process import warn_once
+
+    fields = {
+        "kind": kinds.PTX,
+        "of": key,
+        "name": meta.get("name"),
+        "kernel": meta.get("kernel"),
+        "target": meta.get("target"),
+    }
+    try:
+        cache.put(
+            derived_key(key, PTX_EXT),
+            PTX_EXT,
+            ptx.encode(),
+            {k: v for k, v in fields.items() if v is not None},
+        )
+    except (CacheError, ValueError) as e:  # the root's write problem: said once, as the cache's
+        warn_once(
+            logger, (cache.root, "write"), "kernelcache: cannot store the PTX of %s: %s", key, e
+        )
+
+
+def entry_metadata(
+    parts: KernelParts,
+    target: Target,
+    bound: Bound,
+    components: Callable[[], Mapping[str, str]] | None = None,
+) -> Callable[[Any], dict[str, Any]]:
+    """A function turning a compile result of ``bound`` into the cache entry's metadata (plain
+    JSON, no absolute paths); ``components()`` gives the key's components to record (see
+    :func:`bridge.identity.keys.key_components`), computed only when something is compiled."""
+
+    def describe(compiled: Any) -> dict[str, Any]:  # a bridge.compile.compiler.Compiled
+        md = compiled.metadata
+        return {
+            "name": md["name"],
+            "kernel": parts.qualname,
+            "language": parts.language,
+            "target": str(target),
+            "arch": str(md.get("arch", target.arch)),
+            "warp_size": int(md.get("warp_size", target.warp_size)),
+            "num_warps": int(md["num_warps"]),
+            "num_ctas": int(md.get("num_ctas", 1)),
+            "num_stages": int(md.get("num_stages", 0)),
+            "shared": int(md.get("shared") or 0),
+            "global_scratch_size": int(md.get("global_scratch_size") or 0),
+            "global_scratch_align": int(md.get("global_scratch_align") or 1),
+            "profile_scratch_size": int(md.get("profile_scratch_size") or 0),
+            "tmem_size": int(md.get("tmem_size") or 0),
+            "tensordesc_meta": plain(list(md.get("tensordesc_meta") or [])),
+            "signature": plain(dict(bound.signature)),
+            "producer": {"triton": triton_version()},
+            **({"components": dict(components())} if components is not None else {}),
+        }
+
+    return describe

@@ -1,0 +1,68 @@
+"""Small text values memoized in the kernel cache, across processes.
+
+A value is stored under a key derived from a label and a fingerprint of what it was computed
+from (an ``ident`` entry with metadata ``kind: identity``); a changed input changes the
+fingerprint, so a stale value is never found. Cache failures only cost the recomputation: they
+are logged, never raised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from . import kinds
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+
+logger = logging.getLogger(__name__)
+
+MEMO_EXT = kinds.MEMO
+
+
+def memo_key(label: str, fingerprint: str) -> str:
+    """The key of the value memoized under ``(label, fingerprint)``."""
+    return hashlib.sha256(f"bridge-identity:{label}:{fingerprint}".encode()).hexdigest()
+
+
+def lookup(cache: Cache | None, label: str, fingerprint: str) -> str | None:
+    """The value memoized in ``cache`` (or None) under ``(label, fingerprint)``, if any."""
+    if cache is None:
+        return None
+    art = cache.get(memo_key(label, fingerprint), MEMO_EXT, counted="memo")
+    if art is None:
+        return None
+    try:
+        return art.data.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def remember(cache: Cache | None, label: str, fingerprint: str, value: str) -> None:
+    """Memoize ``value`` in ``cache`` under ``(label, fingerprint)``; failures are logged only."""
+    from kernelcache import CacheError
+
+    if cache is None:
+        return
+    try:
+        cache.put(
+            memo_key(label, fingerprint),
+            MEMO_EXT,
+            value.encode(),
+            {"kind": "identity", "name": label},
+        )
+    except (CacheError, ValueError) as e:
+        logger.debug("cannot memoize the %s identity: %s", label, e)
+
+
+def memoized(cache: Cache | None, label: str, fingerprint: str, compute: Callable[[], str]) -> str:
+    """``compute()``, stored in ``cache`` under a key derived from ``(label, fingerprint)``."""
+    known = lookup(cache, label, fingerprint)
+    if known is not None:
+        return known
+    value = compute()
+    remember(cache, label, fingerprint, value)
+    return value

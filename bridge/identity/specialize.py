@@ -1,0 +1,181 @@
+"""Specializing a call: from a kernel and its arguments to bound, keyed variants.
+
+The one way from a kernel's parts, its arguments by parameter name, a variant (an autotune
+config after heuristics) and a target to what the cache is asked for: bind with Triton's binder,
+check the block's thread count, build Triton's source object and compute the kernel key. The
+lowering (:mod:`bridge.lowering.lower`), warm's planning and its compile jobs (:mod:`bridge.warm`) all go
+through :func:`specialize`, so warming a recorded call computes the very keys a lowering of that
+call for the same target computes.
+
+Nothing here compiles: :func:`bridge.compile.fetch.fetch` and
+:func:`~bridge.compile.fetch.fetch_many` take specializations from the cache, compiling them on a
+miss.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import backends
+from ..call import binding
+from ..call.kernels import KernelParts
+from ..errors import BackendUnavailable, OptionError, Undescribable
+from ..targets import Target
+from . import keys
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+
+logger = logging.getLogger(__name__)
+
+#: whether a cached entry's metadata has what a call needs
+Usable = Callable[[Mapping[str, Any]], bool]
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """One variant of a call, bound to Triton's specialization for a target and keyed (not
+    compiled). The key is the same in every process with the same software."""
+
+    parts: KernelParts
+    variant: binding.Variant
+    bound: binding.Bound
+    source: Any  # Triton's ASTSource (GluonASTSource for Gluon)
+    key: str
+    target: Target
+    backend: Any  # the target's Triton backend (CUDABackend / HIPBackend)
+    #: False: a constexpr has no exact description, so the kernel has no key (``key`` is then
+    #: unique to this specialization): it is compiled in the process and never stored
+    stored: bool = True
+
+    @property
+    def ext(self) -> str:
+        """The file extension of the machine code ("cubin", "hsaco", ...)."""
+        return self.target.vendor.binary_ext
+
+
+def check_threads(target: Target, num_warps: int) -> None:
+    """Check that ``num_warps`` warps of ``target`` fit in one block.
+
+    Raises:
+        OptionError: more threads than a block of the target's vendor may have.
+    """
+    threads = num_warps * target.warp_size
+    limit = target.vendor.max_threads_per_block
+    if threads > limit:
+        raise OptionError(
+            f"num_warps={num_warps} on {target} means {threads} threads per block; the limit is "
+            f"{limit}: use num_warps <= {limit // target.warp_size}"
+        )
+
+
+def specialize(
+    parts: KernelParts,
+    named: Mapping[str, Any],
+    variant: binding.Variant,
+    target: Target,
+    cache: Cache,
+) -> Specialization:
+    """Bind ``variant`` of a call with arguments ``named`` for ``target`` and key it.
+
+    ``cache`` only memoizes the compiler's identity; nothing is looked up or compiled.
+
+    Raises:
+        KernelArgumentError: the arguments do not fit the kernel.
+        OptionError: the variant's options do not fit the target (too many threads).
+        BackendUnavailable: Triton has no backend for ``target``, or it writes machine code of
+            another kind than the target's descriptor says.
+    """
+    backend = backends.make_backend(target)
+    if backend.binary_ext != target.vendor.binary_ext:
+        raise BackendUnavailable(
+            f"Triton's {target.vendor.package} backend writes .{backend.binary_ext} files, but "
+            f"the bridge expects .{target.vendor.binary_ext} for {target}"
+        )
+    bound = binding.bind(parts, backend, named, variant)
+    check_threads(target, int(bound.options.num_warps))
+    src = keys.source(parts.fn, parts.is_gluon, bound.signature, bound.constexprs, bound.attrs)
+    try:
+        key = keys.kernel_key(cache, target, backend, src, bound.options, parts.language)
+    except Undescribable as e:
+        _warn_unstored(parts, e)
+        return Specialization(parts, variant, bound, src, _unique_key(), target, backend, False)
+    return Specialization(parts, variant, bound, src, key, target, backend)
+
+
+def _unique_key() -> str:
+    """A key no other specialization has, in any process (that of a kernel that has none)."""
+    return uuid.uuid4().hex * 2
+
+
+_unstored: set[tuple[str, tuple[Any, ...]]] = set()
+
+
+def _warn_unstored(parts: KernelParts, why: Undescribable) -> None:
+    """Say once per kernel and constexpr that the kernel is compiled here and not stored."""
+    if (parts.qualname, why.path) in _unstored:
+        return
+    _unstored.add((parts.qualname, why.path))
+    logger.warning(
+        "kernelcache: %s is compiled in this process and not stored: %s. A kernel is stored "
+        "when every value it is compiled with can be told from others: numbers, strings, "
+        "tuples, enums, dataclasses, classes, JIT functions, objects with their fields",
+        parts.qualname,
+        why,
+    )
+
+
+def call_variants(
+    parts: KernelParts,
+    named: Mapping[str, Any],
+    kwargs: Mapping[str, Any],
+    options: Mapping[str, Any],
+    target: Target,
+) -> list[binding.Variant]:
+    """Every variant of a call for ``target``: autotune configs after pruning, heuristics
+    applied and pre_hooks run (see :func:`bridge.call.binding.expand_variants`), as one lowering
+    sees them: they run here, once per config.
+
+    ``named`` are the call's arguments by parameter name, ``kwargs`` the kernel parameters the
+    caller set by keyword, ``options`` the backend options the caller set.
+
+    Raises:
+        OptionError: an option ``target``'s backend does not have.
+        KernelArgumentError: the call does not fit the kernel.
+        whatever the kernel's own heuristics, prune functions or hooks raise.
+    """
+    backends.check_options(target, set(options))
+    return binding.expand_variants(parts, named, kwargs, options, target)
+
+
+def specialize_call(
+    parts: KernelParts,
+    named: Mapping[str, Any],
+    kwargs: Mapping[str, Any],
+    options: Mapping[str, Any],
+    target: Target,
+    cache: Cache,
+) -> list[Specialization]:
+    """Every variant of a call for ``target`` (:func:`call_variants`), each through
+    :func:`specialize`.
+
+    Raises:
+        OptionError: an option ``target``'s backend does not have, or too many threads.
+        KernelArgumentError: the call does not fit the kernel.
+        whatever the kernel's own heuristics, prune functions or hooks raise.
+    """
+    variants = call_variants(parts, named, kwargs, options, target)
+    return [specialize(parts, named, variant, target, cache) for variant in variants]
+
+
+def components(spec: Specialization, cache: Cache | None = None) -> dict[str, str]:
+    """The components of ``spec``'s key, named (see :func:`bridge.identity.keys.key_components`).
+    Without ``cache``, the compiler's identity comes from this process's memo (computed when
+    ``spec`` was keyed)."""
+    return keys.key_components(
+        cache, spec.target, spec.backend, spec.source, spec.bound.options, spec.parts.language
+    )

@@ -1,0 +1,8 @@
+"""Lowering: from a traced call with its kernels to jaxlib's Triton custom call.
+
+In: the primitive's parameters (:mod:`bridge.call.primitive`), kernels fetched from the cache
+(:mod:`bridge.compile.fetch`) and the tuning's choice. Out: the custom call's opaque message
+(:mod:`.messages`, wire format in :mod:`.proto`, the machine code embedded as :mod:`.embed` says),
+stored as a lowering entry so that a warm process replays it from one read (:mod:`.lower`), and
+the record of each lowered call for manifests (:mod:`.record`).
+"""

@@ -1,0 +1,210 @@
+"""The key of a call's lowering, derived without binding or keying any kernel.
+
+From everything that decides the opaque: the kernel (its code as :mod:`bridge.identity.jit`
+identifies it without parsing it: a superset of what Triton's ``cache_key`` covers, its source
+and the jitted functions and constants it uses, plus its decorator's settings; and its autotune
+and heuristics layers), the call's arguments (arrays by shape, dtype and buffer; scalars and
+constexprs by value; JIT functions passed as arguments by their identity), keywords and options,
+every variant as the kernel's layers make it (heuristics, pruning and pre_hooks applied) with its
+grid and zeroed outputs, the buffer layout, the target, the embedding, the local device, and the
+software (:func:`context`): the bridge, Triton (the identity of its files), the backend (what its
+vendor says its identity reads: ptxas on CUDA), Triton's cache-invalidating environment and
+knobs, jaxlib. A value known only by its address makes a call unkeyable: it is lowered as
+before, and nothing is stored. Other values are described exactly, as kernel keys describe
+constexprs (:func:`bridge.identity.jit.constant`). Where jaxlib assembles the PTX itself, the
+key holds the release of the ptxas it runs (the PTX's ``.version`` is written for it).
+
+Invariants: the same call in any process with the same software gets the same key; the stored
+lowering (:mod:`bridge.entries.lowerings`) is found under it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kernelcache import __version__
+
+from .. import backends, versions
+from ..call import binding
+from ..call.binding import ArgArray
+from ..call.placeholders import dtype_name
+from ..compile import ptxisa
+from ..entries.lowerings import FORMAT
+from ..errors import Unkeyable
+from ..identity import compiler, jit
+from ..identity.keys import PIPELINE_VERSION, env_digest
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+
+    from ..call.tracing import CallSpec
+    from ..targets import Target
+
+
+def _canon(value: Any, buffers: Mapping[int, int]) -> Any:
+    """``value`` as plain data whose ``repr`` identifies it exactly (see the module
+    docstring). The types calls pass are told by identity first (this runs for every value of
+    every call)."""
+    kind = type(value)
+    if kind is str or kind is bool or kind is int or value is None:
+        return value  # (the key is their repr: 1, True and '1' are told apart)
+    if kind is tuple or kind is list:
+        return ["tuple", [_canon(v, buffers) for v in value]]
+    if kind is dict:
+        return _mapping(value, buffers)
+    if kind is ArgArray:
+        return _array(value, buffers)
+    return _canon_other(value, buffers)
+
+
+def _array(value: ArgArray, buffers: Mapping[int, int]) -> list[Any]:
+    return ["array", value.dtype_name, list(value.shape), buffers.get(id(value))]
+
+
+def _mapping(value: Mapping[Any, Any], buffers: Mapping[int, int]) -> list[Any]:
+    if not value:
+        return ["map", []]
+    keys = sorted(value)  # (keys of types that do not compare: TypeError, unkeyable too)
+    for k in keys:
+        if not isinstance(k, str):
+            raise Unkeyable(f"a mapping with keys that are not strings: {value!r:.60}")
+    return ["map", [[k, _canon(value[k], buffers)] for k in keys]]
+
+
+def _canon_other(value: Any, buffers: Mapping[int, int]) -> Any:
+    """:func:`_canon` of a value of any other type: subclasses of the plain types, JIT
+    functions, constexprs, dtypes, tensor descriptors and NumPy scalars."""
+    if isinstance(value, ArgArray):
+        return _array(value, buffers)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int):  # bool cannot be subclassed: it was told by identity
+        return ["int", str(value)]
+    if isinstance(value, float):
+        return ["float", repr(value)]
+    if isinstance(value, (tuple, list)):
+        return ["tuple", [_canon(v, buffers) for v in value]]
+    if isinstance(value, Mapping):
+        return _mapping(value, buffers)
+    kind = type(value).__name__
+    if jit.is_jit(value):  # a JIT function
+        return ["jit", jit.identity(value)]
+    if kind == "constexpr":
+        return _canon(value.value, buffers)
+    if kind == "dtype" and hasattr(value, "name"):
+        return ["dtype", str(value.name)]
+    base = getattr(value, "base", None)
+    if isinstance(base, ArgArray) and hasattr(value, "block_shape"):  # a tensor descriptor
+        from ..call.plain import plain
+
+        return ["descriptor", type(value).__module__, plain(value), buffers.get(id(base))]
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "shape", None) == ():  # a NumPy scalar
+        return _canon(item(), buffers)
+    try:  # (a class, an enum, a dataclass, an object with fields: as a kernel key has it)
+        return ["value", jit.constant(value)]
+    except ValueError as e:
+        raise Unkeyable(f"{kind} {value!r:.60} is known only by its address") from e
+
+
+def _kernel(parts: Any) -> list[Any]:
+    layers = []
+    for layer in parts.layers:
+        row: list[Any] = [type(layer).__name__]
+        configs = getattr(layer, "configs", None)
+        if configs is not None:
+            row += [[str(c) for c in configs], list(getattr(layer, "keys", None) or ())]
+        values = getattr(layer, "values", None)
+        if values is not None and isinstance(values, Mapping):
+            row.append(sorted(values))
+        layers.append(row)
+    return [parts.qualname, parts.language, jit.identity(parts.fn), layers]
+
+
+def context(target: Target, embed: str, jaxlib: str, device: Any, cache: Cache) -> bytes | None:
+    """What every lowering key for ``target``, ``embed``, ``jaxlib`` and ``device`` starts with:
+    the software that decides a lowering (see the module docstring), serialized; None where it
+    cannot be told (nothing is stored)."""
+    try:
+        doc = [
+            FORMAT,
+            [
+                __version__,
+                PIPELINE_VERSION,
+                compiler.triton_fingerprint(),
+                target.vendor.backend_fingerprint(target.arch),
+                env_digest(),
+                backends.default_fp_fusion(),
+                jaxlib,
+                _assembler(target, embed, jaxlib, cache),
+            ],
+            str(target),
+            None if device is None else str(getattr(device, "device_kind", device)),
+            embed,
+        ]
+        return json.dumps(doc, separators=(",", ":")).encode()
+    except (TypeError, ValueError):
+        return None
+
+
+def lowering_key(
+    call: CallSpec, target: Target, context: bytes, variants: Sequence[binding.Variant]
+) -> tuple[str, int] | None:
+    """The key of ``call``'s lowering for ``target`` and the :func:`context` of its lowering,
+    and the number of its variants (None: it is not stored; see the module docstring).
+    ``variants`` are the call's variants for ``target``
+    (:func:`bridge.identity.specialize.call_variants`)."""
+    parts, buffers = call.parts, call.buffers
+    try:
+        rows = []
+        for variant in variants:
+            bound = binding.parameter_values(parts, call.named, variant)
+            if bound is None:
+                return None  # the lowering says what does not bind
+            zeroed = call.zeroed(dict(bound)) if callable(call.zeroed) else call.zeroed
+            rows.append(
+                [
+                    _mapping(variant.kwargs, buffers),
+                    _mapping(binding.launch_options(parts, variant), buffers),
+                    variant.description,
+                    sorted(variant.zero),
+                    _mapping(variant.args, buffers),
+                    list(binding.eval_grid(call.grid, bound)),
+                    _canon(list(zeroed or ()), buffers),
+                ]
+            )
+        doc = {
+            "kernel": _kernel(parts),
+            "named": _mapping(call.named, buffers),
+            "kwargs": _mapping(call.kwargs, buffers),
+            "options": _mapping(call.options, buffers),
+            "variants": rows,
+            "layout": [
+                call.n_operands,
+                [[list(a.shape), dtype_name(a.dtype)] for a in call.out_avals],
+                [list(x) for x in call.aliases],
+                [list(x) for x in call.restore],
+                sorted(buffers[i] for i in call.writable if i in buffers),
+                [buffers.get(id(a)) for a in call.zero_targets],
+            ],
+            "name": call.name,
+            "metadata": call.metadata.hex(),
+        }
+        text = repr(doc)  # (plain lists, strings, numbers: exact, and cheaper than JSON)
+    except (Unkeyable, TypeError, ValueError):
+        return None
+    return hashlib.sha256(context + b"\0" + text.encode()).hexdigest(), len(variants)
+
+
+def _assembler(target: Target, embed: str, jaxlib: str, cache: Cache) -> list[Any] | None:
+    """The PTX assembler jaxlib runs, where the PTX the call embeds is written for it."""
+    if not target.vendor.has_ptx or (embed != "ptx" and versions.honours_module_image(jaxlib)):
+        return None
+    found = ptxisa.jaxlib_assembler(cache)
+    return None if found is None else [found.cuda, found.isa]
+
+
+# -- entries ------------------------------------------------------------------------------------

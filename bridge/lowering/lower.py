@@ -1,0 +1,367 @@
+"""The lowerings of the ``triton_call`` primitive (:mod:`bridge.call.primitive`), one per registered
+vendor's platform.
+
+Lowering selects the target, binds every variant (autotune config) with Triton's own binder,
+computes each kernel key without compiling, takes the kernels from the cache (compiling only on
+a miss), leaves out the variants that cannot compile or launch (:mod:`bridge.compile.variants`) and emits
+jaxlib's Triton custom call with the messages :mod:`bridge.lowering.messages` builds.
+
+Invariants: the same call, target, software and embedding give a byte-identical opaque in every
+process (no temporary paths, no absolute source paths, deterministic metadata and
+serialization), so JAX's persistent compilation cache hits; on a warm kernel cache no Triton
+compile runs. What a call's lowering reads from the process (:class:`Setup`: the settings, the
+target, embedding, cache and device they resolve to, the software its key starts with) is read
+once per lowered module for the calls that pass the same ``target``, ``embed`` and ``cache``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from kernelcache import stats
+
+try:  # the public home of the lowering registry (jax 0.8 - 0.11)
+    from jax.interpreters import mlir
+
+    _ = mlir.register_lowering
+except (ImportError, AttributeError):  # pragma: no cover - later releases
+    from jax._src.interpreters import mlir  # type: ignore[no-redef]
+
+from .. import targets, versions
+from ..caches import as_cache
+from ..call import binding
+from ..call.primitive import triton_call_p
+from ..call.tracing import CallSpec
+from ..compile import variants
+from ..entries import lowerings
+from ..entries.lowerings import Lowered
+from ..entries.programs import Item, Program
+from ..errors import KernelArgumentError
+from ..identity import specialize
+from ..tune import measure, select
+from ..vendors import registry
+from . import embed, keys, messages, proto, record
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+    from kernelcache.config import Settings
+
+    from ..settings import BridgeSettings
+
+logger = logging.getLogger(__name__)
+
+CUSTOM_CALL_FFI = versions.FFI_TARGET
+CUSTOM_CALL_LEGACY = versions.LEGACY_TARGET
+
+
+def _no_cpu(ctx: Any, *args: Any, call: CallSpec, has_side_effect: bool) -> Any:
+    gpus = " or ".join(f"{v.maker} ({v.platform})" for v in registry.registered())
+    first = registry.registered()[0].platform
+    raise KernelArgumentError(
+        f"the Triton kernel {call.parts.qualname} runs on {gpus} GPUs, but "
+        "this computation is being lowered for cpu: run it on a GPU, or cross-compile with "
+        f"jax.jit(f).trace(*args).lower(lowering_platforms=({first!r},)) and a target "
+        "(target='cuda:90' or 'hip:gfx942', or $KERNELCACHE_TARGET)"
+    )
+
+
+# -- lowering -----------------------------------------------------------------------------
+#: kernels already fetched in this process: (key, target, cache root) -> the KernelBinary, or
+#: why it cannot compile
+_memo: variants.Memo = {}
+
+
+def custom_call_target(lowered: Lowered, jaxlib: str, forward_compat: bool = False) -> str:
+    """``triton_kernel_call_ffi`` where jaxlib has it, except for autotuned calls: those go
+    through the legacy ``triton_kernel_call``, as TransformerEngine does after observing
+    illegal memory accesses with autotuned kernels on the FFI target (TE PR #3077).
+
+    Lowered for export (``forward_compat``), a call keeps the legacy target unless what it
+    embeds already needs a jaxlib with the FFI target (inline machine code, tensor descriptors,
+    global scratch: jaxlib >= 0.11.1), so an exported module runs on every jaxlib its contents
+    allow."""
+    if lowered.autotuned or not versions.has_ffi_call(jaxlib):
+        return CUSTOM_CALL_LEGACY
+    if forward_compat and not versions.has_ffi_call(lowered.needs):
+        return CUSTOM_CALL_LEGACY
+    return CUSTOM_CALL_FFI
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What lowering a call reads from the process: its settings, and what they and the call's
+    ``target``, ``embed`` and ``cache`` arguments resolve to (``context``: the start of its
+    lowering key, None where lowerings are not stored; see :mod:`bridge.entries.lowerings`)."""
+
+    cfg: Settings
+    ours: BridgeSettings
+    target: targets.Target
+    jaxlib: str
+    mode: str
+    cache: Cache
+    device: Any
+    context: bytes | None
+
+
+def setup(call: CallSpec, platform: str, jaxlib: str | None = None) -> Setup:
+    """Read the settings and resolve the target, embedding, cache and local device of ``call``
+    for ``platform`` (see :class:`Setup`)."""
+    from kernelcache.config import settings
+
+    from ..settings import settings as bridge_settings
+
+    cfg, ours = settings(), bridge_settings()
+    target = targets.select_target(call.target, platform, ours)
+    jaxlib = jaxlib or versions.jaxlib_version()
+    mode = embed.choose_mode(call.embed, target, jaxlib, ours)
+    cache = as_cache(call.cache, cfg)
+    device = targets.local_device(target, platform)
+    context = None if mode == "path" else keys.context(target, mode, jaxlib, device, cache)
+    return Setup(cfg, ours, target, jaxlib, mode, cache, device, context)
+
+
+class _Module:
+    """The module being lowered in one thread: its setups, each with the :class:`Program` of
+    the calls that use it, by what those calls pass."""
+
+    __slots__ = ("ref", "setups")
+
+    def __init__(self, ref: weakref.ref[Any]) -> None:
+        self.ref = ref
+        self.setups: dict[tuple[Any, ...], tuple[Setup, Program]] = {}
+
+    def close(self) -> None:
+        """Store each program's lowerings (:meth:`Program.close`) and forget the setups."""
+        found, self.setups = self.setups, {}
+        for _, program in found.values():
+            program.close()
+
+
+#: the module each thread is lowering
+_local = threading.local()
+
+
+def _scoped_setup(call: CallSpec, platform: str, module: Any) -> tuple[Setup, Program]:
+    """:func:`setup`, once per lowered ``module`` (an MLIR module) for the calls that pass the
+    same ``target``, ``embed`` and ``cache`` (the settings are read once per lowering of a
+    program), with the :class:`Program` of those calls."""
+    scope: _Module | None = getattr(_local, "module", None)
+    if scope is None or scope.ref() is not module:
+        _close_module()  # (one open still: the end of its lowering was not reported)
+        try:
+            scope = _Module(weakref.ref(module))
+        except TypeError:  # not weakly referable (or None): read for each call
+            prepared = setup(call, platform)
+            return prepared, Program(prepared.cache)
+        _local.module = scope
+    cache = call.cache
+    which = (platform, call.target, call.embed, cache if isinstance(cache, str) else id(cache))
+    found = scope.setups.get(which)
+    if found is None:
+        prepared = setup(call, platform)
+        found = scope.setups[which] = (prepared, Program(prepared.cache))
+    return found
+
+
+def _module_lowered(event: str, duration_secs: float, **kwargs: str | int) -> None:
+    """JAX's report that a module's lowering ended (in this thread): its programs are
+    complete."""
+    if event == _MODULE_EVENT:
+        _close_module()
+
+
+def _close_module() -> None:
+    """Forget the module this thread was lowering, if any, storing its programs."""
+    scope: _Module | None = getattr(_local, "module", None)
+    if scope is not None:
+        _local.module = None
+        scope.close()
+
+
+#: what JAX reports (``jax.monitoring``) when it has lowered a jaxpr to an MLIR module
+_MODULE_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+jax.monitoring.register_event_duration_secs_listener(_module_lowered)
+
+
+def lower_call(call: CallSpec, platform: str, jaxlib: str | None = None) -> Lowered:
+    """Build the opaque of ``call`` for ``platform``: from the lowering entry of an identical
+    call lowered before (see :mod:`bridge.entries.lowerings`), else by specializing, fetching and
+    assembling it (and keeping it as such an entry).
+
+    This is the lowering minus the MLIR: usable to inspect what a call embeds.
+    """
+    prepared = setup(call, platform, jaxlib)
+    return _lower_with(call, platform, prepared, Program(prepared.cache))
+
+
+def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program) -> Lowered:
+    """:func:`lower_call` with its :class:`Setup`, as a call of ``program``."""
+    target, cache = prepared.target, prepared.cache
+    autotune = call.autotune or prepared.ours.autotune
+    # the kernel's heuristics, prune functions and hooks run here, once per lowering
+    every = specialize.call_variants(call.parts, call.named, call.kwargs, call.options, target)
+    keyed = None
+    if prepared.context is not None and call.choice is None and not record.wanted(prepared.ours):
+        keyed = keys.lowering_key(call, target, prepared.context, every)
+    if keyed is not None:
+        found = _replay(call, keyed, target, platform, autotune, program)
+        if found is not None:
+            # the kernels it launches were served from the cache: hits, as a lookup of each
+            stats.count(cache.root, hits=keyed[1] if found.lowered.autotuned else 1)
+            program.note(found, call, target)
+            return found.lowered
+    lowered, state, names = _assemble(
+        call,
+        every,
+        target,
+        platform,
+        prepared.jaxlib,
+        prepared.mode,
+        cache,
+        autotune,
+        prepared.device,
+        prepared.ours,
+    )
+    if keyed is not None:
+        lowerings.store(cache, keyed[0], call, target, state, lowered, names)
+        variants = tuple(names) if len(names) > 1 else None
+        program.note(Item(keyed[0], state, variants, lowered), call, target)
+    return lowered
+
+
+def _replay(
+    call: CallSpec,
+    keyed: tuple[str, int],
+    target: targets.Target,
+    platform: str,
+    autotune: str,
+    program: Program,
+) -> Item | None:
+    """The stored lowering of ``call`` in the state its autotune mode and decision ask for;
+    None where there is none (or the decision must be made or refused by the full lowering)."""
+    key, count = keyed
+    names = None
+    if count < 2 or autotune == "runtime":
+        state = lowerings.EVERY
+    else:
+        names = program.variants(key)
+        if names is None or len(names) != count:
+            return None
+        kind = measure.current().device(target, platform)
+        decided = lowerings.decided_state(program.cache, call, names, [kind] if kind else [])
+        if decided is None and autotune != "decided":  # "require" refuses, "job" decides
+            return None
+        state = decided or lowerings.EVERY
+    found = program.lowered(key, state)
+    if found is None:
+        return None
+    return Item(key, state, None if names is None else tuple(names), found)
+
+
+def _assemble(
+    call: CallSpec,
+    every_variant: list[binding.Variant],
+    target: targets.Target,
+    platform: str,
+    jaxlib: str,
+    mode: str,
+    cache: Any,
+    autotune: str,
+    device: Any,
+    ours: BridgeSettings,
+) -> tuple[Lowered, str, list[str]]:
+    """Lower ``call`` from its kernels (``every_variant``: its variants, ``ours``: the
+    bridge's settings): the lowering, its state (see :mod:`bridge.entries.lowerings`) and the kernel
+    keys of its variants."""
+    configs: list[proto.Config] = []
+    needs = versions.MODULE_IMAGE if mode == "inline" else (0,)
+    every = [
+        specialize.specialize(call.parts, call.named, variant, target, cache)
+        for variant in every_variant
+    ]
+
+    def usable(spec: specialize.Specialization) -> specialize.Usable | None:
+        n = messages.host_descriptor_count(call, spec, jaxlib)
+        return (lambda meta: messages.descriptor_meta(meta, n) is not None) if n else None
+
+    found = variants.Variants(every, cache, device=device, usable=usable, memo=_memo)
+    # the kernels select needs (every variant at once, compiled here or by another process)
+    chosen = select.select(call, found, target, platform, cache, autotune)
+    for index in chosen:
+        spec = every[index]
+        bound = spec.bound
+        n_desc = messages.host_descriptor_count(call, spec, jaxlib)
+        kb = found.kernel(index)
+        desc_meta = messages.descriptor_meta(kb.meta, n_desc) if n_desc else []
+        if desc_meta is None:
+            raise KernelArgumentError(
+                f"{call.parts.qualname}: Triton compiled its {n_desc} tensor descriptor(s) for "
+                f"{target} without TMA metadata; pass the arrays as pointers"
+            )
+        grid = binding.eval_grid(call.grid, bound.bound_args)
+        kernel = messages.kernel_message(call, target, mode, kb, cache, jaxlib)
+        if n_desc or kernel.global_scratch_size is not None:
+            needs = versions.MODULE_IMAGE
+        kernel_call = messages.kernel_call(call, kernel, bound, desc_meta, grid)
+        configs.append(proto.Config(kernel_call=kernel_call, description=spec.variant.description))
+    if call.choice is None and record.wanted(ours):  # every variant: a later tune measures them
+        for spec in every:
+            grid = binding.eval_grid(call.grid, spec.bound.bound_args)
+            record.emit(record.build(call, target, spec.key, spec.bound, grid), ours)
+    anycall = messages.any_kernel_call(call, configs, mode)
+    opaque = proto.compress(proto.encode(anycall))
+    done = Lowered(opaque, mode, anycall.autotuned_kernel_call is not None, tuple(needs))
+    state = lowerings.EVERY if len(chosen) != 1 or len(every) == 1 else str(chosen[0])
+    return done, state, [spec.key for spec in every]
+
+
+def _lower(ctx: Any, *operands: Any, call: CallSpec, has_side_effect: bool, platform: str) -> Any:
+    # the module being lowered (a JAX without the attribute: the setup is read for each call)
+    module = getattr(ctx.module_context, "module", None)
+    prepared, program = _scoped_setup(call, platform, module)
+    lowered = _lower_with(call, platform, prepared, program)
+    aliases = dict(call.aliases)
+    forward_compat = getattr(ctx, "is_forward_compat", lambda: False)()
+    target = custom_call_target(lowered, prepared.jaxlib, forward_compat)
+    if target == CUSTOM_CALL_FFI:
+        rule = jax.ffi.ffi_lowering(
+            target,
+            api_version=4,
+            operand_output_aliases=aliases,
+            has_side_effect=has_side_effect,
+        )
+        attributes: dict[str, Any] = {"opaque": lowered.opaque}
+        if call.cost_estimate:
+            attributes["cost_estimate_json"] = json.dumps(dict(call.cost_estimate))
+        return rule(ctx, *operands, **attributes)
+    if call.cost_estimate:
+        logger.debug(
+            "cost_estimate of %s dropped: the legacy %s call has no attributes",
+            call.parts.qualname,
+            target,
+        )
+    rule = jax.ffi.ffi_lowering(
+        target,
+        api_version=2,
+        backend_config=lowered.opaque,  # type: ignore[arg-type]  # raw bytes, as jaxlib expects
+        operand_output_aliases=aliases,
+        has_side_effect=has_side_effect,
+    )
+    return rule(ctx, *operands)
+
+
+for _vendor in registry.registered():
+    mlir.register_lowering(
+        triton_call_p,
+        functools.partial(_lower, platform=_vendor.platform),
+        platform=_vendor.platform,
+    )
+mlir.register_lowering(triton_call_p, _no_cpu, platform="cpu")

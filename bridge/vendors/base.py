@@ -1,0 +1,152 @@
+"""What a GPU vendor is to the bridge: :class:`Vendor`, one object per Triton backend.
+
+A vendor holds everything that differs by vendor: the names Triton and JAX give it, the grammar
+of its target names, launch geometry, its machine code and how jaxlib receives it, host TMA
+support, and the largest shared memory one block may use per architecture, as data; and as
+methods, the rules: what its backend's identity depends on (:meth:`Vendor.backend_fingerprint`),
+how its backend specializes pointers (:meth:`Vendor.tensor_specialization`) and how its machine
+code is embedded (:meth:`Vendor.embed_modes`, :meth:`Vendor.auto_embed`). The defaults suit a
+vendor with none of these particularities; :mod:`.cuda` and :mod:`.hip` override them.
+
+Invariants: a vendor is a singleton, compared by identity and pickled by name (see
+:mod:`.registry`); the modules of this folder are the only ones of the bridge that compare
+vendor, backend or platform names. Nothing here imports jax or triton at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Arch = int | str
+
+KiB = 1024
+
+
+def file_row(path: str, name: str) -> list[Any]:
+    """``[name, size, mtime_ns]`` of the file at ``path`` (size and mtime None: no such file):
+    how a file's identity enters a fingerprint."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return [name, None, None]
+    return [name, st.st_size, st.st_mtime_ns]
+
+
+@dataclass(frozen=True, eq=False)
+class Vendor:
+    """What the bridge needs to know about one of Triton's vendor backends.
+
+    The methods are the rules that depend on the vendor or the architecture; their defaults suit
+    a vendor whose code runs only on the exact architecture it was compiled for, whose backend
+    hashes only Triton's files and specializes pointers without help, and whose machine code
+    rides inline in the custom call. A vendor is a singleton: compared by identity, pickled by
+    name.
+    """
+
+    #: Triton's backend name, also the prefix of target names: "cuda"
+    name: str
+    #: Triton's vendor package (``triton.backends.<package>``): "nvidia"
+    package: str
+    #: JAX's platform name for these GPUs: "cuda"
+    platform: str
+    #: who makes the GPUs, and what the platform is called, in messages: "NVIDIA", "CUDA"
+    maker: str
+    title: str
+    #: a target name: the prefix (name or an alias) and the architecture in group 1
+    grammar: re.Pattern[str]
+    #: how messages spell a target name of this vendor, and valid examples of one
+    name_form: str
+    examples: tuple[str, ...]
+    #: how to get Triton's backend for this vendor when it is missing
+    install_hint: str
+    #: Triton's options dataclass in ``triton.backends.<package>.compiler``
+    options_class: str
+    #: an architecture whose options list the option names of the backend
+    probe_arch: Arch
+    #: the extension of the machine code Triton writes ("cubin"), and whether PTX comes with it
+    binary_ext: str
+    has_ptx: bool
+    #: what happens to inline machine code under a jaxlib that ignores ``module_image``
+    inline_on_old_jaxlib: str
+    #: threads per warp in the code where the architecture does not decide it, threads per
+    #: warp in jaxlib's launch geometry (block size = num_warps x this), threads per block
+    warp_size_default: int
+    jaxlib_threads_per_warp: int
+    max_threads_per_block: int
+    #: the most shared memory (LDS) one block may use, in bytes, per architecture
+    shared_memory: Mapping[Arch, int]
+    #: the ELF ``e_machine`` of the machine code (None: not ELF); a compile's output is checked
+    #: against it (see :func:`bridge.compile.compiler.output_problem`)
+    elf_machine: int | None = None
+
+    def __repr__(self) -> str:
+        return f"Vendor({self.name})"
+
+    def backend_fingerprint(self, arch: Arch) -> str | None:
+        """A digest of what the backend's ``hash()`` for ``arch`` reads besides Triton's own
+        files, under which its result is memoized across processes; None: ``hash()`` is cheap
+        and is computed in every process (the default)."""
+        return None
+
+    def tensor_specialization(self, backend_class: type) -> Callable[..., str] | None:
+        """How a backend of ``backend_class`` specializes a pointer argument, where the bridge
+        answers in its place (a replacement for its ``get_tensor_specialization``); None:
+        Triton's own answer (the default)."""
+        return None
+
+    def embed_modes(self) -> tuple[str, ...]:
+        """The ``embed=`` modes that work for this vendor besides "auto"."""
+        return ("inline",)
+
+    def auto_embed(self, honours_module_image: bool) -> str:
+        """What ``embed="auto"`` means under a jaxlib that honours ``module_image`` or not."""
+        return "inline"
+
+    def parse_arch(self, text: str) -> Arch | None:
+        """The architecture named by ``text`` (stripped, lower case), None if it is not one of
+        this vendor's target names.
+
+        Raises:
+            TargetError: a name of this vendor for an architecture Triton cannot compile for.
+        """
+        m = self.grammar.fullmatch(text)
+        return None if m is None else self.arch_of(m.group(1), text)
+
+    def arch_of(self, raw: str, text: str) -> Arch:
+        """The architecture from the text the grammar matched (``text`` for messages)."""
+        return raw
+
+    def warp_size(self, arch: Arch) -> int:
+        """Threads per warp of code compiled for ``arch``."""
+        return self.warp_size_default
+
+    def runs_on(self, ours: Arch, theirs: Arch) -> bool:
+        """Whether code compiled for ``ours`` loads on a device of architecture ``theirs``."""
+        return ours == theirs
+
+    def proto_compute_capability(self, arch: Arch) -> int:
+        """``TritonKernel.compute_capability`` in jaxlib's message for ``arch``."""
+        return 0
+
+    def host_tma(self, arch: Arch) -> bool:
+        """Whether jaxlib can pass host-side TMA descriptors to code for ``arch``."""
+        return False
+
+    def device_arch(self, device: Any) -> Arch | None:
+        """The architecture of a JAX device of this platform, None if it cannot be read."""
+        return None
+
+    def max_shared_memory(self, arch: Arch) -> int | None:
+        """The most shared memory one block may use on ``arch``, in bytes (None: unknown)."""
+        return self.shared_memory.get(arch)
+
+    def device_shared_memory(self, device: Any) -> int | None:
+        """The most shared memory one block may use on a local JAX ``device``, read from the
+        device itself. Hook, not read yet (None): a device attribute or Triton's
+        ``driver.active.utils.get_device_properties(i)["max_shared_mem"]`` can answer it
+        where the target is the local device; :meth:`max_shared_memory` answers for now."""
+        return None

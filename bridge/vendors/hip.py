@@ -1,0 +1,101 @@
+"""AMD's GPUs: the :class:`Hip` vendor, ``HIP``.
+
+HSACO code objects compiled for a gfx architecture; where jaxlib ignores ``module_image`` the
+code object is handed over by path (:mod:`bridge.handoff`). Triton's backend would import torch
+to specialize pointers; the bridge answers from the placeholder array instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kernelcache.formats import EM_AMDGPU
+
+from .base import Arch, KiB, Vendor
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class Hip(Vendor):
+    """AMD's GPUs, through Triton's ``amd`` backend: HSACO code objects."""
+
+    def warp_size(self, arch: Arch) -> int:
+        """32 on gfx10 and newer (RDNA), else 64 (CDNA, GCN)."""
+        digits = str(arch)[3:-2]
+        major = int(digits) if digits.isdigit() else 0
+        return 32 if major >= 10 else 64
+
+    def device_arch(self, device: Any) -> Arch | None:
+        raw = str(getattr(device, "compute_capability", "") or "")
+        arch = raw.split(":")[0].strip().lower()
+        if not arch.startswith("gfx"):
+            try:
+                from jax._src.lib import gpu_triton
+
+                arch = gpu_triton.get_arch_details(device.local_hardware_id or 0).split(":")[0]
+            except (ImportError, AttributeError, RuntimeError, ValueError) as e:
+                logger.debug("cannot read the gfx architecture of %s: %s", device, e)
+                return None
+        return arch
+
+    def tensor_specialization(self, backend_class: type) -> Callable[..., str] | None:
+        """Triton's AMD backend imports torch to specialize pointers on their 32-bit range
+        (buffer ops); without torch, the bridge answers from the placeholder array's size in
+        bytes (placeholder arrays carry ``ptr_range()``)."""
+
+        def get_tensor_specialization(arg: Any, **kwargs: Any) -> str:
+            try:
+                return backend_class.get_tensor_specialization(arg, **kwargs)  # type: ignore[attr-defined]
+            except ImportError:
+                from triton import knobs
+                from triton.backends.compiler import BaseBackend
+
+                spec = BaseBackend.get_tensor_specialization(arg, **kwargs)
+                if knobs.amd.use_buffer_ops and arg.ptr_range() <= 2**31 - 1:
+                    spec += "S"
+                return spec
+
+        return get_tensor_specialization
+
+    def embed_modes(self) -> tuple[str, ...]:
+        return ("inline", "path")
+
+    def auto_embed(self, honours_module_image: bool) -> str:
+        """Inline where jaxlib loads ``module_image``, else handed over by path."""
+        return "inline" if honours_module_image else "path"
+
+
+HIP: Vendor = Hip(
+    name="hip",
+    package="amd",
+    platform="rocm",
+    maker="AMD",
+    title="ROCm",
+    grammar=re.compile(r"(?:hip|rocm)[:_]?(gfx[0-9a-f]{3,5})(?::[a-z0-9+:-]*)?"),
+    name_form="hip:<gfx arch>",
+    examples=("hip:gfx942", "hip:gfx90a"),
+    install_hint="install a Triton build with the AMD backend (the ROCm build of Triton)",
+    options_class="HIPOptions",
+    probe_arch="gfx942",
+    binary_ext="hsaco",
+    has_ptx=False,
+    inline_on_old_jaxlib="it would look for a file named by the kernel's token and fail to load it",
+    warp_size_default=64,
+    jaxlib_threads_per_warp=64,
+    max_threads_per_block=1024,
+    elf_machine=EM_AMDGPU,
+    # LDS one workgroup may use, as Triton's AMD backend sizes it: third_party/amd/lib/
+    # TritonAMDGPUToLLVM/TargetInfo.cpp, TargetInfo::getSharedMemorySize (160 KiB on CDNA4,
+    # i.e. gfx950; 64 KiB on CDNA2 and CDNA3). LLVM's AMDGPU backend enforces the same limits
+    # (its tests: "local memory (163844) exceeds limit (163840)" on gfx950, 64 KiB on gfx942).
+    shared_memory={
+        "gfx90a": 64 * KiB,
+        "gfx942": 64 * KiB,
+        "gfx950": 160 * KiB,
+    },
+)

@@ -1,0 +1,137 @@
+"""The bridge's folders are the stages a kernel passes through, and the imports say so.
+
+Read statically from every import statement of every module (function-level and
+``TYPE_CHECKING`` imports included, as in ``tests/test_layering.py``): a module imports only
+modules of its own stage or of earlier ones. Besides: only ``bridge/entries/`` names the
+extension of an entry the bridge stores, no module of the bridge is over 500 lines, each
+folder's ``__init__.py`` says what enters and what leaves it, and every exception class of the
+bridge is declared in ``bridge/errors.py`` under ``kernelcache``'s base.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+from test_layering import _modules, import_graph
+
+REPO = Path(__file__).resolve().parent.parent
+BRIDGE = REPO / "bridge"
+
+#: the stages, in order; a module of a stage imports only modules of it and of those before it
+STAGES: tuple[tuple[str, ...], ...] = (
+    (
+        "bridge.errors",
+        "bridge.settings",
+        "bridge.versions",
+        "bridge.vendors",
+        "bridge.targets",
+        "bridge.backends",
+        "bridge.caches",
+        "bridge.handoff",
+    ),
+    ("bridge.call",),
+    ("bridge.entries",),
+    ("bridge.identity",),
+    ("bridge.compile",),
+    ("bridge.tune",),
+    ("bridge.lowering",),
+    ("bridge.api", "bridge.launch", "bridge.jax_cache", "bridge"),
+    ("bridge.warm",),
+    ("bridge.cli",),
+)
+
+#: the extensions of the entries the bridge stores (the kernels' own are their vendor's)
+EXTENSIONS = ("ident", "failure", "lowering", "variants", "program", "decision", "ptx")
+
+MAX_LINES = 500
+
+
+def stage(module: str) -> int:
+    """The index in :data:`STAGES` of ``module`` (its longest matching prefix)."""
+    best, found = -1, None
+    for index, prefixes in enumerate(STAGES):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, found = len(prefix), index
+    assert found is not None, f"{module} belongs to no stage: add it to STAGES"
+    return found
+
+
+def test_every_import_points_to_the_same_or_an_earlier_stage():
+    graph = import_graph(REPO, ("bridge",))
+    later = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        for t in targets
+        if t.startswith("bridge") and stage(t) > stage(m)
+    )
+    assert not later, "imports of a later stage: " + ", ".join(later)
+
+
+def test_every_folder_is_a_stage_and_says_what_enters_and_leaves():
+    folders = sorted(p.parent for p in BRIDGE.glob("*/__init__.py"))
+    assert len(folders) >= 9, folders
+    for folder in folders:
+        name = f"bridge.{folder.name}"
+        stage(name)
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
+        assert doc and len(doc.split()) >= 20, f"{name}: its __init__.py needs a docstring"
+
+
+def test_no_bridge_module_is_over_the_line_limit():
+    long = []
+    for path in sorted(BRIDGE.rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES:
+            long.append(f"{path.relative_to(REPO)}: {lines}")
+    assert not long, f"over {MAX_LINES} lines: {long}"
+
+
+def test_only_the_entries_folder_names_an_entry_extension():
+    found = []
+    for path in sorted(BRIDGE.rglob("*.py")):
+        if path.parent == BRIDGE / "entries":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                for arg in node.args[1:2]:  # the extension argument of get/put/read(key, ext)
+                    if isinstance(arg, ast.Constant) and arg.value in EXTENSIONS:
+                        found.append(f"{path.relative_to(REPO)}:{node.lineno} {arg.value!r}")
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+                if node.value.value in EXTENSIONS and any(n.endswith("EXT") for n in names):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno} {node.value.value!r}")
+    assert not found, "declare extensions in bridge/entries/kinds.py: " + ", ".join(found)
+
+
+def test_every_bridge_exception_is_declared_in_errors_under_kernelcaches_base():
+    from kernelcache.errors import KernelCacheError
+
+    stray, outside = [], []
+    for name in _modules(REPO, ("bridge",)):
+        module = importlib.import_module(name)
+        for value in vars(module).values():
+            if (
+                inspect.isclass(value)
+                and issubclass(value, BaseException)
+                and value.__module__ == name
+                and not value.__name__.startswith("_")
+            ):
+                if name != "bridge.errors":
+                    outside.append(f"{name}.{value.__qualname__}")
+                if not issubclass(value, KernelCacheError):
+                    stray.append(f"{name}.{value.__qualname__}")
+    assert not outside, f"declare these in bridge/errors.py: {outside}"
+    assert not stray, f"not KernelCacheErrors: {stray}"
+
+
+@pytest.mark.parametrize(
+    ("module", "expected"),
+    [("bridge", 7), ("bridge.call.binding", 1), ("bridge.vendors.cuda", 0), ("bridge.cli", 9)],
+)
+def test_the_stage_of_a_module_is_its_longest_prefix(module, expected):
+    assert stage(module) == expected
