@@ -12,10 +12,11 @@ from pathlib import Path
 
 from kernelcache.config import Variable, choice, parser, path, register_variables
 
-from .vendors.registry import parse_name
+from .vendors.registry import parse_name, registered
 
-#: how a compiled kernel rides in jaxlib's custom call (see :mod:`bridge.lowering.embed`)
-EMBED_MODES = ("auto", "inline", "ptx", "path")
+#: how a compiled kernel rides in jaxlib's custom call (see :mod:`bridge.lowering.embed`):
+#: "auto", then every mode a registered vendor offers
+EMBED_MODES = ("auto", *dict.fromkeys(m for vendor in registered() for m in vendor.embed_modes()))
 #: which config of an autotuned call runs (see :mod:`bridge.tune.select`): the decision in the cache
 #: (else jaxlib's autotuning at the first run), always jaxlib's, a decision or an error, or a
 #: decision made by one process of the job when there is none
