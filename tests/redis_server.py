@@ -324,13 +324,22 @@ class RedisClusterServers:
         self.stop()
         raise RuntimeError(f"the Redis Cluster did not come up; see {self.directory}")
 
-    @staticmethod
-    def _state_ok(node: RedisServer) -> bool:
+    def _state_ok(self, node: RedisServer) -> bool:
+        """Whether ``node`` sees the whole cluster: state ok, every node known and every slot
+        assigned (without full coverage, a node says ok before gossip brought it every
+        other node's slots, and a client reading its slot map then finds slots without a
+        primary)."""
+        import redis
+
         try:
             info = node.client().execute_command("CLUSTER INFO")  # parsed by redis-py
-            return str(info.get("cluster_state")) == "ok"
-        except Exception:
+        except (OSError, redis.RedisError):
             return False
+        return (
+            str(info.get("cluster_state")) == "ok"
+            and int(info.get("cluster_known_nodes", 0)) == len(self.nodes)
+            and int(info.get("cluster_slots_assigned", 0)) == 16384
+        )
 
     def client(self):  # -> redis.cluster.RedisCluster
         """A plain redis-py cluster client (for inspecting and tampering)."""
