@@ -82,6 +82,10 @@ class Vendor:
     #: the ELF ``e_machine`` of the machine code (None: not ELF); a compile's output is checked
     #: against it (see :func:`bridge.compile.compiler.output_problem`)
     elf_machine: int | None = None
+    #: the ``embed=`` mode besides "inline", which "auto" means under a jaxlib that ignores
+    #: ``module_image`` ("ptx": jaxlib runs ptxas; "path": handed over as a file); None: inline
+    #: only
+    fallback_embed: str | None = None
 
     def __repr__(self) -> str:
         return f"Vendor({self.name})"
@@ -100,11 +104,14 @@ class Vendor:
 
     def embed_modes(self) -> tuple[str, ...]:
         """The ``embed=`` modes that work for this vendor besides "auto"."""
-        return ("inline",)
+        return ("inline",) if self.fallback_embed is None else ("inline", self.fallback_embed)
 
     def auto_embed(self, honours_module_image: bool) -> str:
-        """What ``embed="auto"`` means under a jaxlib that honours ``module_image`` or not."""
-        return "inline"
+        """What ``embed="auto"`` means under a jaxlib that honours ``module_image`` or not:
+        inline where it loads ``module_image``, else the fallback (if any)."""
+        if honours_module_image or self.fallback_embed is None:
+            return "inline"
+        return self.fallback_embed
 
     def parse_arch(self, text: str) -> Arch | None:
         """The architecture named by ``text`` (stripped, lower case), None if it is not one of

@@ -81,13 +81,6 @@ class Cuda(Vendor):
         (:func:`ptxas_fingerprint`)."""
         return ptxas_fingerprint(f"{self.name}:{arch}", int(arch))
 
-    def embed_modes(self) -> tuple[str, ...]:
-        return ("inline", "ptx")
-
-    def auto_embed(self, honours_module_image: bool) -> str:
-        """Inline where jaxlib loads ``module_image``, else the PTX (jaxlib runs ptxas)."""
-        return "inline" if honours_module_image else "ptx"
-
 
 CUDA: Vendor = Cuda(
     name="cuda",
@@ -103,6 +96,7 @@ CUDA: Vendor = Cuda(
     probe_arch=90,
     binary_ext="cubin",
     has_ptx=True,
+    fallback_embed="ptx",
     inline_on_old_jaxlib="the PTX in each call is compiled by ptxas at XLA compile time instead",
     warp_size_default=32,
     jaxlib_threads_per_warp=32,

@@ -62,13 +62,6 @@ class Hip(Vendor):
 
         return get_tensor_specialization
 
-    def embed_modes(self) -> tuple[str, ...]:
-        return ("inline", "path")
-
-    def auto_embed(self, honours_module_image: bool) -> str:
-        """Inline where jaxlib loads ``module_image``, else handed over by path."""
-        return "inline" if honours_module_image else "path"
-
 
 HIP: Vendor = Hip(
     name="hip",
@@ -84,6 +77,7 @@ HIP: Vendor = Hip(
     probe_arch="gfx942",
     binary_ext="hsaco",
     has_ptx=False,
+    fallback_embed="path",
     inline_on_old_jaxlib="it would look for a file named by the kernel's token and fail to load it",
     warp_size_default=64,
     jaxlib_threads_per_warp=64,
