@@ -124,11 +124,11 @@ def test_import_dry_run_says_which_entries_this_machine_would_look_up(other_trit
     lookup = doc["lookup"]
     assert lookup["toolchain"] == "bridge: Triton 3.6.0, cuda:90"
     reasons = {r["reason"]: r["entries"] for r in lookup["not_looked_up"]}
-    # the 3.9.0 cubin and its PTX companion; the hip kernel; the other installation's memo
+    # the 3.9.0 cubin and its PTX companion; the hip kernel; the other installation's memos
     assert reasons == {
         "Triton 3.9.0 (here 3.6.0)": 2,
         "target hip:gfx942 (here cuda:90)": 1,
-        "memo of another installation's compiler identity (recomputed here)": 1,
+        "memo of another installation's compiler identity (recomputed here)": 2,
     }
     # this machine's own identity memo (written by the hip warm run) is looked up
     assert lookup["looked_up"] == doc["entries"] - sum(reasons.values()) >= 1
@@ -174,10 +174,13 @@ def test_explain_names_an_edited_source_and_serves_entries_without_components(tm
     kernels.write_text(edited)
     result = explain(code=1)
     assert result["status"] == "miss" and result["nearest"]["components_recorded"] is True
-    assert [d["component"] for d in result["nearest"]["differences"]] == ["source"]
+    assert [d["component"] for d in result["nearest"]["differences"]] == ["code"]
     assert "the kernel's source changed since the manifest was recorded" in result["notes"]
     text = kc(*common, "explain", str(manifest), code=1, **env).stdout
-    assert "source digest (the kernel and the functions it calls) differs" in text
+    assert (
+        "code digest (every global, attribute and helper the frontend reads, by content) differs"
+        in text
+    )
     # an entry written before entries recorded components: still a hit, and as the nearest
     # entry compared by what it records (target, Triton version)
     (meta,) = [p for p in (tmp_path / "root").glob("*.json") if '"components"' in p.read_text()]

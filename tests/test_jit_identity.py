@@ -127,21 +127,27 @@ def test_a_setting_changed_on_the_function_is_identified_anew(tmp_path):
     assert jit.identity(kernel) not in (before, flipped)
 
 
-def test_a_value_whose_repr_fails_is_a_value_error(tmp_path):
-    module = kernel_module(
-        tmp_path,
-        "jit_identity_odd",
-        """
+def test_a_value_is_described_without_its_repr(tmp_path):
+    """A value is described by what it is: its ``repr`` is never called (one that fails, or that
+    prints two different objects alike, changes nothing)."""
+    source = """
         class Odd:
+            def __init__(self, k):
+                self.k = k
+
             def __repr__(self):
                 raise RuntimeError("no")
 
-        ODD = Odd()
+        ODD = tl.constexpr(Odd({k}))
 
         @triton.jit
-        def kernel(x_ptr):  # reads nothing of ODD, but names it
-            tl.store(x_ptr, 1.0)
-        """,
-    )
-    with pytest.raises(ValueError, match="has no repr"):
-        jit.identity(module.kernel)
+        def kernel(x_ptr):
+            tl.store(x_ptr, 1.0 * ODD.k)
+        """
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one = kernel_module(tmp_path / "one", "jit_identity_odd", source.format(k=1))
+    other = kernel_module(tmp_path / "two", "jit_identity_odd", source.format(k=2))
+    again = kernel_module(tmp_path / "two", "jit_identity_odd", source.format(k=1))
+    assert jit.identity(one.kernel) != jit.identity(other.kernel)
+    assert jit.identity(one.kernel) == jit.identity(again.kernel)

@@ -20,7 +20,7 @@ from bridge_helpers import TESTS, custom_calls, kernel_module, lowered_module, r
 import bridge
 import kernelcache
 from bridge.compile import compiler as bridge_compile
-from bridge.identity import jit
+from bridge.identity import describe, jit
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 
@@ -193,13 +193,13 @@ def test_a_warm_process_lowers_the_code_as_it_is_now(tmp_path, change):
 def test_the_identity_is_memoized_while_nothing_it_read_changed(tmp_path, monkeypatch):
     module = kernel_module(tmp_path, "kid_memo", WARM.format(cfg="math"))
     described = []
-    real = jit._Describer.jit
+    real = describe.Describer.jit
 
     def counting(self, fn):
         described.append(fn)
         return real(self, fn)
 
-    monkeypatch.setattr(jit._Describer, "jit", counting)
+    monkeypatch.setattr(describe.Describer, "jit", counting)
     first = jit.identity(module.kernel)
     n = len(described)
     assert jit.identity(module.kernel) == first and len(described) == n
@@ -288,21 +288,24 @@ def test_constexpr_objects_that_print_alike_get_their_own_kernels(tmp_path, obje
     assert bridge_compile.compile_count() == compiles
 
 
-def test_a_constexpr_known_only_by_its_address_is_compiled_and_not_stored(
-    tmp_path, objects, caplog
-):
+def test_a_constexpr_known_only_by_its_address_makes_the_kernel_open(tmp_path, objects, caplog):
+    """An object whose state no field shows (a lock) has no description: the kernel is open,
+    keyed by the IR its frontend produces, stored, found again without a compile, and said
+    once, naming the kernel, the parameter and why."""
     root = tmp_path / "root"
     compiles = bridge_compile.compile_count()
     with caplog.at_level(logging.WARNING, logger="bridge"):
         first = opaque(objects.tagged_kernel, root, TAG=threading.Lock())
         second = opaque(objects.tagged_kernel, root, TAG=threading.Lock())
     assert first == second
-    assert bridge_compile.compile_count() - compiles == 2  # compiled for each lowering
-    assert not list(root.glob("*.cubin")) and not list(root.glob("*.lowering"))
-    warnings = [r for r in caplog.records if "not stored" in r.getMessage()]
+    assert bridge_compile.compile_count() - compiles == 1  # (the second lowering hit)
+    assert len(list(root.glob("*.cubin"))) == 1 and not list(root.glob("*.lowering"))
+    (entry,) = [kernelcache.Cache(str(root)).get(p.stem, "cubin") for p in root.glob("*.cubin")]
+    assert "_thread:lock" in entry.meta["open"] and "ir" in entry.meta["components"]
+    warnings = [r for r in caplog.records if " is open: " in r.getMessage()]
     assert len(warnings) == 1
-    assert "tagged_kernel" in warnings[0].getMessage() and "TAG" in warnings[0].getMessage()
-    assert "_thread:lock" in warnings[0].getMessage()
+    said = warnings[0].getMessage()
+    assert "tagged_kernel" in said and "TAG" in said and "_thread:lock" in said
 
 
 class Color(enum.Enum):

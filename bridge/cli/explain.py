@@ -6,7 +6,7 @@ each target exactly as a lowering (and ``warm``) does (:mod:`bridge.warm.plan`) 
 specialization, whether a layer of the cache holds it; for a miss, it finds the nearest entry of
 the same kernel (the fewest differing components, among entries of the same kernel name) and
 names the components that differ, worded for a person ("triton version 3.6.0 here vs 3.9.0 in
-the entry", "source digest differs"). An entry written before components were recorded is still
+the entry", "code digest differs"). An entry written before components were recorded is still
 a hit; as the nearest entry it is compared by what it does record (target, Triton version) and
 says "components not recorded".
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 #: are digests
 _SHOWN = frozenset({"pipeline", "triton", "target", "language"})
 #: a component implied by another one that differs: not reported again
-_IMPLIED = {"compiler": "triton", "backend": "target", "options": "target", "code": "source"}
+_IMPLIED = {"compiler": "triton", "backend": "target", "options": "target"}
 
 
 @dataclass(frozen=True)
@@ -294,8 +294,10 @@ def _one(
     notes: tuple[str, ...],
 ) -> Explained:
     target, config = str(spec.target), spec.variant.description
+    if spec.open is not None:
+        notes = (*notes, f"open, keyed by the IR its frontend produces: {spec.open}")
     if not spec.stored:
-        why = "never stored: a value it is compiled with cannot be described (see the warning)"
+        why = "never stored: its frontend fails for this call (a compile says why)"
         return Explained(kernel, target, config, "miss", spec.key, notes=(*notes, why))
     layer = present(cache, spec.key, spec.ext, spec.target.vendor.has_ptx)
     if layer is not None:

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendUnavailable, TargetError
-from ..identity.keys import PIPELINE_VERSION, env_digest, text_digest
+from ..identity import environment
+from ..identity.keys import PIPELINE_VERSION, text_digest
 from ..targets import Target, parse_target
 from ..vendors import registry
 from .explain import differences, fallback_components, recorded_components
@@ -36,7 +37,7 @@ class Toolchain:
             "pipeline": PIPELINE_VERSION,
             "triton": triton_version(),
             "compiler": triton_identity(cache),
-            "environment": text_digest(env_digest()),
+            "environment": environment.digest(cache),
         }
         self._backends: dict[str, str | None] = {}
 
@@ -69,6 +70,8 @@ class Toolchain:
 
         if label == "triton_files":
             return {memo_key(label, triton_fingerprint())}
+        if label == environment.MEMO_LABEL:
+            return {memo_key(label, environment.memo_fingerprint())}
         if isinstance(label, str) and label.startswith("backend:"):
             try:
                 target = parse_target(label.partition(":")[2])

@@ -37,6 +37,8 @@ from typing import Any
 from kernelcache import formats
 
 from ..errors import IncompleteOutput, KernelArgumentError
+from ..identity import frontend
+from ..identity.frontend import relative_dir
 from ..targets import Target
 from ..vendors.base import Vendor
 from ..vendors.registry import by_binary_ext
@@ -60,23 +62,11 @@ class Compiled:
     binary: bytes
     ptx: str | None
     metadata: dict[str, Any]
+    #: the digest of the IR the compile started from (:mod:`bridge.identity.frontend`)
+    ir: str | None = None
 
 
 _DIFILE = re.compile(r'!DIFile\(filename: "([^"]*)", directory: "([^"]*)"')
-
-
-def _relative_dir(directory: str) -> str:
-    """``directory`` relative to the longest ``sys.path`` entry containing it, else its name."""
-    directory = os.path.normpath(directory)
-    best = ""
-    for entry in sys.path:
-        root = os.path.normpath(os.path.abspath(entry or "."))
-        if (directory == root or directory.startswith(root + os.sep)) and len(root) > len(best):
-            best = root
-    if best:
-        rel = os.path.relpath(directory, best)
-        return "" if rel == "." else rel
-    return os.path.basename(directory)
 
 
 def relative_debug_paths(llir: str) -> str:
@@ -87,7 +77,7 @@ def relative_debug_paths(llir: str) -> str:
         if os.path.isabs(name):
             directory, name = os.path.split(name)
         if os.path.isabs(directory):
-            directory = _relative_dir(directory)
+            directory = relative_dir(directory)
         return f'!DIFile(filename: "{name}", directory: "{directory}"'
 
     return _DIFILE.sub(fix, llir)
@@ -212,7 +202,7 @@ def compile_source(src: Any, target: Target, backend: Any, options: Any) -> Comp
 def _stages(src: Any, target: Target, backend: Any, options: Any) -> Compiled:
     """Run the backend's stages from the source to machine code (in the compiler process)."""
     import triton
-    from triton._C.libtriton import get_cache_invalidating_env_vars, ir
+    from triton._C.libtriton import get_cache_invalidating_env_vars
 
     gpu_target = target.triton()
     env_vars = get_cache_invalidating_env_vars()
@@ -224,13 +214,9 @@ def _stages(src: Any, target: Target, backend: Any, options: Any) -> Compiled:
     }
     stages: dict[str, Any] = {}
     backend.add_stages(stages, options, src.language)
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
-    codegen_fns = backend.get_codegen_implementation(options)
-    module_map = backend.get_module_map()
     ptx = None
-    module = src.make_ir(gpu_target, options, codegen_fns, module_map, context)
+    module = frontend.module(src, target, backend, options)
+    ir = frontend.digest(frontend.text(module))
     names = list(stages)
     for ext in names[names.index(src.ext) :]:
         module = stages[ext](module, metadata)
@@ -242,7 +228,7 @@ def _stages(src: Any, target: Target, backend: Any, options: Any) -> Compiled:
         raise KernelArgumentError(
             f"Triton's {target.backend} pipeline ended in {names[-1]}, not machine code"
         )
-    return Compiled(module, ptx, metadata)
+    return Compiled(module, ptx, metadata, ir)
 
 
 @contextlib.contextmanager

@@ -77,6 +77,9 @@ class Request:
     about: Mapping[str, Any] = field(default_factory=dict)
     #: False: compiled in this process and never looked up nor stored (a kernel with no key)
     stored: bool = True
+    #: the digest of the IR the kernel is keyed by (an open kernel): a compile that started
+    #: from other IR is not stored under its key
+    ir: str | None = None
 
 
 def fetch_request(cache: Cache, request: Request) -> KernelBinary:
@@ -138,7 +141,7 @@ def fetch_each(
         if known is not None:
             raise LeftOut(known)
         try:
-            return request.build()
+            compiled = request.build()
         except Exception as e:
             reason = failures.reason_of(e)
             if reason is None:
@@ -146,6 +149,9 @@ def fetch_each(
             if failures.lasting(e):  # before the build lock is released: nobody compiles it again
                 failures.remember(cache, request.key, reason, request.about)
             raise LeftOut(reason) from e
+        if request.ir is not None and compiled.ir != request.ir:
+            raise _OtherIR(compiled)
+        return compiled
 
     def builder(request: Request) -> Callable[[], tuple[bytes, dict[str, Any]]]:
         def build_entry() -> tuple[bytes, dict[str, Any]]:
@@ -168,6 +174,16 @@ def fetch_each(
         items = [BuildItem(requests[i].key, requests[i].ext, builder(requests[i])) for i in cached]
         for index, art in cache.get_or_create_each(items, wait=wait):
             index = cached[index]
+            if isinstance(art, _OtherIR):  # (used here, stored nowhere)
+                logger.warning(
+                    "kernelcache: %s compiled from other IR than the frontend gave a moment "
+                    "before (its code changed, or its frontend is not deterministic); the "
+                    "kernel is used in this process and not stored",
+                    requests[index].about.get("kernel"),
+                )
+                key = hashlib.sha256(b"in-memory\0" + art.compiled.binary).hexdigest()
+                yield index, _made(key, requests[index], art.compiled)
+                continue
             if art is None or isinstance(art, Exception):
                 yield index, art
                 continue
@@ -181,6 +197,15 @@ def fetch_each(
                 yield index, kernel
             except Exception as e:  # a failing recompile, reported per request
                 yield index, e
+
+
+class _OtherIR(Exception):
+    """An open kernel's compile started from other IR than its key names (see
+    :class:`Request`): its result is used, not stored."""
+
+    def __init__(self, compiled: Compiled) -> None:
+        super().__init__("compiled from other IR than the key names")
+        self.compiled = compiled
 
 
 def _whole(
@@ -273,12 +298,17 @@ def request(spec: Specialization, usable: Usable | None = None) -> Request:
         spec.ext,
         build=functools.partial(compile_source, spec.source, target, spec.backend, bound.options),
         describe=kernels.entry_metadata(
-            spec.parts, target, bound, functools.partial(components, spec) if spec.stored else None
+            spec.parts,
+            target,
+            bound,
+            functools.partial(components, spec) if spec.stored else None,
+            spec.open,
         ),
         need_ptx=target.vendor.has_ptx,
         usable=usable,
         about={"name": spec.parts.name, "kernel": spec.parts.qualname, "target": str(target)},
         stored=spec.stored,
+        ir=spec.ir,
     )
 
 

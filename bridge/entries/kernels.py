@@ -76,10 +76,13 @@ def entry_metadata(
     target: Target,
     bound: Bound,
     components: Callable[[], Mapping[str, str]] | None = None,
+    open_reason: str | None = None,
 ) -> Callable[[Any], dict[str, Any]]:
     """A function turning a compile result of ``bound`` into the cache entry's metadata (plain
     JSON, no absolute paths); ``components()`` gives the key's components to record (see
-    :func:`bridge.identity.keys.key_components`), computed only when something is compiled."""
+    :func:`bridge.identity.keys.key_components`), computed only when something is compiled;
+    ``open_reason``: why the kernel is open (keyed by its IR), if it is. The digest of the IR
+    the compile started from (``ir``) is recorded for ``kernelcache audit``."""
 
     def describe(compiled: Any) -> dict[str, Any]:  # a bridge.compile.compiler.Compiled
         md = compiled.metadata
@@ -102,6 +105,8 @@ def entry_metadata(
             "signature": plain(dict(bound.signature)),
             "producer": {"triton": triton_version()},
             **({"components": dict(components())} if components is not None else {}),
+            **({"ir": compiled.ir} if getattr(compiled, "ir", None) else {}),
+            **({"open": open_reason[:1000]} if open_reason else {}),
         }
 
     return describe

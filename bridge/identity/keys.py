@@ -2,21 +2,25 @@
 
 Ingredients, named one by one and listed once, in :data:`STEPS`:
 the compiler's identity (what ``triton_key()`` hashes, digested with xxh3 and memoized across
-processes: see :mod:`bridge.identity.compiler`), the kernel's code as Triton's ``cache_key`` holds it
-(its source and the jitted functions and constexpr globals it reaches by name), the code as
-:mod:`bridge.identity.jit` identifies it (everything the frontend reads besides: constexprs
-reached as attributes of other modules, globals read by a ``constexpr_function``, helpers and
-values rebound since Triton memoized its key), the signature and specialization, every
-constexpr described exactly (:func:`bridge.identity.jit.constant`, never by its ``str``), the
-backend's identity (``backend.hash()``: the target and, on CUDA, the ptxas version), the
+processes: see :mod:`bridge.identity.compiler`), the kernel's code as :mod:`bridge.identity.jit`
+describes it (by content: everything its frontend can read), the signature and specialization,
+every constexpr described exactly (:func:`bridge.identity.jit.constant`, never by its ``str``),
+the backend's identity (``backend.hash()``: the target and, on CUDA, the ptxas version), the
 options (every field of the parsed options; extern libraries by content, not path), the
-environment variables Triton declares cache-invalidating, the language, the target, the
-binary's kind and the version of the bridge's own compile pipeline. Triton's own source hash
-(``ASTSource.hash()``) is part of the key too, so whatever a Triton release adds to it counts.
+compiler's environment (:mod:`bridge.identity.environment`: every variable and knob the
+installed Triton reads that can change code), the language, the target, the binary's kind and
+the version of the bridge's own compile pipeline.
+
+An *open* kernel, whose code or constexprs have no exact description, is keyed by the IR its
+frontend produced instead (:data:`OPEN_STEPS`: :func:`ir_key`), as ccache keys a source it
+cannot vouch for by the preprocessor's output: the code, signature and constexprs steps give
+way to the IR's digest (:mod:`bridge.identity.frontend`), everything else is the same.
 
 Invariants: the same call in any process on any machine with the same software gets the same
-key; any change that can change the binary changes it. A constexpr that cannot be described
-exactly raises :class:`~bridge.errors.Undescribable`: such a kernel has no key.
+key; any change that can change the binary changes it. Every ingredient but the kernel's own
+(code, signature, constexprs, IR) is a property of the process, the target and the options,
+computed by the functions a lowering key is made of too (:mod:`bridge.lowering.keys`), so a
+stored lowering never outlives a change of the kernels it embeds.
 
 Each entry records the components, so that a miss can be explained by the ingredients that
 differ (``kernelcache explain``); the key is a digest of the same components.
@@ -34,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import Undescribable
 from ..targets import Target
+from . import environment
 from .compiler import backend_identity, triton_identity
 from .jit import constant, identity
 
@@ -41,7 +46,7 @@ if TYPE_CHECKING:
     from kernelcache import Cache
 
 #: bump when the bridge's compile pipeline changes its output for the same inputs
-PIPELINE_VERSION = "bridge-pipeline-2"
+PIPELINE_VERSION = "bridge-pipeline-3"
 
 
 @functools.lru_cache(maxsize=256)
@@ -64,13 +69,6 @@ def options_digest(options: Any) -> str:
     fields["extern_libs"] = sorted(libs)
     text = json.dumps(sorted((k, repr(v)) for k, v in fields.items()), separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def env_digest() -> str:
-    """The environment variables Triton declares cache-invalidating, as set now."""
-    from triton._C.libtriton import get_cache_invalidating_env_vars
-
-    return json.dumps(sorted(get_cache_invalidating_env_vars().items()), separators=(",", ":"))
 
 
 def source(fn: Any, gluon: bool, signature: Any, constexprs: Any, attrs: Any) -> Any:
@@ -113,19 +111,20 @@ def code_digest(fn: Any) -> str:
     """The identity of the JIT function ``fn`` (:func:`bridge.identity.jit.identity`).
 
     Raises:
-        Undescribable: a value its code reads has no description (a ``repr`` that fails).
+        Undescribable: something its frontend can read has no exact description.
     """
     try:
         return identity(fn)
-    except ValueError as e:
-        raise Undescribable(f"its code reads {e}") from e
+    except Undescribable as e:
+        raise Undescribable(f"its code: {e}") from e
 
 
 @dataclass(frozen=True)
 class Ingredients:
     """What one kernel key is computed from: the target and its backend, Triton's source object
-    for the specialization, the parsed options and the language; ``cache`` memoizes the
-    compiler's and the backend's identities."""
+    for the specialization, the parsed options and the language, and for an open kernel the
+    digest of its IR; ``cache`` memoizes the compiler's and the backend's identities and
+    what the environment step reads."""
 
     cache: Cache | None
     target: Target
@@ -133,6 +132,7 @@ class Ingredients:
     src: Any
     options: Any
     language: str
+    ir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -156,71 +156,110 @@ def _signature(made: Ingredients) -> str:
     return text_digest(f"{made.src.attrs}-{sig}")
 
 
+_PIPELINE = Step("pipeline", "the bridge's compile pipeline", lambda _: PIPELINE_VERSION)
+_TRITON = Step("triton", "Triton version", _triton_version)
+_COMPILER = Step(
+    "compiler", "compiler identity (Triton's files)", lambda m: triton_identity(m.cache)
+)
+_TARGET = Step("target", "target", lambda m: str(m.target))
+_BACKEND = Step(
+    "backend",
+    "backend identity (target, ptxas version)",
+    lambda m: text_digest(backend_identity(m.cache, m.target, m.backend)),
+)
+_LANGUAGE = Step("language", "language", lambda m: m.language)
+_OPTIONS = Step(
+    "options", "options digest (num_warps, num_stages, ...)", lambda m: options_digest(m.options)
+)
+_ENVIRONMENT = Step(
+    "environment",
+    "the compiler's environment (variables and knobs that change code)",
+    lambda m: environment.digest(m.cache),
+)
+_BINARY = Step(
+    "binary", "kind of machine code", lambda m: str(getattr(m.backend, "binary_ext", ""))
+)
+
 #: the ingredients of a kernel key, in the order ``explain`` reports them: the one list both the
 #: key (:func:`kernel_key`) and the components an entry records (:func:`key_components`) are
-#: made of. The source hash is split the way Triton's ``ASTSource.hash()`` assembles it.
+#: made of
 STEPS: tuple[Step, ...] = (
-    Step("pipeline", "the bridge's compile pipeline", lambda _: PIPELINE_VERSION),
-    Step("triton", "Triton version", _triton_version),
-    Step("compiler", "compiler identity (Triton's files)", lambda m: triton_identity(m.cache)),
-    Step("target", "target", lambda m: str(m.target)),
-    Step(
-        "backend",
-        "backend identity (target, ptxas version)",
-        lambda m: text_digest(backend_identity(m.cache, m.target, m.backend)),
-    ),
-    Step("language", "language", lambda m: m.language),
-    Step(
-        "source",
-        "source digest (the kernel and the functions it calls)",
-        lambda m: text_digest(str(m.src.fn.cache_key)),
-    ),
+    _PIPELINE,
+    _TRITON,
+    _COMPILER,
+    _TARGET,
+    _BACKEND,
+    _LANGUAGE,
     Step(
         "code",
-        "code digest (every global, attribute and helper the frontend reads)",
+        "code digest (every global, attribute and helper the frontend reads, by content)",
         lambda m: code_digest(m.src.fn),
     ),
     Step("signature", "signature digest (argument types and specialization)", _signature),
     Step("constexprs", "constexprs digest", lambda m: constexprs_digest(m.src.fn, m.src.constants)),
-    Step(
-        "options",
-        "options digest (num_warps, num_stages, ...)",
-        lambda m: options_digest(m.options),
-    ),
-    Step(
-        "environment",
-        "Triton's cache-invalidating environment variables",
-        lambda _: text_digest(env_digest()),
-    ),
-    Step("binary", "kind of machine code", lambda m: str(getattr(m.backend, "binary_ext", ""))),
+    _OPTIONS,
+    _ENVIRONMENT,
+    _BINARY,
+)
+#: the ingredients of an open kernel's key: the IR its frontend produced in place of its code,
+#: signature and constexprs
+OPEN_STEPS: tuple[Step, ...] = (
+    _PIPELINE,
+    _TRITON,
+    _COMPILER,
+    _TARGET,
+    _BACKEND,
+    _LANGUAGE,
+    Step("ir", "the IR Triton's frontend produced (an open kernel)", lambda m: str(m.ir)),
+    _OPTIONS,
+    _ENVIRONMENT,
+    _BINARY,
 )
 
 #: what each component of a key is, by name, in :data:`STEPS` order (how ``explain`` words it)
-COMPONENTS: dict[str, str] = {step.name: step.label for step in STEPS}
+COMPONENTS: dict[str, str] = {step.name: step.label for step in (*STEPS, *OPEN_STEPS)}
 
 
 def key_components(
-    cache: Cache | None, target: Target, backend: Any, src: Any, options: Any, language: str
+    cache: Cache | None,
+    target: Target,
+    backend: Any,
+    src: Any,
+    options: Any,
+    language: str,
+    ir: str | None = None,
 ) -> dict[str, str]:
-    """The ingredients of :func:`kernel_key`, named, one per step of :data:`STEPS`: the key is
-    their digest, and an entry records them, so that a miss can say which of them differ.
+    """The ingredients of :func:`kernel_key` (or, given the digest of the kernel's ``ir``, of
+    :func:`ir_key`), named, one per step: the key is their digest, and an entry records them,
+    so that a miss can say which of them differ.
 
     Raises:
-        Undescribable: a constexpr of ``src``, or a value its code reads, has no description.
+        Undescribable: (without ``ir``) a constexpr of ``src``, or something its code reads,
+            has no exact description: the kernel is open.
     """
-    made = Ingredients(cache, target, backend, src, options, language)
-    return {step.name: step.value(made) for step in STEPS}
+    made = Ingredients(cache, target, backend, src, options, language, ir)
+    return {step.name: step.value(made) for step in (STEPS if ir is None else OPEN_STEPS)}
+
+
+def digest_of(components: dict[str, str]) -> str:
+    """The 64-hex-digit key that ``components`` (:func:`key_components`) name."""
+    return hashlib.sha256(repr(sorted(components.items())).encode()).hexdigest()
 
 
 def kernel_key(
     cache: Cache, target: Target, backend: Any, src: Any, options: Any, language: str
 ) -> str:
-    """The 64-hex-digit key of one compiled kernel (see the module docstring): a digest of
-    :func:`key_components` and of Triton's own source hash.
+    """The key of one compiled kernel (see the module docstring).
 
     Raises:
-        Undescribable: a constexpr of ``src`` has no exact description (the kernel has no key).
+        Undescribable: something the kernel is compiled with has no exact description: the
+            kernel is open (:func:`ir_key` keys it).
     """
-    parts = key_components(cache, target, backend, src, options, language)
-    text = repr([src.hash(), sorted(parts.items())])
-    return hashlib.sha256(text.encode()).hexdigest()
+    return digest_of(key_components(cache, target, backend, src, options, language))
+
+
+def ir_key(
+    cache: Cache, target: Target, backend: Any, src: Any, options: Any, language: str, ir: str
+) -> str:
+    """The key of an open kernel whose frontend produced the IR of digest ``ir``."""
+    return digest_of(key_components(cache, target, backend, src, options, language, ir))

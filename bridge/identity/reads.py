@@ -1,33 +1,84 @@
-"""How the describer of :mod:`.jit` reads values without running them: a code object's text,
-the global names it spells, closure cells, an object's fields and namespaces, and whether a
-module or class is Triton's or Python's own (described by name, not by content).
+"""How the describer (:mod:`.describe`) reads values without running them: what a code object
+runs and names, closure cells, an object's fields, whether an object's state is all in its
+fields, and where a module comes from.
 
-Nothing here calls a property or a ``__repr__`` that shows an address; a value that cannot be
-read this way is left for :mod:`.jit` to report as undescribable.
+Nothing here calls a property, a ``__repr__`` or any other code of the value read. Every
+function answers from the value's own tables (its ``__dict__``, slots, code object, the type's
+layout) or says it cannot (None, False): the describer then declares the kernel open.
+
+Where code comes from decides how it is described (:func:`origin`):
+
+- ``triton``: Triton itself. Its files are in every kernel key (:mod:`.compiler`); its state
+  that changes code is its knobs and environment (:mod:`.environment`).
+- ``python``: the standard library modules whose functions depend only on their arguments
+  (:data:`PURE_STDLIB`); the interpreter's version is in every description.
+- ``impure``: the rest of the standard library (``os``, ``sys``, ``random``, ``time``, ...): code
+  that reads the process's state. Reaching it makes a kernel open.
+- ``installed``: a module of a distribution installed in a ``site-packages`` directory: its
+  code is described by name and by the digest of the file that defines it.
+- ``user``: everything else (the application's own modules, editable installs): described by
+  content.
 """
 
 from __future__ import annotations
 
+import dis
 import functools
 import hashlib
+import os
+import site
 import sys
+import sysconfig
 import types
 from typing import Any
 
-#: modules whose attributes Triton does not follow (its language, and what it treats as such)
-OPAQUE_MODULES = ("triton", "math", "copy", "builtins")
-#: values described by their ``repr``
+#: values described by type and ``repr`` (exact types only: a subclass may behave otherwise)
 PLAIN = (int, float, str, bytes, bool, type(None), complex)
+PLAIN_TYPES = frozenset(PLAIN)
+#: standard library modules whose functions depend only on their arguments
+PURE_STDLIB = frozenset(
+    {"math", "cmath", "operator", "functools", "itertools", "enum", "dataclasses", "typing",
+     "types", "collections", "abc", "numbers", "fractions", "decimal", "re", "string", "copy",
+     "builtins", "textwrap", "struct", "statistics", "heapq", "bisect", "keyword", "json",
+     "_operator", "_functools", "_collections", "_collections_abc", "_abc", "_decimal",
+     "_pydecimal", "_struct", "_heapq", "_bisect", "_json", "_sre", "sre_compile",
+     "sre_parse", "sre_constants", "_string", "contextlib", "warnings", "_warnings", "weakref",
+     "_weakref", "_weakrefset", "reprlib", "copyreg"}
+)  # fmt: skip
+#: builtins that look values up by a computed name or read the process's state (files, the
+#: terminal): Python code that names one (not shadowed by a global) makes its kernel open
+DYNAMIC_BUILTINS = frozenset(
+    {"getattr", "hasattr", "setattr", "delattr", "globals", "locals", "vars", "eval", "exec",
+     "compile", "__import__", "open", "input", "breakpoint"}
+)  # fmt: skip
+#: attributes whose reading gives code a way around the names it spells (a namespace, a
+#: frame, another function's globals): Python code that spells one makes its kernel open
+DYNAMIC_ATTRIBUTES = frozenset(
+    {"__dict__", "__globals__", "__builtins__", "__code__", "__closure__", "__getattribute__",
+     "f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "cr_frame", "tb_frame"}
+)  # fmt: skip
+#: bases whose instances' state the describer reads through the value itself
+DATA_BASES: dict[type, Any] = {
+    int: int, float: float, complex: complex, str: str, bytes: bytes, tuple: tuple,
+    frozenset: frozenset, list: list, dict: dict, set: set, object: None,
+}  # fmt: skip
+_IMPORT = frozenset(dis.opmap[name] for name in ("IMPORT_NAME", "IMPORT_FROM") if name in dis.opmap)
 
 
-@functools.lru_cache(maxsize=1024)
-def code_text(code: types.CodeType) -> str:
-    """A digest of what a code object runs (its instructions, constants, names and nested code;
-    not its file or line numbers)."""
+@functools.lru_cache(maxsize=4096)
+def code_facts(code: types.CodeType) -> tuple[str, frozenset[str], bool]:
+    """What a code object runs, as a digest (its instructions, constants, names and nested code;
+    not its file or line numbers), every name it and the code nested in it spell (globals and
+    attributes alike), and whether it imports a module."""
     consts: list[Any] = []
+    names = set(code.co_names)
+    imports = any(op in _IMPORT for op in code.co_code[::2])
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            consts.append(code_text(c))
+            digest, inner, inner_imports = code_facts(c)
+            consts.append(digest)
+            names |= inner
+            imports = imports or inner_imports
         elif isinstance(c, frozenset):  # (its iteration order varies between processes)
             consts.append(sorted(repr(x) for x in c))
         else:
@@ -44,36 +95,89 @@ def code_text(code: types.CodeType) -> str:
         code.co_kwonlyargcount,
         code.co_flags,
     ]
-    return hashlib.sha256(repr(doc).encode()).hexdigest()
-
-
-def global_names(code: types.CodeType) -> set[str]:
-    """The names ``code`` and the code nested in it may look up as globals."""
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            names |= global_names(c)
-    return names
+    return hashlib.sha256(repr(doc).encode()).hexdigest(), frozenset(names), imports
 
 
 def cell(cell: Any) -> Any:
     try:
         return cell.cell_contents
     except ValueError:  # an empty cell
-        return None
+        return MISSING
 
 
-def opaque_module(name: str) -> bool:
-    """Whether the module ``name`` is described by its name alone: Triton's language and
-    Python's standard library (their contents are installed files and the process's state,
-    such as ``os.environ``, which no kernel key holds)."""
-    top = name.split(".")[0]
-    return top in OPAQUE_MODULES or top in sys.stdlib_module_names
+def cells(inner: Any) -> dict[str, Any]:
+    """The closure cells of the Python function ``inner``, by name."""
+    code = getattr(inner, "__code__", None)
+    found = getattr(inner, "__closure__", None) or ()
+    if code is None:
+        return {}
+    return dict(zip(code.co_freevars, found, strict=False))
 
 
-def opaque(cls: type) -> bool:
-    """Whether the class ``cls`` is described by its name alone (see :func:`opaque_module`)."""
-    return opaque_module(getattr(cls, "__module__", "") or "")
+def parameters(inner: Any) -> frozenset[str]:
+    """The parameter names of the Python function ``inner``."""
+    code = getattr(inner, "__code__", None)
+    if code is None:
+        return frozenset()
+    count = code.co_argcount + code.co_kwonlyargcount
+    return frozenset(code.co_varnames[:count])
+
+
+# -- objects ---------------------------------------------------------------------------------
+#: a field that has no value (an unset slot), or a lookup that found nothing
+MISSING = "<unset>"
+_WORD = 8
+
+
+def _own_slots(cls: type) -> list[str]:
+    slots = vars(cls).get("__slots__", ())
+    return [slots] if isinstance(slots, str) else [s for s in slots if isinstance(s, str)]
+
+
+def _adds_only_fields(cls: type) -> bool:
+    """Whether ``cls`` adds nothing to its base's memory layout but its own slots and the
+    pointers of ``__dict__`` and ``__weakref__``: all its instances' state is in fields."""
+    base = cls.__base__
+    if base is None:
+        return False
+    grown = cls.__basicsize__ - base.__basicsize__
+    slots = [s for s in _own_slots(cls) if s not in ("__dict__", "__weakref__")]
+    grown -= _WORD * len(slots)
+    for offset in (cls.__weakrefoffset__, cls.__dictoffset__):
+        if offset > 0 and base.__basicsize__ <= offset < cls.__basicsize__:
+            grown -= _WORD
+    return grown == 0
+
+
+@functools.lru_cache(maxsize=1024)
+def data_base(cls: type) -> type | None:
+    """The built-in base whose value holds the state of ``cls``'s instances besides their
+    fields (``object``: none, ``int`` for a subclass of ``int``, ...), or None where an
+    instance may hold state that no field shows (a type written in C, or a subclass of one:
+    ``functools.partial``, ``random.Random``, a pybind11 class)."""
+    while cls not in DATA_BASES:
+        if not _adds_only_fields(cls):
+            return None
+        cls = cls.__base__  # type: ignore[assignment]  # (checked: not None)
+    return cls
+
+
+def fields(value: Any) -> dict[str, Any]:
+    """The fields of ``value``: its ``__dict__`` and its slots (:data:`MISSING` if unset)."""
+    own = getattr(value, "__dict__", None)
+    found = dict(own) if isinstance(own, dict) else {}
+    for cls in type(value).__mro__:
+        for slot in _own_slots(cls):
+            if slot not in ("__dict__", "__weakref__"):
+                found[slot] = getattr(value, slot, MISSING)
+    return found
+
+
+def slot_names(kind: type) -> tuple[str, ...]:
+    """The slots of instances of ``kind`` (for reading them again)."""
+    return tuple(
+        s for cls in kind.__mro__ for s in _own_slots(cls) if s not in ("__dict__", "__weakref__")
+    )
 
 
 def is_member(value: Any) -> bool:
@@ -93,67 +197,92 @@ def descriptor(value: Any) -> Any:
     return ["descriptor", type(value).__name__, getattr(value, "__name__", None)]
 
 
-def fields(value: Any) -> dict[str, Any] | None:
-    """The fields of ``value`` (its ``__dict__`` and slots), or None where its state may be
-    elsewhere (an instance of a C type)."""
-    own = getattr(value, "__dict__", None)
-    fields = dict(own) if isinstance(own, dict) else None
-    classes = [c for c in type(value).__mro__ if c is not object]
-    if fields is None and not all("__slots__" in vars(c) for c in classes):
-        return None
-    fields = fields or {}
-    for cls in classes:
-        slots = vars(cls).get("__slots__", ())
-        for slot in (slots,) if isinstance(slots, str) else slots:
-            if isinstance(slot, str) and slot not in ("__dict__", "__weakref__"):
-                fields[slot] = getattr(value, slot, MISSING_FIELD)
-    return fields
-
-
-MISSING_FIELD = "<unset>"
-
-
-def safe_repr(value: Any) -> str:
+# -- modules ---------------------------------------------------------------------------------
+def _site_dirs() -> tuple[str, ...]:
+    dirs = {sysconfig.get_paths().get(k) for k in ("purelib", "platlib")}
     try:
-        return repr(value)
-    except Exception as e:  # (the call is then not stored: lowered as before)
-        kind = name_of(type(value))
-        raise ValueError(f"{kind} {name_of(value)} has no repr: {e!r:.80}") from e
+        dirs.update(site.getsitepackages())
+    except AttributeError:  # (a virtualenv's site module of old)
+        pass
+    dirs.add(site.getusersitepackages())
+    return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
 
 
-def namespaces(value: Any) -> list[Any]:
-    """Where attributes of ``value`` are found: its own namespace, then its classes'."""
-    own = getattr(value, "__dict__", None)
-    spaces = [own] if isinstance(own, (dict, types.MappingProxyType)) else []
-    if isinstance(value, types.ModuleType):
-        return spaces
-    classes = value.__mro__ if isinstance(value, type) else type(value).__mro__
-    spaces += [vars(c) for c in classes if c is not object and c is not value]
-    return spaces
+@functools.lru_cache(maxsize=1)
+def site_dirs() -> tuple[str, ...]:
+    """The directories installed distributions live in."""
+    return _site_dirs()
 
 
-def parameters(inner: Any) -> frozenset[str]:
-    """The parameter names of the Python function ``inner``."""
-    code = getattr(inner, "__code__", None)
-    if code is None:
-        return frozenset()
-    count = code.co_argcount + code.co_kwonlyargcount
-    return frozenset(code.co_varnames[:count])
+@functools.lru_cache(maxsize=4096)
+def origin(module: str) -> str:
+    """Where the module named ``module`` comes from: "triton", "python", "impure", "installed"
+    or "user" (see the module docstring)."""
+    top = module.split(".")[0]
+    if top == "triton":
+        return "triton"
+    if top in sys.stdlib_module_names or top == "builtins":
+        return "python" if top in PURE_STDLIB else "impure"
+    path = module_file(module)
+    if path is not None and os.path.realpath(path).startswith(site_dirs()):
+        return "installed"
+    return "user"
 
 
-def cells(inner: Any) -> dict[str, Any]:
-    """The closure cells of the Python function ``inner``, by name."""
-    code = getattr(inner, "__code__", None)
-    cells = getattr(inner, "__closure__", None) or ()
-    if code is None:
-        return {}
-    return dict(zip(code.co_freevars, cells, strict=False))
+def module_file(module: str) -> str | None:
+    """The file that defines the loaded module ``module`` (or its package), if any."""
+    found = sys.modules.get(module)
+    path = getattr(found, "__file__", None)
+    if path is None and "." in module:
+        return module_file(module.rsplit(".", 1)[0])
+    return path if isinstance(path, str) else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def installed_digest(module: str) -> str | None:
+    """The digest of the file that defines the installed module ``module``; None where it
+    cannot be read."""
+    path = module_file(module)
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+        return _file_digest(path, st.st_size, st.st_mtime_ns)
+    except OSError:
+        return None
 
 
 def name_of(value: Any) -> str:
     module = getattr(value, "__module__", None)
     qualname = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
-    return f"{module}:{qualname}" if isinstance(qualname, str) else type(value).__name__
+    if isinstance(qualname, str) and isinstance(module, str):
+        return f"{module}:{qualname}"
+    return type(value).__name__
+
+
+def named(value: Any) -> str | None:
+    """``module:qualname`` of ``value`` where that name finds this very object (a function or
+    class of a module, a built-in), else None."""
+    module = getattr(value, "__module__", None)
+    qualname = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        return None
+    found: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = vars(found).get(part, MISSING) if hasattr(found, "__dict__") else MISSING
+        if found is MISSING:
+            return None
+    if isinstance(found, (staticmethod, classmethod)):
+        found = found.__func__
+    return f"{module}:{qualname}" if found is value else None
 
 
 def plain_value(value: Any) -> Any:

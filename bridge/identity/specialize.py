@@ -2,7 +2,10 @@
 
 The one way from a kernel's parts, its arguments by parameter name, a variant (an autotune
 config after heuristics) and a target to what the cache is asked for: bind with Triton's binder,
-check the block's thread count, build Triton's source object and compute the kernel key. The
+check the block's thread count, build Triton's source object and compute the kernel key (for an
+*open* kernel, whose code or constexprs have no exact description, by running Triton's
+frontend and keying its IR: :func:`bridge.identity.keys.ir_key`, said once per kernel and
+process). The
 lowering (:mod:`bridge.lowering.lower`), warm's planning and its compile jobs (:mod:`bridge.warm`) all go
 through :func:`specialize`, so warming a recorded call computes the very keys a lowering of that
 call for the same target computes.
@@ -25,7 +28,7 @@ from ..call import binding
 from ..call.kernels import KernelParts
 from ..errors import BackendUnavailable, OptionError, Undescribable
 from ..targets import Target
-from . import keys
+from . import frontend, keys
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -48,9 +51,14 @@ class Specialization:
     key: str
     target: Target
     backend: Any  # the target's Triton backend (CUDABackend / HIPBackend)
-    #: False: a constexpr has no exact description, so the kernel has no key (``key`` is then
-    #: unique to this specialization): it is compiled in the process and never stored
+    #: False: the kernel has no key (``key`` is then unique to this specialization): its
+    #: frontend fails, so it is compiled in the process (to fail as Triton fails) and never
+    #: stored
     stored: bool = True
+    #: why the kernel is open (keyed by its IR), None where it is exact
+    open: str | None = None
+    #: the digest of the IR its frontend produced (an open kernel's only)
+    ir: str | None = None
 
     @property
     def ext(self) -> str:
@@ -102,8 +110,17 @@ def specialize(
     try:
         key = keys.kernel_key(cache, target, backend, src, bound.options, parts.language)
     except Undescribable as e:
-        _warn_unstored(parts, e)
-        return Specialization(parts, variant, bound, src, _unique_key(), target, backend, False)
+        why = str(e)
+        say_open(parts, why)
+        try:
+            ir = frontend.ir_digest(src, target, backend, bound.options)
+        except Exception as failed:  # its compile fails the same way, and says why
+            why = f"{why}; and its frontend fails: {type(failed).__name__}: {failed}"
+            return Specialization(
+                parts, variant, bound, src, _unique_key(), target, backend, False, why
+            )
+        key = keys.ir_key(cache, target, backend, src, bound.options, parts.language, ir)
+        return Specialization(parts, variant, bound, src, key, target, backend, True, why, ir)
     return Specialization(parts, variant, bound, src, key, target, backend)
 
 
@@ -112,18 +129,20 @@ def _unique_key() -> str:
     return uuid.uuid4().hex * 2
 
 
-_unstored: set[tuple[str, tuple[Any, ...]]] = set()
+#: the kernels said open in this process: (qualified name, why)
+_said: set[tuple[str, str]] = set()
 
 
-def _warn_unstored(parts: KernelParts, why: Undescribable) -> None:
-    """Say once per kernel and constexpr that the kernel is compiled here and not stored."""
-    if (parts.qualname, why.path) in _unstored:
+def say_open(parts: KernelParts, why: str) -> None:
+    """Say once per kernel, reason and process that the kernel is open: keyed by its IR."""
+    if (parts.qualname, why) in _said:
         return
-    _unstored.add((parts.qualname, why.path))
+    _said.add((parts.qualname, why))
     logger.warning(
-        "kernelcache: %s is compiled in this process and not stored: %s. A kernel is stored "
-        "when every value it is compiled with can be told from others: numbers, strings, "
-        "tuples, enums, dataclasses, classes, JIT functions, objects with their fields",
+        "kernelcache: %s is open: %s. It is keyed by the IR Triton's frontend produces for it, "
+        "so its frontend runs at every lowering (the backend compile is still skipped on a hit); "
+        "to make it exact, give it values the bridge can describe by content (numbers, strings, "
+        "tuples, enums, dataclasses, classes and functions of your own, JIT functions)",
         parts.qualname,
         why,
     )
@@ -177,5 +196,11 @@ def components(spec: Specialization, cache: Cache | None = None) -> dict[str, st
     Without ``cache``, the compiler's identity comes from this process's memo (computed when
     ``spec`` was keyed)."""
     return keys.key_components(
-        cache, spec.target, spec.backend, spec.source, spec.bound.options, spec.parts.language
+        cache,
+        spec.target,
+        spec.backend,
+        spec.source,
+        spec.bound.options,
+        spec.parts.language,
+        spec.ir,
     )

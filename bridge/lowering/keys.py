@@ -8,8 +8,13 @@ constexprs by value; JIT functions passed as arguments by their identity), keywo
 every variant as the kernel's layers make it (heuristics, pruning and pre_hooks applied) with its
 grid and zeroed outputs, the buffer layout, the target, the embedding, the local device, and the
 software (:func:`context`): the bridge, Triton (the identity of its files), the backend (what its
-vendor says its identity reads: ptxas on CUDA), Triton's cache-invalidating environment and
-knobs, jaxlib. A value known only by its address makes a call unkeyable: it is lowered as
+vendor says its identity reads: ptxas on CUDA), the compiler's environment (every variable and
+knob that changes code: :mod:`bridge.identity.environment`), jaxlib. The process-wide
+ingredients of every kernel key (pipeline, Triton, its files, the backend, the environment)
+are in the context through the same functions, and the kernel's own (its code, signature,
+constexprs, options) follow from the call's description: a lowering key changes whenever a key
+of a kernel it embeds changes. An open kernel (:mod:`bridge.identity.jit`) has no code identity,
+so its calls are never stored: their lowering runs the frontend and keys each kernel by its IR. A value known only by its address makes a call unkeyable: it is lowered as
 before, and nothing is stored. Other values are described exactly, as kernel keys describe
 constexprs (:func:`bridge.identity.jit.constant`). Where jaxlib assembles the PTX itself, the
 key holds the release of the ptxas it runs (the PTX's ``.version`` is written for it).
@@ -34,8 +39,8 @@ from ..call.placeholders import dtype_name
 from ..compile import ptxisa
 from ..entries.lowerings import FORMAT
 from ..errors import Unkeyable
-from ..identity import compiler, jit
-from ..identity.keys import PIPELINE_VERSION, env_digest
+from ..identity import compiler, environment, jit
+from ..identity.keys import PIPELINE_VERSION
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -136,7 +141,7 @@ def context(target: Target, embed: str, jaxlib: str, device: Any, cache: Cache) 
                 PIPELINE_VERSION,
                 compiler.triton_fingerprint(),
                 target.vendor.backend_fingerprint(target.arch),
-                env_digest(),
+                environment.digest(cache),
                 backends.default_fp_fusion(),
                 jaxlib,
                 _assembler(target, embed, jaxlib, cache),

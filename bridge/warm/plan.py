@@ -269,8 +269,7 @@ def make_plan(
                     problems.append(
                         WarmProblem(
                             "invalid",
-                            "a value the kernel is compiled with cannot be described: it is "
-                            "compiled in each process and never stored",
+                            f"the kernel has no key: it is {spec.open}",
                             call.kernel,
                             str(target),
                             lines=call.lines,

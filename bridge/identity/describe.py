@@ -1,0 +1,555 @@
+"""Describing what Triton's frontend can read, by content, or saying that it cannot.
+
+A description is plain data (lists, strings, numbers) whose ``repr`` tells apart any two values
+that the frontend could compile differently. It is built from what values *are*, never from
+their name, ``repr`` or address:
+
+- exact ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``bool`` and None by type and
+  ``repr``; tuples, lists, dicts and sets item by item;
+- code by content: a JIT function by its source, first line, decorator settings and the value
+  of every name its source spells, looked up as Triton looks it up (closure, then globals; a
+  parameter hides a global); a ``constexpr_function`` or any Python function by its code
+  (instructions, constants, names), closure, defaults and every global it names; a class by its
+  bases, metaclass and members; an enum member by its class and name; a bound method by its
+  function and object;
+- objects by their class and every field, where the type's memory layout holds nothing else
+  (:func:`~.reads.data_base`); ``functools.partial`` by its function, arguments and fields;
+  buffers (NumPy arrays, ``bytearray``, ``array.array``, ``memoryview``) by their bytes;
+- modules by the value of every attribute that any code described in the same description
+  spells (the names are gathered until they settle: see :func:`describe`), so that a module read
+  by the kernel and by its helper is described with both helpers' names;
+- code of Triton and of the pure standard library by name (Triton's files are in every key, the
+  interpreter's version is in every description), code of installed distributions by name and
+  by the digest of its file.
+
+What the describer cannot prove complete raises :class:`~bridge.errors.Undescribable` naming the
+value and why; the kernel is then *open* (keyed by the IR Triton's frontend produces:
+:mod:`.frontend`): a type whose instances may hold state no field shows (a type written in C,
+``random.Random``, a pybind11 object), code that looks values up by computed names
+(``getattr``/``hasattr`` with a name that is not a literal, ``globals()``, ``vars()``,
+``eval``, ``__dict__``...), imports inside code, code that answers differently in each process
+(``id``, ``hash``) or reads the process's state (modules such as ``os``, ``sys``, ``random``,
+``time``), a module-level ``__getattr__`` asked for a name it lacks, more than
+:data:`MAX_VALUES` values.
+
+Every description also records what it read (:data:`Read`): a warm process reuses a description
+only while :func:`unchanged` finds every read as it was (the same objects; buffers and sets by
+content).
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import functools
+import re
+import sys
+import types
+from typing import Any
+
+from ..errors import Undescribable
+from . import reads
+from .reads import MISSING
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: the decorator settings that change what is compiled but not Triton's ``cache_key``
+SETTINGS = ("noinline", "debug", "do_not_specialize", "do_not_specialize_on_alignment")
+#: the most values one description holds (a larger one makes the kernel open)
+MAX_VALUES = 20_000
+#: passes over a kernel's reach until the attribute names it spells settle
+MAX_PASSES = 8
+#: what a class's namespace holds that is not its behaviour
+_CLASS_NOISE = frozenset(
+    {"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__", "__firstlineno__",
+     "__static_attributes__", "__annotate__", "__orig_bases__", "__parameters__",
+     "__slotnames__", "__abstractmethods__", "_abc_impl", "__dataclass_fields__",
+     "__dataclass_params__"}
+)  # fmt: skip
+#: Triton's names for Python builtins in kernel code that look attributes up
+_LOOKUPS = ("getattr", "hasattr")
+PYTHON = list(sys.version_info[:2])
+
+# -- reads ---------------------------------------------------------------------------------------
+#: a read: (kind, where, what, what was found). LOOKUP: ``where.get(what)``; CELL: a closure
+#: cell's content; ITEMS: the items of a list, dict or namespace (compared object by object);
+#: SET: a set's members; SOURCE: a JIT function's source and settings; BYTES: a buffer's
+#: content; FUNCTION: a function's code, defaults and keyword defaults; SLOTS: an object's slots
+Read = tuple[int, Any, Any, Any]
+LOOKUP, CELL, ITEMS, SET, SOURCE, BYTES, FUNCTION, SLOTS = range(8)
+
+
+def items(container: Any) -> tuple[Any, ...]:
+    """What an ITEMS read keeps of a list, dict or namespace: its items, keys and values."""
+    if isinstance(container, (dict, types.MappingProxyType)):
+        return tuple(x for item in container.items() for x in item)
+    return tuple(container)
+
+
+def mark(fn: Any) -> tuple[Any, ...]:
+    """The source and decorator settings of the JIT function ``fn`` as they are now."""
+    found: list[Any] = [source(fn)]
+    for s in SETTINGS:
+        value: Any = getattr(fn, s, None)
+        kind = type(value)
+        found.append(tuple(value) if kind is list else frozenset(value) if kind is set else value)
+    return tuple(found)
+
+
+def source(fn: Any) -> Any:
+    try:
+        return fn.src
+    except AttributeError:
+        return getattr(fn, "_src", None)
+
+
+def _function_parts(fn: Any) -> tuple[Any, ...]:
+    return (fn.__code__, fn.__defaults__, fn.__kwdefaults__)
+
+
+def _buffer(value: Any) -> tuple[Any, ...]:
+    """A buffer's content as a snapshot: type, layout and bytes."""
+    if isinstance(value, (bytearray, memoryview)):
+        return (type(value), bytes(value))
+    if type(value).__name__ == "array" and type(value).__module__ == "array":
+        return (type(value), value.typecode, value.tobytes())
+    return (type(value), str(value.dtype), tuple(value.shape), value.tobytes())
+
+
+def _same(now: tuple[Any, ...], found: tuple[Any, ...]) -> bool:
+    return len(now) == len(found) and all(a is b for a, b in zip(now, found, strict=True))
+
+
+def unchanged(found: tuple[Read, ...]) -> bool:
+    """Whether every read of ``found`` still finds what it found."""
+    for kind, where, what, was in found:
+        if kind == LOOKUP:
+            if where.get(what, MISSING) is not was:
+                return False
+        elif kind == CELL:
+            if reads.cell(where) is not was:
+                return False
+        elif kind == ITEMS:
+            if not _same(items(where), was):
+                return False
+        elif kind == SET:
+            if frozenset(where) != was:
+                return False
+        elif kind == SOURCE:
+            if mark(where) != was:
+                return False
+        elif kind == BYTES:
+            if _buffer(where) != was:
+                return False
+        elif kind == FUNCTION:
+            if not _same(_function_parts(where), was):
+                return False
+        elif not _same(tuple(getattr(where, s, MISSING) for s in what), was):  # SLOTS
+            return False
+    return True
+
+
+# -- the frontend's view of kernel source ----------------------------------------------------------
+@functools.lru_cache(maxsize=512)
+def _syntax(src: str) -> tuple[frozenset[str], frozenset[str], str | None]:
+    """What the syntax of a JIT function's source reads: the names it loads, the attributes
+    it reads (with the literal names of ``getattr``/``hasattr``), and a ``getattr`` or
+    ``hasattr`` call whose name is computed (its text), if any."""
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(src))
+    except SyntaxError as e:
+        return frozenset(), frozenset(), f"(its source does not parse: {e.msg})"
+    names, attributes = set(), set()
+    computed = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            attributes.add(node.attr)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in _LOOKUPS and len(node.args) >= 2:
+                name = node.args[1]
+                if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                    attributes.add(name.value)
+                elif computed is None:
+                    computed = ast.unparse(node)
+    return frozenset(names), frozenset(attributes), computed
+
+
+@functools.lru_cache(maxsize=1)
+def _constexpr_class() -> Any:
+    from triton.language import core
+
+    return core.constexpr
+
+
+@functools.lru_cache(maxsize=1)
+def _jit_classes() -> tuple[Any, Any]:
+    from triton.runtime import jit
+
+    return getattr(jit, "JITCallable", jit.JITFunction), getattr(jit, "ConstexprFunction", None)
+
+
+def is_jit(value: Any) -> bool:
+    """Whether ``value`` is a Triton JIT function (``constexpr_function`` included)."""
+    return isinstance(value, _jit_classes()[0])
+
+
+class Describer:
+    """One pass of a description (see :func:`describe`): ``names`` are the attribute names
+    modules are described by; what the code it meets spells is gathered in ``spelled``."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+        self.spelled: set[str] = set()
+        self.code_names: set[str] = set()  # (names of Python code: exact)
+        self.sources: list[str] = []  # (JIT sources met: their syntax gives exact names)
+        self.reads: list[Read] = []
+        self.active: set[int] = set()
+        self.seen: dict[int, str] = {}
+        self.marks = 0
+        self.kept: list[Any] = []  # (objects marked seen, alive while their ids are)
+        self.deferred: list[tuple[str, bool, Undescribable]] = []
+        self.count = 0
+
+    # -- what the code met reads for certain ------------------------------------------------
+    def read_for_certain(self, name: str, attribute: bool) -> bool:
+        """Whether some code described so far certainly reads ``name`` (as an attribute if
+        ``attribute``, else as a name or an attribute), by its syntax or bytecode rather than
+        by the text of its source."""
+        if name in self.code_names:
+            return True
+        for src in self.sources:
+            loaded, attributes, _ = _syntax(src)
+            if name in attributes or (not attribute and name in loaded):
+                return True
+        return False
+
+    def skip_unless_read(self, name: str, error: Undescribable, attribute: bool = False) -> None:
+        """A value found under ``name`` has no description: fine if no code reads ``name``
+        (its source only mentions it, in a comment or a string); decided when the pass ends."""
+        self.deferred.append((name, attribute, error))
+
+    def finish(self) -> None:
+        for name, attribute, error in self.deferred:
+            if self.read_for_certain(name, attribute):
+                raise error
+
+    # -- values ---------------------------------------------------------------------------
+    def value(self, value: Any) -> Any:
+        kind = type(value)
+        if kind in reads.PLAIN_TYPES:
+            return [kind.__name__, repr(value)]
+        self.count += 1
+        if self.count > MAX_VALUES:
+            raise Undescribable(f"more than {MAX_VALUES} values to describe")
+        key = id(value)
+        if key in self.active:
+            return ["cycle", self.seen.get(key)]
+        known = self.seen.get(key)
+        if known is not None:
+            return ["seen", known]
+        if isinstance(value, _constexpr_class()):
+            return ["constexpr", self.value(value.value)]
+        self.marks += 1
+        self.seen[key] = f"#{self.marks}"
+        self.kept.append(value)
+        self.active.add(key)
+        try:
+            return self._described(value, kind)
+        except Undescribable:
+            del self.seen[key]  # (met again, by another way, it raises again)
+            raise
+        finally:
+            self.active.discard(key)
+
+    def _described(self, value: Any, kind: type) -> Any:
+        jit_callable, constexpr_function = _jit_classes()
+        if isinstance(value, jit_callable):
+            if constexpr_function is not None and isinstance(value, constexpr_function):
+                return ["constexpr_function", self.function(value.fn)]
+            return self.jit(value)
+        if kind is tuple or kind is list:
+            if kind is list:
+                self.reads.append((ITEMS, value, None, items(value)))
+            return [kind.__name__, [self.value(v) for v in value]]
+        if kind is dict:
+            self.reads.append((ITEMS, value, None, items(value)))
+            return ["dict", self._rows(value.items())]
+        if kind is types.MappingProxyType:  # (a read-only view of a dict)
+            self.reads.append((ITEMS, value, None, items(value)))
+            return ["mappingproxy", self._rows(value.items())]
+        if kind is set or kind is frozenset:
+            if kind is set:
+                self.reads.append((SET, value, None, frozenset(value)))
+            return [kind.__name__, sorted(repr(self.value(v)) for v in value)]
+        if isinstance(value, types.ModuleType):
+            return self.module(value)
+        if isinstance(value, type):
+            return self.klass(value)
+        if isinstance(value, enum.Enum):
+            return ["enum", self.value(kind), value.name]
+        if isinstance(value, types.FunctionType):
+            return self.function(value)
+        if isinstance(value, types.MethodType):
+            return ["method", self.value(value.__func__), self.value(value.__self__)]
+        if isinstance(value, (staticmethod, classmethod)):
+            return [kind.__name__, self.value(value.__func__)]
+        if isinstance(value, property):
+            return ["property", [self.value(f) for f in (value.fget, value.fset, value.fdel)]]
+        if isinstance(value, types.BuiltinFunctionType) or kind.__name__ in _C_CALLABLES:
+            return self.builtin(value)
+        if kind is functools.partial:
+            parts = [value.func, value.args, value.keywords, reads.fields(value)]
+            return ["partial", [self.value(p) for p in parts]]
+        if self._is_buffer(value):
+            snapshot = _buffer(value)
+            self.reads.append((BYTES, value, None, snapshot))
+            return ["buffer", repr(snapshot[:-1]), snapshot[-1].hex()]
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and isinstance(value, (numpy.dtype, numpy.generic)):
+            if isinstance(value, numpy.dtype):
+                return ["numpy.dtype", value.str, repr(value.descr)]
+            return ["numpy", kind.__name__, self.value(value.item())]
+        return self.instance(value, kind)
+
+    def _rows(self, pairs: Any) -> list[Any]:
+        rows = [[self.value(k), self.value(v)] for k, v in pairs]
+        return sorted(rows, key=repr)
+
+    @staticmethod
+    def _is_buffer(value: Any) -> bool:
+        if isinstance(value, (bytearray, memoryview)):
+            return True
+        kind = type(value)
+        if kind.__name__ == "array" and kind.__module__ == "array":
+            return True
+        numpy = sys.modules.get("numpy")
+        return numpy is not None and isinstance(value, numpy.ndarray) and value.dtype != object
+
+    def instance(self, value: Any, kind: type) -> Any:
+        base = reads.data_base(kind)
+        if base is None:
+            raise Undescribable(
+                f"a {reads.name_of(kind)} may hold state that none of its fields shows (its type "
+                "or a base of it is written in C)"
+            )
+        own = getattr(value, "__dict__", None)
+        if isinstance(own, dict):
+            self.reads.append((ITEMS, own, None, items(own)))
+        slots = reads.slot_names(kind)
+        if slots:
+            self.reads.append(
+                (SLOTS, value, slots, tuple(getattr(value, s, MISSING) for s in slots))
+            )
+        convert = reads.DATA_BASES[base]
+        held = None if convert is None else self.value(convert(value))
+        return ["object", self.value(kind), held, self._rows(reads.fields(value).items())]
+
+    # -- code -----------------------------------------------------------------------------
+    def _trusted(self, value: Any, what: str) -> Any | None:
+        """The description of Triton's, Python's or an installed distribution's ``value`` (a
+        function, class or built-in) by name; None where it is the application's own. A
+        function belongs to the module whose globals it runs with (a wrapper made by
+        ``functools.wraps`` takes the name of the function it wraps, not its module)."""
+        glob = getattr(value, "__globals__", None)
+        module = (
+            glob.get("__name__") if isinstance(glob, dict) else getattr(value, "__module__", None)
+        )
+        where = reads.origin(module) if isinstance(module, str) else "user"
+        if where == "user":
+            return None
+        name = reads.name_of(value)
+        if where == "impure":
+            raise Undescribable(
+                f"it reaches {name}, {what} of a module whose values are the state of the process"
+            )
+        if where == "installed":
+            return [what, name, reads.installed_digest(module)]  # type: ignore[arg-type]
+        return [what, name]
+
+    def builtin(self, value: Any) -> Any:
+        owner = getattr(value, "__self__", None)
+        name = reads.named(value)
+        if owner is None or isinstance(owner, types.ModuleType):
+            if name is None:
+                raise Undescribable(
+                    f"the built-in {reads.name_of(value)} cannot be found by its name"
+                )
+            if name.startswith("builtins:") and name.split(":", 1)[1] in reads.DYNAMIC_BUILTINS:
+                raise Undescribable(
+                    f"it uses {name.split(':', 1)[1]}, which looks values up by computed names"
+                )
+            found = self._trusted(value, "built-in")
+            return found if found is not None else ["built-in", name]
+        method = getattr(value, "__name__", None)
+        return ["bound built-in", repr(method), self.value(type(owner)), self.value(owner)]
+
+    def klass(self, cls: type) -> Any:
+        found = self._trusted(cls, "class")
+        if found is not None:
+            return found
+        space = vars(cls)
+        self.reads.append((ITEMS, space, None, items(space)))
+        meta = type(cls)
+        members = [
+            [k, self._member(k, v)] for k, v in sorted(space.items()) if k not in _CLASS_NOISE
+        ]
+        return [
+            "class",
+            reads.name_of(cls),
+            [self.value(b) for b in cls.__bases__],
+            None if meta is type else self.value(meta),
+            members,
+        ]
+
+    def _member(self, name: str, value: Any) -> Any:
+        """A class member: a method without a description is fine while no code calls it
+        (none spells its name; a special method is called by Python itself)."""
+        if not reads.is_member(value):
+            return reads.descriptor(value)
+        special = name.startswith("__") and name.endswith("__")
+        if special or not isinstance(value, (types.FunctionType, staticmethod, classmethod)):
+            return self.value(value)
+        try:
+            return self.value(value)
+        except Undescribable as e:
+            self.skip_unless_read(name, Undescribable(f"its method {name}: {e}"), attribute=True)
+            return ["undescribed", name]
+
+    def function(self, fn: types.FunctionType) -> Any:
+        found = self._trusted(fn, "function")
+        if found is not None:
+            return found
+        code = fn.__code__
+        digest, spelled, imports = reads.code_facts(code)
+        who = reads.name_of(fn)
+        if imports:
+            raise Undescribable(f"{who} imports a module when it runs")
+        glob = fn.__globals__
+        dynamic = sorted(n for n in spelled & reads.DYNAMIC_BUILTINS if n not in glob)
+        if dynamic:
+            raise Undescribable(
+                f"{who} calls {dynamic[0]}(), which looks values up by computed names or reads the process's state"
+            )
+        attributes = sorted(spelled & reads.DYNAMIC_ATTRIBUTES)
+        if attributes:
+            raise Undescribable(
+                f"{who} reads {attributes[0]}, which reaches values by computed names"
+            )
+        self.spelled |= spelled
+        self.code_names |= spelled
+        self.reads.append((FUNCTION, fn, None, _function_parts(fn)))
+        cells = []
+        for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
+            content = reads.cell(cell)
+            self.reads.append((CELL, cell, None, content))
+            cells.append([name, self.value(content)])
+        rows = []
+        for name in sorted(spelled):
+            value = glob.get(name, MISSING)
+            if value is MISSING:
+                continue
+            self.reads.append((LOOKUP, glob, name, value))
+            rows.append([name, self.value(value)])
+        defaults = [self.value(fn.__defaults__), self.value(fn.__kwdefaults__)]
+        return ["function", who, digest, cells, defaults, rows]
+
+    def jit(self, fn: Any) -> Any:
+        src = source(fn)
+        self.reads.append((SOURCE, fn, None, mark(fn)))
+        names = set(_NAME.findall(src))
+        self.spelled |= names
+        self.sources.append(src)
+        inner = getattr(fn, "fn", None)
+        cells = reads.cells(inner)
+        glob = getattr(fn, "__globals__", None) or getattr(inner, "__globals__", {})
+        params = reads.parameters(inner)
+        shadowed = params | set(cells) | set(glob)
+        if any(n in names and n not in shadowed for n in _LOOKUPS):
+            computed = _syntax(src)[2]
+            if computed is not None:
+                raise Undescribable(
+                    f"{reads.name_of(fn)} looks an attribute up by a computed name: {computed}"
+                )
+        found = []
+        for name in sorted(names - params):
+            cell = cells.get(name)
+            if cell is not None:
+                content = reads.cell(cell)
+                self.reads.append((CELL, cell, None, content))
+                found.append(["c", name, self._named(name, content)])
+            if name in glob:
+                value = glob[name]
+                self.reads.append((LOOKUP, glob, name, value))
+                found.append(["g", name, self._named(name, value)])
+        settings = [reads.plain_value(getattr(fn, s, None)) for s in SETTINGS]
+        return [
+            "jit",
+            reads.name_of(fn),
+            src,
+            getattr(fn, "starting_line_number", None),
+            settings,
+            found,
+        ]
+
+    def _named(self, name: str, value: Any) -> Any:
+        """The description of ``value``, found under ``name`` by code that may only mention it."""
+        try:
+            return self.value(value)
+        except Undescribable as e:
+            self.skip_unless_read(name, Undescribable(f"{name}: {e}"))
+            return ["undescribed", name]
+
+    def module(self, module: types.ModuleType) -> Any:
+        name = module.__name__
+        where = reads.origin(name)
+        if where in ("triton", "python"):
+            return ["module", name]
+        if where == "impure":
+            raise Undescribable(
+                f"it reaches the module {name}, whose values are the state of the process"
+            )
+        space = vars(module)
+        rows = []
+        for attr in sorted(self.names):
+            value = space.get(attr, MISSING)
+            self.reads.append((LOOKUP, space, attr, value))
+            if value is MISSING:
+                if "__getattr__" in space and where == "user":
+                    why = f"the module {name} makes its attribute {attr} with __getattr__"
+                    self.skip_unless_read(attr, Undescribable(why), attribute=True)
+                continue
+            rows.append([attr, self._named(attr, value)])
+        return ["module", name, rows]
+
+
+#: the type names of callables written in C that are described by name (as built-ins are)
+_C_CALLABLES = frozenset(
+    {"builtin_function_or_method", "method_descriptor", "wrapper_descriptor",
+     "method-wrapper", "classmethod_descriptor", "ufunc"}
+)  # fmt: skip
+
+
+def describe(root: Any) -> tuple[Any, tuple[Read, ...]]:
+    """The description of ``root`` (a JIT function, a constexpr: any value) and what it read.
+
+    The attribute names that modules are described by are those that the code met spells:
+    the description is made again with the names the last pass gathered until they settle.
+
+    Raises:
+        Undescribable: what has no description, and why.
+    """
+    names: frozenset[str] = frozenset()
+    for _ in range(MAX_PASSES):
+        describer = Describer(names)
+        try:
+            doc = describer.value(root)
+        except RecursionError:
+            raise Undescribable("its values are nested too deeply to describe") from None
+        describer.finish()
+        if describer.spelled <= names:
+            return [PYTHON, doc], tuple(describer.reads)
+        names = names | describer.spelled
+    raise Undescribable(f"the names its code spells did not settle in {MAX_PASSES} passes")

@@ -1,0 +1,165 @@
+"""The compiler's environment: what Triton reads from the process that changes the code it
+compiles, as set now.
+
+Which variables count is found from the installed Triton, once per version (memoized in the
+cache under the fingerprint of its files, :func:`.compiler.triton_fingerprint`): every knob
+Triton declares (``triton.knobs``: the variable behind each), every variable its Python files
+read directly (``os.getenv("X")``, ``os.environ.get("X")``, ``os.environ["X"]``), and those its
+native library declares cache-invalidating (``get_cache_invalidating_env_vars``). Of these, the
+variables that cannot change compiled code are left out (:data:`NEUTRAL`: where caches and
+dumps go, the paths of tools whose versions the backend's identity holds, what only the
+launcher or the autotuner reads); any other one counts, including one a newer Triton adds.
+
+The digest (:func:`digest`) holds each counted variable that is set, with its value, and each
+knob set from Python (a knob group's own namespace: Triton mirrors most of them into the
+environment, not all). Invariant: variables left unset and knobs left alone add nothing, so
+the digest of a plain process is the same on every machine; setting any counted variable or
+knob changes every kernel key and every lowering key.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+from ..entries.memos import memoized
+from .compiler import triton_fingerprint
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+
+#: variables Triton reads that cannot change the code it compiles
+NEUTRAL = frozenset(
+    {"TRITON_CACHE_DIR", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR", "TRITON_HOME",
+     "TRITON_CACHE_MANAGER", "TRITON_REMOTE_CACHE_BACKEND", "TRITON_REDIS_HOST",
+     "TRITON_REDIS_PORT", "TRITON_REDIS_KEY_FORMAT", "TRITON_KERNEL_DUMP",
+     "TRITON_DUMP_PTXAS_LOG", "NVPTX_ENABLE_DUMP", "AMDGCN_ENABLE_DUMP", "TRITON_ALWAYS_COMPILE",
+     "TRITON_STORE_BINARY_ONLY", "TRITON_CACHE_AUTOTUNING", "TRITON_PRINT_AUTOTUNING",
+     "TRITON_PROTON_DISABLE", "TRITON_ENABLE_NVTX", "TRITON_FRONT_END_DEBUGGING",
+     "TRITON_LIBCUDA_PATH", "TRITON_LIBHIP_PATH", "TRITON_CUDART_PATH", "TRITON_CUDACRT_PATH",
+     "CC", "PATH", "LD_LIBRARY_PATH", "ROCM_PATH", "HIP_PATH", "TRITON_BACKENDS_IN_TREE",
+     "TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_CUOBJDUMP_PATH",
+     "TRITON_NVDISASM_PATH", "HOME", "TMPDIR", "USER", "PYTHONPATH"}
+)  # fmt: skip
+#: knob groups whose knobs cannot change compiled code
+NEUTRAL_GROUPS = frozenset({"cache", "redis", "autotuning", "proton", "build"})
+_VERSION = 1
+_DIRECT = re.compile(
+    r"""(?:getenv(?:_bool)?\(|environ\.get\(|environ\[)\s*["']([A-Za-z_][A-Za-z0-9_]*)["']"""
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _groups() -> tuple[tuple[str, Any, frozenset[str]], ...]:
+    """Triton's knob groups: name, the group, and the names of its knobs that read a
+    variable."""
+    from triton import knobs
+
+    base = getattr(knobs, "base_knobs", None)
+    if base is None:
+        return ()
+    return tuple(
+        (n, v, frozenset(_descriptors(v)))
+        for n, v in sorted(vars(knobs).items())
+        if isinstance(v, base)
+    )
+
+
+def _descriptors(group: Any) -> dict[str, Any]:
+    """The knobs of ``group`` that read a variable, by name (``.key`` is the variable)."""
+    from triton import knobs
+
+    base = getattr(knobs, "env_base", None)
+    found = {}
+    for cls in reversed(type(group).__mro__):
+        for name, value in vars(cls).items():
+            if base is not None and isinstance(value, base):
+                found[name] = value
+    return found
+
+
+def _scan() -> str:
+    """Every variable the installed Triton reads that can change compiled code (see the
+    module docstring), as a JSON list."""
+    import triton
+
+    names = set()
+    for group, knobs, _ in _groups():
+        if group not in NEUTRAL_GROUPS:
+            names.update(str(d.key) for d in _descriptors(knobs).values() if hasattr(d, "key"))
+    base = os.path.dirname(os.path.abspath(triton.__file__))
+    for directory, _, files in os.walk(base):
+        for name in files:
+            if name.endswith(".py"):
+                try:
+                    with open(os.path.join(directory, name), encoding="utf-8") as f:
+                        names.update(_DIRECT.findall(f.read()))
+                except (OSError, UnicodeDecodeError):
+                    continue
+    return json.dumps(sorted(names - NEUTRAL))
+
+
+_known: dict[str, tuple[str, ...]] = {}
+#: the label of the memo of :func:`variables`
+MEMO_LABEL = "triton_environment"
+
+
+def memo_fingerprint() -> str:
+    """What the memo of :func:`variables` is keyed by: the installed Triton's files."""
+    return f"{_VERSION}:{triton_fingerprint()}"
+
+
+def variables(cache: Cache | None) -> tuple[str, ...]:
+    """The variables that count (see the module docstring), found once per Triton."""
+    fp = memo_fingerprint()
+    found = _known.get(fp)
+    if found is None:
+        text = memoized(cache, MEMO_LABEL, fp, _scan)
+        try:
+            found = tuple(str(n) for n in json.loads(text))
+        except (ValueError, TypeError):  # (an odd memo: scanned again)
+            found = tuple(json.loads(_scan()))
+        _known[fp] = found
+    return found
+
+
+def _shown(value: Any) -> Any:
+    """A knob's value as plain data (a tool by its version: its path is the machine's)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    version = getattr(value, "version", None)
+    if version is not None:
+        return ["tool", str(version)]
+    return ["object", type(value).__qualname__]
+
+
+@functools.lru_cache(maxsize=1)
+def _native() -> Any:
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    return get_cache_invalidating_env_vars
+
+
+def settings(cache: Cache | None) -> list[Any]:
+    """What counts, as set now: ``[[variable, value], ...]`` then ``[[group, knob, value],
+    ...]`` for knobs set from Python."""
+    environ = os.environ
+    found = {n: environ[n] for n in variables(cache) if n in environ}
+    found.update(_native()())
+    knobs = []
+    for group, values, names in _groups():
+        own = vars(values)
+        if own and group not in NEUTRAL_GROUPS:
+            for name in sorted(names & own.keys()):
+                knobs.append([group, name, _shown(own[name])])
+    return [sorted(found.items()), knobs]
+
+
+def digest(cache: Cache | None) -> str:
+    """The digest of :func:`settings`."""
+    text = json.dumps(settings(cache), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()

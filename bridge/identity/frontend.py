@@ -1,0 +1,86 @@
+"""Running Triton's frontend for one specialization: the IR the backend receives, as text and
+as a digest.
+
+An *open* kernel (one whose description cannot be proved complete: :mod:`.describe`) is keyed
+by what the frontend produced for it, as ccache's preprocessed mode keys a source by the
+preprocessor's output: the frontend runs in this process on every lowering (its cost, not the
+backend's), and the backend compile is skipped on a hit. Every compile records the digest of
+the IR it started from (:func:`digest` of the same text), so ``kernelcache audit`` can tell
+whether a stored key still gives the IR it was built from.
+
+The text is the module as MLIR prints it with its locations (the line table reaches the
+binary), with each absolute source directory rewritten to the import-relative form the compile
+writes into the binary's debug information (:func:`relative_locations`): the same source at
+two checkouts gives the same text, as it gives the same binary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+from typing import Any
+
+from ..targets import Target
+
+_LOCATION = re.compile(r'loc\("((?:[^"\\]|\\.)*)":')
+
+
+def relative_dir(directory: str) -> str:
+    """``directory`` relative to the longest ``sys.path`` entry containing it, else its name."""
+    directory = os.path.normpath(directory)
+    best = ""
+    for entry in sys.path:
+        root = os.path.normpath(os.path.abspath(entry or "."))
+        if (directory == root or directory.startswith(root + os.sep)) and len(root) > len(best):
+            best = root
+    if best:
+        rel = os.path.relpath(directory, best)
+        return "" if rel == "." else rel
+    return os.path.basename(directory)
+
+
+def relative_path(path: str) -> str:
+    """An absolute source ``path`` as its directory relative to the import root, and its name."""
+    if not os.path.isabs(path):
+        return path
+    directory, name = os.path.split(path)
+    return os.path.join(relative_dir(directory), name)
+
+
+def relative_locations(text: str) -> str:
+    """MLIR text with the file of every location made import-relative."""
+    return _LOCATION.sub(lambda m: f'loc("{relative_path(m.group(1))}":', text)
+
+
+def module(src: Any, target: Target, backend: Any, options: Any) -> Any:
+    """Run the frontend: Triton's IR module for ``src`` (an ``ASTSource``), as the first stage
+    of the backend receives it.
+
+    Raises:
+        whatever Triton raises for a kernel it cannot compile (CompilationError, ...).
+    """
+    from triton._C.libtriton import ir
+
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    codegen_fns = backend.get_codegen_implementation(options)
+    module_map = backend.get_module_map()
+    return src.make_ir(target.triton(), options, codegen_fns, module_map, context)
+
+
+def text(made: Any) -> str:
+    """The text of a module :func:`module` made (see the module docstring)."""
+    return relative_locations(made.str())
+
+
+def digest(ir_text: str) -> str:
+    """The digest of IR text (what kernel entries record, what open kernels are keyed by)."""
+    return hashlib.sha256(ir_text.encode()).hexdigest()
+
+
+def ir_digest(src: Any, target: Target, backend: Any, options: Any) -> str:
+    """Run the frontend for ``src`` and digest its IR (see :func:`module`)."""
+    return digest(text(module(src, target, backend, options)))
