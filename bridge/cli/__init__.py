@@ -1,5 +1,5 @@
-"""``kernelcache warm``, ``kernelcache tune``, ``kernelcache explain`` and ``kernelcache
-jax-cache``: the bridge's subcommands of the ``kernelcache`` command (their arguments, and the
+"""``kernelcache warm``, ``kernelcache tune``, ``kernelcache explain``, ``kernelcache audit``
+and ``kernelcache jax-cache``: the bridge's subcommands of the ``kernelcache`` command (their arguments, and the
 adapters that run them), the bridge's toolchain for ``kernelcache import --dry-run``
 (:mod:`.toolchain`) and its report for ``kernelcache doctor`` (:mod:`.jax_cache_command`).
 
@@ -149,6 +149,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="explain for these targets (repeatable; default: the recorded ones)",
     )
     p.set_defaults(func=cmd_explain)
+
+    p = add_command(
+        subparsers,
+        "audit",
+        "for each call of a recorded manifest and target: whether the cached entry under its "
+        "key was compiled from the IR Triton's frontend gives today (a hole in the key if not), "
+        "and which kernels are open (keyed by their IR) and why (needs kernelcache[bridge])",
+    )
+    p.add_argument("manifest", metavar="MANIFEST")
+    p.add_argument(
+        "--target",
+        action="append",
+        metavar="T",
+        help="audit for these targets (repeatable; default: the recorded ones)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail on an open kernel or a call that cannot be audited too, not only on a hole",
+    )
+    p.set_defaults(func=cmd_audit)
 
     jax_cache_command.register(subparsers)
 
@@ -315,6 +336,37 @@ def cmd_explain(args: argparse.Namespace, out: Output) -> int:
         human,
     )
     return EXIT_OK if counts["hit"] == len(results) else EXIT_PROBLEMS
+
+
+def cmd_audit(args: argparse.Namespace, out: Output) -> int:
+    audit = _bridge_module("audit", "bridge.cli.audit")
+    import kernelcache
+
+    from ..errors import ManifestError, TargetError
+
+    root = root_of(args)
+    try:
+        results = audit.audit(args.manifest, kernelcache.Cache(root=root), args.target or ())
+    except (ManifestError, TargetError) as e:
+        raise UsageError(str(e)) from None
+    counts = {s: sum(r.status == s for r in results) for s in audit.STATUSES}
+
+    def human() -> str:
+        lines = [r.line() for r in results]
+        lines.append(", ".join(f"{n} {s}" for s, n in counts.items()))
+        return "\n".join(lines)
+
+    out.emit(
+        lambda: {
+            **envelope("audit", root),
+            "manifest": args.manifest,
+            **counts,
+            "results": [r.to_json() for r in results],
+        },
+        human,
+    )
+    failing = counts["hole"] + (counts["open"] + counts["problem"] if args.strict else 0)
+    return EXIT_PROBLEMS if failing else EXIT_OK
 
 
 def cmd_warm(args: argparse.Namespace, out: Output) -> int:

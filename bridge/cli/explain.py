@@ -221,7 +221,7 @@ class _Candidates:
         return None if best is None else best[1]
 
 
-def _targets_of(call: RecordedCall, chosen: list[str]) -> tuple[list[Target], list[str]]:
+def targets_of(call: RecordedCall, chosen: list[str]) -> tuple[list[Target], list[str]]:
     out: list[Target] = []
     bad: list[str] = []
     for name in chosen:
@@ -254,7 +254,7 @@ def explain(manifest: str, cache: Cache, targets: Sequence[str | Target] = ()) -
             Explained(failure.kernel or "(manifest)", "", "", "problem", notes=(failure.detail,))
         )
     for call in loaded.calls:
-        wanted, bad = _targets_of(call, choose(call.targets))
+        wanted, bad = targets_of(call, choose(call.targets))
         for detail in bad:
             out.append(Explained(call.kernel, "", "", "problem", notes=(detail,)))
         try:

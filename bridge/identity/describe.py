@@ -185,10 +185,14 @@ def _constexpr_class() -> Any:
 
 
 @functools.lru_cache(maxsize=1)
-def _jit_classes() -> tuple[Any, Any]:
+def _jit_classes() -> tuple[Any, Any, Any]:
     from triton.runtime import jit
 
-    return getattr(jit, "JITCallable", jit.JITFunction), getattr(jit, "ConstexprFunction", None)
+    return (
+        getattr(jit, "JITCallable", jit.JITFunction),
+        getattr(jit, "ConstexprFunction", None),
+        jit.KernelInterface,
+    )
 
 
 def is_jit(value: Any) -> bool:
@@ -265,11 +269,13 @@ class Describer:
             self.active.discard(key)
 
     def _described(self, value: Any, kind: type) -> Any:
-        jit_callable, constexpr_function = _jit_classes()
+        jit_callable, constexpr_function, launcher = _jit_classes()
         if isinstance(value, jit_callable):
             if constexpr_function is not None and isinstance(value, constexpr_function):
                 return ["constexpr_function", self.function(value.fn)]
             return self.jit(value)
+        if isinstance(value, launcher):  # (an autotuner or heuristics: launched, never called
+            return ["launcher", reads.name_of(kind)]  # by kernel code; its state is the run's)
         if kind is tuple or kind is list:
             if kind is list:
                 self.reads.append((ITEMS, value, None, items(value)))

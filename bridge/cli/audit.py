@@ -1,0 +1,149 @@
+"""Whether the cache's keys still describe the code: ``kernelcache audit MANIFEST``.
+
+For every specialization of every call of a recorded manifest, for each target, the audit keys
+the call exactly as a lowering does (:mod:`bridge.warm.plan`), runs Triton's frontend, and
+compares the IR it gives today with the IR the cached entry under that key was compiled from
+(every kernel entry records its digest, ``ir``):
+
+- ``exact``: the key is an exact description, and the entry was built from today's IR;
+- ``hole``: the entry under today's key was built from other IR: a change the description of the
+  kernel did not see (a lowering would serve a stale kernel). The audit fails;
+- ``open``: the kernel cannot be described exactly, and is keyed by its IR (the reason says why,
+  so the kernel can be made exact);
+- ``uncached``: nothing is stored under the key (nothing to compare; the kernel is exact);
+- ``unrecorded``: the entry predates IR digests;
+- ``problem``: the call does not fit the kernel any more, or its frontend fails.
+
+Nothing here compiles or writes: keys are computed without the cache's memos, entries are read
+without counting a hit or touching them. Exit status 1 when there is a hole (and, with
+``--strict``, an open kernel or a problem).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kernelcache import Artifact
+
+from ..errors import BridgeError, KernelArgumentError
+from ..identity import frontend
+from ..identity.specialize import Specialization
+from ..targets import Target, recorded_targets
+from ..warm.manifest import load_manifest
+from ..warm.plan import kernel_parts, specializations
+from .explain import targets_of
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+
+#: statuses, in the order a summary lists them
+STATUSES = ("exact", "hole", "open", "uncached", "unrecorded", "problem")
+
+
+@dataclass(frozen=True)
+class Audited:
+    """One specialization of a recorded call for one target, audited."""
+
+    kernel: str
+    target: str
+    config: str
+    status: str  # one of STATUSES
+    key: str | None = None
+    ir: str | None = None  # the digest of the IR the frontend gives today
+    entry_ir: str | None = None  # the digest of the IR the entry was compiled from
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kernel": self.kernel,
+            "target": self.target,
+            "config": self.config,
+            "status": self.status,
+            "key": self.key,
+            "ir": self.ir,
+            "entry_ir": self.entry_ir,
+            "reason": self.reason,
+        }
+
+    def line(self) -> str:
+        where = f"{self.kernel} {self.target}" + (f" ({self.config})" if self.config else "")
+        text = {
+            "exact": "the entry was compiled from today's IR",
+            "hole": (
+                f"HOLE: the entry under its key {str(self.key)[:16]} was compiled from IR "
+                f"{str(self.entry_ir)[:16]}, the frontend gives {str(self.ir)[:16]} today: a "
+                "change its key does not see"
+            ),
+            "open": f"open, keyed by its IR: {self.reason}",
+            "uncached": "nothing cached under its key",
+            "unrecorded": "the entry does not record the IR it was compiled from",
+            "problem": str(self.reason),
+        }[self.status]
+        return f"{self.status:<10} {where}: {text}"
+
+
+def _entry(cache: Cache, spec: Specialization) -> Artifact | None:
+    for store in cache.layers:
+        art = store.read(spec.key, spec.ext)
+        if isinstance(art, Artifact):
+            return art
+    return None
+
+
+def _one(kernel: str, spec: Specialization, cache: Cache) -> Audited:
+    target, config = str(spec.target), spec.variant.description
+    if not spec.stored:
+        return Audited(kernel, target, config, "problem", reason=spec.open)
+    if spec.open is not None:
+        return Audited(kernel, target, config, "open", spec.key, spec.ir, reason=spec.open)
+    try:
+        today = frontend.ir_digest(spec.source, spec.target, spec.backend, spec.bound.options)
+    except Exception as e:  # the kernel's own error: reported, as a compile would
+        why = f"its frontend fails: {type(e).__name__}: {e}"
+        return Audited(kernel, target, config, "problem", spec.key, reason=why)
+    art = _entry(cache, spec)
+    if art is None:
+        return Audited(kernel, target, config, "uncached", spec.key, today)
+    recorded = art.meta.get("ir")
+    if not isinstance(recorded, str):
+        return Audited(kernel, target, config, "unrecorded", spec.key, today)
+    status = "exact" if recorded == today else "hole"
+    return Audited(kernel, target, config, status, spec.key, today, recorded)
+
+
+def audit(manifest: str, cache: Cache, targets: Sequence[str | Target] = ()) -> list[Audited]:
+    """Audit every specialization of every call of ``manifest`` for ``targets`` (names, and
+    patterns that select among the recorded ones; default: each call's recorded targets).
+
+    Raises:
+        ManifestError: the manifest cannot be read or is not a manifest.
+        TargetError: a target given is malformed, or a pattern matches no recorded target.
+    """
+    loaded = load_manifest(manifest)
+    recorded = (t for call in loaded.calls for t in call.targets)
+    choose = recorded_targets([str(t) for t in targets], recorded, manifest)
+    out = [
+        Audited(f.kernel or "(manifest)", "", "", "problem", reason=f.detail)
+        for f in loaded.failures
+    ]
+    for call in loaded.calls:
+        wanted, bad = targets_of(call, choose(call.targets))
+        out += [Audited(call.kernel, "", "", "problem", reason=detail) for detail in bad]
+        try:
+            parts = kernel_parts(call)
+        except KernelArgumentError as e:
+            out += [Audited(call.kernel, str(t), "", "problem", reason=str(e)) for t in wanted]
+            continue
+        for target in wanted:
+            try:
+                # keyed without the cache: its memos are not written
+                specs = specializations(call, parts, target, None)  # type: ignore[arg-type]
+            except Exception as e:  # the call does not fit the kernel/target: reported
+                why = "does not fit the kernel" if isinstance(e, BridgeError) else "failed to bind"
+                reason = f"the recorded call {why}: {type(e).__name__}: {e}"
+                out.append(Audited(call.kernel, str(target), "", "problem", reason=reason))
+                continue
+            out += [_one(call.kernel, spec, cache) for spec in specs]
+    return out
