@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import textwrap
 from dataclasses import dataclass, field
 
@@ -434,3 +435,126 @@ def test_a_warm_process_lowers_the_code_as_it_is_now(tmp_path, change):
     after = opaque(module.kernel, root)
     assert after != before
     assert opaque(module.kernel, tmp_path / "fresh") == after
+
+
+# -- descriptions: by content, or none --------------------------------------------------------
+def _ns(**kw):
+    import types
+
+    return types.SimpleNamespace(**kw)
+
+
+def _cached(k):
+    import functools
+
+    @functools.lru_cache
+    def f():
+        return k
+
+    return f
+
+
+def _mode(k):
+    import enum
+
+    class Mode(enum.Enum):
+        A = 1
+
+        def scale(self):
+            return k
+
+    return Mode.A
+
+
+def _point(x):
+    import collections
+
+    return collections.namedtuple("Point", "x y")(x, 0)
+
+
+#: pairs of constexprs the frontend can compile differently, described apart
+APART = {
+    "partial": lambda: (
+        __import__("functools").partial(__import__("operator").mul, 3),
+        __import__("functools").partial(__import__("operator").mul, 5),
+    ),
+    "lru-cached-function": lambda: (_cached(1), _cached(2)),
+    "namespace": lambda: (_ns(a=1), _ns(a=2)),
+    "enum-method-closure": lambda: (_mode(1), _mode(2)),
+    "namedtuple": lambda: (_point(1), _point(2)),
+    "bytearray": lambda: (bytearray(b"a"), bytearray(b"b")),
+    "int-and-int-enum": lambda: (1, __import__("enum").IntEnum("E", "A").A),
+    "ordered-dict": lambda: (
+        __import__("collections").OrderedDict(a=1),
+        __import__("collections").OrderedDict(a=2),
+    ),
+    "defaultdict-factory": lambda: (
+        __import__("collections").defaultdict(int),
+        __import__("collections").defaultdict(float),
+    ),
+}
+
+
+@pytest.mark.parametrize("pair", APART.values(), ids=APART.keys())
+def test_values_that_compile_apart_are_described_apart(pair):
+    from bridge.identity import jit
+
+    one, other = pair()
+    assert repr(jit.constant(one)) != repr(jit.constant(other))
+
+
+def _reads_environ():
+    return os.environ.get("X")
+
+
+def _looks_up(obj):
+    return getattr(obj, "x" + "y")
+
+
+def _imports():
+    import math
+
+    return math.pi
+
+
+#: constexprs with no exact description: the kernel is open, and the reason names what
+UNDESCRIBABLE = {
+    "a-lock": (lambda: __import__("threading").Lock(), "_thread:lock"),
+    "a-random-generator": (lambda: __import__("random").Random(0), "random:Random"),
+    "code-that-reads-the-environment": (lambda: _reads_environ, "module os"),
+    "code-that-looks-up-computed-names": (lambda: _looks_up, "getattr"),
+    "code-that-imports": (lambda: _imports, "imports a module"),
+}
+
+
+@pytest.mark.parametrize("case", UNDESCRIBABLE.values(), ids=UNDESCRIBABLE.keys())
+def test_what_cannot_be_proved_complete_has_no_description(case):
+    from bridge.identity import jit
+
+    make, named = case
+    with pytest.raises(jit.Undescribable, match=named):
+        jit.constant(make())
+
+
+def test_a_global_defined_later_that_hides_a_builtin_is_seen(tmp_path):
+    """A constexpr_function's name that found a builtin finds a global once one is defined:
+    the warm identity notices (absent names are reads too)."""
+    from bridge.identity import jit
+
+    module = kernel_module(
+        tmp_path,
+        "exact_hidden_builtin",
+        """
+        @triton.constexpr_function
+        def width():
+            return len("ab")
+
+        @triton.jit
+        def kernel(x_ptr):
+            tl.store(x_ptr, 1.0 * width())
+        """,
+    )
+    before = jit.identity(module.kernel)
+    assert jit.identity(module.kernel) == before
+    module.len = lambda s: 7
+    assert jit.identity(module.kernel) != before

@@ -306,6 +306,10 @@ class Describer:
             return ["property", [self.value(f) for f in (value.fget, value.fset, value.fdel)]]
         if isinstance(value, types.BuiltinFunctionType) or kind.__name__ in _C_CALLABLES:
             return self.builtin(value)
+        if kind.__name__ == "_lru_cache_wrapper" and isinstance(
+            getattr(value, "__wrapped__", None), types.FunctionType
+        ):  # (a memo of the function's answers: the function is what answers)
+            return ["cached function", self.value(value.__wrapped__)]
         if kind is functools.partial:
             parts = [value.func, value.args, value.keywords, reads.fields(value)]
             return ["partial", [self.value(p) for p in parts]]
@@ -336,6 +340,8 @@ class Describer:
 
     def instance(self, value: Any, kind: type) -> Any:
         base = reads.data_base(kind)
+        if base is None and reads.origin(kind.__module__) == "python":
+            return self.reduced(value, kind)
         if base is None:
             raise Undescribable(
                 f"a {reads.name_of(kind)} may hold state that none of its fields shows (its type "
@@ -352,6 +358,17 @@ class Describer:
         convert = reads.DATA_BASES[base]
         held = None if convert is None else self.value(convert(value))
         return ["object", self.value(kind), held, self._rows(reads.fields(value).items())]
+
+    def reduced(self, value: Any, kind: type) -> Any:
+        """An object of a type of the pure standard library written in C (an ``OrderedDict``, a
+        ``deque``, a namedtuple's field): by what pickling it keeps, its whole state."""
+        try:
+            parts = list(value.__reduce_ex__(4))
+        except Exception as e:  # (a type that does not pickle: no description)
+            raise Undescribable(f"a {reads.name_of(kind)} does not show its state: {e}") from None
+        parts += [None] * (5 - len(parts))
+        parts[3:5] = [None if p is None else list(p) for p in parts[3:5]]
+        return ["reduced", self.value(kind), [self.value(p) for p in parts]]
 
     # -- code -----------------------------------------------------------------------------
     def _trusted(self, value: Any, what: str) -> Any | None:
@@ -455,10 +472,9 @@ class Describer:
         rows = []
         for name in sorted(spelled):
             value = glob.get(name, MISSING)
-            if value is MISSING:
-                continue
-            self.reads.append((LOOKUP, glob, name, value))
-            rows.append([name, self.value(value)])
+            self.reads.append((LOOKUP, glob, name, value))  # (a global defined later hides
+            if value is not MISSING:  # a builtin: read as absent, it is seen when it appears)
+                rows.append([name, self.value(value)])
         defaults = [self.value(fn.__defaults__), self.value(fn.__kwdefaults__)]
         return ["function", who, digest, cells, defaults, rows]
 
@@ -486,9 +502,9 @@ class Describer:
                 content = reads.cell(cell)
                 self.reads.append((CELL, cell, None, content))
                 found.append(["c", name, self._named(name, content)])
-            if name in glob:
-                value = glob[name]
-                self.reads.append((LOOKUP, glob, name, value))
+            value = glob.get(name, MISSING)
+            self.reads.append((LOOKUP, glob, name, value))  # (absent too: see function())
+            if value is not MISSING:
                 found.append(["g", name, self._named(name, value)])
         settings = [reads.plain_value(getattr(fn, s, None)) for s in SETTINGS]
         return [
