@@ -19,6 +19,11 @@ cycles of generations 0 and 1 (a collection of generation 1 costs about 1 ms wit
 fixed phase puts one inside every window of one program and none in another's). The JSON has
 the collections each window saw.
 
+With ``--open``, the same models are measured once more with every kernel *open* (keyed by
+the IR its frontend produces, as a kernel whose description cannot be proved complete is): the
+frontend runs for every variant of every call on each warm lowering, so the row says what an
+open kernel costs on a warm hit against an exact one ("open" against "now").
+
 With ``--before REF_OR_DIR`` an older bridge (a directory, or a git ref exported with
 ``git archive``) is measured in the same run, its processes interleaved with this one's. Prints a
 table (median and min over ``--repeats`` processes), then one JSON line; ``--out FILE`` also
@@ -59,6 +64,16 @@ def floor_call(*args, kernel, out_shape, grid, **kw):
     result = jax.ffi.ffi_call("kernelcache_floor", outs)(*arrays, opaque=b"x" * 64)
     return result[0] if len(result) == 1 else tuple(result)
 
+if sys.argv[2] == "open":  # every kernel open: keyed by its IR (see the module docstring)
+    from bridge.errors import Undescribable
+    from bridge.identity import jit, keys
+
+    def _open(fn):
+        raise Undescribable("measured as open")
+
+    jit.identity = keys.identity = _open
+    import logging
+    logging.getLogger("bridge").setLevel(logging.ERROR)  # (the warning that says so)
 call = floor_call if sys.argv[2] == "floor" else bridge.triton_call
 fn, args = make_model(call, sys.argv[1], {})
 jax.block_until_ready(args)
@@ -84,7 +99,7 @@ print(json.dumps({"lower_ms": (t1 - t0) * 1000, "compiles": bridge_compile.compi
 GC_CYCLE = 7000
 
 
-def run(root: Path, cache: str, model: str, floor: bool = False, phase: int = 0) -> dict:
+def run(root: Path, cache: str, model: str, kind: str = "bridge", phase: int = 0) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as for an installed package
     env.update(
@@ -95,7 +110,7 @@ def run(root: Path, cache: str, model: str, floor: bool = False, phase: int = 0)
         JAX_PLATFORMS="cpu",
     )
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, model, "floor" if floor else "bridge", str(phase)],
+        [sys.executable, "-c", CHILD, model, kind, str(phase)],
         env=env,
         cwd=str(root),
         capture_output=True,
@@ -111,27 +126,37 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10, help="processes per bridge and model")
     parser.add_argument("--before", help="an older checkout (directory) or git ref")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--open", action="store_true", help="measure the models with every kernel open too"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="warm-lowering-"))
     bridges = {"now": REPO}
     if args.before:
         bridges["before"] = export(args.before, work)
+    extra = ["open"] if args.open else []
     samples: dict[str, dict[str, list[dict]]] = {
-        b: {m: [] for m in MODELS} for b in [*bridges, "floor"]
+        b: {m: [] for m in MODELS} for b in [*bridges, *extra, "floor"]
     }
     try:
-        caches = {b: tempfile.mkdtemp(prefix="kc-", dir=work) for b in bridges}
+        caches = {b: tempfile.mkdtemp(prefix="kc-", dir=work) for b in [*bridges, *extra]}
         for label, root in bridges.items():  # fill the kernel cache, write the bytecode
             for model in MODELS:
                 run(root, caches[label], model)
+        for model in MODELS if extra else ():
+            run(REPO, caches["open"], model, "open")
         phases = random.Random(0).sample(range(GC_CYCLE), args.repeats)
         for phase in phases:
             for model in MODELS:
                 samples["floor"][model].append(
-                    run(REPO, caches["now"], model, floor=True, phase=phase)
+                    run(REPO, caches["now"], model, "floor", phase=phase)
                 )
                 for label, root in bridges.items():
                     samples[label][model].append(run(root, caches[label], model, phase=phase))
+                if extra:
+                    samples["open"][model].append(
+                        run(REPO, caches["open"], model, "open", phase=phase)
+                    )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results: dict = {}
@@ -159,8 +184,13 @@ def main() -> None:
             m: round(results[label][m]["median_ms"] / results["floor"][m]["median_ms"], 2)
             for m in MODELS
         }
-        for label in bridges
+        for label in [*bridges, *extra]
     }
+    if extra:
+        summary["open_over_now"] = {
+            m: round(results["open"][m]["median_ms"] / results["now"][m]["median_ms"], 2)
+            for m in MODELS
+        }
     if "before" in results:
         summary["now_over_before"] = {
             m: round(results["now"][m]["median_ms"] / results["before"][m]["median_ms"], 2)

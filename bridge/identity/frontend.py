@@ -20,6 +20,7 @@ import hashlib
 import os
 import re
 import sys
+import threading
 from typing import Any
 
 from ..targets import Target
@@ -54,18 +55,34 @@ def relative_locations(text: str) -> str:
     return _LOCATION.sub(lambda m: f'loc("{relative_path(m.group(1))}":', text)
 
 
-def module(src: Any, target: Target, backend: Any, options: Any) -> Any:
+_local = threading.local()
+
+
+def _context(backend: Any, reuse: bool) -> Any:
+    """An MLIR context with the dialects of ``backend`` loaded: this thread's own for the
+    backend's class where ``reuse`` (loading dialects costs about 1 ms), else a new one."""
+    from triton._C.libtriton import ir
+
+    contexts: dict[type, Any] = _local.__dict__.setdefault("contexts", {})
+    found = contexts.get(type(backend)) if reuse else None
+    if found is None:
+        found = ir.context()
+        ir.load_dialects(found)
+        backend.load_dialects(found)
+        if reuse:
+            contexts[type(backend)] = found
+    return found
+
+
+def module(src: Any, target: Target, backend: Any, options: Any, reuse: bool = False) -> Any:
     """Run the frontend: Triton's IR module for ``src`` (an ``ASTSource``), as the first stage
-    of the backend receives it.
+    of the backend receives it (in this thread's context for the backend where ``reuse``: the
+    module is then only read, never passed on to the backend's stages).
 
     Raises:
         whatever Triton raises for a kernel it cannot compile (CompilationError, ...).
     """
-    from triton._C.libtriton import ir
-
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
+    context = _context(backend, reuse)
     codegen_fns = backend.get_codegen_implementation(options)
     module_map = backend.get_module_map()
     return src.make_ir(target.triton(), options, codegen_fns, module_map, context)
@@ -83,4 +100,4 @@ def digest(ir_text: str) -> str:
 
 def ir_digest(src: Any, target: Target, backend: Any, options: Any) -> str:
     """Run the frontend for ``src`` and digest its IR (see :func:`module`)."""
-    return digest(text(module(src, target, backend, options)))
+    return digest(text(module(src, target, backend, options, reuse=True)))
