@@ -215,6 +215,7 @@ class Describer:
         self.marks = 0
         self.kept: list[Any] = []  # (objects marked seen, alive while their ids are)
         self.deferred: list[tuple[str, bool, Undescribable]] = []
+        self.spaces: list[dict[str, Any]] = []  # (the namespaces of the modules described)
         self.count = 0
 
     # -- what the code met reads for certain ------------------------------------------------
@@ -534,6 +535,7 @@ class Describer:
                 f"it reaches the module {name}, whose values are the state of the process"
             )
         space = vars(module)
+        self.spaces.append(space)
         rows = []
         for attr in sorted(self.names):
             value = space.get(attr, MISSING)
@@ -558,7 +560,9 @@ def describe(root: Any) -> tuple[Any, tuple[Read, ...]]:
     """The description of ``root`` (a JIT function, a constexpr: any value) and what it read.
 
     The attribute names that modules are described by are those that the code met spells:
-    the description is made again with the names the last pass gathered until they settle.
+    the description is made again with every name the last pass gathered until no module it
+    described holds a name it was not described by (a module with ``__getattr__`` counts as
+    holding every name).
 
     Raises:
         Undescribable: what has no description, and why.
@@ -571,7 +575,10 @@ def describe(root: Any) -> tuple[Any, tuple[Read, ...]]:
         except RecursionError:
             raise Undescribable("its values are nested too deeply to describe") from None
         describer.finish()
-        if describer.spelled <= names:
+        new = describer.spelled - names
+        if not any(n in space for space in describer.spaces for n in new) and not any(
+            "__getattr__" in space for space in describer.spaces if new
+        ):
             return [PYTHON, doc], tuple(describer.reads)
         names = names | describer.spelled
     raise Undescribable(f"the names its code spells did not settle in {MAX_PASSES} passes")
