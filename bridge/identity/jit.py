@@ -48,15 +48,33 @@ def identity(fn: Any) -> str:
     doc, found = describe(fn)
     digest = hashlib.sha256(repr(doc).encode()).hexdigest()  # (plain lists and strings)
     try:
-        _memo[id(fn)] = (weakref.ref(fn), now, digest, found)
+        _memo[id(fn)] = (_reference(fn, _memo), now, digest, found)
     except TypeError:  # (an object that cannot be referred to weakly: not memoized)
         pass
     return digest
 
 
+def _reference(value: Any, memo: dict[int, Any]) -> Callable[[], Any]:
+    """A weak reference to ``value`` that forgets its entry of ``memo`` when it dies."""
+    key = id(value)
+
+    def forget(ref: Any) -> None:
+        entry = memo.get(key)
+        if entry is not None and entry[0] is ref:
+            del memo[key]
+
+    return weakref.ref(value, forget)
+
+
+#: descriptions of constexpr objects by their id, as :data:`_memo` holds identities: (a weak
+#: reference to the object, its description, what the description read)
+_constants: dict[int, tuple[Callable[[], Any], Any, tuple[Read, ...]]] = {}
+
+
 def constant(value: Any) -> Any:
     """``value``, a constexpr, as plain data whose ``repr`` tells it from every value the
-    frontend could compile differently (see :mod:`.describe`).
+    frontend could compile differently (see :mod:`.describe`). Memoized per object for the
+    process while nothing its description read changed, as :func:`identity` is.
 
     Raises:
         Undescribable: ``value`` has no such description (the message says what and why).
@@ -64,4 +82,14 @@ def constant(value: Any) -> Any:
     kind = type(value)
     if kind in PLAIN_TYPES:
         return [kind.__name__, repr(value)]
-    return describe(value)[0]
+    if kind is tuple and all(type(v) in PLAIN_TYPES for v in value):
+        return ["tuple", [[type(v).__name__, repr(v)] for v in value]]
+    known = _constants.get(id(value))
+    if known is not None and known[0]() is value and unchanged(known[2]):
+        return known[1]
+    doc, found = describe(value)
+    try:
+        _constants[id(value)] = (_reference(value, _constants), doc, found)
+    except TypeError:  # (not weakly referable: described at each use)
+        pass
+    return doc
