@@ -558,3 +558,60 @@ def test_a_global_defined_later_that_hides_a_builtin_is_seen(tmp_path):
     assert jit.identity(module.kernel) == before
     module.len = lambda s: 7
     assert jit.identity(module.kernel) != before
+
+
+# -- ordinary kernels are exact ------------------------------------------------------------------
+ORDINARY = """
+import types
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.language.core import _aggregate as aggregate
+
+LAZY = types.ModuleType("lazy")  # a module that makes attributes on demand, as some packages do
+LAZY.__getattr__ = lambda name: 1.0
+LAZY.SCALE = tl.constexpr(2.0)
+
+
+def shift(x):
+    return LAZY
+
+
+@triton.jit
+def documented(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    \"\"\"Copies (+ shift, when a shift is bound): the docstring names a helper the kernel never
+    reads.\"\"\"
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * LAZY.SCALE, mask=offs < n)
+
+
+@aggregate
+class Scale:
+    k: gl.constexpr
+
+    @gluon.jit
+    def apply(self, x):
+        return x * 2.0
+
+
+@gluon.jit
+def with_aggregate(x_ptr, n, out_ptr, BLOCK: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+    offs = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=layout)
+    gl.store(out_ptr + offs, Scale(2).apply(gl.load(x_ptr + offs, mask=offs < n)), mask=offs < n)
+"""
+
+
+def test_ordinary_kernels_are_exact(tmp_path):
+    """A docstring that names a helper, ``tl.arange`` beside a module that makes attributes on
+    demand, a Gluon ``@aggregate`` class (whose ``hash_attrs`` hold ``object.__init__``): none of
+    these makes a kernel open."""
+    from bridge.identity import jit
+
+    module = kernel_module(tmp_path, "exact_ordinary", ORDINARY)
+    for kernel in (module.documented, module.with_aggregate):
+        assert isinstance(jit.identity(kernel), str)
+    assert jit.constant(module.Scale)
+    # the module's own attribute that it makes on demand is read: then the kernel is open
+    module.documented._unsafe_update_src(module.documented.src.replace("LAZY.SCALE", "LAZY.K"))
+    with pytest.raises(jit.Undescribable, match="makes its attribute K with __getattr__"):
+        jit.identity(module.documented)

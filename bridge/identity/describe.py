@@ -42,16 +42,15 @@ from __future__ import annotations
 import ast
 import enum
 import functools
-import re
 import sys
 import types
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from ..errors import Undescribable
 from . import reads
 from .reads import MISSING
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: the decorator settings that change what is compiled but not Triton's ``cache_key``
 SETTINGS = ("noinline", "debug", "do_not_specialize", "do_not_specialize_on_alignment")
 #: the most values one description holds (a larger one makes the kernel open)
@@ -149,32 +148,60 @@ def unchanged(found: tuple[Read, ...]) -> bool:
 
 
 # -- the frontend's view of kernel source ----------------------------------------------------------
+class Syntax(NamedTuple):
+    """What the syntax of a JIT function's source reads, exactly as Triton's frontend walks it:
+    the names it loads and stores, every attribute it reads (with the literal names of
+    ``getattr``/``hasattr``) and the chain each is read through (the name it starts from, None
+    where it starts from an expression, then the attributes), and a ``getattr`` or ``hasattr``
+    call whose name is computed (its text), if any."""
+
+    loaded: frozenset[str]
+    stored: frozenset[str]
+    attributes: frozenset[str]
+    chains: frozenset[tuple[str | None, tuple[str, ...]]]
+    computed: str | None
+
+
+def _chain(node: ast.expr, last: tuple[str, ...] = ()) -> tuple[str | None, tuple[str, ...]]:
+    attrs = list(last)
+    while isinstance(node, ast.Attribute):
+        attrs.append(node.attr)
+        node = node.value
+    head = node.id if isinstance(node, ast.Name) else None
+    return head, tuple(reversed(attrs))
+
+
 @functools.lru_cache(maxsize=512)
-def _syntax(src: str) -> tuple[frozenset[str], frozenset[str], str | None]:
-    """What the syntax of a JIT function's source reads: the names it loads, the attributes
-    it reads (with the literal names of ``getattr``/``hasattr``), and a ``getattr`` or
-    ``hasattr`` call whose name is computed (its text), if any."""
+def syntax(src: str) -> Syntax:
+    """The :class:`Syntax` of a JIT function's source (parsed once per source and process)."""
     import textwrap
 
     try:
         tree = ast.parse(textwrap.dedent(src))
     except SyntaxError as e:
-        return frozenset(), frozenset(), f"(its source does not parse: {e.msg})"
-    names, attributes = set(), set()
+        none: frozenset[Any] = frozenset()
+        return Syntax(none, none, none, none, f"(its source does not parse: {e.msg})")
+    loaded, stored, attributes, chains = set(), set(), set(), set()
     computed = None
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
-            names.add(node.id)
+            (loaded if isinstance(node.ctx, ast.Load) else stored).add(node.id)
+        elif isinstance(node, ast.arg):
+            stored.add(node.arg)
         elif isinstance(node, ast.Attribute):
             attributes.add(node.attr)
+            chains.add(_chain(node))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             if node.func.id in _LOOKUPS and len(node.args) >= 2:
                 name = node.args[1]
                 if isinstance(name, ast.Constant) and isinstance(name.value, str):
                     attributes.add(name.value)
+                    chains.add(_chain(node.args[0], (name.value,)))
                 elif computed is None:
                     computed = ast.unparse(node)
-    return frozenset(names), frozenset(attributes), computed
+    return Syntax(
+        frozenset(loaded), frozenset(stored), frozenset(attributes), frozenset(chains), computed
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -200,6 +227,39 @@ def is_jit(value: Any) -> bool:
     return isinstance(value, _jit_classes()[0])
 
 
+_UNKNOWN = object()
+
+
+def _scope(
+    cells: dict[str, Any], glob: dict[str, Any], params: frozenset[str]
+) -> Callable[[str], Any]:
+    """How a JIT function finds a global name (a parameter: not known before the call)."""
+
+    def find(name: str) -> Any:
+        if name in params:
+            return _UNKNOWN
+        if name in cells:
+            return reads.cell(cells[name])
+        return glob.get(name, _UNKNOWN)
+
+    return find
+
+
+def _resolved(
+    found: Syntax, scope: Callable[[str], Any], head: str | None, attrs: tuple[str, ...]
+) -> Any:
+    """What the chain ``head.attrs`` finds without running code, through modules only;
+    :data:`_UNKNOWN` where that cannot be told (an expression, a local, another object)."""
+    if head is None or head in found.stored:
+        return _UNKNOWN
+    value = scope(head)
+    for attr in attrs:
+        if not isinstance(value, types.ModuleType):
+            return _UNKNOWN
+        value = vars(value).get(attr, _UNKNOWN)
+    return value
+
+
 class Describer:
     """One pass of a description (see :func:`describe`): ``names`` are the attribute names
     modules are described by; what the code it meets spells is gathered in ``spelled``."""
@@ -207,38 +267,43 @@ class Describer:
     def __init__(self, names: frozenset[str]) -> None:
         self.names = names
         self.spelled: set[str] = set()
-        self.code_names: set[str] = set()  # (names of Python code: exact)
-        self.sources: list[str] = []  # (JIT sources met: their syntax gives exact names)
+        self.code_names: set[str] = set()  # (names of Python code: globals and attributes)
+        #: the JIT functions met: their syntax, and how their names are looked up
+        self.sources: list[tuple[Syntax, Callable[[str], Any]]] = []
         self.reads: list[Read] = []
         self.active: set[int] = set()
         self.seen: dict[int, str] = {}
         self.marks = 0
         self.kept: list[Any] = []  # (objects marked seen, alive while their ids are)
-        self.deferred: list[tuple[str, bool, Undescribable]] = []
+        #: what has no description, found where code may not read it: (the module it is an
+        #: attribute of, or None for a class member; its name; why), decided when the pass ends
+        self.deferred: list[tuple[types.ModuleType | None, str, Undescribable]] = []
         self.spaces: list[dict[str, Any]] = []  # (the namespaces of the modules described)
         self.count = 0
 
     # -- what the code met reads for certain ------------------------------------------------
-    def read_for_certain(self, name: str, attribute: bool) -> bool:
-        """Whether some code described so far certainly reads ``name`` (as an attribute if
-        ``attribute``, else as a name or an attribute), by its syntax or bytecode rather than
-        by the text of its source."""
+    def read_for_certain(self, module: types.ModuleType | None, name: str) -> bool:
+        """Whether code met may read the attribute ``name`` (of ``module``, where given): Python
+        code that spells it, or a JIT function that reads it through a chain that does not
+        start from another object (``tl.arange`` is no read of another module's ``arange``)."""
         if name in self.code_names:
             return True
-        for src in self.sources:
-            loaded, attributes, _ = _syntax(src)
-            if name in attributes or (not attribute and name in loaded):
+        for found, scope in self.sources:
+            if name not in found.attributes:
+                continue
+            if module is None:
                 return True
+            for head, attrs in found.chains:
+                for i, attr in enumerate(attrs):
+                    if attr == name:
+                        start = _resolved(found, scope, head, attrs[:i])
+                        if start is _UNKNOWN or start is module:
+                            return True
         return False
 
-    def skip_unless_read(self, name: str, error: Undescribable, attribute: bool = False) -> None:
-        """A value found under ``name`` has no description: fine if no code reads ``name``
-        (its source only mentions it, in a comment or a string); decided when the pass ends."""
-        self.deferred.append((name, attribute, error))
-
     def finish(self) -> None:
-        for name, attribute, error in self.deferred:
-            if self.read_for_certain(name, attribute):
+        for module, name, error in self.deferred:
+            if self.read_for_certain(module, name):
                 raise error
 
     # -- values ---------------------------------------------------------------------------
@@ -439,7 +504,7 @@ class Describer:
         try:
             return self.value(value)
         except Undescribable as e:
-            self.skip_unless_read(name, Undescribable(f"its method {name}: {e}"), attribute=True)
+            self.deferred.append((None, name, Undescribable(f"its method {name}: {e}")))
             return ["undescribed", name]
 
     def function(self, fn: types.FunctionType) -> Any:
@@ -482,22 +547,22 @@ class Describer:
     def jit(self, fn: Any) -> Any:
         src = source(fn)
         self.reads.append((SOURCE, fn, None, mark(fn)))
-        names = set(_NAME.findall(src))
-        self.spelled |= names
-        self.sources.append(src)
+        found_syntax = syntax(src)
         inner = getattr(fn, "fn", None)
         cells = reads.cells(inner)
         glob = getattr(fn, "__globals__", None) or getattr(inner, "__globals__", {})
         params = reads.parameters(inner)
-        shadowed = params | set(cells) | set(glob)
-        if any(n in names and n not in shadowed for n in _LOOKUPS):
-            computed = _syntax(src)[2]
-            if computed is not None:
-                raise Undescribable(
-                    f"{reads.name_of(fn)} looks an attribute up by a computed name: {computed}"
-                )
+        if found_syntax.computed is not None and not any(
+            n in params or n in cells or n in glob for n in _LOOKUPS
+        ):
+            raise Undescribable(
+                f"{reads.name_of(fn)} looks an attribute up by a computed name: "
+                f"{found_syntax.computed}"
+            )
+        self.spelled |= found_syntax.loaded | found_syntax.attributes
+        self.sources.append((found_syntax, _scope(cells, glob, params)))
         found = []
-        for name in sorted(names - params):
+        for name in sorted(found_syntax.loaded - params):
             cell = cells.get(name)
             if cell is not None:
                 content = reads.cell(cell)
@@ -517,12 +582,14 @@ class Describer:
             found,
         ]
 
-    def _named(self, name: str, value: Any) -> Any:
-        """The description of ``value``, found under ``name`` by code that may only mention it."""
+    def _named(self, name: str, value: Any, module: types.ModuleType | None = None) -> Any:
+        """The description of ``value``, found under ``name`` (an attribute of ``module``)."""
         try:
             return self.value(value)
         except Undescribable as e:
-            self.skip_unless_read(name, Undescribable(f"{name}: {e}"))
+            if module is None:
+                raise Undescribable(f"{name}: {e}") from None
+            self.deferred.append((module, name, Undescribable(f"{name}: {e}")))
             return ["undescribed", name]
 
     def module(self, module: types.ModuleType) -> Any:
@@ -543,9 +610,9 @@ class Describer:
             if value is MISSING:
                 if "__getattr__" in space and where == "user":
                     why = f"the module {name} makes its attribute {attr} with __getattr__"
-                    self.skip_unless_read(attr, Undescribable(why), attribute=True)
+                    self.deferred.append((module, attr, Undescribable(why)))
                 continue
-            rows.append([attr, self._named(attr, value)])
+            rows.append([attr, self._named(attr, value, module)])
         return ["module", name, rows]
 
 

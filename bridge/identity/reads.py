@@ -271,11 +271,15 @@ def name_of(value: Any) -> str:
 def named(value: Any) -> str | None:
     """``module:qualname`` of ``value`` where that name finds this very object (a function or
     class of a module, a built-in), else None."""
+    owner = getattr(value, "__objclass__", None)  # (a slot or method of a built-in type)
+    if isinstance(owner, type) and isinstance(getattr(value, "__name__", None), str):
+        found = vars(owner).get(value.__name__, MISSING)
+        return f"{name_of(owner)}.{value.__name__}" if found is value else None
     module = getattr(value, "__module__", None)
     qualname = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
         return None
-    found: Any = sys.modules.get(module)
+    found = sys.modules.get(module)
     for part in qualname.split("."):
         found = vars(found).get(part, MISSING) if hasattr(found, "__dict__") else MISSING
         if found is MISSING:
