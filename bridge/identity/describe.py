@@ -181,7 +181,10 @@ def syntax(src: str) -> Syntax:
     except SyntaxError as e:
         none: frozenset[Any] = frozenset()
         return Syntax(none, none, none, none, f"(its source does not parse: {e.msg})")
-    loaded, stored, attributes, chains = set(), set(), set(), set()
+    loaded: set[str] = set()
+    stored: set[str] = set()
+    attributes: set[str] = set()
+    chains: set[tuple[str | None, tuple[str, ...]]] = set()
     computed = None
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):

@@ -87,7 +87,7 @@ def _scan() -> str:
     module docstring), as a JSON list."""
     import triton
 
-    names = set()
+    names: set[str] = set()
     for group, knobs, _ in _groups():
         if group not in NEUTRAL_GROUPS:
             names.update(str(d.key) for d in _descriptors(knobs).values() if hasattr(d, "key"))
