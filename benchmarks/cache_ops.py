@@ -64,6 +64,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from artifact_images import LAUNCH, elf_image
 from common import REPO, export
 
 import kernelcache
@@ -72,6 +73,12 @@ from kernelcache.maintenance.usage import entries_of
 
 SIZES = {"4KiB": 4 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20}
 KEYS = 64
+
+
+def _cubin(size: int, seed: int) -> bytes:
+    """A whole cubin of ``size`` bytes (an ELF image for NVIDIA CUDA) holding random bytes: what
+    kernelcache stores under ``.cubin`` (it refuses anything else)."""
+    return elf_image(random.Random(seed).randbytes(size - len(elf_image(sections=0))), sections=0)
 
 
 def _key(i: int, tag: str) -> str:
@@ -97,7 +104,7 @@ class Ours:
         self.cache = kernelcache.Cache(root, readonly_roots=(), remote="")
 
     def put(self, key: str, data: bytes) -> None:
-        self.cache.put(key, "cubin", data, {"name": "kernel"})
+        self.cache.put(key, "cubin", data, LAUNCH)
 
     def get(self, key: str) -> bytes:
         art = self.cache.get(key, "cubin")
@@ -170,7 +177,7 @@ def bench(reads: int, seed: int = 0) -> dict:
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label, size in SIZES.items():
-            payloads = [random.Random(i).randbytes(size) for i in range(KEYS)]
+            payloads = [_cubin(size, i) for i in range(KEYS)]
             impls = [
                 Ours(os.path.join(tmp, f"kc-{label}")),
                 TritonFileCache(os.path.join(tmp, f"triton-{label}")),
@@ -215,11 +222,11 @@ def _fill(root: str, n: int, size: int, tag: str) -> None:
     from kernelcache.store import Store
 
     store = Store(root)
-    data = random.Random(n).randbytes(size)
+    data = _cubin(size, n)
     start = time.time() - n
     for i in range(n):
         key = _key(i, tag)
-        store.put(key, "cubin", data, {"name": "kernel", "target": "cuda:90"})
+        store.put(key, "cubin", data, LAUNCH)
         os.utime(store.meta_path(key), (start + i, start + i))
 
 
@@ -236,7 +243,7 @@ def bench_capped(n: int, puts: int, size: int = 4 << 10, runs: int = 4) -> dict:
         for root in roots.values():
             _fill(root, n, size, f"fill-{n}")
         cap = scan(roots["capped"]).nbytes
-        data = random.Random(1).randbytes(size)
+        data = _cubin(size, 1)
         caches = {
             label: kernelcache.Cache(
                 root, readonly_roots=(), remote="", max_size=cap if label == "capped" else 0
@@ -254,7 +261,7 @@ def bench_capped(n: int, puts: int, size: int = 4 << 10, runs: int = 4) -> dict:
                 t_all = time.perf_counter()
                 for i in range(run * per_run, min(puts, (run + 1) * per_run)):
                     t0 = time.perf_counter_ns()
-                    cache.put(_key(i, f"{label}-{n}"), "cubin", data, {"name": "kernel"})
+                    cache.put(_key(i, f"{label}-{n}"), "cubin", data, LAUNCH)
                     samples[label].append((time.perf_counter_ns() - t0) / 1000)
                 if cache.capacity is not None:
                     cache.capacity.wait()  # the pass this run started is the capped's
@@ -447,7 +454,7 @@ def bench_whole(reads: int, seed: int = 0) -> dict:
                 keys = [_key(i, f"whole-{label}-{ext}") for i in range(KEYS)]
                 for key, data in zip(keys, payloads, strict=True):
                     assert len(data) == size and problem(ext, data) is None
-                    cache.put(key, ext, data, {"name": "kernel"})
+                    cache.put(key, ext, data, {**LAUNCH, "name": "k"})  # PTX of kernel k
 
                 def read(i: int, first: bool, check: bool, cache=cache, keys=keys, ext=ext) -> None:
                     if first:

@@ -40,7 +40,7 @@ from common import emit_summary
 import kernelcache
 from kernelcache.remote import open_remote
 
-EXT = "cubin"
+EXT = "bin"  # (opaque bytes: a .cubin must be a whole NVIDIA ELF file)
 META = {"name": "bench_kernel", "target": "cuda:90"}
 SIZES = {"64K": 64 << 10, "1M": 1 << 20}
 

@@ -163,3 +163,10 @@ __all__ = [
     "WrongExt",
     "WrongType",
 ]
+
+
+class IncompleteEntry(KernelCacheError, ValueError):
+    """An entry given to ``put`` (or ``replace``, or made by a build) is not whole: its artifact
+    is not a whole artifact of its extension (cut short, code for another machine, PTX without
+    the kernel its metadata names) or its metadata lacks launch fields its extension requires.
+    The message says which and what to do; nothing was written."""

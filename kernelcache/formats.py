@@ -1,34 +1,40 @@
 """Whether an artifact is whole: a structural check per extension.
 
 A compiler that runs out of room (a full ``TMPDIR``) can exit 0 after a short write; what it
-leaves is an empty file or a prefix of the artifact. These checks tell such leftovers from a
-complete artifact by structure alone, without knowing who produced it:
+leaves is an empty file or a prefix of the artifact. A hostile writer can leave code for
+another machine under a GPU extension. These checks tell such artifacts from a complete one by
+structure alone, without knowing who produced it:
 
-* ``cubin`` and ``hsaco`` are ELF64 little-endian files: the header is whole, there is a
-  section header table, it and every section that occupies file space (all but
-  ``SHT_NOBITS``) lie within the file, the section name string table is there, and every
-  program header's file image lies within the file. An empty or header-only file is refused. Which machine the code
-  is for (``e_machine``) is the compiler's business: :func:`elf_problem` checks it where the
-  caller names one.
-* ``ptx`` is PTX text: ``.version`` and ``.target`` directives, at least one ``.entry`` or
-  ``.func``, balanced braces, no unterminated string or comment, no NUL byte, and the text ends
-  with a complete statement (``}`` or ``;``), not in the middle of one.
+* ``cubin`` and ``hsaco`` are ELF64 little-endian files for the extension's machine
+  (:data:`MACHINES`: ``e_machine`` EM_CUDA=190 for a cubin, EM_AMDGPU=224 for an HSACO; an
+  x86-64 object under either is refused): the header is whole, there is a section header
+  table, it and every section that occupies file space (all but ``SHT_NOBITS``) lie within the
+  file, the section name string table is there, and every program header's file image lies
+  within the file. An empty or header-only file is refused.
+* ``ptx`` is PTX text: ``.version`` and ``.target`` directives, balanced braces, no
+  unterminated string or comment, no NUL byte, the text ends with a complete statement
+  (``}`` or ``;``), at least one ``.entry`` with a body (the one the caller names, where it
+  names one: an entry's metadata ``name``), and a body for every function it calls or declares
+  (a ``.func`` declared by a prototype ending in ``;`` has its definition ``{...}`` in the same
+  text, unless it is ``.extern``, such as ``vprintf``).
 
 Other extensions have no structural check. Invariants: a check never raises, whatever the bytes
 (it returns why they are not a whole artifact, or None); an ELF check costs time in proportion
-to the file's header tables, not to its size.
+to the file's header tables, not to its size; the PTX check is a scan of the whole text.
 
-Who checks: ``kernelcache verify`` checks every entry (and ``--repair`` quarantines what fails);
-the bridge checks what a compile produced before it is stored, and each kernel binary it reads
-before embedding it, against the target's machine. A plain read (``Cache.get``) checks the
-digest only: the structure is the writer's to guarantee.
+Who checks: :func:`kernelcache.schema.entry_problem` is the one contract of an entry (these
+checks and the launch metadata of :mod:`kernelcache.schema.launch`), applied by ``put`` and
+``replace`` (every build of ``get_or_create`` included), by ``verify``, to every remote value
+and bundle entry, and by every read of an entry whose metadata is read from disk (there without
+the PTX scan: see :func:`problem`'s ``full``). The bridge also checks what a compile produced
+(:func:`elf_problem` against the target's machine, :func:`ptx_problem`) before it is stored.
 """
 
 from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 #: ELF header (64 bytes), section header (64), program header (56): ELF64, little-endian
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
@@ -141,10 +147,25 @@ _PTX_NOISE = re.compile(rb'"(?:[^"\\\n]|\\.)*"|//[^\n]*|/\*.*?\*/', re.DOTALL)
 _PTX_VERSION = re.compile(rb"(?m)^\s*\.version\s+\d+\.\d+")
 _PTX_TARGET = re.compile(rb"(?m)^\s*\.target\s+\w")
 _PTX_FUNCTION = re.compile(rb"\.(?:entry|func)\s")
+#: a function's header: its kind, name, and what ends it: ``{`` (its body follows: a
+#: definition) or ``;`` (a declaration, a prototype); between the parameters and that,
+#: performance directives such as ``.maxntid 128, 1, 1`` or ``.noreturn``
+_PTX_HEADER = re.compile(
+    rb"\.(entry|func)(?![\w$])\s*"
+    rb"(?:\([^()]*\)\s*)?"  # a .func's return parameter
+    rb"([A-Za-z_$%][\w$]*)\s*"  # the name
+    rb"(?:\([^()]*\))?"  # the parameters
+    rb"[^{};]*([{;])"
+)
+#: the linkage directives before a header that declare an external function (``.extern``)
+_PTX_EXTERN = re.compile(rb"\.extern\s+(?:\.(?:visible|weak|common)\s+)*\Z")
+#: a direct call (``call.uni (retval0), name, (param0);``); an indirect one names a register
+_PTX_CALL = re.compile(rb"\bcall(?:\.uni)?\s+(?:\([^()]*\)\s*,\s*)?([A-Za-z_$][\w$]*)")
 
 
-def ptx_problem(data: bytes) -> str | None:
-    """Why ``data`` is not whole PTX text; None when it is."""
+def ptx_problem(data: bytes, entry: str | None = None) -> str | None:
+    """Why ``data`` is not whole PTX text (with a ``.entry`` named ``entry``, when given: the
+    kernel an entry's metadata names); None when it is."""
     if not data:
         return "the file is empty (0 bytes)"
     if b"\0" in data:
@@ -165,19 +186,68 @@ def ptx_problem(data: bytes) -> str | None:
         return f"{opened} '{{' but {closed} '}}': the text is cut short"
     if code.rstrip()[-1:] not in (b"}", b";"):
         return "the text ends inside a statement: it is cut short"
+    return _functions_problem(code, entry)
+
+
+def _functions_problem(code: bytes, entry: str | None) -> str | None:
+    """Why the functions of PTX ``code`` (strings and comments blanked) are not whole: no
+    kernel (``.entry``) with a body, not the one named ``entry``, or a function declared or
+    called whose body the text lacks."""
+    entries: set[bytes] = set()
+    defined: set[bytes] = set()
+    external: set[bytes] = set()
+    declared: set[bytes] = set()
+    for header in _PTX_HEADER.finditer(code):
+        kind, name, end = header.groups()
+        if kind == b"entry":
+            if end == b"{":
+                entries.add(name)
+        elif end == b"{":
+            defined.add(name)
+        elif _PTX_EXTERN.search(code, max(0, header.start() - 64), header.start()):
+            external.add(name)
+        else:
+            declared.add(name)
+    if not entries:
+        return "no .entry with a body (no kernel): the text is cut short, or holds no kernel"
+    if entry is not None and entry.encode("utf-8", "replace") not in entries:
+        return (
+            f"no .entry {entry} with a body: its metadata names that kernel, the text defines "
+            f"{_names(entries)}"
+        )
+    called = set(_PTX_CALL.findall(code))
+    missing = (declared | called) - defined - external
+    if missing:
+        return (
+            f"function {_names(missing)} is declared or called but has no body "
+            "(.func ... { ... }): the text is cut short"
+        )
     return None
 
 
-#: the structural check of each extension that has one
-CHECKS: Mapping[str, Callable[[bytes], str | None]] = {
-    "cubin": elf_problem,
-    "hsaco": elf_problem,
-    "ptx": ptx_problem,
-}
+def _names(names: set[bytes]) -> str:
+    """Some of ``names`` (PTX identifiers, ASCII), sorted, for a message."""
+    shown = sorted(names)
+    text = ", ".join(name.decode("ascii", "replace") for name in shown[:3])
+    return text + (f" and {len(shown) - 3} more" if len(shown) > 3 else "")
 
 
-def problem(ext: str, data: bytes) -> str | None:
+#: the ELF machine (``e_machine``) of each extension that holds machine code
+MACHINES: Mapping[str, int] = {"cubin": EM_CUDA, "hsaco": EM_AMDGPU}
+#: the extensions that have a structural check
+STRUCTURED = frozenset({*MACHINES, "ptx"})
+
+
+def problem(ext: str, data: bytes, entry: str | None = None, *, full: bool = True) -> str | None:
     """Why ``data`` is not a whole artifact of extension ``ext``; None when it is one, or when
-    ``ext`` has no structural check."""
-    check = CHECKS.get(ext)
-    return None if check is None else check(data)
+    ``ext`` has no structural check. A cubin or HSACO must be ELF code of the extension's
+    machine (:data:`MACHINES`); PTX must define the ``.entry`` named ``entry`` (when given).
+
+    ``full=False`` leaves out the checks whose cost grows with the artifact's size (the PTX
+    text scan): what a read of an entry runs; ``put`` and ``verify`` run them all."""
+    machine = MACHINES.get(ext)
+    if machine is not None:
+        return elf_problem(data, machine)
+    if ext == "ptx" and full:
+        return ptx_problem(data, entry)
+    return None

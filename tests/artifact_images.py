@@ -1,29 +1,57 @@
 """Well-formed artifacts for tests and benchmarks that store machine code or PTX without
-compiling: kernelcache stores and serves only whole artifacts of the formats it checks
-(:mod:`kernelcache.formats`)."""
+compiling: kernelcache stores and serves only whole entries (:mod:`kernelcache.schema.contract`:
+an artifact whole for its extension, :mod:`kernelcache.formats`, with the launch metadata its
+extension requires); and :func:`plant`, which writes an entry as a hostile or older writer
+would, bypassing those checks."""
 
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import struct
+from collections.abc import Mapping
+from typing import Any
 
 from kernelcache.formats import EM_AMDGPU, EM_CUDA
+from kernelcache.schema import REQUIRED, make_metadata
 
 #: the machine of each extension's ELF code
 ELF_MACHINES = {"cubin": EM_CUDA, "hsaco": EM_AMDGPU}
 
-#: a minimal whole PTX module
-PTX = b""".version 8.7
+#: the launch metadata of a machine-code entry (every field kernelcache requires of one)
+LAUNCH: dict[str, Any] = {
+    "name": "add_kernel",
+    "target": "cuda:90",
+    "num_warps": 4,
+    "num_ctas": 1,
+    "shared": 0,
+}
+
+
+def launch(ext: str = "cubin", **fields: Any) -> dict[str, Any]:
+    """Metadata for an entry of extension ``ext``: the launch fields it requires (from
+    :data:`LAUNCH`; none for an extension that requires none), then ``fields``."""
+    return {**{k: v for k, v in LAUNCH.items() if k in REQUIRED.get(ext, ())}, **fields}
+
+
+def ptx_text(name: str = "add_kernel") -> bytes:
+    """A minimal whole PTX module defining the kernel ``name``."""
+    return f""".version 8.7
 .target sm_90a
 .address_size 64
 
-.visible .entry add_kernel(
-\t.param .u64 add_kernel_param_0
+.visible .entry {name}(
+\t.param .u64 {name}_param_0
 )
-{
+{{
 \tret;
-}
-"""
+}}
+""".encode()
+
+
+#: a minimal whole PTX module (of the kernel ``add_kernel``)
+PTX = ptx_text()
 
 
 def elf_image(payload: bytes = b"", machine: int = EM_CUDA, *, sections: int = 1) -> bytes:
@@ -78,16 +106,45 @@ def elf_image(payload: bytes = b"", machine: int = EM_CUDA, *, sections: int = 1
     return header + programs + payload + names + table
 
 
-def sized(ext: str, size: int, fill: bytes) -> bytes:
+def sized(ext: str, size: int, fill: bytes, name: str = "add_kernel") -> bytes:
     """``size`` bytes to store under extension ``ext``: a whole cubin or hsaco (ELF for its
-    vendor's machine) or PTX where ``size`` has room for one, its body ``fill`` repeated;
-    otherwise (a smaller size, another extension) ``fill`` repeated, as it is."""
+    vendor's machine) or PTX (of the kernel ``name``) where ``size`` has room for one, its body
+    ``fill`` repeated; otherwise (a smaller size, another extension) ``fill`` repeated, as it
+    is."""
     if ext in ("cubin", "hsaco"):
         room = size - len(elf_image(sections=0))
         if room >= 0:
             body = (fill * (room // len(fill) + 1))[:room]
             return elf_image(body, ELF_MACHINES[ext], sections=0)
-    if ext == "ptx" and size >= len(PTX) + 3:
-        room = size - len(PTX) - 3
-        return PTX + b"//" + (fill * (room // len(fill) + 1))[:room].replace(b"\n", b" ") + b"\n"
+    text = ptx_text(name)
+    if ext == "ptx" and size >= len(text) + 3:
+        room = size - len(text) - 3
+        return text + b"//" + (fill * (room // len(fill) + 1))[:room].replace(b"\n", b" ") + b"\n"
     return (fill * (size // len(fill) + 1))[:size]
+
+
+def whole(ext: str, payload: bytes = b"", name: str = "add_kernel") -> bytes:
+    """A whole artifact of extension ``ext`` holding ``payload``: an ELF image of the
+    extension's machine, PTX of the kernel ``name`` with ``payload`` in a comment, or
+    ``payload`` itself for an extension without a structure."""
+    if ext in ELF_MACHINES:
+        return elf_image(payload, ELF_MACHINES[ext])
+    if ext == "ptx":
+        return ptx_text(name) + b"// " + payload.hex().encode() + b"\n"
+    return payload
+
+
+def plant(
+    root: str | os.PathLike[str], key: str, ext: str, data: bytes, meta: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Write the entry ``key`` straight to ``root``, as a writer that checks nothing (an older
+    version, a hostile one) would: its document made by the schema (valid digests, entry
+    digest over what it covers), its artifact ``data`` as given, whole or not; returns the
+    document."""
+    doc = make_metadata(key, ext, data, meta)
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, f"{key}.{ext}"), "wb") as f:
+        f.write(data)
+    with open(os.path.join(root, f"{key}.json"), "w") as f:
+        json.dump(doc, f)
+    return doc

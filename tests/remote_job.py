@@ -54,7 +54,7 @@ WORKER = textwrap.dedent(
             if cfg["companion"]:
                 companion = hashlib.sha256(key.encode()).hexdigest()
                 try:
-                    cache.put(companion, "ptx", data, {"name": "companion"})
+                    cache.put(companion, "txt", data, {"name": "companion"})
                 except kernelcache.CacheError:
                     pass
             built.append(key)
@@ -64,7 +64,7 @@ WORKER = textwrap.dedent(
 
     time.sleep(max(0.0, cfg["start_at"] - time.time()))
     started = time.monotonic()
-    items = [kernelcache.BuildItem(k, "cubin", build(k)) for k in cfg["keys"]]
+    items = [kernelcache.BuildItem(k, "bin", build(k)) for k in cfg["keys"]]
     order, sources = [], {}
     for index, art in cache.get_or_create_each(items):
         assert art.data == cfg["keys"][index].encode() * 64, cfg["keys"][index]

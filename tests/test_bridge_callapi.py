@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import triton
 import triton.language as tl
-from artifact_images import elf_image
+from artifact_images import elf_image, launch
 from bridge_helpers import custom_calls, decoded, kernels_of, lowered_module
 from callapi_kernels import (
     acc_kernel,
@@ -744,7 +744,7 @@ def test_descriptor_metadata_is_validated():
 def test_an_entry_without_what_the_lowering_needs_is_compiled_again(tmp_path, caplog):
     cache = kernelcache.Cache(root=tmp_path / "c")
     key = "ab" * 32
-    cache.put(key, "cubin", elf_image(b"old"), {"name": "k"})
+    cache.put(key, "cubin", elf_image(b"old"), launch(name="k"))
     built = []
 
     def build():
@@ -757,7 +757,7 @@ def test_an_entry_without_what_the_lowering_needs_is_compiled_again(tmp_path, ca
             key,
             "cubin",
             build,
-            lambda c: {"name": "k", "tensordesc_meta": []},
+            lambda c: launch(name="k", tensordesc_meta=[]),
             False,
             usable=lambda meta: "tensordesc_meta" in meta,
         ),

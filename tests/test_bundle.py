@@ -254,7 +254,7 @@ def test_hostile_bundle_is_rejected_and_nothing_written(source, tmp_path, kind):
     assert not fresh.exists()
     # Into a root with entries already: unchanged, not a file added or touched.
     existing = tmp_path / "existing"
-    put(existing, "already", size=42)
+    put(existing, "already", size=420)
     before = {p: p.stat().st_mtime_ns for p in existing.rglob("*")}
     assert kc(existing, "import", str(bundle)).returncode == 1
     assert {p: p.stat().st_mtime_ns for p in existing.rglob("*")} == before

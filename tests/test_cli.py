@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from artifact_images import sized
+from artifact_images import launch, sized
 from conftest import key_of, run_on_a_terminal, run_py
 from test_cli_support import KERNELCACHE, backdate, files_under, kc, kc_json, put
 
@@ -47,12 +47,12 @@ def corrupt_root(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     put(root, "good", size=400)  # whole cubins (see test_cli_support.put)
     put(root, "good", size=401)
     keys = {}
-    flipped = put(root, "flipped", size=200)
+    flipped = put(root, "flipped", size=250)
     data = bytearray(Path(flipped.path).read_bytes())
     data[5] ^= 0xFF
     Path(flipped.path).write_bytes(bytes(data))
     keys["flipped"] = flipped.key
-    short = put(root, "short", size=200)
+    short = put(root, "short", size=250)
     Path(short.path).write_bytes(b"x" * 10)
     keys["short"] = short.key
     nometa = put(root, "nometa", size=300)
@@ -155,7 +155,7 @@ def test_stats_uses_and_refreshes_the_scan_index(populated):
     index = populated / ".stats" / INDEX_NAME
     assert index.is_file()
     # A replaced metadata file (new inode) is read again, not taken from the index.
-    extra = put(populated, "late", "cuda:90", "cubin", 77)
+    extra = put(populated, "late", "cuda:90", "cubin", 777)
     doc = kc_json(populated, "stats")
     assert doc["entries"] == 11 and doc["by_kernel"]["late"]["entries"] == 1
     (populated / f"{extra.key}.json").unlink()
@@ -178,7 +178,7 @@ def test_stats_aggregates_process_logs(tmp_path):
             return b"binary", {"name": "k", "target": "cuda:90"}
         for i in range(3):
             for _ in range(4):
-                c.get_or_create(key_of("logs", i), "cubin", build)
+                c.get_or_create(key_of("logs", i), "bin", build)
     """
     run_py(code, str(root), PYTHONPATH=str(Path(__file__).parent))
     run_py(code, str(root), PYTHONPATH=str(Path(__file__).parent))
@@ -232,7 +232,7 @@ def test_ls_filters_sorts_and_json(populated):
         "path",
     }
     assert Path(first["path"]).read_bytes() == sized(
-        first["ext"], first["size"], first["key"].encode()
+        first["ext"], first["size"], first["key"].encode(), first["kernel"]
     )
     lru = kc_json(populated, "ls", "--sort", "last-used")["entries"]
     stamps = [e["last_used"] for e in lru]
@@ -250,7 +250,7 @@ def test_ls_filters_sorts_and_json(populated):
 def _named(root: Path, name: str, qualname: str, kind: str | None = None, size: int = 400) -> str:
     """An entry as the bridge names one: ``name`` and where it is defined (``kernel``)."""
     key = key_of(name, qualname, kind)
-    meta = {"name": name, "kernel": qualname, "target": "cuda:90", "num_warps": 4}
+    meta = launch(name=name, kernel=qualname, target="cuda:90", num_warps=4)
     if kind is not None:
         meta["kind"] = kind
     Store(root).put(
@@ -373,7 +373,7 @@ def test_verify_finds_every_kind_of_problem(tmp_path):
     assert doc["entries_ok"] == 2 and doc["clean"] is False
     reasons = {p["key"]: p["detail"] for p in doc["problems"]}
     assert reasons[keys["flipped"]] == "artifact digest mismatch"
-    assert "200" in reasons[keys["short"]]
+    assert "250" in reasons[keys["short"]]
     human = kc(root, "verify")
     assert human.returncode == 1
     assert "notes.txt" in human.stdout and "verify --repair" in human.stdout

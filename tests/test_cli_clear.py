@@ -143,10 +143,10 @@ import kernelcache
 from kernelcache import stats
 cache = kernelcache.Cache()
 key = hashlib.sha256(b"k").hexdigest()
-cache.put(key, "cubin", b"x" * 100, {})
+cache.put(key, "bin", b"x" * 100, {})
 print("ready", flush=True)
 for line in sys.stdin:  # one hit per line, flushed at once
-    cache.get(key, "cubin")
+    cache.get(key, "bin")
     stats.flush()
     print("done", flush=True)
 """
@@ -160,8 +160,8 @@ def test_stats_zero_while_a_process_writes(tmp_path):
         cache = kernelcache.Cache()
         for i in range(3):
             key = hashlib.sha256(str(i).encode()).hexdigest()
-            cache.put(key, "cubin", b"y" * 10, {})
-            cache.get(key, "cubin")
+            cache.put(key, "bin", b"y" * 10, {})
+            cache.get(key, "bin")
         """,
         KERNELCACHE_DIR=str(root),
     )

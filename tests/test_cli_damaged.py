@@ -46,13 +46,13 @@ def _rewrite_metadata(root: Path, key: str, **fields: object) -> None:
 def test_an_entry_that_lies_about_its_size_does_not_steer_prune_or_stats(tmp_path):
     root = tmp_path / "cache"
     good = [put(root, f"good{i}", size=1000, last_used=86400 * (i + 1)) for i in range(5)]
-    liar = put(root, "liar", size=4, last_used=60)
+    liar = put(root, "liar", size=400, last_used=60)
     _rewrite_metadata(root, liar.key, size=1 << 40)  # 1 TiB, the most the schema allows
     stats = kc_json(root, "stats")
     metadata = sum(p.stat().st_size for p in root.glob("*.json"))
-    assert stats["artifact_bytes"] == 5 * 1000 + 4
-    assert stats["bytes"] == 5 * 1000 + 4 + metadata
-    assert {e["key"]: e["size"] for e in kc_json(root, "ls")["entries"]}[liar.key] == 4
+    assert stats["artifact_bytes"] == 5 * 1000 + 400
+    assert stats["bytes"] == 5 * 1000 + 400 + metadata
+    assert {e["key"]: e["size"] for e in kc_json(root, "ls")["entries"]}[liar.key] == 400
     doc = kc_json(root, "prune", "--max-size", "1G")
     assert doc["plan"]["summary"].get("delete-entry") is None
     assert all(Path(g.path).exists() for g in good)
@@ -63,7 +63,7 @@ def test_an_entry_that_lies_about_its_size_does_not_steer_prune_or_stats(tmp_pat
 # -- nothing under a root, and no input path, may block -------------------------------------
 def test_a_fifo_or_device_link_among_the_statistics_logs_does_not_hang(tmp_path):
     root = tmp_path / "cache"
-    put(root, "k", size=10)
+    put(root, "k", size=310)
     logs = root / ".stats"
     logs.mkdir(exist_ok=True)
     os.mkfifo(logs / "planted.jsonl")
@@ -87,7 +87,7 @@ def test_odd_counters_in_statistics_logs_are_ignored_by_stats_and_prune(tmp_path
     """A log is untrusted: odd values are skipped, never summed into inf or a crash, and a
     fold keeps working (its summary stays readable by the next stats and prune)."""
     root = tmp_path / "cache"
-    put(root, "k", size=10)
+    put(root, "k", size=310)
     logs = root / ".stats"
     logs.mkdir(exist_ok=True)
     for i in range(2):  # two 1e308 lines would sum to inf
@@ -107,7 +107,7 @@ def test_odd_counters_in_statistics_logs_are_ignored_by_stats_and_prune(tmp_path
 
 def test_a_statistics_summary_with_odd_fields_is_not_used(tmp_path):
     root = tmp_path / "cache"
-    put(root, "k", size=10)
+    put(root, "k", size=310)
     logs = root / ".stats"
     logs.mkdir(exist_ok=True)
     foldable = logs / f"{socket.gethostname()}-{dead_pid()}-x.jsonl"
@@ -126,7 +126,7 @@ def test_a_statistics_summary_with_odd_fields_is_not_used(tmp_path):
 
 def test_a_statistics_log_named_with_unicode_digits_does_not_crash_prune(tmp_path):
     root = tmp_path / "cache"
-    put(root, "k", size=10)
+    put(root, "k", size=310)
     logs = root / ".stats"
     logs.mkdir(exist_ok=True)
     (logs / f"{socket.gethostname()}-\u00b2-x.jsonl").write_text('{"v": 1, "delta": {}}\n')
@@ -176,7 +176,7 @@ def test_doctor_and_import_on_a_missing_root(tmp_path):
     assert doc["exists"] is False
     assert not root.exists()
     populated = tmp_path / "populated"
-    put(populated, "k", size=10)
+    put(populated, "k", size=310)
     bundle = tmp_path / "b.tar"
     kc_json(populated, "export", str(bundle))
     assert kc_json(root, "import", str(bundle))["imported"] == 1  # a write creates its root
@@ -185,7 +185,7 @@ def test_doctor_and_import_on_a_missing_root(tmp_path):
 # -- future-dated files ----------------------------------------------------------------------
 def test_future_dated_quarantined_files_are_removed_by_age(tmp_path):
     root = tmp_path / "cache"
-    put(root, "keep", size=10)
+    put(root, "keep", size=310)
     q = root / ".quarantine"
     q.mkdir()
     (q / "a.cubin.1").write_bytes(b"q" * 10)
@@ -261,8 +261,8 @@ def test_doctor_reports_every_bad_setting_even_without_a_root(tmp_path):
 def test_prune_by_kernel_without_a_limit_says_what_it_deletes(tmp_path):
     root = tmp_path / "cache"
     for i in range(3):
-        put(root, "old", size=10, seed=i)
-    keep = put(root, "other", size=10)
+        put(root, "old", size=310, seed=i)
+    keep = put(root, "other", size=310)
     helptext = kc(None, "prune", "--help").stdout
     assert "every matching entry" in " ".join(helptext.split())
     proc = kc(root, "prune", "--kernel", "old")
@@ -294,7 +294,7 @@ def test_one_parser_of_sizes_everywhere():
 )
 def test_out_of_range_numbers_are_usage_errors(tmp_path, args, words):
     root = tmp_path / "cache"
-    put(root, "k", size=10)
+    put(root, "k", size=310)
     proc = kc(root, *(a.format(tmp=tmp_path) for a in args))
     assert proc.returncode == 2, proc.stderr
     assert words in proc.stderr and "Traceback" not in proc.stderr
@@ -312,12 +312,12 @@ def test_json_never_holds_nan_or_infinity(tmp_path):
     """Metadata with NaN or Infinity is refused by the schema; the commands that show it anyway
     (``show`` of a corrupt entry, ``ls`` and ``verify`` problems) print strict JSON."""
     root = tmp_path / "cache"
-    put(root, "fine", size=10)
-    art = put(root, "k", size=10)
+    put(root, "fine", size=310)
+    art = put(root, "k", size=310)
     meta = root / f"{art.key}.json"
     meta.write_text(meta.read_text().replace(f'"created":{art.meta["created"]}', '"created":NaN'))
     assert "NaN" in meta.read_text()
-    other = put(root, "j", size=10)
+    other = put(root, "j", size=310)
     meta = root / f"{other.key}.json"
     meta.write_text(meta.read_text()[:-1] + ',"shared":Infinity}')
     for args in (["ls"], ["show", art.key], ["show", other.key], ["stats"], ["verify"]):
@@ -335,8 +335,8 @@ def test_names_with_terminal_escapes_or_newlines_are_printed_escaped(tmp_path):
     """The schema refuses such names in entries, but an entry whose metadata carries one is
     still shown (as corrupt), and file names are whatever someone made them."""
     root = tmp_path / "cache"
-    put(root, "fine", size=10)
-    art = put(root, "k", size=10)
+    put(root, "fine", size=310)
+    art = put(root, "k", size=310)
     meta = root / f"{art.key}.json"
     doc = json.loads(meta.read_text())
     doc["name"] = ESCAPE
@@ -360,7 +360,7 @@ def test_names_with_terminal_escapes_or_newlines_are_printed_escaped(tmp_path):
 
 def test_stats_does_not_count_identity_records_as_kernels(tmp_path):
     root = tmp_path / "cache"
-    put(root, "matmul", size=100)
+    put(root, "matmul", size=300)
     store = Store(root)
     for label in ("triton_key", "backend:cuda:90"):
         store.put(

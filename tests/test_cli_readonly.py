@@ -105,7 +105,7 @@ def test_writing_commands_fail_cleanly_on_a_read_only_mount(tmp_path, args):
 @needs_unshare
 def test_import_into_a_read_only_mount_writes_nothing(tmp_path):
     source = tmp_path / "src"
-    put(source, "shipped", size=123)
+    put(source, "shipped", size=323)
     bundle = tmp_path / "b.tar"
     assert (
         subprocess.run(

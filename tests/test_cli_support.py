@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from artifact_images import sized
+from artifact_images import launch, sized
 from conftest import child_env, key_of
 
 from kernelcache.store import Artifact, Store
@@ -72,7 +72,7 @@ def put(
     name: str = "kern",
     target: str = "cuda:90",
     ext: str = "cubin",
-    size: int = 100,
+    size: int = 300,  # room for a whole cubin (at least 203 bytes)
     *,
     key: str | None = None,
     last_used: float | None = None,
@@ -82,8 +82,9 @@ def put(
     size has room: see :func:`artifact_images.sized`); optionally backdate its last-used
     stamp."""
     key = key or key_of(name, target, ext, size, seed)
-    data = sized(ext, size, key.encode())
-    art = Store(root).put(key, ext, data, {"name": name, "target": target, "num_warps": 4})
+    data = sized(ext, size, key.encode(), name)
+    meta = launch(ext, name=name, target=target, num_warps=4)
+    art = Store(root).put(key, ext, data, meta)
     if last_used is not None:
         backdate(root / f"{key}.json", time.time() - last_used)
     return art

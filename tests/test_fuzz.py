@@ -54,7 +54,7 @@ json_values = st.recursive(
 
 
 def _valid_doc(data: bytes = b"kernel bytes") -> dict:
-    return make_metadata(KEY, "cubin", data, {"name": "k", "target": "cuda:90", "created": 1.0})
+    return make_metadata(KEY, "bin", data, {"name": "k", "target": "cuda:90", "created": 1.0})
 
 
 @st.composite
@@ -81,7 +81,7 @@ def metadata_bytes(draw) -> bytes:
 @FUZZ
 @given(raw=metadata_bytes())
 @example(raw=b"[" * 100_000)
-@example(raw=b'{"format": 1, "key": "' + KEY.encode() + b'", "ext": "cubin", "size": 1e400}')
+@example(raw=b'{"format": 1, "key": "' + KEY.encode() + b'", "ext": "bin", "size": 1e400}')
 def test_parse_metadata_returns_a_document_or_a_reason(raw):
     result = parse_metadata(raw, KEY)
     assert isinstance(result, (dict, Problem))
@@ -95,12 +95,12 @@ def test_parse_metadata_returns_a_document_or_a_reason(raw):
 def test_store_read_and_cache_get_on_arbitrary_metadata(raw, data):
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, f"{KEY}.json").write_bytes(raw)
-        Path(tmp, f"{KEY}.cubin").write_bytes(data)
+        Path(tmp, f"{KEY}.bin").write_bytes(data)
         result = Store(tmp).read(KEY)
         assert result is None or isinstance(result, (Artifact, Problem))
         if isinstance(result, Artifact):
             assert result.data == data and result.meta["digest"] == digest(data)
-        got = kernelcache.Cache(tmp, readonly_roots=()).get(KEY, "cubin")
+        got = kernelcache.Cache(tmp, readonly_roots=()).get(KEY, "bin")
         assert got is None or (got.data == data and got.meta["size"] == len(data))
 
 
@@ -132,7 +132,7 @@ def populated(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fuzz") / "cache"
     store = Store(root)
     for i in range(3):
-        store.put(f"{i:02x}" * 32, "cubin", b"k%d" % i, {"name": f"k{i}"})
+        store.put(f"{i:02x}" * 32, "bin", b"k%d" % i, {"name": f"k{i}"})
     return root
 
 
@@ -187,7 +187,7 @@ def _real_bundle(compress: bool) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp, "src"))
         for i in range(3):
-            store.put(f"{i:02x}" * 32, "cubin", b"code %d " % i * 50, {"name": f"k{i}"})
+            store.put(f"{i:02x}" * 32, "bin", b"code %d " % i * 50, {"name": f"k{i}"})
         entries = scan(str(Path(tmp, "src"))).entries
         path = Path(tmp, "b.tar.zst" if compress else "b.tar")
         bundle.export_bundle(str(Path(tmp, "src")), entries, str(path))
@@ -245,7 +245,7 @@ def test_every_tar_member_kind_written_by_tarfile_is_handled():
     for fmt in (tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
-            info = tarfile.TarInfo("entries/" + "ab" * 64 + ".cubin")  # a 128-digit key
+            info = tarfile.TarInfo("entries/" + "ab" * 64 + ".bin")  # a 128-digit key
             info.size = 3
             tar.addfile(info, io.BytesIO(b"abc"))
         with tempfile.TemporaryDirectory() as tmp:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from artifact_images import elf_image
+from artifact_images import elf_image, launch
 from conftest import IS_ROOT, child_env, key_of, run_py
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -53,13 +53,13 @@ def test_deeply_nested_metadata_is_corrupt_not_a_crash(root, caplog_warnings):
     cache = kernelcache.Cache(root, readonly_roots=())
     key = key_of("nested-meta")
     image = elf_image(b"code")  # whole cubins: verify finds only what is nested
-    cache.put(key, "cubin", image, {"name": "k"})
+    cache.put(key, "cubin", image, launch(name="k"))
     (root / f"{key}.json").write_bytes(NESTED)
     assert cache.get(key, "cubin") is None  # a miss, not RecursionError in the user's job
     assert any("quarantined" in r.getMessage() for r in caplog_warnings.records)
-    assert cache.get_or_create(key, "cubin", lambda: (image, {})).data == image
+    assert cache.get_or_create(key, "cubin", lambda: (image, launch())).data == image
     other = key_of("nested-meta-2")
-    Store(root).put(other, "cubin", elf_image(b"more"), {})
+    Store(root).put(other, "cubin", elf_image(b"more"), launch())
     (root / f"{other}.json").write_bytes(NESTED)
     code, out = run_cli("--root", str(root), "show", other, "--json")
     assert code == 1 and json.loads(out)["status"] == "corrupt"
@@ -131,7 +131,7 @@ def test_deeply_nested_redis_value_is_rejected(tmp_path):
         value = MAGIC + len(NESTED).to_bytes(4, "big") + NESTED
         srv.client().set(cache.remote.name(key), value)
         assert cache.get(key, "cubin") is None
-        art = cache.get_or_create(key, "cubin", lambda: (b"built", {}))
+        art = cache.get_or_create(key, "bin", lambda: (b"built", {}))
         assert art.data == b"built" and art.source == "local"
         assert cache.remote.counters["rejected"] == 1
 
@@ -470,15 +470,15 @@ root, elsewhere = sys.argv[1], sys.argv[2]
 keys = [("%02x" % i) * 32 for i in range(4)]
 cache = kernelcache.Cache(root, readonly_roots=(), lock_timeout=2)
 for i, key in enumerate(keys):
-    art = cache.get_or_create(key, "cubin", lambda i=i: (b"code%d" % i * 100, {"name": "k"}))
+    art = cache.get_or_create(key, "bin", lambda i=i: (b"code%d" % i * 100, {"name": "k"}))
     assert art.data == b"code%d" % i * 100
-art = cache.get(keys[0], "cubin")
+art = cache.get(keys[0], "bin")
 if art is not None and art.path:  # damage an entry: its quarantine goes through .quarantine/
     with open(art.path, "r+b") as f:
         f.write(b"X")
-    assert cache.get(keys[0], "cubin") is None
+    assert cache.get(keys[0], "bin") is None
 try:
-    cache.put(keys[0], "cubin", b"code0" * 100, {})
+    cache.put(keys[0], "bin", b"code0" * 100, {})
 except kernelcache.CacheError as e:  # put raises where the entry cannot be stored
     print("PUT", e, file=sys.stderr)
 stats.flush()
@@ -507,7 +507,7 @@ def _plant(root: Path, victim_dir: Path, victim: Path, layout: str) -> None:
     links += [".locks/.probe", ".locks/stats-summary.lock"]
     for key in KEYS:
         links += [f".locks/{key}.lock", f".locks/{key}.build.lock", f".locks/{key}.softlock"]
-    links += [f"{KEYS[1]}.cubin", f"{KEYS[1]}.json", f"{KEYS[2]}.json"]
+    links += [f"{KEYS[1]}.bin", f"{KEYS[1]}.json", f"{KEYS[2]}.json"]
     for rel in links:
         (root / rel).symlink_to(victim)
 
@@ -576,22 +576,22 @@ k1, k2, k3 = "a1" * 32, "b2" * 32, "c3" * 32
 cache = kernelcache.Cache(root, readonly_roots=())
 out = {"uid": os.getuid(), "groups": sorted(os.getgroups())}
 if role == "writer":      # daemon: publishes k1
-    out["k1"] = cache.get_or_create(k1, "cubin", lambda: (b"daemon's kernel", {})).source
+    out["k1"] = cache.get_or_create(k1, "bin", lambda: (b"daemon's kernel", {})).source
 elif role == "reader":    # nobody: reads k1, publishes k2
-    got = cache.get(k1, "cubin")
+    got = cache.get(k1, "bin")
     out["k1"] = got.data.decode() if got else None
-    out["k2"] = cache.get_or_create(k2, "cubin", lambda: (b"nobody's kernel", {})).source
+    out["k2"] = cache.get_or_create(k2, "bin", lambda: (b"nobody's kernel", {})).source
 elif role == "writer2":   # daemon again: reads k2
-    got = cache.get(k2, "cubin")
+    got = cache.get(k2, "bin")
     out["k2"] = got.data.decode() if got else None
 elif role == "intruder":  # bin, not in the group: cannot write the shared root; plants in /world
-    out["shared"] = cache.get_or_create(k3, "cubin", lambda: (b"bin's kernel", {})).source
+    out["shared"] = cache.get_or_create(k3, "bin", lambda: (b"bin's kernel", {})).source
     world = kernelcache.Cache(sys.argv[4], readonly_roots=())
-    out["world"] = world.get_or_create(k3, "cubin", lambda: (b"EVIL", {})).source
+    out["world"] = world.get_or_create(k3, "bin", lambda: (b"EVIL", {})).source
 elif role == "victim":    # nobody in the world-writable root the intruder planted into
-    got = cache.get(k3, "cubin")
+    got = cache.get(k3, "bin")
     out["planted"] = got.data.decode() if got else None
-    art = cache.get_or_create(k3, "cubin", lambda: (b"good kernel", {}))
+    art = cache.get_or_create(k3, "bin", lambda: (b"good kernel", {}))
     out["k3"] = [art.data.decode(), art.source]
     code, text = run_cli("--root", root, "verify", "--json")
     out["verify"] = [p["kind"] for p in json.loads(text)["problems"]]
@@ -651,13 +651,13 @@ def test_group_shared_root_two_users_and_an_intruder(tmp_path):
         assert victim["planted"] is None and victim["k3"] == ["good kernel", "memory"]
         assert victim["verify"] == ["untrusted"]
         assert "refusing artifacts" in proc.stderr and "owned by user 2" in proc.stderr
-        for name, owner in ((f"{'a1' * 32}.cubin", 1), (f"{'b2' * 32}.json", 65534)):
+        for name, owner in ((f"{'a1' * 32}.bin", 1), (f"{'b2' * 32}.json", 65534)):
             st = (root / name).stat()
             assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (owner, SHARE_GID, 0o664)
         for sub in (".tmp", ".locks"):
             st = (root / sub).stat()
             assert st.st_gid == SHARE_GID and st.st_mode & stat.S_ISGID, sub
-        assert (world / f"{'c3' * 32}.cubin").read_bytes() == b"EVIL"  # left alone, not served
+        assert (world / f"{'c3' * 32}.bin").read_bytes() == b"EVIL"  # left alone, not served
         record_figures(
             "group-shared root, two users and an intruder",
             processes=5,

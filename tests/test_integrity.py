@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from artifact_images import elf_image
+from artifact_images import PTX, elf_image, launch
 from conftest import child_env, key_of, run_py
 from test_cli_support import kc, kc_json, put
 
@@ -27,11 +27,11 @@ from bridge.entries.fields import LAUNCH_FIELDS  # importing bridge declares its
 from kernelcache import stats
 from kernelcache.bundle import import_bundle
 from kernelcache.errors import BundleError
-from kernelcache.schema import FORMAT_VERSION
+from kernelcache.schema import FORMAT_VERSION, entry_digest
 from kernelcache.store import Store, digest, make_metadata
 
 PAYLOAD = elf_image(bytes(range(256)) * 64)  # a whole cubin of 16 KiB and some
-KERNEL_META = {"name": "add_kernel", "target": "cuda:90", "num_warps": 4, "shared": 0}
+KERNEL_META = launch()  # name, target, num_warps, num_ctas, shared: what a cubin must hold
 
 #: values that put, an import or a Redis value used to accept, and that broke every command
 ODD_VALUES: dict[str, tuple[str, Any]] = {
@@ -91,7 +91,7 @@ def test_edited_launch_metadata_is_never_served(tmp_path):
 def test_every_launch_field_is_covered(root, field):
     """Changing any launch field by one notch (or adding it) makes the entry corrupt."""
     key = key_of("covered", field)
-    meta = {"name": "k", "target": "cuda:90", "num_warps": 4, "shared": 0}
+    meta = launch(name="k")
     Store(root).put(key, "cubin", PAYLOAD, meta)
     doc = json.loads((root / f"{key}.json").read_text())
     old = doc.get(field)
@@ -144,7 +144,7 @@ def test_the_bridge_is_handed_only_covered_fields(tmp_path):
         return {**KERNEL_META, "kernel": "m:k", "language": "triton", "signature": {"x": "*fp32"}}
 
     def build() -> Compiled:
-        return Compiled(elf_image(b"binary"), "// ptx", {"name": "add_kernel"})
+        return Compiled(elf_image(b"binary"), PTX.decode(), {"name": "add_kernel"})
 
     for built in (True, False):
         kb = fetch_request(cache, Request(key, "cubin", build, describe, need_ptx=True))
@@ -155,14 +155,14 @@ def test_the_bridge_is_handed_only_covered_fields(tmp_path):
 
 
 # -- what a document covers is covered ---------------------------------------------------------
-#: a process that puts an entry without the bridge: its digest covers name and target only
-WRITER_WITHOUT_THE_BRIDGE = """
-import json, sys
-import kernelcache
-root, key, data, meta = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3]), sys.argv[4]
-kernelcache.Cache(root, readonly_roots=(), remote="").put(key, "bin", data, json.loads(meta))
-assert "bridge" not in sys.modules
-"""
+def _written_covering_less(root: Path, key: str, data: bytes, meta: dict[str, Any]) -> None:
+    """Write the entry ``key`` as a writer whose digest covered only ``name`` and ``target``
+    did (a version whose kernelcache did not know the launch fields, without the bridge)."""
+    doc = make_metadata(key, "bin", data, meta)
+    doc["covers"] = ["name", "target"]
+    doc["entry_digest"] = entry_digest(doc)
+    (root / f"{key}.bin").write_bytes(data)
+    (root / f"{key}.json").write_text(json.dumps(doc))
 
 
 def test_a_covers_list_edited_on_disk_is_a_corrupt_entry(root):
@@ -180,12 +180,13 @@ def test_a_covers_list_edited_on_disk_is_a_corrupt_entry(root):
 
 
 def test_a_launch_field_its_writer_did_not_cover_is_rebuilt_never_served(root):
-    """A writer without the bridge stored num_warps without covering it; edited to 32 (and
+    """A writer of an earlier version stored num_warps without covering it; edited to 32 (and
     shared to 200000), its digest still holds. A reader that requires launch fields covered
     never serves it and never covers it in its stead: a miss (not corrupt: nothing was
     quarantined), rebuilt with the reader's own fields; verify names it."""
     key = key_of("uncovered-launch")
-    run_py(WRITER_WITHOUT_THE_BRIDGE, str(root), key, PAYLOAD.hex(), json.dumps(KERNEL_META))
+    root.mkdir()
+    _written_covering_less(root, key, PAYLOAD, KERNEL_META)
     doc = json.loads((root / f"{key}.json").read_text())
     assert doc["covers"] == ["name", "target"] and doc["num_warps"] == 4
     _edit_metadata(root, key, num_warps=32, shared=200_000)
@@ -342,7 +343,7 @@ def _as_written_by_an_older_version(root: Path, key: str) -> None:
 
 def test_an_entry_of_an_older_version_is_a_miss_then_replaced(root):
     key = key_of("older")
-    Store(root).put(key, "cubin", b"old build", KERNEL_META)
+    Store(root).put(key, "cubin", elf_image(b"old build"), KERNEL_META)
     _as_written_by_an_older_version(root, key)
     cache = kernelcache.Cache(root, readonly_roots=(), remote="")
     before = stats.process_stats()
@@ -363,7 +364,7 @@ def test_replacing_an_entry_of_an_older_version_does_not_list_the_root(root, mon
     own files (a listing per put would make a cold start on a big root quadratic)."""
     keys = [key_of(f"older-{i}") for i in range(5)]
     for key in keys:
-        Store(root).put(key, "cubin", b"old build", KERNEL_META)
+        Store(root).put(key, "cubin", elf_image(b"old build"), KERNEL_META)
         _as_written_by_an_older_version(root, key)
     listings = []
     real_scandir = os.scandir
@@ -375,8 +376,9 @@ def test_replacing_an_entry_of_an_older_version_does_not_list_the_root(root, mon
 
     monkeypatch.setattr(os, "scandir", counting_scandir)
     store = Store(root)
+    new = elf_image(b"new build")
     for key in keys:
-        assert store.put(key, "cubin", b"new build", KERNEL_META).data == b"new build"
+        assert store.put(key, "cubin", new, KERNEL_META).data == new
     assert listings == []
     assert sorted(p.name for p in root.glob("*.cubin")) == sorted(f"{k}.cubin" for k in keys)
 
@@ -460,7 +462,7 @@ def test_import_failure_while_publishing_rolls_back(tmp_path):
     published three entries: the fourth fails its digest, the three are removed again, and
     the error says nothing was imported."""
     keys = sorted(key_of("rollback", i) for i in range(4))
-    blobs = [bytes([i]) * (1 << 20) for i in range(4)]  # far apart in the archive
+    blobs = [elf_image(bytes([i]) * (1 << 20)) for i in range(4)]  # far apart in the archive
     docs = [make_metadata(k, "cubin", b, KERNEL_META) for k, b in zip(keys, blobs, strict=True)]
     bundle = _bundle(tmp_path / "b.tar", docs, blobs)
     with tarfile.open(bundle) as tar:
@@ -558,7 +560,7 @@ def test_a_planted_scan_index_with_odd_values_is_ignored(tmp_path):
     """The scan index is a cache of what metadata said: one whose rows hold values the schema
     refuses (a lone surrogate, Infinity) is ignored and rebuilt, never shown."""
     root = tmp_path / "cache"
-    art = put(root, "kern", size=100)
+    art = put(root, "kern", size=300)
     assert kc(root, "stats").returncode == 0
     index = root / ".stats" / "index.json"
     head, _, body = index.read_bytes().partition(b"\n")

@@ -8,12 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from artifact_images import elf_image, launch
 from conftest import key_of
 
 import kernelcache
 from kernelcache import stats
 
-PAYLOAD = bytes(range(256)) * 64  # 16 KiB
+PAYLOAD = elf_image(bytes(range(256)) * 64)  # a whole cubin of 16 KiB and some
+META = launch(name="k")  # what a cubin is launched with
 
 
 def _flip_byte(root: Path, key: str) -> None:
@@ -133,7 +135,7 @@ DAMAGE: dict[str, Callable[[Path, str], None]] = {
 def test_damage_is_detected_quarantined_and_rebuilt(root, damage, caplog_warnings):
     cache = kernelcache.Cache(root, readonly_roots=())
     key = key_of("mayhem", damage)
-    cache.put(key, "cubin", PAYLOAD, {"name": "k"})
+    cache.put(key, "cubin", PAYLOAD, META)
     DAMAGE[damage](root, key)
     before = stats.process_stats()["corrupt"]
 
@@ -147,7 +149,7 @@ def test_damage_is_detected_quarantined_and_rebuilt(root, damage, caplog_warning
     assert any("quarantined" in r.getMessage() for r in caplog_warnings.records)
 
     builds = []
-    art = cache.get_or_create(key, "cubin", lambda: (builds.append(1) or PAYLOAD, {"name": "k"}))
+    art = cache.get_or_create(key, "cubin", lambda: (builds.append(1) or PAYLOAD, META))
     assert builds == [1] and art.data == PAYLOAD and art.source == "local"
     again = cache.get(key, "cubin")
     assert again is not None and again.data == PAYLOAD
@@ -158,23 +160,23 @@ def test_orphan_artifact_is_a_miss_and_is_replaced(root):
     """An artifact without metadata (a writer killed between the two renames) is not an entry."""
     cache = kernelcache.Cache(root, readonly_roots=())
     key = key_of("orphan")
-    cache.put(key, "cubin", PAYLOAD, {})
+    cache.put(key, "cubin", PAYLOAD, META)
     (root / f"{key}.json").unlink()
     (root / f"{key}.cubin").write_bytes(b"half-written garbage")
     assert cache.get(key, "cubin") is None
-    art = cache.get_or_create(key, "cubin", lambda: (PAYLOAD, {}))
+    art = cache.get_or_create(key, "cubin", lambda: (PAYLOAD, META))
     assert art.data == PAYLOAD and (root / f"{key}.cubin").read_bytes() == PAYLOAD
 
 
 def test_corrupt_entry_in_readonly_root_is_skipped_not_touched(tmp_path, caplog_warnings):
     image, local = tmp_path / "image", tmp_path / "local"
     key = key_of("ro-corrupt")
-    kernelcache.Cache(image, readonly_roots=()).put(key, "cubin", PAYLOAD, {})
+    kernelcache.Cache(image, readonly_roots=()).put(key, "cubin", PAYLOAD, META)
     _flip_byte(image, key)
     damaged = (image / f"{key}.cubin").read_bytes()
     cache = kernelcache.Cache(local, readonly_roots=[image])
     assert cache.get(key, "cubin") is None
-    art = cache.get_or_create(key, "cubin", lambda: (PAYLOAD, {}))
+    art = cache.get_or_create(key, "cubin", lambda: (PAYLOAD, META))
     assert art.source == "local" and art.data == PAYLOAD
     assert (image / f"{key}.cubin").read_bytes() == damaged
     assert not (image / ".quarantine").exists()
@@ -184,7 +186,7 @@ def test_corrupt_entry_in_readonly_root_is_skipped_not_touched(tmp_path, caplog_
 def test_quarantine_keeps_bytes_for_inspection(root):
     cache = kernelcache.Cache(root, readonly_roots=())
     key = key_of("inspect")
-    cache.put(key, "cubin", PAYLOAD, {})
+    cache.put(key, "cubin", PAYLOAD, META)
     _flip_byte(root, key)
     damaged = (root / f"{key}.cubin").read_bytes()
     assert cache.get(key, "cubin") is None
@@ -196,7 +198,7 @@ def test_repeated_damage_is_quarantined_each_time(root):
     cache = kernelcache.Cache(root, readonly_roots=())
     key = key_of("repeat")
     for round_ in range(3):
-        cache.get_or_create(key, "cubin", lambda: (PAYLOAD, {}))
+        cache.get_or_create(key, "cubin", lambda: (PAYLOAD, META))
         _flip_byte(root, key)
         assert cache.get(key, "cubin") is None
         reasons = list((root / ".quarantine").glob("*.reason"))

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from artifact_images import elf_image, launch
 from conftest import CAN_DROP_PRIVILEGES, checked, child_env, key_of, run_py
 from test_cli_support import kc, kc_json, put
 
@@ -108,8 +109,8 @@ def test_a_forged_index_column_never_selects_a_deletion(tmp_path, column, flag, 
     """The index's target (or kernel) column says every entry matches the filter: prune
     deletes only the entries whose own metadata matches (it deleted all 25 before)."""
     root = tmp_path / "cache"
-    victims = [put(root, "victim", "cuda:90", size=100, seed=i) for i in range(20)]
-    retired = [put(root, "old", "cuda:80", size=100, seed=i) for i in range(5)]
+    victims = [put(root, "victim", "cuda:90", size=300, seed=i) for i in range(20)]
+    retired = [put(root, "old", "cuda:80", size=300, seed=i) for i in range(5)]
     for _ in range(2):  # the second scan signs the listing that includes .stats/
         assert kc(root, "stats").returncode == 0
     _forge_index(root, column=column, value=value)
@@ -129,7 +130,7 @@ def test_forged_sizes_neither_show_nor_select(tmp_path):
     """Sizes in the index: a forged artifact size column made `stats` report 2.5e16 bytes; a
     forged metadata size column made `prune --max-size` delete every entry."""
     root = tmp_path / "cache"
-    arts = [put(root, "k", "cuda:90", size=100, seed=i) for i in range(25)]
+    arts = [put(root, "k", "cuda:90", size=300, seed=i) for i in range(25)]
     real = kc_json(root, "stats")["bytes"]
     assert kc(root, "stats").returncode == 0
     _forge_index(root, size=10**15)
@@ -152,7 +153,7 @@ if role == "victim":
     import kernelcache
     cache = kernelcache.Cache(root, readonly_roots=(), remote="")
     for i in range(20):
-        cache.put("%02x" % i * 32, "cubin", b"victim's kernel %d" % i * 40, {"name": "v", "target": "cuda:90"})
+        cache.put("%02x" % i * 32, "bin", b"victim's kernel %d" % i * 40, {"name": "v", "target": "cuda:90"})
 else:  # a member of the cache's group who cannot delete the victim's entries (sticky root)
     index = os.path.join(root, ".stats", "index.json")
     if role == "planter":  # writes the index itself, then forges its own file
@@ -252,12 +253,12 @@ import kernelcache
 root, keys = sys.argv[1], sys.argv[2].split(",")
 cache = kernelcache.Cache(root, readonly_roots=(), remote="")
 build = lambda i: lambda: (time.sleep(0.05), (b"kernel %d" % i, {}))[1]
-items = [kernelcache.BuildItem(k, "cubin", build(i)) for i, k in enumerate(keys)]
+items = [kernelcache.BuildItem(k, "bin", build(i)) for i, k in enumerate(keys)]
 started = time.monotonic()
 arts = cache.get_or_create_many(items)
 many = time.monotonic() - started
 started = time.monotonic()
-one = cache.get_or_create(keys[0], "cubin", build(0))
+one = cache.get_or_create(keys[0], "bin", build(0))
 single = time.monotonic() - started
 print(json.dumps({"many": many, "one": single, "sources": [a.source for a in arts],
                   "data": [a.data.decode() for a in arts], "stats": kernelcache.process_stats()}))
@@ -734,7 +735,7 @@ def test_get_or_create_with_another_extension_never_builds(tmp_path):
     root = tmp_path / "cache"
     cache = kernelcache.Cache(root, readonly_roots=(), remote="")
     key = key_of("ext")
-    cache.put(key, "cubin", b"binary", {})
+    cache.put(key, "cubin", elf_image(b"binary"), launch())
     built = []
     with pytest.raises(WrongExt):
         cache.get_or_create(key, "ptx", lambda: (built.append(1), (b"text", {}))[1])

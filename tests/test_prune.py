@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from artifact_images import elf_image
 from conftest import child_env, key_of
 from test_cli_support import backdate, dead_pid, hold_shared, kc, kc_json, put
 
@@ -98,7 +99,7 @@ def test_cli_prune_dry_run_then_real(aged):
 
 def test_housekeeping_by_age(tmp_path):
     root = tmp_path / "cache"
-    put(root, "keep", size=10)
+    put(root, "keep", size=310)
     q = root / ".quarantine"
     q.mkdir()
     (q / "old.cubin.1").write_bytes(b"o" * 10)
@@ -146,7 +147,7 @@ def test_build_lock_of_a_pruned_entry_is_removed(tmp_path):
     import kernelcache
 
     cache = kernelcache.Cache(root, readonly_roots=())
-    art = cache.get_or_create(key_of("built"), "cubin", lambda: (b"bin", {"name": "b"}))
+    art = cache.get_or_create(key_of("built"), "bin", lambda: (b"bin", {"name": "b"}))
     assert (root / ".locks" / f"{art.key}.build.lock").exists()
     kc_json(root, "prune", "--kernel", "b")
     assert not list((root / ".locks").glob(f"{art.key}*"))
@@ -157,7 +158,7 @@ def test_a_held_build_lock_of_a_pruned_entry_is_left_to_its_builder(tmp_path):
     import kernelcache
 
     cache = kernelcache.Cache(root, readonly_roots=())
-    art = cache.get_or_create(key_of("rebuilt"), "cubin", lambda: (b"bin", {"name": "b"}))
+    art = cache.get_or_create(key_of("rebuilt"), "bin", lambda: (b"bin", {"name": "b"}))
     build_lock = root / ".locks" / f"{art.key}.build.lock"
     builder = hold_shared(build_lock)  # a builder of the same key is at work
     try:
@@ -179,7 +180,7 @@ def _log(root: Path, name: str, **delta: float) -> Path:
 
 def test_logs_of_finished_processes_are_folded_and_totals_kept(tmp_path):
     root = tmp_path / "cache"
-    put(root, "x", size=10)
+    put(root, "x", size=310)
     host = stats.log_name().rsplit("-", 2)[0]
     dead = _log(
         root, f"{host}-{dead_pid()}-aaaa1111.jsonl", hits=5, misses=1, builds=1, build_seconds=2.5
@@ -215,8 +216,8 @@ def test_logs_of_real_processes(tmp_path):
         from conftest import key_of
         c = kernelcache.Cache(sys.argv[1], readonly_roots=())
         for i in range(3):
-            c.get_or_create(key_of("p", i), "cubin", lambda: (b"bin", {"name": "p"}))
-            c.get(key_of("p", i), "cubin")
+            c.get_or_create(key_of("p", i), "bin", lambda: (b"bin", {"name": "p"}))
+            c.get(key_of("p", i), "bin")
     """
     for _ in range(3):
         subprocess.run(
@@ -269,7 +270,7 @@ WORKER = (
     f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
     + """
 import json, random, sys, time, hashlib, kernelcache
-from artifact_images import elf_image
+from artifact_images import elf_image, launch
 root, seed, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 def data_of(i):
     return elf_image(hashlib.sha256(str(i).encode()).digest() * (64 + 16 * i))
@@ -284,7 +285,7 @@ while time.monotonic() < deadline:
     if rng.random() < 0.5:
         def build(i=i):
             done["builds"] += 1
-            return data_of(i), {"name": "k%d" % (i % 4), "target": "cuda:90"}
+            return data_of(i), launch(name="k%d" % (i % 4))
         art = cache.get_or_create(key_of(i), "cubin", build)
     else:
         art = cache.get(key_of(i), "cubin")
@@ -346,7 +347,7 @@ def test_deleting_entries_does_not_list_the_root_per_entry(tmp_path, monkeypatch
     (one listing per delete made `prune --max-size` quadratic in the entries)."""
     root = tmp_path / "cache"
     for i in range(40):
-        put(root, f"k{i}", size=64, last_used=86400 + i)
+        put(root, f"k{i}", size=264, last_used=86400 + i)
     plan = plan_prune(scan(root, last_used=True, locks=True), max_size=0)
     assert len(_deleted(plan)) == 40
     listings = []
@@ -370,10 +371,12 @@ def test_deleting_entries_does_not_list_the_root_per_entry(tmp_path, monkeypatch
     assert not list(root.glob("*.json")) and not list(root.glob("*.cubin"))
 
 
-PUBLISH = """
+PUBLISH = f"""
 import sys
+sys.path.insert(0, {TESTS!r})
+from artifact_images import elf_image, launch
 from kernelcache.store import Store
-Store(sys.argv[1]).put(sys.argv[2], "cubin", b"fresh" * 20, {"name": "fresh", "target": "cuda:90"})
+Store(sys.argv[1]).put(sys.argv[2], "cubin", elf_image(b"fresh" * 20), launch(name="fresh"))
 """
 HIT = """
 import sys
@@ -406,7 +409,7 @@ def _before_the_lock(monkeypatch, key: str, code: str, root: Path) -> list[str]:
 def test_metadata_without_artifact_is_rechecked_under_the_lock(tmp_path, monkeypatch):
     """A writer that publishes between the plan and the delete keeps its fresh entry."""
     root = tmp_path / "cache"
-    put(root, "keep", size=10)
+    put(root, "keep", size=310)
     broken = put(root, "broken", size=300)
     Path(broken.path).unlink()  # metadata without artifact: prune deletes it
     plan = plan_prune(scan(root, last_used=True, locks=True))
@@ -416,7 +419,7 @@ def test_metadata_without_artifact_is_rechecked_under_the_lock(tmp_path, monkeyp
     assert ran == [broken.key]
     assert [o.status for o in result.outcomes] == ["gone"]
     fresh = Store(root).get(broken.key, "cubin")
-    assert fresh is not None and fresh.data == b"fresh" * 20
+    assert fresh is not None and fresh.data == elf_image(b"fresh" * 20)
 
 
 def test_an_entry_used_between_the_check_and_the_delete_is_kept(aged, monkeypatch):
@@ -449,7 +452,7 @@ def test_many_deletes_keep_the_plans_order_and_skip_what_is_in_use(tmp_path, mon
 
     monkeypatch.setattr(Store, "delete", delete)
     root = tmp_path / "cache"
-    arts = [put(root, f"k{i}", size=64, last_used=86400 + 60 * i) for i in range(30)]
+    arts = [put(root, f"k{i}", size=264, last_used=86400 + 60 * i) for i in range(30)]
     held = arts[12]
     plan = plan_prune(scan(root, last_used=True, locks=True), max_size=0)
     assert len(_deleted(plan)) == 30

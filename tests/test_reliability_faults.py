@@ -104,7 +104,7 @@ JOB = (
     f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
     + """
 import json, logging, os, sys, time, kernelcache
-from artifact_images import elf_image
+from artifact_images import elf_image, launch
 logging.basicConfig(level=logging.WARNING)
 root, hold = sys.argv[1], os.environ.get("KC_HOLD")
 keys = [("%02x" % i) * 32 for i in range(3)]
@@ -114,7 +114,7 @@ def build(i):
         print("BUILDING", i, flush=True)
         while hold and not os.path.exists(hold):
             time.sleep(0.01)
-        return elf_image(b"kernel-%d" % i * 1000), {"name": "k%d" % i}
+        return elf_image(b"kernel-%d" % i * 1000), launch(name="k%d" % i)
     return run
 
 cache = kernelcache.Cache(root, readonly_roots=())

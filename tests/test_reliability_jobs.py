@@ -10,7 +10,7 @@ import json
 import threading
 import time
 
-from artifact_images import elf_image
+from artifact_images import elf_image, launch, ptx_text
 from bridge_helpers import finish_child, start_child
 from conftest import key_of
 from test_reliability_support import record_figures, run_cli
@@ -98,14 +98,14 @@ def test_waiters_find_the_ptx_companion_the_builder_stored(tmp_path):
     def build() -> Compiled:
         builds.append(1)
         time.sleep(0.1)
-        return Compiled(elf_image(b"binary"), "// ptx text", {"name": "k"})
+        return Compiled(elf_image(b"binary"), ptx_text("k").decode(), {"name": "k"})
 
     key = key_of("ptx-companion")
     got = []
 
     def worker() -> None:
         cache = SlowCompanion(root, readonly_roots=())
-        request = Request(key, "cubin", build, lambda c: {"name": "k"}, need_ptx=True)
+        request = Request(key, "cubin", build, lambda c: launch(name="k"), need_ptx=True)
         got.append(fetch_request(cache, request))
 
     threads = [threading.Thread(target=worker) for _ in range(2)]
@@ -116,7 +116,7 @@ def test_waiters_find_the_ptx_companion_the_builder_stored(tmp_path):
         t.join(timeout=60)
     assert len(builds) == 1, "the waiter compiled again"
     assert sorted(kb.built for kb in got) == [False, True]
-    assert {kb.ptx for kb in got} == {"// ptx text"}
+    assert {kb.ptx for kb in got} == {ptx_text("k").decode()}
 
 
 # A job process: operations on 30 shared keys until told to stop; every artifact served is
@@ -139,12 +139,12 @@ while not os.path.exists(stop):
     i = rng.randrange(30)
     op = rng.random()
     if op < 0.6:
-        art = cache.get_or_create(key(i), "cubin", lambda: (payload(i), {"name": "k%d" % i}))
+        art = cache.get_or_create(key(i), "bin", lambda: (payload(i), {"name": "k%d" % i}))
     elif op < 0.9:
-        art = cache.get(key(i), "cubin")
+        art = cache.get(key(i), "bin")
     else:
         try:
-            art = cache.put(key(i), "cubin", payload(i), {"name": "k%d" % i})
+            art = cache.put(key(i), "bin", payload(i), {"name": "k%d" % i})
         except kernelcache.CacheError:
             art = None  # e.g. the entry was being pruned: put may fail, never lie
     ops += 1
@@ -214,7 +214,7 @@ def test_chaos_jobs_pruner_kills_and_damage(tmp_path):
         kills += 1
         live.append(start(seed))
         seed += 1
-        artifacts = list(root.glob("*.cubin"))
+        artifacts = list(root.glob("*.bin"))
         if artifacts and kills % 2:
             target = rng.choice(artifacts)
             try:
@@ -247,7 +247,7 @@ def test_chaos_jobs_pruner_kills_and_damage(tmp_path):
     expected = {}
     for i in range(30):
         k = hashlib.sha256(b"chaos-key-%d" % i).hexdigest()
-        expected[k] = ("cubin", hashlib.sha256(b"chaos-%d" % i).digest() * (100 + 997 * i % 3000))
+        expected[k] = ("bin", hashlib.sha256(b"chaos-%d" % i).digest() * (100 + 997 * i % 3000))
     assert audit(root, expected).served_wrong == 0
     record_figures(
         "chaos: jobs, pruner, kill -9, damaged artifacts",

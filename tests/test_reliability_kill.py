@@ -19,6 +19,7 @@ Time-based kills of concurrent writers are in test_multiprocess.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
+from artifact_images import launch, sized
 from conftest import key_of, metadata_keys, run_py
 from test_reliability_support import (
     KILLER,
@@ -70,7 +72,7 @@ PUT = (
     f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
     + """
 import hashlib, os, sys, kernelcache
-from artifact_images import sized
+from artifact_images import launch, sized
 
 def payload(key, size):  # as test_reliability_support.payload
     return sized("cubin", size, hashlib.sha256(key.encode()).digest())
@@ -78,10 +80,10 @@ def payload(key, size):  # as test_reliability_support.payload
 root, keys = sys.argv[1], sys.argv[2].split(",")
 cache = kernelcache.Cache(root, readonly_roots=())
 arm(int(os.environ["KC_KILL_AT"]))
-cache.put(keys[3], "cubin", payload(keys[3], 30_000), {"name": "k3"})  # replaces a corrupt entry
-cache.put(keys[4], "cubin", payload(keys[4], 70_000), {"name": "k4"})  # new
-cache.put(keys[0], "cubin", payload(keys[0], 5_000), {"name": "k0"})   # present: kept
-art = cache.get_or_create(keys[5], "cubin", lambda: (payload(keys[5], 9_000), {"name": "k5"}))
+cache.put(keys[3], "cubin", payload(keys[3], 30_000), launch(name="k3"))  # replaces a corrupt entry
+cache.put(keys[4], "cubin", payload(keys[4], 70_000), launch(name="k4"))  # new
+cache.put(keys[0], "cubin", payload(keys[0], 5_000), launch(name="k0"))   # present: kept
+art = cache.get_or_create(keys[5], "cubin", lambda: (payload(keys[5], 9_000), launch(name="k5")))
 assert art.data == payload(keys[5], 9_000)
 assert cache.get(keys[1], "cubin").data == payload(keys[1], 6_000)    # refreshes an old stamp
 # (False: a killed run got there first. The wait: a run killed between creating its soft lock
@@ -99,7 +101,7 @@ def test_kill_9_during_put(tmp_path, lock_mode):
     template = tmp_path / "template"
     store = Store(template)
     for i in (0, 1, 2, 3):
-        store.put(keys[i], "cubin", payload(keys[i], PUT_SIZES[i]), {"name": f"k{i}"})
+        store.put(keys[i], "cubin", payload(keys[i], PUT_SIZES[i]), launch(name=f"k{i}"))
     _backdate(template / f"{keys[1]}.json", 7200)
     corrupt = template / f"{keys[3]}.cubin"
     corrupt.write_bytes(b"\0" * PUT_SIZES[3])
@@ -177,7 +179,7 @@ def _prune_template(root: Path) -> tuple[dict[str, tuple[str, bytes]], dict[str,
     for i in range(PRUNE_ENTRIES):
         key = key_of("prune", i)
         data = payload(key, 2_000 + 500 * (i % 9))
-        store.put(key, "cubin", data, {"name": f"k{i % 4}", "target": "cuda:90"})
+        store.put(key, "cubin", data, launch(name=f"k{i % 4}"))
         _backdate(root / f"{key}.json", 3600 * (PRUNE_ENTRIES - i))  # distinct last-used
         expected[key] = ("cubin", data)
     for i in range(3):  # orphan artifacts, staging files, old quarantined files, stale locks
@@ -283,9 +285,10 @@ def test_kill_9_during_import(tmp_path):
     expected = {}
     for i in range(BUNDLE_ENTRIES):
         key = key_of("bundle", i)
-        data = payload(key, 1_000 + 3_000 * (i % 5))
-        store.put(key, "hsaco" if i % 3 else "cubin", data, {"name": f"b{i}"})
-        expected[key] = ("hsaco" if i % 3 else "cubin", data)
+        ext = "hsaco" if i % 3 else "cubin"
+        data = sized(ext, 1_000 + 3_000 * (i % 5), hashlib.sha256(key.encode()).digest())
+        store.put(key, ext, data, launch(name=f"b{i}"))
+        expected[key] = (ext, data)
     path = tmp_path / "entries.tar"
     code, out = run_cli("--root", str(source), "export", str(path), "--json")
     assert code == 0, out
@@ -293,9 +296,9 @@ def test_kill_9_during_import(tmp_path):
     dest = Store(template)
     for key in list(expected)[:5]:
         ext, data = expected[key]
-        dest.put(key, ext, data, {"name": "already"})
+        dest.put(key, ext, data, launch(name="already"))
     ext, data = expected[list(expected)[5]]
-    dest.put(list(expected)[5], ext, data, {})
+    dest.put(list(expected)[5], ext, data, launch())
     (template / f"{list(expected)[5]}.{ext}").write_bytes(b"\xff" * len(data))
 
     def run(root: Path, at: int):

@@ -96,7 +96,7 @@ WORKER = textwrap.dedent(
     sources = {}
     started = time.monotonic()
     for key in json.loads(keys):
-        art = cache.get_or_create(key, "cubin", build(key))
+        art = cache.get_or_create(key, "bin", build(key))
         assert art.data == key.encode() * 2048, key
         sources[key] = art.source
     print(json.dumps({"sources": sources, "seconds": time.monotonic() - started,
@@ -146,14 +146,14 @@ def test_two_machines_share_through_redis(server, tmp_path) -> None:
         """
         import sys, kernelcache
         c = kernelcache.Cache(sys.argv[2], readonly_roots=[], remote=sys.argv[1])
-        c.put(sys.argv[3], "cubin", b"machine-a" * 1000, {"name": "add", "num_warps": 4})
+        c.put(sys.argv[3], "bin", b"machine-a" * 1000, {"name": "add", "num_warps": 4})
         """
     )
     get = textwrap.dedent(
         """
         import json, sys, kernelcache
         c = kernelcache.Cache(sys.argv[2], readonly_roots=[], remote=sys.argv[1])
-        first, second = c.get(sys.argv[3], "cubin"), c.get(sys.argv[3], "cubin")
+        first, second = c.get(sys.argv[3], "bin"), c.get(sys.argv[3], "bin")
         print(json.dumps([first.source, second.source, first.path, first.data.decode()[:9],
                           first.meta["num_warps"], kernelcache.process_stats()]))
         """
@@ -169,7 +169,7 @@ def test_two_machines_share_through_redis(server, tmp_path) -> None:
     ).stdout
     first, second, path, text, warps, counts = json.loads(out)
     assert (first, second) == ("remote", "local")
-    assert path == str(b / f"{key}.cubin") and Path(path).read_bytes() == b"machine-a" * 1000
+    assert path == str(b / f"{key}.bin") and Path(path).read_bytes() == b"machine-a" * 1000
     assert (text, warps) == ("machine-a", 4)
     assert counts["remote_hits"] == 1 and counts["hits"] == 2 and counts["remote_errors"] == 0
 
@@ -214,12 +214,12 @@ def test_hung_server_costs_one_timeout_then_the_breaker_skips_it(server, tmp_pat
     )
     calls: list[str] = []
     for i in range(5):
-        cache.get_or_create(key_of(300 + i), "cubin", builder(key_of(300 + i), calls))
+        cache.get_or_create(key_of(300 + i), "bin", builder(key_of(300 + i), calls))
     server.process.send_signal(signal.SIGSTOP)  # alive, connections open, never answers
     try:
         started = time.monotonic()
         for i in range(5, 25):
-            art = cache.get_or_create(key_of(300 + i), "cubin", builder(key_of(300 + i), calls))
+            art = cache.get_or_create(key_of(300 + i), "bin", builder(key_of(300 + i), calls))
             assert art.data == payload(key_of(300 + i)) and art.source == "local"
         elapsed = time.monotonic() - started
     finally:
@@ -239,9 +239,9 @@ def test_unreachable_url_costs_at_most_the_timeout_once(tmp_path, remote_log, ki
         started = time.monotonic()
         for i in range(40):
             key = key_of(400 + i)
-            assert cache.get(key, "cubin") is None
-            assert cache.get_or_create(key, "cubin", builder(key, calls)).source == "local"
-            cache.remote.put(key, "cubin", b"x", {})
+            assert cache.get(key, "bin") is None
+            assert cache.get_or_create(key, "bin", builder(key, calls)).source == "local"
+            cache.remote.put(key, "bin", b"x", {})
             assert cache.remote.acquire(key, 5.0) is None
         elapsed = time.monotonic() - started
     assert elapsed < 0.3 + 0.7, elapsed
@@ -266,7 +266,7 @@ def test_a_server_speaking_garbage_is_skipped(tmp_path, reply) -> None:
         started = time.monotonic()
         for i in range(10):
             key = key_of(450 + i)
-            assert cache.get_or_create(key, "cubin", builder(key, calls)).data == payload(key)
+            assert cache.get_or_create(key, "bin", builder(key, calls)).data == payload(key)
         elapsed = time.monotonic() - started
     assert len(calls) == 10 and elapsed < 1.0
     assert cache.remote.counters["breaker_trips"] == 1
@@ -276,13 +276,13 @@ def test_breaker_reopens_after_its_period(tmp_path) -> None:
     port = free_port()
     tier = open_remote(f"redis://127.0.0.1:{port}/0?breaker=0.5&timeout=0.3")
     key = key_of(500)
-    assert tier.get(key, "cubin") is None
+    assert tier.get(key, "bin") is None
     with RedisServer(tmp_path / "redis", port=port) as srv:
-        tier.put(key, "cubin", b"late", {})
+        tier.put(key, "bin", b"late", {})
         assert srv.client().exists(tier.name(key)) == 0  # breaker still open: not asked
         time.sleep(0.55)
-        tier.put(key, "cubin", b"late", {})
-        found = tier.get(key, "cubin")
+        tier.put(key, "bin", b"late", {})
+        found = tier.get(key, "bin")
     assert found is not None and found[0] == b"late"
     assert tier.counters["breaker_trips"] == 1 and tier.counters["skipped"] >= 1
 
@@ -291,14 +291,14 @@ def test_corrupt_value_is_rejected_deleted_and_rebuilt(server, tmp_path, remote_
     key = key_of(600)
     calls: list[str] = []
     a = kernelcache.Cache(tmp_path / "a", readonly_roots=[], remote=server.url)
-    a.get_or_create(key, "cubin", builder(key, calls))
+    a.get_or_create(key, "bin", builder(key, calls))
     r = server.client()
     name = a.remote.name(key)
     good = r.get(name)
     r.set(name, good[:-10] + bytes(b ^ 0xFF for b in good[-10:]))
     b = kernelcache.Cache(tmp_path / "b", readonly_roots=[], remote=server.url)
     before = kernelcache.process_stats()["remote_errors"]
-    art = b.get_or_create(key, "cubin", builder(key, calls))
+    art = b.get_or_create(key, "bin", builder(key, calls))
     assert art.data == payload(key) and art.source == "local"
     assert calls == [key, key]
     assert b.remote.counters["rejected"] == 1
@@ -307,14 +307,14 @@ def test_corrupt_value_is_rejected_deleted_and_rebuilt(server, tmp_path, remote_
     # the rebuilt entry replaced the bad value
     assert not isinstance(decode_value(r.get(name), key), Problem)
     c = kernelcache.Cache(tmp_path / "c", readonly_roots=[], remote=server.url)
-    assert c.get(key, "cubin").source == "remote"
+    assert c.get(key, "bin").source == "remote"
 
 
 def test_garbage_values_are_misses_and_the_tier_keeps_working(server) -> None:
     tier = open_remote(server.url)
     r = server.client()
-    data = b"cubin" * 100
-    good = encode_value(make_metadata(key_of(700), "cubin", data, {}), data)
+    data = b"bin" * 100
+    good = encode_value(make_metadata(key_of(700), "bin", data, {}), data)
     garbage = {
         key_of(701): b"",
         key_of(702): b"not a kernelcache value",
@@ -327,41 +327,41 @@ def test_garbage_values_are_misses_and_the_tier_keeps_working(server) -> None:
         r.set(tier.name(key), value)
     r.hset(tier.name(key_of(707)), "a", "b")  # the wrong type: WRONGTYPE from GET
     for key in [*garbage, key_of(707)]:
-        assert tier.get(key, "cubin") is None
+        assert tier.get(key, "bin") is None
     assert tier.counters["rejected"] == len(garbage)
     assert all(r.exists(tier.name(key)) == 0 for key in garbage)  # bad values deleted
     assert "breaker_trips" not in tier.counters
-    tier.put(key_of(708), "cubin", data, {"name": "k"})
-    found = tier.get(key_of(708), "cubin")
+    tier.put(key_of(708), "bin", data, {"name": "k"})
+    found = tier.get(key_of(708), "bin")
     assert found is not None and found[0] == data and found[1]["name"] == "k"
 
 
 def test_a_value_with_another_ext_is_a_plain_miss(server) -> None:
     tier = open_remote(server.url)
-    tier.put(key_of(750), "hsaco", b"amd", {})
-    assert tier.get(key_of(750), "cubin") is None
-    assert tier.get(key_of(750), "hsaco") is not None
+    tier.put(key_of(750), "obj", b"amd", {})
+    assert tier.get(key_of(750), "bin") is None
+    assert tier.get(key_of(750), "obj") is not None
     assert "rejected" not in tier.counters
 
 
 def test_ttl_is_applied(server) -> None:
     r = server.client()
     forever, week, short = (open_remote(server.url + q) for q in ("", "?ttl=7d", "?ttl=300ms"))
-    forever.put(key_of(800), "cubin", b"a", {})
-    week.put(key_of(801), "cubin", b"b", {})
-    short.put(key_of(802), "cubin", b"c", {})
+    forever.put(key_of(800), "bin", b"a", {})
+    week.put(key_of(801), "bin", b"b", {})
+    short.put(key_of(802), "bin", b"c", {})
     assert r.pttl(forever.name(key_of(800))) == -1
     assert 7 * 86400 * 1000 - 60_000 < r.pttl(week.name(key_of(801))) <= 7 * 86400 * 1000
-    assert short.get(key_of(802), "cubin") is not None
+    assert short.get(key_of(802), "bin") is not None
     time.sleep(0.4)
-    assert short.get(key_of(802), "cubin") is None
+    assert short.get(key_of(802), "bin") is None
 
 
 def test_oversized_entries_are_not_sent(server, remote_log) -> None:
     tier = open_remote(server.url + "?max_size=4K")
-    tier.put(key_of(900), "cubin", b"s" * 1000, {})
-    tier.put(key_of(901), "cubin", b"L" * 5000, {})
-    tier.put(key_of(902), "cubin", b"L" * 6000, {})
+    tier.put(key_of(900), "bin", b"s" * 1000, {})
+    tier.put(key_of(901), "bin", b"L" * 5000, {})
+    tier.put(key_of(902), "bin", b"L" * 6000, {})
     r = server.client()
     assert r.exists(tier.name(key_of(900))) == 1
     assert r.exists(tier.name(key_of(901)), tier.name(key_of(902))) == 0
@@ -371,8 +371,8 @@ def test_oversized_entries_are_not_sent(server, remote_log) -> None:
 
 def test_namespaces_do_not_see_each_other(server) -> None:
     a, b = open_remote(server.url + "?namespace=jobA"), open_remote(server.url + "?namespace=jobB")
-    a.put(key_of(950), "cubin", b"a", {})
-    assert b.get(key_of(950), "cubin") is None and a.get(key_of(950), "cubin") is not None
+    a.put(key_of(950), "bin", b"a", {})
+    assert b.get(key_of(950), "bin") is None and a.get(key_of(950), "bin") is not None
     assert server.client().exists(f"jobA:v3:{key_of(950)}") == 1
 
 
@@ -381,13 +381,13 @@ def test_full_server_stops_puts_but_reads_go_on(tmp_path, remote_log) -> None:
     with RedisServer(tmp_path / "redis", args=args) as srv:
         cache = kernelcache.Cache(tmp_path / "root", readonly_roots=[], remote=srv.url)
         for i in range(80):
-            cache.put(key_of(1000 + i), "cubin", payload(key_of(1000 + i), 65536), {})
+            cache.put(key_of(1000 + i), "bin", payload(key_of(1000 + i), 65536), {})
         tier = cache.remote.counters
         assert tier["full"] == 1 and tier["puts"] >= 1 and tier["skipped"] >= 1
         assert "breaker_trips" not in tier
         assert len(warnings_of(remote_log, "refuses writes")) == 1
         other = kernelcache.Cache(tmp_path / "other", readonly_roots=[], remote=srv.url)
-        assert other.get(key_of(1000), "cubin").source == "remote"
+        assert other.get(key_of(1000), "bin").source == "remote"
 
 
 def test_evicting_server_turns_into_misses(tmp_path) -> None:
@@ -395,8 +395,8 @@ def test_evicting_server_turns_into_misses(tmp_path) -> None:
     with RedisServer(tmp_path / "redis", args=args) as srv:
         tier = open_remote(srv.url)
         for i in range(80):
-            tier.put(key_of(1100 + i), "cubin", payload(key_of(1100 + i), 65536), {})
-        hits = [tier.get(key_of(1100 + i), "cubin") is not None for i in range(80)]
+            tier.put(key_of(1100 + i), "bin", payload(key_of(1100 + i), 65536), {})
+        hits = [tier.get(key_of(1100 + i), "bin") is not None for i in range(80)]
     assert tier.counters["puts"] == 80
     assert not all(hits) and any(hits)
     assert "errors" not in tier.counters
@@ -406,13 +406,13 @@ def test_password_auth_works_and_is_never_shown(tmp_path, remote_log) -> None:
     with RedisServer(tmp_path / "redis", password=SECRET) as srv:
         for url in (srv.url, f"redis://default:{SECRET}@127.0.0.1:{srv.port}/0"):
             cache = kernelcache.Cache(tmp_path / "root", readonly_roots=[], remote=url)
-            cache.put(key_of(1200), "cubin", b"secret kernel", {})
-            assert open_remote(url).get(key_of(1200), "cubin") is not None
+            cache.put(key_of(1200), "bin", b"secret kernel", {})
+            assert open_remote(url).get(key_of(1200), "bin") is not None
             assert SECRET not in repr(cache) and SECRET not in str(cache.remote)
         wrong = open_remote(f"redis://:wrong-{SECRET}@127.0.0.1:{srv.port}/0")
         nopass = open_remote(f"redis://127.0.0.1:{srv.port}/0")
-        assert wrong.get(key_of(1200), "cubin") is None
-        assert nopass.get(key_of(1200), "cubin") is None
+        assert wrong.get(key_of(1200), "bin") is None
+        assert nopass.get(key_of(1200), "bin") is None
         assert wrong.counters["breaker_trips"] == 1
     messages = warnings_of(remote_log, "unavailable")
     assert len(messages) == 2  # one per server URL
@@ -427,10 +427,10 @@ def test_tls_with_a_ca_file(tmp_path) -> None:
     with RedisServer(tmp_path / "redis", tls=tls, password=SECRET) as srv:
         assert srv.url.startswith("rediss://")
         trusted = open_remote(f"{srv.url}?ssl_ca_certs={tls.cert}")
-        trusted.put(key_of(1300), "cubin", b"over tls", {})
-        assert trusted.get(key_of(1300), "cubin")[0] == b"over tls"
+        trusted.put(key_of(1300), "bin", b"over tls", {})
+        assert trusted.get(key_of(1300), "bin")[0] == b"over tls"
         untrusted = open_remote(srv.url + "?timeout=1")
-        assert untrusted.get(key_of(1300), "cubin") is None
+        assert untrusted.get(key_of(1300), "bin") is None
         assert untrusted.counters["breaker_trips"] == 1
 
 
@@ -452,7 +452,7 @@ def test_lock_is_exclusive_and_a_waiter_gives_up_in_time(server) -> None:
 def test_waiter_stops_as_soon_as_the_entry_appears(server) -> None:
     a, b = open_remote(server.url), open_remote(server.url)
     release = a.acquire(key_of(1500), 5)
-    a.put(key_of(1500), "cubin", b"built by a", {})
+    a.put(key_of(1500), "bin", b"built by a", {})
     started = time.monotonic()
     ready = b.acquire(key_of(1500), 10)
     assert ready is not None and time.monotonic() - started < 0.5
@@ -502,13 +502,13 @@ def test_build_errors_do_not_leave_a_lock(server, tmp_path) -> None:
         raise RuntimeError("compiler crashed")
 
     with pytest.raises(RuntimeError, match="compiler crashed"):
-        cache.get_or_create(key_of(1800), "cubin", fail)
+        cache.get_or_create(key_of(1800), "bin", fail)
     assert server.client().exists(cache.remote.name(key_of(1800)) + ":lock") == 0
 
 
 def test_tier_counts_errors_under_the_given_root(tmp_path) -> None:
     tier = RedisTier(f"redis://127.0.0.1:{free_port()}/0", stats_root=str(tmp_path))
-    tier.get(key_of(1900), "cubin")
+    tier.get(key_of(1900), "bin")
     stats.enable_log(str(tmp_path))
     stats.flush()
     assert stats.read_logs(str(tmp_path))[0]["remote_errors"] == 1
@@ -523,7 +523,7 @@ def test_stats_remote_shows_the_tiers_entries_and_bytes_bounded(server, tmp_path
     url = server.url + "?namespace=team-a"
     cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote=url)
     for i in range(3):
-        cache.put(f"{i:064x}", "cubin", b"x" * 1000, {"name": "k", "target": "cuda:90"})
+        cache.put(f"{i:064x}", "bin", b"x" * 1000, {"name": "k", "target": "cuda:90"})
     client = server.client()
     client.set(cache.remote.name("f" * 64) + ":lock", b"token")  # a build lock: not an entry
     client.set("kc:v3:team-b:" + "e" * 64, b"y" * 50_000)  # another namespace

@@ -57,7 +57,7 @@ def test_locks_kept_fresh_by_a_hostile_client_cost_one_timeout_per_call(server, 
         before = kernelcache.process_stats()["lock_timeouts"]
         started = time.monotonic()
         arts = cache.get_or_create_many(
-            [kernelcache.BuildItem(k, "cubin", build_of(k)) for k in keys]
+            [kernelcache.BuildItem(k, "bin", build_of(k)) for k in keys]
         )
         elapsed = time.monotonic() - started
     finally:
@@ -75,10 +75,10 @@ def test_a_server_answering_one_byte_at_a_time_costs_one_timeout(tmp_path):
     with drip(interval=0.3) as port:
         tier = RedisTier(f"redis://127.0.0.1:{port}/0?timeout=0.5&breaker=30")
         started = time.monotonic()
-        assert tier.get(key_of(1), "cubin") is None
+        assert tier.get(key_of(1), "bin") is None
         first = time.monotonic() - started
         for i in range(10):
-            assert tier.get(key_of(2 + i), "cubin") is None
+            assert tier.get(key_of(2 + i), "bin") is None
         total = time.monotonic() - started
     assert first < 1.5, first  # 0.5 s and a connect, with headroom
     assert total < 2.0, total  # the others are skipped by the breaker
@@ -95,7 +95,7 @@ def test_a_slow_server_does_not_stall_a_job(tmp_path):
         started = time.monotonic()
         for i in range(5):
             key = key_of(100 + i)
-            assert cache.get_or_create(key, "cubin", build_of(key)).key == key
+            assert cache.get_or_create(key, "bin", build_of(key)).key == key
         elapsed = time.monotonic() - started
     assert elapsed < 2.0, elapsed
     assert cache.remote.counters["breaker_trips"] == 1
@@ -108,7 +108,7 @@ from kernelcache.remote import RedisTier
 tier = RedisTier(sys.argv[1])
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 started = time.monotonic()
-found = tier.get(sys.argv[2], "cubin")
+found = tier.get(sys.argv[2], "bin")
 elapsed = time.monotonic() - started
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"found": found is not None, "grew_kib": after - before,

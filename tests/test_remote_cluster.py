@@ -34,9 +34,9 @@ def test_entries_spread_over_the_shards_and_each_lock_shares_its_entry_slot(clus
     assert isinstance(tier, RedisTier) and tier.cluster
     keys = [key_of(10_000 + i) for i in range(30)]
     for key in keys:
-        assert tier.put(key, "cubin", key.encode() * 10, META)
+        assert tier.put(key, "bin", key.encode() * 10, META)
     for key in keys:
-        found = tier.get(key, "cubin")
+        found = tier.get(key, "bin")
         assert found is not None and found[0] == key.encode() * 10
     client = cluster.client()
     per_node = [n.redis_connection.dbsize() for n in client.get_primaries()]
@@ -67,7 +67,7 @@ def test_a_value_larger_than_max_size_is_not_read_from_a_shard(cluster):
     tier = open_remote(cluster.url + "?max_size=4K")
     key = key_of(12_000)
     cluster.client().set(tier.name(key), b"\0" * 100_000)
-    assert tier.get(key, "cubin") is None
+    assert tier.get(key, "bin") is None
     assert tier.counters["oversize"] == 1 and tier.counters.get("errors", 0) == 0
 
 
@@ -106,7 +106,7 @@ def test_a_killed_primary_costs_one_failure_and_the_other_shards_serve(tmp_path)
         writer = kernelcache.Cache(tmp_path / "a", (), url)
         for keys in by_shard.values():
             for key in keys:
-                writer.put(key, "cubin", key.encode(), META)
+                writer.put(key, "bin", key.encode(), META)
         dead = f"127.0.0.1:{servers.nodes[1].port}"
         servers.nodes[1].kill()
         reader = kernelcache.Cache(tmp_path / "b", (), url)
@@ -114,7 +114,7 @@ def test_a_killed_primary_costs_one_failure_and_the_other_shards_serve(tmp_path)
         sources = {}
         for keys in by_shard.values():
             for key in keys:
-                art = reader.get_or_create(key, "cubin", lambda key=key: (key.encode(), META))
+                art = reader.get_or_create(key, "bin", lambda key=key: (key.encode(), META))
                 assert art.data == key.encode()
                 sources[key] = art.source
         elapsed = time.monotonic() - started
@@ -133,7 +133,7 @@ def test_slots_without_a_primary_cost_their_own_keys_only(tmp_path):
         writer = RedisTier(url)
         for keys in by_shard.values():
             for key in keys:
-                assert writer.put(key, "cubin", key.encode(), META)
+                assert writer.put(key, "bin", key.encode(), META)
         owner = servers.nodes[2]
         first, last = 2 * 16384 // 3, 16383  # its slots (RedisClusterServers.start)
         for node in servers.nodes:  # unassigned in every node's view
@@ -141,7 +141,7 @@ def test_slots_without_a_primary_cost_their_own_keys_only(tmp_path):
         lost = by_shard[f"127.0.0.1:{owner.port}"]
         reader = RedisTier(url)
         keys = lost + [k for ks in by_shard.values() for k in ks if k not in lost]
-        found = {key: reader.get(key, "cubin") is not None for key in keys}  # lost ones first
+        found = {key: reader.get(key, "bin") is not None for key in keys}  # lost ones first
     assert found == {key: key not in lost for key in keys}
     assert reader.counters["breaker_trips"] == 1 and reader.counters["skipped"] == len(lost) - 1
 
@@ -177,7 +177,7 @@ def test_a_stopped_primary_costs_one_timeout_and_new_clients_read_the_other_shar
         writer = kernelcache.Cache(tmp_path / "writer", (), url)
         keys = [key for keys in by_shard.values() for key in keys]
         for key in keys:
-            writer.put(key, "cubin", key.encode() * 64, META)
+            writer.put(key, "bin", key.encode() * 64, META)
         stopped = f"127.0.0.1:{servers.nodes[2].port}"
         servers.nodes[2].pause()
         job = run_job(url, tmp_path, keys, nodes=2, per_node=1, build_s=0.1)

@@ -27,7 +27,7 @@ KEY = "0123456789abcdef" * 2
 SECRET = "hunter2-S3cr3t"
 
 
-def entry(key: str = KEY, data: bytes = b"\x7fELF cubin bytes", ext: str = "cubin") -> bytes:
+def entry(key: str = KEY, data: bytes = b"\x7fELF cubin bytes", ext: str = "bin") -> bytes:
     return encode_value(make_metadata(key, ext, data, {"name": "add_kernel"}), data)
 
 
@@ -155,7 +155,7 @@ def test_value_round_trip() -> None:
     assert not isinstance(found, Problem)
     got, meta = found
     assert got == data
-    assert meta["key"] == KEY and meta["ext"] == "cubin" and meta["name"] == "add_kernel"
+    assert meta["key"] == KEY and meta["ext"] == "bin" and meta["name"] == "add_kernel"
     assert meta["size"] == len(data) and meta["digest"] == digest(data)
 
 
@@ -166,7 +166,7 @@ def _with_meta(doc: dict, data: bytes) -> bytes:
 def _garbage() -> dict[str, bytes]:
     good = entry()
     data = b"\x7fELF cubin bytes"
-    doc = make_metadata(KEY, "cubin", data, {})
+    doc = make_metadata(KEY, "bin", data, {})
     (meta_len,) = struct.unpack_from(">I", good, 4)
     return {
         "empty": b"",
@@ -193,11 +193,11 @@ def test_garbage_values_are_rejected(name: str) -> None:
 @pytest.mark.parametrize("call", ["get", "put", "acquire"])
 def test_malformed_keys_are_value_errors_before_any_connection(call: str) -> None:
     tier = open_remote("redis://127.0.0.1:1/0")
-    args = {"get": ("../x", "cubin"), "put": ("../x", "cubin", b"", {}), "acquire": ("KEY", 1)}
+    args = {"get": ("../x", "bin"), "put": ("../x", "bin", b"", {}), "acquire": ("KEY", 1)}
     with pytest.raises(ValueError, match="invalid cache key"):
         getattr(tier, call)(*args[call])
     with pytest.raises(ValueError, match="invalid artifact extension"):
-        tier.get(KEY, ".cubin")
+        tier.get(KEY, ".bin")
     assert tier.counters == {}
 
 

@@ -69,4 +69,4 @@ def test_a_node_that_cannot_write_locally_still_publishes_to_the_tier(tmp_path, 
     others = [r for r in job.results if r["node"] != 0]
     for key in full["built"]:
         assert {r["sources"][key] for r in others} == {"remote"}, key
-    assert not list((tmp_path / "job" / "node0").glob("*.cubin"))
+    assert not list((tmp_path / "job" / "node0").glob("*.bin"))

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+from artifact_images import elf_image, launch
 from conftest import run_py
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 
@@ -27,8 +28,8 @@ pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
 
 KEY_A = "a1" * 32
 KEY_B = "b2" * 32
-META = {"name": "add_kernel", "target": "cuda:90", "num_warps": 4, "shared": 0}
-DATA = b"\x7fELF cubin" * 400
+META = launch()  # the launch metadata a cubin must hold
+DATA = elf_image(b"cubin" * 800)  # a whole cubin
 
 ODD_VALUES: dict[str, tuple[str, Any]] = {
     "created-400-digits": ("created", 10**400),
@@ -282,10 +283,13 @@ def test_the_signing_key_never_appears_in_messages(server, tmp_path, monkeypatch
 
 
 # -- what a value covers -------------------------------------------------------------------------
-#: a process that puts an entry without the bridge: its digest covers name and target only
+#: a process that puts an entry as an earlier version did (a kernelcache that knew no launch
+#: fields, without the bridge): its digest covers name and target only
 WRITER_WITHOUT_THE_BRIDGE = """
 import json, sys
 import kernelcache
+from kernelcache.schema import fields
+fields._covered.intersection_update({"name", "target"})  # what such a writer covered
 url, root, key, data, meta = sys.argv[1:]
 cache = kernelcache.Cache(root, readonly_roots=(), remote=url)
 cache.put(key, "bin", bytes.fromhex(data), json.loads(meta))
@@ -397,7 +401,7 @@ for key in sys.argv[2:]:
     def build(key=key):
         built.append(key)
         return b"\\x7fELF " + os.environ["WHO"].encode() * 200, {"name": "k", "target": "cuda:90"}
-    cache.get_or_create(key, "cubin", build)
+    cache.get_or_create(key, "bin", build)
 print(json.dumps({"built": built, "tier": cache.remote.counters}))
 """
 

@@ -56,17 +56,17 @@ def test_a_hit_below_is_copied_up_and_the_next_node_reads_the_top(layers, redis,
     assert isinstance(writer.remote, LayeredTier)
     redis_tier, bucket_tier = writer.remote.tiers
     assert isinstance(redis_tier, RedisTier) and isinstance(bucket_tier, ObjectStoreTier)
-    writer.put(key, "cubin", b"layered" * 100, META)
+    writer.put(key, "bin", b"layered" * 100, META)
     assert redis.client().exists(redis_tier.name(key)) == 1  # puts reach every tier
     redis.client().flushall()  # Redis restarted or evicted: the bucket still has it
 
     reader = kernelcache.Cache(tmp_path / "b", (), layers)
-    art = reader.get(key, "cubin")
+    art = reader.get(key, "bin")
     assert art.source == "remote" and art.data == b"layered" * 100
     assert reader.remote.flush(10)  # the copy up is made in the background
     assert redis.client().exists(redis_tier.name(key)) == 1
     third = open_remote(layers)
-    assert third.tiers[0].get(key, "cubin")[0] == b"layered" * 100  # now a Redis hit
+    assert third.tiers[0].get(key, "bin")[0] == b"layered" * 100  # now a Redis hit
     counts = stats.tier_stats()
     assert counts[redis_tier.label]["backfills"] >= 1
     assert counts[bucket_tier.label]["hits"] >= 1
@@ -76,14 +76,14 @@ def test_a_read_only_tier_is_read_and_never_written(s3, redis, tmp_path):
     bucket = s3.bucket("kc-read-only-layer") + "&read_only=1"
     seeded = ObjectStoreTier(bucket.replace("&read_only=1", ""))
     key = key_of(2)
-    assert seeded.put(key, "cubin", b"seed", META)
+    assert seeded.put(key, "bin", b"seed", META)
     cache = kernelcache.Cache(tmp_path, (), f"{redis.url} {bucket}")
-    assert cache.get(key, "cubin").data == b"seed"  # read through the read-only tier
+    assert cache.get(key, "bin").data == b"seed"  # read through the read-only tier
     assert cache.remote.flush(10)
-    assert cache.remote.tiers[0].get(key, "cubin")[0] == b"seed"  # backfilled into Redis
+    assert cache.remote.tiers[0].get(key, "bin")[0] == b"seed"  # backfilled into Redis
     other = key_of(3)
-    cache.put(other, "cubin", b"new", META)
-    assert seeded.get(other, "cubin") is None  # never written
+    cache.put(other, "bin", b"new", META)
+    assert seeded.get(other, "bin") is None  # never written
     assert cache.remote.tiers[1].counters.get("puts", 0) == 0
 
 
@@ -91,18 +91,18 @@ def test_a_broken_tier_in_front_warns_once_and_the_next_one_serves(s3, tmp_path,
     caplog.set_level(logging.WARNING, logger="kernelcache.remote")
     bucket = s3.bucket("kc-behind-a-broken-tier")
     key = key_of(4)
-    ObjectStoreTier(bucket).put(key, "cubin", b"behind", META)
+    ObjectStoreTier(bucket).put(key, "bin", b"behind", META)
     down = f"redis://127.0.0.1:{free_port()}/0?timeout=0.3"
     cache = kernelcache.Cache(tmp_path, (), f"{down}\n{bucket}")  # any whitespace separates
     started = time.monotonic()
-    assert cache.get(key, "cubin").data == b"behind"
+    assert cache.get(key, "bin").data == b"behind"
     for i in range(5):
         k = key_of(10 + i)
-        assert cache.get_or_create(k, "cubin", lambda k=k: (k.encode(), META)).key == k
+        assert cache.get_or_create(k, "bin", lambda k=k: (k.encode(), META)).key == k
     assert time.monotonic() - started < 3.0
     warned = [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
     assert [m for m in warned if down in m] == [warned[0]], warned  # one, and the first
-    assert ObjectStoreTier(bucket).get(key_of(10), "cubin") is not None  # the bucket got puts
+    assert ObjectStoreTier(bucket).get(key_of(10), "bin") is not None  # the bucket got puts
 
 
 def test_a_killed_primary_in_front_of_a_bucket_costs_no_extra_builds(s3, tmp_path):
@@ -139,11 +139,11 @@ def test_stats_shows_counters_per_tier_and_asks_each_tier(layers, tmp_path):
     root = tmp_path / "root"
     cache = kernelcache.Cache(root, (), layers)
     for i in range(3):
-        cache.put(key_of(20 + i), "cubin", b"x" * 1000, META)
+        cache.put(key_of(20 + i), "bin", b"x" * 1000, META)
     other = kernelcache.Cache(tmp_path / "other", (), layers)
     stats.enable_log(str(other.root))
     for i in range(4):
-        other.get(key_of(20 + i), "cubin")  # 3 hits and 1 miss in Redis, 1 miss in the bucket
+        other.get(key_of(20 + i), "bin")  # 3 hits and 1 miss in Redis, 1 miss in the bucket
     stats.flush()
     redis_label, bucket_label = (t.label for t in other.remote.tiers)
 
@@ -178,7 +178,7 @@ def test_bundles_go_to_and_come_from_a_bucket(s3, tmp_path):
     url = f"{base}/releases/kernels.tar?{query}"
     source = kernelcache.Cache(tmp_path / "src", (), "")
     for i in range(5):
-        source.put(key_of(30 + i), "cubin", bytes([i]) * 2000, META)
+        source.put(key_of(30 + i), "bin", bytes([i]) * 2000, META)
     proc = _run_cli("export", "--to", url, "--json", root=source.root, extra=_s3_env())
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -191,7 +191,7 @@ def test_bundles_go_to_and_come_from_a_bucket(s3, tmp_path):
     proc = _run_cli("import", "--from", url, "--json", root=dest, extra=_s3_env())
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["imported"] == 5
-    assert kernelcache.Cache(dest, (), "").get(key_of(32), "cubin").data == bytes([2]) * 2000
+    assert kernelcache.Cache(dest, (), "").get(key_of(32), "bin").data == bytes([2]) * 2000
 
     missing = _run_cli(
         "import", "--from", url.replace("kernels", "nope"), root=dest, extra=_s3_env()

@@ -47,7 +47,7 @@ HOLDER = textwrap.dedent(
     print("held", flush=True)
     time.sleep(hold)
     if data:
-        assert tier.put(key, "cubin", data.encode(), {"name": "kernel", "target": "cuda:90"})
+        assert tier.put(key, "bin", data.encode(), {"name": "kernel", "target": "cuda:90"})
     release()
     """
 )
@@ -99,7 +99,7 @@ def build_while_held(url: str, root: Path, key: str, lock_timeout: float, sig: i
             os.kill(holder.pid, sig)
         cache = kernelcache.Cache(root, (), url, lock_timeout=lock_timeout)
         started = time.monotonic()
-        art = cache.get_or_create(key, "cubin", lambda: (b"built here", META))
+        art = cache.get_or_create(key, "bin", lambda: (b"built here", META))
         return art, time.monotonic() - started, holder.pid, cache
     finally:
         end(holder)
@@ -143,7 +143,7 @@ def test_a_process_builds_other_keys_while_another_machine_holds_one(url, tmp_pa
     try:
         cache = kernelcache.Cache(tmp_path / "root", (), url, lock_timeout=20)
         items = [
-            kernelcache.BuildItem(k, "cubin", lambda k=k: (time.sleep(0.2) or k.encode(), META))
+            kernelcache.BuildItem(k, "bin", lambda k=k: (time.sleep(0.2) or k.encode(), META))
             for k in (held, *free)
         ]
         started = time.monotonic()
@@ -185,7 +185,7 @@ def test_a_bucket_that_stops_answering_ends_the_waits_for_its_locks(tmp_path, ca
             cache = kernelcache.Cache(tmp_path / "root", (), url, lock_timeout=30)
             started = time.monotonic()
             stopper.start()
-            art = cache.get_or_create(key, "cubin", lambda: (b"built after the stop", META))
+            art = cache.get_or_create(key, "bin", lambda: (b"built after the stop", META))
             elapsed = time.monotonic() - started
         finally:
             stopper.join()

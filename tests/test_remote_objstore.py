@@ -37,12 +37,12 @@ def test_entries_round_trip_and_the_first_writer_wins(bucket):
     tier = open_remote(bucket)
     assert isinstance(tier, ObjectStoreTier)
     key = key_of(1)
-    assert tier.get(key, "cubin") is None
-    assert tier.put(key, "cubin", b"first" * 100, META)
-    assert not tier.put(key, "cubin", b"second" * 100, META)  # conditional put: kept
-    data, meta = tier.get(key, "cubin")
+    assert tier.get(key, "bin") is None
+    assert tier.put(key, "bin", b"first" * 100, META)
+    assert not tier.put(key, "bin", b"second" * 100, META)  # conditional put: kept
+    data, meta = tier.get(key, "bin")
     assert data == b"first" * 100 and meta["name"] == "kernel"
-    assert tier.get(key, "hsaco") is None  # another extension is a miss
+    assert tier.get(key, "obj") is None  # another extension is a miss
     counters = tier.counters
     assert counters["puts"] == 1 and counters["present"] == 1 and counters["hits"] == 1
     assert counters.get("errors", 0) == 0
@@ -50,23 +50,23 @@ def test_entries_round_trip_and_the_first_writer_wins(bucket):
 
 def test_two_roots_share_through_the_bucket(bucket, tmp_path):
     key = key_of(2)
-    kernelcache.Cache(tmp_path / "a", (), bucket).put(key, "cubin", b"shared" * 50, META)
+    kernelcache.Cache(tmp_path / "a", (), bucket).put(key, "bin", b"shared" * 50, META)
     reader = kernelcache.Cache(tmp_path / "b", (), bucket)
-    first, second = reader.get(key, "cubin"), reader.get(key, "cubin")
+    first, second = reader.get(key, "bin"), reader.get(key, "bin")
     assert (first.source, second.source) == ("remote", "local")
-    assert first.data == b"shared" * 50 and first.path == str(tmp_path / "b" / f"{key}.cubin")
+    assert first.data == b"shared" * 50 and first.path == str(tmp_path / "b" / f"{key}.bin")
 
 
 def test_garbage_is_rejected_and_deleted(bucket, caplog):
     import obstore
 
     tier = open_remote(bucket)
-    good = make_value(key_of(3), "cubin", b"x" * 64, META, None)
+    good = make_value(key_of(3), "bin", b"x" * 64, META, None)
     garbage = {key_of(4): b"not a value", key_of(5): good, key_of(6): good[:-1] + b"!"}
     for key, value in garbage.items():
         obstore.put(tier.store, key, value)
     for key in garbage:
-        assert tier.get(key, "cubin") is None
+        assert tier.get(key, "bin") is None
     assert tier.counters["rejected"] == 3
     for key in garbage:  # deleted: the next writer of the key wins
         with pytest.raises(FileNotFoundError):
@@ -79,11 +79,11 @@ def test_a_value_signed_with_another_key_is_refused_and_left(bucket):
     key = key_of(7)
     writer = ObjectStoreTier(bucket, signing_key=b"team-a")
     reader = ObjectStoreTier(bucket, signing_key=b"team-b")
-    assert writer.put(key, "cubin", b"signed" * 10, META)
-    assert reader.get(key, "cubin") is None
+    assert writer.put(key, "bin", b"signed" * 10, META)
+    assert reader.get(key, "bin") is None
     assert reader.counters["unauthenticated"] == 1
     assert obstore.head(reader.store, key)["size"] > 0  # left in place
-    assert writer.get(key, "cubin")[0] == b"signed" * 10
+    assert writer.get(key, "bin")[0] == b"signed" * 10
 
 
 def test_an_object_larger_than_max_size_is_refused_before_its_body(bucket):
@@ -93,10 +93,10 @@ def test_an_object_larger_than_max_size_is_refused_before_its_body(bucket):
     key = key_of(8)
     obstore.put(tier.store, key, b"\0" * (8 << 20))
     started = time.monotonic()
-    assert tier.get(key, "cubin") is None
+    assert tier.get(key, "bin") is None
     assert time.monotonic() - started < 1.0
     assert tier.counters["oversize"] == 1 and tier.counters.get("errors", 0) == 0
-    assert not tier.put(key_of(9), "cubin", b"\1" * (100 << 10), META)  # not sent either
+    assert not tier.put(key_of(9), "bin", b"\1" * (100 << 10), META)  # not sent either
     assert tier.counters["oversize"] == 2
 
 
@@ -107,9 +107,7 @@ def test_a_stopped_server_costs_one_failure_and_the_job_goes_on(tmp_path, caplog
         started = time.monotonic()
         for i in range(5):
             key = key_of(20 + i)
-            assert (
-                cache.get_or_create(key, "cubin", lambda key=key: (key.encode(), META)).key == key
-            )
+            assert cache.get_or_create(key, "bin", lambda key=key: (key.encode(), META)).key == key
         elapsed = time.monotonic() - started
     assert elapsed < 2.0, elapsed
     assert cache.remote.counters["breaker_trips"] == 1
@@ -122,10 +120,10 @@ def test_a_slow_server_is_bounded_by_the_timeout():
         url = f"s3://slow/kc?endpoint=http://127.0.0.1:{port}&region=us-east-1&timeout=1s"
         tier = open_remote(url)
         started = time.monotonic()
-        assert tier.get(key_of(30), "cubin") is None
+        assert tier.get(key_of(30), "bin") is None
         first = time.monotonic() - started
         for i in range(5):
-            assert tier.get(key_of(31 + i), "cubin") is None
+            assert tier.get(key_of(31 + i), "bin") is None
         total = time.monotonic() - started
     assert first < 2.5, first  # 1 s, with headroom
     assert total < 3.0, total
@@ -136,9 +134,9 @@ def test_a_bucket_refusing_writes_stops_puts_not_reads(caplog):
     caplog.set_level(logging.WARNING, logger="kernelcache.remote")
     with s3_env(), read_only_bucket() as endpoint:
         tier = open_remote(f"s3://ro/kc?endpoint={endpoint}&region=us-east-1")
-        assert not tier.put(key_of(40), "cubin", b"x", META)
-        assert not tier.put(key_of(41), "cubin", b"x", META)  # not tried: writes refused
-        assert tier.get(key_of(40), "cubin") is None  # reads go on
+        assert not tier.put(key_of(40), "bin", b"x", META)
+        assert not tier.put(key_of(41), "bin", b"x", META)  # not tried: writes refused
+        assert tier.get(key_of(40), "bin") is None  # reads go on
     counters = tier.counters
     assert counters["full"] == 1 and counters["skipped"] == 1 and counters["misses"] == 1
     assert counters.get("breaker_trips", 0) == 0
@@ -147,8 +145,8 @@ def test_a_bucket_refusing_writes_stops_puts_not_reads(caplog):
 
 def test_a_read_only_tier_is_never_written(bucket):
     tier = open_remote(bucket + "&read_only=1")
-    assert not tier.put(key_of(50), "cubin", b"x", META)
-    assert tier.get(key_of(50), "cubin") is None
+    assert not tier.put(key_of(50), "bin", b"x", META)
+    assert tier.get(key_of(50), "bin") is None
     assert tier.counters.get("puts", 0) == 0 and tier.counters.get("errors", 0) == 0
 
 
@@ -187,10 +185,10 @@ def test_gcs_reads_through_an_emulator():
         )
         tier = ObjectStoreTier(url, store=store)
         key, bad = key_of(60), key_of(61)
-        gcs.upload("kcgcs", tier.name(key), make_value(key, "cubin", b"gcs" * 30, META, None))
+        gcs.upload("kcgcs", tier.name(key), make_value(key, "bin", b"gcs" * 30, META, None))
         gcs.upload("kcgcs", tier.name(bad), b"garbage")
-        assert tier.get(key, "cubin")[0] == b"gcs" * 30
-        assert tier.get(bad, "cubin") is None and tier.get(key_of(62), "cubin") is None
+        assert tier.get(key, "bin")[0] == b"gcs" * 30
+        assert tier.get(bad, "bin") is None and tier.get(key_of(62), "bin") is None
     assert tier.counters["hits"] == 1 and tier.counters["rejected"] == 1
 
 
@@ -203,8 +201,8 @@ def test_gcs_writes_through_obstores_memory_store():
     tier = ObjectStoreTier("gs://bucket/team-a", store=MemoryStore())
     key = key_of(70)
     assert tier.name(key) == f"team-a/v3/{key}" and tier.prefix == "team-a/v3"
-    assert tier.put(key, "cubin", b"one", META) and not tier.put(key, "cubin", b"two", META)
-    assert tier.get(key, "cubin")[0] == b"one"
+    assert tier.put(key, "bin", b"one", META) and not tier.put(key, "bin", b"two", META)
+    assert tier.get(key, "bin")[0] == b"one"
 
 
 # it forks on purpose; JAX, when another test of this worker started it, warns of any fork
@@ -214,12 +212,12 @@ def test_a_process_forked_after_the_tier_was_used_skips_it_instead_of_hanging(bu
 
     key = key_of(80)
     cache = kernelcache.Cache(tmp_path / "parent", (), bucket)
-    cache.put(key, "cubin", b"before the fork", META)
-    assert cache.remote.get(key, "cubin") is not None  # obstore's runtime runs here now
+    cache.put(key, "bin", b"before the fork", META)
+    assert cache.remote.get(key, "bin") is not None  # obstore's runtime runs here now
 
     def child(queue):
         forked = kernelcache.Cache(tmp_path / "child", (), bucket)
-        art = forked.get_or_create(key, "cubin", lambda: (b"built in the child", META))
+        art = forked.get_or_create(key, "bin", lambda: (b"built in the child", META))
         queue.put((art.data, forked.remote.counters.get("skipped", 0)))
 
     ctx = multiprocessing.get_context("fork")

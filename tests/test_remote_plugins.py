@@ -90,15 +90,15 @@ import kernelcache
 key, unsigned, a_root, b_root = sys.argv[1:5]
 data = b"\\x7fELF" + bytes(range(256))
 a = kernelcache.Cache(a_root, readonly_roots=[])
-a.put(key, "cubin", data, {"name": "add_kernel", "target": "cuda:90", "num_warps": 4})
+a.put(key, "bin", data, {"name": "add_kernel", "target": "cuda:90", "num_warps": 4})
 b = kernelcache.Cache(b_root, readonly_roots=[])
-got = b.get(key, "cubin")
+got = b.get(key, "bin")
 print(json.dumps({
     "tier": type(a.remote).__name__,
     "roots": [a.root, b.root],
     "source": got.source,
     "same": got.data == data,
-    "unsigned": b.get(unsigned, "cubin") is not None,
+    "unsigned": b.get(unsigned, "bin") is not None,
     "stats": kernelcache.process_stats(),
 }))
 """
@@ -109,7 +109,7 @@ def test_a_scheme_from_an_installed_package_is_a_remote_tier(tmp_path, site):
     values.mkdir()
     key, unsigned = key_of("shared"), key_of("unsigned")
     data = b"unsigned bytes"
-    (values / unsigned).write_bytes(make_value(unsigned, "cubin", data, {"name": "k"}, None))
+    (values / unsigned).write_bytes(make_value(unsigned, "bin", data, {"name": "k"}, None))
     env = with_site(
         site,
         KERNELCACHE_REMOTE=f"fake://{values}",
@@ -124,7 +124,7 @@ def test_a_scheme_from_an_installed_package_is_a_remote_tier(tmp_path, site):
     assert stored.startswith(MAGIC) and b'"hmac":"hmac-sha256:' in stored
     # the second cache, on an empty root, got the entry from the tier and published it
     assert out["source"] == "remote" and out["same"]
-    assert (b_root / f"{key}.cubin").is_file()
+    assert (b_root / f"{key}.bin").is_file()
     assert out["stats"]["remote_puts"] == 1 and out["stats"]["remote_hits"] == 1
     # a value not signed with the job's key is not served
     assert not out["unsigned"]
@@ -180,8 +180,8 @@ import kernelcache
 caches = [kernelcache.Cache(root, readonly_roots=[]) for root in sys.argv[1:3]]
 assert all(cache.remote is None for cache in caches)
 for cache in caches:
-    art = cache.get_or_create(sys.argv[3], "cubin", lambda: (b"cubin", {"name": "k"}))
-    assert art.data == b"cubin" and art.path is not None
+    art = cache.get_or_create(sys.argv[3], "bin", lambda: (b"bin", {"name": "k"}))
+    assert art.data == b"bin" and art.path is not None
 print(art.source)
 """
 

@@ -45,7 +45,7 @@ def _kinds(result) -> dict[str, set]:
 def test_entries_from_metadata(tmp_path):
     root = tmp_path / "cache"
     a = put(root, "matmul", "cuda:90", "cubin", 1234, last_used=3 * 86400)
-    b = put(root, "softmax", "hip:gfx942", "hsaco", 99)
+    b = put(root, "softmax", "hip:gfx942", "hsaco", 299)
     result = scan(root, last_used=True)
     assert result.exists and not result.issues
     by_key = {e.key: e for e in result.entries}
@@ -71,7 +71,7 @@ def test_missing_root(tmp_path):
 
 def test_index_is_reused_and_follows_replaced_metadata(tmp_path):
     root = tmp_path / "cache"
-    art = put(root, "first", size=10)
+    art = put(root, "first", size=310)
     scan(root)
     index = root / ".stats" / INDEX_NAME
     assert index.is_file()
@@ -94,8 +94,8 @@ def test_index_is_reused_and_follows_replaced_metadata(tmp_path):
 
 def test_a_young_orphan_is_found_once_it_is_old_though_the_listing_is_unchanged(tmp_path):
     root = tmp_path / "cache"
-    put(root, "entry", size=10)
-    orphan = put(root, "orphan", size=10)
+    put(root, "entry", size=310)
+    orphan = put(root, "orphan", size=310)
     (root / f"{orphan.key}.json").unlink()
     assert scan(root).issues == ()  # young: maybe a publish in progress
     assert scan(root).issues == ()  # (and the index is now written)
@@ -105,7 +105,7 @@ def test_a_young_orphan_is_found_once_it_is_old_though_the_listing_is_unchanged(
 
 def test_index_of_an_unchanged_listing_is_taken_whole(tmp_path):
     root = tmp_path / "cache"
-    arts = [put(root, f"k{i}", size=10 + i) for i in range(3)]
+    arts = [put(root, f"k{i}", size=310 + i) for i in range(3)]
     first = scan(root)
     index = root / ".stats" / INDEX_NAME
     assert _read_index(index)[0]["listing"]  # a clean listing: its signature is kept
@@ -121,7 +121,7 @@ def test_index_of_an_unchanged_listing_is_taken_whole(tmp_path):
 def test_summary_from_the_index_header_equals_a_full_scan(tmp_path):
     root = tmp_path / "cache"
     for i in range(5):
-        put(root, f"k{i % 2}", "cuda:90" if i % 3 else "hip:gfx942", size=100 + i)
+        put(root, f"k{i % 2}", "cuda:90" if i % 3 else "hip:gfx942", size=300 + i)
 
     def expected():
         table = scan(root, update_index=False).table
@@ -132,7 +132,7 @@ def test_summary_from_the_index_header_equals_a_full_scan(tmp_path):
     assert (cold.entries, cold.artifact_bytes, cold.metadata_bytes, cold.groups) == expected()
     warm = summarize(root)  # the header of an unchanged listing
     assert (warm.entries, warm.artifact_bytes, warm.metadata_bytes, warm.groups) == expected()
-    put(root, "new", "cuda:80", size=7)
+    put(root, "new", "cuda:80", size=307)
     after = summarize(root)
     assert after.entries == 6 and after.groups["target"]["cuda:80"][0] == 1
     assert (after.entries, after.artifact_bytes, after.metadata_bytes, after.groups) == expected()
@@ -158,7 +158,7 @@ def test_summary_from_the_index_header_equals_a_full_scan(tmp_path):
 def test_malformed_index_is_ignored(tmp_path, mutate):
     root = tmp_path / "cache"
     for i in range(3):
-        put(root, f"k{i}", size=10 + i)
+        put(root, f"k{i}", size=310 + i)
     truth = sorted(scan(root, update_index=False).entries)
     index = root / ".stats" / INDEX_NAME
     assert not index.exists()
@@ -173,7 +173,7 @@ def test_malformed_index_is_ignored(tmp_path, mutate):
 
 def test_index_that_lies_about_inodes_is_not_trusted(tmp_path):
     root = tmp_path / "cache"
-    put(root, "real", size=10)
+    put(root, "real", size=310)
     scan(root)
     index = root / ".stats" / INDEX_NAME
     head, doc = _read_index(index)
@@ -186,10 +186,10 @@ def test_index_that_lies_about_inodes_is_not_trusted(tmp_path):
 
 def test_problems_are_collected(tmp_path):
     root = tmp_path / "cache"
-    good = put(root, "good", size=10)
-    young = put(root, "young-orphan", size=10)
+    good = put(root, "good", size=310)
+    young = put(root, "young-orphan", size=310)
     (root / f"{young.key}.json").unlink()
-    old = put(root, "old-orphan", size=10)
+    old = put(root, "old-orphan", size=310)
     (root / f"{old.key}.json").unlink()
     backdate(Path(old.path), time.time() - GRACE_SECONDS - 60)
     second = root / f"{good.key}.ptx"  # a second artifact for a key
@@ -213,7 +213,7 @@ def test_problems_are_collected(tmp_path):
 
 def test_stale_locks(tmp_path):
     root = tmp_path / "cache"
-    live = put(root, "live", size=10)
+    live = put(root, "live", size=310)
     locks = root / ".locks"
     locks.mkdir(exist_ok=True)
     old = time.time() - GRACE_SECONDS - 60
@@ -282,7 +282,7 @@ def test_scan_concurrent_with_writers_reports_no_false_problems(tmp_path):
         from conftest import key_of
         s = kernelcache.Store(sys.argv[1])
         for i in range(300):
-            s.put(key_of("w", sys.argv[2], i), "cubin", b"x" * (i + 1), {"name": "w"})
+            s.put(key_of("w", sys.argv[2], i), "bin", b"x" * (i + 1), {"name": "w"})
     """
     env = child_env(PYTHONPATH=str(Path(__file__).parent) + os.pathsep + child_env()["PYTHONPATH"])
     writers = [
@@ -314,15 +314,15 @@ def _lie_about_size(root: Path, art, size: int) -> None:
 def test_sizes_come_from_the_file_system(tmp_path):
     root = tmp_path / "cache"
     good = [put(root, f"good{i}", size=1000) for i in range(3)]
-    liar = put(root, "liar", size=4)
+    liar = put(root, "liar", size=400)
     _lie_about_size(root, liar, 1 << 40)
     for last_used in (False, True):
         result = scan(root, last_used=last_used)
         sizes = {e.key: e.size for e in result.entries}
-        assert sizes[liar.key] == 4, last_used
+        assert sizes[liar.key] == 400, last_used
         assert all(sizes[g.key] == 1000 for g in good)
         assert result.table.nbytes < 10_000
-    assert summarize(root).artifact_bytes == 3 * 1000 + 4
+    assert summarize(root).artifact_bytes == 3 * 1000 + 400
     # an artifact that grows in place (same inode, same metadata) is measured again
     with open(good[0].path, "ab") as f:
         f.write(b"x" * 500)
@@ -334,8 +334,8 @@ def test_future_dated_housekeeping_files_are_reported_once_old(tmp_path):
     """Orphans, staging files and lock files whose mtime is in the future age from when they
     last changed (their ctime), so they are not kept forever."""
     root = tmp_path / "cache"
-    put(root, "keep", size=10)
-    orphan = put(root, "orphan", size=10)
+    put(root, "keep", size=310)
+    orphan = put(root, "orphan", size=310)
     (root / f"{orphan.key}.json").unlink()
     (root / ".tmp").mkdir(exist_ok=True)
     staging = root / ".tmp" / "host-1-dead.tmp"
@@ -359,7 +359,7 @@ def test_the_bridges_handoff_directory_is_not_foreign(tmp_path):
     import bridge.handoff  # noqa: F401  (registers the directory, as the bridge does at import)
 
     root = tmp_path / "cache"
-    put(root, "k", size=10)
+    put(root, "k", size=310)
     (root / ".handoff").mkdir()
     first = scan(root)
     assert "foreign" not in _kinds(first)

@@ -9,13 +9,15 @@ import sys
 
 import pytest
 import xxhash
+from artifact_images import elf_image, launch
 
 import kernelcache
 from kernelcache import schema
 from kernelcache.store import Store
 
 KEY = "ab" * 16
-PAYLOAD = b"\x7fELF" + bytes(60)
+PAYLOAD = b"\x7fELF" + bytes(60)  # for entries of an extension without a structure ("bin")
+CUBIN = elf_image(b"code")
 
 
 @pytest.fixture(autouse=True)
@@ -103,8 +105,8 @@ def test_a_reader_that_knows_no_fields_checks_a_document_by_its_covers(tmp_path)
     operator's box): the document names what its digest covers."""
     import bridge  # noqa: F401  (declares the bridge's fields)
 
-    meta = {"name": "add_kernel", "target": "cuda:90", "num_warps": 4, "shared": 0}
-    Store(tmp_path).put(KEY, "cubin", PAYLOAD, meta)
+    meta = launch(kernel="m:add_kernel", language="triton")  # the bridge's own fields too
+    Store(tmp_path).put(KEY, "cubin", CUBIN, meta)
     path = tmp_path / f"{KEY}.json"
     code = (
         "import sys, kernelcache; from kernelcache.store import Store; "
@@ -126,8 +128,8 @@ def test_a_reader_that_knows_no_fields_checks_a_document_by_its_covers(tmp_path)
 def test_a_document_of_the_previous_format_is_a_clean_miss(tmp_path):
     """Format 1 digests did not cover the covers list: such a document is never served, nor
     quarantined; the next put replaces it. A document without a covers list is corrupt."""
-    meta = {"name": "add_kernel", "target": "cuda:90", "num_warps": 4, "shared": 0}
-    Store(tmp_path).put(KEY, "cubin", PAYLOAD, meta)
+    meta = launch()
+    Store(tmp_path).put(KEY, "cubin", CUBIN, meta)
     path = tmp_path / f"{KEY}.json"
     doc = json.loads(path.read_text())
     older = {**doc, "format": 1}
@@ -140,7 +142,7 @@ def test_a_document_of_the_previous_format_is_a_clean_miss(tmp_path):
     found = Store(tmp_path).get(KEY, "cubin")
     assert isinstance(found, kernelcache.problem.Problem) and found.outdated and not found.corrupt
     assert "older kernelcache" in found.reason and path.exists()  # not quarantined
-    art = Store(tmp_path).put(KEY, "cubin", PAYLOAD, meta)
+    art = Store(tmp_path).put(KEY, "cubin", CUBIN, meta)
     assert art.meta["format"] == schema.FORMAT_VERSION
     assert isinstance(Store(tmp_path).read(KEY, "cubin"), kernelcache.Artifact)
 
@@ -150,3 +152,38 @@ def test_a_document_of_the_previous_format_is_a_clean_miss(tmp_path):
     found = Store(tmp_path).read(KEY, "cubin")
     assert isinstance(found, kernelcache.problem.Problem) and found.corrupt
     assert "covers" in found.reason
+
+
+# -- the launch metadata of machine code is kernelcache's own ------------------------------------
+def test_the_launch_fields_are_kernelcaches_own_and_declaring_them_again_is_a_no_op():
+    """The launch fields are declared by kernelcache (a process without the bridge checks and
+    covers them); a package declaring the same checks again (as the bridge did) changes
+    nothing and raises nothing."""
+    from kernelcache.schema import fields
+
+    launch_fields = {"name", "target", "num_warps", "num_ctas", "shared", "global_scratch_size"}
+    assert launch_fields <= schema.OWN_FIELDS and launch_fields <= schema.covered_fields()
+    before = dict(fields.FIELDS)
+    schema.register_fields(
+        {
+            "num_warps": schema.integer(1, 1024),
+            "shared": schema.integer(0, (1 << 32) - 1),
+            "global_scratch_align": schema.power_of_two(1 << 20),
+            "tensordesc_meta": schema.objects(64),
+        },
+        covered=frozenset({"num_warps", "shared"}),
+    )
+    assert fields.FIELDS == before  # the same check objects: nothing wrapped
+    assert schema.REQUIRED["cubin"] == {"name", "target", "num_warps", "num_ctas", "shared"}
+
+
+def test_a_stricter_check_of_an_integer_field_applies_to_every_value(tmp_path):
+    """A package that narrows a declared integer field narrows it for values inside the wider
+    range too (the fast path of the wider range used to let them through)."""
+    schema.register_fields({"num_warps": schema.integer(1, 64)})
+    with pytest.raises(ValueError, match="'num_warps' must be between 1 and 64, not 128"):
+        Store(tmp_path).put(KEY, "cubin", CUBIN, launch(num_warps=128))
+    assert Store(tmp_path).put(KEY, "cubin", CUBIN, launch(num_warps=32)).meta["num_warps"] == 32
+    schema.register_fields({"shared": lambda value: None if value % 2 == 0 else "must be even"})
+    with pytest.raises(ValueError, match="must be even"):
+        Store(tmp_path).put("cd" * 16, "cubin", CUBIN, launch(shared=3))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from artifact_images import elf_image
 from conftest import IS_ROOT, key_of, run_py
 from test_cli_support import files_under, kc, kc_json, put
 from test_integrity import write_bundle
@@ -80,7 +81,7 @@ def test_a_bundle_entry_with_other_bytes_under_a_valid_signature_is_refused(sour
     with tarfile.open(bundle) as tar:
         members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
     manifest = json.loads(members[-1][1])
-    evil = b"EVIL" * 100
+    evil = elf_image(b"EVIL" * 100)  # whole: only the signature tells it from ours
     first = manifest["entries"][0]
     first.update(size=len(evil), digest=digest(evil))
     first["entry_digest"] = entry_digest(first)
@@ -100,10 +101,13 @@ def test_a_bundle_entry_with_other_bytes_under_a_valid_signature_is_refused(sour
     assert proc.returncode == 1 and first["key"] in proc.stderr and "signature" in proc.stderr
 
 
-#: a process without the bridge: puts one entry (its digest covers name and target only) and
-#: exports it, signed with $KERNELCACHE_SIGNING_KEY
+#: a process without the bridge, as an earlier version was (a kernelcache that knew no launch
+#: fields): puts one entry (its digest covers name and target only) and exports it, signed
+#: with $KERNELCACHE_SIGNING_KEY
 EXPORT_WITHOUT_THE_BRIDGE = """
 import json, sys
+from kernelcache.schema import fields
+fields._covered.intersection_update({"name", "target"})  # what such a writer covered
 from kernelcache.bundle import export_bundle
 from kernelcache.config import settings
 from kernelcache.maintenance.scan import scan

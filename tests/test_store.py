@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from artifact_images import PTX, launch, whole
 from conftest import (
     CAN_DROP_PRIVILEGES,
     CAN_UNSHARE,
@@ -53,10 +54,12 @@ meta_dicts = st.dictionaries(
 @given(
     key=st.text(alphabet=HEX, min_size=32, max_size=128),
     ext=st.sampled_from(["cubin", "ptx", "hsaco", "bin", "x1"]),
-    data=st.binary(max_size=70_000),
+    payload=st.binary(max_size=70_000),
     meta=meta_dicts,
 )
-def test_round_trip(key, ext, data, meta):
+def test_round_trip(key, ext, payload, meta):
+    data = whole(ext, payload)  # an ELF image or PTX holding it, where the ext has a structure
+    meta = {**meta, **launch(ext)}
     with tempfile.TemporaryDirectory() as tmp:
         cache = kernelcache.Cache(tmp, readonly_roots=())
         assert cache.get(key, ext) is None
@@ -80,7 +83,7 @@ def test_round_trip(key, ext, data, meta):
 def test_layout_and_no_absolute_paths(root):
     cache = kernelcache.Cache(root, readonly_roots=())
     key = key_of("layout")
-    cache.put(key, "cubin", b"\x7fELF" + b"\0" * 100, {"name": "add_kernel", "target": "cuda:90"})
+    cache.put(key, "cubin", whole("cubin", b"\0" * 100), launch())
     names = sorted(p.name for p in root.iterdir())
     assert f"{key}.cubin" in names and f"{key}.json" in names
     assert os.listdir(root / ".tmp") == []
@@ -104,13 +107,14 @@ def test_first_complete_writer_wins(root):
 def test_key_holds_one_extension(root):
     cache = kernelcache.Cache(root, readonly_roots=())
     key = key_of("one-ext")
-    cache.put(key, "cubin", b"cubin bytes", {})
+    cubin = whole("cubin", b"cubin bytes")
+    cache.put(key, "cubin", cubin, launch())
     corrupt_before = kernelcache.process_stats()["corrupt"]
     assert cache.get(key, "ptx") is None  # another ext is a miss, not corruption
     assert kernelcache.process_stats()["corrupt"] == corrupt_before
     with pytest.raises(ValueError, match=r"already holds a \.cubin"):
-        cache.put(key, "ptx", b"ptx text", {})
-    assert cache.get(key, "cubin").data == b"cubin bytes"
+        cache.put(key, "ptx", PTX, launch("ptx"))
+    assert cache.get(key, "cubin").data == cubin
     assert not (root / ".quarantine").exists()
 
 

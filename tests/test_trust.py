@@ -226,7 +226,7 @@ def forge(k, data):
     if "entry_digest" in doc:
         from kernelcache.schema import entry_digest
         doc["entry_digest"] = entry_digest(doc)
-    with open(path(k, "cubin"), "r+b") as f:
+    with open(path(k, "bin"), "r+b") as f:
         f.truncate(0)
         f.write(data)
     with open(path(k, "json"), "r+") as f:
@@ -242,23 +242,23 @@ def attempt(name, fn):
 
 if role == "victim":
     for k in keys:
-        cache.get_or_create(keys[k], "cubin", lambda k=k: (f"victim's {k}".encode(), {}))
+        cache.get_or_create(keys[k], "bin", lambda k=k: (f"victim's {k}".encode(), {}))
     for k in ("c3", "d4"):  # as an older version left them under umask 002
-        for ext in ("cubin", "json"):
+        for ext in ("bin", "json"):
             os.chmod(path(k, ext), 0o664)
-    out["modes"] = {k: oct(os.stat(path(k, "cubin")).st_mode & 0o777) for k in keys}
+    out["modes"] = {k: oct(os.stat(path(k, "bin")).st_mode & 0o777) for k in keys}
 elif role == "attacker":
     attempt("rewrite-a1", lambda: forge("a1", b"EVIL"))
     def relink(src, dst):
-        os.unlink(path(dst, "cubin"))
-        os.link(path(src, "cubin"), path(dst, "cubin"))
-        forge(dst, open(path(src, "cubin"), "rb").read())
+        os.unlink(path(dst, "bin"))
+        os.link(path(src, "bin"), path(dst, "bin"))
+        forge(dst, open(path(src, "bin"), "rb").read())
     attempt("link-a1-as-b2", lambda: relink("a1", "b2"))
     attempt("rewrite-c3", lambda: forge("c3", b"EVIL"))
     attempt("link-c3-as-d4", lambda: relink("c3", "d4"))
 elif role == "victim2":
     for k in keys:
-        got = cache.get(keys[k], "cubin")
+        got = cache.get(keys[k], "bin")
         out[k] = got.data.decode() if got else None
 print(json.dumps(out))
 """

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from artifact_images import PTX, elf_image
+from artifact_images import PTX, elf_image, launch, plant
 from bridge_helpers import forget_lowerings, run_child
 from conftest import CAN_UNSHARE, key_of, run_in_namespace
 from hypothesis import given, settings
@@ -23,7 +23,7 @@ from test_cli_support import kc_json
 import kernelcache
 from kernelcache.formats import EM_AMDGPU, EM_CUDA, elf_problem, problem, ptx_problem
 from kernelcache.schema import COVERS_FIELD, RESERVED_FIELDS
-from kernelcache.store import Store
+from kernelcache.store import Problem, Store
 
 #: a whole cubin-like image: four program sections, each covered by a program header
 IMAGE = elf_image(bytes(range(256)) * 20, sections=4)
@@ -181,8 +181,9 @@ def test_each_extension_has_its_check():
 # -- verify: entries an older version stored cut short ----------------------------------------
 def _store_as_before(root: Path, key: str, ext: str, data: bytes, **meta: object) -> None:
     """Store ``data`` the way a version without these checks did: a valid entry (metadata,
-    size and digest all agree) whose artifact is what the compiler left."""
-    Store(root).put(key, ext, data, {"name": "k", "target": "cuda:90", **meta})
+    size and digest all agree) whose artifact is what the compiler left (``put`` refuses it
+    now: the files are written directly)."""
+    plant(root, key, ext, data, launch(ext, **{"name": "k", "target": "cuda:90", **meta}))
 
 
 def test_verify_reports_entries_stored_cut_short_and_repair_quarantines_them(tmp_path):
@@ -193,8 +194,11 @@ def test_verify_reports_entries_stored_cut_short_and_repair_quarantines_them(tmp
     _store_as_before(root, keys["short"], "cubin", IMAGE[:4096])
     _store_as_before(root, keys["ptx"], "ptx", PTX[:100])
     _store_as_before(root, keys["hsaco"], "hsaco", elf_image(machine=EM_AMDGPU)[:64])
-    # a read checks digests: such an entry was served to every process until now
-    assert Store(root).get(keys["short"], "cubin").data == IMAGE[:4096]
+    # such an entry was served to every process until now; a read refuses machine code that is
+    # not whole (its ELF header tables), and leaves the PTX text scan to verify
+    short = Store(root).inspect(keys["short"])
+    assert isinstance(short, Problem) and short.corrupt
+    assert Store(root).inspect(keys["ptx"]).data == PTX[:100]
 
     doc = kc_json(root, "verify", code=1)
     assert doc["entries_checked"] == 5 and doc["entries_ok"] == 1
@@ -227,17 +231,17 @@ def test_a_reader_reports_an_unusable_entry_and_it_is_quarantined(tmp_path):
     root = tmp_path / "cache"
     cache = kernelcache.Cache(root, readonly_roots=(), remote="")
     key = key_of("unusable")
-    art = cache.put(key, "cubin", elf_image(machine=EM_AMDGPU), {"name": "k"})
+    art = cache.put(key, "cubin", elf_image(b"old"), launch())
     corrupt = kernelcache.process_stats()["corrupt"]
-    assert cache.quarantine(art, "ELF code for machine 224 (AMD GPU), not 190 (NVIDIA CUDA)")
+    assert cache.quarantine(art, "its kernel is not in its symbol table")
     assert kernelcache.process_stats()["corrupt"] == corrupt + 1
     assert cache.get(key, "cubin") is None
     (note,) = (root / ".quarantine").glob("*.reason")
-    assert json.loads(note.read_bytes())["reason"].startswith("ELF code for machine 224")
+    assert json.loads(note.read_bytes())["reason"] == "its kernel is not in its symbol table"
 
     # an entry written again since it was read is left alone
     stale = art
-    fresh = cache.put(key, "cubin", IMAGE, {"name": "k"})
+    fresh = cache.put(key, "cubin", IMAGE, launch())
     assert not cache.quarantine(stale, "stale") and cache.get(key, "cubin").data == IMAGE
     # a read-only root is never modified
     reader = kernelcache.Cache(tmp_path / "mine", readonly_roots=[root], remote="")
@@ -425,3 +429,49 @@ def test_the_bridge_checks_each_vendors_machine():
         binary_problem("cubin", b"")
         == "its .cubin (0 bytes) is not whole: the file is empty (0 bytes)"
     )
+
+
+# -- what each extension must be: the machine, the kernel, every function's body ---------------
+def test_each_extension_names_its_machine():
+    hsaco, x86 = elf_image(machine=EM_AMDGPU), elf_image(machine=62)
+    assert problem("cubin", hsaco) == "ELF code for machine 224 (AMD GPU), not 190 (NVIDIA CUDA)"
+    assert problem("cubin", x86) == "ELF code for machine 62 (x86-64), not 190 (NVIDIA CUDA)"
+    assert problem("hsaco", IMAGE) == "ELF code for machine 190 (NVIDIA CUDA), not 224 (AMD GPU)"
+    assert problem("hsaco", x86) == "ELF code for machine 62 (x86-64), not 224 (AMD GPU)"
+    assert problem("cubin", IMAGE) is None and problem("hsaco", hsaco) is None
+
+
+HEADER = b".version 8.7\n.target sm_90a\n.address_size 64\n"
+CALLEE = b".func (.param .b32 func_retval0) helper(\n\t.param .b32 helper_param_0\n)\n"
+KERNEL = (
+    b".visible .entry k(\n\t.param .u64 k_param_0\n)\n.maxntid 128, 1, 1\n{\n"
+    b"\t.param .b32 param0;\n\t.param .b32 retval0;\n"
+    b"\tcall.uni (retval0), helper, (param0);\n\tret;\n}\n"
+)
+BODY = b"{\n\tst.param.b32 [func_retval0], 0;\n\tret;\n}\n"
+
+
+def test_ptx_needs_a_kernel_and_the_body_of_every_function_it_calls():
+    whole = HEADER + CALLEE + b";\n" + KERNEL + CALLEE + BODY  # declared, called, defined
+    assert ptx_problem(whole) is None and ptx_problem(whole, "k") is None
+    assert ptx_problem(HEADER + CALLEE + BODY + KERNEL) is None  # defined before the call
+    # cut after the declaration: a .func but no kernel
+    assert ptx_problem(HEADER + CALLEE + b";\n") == (
+        "no .entry with a body (no kernel): the text is cut short, or holds no kernel"
+    )
+    # cut after the kernel: the function it calls has no body
+    missing = "function helper is declared or called but has no body (.func ... { ... }): "
+    assert ptx_problem(HEADER + CALLEE + b";\n" + KERNEL) == missing + "the text is cut short"
+    assert ptx_problem(HEADER + KERNEL) == missing + "the text is cut short"  # never declared
+    # an external function (vprintf, __assertfail) has its body elsewhere
+    extern = HEADER + b".extern " + CALLEE + b";\n" + KERNEL
+    assert ptx_problem(extern) is None
+    # the kernel an entry's metadata names
+    assert ptx_problem(whole, "other") == (
+        "no .entry other with a body: its metadata names that kernel, the text defines k"
+    )
+    assert problem("ptx", whole, "other") is not None
+    assert problem("ptx", whole, "other", full=False) is None  # what a read checks
+    # an indirect call (through a register) names no function
+    indirect = KERNEL.replace(b"helper, (param0)", b"%rd1, (param0), prototype_0")
+    assert ptx_problem(HEADER + indirect) is None

@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class KernelBinary:
     """A compiled kernel as the lowering needs it. ``meta`` holds only the metadata fields the
-    cache's entry digest covers (``kernelcache.schema.COVERED_FIELDS``): a kernel is never
+    cache's entry digest covers (``kernelcache.schema.covered_metadata``): a kernel is never
     launched with a field that could have changed on disk unnoticed."""
 
     key: str

@@ -1,6 +1,14 @@
 """What the bridge stores in an entry's metadata, declared to kernelcache's schema: each field's
-type and range, and which of them the entry digest covers (everything a kernel is launched or
-embedded with, so that a damaged value is a corrupt entry, never a wrong launch).
+type and range.
+
+The launch metadata of a kernel (its name, target, warps, CTAs, shared memory, scratch sizes,
+the TMA metadata of tensor descriptors, the PTX's digest: everything a kernel is launched or
+embedded with) is part of kernelcache's on-disk format: kernelcache declares those fields
+itself (:data:`kernelcache.schema.LAUNCH_CHECKS`), covers them by the entry digest
+(:data:`LAUNCH_FIELDS`) and requires those a machine-code entry cannot be launched without
+(:data:`kernelcache.schema.REQUIRED`), whether or not the bridge is imported. The bridge
+declares only what is its own: a stricter check of ``target`` (a target it knows), and the
+fields that describe an entry without being launched with.
 
 ``components`` (the ingredients of the entry's key, see :func:`bridge.identity.keys.key_components`)
 only explains misses: nothing is launched with it, so the digest does not cover it, and an entry
@@ -9,15 +17,11 @@ without it (written by an earlier version) is served all the same.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from kernelcache import schema
 
 from ..vendors.registry import parse_name
-
-_U32 = (1 << 32) - 1
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _target(value: Any) -> str | None:
@@ -38,40 +42,15 @@ def _components(value: Any) -> str | None:
     return None
 
 
-#: the bridge's fields and what each must be
+#: the bridge's own fields and what each must be (``target``: added to kernelcache's check)
 FIELDS: dict[str, schema.Check] = {
     "target": _target,
     "kernel": schema.text(1024),
     "language": schema.text(64),
-    "arch": schema.text(64),
-    "warp_size": schema.integer(1, 1024),
-    "num_warps": schema.integer(1, 1024),
-    "num_ctas": schema.integer(1, 1024),
     "num_stages": schema.integer(0, 1024),
-    "shared": schema.integer(0, _U32),
-    "global_scratch_size": schema.integer(0, _U32),
-    "global_scratch_align": schema.power_of_two(1 << 20),
-    "profile_scratch_size": schema.integer(0, _U32),
-    "tmem_size": schema.integer(0, _U32),
-    "tensordesc_meta": schema.objects(64),
-    "ptx_sha256": schema.pattern(_SHA256, "64 lowercase hexadecimal digits"),
     "components": _components,
 }
-#: what a kernel is launched or embedded with (besides its name and target, which kernelcache
-#: covers itself): covered by the entry digest
-LAUNCH_FIELDS = frozenset(
-    {
-        "arch",
-        "warp_size",
-        "num_warps",
-        "num_ctas",
-        "shared",
-        "global_scratch_size",
-        "global_scratch_align",
-        "profile_scratch_size",
-        "tmem_size",
-        "tensordesc_meta",
-        "ptx_sha256",
-    }
-)
-schema.register_fields(FIELDS, covered=LAUNCH_FIELDS)
+#: what a kernel is launched or embedded with (besides its name and target): kernelcache's own
+#: launch fields, covered by the entry digest of every document
+LAUNCH_FIELDS = schema.LAUNCH_FIELDS
+schema.register_fields(FIELDS)

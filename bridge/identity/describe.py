@@ -7,8 +7,10 @@ their name, ``repr`` or address:
 - exact ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``bool`` and None by type and
   ``repr``; tuples, lists, dicts and sets item by item;
 - code by content: a JIT function by its source, first line, decorator settings and the value
-  of every name its source spells, looked up as Triton looks it up (closure, then globals; a
-  parameter hides a global); a ``constexpr_function`` or any Python function by its code
+  of every name its source spells outside string literals and comments (a superset of what its
+  syntax reads, found without parsing; the syntax is parsed only where a value has no
+  description, to tell whether the code reads it), looked up as Triton looks it up (closure,
+  then globals; a parameter hides a global); a ``constexpr_function`` or any Python function by its code
   (instructions, constants, names), closure, defaults and every global it names; a class by its
   bases, metaclass and members; an enum member by its class and name; a bound method by its
   function and object;
@@ -39,172 +41,40 @@ content).
 
 from __future__ import annotations
 
-import ast
 import enum
 import functools
 import sys
 import types
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..errors import Undescribable
 from . import reads
 from .reads import MISSING
+from .syntax import LOOKUPS, UNKNOWN, resolved, scope, spelled, syntax
+from .watch import (
+    BYTES,
+    CELL,
+    FUNCTION,
+    ITEMS,
+    LOOKUP,
+    SET,
+    SETTINGS,
+    SLOTS,
+    SOURCE,
+    Read,
+    buffer_snapshot,
+    function_parts,
+    items,
+    mark,
+    source,
+)
 
-#: the decorator settings that change what is compiled but not Triton's ``cache_key``
-SETTINGS = ("noinline", "debug", "do_not_specialize", "do_not_specialize_on_alignment")
 #: the most values one description holds (a larger one makes the kernel open)
 MAX_VALUES = 20_000
 #: passes over a kernel's reach until the attribute names it spells settle
 MAX_PASSES = 8
-#: what a class's namespace holds that is not its behaviour
-_CLASS_NOISE = frozenset(
-    {"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__", "__firstlineno__",
-     "__static_attributes__", "__annotate__", "__orig_bases__", "__parameters__",
-     "__slotnames__", "__abstractmethods__", "_abc_impl", "__dataclass_fields__",
-     "__dataclass_params__"}
-)  # fmt: skip
-#: Triton's names for Python builtins in kernel code that look attributes up
-_LOOKUPS = ("getattr", "hasattr")
 PYTHON = list(sys.version_info[:2])
-
-# -- reads ---------------------------------------------------------------------------------------
-#: a read: (kind, where, what, what was found). LOOKUP: ``where.get(what)``; CELL: a closure
-#: cell's content; ITEMS: the items of a list, dict or namespace (compared object by object);
-#: SET: a set's members; SOURCE: a JIT function's source and settings; BYTES: a buffer's
-#: content; FUNCTION: a function's code, defaults and keyword defaults; SLOTS: an object's slots
-Read = tuple[int, Any, Any, Any]
-LOOKUP, CELL, ITEMS, SET, SOURCE, BYTES, FUNCTION, SLOTS = range(8)
-
-
-def items(container: Any) -> tuple[Any, ...]:
-    """What an ITEMS read keeps of a list, dict or namespace: its items, keys and values."""
-    if isinstance(container, (dict, types.MappingProxyType)):
-        return tuple(x for item in container.items() for x in item)
-    return tuple(container)
-
-
-def mark(fn: Any) -> tuple[Any, ...]:
-    """The source and decorator settings of the JIT function ``fn`` as they are now."""
-    found: list[Any] = [source(fn)]
-    for s in SETTINGS:
-        value: Any = getattr(fn, s, None)
-        kind = type(value)
-        found.append(tuple(value) if kind is list else frozenset(value) if kind is set else value)
-    return tuple(found)
-
-
-def source(fn: Any) -> Any:
-    try:
-        return fn.src
-    except AttributeError:
-        return getattr(fn, "_src", None)
-
-
-def _function_parts(fn: Any) -> tuple[Any, ...]:
-    return (fn.__code__, fn.__defaults__, fn.__kwdefaults__)
-
-
-def _buffer(value: Any) -> tuple[Any, ...]:
-    """A buffer's content as a snapshot: type, layout and bytes."""
-    if isinstance(value, (bytearray, memoryview)):
-        return (type(value), bytes(value))
-    if type(value).__name__ == "array" and type(value).__module__ == "array":
-        return (type(value), value.typecode, value.tobytes())
-    return (type(value), str(value.dtype), tuple(value.shape), value.tobytes())
-
-
-def _same(now: tuple[Any, ...], found: tuple[Any, ...]) -> bool:
-    return len(now) == len(found) and all(a is b for a, b in zip(now, found, strict=True))
-
-
-def unchanged(found: tuple[Read, ...]) -> bool:
-    """Whether every read of ``found`` still finds what it found."""
-    for kind, where, what, was in found:
-        if kind == LOOKUP:
-            if where.get(what, MISSING) is not was:
-                return False
-        elif kind == CELL:
-            if reads.cell(where) is not was:
-                return False
-        elif kind == ITEMS:
-            if not _same(items(where), was):
-                return False
-        elif kind == SET:
-            if frozenset(where) != was:
-                return False
-        elif kind == SOURCE:
-            if mark(where) != was:
-                return False
-        elif kind == BYTES:
-            if _buffer(where) != was:
-                return False
-        elif kind == FUNCTION:
-            if not _same(_function_parts(where), was):
-                return False
-        elif not _same(tuple(getattr(where, s, MISSING) for s in what), was):  # SLOTS
-            return False
-    return True
-
-
-# -- the frontend's view of kernel source ----------------------------------------------------------
-class Syntax(NamedTuple):
-    """What the syntax of a JIT function's source reads, exactly as Triton's frontend walks it:
-    the names it loads and stores, every attribute it reads (with the literal names of
-    ``getattr``/``hasattr``) and the chain each is read through (the name it starts from, None
-    where it starts from an expression, then the attributes), and a ``getattr`` or ``hasattr``
-    call whose name is computed (its text), if any."""
-
-    loaded: frozenset[str]
-    stored: frozenset[str]
-    attributes: frozenset[str]
-    chains: frozenset[tuple[str | None, tuple[str, ...]]]
-    computed: str | None
-
-
-def _chain(node: ast.expr, last: tuple[str, ...] = ()) -> tuple[str | None, tuple[str, ...]]:
-    attrs = list(last)
-    while isinstance(node, ast.Attribute):
-        attrs.append(node.attr)
-        node = node.value
-    head = node.id if isinstance(node, ast.Name) else None
-    return head, tuple(reversed(attrs))
-
-
-@functools.lru_cache(maxsize=512)
-def syntax(src: str) -> Syntax:
-    """The :class:`Syntax` of a JIT function's source (parsed once per source and process)."""
-    import textwrap
-
-    try:
-        tree = ast.parse(textwrap.dedent(src))
-    except SyntaxError as e:
-        none: frozenset[Any] = frozenset()
-        return Syntax(none, none, none, none, f"(its source does not parse: {e.msg})")
-    loaded: set[str] = set()
-    stored: set[str] = set()
-    attributes: set[str] = set()
-    chains: set[tuple[str | None, tuple[str, ...]]] = set()
-    computed = None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (loaded if isinstance(node.ctx, ast.Load) else stored).add(node.id)
-        elif isinstance(node, ast.arg):
-            stored.add(node.arg)
-        elif isinstance(node, ast.Attribute):
-            attributes.add(node.attr)
-            chains.add(_chain(node))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            if node.func.id in _LOOKUPS and len(node.args) >= 2:
-                name = node.args[1]
-                if isinstance(name, ast.Constant) and isinstance(name.value, str):
-                    attributes.add(name.value)
-                    chains.add(_chain(node.args[0], (name.value,)))
-                elif computed is None:
-                    computed = ast.unparse(node)
-    return Syntax(
-        frozenset(loaded), frozenset(stored), frozenset(attributes), frozenset(chains), computed
-    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -230,39 +100,6 @@ def is_jit(value: Any) -> bool:
     return isinstance(value, _jit_classes()[0])
 
 
-_UNKNOWN = object()
-
-
-def _scope(
-    cells: dict[str, Any], glob: dict[str, Any], params: frozenset[str]
-) -> Callable[[str], Any]:
-    """How a JIT function finds a global name (a parameter: not known before the call)."""
-
-    def find(name: str) -> Any:
-        if name in params:
-            return _UNKNOWN
-        if name in cells:
-            return reads.cell(cells[name])
-        return glob.get(name, _UNKNOWN)
-
-    return find
-
-
-def _resolved(
-    found: Syntax, scope: Callable[[str], Any], head: str | None, attrs: tuple[str, ...]
-) -> Any:
-    """What the chain ``head.attrs`` finds without running code, through modules only;
-    :data:`_UNKNOWN` where that cannot be told (an expression, a local, another object)."""
-    if head is None or head in found.stored:
-        return _UNKNOWN
-    value = scope(head)
-    for attr in attrs:
-        if not isinstance(value, types.ModuleType):
-            return _UNKNOWN
-        value = vars(value).get(attr, _UNKNOWN)
-    return value
-
-
 class Describer:
     """One pass of a description (see :func:`describe`): ``names`` are the attribute names
     modules are described by; what the code it meets spells is gathered in ``spelled``."""
@@ -271,27 +108,37 @@ class Describer:
         self.names = names
         self.spelled: set[str] = set()
         self.code_names: set[str] = set()  # (names of Python code: globals and attributes)
-        #: the JIT functions met: their syntax, and how their names are looked up
-        self.sources: list[tuple[Syntax, Callable[[str], Any]]] = []
+        #: the JIT functions met: their source, and how their names are looked up
+        self.sources: list[tuple[str, Callable[[str], Any]]] = []
         self.reads: list[Read] = []
         self.active: set[int] = set()
         self.seen: dict[int, str] = {}
         self.marks = 0
         self.kept: list[Any] = []  # (objects marked seen, alive while their ids are)
-        #: what has no description, found where code may not read it: (the module it is an
-        #: attribute of, or None for a class member; its name; why), decided when the pass ends
-        self.deferred: list[tuple[types.ModuleType | None, str, Undescribable]] = []
+        #: what has no description, found where code may not read it, decided when the pass
+        #: ends: (whether it is an attribute; the module it is an attribute of, or None; its
+        #: name; why)
+        self.deferred: list[tuple[bool, types.ModuleType | None, str, Undescribable]] = []
         self.spaces: list[dict[str, Any]] = []  # (the namespaces of the modules described)
         self.count = 0
 
     # -- what the code met reads for certain ------------------------------------------------
-    def read_for_certain(self, module: types.ModuleType | None, name: str) -> bool:
-        """Whether code met may read the attribute ``name`` (of ``module``, where given): Python
-        code that spells it, or a JIT function that reads it through a chain that does not
-        start from another object (``tl.arange`` is no read of another module's ``arange``)."""
+    def read_for_certain(self, attribute: bool, module: types.ModuleType | None, name: str) -> bool:
+        """Whether code met may read ``name``: as a global (not ``attribute``), or as an
+        attribute (of ``module``, where given). Python code that spells it may; a JIT function
+        may where its syntax loads the name, or reads the attribute through a chain that does
+        not start from another object (``tl.arange`` is no read of another module's
+        ``arange``). The syntax is parsed only here, where something has no description."""
         if name in self.code_names:
             return True
-        for found, scope in self.sources:
+        for src, finds in self.sources:
+            if name not in spelled(src):
+                continue
+            found = syntax(src)
+            if not attribute:
+                if name in found.loaded:
+                    return True
+                continue
             if name not in found.attributes:
                 continue
             if module is None:
@@ -299,14 +146,14 @@ class Describer:
             for head, attrs in found.chains:
                 for i, attr in enumerate(attrs):
                     if attr == name:
-                        start = _resolved(found, scope, head, attrs[:i])
-                        if start is _UNKNOWN or start is module:
+                        start = resolved(found, finds, head, attrs[:i])
+                        if start is UNKNOWN or start is module:
                             return True
         return False
 
     def finish(self) -> None:
-        for module, name, error in self.deferred:
-            if self.read_for_certain(module, name):
+        for attribute, module, name, error in self.deferred:
+            if self.read_for_certain(attribute, module, name):
                 raise error
 
     # -- values ---------------------------------------------------------------------------
@@ -373,7 +220,7 @@ class Describer:
             return [kind.__name__, self.value(value.__func__)]
         if isinstance(value, property):
             return ["property", [self.value(f) for f in (value.fget, value.fset, value.fdel)]]
-        if isinstance(value, types.BuiltinFunctionType) or kind.__name__ in _C_CALLABLES:
+        if isinstance(value, types.BuiltinFunctionType) or kind.__name__ in reads.C_CALLABLES:
             return self.builtin(value)
         if kind.__name__ == "_lru_cache_wrapper" and isinstance(
             getattr(value, "__wrapped__", None), types.FunctionType
@@ -382,8 +229,8 @@ class Describer:
         if kind is functools.partial:
             parts = [value.func, value.args, value.keywords, reads.fields(value)]
             return ["partial", [self.value(p) for p in parts]]
-        if self._is_buffer(value):
-            snapshot = _buffer(value)
+        if self._isbuffer_snapshot(value):
+            snapshot = buffer_snapshot(value)
             self.reads.append((BYTES, value, None, snapshot))
             return ["buffer", repr(snapshot[:-1]), snapshot[-1].hex()]
         numpy = sys.modules.get("numpy")
@@ -398,7 +245,7 @@ class Describer:
         return sorted(rows, key=repr)
 
     @staticmethod
-    def _is_buffer(value: Any) -> bool:
+    def _isbuffer_snapshot(value: Any) -> bool:
         if isinstance(value, (bytearray, memoryview)):
             return True
         kind = type(value)
@@ -486,7 +333,7 @@ class Describer:
         self.reads.append((ITEMS, space, None, items(space)))
         meta = type(cls)
         members = [
-            [k, self._member(k, v)] for k, v in sorted(space.items()) if k not in _CLASS_NOISE
+            [k, self._member(k, v)] for k, v in sorted(space.items()) if k not in reads.CLASS_NOISE
         ]
         return [
             "class",
@@ -507,7 +354,7 @@ class Describer:
         try:
             return self.value(value)
         except Undescribable as e:
-            self.deferred.append((None, name, Undescribable(f"its method {name}: {e}")))
+            self.deferred.append((True, None, name, Undescribable(f"its method {name}: {e}")))
             return ["undescribed", name]
 
     def function(self, fn: types.FunctionType) -> Any:
@@ -532,7 +379,7 @@ class Describer:
             )
         self.spelled |= spelled
         self.code_names |= spelled
-        self.reads.append((FUNCTION, fn, None, _function_parts(fn)))
+        self.reads.append((FUNCTION, fn, None, function_parts(fn)))
         cells = []
         for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
             content = reads.cell(cell)
@@ -550,22 +397,22 @@ class Describer:
     def jit(self, fn: Any) -> Any:
         src = source(fn)
         self.reads.append((SOURCE, fn, None, mark(fn)))
-        found_syntax = syntax(src)
+        names = spelled(src)
         inner = getattr(fn, "fn", None)
         cells = reads.cells(inner)
         glob = getattr(fn, "__globals__", None) or getattr(inner, "__globals__", {})
         params = reads.parameters(inner)
-        if found_syntax.computed is not None and not any(
-            n in params or n in cells or n in glob for n in _LOOKUPS
-        ):
-            raise Undescribable(
-                f"{reads.name_of(fn)} looks an attribute up by a computed name: "
-                f"{found_syntax.computed}"
-            )
-        self.spelled |= found_syntax.loaded | found_syntax.attributes
-        self.sources.append((found_syntax, _scope(cells, glob, params)))
+        if any(n in names and not (n in params or n in cells or n in glob) for n in LOOKUPS):
+            computed = syntax(src).computed
+            if computed is not None:
+                raise Undescribable(
+                    f"{reads.name_of(fn)} looks an attribute up by a computed name: {computed}"
+                )
+            names = names | syntax(src).attributes  # (the literal names getattr reads)
+        self.spelled |= names
+        self.sources.append((src, scope(cells, glob, params)))
         found = []
-        for name in sorted(found_syntax.loaded - params):
+        for name in sorted(names - params):
             cell = cells.get(name)
             if cell is not None:
                 content = reads.cell(cell)
@@ -586,13 +433,13 @@ class Describer:
         ]
 
     def _named(self, name: str, value: Any, module: types.ModuleType | None = None) -> Any:
-        """The description of ``value``, found under ``name`` (an attribute of ``module``)."""
+        """The description of ``value``, found under ``name`` (a global of code met, or an
+        attribute of ``module``); one that has none is fine where no code reads it."""
         try:
             return self.value(value)
         except Undescribable as e:
-            if module is None:
-                raise Undescribable(f"{name}: {e}") from None
-            self.deferred.append((module, name, Undescribable(f"{name}: {e}")))
+            error = Undescribable(f"{name}: {e}")
+            self.deferred.append((module is not None, module, name, error))
             return ["undescribed", name]
 
     def module(self, module: types.ModuleType) -> Any:
@@ -613,17 +460,10 @@ class Describer:
             if value is MISSING:
                 if "__getattr__" in space and where == "user":
                     why = f"the module {name} makes its attribute {attr} with __getattr__"
-                    self.deferred.append((module, attr, Undescribable(why)))
+                    self.deferred.append((True, module, attr, Undescribable(why)))
                 continue
             rows.append([attr, self._named(attr, value, module)])
         return ["module", name, rows]
-
-
-#: the type names of callables written in C that are described by name (as built-ins are)
-_C_CALLABLES = frozenset(
-    {"builtin_function_or_method", "method_descriptor", "wrapper_descriptor",
-     "method-wrapper", "classmethod_descriptor", "ufunc"}
-)  # fmt: skip
 
 
 def describe(root: Any) -> tuple[Any, tuple[Read, ...]]:

@@ -11,7 +11,7 @@ complete: the kernel is then *open*, keyed by the IR Triton's frontend produces 
 (:mod:`.frontend`), never by an approximate description.
 
 An identity is memoized per function for the process, and used only while every value its
-description read is as it was (:func:`.describe.unchanged`: the same objects, buffers and sets
+description read is as it was (:func:`.watch.unchanged`: the same objects, buffers and sets
 by content). Triton's launcher checks the globals a kernel used the same way before each
 launch; here a change gives a new identity, so the new code is lowered, never the old one.
 """
@@ -24,8 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import Undescribable
-from .describe import Read, describe, is_jit, mark, unchanged
+from .describe import describe, is_jit
 from .reads import PLAIN_TYPES
+from .watch import Read, mark, unchanged
 
 __all__ = ["Undescribable", "constant", "identity", "is_jit"]
 

@@ -62,6 +62,18 @@ DATA_BASES: dict[type, Any] = {
     int: int, float: float, complex: complex, str: str, bytes: bytes, tuple: tuple,
     frozenset: frozenset, list: list, dict: dict, set: set, object: None,
 }  # fmt: skip
+#: what a class's namespace holds that is not its behaviour
+CLASS_NOISE = frozenset(
+    {"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__", "__firstlineno__",
+     "__static_attributes__", "__annotate__", "__orig_bases__", "__parameters__",
+     "__slotnames__", "__abstractmethods__", "_abc_impl", "__dataclass_fields__",
+     "__dataclass_params__"}
+)  # fmt: skip
+#: the type names of callables written in C that are described by name (as built-ins are)
+C_CALLABLES = frozenset(
+    {"builtin_function_or_method", "method_descriptor", "wrapper_descriptor",
+     "method-wrapper", "classmethod_descriptor", "ufunc"}
+)  # fmt: skip
 _IMPORT = frozenset(dis.opmap[name] for name in ("IMPORT_NAME", "IMPORT_FROM") if name in dis.opmap)
 
 

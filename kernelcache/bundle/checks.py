@@ -7,7 +7,10 @@ justify (:func:`manifest_limit`: room for each entry's document, more the more i
 holds), a damaged archive, a bad manifest, an entry whose metadata the schema refuses
 (:mod:`kernelcache.schema`, entry digest and coverage included), a member the manifest does not
 list (or the reverse), a size or digest mismatch, and, with a signing key, an entry without a
-valid signature.
+valid signature. A second read checks the contract of an entry
+(:func:`~kernelcache.schema.entry_problem`, in full: a cubin that is not a whole NVIDIA ELF file,
+PTX without the kernel its metadata names, ...) for each member whose extension has a
+structure to check (:func:`check_artifacts`).
 
 Memory is bounded by what the bundle holds: members are streamed, and the manifest is parsed
 one value at a time (:class:`_JsonStream`), each from a bounded window, keeping only each valid
@@ -29,9 +32,11 @@ import xxhash
 
 from .._version import __version__
 from ..errors import BundleError
+from ..formats import STRUCTURED
 from ..jsonio import load_json
 from ..keys import META_EXT, split_entry_name
 from ..problem import Problem
+from ..schema.contract import entry_problem
 from ..schema.document import check_written
 from ..schema.format import FORMAT_VERSION
 from .format import (
@@ -419,3 +424,31 @@ def _check_entry(number: int, meta: Any, text: str, seen: set[str]) -> Listed:
         raise BundleError(f"bad manifest: key {key} is listed twice")
     seen.add(key)
     return Listed(key, checked["ext"], checked["size"], checked["digest"], text)
+
+
+def check_artifacts(f: IO[bytes], listed: dict[str, Listed], max_member: int) -> None:
+    """Check the contract of an entry (:func:`~kernelcache.schema.entry_problem`, in full) for
+    every entry of the bundle ``f`` whose extension has a structure to check, reading its
+    members again, one in memory at a time (a bundle of none is not read again). What this
+    accepts, the publishing pass publishes: ``dry_run`` runs it too.
+
+    Raises:
+        BundleError: naming the entry and what is wrong, or the member that changed since the
+            first pass.
+    """
+    names = {name for name, entry in listed.items() if entry.ext in STRUCTURED}
+    if not names:
+        return
+    for member in _members(f, max_member, keep_data=True):
+        entry = listed.get(member.name)
+        if entry is None or member.name not in names:
+            continue
+        if member.digest != entry.digest or member.data is None:
+            raise BundleError(f"the bundle changed while being imported (member {member.name!r})")
+        reason = entry_problem(entry.ext, member.data, entry.document())
+        if reason is not None:
+            raise BundleError(
+                f"entry {entry.key} is refused: {reason} (the bundle was made from a damaged "
+                "cache, or altered: export it again from a cache `kernelcache verify` finds "
+                "clean; nothing was imported)"
+            )

@@ -82,8 +82,9 @@ def export_bundle(
 ) -> ExportResult:
     """Write ``entries`` of ``root`` to the bundle ``path``.
 
-    Each artifact is read and verified first (a corrupt, untrusted or vanished entry is
-    skipped and listed in ``skipped``); reading never refreshes last-used stamps. With
+    Each artifact is read and verified first, as ``verify`` checks it (a corrupt, untrusted or
+    vanished entry, or one that is not whole, is skipped and listed in ``skipped``: what an
+    export writes, an import accepts); reading never refreshes last-used stamps. With
     ``signing_key``, every entry of the manifest carries its HMAC (see
     :func:`kernelcache.schema.sign`). The bundle appears at ``path`` atomically, complete or not
     at all.
@@ -120,7 +121,7 @@ def export_bundle(
                 sink = writer
             with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
                 for entry in entries:
-                    art = reader.read(entry.key)
+                    art = reader.inspect(entry.key, whole=True)
                     if progress is not None:
                         progress(1)
                     if not isinstance(art, Artifact):

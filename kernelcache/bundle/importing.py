@@ -1,7 +1,8 @@
 """Importing a bundle into a root, all or nothing.
 
 A first pass reads and checks the whole bundle without writing anything
-(:mod:`kernelcache.bundle.checks`); ``dry_run`` stops there, with the same outcome. Only then
+(:mod:`kernelcache.bundle.checks`; members whose extension has a structure to check are read
+again for the contract of an entry); ``dry_run`` stops there, with the same outcome. Only then
 does a second pass publish each entry through :meth:`Store.publish` (atomic, first writer
 wins), re-checking each member's digest first; entries already present are skipped. Each
 document is published as written (its fields, ``covers`` and entry digest; its signature is
@@ -23,7 +24,7 @@ from ..schema.digests import check_signature
 from ..store.entry import Artifact
 from ..store.root import Store
 from ..toolchains import Judge
-from .checks import Listed, _members
+from .checks import Listed, _members, check_artifacts
 from .format import MANIFEST, MAX_MEMBER_BYTES, ImportResult, Progress
 
 
@@ -113,6 +114,7 @@ def import_bundle(
                         f"entry {entry.key} is refused: {why} (KERNELCACHE_SIGNING_KEY is "
                         "set: only bundles signed with it are imported)"
                     )
+        check_artifacts(f, listed, max_member_size)
         checker = Store(store.root, readonly=True, trust=store.trust, resolved=True)
         present = 0
         conflicts: list[tuple[str, str]] = []

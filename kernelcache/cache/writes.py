@@ -16,6 +16,7 @@ from .. import stats
 from ..errors import CacheError
 from ..keys import check_ext, check_key
 from ..process import warn_once
+from ..schema.contract import require_whole
 from ..schema.document import make_metadata
 from ..store.entry import Artifact, as_bytes
 from ..store.locks.budget import WaitBudget
@@ -43,7 +44,10 @@ class Writes(Layers):
 
         Raises:
             TypeError: ``data`` is not bytes.
-            ValueError: malformed key, ext or metadata.
+            ValueError: malformed key, ext or metadata; or an entry that is not whole (an
+                artifact not whole for its extension: a cut-short file, code for another
+                machine; or launch metadata its extension requires missing; see
+                :mod:`kernelcache.schema.contract`): nothing is written anywhere.
             CacheError: the writable root cannot take the entry (message says why); nothing
                 partial is left behind there. The remote tier still gets it.
         """
@@ -160,5 +164,13 @@ class Writes(Layers):
 
     @staticmethod
     def _in_memory(key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> Artifact:
+        """The entry kept in memory only (a disabled cache, a root that cannot take it):
+        checked as a put checks it (:func:`~kernelcache.schema.require_whole`).
+
+        Raises:
+            ValueError: as :meth:`put`.
+        """
         data = as_bytes(data)
-        return Artifact(key, ext, data, None, make_metadata(key, ext, data, meta), "memory")
+        doc = make_metadata(key, ext, data, meta)
+        require_whole(key, ext, data, doc)
+        return Artifact(key, ext, data, None, doc, "memory")

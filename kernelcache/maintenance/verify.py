@@ -1,5 +1,7 @@
 """``kernelcache verify``: a scan that also reads every artifact and checks its size, digest and
-structure (:mod:`kernelcache.formats`). Nothing here modifies an entry: repairs are planned
+the contract of an entry in full (:func:`kernelcache.schema.entry_problem`: the artifact whole
+for its extension, PTX text scan included, and the launch metadata its extension requires;
+what ``put`` refuses, ``verify`` reports). Nothing here modifies an entry: repairs are planned
 by :func:`kernelcache.maintenance.prune.plan_repair`.
 """
 
@@ -29,7 +31,7 @@ def verify(
     store: Store, base: CacheScan | None = None, *, progress: Progress | None = None
 ) -> CacheScan:
     """A scan of ``store``'s root whose entries were each read and checked (size, digest,
-    metadata, the structure of the artifact's format, and the store's trust policy).
+    metadata, the contract of an entry in full, and the store's trust policy).
 
     Returns a new :class:`CacheScan`: entries that failed are moved from ``entries`` to
     ``issues`` (kind ``corrupt``, or ``untrusted`` for an entry the trust policy refuses).

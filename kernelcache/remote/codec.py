@@ -2,8 +2,10 @@
 length (uint32, big endian), the store's metadata JSON, the artifact bytes.
 
 Invariants: a decoded value is used only if its header, its metadata (the one schema and the
-entry digest) and the artifact's size and xxh3-128 digest check out; with a signing key, only
-if its HMAC does too. Nothing here raises for what a server returns: a refused value is a
+entry digest), the artifact's size and xxh3-128 digest and the contract of an entry (its
+artifact whole for its extension, its launch metadata there:
+:func:`~kernelcache.schema.entry_problem`) check out; with a signing key, only if its HMAC does
+too. A value is made only of a whole entry. Nothing here raises for what a server returns: a refused value is a
 :class:`~kernelcache.problem.Problem`. An entry's document travels as written: a value made of
 a document (a backfill, an entry read from a root) carries its fields, ``covers`` and entry
 digest unchanged (:func:`~kernelcache.schema.written_document`), so a reader never widens what
@@ -18,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..problem import Problem
+from ..schema.contract import entry_problem, require_whole
 from ..schema.digests import check_signature, sign
 from ..schema.document import (
     check_document,
@@ -54,7 +57,8 @@ def make_value(
 
     Raises:
         ValueError: ``meta`` is outside the schema, or a document that does not describe
-            ``data`` (the local store rejects such entries first).
+            ``data``, or the entry is not whole (:func:`~kernelcache.schema.require_whole`;
+            the local store rejects such entries first).
     """
     if "entry_digest" in meta:
         doc = written_document(key, ext, data, meta)
@@ -64,6 +68,7 @@ def make_value(
         doc = make_metadata(
             key, ext, data, {k: v for k, v in meta.items() if k not in RESERVED_FIELDS}
         )
+    require_whole(key, ext, data, doc)
     if signing_key is not None:
         doc[HMAC_FIELD] = sign(doc, hashlib.sha256(data).digest(), signing_key)
     return encode_value(doc, data)
@@ -71,7 +76,8 @@ def make_value(
 
 def decode_value(raw: bytes, key: str) -> tuple[bytes, dict[str, Any]] | Problem:
     """Parse and verify a value read for ``key`` (header, metadata schema and entry digest,
-    artifact size and digest; not the signature: see :func:`authenticate`).
+    artifact size and digest, the contract of an entry; not the signature: see
+    :func:`authenticate`).
 
     Returns ``(data, metadata)``, or a :class:`Problem` saying what is wrong (never raises).
     """
@@ -92,6 +98,9 @@ def decode_value(raw: bytes, key: str) -> tuple[bytes, dict[str, Any]] | Problem
         return Problem(key, f"artifact is {len(data)} bytes, metadata says {doc['size']}")
     if doc["digest"] != digest(data):
         return Problem(key, "artifact digest does not match its metadata")
+    reason = entry_problem(doc["ext"], data, doc)
+    if reason is not None:
+        return Problem(key, reason)
     return data, doc
 
 
@@ -105,8 +114,9 @@ def authenticate(
 
 
 def check_entry(found: object, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | str:
-    """``(data, metadata)`` returned by any tier (a plugin's too) if they form a valid entry
-    of ``key`` and ``ext``; else what is wrong. Never raises."""
+    """``(data, metadata)`` returned by any tier (a plugin's too) if they form a valid, whole
+    entry of ``key`` and ``ext`` (:func:`~kernelcache.schema.entry_problem`, in full); else
+    what is wrong. Never raises."""
     if not isinstance(found, tuple) or len(found) != 2:
         return "the tier returned something other than (data, metadata)"
     data, meta = found
@@ -123,4 +133,4 @@ def check_entry(found: object, key: str, ext: str) -> tuple[bytes, dict[str, Any
         return f"it holds a .{doc['ext']} artifact, not .{ext}"
     if doc["size"] != len(data) or doc["digest"] != digest(data):
         return "the artifact does not match its size and digest"
-    return data, doc
+    return entry_problem(ext, data, doc) or (data, doc)

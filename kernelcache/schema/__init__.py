@@ -1,15 +1,20 @@
-"""The one schema of entry metadata.
+"""The one schema of entry metadata, and the one contract of an entry.
 
 What enters: metadata a caller gives to ``put`` and documents read back from a root, a remote
 tier or a bundle. What leaves: a canonical JSON document (fields checked against their
 declarations, the entry digest over the artifact and every covered field, an HMAC signature when
 a signing key is set), or a :class:`~kernelcache.problem.Problem` saying why a document cannot be
-served. Packages declare their own fields with :func:`register_fields`. Encoding and digests are
-byte-identical across releases of the same ``FORMAT_VERSION``.
+served. The launch metadata of machine code is kernelcache's own (:mod:`.launch`); packages
+declare their own fields with :func:`register_fields`. :func:`entry_problem` (:mod:`.contract`)
+is what every door checks of an entry (its artifact whole for its extension, its launch
+metadata there): ``put``, ``verify``, remote values, bundles and reads (its module says who
+calls it, and how). Encoding and digests are byte-identical across releases of the same
+``FORMAT_VERSION``.
 """
 
 from __future__ import annotations
 
+from .contract import entry_problem, require_whole
 from .digests import (
     check_signature,
     covered_bytes,
@@ -58,6 +63,7 @@ from .format import (
     STORE_COVERED,
     digest,
 )
+from .launch import LAUNCH_CHECKS, LAUNCH_FIELDS, REQUIRED, launch_problem
 
 __all__ = [
     "COVERS_FIELD",
@@ -67,6 +73,8 @@ __all__ = [
     "HMAC_FIELD",
     "HMAC_PREFIX",
     "KERNEL_NAME",
+    "LAUNCH_CHECKS",
+    "LAUNCH_FIELDS",
     "MAX_ARTIFACT_BYTES",
     "MAX_COVERED",
     "MAX_DEPTH",
@@ -74,6 +82,7 @@ __all__ = [
     "MAX_INT",
     "MAX_META_BYTES",
     "OWN_FIELDS",
+    "REQUIRED",
     "RESERVED_FIELDS",
     "STORE_COVERED",
     "TARGET_NAME",
@@ -89,7 +98,9 @@ __all__ = [
     "displayable",
     "encode_metadata",
     "entry_digest",
+    "entry_problem",
     "integer",
+    "launch_problem",
     "make_metadata",
     "objects",
     "parse_fields",
@@ -97,6 +108,7 @@ __all__ = [
     "pattern",
     "power_of_two",
     "register_fields",
+    "require_whole",
     "sign",
     "text",
     "written_document",

@@ -5,8 +5,10 @@ a document read from a remote tier, copied to another tier, published from a rem
 imported from a bundle is kept as written (:func:`check_written`: the same fields, covers and
 entry digest; only a signature is dropped on the way into a root). A document that holds a
 field this process registers as covered without covering it is a **miss** (outdated, rebuilt by
-the next put), never served with that field ignored. Format 2 documents are the only ones
-served: format 1 digests did not cover the ``covers`` list.
+the next put), never served with that field ignored. A document of machine code (or PTX)
+without the launch metadata its extension requires (:mod:`.launch`) is **corrupt**, wherever it
+is read: a reader never launches with a default for a field its writer left out. Format 2
+documents are the only ones served: format 1 digests did not cover the ``covers`` list.
 
 Every check returns a reason or a :class:`~kernelcache.problem.Problem` instead of raising:
 nothing here trusts its input, and nothing here crashes on it.
@@ -24,8 +26,9 @@ from ..errors import InvalidMetadata
 from ..jsonio import load_json
 from ..keys import EXT_PATTERN, META_EXT
 from ..problem import Problem
+from .checks import plain, utf8
 from .digests import CANONICAL, entry_digest
-from .fields import _covered, _plain, check_fields, utf8
+from .fields import _covered, check_fields
 from .format import (
     _HMAC,
     COVERS_FIELD,
@@ -40,11 +43,13 @@ from .format import (
     _show,
     digest,
 )
+from .launch import launch_problem
 
 
 def check_document(doc: Any, key: str) -> dict[str, Any] | Problem:
-    """``doc`` if it is a valid metadata document of ``key`` (schema, entry digest, and every
-    field this process registers as covered that it holds covered by it), else
+    """``doc`` if it is a valid metadata document of ``key`` (schema, entry digest, every field
+    this process registers as covered that it holds covered by it, and the launch metadata its
+    extension requires: :func:`~kernelcache.schema.launch.launch_problem`), else
     :class:`~kernelcache.problem.Problem`. Never raises."""
     if not isinstance(doc, dict):
         return Problem(key, "metadata is not a JSON object")
@@ -80,16 +85,18 @@ def check_document(doc: Any, key: str) -> dict[str, Any] | Problem:
             key, "entry digest mismatch: the launch metadata or its covers list was altered"
         )
     covers = doc[COVERS_FIELD]
-    if _covered.issubset(covers):  # what writers of this installation write: one pass
-        return doc
-    uncovered = sorted(name for name in _covered if name in doc and name not in covers)
-    if uncovered:
-        return _outdated(
-            doc,
-            key,
-            f"its digest does not cover {', '.join(uncovered)}, which this process requires "
-            "covered (its writer did not cover them)",
-        )
+    if not _covered.issubset(covers):  # (what writers of this installation write: one pass)
+        uncovered = sorted(name for name in _covered if name in doc and name not in covers)
+        if uncovered:
+            return _outdated(
+                doc,
+                key,
+                f"its digest does not cover {', '.join(uncovered)}, which this process requires "
+                "covered (its writer did not cover them)",
+            )
+    bad = launch_problem(doc["ext"], doc)
+    if bad is not None:
+        return Problem(key, bad)
     return doc
 
 
@@ -178,7 +185,7 @@ def build_metadata(
     for name, value in doc.items():
         if not isinstance(name, str):
             raise InvalidMetadata(f"metadata for {key}: field name {_show(name)} is not a string")
-        bad = _plain(value)
+        bad = plain(value)
         if bad:
             raise InvalidMetadata(f"metadata for {key}: metadata field {name!r} {bad}")
     try:

@@ -1,75 +1,55 @@
 """The fields of a metadata document and their checks.
 
-Known fields have a type and a range (:data:`FIELDS`: kernelcache's own, plus those a package
-built on it declares with :func:`register_fields`); any other field is allowed if it is plain,
-bounded JSON (finite numbers, 64-bit integers, valid UTF-8 strings, nesting at most
+Known fields have a type and a range (:data:`FIELDS`: kernelcache's own, the launch metadata of
+machine code (:mod:`.launch`), plus those a package built on it declares with
+:func:`register_fields`); any other field is allowed if it is plain, bounded JSON (finite
+numbers, 64-bit integers, valid UTF-8 strings, nesting at most
 :data:`~kernelcache.schema.format.MAX_DEPTH` deep). Declared fields may be registered as
-*covered*: the entry digest of every document written afterwards covers them. Every check
-returns a reason instead of raising.
+*covered*: the entry digest of every document written afterwards covers them (kernelcache's
+``name``, ``target`` and launch fields always are). Every check returns a reason instead of
+raising (the checks themselves: :mod:`.checks`).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import DeclarationError
 from ..keys import KEY_PATTERN
-from .format import (
-    COVERS_FIELD,
-    MAX_COVERED,
-    MAX_DEPTH,
-    MAX_FIELD_NAME,
-    MAX_INT,
-    RESERVED_FIELDS,
-    _show,
+from .checks import (
+    Check,
+    integer,
+    objects,
+    pattern,
+    plain,
+    power_of_two,
+    same_check,
+    text,
+    utf8,
+    valid_name,
 )
+from .format import COVERS_FIELD, MAX_COVERED, MAX_FIELD_NAME, RESERVED_FIELDS, _show
+from .launch import LAUNCH_CHECKS, LAUNCH_FIELDS
 
-# -- field checks: each returns None, or what is wrong ------------------------------------------
-Check = Callable[[Any], "str | None"]
-
-
-def integer(low: int, high: int) -> Check:
-    """An integer from ``low`` to ``high``."""
-
-    def check(value: Any) -> str | None:
-        if type(value) is not int:
-            return f"must be an integer, not {_show(value)}"
-        if not low <= value <= high:
-            return f"must be between {low} and {high}, not {_show(value)}"
-        return None
-
-    check.bounds = (low, high)  # type: ignore[attr-defined]  # the fast path of check_fields
-    return check
-
-
-def text(limit: int) -> Check:
-    """Printable text of 1 to ``limit`` characters."""
-
-    def check(value: Any) -> str | None:
-        if not isinstance(value, str):
-            return f"must be a string, not {_show(value)}"
-        if not 0 < len(value) <= limit:
-            return f"must be 1 to {limit} characters"
-        if not value.isprintable():  # control characters, lone surrogates
-            return f"must be printable text, not {_show(value)}"
-        return None
-
-    return check
-
-
-def pattern(regex: re.Pattern[str], what: str) -> Check:
-    """A string that ``regex`` matches whole (``what`` says what it must be)."""
-
-    def check(value: Any) -> str | None:
-        if not isinstance(value, str) or regex.fullmatch(value) is None:
-            return f"must be {what}, not {_show(value)}"
-        return None
-
-    return check
-
+__all__ = [
+    "FIELDS",
+    "KERNEL_NAME",
+    "OWN_FIELDS",
+    "TARGET_NAME",
+    "Check",
+    "check_fields",
+    "covered_fields",
+    "integer",
+    "objects",
+    "pattern",
+    "power_of_two",
+    "register_fields",
+    "text",
+    "utf8",
+]
 
 #: ``covers`` lists found valid (most documents of a root name the same fields)
 _valid_covers: set[tuple[str, ...]] = set()
@@ -85,7 +65,7 @@ def _covers(value: Any) -> str | None:
     if (
         not isinstance(value, list)
         or len(value) > MAX_COVERED
-        or not all(_valid_name(v) and v not in RESERVED_FIELDS for v in value)
+        or not all(valid_name(v) and v not in RESERVED_FIELDS for v in value)
         or value != sorted(set(value))
     ):
         return f"must be a sorted list of at most {MAX_COVERED} field names, not {_show(value)}"
@@ -132,35 +112,9 @@ def _producer(value: Any) -> str | None:
     return None
 
 
-def objects(limit: int) -> Check:
-    """A list of at most ``limit`` JSON objects of plain, bounded JSON."""
-
-    def check(value: Any) -> str | None:
-        if not isinstance(value, list) or len(value) > limit:
-            return f"must be a list of at most {limit} objects, not {_show(value)}"
-        for item in value:
-            if not isinstance(item, dict):
-                return f"must be a list of objects, not of {_show(item)}"
-        return _plain(value)
-
-    return check
-
-
-def power_of_two(high: int) -> Check:
-    """A power of two from 1 to ``high``."""
-    bounded = integer(1, high)
-
-    def check(value: Any) -> str | None:
-        bad = bounded(value)
-        if bad is None and value & (value - 1):
-            return f"must be a power of two, not {value}"
-        return bad
-
-    return check
-
-
-#: the fields a document may hold and what each must be: kernelcache's own (below), and those
-#: registered by packages built on it (:func:`register_fields`)
+#: the fields a document may hold and what each must be: kernelcache's own (below, and the launch
+#: metadata of machine code: :mod:`.launch`), and those registered by packages built on it
+#: (:func:`register_fields`)
 FIELDS: dict[str, Check] = {
     "created": _time,
     "producer": _producer,
@@ -169,14 +123,21 @@ FIELDS: dict[str, Check] = {
     "kind": text(64),
     "of": pattern(KEY_PATTERN, "a cache key"),
     COVERS_FIELD: _covers,
+    **LAUNCH_CHECKS,
 }
 #: the fields kernelcache itself gives a meaning
 OWN_FIELDS = frozenset(FIELDS)
-#: integer fields and their ranges, checked inline by check_fields (the common case)
-_INT_RANGES: dict[str, tuple[int, int]] = {}
+#: integer fields and their ranges, checked inline by check_fields (the common case): the range
+#: of every integer field whose checks are all ranges (a refined one: their intersection)
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    name: check.bounds  # type: ignore[attr-defined]
+    for name, check in FIELDS.items()
+    if getattr(check, "bounds", None) is not None
+}
 #: the caller fields the entry digest of a new document covers: kernelcache's own (an entry's
-#: name and target, which operators select by) and those registered as covered
-_covered: set[str] = {"name", "target"}
+#: name and target, which operators select by, and the launch metadata of machine code) and
+#: those registered as covered
+_covered: set[str] = {"name", "target", *LAUNCH_FIELDS}
 
 
 def register_fields(checks: Mapping[str, Check], *, covered: frozenset[str] = frozenset()) -> None:
@@ -184,89 +145,57 @@ def register_fields(checks: Mapping[str, Check], *, covered: frozenset[str] = fr
     which of them the entry digest of every new document covers (those a reader acts on).
 
     A check for a field that already has one is added to it: a value must pass both.
-    Declaring the same check again is a no-op.
+    Declaring the same check again (the same object, or one made by the same constructor with
+    the same arguments, such as kernelcache's own ``num_warps``) is a no-op, and so is
+    declaring a field covered that already is.
 
     Raises:
         ValueError: a reserved field, a name that is not a field name, or too many covered
             fields.
     """
-    for name, check in checks.items():
-        if not name or name in RESERVED_FIELDS or name == COVERS_FIELD or not _valid_name(name):
+    for name in checks:
+        if not name or name in RESERVED_FIELDS or name == COVERS_FIELD or not valid_name(name):
             raise DeclarationError(f"{name!r} cannot be declared as a metadata field")
+    for name, check in checks.items():
         known = FIELDS.get(name)
         if known is None:
             FIELDS[name] = check
-        elif check is not known and check not in getattr(known, "parts", ()):
+            bounds = getattr(check, "bounds", None)
+            if bounds is not None:
+                _INT_RANGES[name] = bounds
+        elif not any(same_check(part, check) for part in getattr(known, "parts", (known,))):
             FIELDS[name] = _both(known, check)
-        bounds = getattr(check, "bounds", None)
-        if known is None and bounds is not None:
-            _INT_RANGES[name] = bounds
+            _refine_range(name, check)
     unknown = set(covered) - FIELDS.keys()
     if unknown or len(_covered | set(covered)) > MAX_COVERED:
         raise DeclarationError(f"covered fields must be declared fields (at most {MAX_COVERED})")
     _covered.update(covered)
 
 
-def _valid_name(name: object) -> bool:
-    return isinstance(name, str) and len(name) <= MAX_FIELD_NAME and utf8(name)
+def _refine_range(name: str, check: Check) -> None:
+    """Keep the fast path of ``name`` exact once ``check`` is added to its checks: the
+    intersection of both ranges, or none where ``check`` is not a range."""
+    known = _INT_RANGES.get(name)
+    bounds = getattr(check, "bounds", None)
+    if known is None:
+        return
+    if bounds is None or getattr(check, "spec", ("",))[0] != "integer":
+        del _INT_RANGES[name]
+    else:
+        _INT_RANGES[name] = (max(known[0], bounds[0]), min(known[1], bounds[1]))
 
 
 def _both(first: Check, second: Check) -> Check:
     def check(value: Any) -> str | None:
         return first(value) or second(value)
 
-    check.parts = (first, second)  # type: ignore[attr-defined]
+    check.parts = (*getattr(first, "parts", (first,)), second)  # type: ignore[attr-defined]
     return check
 
 
 def covered_fields() -> frozenset[str]:
     """The caller fields the entry digest of a document written now covers."""
     return frozenset(_covered)
-
-
-def _plain(value: Any, depth: int = 0) -> str | None:
-    """None if ``value`` is plain, bounded JSON; else what is wrong with it."""
-    kind = type(value)
-    if kind is str:
-        return None if value.isascii() or utf8(value) else "holds a string that is not valid UTF-8"
-    if kind is int:
-        return None if -MAX_INT <= value <= MAX_INT else "holds an integer beyond 64 bits"
-    if value is None or kind is bool:
-        return None
-    if kind is float:
-        return None if math.isfinite(value) else f"holds {_show(value)}"
-    if depth >= MAX_DEPTH and isinstance(value, (dict, list, tuple)):
-        return f"nests deeper than {MAX_DEPTH} levels"
-    if isinstance(value, dict):
-        for name, item in value.items():
-            if type(name) is not str or not (name.isascii() or utf8(name)):
-                return "holds a name that is not valid UTF-8"
-            if type(item) is not str or not item.isascii():
-                bad = _plain(item, depth + 1)
-                if bad:
-                    return bad
-        return None
-    if isinstance(value, (list, tuple)):  # a tuple is written as a list
-        for item in value:
-            if type(item) is not str or not item.isascii():
-                bad = _plain(item, depth + 1)
-                if bad:
-                    return bad
-        return None
-    if isinstance(value, (str, int, float)):  # subclasses (bool was handled above)
-        return _plain(kind.__mro__[-2](value), depth)
-    return f"holds a {kind.__name__}, which is not JSON"
-
-
-def utf8(text: str) -> bool:
-    """Whether ``text`` encodes as UTF-8 (no lone surrogates)."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def check_fields(doc: Mapping[str, Any]) -> str | None:
@@ -282,9 +211,9 @@ def check_fields(doc: Mapping[str, Any]) -> str | None:
             if bad:
                 return f"metadata field {name!r} {bad}"
         elif name not in RESERVED_FIELDS:
-            if not _valid_name(name):
+            if not valid_name(name):
                 return f"metadata field {_show(name)} has an invalid name"
-            bad = _plain(value)
+            bad = plain(value)
             if bad:
                 return f"metadata field {name!r} {bad}"
     return None

@@ -1,5 +1,6 @@
 """An entry of a root as readers get it: :class:`Artifact`, and the rules every read and
-write applies to one (whole artifacts, bytes-like data, when a last-used stamp is refreshed).
+write applies to one (whole entries: :func:`not_whole`; bytes-like data; when a last-used stamp
+is refreshed).
 
 An entry is two files, ``<key>.<ext>`` (the artifact bytes, loadable as is) and
 ``<key>.json`` (its metadata, written last: the commit marker).
@@ -13,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import WrongType
-from ..formats import problem
 from ..keys import META_EXT
+from ..schema.contract import entry_problem
 
 #: metadata documents remembered per store and process (see Store.read)
 MEMO_ENTRIES = 4096
@@ -66,10 +67,10 @@ def as_bytes(data: object) -> bytes:
 
 
 def not_whole(art: Artifact) -> str | None:
-    """Why ``art`` is not a whole artifact of its format (:func:`kernelcache.formats.problem`),
-    None when it is: what ``verify`` reports and ``repair(refuse=not_whole)`` quarantines."""
-    reason = problem(art.ext, art.data)
-    return None if reason is None else f"not a whole .{art.ext} artifact: {reason}"
+    """Why ``art`` is not a whole entry (:func:`kernelcache.schema.entry_problem`, in full: its
+    artifact whole for its extension, its launch metadata there), None when it is: what
+    ``verify`` reports and ``repair(refuse=not_whole)`` quarantines."""
+    return entry_problem(art.ext, art.data, art.meta)
 
 
 def stale_stamp(mtime: float) -> bool:

@@ -16,11 +16,16 @@ Guarantees across processes and hosts sharing a root:
   exclusive lock and moved to ``.quarantine/``. An entry of an older format, or one holding a
   field this process requires covered that its digest does not cover, is a miss, replaced by
   the next put.
-* What an artifact holds is its writer's business: a read checks its digest, not its format.
-  :meth:`Store.inspect` with ``whole`` (what ``verify`` runs) also checks its structure
-  (:mod:`kernelcache.formats`: an empty or cut-short cubin, hsaco or PTX is corrupt), and a
-  caller that finds an entry it read unusable (a package checking more than the format)
-  quarantines it with :meth:`Store.repair`'s ``refuse``.
+* Only whole entries are written or served (the contract: :mod:`kernelcache.schema.contract`).
+  :meth:`Store.publish` refuses an artifact that is not whole for its extension (cut short,
+  code for another machine, PTX without its kernel) or a document without the launch
+  metadata its extension requires: ``ValueError``, nothing written. A read that reads an
+  entry's metadata from disk checks the same, less the PTX text scan (cheap: the ELF checks
+  cost time in proportion to the header tables), and a later read of the same bytes (its
+  digest checked against the remembered document) does not repeat it; :meth:`Store.inspect`
+  with ``whole`` (what ``verify`` runs) checks it all. A caller that finds an entry it read
+  unusable (a package checking more than the contract) quarantines it with
+  :meth:`Store.repair`'s ``refuse``.
 * The first complete writer of a key wins; later writers find the entry and keep it, unless
   they replace it explicitly (``publish(..., replace=True)``), which is atomic as above.
 * Nothing is written through a symlink, and what this process writes passes its own trust
@@ -46,6 +51,7 @@ from ..fsio import READ_FLAGS, read_exact
 from ..keys import META_EXT, check_ext, check_key
 from ..problem import Problem
 from ..process import warn_once
+from ..schema.contract import entry_problem, require_whole
 from ..schema.document import encode_metadata, make_metadata, written_document
 from ..schema.format import digest
 from .entry import (
@@ -54,7 +60,6 @@ from .entry import (
     Artifact,
     _artifact,
     as_bytes,
-    not_whole,
     stale_stamp,
 )
 from .layout import (
@@ -72,6 +77,10 @@ from .removal import Removal
 from .trust import TrustPolicy, check_policy
 
 logger = logging.getLogger(__name__)
+
+#: how much of the contract of an entry a read of an artifact checks: its digest only (a
+#: document remembered with bytes found whole), what a read checks (``full=False``), all of it
+DIGEST_ONLY, CHEAP, FULL = 0, 1, 2
 
 
 class Store(Removal):
@@ -188,6 +197,9 @@ class Store(Removal):
         document (what is returned is always a verified pair). Where the artifact no longer
         matches it (the entry was replaced, repaired or removed), or the last-used stamp is due
         (:data:`TOUCH_INTERVAL`), the metadata is read from disk again; ``fresh`` always does.
+        An entry read with its metadata from disk is checked against the contract of an entry
+        (:func:`~kernelcache.schema.entry_problem`, less the PTX text scan) before its document
+        is remembered: a remembered document names bytes found whole.
         """
         if not fresh:
             memo = self._memo.get(key)
@@ -197,12 +209,23 @@ class Store(Removal):
                     return found
         loaded = self._load_metadata(key)
         if not isinstance(loaded, tuple):
+            self._memo.pop(key, None)
             return loaded
         doc, stamp = loaded
-        found = self._read_artifact(key, ext, doc, self._policy, self._read_locks)
-        if not self.readonly and stale_stamp(stamp) and isinstance(found, Artifact):
+        found = self._read_artifact(key, ext, doc, self._policy, self._read_locks, contract=CHEAP)
+        if not isinstance(found, Artifact):
+            self._memo.pop(key, None)
+            return found
+        if len(self._memo) >= MEMO_ENTRIES:
+            self._memo.clear()
+        if self.readonly:
+            due = math.inf  # never touched: read again only when the artifact does not match
+        elif stale_stamp(stamp):
             self._touch(key)
-            self._memo[key] = (doc, time.time() + TOUCH_INTERVAL)
+            due = time.time() + TOUCH_INTERVAL
+        else:
+            due = stamp + TOUCH_INTERVAL
+        self._memo[key] = (doc, due)
         return found
 
     def inspect(
@@ -211,13 +234,15 @@ class Store(Removal):
         """:meth:`read` straight from disk, leaving no trace: no reader's lock, no last-used
         stamp refreshed, nothing remembered. With ``any_owner`` the trust policy is not
         applied: what the entry is, whoever wrote it (as prune re-checks what it planned).
-        With ``whole``, an artifact that is not whole for its format (an empty or cut-short
-        cubin, hsaco or PTX: :mod:`kernelcache.formats`) is a corrupt entry too."""
+        The contract of an entry (:func:`~kernelcache.schema.entry_problem`) is checked as a
+        read checks it, and with ``whole`` in full (the PTX text scan too): what ``verify``
+        runs."""
         policy = None if any_owner else self._policy
         loaded = read_metadata(self.meta_path(key), key, trust=policy, not_visible=NOT_VISIBLE)
         if not isinstance(loaded, tuple):
             return loaded
-        return self._read_artifact(key, ext, loaded[0], policy, False, whole=whole)
+        contract = FULL if whole else CHEAP
+        return self._read_artifact(key, ext, loaded[0], policy, False, contract=contract)
 
     def _read_artifact(
         self,
@@ -227,11 +252,12 @@ class Store(Removal):
         policy: TrustPolicy | None,
         lock: bool,
         *,
-        whole: bool = False,
+        contract: int = DIGEST_ONLY,
     ) -> Artifact | Problem | None:
         """Read and verify the artifact that the metadata ``doc`` describes, under a shared
-        flock if ``lock``, applying ``policy`` (None: none); with ``whole``, also its structure
-        (:func:`kernelcache.formats.problem`)."""
+        flock if ``lock``, applying ``policy`` (None: none); with ``contract`` :data:`CHEAP`
+        or :data:`FULL`, also the contract of an entry
+        (:func:`~kernelcache.schema.entry_problem`, ``full`` or not)."""
         stored_ext = doc["ext"]
         if ext is not None and stored_ext != ext:
             return Problem(
@@ -275,29 +301,21 @@ class Store(Removal):
             return Problem(key, "artifact changed size while being read")
         if digest(data) != doc["digest"]:
             return Problem(key, "artifact digest mismatch")
-        art = _artifact(key, stored_ext, data, path, doc, "readonly" if self.readonly else "local")
-        if whole:
-            reason = not_whole(art)
+        if contract:
+            reason = entry_problem(stored_ext, data, doc, full=contract == FULL)
             if reason is not None:
                 return Problem(key, reason)
-        return art
+        return _artifact(key, stored_ext, data, path, doc, "readonly" if self.readonly else "local")
 
     def _load_metadata(self, key: str) -> tuple[dict[str, Any], float] | Problem | None:
-        """Read, check and remember ``<key>.json``; return (doc, mtime), a Problem or None."""
+        """Read and check ``<key>.json``; return (doc, mtime), a Problem or None. (Only
+        :meth:`read` remembers a document: once the artifact it names was found whole.)"""
         loaded = read_metadata(
             self.meta_path(key), key, trust=self._policy, not_visible=NOT_VISIBLE
         )
         if not isinstance(loaded, tuple):
             return loaded
-        doc, st = loaded
-        if len(self._memo) >= MEMO_ENTRIES:
-            self._memo.clear()
-        if self.readonly:
-            due = math.inf  # never touched: read again only when the artifact does not match
-        else:
-            due = 0.0 if stale_stamp(st.st_mtime) else st.st_mtime + TOUCH_INTERVAL
-        self._memo[key] = (doc, due)
-        return doc, st.st_mtime
+        return loaded[0], loaded[1].st_mtime
 
     def get(self, key: str, ext: str) -> Artifact | Problem | None:
         """Read an entry; if it looks corrupt, re-check it under the key's lock and quarantine it.
@@ -375,7 +393,10 @@ class Store(Removal):
         Raises:
             TypeError: ``data`` is not bytes (a bytes-like object).
             ValueError: invalid key or ext; metadata that the schema refuses (the message names
-                the field); or the key holds another extension.
+                the field); an entry that is not whole (:func:`~kernelcache.schema.
+                require_whole`: an artifact not whole for its extension, launch metadata its
+                extension requires missing; nothing is written); or the key holds another
+                extension.
             CacheError: the entry could not be written (the message says why and what to do);
                 nothing partial is left behind.
         """
@@ -407,6 +428,7 @@ class Store(Removal):
             doc = written_document(key, ext, data, meta)
         else:
             doc = make_metadata(key, ext, data, meta)
+        require_whole(key, ext, data, doc)
         budget = WaitBudget(self.lock_timeout if wait is None else wait)
         if self.readonly:
             raise CacheError(errno.EROFS, f"kernelcache: {self.root} is a read-only root")

@@ -1,0 +1,96 @@
+"""What a description read, and whether it still finds it: how a warm process knows that a
+memoized description (:mod:`.jit`) still holds.
+
+Every read of a description (:mod:`.describe`) is kept as a :data:`Read`: where it was made, what
+was asked and what was found. :func:`unchanged` asks again; a description is reused only while
+every read finds the very same object (buffers and sets: the same content). Nothing here runs
+the values' own code.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from . import reads
+from .reads import MISSING
+
+#: the decorator settings that change what is compiled but not Triton's ``cache_key``
+SETTINGS = ("noinline", "debug", "do_not_specialize", "do_not_specialize_on_alignment")
+
+#: a read: (kind, where, what, what was found). LOOKUP: ``where.get(what)``; CELL: a closure
+#: cell's content; ITEMS: the items of a list, dict or namespace (compared object by object);
+#: SET: a set's members; SOURCE: a JIT function's source and settings; BYTES: a buffer's
+#: content; FUNCTION: a function's code, defaults and keyword defaults; SLOTS: an object's slots
+Read = tuple[int, Any, Any, Any]
+LOOKUP, CELL, ITEMS, SET, SOURCE, BYTES, FUNCTION, SLOTS = range(8)
+
+
+def items(container: Any) -> tuple[Any, ...]:
+    """What an ITEMS read keeps of a list, dict or namespace: its items, keys and values."""
+    if isinstance(container, (dict, types.MappingProxyType)):
+        return tuple(x for item in container.items() for x in item)
+    return tuple(container)
+
+
+def mark(fn: Any) -> tuple[Any, ...]:
+    """The source and decorator settings of the JIT function ``fn`` as they are now."""
+    found: list[Any] = [source(fn)]
+    for s in SETTINGS:
+        value: Any = getattr(fn, s, None)
+        kind = type(value)
+        found.append(tuple(value) if kind is list else frozenset(value) if kind is set else value)
+    return tuple(found)
+
+
+def source(fn: Any) -> Any:
+    try:
+        return fn.src
+    except AttributeError:
+        return getattr(fn, "_src", None)
+
+
+def function_parts(fn: Any) -> tuple[Any, ...]:
+    return (fn.__code__, fn.__defaults__, fn.__kwdefaults__)
+
+
+def buffer_snapshot(value: Any) -> tuple[Any, ...]:
+    """A buffer's content as a snapshot: type, layout and bytes."""
+    if isinstance(value, (bytearray, memoryview)):
+        return (type(value), bytes(value))
+    if type(value).__name__ == "array" and type(value).__module__ == "array":
+        return (type(value), value.typecode, value.tobytes())
+    return (type(value), str(value.dtype), tuple(value.shape), value.tobytes())
+
+
+def _same(now: tuple[Any, ...], found: tuple[Any, ...]) -> bool:
+    return len(now) == len(found) and all(a is b for a, b in zip(now, found, strict=True))
+
+
+def unchanged(found: tuple[Read, ...]) -> bool:
+    """Whether every read of ``found`` still finds what it found."""
+    for kind, where, what, was in found:
+        if kind == LOOKUP:
+            if where.get(what, MISSING) is not was:
+                return False
+        elif kind == CELL:
+            if reads.cell(where) is not was:
+                return False
+        elif kind == ITEMS:
+            if not _same(items(where), was):
+                return False
+        elif kind == SET:
+            if frozenset(where) != was:
+                return False
+        elif kind == SOURCE:
+            if mark(where) != was:
+                return False
+        elif kind == BYTES:
+            if buffer_snapshot(where) != was:
+                return False
+        elif kind == FUNCTION:
+            if not _same(function_parts(where), was):
+                return False
+        elif not _same(tuple(getattr(where, s, MISSING) for s in what), was):  # SLOTS
+            return False
+    return True
