@@ -54,28 +54,35 @@ _DIRECT = re.compile(
 
 
 @functools.lru_cache(maxsize=1)
-def _groups() -> tuple[tuple[str, Any, frozenset[str]], ...]:
-    """Triton's knob groups: name, the group, and the names of its knobs that read a
-    variable."""
+def _groups() -> tuple[tuple[str, Any], ...]:
+    """Triton's knob groups, by name."""
     from triton import knobs
 
     base = getattr(knobs, "base_knobs", None)
     if base is None:
         return ()
-    return tuple(
-        (n, v, frozenset(_descriptors(v)))
-        for n, v in sorted(vars(knobs).items())
-        if isinstance(v, base)
-    )
+    return tuple((n, v) for n, v in sorted(vars(knobs).items()) if isinstance(v, base))
 
 
-def _descriptors(group: Any) -> dict[str, Any]:
-    """The knobs of ``group`` that read a variable, by name (``.key`` is the variable)."""
+_names: dict[type, frozenset[str]] = {}
+
+
+def _knob_names(kind: type) -> frozenset[str]:
+    """The names of the knobs of a group of type ``kind`` that read a variable."""
+    found = _names.get(kind)
+    if found is None:
+        found = _names[kind] = frozenset(_descriptors(kind))
+    return found
+
+
+def _descriptors(kind: type) -> dict[str, Any]:
+    """The knobs of a group of type ``kind`` that read a variable, by name (``.key`` is the
+    variable)."""
     from triton import knobs
 
     base = getattr(knobs, "env_base", None)
     found = {}
-    for cls in reversed(type(group).__mro__):
+    for cls in reversed(kind.__mro__):
         for name, value in vars(cls).items():
             if base is not None and isinstance(value, base):
                 found[name] = value
@@ -88,9 +95,10 @@ def _scan() -> str:
     import triton
 
     names: set[str] = set()
-    for group, knobs, _ in _groups():
+    for group, knobs in _groups():
         if group not in NEUTRAL_GROUPS:
-            names.update(str(d.key) for d in _descriptors(knobs).values() if hasattr(d, "key"))
+            found = _descriptors(type(knobs)).values()
+            names.update(str(d.key) for d in found if hasattr(d, "key"))
     base = os.path.dirname(os.path.abspath(triton.__file__))
     for directory, _, files in os.walk(base):
         for name in files:
@@ -151,10 +159,10 @@ def settings(cache: Cache | None) -> list[Any]:
     found = {n: environ[n] for n in variables(cache) if n in environ}
     found.update(_native()())
     knobs = []
-    for group, values, names in _groups():
+    for group, values in _groups():
         own = vars(values)
-        if own and group not in NEUTRAL_GROUPS:
-            for name in sorted(names & own.keys()):
+        if own and group not in NEUTRAL_GROUPS:  # (knobs set from Python: few, if any)
+            for name in sorted(_knob_names(type(values)) & own.keys()):
                 knobs.append([group, name, _shown(own[name])])
     return [sorted(found.items()), knobs]
 
