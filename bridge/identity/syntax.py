@@ -55,16 +55,12 @@ _LITERAL = re.compile(
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _code_of(match: re.Match[str]) -> str:
-    return match.group(0) if match.group("f") else " "
-
-
 @functools.lru_cache(maxsize=512)
 def spelled(src: str) -> frozenset[str]:
     """Every name a JIT function's source spells outside string literals and comments: a
     superset of the names and attributes its syntax reads (:func:`syntax`), found without
     parsing."""
-    return frozenset(_NAME.findall(_LITERAL.sub(_code_of, src)))
+    return frozenset(_NAME.findall(_LITERAL.sub(r"\g<f>", src)))  # (f-strings kept)
 
 
 @functools.lru_cache(maxsize=512)
