@@ -163,6 +163,28 @@ def test_values_of_different_types_key_differently():
     assert len(set(shown)) == len(values), shown
 
 
+def test_an_extern_library_is_keyed_by_its_file(tmp_path):
+    """A kernel key holds an extern library's content; a lowering key holds its file's identity
+    (and, through the compiler's fingerprint, that of the backends' own device libraries)."""
+    import os
+
+    from bridge.lowering import keys
+
+    lib = tmp_path / "lib.bc"
+    lib.write_bytes(b"one")
+    options = {"extern_libs": {"libdevice": str(lib)}, "num_warps": 4}
+    before = repr(keys._canon(keys._libraries(options), {}))
+    lib.write_bytes(b"other")
+    os.utime(lib, ns=(1, 1))
+    assert repr(keys._canon(keys._libraries(options), {})) != before
+    assert keys._libraries({"num_warps": 4}) == {"num_warps": 4}
+    import triton
+
+    base = os.path.dirname(os.path.abspath(triton.__file__))
+    names = [row[0] for row in compiler._library_rows(base)]
+    assert any("libdevice" in n for n in names) and any(n.startswith("amd") for n in names)
+
+
 def _other_triton(monkeypatch):
     monkeypatch.setattr(compiler, "triton_fingerprint", lambda: "another triton")
 

@@ -68,14 +68,34 @@ def _triton_files() -> tuple[str, tuple[str, ...]]:
     return base, tuple(os.path.join(base, row[0]) for row in rows)
 
 
+def _library_rows(base: str) -> list[list[Any]]:
+    """The rows of the libraries the backends link kernels with (``backends/*/lib``: libdevice,
+    the ROCm device libraries): options name them, and a kernel key holds their content."""
+    rows: list[list[Any]] = []
+    backends = os.path.join(base, "backends")
+    try:
+        vendors = sorted(os.listdir(backends))
+    except OSError:
+        return rows
+    for vendor in vendors:
+        lib = os.path.join(backends, vendor, "lib")
+        try:
+            names = sorted(os.listdir(lib))
+        except OSError:
+            continue
+        rows += [file_row(os.path.join(lib, n), os.path.join(vendor, "lib", n)) for n in names]
+    return rows
+
+
 @functools.lru_cache(maxsize=1)
 def triton_fingerprint() -> str:
-    """A digest of the identity (path, size, mtime) of every file ``triton_key()`` reads
-    (computed once per process)."""
+    """A digest of the identity (path, size, mtime) of every file ``triton_key()`` reads and of
+    the backends' device libraries (computed once per process)."""
     import triton
 
-    doc = json.dumps([_VERSION, triton.__version__, _triton_rows()[1]], separators=(",", ":"))
-    return hashlib.sha256(doc.encode()).hexdigest()
+    base, rows = _triton_rows()
+    doc = [_VERSION, triton.__version__, rows, _library_rows(base)]
+    return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
 
 
 def triton_digest() -> str:

@@ -41,6 +41,7 @@ from ..entries.lowerings import FORMAT
 from ..errors import Unkeyable
 from ..identity import compiler, environment, jit
 from ..identity.keys import PIPELINE_VERSION
+from ..vendors.base import file_row
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -115,6 +116,17 @@ def _canon_other(value: Any, buffers: Mapping[int, int]) -> Any:
         raise Unkeyable(f"{kind} {value!r:.60} is known only by its address") from e
 
 
+def _libraries(options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``options`` with the identity (size, mtime) of each extern library it names beside its
+    path: a kernel key holds a library's content, so a lowering key holds its file's identity."""
+    libs = options.get("extern_libs")
+    if not libs:
+        return options
+    pairs = libs.items() if isinstance(libs, Mapping) else libs
+    rows = [file_row(str(path), str(name)) for name, path in pairs]
+    return {**options, "extern_libs_files": rows}
+
+
 def _kernel(parts: Any) -> list[Any]:
     layers = []
     for layer in parts.layers:
@@ -173,7 +185,7 @@ def lowering_key(
             rows.append(
                 [
                     _mapping(variant.kwargs, buffers),
-                    _mapping(binding.launch_options(parts, variant), buffers),
+                    _mapping(_libraries(binding.launch_options(parts, variant)), buffers),
                     variant.description,
                     sorted(variant.zero),
                     _mapping(variant.args, buffers),
@@ -185,7 +197,7 @@ def lowering_key(
             "kernel": _kernel(parts),
             "named": _mapping(call.named, buffers),
             "kwargs": _mapping(call.kwargs, buffers),
-            "options": _mapping(call.options, buffers),
+            "options": _mapping(_libraries(call.options), buffers),
             "variants": rows,
             "layout": [
                 call.n_operands,
