@@ -376,7 +376,7 @@ def first_of_table():
 
 @triton.constexpr_function
 def first_byte():
-    return float(BYTES[0])
+    return float(BYTES[0]) * cfg.TABLE[0]
 
 
 @triton.jit
@@ -406,6 +406,19 @@ class Cfg:
 
 
 CFG = Cfg(2.0)
+
+
+class Tripled(Cfg):
+    @property
+    def scale(self):
+        return self._k * 3.0
+
+
+class Table(list):
+    pass
+
+
+TABLE = Table([1.0])
 """
 WARM_CHANGES = {
     "array-edited-in-place": lambda m, cfg: m.TABLE.__setitem__(0, 4.0),
@@ -413,6 +426,8 @@ WARM_CHANGES = {
     "attribute-behind-a-property": lambda m, cfg: setattr(cfg.CFG, "_k", 9.0),
     "module-attribute-read-by-a-helper": lambda m, cfg: setattr(cfg, "OFFSET", tl.constexpr(9.0)),
     "class-changed": lambda m, cfg: setattr(cfg.Cfg, "scale", property(lambda self: self._k * 3.0)),
+    "object-class-assigned": lambda m, cfg: setattr(cfg.CFG, "__class__", cfg.Tripled),
+    "list-subclass-edited-in-place": lambda m, cfg: cfg.TABLE.__setitem__(0, 7.0),
 }
 
 

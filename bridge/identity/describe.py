@@ -62,6 +62,7 @@ from .watch import (
     SETTINGS,
     SLOTS,
     SOURCE,
+    TYPE,
     Read,
     buffer_snapshot,
     function_parts,
@@ -75,29 +76,6 @@ MAX_VALUES = 20_000
 #: passes over a kernel's reach until the attribute names it spells settle
 MAX_PASSES = 8
 PYTHON = list(sys.version_info[:2])
-
-
-@functools.lru_cache(maxsize=1)
-def _constexpr_class() -> Any:
-    from triton.language import core
-
-    return core.constexpr
-
-
-@functools.lru_cache(maxsize=1)
-def _jit_classes() -> tuple[Any, Any, Any]:
-    from triton.runtime import jit
-
-    return (
-        getattr(jit, "JITCallable", jit.JITFunction),
-        getattr(jit, "ConstexprFunction", None),
-        jit.KernelInterface,
-    )
-
-
-def is_jit(value: Any) -> bool:
-    """Whether ``value`` is a Triton JIT function (``constexpr_function`` included)."""
-    return isinstance(value, _jit_classes()[0])
 
 
 class Describer:
@@ -170,7 +148,7 @@ class Describer:
         known = self.seen.get(key)
         if known is not None:
             return ["seen", known]
-        if isinstance(value, _constexpr_class()):
+        if isinstance(value, reads.constexpr_class()):
             return ["constexpr", self.value(value.value)]
         self.marks += 1
         self.seen[key] = f"#{self.marks}"
@@ -185,7 +163,7 @@ class Describer:
             self.active.discard(key)
 
     def _described(self, value: Any, kind: type) -> Any:
-        jit_callable, constexpr_function, launcher = _jit_classes()
+        jit_callable, constexpr_function, launcher = reads.jit_classes()
         if isinstance(value, jit_callable):
             if constexpr_function is not None and isinstance(value, constexpr_function):
                 return ["constexpr_function", self.function(value.fn)]
@@ -263,9 +241,14 @@ class Describer:
                 f"a {reads.name_of(kind)} may hold state that none of its fields shows (its type "
                 "or a base of it is written in C)"
             )
+        self.reads.append((TYPE, value, None, kind))
         own = getattr(value, "__dict__", None)
         if isinstance(own, dict):
             self.reads.append((ITEMS, own, None, items(own)))
+        if base in (list, dict):  # (a subclass of a mutable built-in: its items are state too)
+            self.reads.append((ITEMS, value, None, items(value)))
+        elif base is set:
+            self.reads.append((SET, value, None, frozenset(value)))
         slots = reads.slot_names(kind)
         if slots:
             self.reads.append(
@@ -423,6 +406,10 @@ class Describer:
             if value is not MISSING:
                 found.append(["g", name, self._named(name, value)])
         settings = [reads.plain_value(getattr(fn, s, None)) for s in SETTINGS]
+        defaults = None  # (a helper's parameters the caller leaves out take these)
+        if isinstance(inner, types.FunctionType):
+            self.reads.append((FUNCTION, inner, None, function_parts(inner)))
+            defaults = [self.value(inner.__defaults__), self.value(inner.__kwdefaults__)]
         return [
             "jit",
             reads.name_of(fn),
@@ -430,6 +417,7 @@ class Describer:
             getattr(fn, "starting_line_number", None),
             settings,
             found,
+            defaults,
         ]
 
     def _named(self, name: str, value: Any, module: types.ModuleType | None = None) -> Any:
@@ -453,6 +441,7 @@ class Describer:
             )
         space = vars(module)
         self.spaces.append(space)
+        self.reads.append((LOOKUP, space, "__getattr__", space.get("__getattr__", MISSING)))
         rows = []
         for attr in sorted(self.names):
             value = space.get(attr, MISSING)

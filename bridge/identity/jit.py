@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import Undescribable
-from .describe import describe, is_jit
-from .reads import PLAIN_TYPES
+from .describe import describe
+from .reads import PLAIN_TYPES, is_jit
 from .watch import Read, mark, unchanged
 
 __all__ = ["Undescribable", "constant", "identity", "is_jit"]

@@ -135,6 +135,29 @@ def parameters(inner: Any) -> frozenset[str]:
     return frozenset(code.co_varnames[:count])
 
 
+@functools.lru_cache(maxsize=1)
+def constexpr_class() -> Any:
+    from triton.language import core
+
+    return core.constexpr
+
+
+@functools.lru_cache(maxsize=1)
+def jit_classes() -> tuple[Any, Any, Any]:
+    from triton.runtime import jit
+
+    return (
+        getattr(jit, "JITCallable", jit.JITFunction),
+        getattr(jit, "ConstexprFunction", None),
+        jit.KernelInterface,
+    )
+
+
+def is_jit(value: Any) -> bool:
+    """Whether ``value`` is a Triton JIT function (``constexpr_function`` included)."""
+    return isinstance(value, jit_classes()[0])
+
+
 # -- objects ---------------------------------------------------------------------------------
 #: a field that has no value (an unset slot), or a lookup that found nothing
 MISSING = "<unset>"

@@ -21,9 +21,10 @@ SETTINGS = ("noinline", "debug", "do_not_specialize", "do_not_specialize_on_alig
 #: a read: (kind, where, what, what was found). LOOKUP: ``where.get(what)``; CELL: a closure
 #: cell's content; ITEMS: the items of a list, dict or namespace (compared object by object);
 #: SET: a set's members; SOURCE: a JIT function's source and settings; BYTES: a buffer's
-#: content; FUNCTION: a function's code, defaults and keyword defaults; SLOTS: an object's slots
+#: content; FUNCTION: a function's code, defaults and keyword defaults; SLOTS: an object's slots;
+#: TYPE: an object's class (``__class__`` can be assigned)
 Read = tuple[int, Any, Any, Any]
-LOOKUP, CELL, ITEMS, SET, SOURCE, BYTES, FUNCTION, SLOTS = range(8)
+LOOKUP, CELL, ITEMS, SET, SOURCE, BYTES, FUNCTION, SLOTS, TYPE = range(9)
 
 
 def items(container: Any) -> tuple[Any, ...]:
@@ -91,6 +92,9 @@ def unchanged(found: tuple[Read, ...]) -> bool:
         elif kind == FUNCTION:
             if not _same(function_parts(where), was):
                 return False
-        elif not _same(tuple(getattr(where, s, MISSING) for s in what), was):  # SLOTS
+        elif kind == SLOTS:
+            if not _same(tuple(getattr(where, s, MISSING) for s in what), was):
+                return False
+        elif type(where) is not was:  # TYPE
             return False
     return True
