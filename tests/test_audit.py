@@ -121,6 +121,24 @@ def test_exact_and_open_kernels_are_told_apart_and_nothing_is_written(project):
     assert opened["status"] == "open" and "getattr(ops, ACT)" in opened["reason"]
     # --strict fails on an open kernel too
     assert audit(project["root"], project, "--strict", code=1)["open"] == 1
+    # explain says it too, and finds the open kernel's entry (keyed by its IR)
+    explained = kc(
+        "--root",
+        str(project["root"]),
+        "explain",
+        str(project["manifest"]),
+        "--json",
+        code=0,
+        PYTHONPATH=str(project["src"]),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    notes = {
+        r["kernel"].rpartition(":")[2]: (r["status"], r["notes"])
+        for r in json.loads(explained.stdout)["results"]
+    }
+    status, said = notes["open_kernel"]
+    assert status == "hit" and any("open, keyed by the IR" in n for n in said)
+    assert notes["exact_kernel"] == ("hit", [])
 
 
 def test_a_change_the_key_does_not_see_is_a_hole(project, tmp_path):
