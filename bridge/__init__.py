@@ -45,11 +45,13 @@ if TYPE_CHECKING:
     from .jax_cache import enable_jax_cache
     from .launch import Kernel, kernel
     from .lowering.record import add_listener as on_lowered
+    from .rule import triton_call_lowering
     from .targets import Target, parse_target
 
 #: public name -> (module, attribute), imported on first use
 _LAZY = {
     "triton_call": (".api", "triton_call"),
+    "triton_call_lowering": (".rule", "triton_call_lowering"),
     "TensorDescriptor": (".call.descriptors", "TensorDescriptor"),
     "strides_from_shape": (".call.descriptors", "strides_from_shape"),
     "enable_jax_cache": (".jax_cache", "enable_jax_cache"),
@@ -97,4 +99,5 @@ __all__ = [
     "parse_target",
     "strides_from_shape",
     "triton_call",
+    "triton_call_lowering",
 ]

@@ -39,7 +39,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("bridge.compile",),
     ("bridge.tune",),
     ("bridge.lowering",),
-    ("bridge.api", "bridge.launch", "bridge.jax_cache", "bridge"),
+    ("bridge.api", "bridge.launch", "bridge.jax_cache", "bridge.rule", "bridge"),
     ("bridge.warm",),
     ("bridge.cli",),
 )

@@ -323,7 +323,11 @@ def _assemble(
     return done, state, [spec.key for spec in every]
 
 
-def _lower(ctx: Any, *operands: Any, call: CallSpec, has_side_effect: bool, platform: str) -> Any:
+def lower_rule(
+    ctx: Any, *operands: Any, call: CallSpec, has_side_effect: bool, platform: str
+) -> Any:
+    """The primitive's lowering rule for ``platform``: the call's custom call on ``operands``
+    (also what :func:`bridge.rule.triton_call_lowering` ends in)."""
     # the module being lowered (a JAX without the attribute: the setup is read for each call)
     module = getattr(ctx.module_context, "module", None)
     prepared, program = _scoped_setup(call, platform, module)
@@ -361,7 +365,7 @@ def _lower(ctx: Any, *operands: Any, call: CallSpec, has_side_effect: bool, plat
 for _vendor in registry.registered():
     mlir.register_lowering(
         triton_call_p,
-        functools.partial(_lower, platform=_vendor.platform),
+        functools.partial(lower_rule, platform=_vendor.platform),
         platform=_vendor.platform,
     )
 mlir.register_lowering(triton_call_p, _no_cpu, platform="cpu")
