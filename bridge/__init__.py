@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from .jax_cache import enable_jax_cache
     from .launch import Kernel, kernel
     from .lowering.record import add_listener as on_lowered
+    from .masquerade import install as install_jax_triton
     from .rule import triton_call_lowering
     from .targets import Target, parse_target
 
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "triton_call": (".api", "triton_call"),
     "triton_call_lowering": (".rule", "triton_call_lowering"),
+    "install_jax_triton": (".masquerade", "install"),
     "TensorDescriptor": (".call.descriptors", "TensorDescriptor"),
     "strides_from_shape": (".call.descriptors", "strides_from_shape"),
     "enable_jax_cache": (".jax_cache", "enable_jax_cache"),
@@ -94,6 +96,7 @@ __all__ = [
     "TensorDescriptor",
     "UnsupportedTransformation",
     "enable_jax_cache",
+    "install_jax_triton",
     "kernel",
     "on_lowered",
     "parse_target",

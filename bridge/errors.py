@@ -62,6 +62,11 @@ class UnsupportedTransformation(BridgeError, NotImplementedError):
     """A JAX transformation (grad, vmap, ...) that a raw Triton kernel call cannot support."""
 
 
+class MasqueradeError(BridgeError, ImportError):
+    """``import jax_triton`` cannot give the bridge in this process (the message says why and
+    what to do): see :mod:`bridge.masquerade`."""
+
+
 class Undescribable(BridgeError, ValueError):
     """A constexpr value with no description that tells it from every other value;
     ``path``: where the value is among a specialization's constexprs (its parameter's
@@ -123,6 +128,7 @@ __all__ = [
     "KernelArgumentError",
     "LeftOut",
     "ManifestError",
+    "MasqueradeError",
     "NoConfigError",
     "OptionError",
     "RootError",

@@ -53,8 +53,12 @@ def _platform(ctx: Any, given: str | None) -> str:
 
 
 def _contract(kernel_fn: Any, avals_in: Any, avals_out: Any) -> str:
+    inner = kernel_fn
+    while hasattr(inner, "fn"):  # (an autotuner's or heuristics' kernel)
+        inner = inner.fn
+    name = getattr(inner, "__name__", type(kernel_fn).__name__)
     return (
-        f"triton_call_lowering: the parameters of {getattr(kernel_fn, '__name__', kernel_fn)} "
+        f"triton_call_lowering: the parameters of {name} "
         "that constexprs does not name must be the rule's operands, then its results, in "
         f"signature order ({len(avals_in)} operands, {len(avals_out)} results), as "
         "TransformerEngine's triton_call_lowering requires; name every scalar in constexprs"

@@ -21,6 +21,9 @@ EMBED_MODES = ("auto", *dict.fromkeys(m for vendor in registered() for m in vend
 #: (else jaxlib's autotuning at the first run), always jaxlib's, a decision or an error, or a
 #: decision made by one process of the job when there is none
 AUTOTUNE_MODES = ("decided", "runtime", "require", "job")
+#: which jax-triton's API ``import jax_triton`` gives under the bridge (see
+#: :mod:`bridge.masquerade`)
+JAX_TRITON_APIS = ("0.3", "0.4")
 
 
 def _target(raw: str) -> str:
@@ -62,6 +65,15 @@ VARIABLES = (
         "(off)",
         "append every lowered specialization to this manifest file",
     ),
+    Variable(
+        "KERNELCACHE_JAX_TRITON",
+        "jax_triton",
+        choice(*JAX_TRITON_APIS),
+        None,
+        "the installed jax-triton's, else 0.4",
+        "which jax-triton's API `import jax_triton` gives under `kernelcache run` or "
+        f"bridge.install_jax_triton(): {', '.join(JAX_TRITON_APIS)}",
+    ),
 )
 register_variables(*VARIABLES)
 
@@ -74,6 +86,7 @@ class BridgeSettings:
     embed: str = "auto"
     autotune: str = "decided"
     record: Path | None = None
+    jax_triton: str | None = None
 
 
 _parse = parser(VARIABLES, BridgeSettings)

@@ -39,7 +39,14 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("bridge.compile",),
     ("bridge.tune",),
     ("bridge.lowering",),
-    ("bridge.api", "bridge.launch", "bridge.jax_cache", "bridge.rule", "bridge"),
+    (
+        "bridge.api",
+        "bridge.launch",
+        "bridge.jax_cache",
+        "bridge.rule",
+        "bridge.masquerade",
+        "bridge",
+    ),
     ("bridge.warm",),
     ("bridge.cli",),
 )

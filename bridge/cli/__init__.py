@@ -51,11 +51,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     from kernelcache.doctor import register_report
     from kernelcache.toolchains import register_toolchain
 
-    from .. import handoff  # noqa: F401
+    from .. import (
+        handoff,  # noqa: F401
+        masquerade,
+    )
     from ..entries.decisions import KIND as DECISION
 
     register_toolchain("bridge", _toolchain)
     register_report("jax_cache", jax_cache_command.jax_cache_report)
+    register_report("jax_triton", masquerade.report)
     register_content(DECISION, decision_content)
 
     p = add_command(
@@ -170,6 +174,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="fail on an open kernel or a call that cannot be audited too, not only on a hole",
     )
     p.set_defaults(func=cmd_audit)
+
+    p = add_command(
+        subparsers,
+        "run",
+        "run a command whose `import jax_triton` gives the bridge (its kernels, and its child "
+        "processes', compile through the kernel cache): kernelcache run -- python train.py",
+    )
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]")
+    p.set_defaults(func=cmd_run)
 
     jax_cache_command.register(subparsers)
 
@@ -367,6 +380,33 @@ def cmd_audit(args: argparse.Namespace, out: Output) -> int:
     )
     failing = counts["hole"] + (counts["open"] + counts["problem"] if args.strict else 0)
     return EXIT_PROBLEMS if failing else EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace, out: Output) -> int:
+    """``kernelcache run -- COMMAND ...``: the command in place of this process, with the
+    masquerade's folder first on its ``PYTHONPATH`` (and ``--root``'s root as its
+    ``KERNELCACHE_DIR``)."""
+    from .. import masquerade
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise UsageError("kernelcache run -- COMMAND [ARG ...]: name the command to run")
+    try:
+        masquerade.api_version()
+    except masquerade.MasqueradeError as e:
+        raise UsageError(str(e)) from None
+    env = masquerade.environment(dict(os.environ))
+    if getattr(args, "root", None):
+        env["KERNELCACHE_DIR"] = str(root_of(args))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as e:
+        raise UsageError(f"kernelcache run: cannot run {command[0]!r}: {e.strerror}") from None
+    return EXIT_OK  # pragma: no cover  (exec does not return)
 
 
 def cmd_warm(args: argparse.Namespace, out: Output) -> int:
