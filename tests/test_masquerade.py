@@ -5,6 +5,7 @@ jax-triton's API it offers; what happens beside a real jax-triton; what ``doctor
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -63,6 +64,11 @@ def run(*args: str, cwd: Path, code: int = 0, **env: str) -> subprocess.Complete
     return proc
 
 
+def on_path(folder: Path) -> str:
+    """``PYTHONPATH`` with ``folder`` first (what this process's children have kept after it)."""
+    return os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+
+
 def fake_jax_triton(where: Path, version: str) -> Path:
     """A folder holding a package ``jax_triton`` and its metadata, as pip installs one."""
     (where / "jax_triton").mkdir(parents=True)
@@ -100,7 +106,7 @@ def test_a_jax_triton_program_runs_unchanged_through_the_cache(program, tmp_path
 
 def test_beside_a_real_jax_triton_the_bridge_takes_its_place_and_its_api(program, tmp_path):
     site = fake_jax_triton(tmp_path / "site", "0.3.1")
-    env = {"PYTHONPATH": str(site), "KERNELCACHE_TARGET": "cuda:90", "JAX_PLATFORMS": "cpu"}
+    env = {"PYTHONPATH": on_path(site), "KERNELCACHE_TARGET": "cuda:90", "JAX_PLATFORMS": "cpu"}
     under = run(
         "run",
         "--",
@@ -114,18 +120,20 @@ def test_beside_a_real_jax_triton_the_bridge_takes_its_place_and_its_api(program
     assert found["bridge"] is True and found["version"] == "0.3.1"  # (the installed one's API)
     plain = subprocess.run(
         [sys.executable, "-c", "import jax_triton; print(jax_triton.REAL, jax_triton.__version__)"],
-        env=child_env(PYTHONPATH=str(site)),
+        env=child_env(PYTHONPATH=on_path(site)),
         capture_output=True,
         text=True,
         check=True,
     )
     assert plain.stdout.split() == ["True", "0.3.1"]  # (not changed: only hidden)
     # doctor says which one a process gets
-    doc = json.loads(run("doctor", "--json", cwd=program, PYTHONPATH=str(site), code=0).stdout)
+    doc = json.loads(run("doctor", "--json", cwd=program, PYTHONPATH=on_path(site)).stdout)
     (check,) = [c for c in doc["checks"] if c["name"] == "jax_triton"]
     assert check["status"] == "warn" and "real jax-triton 0.3.1" in check["detail"]
     doc = json.loads(
-        run("run", "--", KERNELCACHE, "doctor", "--json", cwd=program, PYTHONPATH=str(site)).stdout
+        run(
+            "run", "--", KERNELCACHE, "doctor", "--json", cwd=program, PYTHONPATH=on_path(site)
+        ).stdout
     )
     (check,) = [c for c in doc["checks"] if c["name"] == "jax_triton"]
     assert check["status"] == "ok" and "gives the bridge" in check["detail"]
@@ -156,7 +164,7 @@ def test_install_jax_triton_in_the_program_or_a_clear_error(tmp_path):
     """
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(late)],
-        env=child_env(PYTHONPATH=str(site)),
+        env=child_env(PYTHONPATH=on_path(site)),
         capture_output=True,
         text=True,
         check=True,
@@ -186,7 +194,7 @@ def test_the_04_api_reads_out_shape_as_out_type(tmp_path):
             KERNELCACHE_TARGET="cuda:90",
             KERNELCACHE_DIR=str(tmp_path / "root"),
             JAX_PLATFORMS="cpu",
-            PYTHONPATH=str(Path(__file__).parent),
+            PYTHONPATH=on_path(Path(__file__).parent),
         ),
         capture_output=True,
         text=True,
