@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
-from . import cdiv, next_power_of_2, strides_from_shape
+import triton
+
+from bridge import strides_from_shape
+
+cdiv = triton.cdiv
+next_power_of_2 = triton.next_power_of_2
 
 __all__ = ["cdiv", "next_power_of_2", "strides_from_shape"]
