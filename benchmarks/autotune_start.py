@@ -204,7 +204,42 @@ def summarize(results: list[dict]) -> dict:
         "first_max_s": max(r["first"] for r in results),
         "distinct_configs_per_call": configs,
         "tunings": sum(r["tuned"] for r in results),
+        "best": results[0]["best"],
     }
+
+
+def _decisions(root: Path, jaxlib_best: dict[str, str]) -> list[dict]:
+    """Each decision `kernelcache tune` stored in ``root``, with the config jaxlib's runtime
+    autotuning chose for the same call (``jaxlib_best``: the call's name -> config) and how
+    much slower that config measured than the chosen one."""
+    found = []
+    for path in sorted(root.glob("*.decision")):
+        d = json.loads(path.read_bytes())
+        short = d["kernel"].rpartition(":")[2]
+        theirs = next((c for name, c in jaxlib_best.items() if short in name), None)
+        ours = d["configs"][d["chosen"]]
+        slower = None
+        if theirs in d["configs"]:
+            t = d["times"][d["configs"].index(theirs)]
+            slower = t / d["times"][d["chosen"]] - 1 if t is not None else None
+        found.append(
+            {
+                "kernel": d["kernel"],
+                "chosen": ours,
+                "jaxlib": theirs,
+                "same": theirs == ours,
+                "slower": slower,
+                "noise": d["noise"],
+                "within_noise": theirs == ours
+                or (slower is not None and slower <= max(d["noise"] or 0, 0.02)),
+                "configs_measured": sum(1 for n in d.get("launches", []) if n),
+                "launches": sum(d.get("launches", [])),
+                "spent_s": d.get("spent"),
+                "wall_s": d.get("wall") or 0.0,
+                "by": sorted(set(d.get("by", []))),
+            }
+        )
+    return found
 
 
 def main() -> None:
@@ -248,15 +283,29 @@ def main() -> None:
         tune_s = time.perf_counter() - t
         if tune.returncode != 0:
             raise SystemExit(f"kernelcache tune failed:\n{tune.stdout}\n{tune.stderr[-4000:]}")
+        decided = _decisions(root, rows["runtime alone"]["best"])
         rows["decided alone"] = summarize(launch(1, environ(root, "decided"), args))
         rows["decided wave"] = summarize(launch(args.procs, environ(root, "decided"), args))
         rows["job wave"] = summarize(launch(args.procs, environ(job_root, "job"), args))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    deciding = sum(d["wall_s"] for d in decided)
+    jaxlib_s = rows["runtime alone"]["first_minus_steady_s"]
     print(
-        f"prepare (record, compile every variant): {prepare:.1f} s; kernelcache tune: {tune_s:.1f} s"
+        f"prepare (record, compile every variant): {prepare:.1f} s; kernelcache tune: "
+        f"{tune_s:.1f} s in all (process start, imports, replaying the records), of which "
+        f"deciding {deciding:.3f} s; jaxlib's autotuning of the same configs (first - steady): "
+        f"{jaxlib_s:.3f} s; ratio {deciding / jaxlib_s:.2f}"
     )
     print(tune.stdout.strip())
+    for d in decided:
+        slower = d["slower"]
+        verdict = "same" if d["same"] else f"{100 * (slower or 0):.1f}% slower than ours"
+        print(
+            f"  {d['kernel']}: ours {d['chosen']!r}, jaxlib's {d['jaxlib']!r}: {verdict} "
+            f"(noise {100 * (d['noise'] or 0):.1f}%); {d['configs_measured']} configs, "
+            f"{d['launches']} launches, {d['wall_s']:.3f} s"
+        )
     head = f"{'state':<15}{'procs':>6}{'first':>10}{'steady':>10}{'first-steady':>14}{'max first':>11}  configs  tunings"
     print(head)
     for name, row in rows.items():
@@ -271,7 +320,11 @@ def main() -> None:
             "size": args.size,
             "attention": {"ctx": args.ctx, "heads": args.heads, "dim": 64},
             "prepare_s": prepare,
-            "tune_s": tune_s,
+            "tune_process_s": tune_s,
+            "tune_s": deciding,
+            "jaxlib_autotune_s": jaxlib_s,
+            "tune_over_jaxlib": deciding / jaxlib_s,
+            "decisions": decided,
             "states": rows,
         },
         args.out,

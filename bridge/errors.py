@@ -46,6 +46,11 @@ class AutotuneError(BridgeError, RuntimeError):
     how to make one)."""
 
 
+class Unlaunchable(BridgeError, RuntimeError):
+    """A config of an autotuned call that cannot be launched on the GPU measuring it (the
+    message says why): it is not measured, never chosen, and listed in the decision."""
+
+
 class NoConfigError(BridgeError, RuntimeError):
     """No config of a kernel call can compile or launch for its target (the message names each
     config and why)."""

@@ -6,6 +6,7 @@ Lowered for cuda:90 on this CPU machine. Measuring needs the GPU; here a stand-i
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ import pytest
 from bridge_helpers import decoded
 from conftest import REPO, checked, child_env
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
+from stand_in_gpu import TableMeasurer, read_log
 from test_cli_support import kc, kc_json
 
 import bridge
@@ -241,22 +243,15 @@ def test_decisions_travel_like_entries(tmp_path, cache, monkeypatch):
         assert call.HasField("kernel_call") and call.kernel_call.kernel.num_warps == 4
 
 
-# -- one process of the job tunes ---------------------------------------------------------------
+# -- the ranks of a job decide together -----------------------------------------------------------
 JOB = """
-import json, os, sys, time
+import json, os, sys
 sys.path.insert(0, {tests!r})
-from bridge.tune import measure, select
+from bridge.tune import measure
+from stand_in_gpu import TableMeasurer, read_log
 
-class Stand_in:
-    def device(self, target, platform):
-        return "Stand-in GPU"
-    def measure(self, call, n):
-        with open({marker!r}, "a") as f:
-            f.write(f"{{os.getpid()}}\\n")
-        time.sleep(float(os.environ.get("MEASURE_SECONDS", "1")))
-        return measure.Measured(tuple(1e-3 * (3, 1, 2, 4)[i] for i in range(n)), 0.01)
-
-measure.use(Stand_in())
+measure.use(TableMeasurer([3e-3, 1e-3, 2e-3, 4e-3], [os.environ["LANE"]],
+                          sleep=float(os.environ["MEASURE_SECONDS"]), log={log!r}))
 import jax, jax.numpy as jnp
 from bridge_helpers import decoded, kernels_of
 from examples import ops
@@ -268,9 +263,13 @@ print(json.dumps({{"kernels": [k.num_warps for k in kernels_of(call)],
 """
 
 
-def _job(root: Path, marker: Path, seconds: float, **more: str) -> subprocess.Popen:
-    code = JOB.format(tests=str(REPO / "tests"), marker=str(marker))
-    env = child_env(KERNELCACHE_DIR=str(root), MEASURE_SECONDS=str(seconds), **more)
+def _job(
+    root: Path, log: Path, seconds: float, lane: str = "node/gpu0", readonly: str = ""
+) -> subprocess.Popen:
+    code = JOB.format(tests=str(REPO / "tests"), log=str(log))
+    env = child_env(KERNELCACHE_DIR=str(root), MEASURE_SECONDS=str(seconds), LANE=lane)
+    if readonly:
+        env["KERNELCACHE_READONLY_DIRS"] = readonly
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=env,
@@ -286,44 +285,87 @@ def _result(proc: subprocess.Popen) -> dict:
     return json.loads(out.splitlines()[-1])
 
 
-def test_four_processes_tune_once_and_run_the_same_config(tmp_path):
-    root, marker = tmp_path / "root", tmp_path / "measured"
-    procs = [_job(root, marker, 3.0) for _ in range(4)]
-    results = [_result(p) for p in procs]
-    assert len(marker.read_text().split()) == 1, "one process measured"
-    assert results == [{"kernels": [4], "grid": 6}] * 4  # config 1 (BM 128, BN 64): 1 ms
+def _screeners(log: Path) -> dict[int, set[int]]:
+    """{config: the processes that screened it} (a screening is three timings in a row; the
+    final rounds come after every screening)."""
+    found: dict[int, list[int]] = {}
+    for pid, _, index, what, _ in read_log(log):
+        if what == "begin":
+            found.setdefault(index, []).append(pid)
+    return {index: set(pids[:3]) for index, pids in found.items()}
 
 
-def test_a_killed_tuner_is_taken_over(tmp_path):
-    root, marker = tmp_path / "root", tmp_path / "measured"
-    first = _job(root, marker, 600.0)
+def _final_runners(log: Path) -> set[int]:
+    """The processes that timed a config after its screening (the final rounds)."""
+    seen: dict[int, int] = {}
+    found = set()
+    for pid, _, index, what, _ in read_log(log):
+        if what == "begin":
+            seen[index] = seen.get(index, 0) + 1
+            if seen[index] > 3:
+                found.add(pid)
+    return found
+
+
+def _started(log: Path, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + 240
-    while not (marker.exists() and marker.read_text().strip()):
-        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
-        time.sleep(0.1)
-    others = [_job(root, marker, 1.0) for _ in range(3)]
+    while not (log.exists() and log.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+
+
+def test_the_ranks_of_a_job_share_the_screening_and_run_one_decision(tmp_path):
+    root, log = tmp_path / "root", tmp_path / "measured"
+    slow = _job(root, log, 2.0, "node/gpu0")  # its first config keeps it busy for 6 s
+    _started(log, slow)
+    others = [_job(root, log, 0.05, f"node/gpu{i}") for i in (1, 2, 3)]
+    results = [_result(p) for p in (slow, *others)]
+    assert results == [{"kernels": [4], "grid": 6}] * 4  # config 1 (BM 128, BN 64): 1 ms
+    screened = _screeners(log)
+    assert sorted(screened) == [0, 1, 2, 3]
+    assert all(len(pids) == 1 for pids in screened.values()), screened  # once per job
+    assert len(set().union(*screened.values())) >= 2, "the waiting ranks helped"
+    (entry,) = root.glob("*.decision")
+    made = json.loads(entry.read_bytes())
+    assert made["chosen"] == 1 and {b for b in made["by"]} >= {"node/gpu0"}
+    assert len(set(made["by"])) >= 2 and made["final_by"] in made["by"]
+    assert sum(made["launches"]) > 4 * 3 and made["spent"] > 0
+    assert len(_final_runners(log)) == 1, "one rank ran the final rounds"
+
+
+def test_ranks_sharing_one_gpu_never_measure_at_once(tmp_path):
+    root, log = tmp_path / "root", tmp_path / "measured"
+    procs = [_job(root, log, 0.1, "node/shared") for _ in range(3)]
+    assert [_result(p) for p in procs] == [{"kernels": [4], "grid": 6}] * 3
+    spans = []
+    open_at: dict[int, float] = {}
+    for pid, _, _, what, at in read_log(log):
+        if what == "begin":
+            open_at[pid] = at
+        else:
+            spans.append((open_at.pop(pid), at))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), "two ranks measured at once"
+
+
+def test_a_killed_screener_is_taken_over(tmp_path):
+    root, log = tmp_path / "root", tmp_path / "measured"
+    first = _job(root, log, 600.0, "node/gpu0")
+    _started(log, first)
+    (killed_config,) = {index for _, _, index, _, _ in read_log(log)}
+    others = [_job(root, log, 0.05, f"node/gpu{i}") for i in (1, 2)]
     time.sleep(2.0)
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
-    results = [_result(p) for p in others]
-    measured = marker.read_text().split()
-    assert len(measured) == 2 and measured[0] == str(first.pid), measured
-    assert results == [{"kernels": [4], "grid": 6}] * 3
+    assert [_result(p) for p in others] == [{"kernels": [4], "grid": 6}] * 2
+    screened = _screeners(log)
+    assert first.pid in screened[killed_config] and len(screened[killed_config]) == 2
 
 
-class StandIn:
-    """Plays a GPU: config 1 is fastest (``times``: milliseconds per config)."""
-
-    def __init__(self) -> None:
-        self.calls: list[int] = []
-        self.times = (3, 1, 2, 4)
-
-    def device(self, target, platform):
-        return "Stand-in GPU"
-
-    def measure(self, call, n):
-        self.calls.append(n)
-        return measure.Measured(tuple(1e-3 * self.times[i] for i in range(n)), 0.01, {3: "x"})
+def StandIn() -> TableMeasurer:
+    """Plays a GPU: config 1 is fastest (milliseconds per config: 3, 1, 2), config 3 cannot
+    be launched."""
+    return TableMeasurer((3e-3, 1e-3, 2e-3, None))
 
 
 @pytest.fixture
@@ -337,7 +379,7 @@ def stand_in():
 def test_a_forced_tune_replaces_the_measured_decision(tmp_path, cache, monkeypatch, stand_in):
     manifest = record_manifest(tmp_path, cache, monkeypatch)
     assert [r.decision.chosen for r in tune.tune(str(manifest), cache)] == [1]
-    stand_in.times = (3, 2, 1, 4)  # the GPU changed its mind: config 2 is fastest now
+    stand_in.times = [3e-3, 2e-3, 1e-3, 4e-3]  # the GPU changed its mind: config 2 is fastest
     (kept,) = tune.tune(str(manifest), cache)
     assert kept.status == "present" and kept.decision.chosen == 1
     assert lower(cache, autotune="require").kernel_call.grid_1 == 6  # config 1: BN 64
@@ -350,9 +392,10 @@ def test_a_forced_tune_replaces_the_measured_decision(tmp_path, cache, monkeypat
 def test_tune_replays_recorded_calls_and_measures_them(tmp_path, cache, monkeypatch, stand_in):
     manifest = record_manifest(tmp_path, cache, monkeypatch)
     (result,) = tune.tune(str(manifest), cache)
-    assert result.status == "tuned" and stand_in.calls == [4]
+    assert result.status == "tuned" and stand_in.benched == [[0, 1, 2, 3]]
     made = result.decision
-    assert made.device == "Stand-in GPU" and made.chosen == 1 and made.reasons == {3: "x"}
+    assert made.device == "Stand-in GPU" and made.chosen == 1
+    assert made.reasons == {3: "the stand-in cannot launch config 3"}
     assert made.margin == pytest.approx(1.0) and not made.pinned
     assert "* " in result.line() and "margin 100.0%" in result.line()
     assert [r.status for r in tune.tune(str(manifest), cache)] == ["present"]
@@ -548,13 +591,14 @@ def test_job_mode_measures_in_place_of_a_malformed_decision(
     cache.put(key, decisions.EXT, MALFORMED[name][0](doc), DECISION_META)
     caplog.set_level(logging.WARNING, logger="bridge")
     call = lower(cache, autotune="job")
-    assert stand_in.calls == [4]  # measured, as for an absent decision
+    assert stand_in.benched == [[0, 1, 2, 3]]  # measured, as for an absent decision
     assert call.HasField("kernel_call") and call.kernel_call.grid_1 == 6  # config 1: 1 ms
     (said,) = decision_warnings(caplog)
     assert key in said and MALFORMED[name][1] in said
     made = decisions.parse(cache.get(key, decisions.EXT).data, doc["variants"])
     assert made.chosen == 1 and made.device == "Stand-in GPU"  # stored in its place
-    assert lower(cache, autotune="job").HasField("kernel_call") and stand_in.calls == [4]
+    assert lower(cache, autotune="job").HasField("kernel_call")
+    assert stand_in.benched == [[0, 1, 2, 3]]
 
 
 def test_a_job_measures_once_in_place_of_a_malformed_decision(pinned, tmp_path):
@@ -562,9 +606,11 @@ def test_a_job_measures_once_in_place_of_a_malformed_decision(pinned, tmp_path):
     root, marker = tmp_path / "root", tmp_path / "measured"
     bad = MALFORMED["chosen out of range"][0](doc)
     kernelcache.Cache(root, readonly_roots=(), remote="").put(key, "decision", bad, DECISION_META)
-    procs = [_job(root, marker, 2.0, KERNELCACHE_READONLY_DIRS=str(kernels)) for _ in range(3)]
+    procs = [_job(root, marker, 0.2, f"node/gpu{i}", str(kernels)) for i in range(3)]
     results = [_result(p) for p in procs]
-    assert len(marker.read_text().split()) == 1, "one process measured"
+    screened = _screeners(marker)
+    assert all(len(pids) == 1 for pids in screened.values()), "each config screened once"
+    assert len(_final_runners(marker)) == 1, "one process ran the final rounds"
     assert results == [{"kernels": [4], "grid": 6}] * 3
     fixed = kernelcache.Cache(root, readonly_roots=(), remote="").get(key, "decision")
     assert decisions.parse(fixed.data, doc["variants"]).chosen == 1

@@ -98,3 +98,61 @@ def test_a_job_tunes_inside_its_first_lowering(tmp_path):
     (call,) = decoded(lambda x, y: matmul(x, y, cache=cache, autotune="require"), a, b)
     assert call.HasField("kernel_call")
     assert len(list(Path(cache.root).glob(f"*.{decisions.EXT}"))) == 1
+
+
+def test_a_direct_launch_computes_what_the_custom_call_computes():
+    """Measuring launches a config through jaxlib's own kernel call on buffers of its own:
+    the output it leaves is the one the compiled program gives on the same inputs."""
+    from bridge.call.primitive import triton_call_p
+    from bridge.lowering.lower import variant_opaque
+    from bridge.tune import launch, measure
+
+    a, b = rand((512, 256)), rand((256, 384), seed=1)
+    (call,) = [
+        e.params["call"]
+        for e in jax.make_jaxpr(lambda x, y: matmul(x, y, autotune="runtime"))(a, b).eqns
+        if e.primitive is triton_call_p
+    ]
+    bench = measure.JaxMeasurer().bench(call, variant_opaque(call, "cuda"), [0, 1], "cuda")
+    assert bench.lanes[0] == launch.lane("cuda", 0).name and "/" in bench.lanes[0]
+    assert bench.run(0, 1, 0) > 0 and bench.run(1, 3, 0) > 0
+    ops, results, _ = bench._buffers[0]
+    one = jax.jit(measure._launches(call, 1, 1))(*ops)
+    np.testing.assert_array_equal(np.asarray(results[0]), np.asarray(one[0]))
+
+
+def test_deciding_compiles_no_program_per_config(tmp_path, monkeypatch):
+    """The 4-config matmul is decided with the programs JAX compiles counted: one makes the
+    synthetic inputs; none launches a config."""
+    a, b = rand((1024, 512)), rand((512, 1024), seed=1)
+    cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote="")
+    manifest = tmp_path / "manifest.jsonl"
+    monkeypatch.setenv("KERNELCACHE_RECORD", str(manifest))
+    jax.jit(lambda x, y: matmul(x, y, cache=cache, autotune="runtime"))(a, b)
+    monkeypatch.delenv("KERNELCACHE_RECORD")
+    compiled = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, *_, **__: (
+            compiled.append(event)
+            if event == "/jax/core/compile/backend_compile_duration"
+            else None
+        )
+    )
+    (result,) = tune.tune(str(manifest), cache)
+    assert result.status == "tuned" and len(compiled) <= 1, compiled
+    made = result.decision
+    assert sum(1 for n in made.launches if n) == len(made.variants) and made.spent > 0
+    assert made.final_by and set(made.by) == {made.final_by}
+
+
+@pytest.mark.skipif(len(cuda_devices()) < 2, reason="needs two NVIDIA GPUs")
+def test_tune_spreads_the_configs_over_two_gpus(tmp_path, monkeypatch):
+    a, b = rand((2048, 1024)), rand((1024, 2048), seed=1)
+    cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote="")
+    manifest = tmp_path / "manifest.jsonl"
+    monkeypatch.setenv("KERNELCACHE_RECORD", str(manifest))
+    jax.jit(lambda x, y: matmul(x, y, cache=cache, autotune="runtime"))(a, b)
+    monkeypatch.delenv("KERNELCACHE_RECORD")
+    (result,) = tune.tune(str(manifest), cache, gpus=2)
+    made = result.decision
+    assert result.status == "tuned" and len(set(made.by)) == 2, made.by

@@ -27,6 +27,7 @@ from bridge_helpers import (
     run_child,
 )
 from conftest import child_env
+from stand_in_gpu import TableMeasurer
 from test_cli_support import kc, kc_json
 
 import bridge
@@ -705,28 +706,15 @@ def test_a_kernel_entry_wins_over_a_failure_entry(tmp_path, fresh, monkeypatch):
     assert told.status == "hit"
 
 
-class StandIn:
-    """A GPU that finds the left-out configs fastest (it is never asked to run them)."""
-
-    def __init__(self):
-        self.skipped: list[frozenset[int]] = []
-
-    def device(self, target, platform):
-        return "Stand-in GPU"
-
-    def measure(self, call, n, skip=frozenset()):
-        self.skipped.append(skip)
-        return measure.Measured(tuple(1e-6 if i in (1, 3) else 1e-3 * (4 - i) for i in range(n)))
-
-
 def test_a_tuning_job_never_measures_or_chooses_a_left_out_config(fresh):
-    stand_in = StandIn()
+    # a GPU that finds the left-out configs fastest (it is never asked to run them)
+    stand_in = TableMeasurer([1e-6 if i in (1, 3) else 1e-3 * (4 - i) for i in range(4)])
     previous = measure.use(stand_in)
     try:
         (call,) = decoded(copy_call(K.bounded_copy, fresh, autotune="job"), F32)
     finally:
         measure.use(previous)
-    assert stand_in.skipped == [frozenset({1, 3})]
+    assert stand_in.benched == [[0, 2]] and {i for i, _, _ in stand_in.runs} == {0, 2}
     assert call.HasField("kernel_call") and call.kernel_call.grid_0 == 16  # BLOCK 256: 2 ms
     (entry,) = Path(fresh.root).glob("*.decision")
     made = json.loads(entry.read_bytes())

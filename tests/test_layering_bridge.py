@@ -52,7 +52,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
 )
 
 #: the extensions of the entries the bridge stores (the kernels' own are their vendor's)
-EXTENSIONS = ("ident", "failure", "lowering", "variants", "program", "decision", "ptx")
+EXTENSIONS = ("ident", "failure", "lowering", "variants", "program", "decision", "sample", "ptx")
 
 MAX_LINES = 500
 

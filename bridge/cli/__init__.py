@@ -137,6 +137,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="measure again where a decision exists, and replace it (a pin always replaces "
         "the one pinned before; a remote tier keeps its value, with a warning)",
     )
+    p.add_argument(
+        "--gpus",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="spread the configs of each call over up to N local GPUs of its device kind "
+        "(the final rounds run on the first; default 1)",
+    )
     p.set_defaults(func=cmd_tune)
 
     p = add_command(
@@ -255,6 +263,13 @@ def _assignments(values: list[str] | None, option: str) -> dict[str, str]:
     return out
 
 
+def _positive(text: str) -> int:
+    """An argparse type: a whole number, 1 or more."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return int(text)
+
+
 def cmd_tune(args: argparse.Namespace, out: Output) -> int:
     pins: dict[str, int] | None = None
     if args.pin:
@@ -289,6 +304,7 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
             pins=pins,
             targets=list(args.target or ()),
             force=args.force,
+            gpus=args.gpus,
         )
     except (TargetError, ManifestError) as e:
         raise UsageError(str(e)) from None

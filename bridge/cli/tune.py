@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ from ..entries import decisions
 from ..entries.decisions import ANY_DEVICE, Decision
 from ..errors import AutotuneError, BridgeError, KernelArgumentError
 from ..identity.specialize import Specialization, specialize_call
+from ..lowering.lower import variant_opaque
 from ..targets import Target, local_device, parse_target, recorded_targets
 from ..tune import measure, select
 from ..warm.manifest import RecordedCall, call_ident, import_kernel, read_manifest
@@ -244,8 +246,11 @@ def traced_call(group: _Group, target: Target, cache: Cache) -> CallSpec:
     raise KernelArgumentError("the replayed call did not reach the kernel")
 
 
-def measure_group(group: _Group, target: Target, cache: Cache, platform: str, force: bool) -> Tuned:
-    """Measure ``group``'s call for ``target`` on this machine's GPU and store the decision."""
+def measure_group(
+    group: _Group, target: Target, cache: Cache, platform: str, force: bool, gpus: int = 1
+) -> Tuned:
+    """Measure ``group``'s call for ``target`` on up to ``gpus`` of this machine's GPUs (the
+    configs spread over them, the final rounds on the first) and store the decision."""
     kernel = group.call.kernel
     configs = [
         layer.configs for layer in kernel_parts(group.call).layers if hasattr(layer, "configs")
@@ -271,7 +276,10 @@ def measure_group(group: _Group, target: Target, cache: Cache, platform: str, fo
         if found is not None:
             return Tuned(kernel, str(target), "present", found)
     left = Variants(specs, cache, device=local_device(target, platform)).left_out()
-    made = select.decide(call, specs, target, device, left)
+    start = time.monotonic()
+    indices = [i for i in range(len(specs)) if i not in left]
+    bench = measure.current().bench(call, variant_opaque(call, platform), indices, platform, gpus)
+    made = select.decide(call, specs, target, device, bench, cache, left, start=start)
     _store(cache, key, made)
     return Tuned(kernel, str(target), "tuned", made)
 
@@ -283,6 +291,7 @@ def tune(
     pins: Mapping[str, int] | None = None,
     targets: Sequence[str] = (),
     force: bool = False,
+    gpus: int = 1,
 ) -> list[Tuned]:
     """Decisions for every autotuned call of ``manifest`` (see the module docstring), for the
     recorded targets, or ``targets``: names, and :mod:`fnmatch` patterns (``cuda:*``) that
@@ -311,7 +320,7 @@ def tune(
                     results.append(pin(group, target, index, cache))
                 else:
                     platform = target.vendor.platform
-                    results.append(measure_group(group, target, cache, platform, force))
+                    results.append(measure_group(group, target, cache, platform, force, gpus))
             except (BridgeError, ValueError) as e:
                 results.append(Tuned(kernel, name, "skipped", detail=str(e)))
     return results

@@ -77,7 +77,10 @@ class Decision:
 
     ``times`` are seconds per launch (None: the variant could not run, see ``reasons``);
     ``margin`` is how much slower the runner-up is (0.05: 5 %), ``noise`` the relative spread
-    of repeated measurements; both None when nothing was measured (``pinned``).
+    of repeated measurements; both None when nothing was measured (``pinned``). What measuring
+    cost, where known: the ``launches`` of each variant, the GPU seconds ``spent`` in all and
+    the ``wall`` seconds it took, who screened each variant (``by``, host and bus id) and who
+    ran the final rounds (``final_by``).
     """
 
     kernel: str
@@ -91,6 +94,11 @@ class Decision:
     noise: float | None = None
     pinned: bool = False
     reasons: Mapping[int, str] = field(default_factory=dict)
+    launches: tuple[int, ...] = ()
+    spent: float | None = None
+    wall: float | None = None
+    by: tuple[str, ...] = ()
+    final_by: str = ""
 
     @property
     def config(self) -> str:
@@ -111,6 +119,11 @@ class Decision:
             "noise": self.noise,
             "pinned": self.pinned,
             "reasons": {str(i): r for i, r in sorted(self.reasons.items())},
+            "launches": list(self.launches),
+            "spent": self.spent,
+            "wall": self.wall,
+            "by": list(self.by),
+            "final_by": self.final_by,
         }
 
     def to_bytes(self) -> bytes:
@@ -127,6 +140,14 @@ class Decision:
         if self.noise is not None:
             parts.append(f"noise {100 * self.noise:.1f}%")
         lines = [", ".join(parts)]
+        if self.launches and self.spent is not None:
+            gpus = sorted({b for b in (*self.by, self.final_by) if b})
+            lines.append(
+                f"  measured {sum(1 for n in self.launches if n)} configs, "
+                f"{sum(self.launches)} launches, {self.spent:.3f} s of GPU time"
+                + (f" ({self.wall:.3f} s)" if self.wall is not None else "")
+                + (f" on {', '.join(gpus)}" if gpus else "")
+            )
         times = self.times or (None,) * len(self.configs)
         for i, (config, t) in enumerate(zip(self.configs, times, strict=True)):
             why = self.reasons.get(i)
@@ -206,6 +227,22 @@ def parse(data: bytes, variants: Sequence[str]) -> Decision | str:
         return "the decision was measured but its chosen variant has no time"
     if str(chosen) in reasons:
         return "the decision chooses a variant it says cannot run"
+    launches, by = doc.get("launches", []), doc.get("by", [])
+    spent, wall, final_by = doc.get("spent"), doc.get("wall"), doc.get("final_by", "")
+    if not isinstance(launches, list) or len(launches) not in (0, n):
+        return "the decision's launches do not match its variants"
+    if not all(type(k) is int and 0 <= k for k in launches):
+        return "the decision's launches are not counts"
+    if (
+        not isinstance(by, list)
+        or len(by) not in (0, n)
+        or not all(_text(b, 1024) or b == "" for b in by)
+    ):
+        return "the decision's measurers do not match its variants"
+    if not all(v is None or _finite(v) for v in (spent, wall)) or not (
+        final_by == "" or _text(final_by, 1024)
+    ):
+        return "the decision's measuring time or final measurer is malformed"
     return Decision(
         kernel=kernel,
         target=target,
@@ -218,6 +255,11 @@ def parse(data: bytes, variants: Sequence[str]) -> Decision | str:
         noise=None if noise is None else float(noise),
         pinned=pinned,
         reasons={int(k): v for k, v in reasons.items()},
+        launches=tuple(launches),
+        spent=None if spent is None else float(spent),
+        wall=None if wall is None else float(wall),
+        by=tuple(by),
+        final_by=final_by,
     )
 
 

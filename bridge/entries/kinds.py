@@ -27,11 +27,13 @@ VARIANTS = "variants"
 PROGRAM = "program"
 #: an autotune decision (:mod:`.decisions`)
 DECISION = "decision"
+#: one config's screening for a decision being made by several GPUs (:mod:`.samples`)
+SAMPLE = "sample"
 #: a value memoized across processes, such as the compiler's identity (:mod:`.memos`)
 MEMO = "ident"
 
 #: every extension above
-EXTENSIONS = (PTX, FAILURE, LOWERING, VARIANTS, PROGRAM, DECISION, MEMO)
+EXTENSIONS = (PTX, FAILURE, LOWERING, VARIANTS, PROGRAM, DECISION, SAMPLE, MEMO)
 
 
 def derived_key(key: str, role: str) -> str:

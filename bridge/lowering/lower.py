@@ -16,6 +16,7 @@ once per lowered module for the calls that pass the same ``target``, ``embed`` a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -293,9 +294,9 @@ def _assemble(
         return (lambda meta: messages.descriptor_meta(meta, n) is not None) if n else None
 
     found = variants.Variants(every, cache, device=device, usable=usable, memo=_memo)
-    # the kernels select needs (every variant at once, compiled here or by another process)
-    chosen = select.select(call, found, target, platform, cache, autotune)
-    for index in chosen:
+
+    def config(index: int) -> tuple[proto.Config, bool]:
+        """Variant ``index``'s config message, and whether it needs a module image."""
         spec = every[index]
         bound = spec.bound
         n_desc = messages.host_descriptor_count(call, spec, jaxlib)
@@ -308,10 +309,22 @@ def _assemble(
             )
         grid = binding.eval_grid(call.grid, bound.bound_args)
         kernel = messages.kernel_message(call, target, mode, kb, cache, jaxlib)
-        if n_desc or kernel.global_scratch_size is not None:
-            needs = versions.MODULE_IMAGE
         kernel_call = messages.kernel_call(call, kernel, bound, desc_meta, grid)
-        configs.append(proto.Config(kernel_call=kernel_call, description=spec.variant.description))
+        image = bool(n_desc) or kernel.global_scratch_size is not None
+        return proto.Config(kernel_call=kernel_call, description=spec.variant.description), image
+
+    def alone(index: int) -> bytes:
+        """The opaque of variant ``index`` alone (what measuring it launches)."""
+        one = messages.any_kernel_call(call, [config(index)[0]], mode)
+        return proto.compress(proto.encode(one))
+
+    # the kernels select needs (every variant at once, compiled here or by another process)
+    chosen = select.select(call, found, target, platform, cache, autotune, alone)
+    for index in chosen:
+        made, image = config(index)
+        if image:
+            needs = versions.MODULE_IMAGE
+        configs.append(made)
     if call.choice is None and record.wanted(ours):  # every variant: a later tune measures them
         for spec in every:
             grid = binding.eval_grid(call.grid, spec.bound.bound_args)
@@ -321,6 +334,17 @@ def _assemble(
     done = Lowered(opaque, mode, anycall.autotuned_kernel_call is not None, tuple(needs))
     state = lowerings.EVERY if len(chosen) != 1 or len(every) == 1 else str(chosen[0])
     return done, state, [spec.key for spec in every]
+
+
+def variant_opaque(call: CallSpec, platform: str) -> measure.Opaque:
+    """``opaque(i)``: the custom-call opaque of ``call`` lowered as its variant i alone (what
+    measuring variant i launches)."""
+
+    def opaque(index: int) -> bytes:
+        one = dataclasses.replace(call, choice=index, autotune="runtime")
+        return lower_call(one, platform).opaque
+
+    return opaque
 
 
 def lower_rule(

@@ -1,24 +1,34 @@
-"""Measuring the variants of an autotuned call on the local GPU, the way jaxlib's autotuner does.
+"""Measuring the configs of an autotuned call on local GPUs: the call's buffers made once per GPU,
+each config launched directly through jaxlib's kernel call (:mod:`.launch`), timed by events.
 
-One launch each to estimate, then enough launches for a target time, repeated; the time of a
-variant is its fastest repetition. Arrays of floating point numbers are filled with normally
-distributed values, integer and boolean arrays with zeros (so that no index read from an array
-points out of bounds); ``fill=`` overrides this per parameter. The measurer is replaceable
-(:func:`use`), for machines without the GPU and for tests; :mod:`.select` asks
-:func:`current`.
+Deciding a call compiles no XLA program per config: its cost is the kernels' running time
+(:mod:`.rounds` says how many launches each config gets). Where direct launches are not
+possible (no driver library, a jaxlib without the legacy kernel call), each config is launched
+by a small jitted program instead, as before, and said once; a config jaxlib refuses is run
+that way once, for the message that says why.
+
+Arrays of floating point numbers are filled with normally distributed values, integer and
+boolean arrays with zeros (so that no index read from an array points out of bounds); ``fill=``
+overrides this per parameter. The measurer is replaceable (:func:`use`), for machines without
+the GPU and for tests; :mod:`.select` asks :func:`current`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import statistics
+import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
+
+from kernelcache.process import warn_once
 
 from ..call.arguments import leaf_arrays
 from ..call.binding import ArgArray
+from ..errors import BridgeError, Unlaunchable
+from . import launch
+from .rounds import Bench
 
 if TYPE_CHECKING:
     from ..call.tracing import CallSpec
@@ -26,37 +36,24 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: how long the timed launches of one variant should take, as jaxlib aims for
-TARGET_SECONDS = 0.01
-#: the most launches one timing of a variant makes (jaxlib's cap)
-MAX_LAUNCHES = 100
-#: timings of each variant; its time is the fastest
-REPEATS = 5
 #: what fills an array parameter of a measured call: a number, or one of these
 FILLS = ("random", "zeros", "ones")
-
-
-@dataclasses.dataclass(frozen=True)
-class Measured:
-    """What measuring the variants of a call found: seconds per launch (None where a variant
-    could not run, with the reason), and the relative spread of repeated timings."""
-
-    times: tuple[float | None, ...]
-    noise: float | None = None
-    reasons: Mapping[int, str] = dataclasses.field(default_factory=dict)
+#: a config's custom-call opaque, by its index (raises where the config cannot be launched)
+Opaque = Callable[[int], bytes]
 
 
 class Measurer(Protocol):
-    """Measures the variants of calls on one kind of device."""
+    """Makes the configs of calls ready to measure on one kind of device."""
 
     def device(self, target: Target, platform: str) -> str | None:
         """The kind of the local device that runs ``target`` (None: there is none)."""
         ...
 
-    def measure(self, call: CallSpec, n: int, skip: frozenset[int] = frozenset()) -> Measured:
-        """Time each of the ``n`` variants of ``call`` but those in ``skip`` (left out of the
-        call: they cannot compile or launch; their times are None). ``skip`` is passed only
-        when some variant is left out, so a measurer that never sees one may omit it."""
+    def bench(
+        self, call: CallSpec, opaque: Opaque, indices: Sequence[int], platform: str, gpus: int = 1
+    ) -> Bench:
+        """The configs ``indices`` of ``call`` ready to launch on up to ``gpus`` local GPUs of
+        ``platform`` that run its target (``opaque(i)``: config i's custom-call opaque)."""
         ...
 
 
@@ -72,7 +69,7 @@ def operand_arrays(call: CallSpec) -> list[tuple[str, ArgArray]]:
 
 
 def synthetic(arr: ArgArray, fill: str | float, seed: int) -> Any:
-    """A device array of ``arr``'s shape and dtype, filled as ``fill`` says (see FILLS)."""
+    """A traced array of ``arr``'s shape and dtype, filled as ``fill`` says (see FILLS)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -88,7 +85,7 @@ def synthetic(arr: ArgArray, fill: str | float, seed: int) -> Any:
 
 
 class JaxMeasurer:
-    """Measures on the local GPU through JAX (see the module docstring)."""
+    """Measures on the local GPUs (see the module docstring)."""
 
     def __init__(self, fill: Mapping[str, str | float] | None = None) -> None:
         self.fill = dict(fill or {})
@@ -97,49 +94,129 @@ class JaxMeasurer:
     def device(self, target: Target, platform: str) -> str | None:
         which = (str(target), platform)
         if which not in self._kinds:
-            self._kinds[which] = self._device(target, platform)
+            found = _devices(target, platform)
+            self._kinds[which] = (
+                str(getattr(found[0], "device_kind", "") or target) if found else None
+            )
         return self._kinds[which]
 
-    def _device(self, target: Target, platform: str) -> str | None:
-        from ..targets import detect_devices
+    def bench(
+        self, call: CallSpec, opaque: Opaque, indices: Sequence[int], platform: str, gpus: int = 1
+    ) -> Bench:
+        from ..targets import select_target
 
-        for device, local in detect_devices(platform):
-            if target.runs_on(local):
-                return str(getattr(device, "device_kind", "") or local) or None
-        return None
+        devices = _devices(select_target(call.target, platform), platform)[: max(1, gpus)]
+        if not devices:
+            raise Unlaunchable(f"no local {platform} GPU runs {call.parts.qualname}")
+        return JaxBench(call, opaque, indices, platform, devices, self.fill)
 
-    def measure(self, call: CallSpec, n: int, skip: frozenset[int] = frozenset()) -> Measured:
+
+def _devices(target: Target, platform: str) -> list[Any]:
+    from ..targets import detect_devices
+
+    return [device for device, local in detect_devices(platform) if target.runs_on(local)]
+
+
+class JaxBench:
+    """A call's configs ready to launch on some local GPUs (see :class:`~.rounds.Bench`)."""
+
+    def __init__(
+        self,
+        call: CallSpec,
+        opaque: Opaque,
+        indices: Sequence[int],
+        platform: str,
+        devices: Sequence[Any],
+        fill: Mapping[str, str | float],
+    ) -> None:
+        self.call, self.platform, self.devices = call, platform, list(devices)
+        self._opaques: dict[int, bytes | str] = {}
+        for i in indices:  # built here, in one thread: lowering code is not shared by lanes
+            try:
+                self._opaques[i] = opaque(i)
+            except (BridgeError, ValueError) as e:  # the config's own error is its reason
+                self._opaques[i] = str(e) or type(e).__name__
+        self._lanes: list[launch.Lane] | None = []
+        try:
+            for device in self.devices:
+                self._lanes.append(launch.lane(platform, int(device.local_hardware_id)))
+        except (Unlaunchable, AttributeError, TypeError) as e:
+            warn_once(
+                logger,
+                ("direct-launch", platform),
+                "kernelcache: measuring configs with a compiled program each (slower): %s",
+                e,
+            )
+            self._lanes = None
+        host = socket.gethostname()
+        self.lanes = (
+            [lane.name for lane in self._lanes]
+            if self._lanes
+            else [f"{host}/{device}" for device in self.devices]
+        )
+        self._buffers = [_buffers(call, fill, device) for device in self.devices]
+        self._programs: dict[tuple[int, int, int], Any] = {}
+
+    def run(self, index: int, launches: int, lane: int) -> float:
+        made = self._opaques.get(index)
+        if made is None or isinstance(made, str):
+            raise Unlaunchable(made or f"config {index} was not prepared")
+        ops, _, pointers = self._buffers[lane]
+        if self._lanes is None:
+            return self._compiled(index, launches, lane, ops)
+        try:
+            return self._lanes[lane].time(made, pointers, launches)
+        except Unlaunchable:
+            self._compiled(index, 1, lane, ops)  # raises with jaxlib's message
+            raise
+
+    def _compiled(self, index: int, launches: int, lane: int, arrays: Sequence[Any]) -> float:
+        """Seconds of ``launches`` launches of config ``index`` by a jitted program (compiled
+        and warmed on first use)."""
         import jax
 
-        fill = self.fill
+        which = (index, launches, lane)
+        program = self._programs.get(which)
+        try:
+            if program is None:
+                program = self._programs[which] = _launches(self.call, index, launches)
+                jax.block_until_ready(program(*arrays))
+            start = time.perf_counter()
+            jax.block_until_ready(program(*arrays))
+            return time.perf_counter() - start
+        except jax.errors.JaxRuntimeError as e:
+            raise Unlaunchable(str(e).strip().splitlines()[0][:300]) from e
+
+
+def _buffers(
+    call: CallSpec, fill: Mapping[str, str | float], device: Any
+) -> tuple[list[Any], list[Any], list[int]]:
+    """``call``'s operands (synthetic, see the module docstring) and results on ``device``,
+    made by one jitted program, with the device pointers of its buffers in custom-call order
+    (an aliased result shares its operand's buffer)."""
+    import jax
+    import jax.numpy as jnp
+
+    named = operand_arrays(call)
+    aliased = {result: operand for operand, result in call.aliases}
+    fresh = [aval for r, aval in enumerate(call.out_avals) if r not in aliased]
+
+    def make() -> tuple[list[Any], list[Any]]:
         ops = [
             synthetic(arr, fill.get(f"{call.parts.name}:{name}", fill.get(name, "random")), seed)
-            for seed, (name, arr) in enumerate(operand_arrays(call))
+            for seed, (name, arr) in enumerate(named)
         ]
-        reasons: dict[int, str] = {}
-        first: dict[int, float] = {}
-        for i in range(n):
-            if i in skip:
-                continue
-            run = _launches(call, i, 1)
-            try:
-                jax.block_until_ready(run(*ops))  # compile and warm up
-                first[i] = _timed(run, ops)
-            except jax.errors.JaxRuntimeError as e:
-                reasons[i] = str(e).strip().splitlines()[0][:300]
-        if not first:
-            return Measured((None,) * n, None, reasons)
-        launches = max(1, min(MAX_LAUNCHES, int(TARGET_SECONDS / max(min(first.values()), 1e-9))))
-        times: list[float | None] = [None] * n
-        spreads = []
-        for i in first:
-            run = _launches(call, i, launches)
-            jax.block_until_ready(run(*ops))
-            samples = [_timed(run, ops) / launches for _ in range(REPEATS)]
-            times[i] = min(samples)
-            spreads.append(max(samples) / min(samples) - 1 if min(samples) > 0 else 0.0)
-        noise = statistics.median(spreads) if spreads else None
-        return Measured(tuple(times), noise, reasons)
+        return ops, [jnp.zeros(aval.shape, aval.dtype) for aval in fresh]
+
+    with jax.default_device(device):
+        ops, results = jax.block_until_ready(jax.jit(make)())
+    pointers = [x.unsafe_buffer_pointer() for x in ops]
+    made = iter(results)
+    for r in range(len(call.out_avals)):
+        pointers.append(
+            pointers[aliased[r]] if r in aliased else next(made).unsafe_buffer_pointer()
+        )
+    return ops, results, pointers
 
 
 def _launches(call: CallSpec, index: int, count: int) -> Any:
@@ -157,14 +234,6 @@ def _launches(call: CallSpec, index: int, count: int) -> Any:
         return out
 
     return jax.jit(run)
-
-
-def _timed(run: Any, ops: Sequence[Any]) -> float:
-    import jax
-
-    start = time.perf_counter()
-    jax.block_until_ready(run(*ops))
-    return time.perf_counter() - start
 
 
 _measurer: Measurer = JaxMeasurer()

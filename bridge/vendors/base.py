@@ -36,6 +36,33 @@ def file_row(path: str, name: str) -> list[Any]:
     return [name, st.st_size, st.st_mtime_ns]
 
 
+@dataclass(frozen=True)
+class Driver:
+    """A vendor's GPU driver API, as measuring launches through it (:mod:`bridge.tune.launch`):
+    the shared library, the names of the functions it calls, and jaxlib's Triton module for the
+    platform (in ``jax._src.lib.gpu_triton``)."""
+
+    library: str
+    jaxlib_triton: str
+    init: str
+    #: how a thread makes a device current: its primary context (``device_get`` then
+    #: ``primary_context`` then ``set_context``), or one call with the ordinal (``set_device``)
+    device_get: str | None
+    primary_context: str | None
+    set_context: str | None
+    set_device: str | None
+    #: ``(handle*, flags)`` each
+    stream_create: str
+    event_create: str
+    event_record: str
+    event_synchronize: str
+    #: the first of these that the library exports
+    event_elapsed: tuple[str, ...]
+    stream_synchronize: str
+    #: ``(char*, len, device)``: the PCI bus id of a device
+    bus_id: str
+
+
 @dataclass(frozen=True, eq=False)
 class Vendor:
     """What the bridge needs to know about one of Triton's vendor backends.
@@ -86,6 +113,9 @@ class Vendor:
     #: ``module_image`` ("ptx": jaxlib runs ptxas; "path": handed over as a file); None: inline
     #: only
     fallback_embed: str | None = None
+    #: the driver API measuring launches through (None: configs are measured by compiled
+    #: programs)
+    driver: Driver | None = None
 
     def __repr__(self) -> str:
         return f"Vendor({self.name})"

@@ -17,7 +17,7 @@ from typing import Any
 from kernelcache.formats import EM_CUDA
 
 from ..errors import TargetError
-from .base import Arch, KiB, Vendor, file_row
+from .base import Arch, Driver, KiB, Vendor, file_row
 
 _VERSION = 1
 
@@ -102,6 +102,22 @@ CUDA: Vendor = Cuda(
     jaxlib_threads_per_warp=32,
     max_threads_per_block=1024,
     elf_machine=EM_CUDA,
+    driver=Driver(
+        library="libcuda.so.1",
+        jaxlib_triton="_cuda_triton",
+        init="cuInit",
+        device_get="cuDeviceGet",
+        primary_context="cuDevicePrimaryCtxRetain",
+        set_context="cuCtxSetCurrent",
+        set_device=None,
+        stream_create="cuStreamCreate",
+        event_create="cuEventCreate",
+        event_record="cuEventRecord",
+        event_synchronize="cuEventSynchronize",
+        event_elapsed=("cuEventElapsedTime_v2", "cuEventElapsedTime"),
+        stream_synchronize="cuStreamSynchronize",
+        bus_id="cuDeviceGetPCIBusId",
+    ),
     # The largest shared memory one block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin),
     # as NVIDIA's CUDA C++ Programming Guide gives it under "Technical Specifications per Compute
     # Capability" (maximum amount of shared memory per thread block: 163 KB on 8.0 and 8.7, 99 KB

@@ -15,7 +15,7 @@ from typing import Any
 
 from kernelcache.formats import EM_AMDGPU
 
-from .base import Arch, KiB, Vendor
+from .base import Arch, Driver, KiB, Vendor
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,23 @@ HIP: Vendor = Hip(
     jaxlib_threads_per_warp=64,
     max_threads_per_block=1024,
     elf_machine=EM_AMDGPU,
+    # HIP's runtime API under the same calls (no AMD GPU has measured through it here)
+    driver=Driver(
+        library="libamdhip64.so",
+        jaxlib_triton="_hip_triton",
+        init="hipInit",
+        device_get=None,
+        primary_context=None,
+        set_context=None,
+        set_device="hipSetDevice",
+        stream_create="hipStreamCreateWithFlags",
+        event_create="hipEventCreateWithFlags",
+        event_record="hipEventRecord",
+        event_synchronize="hipEventSynchronize",
+        event_elapsed=("hipEventElapsedTime",),
+        stream_synchronize="hipStreamSynchronize",
+        bus_id="hipDeviceGetPCIBusId",
+    ),
     # LDS one workgroup may use, as Triton's AMD backend sizes it: third_party/amd/lib/
     # TritonAMDGPUToLLVM/TargetInfo.cpp, TargetInfo::getSharedMemorySize (160 KiB on CDNA4,
     # i.e. gfx950; 64 KiB on CDNA2 and CDNA3). LLVM's AMDGPU backend enforces the same limits
