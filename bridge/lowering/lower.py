@@ -16,7 +16,6 @@ once per lowered module for the calls that pass the same ``target``, ``embed`` a
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -267,6 +266,62 @@ def _replay(
     return Item(key, state, None if names is None else tuple(names), found)
 
 
+class _Configs:
+    """The variants of a call specialized, with their kernels (compiled here or by another
+    process when first asked), ready to become config messages."""
+
+    def __init__(
+        self,
+        call: CallSpec,
+        every_variant: list[binding.Variant],
+        target: targets.Target,
+        jaxlib: str,
+        mode: str,
+        cache: Any,
+        device: Any,
+    ) -> None:
+        self.call, self.target, self.jaxlib, self.mode, self.cache = (
+            call,
+            target,
+            jaxlib,
+            mode,
+            cache,
+        )
+        self.every = [
+            specialize.specialize(call.parts, call.named, variant, target, cache)
+            for variant in every_variant
+        ]
+
+        def usable(spec: specialize.Specialization) -> specialize.Usable | None:
+            n = messages.host_descriptor_count(call, spec, jaxlib)
+            return (lambda meta: messages.descriptor_meta(meta, n) is not None) if n else None
+
+        self.found = variants.Variants(self.every, cache, device=device, usable=usable, memo=_memo)
+
+    def config(self, index: int) -> tuple[proto.Config, bool]:
+        """Variant ``index``'s config message, and whether it needs a module image."""
+        call, spec = self.call, self.every[index]
+        bound = spec.bound
+        n_desc = messages.host_descriptor_count(call, spec, self.jaxlib)
+        kb = self.found.kernel(index)
+        desc_meta = messages.descriptor_meta(kb.meta, n_desc) if n_desc else []
+        if desc_meta is None:
+            raise KernelArgumentError(
+                f"{call.parts.qualname}: Triton compiled its {n_desc} tensor descriptor(s) for "
+                f"{self.target} without TMA metadata; pass the arrays as pointers"
+            )
+        grid = binding.eval_grid(call.grid, bound.bound_args)
+        kernel = messages.kernel_message(call, self.target, self.mode, kb, self.cache, self.jaxlib)
+        kernel_call = messages.kernel_call(call, kernel, bound, desc_meta, grid)
+        image = bool(n_desc) or kernel.global_scratch_size is not None
+        return proto.Config(kernel_call=kernel_call, description=spec.variant.description), image
+
+    def alone(self, index: int) -> bytes:
+        """The opaque of variant ``index`` alone (what measuring it launches)."""
+        one = messages.any_kernel_call(self.call, [self.config(index)[0]], self.mode)
+        return proto.compress(proto.encode(one))
+
+
 def _assemble(
     call: CallSpec,
     every_variant: list[binding.Variant],
@@ -284,47 +339,15 @@ def _assemble(
     keys of its variants."""
     configs: list[proto.Config] = []
     needs = versions.MODULE_IMAGE if mode == "inline" else (0,)
-    every = [
-        specialize.specialize(call.parts, call.named, variant, target, cache)
-        for variant in every_variant
-    ]
-
-    def usable(spec: specialize.Specialization) -> specialize.Usable | None:
-        n = messages.host_descriptor_count(call, spec, jaxlib)
-        return (lambda meta: messages.descriptor_meta(meta, n) is not None) if n else None
-
-    found = variants.Variants(every, cache, device=device, usable=usable, memo=_memo)
-
-    def config(index: int) -> tuple[proto.Config, bool]:
-        """Variant ``index``'s config message, and whether it needs a module image."""
-        spec = every[index]
-        bound = spec.bound
-        n_desc = messages.host_descriptor_count(call, spec, jaxlib)
-        kb = found.kernel(index)
-        desc_meta = messages.descriptor_meta(kb.meta, n_desc) if n_desc else []
-        if desc_meta is None:
-            raise KernelArgumentError(
-                f"{call.parts.qualname}: Triton compiled its {n_desc} tensor descriptor(s) for "
-                f"{target} without TMA metadata; pass the arrays as pointers"
-            )
-        grid = binding.eval_grid(call.grid, bound.bound_args)
-        kernel = messages.kernel_message(call, target, mode, kb, cache, jaxlib)
-        kernel_call = messages.kernel_call(call, kernel, bound, desc_meta, grid)
-        image = bool(n_desc) or kernel.global_scratch_size is not None
-        return proto.Config(kernel_call=kernel_call, description=spec.variant.description), image
-
-    def alone(index: int) -> bytes:
-        """The opaque of variant ``index`` alone (what measuring it launches)."""
-        one = messages.any_kernel_call(call, [config(index)[0]], mode)
-        return proto.compress(proto.encode(one))
-
+    made = _Configs(call, every_variant, target, jaxlib, mode, cache, device)
+    every, found = made.every, made.found
     # the kernels select needs (every variant at once, compiled here or by another process)
-    chosen = select.select(call, found, target, platform, cache, autotune, alone)
+    chosen = select.select(call, found, target, platform, cache, autotune, made.alone)
     for index in chosen:
-        made, image = config(index)
+        config, image = made.config(index)
         if image:
             needs = versions.MODULE_IMAGE
-        configs.append(made)
+        configs.append(config)
     if call.choice is None and record.wanted(ours):  # every variant: a later tune measures them
         for spec in every:
             grid = binding.eval_grid(call.grid, spec.bound.bound_args)
@@ -338,13 +361,21 @@ def _assemble(
 
 def variant_opaque(call: CallSpec, platform: str) -> measure.Opaque:
     """``opaque(i)``: the custom-call opaque of ``call`` lowered as its variant i alone (what
-    measuring variant i launches)."""
-
-    def opaque(index: int) -> bytes:
-        one = dataclasses.replace(call, choice=index, autotune="runtime")
-        return lower_call(one, platform).opaque
-
-    return opaque
+    measuring variant i launches), its variants specialized once."""
+    prepared = setup(call, platform)
+    every = specialize.call_variants(
+        call.parts, call.named, call.kwargs, call.options, prepared.target
+    )
+    made = _Configs(
+        call,
+        every,
+        prepared.target,
+        prepared.jaxlib,
+        prepared.mode,
+        prepared.cache,
+        prepared.device,
+    )
+    return made.alone
 
 
 def lower_rule(
