@@ -199,6 +199,9 @@ def test_kernelcache_tune_pin_and_a_job_that_requires_decisions(tmp_path, cache,
     root = Path(cache.root)
     bad = kc(root, "tune", str(manifest), "--pin", "nosuchkernel=1")
     assert bad.returncode == 2 and "nosuchkernel" in bad.stderr
+    for gpus in ("0", "-1", "two"):
+        bad = kc(root, "tune", str(manifest), "--gpus", gpus)
+        assert bad.returncode == 2 and "--gpus" in bad.stderr and "1 or more" in bad.stderr
     doc = kc_json(root, "tune", str(manifest), "--pin", "matmul_kernel=1")
     (result,) = doc["results"]
     assert result["status"] == "pinned" and result["decision"]["chosen"] == 1
@@ -389,6 +392,29 @@ def test_a_forced_tune_replaces_the_measured_decision(tmp_path, cache, monkeypat
     assert call.HasField("kernel_call") and call.kernel_call.grid_1 == 3  # config 2: BN 128
 
 
+def test_tune_spreads_the_configs_over_gpus_into_one_decision(tmp_path, cache, monkeypatch):
+    manifest = record_manifest(tmp_path, cache, monkeypatch)
+    lanes = ("node/gpu0", "node/gpu1")
+    previous = measure.use(TableMeasurer((3e-3, 1e-3, 2e-3, None), lanes, sleep=0.05))
+    try:
+        (result,) = tune.tune(str(manifest), cache, gpus=2)
+    finally:
+        measure.use(previous)
+    made = result.decision
+    assert result.status == "tuned" and made.chosen == 1
+    assert set(made.by[:3]) == set(lanes) and made.by[3] in lanes  # each config screened
+    assert made.final_by == "node/gpu0" and made.launches[3] == 0 and made.spent > 0
+    assert made.wall is not None and made.wall < made.spent  # two GPUs at once
+    assert "on node/gpu0, node/gpu1" in result.line()
+    stored = decisions.find(cache, [tune_key(result, cache)], made.variants)
+    assert stored == made
+
+
+def tune_key(result, cache) -> str:
+    (entry,) = Path(cache.root).glob(f"*.{decisions.EXT}")
+    return entry.name.split(".")[0]
+
+
 def test_tune_replays_recorded_calls_and_measures_them(tmp_path, cache, monkeypatch, stand_in):
     manifest = record_manifest(tmp_path, cache, monkeypatch)
     (result,) = tune.tune(str(manifest), cache)
@@ -558,6 +584,11 @@ MALFORMED = {
         lambda d: _doc(d, reasons={"1": "out of resources"}),
         "says cannot run",
     ),
+    "launches for other variants": (lambda d: _doc(d, launches=[3, 4]), "launches do not match"),
+    "launches negative": (lambda d: _doc(d, launches=[0, -1, 0, 0]), "launches are not counts"),
+    "measurers not text": (lambda d: _doc(d, by=[1, 2, 3, 4]), "measurers do not match"),
+    "negative GPU time": (lambda d: _doc(d, spent=-1.0), "measuring time"),
+    "a final measurer not text": (lambda d: _doc(d, final_by=7), "final measurer"),
 }
 DECISION_META = {"kind": "decision", "name": "matmul_kernel"}
 
