@@ -19,6 +19,9 @@ kernel key embedded in the lowered call, for runtime autotuning the "best config
 logs (TF_CPP_MIN_LOG_LEVEL=0). Prints a table and one JSON line; ``--out FILE`` writes it.
 
     python benchmarks/autotune_start.py --procs 8 --out results/autotune_start-h200.json
+
+``--spread N`` (a machine with N GPUs) times deciding instead: `tune --gpus 1` and `tune --gpus
+N` in turn, three times each, the configs of each call spread over the GPUs.
 """
 
 from __future__ import annotations
@@ -242,6 +245,40 @@ def _decisions(root: Path, jaxlib_best: dict[str, str]) -> list[dict]:
     return found
 
 
+def spread(root: Path, manifest: Path, args: argparse.Namespace) -> None:
+    """Decide the model's calls with `tune --gpus 1` and `--gpus N` in turn, three times each:
+    the seconds deciding took (the decisions' wall time, summed over the calls)."""
+    took: dict[int, list[float]] = {1: [], args.spread: []}
+    for _ in range(3):
+        for gpus in took:
+            cmd = [sys.executable, str(Path(__file__)), "--tune", str(manifest)]
+            done = subprocess.run(
+                [*cmd, "--gpus", str(gpus)],
+                env=environ(root, "runtime"),
+                capture_output=True,
+                text=True,
+            )
+            if done.returncode != 0:
+                raise SystemExit(f"kernelcache tune failed:\n{done.stderr[-4000:]}")
+            made = _decisions(root, {})
+            took[gpus].append(sum(d["wall_s"] for d in made))
+            print(
+                f"--gpus {gpus}: {took[gpus][-1]:.3f} s on {sorted({b for d in made for b in d['by']})}"
+            )
+    one, many = statistics.median(took[1]), statistics.median(took[args.spread])
+    print(f"median: --gpus 1 {one:.3f} s, --gpus {args.spread} {many:.3f} s: {one / many:.2f}x")
+    emit_summary(
+        {
+            "benchmark": "autotune_spread",
+            "size": args.size,
+            "gpus": args.spread,
+            "deciding_s": {str(k): v for k, v in took.items()},
+            "speedup": one / many,
+        },
+        args.out,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -250,6 +287,13 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=4096, help="attention sequence length")
     parser.add_argument("--heads", type=int, default=32, help="attention batch x heads")
     parser.add_argument("--procs", type=int, default=8, help="processes in a wave")
+    parser.add_argument(
+        "--spread",
+        type=int,
+        metavar="N",
+        help="instead of the waves: decide with `tune --gpus 1` and `--gpus N` in turn (3 each)",
+    )
+    parser.add_argument("--gpus", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.child:
@@ -259,7 +303,7 @@ def main() -> None:
         import kernelcache
         from bridge.cli import tune
 
-        for result in tune.tune(args.tune, kernelcache.Cache()):
+        for result in tune.tune(args.tune, kernelcache.Cache(), force=True, gpus=args.gpus):
             print(result.line())
         return
     work = Path(tempfile.mkdtemp(prefix="kc-autotune-"))
@@ -268,6 +312,9 @@ def main() -> None:
         t = time.perf_counter()
         launch(1, environ(root, "runtime", KERNELCACHE_RECORD=str(manifest)), args)
         prepare = time.perf_counter() - t
+        if args.spread:
+            spread(root, manifest, args)
+            return
         rows: dict[str, dict] = {}
         rows["runtime alone"] = summarize(launch(1, environ(root, "runtime"), args))
         rows["runtime wave"] = summarize(launch(args.procs, environ(root, "runtime"), args))
