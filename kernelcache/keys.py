@@ -4,6 +4,11 @@ A key is 32 to 128 lowercase hexadecimal characters; an extension is 1 to 16 cha
 ``[a-z0-9]`` and not ``json`` (the metadata file's own extension). Both are checked before any
 file is touched, so nothing from outside (a manifest, a bundle, a remote value, a command-line
 argument) can name a path outside the root.
+
+A key's first :data:`GROUP_CHARS` characters are its group (:func:`group_of`): a caller that
+derives the keys of an entry's companions from it keeps them in its group, and a remote tier
+keeps a group together (one Redis Cluster slot, one object-store prefix), so that a shard that
+fails takes a kernel with all of its companions, or none of them.
 """
 
 from __future__ import annotations
@@ -17,11 +22,18 @@ KEY_PATTERN = re.compile(r"[0-9a-f]{32,128}")
 EXT_PATTERN = re.compile(r"[a-z0-9]{1,16}")
 META_EXT = "json"
 RESERVED_EXTS = frozenset({META_EXT})
+#: the characters of a key that name its group (see the module docstring)
+GROUP_CHARS = 16
 
 
 def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def group_of(key: str) -> str:
+    """The group of ``key`` (a valid key): its first :data:`GROUP_CHARS` characters."""
+    return key[:GROUP_CHARS]
 
 
 def check_key(key: object) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -36,7 +37,9 @@ SECRET = "pa55-W0rd-never-logged"
 
 
 def key_of(i: int) -> str:
-    return f"{i:032x}"
+    """A key as real ones are (a digest: its group, its first characters, spreads over a
+    cluster's slots)."""
+    return hashlib.sha256(str(i).encode()).hexdigest()[:32]
 
 
 def payload(key: str, size: int = 4096) -> bytes:

@@ -6,6 +6,7 @@ shard still publishes its entry and releases its lock."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter
 
@@ -16,6 +17,7 @@ from test_remote import finish, key_of, start_workers
 
 import kernelcache
 from kernelcache.errors import ConfigError
+from kernelcache.keys import group_of
 from kernelcache.remote import RedisTier, open_remote, parse_url
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
@@ -48,6 +50,43 @@ def test_entries_spread_over_the_shards_and_each_lock_shares_its_entry_slot(clus
     release()
     assert client.exists(tier.name(key_of(10_100)) + ":lock") == 0
     assert tier.counters.get("errors", 0) == 0
+
+
+def test_a_key_and_the_companions_derived_from_it_share_one_slot(cluster):
+    """The bridge derives a kernel's companions (its PTX, a failure, a decision's samples)
+    from its key: they keep its group, so one shard holds a kernel and all of its companions."""
+    from bridge.entries.kinds import derived_key
+
+    tier = open_remote(cluster.url)
+    client = cluster.client()
+    slots = set()
+    for i in range(100):
+        key = hashlib.sha256(f"kernel {i}".encode()).hexdigest()
+        slot = client.keyslot(tier.name(key))
+        slots.add(slot)
+        for role in ("ptx", "failure", "variants", "sample:3"):
+            companion = derived_key(key, role)
+            assert companion != key and group_of(companion) == group_of(key)
+            assert client.keyslot(tier.name(companion)) == slot
+            assert client.keyslot(tier.name(companion) + ":lock") == slot
+    assert len(slots) > 90, "groups spread over the slots as keys do"
+
+
+def test_a_killed_primary_takes_kernels_with_their_companions_or_neither(tmp_path):
+    from bridge.entries.kinds import derived_key
+
+    with RedisClusterServers(tmp_path / "cluster") as servers:
+        tier = open_remote(servers.url + "?timeout=0.5&breaker=60")
+        keys = [hashlib.sha256(f"kernel {i}".encode()).hexdigest() for i in range(30)]
+        for key in keys:
+            assert tier.put(key, "bin", b"k" * 64, META)
+            assert tier.put(derived_key(key, "ptx"), "bin", b"p" * 64, META)
+        servers.nodes[0].kill()
+        reader = open_remote(servers.url + "?timeout=0.5&breaker=60")
+        found = {key: reader.get(key, "bin") is not None for key in keys}
+        assert 0 < sum(found.values()) < len(keys), found  # one shard of three is gone
+        for key in keys:
+            assert (reader.get(derived_key(key, "ptx"), "bin") is not None) == found[key]
 
 
 def test_eight_processes_on_their_own_roots_build_each_key_once(cluster, tmp_path):

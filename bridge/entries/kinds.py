@@ -8,12 +8,15 @@ the extensions below, and every key but a kernel's, a lowering's and a decision'
 
 Invariants: no other module of the bridge names these extensions (``tests/
 test_layering_bridge.py`` checks it); a derived key is the same in every process and release,
-so changing :func:`derived_key` orphans every stored companion.
+so changing :func:`derived_key` orphans every stored companion; a derived key shares the
+group of the key it belongs to.
 """
 
 from __future__ import annotations
 
 import hashlib
+
+from kernelcache.keys import GROUP_CHARS, KEY_PATTERN, group_of
 
 #: the PTX a CUDA kernel was compiled from, beside it (:mod:`bridge.compile.fetch`)
 PTX = "ptx"
@@ -37,5 +40,10 @@ EXTENSIONS = (PTX, FAILURE, LOWERING, VARIANTS, PROGRAM, DECISION, SAMPLE, MEMO)
 
 
 def derived_key(key: str, role: str) -> str:
-    """The key of a companion entry of ``key`` (e.g. ``role="ptx"``)."""
-    return hashlib.sha256(f"{key}:{role}".encode()).hexdigest()
+    """The key of a companion entry of ``key`` (e.g. ``role="ptx"``): in ``key``'s group (see
+    :func:`kernelcache.keys.group_of`) where ``key`` is a cache key, so that a remote tier keeps
+    an entry and its companions together."""
+    digest = hashlib.sha256(f"{key}:{role}".encode()).hexdigest()
+    if KEY_PATTERN.fullmatch(key) is None:
+        return digest
+    return group_of(key) + digest[GROUP_CHARS:]

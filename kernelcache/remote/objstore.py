@@ -3,12 +3,13 @@ Storage (``gs://bucket/prefix``), through obstore (docs/remote.md says why that 
 
 Invariants:
 
-* One object per entry, ``<prefix>/v3/<key>`` (the value layout's version), holding the value
+* One object per entry, ``<prefix>/v3/<group>/<key>`` (the value layout's version; the group of
+  a key and of the companions derived from it: :func:`kernelcache.keys.group_of`), holding the value
   every tier stores (:mod:`kernelcache.remote.codec`); what is read is verified like a Redis
   value.
 * The first writer of a key wins: a conditional put (``If-None-Match: *``); a store without
   it is asked whether the object exists first.
-* One builder per key across the job: a build lock is the object ``<key>.lock``, created only
+* One builder per key across the job: a build lock is the entry's object plus ``.lock``, created only
   if absent, renewed by its holder (a conditional put on the version it wrote,
   ``If-Match``) every third of ``lease``, and deleted at its release. A waiter that sees the
   same version of a lock for ``lease`` seconds of its own clock (the holder stopped renewing
@@ -33,6 +34,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from ..keys import group_of
 from ..process import HOST
 from .base import TierBase, no_release
 from .codec import REMOTE_FORMAT
@@ -116,9 +118,16 @@ class ObjectStoreTier(TierBase):
             return self._store
 
     def name(self, key: str) -> str:
-        """The object of an entry in the bucket: ``<path>/v3/<key>`` (in :attr:`store`, whose
-        paths are under :attr:`prefix`, it is ``key``; its build lock is ``<key>.lock``)."""
-        return f"{self.prefix}/{key}"
+        """The object of an entry in the bucket: ``<path>/v3/<group>/<key>`` (in :attr:`store`,
+        whose paths are under :attr:`prefix`, it is :meth:`path`; its build lock is that plus
+        ``.lock``)."""
+        return f"{self.prefix}/{self.path(key)}"
+
+    @staticmethod
+    def path(key: str) -> str:
+        """The object of an entry in :attr:`store`: under its key's group (see
+        :func:`kernelcache.keys.group_of`), with the companions derived from its key."""
+        return f"{group_of(key)}/{key}"
 
     # -- failure policy -------------------------------------------------------------------
     def _usable(self, shard: str = "") -> bool:
@@ -174,14 +183,17 @@ class ObjectStoreTier(TierBase):
     # -- the RemoteTier interface ---------------------------------------------------------
     def _fetch(self, key: str) -> tuple[bytes | int | None, bool]:
         return self._call(
-            "get", lambda store: read_object(store, key, self.where.max_size, self.where.timeout)
+            "get",
+            lambda store: read_object(
+                store, self.path(key), self.where.max_size, self.where.timeout
+            ),
         )
 
     def _discard(self, key: str) -> None:
         if not self.read_only:
             import obstore
 
-            self._call("delete", lambda store: obstore.delete(store, key))
+            self._call("delete", lambda store: obstore.delete(store, self.path(key)))
 
     def _send(self, key: str, value: bytes, replace: bool) -> tuple[bool, bool]:
         """Store ``value`` unless the key is there already (the first writer wins), or
@@ -195,7 +207,7 @@ class ObjectStoreTier(TierBase):
         import obstore
         from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
 
-        path = key
+        path = self.path(key)
         if replace:
             obstore.put(store, path, value)
             return True
@@ -223,13 +235,13 @@ class ObjectStoreTier(TierBase):
             return no_release
         if not self._writable():
             return None
-        found, failed = self._call("lock", lambda store: _exists(store, key))
+        found, failed = self._call("lock", lambda store: _exists(store, self.path(key)))
         if failed:
             return None
         if found:
             self._bump(lock_ready=1)
             return no_release
-        lock = f"{key}.lock"
+        lock = f"{self.path(key)}.lock"
         token = uuid.uuid4().hex
         made, failed = self._call("lock", lambda store: self._put_lock(store, lock, token, None))
         if failed:

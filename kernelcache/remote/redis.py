@@ -38,6 +38,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
+from ..keys import GROUP_CHARS, group_of
 from ..process import HOST
 from .base import TierBase, logger, no_release
 from .redis_bounds import Budget, _bounded
@@ -400,10 +401,11 @@ class RedisTier(TierBase):
 
     # -- the RemoteTier interface ---------------------------------------------------------
     def name(self, key: str) -> str:
-        """The Redis key of an entry (on a cluster, the key is a hash tag: its lock, the
-        entry's name plus ``:lock``, is in the same slot)."""
+        """The Redis key of an entry (on a cluster, the key's group is a hash tag: the entry,
+        its lock, the entry's name plus ``:lock``, and the companions derived from its key
+        share one slot)."""
         if self.cluster:
-            return f"{self.options.prefix}{{{key}}}"
+            return f"{self.options.prefix}{{{group_of(key)}}}{key[GROUP_CHARS:]}"
         return self.options.prefix + key
 
     def _fetch(self, key: str) -> tuple[bytes | int | None, bool]:
