@@ -200,8 +200,10 @@ def test_a_job_with_a_killed_primary_builds_the_other_shards_keys_once(tmp_path)
         expected = 2 if shard == dead else 1
         assert {k: job.builds[k] for k in shard_keys} == dict.fromkeys(shard_keys, expected)
     warned = job.warnings("unavailable")
-    assert warned and all(f"shard {dead} unavailable" in w for w in warned), warned
+    assert warned and all(f"shard {dead}" in w for w in warned), warned
     assert all(len([w for w in r["warnings"] if "unavailable" in w]) <= 1 for r in job.results)
+    # the processes of a node share the breaker: at most one per node found the shard down
+    assert sum(r["tier"].get("breaker_trips", 0) for r in job.results) <= 2
     assert all(r["tier"].get("breaker_trips", 0) <= 1 for r in job.results)
     assert job.seconds < 5.0, job.seconds
 

@@ -6,7 +6,7 @@ leases of the build locks a process holds.
 Failures are per shard: a tier's keys may live on several servers (a Redis Cluster's
 primaries), and a shard that fails is skipped for ``breaker`` seconds while the others serve
 (the shard ``""`` is the whole tier: a single server, a bucket, a cluster whose slot map cannot
-be read). A build lock is a lease: its holder renews it every third of ``lease`` from a
+be read), by every process of the cache root (:mod:`.breakers`). A build lock is a lease: its holder renews it every third of ``lease`` from a
 background thread (for at most ``lock_ttl``), so the lock of a holder that stops (killed,
 stopped, cut off) goes away within ``lease``, and a release is sent whatever failed before it.
 
@@ -32,6 +32,7 @@ from .. import stats
 from ..keys import check_ext, check_key
 from ..problem import Problem
 from ..process import warn_once
+from .breakers import SharedBreakers
 from .codec import authenticate, decode_value, make_value
 from .tier import Busy, Claim, wait_for
 
@@ -147,6 +148,8 @@ class TierBase:
         self.read_only = read_only
         self._signing_key = signing_key
         self._stats_root = stats_root or f"remote:{self.label}"
+        #: the breakers every process of the root shares (see :mod:`.breakers`)
+        self._shared = SharedBreakers(stats_root, self.label)
         self._breaker = breaker
         self._max_size = max_size
         self.lease = lease
@@ -184,11 +187,27 @@ class TierBase:
     # -- failure policy -------------------------------------------------------------------
     def _usable(self, shard: str = "") -> bool:
         """False while the circuit breaker of the tier, or of ``shard``, is open (it failed
-        recently)."""
+        recently, in this process or in another one of its root: :mod:`.breakers`)."""
         now = time.monotonic()
         if now < self._down.get("", 0.0) or (shard and now < self._down.get(shard, 0.0)):
             self._bump(skipped=1)
             return False
+        for which in ("", shard) if shard else ("",):
+            until = self._shared.until(which, self._breaker)
+            if until:
+                with self._lock:
+                    self._down[which] = now + (until - time.time())
+                self._bump(skipped=1)
+                where = f"{self.url} (shard {which})" if which else self.url
+                warn_once(
+                    logger,
+                    (self.url, "unavailable-shared", which),
+                    "kernelcache: remote cache %s is skipped for %.0fs: another process of this "
+                    "node found it unavailable",
+                    where,
+                    until - time.time(),
+                )
+                return False
         return True
 
     def _writable(self, shard: str = "") -> bool:
@@ -207,6 +226,7 @@ class TierBase:
         stats.count(self._stats_root, remote_errors=1)
         with self._lock:
             self._down[shard] = time.monotonic() + self._breaker
+        self._shared.trip(shard, self._breaker)
         self._bump(errors=1, breaker_trips=1, timeouts=int(timeout))
         if not shard:
             self._warn(
