@@ -15,13 +15,21 @@ from pathlib import Path
 
 import pytest
 from object_store import S3_ENV, MotoS3, moto_available, s3_env
-from redis_server import REDIS_SERVER, SKIP_REASON, RedisClusterServers, RedisServer, free_port
+from redis_server import (
+    REDIS_SERVER,
+    SKIP_REASON,
+    RedisClusterServers,
+    RedisServer,
+    blackhole,
+    free_port,
+)
 from remote_job import run_job
 from test_remote import key_of
 
 import kernelcache
 from kernelcache import stats
 from kernelcache.remote import LayeredTier, ObjectStoreTier, RedisTier, open_remote
+from kernelcache.remote.codec import decode_value, make_value
 
 pytestmark = [
     pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON),
@@ -199,3 +207,64 @@ def test_bundles_go_to_and_come_from_a_bucket(s3, tmp_path):
     assert missing.returncode == 1 and "no object" in missing.stderr
     both = _run_cli("import", "x.tar", "--from", url, root=dest, extra=_s3_env())
     assert both.returncode == 2 and "either FILE or --from" in both.stderr
+
+
+def test_a_hung_bucket_below_a_healthy_redis_costs_sparse_lookups_a_quarter_second(redis, tmp_path):
+    """Decisions, remembered failures and memos are usually absent: a miss of one in Redis
+    does not wait for a bucket that stopped answering (timeout 3 s): 0.25 s at most, and
+    none at all once the bucket's breaker opened; a kernel lookup still asks the bucket."""
+    import bridge.entries.kinds  # noqa: F401  (declares the bridge's usually absent kinds)
+    from kernelcache.remote.layered import SPARSE_WAIT
+
+    with s3_env(), blackhole() as port:
+        bucket = f"s3://hung/kc?endpoint=http://127.0.0.1:{port}&region=us-east-1&timeout=3s"
+        cache = kernelcache.Cache(tmp_path / "root", (), f"{redis.url} {bucket}")
+        took = []
+        for i, ext in enumerate(("decision", "failure", "ident", "sample")):
+            start = time.monotonic()
+            assert cache.get(key_of(600 + i), ext, counted=False) is None
+            took.append(time.monotonic() - start)
+        assert all(t < SPARSE_WAIT + 0.2 for t in took), took
+        start = time.monotonic()
+        assert cache.get(key_of(610), "bin") is None  # a kernel: the bucket is asked
+        assert 2.5 < time.monotonic() - start < 5.0
+        start = time.monotonic()
+        assert cache.get(key_of(611), "decision", counted=False) is None
+        assert time.monotonic() - start < 0.1, "the bucket's breaker is open: not asked"
+
+
+def test_a_late_answer_of_a_sparse_lookup_is_copied_up(redis, tmp_path):
+    """A bucket slower than the wait still answers: the entry it had is copied to Redis, so
+    the next lookup finds it there."""
+
+    class Slow:
+        read_only = True
+
+        def __init__(self, found):
+            self.found = found
+
+        def get(self, key, ext):
+            time.sleep(0.6)
+            return self.found
+
+        def put(self, key, ext, data, meta):
+            return False
+
+        def acquire(self, key, timeout):
+            return None
+
+    import bridge.entries.kinds  # noqa: F401  (declares the bridge's usually absent kinds)
+
+    key = key_of(620)
+    value = make_value(key, "decision", b'{"x": 1}', {"kind": "decision"}, None)
+    entry = decode_value(value, key)
+    assert isinstance(entry, tuple)
+    redis_tier = open_remote(redis.url)
+    layered = LayeredTier([redis_tier, Slow(entry)])
+
+    assert layered.get(key, "decision") is None  # not waited for
+    deadline = time.monotonic() + 5
+    while redis_tier.get(key, "decision") is None:
+        assert time.monotonic() < deadline, "the late answer was not copied up"
+        time.sleep(0.05)
+    assert layered.get(key, "decision")[0] == b'{"x": 1}'

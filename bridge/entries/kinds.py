@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 
 from kernelcache.keys import GROUP_CHARS, KEY_PATTERN, group_of
+from kernelcache.remote.tier import declare_sparse
 
 #: the PTX a CUDA kernel was compiled from, beside it (:mod:`bridge.compile.fetch`)
 PTX = "ptx"
@@ -37,6 +38,8 @@ MEMO = "ident"
 
 #: every extension above
 EXTENSIONS = (PTX, FAILURE, LOWERING, VARIANTS, PROGRAM, DECISION, SAMPLE, MEMO)
+#: those usually absent when looked up: a miss of one must not wait on a slow remote tier
+declare_sparse(FAILURE, DECISION, SAMPLE, MEMO)
 
 
 def derived_key(key: str, role: str) -> str:

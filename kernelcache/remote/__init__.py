@@ -30,7 +30,7 @@ from .registry import (
     schemes,
     split_urls,
 )
-from .tier import Busy, RemoteTier, TierClass
+from .tier import Busy, RemoteTier, TierClass, declare_sparse
 from .url import (
     CLIENT_OPTIONS,
     OPTIONS,
@@ -76,6 +76,7 @@ __all__ = [
     "authenticate",
     "check_entry",
     "check_url",
+    "declare_sparse",
     "decode_value",
     "encode_value",
     "make_value",

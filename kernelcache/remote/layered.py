@@ -5,7 +5,11 @@ the job does not wait for it.
 Invariants: a tier that raises is a tier that missed (one warning per tier); what a lower tier
 returns is checked (:func:`~kernelcache.remote.codec.check_entry`) before it is copied up;
 read-only tiers are never written; backfill never blocks a caller (a full queue drops copies)
-and is given a bounded time at exit. A key's build lock is taken in the first writable tier
+and is given a bounded time at exit. A lookup of an entry that is usually absent (a decision, a
+remembered failure, a memo: :func:`~kernelcache.remote.tier.declare_sparse`) waits at most
+:data:`SPARSE_WAIT` for each tier below the first: a slow or hung tier costs it a quarter of a
+second, not the tier's timeout, and an answer that comes later is copied up for the next
+lookup. A key's build lock is taken in the first writable tier
 that can give it: where a tier (or the key's shard in it) is unavailable, the next writable
 tier's lock keeps one builder across the job.
 """
@@ -26,12 +30,16 @@ from .. import stats
 from ..process import warn_once
 from .base import logger, no_release, tier_label
 from .codec import check_entry
-from .tier import Busy, Claim, RemoteTier, try_lock, wait_for
+from .tier import SPARSE_EXTS, Busy, Claim, RemoteTier, try_lock, wait_for
 
 #: copies waiting to be made at most; more are dropped (a later hit copies them again)
 BACKFILL_QUEUE = 256
 #: seconds a process waits at exit for the copies it queued
 EXIT_WAIT = 2.0
+#: seconds a lookup of a usually absent entry (:data:`~kernelcache.remote.tier.SPARSE_EXTS`)
+#: waits for a tier below the first, and how many such lookups may run at once
+SPARSE_WAIT = 0.25
+SPARSE_CALLS = 8
 
 _Copy = tuple[list[RemoteTier], str, str, bytes, dict[str, Any]]
 
@@ -61,6 +69,8 @@ class LayeredTier:
         self._worker: threading.Thread | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        #: lookups of usually absent entries running in the background, at most
+        self._sparse = threading.BoundedSemaphore(SPARSE_CALLS)
         _live.add(self)
 
     def __repr__(self) -> str:
@@ -94,26 +104,78 @@ class LayeredTier:
     # -- the RemoteTier interface ---------------------------------------------------------
     def get(self, key: str, ext: str) -> tuple[bytes, dict[str, Any]] | None:
         for index, tier in enumerate(self.tiers):
-            found = self._safely(tier, "get", key, ext)
+            if index and ext in SPARSE_EXTS:
+                found = self._briefly(tier, key, ext, self.tiers[:index])
+            else:
+                found = self._safely(tier, "get", key, ext)
             if found is None:
                 continue
-            checked = check_entry(found, key, ext)
-            if isinstance(checked, str):
-                stats.count_tier(self._stats_root, label_of(tier), errors=1)
-                warn_once(
-                    logger,
-                    (label_of(tier), "bad-entry"),
-                    "kernelcache: the remote tier %s returned a bad entry (%s): %s",
-                    label_of(tier),
-                    key,
-                    checked,
-                )
+            checked = self._checked(tier, key, ext, found)
+            if checked is None:
                 continue
             above = [t for t in self.tiers[:index] if writable(t)]
             if above:
                 self._backfill((above, key, ext, *checked))
             return checked
         return None
+
+    def _briefly(
+        self, tier: RemoteTier, key: str, ext: str, upper: Sequence[RemoteTier]
+    ) -> tuple[bytes, dict[str, Any]] | None:
+        """``tier.get(key, ext)`` of a usually absent entry, waited for :data:`SPARSE_WAIT`
+        seconds at most: an answer that comes later is copied to the writable tiers above
+        (``upper``), for the next lookup. A lookup of a tier that has :data:`SPARSE_CALLS`
+        such lookups running already is not made (a miss)."""
+        if not self._sparse.acquire(blocking=False):
+            return None
+        ready = threading.Event()
+        handoff = threading.Lock()
+        # [the answer, whether the caller stopped waiting for it]
+        state: list[Any] = [None, False]
+
+        def ask() -> None:
+            try:
+                found = self._safely(tier, "get", key, ext)
+                with handoff:
+                    state[0] = found
+                    late = state[1]
+                    ready.set()
+                above = [t for t in upper if writable(t)]
+                if late and found is not None and above:
+                    checked = self._checked(tier, key, ext, found)
+                    if checked is not None:
+                        self._backfill((above, key, ext, *checked))
+            finally:
+                self._sparse.release()
+
+        threading.Thread(target=ask, name="kernelcache-sparse-get", daemon=True).start()
+        ready.wait(SPARSE_WAIT)
+        with handoff:
+            if ready.is_set():
+                found: tuple[bytes, dict[str, Any]] | None = state[0]
+                return found
+            state[1] = True  # from now on, an answer is late
+        stats.count_tier(self._stats_root, label_of(tier), skipped=1)
+        return None
+
+    def _checked(
+        self, tier: RemoteTier, key: str, ext: str, found: tuple[bytes, dict[str, Any]]
+    ) -> tuple[bytes, dict[str, Any]] | None:
+        """``found`` (what ``tier`` returned for ``key``) if it is a whole entry, else None
+        (counted, warned once)."""
+        checked = check_entry(found, key, ext)
+        if isinstance(checked, str):
+            stats.count_tier(self._stats_root, label_of(tier), errors=1)
+            warn_once(
+                logger,
+                (label_of(tier), "bad-entry"),
+                "kernelcache: the remote tier %s returned a bad entry (%s): %s",
+                label_of(tier),
+                key,
+                checked,
+            )
+            return None
+        return checked
 
     def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> bool:
         stored = False
