@@ -278,9 +278,10 @@ def _cluster_ports(count: int) -> list[int]:
 
 
 class RedisClusterServers:
-    """A Redis Cluster of ``size`` primaries (no replicas) on 127.0.0.1, every slot assigned:
-    ``size`` redis-server processes in cluster mode, each given a range of slots, then joined.
-    ``url`` is ``redis+cluster://127.0.0.1:p1,127.0.0.1:p2,...``.
+    """A Redis Cluster of ``size`` primaries on 127.0.0.1, every slot assigned, with
+    ``replicas`` replicas of each (``nodes``: the primaries first, then the replicas):
+    redis-server processes in cluster mode, each primary given a range of slots, then joined.
+    ``url`` is ``redis+cluster://127.0.0.1:p1,127.0.0.1:p2,...`` (every node).
 
     Configured as docs/remote.md recommends for a cache: ``cluster-require-full-coverage no``
     (the primaries that are up keep serving their slots when one is down); ``full_coverage``
@@ -288,10 +289,16 @@ class RedisClusterServers:
     been unreachable for the node timeout (2 s here)."""
 
     def __init__(
-        self, directory: str | os.PathLike[str], size: int = 3, *, full_coverage: bool = False
+        self,
+        directory: str | os.PathLike[str],
+        size: int = 3,
+        *,
+        full_coverage: bool = False,
+        replicas: int = 0,
     ) -> None:
         self.directory = Path(directory)
         self.size = size
+        self.replicas = replicas
         self.full_coverage = full_coverage
         self.nodes: list[RedisServer] = []
 
@@ -300,7 +307,7 @@ class RedisClusterServers:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
 
     def start(self, timeout: float = 30.0) -> RedisClusterServers:
-        for port in _cluster_ports(self.size):
+        for port in _cluster_ports(self.size * (1 + self.replicas)):
             args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]
             args += ["--cluster-config-file", str(self.directory / f"nodes-{port}.conf")]
             if not self.full_coverage:
@@ -309,7 +316,7 @@ class RedisClusterServers:
             self.nodes.append(node.start())
         # what redis-cli --cluster create does, without its pauses: each node takes an equal
         # range of the 16384 slots and a config epoch of its own, then meets the first one
-        for i, node in enumerate(self.nodes):
+        for i, node in enumerate(self.nodes[: self.size]):
             first, last = i * 16384 // self.size, (i + 1) * 16384 // self.size - 1
             client = node.client()
             client.execute_command("CLUSTER ADDSLOTSRANGE", first, last)
@@ -317,12 +324,47 @@ class RedisClusterServers:
         for node in self.nodes[1:]:
             node.client().execute_command("CLUSTER MEET", "127.0.0.1", self.nodes[0].port)
         deadline = time.monotonic() + timeout
+        replicating = False
         while time.monotonic() < deadline:
             if all(self._state_ok(n) for n in self.nodes):
-                return self
+                if not replicating:  # replica j of primary j % size, once all know each other
+                    ids = [n.client().execute_command("CLUSTER MYID") for n in self.nodes]
+                    for j, node in enumerate(self.nodes[self.size :]):
+                        primary = ids[j % self.size]
+                        primary = primary.decode() if isinstance(primary, bytes) else primary
+                        node.client().execute_command("CLUSTER REPLICATE", primary)
+                    replicating = True
+                if all(self._replicating(n) for n in self.nodes[self.size :]):
+                    return self
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"the Redis Cluster did not come up; see {self.directory}")
+
+    @staticmethod
+    def _replicating(node: RedisServer) -> bool:
+        import redis
+
+        try:
+            info = node.client().info("replication")
+        except (OSError, redis.RedisError):
+            return False
+        return info.get("role") == "slave" and info.get("master_link_status") == "up"
+
+    def primary_of(self, client, name: str) -> RedisServer:
+        """The node that serves the slot of the Redis key ``name`` now, as the first running
+        node that answers says."""
+        import redis
+
+        slot = client.keyslot(name)
+        for node in self.nodes:
+            if node.process is None or node.process.poll() is not None:
+                continue  # killed (redis-py would retry a refused connection for a while)
+            with contextlib.suppress(OSError, redis.RedisError):
+                for first, last, *owner in node.client().execute_command("CLUSTER SLOTS"):
+                    if first <= slot <= last:
+                        port = int(owner[0][1])
+                        return next(n for n in self.nodes if n.port == port)
+        raise LookupError(f"no node serves {name}")
 
     def _state_ok(self, node: RedisServer) -> bool:
         """Whether ``node`` sees the whole cluster: state ok, every node known and every slot

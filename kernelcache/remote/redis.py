@@ -27,6 +27,7 @@ Invariants (docs/remote.md says more):
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import random
@@ -59,6 +60,12 @@ from .tier import Busy, Claim
 from .url import cluster_nodes, parse_url, redact, scrub, secrets_of
 
 USAGE_SCAN_LIMIT = 100_000
+#: while a cluster's shard is down, how often its slot map is read again (a replica that took
+#: its slots over serves them from then on)
+FAILOVER_POLL = 0.5
+#: how many fallback slots a group is given while its own shard is down (the first whose shard
+#: is up serves)
+FALLBACKS = 4
 
 
 def _strlens(client: Any, names: list[bytes]) -> list[int]:
@@ -131,6 +138,8 @@ class RedisTier(TierBase):
         self._slots: list[tuple[int, int, str]] | None = None
         #: a cluster's primaries by "host:port": their clients
         self._primaries: dict[str, Any] = {}
+        #: when the slot map may be read again while a shard is down (see :meth:`_route`)
+        self._next_refresh = 0.0
 
     def _common(self) -> dict[str, Any]:
         """What every redis-py connection of this tier is made with."""
@@ -199,7 +208,9 @@ class RedisTier(TierBase):
         """
         names = {f"{host}:{port}" for host, port in cluster_nodes(self._address)}
         names.update(self._primaries)
+        now = time.monotonic()
         order = random.sample(sorted(names), len(names))
+        order.sort(key=lambda name: now < self._down.get(name, 0.0))  # those known down last
         budget, errors = self._budget, self._errors
         budget.deadline = time.monotonic() + self._topology_budget()
         failure: Exception = errors.ConnectionError("the cluster names no node")
@@ -216,13 +227,12 @@ class RedisTier(TierBase):
         finally:
             budget.deadline = budget.left = None
 
-    def _route(self, key: str | None) -> tuple[Any, str]:
+    def _route(self, key: str | None, name: str | None = None) -> tuple[Any, str]:
         """``(the client that serves key, its shard)``: the tier's client and "" on a single
         server; on a cluster, the client of the primary that serves the key's slot and that
         primary's ``host:port`` (for ``key`` None, any primary), or ``(None, UNSERVED)`` for
         a slot the map gives no primary (a failed one may be left out). The slot map is read
-        at the first call, and again when a shard's breaker has closed (a failover may have
-        moved its slots).
+        at the first call, and again as :meth:`name` says.
 
         Raises:
             what redis-py raises, or ValueError, when the slot map cannot be read.
@@ -236,14 +246,8 @@ class RedisTier(TierBase):
         slots = self._slots
         if key is None:
             return self._primary(slots[0][2]), slots[0][2]
-        name = _serving(slots, self.name(key))
-        until = self._down.get(name)
-        if until is not None and time.monotonic() >= until:
-            with self._lock:
-                self._down.pop(name, None)
-            self._refresh_slots()
-            name = _serving(self._slots or slots, self.name(key))
-        return (None if name == UNSERVED else self._primary(name)), name
+        shard = _serving(self._slots or slots, name or self.name(key))  # (name() may read it)
+        return (None if shard == UNSERVED else self._primary(shard)), shard
 
     def _refresh_slots(self) -> None:
         """Read a cluster's slot map again; a failure keeps the map it had."""
@@ -297,19 +301,21 @@ class RedisTier(TierBase):
         *args: Any,
         limit: int = REPLY_LIMIT,
         write: bool = False,
+        name: str | None = None,
     ) -> tuple[Any, bool]:
         """``(fn(client, *args), False)`` on the client that serves ``key`` (None: the tier's),
         or ``(None, True)`` after a Redis, socket or protocol failure, which is accounted for
         (counters, the breaker of the key's shard, one warning), or while that breaker is
         open (or, for a ``write``, while that shard refuses writes). The call may take
         ``timeout`` seconds in all (plus the time to connect) and read ``limit`` reply bytes.
-        A ``MOVED`` reply reads the slot map again and is followed once."""
+        A ``MOVED`` reply reads the slot map again and is followed once. ``name``: the Redis
+        key whose slot the call touches (default: the entry's, :meth:`name`)."""
         errors = self._errors
         client: Any = None
         shard, error, overrun = "", None, False
         for _ in range(2):
             try:
-                client, shard = self._route(key)
+                client, shard = self._route(key, name)
             except (errors.RedisError, OSError, ValueError) as e:
                 self._failed(what, e, False, "", None)  # no slot map: the whole tier
                 return None, True
@@ -403,10 +409,43 @@ class RedisTier(TierBase):
     def name(self, key: str) -> str:
         """The Redis key of an entry (on a cluster, the key's group is a hash tag: the entry,
         its lock, the entry's name plus ``:lock``, and the companions derived from its key
-        share one slot)."""
-        if self.cluster:
-            return f"{self.options.prefix}{{{group_of(key)}}}{key[GROUP_CHARS:]}"
-        return self.options.prefix + key
+        share one slot). While the shard of that slot is down, the group's fallback on a shard
+        that is up: so the processes of every node keep one builder per key, and read what
+        it published, until the shard is back (or a replica took its slots over)."""
+        if not self.cluster:
+            return self.options.prefix + key
+        home = f"{self.options.prefix}{{{group_of(key)}}}{key[GROUP_CHARS:]}"
+        if self._slots is None or not self._shard_down(home):
+            return home
+        for i in range(FALLBACKS):
+            tag = hashlib.sha256(f"{group_of(key)}:fallback:{i}".encode()).hexdigest()
+            name = f"{self.options.prefix}{{{tag[:GROUP_CHARS]}}}{key}"
+            if not self._shard_down(name, refresh=False):
+                return name
+        return home
+
+    def _shard_down(self, name: str, *, refresh: bool = True) -> bool:
+        """Whether the shard that serves the Redis key ``name`` is known down (its breaker
+        is open). With ``refresh``, the slot map is read again when that breaker has
+        closed, and at most every :data:`FAILOVER_POLL` seconds while it is open: a replica
+        may have taken the shard's slots over."""
+        slots = self._slots
+        if not slots:
+            return False
+        shard = _serving(slots, name)
+        until = self._down.get(shard)
+        if until is None:
+            return False
+        now = time.monotonic()
+        if refresh and (now >= until or now >= self._next_refresh):
+            if now >= until:
+                with self._lock:
+                    self._down.pop(shard, None)
+            self._next_refresh = now + FAILOVER_POLL
+            self._refresh_slots()
+            shard = _serving(self._slots or slots, name)
+            until = self._down.get(shard)
+        return until is not None and time.monotonic() < until
 
     def _fetch(self, key: str) -> tuple[bytes | int | None, bool]:
         limit = self.options.max_size
@@ -473,7 +512,7 @@ class RedisTier(TierBase):
 
     def _renew(self, key: str, lock: str, token: str, seconds: float) -> bool | None:
         renewed, failed = self._call(
-            "renew", key, self._eval, "renew", [lock], [token, _ms(seconds)]
+            "renew", key, self._eval, "renew", [lock], [token, _ms(seconds)], name=lock
         )
         return None if failed else bool(renewed)
 
@@ -481,7 +520,9 @@ class RedisTier(TierBase):
         """Delete the lock if this owner still holds it; sent whatever failed before (on
         another shard, or a put), skipped only while the lock's own shard is known down (the
         lock then lapses within its lease)."""
-        released, failed = self._call("unlock", key, self._eval, "release", [lock], [token])
+        released, failed = self._call(
+            "unlock", key, self._eval, "release", [lock], [token], name=lock
+        )
         if not failed and not released:
             self._bump(locks_lost=1)
             logger.debug("kernelcache: build lock %s had expired before its release", lock)
