@@ -136,8 +136,11 @@ def variant_key(kernel: int, variant: int) -> str:
 
 
 def ptx_key(key: str) -> str:
-    """The key of a variant's PTX (a companion entry, stored first)."""
-    return hashlib.sha256(f"{key}:ptx".encode()).hexdigest()
+    """The key of a variant's PTX (a companion entry, stored first), as the bridge on the
+    worker's path derives it (a peer's own way)."""
+    from bridge.entries.kinds import derived_key
+
+    return derived_key(key, "ptx")
 
 
 def lower_synthetic(cache: Any, cfg: dict[str, Any], *, prepare: bool = False, **_: Any) -> Any:
