@@ -243,7 +243,7 @@ class TierBase:
             logger,
             (self.url, "unavailable", shard),
             "kernelcache: remote cache %s: shard %s unavailable during %s (%s); the keys it "
-            "holds are built and kept locally (the other shards still serve), and it is not "
+            "holds are kept elsewhere meanwhile (the other shards still serve), and it is not "
             "asked again for %gs",
             self.url,
             shard,
