@@ -27,7 +27,6 @@ Invariants (docs/remote.md says more):
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import random
@@ -39,10 +38,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
-from ..keys import GROUP_CHARS, group_of
 from ..process import HOST
 from .base import TierBase, logger, no_release
 from .redis_bounds import Budget, _bounded
+from .redis_keys import count_entries, entry_name, fallback_names
 from .redis_scripts import (
     _BROKEN,
     _READY,
@@ -63,17 +62,6 @@ USAGE_SCAN_LIMIT = 100_000
 #: while a cluster's shard is down, how often its slot map is read again (a replica that took
 #: its slots over serves them from then on)
 FAILOVER_POLL = 0.5
-#: how many fallback slots a group is given while its own shard is down (the first whose shard
-#: is up serves)
-FALLBACKS = 4
-
-
-def _strlens(client: Any, names: list[bytes]) -> list[int]:
-    """The length of each value of ``names``, in one round trip."""
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.strlen(name)
-    return list(pipe.execute())
 
 
 class RedisTier(TierBase):
@@ -377,32 +365,14 @@ class RedisTier(TierBase):
         one pipeline a batch, stopping after ``limit`` keys (``complete`` false: at least that
         many); ``server_keys``: every key of the database, from ``DBSIZE`` (O(1)). A cluster
         is not scanned (its keys are spread over nodes): only None values. Never raises."""
-        out: dict[str, Any] = {"entries": None, "bytes": None, "complete": False}
         if self.cluster:
-            out["server_keys"] = None
-            return out
+            return {"entries": None, "bytes": None, "complete": False, "server_keys": None}
         client = self._single
         size, error, _ = self._attempt(client, lambda c: c.dbsize())
+        out = count_entries(
+            lambda fn, *args: self._attempt(client, fn, *args), self.options.prefix, limit
+        )
         out["server_keys"] = int(size) if error is None else None
-        pattern = f"{self.options.prefix}*"
-        cursor, entries, total = 0, 0, 0
-        while True:
-            found, error, _ = self._attempt(
-                client, lambda c, at=cursor: c.scan(cursor=at, match=pattern, count=1000)
-            )
-            if error is not None:
-                return out
-            cursor, names = found
-            names = [n for n in names if not n.endswith(b":lock")]
-            if names:
-                lengths, error, _ = self._attempt(client, _strlens, names)
-                if error is not None:
-                    return out
-                entries += len(names)
-                total += sum(int(n) for n in lengths)
-            if int(cursor) == 0 or entries >= limit:
-                break
-        out.update(entries=entries, bytes=total, complete=int(cursor) == 0)
         return out
 
     # -- the RemoteTier interface ---------------------------------------------------------
@@ -412,17 +382,11 @@ class RedisTier(TierBase):
         share one slot). While the shard of that slot is down, the group's fallback on a shard
         that is up: so the processes of every node keep one builder per key, and read what
         it published, until the shard is back (or a replica took its slots over)."""
-        if not self.cluster:
-            return self.options.prefix + key
-        home = f"{self.options.prefix}{{{group_of(key)}}}{key[GROUP_CHARS:]}"
-        if self._slots is None or not self._shard_down(home):
+        home = entry_name(self.options.prefix, key, self.cluster)
+        if not self.cluster or self._slots is None or not self._shard_down(home):
             return home
-        for i in range(FALLBACKS):
-            tag = hashlib.sha256(f"{group_of(key)}:fallback:{i}".encode()).hexdigest()
-            name = f"{self.options.prefix}{{{tag[:GROUP_CHARS]}}}{key}"
-            if not self._shard_down(name, refresh=False):
-                return name
-        return home
+        fallback = fallback_names(self.options.prefix, key)
+        return next((n for n in fallback if not self._shard_down(n, refresh=False)), home)
 
     def _shard_down(self, name: str, *, refresh: bool = True) -> bool:
         """Whether the shard that serves the Redis key ``name`` is known down (its breaker
