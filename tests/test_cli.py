@@ -237,8 +237,12 @@ def test_ls_filters_sorts_and_json(populated):
     lru = kc_json(populated, "ls", "--sort", "last-used")["entries"]
     stamps = [e["last_used"] for e in lru]
     assert stamps == sorted(stamps) and lru[0]["kernel"] == "matmul"
-    rev = kc_json(populated, "ls", "--sort", "last-used", "--reverse", "--limit", "2")["entries"]
+    limited = kc_json(populated, "ls", "--sort", "last-used", "--reverse", "--limit", "2")
+    rev = limited["entries"]
     assert [e["kernel"] for e in rev] == ["attn", "softmax"]
+    assert limited["count"] == 2 and limited["matched"] == len(lru)
+    said = kc(populated, "ls", "--limit", "2").stdout.splitlines()[-1]
+    assert said.startswith(f"2 of {len(lru)} entries (--limit), "), said
     only = kc_json(populated, "ls", "--kernel", "softmax", "--target", "hip:gfx942")
     assert only["count"] == 3 and {e["kernel"] for e in only["entries"]} == {"softmax"}
     both = kc_json(populated, "ls", "--target", "cuda:80", "--target", "hip:gfx942")

@@ -113,6 +113,7 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
     missed = unmatched(scanned.table, args.kernel or (), args.target or ())
     sort_key, descending = SORTS[args.sort]
     entries.sort(key=sort_key, reverse=descending != args.reverse)
+    matched = len(entries)
     if args.limit is not None:
         entries = entries[: args.limit]
     now = time.time()
@@ -149,12 +150,16 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
             )
         total = sum(e.nbytes for e in entries)
         table = format_table(rows, right=(2,))
-        return table + f"\n{plural(len(entries), 'entry')}, {human_size(total)}" + problems()
+        shown = plural(len(entries), "entry")
+        if matched > len(entries):  # --limit cut the list
+            shown = f"{len(entries):,} of {plural(matched, 'entry')} (--limit)"
+        return table + f"\n{shown}, {human_size(total)}" + problems()
 
     doc = {
         **envelope("ls", root),
         "exists": scanned.exists,
         "count": len(entries),
+        "matched": matched,
         "bytes": sum(e.nbytes for e in entries),
         "entries": [{**e.to_json(), "path": os.path.join(root, e.filename)} for e in entries],
         "problems": [i.to_json() for i in unusable],
