@@ -287,6 +287,28 @@ def test_oversized_member(source, tmp_path):
     assert kc_json(fresh, "import", str(bundle), "--max-member-size", "4M")["imported"] == 1
 
 
+def test_a_truncated_bundle_is_called_truncated(source, tmp_path):
+    """A copy cut short, wherever the cut falls, is named as such (not "not a tar archive"),
+    with what to do; a plain tar cut inside a member too."""
+    bundle = tmp_path / "b.tar.zst"
+    kc_json(source, "export", str(bundle))
+    raw = bundle.read_bytes()
+    for cut in (20, len(raw) // 4, len(raw) // 2, len(raw) - 10):
+        truncated = tmp_path / f"cut{cut}.tar.zst"
+        truncated.write_bytes(raw[:cut])
+        proc = kc(tmp_path / "fresh", "import", str(truncated))
+        assert proc.returncode == 1, (cut, proc.stderr)
+        assert "truncated" in proc.stderr and "copy it again" in proc.stderr, (cut, proc.stderr)
+        assert "not a tar archive" not in proc.stderr
+    assert files_under(tmp_path / "fresh") == set()
+    plain = tmp_path / "b.tar"
+    kc_json(source, "export", str(plain))
+    data = plain.read_bytes()
+    (tmp_path / "cut.tar").write_bytes(data[: len(data.rstrip(b"\0")) - 100])
+    proc = kc(tmp_path / "fresh", "import", str(tmp_path / "cut.tar"))
+    assert proc.returncode == 1 and "truncated" in proc.stderr, proc.stderr
+
+
 def test_damaged_and_foreign_files(source, tmp_path):
     bundle = tmp_path / "b.tar"
     kc_json(source, "export", str(bundle))

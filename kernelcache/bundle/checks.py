@@ -126,7 +126,29 @@ def _open_tar(
     try:
         return tarfile.open(fileobj=stream, mode="r|"), stream, errors
     except errors as e:
+        if stream is not f and not _zstd_whole(f):
+            raise BundleError(TRUNCATED) from None
         raise BundleError(f"not a tar archive ({e})") from None
+
+
+#: what a bundle whose file ends before its data does is told
+TRUNCATED = "the bundle is truncated (its file ends before its data does): copy it again"
+
+
+def _zstd_whole(f: IO[bytes]) -> bool:
+    """Whether the zstd data in ``f`` ends where its frame does (False: cut short). Read in
+    chunks: only after the archive in it could not be read."""
+    zstd = _zstandard()
+    whole = zstd.ZstdDecompressor().decompressobj()
+    f.seek(0)
+    try:
+        while chunk := f.read(1 << 20):
+            whole.decompress(chunk)  # (thrown away: only where the frame ends matters)
+            if whole.eof:
+                return True
+    except zstd.ZstdError:
+        return True  # damaged, not cut short: the caller's message says so
+    return bool(whole.eof)
 
 
 def manifest_limit(sizes: Iterable[int]) -> int:
@@ -211,8 +233,10 @@ def _members(
                 None if strong is None else strong.digest(),
             )
     except EOFError:
-        raise BundleError("the bundle is truncated") from None
+        raise BundleError(TRUNCATED) from None
     except errors as e:
+        if stream is not f and not _zstd_whole(f):
+            raise BundleError(TRUNCATED) from None
         raise BundleError(f"the bundle is damaged: {e}") from None
     finally:
         tar.close()
