@@ -182,6 +182,20 @@ def test_doctor_and_import_on_a_missing_root(tmp_path):
     assert kc_json(root, "import", str(bundle))["imported"] == 1  # a write creates its root
 
 
+def test_doctor_says_what_is_wrong_with_the_root_once(tmp_path):
+    """A root that is a file is "not a directory" in the header as in the check, and a
+    missing one "does not exist yet" in both."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    said = kc(afile, "doctor").stdout
+    head = said.splitlines()[0]
+    assert head.endswith("(is not a directory)") and "does not exist" not in said, said
+    assert f"{afile} is not a directory" in said
+    missing = kc(tmp_path / "nosuch", "doctor").stdout
+    assert missing.splitlines()[0].endswith("(does not exist yet)")
+    assert "is not a directory" not in missing
+
+
 # -- future-dated files ----------------------------------------------------------------------
 def test_future_dated_quarantined_files_are_removed_by_age(tmp_path):
     root = tmp_path / "cache"

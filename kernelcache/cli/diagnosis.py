@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from .common import Context, Subparsers, add_command
 from .output import EXIT_OK, EXIT_PROBLEMS, Output, envelope, human_size, printable
@@ -42,7 +43,8 @@ def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
         if root is None:
             lines = ["Cache root:   (none: KERNELCACHE_DIR cannot be used)"]
         else:
-            lines = [f"Cache root:   {root}" + ("" if info["exists"] else " (does not exist)")]
+            state = "is not a directory" if os.path.lexists(root) else "does not exist yet"
+            lines = [f"Cache root:   {root}" + ("" if info["exists"] else f" ({state})")]
         if fs:
             lines.append(f"Filesystem:   {fs['type']} ({fs['source']} on {fs['mount_point']})")
         if info.get("free_bytes") is not None:
