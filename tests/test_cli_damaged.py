@@ -182,6 +182,21 @@ def test_doctor_and_import_on_a_missing_root(tmp_path):
     assert kc_json(root, "import", str(bundle))["imported"] == 1  # a write creates its root
 
 
+def test_a_misspelt_variable_is_said_by_every_command(tmp_path):
+    """KERNELCACHE_DIRR would silently leave the root at its default: every command says so
+    (doctor among its checks), and a declared variable (the bridge's too) is not flagged."""
+    put(tmp_path / "root", "k", size=310)
+    env = {"KERNELCACHE_DIRR": str(tmp_path / "x"), "KERNELCACHE_AUTOTUNE": "job"}
+    for args in (["ls"], ["stats"], ["verify"]):
+        proc = kc(tmp_path / "root", *args, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "KERNELCACHE_DIRR is not a kernelcache variable" in proc.stderr, args
+        assert "did you mean KERNELCACHE_DIR?" in proc.stderr
+        assert "KERNELCACHE_AUTOTUNE" not in proc.stderr
+    doctor = kc(tmp_path / "root", "doctor", env=env)
+    assert doctor.stderr.count("KERNELCACHE_DIRR") == 0 and "KERNELCACHE_DIRR" in doctor.stdout
+
+
 def test_doctor_says_what_is_wrong_with_the_root_once(tmp_path):
     """A root that is a file is "not a directory" in the header as in the check, and a
     missing one "does not exist yet" in both."""

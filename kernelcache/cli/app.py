@@ -78,6 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warn_unknown_variables() -> None:
+    """Say, on stderr, each ``KERNELCACHE_*`` variable set that nothing declares (a misspelt
+    one would silently leave its setting at the default)."""
+    from ..config import unknown_variables
+
+    for name, near in unknown_variables():
+        hint = f" (did you mean {near}?)" if near else ""
+        logging.getLogger("kernelcache").warning(
+            "kernelcache: %s is not a kernelcache variable: ignored%s", name, hint
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     parser = build_parser()
@@ -90,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler.setFormatter(_Formatter())
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), handlers=[handler])
     out = Output(args.json)
+    if args.command != "doctor":  # (doctor lists them among its checks)
+        _warn_unknown_variables()
     try:
         return int(args.func(args, out))
     except UsageError as e:
