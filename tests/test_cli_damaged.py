@@ -433,3 +433,18 @@ def test_doctor_reports_the_installed_filelock(tmp_path):
     doc = kc_json(root, "doctor")
     assert doc["versions"]["filelock"] == filelock.__version__
     assert {"name": "filelock", "status": "ok", "detail": filelock.__version__} in doc["checks"]
+
+
+def test_argument_mistakes_are_named_with_what_was_meant(tmp_path):
+    """A negative size is refused for being negative (not "expected one argument"); a
+    misspelt command or option gets the nearest one, and the command's own usage."""
+    proc = kc(tmp_path, "prune", "--max-size", "-5G")
+    assert proc.returncode == 2 and "invalid size '-5G'" in proc.stderr, proc.stderr
+    assert "expected one argument" not in proc.stderr
+    proc = kc(tmp_path, "stat")
+    assert proc.returncode == 2 and "did you mean 'stats'?" in proc.stderr, proc.stderr
+    proc = kc(tmp_path, "ls", "--kernal", "x")
+    assert proc.returncode == 2 and "did you mean --kernel?" in proc.stderr, proc.stderr
+    assert "kernelcache ls: error" in proc.stderr and "usage: kernelcache ls" in proc.stderr
+    proc = kc(tmp_path, "ls", "--limit", "-1")
+    assert proc.returncode == 2 and "invalid count '-1'" in proc.stderr, proc.stderr

@@ -10,8 +10,10 @@ package docstring for the conventions every command follows.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -63,8 +65,51 @@ class _Formatter(logging.Formatter):
         return super().formatMessage(record)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with the nearest command or option named after a misspelt one."""
+
+    def error(self, message: str) -> NoReturn:
+        wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if wrong:
+            choices = re.findall(r"'([^']*)'", wrong.group(2))
+            near = difflib.get_close_matches(wrong.group(1), choices, n=1)
+            if near:
+                message += f"; did you mean {near[0]!r}?"
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            options = [o for a in self._actions for o in a.option_strings]
+            for given in unknown.group(1).split():
+                near = difflib.get_close_matches(given.split("=")[0], options, n=1)
+                if given.startswith("-") and near:
+                    message += f"; did you mean {near[0]}?"
+                    break
+        super().error(message)
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of ``command`` (a subcommand of ``parser``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            found: argparse.ArgumentParser = action.choices[command]
+            return found
+    return parser
+
+
+def _joined_negatives(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--option -5G`` written ``--option=-5G``: argparse takes a value that
+    starts with a dash and is not a plain number for an option, and would say "expected one
+    argument" instead of what is wrong with the value."""
+    out: list[str] = []
+    for token in argv:
+        if out and re.match(r"-\d", token) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = Parser(
         prog="kernelcache",
         description="Inspect, verify, prune, export and import a kernelcache root.",
         parents=[common_options()],
@@ -93,7 +138,9 @@ def _warn_unknown_variables() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(_joined_negatives(sys.argv[1:] if argv is None else argv))
+    if extra:  # said by the command's own parser, with its usage
+        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     args.json = getattr(args, "json", False)
     args.root = getattr(args, "root", None)
     args.verbose = getattr(args, "verbose", 0)
