@@ -448,3 +448,7 @@ def test_argument_mistakes_are_named_with_what_was_meant(tmp_path):
     assert "kernelcache ls: error" in proc.stderr and "usage: kernelcache ls" in proc.stderr
     proc = kc(tmp_path, "ls", "--limit", "-1")
     assert proc.returncode == 2 and "invalid count '-1'" in proc.stderr, proc.stderr
+    from kernelcache.cli.app import _joined_negatives
+
+    given = ["run", "--", "python", "--seed", "-1"]  # a command's own arguments: as given
+    assert _joined_negatives(given) == given

@@ -100,7 +100,9 @@ def _joined_negatives(argv: Sequence[str]) -> list[str]:
     starts with a dash and is not a plain number for an option, and would say "expected one
     argument" instead of what is wrong with the value."""
     out: list[str] = []
-    for token in argv:
+    for i, token in enumerate(argv):
+        if token == "--":  # what follows is not ours (``kernelcache run -- COMMAND ...``)
+            return out + list(argv[i:])
         if out and re.match(r"-\d", token) and out[-1].startswith("--") and "=" not in out[-1]:
             out[-1] = f"{out[-1]}={token}"
         else:
