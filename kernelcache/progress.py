@@ -41,6 +41,14 @@ class _Bar:
         self._bar.total = total
         self._bar.refresh()
 
+    @property
+    def done(self) -> int:
+        return int(self._bar.n)
+
+    @property
+    def total(self) -> int | None:
+        return None if self._bar.total is None else int(self._bar.total)
+
 
 class _Lines:
     """Plain progress lines, at most one per ``interval`` seconds (called from any thread)."""
@@ -104,6 +112,27 @@ def hint_once(stream: IO[str]) -> None:
         stream.write(HINT + "\n")
 
 
+#: the operation under way in this process: its description, reporter and unit (for a message
+#: when the command is interrupted)
+_current: tuple[str, _Bar | _Lines, str] | None = None
+#: the last operation that an exception (Ctrl-C) stopped
+_stopped: tuple[str, _Bar | _Lines, str] | None = None
+
+
+def interrupted() -> str:
+    """What to say when the command is interrupted: how far the operation under way got, and
+    that a re-run finishes the work (what was done is kept)."""
+    found = _current or _stopped
+    if found is None:
+        return "kernelcache: interrupted; what was done is kept: run the command again to finish"
+    desc, reporter, unit = found
+    total = f" of {reporter.total:,}" if reporter.total else ""
+    return (
+        f"kernelcache: interrupted while {desc}, after {reporter.done:,}{total} {unit}; what was "
+        "done is kept: run the command again to finish"
+    )
+
+
 @contextmanager
 def bar(
     desc: str, total: int | None, *, json_mode: bool = False, unit: str = "entries"
@@ -131,10 +160,26 @@ def bar(
                 dynamic_ncols=True,
                 mininterval=0.2,
             ) as t:
-                yield _Bar(t)
+                with _under_way(desc, _Bar(t), unit) as reporter:
+                    yield reporter
             return
     lines = _Lines(desc, total, interval(), stream)
     try:
-        yield lines
+        with _under_way(desc, lines, unit):
+            yield lines
     finally:
         lines.finish()
+
+
+@contextmanager
+def _under_way(desc: str, reporter: _Bar | _Lines, unit: str) -> Iterator[_Bar | _Lines]:
+    """``reporter``, known as the operation under way (:func:`interrupted`) meanwhile."""
+    global _current, _stopped
+    before, _current, _stopped = _current, (desc, reporter, unit), None
+    try:
+        yield reporter
+    except BaseException:  # (re-raised) the operation it reports on stopped here
+        _stopped = (desc, reporter, unit)
+        raise
+    finally:
+        _current = before

@@ -118,3 +118,31 @@ def test_a_terminal_without_tqdm_gets_a_hint_once_and_plain_lines(tmp_path):
     assert "install 'kernelcache[progress]'" in shown
     piped = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=60)
     assert piped.returncode == 0 and "kernelcache[progress]" not in piped.stderr
+
+
+def test_an_interrupted_command_says_how_far_it_got_and_that_a_rerun_finishes(
+    tmp_path, monkeypatch, capsys
+):
+    """Ctrl-C in the middle of an operation: how far it got, and that what was done is kept
+    (exit 130); with no operation under way, the same advice."""
+    from kernelcache.cli import app, maintenance
+
+    def verify_then_interrupt(args, out):
+        with out.progress("verifying", 400) as tick:
+            tick(37)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(maintenance, "cmd_verify", verify_then_interrupt)
+    assert app.main(["--root", str(tmp_path), "verify"]) == 130
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said == (
+        "kernelcache: interrupted while verifying, after 37 of 400 entries; what was done is "
+        "kept: run the command again to finish"
+    ), said
+
+    def interrupt(args, out):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(maintenance, "cmd_verify", interrupt)
+    assert app.main(["--root", str(tmp_path), "verify"]) == 130
+    assert "run the command again to finish" in capsys.readouterr().err

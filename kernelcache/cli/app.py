@@ -167,7 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
     except KeyboardInterrupt:
-        sys.stderr.write("kernelcache: interrupted\n")
+        from ..progress import interrupted
+
+        sys.stderr.write(interrupted() + "\n")
         return 130
     except Exception as e:  # pragma: no cover - the message beats a traceback for operators
         if args.verbose > 1:
