@@ -16,8 +16,15 @@ class CacheError(KernelCacheError, OSError):
 
     The message names the path and what to do. ``get`` never raises it (a failure is a miss);
     ``put`` raises it; ``get_or_create`` catches it, warns once and returns the built artifact
-    from memory.
+    from memory. Shown as its message alone (``errno`` is an attribute, not a ``[Errno N]``
+    prefix for people to read).
     """
+
+    def __str__(self) -> str:
+        message = self.strerror
+        if not isinstance(message, str) or not message:
+            return super().__str__()
+        return message if self.filename is None else f"{message}: {self.filename!r}"
 
 
 class LockTimeout(CacheError):

@@ -452,3 +452,19 @@ def test_argument_mistakes_are_named_with_what_was_meant(tmp_path):
 
     given = ["run", "--", "python", "--seed", "-1"]  # a command's own arguments: as given
     assert _joined_negatives(given) == given
+
+
+def test_a_write_error_is_said_once_without_errno_or_a_doubled_prefix(tmp_path):
+    """An import into a root that cannot be made: one plain message naming the root and what
+    to do, no ``[Errno N]`` and no second ``kernelcache:``."""
+    populated = tmp_path / "populated"
+    put(populated, "k", size=310)
+    bundle = tmp_path / "b.tar"
+    kc_json(populated, "export", str(bundle))
+    (tmp_path / "afile").write_text("")
+    proc = kc(tmp_path / "afile" / "root", "import", str(bundle))
+    assert proc.returncode == 1, proc.stderr
+    (line,) = [e for e in proc.stderr.splitlines() if "error" in e]
+    assert line.startswith("kernelcache: error: cannot write under "), line
+    assert "[Errno" not in line and line.count("kernelcache:") == 1, line
+    assert "Not a directory" in line and "nothing was imported" in line

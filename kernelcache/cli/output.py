@@ -84,6 +84,7 @@ class Output:
 
 def fail(message: str, code: int, command: str | None, json_mode: bool) -> int:
     """Report an error (as the JSON envelope too, with --json) and return ``code``."""
+    message = message.removeprefix("kernelcache: ")  # (said once, by the prefix below)
     if json_mode:
         doc = {"schema": SCHEMA, "command": command, "error": message}
         with contextlib.suppress(OSError):
