@@ -57,3 +57,24 @@ def test_layout_names_every_module():
             assert all(n in layout for n in names), (
                 f"{package}/{rel} is not described in README.md's Layout section: add it there"
             )
+
+
+def test_the_documented_format_and_stats_fields_are_the_real_ones():
+    """The README's entry format is the one written, and its stats JSON table names each
+    field once, every counter among them."""
+    from kernelcache.schema import FORMAT_VERSION
+    from kernelcache.stats.counters import COUNTERS
+
+    assert f"`format` ({FORMAT_VERSION})" in README
+    assert f"The format is {FORMAT_VERSION}" in README
+    assert "format stays" not in README
+    start = README.index("| `root`, `exists` |")
+    table = README[start : README.index("\n\n", start)]
+    rows = re.findall(r"^\| (`[^|]*`) \| ", table, re.M)
+    names = [n for row in rows for n in re.findall(r"`([a-z_]+)`", row)]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    (counters,) = [
+        line for line in README.splitlines() if line.startswith("| `counters` | sums over")
+    ]
+    missing = [c for c in COUNTERS if f"`{c}`" not in counters]
+    assert not missing, missing
