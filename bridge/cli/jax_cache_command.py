@@ -47,14 +47,16 @@ def jax_cache_report() -> tuple[dict[str, Any] | None, list[Any]]:
     if importlib.util.find_spec("jax") is None:
         return None, []
     found = {option: os.environ.get(option.upper()) for option, _ in JAX_CACHE_OPTIONS}
-    shown = ", ".join(
-        f"{label} {found[option] if found[option] is not None else '(default)'}"
-        for option, label in JAX_CACHE_OPTIONS
+    # what is set, as "label value"; JAX's defaults for the rest
+    given = [(label, found[o]) for o, label in JAX_CACHE_OPTIONS if found[o] is not None]
+    shown = ", ".join(f"{label} {value}" for label, value in given) + (
+        ", JAX's defaults for the rest" if given else "JAX's defaults"
     )
     off = (found["jax_enable_compilation_cache"] or "").strip().lower() in ("0", "false")
     if not found["jax_compilation_cache_dir"] or off:
+        why = "JAX_ENABLE_COMPILATION_CACHE is off" if off else "JAX_COMPILATION_CACHE_DIR is unset"
         detail = (
-            f"off in this environment ({shown}): unless the job turns it on "
+            f"off in this environment ({why}): unless the job turns it on "
             "(bridge.enable_jax_cache(), or JAX_COMPILATION_CACHE_DIR), every process compiles "
             "XLA again"
         )
