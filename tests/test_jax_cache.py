@@ -70,13 +70,22 @@ def test_user_settings_are_kept_and_the_directory_pruned_in_jaxs_format(tmp_path
 
 def test_the_default_directory_is_beside_the_kernel_cache(tmp_path):
     root = tmp_path / "kc"
+    # a fresh set-up: no JAX cache yet is not an error, and says how one comes to be
     proc = kc(root, "jax-cache")
-    assert proc.returncode == 2 and f"{tmp_path / 'kc-jax'} does not exist" in proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert f"{tmp_path / 'kc-jax'} (does not exist yet" in proc.stdout
+    assert "bridge.enable_jax_cache()" in proc.stdout
+    doc = kc_json(root, "jax-cache", "--max-size", "1G")
+    assert doc["exists"] is False and doc["entries"] == 0 and doc["removed"] == 0
+    proc = kc(root, "jax-cache", "--dir", str(tmp_path / "nope"))  # one named: a usage error
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    assert "bridge.enable_jax_cache()" in proc.stderr
     (tmp_path / "kc-jax").mkdir()
     (tmp_path / "kc-jax" / "abc-cache").write_bytes(b"x" * 10)
     os.symlink("/etc/passwd", tmp_path / "kc-jax" / "evil-cache")  # never followed or counted
     doc = kc_json(root, "jax-cache")
     assert doc["dir"] == str(tmp_path / "kc-jax") and doc["entries"] == 1 and doc["bytes"] == 10
+    assert doc["exists"] is True
     assert "Entries:    1 (10 B)" in kc(root, "jax-cache").stdout
 
 

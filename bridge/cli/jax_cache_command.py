@@ -100,12 +100,17 @@ def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
     directory = os.path.abspath(
         os.path.expanduser(given) if given else jax_cache.default_dir(root_of(args))
     )
-    if not os.path.isdir(directory):
+    fills = (
+        "a job fills it once it calls bridge.enable_jax_cache() (or runs with "
+        "JAX_COMPILATION_CACHE_DIR set)"
+    )
+    if given and not os.path.isdir(directory):
         raise UsageError(
             f"JAX's cache directory {directory} does not exist (check --dir or "
-            "JAX_COMPILATION_CACHE_DIR)"
+            f"JAX_COMPILATION_CACHE_DIR; {fills})"
         )
-    entries, stray = jax_cache.scan_jax_cache(directory)
+    exists = os.path.isdir(directory)  # the default one: none yet on a fresh set-up
+    entries, stray = jax_cache.scan_jax_cache(directory) if exists else ([], [])
     pruning = args.max_size is not None or args.max_age is not None
     doomed = (
         jax_cache.plan_jax_prune(entries, max_size=args.max_size, max_age=args.max_age)
@@ -126,6 +131,7 @@ def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
     doc = {
         **envelope("jax-cache", directory),
         "dir": directory,
+        "exists": exists,
         "entries": len(entries),
         "bytes": total,
         "oldest_used": entries[0].last_used if entries else None,
@@ -137,6 +143,8 @@ def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
     }
 
     def human() -> str:
+        if not exists:
+            return f"JAX cache:  {printable(directory)} (does not exist yet: {fills})"
         lines = [
             f"JAX cache:  {printable(directory)}",
             f"Entries:    {len(entries):,} ({human_size(total)})",
