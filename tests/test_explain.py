@@ -212,3 +212,30 @@ def test_explain_takes_target_patterns_and_names_only_the_target_that_differs(tm
     assert [r["status"] for r in named["results"]] == ["hit"]
     none = kc(*common, "explain", str(manifest), "--target", "hip:*", code=2)
     assert "--target hip:* matches no target" in none.stderr and "cuda:90" in none.stderr
+
+
+def _files(root: Path) -> dict[str, int]:
+    """Every file under ``root`` but the statistics logs and index, with its size."""
+    if not root.exists():
+        return {}
+    return {
+        str(p.relative_to(root)): p.stat().st_size
+        for p in root.rglob("*")
+        if p.is_file() and ".stats" not in p.parts
+    }
+
+
+def test_explain_writes_nothing(tmp_path):
+    """Explaining does not change the cache it explains: a mistyped root is not created, and
+    a warm one gets no new entry (the compiler's identity memos included)."""
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text(RECORD + "\n")
+    typo = tmp_path / "rot"
+    kc("--root", str(typo), "explain", str(manifest), code=1)
+    assert not typo.exists(), sorted(_files(typo))
+    root = tmp_path / "root"
+    kc("--root", str(root), "warm", str(manifest), "--target", "cuda:90", code=0)
+    before = _files(root)
+    doc = as_json(kc("--root", str(root), "explain", str(manifest), "--json", code=0))
+    assert [r["status"] for r in doc["results"]] == ["hit"]
+    assert _files(root) == before

@@ -10,7 +10,8 @@ the entry", "code digest differs"). An entry written before components were reco
 a hit; as the nearest entry it is compared by what it does record (target, Triton version) and
 says "components not recorded".
 
-Nothing here compiles, counts a hit or a miss, or changes the cache: layers are scanned once
+Nothing here compiles, counts a hit or a miss, or changes the cache (keys are computed without
+its memos, as ``audit`` computes them): layers are scanned once
 (metadata, through the scan index) and the candidates of a kernel are read without a trace
 (``Store.inspect``). Linear in entries.
 """
@@ -268,7 +269,8 @@ def explain(manifest: str, cache: Cache, targets: Sequence[str | Target] = ()) -
             notes = ("the kernel's source changed since the manifest was recorded",)
         for target in wanted:
             try:
-                specs = specializations(call, parts, target, cache)
+                # keyed without the cache: its memos are not written
+                specs = specializations(call, parts, target, None)  # type: ignore[arg-type]
             except Exception as e:  # the call does not fit the kernel/target: reported
                 why = "does not fit the kernel" if isinstance(e, BridgeError) else "failed to bind"
                 out.append(
@@ -312,7 +314,7 @@ def _one(
             spec.key,
             notes=(*notes, f"known not to compile: {failed}"),
         )
-    nearest = candidates.nearest(spec, components(spec, cache))
+    nearest = candidates.nearest(spec, components(spec))
     if nearest is not None and nearest.key == spec.key:
         notes = (*notes, "the entry is there, but not the PTX it was built from (pruned?)")
     return Explained(kernel, target, config, "miss", spec.key, nearest=nearest, notes=notes)
