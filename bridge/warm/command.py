@@ -35,7 +35,7 @@ from .manifest import (
     revive,
 )
 from .plan import make_plan
-from .pool import CRASHED, can_fork, default_workers, execute
+from .pool import CRASHED, UNSTORED, can_fork, default_workers, execute
 from .report import WarmProblem, WarmReport, merged
 
 if TYPE_CHECKING:
@@ -134,7 +134,14 @@ def warm(
     for slot, job, outcome in zip(plan.slots, plan.jobs, done, strict=True):
         outcomes[slot] = outcome
         if outcome.status == "failed":
-            kind = "crash" if outcome.error == CRASHED else "compile"
+            error = outcome.error or ""
+            kind = (
+                "crash"
+                if error == CRASHED
+                else "store"
+                if error.startswith(UNSTORED)
+                else "compile"
+            )
             problems.append(
                 WarmProblem(
                     kind,

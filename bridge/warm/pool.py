@@ -150,11 +150,31 @@ def _outcome(
     if present(cache, spec.key, spec.ext, spec.target.vendor.has_ptx) is None:
         return outcome(
             "failed",
-            f"compiled, but the kernel could not be stored under {cache.root}"
+            f"{UNSTORED} {cache.root}{_why_unstored(cache.root)}"
             + (f": {text[-_DIAGNOSTIC_CHARS:]}" if text else "")
             + " (check the root with `kernelcache doctor`)",
         )
     return outcome("compiled" if result.built else "present")
+
+
+#: how the detail of a kernel that compiled but could not be stored begins (problem kind
+#: ``store``, not ``compile``: the environment failed, not the compiler)
+UNSTORED = "compiled, but the kernel could not be stored under"
+
+
+def _why_unstored(root: str) -> str:
+    """What keeps ``root`` from taking entries, as far as its filesystem says ("": nothing
+    visible)."""
+    try:
+        st = os.statvfs(root)
+    except OSError as e:
+        return f": {e.strerror}"
+    free = st.f_bavail * st.f_frsize
+    if free < 1 << 20:
+        return f": no space left on its filesystem ({free:,} bytes free)"
+    if not os.access(root, os.W_OK):
+        return ": the root is not writable"
+    return ""
 
 
 def compile_job(job: Job, cache: Cache | None = None, *, wait: bool = True) -> WarmOutcome | None:

@@ -20,6 +20,7 @@ KINDS = (
     "configs-changed",
     "invalid",
     "compile",
+    "store",
     "crash",
 )
 
