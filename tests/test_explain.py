@@ -239,3 +239,27 @@ def test_explain_writes_nothing(tmp_path):
     doc = as_json(kc("--root", str(root), "explain", str(manifest), "--json", code=0))
     assert [r["status"] for r in doc["results"]] == ["hit"]
     assert _files(root) == before
+
+
+def test_what_another_triton_implies_is_not_named_again():
+    """Another Triton version is another compiler, backend, signature specialization, options
+    class and environment: a miss names the version, and what it does not imply (the code)."""
+    from bridge.cli.explain import differences
+
+    here = {
+        "triton": "3.6.0",
+        "compiler": "a",
+        "target": "cuda:90",
+        "backend": "b",
+        "code": "c",
+        "signature": "s",
+        "options": "o",
+        "environment": "e",
+    }
+    entry = {**{k: v + "'" for k, v in here.items()}, "target": "cuda:90"}
+    entry["triton"] = "3.9.0"
+    assert [d.component for d in differences(here, entry)] == ["triton", "code"]
+    only_target = {**here, "target": "cuda:80", "backend": "b'", "options": "o'"}
+    assert [d.component for d in differences(here, only_target)] == ["target"]
+    only_options = {**here, "options": "o'"}
+    assert [d.component for d in differences(here, only_options)] == ["options"]

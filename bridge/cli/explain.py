@@ -40,8 +40,16 @@ if TYPE_CHECKING:
 #: components whose values are worth showing ("3.6.0 here vs 3.9.0 in the entry"); the others
 #: are digests
 _SHOWN = frozenset({"pipeline", "triton", "target", "language"})
-#: a component implied by another one that differs: not reported again
-_IMPLIED = {"compiler": "triton", "backend": "target", "options": "target"}
+#: components that another one differing implies (not reported again): another Triton is
+#: another compiler, backend, specialization of the signature, options class and environment
+#: of variables; another target another backend and options
+_IMPLIED = {
+    "compiler": {"triton"},
+    "backend": {"target", "triton"},
+    "options": {"target", "triton"},
+    "signature": {"triton"},
+    "environment": {"triton"},
+}
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,7 @@ def differences(here: Mapping[str, str], entry: Mapping[str, Any]) -> list[Diffe
     return [
         d
         for name, d in sorted(found.items(), key=lambda item: _order(item[0]))
-        if _IMPLIED.get(name) not in found
+        if not _IMPLIED.get(name, set()) & found.keys()
     ]
 
 
