@@ -8,7 +8,7 @@ open and why, whether it has no key at all (its frontend fails) and the test fil
 the end it writes them as JSON and prints a table: distinct kernels (by qualified name)
 specialized, exact, open (with each distinct reason) and the open ones, kernel by kernel.
 
-    PYTHONPATH=scripts .venv/bin/python -m pytest -p no:cacheprovider -n 0 \\
+    PYTHONPATH=scripts .venv-test/bin/python -m pytest -p no:cacheprovider -n 0 \\
         -p open_census --census-out census.json tests/test_bridge_lowering.py ...
 
 (``-p scripts.open_census`` works too from the repository root.)

@@ -2,14 +2,16 @@
 # Set up a virtual environment (first run) with every extra the tests use, then run the test
 # suite in it. Arguments are passed to pytest, e.g. `bash scripts/test.sh -k store -x`.
 #
-# By default the environment is .venv with triton pinned to the GPU machine's release, so CPU and
-# GPU test the same compiler. TRITON=3.9.0 VENV=.venv-triton39 sets up another supported Triton
-# beside it (see .ci/run, which runs the bridge's tests there too).
+# By default the environment is .venv-test with triton pinned to the GPU machine's release, so
+# CPU and GPU test the same compiler; it is not the README's .venv (whose Triton is whatever
+# `pip install -e '.[bridge]'` chose), so neither set-up changes the other's compiler and a
+# re-run of the main job after the tests compiles nothing. TRITON=3.9.0 VENV=.venv-triton39 sets
+# up another supported Triton beside it (see .ci/run, which runs the bridge's tests there too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 triton=${TRITON:-3.6.0}
-venv=${VENV:-.venv}
+venv=${VENV:-.venv-test}
 unset TRITON VENV # not for the tests
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip

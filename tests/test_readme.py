@@ -78,3 +78,16 @@ def test_the_documented_format_and_stats_fields_are_the_real_ones():
     ]
     missing = [c for c in COUNTERS if f"`{c}`" not in counters]
     assert not missing, missing
+
+
+def test_the_tests_set_up_their_own_environment():
+    """The main job's set-up (step 1) and the tests' (step 2) do not share an environment, so
+    the tests' pinned Triton never replaces step 1's (and a re-run of step 1 compiles
+    nothing); CI lints in the tests' environment."""
+    step1 = README.split("```bash", 1)[1].split("```", 1)[0]
+    (main_env,) = set(re.findall(r"python3 -m venv (\S+)", step1))
+    script = (REPO / "scripts" / "test.sh").read_text()
+    (test_env,) = re.findall(r"venv=\$\{VENV:-([^}]+)\}", script)
+    assert test_env != main_env, (main_env, test_env)
+    ci = (REPO / ".ci" / "run").read_text()
+    assert f"{test_env}/bin/ruff check" in ci and f"{test_env}/bin/mypy" in ci
