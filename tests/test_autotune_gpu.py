@@ -121,15 +121,21 @@ def test_a_direct_launch_computes_what_the_custom_call_computes():
     np.testing.assert_array_equal(np.asarray(results[0]), np.asarray(one[0]))
 
 
-def test_deciding_compiles_no_program_per_config(tmp_path, monkeypatch):
-    """The 4-config matmul is decided with the programs JAX compiles counted: one makes the
-    synthetic inputs; none launches a config."""
-    a, b = rand((1024, 512)), rand((512, 1024), seed=1)
+def _recorded_matmul(tmp_path, monkeypatch, a_shape, b_shape):
+    """A cache and the manifest of one autotuned matmul of those shapes, run and recorded."""
+    a, b = rand(a_shape), rand(b_shape, seed=1)
     cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote="")
     manifest = tmp_path / "manifest.jsonl"
     monkeypatch.setenv("KERNELCACHE_RECORD", str(manifest))
     jax.jit(lambda x, y: matmul(x, y, cache=cache, autotune="runtime"))(a, b)
     monkeypatch.delenv("KERNELCACHE_RECORD")
+    return cache, manifest
+
+
+def test_deciding_compiles_no_program_per_config(tmp_path, monkeypatch):
+    """The 4-config matmul is decided with the programs JAX compiles counted: one makes the
+    synthetic inputs; none launches a config."""
+    cache, manifest = _recorded_matmul(tmp_path, monkeypatch, (1024, 512), (512, 1024))
     compiled = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, *_, **__: (
@@ -147,12 +153,7 @@ def test_deciding_compiles_no_program_per_config(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(len(cuda_devices()) < 2, reason="needs two NVIDIA GPUs")
 def test_tune_spreads_the_configs_over_two_gpus(tmp_path, monkeypatch):
-    a, b = rand((2048, 1024)), rand((1024, 2048), seed=1)
-    cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote="")
-    manifest = tmp_path / "manifest.jsonl"
-    monkeypatch.setenv("KERNELCACHE_RECORD", str(manifest))
-    jax.jit(lambda x, y: matmul(x, y, cache=cache, autotune="runtime"))(a, b)
-    monkeypatch.delenv("KERNELCACHE_RECORD")
+    cache, manifest = _recorded_matmul(tmp_path, monkeypatch, (2048, 1024), (1024, 2048))
     (result,) = tune.tune(str(manifest), cache, gpus=2)
     made = result.decision
     assert result.status == "tuned" and len(set(made.by)) == 2, made.by

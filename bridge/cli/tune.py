@@ -277,7 +277,7 @@ def measure_group(
             return Tuned(kernel, str(target), "present", found)
     left = Variants(specs, cache, device=local_device(target, platform)).left_out()
     start = time.monotonic()
-    indices = [i for i in range(len(specs)) if i not in left]
+    indices = select.measured(specs, left)
     bench = measure.current().bench(call, variant_opaque(call, platform), indices, platform, gpus)
     made = select.decide(call, specs, target, device, bench, cache, left, start=start)
     _store(cache, key, made)

@@ -25,11 +25,12 @@ Measuring launches each variant on synthetic inputs (:mod:`.measure`), as :mod:`
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -107,14 +108,15 @@ def select(
     kept = variants.viable()
     left = variants.left_out()
     start = time.monotonic()
-    bench = _Lazy(lambda: measure.current().bench(call, opaque, _measured(specs, left), platform))
+    order = measured(specs, left)
+    # made on first use: a rank that finds every sample made needs no bench
+    bench = functools.cache(lambda: measure.current().bench(call, opaque, order, platform))
 
     def screen(index: int) -> Sample:
         with gpu(cache, bench().lanes[0]):
             return rounds.screen(bench(), index)
 
     # every rank screens its share (each config once per job), then one of them decides
-    order = _measured(specs, left)
     shift = os.getpid() % max(1, len(order))
     samples = gathered(cache, keys[0], names, device, order[shift:] + order[:shift], screen)
 
@@ -137,20 +139,7 @@ def select(
     return kept
 
 
-class _Lazy:
-    """A value made on first use (a bench: a rank that finds every sample made needs none)."""
-
-    def __init__(self, make: Callable[[], Bench]) -> None:
-        self._make: Callable[[], Bench] = make
-        self._value: Bench | None = None
-
-    def __call__(self) -> Bench:
-        if self._value is None:
-            self._value = self._make()
-        return self._value
-
-
-def _measured(specs: Sequence[Specialization], left: Mapping[int, str]) -> list[int]:
+def measured(specs: Sequence[Specialization], left: Mapping[int, str]) -> list[int]:
     """The indices of the variants to measure: those not left out."""
     return [i for i in range(len(specs)) if i not in left]
 
@@ -261,7 +250,7 @@ def decide(
     start = time.monotonic() if start is None else start
     left = dict(left_out or {})
     if samples is None:
-        samples = spread(bench, _measured(specs, left), cache)
+        samples = spread(bench, measured(specs, left), cache)
     with gpu(cache, bench.lanes[0]):
         outcome = rounds.final(bench, samples)
     n = len(specs)
