@@ -331,7 +331,9 @@ def test_the_ranks_of_a_job_share_the_screening_and_run_one_decision(tmp_path):
     (entry,) = root.glob("*.decision")
     made = json.loads(entry.read_bytes())
     assert made["chosen"] == 1 and {b for b in made["by"]} >= {"node/gpu0"}
-    assert len(set(made["by"])) >= 2 and made["final_by"] in made["by"]
+    # the final rounds: run by the rank that took the decision's lock, which may have come
+    # after every config was screened (and screened none)
+    assert len(set(made["by"])) >= 2 and made["final_by"] in {f"node/gpu{i}" for i in range(4)}
     assert sum(made["launches"]) > 4 * 3 and made["spent"] > 0
     assert len(_final_runners(log)) == 1, "one rank ran the final rounds"
 
