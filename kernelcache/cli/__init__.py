@@ -2,9 +2,9 @@
 
 ``kernelcache [--root DIR] COMMAND [options] [--json]``. Human output is for terminals; with
 ``--json`` each command prints one JSON document whose fields are documented (README.md, "The
-command line") and stable within ``"schema": 1``. Exit codes: 0 success, 1 problems found or an
-operation failed, 2 usage error (bad arguments, bad environment variable, missing optional
-package).
+command line") and stable within ``"schema": 1``. Exit codes: one table for every command,
+:data:`.output.EXIT_CODES` (0 done, 1 done in part, 2 nothing done: usage or environment, 130
+interrupted).
 
 The command imports neither jax nor triton, so it runs on an operator's machine that has neither.
 
@@ -29,9 +29,11 @@ from ..errors import CommandFailed, UsageError
 from .app import main, run
 from .common import add_command, parse_age, parse_size, root_of
 from .listing import Content, register_content
-from .output import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, SCHEMA, Output
+from .output import EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, SCHEMA, Output
 
 __all__ = [
+    "EXIT_CODES",
+    "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_PROBLEMS",
     "EXIT_USAGE",

@@ -23,7 +23,7 @@ from .._version import __version__
 from ..errors import CommandFailed, ConfigError, UsageError
 from . import bundles, diagnosis, listing, maintenance, report
 from .common import Context, Subparsers, common_options
-from .output import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, Output, fail
+from .output import EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, Output, fail
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ..progress import interrupted
 
         sys.stderr.write(interrupted() + "\n")
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as e:  # pragma: no cover - the message beats a traceback for operators
         if args.verbose > 1:
             raise
