@@ -127,6 +127,40 @@ def test_a_killed_primary_fails_over_and_its_keys_are_served_again_within_two_se
     assert promoted is not None and served < promoted + 2.0, (promoted, served)
 
 
+def test_what_was_published_while_a_primary_was_down_is_found_after_its_failover(tmp_path):
+    """Keys whose home shard is down are published in their group's fallback; once a replica
+    has taken the shard's slots over, a fresh process finds them there (home misses: one more
+    lookup) and copies each home, so the next job builds none of them again."""
+    with RedisClusterServers(tmp_path / "cluster", replicas=1) as servers:
+        url = servers.url + "?timeout=0.5"
+        writer = open_remote(url)
+        client = servers.client()
+        keys = [hashlib.sha256(f"outage kernel {i}".encode()).hexdigest() for i in range(30)]
+        homes = {k: writer.name(k) for k in keys}
+        victim = servers.primary_of(client, homes[keys[0]])
+        stranded = [k for k in keys if servers.primary_of(client, homes[k]) is victim]
+        victim.kill()
+        for key in stranded:  # the first lookup finds the shard down; the rest skip it
+            assert writer.get(key, "bin") is None
+            assert writer.put(key, "bin", key.encode(), META)
+        assert all(writer.name(k) != homes[k] for k in stranded), "published in a fallback"
+        deadline = time.monotonic() + 30
+        while servers.primary_of(client, homes[keys[0]]) is victim:
+            assert time.monotonic() < deadline, "no failover"
+            time.sleep(0.05)
+        reader = open_remote(url)
+        for key in stranded:
+            found = reader.get(key, "bin")
+            assert found is not None and found[0] == key.encode(), key
+        assert reader.counters["fallback_hits"] == len(stranded)
+        again = open_remote(url)
+        assert all(again.get(k, "bin") is not None for k in stranded)
+        assert again.counters.get("fallback_hits", 0) == 0, "copied home by the first reader"
+        missing = open_remote(url)
+        assert missing.get(key_of(13_000), "bin") is None
+        assert missing.counters.get("errors", 0) == 0
+
+
 def test_a_job_whose_primary_is_killed_midway_fails_over_with_few_extra_builds(tmp_path):
     """2 nodes x 2 processes build 24 keys on a cluster with replicas; once 6 are published,
     the primary of the most keys still to build is killed. The job completes, every key

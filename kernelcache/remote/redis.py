@@ -412,11 +412,40 @@ class RedisTier(TierBase):
         return until is not None and time.monotonic() < until
 
     def _fetch(self, key: str) -> tuple[bytes | int | None, bool]:
+        """The entry at :meth:`name`; on a cluster, a miss at home is looked up once more in
+        the group's spare (:meth:`_spare`): what was published there while the home shard
+        was down, before a replica took its slots over, is found and copied home."""
+        name = self.name(key)
+        found, failed = self._get(key, name)
+        spare = None if found is not None or failed else self._spare(key, name)
+        if spare is None:
+            return found, failed
+        kept, _ = self._get(key, spare)
+        if isinstance(kept, bytes):
+            self._set(key, name, kept, replace=False)
+            self._bump(fallback_hits=1)
+            return kept, False
+        return found, False
+
+    def _get(self, key: str, name: str) -> tuple[bytes | int | None, bool]:
         limit = self.options.max_size
         # the value is at most max_size; the call may also connect (a cluster reads its slots)
         return self._call(
-            "get", key, self._eval, "get", [self.name(key)], [limit], limit=limit + REPLY_LIMIT
+            "get", key, self._eval, "get", [name], [limit], limit=limit + REPLY_LIMIT, name=name
         )
+
+    def _spare(self, key: str, name: str) -> str | None:
+        """Where a process that found the home shard of ``key`` down published it: the
+        group's first fallback served by another shard than home (None: ``name`` is not home,
+        or no other shard serves a fallback, or that shard is down)."""
+        slots = self._slots
+        if not self.cluster or not slots or name != entry_name(self.options.prefix, key, True):
+            return None
+        home = _serving(slots, name)
+        for spare in fallback_names(self.options.prefix, key):
+            if _serving(slots, spare) != home:
+                return None if self._shard_down(spare, refresh=False) else spare
+        return None
 
     def _discard(self, key: str) -> None:
         self._call("delete", key, lambda c: c.delete(self.name(key)))
@@ -424,12 +453,16 @@ class RedisTier(TierBase):
     def _send(self, key: str, value: bytes, replace: bool) -> tuple[bool, bool]:
         """Store ``value`` under the entry's key if it has none (``SET NX``), or whatever it
         has with ``replace``."""
+        return self._set(key, self.name(key), value, replace)
+
+    def _set(self, key: str, name: str, value: bytes, replace: bool) -> tuple[bool, bool]:
         ttl_ms = math.ceil(self.options.ttl * 1000) if self.options.ttl else None
         done, failed = self._call(
             "put",
             key,
-            lambda c: c.set(self.name(key), value, px=ttl_ms, nx=not replace),
+            lambda c: c.set(name, value, px=ttl_ms, nx=not replace),
             write=True,
+            name=name,
         )
         return bool(done) and not failed, failed
 
