@@ -194,6 +194,9 @@ class Watcher(threading.Thread):
                 found = moment()
                 if found is not None:
                     node, evidence = found
+                    names = self._keys(node, f"{self.servers.namespace}:*")
+                    evidence["locks_held"] = sum(n.endswith(b":lock") for n in names)
+                    evidence["entries_held"] = len(names) - evidence["locks_held"]
                     killed_at = time.monotonic()
                     self.servers._kill(node)
                     evidence["at_s"] = round(time.time() - self.started, 3)

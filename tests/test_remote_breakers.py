@@ -87,3 +87,20 @@ def test_a_root_that_cannot_hold_breakers_keeps_them_in_the_process(tmp_path):
     assert not missing.trip("", 10) and missing.until("", 10) == 0.0
     (tmp_path / BREAKER_DIR).write_text("not a directory")
     assert not SharedBreakers(str(tmp_path), "redis://x").trip("", 10)
+
+
+def test_a_root_with_breakers_verifies_clean_in_a_process_that_never_opened_a_tier(tmp_path):
+    """The breakers' directory is the cache's own: ``kernelcache verify`` (which imports no
+    tier) neither calls it foreign nor touches it."""
+    root = tmp_path / "root"
+    assert SharedBreakers(str(root), "redis://h:6379/0").trip("", 30.0)
+    done = subprocess.run(
+        [sys.executable, "-m", "kernelcache.cli", "verify", "--root", str(root), "--json"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["problems"] == []
+    assert len(os.listdir(root / BREAKER_DIR)) == 1

@@ -21,11 +21,7 @@ import os
 import stat
 import time
 
-from ..store.layout import open_subdir, register_directory
-
-#: the directory of a root that holds the breakers
-BREAKER_DIR = ".breakers"
-register_directory(BREAKER_DIR, shared=True)
+from ..store.layout import BREAKER_DIR, open_subdir
 
 
 class SharedBreakers:

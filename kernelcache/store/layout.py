@@ -51,11 +51,13 @@ LOCK_DIR = ".locks"
 QUARANTINE_DIR = ".quarantine"
 STATS_DIR = ".stats"
 CHECKED_DIR = ".checked"
+#: the remote tiers' circuit breakers, shared by the processes of a root (remote/breakers.py)
+BREAKER_DIR = ".breakers"
 
-_known_dirs = frozenset({TMP_DIR, LOCK_DIR, QUARANTINE_DIR, STATS_DIR, CHECKED_DIR})
+_known_dirs = frozenset({TMP_DIR, LOCK_DIR, QUARANTINE_DIR, STATS_DIR, CHECKED_DIR, BREAKER_DIR})
 #: directories where every user of a root keeps files of their own (lock files, statistics
-#: logs, the scan index, check records): created sticky in a shared root
-_shared_dirs = frozenset({LOCK_DIR, STATS_DIR, CHECKED_DIR})
+#: logs, the scan index, check records, breakers): created sticky in a shared root
+_shared_dirs = frozenset({LOCK_DIR, STATS_DIR, CHECKED_DIR, BREAKER_DIR})
 _registering = threading.Lock()
 
 #: how a file is created under a root: a new file only, never through a symlink
