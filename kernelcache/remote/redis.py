@@ -35,13 +35,13 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
 from ..process import HOST
 from .base import TierBase, logger, no_release
-from .redis_bounds import Budget, _bounded
-from .redis_keys import count_entries, entry_name, fallback_names
+from .redis_bounds import Budget
+from .redis_clients import node_client, server_client
+from .redis_keys import count_entries, entry_name, fallback_names, first_slot_map, spare_name
 from .redis_scripts import (
     _BROKEN,
     _READY,
@@ -53,7 +53,6 @@ from .redis_scripts import (
     _ms,
     _serving,
     holder_of,
-    slot_ranges,
 )
 from .tier import Busy, Claim
 from .url import cluster_nodes, parse_url, redact, scrub, secrets_of
@@ -129,55 +128,21 @@ class RedisTier(TierBase):
         #: when the slot map may be read again while a shard is down (see :meth:`_route`)
         self._next_refresh = 0.0
 
-    def _common(self) -> dict[str, Any]:
-        """What every redis-py connection of this tier is made with."""
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        opts = self.options
-        return {
-            "socket_timeout": opts.timeout,
-            "socket_connect_timeout": opts.connect_timeout or opts.timeout,
-            "retry": Retry(NoBackoff(), 0),
-            "health_check_interval": 0,
-        }
-
     def _make_client(self) -> Any:
-        """A single server's redis-py client, its connections bounded by :class:`Budget`."""
-        import redis
-
-        scheme = self._address.split("://", 1)[0]
-        base = {"rediss": redis.SSLConnection, "unix": redis.UnixDomainSocketConnection}
-        cls = _bounded(base.get(scheme, redis.Connection), self._budget)
+        """A single server's redis-py client (:func:`.redis_clients.server_client`)."""
         try:
-            return redis.Redis.from_url(
-                self._address, connection_class=cls, **self._common(), **self.options.client
-            )
+            return server_client(self._address, self.options, self._budget)
         except (ValueError, TypeError) as e:
             raise ConfigError(f"remote URL {self.url!r}: {scrub(str(e), self._secrets)}") from None
 
     def _primary(self, name: str) -> Any:
         """The client of a cluster's node ``name`` ("host:port"), made once (it connects at
         its first command)."""
-        import redis
-
         with self._client_lock:
             client = self._primaries.get(name)
             if client is None:
-                host, _, port = name.rpartition(":")
-                tls = self._address.startswith("rediss")
-                base = redis.SSLConnection if tls else redis.Connection
-                cls = _bounded(base, self._budget, **(self.options.client if tls else {}))
-                auth = urlsplit(self._address)
-                pool = redis.ConnectionPool(
-                    connection_class=cls,
-                    host=host.strip("[]"),
-                    port=int(port),
-                    username=unquote(auth.username) if auth.username else None,
-                    password=unquote(auth.password) if auth.password else None,
-                    **self._common(),
-                )
-                client = self._primaries[name] = redis.Redis(connection_pool=pool)
+                client = node_client(self._address, name, self.options, self._budget)
+                self._primaries[name] = client
             return client
 
     def _topology_budget(self) -> float:
@@ -199,19 +164,15 @@ class RedisTier(TierBase):
         now = time.monotonic()
         order = random.sample(sorted(names), len(names))
         order.sort(key=lambda name: now < self._down.get(name, 0.0))  # those known down last
-        budget, errors = self._budget, self._errors
+        budget = self._budget
         budget.deadline = time.monotonic() + self._topology_budget()
-        failure: Exception = errors.ConnectionError("the cluster names no node")
+
+        def ask(name: str) -> Any:
+            budget.left = REPLY_LIMIT
+            return self._primary(name).execute_command("CLUSTER SLOTS")
+
         try:
-            for name in order:
-                budget.left = REPLY_LIMIT
-                try:
-                    reply = self._primary(name).execute_command("CLUSTER SLOTS")
-                except (errors.RedisError, OSError) as e:
-                    failure = e
-                    continue
-                return slot_ranges(reply, name.rpartition(":")[0])
-            raise failure
+            return first_slot_map(order, ask, self._errors)
         finally:
             budget.deadline = budget.left = None
 
@@ -435,17 +396,13 @@ class RedisTier(TierBase):
         )
 
     def _spare(self, key: str, name: str) -> str | None:
-        """Where a process that found the home shard of ``key`` down published it: the
-        group's first fallback served by another shard than home (None: ``name`` is not home,
-        or no other shard serves a fallback, or that shard is down)."""
-        slots = self._slots
-        if not self.cluster or not slots or name != entry_name(self.options.prefix, key, True):
+        """:func:`.redis_keys.spare_name` of ``key`` when ``name`` is its home and the spare's
+        shard is not known down, else None."""
+        slots, prefix = self._slots, self.options.prefix
+        if not self.cluster or not slots or name != entry_name(prefix, key, True):
             return None
-        home = _serving(slots, name)
-        for spare in fallback_names(self.options.prefix, key):
-            if _serving(slots, spare) != home:
-                return None if self._shard_down(spare, refresh=False) else spare
-        return None
+        spare = spare_name(prefix, key, lambda n: _serving(slots, n))
+        return None if spare is None or self._shard_down(spare, refresh=False) else spare
 
     def _discard(self, key: str) -> None:
         self._call("delete", key, lambda c: c.delete(self.name(key)))

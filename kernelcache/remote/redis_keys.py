@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..keys import GROUP_CHARS, group_of
+from .redis_scripts import slot_ranges
 
 #: how many fallback slots a group is given while its own shard is down (the first whose shard
 #: is up serves)
@@ -38,6 +39,34 @@ def fallback_names(prefix: str, key: str) -> list[str]:
         tag = hashlib.sha256(f"{group_of(key)}:fallback:{i}".encode()).hexdigest()
         found.append(f"{prefix}{{{tag[:GROUP_CHARS]}}}{key}")
     return found
+
+
+def spare_name(prefix: str, key: str, serving: Callable[[str], str]) -> str | None:
+    """Where a process that found the home shard of ``key`` down published it: the group's
+    first fallback that ``serving`` (Redis key -> its shard) gives another shard than home
+    (None: every fallback is on the home shard). After a failover, a home miss looks there."""
+    home = serving(entry_name(prefix, key, True))
+    return next((n for n in fallback_names(prefix, key) if serving(n) != home), None)
+
+
+def first_slot_map(
+    order: list[str], ask: Callable[[str], Any], errors: Any
+) -> list[tuple[int, int, str]]:
+    """The slot map (``CLUSTER SLOTS``) from the first node of ``order`` that answers
+    ``ask(node)``; ``errors``: redis-py's exceptions module.
+
+    Raises:
+        the last failure, when no node answers.
+    """
+    failure: Exception = errors.ConnectionError("the cluster names no node")
+    for name in order:
+        try:
+            reply = ask(name)
+        except (errors.RedisError, OSError) as e:
+            failure = e
+            continue
+        return slot_ranges(reply, name.rpartition(":")[0])
+    raise failure
 
 
 def _strlens(client: Any, names: list[bytes]) -> list[int]:
