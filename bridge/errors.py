@@ -46,6 +46,10 @@ class AutotuneError(BridgeError, RuntimeError):
     how to make one)."""
 
 
+class PinError(BridgeError, ValueError):
+    """A pin names a config its kernel does not have, or a kernel that is not autotuned."""
+
+
 class Unlaunchable(BridgeError, RuntimeError):
     """A config of an autotuned call that cannot be launched on the GPU measuring it (the
     message says why): it is not measured, never chosen, and listed in the decision."""

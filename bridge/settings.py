@@ -6,11 +6,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernelcache import ConfigError
 from kernelcache.config import Variable, choice, parser, path, register_variables
+from kernelcache.process import warn_once
 
 from .vendors.registry import parse_name, registered
 
@@ -100,3 +103,20 @@ def settings(environ: Mapping[str, str] | None = None) -> BridgeSettings:
         kernelcache.ConfigError: a variable is set to a value that cannot be used.
     """
     return _parse(environ)
+
+
+def job_settings(environ: Mapping[str, str] | None = None) -> BridgeSettings:
+    """:func:`settings`, for a lowering in a user's job, which a setting must never fail: a
+    variable that cannot be used is said once (its name, its value, what is accepted) and
+    the bridge's defaults are used until it is fixed."""
+    try:
+        return settings(environ)
+    except ConfigError as e:
+        warn_once(
+            logging.getLogger("bridge"),
+            ("settings", str(e)),
+            "kernelcache: %s; the defaults of the bridge's variables are used until it is "
+            "fixed (`kernelcache doctor` checks every variable)",
+            e,
+        )
+        return BridgeSettings()

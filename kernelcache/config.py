@@ -17,6 +17,7 @@ misspelled variable is otherwise ignored without a word.
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
@@ -376,6 +377,41 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
         ConfigError: a variable is set to a value that cannot be used; the message names it.
     """
     return _parse(environ)
+
+
+#: the settings of a process whose variables cannot be used: the cache off
+OFF = replace(DEFAULTS, disable=True)
+
+
+def job_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """:func:`settings`, for code that runs in a user's job, which a setting of the cache must
+    never fail: a variable that cannot be used is said once (its name, its value, what is
+    accepted) and the cache is off in this process, kernels compiled in memory (:data:`OFF`),
+    until it is fixed."""
+    try:
+        return settings(environ)
+    except ConfigError as e:
+        from .process import warn_once
+
+        warn_once(
+            logging.getLogger("kernelcache"),
+            ("settings", str(e)),
+            "kernelcache: %s; the cache is off in this process (kernels compile in memory) "
+            "until it is fixed (`kernelcache doctor` checks every variable)",
+            e,
+        )
+        return OFF
+
+
+def check_variables(environ: Mapping[str, str] | None = None) -> None:
+    """Parse every declared variable (kernelcache's and the registered ones).
+
+    Raises:
+        ConfigError: the first one set to a value that cannot be used (the message names it).
+    """
+    env = os.environ if environ is None else environ
+    for var in variables():
+        parse_variable(var, env)
 
 
 def environment_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, str]:

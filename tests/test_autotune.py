@@ -199,12 +199,18 @@ def test_kernelcache_tune_pin_and_a_job_that_requires_decisions(tmp_path, cache,
     root = Path(cache.root)
     bad = kc(root, "tune", str(manifest), "--pin", "nosuchkernel=1")
     assert bad.returncode == 2 and "nosuchkernel" in bad.stderr
+    for index in ("9", "-1"):  # a config the kernel does not have: nothing is stored
+        bad = kc(root, "tune", str(manifest), "--pin", f"matmul_kernel={index}")
+        assert bad.returncode == 2, bad.stdout + bad.stderr
+        assert "the kernel has 4 configs (0 to 3)" in bad.stderr or "INDEX" in bad.stderr
+    assert not list(root.glob("*.decision")), "a bad pin stores no decision"
     for gpus in ("0", "-1", "two"):
         bad = kc(root, "tune", str(manifest), "--gpus", gpus)
         assert bad.returncode == 2 and "--gpus" in bad.stderr and "1 or more" in bad.stderr
     doc = kc_json(root, "tune", str(manifest), "--pin", "matmul_kernel=1")
     (result,) = doc["results"]
     assert result["status"] == "pinned" and result["decision"]["chosen"] == 1
+    assert len(list(root.glob("*.decision"))) == 1
     assert result["decision"]["configs"][1].startswith("BM: 128, BN: 64")
     human = kc(root, "tune", str(manifest), "--pin", "matmul_kernel=1").stdout
     assert "pinned config 1" in human

@@ -96,7 +96,7 @@ def test_writing_commands_fail_cleanly_on_a_read_only_mount(tmp_path, args):
     _populate(root)
     before = files_under(root)
     proc = _ro_run(root, *args)
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # nothing done: a root this user cannot write
     assert "not writable" in proc.stderr and "nothing was changed" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert files_under(root) == before
@@ -120,7 +120,7 @@ def test_import_into_a_read_only_mount_writes_nothing(tmp_path):
     _populate(root)
     before = files_under(root)
     proc = _ro_run(root, "import", str(bundle))
-    assert proc.returncode == 1 and "not writable" in proc.stderr
+    assert proc.returncode == 2 and "not writable" in proc.stderr
     assert files_under(root) == before
     check = _ro_run(root, "import", str(bundle), "--dry-run", "--json")
     assert check.returncode == 0 and json.loads(check.stdout)["imported"] == 1
@@ -163,7 +163,7 @@ def test_a_root_another_user_owns(shared_root):
     assert keys["bad"] in verify.stdout
     for args in (["verify", "--repair"], ["prune", "--older-than", "1d"]):
         proc = _as_nobody("--root", str(shared_root), *args)
-        assert proc.returncode == 1, proc.stderr
+        assert proc.returncode == 2, proc.stderr
         assert "not writable" in proc.stderr
     doctor = _as_nobody("--root", str(shared_root), "doctor", "--json")
     checks = {c["name"]: c["status"] for c in json.loads(doctor.stdout)["checks"]}
@@ -187,7 +187,7 @@ def test_unwritable_root_as_this_user(tmp_path):
             text=True,
             timeout=60,
         )
-        assert proc.returncode == 1 and "not writable" in proc.stderr
+        assert proc.returncode == 2 and "not writable" in proc.stderr
         assert files_under(root) == before
     finally:
         os.chmod(root, 0o755)
@@ -245,7 +245,7 @@ def test_a_root_this_user_cannot_read_is_said_by_every_command(tmp_path):
     try:
         for args in (["stats"], ["ls"], ["show", keys["good"]], ["verify"], ["prune"]):
             proc = run(*args)
-            assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+            assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
             assert f"cannot read the cache root {root}: Permission denied" in proc.stderr
             assert "run as a user who may read it" in proc.stderr
             assert proc.stdout == "", (args, proc.stdout)

@@ -266,3 +266,50 @@ def test_log_lines_carry_one_prefix(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"kernelcache: WARNING: {manifest} holds no records" in proc.stderr
     assert "kernelcache: WARNING: kernelcache:" not in proc.stderr
+
+
+# A job that lowers one Triton kernel through the bridge (from the repository's examples).
+ADD = """
+import jax, jax.numpy as jnp
+import bridge
+from examples.kernels import add_kernel
+x = jax.ShapeDtypeStruct((4096,), jnp.float32)
+def step(a, b):
+    return bridge.triton_call(a, b, 4096, kernel=add_kernel, out_shape=x, grid=(4,), BLOCK=1024,
+                              target="cuda:90")
+text = jax.jit(step).trace(x, x).lower(lowering_platforms=("cuda",)).as_text()
+print("lowered", "triton_kernel_call" in text)
+"""
+
+
+@pytest.mark.parametrize(
+    "name,value,cache_on",
+    [("KERNELCACHE_LOCK_TIMEOUT", "abc", False), ("KERNELCACHE_EMBED", "bogus", True)],
+)
+def test_a_variable_that_cannot_be_used_never_fails_a_job_and_fails_every_command(
+    tmp_path, name, value, cache_on
+):
+    """In a job: said once, naming the variable; a setting of the cache turns the cache off
+    in that process (kernels compile in memory), a setting of the bridge falls back to its
+    default. In every command but doctor: a usage error naming it (doctor fails its check)."""
+    root = tmp_path / "root"
+    proc = subprocess.run(
+        [sys.executable, "-c", ADD],
+        env=child_env(KERNELCACHE_DIR=str(root), **{name: value}),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and "lowered True" in proc.stdout, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if f"{name}='{value}'" in line]
+    assert len(said) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert ("the cache is off" in said[0]) != cache_on
+    entries = list(root.glob("*.json")) if root.exists() else []
+    assert bool(entries) == cache_on
+    root.mkdir(exist_ok=True)
+    for command in (["ls"], ["stats"], ["verify"], ["prune", "--dry-run"]):
+        cli = kc(root, *command, env={name: value})
+        assert cli.returncode == 2 and f"{name}='{value}'" in cli.stderr, (command, cli.stderr)
+    code, checks, _ = _doctor(root, **{name: value})
+    assert code == 1 and checks[name]["status"] == "fail"

@@ -169,6 +169,7 @@ def test_stats_shows_counters_per_tier_and_asks_each_tier(layers, tmp_path):
     proc = _run_cli("stats", "--remote", "--json", root=other.root, extra=env)
     probes = json.loads(proc.stdout)["remote"]
     assert [p["up"] for p in probes] == [True, True, False], probes
+    assert proc.returncode == 1, "a tier that does not answer is a problem found"
     assert "Connection" in probes[2]["error"]
     human = _run_cli("stats", "--remote", root=other.root, extra=env).stdout
     assert f"Remote {redis_label}: answers" in human and "does not answer" in human

@@ -90,10 +90,17 @@ def test_untrusted_entry_in_readonly_root_is_skipped(tmp_path):
     assert (image / f"{key}.bin").stat().st_uid == NOBODY  # left alone
 
 
-def test_bad_policy_is_a_clear_error(monkeypatch, tmp_path):
+def test_a_bad_policy_turns_the_cache_off_in_a_job_and_says_so_once(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("KERNELCACHE_TRUST", "everyone")
+    for _ in range(2):
+        cache = kernelcache.Cache(tmp_path / "root")
+        art = cache.get_or_create("ab" * 32, "bin", lambda: (b"built", {}))
+        assert art.data == b"built"  # compiled in memory
+    assert not (tmp_path / "root").exists() or not list((tmp_path / "root").iterdir())
+    said = [r.getMessage() for r in caplog.records if "KERNELCACHE_TRUST" in r.getMessage()]
+    assert len(said) == 1 and "the cache is off in this process" in said[0], said
     with pytest.raises(kernelcache.ConfigError, match="KERNELCACHE_TRUST"):
-        kernelcache.Cache(tmp_path)
+        kernelcache.config.settings()  # what the commands read: exit 2 naming it
 
 
 # -- who can write an entry, not only who owns it ---------------------------------------------

@@ -291,7 +291,7 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
     tune = _bridge_module("tune", "bridge.cli.tune")
     import kernelcache
 
-    from ..errors import ManifestError, TargetError
+    from ..errors import ManifestError, PinError, TargetError
     from ..tune import measure
 
     if fill:
@@ -306,7 +306,7 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
             force=args.force,
             gpus=args.gpus,
         )
-    except (TargetError, ManifestError) as e:
+    except (TargetError, ManifestError, PinError) as e:
         raise UsageError(str(e)) from None
     unknown = sorted(
         set(pins or ())

@@ -15,7 +15,6 @@ from kernelcache.cli import UsageError, add_command, root_of
 from kernelcache.cli.common import age_arg, size_arg
 from kernelcache.cli.output import (
     EXIT_OK,
-    CommandFailed,
     Output,
     envelope,
     human_age,
@@ -125,7 +124,7 @@ def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
             with out.progress("pruning", len(doomed)) as tick:
                 removed, freed = jax_cache.prune_jax_cache(directory, doomed, stray, progress=tick)
         except (TimeoutError, OSError) as e:
-            raise CommandFailed(f"nothing was removed: {e}") from None
+            raise UsageError(f"nothing was removed: {e}") from None
     now = time.time()
     total = sum(e.size for e in entries)
     doc = {

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ..compile.variants import Variants, known_left_out
 from ..entries import decisions
 from ..entries.decisions import ANY_DEVICE, Decision
-from ..errors import AutotuneError, BridgeError, KernelArgumentError
+from ..errors import BridgeError, KernelArgumentError, PinError
 from ..identity.specialize import Specialization, specialize_call
 from ..lowering.lower import variant_opaque
 from ..targets import Target, local_device, parse_target, recorded_targets
@@ -120,20 +120,30 @@ def _specs(group: _Group, target: Target, cache: Cache) -> list[Specialization]:
     return specialize_call(kernel_parts(group.call), named, kwargs, options, target, cache)
 
 
+def pinned_config(group: _Group, index: int) -> str:
+    """The config ``index`` of the kernel's own config list, as a variant describes it.
+
+    Raises:
+        PinError: the kernel is not autotuned, or has no config ``index``.
+    """
+    parts = kernel_parts(group.call)
+    configs = [layer.configs for layer in parts.layers if hasattr(layer, "configs")]
+    if not configs:
+        raise PinError(f"{group.call.kernel} is not autotuned: there is nothing to pin")
+    own = configs[0]
+    if not 0 <= index < len(own):
+        raise PinError(
+            f"--pin {group.call.kernel.rpartition(':')[2]}={index}: the kernel has "
+            f"{len(own)} configs (0 to {len(own) - 1})"
+        )
+    return str(own[index])
+
+
 def pin(group: _Group, target: Target, index: int, cache: Cache) -> Tuned:
     """Store config ``index`` (of the kernel's own config list) as the decision of ``group``'s
     call for every device of ``target``, in place of the one pinned before."""
-    parts = kernel_parts(group.call)
+    wanted = pinned_config(group, index)
     specs = _specs(group, target, cache)
-    configs = [layer.configs for layer in parts.layers if hasattr(layer, "configs")]
-    if not configs:
-        raise AutotuneError(f"{group.call.kernel} is not autotuned: there is nothing to pin")
-    own = configs[0]
-    if not 0 <= index < len(own):
-        raise AutotuneError(
-            f"{group.call.kernel} has {len(own)} configs (0 to {len(own) - 1}); {index} is none"
-        )
-    wanted = str(own[index])
     found = [
         i
         for i, s in enumerate(specs)
@@ -166,7 +176,7 @@ def pin(group: _Group, target: Target, index: int, cache: Cache) -> Tuned:
         reasons=left,
     )
     named, _, _ = group.call.revived(target, [0])
-    key = decisions.keys_of(parts, named, specs)[0]
+    key = decisions.keys_of(kernel_parts(group.call), named, specs)[0]
     if decisions.find(cache, [key], made.variants) != made:
         _store(cache, key, made)
     return Tuned(group.call.kernel, str(target), "pinned", made)
@@ -301,18 +311,28 @@ def tune(
     Raises:
         TargetError: a target given is malformed, or a pattern matches no target the manifest
             records.
+        PinError: a pin names a config its kernel does not have (nothing is stored).
     """
     groups = recorded_calls(manifest)
     choose = recorded_targets(targets, (t for group in groups for t in group.targets), manifest)
     results: list[Tuned] = []
+    wanted = {}
     for group in groups:
         kernel = group.call.kernel
-        short = kernel.rpartition(":")[2]
-        index = None
-        if pins is not None:
-            index = pins.get(kernel, pins.get(short))
-            if index is None:
-                continue
+        index = None if pins is None else pins.get(kernel, pins.get(kernel.rpartition(":")[2]))
+        if index is not None:  # every pin checked before any decision is stored
+            try:
+                pinned_config(group, index)
+            except PinError:
+                raise
+            except (BridgeError, ValueError):
+                pass  # (reported below, per target, as the kernel's failure)
+        wanted[id(group)] = index
+    for group in groups:
+        kernel = group.call.kernel
+        index = wanted[id(group)]
+        if pins is not None and index is None:
+            continue
         for name in choose(group.targets):
             try:
                 target = parse_target(name)

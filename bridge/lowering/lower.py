@@ -114,11 +114,11 @@ class Setup:
 def setup(call: CallSpec, platform: str, jaxlib: str | None = None) -> Setup:
     """Read the settings and resolve the target, embedding, cache and local device of ``call``
     for ``platform`` (see :class:`Setup`)."""
-    from kernelcache.config import settings
+    from kernelcache.config import job_settings
 
-    from ..settings import settings as bridge_settings
+    from ..settings import job_settings as bridge_settings
 
-    cfg, ours = settings(), bridge_settings()
+    cfg, ours = job_settings(), bridge_settings()  # (a variable that cannot be used: said once)
     target = targets.select_target(call.target, platform, ours)
     jaxlib = jaxlib or versions.jaxlib_version()
     mode = embed.choose_mode(call.embed, target, jaxlib, ours)

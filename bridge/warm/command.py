@@ -187,7 +187,7 @@ def run(
             backend, a disabled cache, ``jobs`` < 1 (the CLI exits 2 with the message).
     """
     from kernelcache import progress as progressbar
-    from kernelcache.cli import CommandFailed, Output, UsageError
+    from kernelcache.cli import Output, UsageError
     from kernelcache.config import settings
 
     from ..errors import BackendUnavailable, TargetError
@@ -214,7 +214,7 @@ def run(
         except (ManifestError, TargetError, BackendUnavailable) as e:
             raise UsageError(str(e)) from None
         except RootError as e:
-            raise CommandFailed(e.strerror) from None
+            raise UsageError(e.strerror) from None
     if not report.records and not report.failures:
         logger.warning("kernelcache: %s holds no records: nothing to warm", manifest)
     out.emit(report.as_json, report.summary)

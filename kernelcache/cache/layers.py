@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 
 from .. import stats, units
-from ..config import Settings, settings
+from ..config import Settings, job_settings
 from ..errors import ConfigError, InvalidValue
 from ..maintenance.capacity import SizeCap
 from ..process import warn_once
@@ -53,7 +53,7 @@ class Layers:
         lock_mode: str | None = None,
         max_size: int | str | None = None,
     ) -> None:
-        cfg = settings()
+        cfg = job_settings()  # a variable that cannot be used: the cache off, said once
         self.lock_timeout = cfg.lock_timeout if lock_timeout is None else float(lock_timeout)
         mode = cfg.lock_mode if lock_mode is None else lock_mode
         self.store = Store.from_settings(

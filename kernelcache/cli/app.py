@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import NoReturn
 
 from .._version import __version__
+from ..config import check_variables
 from ..errors import CommandFailed, ConfigError, UsageError
 from . import bundles, diagnosis, listing, maintenance, report
 from .common import Context, Subparsers, common_options
@@ -151,9 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler.setFormatter(_Formatter())
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), handlers=[handler])
     out = Output(args.json)
-    if args.command != "doctor":  # (doctor lists them among its checks)
-        _warn_unknown_variables()
     try:
+        if args.command != "doctor":  # (doctor lists them among its checks)
+            _warn_unknown_variables()
+            check_variables()  # every command: a variable that cannot be used is an error
         return int(args.func(args, out))
     except UsageError as e:
         return fail(str(e), EXIT_USAGE, args.command, args.json)

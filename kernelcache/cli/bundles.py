@@ -105,8 +105,8 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
                 upload_file(args.to, local, overwrite=args.force)
             except ConfigError as e:  # obstore missing
                 raise UsageError(str(e)) from None
-            except OSError as e:
-                raise CommandFailed(str(e)) from None
+            except OSError as e:  # the store refused it, or cannot be reached
+                raise UsageError(str(e)) from None
 
         return _export(args, out, local, (redact(args.to), upload))
 
@@ -233,8 +233,8 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
             download_file(args.source, local)
         except ConfigError as e:  # obstore missing
             raise UsageError(str(e)) from None
-        except OSError as e:
-            raise CommandFailed(str(e)) from None
+        except OSError as e:  # no such bundle, or the store cannot be reached
+            raise UsageError(str(e)) from None
         return _import(args, out, local, redact(args.source))
 
 

@@ -15,7 +15,7 @@ from typing import TypeAlias
 
 from .. import schema, units
 from ..config import Settings, parse_variable, settings, variable
-from ..errors import CommandFailed, ConfigError, UsageError
+from ..errors import ConfigError, UsageError
 from ..store.layout import UNREADABLE_HINT, readable, resolve_root, writable
 from ..store.root import Store
 
@@ -282,7 +282,7 @@ class Context:
         try:
             st = os.stat(root)
         except PermissionError as e:
-            raise CommandFailed(_unreadable(root, e.strerror)) from None
+            raise UsageError(_unreadable(root, e.strerror)) from None
         except OSError:
             if missing_ok and not os.path.lexists(root):
                 return root
@@ -295,13 +295,13 @@ class Context:
                 f"the cache root {root} is not a directory (check --root or KERNELCACHE_DIR)"
             )
         if not readable(root):
-            raise CommandFailed(_unreadable(root, "Permission denied"))
+            raise UsageError(_unreadable(root, "Permission denied"))
         return root
 
     def require_writable(self) -> None:
         """Refuse, before changing anything, to work on a root this user cannot write."""
         if os.path.isdir(self.root) and not writable(self.root):
-            raise CommandFailed(
+            raise UsageError(
                 f"{self.root} is not writable by this user (or is on a read-only filesystem); "
                 "nothing was changed"
             )

@@ -17,7 +17,6 @@ from .common import Context, Subparsers, add_command, count_arg
 from .output import (
     EXIT_OK,
     EXIT_PROBLEMS,
-    CommandFailed,
     Output,
     UsageError,
     dumps,
@@ -313,7 +312,7 @@ def _write_atomic(path: str, text: str) -> None:
         finally:
             os.close(dfd)
     except OSError as e:
-        raise CommandFailed(f"cannot write {path}: {e.strerror}") from e
+        raise UsageError(f"cannot write {path}: {e.strerror}") from e
 
 
 def register(subparsers: Subparsers) -> None:
@@ -397,4 +396,5 @@ def cmd_stats(args: argparse.Namespace, out: Output) -> int:
         _write_atomic(args.output, text)
     else:
         sys.stdout.write(text)
-    return EXIT_OK
+    down = [probe for probe in doc.get("remote") or () if not probe["up"]]
+    return EXIT_PROBLEMS if down else EXIT_OK
