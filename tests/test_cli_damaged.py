@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import key_of
-from test_cli_support import backdate, dead_pid, files_under, kc, kc_json, put
+from conftest import CAN_UNSHARE, child_env, key_of
+from test_cli_support import KERNELCACHE, backdate, dead_pid, files_under, kc, kc_json, put
 
 import bridge  # noqa: F401  (declares the bridge's variables, as the command's plugin does)
 from kernelcache.config import variables
@@ -463,8 +464,34 @@ def test_a_write_error_is_said_once_without_errno_or_a_doubled_prefix(tmp_path):
     kc_json(populated, "export", str(bundle))
     (tmp_path / "afile").write_text("")
     proc = kc(tmp_path / "afile" / "root", "import", str(bundle))
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr  # nothing done: the root cannot take it
+    assert "cannot log statistics" not in proc.stderr, "said once: the error named the root"
     (line,) = [e for e in proc.stderr.splitlines() if "error" in e]
     assert line.startswith("kernelcache: error: cannot write under "), line
     assert "[Errno" not in line and line.count("kernelcache:") == 1, line
     assert "Not a directory" in line and "nothing was imported" in line
+
+
+@pytest.mark.skipif(not CAN_UNSHARE, reason="needs a private mount namespace for a full disk")
+def test_an_import_onto_a_full_disk_is_one_error_and_no_statistics_warning(tmp_path):
+    """The disk fills during an import: exit 2 (nothing imported), one error naming the
+    root and "No space left", and no second warning about the statistics log."""
+    populated = tmp_path / "populated"
+    for i in range(8):
+        put(populated, f"k{i}", size=40_000)
+    bundle = tmp_path / "b.tar"
+    kc_json(populated, "export", str(bundle))
+    root = tmp_path / "full"
+    root.mkdir()
+    script = f'mount -t tmpfs -o size=96k tmpfs "{root}" && exec "$KC" --root "{root}" import "$B"'
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script],
+        env=child_env(KC=str(KERNELCACHE), B=str(bundle)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot log statistics" not in proc.stderr, proc.stderr
+    (line,) = [e for e in proc.stderr.splitlines() if "error" in e]
+    assert "No space left" in line and "[Errno" not in line and str(root) in line, line

@@ -571,6 +571,9 @@ print("CODE", code)
     assert "store" in kinds and "compile" not in kinds, kinds
     detail = next(p["detail"] for p in doc["failures"] if p["kind"] == "store")
     assert "could not be stored" in detail and "no space left" in detail, detail
+    said = proc.stderr.splitlines()
+    assert not [line for line in said if line.count("kernelcache:") > 1], proc.stderr
+    assert "cannot log statistics" not in proc.stderr, "the store problems named the root"
 
 
 # -- the README's main job and the shipped manifest -------------------------------------------

@@ -22,6 +22,7 @@ from typing import NoReturn
 from .._version import __version__
 from ..config import check_variables
 from ..errors import CommandFailed, ConfigError, UsageError
+from ..stats.counters import quiet as quiet_statistics
 from . import bundles, diagnosis, listing, maintenance, report
 from .common import Context, Subparsers, common_options
 from .output import EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, Output, fail
@@ -156,7 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "doctor":  # (doctor lists them among its checks)
             _warn_unknown_variables()
             check_variables()  # every command: a variable that cannot be used is an error
-        return int(args.func(args, out))
+        code = int(args.func(args, out))
+        if code != EXIT_OK:  # the problems it reported name the root: not said again
+            quiet_statistics()
+        return code
     except UsageError as e:
         return fail(str(e), EXIT_USAGE, args.command, args.json)
     except ConfigError as e:

@@ -268,8 +268,8 @@ def _import(args: argparse.Namespace, out: Output, file: str, shown: str) -> int
             else "nothing was imported"
         )
         raise CommandFailed(f"import of {shown} rejected: {e}; {done}") from None
-    except CacheError as e:
-        raise CommandFailed(f"{e}; nothing was imported") from None
+    except CacheError as e:  # the root cannot take it: no space, not writable
+        raise UsageError(f"{e}; nothing was imported") from None
     doc = {
         **envelope("import", root),
         "file": shown if args.source else os.path.abspath(file),

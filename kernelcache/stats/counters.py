@@ -81,6 +81,9 @@ _flushed: dict[str, dict[str, float]] = {}
 _tier_counts: dict[str, dict[str, dict[str, float]]] = {}  # root -> tier label -> counters
 _tier_flushed: dict[str, dict[str, dict[str, float]]] = {}
 _logged_roots: set[str] = set()
+#: whether a log that cannot be written is warned about (not after a command reported an error,
+#: which named the root: :func:`quiet`)
+_warn_unlogged = True
 _last_flush = time.monotonic()
 _token = uuid.uuid4().hex[:8]
 
@@ -196,6 +199,13 @@ def flush() -> None:
         _append(root, delta, **({"tiers": tiers} if tiers else {}))
 
 
+def quiet() -> None:
+    """Say nothing more of a log that cannot be written: a command has reported an error,
+    which named what was wrong with the root."""
+    global _warn_unlogged
+    _warn_unlogged = False
+
+
 def log_name() -> str:
     """This process's log file name (the same under every root)."""
     return f"{HOST}-{os.getpid()}-{_token}.jsonl"
@@ -243,6 +253,9 @@ def _append(root: str, delta: dict[str, float], **extra: object) -> None:
         finally:
             os.close(dfd)
     except OSError as e:
+        if not _warn_unlogged:
+            logger.debug("kernelcache: statistics not logged under %s: %s", root, e)
+            return
         warn_once(
             logger,
             (root, "stats-log"),

@@ -37,7 +37,7 @@ def write_error(root: str, what: str, e: OSError | None = None, key: str = "") -
     causes, what to do."""
     hint = _HINTS.get(e.errno) if e is not None and e.errno is not None else None
     where = f" entry {key}" if key else ""
-    message = f"kernelcache: cannot write{where} under {root}: {what}"
+    message = f"cannot write{where} under {root}: {what}"
     if hint:
         message += f" ({hint})"
     return CacheError(e.errno if e is not None and e.errno else errno.EIO, message)

@@ -327,7 +327,7 @@ class Removal:
         """
         check_key(key)
         if self.readonly:
-            raise CacheError(errno.EROFS, f"kernelcache: {self.root} is a read-only root")
+            raise CacheError(errno.EROFS, f"{self.root} is a read-only root")
         try:
             held = self.lock(key, shared=False, timeout=wait)
         except LockTimeout:

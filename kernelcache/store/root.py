@@ -362,7 +362,7 @@ class Store(Removal):
                 what to do).
         """
         if self.readonly:
-            raise CacheError(errno.EROFS, f"kernelcache: {self.root} is a read-only root")
+            raise CacheError(errno.EROFS, f"{self.root} is a read-only root")
         root_fd = self._root_fd()
         try:
             tmp_fd = open_subdir(self.root, TMP_DIR, create=True)
@@ -431,7 +431,7 @@ class Store(Removal):
         require_whole(key, ext, data, doc)
         budget = WaitBudget(self.lock_timeout if wait is None else wait)
         if self.readonly:
-            raise CacheError(errno.EROFS, f"kernelcache: {self.root} is a read-only root")
+            raise CacheError(errno.EROFS, f"{self.root} is a read-only root")
         root_fd = self._root_fd()
         staged: list[str] = []
         tmp_fd = -1
