@@ -44,6 +44,17 @@ def _state(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[0]
 
 
+def _stopped(pid: int, within: float = 2.0) -> bool:
+    """Whether process ``pid`` is stopped within ``within`` seconds (a signal is delivered
+    when the process next runs)."""
+    deadline = time.monotonic() + within
+    while _state(pid) != "T":
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _refused(port: int) -> bool:
     """Whether a connection to ``port`` on 127.0.0.1 is refused (nothing listens)."""
     try:
@@ -121,12 +132,12 @@ class Servers:
                     threading.Thread(target=failover, daemon=True).start()
                 return evidence
             node.pause()
-            stopped = _state(node.process.pid) == "T"
+            stopped = _stopped(node.process.pid)
             hangs = _hangs(node.port, b"PING\r\n")
             return {"landed": stopped and hangs, "state": "stopped", "ping_hangs": hangs}
         if scenario == "stopped-s3":
             self.moto.send_signal(signal.SIGSTOP)
-            stopped = _state(self.moto.pid) == "T"
+            stopped = _stopped(self.moto.pid)
             hangs = _hangs(self.moto_port, b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
             return {"landed": stopped and hangs, "state": "stopped", "http_hangs": hangs}
         return {}
