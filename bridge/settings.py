@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kernelcache import ConfigError
-from kernelcache.config import Variable, choice, parser, path, register_variables
+from kernelcache.config import choice, parser, path, register_variables, setting, variables_of
 from kernelcache.process import warn_once
 
 from .vendors.registry import parse_name, registered
@@ -35,62 +35,52 @@ def _target(raw: str) -> str:
     return value
 
 
-VARIABLES = (
-    Variable(
+@dataclass(frozen=True)
+class BridgeSettings:
+    """The bridge's variables, parsed: one field per variable, each declared with
+    :func:`kernelcache.config.setting` (its name, parser, default and meaning, once)."""
+
+    target: str | None = setting(
         "KERNELCACHE_TARGET",
-        "target",
         _target,
         None,
         "detected",
         "compile target for the bridge, e.g. cuda:90 or hip:gfx942",
-    ),
-    Variable(
+    )
+    embed: str = setting(
         "KERNELCACHE_EMBED",
-        "embed",
         choice(*EMBED_MODES),
         "auto",
         "auto",
         f"how the bridge embeds kernels: {', '.join(EMBED_MODES)}",
-    ),
-    Variable(
+    )
+    autotune: str = setting(
         "KERNELCACHE_AUTOTUNE",
-        "autotune",
         choice(*AUTOTUNE_MODES),
         "decided",
         "decided",
         f"which config of an autotuned call runs: {', '.join(AUTOTUNE_MODES)}",
-    ),
-    Variable(
+    )
+    record: Path | None = setting(
         "KERNELCACHE_RECORD",
-        "record",
         path,
         None,
         "(off)",
         "append every lowered specialization to this manifest file",
-    ),
-    Variable(
+    )
+    jax_triton: str | None = setting(
         "KERNELCACHE_JAX_TRITON",
-        "jax_triton",
         choice(*JAX_TRITON_APIS),
         None,
         "the installed jax-triton's, else 0.4",
         "which jax-triton's API `import jax_triton` gives under `kernelcache run` or "
         f"bridge.install_jax_triton(): {', '.join(JAX_TRITON_APIS)}",
-    ),
-)
+    )
+
+
+#: the bridge's variables, in the order :class:`BridgeSettings` declares them
+VARIABLES = variables_of(BridgeSettings)
 register_variables(*VARIABLES)
-
-
-@dataclass(frozen=True)
-class BridgeSettings:
-    """The bridge's variables, parsed (defaults as declared in :data:`VARIABLES`)."""
-
-    target: str | None = None
-    embed: str = "auto"
-    autotune: str = "decided"
-    record: Path | None = None
-    jax_triton: str | None = None
-
 
 _parse = parser(VARIABLES, BridgeSettings)
 

@@ -276,10 +276,14 @@ class Settings:
         return None
 
 
+def variables_of(declared: type) -> tuple[Variable, ...]:
+    """The variables of a dataclass whose fields are declared with :func:`setting`, in its
+    order (a package built on kernelcache declares its settings so too)."""
+    return tuple(replace(f.metadata["variable"], field=f.name) for f in fields(declared))
+
+
 #: kernelcache's own variables, in the order :class:`Settings` declares them
-VARIABLES: tuple[Variable, ...] = tuple(
-    replace(f.metadata["variable"], field=f.name) for f in fields(Settings)
-)
+VARIABLES: tuple[Variable, ...] = variables_of(Settings)
 #: every setting at its default (what a function's default argument takes)
 DEFAULTS = Settings()
 
