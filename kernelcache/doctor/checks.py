@@ -30,6 +30,7 @@ from ..keys import META_EXT, split_entry_name
 from ..process import HOST
 from ..store.layout import create_exclusive, shared_directories
 from ..store.locks.liveness import pid_alive
+from ..store.removal import remove_own_file
 from .report import Check
 
 #: packages whose installed versions are reported (never imported)
@@ -132,7 +133,7 @@ def _probe(root: str) -> tuple[str | None, str | None]:
         except OSError:
             mode = "soft"
         os.close(fd)
-        os.unlink(name, dir_fd=dfd)
+        remove_own_file(dfd, name)
     except OSError as e:
         return e.strerror or str(e), None
     finally:

@@ -37,6 +37,7 @@ from ..jsonio import load_json
 from ..keys import META_EXT, all_keys, valid_ext
 from ..schema.format import MAX_META_BYTES
 from ..store.layout import STATS_DIR, known_directories, open_subdir, replace_file
+from ..store.removal import remove_own_file
 from ..table import EntryTable
 
 if TYPE_CHECKING:
@@ -236,7 +237,7 @@ def discard_index(root: str) -> None:
     except OSError:
         return
     try:
-        os.unlink(INDEX_NAME, dir_fd=dfd)
+        remove_own_file(dfd, INDEX_NAME)
     except OSError as e:
         logger.debug("kernelcache: cannot remove the scan index under %s: %s", root, e)
     finally:

@@ -19,7 +19,6 @@ each entry's files, no metadata read.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -30,6 +29,7 @@ from ..errors import LockTimeout, LockUnavailable, NotRegularFile
 from ..keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
 from ..process import warn_once
 from ..store.layout import STATS_DIR, open_subdir, replace_file
+from ..store.removal import remove_own_file
 from ..store.root import Store
 from ..table import EntryInfo
 
@@ -344,8 +344,7 @@ def discard_usage(root: str) -> None:
     except OSError:
         return
     try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(USAGE_NAME, dir_fd=dfd)
+        remove_own_file(dfd, USAGE_NAME)
     except OSError as e:
         logger.debug(
             "kernelcache: cannot remove %s/%s under %s: %s", STATS_DIR, USAGE_NAME, root, e

@@ -28,6 +28,7 @@ from ..process import HOST
 from ..store.layout import STATS_DIR, open_subdir, replace_file
 from ..store.locks.liveness import pid_alive
 from ..store.locks.locker import Locker
+from ..store.removal import remove_own_file
 from .counters import (
     COUNTERS,
     LOG_VERSION,
@@ -250,8 +251,8 @@ def _fold_locked(dfd: int, names: Iterable[str]) -> int:
     for name in os.listdir(dfd):
         if name.endswith(_FOLDING):
             if name[: -len(_FOLDING)] in absorbed:
-                with contextlib.suppress(FileNotFoundError, PermissionError):
-                    os.unlink(name, dir_fd=dfd)  # counted by the summary before a crash
+                with contextlib.suppress(PermissionError):
+                    remove_own_file(dfd, name)  # counted by the summary before a crash
             else:
                 pending.append(name)
     for name in names:
@@ -283,8 +284,8 @@ def _fold_locked(dfd: int, names: Iterable[str]) -> int:
         record["tiers"] = {t: {k: int(v) for k, v in c.items()} for t, c in tiers.items()}
     replace_file(dfd, SUMMARY_NAME, (json.dumps(record, sort_keys=True) + "\n").encode())
     for name in pending:
-        with contextlib.suppress(FileNotFoundError, PermissionError):  # (named by the summary)
-            os.unlink(name, dir_fd=dfd)
+        with contextlib.suppress(PermissionError):  # (named by the summary)
+            remove_own_file(dfd, name)
     return len(pending)
 
 
@@ -315,10 +316,7 @@ def zero_logs(locker: Locker, *, timeout: float = 10.0) -> tuple[int, list[str],
                 if not (name.endswith(".jsonl") or name.endswith(".jsonl" + _FOLDING)):
                     continue
                 try:
-                    os.unlink(name, dir_fd=dfd)
-                    removed += 1
-                except FileNotFoundError:
-                    continue
+                    removed += remove_own_file(dfd, name)
                 except OSError as e:
                     left.append(f"{os.path.join(locker.root, STATS_DIR, name)}: {e.strerror}")
         except OSError as e:

@@ -1,7 +1,7 @@
-"""The one place entries and maintenance remove files of a root: an entry's files (deleted or
-quarantined), orphan artifacts, old staging and quarantined files, and lock files no one holds.
-(A module that keeps a file of its own, such as the statistics logs or the scan index, replaces
-or removes only that file.)
+"""The one place files of a root are removed: an entry's files (deleted or quarantined), orphan
+artifacts, old staging and quarantined files, lock files no one holds, and the files a module
+keeps of its own (statistics logs and their summary, the usage file, the scan index, a probe:
+:func:`remove_own_file`, each module removing only its own).
 
 Invariants: a file is removed relative to the root's descriptor, never through a symlink; an
 artifact is removed only after its readers' shared flocks were excluded (a reader never loses
@@ -136,6 +136,20 @@ def names_of(root: str, key: str) -> list[str]:
     return names
 
 
+def remove_own_file(dfd: int, name: str) -> bool:
+    """Remove the file ``name`` from a directory of a root open as ``dfd`` (one a module keeps
+    there: a statistics log, the usage file, the scan index, a probe). False: it was gone.
+
+    Raises:
+        OSError: another failure (permissions, a read-only filesystem).
+    """
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def remove_root_file(root: str, name: str) -> None:
     """Remove the file ``name`` at the top of ``root`` (an artifact no metadata claims; the
     caller holds its key's exclusive lock)."""
@@ -169,12 +183,9 @@ def remove_lock_file(root: str, filename: str) -> bool:
     a leftover of a broken soft lock, or a flock file in soft mode). False: it is gone."""
     dfd = open_subdir(root, LOCK_DIR, create=False)
     try:
-        os.unlink(filename, dir_fd=dfd)
-    except FileNotFoundError:
-        return False
+        return remove_own_file(dfd, filename)
     finally:
         os.close(dfd)
-    return True
 
 
 def remove_unheld_lock(locks_dfd: int, name: str) -> None:
