@@ -301,7 +301,7 @@ def test_import_into_a_full_disk_publishes_nothing_and_leaves_nothing_in_the_way
         """,
     )
     first = proc.stdout.split("FIRST ", 1)[1].splitlines()[0]
-    assert first.startswith("1 ") and "No space left" in first and "prune" in first
+    assert first.startswith("2 ") and "No space left" in first and "prune" in first  # nothing done
     assert "nothing was imported" in first
     verify = proc.stdout.split("VERIFY ", 1)[1].splitlines()[0]
     assert verify == "0 0 []", verify  # the entries that had fitted were removed again

@@ -194,7 +194,7 @@ def test_bundles_go_to_and_come_from_a_bucket(s3, tmp_path):
     assert doc["entries"] == 5 and doc["file"].startswith(f"{base}/releases/kernels.tar")
 
     again = _run_cli("export", "--to", url, root=source.root, extra=_s3_env())
-    assert again.returncode == 1 and "exists" in again.stderr  # first writer wins
+    assert again.returncode == 2 and "exists" in again.stderr  # first writer wins: nothing done
 
     dest = tmp_path / "dest"
     proc = _run_cli("import", "--from", url, "--json", root=dest, extra=_s3_env())
@@ -205,7 +205,7 @@ def test_bundles_go_to_and_come_from_a_bucket(s3, tmp_path):
     missing = _run_cli(
         "import", "--from", url.replace("kernels", "nope"), root=dest, extra=_s3_env()
     )
-    assert missing.returncode == 1 and "no object" in missing.stderr
+    assert missing.returncode == 2 and "no object" in missing.stderr  # as a missing file
     both = _run_cli("import", "x.tar", "--from", url, root=dest, extra=_s3_env())
     assert both.returncode == 2 and "either FILE or --from" in both.stderr
 

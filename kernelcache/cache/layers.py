@@ -83,7 +83,7 @@ class Layers:
             self.remote = self._open_remote(remote, cfg, from_env)
         self.disabled = cfg.disable
         #: (key, ext) pairs :meth:`get` has validated (its hot path checks each pair once)
-        self._valid: set[tuple[str, str]] = set()
+        self.valid: set[tuple[str, str]] = set()
         if cfg.stats_log and not self.disabled:
             stats.enable_log(self.root)
         cap = cfg.max_size if max_size is None else max_size
