@@ -15,6 +15,7 @@ with that reason. docs/development.md describes the convention.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import re
 import subprocess
@@ -312,6 +313,19 @@ def test_blocks_are_of_known_languages_and_start_their_line():
         assert block.language in RUN or block.language in SHOWN, (
             f"{_id(block)}: ```{block.language}: add it to RUN or SHOWN in tests/test_docs.py"
         )
+
+
+def test_lists_and_tables_start_after_a_blank_line():
+    """MkDocs' Markdown reads a list or a table that directly follows a paragraph line as more
+    of the paragraph (GitHub does not), so the site would show it as run-on text."""
+    for path in PAGES:
+        lines = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), path.read_text()).split("\n")
+        for i, (prev, line) in enumerate(itertools.pairwise(lines), start=2):
+            starts = re.match(r"([-*] |\d+\. |\|)", line)
+            continues = (
+                not prev.strip() or prev.startswith(" ") or re.match(r"([-*] |\d+\. |\|)", prev)
+            )
+            assert not starts or continues, f"{rel(path)}:{i}: a blank line is needed before it"
 
 
 def test_every_not_run_marker_precedes_a_block_that_would_run():
