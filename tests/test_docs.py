@@ -328,6 +328,16 @@ def test_lists_and_tables_start_after_a_blank_line():
             assert not starts or continues, f"{rel(path)}:{i}: a blank line is needed before it"
 
 
+def test_nested_lists_are_indented_by_four_spaces():
+    """MkDocs' Markdown nests a list item only four spaces deeper (GitHub: two suffice); one
+    indented otherwise is shown as an item of the outer list."""
+    for path in PAGES:
+        text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), path.read_text())
+        for m in re.finditer(r"^( +)(?:[-*]|\d+\.) ", text, re.M):
+            line = text.count("\n", 0, m.start()) + 1
+            assert len(m.group(1)) % 4 == 0, f"{rel(path)}:{line}: indent a nested item by 4"
+
+
 def test_every_not_run_marker_precedes_a_block_that_would_run():
     for path in TEXTS:
         text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), path.read_text())
