@@ -127,6 +127,32 @@ def test_a_killed_primary_fails_over_and_its_keys_are_served_again_within_two_se
     assert promoted is not None and served < promoted + 2.0, (promoted, served)
 
 
+def test_a_request_that_finds_its_shard_down_goes_to_the_fallback_at_once(tmp_path):
+    """The first lock, put or get of a key after its primary died (this process has not seen
+    it fail yet) is not lost: the failure opens the shard's breaker and the same call is
+    made where the group moved, so no node builds a key without the job-wide lock for it."""
+    with RedisClusterServers(tmp_path / "cluster") as servers:
+        url = servers.url + "?timeout=0.5&breaker=60"
+        client = servers.client()
+        keys = [hashlib.sha256(f"moving kernel {i}".encode()).hexdigest() for i in range(30)]
+        locker, writer, reader = open_remote(url), open_remote(url), open_remote(url)
+        homes = {k: locker.name(k) for k in keys}
+        victim = servers.primary_of(client, homes[keys[0]])
+        stranded = [k for k in keys if servers.primary_of(client, homes[k]) is victim]
+        assert locker.get(key_of(14_000), "bin") is None  # each has read the slot map
+        assert (
+            writer.get(key_of(14_001), "bin") is None and reader.get(key_of(14_002), "bin") is None
+        )
+        victim.kill()
+        release = locker.acquire(stranded[0], 1.0)
+        assert release is not None, "the lock is taken at the fallback in the same call"
+        assert writer.put(stranded[1], "bin", b"first put", META)
+        found = reader.get(stranded[1], "bin")
+        assert found is not None and found[0] == b"first put"
+        assert open_remote(url).acquire(stranded[0], 0.0) is None, "one holder, job-wide"
+        release()
+
+
 def test_what_was_published_while_a_primary_was_down_is_found_after_its_failover(tmp_path):
     """Keys whose home shard is down are published in their group's fallback; once a replica
     has taken the shard's slots over, a fresh process finds them there (home misses: one more

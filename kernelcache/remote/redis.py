@@ -376,8 +376,7 @@ class RedisTier(TierBase):
         """The entry at :meth:`name`; on a cluster, a miss at home is looked up once more in
         the group's spare (:meth:`_spare`): what was published there while the home shard
         was down, before a replica took its slots over, is found and copied home."""
-        name = self.name(key)
-        found, failed = self._get(key, name)
+        name, (found, failed) = self._moving(key, lambda at: self._get(key, at))
         spare = None if found is not None or failed else self._spare(key, name)
         if spare is None:
             return found, failed
@@ -410,7 +409,19 @@ class RedisTier(TierBase):
     def _send(self, key: str, value: bytes, replace: bool) -> tuple[bool, bool]:
         """Store ``value`` under the entry's key if it has none (``SET NX``), or whatever it
         has with ``replace``."""
-        return self._set(key, self.name(key), value, replace)
+        return self._moving(key, lambda at: self._set(key, at, value, replace))[1]
+
+    def _moving(self, key: str, call: Callable[[str], tuple[Any, bool]]) -> tuple[str, Any]:
+        """``(name, call(name))`` at the entry's :meth:`name`; on a cluster, a call that failed
+        because its shard is down (it opened the shard's breaker) is made once more where the
+        group moved (its fallback), so a request that finds the shard down is not lost."""
+        name = self.name(key)
+        result = call(name)
+        if result[1] and self.cluster:
+            moved = self.name(key)
+            if moved != name:
+                return moved, call(moved)
+        return name, result
 
     def _set(self, key: str, name: str, value: bytes, replace: bool) -> tuple[bool, bool]:
         ttl_ms = math.ceil(self.options.ttl * 1000) if self.options.ttl else None
@@ -427,19 +438,18 @@ class RedisTier(TierBase):
         """One try at the build lock of ``key`` (see :meth:`TierBase.try_acquire`): taken and
         renewed every third of ``lease``; a lock without an expiry, or set longer ago than
         ``lock_ttl`` (a crashed or foreign client), is broken at once (one warning)."""
-        lock = self.name(key) + ":lock"
         lease = _ms(self.lease)
         token = f"{lease}:{HOST}:{os.getpid()}:{uuid.uuid4().hex}"
-        reply, failed = self._call(
-            "lock",
+        args = [token, lease, _ms(self.options.lock_ttl)]
+        name, (reply, failed) = self._moving(
             key,
-            self._eval,
-            "acquire",
-            [lock, self.name(key)],
-            [token, lease, _ms(self.options.lock_ttl)],
+            lambda at: self._call(
+                "lock", key, self._eval, "acquire", [at + ":lock", at], args, name=at
+            ),
         )
         if failed:
             return None
+        lock = name + ":lock"
         state, held = int(reply[0]), reply[1]
         if state == _READY:
             self._bump(lock_ready=1)
