@@ -102,3 +102,24 @@ def test_no_module_is_longer_than_the_limit():
     }
     long = [f"{path}: {n} lines" for path, n in lines.items() if n > MAX_LINES]
     assert not long, long
+
+
+def private_imports(packages: tuple[str, ...] = ("kernelcache", "bridge")) -> list[str]:
+    """Every ``from M import _name`` in ``packages`` (at any depth): a name private to M used
+    by another module (which should then be public in M)."""
+    import ast
+
+    found = []
+    for package in packages:
+        for path in sorted((REPO / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                    for alias in node.names:
+                        if alias.name.startswith("_") and not alias.name.startswith("__"):
+                            rel = path.relative_to(REPO)
+                            found.append(f"{rel}: from {node.module} import {alias.name}")
+    return found
+
+
+def test_no_module_imports_a_private_name_of_another():
+    assert private_imports() == []

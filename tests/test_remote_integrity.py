@@ -289,7 +289,7 @@ WRITER_WITHOUT_THE_BRIDGE = """
 import json, sys
 import kernelcache
 from kernelcache.schema import fields
-fields._covered.intersection_update({"name", "target"})  # what such a writer covered
+fields.COVERED.intersection_update({"name", "target"})  # what such a writer covered
 url, root, key, data, meta = sys.argv[1:]
 cache = kernelcache.Cache(root, readonly_roots=(), remote=url)
 cache.put(key, "bin", bytes.fromhex(data), json.loads(meta))

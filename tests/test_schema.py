@@ -28,11 +28,9 @@ def _declarations_undone():
     import bridge.entries.fields  # noqa: F401
     from kernelcache.schema import fields
 
-    saved = dict(fields.FIELDS), dict(fields._INT_RANGES), set(fields._covered)
+    saved = dict(fields.FIELDS), dict(fields._INT_RANGES), set(fields.COVERED)
     yield
-    for now, before in zip(
-        (fields.FIELDS, fields._INT_RANGES, fields._covered), saved, strict=True
-    ):
+    for now, before in zip((fields.FIELDS, fields._INT_RANGES, fields.COVERED), saved, strict=True):
         now.clear()
         now.update(before)
 

@@ -107,7 +107,7 @@ def test_a_bundle_entry_with_other_bytes_under_a_valid_signature_is_refused(sour
 EXPORT_WITHOUT_THE_BRIDGE = """
 import json, sys
 from kernelcache.schema import fields
-fields._covered.intersection_update({"name", "target"})  # what such a writer covered
+fields.COVERED.intersection_update({"name", "target"})  # what such a writer covered
 from kernelcache.bundle import export_bundle
 from kernelcache.config import settings
 from kernelcache.maintenance.scan import scan

@@ -54,7 +54,7 @@ from .format import (
     VALUE_MAX,
     ZSTD_MAGIC,
     Progress,
-    _zstandard,
+    zstandard_module,
 )
 
 
@@ -120,7 +120,7 @@ def _open_tar(
     stream: Any = f
     errors: tuple[type[BaseException], ...] = (tarfile.TarError, EOFError, OSError)
     if head.startswith(ZSTD_MAGIC):
-        zstd = _zstandard()
+        zstd = zstandard_module()
         stream = zstd.ZstdDecompressor().stream_reader(f, closefd=False)
         errors += (zstd.ZstdError,)
     try:
@@ -138,7 +138,7 @@ TRUNCATED = "the bundle is truncated (its file ends before its data does): copy 
 def _zstd_whole(f: IO[bytes]) -> bool:
     """Whether the zstd data in ``f`` ends where its frame does (False: cut short). Read in
     chunks: only after the archive in it could not be read."""
-    zstd = _zstandard()
+    zstd = zstandard_module()
     whole = zstd.ZstdDecompressor().decompressobj()
     f.seek(0)
     try:
@@ -160,7 +160,7 @@ def manifest_limit(sizes: Iterable[int]) -> int:
     return min(MAX_MANIFEST_BYTES, MANIFEST_BASE + room)
 
 
-def _members(
+def tar_members(
     f: IO[bytes],
     max_member: int,
     *,
@@ -463,7 +463,7 @@ def check_artifacts(f: IO[bytes], listed: dict[str, Listed], max_member: int) ->
     names = {name for name, entry in listed.items() if entry.ext in STRUCTURED}
     if not names:
         return
-    for member in _members(f, max_member, keep_data=True):
+    for member in tar_members(f, max_member, keep_data=True):
         entry = listed.get(member.name)
         if entry is None or member.name not in names:
             continue

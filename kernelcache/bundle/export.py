@@ -32,7 +32,7 @@ from .format import (
     MEMBER_DIR,
     ExportResult,
     Progress,
-    _zstandard,
+    zstandard_module,
 )
 
 
@@ -96,7 +96,7 @@ def export_bundle(
         MissingDependency: zstd was asked for and ``zstandard`` is not installed.
     """
     method = resolve_compression(path, compression)
-    zstd = _zstandard() if method == "zstd" else None
+    zstd = zstandard_module() if method == "zstd" else None
     if os.path.lexists(path) and not force:
         raise BundleError(f"{path} exists; pass --force to overwrite it")
     directory = os.path.dirname(os.path.abspath(path))

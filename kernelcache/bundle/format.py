@@ -74,7 +74,7 @@ class ImportResult:
     not_looked_up: tuple[tuple[str, int], ...] = ()
 
 
-def _zstandard() -> Any:
+def zstandard_module() -> Any:
     try:
         import zstandard
     except ImportError:

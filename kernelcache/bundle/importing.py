@@ -24,7 +24,7 @@ from ..schema.digests import check_signature
 from ..store.entry import Artifact
 from ..store.root import Store
 from ..toolchains import Judge
-from .checks import Listed, _members, check_artifacts
+from .checks import Listed, check_artifacts, tar_members
 from .format import MANIFEST, MAX_MEMBER_BYTES, ImportResult, Progress
 
 
@@ -80,7 +80,7 @@ def import_bundle(
     with _open_bundle(path) as f:
         members = {
             m.name: m
-            for m in _members(
+            for m in tar_members(
                 f,
                 max_member_size,
                 keep_data=False,
@@ -148,7 +148,7 @@ def import_bundle(
         imported = 0
         size = 0
         try:
-            for member in _members(
+            for member in tar_members(
                 f,
                 max_member_size,
                 keep_data=True,

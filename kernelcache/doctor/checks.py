@@ -95,21 +95,21 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-def _owner(uid: int) -> str:
+def user_name(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
 
 
-def _group(gid: int) -> str:
+def group_name(gid: int) -> str:
     try:
         return grp.getgrgid(gid).gr_name
     except KeyError:
         return str(gid)
 
 
-def _probe(root: str) -> tuple[str | None, str | None]:
+def probe_root(root: str) -> tuple[str | None, str | None]:
     """Create, flock and remove a hidden file in ``root``: (why it cannot be written or None,
     "flock"/"soft"/None for whether flock works on it).
 
@@ -141,7 +141,7 @@ def _probe(root: str) -> tuple[str | None, str | None]:
     return None, mode
 
 
-def _shown(name: str, raw: str) -> str:
+def shown(name: str, raw: str) -> str:
     """A variable's value as doctor shows it: a secret as ``***``, remote URLs without their
     passwords."""
     if variable(name).secret:
@@ -210,7 +210,7 @@ def setting_checks(
             checks.append(Check(var.name, "fail", f"{message} (fix or unset it)"))
             continue
         if given:
-            detail = _shown(var.name, raw or "").strip()
+            detail = shown(var.name, raw or "").strip()
         else:
             detail = f"{var.shown_default} (not set: the default)"
         checks.append(Check(var.name, "ok", detail))
@@ -357,7 +357,7 @@ def lock_waits_detail(waits: list[dict[str, Any]]) -> str:
     return f"{len(waits)} lock waits timed out; latest: " + "; ".join(parts)
 
 
-def _umask() -> str:
+def umask_text() -> str:
     with contextlib.suppress(OSError):
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:

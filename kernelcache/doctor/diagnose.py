@@ -26,21 +26,21 @@ from .checks import (
     LOW_FREE_BYTES,
     LOW_FREE_FRACTION,
     NETWORK_FILESYSTEMS,
-    _group,
-    _owner,
-    _probe,
-    _shown,
-    _umask,
     filelock_check,
     filesystem,
+    group_name,
     lock_waits_detail,
+    probe_root,
     readonly_checks,
     remote_checks,
     setting_checks,
     shared_dir_checks,
+    shown,
+    umask_text,
+    user_name,
     versions,
 )
-from .report import Check, Report, _contributions
+from .report import CONTRIBUTIONS, Check, Report
 
 
 def diagnose(root: str | None) -> Report:
@@ -51,14 +51,14 @@ def diagnose(root: str | None) -> Report:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "versions": versions(),
-        "environment": {k: _shown(k, v) for k, v in environment_in_effect().items()},
+        "environment": {k: shown(k, v) for k, v in environment_in_effect().items()},
     }
     checks, values = setting_checks()
     checks.append(filelock_check(info["versions"].get("filelock")))
     # each setting that can be used is checked further, whatever the others hold
     checks += readonly_checks(values.get("readonly_roots", ()))
     checks += remote_checks(values.get("remote") or "")
-    for name, contribute in sorted(_contributions.items()):
+    for name, contribute in sorted(CONTRIBUTIONS.items()):
         found, more = contribute()
         info[name] = found
         checks += more
@@ -71,7 +71,7 @@ def diagnose(root: str | None) -> Report:
         info.update(
             filesystem=None,
             exists=False,
-            umask=_umask(),
+            umask=umask_text(),
             free_bytes=None,
             total_bytes=None,
             free_inodes=None,
@@ -96,7 +96,7 @@ def diagnose(root: str | None) -> Report:
         checks.append(Check("filesystem", "warn", "tmpfs: the cache is lost at reboot"))
     else:
         checks.append(Check("filesystem", "ok", f"{fs['type']} at {fs['mount_point']}"))
-    info["umask"] = _umask()
+    info["umask"] = umask_text()
     try:
         st = os.stat(root)
         problem = None if stat.S_ISDIR(st.st_mode) else ("fail", "is not a directory")
@@ -137,13 +137,13 @@ def diagnose(root: str | None) -> Report:
     mode = stat.S_IMODE(st.st_mode)
     permissions = {
         "mode": oct(mode),
-        "owner": _owner(st.st_uid),
-        "group": _group(st.st_gid),
+        "owner": user_name(st.st_uid),
+        "group": group_name(st.st_gid),
         "setgid": bool(mode & stat.S_ISGID),
         "group_writable": bool(mode & stat.S_IWGRP),
     }
     info["permissions"] = permissions
-    probe_error, probed_mode = _probe(root)
+    probe_error, probed_mode = probe_root(root)
     permissions["writable"] = probe_error is None
     if probe_error is None:
         checks.append(Check("writable", "ok", "files can be created and removed"))

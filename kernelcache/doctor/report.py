@@ -25,13 +25,13 @@ class Check:
 #: what packages built on kernelcache add to the diagnosis: name -> a function returning
 #: (information for the ``--json`` document under ``name``, or None; its checks)
 Contribution = Callable[[], "tuple[dict[str, Any] | None, list[Check]]"]
-_contributions: dict[str, Contribution] = {}
+CONTRIBUTIONS: dict[str, Contribution] = {}
 
 
 def register_report(name: str, contribute: Contribution) -> None:
     """Add a package's findings to every diagnosis (the bridge adds JAX's cache settings).
     ``contribute`` runs at each :func:`diagnose`; registering a name again replaces it."""
-    _contributions[name] = contribute
+    CONTRIBUTIONS[name] = contribute
 
 
 @dataclass(frozen=True)

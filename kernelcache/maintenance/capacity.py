@@ -55,11 +55,11 @@ from .usage import (
     PASS_LOCK,
     USAGE_NAME,
     UsageView,
-    _record,
     entries_of,
     open_usage,
     replace_usage,
     usage_end,
+    usage_record,
 )
 
 logger = logging.getLogger(__name__)
@@ -415,9 +415,9 @@ class SizeCap(UsageView):
             with self._lock:  # (this process's puts wait: none appends to the file replaced)
                 if old is not None and start is not None and os.fstat(old).st_ino == start[0]:
                     # the records of the puts published while the pass ran are kept
-                    replace_usage(dfd, old, start[1], _record(b"B", measured))
+                    replace_usage(dfd, old, start[1], usage_record(b"B", measured))
                 else:
-                    replace_usage(dfd, None, 0, _record(b"B", measured))
+                    replace_usage(dfd, None, 0, usage_record(b"B", measured))
         finally:
             if old is not None:
                 os.close(old)

@@ -179,10 +179,12 @@ def scan(
     if pairs is None:
         return CacheScan(root, False, EntryTable(), (), scanned_at=now)
     policy = TrustPolicy(root, trust)
-    return _scan(root, pairs, last_used, locks, update_index, lock_stale, progress, now, policy)
+    return scan_pairs(
+        root, pairs, last_used, locks, update_index, lock_stale, progress, now, policy
+    )
 
 
-def _scan(
+def scan_pairs(
     root: str,
     pairs: list[tuple[str, int]],
     last_used: bool,

@@ -23,7 +23,7 @@ from .index import (
     plausible_header,
 )
 from .records import GRACE_SECONDS, AuxFile
-from .scan import _scan, aux_files, read_dir
+from .scan import aux_files, read_dir, scan_pairs
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def summarize(
             temp,
             aux_files(root, QUARANTINE_DIR),
         )
-    scanned = _scan(root, pairs, False, False, True, DEFAULTS.lock_stale, None, now, policy)
+    scanned = scan_pairs(root, pairs, False, False, True, DEFAULTS.lock_stale, None, now, policy)
     table = scanned.table
     return CacheSummary(
         root,

@@ -50,7 +50,7 @@ MAX_RECORD = (1 << 63) - 1
 PASS_LOCK = "capacity"
 
 
-def _record(kind: bytes, value: int) -> bytes:
+def usage_record(kind: bytes, value: int) -> bytes:
     return kind + b"%22d\n" % max(0, min(value, MAX_RECORD))
 
 
@@ -118,14 +118,14 @@ class UsageView:
             fd = _open_appending(dfd)
             try:
                 if nbytes > 0:  # (a record of nothing is never written: see _parse)
-                    os.write(fd, _record(b"+", nbytes))
+                    os.write(fd, usage_record(b"+", nbytes))
                     if os.fstat(fd).st_nlink == 0:
                         # a pass replaced the file as this put wrote: count it in the new one
                         # (perhaps twice: too high, which the next pass corrects)
                         again = _open_appending(dfd)
                         os.close(fd)
                         fd = again
-                        os.write(fd, _record(b"+", nbytes))
+                        os.write(fd, usage_record(b"+", nbytes))
                 size = self._read_new(fd)
                 if self._refused:  # read no further: this process counts its own
                     self.total += nbytes
@@ -200,7 +200,7 @@ class UsageView:
             if now.st_ino != os.fstat(fd).st_ino:
                 return  # a pass wrote it anew since
             rest = self.total - self.base
-            head = _record(b"B", self.base) + (_record(b"+", rest) if rest > 0 else b"")
+            head = usage_record(b"B", self.base) + (usage_record(b"+", rest) if rest > 0 else b"")
             replace_usage(dfd, fd, self._offset, head)
         except OSError as e:
             logger.debug("kernelcache: cannot compact %s/%s: %s", STATS_DIR, USAGE_NAME, e)

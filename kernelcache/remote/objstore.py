@@ -40,12 +40,12 @@ from .base import TierBase, no_release
 from .codec import REMOTE_FORMAT
 from .objstore_requests import (
     Version,
-    _exists,
-    _holder,
     declared_lease,
     delete_if,
     first_line,
+    lock_holder,
     make_store,
+    object_exists,
     read_lock,
     read_object,
     runtime_here,
@@ -235,7 +235,7 @@ class ObjectStoreTier(TierBase):
             return no_release
         if not self._writable():
             return None
-        found, failed = self._call("lock", lambda store: _exists(store, self.path(key)))
+        found, failed = self._call("lock", lambda store: object_exists(store, self.path(key)))
         if failed:
             return None
         if found:
@@ -261,7 +261,7 @@ class ObjectStoreTier(TierBase):
         if failed or seen is None:
             return Busy(self.name(lock), "unknown", self.label)  # gone meanwhile: try again
         version, record = seen
-        holder = _holder(record)
+        holder = lock_holder(record)
         if not self._stale(lock, version, record):
             return Busy(self.name(lock), holder, self.label)
         taken, failed = self._call(

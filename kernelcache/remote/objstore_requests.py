@@ -100,7 +100,7 @@ def read_lock(store: Any, path: str) -> tuple[Version, bytes] | None:
     return version_of(result.meta), bytes(result.bytes())
 
 
-def _exists(store: Any, path: str) -> bool:
+def object_exists(store: Any, path: str) -> bool:
     import obstore
 
     try:
@@ -124,7 +124,7 @@ def delete_if(store: Any, path: str, version: Version) -> bool:
     return True
 
 
-def _holder(record: bytes) -> str:
+def lock_holder(record: bytes) -> str:
     """Who holds a lock, from its record, or "unknown"."""
     try:
         holder = json.loads(record).get("holder")

@@ -43,16 +43,16 @@ from .redis_bounds import Budget
 from .redis_clients import node_client, server_client
 from .redis_keys import count_entries, entry_name, fallback_names, first_slot_map, spare_name
 from .redis_scripts import (
-    _BROKEN,
-    _READY,
     ACQUIRED,
+    BROKEN,
+    READY,
     REPLY_LIMIT,
     SCRIPTS,
     SHAS,
     UNSERVED,
-    _ms,
-    _serving,
     holder_of,
+    milliseconds,
+    serving,
 )
 from .tier import Busy, Claim
 from .url import cluster_nodes, parse_url, redact, scrub, secrets_of
@@ -195,7 +195,7 @@ class RedisTier(TierBase):
         slots = self._slots
         if key is None:
             return self._primary(slots[0][2]), slots[0][2]
-        shard = _serving(self._slots or slots, name or self.name(key))  # (name() may read it)
+        shard = serving(self._slots or slots, name or self.name(key))  # (name() may read it)
         return (None if shard == UNSERVED else self._primary(shard)), shard
 
     def _refresh_slots(self) -> None:
@@ -357,7 +357,7 @@ class RedisTier(TierBase):
         slots = self._slots
         if not slots:
             return False
-        shard = _serving(slots, name)
+        shard = serving(slots, name)
         until = self._down.get(shard)
         if until is None:
             return False
@@ -368,7 +368,7 @@ class RedisTier(TierBase):
                     self._down.pop(shard, None)
             self._next_refresh = now + FAILOVER_POLL
             self._refresh_slots()
-            shard = _serving(self._slots or slots, name)
+            shard = serving(self._slots or slots, name)
             until = self._down.get(shard)
         return until is not None and time.monotonic() < until
 
@@ -400,7 +400,7 @@ class RedisTier(TierBase):
         slots, prefix = self._slots, self.options.prefix
         if not self.cluster or not slots or name != entry_name(prefix, key, True):
             return None
-        spare = spare_name(prefix, key, lambda n: _serving(slots, n))
+        spare = spare_name(prefix, key, lambda n: serving(slots, n))
         return None if spare is None or self._shard_down(spare, refresh=False) else spare
 
     def _discard(self, key: str) -> None:
@@ -438,9 +438,9 @@ class RedisTier(TierBase):
         """One try at the build lock of ``key`` (see :meth:`TierBase.try_acquire`): taken and
         renewed every third of ``lease``; a lock without an expiry, or set longer ago than
         ``lock_ttl`` (a crashed or foreign client), is broken at once (one warning)."""
-        lease = _ms(self.lease)
+        lease = milliseconds(self.lease)
         token = f"{lease}:{HOST}:{os.getpid()}:{uuid.uuid4().hex}"
-        args = [token, lease, _ms(self.options.lock_ttl)]
+        args = [token, lease, milliseconds(self.options.lock_ttl)]
         name, (reply, failed) = self._moving(
             key,
             lambda at: self._call(
@@ -451,10 +451,10 @@ class RedisTier(TierBase):
             return None
         lock = name + ":lock"
         state, held = int(reply[0]), reply[1]
-        if state == _READY:
+        if state == READY:
             self._bump(lock_ready=1)
             return no_release
-        if state == _BROKEN:
+        if state == BROKEN:
             self._bump(locks_broken=1)
             self._warn(
                 "lock-broken",
@@ -465,7 +465,7 @@ class RedisTier(TierBase):
                 holder_of(held),
                 self.options.lock_ttl,
             )
-        if state in (ACQUIRED, _BROKEN):
+        if state in (ACQUIRED, BROKEN):
             self._bump(locks=1)
             return self._holding(
                 token,
@@ -476,7 +476,7 @@ class RedisTier(TierBase):
 
     def _renew(self, key: str, lock: str, token: str, seconds: float) -> bool | None:
         renewed, failed = self._call(
-            "renew", key, self._eval, "renew", [lock], [token, _ms(seconds)], name=lock
+            "renew", key, self._eval, "renew", [lock], [token, milliseconds(seconds)], name=lock
         )
         return None if failed else bool(renewed)
 

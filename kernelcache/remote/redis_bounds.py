@@ -80,7 +80,7 @@ class _BoundedSocket:
         return self._sock.send(data, flags)
 
 
-def _bounded(base: Any, budget: Budget, **baked: Any) -> type:
+def bounded_connection(base: Any, budget: Budget, **baked: Any) -> type:
     """A subclass of the redis-py connection class ``base`` whose sockets obey ``budget``
     (``baked``: constructor arguments it always gets, e.g. TLS settings on a cluster)."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .redis_bounds import Budget, _bounded
+from .redis_bounds import Budget, bounded_connection
 from .url import RemoteOptions
 
 
@@ -38,7 +38,7 @@ def server_client(address: str, options: RemoteOptions, budget: Budget) -> Any:
 
     scheme = address.split("://", 1)[0]
     base = {"rediss": redis.SSLConnection, "unix": redis.UnixDomainSocketConnection}
-    cls = _bounded(base.get(scheme, redis.Connection), budget)
+    cls = bounded_connection(base.get(scheme, redis.Connection), budget)
     return redis.Redis.from_url(address, connection_class=cls, **_common(options), **options.client)
 
 
@@ -50,7 +50,7 @@ def node_client(address: str, name: str, options: RemoteOptions, budget: Budget)
     host, _, port = name.rpartition(":")
     tls = address.startswith("rediss")
     base = redis.SSLConnection if tls else redis.Connection
-    cls = _bounded(base, budget, **(options.client if tls else {}))
+    cls = bounded_connection(base, budget, **(options.client if tls else {}))
     auth = urlsplit(address)
     pool = redis.ConnectionPool(
         connection_class=cls,

@@ -51,7 +51,7 @@ return 0
 """
 SCRIPTS = {"get": _GET, "acquire": _ACQUIRE, "renew": _RENEW, "release": _RELEASE}
 SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in SCRIPTS.items()}
-ACQUIRED, _READY, _BROKEN = 1, 2, 3
+ACQUIRED, READY, BROKEN = 1, 2, 3
 #: the most bytes a reply other than a value may take (a cluster's slot map, a lock state)
 REPLY_LIMIT = 4 << 20
 #: the last hash slot of a Redis Cluster
@@ -61,7 +61,7 @@ _MAX_SLOT = 16383
 UNSERVED = "(slots without a primary)"
 
 
-def _serving(slots: list[tuple[int, int, str]], name: str) -> str:
+def serving(slots: list[tuple[int, int, str]], name: str) -> str:
     """The primary ("host:port") that serves the slot of the Redis key ``name``, or
     :data:`UNSERVED`."""
     from redis.crc import key_slot
@@ -95,7 +95,7 @@ def slot_ranges(reply: Any, asked: str) -> list[tuple[int, int, str]]:
     return sorted(ranges)
 
 
-def _ms(seconds: float) -> str:
+def milliseconds(seconds: float) -> str:
     return str(max(1, math.ceil(seconds * 1000)))
 
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from .format import MAX_DEPTH, MAX_FIELD_NAME, MAX_INT, _show
+from .format import MAX_DEPTH, MAX_FIELD_NAME, MAX_INT, shown_value
 
 Check = Callable[[Any], "str | None"]
 
@@ -38,9 +38,9 @@ def integer(low: int, high: int) -> Check:
 
     def check(value: Any) -> str | None:
         if type(value) is not int:
-            return f"must be an integer, not {_show(value)}"
+            return f"must be an integer, not {shown_value(value)}"
         if not low <= value <= high:
-            return f"must be between {low} and {high}, not {_show(value)}"
+            return f"must be between {low} and {high}, not {shown_value(value)}"
         return None
 
     check.bounds = (low, high)  # type: ignore[attr-defined]  # the fast path of check_fields
@@ -52,11 +52,11 @@ def text(limit: int) -> Check:
 
     def check(value: Any) -> str | None:
         if not isinstance(value, str):
-            return f"must be a string, not {_show(value)}"
+            return f"must be a string, not {shown_value(value)}"
         if not 0 < len(value) <= limit:
             return f"must be 1 to {limit} characters"
         if not value.isprintable():  # control characters, lone surrogates
-            return f"must be printable text, not {_show(value)}"
+            return f"must be printable text, not {shown_value(value)}"
         return None
 
     return _made(check, "text", limit)
@@ -67,7 +67,7 @@ def pattern(regex: re.Pattern[str], what: str) -> Check:
 
     def check(value: Any) -> str | None:
         if not isinstance(value, str) or regex.fullmatch(value) is None:
-            return f"must be {what}, not {_show(value)}"
+            return f"must be {what}, not {shown_value(value)}"
         return None
 
     return _made(check, "pattern", regex.pattern, regex.flags, what)
@@ -78,10 +78,10 @@ def objects(limit: int) -> Check:
 
     def check(value: Any) -> str | None:
         if not isinstance(value, list) or len(value) > limit:
-            return f"must be a list of at most {limit} objects, not {_show(value)}"
+            return f"must be a list of at most {limit} objects, not {shown_value(value)}"
         for item in value:
             if not isinstance(item, dict):
-                return f"must be a list of objects, not of {_show(item)}"
+                return f"must be a list of objects, not of {shown_value(item)}"
         return plain(value)
 
     return _made(check, "objects", limit)
@@ -116,7 +116,7 @@ def plain(value: Any, depth: int = 0) -> str | None:
     if value is None or kind is bool:
         return None
     if kind is float:
-        return None if math.isfinite(value) else f"holds {_show(value)}"
+        return None if math.isfinite(value) else f"holds {shown_value(value)}"
     if depth >= MAX_DEPTH and isinstance(value, (dict, list, tuple)):
         return f"nests deeper than {MAX_DEPTH} levels"
     if isinstance(value, dict):

@@ -22,7 +22,14 @@ from typing import Any
 
 import xxhash
 
-from .format import _HMAC, COVERS_FIELD, DIGEST_PREFIX, HMAC_FIELD, HMAC_PREFIX, STORE_COVERED
+from .format import (
+    COVERS_FIELD,
+    DIGEST_PREFIX,
+    HMAC_FIELD,
+    HMAC_PATTERN,
+    HMAC_PREFIX,
+    STORE_COVERED,
+)
 
 CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
 
@@ -73,7 +80,7 @@ def check_signature(doc: Mapping[str, Any], artifact_sha256: bytes, secret: byte
     given = doc.get(HMAC_FIELD)
     if given is None:
         return "it is not signed"
-    if not isinstance(given, str) or _HMAC.fullmatch(given) is None:
+    if not isinstance(given, str) or HMAC_PATTERN.fullmatch(given) is None:
         return "its signature is malformed"
     if not hmac.compare_digest(given, sign(doc, artifact_sha256, secret)):
         return "its signature does not match (signed with another key, or altered)"

@@ -28,20 +28,20 @@ from ..keys import EXT_PATTERN, META_EXT
 from ..problem import Problem
 from .checks import plain, utf8
 from .digests import CANONICAL, entry_digest
-from .fields import _covered, check_fields
+from .fields import COVERED, check_fields
 from .format import (
-    _HMAC,
     COVERS_FIELD,
     DIGEST,
     FORMAT_VERSION,
     HMAC_FIELD,
+    HMAC_PATTERN,
     MAX_ARTIFACT_BYTES,
     MAX_DEPTH,
     MAX_INT,
     MAX_META_BYTES,
     RESERVED_FIELDS,
-    _show,
     digest,
+    shown_value,
 )
 from .launch import launch_problem
 
@@ -57,7 +57,7 @@ def check_document(doc: Any, key: str) -> dict[str, Any] | Problem:
     if type(fmt) is not int or fmt != FORMAT_VERSION:
         if type(fmt) is int and 0 < fmt < FORMAT_VERSION and doc.get("key") == key:
             return _outdated(doc, key, f"written by an older kernelcache (format {fmt})")
-        return Problem(key, f"unsupported metadata format {_show(fmt)}")
+        return Problem(key, f"unsupported metadata format {shown_value(fmt)}")
     if doc.get("key") != key:
         return Problem(key, "metadata names another key")
     ext = doc.get("ext")
@@ -70,7 +70,7 @@ def check_document(doc: Any, key: str) -> dict[str, Any] | Problem:
     if not isinstance(dig, str) or DIGEST.fullmatch(dig) is None:
         return Problem(key, "metadata has an invalid digest")
     mac = doc.get(HMAC_FIELD)
-    if mac is not None and (not isinstance(mac, str) or _HMAC.fullmatch(mac) is None):
+    if mac is not None and (not isinstance(mac, str) or HMAC_PATTERN.fullmatch(mac) is None):
         return Problem(key, "metadata has an invalid signature field")
     if COVERS_FIELD not in doc:
         return Problem(key, f"metadata has no {COVERS_FIELD!r} list")
@@ -85,8 +85,8 @@ def check_document(doc: Any, key: str) -> dict[str, Any] | Problem:
             key, "entry digest mismatch: the launch metadata or its covers list was altered"
         )
     covers = doc[COVERS_FIELD]
-    if not _covered.issubset(covers):  # (what writers of this installation write: one pass)
-        uncovered = sorted(name for name in _covered if name in doc and name not in covers)
+    if not COVERED.issubset(covers):  # (what writers of this installation write: one pass)
+        uncovered = sorted(name for name in COVERED if name in doc and name not in covers)
         if uncovered:
             return _outdated(
                 doc,
@@ -163,7 +163,7 @@ def build_metadata(
     if not isinstance(producer, Mapping):
         raise InvalidMetadata(
             f"metadata for {key}: metadata field 'producer' must be an object of package "
-            f"versions, not {_show(producer)}"
+            f"versions, not {shown_value(producer)}"
         )
     producer = dict(producer)
     producer.setdefault("kernelcache", __version__)
@@ -172,7 +172,7 @@ def build_metadata(
         raise InvalidMetadata(
             f"metadata for {key}: metadata field {COVERS_FIELD!r} must be a list of field names"
         )
-    doc[COVERS_FIELD] = sorted(_covered.union(given))
+    doc[COVERS_FIELD] = sorted(COVERED.union(given))
     doc.update(
         format=FORMAT_VERSION,
         key=key,
@@ -184,7 +184,9 @@ def build_metadata(
     )
     for name, value in doc.items():
         if not isinstance(name, str):
-            raise InvalidMetadata(f"metadata for {key}: field name {_show(name)} is not a string")
+            raise InvalidMetadata(
+                f"metadata for {key}: field name {shown_value(name)} is not a string"
+            )
         bad = plain(value)
         if bad:
             raise InvalidMetadata(f"metadata for {key}: metadata field {name!r} {bad}")
@@ -255,7 +257,7 @@ def displayable(value: Any, depth: int = 0) -> Any:
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
-        return value if -MAX_INT <= value <= MAX_INT else _show(value)
+        return value if -MAX_INT <= value <= MAX_INT else shown_value(value)
     if isinstance(value, float):
         return value if math.isfinite(value) else repr(value)
     if depth >= MAX_DEPTH:

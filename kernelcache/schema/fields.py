@@ -31,7 +31,7 @@ from .checks import (
     utf8,
     valid_name,
 )
-from .format import COVERS_FIELD, MAX_COVERED, MAX_FIELD_NAME, RESERVED_FIELDS, _show
+from .format import COVERS_FIELD, MAX_COVERED, MAX_FIELD_NAME, RESERVED_FIELDS, shown_value
 from .launch import LAUNCH_CHECKS, LAUNCH_FIELDS
 
 __all__ = [
@@ -68,7 +68,9 @@ def _covers(value: Any) -> str | None:
         or not all(valid_name(v) and v not in RESERVED_FIELDS for v in value)
         or value != sorted(set(value))
     ):
-        return f"must be a sorted list of at most {MAX_COVERED} field names, not {_show(value)}"
+        return (
+            f"must be a sorted list of at most {MAX_COVERED} field names, not {shown_value(value)}"
+        )
     if known is not None and len(_valid_covers) < 64:
         _valid_covers.add(known)  # (every item is a valid name: a str)
     return None
@@ -86,9 +88,9 @@ KERNEL_NAME = text(1024)
 
 def _time(value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"must be a Unix time, not {_show(value)}"
+        return f"must be a Unix time, not {shown_value(value)}"
     if not (0 <= value <= 1e11) or (isinstance(value, float) and not math.isfinite(value)):
-        return f"must be a Unix time (0 to 1e11), not {_show(value)}"
+        return f"must be a Unix time (0 to 1e11), not {shown_value(value)}"
     return None
 
 
@@ -99,14 +101,14 @@ _valid_producers: set[tuple[tuple[str, str], ...]] = set()
 
 def _producer(value: Any) -> str | None:
     if not isinstance(value, dict) or len(value) > 32:
-        return f"must be an object of package versions, not {_show(value)}"
+        return f"must be an object of package versions, not {shown_value(value)}"
     items = tuple(value.items())
     if all(type(n) is str and type(v) is str for n, v in items) and items in _valid_producers:
         return None
     for name, version in items:
         bad = _NAME_TEXT(name) or _VERSION_TEXT(version)
         if bad:
-            return f"must map package names to version strings ({_show(name)}: {bad})"
+            return f"must map package names to version strings ({shown_value(name)}: {bad})"
     if len(_valid_producers) < 64:
         _valid_producers.add(items)
     return None
@@ -137,7 +139,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
 #: the caller fields the entry digest of a new document covers: kernelcache's own (an entry's
 #: name and target, which operators select by, and the launch metadata of machine code) and
 #: those registered as covered
-_covered: set[str] = {"name", "target", *LAUNCH_FIELDS}
+COVERED: set[str] = {"name", "target", *LAUNCH_FIELDS}
 
 
 def register_fields(checks: Mapping[str, Check], *, covered: frozenset[str] = frozenset()) -> None:
@@ -167,9 +169,9 @@ def register_fields(checks: Mapping[str, Check], *, covered: frozenset[str] = fr
             FIELDS[name] = _both(known, check)
             _refine_range(name, check)
     unknown = set(covered) - FIELDS.keys()
-    if unknown or len(_covered | set(covered)) > MAX_COVERED:
+    if unknown or len(COVERED | set(covered)) > MAX_COVERED:
         raise DeclarationError(f"covered fields must be declared fields (at most {MAX_COVERED})")
-    _covered.update(covered)
+    COVERED.update(covered)
 
 
 def _refine_range(name: str, check: Check) -> None:
@@ -195,7 +197,7 @@ def _both(first: Check, second: Check) -> Check:
 
 def covered_fields() -> frozenset[str]:
     """The caller fields the entry digest of a document written now covers."""
-    return frozenset(_covered)
+    return frozenset(COVERED)
 
 
 def check_fields(doc: Mapping[str, Any]) -> str | None:
@@ -212,7 +214,7 @@ def check_fields(doc: Mapping[str, Any]) -> str | None:
                 return f"metadata field {name!r} {bad}"
         elif name not in RESERVED_FIELDS:
             if not valid_name(name):
-                return f"metadata field {_show(name)} has an invalid name"
+                return f"metadata field {shown_value(name)} has an invalid name"
             bad = plain(value)
             if bad:
                 return f"metadata field {name!r} {bad}"

@@ -36,7 +36,7 @@ RESERVED_FIELDS = frozenset({"format", "key", "ext", "size", "digest", "entry_di
 MAX_COVERED = 64
 
 DIGEST = re.compile(r"xxh3_128:[0-9a-f]{32}")
-_HMAC = re.compile(r"hmac-sha256:[0-9a-f]{64}")
+HMAC_PATTERN = re.compile(r"hmac-sha256:[0-9a-f]{64}")
 
 
 def digest(data: bytes | memoryview) -> str:
@@ -44,7 +44,7 @@ def digest(data: bytes | memoryview) -> str:
     return DIGEST_PREFIX + xxhash.xxh3_128_hexdigest(data)
 
 
-def _show(value: object) -> str:
+def shown_value(value: object) -> str:
     """A short, printable rendering of a hostile value for a message."""
     text = repr(value) if not isinstance(value, int) or abs(value) < 10**20 else "a huge integer"
     return text if len(text) <= 40 else text[:37] + "..."

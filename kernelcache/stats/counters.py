@@ -88,7 +88,7 @@ _last_flush = time.monotonic()
 _token = uuid.uuid4().hex[:8]
 
 
-def _zero() -> dict[str, float]:
+def zero_counters() -> dict[str, float]:
     return dict.fromkeys(COUNTERS, 0)
 
 
@@ -97,7 +97,7 @@ def count(root: str, **deltas: float) -> None:
     with _lock:
         counters = _counts.get(root)
         if counters is None:
-            counters = _counts[root] = _zero()
+            counters = _counts[root] = zero_counters()
         for name, value in deltas.items():
             counters[name] += value
     if time.monotonic() - _last_flush > FLUSH_INTERVAL:
@@ -109,7 +109,7 @@ def count_hit(root: str, name: str, nbytes: int) -> None:
     with _lock:
         counters = _counts.get(root)
         if counters is None:
-            counters = _counts[root] = _zero()
+            counters = _counts[root] = zero_counters()
         counters[name] += 1
         counters["bytes_read"] += nbytes
     if time.monotonic() - _last_flush > FLUSH_INTERVAL:
@@ -167,7 +167,7 @@ def enable_log(root: str) -> None:
 
 def process_stats() -> dict[str, Any]:
     """This process's counters, summed over every cache root it used."""
-    total = _zero()
+    total = zero_counters()
     with _lock:
         for counters in _counts.values():
             for name, value in counters.items():

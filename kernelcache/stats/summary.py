@@ -33,10 +33,10 @@ from .counters import (
     COUNTERS,
     LOG_VERSION,
     MAX_DELTA,
-    _zero,
     add_delta,
     add_tiers,
     flush,
+    zero_counters,
 )
 from .logs import read_log_file
 
@@ -341,7 +341,7 @@ def read_logs(
     Returns (totals, number of processes, problems). Unreadable files and lines are skipped
     and listed in problems, never raised; nothing there can block the reader.
     """
-    totals = _zero()
+    totals = zero_counters()
     processes = 0
     problems: list[str] = []
     directory = os.path.join(root, STATS_DIR)

@@ -43,7 +43,7 @@ class Artifact:
     source: str = "local"
 
 
-def _artifact(
+def make_artifact(
     key: str, ext: str, data: bytes, path: str, meta: Mapping[str, Any], source: str
 ) -> Artifact:
     """``Artifact(key, ext, data, path, meta, source)`` for the hot path: the same object,

@@ -58,8 +58,8 @@ from .entry import (
     MEMO_ENTRIES,
     TOUCH_INTERVAL,
     Artifact,
-    _artifact,
     as_bytes,
+    make_artifact,
     stale_stamp,
 )
 from .layout import (
@@ -305,7 +305,9 @@ class Store(Removal):
             reason = entry_problem(stored_ext, data, doc, full=contract == FULL)
             if reason is not None:
                 return Problem(key, reason)
-        return _artifact(key, stored_ext, data, path, doc, "readonly" if self.readonly else "local")
+        return make_artifact(
+            key, stored_ext, data, path, doc, "readonly" if self.readonly else "local"
+        )
 
     def _load_metadata(self, key: str) -> tuple[dict[str, Any], float] | Problem | None:
         """Read and check ``<key>.json``; return (doc, mtime), a Problem or None. (Only
