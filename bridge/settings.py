@@ -1,5 +1,5 @@
 """The bridge's environment variables, declared to kernelcache's configuration (so that
-``kernelcache doctor`` and the README list them) and parsed here.
+``kernelcache doctor`` and the documentation list them) and parsed here.
 
 :func:`settings` re-parses only when one of their values changed, like kernelcache's own.
 """

@@ -2,7 +2,7 @@
 
 Each variable is declared once, as a :class:`Variable` (name, parser, default, meaning):
 kernelcache's own in :data:`VARIABLES`, those of packages built on it through
-:func:`register_variables`. Tools (``doctor``, the README's table) list :func:`variables`.
+:func:`register_variables`. Tools (``doctor``, the documentation's table) list :func:`variables`.
 :func:`settings` parses kernelcache's own; it re-parses only when one of their values in the
 environment changed, so tests and launchers can change variables between calls. Nothing else
 reads ``os.environ`` for kernelcache's configuration.
@@ -125,7 +125,7 @@ class Variable:
     field: str  #: the attribute of :class:`Settings` it sets
     parse: Callable[[str], Any]  #: raises ValueError (or ConfigError) for a bad value
     default: Any
-    shown_default: str  #: the default as the README shows it
+    shown_default: str  #: the default as the documentation shows it
     meaning: str
     secret: bool = False  #: never shown in messages or diagnostics
     #: set but blank is an error (fail closed), not the default: what turns a protection on

@@ -32,6 +32,10 @@ from . import jax_cache_command
 BRIDGE_DEPENDENCIES = ("numpy", "jax", "jaxlib", "triton", "google.protobuf")
 
 
+#: what every command that reads a manifest says of it
+MANIFEST_HELP = "a manifest of recorded calls (KERNELCACHE_RECORD, or bridge.record)"
+
+
 def compile_target(text: str) -> str:
     """A target to compile for, as an argparse ``type``: a name, never a pattern (``ls``,
     ``prune``, ``export`` and ``tune`` take patterns; ``warm`` needs each target named)."""
@@ -67,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "warm",
         "compile a recorded manifest for other targets (needs kernelcache[bridge])",
     )
-    p.add_argument("manifest", metavar="MANIFEST")
+    p.add_argument("manifest", metavar="MANIFEST", help=MANIFEST_HELP)
     p.add_argument(
         "--target",
         action="append",
@@ -109,7 +113,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "autotune decisions for a recorded manifest: measure on this GPU, or --pin configs "
         "(needs kernelcache[bridge])",
     )
-    p.add_argument("manifest", metavar="MANIFEST")
+    p.add_argument("manifest", metavar="MANIFEST", help=MANIFEST_HELP)
     p.add_argument(
         "--pin",
         action="append",
@@ -153,7 +157,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "for each call of a recorded manifest and target: hit, or the nearest entry of the "
         "same kernel and which components of the key differ (needs kernelcache[bridge])",
     )
-    p.add_argument("manifest", metavar="MANIFEST")
+    p.add_argument("manifest", metavar="MANIFEST", help=MANIFEST_HELP)
     p.add_argument(
         "--target",
         action="append",
@@ -169,7 +173,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "key was compiled from the IR Triton's frontend gives today (a hole in the key if not), "
         "and which kernels are open (keyed by their IR) and why (needs kernelcache[bridge])",
     )
-    p.add_argument("manifest", metavar="MANIFEST")
+    p.add_argument("manifest", metavar="MANIFEST", help=MANIFEST_HELP)
     p.add_argument(
         "--target",
         action="append",

@@ -1,8 +1,7 @@
 """The ``kernelcache`` command: inspect, verify, prune, export and import a cache root.
 
 ``kernelcache [--root DIR] COMMAND [options] [--json]``. Human output is for terminals; with
-``--json`` each command prints one JSON document whose fields are documented (README.md, "The
-command line") and stable within ``"schema": 1``. Exit codes: one table for every command,
+``--json`` each command prints one JSON document whose fields are documented (docs/commands.md) and stable within ``"schema": 1``. Exit codes: one table for every command,
 :data:`.output.EXIT_CODES` (0 done, 1 done in part, 2 nothing done: usage or environment, 130
 interrupted).
 
@@ -18,7 +17,7 @@ carries the command's :class:`~.common.Context` (the root and the settings, reso
 Modules: :mod:`.app` (the parser, ``main`` and the plugin loader), :mod:`.output` (exit codes,
 errors, the JSON envelope and human formatting), :mod:`.common` (global options, argument types,
 the context), and one module per group of commands: :mod:`.report` (``stats``),
-:mod:`.entries` (``ls``, ``show``; :func:`register_content`, through which a package says
+:mod:`.listing` (``ls``, ``show``; :func:`register_content`, through which a package says
 what its entries hold), :mod:`.maintenance` (``verify``, ``prune``),
 :mod:`.bundles` (``export``, ``import``) and :mod:`.diagnosis` (``doctor``).
 """

@@ -25,7 +25,7 @@ from ..errors import CommandFailed, ConfigError, UsageError
 from ..stats.counters import quiet as quiet_statistics
 from . import bundles, diagnosis, listing, maintenance, report
 from .common import Context, Subparsers, common_options
-from .output import EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, Output, fail
+from .output import EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, Output, fail
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kernelcache",
         description="Inspect, verify, prune, export and import a kernelcache root.",
         parents=[common_options()],
-        epilog="Exit codes: 0 ok, 1 problems found or an operation failed, 2 usage error.",
+        epilog="Exit codes: "
+        + "; ".join(f"{code} {what.split(':')[0]}" for code, what in EXIT_CODES.items())
+        + ".",
     )
     parser.add_argument("--version", action="version", version=f"kernelcache {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

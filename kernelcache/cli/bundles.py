@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 def register(subparsers: Subparsers) -> None:
     p = add_command(subparsers, "export", "write entries to a bundle (tar, or tar+zstd)")
-    p.add_argument("file", metavar="FILE", nargs="?")
+    p.add_argument("file", metavar="FILE", nargs="?", help="the bundle to write (or --to)")
     p.add_argument(
         "--to",
         metavar="URL",
@@ -50,7 +50,7 @@ def register(subparsers: Subparsers) -> None:
     p.set_defaults(func=cmd_export)
 
     p = add_command(subparsers, "import", "verify a bundle completely, then add its entries")
-    p.add_argument("file", metavar="FILE", nargs="?")
+    p.add_argument("file", metavar="FILE", nargs="?", help="the bundle to read (or --from)")
     p.add_argument(
         "--from",
         dest="source",

@@ -107,7 +107,7 @@ def common_options() -> argparse.ArgumentParser:
         "--json",
         action="store_true",
         default=argparse.SUPPRESS,
-        help="print one JSON document (fields documented in the README)",
+        help="print one JSON document (fields documented in docs/commands.md)",
     )
     common.add_argument(
         "-v",

@@ -22,7 +22,8 @@ from ..table import NAME_SEPARATOR, kernel_names
 #: the version of every command's ``--json`` document
 SCHEMA = 1
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-#: what each exit code of every command means (the documentation's table is made from it)
+#: what each exit code of every command means, "short: in full" (the documentation's table and
+#: the help's summary are made from it)
 EXIT_CODES = {
     EXIT_OK: "done: everything asked for was done (nothing to do counts)",
     EXIT_PROBLEMS: "done in part: problems were found or some work failed (corrupt entries, "
@@ -30,7 +31,7 @@ EXIT_CODES = {
     EXIT_USAGE: "nothing was done: bad arguments or environment variables, or an environment "
     "the command cannot work in (a root that cannot be read or written, an input that does "
     "not exist, a missing optional package)",
-    EXIT_INTERRUPTED: "interrupted (Ctrl-C); what was done is kept and a re-run finishes the work",
+    EXIT_INTERRUPTED: "interrupted: Ctrl-C; what was done is kept and a re-run finishes the work",
 }
 
 

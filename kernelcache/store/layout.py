@@ -97,7 +97,7 @@ def shared_directories() -> frozenset[str]:
 
 
 def shared_root(root: str) -> bool:
-    """Whether ``root`` is set up for sharing: set-group-ID (the README's recipe) or sticky."""
+    """Whether ``root`` is set up for sharing: set-group-ID (docs/sharing.md's recipe) or sticky."""
     try:
         return bool(os.stat(root).st_mode & (stat.S_ISGID | stat.S_ISVTX))
     except OSError:
