@@ -77,7 +77,7 @@ def _one_place(args: argparse.Namespace, url: str | None, option: str) -> None:
     if (args.file is None) == (url is None):
         raise UsageError(f"give either FILE or {option} URL")
     if url is not None:
-        from ..remote.objstore_url import parse_object_url
+        from ..remote.objstore.location import parse_object_url
 
         try:
             where = parse_object_url(url)
@@ -94,7 +94,7 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
     if args.to is None:
         return _export(args, out, args.file, None)
     from ..remote import redact
-    from ..remote.objstore_files import upload_file
+    from ..remote.objstore.files import upload_file
 
     name = urlsplit(args.to).path.rpartition("/")[2]
     with tempfile.TemporaryDirectory(prefix="kernelcache-export-") as tmp:
@@ -224,7 +224,7 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
             raise UsageError(f"the bundle {args.file} does not exist (check the path)")
         return _import(args, out, args.file, args.file)
     from ..remote import redact
-    from ..remote.objstore_files import download_file
+    from ..remote.objstore.files import download_file
 
     name = urlsplit(args.source).path.rpartition("/")[2]
     with tempfile.TemporaryDirectory(prefix="kernelcache-import-") as tmp:

@@ -184,7 +184,7 @@ def _check_one(url: str) -> None:
         parse_url(url)
         return
     if scheme in OBJECT_SCHEMES:
-        from .objstore_url import parse_object_url
+        from .objstore.location import parse_object_url
 
         parse_object_url(url)
         return

@@ -11,15 +11,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import (
+from ...errors import (
     ConfigError,
     ObjectExists,
     ObjectMissing,
     RemoteError,
 )
-from .objstore_requests import first_line, make_store
-from .objstore_url import parse_object_url
-from .url import redact
+from ..url import redact
+from .location import parse_object_url
+from .requests import first_line, make_store
 
 #: defaults of a file transfer where the URL does not set them (bundles are large)
 TRANSFER_TIMEOUT = 600.0

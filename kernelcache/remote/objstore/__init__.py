@@ -34,11 +34,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..keys import group_of
-from ..process import HOST
-from .base import TierBase, no_release
-from .codec import REMOTE_FORMAT
-from .objstore_requests import (
+from ...keys import group_of
+from ...process import HOST
+from ..base import TierBase, no_release
+from ..codec import REMOTE_FORMAT
+from ..tier import Busy, Claim
+from ..url import redact
+from .location import parse_object_url
+from .requests import (
     Version,
     declared_lease,
     delete_if,
@@ -52,9 +55,6 @@ from .objstore_requests import (
     update_mode,
     version_of,
 )
-from .objstore_url import parse_object_url
-from .tier import Busy, Claim
-from .url import redact
 
 _WRITES = ("put", "lock", "renew", "unlock")
 #: the most locks a tier watches for renewals at once

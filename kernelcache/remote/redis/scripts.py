@@ -11,7 +11,7 @@ import hashlib
 import math
 from typing import Any
 
-from ..errors import RemoteError
+from ...errors import RemoteError
 
 # -- scripts ----------------------------------------------------------------------------------
 # They run atomically in Redis. In the lock scripts KEYS[1] is the lock, KEYS[2] the entry. A

@@ -13,11 +13,11 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from ..errors import (
+from ...errors import (
     ConfigError,
     RemoteTimeout,
 )
-from .objstore_url import ObjectURL
+from .location import ObjectURL
 
 #: the most bytes of a lock object read (its holder record is far smaller)
 _LOCK_RECORD_MAX = 4096

@@ -36,13 +36,15 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigError
-from ..process import HOST
-from .base import TierBase, logger, no_release
-from .redis_bounds import Budget
-from .redis_clients import node_client, server_client
-from .redis_keys import count_entries, entry_name, fallback_names, first_slot_map, spare_name
-from .redis_scripts import (
+from ...errors import ConfigError
+from ...process import HOST
+from ..base import TierBase, logger, no_release
+from ..tier import Busy, Claim
+from ..url import cluster_nodes, parse_url, redact, scrub, secrets_of
+from .bounds import Budget
+from .clients import node_client, server_client
+from .names import count_entries, entry_name, fallback_names, first_slot_map, spare_name
+from .scripts import (
     ACQUIRED,
     BROKEN,
     READY,
@@ -54,8 +56,6 @@ from .redis_scripts import (
     milliseconds,
     serving,
 )
-from .tier import Busy, Claim
-from .url import cluster_nodes, parse_url, redact, scrub, secrets_of
 
 USAGE_SCAN_LIMIT = 100_000
 #: while a cluster's shard is down, how often its slot map is read again (a replica that took
@@ -129,7 +129,7 @@ class RedisTier(TierBase):
         self._next_refresh = 0.0
 
     def _make_client(self) -> Any:
-        """A single server's redis-py client (:func:`.redis_clients.server_client`)."""
+        """A single server's redis-py client (:func:`.clients.server_client`)."""
         try:
             return server_client(self._address, self.options, self._budget)
         except (ValueError, TypeError) as e:
@@ -395,7 +395,7 @@ class RedisTier(TierBase):
         )
 
     def _spare(self, key: str, name: str) -> str | None:
-        """:func:`.redis_keys.spare_name` of ``key`` when ``name`` is its home and the spare's
+        """:func:`.names.spare_name` of ``key`` when ``name`` is its home and the spare's
         shard is not known down, else None."""
         slots, prefix = self._slots, self.options.prefix
         if not self.cluster or not slots or name != entry_name(prefix, key, True):

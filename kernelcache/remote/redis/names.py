@@ -13,8 +13,8 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-from ..keys import GROUP_CHARS, group_of
-from .redis_scripts import slot_ranges
+from ...keys import GROUP_CHARS, group_of
+from .scripts import slot_ranges
 
 #: how many fallback slots a group is given while its own shard is down (the first whose shard
 #: is up serves)

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from ..errors import RemoteError, RemoteTimeout
+from ...errors import RemoteError, RemoteTimeout
 
 
 class Budget(threading.local):

@@ -1,6 +1,6 @@
 """The redis-py clients of the Redis tier: one for a single server, one per node of a cluster,
 each made with the tier's timeouts, no retries and no health checks, and its connections bounded
-by the tier's :class:`~.redis_bounds.Budget` (a call's deadline and reply size).
+by the tier's :class:`~.bounds.Budget` (a call's deadline and reply size).
 
 Invariant: nothing here connects; the first command does.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .redis_bounds import Budget, bounded_connection
-from .url import RemoteOptions
+from ..url import RemoteOptions
+from .bounds import Budget, bounded_connection
 
 
 def _common(options: RemoteOptions) -> dict[str, Any]:

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import (
+from ...errors import (
     ConfigError,
     InvalidValue,
 )
-from ..units import parse_bool, parse_duration, parse_size
-from .url import default_lease, lease_problems, read_options, redact
+from ...units import parse_bool, parse_duration, parse_size
+from ..url import default_lease, lease_problems, read_options, redact
 
 #: the URL schemes of object stores
 SCHEMES = ("s3", "gs")
