@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 import kernelcache
 from kernelcache import bundle, stats
 from kernelcache.maintenance.index import INDEX_NAME
+from kernelcache.maintenance.inventory import summarize
 from kernelcache.maintenance.scan import scan
-from kernelcache.maintenance.summary import summarize
 from kernelcache.problem import Problem
 from kernelcache.remote import decode_value, encode_value
 from kernelcache.stats import read_summary

@@ -16,9 +16,9 @@ from conftest import IS_ROOT, child_env, key_of
 from test_cli_support import backdate, dead_pid, hold_shared, put
 
 from kernelcache.maintenance.index import GROUPED, INDEX_NAME
+from kernelcache.maintenance.inventory import summarize
 from kernelcache.maintenance.records import GRACE_SECONDS
 from kernelcache.maintenance.scan import scan
-from kernelcache.maintenance.summary import summarize
 from kernelcache.maintenance.verify import verify
 from kernelcache.schema import entry_digest
 from kernelcache.store import Store

@@ -9,15 +9,7 @@ digest and (with a signing key) its signature.
 from __future__ import annotations
 
 from ..errors import BundleError
-from .checks import (
-    manifest_limit,
-)
-from .export import (
-    compatibility,
-    export_bundle,
-    resolve_compression,
-)
-from .format import (
+from .archive import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
     MANIFEST,
@@ -31,7 +23,15 @@ from .format import (
     ImportResult,
     Progress,
 )
+from .export import (
+    compatibility,
+    export_bundle,
+    resolve_compression,
+)
 from .importing import import_bundle
+from .preflight import (
+    manifest_limit,
+)
 
 __all__ = [
     "BUNDLE_FORMAT",

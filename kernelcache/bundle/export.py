@@ -24,8 +24,7 @@ from ..schema.format import FORMAT_VERSION, HMAC_FIELD
 from ..store.entry import Artifact
 from ..store.root import Store
 from ..table import EntryInfo
-from .checks import manifest_limit
-from .format import (
+from .archive import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
     MANIFEST,
@@ -34,6 +33,7 @@ from .format import (
     Progress,
     zstandard_module,
 )
+from .preflight import manifest_limit
 
 
 def compatibility(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:

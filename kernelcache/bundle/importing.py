@@ -1,7 +1,7 @@
 """Importing a bundle into a root, all or nothing.
 
 A first pass reads and checks the whole bundle without writing anything
-(:mod:`kernelcache.bundle.checks`; members whose extension has a structure to check are read
+(:mod:`kernelcache.bundle.preflight`; members whose extension has a structure to check are read
 again for the contract of an entry); ``dry_run`` stops there, with the same outcome. Only then
 does a second pass publish each entry through :meth:`Store.publish` (atomic, first writer
 wins), re-checking each member's digest first; entries already present are skipped. Each
@@ -24,8 +24,8 @@ from ..schema.digests import check_signature
 from ..store.entry import Artifact
 from ..store.root import Store
 from ..toolchains import Judge
-from .checks import Listed, check_artifacts, tar_members
-from .format import MANIFEST, MAX_MEMBER_BYTES, ImportResult, Progress
+from .archive import MANIFEST, MAX_MEMBER_BYTES, ImportResult, Progress
+from .preflight import Listed, check_artifacts, tar_members
 
 
 def _open_bundle(path: str) -> IO[bytes]:

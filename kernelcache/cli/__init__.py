@@ -16,7 +16,7 @@ carries the command's :class:`~.common.Context` (the root and the settings, reso
 
 Modules: :mod:`.app` (the parser, ``main`` and the plugin loader), :mod:`.output` (exit codes,
 errors, the JSON envelope and human formatting), :mod:`.common` (global options, argument types,
-the context), and one module per group of commands: :mod:`.report` (``stats``),
+the context), and one module per group of commands: :mod:`.statistics` (``stats``),
 :mod:`.listing` (``ls``, ``show``; :func:`register_content`, through which a package says
 what its entries hold), :mod:`.maintenance` (``verify``, ``prune``),
 :mod:`.bundles` (``export``, ``import``) and :mod:`.diagnosis` (``doctor``).

@@ -23,7 +23,7 @@ from .._version import __version__
 from ..config import check_variables
 from ..errors import CommandFailed, ConfigError, UsageError
 from ..stats.counters import quiet as quiet_statistics
-from . import bundles, diagnosis, listing, maintenance, report
+from . import bundles, diagnosis, listing, maintenance, statistics
 from .common import Context, Subparsers, common_options
 from .output import EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, Output, fail
 
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 #: the entry-point group through which other packages add subcommands
 COMMANDS_GROUP = "kernelcache.commands"
 #: the built-in commands, in the order ``--help`` lists them
-COMMAND_MODULES: tuple[ModuleType, ...] = (report, listing, maintenance, bundles, diagnosis)
+COMMAND_MODULES: tuple[ModuleType, ...] = (statistics, listing, maintenance, bundles, diagnosis)
 
 
 def _load_plugins(subparsers: Subparsers) -> None:

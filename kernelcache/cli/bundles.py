@@ -26,7 +26,7 @@ from .output import (
 )
 
 if TYPE_CHECKING:
-    from ..bundle.format import ImportResult
+    from ..bundle.archive import ImportResult
     from ..toolchains import Judge
 
 

@@ -26,7 +26,6 @@ from ..errors import InvalidMetadata
 from ..jsonio import load_json
 from ..keys import EXT_PATTERN, META_EXT
 from ..problem import Problem
-from .checks import plain, utf8
 from .digests import CANONICAL, entry_digest
 from .fields import COVERED, check_fields
 from .format import (
@@ -44,6 +43,7 @@ from .format import (
     shown_value,
 )
 from .launch import launch_problem
+from .values import plain, utf8
 
 
 def check_document(doc: Any, key: str) -> dict[str, Any] | Problem:

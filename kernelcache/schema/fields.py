@@ -7,7 +7,7 @@ numbers, 64-bit integers, valid UTF-8 strings, nesting at most
 :data:`~kernelcache.schema.format.MAX_DEPTH` deep). Declared fields may be registered as
 *covered*: the entry digest of every document written afterwards covers them (kernelcache's
 ``name``, ``target`` and launch fields always are). Every check returns a reason instead of
-raising (the checks themselves: :mod:`.checks`).
+raising (the checks themselves: :mod:`.values`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from typing import Any
 
 from ..errors import DeclarationError
 from ..keys import KEY_PATTERN
-from .checks import (
+from .format import COVERS_FIELD, MAX_COVERED, MAX_FIELD_NAME, RESERVED_FIELDS, shown_value
+from .launch import LAUNCH_CHECKS, LAUNCH_FIELDS
+from .values import (
     Check,
     integer,
     objects,
@@ -31,8 +33,6 @@ from .checks import (
     utf8,
     valid_name,
 )
-from .format import COVERS_FIELD, MAX_COVERED, MAX_FIELD_NAME, RESERVED_FIELDS, shown_value
-from .launch import LAUNCH_CHECKS, LAUNCH_FIELDS
 
 __all__ = [
     "FIELDS",

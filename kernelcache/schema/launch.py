@@ -26,8 +26,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .checks import Check, integer, objects, pattern, power_of_two, text
 from .format import COVERS_FIELD
+from .values import Check, integer, objects, pattern, power_of_two, text
 
 _U32 = (1 << 32) - 1
 _SHA256 = re.compile(r"[0-9a-f]{64}")

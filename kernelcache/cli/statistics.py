@@ -31,7 +31,7 @@ from .output import (
 
 def stats_document(root: str, trust: str = DEFAULTS.trust) -> dict[str, Any]:
     """The ``stats --json`` document of a root (``trust``: whose scan index is read)."""
-    from ..maintenance.summary import summarize
+    from ..maintenance.inventory import summarize
 
     summary = summarize(root, trust=trust)
     tiers: dict[str, dict[str, float]] = {}

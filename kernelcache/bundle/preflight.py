@@ -39,7 +39,7 @@ from ..problem import Problem
 from ..schema.contract import entry_problem
 from ..schema.document import check_written
 from ..schema.format import FORMAT_VERSION
-from .format import (
+from .archive import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
     CHUNK,
