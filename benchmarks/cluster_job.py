@@ -151,23 +151,21 @@ def worker(cfg: dict[str, Any]) -> None:
     ended = time.time()
     counts = kernelcache.process_stats()
     wall = ended - started
-    print(
-        json.dumps(
-            {
-                "node": cfg["node"],
-                "started": started,
-                "ended": ended,
-                "compiles": counts["builds"],
-                "compile_s": counts["build_seconds"],
-                "wait_s": max(0.0, wall - counts["build_seconds"]),
-                "warnings": sorted(set(warnings))[:3],
-                "digest": digest,
-                "requests": {tier: dict(c) for tier, c in requests.items()},
-                "disk": disk,
-            }
-        ),
-        flush=True,
+    report = json.dumps(
+        {
+            "node": cfg["node"],
+            "started": started,
+            "ended": ended,
+            "compiles": counts["builds"],
+            "compile_s": counts["build_seconds"],
+            "wait_s": max(0.0, wall - counts["build_seconds"]),
+            "warnings": sorted(set(warnings))[:3],
+            "digest": digest,
+            "requests": {tier: dict(c) for tier, c in requests.items()},
+            "disk": disk,
+        }
     )
+    os.write(1, (report + "\n").encode())  # one write: the node's processes share a pipe
 
 
 # -- the job ----------------------------------------------------------------------------------
@@ -228,10 +226,10 @@ def job(
     try:
         for p in launched:
             out, err = p.communicate(timeout=args.job_timeout)
-            lines = [line for line in out.splitlines() if line.startswith("{")]
-            if p.returncode != 0 or not lines:
+            reports = reports_in(out)
+            if p.returncode != 0 or not reports:
                 raise SystemExit(f"a worker failed ({p.returncode}):\n{err[-3000:]}")
-            results += [json.loads(line) for line in lines]
+            results += reports
     finally:
         evidence = watcher.finish() if watcher is not None else None
     if len(results) != procs:
@@ -251,6 +249,16 @@ def job(
     if evidence is not None:
         out["evidence"] = evidence
     return out
+
+
+def reports_in(out: str) -> list[dict[str, Any]]:
+    """The JSON reports in a worker's output (several, from the processes of one node)."""
+    decoder, found, at = json.JSONDecoder(), [], out.find("{")
+    while at >= 0:
+        doc, end = decoder.raw_decode(out, at)
+        found.append(doc)
+        at = out.find("{", end)
+    return found
 
 
 def requests_of(results: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
@@ -455,8 +463,10 @@ def print_bounds(checked: list[dict[str, Any]]) -> None:
         allowed = "" if c["allowed_extra_s"] is None else f" (allowed {c['allowed_extra_s']:.1f})"
         extra = "" if c["extra_s"] is None else f"extra {c['extra_s']:+.1f} s{allowed}"
         verdict = "ok" if c["ok"] else "FAILED: " + ", ".join(failed)
+        most = "builds <= {}, next <= {}".format(*c["most_compiles"])
         print(
-            f"  {c['impl']:<6} {c['job']:>4} {c['scenario']:<25} {c['tier']:<8} {extra:<30} {verdict}"
+            f"  {c['impl']:<6} {c['job']:>4} {c['scenario']:<25} {c['tier']:<8} {most:<22} "
+            f"{extra:<28} {verdict}"
         )
 
 
