@@ -376,9 +376,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def bounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each row against what it is held to. Compiles: 13, plus one for each build lock the
-    killed primary held (a build in flight when its lock died is made again), and the next
-    job 0, or on a cluster alone with no replica the entries the killed primary held (lost);
+    """Each row against what it is held to. Compiles: 13 (13 per node with the only shared tier
+    stopped), plus one for each build lock the killed primary held (a build in flight when
+    its lock died is made again), and the next job 0, or on a cluster alone with no replica
+    the entries the killed primary held (lost);
     with replicas, whatever the fault, at most 1.5x (a build cut off by the failover may be
     made again) and next 0. Time: a stopped object store at most one timeout per node more
     than the healthy job; with replicas, a kill at most the failover plus 2 s more. And every
@@ -394,7 +395,9 @@ def bounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         evidence = first.get("evidence", {"landed": True})
         killed = r["scenario"].startswith("killed")
         most, most_next = IDEAL + evidence.get("locks_held", 0), 0
-        if r["tier"] == "replicas" and r["scenario"] != "healthy":
+        if r["tier"] == "s3" and r["scenario"] == "stopped-s3":  # no shared tier left: each
+            most = most_next = r["nodes"] * IDEAL  # node builds each variant once
+        elif r["tier"] == "replicas" and r["scenario"] != "healthy":
             most = int(1.5 * IDEAL)
         elif r["tier"] == "cluster":
             most_next = evidence.get("entries_held", 0)
