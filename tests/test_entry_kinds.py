@@ -1,0 +1,202 @@
+"""The bridge's entry kinds (``bridge.entries.kinds``) store and look up every entry under the
+key, extension, counting, wait and metadata they always had: a change to any of them orphans
+every stored entry of that kind, so each is pinned here for one owner key.
+
+The expected values below were computed once from the code before the kinds were one type;
+they never change with a refactoring, only with a deliberate change of the on-disk format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import kernelcache
+from bridge.cli import tune
+from bridge.compile import fetch
+from bridge.entries import decisions, failures, kernels, lowerings, memos, programs, samples
+from bridge.entries.decisions import Decision
+from bridge.entries.lowerings import Lowered
+from bridge.entries.samples import Sample
+
+#: the key every entry below belongs to (a kernel, lowering or decision key)
+OWNER = "0123456789abcdef" * 4
+#: another key, for the variants of an autotuned call
+OTHER = "fedcba9876543210" * 4
+
+#: the key of each kind's entry of OWNER (a lowering's and a sample's: of their first state)
+PTX_KEY = "0123456789abcdefc7254e9be5a4bd9ac7c92ff51e318073735ab5bc898103ed"
+FAILURE_KEY = "0123456789abcdef6132bf4eae71764a45b6d1a9381cf45fd247977107a546de"
+LOWERING_KEY = "0123456789abcdef7509a12aa5ba1f150ee64e1c36410d54143318c5e7bc676e"
+LOWERING_1_KEY = "0123456789abcdefd397f144748a1e04b78c442a3fe368e8998ac0385e3d41c4"
+VARIANTS_KEY = "0123456789abcdef66550a769fd47ef5b5eaa6f8c758be7f98ec178afbd64ced"
+PROGRAM_KEY = "0123456789abcdefb3b8a6ae1f9a55a8822e00d1506d816bb917004a49e139b6"
+SAMPLE_0_KEY = "0123456789abcdefad557da2cab821dd1655a48df6f974849e677e52a8f52ce7"
+SAMPLE_1_KEY = "0123456789abcdef27f679582f38e84d9f6520675be220f5be7eafc79a466793"
+MEMO_KEY = "e50fc78790e1dc2a2a16331cd62a5b5ee51a6a953195687717a328e331e8cd5b"
+
+
+class Recorder:
+    """A cache that records every call the bridge makes of it, then makes it."""
+
+    def __init__(self, cache: kernelcache.Cache) -> None:
+        self.cache = cache
+        self.calls: list[tuple[Any, ...]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cache, name)
+
+    def get(self, key, ext, **kw):
+        self.calls.append(("get", key, ext, kw))
+        return self.cache.get(key, ext, **kw)
+
+    def put(self, key, ext, data, meta, **kw):
+        self.calls.append(("put", key, ext, dict(meta), kw))
+        return self.cache.put(key, ext, data, meta, **kw)
+
+    def replace(self, key, ext, data, meta, **kw):
+        self.calls.append(("replace", key, ext, dict(meta), kw))
+        return self.cache.replace(key, ext, data, meta, **kw)
+
+    def quarantine(self, art, reason):
+        self.calls.append(("quarantine", art.key, art.ext, reason))
+        return self.cache.quarantine(art, reason)
+
+    def _built(self, key, ext, build):
+        def run():
+            data, meta = build()
+            self.calls.append(("built", key, ext, dict(meta)))
+            return data, meta
+
+        return run
+
+    def get_or_create(self, key, ext, build):
+        self.calls.append(("get_or_create", key, ext))
+        return self.cache.get_or_create(key, ext, self._built(key, ext, build))
+
+    def get_or_create_many(self, items):
+        self.calls.append(("get_or_create_many", [(i.key, i.ext) for i in items]))
+        return self.cache.get_or_create_many(
+            [kernelcache.BuildItem(i.key, i.ext, self._built(i.key, i.ext, i.build)) for i in items]
+        )
+
+    def rebuild(self, key, ext, build, *, stale):
+        self.calls.append(("rebuild", key, ext, stale.key))
+        return self.cache.rebuild(key, ext, self._built(key, ext, build), stale=stale)
+
+    def take(self) -> list[tuple[Any, ...]]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return Recorder(kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote=""))
+
+
+ABOUT = {"name": "k", "kernel": "m:k", "target": "cuda:90"}
+CALL = SimpleNamespace(parts=SimpleNamespace(name="k", qualname="m:k"))
+PTX = ".version 8.4\n.target sm_90\n.visible .entry k()\n{\n\tret;\n}\n"
+LOWERING_META = {"kind": "lowering", "name": "k", "kernel": "m:k", "target": "cuda:90"}
+
+
+def test_a_kernels_ptx_is_stored_and_read_as_a_companion(cache):
+    kernels.store_ptx(cache, OWNER, PTX, {**ABOUT, "num_warps": 4})
+    digest = hashlib.sha256(PTX.encode()).hexdigest()
+    art = SimpleNamespace(data=b"\x7fELF", meta={**ABOUT, "ptx_sha256": digest})
+    request = SimpleNamespace(key=OWNER, ext="cubin", usable=None, need_ptx=True)
+    assert fetch._paired(cache, request, art, []).ptx == PTX
+    assert cache.take() == [
+        ("put", PTX_KEY, "ptx", {"kind": "ptx", "of": OWNER, **ABOUT}, {}),
+        ("get", PTX_KEY, "ptx", {"counted": "companion"}),
+    ]
+
+
+def test_a_failure_is_remembered_and_looked_up_uncounted(cache):
+    failures.remember(cache, OWNER, "out of resources", {**ABOUT, "language": None})
+    assert failures.remembered(cache, OWNER) == "out of resources"
+    assert cache.take() == [
+        ("put", FAILURE_KEY, "failure", {**ABOUT, "kind": "failure", "of": OWNER}, {}),
+        ("get", FAILURE_KEY, "failure", {"counted": False}),
+    ]
+
+
+def test_a_memo_is_stored_under_its_label_and_fingerprint_and_counted_as_a_memo(cache):
+    memos.remember(cache, "ptxas", "fingerprint", "12.8")
+    assert memos.lookup(cache, "ptxas", "fingerprint") == "12.8"
+    assert cache.take() == [
+        ("put", MEMO_KEY, "ident", {"kind": "identity", "name": "ptxas"}, {}),
+        ("get", MEMO_KEY, "ident", {"counted": "memo"}),
+    ]
+
+
+def test_lowerings_and_their_variants_never_wait_and_a_corrupt_one_is_quarantined(cache):
+    done = Lowered(zlib.compress(b"opaque"), "inline", True, (0,))
+    lowerings.store(cache, OWNER, CALL, "cuda:90", lowerings.EVERY, done, [OWNER, OTHER])
+    lowerings.store(cache, OWNER, CALL, "cuda:90", "1", Lowered(b"cut", "inline", True), [OWNER])
+    assert lowerings.lowered(cache, OWNER, lowerings.EVERY) == done
+    assert lowerings.variant_keys(cache, OWNER) == [OWNER, OTHER]
+    assert lowerings.lowered(cache, OWNER, "1") is None
+    assert cache.take() == [
+        ("put", VARIANTS_KEY, "variants", LOWERING_META, {"wait": 0}),
+        ("put", LOWERING_KEY, "lowering", LOWERING_META, {"wait": 0}),
+        ("put", LOWERING_1_KEY, "lowering", LOWERING_META, {"wait": 0}),
+        ("get", LOWERING_KEY, "lowering", {"counted": False}),
+        ("get", VARIANTS_KEY, "variants", {"counted": False}),
+        ("get", LOWERING_1_KEY, "lowering", {"counted": False}),
+        ("quarantine", LOWERING_1_KEY, "lowering", "a lowering entry that does not decode"),
+    ]
+
+
+def test_a_program_is_stored_under_its_first_calls_key_and_a_corrupt_one_is_quarantined(cache):
+    done = Lowered(zlib.compress(b"opaque"), "inline", False, (0,))
+    program = programs.Program(cache)
+    assert program.lowered(OWNER, lowerings.EVERY) is None
+    program.note(programs.Item(OWNER, lowerings.EVERY, None, done), CALL, "cuda:90")
+    program.close()
+    assert programs.Program(cache).lowered(OWNER, lowerings.EVERY) == done
+    cache.replace(PROGRAM_KEY, "program", b"KCP1 not a program", LOWERING_META)
+    assert programs.Program(cache).lowered(OWNER, lowerings.EVERY) is None
+    assert cache.take() == [
+        ("get", PROGRAM_KEY, "program", {"counted": False}),
+        ("get", LOWERING_KEY, "lowering", {"counted": False}),
+        ("put", PROGRAM_KEY, "program", LOWERING_META, {"wait": 0}),
+        ("get", PROGRAM_KEY, "program", {"counted": False}),
+        ("replace", PROGRAM_KEY, "program", LOWERING_META, {}),
+        ("get", PROGRAM_KEY, "program", {"counted": False}),
+        ("quarantine", PROGRAM_KEY, "program", "a program entry that does not decode"),
+        ("get", LOWERING_KEY, "lowering", {"counted": False}),
+    ]
+
+
+def test_a_decision_is_stored_under_its_own_key_and_looked_up_uncounted(cache):
+    made = Decision("m:k", "cuda:90", "*", (OWNER, OTHER), ("a", "b"), 1, pinned=True)
+    tune._store(cache, OWNER, made)
+    assert decisions.find(cache, [OWNER], [OWNER, OTHER]) == made
+    meta = {"kind": "decision", "name": "k", "kernel": "m:k", "target": "cuda:90"}
+    assert cache.take() == [
+        ("replace", OWNER, "decision", meta, {}),
+        ("get", OWNER, "decision", {"counted": False}),
+    ]
+
+
+def test_samples_are_built_once_under_their_decisions_key_and_rebuilt_when_unusable(cache):
+    cache.put(SAMPLE_1_KEY, "sample", json.dumps({"format": 1}).encode(), {"kind": "sample"})
+    cache.take()
+
+    def screen(i: int) -> Sample:
+        return Sample(i, 1e-3, 10, 12, 0.01, "node/gpu0")
+
+    found = samples.gather(cache, OWNER, [OWNER, OTHER], "G", [0, 1], screen)
+    assert [s.index for s in found] == [0, 1]
+    assert cache.take() == [
+        ("get_or_create_many", [(SAMPLE_0_KEY, "sample"), (SAMPLE_1_KEY, "sample")]),
+        ("built", SAMPLE_0_KEY, "sample", {"kind": "sample", "name": "sample 0"}),
+        ("rebuild", SAMPLE_1_KEY, "sample", SAMPLE_1_KEY),
+        ("built", SAMPLE_1_KEY, "sample", {"kind": "sample", "name": "sample 1"}),
+    ]
