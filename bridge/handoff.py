@@ -51,7 +51,7 @@ import uuid
 from pathlib import Path
 
 from kernelcache.process import HOST
-from kernelcache.store.layout import register_directory
+from kernelcache.store import register_directory
 
 logger = logging.getLogger(__name__)
 

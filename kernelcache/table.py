@@ -6,8 +6,10 @@ These records are immutable values built from one listing of a root; nothing her
 
 from __future__ import annotations
 
+import fnmatch
+import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from operator import add
 from typing import Any, NamedTuple
@@ -123,3 +125,28 @@ class EntryTable:
             sizes[value] += n
         order = sorted(counts, key=lambda v: (-sizes[v], str(v)))
         return {v: (counts[v], sizes[v]) for v in order}
+
+
+# -- selecting by name ----------------------------------------------------------------------
+#: the characters that make a ``--kernel`` or ``--target`` value a pattern (:mod:`fnmatch`)
+GLOB_CHARS = frozenset("*?[")
+
+
+def is_pattern(value: str) -> bool:
+    """Whether ``value`` is an :mod:`fnmatch` pattern rather than a plain name."""
+    return not GLOB_CHARS.isdisjoint(value)
+
+
+def matcher(patterns: Iterable[str]) -> Callable[[object], bool]:
+    """A test of a metadata value against ``patterns``: names matched exactly and
+    :mod:`fnmatch` patterns (``cuda:*``, ``hip:gfx9?2``, ``matmul_[ab]*``), case-sensitively.
+    Anything but a string matches nothing."""
+    exact = {p for p in patterns if not is_pattern(p)}
+    globs = [re.compile(fnmatch.translate(p)).match for p in patterns if is_pattern(p)]
+
+    def match(value: object) -> bool:
+        if not isinstance(value, str):
+            return False
+        return value in exact or any(g(value) is not None for g in globs)
+
+    return match

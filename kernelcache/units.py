@@ -129,3 +129,12 @@ def parse_bool(text: str) -> bool:
     if value in FALSE:
         return False
     raise InvalidValue(f"invalid boolean {text!r}: use 1 or 0 (or true/false, yes/no, on/off)")
+
+
+def human_size(n: float) -> str:
+    """Bytes in binary units: ``512 B``, ``1.5 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

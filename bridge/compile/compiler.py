@@ -123,7 +123,7 @@ def binary_problem(ext: str, data: bytes) -> str | None:
 def temp_dir() -> str:
     """The directory Triton's compilers write their files to (``TMPDIR``), with its free
     space, for messages."""
-    from kernelcache.cli.output import human_size
+    from kernelcache.units import human_size
 
     path = tempfile.gettempdir()
     try:

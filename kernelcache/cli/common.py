@@ -143,7 +143,7 @@ def target_arg(text: str) -> str:
 
 
 def _field_arg(text: str, what: str, check: schema.Check) -> str:
-    from ..maintenance.prune import is_pattern
+    from ..table import is_pattern
 
     if not is_pattern(text):
         bad = check(text)

@@ -18,6 +18,7 @@ from .. import progress as progressbar
 from ..errors import CommandFailed as CommandFailed  # the errors commands raise, kept here too
 from ..errors import UsageError as UsageError
 from ..table import NAME_SEPARATOR, kernel_names
+from ..units import human_size as human_size  # (how the commands show sizes)
 
 #: the version of every command's ``--json`` document
 SCHEMA = 1
@@ -118,15 +119,6 @@ def plural(n: int, word: str) -> str:
     if word.endswith("y") and word[-2:-1] not in "aeiou":
         return f"{n:,} {word[:-1]}ies"
     return f"{n:,} {word}s"
-
-
-def human_size(n: float) -> str:
-    """Bytes in binary units: ``512 B``, ``1.5 MiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def human_age(seconds: float | None) -> str:

@@ -51,8 +51,9 @@ from ..store.removal import (
     remove_unheld_lock,
 )
 from ..store.root import Store
+from ..table import matcher
 from .index import discard_index
-from .prune import Action, Outcome, Plan, Result, kernel_matcher, matcher
+from .prune import Action, Outcome, Plan, Result, kernel_matcher
 
 #: threads that delete entries (each under its own key's lock) where deleting is mostly waiting
 #: for the file system to free blocks: a few threads overlap the waits

@@ -12,9 +12,7 @@ statistics logs of finished processes are planned for folding into the summary
 
 from __future__ import annotations
 
-import fnmatch
 import logging
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -24,7 +22,7 @@ from typing import Any, NamedTuple
 
 from ..errors import InvalidValue
 from ..stats.summary import foldable_logs
-from ..table import EntryInfo, EntryTable, kernel_names
+from ..table import EntryInfo, EntryTable, kernel_names, matcher
 from .records import CacheScan, Issue
 
 logger = logging.getLogger(__name__)
@@ -139,30 +137,6 @@ class Result:
 
 
 # -- planning -----------------------------------------------------------------------------
-#: the characters that make a ``--kernel`` or ``--target`` value a pattern (:mod:`fnmatch`)
-GLOB_CHARS = frozenset("*?[")
-
-
-def is_pattern(value: str) -> bool:
-    """Whether ``value`` is an :mod:`fnmatch` pattern rather than a plain name."""
-    return not GLOB_CHARS.isdisjoint(value)
-
-
-def matcher(patterns: Iterable[str]) -> Callable[[object], bool]:
-    """A test of a metadata value against ``patterns``: names matched exactly and
-    :mod:`fnmatch` patterns (``cuda:*``, ``hip:gfx9?2``, ``matmul_[ab]*``), case-sensitively.
-    Anything but a string matches nothing."""
-    exact = {p for p in patterns if not is_pattern(p)}
-    globs = [re.compile(fnmatch.translate(p)).match for p in patterns if is_pattern(p)]
-
-    def match(value: object) -> bool:
-        if not isinstance(value, str):
-            return False
-        return value in exact or any(g(value) is not None for g in globs)
-
-    return match
-
-
 def kernel_matcher(patterns: Iterable[str]) -> Callable[[object, object], bool]:
     """A test of an entry's kernel against ``patterns`` (as :func:`matcher`), given its
     ``name`` and ``kernel`` fields: it matches when a pattern matches a kernel name the entry

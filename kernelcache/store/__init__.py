@@ -13,6 +13,7 @@ from ..problem import Problem
 from ..schema.document import encode_metadata, make_metadata, parse_metadata
 from ..schema.format import FORMAT_VERSION, MAX_META_BYTES, RESERVED_FIELDS, digest
 from .entry import Artifact
+from .layout import register_directory
 from .root import Store
 from .trust import TRUST_POLICIES
 
@@ -29,4 +30,5 @@ __all__ = [
     "encode_metadata",
     "make_metadata",
     "parse_metadata",
+    "register_directory",
 ]
