@@ -42,7 +42,9 @@ MEMO_KEY = "e50fc78790e1dc2a2a16331cd62a5b5ee51a6a953195687717a328e331e8cd5b"
 
 
 class Recorder:
-    """A cache that records every call the bridge makes of it, then makes it."""
+    """A cache that records every call the bridge makes of it, then makes it: what each call
+    means (a lookup's counting and a put's wait with the cache's defaults filled in), not how
+    it is spelled."""
 
     def __init__(self, cache: kernelcache.Cache) -> None:
         self.cache = cache
@@ -52,15 +54,15 @@ class Recorder:
         return getattr(self.cache, name)
 
     def get(self, key, ext, **kw):
-        self.calls.append(("get", key, ext, kw))
+        self.calls.append(("get", key, ext, kw.get("counted", True)))
         return self.cache.get(key, ext, **kw)
 
     def put(self, key, ext, data, meta, **kw):
-        self.calls.append(("put", key, ext, dict(meta), kw))
+        self.calls.append(("put", key, ext, dict(meta), kw.get("wait")))
         return self.cache.put(key, ext, data, meta, **kw)
 
     def replace(self, key, ext, data, meta, **kw):
-        self.calls.append(("replace", key, ext, dict(meta), kw))
+        self.calls.append(("replace", key, ext, dict(meta), kw.get("wait")))
         return self.cache.replace(key, ext, data, meta, **kw)
 
     def quarantine(self, art, reason):
@@ -112,8 +114,8 @@ def test_a_kernels_ptx_is_stored_and_read_as_a_companion(cache):
     request = SimpleNamespace(key=OWNER, ext="cubin", usable=None, need_ptx=True)
     assert fetch._paired(cache, request, art, []).ptx == PTX
     assert cache.take() == [
-        ("put", PTX_KEY, "ptx", {"kind": "ptx", "of": OWNER, **ABOUT}, {}),
-        ("get", PTX_KEY, "ptx", {"counted": "companion"}),
+        ("put", PTX_KEY, "ptx", {"kind": "ptx", "of": OWNER, **ABOUT}, None),
+        ("get", PTX_KEY, "ptx", "companion"),
     ]
 
 
@@ -121,8 +123,8 @@ def test_a_failure_is_remembered_and_looked_up_uncounted(cache):
     failures.remember(cache, OWNER, "out of resources", {**ABOUT, "language": None})
     assert failures.remembered(cache, OWNER) == "out of resources"
     assert cache.take() == [
-        ("put", FAILURE_KEY, "failure", {**ABOUT, "kind": "failure", "of": OWNER}, {}),
-        ("get", FAILURE_KEY, "failure", {"counted": False}),
+        ("put", FAILURE_KEY, "failure", {**ABOUT, "kind": "failure", "of": OWNER}, None),
+        ("get", FAILURE_KEY, "failure", False),
     ]
 
 
@@ -130,8 +132,8 @@ def test_a_memo_is_stored_under_its_label_and_fingerprint_and_counted_as_a_memo(
     memos.remember(cache, "ptxas", "fingerprint", "12.8")
     assert memos.lookup(cache, "ptxas", "fingerprint") == "12.8"
     assert cache.take() == [
-        ("put", MEMO_KEY, "ident", {"kind": "identity", "name": "ptxas"}, {}),
-        ("get", MEMO_KEY, "ident", {"counted": "memo"}),
+        ("put", MEMO_KEY, "ident", {"kind": "identity", "name": "ptxas"}, None),
+        ("get", MEMO_KEY, "ident", "memo"),
     ]
 
 
@@ -143,12 +145,12 @@ def test_lowerings_and_their_variants_never_wait_and_a_corrupt_one_is_quarantine
     assert lowerings.variant_keys(cache, OWNER) == [OWNER, OTHER]
     assert lowerings.lowered(cache, OWNER, "1") is None
     assert cache.take() == [
-        ("put", VARIANTS_KEY, "variants", LOWERING_META, {"wait": 0}),
-        ("put", LOWERING_KEY, "lowering", LOWERING_META, {"wait": 0}),
-        ("put", LOWERING_1_KEY, "lowering", LOWERING_META, {"wait": 0}),
-        ("get", LOWERING_KEY, "lowering", {"counted": False}),
-        ("get", VARIANTS_KEY, "variants", {"counted": False}),
-        ("get", LOWERING_1_KEY, "lowering", {"counted": False}),
+        ("put", VARIANTS_KEY, "variants", LOWERING_META, 0),
+        ("put", LOWERING_KEY, "lowering", LOWERING_META, 0),
+        ("put", LOWERING_1_KEY, "lowering", LOWERING_META, 0),
+        ("get", LOWERING_KEY, "lowering", False),
+        ("get", VARIANTS_KEY, "variants", False),
+        ("get", LOWERING_1_KEY, "lowering", False),
         ("quarantine", LOWERING_1_KEY, "lowering", "a lowering entry that does not decode"),
     ]
 
@@ -163,14 +165,14 @@ def test_a_program_is_stored_under_its_first_calls_key_and_a_corrupt_one_is_quar
     cache.replace(PROGRAM_KEY, "program", b"KCP1 not a program", LOWERING_META)
     assert programs.Program(cache).lowered(OWNER, lowerings.EVERY) is None
     assert cache.take() == [
-        ("get", PROGRAM_KEY, "program", {"counted": False}),
-        ("get", LOWERING_KEY, "lowering", {"counted": False}),
-        ("put", PROGRAM_KEY, "program", LOWERING_META, {"wait": 0}),
-        ("get", PROGRAM_KEY, "program", {"counted": False}),
-        ("replace", PROGRAM_KEY, "program", LOWERING_META, {}),
-        ("get", PROGRAM_KEY, "program", {"counted": False}),
+        ("get", PROGRAM_KEY, "program", False),
+        ("get", LOWERING_KEY, "lowering", False),
+        ("put", PROGRAM_KEY, "program", LOWERING_META, 0),
+        ("get", PROGRAM_KEY, "program", False),
+        ("replace", PROGRAM_KEY, "program", LOWERING_META, None),
+        ("get", PROGRAM_KEY, "program", False),
         ("quarantine", PROGRAM_KEY, "program", "a program entry that does not decode"),
-        ("get", LOWERING_KEY, "lowering", {"counted": False}),
+        ("get", LOWERING_KEY, "lowering", False),
     ]
 
 
@@ -180,8 +182,8 @@ def test_a_decision_is_stored_under_its_own_key_and_looked_up_uncounted(cache):
     assert decisions.find(cache, [OWNER], [OWNER, OTHER]) == made
     meta = {"kind": "decision", "name": "k", "kernel": "m:k", "target": "cuda:90"}
     assert cache.take() == [
-        ("replace", OWNER, "decision", meta, {}),
-        ("get", OWNER, "decision", {"counted": False}),
+        ("replace", OWNER, "decision", meta, None),
+        ("get", OWNER, "decision", False),
     ]
 
 
@@ -200,3 +202,11 @@ def test_samples_are_built_once_under_their_decisions_key_and_rebuilt_when_unusa
         ("rebuild", SAMPLE_1_KEY, "sample", SAMPLE_1_KEY),
         ("built", SAMPLE_1_KEY, "sample", {"kind": "sample", "name": "sample 1"}),
     ]
+
+
+def test_failures_decisions_samples_and_memos_are_declared_usually_absent():
+    import bridge.entries.kinds  # noqa: F401  (declares them when imported)
+    from kernelcache.remote.tier import SPARSE_EXTS
+
+    assert {"failure", "decision", "sample", "ident"} <= SPARSE_EXTS
+    assert not {"ptx", "lowering", "variants", "program"} & SPARSE_EXTS
