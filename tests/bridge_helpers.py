@@ -202,10 +202,10 @@ def forget_lowerings(root: Any) -> int:
     """Remove the lowering and program entries under ``root`` (see :mod:`bridge.entries.lowerings`,
     :mod:`bridge.entries.programs`), so that the next lowering works from the kernel entries alone;
     returns how many files went."""
-    from bridge.entries import lowerings, programs
+    from bridge.entries.kinds import LOWERING, PROGRAM, VARIANTS
 
     gone = 0
-    for ext in (lowerings.STATE_EXT, lowerings.VARIANTS_EXT, programs.EXT):
+    for ext in (LOWERING.ext, VARIANTS.ext, PROGRAM.ext):
         for path in Path(root).glob(f"*.{ext}"):
             path.with_suffix(".json").unlink()
             path.unlink()
@@ -216,10 +216,10 @@ def forget_lowerings(root: Any) -> int:
 def forget_programs(root: Any) -> int:
     """Remove the program entries under ``root`` (:mod:`bridge.entries.programs`), so that the next
     lowering reads each call's own lowering entries; returns how many went."""
-    from bridge.entries import programs
+    from bridge.entries.kinds import PROGRAM
 
     gone = 0
-    for path in Path(root).glob(f"*.{programs.EXT}"):
+    for path in Path(root).glob(f"*.{PROGRAM.ext}"):
         path.with_suffix(".json").unlink()
         path.unlink()
         gone += 1

@@ -32,6 +32,7 @@ from bridge.call import binding
 from bridge.cli import tune
 from bridge.entries import decisions
 from bridge.entries.decisions import Decision
+from bridge.entries.kinds import DECISION
 from bridge.tune import measure
 from examples import ops
 
@@ -419,7 +420,7 @@ def test_tune_spreads_the_configs_over_gpus_into_one_decision(tmp_path, cache, m
 
 
 def tune_key(result, cache) -> str:
-    (entry,) = Path(cache.root).glob(f"*.{decisions.EXT}")
+    (entry,) = Path(cache.root).glob(f"*.{DECISION.ext}")
     return entry.name.split(".")[0]
 
 
@@ -610,7 +611,7 @@ def test_an_ignored_decision_is_warned_about_once(name, pinned, tmp_path, caplog
     kernels, doc, key, _ = pinned
     make, why = MALFORMED[name]
     cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(kernels,), remote="")
-    cache.put(key, decisions.EXT, make(doc), DECISION_META)
+    cache.put(key, DECISION.ext, make(doc), DECISION_META)
     caplog.set_level(logging.WARNING, logger="bridge")
     for _ in range(2):
         assert len(lower(cache).autotuned_kernel_call.configs) == 4  # as without a decision
@@ -627,14 +628,14 @@ def test_job_mode_measures_in_place_of_a_malformed_decision(
 ):
     kernels, doc, _, key = pinned
     cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(kernels,), remote="")
-    cache.put(key, decisions.EXT, MALFORMED[name][0](doc), DECISION_META)
+    cache.put(key, DECISION.ext, MALFORMED[name][0](doc), DECISION_META)
     caplog.set_level(logging.WARNING, logger="bridge")
     call = lower(cache, autotune="job")
     assert stand_in.benched == [[0, 1, 2, 3]]  # measured, as for an absent decision
     assert call.HasField("kernel_call") and call.kernel_call.grid_1 == 6  # config 1: 1 ms
     (said,) = decision_warnings(caplog)
     assert key in said and MALFORMED[name][1] in said
-    made = decisions.parse(cache.get(key, decisions.EXT).data, doc["variants"])
+    made = decisions.parse(cache.get(key, DECISION.ext).data, doc["variants"])
     assert made.chosen == 1 and made.device == "Stand-in GPU"  # stored in its place
     assert lower(cache, autotune="job").HasField("kernel_call")
     assert stand_in.benched == [[0, 1, 2, 3]]

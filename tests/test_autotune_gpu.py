@@ -19,7 +19,7 @@ from bridge_helpers import cuda_devices, decoded
 import bridge
 import kernelcache
 from bridge.cli import tune
-from bridge.entries import decisions
+from bridge.entries.kinds import DECISION
 from examples import ops
 
 HAS_GPU = bool(cuda_devices())
@@ -97,7 +97,7 @@ def test_a_job_tunes_inside_its_first_lowering(tmp_path):
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want), atol=0.5, rtol=5e-2)
     (call,) = decoded(lambda x, y: matmul(x, y, cache=cache, autotune="require"), a, b)
     assert call.HasField("kernel_call")
-    assert len(list(Path(cache.root).glob(f"*.{decisions.EXT}"))) == 1
+    assert len(list(Path(cache.root).glob(f"*.{DECISION.ext}"))) == 1
 
 
 def test_a_direct_launch_computes_what_the_custom_call_computes():

@@ -36,7 +36,7 @@ from bridge import versions
 from bridge.cli import tune
 from bridge.compile import fetch, variants
 from bridge.entries import decisions, failures
-from bridge.entries.kinds import derived_key
+from bridge.entries.kinds import DECISION, derived_key
 from bridge.lowering import lower as bridge_call
 from bridge.tune import measure
 
@@ -738,7 +738,7 @@ def test_a_decision_for_a_left_out_config_is_ignored(tmp_path, fresh, monkeypatc
         pinned=True,
     )
     key = decisions.keys_of(specs[0].parts, named, specs)[0]
-    fresh.put(key, decisions.EXT, wrong.to_bytes(), wrong.metadata())
+    DECISION.put(fresh, key, wrong.to_bytes(), wrong.metadata())
     (call,) = decoded(copy_call(K.bounded_copy, fresh), F32)
     assert len(configs_of(call)) == 2
     assert any("chooses config 3" in r.getMessage() for r in warnings_.records)

@@ -23,6 +23,7 @@ from test_cli_support import kc
 import kernelcache
 from bridge.cli import tune
 from bridge.entries import lowerings, programs
+from bridge.entries.kinds import LOWERING, PROGRAM, VARIANTS
 from bridge.lowering import lower as bridge_call
 from examples import ops
 
@@ -72,17 +73,17 @@ def text(fn) -> str:
 
 
 def lowering_reads(seen: Counter[str]) -> int:
-    return seen[lowerings.STATE_EXT] + seen[lowerings.VARIANTS_EXT]
+    return seen[LOWERING.ext] + seen[VARIANTS.ext]
 
 
 def test_a_warm_program_reads_one_entry_and_lowers_byte_identical(cache, assembled, reads):
     cold = text(program(cache))
     assert len(assembled) == 3
-    assert len(list(Path(cache.root).glob(f"*.{programs.EXT}"))) == 1
+    assert len(list(Path(cache.root).glob(f"*.{PROGRAM.ext}"))) == 1
     reads.clear()
     warm = text(program(cache))
     assert len(assembled) == 3
-    assert reads[programs.EXT] == 1 and lowering_reads(reads) == 0
+    assert reads[PROGRAM.ext] == 1 and lowering_reads(reads) == 0
     assert forget_lowerings(cache.root) == 5  # 3 lowerings, 1 variants list, their program
     rebuilt = text(program(cache))
     assert len(assembled) == 6
@@ -96,23 +97,23 @@ def test_the_calls_own_entries_serve_a_program_without_its_entry(cache, assemble
     reads.clear()
     assert text(program(cache)) == cold
     assert len(assembled) == 3  # replayed from the calls' own entries
-    assert reads[programs.EXT] == 1 and lowering_reads(reads) == 4
+    assert reads[PROGRAM.ext] == 1 and lowering_reads(reads) == 4
     reads.clear()
     assert text(program(cache)) == cold  # whose program entry was written again
-    assert reads[programs.EXT] == 1 and lowering_reads(reads) == 0
+    assert reads[PROGRAM.ext] == 1 and lowering_reads(reads) == 0
 
 
 def test_programs_that_share_their_first_calls_each_read_their_own(cache, assembled, reads):
     first = text(program(cache))
     other = text(program(cache, last_block=512))  # the same first two calls, another last one
     assert len(assembled) == 4
-    assert len(list(Path(cache.root).glob(f"*.{programs.EXT}"))) == 2
+    assert len(list(Path(cache.root).glob(f"*.{PROGRAM.ext}"))) == 2
     reads.clear()
     assert text(program(cache, last_block=512)) == other
-    assert reads[programs.EXT] == 2 and lowering_reads(reads) == 0
+    assert reads[PROGRAM.ext] == 2 and lowering_reads(reads) == 0
     reads.clear()
     assert text(program(cache)) == first
-    assert reads[programs.EXT] == 1 and lowering_reads(reads) == 0
+    assert reads[PROGRAM.ext] == 1 and lowering_reads(reads) == 0
     assert len(assembled) == 4
 
 
@@ -121,8 +122,8 @@ def test_a_changed_call_is_lowered_again_and_the_rest_served(cache, assembled, r
     reads.clear()
     changed = text(program(cache, last_block=2048))  # only the last call changed
     assert len(assembled) == 4
-    assert reads[programs.EXT] == 2  # the first call's, and the changed call's (none yet)
-    assert reads[lowerings.STATE_EXT] == 1  # the changed call's own: a miss
+    assert reads[PROGRAM.ext] == 2  # the first call's, and the changed call's (none yet)
+    assert reads[LOWERING.ext] == 1  # the changed call's own: a miss
     forget_lowerings(cache.root)
     assert text(program(cache, last_block=2048)) == changed
 
@@ -160,7 +161,7 @@ def test_an_odd_program_entry_is_a_miss(raw):
 @pytest.mark.parametrize("edit", ["flipped-byte", "another-programs-items"])
 def test_an_edited_or_foreign_program_entry_is_never_served(cache, assembled, reads, edit):
     cold = text(program(cache))
-    (path,) = Path(cache.root).glob(f"*.{programs.EXT}")
+    (path,) = Path(cache.root).glob(f"*.{PROGRAM.ext}")
     if edit == "flipped-byte":  # the digest refuses it: quarantined
         raw = bytearray(path.read_bytes())
         raw[-1] ^= 0xFF
@@ -170,7 +171,7 @@ def test_an_edited_or_foreign_program_entry_is_never_served(cache, assembled, re
         assert items is not None and len(items) == 3
         path.with_suffix(".json").unlink()
         path.unlink()
-        cache.put(path.stem, programs.EXT, programs.encode(items[1:]), {"kind": "lowering"})
+        cache.put(path.stem, PROGRAM.ext, programs.encode(items[1:]), {"kind": "lowering"})
     reads.clear()
     assert text(program(cache)) == cold
     assert len(assembled) == 3  # served by the calls' own entries
@@ -189,7 +190,7 @@ def test_an_entry_whose_opaque_does_not_inflate_is_a_corrupt_miss(cache, assembl
     """Written with its digests made again (by a writer the trust policy trusts), an entry
     whose opaque cannot be inflated is never served: quarantined, counted, lowered again."""
     cold = text(program(cache))
-    (path,) = Path(cache.root).glob(f"*.{programs.EXT}")
+    (path,) = Path(cache.root).glob(f"*.{PROGRAM.ext}")
     items = programs.decode(path.read_bytes())
     assert items is not None
     if which == "program":
@@ -204,7 +205,7 @@ def test_an_entry_whose_opaque_does_not_inflate_is_a_corrupt_miss(cache, assembl
         data = programs.encode([first, bad, *rest])
     else:  # the calls' own entries only: the first call's lowering entry
         forget_programs(cache.root)
-        path = Path(cache.root) / f"{lowerings.derived_key(items[0].key, items[0].state)}.lowering"
+        path = Path(cache.root) / f"{LOWERING.key(items[0].key, items[0].state)}.lowering"
         done = lowerings.decode(path.read_bytes())
         assert done is not None
         data = lowerings.encode(lowerings.Lowered(_damaged(done.opaque), done.embed, False))
@@ -261,8 +262,8 @@ def test_a_decision_made_later_is_read_from_the_calls_entry(tmp_path, cache, mon
     decided = text(program(cache))
     reads.clear()
     assert text(program(cache)) == decided
-    assert reads[programs.EXT] == 1
-    assert reads[lowerings.STATE_EXT] == 1  # the decided state, which the program lacks
+    assert reads[PROGRAM.ext] == 1
+    assert reads[LOWERING.ext] == 1  # the decided state, which the program lacks
     forget_lowerings(cache.root)
     assert text(program(cache)) == decided
 
@@ -270,9 +271,9 @@ def test_a_decision_made_later_is_read_from_the_calls_entry(tmp_path, cache, mon
 def test_a_program_is_stored_when_jax_does_not_report_its_end(cache, assembled, monkeypatch):
     monkeypatch.setattr(bridge_call, "_MODULE_EVENT", "not an event JAX sends")
     text(program(cache))
-    assert not list(Path(cache.root).glob(f"*.{programs.EXT}"))  # still open
+    assert not list(Path(cache.root).glob(f"*.{PROGRAM.ext}"))  # still open
     text(program(cache, last_block=512))  # the next module's first call closes it
-    assert len(list(Path(cache.root).glob(f"*.{programs.EXT}"))) == 1
+    assert len(list(Path(cache.root).glob(f"*.{PROGRAM.ext}"))) == 1
 
 
 def test_threads_lowering_at_once_keep_their_programs_apart(cache, assembled, reads):
@@ -296,4 +297,4 @@ def test_threads_lowering_at_once_keep_their_programs_apart(cache, assembled, re
         text(program(cache, last_block=block))  # is written by the first of these
     reads.clear()
     assert [text(program(cache)), text(program(cache, last_block=512))] == cold
-    assert lowering_reads(reads) == 0 and reads[programs.EXT] <= 4
+    assert lowering_reads(reads) == 0 and reads[PROGRAM.ext] <= 4

@@ -1,6 +1,7 @@
 """The bridge's entry kinds (``bridge.entries.kinds``) store and look up every entry under the
 key, extension, counting, wait and metadata they always had: a change to any of them orphans
-every stored entry of that kind, so each is pinned here for one owner key.
+every stored entry of that kind, so each is pinned here for one owner key, both as each kind
+declares it and as the modules that store entries call the cache.
 
 The expected values below were computed once from the code before the kinds were one type;
 they never change with a refactoring, only with a deliberate change of the on-disk format.
@@ -19,7 +20,7 @@ import pytest
 import kernelcache
 from bridge.cli import tune
 from bridge.compile import fetch
-from bridge.entries import decisions, failures, kernels, lowerings, memos, programs, samples
+from bridge.entries import decisions, failures, kernels, kinds, lowerings, memos, programs, samples
 from bridge.entries.decisions import Decision
 from bridge.entries.lowerings import Lowered
 from bridge.entries.samples import Sample
@@ -39,6 +40,45 @@ PROGRAM_KEY = "0123456789abcdefb3b8a6ae1f9a55a8822e00d1506d816bb917004a49e139b6"
 SAMPLE_0_KEY = "0123456789abcdefad557da2cab821dd1655a48df6f974849e677e52a8f52ce7"
 SAMPLE_1_KEY = "0123456789abcdef27f679582f38e84d9f6520675be220f5be7eafc79a466793"
 MEMO_KEY = "e50fc78790e1dc2a2a16331cd62a5b5ee51a6a953195687717a328e331e8cd5b"
+
+
+#: each kind as declared: its extension, the key of OWNER's entry (of its first part, with
+#: that part; a memo's owner is its own key), how a lookup is counted, how long a put waits,
+#: and whether it is usually absent
+DECLARED = {
+    "PTX": ("ptx", None, PTX_KEY, "companion", None, False),
+    "FAILURE": ("failure", None, FAILURE_KEY, False, None, True),
+    "LOWERING": ("lowering", lowerings.EVERY, LOWERING_KEY, False, 0, False),
+    "VARIANTS": ("variants", None, VARIANTS_KEY, False, 0, False),
+    "PROGRAM": ("program", None, PROGRAM_KEY, False, 0, False),
+    "DECISION": ("decision", None, OWNER, False, None, True),
+    "SAMPLE": ("sample", 0, SAMPLE_0_KEY, False, None, True),
+    "MEMO": ("ident", None, OWNER, "memo", None, True),
+}
+
+
+def test_every_kind_declares_the_key_extension_counting_wait_and_sparseness_it_always_had():
+    declared = {}
+    for name, (_, part, *_) in DECLARED.items():
+        kind = getattr(kinds, name)
+        got = kind.ext, part, kind.key(OWNER, part), kind.counted, kind.wait, kind.sparse
+        declared[name] = got
+    assert declared == DECLARED
+    assert set(kinds.KINDS) == {getattr(kinds, name) for name in DECLARED}, "pin a new kind here"
+    assert kinds.LOWERING.key(OWNER, "1") == LOWERING_1_KEY
+    assert kinds.SAMPLE.key(OWNER, 1) == SAMPLE_1_KEY
+    assert memos.memo_key("ptxas", "fingerprint") == MEMO_KEY
+    assert kinds.LOWERING.corrupt == "a lowering entry that does not decode"
+    assert kinds.PROGRAM.corrupt == "a program entry that does not decode"
+
+
+def test_a_key_takes_a_part_exactly_where_its_kind_has_several_entries_per_owner():
+    with pytest.raises(TypeError, match="needs a part"):
+        kinds.LOWERING.key(OWNER)
+    with pytest.raises(TypeError, match="takes no part"):
+        kinds.PTX.key(OWNER, "1")
+    with pytest.raises(TypeError, match="takes no part"):
+        kinds.DECISION.key(OWNER, 0)
 
 
 class Recorder:

@@ -59,12 +59,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         handoff,  # noqa: F401
         masquerade,
     )
-    from ..entries.decisions import KIND as DECISION
+    from ..entries.kinds import DECISION
 
     register_toolchain("bridge", _toolchain)
     register_report("jax_cache", jax_cache_command.jax_cache_report)
     register_report("jax_triton", masquerade.report)
-    register_content(DECISION, decision_content)
+    register_content(DECISION.ext, decision_content)
 
     p = add_command(
         subparsers,

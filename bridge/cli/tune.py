@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ..compile.variants import Variants, known_left_out
 from ..entries import decisions
 from ..entries.decisions import ANY_DEVICE, Decision
+from ..entries.kinds import DECISION
 from ..errors import BridgeError, KernelArgumentError, PinError
 from ..identity.specialize import Specialization, specialize_call
 from ..lowering.lower import variant_opaque
@@ -184,7 +185,7 @@ def pin(group: _Group, target: Target, index: int, cache: Cache) -> Tuned:
 
 def _store(cache: Cache, key: str, made: Decision) -> None:
     """Store ``made`` under ``key`` in place of what is there (the caller decided to)."""
-    cache.replace(key, decisions.EXT, made.to_bytes(), made.metadata())
+    DECISION.replace(cache, key, made.to_bytes(), made.metadata())
 
 
 def traced_call(group: _Group, target: Target, cache: Cache) -> CallSpec:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..entries import failures, kernels
-from ..entries.kinds import derived_key
+from ..entries.kinds import PTX
 from ..errors import LeftOut
 from ..identity.specialize import Specialization, Usable, components
 from . import process
@@ -274,7 +274,7 @@ def _paired(cache: Cache, request: Request, art: Artifact, built: list[Compiled]
         ptx = built[0].ptx
         assert ptx is not None
         return _binary(key, ext, art.data, art.meta, ptx, True)
-    companion = cache.get(derived_key(key, kernels.PTX_EXT), kernels.PTX_EXT, counted="companion")
+    companion = PTX.get(cache, key)
     if companion is not None and kernels.ptx_pairs(art.meta, companion.data):
         return _binary(key, ext, art.data, art.meta, companion.data.decode(), False)
     # the PTX is missing (pruned) or belongs to another build: compile again for a matching pair

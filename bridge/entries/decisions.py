@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from kernelcache.process import warn_once
 
-from . import kinds
+from .kinds import DECISION
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -51,8 +51,6 @@ class Keyed(Protocol):
     def key(self) -> str: ...
 
 
-#: the extension and kind of a decision entry
-EXT = KIND = kinds.DECISION
 FORMAT = 1
 #: the device of a decision that holds for every device of its target (a pinned one)
 ANY_DEVICE = "*"
@@ -159,7 +157,7 @@ class Decision:
     def metadata(self) -> dict[str, Any]:
         """The entry metadata of this decision."""
         return {
-            "kind": KIND,
+            "kind": DECISION.ext,
             "name": self.kernel.rpartition(":")[2] or self.kernel,
             "kernel": self.kernel,
             "target": self.target,
@@ -348,7 +346,7 @@ def lookup(
     """The first usable decision under ``keys`` (a device's own, then its target's), with its
     key; a document that is not one is warned about (see the module docstring) and skipped."""
     for key in keys:
-        art = cache.get(key, EXT, counted=False)  # the hit rate is about kernels
+        art = DECISION.get(cache, key)
         if art is None:
             continue
         found = parse(art.data, variants)

@@ -31,15 +31,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CompilerCrash, IncompleteOutput
-from . import kinds
-from .kinds import derived_key
+from .kinds import FAILURE
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
 logger = logging.getLogger(__name__)
 
-EXT = KIND = kinds.FAILURE
 FORMAT = 1
 #: the longest reason kept (one line)
 MAX_REASON = 500
@@ -95,7 +93,7 @@ def lasting(error: BaseException) -> bool:
 def remembered(cache: Cache, key: str) -> str | None:
     """The reason the kernel ``key`` cannot compile, if the cache remembers one."""
     try:
-        art = cache.get(derived_key(key, EXT), EXT, counted=False)
+        art = FAILURE.get(cache, key)
     except ValueError:
         return None
     if art is None:
@@ -128,9 +126,9 @@ def remember(cache: Cache, key: str, reason: str, about: Mapping[str, Any]) -> N
     from kernelcache import CacheError
 
     doc = {"format": FORMAT, "of": key, "reason": _one_line(reason)}
-    meta = {**{k: v for k, v in about.items() if v is not None}, "kind": KIND, "of": key}
+    meta = {**{k: v for k, v in about.items() if v is not None}, "kind": FAILURE.ext, "of": key}
     data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
     try:
-        cache.put(derived_key(key, EXT), EXT, data, meta)
+        FAILURE.put(cache, key, data, meta)
     except (CacheError, ValueError) as e:
         logger.warning("kernelcache: cannot remember that %s does not compile: %s", key, e)

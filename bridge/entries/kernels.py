@@ -3,7 +3,7 @@
 The machine code (``<key>.cubin`` / ``<key>.hsaco``) is the entry; its metadata records the
 kernel name, launch geometry, shared memory, scratch sizes, target and producer versions, the
 components of its key and, on CUDA, the sha256 of the PTX, which is stored as its own entry under
-``derived_key(key, "ptx")``. Fetching and compiling them is :mod:`bridge.compile.fetch`'s.
+:data:`bridge.entries.kinds.PTX`. Fetching and compiling them is :mod:`bridge.compile.fetch`'s.
 
 Invariants: a PTX entry is only ever paired with the binary whose metadata names its digest
 (:func:`ptx_pairs`); metadata is plain JSON with no absolute paths.
@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..call.plain import plain
 from ..versions import triton_version
-from . import kinds
-from .kinds import derived_key
+from .kinds import PTX
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -29,8 +28,6 @@ if TYPE_CHECKING:
     from ..targets import Target
 
 logger = logging.getLogger(__name__)
-
-PTX_EXT = kinds.PTX
 
 
 def ptx_sha256(text: str) -> str:
@@ -52,19 +49,14 @@ def store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> None
     from kernelcache.process import warn_once
 
     fields = {
-        "kind": kinds.PTX,
+        "kind": PTX.ext,
         "of": key,
         "name": meta.get("name"),
         "kernel": meta.get("kernel"),
         "target": meta.get("target"),
     }
     try:
-        cache.put(
-            derived_key(key, PTX_EXT),
-            PTX_EXT,
-            ptx.encode(),
-            {k: v for k, v in fields.items() if v is not None},
-        )
+        PTX.put(cache, key, ptx.encode(), {k: v for k, v in fields.items() if v is not None})
     except (CacheError, ValueError) as e:  # the root's write problem: said once, as the cache's
         warn_once(
             logger, (cache.root, "write"), "kernelcache: cannot store the PTX of %s: %s", key, e

@@ -1,45 +1,40 @@
-"""Every kind of entry the bridge stores in the kernel cache, by extension, and the one way a
-companion entry's key is derived from the key it belongs to.
+"""Every kind of entry the bridge stores in the kernel cache, as one type: its extension, how
+its key is derived from the key it belongs to, how a lookup of it is counted, how long a put of
+it waits, whether it is usually absent, and the verbs that store and look it up.
 
 A kernel is stored under its kernel key with its vendor's extension (``cubin``, ``hsaco``:
-:attr:`bridge.vendors.base.Vendor.binary_ext`); every other entry the bridge stores has one of
-the extensions below, and every key but a kernel's, a lowering's and a decision's is
-:func:`derived_key` of the key it belongs to and its role (by convention, its extension).
+:attr:`bridge.vendors.base.Vendor.binary_ext`; :mod:`bridge.compile.fetch`); every other entry
+the bridge stores is of one of the kinds below. An entry belongs to a key, its owner (a kernel
+key, a lowering key, a decision key): its own key is :func:`derived_key` of its owner and its
+role (by convention, its extension), or its owner's key itself (a decision, a memo). What a kind
+stores (its document, its metadata, what it checks when reading one back) is its module's.
 
-Invariants: no other module of the bridge names these extensions (``tests/
-test_layering_bridge.py`` checks it); a derived key is the same in every process and release,
-so changing :func:`derived_key` orphans every stored companion; a derived key shares the
-group of the key it belongs to.
+Invariants: no other module of the bridge names these extensions, nor calls the cache for an
+entry of one of these kinds but through its kind (``tests/test_layering_bridge.py`` checks it);
+a kind's key, extension and metadata are the same in every process and release (``tests/
+test_entry_kinds.py`` pins them), so changing :func:`derived_key` or a role orphans every stored
+entry of the kinds it derives; a derived key shares the group of the key it belongs to.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kernelcache.keys import GROUP_CHARS, KEY_PATTERN, group_of
-from kernelcache.remote.tier import declare_sparse
+from kernelcache.remote import declare_sparse
 
-#: the PTX a CUDA kernel was compiled from, beside it (:mod:`bridge.compile.fetch`)
-PTX = "ptx"
-#: a kernel that cannot compile for its target (:mod:`.failures`)
-FAILURE = "failure"
-#: a call's lowering, one per state of its decision (:mod:`.lowerings`)
-LOWERING = "lowering"
-#: the kernel keys of an autotuned call's variants (:mod:`.lowerings`)
-VARIANTS = "variants"
-#: a program's lowerings as one entry (:mod:`.programs`)
-PROGRAM = "program"
-#: an autotune decision (:mod:`.decisions`)
-DECISION = "decision"
-#: one config's screening for a decision being made by several GPUs (:mod:`.samples`)
-SAMPLE = "sample"
-#: a value memoized across processes, such as the compiler's identity (:mod:`.memos`)
-MEMO = "ident"
+if TYPE_CHECKING:
+    from kernelcache import Artifact, Cache
 
-#: every extension above
-EXTENSIONS = (PTX, FAILURE, LOWERING, VARIANTS, PROGRAM, DECISION, SAMPLE, MEMO)
-#: those usually absent when looked up: a miss of one must not wait on a slow remote tier
-declare_sparse(FAILURE, DECISION, SAMPLE, MEMO)
+T = TypeVar("T")
+#: what makes an entry on a miss: its data and metadata
+Build = Callable[[], "tuple[bytes, Mapping[str, Any]]"]
+#: what tells apart the entries of one kind that belong to one key (a lowering's state, a
+#: sample's index), or None
+Part = str | int | None
 
 
 def derived_key(key: str, role: str) -> str:
@@ -50,3 +45,116 @@ def derived_key(key: str, role: str) -> str:
     if KEY_PATTERN.fullmatch(key) is None:
         return digest
     return group_of(key) + digest[GROUP_CHARS:]
+
+
+@dataclass(frozen=True)
+class EntryKind:
+    """One kind of entry: what is particular to it, and the verbs that store and look up its
+    entries in a cache, each given the key the entry belongs to (``owner``)."""
+
+    #: the extension of its entries
+    ext: str
+    #: the role its key is derived with from its owner's (:func:`derived_key`), ``{}`` standing
+    #: for the ``part`` that tells apart several entries of one owner; None: its owner's key
+    role: str | None
+    #: how a lookup is counted (:meth:`kernelcache.Cache.get`): False, not at all (the hit rate
+    #: is about kernels); or the class of lookups it is counted in
+    counted: bool | str = False
+    #: how long a put waits for the key's lock (:meth:`kernelcache.Cache.put`): None, the lock
+    #: timeout; 0, never (another process holding it writes the same bytes)
+    wait: float | None = None
+    #: usually absent when looked up: a miss must not wait on a slow remote tier
+    sparse: bool = False
+    #: the reason an entry that does not decode is quarantined with (:meth:`load`)
+    corrupt: str = ""
+
+    def key(self, owner: str, part: Part = None) -> str:
+        """The key of the entry of ``owner`` (and ``part``, where the role has a ``{}``)."""
+        if (self.role is not None and "{}" in self.role) != (part is not None):
+            needs = "needs a" if part is None else "takes no"
+            raise TypeError(f"the key of a {self.ext} entry {needs} part")
+        if self.role is None:
+            return owner
+        return derived_key(owner, self.role.format(part))
+
+    def get(self, cache: Cache, owner: str, part: Part = None) -> Artifact | None:
+        """The entry of ``owner``, if the cache has one (counted as :attr:`counted` says)."""
+        return cache.get(self.key(owner, part), self.ext, counted=self.counted)
+
+    def load(
+        self, cache: Cache, owner: str, decode: Callable[[bytes], T | None], part: Part = None
+    ) -> tuple[Artifact, T] | None:
+        """The entry of ``owner`` and what ``decode`` makes of its bytes; an entry it makes
+        nothing of (None) is a corrupt entry: a miss, quarantined (:attr:`corrupt`)."""
+        art = self.get(cache, owner, part)
+        if art is None:
+            return None
+        found = decode(art.data)
+        if found is None:
+            cache.quarantine(art, self.corrupt)
+            return None
+        return art, found
+
+    def put(
+        self, cache: Cache, owner: str, data: bytes, meta: Mapping[str, Any], part: Part = None
+    ) -> Artifact:
+        """Store ``data`` as the entry of ``owner`` (the first writer's is kept), waiting for
+        its lock as :attr:`wait` says."""
+        return cache.put(self.key(owner, part), self.ext, data, meta, wait=self.wait)
+
+    def replace(
+        self, cache: Cache, owner: str, data: bytes, meta: Mapping[str, Any], part: Part = None
+    ) -> Artifact:
+        """Store ``data`` as the entry of ``owner`` in place of the one there, if any."""
+        return cache.replace(self.key(owner, part), self.ext, data, meta, wait=self.wait)
+
+    def quarantine(self, cache: Cache, art: Artifact, reason: str) -> bool:
+        """Report ``art``, an entry of this kind, unusable for ``reason`` (a corrupt entry)."""
+        return cache.quarantine(art, reason)
+
+    def get_or_create(self, cache: Cache, owner: str, build: Build, part: Part = None) -> Artifact:
+        """The entry of ``owner``, made by ``build()`` once across processes if missing."""
+        return cache.get_or_create(self.key(owner, part), self.ext, build)
+
+    def get_or_create_many(
+        self, cache: Cache, owner: str, builds: Sequence[tuple[Part, Build]]
+    ) -> list[Artifact]:
+        """The entries of ``owner``'s parts, in order, each made by its build if missing (by
+        whichever process reaches it first: :meth:`kernelcache.Cache.get_or_create_many`)."""
+        from kernelcache import BuildItem
+
+        return cache.get_or_create_many(
+            [BuildItem(self.key(owner, part), self.ext, build) for part, build in builds]
+        )
+
+    def rebuild(
+        self, cache: Cache, owner: str, build: Build, *, stale: Artifact, part: Part = None
+    ) -> Artifact:
+        """The entry of ``owner`` made again by ``build()`` in place of ``stale``, what a read
+        returned that the caller cannot use (once across processes)."""
+        return cache.rebuild(self.key(owner, part), self.ext, build, stale=stale)
+
+
+#: the PTX a CUDA kernel was compiled from, beside it (:mod:`.kernels`)
+PTX = EntryKind("ptx", role="ptx", counted="companion")
+#: a kernel that cannot compile for its target (:mod:`.failures`)
+FAILURE = EntryKind("failure", role="failure", sparse=True)
+#: a call's lowering, one per state of its decision, keyed by the state alone (:mod:`.lowerings`)
+LOWERING = EntryKind("lowering", role="{}", wait=0, corrupt="a lowering entry that does not decode")
+#: the kernel keys of an autotuned call's variants (:mod:`.lowerings`)
+VARIANTS = EntryKind("variants", role="variants", wait=0)
+#: a program's lowerings as one entry, under its first call's lowering key (:mod:`.programs`)
+PROGRAM = EntryKind(
+    "program", role="program", wait=0, corrupt="a program entry that does not decode"
+)
+#: an autotune decision, under its own key (:mod:`.decisions`)
+DECISION = EntryKind("decision", role=None, sparse=True)
+#: one config's screening for a decision being made by several GPUs, by its index (:mod:`.samples`)
+SAMPLE = EntryKind("sample", role="sample:{}", sparse=True)
+#: a value memoized across processes, such as the compiler's identity, under its own key
+#: (:mod:`.memos`)
+MEMO = EntryKind("ident", role=None, counted="memo", sparse=True)
+
+#: every kind above
+KINDS = (PTX, FAILURE, LOWERING, VARIANTS, PROGRAM, DECISION, SAMPLE, MEMO)
+declare_sparse(*(kind.ext for kind in KINDS if kind.sparse))

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache.keys import KEY_PATTERN
 
-from . import decisions, kinds
-from .kinds import derived_key
+from . import decisions
+from .kinds import LOWERING, VARIANTS
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -31,9 +31,6 @@ if TYPE_CHECKING:
     from ..call.tracing import CallSpec
     from ..targets import Target
 
-#: extensions and kind of the entries
-STATE_EXT = KIND = kinds.LOWERING
-VARIANTS_EXT = kinds.VARIANTS
 FORMAT = 1
 MAGIC = b"KCL1"
 _HEADER = struct.Struct(">4sI")
@@ -55,12 +52,17 @@ class Lowered:
 def metadata(call: CallSpec, target: Target) -> dict[str, Any]:
     """The metadata of the entries of ``call``'s lowering."""
     parts = call.parts
-    return {"kind": KIND, "name": parts.name, "kernel": parts.qualname, "target": str(target)}
+    return {
+        "kind": LOWERING.ext,
+        "name": parts.name,
+        "kernel": parts.qualname,
+        "target": str(target),
+    }
 
 
 def variant_keys(cache: Cache, key: str) -> list[str] | None:
     """The kernel keys of the variants of the call whose lowering key is ``key``."""
-    art = cache.get(derived_key(key, VARIANTS_EXT), VARIANTS_EXT, counted=False)
+    art = VARIANTS.get(cache, key)
     if art is None:
         return None
     try:
@@ -79,14 +81,14 @@ def lowered(cache: Cache, key: str, state: str) -> Lowered | None:
     """The stored lowering of ``state`` (:data:`EVERY`, or a chosen variant's index); an
     entry that does not decode, or whose opaque does not inflate whole, is a corrupt entry (a
     miss, quarantined)."""
-    art = cache.get(derived_key(key, state), STATE_EXT, counted=False)
-    if art is None:
-        return None
-    found = decode(art.data)
-    if found is None or not whole(found.opaque):
-        cache.quarantine(art, "a lowering entry that does not decode")
-        return None
-    return found
+    found = LOWERING.load(cache, key, _intact, part=state)
+    return None if found is None else found[1]
+
+
+def _intact(data: bytes) -> Lowered | None:
+    """The lowering in ``data``, if it decodes and its opaque inflates whole."""
+    found = decode(data)
+    return found if found is not None and whole(found.opaque) else None
 
 
 def whole(opaque: bytes) -> bool:
@@ -167,8 +169,8 @@ def store(
     try:
         if len(variants) > 1:
             doc = json.dumps({"variants": list(variants)}).encode()
-            cache.put(derived_key(key, VARIANTS_EXT), VARIANTS_EXT, doc, meta, wait=0)
-        cache.put(derived_key(key, state), STATE_EXT, data, meta, wait=0)
+            VARIANTS.put(cache, key, doc, meta)
+        LOWERING.put(cache, key, data, meta, part=state)
     except (CacheError, ValueError):
         return
 

@@ -13,14 +13,12 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import kinds
+from .kinds import MEMO
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
 logger = logging.getLogger(__name__)
-
-MEMO_EXT = kinds.MEMO
 
 
 def memo_key(label: str, fingerprint: str) -> str:
@@ -32,7 +30,7 @@ def lookup(cache: Cache | None, label: str, fingerprint: str) -> str | None:
     """The value memoized in ``cache`` (or None) under ``(label, fingerprint)``, if any."""
     if cache is None:
         return None
-    art = cache.get(memo_key(label, fingerprint), MEMO_EXT, counted="memo")
+    art = MEMO.get(cache, memo_key(label, fingerprint))
     if art is None:
         return None
     try:
@@ -48,11 +46,8 @@ def remember(cache: Cache | None, label: str, fingerprint: str, value: str) -> N
     if cache is None:
         return
     try:
-        cache.put(
-            memo_key(label, fingerprint),
-            MEMO_EXT,
-            value.encode(),
-            {"kind": "identity", "name": label},
+        MEMO.put(
+            cache, memo_key(label, fingerprint), value.encode(), {"kind": "identity", "name": label}
         )
     except (CacheError, ValueError) as e:
         logger.debug("cannot memoize the %s identity: %s", label, e)

@@ -38,8 +38,8 @@ from kernelcache.schema import KERNEL_NAME
 from kernelcache.store import checked
 from kernelcache.table import NAME_SEPARATOR
 
-from . import kinds, lowerings
-from .kinds import derived_key
+from . import lowerings
+from .kinds import PROGRAM
 from .lowerings import Lowered
 
 if TYPE_CHECKING:
@@ -48,8 +48,6 @@ if TYPE_CHECKING:
     from ..call.tracing import CallSpec
     from ..targets import Target
 
-#: extension of program entries (metadata ``kind: lowering``)
-EXT = kinds.PROGRAM
 MAGIC = b"KCP1"
 #: at most this many calls in one program entry (more are looked up one by one)
 MAX_ITEMS = 4096
@@ -125,11 +123,6 @@ def decode(data: bytes) -> list[Item] | None:
 CHECK = "opaques-inflate"
 
 
-def entry_key(key: str) -> str:
-    """The key of the program entry whose first call has the lowering key ``key``."""
-    return derived_key(key, EXT)
-
-
 class Program:
     """The keyed calls of one module's lowering that share a setup, and the lowerings of the
     program entries read for them (see the module docstring). Used by one thread."""
@@ -148,19 +141,22 @@ class Program:
         was looked up in vain for an earlier call."""
         if self._missed:
             return
-        art = self.cache.get(entry_key(key), EXT, counted=False)  # the hit rate is of kernels
-        items = None if art is None else decode(art.data)
-        if items is None or items[0].key != key:
-            if art is not None:
-                self.cache.quarantine(art, "a program entry that does not decode")
+
+        def first(data: bytes) -> list[Item] | None:
+            """The items of a program entry whose first call is ``key``'s."""
+            items = decode(data)
+            return items if items is not None and items[0].key == key else None
+
+        found = PROGRAM.load(self.cache, key, first)
+        if found is None:
             self._missed, self._start = True, len(self._calls)
             return
-        assert art is not None
+        art, items = found
         digest = art.meta.get("digest")
         if not checked.recorded(self.cache.root, CHECK, art.key, digest):
             if not all(lowerings.whole(item.lowered.opaque) for item in items):
-                self.cache.quarantine(
-                    art, "a program entry holding an opaque that does not inflate"
+                PROGRAM.quarantine(
+                    self.cache, art, "a program entry holding an opaque that does not inflate"
                 )
                 self._missed, self._start = True, len(self._calls)
                 return
@@ -220,7 +216,7 @@ class Program:
             meta["name"] = NAME_SEPARATOR.join(dict.fromkeys(n for n, _ in held))
             meta["kernel"] = NAME_SEPARATOR.join(dict.fromkeys(q for _, q in held))
             data = encode(items)
-            art = self.cache.put(entry_key(items[0].key), EXT, data, meta, wait=0)
+            art = PROGRAM.put(self.cache, items[0].key, data, meta)
         except (CacheError, ValueError, OSError):
             return
         if art.data == data:  # (its opaques were built or checked here; not another's entry)

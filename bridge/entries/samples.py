@@ -21,13 +21,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from . import kinds
-from .kinds import derived_key
+from .kinds import SAMPLE
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
-EXT = KIND = kinds.SAMPLE
 FORMAT = 1
 #: the largest sample document read back, and its longest text
 MAX_BYTES = 8192
@@ -48,11 +46,6 @@ class Sample:
     reason: str | None = None
 
 
-def key_of(decision: str, index: int) -> str:
-    """The key of config ``index``'s sample for the decision under key ``decision``."""
-    return derived_key(decision, f"{EXT}:{index}")
-
-
 def encode(sample: Sample, variant: str, device: str) -> tuple[bytes, dict[str, Any]]:
     """The document and metadata of ``sample`` of the config with kernel key ``variant``."""
     doc = {
@@ -68,7 +61,7 @@ def encode(sample: Sample, variant: str, device: str) -> tuple[bytes, dict[str, 
         "reason": None if sample.reason is None else sample.reason[:MAX_TEXT],
     }
     data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-    return data, {"kind": KIND, "name": f"sample {sample.index}"}
+    return data, {"kind": SAMPLE.ext, "name": f"sample {sample.index}"}
 
 
 def _count(value: Any) -> TypeGuard[int]:
@@ -120,17 +113,18 @@ def gather(
     """The samples of configs ``indices`` (of ``variants``) on ``device`` for the decision
     under key ``decision``: those already stored, and ``screen(i)`` for the others, each
     screened by one process at a time (see the module docstring)."""
-    from kernelcache import BuildItem
 
     def build(i: int) -> Callable[[], tuple[bytes, dict[str, Any]]]:
         return lambda: encode(screen(i), variants[i], device)
 
-    items = [BuildItem(key_of(decision, i), EXT, build(i)) for i in indices]
+    builds = [(i, build(i)) for i in indices]
     found: list[Sample] = []
-    for i, item, art in zip(indices, items, cache.get_or_create_many(items), strict=True):
+    for (i, make), art in zip(
+        builds, SAMPLE.get_or_create_many(cache, decision, builds), strict=True
+    ):
         made = parse(art.data, i, variants[i], device)
         if isinstance(made, str):  # not a sample of this config: screened again, here
-            art = cache.rebuild(item.key, EXT, item.build, stale=art)
+            art = SAMPLE.rebuild(cache, decision, make, stale=art, part=i)
             made = parse(art.data, i, variants[i], device)
         if isinstance(made, str):
             made = screen(i)

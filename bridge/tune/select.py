@@ -39,7 +39,7 @@ from kernelcache.process import warn_once
 
 from ..entries import decisions
 from ..entries.decisions import Decision
-from ..entries.kinds import derived_key
+from ..entries.kinds import DECISION, derived_key
 from ..entries.samples import Sample
 from ..entries.samples import gather as gathered
 from ..errors import AutotuneError
@@ -127,7 +127,7 @@ def select(
         )
         return made.to_bytes(), made.metadata()
 
-    art = cache.get_or_create(keys[0], decisions.EXT, tune)
+    art = DECISION.get_or_create(cache, keys[0], tune)
     for again in (True, False):  # one that cannot be used is measured again, once
         made = decisions.parse(art.data, names)
         if isinstance(made, str):
@@ -135,7 +135,7 @@ def select(
         elif _usable(keys[0], made, variants, where):
             return [made.chosen]
         if again:
-            art = cache.rebuild(keys[0], decisions.EXT, tune, stale=art)
+            art = DECISION.rebuild(cache, keys[0], tune, stale=art)
     return kept
 
 

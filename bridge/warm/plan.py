@@ -19,8 +19,8 @@ from ..call.kernels import KernelParts, decompose
 from ..call.plain import source_digest
 from ..entries import decisions
 from ..entries.failures import remembered
-from ..entries.kernels import PTX_EXT, ptx_pairs
-from ..entries.kinds import derived_key
+from ..entries.kernels import ptx_pairs
+from ..entries.kinds import PTX
 from ..errors import BridgeError, KernelArgumentError
 from ..identity.specialize import Specialization, specialize, specialize_call
 from ..targets import Target
@@ -89,9 +89,9 @@ def present(cache: Cache, key: str, ext: str, need_ptx: bool) -> str | None:
     if found is None:
         return None
     if need_ptx:
-        ptx_key = derived_key(key, PTX_EXT)
+        ptx_key = PTX.key(key)
         for store in cache.layers:
-            art = store.read(ptx_key, PTX_EXT)
+            art = store.read(ptx_key, PTX.ext)
             if isinstance(art, Artifact) and ptx_pairs(found.meta, art.data):
                 return found.source
         return None
