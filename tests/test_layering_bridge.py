@@ -2,8 +2,9 @@
 
 Read statically from every import statement of every module (function-level and
 ``TYPE_CHECKING`` imports included, as in ``tests/test_layering.py``): a module imports only
-modules of its own stage or of earlier ones. Besides: only ``bridge/entries/`` names the
-extension of an entry the bridge stores, no module of the bridge is over 500 lines, each
+modules of its own stage or of earlier ones. Besides: only ``bridge/entries/kinds.py`` names
+the extension of an entry the bridge stores, and every such entry is stored and looked up
+through its kind there (under one name each), no module of the bridge is over 500 lines, each
 folder's ``__init__.py`` says what enters and what leaves it, and every exception class of the
 bridge is declared in ``bridge/errors.py`` under ``kernelcache``'s base.
 """
@@ -53,6 +54,28 @@ STAGES: tuple[tuple[str, ...], ...] = (
 
 #: the extensions of the entries the bridge stores (the kernels' own are their vendor's)
 EXTENSIONS = ("ident", "failure", "lowering", "variants", "program", "decision", "sample", "ptx")
+#: where the kinds of those entries are declared (:class:`bridge.entries.kinds.EntryKind`)
+KINDS_MODULE = BRIDGE / "entries" / "kinds.py"
+#: the cache's verbs for an entry
+VERBS = frozenset(
+    {
+        "get",
+        "put",
+        "replace",
+        "quarantine",
+        "get_or_create",
+        "get_or_create_many",
+        "get_or_create_each",
+        "rebuild",
+    }
+)
+#: the only calls of those verbs outside the kinds module: of a kernel's own entry, whose
+#: extension is its vendor's (fetched or compiled, and compiled again where it is corrupt; read
+#: uncounted to know whether a variant can launch)
+KERNEL_ENTRY_CALLS = {
+    "bridge/compile/fetch.py": ["get_or_create", "get_or_create_each", "quarantine"],
+    "bridge/compile/variants.py": ["get"],
+}
 
 MAX_LINES = 500
 
@@ -98,10 +121,16 @@ def test_no_bridge_module_is_over_the_line_limit():
     assert not long, f"over {MAX_LINES} lines: {long}"
 
 
-def test_only_the_entries_folder_names_an_entry_extension():
+def test_the_extensions_are_those_of_the_declared_kinds():
+    from bridge.entries import kinds
+
+    assert sorted(EXTENSIONS) == sorted(kind.ext for kind in kinds.KINDS)
+
+
+def test_only_the_kinds_module_names_an_entry_extension():
     found = []
     for path in sorted(BRIDGE.rglob("*.py")):
-        if path.parent == BRIDGE / "entries":
+        if path == KINDS_MODULE:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):
@@ -113,6 +142,40 @@ def test_only_the_entries_folder_names_an_entry_extension():
                 if node.value.value in EXTENSIONS and any(n.endswith("EXT") for n in names):
                     found.append(f"{path.relative_to(REPO)}:{node.lineno} {node.value.value!r}")
     assert not found, "declare extensions in bridge/entries/kinds.py: " + ", ".join(found)
+
+
+def test_every_entry_of_a_kind_goes_through_its_kind_under_one_name():
+    from bridge.entries import kinds
+
+    names = {name for name, value in vars(kinds).items() if isinstance(value, kinds.EntryKind)}
+    calls: dict[str, list[str]] = {}
+    aliases = []
+    for path in sorted(BRIDGE.rglob("*.py")):
+        if path == KINDS_MODULE:
+            continue
+        where = str(path.relative_to(REPO))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                receiver = node.func.value  # cache.get(...), self.cache.put(...)
+                if node.func.attr in VERBS and (
+                    (isinstance(receiver, ast.Name) and receiver.id == "cache")
+                    or (isinstance(receiver, ast.Attribute) and receiver.attr == "cache")
+                ):
+                    calls.setdefault(where, []).append(node.func.attr)
+            elif isinstance(node, ast.Assign):  # EXT = FAILURE.ext, KIND = kinds.FAILURE
+                value = node.value
+                if isinstance(value, ast.Attribute) and value.attr == "ext":
+                    value = value.value
+                if (isinstance(value, ast.Name) and value.id in names) or (
+                    isinstance(value, ast.Attribute) and value.attr in names
+                ):
+                    aliases.append(f"{where}:{node.lineno}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").endswith("kinds"):
+                if any(a.asname and a.name in names for a in node.names):
+                    aliases.append(f"{where}:{node.lineno}")
+    calls = {where: sorted(verbs) for where, verbs in calls.items()}
+    assert calls == KERNEL_ENTRY_CALLS, "store and look up entries through their kind"
+    assert not aliases, "name a kind and its extension as kinds.py does: " + ", ".join(aliases)
 
 
 def test_every_bridge_exception_is_declared_in_errors_under_kernelcaches_base():
