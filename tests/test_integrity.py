@@ -539,12 +539,12 @@ def test_a_bundle_of_an_older_version_is_refused_saying_what_to_do(tmp_path):
 def test_unexpected_errors_point_at_the_flag_that_shows_the_traceback(
     tmp_path, monkeypatch, capsys
 ):
-    from kernelcache.cli import app, report
+    from kernelcache.cli import app, statistics
 
     def broken(args: Any, out: Any) -> int:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(report, "cmd_stats", broken)
+    monkeypatch.setattr(statistics, "cmd_stats", broken)
     assert app.main(["--root", str(tmp_path), "stats"]) == 1
     err = capsys.readouterr().err
     assert "RuntimeError: a bug" in err and "rerun with -vv" in err
