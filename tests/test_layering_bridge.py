@@ -6,7 +6,8 @@ modules of its own stage or of earlier ones. Besides: only ``bridge/entries/kind
 the extension of an entry the bridge stores, and every such entry is stored and looked up
 through its kind there (under one name each), no module of the bridge is over 500 lines, each
 folder's ``__init__.py`` says what enters and what leaves it, and every exception class of the
-bridge is declared in ``bridge/errors.py`` under ``kernelcache``'s base.
+bridge is declared in ``bridge/errors.py`` under ``kernelcache``'s base, and the bridge uses
+kernelcache only across a declared border (:data:`BORDER`).
 """
 
 from __future__ import annotations
@@ -205,3 +206,53 @@ def test_every_bridge_exception_is_declared_in_errors_under_kernelcaches_base():
 )
 def test_the_stage_of_a_module_is_its_longest_prefix(module, expected):
     assert stage(module) == expected
+
+
+#: what the bridge may import of kernelcache: its public API and the surface it offers packages
+#: built on it (declaring variables, commands, report checks, toolchains, directories, sparse
+#: entry kinds; its schema, keys, errors, formats and helpers for reading files and JSON; the
+#: table of a root and its listing)
+BORDER = frozenset(
+    {
+        "kernelcache",
+        "kernelcache.cli",
+        "kernelcache.cli.common",
+        "kernelcache.cli.output",
+        "kernelcache.config",
+        "kernelcache.doctor",
+        "kernelcache.errors",
+        "kernelcache.formats",
+        "kernelcache.fsio",
+        "kernelcache.jsonio",
+        "kernelcache.keys",
+        "kernelcache.maintenance.scan",
+        "kernelcache.process",
+        "kernelcache.remote",
+        "kernelcache.schema",
+        "kernelcache.store",
+        "kernelcache.table",
+        "kernelcache.toolchains",
+        "kernelcache.units",
+    }
+)
+
+
+def kernelcache_imports() -> dict[str, set[str]]:
+    """The kernelcache modules each bridge module imports (any depth, static)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(BRIDGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            for name in names:
+                if name == "kernelcache" or name.startswith("kernelcache."):
+                    found.setdefault(name, set()).add(str(path.relative_to(REPO)))
+    return found
+
+
+def test_the_bridge_uses_kernelcache_only_across_its_declared_border():
+    beyond = {m: sorted(users) for m, users in kernelcache_imports().items() if m not in BORDER}
+    assert beyond == {}, "import these through the public API or add them to BORDER, saying why"
