@@ -90,10 +90,10 @@ def test_waiters_find_the_ptx_companion_the_builder_stored(tmp_path):
     builds: list[int] = []
 
     class SlowCompanion(kernelcache.Cache):
-        def put(self, key, ext, data, meta):
+        def put(self, key, ext, data, meta, **options):
             if ext == "ptx":
                 time.sleep(0.3)  # widen the window between the binary and its companion
-            return super().put(key, ext, data, meta)
+            return super().put(key, ext, data, meta, **options)
 
     def build() -> Compiled:
         builds.append(1)
