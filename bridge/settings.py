@@ -6,14 +6,19 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelcache import ConfigError
-from kernelcache.config import choice, parser, path, register_variables, setting, variables_of
-from kernelcache.process import warn_once
+from kernelcache.config import (
+    choice,
+    for_a_job,
+    parser,
+    path,
+    register_variables,
+    setting,
+    variables_of,
+)
 
 from .vendors.registry import parse_name, registered
 
@@ -96,17 +101,8 @@ def settings(environ: Mapping[str, str] | None = None) -> BridgeSettings:
 
 
 def job_settings(environ: Mapping[str, str] | None = None) -> BridgeSettings:
-    """:func:`settings`, for a lowering in a user's job, which a setting must never fail: a
-    variable that cannot be used is said once (its name, its value, what is accepted) and
-    the bridge's defaults are used until it is fixed."""
-    try:
-        return settings(environ)
-    except ConfigError as e:
-        warn_once(
-            logging.getLogger("bridge"),
-            ("settings", str(e)),
-            "kernelcache: %s; the defaults of the bridge's variables are used until it is "
-            "fixed (`kernelcache doctor` checks every variable)",
-            e,
-        )
-        return BridgeSettings()
+    """:func:`settings` for a lowering in a user's job (:func:`kernelcache.config.for_a_job`):
+    with a variable that cannot be used, the bridge's defaults."""
+    return for_a_job(
+        settings, environ, BridgeSettings(), "the defaults of the bridge's variables are used"
+    )

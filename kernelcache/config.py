@@ -387,24 +387,36 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
 OFF = replace(DEFAULTS, disable=True)
 
 
-def job_settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """:func:`settings`, for code that runs in a user's job, which a setting of the cache must
-    never fail: a variable that cannot be used is said once (its name, its value, what is
-    accepted) and the cache is off in this process, kernels compiled in memory (:data:`OFF`),
-    until it is fixed."""
+def for_a_job(
+    parse: Callable[[Mapping[str, str] | None], T],
+    environ: Mapping[str, str] | None,
+    fallback: T,
+    instead: str,
+) -> T:
+    """``parse(environ)``, for code that runs in a user's job, which a setting must never
+    fail: a variable that cannot be used is said once (its name, its value, what is accepted,
+    and ``instead``: what the process does until it is fixed) and ``fallback`` is returned."""
     try:
-        return settings(environ)
+        return parse(environ)
     except ConfigError as e:
         from .process import warn_once
 
         warn_once(
             logging.getLogger("kernelcache"),
             ("settings", str(e)),
-            "kernelcache: %s; the cache is off in this process (kernels compile in memory) "
-            "until it is fixed (`kernelcache doctor` checks every variable)",
+            "kernelcache: %s; %s until it is fixed (`kernelcache doctor` checks every variable)",
             e,
+            instead,
         )
-        return OFF
+        return fallback
+
+
+def job_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """:func:`settings` in a user's job (:func:`for_a_job`): with a variable that cannot be
+    used, the cache is off in this process, kernels compiled in memory (:data:`OFF`)."""
+    return for_a_job(
+        settings, environ, OFF, "the cache is off in this process (kernels compile in memory)"
+    )
 
 
 def check_variables(environ: Mapping[str, str] | None = None) -> None:
