@@ -34,8 +34,8 @@ def put(
     *,
     replace: bool = False,
 ) -> Artifact:
-    """:meth:`put` (or :meth:`replace`), waiting at most ``wait`` seconds (None: the lock
-    timeout)."""
+    """The work of :meth:`Cache.put <kernelcache.cache.Cache.put>` (``replace``: of
+    ``Cache.replace``), waiting at most ``wait`` seconds (None: the lock timeout)."""
     if layers.disabled:
         return in_memory(key, ext, data, meta)
     try:
