@@ -154,15 +154,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = logging.StreamHandler()
     handler.setFormatter(_Formatter())
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), handlers=[handler])
-    out = Output(args.json)
+    code = _run(args, Output(args.json))
+    if code != EXIT_OK:  # what it reported names the root: a log it cannot take is not said again
+        quiet_statistics()
+    return code
+
+
+def _run(args: argparse.Namespace, out: Output) -> int:
+    """Run the command ``args`` names; its exit code (an error said as :func:`fail` says it)."""
     try:
         if args.command != "doctor":  # (doctor lists them among its checks)
             _warn_unknown_variables()
             check_variables()  # every command: a variable that cannot be used is an error
-        code = int(args.func(args, out))
-        if code != EXIT_OK:  # the problems it reported name the root: not said again
-            quiet_statistics()
-        return code
+        return int(args.func(args, out))
     except UsageError as e:
         return fail(str(e), EXIT_USAGE, args.command, args.json)
     except ConfigError as e:

@@ -97,9 +97,6 @@ class Output:
 def fail(message: str, code: int, command: str | None, json_mode: bool) -> int:
     """Report an error (as the JSON envelope too, with --json) and return ``code``."""
     message = message.removeprefix("kernelcache: ")  # (said once, by the prefix below)
-    from ..stats import counters
-
-    counters.quiet()  # (a log the root cannot take is not said again after the error)
     if json_mode:
         doc = {"schema": SCHEMA, "command": command, "error": message}
         with contextlib.suppress(OSError):
