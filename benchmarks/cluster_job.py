@@ -183,8 +183,7 @@ def job(
     makespan, longest wait, warnings, digests, requests and every root's verify. ``full_node``:
     "tmpfs" or "small-files" for node 0's root on a full disk, or None; with ``servers``, the
     fault of ``scenario`` is made during the job (its evidence: ``"evidence"``)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
-    env["PYTHONPATH"] = pythonpath
+    env = checkout_env(pythonpath)
     procs = nodes * args.per_node
     start_at = time.time() + (8.0 if args.model == "triton" else 1.0) + 0.15 * procs
     launched = []
@@ -251,6 +250,12 @@ def job(
     return out
 
 
+def checkout_env(pythonpath: str) -> dict[str, str]:
+    """The environment of a process of the checkout at ``pythonpath``: no KERNELCACHE_*."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
+    return {**env, "PYTHONPATH": pythonpath}
+
+
 def reports_in(out: str) -> list[dict[str, Any]]:
     """The JSON reports in a worker's output (several, from the processes of one node)."""
     decoder, found, at = json.JSONDecoder(), [], out.find("{")
@@ -289,8 +294,7 @@ def spread(values: list[int]) -> dict[str, float]:
 def verify(root: Path, pythonpath: str) -> dict[str, Any]:
     """``kernelcache verify --json`` of one root, by the checkout that wrote it: entries
     checked and problems (a root on a private tmpfs is gone: 0 and 0)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
-    env["PYTHONPATH"] = pythonpath
+    env = checkout_env(pythonpath)
     done = subprocess.run(
         [sys.executable, "-m", "kernelcache.cli", "verify", "--root", str(root), "--json"],
         env=env,
