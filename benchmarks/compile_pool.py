@@ -57,7 +57,7 @@ def _one_compile(cache_root: str) -> float:
     from bridge.call.kernels import decompose
     from bridge.compile import fetch
     from bridge.identity import specialize
-    from bridge.targets import parse_target
+    from bridge.vendors.targets import parse_target
     from examples import kernels
 
     cache = kernelcache.Cache(root=cache_root, readonly_roots=(), remote="")

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .lowering.record import add_listener as on_lowered
     from .masquerade import install as install_jax_triton
     from .rule import triton_call_lowering
-    from .targets import Target, parse_target
+    from .vendors.targets import Target, parse_target
 
 #: public name -> (module, attribute), imported on first use
 _LAZY = {
@@ -60,8 +60,8 @@ _LAZY = {
     "Kernel": (".launch", "Kernel"),
     "kernel": (".launch", "kernel"),
     "on_lowered": (".lowering.record", "add_listener"),
-    "Target": (".targets", "Target"),
-    "parse_target": (".targets", "parse_target"),
+    "Target": (".vendors.targets", "Target"),
+    "parse_target": (".vendors.targets", "parse_target"),
 }
 
 

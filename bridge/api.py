@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import backends, targets
 from .call import conventions, tracing
 from .call.kernels import decompose
 from .errors import KernelArgumentError, OptionError
 from .lowering.lower import CUSTOM_CALL_FFI, CUSTOM_CALL_LEGACY, triton_call_p
 from .settings import AUTOTUNE_MODES
+from .vendors import backends, targets
 
 if TYPE_CHECKING:
     from .caches import CacheArg

@@ -17,7 +17,7 @@ import pytest
 from bridge_helpers import ELF_MAGIC, TESTS, decoded, finish_child, start_child
 
 import kernelcache
-from bridge import handoff
+from bridge.lowering import handoff
 from examples import ops
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
@@ -214,7 +214,7 @@ import json, os, sys
 sys.path.insert(0, {str(TESTS)!r})
 fd = os.open(os.devnull, os.O_RDONLY)
 os.dup2(fd, {handoff.HANDOFF_FD})
-from bridge import handoff
+from bridge.lowering import handoff
 path = handoff.materialize({str(tmp_path)!r}, "k.hsaco", b"\\x7fELFdata")
 print(json.dumps({{"path": path, "fd_is_devnull": os.path.samefile(f"/proc/self/fd/{handoff.HANDOFF_FD}", os.devnull)}}))
 """

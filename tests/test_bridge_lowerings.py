@@ -25,11 +25,12 @@ from test_cli_support import kc, kc_json
 
 import bridge
 import kernelcache
-from bridge import backends, versions
+from bridge import versions
 from bridge.cli import tune
 from bridge.compile import ptxisa
 from bridge.identity import compiler
 from bridge.lowering import lower as bridge_call
+from bridge.vendors import backends
 from examples import ops
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 import bridge
-from bridge import backends, versions
+from bridge import versions
 from bridge.identity import compiler
 from bridge.lowering import embed
-from bridge.targets import Target, parse_target
+from bridge.vendors import backends
 from bridge.vendors.cuda import CUDA
 from bridge.vendors.hip import HIP
+from bridge.vendors.targets import Target, parse_target
 
 
 @pytest.mark.parametrize(

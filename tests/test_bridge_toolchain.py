@@ -23,11 +23,12 @@ from test_cli_support import KERNELCACHE
 
 import bridge
 import kernelcache
-from bridge import backends, versions
+from bridge import versions
 from bridge.call import binding
 from bridge.compile import ptxisa
 from bridge.compile.ptxisa import Assembler
-from bridge.targets import parse_target
+from bridge.vendors import backends
+from bridge.vendors.targets import parse_target
 from examples import ops
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)

@@ -33,9 +33,9 @@ from triton.experimental.gluon import language as gl
 
 import bridge
 import kernelcache
-from bridge import backends
 from bridge.compile import fetch, variants
 from bridge.lowering import lower as bridge_call
+from bridge.vendors import backends
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 TARGETS = [("cuda:90", "cuda"), ("hip:gfx942", "rocm"), ("hip:gfx950", "rocm")]
@@ -197,7 +197,7 @@ def test_one_compiler_process_per_lowering_and_none_for_a_warm_one(cache, attemp
 def test_on_the_gpu_a_crashing_config_is_left_out_and_the_others_run(cache, forks, monkeypatch):
     """A process whose CUDA runtime and XLA threads are up forks its compiler processes: the
     crash is left out, the other configs run, and the process's own GPU work goes on."""
-    from bridge import targets
+    from bridge.vendors import targets
 
     x = jax.random.normal(jax.random.PRNGKey(0), (1 << 16,), jnp.float32)
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda a: a * 2)(x)), np.asarray(x) * 2)
@@ -258,7 +258,7 @@ import json, linecache, os, sys, types
 sys.path.insert(0, os.environ["TESTS"])
 import jax, jax.numpy as jnp, triton, triton.language as tl
 import bridge, kernelcache
-from bridge import backends
+from bridge.vendors import backends
 from bridge_helpers import decoded, kernels_of
 
 SOURCE = """

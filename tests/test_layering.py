@@ -164,7 +164,7 @@ def test_kernelcache_sources_name_no_bridge_variable_field_or_directory():
     import re
 
     import bridge.entries.fields
-    import bridge.handoff
+    import bridge.lowering.handoff
     import bridge.settings
     from kernelcache import schema
 
@@ -183,8 +183,8 @@ def test_kernelcache_sources_name_no_bridge_variable_field_or_directory():
         }
         named = (variables & words) | (fields & strings)
         named |= {f for f in fields if "_" in f and f in words}  # also in prose and names
-        if bridge.handoff.HANDOFF_DIR in text:
-            named.add(bridge.handoff.HANDOFF_DIR)
+        if bridge.lowering.handoff.HANDOFF_DIR in text:
+            named.add(bridge.lowering.handoff.HANDOFF_DIR)
         found += [f"{path.relative_to(REPO)}: {name}" for name in sorted(named)]
     assert not found, found
 

@@ -298,7 +298,7 @@ def test_warm_compiles_the_other_kernels_while_one_is_being_compiled_elsewhere(t
     meanwhile, then waits for those two and compiles them once their compiler is gone."""
     from test_cli_support import KERNELCACHE
 
-    from bridge.targets import parse_target
+    from bridge.vendors.targets import parse_target
     from bridge.warm import load_manifest, make_plan
 
     if KERNELCACHE is None:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelArgumentError, OptionError
-from ..targets import Target
+from ..vendors.targets import Target
 from .kernels import KernelParts
 from .placeholders import ArgArray
 
@@ -160,7 +160,7 @@ def expand_variants(
         return [Variant(dict(kwargs), dict(options), "", frozenset(), {})]
     from triton.runtime.autotuner import Autotuner, Heuristics
 
-    from .. import backends
+    from ..vendors import backends
 
     params = set(parts.arg_names)
     valid = backends.option_names(target.vendor) - backends.DERIVED_OPTIONS
@@ -304,11 +304,11 @@ def launch_options(parts: KernelParts, variant: Variant) -> dict[str, Any]:
 
     Raises:
         OptionError: an option the bridge cannot honour (``ir_override``, or a launch
-            attribute jaxlib cannot launch with: :func:`bridge.backends.check_launch_options`).
+            attribute jaxlib cannot launch with: :func:`bridge.vendors.backends.check_launch_options`).
     """
     from triton import knobs
 
-    from .. import backends
+    from ..vendors import backends
 
     options = dict(variant.options)
     if "ir_override" in options:

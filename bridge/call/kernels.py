@@ -7,8 +7,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from ..backends import triton
 from ..errors import KernelArgumentError
+from ..vendors.backends import triton
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from .. import targets
 from ..errors import KernelArgumentError
+from ..vendors import targets
 from .arguments import Inputs, leaf_arrays
 from .binding import ArgArray
 from .kernels import KernelParts

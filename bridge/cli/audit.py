@@ -30,7 +30,7 @@ from kernelcache import Artifact
 from ..errors import BridgeError, KernelArgumentError
 from ..identity import frontend
 from ..identity.specialize import Specialization
-from ..targets import Target, recorded_targets
+from ..vendors.targets import Target, recorded_targets
 from ..warm.manifest import load_manifest
 from ..warm.plan import kernel_parts, specializations
 from .explain import targets_of

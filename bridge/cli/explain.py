@@ -30,7 +30,7 @@ from ..entries.failures import remembered
 from ..errors import BridgeError, KernelArgumentError, TargetError
 from ..identity.keys import COMPONENTS
 from ..identity.specialize import Specialization, components
-from ..targets import Target, parse_target, recorded_targets
+from ..vendors.targets import Target, parse_target, recorded_targets
 from ..warm.manifest import RecordedCall, load_manifest
 from ..warm.plan import kernel_parts, present, specializations
 
@@ -246,7 +246,7 @@ def targets_of(call: RecordedCall, chosen: list[str]) -> tuple[list[Target], lis
 
 def explain(manifest: str, cache: Cache, targets: Sequence[str | Target] = ()) -> list[Explained]:
     """Explain every specialization of every call of ``manifest`` for ``targets`` (names, and
-    patterns that select among the recorded ones: :func:`~bridge.targets.recorded_targets`;
+    patterns that select among the recorded ones: :func:`~bridge.vendors.targets.recorded_targets`;
     default: each call's recorded targets) against ``cache``.
 
     Raises:

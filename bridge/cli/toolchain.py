@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BackendUnavailable, TargetError
 from ..identity import environment
 from ..identity.keys import PIPELINE_VERSION, text_digest
-from ..targets import Target, parse_target
 from ..vendors import registry
+from ..vendors.targets import Target, parse_target
 from .explain import differences, fallback_components, recorded_components
 
 if TYPE_CHECKING:
@@ -52,8 +52,8 @@ class Toolchain:
     def _backend(self, name: str) -> str | None:
         """The backend component for target ``name`` here; None: no backend for it."""
         if name not in self._backends:
-            from .. import backends
             from ..identity.compiler import backend_identity
+            from ..vendors import backends
 
             try:
                 target = parse_target(name)
@@ -118,7 +118,7 @@ def toolchain(find_gpu: bool = True) -> Toolchain:
     """This machine's toolchain: its target from ``$KERNELCACHE_TARGET``, else (with
     ``find_gpu``, which imports jax) its GPU."""
     from ..settings import settings
-    from ..targets import detect
+    from ..vendors.targets import detect
 
     explicit = settings().target
     target: Target | None = None

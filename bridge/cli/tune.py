@@ -36,8 +36,8 @@ from ..entries.kinds import DECISION
 from ..errors import BridgeError, KernelArgumentError, PinError
 from ..identity.specialize import Specialization, specialize_call
 from ..lowering.lower import variant_opaque
-from ..targets import Target, local_device, parse_target, recorded_targets
 from ..tune import measure, select
+from ..vendors.targets import Target, local_device, parse_target, recorded_targets
 from ..warm.manifest import RecordedCall, call_ident, import_kernel, read_manifest
 from ..warm.plan import kernel_parts
 
@@ -306,7 +306,7 @@ def tune(
 ) -> list[Tuned]:
     """Decisions for every autotuned call of ``manifest`` (see the module docstring), for the
     recorded targets, or ``targets``: names, and :mod:`fnmatch` patterns (``cuda:*``) that
-    select among the recorded ones (:func:`~bridge.targets.recorded_targets`). Problems with
+    select among the recorded ones (:func:`~bridge.vendors.targets.recorded_targets`). Problems with
     one call are reported, not raised.
 
     Raises:

@@ -39,9 +39,9 @@ from kernelcache import formats
 from ..errors import IncompleteOutput, KernelArgumentError
 from ..identity import frontend
 from ..identity.frontend import relative_dir
-from ..targets import Target
 from ..vendors.base import Vendor
 from ..vendors.registry import by_binary_ext
+from ..vendors.targets import Target
 from . import process
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ kernel, or why it is left out of the call.
 A config is left out, as Triton's autotuner leaves it out, when it cannot compile (see
 :mod:`bridge.entries.failures`: remembered in the cache, and consulted only where the cache holds no
 kernel for it: a kernel entry is what runs) or cannot launch on the target: it needs more
-shared memory than one block may have there (:func:`bridge.targets.max_shared_memory`: the
+shared memory than one block may have there (:func:`bridge.vendors.targets.max_shared_memory`: the
 local device's figure where it can be read, else the vendor's table), or more tensor memory
 than Triton allows. Left-out configs are named in one warning per kernel and process (a later
 call that leaves out other configs names those); when none is left, the call fails with a
@@ -18,9 +18,9 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import targets
 from ..entries import failures
 from ..errors import LeftOut, NoConfigError
+from ..vendors import targets
 from . import fetch
 from .fetch import KernelBinary
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from kernelcache import Cache
 
     from ..identity.specialize import Specialization, Usable
-    from ..targets import Target
+    from ..vendors.targets import Target
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from ..call.binding import Bound
     from ..call.kernels import KernelParts
-    from ..targets import Target
+    from ..vendors.targets import Target
 
 logger = logging.getLogger(__name__)
 

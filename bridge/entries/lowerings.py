@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from kernelcache import Cache
 
     from ..call.tracing import CallSpec
-    from ..targets import Target
+    from ..vendors.targets import Target
 
 FORMAT = 1
 MAGIC = b"KCL1"

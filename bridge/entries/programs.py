@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from kernelcache import Cache
 
     from ..call.tracing import CallSpec
-    from ..targets import Target
+    from ..vendors.targets import Target
 
 MAGIC = b"KCP1"
 #: at most this many calls in one program entry (more are looked up one by one)

@@ -18,8 +18,8 @@ import sysconfig
 from typing import TYPE_CHECKING, Any
 
 from ..entries.memos import memoized
-from ..targets import Target
 from ..vendors.base import file_row
+from ..vendors.targets import Target
 
 if TYPE_CHECKING:
     from kernelcache import Cache

@@ -23,7 +23,7 @@ import sys
 import threading
 from typing import Any
 
-from ..targets import Target
+from ..vendors.targets import Target
 
 _LOCATION = re.compile(r'loc\("((?:[^"\\]|\\.)*)":')
 

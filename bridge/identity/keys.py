@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Undescribable
-from ..targets import Target
+from ..vendors.targets import Target
 from . import environment
 from .compiler import backend_identity, triton_identity
 from .jit import constant, identity

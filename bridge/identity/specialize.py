@@ -23,11 +23,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import backends
 from ..call import binding
 from ..call.kernels import KernelParts
 from ..errors import BackendUnavailable, OptionError, Undescribable
-from ..targets import Target
+from ..vendors import backends
+from ..vendors.targets import Target
 from . import frontend, keys
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@
   PTX ISA the installed jaxlib's ptxas assembles where the code needs nothing newer, else the
   lowering fails with the versions and the fix (see :mod:`bridge.compile.ptxisa`).
 - ``path``: ROCm HSACO handed over by file path, for jaxlib without module_image (see
-  :mod:`bridge.handoff` for how the read-then-delete race is avoided).
+  :mod:`bridge.lowering.handoff` for how the read-then-delete race is avoided).
 - ``auto`` (default, or ``$KERNELCACHE_EMBED``): ``inline`` where the running jaxlib honours
   module_image, else the vendor's fallback (``ptx`` on CUDA, ``path`` on ROCm).
 
@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING
 
 from kernelcache.process import warn_once
 
-from .. import backends, versions
+from .. import versions
 from ..compile import ptxisa
 from ..errors import EmbedError
 from ..settings import EMBED_MODES
-from ..targets import Target
-from ..vendors import registry
+from ..vendors import backends, registry
+from ..vendors.targets import Target
 
 if TYPE_CHECKING:
     from kernelcache import Cache

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache import __version__
 
-from .. import backends, versions
+from .. import versions
 from ..call import binding
 from ..call.binding import ArgArray
 from ..call.placeholders import dtype_name
@@ -41,13 +41,14 @@ from ..entries.lowerings import FORMAT
 from ..errors import Unkeyable
 from ..identity import compiler, environment, jit
 from ..identity.keys import PIPELINE_VERSION
+from ..vendors import backends
 from ..vendors.base import file_row
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
     from ..call.tracing import CallSpec
-    from ..targets import Target
+    from ..vendors.targets import Target
 
 
 def _canon(value: Any, buffers: Mapping[int, int]) -> Any:

@@ -35,7 +35,7 @@ try:  # the public home of the lowering registry (jax 0.8 - 0.11)
 except (ImportError, AttributeError):  # pragma: no cover - later releases
     from jax._src.interpreters import mlir  # type: ignore[no-redef]
 
-from .. import targets, versions
+from .. import versions
 from ..caches import as_cache
 from ..call import binding
 from ..call.primitive import triton_call_p
@@ -47,7 +47,7 @@ from ..entries.programs import Item, Program
 from ..errors import KernelArgumentError
 from ..identity import specialize
 from ..tune import measure, select
-from ..vendors import registry
+from ..vendors import registry, targets
 from . import embed, keys, messages, proto, record
 
 if TYPE_CHECKING:

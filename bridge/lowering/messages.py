@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import handoff, versions
+from .. import versions
 from ..call import binding, tma
 from ..call.binding import ArgArray
 from ..errors import KernelArgumentError, OptionError
-from . import embed, proto
+from . import embed, handoff, proto
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..call.tracing import CallSpec
     from ..compile.fetch import KernelBinary
     from ..identity.specialize import Specialization
-    from ..targets import Target
+    from ..vendors.targets import Target
 
 
 def zeroed_bytes(call: CallSpec, bound: binding.Bound) -> dict[int, int]:
@@ -252,7 +252,7 @@ def any_kernel_call(
     call: CallSpec, configs: list[proto.Config], mode: str
 ) -> proto.TritonAnyKernelCall:
     """What the opaque holds: the one kernel call, or jaxlib's autotuned call over every
-    config (also for one config handed over by path: see :mod:`bridge.handoff`)."""
+    config (also for one config handed over by path: see :mod:`bridge.lowering.handoff`)."""
     anycall = proto.TritonAnyKernelCall(name=call.name, metadata=call.metadata)
     if len(configs) == 1 and mode != "path":
         anycall.kernel_call = configs[0].kernel_call

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ..call.binding import Bound
     from ..call.tracing import CallSpec
     from ..settings import BridgeSettings
-    from ..targets import Target
+    from ..vendors.targets import Target
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def complete(record: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
     per kernel and process."""
     from kernelcache import __version__
 
-    from ..targets import parse_target
+    from ..vendors.targets import parse_target
     from ..versions import triton_version
 
     out = dict(record)

@@ -32,7 +32,7 @@ from .rounds import Bench
 
 if TYPE_CHECKING:
     from ..call.tracing import CallSpec
-    from ..targets import Target
+    from ..vendors.targets import Target
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class JaxMeasurer:
     def bench(
         self, call: CallSpec, opaque: Opaque, indices: Sequence[int], platform: str, gpus: int = 1
     ) -> Bench:
-        from ..targets import select_target
+        from ..vendors.targets import select_target
 
         devices = _devices(select_target(call.target, platform), platform)[: max(1, gpus)]
         if not devices:
@@ -112,7 +112,7 @@ class JaxMeasurer:
 
 
 def _devices(target: Target, platform: str) -> list[Any]:
-    from ..targets import detect_devices
+    from ..vendors.targets import detect_devices
 
     return [device for device, local in detect_devices(platform) if target.runs_on(local)]
 

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from ..call.tracing import CallSpec
     from ..compile.variants import Variants
     from ..identity.specialize import Specialization
-    from ..targets import Target
+    from ..vendors.targets import Target
 
 logger = logging.getLogger(__name__)
 

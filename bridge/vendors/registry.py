@@ -1,7 +1,7 @@
 """The registered GPU vendors: by name, platform and machine code, and target names parsed
 against every one of them.
 
-A :class:`~bridge.targets.Target` refers to its vendor by name. CUDA and HIP are registered
+A :class:`~bridge.vendors.targets.Target` refers to its vendor by name. CUDA and HIP are registered
 here; a new vendor is one module beside :mod:`.cuda` and :mod:`.hip` and one :func:`register`
 call below. A registered vendor is pickled by its name, so the same object comes back.
 """

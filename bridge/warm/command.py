@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache import CacheError, Store
 
-from .. import backends
 from ..caches import as_cache
 from ..call import binding
 from ..call.kernels import decompose
@@ -25,7 +24,8 @@ from ..compile.compiler import output_to_stderr
 from ..compile.fetch import fetch
 from ..errors import KernelArgumentError, RootError
 from ..identity.specialize import specialize
-from ..targets import Target, parse_target
+from ..vendors import backends
+from ..vendors.targets import Target, parse_target
 from .manifest import (
     ManifestError,
     RecordedCall,

@@ -25,7 +25,7 @@ from kernelcache.jsonio import load_json
 from ..call.binding import ArgArray
 from ..errors import KernelArgumentError, ManifestError
 from ..lowering.record import RECORD_VERSION
-from ..targets import Target
+from ..vendors.targets import Target
 from .report import WarmProblem
 
 # -- importing kernels ----------------------------------------------------------------------

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..backends import check_options
 from ..call.binding import expand_variants
 from ..call.kernels import KernelParts, decompose
 from ..call.plain import source_digest
@@ -23,7 +22,8 @@ from ..entries.kernels import ptx_pairs
 from ..entries.kinds import PTX
 from ..errors import BridgeError, KernelArgumentError
 from ..identity.specialize import Specialization, specialize, specialize_call
-from ..targets import Target
+from ..vendors.backends import check_options
+from ..vendors.targets import Target
 from .manifest import Manifest, RecordedCall, import_kernel
 from .report import WarmOutcome, WarmProblem
 

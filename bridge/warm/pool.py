@@ -35,7 +35,7 @@ from ..compile.compiler import Compiled
 from ..compile.fetch import KernelBinary, Request, fetch_each, request
 from ..errors import LeftOut
 from ..identity.specialize import Specialization
-from ..targets import parse_target
+from ..vendors.targets import parse_target
 from .plan import Job, kernel_parts, present, specialization
 from .report import WarmOutcome
 

@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from .errors import BackendUnavailable, OptionError
+from ..errors import BackendUnavailable, OptionError
+from . import registry
+from .base import Vendor
 from .targets import Target, target_of
-from .vendors import registry
-from .vendors.base import Vendor
 
 logger = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import TargetError
-from .vendors import registry
-from .vendors.base import Arch, Vendor
+from ..errors import TargetError
+from . import registry
+from .base import Arch, Vendor
 
 if TYPE_CHECKING:
-    from .settings import BridgeSettings
+    from ..settings import BridgeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def select_target(
     Raises:
         TargetError: malformed, for the other vendor, undetectable, or not runnable here.
     """
-    from .settings import settings
+    from ..settings import settings
 
     source = "target="
     if explicit is None:
