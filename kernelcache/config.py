@@ -10,24 +10,23 @@ reads ``os.environ`` for kernelcache's configuration.
 An unset or empty variable means its default, except a secret's (the signing key, its file):
 set but blank, it is an error naming it, never signing turned off without a word.
 
-:func:`unknown_variables` finds the ``KERNELCACHE_*`` names set that no package declares: a
-misspelled variable is otherwise ignored without a word.
+What is set, held against these declarations (every variable parsed, those in effect, the
+names no package declares): :mod:`kernelcache.variable_checks`. The signing key's own checks:
+:mod:`kernelcache.signing_key`.
 """
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
-import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from . import units
-from .errors import ConfigError, DeclarationError, InvalidValue, NotRegularFile, UnknownVariable
-from .fsio import open_regular
+from .errors import ConfigError, DeclarationError, InvalidValue, UnknownVariable
+from .signing_key import check_signing_key, read_key_file
 
 #: the prefix of every variable kernelcache and the packages built on it declare
 PREFIX = "KERNELCACHE_"
@@ -67,54 +66,10 @@ def _cap(raw: str) -> int:
     return units.parse_size(raw, bare_bytes=False)
 
 
-#: the shortest signing key accepted
-MIN_KEY_BYTES = 16
-#: the largest key file read
-MAX_KEY_FILE_BYTES = 4096
-_KEY_HINT = "e.g. the output of `openssl rand -hex 32`"
-
-
 def _key(raw: str) -> bytes:
     # its length is checked where it is used (Settings.signing_secret): a job warns and turns
     # its remote tier off, a command fails; the other settings stay usable either way
     return raw.strip().encode()
-
-
-def check_signing_key(key: bytes, where: str) -> bytes:
-    """``key`` if it is long enough to sign with.
-
-    Raises:
-        ConfigError: shorter than :data:`MIN_KEY_BYTES` (the message names ``where``, never
-            the key).
-    """
-    if len(key) < MIN_KEY_BYTES:
-        raise ConfigError(
-            f"{where}: a signing key must be at least {MIN_KEY_BYTES} bytes ({_KEY_HINT})"
-        )
-    return key
-
-
-def read_key_file(path: Path) -> bytes:
-    """The signing key in ``path`` (surrounding whitespace removed).
-
-    Raises:
-        ConfigError: the file cannot be read, is not a regular file, is readable by every
-            user, is too large, or holds a key shorter than :data:`MIN_KEY_BYTES`.
-    """
-    where = f"KERNELCACHE_SIGNING_KEY_FILE={str(path)!r}"
-    try:
-        with open_regular(os.fspath(path)) as f:
-            st = os.fstat(f.fileno())
-            if st.st_mode & stat.S_IROTH:
-                raise ConfigError(f"{where}: the key is readable by every user; chmod o-r it")
-            if st.st_size > MAX_KEY_FILE_BYTES:
-                raise ConfigError(f"{where}: larger than {MAX_KEY_FILE_BYTES} bytes")
-            raw = f.read(MAX_KEY_FILE_BYTES + 1)
-    except NotRegularFile:
-        raise ConfigError(f"{where}: not a regular file") from None
-    except OSError as e:
-        raise ConfigError(f"{where}: cannot read it: {e.strerror}") from None
-    return check_signing_key(raw.strip(), where)
 
 
 @dataclass(frozen=True)
@@ -263,7 +218,7 @@ class Settings:
 
         Raises:
             ConfigError: both variables are set, the key is shorter than
-                :data:`MIN_KEY_BYTES`, or the key file is unusable.
+                :data:`~kernelcache.signing_key.MIN_KEY_BYTES`, or the key file is unusable.
         """
         if self.signing_key is not None and self.signing_key_file is not None:
             raise ConfigError(
@@ -417,35 +372,3 @@ def job_settings(environ: Mapping[str, str] | None = None) -> Settings:
     return for_a_job(
         settings, environ, OFF, "the cache is off in this process (kernels compile in memory)"
     )
-
-
-def check_variables(environ: Mapping[str, str] | None = None) -> None:
-    """Parse every declared variable (kernelcache's and the registered ones).
-
-    Raises:
-        ConfigError: the first one set to a value that cannot be used (the message names it).
-    """
-    env = os.environ if environ is None else environ
-    for var in variables():
-        parse_variable(var, env)
-
-
-def environment_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The declared variables that are set, for diagnostics (values as given; secrets as
-    ``***``)."""
-    env = os.environ if environ is None else environ
-    return {
-        var.name: "***" if var.secret else env[var.name] for var in variables() if var.name in env
-    }
-
-
-def unknown_variables(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
-    """The ``KERNELCACHE_*`` names set in ``environ`` (default: ``os.environ``) that no package
-    declares, each with the declared name nearest to it (None when none is near), sorted."""
-    env = os.environ if environ is None else environ
-    known = {var.name[len(PREFIX) :]: var.name for var in variables()}
-    found = []
-    for name in sorted(n for n in env if n.startswith(PREFIX) and n not in known.values()):
-        near = difflib.get_close_matches(name[len(PREFIX) :], list(known), n=1, cutoff=0.6)
-        found.append((name, known[near[0]] if near else None))
-    return found

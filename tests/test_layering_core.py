@@ -41,9 +41,11 @@ FOUNDATION = {
     "problem",
     "process",
     "progress",
+    "signing_key",
     "table",
     "toolchains",
     "units",
+    "variable_checks",
 }
 
 

@@ -20,9 +20,9 @@ from types import ModuleType
 from typing import NoReturn
 
 from .._version import __version__
-from ..config import check_variables
 from ..errors import CommandFailed, ConfigError, UsageError
 from ..stats.counters import quiet as quiet_statistics
+from ..variable_checks import check_variables
 from . import bundles, diagnosis, listing, maintenance, statistics
 from .common import Context, Subparsers, common_options
 from .output import EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, Output, fail
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _warn_unknown_variables() -> None:
     """Say, on stderr, each ``KERNELCACHE_*`` variable set that nothing declares (a misspelt
     one would silently leave its setting at the default)."""
-    from ..config import unknown_variables
+    from ..variable_checks import unknown_variables
 
     for name, near in unknown_variables():
         hint = f" (did you mean {near}?)" if near else ""

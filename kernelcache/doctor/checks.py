@@ -19,18 +19,17 @@ from typing import Any
 from ..config import (
     VARIABLES,
     ConfigError,
-    check_signing_key,
     parse_variable,
-    read_key_file,
-    unknown_variables,
     variable,
     variables,
 )
 from ..keys import META_EXT, split_entry_name
 from ..process import HOST
+from ..signing_key import check_signing_key, read_key_file
 from ..store.layout import create_exclusive, shared_directories
 from ..store.locks.liveness import pid_alive
 from ..store.removal import remove_own_file
+from ..variable_checks import unknown_variables
 from .report import Check
 
 #: packages whose installed versions are reported (never imported)
