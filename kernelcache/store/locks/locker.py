@@ -16,14 +16,12 @@ Two mechanisms, chosen per root:
 ``auto`` probes flock once per root and process and falls back to ``soft`` on ENOLCK, ENOSYS,
 EOPNOTSUPP or EINVAL. All processes sharing a root must end up in the same mode.
 
-Invariants: lock files are opened relative to the directory's descriptor with ``O_NOFOLLOW``
-and ``O_NONBLOCK``, read-only, so a planted symlink is never followed, a FIFO never hangs an
-open, and a lock file is never written. With a trust policy (a store's), a lock file keeps only
-the read and write bits of the users the policy trusts (whoever can open it can hold it), and a
-lock file of a user the policy does not trust is never waited on: the lock is unavailable, and
-the caller works without it. Waits are bounded per call, in total (:class:`WaitBudget`). The exclusive flock is filelock's descriptor lock, so a
-tool locking ``.locks/<key>.lock`` with ``filelock.FileLock`` excludes kernelcache's writers
-and the other way round. Why the rest is not filelock's: docs/reliability.md, "Locks".
+Invariants: lock files are opened and held to the store's trust policy as
+:mod:`.lockfiles` says; a lock file of a user the policy does not trust is never waited on: the
+lock is unavailable, and the caller works without it. Waits are bounded per call, in total
+(:class:`WaitBudget`). The exclusive flock is filelock's descriptor lock, so a tool locking
+``.locks/<key>.lock`` with ``filelock.FileLock`` excludes kernelcache's writers and the other
+way round. Why the rest is not filelock's: docs/reliability.md, "Locks".
 """
 
 from __future__ import annotations
@@ -41,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 from ...config import DEFAULTS
 from ...errors import InvalidValue, LockTimeout, LockUnavailable
-from ...fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
 from ...process import HOST
 from ..layout import LOCK_DIR, create_exclusive, open_subdir
 from .flock import FLOCK_UNSUPPORTED, flock_holder, try_flock, unflock
+from .lockfiles import open_lock_dir, open_lock_file, same_file, unlink_lock_file
 from .soft import MAX_HEARTBEAT, read_soft_record, soft_lock_stale
 
 if TYPE_CHECKING:
@@ -73,7 +71,7 @@ class Held:
         if self.fd >= 0:
             try:
                 if remove:
-                    self.locker._unlink(self.name + ".lock", self.dir_fd)
+                    unlink_lock_file(self.locker.root, self.name + ".lock", self.dir_fd)
                 unflock(self.fd, shared=self.shared)
             finally:
                 os.close(self.fd)
@@ -174,74 +172,14 @@ class Locker:
             os.close(dfd)
 
     # -- flock ----------------------------------------------------------------------------
-    def _dir(self) -> int:
-        try:
-            try:
-                return open_subdir(self.root, LOCK_DIR, create=True)
-            except FileNotFoundError:
-                os.makedirs(self.root, exist_ok=True)  # a fresh root: its first lock creates it
-                return open_subdir(self.root, LOCK_DIR, create=True)
-        except OSError as e:
-            raise LockUnavailable(
-                e.errno,
-                f"cannot use lock directory {os.path.join(self.root, LOCK_DIR)}: "
-                f"{e.strerror}; make it a writable directory (not a symlink)",
-            ) from e
-
-    def _open_lock_file(self, dfd: int, filename: str) -> int:
-        try:
-            fd = os.open(filename, READ_FLAGS | os.O_CREAT, 0o666, dir_fd=dfd)
-        except PermissionError:
-            # An existing lock file of another user in a sticky directory: open without O_CREAT.
-            try:
-                fd = os.open(filename, READ_FLAGS, dir_fd=dfd)
-            except OSError as e:
-                raise LockUnavailable(
-                    e.errno, f"cannot open lock file {filename} under {self.root}: {e.strerror}"
-                ) from e
-        except OSError as e:
-            raise LockUnavailable(
-                e.errno,
-                f"cannot open lock file {filename} under {self.root}/{LOCK_DIR}: {e.strerror}"
-                + ("; a symlink was planted there, remove it" if e.errno == errno.ELOOP else ""),
-            ) from e
-        try:
-            self._vet(fd, filename)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def _vet(self, fd: int, filename: str) -> None:
-        """Apply the trust policy to the open lock file ``fd``: a file of this user keeps only
-        the bits of trusted users; a file of a user the policy does not trust is refused.
-
-        Raises:
-            LockUnavailable: the file belongs to an untrusted user (it may hold it for ever).
-        """
-        policy = self.trust
-        if policy is None:
-            return
-        st = os.fstat(fd)
-        if st.st_uid == os.geteuid():
-            with contextlib.suppress(OSError):
-                policy.limit_access(fd, st)
-        elif not policy.trusts(st.st_uid):
-            raise LockUnavailable(
-                errno.EPERM,
-                f"lock file {filename} under {self.root}/{LOCK_DIR} belongs to user "
-                f"{st.st_uid}, whom KERNELCACHE_TRUST={policy.policy} does not trust; "
-                "not waiting for it",
-            )
-
     def _acquire_flock(self, name: str, shared: bool, deadline: float) -> Held:
         filename = name + ".lock"
         delay = 0.0005
         while True:
-            dfd = self._dir()
+            dfd = open_lock_dir(self.root)
             kept = False
             try:
-                fd = self._open_lock_file(dfd, filename)
+                fd = open_lock_file(self.root, dfd, filename, self.trust)
                 try:
                     locked = try_flock(fd, shared=shared)
                 except OSError as e:
@@ -255,7 +193,7 @@ class Locker:
                     os.close(fd)
                 elif shared:
                     return Held(self, name, fd=fd, shared=True)
-                elif self._same_file(dfd, filename, fd):
+                elif same_file(dfd, filename, fd):
                     kept = True  # (the release unlinks the lock file relative to it)
                     return Held(self, name, fd=fd, dir_fd=dfd)
                 else:
@@ -279,35 +217,14 @@ class Locker:
         time.sleep(min(delay, deadline - now))
         return min(delay * 2, cap)
 
-    @staticmethod
-    def _same_file(dfd: int, filename: str, fd: int) -> bool:
-        try:
-            on_disk = os.stat(filename, dir_fd=dfd, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        held = os.fstat(fd)
-        return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
-
-    def _unlink(self, filename: str, dir_fd: int = -1) -> None:
-        """Unlink a lock file, relative to ``dir_fd`` (the lock directory the lock was taken
-        in) when given."""
-        dfd = dir_fd if dir_fd >= 0 else self._dir()
-        try:
-            # (PermissionError: another user's file in the sticky lock directory: it stays)
-            with contextlib.suppress(FileNotFoundError, PermissionError):
-                os.unlink(filename, dir_fd=dfd)
-        finally:
-            if dfd != dir_fd:
-                os.close(dfd)
-
     def _probe(self) -> str | None:
         """``flock`` or ``soft`` for this root's filesystem; None if it cannot be told yet."""
         try:
-            dfd = self._dir()
+            dfd = open_lock_dir(self.root)
         except LockUnavailable:
             return None
         try:
-            fd = self._open_lock_file(dfd, ".probe")
+            fd = open_lock_file(self.root, dfd, ".probe", self.trust)
             try:
                 if try_flock(fd, shared=False):  # else someone else holds the probe: it works
                     unflock(fd, shared=False)
@@ -333,7 +250,7 @@ class Locker:
         record = json.dumps({"host": HOST, "pid": os.getpid(), "time": time.time(), "token": token})
         delay = 0.001
         while True:
-            dfd = self._dir()
+            dfd = open_lock_dir(self.root)
             try:
                 try:
                     fd = create_exclusive(filename, dfd)
