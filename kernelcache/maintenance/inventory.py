@@ -22,8 +22,9 @@ from .index import (
     parse_header,
     plausible_header,
 )
+from .leftovers import aux_files
 from .records import GRACE_SECONDS, AuxFile
-from .scan import aux_files, read_dir, scan_pairs
+from .scan import read_dir, scan_pairs
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,10 @@ metadata, without reading artifacts: it is what ``stats``, ``ls``, ``prune`` and
 its size, digest and structure (:mod:`kernelcache.formats`).
 
 What is found wrong lands in ``CacheScan.issues`` as :class:`Issue` records (kinds in
-:data:`~kernelcache.maintenance.records.ISSUE_KINDS`); nothing here modifies an entry. Deciding what to delete is
-:mod:`kernelcache.maintenance.prune`'s job.
+:data:`~kernelcache.maintenance.records.ISSUE_KINDS`): bad entries here, the files that are not
+entries (orphans, staging files, stale locks, foreign files) by
+:mod:`kernelcache.maintenance.leftovers`; nothing here modifies an entry. Deciding what to
+delete is :mod:`kernelcache.maintenance.prune`'s job.
 
 Speed: metadata already described by the scan index (:mod:`kernelcache.maintenance.index`) is not read
 again; the index is rewritten when a scan of a writable root finds it out of date. The index
@@ -28,7 +30,6 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from itertools import repeat
@@ -36,22 +37,17 @@ from operator import add, itemgetter
 from typing import Any
 
 from ..config import DEFAULTS
-from ..fsio import changed_at
 from ..keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
 from ..problem import Problem
 from ..schema.fields import KERNEL_NAME
 from ..store.entry import FUTURE_SLACK
 from ..store.layout import (
-    LOCK_DIR,
     QUARANTINE_DIR,
     TMP_DIR,
     known_directories,
-    open_subdir,
     read_metadata,
     writable,
 )
-from ..store.locks.flock import flock_held, lock_name
-from ..store.locks.soft import read_soft_record, soft_lock_stale
 from ..store.trust import TrustPolicy
 from ..table import COLUMNS, EntryInfo, EntryTable
 from .index import (
@@ -60,7 +56,15 @@ from .index import (
     load_index,
     save_index,
 )
-from .records import GRACE_SECONDS, AuxFile, CacheScan, Issue, Progress
+from .leftovers import (
+    aux_files,
+    foreign_issues,
+    lock_issues,
+    lstat_at,
+    orphans,
+    stale_temps,
+)
+from .records import CacheScan, Issue, Progress
 
 
 # -- listing ------------------------------------------------------------------------------
@@ -218,8 +222,10 @@ def scan_pairs(
             listing = _parse_listing(pairs)
             table, fresh = _entries(dfd, listing, index, issues, progress)
             committed = dict(zip(table.key, table.ext, strict=True))
-            issues.extend(_orphans(dfd, listing, committed, now))
-            issues.extend(_foreign(dfd, sorted(listing.foreign)))
+            issues.extend(
+                orphans(dfd, listing.arts.items() | listing.extra, listing.metas, committed, now)
+            )
+            issues.extend(foreign_issues(dfd, sorted(listing.foreign)))
             # clean: the listing holds these entries' two files each, and nothing else
             clean = len(pairs) == 2 * len(table) + listing.dirs
             if may_write and (fresh or len(table) != len(index) or clean):
@@ -230,20 +236,9 @@ def scan_pairs(
         os.close(dfd)
     temp = aux_files(root, TMP_DIR)
     quarantine = aux_files(root, QUARANTINE_DIR)
-    issues.extend(
-        Issue(
-            "stale-temp",
-            f.path,
-            "staging file of a write that did not finish",
-            None,
-            f.size,
-            f.mtime,
-        )
-        for f in temp
-        if now - f.mtime > GRACE_SECONDS
-    )
+    issues.extend(stale_temps(temp, now))
     if locks:
-        issues.extend(_lock_issues(root, table.key, now, lock_stale))
+        issues.extend(lock_issues(root, table.key, now, lock_stale))
     return CacheScan(root, True, table, tuple(issues), temp, quarantine, now)
 
 
@@ -287,7 +282,7 @@ def _entries(
         # The artifact's size is what the file system says. (A directory listing is not a
         # snapshot: an entry published during it may show its metadata without its artifact;
         # this look settles it.)
-        st = _lstat(dfd, got.filename)
+        st = lstat_at(dfd, got.filename)
         if st is None:
             issues.append(Issue("corrupt", f"{key}.{META_EXT}", "artifact missing", key))
         elif not stat.S_ISREG(st.st_mode):
@@ -352,118 +347,3 @@ def _with_last_used(dfd: int, table: EntryTable) -> EntryTable:
     keep = [i for i, t in enumerate(stamps) if t is not None]
     columns = [getattr(table, c) for c in COLUMNS]
     return EntryTable(*([c[i] for i in keep] for c in columns))  # type: ignore[arg-type]
-
-
-def _orphans(
-    dfd: int, listing: _Listing, committed: Mapping[str, str], now: float
-) -> Iterable[Issue]:
-    """Artifact files that no committed metadata claims, once older than the grace period.
-
-    Keys whose metadata exists but is bad are not listed here: they are corrupt entries.
-    """
-    metas = listing.metas
-    candidates = (listing.arts.items() | listing.extra) - committed.items()
-    unclaimed = [(k, e) for k, e in candidates if k in committed or k not in metas]
-    for key, ext in sorted(unclaimed):
-        name = f"{key}.{ext}"
-        try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        except OSError:
-            continue
-        stamp = changed_at(st)
-        if now - stamp <= GRACE_SECONDS:
-            continue
-        owner = committed.get(key)
-        why = "no metadata" if owner is None else f"the entry holds a .{owner} artifact"
-        yield Issue("orphan-artifact", name, why, key, st.st_size, stamp)
-
-
-def aux_files(root: str, directory: str) -> tuple[AuxFile, ...]:
-    found = []
-    try:
-        it = os.scandir(os.path.join(root, directory))
-    except OSError:
-        return ()
-    with it:
-        for entry in it:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                continue
-            found.append(AuxFile(f"{directory}/{entry.name}", st.st_size, changed_at(st)))
-    found.sort(key=lambda f: f.path)
-    return tuple(found)
-
-
-def _lock_issues(root: str, live: Sequence[str], now: float, lock_stale: float) -> list[Issue]:
-    """The stale locks under ``.locks/``.
-
-    A ``.lock``/``.build.lock`` file is stale when its key has no entry, it is older than the
-    grace period and nobody holds it (a non-blocking flock succeeds). A ``.softlock`` is stale
-    when its holder is a dead process on this host or it has not been refreshed for
-    ``lock_stale`` seconds; leftovers of broken soft locks are stale after the grace period.
-    """
-    try:
-        dfd = open_subdir(root, LOCK_DIR, create=False)
-    except OSError:
-        return []
-    issues: list[Issue] = []
-    try:
-        # The lock files of live entries are normal: set arithmetic sets them aside in C.
-        names = set(os.listdir(dfd))
-        names.difference_update(map(add, live, repeat(".lock")))
-        names.difference_update(map(add, live, repeat(".build.lock")))
-        for name in sorted(names):
-            issue = _lock_issue(dfd, name, now, lock_stale)
-            if issue is not None:
-                issues.append(issue)
-    finally:
-        os.close(dfd)
-    return issues
-
-
-def _lock_issue(dfd: int, name: str, now: float, lock_stale: float) -> Issue | None:
-    path = f"{LOCK_DIR}/{name}"
-    parts = lock_name(name)
-    if parts is None:
-        if ".softlock.broken-" not in name:
-            return None  # .probe and other names of the lock machinery
-        st = _lstat(dfd, name)
-        if st is None or now - changed_at(st) <= GRACE_SECONDS:
-            return None
-        return Issue("stale-lock", path, "leftover of a broken soft lock", None, 0, changed_at(st))
-    key, suffix = parts
-    if suffix == ".softlock":
-        record = read_soft_record(dfd, name)
-        if record is None or not soft_lock_stale(record, lock_stale):
-            return None
-        who = f"host {record.get('host')} pid {record.get('pid')}"
-        return Issue(
-            "stale-lock", path, f"soft lock of a gone holder ({who})", key, 0, record.get("mtime")
-        )
-    st = _lstat(dfd, name)
-    if st is None or now - changed_at(st) <= GRACE_SECONDS or not stat.S_ISREG(st.st_mode):
-        return None
-    if flock_held(dfd, name):
-        return None
-    return Issue(
-        "stale-lock", path, "lock file of a missing entry, not held", key, 0, changed_at(st)
-    )
-
-
-def _foreign(dfd: int, names: list[str]) -> Iterator[Issue]:
-    """An issue for each file the cache does not know, with its size on disk."""
-    for name in names:
-        st = _lstat(dfd, name)
-        size = st.st_size if st is not None else 0
-        why = "not a cache file; remove it by hand if it is not needed"
-        yield Issue("foreign", name, why, size=size)
-
-
-def _lstat(dfd: int, name: str) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except OSError:
-        return None
