@@ -25,7 +25,8 @@ from ..store.entry import Artifact
 from ..store.root import Store
 from ..toolchains import Judge
 from .archive import MANIFEST, MAX_MEMBER_BYTES, ImportResult, Progress
-from .preflight import Listed, check_artifacts, tar_members
+from .manifest_reader import Listed
+from .preflight import check_artifacts, tar_members
 
 
 def _open_bundle(path: str) -> IO[bytes]:
