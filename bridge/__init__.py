@@ -18,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from . import settings as settings  # declares the bridge's variables to kernelcache
-from .entries import fields  # noqa: F401  (declares the metadata fields to kernelcache)
+from .entries import metadata  # noqa: F401  (declares the metadata fields to kernelcache)
 from .errors import (
     AutotuneError,
     BackendUnavailable,
@@ -42,8 +42,8 @@ CUSTOM_CALL_TARGET_NAMES = (FFI_TARGET, LEGACY_TARGET)
 if TYPE_CHECKING:
     from .api import triton_call
     from .call.descriptors import TensorDescriptor, strides_from_shape
-    from .jax_cache import enable_jax_cache
-    from .launch import Kernel, kernel
+    from .decorator import Kernel, kernel
+    from .jax_cache.enable import enable_jax_cache
     from .lowering.record import add_listener as on_lowered
     from .masquerade import install as install_jax_triton
     from .rule import triton_call_lowering
@@ -56,9 +56,9 @@ _LAZY = {
     "install_jax_triton": (".masquerade", "install"),
     "TensorDescriptor": (".call.descriptors", "TensorDescriptor"),
     "strides_from_shape": (".call.descriptors", "strides_from_shape"),
-    "enable_jax_cache": (".jax_cache", "enable_jax_cache"),
-    "Kernel": (".launch", "Kernel"),
-    "kernel": (".launch", "kernel"),
+    "enable_jax_cache": (".jax_cache.enable", "enable_jax_cache"),
+    "Kernel": (".decorator", "Kernel"),
+    "kernel": (".decorator", "kernel"),
     "on_lowered": (".lowering.record", "add_listener"),
     "Target": (".vendors.targets", "Target"),
     "parse_target": (".vendors.targets", "parse_target"),

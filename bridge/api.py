@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .call import conventions, tracing
-from .call.kernels import decompose
+from .call.kernel_objects import decompose
 from .errors import KernelArgumentError, OptionError
 from .lowering.lower import CUSTOM_CALL_FFI, CUSTOM_CALL_LEGACY, triton_call_p
 from .settings import AUTOTUNE_MODES

@@ -30,10 +30,10 @@ import jax
 from .call.primitive import triton_call_p
 from .errors import KernelArgumentError
 from .lowering import lower
-from .vendors import registry
+from .vendors import vendor_registry
 
 #: the lowering platforms the bridge has vendors for
-_PLATFORMS = tuple(v.platform for v in registry.registered())
+_PLATFORMS = tuple(v.platform for v in vendor_registry.registered())
 
 
 def _platform(ctx: Any, given: str | None) -> str:

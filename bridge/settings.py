@@ -20,7 +20,7 @@ from kernelcache.config import (
     variables_of,
 )
 
-from .vendors.registry import parse_name, registered
+from .vendors.vendor_registry import parse_name, registered
 
 #: how a compiled kernel rides in jaxlib's custom call (see :mod:`bridge.lowering.embed`):
 #: "auto", then every mode a registered vendor offers

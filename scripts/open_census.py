@@ -51,7 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return spec
 
     specialize.census = True  # type: ignore[attr-defined]
-    # modules that imported the function by name before this ran (bridge.warm.plan, ...)
+    # modules that imported the function by name before this ran (bridge.warm.planning, ...)
     for mod in list(sys.modules.values()):
         if getattr(mod, "specialize", None) is original:
             mod.specialize = specialize  # type: ignore[union-attr]

@@ -146,7 +146,7 @@ def finish_child(proc: subprocess.Popen, timeout: float = 240) -> Any:
 # Child-process code that counts every way Triton could compile in that process: the front end
 # of both languages, triton.compile, and triton_key() (the 0.3 s compiler hash a warm start must
 # not pay). Prepend it to a child's code; read the totals from ``counts``. Compiles run in
-# compiler processes forked from the child (bridge.compile.process): they count in memory
+# compiler processes forked from the child (bridge.compile.compiler_process): they count in memory
 # shared with it, which ``counts`` shows after each compile.
 COUNT_COMPILES = f"""
 import mmap, sys
@@ -172,7 +172,7 @@ import triton
 import triton.compiler.compiler as tc
 import triton.runtime.cache as rc
 from triton.experimental.gluon import _runtime as gr
-import bridge.compile.process as _compiler_process
+import bridge.compile.compiler_process as _compiler_process
 counting(tc.ASTSource, "make_ir", "make_ir")
 counting(gr.GluonASTSource, "make_ir", "make_ir")
 counting(tc, "compile", "compile")

@@ -105,7 +105,7 @@ def test_a_direct_launch_computes_what_the_custom_call_computes():
     the output it leaves is the one the compiled program gives on the same inputs."""
     from bridge.call.primitive import triton_call_p
     from bridge.lowering.lower import variant_opaque
-    from bridge.tune import launch, measure
+    from bridge.tune import jaxlib_launch, measure
 
     a, b = rand((512, 256)), rand((256, 384), seed=1)
     (call,) = [
@@ -114,7 +114,7 @@ def test_a_direct_launch_computes_what_the_custom_call_computes():
         if e.primitive is triton_call_p
     ]
     bench = measure.JaxMeasurer().bench(call, variant_opaque(call, "cuda"), [0, 1], "cuda")
-    assert bench.lanes[0] == launch.lane("cuda", 0).name and "/" in bench.lanes[0]
+    assert bench.lanes[0] == jaxlib_launch.lane("cuda", 0).name and "/" in bench.lanes[0]
     assert bench.run(0, 1, 0) > 0 and bench.run(1, 3, 0) > 0
     ops, results, _ = bench._buffers[0]
     one = jax.jit(measure._launches(call, 1, 1))(*ops)

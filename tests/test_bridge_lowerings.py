@@ -28,7 +28,7 @@ import kernelcache
 from bridge import versions
 from bridge.cli import tune
 from bridge.compile import ptxisa
-from bridge.identity import compiler
+from bridge.identity import compiler_identity
 from bridge.lowering import lower as bridge_call
 from bridge.vendors import backends
 from examples import ops
@@ -154,13 +154,13 @@ def test_values_of_different_types_key_differently():
     never share a key."""
     import enum
 
-    from bridge.lowering import keys
+    from bridge.lowering import lowering_keys
 
     class Flag(enum.IntEnum):
         ON = 1
 
     values = [1, True, 1.0, "1", Flag.ON, (1,), {"1": 1}, None, 0, False, "", ()]
-    shown = [repr(keys._canon(v, {})) for v in values]
+    shown = [repr(lowering_keys._canon(v, {})) for v in values]
     assert len(set(shown)) == len(values), shown
 
 
@@ -169,25 +169,25 @@ def test_an_extern_library_is_keyed_by_its_file(tmp_path):
     (and, through the compiler's fingerprint, that of the backends' own device libraries)."""
     import os
 
-    from bridge.lowering import keys
+    from bridge.lowering import lowering_keys
 
     lib = tmp_path / "lib.bc"
     lib.write_bytes(b"one")
     options = {"extern_libs": {"libdevice": str(lib)}, "num_warps": 4}
-    before = repr(keys._canon(keys._libraries(options), {}))
+    before = repr(lowering_keys._canon(lowering_keys._libraries(options), {}))
     lib.write_bytes(b"other")
     os.utime(lib, ns=(1, 1))
-    assert repr(keys._canon(keys._libraries(options), {})) != before
-    assert keys._libraries({"num_warps": 4}) == {"num_warps": 4}
+    assert repr(lowering_keys._canon(lowering_keys._libraries(options), {})) != before
+    assert lowering_keys._libraries({"num_warps": 4}) == {"num_warps": 4}
     import triton
 
     base = os.path.dirname(os.path.abspath(triton.__file__))
-    names = [row[0] for row in compiler._library_rows(base)]
+    names = [row[0] for row in compiler_identity._library_rows(base)]
     assert any("libdevice" in n for n in names) and any(n.startswith("amd") for n in names)
 
 
 def _other_triton(monkeypatch):
-    monkeypatch.setattr(compiler, "triton_fingerprint", lambda: "another triton")
+    monkeypatch.setattr(compiler_identity, "triton_fingerprint", lambda: "another triton")
 
 
 def _other_jaxlib(monkeypatch):

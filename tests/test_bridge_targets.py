@@ -6,7 +6,7 @@ import pytest
 
 import bridge
 from bridge import versions
-from bridge.identity import compiler
+from bridge.identity import compiler_identity
 from bridge.lowering import embed
 from bridge.vendors import backends
 from bridge.vendors.cuda import CUDA
@@ -109,7 +109,7 @@ def test_triton_identity_is_memoized_in_the_cache(tmp_path, monkeypatch):
     import kernelcache
 
     calls = []
-    real = compiler.triton_digest
+    real = compiler_identity.triton_digest
 
     def counting():
         calls.append(1)
@@ -118,13 +118,13 @@ def test_triton_identity_is_memoized_in_the_cache(tmp_path, monkeypatch):
     def never():
         raise AssertionError("triton_key() computed")
 
-    monkeypatch.setattr(compiler, "triton_digest", counting)
+    monkeypatch.setattr(compiler_identity, "triton_digest", counting)
     monkeypatch.setattr(rc, "triton_key", never)
-    compiler._memo.clear()
+    compiler_identity._memo.clear()
     cache = kernelcache.Cache(root=tmp_path)
-    first = compiler.triton_identity(cache)
-    compiler._memo.clear()
-    second = compiler.triton_identity(cache)
+    first = compiler_identity.triton_identity(cache)
+    compiler_identity._memo.clear()
+    second = compiler_identity.triton_identity(cache)
     assert first == second and len(calls) == 1
     assert len(first) == 32
 
@@ -136,14 +136,14 @@ def test_triton_digest_covers_the_contents_of_what_triton_key_reads(tmp_path, mo
 
     import triton
 
-    base, files = compiler._triton_files()
+    base, files = compiler_identity._triton_files()
     walked = set()
     for sub in ("compiler", "backends", "language"):
         for lib in pkgutil.walk_packages([f"{base}/{sub}"], prefix=f"triton.{sub}."):
             walked.add(lib.module_finder.find_spec(lib.name).origin)
     assert walked <= set(files)  # every source file triton_key() hashes
     assert any(f.endswith((".so", ".pyd")) and "libtriton" in f for f in files)
-    before = compiler.triton_digest()
+    before = compiler_identity.triton_digest()
     target = f"{base}/language/core.py"
     real_open = open
 
@@ -157,9 +157,9 @@ def test_triton_digest_covers_the_contents_of_what_triton_key_reads(tmp_path, mo
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr("builtins.open", altered)
-    assert compiler.triton_digest() != before
+    assert compiler_identity.triton_digest() != before
     monkeypatch.setattr("builtins.open", real_open)
-    assert compiler.triton_digest() == before
+    assert compiler_identity.triton_digest() == before
     assert triton.__version__
 
 
@@ -168,8 +168,8 @@ def test_fingerprint_changes_with_the_installation(monkeypatch):
 
     import triton
 
-    compiler.triton_fingerprint.cache_clear()
-    before = compiler.triton_fingerprint()
+    compiler_identity.triton_fingerprint.cache_clear()
+    before = compiler_identity.triton_fingerprint()
     path = os.path.join(os.path.dirname(triton.__file__), "language", "core.py")
     real_stat = os.stat
 
@@ -180,8 +180,8 @@ def test_fingerprint_changes_with_the_installation(monkeypatch):
         return result
 
     monkeypatch.setattr(os, "stat", touched)
-    compiler.triton_fingerprint.cache_clear()
-    assert compiler.triton_fingerprint() != before
+    compiler_identity.triton_fingerprint.cache_clear()
+    assert compiler_identity.triton_fingerprint() != before
     monkeypatch.setattr(os, "stat", real_stat)
-    compiler.triton_fingerprint.cache_clear()
-    assert compiler.triton_fingerprint() == before
+    compiler_identity.triton_fingerprint.cache_clear()
+    assert compiler_identity.triton_fingerprint() == before

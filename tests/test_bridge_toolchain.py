@@ -381,7 +381,7 @@ def key_of(cache, **kw) -> str:
 def options_of(target: str, **options) -> object:
     from examples import kernels as K
 
-    parts = bridge.call.kernels.decompose(K.add_kernel)
+    parts = bridge.call.kernel_objects.decompose(K.add_kernel)
     tgt = parse_target(target)
     named = {
         "x_ptr": binding.ArgArray((8,), "float32", ("in", 0)),

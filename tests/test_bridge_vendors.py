@@ -18,11 +18,11 @@ import bridge
 from bridge import warm
 from bridge.lowering import embed
 from bridge.lowering.lower import lower_call, triton_call_p
-from bridge.vendors import backends, registry
-from bridge.vendors.base import Vendor
+from bridge.vendors import backends, vendor_registry
 from bridge.vendors.cuda import CUDA
 from bridge.vendors.hip import HIP
 from bridge.vendors.targets import Target, max_shared_memory, parse_target
+from bridge.vendors.vendor import Vendor
 from examples import ops
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,11 +53,11 @@ XPU = Vendor(
 
 @pytest.fixture
 def xpu() -> Iterator[Vendor]:
-    registry.register(XPU)
+    vendor_registry.register(XPU)
     try:
         yield XPU
     finally:
-        registry.unregister(XPU)
+        vendor_registry.unregister(XPU)
         backends.option_names.cache_clear()
 
 
@@ -111,8 +111,10 @@ def test_compiling_for_a_vendor_without_a_triton_backend_says_what_is_missing(xp
 def test_a_platform_belongs_to_one_vendor(xpu):
     twin = Vendor(**{**vars(XPU), "name": "xpu2"})
     with pytest.raises(ValueError, match="platform 'xpu' belongs to xpu"):
-        registry.register(twin)
-    assert registry.by_platform("xpu") is xpu and registry.by_platform("metal") is None
+        vendor_registry.register(twin)
+    assert (
+        vendor_registry.by_platform("xpu") is xpu and vendor_registry.by_platform("metal") is None
+    )
     with pytest.raises(bridge.TargetError, match="unknown GPU backend 'xpu2'"):
         Target("xpu2", "pvc", 16)
 
@@ -154,7 +156,7 @@ _COMPARISON = re.compile(
 
 
 def test_every_registered_platform_has_a_lowering():
-    platforms = {v.platform for v in registry.registered()}
+    platforms = {v.platform for v in vendor_registry.registered()}
     assert {"cuda", "rocm"} <= platforms
     # the primitive has a lowering for the platform of every registered vendor
     from jax._src.interpreters import mlir

@@ -23,7 +23,7 @@ from conftest import child_env, key_of, run_py
 from test_cli_support import kc, kc_json, put
 
 import kernelcache
-from bridge.entries.fields import LAUNCH_FIELDS  # importing bridge declares its fields
+from bridge.entries.metadata import LAUNCH_FIELDS  # importing bridge declares its fields
 from kernelcache import stats
 from kernelcache.bundle import import_bundle
 from kernelcache.errors import BundleError

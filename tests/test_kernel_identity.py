@@ -1,4 +1,4 @@
-"""A kernel's key is everything that shapes its code (bridge.identity.keys, bridge.identity.jit):
+"""A kernel's key is everything that shapes its code (bridge.identity.kernel_keys, bridge.identity.jit):
 values Triton's frontend reads through another module, a constexpr_function or a constexpr
 object reach the key; a warm process that sees a changed global lowers the new code; a
 constexpr known only by its address is compiled in the process and never stored."""

@@ -163,7 +163,7 @@ def test_kernelcache_sources_name_no_bridge_variable_field_or_directory():
     the hand-off directory); kernelcache's sources name none of it."""
     import re
 
-    import bridge.entries.fields
+    import bridge.entries.metadata
     import bridge.lowering.handoff
     import bridge.settings
     from kernelcache import schema
@@ -171,7 +171,7 @@ def test_kernelcache_sources_name_no_bridge_variable_field_or_directory():
     variables = {var.name for var in bridge.settings.VARIABLES}
     # kernelcache's own fields (an entry's name, target, kind, ...) are shared vocabulary;
     # "kernel" is also the name of kernelcache's own column for an entry's `name`
-    fields = set(bridge.entries.fields.FIELDS) - schema.OWN_FIELDS - {"kernel"}
+    fields = set(bridge.entries.metadata.FIELDS) - schema.OWN_FIELDS - {"kernel"}
     assert variables and fields, "nothing to look for"
     found = []
     for path, text in _kernelcache_sources().items():

@@ -40,7 +40,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("bridge.lowering",),
     (
         "bridge.api",
-        "bridge.launch",
+        "bridge.decorator",
         "bridge.jax_cache",
         "bridge.rule",
         "bridge.masquerade",

@@ -17,7 +17,7 @@ from artifact_images import elf_image, launch
 from conftest import run_py
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 
-import bridge.entries.fields  # noqa: F401 -- its launch fields (num_warps, ...) are covered by the digest
+import bridge.entries.metadata  # noqa: F401 -- its launch fields (num_warps, ...) are covered by the digest
 import kernelcache
 from kernelcache import stats
 from kernelcache.remote import MAGIC, open_remote

@@ -25,7 +25,7 @@ def _declarations_undone():
     """What a test declares is undone after it (other tests share the process). The bridge's
     fields are declared first, for good: a test that imports the bridge for the first time
     would otherwise undo them for every test after it."""
-    import bridge.entries.fields  # noqa: F401
+    import bridge.entries.metadata  # noqa: F401
     from kernelcache.schema import fields
 
     saved = dict(fields.FIELDS), dict(fields._INT_RANGES), set(fields.COVERED)

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import KernelArgumentError
 from . import tma
 from .binding import ArgArray
-from .kernels import KernelParts
+from .kernel_objects import KernelParts
 
 try:  # jax >= 0.8
     from jax.ref import AbstractRef as _AbstractRef

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import KernelArgumentError, OptionError
 from ..vendors.targets import Target
-from .kernels import KernelParts
+from .kernel_objects import KernelParts
 from .placeholders import ArgArray
 
 logger = logging.getLogger(__name__)

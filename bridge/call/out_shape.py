@@ -19,7 +19,7 @@ from ..errors import KernelArgumentError
 from . import tma
 from .arguments import Inputs, is_ref, leaf_arrays
 from .binding import ArgArray
-from .kernels import KernelParts
+from .kernel_objects import KernelParts
 from .plan import (
     JAX_TRITON_03,
     ROCM_FORK,

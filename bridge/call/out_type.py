@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import KernelArgumentError
 from .arguments import Inputs, leaf_arrays
 from .binding import ArgArray
-from .kernels import KernelParts
+from .kernel_objects import KernelParts
 from .plan import Plan, is_struct, operand_leaves
 
 

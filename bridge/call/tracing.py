@@ -23,7 +23,7 @@ from ..errors import KernelArgumentError
 from ..vendors import targets
 from .arguments import Inputs, leaf_arrays
 from .binding import ArgArray
-from .kernels import KernelParts
+from .kernel_objects import KernelParts
 
 if TYPE_CHECKING:
     from ..caches import CacheArg

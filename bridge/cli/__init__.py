@@ -1,7 +1,7 @@
 """``kernelcache warm``, ``kernelcache tune``, ``kernelcache explain``, ``kernelcache audit``
 and ``kernelcache jax-cache``: the bridge's subcommands of the ``kernelcache`` command (their arguments, and the
 adapters that run them), the bridge's toolchain for ``kernelcache import --dry-run``
-(:mod:`.toolchain`) and its report for ``kernelcache doctor`` (:mod:`.jax_cache_command`).
+(:mod:`.toolchain`) and its report for ``kernelcache doctor`` (:mod:`bridge.jax_cache.command`).
 
 Registered through the entry-point group ``kernelcache.commands``. Importing this module imports
 neither jax nor triton: they are imported when the command runs, and their absence is a usage
@@ -25,7 +25,7 @@ from typing import Any
 from kernelcache.cli import Content, UsageError, add_command, register_content, root_of
 from kernelcache.cli.output import EXIT_OK, EXIT_PROBLEMS, Output, envelope
 
-from . import jax_cache_command
+from ..jax_cache import command as jax_cache_command
 
 #: the modules the bridge's commands need: its extra's packages (``pip install
 #: 'kernelcache[bridge]'``) and what they bring

@@ -1,7 +1,7 @@
 """Whether the cache's keys still describe the code: ``kernelcache audit MANIFEST``.
 
 For every specialization of every call of a recorded manifest, for each target, the audit keys
-the call exactly as a lowering does (:mod:`bridge.warm.plan`), runs Triton's frontend, and
+the call exactly as a lowering does (:mod:`bridge.warm.planning`), runs Triton's frontend, and
 compares the IR it gives today with the IR the cached entry under that key was compiled from
 (every kernel entry records its digest, ``ir``):
 
@@ -32,7 +32,7 @@ from ..identity import frontend
 from ..identity.specialize import Specialization
 from ..vendors.targets import Target, recorded_targets
 from ..warm.manifest import load_manifest
-from ..warm.plan import kernel_parts, specializations
+from ..warm.planning import kernel_parts, specializations
 from .explain import targets_of
 
 if TYPE_CHECKING:

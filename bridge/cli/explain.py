@@ -1,8 +1,8 @@
 """Why the cache hits or misses: ``kernelcache explain MANIFEST``.
 
 Every entry the bridge compiles records the components of its key
-(:func:`bridge.identity.keys.key_components`). :func:`explain` keys each call of a manifest for
-each target exactly as a lowering (and ``warm``) does (:mod:`bridge.warm.plan`) and says, per
+(:func:`bridge.identity.kernel_keys.key_components`). :func:`explain` keys each call of a manifest for
+each target exactly as a lowering (and ``warm``) does (:mod:`bridge.warm.planning`) and says, per
 specialization, whether a layer of the cache holds it; for a miss, it finds the nearest entry of
 the same kernel (the fewest differing components, among entries of the same kernel name) and
 names the components that differ, worded for a person ("triton version 3.6.0 here vs 3.9.0 in
@@ -28,11 +28,11 @@ from kernelcache.maintenance.scan import scan
 from ..call.plain import source_digest
 from ..entries.failures import remembered
 from ..errors import BridgeError, KernelArgumentError, TargetError
-from ..identity.keys import COMPONENTS
+from ..identity.kernel_keys import COMPONENTS
 from ..identity.specialize import Specialization, components
 from ..vendors.targets import Target, parse_target, recorded_targets
 from ..warm.manifest import RecordedCall, load_manifest
-from ..warm.plan import kernel_parts, present, specializations
+from ..warm.planning import kernel_parts, present, specializations
 
 if TYPE_CHECKING:
     from kernelcache import Cache, Store

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendUnavailable, TargetError
 from ..identity import environment
-from ..identity.keys import PIPELINE_VERSION, text_digest
-from ..vendors import registry
+from ..identity.kernel_keys import PIPELINE_VERSION, text_digest
+from ..vendors import vendor_registry
 from ..vendors.targets import Target, parse_target
 from .explain import differences, fallback_components, recorded_components
 
@@ -28,7 +28,7 @@ class Toolchain:
     machine compiles for, or None when it is not known (every target is judged possible)."""
 
     def __init__(self, target: Target | None, cache: Cache | None = None) -> None:
-        from ..identity.compiler import triton_identity
+        from ..identity.compiler_identity import triton_identity
         from ..versions import triton_version
 
         self.target = target
@@ -52,7 +52,7 @@ class Toolchain:
     def _backend(self, name: str) -> str | None:
         """The backend component for target ``name`` here; None: no backend for it."""
         if name not in self._backends:
-            from ..identity.compiler import backend_identity
+            from ..identity.compiler_identity import backend_identity
             from ..vendors import backends
 
             try:
@@ -66,7 +66,7 @@ class Toolchain:
     def _memo_keys(self, label: Any) -> set[str]:
         """The keys this installation memoizes the identity ``label`` under."""
         from ..entries.memos import memo_key
-        from ..identity.compiler import triton_fingerprint
+        from ..identity.compiler_identity import triton_fingerprint
 
         if label == "triton_files":
             return {memo_key(label, triton_fingerprint())}
@@ -125,7 +125,7 @@ def toolchain(find_gpu: bool = True) -> Toolchain:
     if explicit is not None:
         target = parse_target(explicit)
     elif find_gpu:
-        for vendor in registry.registered():
+        for vendor in vendor_registry.registered():
             found = detect(vendor.platform)
             if found:
                 target = found[0]

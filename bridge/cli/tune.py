@@ -39,7 +39,7 @@ from ..lowering.lower import variant_opaque
 from ..tune import measure, select
 from ..vendors.targets import Target, local_device, parse_target, recorded_targets
 from ..warm.manifest import RecordedCall, call_ident, import_kernel, read_manifest
-from ..warm.plan import kernel_parts
+from ..warm.planning import kernel_parts
 
 if TYPE_CHECKING:
     from kernelcache import Cache

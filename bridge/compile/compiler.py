@@ -13,7 +13,7 @@ space while compiling, is an :class:`~bridge.errors.IncompleteOutput` naming ``T
 free space, never a result (nothing is stored, and nothing is remembered as the kernel's
 failure: the next compile, with room, stores the kernel).
 
-The stages run in a compiler process (:mod:`bridge.compile.process`): a compiler that aborts or
+The stages run in a compiler process (:mod:`bridge.compile.compiler_process`): a compiler that aborts or
 segfaults fails its compile with a :class:`~bridge.errors.CompilerCrash`, and the job
 goes on. A Gluon compile that fails because a layout does not fit the target (Triton's verifier
 says so on standard error) gets a note saying what fits; other errors do not.
@@ -39,10 +39,10 @@ from kernelcache import formats
 from ..errors import IncompleteOutput, KernelArgumentError
 from ..identity import frontend
 from ..identity.frontend import relative_dir
-from ..vendors.base import Vendor
-from ..vendors.registry import by_binary_ext
 from ..vendors.targets import Target
-from . import process
+from ..vendors.vendor import Vendor
+from ..vendors.vendor_registry import by_binary_ext
+from . import compiler_process
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def about_layouts(error: BaseException, said: str) -> bool:
 
 
 def compile_source(src: Any, target: Target, backend: Any, options: Any) -> Compiled:
-    """Compile ``src`` for ``target`` in a compiler process (see :mod:`bridge.compile.process`:
+    """Compile ``src`` for ``target`` in a compiler process (see :mod:`bridge.compile.compiler_process`:
     a compiler that aborts or segfaults fails this compile, not the job), and check that what
     it produced is whole (:func:`output_problem`).
 
@@ -176,7 +176,7 @@ def compile_source(src: Any, target: Target, backend: Any, options: Any) -> Comp
         one saying what fits).
     """
     global _compiles
-    ran = process.run(_stages, src, target, backend, options)
+    ran = compiler_process.run(_stages, src, target, backend, options)
     error = ran.error
     if error is not None:
         if _out_of_space(error):

@@ -28,7 +28,7 @@ from ..entries import failures, kernels
 from ..entries.kinds import PTX
 from ..errors import LeftOut
 from ..identity.specialize import Specialization, Usable, components
-from . import process
+from . import compiler_process
 from .compiler import Compiled, binary_problem, compile_source
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ def fetch_each(
     sharing the cache. On CUDA the PTX is stored before the binary, under the build lock, so a
     process that reads the binary finds its PTX. Whoever compiled what, the returned kernels
     (binary, metadata fields, PTX) are the same. The compiles share one compiler process
-    (:func:`bridge.compile.process.session`), forked at the first miss.
+    (:func:`bridge.compile.compiler_process.session`), forked at the first miss.
 
     Yields:
         ``(index, result)`` in completion order: the :class:`KernelBinary`, a
@@ -166,7 +166,7 @@ def fetch_each(
 
         return build_entry
 
-    with process.session():  # the compiles of these requests share one process
+    with compiler_process.session():  # the compiles of these requests share one process
         for index, request in enumerate(requests):
             if not request.stored:
                 yield index, _in_memory(request)

@@ -1,4 +1,4 @@
-"""What crosses the pipe between this process and the compiler process (:mod:`.process`).
+"""What crosses the pipe between this process and the compiler process (:mod:`.compiler_process`).
 
 A message is its length (8 bytes, little-endian) and its bytes. A request is ``(fn, args)``
 pickled (:func:`dumps`): the arguments as their class and fields, plain data as itself, every

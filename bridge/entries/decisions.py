@@ -39,7 +39,7 @@ from .kinds import DECISION
 if TYPE_CHECKING:
     from kernelcache import Cache
 
-    from ..call.kernels import KernelParts
+    from ..call.kernel_objects import KernelParts
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from kernelcache import Cache
 
     from ..call.binding import Bound
-    from ..call.kernels import KernelParts
+    from ..call.kernel_objects import KernelParts
     from ..vendors.targets import Target
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def entry_metadata(
 ) -> Callable[[Any], dict[str, Any]]:
     """A function turning a compile result of ``bound`` into the cache entry's metadata (plain
     JSON, no absolute paths); ``components()`` gives the key's components to record (see
-    :func:`bridge.identity.keys.key_components`), computed only when something is compiled;
+    :func:`bridge.identity.kernel_keys.key_components`), computed only when something is compiled;
     ``open_reason``: why the kernel is open (keyed by its IR), if it is. The digest of the IR
     the compile started from (``ir``) is recorded for ``kernelcache audit``."""
 

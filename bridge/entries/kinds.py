@@ -3,7 +3,7 @@ its key is derived from the key it belongs to, how a lookup of it is counted, ho
 it waits, whether it is usually absent, and the verbs that store and look it up.
 
 A kernel is stored under its kernel key with its vendor's extension (``cubin``, ``hsaco``:
-:attr:`bridge.vendors.base.Vendor.binary_ext`; :mod:`bridge.compile.fetch`); every other entry
+:attr:`bridge.vendors.vendor.Vendor.binary_ext`; :mod:`bridge.compile.fetch`); every other entry
 the bridge stores is of one of the kinds below. An entry belongs to a key, its owner (a kernel
 key, a lowering key, a decision key): its own key is :func:`derived_key` of its owner and its
 role (by convention, its extension), or its owner's key itself (a decision, a memo). What a kind

@@ -1,7 +1,7 @@
 """Lowered calls as cache entries: a warm process lowers a call with one key computation and one
 read, and the opaque it embeds is the one the first process built.
 
-Keyed by the call's lowering key (:mod:`bridge.lowering.keys`). An autotuned call's lowering
+Keyed by the call's lowering key (:mod:`bridge.lowering.lowering_keys`). An autotuned call's lowering
 depends on its decision (:mod:`bridge.entries.decisions`), which can appear later: its entry
 (``<key>.variants``) holds the kernel keys of its variants, and each outcome (every variant for
 jaxlib to autotune, or one chosen variant) is an entry of its own (``<key>.lowering``: a small

@@ -49,8 +49,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import Undescribable
-from . import reads
-from .reads import MISSING
+from . import static_reads
+from .static_reads import MISSING
 from .syntax import LOOKUPS, UNKNOWN, resolved, scope, spelled, syntax
 from .watch import (
     BYTES,
@@ -137,7 +137,7 @@ class Describer:
     # -- values ---------------------------------------------------------------------------
     def value(self, value: Any) -> Any:
         kind = type(value)
-        if kind in reads.PLAIN_TYPES:
+        if kind in static_reads.PLAIN_TYPES:
             return [kind.__name__, repr(value)]
         self.count += 1
         if self.count > MAX_VALUES:
@@ -148,7 +148,7 @@ class Describer:
         known = self.seen.get(key)
         if known is not None:
             return ["seen", known]
-        if isinstance(value, reads.constexpr_class()):
+        if isinstance(value, static_reads.constexpr_class()):
             return ["constexpr", self.value(value.value)]
         self.marks += 1
         self.seen[key] = f"#{self.marks}"
@@ -163,13 +163,15 @@ class Describer:
             self.active.discard(key)
 
     def _described(self, value: Any, kind: type) -> Any:
-        jit_callable, constexpr_function, launcher = reads.jit_classes()
+        jit_callable, constexpr_function, launcher = static_reads.jit_classes()
         if isinstance(value, jit_callable):
             if constexpr_function is not None and isinstance(value, constexpr_function):
                 return ["constexpr_function", self.function(value.fn)]
             return self.jit(value)
-        if isinstance(value, launcher):  # (an autotuner or heuristics: launched, never called
-            return ["launcher", reads.name_of(kind)]  # by kernel code; its state is the run's)
+        if isinstance(value, launcher):
+            # (an autotuner or heuristics: launched, never called by kernel code; its state is
+            # the run's)
+            return ["launcher", static_reads.name_of(kind)]
         if kind is tuple or kind is list:
             if kind is list:
                 self.reads.append((ITEMS, value, None, items(value)))
@@ -198,14 +200,17 @@ class Describer:
             return [kind.__name__, self.value(value.__func__)]
         if isinstance(value, property):
             return ["property", [self.value(f) for f in (value.fget, value.fset, value.fdel)]]
-        if isinstance(value, types.BuiltinFunctionType) or kind.__name__ in reads.C_CALLABLES:
+        if (
+            isinstance(value, types.BuiltinFunctionType)
+            or kind.__name__ in static_reads.C_CALLABLES
+        ):
             return self.builtin(value)
         if kind.__name__ == "_lru_cache_wrapper" and isinstance(
             getattr(value, "__wrapped__", None), types.FunctionType
         ):  # (a memo of the function's answers: the function is what answers)
             return ["cached function", self.value(value.__wrapped__)]
         if kind is functools.partial:
-            parts = [value.func, value.args, value.keywords, reads.fields(value)]
+            parts = [value.func, value.args, value.keywords, static_reads.fields(value)]
             return ["partial", [self.value(p) for p in parts]]
         if self._isbuffer_snapshot(value):
             snapshot = buffer_snapshot(value)
@@ -233,12 +238,12 @@ class Describer:
         return numpy is not None and isinstance(value, numpy.ndarray) and value.dtype != object
 
     def instance(self, value: Any, kind: type) -> Any:
-        base = reads.data_base(kind)
-        if base is None and reads.origin(kind.__module__) == "python":
+        base = static_reads.data_base(kind)
+        if base is None and static_reads.origin(kind.__module__) == "python":
             return self.reduced(value, kind)
         if base is None:
             raise Undescribable(
-                f"a {reads.name_of(kind)} may hold state that none of its fields shows (its type "
+                f"a {static_reads.name_of(kind)} may hold state that none of its fields shows (its type "
                 "or a base of it is written in C)"
             )
         self.reads.append((TYPE, value, None, kind))
@@ -249,14 +254,14 @@ class Describer:
             self.reads.append((ITEMS, value, None, items(value)))
         elif base is set:
             self.reads.append((SET, value, None, frozenset(value)))
-        slots = reads.slot_names(kind)
+        slots = static_reads.slot_names(kind)
         if slots:
             self.reads.append(
                 (SLOTS, value, slots, tuple(getattr(value, s, MISSING) for s in slots))
             )
-        convert = reads.DATA_BASES[base]
+        convert = static_reads.DATA_BASES[base]
         held = None if convert is None else self.value(convert(value))
-        return ["object", self.value(kind), held, self._rows(reads.fields(value).items())]
+        return ["object", self.value(kind), held, self._rows(static_reads.fields(value).items())]
 
     def reduced(self, value: Any, kind: type) -> Any:
         """An object of a type of the pure standard library written in C (an ``OrderedDict``, a
@@ -264,7 +269,9 @@ class Describer:
         try:
             parts = list(value.__reduce_ex__(4))
         except Exception as e:  # (a type that does not pickle: no description)
-            raise Undescribable(f"a {reads.name_of(kind)} does not show its state: {e}") from None
+            raise Undescribable(
+                f"a {static_reads.name_of(kind)} does not show its state: {e}"
+            ) from None
         parts += [None] * (5 - len(parts))
         parts[3:5] = [None if p is None else list(p) for p in parts[3:5]]
         return ["reduced", self.value(kind), [self.value(p) for p in parts]]
@@ -279,27 +286,30 @@ class Describer:
         module = (
             glob.get("__name__") if isinstance(glob, dict) else getattr(value, "__module__", None)
         )
-        where = reads.origin(module) if isinstance(module, str) else "user"
+        where = static_reads.origin(module) if isinstance(module, str) else "user"
         if where == "user":
             return None
-        name = reads.name_of(value)
+        name = static_reads.name_of(value)
         if where == "impure":
             raise Undescribable(
                 f"it reaches {name}, {what} of a module whose values are the state of the process"
             )
         if where == "installed":
-            return [what, name, reads.installed_digest(module)]  # type: ignore[arg-type]
+            return [what, name, static_reads.installed_digest(module)]  # type: ignore[arg-type]
         return [what, name]
 
     def builtin(self, value: Any) -> Any:
         owner = getattr(value, "__self__", None)
-        name = reads.named(value)
+        name = static_reads.named(value)
         if owner is None or isinstance(owner, types.ModuleType):
             if name is None:
                 raise Undescribable(
-                    f"the built-in {reads.name_of(value)} cannot be found by its name"
+                    f"the built-in {static_reads.name_of(value)} cannot be found by its name"
                 )
-            if name.startswith("builtins:") and name.split(":", 1)[1] in reads.DYNAMIC_BUILTINS:
+            if (
+                name.startswith("builtins:")
+                and name.split(":", 1)[1] in static_reads.DYNAMIC_BUILTINS
+            ):
                 raise Undescribable(
                     f"it uses {name.split(':', 1)[1]}, which looks values up by computed names"
                 )
@@ -316,11 +326,13 @@ class Describer:
         self.reads.append((ITEMS, space, None, items(space)))
         meta = type(cls)
         members = [
-            [k, self._member(k, v)] for k, v in sorted(space.items()) if k not in reads.CLASS_NOISE
+            [k, self._member(k, v)]
+            for k, v in sorted(space.items())
+            if k not in static_reads.CLASS_NOISE
         ]
         return [
             "class",
-            reads.name_of(cls),
+            static_reads.name_of(cls),
             [self.value(b) for b in cls.__bases__],
             None if meta is type else self.value(meta),
             members,
@@ -329,8 +341,8 @@ class Describer:
     def _member(self, name: str, value: Any) -> Any:
         """A class member: a method without a description is fine while no code calls it
         (none spells its name; a special method is called by Python itself)."""
-        if not reads.is_member(value):
-            return reads.descriptor(value)
+        if not static_reads.is_member(value):
+            return static_reads.descriptor(value)
         special = name.startswith("__") and name.endswith("__")
         if special or not isinstance(value, (types.FunctionType, staticmethod, classmethod)):
             return self.value(value)
@@ -345,17 +357,17 @@ class Describer:
         if found is not None:
             return found
         code = fn.__code__
-        digest, spelled, imports = reads.code_facts(code)
-        who = reads.name_of(fn)
+        digest, spelled, imports = static_reads.code_facts(code)
+        who = static_reads.name_of(fn)
         if imports:
             raise Undescribable(f"{who} imports a module when it runs")
         glob = fn.__globals__
-        dynamic = sorted(n for n in spelled & reads.DYNAMIC_BUILTINS if n not in glob)
+        dynamic = sorted(n for n in spelled & static_reads.DYNAMIC_BUILTINS if n not in glob)
         if dynamic:
             raise Undescribable(
                 f"{who} calls {dynamic[0]}(), which looks values up by computed names or reads the process's state"
             )
-        attributes = sorted(spelled & reads.DYNAMIC_ATTRIBUTES)
+        attributes = sorted(spelled & static_reads.DYNAMIC_ATTRIBUTES)
         if attributes:
             raise Undescribable(
                 f"{who} reads {attributes[0]}, which reaches values by computed names"
@@ -365,7 +377,7 @@ class Describer:
         self.reads.append((FUNCTION, fn, None, function_parts(fn)))
         cells = []
         for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
-            content = reads.cell(cell)
+            content = static_reads.cell(cell)
             self.reads.append((CELL, cell, None, content))
             cells.append([name, self.value(content)])
         rows = []
@@ -382,14 +394,14 @@ class Describer:
         self.reads.append((SOURCE, fn, None, mark(fn)))
         names = spelled(src)
         inner = getattr(fn, "fn", None)
-        cells = reads.cells(inner)
+        cells = static_reads.cells(inner)
         glob = getattr(fn, "__globals__", None) or getattr(inner, "__globals__", {})
-        params = reads.parameters(inner)
+        params = static_reads.parameters(inner)
         if any(n in names and not (n in params or n in cells or n in glob) for n in LOOKUPS):
             computed = syntax(src).computed
             if computed is not None:
                 raise Undescribable(
-                    f"{reads.name_of(fn)} looks an attribute up by a computed name: {computed}"
+                    f"{static_reads.name_of(fn)} looks an attribute up by a computed name: {computed}"
                 )
             names = names | syntax(src).attributes  # (the literal names getattr reads)
         self.spelled |= names
@@ -398,21 +410,21 @@ class Describer:
         for name in sorted(names - params):
             cell = cells.get(name)
             if cell is not None:
-                content = reads.cell(cell)
+                content = static_reads.cell(cell)
                 self.reads.append((CELL, cell, None, content))
                 found.append(["c", name, self._named(name, content)])
             value = glob.get(name, MISSING)
             self.reads.append((LOOKUP, glob, name, value))  # (absent too: see function())
             if value is not MISSING:
                 found.append(["g", name, self._named(name, value)])
-        settings = [reads.plain_value(getattr(fn, s, None)) for s in SETTINGS]
+        settings = [static_reads.plain_value(getattr(fn, s, None)) for s in SETTINGS]
         defaults = None  # (a helper's parameters the caller leaves out take these)
         if isinstance(inner, types.FunctionType):
             self.reads.append((FUNCTION, inner, None, function_parts(inner)))
             defaults = [self.value(inner.__defaults__), self.value(inner.__kwdefaults__)]
         return [
             "jit",
-            reads.name_of(fn),
+            static_reads.name_of(fn),
             src,
             getattr(fn, "starting_line_number", None),
             settings,
@@ -432,7 +444,7 @@ class Describer:
 
     def module(self, module: types.ModuleType) -> Any:
         name = module.__name__
-        where = reads.origin(name)
+        where = static_reads.origin(name)
         if where in ("triton", "python"):
             return ["module", name]
         if where == "impure":

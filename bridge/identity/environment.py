@@ -2,7 +2,7 @@
 compiles, as set now.
 
 Which variables count is found from the installed Triton, once per version (memoized in the
-cache under the fingerprint of its files, :func:`.compiler.triton_fingerprint`): every knob
+cache under the fingerprint of its files, :func:`.compiler_identity.triton_fingerprint`): every knob
 Triton declares (``triton.knobs``: the variable behind each), every variable its Python files
 read directly (``os.getenv("X")``, ``os.environ.get("X")``, ``os.environ["X"]``), and those its
 native library declares cache-invalidating (``get_cache_invalidating_env_vars``). Of these, the
@@ -27,7 +27,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ..entries.memos import memoized
-from .compiler import triton_fingerprint
+from .compiler_identity import triton_fingerprint
 
 if TYPE_CHECKING:
     from kernelcache import Cache

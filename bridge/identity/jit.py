@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import Undescribable
 from .describe import describe
-from .reads import PLAIN_TYPES, is_jit
+from .static_reads import PLAIN_TYPES, is_jit
 from .watch import Read, mark, unchanged
 
 __all__ = ["Undescribable", "constant", "identity", "is_jit"]

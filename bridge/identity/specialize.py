@@ -4,7 +4,7 @@ The one way from a kernel's parts, its arguments by parameter name, a variant (a
 config after heuristics) and a target to what the cache is asked for: bind with Triton's binder,
 check the block's thread count, build Triton's source object and compute the kernel key (for an
 *open* kernel, whose code or constexprs have no exact description, by running Triton's
-frontend and keying its IR: :func:`bridge.identity.keys.ir_key`, said once per kernel and
+frontend and keying its IR: :func:`bridge.identity.kernel_keys.ir_key`, said once per kernel and
 process). The
 lowering (:mod:`bridge.lowering.lower`), warm's planning and its compile jobs (:mod:`bridge.warm`) all go
 through :func:`specialize`, so warming a recorded call computes the very keys a lowering of that
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..call import binding
-from ..call.kernels import KernelParts
+from ..call.kernel_objects import KernelParts
 from ..errors import BackendUnavailable, OptionError, Undescribable
 from ..vendors import backends
 from ..vendors.targets import Target
-from . import frontend, keys
+from . import frontend, kernel_keys
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -106,9 +106,11 @@ def specialize(
         )
     bound = binding.bind(parts, backend, named, variant)
     check_threads(target, int(bound.options.num_warps))
-    src = keys.source(parts.fn, parts.is_gluon, bound.signature, bound.constexprs, bound.attrs)
+    src = kernel_keys.source(
+        parts.fn, parts.is_gluon, bound.signature, bound.constexprs, bound.attrs
+    )
     try:
-        key = keys.kernel_key(cache, target, backend, src, bound.options, parts.language)
+        key = kernel_keys.kernel_key(cache, target, backend, src, bound.options, parts.language)
     except Undescribable as e:
         why = str(e)
         say_open(parts, why)
@@ -119,7 +121,7 @@ def specialize(
             return Specialization(
                 parts, variant, bound, src, _unique_key(), target, backend, False, why
             )
-        key = keys.ir_key(cache, target, backend, src, bound.options, parts.language, ir)
+        key = kernel_keys.ir_key(cache, target, backend, src, bound.options, parts.language, ir)
         return Specialization(parts, variant, bound, src, key, target, backend, True, why, ir)
     return Specialization(parts, variant, bound, src, key, target, backend)
 
@@ -192,10 +194,10 @@ def specialize_call(
 
 
 def components(spec: Specialization, cache: Cache | None = None) -> dict[str, str]:
-    """The components of ``spec``'s key, named (see :func:`bridge.identity.keys.key_components`).
+    """The components of ``spec``'s key, named (see :func:`bridge.identity.kernel_keys.key_components`).
     Without ``cache``, the compiler's identity comes from this process's memo (computed when
     ``spec`` was keyed)."""
-    return keys.key_components(
+    return kernel_keys.key_components(
         cache,
         spec.target,
         spec.backend,

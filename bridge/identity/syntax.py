@@ -17,7 +17,7 @@ import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from . import reads
+from . import static_reads
 
 #: Triton's names for Python builtins in kernel code that look attributes up
 LOOKUPS = ("getattr", "hasattr")
@@ -112,7 +112,7 @@ def scope(
         if name in params:
             return UNKNOWN
         if name in cells:
-            return reads.cell(cells[name])
+            return static_reads.cell(cells[name])
         return glob.get(name, UNKNOWN)
 
     return find

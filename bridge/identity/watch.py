@@ -12,8 +12,8 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from . import reads
-from .reads import MISSING
+from . import static_reads
+from .static_reads import MISSING
 
 #: the decorator settings that change what is compiled but not Triton's ``cache_key``
 SETTINGS = ("noinline", "debug", "do_not_specialize", "do_not_specialize_on_alignment")
@@ -75,7 +75,7 @@ def unchanged(found: tuple[Read, ...]) -> bool:
             if where.get(what, MISSING) is not was:
                 return False
         elif kind == CELL:
-            if reads.cell(where) is not was:
+            if static_reads.cell(where) is not was:
                 return False
         elif kind == ITEMS:
             if not _same(items(where), was):

@@ -14,7 +14,7 @@
 - ``auto`` (default, or ``$KERNELCACHE_EMBED``): ``inline`` where the running jaxlib honours
   module_image, else the vendor's fallback (``ptx`` on CUDA, ``path`` on ROCm).
 
-Which modes a target takes is its descriptor's (:meth:`bridge.vendors.base.Vendor.embed_modes`).
+Which modes a target takes is its descriptor's (:meth:`bridge.vendors.vendor.Vendor.embed_modes`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .. import versions
 from ..compile import ptxisa
 from ..errors import EmbedError
 from ..settings import EMBED_MODES
-from ..vendors import backends, registry
+from ..vendors import backends, vendor_registry
 from ..vendors.targets import Target
 
 if TYPE_CHECKING:
@@ -63,7 +63,9 @@ def choose_mode(
     if mode == "auto":
         return vendor.auto_embed(modern)
     if mode not in vendor.embed_modes():
-        takers = " and ".join(v.title for v in registry.registered() if mode in v.embed_modes())
+        takers = " and ".join(
+            v.title for v in vendor_registry.registered() if mode in v.embed_modes()
+        )
         takes = " or ".join(map(repr, vendor.embed_modes()))
         raise EmbedError(f"embed={mode!r} is for {takers}; {target} takes {takes}")
     if mode == "inline" and not modern:

@@ -47,8 +47,8 @@ from ..entries.programs import Item, Program
 from ..errors import KernelArgumentError
 from ..identity import specialize
 from ..tune import measure, select
-from ..vendors import registry, targets
-from . import embed, keys, messages, proto, record
+from ..vendors import targets, vendor_registry
+from . import embed, lowering_keys, messages, proto, record
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -63,8 +63,8 @@ CUSTOM_CALL_LEGACY = versions.LEGACY_TARGET
 
 
 def _no_cpu(ctx: Any, *args: Any, call: CallSpec, has_side_effect: bool) -> Any:
-    gpus = " or ".join(f"{v.maker} ({v.platform})" for v in registry.registered())
-    first = registry.registered()[0].platform
+    gpus = " or ".join(f"{v.maker} ({v.platform})" for v in vendor_registry.registered())
+    first = vendor_registry.registered()[0].platform
     raise KernelArgumentError(
         f"the Triton kernel {call.parts.qualname} runs on {gpus} GPUs, but "
         "this computation is being lowered for cpu: run it on a GPU, or cross-compile with "
@@ -124,7 +124,7 @@ def setup(call: CallSpec, platform: str, jaxlib: str | None = None) -> Setup:
     mode = embed.choose_mode(call.embed, target, jaxlib, ours)
     cache = as_cache(call.cache, cfg)
     device = targets.local_device(target, platform)
-    context = None if mode == "path" else keys.context(target, mode, jaxlib, device, cache)
+    context = None if mode == "path" else lowering_keys.context(target, mode, jaxlib, device, cache)
     return Setup(cfg, ours, target, jaxlib, mode, cache, device, context)
 
 
@@ -210,7 +210,7 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
     every = specialize.call_variants(call.parts, call.named, call.kwargs, call.options, target)
     keyed = None
     if prepared.context is not None and call.choice is None and not record.wanted(prepared.ours):
-        keyed = keys.lowering_key(call, target, prepared.context, every)
+        keyed = lowering_keys.lowering_key(call, target, prepared.context, every)
     if keyed is not None:
         found = _replay(call, keyed, target, platform, autotune, program)
         if found is not None:
@@ -417,7 +417,7 @@ def lower_rule(
     return rule(ctx, *operands)
 
 
-for _vendor in registry.registered():
+for _vendor in vendor_registry.registered():
     mlir.register_lowering(
         triton_call_p,
         functools.partial(lower_rule, platform=_vendor.platform),

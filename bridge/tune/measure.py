@@ -1,5 +1,5 @@
 """Measuring the configs of an autotuned call on local GPUs: the call's buffers made once per GPU,
-each config launched directly through jaxlib's kernel call (:mod:`.launch`), timed by events.
+each config launched directly through jaxlib's kernel call (:mod:`.jaxlib_launch`), timed by events.
 
 Deciding a call compiles no XLA program per config: its cost is the kernels' running time
 (:mod:`.rounds` says how many launches each config gets). Where direct launches are not
@@ -27,7 +27,7 @@ from kernelcache.process import warn_once
 from ..call.arguments import leaf_arrays
 from ..call.binding import ArgArray
 from ..errors import BridgeError, Unlaunchable
-from . import launch
+from . import jaxlib_launch
 from .rounds import Bench
 
 if TYPE_CHECKING:
@@ -136,10 +136,10 @@ class JaxBench:
                 self._opaques[i] = opaque(i)
             except (BridgeError, ValueError) as e:  # the config's own error is its reason
                 self._opaques[i] = str(e) or type(e).__name__
-        self._lanes: list[launch.Lane] | None = []
+        self._lanes: list[jaxlib_launch.Lane] | None = []
         try:
             for device in self.devices:
-                self._lanes.append(launch.lane(platform, int(device.local_hardware_id)))
+                self._lanes.append(jaxlib_launch.lane(platform, int(device.local_hardware_id)))
         except (Unlaunchable, AttributeError, TypeError) as e:
             warn_once(
                 logger,

@@ -1,9 +1,9 @@
 """GPU vendors: everything that differs between NVIDIA and AMD, one object per vendor.
 
 In: a vendor's name as a target spells it (``cuda``, ``hip``) or as JAX names a platform. Out: its
-:class:`~.base.Vendor` object: target-name grammar, limits, the machine code it writes, what its
+:class:`~.vendor.Vendor` object: target-name grammar, limits, the machine code it writes, what its
 compiler identity hashes, how pointers are specialized and how machine code is embedded. A new
-vendor is one module (like :mod:`.cuda` or :mod:`.hip`) and its line in :mod:`.registry`.
+vendor is one module (like :mod:`.cuda` or :mod:`.hip`) and its line in :mod:`.vendor_registry`.
 
 Beside the vendors: compile targets (``cuda:90``, ``hip:gfx942``) and how a lowering chooses one
 (:mod:`.targets`), and Triton's vendor backends, imported only when a kernel needs one
@@ -17,11 +17,11 @@ from typing import Any
 
 #: the names ``bridge.vendors`` held when it was one module: (module of this folder, its name)
 _MOVED = {
-    "Vendor": ("base", "Vendor"),
+    "Vendor": ("vendor", "Vendor"),
     "NVIDIA": ("cuda", "CUDA"),
     "AMD": ("hip", "HIP"),
     **{
-        name: ("registry", name)
+        name: ("vendor_registry", name)
         for name in (
             "register",
             "unregister",

@@ -17,9 +17,9 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import BackendUnavailable, OptionError
-from . import registry
-from .base import Vendor
+from . import vendor_registry
 from .targets import Target, target_of
+from .vendor import Vendor
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def option_names(vendor: Vendor) -> frozenset[str]:
 
 def all_option_names() -> frozenset[str]:
     """Field names of the options classes of every registered vendor's backend."""
-    return _option_names_of(registry.registered())
+    return _option_names_of(vendor_registry.registered())
 
 
 @functools.cache
@@ -216,7 +216,7 @@ def make_backend(target: Target) -> Any:
 @functools.cache
 def _bridge_backend(cls: Any, vendor: Vendor) -> type:
     """``cls`` with the bridge's option defaults, and the vendor's own pointer specialization
-    where it has one (:meth:`~bridge.vendors.base.Vendor.tensor_specialization`)."""
+    where it has one (:meth:`~bridge.vendors.vendor.Vendor.tensor_specialization`)."""
 
     def parse_options(self: Any, options: dict[str, Any]) -> Any:
         if options.get("enable_fp_fusion") is None:

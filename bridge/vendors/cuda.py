@@ -17,7 +17,7 @@ from typing import Any
 from kernelcache.formats import EM_CUDA
 
 from ..errors import TargetError
-from .base import Arch, Driver, KiB, Vendor, file_row
+from .vendor import Arch, Driver, KiB, Vendor, file_row
 
 _VERSION = 1
 

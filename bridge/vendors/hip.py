@@ -15,7 +15,7 @@ from typing import Any
 
 from kernelcache.formats import EM_AMDGPU
 
-from .base import Arch, Driver, KiB, Vendor
+from .vendor import Arch, Driver, KiB, Vendor
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ chooses one.
 A target is explicit (the ``target=`` argument or ``$KERNELCACHE_TARGET``) or detected from the
 local device of the platform being lowered for. With an explicit target, compiling and lowering
 need no GPU at all. What differs by vendor is asked of the target's descriptor
-(:mod:`bridge.vendors.base`), never decided here by name.
+(:mod:`bridge.vendors.vendor`), never decided here by name.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TargetError
-from . import registry
-from .base import Arch, Vendor
+from . import vendor_registry
+from .vendor import Arch, Vendor
 
 if TYPE_CHECKING:
     from ..settings import BridgeSettings
@@ -42,7 +42,7 @@ class Target:
     vendor: Vendor = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "vendor", registry.by_name(self.backend))
+        object.__setattr__(self, "vendor", vendor_registry.by_name(self.backend))
 
     def __str__(self) -> str:
         return f"{self.backend}:{self.arch}"
@@ -77,8 +77,10 @@ def parse_target(text: str | Target) -> Target:
     if isinstance(text, Target):
         return text
     if not isinstance(text, str):
-        raise TargetError(f"a target is a string such as {registry.examples()}; got {text!r}")
-    return target_of(*registry.parse_name(text))
+        raise TargetError(
+            f"a target is a string such as {vendor_registry.examples()}; got {text!r}"
+        )
+    return target_of(*vendor_registry.parse_name(text))
 
 
 def max_shared_memory(target: Target, device: Any = None) -> int | None:
@@ -92,7 +94,7 @@ def max_shared_memory(target: Target, device: Any = None) -> int | None:
 def detect_devices(platform: str) -> list[tuple[Any, Target]]:
     """This process's local JAX devices of ``platform``, each with its target (none on a
     CPU-only machine, or for another platform)."""
-    vendor = registry.by_platform(platform)
+    vendor = vendor_registry.by_platform(platform)
     if vendor is None:
         return []
     import jax
@@ -146,7 +148,7 @@ def select_target(
         if not local:
             raise TargetError(
                 f"no {platform} device here to detect the compile target from: pass target= "
-                f"(e.g. {registry.examples()}) or set KERNELCACHE_TARGET to cross-compile on this "
+                f"(e.g. {vendor_registry.examples()}) or set KERNELCACHE_TARGET to cross-compile on this "
                 "machine"
             )
         if len(local) > 1:

@@ -22,9 +22,9 @@ A record whose kernel no longer exists, whose source text changed since it was r
 no longer fits the kernel is reported with the reason and makes the run fail; nothing stale can be
 served, because the kernel key covers the kernel's source.
 
-The parts: :mod:`.manifest` reads and validates the records and imports kernels; :mod:`.plan`
+The parts: :mod:`.manifest` reads and validates the records and imports kernels; :mod:`.planning`
 keys every call for every target (through :mod:`bridge.identity.specialize`, as a lowering does) and
-finds what is present; :mod:`.pool` compiles the jobs in forked workers; :mod:`.report` holds
+finds what is present; :mod:`.pool` compiles the jobs in forked workers; :mod:`.outcomes` holds
 what a run reports; :mod:`.command` ties them into :func:`warm` and the ``kernelcache warm``
 command.
 """
@@ -40,9 +40,9 @@ from .manifest import (
     load_manifest,
     read_manifest,
 )
-from .plan import Job, WarmPlan, make_plan, present, specializations
+from .outcomes import KINDS, SCHEMA, WarmOutcome, WarmProblem, WarmReport
+from .planning import Job, WarmPlan, make_plan, present, specializations
 from .pool import can_fork, compile_job, default_workers, execute
-from .report import KINDS, SCHEMA, WarmOutcome, WarmProblem, WarmReport
 
 __all__ = [
     "KINDS",

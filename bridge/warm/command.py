@@ -1,7 +1,7 @@
 """``kernelcache warm`` and its Python API: read the manifest, plan, compile the missing
 kernels in the worker pool, and report.
 
-:func:`warm` returns a :class:`~bridge.warm.report.WarmReport`; :func:`run` is the command
+:func:`warm` returns a :class:`~bridge.warm.outcomes.WarmReport`; :func:`run` is the command
 (summary or ``--json`` document, exit code); :func:`compile_record` and
 :func:`compile_manifest` are the programmatic forms for one record and for a whole manifest.
 """
@@ -19,7 +19,7 @@ from kernelcache import CacheError, Store
 
 from ..caches import as_cache
 from ..call import binding
-from ..call.kernels import decompose
+from ..call.kernel_objects import decompose
 from ..compile.compiler import output_to_stderr
 from ..compile.fetch import fetch
 from ..errors import KernelArgumentError, RootError
@@ -34,9 +34,9 @@ from .manifest import (
     load_manifest,
     revive,
 )
-from .plan import make_plan
+from .outcomes import WarmProblem, WarmReport, merged
+from .planning import make_plan
 from .pool import CRASHED, UNSTORED, can_fork, default_workers, execute
-from .report import WarmProblem, WarmReport, merged
 
 if TYPE_CHECKING:
     from ..caches import CacheArg

@@ -26,7 +26,7 @@ from ..call.binding import ArgArray
 from ..errors import KernelArgumentError, ManifestError
 from ..lowering.record import RECORD_VERSION
 from ..vendors.targets import Target
-from .report import WarmProblem
+from .outcomes import WarmProblem
 
 # -- importing kernels ----------------------------------------------------------------------
 #: a dotted Python name (module path or qualified name)

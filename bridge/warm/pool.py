@@ -4,7 +4,7 @@ Workers are forked from the planning process, so they share its imported Triton 
 identities (see :func:`can_fork`); each re-binds its job and checks that the key is still the
 planned one before compiling. A worker exits as soon as the process that forked it is gone.
 A crash of Triton's compiler fails only its job (the compile runs in a compiler process of its
-own, :mod:`bridge.compile.process`: the kernel is left out). A worker that dies (a crash
+own, :mod:`bridge.compile.compiler_process`: the kernel is left out). A worker that dies (a crash
 outside the compiler, or killed for memory) breaks the pool: every job it left unfinished then
 runs again on its own, so the culprit is named.
 
@@ -36,8 +36,8 @@ from ..compile.fetch import KernelBinary, Request, fetch_each, request
 from ..errors import LeftOut
 from ..identity.specialize import Specialization
 from ..vendors.targets import parse_target
-from .plan import Job, kernel_parts, present, specialization
-from .report import WarmOutcome
+from .outcomes import WarmOutcome
+from .planning import Job, kernel_parts, present, specialization
 
 if TYPE_CHECKING:
     from kernelcache import Cache

@@ -9,7 +9,7 @@ code is embedded (:meth:`Vendor.embed_modes`, :meth:`Vendor.auto_embed`). The de
 vendor with none of these particularities; :mod:`.cuda` and :mod:`.hip` override them.
 
 Invariants: a vendor is a singleton, compared by identity and pickled by name (see
-:mod:`.registry`); the modules of this folder are the only ones of the bridge that compare
+:mod:`.vendor_registry`); the modules of this folder are the only ones of the bridge that compare
 vendor, backend or platform names. Nothing here imports jax or triton at import time.
 """
 
@@ -38,7 +38,7 @@ def file_row(path: str, name: str) -> list[Any]:
 
 @dataclass(frozen=True)
 class Driver:
-    """A vendor's GPU driver API, as measuring launches through it (:mod:`bridge.tune.launch`):
+    """A vendor's GPU driver API, as measuring launches through it (:mod:`bridge.tune.jaxlib_launch`):
     the shared library, the names of the functions it calls, and jaxlib's Triton module for the
     platform (in ``jax._src.lib.gpu_triton``)."""
 

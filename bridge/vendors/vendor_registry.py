@@ -12,9 +12,9 @@ import copyreg
 from typing import Any
 
 from ..errors import TargetError
-from .base import Arch, Vendor
 from .cuda import CUDA
 from .hip import HIP
+from .vendor import Arch, Vendor
 
 _registry: dict[str, Vendor] = {}
 

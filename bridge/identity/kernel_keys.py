@@ -2,7 +2,7 @@
 
 Ingredients, named one by one and listed once, in :data:`STEPS`:
 the compiler's identity (what ``triton_key()`` hashes, digested with xxh3 and memoized across
-processes: see :mod:`bridge.identity.compiler`), the kernel's code as :mod:`bridge.identity.jit`
+processes: see :mod:`bridge.identity.compiler_identity`), the kernel's code as :mod:`bridge.identity.jit`
 describes it (by content: everything its frontend can read), the signature and specialization,
 every constexpr described exactly (:func:`bridge.identity.jit.constant`, never by its ``str``),
 the backend's identity (``backend.hash()``: the target and, on CUDA, the ptxas version), the
@@ -19,7 +19,7 @@ way to the IR's digest (:mod:`bridge.identity.frontend`), everything else is the
 Invariants: the same call in any process on any machine with the same software gets the same
 key; any change that can change the binary changes it. Every ingredient but the kernel's own
 (code, signature, constexprs, IR) is a property of the process, the target and the options,
-computed by the functions a lowering key is made of too (:mod:`bridge.lowering.keys`), so a
+computed by the functions a lowering key is made of too (:mod:`bridge.lowering.lowering_keys`), so a
 stored lowering never outlives a change of the kernels it embeds.
 
 Each entry records the components, so that a miss can be explained by the ingredients that
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import Undescribable
 from ..vendors.targets import Target
 from . import environment
-from .compiler import backend_identity, triton_identity
+from .compiler_identity import backend_identity, triton_identity
 from .jit import constant, identity
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..call.binding import expand_variants
-from ..call.kernels import KernelParts, decompose
+from ..call.kernel_objects import KernelParts, decompose
 from ..call.plain import source_digest
 from ..entries import decisions
 from ..entries.failures import remembered
@@ -25,7 +25,7 @@ from ..identity.specialize import Specialization, specialize, specialize_call
 from ..vendors.backends import check_options
 from ..vendors.targets import Target
 from .manifest import Manifest, RecordedCall, import_kernel
-from .report import WarmOutcome, WarmProblem
+from .outcomes import WarmOutcome, WarmProblem
 
 if TYPE_CHECKING:
     from kernelcache import Cache

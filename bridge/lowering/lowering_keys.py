@@ -39,10 +39,10 @@ from ..call.placeholders import dtype_name
 from ..compile import ptxisa
 from ..entries.lowerings import FORMAT
 from ..errors import Unkeyable
-from ..identity import compiler, environment, jit
-from ..identity.keys import PIPELINE_VERSION
+from ..identity import compiler_identity, environment, jit
+from ..identity.kernel_keys import PIPELINE_VERSION
 from ..vendors import backends
-from ..vendors.base import file_row
+from ..vendors.vendor import file_row
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -152,7 +152,7 @@ def context(target: Target, embed: str, jaxlib: str, device: Any, cache: Cache) 
             [
                 __version__,
                 PIPELINE_VERSION,
-                compiler.triton_fingerprint(),
+                compiler_identity.triton_fingerprint(),
                 target.vendor.backend_fingerprint(target.arch),
                 environment.digest(cache),
                 backends.default_fp_fusion(),

@@ -10,7 +10,7 @@ itself (:data:`kernelcache.schema.LAUNCH_CHECKS`), covers them by the entry dige
 declares only what is its own: a stricter check of ``target`` (a target it knows), and the
 fields that describe an entry without being launched with.
 
-``components`` (the ingredients of the entry's key, see :func:`bridge.identity.keys.key_components`)
+``components`` (the ingredients of the entry's key, see :func:`bridge.identity.kernel_keys.key_components`)
 only explains misses: nothing is launched with it, so the digest does not cover it, and an entry
 without it (written by an earlier version) is served all the same.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 from kernelcache import schema
 
-from ..vendors.registry import parse_name
+from ..vendors.vendor_registry import parse_name
 
 
 def _target(value: Any) -> str | None:

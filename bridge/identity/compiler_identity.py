@@ -5,7 +5,7 @@ of every file it reads) with xxh3-128. It is memoized in the kernel cache (:mod:
 under the *file identity* of the installed Triton: the relative path, size and modification time
 of each of those files, so reinstalling or editing Triton recomputes it. A backend whose
 ``hash()`` reads more (ptxas on CUDA) is memoized the same way, keyed by the fingerprint its
-vendor gives (:meth:`~bridge.vendors.base.Vendor.backend_fingerprint`).
+vendor gives (:meth:`~bridge.vendors.vendor.Vendor.backend_fingerprint`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import sysconfig
 from typing import TYPE_CHECKING, Any
 
 from ..entries.memos import memoized
-from ..vendors.base import file_row
 from ..vendors.targets import Target
+from ..vendors.vendor import file_row
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -28,7 +28,7 @@ _VERSION = 1
 
 
 def _package_rows(directory: str, package: str, rows: list[list[Any]]) -> None:
-    """Append the rows (:func:`~bridge.vendors.base.file_row`) of the Python files of ``package`` (at
+    """Append the rows (:func:`~bridge.vendors.vendor.file_row`) of the Python files of ``package`` (at
     ``directory``) and of its sub-packages (directories with ``__init__.py``, as
     ``pkgutil.walk_packages`` finds them; not ``__pycache__``, which never is one), in name
     order."""
@@ -47,7 +47,7 @@ def _package_rows(directory: str, package: str, rows: list[list[Any]]) -> None:
 
 
 def _triton_rows() -> tuple[str, list[list[Any]]]:
-    """Triton's directory, and the row (:func:`~bridge.vendors.base.file_row`) of every file ``triton_key()``
+    """Triton's directory, and the row (:func:`~bridge.vendors.vendor.file_row`) of every file ``triton_key()``
     reads (plus the ``__init__.py`` of the packages it walks); one pass over the files."""
     import triton
 
@@ -134,7 +134,7 @@ def triton_identity(cache: Cache | None) -> str:
 
 def backend_identity(cache: Cache | None, target: Target, backend: Any) -> str:
     """``backend.hash()`` for ``target``; where the vendor names what it reads besides Triton's
-    files (:meth:`~bridge.vendors.base.Vendor.backend_fingerprint`: ptxas on CUDA), memoized
+    files (:meth:`~bridge.vendors.vendor.Vendor.backend_fingerprint`: ptxas on CUDA), memoized
     under that."""
     fp = target.vendor.backend_fingerprint(target.arch)
     if fp is None:

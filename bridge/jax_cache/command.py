@@ -2,7 +2,7 @@
 compilation cache.
 
 The command shows JAX's cache directory and prunes it by size or age under JAX's own lock
-(:mod:`bridge.jax_cache` reads JAX's format). Neither the command nor the report imports jax or
+(:mod:`.directory` reads JAX's format). Neither the command nor the report imports jax or
 triton: the report reads the environment a job would start with.
 """
 
@@ -89,16 +89,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
     """``kernelcache jax-cache``: JAX's cache directory, and a prune of it under JAX's lock
-    (see :mod:`bridge.jax_cache`; needs neither jax nor triton)."""
+    (see :mod:`.directory`; needs neither jax nor triton)."""
     import os
     import time
 
-    from .. import jax_cache
+    from .directory import plan_jax_prune, prune_jax_cache, scan_jax_cache
+    from .enable import default_dir
 
     given = args.dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    directory = os.path.abspath(
-        os.path.expanduser(given) if given else jax_cache.default_dir(root_of(args))
-    )
+    directory = os.path.abspath(os.path.expanduser(given) if given else default_dir(root_of(args)))
     fills = (
         "a job fills it once it calls bridge.enable_jax_cache() (or runs with "
         "JAX_COMPILATION_CACHE_DIR set)"
@@ -109,12 +108,10 @@ def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
             f"JAX_COMPILATION_CACHE_DIR; {fills})"
         )
     exists = os.path.isdir(directory)  # the default one: none yet on a fresh set-up
-    entries, stray = jax_cache.scan_jax_cache(directory) if exists else ([], [])
+    entries, stray = scan_jax_cache(directory) if exists else ([], [])
     pruning = args.max_size is not None or args.max_age is not None
     doomed = (
-        jax_cache.plan_jax_prune(entries, max_size=args.max_size, max_age=args.max_age)
-        if pruning
-        else []
+        plan_jax_prune(entries, max_size=args.max_size, max_age=args.max_age) if pruning else []
     )
     if not pruning:
         stray = []  # showing only
@@ -122,7 +119,7 @@ def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
     if (doomed or stray) and not args.dry_run:
         try:
             with out.progress("pruning", len(doomed)) as tick:
-                removed, freed = jax_cache.prune_jax_cache(directory, doomed, stray, progress=tick)
+                removed, freed = prune_jax_cache(directory, doomed, stray, progress=tick)
         except (TimeoutError, OSError) as e:
             raise UsageError(f"nothing was removed: {e}") from None
     now = time.time()

@@ -8,7 +8,7 @@ the same message, loads the same module image, zeroes the same outputs, allocate
 global scratch and encodes the same TMA descriptors), and measuring compiles no program.
 
 The driver is reached through ``ctypes``, by the names its vendor declares
-(:class:`bridge.vendors.base.Driver`): the stream and events live in the device's primary
+(:class:`bridge.vendors.vendor.Driver`): the stream and events live in the device's primary
 context, the one XLA uses, so the buffers of JAX arrays on that device are valid there. A launch
 jaxlib refuses is reported as :class:`~bridge.errors.Unlaunchable`, without jaxlib's message,
 which the legacy call keeps in a C++ object: the caller asks a compiled program for it.
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import Unlaunchable
-from ..vendors import registry
-from ..vendors.base import Driver
+from ..vendors import vendor_registry
+from ..vendors.vendor import Driver
 
 #: the legacy call's status: jaxlib writes a failure into it; zeroed room for any layout
 _STATUS_BYTES = 128
@@ -46,7 +46,7 @@ def _driver(platform: str) -> tuple[Driver, Any, Any]:
     Raises:
         Unlaunchable: the platform, its driver or jaxlib's legacy kernel call is missing.
     """
-    vendor = registry.by_platform(platform)
+    vendor = vendor_registry.by_platform(platform)
     api = vendor.driver if vendor is not None else None
     if api is None:
         raise Unlaunchable(f"no direct launches on {platform!r}")

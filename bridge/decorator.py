@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .api import triton_call
-from .call.kernels import decompose
+from .call.kernel_objects import decompose
 from .errors import KernelArgumentError
 
 
