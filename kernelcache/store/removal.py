@@ -221,7 +221,7 @@ class Removal:
     lock_timeout: float
     _memo: dict[str, tuple[dict[str, Any], float]]
 
-    if TYPE_CHECKING:  # provided by Store
+    if TYPE_CHECKING:  # provided by Store (read and _load_metadata: by its Reading)
 
         def lock(self, key: str, *, shared: bool, timeout: float | None = None) -> Held | None: ...
 

@@ -1,7 +1,8 @@
 """One cache root on disk: the storage format, atomic publication, verified reads, quarantine.
 
 (The layout of a root: :mod:`kernelcache.store.layout`; whose files are served:
-:mod:`kernelcache.store.trust`; the locks: :mod:`kernelcache.store.locks`.)
+:mod:`kernelcache.store.trust`; the locks: :mod:`kernelcache.store.locks`; what a store reads:
+:mod:`kernelcache.store.reading`; what it removes: :mod:`kernelcache.store.removal`.)
 
 Guarantees across processes and hosts sharing a root:
 
@@ -36,54 +37,31 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
-import math
 import os
-import stat
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from ..config import DEFAULTS, Settings, settings
 from ..errors import CacheError, LockTimeout, LockUnavailable, WrongExt
-from ..fsio import READ_FLAGS, read_exact
 from ..keys import META_EXT, check_ext, check_key
 from ..problem import Problem
 from ..process import warn_once
-from ..schema.contract import entry_problem, require_whole
+from ..schema.contract import require_whole
 from ..schema.document import encode_metadata, make_metadata, written_document
-from ..schema.format import digest
-from .entry import (
-    MEMO_ENTRIES,
-    TOUCH_INTERVAL,
-    Artifact,
-    as_bytes,
-    make_artifact,
-    stale_stamp,
-)
-from .layout import (
-    NOT_VISIBLE,
-    TMP_DIR,
-    open_subdir,
-    read_metadata,
-    resolve_root,
-    unservable,
-)
+from .entry import Artifact, as_bytes
+from .layout import TMP_DIR, open_subdir, resolve_root
 from .locks.budget import WaitBudget
 from .locks.locker import Held, Locker
 from .publish import stage, write_error
+from .reading import Reading
 from .removal import Removal
 from .trust import TrustPolicy, check_policy
 
 logger = logging.getLogger(__name__)
 
-#: how much of the contract of an entry a read of an artifact checks: its digest only (a
-#: document remembered with bytes found whole), what a read checks (``full=False``), all of it
-DIGEST_ONLY, CHEAP, FULL = 0, 1, 2
 
-
-class Store(Removal):
+class Store(Reading, Removal):
     """One root directory. ``readonly`` stores are only read: no lock, touch or quarantine.
 
     Thread-safe and process-safe; see the module docstring for the guarantees.
@@ -179,172 +157,6 @@ class Store(Removal):
                 e,
             )
             return None
-
-    # -- reading --------------------------------------------------------------------------
-    def read(
-        self, key: str, ext: str | None = None, *, fresh: bool = False
-    ) -> Artifact | Problem | None:
-        """Read and verify an entry; None if it does not exist (or is being deleted).
-
-        The artifact is read under a shared ``flock`` on its own descriptor: deleting or
-        quarantining an entry takes that lock exclusively first, so nothing is removed while
-        it is being read, and a reader never waits for another reader. ``ext=None`` accepts
-        whatever extension the entry has. A Problem with ``corrupt=False`` means the key holds
-        another extension than the one asked for.
-
-        The metadata, once read and checked, is remembered per process: a later read of the key
-        opens only the artifact, and verifies its size, trust and digest against the remembered
-        document (what is returned is always a verified pair). Where the artifact no longer
-        matches it (the entry was replaced, repaired or removed), or the last-used stamp is due
-        (:data:`TOUCH_INTERVAL`), the metadata is read from disk again; ``fresh`` always does.
-        An entry read with its metadata from disk is checked against the contract of an entry
-        (:func:`~kernelcache.schema.entry_problem`, less the PTX text scan) before its document
-        is remembered: a remembered document names bytes found whole.
-        """
-        if not fresh:
-            memo = self._memo.get(key)
-            if memo is not None and time.time() < memo[1]:
-                found = self._read_artifact(key, ext, memo[0], self._policy, self._read_locks)
-                if not isinstance(found, Problem) or not found.corrupt:
-                    return found
-        loaded = self._load_metadata(key)
-        if not isinstance(loaded, tuple):
-            self._memo.pop(key, None)
-            return loaded
-        doc, stamp = loaded
-        found = self._read_artifact(key, ext, doc, self._policy, self._read_locks, contract=CHEAP)
-        if not isinstance(found, Artifact):
-            self._memo.pop(key, None)
-            return found
-        if len(self._memo) >= MEMO_ENTRIES:
-            self._memo.clear()
-        if self.readonly:
-            due = math.inf  # never touched: read again only when the artifact does not match
-        elif stale_stamp(stamp):
-            self._touch(key)
-            due = time.time() + TOUCH_INTERVAL
-        else:
-            due = stamp + TOUCH_INTERVAL
-        self._memo[key] = (doc, due)
-        return found
-
-    def inspect(
-        self, key: str, ext: str | None = None, *, any_owner: bool = False, whole: bool = False
-    ) -> Artifact | Problem | None:
-        """:meth:`read` straight from disk, leaving no trace: no reader's lock, no last-used
-        stamp refreshed, nothing remembered. With ``any_owner`` the trust policy is not
-        applied: what the entry is, whoever wrote it (as prune re-checks what it planned).
-        The contract of an entry (:func:`~kernelcache.schema.entry_problem`) is checked as a
-        read checks it, and with ``whole`` in full (the PTX text scan too): what ``verify``
-        runs."""
-        policy = None if any_owner else self._policy
-        loaded = read_metadata(self.meta_path(key), key, trust=policy, not_visible=NOT_VISIBLE)
-        if not isinstance(loaded, tuple):
-            return loaded
-        contract = FULL if whole else CHEAP
-        return self._read_artifact(key, ext, loaded[0], policy, False, contract=contract)
-
-    def _read_artifact(
-        self,
-        key: str,
-        ext: str | None,
-        doc: dict[str, Any],
-        policy: TrustPolicy | None,
-        lock: bool,
-        *,
-        contract: int = DIGEST_ONLY,
-    ) -> Artifact | Problem | None:
-        """Read and verify the artifact that the metadata ``doc`` describes, under a shared
-        flock if ``lock``, applying ``policy`` (None: none); with ``contract`` :data:`CHEAP`
-        or :data:`FULL`, also the contract of an entry
-        (:func:`~kernelcache.schema.entry_problem`, ``full`` or not)."""
-        stored_ext = doc["ext"]
-        if ext is not None and stored_ext != ext:
-            return Problem(
-                key,
-                f"key holds a .{stored_ext} artifact, not .{ext}",
-                corrupt=False,
-                ext=stored_ext,
-            )
-        path = f"{self._prefix}{key}.{stored_ext}"  # self.path(), inline: the hot path
-        try:
-            afd = os.open(path, READ_FLAGS)
-        except FileNotFoundError:
-            return Problem(key, "artifact missing")
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.EMLINK):
-                return Problem(key, "artifact is a symlink")
-            return Problem(key, f"artifact unreadable: {e.strerror}")
-        try:
-            if lock:
-                try:
-                    fcntl.flock(afd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return None  # being deleted or quarantined right now
-                except OSError:
-                    self._read_locks = False  # no flock here: digests still protect reads
-            ast = os.fstat(afd)
-            if not stat.S_ISREG(ast.st_mode) or (policy is not None and not policy.may_serve(ast)):
-                refused = unservable(key, ast, "artifact", policy)
-                if refused is not None:
-                    return refused
-            if ast.st_size != doc["size"]:
-                return Problem(
-                    key, f"artifact has {ast.st_size} bytes, metadata says {doc['size']}"
-                )
-            data = read_exact(afd, doc["size"])
-        except OSError as e:
-            return Problem(key, f"artifact unreadable: {e.strerror}")
-        finally:
-            os.close(afd)
-        if data is None:
-            return Problem(key, "artifact changed size while being read")
-        if digest(data) != doc["digest"]:
-            return Problem(key, "artifact digest mismatch")
-        if contract:
-            reason = entry_problem(stored_ext, data, doc, full=contract == FULL)
-            if reason is not None:
-                return Problem(key, reason)
-        return make_artifact(
-            key, stored_ext, data, path, doc, "readonly" if self.readonly else "local"
-        )
-
-    def _load_metadata(self, key: str) -> tuple[dict[str, Any], float] | Problem | None:
-        """Read and check ``<key>.json``; return (doc, mtime), a Problem or None. (Only
-        :meth:`read` remembers a document: once the artifact it names was found whole.)"""
-        loaded = read_metadata(
-            self.meta_path(key), key, trust=self._policy, not_visible=NOT_VISIBLE
-        )
-        if not isinstance(loaded, tuple):
-            return loaded
-        return loaded[0], loaded[1].st_mtime
-
-    def get(self, key: str, ext: str) -> Artifact | Problem | None:
-        """Read an entry; if it looks corrupt, re-check it under the key's lock and quarantine it.
-
-        Returns the Artifact, a Problem (not served: corrupt and quarantined, or the key holds
-        another ext), or None (no entry). Raises ValueError for a malformed key or ext.
-        """
-        check_key(key)
-        check_ext(ext)
-        return self.get_checked(key, ext)
-
-    def get_checked(
-        self, key: str, ext: str, *, wait: float | WaitBudget | None = None
-    ) -> Artifact | Problem | None:
-        """:meth:`get` for a key and ext the caller has already validated; a repair waits at
-        most ``wait`` seconds in all (or what is left of that budget; None: the lock
-        timeout)."""
-        result = self.read(key, ext)
-        if isinstance(result, Problem) and result.corrupt:
-            if isinstance(wait, WaitBudget):
-                wait = wait.remaining()
-            return self.repair(key, ext, wait=wait)
-        return result
-
-    def _touch(self, key: str) -> None:
-        with contextlib.suppress(OSError):
-            os.utime(self.meta_path(key), follow_symlinks=False)
 
     # -- writing --------------------------------------------------------------------------
     def _root_fd(self) -> int:
