@@ -28,8 +28,9 @@ from typing import Any
 
 from .. import stats
 from ..process import warn_once
-from .base import logger, no_release, tier_label
+from .base import logger, tier_label
 from .codec import check_entry
+from .leases import no_release
 from .tier import SPARSE_EXTS, Busy, Claim, RemoteTier, try_lock, wait_for
 
 #: copies waiting to be made at most; more are dropped (a later hit copies them again)

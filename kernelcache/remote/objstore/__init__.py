@@ -36,8 +36,9 @@ from typing import Any
 
 from ...keys import group_of
 from ...process import HOST
-from ..base import TierBase, no_release
+from ..base import TierBase
 from ..codec import REMOTE_FORMAT
+from ..leases import no_release
 from ..tier import Busy, Claim
 from ..url import redact
 from .location import parse_object_url

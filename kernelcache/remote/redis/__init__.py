@@ -38,7 +38,8 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...process import HOST
-from ..base import TierBase, logger, no_release
+from ..base import TierBase, logger
+from ..leases import no_release
 from ..tier import Busy, Claim
 from ..url import cluster_nodes, parse_url, redact, scrub, secrets_of
 from .bounds import Budget
