@@ -293,7 +293,7 @@ class _Configs:
         ]
 
         def usable(spec: specialize.Specialization) -> specialize.Usable | None:
-            n = messages.host_descriptor_count(call, spec, jaxlib)
+            n = messages.host_descriptor_count(call, spec.bound, spec.target, jaxlib)
             return (lambda meta: messages.descriptor_meta(meta, n) is not None) if n else None
 
         self.found = variants.Variants(self.every, cache, device=device, usable=usable, memo=_memo)
@@ -302,7 +302,7 @@ class _Configs:
         """Variant ``index``'s config message, and whether it needs a module image."""
         call, spec = self.call, self.every[index]
         bound = spec.bound
-        n_desc = messages.host_descriptor_count(call, spec, self.jaxlib)
+        n_desc = messages.host_descriptor_count(call, bound, self.target, self.jaxlib)
         kb = self.found.kernel(index)
         desc_meta = messages.descriptor_meta(kb.meta, n_desc) if n_desc else []
         if desc_meta is None:

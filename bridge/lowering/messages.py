@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
     from ..call.tracing import CallSpec
     from ..compile.fetch import KernelBinary
-    from ..identity.specialize import Specialization
     from ..vendors.targets import Target
 
 
@@ -204,11 +203,10 @@ def parameters(
     return params
 
 
-def host_descriptor_count(call: CallSpec, spec: Specialization, jaxlib: str) -> int:
-    """How many host-side descriptors ``spec`` takes, after checking the target and jaxlib can
-    pass them."""
-    n = sum(leaf.is_descriptor for leaf in spec.bound.leaves)
-    target = spec.target
+def host_descriptor_count(call: CallSpec, bound: binding.Bound, target: Target, jaxlib: str) -> int:
+    """How many host-side descriptors a call bound as ``bound`` takes, after checking
+    ``target`` and jaxlib can pass them."""
+    n = sum(leaf.is_descriptor for leaf in bound.leaves)
     if n and not target.vendor.host_tma(target.arch):
         raise KernelArgumentError(
             f"{call.parts.qualname} takes a tensor descriptor, which jaxlib passes as a TMA "
