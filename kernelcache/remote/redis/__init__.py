@@ -17,11 +17,10 @@ Invariants (docs/remote.md says more):
   retried within a call, and a failure or timeout opens a circuit breaker for ``breaker``
   seconds. Each kind of failure is warned about once per process.
 * On a cluster, a call for a key goes to the primary that serves the key's slot, and to no
-  other: redis-py's cluster client is used for the slot map only. A primary that fails (killed,
+  other (:mod:`.cluster`: the slot map, failovers, fallbacks). A primary that fails (killed,
   stopped, refusing) opens the breaker of its shard alone; the keys of the other shards keep
   their reads, writes and locks. Scripts are loaded where they run (``EVALSHA``, else
-  ``EVAL``), never on every primary. The slot map is read again when a shard's breaker closes
-  (a failover may have moved its slots) and after a ``MOVED`` reply.
+  ``EVAL``), never on every primary.
 * redis-py is optional, imported when a tier is used.
 """
 
@@ -29,7 +28,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import threading
 import time
 import uuid
@@ -41,10 +39,11 @@ from ...process import HOST
 from ..base import TierBase, logger
 from ..leases import no_release
 from ..tier import Busy, Claim
-from ..url import cluster_nodes, parse_url, redact, scrub, secrets_of
+from ..url import parse_url, redact, scrub, secrets_of
 from .bounds import Budget
-from .clients import node_client, server_client
-from .names import count_entries, entry_name, fallback_names, first_slot_map, spare_name
+from .clients import server_client
+from .cluster import Cluster
+from .names import count_entries, entry_name
 from .scripts import (
     ACQUIRED,
     BROKEN,
@@ -52,16 +51,11 @@ from .scripts import (
     REPLY_LIMIT,
     SCRIPTS,
     SHAS,
-    UNSERVED,
     holder_of,
     milliseconds,
-    serving,
 )
 
 USAGE_SCAN_LIMIT = 100_000
-#: while a cluster's shard is down, how often its slot map is read again (a replica that took
-#: its slots over serves them from then on)
-FAILOVER_POLL = 0.5
 
 
 class RedisTier(TierBase):
@@ -122,12 +116,12 @@ class RedisTier(TierBase):
         self._client_lock = threading.Lock()
         #: a single server's client (made here: it checks the options, and does not connect)
         self._single: Any = None if self.cluster else self._make_client()
-        #: a cluster's slot map: sorted (first slot, last slot, primary), read at the first call
-        self._slots: list[tuple[int, int, str]] | None = None
-        #: a cluster's primaries by "host:port": their clients
-        self._primaries: dict[str, Any] = {}
-        #: when the slot map may be read again while a shard is down (see :meth:`_route`)
-        self._next_refresh = 0.0
+        #: a cluster's slot map and primaries
+        self._cluster = (
+            Cluster(address, opts, self._budget, self._errors, self.url, self._down, self._lock)
+            if self.cluster
+            else None
+        )
 
     def _make_client(self) -> Any:
         """A single server's redis-py client (:func:`.clients.server_client`)."""
@@ -136,78 +130,19 @@ class RedisTier(TierBase):
         except (ValueError, TypeError) as e:
             raise ConfigError(f"remote URL {self.url!r}: {scrub(str(e), self._secrets)}") from None
 
-    def _primary(self, name: str) -> Any:
-        """The client of a cluster's node ``name`` ("host:port"), made once (it connects at
-        its first command)."""
-        with self._client_lock:
-            client = self._primaries.get(name)
-            if client is None:
-                client = node_client(self._address, name, self.options, self._budget)
-                self._primaries[name] = client
-            return client
-
-    def _topology_budget(self) -> float:
-        """Seconds to read a cluster's slot map: each node it knows may be tried in turn."""
-        opts = self.options
-        per_node = (opts.connect_timeout or opts.timeout) + opts.timeout
-        return per_node * max(len(cluster_nodes(self._address)), len(self._primaries))
-
-    def _read_slots(self) -> list[tuple[int, int, str]]:
-        """A cluster's slot map (``CLUSTER SLOTS``) from the first node that answers, the
-        nodes of the URL and the primaries known tried in a random order, within
-        :meth:`_topology_budget`.
-
-        Raises:
-            what redis-py raises when no node answers (the last failure).
-        """
-        names = {f"{host}:{port}" for host, port in cluster_nodes(self._address)}
-        names.update(self._primaries)
-        now = time.monotonic()
-        order = random.sample(sorted(names), len(names))
-        order.sort(key=lambda name: now < self._down.get(name, 0.0))  # those known down last
-        budget = self._budget
-        budget.deadline = time.monotonic() + self._topology_budget()
-
-        def ask(name: str) -> Any:
-            budget.left = REPLY_LIMIT
-            return self._primary(name).execute_command("CLUSTER SLOTS")
-
-        try:
-            return first_slot_map(order, ask, self._errors)
-        finally:
-            budget.deadline = budget.left = None
-
     def _route(self, key: str | None, name: str | None = None) -> tuple[Any, str]:
         """``(the client that serves key, its shard)``: the tier's client and "" on a single
-        server; on a cluster, the client of the primary that serves the key's slot and that
-        primary's ``host:port`` (for ``key`` None, any primary), or ``(None, UNSERVED)`` for
-        a slot the map gives no primary (a failed one may be left out). The slot map is read
-        at the first call, and again as :meth:`name` says.
+        server; on a cluster, :meth:`.cluster.Cluster.route` of the key's Redis key (``name``,
+        default: :meth:`name`; ``key`` None: any primary).
 
         Raises:
             what redis-py raises, or ValueError, when the slot map cannot be read.
         """
-        if not self.cluster:
+        if self._cluster is None:
             return self._single, ""
-        if self._slots is None:
-            slots = self._read_slots()
-            with self._client_lock:
-                self._slots = slots
-        slots = self._slots
         if key is None:
-            return self._primary(slots[0][2]), slots[0][2]
-        shard = serving(self._slots or slots, name or self.name(key))  # (name() may read it)
-        return (None if shard == UNSERVED else self._primary(shard)), shard
-
-    def _refresh_slots(self) -> None:
-        """Read a cluster's slot map again; a failure keeps the map it had."""
-        try:
-            slots = self._read_slots()
-        except (self._errors.RedisError, OSError) as e:
-            logger.debug("kernelcache: %s: slot map not read again: %r", self.url, e)
-            return
-        with self._client_lock:
-            self._slots = slots
+            return self._cluster.route(None)
+        return self._cluster.route(lambda: name or self.name(key))
 
     def _eval(self, client: Any, script: str, keys: list[str], args: list[Any]) -> Any:
         """Run one of the tier's scripts on ``client``, loading it there if it lacks it."""
@@ -219,9 +154,10 @@ class RedisTier(TierBase):
     def close(self) -> None:
         """Close the connections (the tier reconnects if used again)."""
         with self._client_lock:
-            for client in [self._single, *self._primaries.values()]:
-                if client is not None:
-                    client.close()
+            if self._single is not None:
+                self._single.close()
+        if self._cluster is not None:
+            self._cluster.close()
 
     # -- failure policy -------------------------------------------------------------------
     def _failed(self, what: str, e: BaseException, overrun: bool, shard: str, client: Any) -> None:
@@ -278,9 +214,9 @@ class RedisTier(TierBase):
             result, error, overrun = self._attempt(client, fn, *args, limit=limit)
             if error is None:
                 return result, False
-            if not (self.cluster and isinstance(error, self._errors.MovedError)):
+            if self._cluster is None or not isinstance(error, self._errors.MovedError):
                 break
-            self._refresh_slots()
+            self._cluster.refresh()
         assert error is not None
         self._failed(what, error, overrun, shard, client)
         return None, True
@@ -308,12 +244,12 @@ class RedisTier(TierBase):
             client, _ = self._route(None)
         except (self._errors.RedisError, OSError, ValueError) as e:
             return self._shown(e)
-        if not self.cluster:
+        if self._cluster is None:
             error = self._attempt(client, lambda c: c.ping())[1]
             return None if error is None else self._shown(error)
         down = []
-        for name in sorted({name for _, _, name in self._slots or ()}):
-            error = self._attempt(self._primary(name), lambda c: c.ping())[1]
+        for name in self._cluster.primaries():
+            error = self._attempt(self._cluster.primary(name), lambda c: c.ping())[1]
             if error is not None:
                 down.append(f"{name}: {self._shown(error)}")
         return "; ".join(down) or None
@@ -342,43 +278,22 @@ class RedisTier(TierBase):
         """The Redis key of an entry (on a cluster, the key's group is a hash tag: the entry,
         its lock, the entry's name plus ``:lock``, and the companions derived from its key
         share one slot). While the shard of that slot is down, the group's fallback on a shard
-        that is up: so the processes of every node keep one builder per key, and read what
-        it published, until the shard is back (or a replica took its slots over)."""
-        home = entry_name(self.options.prefix, key, self.cluster)
-        if not self.cluster or self._slots is None or not self._shard_down(home):
-            return home
-        fallback = fallback_names(self.options.prefix, key)
-        return next((n for n in fallback if not self._shard_down(n, refresh=False)), home)
-
-    def _shard_down(self, name: str, *, refresh: bool = True) -> bool:
-        """Whether the shard that serves the Redis key ``name`` is known down (its breaker
-        is open). With ``refresh``, the slot map is read again when that breaker has
-        closed, and at most every :data:`FAILOVER_POLL` seconds while it is open: a replica
-        may have taken the shard's slots over."""
-        slots = self._slots
-        if not slots:
-            return False
-        shard = serving(slots, name)
-        until = self._down.get(shard)
-        if until is None:
-            return False
-        now = time.monotonic()
-        if refresh and (now >= until or now >= self._next_refresh):
-            if now >= until:
-                with self._lock:
-                    self._down.pop(shard, None)
-            self._next_refresh = now + FAILOVER_POLL
-            self._refresh_slots()
-            shard = serving(self._slots or slots, name)
-            until = self._down.get(shard)
-        return until is not None and time.monotonic() < until
+        that is up (:meth:`.cluster.Cluster.name`): so the processes of every node keep one
+        builder per key, and read what it published, until the shard is back (or a replica
+        took its slots over)."""
+        if self._cluster is None:
+            return entry_name(self.options.prefix, key, False)
+        return self._cluster.name(self.options.prefix, key)
 
     def _fetch(self, key: str) -> tuple[bytes | int | None, bool]:
         """The entry at :meth:`name`; on a cluster, a miss at home is looked up once more in
-        the group's spare (:meth:`_spare`): what was published there while the home shard
-        was down, before a replica took its slots over, is found and copied home."""
+        the group's spare (:meth:`.cluster.Cluster.spare`): what was published there while
+        the home shard was down, before a replica took its slots over, is found and copied
+        home."""
         name, (found, failed) = self._moving(key, lambda at: self._get(key, at))
-        spare = None if found is not None or failed else self._spare(key, name)
+        spare = None
+        if self._cluster is not None and found is None and not failed:
+            spare = self._cluster.spare(self.options.prefix, key, name)
         if spare is None:
             return found, failed
         kept, _ = self._get(key, spare)
@@ -395,15 +310,6 @@ class RedisTier(TierBase):
             "get", key, self._eval, "get", [name], [limit], limit=limit + REPLY_LIMIT, name=name
         )
 
-    def _spare(self, key: str, name: str) -> str | None:
-        """:func:`.names.spare_name` of ``key`` when ``name`` is its home and the spare's
-        shard is not known down, else None."""
-        slots, prefix = self._slots, self.options.prefix
-        if not self.cluster or not slots or name != entry_name(prefix, key, True):
-            return None
-        spare = spare_name(prefix, key, lambda n: serving(slots, n))
-        return None if spare is None or self._shard_down(spare, refresh=False) else spare
-
     def _discard(self, key: str) -> None:
         self._call("delete", key, lambda c: c.delete(self.name(key)))
 
@@ -418,7 +324,7 @@ class RedisTier(TierBase):
         group moved (its fallback), so a request that finds the shard down is not lost."""
         name = self.name(key)
         result = call(name)
-        if result[1] and self.cluster:
+        if result[1] and self._cluster is not None:
             moved = self.name(key)
             if moved != name:
                 return moved, call(moved)
