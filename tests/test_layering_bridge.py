@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 from pathlib import Path
 
@@ -206,15 +207,16 @@ def test_the_stage_of_a_module_is_its_longest_prefix(module, expected):
 
 
 #: what the bridge may import of kernelcache: its public API and the surface it offers packages
-#: built on it (declaring variables, commands, report checks, toolchains, directories, sparse
-#: entry kinds; its schema, keys, errors, formats and helpers for reading files and JSON; the
-#: table of a root and its listing)
+#: built on it. Each is a folder's face (its ``__init__``: ``cli`` for commands, ``config`` for
+#: variables, ``doctor`` for report checks, ``store`` for directories and per-user check records,
+#: ``remote`` for sparse entry kinds, ``schema`` for metadata fields, ``maintenance`` for a
+#: root's scan, ``stats`` for counters) or a foundation module of the top level (keys, errors,
+#: formats, units, the table of a root, helpers for reading files and JSON, toolchains, progress,
+#: the process's host and warnings); never a module inside a folder
 BORDER = frozenset(
     {
         "kernelcache",
         "kernelcache.cli",
-        "kernelcache.cli.common",
-        "kernelcache.cli.output",
         "kernelcache.config",
         "kernelcache.doctor",
         "kernelcache.errors",
@@ -222,10 +224,12 @@ BORDER = frozenset(
         "kernelcache.fsio",
         "kernelcache.jsonio",
         "kernelcache.keys",
-        "kernelcache.maintenance.scan",
+        "kernelcache.maintenance",
         "kernelcache.process",
+        "kernelcache.progress",
         "kernelcache.remote",
         "kernelcache.schema",
+        "kernelcache.stats",
         "kernelcache.store",
         "kernelcache.table",
         "kernelcache.toolchains",
@@ -244,10 +248,30 @@ def kernelcache_imports() -> dict[str, set[str]]:
                 names = [node.module]
             elif isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.startswith("kernelcache")
+            ):  # (a submodule imported by name from its package is that submodule)
+                package = importlib.import_module(node.module)
+                for alias in node.names:
+                    if inspect.ismodule(getattr(package, alias.name, None)):
+                        names.append(f"{node.module}.{alias.name}")
             for name in names:
                 if name == "kernelcache" or name.startswith("kernelcache."):
                     found.setdefault(name, set()).add(str(path.relative_to(REPO)))
     return found
+
+
+def test_the_border_is_faces_and_foundation_modules_only():
+    """Every module of :data:`BORDER` is kernelcache's own face, a folder's face or a module
+    of its top level: the bridge never reaches inside a folder."""
+    for name in BORDER:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        origin = Path(spec.origin).relative_to(REPO)
+        inside = origin.parts[1:-1] if origin.name != "__init__.py" else origin.parts[1:-2]
+        assert not inside, f"{name} is a module inside a folder: import it through the face"
 
 
 def test_the_bridge_uses_kernelcache_only_across_its_declared_border():

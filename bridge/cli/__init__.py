@@ -22,8 +22,17 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from kernelcache.cli import Content, UsageError, add_command, register_content, root_of
-from kernelcache.cli.output import EXIT_OK, EXIT_PROBLEMS, Output, envelope
+from kernelcache.cli import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    Content,
+    Output,
+    UsageError,
+    add_command,
+    envelope,
+    register_content,
+    root_of,
+)
 
 from ..jax_cache import command as jax_cache_command
 

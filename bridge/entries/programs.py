@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache.keys import KEY_PATTERN
 from kernelcache.schema import KERNEL_NAME
-from kernelcache.store import checked
+from kernelcache.store import check_recorded, record_check
 from kernelcache.table import NAME_SEPARATOR
 
 from . import lowerings
@@ -153,14 +153,14 @@ class Program:
             return
         art, items = found
         digest = art.meta.get("digest")
-        if not checked.recorded(self.cache.root, CHECK, art.key, digest):
+        if not check_recorded(self.cache.root, CHECK, art.key, digest):
             if not all(lowerings.whole(item.lowered.opaque) for item in items):
                 PROGRAM.quarantine(
                     self.cache, art, "a program entry holding an opaque that does not inflate"
                 )
                 self._missed, self._start = True, len(self._calls)
                 return
-            checked.record(self.cache.root, CHECK, art.key, digest)
+            record_check(self.cache.root, CHECK, art.key, digest)
         for item in items:
             self._lowered.setdefault((item.key, item.state), item.lowered)
             self._variants.setdefault(item.key, item.variants)
@@ -220,4 +220,4 @@ class Program:
         except (CacheError, ValueError, OSError):
             return
         if art.data == data:  # (its opaques were built or checked here; not another's entry)
-            checked.record(self.cache.root, CHECK, art.key, art.meta.get("digest"))
+            record_check(self.cache.root, CHECK, art.key, art.meta.get("digest"))

@@ -11,16 +11,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kernelcache.cli import UsageError, add_command, root_of
-from kernelcache.cli.common import age_arg, size_arg
-from kernelcache.cli.output import (
+from kernelcache.cli import (
     EXIT_OK,
     Output,
+    UsageError,
+    add_command,
+    age_arg,
     envelope,
     human_age,
-    human_size,
     printable,
+    root_of,
+    size_arg,
 )
+from kernelcache.units import human_size
 
 #: JAX's options of its persistent compilation cache that ``doctor`` shows: (option, shown as);
 #: JAX reads each from the environment variable of its name in capitals

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kernelcache.cli.output import plural
+from kernelcache.cli import plural
 
 #: version of the ``--json`` document (the CLI's schema)
 SCHEMA = 1

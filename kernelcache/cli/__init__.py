@@ -8,7 +8,10 @@ interrupted).
 The command imports neither jax nor triton, so it runs on an operator's machine that has neither.
 
 One protocol for every command: a module exports ``register(subparsers)``, which adds its
-parsers with :func:`add_command` and sets ``func(args, out) -> exit code`` on them. ``args``
+parsers with :func:`add_command` and sets ``func(args, out) -> exit code`` on them. This
+module's names are the whole surface a package adding commands uses (the bridge adds its own):
+the protocol, the exit codes, :class:`Output` and the helpers its commands share (argument
+types, the JSON envelope, human formatting). ``args``
 carries the command's :class:`~.common.Context` (the root and the settings, resolved once;
 :func:`root_of`), ``out`` is the :class:`Output`. The built-in modules are listed in
 :mod:`.app`; other packages add theirs through the entry-point group ``kernelcache.commands``
@@ -26,9 +29,21 @@ from __future__ import annotations
 
 from ..errors import CommandFailed, UsageError
 from .app import main, run
-from .common import add_command, parse_age, parse_size, root_of
+from .common import add_command, age_arg, parse_age, parse_size, root_of, size_arg
 from .listing import Content, register_content
-from .output import EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, SCHEMA, Output
+from .output import (
+    EXIT_CODES,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    SCHEMA,
+    Output,
+    envelope,
+    human_age,
+    plural,
+    printable,
+)
 
 __all__ = [
     "EXIT_CODES",
@@ -42,10 +57,16 @@ __all__ = [
     "Output",
     "UsageError",
     "add_command",
+    "age_arg",
+    "envelope",
+    "human_age",
     "main",
     "parse_age",
     "parse_size",
+    "plural",
+    "printable",
     "register_content",
     "root_of",
     "run",
+    "size_arg",
 ]

@@ -5,3 +5,7 @@ problems found), plans (what a prune, a repair or a clear would remove, and why)
 results once executed. Planning never removes anything; executing removes files only through
 the store's removal functions or the locks.
 """
+
+from .scan import CacheScan, scan
+
+__all__ = ["CacheScan", "scan"]

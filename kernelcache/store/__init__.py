@@ -12,6 +12,7 @@ from ..errors import WrongExt
 from ..problem import Problem
 from ..schema.document import encode_metadata, make_metadata, parse_metadata
 from ..schema.format import FORMAT_VERSION, MAX_META_BYTES, RESERVED_FIELDS, digest
+from .checked import check_recorded, record_check
 from .entry import Artifact
 from .layout import register_directory
 from .root import Store
@@ -26,9 +27,11 @@ __all__ = [
     "Problem",
     "Store",
     "WrongExt",
+    "check_recorded",
     "digest",
     "encode_metadata",
     "make_metadata",
     "parse_metadata",
+    "record_check",
     "register_directory",
 ]

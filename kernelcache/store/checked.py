@@ -42,7 +42,7 @@ def _name(check: str, key: str, digest: object) -> str | None:
     return f"{os.geteuid()}.{check}.{key}.{found[1]}-{found[2]}"
 
 
-def recorded(root: str, check: str, key: str, digest: object) -> bool:
+def check_recorded(root: str, check: str, key: str, digest: object) -> bool:
     """Whether this user recorded ``check`` of the bytes of digest ``digest`` under ``key``."""
     name = _name(check, key, digest)
     if name is None:
@@ -60,7 +60,7 @@ def recorded(root: str, check: str, key: str, digest: object) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
 
 
-def record(root: str, check: str, key: str, digest: object) -> None:
+def record_check(root: str, check: str, key: str, digest: object) -> None:
     """Record that this user made ``check`` of the bytes of digest ``digest`` under ``key``
     (never raises: a record that cannot be written costs the next process the check)."""
     name = _name(check, key, digest)
