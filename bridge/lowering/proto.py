@@ -1,13 +1,14 @@
 """jaxlib's Triton custom-call wire format: typed messages and their deterministic encoding.
 
 The schema of ``jaxlib/gpu/triton.proto`` (package ``jax_triton``) is declared once, here, as
-dataclasses whose fields carry their field number and wire type. The lowering builds these
-dataclasses and :func:`encode` writes them in the proto3 wire format, without protobuf: importing
-protobuf and building a descriptor pool costs more than the rest of a warm lowering. What is
-declared is the union of the released schemas: ``num_ctas`` (10) since jaxlib 0.8.2,
-``module_image`` (11), the global scratch fields (12, 13) and the ``tensor_descriptor``
-parameter (9) since 0.11.1. Older jaxlib releases skip fields they do not know (a parameter
-they do not know is an error at run time: the bridge checks the jaxlib before emitting one).
+dataclasses whose fields carry their field number and wire type (how a message and its fields
+are declared: :mod:`.proto_fields`). The lowering builds these dataclasses and :func:`encode`
+writes them in the proto3 wire format, without protobuf: importing protobuf and building a
+descriptor pool costs more than the rest of a warm lowering. What is declared is the union of
+the released schemas: ``num_ctas`` (10) since jaxlib 0.8.2, ``module_image`` (11), the global
+scratch fields (12, 13) and the ``tensor_descriptor`` parameter (9) since 0.11.1. Older jaxlib
+releases skip fields they do not know (a parameter they do not know is an error at run time:
+the bridge checks the jaxlib before emitting one).
 
 :func:`encode` writes exactly what protobuf's ``SerializeToString(deterministic=True)`` writes
 for the same content: fields in field-number order; singular scalars without presence omitted
@@ -20,34 +21,23 @@ For inspection and tests, :func:`decode_opaque` and :func:`parse_call` parse wit
 through a ``FileDescriptorProto`` derived from the same dataclasses (:func:`file_descriptor`).
 """
 
-# ruff: noqa: RUF009  (``_pb`` returns a ``dataclasses.field``, which ruff does not see)
+# ruff: noqa: RUF009  (``pb`` returns a ``dataclasses.field``, which ruff does not see)
 from __future__ import annotations
 
-import dataclasses
 import functools
 import struct
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any
+
+from .proto_fields import MESSAGES, SCALARS, Message, declare, pb
 
 if TYPE_CHECKING:
     from google.protobuf import descriptor_pb2
 
 _PACKAGE = "jax_triton"
 
-#: scalar wire types: name -> (protobuf's FieldDescriptorProto type number, wire type)
-_SCALARS = {
-    "double": (1, 1),
-    "float": (2, 5),
-    "int64": (3, 0),
-    "uint64": (4, 0),
-    "int32": (5, 0),
-    "bool": (8, 0),
-    "string": (9, 2),
-    "bytes": (12, 2),
-    "uint32": (13, 0),
-}
+#: protobuf's FieldDescriptorProto type number of a message field
 _TYPE_MESSAGE = 11
 _INT_RANGES = {
     "int32": (-(2**31), 2**31 - 1),
@@ -58,187 +48,121 @@ _INT_RANGES = {
 _FLOAT32_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
 
 
-def _pb(
-    number: int,
-    kind: str | type[Message],
-    *,
-    repeated: bool = False,
-    optional: bool = False,
-    oneof: str | None = None,
-) -> Any:
-    """A message field: its number and type (a scalar type name, or a message class).
-
-    Its Python default says its presence: a list for repeated fields, None where presence is
-    explicit (``optional`` scalars, oneof members, sub-messages), else the type's zero."""
-    meta = dict(number=number, kind=kind, repeated=repeated, optional=optional, oneof=oneof)
-    if repeated:
-        return dataclasses.field(default_factory=list, metadata=meta)
-    if optional or oneof is not None or not isinstance(kind, str):
-        return dataclasses.field(default=None, metadata=meta)
-    zero = {"string": "", "bytes": b"", "bool": False, "float": 0.0, "double": 0.0}
-    return dataclasses.field(default=zero.get(kind, 0), metadata=meta)
-
-
-@dataclass(frozen=True)
-class _Field:
-    name: str
-    number: int
-    kind: str | type[Message]
-    repeated: bool
-    optional: bool
-    oneof: str | None
-
-    @property
-    def explicit(self) -> bool:
-        """Written whenever set (not None): an optional scalar, a oneof member, a message."""
-        return self.optional or self.oneof is not None or not isinstance(self.kind, str)
-
-
-class Message:
-    """A message of the schema: a dataclass registered with :func:`_message`."""
-
-    _proto_name: ClassVar[str]
-    _proto_fields: ClassVar[tuple[_Field, ...]]
-    _proto_reserved: ClassVar[tuple[int, ...]]
-
-
-#: every message class, in declaration order
-_MESSAGES: list[type[Message]] = []
-_M = TypeVar("_M", bound=type[Message])
-
-
-def _message(name: str, reserved: tuple[int, ...] = ()) -> Callable[[_M], _M]:
-    """Register a message dataclass as the message ``name`` (nested names with dots)."""
-
-    def register(cls: _M) -> _M:
-        declared = dataclasses.fields(cls)  # type: ignore[arg-type]
-        fields = tuple(_Field(f.name, **f.metadata) for f in declared)
-        numbers = [f.number for f in fields]
-        assert numbers == sorted(numbers), f"{name}: fields out of field-number order"
-        for f in fields:
-            assert not (f.repeated and f.kind in ("string", "bytes")), "only packable scalars"
-        cls._proto_name, cls._proto_fields, cls._proto_reserved = name, fields, reserved
-        _MESSAGES.append(cls)
-        return cls
-
-    return register
-
-
 # -- the schema (jaxlib/gpu/triton.proto) ---------------------------------------------------
-@_message("ModuleImageProto")
+@declare("ModuleImageProto")
 @dataclass(kw_only=True)
 class ModuleImage(Message):
     """Machine code jaxlib loads instead of compiling ``ptx`` (jaxlib >= 0.11.1)."""
 
-    object_file: bytes = _pb(1, "bytes")
-    kernel_name: str = _pb(2, "string")
-    shared_mem_bytes: int = _pb(3, "uint32")
+    object_file: bytes = pb(1, "bytes")
+    kernel_name: str = pb(2, "string")
+    shared_mem_bytes: int = pb(3, "uint32")
 
 
-@_message("TritonKernel", reserved=(7, 8, 9))
+@declare("TritonKernel", reserved=(7, 8, 9))
 @dataclass(kw_only=True)
 class TritonKernel(Message):
-    kernel_name: str = _pb(1, "string")
-    num_warps: int = _pb(2, "uint32")
-    shared_mem_bytes: int = _pb(3, "uint32")
-    ptx: str = _pb(4, "string")
-    ttir: str = _pb(5, "string")
-    compute_capability: int = _pb(6, "uint32")
-    num_ctas: int | None = _pb(10, "uint32", optional=True)
-    module_image: ModuleImage | None = _pb(11, ModuleImage, optional=True)
-    global_scratch_size: int | None = _pb(12, "uint32", optional=True)
-    global_scratch_align: int | None = _pb(13, "uint32", optional=True)
+    kernel_name: str = pb(1, "string")
+    num_warps: int = pb(2, "uint32")
+    shared_mem_bytes: int = pb(3, "uint32")
+    ptx: str = pb(4, "string")
+    ttir: str = pb(5, "string")
+    compute_capability: int = pb(6, "uint32")
+    num_ctas: int | None = pb(10, "uint32", optional=True)
+    module_image: ModuleImage | None = pb(11, ModuleImage, optional=True)
+    global_scratch_size: int | None = pb(12, "uint32", optional=True)
+    global_scratch_align: int | None = pb(13, "uint32", optional=True)
 
 
-@_message("TritonKernelCall.Parameter.Array")
+@declare("TritonKernelCall.Parameter.Array")
 @dataclass(kw_only=True)
 class Array(Message):
-    bytes_to_zero: int = _pb(1, "uint64")
-    ptr_divisibility: int = _pb(2, "uint64")
+    bytes_to_zero: int = pb(1, "uint64")
+    ptr_divisibility: int = pb(2, "uint64")
 
 
-@_message("TritonKernelCall.Parameter.TensorDescriptor.Nvidia")
+@declare("TritonKernelCall.Parameter.TensorDescriptor.Nvidia")
 @dataclass(kw_only=True)
 class NvidiaDescriptor(Message):
     """A host-side TMA descriptor: jaxlib encodes the CUtensorMap at every launch."""
 
-    elem_type: int = _pb(1, "uint32")
-    swizzle: int = _pb(2, "uint32")
-    shape: list[int] = _pb(3, "uint64", repeated=True)
-    strides: list[int] = _pb(4, "uint64", repeated=True)
-    block_shape: list[int] = _pb(5, "uint32", repeated=True)
-    oob_fill: int = _pb(6, "uint32")
+    elem_type: int = pb(1, "uint32")
+    swizzle: int = pb(2, "uint32")
+    shape: list[int] = pb(3, "uint64", repeated=True)
+    strides: list[int] = pb(4, "uint64", repeated=True)
+    block_shape: list[int] = pb(5, "uint32", repeated=True)
+    oob_fill: int = pb(6, "uint32")
 
 
-@_message("TritonKernelCall.Parameter.TensorDescriptor")
+@declare("TritonKernelCall.Parameter.TensorDescriptor")
 @dataclass(kw_only=True)
 class DescriptorParameter(Message):
     """A host-side descriptor parameter (jaxlib's ``Parameter.TensorDescriptor``), one member
     per backend."""
 
-    nvidia: NvidiaDescriptor | None = _pb(1, NvidiaDescriptor, oneof="backend")
+    nvidia: NvidiaDescriptor | None = pb(1, NvidiaDescriptor, oneof="backend")
 
 
-@_message("TritonKernelCall.Parameter")
+@declare("TritonKernelCall.Parameter")
 @dataclass(kw_only=True)
 class Parameter(Message):
     """One kernel parameter: exactly one member of the ``value`` oneof is set."""
 
-    array: Array | None = _pb(1, Array, oneof="value")
-    bool_: bool | None = _pb(2, "bool", oneof="value")
-    i32: int | None = _pb(3, "int32", oneof="value")
-    u32: int | None = _pb(4, "uint32", oneof="value")
-    i64: int | None = _pb(5, "int64", oneof="value")
-    u64: int | None = _pb(6, "uint64", oneof="value")
-    f32: float | None = _pb(7, "float", oneof="value")
-    f64: float | None = _pb(8, "double", oneof="value")
-    tensor_descriptor: DescriptorParameter | None = _pb(9, DescriptorParameter, oneof="value")
+    array: Array | None = pb(1, Array, oneof="value")
+    bool_: bool | None = pb(2, "bool", oneof="value")
+    i32: int | None = pb(3, "int32", oneof="value")
+    u32: int | None = pb(4, "uint32", oneof="value")
+    i64: int | None = pb(5, "int64", oneof="value")
+    u64: int | None = pb(6, "uint64", oneof="value")
+    f32: float | None = pb(7, "float", oneof="value")
+    f64: float | None = pb(8, "double", oneof="value")
+    tensor_descriptor: DescriptorParameter | None = pb(9, DescriptorParameter, oneof="value")
 
 
-@_message("TritonKernelCall")
+@declare("TritonKernelCall")
 @dataclass(kw_only=True)
 class TritonKernelCall(Message):
-    kernel: TritonKernel | None = _pb(1, TritonKernel)
-    grid_0: int = _pb(2, "uint32")
-    grid_1: int = _pb(3, "uint32")
-    grid_2: int = _pb(4, "uint32")
-    parameters: list[Parameter] = _pb(5, Parameter, repeated=True)
+    kernel: TritonKernel | None = pb(1, TritonKernel)
+    grid_0: int = pb(2, "uint32")
+    grid_1: int = pb(3, "uint32")
+    grid_2: int = pb(4, "uint32")
+    parameters: list[Parameter] = pb(5, Parameter, repeated=True)
 
 
-@_message("TritonAutotunedKernelCall.Config")
+@declare("TritonAutotunedKernelCall.Config")
 @dataclass(kw_only=True)
 class Config(Message):
-    kernel_call: TritonKernelCall | None = _pb(1, TritonKernelCall)
-    description: str = _pb(2, "string")
+    kernel_call: TritonKernelCall | None = pb(1, TritonKernelCall)
+    description: str = pb(2, "string")
 
 
-@_message("TritonAutotunedKernelCall.InputOutputAlias")
+@declare("TritonAutotunedKernelCall.InputOutputAlias")
 @dataclass(kw_only=True)
 class InputOutputAlias(Message):
-    input_buffer_idx: int = _pb(1, "uint32")
-    output_buffer_idx: int = _pb(2, "uint32")
-    buffer_size_bytes: int = _pb(3, "uint64")
+    input_buffer_idx: int = pb(1, "uint32")
+    output_buffer_idx: int = pb(2, "uint32")
+    buffer_size_bytes: int = pb(3, "uint64")
 
 
-@_message("TritonAutotunedKernelCall")
+@declare("TritonAutotunedKernelCall")
 @dataclass(kw_only=True)
 class TritonAutotunedKernelCall(Message):
-    name: str = _pb(1, "string")
-    configs: list[Config] = _pb(2, Config, repeated=True)
-    input_output_aliases: list[InputOutputAlias] = _pb(3, InputOutputAlias, repeated=True)
+    name: str = pb(1, "string")
+    configs: list[Config] = pb(2, Config, repeated=True)
+    input_output_aliases: list[InputOutputAlias] = pb(3, InputOutputAlias, repeated=True)
 
 
-@_message("TritonAnyKernelCall")
+@declare("TritonAnyKernelCall")
 @dataclass(kw_only=True)
 class TritonAnyKernelCall(Message):
     """What the opaque of jaxlib's Triton custom call holds (zlib-compressed)."""
 
-    kernel_call: TritonKernelCall | None = _pb(1, TritonKernelCall, oneof="value")
-    autotuned_kernel_call: TritonAutotunedKernelCall | None = _pb(
+    kernel_call: TritonKernelCall | None = pb(1, TritonKernelCall, oneof="value")
+    autotuned_kernel_call: TritonAutotunedKernelCall | None = pb(
         2, TritonAutotunedKernelCall, oneof="value"
     )
-    metadata: bytes = _pb(3, "bytes")
-    name: str = _pb(4, "string")
+    metadata: bytes = pb(3, "bytes")
+    name: str = pb(4, "string")
 
 
 # -- encoding ---------------------------------------------------------------------------------
@@ -316,7 +240,7 @@ def encode(message: Message) -> bytes:
         if isinstance(f.kind, str):
             if not f.explicit and _is_default(f.kind, value):
                 continue
-            _varint(f.number << 3 | _SCALARS[f.kind][1], out)
+            _varint(f.number << 3 | SCALARS[f.kind][1], out)
             out += _scalar(f.kind, value, f"{type(message).__name__}.{f.name}")
         else:
             body = encode(value)
@@ -342,7 +266,7 @@ def file_descriptor() -> descriptor_pb2.FileDescriptorProto:
         name="kernelcache/bridge/triton.proto", package=_PACKAGE, syntax="proto3"
     )
     made: dict[str, Any] = {}
-    for cls in sorted(_MESSAGES, key=lambda c: c._proto_name.count(".")):  # parents first
+    for cls in sorted(MESSAGES, key=lambda c: c._proto_name.count(".")):  # parents first
         parent, _, short = cls._proto_name.rpartition(".")
         msg = (made[parent].nested_type if parent else fd.message_type).add(name=short)
         made[cls._proto_name] = msg
@@ -355,7 +279,7 @@ def file_descriptor() -> descriptor_pb2.FileDescriptorProto:
             field = msg.field.add(name=f.name, number=f.number)
             field.label = F.LABEL_REPEATED if f.repeated else F.LABEL_OPTIONAL
             if isinstance(f.kind, str):
-                field.type = _SCALARS[f.kind][0]
+                field.type = SCALARS[f.kind][0]
             else:
                 field.type = _TYPE_MESSAGE
                 field.type_name = f".{_PACKAGE}.{f.kind._proto_name}"
@@ -390,7 +314,7 @@ def messages() -> dict[str, type]:
         cls._proto_name: GetMessageClass(
             pool.FindMessageTypeByName(f"{_PACKAGE}.{cls._proto_name}")
         )
-        for cls in _MESSAGES
+        for cls in MESSAGES
     }
 
 
