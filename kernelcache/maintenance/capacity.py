@@ -8,15 +8,10 @@ can be started or one failed, passes run in a thread all the same. Passes take t
 ``capacity``: no two run at once, no put waits for the lock, and one that finds it held waits
 for it (:data:`RETRY_SECONDS` at a time), then runs only if still due.
 
-A pass is a prune (:mod:`kernelcache.maintenance.prune`): a listing of the root and the status
-of each entry's files (no metadata is read: :func:`entries_of`; the entries the same helper's
-last pass saw and left are taken as it saw them, and every :data:`FULL_EVERY` passes all are
-looked at again), a plan that removes the least recently used entries (by their last-used
-stamps) down to :data:`LOW_WATER` of the cap, each delete re-checked under its key's lock, an
-entry in use skipped (a helper deletes one entry at a time: nobody waits for it); then the usage
-file is rewritten with the size the pass measured and the records appended while it ran. So a
-put costs one small append and read, and a pass (linear in the entries) runs once per fifth of
-the cap written. A process waits at exit for the pass it asked for (at most :data:`EXIT_WAIT`
+A pass (:mod:`kernelcache.maintenance.eviction`) is a prune of the least recently used entries
+down to :data:`LOW_WATER` of the cap, after which the usage file holds the size it measured.
+So a put costs one small append and read, and a pass (linear in the entries) runs once per
+fifth of the cap written. A process waits at exit for the pass it asked for (at most :data:`EXIT_WAIT`
 seconds), so that short processes keep the root under the cap too.
 
 Writers can outrun the passes (a burst of puts as a job starts, a helper still starting): a
@@ -38,29 +33,19 @@ import atexit
 import json
 import logging
 import os
-import stat
 import sys
 import threading
 import time
 import weakref
 
-from ..errors import InvalidValue, LockTimeout, LockUnavailable
+from ..errors import InvalidValue
 from ..process import warn_once
-from ..store.layout import STATS_DIR, open_subdir
+from ..store.layout import STATS_DIR
 from ..store.locks.budget import WaitBudget
 from ..store.root import Store
-from ..table import EntryInfo, EntryTable
 from . import helper as helpers
-from .usage import (
-    PASS_LOCK,
-    USAGE_NAME,
-    UsageView,
-    entries_of,
-    open_usage,
-    replace_usage,
-    usage_end,
-    usage_record,
-)
+from .eviction import Eviction, log_evicted
+from .usage import USAGE_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +56,9 @@ EXIT_WAIT = 30.0
 #: the longest a pass waits at a time for the pass lock another holds, before it looks whether
 #: it is still due
 RETRY_SECONDS = 0.1
-#: a pass stats only the entries the previous pass of the same process did not see (or did
-#: not leave as it saw them); every this many passes it stats every entry again
-FULL_EVERY = 8
 
 
-class SizeCap(UsageView):
+class SizeCap(Eviction):
     """The size cap of one writable store: :meth:`added` after each entry a process publishes.
 
     Thread-safe; each process keeps its own view of the usage file (see the module docstring).
@@ -88,14 +70,11 @@ class SizeCap(UsageView):
         self.store = store
         self.max_size = max_size
         self.low_water = int(max_size * LOW_WATER)
-        UsageView.__init__(self)
+        Eviction.__init__(self)
         self._lock = threading.Lock()
         #: set when a put waited its whole budget with the root past :meth:`bound`: puts
         #: no longer wait until one finds it back under (warned once)
         self._stalled = False
-        #: eviction passes this process ran, and the seconds they took (for benchmarks)
-        self.passes = 0
-        self.pass_seconds = 0.0
         #: the CPU seconds helper processes spent on this process's passes (a pass in a
         #: thread spends this process's)
         self.helper_cpu_seconds = 0.0
@@ -106,13 +85,10 @@ class SizeCap(UsageView):
         self._running = False
         #: the helper process running this process's passes, if one runs
         self._helper: helpers.Helper | None = None
-        #: in a helper: what each pass evicted (entries, bytes), reported to the process
-        #: that started it instead of logged
+        #: in a helper: what the passes evicted is reported to the process that started it
+        #: (:attr:`evicted`), not logged, and so is why the cap cannot be kept
         self.reporting = False
-        self.evicted: list[tuple[int, int]] = []
         self.why_broken: str | None = None
-        #: the entries the last pass saw and left (by key): the next pass stats only others
-        self._seen: dict[str, EntryInfo] = {}
 
     def __repr__(self) -> str:
         return f"SizeCap({self.store.root!r}, max_size={self.max_size})"
@@ -259,7 +235,7 @@ class SizeCap(UsageView):
                 self._inode, self._offset, self.base, self.total = None, 0, 0, 0
                 self.measured = False
         for done, freed in evicted:
-            _log_evicted(done, freed, self.store.root, self.max_size)
+            log_evicted(done, freed, self.store.root, self.max_size)
         if broken:
             self._give_up(broken)
         return True
@@ -304,126 +280,6 @@ class SizeCap(UsageView):
             with self._lock:
                 self._running = False
 
-    def _still_due(self) -> bool:
-        """Whether a pass is due, from what was appended to the usage file since the last
-        look (no file: not due, as after a pass of another process that could not write it).
-        Caller holds ``_lock``."""
-        try:
-            return self._refresh()
-        except OSError:
-            return False
-
-    def _past_bound(self) -> bool:
-        """Whether the estimate is past :meth:`bound`, from what was appended to the usage
-        file since the last look (no file: not, as after a prune). Caller holds ``_lock``."""
-        try:
-            self._refresh()
-        except OSError:
-            return False
-        return self.total > self.bound()
-
-    def _refresh(self) -> bool:
-        """Read what was appended to the usage file since the last look; whether a pass is
-        due."""
-        dfd = open_subdir(self.store.root, STATS_DIR, create=False)
-        try:
-            fd = os.open(
-                USAGE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
-            )
-            try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    return False
-                self._read_new(fd)
-            finally:
-                os.close(fd)
-        finally:
-            os.close(dfd)
-        return self._due()
-
-    def evict(self, wait: float = 0.0, *, past_bound: bool = False) -> bool:
-        """Run an eviction pass unless another process is running one; whether this one ran.
-        Waits at most ``wait`` seconds for another's pass to end; having waited, runs only if
-        a pass is still due (``past_bound``: the estimate still past :meth:`bound`): the other
-        may have made it needless. Never raises for what it finds (each delete's outcome is
-        the prune's)."""
-        try:
-            held = self.store.locker.acquire(PASS_LOCK, shared=False, timeout=wait)
-        except LockTimeout:
-            return False  # another process is evicting
-        except LockUnavailable as e:
-            self._give_up(e)
-            return False
-        started = time.perf_counter()
-        try:
-            if wait > 0:
-                with self._lock:
-                    if not (self._past_bound() if past_bound else self._still_due()):
-                        return False
-            measured = self._pass()
-        except OSError as e:
-            self._give_up(e)
-            return False
-        finally:
-            held.release()
-            self.pass_seconds += time.perf_counter() - started
-        with self._lock:  # the next put reads the new file: the base and what came since
-            self._inode, self._offset, self.base, self.total = None, 0, measured, measured
-            self.measured = True
-        return True
-
-    def _pass(self) -> int:
-        """Measure the root (:func:`entries_of`), plan down to the low-water mark if
-        over the cap, delete, and write the usage file anew; the root's bytes afterwards as
-        measured. Caller holds the pass lock.
-
-        Raises:
-            OSError: the usage file cannot be written.
-        """
-        from .execute import execute
-        from .prune import plan_prune
-        from .records import CacheScan
-
-        store = self.store
-        start = usage_end(store.root)
-        full = self.passes % FULL_EVERY == 0
-        rows = entries_of(store.root, None if full else self._seen)
-        table = EntryTable.from_rows(rows)
-        measured = table.nbytes
-        self._seen = {row.key: row for row in rows}
-        if measured > self.max_size:
-            scanned = CacheScan(store.root, True, table, (), scanned_at=time.time())
-            plan = plan_prune(scanned, max_size=self.low_water)
-            result = execute(store, plan, threads=not self.reporting)
-            kept = sum(
-                o.action.size
-                for o in result.outcomes
-                if o.action.kind == "delete-entry" and o.status != "done"
-            )
-            measured = plan.kept_bytes + kept
-            for outcome in result.outcomes:  # deleted, or to be looked at again (used since)
-                self._seen.pop(outcome.action.key or "", None)
-            evicted = (result.counts.get("done", 0), result.freed_bytes)
-            if self.reporting:
-                self.evicted.append(evicted)
-            else:
-                _log_evicted(*evicted, store.root, self.max_size)
-        self.passes += 1
-        mine = os.stat(store.root).st_uid == os.geteuid()
-        dfd = open_subdir(store.root, STATS_DIR, create=mine)
-        old = open_usage(dfd)
-        try:
-            with self._lock:  # (this process's puts wait: none appends to the file replaced)
-                if old is not None and start is not None and os.fstat(old).st_ino == start[0]:
-                    # the records of the puts published while the pass ran are kept
-                    replace_usage(dfd, old, start[1], usage_record(b"B", measured))
-                else:
-                    replace_usage(dfd, None, 0, usage_record(b"B", measured))
-        finally:
-            if old is not None:
-                os.close(old)
-            os.close(dfd)
-        return measured
-
 
 #: the caps of this process that started a pass (waited for at exit)
 _started: weakref.WeakSet[SizeCap] = weakref.WeakSet()
@@ -437,16 +293,6 @@ def _wait_at_exit() -> None:
     for cap in list(_started):
         cap.wait(max(0.0, deadline - time.monotonic()))
     helpers.close_all()
-
-
-def _log_evicted(done: int, freed: int, root: str, max_size: int) -> None:
-    logger.info(
-        "kernelcache: evicted %d entries (%d bytes) to keep %s under %d bytes",
-        done,
-        freed,
-        root,
-        max_size,
-    )
 
 
 def helper_main(config_json: str) -> None:
