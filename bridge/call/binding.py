@@ -8,7 +8,9 @@ Arrays are represented by :class:`ArgArray` placeholders that answer what Triton
 tensor: its dtype, a data pointer (XLA buffers are at least 16-byte aligned; jaxlib checks the
 alignment the kernel was specialized for at launch) and its size in bytes.
 
-Autotune configurations and heuristics are applied the way Triton's launcher applies them.
+Autotune configurations and heuristics are applied the way Triton's launcher applies them. A
+bound call's runtime arguments, in the order of the kernel's ABI and checked against what
+jaxlib can pass, are :mod:`.leaves`'s.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import functools
 import importlib.abc
 import inspect
 import logging
-import math
 import sys
 import threading
 from collections.abc import Mapping
@@ -29,30 +30,11 @@ import numpy as np
 from ..errors import KernelArgumentError, OptionError
 from ..vendors.targets import Target
 from .kernel_objects import KernelParts
-from .placeholders import ArgArray
+from .leaves import SCALAR_FIELDS as SCALAR_FIELDS  # (re-exported: the lowering reads it here)
+from .leaves import Leaf, abi_leaves
+from .placeholders import ArgArray as ArgArray  # (re-exported: the later stages import it here)
 
 logger = logging.getLogger(__name__)
-
-#: Triton scalar type -> field of jaxlib's TritonKernelCall.Parameter
-SCALAR_FIELDS = {
-    "i1": "bool_",
-    "u1": "bool_",
-    "i32": "i32",
-    "u32": "u32",
-    "i64": "i64",
-    "u64": "u64",
-    "fp32": "f32",
-    "fp64": "f64",
-}
-_INT_RANGES = {
-    "i32": (-(2**31), 2**31 - 1),
-    "u32": (0, 2**32 - 1),
-    "i64": (-(2**63), 2**63 - 1),
-    "u64": (0, 2**64 - 1),
-}
-
-
-_FP32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -84,25 +66,6 @@ def _arguments(
 ) -> dict[str, Any]:
     """``named``, then ``kwargs``, then ``args`` (see :meth:`Variant.arguments`)."""
     return {**named, **kwargs, **args}
-
-
-@dataclass(frozen=True)
-class Leaf:
-    """A runtime argument of the compiled kernel, in the order of the kernel's ABI."""
-
-    path: tuple[int, ...]
-    type: str
-    value: Any  # ArgArray for pointers, a Python scalar otherwise
-    divisibility: int = 0
-
-    @property
-    def is_array(self) -> bool:
-        return self.type.startswith("*")
-
-    @property
-    def is_descriptor(self) -> bool:
-        """A host-side tensor descriptor (``value`` is Triton's descriptor object)."""
-        return self.type.startswith("tensordesc")
 
 
 @dataclass(frozen=True)
@@ -373,59 +336,8 @@ def bind(parts: KernelParts, backend: Any, named: Mapping[str, Any], variant: Va
     triton_options, signature, constexprs, attrs = fn._pack_args(
         backend, {**call, **options}, bound_args, specialization, opts
     )
-    leaves = tuple(_leaves(parts, bound_args, signature, attrs))
+    leaves = tuple(abi_leaves(parts, bound_args, signature, attrs))
     return Bound(variant, bound_args, signature, constexprs, attrs, triton_options, leaves)
-
-
-def _leaves(
-    parts: KernelParts,
-    bound_args: Mapping[str, Any],
-    signature: Mapping[str, Any],
-    attrs: Mapping[tuple[int, ...], Any],
-):
-    def walk(value: Any, typ: Any, path: tuple[int, ...], name: str):
-        if isinstance(typ, tuple):
-            for j, (v, t) in enumerate(zip(value, typ, strict=True)):
-                yield from walk(v, t, (*path, j), name)
-            return
-        if typ == "constexpr":
-            return
-        if typ.startswith("tensordesc"):
-            yield Leaf(path, typ, value)
-            return
-        if typ.startswith("*"):
-            if not isinstance(value, ArgArray):
-                raise KernelArgumentError(
-                    f"{parts.qualname}: parameter {name} is a pointer ({typ}) but got {value!r}; "
-                    "pass a JAX array"
-                )
-            divisible = ["tt.divisibility", 16] in list(attrs.get(path, []))
-            yield Leaf(path, typ, value, 16 if divisible else 0)
-            return
-        if isinstance(value, ArgArray):
-            raise KernelArgumentError(
-                f"{parts.qualname}: parameter {name} is annotated as the scalar type {typ} but got "
-                "an array"
-            )
-        if typ not in SCALAR_FIELDS:
-            raise KernelArgumentError(
-                f"{parts.qualname}: parameter {name} has type {typ}, which jaxlib's Triton call "
-                f"cannot pass; runtime scalars may be {', '.join(sorted(SCALAR_FIELDS))}: make "
-                "it a tl.constexpr or change its annotation"
-            )
-        if typ in _INT_RANGES:
-            lo, hi = _INT_RANGES[typ]
-            if not lo <= int(value) <= hi:
-                raise KernelArgumentError(f"{parts.qualname}: {name}={value} does not fit {typ}")
-        if typ == "fp32" and math.isfinite(value) and abs(value) > _FP32_MAX:
-            raise KernelArgumentError(
-                f"{parts.qualname}: {name}={value} overflows fp32 (the type Triton gives a Python "
-                f"float): annotate the parameter ({name}: tl.float64) to pass it as fp64"
-            )
-        yield Leaf(path, typ, value)
-
-    for i, (name, value) in enumerate(bound_args.items()):
-        yield from walk(value, signature[name], (i,), name)
 
 
 def eval_grid(grid: Any, bound_args: Mapping[str, Any]) -> tuple[int, int, int]:
