@@ -1,7 +1,8 @@
-"""``kernelcache warm``, ``kernelcache tune``, ``kernelcache explain``, ``kernelcache audit``
-and ``kernelcache jax-cache``: the bridge's subcommands of the ``kernelcache`` command (their arguments, and the
-adapters that run them), the bridge's toolchain for ``kernelcache import --dry-run``
-(:mod:`.toolchain`) and its report for ``kernelcache doctor`` (:mod:`bridge.jax_cache.command`).
+"""``kernelcache warm``, ``kernelcache tune``, ``kernelcache explain``, ``kernelcache audit``,
+``kernelcache run`` and ``kernelcache jax-cache``: the bridge's subcommands of the
+``kernelcache`` command (their arguments here, the adapters that run them in :mod:`.adapters`),
+the bridge's toolchain for ``kernelcache import --dry-run`` (:mod:`.toolchain`) and its report
+for ``kernelcache doctor`` (:mod:`bridge.jax_cache.command`).
 
 Registered through the entry-point group ``kernelcache.commands``. Importing this module imports
 neither jax nor triton: they are imported when the command runs, and their absence is a usage
@@ -17,29 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from collections.abc import Mapping
 from typing import Any
 
-from kernelcache.cli import (
-    EXIT_OK,
-    EXIT_PROBLEMS,
-    Content,
-    Output,
-    UsageError,
-    add_command,
-    envelope,
-    register_content,
-    root_of,
-)
+from kernelcache.cli import Content, add_command, register_content
 
 from ..jax_cache import command as jax_cache_command
-
-#: the modules the bridge's commands need: its extra's packages (``pip install
-#: 'kernelcache[bridge]'``) and what they bring
-BRIDGE_DEPENDENCIES = ("numpy", "jax", "jaxlib", "triton", "google.protobuf")
-
+from .adapters import cmd_audit, cmd_explain, cmd_run, cmd_tune, cmd_warm
 
 #: what every command that reads a manifest says of it
 MANIFEST_HELP = "a manifest of recorded calls (KERNELCACHE_RECORD, or bridge.record)"
@@ -206,42 +191,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     jax_cache_command.register(subparsers)
 
 
-def _absent(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is None
-    except ModuleNotFoundError:  # its parent package is absent
-        return True
-
-
-def _bridge_module(command: str, name: str):  # -> ModuleType
-    """The module ``name`` that runs ``kernelcache <command>``, with the current directory first on
-    ``sys.path`` (kernels are imported as ``python -m`` would), or a usage error naming the
-    package to install when the bridge's dependencies are missing."""
-    import importlib
-
-    def needs(what: str) -> UsageError:
-        return UsageError(
-            f"kernelcache {command} needs the bridge's dependencies (cannot import {what}): "
-            "pip install 'kernelcache[bridge]'"
-        )
-
-    missing = [m for m in BRIDGE_DEPENDENCIES if _absent(m)]
-    if missing:
-        raise needs(", ".join(missing))
-    try:
-        module = importlib.import_module(name)
-    except ImportError as e:
-        if (e.name or "").partition(".")[0] == "bridge":
-            raise  # a module of the bridge itself is missing: not the user's to fix
-        raise needs(e.name or str(e)) from None
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    return module
-
-
 def decision_content(data: bytes, meta: Mapping[str, Any]) -> Content:
     """What ``kernelcache show`` says a decision entry holds (see
     :func:`kernelcache.cli.register_content`)."""
@@ -264,73 +213,11 @@ def decision_content(data: bytes, meta: Mapping[str, Any]) -> Content:
     return Content(found.to_json(), (f"decision: {first}", *rest))
 
 
-def _assignments(values: list[str] | None, option: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for value in values or ():
-        name, sep, setting = value.partition("=")
-        if not sep or not name.strip() or not setting.strip():
-            raise UsageError(f"{option} {value!r}: use NAME=VALUE")
-        out[name.strip()] = setting.strip()
-    return out
-
-
 def _positive(text: str) -> int:
     """An argparse type: a whole number, 1 or more."""
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
     return int(text)
-
-
-def cmd_tune(args: argparse.Namespace, out: Output) -> int:
-    pins: dict[str, int] | None = None
-    if args.pin:
-        pins = {}
-        for name, index in _assignments(args.pin, "--pin").items():
-            if not index.isdigit():
-                raise UsageError(f"--pin {name}={index}: INDEX is a config number, 0 or more")
-            pins[name] = int(index)
-    fill: dict[str, str | float] = {}
-    for name, value in _assignments(args.fill, "--fill").items():
-        try:
-            fill[name] = float(value)
-        except ValueError:
-            if value not in ("random", "zeros", "ones"):
-                raise UsageError(
-                    f"--fill {name}={value}: use random, zeros, ones or a number"
-                ) from None
-            fill[name] = value
-    tune = _bridge_module("tune", "bridge.cli.tune")
-    import kernelcache
-
-    from ..errors import ManifestError, PinError, TargetError
-    from ..tune import measure
-
-    if fill:
-        measure.use(measure.JaxMeasurer(fill))
-    root = root_of(args)
-    try:
-        results = tune.tune(
-            args.manifest,
-            kernelcache.Cache(root=root),
-            pins=pins,
-            targets=list(args.target or ()),
-            force=args.force,
-            gpus=args.gpus,
-        )
-    except (TargetError, ManifestError, PinError) as e:
-        raise UsageError(str(e)) from None
-    unknown = sorted(
-        set(pins or ())
-        - {r.kernel for r in results}
-        - {r.kernel.rpartition(":")[2] for r in results}
-    )
-    if unknown:
-        raise UsageError(f"--pin names kernels the manifest does not record: {', '.join(unknown)}")
-    out.emit(
-        lambda: {**envelope("tune", root), "results": [r.to_json() for r in results]},
-        lambda: "\n".join(r.line() for r in results) or "no autotuned call in the manifest",
-    )
-    return EXIT_PROBLEMS if any(r.status == "skipped" for r in results) else EXIT_OK
 
 
 def _toolchain():  # -> tuple[Judge, str]
@@ -341,110 +228,3 @@ def _toolchain():  # -> tuple[Judge, str]
 
     found = toolchain(find_gpu=False)
     return found.judge, found.describe()
-
-
-def cmd_explain(args: argparse.Namespace, out: Output) -> int:
-    explain = _bridge_module("explain", "bridge.cli.explain")
-    import kernelcache
-
-    from ..errors import ManifestError, TargetError
-
-    root = root_of(args)
-    try:
-        results = explain.explain(args.manifest, kernelcache.Cache(root=root), args.target or ())
-    except (ManifestError, TargetError) as e:
-        raise UsageError(str(e)) from None
-    counts = {
-        s: sum(r.status == s for r in results) for s in ("hit", "miss", "left-out", "problem")
-    }
-
-    def human() -> str:
-        lines = [r.line() for r in results]
-        lines.append(
-            f"{counts['hit']} hit, {counts['miss']} missed, {counts['left-out']} left out "
-            f"(known not to compile), {counts['problem']} could not be explained"
-        )
-        return "\n".join(lines)
-
-    out.emit(
-        lambda: {
-            **envelope("explain", root),
-            "manifest": args.manifest,
-            **{k.replace("-", "_"): v for k, v in counts.items()},
-            "results": [r.to_json() for r in results],
-        },
-        human,
-    )
-    return EXIT_OK if counts["hit"] == len(results) else EXIT_PROBLEMS
-
-
-def cmd_audit(args: argparse.Namespace, out: Output) -> int:
-    audit = _bridge_module("audit", "bridge.cli.audit")
-    import kernelcache
-
-    from ..errors import ManifestError, TargetError
-
-    root = root_of(args)
-    try:
-        results = audit.audit(args.manifest, kernelcache.Cache(root=root), args.target or ())
-    except (ManifestError, TargetError) as e:
-        raise UsageError(str(e)) from None
-    counts = {s: sum(r.status == s for r in results) for s in audit.STATUSES}
-
-    def human() -> str:
-        lines = [r.line() for r in results]
-        lines.append(", ".join(f"{n} {s}" for s, n in counts.items()))
-        return "\n".join(lines)
-
-    out.emit(
-        lambda: {
-            **envelope("audit", root),
-            "manifest": args.manifest,
-            **counts,
-            "results": [r.to_json() for r in results],
-        },
-        human,
-    )
-    failing = counts["hole"] + (counts["open"] + counts["problem"] if args.strict else 0)
-    return EXIT_PROBLEMS if failing else EXIT_OK
-
-
-def cmd_run(args: argparse.Namespace, out: Output) -> int:
-    """``kernelcache run -- COMMAND ...``: the command in place of this process, with the
-    masquerade's folder first on its ``PYTHONPATH`` (and ``--root``'s root as its
-    ``KERNELCACHE_DIR``)."""
-    from .. import masquerade
-
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
-    if not command:
-        raise UsageError("kernelcache run -- COMMAND [ARG ...]: name the command to run")
-    try:
-        masquerade.api_version()
-    except masquerade.MasqueradeError as e:
-        raise UsageError(str(e)) from None
-    env = masquerade.environment(dict(os.environ))
-    if getattr(args, "root", None):
-        env["KERNELCACHE_DIR"] = str(root_of(args))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        os.execvpe(command[0], command, env)
-    except OSError as e:
-        raise UsageError(f"kernelcache run: cannot run {command[0]!r}: {e.strerror}") from None
-    return EXIT_OK  # pragma: no cover  (exec does not return)
-
-
-def cmd_warm(args: argparse.Namespace, out: Output) -> int:
-    warm = _bridge_module("warm", "bridge.warm")
-    return warm.run(
-        args.manifest,
-        list(args.target),
-        root=root_of(args),
-        json=out.json,
-        jobs=args.jobs,
-        allow_changed=args.allow_changed,
-        devices=list(args.device or ()),
-        all_configs=args.all_configs,
-    )
