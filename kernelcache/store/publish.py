@@ -1,8 +1,9 @@
-"""Writing an entry's files: staging under ``.tmp/`` and the errors a write reports.
+"""Writing an entry's files: opening the root, staging under ``.tmp/`` and the errors a write
+reports.
 
 Files are staged under ``<root>/.tmp/`` with names that can never match an entry, then
 published with ``os.replace`` (the artifact first, the metadata last) by
-:class:`~kernelcache.store.root.Store`. A staged file keeps only the write bits the trust
+:func:`kernelcache.store.writing.publish`. A staged file keeps only the write bits the trust
 policy accepts, whatever the umask. A failed write raises
 :class:`~kernelcache.errors.CacheError` naming the root and what to do.
 """
@@ -50,3 +51,18 @@ def stage(tmp_fd: int, policy: TrustPolicy, data: bytes) -> str:
     name = f"{HOST}-{os.getpid()}-{uuid.uuid4().hex}.tmp"
     write_new(tmp_fd, name, data, policy.limit_write_bits)
     return name
+
+
+def open_root(root: str) -> int:
+    """Open the directory ``root`` (created if missing) to write entries into it.
+
+    Raises:
+        CacheError: it cannot be (not a directory; no permission: the message says what to do).
+    """
+    try:
+        os.makedirs(root, exist_ok=True)
+        return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileExistsError as e:
+        raise write_error(root, "the cache root exists and is not a directory", e) from e
+    except OSError as e:
+        raise write_error(root, f"cannot open the cache root: {e.strerror}", e) from e

@@ -1,4 +1,6 @@
-"""The one place files of a root are removed: an entry's files (deleted or quarantined), orphan
+"""The one place files of a root are removed: an entry's files (deleted: :func:`delete`, for
+:meth:`Store.delete <kernelcache.store.root.Store.delete>`; quarantined where found corrupt:
+:func:`quarantine_locked`; superseded by a replacing publish: :func:`remove_locked`), orphan
 artifacts, old staging and quarantined files, lock files no one holds, and the files a module
 keeps of its own (statistics logs and their summary, the usage file, the scan index, a probe:
 :func:`remove_own_file`, each module removing only its own).
@@ -19,18 +21,15 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
 
 from ..errors import CacheError, LockTimeout
 from ..fsio import READ_FLAGS, changed_at
 from ..keys import META_EXT, check_key, split_entry_name
-from ..problem import Problem
 from ..process import warn_once
-from .entry import META_SUFFIX, Artifact
-from .layout import LOCK_DIR, QUARANTINE_DIR, open_subdir, write_new
-from .locks.budget import WaitBudget
-from .locks.locker import Held
+from .entry import META_SUFFIX
+from .layout import LOCK_DIR, NOT_VISIBLE, QUARANTINE_DIR, open_subdir, read_metadata, write_new
 from .locks.readers import exclude_readers
+from .state import StoreState, TakeLock
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +120,7 @@ def quarantine_files(
 def names_of(root: str, key: str) -> list[str]:
     """The file names under the root that belong to ``key`` (metadata first).
 
-    Lists the whole root: only for keys whose metadata cannot say (see :meth:`Store._files_of`).
+    Lists the whole root: only for keys whose metadata cannot say (see :func:`files_of`).
     """
     prefix = key + "."
     names = []
@@ -212,156 +211,72 @@ def remove_unheld_lock(locks_dfd: int, name: str) -> None:
         os.close(fd)  # (drops our flock)
 
 
-class Removal:
-    """What a :class:`~kernelcache.store.root.Store` removes: an entry it is asked to delete,
-    one found corrupt (quarantined) and the files a replacing publish supersedes."""
+def remove_locked(state: StoreState, root_fd: int, key: str, exts: set[str]) -> None:
+    """Delete the metadata of ``key`` and its artifacts of extensions ``exts`` (caller holds
+    the exclusive lock) unless a reader holds one; best effort: the publish that follows
+    replaces the files of the same names. The root is not listed."""
+    names = [f"{key}.{META_EXT}", *(f"{key}.{e}" for e in sorted(exts))]
+    if remove_files(root_fd, names, wait=0.0, best_effort=True) is not None:
+        state.memo.pop(key, None)
 
-    root: str
-    readonly: bool
-    lock_timeout: float
-    _memo: dict[str, tuple[dict[str, Any], float]]
 
-    if TYPE_CHECKING:  # provided by Store (read and _load_metadata: by its Reading)
+def quarantine_locked(state: StoreState, root_fd: int, key: str, reason: str, wait: float) -> bool:
+    """Move every file of ``key`` into .quarantine/ (caller holds the exclusive lock),
+    waiting at most ``wait`` seconds for its readers."""
+    return quarantine_files(state.root, root_fd, key, files_of(state, key, None), reason, wait)
 
-        def lock(self, key: str, *, shared: bool, timeout: float | None = None) -> Held | None: ...
 
-        def read(
-            self, key: str, ext: str | None = None, *, fresh: bool = False
-        ) -> Artifact | Problem | None: ...
+def files_of(state: StoreState, key: str, ext: str | None) -> list[str]:
+    """The files of the entry ``key``, metadata first: its metadata and its artifact of
+    extension ``ext`` (default: the one its metadata names), whether or not they exist.
+    The root is listed only when neither tells (no ``ext`` and no readable metadata), so
+    that deleting many entries never lists the root once per entry."""
+    if ext is None:
+        meta_path = f"{state.prefix}{key}.{META_EXT}"
+        loaded = read_metadata(meta_path, key, trust=state.policy, not_visible=NOT_VISIBLE)
+        if not isinstance(loaded, tuple):
+            return names_of(state.root, key)
+        ext = loaded[0]["ext"]
+    return [f"{key}.{META_EXT}", f"{key}.{ext}"]
 
-        def _load_metadata(self, key: str) -> tuple[dict[str, Any], float] | Problem | None: ...
 
-        def _root_fd(self) -> int: ...
-
-    def repair(
-        self,
-        key: str,
-        ext: str | None = None,
-        *,
-        wait: float | None = None,
-        refuse: Callable[[Artifact], str | None] | None = None,
-    ) -> Artifact | Problem | None:
-        """Re-read ``key`` from disk under its exclusive lock; quarantine it if it is corrupt,
-        or if ``refuse`` gives a reason against the artifact read (:func:`not_whole`, or what
-        a reader that checks more than a read does found: it was read, so it is re-read here
-        and refused only as it still is).
-
-        Returns what the fresh read found: the Artifact (a false alarm, e.g. a concurrent
-        publish), the Problem that got the entry quarantined, or None (the entry is gone, or
-        its lock or readers were held for ``wait`` seconds in all; None: the lock timeout).
-        Read-only stores are never modified: their corrupt entries are reported and skipped.
-        """
-        if self.readonly:
-            again = self.read(key, ext, fresh=True)
-            if isinstance(again, Problem) and again.corrupt:
-                warn_once(
-                    logger,
-                    (self.root, f"ro-corrupt-{key}"),
-                    "kernelcache: corrupt entry %s in read-only root %s (%s); skipping it",
-                    key,
-                    self.root,
-                    again.reason,
-                )
-            return again
-        budget = WaitBudget(self.lock_timeout if wait is None else wait)
+def delete(
+    state: StoreState,
+    lock: TakeLock,
+    key: str,
+    *,
+    ext: str | None = None,
+    wait: float = 0.0,
+    remove_lock: bool = True,
+    check: Callable[[], bool] | None = None,
+) -> bool | None:
+    """:meth:`Store.delete <kernelcache.store.root.Store.delete>`."""
+    check_key(key)
+    if state.readonly:
+        raise CacheError(errno.EROFS, f"{state.root} is a read-only root")
+    try:
+        held = lock(key, shared=False, timeout=wait)
+    except LockTimeout:
+        return None
+    deleted = False
+    keep_lock = False
+    try:
+        if check is not None and not check():
+            keep_lock = True  # the entry stays: so does its lock file
+            return False
         try:
-            held = self.lock(key, shared=False, timeout=budget.remaining())
-        except LockTimeout:
-            return None
+            root_fd = os.open(state.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
         try:
-            again = self.read(key, ext, fresh=True)
-            reason = refuse(again) if refuse is not None and isinstance(again, Artifact) else None
-            if reason is not None:
-                again = Problem(key, reason)
-            if isinstance(again, Problem) and again.corrupt:
-                try:
-                    root_fd = self._root_fd()
-                except CacheError:
-                    return again
-                try:
-                    if self._quarantine_locked(root_fd, key, again.reason, budget.remaining()):
-                        logger.warning(
-                            "kernelcache: quarantined %s under %s: %s", key, self.root, again.reason
-                        )
-                finally:
-                    os.close(root_fd)
-            return again
+            removed = remove_files(root_fd, files_of(state, key, ext), wait=wait)
+            if removed is None:
+                return None
+            deleted = removed
         finally:
-            if held is not None:
-                held.release()
-
-    def _remove_locked(self, root_fd: int, key: str, exts: set[str]) -> None:
-        """Delete the metadata of ``key`` and its artifacts of extensions ``exts`` (caller holds
-        the exclusive lock) unless a reader holds one; best effort: the publish that follows
-        replaces the files of the same names. The root is not listed."""
-        names = [f"{key}.{META_EXT}", *(f"{key}.{e}" for e in sorted(exts))]
-        if remove_files(root_fd, names, wait=0.0, best_effort=True) is not None:
-            self._memo.pop(key, None)
-
-    def _quarantine_locked(self, root_fd: int, key: str, reason: str, wait: float) -> bool:
-        """Move every file of ``key`` into .quarantine/ (caller holds the exclusive lock),
-        waiting at most ``wait`` seconds for its readers."""
-        return quarantine_files(self.root, root_fd, key, self._files_of(key, None), reason, wait)
-
-    def _files_of(self, key: str, ext: str | None) -> list[str]:
-        """The files of the entry ``key``, metadata first: its metadata and its artifact of
-        extension ``ext`` (default: the one its metadata names), whether or not they exist.
-        The root is listed only when neither tells (no ``ext`` and no readable metadata), so
-        that deleting many entries never lists the root once per entry."""
-        if ext is None:
-            loaded = self._load_metadata(key)
-            if not isinstance(loaded, tuple):
-                return names_of(self.root, key)
-            ext = loaded[0]["ext"]
-        return [f"{key}.{META_EXT}", f"{key}.{ext}"]
-
-    def delete(
-        self,
-        key: str,
-        *,
-        ext: str | None = None,
-        wait: float = 0.0,
-        remove_lock: bool = True,
-        check: Callable[[], bool] | None = None,
-    ) -> bool | None:
-        """Delete the entry ``key`` (metadata first, then its artifact) under its exclusive lock.
-
-        ``ext`` is the artifact's extension when the caller knows it (else the metadata says;
-        for a key without readable metadata every file of the key is removed). ``check`` is
-        called under the lock before anything is removed: if it returns False nothing is
-        removed. A caller re-validates there what it decided before taking the lock, so that a
-        writer or reader that got in between is never undone (no check-then-act).
-
-        Waits at most ``wait`` seconds for the key's lock and for readers of its artifact.
-        Returns True if something was deleted, False if nothing was there (or ``check``
-        refused), None if the entry is in use (then nothing is deleted).
-        """
-        check_key(key)
-        if self.readonly:
-            raise CacheError(errno.EROFS, f"{self.root} is a read-only root")
-        try:
-            held = self.lock(key, shared=False, timeout=wait)
-        except LockTimeout:
-            return None
-        deleted = False
-        keep_lock = False
-        try:
-            if check is not None and not check():
-                keep_lock = True  # the entry stays: so does its lock file
-                return False
-            try:
-                root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                return False
-            try:
-                removed = remove_files(root_fd, self._files_of(key, ext), wait=wait)
-                if removed is None:
-                    return None
-                deleted = removed
-            finally:
-                os.close(root_fd)
-            self._memo.pop(key, None)
-        finally:
-            if held is not None:
-                held.release(remove=remove_lock and not keep_lock)
-        return deleted
+            os.close(root_fd)
+        state.memo.pop(key, None)
+    finally:
+        if held is not None:
+            held.release(remove=remove_lock and not keep_lock)
+    return deleted

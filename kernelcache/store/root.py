@@ -1,8 +1,11 @@
 """One cache root on disk: the storage format, atomic publication, verified reads, quarantine.
 
-(The layout of a root: :mod:`kernelcache.store.layout`; whose files are served:
-:mod:`kernelcache.store.trust`; the locks: :mod:`kernelcache.store.locks`; what a store reads:
-:mod:`kernelcache.store.reading`; what it removes: :mod:`kernelcache.store.removal`.)
+:class:`Store` declares every operation on a root; each delegates to a function taking the
+store's :class:`~kernelcache.store.state.StoreState` (what it opened) and, where it takes a
+key's lock, :meth:`Store.lock`: what a store reads, :mod:`kernelcache.store.reading`; writes,
+:mod:`kernelcache.store.writing`; removes, :mod:`kernelcache.store.removal`. (The layout of a
+root: :mod:`kernelcache.store.layout`; whose files are served: :mod:`kernelcache.store.trust`;
+the locks: :mod:`kernelcache.store.locks`.)
 
 Guarantees across processes and hosts sharing a root:
 
@@ -35,33 +38,23 @@ Guarantees across processes and hosts sharing a root:
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..config import DEFAULTS, Settings, settings
-from ..errors import CacheError, LockTimeout, LockUnavailable, WrongExt
-from ..keys import META_EXT, check_ext, check_key
+from ..keys import META_EXT
 from ..problem import Problem
-from ..process import warn_once
-from ..schema.contract import require_whole
-from ..schema.document import encode_metadata, make_metadata, written_document
-from .entry import Artifact, as_bytes
-from .layout import TMP_DIR, open_subdir, resolve_root
+from . import reading, removal, writing
+from .entry import Artifact
+from .layout import resolve_root
 from .locks.budget import WaitBudget
 from .locks.locker import Held, Locker
-from .publish import stage, write_error
-from .reading import Reading
-from .removal import Removal
-from .trust import TrustPolicy, check_policy
-
-logger = logging.getLogger(__name__)
+from .state import StoreState, take_lock
+from .trust import check_policy
 
 
-class Store(Reading, Removal):
+class Store:
     """One root directory. ``readonly`` stores are only read: no lock, touch or quarantine.
 
     Thread-safe and process-safe; see the module docstring for the guarantees.
@@ -82,17 +75,27 @@ class Store(Reading, Removal):
         :func:`~kernelcache.store.layout.resolve_root` made of it (a command or a cache that
         resolved it once), used as given."""
         check_policy(trust)
-        self.root = os.fspath(root) if resolved else resolve_root(root)
-        self._prefix = os.path.join(self.root, "")
-        self.readonly = readonly
-        self.lock_timeout = lock_timeout
+        #: what the store opened, which its methods hand to the functions they delegate to:
+        #: the root and its settings, its trust policy, locks and per-process memo of checked
+        #: documents (:class:`~kernelcache.store.state.StoreState`)
+        self.state = state = StoreState(
+            os.fspath(root) if resolved else resolve_root(root),
+            readonly=readonly,
+            lock_mode=lock_mode,
+            lock_stale=lock_stale,
+            lock_timeout=lock_timeout,
+            trust=trust,
+        )
+        #: the root directory (absolute)
+        self.root: str = state.root
+        #: whether the store is only read
+        self.readonly: bool = readonly
+        #: seconds an operation waits for a key's lock unless told otherwise
+        self.lock_timeout: float = lock_timeout
         #: the trust policy's name (see :data:`kernelcache.store.trust.TRUST_POLICIES`)
-        self.trust = trust
-        self._policy = TrustPolicy(self.root, trust)
-        self.locker = Locker(self.root, mode=lock_mode, stale_after=lock_stale, trust=self._policy)
-        #: checked metadata by key, and when its last-used stamp is due (then it is read again)
-        self._memo: dict[str, tuple[dict[str, Any], float]] = {}
-        self._read_locks = not readonly
+        self.trust: str = trust
+        #: the per-key locks
+        self.locker: Locker = state.locker
 
     @classmethod
     def from_settings(
@@ -128,46 +131,96 @@ class Store(Reading, Removal):
     def __repr__(self) -> str:
         return f"Store({self.root!r}, readonly={self.readonly})"
 
-    # -- paths ----------------------------------------------------------------------------
+    # -- paths and locks ------------------------------------------------------------------
     def path(self, key: str, ext: str) -> str:
-        return f"{self._prefix}{key}.{ext}"
+        """The artifact file of ``key`` with extension ``ext``."""
+        return f"{self.state.prefix}{key}.{ext}"
 
     def meta_path(self, key: str) -> str:
-        return f"{self._prefix}{key}.{META_EXT}"
+        """The metadata file of ``key``."""
+        return f"{self.state.prefix}{key}.{META_EXT}"
 
-    # -- locks ----------------------------------------------------------------------------
     def lock(self, key: str, *, shared: bool, timeout: float | None = None) -> Held | None:
-        """Take the key's lock; None where locks cannot be had (warned once).
+        """Take the key's lock; None where locks cannot be had (warned once), and in a
+        read-only store. Every lock the store's operations take is taken here.
 
         Raises:
-            LockTimeout: held by someone else for the whole timeout.
+            LockTimeout: held by someone else for the whole timeout (None: the lock timeout).
         """
-        if self.readonly:
-            return None
-        try:
-            return self.locker.acquire(
-                key, shared=shared, timeout=self.lock_timeout if timeout is None else timeout
-            )
-        except LockUnavailable as e:
-            warn_once(
-                logger,
-                (self.root, "locks"),
-                "kernelcache: working without locks under %s: %s",
-                self.root,
-                e,
-            )
-            return None
+        return take_lock(self.state, key, shared=shared, timeout=timeout)
+
+    # -- reading --------------------------------------------------------------------------
+    def read(
+        self, key: str, ext: str | None = None, *, fresh: bool = False
+    ) -> Artifact | Problem | None:
+        """Read and verify an entry; None if it does not exist (or is being deleted).
+
+        The artifact is read under a shared ``flock`` on its own descriptor: deleting or
+        quarantining an entry takes that lock exclusively first, so nothing is removed while
+        it is being read, and a reader never waits for another reader. ``ext=None`` accepts
+        whatever extension the entry has. A Problem with ``corrupt=False`` means the key holds
+        another extension than the one asked for.
+
+        The metadata, once read and checked, is remembered per process: a later read of the key
+        opens only the artifact, and verifies its size, trust and digest against the remembered
+        document (what is returned is always a verified pair). Where the artifact no longer
+        matches it (the entry was replaced, repaired or removed), or the last-used stamp is due
+        (:data:`~kernelcache.store.entry.TOUCH_INTERVAL`), the metadata is read from disk
+        again; ``fresh`` always does. An entry read with its metadata from disk is checked
+        against the contract of an entry (:func:`~kernelcache.schema.entry_problem`, less the
+        PTX text scan) before its document is remembered: a remembered document names bytes
+        found whole.
+        """
+        return reading.read(self.state, key, ext, fresh=fresh)
+
+    def inspect(
+        self, key: str, ext: str | None = None, *, any_owner: bool = False, whole: bool = False
+    ) -> Artifact | Problem | None:
+        """:meth:`read` straight from disk, leaving no trace: no reader's lock, no last-used
+        stamp refreshed, nothing remembered. With ``any_owner`` the trust policy is not
+        applied: what the entry is, whoever wrote it (as prune re-checks what it planned).
+        The contract of an entry (:func:`~kernelcache.schema.entry_problem`) is checked as a
+        read checks it, and with ``whole`` in full (the PTX text scan too): what ``verify``
+        runs."""
+        return reading.inspect(self.state, key, ext, any_owner=any_owner, whole=whole)
+
+    def get(self, key: str, ext: str) -> Artifact | Problem | None:
+        """Read an entry; if it looks corrupt, re-check it under the key's lock and quarantine it.
+
+        Returns the Artifact, a Problem (not served: corrupt and quarantined, or the key holds
+        another ext), or None (no entry). Raises ValueError for a malformed key or ext.
+        """
+        return reading.get(self.state, self.lock, key, ext)
+
+    def get_checked(
+        self, key: str, ext: str, *, wait: float | WaitBudget | None = None
+    ) -> Artifact | Problem | None:
+        """:meth:`get` for a key and ext the caller has already validated; a repair waits at
+        most ``wait`` seconds in all (or what is left of that budget; None: the lock
+        timeout)."""
+        return reading.get_checked(self.state, self.lock, key, ext, wait)
+
+    def repair(
+        self,
+        key: str,
+        ext: str | None = None,
+        *,
+        wait: float | None = None,
+        refuse: Callable[[Artifact], str | None] | None = None,
+    ) -> Artifact | Problem | None:
+        """Re-read ``key`` from disk under its exclusive lock; quarantine it if it is corrupt,
+        or if ``refuse`` gives a reason against the artifact read
+        (:func:`~kernelcache.store.entry.not_whole`, or what a reader that checks more than a
+        read does found: it was read, so it is re-read here and refused only as it still is).
+
+        Returns what the fresh read found: the Artifact (a false alarm, e.g. a concurrent
+        publish), the Problem that got the entry quarantined, or None (the entry is gone, or
+        its lock or readers were held for ``wait`` seconds in all; None: the lock timeout).
+        Read-only stores are never modified: their corrupt entries are reported and skipped.
+        """
+        return reading.repair(self.state, self.lock, key, ext, wait=wait, refuse=refuse)
 
     # -- writing --------------------------------------------------------------------------
-    def _root_fd(self) -> int:
-        try:
-            os.makedirs(self.root, exist_ok=True)
-            return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileExistsError as e:
-            raise write_error(self.root, "the cache root exists and is not a directory", e) from e
-        except OSError as e:
-            raise write_error(self.root, f"cannot open the cache root: {e.strerror}", e) from e
-
     def check_writable(self) -> None:
         """Stage and remove an empty file, as a put would.
 
@@ -175,19 +228,7 @@ class Store(Reading, Removal):
             CacheError: entries cannot be written under this root (the message says why and
                 what to do).
         """
-        if self.readonly:
-            raise CacheError(errno.EROFS, f"{self.root} is a read-only root")
-        root_fd = self._root_fd()
-        try:
-            tmp_fd = open_subdir(self.root, TMP_DIR, create=True)
-            try:
-                os.unlink(stage(tmp_fd, self._policy, b""), dir_fd=tmp_fd)
-            finally:
-                os.close(tmp_fd)
-        except OSError as e:
-            raise write_error(self.root, f"staging failed: {e.strerror}", e) from e
-        finally:
-            os.close(root_fd)
+        writing.check_writable(self.state)
 
     def put(
         self,
@@ -214,7 +255,7 @@ class Store(Reading, Removal):
             CacheError: the entry could not be written (the message says why and what to do);
                 nothing partial is left behind.
         """
-        return self.publish(key, ext, data, meta, wait=wait)[0]
+        return writing.publish(self.state, self.lock, key, ext, data, meta, wait=wait)[0]
 
     def publish(
         self,
@@ -235,65 +276,50 @@ class Store(Reading, Removal):
         ``meta`` is a whole document another process wrote (a remote hit, a bundle entry),
         published as written (:func:`~kernelcache.schema.written_document`): never rebuilt
         with this process's covered fields."""
-        check_key(key)
-        check_ext(ext)
-        data = as_bytes(data)
-        if as_written:
-            doc = written_document(key, ext, data, meta)
-        else:
-            doc = make_metadata(key, ext, data, meta)
-        require_whole(key, ext, data, doc)
-        budget = WaitBudget(self.lock_timeout if wait is None else wait)
-        if self.readonly:
-            raise CacheError(errno.EROFS, f"{self.root} is a read-only root")
-        root_fd = self._root_fd()
-        staged: list[str] = []
-        tmp_fd = -1
-        try:
-            try:
-                tmp_fd = open_subdir(self.root, TMP_DIR, create=True)
-                staged.append(stage(tmp_fd, self._policy, data))
-                staged.append(stage(tmp_fd, self._policy, encode_metadata(doc)))
-            except OSError as e:
-                raise write_error(self.root, f"staging failed: {e.strerror}", e, key) from e
-            try:
-                held = self.lock(key, shared=False, timeout=budget.remaining())
-            except LockTimeout as e:
-                raise CacheError(
-                    errno.EAGAIN, f"kernelcache: timed out waiting to write {key} under {self.root}"
-                ) from e
-            try:
-                existing = self.read(key, fresh=True)
-                if isinstance(existing, Artifact):
-                    if existing.ext != ext:
-                        raise WrongExt(f"key {key} already holds a .{existing.ext} artifact")
-                    if not replace:
-                        return existing, False
-                if isinstance(existing, Problem):
-                    if existing.outdated:
-                        self._remove_locked(root_fd, key, {ext, existing.ext or ext})
-                    else:
-                        self._quarantine_locked(root_fd, key, existing.reason, budget.remaining())
-                try:
-                    os.replace(staged[0], f"{key}.{ext}", src_dir_fd=tmp_fd, dst_dir_fd=root_fd)
-                    os.replace(
-                        staged[1], f"{key}.{META_EXT}", src_dir_fd=tmp_fd, dst_dir_fd=root_fd
-                    )
-                except OSError as e:
-                    raise write_error(self.root, f"publishing failed: {e.strerror}", e, key) from e
-                staged.clear()
-                if replace:
-                    self._memo.pop(key, None)
-            finally:
-                if held is not None:
-                    held.release()
-        finally:
-            if tmp_fd >= 0:
-                for name in staged:
-                    with contextlib.suppress(OSError):
-                        os.unlink(name, dir_fd=tmp_fd)
-                os.close(tmp_fd)
-            os.close(root_fd)
-        return Artifact(key, ext, data, self.path(key, ext), doc, "local"), True
+        return writing.publish(
+            self.state,
+            self.lock,
+            key,
+            ext,
+            data,
+            meta,
+            wait=wait,
+            replace=replace,
+            as_written=as_written,
+        )
 
-    # -- repair ---------------------------------------------------------------------------
+    # -- removal --------------------------------------------------------------------------
+    def delete(
+        self,
+        key: str,
+        *,
+        ext: str | None = None,
+        wait: float = 0.0,
+        remove_lock: bool = True,
+        check: Callable[[], bool] | None = None,
+    ) -> bool | None:
+        """Delete the entry ``key`` (metadata first, then its artifact) under its exclusive lock.
+
+        ``ext`` is the artifact's extension when the caller knows it (else the metadata says;
+        for a key without readable metadata every file of the key is removed). ``check`` is
+        called under the lock before anything is removed: if it returns False nothing is
+        removed. A caller re-validates there what it decided before taking the lock, so that a
+        writer or reader that got in between is never undone (no check-then-act).
+
+        Waits at most ``wait`` seconds for the key's lock and for readers of its artifact.
+        Returns True if something was deleted, False if nothing was there (or ``check``
+        refused), None if the entry is in use (then nothing is deleted).
+
+        Raises:
+            ValueError: a malformed key.
+            CacheError: a read-only store.
+        """
+        return removal.delete(
+            self.state,
+            self.lock,
+            key,
+            ext=ext,
+            wait=wait,
+            remove_lock=remove_lock,
+            check=check,
+        )
