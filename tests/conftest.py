@@ -84,11 +84,11 @@ def root(tmp_path: Path) -> Path:
 def assembled(monkeypatch):
     """The bridge's lowerings built from kernel entries, one item each (a lowering replayed
     from a lowering or program entry adds none)."""
-    from bridge.lowering import lower as bridge_call
+    from bridge.lowering import configs
 
     seen: list[int] = []
-    real = bridge_call._assemble
-    monkeypatch.setattr(bridge_call, "_assemble", lambda *a, **k: seen.append(1) or real(*a, **k))
+    real = configs.assemble
+    monkeypatch.setattr(configs, "assemble", lambda *a, **k: seen.append(1) or real(*a, **k))
     return seen
 
 

@@ -37,7 +37,7 @@ from bridge.cli import tune
 from bridge.compile import fetch, variants
 from bridge.entries import decisions, failures
 from bridge.entries.kinds import DECISION, derived_key
-from bridge.lowering import lower as bridge_call
+from bridge.lowering.configs import FETCHED
 from bridge.tune import measure
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
@@ -265,7 +265,7 @@ def test_a_malformed_failure_entry_is_ignored(tmp_path, monkeypatch):
         forget_lowerings(cache.root)
         cache.put(derived_key(key, "failure"), "failure", json.dumps(forged).encode(), {})
         assert failures.remembered(cache, key) is None
-        bridge_call._memo.clear()
+        FETCHED.clear()
         attempts.clear()
         (call,) = decoded(copy_call(K.bounded_copy, cache), F32)
         assert len(attempts) == 1  # that config was compiled again, and is still left out
@@ -285,7 +285,7 @@ def test_failure_entries_travel_in_bundles(tmp_path, monkeypatch):
     monkeypatch.setattr(
         fetch, "compile_source", lambda *a: attempts.append(1) or compile_source(*a)
     )
-    bridge_call._memo.clear()
+    FETCHED.clear()
     cache = kernelcache.Cache(there, readonly_roots=(), remote="")
     (call,) = decoded(copy_call(K.bounded_copy, cache), F32)
     assert len(configs_of(call)) == 2 and not attempts  # nothing compiled, nothing tried
@@ -347,7 +347,7 @@ def test_a_ptxas_crash_leaves_the_config_out_but_is_not_remembered(tmp_path, mon
     monkeypatch.setattr(fetch, "compile_source", crashing)
     cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote="")
     for _ in range(2):
-        bridge_call._memo.clear()
+        FETCHED.clear()
         (call,) = decoded(copy_call(K.bounded_copy, cache), F32)
         assert call.HasField("kernel_call") and call.kernel_call.grid_0 == 16  # BLOCK 256
     assert len(tries) == 2  # tried again by the next lowering

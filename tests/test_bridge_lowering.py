@@ -27,9 +27,9 @@ import kernelcache
 from bridge import versions
 from bridge.compile import compiler as bridge_compile
 from bridge.entries.kinds import derived_key
-from bridge.lowering import lower as bridge_call
 from bridge.lowering import proto
 from bridge.lowering import record as bridge_record
+from bridge.lowering.configs import FETCHED
 from examples import kernels as K
 from examples import ops
 
@@ -717,12 +717,12 @@ def test_vmap_runs_the_kernel_per_batch_element(cache):
 
 # -- the cache --------------------------------------------------------------------------
 def test_a_miss_compiles_once_then_hits(tmp_path):
-    bridge_call._memo.clear()
+    FETCHED.clear()
     root = tmp_path / "cold"
     before = bridge_compile.compile_count()
     decoded(lambda x, y: ops.add(x, y, target="cuda:75", cache=str(root)), F32, F32)
     assert bridge_compile.compile_count() == before + 1
-    bridge_call._memo.clear()
+    FETCHED.clear()
     decoded(lambda x, y: ops.add(x, y, target="cuda:75", cache=str(root)), F32, F32)
     assert bridge_compile.compile_count() == before + 1
     names = sorted(p.suffix for p in root.iterdir() if p.is_file())
@@ -730,13 +730,13 @@ def test_a_miss_compiles_once_then_hits(tmp_path):
 
 
 def test_pruned_ptx_companion_is_rebuilt(tmp_path):
-    bridge_call._memo.clear()
+    FETCHED.clear()
     cache = kernelcache.Cache(root=tmp_path / "c")
     (first,) = decoded(add_fn(cache, target="cuda:75"), F32, F32)
     for p in (tmp_path / "c").glob("*.ptx"):
         os.unlink(p)
     forget_lowerings(tmp_path / "c")
-    bridge_call._memo.clear()
+    FETCHED.clear()
     (second,) = decoded(add_fn(cache, target="cuda:75"), F32, F32)
     assert kernels_of(first)[0].ptx == kernels_of(second)[0].ptx
     assert len(list((tmp_path / "c").glob("*.ptx"))) == 1
@@ -745,7 +745,7 @@ def test_pruned_ptx_companion_is_rebuilt(tmp_path):
 def test_edited_launch_metadata_is_rebuilt_never_lowered(tmp_path):
     """num_warps 4 -> 8 and shared 0 -> 8 edited into a cached kernel's metadata (same size):
     the next lowering compiles again and launches with the real values."""
-    bridge_call._memo.clear()
+    FETCHED.clear()
     root = tmp_path / "c"
     decoded(add_fn(kernelcache.Cache(root=root), target="cuda:75"), F32, F32)
     (path,) = [p for p in root.glob("*.json") if json.loads(p.read_text())["ext"] == "cubin"]
@@ -754,7 +754,7 @@ def test_edited_launch_metadata_is_rebuilt_never_lowered(tmp_path):
     assert edited != raw and len(edited) == len(raw)
     path.write_bytes(edited)
     forget_lowerings(root)
-    bridge_call._memo.clear()
+    FETCHED.clear()
     before = bridge_compile.compile_count()
     (call,) = decoded(add_fn(kernelcache.Cache(root=root), target="cuda:75"), F32, F32)
     (kernel,) = kernels_of(call)
@@ -763,7 +763,7 @@ def test_edited_launch_metadata_is_rebuilt_never_lowered(tmp_path):
 
 
 def test_unwritable_cache_still_lowers(tmp_path):
-    bridge_call._memo.clear()
+    FETCHED.clear()
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     (call,) = decoded(
@@ -859,7 +859,7 @@ def test_recorded_specializations_compile_for_another_target(cache, tmp_path):
     keys = warm.compile_manifest(manifest, ["hip:gfx942"], cache=elsewhere)["hip:gfx942"]
     assert len(keys) == 5 and all(elsewhere.get(k, "hsaco") is not None for k in keys)
     # a later lowering for that target finds every kernel: nothing compiles
-    bridge_call._memo.clear()
+    FETCHED.clear()
     before = bridge_compile.compile_count()
     lowered = []
     remove = bridge.on_lowered(lowered.append)

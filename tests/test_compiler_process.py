@@ -34,7 +34,7 @@ from triton.experimental.gluon import language as gl
 import bridge
 import kernelcache
 from bridge.compile import fetch, variants
-from bridge.lowering import lower as bridge_call
+from bridge.lowering.configs import FETCHED
 from bridge.vendors import backends
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
@@ -128,7 +128,7 @@ def copy_call(kernel, cache, target, **kw):
 
 def lower_again(cache, kernel, target, platform, **kw):
     """Lower as a new process would: from the kernel entries, not this one's memos."""
-    bridge_call._memo.clear()
+    FETCHED.clear()
     forget_lowerings(cache.root)
     return decoded(copy_call(kernel, cache, target, **kw), F32, platform=platform)
 

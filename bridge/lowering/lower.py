@@ -3,7 +3,8 @@ vendor's platform.
 
 Lowering selects the target, binds every variant (autotune config) with Triton's own binder,
 computes each kernel key without compiling, takes the kernels from the cache (compiling only on
-a miss), leaves out the variants that cannot compile or launch (:mod:`bridge.compile.variants`) and emits
+a miss: :mod:`.configs`), leaves out the variants that cannot compile or launch
+(:mod:`bridge.compile.variants`) and emits
 jaxlib's Triton custom call with the messages :mod:`bridge.lowering.messages` builds.
 
 Invariants: the same call, target, software and embedding give a byte-identical opaque in every
@@ -37,18 +38,16 @@ except (ImportError, AttributeError):  # pragma: no cover - later releases
 
 from .. import versions
 from ..caches import as_cache
-from ..call import binding
 from ..call.primitive import triton_call_p
 from ..call.tracing import CallSpec
-from ..compile import variants
 from ..entries import lowerings
 from ..entries.lowerings import Lowered
 from ..entries.programs import Item, Program
 from ..errors import KernelArgumentError
 from ..identity import specialize
-from ..tune import measure, select
+from ..tune import measure
 from ..vendors import targets, vendor_registry
-from . import embed, lowering_keys, messages, proto, record
+from . import configs, embed, lowering_keys, record
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -74,9 +73,6 @@ def _no_cpu(ctx: Any, *args: Any, call: CallSpec, has_side_effect: bool) -> Any:
 
 
 # -- lowering -----------------------------------------------------------------------------
-#: kernels already fetched in this process: (key, target, cache root) -> the KernelBinary, or
-#: why it cannot compile
-_memo: variants.Memo = {}
 
 
 def custom_call_target(lowered: Lowered, jaxlib: str, forward_compat: bool = False) -> str:
@@ -218,7 +214,7 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
             stats.count(cache.root, hits=keyed[1] if found.lowered.autotuned else 1)
             program.note(found, call, target)
             return found.lowered
-    lowered, state, names = _assemble(
+    lowered, state, names = configs.assemble(
         call,
         every,
         target,
@@ -266,99 +262,6 @@ def _replay(
     return Item(key, state, None if names is None else tuple(names), found)
 
 
-class _Configs:
-    """The variants of a call specialized, with their kernels (compiled here or by another
-    process when first asked), ready to become config messages."""
-
-    def __init__(
-        self,
-        call: CallSpec,
-        every_variant: list[binding.Variant],
-        target: targets.Target,
-        jaxlib: str,
-        mode: str,
-        cache: Any,
-        device: Any,
-    ) -> None:
-        self.call, self.target, self.jaxlib, self.mode, self.cache = (
-            call,
-            target,
-            jaxlib,
-            mode,
-            cache,
-        )
-        self.every = [
-            specialize.specialize(call.parts, call.named, variant, target, cache)
-            for variant in every_variant
-        ]
-
-        def usable(spec: specialize.Specialization) -> specialize.Usable | None:
-            n = messages.host_descriptor_count(call, spec.bound, spec.target, jaxlib)
-            return (lambda meta: messages.descriptor_meta(meta, n) is not None) if n else None
-
-        self.found = variants.Variants(self.every, cache, device=device, usable=usable, memo=_memo)
-
-    def config(self, index: int) -> tuple[proto.Config, bool]:
-        """Variant ``index``'s config message, and whether it needs a module image."""
-        call, spec = self.call, self.every[index]
-        bound = spec.bound
-        n_desc = messages.host_descriptor_count(call, bound, self.target, self.jaxlib)
-        kb = self.found.kernel(index)
-        desc_meta = messages.descriptor_meta(kb.meta, n_desc) if n_desc else []
-        if desc_meta is None:
-            raise KernelArgumentError(
-                f"{call.parts.qualname}: Triton compiled its {n_desc} tensor descriptor(s) for "
-                f"{self.target} without TMA metadata; pass the arrays as pointers"
-            )
-        grid = binding.eval_grid(call.grid, bound.bound_args)
-        kernel = messages.kernel_message(call, self.target, self.mode, kb, self.cache, self.jaxlib)
-        kernel_call = messages.kernel_call(call, kernel, bound, desc_meta, grid)
-        image = bool(n_desc) or kernel.global_scratch_size is not None
-        return proto.Config(kernel_call=kernel_call, description=spec.variant.description), image
-
-    def alone(self, index: int) -> bytes:
-        """The opaque of variant ``index`` alone (what measuring it launches)."""
-        one = messages.any_kernel_call(self.call, [self.config(index)[0]], self.mode)
-        return proto.compress(proto.encode(one))
-
-
-def _assemble(
-    call: CallSpec,
-    every_variant: list[binding.Variant],
-    target: targets.Target,
-    platform: str,
-    jaxlib: str,
-    mode: str,
-    cache: Any,
-    autotune: str,
-    device: Any,
-    ours: BridgeSettings,
-) -> tuple[Lowered, str, list[str]]:
-    """Lower ``call`` from its kernels (``every_variant``: its variants, ``ours``: the
-    bridge's settings): the lowering, its state (see :mod:`bridge.entries.lowerings`) and the kernel
-    keys of its variants."""
-    configs: list[proto.Config] = []
-    needs = versions.MODULE_IMAGE if mode == "inline" else (0,)
-    made = _Configs(call, every_variant, target, jaxlib, mode, cache, device)
-    every, found = made.every, made.found
-    # the kernels select needs (every variant at once, compiled here or by another process)
-    chosen = select.select(call, found, target, platform, cache, autotune, made.alone)
-    for index in chosen:
-        config, image = made.config(index)
-        if image:
-            needs = versions.MODULE_IMAGE
-        configs.append(config)
-    if call.choice is None and record.wanted(ours):  # every variant: a later tune measures them
-        for spec in every:
-            grid = binding.eval_grid(call.grid, spec.bound.bound_args)
-            record.emit(record.build(call, target, spec.key, spec.bound, grid), ours)
-    anycall = messages.any_kernel_call(call, configs, mode)
-    opaque = proto.compress(proto.encode(anycall))
-    done = Lowered(opaque, mode, anycall.autotuned_kernel_call is not None, tuple(needs))
-    state = lowerings.EVERY if len(chosen) != 1 or len(every) == 1 else str(chosen[0])
-    return done, state, [spec.key for spec in every]
-
-
 def variant_opaque(call: CallSpec, platform: str) -> measure.Opaque:
     """``opaque(i)``: the custom-call opaque of ``call`` lowered as its variant i alone (what
     measuring variant i launches), its variants specialized once."""
@@ -366,7 +269,7 @@ def variant_opaque(call: CallSpec, platform: str) -> measure.Opaque:
     every = specialize.call_variants(
         call.parts, call.named, call.kwargs, call.options, prepared.target
     )
-    made = _Configs(
+    made = configs.Configs(
         call,
         every,
         prepared.target,
