@@ -55,6 +55,11 @@ order. The numbers:
   crossings by (from, to) module; ``bare_calls`` and ``bare_to``: the crossing calls that hand
   over the value itself (an argument other than ``self`` is the value), and the functions they
   call;
+- ``path`` (a way with an end): the value's path in the call tree, the modules of the frames from
+  the one it is first seen in up to the nearest frame that is also below the end, then down to
+  the end; ``path_returns``: the module changes of the way up. Side trips are off the path: a
+  function handed the value that hands it back, or on to nothing before the end (a check, a
+  lookup, a memo, a companion entry), however many modules it crosses;
 - ``opens``: the objects built from the bare value: calls of a project class's ``__init__``
   (dataclasses' generated ones included) taking the value itself as an argument other than
   ``self``, not made within another such call on the same thread (``Cache(root)`` building its
@@ -70,7 +75,9 @@ The scenarios (:data:`SCENARIOS`):
   destination: ``kernelcache.store``.
 - ``prune``: ``kernelcache --root ROOT prune --max-size ... --older-than 108h`` (the console
   script's ``main``) on a root of eight entries, five of which go. The value: the root; the
-  way: the whole command.
+  way: the whole command; the destination, as the key's: ``kernelcache.store`` (what the store
+  does with the root is its own work; every call into one of its modules from outside it, and
+  every return out of it, still counts).
 
 Only this process's threads are traced: what a forked process does (the bridge's compiler
 process) is not seen. The numbers depend on what the process did before (in-memory memos, warm
@@ -133,6 +140,9 @@ class Event:
     thread: int
     #: the call's plain arguments (str, int, float, bool, None), for ``until`` predicates
     args: Mapping[str, Any] = field(default_factory=dict)
+    #: the function's own frame, then the project frames below it, nearest first, each as
+    #: (serial, module): a serial names one frame for the whole run (ids are reused)
+    chain: tuple[tuple[int, str], ...] = ()
 
     @property
     def peer(self) -> str | None:
@@ -161,6 +171,10 @@ class Way:
     events: list[Event]
     #: its destination, whose own work is not part of the way (see :meth:`Trace.way`)
     inside: tuple[str, ...] = ()
+    #: the modules of its path in the call tree (see :meth:`Trace.way`), and how many of its
+    #: steps go up (a frame returning the value to a caller in another module)
+    path: list[str] = field(default_factory=list)
+    path_returns: int = 0
 
     @property
     def modules(self) -> list[str]:
@@ -239,6 +253,9 @@ class Way:
             "returns": self.returns,
             "hops": self.hops,
             "inside": list(self.inside),
+            "path": self.path,
+            "path_distinct": len(set(self.path)),
+            "path_returns": self.path_returns,
             "opens": self.opens,
             "opened": dict(collections.Counter(self.opened)),
             "events": [
@@ -285,7 +302,29 @@ class Trace:
         origin = first.peer if first.kind == "call" else first.module
         route = [origin] if origin is not None else []
         route += [e.into for e in events if e.crosses and e.into is not None]
-        return Way(name or str(value), route, events, tuple(inside))
+        path, up = _path(first, events[-1]) if until is not None else ([], 0)
+        return Way(name or str(value), route, events, tuple(inside), path, up)
+
+
+def _path(first: Event, last: Event) -> tuple[list[str], int]:
+    """The modules of the value's path in the call tree: from the frame it is first seen in
+    (the returning function of a first event that is a return, the caller of a first call) up
+    to the nearest frame that is also below the last event's function, then down to that
+    function; and how many module changes the way up makes. Side trips (a function the value
+    is handed to that hands it back, or passes it nowhere) are off the path."""
+    born = list(first.chain if first.kind == "return" else first.chain[1:])
+    end = list(last.chain)
+    at = {serial: i for i, (serial, _) in enumerate(end)}
+    top = next((i for i, (serial, _) in enumerate(born) if serial in at), None)
+    if top is None:  # (no common frame: the two halves joined outside the project)
+        up, down = born, end
+    else:
+        up, down = born[:top], end[: at[born[top][0]] + 1]
+    modules = [m for _, m in up] + [m for _, m in reversed(down)]
+    path = [m for i, m in enumerate(modules) if i == 0 or m != modules[i - 1]]
+    ups = [m for _, m in up] + ([down[-1][1]] if down else [])
+    returns = sum(1 for a, b in itertools.pairwise(ups) if a != b)
+    return path, returns
 
 
 def _project(module: str, packages: Sequence[str]) -> bool:
@@ -395,15 +434,19 @@ def trace(
     #: per thread and value, the frame of the open in progress
     opening: dict[tuple[int, Hashable], int] = {}
 
-    def below(frame: types.FrameType) -> tuple[str, ...]:
-        modules = []
-        under = frame.f_back
+    #: a serial per live project frame (by id), given when it is called
+    serials: dict[int, int] = {}
+    counter = itertools.count()
+
+    def chain(frame: types.FrameType) -> tuple[tuple[int, str], ...]:
+        links = []
+        under: types.FrameType | None = frame
         while under is not None:
             module = _module(under)
-            if _project(module, packages):
-                modules.append(module)
+            if _project(module, packages) and id(under) in serials:
+                links.append((serials[id(under)], module))
             under = under.f_back
-        return tuple(modules)
+        return tuple(links)
 
     def profile(frame: types.FrameType, event: str, arg: Any) -> None:
         if event not in ("call", "return"):
@@ -411,6 +454,8 @@ def trace(
         module = _module(frame)
         if not _project(module, packages):
             return
+        if event == "call" and not _resumed(frame):
+            serials[id(frame)] = next(counter)
         found: dict[Hashable, str] = {}
         bare: set[Hashable] = set()
         try:
@@ -428,6 +473,7 @@ def trace(
             return
         thread = threading.get_ident()
         code = frame.f_code
+        links = chain(frame) if found else ()
         for value, held in found.items():
             opens = False
             if event == "call" and code.co_name == "__init__" and value in bare:
@@ -447,12 +493,13 @@ def trace(
                     event,
                     module,
                     _name(frame),
-                    below(frame),
+                    tuple(m for _, m in links[1:]),
                     held,
                     value in bare,
                     opens,
                     thread,
                     args,
+                    links,
                 )
             )
         if event == "return":
@@ -578,7 +625,8 @@ def key_way(target: str = "cuda:90") -> Way:
 def prune_way() -> Way:
     """A root's way through ``kernelcache --root ROOT prune --max-size ... --older-than 108h``
     (the console script's ``main``, in this process) on a root of eight entries, last used 1
-    to 8 days ago: four too old (4.5 days), one more over the size cap."""
+    to 8 days ago: four too old (4.5 days), one more over the size cap; its destination, as
+    the key's, ``kernelcache.store``: the store's own work is not counted."""
     from kernelcache.cli import main
     from kernelcache.store import Store
 
@@ -619,7 +667,7 @@ def prune_way() -> Way:
         left = sorted(p.name for p in Path(root).iterdir() if p.suffix == ".bin")
         if len(left) != 3:
             raise RuntimeError(f"prune left {left}, expected three entries")
-    return traced.way("root", name=f"root {root}")
+    return traced.way("root", name=f"root {root}", inside=("kernelcache.store",))
 
 
 def _root_picker(root: str) -> Callable[[Any], Hashable | None]:
@@ -659,6 +707,11 @@ def table(name: str, w: Way) -> str:
         opened = ", ".join(f"{c} x{n}" for c, n in collections.Counter(w.opened).items())
         lines.append(f"  objects built from the bare value: {w.opens} ({opened})")
     lines.append("  modules: " + " -> ".join(w.modules))
+    if w.path:
+        lines.append(
+            f"  path in the call tree: {len(set(w.path))} modules (bound {BOUND}), "
+            f"{w.path_returns} up: " + " -> ".join(w.path)
+        )
     return "\n".join(lines)
 
 
@@ -707,7 +760,9 @@ def _table_of(name: str, doc: Mapping[str, Any]) -> str:
         e = dict(e)
         peer = e.pop("peer")
         events.append(Event(**e, below=(peer,) if peer else (), thread=0))
-    return table(name, Way(doc["value"], list(doc["route"]), events, tuple(doc["inside"])))
+    way = Way(doc["value"], list(doc["route"]), events, tuple(doc["inside"]))
+    way.path, way.path_returns = list(doc.get("path", [])), doc.get("path_returns", 0)
+    return table(name, way)
 
 
 if __name__ == "__main__":
