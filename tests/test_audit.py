@@ -59,8 +59,8 @@ for kernel, kw in ((K.exact_kernel, {}), (K.open_kernel, {"ACT": "double"})):
 #: hole, as a change it cannot see would make one
 BLIND = """
 import sys
-from bridge.identity import keys
-keys.code_digest = lambda fn: "blind"
+from bridge.identity import kernel_keys
+kernel_keys.code_digest = lambda fn: "blind"
 from kernelcache.cli import main
 sys.exit(main(sys.argv[1:]))
 """
