@@ -1,6 +1,6 @@
 """Kernels whose autotune lists use what Triton's autotuner accepts: backend options in a
 config, configs that cannot compile or launch, and pre_hooks that shape host descriptors or
-zero outputs (tests/test_bridge_autotuner.py, tests/test_bridge_gpu.py). Importable by child
+zero outputs (tests/bridge/tune/test_autotune.py, tests/bridge/call/test_call_gpu.py). Importable by child
 processes and by ``kernelcache warm``."""
 
 from __future__ import annotations

@@ -11,9 +11,8 @@ import types
 from pathlib import Path
 from typing import Any
 
-from conftest import REPO, checked, child_env
+from support import HELPERS, REPO, checked, child_env
 
-TESTS = Path(__file__).resolve().parent
 ELF_MAGIC = b"\x7fELF"
 
 
@@ -150,7 +149,7 @@ def finish_child(proc: subprocess.Popen, timeout: float = 240) -> Any:
 # shared with it, which ``counts`` shows after each compile.
 COUNT_COMPILES = f"""
 import mmap, sys
-sys.path.insert(0, {str(TESTS)!r})
+sys.path.insert(0, {str(HELPERS)!r})
 counts = {{"make_ir": 0, "compile": 0, "triton_key": 0}}
 _shared = mmap.mmap(-1, 8 * len(counts))
 
@@ -238,3 +237,31 @@ def kernel_module(directory: Path, name: str, body: str):
     sys.modules[name] = module
     exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
     return module
+
+
+def opaque(kernel: Any, root: Any, **params: Any) -> str:
+    """The digest of the opaque a lowering of ``kernel`` (one float32 vector of 4096 and its
+    size; ``BLOCK=1024``, 4 programs) for cuda:90 embeds (cache at ``root``)."""
+    import hashlib
+
+    import jax
+    import jax.numpy as jnp
+
+    import bridge
+    import kernelcache
+
+    def fn(x: Any) -> Any:
+        return bridge.triton_call(
+            x,
+            x.size,
+            kernel=kernel,
+            out_shape=x,
+            grid=(4,),
+            BLOCK=1024,
+            target="cuda:90",
+            cache=kernelcache.Cache(str(root)),
+            **params,
+        )
+
+    (call,) = custom_calls(lowered_module(fn, jax.ShapeDtypeStruct((4096,), jnp.float32)))
+    return hashlib.sha256(call["opaque"]).hexdigest()

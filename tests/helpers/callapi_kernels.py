@@ -1,5 +1,5 @@
-"""Kernels for the jax-triton 0.4 call API tests (tests/test_bridge_callapi.py on CPU,
-tests/test_bridge_gpu.py on an H200): the peer's test kernels, in this project's style.
+"""Kernels for the jax-triton 0.4 call API tests (tests/bridge/call/test_call_api.py on CPU,
+tests/bridge/call/test_call_gpu.py on an H200): the peer's test kernels, in this project's style.
 
 Gluon kernels use the mbarrier API every supported Triton has (allocate_shared_memory with an
 MBarrierLayout, ``expect`` with the byte count), and the TMA copies under their current names

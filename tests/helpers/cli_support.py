@@ -1,7 +1,5 @@
-"""Helpers for the command-line tests: run the real console script, make entries.
-
-(No tests here; the test_cli*, test_scan*, test_prune* and test_bundle* modules import it.)
-"""
+"""Helpers for the command-line tests: run the real console script (:func:`kc`,
+:func:`kc_json`, :func:`kc_code`), make entries (:func:`put`), age files, hold shared locks."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from typing import Any
 
 import pytest
 from artifact_images import launch, sized
-from conftest import child_env, key_of
+from support import REPO, child_env, key_of
 
 from kernelcache.store import Artifact, Store
 
@@ -56,6 +54,27 @@ def kc(
         stdin=subprocess.DEVNULL,
         cwd=cwd,
     )
+
+
+def kc_code(
+    *args: str, code: int, prelude: str | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """The real console script run with ``args`` (in the checkout, no root given), or with
+    ``prelude`` (Python code that runs the command itself) in a fresh interpreter; it must exit
+    with ``code``."""
+    assert KERNELCACHE is not None, "install the project first (pip install -e '.[bridge]')"
+    cmd = [sys.executable, "-c", prelude, *args] if prelude else [KERNELCACHE, *args]
+    proc = subprocess.run(
+        cmd,
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(REPO),
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == code, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
 
 
 def kc_json(root: Path | str | None, *args: str, code: int = 0, **kw: Any) -> dict[str, Any]:

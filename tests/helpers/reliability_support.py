@@ -1,8 +1,6 @@
-"""Helpers for the reliability tests: a child harness that SIGKILLs itself at a chosen
-file-system call, the post-crash audit, and the figures for benchmarks/RELIABILITY.md.
-
-(No tests here; the test_reliability*, test_hostile* and test_fuzz* modules import it.)
-"""
+"""Helpers for the reliability and hostile-input tests (tests/system/): a child harness that
+SIGKILLs itself at a chosen file-system call, the post-crash audit, and the figures for
+benchmarks/RELIABILITY.md."""
 
 from __future__ import annotations
 
@@ -24,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from artifact_images import sized
-from conftest import child_env, metadata_keys
+from support import child_env, metadata_keys
 
 import kernelcache
 from kernelcache import cli

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import child_env
+from support import child_env
 
 META = {"name": "kernel", "target": "cuda:90"}
 

@@ -1,9 +1,14 @@
-"""Shared fixtures: cache roots in temporary directories and fresh child Python processes."""
+"""Helpers every kind of test uses: the checkout's paths, valid keys, fresh child Python
+processes that import this checkout (plain, in a private mount namespace, on a
+pseudo-terminal), and what this machine lets a test do (``IS_ROOT``, ``CAN_UNSHARE``,
+``CAN_DROP_PRIVILEGES``, ``CAN_SHARE``).
+
+Plain functions and constants, importable by child processes too (``HELPERS`` is the folder
+to put on their path); the fixtures are in the conftest.py files."""
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import subprocess
 import sys
@@ -11,15 +16,17 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 # The kernelcache command these tests run loads the bridge's command plugin, which declares the
-# bridge's metadata fields (launch fields such as num_warps are covered); this process declares
-# them too, so that entries the tests write are entries such a reader serves.
+# bridge's metadata fields (launch fields such as num_warps are covered); a process that imports
+# these helpers declares them too (the tests' conftest.py does as well), so that entries it writes
+# are entries such a reader serves.
 import bridge.entries.fields  # noqa: F401
 from kernelcache.keys import META_EXT, split_entry_name
 
-REPO = Path(__file__).resolve().parent.parent
+#: this folder (tests/helpers): on a child process's path, it imports these modules
+HELPERS = Path(__file__).resolve().parent
+#: the checkout
+REPO = HELPERS.parent.parent
 
 
 def key_of(*parts: object) -> str:
@@ -66,38 +73,6 @@ def metadata_keys(root: str | os.PathLike[str]) -> list[str]:
     return [parts[0] for parts in map(split_entry_name, names) if parts and parts[1] == META_EXT]
 
 
-@pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch, tmp_path_factory):
-    """Tests never see the caller's kernelcache variables, and get a private default root."""
-    for name in list(os.environ):
-        if name.startswith("KERNELCACHE_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path_factory.mktemp("default-root")))
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "cache"
-
-
-@pytest.fixture
-def assembled(monkeypatch):
-    """The bridge's lowerings built from kernel entries, one item each (a lowering replayed
-    from a lowering or program entry adds none)."""
-    from bridge.lowering import lower as bridge_call
-
-    seen: list[int] = []
-    real = bridge_call._assemble
-    monkeypatch.setattr(bridge_call, "_assemble", lambda *a, **k: seen.append(1) or real(*a, **k))
-    return seen
-
-
-@pytest.fixture
-def caplog_warnings(caplog):
-    caplog.set_level(logging.WARNING, logger="kernelcache")
-    return caplog
-
-
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
@@ -116,6 +91,14 @@ CAN_UNSHARE = sys.platform == "linux" and _probe(
 CAN_DROP_PRIVILEGES = IS_ROOT and _probe(
     "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "true"
 )
+
+
+#: running as root with a private mount namespace and setpriv: real users that share a group
+CAN_SHARE = IS_ROOT and _probe(
+    "unshare", "-m", "sh", "-c", "setpriv --reuid=65534 --regid=65534 --clear-groups true"
+)
+#: the group of such a shared root
+SHARE_GID = 4242
 
 
 def run_in_namespace(setup: str, code: str, timeout: float = 120) -> subprocess.CompletedProcess:

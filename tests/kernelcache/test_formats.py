@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from artifact_images import PTX, elf_image, launch, plant
 from bridge_helpers import forget_lowerings, run_child
-from conftest import CAN_UNSHARE, key_of, run_in_namespace
+from cli_support import kc_json
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_cli_support import kc_json
+from support import CAN_UNSHARE, HELPERS, key_of, run_in_namespace
 
 import kernelcache
 from kernelcache.formats import EM_AMDGPU, EM_CUDA, elf_problem, problem, ptx_problem
@@ -401,7 +401,7 @@ def test_a_lowering_never_embeds_a_cut_short_entry(tmp_path):
     _store_as_before(root, key, "cubin", whole[:4096], **fields)
 
     code = LOWER.format(root=str(root)) + textwrap.dedent(f"""
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path.insert(0, {str(HELPERS)!r})
         from bridge_helpers import decoded, kernels_of
         (call,) = decoded(lambda x, y: ops.add(x, y, cache=cache, target="cuda:90",
                                                 embed="inline"), F32, F32)

@@ -11,8 +11,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, child_env, run_on_a_terminal
-from test_cli_support import KERNELCACHE, put
+from cli_support import KERNELCACHE, put
+from support import REPO, child_env, run_on_a_terminal
 
 from kernelcache.stats import read_logs
 

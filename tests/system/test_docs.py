@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from conftest import REPO, child_env
+from support import REPO, child_env
 
 import bridge  # noqa: F401  (declares the bridge's variables)
 from kernelcache.config import variables
@@ -311,7 +311,7 @@ def test_blocks_are_of_known_languages_and_start_their_line():
     for block in BLOCKS:
         assert block.indent == "", f"{_id(block)}: a fence must start its line"
         assert block.language in RUN or block.language in SHOWN, (
-            f"{_id(block)}: ```{block.language}: add it to RUN or SHOWN in tests/test_docs.py"
+            f"{_id(block)}: ```{block.language}: add it to RUN or SHOWN in tests/system/test_docs.py"
         )
 
 

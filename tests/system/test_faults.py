@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import threading
 
-from conftest import key_of
+from support import key_of
 
 import kernelcache
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from conftest import REPO, metadata_keys
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from support import REPO, metadata_keys
 
 import kernelcache
 from kernelcache import bundle, stats

@@ -29,12 +29,12 @@ from pathlib import Path
 
 import pytest
 from artifact_images import elf_image, launch
-from conftest import IS_ROOT, child_env, key_of, run_py
+from cli_support import kc, put
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
-from test_cli_support import kc, put
-from test_reliability_support import record_figures, run_cli
+from reliability_support import record_figures, run_cli
+from support import CAN_SHARE, HELPERS, IS_ROOT, SHARE_GID, child_env, key_of, run_py
 
 import kernelcache
 from kernelcache import bundle
@@ -465,7 +465,7 @@ logging.basicConfig(level=logging.WARNING)
 sys.path.insert(0, sys.argv[3])
 import kernelcache
 from kernelcache import stats
-from test_reliability_support import record_figures, run_cli
+from reliability_support import record_figures, run_cli
 root, elsewhere = sys.argv[1], sys.argv[2]
 keys = [("%02x" % i) * 32 for i in range(4)]
 cache = kernelcache.Cache(root, readonly_roots=(), lock_timeout=2)
@@ -527,7 +527,7 @@ def test_planted_symlinks_never_redirect_a_write(tmp_path, layout):
     elsewhere.mkdir()
     root = tmp_path / "cache"
     _plant(root, victim_dir, victim, layout)
-    proc = run_py(WORKLOAD, str(root), str(elsewhere), str(Path(__file__).parent))
+    proc = run_py(WORKLOAD, str(root), str(elsewhere), str(HELPERS))
     codes = json.loads(proc.stdout.strip().splitlines()[-1])
     assert codes["stats"] == 0 and codes["ls"] == 0, (codes, proc.stderr)
     assert list(victim_dir.iterdir()) == []
@@ -541,28 +541,6 @@ def test_planted_symlinks_never_redirect_a_write(tmp_path, layout):
 
 
 # -- a group-shared root, two real users, and an intruder ------------------------------------------
-def _can_mount_namespace() -> bool:
-    if not IS_ROOT:
-        return False
-    try:
-        probe = subprocess.run(
-            [
-                "unshare",
-                "-m",
-                "sh",
-                "-c",
-                "setpriv --reuid=65534 --regid=65534 --clear-groups true",
-            ],
-            capture_output=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
-
-
-CAN_SHARE = _can_mount_namespace()
-SHARE_GID = 4242
 # One role of the scenario, run as a real user (setpriv) with umask 002.
 ROLE = """
 import json, logging, os, sys
@@ -570,7 +548,7 @@ logging.basicConfig(level=logging.WARNING)
 os.umask(0o002)
 import kernelcache
 sys.path.insert(0, sys.argv[3])
-from test_reliability_support import record_figures, run_cli
+from reliability_support import record_figures, run_cli
 role, root = sys.argv[1], sys.argv[2]
 k1, k2, k3 = "a1" * 32, "b2" * 32, "c3" * 32
 cache = kernelcache.Cache(root, readonly_roots=())
@@ -616,11 +594,11 @@ def test_group_shared_root_two_users_and_an_intruder(tmp_path):
             path.mkdir()
             os.chown(path, 0, SHARE_GID)
             os.chmod(path, mode)
-        tests_dir = str(Path(__file__).parent)
+        helpers_dir = str(HELPERS)
 
         def as_user(uid: int, gid: int, role: str, where: Path) -> str:
             who = f"--reuid={uid} --regid={gid} --init-groups"
-            argv = " ".join(repr(a) for a in (role, str(where), tests_dir, str(world)))
+            argv = " ".join(repr(a) for a in (role, str(where), helpers_dir, str(world)))
             return f'setpriv {who} {sys.executable} -c "$ROLE" {argv}'
 
         script = "\n".join(

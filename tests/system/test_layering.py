@@ -2,9 +2,8 @@
 ``kernelcache`` never imports ``bridge``.
 
 Read statically from every import statement of every module (function-level and
-``TYPE_CHECKING`` imports included), so an import that runs only on some path still counts.
-``from . import name`` is an edge to the submodule ``name`` when there is one, else to the
-package's ``__init__``; the implicit import of a module's parent packages is not an edge.
+``TYPE_CHECKING`` imports included: tests/helpers/import_graph.py), so an import that runs only
+on some path still counts.
 """
 
 from __future__ import annotations
@@ -13,53 +12,10 @@ import ast
 from pathlib import Path
 
 import pytest
+from import_graph import import_graph, module_files
+from support import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("kernelcache", "bridge")
-
-
-def _modules(base: Path, packages: tuple[str, ...]) -> dict[str, Path]:
-    """{dotted module name: file} of every module of the packages."""
-    found = {}
-    for package in packages:
-        for path in sorted((base / package).rglob("*.py")):
-            parts = list(path.relative_to(base).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
-    return found
-
-
-def _imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The modules of ``modules`` that the import statements of module ``name`` name."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-    targets: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            targets.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[: len(package) - (node.level - 1)]
-                origin = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                origin = node.module or ""
-            for alias in node.names:
-                sub = f"{origin}.{alias.name}"
-                targets.add(sub if sub in modules else origin)
-    edges = set()
-    for target in targets:
-        while target and target not in modules:  # `import a.b.c` of a name inside a module
-            target = target.rpartition(".")[0]
-        if target and target != name:
-            edges.add(target)
-    return edges
-
-
-def import_graph(base: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
-    """{module: the modules of ``packages`` it imports}, from the files under ``base``."""
-    modules = _modules(base, packages)
-    return {name: _imported(name, path, modules) for name, path in modules.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -196,7 +152,7 @@ def test_every_kernelcache_exception_derives_from_its_base():
     from kernelcache.errors import KernelCacheError
 
     classes = []
-    for name in _modules(REPO, ("kernelcache",)):
+    for name in module_files(REPO, ("kernelcache",)):
         if name.endswith("__main__"):
             continue
         module = importlib.import_module(name)

@@ -1,7 +1,7 @@
 """The bridge's folders are the stages a kernel passes through, and the imports say so.
 
 Read statically from every import statement of every module (function-level and
-``TYPE_CHECKING`` imports included, as in ``tests/test_layering.py``): a module imports only
+``TYPE_CHECKING`` imports included: tests/helpers/import_graph.py): a module imports only
 modules of its own stage or of earlier ones. Besides: only ``bridge/entries/kinds.py`` names
 the extension of an entry the bridge stores, and every such entry is stored and looked up
 through its kind there (under one name each), no module of the bridge is over 500 lines, each
@@ -15,12 +15,11 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-from pathlib import Path
 
 import pytest
-from test_layering import _modules, import_graph
+from import_graph import import_graph, module_files
+from support import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 BRIDGE = REPO / "bridge"
 
 #: the stages, in order; a module of a stage imports only modules of it and of those before it
@@ -183,7 +182,7 @@ def test_every_bridge_exception_is_declared_in_errors_under_kernelcaches_base():
     from kernelcache.errors import KernelCacheError
 
     stray, outside = [], []
-    for name in _modules(REPO, ("bridge",)):
+    for name in module_files(REPO, ("bridge",)):
         module = importlib.import_module(name)
         for value in vars(module).values():
             if (

@@ -5,17 +5,15 @@ Layers, bottom to top: the foundation (the modules at the top of the package), `
 ``store``, ``stats``, ``remote`` and ``maintenance`` (side by side: neither imports the
 other), ``cache``, ``bundle`` and ``doctor`` (side by side), ``cli``. The package's
 ``__init__`` (the public API) may import from any layer. Read statically with
-:func:`import_graph` of tests/test_layering.py, so function-level and ``TYPE_CHECKING``
-imports count too.
+:func:`import_graph` (tests/helpers/import_graph.py), so function-level and
+``TYPE_CHECKING`` imports count too.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from import_graph import import_graph
+from support import REPO
 
-from test_layering import import_graph
-
-REPO = Path(__file__).resolve().parent.parent
 MAX_LINES = 500
 
 #: folder -> its layer (the foundation, the top-level modules, is 0)

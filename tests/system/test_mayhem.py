@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from artifact_images import elf_image, launch
-from conftest import key_of
+from support import key_of
 
 import kernelcache
 from kernelcache import stats

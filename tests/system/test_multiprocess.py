@@ -13,7 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from conftest import child_env, metadata_keys
+from support import child_env, metadata_keys
 
 import kernelcache
 from kernelcache.keys import split_entry_name

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 from artifact_images import elf_image, launch
-from conftest import CAN_DROP_PRIVILEGES, checked, child_env, key_of, run_py
-from test_cli_support import kc, kc_json, put
+from cli_support import kc, kc_json, put
+from support import CAN_DROP_PRIVILEGES, checked, child_env, key_of, run_py
 
 import kernelcache
 from kernelcache.errors import WrongExt

@@ -1,11 +1,11 @@
 """The README stays a true front page: it opens with the commands CI runs, sets up environments
-that do not share a compiler, and stays short (the manual is docs/, see tests/test_docs.py)."""
+that do not share a compiler, and stays short (the manual is docs/, see tests/system/test_docs.py)."""
 
 from __future__ import annotations
 
 import re
 
-from conftest import REPO
+from support import REPO
 
 README = (REPO / "README.md").read_text()
 #: the most lines the front page may have

@@ -19,16 +19,17 @@ from pathlib import Path
 
 import pytest
 from artifact_images import elf_image
-from conftest import (
+from cli_support import put
+from reliability_support import record_figures, run_cli
+from support import (
     CAN_DROP_PRIVILEGES,
     CAN_UNSHARE,
+    HELPERS,
     child_env,
     key_of,
     run_in_namespace,
     run_py,
 )
-from test_cli_support import put
-from test_reliability_support import record_figures, run_cli
 
 import kernelcache
 from kernelcache.store import Artifact, Store
@@ -101,7 +102,7 @@ def _counter(root, name: str) -> int:
 # A job process: get_or_create three kernels (whole cubins; each build waits until told to
 # finish when $KC_HOLD names a file), print what it got.
 JOB = (
-    f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+    f"import sys\nsys.path.insert(0, {str(HELPERS)!r})\n"
     + """
 import json, logging, os, sys, time, kernelcache
 from artifact_images import elf_image, launch
@@ -285,8 +286,8 @@ def test_import_into_a_full_disk_publishes_nothing_and_leaves_nothing_in_the_way
         f"mount -t tmpfs -o size=256k tmpfs {root}",
         f"""
         import json, os, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_reliability_support import run_cli
+        sys.path.insert(0, {str(HELPERS)!r})
+        from reliability_support import run_cli
         root = {str(root)!r}
         code, out = run_cli("--root", root, "import", {str(bundle_path)!r}, "--json")
         print("FIRST", code, json.loads(out).get("error", ""))

@@ -12,8 +12,8 @@ import time
 
 from artifact_images import elf_image, launch, ptx_text
 from bridge_helpers import finish_child, start_child
-from conftest import key_of
-from test_reliability_support import record_figures, run_cli
+from reliability_support import record_figures, run_cli
+from support import key_of
 
 import kernelcache
 
@@ -25,7 +25,7 @@ LOWER = """
 import hashlib, json, os, sys, time
 index, peers, barrier = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 import jax, jax.numpy as jnp
-sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+sys.path.insert(0, os.path.join(os.getcwd(), "tests", "helpers"))
 from bridge_helpers import custom_calls, lowered_module
 from bridge.compile import compiler as bridge_compile
 from examples import ops
@@ -175,8 +175,8 @@ def test_chaos_jobs_pruner_kills_and_damage(tmp_path):
     import subprocess
     import sys
 
-    from conftest import child_env
-    from test_reliability_support import audit
+    from reliability_support import audit
+    from support import child_env
 
     root = tmp_path / "root"
     stop = tmp_path / "stop"

@@ -29,8 +29,7 @@ from pathlib import Path
 
 import pytest
 from artifact_images import launch, sized
-from conftest import key_of, metadata_keys, run_py
-from test_reliability_support import (
+from reliability_support import (
     KILLER,
     audit,
     kill_points,
@@ -39,6 +38,7 @@ from test_reliability_support import (
     run_armed,
     run_cli,
 )
+from support import HELPERS, key_of, metadata_keys, run_py
 
 import kernelcache
 from kernelcache.store import Artifact, Store
@@ -69,7 +69,7 @@ def _backdate(path: Path, seconds: float) -> None:
 
 # -- put ------------------------------------------------------------------------------------
 PUT = (
-    f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+    f"import sys\nsys.path.insert(0, {str(HELPERS)!r})\n"
     + """
 import hashlib, os, sys, kernelcache
 from artifact_images import launch, sized

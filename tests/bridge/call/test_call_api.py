@@ -1,7 +1,7 @@
 """jax-triton 0.4's call API (``out_type=``, flattened aliases, keyword operands, refs,
 ``backend_options=``, ``has_side_effect=``, ``cost_estimate=``, tensor descriptors) beside the
 0.3 convention, checked on CPU by lowering for "cuda" and decoding what lands in the custom call.
-The same calls run on an H200 in tests/test_bridge_gpu.py."""
+The same calls run on an H200 in tests/bridge/call/test_call_gpu.py."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from callapi_kernels import (
     tma_copy_kernel,
     two_outputs_kernel,
 )
-from conftest import REPO, child_env
+from support import REPO, child_env
 from triton.experimental.gluon import language as gl
 
 import bridge

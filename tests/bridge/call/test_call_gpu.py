@@ -1,7 +1,7 @@
 """On an NVIDIA GPU: results against jnp in every embedding the installed jaxlib allows, and the
 multi-process story with JAX's persistent compilation cache.
 
-Run on the GPU machine with:  python -m pytest -m gpu tests/test_bridge_gpu.py -v
+Run on the GPU machine with:  python -m pytest -m gpu tests/bridge/call/test_call_gpu.py -v
 """
 
 from __future__ import annotations
@@ -294,7 +294,7 @@ def test_processes_share_the_jax_cache_and_survive_a_pruned_kernel_cache(tmp_pat
 
 # -- jax-triton 0.4's call API on the device (the peer's test cases, ported) -------------------
 # Each test names the peer test (jax-triton 0.4.1 tests/triton_call_test.py or gluon_test.py) it
-# ports. Kernels: tests/callapi_kernels.py.
+# ports. Kernels: tests/helpers/callapi_kernels.py.
 import callapi_kernels as CK  # noqa: E402
 
 JAXLIB_TMA = versions.has_tma_descriptors(versions.jaxlib_version())
@@ -691,7 +691,7 @@ def test_export_round_trip_runs(cache, embed, tmp_path):
 
 
 # -- Triton's autotuner: per-config descriptor blocks and zeroing pre_hooks -------------------------
-# Kernels: tests/autotuner_kernels.py (lowered on CPU by tests/test_bridge_autotuner.py).
+# Kernels: tests/helpers/autotuner_kernels.py (lowered on CPU by tests/bridge/tune/test_autotune.py).
 import autotuner_kernels as AK  # noqa: E402
 
 from bridge.cli import tune  # noqa: E402

@@ -7,7 +7,7 @@ Lowered on the CPU for cuda:90, hip:gfx942 and hip:gfx950, reading the custom ca
 aliases and kernel parameters; the ``gpu`` tests run the same calls on an NVIDIA GPU against
 NumPy.
 
-Run the GPU tests with:  python -m pytest -m gpu tests/test_bridge_conventions.py -v
+Run the GPU tests with:  python -m pytest -m gpu tests/bridge/call/test_conventions.py -v
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import child_env
-from test_explain import kc
+from cli_support import kc_code
+from support import child_env
 
 KERNELS = """
 import triton
@@ -90,7 +90,7 @@ def project(tmp_path_factory) -> dict[str, Any]:
 
 
 def audit(root: Path, project: dict[str, Any], *more: str, code: int, prelude=None) -> Any:
-    proc = kc(
+    proc = kc_code(
         "--root",
         str(root),
         "audit",
@@ -122,7 +122,7 @@ def test_exact_and_open_kernels_are_told_apart_and_nothing_is_written(project):
     # --strict fails on an open kernel too
     assert audit(project["root"], project, "--strict", code=1)["open"] == 1
     # explain says it too, and finds the open kernel's entry (keyed by its IR)
-    explained = kc(
+    explained = kc_code(
         "--root",
         str(project["root"]),
         "explain",
@@ -145,7 +145,7 @@ def test_a_change_the_key_does_not_see_is_a_hole(project, tmp_path):
     """An analysis blind to the kernel's code keys the edited kernel as before: the entry under
     that key was compiled from other IR, and the audit says so, and fails."""
     root = tmp_path / "blind"
-    kc(
+    kc_code(
         "--root",
         str(root),
         "warm",

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, child_env
-from test_cli_support import kc as run_kc
+from cli_support import kc as run_kc
+from support import REPO, child_env
 
 pytest.importorskip("jax", reason="records and replays bridge calls")
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, child_env
-from test_cli_support import KERNELCACHE
+from cli_support import kc_code
+from support import REPO
 
 # the kernelcache command, in a process that believes its Triton is another release
 FAKE_TRITON = """
@@ -35,24 +34,6 @@ sys.exit(main(sys.argv[1:]))
 RECORD = (REPO / "examples" / "manifest.jsonl").read_text().splitlines()[0]
 
 
-def kc(
-    *args: str, code: int, prelude: str | None = None, **env: str
-) -> subprocess.CompletedProcess[str]:
-    assert KERNELCACHE is not None, "install the project first (pip install -e '.[bridge]')"
-    cmd = [sys.executable, "-c", prelude, *args] if prelude else [KERNELCACHE, *args]
-    proc = subprocess.run(
-        cmd,
-        env=child_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=str(REPO),
-        stdin=subprocess.DEVNULL,
-    )
-    assert proc.returncode == code, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc
-
-
 def as_json(proc: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(proc.stdout)
 
@@ -64,7 +45,7 @@ def other_triton(tmp_path_factory) -> dict[str, Path]:
     manifest = tmp / "manifest.jsonl"
     manifest.write_text(RECORD + "\n")
     root = tmp / "root"
-    kc(
+    kc_code(
         "--root",
         str(root),
         "warm",
@@ -79,7 +60,7 @@ def other_triton(tmp_path_factory) -> dict[str, Path]:
 
 def test_explain_names_the_triton_version_that_differs(other_triton):
     root, manifest = str(other_triton["root"]), str(other_triton["manifest"])
-    doc = as_json(kc("--root", root, "explain", manifest, "--json", code=1))
+    doc = as_json(kc_code("--root", root, "explain", manifest, "--json", code=1))
     assert (doc["command"], doc["hit"], doc["miss"]) == ("explain", 0, 1)
     (result,) = doc["results"]
     assert result["status"] == "miss" and result["target"] == "cuda:90"
@@ -94,23 +75,25 @@ def test_explain_names_the_triton_version_that_differs(other_triton):
             "detail": "Triton version 3.6.0 here vs 3.9.0 in the entry",
         }
     ]
-    text = kc("--root", root, "explain", manifest, code=1).stdout
+    text = kc_code("--root", root, "explain", manifest, code=1).stdout
     assert "Triton version 3.6.0 here vs 3.9.0 in the entry" in text
     assert "0 hit, 1 missed" in text
     # the same toolchain as the warm run: a hit
-    same = as_json(kc("--root", root, "explain", manifest, "--json", code=0, prelude=FAKE_TRITON))
+    same = as_json(
+        kc_code("--root", root, "explain", manifest, "--json", code=0, prelude=FAKE_TRITON)
+    )
     assert [r["status"] for r in same["results"]] == ["hit"]
 
 
 def test_import_dry_run_says_which_entries_this_machine_would_look_up(other_triton):
     tmp, root = other_triton["tmp"], str(other_triton["root"])
     # one more kernel, for hip:gfx942, warmed with this machine's Triton
-    kc("--root", root, "warm", str(other_triton["manifest"]), "--target", "hip:gfx942", code=0)
+    kc_code("--root", root, "warm", str(other_triton["manifest"]), "--target", "hip:gfx942", code=0)
     bundle = str(tmp / "bundle.tar")
-    kc("--root", root, "export", bundle, "--force", code=0)
+    kc_code("--root", root, "export", bundle, "--force", code=0)
     empty = str(tmp / "empty")
     doc = as_json(
-        kc(
+        kc_code(
             "--root",
             empty,
             "import",
@@ -132,7 +115,7 @@ def test_import_dry_run_says_which_entries_this_machine_would_look_up(other_trit
     }
     # this machine's own identity memo (written by the hip warm run) is looked up
     assert lookup["looked_up"] == doc["entries"] - sum(reasons.values()) >= 1
-    text = kc(
+    text = kc_code(
         "--root", empty, "import", "--dry-run", bundle, code=0, KERNELCACHE_TARGET="cuda:90"
     ).stdout
     assert (
@@ -141,7 +124,7 @@ def test_import_dry_run_says_which_entries_this_machine_would_look_up(other_trit
     assert not os.path.exists(empty) or not os.listdir(empty)  # a dry run writes nothing
     # without the bridge's dependencies: said so, the rest of the dry run as before
     bare = as_json(
-        kc("--root", empty, "import", "--dry-run", bundle, "--json", code=0, prelude=NO_TRITON)
+        kc_code("--root", empty, "import", "--dry-run", bundle, "--json", code=0, prelude=NO_TRITON)
     )
     assert bare["lookup"]["looked_up"] is None and bare["entries"] == doc["entries"]
     assert "which entries this machine would look up is not known" in bare["lookup"]["toolchain"]
@@ -160,10 +143,10 @@ def test_explain_names_an_edited_source_and_serves_entries_without_components(tm
     manifest.write_text(json.dumps(record) + "\n")
     env = {"PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
     common = ("--root", str(tmp_path / "root"))
-    kc(*common, "warm", str(manifest), "--target", "cuda:90", code=0, **env)
+    kc_code(*common, "warm", str(manifest), "--target", "cuda:90", code=0, **env)
 
     def explain(code: int) -> dict[str, Any]:
-        (result,) = as_json(kc(*common, "explain", str(manifest), "--json", code=code, **env))[
+        (result,) = as_json(kc_code(*common, "explain", str(manifest), "--json", code=code, **env))[
             "results"
         ]
         return result
@@ -176,7 +159,7 @@ def test_explain_names_an_edited_source_and_serves_entries_without_components(tm
     assert result["status"] == "miss" and result["nearest"]["components_recorded"] is True
     assert [d["component"] for d in result["nearest"]["differences"]] == ["code"]
     assert "the kernel's source changed since the manifest was recorded" in result["notes"]
-    text = kc(*common, "explain", str(manifest), code=1, **env).stdout
+    text = kc_code(*common, "explain", str(manifest), code=1, **env).stdout
     assert (
         "code digest (every global, attribute and helper the frontend reads, by content) differs"
         in text
@@ -190,7 +173,10 @@ def test_explain_names_an_edited_source_and_serves_entries_without_components(tm
     result = explain(code=1)
     assert result["nearest"]["components_recorded"] is False
     assert result["nearest"]["differences"] == []
-    assert "components not recorded" in kc(*common, "explain", str(manifest), code=1, **env).stdout
+    assert (
+        "components not recorded"
+        in kc_code(*common, "explain", str(manifest), code=1, **env).stdout
+    )
     kernels.write_text(source)
     assert explain(code=0)["status"] == "hit"
 
@@ -202,15 +188,19 @@ def test_explain_takes_target_patterns_and_names_only_the_target_that_differs(tm
     manifest = tmp_path / "manifest.jsonl"
     manifest.write_text(RECORD + "\n")  # recorded for cuda:90
     common = ("--root", str(tmp_path / "root"))
-    kc(*common, "warm", str(manifest), "--target", "cuda:80", code=0)
-    doc = as_json(kc(*common, "explain", str(manifest), "--target", "cuda:*", "--json", code=1))
+    kc_code(*common, "warm", str(manifest), "--target", "cuda:80", code=0)
+    doc = as_json(
+        kc_code(*common, "explain", str(manifest), "--target", "cuda:*", "--json", code=1)
+    )
     (result,) = doc["results"]
     assert result["target"] == "cuda:90" and result["status"] == "miss"
     assert result["nearest"]["target"] == "cuda:80"
     assert [d["component"] for d in result["nearest"]["differences"]] == ["target"]
-    named = as_json(kc(*common, "explain", str(manifest), "--target", "cuda:80", "--json", code=0))
+    named = as_json(
+        kc_code(*common, "explain", str(manifest), "--target", "cuda:80", "--json", code=0)
+    )
     assert [r["status"] for r in named["results"]] == ["hit"]
-    none = kc(*common, "explain", str(manifest), "--target", "hip:*", code=2)
+    none = kc_code(*common, "explain", str(manifest), "--target", "hip:*", code=2)
     assert "--target hip:* matches no target" in none.stderr and "cuda:90" in none.stderr
 
 
@@ -231,12 +221,12 @@ def test_explain_writes_nothing(tmp_path):
     manifest = tmp_path / "manifest.jsonl"
     manifest.write_text(RECORD + "\n")
     typo = tmp_path / "rot"
-    kc("--root", str(typo), "explain", str(manifest), code=1)
+    kc_code("--root", str(typo), "explain", str(manifest), code=1)
     assert not typo.exists(), sorted(_files(typo))
     root = tmp_path / "root"
-    kc("--root", str(root), "warm", str(manifest), "--target", "cuda:90", code=0)
+    kc_code("--root", str(root), "warm", str(manifest), "--target", "cuda:90", code=0)
     before = _files(root)
-    doc = as_json(kc("--root", str(root), "explain", str(manifest), "--json", code=0))
+    doc = as_json(kc_code("--root", str(root), "explain", str(manifest), "--json", code=0))
     assert [r["status"] for r in doc["results"]] == ["hit"]
     assert _files(root) == before
 

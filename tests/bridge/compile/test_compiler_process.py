@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 import triton
 import triton.language as tl
-from bridge_helpers import TESTS, cuda_devices, decoded, forget_lowerings, kernels_of
-from conftest import checked, child_env
+from bridge_helpers import cuda_devices, decoded, forget_lowerings, kernels_of
+from support import HELPERS, checked, child_env
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -255,7 +255,7 @@ def test_llvm_that_cannot_select_an_instruction_fails_the_kernel_not_the_job(cac
 # -- where kernels come from ------------------------------------------------------------------
 KERNELS_HERE = '''
 import json, linecache, os, sys, types
-sys.path.insert(0, os.environ["TESTS"])
+sys.path.insert(0, os.environ["HELPERS"])
 import jax, jax.numpy as jnp, triton, triton.language as tl
 import bridge, kernelcache
 from bridge import backends
@@ -327,7 +327,7 @@ print(json.dumps(out))
 def test_kernels_from_main_a_notebook_and_closures_compile_in_the_compiler_process(tmp_path):
     script = tmp_path / "kernels_here.py"
     script.write_text(KERNELS_HERE)
-    env = child_env(KERNELCACHE_DIR=str(tmp_path / "root"), TESTS=str(TESTS))
+    env = child_env(KERNELCACHE_DIR=str(tmp_path / "root"), HELPERS=str(HELPERS))
     proc = subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240
     )

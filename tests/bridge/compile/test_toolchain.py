@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 from bridge_helpers import cuda_devices, decoded, kernels_of
-from conftest import REPO, child_env
-from test_cli_support import KERNELCACHE
+from cli_support import KERNELCACHE
+from support import REPO, child_env
 
 import bridge
 import kernelcache

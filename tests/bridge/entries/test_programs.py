@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from bridge_helpers import forget_lowerings, forget_programs, lowered_module
-from test_cli_support import kc
+from cli_support import kc
 
 import kernelcache
 from bridge.cli import tune

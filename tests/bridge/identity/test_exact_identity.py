@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import pytest
 import triton.language as tl
-from bridge_helpers import TESTS, kernel_module, run_child
-from test_kernel_identity import opaque
+from bridge_helpers import kernel_module, opaque, run_child
+from support import HELPERS
 
 KERNEL = """
 import triton
@@ -316,7 +316,7 @@ def three_way(tmp_path_factory):
     src.mkdir()
     for c in CASES.values():
         _write(src, c.a)
-    child = CHILD.format(tests=str(TESTS))
+    child = CHILD.format(tests=str(HELPERS))
     groups: dict[str, list[str]] = {}
     for name, c in CASES.items():
         groups.setdefault(json.dumps(sorted(c.env.items())), []).append(name)

@@ -5,8 +5,6 @@ constexpr known only by its address is compiled in the process and never stored.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import hashlib
 import logging
 import threading
@@ -15,34 +13,15 @@ import jax
 import jax.numpy as jnp
 import pytest
 import triton.language as tl
-from bridge_helpers import TESTS, custom_calls, kernel_module, lowered_module, run_child
+from bridge_helpers import kernel_module, opaque, run_child
+from identity_constants import DISTINCT, Tile
+from support import HELPERS
 
-import bridge
 import kernelcache
 from bridge.compile import compiler as bridge_compile
 from bridge.identity import describe, jit
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
-
-
-def opaque(kernel, root, **params) -> str:
-    """The digest of the opaque a lowering of ``kernel`` for cuda:90 embeds (cache at ``root``)."""
-
-    def fn(x):
-        return bridge.triton_call(
-            x,
-            x.size,
-            kernel=kernel,
-            out_shape=x,
-            grid=(4,),
-            BLOCK=1024,
-            target="cuda:90",
-            cache=kernelcache.Cache(str(root)),
-            **params,
-        )
-
-    (call,) = custom_calls(lowered_module(fn, F32))
-    return hashlib.sha256(call["opaque"]).hexdigest()
 
 
 # -- across processes ---------------------------------------------------------------------------
@@ -97,7 +76,7 @@ def test_values_read_through_a_module_or_a_constexpr_function_reach_the_kernel_k
     compiles the new code (Triton's cache_key sees neither change)."""
     src = tmp_path / "src"
     src.mkdir()
-    child = CHILD.format(path=str(src), tests=str(TESTS))
+    child = CHILD.format(path=str(src), tests=str(HELPERS))
 
     def write(offset: str, factor: str) -> None:
         (src / "kid_cfg.py").write_text(CFG.format(offset=offset))
@@ -308,59 +287,20 @@ def test_a_constexpr_known_only_by_its_address_makes_the_kernel_open(tmp_path, o
     assert "tagged_kernel" in said and "TAG" in said and "_thread:lock" in said
 
 
-class Color(enum.Enum):
-    RED = 1
-    BLUE = 2
-
-
-@dataclasses.dataclass(frozen=True)
-class Tile:
-    m: int
-    n: int
-
-
-def _maker(value):
-    class Made:
-        def get(self):
-            return value
-
-    return Made
-
-
-DISTINCT = [
-    1,
-    True,
-    1.0,
-    "1",
-    (1,),
-    [1],
-    Color.RED,
-    Color.BLUE,
-    Tile(16, 32),
-    Tile(32, 16),
-    _maker(1),
-    _maker(2),
-    lambda: 1,
-    lambda: 2,
-    frozenset({"a"}),
-]
-
-
 def test_constants_that_differ_are_described_apart():
     found = [repr(jit.constant(v)) for v in DISTINCT]
     assert len(set(found)) == len(found)
 
 
 def test_a_constant_is_described_alike_in_every_process(tmp_path):
-    code = """
+    code = f"""
 import json, sys
-sys.path.insert(0, {tests!r})
+sys.path.insert(0, {str(HELPERS)!r})
 from bridge.identity import jit
-import test_kernel_identity as T
+import identity_constants as T
 print(json.dumps([repr(jit.constant(v)) for v in T.DISTINCT if not callable(v)]
-                 + [repr(jit.constant(T._maker(1)))]))
+                 + [repr(jit.constant(T.maker(1)))]))
 """
-    code = code.format(tests=str(TESTS))
     first = run_child(code, PYTHONHASHSEED="1")
     assert run_child(code, PYTHONHASHSEED="2") == first
 

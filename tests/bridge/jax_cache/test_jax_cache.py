@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_py
-from test_cli_support import kc, kc_json
+from cli_support import kc, kc_json
+from support import run_py
 
 pytest.importorskip("jax", reason="needs jax (pip install 'kernelcache[bridge]')")
 

@@ -14,7 +14,8 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-from bridge_helpers import ELF_MAGIC, TESTS, decoded, finish_child, start_child
+from bridge_helpers import ELF_MAGIC, decoded, finish_child, start_child
+from support import HELPERS, REPO
 
 import kernelcache
 from bridge import handoff
@@ -26,10 +27,10 @@ F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 # read, delete. Also load through a naive shared path (what a stable path under the cache root
 # without per-process hand-off would be), with process 0 loading first.
 CHILD = (
-    f"TESTS = {str(TESTS)!r}\n"
+    f"HELPERS = {str(HELPERS)!r}\n"
     + r"""
 import json, os, sys, time
-sys.path.insert(0, TESTS)
+sys.path.insert(0, HELPERS)
 index, peers, barrier = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 import jax, jax.numpy as jnp
 from bridge_helpers import decoded, kernels_of
@@ -146,10 +147,10 @@ def test_path_mode_opaque_is_a_load_guarded_autotuned_call(tmp_path):
 
 
 FORK_CHILD = (
-    f"TESTS = {str(TESTS)!r}\n"
+    f"HELPERS = {str(HELPERS)!r}\n"
     + r"""
 import json, os, sys
-sys.path.insert(0, TESTS)
+sys.path.insert(0, HELPERS)
 import jax, jax.numpy as jnp
 from bridge_helpers import decoded, kernels_of
 from examples import kernels as K
@@ -182,11 +183,11 @@ def test_forked_child_gets_its_own_handoff_directory(tmp_path):
         env={
             **os.environ,
             "KERNELCACHE_DIR": str(tmp_path),
-            "PYTHONPATH": f"{TESTS.parent}:{os.environ.get('PYTHONPATH', '')}",
+            "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}",
         },
         capture_output=True,
         text=True,
-        cwd=str(TESTS.parent),
+        cwd=str(REPO),
         timeout=240,
     )
     assert proc.returncode == 0, proc.stderr
@@ -211,7 +212,7 @@ def test_stale_directories_of_dead_processes_are_reaped(tmp_path):
 def test_an_occupied_descriptor_falls_back_to_a_private_path(tmp_path, caplog):
     code = f"""
 import json, os, sys
-sys.path.insert(0, {str(TESTS)!r})
+sys.path.insert(0, {str(HELPERS)!r})
 fd = os.open(os.devnull, os.O_RDONLY)
 os.dup2(fd, {handoff.HANDOFF_FD})
 from bridge import handoff
@@ -222,7 +223,7 @@ print(json.dumps({{"path": path, "fd_is_devnull": os.path.samefile(f"/proc/self/
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(TESTS.parent)},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 
 import jax
@@ -25,46 +26,26 @@ from bridge_helpers import (
     custom_calls,
     decoded,
     forget_lowerings,
-    kernels_of,
-    lowered_module,
-)
-
-import bridge
-import kernelcache
-from bridge import versions
-from bridge.compile import compiler as bridge_compile
-from bridge.entries.kinds import derived_key
-from bridge.lowering import lower as bridge_call
-from bridge.lowering import proto
-from bridge.lowering import record as bridge_record
-from examples import kernels as K
-from examples import ops
-
-import struct
-from pathlib import Path
-
-import jax
-import jax.numpy as jnp
-import pytest
-from bridge_helpers import (
-    decoded,
-    forget_lowerings,
     forget_programs,
     kernel_module,
     kernels_of,
     lowered_module,
 )
-from test_cli_support import kc, kc_json
+from cli_support import kc, kc_json
 
 import bridge
 import kernelcache
 from bridge import backends, versions
 from bridge.cli import tune
+from bridge.compile import compiler as bridge_compile
 from bridge.compile import ptxisa
+from bridge.entries.kinds import derived_key
 from bridge.identity import compiler
 from bridge.lowering import lower as bridge_call
+from bridge.lowering import proto
+from bridge.lowering import record as bridge_record
+from examples import kernels as K
 from examples import ops
-
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 MODERN = versions.honours_module_image(versions.jaxlib_version())
@@ -1006,7 +987,7 @@ def test_a_warm_lowering_is_replayed_byte_identical(fresh, assembled, program):
 def test_an_edited_lowering_entry_is_never_served(fresh, assembled):
     cold = module_text(add(fresh), F32, F32)
     assert forget_programs(fresh.root) == 1  # the call's own entry is read (edited programs:
-    (path,) = Path(fresh.root).glob("*.lowering")  # tests/test_bridge_programs.py)
+    (path,) = Path(fresh.root).glob("*.lowering")  # tests/bridge/entries/test_programs.py)
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0xFF
     path.write_bytes(bytes(raw))

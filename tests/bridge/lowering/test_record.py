@@ -14,7 +14,7 @@ import time
 
 import pytest
 from bridge_helpers import REPO
-from conftest import child_env
+from support import child_env
 
 from bridge.call import plain
 from bridge.lowering import record
@@ -197,7 +197,7 @@ if __name__ == "__main__":
 
 
 def test_kernels_of_scripts_are_recorded_marked_and_reported_by_warm(tmp_path):
-    from test_cli_support import KERNELCACHE
+    from cli_support import KERNELCACHE
 
     assert KERNELCACHE is not None, "install the project: pip install -e '.[bridge]'"
     manifest, root = tmp_path / "manifest.jsonl", tmp_path / "cache"

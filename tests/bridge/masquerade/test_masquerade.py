@@ -12,8 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import child_env
-from test_cli_support import KERNELCACHE
+from cli_support import KERNELCACHE
+from support import HELPERS, child_env
 
 #: a user's program written for jax-triton 0.3, which starts a child process that imports it too
 PROGRAM = """
@@ -179,7 +179,7 @@ def test_the_04_api_reads_out_shape_as_out_type(tmp_path):
     import bridge
     bridge.install_jax_triton()
     import jax_triton as jt
-    from test_lowering_rule import scale_kernel
+    from te_primitives import scale_kernel
     x = jax.ShapeDtypeStruct((4096,), jnp.float32)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
@@ -194,7 +194,7 @@ def test_the_04_api_reads_out_shape_as_out_type(tmp_path):
             KERNELCACHE_TARGET="cuda:90",
             KERNELCACHE_DIR=str(tmp_path / "root"),
             JAX_PLATFORMS="cpu",
-            PYTHONPATH=on_path(Path(__file__).parent),
+            PYTHONPATH=on_path(HELPERS),
         ),
         capture_output=True,
         text=True,

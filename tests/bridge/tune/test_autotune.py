@@ -14,8 +14,15 @@ examples' matmul lowered for cuda:90. Measuring needs the GPU; here a stand-in m
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import autotuner_kernels as K
@@ -32,50 +39,23 @@ from bridge_helpers import (
     lowered_module,
     run_child,
 )
-from conftest import child_env
-from stand_in_gpu import TableMeasurer
-from test_cli_support import kc, kc_json
+from cli_support import kc, kc_json
+from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
+from stand_in_gpu import TableMeasurer, read_log
+from support import HELPERS, REPO, checked, child_env
 
 import bridge
 import kernelcache
 from bridge import versions
+from bridge.call import binding
 from bridge.cli import tune
 from bridge.compile import fetch, variants
 from bridge.entries import decisions, failures
+from bridge.entries.decisions import Decision
 from bridge.entries.kinds import DECISION, derived_key
 from bridge.lowering import lower as bridge_call
 from bridge.tune import measure
-
-import itertools
-import json
-import logging
-import os
-import signal
-import subprocess
-import sys
-import textwrap
-import time
-from pathlib import Path
-
-import jax
-import jax.numpy as jnp
-import pytest
-from bridge_helpers import decoded
-from conftest import REPO, checked, child_env
-from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
-from stand_in_gpu import TableMeasurer, read_log
-from test_cli_support import kc, kc_json
-
-import bridge
-import kernelcache
-from bridge.call import binding
-from bridge.cli import tune
-from bridge.entries import decisions
-from bridge.entries.decisions import Decision
-from bridge.entries.kinds import DECISION
-from bridge.tune import measure
 from examples import ops
-
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 ONE = jax.ShapeDtypeStruct((1,), jnp.float32)
@@ -707,7 +687,7 @@ def test_a_pin_of_a_left_out_config_is_refused(tmp_path, fresh, monkeypatch):
     assert "static assertion failed" in pinned.line()
     (call,) = decoded(copy_call(K.bounded_copy, fresh, autotune="require"), F32)
     assert call.HasField("kernel_call") and call.kernel_call.grid_0 == 16  # 4096 / 256
-    tests = str(Path(__file__).parent)
+    tests = str(HELPERS)
     human = kc(
         Path(fresh.root),
         "tune",
@@ -1014,7 +994,7 @@ def test_kernelcache_tune_pin_and_a_job_that_requires_decisions(tmp_path, fresh,
     none = kc(root, "tune", str(manifest), "--pin", "matmul_kernel=1", "--target", "hip:*")
     assert none.returncode == 2
     assert "hip:* matches no target" in none.stderr and "recorded: cuda:90" in none.stderr
-    code = LOWER_MATMUL.format(tests=str(REPO / "tests"))
+    code = LOWER_MATMUL.format(tests=str(HELPERS))
     env = child_env(KERNELCACHE_DIR=str(root), KERNELCACHE_AUTOTUNE="require")
     proc = checked(
         subprocess.run(
@@ -1069,7 +1049,7 @@ print(json.dumps({{"kernels": [k.num_warps for k in kernels_of(call)],
 def _job(
     root: Path, log: Path, seconds: float, lane: str = "node/gpu0", readonly: str = ""
 ) -> subprocess.Popen:
-    code = JOB.format(tests=str(REPO / "tests"), log=str(log))
+    code = JOB.format(tests=str(HELPERS), log=str(log))
     env = child_env(KERNELCACHE_DIR=str(root), MEASURE_SECONDS=str(seconds), LANE=lane)
     if readonly:
         env["KERNELCACHE_READONLY_DIRS"] = readonly

@@ -1,7 +1,7 @@
 """On an NVIDIA GPU: autotune decisions measured by ``kernelcache tune`` and inside a job, and the
 results of decided calls against jaxlib's own autotuning.
 
-Run on the GPU machine with:  python -m pytest -m gpu tests/test_autotune_gpu.py -v
+Run on the GPU machine with:  python -m pytest -m gpu tests/bridge/tune/test_autotune_gpu.py -v
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from bridge_helpers import cuda_devices, decoded
+from support import REPO
 
 import bridge
 import kernelcache
@@ -24,7 +25,7 @@ from examples import ops
 
 HAS_GPU = bool(cuda_devices())
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU")]
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = REPO / "benchmarks"
 
 
 def rand(shape, dtype=jnp.bfloat16, seed=0):

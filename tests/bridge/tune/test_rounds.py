@@ -1,5 +1,5 @@
 """How configs are measured: screening, final rounds, and the sample entries that let the ranks
-of a job share the screening (GPUs played by tables: tests/stand_in_gpu.py)."""
+of a job share the screening (GPUs played by tables: tests/helpers/stand_in_gpu.py)."""
 
 from __future__ import annotations
 

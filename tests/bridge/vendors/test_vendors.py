@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
 from bridge_helpers import decoded
+from support import REPO
 
 import bridge
 from bridge import backends, warm
@@ -25,7 +25,6 @@ from bridge.vendors.cuda import CUDA
 from bridge.vendors.hip import HIP
 from examples import ops
 
-REPO = Path(__file__).resolve().parent.parent
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 
 #: a vendor the bridge does not ship and Triton has no backend for (Intel's GPUs)

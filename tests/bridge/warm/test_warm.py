@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 from bridge_helpers import COUNT_COMPILES, REPO, run_child
-from conftest import CAN_UNSHARE, child_env, run_in_namespace, run_on_a_terminal
-from test_cli_support import KERNELCACHE, files_under
+from cli_support import KERNELCACHE, files_under
+from support import CAN_UNSHARE, child_env, run_in_namespace, run_on_a_terminal
 
 from kernelcache.stats import read_logs
 

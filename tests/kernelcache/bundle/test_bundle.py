@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from conftest import key_of
-from test_cli_support import files_under, kc, kc_json, put
+from cli_support import files_under, kc, kc_json, put
+from support import key_of
 
 from kernelcache.schema import FORMAT_VERSION, entry_digest
 from kernelcache.store import Store, digest

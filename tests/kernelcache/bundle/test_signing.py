@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 from artifact_images import elf_image
-from conftest import IS_ROOT, key_of, run_py
-from test_cli_support import files_under, kc, kc_json, put
-from test_integrity import write_bundle
+from bundle_files import write_bundle
+from cli_support import files_under, kc, kc_json, put
+from support import IS_ROOT, key_of, run_py
 
 import kernelcache
 from kernelcache.config import environment_in_effect, settings

@@ -12,8 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import child_env, key_of
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
+from support import child_env, key_of
 
 import kernelcache
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from bridge_helpers import COUNT_COMPILES
-from conftest import REPO, checked, child_env, key_of
+from support import REPO, checked, child_env, key_of
 
 import kernelcache
 
@@ -296,7 +296,7 @@ def test_warm_compiles_the_other_kernels_while_one_is_being_compiled_elsewhere(t
     """Another process holds the build locks of two kernels (it is compiling them): warm, in
     this process (--jobs 1) or in its pool of two (--jobs 2), compiles every other kernel
     meanwhile, then waits for those two and compiles them once their compiler is gone."""
-    from test_cli_support import KERNELCACHE
+    from cli_support import KERNELCACHE
 
     from bridge.targets import parse_target
     from bridge.warm import load_manifest, make_plan

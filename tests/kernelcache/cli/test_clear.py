@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import child_env, run_py
-from test_cli_support import KERNELCACHE, files_under, kc, kc_json, put
+from cli_support import KERNELCACHE, files_under, kc, kc_json, put
+from support import child_env, run_py
 
 
 @pytest.fixture

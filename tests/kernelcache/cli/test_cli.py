@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from artifact_images import launch, sized
-from conftest import key_of, run_on_a_terminal, run_py
-from test_cli_support import KERNELCACHE, backdate, files_under, kc, kc_json, put
+from cli_support import KERNELCACHE, backdate, files_under, kc, kc_json, put
+from support import HELPERS, key_of, run_on_a_terminal, run_py
 
 from kernelcache.cli import parse_age, parse_size
 from kernelcache.maintenance.index import INDEX_NAME, INDEX_VERSION
@@ -171,7 +171,7 @@ def test_stats_aggregates_process_logs(tmp_path):
     root = tmp_path / "cache"
     code = """
         import sys, time, kernelcache
-        from conftest import key_of
+        from support import key_of
         c = kernelcache.Cache(sys.argv[1], readonly_roots=())
         def build():
             time.sleep(0.05)
@@ -180,8 +180,8 @@ def test_stats_aggregates_process_logs(tmp_path):
             for _ in range(4):
                 c.get_or_create(key_of("logs", i), "bin", build)
     """
-    run_py(code, str(root), PYTHONPATH=str(Path(__file__).parent))
-    run_py(code, str(root), PYTHONPATH=str(Path(__file__).parent))
+    run_py(code, str(root), PYTHONPATH=str(HELPERS))
+    run_py(code, str(root), PYTHONPATH=str(HELPERS))
     doc = kc_json(root, "stats")
     c = doc["counters"]
     # first process: 3 misses (each built), 9 hits; second: 12 hits

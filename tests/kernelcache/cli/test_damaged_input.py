@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CAN_UNSHARE, child_env, key_of
-from test_cli_support import KERNELCACHE, backdate, dead_pid, files_under, kc, kc_json, put
+from cli_support import KERNELCACHE, backdate, dead_pid, files_under, kc, kc_json, put
+from support import CAN_UNSHARE, child_env, key_of
 
 import bridge  # noqa: F401  (declares the bridge's variables, as the command's plugin does)
 from kernelcache.config import variables

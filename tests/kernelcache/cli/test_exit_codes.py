@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from cli_support import kc, put
 from redis_server import free_port
-from test_cli_support import kc, put
+from support import REPO
 
 from kernelcache.cli import EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
 from kernelcache.cli.app import build_parser

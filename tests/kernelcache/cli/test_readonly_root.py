@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import CAN_DROP_PRIVILEGES, CAN_UNSHARE, child_env
-from test_cli_support import KERNELCACHE, backdate, files_under, put
+from cli_support import KERNELCACHE, backdate, files_under, put
+from support import CAN_DROP_PRIVILEGES, CAN_UNSHARE, child_env
 
 
 def _populate(root: Path) -> dict[str, str]:

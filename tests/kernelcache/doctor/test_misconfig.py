@@ -14,9 +14,9 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, child_env
+from cli_support import kc, put
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer, free_port
-from test_cli_support import kc, put
+from support import REPO, child_env
 
 KEY = "0123456789abcdef0123"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from artifact_images import elf_image
-from conftest import child_env, key_of
-from test_cli_support import backdate, dead_pid, hold_shared, kc, kc_json, put
+from cli_support import backdate, dead_pid, hold_shared, kc, kc_json, put
+from support import HELPERS, child_env, key_of
 
 from kernelcache import stats
 from kernelcache.maintenance.execute import execute
@@ -23,8 +23,6 @@ from kernelcache.maintenance.prune import plan_prune
 from kernelcache.maintenance.scan import scan
 from kernelcache.stats import SUMMARY_NAME, fold_logs, foldable_logs
 from kernelcache.store import Store
-
-TESTS = str(Path(__file__).parent)
 
 
 @pytest.fixture
@@ -213,7 +211,7 @@ def test_logs_of_real_processes(tmp_path):
     root = tmp_path / "cache"
     code = """
         import sys, kernelcache
-        from conftest import key_of
+        from support import key_of
         c = kernelcache.Cache(sys.argv[1], readonly_roots=())
         for i in range(3):
             c.get_or_create(key_of("p", i), "bin", lambda: (b"bin", {"name": "p"}))
@@ -222,7 +220,7 @@ def test_logs_of_real_processes(tmp_path):
     for _ in range(3):
         subprocess.run(
             [sys.executable, "-c", textwrap.dedent(code), str(root)],
-            env=child_env(PYTHONPATH=TESTS + os.pathsep + child_env()["PYTHONPATH"]),
+            env=child_env(PYTHONPATH=str(HELPERS) + os.pathsep + child_env()["PYTHONPATH"]),
             check=True,
             timeout=60,
         )
@@ -267,7 +265,7 @@ def test_fold_refuses_to_overwrite_an_unreadable_summary(tmp_path):
 
 # -- prune while jobs read and write ------------------------------------------------------
 WORKER = (
-    f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+    f"import sys\nsys.path.insert(0, {str(HELPERS)!r})\n"
     + """
 import json, random, sys, time, hashlib, kernelcache
 from artifact_images import elf_image, launch
@@ -373,7 +371,7 @@ def test_deleting_entries_does_not_list_the_root_per_entry(tmp_path, monkeypatch
 
 PUBLISH = f"""
 import sys
-sys.path.insert(0, {TESTS!r})
+sys.path.insert(0, {str(HELPERS)!r})
 from artifact_images import elf_image, launch
 from kernelcache.store import Store
 Store(sys.argv[1]).put(sys.argv[2], "cubin", elf_image(b"fresh" * 20), launch(name="fresh"))

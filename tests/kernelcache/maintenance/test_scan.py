@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import IS_ROOT, child_env, key_of
-from test_cli_support import backdate, dead_pid, hold_shared, put
+from cli_support import backdate, dead_pid, hold_shared, put
+from support import HELPERS, IS_ROOT, child_env, key_of
 
 from kernelcache.maintenance.index import GROUPED, INDEX_NAME
 from kernelcache.maintenance.inventory import summarize
@@ -279,12 +279,12 @@ def test_scan_concurrent_with_writers_reports_no_false_problems(tmp_path):
     root = tmp_path / "cache"
     code = """
         import sys, kernelcache
-        from conftest import key_of
+        from support import key_of
         s = kernelcache.Store(sys.argv[1])
         for i in range(300):
             s.put(key_of("w", sys.argv[2], i), "bin", b"x" * (i + 1), {"name": "w"})
     """
-    env = child_env(PYTHONPATH=str(Path(__file__).parent) + os.pathsep + child_env()["PYTHONPATH"])
+    env = child_env(PYTHONPATH=str(HELPERS) + os.pathsep + child_env()["PYTHONPATH"])
     writers = [
         subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(root), str(n)], env=env)
         for n in range(2)

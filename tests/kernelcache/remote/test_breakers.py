@@ -12,8 +12,8 @@ import textwrap
 import time
 
 import pytest
-from conftest import child_env
 from redis_server import blackhole
+from support import child_env
 
 from kernelcache.remote.breakers import BREAKER_DIR, SharedBreakers
 

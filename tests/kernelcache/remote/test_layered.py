@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from object_store import S3_ENV, MotoS3, moto_available, s3_env
+from object_store import S3_ENV, moto_available, s3_env
 from redis_server import (
     REDIS_SERVER,
     SKIP_REASON,
@@ -24,7 +24,8 @@ from redis_server import (
     free_port,
 )
 from remote_job import run_job
-from test_remote import key_of
+from remote_workers import key_of
+from support import REPO
 
 import kernelcache
 from kernelcache import stats
@@ -36,14 +37,7 @@ pytestmark = [
     pytest.mark.skipif(not moto_available(), reason="needs moto and obstore (test extra)"),
 ]
 
-REPO = Path(__file__).resolve().parent.parent
 META = {"name": "kernel", "target": "cuda:90"}
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with s3_env(), MotoS3() as server:
-        yield server
 
 
 @pytest.fixture

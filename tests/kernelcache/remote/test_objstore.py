@@ -8,9 +8,9 @@ import logging
 import time
 
 import pytest
-from object_store import FakeGCS, MotoS3, fake_gcs_binary, moto_available, read_only_bucket, s3_env
+from object_store import FakeGCS, fake_gcs_binary, moto_available, read_only_bucket, s3_env
 from redis_server import drip, free_port
-from test_remote import key_of
+from remote_workers import key_of
 
 import kernelcache
 from kernelcache.errors import ConfigError
@@ -19,12 +19,6 @@ from kernelcache.remote import ObjectStoreTier, make_value, open_remote
 pytestmark = pytest.mark.skipif(not moto_available(), reason="needs moto and obstore (test extra)")
 
 META = {"name": "kernel", "target": "cuda:90"}
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with s3_env(), MotoS3() as server:
-        yield server
 
 
 @pytest.fixture

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -23,6 +21,8 @@ from redis_server import (
     free_port,
     make_tls_files,
 )
+from remote_workers import finish, key_of, start_workers
+from support import child_env
 
 import kernelcache
 from kernelcache import stats
@@ -32,14 +32,7 @@ from kernelcache.store import make_metadata
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
 
-REPO = Path(__file__).resolve().parent.parent
 SECRET = "pa55-W0rd-never-logged"
-
-
-def key_of(i: int) -> str:
-    """A key as real ones are (a digest: its group, its first characters, spreads over a
-    cluster's slots)."""
-    return hashlib.sha256(str(i).encode()).hexdigest()[:32]
 
 
 def payload(key: str, size: int = 4096) -> bytes:
@@ -54,18 +47,6 @@ def builder(key: str, calls: list[str], size: int = 4096):
     return build
 
 
-def env() -> dict[str, str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
-    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return clean
-
-
-@pytest.fixture
-def server(tmp_path):
-    with RedisServer(tmp_path / "redis") as srv:
-        yield srv
-
-
 @pytest.fixture
 def remote_log(caplog):
     caplog.set_level(logging.DEBUG, logger="kernelcache.remote")
@@ -78,69 +59,6 @@ def warnings_of(caplog, topic: str) -> list[str]:
         for r in caplog.records
         if r.name == "kernelcache.remote" and r.levelno == logging.WARNING and topic in r.message
     ]
-
-
-# A job process: get_or_create every key (in its own order) on its own root, sharing Redis.
-WORKER = textwrap.dedent(
-    """
-    import json, os, sys, time
-    import kernelcache
-    url, root, builds, build_s, start_at, keys = sys.argv[1:7]
-    cache = kernelcache.Cache(root, readonly_roots=[], remote=url, lock_timeout=20)
-    time.sleep(max(0.0, float(start_at) - time.time()))
-    def build(key):
-        def fn():
-            fd = os.open(builds, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            os.write(fd, f"{key} {os.getpid()}\\n".encode())
-            os.close(fd)
-            time.sleep(float(build_s))
-            return (key.encode() * 2048, {"name": "k"})
-        return fn
-    sources = {}
-    started = time.monotonic()
-    for key in json.loads(keys):
-        art = cache.get_or_create(key, "bin", build(key))
-        assert art.data == key.encode() * 2048, key
-        sources[key] = art.source
-    print(json.dumps({"sources": sources, "seconds": time.monotonic() - started,
-                      "stats": kernelcache.process_stats(), "tier": cache.remote.counters}))
-    """
-)
-
-
-def start_workers(url: str, tmp_path: Path, key_lists: list[list[str]], build_s: float):
-    builds = tmp_path / "builds.log"
-    start_at = time.time() + 1.0
-    tail = [str(build_s), str(start_at)]
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                WORKER,
-                url,
-                str(tmp_path / f"node{i}"),
-                str(builds),
-                *tail,
-                json.dumps(keys),
-            ],
-            env=env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i, keys in enumerate(key_lists)
-    ]
-    return procs, builds
-
-
-def finish(procs, timeout: float = 60) -> list[tuple[dict, str]]:
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=timeout)
-        assert p.returncode == 0, err
-        results.append((json.loads(out.strip().splitlines()[-1]), err))
-    return results
 
 
 def test_two_machines_share_through_redis(server, tmp_path) -> None:
@@ -162,10 +80,12 @@ def test_two_machines_share_through_redis(server, tmp_path) -> None:
         """
     )
     a, b = tmp_path / "machine-a", tmp_path / "machine-b"
-    subprocess.run([sys.executable, "-c", put, server.url, str(a), key], env=env(), check=True)
+    subprocess.run(
+        [sys.executable, "-c", put, server.url, str(a), key], env=child_env(), check=True
+    )
     out = subprocess.run(
         [sys.executable, "-c", get, server.url, str(b), key],
-        env=env(),
+        env=child_env(),
         check=True,
         capture_output=True,
         text=True,
@@ -475,7 +395,7 @@ def test_a_dead_builders_lock_expires(server) -> None:
         """
     )
     url = server.url + "?lock_ttl=600ms"
-    subprocess.run([sys.executable, "-c", code, url, key_of(1600)], env=env(), check=True)
+    subprocess.run([sys.executable, "-c", code, url, key_of(1600)], env=child_env(), check=True)
     started = time.monotonic()
     release = open_remote(url).acquire(key_of(1600), 5)
     assert release is not None
@@ -521,7 +441,7 @@ def test_stats_remote_shows_the_tiers_entries_and_bytes_bounded(server, tmp_path
     """``kernelcache stats --remote`` counts the namespace's entries and bytes (SCAN and STRLEN,
     lock keys left out, other namespaces not counted), and a scan of a big server stops at its
     limit, saying so."""
-    from test_cli_support import kc
+    from cli_support import kc
 
     url = server.url + "?namespace=team-a"
     cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote=url)

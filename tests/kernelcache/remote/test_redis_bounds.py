@@ -10,11 +10,11 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer, drip
-from test_remote import key_of
+from redis_server import REDIS_SERVER, SKIP_REASON, drip
+from remote_workers import key_of
+from support import REPO
 
 import kernelcache
 from kernelcache.errors import ConfigError
@@ -22,17 +22,9 @@ from kernelcache.remote import RedisTier, parse_url
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def build_of(key: str):
     return lambda: (key.encode() * 64, {"name": "kernel", "target": "cuda:90"})
-
-
-@pytest.fixture
-def server(tmp_path):
-    with RedisServer(tmp_path / "redis") as srv:
-        yield srv
 
 
 def test_locks_kept_fresh_by_a_hostile_client_cost_one_timeout_per_call(server, tmp_path):

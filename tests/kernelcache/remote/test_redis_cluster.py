@@ -14,7 +14,7 @@ import pytest
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisClusterServers
 from remote_job import companion_of, job_processes, run_job
 from remote_job import finish as finish_job
-from test_remote import finish, key_of, start_workers
+from remote_workers import finish, key_of, start_workers
 
 import kernelcache
 from kernelcache.errors import ConfigError

@@ -13,10 +13,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import CAN_UNSHARE
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 from remote_job import run_job
-from test_remote import key_of
+from remote_workers import key_of
+from support import CAN_UNSHARE
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 from artifact_images import elf_image, launch
-from conftest import run_py
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
+from support import run_py
 
 import bridge.entries.fields  # noqa: F401 -- its launch fields (num_warps, ...) are covered by the digest
 import kernelcache
@@ -40,12 +40,6 @@ ODD_VALUES: dict[str, tuple[str, Any]] = {
     "producer-int": ("producer", 5),
     "producer-str": ("producer", "abc"),
 }
-
-
-@pytest.fixture
-def server(tmp_path):
-    with RedisServer(tmp_path / "redis") as srv:
-        yield srv
 
 
 @pytest.fixture
@@ -413,8 +407,8 @@ def test_jobs_with_another_signing_key_leave_the_values_they_cannot_verify(serve
     import subprocess
     import sys
 
-    from conftest import child_env
-    from test_cli_support import kc
+    from cli_support import kc
+    from support import child_env
 
     keys = [KEY_A, KEY_B]
 

@@ -19,11 +19,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import child_env
 from object_store import S3_ENV, MotoS3, moto_available, s3_env
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 from remote_job import run_job
-from test_remote import key_of
+from remote_workers import key_of
+from support import child_env
 
 import kernelcache
 
@@ -51,12 +51,6 @@ HOLDER = textwrap.dedent(
     release()
     """
 )
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with s3_env(), MotoS3() as server:
-        yield server
 
 
 @pytest.fixture(params=TIERS)

@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import REPO, key_of, run_py
-from test_cli_support import kc_json
+from cli_support import kc_json
+from support import REPO, key_of, run_py
 
 import kernelcache
 from kernelcache.errors import ConfigError

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 from artifact_images import LAUNCH, PTX, elf_image, launch, plant, ptx_text
-from conftest import child_env, key_of
-from test_cli_support import kc_json
-from test_integrity import write_bundle
+from bundle_files import write_bundle
+from cli_support import kc_json
+from support import HELPERS, child_env, key_of
 
 import kernelcache
 from kernelcache import schema
@@ -174,7 +174,7 @@ print(json.dumps(out))
 def test_a_process_without_the_bridge_refuses_what_verify_calls_corrupt(tmp_path):
     root = tmp_path / "cache"
     proc = subprocess.run(
-        [sys.executable, "-c", ALONE, str(root), str(Path(__file__).parent)],
+        [sys.executable, "-c", ALONE, str(root), str(HELPERS)],
         env=child_env(),
         capture_output=True,
         text=True,

@@ -5,7 +5,6 @@ all-or-nothing."""
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -19,8 +18,9 @@ from typing import Any
 
 import pytest
 from artifact_images import PTX, elf_image, launch
-from conftest import child_env, key_of, run_py
-from test_cli_support import kc, kc_json, put
+from bundle_files import write_bundle
+from cli_support import kc, kc_json, put
+from support import child_env, key_of, run_py
 
 import kernelcache
 from bridge.entries.fields import LAUNCH_FIELDS  # importing bridge declares its fields
@@ -410,28 +410,6 @@ def test_prune_removes_entries_of_older_versions(root):
 # -- import: validate everything, then publish ---------------------------------------------------
 def _bundle(path: Path, docs: list[dict], blobs: list[bytes], **manifest_extra: Any) -> Path:
     return write_bundle(path, blobs, entries=docs, **manifest_extra)
-
-
-def write_bundle(path: Path, blobs: list[bytes], **manifest_fields: Any) -> Path:
-    """A bundle at ``path``: a member per entry of the manifest (its ``entries``, holding
-    ``blobs`` in order), then the manifest (other fields: a valid header unless given)."""
-    manifest = {
-        "format": "kernelcache-bundle",
-        "version": 1,
-        "created": time.time(),
-        "compatibility": {"entry_format": FORMAT_VERSION, "kernelcache": "0", "producers": {}},
-        **manifest_fields,
-    }
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
-        for doc, data in zip(manifest["entries"], blobs, strict=True):
-            info = tarfile.TarInfo(f"entries/{doc['key']}.{doc['ext']}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        body = json.dumps(manifest).encode()
-        info = tarfile.TarInfo("manifest.json")
-        info.size = len(body)
-        tar.addfile(info, io.BytesIO(body))
-    return path
 
 
 def _four_docs() -> tuple[list[dict], list[bytes]]:

@@ -11,17 +11,12 @@ import subprocess
 import sys
 
 import pytest
-from bridge_helpers import TESTS, forget_lowerings, run_child
-from conftest import child_env
-from test_cli_support import kc, kc_json, put
-
-import json
-
-from conftest import key_of, run_py
+from bridge_helpers import forget_lowerings, run_child
+from cli_support import kc, kc_json, put
+from support import HELPERS, child_env, key_of, run_py
 
 import kernelcache
 from kernelcache import stats
-
 
 # A job that reads one kernel (and its companions) through the cache API and exits.
 JOB = """
@@ -77,7 +72,7 @@ def test_stats_json_with_another_format_is_a_usage_error(tmp_path, fmt):
 # Lowers two kernels for CUDA (each with its PTX beside it) in a fresh process.
 LOWER = f"""
 import sys
-sys.path.insert(0, {str(TESTS)!r})
+sys.path.insert(0, {str(HELPERS)!r})
 import json, jax, jax.numpy as jnp, kernelcache
 from bridge_helpers import lowered_module
 from examples import ops

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import filelock
 import pytest
-from conftest import child_env, key_of, run_py
+from support import child_env, key_of, run_py
 
 import kernelcache
 from kernelcache.errors import LockTimeout, LockUnavailable

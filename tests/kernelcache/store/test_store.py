@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 from artifact_images import PTX, launch, whole
-from conftest import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support import (
     CAN_DROP_PRIVILEGES,
     CAN_UNSHARE,
     IS_ROOT,
@@ -20,8 +22,6 @@ from conftest import (
     run_in_namespace,
     run_py,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import kernelcache
 from kernelcache.schema import FIELDS, RESERVED_FIELDS
@@ -265,7 +265,7 @@ def test_unwritable_root_for_another_user(tmp_path):
     import sys
     import textwrap
 
-    from conftest import child_env
+    from support import child_env
 
     code = textwrap.dedent(
         """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import IS_ROOT, key_of
+from support import IS_ROOT, key_of
 
 import kernelcache
 from kernelcache.store import Problem, Store
@@ -277,7 +277,7 @@ def test_owner_policy_with_the_group_recipe_and_real_users(tmp_path):
     nobody rewrites daemon's entries in place and plants hard links of one key's artifact under
     another key. daemon is never served anything nobody wrote or relinked: its new entries are
     not group-writable, and the group-writable ones an older version left are refused."""
-    from test_hostile import CAN_SHARE, SHARE_GID
+    from support import CAN_SHARE, SHARE_GID
 
     if not CAN_SHARE:
         pytest.skip("needs root, unshare -m and setpriv (real users)")
@@ -288,7 +288,7 @@ def test_owner_policy_with_the_group_recipe_and_real_users(tmp_path):
     import tempfile
     from pathlib import Path
 
-    from conftest import child_env
+    from support import child_env
 
     shared = Path(tempfile.mkdtemp(prefix="kc-owner-", dir="/tmp"))
     try:
