@@ -482,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(json.loads(sys.argv[2]))
         return 0
     sys.path.insert(0, str(REPO))
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests" / "helpers"))
     from common import emit_summary
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

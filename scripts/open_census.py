@@ -9,7 +9,7 @@ the end it writes them as JSON and prints a table: distinct kernels (by qualifie
 specialized, exact, open (with each distinct reason) and the open ones, kernel by kernel.
 
     PYTHONPATH=scripts .venv-test/bin/python -m pytest -p no:cacheprovider -n 0 \\
-        -p open_census --census-out census.json tests/test_bridge_lowering.py ...
+        -p open_census --census-out census.json tests/bridge/lowering/test_lowering.py ...
 
 (``-p scripts.open_census`` works too from the repository root.)
 """

@@ -1,15 +1,15 @@
-"""Shared fixtures: cache roots in temporary directories and fresh child Python processes."""
+"""Fixtures for every test: each test's own kernelcache environment and default root, a cache
+root in a temporary directory, and the kernelcache logger's warnings.
+
+Helpers (plain functions and constants) are in tests/helpers/, which pytest puts on the path
+(``pythonpath`` in pyproject.toml); fixtures of one part of the tree are in that part's
+conftest.py."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,53 +17,6 @@ import pytest
 # bridge's metadata fields (launch fields such as num_warps are covered); this process declares
 # them too, so that entries the tests write are entries such a reader serves.
 import bridge.entries.metadata  # noqa: F401
-from kernelcache.keys import META_EXT, split_entry_name
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def key_of(*parts: object) -> str:
-    """A valid cache key derived from ``parts``."""
-    return hashlib.sha256(repr(parts).encode()).hexdigest()
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """The environment for a child Python process that imports this checkout."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
-    path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + path if path else "")
-    env.update(extra)
-    return env
-
-
-def run_py(code: str, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter; raise with its output if it fails."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        env=child_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    return checked(proc)
-
-
-def checked(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    """``proc`` if it succeeded; else an AssertionError showing its output."""
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"child failed ({proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
-        )
-    return proc
-
-
-def metadata_keys(root: str | os.PathLike[str]) -> list[str]:
-    """The keys of the metadata files a listing of ``root`` shows (none if it does not exist)."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return []
-    return [parts[0] for parts in map(split_entry_name, names) if parts and parts[1] == META_EXT]
 
 
 @pytest.fixture(autouse=True)
@@ -81,91 +34,6 @@ def root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def assembled(monkeypatch):
-    """The bridge's lowerings built from kernel entries, one item each (a lowering replayed
-    from a lowering or program entry adds none)."""
-    from bridge.lowering import configs
-
-    seen: list[int] = []
-    real = configs.assemble
-    monkeypatch.setattr(configs, "assemble", lambda *a, **k: seen.append(1) or real(*a, **k))
-    return seen
-
-
-@pytest.fixture
 def caplog_warnings(caplog):
     caplog.set_level(logging.WARNING, logger="kernelcache")
     return caplog
-
-
-IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-def _probe(*cmd: str) -> bool:
-    try:
-        return subprocess.run(cmd, capture_output=True, timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-#: private mount namespaces (root, or unprivileged user namespaces): real read-only and full filesystems
-CAN_UNSHARE = sys.platform == "linux" and _probe(
-    "unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"
-)
-#: running as root and able to drop to an unprivileged user for permission tests
-CAN_DROP_PRIVILEGES = IS_ROOT and _probe(
-    "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "true"
-)
-
-
-def run_in_namespace(setup: str, code: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run shell ``setup`` (mounts) then Python ``code`` inside a private mount namespace."""
-    script = f'set -e\n{setup}\nexec {sys.executable} -c "$KC_CODE"'
-    env = child_env(KC_CODE=textwrap.dedent(code))
-    proc = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", script],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    return checked(proc)
-
-
-def run_on_a_terminal(
-    argv: list[str], timeout: float = 240, stdout: Any = None, **env: str
-) -> tuple[int, str]:
-    """Run ``argv`` with stderr (and stdout, unless ``stdout`` is a file to write it to) on a
-    pseudo-terminal (100 columns); returns (exit code, everything the terminal showed)."""
-    import fcntl
-    import pty
-    import select
-    import struct
-    import termios
-
-    primary, secondary = pty.openpty()
-    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=secondary if stdout is None else stdout,
-        stderr=secondary,
-        env=child_env(COLUMNS="100", **env),
-        cwd=str(REPO),
-    )
-    os.close(secondary)
-    chunks = []
-    while True:
-        ready, _, _ = select.select([primary], [], [], 0.5)
-        if ready:
-            try:
-                data = os.read(primary, 65536)
-            except OSError:  # EIO: the terminal's other side closed
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif proc.poll() is not None:
-            break
-    os.close(primary)
-    return proc.wait(timeout=timeout), b"".join(chunks).decode(errors="replace")

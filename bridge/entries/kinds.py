@@ -10,7 +10,7 @@ role (by convention, its extension), or its owner's key itself (a decision, a me
 stores (its document, its metadata, what it checks when reading one back) is its module's.
 
 Invariants: no other module of the bridge names these extensions, nor calls the cache for an
-entry of one of these kinds but through its kind (``tests/test_layering_bridge.py`` checks it);
+entry of one of these kinds but through its kind (``tests/system/test_layering_bridge.py`` checks it);
 a kind's key, extension and metadata are the same in every process and release (``tests/
 test_entry_kinds.py`` pins them), so changing :func:`derived_key` or a role orphans every stored
 entry of the kinds it derives; a derived key shares the group of the key it belongs to.

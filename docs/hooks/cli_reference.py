@@ -10,7 +10,7 @@ parser when the site is built, so that it cannot drift from the code.
   (``<!-- cli-usage: kernelcache -->``: the command's own).
 
 A command plugin that cannot be loaded (its commands would be missing) or a marker that names
-no command fails the build. tests/test_docs.py imports this module to check what it renders.
+no command fails the build. tests/system/test_docs.py imports this module to check what it renders.
 """
 
 from __future__ import annotations

@@ -44,18 +44,18 @@ CANNOT_PASS = {
     ),
     "triton_call_test.py::TritonKernelCallTest::test_kwarg_scalar_operand_stays_static": (
         "reads eqn.params['metaparams'], a parameter of jax-triton's primitive; ported as "
-        "tests/test_bridge_callapi.py::test_keyword_operands_any_order_and_static_scalars"
+        "tests/bridge/call/test_call_api.py::test_keyword_operands_any_order_and_static_scalars"
     ),
     "triton_call_test.py::TritonKernelCallTest::test_kernel_cache_equivalent_kernels": (
         "reads jax-triton's in-memory kernel cache (TritonFunction, compile_ttir_inplace); the "
-        "bridge's cache is tested in tests/test_bridge_lowering.py"
+        "bridge's cache is tested in tests/bridge/lowering/test_lowering.py"
     ),
     "triton_call_test.py::TritonKernelCallTest::test_kernel_cache_same_kernel_different_params": (
         "mocks jax-triton's TritonFunction.get_or_create_kernel"
     ),
     "triton_call_test.py::TritonKernelCallTest::test_callable_constexpr_and_cache": (
         "reads TritonFunction._kernel_cache; ported as "
-        "tests/test_bridge_callapi.py::test_callable_constexprs_key_the_kernel"
+        "tests/bridge/call/test_call_api.py::test_callable_constexprs_key_the_kernel"
     ),
     "cluster_test.py::ClusterTest::test_cluster_not_available": (
         "expects num_ctas=2 to fail on every GPU but an H100 (by device name); the H200 has "

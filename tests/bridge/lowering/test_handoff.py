@@ -1,0 +1,261 @@
+"""The ROCm "path" hand-off, with jaxlib's loader simulated.
+
+There is no AMD GPU here: the loader of jaxlib >= 0.9.1 is simulated exactly as it behaves on
+ROCm: read the file named in ``TritonKernel.ptx``, then delete it (before any lock). Real
+concurrent processes lower the same kernel and then load at the same moment.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from bridge_helpers import ELF_MAGIC, decoded, finish_child, start_child
+from support import HELPERS, REPO
+
+import kernelcache
+from bridge.lowering import handoff
+from examples import ops
+
+F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
+
+# Lower add for gfx942 by path, wait for every peer to have lowered, then load like jaxlib:
+# read, delete. Also load through a naive shared path (what a stable path under the cache root
+# without per-process hand-off would be), with process 0 loading first.
+CHILD = (
+    f"HELPERS = {str(HELPERS)!r}\n"
+    + r"""
+import json, os, sys, time
+sys.path.insert(0, HELPERS)
+index, peers, barrier = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+import jax, jax.numpy as jnp
+from bridge_helpers import decoded, kernels_of
+from examples import kernels as K
+from examples import ops
+
+def wait_for(name, count):
+    deadline = time.time() + 120
+    while len([f for f in os.listdir(barrier) if f.startswith(name)]) < count:
+        if time.time() > deadline:
+            raise SystemExit(f"barrier {name} timed out")
+        time.sleep(0.01)
+
+f32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
+lower = lambda: decoded(lambda x, y: ops.add(x, y, target="hip:gfx942", embed="path"), f32, f32,
+                        platform="rocm")[0]
+call = lower()
+paths = {k.ptx for k in kernels_of(call)}
+(path,) = paths
+configs = len(call.autotuned_kernel_call.configs)
+
+# the naive design: one shared file per kernel under the cache root, rewritten at lowering
+naive = os.path.join(os.environ["KERNELCACHE_DIR"], "naive.hsaco")
+with open(path, "rb") as f:
+    data = f.read()
+tmp = f"{naive}.{os.getpid()}"
+with open(tmp, "wb") as f:
+    f.write(data)
+os.replace(tmp, naive)
+
+open(os.path.join(barrier, f"lowered-{index}"), "w").close()
+wait_for("lowered-", peers)
+loaded = open(path, "rb").read()   # jaxlib: ReadFileToString(ptx)
+os.unlink(path)                    # jaxlib: DeleteFile(ptx)
+
+# naive: process 0 loads first, the others right after it
+if index != 0:
+    wait_for("naive-done-", 1)
+try:
+    with open(naive, "rb") as f:
+        f.read()
+    os.unlink(naive)
+    naive_ok = True
+except FileNotFoundError:
+    naive_ok = False
+if index == 0:
+    open(os.path.join(barrier, "naive-done-0"), "w").close()
+
+# a later lowering in the same process hands the file over again
+again = lower()
+relowered = os.path.exists(kernels_of(again)[0].ptx)
+print(json.dumps({"path": path, "configs": configs, "elf": loaded[:4] == b"\x7fELF",
+                  "size": len(loaded), "naive_ok": naive_ok, "relowered": relowered,
+                  "real": os.path.realpath(os.path.dirname(path))}))
+"""
+)
+
+
+def test_concurrent_processes_never_consume_each_others_file(tmp_path):
+    root = tmp_path / "cache"
+    # warm the kernel cache so the peers only lower
+    decoded(
+        lambda x, y: ops.add(x, y, target="hip:gfx942", embed="path", cache=str(root)),
+        F32,
+        F32,
+        platform="rocm",
+    )
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    peers = 4
+    procs = [
+        start_child(CHILD, str(i), str(peers), str(barrier), KERNELCACHE_DIR=str(root))
+        for i in range(peers)
+    ]
+    results = [finish_child(p) for p in procs]
+    # one path string in every process (so the opaque, and JAX's cache key, are identical) ...
+    assert len({r["path"] for r in results}) == 1
+    assert results[0]["path"].startswith(f"/proc/self/fd/{handoff.HANDOFF_FD}/")
+    # ... resolving to a private directory per process
+    assert len({r["real"] for r in results}) == peers
+    # every simulated jaxlib load found its file and got the whole HSACO
+    assert all(r["elf"] and r["size"] > 1000 for r in results)
+    # the naive shared path loses the race for everyone but the first loader
+    assert sum(r["naive_ok"] for r in results) == 1
+    # one load per process: the call is an autotuned call, so jaxlib loads under its lock
+    assert all(r["configs"] == 2 for r in results)
+    assert all(r["relowered"] for r in results)
+    # the private directories are gone when their processes exit
+    mine = f"-{os.getpid()}-"
+    left = [d for d in (root / handoff.HANDOFF_DIR).iterdir() if d.is_dir() and mine not in d.name]
+    assert left == []
+
+
+def test_path_mode_opaque_is_a_load_guarded_autotuned_call(tmp_path):
+    (call,) = decoded(
+        lambda x, y: ops.add(x, y, target="hip:gfx90a", embed="path", cache=str(tmp_path)),
+        F32,
+        F32,
+        platform="rocm",
+    )
+    configs = call.autotuned_kernel_call.configs
+    assert len(configs) == 2
+    a, b = (c.kernel_call.kernel for c in configs)
+    assert (a.kernel_name, a.shared_mem_bytes, a.ptx, a.compute_capability) == (
+        b.kernel_name,
+        b.shared_mem_bytes,
+        b.ptx,
+        b.compute_capability,
+    )
+    with open(a.ptx, "rb") as f:
+        data = f.read()
+    entry = kernelcache.Cache(root=tmp_path).get(os.path.basename(a.ptx).split(".")[0], "hsaco")
+    assert data[:4] == ELF_MAGIC and data == entry.data
+
+
+FORK_CHILD = (
+    f"HELPERS = {str(HELPERS)!r}\n"
+    + r"""
+import json, os, sys
+sys.path.insert(0, HELPERS)
+import jax, jax.numpy as jnp
+from bridge_helpers import decoded, kernels_of
+from examples import kernels as K
+from examples import ops
+f32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
+(call,) = decoded(lambda x, y: ops.add(x, y, target="hip:gfx942", embed="path"), f32, f32,
+                  platform="rocm")
+path = kernels_of(call)[0].ptx
+parent_dir = os.path.realpath(os.path.dirname(path))
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    child_dir = os.path.realpath(os.path.dirname(path))
+    data = open(path, "rb").read()   # the child loads (reads and deletes) its own copy
+    os.unlink(path)
+    os.write(w, json.dumps({"dir": child_dir, "elf": data[:4] == b"\x7fELF"}).encode())
+    os._exit(0)
+os.close(w)
+child = json.loads(os.read(r, 10000).decode())
+os.waitpid(pid, 0)
+print(json.dumps({"parent_dir": parent_dir, "child": child, "parent_still_has_it": os.path.exists(path)}))
+"""
+)
+
+
+def test_forked_child_gets_its_own_handoff_directory(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_CHILD],
+        env={
+            **os.environ,
+            "KERNELCACHE_DIR": str(tmp_path),
+            "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}",
+        },
+        capture_output=True,
+        text=True,
+        cwd=str(REPO),
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["child"]["elf"]
+    assert out["child"]["dir"] != out["parent_dir"]
+    assert out["parent_still_has_it"]
+
+
+def test_stale_directories_of_dead_processes_are_reaped(tmp_path):
+    base = tmp_path / handoff.HANDOFF_DIR
+    stale = base / f"{handoff.HOST}-999999-deadbeef"
+    stale.mkdir(parents=True)
+    (stale / "owner.lock").touch()
+    (stale / "x.hsaco").write_bytes(b"old")
+    handoff._reap(base)
+    assert not stale.exists()
+
+
+def test_an_occupied_descriptor_falls_back_to_a_private_path(tmp_path, caplog):
+    code = f"""
+import json, os, sys
+sys.path.insert(0, {str(HELPERS)!r})
+fd = os.open(os.devnull, os.O_RDONLY)
+os.dup2(fd, {handoff.HANDOFF_FD})
+from bridge.lowering import handoff
+path = handoff.materialize({str(tmp_path)!r}, "k.hsaco", b"\\x7fELFdata")
+print(json.dumps({{"path": path, "fd_is_devnull": os.path.samefile(f"/proc/self/fd/{handoff.HANDOFF_FD}", os.devnull)}}))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["fd_is_devnull"], "the descriptor someone else owned was clobbered"
+    assert out["path"].startswith(str(tmp_path)) and "is in use" in proc.stderr
+
+
+def test_an_unwritable_cache_root_hands_off_from_the_temp_directory(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    handoff._cleanup()
+    try:
+        path = handoff.materialize(str(blocker / "root"), "k.hsaco", b"\x7fELF")
+        with open(path, "rb") as f:
+            assert f.read() == b"\x7fELF"
+        private, _ = handoff.directory(str(blocker / "root"))
+        assert not private.startswith(str(tmp_path))
+    finally:
+        handoff._cleanup()
+
+
+@pytest.mark.parametrize("size", [0, 7])
+def test_materialize_is_atomic_and_idempotent(tmp_path, size):
+    data = b"\x7fELF" + b"x" * size
+    path = handoff.materialize(str(tmp_path), "k.hsaco", data)
+    with open(path, "rb") as f:
+        assert f.read() == data
+    os.unlink(path)
+    again = handoff.materialize(str(tmp_path), "k.hsaco", data)
+    assert again == path and open(again, "rb").read() == data
+    private, _ = handoff.directory(str(tmp_path))
+    assert sorted(os.listdir(private)) == ["k.hsaco", "owner.lock"]

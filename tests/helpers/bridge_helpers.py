@@ -1,0 +1,267 @@
+"""Helpers for the bridge tests: lowering on CPU for GPU platforms, reading the opaque back,
+and running fresh Python processes that import this checkout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+from typing import Any
+
+from support import HELPERS, REPO, checked, child_env
+
+ELF_MAGIC = b"\x7fELF"
+
+
+def jaxlib_triton() -> Any | None:
+    """jaxlib's Triton bindings when a GPU plugin provides them (the CUDA plugin imports on
+    CPU-only machines), else None."""
+    try:
+        from jax._src.lib import gpu_triton
+    except ImportError:
+        return None
+    return gpu_triton if getattr(gpu_triton, "TritonKernel", None) is not None else None
+
+
+def lowered_module(fn: Any, *avals: Any, platform: str = "cuda") -> Any:
+    import jax
+
+    return jax.jit(fn).trace(*avals).lower(lowering_platforms=(platform,))
+
+
+def custom_calls(lowered: Any) -> list[dict[str, Any]]:
+    """The stablehlo.custom_call ops of a lowered computation: target name, api version,
+    opaque bytes (FFI form) or backend_config bytes (legacy form), operand/result counts."""
+    from jax._src.lib.mlir import ir
+
+    module = lowered.compiler_ir("stablehlo")
+    found: list[Any] = []
+
+    def visit(op: Any) -> Any:
+        if op.name == "stablehlo.custom_call":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    out = []
+    with module.context:
+        for op in found:
+            attrs = op.attributes
+            entry: dict[str, Any] = {
+                "target": ir.StringAttr(attrs["call_target_name"]).value,
+                # absent once a module went through jax.export's serialization (the default)
+                "api_version": ir.IntegerAttr(attrs["api_version"]).value
+                if "api_version" in attrs
+                else None,
+                "operands": len(op.operands),
+                "results": len(op.results),
+            }
+            if "mhlo.backend_config" in attrs:
+                config = ir.DictAttr(attrs["mhlo.backend_config"])
+                entry["opaque"] = ir.StringAttr(config["opaque"]).value_bytes
+            else:
+                entry["opaque"] = ir.StringAttr(attrs["backend_config"]).value_bytes
+            if "output_operand_aliases" in attrs:
+                entry["aliases"] = str(attrs["output_operand_aliases"])
+            out.append(entry)
+    return out
+
+
+def decoded(fn: Any, *avals: Any, platform: str = "cuda") -> list[Any]:
+    """Lower ``fn`` and return the parsed TritonAnyKernelCall of every Triton custom call."""
+    from bridge.lowering import proto
+
+    return [
+        proto.decode_opaque(c["opaque"])
+        for c in custom_calls(lowered_module(fn, *avals, platform=platform))
+    ]
+
+
+def to_protobuf(message: Any, into: Any = None) -> Any:
+    """``message`` (a :mod:`bridge.lowering.proto` dataclass) as a protobuf message, built field by field
+    through protobuf's message API: the reference the bridge's own encoder is compared with."""
+    from bridge.lowering import proto
+
+    cls = type(message)
+    out = proto.messages()[cls._proto_name]() if into is None else into
+    for f in cls._proto_fields:
+        value = getattr(message, f.name)
+        if f.repeated and isinstance(f.kind, str):
+            getattr(out, f.name).extend(value)
+        elif f.repeated:
+            for item in value:
+                to_protobuf(item, getattr(out, f.name).add())
+        elif value is None:
+            continue
+        elif isinstance(f.kind, str):
+            setattr(out, f.name, value)
+        else:
+            getattr(out, f.name).SetInParent()
+            to_protobuf(value, getattr(out, f.name))
+    return out
+
+
+def kernels_of(call: Any) -> list[Any]:
+    """The TritonKernel messages of a TritonAnyKernelCall (one per config)."""
+    if call.HasField("kernel_call"):
+        return [call.kernel_call.kernel]
+    return [c.kernel_call.kernel for c in call.autotuned_kernel_call.configs]
+
+
+def run_child(code: str, *, timeout: float = 240, cwd: str | None = None, **env: str) -> Any:
+    """Run ``code`` in a fresh interpreter; it prints one JSON document last. Returns it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or str(REPO),
+    )
+    return json.loads(checked(proc).stdout.strip().splitlines()[-1])
+
+
+def start_child(code: str, *argv: str, **env: str) -> subprocess.Popen:
+    """Start ``code`` with ``argv`` in a fresh interpreter (finish with :func:`finish_child`)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *argv],
+        env=child_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(REPO),
+    )
+
+
+def finish_child(proc: subprocess.Popen, timeout: float = 240) -> Any:
+    out, err = proc.communicate(timeout=timeout)
+    checked(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return json.loads(out.strip().splitlines()[-1])
+
+
+# Child-process code that counts every way Triton could compile in that process: the front end
+# of both languages, triton.compile, and triton_key() (the 0.3 s compiler hash a warm start must
+# not pay). Prepend it to a child's code; read the totals from ``counts``. Compiles run in
+# compiler processes forked from the child (bridge.compile.compiler_process): they count in memory
+# shared with it, which ``counts`` shows after each compile.
+COUNT_COMPILES = f"""
+import mmap, sys
+sys.path.insert(0, {str(HELPERS)!r})
+counts = {{"make_ir": 0, "compile": 0, "triton_key": 0}}
+_shared = mmap.mmap(-1, 8 * len(counts))
+
+def _synced():
+    for i, label in enumerate(counts):
+        counts[label] = int.from_bytes(_shared[8 * i : 8 * i + 8], "little")
+
+def counting(owner, name, label):
+    original = getattr(owner, name)
+    at = 8 * list(counts).index(label)
+    def wrapper(*args, **kwargs):
+        n = int.from_bytes(_shared[at : at + 8], "little") + 1
+        _shared[at : at + 8] = n.to_bytes(8, "little")
+        _synced()
+        return original(*args, **kwargs)
+    setattr(owner, name, wrapper)
+
+import triton
+import triton.compiler.compiler as tc
+import triton.runtime.cache as rc
+from triton.experimental.gluon import _runtime as gr
+import bridge.compile.compiler_process as _compiler_process
+counting(tc.ASTSource, "make_ir", "make_ir")
+counting(gr.GluonASTSource, "make_ir", "make_ir")
+counting(tc, "compile", "compile")
+counting(triton, "compile", "compile")
+counting(rc, "triton_key", "triton_key")
+_run = _compiler_process.run
+def _run_and_count(*args, **kwargs):
+    try:
+        return _run(*args, **kwargs)
+    finally:
+        _synced()
+_compiler_process.run = _run_and_count
+"""
+
+
+def cuda_devices() -> list[Any]:
+    """This machine's CUDA devices as JAX sees them (none without a GPU)."""
+    import jax
+
+    try:
+        return jax.devices("cuda")
+    except RuntimeError:
+        return []
+
+
+def forget_lowerings(root: Any) -> int:
+    """Remove the lowering and program entries under ``root`` (see :mod:`bridge.entries.lowerings`,
+    :mod:`bridge.entries.programs`), so that the next lowering works from the kernel entries alone;
+    returns how many files went."""
+    from bridge.entries.kinds import LOWERING, PROGRAM, VARIANTS
+
+    gone = 0
+    for ext in (LOWERING.ext, VARIANTS.ext, PROGRAM.ext):
+        for path in Path(root).glob(f"*.{ext}"):
+            path.with_suffix(".json").unlink()
+            path.unlink()
+            gone += 1
+    return gone
+
+
+def forget_programs(root: Any) -> int:
+    """Remove the program entries under ``root`` (:mod:`bridge.entries.programs`), so that the next
+    lowering reads each call's own lowering entries; returns how many went."""
+    from bridge.entries.kinds import PROGRAM
+
+    gone = 0
+    for path in Path(root).glob(f"*.{PROGRAM.ext}"):
+        path.with_suffix(".json").unlink()
+        path.unlink()
+        gone += 1
+    return gone
+
+
+def kernel_module(directory: Path, name: str, body: str):
+    """Import ``body`` (Triton code) as the module ``name`` from a file under ``directory``
+    (importing it again after the file changed gives the new kernel: the source is compiled
+    each time, never taken from a bytecode cache, which cannot tell an edit that keeps the
+    file's size within the same second)."""
+    path = directory / f"{name}.py"
+    path.write_text("import triton\nimport triton.language as tl\n" + textwrap.dedent(body))
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module
+    exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
+    return module
+
+
+def opaque(kernel: Any, root: Any, **params: Any) -> str:
+    """The digest of the opaque a lowering of ``kernel`` (one float32 vector of 4096 and its
+    size; ``BLOCK=1024``, 4 programs) for cuda:90 embeds (cache at ``root``)."""
+    import hashlib
+
+    import jax
+    import jax.numpy as jnp
+
+    import bridge
+    import kernelcache
+
+    def fn(x: Any) -> Any:
+        return bridge.triton_call(
+            x,
+            x.size,
+            kernel=kernel,
+            out_shape=x,
+            grid=(4,),
+            BLOCK=1024,
+            target="cuda:90",
+            cache=kernelcache.Cache(str(root)),
+            **params,
+        )
+
+    (call,) = custom_calls(lowered_module(fn, jax.ShapeDtypeStruct((4096,), jnp.float32)))
+    return hashlib.sha256(call["opaque"]).hexdigest()

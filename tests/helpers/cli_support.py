@@ -1,0 +1,150 @@
+"""Helpers for the command-line tests: run the real console script (:func:`kc`,
+:func:`kc_json`, :func:`kc_code`), make entries (:func:`put`), age files, hold shared locks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from artifact_images import launch, sized
+from support import REPO, child_env, key_of
+
+from kernelcache.store import Artifact, Store
+
+
+def _script() -> str | None:
+    beside = Path(sys.executable).parent / "kernelcache"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("kernelcache")
+
+
+KERNELCACHE = _script()
+
+
+def kc(
+    root: Path | str | None,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    cwd: Path | str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``kernelcache [--root ROOT] ARGS...`` (the installed console script), in ``cwd``."""
+    if KERNELCACHE is None:
+        pytest.fail(
+            "the kernelcache console script is not installed next to this Python; "
+            "install the project first (pip install -e .)"
+        )
+    cmd = [KERNELCACHE]
+    if root is not None:
+        cmd += ["--root", str(root)]
+    return subprocess.run(
+        [*cmd, *args],
+        env=child_env(**(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        cwd=cwd,
+    )
+
+
+def kc_code(
+    *args: str, code: int, prelude: str | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """The real console script run with ``args`` (in the checkout, no root given), or with
+    ``prelude`` (Python code that runs the command itself) in a fresh interpreter; it must exit
+    with ``code``."""
+    assert KERNELCACHE is not None, "install the project first (pip install -e '.[bridge]')"
+    cmd = [sys.executable, "-c", prelude, *args] if prelude else [KERNELCACHE, *args]
+    proc = subprocess.run(
+        cmd,
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(REPO),
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == code, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def kc_json(root: Path | str | None, *args: str, code: int = 0, **kw: Any) -> dict[str, Any]:
+    """Run a command with --json; check its exit code; return the parsed document."""
+    proc = kc(root, *args, "--json", **kw)
+    assert proc.returncode == code, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    doc = json.loads(proc.stdout)
+    assert doc["schema"] == 1
+    return doc
+
+
+def put(
+    root: Path,
+    name: str = "kern",
+    target: str = "cuda:90",
+    ext: str = "cubin",
+    size: int = 300,  # room for a whole cubin (at least 203 bytes)
+    *,
+    key: str | None = None,
+    last_used: float | None = None,
+    seed: object = None,
+) -> Artifact:
+    """Store one entry of ``size`` bytes through the core API (whole for its format where the
+    size has room: see :func:`artifact_images.sized`); optionally backdate its last-used
+    stamp."""
+    key = key or key_of(name, target, ext, size, seed)
+    data = sized(ext, size, key.encode(), name)
+    meta = launch(ext, name=name, target=target, num_warps=4)
+    art = Store(root).put(key, ext, data, meta)
+    if last_used is not None:
+        backdate(root / f"{key}.json", time.time() - last_used)
+    return art
+
+
+def backdate(path: Path, when: float) -> None:
+    os.utime(path, (when, when), follow_symlinks=False)
+
+
+def files_under(root: Path) -> set[str]:
+    """Every path under ``root``, relative (for "nothing was written" checks)."""
+    if not root.exists():
+        return set()
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+HOLD = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_SH)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def hold_shared(path: Path | str) -> subprocess.Popen[str]:
+    """Another process holding a shared flock on ``path`` (as a reader of an artifact does)
+    until its standard input is closed: ``proc.communicate("")``."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc

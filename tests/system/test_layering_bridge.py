@@ -1,0 +1,279 @@
+"""The bridge's folders are the stages a kernel passes through, and the imports say so.
+
+Read statically from every import statement of every module (function-level and
+``TYPE_CHECKING`` imports included: tests/helpers/import_graph.py): a module imports only
+modules of its own stage or of earlier ones. Besides: only ``bridge/entries/kinds.py`` names
+the extension of an entry the bridge stores, and every such entry is stored and looked up
+through its kind there (under one name each), no module of the bridge is over 500 lines, each
+folder's ``__init__.py`` says what enters and what leaves it, and every exception class of the
+bridge is declared in ``bridge/errors.py`` under ``kernelcache``'s base, and the bridge uses
+kernelcache only across a declared border (:data:`BORDER`).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import inspect
+from pathlib import Path
+
+import pytest
+from import_graph import import_graph, module_files
+from support import REPO
+
+BRIDGE = REPO / "bridge"
+
+#: the stages, in order; a module of a stage imports only modules of it and of those before it
+STAGES: tuple[tuple[str, ...], ...] = (
+    (
+        "bridge.errors",
+        "bridge.settings",
+        "bridge.versions",
+        "bridge.vendors",
+        "bridge.caches",
+    ),
+    ("bridge.call",),
+    ("bridge.entries",),
+    ("bridge.identity",),
+    ("bridge.compile",),
+    ("bridge.tune",),
+    ("bridge.lowering",),
+    (
+        "bridge.api",
+        "bridge.decorator",
+        "bridge.jax_cache",
+        "bridge.rule",
+        "bridge.masquerade",
+        "bridge",
+    ),
+    ("bridge.warm",),
+    ("bridge.cli",),
+)
+
+#: the extensions of the entries the bridge stores (the kernels' own are their vendor's)
+EXTENSIONS = ("ident", "failure", "lowering", "variants", "program", "decision", "sample", "ptx")
+#: where the kinds of those entries are declared (:class:`bridge.entries.kinds.EntryKind`)
+KINDS_MODULE = BRIDGE / "entries" / "kinds.py"
+#: the cache's verbs for an entry
+VERBS = frozenset(
+    {
+        "get",
+        "put",
+        "replace",
+        "quarantine",
+        "get_or_create",
+        "get_or_create_many",
+        "get_or_create_each",
+        "rebuild",
+    }
+)
+#: the only calls of those verbs outside the kinds module: of a kernel's own entry, whose
+#: extension is its vendor's (fetched or compiled, and compiled again where it is corrupt; read
+#: uncounted to know whether a variant can launch)
+KERNEL_ENTRY_CALLS = {
+    "bridge/compile/fetch.py": ["get_or_create", "get_or_create_each", "quarantine"],
+    "bridge/compile/variants.py": ["get"],
+}
+
+MAX_LINES = 500
+
+
+def stage(module: str) -> int:
+    """The index in :data:`STAGES` of ``module`` (its longest matching prefix)."""
+    best, found = -1, None
+    for index, prefixes in enumerate(STAGES):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, found = len(prefix), index
+    assert found is not None, f"{module} belongs to no stage: add it to STAGES"
+    return found
+
+
+def test_every_import_points_to_the_same_or_an_earlier_stage():
+    graph = import_graph(REPO, ("bridge",))
+    later = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        for t in targets
+        if t.startswith("bridge") and stage(t) > stage(m)
+    )
+    assert not later, "imports of a later stage: " + ", ".join(later)
+
+
+def test_every_folder_is_a_stage_and_says_what_enters_and_leaves():
+    folders = sorted(p.parent for p in BRIDGE.glob("*/__init__.py"))
+    assert len(folders) >= 9, folders
+    for folder in folders:
+        name = f"bridge.{folder.name}"
+        stage(name)
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
+        assert doc and len(doc.split()) >= 20, f"{name}: its __init__.py needs a docstring"
+
+
+def test_no_bridge_module_is_over_the_line_limit():
+    long = []
+    for path in sorted(BRIDGE.rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES:
+            long.append(f"{path.relative_to(REPO)}: {lines}")
+    assert not long, f"over {MAX_LINES} lines: {long}"
+
+
+def test_the_extensions_are_those_of_the_declared_kinds():
+    from bridge.entries import kinds
+
+    assert sorted(EXTENSIONS) == sorted(kind.ext for kind in kinds.KINDS)
+
+
+def test_only_the_kinds_module_names_an_entry_extension():
+    found = []
+    for path in sorted(BRIDGE.rglob("*.py")):
+        if path == KINDS_MODULE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                for arg in node.args[1:2]:  # the extension argument of get/put/read(key, ext)
+                    if isinstance(arg, ast.Constant) and arg.value in EXTENSIONS:
+                        found.append(f"{path.relative_to(REPO)}:{node.lineno} {arg.value!r}")
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+                if node.value.value in EXTENSIONS and any(n.endswith("EXT") for n in names):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno} {node.value.value!r}")
+    assert not found, "declare extensions in bridge/entries/kinds.py: " + ", ".join(found)
+
+
+def test_every_entry_of_a_kind_goes_through_its_kind_under_one_name():
+    from bridge.entries import kinds
+
+    names = {name for name, value in vars(kinds).items() if isinstance(value, kinds.EntryKind)}
+    calls: dict[str, list[str]] = {}
+    aliases = []
+    for path in sorted(BRIDGE.rglob("*.py")):
+        if path == KINDS_MODULE:
+            continue
+        where = str(path.relative_to(REPO))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                receiver = node.func.value  # cache.get(...), self.cache.put(...)
+                if node.func.attr in VERBS and (
+                    (isinstance(receiver, ast.Name) and receiver.id == "cache")
+                    or (isinstance(receiver, ast.Attribute) and receiver.attr == "cache")
+                ):
+                    calls.setdefault(where, []).append(node.func.attr)
+            elif isinstance(node, ast.Assign):  # EXT = FAILURE.ext, KIND = kinds.FAILURE
+                value = node.value
+                if isinstance(value, ast.Attribute) and value.attr == "ext":
+                    value = value.value
+                if (isinstance(value, ast.Name) and value.id in names) or (
+                    isinstance(value, ast.Attribute) and value.attr in names
+                ):
+                    aliases.append(f"{where}:{node.lineno}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").endswith("kinds"):
+                if any(a.asname and a.name in names for a in node.names):
+                    aliases.append(f"{where}:{node.lineno}")
+    calls = {where: sorted(verbs) for where, verbs in calls.items()}
+    assert calls == KERNEL_ENTRY_CALLS, "store and look up entries through their kind"
+    assert not aliases, "name a kind and its extension as kinds.py does: " + ", ".join(aliases)
+
+
+def test_every_bridge_exception_is_declared_in_errors_under_kernelcaches_base():
+    from kernelcache.errors import KernelCacheError
+
+    stray, outside = [], []
+    for name in module_files(REPO, ("bridge",)):
+        module = importlib.import_module(name)
+        for value in vars(module).values():
+            if (
+                inspect.isclass(value)
+                and issubclass(value, BaseException)
+                and value.__module__ == name
+                and not value.__name__.startswith("_")
+            ):
+                if name != "bridge.errors":
+                    outside.append(f"{name}.{value.__qualname__}")
+                if not issubclass(value, KernelCacheError):
+                    stray.append(f"{name}.{value.__qualname__}")
+    assert not outside, f"declare these in bridge/errors.py: {outside}"
+    assert not stray, f"not KernelCacheErrors: {stray}"
+
+
+@pytest.mark.parametrize(
+    ("module", "expected"),
+    [("bridge", 7), ("bridge.call.binding", 1), ("bridge.vendors.cuda", 0), ("bridge.cli", 9)],
+)
+def test_the_stage_of_a_module_is_its_longest_prefix(module, expected):
+    assert stage(module) == expected
+
+
+#: what the bridge may import of kernelcache: its public API and the surface it offers packages
+#: built on it. Each is a folder's face (its ``__init__``: ``cli`` for commands, ``config`` for
+#: variables, ``doctor`` for report checks, ``store`` for directories and per-user check records,
+#: ``remote`` for sparse entry kinds, ``schema`` for metadata fields, ``maintenance`` for a
+#: root's scan, ``stats`` for counters) or a foundation module of the top level (keys, errors,
+#: formats, units, the table of a root, helpers for reading files and JSON, toolchains, progress,
+#: the process's host and warnings); never a module inside a folder
+BORDER = frozenset(
+    {
+        "kernelcache",
+        "kernelcache.cli",
+        "kernelcache.config",
+        "kernelcache.doctor",
+        "kernelcache.errors",
+        "kernelcache.formats",
+        "kernelcache.fsio",
+        "kernelcache.jsonio",
+        "kernelcache.keys",
+        "kernelcache.maintenance",
+        "kernelcache.process",
+        "kernelcache.progress",
+        "kernelcache.remote",
+        "kernelcache.schema",
+        "kernelcache.stats",
+        "kernelcache.store",
+        "kernelcache.table",
+        "kernelcache.toolchains",
+        "kernelcache.units",
+    }
+)
+
+
+def kernelcache_imports() -> dict[str, set[str]]:
+    """The kernelcache modules each bridge module imports (any depth, static)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(BRIDGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.startswith("kernelcache")
+            ):  # (a submodule imported by name from its package is that submodule)
+                package = importlib.import_module(node.module)
+                for alias in node.names:
+                    if inspect.ismodule(getattr(package, alias.name, None)):
+                        names.append(f"{node.module}.{alias.name}")
+            for name in names:
+                if name == "kernelcache" or name.startswith("kernelcache."):
+                    found.setdefault(name, set()).add(str(path.relative_to(REPO)))
+    return found
+
+
+def test_the_border_is_faces_and_foundation_modules_only():
+    """Every module of :data:`BORDER` is kernelcache's own face, a folder's face or a module
+    of its top level: the bridge never reaches inside a folder."""
+    for name in BORDER:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        origin = Path(spec.origin).relative_to(REPO)
+        inside = origin.parts[1:-1] if origin.name != "__init__.py" else origin.parts[1:-2]
+        assert not inside, f"{name} is a module inside a folder: import it through the face"
+
+
+def test_the_bridge_uses_kernelcache_only_across_its_declared_border():
+    beyond = {m: sorted(users) for m, users in kernelcache_imports().items() if m not in BORDER}
+    assert beyond == {}, "import these through the public API or add them to BORDER, saying why"
