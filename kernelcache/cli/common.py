@@ -10,6 +10,7 @@ import fnmatch
 import os
 import stat
 import string
+from collections.abc import Callable
 from functools import cached_property
 from typing import TypeAlias
 
@@ -227,7 +228,8 @@ def add_filters(p: argparse.ArgumentParser, note: str = "") -> None:
 
 class Context:
     """What a command works on, each resolved once, when the command first asks: the root and
-    the settings. ``main`` makes one per command (``args.context``)."""
+    the settings. ``main`` makes one per command (``args.context``). A command that works on
+    the root through a store opens it once (:meth:`existing_store`) and asks the store."""
 
     def __init__(self, given_root: str | None) -> None:
         self.given_root = given_root
@@ -279,30 +281,38 @@ class Context:
             CommandFailed: this user may not list or read it.
         """
         root = self.root
-        try:
-            st = os.stat(root)
-        except PermissionError as e:
-            raise UsageError(_unreadable(root, e.strerror)) from None
-        except OSError:
-            if missing_ok and not os.path.lexists(root):
-                return root
-            what = "is not a directory" if os.path.lexists(root) else "does not exist"
-            raise UsageError(
-                f"the cache root {root} {what} (check --root or KERNELCACHE_DIR)"
-            ) from None
-        if not stat.S_ISDIR(st.st_mode):
-            raise UsageError(
-                f"the cache root {root} is not a directory (check --root or KERNELCACHE_DIR)"
-            )
-        if not readable(root):
-            raise UsageError(_unreadable(root, "Permission denied"))
+        _check_existing(root, lambda: readable(root), missing_ok)
         return root
 
-    def require_writable(self) -> None:
-        """Refuse, before changing anything, to work on a root this user cannot write."""
-        if os.path.isdir(self.root) and not writable(self.root):
+    def existing_store(self, *, readonly: bool = False, lock_timeout: float | None = 0.0) -> Store:
+        """:meth:`store`, for a command that works on an existing root through a store: the
+        root is opened once, resolved by the store (its ``root`` is :attr:`root` from then
+        on), and checked as :meth:`existing_root` checks it, the store asked.
+
+        Raises:
+            UsageError: as :meth:`existing_root`; ``--root`` names the home of a user that
+                does not exist.
+            ConfigError: a variable is set to a value that cannot be used.
+        """
+        try:
+            store = Store.named(
+                self.given_root, self.settings, readonly=readonly, lock_timeout=lock_timeout
+            )
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        vars(self)["root"] = store.root  # (what the cached property holds: resolved once)
+        _check_existing(store.root, store.readable)
+        return store
+
+    def require_writable(self, store: Store | None = None) -> None:
+        """Refuse, before changing anything, to work on a root this user cannot write
+        (``store``: the one :meth:`existing_store` opened, which is asked)."""
+        root = self.root if store is None else store.root
+        if os.path.isdir(root) and not (writable(root) if store is None else store.writable()):
             raise UsageError(
-                f"{self.root} is not writable by this user (or is on a read-only filesystem); "
+                f"{root} is not writable by this user (or is on a read-only filesystem); "
                 "nothing was changed"
             )
 
@@ -312,6 +322,28 @@ class Context:
         return Store.from_settings(
             self.root, self.settings, readonly=readonly, lock_timeout=lock_timeout, resolved=True
         )
+
+
+def _check_existing(root: str, may_read: Callable[[], bool], missing_ok: bool = False) -> None:
+    """Raise as :meth:`Context.existing_root` says unless ``root`` is an existing directory
+    (``missing_ok``: or none at all) and ``may_read()``."""
+    try:
+        st = os.stat(root)
+    except PermissionError as e:
+        raise UsageError(_unreadable(root, e.strerror)) from None
+    except OSError:
+        if missing_ok and not os.path.lexists(root):
+            return
+        what = "is not a directory" if os.path.lexists(root) else "does not exist"
+        raise UsageError(
+            f"the cache root {root} {what} (check --root or KERNELCACHE_DIR)"
+        ) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(
+            f"the cache root {root} is not a directory (check --root or KERNELCACHE_DIR)"
+        )
+    if not may_read():
+        raise UsageError(_unreadable(root, "Permission denied"))
 
 
 def _unreadable(root: str, why: str | None) -> str:

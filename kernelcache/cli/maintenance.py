@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..maintenance.usage import discard_usage
+from ..store.layout import STATS_DIR
 from .common import Context, Subparsers, add_command, add_filters, age_arg, size_arg
 from .output import (
     EXIT_OK,
@@ -143,11 +144,12 @@ def _plan_json(plan: Plan, result: Result | None) -> dict[str, Any]:
 def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     from ..maintenance.execute import execute
     from ..maintenance.prune import plan_repair
-    from ..maintenance.verify import scan_store, verify
+    from ..maintenance.scan import scan_store
+    from ..maintenance.verify import verify
 
     context: Context = args.context
-    root = context.existing_root()
-    store = context.store()
+    store = context.existing_store()
+    root = store.root
     base = scan_store(store)
     with out.progress("verifying", len(base.entries)) as tick:
         checked = verify(store, base, progress=tick)
@@ -160,7 +162,7 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     result = None
     remaining = len(issues) - foreign
     if args.repair and remaining:
-        context.require_writable()
+        context.require_writable(store)
         plan = plan_repair(checked)
         with out.progress("repairing", len(plan.actions)) as tick:
             result = execute(store, plan, progress=tick)
@@ -219,11 +221,11 @@ _ACTION_WORDS = {
 def cmd_prune(args: argparse.Namespace, out: Output) -> int:
     from ..maintenance.execute import execute
     from ..maintenance.prune import plan_prune, unmatched
-    from ..maintenance.verify import scan_store
+    from ..maintenance.scan import in_directory, scan_store
 
     context: Context = args.context
-    root = context.existing_root()
-    store = context.store()
+    store = context.existing_store()
+    root = store.root
     scanned = scan_store(store)
     plan = plan_prune(
         scanned,
@@ -257,7 +259,7 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
 
     result = None
     if not args.dry_run and (plan.actions or plan.logs_to_fold):
-        context.require_writable()
+        context.require_writable(store)
         if not out.json:  # the plan first, then the work (and its progress), then the outcome
             sys.stdout.write(plan_text() + "\n")
             sys.stdout.flush()
@@ -277,8 +279,8 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
             sys.stderr.flush()
         with out.progress("pruning", len(plan.actions)) as tick:
             result = execute(store, plan, progress=tick)
-        if result.freed_bytes:
-            discard_usage(root)  # a size cap's running total: the next capped put measures
+        if result.freed_bytes:  # a size cap's running total: the next capped put measures
+            in_directory(store, STATS_DIR, discard_usage, None)
     criteria = {
         "max_size": args.max_size,
         "older_than": args.older_than,
@@ -310,17 +312,17 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
 def cmd_clear(args: argparse.Namespace, out: Output) -> int:
     from ..maintenance.execute import execute
     from ..maintenance.prune import plan_prune
-    from ..maintenance.verify import scan_store
+    from ..maintenance.scan import in_directory, scan_store
 
     context: Context = args.context
-    root = context.existing_root()
+    store = context.existing_store()
+    root = store.root
     real = os.path.realpath(root)
     if any(os.path.realpath(r) == real for r in context.settings.readonly_roots):
         raise UsageError(
             f"{root} is a read-only root (KERNELCACHE_READONLY_DIRS): clear never removes from "
             "one; give the writable root with --root"
         )
-    store = context.store()
     plan = plan_prune(scan_store(store), everything=True, quarantine_age=0.0)
     doomed = plan.summary.get("delete-entry", {"count": 0, "bytes": 0})
     others = len(plan.actions) - doomed["count"]
@@ -329,7 +331,7 @@ def cmd_clear(args: argparse.Namespace, out: Output) -> int:
     )
     result = None
     if not args.dry_run and (plan.actions or plan.logs_to_fold):
-        context.require_writable()
+        context.require_writable(store)
         if plan.actions and not args.yes and sys.stdin.isatty():
             sys.stderr.write(f"Remove {what} from {root}? [y/N] ")
             sys.stderr.flush()
@@ -337,7 +339,7 @@ def cmd_clear(args: argparse.Namespace, out: Output) -> int:
                 raise CommandFailed("not confirmed: nothing was removed")
         with out.progress("clearing", len(plan.actions)) as tick:
             result = execute(store, plan, progress=tick)
-        discard_usage(root)
+        in_directory(store, STATS_DIR, discard_usage, None)
 
     def human() -> str:
         if args.dry_run:

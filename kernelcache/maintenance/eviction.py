@@ -146,6 +146,7 @@ class Eviction(UsageView):
         from .execute import execute
         from .prune import plan_prune
         from .records import CacheScan
+        from .scan import finished_logs
 
         store = self.store
         start = usage_end(store.root)
@@ -155,7 +156,9 @@ class Eviction(UsageView):
         measured = table.nbytes
         self._seen = {row.key: row for row in rows}
         if measured > self.max_size:
-            scanned = CacheScan(store.root, True, table, (), scanned_at=time.time())
+            now = time.time()
+            logs = finished_logs(store, now)
+            scanned = CacheScan(store.root, True, table, (), scanned_at=now, logs=logs)
             plan = plan_prune(scanned, max_size=self.low_water)
             result = execute(store, plan, threads=not self.reporting)
             kept = sum(

@@ -39,8 +39,8 @@ from ..store.layout import (
     LOCK_DIR,
     NOT_VISIBLE,
     QUARANTINE_DIR,
+    STATS_DIR,
     TMP_DIR,
-    open_subdir,
     read_metadata,
 )
 from ..store.locks.flock import lock_name
@@ -54,6 +54,7 @@ from ..store.root import Store
 from ..table import matcher
 from .index import discard_index
 from .prune import Action, Outcome, Plan, Result, kernel_matcher
+from .scan import in_directory
 
 #: threads that delete entries (each under its own key's lock) where deleting is mostly waiting
 #: for the file system to free blocks: a few threads overlap the waits
@@ -96,7 +97,7 @@ def execute(
     finally:
         run.close()
     if any(o.status == "changed" for o in outcomes):
-        discard_index(store.root)  # it may be what misled the plan
+        in_directory(store, STATS_DIR, discard_index, None)  # it may be what misled the plan
     folded, error = (0, None)
     if plan.logs_to_fold:
         folded, error = fold_logs(store.locker, plan.logs_to_fold)
@@ -151,9 +152,9 @@ class _Executor:
         self.match_target = matcher(plan.targets)
         #: .locks/, held open while the plan runs, where build locks are flock files
         self.locks_dir: int | None = None
-        if store.locker.mode == "flock":
+        if store.lock_mode == "flock":
             with contextlib.suppress(OSError):
-                self.locks_dir = open_subdir(store.root, LOCK_DIR, create=False)
+                self.locks_dir = store.open_dir(LOCK_DIR)
 
     def close(self) -> None:
         if self.locks_dir is not None:
@@ -319,9 +320,9 @@ class _Executor:
                 return "in-use", "its holder came back"
             held.release()
             return "done", ""
-        locker = self.store.locker
-        if locker.mode != "flock":
+        if self.store.lock_mode != "flock":
             return self._unlink_lock_file(filename)  # flock files are unused in soft mode
+        locker = self.store.locker
         try:
             held = locker.acquire(key + suffix[: -len(".lock")], shared=False, timeout=0)
         except LockTimeout:

@@ -13,9 +13,13 @@ needed for correctness. Last-used stamps (metadata mtimes) are never taken from 
 
 It lives in a directory others may write (``.stats/``), so it is a hint for listing speed only:
 read only when the file passes the root's trust policy (a trusted owner, writable by no one
-else), and only when what it says is possible (no metadata file larger than a document may be,
-no more bytes than the filesystem holds). Nothing selects a deletion by it: ``prune`` re-reads
-every field it selects on from the entry itself, under the entry's lock.
+else: the store opens it, :meth:`~kernelcache.store.root.Store.open_trusted`), and only when
+what it says is possible (no metadata file larger than a document may be, no more bytes than
+the filesystem holds). Nothing selects a deletion by it: ``prune`` re-reads every field it
+selects on from the entry itself, under the entry's lock.
+
+Everything here works on descriptors the caller opened from its store: the index file, the
+root and its ``.stats/`` directory; nothing is opened by path.
 """
 
 from __future__ import annotations
@@ -23,25 +27,20 @@ from __future__ import annotations
 import json
 import logging
 import os
-import stat
 from array import array
 from collections.abc import Iterable, Mapping
 from itertools import repeat
 from operator import add
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import xxhash
 
-from ..fsio import READ_FLAGS
 from ..jsonio import load_json
 from ..keys import META_EXT, all_keys, valid_ext
 from ..schema.format import MAX_META_BYTES
-from ..store.layout import STATS_DIR, known_directories, open_subdir, replace_file
+from ..store.layout import STATS_DIR, known_directories, replace_file
 from ..store.removal import remove_own_file
 from ..table import EntryTable
-
-if TYPE_CHECKING:
-    from ..store.trust import TrustPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -77,26 +76,19 @@ def index_matches(index: EntryTable, names: Mapping[str, int]) -> bool:
     return all(map(names.__contains__, map(add, map(add, index.key, repeat(".")), index.ext)))
 
 
-def index_file(root: str, *, header_only: bool, trust: TrustPolicy | None = None) -> bytes | None:
-    """The scan index's bytes (or its first line only); None if missing, not plausible, or
-    refused by the trust policy ``trust`` (None: every owner is accepted)."""
-    path = os.path.join(root, STATS_DIR, INDEX_NAME)
-    try:
-        fd = os.open(path, READ_FLAGS)
-    except OSError:
+def index_file(fd: int | None, *, header_only: bool) -> bytes | None:
+    """The bytes (or the first line only) of the scan index open as ``fd`` (by the store, which
+    applied its trust policy: :meth:`~kernelcache.store.root.Store.open_trusted`; left open);
+    None if there is none (``fd`` None), it is larger than an index may be, or unreadable."""
+    if fd is None:
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INDEX_BYTES:
-            return None
-        if trust is not None and not trust.accepts(st):
+        if os.fstat(fd).st_size > MAX_INDEX_BYTES:
             return None
         with os.fdopen(os.dup(fd), "rb") as f:
             return f.readline(MAX_INDEX_BYTES) if header_only else f.read()
     except OSError:
         return None
-    finally:
-        os.close(fd)
 
 
 def parse_header(line: bytes) -> dict[str, Any] | None:
@@ -128,10 +120,11 @@ def parse_header(line: bytes) -> dict[str, Any] | None:
     return head
 
 
-def capacity(root: str) -> int:
-    """The bytes the filesystem of ``root`` holds in all: what no listing of it can exceed."""
+def capacity(root_fd: int) -> int:
+    """The bytes the filesystem of the root open as ``root_fd`` holds in all: what no listing
+    of it can exceed."""
     try:
-        vfs = os.statvfs(root)
+        vfs = os.fstatvfs(root_fd)
     except OSError:
         return 1 << 62
     return vfs.f_blocks * vfs.f_frsize
@@ -152,12 +145,12 @@ def plausible_header(head: dict[str, Any], names: int, room: int) -> bool:
     )
 
 
-def load_index(root: str, trust: TrustPolicy | None = None) -> tuple[EntryTable, str | None]:
-    """The entries the scan index remembers and the signature of the listing they were read
-    from; (empty table, None) when it is missing, malformed, refused by the trust policy
-    ``trust`` or says what cannot be (see the module's docstring). Never raises: it is a
-    cache."""
-    raw = index_file(root, header_only=False, trust=trust)
+def load_index(fd: int | None, root_fd: int) -> tuple[EntryTable, str | None]:
+    """The entries the scan index open as ``fd`` (:func:`index_file`) remembers and the
+    signature of the listing they were read from; (empty table, None) when there is none, or
+    it is malformed or says what cannot be of the root open as ``root_fd`` (see the module's
+    docstring). Never raises: it is a cache."""
+    raw = index_file(fd, header_only=False)
     if raw is None:
         return EntryTable(), None
     first, _, rest = raw.partition(b"\n")
@@ -202,7 +195,7 @@ def load_index(root: str, trust: TrustPolicy | None = None) -> tuple[EntryTable,
             top = len(strings)
             if min(ext) < 0 or max(ext) >= top or min(size) < 0 or min(meta_size) < 0:
                 return EntryTable(), None
-            if max(meta_size) > MAX_META_BYTES or sum(size) + sum(meta_size) > capacity(root):
+            if max(meta_size) > MAX_META_BYTES or sum(size) + sum(meta_size) > capacity(root_fd):
                 return EntryTable(), None
             if not all(valid_ext(strings[i]) for i in set(ext)):
                 return EntryTable(), None
@@ -229,23 +222,19 @@ def load_index(root: str, trust: TrustPolicy | None = None) -> tuple[EntryTable,
     return table, head["listing"]
 
 
-def discard_index(root: str) -> None:
-    """Remove the scan index of ``root`` (best effort): it said what an entry's own metadata
-    does not, so the next scan reads every metadata file and writes a new one."""
+def discard_index(stats_fd: int) -> None:
+    """Remove the scan index from the root's ``.stats/``, open as ``stats_fd`` (best effort):
+    it said what an entry's own metadata does not, so the next scan reads every metadata file
+    and writes a new one."""
     try:
-        dfd = open_subdir(root, STATS_DIR, create=False)
-    except OSError:
-        return
-    try:
-        remove_own_file(dfd, INDEX_NAME)
+        remove_own_file(stats_fd, INDEX_NAME)
     except OSError as e:
-        logger.debug("kernelcache: cannot remove the scan index under %s: %s", root, e)
-    finally:
-        os.close(dfd)
+        logger.debug("kernelcache: cannot remove %s/%s: %s", STATS_DIR, INDEX_NAME, e)
 
 
-def save_index(root: str, table: EntryTable, listing: str | None) -> None:
-    """Atomically replace the scan index (best effort: failures are only logged).
+def save_index(stats_fd: int, table: EntryTable, listing: str | None) -> None:
+    """Atomically replace the scan index in the root's ``.stats/``, open as ``stats_fd`` (best
+    effort: failures are only logged).
 
     ``listing`` is the signature of a listing that holds exactly these entries and nothing
     else (None if it held anything more): the same signature later means the same files.
@@ -285,16 +274,6 @@ def save_index(root: str, table: EntryTable, listing: str | None) -> None:
         json.dumps(doc, separators=(",", ":")).encode(),
     )
     try:
-        # Create .stats/ only in a root of our own: a .stats/ made by another user (say, an
-        # operator running as root) could keep the cache's users from writing their logs.
-        mine = os.stat(root).st_uid == os.geteuid()
-        dfd = open_subdir(root, STATS_DIR, create=mine)
+        replace_file(stats_fd, INDEX_NAME, data)
     except OSError as e:
-        logger.debug("kernelcache: not saving the scan index under %s: %s", root, e)
-        return
-    try:
-        replace_file(dfd, INDEX_NAME, data)
-    except OSError as e:
-        logger.debug("kernelcache: not saving the scan index under %s: %s", root, e)
-    finally:
-        os.close(dfd)
+        logger.debug("kernelcache: not saving %s/%s: %s", STATS_DIR, INDEX_NAME, e)

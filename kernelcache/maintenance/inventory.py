@@ -9,22 +9,19 @@ import time
 from dataclasses import dataclass
 
 from ..config import DEFAULTS
-from ..store.layout import (
-    QUARANTINE_DIR,
-    TMP_DIR,
-)
-from ..store.trust import TrustPolicy
+from ..store.layout import QUARANTINE_DIR, STATS_DIR, TMP_DIR
+from ..store.root import Store
 from .index import (
     GROUPED,
+    INDEX_NAME,
     capacity,
     index_file,
     listing_signature,
     parse_header,
     plausible_header,
 )
-from .leftovers import aux_files
-from .records import GRACE_SECONDS, AuxFile
-from .scan import read_dir, scan_pairs
+from .records import GRACE_SECONDS, AuxFile, CacheScan
+from .scan import files_in, read_dir, scan_pairs, scan_store
 
 
 @dataclass(frozen=True)
@@ -49,40 +46,56 @@ def summarize(
 ) -> CacheSummary:
     """Totals and groups of the entries of ``root``, from the scan index's first line when the
     root's listing is exactly the one the index was made from (and the index is accepted by
-    the trust policy ``trust`` and plausible), else from a :func:`scan`."""
-    root = os.fspath(root)
+    the trust policy ``trust`` and plausible), else from a scan (of a store of ``root``, as
+    :func:`~kernelcache.maintenance.scan.scan` makes one)."""
+    store = Store(root, trust=trust, resolved=True)
+    root = store.root
     now = time.time() if now is None else now
     try:
-        pairs = read_dir(root)
-    except OSError:
-        pairs = []
-    if pairs is None:
+        dfd = store.open_dir()
+    except FileNotFoundError:
         return CacheSummary(root, False, 0, 0, 0, {c: {} for c in GROUPED}, 0)
-    policy = TrustPolicy(root, trust)
-    raw = index_file(root, header_only=True, trust=policy)
-    head = parse_header(raw) if raw else None
-    if (
-        head is not None
-        and head["listing"] == listing_signature(pairs)
-        and plausible_header(head, len(pairs), capacity(root))
-    ):
-        temp = aux_files(root, TMP_DIR)
-        totals = head["totals"]
-        return CacheSummary(
-            root,
-            True,
-            totals["entries"],
-            totals["size"],
-            totals["meta_size"],
-            {c: {v: (n, b) for v, n, b in head["groups"][c]} for c in GROUPED},
-            sum(1 for f in temp if now - f.mtime > GRACE_SECONDS),
-            temp,
-            aux_files(root, QUARANTINE_DIR),
-        )
-    scanned = scan_pairs(root, pairs, False, False, True, DEFAULTS.lock_stale, None, now, policy)
+    except OSError:  # a scan says why it cannot be read
+        return _summary(scan_store(store, last_used=False, locks=False, now=now))
+    try:
+        try:
+            pairs = read_dir(dfd)
+        except OSError:
+            pairs = []
+        fd = store.open_trusted(STATS_DIR, INDEX_NAME)
+        try:
+            raw = index_file(fd, header_only=True)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        head = parse_header(raw) if raw else None
+        if (
+            head is not None
+            and head["listing"] == listing_signature(pairs)
+            and plausible_header(head, len(pairs), capacity(dfd))
+        ):
+            temp = files_in(store, TMP_DIR)
+            totals = head["totals"]
+            return CacheSummary(
+                root,
+                True,
+                totals["entries"],
+                totals["size"],
+                totals["meta_size"],
+                {c: {v: (n, b) for v, n, b in head["groups"][c]} for c in GROUPED},
+                sum(1 for f in temp if now - f.mtime > GRACE_SECONDS),
+                temp,
+                files_in(store, QUARANTINE_DIR),
+            )
+        return _summary(scan_pairs(store, dfd, pairs, False, False, True, None, now))
+    finally:
+        os.close(dfd)
+
+
+def _summary(scanned: CacheScan) -> CacheSummary:
     table = scanned.table
     return CacheSummary(
-        root,
+        scanned.root,
         scanned.exists,
         len(table),
         sum(table.size),

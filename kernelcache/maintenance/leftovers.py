@@ -8,7 +8,8 @@ Invariants: nothing here modifies or removes a file; each finding is an
 :class:`~kernelcache.maintenance.records.Issue`. A file younger than
 :data:`~kernelcache.maintenance.records.GRACE_SECONDS` may belong to a write in progress: it
 is never an orphan, a stale staging file or a stale lock (a soft lock is judged by its holder
-instead). Files are looked at relative to the directory's descriptor, never through a symlink.
+instead). Files are looked at relative to the directory's descriptor, which the caller opened
+from its store (never through a symlink); nothing here is given the root.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from itertools import repeat
 from operator import add
 
 from ..fsio import changed_at
-from ..store.layout import LOCK_DIR, open_subdir
+from ..store.layout import LOCK_DIR
 from ..store.locks.flock import flock_held, lock_name
 from ..store.locks.soft import read_soft_record, soft_lock_stale
 from .records import GRACE_SECONDS, AuxFile, Issue
@@ -55,12 +56,12 @@ def orphans(
         yield Issue("orphan-artifact", name, why, key, st.st_size, stamp)
 
 
-def aux_files(root: str, directory: str) -> tuple[AuxFile, ...]:
-    """The files of the housekeeping ``directory`` of ``root`` (``.tmp``, ``.quarantine``),
-    sorted by path; none when it cannot be read."""
+def aux_files(dfd: int, directory: str) -> tuple[AuxFile, ...]:
+    """The files of the housekeeping ``directory`` (``.tmp``, ``.quarantine``), open as
+    ``dfd``, sorted by path; none when it cannot be read."""
     found = []
     try:
-        it = os.scandir(os.path.join(root, directory))
+        it = os.scandir(dfd)
     except OSError:
         return ()
     with it:
@@ -85,30 +86,26 @@ def stale_temps(temp: Iterable[AuxFile], now: float) -> Iterator[Issue]:
             yield Issue("stale-temp", f.path, why, None, f.size, f.mtime)
 
 
-def lock_issues(root: str, live: Sequence[str], now: float, lock_stale: float) -> list[Issue]:
-    """The stale locks under ``.locks/``.
+def lock_issues(dfd: int, live: Sequence[str], now: float, lock_stale: float) -> list[Issue]:
+    """The stale locks of the root's ``.locks/``, open as ``dfd``.
 
     A ``.lock``/``.build.lock`` file is stale when its key has no entry, it is older than the
     grace period and nobody holds it (a non-blocking flock succeeds). A ``.softlock`` is stale
     when its holder is a dead process on this host or it has not been refreshed for
     ``lock_stale`` seconds; leftovers of broken soft locks are stale after the grace period.
     """
+    issues: list[Issue] = []
+    # The lock files of live entries are normal: set arithmetic sets them aside in C.
     try:
-        dfd = open_subdir(root, LOCK_DIR, create=False)
+        names = set(os.listdir(dfd))
     except OSError:
         return []
-    issues: list[Issue] = []
-    try:
-        # The lock files of live entries are normal: set arithmetic sets them aside in C.
-        names = set(os.listdir(dfd))
-        names.difference_update(map(add, live, repeat(".lock")))
-        names.difference_update(map(add, live, repeat(".build.lock")))
-        for name in sorted(names):
-            issue = _lock_issue(dfd, name, now, lock_stale)
-            if issue is not None:
-                issues.append(issue)
-    finally:
-        os.close(dfd)
+    names.difference_update(map(add, live, repeat(".lock")))
+    names.difference_update(map(add, live, repeat(".build.lock")))
+    for name in sorted(names):
+        issue = _lock_issue(dfd, name, now, lock_stale)
+        if issue is not None:
+            issues.append(issue)
     return issues
 
 

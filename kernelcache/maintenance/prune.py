@@ -21,7 +21,6 @@ from operator import add
 from typing import Any, NamedTuple
 
 from ..errors import InvalidValue
-from ..stats.summary import foldable_logs
 from ..table import EntryInfo, EntryTable, kernel_names, matcher
 from .records import CacheScan, Issue
 
@@ -206,7 +205,7 @@ def plan_prune(
 
     Housekeeping, always: orphan artifacts and metadata without artifact, staging files and
     lock files past the grace period, quarantined files older than ``quarantine_age``, and the
-    statistics logs of finished processes (folded, not lost).
+    statistics logs of finished processes the scan found (``scanned.logs``: folded, not lost).
     """
     now = scanned.scanned_at if now is None else now
     table = scanned.table
@@ -273,7 +272,7 @@ def plan_prune(
         tuple(actions),
         kept_entries=len(table) - len(doomed),
         kept_bytes=sum(nbytes) - sum(nbytes[i] for i in doomed),
-        logs_to_fold=tuple(foldable_logs(scanned.root, now)),
+        logs_to_fold=scanned.logs,
         left=tuple(left),
         kernels=frozenset(kernels),
         targets=frozenset(targets),

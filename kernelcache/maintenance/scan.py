@@ -17,6 +17,11 @@ is a hint for listing (read only if the trust policy accepts it); sizes and last
 of a scan with ``last_used`` come from the file system, and a prune re-reads what it selects
 on from each entry under its lock.
 
+A scan works on a :class:`~kernelcache.store.root.Store` (:func:`scan_store`; :func:`scan`
+opens one for a root it is given): the store opens the root once, and its directories, and
+applies its trust policy; the modules a scan hands work to are given those descriptors
+(:func:`in_directory`), never the root.
+
 Guarantees across processes: a scan runs concurrently with writers, readers and pruners. An
 entry published or deleted during the scan may or may not be listed; a half-published entry
 (artifact without metadata) is reported as an orphan only once it is older than
@@ -25,32 +30,32 @@ entry published or deleted during the scan may or may not be listed; a half-publ
 
 from __future__ import annotations
 
-import contextlib
 import errno
+import logging
 import os
 import stat
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from itertools import repeat
-from operator import add, itemgetter
-from typing import Any
+from operator import itemgetter
+from typing import TypeVar
 
 from ..config import DEFAULTS
 from ..keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
 from ..problem import Problem
-from ..schema.fields import KERNEL_NAME
-from ..store.entry import FUTURE_SLACK
+from ..stats.summary import foldable_logs
 from ..store.layout import (
+    LOCK_DIR,
     QUARANTINE_DIR,
+    STATS_DIR,
     TMP_DIR,
     known_directories,
-    read_metadata,
-    writable,
 )
-from ..store.trust import TrustPolicy
+from ..store.root import Store
 from ..table import COLUMNS, EntryInfo, EntryTable
 from .index import (
+    INDEX_NAME,
     index_matches,
     listing_signature,
     load_index,
@@ -64,7 +69,10 @@ from .leftovers import (
     orphans,
     stale_temps,
 )
-from .records import CacheScan, Issue, Progress
+from .records import AuxFile, CacheScan, Issue, Progress, read_entry, with_last_used
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 # -- listing ------------------------------------------------------------------------------
@@ -77,13 +85,40 @@ class _Listing:
     dirs: int  # how many of the known directories are present
 
 
-def read_dir(root: str) -> list[tuple[str, int]] | None:
-    """(name, inode) of everything in the root; None when it does not exist."""
+def read_dir(dfd: int) -> list[tuple[str, int]]:
+    """(name, inode) of everything in the root open as ``dfd``.
+
+    Raises:
+        OSError: it cannot be listed.
+    """
+    with os.scandir(dfd) as it:
+        return [(e.name, e.inode()) for e in it]
+
+
+def in_directory(store: Store, name: str, work: Callable[[int], T], default: T) -> T:
+    """``work`` of the root's directory ``name``, opened by ``store`` (never through a
+    symlink) and closed after; ``default`` where it cannot be opened (there is none)."""
     try:
-        with os.scandir(root) as it:
-            return [(e.name, e.inode()) for e in it]
-    except FileNotFoundError:
-        return None
+        dfd = store.open_dir(name)
+    except OSError:
+        return default
+    try:
+        return work(dfd)
+    finally:
+        os.close(dfd)
+
+
+def files_in(store: Store, directory: str) -> tuple[AuxFile, ...]:
+    """The files of the root's housekeeping ``directory`` (``.tmp``, ``.quarantine``:
+    :func:`~kernelcache.maintenance.leftovers.aux_files`); none where it cannot be opened."""
+    none: tuple[AuxFile, ...] = ()
+    return in_directory(store, directory, partial(aux_files, directory=directory), none)
+
+
+def finished_logs(store: Store, now: float) -> tuple[str, ...]:
+    """The statistics logs of finished processes in the root's ``.stats/`` at ``now``
+    (:func:`~kernelcache.stats.foldable_logs`): what a prune folds."""
+    return tuple(in_directory(store, STATS_DIR, partial(foldable_logs, now=now), []))
 
 
 def _parse_listing(pairs: list[tuple[str, int]]) -> _Listing:
@@ -119,34 +154,6 @@ def _parse_listing(pairs: list[tuple[str, int]]) -> _Listing:
     return _Listing(metas, arts, extra, foreign, len(others) - len(foreign))
 
 
-def _read_entry(dfd: int, key: str, inode: int) -> EntryInfo | Problem | None:
-    """Read one metadata file: the entry it describes, why it is not one, or None when it was
-    deleted since the listing. The metadata is checked against the schema and its entry
-    digest, so every value in the record is of its type and range."""
-    loaded = read_metadata(f"{key}.{META_EXT}", key, dir_fd=dfd)
-    if not isinstance(loaded, tuple):
-        return loaded
-    doc, st = loaded
-    return EntryInfo(
-        key,
-        doc["ext"],
-        -1,  # the artifact's size: measured by the caller, never taken from the metadata
-        st.st_size,
-        doc.get("name"),
-        doc.get("target"),
-        float(doc["created"]) if "created" in doc else None,
-        None,
-        inode,
-        doc.get("kind"),  # (the schema checked these fields' types)
-        _qualname(doc.get("kernel")),
-    )
-
-
-def _qualname(value: Any) -> str | None:
-    """The ``kernel`` field (a package's, which the schema may not know) if it is a name."""
-    return value if isinstance(value, str) and KERNEL_NAME(value) is None else None
-
-
 # -- scanning -----------------------------------------------------------------------------
 def scan(
     root: str | os.PathLike[str],
@@ -159,87 +166,139 @@ def scan(
     now: float | None = None,
     trust: str = DEFAULTS.trust,
 ) -> CacheScan:
-    """Describe every entry under ``root`` without reading artifacts.
+    """Describe every entry under ``root`` without reading artifacts: :func:`scan_store` of
+    a store of ``root`` (as given) under the trust policy ``trust`` (whose users' scan index
+    is read, see :mod:`kernelcache.store.trust`) and soft-lock staleness ``lock_stale``
+    (seconds after which an unrefreshed soft lock is stale)."""
+    store = Store(root, lock_stale=lock_stale, trust=trust, resolved=True)
+    return scan_store(
+        store,
+        last_used=last_used,
+        locks=locks,
+        update_index=update_index,
+        progress=progress,
+        now=now,
+    )
+
+
+def scan_store(
+    store: Store,
+    *,
+    last_used: bool = True,
+    locks: bool = True,
+    update_index: bool = True,
+    progress: Progress | None = None,
+    now: float | None = None,
+) -> CacheScan:
+    """Describe every entry of ``store``'s root without reading artifacts, under the store's
+    trust policy and soft-lock staleness; the root is opened once. The defaults make the scan
+    ``verify`` and ``prune`` work from.
 
     Args:
         last_used: stat every metadata file for its last-used stamp (``EntryInfo.last_used``),
             and both files of every entry for their sizes.
         locks: also examine ``.locks/`` for stale locks (reported as ``stale-lock`` issues).
         update_index: rewrite the scan index when it changed and the root is writable.
-        lock_stale: seconds after which an unrefreshed soft lock is stale.
         progress: called with a count of metadata files read (the slow part of a first scan).
         now: the time against which ages are judged (default: now).
-        trust: the trust policy whose users' scan index is read (see :mod:`kernelcache.store.trust`).
 
     Never raises for what it finds; an unreadable root is an empty scan with one issue.
     """
-    root = os.fspath(root)
     now = time.time() if now is None else now
     try:
-        pairs = read_dir(root)
+        dfd = store.open_dir()
     except OSError as e:
-        issue = Issue("foreign", ".", f"cannot read the root: {e.strerror}")
-        return CacheScan(root, True, EntryTable(), (issue,), scanned_at=now)
-    if pairs is None:
+        return unreadable(store.root, e, now)
+    try:
+        try:
+            pairs = read_dir(dfd)
+        except OSError as e:
+            return unreadable(store.root, e, now)
+        return scan_pairs(store, dfd, pairs, last_used, locks, update_index, progress, now)
+    finally:
+        os.close(dfd)
+
+
+def unreadable(root: str, e: OSError, now: float) -> CacheScan:
+    """The scan of a root that cannot be opened or listed (``e``): none when it does not
+    exist, else one issue saying why."""
+    if e.errno == errno.ENOENT:
         return CacheScan(root, False, EntryTable(), (), scanned_at=now)
-    policy = TrustPolicy(root, trust)
-    return scan_pairs(
-        root, pairs, last_used, locks, update_index, lock_stale, progress, now, policy
-    )
+    issue = Issue("foreign", ".", f"cannot read the root: {e.strerror}")
+    return CacheScan(root, True, EntryTable(), (issue,), scanned_at=now)
 
 
 def scan_pairs(
-    root: str,
+    store: Store,
+    dfd: int,
     pairs: list[tuple[str, int]],
     last_used: bool,
     locks: bool,
     update_index: bool,
-    lock_stale: float,
     progress: Progress | None,
     now: float,
-    trust: TrustPolicy,
 ) -> CacheScan:
-    try:
-        dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            return CacheScan(root, False, EntryTable(), (), scanned_at=now)
-        issue = Issue("foreign", ".", f"cannot read the root: {e.strerror}")
-        return CacheScan(root, True, EntryTable(), (issue,), scanned_at=now)
+    """:func:`scan_store` of the root open as ``dfd`` whose listing is ``pairs``."""
     issues: list[Issue] = []
-    try:
-        index, known = load_index(root, trust)
-        signature = listing_signature(pairs)
-        table = index
-        # The index is a cache in a shared directory: it is used only when the listing holds
-        # exactly its entries (checked in C even when the listing's signature matches, which
-        # anyone who can list the root could forge).
-        may_write = update_index and writable(root)
-        if index_matches(index, dict(pairs)):
-            if known != signature and may_write:
-                save_index(root, index, signature)
-        else:
-            listing = _parse_listing(pairs)
-            table, fresh = _entries(dfd, listing, index, issues, progress)
-            committed = dict(zip(table.key, table.ext, strict=True))
-            issues.extend(
-                orphans(dfd, listing.arts.items() | listing.extra, listing.metas, committed, now)
-            )
-            issues.extend(foreign_issues(dfd, sorted(listing.foreign)))
-            # clean: the listing holds these entries' two files each, and nothing else
-            clean = len(pairs) == 2 * len(table) + listing.dirs
-            if may_write and (fresh or len(table) != len(index) or clean):
-                save_index(root, table, signature if clean else None)
-        if last_used:
-            table = _with_last_used(dfd, table)
-    finally:
-        os.close(dfd)
-    temp = aux_files(root, TMP_DIR)
-    quarantine = aux_files(root, QUARANTINE_DIR)
+    index, known = _load_index(store, dfd)
+    signature = listing_signature(pairs)
+    table = index
+    # The index is a cache in a shared directory: it is used only when the listing holds
+    # exactly its entries (checked in C even when the listing's signature matches, which
+    # anyone who can list the root could forge).
+    may_write = update_index and store.writable()
+    if index_matches(index, dict(pairs)):
+        if known != signature and may_write:
+            _save_index(store, dfd, index, signature)
+    else:
+        listing = _parse_listing(pairs)
+        table, fresh = _entries(dfd, listing, index, issues, progress)
+        committed = dict(zip(table.key, table.ext, strict=True))
+        issues.extend(
+            orphans(dfd, listing.arts.items() | listing.extra, listing.metas, committed, now)
+        )
+        issues.extend(foreign_issues(dfd, sorted(listing.foreign)))
+        # clean: the listing holds these entries' two files each, and nothing else
+        clean = len(pairs) == 2 * len(table) + listing.dirs
+        if may_write and (fresh or len(table) != len(index) or clean):
+            _save_index(store, dfd, table, signature if clean else None)
+    if last_used:
+        table = with_last_used(dfd, table)
+    temp = files_in(store, TMP_DIR)
+    quarantine = files_in(store, QUARANTINE_DIR)
     issues.extend(stale_temps(temp, now))
     if locks:
-        issues.extend(lock_issues(root, table.key, now, lock_stale))
-    return CacheScan(root, True, table, tuple(issues), temp, quarantine, now)
+        stale = store.locker.stale_after
+        issues.extend(
+            in_directory(store, LOCK_DIR, lambda d: lock_issues(d, table.key, now, stale), [])
+        )
+    logs = finished_logs(store, now)
+    return CacheScan(store.root, True, table, tuple(issues), temp, quarantine, now, logs)
+
+
+def _load_index(store: Store, dfd: int) -> tuple[EntryTable, str | None]:
+    """The scan index of the root open as ``dfd``, where the store's trust policy accepts it."""
+    fd = store.open_trusted(STATS_DIR, INDEX_NAME)
+    try:
+        return load_index(fd, dfd)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _save_index(store: Store, dfd: int, table: EntryTable, listing: str | None) -> None:
+    """Write the scan index of the root open as ``dfd`` (best effort)."""
+    # Create .stats/ only in a root of our own: a .stats/ made by another user (say, an
+    # operator running as root) could keep the cache's users from writing their logs.
+    try:
+        stats = store.open_dir(STATS_DIR, create=os.fstat(dfd).st_uid == os.geteuid())
+    except OSError as e:
+        logger.debug("kernelcache: not saving the scan index under %s: %s", store.root, e)
+        return
+    try:
+        save_index(stats, table, listing)
+    finally:
+        os.close(stats)
 
 
 def _entries(
@@ -272,7 +331,7 @@ def _entries(
     for count, key in enumerate(sorted(missing), 1):
         if progress is not None and count % 256 == 0:
             progress(256)
-        got = _read_entry(dfd, key, metas[key])
+        got = read_entry(dfd, key, metas[key])
         if got is None:  # deleted since the listing
             continue
         if isinstance(got, Problem):
@@ -296,54 +355,3 @@ def _entries(
     if fresh:
         table = EntryTable.from_rows([*table.rows(), *fresh])
     return table, len(missing)
-
-
-def _with_last_used(dfd: int, table: EntryTable) -> EntryTable:
-    """The table with last-used stamps, and the sizes of both files of each entry as the file
-    system reports them now (an artifact changed in place keeps its metadata's inode; the scan
-    index's sizes are never used here); entries deleted since the listing are dropped. Stamps
-    further in the future than ``FUTURE_SLACK`` are reset to now (on disk too)."""
-    stat_at = partial(os.stat, dir_fd=dfd, follow_symlinks=False)
-    names = list(map(add, table.key, repeat("." + META_EXT)))
-    artifacts = list(map(add, map(add, table.key, repeat(".")), table.ext))
-    stamps: list[float | None]
-    sizes: list[int | None]
-    meta_sizes: list[int | None]
-    try:
-        metas = list(map(stat_at, names))
-        stamps = [st.st_mtime for st in metas]
-        meta_sizes = [st.st_size for st in metas]
-        sizes = [st.st_size for st in map(stat_at, artifacts)]
-    except OSError:  # some entry went away meanwhile: one at a time
-        stamps, sizes, meta_sizes = [], [], []
-        for name, artifact in zip(names, artifacts, strict=True):
-            stamp: float | None
-            size: int | None
-            meta_size: int | None
-            try:
-                meta = stat_at(name)
-                stamp, meta_size, size = meta.st_mtime, meta.st_size, stat_at(artifact).st_size
-            except OSError:
-                stamp, meta_size, size = None, None, None
-            stamps.append(stamp)
-            sizes.append(size)
-            meta_sizes.append(meta_size)
-    now = time.time()
-    for i, stamp in enumerate(stamps):
-        if stamp is not None and stamp > now + FUTURE_SLACK:
-            # a stamp from a host whose clock was ahead: reset it as a hit would, so that the
-            # entry ages from now instead of being kept until that date
-            with contextlib.suppress(OSError):
-                os.utime(names[i], dir_fd=dfd, follow_symlinks=False)
-            stamps[i] = now
-    table = replace(
-        table,
-        last_used=tuple(stamps),
-        size=tuple(sizes),  # type: ignore[arg-type]
-        meta_size=tuple(meta_sizes),  # type: ignore[arg-type]
-    )
-    if None not in stamps:
-        return table
-    keep = [i for i, t in enumerate(stamps) if t is not None]
-    columns = [getattr(table, c) for c in COLUMNS]
-    return EntryTable(*([c[i] for i in keep] for c in columns))  # type: ignore[arg-type]

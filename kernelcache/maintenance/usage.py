@@ -336,18 +336,11 @@ def entries_of(root: str, seen: Mapping[str, EntryInfo] | None = None) -> list[E
     return found
 
 
-def discard_usage(root: str) -> None:
-    """Remove the usage file of ``root`` (best effort), after entries were removed outside an
-    eviction pass: the next put that counts measures the root again."""
+def discard_usage(stats_fd: int) -> None:
+    """Remove the usage file from the root's ``.stats/``, open as ``stats_fd`` (best effort),
+    after entries were removed outside an eviction pass: the next put that counts measures the
+    root again."""
     try:
-        dfd = open_subdir(root, STATS_DIR, create=False)
-    except OSError:
-        return
-    try:
-        remove_own_file(dfd, USAGE_NAME)
+        remove_own_file(stats_fd, USAGE_NAME)
     except OSError as e:
-        logger.debug(
-            "kernelcache: cannot remove %s/%s under %s: %s", STATS_DIR, USAGE_NAME, root, e
-        )
-    finally:
-        os.close(dfd)
+        logger.debug("kernelcache: cannot remove %s/%s: %s", STATS_DIR, USAGE_NAME, e)

@@ -12,26 +12,17 @@ from ..store.entry import Artifact
 from ..store.root import Store
 from ..table import EntryInfo, EntryTable
 from .records import CacheScan, Issue, Progress
-from .scan import scan
+from .scan import scan_store
 
-
-def scan_store(store: Store) -> CacheScan:
-    """The scan ``verify`` and ``prune`` work from: with last-used stamps and lock files, under
-    the store's soft-lock staleness and trust policy."""
-    return scan(
-        store.root,
-        last_used=True,
-        locks=True,
-        lock_stale=store.locker.stale_after,
-        trust=store.trust,
-    )
+__all__ = ["scan_store", "verify"]
 
 
 def verify(
     store: Store, base: CacheScan | None = None, *, progress: Progress | None = None
 ) -> CacheScan:
-    """A scan of ``store``'s root whose entries were each read and checked (size, digest,
-    metadata, the contract of an entry in full, and the store's trust policy).
+    """A scan of ``store``'s root (``base``, default: :func:`~.scan.scan_store`) whose entries
+    were each read and checked (size, digest, metadata, the contract of an entry in full, and
+    the store's trust policy).
 
     Returns a new :class:`CacheScan`: entries that failed are moved from ``entries`` to
     ``issues`` (kind ``corrupt``, or ``untrusted`` for an entry the trust policy refuses).
@@ -62,4 +53,5 @@ def verify(
         base.temp,
         base.quarantine,
         base.scanned_at,
+        base.logs,
     )

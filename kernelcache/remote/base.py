@@ -1,13 +1,13 @@
 """What the built-in tiers (Redis, Redis Cluster, object stores) share: counters, the circuit
 breakers, the windows in which writes are refused, one warning per kind of failure, the checks
 of every value read (decode, extension, signature) and sent (encoding, ``max_size``), and the
-leases of the build locks a process holds.
+job-wide build locks (one try, waiting, and the leases of the locks a process holds).
 
 Failures are per shard: a tier's keys may live on several servers (a Redis Cluster's
 primaries), and a shard that fails is skipped for ``breaker`` seconds while the others serve
 (the shard ``""`` is the whole tier: a single server, a bucket, a cluster whose slot map cannot
 be read), by every process of the cache root (:mod:`.breakers`). A build lock is a lease
-(:mod:`.leases`).
+(:mod:`.leases`): :class:`TierBase` holds the tier's :class:`~.leases.Leases`.
 
 Writes never replace a value: the first complete writer wins, as in a root. In particular a
 value this process refused because it cannot verify it (signed with another key, or unsigned,
@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,7 +32,8 @@ from ..problem import Problem
 from ..process import warn_once
 from .breakers import SharedBreakers
 from .codec import authenticate, decode_value, make_value
-from .leases import BuildLocks, Leases
+from .leases import Leases, no_release
+from .tier import Busy, Claim, wait_for
 
 #: the remote tiers' logger, whichever module logs (docs/remote.md names it)
 logger = logging.getLogger("kernelcache.remote")
@@ -45,8 +46,9 @@ def tier_label(shown_url: str) -> str:
     return shown_url.split("?", 1)[0] if urlsplit(shown_url).scheme else shown_url
 
 
-class TierBase(BuildLocks):
-    """The failure policy and accounting of a built-in tier.
+class TierBase:
+    """The failure policy, accounting and build locks of a built-in tier: a tier subclasses it
+    and gives it what its store does (``_fetch``, ``_send``, ``_try_lock``, ``_discard``).
 
     Args:
         shown: the tier's URL, redacted (what messages show).
@@ -89,7 +91,8 @@ class TierBase(BuildLocks):
         self._down: dict[str, float] = {}
         #: shard -> monotonic time until which it is not written to
         self._full: dict[str, float] = {}
-        self._leases = Leases(lease, lock_ttl, lambda: self._bump(locks_lost=1))
+        #: the build locks this process holds in the tier, renewed as leases (:mod:`.leases`)
+        self.leases = Leases(lease, lock_ttl, lambda: self._bump(locks_lost=1))
         self._counters: Counter[str] = Counter()
         self._overwrite = overwrite
         #: keys whose value this process refused as unverifiable, oldest first (bounded)
@@ -344,3 +347,43 @@ class TierBase(BuildLocks):
                 self._unverified.pop(key, None)
         self._bump(puts=1, bytes_written=len(value))
         return True
+
+    # -- build locks --------------------------------------------------------------------------
+    def _try_lock(self, key: str) -> Claim:
+        """One try at the build lock of ``key`` in the store (see :meth:`try_acquire`), the
+        tier neither read-only nor known unavailable; a failure is accounted for already."""
+        raise NotImplementedError
+
+    def try_acquire(self, key: str) -> Claim:
+        """One try at the job-wide build lock of ``key``, without waiting.
+
+        Returns a function that releases the lock (renewed meanwhile: see
+        :class:`~.leases.Leases`), a function that releases nothing when the entry is in the
+        tier already (the caller's read then hits) or the tier is read-only, :class:`Busy`
+        while another client holds it, or None when the tier (or the key's shard) is
+        unavailable: the caller builds without it. Never raises for a failure of the store.
+
+        Raises:
+            ValueError: malformed ``key``.
+        """
+        check_key(key)
+        if self.read_only:
+            return no_release
+        if not self._usable():
+            return None
+        return self._try_lock(key)
+
+    def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
+        """Take the job-wide build lock of ``key``, waiting at most ``timeout`` seconds (the
+        caller's remaining budget; tried once at 0): :meth:`try_acquire` until the lock is
+        not busy. None when it was not had in time (counted: ``lock_timeouts``) or the tier is
+        unavailable; the caller then builds without it.
+
+        Raises:
+            ValueError: malformed ``key``.
+        """
+        claim = wait_for(lambda: self.try_acquire(key), timeout)
+        if isinstance(claim, Busy):
+            self._bump(lock_timeouts=1)
+            return None
+        return claim

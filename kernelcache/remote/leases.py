@@ -1,11 +1,11 @@
 """The job-wide build locks of the built-in tiers, held as leases.
 
 A build lock is a lease: its holder renews it every third of ``lease`` from a background thread
-(:class:`Leases`, for at most ``lock_ttl``), so the lock of a holder that stops (killed,
-stopped, cut off) goes away within ``lease``, and a release is sent whatever failed before it.
-:class:`BuildLocks` is what a tier offers on top of one try at its store's lock
-(``_try_lock``): one try that tells a lock held elsewhere (:class:`~.tier.Busy`) from an
-unavailable tier (None), waiting for one, and the release function of a lock taken.
+(:class:`Leases`, one per tier, for at most ``lock_ttl``), so the lock of a holder that stops
+(killed, stopped, cut off) goes away within ``lease``, and a release is sent whatever failed
+before it. A tier (:class:`~.base.TierBase`) holds its :class:`Leases`: its ``try_acquire``
+and ``acquire`` take a lock with one try at its store's lock, and hand each lock taken to
+:meth:`Leases.holding`, whose release function stops the renewals and releases it.
 
 Invariants: a read-only tier takes no lock (:func:`no_release`); an unavailable tier (or key's
 shard) is never waited for: the caller builds without the lock; a failure of the store never
@@ -19,10 +19,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-from ..keys import check_key
-from .tier import Busy, Claim, wait_for
 
 #: the remote tiers' logger (the same as :mod:`.base`'s)
 logger = logging.getLogger("kernelcache.remote")
@@ -69,6 +65,19 @@ class Leases:
             if idle:  # the thread sleeps until there is something to renew
                 self._wake.set()
 
+    def holding(
+        self, token: str, renew: Callable[[float], bool | None], release: Callable[[], None]
+    ) -> Callable[[], None]:
+        """The release function of the lock ``token`` just taken: renewed by ``renew`` (see
+        :meth:`hold`) until that function stops the renewals and calls ``release``."""
+        self.hold(token, renew)
+
+        def released() -> None:
+            self.drop(token)
+            release()
+
+        return released
+
     def drop(self, token: str) -> None:
         """Stop renewing the lock of ``token`` (released, or lost)."""
         with self._lock:
@@ -93,68 +102,3 @@ class Leases:
                 if renew(min(self._lease, left)) is False:
                     self.drop(token)
                     self._lost()
-
-
-class BuildLocks:
-    """The build locks of a built-in tier: the part of :class:`~.base.TierBase` that takes
-    them, over one try at its store's lock (``_try_lock``), each renewed by ``_leases``."""
-
-    read_only: bool
-    _leases: Leases
-
-    if TYPE_CHECKING:  # provided by TierBase
-
-        def _usable(self, shard: str = "") -> bool: ...
-
-        def _bump(self, **deltas: int) -> None: ...
-
-    def _try_lock(self, key: str) -> Claim:
-        """One try at the build lock of ``key`` in the store (see :meth:`try_acquire`); a
-        failure is accounted for already."""
-        raise NotImplementedError
-
-    def try_acquire(self, key: str) -> Claim:
-        """One try at the job-wide build lock of ``key``, without waiting.
-
-        Returns a function that releases the lock (renewed meanwhile: see :class:`Leases`), a
-        function that releases nothing when the entry is in the tier already (the caller's
-        read then hits) or the tier is read-only, :class:`Busy` while another client holds
-        it, or None when the tier (or the key's shard) is unavailable: the caller builds
-        without it. Never raises for a failure of the store.
-
-        Raises:
-            ValueError: malformed ``key``.
-        """
-        check_key(key)
-        if self.read_only:
-            return no_release
-        if not self._usable():
-            return None
-        return self._try_lock(key)
-
-    def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:
-        """Take the job-wide build lock of ``key``, waiting at most ``timeout`` seconds (the
-        caller's remaining budget; tried once at 0): :meth:`try_acquire` until the lock is
-        not busy. None when it was not had in time (counted: ``lock_timeouts``) or the tier is
-        unavailable; the caller then builds without it.
-
-        Raises:
-            ValueError: malformed ``key``.
-        """
-        claim = wait_for(lambda: self.try_acquire(key), timeout)
-        if isinstance(claim, Busy):
-            self._bump(lock_timeouts=1)
-            return None
-        return claim
-
-    def _holding(
-        self, token: str, renew: Callable[[float], bool | None], release: Callable[[], None]
-    ) -> Callable[[], None]:
-        """The release function of a lock just taken, renewed by ``renew`` until released."""
-        self._leases.hold(token, renew)
-
-        def released() -> None:
-            self._leases.drop(token)
-            release()
-
-        return released

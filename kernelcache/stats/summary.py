@@ -107,12 +107,13 @@ def _lock_wait(record: Any) -> dict[str, Any] | None:
     }
 
 
-def foldable_logs(root: str, now: float | None = None) -> list[str]:
+def foldable_logs(root: str | int, now: float | None = None) -> list[str]:
     """Statistics logs of finished processes: a dead pid on this host, or untouched for
     :data:`LOG_FOLD_AGE` seconds (any host); and logs a killed fold left renamed (the next
-    fold finishes them)."""
+    fold finishes them). ``root``: the root, or its ``.stats/`` directory open as a descriptor
+    (which a scan opened from its store; left open)."""
     now = time.time() if now is None else now
-    directory = os.path.join(root, STATS_DIR)
+    directory = os.path.join(root, STATS_DIR) if isinstance(root, str) else root
     try:
         it = os.scandir(directory)
     except OSError:

@@ -38,16 +38,19 @@ Guarantees across processes and hosts sharing a root:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..config import DEFAULTS, Settings, settings
+from ..fsio import READ_FLAGS
 from ..keys import META_EXT
 from ..problem import Problem
 from . import reading, removal, writing
 from .entry import Artifact
-from .layout import resolve_root
+from .layout import open_subdir, readable, resolve_root, writable
 from .locks.budget import WaitBudget
 from .locks.locker import Held, Locker
 from .state import StoreState, take_lock
@@ -128,6 +131,28 @@ class Store:
             resolved=resolved,
         )
 
+    @classmethod
+    def named(
+        cls,
+        root: str | os.PathLike[str] | None,
+        cfg: Settings | None = None,
+        *,
+        readonly: bool = False,
+        lock_timeout: float | None = None,
+    ) -> Store:
+        """:meth:`from_settings` of the root a user names (``--root``), ``~`` expanded and made
+        absolute; None: the configured one (``$KERNELCACHE_DIR``, else the user cache directory).
+
+        Raises:
+            ValueError: ``root`` starts with ``~user`` of no such user (or there is no home).
+            ConfigError: a variable is set to a value that cannot be used.
+        """
+        cfg = settings() if cfg is None else cfg
+        where = os.path.abspath(resolve_root(root, cfg))
+        return cls.from_settings(
+            where, cfg, readonly=readonly, lock_timeout=lock_timeout, resolved=True
+        )
+
     def __repr__(self) -> str:
         return f"Store({self.root!r}, readonly={self.readonly})"
 
@@ -148,6 +173,54 @@ class Store:
             LockTimeout: held by someone else for the whole timeout (None: the lock timeout).
         """
         return take_lock(self.state, key, shared=shared, timeout=timeout)
+
+    @property
+    def lock_mode(self) -> str:
+        """``flock`` or ``soft``: how its locks are taken (probed on first use under ``auto``)."""
+        return self.locker.mode
+
+    # -- the root's directories -----------------------------------------------------------
+    def readable(self) -> bool:
+        """Whether this process may list the root and read the files in it."""
+        return readable(self.root)
+
+    def writable(self) -> bool:
+        """Whether this process may create files in the root (permissions, a read-only mount)."""
+        return writable(self.root)
+
+    def open_dir(self, name: str | None = None, *, create: bool = False) -> int:
+        """The root (``name`` None), or its directory ``name`` (never through a symlink; made
+        if ``create``, as :func:`~kernelcache.store.layout.open_subdir` makes it), open as a
+        descriptor for the caller to close.
+
+        Raises:
+            OSError: from the system (FileNotFoundError: there is none).
+        """
+        if name is None:
+            return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return open_subdir(self.root, name, create=create)
+
+    def open_trusted(self, directory: str, name: str) -> int | None:
+        """The file ``name`` of the root's ``directory``, open for reading (for the caller to
+        close) where it is a regular file the trust policy accepts: a file read as a hint, such
+        as the scan index. None where there is none, it cannot be opened or it is refused;
+        never through a symlink."""
+        try:
+            dfd = open_subdir(self.root, directory, create=False)
+        except OSError:
+            return None
+        try:
+            fd = os.open(name, READ_FLAGS, dir_fd=dfd)
+        except OSError:
+            return None
+        finally:
+            os.close(dfd)
+        with contextlib.suppress(OSError):
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and self.state.policy.accepts(st):
+                return fd
+        os.close(fd)
+        return None
 
     # -- reading --------------------------------------------------------------------------
     def read(

@@ -319,7 +319,7 @@ class ObjectStoreTier(TierBase):
             if not failed and not gone:
                 self._bump(locks_lost=1)
 
-        return self._holding(token, renew, release)
+        return self.leases.holding(token, renew, release)
 
     def _put_lock(
         self, store: Any, lock: str, token: str, version: Version | None

@@ -13,7 +13,8 @@ Invariants (docs/remote.md says more):
   this client's ``lock_ttl``, is broken at once. On a cluster an entry and its lock share a
   slot (the key in a hash tag).
 * The server never fails or stalls the caller: each call is bounded and its failure opens
-  a circuit breaker (:mod:`.calls`).
+  a circuit breaker (:mod:`.calls`: the tier holds its calls as :attr:`RedisTier.calls`, and
+  every call it makes names the Redis key whose slot it touches).
 * On a cluster, a call for a key goes to the primary that serves the key's slot, and to no
   other (:mod:`.cluster`: the slot map, failovers, fallbacks). A primary that fails (killed,
   stopped, refusing) opens the breaker of its shard alone; the keys of the other shards keep
@@ -30,9 +31,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ...process import HOST
-from ..base import logger
+from ..base import TierBase, logger
 from ..leases import no_release
 from ..tier import Busy, Claim
+from ..url import parse_url, redact, secrets_of
 from .calls import RedisCalls
 from .names import count_entries, entry_name
 from .scripts import ACQUIRED, BROKEN, READY, REPLY_LIMIT, holder_of, milliseconds
@@ -40,7 +42,7 @@ from .scripts import ACQUIRED, BROKEN, READY, REPLY_LIMIT, holder_of, millisecon
 USAGE_SCAN_LIMIT = 100_000
 
 
-class RedisTier(RedisCalls):
+class RedisTier(TierBase):
     """The shared tier on a Redis server or a Redis Cluster (a
     :class:`kernelcache.remote.RemoteTier`, made as every :class:`kernelcache.remote.TierClass`
     is).
@@ -62,6 +64,44 @@ class RedisTier(RedisCalls):
         ConfigError: bad URL or options, or redis-py is not installed.
     """
 
+    def __init__(
+        self,
+        url: str,
+        *,
+        stats_root: str | None = None,
+        signing_key: bytes | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        address, options = parse_url(url)
+        super().__init__(
+            redact(url),
+            stats_root=stats_root,
+            signing_key=signing_key,
+            breaker=options.breaker,
+            max_size=options.max_size,
+            read_only=options.read_only,
+            lease=options.lease_s,
+            lock_ttl=options.lock_ttl,
+            overwrite=overwrite,
+        )
+        #: the URL's options (docs/remote.md)
+        self.options = options
+        #: how the tier calls its server or cluster: each call routed to the primary that
+        #: serves its Redis key, bounded, its failure accounted for here (:mod:`.calls`)
+        self.calls = RedisCalls(address, options, secrets_of(url), self)
+        #: whether the tier is a Redis Cluster
+        self.cluster = self.calls.cluster is not None
+
+    def probe(self) -> str | None:
+        """Whether the server answers a PING within the bounds of a call (on a cluster, every
+        primary, each within those bounds): None, or why not (nothing is counted or warned
+        about)."""
+        return self.calls.probe()
+
+    def close(self) -> None:
+        """Close the connections (the tier reconnects if used again)."""
+        self.calls.close()
+
     def usage(self, limit: int = USAGE_SCAN_LIMIT) -> dict[str, Any]:
         """This tier's entries and their bytes (``kernelcache stats --remote``), bounded for a
         big server: ``SCAN`` of the namespace's keys, 1,000 a call, and ``STRLEN`` of each in
@@ -70,10 +110,11 @@ class RedisTier(RedisCalls):
         is not scanned (its keys are spread over nodes): only None values. Never raises."""
         if self.cluster:
             return {"entries": None, "bytes": None, "complete": False, "server_keys": None}
-        client = self._single
-        size, error, _ = self._attempt(client, lambda c: c.dbsize())
+        calls = self.calls
+        client = calls.single
+        size, error, _ = calls.attempt(client, lambda c: c.dbsize())
         out = count_entries(
-            lambda fn, *args: self._attempt(client, fn, *args), self.options.prefix, limit
+            lambda fn, *args: calls.attempt(client, fn, *args), self.options.prefix, limit
         )
         out["server_keys"] = int(size) if error is None else None
         return out
@@ -86,9 +127,10 @@ class RedisTier(RedisCalls):
         that is up (:meth:`.cluster.Cluster.name`): so the processes of every node keep one
         builder per key, and read what it published, until the shard is back (or a replica
         took its slots over)."""
-        if self._cluster is None:
+        cluster = self.calls.cluster
+        if cluster is None:
             return entry_name(self.options.prefix, key, False)
-        return self._cluster.name(self.options.prefix, key)
+        return cluster.name(self.options.prefix, key)
 
     def _fetch(self, key: str) -> tuple[bytes | int | None, bool]:
         """The entry at :meth:`name`; on a cluster, a miss at home is looked up once more in
@@ -96,9 +138,9 @@ class RedisTier(RedisCalls):
         the home shard was down, before a replica took its slots over, is found and copied
         home."""
         name, (found, failed) = self._moving(key, lambda at: self._get(key, at))
-        spare = None
-        if self._cluster is not None and found is None and not failed:
-            spare = self._cluster.spare(self.options.prefix, key, name)
+        spare, cluster = None, self.calls.cluster
+        if cluster is not None and found is None and not failed:
+            spare = cluster.spare(self.options.prefix, key, name)
         if spare is None:
             return found, failed
         kept, _ = self._get(key, spare)
@@ -111,12 +153,14 @@ class RedisTier(RedisCalls):
     def _get(self, key: str, name: str) -> tuple[bytes | int | None, bool]:
         limit = self.options.max_size
         # the value is at most max_size; the call may also connect (a cluster reads its slots)
-        return self._call(
-            "get", key, self._eval, "get", [name], [limit], limit=limit + REPLY_LIMIT, name=name
+        calls = self.calls
+        return calls.call(
+            "get", name, calls.eval, "get", [name], [limit], limit=limit + REPLY_LIMIT
         )
 
     def _discard(self, key: str) -> None:
-        self._call("delete", key, lambda c: c.delete(self.name(key)))
+        name = self.name(key)
+        self.calls.call("delete", name, lambda c: c.delete(name))
 
     def _send(self, key: str, value: bytes, replace: bool) -> tuple[bool, bool]:
         """Store ``value`` under the entry's key if it has none (``SET NX``), or whatever it
@@ -129,7 +173,7 @@ class RedisTier(RedisCalls):
         group moved (its fallback), so a request that finds the shard down is not lost."""
         name = self.name(key)
         result = call(name)
-        if result[1] and self._cluster is not None:
+        if result[1] and self.calls.cluster is not None:
             moved = self.name(key)
             if moved != name:
                 return moved, call(moved)
@@ -137,12 +181,8 @@ class RedisTier(RedisCalls):
 
     def _set(self, key: str, name: str, value: bytes, replace: bool) -> tuple[bool, bool]:
         ttl_ms = math.ceil(self.options.ttl * 1000) if self.options.ttl else None
-        done, failed = self._call(
-            "put",
-            key,
-            lambda c: c.set(name, value, px=ttl_ms, nx=not replace),
-            write=True,
-            name=name,
+        done, failed = self.calls.call(
+            "put", name, lambda c: c.set(name, value, px=ttl_ms, nx=not replace), write=True
         )
         return bool(done) and not failed, failed
 
@@ -153,11 +193,9 @@ class RedisTier(RedisCalls):
         lease = milliseconds(self.lease)
         token = f"{lease}:{HOST}:{os.getpid()}:{uuid.uuid4().hex}"
         args = [token, lease, milliseconds(self.options.lock_ttl)]
+        calls = self.calls
         name, (reply, failed) = self._moving(
-            key,
-            lambda at: self._call(
-                "lock", key, self._eval, "acquire", [at + ":lock", at], args, name=at
-            ),
+            key, lambda at: calls.call("lock", at, calls.eval, "acquire", [at + ":lock", at], args)
         )
         if failed:
             return None
@@ -179,26 +217,26 @@ class RedisTier(RedisCalls):
             )
         if state in (ACQUIRED, BROKEN):
             self._bump(locks=1)
-            return self._holding(
+            return self.leases.holding(
                 token,
-                lambda seconds: self._renew(key, lock, token, seconds),
-                lambda: self._release(key, lock, token),
+                lambda seconds: self._renew(lock, token, seconds),
+                lambda: self._release(lock, token),
             )
         return Busy(lock, holder_of(held), self.label)
 
-    def _renew(self, key: str, lock: str, token: str, seconds: float) -> bool | None:
-        renewed, failed = self._call(
-            "renew", key, self._eval, "renew", [lock], [token, milliseconds(seconds)], name=lock
+    def _renew(self, lock: str, token: str, seconds: float) -> bool | None:
+        calls = self.calls
+        renewed, failed = calls.call(
+            "renew", lock, calls.eval, "renew", [lock], [token, milliseconds(seconds)]
         )
         return None if failed else bool(renewed)
 
-    def _release(self, key: str, lock: str, token: str) -> None:
+    def _release(self, lock: str, token: str) -> None:
         """Delete the lock if this owner still holds it; sent whatever failed before (on
         another shard, or a put), skipped only while the lock's own shard is known down (the
         lock then lapses within its lease)."""
-        released, failed = self._call(
-            "unlock", key, self._eval, "release", [lock], [token], name=lock
-        )
+        calls = self.calls
+        released, failed = calls.call("unlock", lock, calls.eval, "release", [lock], [token])
         if not failed and not released:
             self._bump(locks_lost=1)
             logger.debug("kernelcache: build lock %s had expired before its release", lock)
