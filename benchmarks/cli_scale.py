@@ -56,6 +56,10 @@ from pathlib import Path
 from kernelcache.maintenance.index import INDEX_NAME
 from kernelcache.store import encode_metadata, make_metadata
 
+# whole machine code (an ELF for its vendor): what verify and the readers hold artifacts to
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "helpers"))
+from artifact_images import sized
+
 TARGETS = ("cuda:80", "cuda:90", "hip:gfx90a", "hip:gfx942")
 EXT_OF = {"cuda:80": "cubin", "cuda:90": "cubin", "hip:gfx90a": "hsaco", "hip:gfx942": "hsaco"}
 GOALS = {"stats": 1.0, "prune_plan": 2.0, "prune_real": 10.0}
@@ -84,7 +88,7 @@ def populate(root: Path, n: int, min_size: int, max_size: int, seed: int = 0) ->
         ext = EXT_OF[target]
         size = rng.randint(min_size, max_size)
         offset = i % 64
-        data = blob[offset : offset + size]
+        data = sized(ext, size, blob[offset : offset + 64])
         meta = {
             "name": f"kernel_{i % 500}",
             "target": target,
@@ -142,7 +146,7 @@ print(json.dumps({"entries": n, "du": du, "groups": len(groups)}))
 
 PEER_PRUNE = r"""
 import json, os, sys
-root, cap, delete = sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["--delete"]
+root, cap, delete = sys.argv[1], int(sys.argv[2].rstrip("B")), sys.argv[3:] == ["--delete"]
 rows = []
 for entry in os.scandir(root):
     if entry.name.endswith(".json"):
