@@ -44,8 +44,8 @@ from ..store.layout import STATS_DIR
 from ..store.locks.budget import WaitBudget
 from ..store.root import Store
 from . import helper as helpers
-from .eviction import Eviction, log_evicted
-from .usage import USAGE_NAME
+from .eviction import Eviction, bound_of, log_evicted
+from .usage import USAGE_NAME, UsageView
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +58,12 @@ EXIT_WAIT = 30.0
 RETRY_SECONDS = 0.1
 
 
-class SizeCap(Eviction):
+class SizeCap(UsageView):
     """The size cap of one writable store: :meth:`added` after each entry a process publishes.
 
-    Thread-safe; each process keeps its own view of the usage file (see the module docstring).
+    Thread-safe; each process keeps its own view of the usage file (see the module docstring):
+    the cap is that view (:class:`~kernelcache.maintenance.usage.UsageView`), and its passes
+    are run by the :class:`~kernelcache.maintenance.eviction.Eviction` it holds.
     """
 
     def __init__(self, store: Store, max_size: int) -> None:
@@ -70,8 +72,10 @@ class SizeCap(Eviction):
         self.store = store
         self.max_size = max_size
         self.low_water = int(max_size * LOW_WATER)
-        Eviction.__init__(self)
+        UsageView.__init__(self)
         self._lock = threading.Lock()
+        #: what runs this cap's eviction passes, and counts them (:mod:`.eviction`)
+        self.eviction = Eviction(self, self._lock, self._give_up)
         #: set when a put waited its whole budget with the root past :meth:`bound`: puts
         #: no longer wait until one finds it back under (warned once)
         self._stalled = False
@@ -92,6 +96,16 @@ class SizeCap(Eviction):
 
     def __repr__(self) -> str:
         return f"SizeCap({self.store.root!r}, max_size={self.max_size})"
+
+    @property
+    def passes(self) -> int:
+        """The eviction passes run for this process (in a thread, or by its helper process)."""
+        return self.eviction.passes
+
+    @property
+    def pass_seconds(self) -> float:
+        """The seconds those passes took (for benchmarks)."""
+        return self.eviction.pass_seconds
 
     def added(self, nbytes: int, wait: float) -> None:
         """Account for ``nbytes`` just published; when the root is over the cap, start an
@@ -119,7 +133,15 @@ class SizeCap(Eviction):
         """The bytes past which a put waits for eviction passes: twice the cap, or, where
         the last pass could not get under the cap (entries in use), the cap more than it
         left."""
-        return self.max_size + max(self.base, self.max_size)
+        return bound_of(self)
+
+    def evict(self, wait: float = 0.0, *, past_bound: bool = False) -> bool:
+        """Run an eviction pass unless another process is running one; whether this one ran.
+        Waits at most ``wait`` seconds for another's pass to end; having waited, runs only if
+        a pass is still due (``past_bound``: the estimate still past :meth:`bound`): the other
+        may have made it needless. Never raises for what it finds (each delete's outcome is
+        the prune's)."""
+        return self.eviction.evict(wait, past_bound=past_bound)
 
     def _start_pass(self) -> None:
         """Have this cap's helper process (or a thread) run the passes now due (caller holds
@@ -152,7 +174,7 @@ class SizeCap(Eviction):
         while True:
             ran = self.evict(min(RETRY_SECONDS, budget.remaining()), past_bound=True)
             with self._lock:
-                if self.broken or not self._past_bound():
+                if self.broken or not self.eviction.past_bound():
                     return
                 if ran or budget.remaining() <= 0:
                     self._stalled = True
@@ -228,8 +250,8 @@ class SizeCap(Eviction):
         except (ValueError, KeyError, TypeError, RecursionError):
             return False
         with self._lock:
-            self.passes += passes
-            self.pass_seconds += seconds
+            self.eviction.passes += passes
+            self.eviction.pass_seconds += seconds
             self.helper_cpu_seconds += cpu
             if not broken:  # the next put reads the file the helper wrote from its start
                 self._inode, self._offset, self.base, self.total = None, 0, 0, 0
@@ -273,7 +295,7 @@ class SizeCap(Eviction):
                 else:
                     tries += 1
                 with self._lock:
-                    if not self._still_due():
+                    if not self.eviction.still_due():
                         self._running = False
                         return
         finally:
@@ -313,16 +335,17 @@ def helper_main(config_json: str) -> None:
     )
     cap = SizeCap(store, config["max_size"])
     cap.reporting = True
+    eviction = cap.eviction
     for _ in sys.stdin.buffer:
         passes, seconds, cpu = cap.passes, cap.pass_seconds, time.process_time()
-        cap.evicted.clear()
+        eviction.evicted.clear()
         if not cap.broken:
             cap._evict_while_due()
         report = {
             "passes": cap.passes - passes,
             "seconds": cap.pass_seconds - seconds,
             "cpu": time.process_time() - cpu,
-            "evicted": cap.evicted,
+            "evicted": eviction.evicted,
             "broken": cap.why_broken,
         }
         sys.stdout.write(json.dumps(report) + "\n")

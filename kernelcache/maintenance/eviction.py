@@ -1,5 +1,7 @@
-"""An eviction pass: the part of :class:`~kernelcache.maintenance.capacity.SizeCap` that runs
-one (:meth:`Eviction.evict`), whoever asked for it (a put, the helper process, a thread).
+"""The eviction passes of a size cap: :class:`Eviction`, which a
+:class:`~kernelcache.maintenance.capacity.SizeCap` holds as its ``eviction``, runs one
+(:meth:`Eviction.evict`), whoever asked for it (a put, the helper process, a thread), over the
+cap's view of the usage file.
 
 A pass is a prune (:mod:`kernelcache.maintenance.prune`): a listing of the root and the status
 of each entry's files (no metadata is read: :func:`~kernelcache.maintenance.usage.entries_of`;
@@ -22,7 +24,7 @@ import os
 import stat
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from ..errors import LockTimeout, LockUnavailable
 from ..store.layout import STATS_DIR, open_subdir
@@ -45,22 +47,26 @@ logger = logging.getLogger(__name__)
 FULL_EVERY = 8
 
 
-class Eviction(UsageView):
-    """The eviction passes of one size cap (the part of
-    :class:`~kernelcache.maintenance.capacity.SizeCap` that runs them)."""
+class Eviction:
+    """The eviction passes of one size cap.
 
-    #: guards the view of the usage file (and what a pass changes of it)
-    _lock: threading.Lock
+    Args:
+        view: the cap's view of its root's usage file (the cap itself: a
+            :class:`~kernelcache.maintenance.capacity.SizeCap` is a :class:`UsageView`): the
+            store, the cap, its low-water mark and whether passes report to the process that
+            started a helper; a pass leaves the size it measured there.
+        lock: the lock that guards ``view`` (and what a pass changes of it).
+        give_up: called with why, where the cap cannot be kept.
+    """
 
-    if TYPE_CHECKING:  # provided by SizeCap
-
-        def bound(self) -> int: ...
-
-        def _give_up(self, why: object) -> None: ...
-
-    def __init__(self) -> None:
-        UsageView.__init__(self)
-        #: eviction passes this process ran, and the seconds they took (for benchmarks)
+    def __init__(
+        self, view: UsageView, lock: threading.Lock, give_up: Callable[[object], None]
+    ) -> None:
+        self.view = view
+        self._lock = lock
+        self._give_up = give_up
+        #: eviction passes run for this process (in a thread, or reported by its helper), and
+        #: the seconds they took (for benchmarks)
         self.passes = 0
         self.pass_seconds = 0.0
         #: in a helper: what each pass evicted (entries, bytes), for the report
@@ -68,7 +74,7 @@ class Eviction(UsageView):
         #: the entries the last pass saw and left (by key): the next pass stats only others
         self._seen: dict[str, EntryInfo] = {}
 
-    def _still_due(self) -> bool:
+    def still_due(self) -> bool:
         """Whether a pass is due, from what was appended to the usage file since the last
         look (no file: not due, as after a pass of another process that could not write it).
         Caller holds ``_lock``."""
@@ -77,19 +83,22 @@ class Eviction(UsageView):
         except OSError:
             return False
 
-    def _past_bound(self) -> bool:
-        """Whether the estimate is past :meth:`bound`, from what was appended to the usage
-        file since the last look (no file: not, as after a prune). Caller holds ``_lock``."""
+    def past_bound(self) -> bool:
+        """Whether the estimate is past :func:`bound_of` the view, from what was appended to
+        the usage file since the last look (no file: not, as after a prune). Caller holds
+        ``_lock``."""
         try:
             self._refresh()
         except OSError:
             return False
-        return self.total > self.bound()
+        view = self.view
+        return view.total > bound_of(view)
 
     def _refresh(self) -> bool:
         """Read what was appended to the usage file since the last look; whether a pass is
         due."""
-        dfd = open_subdir(self.store.root, STATS_DIR, create=False)
+        view = self.view
+        dfd = open_subdir(view.store.root, STATS_DIR, create=False)
         try:
             fd = os.open(
                 USAGE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
@@ -97,21 +106,21 @@ class Eviction(UsageView):
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     return False
-                self._read_new(fd)
+                view._read_new(fd)
             finally:
                 os.close(fd)
         finally:
             os.close(dfd)
-        return self._due()
+        return view._due()
 
     def evict(self, wait: float = 0.0, *, past_bound: bool = False) -> bool:
         """Run an eviction pass unless another process is running one; whether this one ran.
         Waits at most ``wait`` seconds for another's pass to end; having waited, runs only if
-        a pass is still due (``past_bound``: the estimate still past :meth:`bound`): the other
-        may have made it needless. Never raises for what it finds (each delete's outcome is
-        the prune's)."""
+        a pass is still due (``past_bound``: the estimate still past :func:`bound_of`): the
+        other may have made it needless. Never raises for what it finds (each delete's outcome
+        is the prune's)."""
         try:
-            held = self.store.locker.acquire(PASS_LOCK, shared=False, timeout=wait)
+            held = self.view.store.locker.acquire(PASS_LOCK, shared=False, timeout=wait)
         except LockTimeout:
             return False  # another process is evicting
         except LockUnavailable as e:
@@ -121,7 +130,7 @@ class Eviction(UsageView):
         try:
             if wait > 0:
                 with self._lock:
-                    if not (self._past_bound() if past_bound else self._still_due()):
+                    if not (self.past_bound() if past_bound else self.still_due()):
                         return False
             measured = self._pass()
         except OSError as e:
@@ -130,9 +139,10 @@ class Eviction(UsageView):
         finally:
             held.release()
             self.pass_seconds += time.perf_counter() - started
+        view = self.view
         with self._lock:  # the next put reads the new file: the base and what came since
-            self._inode, self._offset, self.base, self.total = None, 0, measured, measured
-            self.measured = True
+            view._inode, view._offset, view.base, view.total = None, 0, measured, measured
+            view.measured = True
         return True
 
     def _pass(self) -> int:
@@ -148,19 +158,20 @@ class Eviction(UsageView):
         from .records import CacheScan
         from .scan import finished_logs
 
-        store = self.store
+        view = self.view
+        store = view.store
         start = usage_end(store.root)
         full = self.passes % FULL_EVERY == 0
         rows = entries_of(store.root, None if full else self._seen)
         table = EntryTable.from_rows(rows)
         measured = table.nbytes
         self._seen = {row.key: row for row in rows}
-        if measured > self.max_size:
+        if measured > view.max_size:
             now = time.time()
             logs = finished_logs(store, now)
             scanned = CacheScan(store.root, True, table, (), scanned_at=now, logs=logs)
-            plan = plan_prune(scanned, max_size=self.low_water)
-            result = execute(store, plan, threads=not self.reporting)
+            plan = plan_prune(scanned, max_size=view.low_water)
+            result = execute(store, plan, threads=not view.reporting)
             kept = sum(
                 o.action.size
                 for o in result.outcomes
@@ -170,10 +181,10 @@ class Eviction(UsageView):
             for outcome in result.outcomes:  # deleted, or to be looked at again (used since)
                 self._seen.pop(outcome.action.key or "", None)
             evicted = (result.counts.get("done", 0), result.freed_bytes)
-            if self.reporting:
+            if view.reporting:
                 self.evicted.append(evicted)
             else:
-                log_evicted(*evicted, store.root, self.max_size)
+                log_evicted(*evicted, store.root, view.max_size)
         self.passes += 1
         mine = os.stat(store.root).st_uid == os.geteuid()
         dfd = open_subdir(store.root, STATS_DIR, create=mine)
@@ -190,6 +201,12 @@ class Eviction(UsageView):
                 os.close(old)
             os.close(dfd)
         return measured
+
+
+def bound_of(view: UsageView) -> int:
+    """The bytes past which a put waits for eviction passes: twice the cap, or, where the last
+    pass could not get under the cap (entries in use), the cap more than it left."""
+    return view.max_size + max(view.base, view.max_size)
 
 
 def log_evicted(done: int, freed: int, root: str, max_size: int) -> None:
