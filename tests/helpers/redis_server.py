@@ -366,6 +366,22 @@ class RedisClusterServers:
                         return next(n for n in self.nodes if n.port == port)
         raise LookupError(f"no node serves {name}")
 
+    def primaries_of(self, client, name: str) -> set[RedisServer]:
+        """The node that serves the slot of the Redis key ``name``, as each running node that
+        answers says (after a failover, nodes learn the new primary one by one)."""
+        import redis
+
+        slot = client.keyslot(name)
+        said = set()
+        for node in self.nodes:
+            if node.process is None or node.process.poll() is not None:
+                continue
+            with contextlib.suppress(OSError, redis.RedisError):
+                for first, last, *owner in node.client().execute_command("CLUSTER SLOTS"):
+                    if first <= slot <= last:
+                        said.add(next(n for n in self.nodes if n.port == int(owner[0][1])))
+        return said
+
     def _state_ok(self, node: RedisServer) -> bool:
         """Whether ``node`` sees the whole cluster: state ok, every node known and every slot
         assigned (without full coverage, a node says ok before gossip brought it every
