@@ -353,6 +353,18 @@ class RedisClusterServers:
     def primary_of(self, client, name: str) -> RedisServer:
         """The node that serves the slot of the Redis key ``name`` now, as the first running
         node that answers says."""
+        for said in self._said_primaries(client, name):
+            return said
+        raise LookupError(f"no node serves {name}")
+
+    def primaries_of(self, client, name: str) -> set[RedisServer]:
+        """The node that serves the slot of the Redis key ``name``, as each running node that
+        answers says (after a failover, nodes learn the new primary one by one)."""
+        return set(self._said_primaries(client, name))
+
+    def _said_primaries(self, client, name: str) -> Iterator[RedisServer]:
+        """For each running node that answers, in order, the node it says serves the slot of
+        the Redis key ``name``."""
         import redis
 
         slot = client.keyslot(name)
@@ -363,24 +375,8 @@ class RedisClusterServers:
                 for first, last, *owner in node.client().execute_command("CLUSTER SLOTS"):
                     if first <= slot <= last:
                         port = int(owner[0][1])
-                        return next(n for n in self.nodes if n.port == port)
-        raise LookupError(f"no node serves {name}")
-
-    def primaries_of(self, client, name: str) -> set[RedisServer]:
-        """The node that serves the slot of the Redis key ``name``, as each running node that
-        answers says (after a failover, nodes learn the new primary one by one)."""
-        import redis
-
-        slot = client.keyslot(name)
-        said = set()
-        for node in self.nodes:
-            if node.process is None or node.process.poll() is not None:
-                continue
-            with contextlib.suppress(OSError, redis.RedisError):
-                for first, last, *owner in node.client().execute_command("CLUSTER SLOTS"):
-                    if first <= slot <= last:
-                        said.add(next(n for n in self.nodes if n.port == int(owner[0][1])))
-        return said
+                        yield next(n for n in self.nodes if n.port == port)
+                        break
 
     def _state_ok(self, node: RedisServer) -> bool:
         """Whether ``node`` sees the whole cluster: state ok, every node known and every slot
