@@ -4,7 +4,9 @@ Every put adds its bytes to the root's usage file (:mod:`kernelcache.maintenance
 running estimate of the root's size shared by every process writing it. When the estimate
 passes the cap, the process that notices asks its helper process for an eviction pass
 (:mod:`kernelcache.maintenance.helper`; the put that noticed returns at once); where no helper
-can be started or one failed, passes run in a thread all the same. Passes take the lock
+can be started or one failed, passes run in a thread all the same. A put that finds a pass
+due while this process's runs has another run once it ends: the last put is always followed by
+a pass that lists the root after it. Passes take the lock
 ``capacity``: no two run at once, no put waits for the lock, and one that finds it held waits
 for it (:data:`RETRY_SECONDS` at a time), then runs only if still due.
 
@@ -89,6 +91,9 @@ class SizeCap(UsageView):
         self._running = False
         #: the helper process running this process's passes, if one runs
         self._helper: helpers.Helper | None = None
+        #: set when a put found a pass due while one ran: once that one ends, a pass runs
+        #: that begins after the put (the one running may have listed the root before it)
+        self._pending = False
         #: in a helper: what the passes evicted is reported to the process that started it
         #: (:attr:`evicted`), not logged, and so is why the cap cannot be kept
         self.reporting = False
@@ -123,7 +128,9 @@ class SizeCap(UsageView):
                 return
             over = self.total > self.bound()
             self._stalled = self._stalled and over
-            if due and not self._pass_running():
+            if due and self._pass_running():
+                self._pending = True  # that pass may have listed the root before this put
+            elif due:
                 self._start_pass()
             over = over and not self._stalled and wait > 0
         if over:
@@ -146,6 +153,7 @@ class SizeCap(UsageView):
     def _start_pass(self) -> None:
         """Have this cap's helper process (or a thread) run the passes now due (caller holds
         ``_lock``, and no pass of this process runs)."""
+        self._pending = False
         if self._ask_helper():
             _started.add(self)
             return
@@ -199,9 +207,11 @@ class SizeCap(UsageView):
         helper = self._helper
         if helper is not None and helper.pid == os.getpid():
             helper.idle.wait(timeout)
-        thread = self._thread
-        if thread is not None:
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        thread = None
+        while self._thread is not thread:  # (a thread that ends may start the next one)
+            thread = self._thread
+            if thread is not None:
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _pass_running(self) -> bool:
         """Whether this process's pass still runs (caller holds ``_lock``)."""
@@ -256,6 +266,7 @@ class SizeCap(UsageView):
             if not broken:  # the next put reads the file the helper wrote from its start
                 self._inode, self._offset, self.base, self.total = None, 0, 0, 0
                 self.measured = False
+                self._again()
         for done, freed in evicted:
             log_evicted(done, freed, self.store.root, self.max_size)
         if broken:
@@ -296,11 +307,21 @@ class SizeCap(UsageView):
                     tries += 1
                 with self._lock:
                     if not self.eviction.still_due():
-                        self._running = False
+                        self._running = self._pending = False
                         return
         finally:
             with self._lock:
                 self._running = False
+                self._again()
+
+    def _again(self) -> None:
+        """After this process's passes ended: where a put found a pass due while they ran,
+        and one still is (the usage file keeps what was put after a pass began), start the
+        next (caller holds ``_lock``), so that the last put is always followed by a pass that
+        lists the root after it."""
+        if self._pending and not self.broken and self.eviction.still_due():
+            self._start_pass()
+        self._pending = False
 
 
 #: the caps of this process that started a pass (waited for at exit)

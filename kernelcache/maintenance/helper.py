@@ -38,7 +38,7 @@ _exiting = False
 class Helper:
     """The helper process of one cap in one process: asked for passes through its standard
     input, one line each; it answers each with a report line, handed to ``on_report`` (which
-    says whether the line was a report). It ends when its standard input closes (this process
+    says whether the line was a report, and may ask again). It ends when its standard input closes (this process
     exited, or was killed)."""
 
     def __init__(self, config: dict[str, Any], on_report: Callable[[bytes], bool]) -> None:
@@ -57,9 +57,12 @@ class Helper:
         self.on_report = on_report
         self.pid = os.getpid()
         self.alive = True
-        #: set while no pass was asked for that has not been reported
+        #: set while no pass was asked for that has not been reported; the requests not yet
+        #: reported (one may be asked while its report is taken up)
         self.idle = threading.Event()
         self.idle.set()
+        self._unanswered = 0
+        self._counting = threading.Lock()
         threading.Thread(target=self._watch, name="kernelcache-evict-helper", daemon=True).start()
         _helpers.add(self)
 
@@ -67,14 +70,23 @@ class Helper:
         """Ask for the passes now due; whether the helper took the request."""
         stdin = self.proc.stdin
         assert stdin is not None
-        self.idle.clear()
+        self._count(+1)
         try:
             stdin.write(b"pass\n")
             stdin.flush()
         except (OSError, ValueError):  # it ended: the watcher says why
-            self.idle.set()
+            self._count(-1)
             return False
         return True
+
+    def _count(self, change: int) -> None:
+        """Count a request asked (+1) or reported (-1); idle when none is left unreported."""
+        with self._counting:
+            self._unanswered = max(0, self._unanswered + change)
+            if self._unanswered:
+                self.idle.clear()
+            else:
+                self.idle.set()
 
     def _watch(self) -> None:
         """Read the helper's reports until it ends; then mark it gone, and say why."""
@@ -83,7 +95,7 @@ class Helper:
         said: collections.deque[bytes] = collections.deque(maxlen=8)  # what else it wrote
         for line in stdout:
             if self.on_report(line):
-                self.idle.set()
+                self._count(-1)
             else:
                 said.append(line[-300:])
         status = self.proc.wait()

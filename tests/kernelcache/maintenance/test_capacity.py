@@ -241,6 +241,65 @@ def test_short_processes_wait_at_exit_for_their_pass(tmp_path):
     assert 0 < kc_json(root, "stats")["bytes"] <= 60 * 1024
 
 
+#: code that makes the next eviction pass of a process stop after its listing, once
+#: ``<gate>.armed`` exists, until ``<gate>.go`` does (it says so with ``<gate>.listed``), and
+#: lets a process's passes run one in a row
+PAUSED = """
+import os, time
+import kernelcache.maintenance.eviction as eviction
+from kernelcache.maintenance.capacity import SizeCap
+SizeCap.MAX_PASSES_IN_A_ROW = 1
+listing = eviction.entries_of
+def paused(*args):
+    rows = listing(*args)
+    if os.path.exists(GATE + ".armed"):
+        os.remove(GATE + ".armed")
+        open(GATE + ".listed", "w").close()
+        while not os.path.exists(GATE + ".go"):
+            time.sleep(0.01)
+    return rows
+eviction.entries_of = paused
+"""
+
+LAST_PUT = """
+import hashlib, os, sys, time, kernelcache
+import kernelcache.maintenance.helper as helpers
+how, GATE = sys.argv[1], sys.argv[2]
+exec(PAUSED)
+if how == "thread":
+    sys.executable = ""  # nothing to start a helper with
+else:
+    helpers.HELPER_CODE = f"GATE = {GATE!r}\\n{PAUSED}\\n{helpers.HELPER_CODE}"
+cache = kernelcache.Cache(max_size="100K")
+def put(i, size=10_000):
+    key = hashlib.sha256(f"{how}-{i}".encode()).hexdigest()
+    cache.put(key, "bin", os.urandom(size), {})
+for i in range(9):  # ~92 KB: under the cap
+    put(i)
+cache.capacity.wait()
+open(GATE + ".armed", "w").close()
+put(9), put(10)  # over the cap: a pass runs, and stops after its listing
+deadline = time.monotonic() + 60
+while not os.path.exists(GATE + ".listed") and time.monotonic() < deadline:
+    time.sleep(0.01)
+put(11, size=40_000)  # a pass is due, and one runs: it listed the root before this put
+open(GATE + ".go", "w").close()
+cache.capacity.wait()
+print(cache.capacity.passes)
+"""
+
+
+@pytest.mark.parametrize("how", ["thread", "helper"])
+def test_a_put_during_the_last_pass_of_a_row_gets_a_pass_after_it(tmp_path, how):
+    root, gate = tmp_path / "cache", tmp_path / "gate"
+    out = run_py(f"PAUSED = {PAUSED!r}\n{LAST_PUT}", how, str(gate), KERNELCACHE_DIR=str(root))
+    assert (tmp_path / "gate.listed").exists()  # the pass did pause
+    # the paused pass took the root to ~80 KB, and the 40 KB put after its listing would
+    # have stayed: another pass ran after it
+    assert 0 < kc_json(root, "stats")["bytes"] <= 100 * 1024
+    assert int(out.stdout.split()[-1]) >= 3
+
+
 HELPED = """
 import hashlib, os, sys, kernelcache
 import kernelcache.maintenance.helper as helpers
