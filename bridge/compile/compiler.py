@@ -3,8 +3,11 @@
 The bridge drives the backend's stages itself (as Triton's ``compile`` does) instead of calling
 ``triton.compile``, so Triton's own on-disk cache is neither read nor written and
 ``triton_key()`` is not computed on a miss. Invariant: the machine code is the same wherever the
-sources are checked out (after the LLVM IR stage, absolute source directories in the debug
-information are rewritten to paths relative to the import root).
+sources are checked out, whenever they were written, and from whatever working directory: after
+the LLVM IR stage, absolute source directories in the debug information are rewritten to paths
+relative to the import root; after the PTX stage, each source file of the line table gets a
+fixed time and an unknown size (:func:`fixed_file_stamps`), which ptxas would otherwise read
+from the file wherever it finds one by that relative path.
 
 Only whole output leaves a compile: the machine code must be a complete ELF file of the
 target's machine and the PTX complete text (:func:`output_problem`). A compiler that runs out
@@ -81,6 +84,22 @@ def relative_debug_paths(llir: str) -> str:
         return f'!DIFile(filename: "{name}", directory: "{directory}"'
 
     return _DIFILE.sub(fix, llir)
+
+
+#: a PTX ``.file`` directive: its index and name, and the time and size it may carry
+_PTX_FILE = re.compile(
+    r'^([ \t]*\.file\s+\d+\s+"(?:[^"\\]|\\.)*")(?:\s*,\s*\d+\s*,\s*\d+)?[ \t]*$', re.M
+)
+#: what every source file of a PTX line table says of itself: a fixed modification time (1 s
+#: after the epoch: 0 would make ptxas read the file's) and an unknown size
+FILE_STAMPS = ", 1, 0"
+
+
+def fixed_file_stamps(ptx: str) -> str:
+    """``ptx`` with every ``.file`` directive carrying :data:`FILE_STAMPS`: ptxas puts a
+    source file's time and size in the cubin's line table, read from the file where it finds
+    one by the directive's path from its working directory, unless the directive gives them."""
+    return _PTX_FILE.sub(lambda m: m.group(1) + FILE_STAMPS, ptx)
 
 
 def _machine_code_problem(vendor: Vendor, data: bytes) -> str | None:
@@ -223,7 +242,7 @@ def _stages(src: Any, target: Target, backend: Any, options: Any) -> Compiled:
         if ext == "llir":
             module = relative_debug_paths(module)
         elif ext == "ptx":
-            ptx = module
+            module = ptx = fixed_file_stamps(module)
     if not isinstance(module, bytes):
         raise KernelArgumentError(
             f"Triton's {target.backend} pipeline ended in {names[-1]}, not machine code"

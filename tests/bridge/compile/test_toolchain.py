@@ -25,7 +25,7 @@ import bridge
 import kernelcache
 from bridge import versions
 from bridge.call import binding
-from bridge.compile import ptxisa
+from bridge.compile import compiler, ptxisa
 from bridge.compile.ptxisa import Assembler
 from bridge.vendors import backends
 from bridge.vendors.targets import parse_target
@@ -284,6 +284,46 @@ def tritons_older_ptxas() -> str:
     from triton import knobs
 
     return knobs.nvidia.ptxas.path
+
+
+#: the smallest PTX with a line table: one source file, by a path relative to ptxas's directory
+LINE_TABLE_PTX = """.version 8.0
+.target sm_90a
+.address_size 64
+\t.file\t1 "k.py"
+.visible .entry k()
+{
+\t.loc\t1 3 0
+\tret;
+}
+"""
+
+
+@pytest.mark.parametrize("stamped", [False, True], ids=["as-written", "fixed-stamps"])
+def test_ptxas_puts_a_found_source_files_time_in_the_cubin_unless_the_ptx_gives_it(
+    tmp_path, stamped
+):
+    ptx = compiler.fixed_file_stamps(LINE_TABLE_PTX) if stamped else LINE_TABLE_PTX
+    assert ('"k.py", 1, 0' in ptx) == stamped
+    (tmp_path / "k.ptx").write_text(ptx)
+    source = tmp_path / "k.py"
+    cubins = []
+    for when, text in ((1_000_000_000, "x = 1\n"), (1_500_000_000, "x = 1  # longer\n")):
+        source.write_text(text)
+        os.utime(source, (when, when))
+        out = tmp_path / f"{when}.cubin"
+        cmd = [tritons_older_ptxas(), "-lineinfo", "-arch=sm_90a", "k.ptx", "-o", str(out)]
+        done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        cubins.append(out.read_bytes())
+    assert (cubins[0] == cubins[1]) == stamped
+
+
+def test_fixed_file_stamps_rewrites_every_file_directive_and_nothing_else():
+    ptx = '\t.file\t1 "a.py"\n\t.file 2 "b \\"c\\".py", 0, 0\n\t.loc\t1 2 0\n// .file 3 "d.py"\n'
+    assert compiler.fixed_file_stamps(ptx) == (
+        '\t.file\t1 "a.py", 1, 0\n\t.file 2 "b \\"c\\".py", 1, 0\n\t.loc\t1 2 0\n// .file 3 "d.py"\n'
+    )
 
 
 #: a target no local GPU runs can only be lowered for where there is no GPU (cross-compiling)

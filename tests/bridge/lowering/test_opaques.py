@@ -4,6 +4,7 @@ kernel cache means no Triton compile at all. No process computes Triton's 0.3 s
 
 from __future__ import annotations
 
+import os
 import shutil
 
 from bridge_helpers import COUNT_COMPILES, REPO, run_child
@@ -64,9 +65,15 @@ def test_two_processes_identical_opaques_and_warm_start_compiles_nothing(tmp_pat
 
 def test_opaques_do_not_depend_on_where_the_sources_live(tmp_path):
     """The same kernels imported from another directory, compiled into another cold cache,
-    give byte-identical opaques: no absolute source path reaches the machine code or PTX."""
+    give byte-identical opaques: no absolute source path reaches the machine code or PTX, nor
+    the time or size of the source files (ptxas reads both for the line table of a source file
+    it finds, from its working directory: here the sources are found there, and differ in both)."""
     elsewhere = tmp_path / "checkout"
     shutil.copytree(REPO / "examples", elsewhere / "examples")
+    copy = elsewhere / "examples" / "kernels.py"
+    with open(copy, "a") as f:
+        f.write("\n# a comment at the end: no kernel moves\n")
+    os.utime(copy, (1_000_000_000, 1_000_000_000))
     here = run_child(CHILD, KERNELCACHE_DIR=str(tmp_path / "a"))
     there = run_child(
         CHILD,
