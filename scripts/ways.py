@@ -1,5 +1,5 @@
 """The way of a value through the project: which modules a kernel key, or a cache root, passes
-through during a real run, measured by tracing the run (issue 45), not by reading the source.
+through during a real run, measured by tracing the run, not by reading the source.
 
     .venv-test/bin/python scripts/ways.py key      # a kernel key, triton_call -> the store
     .venv-test/bin/python scripts/ways.py prune    # the root of `kernelcache prune`
@@ -47,7 +47,7 @@ seen (the returning module of a first event that is a return, the caller's of a 
 none when that is outside the project), then the receiving module of every crossing event, in
 order. The numbers:
 
-- ``distinct``: the distinct modules of the route: the modules the value crosses (the issue's
+- ``distinct``: the distinct modules of the route: the modules the value crosses (the
   bound: at most :data:`BOUND`);
 - ``entries``: how many times the route enters each module (loops count each pass);
   ``reentries``: the entries beyond the first, per module, and ``reentered`` their total;
@@ -115,7 +115,7 @@ PACKAGES = ("kernelcache", "bridge")
 DEPTH = 2
 #: how many elements of one container are looked at
 LIMIT = 256
-#: the issue's bound on the modules of each way
+#: the bound on the modules of each way: a reader follows a value through at most this many
 BOUND = 10
 
 _RESUME = dis.opmap.get("RESUME")

@@ -1,5 +1,5 @@
-"""The ways of issue 45, measured by scripts/ways.py: a kernel key's from ``triton_call`` to the
-store, and the root's through ``kernelcache prune``, each crossing at most 10 modules.
+"""The ways a reader follows, measured by scripts/ways.py: a kernel key's from ``triton_call`` to
+the store, and the root's through ``kernelcache prune``, each crossing at most 10 modules.
 
 A bound not met yet is a strict xfail, so the change that meets it fails here until its mark
 goes (the root's way through prune meets its bound). The measure itself is pinned on a package
@@ -51,7 +51,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
-# -- the bounds of the issue ------------------------------------------------------------------
+# -- the bounds ------------------------------------------------------------------------------
 def test_a_kernel_keys_path_from_where_it_is_made_to_the_store_crosses_at_most_ten_modules(
     measured,
 ):
@@ -65,7 +65,7 @@ def test_a_kernel_keys_path_from_where_it_is_made_to_the_store_crosses_at_most_t
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="issue 45: counting every module the key visits, side trips included (its validation, "
+    reason="counting every module the key visits, side trips included (its validation, "
     "the failure memo, the PTX companion, the lookup before the build), a kernel key crosses "
     "more than 10 modules (scripts/ways.py key)",
 )
