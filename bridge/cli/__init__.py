@@ -177,6 +177,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="fail on an open kernel or a call that cannot be audited too, not only on a hole",
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="also compile each cached kernel built from today's IR (nothing is written) and "
+        "compare its machine code with the entry's, byte for byte: one that differs fails",
+    )
     p.set_defaults(func=cmd_audit)
 
     p = add_command(

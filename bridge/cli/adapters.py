@@ -166,7 +166,9 @@ def cmd_audit(args: argparse.Namespace, out: Output) -> int:
 
     root = root_of(args)
     try:
-        results = audit.audit(args.manifest, kernelcache.Cache(root=root), args.target or ())
+        results = audit.audit(
+            args.manifest, kernelcache.Cache(root=root), args.target or (), recompile=args.compile
+        )
     except (ManifestError, TargetError) as e:
         raise UsageError(str(e)) from None
     counts = {s: sum(r.status == s for r in results) for s in audit.STATUSES}
@@ -185,7 +187,8 @@ def cmd_audit(args: argparse.Namespace, out: Output) -> int:
         },
         human,
     )
-    failing = counts["hole"] + (counts["open"] + counts["problem"] if args.strict else 0)
+    failing = counts["hole"] + counts["differs"]
+    failing += counts["open"] + counts["problem"] if args.strict else 0
     return EXIT_PROBLEMS if failing else EXIT_OK
 
 

@@ -12,17 +12,24 @@ compares the IR it gives today with the IR the cached entry under that key was c
   so the kernel can be made exact);
 - ``uncached``: nothing is stored under the key (nothing to compare; the kernel is exact);
 - ``unrecorded``: the entry predates IR digests;
-- ``problem``: the call does not fit the kernel any more, or its frontend fails.
+- ``problem``: the call does not fit the kernel any more, or its frontend fails (or, with
+  ``recompile``, its compile).
 
-Nothing here compiles or writes: keys are computed without the cache's memos, entries are read
-without counting a hit or touching them. Exit status 1 when there is a hole (and, with
+With ``recompile``, each cached kernel that is ``exact`` or ``open`` is also compiled (in a
+compiler process, kept in memory) and its machine code compared with the entry's, byte for
+byte; one that differs is ``differs``: the entry was compiled from today's IR, yet a compile
+today gives other machine code, so something after the frontend (the backend, its tools, what
+they read) changed that the key does not see. The audit fails then too.
+
+Nothing here writes: keys are computed without the cache's memos, entries are read without
+counting a hit or touching them. Exit status 1 when there is a hole or a difference (and, with
 ``--strict``, an open kernel or a problem).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import Artifact
@@ -39,7 +46,7 @@ if TYPE_CHECKING:
     from kernelcache import Cache
 
 #: statuses, in the order a summary lists them
-STATUSES = ("exact", "hole", "open", "uncached", "unrecorded", "problem")
+STATUSES = ("exact", "hole", "differs", "open", "uncached", "unrecorded", "problem")
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,11 @@ class Audited:
                 f"{str(self.entry_ir)[:16]}, the frontend gives {str(self.ir)[:16]} today: a "
                 "change its key does not see"
             ),
+            "differs": (
+                f"DIFFERS: the entry under its key {str(self.key)[:16]} was compiled from "
+                f"today's IR, yet a compile today gives other machine code ({self.reason}): a "
+                "change after the frontend its key does not see"
+            ),
             "open": f"open, keyed by its IR: {self.reason}",
             "uncached": "nothing cached under its key",
             "unrecorded": "the entry does not record the IR it was compiled from",
@@ -92,12 +104,14 @@ def _entry(cache: Cache, spec: Specialization) -> Artifact | None:
     return None
 
 
-def _one(kernel: str, spec: Specialization, cache: Cache) -> Audited:
+def _one(kernel: str, spec: Specialization, cache: Cache, recompile: bool) -> Audited:
     target, config = str(spec.target), spec.variant.description
     if not spec.stored:
         return Audited(kernel, target, config, "problem", reason=spec.open)
     if spec.open is not None:
-        return Audited(kernel, target, config, "open", spec.key, spec.ir, reason=spec.open)
+        opened = Audited(kernel, target, config, "open", spec.key, spec.ir, reason=spec.open)
+        art = _entry(cache, spec) if recompile else None
+        return opened if art is None else _compared(opened, spec, art)
     try:
         today = frontend.ir_digest(spec.source, spec.target, spec.backend, spec.bound.options)
     except Exception as e:  # the kernel's own error: reported, as a compile would
@@ -110,12 +124,35 @@ def _one(kernel: str, spec: Specialization, cache: Cache) -> Audited:
     if not isinstance(recorded, str):
         return Audited(kernel, target, config, "unrecorded", spec.key, today)
     status = "exact" if recorded == today else "hole"
-    return Audited(kernel, target, config, status, spec.key, today, recorded)
+    found = Audited(kernel, target, config, status, spec.key, today, recorded)
+    return _compared(found, spec, art) if recompile and status == "exact" else found
 
 
-def audit(manifest: str, cache: Cache, targets: Sequence[str | Target] = ()) -> list[Audited]:
+def _compared(found: Audited, spec: Specialization, art: Artifact) -> Audited:
+    """``found`` (an entry built from today's IR) after compiling ``spec`` and comparing the
+    machine code with the entry's: ``differs`` where it is not the same, byte for byte."""
+    from ..compile.compiler import compile_source
+
+    try:
+        binary = compile_source(spec.source, spec.target, spec.backend, spec.bound.options).binary
+    except Exception as e:  # the kernel's own error, or its compiler's: reported
+        why = f"its compile fails: {type(e).__name__}: {e}"
+        return replace(found, status="problem", reason=why)
+    if binary == art.data:
+        return found
+    at = next((i for i, (a, b) in enumerate(zip(binary, art.data, strict=False)) if a != b), None)
+    why = f"{len(binary):,} bytes against the entry's {len(art.data):,}" + (
+        f", first different at byte {at:,}" if at is not None else ""
+    )
+    return replace(found, status="differs", reason=why)
+
+
+def audit(
+    manifest: str, cache: Cache, targets: Sequence[str | Target] = (), *, recompile: bool = False
+) -> list[Audited]:
     """Audit every specialization of every call of ``manifest`` for ``targets`` (names, and
-    patterns that select among the recorded ones; default: each call's recorded targets).
+    patterns that select among the recorded ones; default: each call's recorded targets);
+    ``recompile``: compile each cached kernel built from today's IR, and compare.
 
     Raises:
         ManifestError: the manifest cannot be read or is not a manifest.
@@ -145,5 +182,5 @@ def audit(manifest: str, cache: Cache, targets: Sequence[str | Target] = ()) -> 
                 reason = f"the recorded call {why}: {type(e).__name__}: {e}"
                 out.append(Audited(call.kernel, str(target), "", "problem", reason=reason))
                 continue
-            out += [_one(call.kernel, spec, cache) for spec in specs]
+            out += [_one(call.kernel, spec, cache, recompile) for spec in specs]
     return out

@@ -170,3 +170,34 @@ def test_a_change_the_key_does_not_see_is_a_hole(project, tmp_path):
     # the real key sees the change: nothing is cached under it, nothing is wrong
     statuses = {r["kernel"].rpartition(":")[2]: r["status"] for r in honest["results"]}
     assert statuses == {"exact_kernel": "uncached", "open_kernel": "open"}
+
+
+#: the kernelcache command where what ptxas is told of the source files differs from what a
+#: compile tells it: a change after the frontend the key does not see, as a tool that changed its
+#: output without changing its version would make
+RESTAMPED = """
+import sys
+from bridge.compile import compiler
+compiler.FILE_STAMPS = ", 2, 0"
+from kernelcache.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_compile_compares_each_entrys_machine_code_with_a_compile_today(project):
+    before = _listing(project["root"])
+    doc = audit(project["root"], project, "--compile", code=0)
+    assert _listing(project["root"]) == before  # compiled in memory: nothing written
+    statuses = {r["kernel"].rpartition(":")[2]: r["status"] for r in doc["results"]}
+    assert statuses == {"exact_kernel": "exact", "open_kernel": "open"}
+    # the same IR, other machine code: both entries differ, and the audit fails
+    changed = audit(project["root"], project, "--compile", code=1, prelude=RESTAMPED)
+    differs = {r["kernel"].rpartition(":")[2]: r for r in changed["results"]}
+    assert {name: r["status"] for name, r in differs.items()} == {
+        "exact_kernel": "differs",
+        "open_kernel": "differs",
+    }
+    assert "first different at byte" in differs["exact_kernel"]["reason"]
+    assert differs["exact_kernel"]["ir"] == differs["exact_kernel"]["entry_ir"]
+    # the IR alone cannot see it
+    assert audit(project["root"], project, code=0, prelude=RESTAMPED)["differs"] == 0
