@@ -163,7 +163,7 @@ class SizeCap(UsageView):
 
         self._running = True
         self._thread = threading.Thread(
-            target=self._evict_while_due, name="kernelcache-evict", daemon=True
+            target=self._passes_in_a_thread, name="kernelcache-evict", daemon=True
         )
         try:
             self._thread.start()
@@ -266,7 +266,7 @@ class SizeCap(UsageView):
             if not broken:  # the next put reads the file the helper wrote from its start
                 self._inode, self._offset, self.base, self.total = None, 0, 0, 0
                 self.measured = False
-                self._again()
+                self._again(starved=passes == 0)
         for done, freed in evicted:
             log_evicted(done, freed, self.store.root, self.max_size)
         if broken:
@@ -291,35 +291,44 @@ class SizeCap(UsageView):
     #: how often a thread tries again while another process's pass holds the lock
     MAX_TRIES = 50
 
-    def _evict_while_due(self) -> None:
+    def _evict_while_due(self) -> int:
         """Run a pass; again while what was published during it keeps a pass due; while
         another process's pass holds the lock, wait for it, :data:`RETRY_SECONDS` at a time
-        (that pass may make this one needless). Ends under the lock puts account under, so a
-        put after its last look starts a new thread."""
+        (that pass may make this one needless); the passes run. Ends under the lock puts
+        account under, so a put after its last look starts a new thread."""
+        passes = tries = 0
         try:
-            passes = tries = 0
             while passes < self.MAX_PASSES_IN_A_ROW and tries < self.MAX_TRIES:
                 if self.evict(RETRY_SECONDS if tries else 0.0):
                     passes += 1
                 elif self.broken:
-                    return
+                    break
                 else:
                     tries += 1
                 with self._lock:
                     if not self.eviction.still_due():
                         self._running = self._pending = False
-                        return
+                        break
         finally:
             with self._lock:
                 self._running = False
-                self._again()
+        return passes
 
-    def _again(self) -> None:
-        """After this process's passes ended: where a put found a pass due while they ran,
-        and one still is (the usage file keeps what was put after a pass began), start the
-        next (caller holds ``_lock``), so that the last put is always followed by a pass that
-        lists the root after it."""
-        if self._pending and not self.broken and self.eviction.still_due():
+    def _passes_in_a_thread(self) -> None:
+        """The body of this process's pass thread: the passes due, then :meth:`_again`."""
+        passes = self._evict_while_due()
+        with self._lock:
+            if not self._running:  # (a put after the last look may have started the next)
+                self._again(starved=passes == 0)
+
+    def _again(self, starved: bool) -> None:
+        """After this process's passes ended, start the next (caller holds ``_lock``) where
+        one is still due (the usage file keeps what was put after a pass began) and a put
+        found a pass due while they ran, or they ran none (``starved``: other processes'
+        passes held the lock throughout, and may have listed the root before this process's
+        last put): so that the last put is always followed by a pass that lists the root
+        after it."""
+        if (self._pending or starved) and not self.broken and self.eviction.still_due():
             self._start_pass()
         self._pending = False
 

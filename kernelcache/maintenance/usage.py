@@ -251,18 +251,22 @@ def open_usage(dfd: int) -> int | None:
 
 def _additions_from(fd: int, begin: int) -> tuple[bytes, int]:
     """The ``+`` records (:func:`_parse`) of the usage file ``fd`` from offset ``begin`` on
-    (at most :data:`MAX_USAGE_READ` bytes), and the offset read to."""
-    begin = begin // RECORD * RECORD
+    (at most :data:`MAX_USAGE_READ` bytes), and the offset read to (the end of the last whole
+    line). Records are found line by line: what another program appended between them costs
+    only its own lines, never the records after it."""
     size = os.fstat(fd).st_size
     if size <= begin:
         return b"", begin
-    data = os.pread(fd, min(size - begin, MAX_USAGE_READ) // RECORD * RECORD, begin)
-    kept = []
-    for i in range(0, len(data) - RECORD + 1, RECORD):
-        parsed = _parse(data[i : i + RECORD], begin + i)
+    data = os.pread(fd, min(size - begin, MAX_USAGE_READ), begin)
+    whole = data.rfind(b"\n") + 1
+    kept, at = [], begin
+    for line in data[:whole].split(b"\n")[:-1]:
+        record = line + b"\n"
+        parsed = _parse(record, at)
         if parsed is not None and parsed[0] == b"+":
-            kept.append(data[i : i + RECORD])
-    return b"".join(kept), begin + len(data)
+            kept.append(record)
+        at += len(record)
+    return b"".join(kept), begin + whole
 
 
 def replace_usage(dfd: int, old: int | None, begin: int, head: bytes) -> None:

@@ -20,7 +20,7 @@ from support import child_env, run_py
 
 import kernelcache
 from kernelcache.errors import ConfigError
-from kernelcache.maintenance.usage import PASS_LOCK, entries_of
+from kernelcache.maintenance.usage import PASS_LOCK, entries_of, replace_usage, usage_record
 from kernelcache.store.locks import Locker
 
 #: the extension of the artifacts these tests store: one without a structural check (what they
@@ -400,6 +400,25 @@ def test_records_another_writer_appends_cannot_starve_passes(tmp_path, record):
     assert sum(passes for passes, _ in done) >= 1
     warnings = [err.count(f"kernelcache: ignoring {usage}") for _, err in done]
     assert max(warnings) == 1  # once per process, naming the file
+
+
+def test_a_pass_keeps_the_records_appended_after_what_another_program_wrote(tmp_path):
+    """What another program appends to the usage file costs its own lines only: the puts
+    recorded after it, while a pass ran, are kept in the file the pass writes."""
+    stats = tmp_path / ".stats"
+    stats.mkdir()
+    usage = stats / "usage"
+    seen = usage_record(b"B", 1000) + usage_record(b"+", 5)  # what the pass began after
+    late = [usage_record(b"+", 7), usage_record(b"+", 11)]
+    usage.write_bytes(seen + b"-1\n" + late[0] + b"junk\n" + late[1] + b"+  a partial line")
+    dfd = os.open(stats, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(usage, os.O_RDONLY)
+    try:
+        replace_usage(dfd, fd, len(seen), usage_record(b"B", 500))
+    finally:
+        os.close(fd)
+        os.close(dfd)
+    assert usage.read_bytes() == usage_record(b"B", 500) + b"".join(late)
 
 
 def test_a_huge_sparse_usage_file_costs_a_put_neither_time_nor_memory(tmp_path):
