@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     from kernelcache.toolchains import register_toolchain
 
     from .. import masquerade
-    from ..entries.kinds import DECISION
+    from ..entries.decisions import DECISION
     from ..lowering import handoff  # noqa: F401
 
     register_toolchain("bridge", _toolchain)

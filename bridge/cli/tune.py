@@ -31,8 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..compile.variants import Variants, known_left_out
 from ..entries import decisions
-from ..entries.decisions import ANY_DEVICE, Decision
-from ..entries.kinds import DECISION
+from ..entries.decisions import ANY_DEVICE, DECISION, Decision
 from ..errors import BridgeError, KernelArgumentError, PinError
 from ..identity.specialize import Specialization, specialize_call
 from ..lowering.lower import variant_opaque

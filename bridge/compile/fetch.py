@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..entries import failures, kernels
-from ..entries.kinds import PTX
+from ..entries.kernels import PTX
 from ..errors import LeftOut
 from ..identity.specialize import Specialization, Usable, components
 from . import compiler_process

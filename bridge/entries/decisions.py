@@ -34,12 +34,15 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from kernelcache.process import warn_once
 
-from .kinds import DECISION
+from .kinds import EntryKind
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
     from ..call.kernel_objects import KernelParts
+
+#: an autotune decision, under its own key
+DECISION = EntryKind("decision", role=None, sparse=True)
 
 logger = logging.getLogger(__name__)
 

@@ -31,10 +31,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CompilerCrash, IncompleteOutput
-from .kinds import FAILURE
+from .kinds import EntryKind
 
 if TYPE_CHECKING:
     from kernelcache import Cache
+
+#: a kernel that cannot compile for its target
+FAILURE = EntryKind("failure", role="failure", sparse=True)
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 The machine code (``<key>.cubin`` / ``<key>.hsaco``) is the entry; its metadata records the
 kernel name, launch geometry, shared memory, scratch sizes, target and producer versions, the
 components of its key and, on CUDA, the sha256 of the PTX, which is stored as its own entry under
-:data:`bridge.entries.kinds.PTX`. Fetching and compiling them is :mod:`bridge.compile.fetch`'s.
+:data:`PTX`. Fetching and compiling them is :mod:`bridge.compile.fetch`'s.
 
 Invariants: a PTX entry is only ever paired with the binary whose metadata names its digest
 (:func:`ptx_pairs`); metadata is plain JSON with no absolute paths.
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..call.plain import plain
 from ..versions import triton_version
-from .kinds import PTX
+from .kinds import EntryKind
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from ..call.binding import Bound
     from ..call.kernel_objects import KernelParts
     from ..vendors.targets import Target
+
+#: the PTX a CUDA kernel was compiled from, beside it
+PTX = EntryKind("ptx", role="ptx", counted="companion")
 
 logger = logging.getLogger(__name__)
 

@@ -1,24 +1,31 @@
-"""Every kind of entry the bridge stores in the kernel cache, as one type: its extension, how
-its key is derived from the key it belongs to, how a lookup of it is counted, how long a put of
-it waits, whether it is usually absent, and the verbs that store and look it up.
+"""What a kind of entry the bridge stores is, as one type (its extension, how its key is derived
+from the key it belongs to, how a lookup of it is counted, how long a put of it waits, whether
+it is usually absent, and the verbs that store and look it up), and the registry of every kind.
 
 A kernel is stored under its kernel key with its vendor's extension (``cubin``, ``hsaco``:
 :attr:`bridge.vendors.vendor.Vendor.binary_ext`; :mod:`bridge.compile.fetch`); every other entry
-the bridge stores is of one of the kinds below. An entry belongs to a key, its owner (a kernel
-key, a lowering key, a decision key): its own key is :func:`derived_key` of its owner and its
-role (by convention, its extension), or its owner's key itself (a decision, a memo). What a kind
-stores (its document, its metadata, what it checks when reading one back) is its module's.
+the bridge stores is of a kind, an :class:`EntryKind` declared by the module of this package
+that owns its documents (``PTX = EntryKind("ptx", ...)`` in :mod:`.kernels`). An entry belongs
+to a key, its owner (a kernel key, a lowering key, a decision key): its own key is
+:func:`derived_key` of its owner and its role (by convention, its extension), or its owner's key
+itself (a decision, a memo). What a kind stores (its document, its metadata, what it checks when
+reading one back) is its module's. A kind registers itself when it is made: its extension is
+taken (a second kind with it is refused), and a usually absent kind is declared sparse to the
+remote tiers (:func:`kernelcache.remote.declare_sparse`); :func:`declared_kinds` is every kind.
 
-Invariants: no other module of the bridge names these extensions, nor calls the cache for an
-entry of one of these kinds but through its kind (``tests/system/test_layering_bridge.py`` checks it);
-a kind's key, extension and metadata are the same in every process and release (``tests/
-test_entry_kinds.py`` pins them), so changing :func:`derived_key` or a role orphans every stored
-entry of the kinds it derives; a derived key shares the group of the key it belongs to.
+Invariants: a kind is declared once, under one name, in the module that owns its documents;
+no other module of the bridge names its extension, nor calls the cache for an entry of it but
+through the kind (``tests/system/test_layering_bridge.py`` checks it); a kind's key, extension
+and metadata are the same in every process and release (``tests/bridge/entries/test_kinds.py``
+pins them), so changing :func:`derived_key` or a role orphans every stored entry of the kinds
+it derives; a derived key shares the group of the key it belongs to.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
+import pkgutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -30,6 +37,8 @@ if TYPE_CHECKING:
     from kernelcache import Artifact, Cache
 
 T = TypeVar("T")
+#: every kind made so far, by its extension (:class:`EntryKind` adds itself)
+_BY_EXT: dict[str, EntryKind] = {}
 #: what makes an entry on a miss: its data and metadata
 Build = Callable[[], "tuple[bytes, Mapping[str, Any]]"]
 #: what tells apart the entries of one kind that belong to one key (a lowering's state, a
@@ -67,6 +76,17 @@ class EntryKind:
     sparse: bool = False
     #: the reason an entry that does not decode is quarantined with (:meth:`load`)
     corrupt: str = ""
+
+    def __post_init__(self) -> None:
+        taken = _BY_EXT.get(self.ext)
+        if taken is not None:
+            raise ValueError(
+                f"an entry kind with the extension {self.ext!r} is declared already ({taken}):"
+                " each kind needs its own extension"
+            )
+        _BY_EXT[self.ext] = self
+        if self.sparse:
+            declare_sparse(self.ext)
 
     def key(self, owner: str, part: Part = None) -> str:
         """The key of the entry of ``owner`` (and ``part``, where the role has a ``{}``)."""
@@ -135,26 +155,10 @@ class EntryKind:
         return cache.rebuild(self.key(owner, part), self.ext, build, stale=stale)
 
 
-#: the PTX a CUDA kernel was compiled from, beside it (:mod:`.kernels`)
-PTX = EntryKind("ptx", role="ptx", counted="companion")
-#: a kernel that cannot compile for its target (:mod:`.failures`)
-FAILURE = EntryKind("failure", role="failure", sparse=True)
-#: a call's lowering, one per state of its decision, keyed by the state alone (:mod:`.lowerings`)
-LOWERING = EntryKind("lowering", role="{}", wait=0, corrupt="a lowering entry that does not decode")
-#: the kernel keys of an autotuned call's variants (:mod:`.lowerings`)
-VARIANTS = EntryKind("variants", role="variants", wait=0)
-#: a program's lowerings as one entry, under its first call's lowering key (:mod:`.programs`)
-PROGRAM = EntryKind(
-    "program", role="program", wait=0, corrupt="a program entry that does not decode"
-)
-#: an autotune decision, under its own key (:mod:`.decisions`)
-DECISION = EntryKind("decision", role=None, sparse=True)
-#: one config's screening for a decision being made by several GPUs, by its index (:mod:`.samples`)
-SAMPLE = EntryKind("sample", role="sample:{}", sparse=True)
-#: a value memoized across processes, such as the compiler's identity, under its own key
-#: (:mod:`.memos`)
-MEMO = EntryKind("ident", role=None, counted="memo", sparse=True)
-
-#: every kind above
-KINDS = (PTX, FAILURE, LOWERING, VARIANTS, PROGRAM, DECISION, SAMPLE, MEMO)
-declare_sparse(*(kind.ext for kind in KINDS if kind.sparse))
+def declared_kinds() -> tuple[EntryKind, ...]:
+    """Every kind the bridge declares: each module of this package is imported first (a kind
+    is declared where its documents are), so the answer does not depend on what was imported."""
+    package = importlib.import_module(__name__.rpartition(".")[0])
+    for module in pkgutil.iter_modules(package.__path__, f"{package.__name__}."):
+        importlib.import_module(module.name)
+    return tuple(sorted(_BY_EXT.values(), key=lambda kind: kind.ext))

@@ -23,13 +23,18 @@ from typing import TYPE_CHECKING, Any
 from kernelcache.keys import KEY_PATTERN
 
 from . import decisions
-from .kinds import LOWERING, VARIANTS
+from .kinds import EntryKind
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
     from ..call.tracing import CallSpec
     from ..vendors.targets import Target
+
+#: a call's lowering, one per state of its decision, keyed by the state alone
+LOWERING = EntryKind("lowering", role="{}", wait=0, corrupt="a lowering entry that does not decode")
+#: the kernel keys of an autotuned call's variants
+VARIANTS = EntryKind("variants", role="variants", wait=0)
 
 FORMAT = 1
 MAGIC = b"KCL1"

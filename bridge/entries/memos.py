@@ -13,10 +13,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .kinds import MEMO
+from .kinds import EntryKind
 
 if TYPE_CHECKING:
     from kernelcache import Cache
+
+#: a value memoized across processes, such as the compiler's identity, under its own key
+MEMO = EntryKind("ident", role=None, counted="memo", sparse=True)
 
 logger = logging.getLogger(__name__)
 

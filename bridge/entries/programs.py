@@ -39,7 +39,7 @@ from kernelcache.store import check_recorded, record_check
 from kernelcache.table import NAME_SEPARATOR
 
 from . import lowerings
-from .kinds import PROGRAM
+from .kinds import EntryKind
 from .lowerings import Lowered
 
 if TYPE_CHECKING:
@@ -47,6 +47,11 @@ if TYPE_CHECKING:
 
     from ..call.tracing import CallSpec
     from ..vendors.targets import Target
+
+#: a program's lowerings as one entry, under its first call's lowering key
+PROGRAM = EntryKind(
+    "program", role="program", wait=0, corrupt="a program entry that does not decode"
+)
 
 MAGIC = b"KCP1"
 #: at most this many calls in one program entry (more are looked up one by one)

@@ -21,10 +21,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from .kinds import SAMPLE
+from .kinds import EntryKind
 
 if TYPE_CHECKING:
     from kernelcache import Cache
+
+#: one config's screening for a decision being made by several GPUs, by its index
+SAMPLE = EntryKind("sample", role="sample:{}", sparse=True)
 
 FORMAT = 1
 #: the largest sample document read back, and its longest text

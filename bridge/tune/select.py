@@ -38,8 +38,8 @@ from kernelcache.errors import KernelCacheError
 from kernelcache.process import warn_once
 
 from ..entries import decisions
-from ..entries.decisions import Decision
-from ..entries.kinds import DECISION, derived_key
+from ..entries.decisions import DECISION, Decision
+from ..entries.kinds import derived_key
 from ..entries.samples import Sample
 from ..entries.samples import gather as gathered
 from ..errors import AutotuneError

@@ -18,8 +18,7 @@ from ..call.kernel_objects import KernelParts, decompose
 from ..call.plain import source_digest
 from ..entries import decisions
 from ..entries.failures import remembered
-from ..entries.kernels import ptx_pairs
-from ..entries.kinds import PTX
+from ..entries.kernels import PTX, ptx_pairs
 from ..errors import BridgeError, KernelArgumentError
 from ..identity.specialize import Specialization, specialize, specialize_call
 from ..vendors.backends import check_options

@@ -2,9 +2,10 @@
 
 Read statically from every import statement of every module (function-level and
 ``TYPE_CHECKING`` imports included: tests/helpers/import_graph.py): a module imports only
-modules of its own stage or of earlier ones. Besides: only ``bridge/entries/kinds.py`` names
-the extension of an entry the bridge stores, and every such entry is stored and looked up
-through its kind there (under one name each), no module of the bridge is over 400 lines, each
+modules of its own stage or of earlier ones. Besides: every kind of entry the bridge stores is
+declared once, as ``NAME = EntryKind("ext", ...)`` in a module of ``bridge/entries/``, only that
+module names its extension, and every such entry is stored and looked up through its kind
+(under that one name), no module of the bridge is over 400 lines, each
 folder's ``__init__.py`` says what enters and what leaves it, and every exception class of the
 bridge is declared in ``bridge/errors.py`` under ``kernelcache``'s base, and the bridge uses
 kernelcache only across a declared border (:data:`BORDER`).
@@ -16,6 +17,7 @@ import ast
 import importlib
 import importlib.util
 import inspect
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -51,10 +53,11 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("bridge.cli",),
 )
 
-#: the extensions of the entries the bridge stores (the kernels' own are their vendor's)
-EXTENSIONS = ("ident", "failure", "lowering", "variants", "program", "decision", "sample", "ptx")
-#: where the kinds of those entries are declared (:class:`bridge.entries.kinds.EntryKind`)
-KINDS_MODULE = BRIDGE / "entries" / "kinds.py"
+#: where every kind of entry the bridge stores (the kernels' own, whose extension is their
+#: vendor's, aside) is declared: each in the module that owns its documents
+ENTRIES = BRIDGE / "entries"
+#: where the type of a kind is, with its verbs (:class:`bridge.entries.kinds.EntryKind`)
+KINDS_MODULE = ENTRIES / "kinds.py"
 #: the cache's verbs for an entry
 VERBS = frozenset(
     {
@@ -120,61 +123,137 @@ def test_no_bridge_module_is_over_the_line_limit():
     assert not long, f"over {MAX_LINES} lines: {long}"
 
 
-def test_the_extensions_are_those_of_the_declared_kinds():
-    from bridge.entries import kinds
+@dataclass(frozen=True)
+class Declaration:
+    """A kind as its module declares it: ``name = EntryKind("ext", ...)``, at the top level."""
 
-    assert sorted(EXTENSIONS) == sorted(kind.ext for kind in kinds.KINDS)
+    name: str
+    ext: str
+    path: Path
+    line: int
+
+    @property
+    def module(self) -> str:
+        return ".".join(self.path.relative_to(REPO).with_suffix("").parts)
 
 
-def test_only_the_kinds_module_names_an_entry_extension():
+def is_kind(node: ast.AST) -> bool:
+    """Whether ``node`` makes a kind: ``EntryKind(...)`` or ``kinds.EntryKind(...)``."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    return (isinstance(func, ast.Name) and func.id == "EntryKind") or (
+        isinstance(func, ast.Attribute) and func.attr == "EntryKind"
+    )
+
+
+def declarations() -> tuple[list[Declaration], list[str]]:
+    """Every kind declared in the bridge's source, read statically; and where a kind is made
+    in any other way (not assigned to one name at a module's top level, or its extension not
+    written out)."""
+    found: list[Declaration] = []
+    odd: list[str] = []
+    for path in sorted(BRIDGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        declared = set()
+        for node in tree.body:
+            if not (isinstance(node, ast.Assign) and is_kind(node.value)):
+                continue
+            call = node.value
+            assert isinstance(call, ast.Call)
+            first = call.args[0] if call.args else None
+            if (
+                len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and isinstance(first, ast.Constant)
+                and isinstance(first.value, str)
+            ):
+                found.append(Declaration(node.targets[0].id, first.value, path, node.lineno))
+                declared.add(call)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and is_kind(node) and node not in declared:
+                odd.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    return found, odd
+
+
+def test_every_kind_is_declared_once_under_its_own_name_by_a_module_of_entries():
+    from bridge.entries.kinds import EntryKind, declared_kinds
+
+    found, odd = declarations()
+    assert not odd, "declare a kind as NAME = EntryKind('ext', ...) at top level: " + ", ".join(odd)
+    assert sorted(d.ext for d in found) == sorted(kind.ext for kind in declared_kinds())
+    names = [d.name for d in found]
+    assert len(set(names)) == len(names), f"one name for each kind: {sorted(names)}"
+    for d in found:
+        where = f"{d.path.relative_to(REPO)}:{d.line}"
+        assert d.path.parent == ENTRIES and d.path != KINDS_MODULE, f"{where}: not in entries/"
+        kind = getattr(importlib.import_module(d.module), d.name)
+        assert isinstance(kind, EntryKind) and kind.ext == d.ext, where
+
+
+def test_only_the_module_that_declares_a_kind_names_its_extension():
+    from bridge.entries.kinds import declared_kinds
+
+    owners = {d.ext: d.path for d in declarations()[0]}
+    extensions = {kind.ext for kind in declared_kinds()}
+    assert extensions >= {"ptx", "decision"}, extensions
+
+    def named(path: Path, value: object) -> bool:
+        return isinstance(value, str) and value in extensions and owners.get(value) != path
+
     found = []
     for path in sorted(BRIDGE.rglob("*.py")):
-        if path == KINDS_MODULE:
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
+            values = []
             if isinstance(node, ast.Call):
-                for arg in node.args[1:2]:  # the extension argument of get/put/read(key, ext)
-                    if isinstance(arg, ast.Constant) and arg.value in EXTENSIONS:
-                        found.append(f"{path.relative_to(REPO)}:{node.lineno} {arg.value!r}")
-            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
-                if node.value.value in EXTENSIONS and any(n.endswith("EXT") for n in names):
-                    found.append(f"{path.relative_to(REPO)}:{node.lineno} {node.value.value!r}")
-    assert not found, "declare extensions in bridge/entries/kinds.py: " + ", ".join(found)
+                values = node.args[1:2]  # the extension argument of get/put/read(key, ext)
+                values += [k.value for k in node.keywords if k.arg == "ext"]
+            elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id.endswith("EXT") for t in node.targets
+            ):
+                values = [node.value]
+            for value in values:
+                if isinstance(value, ast.Constant) and named(path, value.value):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno} {value.value!r}")
+    assert not found, "name an extension through its kind (NAME.ext): " + ", ".join(found)
 
 
 def test_every_entry_of_a_kind_goes_through_its_kind_under_one_name():
-    from bridge.entries import kinds
-
-    names = {name for name, value in vars(kinds).items() if isinstance(value, kinds.EntryKind)}
+    found = declarations()[0]
+    names = {d.name for d in found}
+    where_declared = {(d.path, d.line) for d in found}
     calls: dict[str, list[str]] = {}
     aliases = []
     for path in sorted(BRIDGE.rglob("*.py")):
-        if path == KINDS_MODULE:
-            continue
         where = str(path.relative_to(REPO))
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 receiver = node.func.value  # cache.get(...), self.cache.put(...)
-                if node.func.attr in VERBS and (
-                    (isinstance(receiver, ast.Name) and receiver.id == "cache")
-                    or (isinstance(receiver, ast.Attribute) and receiver.attr == "cache")
+                if (
+                    node.func.attr in VERBS
+                    and path != KINDS_MODULE  # where a kind's verbs call the cache
+                    and (
+                        (isinstance(receiver, ast.Name) and receiver.id == "cache")
+                        or (isinstance(receiver, ast.Attribute) and receiver.attr == "cache")
+                    )
                 ):
                     calls.setdefault(where, []).append(node.func.attr)
-            elif isinstance(node, ast.Assign):  # EXT = FAILURE.ext, KIND = kinds.FAILURE
-                value = node.value
+            elif isinstance(node, ast.Assign) and (path, node.lineno) not in where_declared:
+                value = node.value  # EXT = FAILURE.ext, KIND = failures.FAILURE, FAILURE = ...
                 if isinstance(value, ast.Attribute) and value.attr == "ext":
                     value = value.value
-                if (isinstance(value, ast.Name) and value.id in names) or (
-                    isinstance(value, ast.Attribute) and value.attr in names
+                if (
+                    (isinstance(value, ast.Name) and value.id in names)
+                    or (isinstance(value, ast.Attribute) and value.attr in names)
+                    or any(isinstance(t, ast.Name) and t.id in names for t in node.targets)
                 ):
                     aliases.append(f"{where}:{node.lineno}")
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").endswith("kinds"):
+            elif isinstance(node, ast.ImportFrom):  # from .failures import FAILURE as F
                 if any(a.asname and a.name in names for a in node.names):
                     aliases.append(f"{where}:{node.lineno}")
     calls = {where: sorted(verbs) for where, verbs in calls.items()}
     assert calls == KERNEL_ENTRY_CALLS, "store and look up entries through their kind"
-    assert not aliases, "name a kind and its extension as kinds.py does: " + ", ".join(aliases)
+    assert not aliases, "name a kind and its extension as its module does: " + ", ".join(aliases)
 
 
 def test_every_bridge_exception_is_declared_in_errors_under_kernelcaches_base():

@@ -1,7 +1,9 @@
-"""The bridge's entry kinds (``bridge.entries.kinds``) store and look up every entry under the
-key, extension, counting, wait and metadata they always had: a change to any of them orphans
-every stored entry of that kind, so each is pinned here for one owner key, both as each kind
-declares it and as the modules that store entries call the cache.
+"""The bridge's entry kinds (:class:`bridge.entries.kinds.EntryKind`, each declared by the module
+of ``bridge.entries`` that owns its documents) store and look up every entry under the key,
+extension, counting, wait and metadata they always had: a change to any of them orphans every
+stored entry of that kind, so each is pinned here for one owner key, both as each kind declares
+it and as the modules that store entries call the cache. Every declared kind is pinned here (a
+new one fails until it is), and each takes an extension no other kind has.
 
 The expected values below were computed once from the code before the kinds were one type;
 they never change with a refactoring, only with a deliberate change of the on-disk format.
@@ -10,13 +12,16 @@ they never change with a refactoring, only with a deliberate change of the on-di
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
+import pkgutil
 import zlib
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+import bridge.entries
 import kernelcache
 from bridge.cli import tune
 from bridge.compile import fetch
@@ -57,28 +62,40 @@ DECLARED = {
 }
 
 
+def named_kinds() -> dict[str, kinds.EntryKind]:
+    """Every declared kind, by the name its module declares it under (``PTX = EntryKind(...)``)."""
+    declared = kinds.declared_kinds()
+    named = {}
+    for info in pkgutil.iter_modules(bridge.entries.__path__, "bridge.entries."):
+        for name, value in vars(importlib.import_module(info.name)).items():
+            if isinstance(value, kinds.EntryKind):
+                named[name] = value
+    assert set(named.values()) == set(declared), "declare each kind in a module of entries/"
+    return named
+
+
 def test_every_kind_declares_the_key_extension_counting_wait_and_sparseness_it_always_had():
-    declared = {}
+    named, declared = named_kinds(), {}
     for name, (_, part, *_) in DECLARED.items():
-        kind = getattr(kinds, name)
+        kind = named[name]
         got = kind.ext, part, kind.key(OWNER, part), kind.counted, kind.wait, kind.sparse
         declared[name] = got
     assert declared == DECLARED
-    assert set(kinds.KINDS) == {getattr(kinds, name) for name in DECLARED}, "pin a new kind here"
-    assert kinds.LOWERING.key(OWNER, "1") == LOWERING_1_KEY
-    assert kinds.SAMPLE.key(OWNER, 1) == SAMPLE_1_KEY
+    assert set(kinds.declared_kinds()) == {named[name] for name in DECLARED}, "pin a new kind here"
+    assert lowerings.LOWERING.key(OWNER, "1") == LOWERING_1_KEY
+    assert samples.SAMPLE.key(OWNER, 1) == SAMPLE_1_KEY
     assert memos.memo_key("ptxas", "fingerprint") == MEMO_KEY
-    assert kinds.LOWERING.corrupt == "a lowering entry that does not decode"
-    assert kinds.PROGRAM.corrupt == "a program entry that does not decode"
+    assert lowerings.LOWERING.corrupt == "a lowering entry that does not decode"
+    assert programs.PROGRAM.corrupt == "a program entry that does not decode"
 
 
 def test_a_key_takes_a_part_exactly_where_its_kind_has_several_entries_per_owner():
     with pytest.raises(TypeError, match="needs a part"):
-        kinds.LOWERING.key(OWNER)
+        lowerings.LOWERING.key(OWNER)
     with pytest.raises(TypeError, match="takes no part"):
-        kinds.PTX.key(OWNER, "1")
+        kernels.PTX.key(OWNER, "1")
     with pytest.raises(TypeError, match="takes no part"):
-        kinds.DECISION.key(OWNER, 0)
+        decisions.DECISION.key(OWNER, 0)
 
 
 class Recorder:
@@ -245,8 +262,37 @@ def test_samples_are_built_once_under_their_decisions_key_and_rebuilt_when_unusa
 
 
 def test_failures_decisions_samples_and_memos_are_declared_usually_absent():
-    import bridge.entries.kinds  # noqa: F401  (declares them when imported)
     from kernelcache.remote.tier import SPARSE_EXTS
 
+    kinds.declared_kinds()
     assert {"failure", "decision", "sample", "ident"} <= SPARSE_EXTS
     assert not {"ptx", "lowering", "variants", "program"} & SPARSE_EXTS
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """The registry of kinds and the remote tiers' sparse extensions, as they are now; what a
+    test declares is forgotten after it."""
+    from kernelcache.remote import tier
+
+    kinds.declared_kinds()
+    monkeypatch.setattr(kinds, "_BY_EXT", dict(kinds._BY_EXT))
+    monkeypatch.setattr(tier, "SPARSE_EXTS", set(tier.SPARSE_EXTS))
+    return tier
+
+
+def test_a_kind_is_declared_when_made_and_a_sparse_one_to_the_remote_tiers(registry):
+    dense = kinds.EntryKind("test-dense", role="test-dense")
+    sparse = kinds.EntryKind("test-sparse", role="test-sparse", sparse=True)
+    assert {dense, sparse} <= set(kinds.declared_kinds())
+    assert "test-sparse" in registry.SPARSE_EXTS and "test-dense" not in registry.SPARSE_EXTS
+
+
+@pytest.mark.parametrize("ext", ["ptx", "decision", "test-dense"])
+def test_a_second_kind_with_a_taken_extension_is_refused(registry, ext):
+    if ext == "test-dense":
+        kinds.EntryKind("test-dense", role="test-dense")
+    before, sparse = kinds.declared_kinds(), set(registry.SPARSE_EXTS)
+    with pytest.raises(ValueError, match=f"'{ext}' is declared already.*needs its own extension"):
+        kinds.EntryKind(ext, role="other", sparse=True)
+    assert kinds.declared_kinds() == before and registry.SPARSE_EXTS == sparse

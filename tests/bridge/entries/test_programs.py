@@ -23,7 +23,8 @@ from cli_support import kc
 import kernelcache
 from bridge.cli import tune
 from bridge.entries import lowerings, programs
-from bridge.entries.kinds import LOWERING, PROGRAM, VARIANTS
+from bridge.entries.lowerings import LOWERING, VARIANTS
+from bridge.entries.programs import PROGRAM
 from bridge.lowering import lower as bridge_call
 from examples import ops
 

@@ -51,8 +51,8 @@ from bridge.call import binding
 from bridge.cli import tune
 from bridge.compile import fetch, variants
 from bridge.entries import decisions, failures
-from bridge.entries.decisions import Decision
-from bridge.entries.kinds import DECISION, derived_key
+from bridge.entries.decisions import DECISION, Decision
+from bridge.entries.kinds import derived_key
 from bridge.lowering.configs import FETCHED
 from bridge.tune import measure
 from examples import ops

@@ -20,7 +20,7 @@ from support import REPO
 import bridge
 import kernelcache
 from bridge.cli import tune
-from bridge.entries.kinds import DECISION
+from bridge.entries.decisions import DECISION
 from examples import ops
 
 HAS_GPU = bool(cuda_devices())

@@ -10,7 +10,7 @@ import pytest
 from stand_in_gpu import TableMeasurer
 
 import kernelcache
-from bridge.entries import kinds, samples
+from bridge.entries import samples
 from bridge.entries.samples import Sample
 from bridge.tune import rounds, select
 
@@ -127,8 +127,8 @@ def test_gather_screens_what_is_missing_or_unusable_and_keeps_the_rest(cache):
     decision = "d" * 64
     variants = ["a" * 64, "b" * 64, "c" * 64]
     good = Sample(0, 2e-3, 5, 7, 0.01, "node/gpu9")
-    kinds.SAMPLE.put(cache, decision, *samples.encode(good, variants[0], "G"), part=0)
-    kinds.SAMPLE.put(cache, decision, b'{"format": 1, "index": 1}', {}, part=1)
+    samples.SAMPLE.put(cache, decision, *samples.encode(good, variants[0], "G"), part=0)
+    samples.SAMPLE.put(cache, decision, b'{"format": 1, "index": 1}', {}, part=1)
     screened = []
 
     def screen(i):
@@ -138,5 +138,5 @@ def test_gather_screens_what_is_missing_or_unusable_and_keeps_the_rest(cache):
     found = samples.gather(cache, decision, variants, "G", [0, 1, 2], screen)
     assert sorted(screened) == [1, 2]
     assert [s.index for s in found] == [0, 1, 2] and found[0] == good
-    stored = kinds.SAMPLE.get(cache, decision, part=1)
+    stored = samples.SAMPLE.get(cache, decision, part=1)
     assert samples.parse(stored.data, 1, variants[1], "G") == found[1]

@@ -208,8 +208,10 @@ def test_a_hung_bucket_below_a_healthy_redis_costs_sparse_lookups_a_quarter_seco
     """Decisions, remembered failures and memos are usually absent: a miss of one in Redis
     does not wait for a bucket that stopped answering (timeout 3 s): 0.25 s at most, and
     none at all once the bucket's breaker opened; a kernel lookup still asks the bucket."""
-    import bridge.entries.kinds  # noqa: F401  (declares the bridge's usually absent kinds)
+    from bridge.entries.kinds import declared_kinds
     from kernelcache.remote.layered import SPARSE_WAIT
+
+    declared_kinds()  # declares the bridge's usually absent kinds
 
     with s3_env(), blackhole() as port:
         bucket = f"s3://hung/kc?endpoint=http://127.0.0.1:{port}&region=us-east-1&timeout=3s"
@@ -248,7 +250,9 @@ def test_a_late_answer_of_a_sparse_lookup_is_copied_up(redis, tmp_path):
         def acquire(self, key, timeout):
             return None
 
-    import bridge.entries.kinds  # noqa: F401  (declares the bridge's usually absent kinds)
+    from bridge.entries.kinds import declared_kinds
+
+    declared_kinds()  # declares the bridge's usually absent kinds
 
     key = key_of(620)
     value = make_value(key, "decision", b'{"x": 1}', {"kind": "decision"}, None)
