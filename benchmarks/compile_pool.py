@@ -53,8 +53,8 @@ def _one_compile(cache_root: str) -> float:
 
     import kernelcache
     from bridge.call import binding
-    from bridge.call.binding import ArgArray
     from bridge.call.kernel_objects import decompose
+    from bridge.call.placeholders import ArgArray
     from bridge.compile import fetch
     from bridge.identity import specialize
     from bridge.vendors.targets import parse_target

@@ -13,8 +13,8 @@ import numpy as np
 
 from ..errors import KernelArgumentError
 from . import tma
-from .binding import ArgArray
 from .kernel_objects import KernelParts
+from .placeholders import ArgArray
 
 try:  # jax >= 0.8
     from jax.ref import AbstractRef as _AbstractRef

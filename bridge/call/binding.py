@@ -4,9 +4,9 @@ The bridge does not re-implement Triton's rules: arguments go through the binder
 itself generates for the kernel (``create_function_from_signature``: defaults, constexprs,
 ``do_not_specialize``, tuples, the ``== 1`` and divisibility-by-16 specializations), and the
 result through the kernel's own ``_pack_args`` (options, signature, constexprs, attributes).
-Arrays are represented by :class:`ArgArray` placeholders that answer what Triton asks of a
-tensor: its dtype, a data pointer (XLA buffers are at least 16-byte aligned; jaxlib checks the
-alignment the kernel was specialized for at launch) and its size in bytes.
+Arrays are represented by placeholders (:class:`~.placeholders.ArgArray`) that answer what Triton
+asks of a tensor: its dtype, a data pointer (XLA buffers are at least 16-byte aligned; jaxlib
+checks the alignment the kernel was specialized for at launch) and its size in bytes.
 
 Autotune configurations and heuristics are applied the way Triton's launcher applies them. A
 bound call's runtime arguments, in the order of the kernel's ABI and checked against what
@@ -30,9 +30,7 @@ import numpy as np
 from ..errors import KernelArgumentError, OptionError
 from ..vendors.targets import Target
 from .kernel_objects import KernelParts
-from .leaves import SCALAR_FIELDS as SCALAR_FIELDS  # (re-exported: the lowering reads it here)
 from .leaves import Leaf, abi_leaves
-from .placeholders import ArgArray as ArgArray  # (re-exported: the later stages import it here)
 
 logger = logging.getLogger(__name__)
 

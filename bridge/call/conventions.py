@@ -42,10 +42,10 @@ from typing import Any
 
 from ..errors import KernelArgumentError
 from .arguments import Inputs, leaf_arrays
-from .binding import ArgArray
 from .kernel_objects import KernelParts
 from .out_shape import plan_out_shape
 from .out_type import plan_04
+from .placeholders import ArgArray
 from .plan import CONVENTIONS, JAX_TRITON_03, JAX_TRITON_04, ROCM_FORK, Plan
 
 

@@ -18,8 +18,8 @@ import numpy as np
 from ..errors import KernelArgumentError
 from . import tma
 from .arguments import Inputs, is_ref, leaf_arrays
-from .binding import ArgArray
 from .kernel_objects import KernelParts
+from .placeholders import ArgArray
 from .plan import (
     JAX_TRITON_03,
     ROCM_FORK,

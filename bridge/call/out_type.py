@@ -13,8 +13,8 @@ import numpy as np
 
 from ..errors import KernelArgumentError
 from .arguments import Inputs, leaf_arrays
-from .binding import ArgArray
 from .kernel_objects import KernelParts
+from .placeholders import ArgArray
 from .plan import Plan, is_struct, operand_leaves
 
 

@@ -16,7 +16,7 @@ def plain(value: Any) -> Any:
     """``value`` as JSON data: arrays as ``{"array": dtype, "shape": [...]}``, tensor
     descriptors as ``{"tensordesc": {...}}``, dtypes and JIT functions by name, tuples as lists,
     anything else by ``repr``."""
-    from ..call.binding import ArgArray
+    from ..call.placeholders import ArgArray
 
     if isinstance(value, ArgArray):
         return {"array": value.jax_dtype.name, "shape": list(value.shape)}

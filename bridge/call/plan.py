@@ -16,8 +16,8 @@ import numpy as np
 
 from ..errors import KernelArgumentError
 from .arguments import leaf_arrays
-from .binding import ArgArray
 from .kernel_objects import KernelParts
+from .placeholders import ArgArray
 
 #: the convention= values (see the module docstring)
 JAX_TRITON_03, JAX_TRITON_04, ROCM_FORK = "0.3", "0.4", "rocm"

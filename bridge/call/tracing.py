@@ -22,8 +22,8 @@ import jax
 from ..errors import KernelArgumentError
 from ..vendors import targets
 from .arguments import Inputs, leaf_arrays
-from .binding import ArgArray
 from .kernel_objects import KernelParts
+from .placeholders import ArgArray
 
 if TYPE_CHECKING:
     from ..caches import CacheArg

@@ -197,7 +197,7 @@ def traced_call(group: _Group, target: Target, cache: Cache) -> CallSpec:
     import jax
 
     from ..api import triton_call
-    from ..call.binding import ArgArray
+    from ..call.placeholders import ArgArray
     from ..call.plain import plain
     from ..lowering.lower import triton_call_p
 

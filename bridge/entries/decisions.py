@@ -267,7 +267,7 @@ def parse(data: bytes, variants: Sequence[str]) -> Decision | str:
 def tuning_inputs(named: Mapping[str, Any], autotune_keys: Sequence[str]) -> dict[str, Any]:
     """What of a call's arguments a choice depends on besides its variants: the shape and dtype
     of every array (by parameter name) and the value of every autotune ``key`` argument."""
-    from ..call.binding import ArgArray  # (numpy: not needed to read a decision)
+    from ..call.placeholders import ArgArray  # (numpy: not needed to read a decision)
 
     arrays = {
         name: [list(value.shape), value.dtype_name]

@@ -34,8 +34,7 @@ from kernelcache import __version__
 
 from .. import versions
 from ..call import binding
-from ..call.binding import ArgArray
-from ..call.placeholders import dtype_name
+from ..call.placeholders import ArgArray, dtype_name
 from ..compile import ptxisa
 from ..entries.lowerings import FORMAT
 from ..errors import Unkeyable

@@ -17,7 +17,8 @@ import numpy as np
 
 from .. import versions
 from ..call import binding, tma
-from ..call.binding import ArgArray
+from ..call.leaves import SCALAR_FIELDS
+from ..call.placeholders import ArgArray
 from ..errors import KernelArgumentError, OptionError
 from . import embed, handoff, proto
 
@@ -126,7 +127,7 @@ def kernel_message(
     return kernel
 
 
-#: jaxlib's parameter for a scalar argument, by the field it travels in (binding.SCALAR_FIELDS)
+#: jaxlib's parameter for a scalar argument, by the field it travels in (SCALAR_FIELDS)
 _SCALARS: dict[str, Callable[[Any], proto.Parameter]] = {
     "bool_": lambda v: proto.Parameter(bool_=bool(v)),
     "i32": lambda v: proto.Parameter(i32=int(v)),
@@ -197,7 +198,7 @@ def parameters(
             )
             params.append(proto.Parameter(array=array))
         else:
-            params.append(_SCALARS[binding.SCALAR_FIELDS[leaf.type]](leaf.value))
+            params.append(_SCALARS[SCALAR_FIELDS[leaf.type]](leaf.value))
     if expected != len(call.buffers):
         raise AssertionError("the kernel's array parameters do not match the buffers")
     return params

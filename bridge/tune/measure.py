@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kernelcache.process import warn_once
 
 from ..call.arguments import leaf_arrays
-from ..call.binding import ArgArray
+from ..call.placeholders import ArgArray
 from ..errors import BridgeError, Unlaunchable
 from . import jaxlib_launch
 from .rounds import Bench

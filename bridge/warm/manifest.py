@@ -22,7 +22,7 @@ from kernelcache.errors import NotRegularFile
 from kernelcache.fsio import open_regular
 from kernelcache.jsonio import load_json
 
-from ..call.binding import ArgArray
+from ..call.placeholders import ArgArray
 from ..errors import KernelArgumentError, ManifestError
 from ..lowering.record import RECORD_VERSION
 from ..vendors.targets import Target

@@ -24,7 +24,7 @@ from support import REPO, child_env
 import bridge
 import kernelcache
 from bridge import versions
-from bridge.call import binding
+from bridge.call import binding, placeholders
 from bridge.compile import compiler, ptxisa
 from bridge.compile.ptxisa import Assembler
 from bridge.vendors import backends
@@ -424,10 +424,10 @@ def options_of(target: str, **options) -> object:
     parts = bridge.call.kernel_objects.decompose(K.add_kernel)
     tgt = parse_target(target)
     named = {
-        "x_ptr": binding.ArgArray((8,), "float32", ("in", 0)),
-        "y_ptr": binding.ArgArray((8,), "float32", ("in", 1)),
+        "x_ptr": placeholders.ArgArray((8,), "float32", ("in", 0)),
+        "y_ptr": placeholders.ArgArray((8,), "float32", ("in", 1)),
         "n": 8,
-        "out_ptr": binding.ArgArray((8,), "float32", ("out", 0)),
+        "out_ptr": placeholders.ArgArray((8,), "float32", ("out", 0)),
         "BLOCK": 8,
     }
     variant = binding.Variant({}, options)
