@@ -19,7 +19,6 @@ from redis_server import (
     REDIS_SERVER,
     SKIP_REASON,
     RedisClusterServers,
-    RedisServer,
     blackhole,
     free_port,
 )
@@ -41,32 +40,26 @@ META = {"name": "kernel", "target": "cuda:90"}
 
 
 @pytest.fixture
-def redis(tmp_path):
-    with RedisServer(tmp_path / "redis") as srv:
-        yield srv
-
-
-@pytest.fixture
-def layers(s3, redis, request):
+def layers(s3, server, request):
     bucket = s3.bucket("kc-" + request.node.name.lower().replace("_", "-")[:40].strip("-"))
-    return f"{redis.url} {bucket}"
+    return f"{server.url} {bucket}"
 
 
-def test_a_hit_below_is_copied_up_and_the_next_node_reads_the_top(layers, redis, tmp_path):
+def test_a_hit_below_is_copied_up_and_the_next_node_reads_the_top(layers, server, tmp_path):
     key = key_of(1)
     writer = kernelcache.Cache(tmp_path / "a", (), layers)
     assert isinstance(writer.remote, LayeredTier)
     redis_tier, bucket_tier = writer.remote.tiers
     assert isinstance(redis_tier, RedisTier) and isinstance(bucket_tier, ObjectStoreTier)
     writer.put(key, "bin", b"layered" * 100, META)
-    assert redis.client().exists(redis_tier.name(key)) == 1  # puts reach every tier
-    redis.client().flushall()  # Redis restarted or evicted: the bucket still has it
+    assert server.client().exists(redis_tier.name(key)) == 1  # puts reach every tier
+    server.client().flushall()  # Redis restarted or evicted: the bucket still has it
 
     reader = kernelcache.Cache(tmp_path / "b", (), layers)
     art = reader.get(key, "bin")
     assert art.source == "remote" and art.data == b"layered" * 100
     assert reader.remote.flush(10)  # the copy up is made in the background
-    assert redis.client().exists(redis_tier.name(key)) == 1
+    assert server.client().exists(redis_tier.name(key)) == 1
     third = open_remote(layers)
     assert third.tiers[0].get(key, "bin")[0] == b"layered" * 100  # now a Redis hit
     counts = stats.tier_stats()
@@ -74,12 +67,12 @@ def test_a_hit_below_is_copied_up_and_the_next_node_reads_the_top(layers, redis,
     assert counts[bucket_tier.label]["hits"] >= 1
 
 
-def test_a_read_only_tier_is_read_and_never_written(s3, redis, tmp_path):
+def test_a_read_only_tier_is_read_and_never_written(s3, server, tmp_path):
     bucket = s3.bucket("kc-read-only-layer") + "&read_only=1"
     seeded = ObjectStoreTier(bucket.replace("&read_only=1", ""))
     key = key_of(2)
     assert seeded.put(key, "bin", b"seed", META)
-    cache = kernelcache.Cache(tmp_path, (), f"{redis.url} {bucket}")
+    cache = kernelcache.Cache(tmp_path, (), f"{server.url} {bucket}")
     assert cache.get(key, "bin").data == b"seed"  # read through the read-only tier
     assert cache.remote.flush(10)
     assert cache.remote.tiers[0].get(key, "bin")[0] == b"seed"  # backfilled into Redis
@@ -204,7 +197,9 @@ def test_bundles_go_to_and_come_from_a_bucket(s3, tmp_path):
     assert both.returncode == 2 and "either FILE or --from" in both.stderr
 
 
-def test_a_hung_bucket_below_a_healthy_redis_costs_sparse_lookups_a_quarter_second(redis, tmp_path):
+def test_a_hung_bucket_below_a_healthy_redis_costs_sparse_lookups_a_quarter_second(
+    server, tmp_path
+):
     """Decisions, remembered failures and memos are usually absent: a miss of one in Redis
     does not wait for a bucket that stopped answering (timeout 3 s): 0.25 s at most, and
     none at all once the bucket's breaker opened; a kernel lookup still asks the bucket."""
@@ -215,7 +210,7 @@ def test_a_hung_bucket_below_a_healthy_redis_costs_sparse_lookups_a_quarter_seco
 
     with s3_env(), blackhole() as port:
         bucket = f"s3://hung/kc?endpoint=http://127.0.0.1:{port}&region=us-east-1&timeout=3s"
-        cache = kernelcache.Cache(tmp_path / "root", (), f"{redis.url} {bucket}")
+        cache = kernelcache.Cache(tmp_path / "root", (), f"{server.url} {bucket}")
         took = []
         for i, ext in enumerate(("decision", "failure", "ident", "sample")):
             start = time.monotonic()
@@ -230,7 +225,7 @@ def test_a_hung_bucket_below_a_healthy_redis_costs_sparse_lookups_a_quarter_seco
         assert time.monotonic() - start < 0.1, "the bucket's breaker is open: not asked"
 
 
-def test_a_late_answer_of_a_sparse_lookup_is_copied_up(redis, tmp_path):
+def test_a_late_answer_of_a_sparse_lookup_is_copied_up(server, tmp_path):
     """A bucket slower than the wait still answers: the entry it had is copied to Redis, so
     the next lookup finds it there."""
 
@@ -258,7 +253,7 @@ def test_a_late_answer_of_a_sparse_lookup_is_copied_up(redis, tmp_path):
     value = make_value(key, "decision", b'{"x": 1}', {"kind": "decision"}, None)
     entry = decode_value(value, key)
     assert isinstance(entry, tuple)
-    redis_tier = open_remote(redis.url)
+    redis_tier = open_remote(server.url)
     layered = LayeredTier([redis_tier, Slow(entry)])
 
     assert layered.get(key, "decision") is None  # not waited for
