@@ -1,13 +1,11 @@
-"""What the built-in tiers (Redis, Redis Cluster, object stores) share: counters, the circuit
-breakers, the windows in which writes are refused, one warning per kind of failure, the checks
-of every value read (decode, extension, signature) and sent (encoding, ``max_size``), and the
-job-wide build locks (one try, waiting, and the leases of the locks a process holds).
+"""What the built-in tiers (Redis, Redis Cluster, object stores) share: the failure policy
+(counters, the circuit breakers, the windows in which writes are refused, one warning per kind
+of failure: :mod:`.policy`), the checks of every value read (decode, extension, signature) and
+sent (encoding, ``max_size``), and the job-wide build locks (one try, waiting, and the leases
+of the locks a process holds).
 
-Failures are per shard: a tier's keys may live on several servers (a Redis Cluster's
-primaries), and a shard that fails is skipped for ``breaker`` seconds while the others serve
-(the shard ``""`` is the whole tier: a single server, a bucket, a cluster whose slot map cannot
-be read), by every process of the cache root (:mod:`.breakers`). A build lock is a lease
-(:mod:`.leases`): :class:`TierBase` holds the tier's :class:`~.leases.Leases`.
+:class:`TierBase` holds the tier's :class:`~.policy.FailurePolicy` (failures are per shard:
+see there) and its :class:`~.leases.Leases` (a build lock is a lease: :mod:`.leases`).
 
 Writes never replace a value: the first complete writer wins, as in a root. In particular a
 value this process refused because it cannot verify it (signed with another key, or unsigned,
@@ -20,8 +18,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,10 +25,9 @@ from urllib.parse import urlsplit
 from .. import stats
 from ..keys import check_ext, check_key
 from ..problem import Problem
-from ..process import warn_once
-from .breakers import SharedBreakers
 from .codec import authenticate, decode_value, make_value
 from .leases import Leases, no_release
+from .policy import FailurePolicy
 from .tier import Busy, Claim, wait_for
 
 #: the remote tiers' logger, whichever module logs (docs/remote.md names it)
@@ -47,8 +42,9 @@ def tier_label(shown_url: str) -> str:
 
 
 class TierBase:
-    """The failure policy, accounting and build locks of a built-in tier: a tier subclasses it
-    and gives it what its store does (``_fetch``, ``_send``, ``_try_lock``, ``_discard``).
+    """The checks, accounting and build locks of a built-in tier, over its failure policy
+    (:attr:`policy`): a tier subclasses it and gives it what its store does (``_fetch``,
+    ``_send``, ``_try_lock``, ``_discard``).
 
     Args:
         shown: the tier's URL, redacted (what messages show).
@@ -61,6 +57,8 @@ class TierBase:
         lock_ttl: the longest a holder renews a build lock, in seconds.
         overwrite: replace values this process refused as unverifiable when it writes the
             same key (default: leave them in place).
+        here: whether the tier can be used in this process at all (see
+            :class:`~.policy.FailurePolicy`); None: always.
     """
 
     def __init__(
@@ -75,25 +73,26 @@ class TierBase:
         lease: float,
         lock_ttl: float,
         overwrite: bool = False,
+        here: Callable[[], bool] | None = None,
     ) -> None:
         self.url = shown
         self.label = tier_label(shown)
         self.read_only = read_only
+        #: the breakers, write refusals, counters and warnings of the tier (:mod:`.policy`)
+        self.policy = FailurePolicy(
+            shown,
+            self.label,
+            stats_root=stats_root,
+            breaker=breaker,
+            read_only=read_only,
+            here=here,
+        )
         self._signing_key = signing_key
-        self._stats_root = stats_root or f"remote:{self.label}"
-        #: the breakers every process of the root shares (see :mod:`.breakers`)
-        self._shared = SharedBreakers(stats_root, self.label)
-        self._breaker = breaker
         self._max_size = max_size
         self.lease = lease
         self._lock = threading.Lock()
-        #: shard ("" for the whole tier) -> monotonic time until which it is not asked
-        self._down: dict[str, float] = {}
-        #: shard -> monotonic time until which it is not written to
-        self._full: dict[str, float] = {}
         #: the build locks this process holds in the tier, renewed as leases (:mod:`.leases`)
-        self.leases = Leases(lease, lock_ttl, lambda: self._bump(locks_lost=1))
-        self._counters: Counter[str] = Counter()
+        self.leases = Leases(lease, lock_ttl, lambda: self.policy.count(locks_lost=1))
         self._overwrite = overwrite
         #: keys whose value this process refused as unverifiable, oldest first (bounded)
         self._unverified: dict[str, None] = {}
@@ -106,106 +105,12 @@ class TierBase:
     @property
     def counters(self) -> dict[str, int]:
         """This tier's own counters in this process (gets, hits, errors, breaker_trips, ...)."""
-        with self._lock:
-            return dict(self._counters)
-
-    def _bump(self, **deltas: int) -> None:
-        """Count in this process, and in the stats logs of the root (per-tier counters)."""
-        with self._lock:
-            self._counters.update(deltas)
-        stats.count_tier(self._stats_root, self.label, **deltas)
-
-    def _warn(self, topic: str, message: str, *args: object) -> None:
-        warn_once(logger, (self.url, topic), "kernelcache: " + message, *args)
-
-    # -- failure policy -------------------------------------------------------------------
-    def _usable(self, shard: str = "") -> bool:
-        """False while the circuit breaker of the tier, or of ``shard``, is open (it failed
-        recently, in this process or in another one of its root: :mod:`.breakers`)."""
-        now = time.monotonic()
-        if now < self._down.get("", 0.0) or (shard and now < self._down.get(shard, 0.0)):
-            self._bump(skipped=1)
-            return False
-        for which in ("", shard) if shard else ("",):
-            until = self._shared.until(which, self._breaker)
-            if until:
-                with self._lock:
-                    self._down[which] = now + (until - time.time())
-                self._bump(skipped=1)
-                where = f"{self.url} (shard {which})" if which else self.url
-                warn_once(
-                    logger,
-                    (self.url, "unavailable-shared", which),
-                    "kernelcache: remote cache %s is skipped for %.0fs: another process of this "
-                    "node found it unavailable",
-                    where,
-                    until - time.time(),
-                )
-                return False
-        return True
-
-    def _writable(self, shard: str = "") -> bool:
-        """False for a read-only tier, and while the store (or ``shard``) refuses writes."""
-        if self.read_only:
-            return False
-        now = time.monotonic()
-        if now < self._full.get("", 0.0) or (shard and now < self._full.get(shard, 0.0)):
-            self._bump(skipped=1)
-            return False
-        return True
-
-    def _trip(self, what: str, reason: str, *, timeout: bool, shard: str = "") -> None:
-        """The store, or its ``shard``, failed (down, hung, slow, garbage): skip it for
-        ``breaker`` seconds; warn once per shard."""
-        stats.count(self._stats_root, remote_errors=1)
-        with self._lock:
-            self._down[shard] = time.monotonic() + self._breaker
-        self._shared.trip(shard, self._breaker)
-        self._bump(errors=1, breaker_trips=1, timeouts=int(timeout))
-        if not shard:
-            self._warn(
-                "unavailable",
-                "remote cache %s unavailable during %s (%s); continuing with the local cache "
-                "and not asking it again for %gs",
-                self.url,
-                what,
-                reason,
-                self._breaker,
-            )
-            return
-        warn_once(
-            logger,
-            (self.url, "unavailable", shard),
-            "kernelcache: remote cache %s: shard %s unavailable during %s (%s); the keys it "
-            "holds are kept elsewhere meanwhile (the other shards still serve), and it is not "
-            "asked again for %gs",
-            self.url,
-            shard,
-            what,
-            reason,
-            self._breaker,
-        )
-
-    def _refuse_writes(self, reason: str, shard: str = "") -> None:
-        """The store (or ``shard``) refuses writes (full, read-only, no permission): reads go
-        on."""
-        stats.count(self._stats_root, remote_errors=1)
-        with self._lock:
-            self._full[shard] = time.monotonic() + self._breaker
-        self._bump(errors=1, full=1)
-        where = f"{self.url} (shard {shard})" if shard else self.url
-        self._warn(
-            "full",
-            "remote cache %s refuses writes (%s); not storing new entries there for %gs",
-            where,
-            reason,
-            self._breaker,
-        )
+        return self.policy.counters
 
     # -- values -----------------------------------------------------------------------------
     def _oversize(self, key: str, size: int) -> None:
-        self._bump(oversize=1, misses=1)
-        self._warn(
+        self.policy.count(oversize=1, misses=1)
+        self.policy.warn(
             "oversize",
             "%s: entry %s is %d bytes, larger than max_size=%d; not sent or read",
             self.url,
@@ -230,25 +135,25 @@ class TierBase:
         an unsigned one is refused and left in place, one of another extension is a miss."""
         found = decode_value(raw, key)  # type: ignore[arg-type]  # checked there
         if isinstance(found, Problem):
-            stats.count(self._stats_root, remote_errors=1)
-            self._bump(misses=1, rejected=1)
-            self._warn(
+            stats.count(self.policy.stats_root, remote_errors=1)
+            self.policy.count(misses=1, rejected=1)
+            self.policy.warn(
                 "rejected", "rejected a bad entry in %s (%s): %s", self.url, key, found.reason
             )
             self._discard(key)
             return None
         data, meta = found
         if meta["ext"] != ext:
-            self._bump(misses=1)
+            self.policy.count(misses=1)
             logger.debug("kernelcache: remote %s holds .%s, not .%s", key, meta["ext"], ext)
             return None
         if self._signing_key is not None:
             refused = authenticate(key, data, meta, self._signing_key)
             if refused is not None:
-                stats.count(self._stats_root, unauthenticated=1)
-                self._bump(misses=1, unauthenticated=1)
+                stats.count(self.policy.stats_root, unauthenticated=1)
+                self.policy.count(misses=1, unauthenticated=1)
                 self._remember_unverified(key)
-                self._warn(
+                self.policy.warn(
                     "unauthenticated",
                     "refused a value without a valid signature in %s (%s): %s "
                     "(KERNELCACHE_SIGNING_KEY is set: only values signed with it are used)",
@@ -257,7 +162,7 @@ class TierBase:
                     refused.reason,
                 )
                 return None
-        self._bump(hits=1, bytes_read=len(raw))  # type: ignore[arg-type]  # bytes here
+        self.policy.count(hits=1, bytes_read=len(raw))  # type: ignore[arg-type]  # bytes here
         return data, meta
 
     def _remember_unverified(self, key: str) -> None:
@@ -291,12 +196,12 @@ class TierBase:
         """
         check_key(key)
         check_ext(ext)
-        if not self._usable():
+        if not self.policy.usable():
             return None
-        self._bump(gets=1)
+        self.policy.count(gets=1)
         raw, failed = self._fetch(key)
         if failed or raw is None:
-            self._bump(misses=1)
+            self.policy.count(misses=1)
             return None
         if isinstance(raw, int):
             self._oversize(key, raw)
@@ -315,7 +220,7 @@ class TierBase:
         """
         check_key(key)
         check_ext(ext)
-        if not self._writable() or not self._usable():
+        if not self.policy.writable() or not self.policy.usable():
             return False
         value = self._encode(key, ext, data, meta)
         if value is None:
@@ -327,9 +232,9 @@ class TierBase:
             return False
         if not stored:
             if unverified:
-                stats.count(self._stats_root, kept_unverified=1)
-                self._bump(kept_unverified=1)
-                self._warn(
+                stats.count(self.policy.stats_root, kept_unverified=1)
+                self.policy.count(kept_unverified=1)
+                self.policy.warn(
                     "kept",
                     "left a value in %s that this job cannot verify in place (%s): jobs with "
                     "its signing key still use it; this job uses its own build. Give every job "
@@ -339,13 +244,13 @@ class TierBase:
                     key,
                 )
             else:
-                self._bump(present=1)  # another writer was first
+                self.policy.count(present=1)  # another writer was first
             return False
         if unverified:
-            self._bump(overwritten=1)
+            self.policy.count(overwritten=1)
             with self._lock:
                 self._unverified.pop(key, None)
-        self._bump(puts=1, bytes_written=len(value))
+        self.policy.count(puts=1, bytes_written=len(value))
         return True
 
     # -- build locks --------------------------------------------------------------------------
@@ -369,7 +274,7 @@ class TierBase:
         check_key(key)
         if self.read_only:
             return no_release
-        if not self._usable():
+        if not self.policy.usable():
             return None
         return self._try_lock(key)
 
@@ -384,6 +289,6 @@ class TierBase:
         """
         claim = wait_for(lambda: self.try_acquire(key), timeout)
         if isinstance(claim, Busy):
-            self._bump(lock_timeouts=1)
+            self.policy.count(lock_timeouts=1)
             return None
         return claim

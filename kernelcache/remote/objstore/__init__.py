@@ -93,6 +93,7 @@ class ObjectStoreTier(TierBase):
             lease=self.where.lease_s,
             lock_ttl=self.where.lock_ttl,
             overwrite=overwrite,
+            here=self.usable_here,
         )
         #: the store's prefix: the URL's path, then the value layout's version
         self.prefix = "/".join(p for p in (self.where.path, f"v{REMOTE_FORMAT}") if p)
@@ -131,29 +132,31 @@ class ObjectStoreTier(TierBase):
         return f"{group_of(key)}/{key}"
 
     # -- failure policy -------------------------------------------------------------------
-    def _usable(self, shard: str = "") -> bool:
-        if not runtime_here():
-            self._bump(skipped=1)
-            self._warn(
-                "forked",
-                "remote cache %s is not used in this process: it was forked from one that used "
-                "it, and obstore cannot make requests after a fork (start workers with the "
-                "'spawn' or 'forkserver' method)",
-                self.url,
-            )
-            return False
-        return super()._usable(shard)
+    def usable_here(self) -> bool:
+        """Whether this process can make requests: not one forked from a process that made
+        some (counted as skipped, warned about once); the policy asks it first."""
+        if runtime_here():
+            return True
+        self.policy.count(skipped=1)
+        self.policy.warn(
+            "forked",
+            "remote cache %s is not used in this process: it was forked from one that used "
+            "it, and obstore cannot make requests after a fork (start workers with the "
+            "'spawn' or 'forkserver' method)",
+            self.url,
+        )
+        return False
 
     def _failed(self, what: str, e: Exception) -> None:
         import obstore.exceptions as errors
 
         reason = f"{type(e).__name__}: {first_line(e)}"
         if isinstance(e, errors.PermissionDeniedError) and what in _WRITES:
-            self._refuse_writes(reason)
+            self.policy.refuse_writes(reason)
             return
         text = str(e).lower()
         timeout = "timed out" in text or "timeout" in text
-        self._trip(what, reason, timeout=timeout)
+        self.policy.trip(what, reason, timeout=timeout)
 
     def _call(self, what: str, fn: Callable[[Any], Any]) -> tuple[Any, bool]:
         """``(fn(store), False)``, or ``(None, True)`` after a failure of the store, which is
@@ -234,13 +237,13 @@ class ObjectStoreTier(TierBase):
         taken over (one warning)."""
         if not self._conditional:
             return no_release
-        if not self._writable():
+        if not self.policy.writable():
             return None
         found, failed = self._call("lock", lambda store: object_exists(store, self.path(key)))
         if failed:
             return None
         if found:
-            self._bump(lock_ready=1)
+            self.policy.count(lock_ready=1)
             return no_release
         lock = f"{self.path(key)}.lock"
         token = uuid.uuid4().hex
@@ -249,7 +252,7 @@ class ObjectStoreTier(TierBase):
             return None
         if made == "unsupported":
             self._conditional = False
-            self._warn(
+            self.policy.warn(
                 "no-locks",
                 "remote cache %s has no conditional puts: no build locks there (machines may "
                 "build a key at the same time)",
@@ -270,8 +273,8 @@ class ObjectStoreTier(TierBase):
         )
         if failed or not isinstance(taken, tuple):
             return Busy(self.name(lock), holder, self.label)
-        self._bump(locks_broken=1)
-        self._warn(
+        self.policy.count(locks_broken=1)
+        self.policy.warn(
             "lock-broken",
             "took over the build lock of %s in %s: its holder (%s) had not renewed it for "
             "%gs; building",
@@ -301,7 +304,7 @@ class ObjectStoreTier(TierBase):
         with self._lock:
             self._watched.pop(lock, None)
         current = [version]
-        self._bump(locks=1)
+        self.policy.count(locks=1)
 
         def renew(_seconds: float) -> bool | None:
             done, failed = self._call(
@@ -317,7 +320,7 @@ class ObjectStoreTier(TierBase):
         def release() -> None:
             gone, failed = self._call("unlock", lambda store: delete_if(store, lock, current[0]))
             if not failed and not gone:
-                self._bump(locks_lost=1)
+                self.policy.count(locks_lost=1)
 
         return self.leases.holding(token, renew, release)
 

@@ -87,8 +87,9 @@ class RedisTier(TierBase):
         #: the URL's options (docs/remote.md)
         self.options = options
         #: how the tier calls its server or cluster: each call routed to the primary that
-        #: serves its Redis key, bounded, its failure accounted for here (:mod:`.calls`)
-        self.calls = RedisCalls(address, options, secrets_of(url), self)
+        #: serves its Redis key, bounded, its failure accounted for by the tier's policy
+        #: (:mod:`.calls`)
+        self.calls = RedisCalls(address, options, secrets_of(url), self.policy)
         #: whether the tier is a Redis Cluster
         self.cluster = self.calls.cluster is not None
 
@@ -146,7 +147,7 @@ class RedisTier(TierBase):
         kept, _ = self._get(key, spare)
         if isinstance(kept, bytes):
             self._set(key, name, kept, replace=False)
-            self._bump(fallback_hits=1)
+            self.policy.count(fallback_hits=1)
             return kept, False
         return found, False
 
@@ -202,11 +203,11 @@ class RedisTier(TierBase):
         lock = name + ":lock"
         state, held = int(reply[0]), reply[1]
         if state == READY:
-            self._bump(lock_ready=1)
+            self.policy.count(lock_ready=1)
             return no_release
         if state == BROKEN:
-            self._bump(locks_broken=1)
-            self._warn(
+            self.policy.count(locks_broken=1)
+            self.policy.warn(
                 "lock-broken",
                 "broke the build lock of %s in %s, held by %s: it had no expiry or was set "
                 "longer ago than lock_ttl=%gs (a crashed or foreign client); building",
@@ -216,7 +217,7 @@ class RedisTier(TierBase):
                 self.options.lock_ttl,
             )
         if state in (ACQUIRED, BROKEN):
-            self._bump(locks=1)
+            self.policy.count(locks=1)
             return self.leases.holding(
                 token,
                 lambda seconds: self._renew(lock, token, seconds),
@@ -238,5 +239,5 @@ class RedisTier(TierBase):
         calls = self.calls
         released, failed = calls.call("unlock", lock, calls.eval, "release", [lock], [token])
         if not failed and not released:
-            self._bump(locks_lost=1)
+            self.policy.count(locks_lost=1)
             logger.debug("kernelcache: build lock %s had expired before its release", lock)

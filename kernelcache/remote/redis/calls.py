@@ -1,8 +1,9 @@
 """How the Redis tier calls Redis: the client of a server, or those of a cluster's primaries
 (:mod:`.cluster`), each call routed to the one that serves its Redis key, bounded, and its
-failure accounted for by the tier's failure policy (:class:`~kernelcache.remote.base.TierBase`:
-its breakers, counters and warnings). A :class:`~kernelcache.remote.redis.RedisTier` holds one
-:class:`RedisCalls` (its ``calls``), and names the Redis key of every call it makes.
+failure accounted for by the tier's failure policy (its breakers, counters and warnings:
+:class:`~kernelcache.remote.policy.FailurePolicy`). A :class:`~kernelcache.remote.redis.RedisTier`
+holds one :class:`RedisCalls` (its ``calls``), made with its policy, and names the Redis key of
+every call it makes.
 
 Invariants:
 
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import ConfigError
-from ..base import TierBase
+from ..policy import FailurePolicy
 from ..url import RemoteOptions, scrub
 from .bounds import Budget
 from .clients import server_client
@@ -43,24 +44,24 @@ class RedisCalls:
         options: the tier's options.
         secrets: the secrets of the tier's URL (:func:`~kernelcache.remote.url.secrets_of`),
             never shown in a message.
-        tier: the tier whose failure policy takes each call's failure (the breakers of its
-            shards, shared with :class:`.cluster.Cluster`; its counters and warnings).
+        policy: the tier's failure policy, which takes each call's failure (the breakers of
+            its shards, shared with :class:`.cluster.Cluster`; its counters and warnings).
 
     Raises:
         ConfigError: bad options, or redis-py is not installed.
     """
 
     def __init__(
-        self, address: str, options: RemoteOptions, secrets: list[str], tier: TierBase
+        self, address: str, options: RemoteOptions, secrets: list[str], policy: FailurePolicy
     ) -> None:
         self.options = options
-        self._tier = tier
+        self._policy = policy
         self._secrets = secrets
         try:
             import redis
         except ImportError:
             raise ConfigError(
-                f"the remote tier {tier.url!r} needs the redis client: "
+                f"the remote tier {policy.url!r} needs the redis client: "
                 "pip install 'kernelcache[redis]'"
             ) from None
         self._errors = redis.exceptions
@@ -73,7 +74,9 @@ class RedisCalls:
         self.single: Any = None if cluster else self._make_client()
         #: a cluster's slot map and primaries; None on a single server
         self.cluster = (
-            Cluster(address, options, self._budget, self._errors, tier.url, tier._down, tier._lock)
+            Cluster(
+                address, options, self._budget, self._errors, policy.url, policy.down, policy.lock
+            )
             if cluster
             else None
         )
@@ -83,7 +86,7 @@ class RedisCalls:
         try:
             return server_client(self._address, self.options, self._budget)
         except (ValueError, TypeError) as e:
-            url = self._tier.url
+            url = self._policy.url
             raise ConfigError(f"remote URL {url!r}: {scrub(str(e), self._secrets)}") from None
 
     def _route(self, name: str | None) -> tuple[Any, str]:
@@ -118,18 +121,18 @@ class RedisCalls:
         """Account for an exception from redis-py; open the breaker of ``shard`` if its server
         is gone."""
         reason = scrub(f"{e.__class__.__name__}: {e}", self._secrets)
-        errors, tier = self._errors, self._tier
+        errors, policy = self._errors, self._policy
         if isinstance(e, (errors.OutOfMemoryError, errors.ReadOnlyError)):
-            tier._refuse_writes(reason, shard)
+            policy.refuse_writes(reason, shard)
         elif isinstance(e, errors.ResponseError) and not isinstance(e, errors.ClusterError):
-            tier._bump(errors=1)
-            tier._warn("response", "remote cache %s: %s", tier.url, reason)
+            policy.count(errors=1)
+            policy.warn("response", "remote cache %s: %s", policy.url, reason)
         else:  # refused, lost, timed out, too long a reply, TLS or auth failure, garbage
             if overrun:
-                tier._bump(oversize=1)
+                policy.count(oversize=1)
             timeouts = (errors.TimeoutError, TimeoutError)
             timeout = isinstance(e, timeouts) or isinstance(e.__context__, timeouts)
-            tier._trip(what, reason, timeout=timeout, shard=shard)
+            policy.trip(what, reason, timeout=timeout, shard=shard)
             if client is not None:
                 client.connection_pool.disconnect(inuse_connections=False)
 
@@ -149,7 +152,7 @@ class RedisCalls:
         writes). The call may take ``timeout`` seconds in all (plus the time to connect) and
         read ``limit`` reply bytes. A ``MOVED`` reply reads the slot map again and is followed
         once. ``what``: the operation, as warnings name it."""
-        errors, tier, cluster = self._errors, self._tier, self.cluster
+        errors, policy, cluster = self._errors, self._policy, self.cluster
         client: Any = None
         shard, error, overrun = "", None, False
         for _ in range(2):
@@ -158,11 +161,11 @@ class RedisCalls:
             except (errors.RedisError, OSError, ValueError) as e:
                 self._failed(what, e, False, "", None)  # no slot map: the whole tier
                 return None, True
-            if not tier._usable(shard) or (write and not tier._writable(shard)):
+            if not policy.usable(shard) or (write and not policy.writable(shard)):
                 return None, True
             if client is None:
                 why = "the slot map gives no primary for the key's hash slot"
-                tier._trip(what, why, timeout=False, shard=shard)
+                policy.trip(what, why, timeout=False, shard=shard)
                 return None, True
             result, error, overrun = self.attempt(client, fn, *args, limit=limit)
             if error is None:

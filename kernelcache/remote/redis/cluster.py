@@ -13,8 +13,8 @@ Invariants:
 * While a shard is down its groups move to their first fallback slot whose shard is up
   (:func:`.names.fallback_names`), and a miss at home is looked up once more in the group's
   spare (:func:`.names.spare_name`): every node's processes compute the same names.
-* The breakers are the tier's (shard -> the monotonic time until which it is not asked),
-  shared with it under its lock; a closed breaker found here is removed.
+* The breakers are the tier's failure policy's (shard -> the monotonic time until which it is
+  not asked), shared with it under its lock; a closed breaker found here is removed.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ class Cluster:
         budget: the tier's per-call bound on time and reply bytes.
         errors: redis-py's exceptions module.
         url: the tier's redacted URL (what messages show).
-        down: the tier's breakers, shard -> monotonic time until which it is not asked.
-        lock: the lock under which ``down`` changes.
+        down: the tier's breakers (its :class:`~kernelcache.remote.policy.FailurePolicy`'s),
+            shard -> monotonic time until which it is not asked.
+        lock: the lock under which ``down`` changes (the policy's).
     """
 
     def __init__(
