@@ -60,24 +60,29 @@ EXIT_WAIT = 30.0
 RETRY_SECONDS = 0.1
 
 
-class SizeCap(UsageView):
+class SizeCap:
     """The size cap of one writable store: :meth:`added` after each entry a process publishes.
 
-    Thread-safe; each process keeps its own view of the usage file (see the module docstring):
-    the cap is that view (:class:`~kernelcache.maintenance.usage.UsageView`), and its passes
-    are run by the :class:`~kernelcache.maintenance.eviction.Eviction` it holds.
+    Thread-safe; each process keeps its own view of the usage file (see the module docstring),
+    which the cap holds (:attr:`usage`), and its passes are run by the
+    :class:`~kernelcache.maintenance.eviction.Eviction` it holds. With ``reporting`` (in a
+    helper process) what the passes evicted is reported to the process that started it
+    (:attr:`eviction`'s ``evicted``), not logged, and so is why the cap cannot be kept.
     """
 
-    def __init__(self, store: Store, max_size: int) -> None:
+    def __init__(self, store: Store, max_size: int, *, reporting: bool = False) -> None:
         if max_size <= 0:
             raise InvalidValue(f"a size cap must be positive, not {max_size}")
         self.store = store
         self.max_size = max_size
-        self.low_water = int(max_size * LOW_WATER)
-        UsageView.__init__(self)
+        self.reporting = reporting
+        #: in a helper: why the cap cannot be kept, for the report (not warned about here)
+        self.why_broken: str | None = None
+        #: this process's view of the root's usage file (:mod:`.usage`), guarded by ``_lock``
+        self.usage = UsageView(store, max_size, int(max_size * LOW_WATER), reporting)
         self._lock = threading.Lock()
         #: what runs this cap's eviction passes, and counts them (:mod:`.eviction`)
-        self.eviction = Eviction(self, self._lock, self._give_up)
+        self.eviction = Eviction(self.usage, self._lock, self._give_up)
         #: set when a put waited its whole budget with the root past :meth:`bound`: puts
         #: no longer wait until one finds it back under (warned once)
         self._stalled = False
@@ -94,10 +99,6 @@ class SizeCap(UsageView):
         #: set when a put found a pass due while one ran: once that one ends, a pass runs
         #: that begins after the put (the one running may have listed the root before it)
         self._pending = False
-        #: in a helper: what the passes evicted is reported to the process that started it
-        #: (:attr:`evicted`), not logged, and so is why the cap cannot be kept
-        self.reporting = False
-        self.why_broken: str | None = None
 
     def __repr__(self) -> str:
         return f"SizeCap({self.store.root!r}, max_size={self.max_size})"
@@ -122,11 +123,11 @@ class SizeCap(UsageView):
             return
         with self._lock:
             try:
-                due = self._append(nbytes)
+                due = self.usage.append(nbytes)
             except OSError as e:
                 self._give_up(e)
                 return
-            over = self.total > self.bound()
+            over = self.usage.total > self.bound()
             self._stalled = self._stalled and over
             if due and self._pass_running():
                 self._pending = True  # that pass may have listed the root before this put
@@ -140,7 +141,7 @@ class SizeCap(UsageView):
         """The bytes past which a put waits for eviction passes: twice the cap, or, where
         the last pass could not get under the cap (entries in use), the cap more than it
         left."""
-        return bound_of(self)
+        return bound_of(self.usage)
 
     def evict(self, wait: float = 0.0, *, past_bound: bool = False) -> bool:
         """Run an eviction pass unless another process is running one; whether this one ran.
@@ -264,8 +265,7 @@ class SizeCap(UsageView):
             self.eviction.pass_seconds += seconds
             self.helper_cpu_seconds += cpu
             if not broken:  # the next put reads the file the helper wrote from its start
-                self._inode, self._offset, self.base, self.total = None, 0, 0, 0
-                self.measured = False
+                self.usage.reset()
                 self._again(starved=passes == 0)
         for done, freed in evicted:
             log_evicted(done, freed, self.store.root, self.max_size)
@@ -363,8 +363,7 @@ def helper_main(config_json: str) -> None:
         trust=config["trust"],
         resolved=True,
     )
-    cap = SizeCap(store, config["max_size"])
-    cap.reporting = True
+    cap = SizeCap(store, config["max_size"], reporting=True)
     eviction = cap.eviction
     for _ in sys.stdin.buffer:
         passes, seconds, cpu = cap.passes, cap.pass_seconds, time.process_time()

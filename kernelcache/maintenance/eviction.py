@@ -51,10 +51,10 @@ class Eviction:
     """The eviction passes of one size cap.
 
     Args:
-        view: the cap's view of its root's usage file (the cap itself: a
-            :class:`~kernelcache.maintenance.capacity.SizeCap` is a :class:`UsageView`): the
-            store, the cap, its low-water mark and whether passes report to the process that
-            started a helper; a pass leaves the size it measured there.
+        view: the cap's view of its root's usage file (the
+            :class:`~kernelcache.maintenance.capacity.SizeCap`'s ``usage``): the store, the
+            cap, its low-water mark and whether passes report to the process that started a
+            helper; a pass leaves the size it measured there.
         lock: the lock that guards ``view`` (and what a pass changes of it).
         give_up: called with why, where the cap cannot be kept.
     """
@@ -106,12 +106,12 @@ class Eviction:
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     return False
-                view._read_new(fd)
+                view.read_new(fd)
             finally:
                 os.close(fd)
         finally:
             os.close(dfd)
-        return view._due()
+        return view.due()
 
     def evict(self, wait: float = 0.0, *, past_bound: bool = False) -> bool:
         """Run an eviction pass unless another process is running one; whether this one ran.
@@ -139,10 +139,8 @@ class Eviction:
         finally:
             held.release()
             self.pass_seconds += time.perf_counter() - started
-        view = self.view
         with self._lock:  # the next put reads the new file: the base and what came since
-            view._inode, view._offset, view.base, view.total = None, 0, measured, measured
-            view.measured = True
+            self.view.reset(measured)
         return True
 
     def _pass(self) -> int:

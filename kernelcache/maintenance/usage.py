@@ -72,15 +72,24 @@ def _parse(record: bytes, at: int) -> tuple[bytes, int] | None:
 
 class UsageView:
     """One process's view of a root's usage file: how far it was read, the base and the
-    running total (the part of :class:`~kernelcache.maintenance.capacity.SizeCap` that reads
-    and writes the file)."""
+    running total. A :class:`~kernelcache.maintenance.capacity.SizeCap` holds one (its
+    ``usage``), appends to the file through it, and its eviction passes
+    (:class:`~kernelcache.maintenance.eviction.Eviction`) read it and leave there the size
+    they measured.
 
-    store: Store
-    max_size: int
-    low_water: int
-    reporting: bool
+    Args:
+        store: the root whose usage file it reads.
+        max_size: the cap.
+        low_water: what a pass brings the root down to.
+        reporting: in a helper process: a file refused is not warned about here (the process
+            that started the helper reads the same file).
+    """
 
-    def __init__(self) -> None:
+    def __init__(self, store: Store, max_size: int, low_water: int, reporting: bool) -> None:
+        self.store = store
+        self.max_size = max_size
+        self.low_water = low_water
+        self.reporting = reporting
         #: the usage file last read: its inode number and first record (a pass's new file
         #: may get the number of one it replaced), and how far it was read
         self._inode: int | None = None
@@ -95,7 +104,15 @@ class UsageView:
         #: read no further, and a pass is due, which writes it anew
         self._refused = False
 
-    def _due(self) -> bool:
+    def reset(self, measured: int | None = None) -> None:
+        """Forget the file read: the next look reads it from its start. ``measured``: the
+        root's size a pass just measured and wrote as the file's base (the estimate until
+        then), or None where none is known."""
+        self._inode, self._offset = None, 0
+        self.base = self.total = measured or 0
+        self.measured = measured is not None
+
+    def due(self) -> bool:
         """Whether a pass is due: no measured base yet; or over the cap (when the last pass
         could not get under it, entries being in use: once a fifth of the cap more was
         written, so that such a pass is not repeated at every put)."""
@@ -105,7 +122,7 @@ class UsageView:
             return self.total >= self.base + (self.max_size - self.low_water)
         return self.total > self.max_size
 
-    def _append(self, nbytes: int) -> bool:
+    def append(self, nbytes: int) -> bool:
         """Append ``nbytes`` to the usage file and read what was appended since the last look;
         whether a pass is due. A file without a measured base (none yet, or removed by a prune:
         this put creates it) is due: the pass measures the root and writes the base."""
@@ -126,7 +143,7 @@ class UsageView:
                         os.close(fd)
                         fd = again
                         os.write(fd, usage_record(b"+", nbytes))
-                size = self._read_new(fd)
+                size = self.read_new(fd)
                 if self._refused:  # read no further: this process counts its own
                     self.total += nbytes
                 elif size > MAX_USAGE_BYTES:
@@ -135,9 +152,9 @@ class UsageView:
                 os.close(fd)
         finally:
             os.close(dfd)
-        return self._due()
+        return self.due()
 
-    def _read_new(self, fd: int) -> int:
+    def read_new(self, fd: int) -> int:
         """Fold the records appended since the last look into :attr:`total`; the file's size.
         Reads at most :data:`MAX_USAGE_READ` bytes: a file with more unread, or holding what
         this module never writes (:func:`_parse`), is refused (:meth:`_refuse`)."""
@@ -273,7 +290,7 @@ def replace_usage(dfd: int, old: int | None, begin: int, head: bytes) -> None:
     """Replace the usage file with ``head`` and the additions of the file ``old`` (open)
     from ``begin`` on, those appended until the replace took effect included: a put that
     appends to the old file after that sees it replaced, and appends again
-    (:meth:`SizeCap._append`), so no put goes uncounted. Caller holds the pass lock.
+    (:meth:`UsageView.append`), so no put goes uncounted. Caller holds the pass lock.
 
     Raises:
         OSError: the new file cannot be written.
