@@ -72,18 +72,32 @@ _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def _reap(base: Path) -> None:
-    """Remove this user's hand-off directories of this host whose owning process is gone."""
+    """Remove this user's hand-off directories of this host whose owning process is gone.
+
+    A directory is taken as gone only if its owner lock can be taken; one still being set up
+    (named with a leading dot until its lock is held) only if the process named in it is
+    gone, so a process starting up beside this one never loses its directory."""
     prefix = HOST + "-"
     try:
         entries = list(os.scandir(base))
     except OSError:
         return
     for entry in entries:
-        if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
+        staging = entry.name.startswith("." + prefix)
+        if not (staging or entry.name.startswith(prefix)):
+            continue
+        if not entry.is_dir(follow_symlinks=False):
             continue
         try:
             if entry.stat(follow_symlinks=False).st_uid != os.geteuid():
                 continue  # another user's: theirs to reap
+        except OSError:
+            continue
+        if staging:
+            if not _alive(entry.name[len(prefix) + 1 :]):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            continue
+        try:
             fd = os.open(os.path.join(entry.path, _OWNER), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             continue
@@ -94,6 +108,20 @@ def _reap(base: Path) -> None:
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         os.close(fd)
+
+
+def _alive(rest: str) -> bool:
+    """Whether the process named by ``rest`` (``<pid>-<nonce>``) may still be running."""
+    pid = rest.split("-", 1)[0]
+    if not pid.isdigit():
+        return True  # not one of ours: leave it
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, another user's
+    return True
 
 
 def _canonical_fd(dir_fd: int) -> bool:
@@ -170,11 +198,15 @@ def _usable_base(root: str, base: Path) -> bool:
 def _setup(root: str, *, after_fork: bool = False, private_base: bool = False) -> dict[str, object]:
     base = _temp_base() if private_base else _base(root)
     _reap(base)
-    private = base / f"{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    private.mkdir(mode=0o700)
-    owner = os.open(private / _OWNER, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    name = f"{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    # set up under a name the reaper leaves alone while this process lives, and put in place
+    # only once its owner lock is held (else a peer's reaper could take it for a dead one's)
+    staging, private = base / f".{name}", base / name
+    staging.mkdir(mode=0o700)
+    dir_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    owner = os.open(_OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     fcntl.flock(owner, fcntl.LOCK_EX)
-    dir_fd = os.open(private, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    os.rename(staging, private)
     if after_fork:
         # the inherited HANDOFF_FD is ours (the parent's directory): point it at the child's
         os.dup2(dir_fd, HANDOFF_FD, inheritable=False)
@@ -253,7 +285,16 @@ def _current(root: str) -> dict[str, object]:
         if not _state or _state.get("root") != str(root):
             if _state:
                 _cleanup()
-            _state.update(_setup(str(root)))
+            try:
+                _state.update(_setup(str(root)))
+            except OSError as e:
+                logger.warning(
+                    "kernelcache: cannot set up HSACO hand-off under %s (%s); using a private "
+                    "directory under the system's temp directory",
+                    root,
+                    e,
+                )
+                _state.update(_setup(str(root), private_base=True))
         return dict(_state)
 
 

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,31 @@ def finish_child(proc: subprocess.Popen, timeout: float = 240) -> Any:
     out, err = proc.communicate(timeout=timeout)
     checked(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     return json.loads(out.strip().splitlines()[-1])
+
+
+def finish_children(procs: list[subprocess.Popen], timeout: float = 240) -> list[Any]:
+    """Each child's last JSON line, once every child has ended; if any failed, an
+    AssertionError showing the output of each that failed (a child that died names itself,
+    not only the peers left waiting for it)."""
+    deadline = time.monotonic() + timeout
+    done = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            err += f"\n(killed: still running after {timeout} s)"
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    failed = [(i, c) for i, c in enumerate(done) if c.returncode != 0]
+    if failed:
+        raise AssertionError(
+            "\n".join(
+                f"child {i} failed ({c.returncode})\n--- stdout\n{c.stdout}\n--- stderr\n{c.stderr}"
+                for i, c in failed
+            )
+        )
+    return [json.loads(c.stdout.strip().splitlines()[-1]) for c in done]
 
 
 # Child-process code that counts every way Triton could compile in that process: the front end

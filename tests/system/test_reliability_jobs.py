@@ -11,7 +11,7 @@ import threading
 import time
 
 from artifact_images import elf_image, launch, ptx_text
-from bridge_helpers import finish_child, start_child
+from bridge_helpers import finish_children, start_child
 from reliability_support import record_figures, run_cli
 from support import key_of
 
@@ -61,7 +61,7 @@ def test_cold_processes_compile_each_variant_once_in_total(tmp_path):
         start_child(LOWER, str(i), str(N_PROCESSES), str(barrier), KERNELCACHE_DIR=str(root))
         for i in range(N_PROCESSES)
     ]
-    results = [finish_child(p) for p in procs]
+    results = finish_children(procs)
     compiles = [r["compiles"] for r in results]
     assert sum(compiles) == VARIANTS, compiles  # single flight: no variant compiled twice
     assert len({json.dumps(r["opaques"]) for r in results}) == 1  # byte-identical opaques

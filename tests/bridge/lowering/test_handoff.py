@@ -14,7 +14,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-from bridge_helpers import ELF_MAGIC, decoded, finish_child, start_child
+from bridge_helpers import ELF_MAGIC, decoded, finish_children, start_child
 from support import HELPERS, REPO
 
 import kernelcache
@@ -105,7 +105,7 @@ def test_concurrent_processes_never_consume_each_others_file(tmp_path):
         start_child(CHILD, str(i), str(peers), str(barrier), KERNELCACHE_DIR=str(root))
         for i in range(peers)
     ]
-    results = [finish_child(p) for p in procs]
+    results = finish_children(procs)
     # one path string in every process (so the opaque, and JAX's cache key, are identical) ...
     assert len({r["path"] for r in results}) == 1
     assert results[0]["path"].startswith(f"/proc/self/fd/{handoff.HANDOFF_FD}/")
@@ -207,6 +207,48 @@ def test_stale_directories_of_dead_processes_are_reaped(tmp_path):
     (stale / "x.hsaco").write_bytes(b"old")
     handoff._reap(base)
     assert not stale.exists()
+
+
+def test_directories_being_set_up_are_reaped_only_when_their_process_is_gone(tmp_path):
+    base = tmp_path / handoff.HANDOFF_DIR
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    dead = base / f".{handoff.HOST}-{gone.stdout.strip()}-deadbeef"
+    mine = base / f".{handoff.HOST}-{os.getpid()}-0badf00d"
+    for d in (dead, mine):
+        d.mkdir(parents=True)
+        (d / "owner.lock").touch()  # no lock held yet: being set up
+    handoff._reap(base)
+    assert not dead.exists()
+    assert mine.exists()
+
+
+# Set up and drop hand-off directories over and over, as processes starting side by side do;
+# each set-up reaps first. Every directory must survive until its own process drops it.
+SETUPS = r"""
+import os, shutil, sys
+from bridge.lowering import handoff
+root, rounds = sys.argv[1], int(sys.argv[2])
+for _ in range(rounds):
+    state = handoff._setup(root)
+    handoff._write(state["dir_fd"], "k.hsaco", b"\x7fELF")  # fails if a peer reaped it
+    assert handoff._leads_to(state["dir"], state["dir_fd"]), state["dir"]
+    shutil.rmtree(state["dir"])  # then let go of it, as the owner does at exit
+    os.close(state["dir_fd"])
+    os.close(state["owner"])
+print("{}")
+"""
+
+
+def test_processes_setting_up_side_by_side_never_reap_each_other(tmp_path):
+    root = str(tmp_path / "cache")
+    procs = [start_child(SETUPS, root, "300") for _ in range(6)]
+    finish_children(procs, timeout=120)
+    assert [d.name for d in (tmp_path / "cache" / handoff.HANDOFF_DIR).iterdir()] == []
 
 
 def test_an_occupied_descriptor_falls_back_to_a_private_path(tmp_path, caplog):
