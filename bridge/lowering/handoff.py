@@ -243,6 +243,8 @@ def _cleanup() -> None:
                 os.unlink(name, dir_fd=dir_fd)
         if _leads_to(str(state["dir"]), dir_fd):
             os.rmdir(str(state["dir"]))
+    if state.get("canonical") and _same_file(HANDOFF_FD, dir_fd):
+        os.close(HANDOFF_FD)  # free for the next set-up (another root), whose path it is
     for key in ("dir_fd", "owner"):
         with contextlib.suppress(OSError):
             os.close(int(state[key]))  # type: ignore[call-overload]
@@ -260,7 +262,7 @@ def _after_fork_in_child() -> None:
             os.close(int(old[key]))  # type: ignore[call-overload]
     if old.get("canonical"):
         # executables lowered by the parent may run here first: give the child its own copies
-        _state.update(_setup(str(old["root"]), after_fork=True))
+        _state.update(_set_up(str(old["root"]), after_fork=True))
         with contextlib.suppress(OSError):
             for entry in os.scandir(str(old["dir"])):
                 if entry.name.endswith(".hsaco"):
@@ -285,17 +287,23 @@ def _current(root: str) -> dict[str, object]:
         if not _state or _state.get("root") != str(root):
             if _state:
                 _cleanup()
-            try:
-                _state.update(_setup(str(root)))
-            except OSError as e:
-                logger.warning(
-                    "kernelcache: cannot set up HSACO hand-off under %s (%s); using a private "
-                    "directory under the system's temp directory",
-                    root,
-                    e,
-                )
-                _state.update(_setup(str(root), private_base=True))
+            _state.update(_set_up(str(root)))
         return dict(_state)
+
+
+def _set_up(root: str, *, after_fork: bool = False) -> dict[str, object]:
+    """:func:`_setup` under ``root``, or under the system's temp directory if that fails (a
+    full or broken cache root must not fail the job)."""
+    try:
+        return _setup(root, after_fork=after_fork)
+    except OSError as e:
+        logger.warning(
+            "kernelcache: cannot set up HSACO hand-off under %s (%s); using a private "
+            "directory under the system's temp directory",
+            root,
+            e,
+        )
+        return _setup(root, after_fork=after_fork, private_base=True)
 
 
 def _leads_to(path: str, dir_fd: int) -> bool:
@@ -305,6 +313,15 @@ def _leads_to(path: str, dir_fd: int) -> bool:
     except OSError:
         return False
     return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _same_file(fd: int, other: int) -> bool:
+    """Whether descriptors ``fd`` and ``other`` are open on the same file."""
+    try:
+        a, b = os.fstat(fd), os.fstat(other)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _holds(dir_fd: int, name: str, data: bytes) -> bool:

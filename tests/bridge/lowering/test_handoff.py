@@ -7,6 +7,8 @@ concurrent processes lower the same kernel and then load at the same moment.
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import subprocess
 import sys
@@ -191,7 +193,6 @@ def test_forked_child_gets_its_own_handoff_directory(tmp_path):
         timeout=240,
     )
     assert proc.returncode == 0, proc.stderr
-    import json
 
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["child"]["elf"]
@@ -269,7 +270,6 @@ print(json.dumps({{"path": path, "fd_is_devnull": os.path.samefile(f"/proc/self/
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    import json
 
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["fd_is_devnull"], "the descriptor someone else owned was clobbered"
@@ -288,6 +288,90 @@ def test_an_unwritable_cache_root_hands_off_from_the_temp_directory(tmp_path):
         assert not private.startswith(str(tmp_path))
     finally:
         handoff._cleanup()
+
+
+def test_a_full_cache_root_hands_off_from_the_temp_directory(tmp_path, monkeypatch, caplog):
+    root = tmp_path / "root"
+    real_mkdir = os.mkdir
+
+    def full(path, *args, **kwargs):  # the disk under the cache root is full
+        if str(path).startswith(str(root / handoff.HANDOFF_DIR) + "/"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    handoff._cleanup()
+    monkeypatch.setattr(os, "mkdir", full)
+    try:
+        path = handoff.materialize(str(root), "k.hsaco", b"\x7fELF")
+        with open(path, "rb") as f:
+            assert f.read() == b"\x7fELF"
+        private, _ = handoff.directory(str(root))
+        assert not private.startswith(str(root))
+        assert "cannot set up HSACO hand-off" in caplog.text
+    finally:
+        handoff._cleanup()
+
+
+# A process hands a kernel off, then its cache root fills up, then it forks: the child's
+# hand-off directory is set up under the temp directory instead, holding its own copy.
+FORK_WHEN_FULL = r"""
+import errno, json, os, sys
+from bridge.lowering import handoff
+root = sys.argv[1]
+handoff.materialize(root, "k.hsaco", b"\x7fELF")
+parent, canonical = handoff.directory(root)
+real_mkdir = os.mkdir
+def full(path, *args, **kwargs):
+    if str(path).startswith(os.path.join(root, handoff.HANDOFF_DIR) + "/"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return real_mkdir(path, *args, **kwargs)
+os.mkdir = full
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    seen = os.path.realpath(f"/proc/self/fd/{handoff.HANDOFF_FD}")
+    mine = str(handoff._state.get("dir", ""))
+    os.write(w, json.dumps([seen, mine, os.path.exists(os.path.join(seen, "k.hsaco"))]).encode())
+    os._exit(0)
+os.close(w)
+seen, mine, copied = json.loads(os.read(r, 10000).decode())
+os.waitpid(pid, 0)
+print(json.dumps({"canonical": canonical, "seen": seen, "mine": os.path.realpath(mine),
+                  "copied": copied, "parent_kept": os.path.exists(os.path.join(parent, "k.hsaco"))}))
+"""
+
+
+def test_a_child_forked_when_the_cache_root_is_full_gets_its_own_directory(tmp_path):
+    root = tmp_path / "root"
+    (out,) = finish_children([start_child(FORK_WHEN_FULL, str(root))])
+    assert out["canonical"]
+    # the child's descriptor leads to its own directory, outside the full root, with its own
+    # copy: loading there never consumes the parent's file
+    assert out["seen"] == out["mine"] and not out["seen"].startswith(str(root))
+    assert out["copied"] and out["parent_kept"]
+
+
+# one process, two cache roots one after the other: the second gets the canonical path too
+TWO_ROOTS = r"""
+import json, os, sys
+from bridge.lowering import handoff
+first, second = sys.argv[1], sys.argv[2]
+handoff.materialize(first, "k.hsaco", b"\x7fELF")
+a, a_canonical = handoff.directory(first)
+path = handoff.materialize(second, "k.hsaco", b"\x7fELF2")
+b, b_canonical = handoff.directory(second)
+print(json.dumps({"canonical": [a_canonical, b_canonical], "path": path, "b": b,
+                  "fd_dir": os.path.realpath(f"/proc/self/fd/{handoff.HANDOFF_FD}"),
+                  "data": open(path, "rb").read().decode("latin-1"), "a_gone": not os.path.exists(a)}))
+"""
+
+
+def test_a_process_that_changes_cache_root_keeps_the_canonical_path(tmp_path):
+    (out,) = finish_children([start_child(TWO_ROOTS, str(tmp_path / "a"), str(tmp_path / "b"))])
+    assert out["canonical"] == [True, True]
+    assert out["path"] == f"/proc/self/fd/{handoff.HANDOFF_FD}/k.hsaco"
+    assert out["fd_dir"] == os.path.realpath(out["b"])
+    assert out["data"] == "\x7fELF2" and out["a_gone"]
 
 
 @pytest.mark.parametrize("size", [0, 7])
