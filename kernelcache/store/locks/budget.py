@@ -7,10 +7,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
 
 
 class WaitBudget:

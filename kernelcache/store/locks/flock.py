@@ -12,14 +12,11 @@ import fcntl
 import functools
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ...errors import LockUnavailable
 from ...fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
 from ...keys import KEY_PATTERN
 
-if TYPE_CHECKING:
-    pass
 #: the lock files of a key: its writers', its builder's and its soft lock
 LOCK_SUFFIXES = (".build.lock", ".lock", ".softlock")
 FLOCK_UNSUPPORTED = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    pass
 MAX_PID = 1 << 22
 
 

@@ -9,12 +9,8 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from typing import TYPE_CHECKING
 
 from ...fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
-
-if TYPE_CHECKING:
-    pass
 
 
 def exclude_readers(dfd: int, names: list[str], *, wait: float) -> list[int] | None:

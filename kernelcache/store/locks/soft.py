@@ -11,15 +11,12 @@ import contextlib
 import os
 import stat
 import time
-from typing import TYPE_CHECKING
 
 from ...fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
 from ...jsonio import load_json
 from ...process import HOST
 from .liveness import pid_alive
 
-if TYPE_CHECKING:
-    pass
 #: a soft lock file still without its holder record this long after it was made or touched
 #: lost its holder between creating it and writing the record (done at once): it is stale
 UNWRITTEN_STALE = 5.0
