@@ -310,7 +310,7 @@ class _Executor:
     def remove_lock(self, action: Action) -> tuple[str, str]:
         filename = action.path.partition("/")[2]
         parts = lock_name(filename)
-        if parts is None:  # a leftover of a broken soft lock
+        if parts is None:  # a leftover of a soft lock broken or being taken
             return self._unlink_lock_file(filename)
         key, suffix = parts
         if suffix == ".softlock":

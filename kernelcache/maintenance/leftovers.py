@@ -23,7 +23,7 @@ from operator import add
 from ..fsio import changed_at
 from ..store.layout import LOCK_DIR
 from ..store.locks.flock import flock_held, lock_name
-from ..store.locks.soft import read_soft_record, soft_lock_stale
+from ..store.locks.soft import STAGED, read_soft_record, soft_lock_stale
 from .records import GRACE_SECONDS, AuxFile, Issue
 
 
@@ -113,12 +113,16 @@ def _lock_issue(dfd: int, name: str, now: float, lock_stale: float) -> Issue | N
     path = f"{LOCK_DIR}/{name}"
     parts = lock_name(name)
     if parts is None:
-        if ".softlock.broken-" not in name:
+        if ".softlock.broken-" in name:
+            why = "leftover of a broken soft lock"
+        elif f".softlock{STAGED}" in name:
+            why = "leftover of a soft lock being taken"
+        else:
             return None  # .probe and other names of the lock machinery
         st = lstat_at(dfd, name)
         if st is None or now - changed_at(st) <= GRACE_SECONDS:
             return None
-        return Issue("stale-lock", path, "leftover of a broken soft lock", None, 0, changed_at(st))
+        return Issue("stale-lock", path, why, None, 0, changed_at(st))
     key, suffix = parts
     if suffix == ".softlock":
         record = read_soft_record(dfd, name)

@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING, Any
 from ...config import DEFAULTS
 from ...errors import InvalidValue, LockTimeout, LockUnavailable
 from ...process import HOST
-from ..layout import LOCK_DIR, create_exclusive, open_subdir
+from ..layout import LOCK_DIR, open_subdir
 from .flock import FLOCK_UNSUPPORTED, flock_holder, try_flock, unflock
 from .lockfiles import open_lock_dir, open_lock_file, same_file, unlink_lock_file
-from .soft import MAX_HEARTBEAT, read_soft_record, soft_lock_stale
+from .soft import MAX_HEARTBEAT, create_soft_lock, read_soft_record, soft_lock_stale
 
 if TYPE_CHECKING:
     from ..trust import TrustPolicy
@@ -253,7 +253,7 @@ class Locker:
             dfd = open_lock_dir(self.root)
             try:
                 try:
-                    fd = create_exclusive(filename, dfd)
+                    create_soft_lock(dfd, filename, record.encode(), self._prepare_soft)
                 except FileExistsError:
                     if self._break_if_stale(dfd, filename):
                         continue  # broken: try again now, even with no time left to wait
@@ -263,12 +263,6 @@ class Locker:
                         f"cannot create soft lock {filename} under {self.root}: {e.strerror}",
                     ) from e
                 else:
-                    try:
-                        if self.trust is not None:  # (others read it to judge staleness)
-                            self.trust.limit_write_bits(fd)
-                        os.write(fd, record.encode())
-                    finally:
-                        os.close(fd)
                     stop = threading.Event()
                     held = Held(self, name, token=token, _stop=stop)
                     self._start_heartbeat(filename, stop)
@@ -276,6 +270,10 @@ class Locker:
             finally:
                 os.close(dfd)
             delay = self._wait(name, deadline, delay, cap=0.05)
+
+    def _prepare_soft(self, fd: int) -> None:
+        if self.trust is not None:  # (others read it to judge staleness)
+            self.trust.limit_write_bits(fd)
 
     def _break_if_stale(self, dfd: int, filename: str) -> bool:
         """Move a stale lock out of the way; whether one was broken.

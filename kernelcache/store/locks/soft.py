@@ -3,23 +3,75 @@
 A soft lock is a file created exclusively that holds ``{host, pid, time, token}``. It is stale,
 and is broken, when its holder is a dead process on this host or its mtime is older than the
 staleness time; a holder refreshes the mtime while it holds the lock.
+
+A lock file is put in place with its record already in it (:func:`create_soft_lock`: written to
+a staged file, then hard-linked to the lock's name, atomic on NFS where ``O_EXCL`` may not be),
+so a holder that stalls never leaves a lock without a record for another to break. Only where
+the filesystem has no hard links is it created exclusively and written at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import time
+import uuid
+from collections.abc import Callable
 
 from ...fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
 from ...jsonio import load_json
 from ...process import HOST
+from ..layout import create_exclusive
 from .liveness import pid_alive
 
 #: a soft lock file still without its holder record this long after it was made or touched
-#: lost its holder between creating it and writing the record (done at once): it is stale
+#: lost its holder between creating it and writing the record (only where the filesystem has
+#: no hard links; done at once): it is stale
 UNWRITTEN_STALE = 5.0
+#: what a staged soft lock file's name holds between the lock's name and a unique suffix
+STAGED = ".staged-"
+#: link(2) errors that mean the filesystem has no hard links
+NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV})
+
+
+def create_soft_lock(
+    dfd: int, filename: str, record: bytes, prepare: Callable[[int], object]
+) -> None:
+    """Create the soft lock file ``filename`` in ``dfd`` holding ``record`` (``prepare`` is
+    given each new file's descriptor first).
+
+    Raises:
+        FileExistsError: someone holds the lock.
+        OSError: whatever else the system says.
+    """
+    staged = f"{filename}{STAGED}{uuid.uuid4().hex}"
+    _write_new(dfd, staged, record, prepare)
+    try:
+        os.link(staged, filename, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+    except FileExistsError:
+        if os.stat(staged, dir_fd=dfd, follow_symlinks=False).st_nlink != 2:
+            raise
+        # (NFS: the link was made, and the reply saying so was lost)
+    except OSError as e:
+        if e.errno not in NO_LINKS:
+            raise
+        _write_new(dfd, filename, record, prepare)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(staged, dir_fd=dfd)
+
+
+def _write_new(dfd: int, name: str, data: bytes, prepare: Callable[[int], object]) -> None:
+    fd = create_exclusive(name, dfd)
+    try:
+        prepare(fd)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 #: the longest pause between two refreshes of a held soft lock, whatever the staleness time
 MAX_HEARTBEAT = 60.0
 

@@ -225,6 +225,8 @@ def test_stale_locks(tmp_path):
         "young": f"{key_of('young')}.lock",
         "dead-soft": f"{key_of('dead')}.softlock",
         "live-soft": f"{key_of('alive')}.softlock",
+        "broken": f"{key_of('broken')}.softlock.broken-0123",  # a breaker died before its unlink
+        "staged": f"{key_of('staged')}.softlock.staged-4567",  # a taker died before its unlink
     }
     for name in names.values():
         (locks / name).write_bytes(b"")
@@ -245,7 +247,9 @@ def test_stale_locks(tmp_path):
     finally:
         holder.communicate("", timeout=30)
     stale = _kinds(result).get("stale-lock", set())
-    assert stale == {f".locks/{names[k]}" for k in ("gone", "gone-build", "dead-soft")}
+    assert stale == {
+        f".locks/{names[k]}" for k in ("gone", "gone-build", "dead-soft", "broken", "staged")
+    }
 
 
 def test_verify_reads_every_artifact_without_touching_stamps(tmp_path):

@@ -424,3 +424,50 @@ def test_a_soft_lock_record_with_an_impossible_pid_of_this_host_is_broken(lockro
     _plant_soft_lock(lockroot, name, HOST, pid, age=1)
     held = Locker(str(lockroot), mode="soft", stale_after=60).acquire(name, shared=False, timeout=2)
     held.release()
+
+
+# Takes a soft lock while stalling (longer than UNWRITTEN_STALE) just before it writes the
+# holder record, as a process paused by the scheduler or swapped out may; holds it 1 s.
+STALLED_TAKER = """
+import os, sys, time
+from kernelcache.store.locks import UNWRITTEN_STALE, Locker
+real_write = os.write
+def stalled(fd, data):
+    if b'"token"' in bytes(data):
+        time.sleep(UNWRITTEN_STALE + 1.5)
+    return real_write(fd, data)
+os.write = stalled
+print("TAKING", flush=True)
+held = Locker(sys.argv[1], mode="soft", stale_after=60).acquire(sys.argv[2], shared=False, timeout=30)
+taken = time.time()
+time.sleep(1)
+held.release()
+print(taken, time.time(), flush=True)
+"""
+
+
+def test_a_soft_lock_taker_that_stalls_is_never_overlapped(lockroot):
+    """The lock file appears with its holder record in it, so no one can find it without one
+    and break it as a dead taker's while the taker goes on to hold it."""
+    name = key_of("stalled")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STALLED_TAKER, str(lockroot), name],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "TAKING", proc.stderr.read()
+    time.sleep(0.2)
+    held = Locker(str(lockroot), mode="soft", stale_after=60).acquire(
+        name, shared=False, timeout=30
+    )
+    mine = time.time()
+    time.sleep(3)
+    held.release()
+    released = time.time()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    taken, let_go = map(float, out.split())
+    assert released <= taken or let_go <= mine, (mine, released, taken, let_go)
+    assert sorted(os.listdir(lockroot / ".locks")) == []
