@@ -253,7 +253,7 @@ class Locker:
             dfd = open_lock_dir(self.root)
             try:
                 try:
-                    create_soft_lock(dfd, filename, record.encode(), self._prepare_soft)
+                    fd = create_soft_lock(dfd, filename, record.encode(), self._prepare_soft)
                 except FileExistsError:
                     if self._break_if_stale(dfd, filename):
                         continue  # broken: try again now, even with no time left to wait
@@ -265,7 +265,7 @@ class Locker:
                 else:
                     stop = threading.Event()
                     held = Held(self, name, token=token, _stop=stop)
-                    self._start_heartbeat(filename, stop)
+                    self._start_heartbeat(filename, fd, stop)
                     return held
             finally:
                 os.close(dfd)
@@ -318,21 +318,19 @@ class Locker:
             os.unlink(aside, dir_fd=dfd)
         return not fresh
 
-    def _start_heartbeat(self, filename: str, stop: threading.Event) -> None:
+    def _start_heartbeat(self, filename: str, fd: int, stop: threading.Event) -> None:
+        """Refresh the lock file open as ``fd`` (this holder's own, whatever its name leads to
+        now) until ``stop`` is set, then close ``fd``."""
         interval = min(max(self.stale_after / 4, 0.05), MAX_HEARTBEAT)
 
         def beat() -> None:
-            while not stop.wait(interval):
-                try:
-                    dfd = open_subdir(self.root, LOCK_DIR, create=False)
-                except OSError:
-                    return
-                try:
-                    os.utime(filename, dir_fd=dfd, follow_symlinks=False)
-                except OSError:
-                    return
-                finally:
-                    os.close(dfd)
+            try:
+                while not stop.wait(interval):
+                    os.utime(fd)
+            except OSError:
+                pass  # (gone stale on its own: others may break it)
+            finally:
+                os.close(fd)
 
         threading.Thread(target=beat, name=f"kernelcache-lock-{filename}", daemon=True).start()
 

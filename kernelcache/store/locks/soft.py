@@ -38,38 +38,45 @@ NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK,
 
 def create_soft_lock(
     dfd: int, filename: str, record: bytes, prepare: Callable[[int], object]
-) -> None:
+) -> int:
     """Create the soft lock file ``filename`` in ``dfd`` holding ``record`` (``prepare`` is
-    given each new file's descriptor first).
+    given each new file's descriptor first), and return a descriptor open on it: its holder
+    refreshes that file, never whatever later takes its name.
 
     Raises:
         FileExistsError: someone holds the lock.
         OSError: whatever else the system says.
     """
     staged = f"{filename}{STAGED}{uuid.uuid4().hex}"
-    _write_new(dfd, staged, record, prepare)
+    fd = _write_new(dfd, staged, record, prepare)
     try:
         os.link(staged, filename, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
     except FileExistsError:
-        if os.stat(staged, dir_fd=dfd, follow_symlinks=False).st_nlink != 2:
+        if os.fstat(fd).st_nlink != 2:
+            os.close(fd)
             raise
         # (NFS: the link was made, and the reply saying so was lost)
     except OSError as e:
+        os.close(fd)
         if e.errno not in NO_LINKS:
             raise
-        _write_new(dfd, filename, record, prepare)
+        fd = _write_new(dfd, filename, record, prepare)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(staged, dir_fd=dfd)
+    return fd
 
 
-def _write_new(dfd: int, name: str, data: bytes, prepare: Callable[[int], object]) -> None:
+def _write_new(dfd: int, name: str, data: bytes, prepare: Callable[[int], object]) -> int:
+    """A new file ``name`` holding ``data``, open for writing."""
     fd = create_exclusive(name, dfd)
     try:
         prepare(fd)
         os.write(fd, data)
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
 
 
 #: the longest pause between two refreshes of a held soft lock, whatever the staleness time

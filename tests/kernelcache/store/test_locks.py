@@ -471,3 +471,20 @@ def test_a_soft_lock_taker_that_stalls_is_never_overlapped(lockroot):
     taken, let_go = map(float, out.split())
     assert released <= taken or let_go <= mine, (mine, released, taken, let_go)
     assert sorted(os.listdir(lockroot / ".locks")) == []
+
+
+def test_a_broken_soft_lock_s_holder_never_refreshes_the_next_holder_s_lock(lockroot):
+    """A holder refreshes its own lock file, not whatever takes the name after its lock was
+    broken: a dead next holder's lock still goes stale."""
+    name = key_of("refresh")
+    held = Locker(str(lockroot), mode="soft", stale_after=0.2).acquire(
+        name, shared=False, timeout=2
+    )
+    path = lockroot / ".locks" / f"{name}.softlock"
+    os.rename(path, path.with_name(path.name + ".broken-0"))  # broken by someone
+    _plant_soft_lock(lockroot, name, "elsewhere", 1, age=100)  # and taken by another host
+    planted = path.stat().st_mtime
+    time.sleep(0.5)  # ten refresh intervals of the first holder
+    assert path.stat().st_mtime == planted
+    held.release()
+    assert path.exists()  # the next holder's lock is not the first holder's to remove
