@@ -5,6 +5,9 @@
   letters, digits, ``-``, ``_`` and ``.``, anything else replaced by ``_``, at most 64
   characters. Every writer and reader uses this one label, so "is this mine / this host's?"
   has one answer.
+* :func:`pid_alive`: whether a process of this host named in such a record (a lock holder, a
+  hand-off directory's owner) is alive; a zombie counts as gone, and a pid no process can have
+  as no live process.
 * :func:`warn_once`: a warning logged the first time its key comes up in this process
   (thread-safe). Failures of the cache are warned about once, not on every kernel.
 """
@@ -12,6 +15,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 from collections.abc import Hashable
@@ -23,6 +27,35 @@ def host_label(name: str) -> str:
 
 
 HOST = host_label(socket.gethostname())
+
+#: the largest pid a process can have (Linux's PID_MAX_LIMIT)
+MAX_PID = 1 << 22
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (a pid read from a file is
+    untrusted: anything but a plausible pid is no live process)."""
+    if type(pid) is not int or not 0 < pid <= MAX_PID:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return not _exited(pid)
+
+
+def _exited(pid: int) -> bool:
+    """Whether the process ``pid`` has exited and waits to be reaped (a zombie): it holds no
+    lock and will never refresh one. False where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read(4096).rpartition(b")")[2].split()[:1]
+    except OSError:
+        return False
+    return state in ([b"Z"], [b"X"])
+
 
 _warned: set[Hashable] = set()
 _lock = threading.Lock()

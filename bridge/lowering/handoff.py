@@ -50,7 +50,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from kernelcache.process import HOST
+from kernelcache.process import HOST, pid_alive
 from kernelcache.store import register_directory
 
 logger = logging.getLogger(__name__)
@@ -94,7 +94,8 @@ def _reap(base: Path) -> None:
         except OSError:
             continue
         if staging:
-            if not _alive(entry.name[len(prefix) + 1 :]):
+            pid = entry.name[len(prefix) + 1 :].split("-", 1)[0]
+            if pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(entry.path, ignore_errors=True)
             continue
         try:
@@ -108,20 +109,6 @@ def _reap(base: Path) -> None:
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         os.close(fd)
-
-
-def _alive(rest: str) -> bool:
-    """Whether the process named by ``rest`` (``<pid>-<nonce>``) may still be running."""
-    pid = rest.split("-", 1)[0]
-    if not pid.isdigit():
-        return True  # not one of ours: leave it
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, another user's
-    return True
 
 
 def _canonical_fd(dir_fd: int) -> bool:
@@ -243,7 +230,7 @@ def _cleanup() -> None:
                 os.unlink(name, dir_fd=dir_fd)
         if _leads_to(str(state["dir"]), dir_fd):
             os.rmdir(str(state["dir"]))
-    if state.get("canonical") and _same_file(HANDOFF_FD, dir_fd):
+    if state.get("canonical") and _leads_to(f"/proc/self/fd/{HANDOFF_FD}", dir_fd):
         os.close(HANDOFF_FD)  # free for the next set-up (another root), whose path it is
     for key in ("dir_fd", "owner"):
         with contextlib.suppress(OSError):
@@ -262,7 +249,7 @@ def _after_fork_in_child() -> None:
             os.close(int(old[key]))  # type: ignore[call-overload]
     if old.get("canonical"):
         # executables lowered by the parent may run here first: give the child its own copies
-        _state.update(_set_up(str(old["root"]), after_fork=True))
+        _state.update(_setup_or_temp(str(old["root"]), after_fork=True))
         with contextlib.suppress(OSError):
             for entry in os.scandir(str(old["dir"])):
                 if entry.name.endswith(".hsaco"):
@@ -287,11 +274,11 @@ def _current(root: str) -> dict[str, object]:
         if not _state or _state.get("root") != str(root):
             if _state:
                 _cleanup()
-            _state.update(_set_up(str(root)))
+            _state.update(_setup_or_temp(str(root)))
         return dict(_state)
 
 
-def _set_up(root: str, *, after_fork: bool = False) -> dict[str, object]:
+def _setup_or_temp(root: str, *, after_fork: bool = False) -> dict[str, object]:
     """:func:`_setup` under ``root``, or under the system's temp directory if that fails (a
     full or broken cache root must not fail the job)."""
     try:
@@ -313,15 +300,6 @@ def _leads_to(path: str, dir_fd: int) -> bool:
     except OSError:
         return False
     return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
-
-
-def _same_file(fd: int, other: int) -> bool:
-    """Whether descriptors ``fd`` and ``other`` are open on the same file."""
-    try:
-        a, b = os.fstat(fd), os.fstat(other)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _holds(dir_fd: int, name: str, data: bytes) -> bool:

@@ -24,10 +24,9 @@ from ..config import (
     variables,
 )
 from ..keys import META_EXT, split_entry_name
-from ..process import HOST
+from ..process import HOST, pid_alive
 from ..signing_key import check_signing_key, read_key_file
 from ..store.layout import create_exclusive, shared_directories
-from ..store.locks.liveness import pid_alive
 from ..store.removal import remove_own_file
 from ..variable_checks import unknown_variables
 from .report import Check

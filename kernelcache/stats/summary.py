@@ -24,9 +24,8 @@ from ..errors import (
 )
 from ..fsio import changed_at
 from ..jsonio import load_json
-from ..process import HOST
+from ..process import HOST, pid_alive
 from ..store.layout import STATS_DIR, open_subdir, replace_file
-from ..store.locks.liveness import pid_alive
 from ..store.locks.locker import Locker
 from ..store.removal import remove_own_file
 from .counters import (

@@ -17,10 +17,6 @@ from .flock import (
     flock_holder,
     lock_name,
 )
-from .liveness import (
-    MAX_PID,
-    pid_alive,
-)
 from .locker import Held, Locker
 from .readers import (
     exclude_readers,
@@ -35,7 +31,6 @@ from .soft import (
 __all__ = [
     "LOCK_SUFFIXES",
     "MAX_HEARTBEAT",
-    "MAX_PID",
     "UNWRITTEN_STALE",
     "Held",
     "Locker",
@@ -44,7 +39,6 @@ __all__ = [
     "flock_held",
     "flock_holder",
     "lock_name",
-    "pid_alive",
     "read_soft_record",
     "soft_lock_stale",
 ]

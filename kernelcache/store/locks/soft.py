@@ -22,9 +22,8 @@ from collections.abc import Callable
 
 from ...fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
 from ...jsonio import load_json
-from ...process import HOST
+from ...process import HOST, pid_alive
 from ..layout import create_exclusive
-from .liveness import pid_alive
 
 #: a soft lock file still without its holder record this long after it was made or touched
 #: lost its holder between creating it and writing the record (only where the filesystem has
