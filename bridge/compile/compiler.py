@@ -40,7 +40,7 @@ from typing import Any
 from kernelcache import formats
 
 from ..errors import IncompleteOutput, KernelArgumentError
-from ..identity import frontend
+from ..identity import frontend, witness
 from ..identity.frontend import relative_dir
 from ..vendors.targets import Target
 from ..vendors.vendor import Vendor
@@ -67,6 +67,8 @@ class Compiled:
     metadata: dict[str, Any]
     #: the digest of the IR the compile started from (:mod:`bridge.identity.frontend`)
     ir: str | None = None
+    #: what the frontend read to generate that IR (:mod:`bridge.identity.witness`)
+    reads: str | None = None
 
 
 _DIFILE = re.compile(r'!DIFile\(filename: "([^"]*)", directory: "([^"]*)"')
@@ -234,7 +236,8 @@ def _stages(src: Any, target: Target, backend: Any, options: Any) -> Compiled:
     stages: dict[str, Any] = {}
     backend.add_stages(stages, options, src.language)
     ptx = None
-    module = frontend.module(src, target, backend, options)
+    with witness.recording(src.fn) as recorder:
+        module = frontend.module(src, target, backend, options)
     ir = frontend.digest(frontend.text(module))
     names = list(stages)
     for ext in names[names.index(src.ext) :]:
@@ -247,7 +250,7 @@ def _stages(src: Any, target: Target, backend: Any, options: Any) -> Compiled:
         raise KernelArgumentError(
             f"Triton's {target.backend} pipeline ended in {names[-1]}, not machine code"
         )
-    return Compiled(module, ptx, metadata, ir)
+    return Compiled(module, ptx, metadata, ir, recorder.text())
 
 
 @contextlib.contextmanager

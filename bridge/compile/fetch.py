@@ -17,6 +17,7 @@ and a companion that cannot be stored is rebuilt next time.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..entries import failures, kernels
 from ..entries.kernels import PTX
 from ..errors import LeftOut
+from ..identity import witness
 from ..identity.specialize import Specialization, Usable, components
 from . import compiler_process
 from .compiler import Compiled, binary_problem, compile_source
@@ -80,6 +82,11 @@ class Request:
     #: the digest of the IR the kernel is keyed by (an open kernel): a compile that started
     #: from other IR is not stored under its key
     ir: str | None = None
+    #: whether a cached kernel's reads (its metadata) find what they found: None where they
+    #: do, else what they find now (:func:`bridge.identity.witness.stale`); None: not checked
+    check: Callable[[Mapping[str, Any]], str | None] | None = None
+    #: how many times the key was chained already (see :func:`_chained`)
+    hops: int = 0
 
 
 def fetch_request(cache: Cache, request: Request) -> KernelBinary:
@@ -166,6 +173,7 @@ def fetch_each(
 
         return build_entry
 
+    stale: list[tuple[int, Request]] = []
     with compiler_process.session():  # the compiles of these requests share one process
         for index, request in enumerate(requests):
             if not request.stored:
@@ -194,9 +202,41 @@ def fetch_each(
                 kernel = (
                     _rebuilt(request) if whole is None else _paired(cache, request, whole, here)
                 )
+                now = None if kernel.built or request.check is None else request.check(kernel.meta)
+                if now is not None:
+                    stale.append((index, _chained(request, now)))
+                    continue
                 yield index, kernel
             except Exception as e:  # a failing recompile, reported per request
                 yield index, e
+    if stale:
+        again = fetch_each(cache, [r for _, r in stale], wait=wait)
+        for at, result in again:
+            yield stale[at][0], result
+
+
+#: how many other versions of a kernel's reads one lookup follows before it compiles in memory
+MAX_HOPS = 3
+
+
+def _chained(request: Request, now: str) -> Request:
+    """``request`` for code whose reads find ``now``, where a cached kernel's reads found
+    something else: its next key (:func:`bridge.identity.witness.chained`), or after
+    :data:`MAX_HOPS` a compile kept in memory."""
+    if request.hops >= MAX_HOPS:
+        return dataclasses.replace(request, stored=False, check=None)
+    key = witness.chained(request.key, now)
+    return dataclasses.replace(request, key=key, hops=request.hops + 1)
+
+
+def stale(spec: Specialization, meta: Mapping[str, Any]) -> str | None:
+    """Whether the kernel of ``spec`` whose metadata is ``meta`` was compiled from what the
+    frontend would read now: None where it was (or ``spec`` is keyed by its IR, which
+    decides), else what the reads find now."""
+    text = meta.get("reads")
+    if spec.ir is not None or not isinstance(text, str):
+        return None
+    return witness.stale([text], spec.source.fn, spec.backend)
 
 
 class _OtherIR(Exception):
@@ -309,6 +349,7 @@ def request(spec: Specialization, usable: Usable | None = None) -> Request:
         about={"name": spec.parts.name, "kernel": spec.parts.qualname, "target": str(target)},
         stored=spec.stored,
         ir=spec.ir,
+        check=functools.partial(stale, spec),
     )
 
 

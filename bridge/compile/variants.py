@@ -112,11 +112,20 @@ class Variants:
         spec = self.specs[index]
         return (spec.key, str(spec.target), str(self.cache.root))
 
+    def _remembered(self, index: int) -> bool:
+        """Whether the memo holds the kernel of variant ``index`` as the frontend would
+        generate it now (a kernel whose reads find something else is forgotten)."""
+        known = self.memo.get(self._memo_key(index))
+        if isinstance(known, KernelBinary) and fetch.stale(self.specs[index], known.meta):
+            del self.memo[self._memo_key(index)]
+            return False
+        return known is not None
+
     def fetch(self, indices: Iterable[int]) -> None:
         """Fetch the kernels of ``indices`` (every missing one at once, compiled here or by
         another process, whichever is free first)."""
         wanted = [i for i in dict.fromkeys(indices) if i not in self._found]
-        todo = [i for i in wanted if self._memo_key(i) not in self.memo]
+        todo = [i for i in wanted if not self._remembered(i)]
         fetched: dict[int, KernelBinary | str] = {}
         if todo:
             checks = [self.usable(self.specs[i]) if self.usable else None for i in todo]

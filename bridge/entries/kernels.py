@@ -101,6 +101,7 @@ def entry_metadata(
             "producer": {"triton": triton_version()},
             **({"components": dict(components())} if components is not None else {}),
             **({"ir": compiled.ir} if getattr(compiled, "ir", None) else {}),
+            **({"reads": compiled.reads} if getattr(compiled, "reads", None) else {}),
             **({"open": open_reason[:1000]} if open_reason else {}),
         }
 

@@ -52,6 +52,9 @@ class Lowered:
     embed: str
     autotuned: bool
     needs: tuple[int, ...] = (0,)
+    #: what the frontend read for the kernels it embeds (their read sets: see
+    #: :mod:`bridge.identity.witness`), checked before it is used again
+    reads: tuple[str, ...] = ()
 
 
 def metadata(call: CallSpec, target: Target) -> dict[str, Any]:
@@ -109,7 +112,12 @@ def whole(opaque: bytes) -> bool:
 
 def head(done: Lowered) -> dict[str, Any]:
     """What a stored lowering says of itself besides its opaque."""
-    return {"embed": done.embed, "autotuned": done.autotuned, "needs": list(done.needs)}
+    return {
+        "embed": done.embed,
+        "autotuned": done.autotuned,
+        "needs": list(done.needs),
+        "reads": list(done.reads),
+    }
 
 
 def from_head(head: Any, opaque: bytes) -> Lowered | None:
@@ -121,7 +129,10 @@ def from_head(head: Any, opaque: bytes) -> Lowered | None:
         return None
     if not isinstance(needs, list) or not all(type(n) is int and n >= 0 for n in needs):
         return None
-    return Lowered(opaque, embed, autotuned, tuple(needs))
+    reads = head.get("reads", [])
+    if not isinstance(reads, list) or not all(type(r) is str for r in reads):
+        return None
+    return Lowered(opaque, embed, autotuned, tuple(needs), tuple(reads))
 
 
 def frame(magic: bytes, head: bytes, *body: bytes) -> bytes:

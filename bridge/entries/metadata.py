@@ -49,8 +49,12 @@ FIELDS: dict[str, schema.Check] = {
     "language": schema.text(64),
     "num_stages": schema.integer(0, 1024),
     "components": _components,
+    "reads": schema.text(49 << 10),
 }
 #: what a kernel is launched or embedded with (besides its name and target): kernelcache's own
 #: launch fields, covered by the entry digest of every document
 LAUNCH_FIELDS = schema.LAUNCH_FIELDS
-schema.register_fields(FIELDS)
+#: what a kernel is used on (the reads of its frontend, checked before it is launched): the
+#: entry digest covers it
+COVERED = frozenset({"reads"})
+schema.register_fields(FIELDS, covered=COVERED)

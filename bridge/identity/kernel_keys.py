@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from kernelcache import Cache
 
 #: bump when the bridge's compile pipeline changes its output for the same inputs
-PIPELINE_VERSION = "bridge-pipeline-4"
+PIPELINE_VERSION = "bridge-pipeline-5"
 
 
 @functools.lru_cache(maxsize=256)

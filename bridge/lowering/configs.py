@@ -121,6 +121,13 @@ def assemble(
             record.emit(record.build(call, target, spec.key, spec.bound, grid), ours)
     anycall = messages.any_kernel_call(call, configs, mode)
     opaque = proto.compress(proto.encode(anycall))
-    done = Lowered(opaque, mode, anycall.autotuned_kernel_call is not None, tuple(needs))
+    reads = (made.found.kernel(i).meta.get("reads") for i in chosen)
+    done = Lowered(
+        opaque,
+        mode,
+        anycall.autotuned_kernel_call is not None,
+        tuple(needs),
+        tuple(dict.fromkeys(r for r in reads if isinstance(r, str))),
+    )
     state = lowerings.EVERY if len(chosen) != 1 or len(every) == 1 else str(chosen[0])
     return done, state, [spec.key for spec in every]

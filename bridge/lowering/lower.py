@@ -40,13 +40,14 @@ from .. import versions
 from ..caches import as_cache
 from ..call.primitive import triton_call_p
 from ..call.tracing import CallSpec
+from ..compile import fetch
 from ..entries import lowerings
 from ..entries.lowerings import Lowered
 from ..entries.programs import Item, Program
 from ..errors import KernelArgumentError
-from ..identity import specialize
+from ..identity import specialize, witness
 from ..tune import measure
-from ..vendors import targets, vendor_registry
+from ..vendors import backends, targets, vendor_registry
 from . import configs, embed, lowering_keys, record
 
 if TYPE_CHECKING:
@@ -208,8 +209,8 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
     if prepared.context is not None and call.choice is None and not record.wanted(prepared.ours):
         keyed = lowering_keys.lowering_key(call, target, prepared.context, every)
     if keyed is not None:
-        found = _replay(call, keyed, target, platform, autotune, program)
-        if found is not None:
+        keyed, found = _checked_replay(call, keyed, target, platform, autotune, program)
+        if found is not None and keyed is not None:
             # the kernels it launches were served from the cache: hits, as a lookup of each
             stats.count(cache.root, hits=keyed[1] if found.lowered.autotuned else 1)
             program.note(found, call, target)
@@ -231,6 +232,33 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
         variants = tuple(names) if len(names) > 1 else None
         program.note(Item(keyed[0], state, variants, lowered), call, target)
     return lowered
+
+
+def _checked_replay(
+    call: CallSpec,
+    keyed: tuple[str, int],
+    target: targets.Target,
+    platform: str,
+    autotune: str,
+    program: Program,
+) -> tuple[tuple[str, int] | None, Item | None]:
+    """The stored lowering of ``call`` (:func:`_replay`) whose kernels' reads find what they
+    found, and the key it is (or is to be) stored under: where a stored lowering's reads find
+    something else, the lowering of this version of the code is kept under a key chained from
+    it (:func:`bridge.identity.witness.chained`); after a few versions, nowhere (None)."""
+    backend = None
+    for _ in range(fetch.MAX_HOPS + 1):
+        found = _replay(call, keyed, target, platform, autotune, program)
+        if found is None:
+            return keyed, None
+        if not found.lowered.reads:
+            return keyed, found
+        backend = backend or backends.make_backend(target)
+        now = witness.stale(found.lowered.reads, call.parts.fn, backend)
+        if now is None:
+            return keyed, found
+        keyed = (witness.chained(keyed[0], now), keyed[1])
+    return None, None
 
 
 def _replay(

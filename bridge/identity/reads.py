@@ -1,0 +1,438 @@
+"""A read set: what Triton's frontend read while it generated one kernel, as plain data that any
+process can ask again (:func:`check`).
+
+A read set is a list of rows ``[parent, op, operand, want]``, in the order the frontend made the
+reads. ``parent`` is the row whose object the read was made on (``-1``: the kernel itself);
+``op`` is one of
+
+- ``"g"``: the global (or closure variable) ``operand`` of a JIT function, as Triton's code
+  generator resolves it (its backend's module map applied);
+- ``"a"``: the attribute ``operand`` of an object (a module followed through the module map, a
+  ``constexpr`` unwrapped, as the code generator does);
+- ``"i"``: the item of an object at the key ``operand`` (an argument, below);
+- ``"c"``: a call of the object with ``operand = [args, kwargs]`` (a ``constexpr_function``, a
+  function or class of the program's own), its result unwrapped from ``constexpr``;
+- ``"b"``: a call of a Python built-in the code generator offers (``len``, ``isinstance``,
+  ``getattr``, ...) named ``operand[0]``, with ``operand[1:]`` as for ``"c"``;
+
+and ``want`` is a digest of what the read found (:meth:`Trace.want`). An argument is
+``["v", value]`` (a plain value, :func:`exact`, made again by :func:`remake`) or ``["r", row]``
+(the object a row found).
+
+What a read found is described by content, never by name or address: plain values exactly
+(floats by their bits, so a NaN's sign counts; tuples item by item), a JIT function by its
+source, settings and first line, Triton's own objects by where Triton defines them (only where
+that very object is there, defined in Triton's files), a function by its code, any other object
+by :func:`bridge.identity.jit.constant` where it has an exact description, and an object met
+before by the row that first found it (so two names for one object, and one name for two,
+tell apart). Invariant: :func:`check` gives the digests a frontend run now would record for the
+same reads, so a kernel whose reads all find what they found is the kernel its frontend would
+generate now (given the same source, arguments, options and compiler, which its key holds).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import struct
+import sys
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import Undescribable
+from . import static_reads
+from .watch import mark
+
+#: what a lookup that found nothing finds
+ABSENT: Any = static_reads.MISSING
+#: the built-ins Triton's code generator offers by name (its ``builtin_namespace``)
+BUILTINS: dict[str, Callable[..., Any]] = {
+    f.__name__: f for f in (len, list, range, float, int, isinstance, getattr, hasattr)
+}
+FORMAT = 1
+#: how deep a description follows what functions close over and containers hold
+MAX_DEPTH = 4
+
+
+@functools.lru_cache(maxsize=1)
+def language() -> Any:
+    import triton.language as tl
+
+    return tl
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_dir() -> str:
+    import triton
+
+    return triton.__file__.rsplit("/", 1)[0] + "/"
+
+
+def exact(value: Any) -> Any:
+    """A plain value as JSON that tells it from every other value (see the module docstring);
+    None where ``value`` is not plain."""
+    kind = type(value)
+    if value is None:
+        return "N"
+    if kind is bool:
+        return ["b", int(value)]
+    if kind is int:
+        return ["i", str(value)]
+    if kind is float:
+        return ["f", struct.pack("<d", value).hex()]
+    if kind is str:
+        return ["s", value]
+    if kind is bytes:
+        return ["y", value.hex()]
+    if kind is complex:
+        return ["j", struct.pack("<dd", value.real, value.imag).hex()]
+    if kind is tuple or kind is list:
+        items = [exact(v) for v in value]
+        return None if any(i is None for i in items) else ["t" if kind is tuple else "l", items]
+    tl = language()
+    if kind is tl.constexpr:
+        inner = exact(value.value)
+        return None if inner is None else ["k", inner]
+    if kind is tl.dtype:
+        return ["d", value.name]
+    return None
+
+
+def remake(desc: Any) -> Any:
+    """The value :func:`exact` described as ``desc`` (untrusted).
+
+    Raises:
+        ValueError: ``desc`` describes no value.
+    """
+    if desc == "N":
+        return None
+    if not isinstance(desc, list) or len(desc) != 2:
+        raise ValueError(f"not a value: {desc!r:.60}")
+    tag, body = desc
+    if tag == "b":
+        return bool(body)
+    if tag == "i":
+        return int(body)
+    if tag == "f":
+        return struct.unpack("<d", bytes.fromhex(body))[0]
+    if tag == "s" and isinstance(body, str):
+        return body
+    if tag == "y":
+        return bytes.fromhex(body)
+    if tag == "j":
+        return complex(*struct.unpack("<dd", bytes.fromhex(body)))
+    if tag in ("t", "l") and isinstance(body, list):
+        items = [remake(v) for v in body]
+        return tuple(items) if tag == "t" else items
+    if tag == "k":
+        return language().constexpr(remake(body))
+    if tag == "d" and isinstance(body, str):
+        return language().dtype(body)
+    raise ValueError(f"not a value: {desc!r:.60}")
+
+
+def unwrap(value: Any) -> Any:
+    """``value`` without Triton's ``constexpr`` wrappers (a tuple's items too)."""
+    tl = language()
+    if isinstance(value, tl.constexpr):
+        return unwrap(value.value)
+    if isinstance(value, (tuple, tl.tuple)):
+        return tuple(unwrap(v) for v in value)
+    return value
+
+
+def triton_home(value: Any) -> list[str] | None:
+    """``["triton", module, qualname]`` where ``value`` is Triton's own: found under that
+    name, in a module of Triton's files, and (a function) defined in them; else None."""
+    module = getattr(value, "__module__", None) if not isinstance(value, types.ModuleType) else None
+    if isinstance(value, types.ModuleType):
+        name = value.__name__
+        found = sys.modules.get(name)
+        where = getattr(found, "__file__", None) or ""
+        if found is value and name.split(".")[0] == "triton" and where.startswith(_triton_dir()):
+            return ["triton", name, ""]
+        return None
+    qualname = getattr(value, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        return None
+    if module.split(".")[0] != "triton":
+        return None
+    home = sys.modules.get(module)
+    if not (getattr(home, "__file__", None) or "").startswith(_triton_dir()):
+        return None
+    at: Any = home
+    for part in qualname.split("."):
+        at = getattr(at, part, ABSENT)
+    if at is not value:
+        return None
+    code = getattr(value, "__code__", None)
+    if code is not None and not code.co_filename.startswith(_triton_dir()):
+        return None
+    return ["triton", module, qualname]
+
+
+def _code(code: types.CodeType) -> list[Any]:
+    consts = [_const(c) for c in code.co_consts]
+    return [code.co_code.hex(), consts, list(code.co_names), list(code.co_varnames)]
+
+
+def _const(value: Any) -> Any:
+    """A constant of compiled code (a literal: immutable, whatever its type)."""
+    if isinstance(value, types.CodeType):
+        return _code(value)
+    plain = exact(value)
+    if plain is not None:
+        return plain
+    if isinstance(value, (tuple, frozenset)):
+        items = [_const(v) for v in value]
+        return [type(value).__name__, items if type(value) is tuple else sorted(map(repr, items))]
+    return ["literal", repr(value)]
+
+
+def describe(value: Any, depth: int = 0) -> Any:
+    """What a non-plain ``value`` is, by content (see the module docstring), and None where
+    it has no exact description."""
+    from .jit import constant
+
+    if depth > MAX_DEPTH:
+        return None
+
+    tl = language()
+    jit_callable, constexpr_function, _ = static_reads.jit_classes()
+    if isinstance(value, tl.constexpr):
+        return _whole(["k", _part(value.value, depth)])
+    if isinstance(value, (tuple, list)):
+        return _whole([type(value).__name__, [_part(v, depth) for v in value]])
+    home = triton_home(value)
+    if home is not None:
+        return home
+    if isinstance(value, types.ModuleType):
+        return ["module"]
+    if isinstance(value, jit_callable):
+        if constexpr_function is not None and isinstance(value, constexpr_function):
+            return ["cfn", _code(value.fn.__code__)]
+        src = repr(mark(value))
+        file, line = _first_line(value)
+        return ["jit", hashlib.sha256(src.encode()).hexdigest(), file, line]
+    if isinstance(value, types.FunctionType):
+        # (its code, and what it closes over and defaults to: a wrapper's code is the same
+        # for every function it wraps)
+        cells = []
+        for cell in value.__closure__ or ():
+            try:
+                held = cell.cell_contents
+            except ValueError:
+                held = ABSENT
+            cells.append(_part(held, depth))
+        defaults = [_part(v, depth) for v in value.__defaults__ or ()]
+        return _whole(["fn", _code(value.__code__), cells, defaults])
+    if isinstance(value, (type, types.MethodType, types.BuiltinFunctionType)):
+        return ["code", type(value).__name__]
+    try:
+        return ["obj", constant(value)]
+    except (Undescribable, ValueError, RecursionError):
+        return None
+
+
+def _part(value: Any, depth: int) -> Any:
+    """A part of a description: ``value`` exactly, or described (None where it cannot be)."""
+    plain = exact(value)
+    return plain if plain is not None else describe(value, depth + 1)
+
+
+def _whole(desc: list[Any]) -> list[Any] | None:
+    """``desc``, or None where a part of it has no description."""
+    return None if _holes(desc) else desc
+
+
+def _holes(desc: Any) -> bool:
+    return desc is None or (isinstance(desc, list) and any(_holes(d) for d in desc))
+
+
+def _first_line(fn: Any) -> tuple[str, int]:
+    from triton.runtime.jit import get_jit_fn_file_line
+
+    from .frontend import relative_path
+
+    file, line = get_jit_fn_file_line(fn)
+    return relative_path(file), int(line)
+
+
+class Trace:
+    """The objects reads found, by the row that first found each (a recorder's, or a
+    :func:`check`'s: both describe what they find the same way)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, int] = {}
+        self.kept: list[Any] = []  # (the objects of ``rows``, alive while their ids are keys)
+        self.opaque: list[str] = []
+
+    def row_of(self, value: Any) -> int | None:
+        return self.rows.get(id(value))
+
+    def note(self, value: Any, row: int) -> None:
+        """Remember ``value`` as found by ``row`` (unless met before)."""
+        if exact(value) is None and id(value) not in self.rows:
+            self.rows[id(value)] = row
+            self.kept.append(value)
+
+    def want(self, value: Any, row: int) -> str:
+        """The digest of what ``value``, found by ``row``, is (and remember it)."""
+        if value is ABSENT:
+            return "absent"
+        plain = exact(value)
+        if plain is not None:
+            desc: Any = plain
+        else:
+            first = self.rows.get(id(value))
+            if first is not None:
+                return f"same:{first}"
+            desc = describe(value)
+            if desc is None:
+                self.opaque.append(f"{type(value).__qualname__} (row {row})")
+                desc = ["opaque", row]
+            self.note(value, row)
+        text = json.dumps(desc, separators=(",", ":"), default=repr)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def scope_value(fn: Any, name: str, module_map: dict[str, Any]) -> Any:
+    """The global or closure variable ``name`` of the JIT function ``fn``, as Triton's code
+    generator sees it (the module map applied)."""
+    code = fn.fn.__code__
+    closure = fn.fn.__closure__
+    if closure and name in code.co_freevars:
+        try:
+            value = closure[code.co_freevars.index(name)].cell_contents
+        except ValueError:
+            return ABSENT
+    else:
+        value = fn.__globals__.get(name, ABSENT)
+    return mapped(value, module_map)
+
+
+def mapped(value: Any, module_map: dict[str, Any]) -> Any:
+    """A global as the code generator keeps it: a module or one of its objects replaced by the
+    backend's."""
+    if isinstance(value, types.ModuleType):
+        return module_map.get(value.__name__, value)
+    module = getattr(value, "__module__", "")
+    if module in module_map:
+        return getattr(module_map[module], value.__name__)
+    return value
+
+
+def follow(value: Any, module_map: dict[str, Any]) -> Any:
+    """A module followed through the module map, as the code generator does before it reads
+    an attribute; anything else as it is."""
+    if isinstance(value, types.ModuleType):
+        while (known := value.__name__) in module_map:
+            value = module_map[known]
+            if value.__name__ == known:
+                break
+    return value
+
+
+def attribute(value: Any, name: str, module_map: dict[str, Any]) -> Any:
+    """``getattr(value, name)`` as the code generator reads an attribute."""
+    value = follow(value, module_map)
+    if isinstance(value, language().constexpr) and name not in ("value", "type"):
+        value = value.value
+    return getattr(value, name)
+
+
+def _argument(arg: Any, found: Sequence[Any]) -> Any:
+    tag, body = arg
+    if tag == "r":
+        return found[int(body)]
+    return remake(body)
+
+
+def _call(fn: Any, operand: Any, found: Sequence[Any]) -> Any:
+    args, kwargs = operand
+    args = [_argument(a, found) for a in args]
+    kwargs = {str(k): _argument(a, found) for k, a in kwargs}
+    constexpr_function = static_reads.jit_classes()[1]
+    if constexpr_function is not None and isinstance(fn, constexpr_function):
+        return unwrap(
+            fn.fn(*[unwrap(a) for a in args], **{k: unwrap(v) for k, v in kwargs.items()})
+        )
+    return unwrap(fn(*args, **kwargs))
+
+
+def read(base: Any, op: str, operand: Any, found: Sequence[Any], module_map: dict[str, Any]) -> Any:
+    """Make one read again: what row ``[parent, op, operand, _]`` finds on ``base``."""
+    if op == "g":
+        return scope_value(base, str(operand), module_map)
+    if op == "a":
+        return attribute(base, str(operand), module_map)
+    if op == "i":
+        return base[_argument(operand, found)]
+    if op == "c":
+        return _call(base, operand, found)
+    if op == "b":
+        return unwrap(BUILTINS[str(operand[0])](*[_argument(a, found) for a in operand[1]]))
+    raise ValueError(f"not a read: {op!r:.20}")
+
+
+@functools.lru_cache(maxsize=512)
+def parse(text: str) -> tuple[tuple[int, str, Any, str], ...] | None:
+    """The rows of a read set's text (untrusted: None for anything else)."""
+    try:
+        doc = json.loads(text)
+        rows = doc["rows"] if isinstance(doc, dict) and doc.get("format") == FORMAT else None
+        out: list[tuple[int, str, Any, str]] = []
+        for parent, op, operand, want in rows or ():
+            if type(parent) is not int or not -1 <= parent < len(out) or not isinstance(want, str):
+                return None
+            out.append((parent, str(op), operand, want))
+        return tuple(out)
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return None
+
+
+def wants(text: str, kernel: Any, module_map: dict[str, Any]) -> list[str] | None:
+    """What each read of the read set ``text`` finds now, made again from ``kernel`` (the JIT
+    function the reads start from); None where ``text`` is not a read set. A read that fails
+    (or whose object failed) finds ``"error"``."""
+    rows = parse(text)
+    if rows is None:
+        return None
+    trace = Trace()
+    found: list[Any] = []
+    out: list[str] = []
+    for index, (parent, op, operand, _) in enumerate(rows):
+        base = kernel if parent < 0 else found[parent]
+        try:
+            if base is _FAILED:
+                raise LookupError("its object failed")
+            value = read(base, op, operand, found, module_map)
+            want = trace.want(value, index)
+        except Exception:  # the user's code, run again: whatever it raises, the read differs
+            value, want = _FAILED, "error"
+        found.append(value)
+        out.append(want)
+    return out
+
+
+_FAILED: Any = object()
+
+
+def check(text: str, kernel: Any, module_map: dict[str, Any]) -> str | None:
+    """None where every read of the read set ``text`` finds what it found; else the digest
+    of what they find now (what tells this process's code from the one the reads were made
+    in). A text that is no read set holds nothing: its digest is that of the text."""
+    now = wants(text, kernel, module_map)
+    rows = parse(text)
+    if now is None or rows is None:
+        return hashlib.sha256(b"unreadable\0" + text.encode()).hexdigest()
+    if all(w == row[3] for w, row in zip(now, rows, strict=True)):
+        return None
+    return digest_of(now)
+
+
+def digest_of(parts: Sequence[str]) -> str:
+    """A 64-hex-digit digest of ``parts``."""
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()

@@ -1,0 +1,293 @@
+"""The frontend as witness: record what Triton's code generator reads while it generates one
+kernel, as a read set (:mod:`.reads`) kept with the compiled kernel.
+
+A kernel's key is computed from a description of its code (:mod:`.describe`) made before any
+compile: a model of what the frontend might read. The witness is what it did read, as ccache's
+direct mode keeps, beside each result, the manifest of the headers the preprocessor opened,
+and as Triton keeps ``used_global_vals`` for a warm process: every global and closure variable
+a JIT function resolved, every attribute and item the frontend took from an object it got that
+way, every call of code of the program's own it made at compile time (``constexpr_function``,
+functions, classes, and built-ins given such objects) with its arguments and result. A cached
+kernel is used only while its reads find what they found (:func:`bridge.identity.reads.check`);
+the key stays the fast way to the entry, and no longer has to be complete.
+
+Recording hooks Triton's ``CodeGenerator`` (its name, attribute, item and call visits, and its
+constructor, which says which JIT function is being generated); the hooks do nothing outside a
+:func:`recording` block of the same thread. What the witness cannot follow (an object reached
+from a kernel argument, a call whose arguments cannot be made again) is named in the read set
+as ``partial``: the reads it did record are still checked, and the rest is as the key describes
+it.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from . import reads as rs
+from . import static_reads
+
+#: the most rows a read set keeps (a larger one is cut, and says so)
+MAX_ROWS = 2000
+#: the largest read set's text an entry keeps (its rows are cut to fit, and it says so)
+MAX_TEXT = 48 << 10
+_local = threading.local()
+
+
+class Recorder:
+    """The read set of one frontend run (see the module docstring)."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self.trace = rs.Trace()
+        self.rows: list[list[Any]] = []
+        self.index: dict[str, int] = {}
+        self.partial: list[str] = []
+
+    def origin(self, value: Any) -> int | None:
+        """The row that found ``value`` (``-1``: the kernel), None where no read did."""
+        if value is self.kernel:
+            return -1
+        return self.trace.row_of(value)
+
+    def add(self, parent: int, op: str, operand: Any, value: Any) -> int | None:
+        """Record that the read ``op operand`` of the object of ``parent`` found ``value``;
+        its row (None where the read set is full)."""
+        name = json.dumps([parent, op, operand], separators=(",", ":"), default=repr)
+        known = self.index.get(name)
+        if known is not None:
+            self.trace.note(value, known)
+            return known
+        if len(self.rows) >= MAX_ROWS:
+            self.missed(f"more than {MAX_ROWS} reads")
+            return None
+        row = len(self.rows)
+        self.index[name] = row
+        self.rows.append([parent, op, operand, self.trace.want(value, row)])
+        return row
+
+    def argument(self, value: Any) -> list[Any] | None:
+        """``value`` as an argument of a recorded call: plain, or found by a read; None."""
+        plain = rs.exact(value)
+        if plain is not None:
+            return ["v", plain]
+        row = self.origin(value)
+        return None if row is None or row < 0 else ["r", row]
+
+    def missed(self, why: str) -> None:
+        if len(self.partial) < 8 and why not in self.partial:
+            self.partial.append(why)
+
+    def text(self) -> str:
+        """The read set as its entry keeps it."""
+        partial = self.partial + [f"no exact description of {o}" for o in self.trace.opaque[:4]]
+        rows = self.rows
+        while True:
+            doc = {"format": rs.FORMAT, "rows": rows, "partial": partial}
+            text = json.dumps(doc, separators=(",", ":"))
+            if len(text) <= MAX_TEXT:
+                return text
+            rows = rows[: len(rows) // 2]  # (a row names only rows before it)
+            partial = [*partial[:7], f"cut to {len(rows)} reads"]
+
+
+def active() -> Recorder | None:
+    return getattr(_local, "recorder", None)
+
+
+@contextlib.contextmanager
+def recording(kernel: Any) -> Iterator[Recorder]:
+    """Record what the frontend reads in this thread, generating ``kernel``, until the block
+    ends."""
+    _install()
+    recorder = Recorder(kernel)
+    before = active()
+    _local.recorder = recorder
+    try:
+        yield recorder
+    finally:
+        _local.recorder = before
+
+
+def _triton_value(value: Any) -> bool:
+    from triton.language.core import base_value
+
+    return isinstance(value, base_value)
+
+
+def _ignorable(value: Any) -> bool:
+    """Whether reading from ``value`` needs no witness: a plain value, or one of Triton's own
+    objects (a dtype, a layout: what Triton's files, in every key, decide)."""
+    if rs.exact(value) is not None:
+        return True
+    return rs.triton_home(type(value)) is not None
+
+
+@functools.lru_cache(maxsize=1)
+def _install() -> None:
+    """Hook Triton's code generator (once per process)."""
+    from triton.compiler.code_generator import CodeGenerator
+
+    init = CodeGenerator.__init__
+    visit_name = CodeGenerator.visit_Name
+    call_function = CodeGenerator.call_Function
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        recorder = active()
+        if recorder is not None:
+            self._kc_root = recorder.origin(self.jit_fn)
+            if self._kc_root is None:
+                recorder.missed(f"{getattr(self.jit_fn, '__name__', '?')} reached otherwise")
+
+    def visit_Name(self: Any, node: Any) -> Any:
+        value = visit_name(self, node)
+        recorder = active()
+        if recorder is not None and not isinstance(node.ctx, ast.Store):
+            name = node.id
+            root = getattr(self, "_kc_root", None)
+            if name not in self.lscope and root is not None:
+                recorder.add(root, "g", name, self.gscope.get(name, rs.ABSENT))
+        return value
+
+    def visit_Attribute(self: Any, node: Any) -> Any:
+        lhs = self.visit(node.value)
+        value = self.get_Attribute(rs.follow(lhs, self.builder.module_map), node.attr)
+        recorder = active()
+        if recorder is not None:
+            _attribute(recorder, lhs, node.attr, value)
+        return value
+
+    def visit_Subscript_Load(self: Any, node: Any) -> Any:
+        lhs = self.visit(node.value)
+        slices = self.visit(node.slice)
+        if _triton_value(lhs):
+            return self.call_Method(node, lhs.__getitem__, lhs, [slices], {})
+        value = lhs[slices]
+        recorder = active()
+        if recorder is not None and not _ignorable(lhs):
+            row, key = _origin(recorder, lhs), recorder.argument(slices)
+            if row is None or key is None:
+                recorder.missed(f"an item of a {type(lhs).__qualname__} not witnessed")
+            else:
+                recorder.add(row, "i", key, value)
+        return value
+
+    def call_Function(self: Any, node: Any, fn: Any, args: Any, kws: Any) -> Any:
+        given = list(args)
+        value = call_function(self, node, fn, args, kws)
+        recorder = active()
+        if recorder is not None:
+            _call(recorder, self, fn, given, dict(kws), value)
+        return value
+
+    CodeGenerator.__init__ = __init__
+    CodeGenerator.visit_Name = visit_Name
+    CodeGenerator.visit_Attribute = visit_Attribute
+    CodeGenerator.visit_Subscript_Load = visit_Subscript_Load
+    CodeGenerator.call_Function = call_Function
+
+
+def _attribute(recorder: Recorder, base: Any, name: str, value: Any) -> None:
+    inner = base
+    if isinstance(base, rs.language().constexpr) and name not in ("value", "type"):
+        inner = base.value  # (what the code generator reads the attribute of)
+    row = recorder.origin(base)
+    if row is None and inner is not base:
+        row = recorder.origin(inner)
+    if row is not None:
+        recorder.add(row, "a", name, value)
+    elif _triton_value(inner):
+        # (an aggregate's method: a member of its class, which a read may have found)
+        row = recorder.origin(type(inner))
+        if row is not None:
+            recorder.add(row, "a", name, value)
+        elif static_reads.is_jit(value) and rs.triton_home(type(inner)) is None:
+            recorder.missed(f"a method of {type(inner).__qualname__} not witnessed")
+    elif not _ignorable(inner):
+        recorder.missed(f"an attribute of a {type(inner).__qualname__} not witnessed")
+
+
+def _call(
+    recorder: Recorder, generator: Any, fn: Any, args: list[Any], kws: dict[str, Any], value: Any
+) -> None:
+    """Record a call the code generator made at compile time of code that is not Triton's."""
+    jit_callable, constexpr_function, _ = static_reads.jit_classes()
+    if isinstance(fn, jit_callable) and not (
+        constexpr_function is not None and isinstance(fn, constexpr_function)
+    ):
+        return  # (generated: its reads are its generator's)
+    if rs.triton_home(fn) is not None or getattr(fn, "__triton_builtin__", False):
+        return  # (Triton's own code, in every key)
+    if hasattr(fn, "__self__") and _triton_value(fn.__self__):
+        return  # (a method of a tensor)
+    builtin = next((n for n, f in rs.BUILTINS.items() if f is fn), None)
+    constexpr = rs.language().constexpr
+    if builtin is not None or hasattr(fn, "__self__"):  # (given their arguments unwrapped)
+        args = [a.value if isinstance(a, constexpr) else a for a in args]
+        kws = {k: v.value if isinstance(v, constexpr) else v for k, v in kws.items()}
+    given = [recorder.argument(a) for a in args]
+    named = [[k, recorder.argument(v)] for k, v in sorted(kws.items())]
+    made = [m for m in given if m is not None]
+    if len(made) < len(given) or any(m is None for _, m in named):
+        if builtin is None:
+            recorder.missed(f"a call of {_name(fn)} with arguments not witnessed")
+        return
+    if builtin is not None:
+        if not named and any(m[0] == "r" for m in made):
+            recorder.add(-1, "b", [builtin, made], rs.unwrap(value))
+        return
+    parent = recorder.origin(fn)
+    if parent is None:
+        recorder.missed(f"a call of {_name(fn)} not witnessed")
+        return
+    row = recorder.add(parent, "c", [made, named], rs.unwrap(value))
+    if row is not None:
+        recorder.trace.note(value, row)  # (the wrapped result the generator goes on with)
+
+
+def _origin(recorder: Recorder, value: Any) -> int | None:
+    """The row that found ``value`` or, for a ``constexpr``, the value it holds."""
+    row = recorder.origin(value)
+    if row is None and isinstance(value, rs.language().constexpr):
+        row = recorder.origin(value.value)
+    return row
+
+
+def _name(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", None) or type(fn).__qualname__)
+
+
+_maps: dict[type, dict[str, Any]] = {}
+
+
+def module_map(backend: Any) -> dict[str, Any]:
+    """The module map of ``backend`` (what its code generator replaces Triton's modules by),
+    asked once per backend class."""
+    found = _maps.get(type(backend))
+    if found is None:
+        found = _maps[type(backend)] = dict(backend.get_module_map())
+    return found
+
+
+def stale(texts: Any, kernel: Any, backend: Any) -> str | None:
+    """None where every read of the read sets ``texts`` (those of kernels of the JIT function
+    ``kernel`` compiled for ``backend``'s target) finds what it found; else the digest of what
+    they find now (see :func:`bridge.identity.reads.check`)."""
+    mapped = module_map(backend)
+    now = [rs.check(text, kernel, mapped) for text in texts]
+    if all(n is None for n in now):
+        return None
+    return rs.digest_of([n or "" for n in now])
+
+
+def chained(key: str, now: str) -> str:
+    """The key under which the kernel (or lowering) of ``key`` is kept for code whose reads
+    find ``now`` (:func:`stale`): each version of what the frontend reads has its own entry,
+    as each set of header contents has its own result in ccache's manifest."""
+    return rs.digest_of([key, now])
