@@ -236,7 +236,7 @@ def _stages(src: Any, target: Target, backend: Any, options: Any) -> Compiled:
     stages: dict[str, Any] = {}
     backend.add_stages(stages, options, src.language)
     ptx = None
-    with witness.recording(src.fn) as recorder:
+    with witness.recording(src.fn, witness.params(src)) as recorder:
         module = frontend.module(src, target, backend, options)
     ir = frontend.digest(frontend.text(module))
     names = list(stages)

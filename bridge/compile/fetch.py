@@ -236,7 +236,7 @@ def stale(spec: Specialization, meta: Mapping[str, Any]) -> str | None:
     text = meta.get("reads")
     if spec.ir is not None or not isinstance(text, str):
         return None
-    return witness.stale([text], spec.source.fn, spec.backend)
+    return witness.stale([text], spec.source.fn, witness.params(spec.source), spec.backend)
 
 
 class _OtherIR(Exception):

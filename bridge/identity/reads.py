@@ -15,9 +15,12 @@ reads. ``parent`` is the row whose object the read was made on (``-1``: the kern
 - ``"b"``: a call of a Python built-in the code generator offers (``len``, ``isinstance``,
   ``getattr``, ...) named ``operand[0]``, with ``operand[1:]`` as for ``"c"``;
 
+- ``"p"``: the constexpr argument ``operand`` of the kernel (by parameter name; plain values
+  are in the kernel's key, so only objects are read this way);
+
 and ``want`` is a digest of what the read found (:meth:`Trace.want`). An argument is
-``["v", value]`` (a plain value, :func:`exact`, made again by :func:`remake`) or ``["r", row]``
-(the object a row found).
+``["v", value]`` (a plain value, :func:`exact`, made again by :func:`remake`), ``["r", row]``
+(the object a row found) or ``["rk", row]`` (that object in a ``constexpr``).
 
 What a read found is described by content, never by name or address: plain values exactly
 (floats by their bits, so a NaN's sign counts; tuples item by item), a JIT function by its
@@ -347,6 +350,8 @@ def _argument(arg: Any, found: Sequence[Any]) -> Any:
     tag, body = arg
     if tag == "r":
         return found[int(body)]
+    if tag == "rk":
+        return language().constexpr(found[int(body)])
     return remake(body)
 
 
@@ -362,8 +367,13 @@ def _call(fn: Any, operand: Any, found: Sequence[Any]) -> Any:
     return unwrap(fn(*args, **kwargs))
 
 
-def read(base: Any, op: str, operand: Any, found: Sequence[Any], module_map: dict[str, Any]) -> Any:
-    """Make one read again: what row ``[parent, op, operand, _]`` finds on ``base``."""
+def read(
+    base: Any, op: str, operand: Any, found: Sequence[Any], given: Any, module_map: dict[str, Any]
+) -> Any:
+    """Make one read again: what row ``[parent, op, operand, _]`` finds on ``base``
+    (``given``: the kernel's constexpr arguments by parameter name)."""
+    if op == "p":
+        return given.get(str(operand), ABSENT)
     if op == "g":
         return scope_value(base, str(operand), module_map)
     if op == "a":
@@ -393,10 +403,11 @@ def parse(text: str) -> tuple[tuple[int, str, Any, str], ...] | None:
         return None
 
 
-def wants(text: str, kernel: Any, module_map: dict[str, Any]) -> list[str] | None:
+def wants(text: str, kernel: Any, given: Any, module_map: dict[str, Any]) -> list[str] | None:
     """What each read of the read set ``text`` finds now, made again from ``kernel`` (the JIT
-    function the reads start from); None where ``text`` is not a read set. A read that fails
-    (or whose object failed) finds ``"error"``."""
+    function the reads start from) and ``given`` (its constexpr arguments by parameter name);
+    None where ``text`` is not a read set. A read that fails (or whose object failed) finds
+    ``"error"``."""
     rows = parse(text)
     if rows is None:
         return None
@@ -408,7 +419,7 @@ def wants(text: str, kernel: Any, module_map: dict[str, Any]) -> list[str] | Non
         try:
             if base is _FAILED:
                 raise LookupError("its object failed")
-            value = read(base, op, operand, found, module_map)
+            value = read(base, op, operand, found, given, module_map)
             want = trace.want(value, index)
         except Exception:  # the user's code, run again: whatever it raises, the read differs
             value, want = _FAILED, "error"
@@ -420,11 +431,11 @@ def wants(text: str, kernel: Any, module_map: dict[str, Any]) -> list[str] | Non
 _FAILED: Any = object()
 
 
-def check(text: str, kernel: Any, module_map: dict[str, Any]) -> str | None:
+def check(text: str, kernel: Any, given: Any, module_map: dict[str, Any]) -> str | None:
     """None where every read of the read set ``text`` finds what it found; else the digest
     of what they find now (what tells this process's code from the one the reads were made
     in). A text that is no read set holds nothing: its digest is that of the text."""
-    now = wants(text, kernel, module_map)
+    now = wants(text, kernel, given, module_map)
     rows = parse(text)
     if now is None or rows is None:
         return hashlib.sha256(b"unreadable\0" + text.encode()).hexdigest()

@@ -42,12 +42,15 @@ _local = threading.local()
 class Recorder:
     """The read set of one frontend run (see the module docstring)."""
 
-    def __init__(self, kernel: Any) -> None:
+    def __init__(self, kernel: Any, params: dict[str, Any]) -> None:
         self.kernel = kernel
         self.trace = rs.Trace()
         self.rows: list[list[Any]] = []
         self.index: dict[str, int] = {}
         self.partial: list[str] = []
+        for name, value in params.items():
+            if rs.exact(value) is None:  # (a plain value is in the key as it is)
+                self.add(-1, "p", name, value)
 
     def origin(self, value: Any) -> int | None:
         """The row that found ``value`` (``-1``: the kernel), None where no read did."""
@@ -77,6 +80,9 @@ class Recorder:
         if plain is not None:
             return ["v", plain]
         row = self.origin(value)
+        if row is None and isinstance(value, rs.language().constexpr):
+            row = self.origin(value.value)
+            return None if row is None or row < 0 else ["rk", row]
         return None if row is None or row < 0 else ["r", row]
 
     def missed(self, why: str) -> None:
@@ -100,12 +106,19 @@ def active() -> Recorder | None:
     return getattr(_local, "recorder", None)
 
 
+def params(src: Any) -> dict[str, Any]:
+    """The constexpr arguments of Triton's source object ``src``, by parameter name (those
+    given whole: an item of a tuple argument is the tuple's)."""
+    names = src.fn.arg_names
+    return {names[p[0]]: v for p, v in src.constants.items() if len(p) == 1 and p[0] < len(names)}
+
+
 @contextlib.contextmanager
-def recording(kernel: Any) -> Iterator[Recorder]:
-    """Record what the frontend reads in this thread, generating ``kernel``, until the block
-    ends."""
+def recording(kernel: Any, given: dict[str, Any]) -> Iterator[Recorder]:
+    """Record what the frontend reads in this thread, generating ``kernel`` with the constexpr
+    arguments ``given`` (by parameter name), until the block ends."""
     _install()
-    recorder = Recorder(kernel)
+    recorder = Recorder(kernel, given)
     before = active()
     _local.recorder = recorder
     try:
@@ -275,12 +288,13 @@ def module_map(backend: Any) -> dict[str, Any]:
     return found
 
 
-def stale(texts: Any, kernel: Any, backend: Any) -> str | None:
+def stale(texts: Any, kernel: Any, given: Any, backend: Any) -> str | None:
     """None where every read of the read sets ``texts`` (those of kernels of the JIT function
-    ``kernel`` compiled for ``backend``'s target) finds what it found; else the digest of what
-    they find now (see :func:`bridge.identity.reads.check`)."""
+    ``kernel`` compiled for ``backend``'s target, with the constexpr arguments ``given`` by
+    parameter name) finds what it found; else the digest of what they find now (see
+    :func:`bridge.identity.reads.check`)."""
     mapped = module_map(backend)
-    now = [rs.check(text, kernel, mapped) for text in texts]
+    now = [rs.check(text, kernel, given, mapped) for text in texts]
     if all(n is None for n in now):
         return None
     return rs.digest_of([n or "" for n in now])

@@ -254,7 +254,7 @@ def _checked_replay(
         if not found.lowered.reads:
             return keyed, found
         backend = backend or backends.make_backend(target)
-        now = witness.stale(found.lowered.reads, call.parts.fn, backend)
+        now = witness.stale(found.lowered.reads, call.parts.fn, call.named, backend)
         if now is None:
             return keyed, found
         keyed = (witness.chained(keyed[0], now), keyed[1])

@@ -1,0 +1,313 @@
+"""The frontend as witness: a cached kernel is used only while what Triton's frontend read to
+generate it finds the same now, whatever the key's description of the code trusted.
+
+The three-way test of :mod:`test_exact_identity`, for changes a description by names misses:
+process 1 lowers version A into root R, process 2 version B from R, process 3 version B into a
+fresh root; process 2 must embed what process 3 compiled, and process 1 something else. Code
+installed into a site-packages directory (here the user site of each child, ``PYTHONUSERBASE``)
+is what a container image holds: a constant computed at import from a data file or a variable,
+a sibling module, a setter, a class attribute. Then what reaches the compiler besides the
+kernel (Triton's language functions patched, a ptxas wrapper), code that claims another name,
+attributes of functions, values a ``repr`` cannot tell apart. The warm tests change values in
+place between two lowerings of one process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import textwrap
+from dataclasses import dataclass, field
+
+import pytest
+from bridge_helpers import kernel_module, opaque, run_child
+from support import HELPERS
+
+KERNEL = """
+import triton
+import triton.language as tl
+{head}
+
+@triton.jit
+def kernel(x_ptr, n, out_ptr, {params}BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, {body}, mask=mask)
+"""
+SITE = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
+
+
+@dataclass(frozen=True)
+class Case:
+    """Files of version A and those version B replaces (``site/`` names a file of the
+    installed tree), the kernel's module, the call's keywords (Python text evaluated in that
+    module), version B's variables and the Python it runs before lowering."""
+
+    a: dict[str, str]
+    b: dict[str, str]
+    module: str
+    params: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    setup: str = ""
+
+
+def kernel(head: str, body: str, params: str = "") -> str:
+    return KERNEL.format(head=textwrap.dedent(head), body=body, params=params)
+
+
+CASES: dict[str, Case] = {
+    # 1. installed code: what a module computes at import, a sibling module, a setter
+    "installed-constant-from-a-data-file": Case(
+        {
+            "site/w1pkg/__init__.py": """
+                import json, os
+                import triton.language as tl
+                with open(os.path.join(os.path.dirname(__file__), "scale.json")) as f:
+                    SCALE = tl.constexpr(json.load(f)["scale"])
+            """,
+            "site/w1pkg/scale.json": '{"scale": 2.0}',
+            "site/w1pkg/k.py": kernel("from w1pkg import SCALE", "x * SCALE"),
+        },
+        {"site/w1pkg/scale.json": '{"scale": 9.0}'},
+        "w1pkg.k",
+    ),
+    "installed-constant-from-a-variable": Case(
+        {
+            "site/w2pkg/__init__.py": """
+                import os
+                import triton.language as tl
+                SCALE = tl.constexpr(float(os.environ.get("W2PKG_SCALE", "2.0")))
+            """,
+            "site/w2pkg/k.py": kernel("import w2pkg", "x * w2pkg.SCALE"),
+        },
+        {},
+        "w2pkg.k",
+        env={"W2PKG_SCALE": "9.0"},
+    ),
+    "installed-sibling-module": Case(
+        {
+            "site/w3pkg/__init__.py": "",
+            "site/w3pkg/_consts.py": "import triton.language as tl\nSCALE = tl.constexpr(2.0)\n",
+            "site/w3pkg/k.py": kernel("from ._consts import SCALE", "x * SCALE"),
+        },
+        {"site/w3pkg/_consts.py": "import triton.language as tl\nSCALE = tl.constexpr(9.0)\n"},
+        "w3pkg.k",
+    ),
+    "installed-setter": Case(
+        {
+            "site/w4pkg/__init__.py": """
+                import triton
+                _SCALE = 2.0
+                def set_scale(value):
+                    global _SCALE
+                    _SCALE = value
+                @triton.constexpr_function
+                def scale():
+                    return _SCALE
+            """,
+            "site/w4pkg/k.py": kernel("from w4pkg import scale", "x * scale()"),
+        },
+        {},
+        "w4pkg.k",
+        setup="import w4pkg; w4pkg.set_scale(5.0)",
+    ),
+    "installed-class-attribute-computed-at-import": Case(
+        {
+            "site/w5pkg/__init__.py": """
+                import os
+                import triton.language as tl
+                class Cfg:
+                    SCALE = tl.constexpr(float(open(os.path.join(os.path.dirname(__file__), "s.txt")).read()))
+            """,
+            "site/w5pkg/s.txt": "2.0",
+            "site/w5pkg/k.py": kernel("import w5pkg", "x * w5pkg.Cfg.SCALE"),
+        },
+        {"site/w5pkg/s.txt": "9.0"},
+        "w5pkg.k",
+    ),
+    # 3. what reaches the compiler besides the kernel
+    "triton-function-patched": Case(
+        {"w6_k": kernel("", "tl.exp(x)")},
+        {},
+        "w6_k",
+        setup="import triton.language as tl; tl.exp = tl.exp2",
+    ),
+    "triton-function-replaced-by-a-jit-function": Case(
+        {
+            "w7_patch": "import triton\n\n@triton.jit\ndef s(x):\n    return x * 3.0\n",
+            "w7_k": kernel("", "tl.sigmoid(x)"),
+        },
+        {},
+        "w7_k",
+        setup="import triton.language as tl, w7_patch; tl.sigmoid = w7_patch.s",
+    ),
+    # 4. code that claims another name
+    "class-made-by-new-class": Case(
+        {
+            "w8_obj": "import types\nK = types.new_class('K', (), {}, lambda ns: ns.update(S=2.0))\n",
+            "w8_k": kernel("", "x * C.S", "C: tl.constexpr, "),
+        },
+        {"w8_obj": "import types\nK = types.new_class('K', (), {}, lambda ns: ns.update(S=9.0))\n"},
+        "w8_k",
+        "C=__import__('w8_obj').K",
+    ),
+    "class-made-by-make-dataclass": Case(
+        {
+            "w9_obj": "import dataclasses\nD = dataclasses.make_dataclass('D', [('k', float)], namespace={'s': lambda self: 2.0})\n",
+            "w9_k": kernel("", "x * C.s()", "C: tl.constexpr, "),
+        },
+        {
+            "w9_obj": "import dataclasses\nD = dataclasses.make_dataclass('D', [('k', float)], namespace={'s': lambda self: 9.0})\n"
+        },
+        "w9_k",
+        "C=__import__('w9_obj').D(1.0)",
+    ),
+    "module-named-like-the-standard-library": Case(
+        {
+            "statistics": "import triton.language as tl\nSCALE = tl.constexpr(2.0)\n",
+            "w10_k": kernel("import statistics", "x * statistics.SCALE"),
+        },
+        {"statistics": "import triton.language as tl\nSCALE = tl.constexpr(9.0)\n"},
+        "w10_k",
+    ),
+    # 5. fields never described: attributes of functions
+    "attribute-of-a-function-read-by-a-constexpr-function": Case(
+        {
+            "w11_cfg": "def tag():\n    pass\n\ntag.scale = 2.0\n",
+            "w11_k": kernel(
+                """
+                @triton.constexpr_function
+                def scale(f):
+                    return f.scale
+                """,
+                "x * scale(F)",
+                "F: tl.constexpr, ",
+            ),
+        },
+        {},
+        "w11_k",
+        "F=__import__('w11_cfg').tag",
+        setup="import w11_cfg; w11_cfg.tag.scale = 9.0",
+    ),
+    "attribute-of-a-jit-function": Case(
+        {
+            "w12_k": kernel(
+                """
+                @triton.jit
+                def helper(x):
+                    return x
+                helper.SCALE = tl.constexpr(2.0)
+                """,
+                "helper(x) * helper.SCALE",
+            )
+        },
+        {},
+        "w12_k",
+        setup="import triton.language as tl, w12_k; w12_k.helper.SCALE = tl.constexpr(9.0)",
+    ),
+    # 6. values a repr does not tell apart
+    "nan-sign": Case(
+        {"w13_k": kernel("NAN = tl.constexpr(float('nan'))", "tl.where(x > 0, x, NAN)")},
+        {"w13_k": kernel("NAN = tl.constexpr(-float('nan'))", "tl.where(x > 0, x, NAN)")},
+        "w13_k",
+    ),
+    "decimal-context": Case(
+        {
+            "w14_k": kernel(
+                """
+                import decimal
+                @triton.constexpr_function
+                def third():
+                    return float(decimal.Decimal(1) / decimal.Decimal(3))
+                """,
+                "x * third()",
+            )
+        },
+        {},
+        "w14_k",
+        setup="import decimal; decimal.getcontext().prec = 3",
+    ),
+}
+
+CHILD = """
+import hashlib, json, os, site, sys
+sys.path[:0] = [os.environ["WITNESS_SRC"], site.getusersitepackages(), {tests!r}]
+import jax, jax.numpy as jnp
+import bridge, kernelcache
+from bridge.lowering import proto
+from bridge_helpers import custom_calls, kernels_of, lowered_module
+cases = json.loads(os.environ.pop("WITNESS_CASES"))
+x = jax.ShapeDtypeStruct((4096,), jnp.float32)
+out = {{}}
+for name, (module, params, setup) in cases.items():
+    exec(setup, {{}})
+    mod = __import__(module, fromlist=["kernel"])
+    kw = eval("dict(" + params + ")", vars(mod))
+    fn = lambda x: bridge.triton_call(
+        x, x.size, kernel=mod.kernel, out_shape=x, grid=(4,), BLOCK=1024, target="cuda:90",
+        embed="inline", **kw)
+    (call,) = custom_calls(lowered_module(fn, x, platform="cuda"))
+    code = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
+    out[name] = hashlib.sha256(b"".join(code)).hexdigest()
+print(json.dumps(out))
+"""
+
+
+def _write(base, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        if name.startswith("site/"):
+            path = base / "user" / SITE / name[len("site/") :]
+        else:
+            path = base / "src" / f"{name}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+@pytest.fixture(scope="module")
+def three_way(tmp_path_factory):
+    """The machine code each case embeds: process 1 (A into R), 2 (B from R), 3 (B into a
+    fresh root). Cases that set variables run in processes of their own."""
+    base = tmp_path_factory.mktemp("witness")
+    for c in CASES.values():
+        _write(base, c.a)
+    child = CHILD.format(tests=str(HELPERS))
+    groups: dict[str, list[str]] = {}
+    for name, c in CASES.items():
+        groups.setdefault(json.dumps(sorted(c.env.items())), []).append(name)
+
+    def run(root, names: list[str], with_b: bool) -> dict[str, str]:
+        cases = {
+            n: [CASES[n].module, CASES[n].params, CASES[n].setup if with_b else ""] for n in names
+        }
+        env = dict(CASES[names[0]].env) if with_b else {}
+        return run_child(
+            child,
+            KERNELCACHE_DIR=str(root),
+            PYTHONDONTWRITEBYTECODE="1",
+            PYTHONUSERBASE=str(base / "user"),
+            WITNESS_SRC=str(base / "src"),
+            WITNESS_CASES=json.dumps(cases),
+            **env,
+        )
+
+    first: dict[str, str] = {}
+    for i, names in enumerate(groups.values()):
+        first.update(run(base / f"R{i}", names, False))
+    for c in CASES.values():
+        _write(base, c.b)
+    second: dict[str, str] = {}
+    fresh: dict[str, str] = {}
+    for i, names in enumerate(groups.values()):
+        second.update(run(base / f"R{i}", names, True))
+        fresh.update(run(base / f"F{i}", names, True))
+    return first, second, fresh
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_second_process_gets_what_a_compile_of_its_code_gives(three_way, name):
+    first, second, fresh = three_way
+    assert first[name] != fresh[name], "the change does not change the kernel: not a case"
+    assert second[name] == fresh[name], "process 2 embedded process 1's kernel"
