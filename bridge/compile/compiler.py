@@ -233,12 +233,28 @@ def _stages(src: Any, target: Target, backend: Any, options: Any) -> Compiled:
         **env_vars,
         "triton_version": triton.__version__,
     }
+    with witness.recording(src.fn, witness.params(src)) as recorder:
+        with witness.reading_environment(recorder):
+            module = frontend.module(src, target, backend, options)
+            ir = frontend.digest(frontend.text(module))
+            return _backend_stages(src, target, backend, options, metadata, module, ir, recorder)
+
+
+def _backend_stages(
+    src: Any,
+    target: Target,
+    backend: Any,
+    options: Any,
+    metadata: dict[str, Any],
+    module: Any,
+    ir: str,
+    recorder: witness.Recorder,
+) -> Compiled:
+    """The backend's stages from the frontend's ``module`` to machine code (``recorder``: what
+    the frontend and these stages read)."""
     stages: dict[str, Any] = {}
     backend.add_stages(stages, options, src.language)
     ptx = None
-    with witness.recording(src.fn, witness.params(src)) as recorder:
-        module = frontend.module(src, target, backend, options)
-    ir = frontend.digest(frontend.text(module))
     names = list(stages)
     for ext in names[names.index(src.ext) :]:
         module = stages[ext](module, metadata)

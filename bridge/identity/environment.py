@@ -12,9 +12,18 @@ launcher or the autotuner reads); any other one counts, including one a newer Tr
 
 The digest (:func:`digest`) holds each counted variable that is set, with its value, and each
 knob set from Python (a knob group's own namespace: Triton mirrors most of them into the
-environment, not all). Invariant: variables left unset and knobs left alone add nothing, so
-the digest of a plain process is the same on every machine; setting any counted variable or
-knob changes every kernel key and every lowering key.
+environment, not all). A tool the compile runs (:data:`TOOLS`: ptxas), named by a variable or
+a knob, counts by the content of its file, not its path or the version it reports: a wrapper
+script that adds an option is another tool. A hook Triton's backends call with the compile's
+stages (``knobs.runtime.add_stages_inspection_hook``) counts by its description
+(:func:`bridge.identity.jit.constant`: its code and what it reads); one with no exact
+description makes every key this process's own, so what it compiles is found again only here.
+Variables that only select devices (:data:`DEVICE_SELECTION`) or say what to print never count:
+a job whose launcher gives each rank its own device shares one compile of each kernel.
+Invariant: variables left unset and knobs left alone add nothing, so the digest of a plain
+process is the same on every machine; setting any counted variable or knob changes every
+kernel key and every lowering key. How each variable the installed Triton reads was judged is
+listed in the documentation (docs/identity.md).
 """
 
 from __future__ import annotations
@@ -45,9 +54,24 @@ NEUTRAL = frozenset(
      "TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_CUOBJDUMP_PATH",
      "TRITON_NVDISASM_PATH", "HOME", "TMPDIR", "USER", "PYTHONPATH"}
 )  # fmt: skip
+#: variables that select which devices a process sees (the target is given or detected, never
+#: taken from them): never part of a key, whichever Triton reads them
+DEVICE_SELECTION = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+     "GPU_DEVICE_ORDINAL", "HSA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK",
+     "WORLD_SIZE", "TRITON_DEVICE"}
+)  # fmt: skip
+#: Triton's files and folders that never run in a compile (its test runner and helpers, the
+#: profiler, command-line tools): what they read is not scanned
+NOT_COMPILER = frozenset(
+    {"_test_runner.py", "_internal_testing.py", "testing.py", "_compile_warmup.py",
+     "_compile_warmup_pool.py", "profiler", "tools", "__pycache__"}
+)  # fmt: skip
+#: variables naming a tool the compile runs: they count by the content of the file they name
+TOOLS = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH")
 #: knob groups whose knobs cannot change compiled code
 NEUTRAL_GROUPS = frozenset({"cache", "redis", "autotuning", "proton", "build"})
-_VERSION = 1
+_VERSION = 2
 _DIRECT = re.compile(
     r"""(?:getenv(?:_bool)?\(|environ\.get\(|environ\[)\s*["']([A-Za-z_][A-Za-z0-9_]*)["']"""
 )
@@ -100,15 +124,16 @@ def _scan() -> str:
             found = _descriptors(type(knobs)).values()
             names.update(str(d.key) for d in found if hasattr(d, "key"))
     base = os.path.dirname(os.path.abspath(triton.__file__))
-    for directory, _, files in os.walk(base):
+    for directory, subdirs, files in os.walk(base):
+        subdirs[:] = [d for d in subdirs if d not in NOT_COMPILER]
         for name in files:
-            if name.endswith(".py"):
+            if name.endswith(".py") and name not in NOT_COMPILER:
                 try:
                     with open(os.path.join(directory, name), encoding="utf-8") as f:
                         names.update(_DIRECT.findall(f.read()))
                 except (OSError, UnicodeDecodeError):
                     continue
-    return json.dumps(sorted(names - NEUTRAL))
+    return json.dumps(sorted(names - NEUTRAL - DEVICE_SELECTION))
 
 
 _known: dict[str, tuple[str, ...]] = {}
@@ -136,13 +161,44 @@ def variables(cache: Cache | None) -> tuple[str, ...]:
 
 
 def _shown(value: Any) -> Any:
-    """A knob's value as plain data (a tool by its version: its path is the machine's)."""
+    """A knob's value as plain data (a tool by its version and the content of its file: its
+    path is the machine's)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return repr(value)
     version = getattr(value, "version", None)
     if version is not None:
-        return ["tool", str(version)]
+        return ["tool", str(version), tool_digest(str(getattr(value, "path", "")))]
     return ["object", type(value).__qualname__]
+
+
+def tool_digest(path: str) -> str | None:
+    """The sha256 of the file at ``path`` (memoized by its size and modification time), None
+    where there is none."""
+    from .kernel_keys import file_digest
+
+    try:
+        st = os.stat(path)
+        return file_digest(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    except OSError:
+        return None
+
+
+#: hooks with no exact description, by id: (the hook, this process's own token for it)
+_own: dict[int, tuple[Any, str]] = {}
+
+
+def _hook(hook: Any) -> Any:
+    """A stages hook as plain data: its description, or a token of this process's own."""
+    from ..errors import Undescribable
+    from .jit import constant
+
+    try:
+        return ["hook", constant(hook)]
+    except (Undescribable, ValueError):
+        known = _own.get(id(hook))
+        if known is None or known[0] is not hook:
+            known = _own[id(hook)] = (hook, f"{os.getpid()}:{os.urandom(8).hex()}")
+        return ["hook of this process", known[1]]
 
 
 @functools.lru_cache(maxsize=1)
@@ -156,15 +212,28 @@ def settings(cache: Cache | None) -> list[Any]:
     """What counts, as set now: ``[[variable, value], ...]`` then ``[[group, knob, value],
     ...]`` for knobs set from Python."""
     environ = os.environ
-    found = {n: environ[n] for n in variables(cache) if n in environ}
+    found: dict[str, Any] = {n: environ[n] for n in variables(cache) if n in environ}
     found.update(_native()())
+    for name in TOOLS:
+        if environ.get(name):
+            found[name] = ["tool", tool_digest(environ[name])]
     knobs = []
     for group, values in _groups():
         own = vars(values)
         if own and group not in NEUTRAL_GROUPS:  # (knobs set from Python: few, if any)
             for name in sorted(_knob_names(type(values)) & own.keys()):
                 knobs.append([group, name, _shown(own[name])])
+    hook = _stages_hook()
+    if hook is not None:
+        knobs.append(["runtime", "add_stages_inspection_hook", _hook(hook)])
     return [sorted(found.items()), knobs]
+
+
+def _stages_hook() -> Any:
+    from triton import knobs
+
+    runtime = getattr(knobs, "runtime", None)
+    return getattr(runtime, "add_stages_inspection_hook", None)
 
 
 def digest(cache: Cache | None) -> str:

@@ -15,6 +15,8 @@ reads. ``parent`` is the row whose object the read was made on (``-1``: the kern
 - ``"b"``: a call of a Python built-in the code generator offers (``len``, ``isinstance``,
   ``getattr``, ...) named ``operand[0]``, with ``operand[1:]`` as for ``"c"``;
 
+- ``"e"``: the environment variable ``operand``, read while the kernel compiled (those that
+  only select devices or say where files go, :mod:`.environment`, are not kept);
 - ``"p"``: the constexpr argument ``operand`` of the kernel (by parameter name; plain values
   are in the kernel's key, so only objects are read this way);
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import struct
 import sys
 import types
@@ -374,6 +377,8 @@ def read(
     (``given``: the kernel's constexpr arguments by parameter name)."""
     if op == "p":
         return given.get(str(operand), ABSENT)
+    if op == "e":
+        return os.environ.get(str(operand), ABSENT)
     if op == "g":
         return scope_value(base, str(operand), module_map)
     if op == "a":

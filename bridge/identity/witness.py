@@ -25,6 +25,7 @@ import ast
 import contextlib
 import functools
 import json
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -48,6 +49,7 @@ class Recorder:
         self.rows: list[list[Any]] = []
         self.index: dict[str, int] = {}
         self.partial: list[str] = []
+        self.environ: dict[str, str | None] = {}  # variables read during the compile
         for name, value in params.items():
             if rs.exact(value) is None:  # (a plain value is in the key as it is)
                 self.add(-1, "p", name, value)
@@ -91,6 +93,11 @@ class Recorder:
 
     def text(self) -> str:
         """The read set as its entry keeps it."""
+        from .environment import DEVICE_SELECTION, NEUTRAL
+
+        for name, value in sorted(self.environ.items()):
+            if name not in NEUTRAL and name not in DEVICE_SELECTION:
+                self.add(-1, "e", name, rs.ABSENT if value is None else value)
         partial = self.partial + [f"no exact description of {o}" for o in self.trace.opaque[:4]]
         rows = self.rows
         while True:
@@ -125,6 +132,64 @@ def recording(kernel: Any, given: dict[str, Any]) -> Iterator[Recorder]:
         yield recorder
     finally:
         _local.recorder = before
+
+
+class _Environ(os._Environ):
+    """``os.environ`` as the compile sees it: the same variables, each read noted."""
+
+    def __init__(self, real: Any, recorder: Recorder) -> None:
+        super().__init__(
+            real._data, real.encodekey, real.decodekey, real.encodevalue, real.decodevalue
+        )
+        self.recorder = recorder
+
+    def __getitem__(self, key: str) -> str:
+        try:
+            value = super().__getitem__(key)
+        except KeyError:
+            self.recorder.environ.setdefault(key, None)
+            raise
+        self.recorder.environ.setdefault(key, value)
+        return value
+
+    def copy(self) -> dict[str, str]:
+        """The whole environment, for a process the compile starts: not a read of any one
+        variable (that process's own reads are its tool's, whose file counts)."""
+        return {self.decodekey(k): self.decodevalue(v) for k, v in self._data.items()}  # type: ignore[attr-defined]
+
+    def items(self) -> Any:
+        return self.copy().items()
+
+    def values(self) -> Any:
+        return self.copy().values()
+
+
+@contextlib.contextmanager
+def reading_environment(recorder: Recorder) -> Iterator[None]:
+    """Note in ``recorder`` every variable read through ``os.environ`` (and ``os.getenv``) or
+    Triton's knobs until the block ends: for a compiler process, whose every thread is the
+    compile's (elsewhere, reads of other threads are noted too: more reads, never fewer)."""
+    from triton import knobs
+
+    real = os.environ
+    readers = {n: getattr(knobs, n) for n in ("getenv", "getenv_bool") if hasattr(knobs, n)}
+
+    def noting(read: Any) -> Any:
+        def reader(key: str, *args: Any) -> Any:
+            recorder.environ.setdefault(key, real.get(key))
+            return read(key, *args)
+
+        return reader
+
+    os.environ = _Environ(real, recorder)  # noqa: B003 (the same variables, each read noted)
+    for name, read in readers.items():  # (Triton's knobs read through its native library)
+        setattr(knobs, name, noting(read))
+    try:
+        yield
+    finally:
+        os.environ = real  # noqa: B003
+        for name, read in readers.items():
+            setattr(knobs, name, read)
 
 
 def _triton_value(value: Any) -> bool:

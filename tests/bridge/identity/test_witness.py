@@ -22,7 +22,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 import pytest
-from bridge_helpers import kernel_module, opaque, run_child
+from bridge_helpers import custom_calls, kernel_module, kernels_of, lowered_module, run_child
 from support import HELPERS
 
 KERNEL = """
@@ -311,3 +311,197 @@ def test_a_second_process_gets_what_a_compile_of_its_code_gives(three_way, name)
     first, second, fresh = three_way
     assert first[name] != fresh[name], "the change does not change the kernel: not a case"
     assert second[name] == fresh[name], "process 2 embedded process 1's kernel"
+
+
+# -- a warm process: values changed in place between two lowerings ------------------------------
+WARM = """
+import collections
+
+import triton
+import triton.language as tl
+
+
+class Holder:
+    def __init__(self):
+        self.table = collections.OrderedDict(a=2.0)
+
+
+ORDERED = collections.OrderedDict(a=2.0)
+DEFAULT = collections.defaultdict(float, a=2.0)
+QUEUE = collections.deque([2.0])
+HOLDER = Holder()
+SCALE = tl.constexpr(2.0)
+
+
+@triton.constexpr_function
+def ordered():
+    return ORDERED["a"]
+
+
+@triton.constexpr_function
+def default():
+    return DEFAULT["a"]
+
+
+@triton.constexpr_function
+def queue():
+    return QUEUE[0]
+
+
+@triton.constexpr_function
+def held():
+    return HOLDER.table["a"]
+
+
+@triton.jit
+def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    y = tl.exp(x) * ordered() * default() * queue() * held() * SCALE
+    tl.store(out_ptr + offs, y, mask=mask)
+"""
+WARM_CHANGES = {
+    "ordered-dict": lambda m: m.ORDERED.__setitem__("a", 9.0),
+    "defaultdict": lambda m: m.DEFAULT.__setitem__("a", 9.0),
+    "deque": lambda m: m.QUEUE.appendleft(9.0),
+    "ordered-dict-in-an-object": lambda m: m.HOLDER.table.__setitem__("a", 9.0),
+    "constexpr-value-set": lambda m: setattr(m.SCALE, "value", 9.0),
+    "triton-function-patched": lambda m: setattr(m.tl, "exp", m.tl.exp2),
+}
+
+
+@pytest.mark.parametrize("change", WARM_CHANGES.values(), ids=WARM_CHANGES.keys())
+def test_a_warm_process_embeds_what_its_frontend_reads_now(tmp_path, monkeypatch, change):
+    """After a value the frontend reads changed in place, the next lowering in the same
+    process embeds what a compile of the code as it is now gives; changed back, the first
+    kernel again, from the cache (nothing compiled)."""
+    import triton.language as tl
+
+    from bridge.compile import compiler
+
+    monkeypatch.setattr(tl, "exp", tl.exp)  # (restored after the test)
+    tag = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:8]
+    module = kernel_module(tmp_path, f"witness_warm_{tag}", WARM)
+    root = tmp_path / "root"
+    before = machine_code(module.kernel, root)
+    assert machine_code(module.kernel, root) == before
+    change(module)
+    after = machine_code(module.kernel, root)
+    assert after != before
+    assert machine_code(module.kernel, tmp_path / "fresh") == after
+    compiles = compiler.compile_count()
+    assert machine_code(module.kernel, root) == after
+    assert compiler.compile_count() == compiles
+
+
+def machine_code(kernel_fn, root) -> str:
+    """The digest of the machine code a lowering of ``kernel_fn`` for cuda:90 embeds (the
+    opaque also names the entry it came from, which depends on the root's history)."""
+    import jax
+    import jax.numpy as jnp
+
+    import bridge
+    import kernelcache
+    from bridge.lowering import proto
+
+    def fn(x):
+        return bridge.triton_call(
+            x,
+            x.size,
+            kernel=kernel_fn,
+            out_shape=x,
+            grid=(4,),
+            BLOCK=1024,
+            target="cuda:90",
+            embed="inline",
+            cache=kernelcache.Cache(str(root)),
+        )
+
+    (call,) = custom_calls(lowered_module(fn, jax.ShapeDtypeStruct((4096,), jnp.float32)))
+    images = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
+    return hashlib.sha256(b"".join(images)).hexdigest()
+
+
+# -- the compiler's environment ------------------------------------------------------------
+ENV_CHILD = """
+import hashlib, json, os, sys
+sys.path[:0] = [os.environ["WITNESS_SRC"], {tests!r}]
+import jax, jax.numpy as jnp
+import bridge
+from bridge.compile import compiler
+from bridge.lowering import proto
+from bridge_helpers import custom_calls, kernels_of, lowered_module
+exec(os.environ.get("WITNESS_SETUP", ""), {{}})
+import w_env_k as mod
+x = jax.ShapeDtypeStruct((4096,), jnp.float32)
+fn = lambda x: bridge.triton_call(
+    x, x.size, kernel=mod.kernel, out_shape=x, grid=(4,), BLOCK=1024, target="cuda:90",
+    embed="inline")
+(call,) = custom_calls(lowered_module(fn, x, platform="cuda"))
+code = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
+print(json.dumps([hashlib.sha256(b"".join(code)).hexdigest(), compiler.compile_count()]))
+"""
+
+
+@pytest.fixture
+def env_child(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w_env_k.py").write_text(kernel("", "tl.exp(x) * x + tl.sin(x)"))
+    child = ENV_CHILD.format(tests=str(HELPERS))
+
+    def run(root, **env: str) -> tuple[str, int]:
+        code, compiles = run_child(
+            child, KERNELCACHE_DIR=str(tmp_path / root), WITNESS_SRC=str(src), **env
+        )
+        return code, compiles
+
+    return run
+
+
+def test_device_selection_shares_one_compile_and_debug_does_not(env_child):
+    """Each rank of a job sees its own device: the kernel compiles once for all of them (and
+    an image warmed without the variable serves them); TRITON_DEBUG changes the code, so it
+    still has its own kernel."""
+    plain, compiles = env_child("R")
+    assert compiles == 1
+    for rank in ("3", "0,1"):
+        assert env_child("R", CUDA_VISIBLE_DEVICES=rank, HIP_VISIBLE_DEVICES=rank) == (plain, 0)
+    debug, compiles = env_child("R", TRITON_DEBUG="1")
+    assert compiles == 1 and debug != plain
+
+
+def test_a_ptxas_wrapper_is_another_tool(env_child, tmp_path):
+    """A wrapper named by TRITON_PTXAS_PATH that adds an option reports ptxas's version but
+    compiles other code: the kernel compiled without it is not used with it."""
+    import triton
+
+    real = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    wrapper = tmp_path / "ptxas-O0"
+    wrapper.write_text(f'#!/bin/sh\nexec "{real}" --opt-level 0 "$@"\n')
+    wrapper.chmod(0o755)
+    plain, _ = env_child("R")
+    wrapped, compiles = env_child("R", TRITON_PTXAS_PATH=str(wrapper))
+    assert compiles == 1 and wrapped != plain
+    assert env_child("fresh", TRITON_PTXAS_PATH=str(wrapper)) == (wrapped, 1)
+    assert env_child("R", TRITON_PTXAS_PATH=str(wrapper)) == (wrapped, 0)
+
+
+HOOK = """
+import triton
+def hook(backend, stages, options, language, capability):
+    make_ptx = stages["ptx"]
+    stages["ptx"] = lambda src, metadata: make_ptx(src, metadata).replace("{old}", "{new}")
+triton.knobs.runtime.add_stages_inspection_hook = hook
+"""
+
+
+def test_a_stages_hook_counts_by_its_code(env_child):
+    """A hook that rewrites a stage makes the kernel another one; the same hook in another
+    process finds it again."""
+    plain, _ = env_child("R")
+    setup = HOOK.format(old="ex2.approx.f32", new="ex2.approx.ftz.f32")
+    hooked, compiles = env_child("R", WITNESS_SETUP=setup)
+    assert compiles == 1 and hooked != plain
+    assert env_child("R", WITNESS_SETUP=setup) == (hooked, 0)
