@@ -1,7 +1,9 @@
 """The bridge's environment variables, declared to kernelcache's configuration (so that
 ``kernelcache doctor`` and the documentation list them) and parsed here.
 
-:func:`settings` re-parses only when one of their values changed, like kernelcache's own.
+:func:`settings` re-parses only when one of their values changed, like kernelcache's own; it
+raises for a value that cannot be used (the commands). :func:`job_settings` never does (a
+lowering in a user's job): that variable alone is left at its default, said once.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from pathlib import Path
 
 from kernelcache.config import (
     choice,
-    for_a_job,
     parser,
     path,
     register_variables,
@@ -88,6 +89,7 @@ VARIABLES = variables_of(BridgeSettings)
 register_variables(*VARIABLES)
 
 _parse = parser(VARIABLES, BridgeSettings)
+_job_parse = parser(VARIABLES, BridgeSettings, in_a_job=True)
 
 
 def settings(environ: Mapping[str, str] | None = None) -> BridgeSettings:
@@ -101,8 +103,7 @@ def settings(environ: Mapping[str, str] | None = None) -> BridgeSettings:
 
 
 def job_settings(environ: Mapping[str, str] | None = None) -> BridgeSettings:
-    """:func:`settings` for a lowering in a user's job (:func:`kernelcache.config.for_a_job`):
-    with a variable that cannot be used, the bridge's defaults."""
-    return for_a_job(
-        settings, environ, BridgeSettings(), "the defaults of the bridge's variables are used"
-    )
+    """:func:`settings` for a lowering in a user's job (:func:`kernelcache.config.parser`,
+    ``in_a_job``): a variable that cannot be used is said once and costs only itself (its
+    default); the others apply."""
+    return _job_parse(environ)

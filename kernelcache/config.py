@@ -1,14 +1,17 @@
 """The one place that reads kernelcache's environment variables.
 
-Each variable is declared once, as a :class:`Variable` (name, parser, default, meaning):
-kernelcache's own in :data:`VARIABLES`, those of packages built on it through
+Each variable is declared once, as a :class:`Variable` (name, parser, default, meaning; the
+machinery, re-exported here, is :mod:`kernelcache.declarations`): kernelcache's own in
+:data:`VARIABLES`, those of packages built on it through
 :func:`register_variables`. Tools (``doctor``, the documentation's table) list :func:`variables`.
 :func:`settings` parses kernelcache's own; it re-parses only when one of their values in the
 environment changed, so tests and launchers can change variables between calls. Nothing else
 reads ``os.environ`` for kernelcache's configuration.
 
 An unset or empty variable means its default, except a secret's (the signing key, its file):
-set but blank, it is an error naming it, never signing turned off without a word.
+set but blank, it is an error naming it, never signing turned off without a word. A command
+fails on a variable that cannot be used (:func:`settings`); a job never does
+(:func:`job_settings`): that variable alone is left out, said once.
 
 What is set, held against these declarations (every variable parsed, those in effect, the
 names no package declares): :mod:`kernelcache.variable_checks`. The signing key's own checks:
@@ -17,19 +20,25 @@ names no package declares): :mod:`kernelcache.variable_checks`. The signing key'
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
 
 from . import units
+from .declarations import Variable as Variable
+from .declarations import parse_variable as parse_variable
+from .declarations import parser as parser
+from .declarations import setting as setting
+from .declarations import variables_of as variables_of
 from .errors import ConfigError, DeclarationError, InvalidValue, UnknownVariable
 from .signing_key import check_signing_key, read_key_file
 
 #: the prefix of every variable kernelcache and the packages built on it declare
 PREFIX = "KERNELCACHE_"
+#: the entry-point group through which packages add subcommands to ``kernelcache``; importing a
+#: plugin's module declares that package's variables
+COMMANDS_GROUP = "kernelcache.commands"
 
 
 def path(raw: str) -> Path:
@@ -72,35 +81,12 @@ def _key(raw: str) -> bytes:
     return raw.strip().encode()
 
 
-@dataclass(frozen=True)
-class Variable:
-    """One environment variable: how it is parsed, its default, and what it means."""
-
-    name: str
-    field: str  #: the attribute of :class:`Settings` it sets
-    parse: Callable[[str], Any]  #: raises ValueError (or ConfigError) for a bad value
-    default: Any
-    shown_default: str  #: the default as the documentation shows it
-    meaning: str
-    secret: bool = False  #: never shown in messages or diagnostics
-    #: set but blank is an error (fail closed), not the default: what turns a protection on
-    required_if_set: bool = False
-
-
-def setting(
-    name: str,
-    parse: Callable[[str], Any],
-    default: Any,
-    shown_default: str,
-    meaning: str,
-    *,
-    secret: bool = False,
-    required_if_set: bool = False,
-) -> Any:
-    """A field of :class:`Settings` declared with its variable: the one place a setting's name,
-    parser, default and meaning are written."""
-    var = Variable(name, "", parse, default, shown_default, meaning, secret, required_if_set)
-    return field(default=default, repr=not secret, metadata={"variable": var})
+#: what a job does instead of using a root or a switch it cannot read
+_CACHE_OFF = (("disable", True),)
+_SAID_OFF = "the cache is off in this process (kernels compile in memory)"
+#: what a job does instead of using a signing key it cannot read (never unsigned values)
+_REMOTE_OFF = (("remote", None),)
+_SAID_REMOTE_OFF = "the remote tier is off (local layers still work; never unsigned values)"
 
 
 @dataclass(frozen=True)
@@ -114,6 +100,8 @@ class Settings:
         None,
         "platformdirs user cache dir for 'kernelcache'",
         "writable cache root",
+        in_a_job=_CACHE_OFF,
+        instead=_SAID_OFF,
     )
     readonly_roots: tuple[Path, ...] = setting(
         "KERNELCACHE_READONLY_DIRS",
@@ -164,6 +152,8 @@ class Settings:
         False,
         "0",
         "1: bypass the cache entirely (compile in memory)",
+        in_a_job=_CACHE_OFF,  # (it is set only to turn the cache off)
+        instead=_SAID_OFF,
     )
     stats_log: bool = setting(
         "KERNELCACHE_STATS_LOG",
@@ -185,6 +175,8 @@ class Settings:
         "group",
         "group",
         "whose artifacts are served: group (owner, root, root dir's owner and group), owner, any",
+        in_a_job=(("trust", "owner"),),  # the strictest: it costs hits, never safety
+        instead="the strictest policy, owner, applies",
     )
     remote_overwrite: bool = setting(
         "KERNELCACHE_REMOTE_OVERWRITE",
@@ -203,6 +195,8 @@ class Settings:
         "unsigned ones",
         secret=True,
         required_if_set=True,
+        in_a_job=_REMOTE_OFF,
+        instead=_SAID_REMOTE_OFF,
     )
     signing_key_file: Path | None = setting(
         "KERNELCACHE_SIGNING_KEY_FILE",
@@ -211,6 +205,8 @@ class Settings:
         "(none)",
         "read the signing key from this file instead (not readable by every user)",
         required_if_set=True,
+        in_a_job=_REMOTE_OFF,
+        instead=_SAID_REMOTE_OFF,
     )
 
     def signing_secret(self) -> bytes | None:
@@ -231,41 +227,10 @@ class Settings:
         return None
 
 
-def variables_of(declared: type) -> tuple[Variable, ...]:
-    """The variables of a dataclass whose fields are declared with :func:`setting`, in its
-    order (a package built on kernelcache declares its settings so too)."""
-    return tuple(replace(f.metadata["variable"], field=f.name) for f in fields(declared))
-
-
 #: kernelcache's own variables, in the order :class:`Settings` declares them
 VARIABLES: tuple[Variable, ...] = variables_of(Settings)
 #: every setting at its default (what a function's default argument takes)
 DEFAULTS = Settings()
-
-
-def parse_variable(var: Variable, environ: Mapping[str, str] | None = None) -> Any:
-    """The value of one variable in ``environ`` (default: ``os.environ``), or its default.
-
-    Raises:
-        ConfigError: the variable is set to a value that cannot be used (or, for a variable
-            :attr:`Variable.required_if_set`, set but blank); the message names it, the value,
-            what is wrong and what is accepted.
-    """
-    raw = (os.environ if environ is None else environ).get(var.name)
-    if raw is None:
-        return var.default
-    if not raw.strip():
-        if var.required_if_set:
-            raise ConfigError(
-                f"{var.name} is set but blank: give it a value or unset it (a blank value "
-                "would turn off what it protects)"
-            )
-        return var.default
-    try:
-        return var.parse(raw)
-    except (ValueError, ConfigError) as e:
-        shown = "***" if var.secret else repr(raw)
-        raise ConfigError(f"{var.name}={shown}: {e}") from None
 
 
 _registered: dict[str, Variable] = {}
@@ -302,29 +267,6 @@ def variable(name: str) -> Variable:
     raise UnknownVariable(name)
 
 
-T = TypeVar("T")
-
-
-def parser(declared: Sequence[Variable], make: Callable[..., T]) -> Callable[..., T]:
-    """A function that parses the ``declared`` variables from an environment (default:
-    ``os.environ``) into ``make(**{field: value})``, again only when one of their values (or
-    HOME, for ``~`` in paths) changed since its last call."""
-    names = (*(var.name for var in declared), "HOME")
-    last: list[tuple[tuple[str | None, ...], T]] = []
-
-    def parse(environ: Mapping[str, str] | None = None) -> T:
-        env = os.environ if environ is None else environ
-        raw = tuple(map(env.get, names))
-        if last and last[0][0] == raw:
-            return last[0][1]
-        values = {n: v for n, v in zip(names, raw, strict=True) if v is not None}  # read once
-        parsed = make(**{var.field: parse_variable(var, values) for var in declared})
-        last[:] = [(raw, parsed)]
-        return parsed
-
-    return parse
-
-
 _parse = parser(VARIABLES, Settings)
 
 
@@ -338,37 +280,12 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
     return _parse(environ)
 
 
-#: the settings of a process whose variables cannot be used: the cache off
-OFF = replace(DEFAULTS, disable=True)
-
-
-def for_a_job(
-    parse: Callable[[Mapping[str, str] | None], T],
-    environ: Mapping[str, str] | None,
-    fallback: T,
-    instead: str,
-) -> T:
-    """``parse(environ)``, for code that runs in a user's job, which a setting must never
-    fail: a variable that cannot be used is said once (its name, its value, what is accepted,
-    and ``instead``: what the process does until it is fixed) and ``fallback`` is returned."""
-    try:
-        return parse(environ)
-    except ConfigError as e:
-        from .process import warn_once
-
-        warn_once(
-            logging.getLogger("kernelcache"),
-            ("settings", str(e)),
-            "kernelcache: %s; %s until it is fixed (`kernelcache doctor` checks every variable)",
-            e,
-            instead,
-        )
-        return fallback
+_job_parse = parser(VARIABLES, Settings, in_a_job=True)
 
 
 def job_settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """:func:`settings` in a user's job (:func:`for_a_job`): with a variable that cannot be
-    used, the cache is off in this process, kernels compiled in memory (:data:`OFF`)."""
-    return for_a_job(
-        settings, environ, OFF, "the cache is off in this process (kernels compile in memory)"
-    )
+    """:func:`settings` in a user's job (:func:`parser`, ``in_a_job``): a variable that cannot
+    be used is said once and costs only itself (its default; for a root or a switch that cannot
+    be read, the cache off; for a trust policy, the strictest; for a signing key, the remote
+    tier off)."""
+    return _job_parse(environ)

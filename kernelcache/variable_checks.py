@@ -2,7 +2,7 @@
 (:func:`kernelcache.config.variables`): each one parsed (:func:`check_variables`, what every
 command does first), those set (:func:`environment_in_effect`, for diagnostics) and the
 ``KERNELCACHE_*`` names no package declares (:func:`unknown_variables`: a misspelled variable
-is otherwise ignored without a word).
+is otherwise ignored without a word; a job says each once, :func:`warn_unknown_in_a_job`).
 
 Invariants: nothing here changes the environment or a setting; a secret's value is never
 returned (``***`` instead).
@@ -11,10 +11,12 @@ returned (``***`` instead).
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 from collections.abc import Mapping
 
-from .config import PREFIX, parse_variable, variables
+from .config import COMMANDS_GROUP, PREFIX, parse_variable, variables
+from .process import warn_once
 
 
 def check_variables(environ: Mapping[str, str] | None = None) -> None:
@@ -47,3 +49,36 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> list[tuple[st
         near = difflib.get_close_matches(name[len(PREFIX) :], list(known), n=1, cutoff=0.6)
         found.append((name, known[near[0]] if near else None))
     return found
+
+
+def unknown_message(name: str, near: str | None) -> str:
+    """What is said of ``name``, a ``KERNELCACHE_*`` variable nothing declares (``near``: the
+    declared name nearest to it)."""
+    hint = f" (did you mean {near}?)" if near else ""
+    return f"kernelcache: {name} is not a kernelcache variable: ignored{hint}"
+
+
+_plugins_loaded: list[bool] = []
+
+
+def warn_unknown_in_a_job(environ: Mapping[str, str] | None = None) -> None:
+    """Say once, in a job, each ``KERNELCACHE_*`` name set that no package declares.
+
+    A package declares its variables when it is imported; so that a job that has not imported
+    one does not take its variables for misspellings, the modules of the command plugins
+    (entry-point group :data:`~kernelcache.config.COMMANDS_GROUP`, imported as the command
+    imports them) are imported first, once, and only when some name is unknown."""
+    if not unknown_variables(environ):
+        return
+    if not _plugins_loaded:
+        _plugins_loaded.append(True)
+        from importlib import import_module
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=COMMANDS_GROUP):
+            try:
+                import_module(ep.module)
+            except ImportError:  # an optional package missing: its variables stay unknown
+                continue
+    for name, near in unknown_variables(environ):
+        warn_once(logging.getLogger("kernelcache"), ("unknown", name), unknown_message(name, near))

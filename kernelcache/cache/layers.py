@@ -3,7 +3,9 @@ a container image), and the remote tiers, opened once from the settings and the 
 
 A read-only root that cannot serve anything (a relative path, a missing directory) is warned
 about once; a remote tier that cannot be used as configured (its URL, its signing key) is off,
-warned once, when it comes from the environment.
+warned once, when it comes from the environment. Opening the layers is where a job first reads
+its settings: a variable that cannot be used, or a ``KERNELCACHE_*`` name nothing declares, is
+said there, once per process.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..process import warn_once
 from ..remote import RemoteTier, open_remote
 from ..store.layout import resolve_root
 from ..store.root import Store
+from ..variable_checks import warn_unknown_in_a_job
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +56,8 @@ class Layers:
         lock_mode: str | None = None,
         max_size: int | str | None = None,
     ) -> None:
-        cfg = job_settings()  # a variable that cannot be used: the cache off, said once
+        cfg = job_settings()  # a variable that cannot be used costs only itself, said once
+        warn_unknown_in_a_job()  # (a misspelt one too)
         self.lock_timeout = cfg.lock_timeout if lock_timeout is None else float(lock_timeout)
         mode = cfg.lock_mode if lock_mode is None else lock_mode
         self.store = Store.from_settings(

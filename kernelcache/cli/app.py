@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import NoReturn
 
 from .._version import __version__
+from ..config import COMMANDS_GROUP
 from ..errors import CommandFailed, ConfigError, UsageError
 from ..stats.counters import quiet as quiet_statistics
 from ..variable_checks import check_variables
@@ -29,8 +30,6 @@ from .output import EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS, EXIT_U
 
 logger = logging.getLogger(__name__)
 
-#: the entry-point group through which other packages add subcommands
-COMMANDS_GROUP = "kernelcache.commands"
 #: the built-in commands, in the order ``--help`` lists them
 COMMAND_MODULES: tuple[ModuleType, ...] = (statistics, listing, maintenance, bundles, diagnosis)
 
@@ -132,13 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _warn_unknown_variables() -> None:
     """Say, on stderr, each ``KERNELCACHE_*`` variable set that nothing declares (a misspelt
     one would silently leave its setting at the default)."""
-    from ..variable_checks import unknown_variables
+    from ..variable_checks import unknown_message, unknown_variables
 
     for name, near in unknown_variables():
-        hint = f" (did you mean {near}?)" if near else ""
-        logging.getLogger("kernelcache").warning(
-            "kernelcache: %s is not a kernelcache variable: ignored%s", name, hint
-        )
+        logging.getLogger("kernelcache").warning("%s", unknown_message(name, near))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

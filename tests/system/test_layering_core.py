@@ -31,6 +31,7 @@ LAYERS = {
 FOUNDATION = {
     "_version",
     "config",
+    "declarations",
     "errors",
     "formats",
     "fsio",

@@ -284,18 +284,22 @@ print("lowered", "triton_kernel_call" in text)
 
 @pytest.mark.parametrize(
     "name,value,cache_on",
-    [("KERNELCACHE_LOCK_TIMEOUT", "abc", False), ("KERNELCACHE_EMBED", "bogus", True)],
+    [
+        ("KERNELCACHE_LOCK_TIMEOUT", "abc", True),
+        ("KERNELCACHE_EMBED", "bogus", True),
+        ("KERNELCACHE_DIR", "~no-such-user-here/kc", False),
+    ],
 )
 def test_a_variable_that_cannot_be_used_never_fails_a_job_and_fails_every_command(
     tmp_path, name, value, cache_on
 ):
-    """In a job: said once, naming the variable; a setting of the cache turns the cache off
-    in that process (kernels compile in memory), a setting of the bridge falls back to its
-    default. In every command but doctor: a usage error naming it (doctor fails its check)."""
+    """In a job: said once, naming the variable, and it costs only itself (its default; a
+    root that cannot be read turns the cache off in that process: kernels compile in memory).
+    In every command but doctor: a usage error naming it (doctor fails its check)."""
     root = tmp_path / "root"
     proc = subprocess.run(
         [sys.executable, "-c", ADD],
-        env=child_env(KERNELCACHE_DIR=str(root), **{name: value}),
+        env=child_env(**{"KERNELCACHE_DIR": str(root), name: value}),
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -305,6 +309,7 @@ def test_a_variable_that_cannot_be_used_never_fails_a_job_and_fails_every_comman
     said = [line for line in proc.stderr.splitlines() if f"{name}='{value}'" in line]
     assert len(said) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert ("the cache is off" in said[0]) != cache_on
+    assert "the other settings apply" in said[0]
     entries = list(root.glob("*.json")) if root.exists() else []
     assert bool(entries) == cache_on
     root.mkdir(exist_ok=True)
@@ -313,3 +318,35 @@ def test_a_variable_that_cannot_be_used_never_fails_a_job_and_fails_every_comman
         assert cli.returncode == 2 and f"{name}='{value}'" in cli.stderr, (command, cli.stderr)
     code, checks, _ = _doctor(root, **{name: value})
     assert code == 1 and checks[name]["status"] == "fail"
+
+
+def test_one_bad_variable_leaves_the_others_in_effect_in_a_job(tmp_path):
+    """A bad embedding mode and a bad size cap beside a good target and a record file: the job
+    lowers for the target it was given, records, caches, and says each bad one once."""
+    root, manifest = tmp_path / "root", tmp_path / "kernels.jsonl"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            ADD.replace(',\n                              target="cuda:90"', ""),
+        ],
+        env=child_env(
+            KERNELCACHE_DIR=str(root),
+            KERNELCACHE_EMBED="bogus",
+            KERNELCACHE_TARGET="cuda:90",
+            KERNELCACHE_RECORD=str(manifest),
+            KERNELCACHE_MAX_SIZE="banana",
+        ),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and "lowered True" in proc.stdout, proc.stderr
+    for bad in ("KERNELCACHE_EMBED='bogus'", "KERNELCACHE_MAX_SIZE='banana'"):
+        said = [line for line in proc.stderr.splitlines() if bad in line]
+        assert len(said) == 1 and "its default" in said[0], proc.stderr
+    assert "set KERNELCACHE_TARGET" not in proc.stderr
+    (record,) = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert record["target"] == "cuda:90", record
+    assert list(root.glob("*.json"))  # the cache on, with no cap

@@ -90,15 +90,19 @@ def test_untrusted_entry_in_readonly_root_is_skipped(tmp_path):
     assert (image / f"{key}.bin").stat().st_uid == NOBODY  # left alone
 
 
-def test_a_bad_policy_turns_the_cache_off_in_a_job_and_says_so_once(monkeypatch, tmp_path, caplog):
-    monkeypatch.setenv("KERNELCACHE_TRUST", "everyone")
+def test_a_bad_policy_is_the_strictest_in_a_job_and_said_once(shared_root, monkeypatch, caplog):
+    """A policy that cannot be read costs only itself: the strictest one (owner), said once;
+    the cache stays on."""
+    os.chown(shared_root, 0, NOBODY)  # a group member's entry: served under group, not owner
+    _entry_owned_by(shared_root, key_of("group-member"), NOBODY, NOBODY)
+    monkeypatch.setenv("KERNELCACHE_TRUST", "the-whole-lab")  # (said once per process)
     for _ in range(2):
-        cache = kernelcache.Cache(tmp_path / "root")
+        cache = kernelcache.Cache(shared_root, readonly_roots=())
         art = cache.get_or_create("ab" * 32, "bin", lambda: (b"built", {}))
-        assert art.data == b"built"  # compiled in memory
-    assert not (tmp_path / "root").exists() or not list((tmp_path / "root").iterdir())
-    said = [r.getMessage() for r in caplog.records if "KERNELCACHE_TRUST" in r.getMessage()]
-    assert len(said) == 1 and "the cache is off in this process" in said[0], said
+        assert art.data == b"built" and (shared_root / f"{'ab' * 32}.bin").exists()
+        assert cache.get(key_of("group-member"), "bin") is None
+    said = [r.getMessage() for r in caplog.records if "the-whole-lab" in r.getMessage()]
+    assert len(said) == 1 and "the strictest policy, owner, applies" in said[0], said
     with pytest.raises(kernelcache.ConfigError, match="KERNELCACHE_TRUST"):
         kernelcache.config.settings()  # what the commands read: exit 2 naming it
 
