@@ -35,6 +35,13 @@ AUTOTUNE_MODES = ("decided", "runtime", "require", "job")
 JAX_TRITON_APIS = ("0.3", "0.4")
 
 
+def _fraction(raw: str) -> float:
+    value = float(raw)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{raw!r} is not a fraction from 0 to 1")
+    return value
+
+
 def _target(raw: str) -> str:
     value = raw.strip()
     parse_name(value)
@@ -81,6 +88,14 @@ class BridgeSettings:
         "the installed jax-triton's, else 0.4",
         "which jax-triton's API `import jax_triton` gives under `kernelcache run` or "
         f"bridge.install_jax_triton(): {', '.join(JAX_TRITON_APIS)}",
+    )
+    audit: float = setting(
+        "KERNELCACHE_AUDIT",
+        _fraction,
+        0.0,
+        "0",
+        "the fraction (0 to 1) of cached kernels whose frontend runs again in the job, to "
+        "check that the entry was compiled from the IR it gives now",
     )
 
 

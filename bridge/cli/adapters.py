@@ -176,6 +176,12 @@ def cmd_audit(args: argparse.Namespace, out: Output) -> int:
     def human() -> str:
         lines = [r.line() for r in results]
         lines.append(", ".join(f"{n} {s}" for s, n in counts.items()))
+        unchecked = sum(counts[s] for s in audit.UNCHECKED)
+        if unchecked and not args.strict:
+            lines.append(
+                f"{unchecked} could not be checked ({', '.join(audit.UNCHECKED)}): "
+                "--strict makes that a failure"
+            )
         return "\n".join(lines)
 
     out.emit(
@@ -188,7 +194,7 @@ def cmd_audit(args: argparse.Namespace, out: Output) -> int:
         human,
     )
     failing = counts["hole"] + counts["differs"]
-    failing += counts["open"] + counts["problem"] if args.strict else 0
+    failing += sum(counts[s] for s in audit.UNCHECKED) if args.strict else 0
     return EXIT_PROBLEMS if failing else EXIT_OK
 
 

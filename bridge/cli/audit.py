@@ -5,7 +5,9 @@ the call exactly as a lowering does (:mod:`bridge.warm.planning`), runs Triton's
 compares the IR it gives today with the IR the cached entry under that key was compiled from
 (every kernel entry records its digest, ``ir``):
 
-- ``exact``: the key is an exact description, and the entry was built from today's IR;
+- ``exact``: the entry a lowering would use (the one under the key, or where its frontend's
+  reads find something else today, the one kept for what they find: see
+  :mod:`bridge.identity.witness`) was built from today's IR;
 - ``hole``: the entry under today's key was built from other IR: a change the description of the
   kernel did not see (a lowering would serve a stale kernel). The audit fails;
 - ``open``: the kernel cannot be described exactly, and is keyed by its IR (the reason says why,
@@ -23,7 +25,8 @@ they read) changed that the key does not see. The audit fails then too.
 
 Nothing here writes: keys are computed without the cache's memos, entries are read without
 counting a hit or touching them. Exit status 1 when there is a hole or a difference (and, with
-``--strict``, an open kernel or a problem).
+``--strict``, anything it could not check: :data:`UNCHECKED`); without ``--strict`` the summary
+says how many it could not check.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache import Artifact
 
+from ..compile import fetch
 from ..errors import BridgeError, KernelArgumentError
-from ..identity import frontend
+from ..identity import frontend, witness
 from ..identity.specialize import Specialization
 from ..vendors.targets import Target, recorded_targets
 from ..warm.manifest import load_manifest
@@ -47,6 +51,8 @@ if TYPE_CHECKING:
 
 #: statuses, in the order a summary lists them
 STATUSES = ("exact", "hole", "differs", "open", "uncached", "unrecorded", "problem")
+#: statuses of specializations whose entry the audit could not compare with today's code
+UNCHECKED = ("open", "uncached", "unrecorded", "problem")
 
 
 @dataclass(frozen=True)
@@ -96,11 +102,27 @@ class Audited:
         return f"{self.status:<10} {where}: {text}"
 
 
-def _entry(cache: Cache, spec: Specialization) -> Artifact | None:
+def _read(cache: Cache, key: str, ext: str) -> Artifact | None:
     for store in cache.layers:
-        art = store.read(spec.key, spec.ext)
+        art = store.read(key, ext)
         if isinstance(art, Artifact):
             return art
+    return None
+
+
+def _entry(cache: Cache, spec: Specialization) -> Artifact | None:
+    """The entry a lowering of ``spec`` would use: the one under its key or, where that
+    entry's reads find something else today, the one under the key chained from it (as
+    :func:`bridge.compile.fetch.fetch_each` follows them)."""
+    key = spec.key
+    for _ in range(fetch.MAX_HOPS + 1):
+        art = _read(cache, key, spec.ext)
+        if art is None:
+            return None
+        now = fetch.stale(spec, art.meta)
+        if now is None:
+            return art
+        key = witness.chained(key, now)
     return None
 
 

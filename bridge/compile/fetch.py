@@ -30,7 +30,7 @@ from ..entries.kernels import PTX
 from ..errors import LeftOut
 from ..identity import witness
 from ..identity.specialize import Specialization, Usable, components
-from . import compiler_process
+from . import compiler_process, hit_audit
 from .compiler import Compiled, binary_problem, compile_source
 
 if TYPE_CHECKING:
@@ -87,6 +87,9 @@ class Request:
     check: Callable[[Mapping[str, Any]], str | None] | None = None
     #: how many times the key was chained already (see :func:`_chained`)
     hops: int = 0
+    #: whether a cached kernel (its full metadata) is stale by an audit of this hit
+    #: (:mod:`bridge.compile.hit_audit`)
+    audit: Callable[[Mapping[str, Any]], bool] | None = None
 
 
 def fetch_request(cache: Cache, request: Request) -> KernelBinary:
@@ -206,6 +209,8 @@ def fetch_each(
                 if now is not None:
                     stale.append((index, _chained(request, now)))
                     continue
+                if not kernel.built and request.audit is not None and request.audit(art.meta):
+                    kernel = _rebuilt(dataclasses.replace(request, audit=None))
                 yield index, kernel
             except Exception as e:  # a failing recompile, reported per request
                 yield index, e
@@ -350,6 +355,7 @@ def request(spec: Specialization, usable: Usable | None = None) -> Request:
         stored=spec.stored,
         ir=spec.ir,
         check=functools.partial(stale, spec),
+        audit=functools.partial(hit_audit.audited, spec),
     )
 
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..entries.memos import memoized
 from .compiler_identity import triton_fingerprint
+from .static_reads import file_digest
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -174,8 +175,6 @@ def _shown(value: Any) -> Any:
 def tool_digest(path: str) -> str | None:
     """The sha256 of the file at ``path`` (memoized by its size and modification time), None
     where there is none."""
-    from .kernel_keys import file_digest
-
     try:
         st = os.stat(path)
         return file_digest(os.path.abspath(path), st.st_size, st.st_mtime_ns)

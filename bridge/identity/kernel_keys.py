@@ -28,7 +28,6 @@ differ (``kernelcache explain``); the key is a digest of the same components.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -41,22 +40,13 @@ from ..vendors.targets import Target
 from . import environment
 from .compiler_identity import backend_identity, triton_identity
 from .jit import constant, identity
+from .static_reads import file_digest
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
 #: bump when the bridge's compile pipeline changes its output for the same inputs
 PIPELINE_VERSION = "bridge-pipeline-5"
-
-
-@functools.lru_cache(maxsize=256)
-def file_digest(path: str, size: int, mtime_ns: int) -> str:
-    """sha256 of a file's content, memoized per process by its identity."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def options_digest(options: Any) -> str:

@@ -274,7 +274,9 @@ def module_file(module: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+def file_digest(path: str, size: int, mtime_ns: int) -> str:
+    """sha256 of a file's content, memoized per process by its identity (path, size and
+    modification time)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -290,7 +292,7 @@ def installed_digest(module: str) -> str | None:
         return None
     try:
         st = os.stat(path)
-        return _file_digest(path, st.st_size, st.st_mtime_ns)
+        return file_digest(path, st.st_size, st.st_mtime_ns)
     except OSError:
         return None
 

@@ -1,5 +1,5 @@
 """The frontend as witness: record what Triton's code generator reads while it generates one
-kernel, as a read set (:mod:`.reads`) kept with the compiled kernel.
+kernel, as a read set (:mod:`.read_sets`) kept with the compiled kernel.
 
 A kernel's key is computed from a description of its code (:mod:`.describe`) made before any
 compile: a model of what the frontend might read. The witness is what it did read, as ccache's
@@ -8,7 +8,7 @@ and as Triton keeps ``used_global_vals`` for a warm process: every global and cl
 a JIT function resolved, every attribute and item the frontend took from an object it got that
 way, every call of code of the program's own it made at compile time (``constexpr_function``,
 functions, classes, and built-ins given such objects) with its arguments and result. A cached
-kernel is used only while its reads find what they found (:func:`bridge.identity.reads.check`);
+kernel is used only while its reads find what they found (:func:`bridge.identity.read_sets.check`);
 the key stays the fast way to the entry, and no longer has to be complete.
 
 Recording hooks Triton's ``CodeGenerator`` (its name, attribute, item and call visits, and its
@@ -30,7 +30,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from . import reads as rs
+from . import exact_values as ev
+from . import read_sets as rs
 from . import static_reads
 
 #: the most rows a read set keeps (a larger one is cut, and says so)
@@ -51,7 +52,7 @@ class Recorder:
         self.partial: list[str] = []
         self.environ: dict[str, str | None] = {}  # variables read during the compile
         for name, value in params.items():
-            if rs.exact(value) is None:  # (a plain value is in the key as it is)
+            if ev.exact(value) is None:  # (a plain value is in the key as it is)
                 self.add(-1, "p", name, value)
 
     def origin(self, value: Any) -> int | None:
@@ -78,11 +79,11 @@ class Recorder:
 
     def argument(self, value: Any) -> list[Any] | None:
         """``value`` as an argument of a recorded call: plain, or found by a read; None."""
-        plain = rs.exact(value)
+        plain = ev.exact(value)
         if plain is not None:
             return ["v", plain]
         row = self.origin(value)
-        if row is None and isinstance(value, rs.language().constexpr):
+        if row is None and isinstance(value, ev.language().constexpr):
             row = self.origin(value.value)
             return None if row is None or row < 0 else ["rk", row]
         return None if row is None or row < 0 else ["r", row]
@@ -97,7 +98,7 @@ class Recorder:
 
         for name, value in sorted(self.environ.items()):
             if name not in NEUTRAL and name not in DEVICE_SELECTION:
-                self.add(-1, "e", name, rs.ABSENT if value is None else value)
+                self.add(-1, "e", name, ev.ABSENT if value is None else value)
         partial = self.partial + [f"no exact description of {o}" for o in self.trace.opaque[:4]]
         rows = self.rows
         while True:
@@ -201,9 +202,9 @@ def _triton_value(value: Any) -> bool:
 def _ignorable(value: Any) -> bool:
     """Whether reading from ``value`` needs no witness: a plain value, or one of Triton's own
     objects (a dtype, a layout: what Triton's files, in every key, decide)."""
-    if rs.exact(value) is not None:
+    if ev.exact(value) is not None:
         return True
-    return rs.triton_home(type(value)) is not None
+    return ev.triton_home(type(value)) is not None
 
 
 @functools.lru_cache(maxsize=1)
@@ -230,7 +231,7 @@ def _install() -> None:
             name = node.id
             root = getattr(self, "_kc_root", None)
             if name not in self.lscope and root is not None:
-                recorder.add(root, "g", name, self.gscope.get(name, rs.ABSENT))
+                recorder.add(root, "g", name, self.gscope.get(name, ev.ABSENT))
         return value
 
     def visit_Attribute(self: Any, node: Any) -> Any:
@@ -273,7 +274,7 @@ def _install() -> None:
 
 def _attribute(recorder: Recorder, base: Any, name: str, value: Any) -> None:
     inner = base
-    if isinstance(base, rs.language().constexpr) and name not in ("value", "type"):
+    if isinstance(base, ev.language().constexpr) and name not in ("value", "type"):
         inner = base.value  # (what the code generator reads the attribute of)
     row = recorder.origin(base)
     if row is None and inner is not base:
@@ -285,7 +286,7 @@ def _attribute(recorder: Recorder, base: Any, name: str, value: Any) -> None:
         row = recorder.origin(type(inner))
         if row is not None:
             recorder.add(row, "a", name, value)
-        elif static_reads.is_jit(value) and rs.triton_home(type(inner)) is None:
+        elif static_reads.is_jit(value) and ev.triton_home(type(inner)) is None:
             recorder.missed(f"a method of {type(inner).__qualname__} not witnessed")
     elif not _ignorable(inner):
         recorder.missed(f"an attribute of a {type(inner).__qualname__} not witnessed")
@@ -300,12 +301,12 @@ def _call(
         constexpr_function is not None and isinstance(fn, constexpr_function)
     ):
         return  # (generated: its reads are its generator's)
-    if rs.triton_home(fn) is not None or getattr(fn, "__triton_builtin__", False):
+    if ev.triton_home(fn) is not None or getattr(fn, "__triton_builtin__", False):
         return  # (Triton's own code, in every key)
     if hasattr(fn, "__self__") and _triton_value(fn.__self__):
         return  # (a method of a tensor)
     builtin = next((n for n, f in rs.BUILTINS.items() if f is fn), None)
-    constexpr = rs.language().constexpr
+    constexpr = ev.language().constexpr
     if builtin is not None or hasattr(fn, "__self__"):  # (given their arguments unwrapped)
         args = [a.value if isinstance(a, constexpr) else a for a in args]
         kws = {k: v.value if isinstance(v, constexpr) else v for k, v in kws.items()}
@@ -318,13 +319,13 @@ def _call(
         return
     if builtin is not None:
         if not named and any(m[0] == "r" for m in made):
-            recorder.add(-1, "b", [builtin, made], rs.unwrap(value))
+            recorder.add(-1, "b", [builtin, made], ev.unwrap(value))
         return
     parent = recorder.origin(fn)
     if parent is None:
         recorder.missed(f"a call of {_name(fn)} not witnessed")
         return
-    row = recorder.add(parent, "c", [made, named], rs.unwrap(value))
+    row = recorder.add(parent, "c", [made, named], ev.unwrap(value))
     if row is not None:
         recorder.trace.note(value, row)  # (the wrapped result the generator goes on with)
 
@@ -332,7 +333,7 @@ def _call(
 def _origin(recorder: Recorder, value: Any) -> int | None:
     """The row that found ``value`` or, for a ``constexpr``, the value it holds."""
     row = recorder.origin(value)
-    if row is None and isinstance(value, rs.language().constexpr):
+    if row is None and isinstance(value, ev.language().constexpr):
         row = recorder.origin(value.value)
     return row
 
@@ -357,7 +358,7 @@ def stale(texts: Any, kernel: Any, given: Any, backend: Any) -> str | None:
     """None where every read of the read sets ``texts`` (those of kernels of the JIT function
     ``kernel`` compiled for ``backend``'s target, with the constexpr arguments ``given`` by
     parameter name) finds what it found; else the digest of what they find now (see
-    :func:`bridge.identity.reads.check`)."""
+    :func:`bridge.identity.read_sets.check`)."""
     mapped = module_map(backend)
     now = [rs.check(text, kernel, given, mapped) for text in texts]
     if all(n is None for n in now):

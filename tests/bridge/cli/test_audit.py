@@ -57,13 +57,19 @@ for kernel, kw in ((K.exact_kernel, {}), (K.open_kernel, {"ACT": "double"})):
 """
 #: the kernelcache command where the kernel's code is not part of its key: an analysis with a
 #: hole, as a change it cannot see would make one
-BLIND = """
+#: the kernelcache command with a key blind to the kernel's code
+KEY_BLIND = """
 import sys
 from bridge.identity import kernel_keys
 kernel_keys.code_digest = lambda fn: "blind"
 from kernelcache.cli import main
 sys.exit(main(sys.argv[1:]))
 """
+#: ... and a witness blind to what the frontend read
+BLIND = KEY_BLIND.replace(
+    "from kernelcache.cli",
+    "from bridge.identity import witness\nwitness.stale = lambda *a: None\nfrom kernelcache.cli",
+)
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +148,10 @@ def test_exact_and_open_kernels_are_told_apart_and_nothing_is_written(project):
 
 
 def test_a_change_the_key_does_not_see_is_a_hole(project, tmp_path):
-    """An analysis blind to the kernel's code keys the edited kernel as before: the entry under
-    that key was compiled from other IR, and the audit says so, and fails."""
+    """An analysis blind to the kernel's code (its key and the witness of its reads) keys the
+    edited kernel as before: the entry under that key was compiled from other IR, and the
+    audit says so, and fails. With the key alone blind, the witness sees the change: the entry
+    a lowering would use is another, not yet compiled."""
     root = tmp_path / "blind"
     kc_code(
         "--root",
@@ -162,6 +170,7 @@ def test_a_change_the_key_does_not_see_is_a_hole(project, tmp_path):
     cfg.write_text(text.replace("2.0", "3.0"))
     try:
         doc = audit(root, project, code=1, prelude=BLIND)
+        witnessed = audit(root, project, code=0, prelude=KEY_BLIND)
         honest = audit(root, project, code=0)
     finally:
         cfg.write_text(text)
@@ -170,6 +179,9 @@ def test_a_change_the_key_does_not_see_is_a_hole(project, tmp_path):
     # the real key sees the change: nothing is cached under it, nothing is wrong
     statuses = {r["kernel"].rpartition(":")[2]: r["status"] for r in honest["results"]}
     assert statuses == {"exact_kernel": "uncached", "open_kernel": "open"}
+    # (the open kernel, its code blind, is keyed like the entry it was warmed as: its reads hold)
+    statuses = {r["kernel"].rpartition(":")[2]: r["status"] for r in witnessed["results"]}
+    assert statuses == {"exact_kernel": "uncached", "open_kernel": "exact"}
 
 
 #: the kernelcache command where what ptxas is told of the source files differs from what a
