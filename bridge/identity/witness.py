@@ -88,6 +88,15 @@ class Recorder:
             return None if row is None or row < 0 else ["rk", row]
         return None if row is None or row < 0 else ["r", row]
 
+    @contextlib.contextmanager
+    def guarded(self) -> Iterator[None]:
+        """Note a read; a failure of the witness itself is named in the read set (as what it
+        could not follow), never the compile's."""
+        try:
+            yield
+        except Exception as e:  # (the user's objects, described: whatever they raise)
+            self.missed(f"the witness failed: {type(e).__name__}: {e}"[:200])
+
     def missed(self, why: str) -> None:
         if len(self.partial) < 8 and why not in self.partial:
             self.partial.append(why)
@@ -219,6 +228,7 @@ def _install() -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         recorder = active()
+        self._kc_root = None
         if recorder is not None:
             self._kc_root = recorder.origin(self.jit_fn)
             if self._kc_root is None:
@@ -231,7 +241,8 @@ def _install() -> None:
             name = node.id
             root = getattr(self, "_kc_root", None)
             if name not in self.lscope and root is not None:
-                recorder.add(root, "g", name, self.gscope.get(name, ev.ABSENT))
+                with recorder.guarded():
+                    recorder.add(root, "g", name, self.gscope.get(name, ev.ABSENT))
         return value
 
     def visit_Attribute(self: Any, node: Any) -> Any:
@@ -239,7 +250,8 @@ def _install() -> None:
         value = self.get_Attribute(rs.follow(lhs, self.builder.module_map), node.attr)
         recorder = active()
         if recorder is not None:
-            _attribute(recorder, lhs, node.attr, value)
+            with recorder.guarded():
+                _attribute(recorder, lhs, node.attr, value)
         return value
 
     def visit_Subscript_Load(self: Any, node: Any) -> Any:
@@ -249,12 +261,9 @@ def _install() -> None:
             return self.call_Method(node, lhs.__getitem__, lhs, [slices], {})
         value = lhs[slices]
         recorder = active()
-        if recorder is not None and not _ignorable(lhs):
-            row, key = _origin(recorder, lhs), recorder.argument(slices)
-            if row is None or key is None:
-                recorder.missed(f"an item of a {type(lhs).__qualname__} not witnessed")
-            else:
-                recorder.add(row, "i", key, value)
+        if recorder is not None:
+            with recorder.guarded():
+                _item(recorder, lhs, slices, value)
         return value
 
     def call_Function(self: Any, node: Any, fn: Any, args: Any, kws: Any) -> Any:
@@ -262,7 +271,8 @@ def _install() -> None:
         value = call_function(self, node, fn, args, kws)
         recorder = active()
         if recorder is not None:
-            _call(recorder, self, fn, given, dict(kws), value)
+            with recorder.guarded():
+                _call(recorder, fn, given, dict(kws), value)
         return value
 
     CodeGenerator.__init__ = __init__
@@ -292,9 +302,17 @@ def _attribute(recorder: Recorder, base: Any, name: str, value: Any) -> None:
         recorder.missed(f"an attribute of a {type(inner).__qualname__} not witnessed")
 
 
-def _call(
-    recorder: Recorder, generator: Any, fn: Any, args: list[Any], kws: dict[str, Any], value: Any
-) -> None:
+def _item(recorder: Recorder, base: Any, key: Any, value: Any) -> None:
+    if _ignorable(base):
+        return
+    row, made = _origin(recorder, base), recorder.argument(key)
+    if row is None or made is None:
+        recorder.missed(f"an item of a {type(base).__qualname__} not witnessed")
+    else:
+        recorder.add(row, "i", made, value)
+
+
+def _call(recorder: Recorder, fn: Any, args: list[Any], kws: dict[str, Any], value: Any) -> None:
     """Record a call the code generator made at compile time of code that is not Triton's."""
     jit_callable, constexpr_function, _ = static_reads.jit_classes()
     if isinstance(fn, jit_callable) and not (
