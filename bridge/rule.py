@@ -6,18 +6,22 @@ kernel launched through jaxlib's Triton custom call, compiled through the kernel
 everything ``bridge.triton_call`` does: inline machine code (no temporary path on ROCm),
 byte-identical modules across processes, stored lowerings, autotune decisions.
 
-TE's contract, argument for argument (NVIDIA's main and AMD's fork): the kernel's parameters
-that ``constexprs`` does not name are its tensors, the rule's operands (``ctx.avals_in``) then
-its results (``ctx.avals_out``), in signature order; scalars are constexprs.
-``input_output_aliases`` maps an operand's index to a result's (the result keeps its own
-parameter, its buffer starting as the operand's: jaxlib's operand-output aliasing).
-``grid`` is up to three ints, or a function of the parameters (constexprs and an autotune
-config's values) returning them. ``num_warps`` and ``num_stages`` default to the target's
-(Triton's: 4 warps); an autotuned kernel's configs carry their own. ``enable_fp_fusion``
-defaults to False, as TE compiles. The call is lowered as ``bridge.triton_call`` would lower
-the same call with ``out_shape=ctx.avals_out`` (jax-triton 0.3's convention, which TE's is),
-for the platform being lowered ("cuda" or "rocm": the target follows from it and the local
-device, or ``$KERNELCACHE_TARGET``).
+TE's contract, argument for argument (NVIDIA's main and AMD's fork; :mod:`bridge.call.rule_contract`
+plans it): every parameter ``constexprs`` names is bound at compile time and is part of the
+kernel's key (a ``tl.constexpr``, a scalar runtime parameter such as a size or a stride, or a
+pointer given as ``None``); the parameters it does not name, in signature order, take the
+rule's operands (``ctx.avals_in``), then its results (``ctx.avals_out``); results past them
+are written through the operand they alias. ``input_output_aliases`` maps an operand's index
+to a result's (the same buffer: jaxlib's operand-output aliasing). ``grid`` is up to three
+ints, or a function of the parameters (the caller's constexprs and an autotune config's
+values) returning them. ``num_warps`` and ``num_stages`` default to TE's 4 and 3 on every
+target; an autotuned kernel's configs carry their own, and these two are then ignored, as TE
+ignores them. ``enable_fp_fusion`` defaults to False, as TE compiles. The target is the
+platform being lowered ("cuda" or "rocm") with the local device, or ``$KERNELCACHE_TARGET``.
+
+Invariants: the custom call's operands are the rule's operands, unchanged and in order, and the
+values returned are its results in ``ctx.avals_out``'s order; ``bridge.triton_call`` is not
+involved (its conventions are its own callers').
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 import jax
 
+from .call import rule_contract
 from .call.primitive import triton_call_p
 from .errors import KernelArgumentError
 from .lowering import lower
@@ -52,45 +57,60 @@ def _platform(ctx: Any, given: str | None) -> str:
     return ours[0]
 
 
-def _contract(kernel_fn: Any, avals_in: Any, avals_out: Any) -> str:
-    inner = kernel_fn
-    while hasattr(inner, "fn"):  # (an autotuner's or heuristics' kernel)
-        inner = inner.fn
-    name = getattr(inner, "__name__", type(kernel_fn).__name__)
-    return (
-        f"triton_call_lowering: the parameters of {name} "
-        "that constexprs does not name must be the rule's operands, then its results, in "
-        f"signature order ({len(avals_in)} operands, {len(avals_out)} results), as "
-        "TransformerEngine's triton_call_lowering requires; name every scalar in constexprs"
-    )
+#: TransformerEngine's compile options where the caller gives none (both repositories' current
+#: ``triton_call_lowering``; Triton's ``Config`` defaults)
+DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES = 4, 3
 
 
-def _call(kernel_fn: Any, avals_in: Any, avals_out: Any, kwargs: Mapping[str, Any]) -> Any:
-    """The bridge's call spec for TE's call: ``bridge.triton_call`` traced on the rule's
-    operands, which must be exactly one custom call of them, giving exactly its results."""
-    from .api import triton_call
+def _name(parts: Any) -> str:
+    return f"triton_call_lowering of {parts.qualname}"
 
-    out_shape = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals_out]
+
+def _options(
+    parts: Any,
+    options: Mapping[str, Any],
+    num_warps: int | None,
+    num_stages: int | None,
+    enable_fp_fusion: bool,
+) -> dict[str, Any]:
+    """The call's backend options: ``options`` checked as ``bridge.triton_call`` checks them,
+    with TE's defaults (see the module docstring)."""
+    from .api import _options as checked
+
+    explicit: dict[str, Any] = {"enable_fp_fusion": bool(enable_fp_fusion)}
+    if not rule_contract.is_autotuned(parts):  # (an autotuned kernel's configs carry their own)
+        explicit["num_warps"] = DEFAULT_NUM_WARPS if num_warps is None else num_warps
+        explicit["num_stages"] = DEFAULT_NUM_STAGES if num_stages is None else num_stages
+    return checked(parts, explicit, options, None)
+
+
+def _traced(
+    parts: Any,
+    ctx: Any,
+    constexprs: Mapping[str, Any],
+    aliases: Mapping[int, int] | None,
+    make: Callable[[Any, Any], tuple[Any, list[Any], Any]],
+) -> tuple[Any, list[int]]:
+    """The call spec of the rule's call, and where each of the rule's results is among the
+    custom call's: the contract's plan traced on the rule's operands, which must be exactly one
+    custom call of them."""
+    from .call.arguments import Inputs
 
     def fn(*xs: Any) -> Any:
-        return triton_call(*xs, kernel=kernel_fn, out_shape=out_shape, convention="0.3", **kwargs)
+        inputs = Inputs(parts)
+        plan = rule_contract.plan_rule(parts, inputs, xs, ctx.avals_out, constexprs, aliases)
+        call, operands, finish = make(inputs, plan)
+        return finish(list(triton_call_p.bind(*operands, call=call, has_side_effect=False)))
 
-    contract = _contract(kernel_fn, avals_in, avals_out)
-    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals_in]
-    try:
-        jaxpr = jax.make_jaxpr(fn)(*specs).jaxpr
-    except KernelArgumentError as e:
-        raise KernelArgumentError(f"{e} ({contract})") from e
-    eqns = [e for e in jaxpr.eqns if e.primitive is triton_call_p]
-    (eqn,) = eqns or [None]
-    if (
-        eqn is None
-        or len(jaxpr.eqns) != 1
-        or list(eqn.invars) != list(jaxpr.invars)
-        or list(eqn.outvars) != list(jaxpr.outvars)
-    ):
-        raise KernelArgumentError(contract)
-    return eqn.params["call"], eqn.params["has_side_effect"]
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_in]
+    jaxpr = jax.make_jaxpr(fn)(*specs).jaxpr
+    eqn = jaxpr.eqns[0] if len(jaxpr.eqns) == 1 else None
+    if eqn is None or eqn.primitive is not triton_call_p or eqn.invars != jaxpr.invars:
+        raise KernelArgumentError("the rule's operands are not exactly the kernel's operands")
+    outs = list(eqn.outvars)
+    order = [outs.index(v) for v in jaxpr.outvars]
+    assert sorted(order) == list(range(len(outs))), (order, len(outs))
+    return eqn.params["call"], order
 
 
 def triton_call_lowering(
@@ -104,6 +124,11 @@ def triton_call_lowering(
     num_stages: int | None = None,
     enable_fp_fusion: bool = False,
     platform: str | None = None,
+    zeroed_outputs: Any = (),
+    target: str | None = None,
+    embed: str | None = None,
+    cache: Any = None,
+    autotune: str | None = None,
     **options: Any,
 ) -> Any:
     """Lower a launch of ``kernel_fn`` inside a primitive's lowering rule (see the module
@@ -117,13 +142,14 @@ def triton_call_lowering(
         *array_args: the rule's operands (MLIR values), one per ``ctx.avals_in``.
         grid: up to three ints, or a function of the parameters returning them.
         input_output_aliases: ``{operand index: result index}``.
-        constexprs: the kernel's constexpr (and scalar) parameters by name.
-        num_warps, num_stages: compile options (the target's defaults where None; an autotune
-            config's own where it has them).
+        constexprs: the parameters bound at compile time, by name: constexprs, scalars, and
+            pointers given as None.
+        num_warps, num_stages: compile options (4 and 3 where None; ignored for an autotuned
+            kernel, whose configs carry their own).
         enable_fp_fusion: fuse multiplies and adds (False, as TransformerEngine compiles).
         platform: "cuda" or "rocm" where the rule is registered for several platforms.
-        **options: other options of the target's Triton backend, and the bridge's own keywords
-            of ``bridge.triton_call`` (``target=``, ``embed=``, ``cache=``, ``autotune=``).
+        zeroed_outputs, target, embed, cache, autotune: as for ``bridge.triton_call``.
+        **options: other options of the target's Triton backend (``num_ctas``, ...).
 
     Returns:
         The results, as MLIR values (what ``jax.ffi.ffi_lowering``'s rule returns).
@@ -131,28 +157,57 @@ def triton_call_lowering(
     Raises:
         KernelArgumentError: the kernel's parameters do not fit the rule's operands and results.
     """
+    from .call import tracing
+    from .call.kernel_objects import decompose
+    from .settings import AUTOTUNE_MODES
+    from .vendors import targets
+
     chosen = _platform(ctx, platform)
     if len(array_args) != len(ctx.avals_in):
         raise KernelArgumentError(
             f"triton_call_lowering: {len(array_args)} operands given, but the rule has "
             f"{len(ctx.avals_in)} (ctx.avals_in): pass the rule's operands as they come"
         )
-    kwargs: dict[str, Any] = {
-        **dict(constexprs or {}),
-        **options,
-        "grid": grid,
-        "enable_fp_fusion": enable_fp_fusion,
-    }
-    if num_warps is not None:
-        kwargs["num_warps"] = num_warps
-    if num_stages is not None:
-        kwargs["num_stages"] = num_stages
-    if input_output_aliases:
-        kwargs["input_output_aliases"] = dict(input_output_aliases)
-    call, side_effect = _call(kernel_fn, ctx.avals_in, ctx.avals_out, kwargs)
+    if target is not None:
+        targets.parse_target(target)
+    if autotune is not None and autotune not in AUTOTUNE_MODES:
+        raise KernelArgumentError(
+            f"autotune={autotune!r} is not one of {', '.join(AUTOTUNE_MODES)}"
+        )
+    parts = decompose(kernel_fn)
+    given = dict(constexprs or {})
+    launch = _options(parts, options, num_warps, num_stages, enable_fp_fusion)
+
+    def make(inputs: Any, plan: Any) -> tuple[Any, list[Any], Any]:
+        return tracing.make_call(
+            parts,
+            inputs,
+            plan,
+            grid=rule_contract.meta_grid(grid, given),
+            zeroed_outputs=zeroed_outputs,
+            options=launch,
+            target=target,
+            embed_mode=embed,
+            cache=cache,
+            name="",
+            serialized_metadata=b"",
+            cost_estimate=None,
+            autotune=autotune,
+        )
+
+    try:
+        call, order = _traced(parts, ctx, given, input_output_aliases, make)
+    except KernelArgumentError as e:
+        raise KernelArgumentError(f"{_name(parts)}: {e}") from e
+    inner = ctx
+    if order != sorted(order):  # the custom call's results are in another order than the rule's
+        avals = [None] * len(order)
+        for j, r in enumerate(order):
+            avals[r] = ctx.avals_out[j]
+        inner = ctx.replace(avals_out=avals)
     rule: Callable[..., Any] = lower.lower_rule
     try:
-        return rule(ctx, *array_args, call=call, has_side_effect=side_effect, platform=chosen)
+        results = rule(inner, *array_args, call=call, has_side_effect=False, platform=chosen)
     except KernelArgumentError as e:  # (the arguments bind when the kernel is specialized)
-        contract = _contract(kernel_fn, ctx.avals_in, ctx.avals_out)
-        raise KernelArgumentError(f"{e} ({contract})") from e
+        raise KernelArgumentError(f"{_name(parts)}: {e}") from e
+    return [results[r] for r in order]

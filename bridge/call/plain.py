@@ -1,7 +1,8 @@
 """A call's values as plain JSON data, as records and manifests hold them.
 
 Arrays become ``{"array": dtype, "shape": [...]}``, tensor descriptors ``{"tensordesc": {...}}``,
-dtypes and JIT functions are named, tuples become lists, anything else is kept by ``repr``
+dtypes and JIT functions are named, ``tl.constexpr`` objects ``{"constexpr": value}``, tuples
+become lists, anything else is kept by ``repr``
 (:mod:`bridge.warm.manifest` revives them). A kernel's source is recorded by its digest.
 """
 
@@ -43,8 +44,8 @@ def plain(value: Any) -> Any:
     if fn is not None and hasattr(value, "cache_key"):
         return {"jit": f"{fn.__module__}:{fn.__qualname__}"}
     inner = getattr(value, "value", None)
-    if type(value).__name__ == "constexpr":
-        return plain(inner)
+    if type(value).__name__ == "constexpr":  # (a scalar bound at compile time stays one)
+        return {"constexpr": plain(inner)}
     if type(value).__name__ == "dtype" and hasattr(value, "name"):
         return {"dtype": str(value.name)}
     return {"repr": repr(value)}

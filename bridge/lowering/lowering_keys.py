@@ -98,8 +98,8 @@ def _canon_other(value: Any, buffers: Mapping[int, int]) -> Any:
     kind = type(value).__name__
     if jit.is_jit(value):  # a JIT function
         return ["jit", jit.identity(value)]
-    if kind == "constexpr":
-        return _canon(value.value, buffers)
+    if kind == "constexpr":  # (bound at compile time even on a runtime parameter: not the value)
+        return ["constexpr", _canon(value.value, buffers)]
     if kind == "dtype" and hasattr(value, "name"):
         return ["dtype", str(value.name)]
     base = getattr(value, "base", None)

@@ -85,6 +85,10 @@ def revive(value: Any, counter: list[int]) -> Any:
             return tl.dtype(value["dtype"])
         if "jit" in value:
             return import_kernel(value["jit"])
+        if "constexpr" in value:
+            import triton.language as tl
+
+            return tl.constexpr(revive(value["constexpr"], counter))
         desc = value.get("tensordesc")
         if isinstance(desc, dict) and isinstance(desc.get("base"), dict):
             from ..call.tma import revive as revive_descriptor

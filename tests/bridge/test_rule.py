@@ -39,8 +39,9 @@ def root(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("target", list(PLATFORMS))
 def test_a_te_primitive_lowers_through_the_cache_as_triton_call_would(root, monkeypatch, target):
-    """The rule's custom call is the one ``bridge.triton_call`` gives for the same call (the
-    same opaque), compiled once and found in the cache the next time."""
+    """The rule's custom call is the one ``bridge.triton_call`` gives for the same call with
+    TE's compile options (the same opaque), compiled once and found in the cache the next
+    time."""
     compiles = bridge_compile.compile_count()
     (call,) = lowered(lambda x: scale_p.bind(x), target, F32, monkeypatch=monkeypatch)
     assert bridge_compile.compile_count() - compiles == 1
@@ -50,7 +51,7 @@ def test_a_te_primitive_lowers_through_the_cache_as_triton_call_would(root, monk
     def direct(x):
         return bridge.triton_call(
             x, kernel=scale_kernel, out_shape=x, grid=(4,), n=4096, S=2.0, BLOCK=1024,
-            enable_fp_fusion=False,
+            enable_fp_fusion=False, num_warps=4, num_stages=3,
         )  # fmt: skip
 
     (same,) = lowered(direct, target, F32, monkeypatch=monkeypatch)
@@ -67,7 +68,8 @@ def test_aliases_are_jaxlibs_operand_output_aliases(root, monkeypatch):
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
 def test_an_autotuned_kernel_takes_its_constexprs_from_each_config(root, monkeypatch, target):
     """TE's autotuned amax: ``n_elements`` from the rule, ``BLOCK_SIZE`` and ``num_warps``
-    from each config; the grid a function of them. Both configs are compiled and cached."""
+    from each config (the rule's own ``num_warps`` and ``num_stages`` ignored); the grid a
+    function of them. Both configs are compiled and cached."""
     (call,) = lowered(lambda x: absmax_p.bind(x), target, F32, monkeypatch=monkeypatch)
     message = proto.decode_opaque(call["opaque"])
     warps = sorted(k.num_warps for k in kernels_of(message))

@@ -120,6 +120,8 @@ def _absmax_rule(ctx, x):
         x,
         grid=lambda meta: (triton.cdiv(n, meta["BLOCK_SIZE"]),),
         constexprs={"n_elements": n},
+        num_warps=4,  # (ignored, as TE ignores them: each config has its own)
+        num_stages=2,
         zeroed_outputs=(0,),  # (the bridge's own keyword: the maximum starts at 0)
     )
 
