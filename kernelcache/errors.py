@@ -68,6 +68,11 @@ class UsageError(KernelCacheError):
     """Bad input from the command line or the environment: the command exits with code 2."""
 
 
+class NothingDone(UsageError):
+    """A command stopped before changing anything (a question not confirmed, an input refused
+    whole): like a usage error, it exits with code 2, which says nothing was done."""
+
+
 class CommandFailed(KernelCacheError):
     """A command could not do what was asked: it exits with code 1."""
 

@@ -81,7 +81,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "bridge.enable_jax_cache uses beside the kernel cache root: <root>-jax)",
     )
     p.add_argument(
-        "--max-size", type=size_arg, metavar="SIZE", help="keep at most SIZE bytes, e.g. 20G"
+        "--max-size",
+        type=size_arg,
+        metavar="SIZE",
+        help="keep at most SIZE bytes, e.g. 20G (0 means no size cap, as everywhere)",
     )
     p.add_argument(
         "--max-age", type=age_arg, metavar="AGE", help="remove entries not used for AGE, e.g. 30d"
@@ -112,10 +115,9 @@ def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
         )
     exists = os.path.isdir(directory)  # the default one: none yet on a fresh set-up
     entries, stray = scan_jax_cache(directory) if exists else ([], [])
-    pruning = args.max_size is not None or args.max_age is not None
-    doomed = (
-        plan_jax_prune(entries, max_size=args.max_size, max_age=args.max_age) if pruning else []
-    )
+    max_size = args.max_size or None  # one meaning of a size cap everywhere: 0 is no cap
+    pruning = max_size is not None or args.max_age is not None
+    doomed = plan_jax_prune(entries, max_size=max_size, max_age=args.max_age) if pruning else []
     if not pruning:
         stray = []  # showing only
     removed = freed = 0

@@ -19,7 +19,7 @@ from .common import Context, Subparsers, add_command, add_filters, age_arg, size
 from .output import (
     EXIT_OK,
     EXIT_PROBLEMS,
-    CommandFailed,
+    NothingDone,
     Output,
     UsageError,
     envelope,
@@ -55,7 +55,8 @@ def register(subparsers: Subparsers) -> None:
         "--max-size",
         type=size_arg,
         metavar="SIZE",
-        help="keep at most SIZE bytes of (matching) entries, e.g. 10G",
+        help="keep at most SIZE bytes of (matching) entries, e.g. 10G; 0 means no size cap, "
+        "as in KERNELCACHE_MAX_SIZE",
     )
     p.add_argument(
         "--older-than",
@@ -77,6 +78,13 @@ def register(subparsers: Subparsers) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     p.add_argument("--list", action="store_true", help="list every planned action")
+    p.add_argument(
+        "-y",
+        "--yes",
+        action="store_true",
+        help="do it even when the plan deletes every entry of the root (without it, such a "
+        "prune asks on a terminal and does nothing elsewhere)",
+    )
     p.set_defaults(func=cmd_prune)
 
     p = add_command(
@@ -227,9 +235,10 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
     store = context.existing_store()
     root = store.root
     scanned = scan_store(store)
+    max_size = args.max_size or None  # one meaning of a size cap everywhere: 0 is no cap
     plan = plan_prune(
         scanned,
-        max_size=args.max_size,
+        max_size=max_size,
         older_than=args.older_than,
         kernels=args.kernel or (),
         targets=args.target or (),
@@ -239,6 +248,8 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
 
     def plan_text() -> str:
         lines = [f"Plan for {root}:"]
+        if args.max_size == 0:
+            lines.append("  --max-size 0: no size cap (as KERNELCACHE_MAX_SIZE=0)")
         lines += [f"  no entry matches {printable(f)}" for f in missed]
         for kind, v in plan.summary.items():
             lines.append("  " + _ACTION_WORDS[kind].format(n=v["count"], b=human_size(v["bytes"])))
@@ -264,7 +275,10 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
             sys.stdout.write(plan_text() + "\n")
             sys.stdout.flush()
         doomed = plan.summary.get("delete-entry")
-        if doomed and args.max_size is None and args.older_than is None:
+        asked = max_size is not None or args.older_than is not None or args.kernel or args.target
+        if doomed and asked and not plan.kept_entries and not args.yes:
+            _confirm_emptying(root, doomed["count"], doomed["bytes"])
+        if doomed and max_size is None and args.older_than is None:
             # a filter and no limit: every match goes; say so before doing it
             which = " ".join(
                 [
@@ -282,7 +296,7 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
         if result.freed_bytes:  # a size cap's running total: the next capped put measures
             in_directory(store, STATS_DIR, discard_usage, None)
     criteria = {
-        "max_size": args.max_size,
+        "max_size": max_size,
         "older_than": args.older_than,
         "kernel": args.kernel or [],
         "target": args.target or [],
@@ -307,6 +321,24 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
     out.emit(doc, human)
     failed = result is not None and (result.counts.get("failed") or result.fold_error)
     return EXIT_PROBLEMS if failed else EXIT_OK
+
+
+def _confirm_emptying(root: str, count: int, nbytes: int) -> None:
+    """Ask before a prune deletes every entry of ``root`` (on a terminal); elsewhere refuse.
+
+    Raises:
+        NothingDone: not confirmed (or no terminal to ask on): nothing was changed.
+    """
+    what = f"every entry of {root} ({count:,}, {human_size(nbytes)})"
+    if not sys.stdin.isatty():
+        raise NothingDone(
+            f"this prune would delete {what}: nothing was done; pass --yes to do it, or "
+            "--dry-run to see the plan (--max-size 0 means no size cap)"
+        )
+    sys.stderr.write(f"This prune deletes {what}. Go ahead? [y/N] ")
+    sys.stderr.flush()
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        raise NothingDone("not confirmed: nothing was removed")
 
 
 def cmd_clear(args: argparse.Namespace, out: Output) -> int:
@@ -336,7 +368,7 @@ def cmd_clear(args: argparse.Namespace, out: Output) -> int:
             sys.stderr.write(f"Remove {what} from {root}? [y/N] ")
             sys.stderr.flush()
             if sys.stdin.readline().strip().lower() not in ("y", "yes"):
-                raise CommandFailed("not confirmed: nothing was removed")
+                raise NothingDone("not confirmed: nothing was removed")
         with out.progress("clearing", len(plan.actions)) as tick:
             result = execute(store, plan, progress=tick)
         in_directory(store, STATS_DIR, discard_usage, None)

@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import progress as progressbar
 from ..errors import CommandFailed as CommandFailed  # the errors commands raise, kept here too
+from ..errors import NothingDone as NothingDone
 from ..errors import UsageError as UsageError
 from ..table import NAME_SEPARATOR, kernel_names
 from ..units import human_size as human_size  # (how the commands show sizes)
@@ -29,9 +30,10 @@ EXIT_CODES = {
     EXIT_OK: "done: everything asked for was done (nothing to do counts)",
     EXIT_PROBLEMS: "done in part: problems were found or some work failed (corrupt entries, "
     "a kernel that did not compile, a remote tier that did not answer); the output says which",
-    EXIT_USAGE: "nothing was done: bad arguments or environment variables, or an environment "
+    EXIT_USAGE: "nothing was done: bad arguments or environment variables, an environment "
     "the command cannot work in (a root that cannot be read or written, an input that does "
-    "not exist, a missing optional package)",
+    "not exist, a missing optional package), an input refused whole, or a question not "
+    "confirmed",
     EXIT_INTERRUPTED: "interrupted: Ctrl-C; what was done is kept and a re-run finishes the work",
 }
 

@@ -148,3 +148,41 @@ def hold_shared(path: Path | str) -> subprocess.Popen[str]:
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
+
+
+def answer_on_a_terminal(root: Path, answer: str | None, *args: str) -> tuple[int, str]:
+    """Run ``kernelcache --root ROOT ARGS...`` with standard input and error on a
+    pseudo-terminal; type ``answer`` once a ``[y/N]`` question shows (None: expect none).
+    Returns (exit code, what the terminal showed, then standard output)."""
+    import pty
+    import select
+
+    assert KERNELCACHE is not None, "install the project first (pip install -e '.[bridge]')"
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(
+        [KERNELCACHE, "--root", str(root), *args],
+        stdin=secondary,
+        stdout=subprocess.PIPE,
+        stderr=secondary,
+        env=child_env(),
+    )
+    os.close(secondary)
+    shown = b""
+    deadline = time.monotonic() + 60
+    while answer is not None and b"[y/N]" not in shown and time.monotonic() < deadline:
+        if select.select([primary], [], [], 0.5)[0]:
+            shown += os.read(primary, 4096)
+    if answer is not None:
+        os.write(primary, answer.encode() + b"\n")
+    out, _ = proc.communicate(timeout=60)
+    with_rest = shown
+    while select.select([primary], [], [], 0.1)[0]:
+        try:
+            chunk = os.read(primary, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        with_rest += chunk
+    os.close(primary)
+    return proc.returncode, with_rest.decode(errors="replace") + out.decode()

@@ -223,7 +223,7 @@ def test_lock_directory_of_another_user_that_this_user_cannot_write(tmp_path):
 # -- clock skew -------------------------------------------------------------------------------
 def test_entries_from_the_future_and_prune(root):
     """Last-used stamps far in the future (clock skew between hosts): prune never fails on
-    them, --max-size 0 removes them, and a hit resets the stamp to now, after which the entry
+    them, a size cap of one byte removes them, and a hit resets the stamp to now, after which the entry
     ages (and is pruned) like any other. Until it is used again, --older-than keeps it and
     --max-size evicts it last: see test_a_future_stamp_ages_from_when_prune_first_sees_it."""
     now = time.time()
@@ -248,7 +248,7 @@ def test_entries_from_the_future_and_prune(root):
     os.utime(root / f"{keys['future']}.json", (later, later))
     code, out = run_cli("--root", str(root), "prune", "--older-than", "1d", "--json")
     assert [a["key"] for a in json.loads(out)["plan"]["actions"]] == [keys["future"]]
-    code, out = run_cli("--root", str(root), "prune", "--max-size", "0", "--json")
+    code, out = run_cli("--root", str(root), "prune", "--max-size", "1B", "--yes", "--json")
     assert code == 0 and json.loads(out)["plan"]["kept_entries"] == 0
 
 

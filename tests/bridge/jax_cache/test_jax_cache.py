@@ -63,7 +63,8 @@ def test_user_settings_are_kept_and_the_directory_pruned_in_jaxs_format(tmp_path
     assert not (users / f"{oldest}-cache").exists() and not (users / f"{oldest}-atime").exists()
     # a size cap keeps the most recently used; JAX's directory is found through its variable
     env = {"JAX_COMPILATION_CACHE_DIR": str(users)}
-    doc = kc_json(None, "jax-cache", "--max-size", "0", env=env)
+    assert kc_json(None, "jax-cache", "--max-size", "0", env=env)["removed"] == 0  # no cap
+    doc = kc_json(None, "jax-cache", "--max-size", "1B", env=env)
     assert doc["removed"] == len(cache_files) - 1
     assert sorted(p.name for p in users.iterdir()) == [".lockfile"]
 

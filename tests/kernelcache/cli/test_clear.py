@@ -4,16 +4,12 @@ through the real console script (a pseudo-terminal for clear's confirmation)."""
 from __future__ import annotations
 
 import json
-import os
-import pty
-import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from cli_support import KERNELCACHE, files_under, kc, kc_json, put
+from cli_support import answer_on_a_terminal, files_under, kc, kc_json, put
 from support import child_env, run_py
 
 
@@ -89,40 +85,13 @@ def test_clear_dry_run_then_clear_without_a_terminal(populated, tmp_path):
 def clear_on_a_terminal(root: Path, answer: str | None, *args: str) -> tuple[int, str]:
     """Run ``kernelcache clear`` with standard input on a pseudo-terminal; type ``answer``
     once the question shows (None: expect no question)."""
-    primary, secondary = pty.openpty()
-    proc = subprocess.Popen(
-        [KERNELCACHE, "--root", str(root), "clear", *args],
-        stdin=secondary,
-        stdout=subprocess.PIPE,
-        stderr=secondary,
-        env=child_env(),
-    )
-    os.close(secondary)
-    shown = b""
-    deadline = time.monotonic() + 60
-    while answer is not None and b"[y/N]" not in shown and time.monotonic() < deadline:
-        if select.select([primary], [], [], 0.5)[0]:
-            shown += os.read(primary, 4096)
-    if answer is not None:
-        os.write(primary, answer.encode() + b"\n")
-    out, _ = proc.communicate(timeout=60)
-    with_rest = shown
-    while select.select([primary], [], [], 0.1)[0]:
-        try:
-            chunk = os.read(primary, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        with_rest += chunk
-    os.close(primary)
-    return proc.returncode, with_rest.decode(errors="replace") + out.decode()
+    return answer_on_a_terminal(root, answer, "clear", *args)
 
 
 def test_clear_asks_on_a_terminal(populated):
     code, shown = clear_on_a_terminal(populated, "n")
     assert "Remove 9 entries" in shown and "[y/N]" in shown
-    assert code == 1 and "not confirmed: nothing was removed" in shown
+    assert code == 2 and "not confirmed: nothing was removed" in shown  # 2: nothing was done
     assert kc_json(populated, "ls")["count"] == 9
     code, shown = clear_on_a_terminal(populated, "y")
     assert code == 0, shown

@@ -151,9 +151,11 @@ def test_no_cap_by_default_and_sizes_read_with_the_one_parser(tmp_path, monkeypa
     monkeypatch.setenv("KERNELCACHE_MAX_SIZE", "lots")
     with pytest.raises(ConfigError, match="KERNELCACHE_MAX_SIZE='lots'"):
         kernelcache.config.settings()  # what every command checks first (exit 2)
-    off = kernelcache.Cache(tmp_path / "f")  # a job is never failed for it: the cache is off
-    assert off.capacity is None and off.get_or_create("ab" * 32, "bin", lambda: (b"x", {}))
-    assert not (tmp_path / "f").exists()
+    uncapped = kernelcache.Cache(tmp_path / "f")  # a job is never failed for it: no cap
+    assert uncapped.capacity is None and uncapped.get_or_create(
+        "ab" * 32, "bin", lambda: (b"x", {})
+    )
+    assert (tmp_path / "f" / f"{'ab' * 32}.bin").exists()
 
 
 def test_stats_shows_the_cap(tmp_path):

@@ -147,7 +147,7 @@ def test_build_lock_of_a_pruned_entry_is_removed(tmp_path):
     cache = kernelcache.Cache(root, readonly_roots=())
     art = cache.get_or_create(key_of("built"), "bin", lambda: (b"bin", {"name": "b"}))
     assert (root / ".locks" / f"{art.key}.build.lock").exists()
-    kc_json(root, "prune", "--kernel", "b")
+    kc_json(root, "prune", "--kernel", "b", "--yes")  # (every entry of the root)
     assert not list((root / ".locks").glob(f"{art.key}*"))
 
 
@@ -160,7 +160,7 @@ def test_a_held_build_lock_of_a_pruned_entry_is_left_to_its_builder(tmp_path):
     build_lock = root / ".locks" / f"{art.key}.build.lock"
     builder = hold_shared(build_lock)  # a builder of the same key is at work
     try:
-        kc_json(root, "prune", "--kernel", "b")
+        kc_json(root, "prune", "--kernel", "b", "--yes")
         assert build_lock.exists()
     finally:
         builder.communicate("", timeout=30)
@@ -317,7 +317,7 @@ def test_prune_while_four_processes_read_and_write(tmp_path):
     round_ = 0
     while time.monotonic() < deadline:
         args = ["prune", "--max-size", "200K"] if round_ % 2 else ["prune", "--older-than", "0s"]
-        prunes.append(kc_json(root, *args))
+        prunes.append(kc_json(root, *args, "--yes"))
         round_ += 1
     results = []
     for w in workers:
