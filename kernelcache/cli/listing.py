@@ -1,6 +1,10 @@
 """``kernelcache ls`` and ``kernelcache show``: list entries, and show one by its key or a unique
 prefix of it.
 
+Invariant: the key prefixes ``ls`` prints are prefixes ``show`` accepts: unique among the keys
+of the root (an entry and its companions share their first 16 digits, so their prefixes are
+longer), all of one width (:func:`shown_key_width`).
+
 ``show`` prints what an entry holds where the package that writes entries of its ``kind``
 says how to read them: :func:`register_content` (the bridge describes its autotune
 decisions). kernelcache itself reads no artifact's content.
@@ -14,7 +18,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +78,31 @@ def _content(data: bytes, meta: Mapping[str, Any]) -> Content | None:
     except ImportError as e:
         why = f"its reader cannot be imported here ({e})"
         return Content({"problem": why}, (f"cannot be shown: {why}",))
+
+
+#: the fewest digits of a key ``ls`` shows
+KEY_DIGITS = 16
+
+
+def shown_key_width(shown: Sequence[str], every: Sequence[str]) -> int:
+    """How many digits of each key in ``shown`` ``ls`` prints so that each is a prefix of that
+    key alone among ``every`` key of the root: at least :data:`KEY_DIGITS`, one width for all
+    (the keys sorted once; each compared with its neighbours)."""
+    ordered = sorted(set(every) | set(shown))
+    wanted = set(shown)
+    width = KEY_DIGITS
+    for i, key in enumerate(ordered):
+        if key not in wanted:
+            continue
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(ordered):
+                other = ordered[j]
+                common = next(
+                    (n for n, (a, b) in enumerate(zip(key, other, strict=False)) if a != b),
+                    min(len(key), len(other)),
+                )
+                width = max(width, common + 1)
+    return width
 
 
 SORTS: dict[str, tuple[Callable[[Any], Any], bool]] = {
@@ -136,10 +165,12 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
         if not entries:
             return "(no entries)" + problems()
         rows = [["KEY", "EXT", "SIZE", "KERNEL", "TARGET", "LAST USED", "CREATED"]]
+        every = [*scanned.table.key, *(i.key for i in scanned.issues if i.key)]
+        width = shown_key_width([e.key for e in entries], every)
         for e in entries:
             rows.append(
                 [
-                    e.key[:16],
+                    e.key[:width],
                     e.ext,
                     human_size(e.size),
                     format_kernels(e.kernel),
@@ -196,9 +227,18 @@ def _resolve_key(root: str, text: str) -> str:
         {n.split(".", 1)[0] for n in names if n.startswith(text) and n.endswith("." + META_EXT)}
     )
     if len(found) > 1:
+        exts: dict[str, list[str]] = {}
+        candidates = set(found)
+        for n in names:
+            key, _, ext = n.partition(".")
+            if key in candidates and ext != META_EXT:
+                exts.setdefault(key, []).append(ext)
+        width = shown_key_width(found, found)
+        shown = [f"{k[:width]} ({', '.join(sorted(exts.get(k, ['?'])))})" for k in found[:5]]
         raise UsageError(
-            f"key prefix {text!r} is ambiguous: {', '.join(found[:5])}"
-            + (" ..." if len(found) > 5 else "")
+            f"key prefix {text!r} is ambiguous: {', '.join(shown)}"
+            + (f" and {len(found) - 5:,} more" if len(found) > 5 else "")
+            + "; give one of these (kernelcache ls prints prefixes show accepts)"
         )
     if not found:
         raise CommandFailed(f"no entry with key prefix {text!r} under {root}")
