@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from python_names import defined_names, undefined_names
 from support import REPO, child_env
 
 import bridge  # noqa: F401  (declares the bridge's variables)
@@ -349,6 +350,31 @@ def test_every_not_run_marker_precedes_a_block_that_would_run():
             ), (
                 f"{rel(path)}:{line}: a not-run marker belongs on the line before a bash or python block"
             )
+
+
+def test_a_python_block_that_does_not_run_says_what_it_stands_in_for():
+    """Every Python block runs, or parses and names (in its not-run reason) each name it uses
+    that neither it nor another block of its page defines: a reader knows what to supply,
+    and a block that lacks nothing but values is written to run."""
+    for block in BLOCKS:
+        if block.language != "python" or not block.not_run:
+            continue
+        others = set().union(
+            *(
+                defined_names(b.code)
+                for b in BLOCKS
+                if b.path == block.path and b.language == "python" and b is not block
+            )
+        )
+        said = set(re.findall(r"\w+", block.not_run))
+        unexplained = sorted(undefined_names(block.code) - others - said)
+        assert not unexplained, f"{_id(block)}: say what {', '.join(unexplained)} stand for"
+
+
+def test_the_python_page_opens_with_a_block_that_runs():
+    """The manual's first Python example (the API at a glance) is run, not only shown."""
+    first = next(b for b in BLOCKS if b.path == DOCS / "python.md" and b.language == "python")
+    assert first.not_run is None, f"{_id(first)} is marked not-run: {first.not_run}"
 
 
 @pytest.mark.parametrize(
