@@ -53,6 +53,64 @@ def count_requests() -> dict[str, Counter[str]]:
     return counts
 
 
+#: what a job's thread calls on a tier, each call timed (a release returned by a lock's try is
+#: timed when it is called); a layered tier's lookup of a usually absent entry is timed as a
+#: wait on the tier it asks
+TIMED = ("get", "put", "put_outcome", "try_acquire", "acquire")
+
+
+def tier_kind(tier: Any) -> str:
+    """ "redis" or "objstore": the kind of a built-in tier, by its class."""
+    return "objstore" if "ObjectStore" in type(tier).__name__ else "redis"
+
+
+def time_tiers(remote: Any) -> dict[str, list[float]]:
+    """Time, from now on in this process, what the job's (main) thread waits on each tier of
+    ``remote`` (a tier, or layers of them): the seconds of each outermost call into a tier,
+    by kind; the returned lists fill as calls are made. Calls of other threads (background
+    copies, renewals) are not the job's waits and are not counted."""
+    import threading
+
+    waits: dict[str, list[float]] = {"redis": [], "objstore": []}
+    inside = threading.local()
+
+    def timed(fn: Any, kind: str) -> Any:
+        def call(*args: Any, **kw: Any) -> Any:
+            if threading.current_thread() is not threading.main_thread() or getattr(
+                inside, "busy", False
+            ):
+                return fn(*args, **kw)
+            inside.busy = True
+            started = time.monotonic()
+            try:
+                out = fn(*args, **kw)
+            finally:
+                inside.busy = False
+                waits[kind].append(time.monotonic() - started)
+            return (
+                timed(out, kind)
+                if fn.__name__ in ("try_acquire", "acquire") and callable(out)
+                else out
+            )
+
+        call.__name__ = getattr(fn, "__name__", "call")
+        return call
+
+    for tier in getattr(remote, "tiers", [remote]):
+        for name in TIMED:
+            method = getattr(tier, name, None)
+            if callable(method):
+                setattr(tier, name, timed(method, tier_kind(tier)))
+    briefly = getattr(remote, "_briefly", None)
+    if callable(briefly):  # a layered lookup of a usually absent entry: (tier, key, ext, ...)
+
+        def sparse(tier: Any, *args: Any) -> Any:
+            return timed(briefly, tier_kind(tier))(tier, *args)
+
+        remote._briefly = sparse
+    return waits
+
+
 def variant_key(kernel: int, variant: int) -> str:
     return hashlib.sha256(f"cluster-job:{kernel}:{variant}".encode()).hexdigest()
 

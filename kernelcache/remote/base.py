@@ -59,6 +59,7 @@ class TierBase:
             same key (default: leave them in place).
         here: whether the tier can be used in this process at all (see
             :class:`~.policy.FailurePolicy`); None: always.
+        bound: the longest one request to the store may take, in seconds.
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class TierBase:
         lock_ttl: float,
         overwrite: bool = False,
         here: Callable[[], bool] | None = None,
+        bound: float = 5.0,
     ) -> None:
         self.url = shown
         self.label = tier_label(shown)
@@ -86,6 +88,7 @@ class TierBase:
             breaker=breaker,
             read_only=read_only,
             here=here,
+            bound=bound,
         )
         self._signing_key = signing_key
         self._max_size = max_size
@@ -218,18 +221,24 @@ class TierBase:
             ValueError: malformed ``key`` or ``ext``, or ``meta`` outside the schema (the
                 local store rejects such entries first).
         """
+        return self.put_outcome(key, ext, data, meta) is True
+
+    def put_outcome(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> bool | None:
+        """:meth:`put`, telling what the tier holds after it: True (stored now), False (the
+        tier held a value of the key already, one this process can use), None (nothing
+        usable: not sent, failed, or a value this process cannot verify was kept)."""
         check_key(key)
         check_ext(ext)
         if not self.policy.writable() or not self.policy.usable():
-            return False
+            return None
         value = self._encode(key, ext, data, meta)
         if value is None:
-            return False
+            return None
         with self._lock:
             unverified = key in self._unverified
         stored, failed = self._send(key, value, self._overwrite and unverified)
         if failed:
-            return False
+            return None
         if not stored:
             if unverified:
                 stats.count(self.policy.stats_root, kept_unverified=1)
@@ -243,8 +252,8 @@ class TierBase:
                     self.url,
                     key,
                 )
-            else:
-                self.policy.count(present=1)  # another writer was first
+                return None
+            self.policy.count(present=1)  # another writer was first
             return False
         if unverified:
             self.policy.count(overwritten=1)

@@ -1,11 +1,13 @@
 """Several remote tiers as one, tried in order (e.g. a Redis Cluster, then a bucket): a hit in a
 lower tier is copied to the writable tiers above it (backfill), in a background thread so that
-the job does not wait for it.
+the job does not wait for it; a put is sent in order down to the first tier that holds the
+entry, and to the tiers below that one in the same background thread (a slow or hung tier
+there never delays a result: one above already serves the entry).
 
 Invariants: a tier that raises is a tier that missed (one warning per tier); what a lower tier
 returns is checked (:func:`~kernelcache.remote.codec.check_entry`) before it is copied up;
-read-only tiers are never written; backfill never blocks a caller (a full queue drops copies)
-and is given a bounded time at exit. A lookup of an entry that is usually absent (a decision, a
+read-only tiers are never written; backfill and the puts below the first tier that holds an
+entry never block a caller (a full queue drops copies) and are given a bounded time at exit. A lookup of an entry that is usually absent (a decision, a
 remembered failure, a memo: :func:`~kernelcache.remote.tier.declare_sparse`) waits at most
 :data:`SPARSE_WAIT` for each tier below the first: a slow or hung tier costs it a quarter of a
 second, not the tier's timeout, and an answer that comes later is copied up for the next
@@ -30,6 +32,7 @@ from .. import stats
 from ..process import warn_once
 from .base import logger, tier_label
 from .codec import check_entry
+from .contact import off_path
 from .leases import no_release
 from .tier import SPARSE_EXTS, Busy, Claim, RemoteTier, try_lock, wait_for
 
@@ -42,7 +45,9 @@ EXIT_WAIT = 2.0
 SPARSE_WAIT = 0.25
 SPARSE_CALLS = 8
 
-_Copy = tuple[list[RemoteTier], str, str, bytes, dict[str, Any]]
+#: a copy to make in the background: (tiers, key, ext, data, meta, the counter of a copy made:
+#: "backfills", or "" for a put)
+_Copy = tuple[list[RemoteTier], str, str, bytes, dict[str, Any], str]
 
 
 def label_of(tier: object) -> str:
@@ -59,8 +64,9 @@ class LayeredTier:
     """Remote tiers tried in order, as one :class:`~kernelcache.remote.RemoteTier`.
 
     ``get`` asks each tier until one hits, then copies the entry to the writable tiers above
-    it in the background; ``put`` sends to every writable tier; ``try_acquire`` and
-    ``acquire`` take the build lock of the first writable tier that is available for the key.
+    it in the background; ``put`` sends to every writable tier (those below the first that
+    holds the entry in the background); ``try_acquire`` and ``acquire`` take the build lock of
+    the first writable tier that is available for the key.
     """
 
     def __init__(self, tiers: Sequence[RemoteTier], *, stats_root: str | None = None) -> None:
@@ -116,7 +122,7 @@ class LayeredTier:
                 continue
             above = [t for t in self.tiers[:index] if writable(t)]
             if above:
-                self._backfill((above, key, ext, *checked))
+                self._backfill((above, key, ext, *checked, "backfills"))
             return checked
         return None
 
@@ -145,7 +151,7 @@ class LayeredTier:
                 if late and found is not None and above:
                     checked = self._checked(tier, key, ext, found)
                     if checked is not None:
-                        self._backfill((above, key, ext, *checked))
+                        self._backfill((above, key, ext, *checked, "backfills"))
             finally:
                 self._sparse.release()
 
@@ -179,11 +185,21 @@ class LayeredTier:
         return checked
 
     def put(self, key: str, ext: str, data: bytes, meta: Mapping[str, Any]) -> bool:
-        stored = False
-        for tier in self.tiers:
-            if writable(tier):
-                stored = bool(self._safely(tier, "put", key, ext, data, meta)) or stored
-        return stored
+        """Send the entry to the writable tiers in order until one holds it (stored now, or
+        there already, as far as the tier tells: a built-in tier's ``put_outcome``), then to
+        the tiers below that one in the background (counted ``puts`` in each as they are
+        made). Whether a tier waited for stored it."""
+        tiers = [t for t in self.tiers if writable(t)]
+        for index, tier in enumerate(tiers):
+            if callable(getattr(tier, "put_outcome", None)):
+                held = self._safely(tier, "put_outcome", key, ext, data, meta)
+            else:
+                held = True if self._safely(tier, "put", key, ext, data, meta) else None
+            if held is not None:
+                if tiers[index + 1 :]:
+                    self._backfill((tiers[index + 1 :], key, ext, data, dict(meta), ""))
+                return bool(held)
+        return False
 
     def try_acquire(self, key: str) -> Claim:
         """One try at the build lock of ``key`` in the first writable tier that is available
@@ -228,14 +244,15 @@ class LayeredTier:
 
     def _copy_loop(self) -> None:
         work = self._queue
-        while True:
-            tiers, key, ext, data, meta = work.get()
-            try:
-                for tier in tiers:
-                    if self._safely(tier, "put", key, ext, data, meta):
-                        stats.count_tier(self._stats_root, label_of(tier), backfills=1)
-            finally:
-                work.task_done()
+        with off_path():  # nobody waits for these: they may wait for a first contact
+            while True:
+                tiers, key, ext, data, meta, counter = work.get()
+                try:
+                    for tier in tiers:
+                        if self._safely(tier, "put", key, ext, data, meta) and counter:
+                            stats.count_tier(self._stats_root, label_of(tier), **{counter: 1})
+                finally:
+                    work.task_done()
 
     def flush(self, timeout: float = EXIT_WAIT) -> bool:
         """Wait up to ``timeout`` seconds for the queued copies; whether all were made."""

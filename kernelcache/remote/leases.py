@@ -20,6 +20,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from .contact import off_path
+
 #: the remote tiers' logger (the same as :mod:`.base`'s)
 logger = logging.getLogger("kernelcache.remote")
 
@@ -84,6 +86,10 @@ class Leases:
             self._held.pop(token, None)
 
     def _beat(self) -> None:
+        with off_path():  # renewals are not on a job's path: they may wait for a first contact
+            self._renew_forever()
+
+    def _renew_forever(self) -> None:
         while True:
             with self._lock:
                 idle = not self._held

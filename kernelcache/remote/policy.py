@@ -9,6 +9,12 @@ primaries), and a shard that fails is skipped for ``breaker`` seconds while the 
 be read), by every process of the cache root (:mod:`.breakers`). A store (or shard) that
 refuses writes (full, read-only, no permission) is not written to for ``breaker`` seconds;
 reads go on. Counters go to this process and to the stats logs of the root.
+
+A request is let through by :meth:`FailurePolicy.admit` (the breakers, then the node's first
+contact with the tier: :mod:`.contact`) and ends with :meth:`FailurePolicy.settle`; while it is
+in flight, :meth:`FailurePolicy.opened` says whether it should be abandoned (its breaker opened,
+here or in another process of the root). So once a request timed out, the tier's next put, lock,
+renewal or release waits for nothing, in this process or any other of the node.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Callable
 from .. import stats
 from ..process import warn_once
 from .breakers import SharedBreakers
+from .contact import Contact, Ticket
 
 #: the remote tiers' logger (:data:`.base.logger`)
 logger = logging.getLogger("kernelcache.remote")
@@ -39,6 +46,8 @@ class FailurePolicy:
         read_only: never write to the tier.
         here: whether the tier can be used in this process at all, asked first by
             :meth:`usable` (it counts and warns itself where not); None: always.
+        bound: the longest one request to the store may take, in seconds (how long a first
+            contact may last: :mod:`.contact`).
     """
 
     def __init__(
@@ -50,6 +59,7 @@ class FailurePolicy:
         breaker: float,
         read_only: bool,
         here: Callable[[], bool] | None = None,
+        bound: float = 5.0,
     ) -> None:
         self.url = url
         self.label = label
@@ -67,6 +77,8 @@ class FailurePolicy:
         #: shard -> monotonic time until which it is not written to
         self.full: dict[str, float] = {}
         self._counters: Counter[str] = Counter()
+        #: the first contacts with the tier's shards (one process of the node at a time)
+        self.contact = Contact(self._shared, bound, self.opened)
 
     @property
     def counters(self) -> dict[str, int]:
@@ -111,6 +123,34 @@ class FailurePolicy:
                 return False
         return True
 
+    def opened(self, shard: str = "") -> bool:
+        """Whether the breaker of the tier, or of ``shard``, is open now, here or in another
+        process of the root; nothing is counted (asked while a request is in flight)."""
+        now = time.monotonic()
+        for which in ("", shard) if shard else ("",):
+            if now < self.down.get(which, 0.0) or self._shared.until(which, self.breaker):
+                return True
+        return False
+
+    def admit(self, shard: str = "") -> Ticket | None:
+        """Whether to make one request of the tier (or ``shard``) now: None while its breaker is
+        open, or while another process of the node makes the first contact with it and this one
+        may not wait for its answer (:mod:`.contact`; counted ``skipped``), else the request's
+        ticket, to :meth:`settle` whatever happens."""
+        if not self.usable(shard):
+            return None
+        ticket = self.contact.admit(shard)
+        if ticket is None:
+            self.count(skipped=1)
+        elif ticket.probe:
+            self.count(probes=1)
+        return ticket
+
+    def settle(self, ticket: Ticket, answered: bool | None) -> None:
+        """The request of ``ticket`` ended: the store answered it (True), failed it or it was
+        abandoned (False), or it was not made or ended otherwise (None)."""
+        self.contact.settle(ticket, answered)
+
     def writable(self, shard: str = "") -> bool:
         """False for a read-only tier, and while the store (or ``shard``) refuses writes."""
         if self.read_only:
@@ -128,6 +168,7 @@ class FailurePolicy:
         with self.lock:
             self.down[shard] = time.monotonic() + self.breaker
         self._shared.trip(shard, self.breaker)
+        self.contact.lost(shard)
         self.count(errors=1, breaker_trips=1, timeouts=int(timeout))
         if not shard:
             self.warn(

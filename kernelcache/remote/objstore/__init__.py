@@ -38,6 +38,7 @@ from ...keys import group_of
 from ...process import HOST
 from ..base import TierBase
 from ..codec import REMOTE_FORMAT
+from ..contact import Abandoned
 from ..leases import no_release
 from ..tier import Busy, Claim
 from ..url import redact
@@ -94,6 +95,7 @@ class ObjectStoreTier(TierBase):
             lock_ttl=self.where.lock_ttl,
             overwrite=overwrite,
             here=self.usable_here,
+            bound=self.where.timeout,
         )
         #: the store's prefix: the URL's path, then the value layout's version
         self.prefix = "/".join(p for p in (self.where.path, f"v{REMOTE_FORMAT}") if p)
@@ -147,27 +149,46 @@ class ObjectStoreTier(TierBase):
         )
         return False
 
-    def _failed(self, what: str, e: Exception) -> None:
+    def _failed(self, what: str, e: BaseException) -> bool:
+        """Account for a failed request; whether the store answered it (a refusal)."""
         import obstore.exceptions as errors
 
+        if isinstance(e, Abandoned):  # its breaker opened meanwhile: accounted for there
+            self.policy.count(abandoned=1)
+            return False
+        if not isinstance(e, Exception):
+            raise e
         reason = f"{type(e).__name__}: {first_line(e)}"
         if isinstance(e, errors.PermissionDeniedError) and what in _WRITES:
             self.policy.refuse_writes(reason)
-            return
+            return True
         text = str(e).lower()
         timeout = "timed out" in text or "timeout" in text
         self.policy.trip(what, reason, timeout=timeout)
+        return False
 
     def _call(self, what: str, fn: Callable[[Any], Any]) -> tuple[Any, bool]:
-        """``(fn(store), False)``, or ``(None, True)`` after a failure of the store, which is
-        accounted for (counters, breaker, one warning). A missing object is ``(None, False)``."""
-        try:
-            return fn(self.store), False
-        except FileNotFoundError:
-            return None, False
-        except Exception as e:  # obstore raises its own errors and built-in ones
-            self._failed(what, e)
+        """``(fn(store), False)``, or ``(None, True)`` when the request was not made (the
+        breaker is open, or another process of the node makes the first contact: see
+        :meth:`FailurePolicy.admit`), failed (accounted for: counters, breaker, one warning)
+        or was abandoned (the breaker opened while it was in flight). A missing object is
+        ``(None, False)``. Each request is admitted on its own: the breaker is read before
+        each, and it runs in a thread that is not waited for once the breaker opens."""
+        policy = self.policy
+        ticket = policy.admit()
+        if ticket is None:
             return None, True
+        answered: bool | None = None
+        try:
+            store = self.store
+            result, error = policy.contact.watch(ticket, lambda: fn(store))
+            if error is None or isinstance(error, FileNotFoundError):
+                answered = True
+                return result, False
+            answered = self._failed(what, error)
+            return None, True
+        finally:
+            policy.settle(ticket, answered)
 
     def probe(self) -> str | None:
         """Whether the store answers (a HEAD of an object that is not there): None, or why

@@ -83,6 +83,7 @@ class RedisTier(TierBase):
             lease=options.lease_s,
             lock_ttl=options.lock_ttl,
             overwrite=overwrite,
+            bound=options.timeout + (options.connect_timeout or options.timeout),
         )
         #: the URL's options (docs/remote.md)
         self.options = options

@@ -1,6 +1,8 @@
 """A bound on every call to a Redis server, whatever the server does: a socket that spends one
 deadline and one reply budget per call (:class:`Budget`), so a slow or hostile server can
-neither stall a caller past ``timeout`` nor send a reply larger than ``max_size``.
+neither stall a caller past ``timeout`` nor send a reply larger than ``max_size``; a call whose
+budget can be abandoned (its server found hung elsewhere: :mod:`kernelcache.remote.contact`)
+waits for a reply in slices of :data:`SLICE` and stops as soon as it is.
 """
 
 from __future__ import annotations
@@ -9,9 +11,14 @@ import errno
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ...errors import RemoteError, RemoteTimeout
+from ..contact import ABANDON_POLL, Abandoned
+
+#: seconds a read of a call that may be abandoned waits before asking whether it is
+SLICE = ABANDON_POLL
 
 
 class Budget(threading.local):
@@ -20,6 +27,10 @@ class Budget(threading.local):
     deadline: float | None = None
     left: int | None = None
     overrun = False
+    #: whether to stop waiting for the reply (asked between slices of a read), or None
+    abandon: Callable[[], bool] | None = None
+    #: whether the call was abandoned (what redis-py raises then says less)
+    abandoned = False
 
 
 class _BoundedSocket:
@@ -59,15 +70,31 @@ class _BoundedSocket:
             budget.overrun = True
             raise RemoteError(errno.EMSGSIZE, "the reply is larger than max_size")
 
-    def recv(self, size: int, flags: int = 0) -> bytes:
+    def _wait(self, read: Callable[[], Any]) -> Any:
+        """``read()`` within the call's deadline; in slices where the call may be abandoned."""
         self._arm()
-        data = self._sock.recv(size, flags)
+        abandon, wait = self._budget.abandon, self._sock.gettimeout()
+        if abandon is None or wait is None or wait <= SLICE:
+            return read()
+        until = time.monotonic() + wait
+        while True:
+            self._sock.settimeout(max(0.001, min(SLICE, until - time.monotonic())))
+            try:
+                return read()
+            except TimeoutError:
+                if time.monotonic() >= until:
+                    raise
+                if abandon():
+                    self._budget.abandoned = True
+                    raise Abandoned("the server's breaker opened while it was waited for") from None
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        data: bytes = self._wait(lambda: self._sock.recv(size, flags))
         self._spend(len(data), flags)
         return data
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-        self._arm()
-        n = self._sock.recv_into(buffer, nbytes, flags)
+        n: int = self._wait(lambda: self._sock.recv_into(buffer, nbytes, flags))
         self._spend(n, flags)
         return n
 

@@ -20,12 +20,14 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ...errors import ConfigError
+from ..contact import Abandoned
 from ..policy import FailurePolicy
 from ..url import RemoteOptions, scrub
 from .bounds import Budget
@@ -117,24 +119,29 @@ class RedisCalls:
         if self.cluster is not None:
             self.cluster.close()
 
-    def _failed(self, what: str, e: BaseException, overrun: bool, shard: str, client: Any) -> None:
+    def _failed(self, what: str, e: BaseException, overrun: bool, shard: str, client: Any) -> bool:
         """Account for an exception from redis-py; open the breaker of ``shard`` if its server
-        is gone."""
+        is gone. Whether the server answered (an error reply)."""
         reason = scrub(f"{e.__class__.__name__}: {e}", self._secrets)
         errors, policy = self._errors, self._policy
         if isinstance(e, (errors.OutOfMemoryError, errors.ReadOnlyError)):
             policy.refuse_writes(reason, shard)
-        elif isinstance(e, errors.ResponseError) and not isinstance(e, errors.ClusterError):
+            return True
+        if isinstance(e, errors.ResponseError) and not isinstance(e, errors.ClusterError):
             policy.count(errors=1)
             policy.warn("response", "remote cache %s: %s", policy.url, reason)
+            return True
+        if isinstance(e, Abandoned):  # its breaker opened while it was in flight
+            policy.count(abandoned=1)
         else:  # refused, lost, timed out, too long a reply, TLS or auth failure, garbage
             if overrun:
                 policy.count(oversize=1)
             timeouts = (errors.TimeoutError, TimeoutError)
             timeout = isinstance(e, timeouts) or isinstance(e.__context__, timeouts)
             policy.trip(what, reason, timeout=timeout, shard=shard)
-            if client is not None:
-                client.connection_pool.disconnect(inuse_connections=False)
+        if client is not None:
+            client.connection_pool.disconnect(inuse_connections=False)
+        return False
 
     def call(
         self,
@@ -151,47 +158,66 @@ class RedisCalls:
         warning), or while that breaker is open (or, for a ``write``, while that shard refuses
         writes). The call may take ``timeout`` seconds in all (plus the time to connect) and
         read ``limit`` reply bytes. A ``MOVED`` reply reads the slot map again and is followed
-        once. ``what``: the operation, as warnings name it."""
+        once. ``what``: the operation, as warnings name it. The call is admitted by the
+        policy first (the breakers, read before every call, and the node's first contact with
+        the shard: :meth:`FailurePolicy.admit`), and abandoned, ``(None, True)``, as soon as
+        its shard's breaker opens while it waits for the reply."""
         errors, policy, cluster = self._errors, self._policy, self.cluster
-        client: Any = None
-        shard, error, overrun = "", None, False
-        for _ in range(2):
+        for tries in (1, 2):
             try:
                 client, shard = self._route(name)
             except (errors.RedisError, OSError, ValueError) as e:
                 self._failed(what, e, False, "", None)  # no slot map: the whole tier
                 return None, True
-            if not policy.usable(shard) or (write and not policy.writable(shard)):
+            if write and not policy.writable(shard):
                 return None, True
-            if client is None:
-                why = "the slot map gives no primary for the key's hash slot"
-                policy.trip(what, why, timeout=False, shard=shard)
+            ticket = policy.admit(shard)
+            if ticket is None:
                 return None, True
-            result, error, overrun = self.attempt(client, fn, *args, limit=limit)
-            if error is None:
-                return result, False
-            if cluster is None or not isinstance(error, errors.MovedError):
-                break
+            answered: bool | None = None
+            try:
+                if client is None:
+                    why = "the slot map gives no primary for the key's hash slot"
+                    policy.trip(what, why, timeout=False, shard=shard)
+                    return None, True
+                result, error, overrun = self.attempt(
+                    client, fn, *args, limit=limit, abandon=functools.partial(policy.opened, shard)
+                )
+                answered = error is None or isinstance(error, errors.ResponseError)
+                if error is None:
+                    return result, False
+                if tries == 2 or cluster is None or not isinstance(error, errors.MovedError):
+                    answered = self._failed(what, error, overrun, shard, client)
+                    return None, True
+            finally:
+                policy.settle(ticket, answered)
             cluster.refresh()
-        assert error is not None
-        self._failed(what, error, overrun, shard, client)
-        return None, True
+        raise AssertionError("unreachable: the second try returns")
 
     def attempt(
-        self, client: Any, fn: Callable[..., Any], *args: Any, limit: int = REPLY_LIMIT
+        self,
+        client: Any,
+        fn: Callable[..., Any],
+        *args: Any,
+        limit: int = REPLY_LIMIT,
+        abandon: Callable[[], bool] | None = None,
     ) -> tuple[Any, Exception | None, bool]:
         """``(fn(client, *args), None, False)``, or ``(None, the failure, whether the reply
         ran past ``limit``)``, within the call's deadline and reply budget; nothing is
-        counted or warned about."""
+        counted or warned about. With ``abandon``, a wait for the reply stops as soon as it
+        says so (the failure is then :class:`~kernelcache.remote.contact.Abandoned`)."""
         budget, errors = self._budget, self._errors
         budget.deadline = time.monotonic() + self.options.timeout
         budget.left, budget.overrun = limit, False
+        budget.abandon, budget.abandoned = abandon, False
         try:
             return fn(client, *args), None, False
         except (errors.RedisError, OSError, ValueError) as e:
+            if budget.abandoned:
+                return None, Abandoned(f"abandoned: {e}"), False
             return None, e, budget.overrun
         finally:
-            budget.deadline = budget.left = None
+            budget.deadline = budget.left = budget.abandon = None
 
     def probe(self) -> str | None:
         """Whether the server answers a PING within the bounds of a call (on a cluster, every
