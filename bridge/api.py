@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .caches import CacheArg
 
 
-def _options(
+def call_options(
     parts: Any,
     explicit: Mapping[str, Any],
     keywords: Mapping[str, Any],
@@ -174,7 +174,7 @@ def triton_call(
         k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None
     }
     option_kwargs = {k: v for k, v in metaparams.items() if k not in params}
-    options = _options(parts, explicit, option_kwargs, backend_options)
+    options = call_options(parts, explicit, option_kwargs, backend_options)
     plan, inputs = conventions.plan_call(
         parts,
         args,

@@ -75,13 +75,13 @@ def _options(
 ) -> dict[str, Any]:
     """The call's backend options: ``options`` checked as ``bridge.triton_call`` checks them,
     with TE's defaults (see the module docstring)."""
-    from .api import _options as checked
+    from .api import call_options
 
     explicit: dict[str, Any] = {"enable_fp_fusion": bool(enable_fp_fusion)}
     if not rule_contract.is_autotuned(parts):  # (an autotuned kernel's configs carry their own)
         explicit["num_warps"] = DEFAULT_NUM_WARPS if num_warps is None else num_warps
         explicit["num_stages"] = DEFAULT_NUM_STAGES if num_stages is None else num_stages
-    return checked(parts, explicit, options, None)
+    return call_options(parts, explicit, options, None)
 
 
 def _traced(
