@@ -19,23 +19,28 @@ from kernelcache.formats import EM_CUDA
 from ..errors import TargetError
 from .vendor import Arch, Driver, KiB, Vendor, file_row
 
-_VERSION = 1
+_VERSION = 2
 
 
 @functools.cache
 def ptxas_fingerprint(target: str, arch: int) -> str:
     """A digest of what decides the identity of a backend whose ``hash()`` runs ptxas, for
-    the target named ``target`` of compute capability ``arch``: the ptxas files Triton would
+    the target named ``target`` of compute capability ``arch``: the ptxas files Triton may
     pick."""
     from triton import knobs
 
-    name = "ptxas_blackwell" if arch >= 100 else "ptxas"
-    tool = vars(type(knobs.nvidia))[name]  # the descriptor: environment key and default path
-    configured = knobs.nvidia.__dict__.get(name) or knobs.getenv(tool.key)
-    rows: list[Any] = [[configured]]
-    for path in (configured, tool.default_path):
-        if path:
-            rows.append(file_row(path, os.path.abspath(path)))
+    rows: list[Any] = []
+    # (both: which one a release runs for an architecture is its own choice; 3.9 runs
+    # ptxas_blackwell from sm_90 on)
+    for name in ("ptxas", "ptxas_blackwell"):
+        tool = vars(type(knobs.nvidia)).get(name)  # the descriptor: variable and default path
+        if tool is None:
+            continue
+        configured = knobs.nvidia.__dict__.get(name) or knobs.getenv(tool.key)
+        rows.append([configured])
+        for path in (configured, tool.default_path):
+            if path:
+                rows.append(file_row(path, os.path.abspath(path)))
     doc = json.dumps([_VERSION, target, rows], separators=(",", ":"))
     return hashlib.sha256(doc.encode()).hexdigest()
 

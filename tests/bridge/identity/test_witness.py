@@ -477,15 +477,21 @@ def test_a_ptxas_wrapper_is_another_tool(env_child, tmp_path):
     compiles other code: the kernel compiled without it is not used with it."""
     import triton
 
-    real = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    wrapper = tmp_path / "ptxas-O0"
-    wrapper.write_text(f'#!/bin/sh\nexec "{real}" --opt-level 0 "$@"\n')
-    wrapper.chmod(0o755)
+    env = {}
+    for name in ("ptxas", "ptxas-blackwell"):  # (whichever the installed Triton runs for sm_90)
+        real = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+        wrapper = tmp_path / f"{name}-wrapped"
+        wrapper.write_text(
+            f'#!/bin/sh\ncase "$1" in --version) exec "{real}" "$@";; esac\n'
+            f'exec "{real}" --def-load-cache=cg "$@"\n'
+        )
+        wrapper.chmod(0o755)
+        env[f"TRITON_{name.upper().replace('-', '_')}_PATH"] = str(wrapper)
     plain, _ = env_child("R")
-    wrapped, compiles = env_child("R", TRITON_PTXAS_PATH=str(wrapper))
+    wrapped, compiles = env_child("R", **env)
     assert compiles == 1 and wrapped != plain
-    assert env_child("fresh", TRITON_PTXAS_PATH=str(wrapper)) == (wrapped, 1)
-    assert env_child("R", TRITON_PTXAS_PATH=str(wrapper)) == (wrapped, 0)
+    assert env_child("fresh", **env) == (wrapped, 1)
+    assert env_child("R", **env) == (wrapped, 0)
 
 
 HOOK = """
