@@ -23,7 +23,7 @@ a job whose launcher gives each rank its own device shares one compile of each k
 Invariant: variables left unset and knobs left alone add nothing, so the digest of a plain
 process is the same on every machine; setting any counted variable or knob changes every
 kernel key and every lowering key. How each variable the installed Triton reads was judged is
-listed in the documentation (docs/identity.md).
+listed in the documentation (docs/bridge.md, "The compiler's environment, judged").
 """
 
 from __future__ import annotations
