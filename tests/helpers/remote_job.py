@@ -7,7 +7,10 @@ returns, under the first's locks (as the bridge stores a kernel's PTX beside its
 
 :func:`run_job` starts them together (each sleeps until a common start time) and returns what
 each printed; :func:`job_processes` starts them and returns at once (for a test that acts on
-servers or processes meanwhile; :func:`finish` collects them).
+servers or processes meanwhile; :func:`finish` collects them). Each process also reports the
+seconds its own (main) thread spent in calls to each of its tiers (``waits``, by the tier's
+class name: its gets, puts, lock tries and releases), as the job sees them: what a tier does in
+a background thread is not a wait of the job.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ META = {"name": "kernel", "target": "cuda:90"}
 
 WORKER = textwrap.dedent(
     """
-    import hashlib, json, logging, os, sys, time
+    import hashlib, json, logging, os, sys, threading, time
     import kernelcache
     cfg = json.loads(sys.argv[1])
     warnings = []
@@ -43,6 +46,29 @@ WORKER = textwrap.dedent(
         cfg["root"], readonly_roots=[], remote=cfg["url"], lock_timeout=cfg["lock_timeout"]
     )
     built = []
+    waits = {}
+    inside = threading.local()
+
+    def timed(fn, name):
+        def call(*args, **kw):
+            if threading.current_thread() is not threading.main_thread() or getattr(
+                inside, "busy", False
+            ):
+                return fn(*args, **kw)
+            inside.busy, started = True, time.monotonic()
+            try:
+                out = fn(*args, **kw)
+            finally:
+                inside.busy = False
+                waits[name] = waits.get(name, 0.0) + time.monotonic() - started
+            return timed(out, name) if callable(out) else out  # a lock's release
+
+        return call
+
+    for tier in getattr(cache.remote, "tiers", [cache.remote]):
+        for method in ("get", "put", "put_outcome", "try_acquire", "acquire"):
+            if callable(getattr(tier, method, None)):
+                setattr(tier, method, timed(getattr(tier, method), type(tier).__name__))
 
     def build(key):
         def fn():
@@ -73,7 +99,7 @@ WORKER = textwrap.dedent(
     print(json.dumps({
         "node": cfg["node"], "seconds": time.monotonic() - started, "order": order,
         "built": built, "sources": sources, "stats": kernelcache.process_stats(),
-        "tier": getattr(cache.remote, "counters", {}), "warnings": warnings,
+        "tier": getattr(cache.remote, "counters", {}), "warnings": warnings, "waits": waits,
     }))
     """
 )
