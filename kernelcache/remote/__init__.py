@@ -1,8 +1,9 @@
 """The remote tiers, shared by many machines: their interface (:mod:`.tier`), the value every
 tier stores (:mod:`.codec`), remote URLs (:mod:`.url`), the tiers by URL scheme
 (:mod:`.registry`), the built-in tiers (:mod:`.redis`, :mod:`.objstore`, sharing
-:mod:`.base` and the build locks' :mod:`.leases`) and an ordered list of tiers
-(:mod:`.layered`). See docs/remote.md.
+:mod:`.base`, the failure policy's :mod:`.policy` with its shared :mod:`.breakers` and
+first contacts (:mod:`.contact`), and the build locks' :mod:`.leases`) and an ordered list of
+tiers (:mod:`.layered`). See docs/remote.md.
 
 A built-in tier's module is imported only when it is used (``open_remote`` of its URL, or
 its class read from this package): the cache needs the interface and the registry only.

@@ -104,3 +104,28 @@ def test_a_root_with_breakers_verifies_clean_in_a_process_that_never_opened_a_ti
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["problems"] == []
     assert len(os.listdir(root / BREAKER_DIR)) == 1
+
+
+def test_a_first_contact_is_shared_through_the_root_and_its_files_are_untrusted(tmp_path):
+    """One process of a root makes the first contact with a tier; another sees it in flight,
+    then its answer; one past its end is taken over; a link planted in its place is neither
+    followed nor shared."""
+    maker = SharedBreakers(str(tmp_path), "s3://b/kc")
+    other = SharedBreakers(str(tmp_path), "s3://b/kc")
+    assert maker.begin_probe("", 5.0) is None, "the first process makes it"
+    in_flight = other.begin_probe("", 5.0)
+    assert in_flight is not None and other.probe_state("") == (in_flight, 0.0)
+    maker.end_probe("", answered=True)
+    current, alive = other.probe_state("")
+    assert current is None and time.time() - 5 < alive <= time.time()
+    assert maker.begin_probe("x", -2.0) is None  # a first contact past its end: a dead maker's
+    assert other.begin_probe("x", 5.0) is None, "taken over"
+    name = next(n for n in os.listdir(tmp_path / BREAKER_DIR) if n.endswith(".probe"))
+    path = tmp_path / BREAKER_DIR / name
+    path.unlink()
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    path.symlink_to(target)
+    assert other.probe_state("x")[0] is None, "a link is not a first contact"
+    assert other.begin_probe("x", 5.0) is None and path.is_symlink()
+    assert target.read_text() == "" and os.stat(target).st_mtime < time.time() + 1
