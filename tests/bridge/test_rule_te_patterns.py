@@ -23,7 +23,6 @@ import bridge
 from bridge.call.plain import plain
 from bridge.compile import compiler as bridge_compile
 from bridge.lowering import proto
-from bridge.warm.manifest import revive
 
 #: pattern -> (operands, results, pointer parameters the kernel is launched with)
 SHAPES = {
@@ -215,6 +214,8 @@ def test_a_result_with_no_parameter_must_alias_an_operand(root, monkeypatch):
 
 
 def test_a_recorded_bound_scalar_is_revived_bound():
+    from bridge.warm.manifest import revive
+
     assert plain({"n": tl.constexpr(7)}) == {"n": {"constexpr": 7}}
     value = revive({"constexpr": 7}, [0])
     assert isinstance(value, tl.constexpr) and value.value == 7
@@ -296,3 +297,38 @@ def test_te_patterns_compute_what_jnp_computes_on_the_gpu(tmp_path, monkeypatch)
     for fusion in (False, True):
         got = jax.jit(P.axpy_p[(32, fusion)].bind)(u, v)[0]
         np.testing.assert_allclose(got, P.AXPY_ALPHA * u + v, rtol=1e-6)
+
+
+def test_what_a_run_records_warms_the_other_targets(root, tmp_path):
+    """``$KERNELCACHE_RECORD`` keeps the scalars the rule bound as bound; ``kernelcache warm``
+    compiles them so for the other targets, where lowering then compiles nothing (Gluon layouts
+    written for a warp size aside: they are the caller's, per target)."""
+    from cli_support import kc
+    from support import REPO
+
+    manifest = tmp_path / "run.jsonl"
+    code = """
+    import json, sys
+    sys.path.insert(0, {helpers!r})
+    import te_patterns as P, te_primitives as T
+    from bridge.compile import compiler
+    for target in {targets!r}:
+        for name, (fn, avals) in P.patterns(target).items():
+            if not name.startswith("axpy"):
+                T.lowered(fn, target, *avals, monkeypatch=T.Env())
+    print(json.dumps(compiler.compile_count()))
+    """
+    others = ["hip:gfx942", "hip:gfx950"]
+    recorded = run_child(
+        code.format(helpers=str(HELPERS), targets=["cuda:90"]),
+        KERNELCACHE_DIR=str(root),
+        KERNELCACHE_RECORD=str(manifest),
+    )
+    assert recorded == len(SHAPES) - 2
+    args = ["warm", str(manifest), "--json", *(x for t in others for x in ("--target", t))]
+    proc = kc(root, *args, env={"PYTHONPATH": f"{REPO}:{HELPERS}"}, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lowered_after = run_child(
+        code.format(helpers=str(HELPERS), targets=others), KERNELCACHE_DIR=str(root)
+    )
+    assert lowered_after == 0
