@@ -17,7 +17,15 @@ import te_patterns as P
 import triton.language as tl
 from bridge_helpers import cuda_devices, kernels_of, lowered_module, run_child
 from support import HELPERS
-from te_primitives import PLATFORMS, absmax_p, lowered, make_primitive, same_shape
+from te_primitives import (
+    AXPY_ALPHA,
+    PLATFORMS,
+    absmax_p,
+    axpy_p,
+    lowered,
+    make_primitive,
+    same_shape,
+)
 
 import bridge
 from bridge.call.plain import plain
@@ -295,8 +303,8 @@ def test_te_patterns_compute_what_jnp_computes_on_the_gpu(tmp_path, monkeypatch)
 
     u, v = a / 7.0, jnp.flip(a) / 3.0
     for fusion in (False, True):
-        got = jax.jit(P.axpy_p[(32, fusion)].bind)(u, v)[0]
-        np.testing.assert_allclose(got, P.AXPY_ALPHA * u + v, rtol=1e-6)
+        got = jax.jit(axpy_p[(32, fusion)].bind)(u, v)[0]
+        np.testing.assert_allclose(got, AXPY_ALPHA * u + v, rtol=1e-6)
 
 
 def test_what_a_run_records_warms_the_other_targets(root, tmp_path):

@@ -1,7 +1,8 @@
 """Primitives whose kernels have the signatures TransformerEngine's own Triton kernels have:
 pointers, sizes, strides, optional pointers and metas interleaved, every scalar passed in
 ``constexprs``. One primitive per calling pattern of TE's ``triton_call_lowering`` callers
-(docs/bridge.md lists them), each with a plain ``jnp`` reference of what it computes.
+(docs/bridge.md lists them), each with a plain ``jnp`` reference of what it computes; the
+Gluon one (a layout in constexprs) is te_primitives' ``axpy_p``.
 
 For tests/bridge/test_rule_te_patterns.py, on CPU (lowering for explicit targets) and on the GPU
 machine (numerics); importable by child processes. TransformerEngine's files are not copied:
@@ -14,9 +15,7 @@ import jax
 import jax.numpy as jnp
 import triton
 import triton.language as tl
-from te_primitives import make_primitive
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
+from te_primitives import axpy_p, make_primitive
 
 import bridge
 
@@ -302,37 +301,6 @@ def scatter_inputs(with_probs: bool) -> list[jax.ShapeDtypeStruct]:
     ]
 
 
-# -- Gluon: a layout object and scalars in constexprs, fp fusion chosen by the caller -------------
-@gluon.jit
-def axpy_kernel(x_ptr, y_ptr, out_ptr, alpha, n, BLOCK: gl.constexpr, LAYOUT: gl.constexpr):
-    offs = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=LAYOUT)
-    mask = offs < n
-    x = gl.load(x_ptr + offs, mask=mask)
-    gl.store(out_ptr + offs, alpha * x + gl.load(y_ptr + offs, mask=mask), mask=mask)
-
-
-AXPY_ALPHA = 3.0
-
-
-def _axpy_rule(ctx, x, y, *, warp_size, fusion):
-    n = ctx.avals_in[0].size
-    return bridge.triton_call_lowering(
-        ctx,
-        axpy_kernel,
-        x,
-        y,
-        grid=(triton.cdiv(n, 512),),
-        constexprs={
-            "alpha": AXPY_ALPHA,
-            "n": n,
-            "BLOCK": 512,
-            "LAYOUT": gl.BlockedLayout([1], [warp_size], [4], [0]),
-        },
-        num_warps=4,
-        enable_fp_fusion=fusion,
-    )
-
-
 def _first_shape(x, *rest, **_):
     return [jax.core.ShapedArray(x.shape, x.dtype)]
 
@@ -372,15 +340,6 @@ scatter_p = {
         lambda c, *a, flag=flag: _scatter_rule(c, *a, with_probs=flag),
     )
     for flag in (False, True)
-}
-axpy_p = {
-    (warp_size, fusion): _multi(
-        f"kc_te_axpy_{warp_size}_{fusion}",
-        _first_shape,
-        lambda c, x, y, w=warp_size, f=fusion: _axpy_rule(c, x, y, warp_size=w, fusion=f),
-    )
-    for warp_size in (32, 64)
-    for fusion in (False, True)
 }
 
 MASK = jax.ShapeDtypeStruct((ROWS, COLS), jnp.int32)

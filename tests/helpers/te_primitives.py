@@ -1,7 +1,8 @@
 """JAX primitives of TransformerEngine's shape (a primitive, its abstract evaluation, a
 lowering rule registered for "cuda" and "rocm" that calls ``bridge.triton_call_lowering``) and
-their Triton and Gluon kernels: plain, aliased, autotuned and Gluon. For the lowering-rule tests
-(tests/bridge/test_rule.py) and the masquerade's; importable by child processes.
+their Triton and Gluon kernels: plain, aliased, autotuned and Gluon (with a layout in
+constexprs too). For the lowering-rule tests (tests/bridge/test_rule.py,
+tests/bridge/test_rule_te_patterns.py) and the masquerade's; importable by child processes.
 
 TransformerEngine's own files are not copied here: these are primitives of its shape.
 """
@@ -151,6 +152,51 @@ double32_p = make_primitive(
 double64_p = make_primitive(
     "kc_te_double64", same_shape, lambda c, x: _double_rule(c, x, warp_size=64)
 )
+
+
+# -- Gluon: a layout object and scalars in constexprs, fp fusion chosen by the caller ------------
+@gluon.jit
+def axpy_kernel(x_ptr, y_ptr, out_ptr, alpha, n, BLOCK: gl.constexpr, LAYOUT: gl.constexpr):
+    """out = alpha * x + y, ``alpha`` and ``n`` scalar parameters bound by constexprs."""
+    offs = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=LAYOUT)
+    mask = offs < n
+    x = gl.load(x_ptr + offs, mask=mask)
+    gl.store(out_ptr + offs, alpha * x + gl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+AXPY_ALPHA = 3.0
+
+
+def _axpy_rule(ctx, x, y, *, warp_size, fusion):
+    n = ctx.avals_in[0].size
+    return bridge.triton_call_lowering(
+        ctx,
+        axpy_kernel,
+        x,
+        y,
+        grid=(triton.cdiv(n, 512),),
+        constexprs={
+            "alpha": AXPY_ALPHA,
+            "n": n,
+            "BLOCK": 512,
+            "LAYOUT": gl.BlockedLayout([1], [warp_size], [4], [0]),
+        },
+        num_warps=4,
+        enable_fp_fusion=fusion,
+    )
+
+
+#: (warp size, fp fusion) -> the axpy primitive (one result, as a list)
+axpy_p = {}
+for _ws in (32, 64):
+    for _fusion in (False, True):
+        axpy_p[(_ws, _fusion)] = make_primitive(
+            f"kc_te_axpy_{_ws}_{_fusion}",
+            lambda x, y: [same_shape(x)],
+            lambda c, x, y, w=_ws, f=_fusion: _axpy_rule(c, x, y, warp_size=w, fusion=f),
+        )
+        axpy_p[(_ws, _fusion)].multiple_results = True
+
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 PLATFORMS = {"cuda:90": "cuda", "hip:gfx942": "rocm", "hip:gfx950": "rocm"}
