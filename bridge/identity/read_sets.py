@@ -47,6 +47,7 @@ from typing import Any
 
 from . import static_reads
 from .exact_values import ABSENT, describe, exact, language, remake, unwrap
+from .watch import mark
 
 #: the built-ins Triton's code generator offers by name (its ``builtin_namespace``)
 BUILTINS: dict[str, Callable[..., Any]] = {
@@ -79,18 +80,49 @@ class Trace:
             return "absent"
         plain = exact(value)
         if plain is not None:
-            desc: Any = plain
-        else:
-            first = self.rows.get(id(value))
-            if first is not None:
-                return f"same:{first}"
-            desc = describe(value)
-            if desc is None:
-                self.opaque.append(f"{type(value).__qualname__} (row {row})")
-                desc = ["opaque", row]
-            self.note(value, row)
-        text = json.dumps(desc, separators=(",", ":"), default=repr)
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
+            return _digest(plain)
+        first = self.rows.get(id(value))
+        if first is not None:
+            return f"same:{first}"
+        self.note(value, row)
+        known = _wants.get(id(value))
+        if known is not None and known[0] is value:
+            if known[1] is None or known[1] == _stamp(value):
+                return known[2]
+        desc = describe(value)
+        if desc is None:
+            self.opaque.append(f"{type(value).__qualname__} (row {row})")
+            return _digest(["opaque", row])
+        want = _digest(desc)
+        if isinstance(value, types.ModuleType) or desc[0] == "triton":
+            _keep(value, None, want)
+        elif desc[0] == "jit":
+            _keep(value, _stamp(value), want)
+        return want
+
+
+#: the wants of objects whose description follows from what they are (modules: their
+#: attributes are reads of their own; Triton's objects: Triton's files are in every key) or
+#: from that and a stamp (a JIT function's source, settings and first line), by id: (the
+#: object, its stamp then or None, its want)
+_wants: dict[int, tuple[Any, Any, str]] = {}
+#: the most objects :data:`_wants` keeps (then it starts again)
+MAX_KEPT = 4096
+
+
+def _keep(value: Any, stamp: Any, want: str) -> None:
+    if len(_wants) >= MAX_KEPT:
+        _wants.clear()
+    _wants[id(value)] = (value, stamp, want)
+
+
+def _stamp(value: Any) -> Any:
+    return (mark(value), getattr(value, "starting_line_number", None))
+
+
+def _digest(desc: Any) -> str:
+    text = json.dumps(desc, separators=(",", ":"), default=repr)
+    return text if len(text) <= 40 else hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def scope_value(fn: Any, name: str, module_map: dict[str, Any]) -> Any:
