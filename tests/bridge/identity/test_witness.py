@@ -22,7 +22,14 @@ import textwrap
 from dataclasses import dataclass, field
 
 import pytest
-from bridge_helpers import custom_calls, kernel_module, kernels_of, lowered_module, run_child
+from bridge_helpers import (
+    cuda_devices,
+    custom_calls,
+    kernel_module,
+    kernels_of,
+    lowered_module,
+    run_child,
+)
 from support import HELPERS
 
 KERNEL = """
@@ -511,3 +518,57 @@ def test_a_stages_hook_counts_by_its_code(env_child):
     hooked, compiles = env_child("R", WITNESS_SETUP=setup)
     assert compiles == 1 and hooked != plain
     assert env_child("R", WITNESS_SETUP=setup) == (hooked, 0)
+
+
+GPU_KERNEL = """
+import collections
+
+import triton
+import triton.language as tl
+
+TABLE = collections.OrderedDict(scale=2.0)
+
+
+@triton.constexpr_function
+def scale():
+    return TABLE["scale"]
+
+
+@triton.jit
+def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * scale(), mask=mask)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_devices(), reason="needs an NVIDIA GPU")
+def test_on_the_gpu_a_warm_process_runs_what_its_code_says_now(tmp_path):
+    """On the device: the kernel launched after a value its frontend reads changed in place
+    computes with the new value; changed back, with the old one again (from the cache)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import bridge
+    import kernelcache
+
+    tag = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:8]
+    module = kernel_module(tmp_path, f"witness_gpu_{tag}", GPU_KERNEL)
+    cache = kernelcache.Cache(str(tmp_path / "root"))
+    x = jnp.arange(4096, dtype=jnp.float32)
+
+    def run():
+        def fn(x):
+            return bridge.triton_call(
+                x, x.size, kernel=module.kernel, out_shape=x, grid=(4,), BLOCK=1024, cache=cache
+            )
+
+        return np.asarray(jax.jit(fn)(x))
+
+    np.testing.assert_allclose(run(), np.asarray(x) * 2.0)
+    module.TABLE["scale"] = 9.0
+    np.testing.assert_allclose(run(), np.asarray(x) * 9.0)
+    module.TABLE["scale"] = 2.0
+    np.testing.assert_allclose(run(), np.asarray(x) * 2.0)
