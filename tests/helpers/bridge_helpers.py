@@ -266,11 +266,30 @@ def kernel_module(directory: Path, name: str, body: str):
     return module
 
 
-def opaque(kernel: Any, root: Any, **params: Any) -> str:
-    """The digest of the opaque a lowering of ``kernel`` (one float32 vector of 4096 and its
-    size; ``BLOCK=1024``, 4 programs) for cuda:90 embeds (cache at ``root``)."""
-    import hashlib
+#: a kernel module's source: Triton imported, ``head``, then ``kernel`` storing ``body`` (an
+#: expression of ``x``, the loaded block) with ``params`` before ``BLOCK``
+KERNEL_SOURCE = """
+import triton
+import triton.language as tl
+{head}
 
+@triton.jit
+def kernel(x_ptr, n, out_ptr, {params}BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, {body}, mask=mask)
+"""
+
+
+def kernel_source(head: str, body: str, params: str = "") -> str:
+    """:data:`KERNEL_SOURCE` with ``head`` (dedented), ``body`` and ``params``."""
+    return KERNEL_SOURCE.format(head=textwrap.dedent(head), body=body, params=params)
+
+
+def _lowered_call(kernel: Any, root: Any, embed: str | None, params: dict[str, Any]) -> Any:
+    """The custom call a lowering of ``kernel`` (one float32 vector of 4096 and its size;
+    ``BLOCK=1024``, 4 programs) for cuda:90 makes (cache at ``root``)."""
     import jax
     import jax.numpy as jnp
 
@@ -286,9 +305,27 @@ def opaque(kernel: Any, root: Any, **params: Any) -> str:
             grid=(4,),
             BLOCK=1024,
             target="cuda:90",
+            embed=embed,
             cache=kernelcache.Cache(str(root)),
             **params,
         )
 
     (call,) = custom_calls(lowered_module(fn, jax.ShapeDtypeStruct((4096,), jnp.float32)))
-    return hashlib.sha256(call["opaque"]).hexdigest()
+    return call
+
+
+def opaque(kernel: Any, root: Any, **params: Any) -> str:
+    """The digest of the opaque a lowering of ``kernel`` embeds (see :func:`_lowered_call`)."""
+    import hashlib
+
+    return hashlib.sha256(_lowered_call(kernel, root, None, params)["opaque"]).hexdigest()
+
+
+def machine_code(kernel: Any, root: Any, **params: Any) -> bytes:
+    """The machine code a lowering of ``kernel`` embeds inline (see :func:`_lowered_call`):
+    what a process runs, whichever entry (and so whichever key in the opaque) it came from."""
+    from bridge.lowering import proto
+
+    call = _lowered_call(kernel, root, "inline", params)
+    images = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
+    return b"".join(images)

@@ -13,7 +13,7 @@ import logging
 
 import pytest
 import triton.language as tl
-from bridge_helpers import custom_calls, kernel_module, kernels_of, lowered_module
+from bridge_helpers import kernel_module, machine_code
 
 import kernelcache
 from bridge.entries import kernels
@@ -30,24 +30,6 @@ def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
     mask = offs < n
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * SCALE, mask=mask)
 """
-
-
-def machine_code(kernel_fn, root) -> bytes:
-    import jax
-    import jax.numpy as jnp
-
-    import bridge
-    from bridge.lowering import proto
-
-    def fn(x):
-        return bridge.triton_call(
-            x, x.size, kernel=kernel_fn, out_shape=x, grid=(4,), BLOCK=1024, target="cuda:90",
-            embed="inline", cache=kernelcache.Cache(str(root)),
-        )  # fmt: skip
-
-    (call,) = custom_calls(lowered_module(fn, jax.ShapeDtypeStruct((4096,), jnp.float32)))
-    (kernel,) = kernels_of(proto.decode_opaque(call["opaque"]))
-    return kernel.module_image.object_file
 
 
 def _entries(root) -> dict[str, dict]:

@@ -23,21 +23,8 @@ from dataclasses import dataclass, field
 
 import pytest
 import triton.language as tl
-from bridge_helpers import kernel_module, opaque, run_child
+from bridge_helpers import kernel_module, kernel_source, opaque, run_child
 from support import HELPERS
-
-KERNEL = """
-import triton
-import triton.language as tl
-{head}
-
-@triton.jit
-def kernel(x_ptr, n, out_ptr, {params}BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask)
-    tl.store(out_ptr + offs, {body}, mask=mask)
-"""
 
 
 @dataclass(frozen=True)
@@ -62,7 +49,7 @@ def case(name: str, a: dict[str, str], b: dict[str, str], params: str = "", **mo
 
 
 def kernel(head: str, body: str, params: str = "") -> str:
-    return KERNEL.format(head=textwrap.dedent(head), body=body, params=params)
+    return kernel_source(head, body, params)
 
 
 # 1. a module read by the kernel and by its helper, each for another attribute

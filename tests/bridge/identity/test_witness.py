@@ -22,28 +22,9 @@ import textwrap
 from dataclasses import dataclass, field
 
 import pytest
-from bridge_helpers import (
-    cuda_devices,
-    custom_calls,
-    kernel_module,
-    kernels_of,
-    lowered_module,
-    run_child,
-)
+from bridge_helpers import cuda_devices, kernel_module, kernel_source, machine_code, run_child
 from support import HELPERS
 
-KERNEL = """
-import triton
-import triton.language as tl
-{head}
-
-@triton.jit
-def kernel(x_ptr, n, out_ptr, {params}BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask)
-    tl.store(out_ptr + offs, {body}, mask=mask)
-"""
 SITE = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
 
 
@@ -61,10 +42,6 @@ class Case:
     setup: str = ""
 
 
-def kernel(head: str, body: str, params: str = "") -> str:
-    return KERNEL.format(head=textwrap.dedent(head), body=body, params=params)
-
-
 CASES: dict[str, Case] = {
     # 1. installed code: what a module computes at import, a sibling module, a setter
     "installed-constant-from-a-data-file": Case(
@@ -76,7 +53,7 @@ CASES: dict[str, Case] = {
                     SCALE = tl.constexpr(json.load(f)["scale"])
             """,
             "site/w1pkg/scale.json": '{"scale": 2.0}',
-            "site/w1pkg/k.py": kernel("from w1pkg import SCALE", "x * SCALE"),
+            "site/w1pkg/k.py": kernel_source("from w1pkg import SCALE", "x * SCALE"),
         },
         {"site/w1pkg/scale.json": '{"scale": 9.0}'},
         "w1pkg.k",
@@ -88,7 +65,7 @@ CASES: dict[str, Case] = {
                 import triton.language as tl
                 SCALE = tl.constexpr(float(os.environ.get("W2PKG_SCALE", "2.0")))
             """,
-            "site/w2pkg/k.py": kernel("import w2pkg", "x * w2pkg.SCALE"),
+            "site/w2pkg/k.py": kernel_source("import w2pkg", "x * w2pkg.SCALE"),
         },
         {},
         "w2pkg.k",
@@ -98,7 +75,7 @@ CASES: dict[str, Case] = {
         {
             "site/w3pkg/__init__.py": "",
             "site/w3pkg/_consts.py": "import triton.language as tl\nSCALE = tl.constexpr(2.0)\n",
-            "site/w3pkg/k.py": kernel("from ._consts import SCALE", "x * SCALE"),
+            "site/w3pkg/k.py": kernel_source("from ._consts import SCALE", "x * SCALE"),
         },
         {"site/w3pkg/_consts.py": "import triton.language as tl\nSCALE = tl.constexpr(9.0)\n"},
         "w3pkg.k",
@@ -115,7 +92,7 @@ CASES: dict[str, Case] = {
                 def scale():
                     return _SCALE
             """,
-            "site/w4pkg/k.py": kernel("from w4pkg import scale", "x * scale()"),
+            "site/w4pkg/k.py": kernel_source("from w4pkg import scale", "x * scale()"),
         },
         {},
         "w4pkg.k",
@@ -130,14 +107,14 @@ CASES: dict[str, Case] = {
                     SCALE = tl.constexpr(float(open(os.path.join(os.path.dirname(__file__), "s.txt")).read()))
             """,
             "site/w5pkg/s.txt": "2.0",
-            "site/w5pkg/k.py": kernel("import w5pkg", "x * w5pkg.Cfg.SCALE"),
+            "site/w5pkg/k.py": kernel_source("import w5pkg", "x * w5pkg.Cfg.SCALE"),
         },
         {"site/w5pkg/s.txt": "9.0"},
         "w5pkg.k",
     ),
     # 3. what reaches the compiler besides the kernel
     "triton-function-patched": Case(
-        {"w6_k": kernel("", "tl.exp(x)")},
+        {"w6_k": kernel_source("", "tl.exp(x)")},
         {},
         "w6_k",
         setup="import triton.language as tl; tl.exp = tl.exp2",
@@ -145,7 +122,7 @@ CASES: dict[str, Case] = {
     "triton-function-replaced-by-a-jit-function": Case(
         {
             "w7_patch": "import triton\n\n@triton.jit\ndef s(x):\n    return x * 3.0\n",
-            "w7_k": kernel("", "tl.sigmoid(x)"),
+            "w7_k": kernel_source("", "tl.sigmoid(x)"),
         },
         {},
         "w7_k",
@@ -155,7 +132,7 @@ CASES: dict[str, Case] = {
     "class-made-by-new-class": Case(
         {
             "w8_obj": "import types\nK = types.new_class('K', (), {}, lambda ns: ns.update(S=2.0))\n",
-            "w8_k": kernel("", "x * C.S", "C: tl.constexpr, "),
+            "w8_k": kernel_source("", "x * C.S", "C: tl.constexpr, "),
         },
         {"w8_obj": "import types\nK = types.new_class('K', (), {}, lambda ns: ns.update(S=9.0))\n"},
         "w8_k",
@@ -164,7 +141,7 @@ CASES: dict[str, Case] = {
     "class-made-by-make-dataclass": Case(
         {
             "w9_obj": "import dataclasses\nD = dataclasses.make_dataclass('D', [('k', float)], namespace={'s': lambda self: 2.0})\n",
-            "w9_k": kernel("", "x * C.s()", "C: tl.constexpr, "),
+            "w9_k": kernel_source("", "x * C.s()", "C: tl.constexpr, "),
         },
         {
             "w9_obj": "import dataclasses\nD = dataclasses.make_dataclass('D', [('k', float)], namespace={'s': lambda self: 9.0})\n"
@@ -175,7 +152,7 @@ CASES: dict[str, Case] = {
     "module-named-like-the-standard-library": Case(
         {
             "statistics": "import triton.language as tl\nSCALE = tl.constexpr(2.0)\n",
-            "w10_k": kernel("import statistics", "x * statistics.SCALE"),
+            "w10_k": kernel_source("import statistics", "x * statistics.SCALE"),
         },
         {"statistics": "import triton.language as tl\nSCALE = tl.constexpr(9.0)\n"},
         "w10_k",
@@ -184,7 +161,7 @@ CASES: dict[str, Case] = {
     "attribute-of-a-function-read-by-a-constexpr-function": Case(
         {
             "w11_cfg": "def tag():\n    pass\n\ntag.scale = 2.0\n",
-            "w11_k": kernel(
+            "w11_k": kernel_source(
                 """
                 @triton.constexpr_function
                 def scale(f):
@@ -201,7 +178,7 @@ CASES: dict[str, Case] = {
     ),
     "attribute-of-a-jit-function": Case(
         {
-            "w12_k": kernel(
+            "w12_k": kernel_source(
                 """
                 @triton.jit
                 def helper(x):
@@ -217,13 +194,13 @@ CASES: dict[str, Case] = {
     ),
     # 6. values a repr does not tell apart
     "nan-sign": Case(
-        {"w13_k": kernel("NAN = tl.constexpr(float('nan'))", "tl.where(x > 0, x, NAN)")},
-        {"w13_k": kernel("NAN = tl.constexpr(-float('nan'))", "tl.where(x > 0, x, NAN)")},
+        {"w13_k": kernel_source("NAN = tl.constexpr(float('nan'))", "tl.where(x > 0, x, NAN)")},
+        {"w13_k": kernel_source("NAN = tl.constexpr(-float('nan'))", "tl.where(x > 0, x, NAN)")},
         "w13_k",
     ),
     "decimal-context": Case(
         {
-            "w14_k": kernel(
+            "w14_k": kernel_source(
                 """
                 import decimal
                 @triton.constexpr_function
@@ -402,34 +379,6 @@ def test_a_warm_process_embeds_what_its_frontend_reads_now(tmp_path, monkeypatch
     assert compiler.compile_count() == compiles
 
 
-def machine_code(kernel_fn, root) -> str:
-    """The digest of the machine code a lowering of ``kernel_fn`` for cuda:90 embeds (the
-    opaque also names the entry it came from, which depends on the root's history)."""
-    import jax
-    import jax.numpy as jnp
-
-    import bridge
-    import kernelcache
-    from bridge.lowering import proto
-
-    def fn(x):
-        return bridge.triton_call(
-            x,
-            x.size,
-            kernel=kernel_fn,
-            out_shape=x,
-            grid=(4,),
-            BLOCK=1024,
-            target="cuda:90",
-            embed="inline",
-            cache=kernelcache.Cache(str(root)),
-        )
-
-    (call,) = custom_calls(lowered_module(fn, jax.ShapeDtypeStruct((4096,), jnp.float32)))
-    images = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
-    return hashlib.sha256(b"".join(images)).hexdigest()
-
-
 # -- the compiler's environment ------------------------------------------------------------
 ENV_CHILD = """
 import hashlib, json, os, sys
@@ -455,7 +404,7 @@ print(json.dumps([hashlib.sha256(b"".join(code)).hexdigest(), compiler.compile_c
 def env_child(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    (src / "w_env_k.py").write_text(kernel("", "tl.exp(x) * x + tl.sin(x)"))
+    (src / "w_env_k.py").write_text(kernel_source("", "tl.exp(x) * x + tl.sin(x)"))
     child = ENV_CHILD.format(tests=str(HELPERS))
 
     def run(root, **env: str) -> tuple[str, int]:
