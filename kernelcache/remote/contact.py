@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -63,6 +64,44 @@ def off_path() -> Iterator[None]:
 def on_path() -> bool:
     """Whether this thread's requests are on the job's path (see :func:`off_path`)."""
     return not getattr(_here, "off_path", False)
+
+
+class _Workers:
+    """The threads that make watched requests, kept from one request to the next (an object
+    store's client answers a thread it served before in a fraction of the time a new thread
+    costs); one more starts whenever none is idle (an abandoned request keeps its thread until
+    it ends on its own); a forked process starts its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tasks: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = 0
+        self._pid = os.getpid()
+
+    def submit(self, task: Callable[[], None]) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # the parent's threads are not here
+                self._tasks, self._idle, self._pid = queue.SimpleQueue(), 0, os.getpid()
+            if not self._idle:
+                self._idle += 1
+                threading.Thread(
+                    target=self._work, args=(self._tasks,), name="kernelcache-remote", daemon=True
+                ).start()
+            self._idle -= 1
+            self._tasks.put(task)
+
+    def _work(self, tasks: queue.SimpleQueue[Callable[[], None]]) -> None:
+        while True:
+            task = tasks.get()
+            try:
+                task()
+            finally:
+                with self._lock:
+                    if tasks is self._tasks:
+                        self._idle += 1
+
+
+_workers = _Workers()
 
 
 class Abandoned(RemoteTimeout):
@@ -196,7 +235,7 @@ class Contact:
             self._answered.clear()
 
     def watch(self, ticket: Ticket, request: Callable[[], Any]) -> tuple[Any, BaseException | None]:
-        """``(request(), None)`` or ``(None, what it raised)``, made in a thread of its own and
+        """``(request(), None)`` or ``(None, what it raised)``, made in another thread and
         waited for until it ends, its breaker opens (:class:`Abandoned`: the thread is left to
         end on its own, its outcome unused), or :attr:`bound` and a second pass
         (:class:`~kernelcache.errors.RemoteTimeout`)."""
@@ -211,7 +250,7 @@ class Contact:
             finally:
                 done.set()
 
-        threading.Thread(target=run, name="kernelcache-remote-request", daemon=True).start()
+        _workers.submit(run)
         limit = time.monotonic() + self.bound + 1.0
         while not done.wait(ABANDON_POLL):
             if self._opened(ticket.shard):
