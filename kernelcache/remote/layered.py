@@ -7,13 +7,13 @@ there never delays a result: one above already serves the entry).
 Invariants: a tier that raises is a tier that missed (one warning per tier); what a lower tier
 returns is checked (:func:`~kernelcache.remote.codec.check_entry`) before it is copied up;
 read-only tiers are never written; backfill and the puts below the first tier that holds an
-entry never block a caller (a full queue drops copies) and are given a bounded time at exit. A lookup of an entry that is usually absent (a decision, a
-remembered failure, a memo: :func:`~kernelcache.remote.tier.declare_sparse`) waits at most
-:data:`SPARSE_WAIT` for each tier below the first: a slow or hung tier costs it a quarter of a
-second, not the tier's timeout, and an answer that comes later is copied up for the next
-lookup. A key's build lock is taken in the first writable tier
-that can give it: where a tier (or the key's shard in it) is unavailable, the next writable
-tier's lock keeps one builder across the job.
+entry never block a caller (a full queue drops copies) and are given a bounded time at exit. A
+lookup of an entry that is usually absent (a decision, a remembered failure, a memo:
+:func:`~kernelcache.remote.tier.declare_sparse`) waits at most :data:`SPARSE_WAIT` for each
+tier below the first: a slow or hung tier costs it a quarter of a second, not the tier's
+timeout, and an answer that comes later is copied up for the next lookup. A key's build lock
+is taken in the first writable tier that can give it: where a tier (or the key's shard in it)
+is unavailable, the next writable tier's lock keeps one builder across the job.
 """
 
 from __future__ import annotations
