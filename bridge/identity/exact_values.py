@@ -226,9 +226,10 @@ def _holes(desc: Any) -> bool:
 
 
 def _first_line(fn: Any) -> tuple[str, int]:
-    from triton.runtime.jit import get_jit_fn_file_line
-
+    """The file (import-relative) and first line of the JIT function ``fn``: where the
+    locations of its code generator's IR point."""
     from .frontend import relative_path
 
-    file, line = get_jit_fn_file_line(fn)
-    return relative_path(file), int(line)
+    code = fn.fn.__code__
+    line = getattr(fn, "starting_line_number", None)
+    return relative_path(code.co_filename), int(code.co_firstlineno if line is None else line)

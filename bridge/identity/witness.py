@@ -73,8 +73,9 @@ class Recorder:
             self.missed(f"more than {MAX_ROWS} reads")
             return None
         row = len(self.rows)
+        want = self.trace.want(value, row)  # (may raise: then nothing is recorded)
         self.index[name] = row
-        self.rows.append([parent, op, operand, self.trace.want(value, row)])
+        self.rows.append([parent, op, operand, want])
         return row
 
     def argument(self, value: Any) -> list[Any] | None:
