@@ -84,7 +84,11 @@ class Trace:
         first = self.rows.get(id(value))
         if first is not None:
             return f"same:{first}"
+        want = self._described(value, row)  # (may raise: then ``value`` is not remembered)
         self.note(value, row)
+        return want
+
+    def _described(self, value: Any, row: int) -> str:
         known = _wants.get(id(value))
         if known is not None and known[0] is value:
             if known[1] is None or known[1] == _stamp(value):
