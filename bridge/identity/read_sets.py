@@ -91,7 +91,7 @@ class Trace:
     def _described(self, value: Any, row: int) -> str:
         known = _wants.get(id(value))
         if known is not None and known[0] is value:
-            if known[1] is None or known[1] == _stamp(value):
+            if known[1] is None or known[1] == _stamp(value, known[1][0]):
                 return known[2]
         desc = describe(value)
         if desc is None:
@@ -100,15 +100,15 @@ class Trace:
         want = _digest(desc)
         if isinstance(value, types.ModuleType) or desc[0] == "triton":
             _keep(value, None, want)
-        elif desc[0] == "jit":
-            _keep(value, _stamp(value), want)
+        elif desc[0] in ("jit", "fn", "cfn"):
+            _keep(value, _stamp(value, desc[0]), want)
         return want
 
 
 #: the wants of objects whose description follows from what they are (modules: their
 #: attributes are reads of their own; Triton's objects: Triton's files are in every key) or
-#: from that and a stamp (a JIT function's source, settings and first line), by id: (the
-#: object, its stamp then or None, its want)
+#: from that and a stamp (:func:`_stamp`), by id: (the object, its stamp then or None, its
+#: want)
 _wants: dict[int, tuple[Any, Any, str]] = {}
 #: the most objects :data:`_wants` keeps (then it starts again)
 MAX_KEPT = 4096
@@ -120,8 +120,22 @@ def _keep(value: Any, stamp: Any, want: str) -> None:
     _wants[id(value)] = (value, stamp, want)
 
 
-def _stamp(value: Any) -> Any:
-    return (mark(value), getattr(value, "starting_line_number", None))
+def _stamp(value: Any, kind: str) -> tuple[Any, ...]:
+    """What the description of ``value`` (of ``kind``) follows from besides its identity: a
+    JIT function's source, settings and first line; a function's code object, defaults and
+    the objects it closes over (what they hold is read where it is used: calls are made
+    again); a ``constexpr_function``'s code object (its calls are made again)."""
+    if kind == "jit":
+        return (kind, mark(value), getattr(value, "starting_line_number", None))
+    if kind == "cfn":
+        return (kind, value.fn.__code__)
+    cells = []
+    for cell in value.__closure__ or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:
+            cells.append(ABSENT)
+    return (kind, value.__code__, value.__defaults__, value.__kwdefaults__, *cells)
 
 
 def _digest(desc: Any) -> str:
