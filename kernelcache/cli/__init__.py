@@ -17,7 +17,8 @@ carries the command's :class:`~.common.Context` (the root and the settings, reso
 :mod:`.app`; other packages add theirs through the entry-point group ``kernelcache.commands``
 (the bridge adds ``warm`` this way).
 
-Modules: :mod:`.app` (the parser, ``main`` and the plugin loader), :mod:`.output` (exit codes,
+Modules: :mod:`.app` (the parser, ``main`` and the plugin loader), :mod:`.habits` (ccache's
+options in a command's place), :mod:`.output` (exit codes,
 errors, the JSON envelope and human formatting), :mod:`.common` (global options, argument types,
 the context), and one module per group of commands: :mod:`.statistics` (``stats``),
 :mod:`.listing` (``ls``, ``show``; :func:`register_content`, through which a package says

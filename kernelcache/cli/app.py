@@ -24,9 +24,19 @@ from ..config import COMMANDS_GROUP
 from ..errors import CommandFailed, ConfigError, UsageError
 from ..stats.counters import quiet as quiet_statistics
 from ..variable_checks import check_variables
-from . import bundles, diagnosis, listing, maintenance, statistics
+from . import bundles, diagnosis, habits, listing, maintenance, statistics
 from .common import Context, Subparsers, common_options
-from .output import EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, Output, fail
+from .output import (
+    EXIT_CODES,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    SCHEMA,
+    Output,
+    dumps,
+    fail,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +76,16 @@ class _Formatter(logging.Formatter):
         return super().formatMessage(record)
 
 
+class ArgumentsRefused(Exception):
+    """Raised by :meth:`Parser.error` instead of exiting, so that :func:`main` says the error
+    as every command does (with ``--json``, as the JSON envelope too)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser, with the nearest command or option named after a misspelt one."""
 
@@ -76,6 +96,8 @@ class Parser(argparse.ArgumentParser):
             near = difflib.get_close_matches(wrong.group(1), choices, n=1)
             if near:
                 message += f"; did you mean {near[0]!r}?"
+        if message.endswith("required: COMMAND"):
+            message += " (e.g. `kernelcache stats`; `kernelcache -h` lists every command)"
         unknown = re.match(r"unrecognized arguments: (.*)", message)
         if unknown:
             options = [o for a in self._actions for o in a.option_strings]
@@ -84,7 +106,7 @@ class Parser(argparse.ArgumentParser):
                 if given.startswith("-") and near:
                     message += f"; did you mean {near[0]}?"
                     break
-        super().error(message)
+        raise ArgumentsRefused(self, message)
 
 
 def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
@@ -137,12 +159,32 @@ def _warn_unknown_variables() -> None:
         logging.getLogger("kernelcache").warning("%s", unknown_message(name, near))
 
 
+def _ours(argv: Sequence[str]) -> list[str]:
+    """The arguments before ``--`` (what follows is another program's)."""
+    tokens = list(argv)
+    return tokens[: tokens.index("--")] if "--" in tokens else tokens
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     parser = build_parser()
-    args, extra = parser.parse_known_args(_joined_negatives(sys.argv[1:] if argv is None else argv))
-    if extra:  # said by the command's own parser, with its usage
-        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
+    given = list(sys.argv[1:] if argv is None else argv)
+    try:
+        given = habits.translate(given)
+        args, extra = parser.parse_known_args(_joined_negatives(given))
+        if extra:  # said by the command's own parser, with its usage
+            _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
+    except ArgumentsRefused as e:  # said as argparse says it; with --json, as JSON too
+        e.parser.print_usage(sys.stderr)
+        sys.stderr.write(f"{e.parser.prog}: error: {e.message}\n")
+        if "--json" in _ours(given):
+            prog = e.parser.prog.split()
+            command = prog[1] if len(prog) > 1 else None
+            doc = {"schema": SCHEMA, "command": command, "error": e.message}
+            sys.stdout.write(dumps(doc) + "\n")
+        return EXIT_USAGE
+    except UsageError as e:
+        return fail(str(e), EXIT_USAGE, None, "--json" in _ours(given))
     args.json = getattr(args, "json", False)
     args.root = getattr(args, "root", None)
     args.verbose = getattr(args, "verbose", 0)
@@ -177,7 +219,12 @@ def _run(args: argparse.Namespace, out: Output) -> int:
     except KeyboardInterrupt:
         from ..progress import interrupted
 
-        sys.stderr.write(interrupted() + "\n")
+        said = interrupted()
+        if args.json:  # the envelope of an error, marked interrupted
+            error = said.removeprefix("kernelcache: ")
+            doc = {"schema": SCHEMA, "command": args.command, "error": error, "interrupted": True}
+            sys.stdout.write(dumps(doc) + "\n")
+        sys.stderr.write(said + "\n")
         return EXIT_INTERRUPTED
     except Exception as e:  # pragma: no cover - the message beats a traceback for operators
         if args.verbose > 1:

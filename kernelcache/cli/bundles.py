@@ -17,6 +17,7 @@ from .output import (
     EXIT_OK,
     EXIT_PROBLEMS,
     CommandFailed,
+    NothingDone,
     Output,
     UsageError,
     envelope,
@@ -143,8 +144,8 @@ def _export(
                 trust=cfg.trust,
                 signing_key=cfg.signing_secret(),
             )
-    except BundleError as e:
-        raise CommandFailed(str(e)) from None
+    except BundleError as e:  # the bundle is written whole or not at all: nothing was done
+        raise NothingDone(str(e)) from None
     # entries the scan found unusable (bad metadata, older format) are skipped too
     unusable = [
         (i.key, f"{i.kind}: {i.detail}")
@@ -262,12 +263,12 @@ def _import(args: argparse.Namespace, out: Output, file: str, shown: str) -> int
                 judge=judge,
             )
     except BundleError as e:
-        done = (
-            f"{e.imported} verified entries it published could not be removed again"
-            if e.imported
-            else "nothing was imported"
-        )
-        raise CommandFailed(f"import of {shown} rejected: {e}; {done}") from None
+        if not e.imported:  # refused whole: nothing was done (exit 2)
+            raise NothingDone(f"import of {shown} rejected: {e}; nothing was imported") from None
+        raise CommandFailed(
+            f"import of {shown} rejected: {e}; {e.imported} verified entries it published "
+            "could not be removed again"
+        ) from None
     except CacheError as e:  # the root cannot take it: no space, not writable
         raise UsageError(f"{e}; nothing was imported") from None
     doc = {

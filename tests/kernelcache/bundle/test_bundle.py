@@ -65,7 +65,7 @@ def test_export_filters_and_overwrite(source, tmp_path):
     doc = kc_json(source, "export", str(bundle), "--target", "cuda:90", "--target", "cuda:80")
     assert doc["entries"] == 4
     refused = kc(source, "export", str(bundle), "--kernel", "softmax")
-    assert refused.returncode == 1 and "--force" in refused.stderr
+    assert refused.returncode == 2 and "--force" in refused.stderr  # 2: nothing was done
     doc = kc_json(source, "export", str(bundle), "--kernel", "softmax", "--force")
     assert doc["entries"] == 2
     dest = tmp_path / "dest"
@@ -248,7 +248,7 @@ def test_hostile_bundle_is_rejected_and_nothing_written(source, tmp_path, kind):
     bundle = _write(tmp_path / f"{kind}.tar", members, manifest, manifest_bytes=raw_manifest)
     fresh = tmp_path / "fresh"
     proc = kc(fresh, "import", str(bundle))
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr  # refused whole: nothing was done
     assert message in proc.stderr and "nothing was imported" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not fresh.exists()
@@ -256,7 +256,7 @@ def test_hostile_bundle_is_rejected_and_nothing_written(source, tmp_path, kind):
     existing = tmp_path / "existing"
     put(existing, "already", size=420)
     before = {p: p.stat().st_mtime_ns for p in existing.rglob("*")}
-    assert kc(existing, "import", str(bundle)).returncode == 1
+    assert kc(existing, "import", str(bundle)).returncode == 2
     assert {p: p.stat().st_mtime_ns for p in existing.rglob("*")} == before
     assert not Path("/etc/kernelcache-evil").exists()
 
@@ -268,7 +268,7 @@ def test_hostile_zstd_bundle_is_rejected(source, tmp_path, kind):
     bundle = _write(
         tmp_path / "b.tar.zst", members, manifest, compress="zstd", manifest_bytes=raw_manifest
     )
-    doc = kc_json(tmp_path / "fresh", "import", str(bundle), code=1)
+    doc = kc_json(tmp_path / "fresh", "import", str(bundle), code=2)
     assert message in doc["error"]
     assert not (tmp_path / "fresh").exists()
 
@@ -281,7 +281,7 @@ def test_oversized_member(source, tmp_path):
     fresh = tmp_path / "fresh"
     proc = kc(fresh, "import", str(bundle), "--max-member-size", "1M")
     assert (
-        proc.returncode == 1 and "oversized" in proc.stderr and "--max-member-size" in proc.stderr
+        proc.returncode == 2 and "oversized" in proc.stderr and "--max-member-size" in proc.stderr
     )
     assert files_under(fresh) == set()
     assert kc_json(fresh, "import", str(bundle), "--max-member-size", "4M")["imported"] == 1
@@ -297,7 +297,7 @@ def test_a_truncated_bundle_is_called_truncated(source, tmp_path):
         truncated = tmp_path / f"cut{cut}.tar.zst"
         truncated.write_bytes(raw[:cut])
         proc = kc(tmp_path / "fresh", "import", str(truncated))
-        assert proc.returncode == 1, (cut, proc.stderr)
+        assert proc.returncode == 2, (cut, proc.stderr)
         assert "truncated" in proc.stderr and "copy it again" in proc.stderr, (cut, proc.stderr)
         assert "not a tar archive" not in proc.stderr
     assert files_under(tmp_path / "fresh") == set()
@@ -306,7 +306,7 @@ def test_a_truncated_bundle_is_called_truncated(source, tmp_path):
     data = plain.read_bytes()
     (tmp_path / "cut.tar").write_bytes(data[: len(data.rstrip(b"\0")) - 100])
     proc = kc(tmp_path / "fresh", "import", str(tmp_path / "cut.tar"))
-    assert proc.returncode == 1 and "truncated" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "truncated" in proc.stderr, proc.stderr
 
 
 def test_damaged_and_foreign_files(source, tmp_path):
@@ -316,18 +316,18 @@ def test_damaged_and_foreign_files(source, tmp_path):
     truncated = tmp_path / "truncated.tar"
     truncated.write_bytes(raw[: len(raw.rstrip(b"\0")) - 100])  # into the last member
     proc = kc(tmp_path / "fresh", "import", str(truncated))
-    assert proc.returncode == 1 and "nothing was imported" in proc.stderr
+    assert proc.returncode == 2 and "nothing was imported" in proc.stderr
     gz = tmp_path / "b.tar.gz"
     gz.write_bytes(gzip.compress(raw))
     proc = kc(tmp_path / "fresh", "import", str(gz))
-    assert proc.returncode == 1 and "gzip-compressed bundles are not supported" in proc.stderr
+    assert proc.returncode == 2 and "gzip-compressed bundles are not supported" in proc.stderr
     junk = tmp_path / "junk.tar"
     junk.write_bytes(os.urandom(4096))
-    assert kc(tmp_path / "fresh", "import", str(junk)).returncode == 1
+    assert kc(tmp_path / "fresh", "import", str(junk)).returncode == 2
     zst = tmp_path / "bad.tar.zst"
     zst.write_bytes(b"\x28\xb5\x2f\xfd" + os.urandom(200))
     proc = kc(tmp_path / "fresh", "import", str(zst))
-    assert proc.returncode == 1 and "nothing was imported" in proc.stderr
+    assert proc.returncode == 2 and "nothing was imported" in proc.stderr
     missing = kc(tmp_path / "fresh", "import", str(tmp_path / "nope.tar"))
     assert missing.returncode == 2 and "nope.tar does not exist" in missing.stderr  # a usage error
     assert not (tmp_path / "fresh").exists()

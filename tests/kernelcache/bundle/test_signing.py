@@ -65,7 +65,7 @@ def test_a_bundle_not_signed_with_the_key_is_refused_whole(source, tmp_path, sig
     dest = tmp_path / "dest"
     for extra in ([], ["--dry-run"]):
         proc = kc(dest, "import", str(bundle), *extra, env={"KERNELCACHE_SIGNING_KEY": KEY_1})
-        assert proc.returncode == 1, proc.stderr
+        assert proc.returncode == 2, proc.stderr
         assert "signature" in proc.stderr or "not signed" in proc.stderr, proc.stderr
         assert "nothing was imported" in proc.stderr
     assert files_under(dest) == set()
@@ -99,7 +99,7 @@ def test_a_bundle_entry_with_other_bytes_under_a_valid_signature_is_refused(sour
         tar.addfile(info, io.BytesIO(body))
     assert kc_json(tmp_path / "nokey", "import", str(forged), "--dry-run")["imported"] == 3
     proc = kc(tmp_path / "dest", "import", str(forged), env={"KERNELCACHE_SIGNING_KEY": KEY_1})
-    assert proc.returncode == 1 and first["key"] in proc.stderr and "signature" in proc.stderr
+    assert proc.returncode == 2 and first["key"] in proc.stderr and "signature" in proc.stderr
 
 
 #: a process without the bridge, as an earlier version was (a kernelcache that knew no launch
@@ -161,7 +161,7 @@ def test_a_launch_field_its_writer_did_not_cover_is_refused_in_a_signed_bundle(t
     dest = tmp_path / "dest"
     for extra in ([], ["--dry-run"]):
         proc = kc(dest, "import", str(forged), *extra, env={"KERNELCACHE_SIGNING_KEY": KEY_1})
-        assert proc.returncode == 1, proc.stdout
+        assert proc.returncode == 2, proc.stdout
         assert key in proc.stderr and "does not cover num_warps, shared" in proc.stderr
     assert files_under(dest) == set()
 
@@ -201,7 +201,7 @@ def test_a_covers_list_edited_after_signing_is_refused(tmp_path, entry_digest_to
 
     forged = _rewrite_manifest(bundle, edit)
     proc = kc(tmp_path / "dest", "import", str(forged), env={"KERNELCACHE_SIGNING_KEY": KEY_1})
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert ("signature" if entry_digest_too else "entry digest mismatch") in proc.stderr
     assert files_under(tmp_path / "dest") == set()
 

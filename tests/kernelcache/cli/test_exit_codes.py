@@ -2,8 +2,9 @@
 (problems found, some work failed), 2 nothing done (bad arguments or variables, or an
 environment the command cannot work in), 130 interrupted. Each command is run here for each
 code it can give; a command with no row fails the test, so a new command comes with its rows.
-(``audit``'s 1, a hole in a key, is made in test_audit.py; ``clear``'s 1, a refused
-confirmation, in test_cli_clear.py; 130 in test_progress.py.)"""
+(``audit``'s 1, a hole in a key, is made in test_audit.py; ``import``'s 1, a conflict, in
+test_bundle.py; 130 in test_progress.py. A refused confirmation of ``clear`` or ``prune``, and a
+bundle refused whole, are 2: nothing was done.)"""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ CASES = [
     ("export", EXIT_PROBLEMS, ["export", "{out}/b.tar"], {}),  # the corrupt entry is skipped
     ("export", EXIT_USAGE, ["export", "{out}/c.tar", "--compression", "rar"], {}),
     ("import", EXIT_OK, ["--root", "{scratch}", "import", "{bundle}"], {}),
-    ("import", EXIT_PROBLEMS, ["--root", "{scratch}", "import", "{junk}"], {}),
+    ("import", EXIT_USAGE, ["--root", "{scratch}", "import", "{junk}"], {}),  # refused whole
     ("import", EXIT_USAGE, ["import", "{out}/nosuch.tar"], {}),
     ("doctor", EXIT_OK, ["--root", "{clean}", "doctor"], {}),
     ("doctor", EXIT_PROBLEMS, ["--root", "{clean}", "doctor"], {"KERNELCACHE_REMOTE": "{down}"}),
@@ -152,3 +153,51 @@ def test_each_command_exits_by_the_table(places, command, code, args, env):
     assert "Traceback" not in proc.stderr
     if code == EXIT_USAGE:
         assert "error" in proc.stderr or "usage:" in proc.stderr
+    if "--json" in filled and code != EXIT_OK:
+        assert json.loads(proc.stdout)["error"], proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args, command, words",
+    [
+        (["prune", "--max-size", "10X", "--json"], "prune", "invalid size '10X'"),
+        (["--json", "ls", "--limit", "many"], "ls", "invalid count 'many'"),
+        (["--json", "frobnicate"], None, "invalid choice: 'frobnicate'"),
+        (["verify", "--repiar", "--json"], "verify", "did you mean --repair?"),
+        (["--json"], None, "required: COMMAND"),
+    ],
+)
+def test_with_json_a_usage_error_is_a_json_document_too(tmp_path, args, command, words):
+    proc = kc(tmp_path, *args)
+    assert proc.returncode == EXIT_USAGE
+    doc = json.loads(proc.stdout)
+    assert doc["schema"] == 1 and doc["command"] == command and words in doc["error"], doc
+    assert "usage:" in proc.stderr and words in proc.stderr  # people read stderr as before
+
+
+def test_with_json_an_interrupted_command_says_so_in_json(tmp_path, monkeypatch, capsys):
+    from kernelcache.cli import app, maintenance
+
+    def interrupted(args, out):
+        with out.progress("verifying", 400) as tick:
+            tick(37)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(maintenance, "cmd_verify", interrupted)
+    assert app.main(["--root", str(tmp_path), "verify", "--json"]) == EXIT_INTERRUPTED
+    shown = capsys.readouterr()
+    doc = json.loads(shown.out)
+    assert doc["interrupted"] is True and doc["command"] == "verify"
+    assert doc["error"].startswith("interrupted while verifying, after 37 of 400 entries")
+    assert "run the command again to finish" in shown.err
+
+
+def test_declining_or_a_bundle_refused_whole_is_nothing_done(tmp_path):
+    """The help's table: 2 says nothing was done; a rejected bundle changes nothing."""
+    junk = tmp_path / "junk.tar"
+    junk.write_bytes(b"\0" * 2048)
+    proc = kc(tmp_path / "fresh", "import", str(junk), "--json")
+    assert proc.returncode == EXIT_USAGE and "nothing was imported" in proc.stderr
+    assert "nothing was imported" in json.loads(proc.stdout)["error"]
+    assert not (tmp_path / "fresh").exists()
+    assert "2 nothing was done" in kc(None, "--help").stdout

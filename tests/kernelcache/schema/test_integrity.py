@@ -429,7 +429,7 @@ def test_import_with_an_odd_fourth_entry_publishes_nothing(tmp_path, case):
     dry = kc(dest, "import", str(bundle), "--dry-run")
     real = kc(dest, "import", str(bundle))
     for proc in (dry, real):
-        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert proc.returncode == 2, proc.stdout + proc.stderr  # refused whole: nothing done
         assert docs[3]["key"] in proc.stderr and field in proc.stderr, proc.stderr
         assert "nothing was imported" in proc.stderr and "Traceback" not in proc.stderr
     assert not list(dest.glob("*.json")) if dest.exists() else True
