@@ -114,7 +114,7 @@ def test_a_forged_index_column_never_selects_a_deletion(tmp_path, column, flag, 
     for _ in range(2):  # the second scan signs the listing that includes .stats/
         assert kc(root, "stats").returncode == 0
     _forge_index(root, column=column, value=value)
-    doc = kc_json(root, "prune", flag, value)
+    doc = kc_json(root, "prune", flag, value, "--yes")  # (the forged plan says: every entry)
     left = {p.name[:-5] for p in root.glob("*.json")}
     assert left == {a.key for a in victims}, doc["result"]["counts"]
     assert not {a.key for a in retired} & left
@@ -206,10 +206,10 @@ def test_a_group_member_cannot_make_the_operators_prune_delete(tmp_path):
         steps = [
             _user(1, "ROLE", "victim", str(root)),
             _user(65534, "ROLE", "planter", str(root)),
-            f"{operator} prune --target cuda:80 --json",
+            f"{operator} prune --target cuda:80 --json --yes",
             f"{operator} stats --json | tr -d '\\n'; echo",
             _user(65534, "ROLE", "replacer", str(root)),
-            f"{operator} prune --target cuda:80 --json",
+            f"{operator} prune --target cuda:80 --json --yes",
             f"{operator} stats --json",
         ]
         _, planter, prune1, stats1, replacer, prune2, stats2 = _as_users(
@@ -483,8 +483,8 @@ def _hostile_bundle(
 @pytest.mark.parametrize(
     ("members", "member_size", "pad_entries", "pad_top", "code"),
     [
-        (1000, 0, False, 63 << 20, 1),  # empty members, a 64 MiB manifest
-        (1000, 64 << 10, False, 62 << 20, 1),  # 64 MiB of members buy the manifest room
+        (1000, 0, False, 63 << 20, 2),  # empty members, a 64 MiB manifest (refused whole)
+        (1000, 64 << 10, False, 62 << 20, 2),  # 64 MiB of members buy the manifest room
         (500, 64 << 10, True, 0, 0),  # valid entries of 60 KiB of empty lists each
     ],
     ids=["empty-members", "padded-manifest", "padded-entries"],
