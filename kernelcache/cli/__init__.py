@@ -20,7 +20,8 @@ carries the command's :class:`~.common.Context` (the root and the settings, reso
 Modules: :mod:`.app` (the parser, ``main`` and the plugin loader), :mod:`.habits` (ccache's
 options in a command's place), :mod:`.output` (exit codes,
 errors, the JSON envelope and human formatting), :mod:`.common` (global options, argument types,
-the context), and one module per group of commands: :mod:`.statistics` (``stats``),
+the context), and one module per group of commands: :mod:`.statistics` (``stats``; its
+table and Prometheus text: :mod:`.stats_text`),
 :mod:`.listing` (``ls``, ``show``; :func:`register_content`, through which a package says
 what its entries hold), :mod:`.maintenance` (``verify``, ``prune``),
 :mod:`.bundles` (``export``, ``import``) and :mod:`.diagnosis` (``doctor``).

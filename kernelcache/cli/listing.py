@@ -1,6 +1,10 @@
 """``kernelcache ls`` and ``kernelcache show``: list entries, and show one by its key or a unique
 prefix of it.
 
+``ls`` lists kernels (entries without a ``kind``) unless ``--kind`` asks for others: what
+a package keeps beside its kernels (PTX companions, memoized values, lowerings, decisions) is
+counted under the list, never mixed into it.
+
 Invariant: the key prefixes ``ls`` prints are prefixes ``show`` accepts: unique among the keys
 of the root (an entry and its companions share their first 16 digits, so their prefixes are
 longer), all of one width (:func:`shown_key_width`).
@@ -122,6 +126,14 @@ def register(subparsers: Subparsers) -> None:
         default="name",
         help="name (kernel, target, key); size (largest first); age (oldest first); last-used (least recent first)",
     )
+    p.add_argument(
+        "--kind",
+        action="append",
+        type=kind_arg,
+        metavar="KIND",
+        help="list entries of this kind (repeatable): kernel (the default), a kind the list's "
+        "summary names (ptx, identity, program, decision, ...), or all",
+    )
     p.add_argument("--reverse", action="store_true", help="reverse the order")
     p.add_argument("--limit", type=count_arg, metavar="N", help="show at most N entries")
     p.set_defaults(func=cmd_ls)
@@ -138,8 +150,14 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
     context: Context = args.context
     root = context.existing_root()
     scanned = scan(root, last_used=True, trust=context.trust)
-    entries = select(scanned.entries, args.kernel or (), args.target or ())
+    matching = select(scanned.entries, args.kernel or (), args.target or ())
     missed = unmatched(scanned.table, args.kernel or (), args.target or ())
+    kinds = set(args.kind or [KERNEL])
+    entries = [e for e in matching if "all" in kinds or (e.kind or KERNEL) in kinds]
+    hidden: dict[str, int] = {}
+    for e in matching:
+        if "all" not in kinds and (e.kind or KERNEL) not in kinds:
+            hidden[e.kind or KERNEL] = hidden.get(e.kind or KERNEL, 0) + 1
     sort_key, descending = SORTS[args.sort]
     entries.sort(key=sort_key, reverse=descending != args.reverse)
     matched = len(entries)
@@ -151,6 +169,15 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
 
     def problems() -> str:
         text = "".join(f"\nNo entry matches {printable(f)}." for f in missed)
+        if hidden:
+            others = ", ".join(
+                plural(n, KERNEL) if k == KERNEL else f"{n:,} {printable(k)}"
+                for k, n in sorted(hidden.items())
+            )
+            text += (
+                f"\nNot shown: {plural(sum(hidden.values()), 'other entry')} ({others}): "
+                "--kind KIND lists them, --kind all every entry."
+            )
         if not unusable:
             return text
         first = unusable[0]
@@ -163,7 +190,7 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
 
     def human() -> str:
         if not entries:
-            return "(no entries)" + problems()
+            return ("(no kernels)" if kinds == {KERNEL} else "(no entries)") + problems()
         rows = [["KEY", "EXT", "SIZE", "KERNEL", "TARGET", "LAST USED", "CREATED"]]
         every = [*scanned.table.key, *(i.key for i in scanned.issues if i.key)]
         width = shown_key_width([e.key for e in entries], every)
@@ -181,9 +208,10 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
             )
         total = sum(e.nbytes for e in entries)
         table = format_table(rows, right=(2,))
-        shown = plural(len(entries), "entry")
+        shown = plural(len(entries), "kernel" if kinds == {KERNEL} else "entry")
         if matched > len(entries):  # --limit cut the list
-            shown = f"{len(entries):,} of {plural(matched, 'entry')} (--limit)"
+            noun = "kernel" if kinds == {KERNEL} else "entry"
+            shown = f"{len(entries):,} of {plural(matched, noun)} (--limit)"
         return table + f"\n{shown}, {human_size(total)}" + problems()
 
     doc = {
@@ -195,9 +223,25 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
         "entries": [{**e.to_json(), "path": os.path.join(root, e.filename)} for e in entries],
         "problems": [i.to_json() for i in unusable],
         "unmatched": missed,
+        "kinds": sorted(kinds),
+        "hidden": dict(sorted(hidden.items())),
     }
     out.emit(doc, human)
     return EXIT_OK
+
+
+#: what ``--kind`` calls entries without a ``kind`` (a package's compiled kernels)
+KERNEL = "kernel"
+
+
+def kind_arg(text: str) -> str:
+    """A ``--kind`` value, as an argparse ``type``: ``kernel``, ``all``, or a kind's name."""
+    value = text.strip()
+    if not re.fullmatch(r"[a-z0-9_.-]{1,64}", value):
+        raise argparse.ArgumentTypeError(
+            f"invalid kind {text!r}: give kernel, all, or a kind `ls` names (ptx, identity, ...)"
+        )
+    return value
 
 
 def _key_text(text: str) -> str:

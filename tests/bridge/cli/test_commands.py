@@ -138,7 +138,9 @@ def test_show_says_what_a_decision_decided(project, tmp_path):
     )
     (entry,) = [
         e
-        for e in as_json(kc(proj, "--root", str(root), "ls", "--json", code=0))["entries"]
+        for e in as_json(
+            kc(proj, "--root", str(root), "ls", "--kind", "decision", "--json", code=0)
+        )["entries"]
         if e["kind"] == "decision"
     ]
     doc = as_json(kc(proj, "--root", str(root), "show", entry["key"], "--json", code=0))
@@ -200,13 +202,13 @@ def test_tune_without_a_gpu_says_that_pin_needs_none(project, tmp_path):
 
 def test_ls_and_prune_name_every_kernel_a_program_entry_holds(project):
     proj, root = project["proj"], str(project["root"])
-    listed = as_json(kc(proj, "--root", root, "ls", "--json", code=0))
+    listed = as_json(kc(proj, "--root", root, "ls", "--kind", "all", "--json", code=0))
     programs = [e for e in listed["entries"] if e["ext"] == "program"]
     assert "cuda:90" in {p["target"] for p in programs}
     for entry in programs:
         assert entry["kernel"] == "plain, tuned"
         assert entry["qualname"] == "myproj.kernels:plain, myproj.kernels:tuned"
-    assert "plain, tuned" in kc(proj, "--root", root, "ls", code=0).stdout
+    assert "plain, tuned" in kc(proj, "--root", root, "ls", "--kind", "lowering", code=0).stdout
     for name in ("tuned", "myproj.kernels:tuned"):
         plan = as_json(
             kc(proj, "--root", root, "prune", "--kernel", name, "--dry-run", "--json", code=0)

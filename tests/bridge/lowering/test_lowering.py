@@ -964,7 +964,7 @@ def matmul(cache, **kw):
 
 def entries(root) -> dict[str, int]:
     found: dict[str, int] = {}
-    for entry in kc_json(root, "ls")["entries"]:
+    for entry in kc_json(root, "ls", "--kind", "all")["entries"]:
         found[entry["ext"]] = found.get(entry["ext"], 0) + 1
     return found
 

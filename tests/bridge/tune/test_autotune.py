@@ -259,7 +259,7 @@ def test_a_second_process_does_not_compile_the_left_out_configs_again(tmp_path):
     assert first["make_ir"] == 4  # two compile, two fail their static assertion
     second = run_child(SECOND, KERNELCACHE_DIR=str(root))
     assert second == {**first, "make_ir": 0, "compile": 0, "triton_key": 0}
-    entries = kc_json(root, "ls")["entries"]
+    entries = kc_json(root, "ls", "--kind", "failure")["entries"]
     left = [e for e in entries if e["kind"] == "failure"]
     assert len(left) == 2 and {e["kernel"] for e in left} == {"bounded_copy_kernel"}
     assert kc(root, "verify").returncode == 0
@@ -1003,7 +1003,7 @@ def test_kernelcache_tune_pin_and_a_job_that_requires_decisions(tmp_path, fresh,
     )
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out == {"kernels": [4], "plain": True}
-    listed = kc_json(root, "ls")
+    listed = kc_json(root, "ls", "--kind", "all")
     kinds = [e.get("kind") for e in listed["entries"]]
     assert kinds.count("decision") == 1
     assert kc(root, "verify").returncode == 0

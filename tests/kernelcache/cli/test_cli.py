@@ -242,13 +242,13 @@ def test_ls_filters_sorts_and_json(populated):
     assert [e["kernel"] for e in rev] == ["attn", "softmax"]
     assert limited["count"] == 2 and limited["matched"] == len(lru)
     said = kc(populated, "ls", "--limit", "2").stdout.splitlines()[-1]
-    assert said.startswith(f"2 of {len(lru)} entries (--limit), "), said
+    assert said.startswith(f"2 of {len(lru)} kernels (--limit), "), said
     only = kc_json(populated, "ls", "--kernel", "softmax", "--target", "hip:gfx942")
     assert only["count"] == 3 and {e["kernel"] for e in only["entries"]} == {"softmax"}
     both = kc_json(populated, "ls", "--target", "cuda:80", "--target", "hip:gfx942")
     assert both["count"] == 4
     human = kc(populated, "ls", "--kernel", "attn").stdout
-    assert "attn" in human and "cuda:80" in human and "1 entry," in human
+    assert "attn" in human and "cuda:80" in human and "1 kernel," in human
 
 
 def _named(root: Path, name: str, qualname: str, kind: str | None = None, size: int = 400) -> str:
@@ -276,12 +276,12 @@ def test_kernel_filters_take_where_a_kernel_is_defined(tmp_path):
         "myproj.kernels:add_kernel, myproj.kernels:matmul_kernel",
         kind="lowering",
     )
-    listed = kc_json(root, "ls", "--kernel", "myproj.kernels:matmul_kernel")
+    listed = kc_json(root, "ls", "--kernel", "myproj.kernels:matmul_kernel", "--kind", "all")
     assert {e["key"] for e in listed["entries"]} == {mine, program}
     assert listed["unmatched"] == []
-    assert kc_json(root, "ls", "--kernel", "add_kernel")["count"] == 1
+    assert kc_json(root, "ls", "--kernel", "add_kernel", "--kind", "lowering")["count"] == 1
     assert kc_json(root, "ls", "--kernel", "theirs.*")["count"] == 1
-    human = kc(root, "ls", "--kernel", "add_kernel").stdout
+    human = kc(root, "ls", "--kernel", "add_kernel", "--kind", "lowering").stdout
     assert "add_kernel, matmul_kernel" in human
     # nothing matches: said, on every command that filters
     none = kc_json(root, "prune", "--kernel", "myproj.kernels:nothing", "--dry-run")
@@ -303,9 +303,9 @@ def test_ls_names_every_kernel_of_an_entry_that_holds_many(tmp_path):
     root = tmp_path / "cache"
     names = [f"k{i}" for i in range(5)]
     _named(root, ", ".join(names), ", ".join(f"m:{n}" for n in names), kind="lowering")
-    row = kc(root, "ls").stdout.splitlines()[1]
+    row = kc(root, "ls", "--kind", "lowering").stdout.splitlines()[1]
     assert "k0, k1, k2 (+2 more)" in row
-    assert kc_json(root, "ls")["entries"][0]["kernel"] == ", ".join(names)
+    assert kc_json(root, "ls", "--kind", "all")["entries"][0]["kernel"] == ", ".join(names)
 
 
 def test_ls_into_a_closed_pipe_is_quiet(populated):

@@ -478,9 +478,9 @@ def test_import_of_a_fifo_does_not_hang(tmp_path):
     started = time.monotonic()
     proc = kc(tmp_path / "dest", "import", str(fifo), timeout=60)
     assert time.monotonic() - started < 30
-    assert proc.returncode == 1 and "not a regular file" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "not a regular file" in proc.stderr, proc.stderr
     dry = kc(tmp_path / "dest", "import", str(fifo), "--dry-run", timeout=60)
-    assert dry.returncode == 1 and "not a regular file" in dry.stderr
+    assert dry.returncode == 2 and "not a regular file" in dry.stderr
 
 
 def test_a_manifest_larger_than_its_entries_justify_is_refused_unread(tmp_path):

@@ -100,7 +100,7 @@ def test_hit_rate_and_time_saved_count_kernels_not_their_companions(tmp_path):
     assert (c["hits"], c["misses"], c["companion_hits"]) == (4, 2, 2)
     assert doc["hit_rate"] == pytest.approx(4 / 6)
     assert doc["compile_seconds_saved"] == pytest.approx(2 * c["build_seconds"], abs=0.01)
-    human = kc(root, "stats").stdout
+    human = kc(root, "stats", "--all").stdout  # (companions and memoized values: on request)
     assert "Hit rate:         66.7%" in human and "(4 builds avoided x mean build time)" in human
     assert "PTX companions:   2 hits, 0 misses" in human
     for line in ("Untrusted:", "Lock waits:", "Written:", "Remote:           (none configured)"):
