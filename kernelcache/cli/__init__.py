@@ -23,7 +23,7 @@ errors, the JSON envelope and human formatting), :mod:`.common` (global options,
 the context), and one module per group of commands: :mod:`.statistics` (``stats``; its
 table and Prometheus text: :mod:`.stats_text`),
 :mod:`.listing` (``ls``, ``show``; :func:`register_content`, through which a package says
-what its entries hold), :mod:`.maintenance` (``verify``, ``prune``),
+what its entries hold), :mod:`.verification` (``verify``), :mod:`.maintenance` (``prune``, ``clear``),
 :mod:`.bundles` (``export``, ``import``) and :mod:`.diagnosis` (``doctor``).
 """
 

@@ -24,7 +24,7 @@ from ..config import COMMANDS_GROUP
 from ..errors import CommandFailed, ConfigError, UsageError
 from ..stats.counters import quiet as quiet_statistics
 from ..variable_checks import check_variables
-from . import bundles, diagnosis, habits, listing, maintenance, statistics
+from . import bundles, diagnosis, habits, listing, maintenance, statistics, verification
 from .common import Context, Subparsers, common_options
 from .output import (
     EXIT_CODES,
@@ -41,7 +41,14 @@ from .output import (
 logger = logging.getLogger(__name__)
 
 #: the built-in commands, in the order ``--help`` lists them
-COMMAND_MODULES: tuple[ModuleType, ...] = (statistics, listing, maintenance, bundles, diagnosis)
+COMMAND_MODULES: tuple[ModuleType, ...] = (
+    statistics,
+    listing,
+    verification,
+    maintenance,
+    bundles,
+    diagnosis,
+)
 
 
 def _load_plugins(subparsers: Subparsers) -> None:
@@ -76,7 +83,7 @@ class _Formatter(logging.Formatter):
         return super().formatMessage(record)
 
 
-class ArgumentsRefused(Exception):
+class ArgumentsRefused(UsageError):
     """Raised by :meth:`Parser.error` instead of exiting, so that :func:`main` says the error
     as every command does (with ``--json``, as the JSON envelope too)."""
 

@@ -1,5 +1,5 @@
-"""``kernelcache verify``, ``prune`` and ``clear``: check a root, and remove what should go (plan
-first, then execute).
+"""``kernelcache prune`` and ``clear``: remove what should go from a root (plan first, then
+execute; ``verify`` is :mod:`.verification`).
 
 ``clear`` removes every entry of the writable root, as ``prune`` removes entries (each under its
 key's lock); it asks first when standard input is a terminal (``--yes`` does not), and, like
@@ -34,18 +34,6 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: Subparsers) -> None:
-    p = add_command(
-        subparsers,
-        "verify",
-        "check every entry's size, digest and metadata; find orphans, stale staging files and locks",
-    )
-    p.add_argument(
-        "--repair",
-        action="store_true",
-        help="quarantine corrupt entries; remove orphans, stale staging files and stale locks",
-    )
-    p.set_defaults(func=cmd_verify)
-
     p = add_command(
         subparsers,
         "prune",
@@ -97,7 +85,7 @@ def register(subparsers: Subparsers) -> None:
     p.set_defaults(func=cmd_clear)
 
 
-def _outcomes_human(result: Result, verb: str) -> list[str]:
+def outcomes_human(result: Result, verb: str) -> list[str]:
     lines = []
     counts = result.counts
     freed = human_size(result.freed_bytes)
@@ -120,11 +108,12 @@ def _outcomes_human(result: Result, verb: str) -> list[str]:
     return lines
 
 
-def _result_json(result: Result) -> dict[str, Any]:
+def result_json(result: Result) -> dict[str, Any]:
     return {
         "outcomes": [o.to_json() for o in result.outcomes],
         "counts": result.counts,
         "freed_bytes": result.freed_bytes,
+        "quarantined_bytes": result.quarantined_bytes,
         "folded_logs": result.folded_logs,
         "fold_error": result.fold_error,
     }
@@ -145,75 +134,8 @@ def _plan_json(plan: Plan, result: Result | None) -> dict[str, Any]:
             "fold_logs": len(plan.logs_to_fold),
         },
         "left": [i.to_json() for i in plan.left],
-        "result": _result_json(result) if result is not None else None,
+        "result": result_json(result) if result is not None else None,
     }
-
-
-def cmd_verify(args: argparse.Namespace, out: Output) -> int:
-    from ..maintenance.execute import execute
-    from ..maintenance.prune import plan_repair
-    from ..maintenance.scan import scan_store
-    from ..maintenance.verify import verify
-
-    context: Context = args.context
-    store = context.existing_store()
-    root = store.root
-    base = scan_store(store)
-    with out.progress("verifying", len(base.entries)) as tick:
-        checked = verify(store, base, progress=tick)
-    issues = checked.issues
-    counts: dict[str, int] = {}
-    for issue in issues:
-        counts[issue.kind] = counts.get(issue.kind, 0) + 1
-    # a file the cache does not know is reported, and left alone: it is not the cache's damage
-    foreign = counts.get("foreign", 0)
-    result = None
-    remaining = len(issues) - foreign
-    if args.repair and remaining:
-        context.require_writable(store)
-        plan = plan_repair(checked)
-        with out.progress("repairing", len(plan.actions)) as tick:
-            result = execute(store, plan, progress=tick)
-        remaining = sum(1 for i in plan.left if i.kind != "foreign") + sum(
-            1 for o in result.outcomes if o.status in ("in-use", "failed")
-        )
-    doc = {
-        **envelope("verify", root),
-        "exists": checked.exists,
-        "entries_checked": len(base.entries),
-        "entries_ok": len(checked.entries),
-        "problems": [i.to_json() for i in issues],
-        "counts": counts,
-        "repair": _result_json(result) if result is not None else None,
-        "clean": remaining == 0,
-    }
-
-    def human() -> str:
-        lines = [
-            f"Checked {plural(len(base.entries), 'entry')} under {root}: {len(checked.entries):,} ok."
-        ]
-        if issues:
-            lines.append(f"Problems ({len(issues):,}):")
-            rows = [[i.kind, i.path, i.detail] for i in issues]
-            lines += ["  " + line for line in format_table(rows).splitlines()]
-            if result is None and len(issues) > foreign:
-                lines.append(
-                    "Run `kernelcache verify --repair` to quarantine corrupt entries and remove "
-                    "orphans, stale staging files and stale locks (foreign files are left alone)."
-                )
-            if foreign:
-                lines.append(
-                    f"{plural(foreign, 'foreign file')}: not the cache's; left alone (remove "
-                    "what you do not need; the cache neither reads nor removes them)."
-                )
-        else:
-            lines.append("No problems found.")
-        if result is not None:
-            lines += _outcomes_human(result, "Repair")
-        return "\n".join(lines)
-
-    out.emit(doc, human)
-    return EXIT_OK if remaining == 0 else EXIT_PROBLEMS
 
 
 _ACTION_WORDS = {
@@ -312,7 +234,7 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
 
     def human() -> str:
         if result is not None:  # the plan was printed before the work
-            return "\n".join(_outcomes_human(result, "Pruned"))
+            return "\n".join(outcomes_human(result, "Pruned"))
         lines = [plan_text()]
         if args.dry_run:
             lines.append("Dry run: nothing was changed.")
@@ -380,7 +302,7 @@ def cmd_clear(args: argparse.Namespace, out: Output) -> int:
         elif result is None:
             lines = [f"Nothing to remove under {root}."]
         else:
-            lines = _outcomes_human(result, f"Cleared {root}")
+            lines = outcomes_human(result, f"Cleared {root}")
         if plan.left:
             lines.append(f"{len(plan.left):,} other problems left alone (see kernelcache verify).")
         return "\n".join(lines)

@@ -267,7 +267,8 @@ class _Executor:
         found = self.store.inspect(key, any_owner=True, whole=True)
         if not isinstance(found, Problem) or not found.corrupt:
             return "gone", "no longer corrupt"
-        after = self.store.repair(key, refuse=not_whole)  # re-checked under the lock, then moved
+        # re-checked under the lock, then moved; said in the command's summary, not once a key
+        after = self.store.repair(key, refuse=not_whole, announce=False)
         if isinstance(after, Artifact):
             return "gone", "no longer corrupt"
         if not os.path.lexists(self.store.meta_path(key)):  # quarantine moves metadata first

@@ -129,7 +129,21 @@ class Result:
 
     @property
     def freed_bytes(self) -> int:
-        return sum(o.action.size for o in self.outcomes if o.status == "done")
+        """Bytes removed (a quarantined entry's are moved, not freed: :attr:`quarantined_bytes`)."""
+        return sum(
+            o.action.size
+            for o in self.outcomes
+            if o.status == "done" and o.action.kind != "quarantine-entry"
+        )
+
+    @property
+    def quarantined_bytes(self) -> int:
+        """Bytes of the entries moved to ``.quarantine/`` (freed when a prune removes them)."""
+        return sum(
+            o.action.size
+            for o in self.outcomes
+            if o.status == "done" and o.action.kind == "quarantine-entry"
+        )
 
     def with_status(self, status: str) -> list[Outcome]:
         return [o for o in self.outcomes if o.status == status]

@@ -204,9 +204,9 @@ def repair(
     lock: TakeLock,
     key: str,
     ext: str | None = None,
-    *,
     wait: float | None = None,
     refuse: Callable[[Artifact], str | None] | None = None,
+    announce: bool = True,
 ) -> Artifact | Problem | None:
     """:meth:`Store.repair <kernelcache.store.root.Store.repair>`."""
     if state.readonly:
@@ -237,7 +237,8 @@ def repair(
             except CacheError:
                 return again
             try:
-                if quarantine_locked(state, root_fd, key, again.reason, budget.remaining()):
+                moved = quarantine_locked(state, root_fd, key, again.reason, budget.remaining())
+                if moved and announce:
                     logger.warning(
                         "kernelcache: quarantined %s under %s: %s", key, state.root, again.reason
                     )

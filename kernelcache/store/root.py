@@ -280,6 +280,7 @@ class Store:
         *,
         wait: float | None = None,
         refuse: Callable[[Artifact], str | None] | None = None,
+        announce: bool = True,
     ) -> Artifact | Problem | None:
         """Re-read ``key`` from disk under its exclusive lock; quarantine it if it is corrupt,
         or if ``refuse`` gives a reason against the artifact read
@@ -289,9 +290,10 @@ class Store:
         Returns what the fresh read found: the Artifact (a false alarm, e.g. a concurrent
         publish), the Problem that got the entry quarantined, or None (the entry is gone, or
         its lock or readers were held for ``wait`` seconds in all; None: the lock timeout).
-        Read-only stores are never modified: their corrupt entries are reported and skipped.
+        Read-only stores are never modified: their corrupt entries are reported and skipped;
+        ``announce``: log a quarantine as a warning (false: the caller reports what it did).
         """
-        return reading.repair(self.state, self.lock, key, ext, wait=wait, refuse=refuse)
+        return reading.repair(self.state, self.lock, key, ext, wait, refuse, announce)
 
     # -- writing --------------------------------------------------------------------------
     def check_writable(self) -> None:

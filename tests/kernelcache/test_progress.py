@@ -125,14 +125,14 @@ def test_an_interrupted_command_says_how_far_it_got_and_that_a_rerun_finishes(
 ):
     """Ctrl-C in the middle of an operation: how far it got, and that what was done is kept
     (exit 130); with no operation under way, the same advice."""
-    from kernelcache.cli import app, maintenance
+    from kernelcache.cli import app, verification
 
     def verify_then_interrupt(args, out):
         with out.progress("verifying", 400) as tick:
             tick(37)
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(maintenance, "cmd_verify", verify_then_interrupt)
+    monkeypatch.setattr(verification, "cmd_verify", verify_then_interrupt)
     assert app.main(["--root", str(tmp_path), "verify"]) == 130
     said = capsys.readouterr().err.strip().splitlines()[-1]
     assert said == (
@@ -143,6 +143,6 @@ def test_an_interrupted_command_says_how_far_it_got_and_that_a_rerun_finishes(
     def interrupt(args, out):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(maintenance, "cmd_verify", interrupt)
+    monkeypatch.setattr(verification, "cmd_verify", interrupt)
     assert app.main(["--root", str(tmp_path), "verify"]) == 130
     assert "run the command again to finish" in capsys.readouterr().err

@@ -176,14 +176,14 @@ def test_with_json_a_usage_error_is_a_json_document_too(tmp_path, args, command,
 
 
 def test_with_json_an_interrupted_command_says_so_in_json(tmp_path, monkeypatch, capsys):
-    from kernelcache.cli import app, maintenance
+    from kernelcache.cli import app, verification
 
     def interrupted(args, out):
         with out.progress("verifying", 400) as tick:
             tick(37)
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(maintenance, "cmd_verify", interrupted)
+    monkeypatch.setattr(verification, "cmd_verify", interrupted)
     assert app.main(["--root", str(tmp_path), "verify", "--json"]) == EXIT_INTERRUPTED
     shown = capsys.readouterr()
     doc = json.loads(shown.out)
