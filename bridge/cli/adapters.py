@@ -216,6 +216,9 @@ def cmd_run(args: argparse.Namespace, out: Output) -> int:
     env = masquerade.environment(dict(os.environ))
     if getattr(args, "root", None):
         env["KERNELCACHE_DIR"] = str(root_of(args))
+    problem = masquerade.interpreter_problem(command, env)
+    if problem is not None:  # said first, then run: its own error follows
+        sys.stderr.write(f"kernelcache run: warning: {problem}\n")
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -12,6 +12,10 @@ program's own entry point, before anything imports ``jax_triton``).
 Which jax-triton it is (0.3's or 0.4's API: what ``out_shape=`` means, which names it has) is
 :func:`api_version`: ``$KERNELCACHE_JAX_TRITON`` (:mod:`bridge.settings`) if set, else the release of the real jax-triton
 installed beside it, else 0.4. The real jax-triton, if installed, is hidden, not changed.
+
+A command run so that is often ``python``: the one found on ``PATH`` may not be the one the
+``kernelcache`` command runs from (outside an activated environment, the system's), and lack
+jax. :func:`interpreter_problem` says which interpreter was found and what to run instead.
 """
 
 from __future__ import annotations
@@ -20,7 +24,11 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import re
+import shutil
+import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +131,36 @@ def environment(env: dict[str, str]) -> dict[str, str]:
     path = env.get("PYTHONPATH")
     parts = [p for p in (path or "").split(os.pathsep) if p and p != FOLDER]
     return {**env, "PYTHONPATH": os.pathsep.join([FOLDER, *parts])}
+
+
+#: asks an interpreter, without importing it, whether it can import jax (exit 0: it can)
+_HAS_JAX = "import importlib.util, sys; sys.exit(importlib.util.find_spec('jax') is None)"
+
+
+def interpreter_problem(command: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why ``command`` (a Python interpreter named by name, such as ``python``) cannot run a
+    program of the bridge: the interpreter found on ``env``'s ``PATH`` and that it cannot import
+    jax, with what to run instead; None when it can (or ``command`` is not an interpreter, or
+    cannot be found or asked: running it says what is wrong)."""
+    if not command or not re.fullmatch(r"python[0-9.]*", os.path.basename(command[0])):
+        return None
+    found = shutil.which(command[0], path=env.get("PATH"))
+    if found is None:
+        return None
+    try:
+        asked = subprocess.run(
+            [found, "-c", _HAS_JAX], env=dict(env), capture_output=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if asked.returncode == 0:
+        return None
+    said = f"{command[0]!r} is {found}, which cannot import jax (the bridge runs on jax)"
+    if importlib.util.find_spec("jax") is None:
+        return said + "; install jax into that environment (pip install 'kernelcache[bridge]')"
+    ours = sys.executable
+    activate = Path(sys.prefix) / "bin" / "activate"
+    hint = f"run `kernelcache run -- {ours} ...`"
+    if sys.prefix != sys.base_prefix and activate.exists():
+        hint += f", or activate the environment kernelcache runs from (source {activate})"
+    return f"{said}; {hint}"
