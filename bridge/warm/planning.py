@@ -4,7 +4,9 @@ already present in the cache, and the jobs that compile the rest.
 The plan is made in the calling process without compiling anything. Each call's specializations
 are bound and keyed by :func:`bridge.identity.specialize.specialize_call`, exactly as a lowering of that
 call for the target does it. A kernel is "present" when a layer of the cache holds what a
-lowering needs without compiling; nothing is counted as a hit or a miss while planning.
+lowering needs without compiling: a build avoided, counted as one kernel hit (as a lowering
+that finds it would count it), so a re-run that finds everything has a hit rate of 100%;
+nothing else is counted while planning (:func:`present` counts nothing).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from kernelcache import stats
 
 from ..call.binding import expand_variants
 from ..call.kernel_objects import KernelParts, decompose
@@ -280,7 +284,8 @@ def make_plan(
                 seen.add((spec.key, str(target)))
                 config, ext = spec.variant.description, spec.ext
                 layer = present(cache, spec.key, ext, target.vendor.has_ptx)
-                if layer is not None:
+                if layer is not None:  # a build avoided: a hit, as a lowering's would be
+                    stats.count(cache.root, hits=1)
                     outcomes.append(
                         WarmOutcome(
                             call.kernel, str(target), config, spec.key, ext, "present", 0.0, layer

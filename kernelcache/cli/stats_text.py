@@ -34,6 +34,18 @@ def _entries(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _remote_lookups(c: dict[str, Any], tiers: dict[str, dict[str, int]]) -> list[str]:
+    """The remote lookups of every entry (kernels, companions, memoized values), and how they
+    relate to the tiers' own counters below: a lookup no tier was asked (skipped) is a miss
+    here and a ``skipped`` there, never a tier's miss."""
+    hits, misses = c["remote_hits"], c["remote_misses"]
+    line = f"  lookups:        {_lookups(hits, misses)}, of every entry (kernels and the rest)"
+    skipped = sum(t.get("skipped", 0) for t in tiers.values())
+    if len(tiers) == 1 and skipped:  # one tier: every lookup is its hit, miss, error or skip
+        line += f"; {skipped:,} not sent to the tier (skipped: see SKIPPED below)"
+    return [line]
+
+
 def stats_human(doc: dict[str, Any], top: int, every: bool = False) -> str:
     """The ``stats`` table of ``doc``: kernels, counters, the kernels by name (and by extension
     and target where every entry is a kernel); ``every`` (``--all``) adds the counters of
@@ -98,22 +110,23 @@ def stats_human(doc: dict[str, Any], top: int, every: bool = False) -> str:
     remote = " ".join(doc["remote_urls"]) or "(none configured)"
     lines.append(printable(f"Remote:           {remote}"))
     if doc["remote_urls"] or any(c[k] for k in COUNTERS if k.startswith("remote_")):
+        lines += _remote_lookups(c, doc["remote_tiers"])
         lines.append(
-            f"  lookups:        {_lookups(c['remote_hits'], c['remote_misses'])}; "
-            f"{c['remote_puts']:,} puts, {c['remote_errors']:,} errors, "
+            f"  entries:        {c['remote_puts']:,} puts, {c['remote_errors']:,} errors, "
             f"{c['unauthenticated']:,} unauthenticated (refused: bad or missing signature)"
         )
     lines.append(f"Processes logged: {doc['processes']:,}")
     tiers = doc["remote_tiers"]
     if tiers:
-        rows = [["REMOTE TIER", "HITS", "MISSES", "ERRORS", "TIMEOUTS", "READ", "PUTS", "WRITTEN"]]
-        rows[0].append("BACKFILLS")
+        rows = [["REMOTE TIER", "HITS", "MISSES", "SKIPPED", "ERRORS", "TIMEOUTS", "READ", "PUTS"]]
+        rows[0] += ["WRITTEN", "BACKFILLS"]
         for label, c in tiers.items():
-            row = [printable(label), *(f"{c[k]:,}" for k in ("hits", "misses", "errors"))]
+            counts = ("hits", "misses", "skipped", "errors")
+            row = [printable(label), *(f"{c.get(k, 0):,}" for k in counts)]
             row += [f"{c['timeouts']:,}", human_size(c["bytes_read"]), f"{c['puts']:,}"]
             row += [human_size(c["bytes_written"]), f"{c['backfills']:,}"]
             rows.append(row)
-        lines += ["", format_table(rows, right=tuple(range(1, 9)))]
+        lines += ["", format_table(rows, right=tuple(range(1, 10)))]
     for probe in doc.get("remote") or ():
         state = "answers" if probe["up"] else f"does not answer: {probe['error']}"
         mode = " (read-only)" if probe["read_only"] else ""

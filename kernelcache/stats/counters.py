@@ -73,6 +73,7 @@ TIER_COUNTERS = (
     "puts",
     "bytes_written",
     "backfills",
+    "skipped",  # requests not made: a breaker open, the server full, another's first request
 )
 
 _lock = threading.Lock()

@@ -68,3 +68,18 @@ def test_warm_ls_and_stats_count_the_same_kernels(tmp_path):
     assert compiled == listed["count"] >= 1, (warm.stdout, json.dumps(listed))
     assert re.search(rf"^Kernels: +{compiled}$", stats, re.M), stats
     assert listed["hidden"], "the PTX and the memoized values are kept beside, not listed"
+
+
+def test_a_warm_rerun_that_finds_everything_is_all_hits(tmp_path):
+    """Each kernel a re-run finds present is a build avoided: a hit, so the hit rate is not
+    left at 0% by a warm that compiles nothing."""
+    root, manifest = tmp_path / "cache", tmp_path / "add.jsonl"
+    manifest.write_text(EXAMPLES[0] + "\n")
+    assert kc(root, "warm", str(manifest), "--target", "cuda:90", cwd=REPO).returncode == 0
+    first = kc_json(root, "stats")["counters"]
+    again = kc(root, "warm", str(manifest), "--target", "cuda:90", cwd=REPO)
+    present = int(re.search(r"already present +(\d+)", again.stdout).group(1))
+    assert present >= 1, again.stdout
+    after = kc_json(root, "stats")
+    assert after["counters"]["hits"] == first["hits"] + present
+    assert after["counters"]["misses"] == first["misses"] and after["hit_rate"] > 0
