@@ -25,12 +25,33 @@ from .output import (
 )
 from .stats_text import prometheus_text, stats_human
 
+#: from how many metadata files to read (the scan index lacks them) ``stats`` says it first
+INDEXING_NOTICE = 2000
 
-def stats_document(root: str, trust: str = DEFAULTS.trust) -> dict[str, Any]:
-    """The ``stats --json`` document of a root (``trust``: whose scan index is read)."""
+
+def stats_document(
+    root: str, trust: str = DEFAULTS.trust, out: Output | None = None
+) -> dict[str, Any]:
+    """The ``stats --json`` document of a root (``trust``: whose scan index is read). With
+    ``out``, reading many metadata files the scan index lacks (a first run on a large root) is
+    said first, on standard error, and its progress shown."""
     from ..maintenance.inventory import summarize
 
-    summary = summarize(root, trust=trust)
+    if out is None:
+        summary = summarize(root, trust=trust)
+    else:
+        with out.progress("indexing", None) as tick:
+
+            def announce(n: int) -> None:
+                tick.set_total(n)
+                if n >= INDEXING_NOTICE:
+                    sys.stderr.write(
+                        f"kernelcache: reading the metadata of {n:,} entries that the scan "
+                        f"index of {root} does not hold yet (once: later runs read the index)\n"
+                    )
+                    sys.stderr.flush()
+
+            summary = summarize(root, trust=trust, progress=tick, announce=announce)
     tiers: dict[str, dict[str, float]] = {}
     totals, logs, log_problems = read_logs(root, tiers)
     folded = read_summary(root)
@@ -179,7 +200,7 @@ def cmd_stats(args: argparse.Namespace, out: Output) -> int:
     if args.zero:
         return cmd_zero(context, out)
     root = context.existing_root(missing_ok=True)  # before the first job: zeros
-    doc = stats_document(root, context.trust)
+    doc = stats_document(root, context.trust, out)
     doc["remote_urls"] = remote_urls(context.settings.remote or "")
     doc["max_size"] = context.settings.max_size or None
     if args.remote:

@@ -20,7 +20,7 @@ from .index import (
     parse_header,
     plausible_header,
 )
-from .records import GRACE_SECONDS, AuxFile, CacheScan
+from .records import GRACE_SECONDS, AuxFile, CacheScan, Progress
 from .scan import files_in, read_dir, scan_pairs, scan_store
 
 
@@ -42,12 +42,19 @@ class CacheSummary:
 
 
 def summarize(
-    root: str | os.PathLike[str], *, now: float | None = None, trust: str = DEFAULTS.trust
+    root: str | os.PathLike[str],
+    *,
+    now: float | None = None,
+    trust: str = DEFAULTS.trust,
+    progress: Progress | None = None,
+    announce: Progress | None = None,
 ) -> CacheSummary:
     """Totals and groups of the entries of ``root``, from the scan index's first line when the
     root's listing is exactly the one the index was made from (and the index is accepted by
     the trust policy ``trust`` and plausible), else from a scan (of a store of ``root``, as
-    :func:`~kernelcache.maintenance.scan.scan` makes one)."""
+    :func:`~kernelcache.maintenance.scan.scan` makes one), which reads the metadata files the
+    index does not hold: ``announce`` is told how many first, ``progress`` as they are read
+    (the first summary of a large root, or one after many new entries, takes that long)."""
     store = Store(root, trust=trust, resolved=True)
     root = store.root
     now = time.time() if now is None else now
@@ -87,7 +94,7 @@ def summarize(
                 temp,
                 files_in(store, QUARANTINE_DIR),
             )
-        return _summary(scan_pairs(store, dfd, pairs, False, False, True, None, now))
+        return _summary(scan_pairs(store, dfd, pairs, False, False, True, progress, now, announce))
     finally:
         os.close(dfd)
 

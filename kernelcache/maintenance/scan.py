@@ -237,8 +237,11 @@ def scan_pairs(
     update_index: bool,
     progress: Progress | None,
     now: float,
+    announce: Progress | None = None,
 ) -> CacheScan:
-    """:func:`scan_store` of the root open as ``dfd`` whose listing is ``pairs``."""
+    """:func:`scan_store` of the root open as ``dfd`` whose listing is ``pairs``; ``announce``
+    is told how many metadata files the scan index does not hold (read now), before they are
+    read."""
     issues: list[Issue] = []
     index, known = _load_index(store, dfd)
     signature = listing_signature(pairs)
@@ -252,7 +255,7 @@ def scan_pairs(
             _save_index(store, dfd, index, signature)
     else:
         listing = _parse_listing(pairs)
-        table, fresh = _entries(dfd, listing, index, issues, progress)
+        table, fresh = _entries(dfd, listing, index, issues, progress, announce)
         committed = dict(zip(table.key, table.ext, strict=True))
         issues.extend(
             orphans(dfd, listing.arts.items() | listing.extra, listing.metas, committed, now)
@@ -307,6 +310,7 @@ def _entries(
     index: EntryTable,
     issues: list[Issue],
     progress: Progress | None,
+    announce: Progress | None = None,
 ) -> tuple[EntryTable, int]:
     """The committed entries: index rows whose key and metadata inode still match, plus
     metadata read for the rest. Returns the table and how many metadata files were read."""
@@ -327,6 +331,8 @@ def _entries(
         take = itemgetter(*hits) if len(hits) > 1 else lambda c: tuple(c[i] for i in hits)
         table = EntryTable(*map(take, columns))
     missing = metas.keys() - set(table.key) if len(table) != len(metas) else ()
+    if missing and announce is not None:
+        announce(len(missing))
     fresh: list[EntryInfo] = []
     for count, key in enumerate(sorted(missing), 1):
         if progress is not None and count % 256 == 0:
