@@ -5,7 +5,11 @@ parser when the site is built, so that it cannot drift from the code.
   subcommand of :func:`kernelcache.cli.app.build_parser`, those that installed packages add
   through the entry-point group ``kernelcache.commands`` included (the bridge's ``warm``,
   ``tune``, ...): each one's description, usage, and options with their help, as ``--help``
-  shows them; then the exit codes, from :data:`kernelcache.cli.output.EXIT_CODES`.
+  shows them; then the exit codes, from :data:`kernelcache.cli.output.EXIT_CODES`. What it
+  rendered last is kept in the page itself, up to a line ``<!-- /cli-reference -->``, so that
+  the page reads whole where no hook runs (on GitHub); the build renders it again, and
+  ``python docs/hooks/cli_reference.py`` writes it again into the page (tests/system/test_docs.py
+  fails while the page's copy differs from what the command gives).
 - A line ``<!-- cli-usage: kernelcache COMMAND -->`` (any page) becomes that command's usage
   (``<!-- cli-usage: kernelcache -->``: the command's own).
 
@@ -19,11 +23,15 @@ import argparse
 import html
 import logging
 import re
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-#: where the whole reference goes (a line of its own)
-REFERENCE = re.compile(r"^<!-- cli-reference -->$", re.M)
+#: where the whole reference goes (a line of its own), with the copy rendered last, if any
+REFERENCE = re.compile(r"^<!-- cli-reference -->$(?:.*?^<!-- /cli-reference -->$)?", re.M | re.S)
+#: the page that holds the reference
+PAGE = Path(__file__).resolve().parent.parent / "cli-reference.md"
 #: where one command's usage goes (a line of its own)
 USAGE = re.compile(r"^<!-- cli-usage: (kernelcache(?: [a-z][a-z-]*)*) -->$", re.M)
 #: the width usage lines are wrapped at
@@ -219,7 +227,9 @@ def render(markdown: str) -> str:
     if not REFERENCE.search(markdown) and not USAGE.search(markdown):
         return markdown
     parser = load_parser()
-    markdown = REFERENCE.sub(lambda m: reference(parser), markdown)
+    markdown = REFERENCE.sub(
+        lambda m: f"<!-- cli-reference -->\n{reference(parser)}\n<!-- /cli-reference -->", markdown
+    )
     return USAGE.sub(lambda m: f"```text\n{usage(command(parser, m.group(1)))}\n```", markdown)
 
 
@@ -231,3 +241,17 @@ def on_page_markdown(markdown: str, **kwargs: Any) -> str:
         return render(markdown)
     except HookError as e:
         raise PluginError(f"cli_reference hook, {kwargs['page'].file.src_path}: {e}") from e
+
+
+def write_page(page: Path = PAGE) -> bool:
+    """Render ``page``'s reference into the page itself; whether it changed."""
+    text = page.read_text()
+    rendered = render(text)
+    if rendered != text:
+        page.write_text(rendered)
+    return rendered != text
+
+
+if __name__ == "__main__":
+    changed = write_page()
+    sys.stdout.write(f"{PAGE}: {'written again' if changed else 'already current'}\n")

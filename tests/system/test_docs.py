@@ -221,10 +221,17 @@ def test_the_reference_ends_with_the_exit_codes():
         assert f"| `{code}` | {hook.markdown_text(meaning)} |" in table, code
 
 
-def test_the_reference_page_is_not_written_by_hand():
+def test_the_reference_page_is_generated_and_reads_whole_without_the_hook():
+    """The page holds the reference the hook renders (read on GitHub, where no hook runs, it
+    is not empty), and only that: its sections are generated, never written by hand."""
     text = page("cli-reference.md")
-    assert text.count("<!-- cli-reference -->") == 1
-    assert not re.search(r"^## ", text, re.M), "the reference's sections are generated"
+    assert text.count("<!-- cli-reference -->") == 1 and text.count("<!-- /cli-reference -->") == 1
+    assert "\n## `kernelcache stats`\n" in text and "\n## Exit codes\n" in text
+    assert load_hook().render(text) == text, (
+        "docs/cli-reference.md is not what the command gives: run python docs/hooks/cli_reference.py"
+    )
+    outside = text.split("<!-- cli-reference -->")[0] + text.split("<!-- /cli-reference -->")[1]
+    assert not re.search(r"^## ", outside, re.M), "the reference's sections are generated"
 
 
 def test_the_command_line_page_shows_every_commands_usage():
@@ -369,6 +376,20 @@ def test_a_python_block_that_does_not_run_says_what_it_stands_in_for():
         said = set(re.findall(r"\w+", block.not_run))
         unexplained = sorted(undefined_names(block.code) - others - said)
         assert not unexplained, f"{_id(block)}: say what {', '.join(unexplained)} stand for"
+
+
+def test_the_sites_front_page_gets_a_reader_to_a_story_that_runs():
+    """The front page of the site (where the README is not) sets up as the README does and
+    runs a first story, tested like every block: a program compiles a kernel once, a second
+    process compiles nothing, the command line shows it. What the site builds is not tracked."""
+    start = page("index.md").split("## Start here", 1)[1].split("\n## ", 1)[0]
+    blocks = [b for b in BLOCKS if b.path == DOCS / "index.md" and b.code in start]
+    setup, story = blocks
+    assert "pip install" in setup.code and setup.not_run
+    assert story.not_run is None and story.language in RUN
+    assert "python add.py" in story.code and "kernelcache ls" in story.code
+    ignored = (REPO / ".gitignore").read_text().split()
+    assert "/site/" in ignored, "mkdocs build's default output must not be tracked"
 
 
 def test_the_python_page_opens_with_a_block_that_runs():
