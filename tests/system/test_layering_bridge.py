@@ -5,7 +5,7 @@ Read statically from every import statement of every module (function-level and
 modules of its own stage or of earlier ones. Besides: every kind of entry the bridge stores is
 declared once, as ``NAME = EntryKind("ext", ...)`` in a module of ``bridge/entries/``, only that
 module names its extension, and every such entry is stored and looked up through its kind
-(under that one name), no module of the bridge is over 400 lines, each
+(under that one name), no module of the bridge is over 500 lines, each
 folder's ``__init__.py`` says what enters and what leaves it, and every exception class of the
 bridge is declared in ``bridge/errors.py`` under ``kernelcache``'s base, and the bridge uses
 kernelcache only across a declared border (:data:`BORDER`).
@@ -79,7 +79,7 @@ KERNEL_ENTRY_CALLS = {
     "bridge/compile/variants.py": ["get"],
 }
 
-MAX_LINES = 400
+MAX_LINES = 500
 
 
 def stage(module: str) -> int:
