@@ -115,7 +115,7 @@ def _entry(cache: Cache, spec: Specialization) -> Artifact | None:
     entry's reads find something else today, the one under the key chained from it (as
     :func:`bridge.compile.fetch.fetch_each` follows them)."""
     key = spec.key
-    for _ in range(fetch.MAX_HOPS + 1):
+    for _ in range(witness.MAX_HOPS + 1):
         art = _read(cache, key, spec.ext)
         if art is None:
             return None

@@ -220,15 +220,11 @@ def fetch_each(
             yield stale[at][0], result
 
 
-#: how many other versions of a kernel's reads one lookup follows before it compiles in memory
-MAX_HOPS = 3
-
-
 def _chained(request: Request, now: str) -> Request:
     """``request`` for code whose reads find ``now``, where a cached kernel's reads found
     something else: its next key (:func:`bridge.identity.witness.chained`), or after
-    :data:`MAX_HOPS` a compile kept in memory."""
-    if request.hops >= MAX_HOPS:
+    :data:`~bridge.identity.witness.MAX_HOPS` a compile kept in memory."""
+    if request.hops >= witness.MAX_HOPS:
         return dataclasses.replace(request, stored=False, check=None)
     key = witness.chained(request.key, now)
     return dataclasses.replace(request, key=key, hops=request.hops + 1)

@@ -385,6 +385,11 @@ def stale(texts: Any, kernel: Any, given: Any, backend: Any) -> str | None:
     return rs.digest_of([n or "" for n in now])
 
 
+#: how many other versions of a kernel's reads one lookup follows (each a :func:`chained` key)
+#: before it compiles in memory
+MAX_HOPS = 3
+
+
 def chained(key: str, now: str) -> str:
     """The key under which the kernel (or lowering) of ``key`` is kept for code whose reads
     find ``now`` (:func:`stale`): each version of what the frontend reads has its own entry,

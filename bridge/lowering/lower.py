@@ -40,21 +40,20 @@ from .. import versions
 from ..caches import as_cache
 from ..call.primitive import triton_call_p
 from ..call.tracing import CallSpec
-from ..compile import fetch
 from ..entries import lowerings
 from ..entries.lowerings import Lowered
 from ..entries.programs import Item, Program
 from ..errors import KernelArgumentError
 from ..identity import specialize, witness
-from ..tune import measure
 from ..vendors import backends, targets, vendor_registry
-from . import configs, embed, lowering_keys, record
+from . import embed, lowering_keys, record
 
 if TYPE_CHECKING:
     from kernelcache import Cache
     from kernelcache.config import Settings
 
     from ..settings import BridgeSettings
+    from ..tune.measure import Opaque
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +214,8 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
             stats.count(cache.root, hits=keyed[1] if found.lowered.autotuned else 1)
             program.note(found, call, target)
             return found.lowered
+    from . import configs  # (a miss: the variants are assembled)
+
     lowered, state, names = configs.assemble(
         call,
         every,
@@ -247,7 +248,7 @@ def _checked_replay(
     something else, the lowering of this version of the code is kept under a key chained from
     it (:func:`bridge.identity.witness.chained`); after a few versions, nowhere (None)."""
     backend = None
-    for _ in range(fetch.MAX_HOPS + 1):
+    for _ in range(witness.MAX_HOPS + 1):
         found = _replay(call, keyed, target, platform, autotune, program)
         if found is None:
             return keyed, None
@@ -279,6 +280,8 @@ def _replay(
         names = program.variants(key)
         if names is None or len(names) != count:
             return None
+        from ..tune import measure  # (an autotuned call: its decision)
+
         kind = measure.current().device(target, platform)
         decided = lowerings.decided_state(program.cache, call, names, [kind] if kind else [])
         if decided is None and autotune != "decided":  # "require" refuses, "job" decides
@@ -290,9 +293,11 @@ def _replay(
     return Item(key, state, None if names is None else tuple(names), found)
 
 
-def variant_opaque(call: CallSpec, platform: str) -> measure.Opaque:
+def variant_opaque(call: CallSpec, platform: str) -> Opaque:
     """``opaque(i)``: the custom-call opaque of ``call`` lowered as its variant i alone (what
     measuring variant i launches), its variants specialized once."""
+    from . import configs
+
     prepared = setup(call, platform)
     every = specialize.call_variants(
         call.parts, call.named, call.kwargs, call.options, prepared.target

@@ -37,9 +37,6 @@ from typing import TYPE_CHECKING, Any
 from kernelcache.jsonio import load_json
 from kernelcache.process import warn_once
 
-from ..call.importable import located
-from ..call.plain import plain
-
 if TYPE_CHECKING:
     from ..call.binding import Bound
     from ..call.tracing import CallSpec
@@ -96,6 +93,7 @@ def build(
     """The lowering's own fields of the record of one lowered variant (see :func:`complete`
     for the rest)."""
     from ..call.arguments import leaf_arrays
+    from ..call.plain import plain
 
     return {
         "version": RECORD_VERSION,
@@ -141,6 +139,7 @@ def complete(record: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
     per kernel and process."""
     from kernelcache import __version__
 
+    from ..call.importable import located
     from ..vendors.targets import parse_target
     from ..versions import triton_version
 
