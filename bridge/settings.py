@@ -23,7 +23,7 @@ from kernelcache.config import (
 
 from .vendors.vendor_registry import parse_name, registered
 
-#: how a compiled kernel rides in jaxlib's custom call (see :mod:`bridge.lowering.embed`):
+#: how a compiled kernel rides in jaxlib's custom call (see :mod:`bridge.embed.modes`):
 #: "auto", then every mode a registered vendor offers
 EMBED_MODES = ("auto", *dict.fromkeys(m for vendor in registered() for m in vendor.embed_modes()))
 #: which config of an autotuned call runs (see :mod:`bridge.tune.select`): the decision in the cache

@@ -44,14 +44,14 @@ def compile_target(text: str) -> str:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``warm``, ``tune`` and ``explain`` to the ``kernelcache`` command, register the
     bridge's toolchain and its doctor report, and make the bridge's directories of a root known
-    to the other commands (importing :mod:`bridge.lowering.handoff` registers ``.handoff``; it
+    to the other commands (importing :mod:`bridge.embed.handoff` registers ``.handoff``; it
     imports neither jax nor triton)."""
     from kernelcache.doctor import register_report
     from kernelcache.toolchains import register_toolchain
 
     from .. import masquerade
+    from ..embed import handoff  # noqa: F401
     from ..entries.decisions import DECISION
-    from ..lowering import handoff  # noqa: F401
 
     register_toolchain("bridge", _toolchain)
     register_report("jax_cache", jax_cache_command.jax_cache_report)

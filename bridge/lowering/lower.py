@@ -40,13 +40,14 @@ from .. import versions
 from ..caches import as_cache
 from ..call.primitive import triton_call_p
 from ..call.tracing import CallSpec
+from ..embed import modes
 from ..entries import lowerings
 from ..entries.lowerings import Lowered
 from ..entries.programs import Item, Program
 from ..errors import KernelArgumentError
 from ..identity import specialize, witness
 from ..vendors import backends, targets, vendor_registry
-from . import embed, lowering_keys, record
+from . import lowering_keys, record
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -117,7 +118,7 @@ def setup(call: CallSpec, platform: str, jaxlib: str | None = None) -> Setup:
     cfg, ours = job_settings(), bridge_settings()  # (a variable that cannot be used: said once)
     target = targets.select_target(call.target, platform, ours)
     jaxlib = jaxlib or versions.jaxlib_version()
-    mode = embed.choose_mode(call.embed, target, jaxlib, ours)
+    mode = modes.choose_mode(call.embed, target, jaxlib, ours)
     cache = as_cache(call.cache, cfg)
     device = targets.local_device(target, platform)
     context = None if mode == "path" else lowering_keys.context(target, mode, jaxlib, device, cache)

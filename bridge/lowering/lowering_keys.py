@@ -35,7 +35,7 @@ from kernelcache import __version__
 from .. import versions
 from ..call import binding
 from ..call.placeholders import ArgArray, dtype_name
-from ..compile import ptxisa
+from ..embed import ptxisa
 from ..entries.lowerings import FORMAT
 from ..errors import Unkeyable
 from ..identity import compiler_identity, environment, jit

@@ -19,8 +19,9 @@ from .. import versions
 from ..call import binding, tma
 from ..call.leaves import SCALAR_FIELDS
 from ..call.placeholders import ArgArray
+from ..embed import handoff, modes
 from ..errors import KernelArgumentError, OptionError
-from . import embed, handoff, proto
+from . import proto
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -116,10 +117,10 @@ def kernel_message(
         ptx = kb.ptx or ""
         if mode == "ptx" or not versions.honours_module_image(jaxlib):  # jaxlib runs ptxas
             where = f"{call.parts.qualname} on {target}"
-            ptx = embed.assembled_ptx(ptx, target, where, cache, strict=mode == "ptx")
-        kernel.ptx = embed.marked_ptx(ptx, kb.key)
+            ptx = modes.assembled_ptx(ptx, target, where, cache, strict=mode == "ptx")
+        kernel.ptx = modes.marked_ptx(ptx, kb.key)
     else:
-        kernel.ptx = embed.binary_token(kb.ext, kb.key, str(meta.get("digest", "")))
+        kernel.ptx = modes.binary_token(kb.ext, kb.key, str(meta.get("digest", "")))
     if mode == "inline":
         kernel.module_image = proto.ModuleImage(
             object_file=kb.binary, kernel_name=name, shared_mem_bytes=shared
@@ -251,7 +252,7 @@ def any_kernel_call(
     call: CallSpec, configs: list[proto.Config], mode: str
 ) -> proto.TritonAnyKernelCall:
     """What the opaque holds: the one kernel call, or jaxlib's autotuned call over every
-    config (also for one config handed over by path: see :mod:`bridge.lowering.handoff`)."""
+    config (also for one config handed over by path: see :mod:`bridge.embed.handoff`)."""
     anycall = proto.TritonAnyKernelCall(name=call.name, metadata=call.metadata)
     if len(configs) == 1 and mode != "path":
         anycall.kernel_call = configs[0].kernel_call

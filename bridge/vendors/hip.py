@@ -1,7 +1,7 @@
 """AMD's GPUs: the :class:`Hip` vendor, ``HIP``.
 
 HSACO code objects compiled for a gfx architecture; where jaxlib ignores ``module_image`` the
-code object is handed over by path (:mod:`bridge.lowering.handoff`). Triton's backend would import torch
+code object is handed over by path (:mod:`bridge.embed.handoff`). Triton's backend would import torch
 to specialize pointers; the bridge answers from the placeholder array instead.
 """
 

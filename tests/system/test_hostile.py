@@ -139,7 +139,7 @@ def test_deeply_nested_redis_value_is_rejected(tmp_path):
 # -- the ROCm hand-off directory ----------------------------------------------------------------
 HANDOFF_CHILD = """
 import json, os, sys
-from bridge.lowering import handoff
+from bridge.embed import handoff
 out = {}
 for name, root in (("planted", sys.argv[1]), ("unwritable", sys.argv[2])):
     path = handoff.materialize(root, "ab" * 16 + ".hsaco", b"\\x7fELF code")

@@ -119,8 +119,8 @@ def test_kernelcache_sources_name_no_bridge_variable_field_or_directory():
     the hand-off directory); kernelcache's sources name none of it."""
     import re
 
+    import bridge.embed.handoff
     import bridge.entries.metadata
-    import bridge.lowering.handoff
     import bridge.settings
     from kernelcache import schema
 
@@ -139,8 +139,8 @@ def test_kernelcache_sources_name_no_bridge_variable_field_or_directory():
         }
         named = (variables & words) | (fields & strings)
         named |= {f for f in fields if "_" in f and f in words}  # also in prose and names
-        if bridge.lowering.handoff.HANDOFF_DIR in text:
-            named.add(bridge.lowering.handoff.HANDOFF_DIR)
+        if bridge.embed.handoff.HANDOFF_DIR in text:
+            named.add(bridge.embed.handoff.HANDOFF_DIR)
         found += [f"{path.relative_to(REPO)}: {name}" for name in sorted(named)]
     assert not found, found
 

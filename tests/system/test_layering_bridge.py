@@ -37,6 +37,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ),
     ("bridge.call",),
     ("bridge.entries",),
+    ("bridge.embed",),
     ("bridge.identity",),
     ("bridge.compile",),
     ("bridge.tune",),
@@ -279,7 +280,7 @@ def test_every_bridge_exception_is_declared_in_errors_under_kernelcaches_base():
 
 @pytest.mark.parametrize(
     ("module", "expected"),
-    [("bridge", 7), ("bridge.call.binding", 1), ("bridge.vendors.cuda", 0), ("bridge.cli", 9)],
+    [("bridge", 8), ("bridge.call.binding", 1), ("bridge.vendors.cuda", 0), ("bridge.cli", 10)],
 )
 def test_the_stage_of_a_module_is_its_longest_prefix(module, expected):
     assert stage(module) == expected

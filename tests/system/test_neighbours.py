@@ -524,7 +524,7 @@ def test_a_hostile_manifest_costs_bounded_memory(
 HANDOFF_VICTIM = """
 import json, os, sys
 os.dup2(os.open(os.devnull, os.O_RDONLY), 1023)  # the canonical descriptor is taken
-from bridge.lowering import handoff
+from bridge.embed import handoff
 root = sys.argv[1]
 good = b"\\x7fELF good kernel " * 64
 first = handoff.materialize(root, "k.hsaco", good)
@@ -602,7 +602,7 @@ def test_a_file_of_the_same_size_is_not_taken_for_the_kernel(tmp_path):
     by anyone who could): it was handed over as present. Now only the same content is."""
     code = f"""
 import os
-from bridge.lowering import handoff
+from bridge.embed import handoff
 root = {str(tmp_path)!r}
 good = b"\\x7fELF good" * 100
 path = handoff.materialize(root, "k.hsaco", good)

@@ -19,8 +19,8 @@ from bridge_helpers import COUNT_COMPILES, cuda_devices, decoded, kernels_of, ru
 import bridge
 import kernelcache
 from bridge import versions
-from bridge.compile import ptxisa
-from bridge.lowering import embed as bridge_embed
+from bridge.embed import modes as bridge_embed
+from bridge.embed import ptxisa
 from examples import kernels as K
 from examples import ops
 

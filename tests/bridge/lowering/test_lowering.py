@@ -38,7 +38,7 @@ import kernelcache
 from bridge import versions
 from bridge.cli import tune
 from bridge.compile import compiler as bridge_compile
-from bridge.compile import ptxisa
+from bridge.embed import ptxisa
 from bridge.entries.kinds import derived_key
 from bridge.identity import compiler_identity
 from bridge.lowering import lower as bridge_call

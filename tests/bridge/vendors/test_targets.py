@@ -6,8 +6,8 @@ import pytest
 
 import bridge
 from bridge import versions
+from bridge.embed import modes
 from bridge.identity import compiler_identity
-from bridge.lowering import embed
 from bridge.vendors import backends
 from bridge.vendors.cuda import CUDA
 from bridge.vendors.hip import HIP
@@ -76,7 +76,7 @@ def test_versions_compare_release_tuples():
     ],
 )
 def test_auto_embed_policy(jaxlib, target, mode):
-    assert embed.choose_mode("auto", parse_target(target), jaxlib) == mode
+    assert modes.choose_mode("auto", parse_target(target), jaxlib) == mode
 
 
 def test_option_names_come_from_triton():

@@ -16,7 +16,7 @@ from support import REPO
 
 import bridge
 from bridge import warm
-from bridge.lowering import embed
+from bridge.embed import modes
 from bridge.lowering.lower import lower_call, triton_call_p
 from bridge.vendors import backends, vendor_registry
 from bridge.vendors.cuda import CUDA
@@ -75,11 +75,11 @@ def test_a_registered_vendor_names_targets(xpu):
 def test_the_fake_vendor_is_never_cuda_or_hip(xpu):
     target = parse_target("xpu:bmg")
     assert max_shared_memory(target) is None
-    assert embed.choose_mode("auto", target, "0.10.0") == "inline"
+    assert modes.choose_mode("auto", target, "0.10.0") == "inline"
     with pytest.raises(bridge.EmbedError, match=r"embed='ptx' is for CUDA; xpu:bmg takes 'inline'"):
-        embed.choose_mode("ptx", target, "0.11.2")
+        modes.choose_mode("ptx", target, "0.11.2")
     with pytest.raises(bridge.EmbedError, match=r"embed='path' is for ROCm"):
-        embed.choose_mode("path", target, "0.11.2")
+        modes.choose_mode("path", target, "0.11.2")
     with pytest.raises(bridge.TargetError, match=r"is a xpu target, but .* lowered for cuda"):
         decoded(lambda x, y: ops.add(x, y, target="xpu:pvc"), F32, F32)
 

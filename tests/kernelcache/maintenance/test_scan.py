@@ -360,7 +360,7 @@ def test_future_dated_housekeeping_files_are_reported_once_old(tmp_path):
 
 
 def test_the_bridges_handoff_directory_is_not_foreign(tmp_path):
-    import bridge.lowering.handoff  # noqa: F401  (registers the directory, as the bridge does at import)
+    import bridge.embed.handoff  # noqa: F401  (registers the directory, as the bridge does at import)
 
     root = tmp_path / "cache"
     put(root, "k", size=310)

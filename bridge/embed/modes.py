@@ -8,9 +8,9 @@
 - ``ptx``: CUDA PTX text in ``ptx``; jaxlib runs ptxas on it at XLA compile time (every process
   whose JAX cache misses). For jaxlib without module_image. The ``.version`` line is the newest
   PTX ISA the installed jaxlib's ptxas assembles where the code needs nothing newer, else the
-  lowering fails with the versions and the fix (see :mod:`bridge.compile.ptxisa`).
+  lowering fails with the versions and the fix (see :mod:`bridge.embed.ptxisa`).
 - ``path``: ROCm HSACO handed over by file path, for jaxlib without module_image (see
-  :mod:`bridge.lowering.handoff` for how the read-then-delete race is avoided).
+  :mod:`bridge.embed.handoff` for how the read-then-delete race is avoided).
 - ``auto`` (default, or ``$KERNELCACHE_EMBED``): ``inline`` where the running jaxlib honours
   module_image, else the vendor's fallback (``ptx`` on CUDA, ``path`` on ROCm).
 
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 from kernelcache.process import warn_once
 
 from .. import versions
-from ..compile import ptxisa
 from ..errors import EmbedError
 from ..settings import EMBED_MODES
 from ..vendors import backends, vendor_registry
 from ..vendors.targets import Target
+from . import ptxisa
 
 if TYPE_CHECKING:
     from kernelcache import Cache

@@ -25,8 +25,9 @@ import bridge
 import kernelcache
 from bridge import versions
 from bridge.call import binding, placeholders
-from bridge.compile import compiler, ptxisa
-from bridge.compile.ptxisa import Assembler
+from bridge.compile import compiler
+from bridge.embed import ptxisa
+from bridge.embed.ptxisa import Assembler
 from bridge.vendors import backends
 from bridge.vendors.targets import parse_target
 from examples import ops

@@ -20,7 +20,7 @@ from bridge_helpers import ELF_MAGIC, decoded, finish_children, start_child
 from support import HELPERS, REPO
 
 import kernelcache
-from bridge.lowering import handoff
+from bridge.embed import handoff
 from examples import ops
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
@@ -232,7 +232,7 @@ def test_directories_being_set_up_are_reaped_only_when_their_process_is_gone(tmp
 # each set-up reaps first. Every directory must survive until its own process drops it.
 SETUPS = r"""
 import os, shutil, sys
-from bridge.lowering import handoff
+from bridge.embed import handoff
 root, rounds = sys.argv[1], int(sys.argv[2])
 for _ in range(rounds):
     state = handoff._setup(root)
@@ -258,7 +258,7 @@ import json, os, sys
 sys.path.insert(0, {str(HELPERS)!r})
 fd = os.open(os.devnull, os.O_RDONLY)
 os.dup2(fd, {handoff.HANDOFF_FD})
-from bridge.lowering import handoff
+from bridge.embed import handoff
 path = handoff.materialize({str(tmp_path)!r}, "k.hsaco", b"\\x7fELFdata")
 print(json.dumps({{"path": path, "fd_is_devnull": os.path.samefile(f"/proc/self/fd/{handoff.HANDOFF_FD}", os.devnull)}}))
 """
@@ -316,7 +316,7 @@ def test_a_full_cache_root_hands_off_from_the_temp_directory(tmp_path, monkeypat
 # hand-off directory is set up under the temp directory instead, holding its own copy.
 FORK_WHEN_FULL = r"""
 import errno, json, os, sys
-from bridge.lowering import handoff
+from bridge.embed import handoff
 root = sys.argv[1]
 handoff.materialize(root, "k.hsaco", b"\x7fELF")
 parent, canonical = handoff.directory(root)
@@ -354,7 +354,7 @@ def test_a_child_forked_when_the_cache_root_is_full_gets_its_own_directory(tmp_p
 # one process, two cache roots one after the other: the second gets the canonical path too
 TWO_ROOTS = r"""
 import json, os, sys
-from bridge.lowering import handoff
+from bridge.embed import handoff
 first, second = sys.argv[1], sys.argv[2]
 handoff.materialize(first, "k.hsaco", b"\x7fELF")
 a, a_canonical = handoff.directory(first)
