@@ -2,7 +2,7 @@
 ``kernelcache run`` and ``kernelcache jax-cache``: the bridge's subcommands of the
 ``kernelcache`` command (their arguments here, the adapters that run them in :mod:`.adapters`),
 the bridge's toolchain for ``kernelcache import --dry-run`` (:mod:`.toolchain`) and its report
-for ``kernelcache doctor`` (:mod:`bridge.jax_cache.command`).
+for ``kernelcache doctor`` (:mod:`bridge.cli.jax_cache`).
 
 Registered through the entry-point group ``kernelcache.commands``. Importing this module imports
 neither jax nor triton: they are imported when the command runs, and their absence is a usage
@@ -23,7 +23,7 @@ from typing import Any
 
 from kernelcache.cli import Content, add_command, register_content
 
-from ..jax_cache import command as jax_cache_command
+from . import jax_cache as jax_cache_command
 from .adapters import cmd_audit, cmd_explain, cmd_run, cmd_tune, cmd_warm
 
 #: what every command that reads a manifest says of it

@@ -229,7 +229,7 @@ def cmd_run(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_warm(args: argparse.Namespace, out: Output) -> int:
-    warm = _bridge_module("warm", "bridge.warm")
+    warm = _bridge_module("warm", "bridge.cli.warm")
     return warm.run(
         args.manifest,
         list(args.target),

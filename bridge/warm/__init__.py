@@ -25,14 +25,13 @@ served, because the kernel key covers the kernel's source.
 The parts: :mod:`.manifest` reads and validates the records and imports kernels; :mod:`.planning`
 keys every call for every target (through :mod:`bridge.identity.specialize`, as a lowering does) and
 finds what is present; :mod:`.pool` compiles the jobs in forked workers; :mod:`.outcomes` holds
-what a run reports; :mod:`.command` ties them into :func:`warm` and the ``kernelcache warm``
-command.
+what a run reports; :mod:`.warming` ties them into :func:`warm` (``kernelcache warm`` is
+:mod:`bridge.cli.warm`).
 """
 
 from __future__ import annotations
 
 from ..errors import ManifestError, RootError
-from .command import compile_manifest, compile_record, run, warm
 from .manifest import (
     Manifest,
     RecordedCall,
@@ -43,6 +42,7 @@ from .manifest import (
 from .outcomes import KINDS, SCHEMA, WarmOutcome, WarmProblem, WarmReport
 from .planning import Job, WarmPlan, make_plan, present, specializations
 from .pool import can_fork, compile_job, default_workers, execute
+from .warming import compile_manifest, compile_record, warm
 
 __all__ = [
     "KINDS",
@@ -67,7 +67,6 @@ __all__ = [
     "make_plan",
     "present",
     "read_manifest",
-    "run",
     "specializations",
     "warm",
 ]

@@ -2,7 +2,7 @@
 compilation cache.
 
 The command shows JAX's cache directory and prunes it by size or age under JAX's own lock
-(:mod:`.directory` reads JAX's format). Neither the command nor the report imports jax or
+(:mod:`bridge.jax_cache.directory` reads JAX's format). Neither the command nor the report imports jax or
 triton: the report reads the environment a job would start with.
 """
 
@@ -99,8 +99,8 @@ def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
     import os
     import time
 
-    from .directory import plan_jax_prune, prune_jax_cache, scan_jax_cache
-    from .enable import default_dir
+    from ..jax_cache.directory import plan_jax_prune, prune_jax_cache, scan_jax_cache
+    from ..jax_cache.enable import default_dir
 
     given = args.dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
     directory = os.path.abspath(os.path.expanduser(given) if given else default_dir(root_of(args)))

@@ -1,14 +1,13 @@
-"""``kernelcache warm`` and its Python API: read the manifest, plan, compile the missing
-kernels in the worker pool, and report.
+"""Warming, as Python calls it: read the manifest, plan, compile the missing kernels in the
+worker pool, and report.
 
-:func:`warm` returns a :class:`~bridge.warm.outcomes.WarmReport`; :func:`run` is the command
-(summary or ``--json`` document, exit code); :func:`compile_record` and
-:func:`compile_manifest` are the programmatic forms for one record and for a whole manifest.
+:func:`warm` returns a :class:`~bridge.warm.outcomes.WarmReport` (``kernelcache warm`` prints it:
+:mod:`bridge.cli.warm`); :func:`compile_record` and :func:`compile_manifest` are the forms for one
+record and for a whole manifest.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -20,14 +19,12 @@ from kernelcache import CacheError, Store
 from ..caches import as_cache
 from ..call import binding
 from ..call.kernel_objects import decompose
-from ..compile.compiler import output_to_stderr
 from ..compile.fetch import fetch
 from ..errors import KernelArgumentError, RootError
 from ..identity.specialize import specialize
 from ..vendors import backends
 from ..vendors.targets import Target, parse_target
 from .manifest import (
-    ManifestError,
     RecordedCall,
     check_record,
     import_kernel,
@@ -166,59 +163,6 @@ def warm(
         workers=workers,
         seconds=time.monotonic() - started,
     )
-
-
-def run(
-    manifest: str,
-    targets: Sequence[str],
-    *,
-    root: str | None = None,
-    json: bool = False,
-    jobs: int | None = None,
-    allow_changed: bool = False,
-    devices: Sequence[str] = (),
-    all_configs: bool = False,
-) -> int:
-    """``kernelcache warm``: warm, print the summary (or the JSON document), return the exit
-    code: 0 all warmed, 1 something failed (listed with its reason).
-
-    Raises:
-        kernelcache.cli.UsageError: a bad target, an unreadable manifest, a missing Triton
-            backend, a disabled cache, ``jobs`` < 1 (the CLI exits 2 with the message).
-    """
-    from kernelcache import progress as progressbar
-    from kernelcache.cli import Output, UsageError
-    from kernelcache.config import settings
-
-    from ..errors import BackendUnavailable, TargetError
-
-    if settings().disable:
-        raise UsageError("KERNELCACHE_DISABLE is set: there is no cache to warm; unset it")
-    if jobs is not None and jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, got {jobs}")
-    out = Output(json)
-    quiet = output_to_stderr() if json else contextlib.nullcontext()
-    with quiet, progressbar.bar("warming", None, json_mode=json, unit="kernels") as bar:
-        try:
-            report = warm(
-                manifest,
-                targets,
-                cache=root,
-                jobs=jobs,
-                allow_changed=allow_changed,
-                devices=devices,
-                all_configs=all_configs,
-                progress=bar,
-                on_planned=bar.set_total,
-            )
-        except (ManifestError, TargetError, BackendUnavailable) as e:
-            raise UsageError(str(e)) from None
-        except RootError as e:
-            raise UsageError(e.strerror) from None
-    if not report.records and not report.failures:
-        logger.warning("kernelcache: %s holds no records: nothing to warm", manifest)
-    out.emit(report.as_json, report.summary)
-    return 0 if report.ok else 1
 
 
 def compile_record(record: Mapping[str, Any], target: str | Target, cache: CacheArg = None) -> str:

@@ -1,0 +1,67 @@
+"""``kernelcache warm``: :func:`bridge.warm.warm` with a progress bar, its report printed (the
+summary or the ``--json`` document), and its exit code."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from ..compile.compiler import output_to_stderr
+from ..errors import ManifestError, RootError
+from ..warm import warm
+
+logger = logging.getLogger(__name__)
+
+
+def run(
+    manifest: str,
+    targets: Sequence[str],
+    *,
+    root: str | None = None,
+    json: bool = False,
+    jobs: int | None = None,
+    allow_changed: bool = False,
+    devices: Sequence[str] = (),
+    all_configs: bool = False,
+) -> int:
+    """``kernelcache warm``: warm, print the summary (or the JSON document), return the exit
+    code: 0 all warmed, 1 something failed (listed with its reason).
+
+    Raises:
+        kernelcache.cli.UsageError: a bad target, an unreadable manifest, a missing Triton
+            backend, a disabled cache, ``jobs`` < 1 (the CLI exits 2 with the message).
+    """
+    from kernelcache import progress as progressbar
+    from kernelcache.cli import Output, UsageError
+    from kernelcache.config import settings
+
+    from ..errors import BackendUnavailable, TargetError
+
+    if settings().disable:
+        raise UsageError("KERNELCACHE_DISABLE is set: there is no cache to warm; unset it")
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {jobs}")
+    out = Output(json)
+    quiet = output_to_stderr() if json else contextlib.nullcontext()
+    with quiet, progressbar.bar("warming", None, json_mode=json, unit="kernels") as bar:
+        try:
+            report = warm(
+                manifest,
+                targets,
+                cache=root,
+                jobs=jobs,
+                allow_changed=allow_changed,
+                devices=devices,
+                all_configs=all_configs,
+                progress=bar,
+                on_planned=bar.set_total,
+            )
+        except (ManifestError, TargetError, BackendUnavailable) as e:
+            raise UsageError(str(e)) from None
+        except RootError as e:
+            raise UsageError(e.strerror) from None
+    if not report.records and not report.failures:
+        logger.warning("kernelcache: %s holds no records: nothing to warm", manifest)
+    out.emit(report.as_json, report.summary)
+    return 0 if report.ok else 1
