@@ -1,8 +1,10 @@
 """jaxlib's Triton custom-call wire format: typed messages and their deterministic encoding.
 
 The schema of ``jaxlib/gpu/triton.proto`` (package ``jax_triton``) is declared once, here, as
-dataclasses whose fields carry their field number and wire type (how a message and its fields
-are declared: :mod:`.proto_fields`). The lowering builds these dataclasses and :func:`encode`
+dataclasses whose fields carry their field number and wire type: each message is a dataclass
+registered with :func:`declare` under its protobuf name (nested names with dots), each of its
+fields made by :func:`pb` (its number and type: a scalar type name of :data:`SCALARS`, or a
+message class). The lowering builds these dataclasses and :func:`encode`
 writes them in the proto3 wire format, without protobuf: importing protobuf and building a
 descriptor pool costs more than the rest of a warm lowering. What is declared is the union of
 the released schemas: ``num_ctas`` (10) since jaxlib 0.8.2, ``module_image`` (11), the global
@@ -17,6 +19,13 @@ whenever set (not None), even when zero or empty; repeated scalars packed; repea
 order. The bytes of a message depend only on its content: the opaque of a custom call is the
 same in every process.
 
+Invariants of the declarations, checked when a message registers: its fields are declared in
+field-number order (the order :func:`encode` writes them in); a repeated field holds messages or
+packable scalars, never strings or bytes. A field's Python default says its presence: a list for
+a repeated field, None where presence is explicit (an ``optional`` scalar, a oneof member, a
+sub-message), else the type's zero (held at its zero, such a field is not written).
+:data:`MESSAGES` holds every registered message class once, in declaration order.
+
 For inspection and tests, :func:`decode_opaque` and :func:`parse_call` parse with protobuf
 through a ``FileDescriptorProto`` derived from the same dataclasses (:func:`file_descriptor`).
 """
@@ -24,13 +33,13 @@ through a ``FileDescriptorProto`` derived from the same dataclasses (:func:`file
 # ruff: noqa: RUF009  (``pb`` returns a ``dataclasses.field``, which ruff does not see)
 from __future__ import annotations
 
+import dataclasses
 import functools
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-from .proto_fields import MESSAGES, SCALARS, Message, declare, pb
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from google.protobuf import descriptor_pb2
@@ -46,6 +55,89 @@ _INT_RANGES = {
     "uint64": (0, 2**64 - 1),
 }
 _FLOAT32_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
+
+
+# -- how a message is declared ----------------------------------------------------------------
+#: scalar wire types: name -> (protobuf's FieldDescriptorProto type number, wire type)
+SCALARS = {
+    "double": (1, 1),
+    "float": (2, 5),
+    "int64": (3, 0),
+    "uint64": (4, 0),
+    "int32": (5, 0),
+    "bool": (8, 0),
+    "string": (9, 2),
+    "bytes": (12, 2),
+    "uint32": (13, 0),
+}
+
+
+def pb(
+    number: int,
+    kind: str | type[Message],
+    *,
+    repeated: bool = False,
+    optional: bool = False,
+    oneof: str | None = None,
+) -> Any:
+    """A message field: its number and type (a scalar type name, or a message class).
+
+    Its Python default says its presence: a list for repeated fields, None where presence is
+    explicit (``optional`` scalars, oneof members, sub-messages), else the type's zero."""
+    meta = dict(number=number, kind=kind, repeated=repeated, optional=optional, oneof=oneof)
+    if repeated:
+        return dataclasses.field(default_factory=list, metadata=meta)
+    if optional or oneof is not None or not isinstance(kind, str):
+        return dataclasses.field(default=None, metadata=meta)
+    zero = {"string": "", "bytes": b"", "bool": False, "float": 0.0, "double": 0.0}
+    return dataclasses.field(default=zero.get(kind, 0), metadata=meta)
+
+
+@dataclass(frozen=True)
+class Field:
+    """A field of a message, as :func:`declare` reads it from the dataclass's field."""
+
+    name: str
+    number: int
+    kind: str | type[Message]
+    repeated: bool
+    optional: bool
+    oneof: str | None
+
+    @property
+    def explicit(self) -> bool:
+        """Written whenever set (not None): an optional scalar, a oneof member, a message."""
+        return self.optional or self.oneof is not None or not isinstance(self.kind, str)
+
+
+class Message:
+    """A message of the schema: a dataclass registered with :func:`declare`."""
+
+    _proto_name: ClassVar[str]
+    _proto_fields: ClassVar[tuple[Field, ...]]
+    _proto_reserved: ClassVar[tuple[int, ...]]
+
+
+#: every message class, in declaration order
+MESSAGES: list[type[Message]] = []
+_M = TypeVar("_M", bound=type[Message])
+
+
+def declare(name: str, reserved: tuple[int, ...] = ()) -> Callable[[_M], _M]:
+    """Register a message dataclass as the message ``name`` (nested names with dots)."""
+
+    def register(cls: _M) -> _M:
+        declared = dataclasses.fields(cls)  # type: ignore[arg-type]
+        fields = tuple(Field(f.name, **f.metadata) for f in declared)
+        numbers = [f.number for f in fields]
+        assert numbers == sorted(numbers), f"{name}: fields out of field-number order"
+        for f in fields:
+            assert not (f.repeated and f.kind in ("string", "bytes")), "only packable scalars"
+        cls._proto_name, cls._proto_fields, cls._proto_reserved = name, fields, reserved
+        MESSAGES.append(cls)
+        return cls
+
+    return register
 
 
 # -- the schema (jaxlib/gpu/triton.proto) ---------------------------------------------------
