@@ -52,8 +52,7 @@ def _one_compile(cache_root: str) -> float:
     import jax.numpy as jnp
 
     import kernelcache
-    from bridge.call import binding
-    from bridge.call.kernel_objects import decompose
+    from bridge.call.kernel_objects import decompose, expand_variants
     from bridge.call.placeholders import ArgArray
     from bridge.compile import fetch
     from bridge.identity import specialize
@@ -71,7 +70,7 @@ def _one_compile(cache_root: str) -> float:
         "c_ptr": ArgArray((512, 512), jnp.bfloat16, ("out", 0)),
     }
     target = parse_target("cuda:90")
-    variant = binding.expand_variants(parts, named, {}, {}, target)[0]
+    variant = expand_variants(parts, named, {}, {}, target)[0]
     spec = specialize.specialize(parts, named, variant, target, cache)
     started = time.perf_counter()
     fetch.fetch(spec, cache)

@@ -1,5 +1,6 @@
 """``bridge.triton_call``: the public call, from the caller's arguments to one bind of the
-primitive (:mod:`bridge.lowering.lower`).
+primitive (:data:`bridge.call.tracing.triton_call_p`), whose lowerings :mod:`bridge.lowering.lower`
+registers.
 
 Invariants: nothing is compiled or looked up in the cache before lowering; a call written
 wrongly (conventions mixed, unknown options, a malformed target) fails at trace time, with a
@@ -14,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 from .call import conventions, tracing
 from .call.kernel_objects import decompose
 from .errors import KernelArgumentError, OptionError
-from .lowering.lower import CUSTOM_CALL_FFI, CUSTOM_CALL_LEGACY, triton_call_p
+from .lowering import lower  # noqa: F401  (registers the primitive's lowerings)
 from .settings import AUTOTUNE_MODES
 from .vendors import backends, targets
+from .versions import FFI_TARGET, LEGACY_TARGET
 
 if TYPE_CHECKING:
     from .caches import CacheArg
@@ -147,10 +149,10 @@ def triton_call(
         The outputs, in the structure of ``out_type`` / ``out_shape`` (``out_shape=``: followed
         by inputs updated in place). Refs are updated in place and not returned.
     """
-    if custom_call_target_name not in (None, CUSTOM_CALL_FFI, CUSTOM_CALL_LEGACY):
+    if custom_call_target_name not in (None, FFI_TARGET, LEGACY_TARGET):
         raise KernelArgumentError(
             f"custom_call_target_name={custom_call_target_name!r}: the bridge emits jaxlib's "
-            f"{CUSTOM_CALL_FFI} or {CUSTOM_CALL_LEGACY}, whichever the running jaxlib needs"
+            f"{FFI_TARGET} or {LEGACY_TARGET}, whichever the running jaxlib needs"
         )
     if compute_capability is not None:
         if target is not None:
@@ -200,5 +202,7 @@ def triton_call(
         cost_estimate=cost_estimate,
         autotune=autotune,
     )
-    results = triton_call_p.bind(*operands, call=call, has_side_effect=bool(has_side_effect))
+    results = tracing.triton_call_p.bind(
+        *operands, call=call, has_side_effect=bool(has_side_effect)
+    )
     return finish(list(results))

@@ -32,7 +32,7 @@ from typing import Any
 import jax
 
 from .call import rule_contract
-from .call.primitive import triton_call_p
+from .call.tracing import triton_call_p
 from .errors import KernelArgumentError
 from .lowering import lower
 from .vendors import vendor_registry
@@ -94,7 +94,7 @@ def _traced(
     """The call spec of the rule's call, and where each of the rule's results is among the
     custom call's: the contract's plan traced on the rule's operands, which must be exactly one
     custom call of them."""
-    from .call.arguments import Inputs
+    from .call.tracing import Inputs
 
     def fn(*xs: Any) -> Any:
         inputs = Inputs(parts)

@@ -4,66 +4,144 @@ The bridge does not re-implement Triton's rules: arguments go through the binder
 itself generates for the kernel (``create_function_from_signature``: defaults, constexprs,
 ``do_not_specialize``, tuples, the ``== 1`` and divisibility-by-16 specializations), and the
 result through the kernel's own ``_pack_args`` (options, signature, constexprs, attributes).
-Arrays are represented by placeholders (:class:`~.placeholders.ArgArray`) that answer what Triton
-asks of a tensor: its dtype, a data pointer (XLA buffers are at least 16-byte aligned; jaxlib
-checks the alignment the kernel was specialized for at launch) and its size in bytes.
+A variant (:class:`~.kernel_objects.Variant`: an autotune config after heuristics) is bound
+with the options Triton's launcher adds (:func:`~.kernel_objects.launch_options`).
 
-Autotune configurations and heuristics are applied the way Triton's launcher applies them. A
-bound call's runtime arguments, in the order of the kernel's ABI and checked against what
-jaxlib can pass, are :mod:`.leaves`'s.
+Arrays are represented by placeholders (:class:`~.placeholders.ArgArray`) that answer what
+Triton asks of a tensor: its dtype, a data pointer (XLA buffers are at least 16-byte aligned;
+jaxlib checks the alignment the kernel was specialized for at launch) and its size in bytes.
+
+A bound call (:class:`Bound`) has its runtime arguments as jaxlib's Triton call passes them
+(:class:`Leaf`): every runtime argument in the order of the kernel's ABI (tuples flattened depth
+first, constexprs left out), with its Triton type, its value and the divisibility the kernel was
+specialized for. The lowering makes each one parameter of jaxlib's ``TritonKernelCall``.
+
+Invariants, checked by :func:`abi_leaves` before anything is keyed or compiled: a pointer
+parameter holds an array placeholder and no other parameter does; a scalar's type is one of
+:data:`SCALAR_FIELDS`, those jaxlib can pass; an integer fits its type, and a Python float
+passed as fp32 does not overflow it; a host-side tensor descriptor passes as it is. A pointer's
+divisibility is 16 where Triton's specialization says so, else 0. Nothing here imports jax.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.abc
-import inspect
 import logging
+import math
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..errors import KernelArgumentError, OptionError
-from ..vendors.targets import Target
-from .kernel_objects import KernelParts
-from .leaves import Leaf, abi_leaves
+from ..errors import KernelArgumentError
+from .kernel_objects import KernelParts, Variant, launch_options
+from .placeholders import ArgArray
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One compiled variant of a call: an autotune config (or the only one) after heuristics.
+#: Triton scalar type -> field of jaxlib's TritonKernelCall.Parameter
+SCALAR_FIELDS = {
+    "i1": "bool_",
+    "u1": "bool_",
+    "i32": "i32",
+    "u32": "u32",
+    "i64": "i64",
+    "u64": "u64",
+    "fp32": "f32",
+    "fp64": "f64",
+}
+#: the values each integer type holds
+_INT_RANGES = {
+    "i32": (-(2**31), 2**31 - 1),
+    "u32": (0, 2**32 - 1),
+    "i64": (-(2**63), 2**63 - 1),
+    "u64": (0, 2**64 - 1),
+}
+#: the largest finite fp32
+_FP32_MAX = float(np.finfo(np.float32).max)
 
-    ``kwargs`` are kernel parameters set by configs and heuristics (on top of the call's own),
-    ``options`` backend options (the call's and the config's), ``zero`` parameter names to zero
-    before every launch (``reset_to_zero``, ``zero_()`` in a pre_hook), ``description`` the
-    autotune config as Triton prints it, ``args`` arguments a config's pre_hook changed (host
-    descriptors with the block shape it set).
+
+@dataclass(frozen=True)
+class Leaf:
+    """A runtime argument of the compiled kernel, in the order of the kernel's ABI."""
+
+    path: tuple[int, ...]
+    type: str
+    value: Any  # ArgArray for pointers, a Python scalar otherwise
+    divisibility: int = 0
+
+    @property
+    def is_array(self) -> bool:
+        return self.type.startswith("*")
+
+    @property
+    def is_descriptor(self) -> bool:
+        """A host-side tensor descriptor (``value`` is Triton's descriptor object)."""
+        return self.type.startswith("tensordesc")
+
+
+def abi_leaves(
+    parts: KernelParts,
+    bound_args: Mapping[str, Any],
+    signature: Mapping[str, Any],
+    attrs: Mapping[tuple[int, ...], Any],
+) -> Iterator[Leaf]:
+    """The runtime arguments of ``bound_args`` (every parameter's value, as Triton's binder
+    gives them), by the ``signature`` and ``attrs`` Triton's ``_pack_args`` returns for them.
+
+    Raises:
+        KernelArgumentError: a pointer given anything but an array, a scalar given an array, a
+            scalar type jaxlib's Triton call cannot pass, or a value its type does not hold.
     """
 
-    kwargs: Mapping[str, Any]
-    options: Mapping[str, Any]
-    description: str = ""
-    zero: frozenset[str] = frozenset()
-    args: Mapping[str, Any] = field(default_factory=dict)
+    def walk(value: Any, typ: Any, path: tuple[int, ...], name: str):
+        if isinstance(typ, tuple):
+            for j, (v, t) in enumerate(zip(value, typ, strict=True)):
+                yield from walk(v, t, (*path, j), name)
+            return
+        if typ == "constexpr":
+            return
+        if typ.startswith("tensordesc"):
+            yield Leaf(path, typ, value)
+            return
+        if typ.startswith("*"):
+            if not isinstance(value, ArgArray):
+                raise KernelArgumentError(
+                    f"{parts.qualname}: parameter {name} is a pointer ({typ}) but got {value!r}; "
+                    "pass a JAX array"
+                )
+            divisible = ["tt.divisibility", 16] in list(attrs.get(path, []))
+            yield Leaf(path, typ, value, 16 if divisible else 0)
+            return
+        if isinstance(value, ArgArray):
+            raise KernelArgumentError(
+                f"{parts.qualname}: parameter {name} is annotated as the scalar type {typ} but got "
+                "an array"
+            )
+        if typ not in SCALAR_FIELDS:
+            raise KernelArgumentError(
+                f"{parts.qualname}: parameter {name} has type {typ}, which jaxlib's Triton call "
+                f"cannot pass; runtime scalars may be {', '.join(sorted(SCALAR_FIELDS))}: make "
+                "it a tl.constexpr or change its annotation"
+            )
+        if typ in _INT_RANGES:
+            lo, hi = _INT_RANGES[typ]
+            if not lo <= int(value) <= hi:
+                raise KernelArgumentError(f"{parts.qualname}: {name}={value} does not fit {typ}")
+        if typ == "fp32" and math.isfinite(value) and abs(value) > _FP32_MAX:
+            raise KernelArgumentError(
+                f"{parts.qualname}: {name}={value} overflows fp32 (the type Triton gives a Python "
+                f"float): annotate the parameter ({name}: tl.float64) to pass it as fp64"
+            )
+        yield Leaf(path, typ, value)
 
-    def arguments(self, named: Mapping[str, Any]) -> dict[str, Any]:
-        """The call's arguments ``named`` as this variant launches them: its kwargs set, and
-        the arguments its pre_hooks changed last (a descriptor passed by keyword is in both
-        ``named`` and ``kwargs``, with the block shape the caller gave it)."""
-        return _arguments(named, self.kwargs, self.args)
-
-
-def _arguments(
-    named: Mapping[str, Any], kwargs: Mapping[str, Any], args: Mapping[str, Any]
-) -> dict[str, Any]:
-    """``named``, then ``kwargs``, then ``args`` (see :meth:`Variant.arguments`)."""
-    return {**named, **kwargs, **args}
+    for i, (name, value) in enumerate(bound_args.items()):
+        yield from walk(value, signature[name], (i,), name)
 
 
 @dataclass(frozen=True)
@@ -77,127 +155,6 @@ class Bound:
     attrs: Mapping[tuple[int, ...], Any]
     options: Any  # the backend's options dataclass (CUDAOptions / HIPOptions)
     leaves: tuple[Leaf, ...] = field(default=())
-
-
-def _conflicts(config: Any, fixed: Mapping[str, Any]) -> list[str]:
-    if not fixed:  # (the call pinned nothing: the config's values need not be built)
-        return []
-    return [k for k, v in config.all_kwargs().items() if k in fixed and fixed[k] != v]
-
-
-def _hooks(layer: Any, config: Any) -> list[tuple[str, Any, dict[str, Any]]]:
-    """The hooks Triton's autotuner runs around a launch of ``config``, in its order."""
-    found: list[tuple[str, Any, dict[str, Any]]] = []
-    if config.pre_hook is not None:
-        found.append(("pre_hook", config.pre_hook, {}))
-    if layer.user_defined_pre_hook:
-        found.append(("pre_hook", layer.pre_hook, {}))
-    if layer.user_defined_post_hook:
-        found.append(("post_hook", layer.post_hook, {"exception": None}))
-    return found
-
-
-def expand_variants(
-    parts: KernelParts,
-    named: Mapping[str, Any],
-    kwargs: Mapping[str, Any],
-    options: Mapping[str, Any],
-    target: Target,
-) -> list[Variant]:
-    """Apply the kernel's autotune and heuristics layers from the outside in, for ``target``.
-
-    ``named`` are the call's arguments by parameter name, ``kwargs`` the kernel parameters the
-    caller set by keyword, ``options`` the backend options the caller set. An autotune config
-    that contradicts a value the caller set explicitly is dropped (the call pinned it); Triton's
-    own ``prune_configs_by`` functions then run on what is left. A name in a config's kwargs
-    that is an option of the target's backend is a compile option of that config, as in Triton.
-    The hooks of each config run on placeholders (see :mod:`bridge.call.hooks`).
-
-    Raises:
-        KernelArgumentError: a config sets a name that is neither a parameter nor an option, a
-            hook does what a compiled program cannot, or no config is left.
-    """
-    if not parts.layers:  # a plain kernel: its one variant is the call
-        return [Variant(dict(kwargs), dict(options), "", frozenset(), {})]
-    from triton.runtime.autotuner import Autotuner, Heuristics
-
-    from ..vendors import backends
-
-    params = set(parts.arg_names)
-    valid = backends.option_names(target.vendor) - backends.DERIVED_OPTIONS
-
-    def expand(
-        i: int,
-        kw: dict[str, Any],
-        opts: dict[str, Any],
-        desc: list[str],
-        zero: frozenset[str],
-        args: dict[str, Any],
-    ) -> list[Variant]:
-        if i == len(parts.layers):
-            return [Variant(kw, opts, ", ".join(desc), zero, args)]
-        layer = parts.layers[i]
-        if isinstance(layer, Heuristics):
-            kw = dict(kw)
-            for name, rule in layer.values.items():
-                kw[name] = rule(_arguments(named, kw, args))
-            return expand(i + 1, kw, opts, desc, zero, args)
-        assert isinstance(layer, Autotuner)
-        fixed = {**kw, **opts}
-        configs = [c for c in layer.configs if not _conflicts(c, fixed)]
-        if not configs:
-            clash = sorted({k for c in layer.configs for k in _conflicts(c, fixed)})
-            raise KernelArgumentError(
-                f"{parts.qualname}: every autotune config contradicts the value(s) you passed for "
-                f"{', '.join(clash)}; do not pass autotuned parameters, or pass values some config has"
-            )
-        nargs = _arguments(named, kw, args)
-        if layer.early_config_prune:
-            configs = list(layer.early_config_prune(configs, nargs, **kw))
-            if not configs:
-                raise KernelArgumentError(f"{parts.qualname}: early_config_prune left no config")
-        if layer.perf_model and layer.configs_top_k:
-            top_k = layer.configs_top_k
-            if isinstance(top_k, float) and top_k <= 1.0:
-                top_k = int(len(configs) * top_k)
-            if len(configs) > top_k:
-                est = {c: layer.perf_model(**{**nargs, **c.all_kwargs()}) for c in configs}
-                configs = sorted(configs, key=lambda c: est[c])[:top_k]
-        zero = zero | frozenset(layer.reset_to_zero)
-        out: list[Variant] = []
-        for config in configs:
-            values = config.all_kwargs()
-            unknown = [k for k in config.kwargs if k not in params and k not in valid]
-            if unknown:
-                raise KernelArgumentError(
-                    f"{parts.qualname}: autotune config {config} sets {', '.join(unknown)}, which "
-                    f"are neither parameters of the kernel ({', '.join(parts.arg_names)}) nor "
-                    f"options of Triton's {target.vendor.package} backend for {target} "
-                    f"({', '.join(sorted(valid))})"
-                )
-            ckw = {k: v for k, v in values.items() if k in params}
-            copts = {k: v for k, v in values.items() if k not in params}
-            found = _hooks(layer, config)
-            more_zero: frozenset[str] = frozenset()
-            descriptors: Mapping[str, Any] = {}
-            if found:
-                from . import hooks
-
-                effects = hooks.run_hooks(
-                    found, {**nargs, **values}, parts.qualname, parts.is_gluon
-                )
-                more_zero, descriptors = effects.zero, effects.descriptors
-            out += expand(
-                i + 1,
-                {**kw, **ckw},
-                {**opts, **copts},
-                [*desc, str(config)],
-                zero | more_zero,
-                {**args, **descriptors},
-            )
-        return out
-
-    return expand(0, dict(kwargs), dict(options), [], frozenset(), {})
 
 
 @functools.cache
@@ -259,30 +216,6 @@ def _prepare_specializer() -> None:
     )
 
 
-def launch_options(parts: KernelParts, variant: Variant) -> dict[str, Any]:
-    """The options of ``variant`` with what Triton's launcher adds before binding
-    (``JITFunction.run``: ``debug`` and the instrumentation mode, from Triton's knobs).
-
-    Raises:
-        OptionError: an option the bridge cannot honour (``ir_override``, or a launch
-            attribute jaxlib cannot launch with: :func:`bridge.vendors.backends.check_launch_options`).
-    """
-    from triton import knobs
-
-    from ..vendors import backends
-
-    options = dict(variant.options)
-    if "ir_override" in options:
-        raise OptionError("ir_override is not supported: the kernel cache keys on the source")
-    where = parts.qualname + (
-        f" (autotune config {variant.description})" if variant.description else ""
-    )
-    backends.check_launch_options(options, where)
-    options["debug"] = options.get("debug", parts.fn.debug) or knobs.runtime.debug
-    options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-    return options
-
-
 def bound_arguments(
     parts: KernelParts, backend: Any, named: Mapping[str, Any], variant: Variant
 ) -> tuple[dict[str, Any], Any, Any]:
@@ -302,24 +235,6 @@ def bound_arguments(
         ) from None
 
 
-def parameter_values(
-    parts: KernelParts, named: Mapping[str, Any], variant: Variant
-) -> dict[str, Any] | None:
-    """Every parameter's value in ``variant`` (defaults applied), as Triton's binder gives it
-    (:func:`bound_arguments`) but without specializing anything; None where the arguments do
-    not bind (missing or surplus: :func:`bound_arguments` says which)."""
-    call = variant.arguments(named)
-    values = {}
-    for param in parts.fn.params:
-        if param.name in call:
-            values[param.name] = call.pop(param.name)
-        elif param.default is not inspect.Parameter.empty:
-            values[param.name] = param.default
-        else:
-            return None
-    return None if call else values
-
-
 def bind(parts: KernelParts, backend: Any, named: Mapping[str, Any], variant: Variant) -> Bound:
     """Bind one variant with Triton's binder and ``_pack_args`` for ``backend``.
 
@@ -336,29 +251,3 @@ def bind(parts: KernelParts, backend: Any, named: Mapping[str, Any], variant: Va
     )
     leaves = tuple(abi_leaves(parts, bound_args, signature, attrs))
     return Bound(variant, bound_args, signature, constexprs, attrs, triton_options, leaves)
-
-
-def eval_grid(grid: Any, bound_args: Mapping[str, Any]) -> tuple[int, int, int]:
-    """The launch grid: an int, a tuple of up to three ints, or a function of the bound
-    arguments (every kernel parameter by name, as Triton passes them) returning one.
-
-    Raises:
-        KernelArgumentError: not one to three positive integers within the hardware limits.
-    """
-    value = grid(dict(bound_args)) if callable(grid) else grid
-    if isinstance(value, (int, np.integer)):
-        value = (value,)
-    try:
-        dims = tuple(map(int, value))
-    except (TypeError, ValueError):
-        raise KernelArgumentError(f"grid must be up to three integers, got {value!r}") from None
-    if not 1 <= len(dims) <= 3:
-        raise KernelArgumentError(f"grid must have one to three dimensions, got {value!r}")
-    dims = dims + (1,) * (3 - len(dims))
-    if any(d < 1 for d in dims):
-        raise KernelArgumentError(
-            f"grid {dims} has an empty dimension: a launch needs at least one program per axis"
-        )
-    if dims[0] >= 2**31 or dims[1] > 65535 or dims[2] > 65535:
-        raise KernelArgumentError(f"grid {dims} exceeds the launch limits (2**31-1, 65535, 65535)")
-    return dims  # type: ignore[return-value]

@@ -30,9 +30,10 @@ by an autotune config or heuristic filled, no array on a constexpr). A call that
 neither is an error naming each reading: the two place arguments differently, so none is
 guessed.
 
-Each gives a :class:`~bridge.call.plan.Plan`: arguments and outputs by parameter, and how the
-results become what the caller gets back. This module chooses the reading; :mod:`.out_shape`
-and :mod:`.out_type` plan each convention.
+Each gives a :class:`~.tracing.Plan`: arguments and outputs by parameter, and how the results
+become what the caller gets back. This module chooses the reading; :mod:`.out_shape` plans the
+two ``out_shape=`` conventions and :mod:`.out_type` the ``out_type=`` one (imported when a call
+takes it).
 """
 
 from __future__ import annotations
@@ -41,28 +42,25 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import KernelArgumentError
-from .arguments import Inputs, leaf_arrays
-from .kernel_objects import KernelParts
-from .out_shape import plan_out_shape
-from .out_type import plan_04
+from .kernel_objects import KernelParts, set_by_layers
+from .out_shape import JAX_TRITON_03, ROCM_FORK, plan_out_shape
 from .placeholders import ArgArray
-from .plan import CONVENTIONS, JAX_TRITON_03, JAX_TRITON_04, ROCM_FORK, Plan
+from .tracing import Inputs, Plan, leaf_arrays
 
-
-def _set_by_layers(parts: KernelParts) -> set[str]:
-    """Parameters the kernel's autotune configs and heuristics set."""
-    found: set[str] = set()
-    for layer in parts.layers:
-        for config in getattr(layer, "configs", ()):
-            found.update(config.kwargs)
-        found.update(getattr(layer, "values", {}))
-    return found
+#: jax-triton 0.4's convention= value (the out_shape= ones are :mod:`.out_shape`'s)
+JAX_TRITON_04 = "0.4"
+#: convention= values, and what each names
+CONVENTIONS = {
+    JAX_TRITON_03: "jax-triton 0.3",
+    JAX_TRITON_04: "jax-triton 0.4",
+    ROCM_FORK: "the ROCm fork of jax-triton",
+}
 
 
 def _misfit(parts: KernelParts, plan: Plan) -> str:
     """Why a plan does not fit the kernel's signature ("" when it does): a non-constexpr
     parameter nothing fills, or an array on a constexpr."""
-    layers = _set_by_layers(parts)
+    layers = set_by_layers(parts)
     for p in parts.fn.params:
         if p.is_constexpr:
             if p.name in plan.named and leaf_arrays(plan.named[p.name]):
@@ -137,6 +135,8 @@ def plan_call(
                 "out_names= places outputs in the out_shape= (jax-triton 0.3) convention; with "
                 "out_type= the outputs fill the parameters no argument fills"
             )
+        from .out_type import plan_04
+
         inputs = Inputs(parts)
         described = out_type if out_type is not None else out_shape  # 0.4's deprecated spelling
         plan = plan_04(

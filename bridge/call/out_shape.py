@@ -3,7 +3,8 @@ jax-triton (``"rocm"``), as :mod:`.conventions` describes them.
 
 Both place the outputs on the parameters after the positional arguments (or those ``out_names=``
 or the keys of a dict ``out_shape`` name); they differ in how positional arguments fill the
-parameters and in what a dict ``input_output_aliases`` maps.
+parameters and in what a dict ``input_output_aliases`` maps. Their ``convention=`` values are
+declared here, and :func:`is_struct`, what describes an output (under ``out_type=`` too).
 """
 
 from __future__ import annotations
@@ -16,18 +17,39 @@ import jax
 import numpy as np
 
 from ..errors import KernelArgumentError
-from . import tma
-from .arguments import Inputs, is_ref, leaf_arrays
 from .kernel_objects import KernelParts
 from .placeholders import ArgArray
-from .plan import (
-    JAX_TRITON_03,
-    ROCM_FORK,
-    Plan,
-    is_struct,
-    name_of,
-    param_index,
-)
+from .tracing import Inputs, Plan, is_descriptor, is_ref, leaf_arrays
+
+#: the convention= values of the out_shape= conventions (see :mod:`.conventions`)
+JAX_TRITON_03, ROCM_FORK = "0.3", "rocm"
+
+
+def param_index(parts: KernelParts, ref: Any, what: str) -> str:
+    names = parts.arg_names
+    if isinstance(ref, str):
+        if ref not in names:
+            raise KernelArgumentError(
+                f"{what} {ref!r} is not a parameter of {parts.qualname} ({', '.join(names)})"
+            )
+        return ref
+    if isinstance(ref, (int, np.integer)) and 0 <= int(ref) < len(names):
+        return names[int(ref)]
+    raise KernelArgumentError(
+        f"{what} {ref!r} is not a parameter name or index of {parts.qualname}"
+    )
+
+
+def is_struct(x: Any) -> bool:
+    """Whether ``x`` describes an array: it has a ``.shape`` and a ``.dtype``."""
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def name_of(named: Mapping[str, Any], arr: ArgArray) -> str:
+    for n, v in named.items():
+        if v is arr or (isinstance(v, tuple) and arr in leaf_arrays(v)):
+            return n
+    return ""
 
 
 def _outputs_03(
@@ -94,9 +116,7 @@ def _flatten_03(args: Sequence[Any]) -> list[Any]:
     """The positional arguments as jax-triton 0.3 passed them: flattened as a pytree, so a
     ``None`` vanishes and a tuple's items fill one parameter each (descriptors and refs, which
     0.3 did not know, stay whole)."""
-    return jax.tree_util.tree_leaves(
-        list(args), is_leaf=lambda v: tma.is_descriptor(v) or is_ref(v)
-    )
+    return jax.tree_util.tree_leaves(list(args), is_leaf=lambda v: is_descriptor(v) or is_ref(v))
 
 
 def _coordinate(parts: KernelParts, named: Mapping[str, Any], ref: Any) -> list[ArgArray]:

@@ -12,10 +12,20 @@ import jax
 import numpy as np
 
 from ..errors import KernelArgumentError
-from .arguments import Inputs, leaf_arrays
 from .kernel_objects import KernelParts
+from .out_shape import is_struct
 from .placeholders import ArgArray
-from .plan import Plan, is_struct, operand_leaves
+from .tracing import Inputs, Plan, leaf_arrays
+
+
+def operand_leaves(value: Any) -> list[Any]:
+    """The leaves of a converted argument as jax-triton 0.4 counts operands: arrays, scalars
+    and descriptors one each, tuples flattened, None none."""
+    if value is None:
+        return []
+    if isinstance(value, tuple):
+        return [x for v in value for x in operand_leaves(v)]
+    return [value]
 
 
 def plan_04(

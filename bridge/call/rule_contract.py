@@ -33,23 +33,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelArgumentError
-from .arguments import Inputs
-from .kernel_objects import KernelParts
+from .kernel_objects import KernelParts, set_by_layers
 from .placeholders import ArgArray
-from .plan import Plan
+from .tracing import Inputs, Plan
 
 #: what a scalar runtime parameter named in ``constexprs`` may hold (bound as tl.constexpr)
 _SCALARS = (bool, int, float, np.bool_, np.integer, np.floating)
-
-
-def set_by_layers(parts: KernelParts) -> set[str]:
-    """The parameters the kernel's autotune configs and heuristics set."""
-    found: set[str] = set()
-    for layer in parts.layers:
-        for config in getattr(layer, "configs", ()):
-            found.update(config.kwargs)
-        found.update(getattr(layer, "values", {}))
-    return found
 
 
 def is_autotuned(parts: KernelParts) -> bool:

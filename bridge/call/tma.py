@@ -30,14 +30,6 @@ TMA_TF32 = 11
 PADDINGS = ("zero", "nan")
 
 
-def is_descriptor(value: Any) -> bool:
-    """Whether ``value`` is a host-side descriptor: ``bridge.TensorDescriptor``, or
-    jax-triton's (recognised by name and fields, so call sites written for it need no change)."""
-    return type(value).__name__ == "TensorDescriptor" and all(
-        hasattr(value, f) for f in ("base", "shape", "strides", "block_shape", "padding")
-    )
-
-
 @functools.cache
 def _with_tf32(cls: type) -> type:
     """``cls`` (one of Triton's descriptor dataclasses) with a ``round_f32_to_tf32`` field

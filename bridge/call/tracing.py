@@ -1,33 +1,182 @@
-"""Tracing a ``triton_call``: from the caller's arguments to a :class:`CallSpec`.
+"""Tracing a ``triton_call``: from the caller's arguments to one bind of the primitive.
 
-The arguments become Triton values (:mod:`bridge.call.arguments`), a calling convention
-(:mod:`bridge.call.conventions`) places the outputs, and :func:`make_call` lays out the custom call's
-buffers.
+The arguments become Triton values (:class:`Inputs`): arrays become abstract placeholders
+(:class:`~.placeholders.ArgArray`, recorded as operands), ``jax.Ref`` arguments placeholders of their
+value (updated in place), host-side descriptors Triton's own descriptor objects
+(:mod:`bridge.call.tma`), NumPy scalars Python ones, tuples element-wise. No array value is read:
+tracing sees shapes and dtypes only. A calling convention (:mod:`.conventions`) places them and
+the outputs, and :func:`make_call` lays out the custom call's buffers into a :class:`CallSpec`,
+the static parameter of the ``triton_call`` primitive (:data:`triton_call_p`).
 
 Buffers: jaxlib hands the kernel its array arguments in operand-then-result order. Outputs that
 come before the last input in the signature are passed as zero-filled operands aliased to
 their results (one memset); outputs after the last input are plain results. A ref's value is an
 operand aliased to a result, written back to the ref (what JAX's discharge of a ref effect
 does).
+
+The primitive's rules: abstract evaluation, no differentiation, batching by running the kernel
+once per batch element, and dead-code elimination that keeps every call. Its lowerings live in
+:mod:`bridge.lowering.lower`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jax
+import numpy as np
 
-from ..errors import KernelArgumentError
+try:  # the public homes of the primitive registries (jax 0.8 - 0.11)
+    from jax.interpreters import ad, batching
+    from jax.interpreters import partial_eval as pe
+
+    _ = (ad.primitive_jvps, batching.primitive_batchers, pe.dce_rules)
+except (ImportError, AttributeError):  # pragma: no cover - later releases
+    from jax._src.interpreters import ad, batching  # type: ignore[no-redef]
+    from jax._src.interpreters import partial_eval as pe  # type: ignore[no-redef]
+
+from ..errors import KernelArgumentError, UnsupportedTransformation
 from ..vendors import targets
-from .arguments import Inputs, leaf_arrays
 from .kernel_objects import KernelParts
 from .placeholders import ArgArray
 
 if TYPE_CHECKING:
     from ..caches import CacheArg
-    from .plan import Plan
+
+try:  # jax >= 0.8
+    from jax.ref import AbstractRef as _AbstractRef
+except ImportError:  # pragma: no cover - older jax
+    from jax._src.state.types import AbstractRef as _AbstractRef
+try:
+    from jax._src.state.types import TransformedRef
+
+    _TRANSFORMED_REF: tuple[type, ...] = (TransformedRef,)
+except ImportError:  # pragma: no cover - a jax without ref transforms
+    _TRANSFORMED_REF = ()
+
+
+_TRACER = jax.core.Tracer
+_JAX_VALUES = (_TRACER, jax.Array)  # (the tracer class first: jax.Array is an ABC, slower)
+
+
+def is_ref(value: Any) -> bool:
+    """Whether ``value`` is a ``jax.Ref`` (or a tracer of one)."""
+    if value is None or isinstance(value, (np.ndarray, np.generic, bool, int, float, str)):
+        return False
+    if isinstance(value, _TRACER):
+        return isinstance(value.aval, _AbstractRef)
+    try:
+        return isinstance(jax.typeof(value), _AbstractRef)
+    except TypeError:
+        return False
+
+
+def is_descriptor(value: Any) -> bool:
+    """Whether ``value`` is a host-side descriptor: ``bridge.TensorDescriptor``, or
+    jax-triton's (recognised by name and fields, so call sites written for it need no change)."""
+    return type(value).__name__ == "TensorDescriptor" and all(
+        hasattr(value, f) for f in ("base", "shape", "strides", "block_shape", "padding")
+    )
+
+
+def _is_array(x: Any) -> bool:
+    if isinstance(x, (np.generic, bool, int, float)):
+        return False
+    return isinstance(x, (_TRACER, np.ndarray, jax.Array))
+
+
+class Inputs:
+    """Turns call arguments into Triton values: arrays into ArgArray placeholders (recorded as
+    operands), refs into placeholders of their value (updated in place), descriptors into
+    Triton's descriptor objects, NumPy scalars into Python ones, tuples element-wise."""
+
+    def __init__(self, parts: KernelParts) -> None:
+        self.parts = parts
+        self.arrays: list[ArgArray] = []
+        self.values: list[Any] = []
+        self.refs: dict[int, Any] = {}  # id(ArgArray) -> the jax.Ref it reads
+
+    def _array(self, value: Any) -> ArgArray:
+        # JAX's own values are what asarray would return; others (NumPy) are converted
+        arr = value if isinstance(value, _JAX_VALUES) else jax.numpy.asarray(value)
+        placeholder = ArgArray(arr.shape, arr.dtype, ("in", len(self.arrays)))
+        self.arrays.append(placeholder)
+        self.values.append(arr)
+        return placeholder
+
+    def convert(self, value: Any, where: str) -> Any:
+        kind = type(value)
+        if kind is int or kind is float or kind is bool:  # the common cases first
+            return value
+        if isinstance(value, _TRACER) and not isinstance(value.aval, _AbstractRef):
+            return self._array(value)
+        if isinstance(value, _TRANSFORMED_REF):
+            raise KernelArgumentError(
+                f"{where}: a transformed ref (ref.at[...]) cannot be passed to a kernel; pass "
+                "the whole ref, or an array"
+            )
+        if is_ref(value):
+            if any(r is value for r in self.refs.values()):
+                raise KernelArgumentError(
+                    f"{where}: the same ref is passed twice; a kernel gets one buffer per ref"
+                )
+            placeholder = self._array(value[...])
+            self.refs[id(placeholder)] = value
+            return placeholder
+        if is_descriptor(value):
+            from . import tma
+
+            base = self.convert(value.base, f"{where} (descriptor base)")
+            if not isinstance(base, ArgArray):
+                raise KernelArgumentError(f"{where}: a tensor descriptor's base must be an array")
+            return tma.triton_descriptor(
+                value, base, self.parts.is_gluon, self.parts.qualname, where
+            )
+        if _is_array(value):
+            return self._array(value)
+        if isinstance(value, tuple):
+            items = [self.convert(v, f"{where}[{i}]") for i, v in enumerate(value)]
+            return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+        if isinstance(value, list):
+            raise KernelArgumentError(
+                f"{where}: pass tuples, not lists, as tuple arguments of a kernel"
+            )
+        if isinstance(value, np.bool_):
+            return bool(value)
+        if isinstance(value, np.integer):
+            return int(value)
+        if isinstance(value, np.floating):
+            return float(value)
+        return value
+
+
+def leaf_arrays(value: Any) -> list[ArgArray]:
+    """The buffers of a converted argument, in order (a descriptor's is its base)."""
+    if isinstance(value, ArgArray):
+        return [value]
+    if isinstance(value, tuple):
+        return [a for v in value for a in leaf_arrays(v)]
+    base = getattr(value, "base", None)
+    if isinstance(base, ArgArray) and hasattr(value, "block_shape"):
+        return [base]
+    return []
+
+
+@dataclass
+class Plan:
+    """What a convention decides: arguments and outputs by parameter, buffers updated in place,
+    and how the results become what the caller gets back."""
+
+    named: dict[str, Any]  # every argument given and every output, by parameter name
+    kwargs: dict[str, Any]  # kernel parameters the caller pinned
+    outputs: list[ArgArray]  # output parameters (in the order of their slots)
+    initial: dict[int, ArgArray]  # id(output) -> the input whose value it starts from
+    inplace: list[ArgArray]  # inputs the kernel updates in place (each gets a result)
+    visible: list[ArgArray]  # the caller's results, flat
+    rebuild: Callable[[list[Any]], Any]  # flat results -> what triton_call returns
+    zero_targets: list[ArgArray]  # what an integer in zeroed_outputs names
 
 
 _SHAPED = jax.core.ShapedArray
@@ -171,3 +320,67 @@ def make_call(
         autotune=autotune,
     )
     return spec, operands, finish
+
+
+def _primitive_class() -> Any:
+    """``jax.extend.core.Primitive``, without importing all of ``jax.extend`` where JAX's own
+    class is at hand (``import jax.extend`` loads Pallas too)."""
+    try:
+        from jax._src.core import Primitive
+    except ImportError:  # pragma: no cover - a JAX that moved it: the public path
+        import jax.extend
+
+        return jax.extend.core.Primitive
+    return Primitive
+
+
+triton_call_p = _primitive_class()("kernelcache_triton_call")
+triton_call_p.multiple_results = True
+
+
+def _impl(*args: Any, call: CallSpec, has_side_effect: bool) -> Any:
+    return jax.jit(lambda *a: triton_call_p.bind(*a, call=call, has_side_effect=has_side_effect))(
+        *args
+    )
+
+
+triton_call_p.def_impl(_impl)
+
+
+@triton_call_p.def_abstract_eval
+def _abstract_eval(*avals: Any, call: CallSpec, has_side_effect: bool) -> tuple[Any, ...]:
+    return call.out_avals
+
+
+def _no_jvp(primals: Any, tangents: Any, *, call: CallSpec, has_side_effect: bool) -> Any:
+    raise UnsupportedTransformation(
+        f"cannot differentiate the Triton kernel {call.parts.qualname}: JAX cannot see inside "
+        "it. Wrap the call in jax.custom_vjp (or custom_jvp) with a backward kernel or a jnp rule"
+    )
+
+
+def _vmap(args: Sequence[Any], dims: Sequence[Any], **params: Any) -> Any:
+    """Batching by running the kernel once per batch element (``lax.map``): exactly the
+    results of separate calls, in sequence. Write a batched kernel for speed."""
+    batched = [i for i, d in enumerate(dims) if d is not None]
+    moved = [jax.numpy.moveaxis(args[i], dims[i], 0) for i in batched]
+
+    def one(xs: Sequence[Any]) -> Any:
+        full = list(args)
+        for i, x in zip(batched, xs, strict=True):
+            full[i] = x
+        return tuple(triton_call_p.bind(*full, **params))
+
+    outs = jax.lax.map(one, tuple(moved))
+    return list(outs), [0] * len(outs)
+
+
+def _keep(used_outputs: list[bool], eqn: Any) -> tuple[list[bool], Any]:
+    """JAX's dead-code elimination keeps every kernel call, as jax-triton 0.4 does. (Without
+    ``has_side_effect=True``, XLA may still remove a call whose results are all unused.)"""
+    return [True] * len(eqn.invars), eqn
+
+
+ad.primitive_jvps[triton_call_p] = _no_jvp
+batching.primitive_batchers[triton_call_p] = _vmap
+pe.dce_rules[triton_call_p] = _keep

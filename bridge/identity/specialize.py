@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..call import binding
+from ..call import kernel_objects
 from ..call.kernel_objects import KernelParts
 from ..errors import BackendUnavailable, OptionError, Undescribable
 from ..vendors import backends
@@ -32,6 +32,8 @@ from . import frontend, kernel_keys
 
 if TYPE_CHECKING:
     from kernelcache import Cache
+
+    from ..call.binding import Bound
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +47,8 @@ class Specialization:
     compiled). The key is the same in every process with the same software."""
 
     parts: KernelParts
-    variant: binding.Variant
-    bound: binding.Bound
+    variant: kernel_objects.Variant
+    bound: Bound
     source: Any  # Triton's ASTSource (GluonASTSource for Gluon)
     key: str
     target: Target
@@ -84,7 +86,7 @@ def check_threads(target: Target, num_warps: int) -> None:
 def specialize(
     parts: KernelParts,
     named: Mapping[str, Any],
-    variant: binding.Variant,
+    variant: kernel_objects.Variant,
     target: Target,
     cache: Cache,
 ) -> Specialization:
@@ -104,7 +106,9 @@ def specialize(
             f"Triton's {target.vendor.package} backend writes .{backend.binary_ext} files, but "
             f"the bridge expects .{target.vendor.binary_ext} for {target}"
         )
-    bound = binding.bind(parts, backend, named, variant)
+    from ..call.binding import bind  # (a warm hit binds nothing)
+
+    bound = bind(parts, backend, named, variant)
     check_threads(target, int(bound.options.num_warps))
     src = kernel_keys.source(
         parts.fn, parts.is_gluon, bound.signature, bound.constexprs, bound.attrs
@@ -156,9 +160,9 @@ def call_variants(
     kwargs: Mapping[str, Any],
     options: Mapping[str, Any],
     target: Target,
-) -> list[binding.Variant]:
+) -> list[kernel_objects.Variant]:
     """Every variant of a call for ``target``: autotune configs after pruning, heuristics
-    applied and pre_hooks run (see :func:`bridge.call.binding.expand_variants`), as one lowering
+    applied and pre_hooks run (see :func:`bridge.call.kernel_objects.expand_variants`), as one lowering
     sees them: they run here, once per config.
 
     ``named`` are the call's arguments by parameter name, ``kwargs`` the kernel parameters the
@@ -170,7 +174,7 @@ def call_variants(
         whatever the kernel's own heuristics, prune functions or hooks raise.
     """
     backends.check_options(target, set(options))
-    return binding.expand_variants(parts, named, kwargs, options, target)
+    return kernel_objects.expand_variants(parts, named, kwargs, options, target)
 
 
 def specialize_call(

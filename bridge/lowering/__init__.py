@@ -1,6 +1,6 @@
 """Lowering: from a traced call with its kernels to jaxlib's Triton custom call.
 
-In: the primitive's parameters (:mod:`bridge.call.primitive`), kernels fetched from the cache
+In: the primitive's parameters (:mod:`bridge.call.tracing`), kernels fetched from the cache
 (:mod:`bridge.compile.fetch`) and the tuning's choice. Out: the custom call's opaque message
 (:mod:`.messages`; the wire format, its messages declared, in :mod:`.proto`; the machine code
 embedded as :mod:`bridge.embed` says), assembled from the chosen variants

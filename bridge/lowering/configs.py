@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import versions
-from ..call import binding
+from ..call import kernel_objects
 from ..call.tracing import CallSpec
 from ..compile import variants
 from ..entries import lowerings
@@ -38,7 +38,7 @@ class Configs:
     def __init__(
         self,
         call: CallSpec,
-        every_variant: list[binding.Variant],
+        every_variant: list[kernel_objects.Variant],
         target: targets.Target,
         jaxlib: str,
         mode: str,
@@ -77,7 +77,7 @@ class Configs:
                 f"{call.parts.qualname}: Triton compiled its {n_desc} tensor descriptor(s) for "
                 f"{self.target} without TMA metadata; pass the arrays as pointers"
             )
-        grid = binding.eval_grid(call.grid, bound.bound_args)
+        grid = kernel_objects.eval_grid(call.grid, bound.bound_args)
         kernel = messages.kernel_message(call, self.target, self.mode, kb, self.cache, self.jaxlib)
         kernel_call = messages.kernel_call(call, kernel, bound, desc_meta, grid)
         image = bool(n_desc) or kernel.global_scratch_size is not None
@@ -91,7 +91,7 @@ class Configs:
 
 def assemble(
     call: CallSpec,
-    every_variant: list[binding.Variant],
+    every_variant: list[kernel_objects.Variant],
     target: targets.Target,
     platform: str,
     jaxlib: str,
@@ -117,7 +117,7 @@ def assemble(
         configs.append(config)
     if call.choice is None and record.wanted(ours):  # every variant: a later tune measures them
         for spec in every:
-            grid = binding.eval_grid(call.grid, spec.bound.bound_args)
+            grid = kernel_objects.eval_grid(call.grid, spec.bound.bound_args)
             record.emit(record.build(call, target, spec.key, spec.bound, grid), ours)
     anycall = messages.any_kernel_call(call, configs, mode)
     opaque = proto.compress(proto.encode(anycall))

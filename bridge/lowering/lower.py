@@ -1,4 +1,4 @@
-"""The lowerings of the ``triton_call`` primitive (:mod:`bridge.call.primitive`), one per registered
+"""The lowerings of the ``triton_call`` primitive (:mod:`bridge.call.tracing`), one per registered
 vendor's platform.
 
 Lowering selects the target, binds every variant (autotune config) with Triton's own binder,
@@ -38,8 +38,7 @@ except (ImportError, AttributeError):  # pragma: no cover - later releases
 
 from .. import versions
 from ..caches import as_cache
-from ..call.primitive import triton_call_p
-from ..call.tracing import CallSpec
+from ..call.tracing import CallSpec, triton_call_p
 from ..embed import modes
 from ..entries import lowerings
 from ..entries.lowerings import Lowered

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from kernelcache import __version__
 
 from .. import versions
-from ..call import binding
+from ..call import kernel_objects
 from ..call.placeholders import ArgArray, dtype_name
 from ..embed import ptxisa
 from ..entries.lowerings import FORMAT
@@ -168,7 +168,7 @@ def context(target: Target, embed: str, jaxlib: str, device: Any, cache: Cache) 
 
 
 def lowering_key(
-    call: CallSpec, target: Target, context: bytes, variants: Sequence[binding.Variant]
+    call: CallSpec, target: Target, context: bytes, variants: Sequence[kernel_objects.Variant]
 ) -> tuple[str, int] | None:
     """The key of ``call``'s lowering for ``target`` and the :func:`context` of its lowering,
     and the number of its variants (None: it is not stored; see the module docstring).
@@ -178,18 +178,18 @@ def lowering_key(
     try:
         rows = []
         for variant in variants:
-            bound = binding.parameter_values(parts, call.named, variant)
+            bound = kernel_objects.parameter_values(parts, call.named, variant)
             if bound is None:
                 return None  # the lowering says what does not bind
             zeroed = call.zeroed(dict(bound)) if callable(call.zeroed) else call.zeroed
             rows.append(
                 [
                     _mapping(variant.kwargs, buffers),
-                    _mapping(_libraries(binding.launch_options(parts, variant)), buffers),
+                    _mapping(_libraries(kernel_objects.launch_options(parts, variant)), buffers),
                     variant.description,
                     sorted(variant.zero),
                     _mapping(variant.args, buffers),
-                    list(binding.eval_grid(call.grid, bound)),
+                    list(kernel_objects.eval_grid(call.grid, bound)),
                     _canon(list(zeroed or ()), buffers),
                 ]
             )

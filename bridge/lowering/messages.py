@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import versions
-from ..call import binding, tma
-from ..call.leaves import SCALAR_FIELDS
+from ..call import binding
+from ..call.binding import SCALAR_FIELDS
 from ..call.placeholders import ArgArray
 from ..embed import handoff, modes
 from ..errors import KernelArgumentError, OptionError
@@ -145,6 +145,8 @@ def _descriptor_parameters(
 ) -> list[proto.Parameter]:
     """jaxlib's parameters for one host-side descriptor: the TMA descriptor (field 9), then
     the shape (i32) and strides (i64), as Triton's CUDA launcher passes them."""
+    from ..call import tma
+
     where = f"{call.parts.qualname}: a tensor descriptor"
     if meta["is_im2col"] or meta["fp4_padded"]:
         kind = "im2col" if meta["is_im2col"] else "fp4-padded"
@@ -227,6 +229,8 @@ def host_descriptor_count(call: CallSpec, bound: binding.Bound, target: Target, 
 def descriptor_meta(meta: Mapping[str, Any], n: int) -> list[dict[str, Any]] | None:
     """The TMA metadata of an entry's ``n`` host-side descriptors, or None if it has not
     exactly that (an entry from an older bridge, or a damaged one)."""
+    from ..call import tma
+
     found = tma.descriptor_meta(meta.get("tensordesc_meta"))
     return found if found is not None and len(found) == n else None
 

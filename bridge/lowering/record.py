@@ -92,8 +92,8 @@ def build(
 ) -> dict[str, Any]:
     """The lowering's own fields of the record of one lowered variant (see :func:`complete`
     for the rest)."""
-    from ..call.arguments import leaf_arrays
     from ..call.plain import plain
+    from ..call.tracing import leaf_arrays
 
     return {
         "version": RECORD_VERSION,

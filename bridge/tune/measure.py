@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kernelcache.process import warn_once
 
-from ..call.arguments import leaf_arrays
 from ..call.placeholders import ArgArray
+from ..call.tracing import leaf_arrays
 from ..errors import BridgeError, Unlaunchable
 from . import jaxlib_launch
 from .rounds import Bench
@@ -223,7 +223,7 @@ def _launches(call: CallSpec, index: int, count: int) -> Any:
     """A jitted function launching variant ``index`` of ``call`` ``count`` times in a row."""
     import jax
 
-    from ..call.primitive import triton_call_p
+    from ..call.tracing import triton_call_p
 
     one = dataclasses.replace(call, choice=index, autotune="runtime")
 

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 
 from kernelcache import stats
 
-from ..call.binding import expand_variants
-from ..call.kernel_objects import KernelParts, decompose
+from ..call.kernel_objects import KernelParts, decompose, expand_variants
 from ..call.plain import source_digest
 from ..entries import decisions
 from ..entries.failures import remembered

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 from kernelcache import CacheError, Store
 
 from ..caches import as_cache
-from ..call import binding
-from ..call.kernel_objects import decompose
+from ..call.kernel_objects import Variant, decompose
 from ..compile.fetch import fetch
 from ..errors import KernelArgumentError, RootError
 from ..identity.specialize import specialize
@@ -186,7 +185,7 @@ def compile_record(record: Mapping[str, Any], target: str | Target, cache: Cache
         if name in variant_kwargs:
             variant_kwargs[name] = named[name]
     args = recorded.get("args")  # descriptors a config's pre_hook changed
-    variant = binding.Variant(
+    variant = Variant(
         kwargs=variant_kwargs,
         options={k: revive(v, counter) for k, v in recorded["options"].items()},
         description=record.get("config") or "",

@@ -9,7 +9,7 @@ from typing import Any
 
 import bridge
 from bridge import CUSTOM_CALL_TARGET_NAME, TensorDescriptor, strides_from_shape
-from bridge.call.primitive import triton_call_p as triton_kernel_call_p
+from bridge.call.tracing import triton_call_p as triton_kernel_call_p
 from bridge.masquerade import api_version
 
 API = api_version()

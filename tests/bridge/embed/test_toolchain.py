@@ -24,7 +24,7 @@ from support import REPO, child_env
 import bridge
 import kernelcache
 from bridge import versions
-from bridge.call import binding, placeholders
+from bridge.call import binding, kernel_objects, placeholders
 from bridge.compile import compiler
 from bridge.embed import ptxisa
 from bridge.embed.ptxisa import Assembler
@@ -431,7 +431,7 @@ def options_of(target: str, **options) -> object:
         "out_ptr": placeholders.ArgArray((8,), "float32", ("out", 0)),
         "BLOCK": 8,
     }
-    variant = binding.Variant({}, options)
+    variant = kernel_objects.Variant({}, options)
     return binding.bind(parts, backends.make_backend(tgt), named, variant).options
 
 

@@ -47,7 +47,7 @@ from support import HELPERS, REPO, checked, child_env
 import bridge
 import kernelcache
 from bridge import versions
-from bridge.call import binding
+from bridge.call import kernel_objects
 from bridge.cli import tune
 from bridge.compile import fetch, variants
 from bridge.entries import decisions, failures
@@ -1259,7 +1259,7 @@ def test_a_call_with_constexpr_keywords_replays_each_configs_grid(tmp_path, fres
     lowered = tune.specialize_call(
         replayed.parts, replayed.named, replayed.kwargs, replayed.options, target, fresh
     )
-    grids = [binding.eval_grid(replayed.grid, s.bound.bound_args) for s in lowered]
+    grids = [kernel_objects.eval_grid(replayed.grid, s.bound.bound_args) for s in lowered]
     want = [
         (c.kernel_call.grid_0, c.kernel_call.grid_1, 1) for c in every.autotuned_kernel_call.configs
     ]

@@ -104,7 +104,7 @@ def test_a_job_tunes_inside_its_first_lowering(tmp_path):
 def test_a_direct_launch_computes_what_the_custom_call_computes():
     """Measuring launches a config through jaxlib's own kernel call on buffers of its own:
     the output it leaves is the one the compiled program gives on the same inputs."""
-    from bridge.call.primitive import triton_call_p
+    from bridge.call.tracing import triton_call_p
     from bridge.lowering.lower import variant_opaque
     from bridge.tune import jaxlib_launch, measure
 

@@ -5,7 +5,7 @@ cannot pass against the bridge (README.md lists them)."""
 
 from __future__ import annotations
 
-from bridge.call.primitive import triton_call_p as triton_kernel_call_p
+from bridge.call.tracing import triton_call_p as triton_kernel_call_p
 
 from . import CUSTOM_CALL_TARGET_NAME, TensorDescriptor, strides_from_shape, triton_call
 
