@@ -162,8 +162,8 @@ def call_variants(
     target: Target,
 ) -> list[kernel_objects.Variant]:
     """Every variant of a call for ``target``: autotune configs after pruning, heuristics
-    applied and pre_hooks run (see :func:`bridge.call.kernel_objects.expand_variants`), as one lowering
-    sees them: they run here, once per config.
+    applied and pre_hooks run (see :func:`bridge.call.kernel_objects.expand_variants`), as one
+    lowering sees them: they run here, once per config.
 
     ``named`` are the call's arguments by parameter name, ``kwargs`` the kernel parameters the
     caller set by keyword, ``options`` the backend options the caller set.
