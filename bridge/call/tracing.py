@@ -166,8 +166,9 @@ def leaf_arrays(value: Any) -> list[ArgArray]:
 
 @dataclass
 class Plan:
-    """What a convention decides: arguments and outputs by parameter, buffers updated in place,
-    and how the results become what the caller gets back."""
+    """What a convention (:mod:`.conventions`) or TransformerEngine's rule contract
+    (:mod:`.rule_contract`) decides, and :func:`make_call` lays out: arguments and outputs by
+    parameter, buffers updated in place, and how the results become what the caller gets back."""
 
     named: dict[str, Any]  # every argument given and every output, by parameter name
     kwargs: dict[str, Any]  # kernel parameters the caller pinned
