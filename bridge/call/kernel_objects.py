@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelArgumentError, OptionError
-from ..vendors import backends
+from ..vendors.backends import triton
 from ..vendors.targets import Target
 
 
@@ -65,7 +65,7 @@ class KernelParts:
 @functools.cache
 def _classes() -> tuple[Any, Any]:
     """Triton's layer classes (autotune, heuristics) and its JIT function class."""
-    backends.triton()
+    triton()
     from triton.runtime.autotuner import Autotuner, Heuristics
     from triton.runtime.jit import JITFunction
 
@@ -176,6 +176,8 @@ def expand_variants(
         return [Variant(dict(kwargs), dict(options), "", frozenset(), {})]
     from triton.runtime.autotuner import Autotuner, Heuristics
 
+    from ..vendors import backends
+
     params = set(parts.arg_names)
     valid = backends.option_names(target.vendor) - backends.DERIVED_OPTIONS
 
@@ -262,6 +264,8 @@ def launch_options(parts: KernelParts, variant: Variant) -> dict[str, Any]:
             attribute jaxlib cannot launch with: :func:`bridge.vendors.backends.check_launch_options`).
     """
     from triton import knobs
+
+    from ..vendors import backends
 
     options = dict(variant.options)
     if "ir_override" in options:
