@@ -35,10 +35,10 @@ from .call import rule_contract
 from .call.tracing import triton_call_p
 from .errors import KernelArgumentError
 from .lowering import lower
-from .vendors import vendor_registry
+from .vendors.vendor import registered
 
 #: the lowering platforms the bridge has vendors for
-_PLATFORMS = tuple(v.platform for v in vendor_registry.registered())
+_PLATFORMS = tuple(v.platform for v in registered())
 
 
 def _platform(ctx: Any, given: str | None) -> str:

@@ -21,7 +21,7 @@ from kernelcache.config import (
     variables_of,
 )
 
-from .vendors.vendor_registry import parse_name, registered
+from .vendors.vendor import parse_name, registered
 
 #: how a compiled kernel rides in jaxlib's custom call (see :mod:`bridge.embed.modes`):
 #: "auto", then every mode a registered vendor offers

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BackendUnavailable, TargetError
 from ..identity import environment
 from ..identity.kernel_keys import PIPELINE_VERSION, text_digest
-from ..vendors import vendor_registry
 from ..vendors.targets import Target, parse_target
+from ..vendors.vendor import registered
 from .explain import differences, fallback_components, recorded_components
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def toolchain(find_gpu: bool = True) -> Toolchain:
     if explicit is not None:
         target = parse_target(explicit)
     elif find_gpu:
-        for vendor in vendor_registry.registered():
+        for vendor in registered():
             found = detect(vendor.platform)
             if found:
                 target = found[0]

@@ -43,8 +43,7 @@ from ..errors import IncompleteOutput, KernelArgumentError
 from ..identity import frontend, witness
 from ..identity.frontend import relative_dir
 from ..vendors.targets import Target
-from ..vendors.vendor import Vendor
-from ..vendors.vendor_registry import by_binary_ext
+from ..vendors.vendor import Vendor, by_binary_ext
 from . import compiler_process
 
 logger = logging.getLogger(__name__)

@@ -27,8 +27,9 @@ from kernelcache.process import warn_once
 from .. import versions
 from ..errors import EmbedError
 from ..settings import EMBED_MODES
-from ..vendors import backends, vendor_registry
+from ..vendors import backends
 from ..vendors.targets import Target
+from ..vendors.vendor import registered
 from . import ptxisa
 
 if TYPE_CHECKING:
@@ -63,9 +64,7 @@ def choose_mode(
     if mode == "auto":
         return vendor.auto_embed(modern)
     if mode not in vendor.embed_modes():
-        takers = " and ".join(
-            v.title for v in vendor_registry.registered() if mode in v.embed_modes()
-        )
+        takers = " and ".join(v.title for v in registered() if mode in v.embed_modes())
         takes = " or ".join(map(repr, vendor.embed_modes()))
         raise EmbedError(f"embed={mode!r} is for {takers}; {target} takes {takes}")
     if mode == "inline" and not modern:

@@ -21,7 +21,7 @@ from typing import Any
 
 from kernelcache import schema
 
-from ..vendors.vendor_registry import parse_name
+from ..vendors.vendor import parse_name
 
 
 def _target(value: Any) -> str | None:

@@ -45,7 +45,8 @@ from ..entries.lowerings import Lowered
 from ..entries.programs import Item, Program
 from ..errors import KernelArgumentError
 from ..identity import specialize, witness
-from ..vendors import backends, targets, vendor_registry
+from ..vendors import backends, targets
+from ..vendors.vendor import registered
 from . import lowering_keys, record
 
 if TYPE_CHECKING:
@@ -62,8 +63,8 @@ CUSTOM_CALL_LEGACY = versions.LEGACY_TARGET
 
 
 def _no_cpu(ctx: Any, *args: Any, call: CallSpec, has_side_effect: bool) -> Any:
-    gpus = " or ".join(f"{v.maker} ({v.platform})" for v in vendor_registry.registered())
-    first = vendor_registry.registered()[0].platform
+    gpus = " or ".join(f"{v.maker} ({v.platform})" for v in registered())
+    first = registered()[0].platform
     raise KernelArgumentError(
         f"the Triton kernel {call.parts.qualname} runs on {gpus} GPUs, but "
         "this computation is being lowered for cpu: run it on a GPU, or cross-compile with "
@@ -353,7 +354,7 @@ def lower_rule(
     return rule(ctx, *operands)
 
 
-for _vendor in vendor_registry.registered():
+for _vendor in registered():
     mlir.register_lowering(
         triton_call_p,
         functools.partial(lower_rule, platform=_vendor.platform),

@@ -24,8 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import Unlaunchable
-from ..vendors import vendor_registry
-from ..vendors.vendor import Driver
+from ..vendors.vendor import Driver, by_platform
 
 #: the legacy call's status: jaxlib writes a failure into it; zeroed room for any layout
 _STATUS_BYTES = 128
@@ -46,7 +45,7 @@ def _driver(platform: str) -> tuple[Driver, Any, Any]:
     Raises:
         Unlaunchable: the platform, its driver or jaxlib's legacy kernel call is missing.
     """
-    vendor = vendor_registry.by_platform(platform)
+    vendor = by_platform(platform)
     api = vendor.driver if vendor is not None else None
     if api is None:
         raise Unlaunchable(f"no direct launches on {platform!r}")

@@ -17,9 +17,8 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import BackendUnavailable, OptionError
-from . import vendor_registry
 from .targets import Target, target_of
-from .vendor import Vendor
+from .vendor import Vendor, registered
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +123,7 @@ def option_names(vendor: Vendor) -> frozenset[str]:
 
 def all_option_names() -> frozenset[str]:
     """Field names of the options classes of every registered vendor's backend."""
-    return _option_names_of(vendor_registry.registered())
+    return _option_names_of(registered())
 
 
 @functools.cache

@@ -17,7 +17,7 @@ from typing import Any
 from kernelcache.formats import EM_CUDA
 
 from ..errors import TargetError
-from .vendor import Arch, Driver, KiB, Vendor, file_row
+from .vendor import Arch, Driver, KiB, Vendor, file_row, register
 
 _VERSION = 2
 
@@ -139,3 +139,4 @@ CUDA: Vendor = Cuda(
         120: 99 * KiB,
     },
 )
+register(CUDA)

@@ -15,7 +15,7 @@ from typing import Any
 
 from kernelcache.formats import EM_AMDGPU
 
-from .vendor import Arch, Driver, KiB, Vendor
+from .vendor import Arch, Driver, KiB, Vendor, register
 
 logger = logging.getLogger(__name__)
 
@@ -110,3 +110,4 @@ HIP: Vendor = Hip(
         "gfx950": 160 * KiB,
     },
 )
+register(HIP)

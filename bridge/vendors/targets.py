@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TargetError
-from . import vendor_registry
-from .vendor import Arch, Vendor
+from .vendor import Arch, Vendor, by_name, by_platform, examples, parse_name
 
 if TYPE_CHECKING:
     from ..settings import BridgeSettings
@@ -42,7 +41,7 @@ class Target:
     vendor: Vendor = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "vendor", vendor_registry.by_name(self.backend))
+        object.__setattr__(self, "vendor", by_name(self.backend))
 
     def __str__(self) -> str:
         return f"{self.backend}:{self.arch}"
@@ -77,10 +76,8 @@ def parse_target(text: str | Target) -> Target:
     if isinstance(text, Target):
         return text
     if not isinstance(text, str):
-        raise TargetError(
-            f"a target is a string such as {vendor_registry.examples()}; got {text!r}"
-        )
-    return target_of(*vendor_registry.parse_name(text))
+        raise TargetError(f"a target is a string such as {examples()}; got {text!r}")
+    return target_of(*parse_name(text))
 
 
 def max_shared_memory(target: Target, device: Any = None) -> int | None:
@@ -94,7 +91,7 @@ def max_shared_memory(target: Target, device: Any = None) -> int | None:
 def detect_devices(platform: str) -> list[tuple[Any, Target]]:
     """This process's local JAX devices of ``platform``, each with its target (none on a
     CPU-only machine, or for another platform)."""
-    vendor = vendor_registry.by_platform(platform)
+    vendor = by_platform(platform)
     if vendor is None:
         return []
     import jax
@@ -148,7 +145,7 @@ def select_target(
         if not local:
             raise TargetError(
                 f"no {platform} device here to detect the compile target from: pass target= "
-                f"(e.g. {vendor_registry.examples()}) or set KERNELCACHE_TARGET to cross-compile on this "
+                f"(e.g. {examples()}) or set KERNELCACHE_TARGET to cross-compile on this "
                 "machine"
             )
         if len(local) > 1:

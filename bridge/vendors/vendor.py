@@ -8,18 +8,26 @@ how its backend specializes pointers (:meth:`Vendor.tensor_specialization`) and 
 code is embedded (:meth:`Vendor.embed_modes`, :meth:`Vendor.auto_embed`). The defaults suit a
 vendor with none of these particularities; :mod:`.cuda` and :mod:`.hip` override them.
 
-Invariants: a vendor is a singleton, compared by identity and pickled by name (see
-:mod:`.vendor_registry`); the modules of this folder are the only ones of the bridge that compare
+The registered vendors are found here too: by name, platform and machine code, and target names
+parsed against every one of them (:func:`parse_name`). A vendor module registers its one object
+(:func:`register`) when it is imported; the folder's ``__init__`` imports :mod:`.cuda` and
+:mod:`.hip`, so every vendor is registered before any module of the folder is used.
+
+Invariants: a vendor is a singleton, compared by identity and pickled by name (:func:`register`);
+the modules of this folder are the only ones of the bridge that compare
 vendor, backend or platform names. Nothing here imports jax or triton at import time.
 """
 
 from __future__ import annotations
 
+import copyreg
 import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from ..errors import TargetError
 
 Arch = int | str
 
@@ -187,3 +195,83 @@ class Vendor:
         ``driver.active.utils.get_device_properties(i)["max_shared_mem"]`` can answer it
         where the target is the local device; :meth:`max_shared_memory` answers for now."""
         return None
+
+
+# -- the registered vendors -------------------------------------------------------------------
+_registry: dict[str, Vendor] = {}
+
+
+def register(vendor: Vendor) -> Vendor:
+    """Make ``vendor`` known by its name (and its platform to the lowering), and pickled by its
+    name; returns it.
+
+    Raises:
+        ValueError: another descriptor has its name or platform.
+    """
+    for other in _registry.values():
+        if other is not vendor and other.platform == vendor.platform:
+            raise ValueError(f"platform {vendor.platform!r} belongs to {other.name}")
+    if _registry.get(vendor.name, vendor) is not vendor:
+        raise ValueError(f"a vendor named {vendor.name!r} is registered already")
+    _registry[vendor.name] = vendor
+    copyreg.pickle(type(vendor), _reduce)
+    return vendor
+
+
+def _reduce(vendor: Vendor) -> tuple[Any, tuple[str]]:
+    return by_name, (vendor.name,)
+
+
+def unregister(vendor: Vendor) -> None:
+    """Forget ``vendor`` (tests register descriptors of their own)."""
+    if _registry.get(vendor.name) is vendor:
+        del _registry[vendor.name]
+
+
+def registered() -> tuple[Vendor, ...]:
+    """Every registered descriptor, in registration order."""
+    return tuple(_registry.values())
+
+
+def by_name(name: str) -> Vendor:
+    """The descriptor of Triton's backend ``name``.
+
+    Raises:
+        TargetError: no such backend is registered.
+    """
+    try:
+        return _registry[name]
+    except KeyError:
+        known = ", ".join(_registry)
+        raise TargetError(f"unknown GPU backend {name!r}: the bridge knows {known}") from None
+
+
+def by_binary_ext(ext: str) -> Vendor | None:
+    """The descriptor whose machine code has the extension ``ext``, None if there is none."""
+    return next((v for v in _registry.values() if v.binary_ext == ext), None)
+
+
+def by_platform(platform: str) -> Vendor | None:
+    """The descriptor of JAX's ``platform``, None for a platform of no registered vendor."""
+    return next((v for v in _registry.values() if v.platform == platform), None)
+
+
+def examples() -> str:
+    """Valid target names of every vendor, for messages."""
+    return ", ".join(e for v in _registry.values() for e in v.examples)
+
+
+def parse_name(text: str) -> tuple[Vendor, Arch]:
+    """The vendor and architecture a target name names (any case, surrounding blanks ignored).
+
+    Raises:
+        TargetError: not a target name (the message shows valid examples), or one for an
+            architecture Triton cannot compile for.
+    """
+    value = text.strip().lower()
+    for vendor in _registry.values():
+        arch = vendor.parse_arch(value)
+        if arch is not None:
+            return vendor, arch
+    forms = " or ".join(v.name_form for v in _registry.values())
+    raise TargetError(f"invalid target {text!r}: use {forms}, e.g. {examples()}")

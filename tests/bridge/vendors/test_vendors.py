@@ -18,11 +18,11 @@ import bridge
 from bridge import warm
 from bridge.embed import modes
 from bridge.lowering.lower import lower_call, triton_call_p
-from bridge.vendors import backends, vendor_registry
+from bridge.vendors import backends
 from bridge.vendors.cuda import CUDA
 from bridge.vendors.hip import HIP
 from bridge.vendors.targets import Target, max_shared_memory, parse_target
-from bridge.vendors.vendor import Vendor
+from bridge.vendors.vendor import Vendor, by_platform, register, registered, unregister
 from examples import ops
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
@@ -52,11 +52,11 @@ XPU = Vendor(
 
 @pytest.fixture
 def xpu() -> Iterator[Vendor]:
-    vendor_registry.register(XPU)
+    register(XPU)
     try:
         yield XPU
     finally:
-        vendor_registry.unregister(XPU)
+        unregister(XPU)
         backends.option_names.cache_clear()
 
 
@@ -110,10 +110,8 @@ def test_compiling_for_a_vendor_without_a_triton_backend_says_what_is_missing(xp
 def test_a_platform_belongs_to_one_vendor(xpu):
     twin = Vendor(**{**vars(XPU), "name": "xpu2"})
     with pytest.raises(ValueError, match="platform 'xpu' belongs to xpu"):
-        vendor_registry.register(twin)
-    assert (
-        vendor_registry.by_platform("xpu") is xpu and vendor_registry.by_platform("metal") is None
-    )
+        register(twin)
+    assert by_platform("xpu") is xpu and by_platform("metal") is None
     with pytest.raises(bridge.TargetError, match="unknown GPU backend 'xpu2'"):
         Target("xpu2", "pvc", 16)
 
@@ -155,7 +153,7 @@ _COMPARISON = re.compile(
 
 
 def test_every_registered_platform_has_a_lowering():
-    platforms = {v.platform for v in vendor_registry.registered()}
+    platforms = {v.platform for v in registered()}
     assert {"cuda", "rocm"} <= platforms
     # the primitive has a lowering for the platform of every registered vendor
     from jax._src.interpreters import mlir
