@@ -21,7 +21,7 @@ from .vendors import backends, targets
 from .versions import FFI_TARGET, LEGACY_TARGET
 
 if TYPE_CHECKING:
-    from .caches import CacheArg
+    from .settings import CacheArg
 
 
 def call_options(

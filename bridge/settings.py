@@ -4,13 +4,20 @@
 :func:`settings` re-parses only when one of their values changed, like kernelcache's own; it
 raises for a value that cannot be used (the commands). :func:`job_settings` never does (a
 lowering in a user's job): that variable alone is left at its default, said once.
+
+The kernel cache a call uses follows from the same configuration (:func:`as_cache`): the
+process's default one per configuration of kernelcache's variables, or the one the caller passed
+(a ``kernelcache.Cache`` or a cache root directory).
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 
 from kernelcache.config import (
     choice,
@@ -22,6 +29,13 @@ from kernelcache.config import (
 )
 
 from .vendors.vendor import parse_name, registered
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+    from kernelcache.config import Settings
+
+    #: what callers may pass as a cache: a Cache, a cache root directory, or None (the default)
+    CacheArg: TypeAlias = Cache | str | os.PathLike[str] | None
 
 #: how a compiled kernel rides in jaxlib's custom call (see :mod:`bridge.embed.modes`):
 #: "auto", then every mode a registered vendor offers
@@ -122,3 +136,33 @@ def job_settings(environ: Mapping[str, str] | None = None) -> BridgeSettings:
     ``in_a_job``): a variable that cannot be used is said once and costs only itself (its
     default); the others apply."""
     return _job_parse(environ)
+
+
+# -- the kernel cache a call uses -------------------------------------------------------------
+_default: dict[Settings, Cache] = {}
+_default_lock = threading.Lock()
+
+
+def default_cache(cfg: Settings | None = None) -> Cache:
+    """The process's kernel cache configured from the environment (one per configuration;
+    ``cfg`` is a ``kernelcache.config.settings()`` snapshot, read now when None)."""
+    import kernelcache
+    from kernelcache.config import settings
+
+    cfg = cfg or settings()
+    with _default_lock:
+        cache = _default.get(cfg)
+        if cache is None:
+            cache = _default[cfg] = kernelcache.Cache()
+        return cache
+
+
+def as_cache(cache: CacheArg, cfg: Settings | None = None) -> Cache:
+    """``cache`` as a kernelcache.Cache: None for the default, or a root directory path."""
+    if cache is None:
+        return default_cache(cfg)
+    if isinstance(cache, (str, os.PathLike)):
+        import kernelcache
+
+        return kernelcache.Cache(root=cache)
+    return cache

@@ -43,7 +43,7 @@ from .kernel_objects import KernelParts
 from .placeholders import ArgArray
 
 if TYPE_CHECKING:
-    from ..caches import CacheArg
+    from ..settings import CacheArg
 
 try:  # jax >= 0.8
     from jax.ref import AbstractRef as _AbstractRef

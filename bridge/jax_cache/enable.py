@@ -113,7 +113,7 @@ def enable_jax_cache(
         else:
             chosen[name] = asked[name] if asked[name] is not None else fallback.get(name)
     if chosen["dir"] is None:
-        from ..caches import default_cache
+        from ..settings import default_cache
 
         chosen["dir"] = str(default_dir(default_cache().root))
     path = Path(chosen["dir"]).expanduser()

@@ -37,7 +37,6 @@ except (ImportError, AttributeError):  # pragma: no cover - later releases
     from jax._src.interpreters import mlir  # type: ignore[no-redef]
 
 from .. import versions
-from ..caches import as_cache
 from ..call.tracing import CallSpec, triton_call_p
 from ..embed import modes
 from ..entries import lowerings
@@ -45,6 +44,7 @@ from ..entries.lowerings import Lowered
 from ..entries.programs import Item, Program
 from ..errors import KernelArgumentError
 from ..identity import specialize, witness
+from ..settings import as_cache
 from ..vendors import backends, targets
 from ..vendors.vendor import registered
 from . import lowering_keys, record

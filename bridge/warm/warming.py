@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache import CacheError, Store
 
-from ..caches import as_cache
 from ..call.kernel_objects import Variant, decompose
 from ..compile.fetch import fetch
 from ..errors import KernelArgumentError, RootError
 from ..identity.specialize import specialize
+from ..settings import as_cache
 from ..vendors import backends
 from ..vendors.targets import Target, parse_target
 from .manifest import (
@@ -35,7 +35,7 @@ from .planning import make_plan
 from .pool import CRASHED, UNSTORED, can_fork, default_workers, execute
 
 if TYPE_CHECKING:
-    from ..caches import CacheArg
+    from ..settings import CacheArg
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,6 @@ STAGES: tuple[tuple[str, ...], ...] = (
         "bridge.settings",
         "bridge.versions",
         "bridge.vendors",
-        "bridge.caches",
     ),
     ("bridge.call",),
     ("bridge.entries",),
