@@ -134,21 +134,6 @@ class WrongType(KernelCacheError, TypeError):
     """A value of the wrong type, such as artifact data that is not bytes."""
 
 
-def __getattr__(name: str) -> object:
-    if name == "Problem":  # moved to kernelcache.problem: it is a value, not an exception
-        import warnings
-
-        from .problem import Problem
-
-        warnings.warn(
-            "kernelcache.errors.Problem moved to kernelcache.problem.Problem",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return Problem
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "BadPlugin",
     "BundleError",
