@@ -23,7 +23,7 @@ Other extensions have no structural check. Invariants: a check never raises, wha
 to the file's header tables, not to its size; the PTX check is a scan of the whole text.
 
 Who checks: :func:`kernelcache.schema.entry_problem` is the one contract of an entry (these
-checks and the launch metadata of :mod:`kernelcache.schema.launch`), applied by ``put`` and
+checks and the launch metadata of :mod:`kernelcache.schema.fields`), applied by ``put`` and
 ``replace`` (every build of ``get_or_create`` included), by ``verify``, to every remote value
 and bundle entry, and by every read of an entry whose metadata is read from disk (there without
 the PTX scan: see :func:`problem`'s ``full``). The bridge also checks what a compile produced

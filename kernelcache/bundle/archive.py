@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import MissingDependency
-from ..schema.format import MAX_META_BYTES
+from ..schema.document import MAX_META_BYTES
 
 BUNDLE_FORMAT = "kernelcache-bundle"
 BUNDLE_VERSION = 1

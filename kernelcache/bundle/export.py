@@ -19,8 +19,8 @@ from typing import IO, Any
 from .._version import __version__
 from ..config import DEFAULTS
 from ..errors import BundleError
-from ..schema.digests import sign
-from ..schema.format import FORMAT_VERSION, HMAC_FIELD
+from ..schema.document import FORMAT_VERSION, sign
+from ..schema.fields import HMAC_FIELD
 from ..store.entry import Artifact
 from ..store.root import Store
 from ..table import EntryInfo

@@ -20,7 +20,7 @@ from typing import IO
 from ..errors import BundleError, NotRegularFile, WrongExt
 from ..fsio import open_regular
 from ..jsonio import load_json
-from ..schema.digests import check_signature
+from ..schema.document import check_signature
 from ..store.entry import Artifact
 from ..store.root import Store
 from ..toolchains import Judge

@@ -22,8 +22,7 @@ from ..errors import BundleError
 from ..jsonio import load_json
 from ..keys import META_EXT, split_entry_name
 from ..problem import Problem
-from ..schema.document import check_written
-from ..schema.format import FORMAT_VERSION
+from ..schema.document import FORMAT_VERSION, check_written
 from .archive import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,

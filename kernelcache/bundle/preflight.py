@@ -29,7 +29,7 @@ import xxhash
 from ..errors import BundleError
 from ..formats import STRUCTURED
 from ..keys import META_EXT, split_entry_name
-from ..schema.contract import entry_problem
+from ..schema.document import entry_problem
 from .archive import (
     CHUNK,
     MANIFEST,

@@ -147,7 +147,7 @@ class Cache:
             ValueError: malformed key, ext or metadata; or an entry that is not whole (an
                 artifact not whole for its extension: a cut-short file, code for another
                 machine; or launch metadata its extension requires missing; see
-                :mod:`kernelcache.schema.contract`): nothing is written anywhere.
+                :mod:`kernelcache.schema.document`): nothing is written anywhere.
             CacheError: the writable root cannot take the entry (message says why); nothing
                 partial is left behind there. The remote tier still gets it.
         """

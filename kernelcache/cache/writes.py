@@ -15,8 +15,7 @@ from typing import Any
 from .. import stats
 from ..errors import CacheError
 from ..process import warn_once
-from ..schema.contract import require_whole
-from ..schema.document import make_metadata
+from ..schema.document import make_metadata, require_whole
 from ..store.entry import Artifact, as_bytes
 from ..store.locks.budget import WaitBudget
 from .layers import Layers

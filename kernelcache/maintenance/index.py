@@ -37,7 +37,7 @@ import xxhash
 
 from ..jsonio import load_json
 from ..keys import META_EXT, all_keys, valid_ext
-from ..schema.format import MAX_META_BYTES
+from ..schema.document import MAX_META_BYTES
 from ..store.layout import STATS_DIR, known_directories, replace_file
 from ..store.removal import remove_own_file
 from ..table import EntryTable

@@ -20,16 +20,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..problem import Problem
-from ..schema.contract import entry_problem, require_whole
-from ..schema.digests import check_signature, sign
 from ..schema.document import (
+    MAX_META_BYTES,
     check_document,
+    check_signature,
+    digest,
     encode_metadata,
+    entry_problem,
     make_metadata,
     parse_metadata,
+    require_whole,
+    sign,
     written_document,
 )
-from ..schema.format import HMAC_FIELD, MAX_META_BYTES, RESERVED_FIELDS, digest
+from ..schema.fields import HMAC_FIELD, RESERVED_FIELDS
 
 #: version of the value layout; part of every Redis key, so a new layout never reads an old one
 #: (2: the metadata carries an entry digest, and optionally an HMAC; 3: metadata of format 2,

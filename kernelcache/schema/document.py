@@ -1,4 +1,14 @@
-"""Whole metadata documents: checking one read from anywhere, building one for ``put``, encoding.
+"""Whole metadata documents and whole entries: the format's version and digests, checking a
+document read from anywhere, building one for ``put``, encoding it, signing it, and the one
+contract of an entry.
+
+The **entry digest** is the xxh3-128 of the canonical JSON of the store's own fields (which
+include the artifact's digest, so the artifact bytes are covered through it), of the document's
+``covers`` list itself, and of the caller fields that list names. A flipped bit in a covered
+field, or in the list of what is covered, is a corrupt entry, as a flipped bit in the artifact
+is. It detects damage, not forgery: what comes from outside the machine (Redis values, bundles)
+can carry an HMAC-SHA256 (:func:`sign`) made with a shared key, over the covered fields
+(``covers`` included) and the artifact bytes themselves.
 
 What a document covers is its writer's to decide, and no one else's. A reader never widens it:
 a document read from a remote tier, copied to another tier, published from a remote hit or
@@ -6,50 +16,147 @@ imported from a bundle is kept as written (:func:`check_written`: the same field
 entry digest; only a signature is dropped on the way into a root). A document that holds a
 field this process registers as covered without covering it is a **miss** (outdated, rebuilt by
 the next put), never served with that field ignored. A document of machine code (or PTX)
-without the launch metadata its extension requires (:mod:`.launch`) is **corrupt**, wherever it
-is read: a reader never launches with a default for a field its writer left out. Format 2
+without the launch metadata its extension requires
+(:func:`~kernelcache.schema.fields.launch_problem`) is **corrupt**, wherever it is read. Format 2
 documents are the only ones served: format 1 digests did not cover the ``covers`` list.
 
-Every check returns a reason or a :class:`~kernelcache.problem.Problem` instead of raising:
-nothing here trusts its input, and nothing here crashes on it.
+The contract of an entry (:func:`entry_problem`): an entry of extension ``ext`` is whole when its
+document holds the launch metadata ``ext`` requires, covered by its digest, and its artifact is
+whole for ``ext`` (:func:`kernelcache.formats.problem`: a cubin is a whole ELF64 file for NVIDIA
+CUDA, an HSACO one for AMD GPUs, PTX defines the kernel its metadata names and a body for every
+function it calls); it applies whether or not a package built on kernelcache is imported. Who
+checks it: :meth:`kernelcache.store.Store.publish` through :func:`require_whole` (``Cache.put``,
+``Cache.replace``, every build, a remote hit published locally, every entry a bundle import
+publishes: an :class:`~kernelcache.errors.IncompleteEntry`, nothing written; a disabled cache's
+put checks the same); :meth:`~kernelcache.store.Store.inspect` with ``whole`` (``verify``, its
+``--repair``, ``export``: a corrupt entry); :func:`kernelcache.remote.check_entry` and the check
+pass of a bundle import (the value or the bundle refused); and
+:meth:`~kernelcache.store.Store.read` each time it reads an entry's metadata from disk, with
+``full=False``: without the checks whose cost grows with the artifact (the PTX text scan), a
+corrupt entry (quarantined, counted, rebuilt by the caller), never served, never raised.
+
+Invariants: every check returns a reason or a :class:`~kernelcache.problem.Problem` instead of
+raising: nothing here trusts its input, and nothing here crashes on it; what
+:func:`entry_problem` accepts with ``full`` it accepts without. Encoding and digests are
+byte-identical across releases of one :data:`FORMAT_VERSION`; changing a constant here changes
+what is on disk.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import math
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+import xxhash
+
 from .._version import __version__
-from ..errors import InvalidMetadata
+from ..errors import IncompleteEntry, InvalidMetadata
+from ..formats import problem
 from ..jsonio import load_json
 from ..keys import EXT_PATTERN, META_EXT
 from ..problem import Problem
-from .digests import CANONICAL, entry_digest
-from .fields import COVERED, check_fields
-from .format import (
+from .fields import (
+    COVERED,
     COVERS_FIELD,
-    DIGEST,
-    FORMAT_VERSION,
     HMAC_FIELD,
-    HMAC_PATTERN,
-    MAX_ARTIFACT_BYTES,
     MAX_DEPTH,
     MAX_INT,
-    MAX_META_BYTES,
     RESERVED_FIELDS,
-    digest,
+    STORE_COVERED,
+    check_fields,
+    launch_problem,
+    plain,
     shown_value,
+    utf8,
 )
-from .launch import launch_problem
-from .values import plain, utf8
+
+#: the version of the metadata document (2: the entry digest and a signature cover the
+#: ``covers`` list); documents of an earlier format are misses (rebuilt), never served
+FORMAT_VERSION = 2
+DIGEST_PREFIX = "xxh3_128:"
+HMAC_PREFIX = "hmac-sha256:"
+#: the largest metadata document accepted, encoded
+MAX_META_BYTES = 64 << 10
+#: the largest artifact an entry may describe
+MAX_ARTIFACT_BYTES = 1 << 40
+
+DIGEST = re.compile(r"xxh3_128:[0-9a-f]{32}")
+HMAC_PATTERN = re.compile(r"hmac-sha256:[0-9a-f]{64}")
 
 
+def digest(data: bytes | memoryview) -> str:
+    """The digest recorded for an artifact: ``xxh3_128:<32 hex digits>``."""
+    return DIGEST_PREFIX + xxhash.xxh3_128_hexdigest(data)
+
+
+# -- the entry digest and signatures --------------------------------------------------------
+CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _covered_names(doc: Mapping[str, Any]) -> Iterable[str]:
+    """The caller fields ``doc``'s entry digest covers: those its ``covers`` names."""
+    names = doc.get(COVERS_FIELD)
+    return names if isinstance(names, list) else ()
+
+
+def covered_metadata(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of ``doc`` its entry digest covers (those present): all a reader may act on."""
+    covered = {name: doc[name] for name in STORE_COVERED if name in doc}
+    for name in _covered_names(doc):
+        if name in doc:
+            covered[name] = doc[name]
+    return covered
+
+
+def covered_bytes(doc: Mapping[str, Any]) -> bytes:
+    """The canonical JSON of the covered fields of ``doc`` (those present): the store's own,
+    its ``covers`` list, and the fields that list names."""
+    covered = covered_metadata(doc)
+    if COVERS_FIELD in doc:
+        covered[COVERS_FIELD] = doc[COVERS_FIELD]
+    return CANONICAL.encode(covered).encode()
+
+
+def entry_digest(doc: Mapping[str, Any]) -> str:
+    """The entry digest of a document: xxh3-128 of :func:`covered_bytes`."""
+    return DIGEST_PREFIX + xxhash.xxh3_128_hexdigest(covered_bytes(doc))
+
+
+def sign(doc: Mapping[str, Any], artifact_sha256: bytes, secret: bytes) -> str:
+    """The HMAC-SHA256 of an entry under ``secret``: over the covered fields and the SHA-256 of
+    the artifact bytes (``hashlib.sha256(data).digest()``), so the bytes themselves are
+    authenticated, not only their non-cryptographic xxh3 digest."""
+    covered = covered_bytes(doc)
+    mac = hmac.new(secret, digestmod=hashlib.sha256)
+    mac.update(len(covered).to_bytes(8, "big"))
+    mac.update(covered)
+    mac.update(artifact_sha256)
+    return HMAC_PREFIX + mac.hexdigest()
+
+
+def check_signature(doc: Mapping[str, Any], artifact_sha256: bytes, secret: bytes) -> str | None:
+    """None if ``doc`` carries a valid signature (see :func:`sign`); else why not."""
+    given = doc.get(HMAC_FIELD)
+    if given is None:
+        return "it is not signed"
+    if not isinstance(given, str) or HMAC_PATTERN.fullmatch(given) is None:
+        return "its signature is malformed"
+    if not hmac.compare_digest(given, sign(doc, artifact_sha256, secret)):
+        return "its signature does not match (signed with another key, or altered)"
+    return None
+
+
+# -- documents ------------------------------------------------------------------------------
 def check_document(doc: Any, key: str) -> dict[str, Any] | Problem:
     """``doc`` if it is a valid metadata document of ``key`` (schema, entry digest, every field
     this process registers as covered that it holds covered by it, and the launch metadata its
-    extension requires: :func:`~kernelcache.schema.launch.launch_problem`), else
+    extension requires: :func:`~kernelcache.schema.fields.launch_problem`), else
     :class:`~kernelcache.problem.Problem`. Never raises."""
     if not isinstance(doc, dict):
         return Problem(key, "metadata is not a JSON object")
@@ -267,3 +374,45 @@ def displayable(value: Any, depth: int = 0) -> Any:
     if isinstance(value, dict):
         return {displayable(str(k)): displayable(v, depth + 1) for k, v in value.items()}
     return repr(value)
+
+
+# -- the contract of an entry -----------------------------------------------------------------
+#: what starts the reason of an artifact that is not whole
+NOT_WHOLE = "not a whole .{ext} artifact: "
+
+
+def entry_problem(
+    ext: str, data: bytes, doc: Mapping[str, Any], *, full: bool = True
+) -> str | None:
+    """Why ``data`` with its document ``doc`` (checked against the schema) is not a whole entry
+    of extension ``ext``; None when it is. ``full=False``: what a read checks (see the module
+    docstring). Never raises."""
+    bad = launch_problem(ext, doc)
+    if bad is not None:
+        return bad
+    name = doc.get("name")
+    reason = problem(ext, data, name if isinstance(name, str) else None, full=full)
+    return None if reason is None else NOT_WHOLE.format(ext=ext) + reason
+
+
+def require_whole(key: str, ext: str, data: bytes, doc: Mapping[str, Any]) -> None:
+    """Check an entry about to be written (:func:`entry_problem`, in full).
+
+    Raises:
+        ValueError: (:class:`~kernelcache.errors.IncompleteEntry`) it is not whole; the message
+            says why and what to do.
+    """
+    reason = entry_problem(ext, data, doc)
+    if reason is None:
+        return
+    if reason.startswith(NOT_WHOLE.format(ext=ext)):
+        advice = (
+            "store only the complete output of a compiler for the extension's machine (a .cubin "
+            "is an ELF file for NVIDIA CUDA, a .hsaco one for AMD GPUs; a .ptx defines the "
+            "kernel its metadata names and every function it calls)"
+        )
+    else:
+        advice = f"give put every launch field of a .{ext} entry"
+    raise IncompleteEntry(
+        f"kernelcache: cannot store {key}.{ext}: {reason}; {advice} (nothing was written)"
+    )

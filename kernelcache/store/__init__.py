@@ -10,8 +10,15 @@ from __future__ import annotations
 
 from ..errors import WrongExt
 from ..problem import Problem
-from ..schema.document import encode_metadata, make_metadata, parse_metadata
-from ..schema.format import FORMAT_VERSION, MAX_META_BYTES, RESERVED_FIELDS, digest
+from ..schema.document import (
+    FORMAT_VERSION,
+    MAX_META_BYTES,
+    digest,
+    encode_metadata,
+    make_metadata,
+    parse_metadata,
+)
+from ..schema.fields import RESERVED_FIELDS
 from .checked import check_recorded, record_check
 from .entry import Artifact
 from .layout import register_directory

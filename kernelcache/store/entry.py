@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import WrongType
 from ..keys import META_EXT
-from ..schema.contract import entry_problem
+from ..schema.document import entry_problem
 
 #: metadata documents remembered per store and process (see Store.read)
 MEMO_ENTRIES = 4096

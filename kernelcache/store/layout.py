@@ -40,8 +40,7 @@ from ..config import Settings, parse_variable, variable
 from ..errors import DeclarationError, InvalidValue
 from ..fsio import READ_FLAGS
 from ..problem import Problem
-from ..schema.document import parse_metadata
-from ..schema.format import MAX_META_BYTES
+from ..schema.document import MAX_META_BYTES, parse_metadata
 
 if TYPE_CHECKING:
     from .trust import TrustPolicy

@@ -33,8 +33,7 @@ from ..fsio import READ_FLAGS, read_exact
 from ..keys import META_EXT, check_ext, check_key
 from ..problem import Problem
 from ..process import warn_once
-from ..schema.contract import entry_problem
-from ..schema.format import digest
+from ..schema.document import digest, entry_problem
 from .entry import MEMO_ENTRIES, TOUCH_INTERVAL, Artifact, make_artifact, stale_stamp
 from .layout import NOT_VISIBLE, read_metadata, unservable
 from .locks.budget import WaitBudget

@@ -20,7 +20,7 @@ Guarantees across processes and hosts sharing a root:
   exclusive lock and moved to ``.quarantine/``. An entry of an older format, or one holding a
   field this process requires covered that its digest does not cover, is a miss, replaced by
   the next put.
-* Only whole entries are written or served (the contract: :mod:`kernelcache.schema.contract`).
+* Only whole entries are written or served (the contract: :mod:`kernelcache.schema.document`).
   :meth:`Store.publish` refuses an artifact that is not whole for its extension (cut short,
   code for another machine, PTX without its kernel) or a document without the launch
   metadata its extension requires: ``ValueError``, nothing written. A read that reads an

@@ -22,8 +22,7 @@ from typing import Any
 from ..errors import CacheError, LockTimeout, WrongExt
 from ..keys import META_EXT, check_ext, check_key
 from ..problem import Problem
-from ..schema.contract import require_whole
-from ..schema.document import encode_metadata, make_metadata, written_document
+from ..schema.document import encode_metadata, make_metadata, require_whole, written_document
 from .entry import Artifact, as_bytes
 from .layout import TMP_DIR, open_subdir
 from .locks.budget import WaitBudget

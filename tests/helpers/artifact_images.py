@@ -1,5 +1,5 @@
 """Well-formed artifacts for tests and benchmarks that store machine code or PTX without
-compiling: kernelcache stores and serves only whole entries (:mod:`kernelcache.schema.contract`:
+compiling: kernelcache stores and serves only whole entries (:mod:`kernelcache.schema.document`:
 an artifact whole for its extension, :mod:`kernelcache.formats`, with the launch metadata its
 extension requires); and :func:`plant`, which writes an entry as a hostile or older writer
 would, bypassing those checks."""
