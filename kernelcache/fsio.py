@@ -1,19 +1,22 @@
-"""Opening files that others may have planted, safely.
+"""Reading what others may have planted, safely: files and the JSON in them.
 
 Files under a shared root are opened with :data:`READ_FLAGS`: no symlink is followed and a
 planted FIFO cannot block the open. Files named on a command line are opened with
-:func:`open_regular`, which refuses anything but a regular file.
+:func:`open_regular`, which refuses anything but a regular file. JSON from outside the process
+(files in a shared root, bundles, manifests, remote values) is parsed with :func:`load_json`,
+whose every failure is a ValueError: hostile input is unreadable data, never a crash.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import stat
-from typing import IO
+from typing import IO, Any
 
-from .errors import NotRegularFile
+from .errors import NotRegularFile, UnreadableFile
 
 #: how housekeeping reads open files: no symlinks, and a planted FIFO cannot block the open
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -62,3 +65,15 @@ def read_exact(fd: int, size: int) -> bytes | None:
         chunks.append(chunk)
         remaining -= len(chunk)
     return b"".join(chunks)
+
+
+def load_json(raw: bytes | str) -> Any:
+    """``json.loads`` whose every failure is a ValueError.
+
+    Deeply nested input makes ``json.loads`` raise RecursionError; planted in a cache root it
+    must read as unreadable data, never crash the reader.
+    """
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise UnreadableFile("JSON nested too deeply") from None

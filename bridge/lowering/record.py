@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernelcache.jsonio import load_json
+from kernelcache.fsio import load_json
 from kernelcache.process import warn_once
 
 if TYPE_CHECKING:

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelcache.errors import NotRegularFile
-from kernelcache.fsio import open_regular
-from kernelcache.jsonio import load_json
+from kernelcache.fsio import load_json, open_regular
 
 from ..call.placeholders import ArgArray
 from ..errors import KernelArgumentError, ManifestError

@@ -18,8 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import IO
 
 from ..errors import BundleError, NotRegularFile, WrongExt
-from ..fsio import open_regular
-from ..jsonio import load_json
+from ..fsio import load_json, open_regular
 from ..schema.document import check_signature
 from ..store.entry import Artifact
 from ..store.root import Store

@@ -19,7 +19,7 @@ from typing import IO, Any, NamedTuple
 
 from .._version import __version__
 from ..errors import BundleError
-from ..jsonio import load_json
+from ..fsio import load_json
 from ..keys import META_EXT, split_entry_name
 from ..problem import Problem
 from ..schema.document import FORMAT_VERSION, check_written

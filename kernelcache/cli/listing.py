@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..jsonio import load_json
+from ..fsio import load_json
 from ..keys import KEY_PATTERN, META_EXT
 from ..schema.document import displayable
 from ..schema.fields import FIELDS

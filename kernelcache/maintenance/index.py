@@ -35,7 +35,7 @@ from typing import Any
 
 import xxhash
 
-from ..jsonio import load_json
+from ..fsio import load_json
 from ..keys import META_EXT, all_keys, valid_ext
 from ..schema.document import MAX_META_BYTES
 from ..store.layout import STATS_DIR, known_directories, replace_file

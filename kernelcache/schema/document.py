@@ -58,7 +58,7 @@ import xxhash
 from .._version import __version__
 from ..errors import IncompleteEntry, InvalidMetadata
 from ..formats import problem
-from ..jsonio import load_json
+from ..fsio import load_json
 from ..keys import EXT_PATTERN, META_EXT
 from ..problem import Problem
 from .fields import (

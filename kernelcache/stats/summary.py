@@ -22,8 +22,7 @@ from ..errors import (
     LockUnavailable,
     UnreadableFile,
 )
-from ..fsio import changed_at
-from ..jsonio import load_json
+from ..fsio import changed_at, load_json
 from ..process import HOST, pid_alive
 from ..store.layout import STATS_DIR, open_subdir, replace_file
 from ..store.locks.locker import Locker

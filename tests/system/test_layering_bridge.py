@@ -301,7 +301,6 @@ BORDER = frozenset(
         "kernelcache.errors",
         "kernelcache.formats",
         "kernelcache.fsio",
-        "kernelcache.jsonio",
         "kernelcache.keys",
         "kernelcache.maintenance",
         "kernelcache.process",

@@ -35,7 +35,6 @@ FOUNDATION = {
     "errors",
     "formats",
     "fsio",
-    "jsonio",
     "keys",
     "problem",
     "process",

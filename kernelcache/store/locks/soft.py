@@ -20,8 +20,10 @@ import time
 import uuid
 from collections.abc import Callable
 
-from ...fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
-from ...jsonio import load_json
+from ...fsio import (
+    READ_FLAGS,  # a FIFO planted as a lock file must not hang the open
+    load_json,
+)
 from ...process import HOST, pid_alive
 from ..layout import create_exclusive
 
