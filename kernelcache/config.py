@@ -1,37 +1,39 @@
-"""The one place that reads kernelcache's environment variables.
+"""The one place that reads kernelcache's environment variables: how a variable is declared
+and parsed, kernelcache's own, those of packages built on it, and the environment held
+against them.
 
-Each variable is declared once, as a :class:`Variable` (name, parser, default, meaning; the
-machinery, re-exported here, is :mod:`kernelcache.declarations`): kernelcache's own in
-:data:`VARIABLES`, those of packages built on it through
-:func:`register_variables`. Tools (``doctor``, the documentation's table) list :func:`variables`.
-:func:`settings` parses kernelcache's own; it re-parses only when one of their values in the
-environment changed, so tests and launchers can change variables between calls. Nothing else
-reads ``os.environ`` for kernelcache's configuration.
+Each variable is declared once, as a :class:`Variable` (name, parser, default, meaning, and
+what a job does when its value cannot be used), a field of a settings dataclass made with
+:func:`setting`: kernelcache's own in :class:`Settings` (:data:`VARIABLES`), those of packages
+built on it through :func:`register_variables`. Tools (``doctor``, the documentation's table)
+list :func:`variables`. :func:`settings` parses kernelcache's own, again only when one of their
+values in the environment changed (:func:`parser`), so tests and launchers can change variables
+between calls. A command fails on a variable that cannot be used (:func:`settings`); a job
+never does (:func:`job_settings`): that variable alone is left out, said once. What is set is
+held against the declarations: every variable parsed (:func:`check_variables`, what every
+command does first), those in effect (for diagnostics), and the ``KERNELCACHE_*`` names no
+package declares (a misspelled variable, said once in a job: :func:`warn_unknown_in_a_job`).
+The signing key's own checks: :mod:`kernelcache.signing_key`.
 
-An unset or empty variable means its default, except a secret's (the signing key, its file):
-set but blank, it is an error naming it, never signing turned off without a word. A command
-fails on a variable that cannot be used (:func:`settings`); a job never does
-(:func:`job_settings`): that variable alone is left out, said once.
-
-What is set, held against these declarations (every variable parsed, those in effect, the
-names no package declares): :mod:`kernelcache.variable_checks`. The signing key's own checks:
-:mod:`kernelcache.signing_key`.
+Invariants: nothing else reads ``os.environ`` for kernelcache's configuration, and nothing
+here changes it. An unset or empty variable means its default, except a secret's (the signing
+key, its file): set but blank, it is an error naming it, never signing turned off without a
+word. A secret's value is never shown (``***``).
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 from . import units
-from .declarations import Variable as Variable
-from .declarations import parse_variable as parse_variable
-from .declarations import parser as parser
-from .declarations import setting as setting
-from .declarations import variables_of as variables_of
 from .errors import ConfigError, DeclarationError, InvalidValue, UnknownVariable
+from .process import warn_once
 from .signing_key import check_signing_key, read_key_file
 
 #: the prefix of every variable kernelcache and the packages built on it declare
@@ -41,6 +43,136 @@ PREFIX = "KERNELCACHE_"
 COMMANDS_GROUP = "kernelcache.commands"
 
 
+# -- declaring and parsing a variable ------------------------------------------------------
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: how it is parsed, its default, and what it means."""
+
+    name: str
+    field: str  #: the attribute of :class:`Settings` it sets
+    parse: Callable[[str], Any]  #: raises ValueError (or ConfigError) for a bad value
+    default: Any
+    shown_default: str  #: the default as the documentation shows it
+    meaning: str
+    secret: bool = False  #: never shown in messages or diagnostics
+    #: set but blank is an error (fail closed), not the default: what turns a protection on
+    required_if_set: bool = False
+    #: in a job, a value that cannot be used costs only this variable: its field takes its
+    #: default, and these (field, value) pairs are set besides (e.g. the cache off, for a root
+    #: that cannot be used); ``instead`` says what the job does until it is fixed
+    in_a_job: tuple[tuple[str, Any], ...] = ()
+    instead: str = ""
+
+
+def setting(
+    name: str,
+    parse: Callable[[str], Any],
+    default: Any,
+    shown_default: str,
+    meaning: str,
+    *,
+    secret: bool = False,
+    required_if_set: bool = False,
+    in_a_job: tuple[tuple[str, Any], ...] = (),
+    instead: str = "",
+) -> Any:
+    """A field of :class:`Settings` declared with its variable: the one place a setting's name,
+    parser, default and meaning are written (and, with ``in_a_job`` and ``instead``, what a
+    job does when its value cannot be used, when that is more than its default: see
+    :class:`Variable`)."""
+    var = Variable(
+        name, "", parse, default, shown_default, meaning, secret, required_if_set, in_a_job, instead
+    )
+    return field(default=default, repr=not secret, metadata={"variable": var})
+
+
+def variables_of(declared: type) -> tuple[Variable, ...]:
+    """The variables of a dataclass whose fields are declared with :func:`setting`, in its
+    order (a package built on kernelcache declares its settings so too)."""
+    return tuple(replace(f.metadata["variable"], field=f.name) for f in fields(declared))
+
+
+def parse_variable(var: Variable, environ: Mapping[str, str] | None = None) -> Any:
+    """The value of one variable in ``environ`` (default: ``os.environ``), or its default.
+
+    Raises:
+        ConfigError: the variable is set to a value that cannot be used (or, for a variable
+            :attr:`Variable.required_if_set`, set but blank); the message names it, the value,
+            what is wrong and what is accepted.
+    """
+    raw = (os.environ if environ is None else environ).get(var.name)
+    if raw is None:
+        return var.default
+    if not raw.strip():
+        if var.required_if_set:
+            raise ConfigError(
+                f"{var.name} is set but blank: give it a value or unset it (a blank value "
+                "would turn off what it protects)"
+            )
+        return var.default
+    try:
+        return var.parse(raw)
+    except (ValueError, ConfigError) as e:
+        shown = "***" if var.secret else repr(raw)
+        raise ConfigError(f"{var.name}={shown}: {e}") from None
+
+
+T = TypeVar("T")
+
+
+def parser(
+    declared: Sequence[Variable], make: Callable[..., T], *, in_a_job: bool = False
+) -> Callable[..., T]:
+    """A function that parses the ``declared`` variables from an environment (default:
+    ``os.environ``) into ``make(**{field: value})``, again only when one of their values (or
+    HOME, for ``~`` in paths) changed since its last call. A variable that cannot be used
+    raises ConfigError naming it.
+
+    ``in_a_job``: for code that runs in a user's job, which a setting must never fail. A
+    variable that cannot be used costs only itself: it is said once (its name, its value, what
+    is accepted and what the job does instead), its field takes its default and its
+    :attr:`Variable.in_a_job` fields are set; every other variable is used as given."""
+    names = (*(var.name for var in declared), "HOME")
+    last: list[tuple[tuple[str | None, ...], T]] = []
+
+    def parse(environ: Mapping[str, str] | None = None) -> T:
+        env = os.environ if environ is None else environ
+        raw = tuple(map(env.get, names))
+        if last and last[0][0] == raw:
+            return last[0][1]
+        values = {n: v for n, v in zip(names, raw, strict=True) if v is not None}  # read once
+        parsed: dict[str, Any] = {}
+        instead: dict[str, Any] = {}
+        for var in declared:
+            try:
+                parsed[var.field] = parse_variable(var, values)
+            except ConfigError as e:
+                if not in_a_job:
+                    raise
+                parsed[var.field] = var.default
+                instead.update(var.in_a_job)
+                _say_unusable(var, e)
+        made = make(**{**parsed, **instead})
+        last[:] = [(raw, made)]
+        return made
+
+    return parse
+
+
+def _say_unusable(var: Variable, error: ConfigError) -> None:
+    """Warn once that ``var`` cannot be used in this job, and what the job does instead."""
+    instead = var.instead or f"its default ({var.shown_default}) is used"
+    warn_once(
+        logging.getLogger("kernelcache"),
+        ("settings", str(error)),
+        "kernelcache: %s; %s until it is fixed (the other settings apply; `kernelcache doctor` "
+        "checks every variable)",
+        error,
+        instead,
+    )
+
+
+# -- kernelcache's variables ----------------------------------------------------------------
 def path(raw: str) -> Path:
     """A path (``~`` expanded)."""
     try:
@@ -289,3 +421,69 @@ def job_settings(environ: Mapping[str, str] | None = None) -> Settings:
     be read, the cache off; for a trust policy, the strictest; for a signing key, the remote
     tier off)."""
     return _job_parse(environ)
+
+
+# -- the environment held against the declared variables ------------------------------------
+def check_variables(environ: Mapping[str, str] | None = None) -> None:
+    """Parse every declared variable (kernelcache's and the registered ones).
+
+    Raises:
+        ConfigError: the first one set to a value that cannot be used (the message names it).
+    """
+    env = os.environ if environ is None else environ
+    for var in variables():
+        parse_variable(var, env)
+
+
+def environment_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The declared variables that are set, for diagnostics (values as given; secrets as
+    ``***``)."""
+    env = os.environ if environ is None else environ
+    return {
+        var.name: "***" if var.secret else env[var.name] for var in variables() if var.name in env
+    }
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """The ``KERNELCACHE_*`` names set in ``environ`` (default: ``os.environ``) that no package
+    declares, each with the declared name nearest to it (None when none is near), sorted."""
+    env = os.environ if environ is None else environ
+    known = {var.name[len(PREFIX) :]: var.name for var in variables()}
+    found = []
+    for name in sorted(n for n in env if n.startswith(PREFIX) and n not in known.values()):
+        near = difflib.get_close_matches(name[len(PREFIX) :], list(known), n=1, cutoff=0.6)
+        found.append((name, known[near[0]] if near else None))
+    return found
+
+
+def unknown_message(name: str, near: str | None) -> str:
+    """What is said of ``name``, a ``KERNELCACHE_*`` variable nothing declares (``near``: the
+    declared name nearest to it)."""
+    hint = f" (did you mean {near}?)" if near else ""
+    return f"kernelcache: {name} is not a kernelcache variable: ignored{hint}"
+
+
+_plugins_loaded: list[bool] = []
+
+
+def warn_unknown_in_a_job(environ: Mapping[str, str] | None = None) -> None:
+    """Say once, in a job, each ``KERNELCACHE_*`` name set that no package declares.
+
+    A package declares its variables when it is imported; so that a job that has not imported
+    one does not take its variables for misspellings, the modules of the command plugins
+    (entry-point group :data:`~kernelcache.config.COMMANDS_GROUP`, imported as the command
+    imports them) are imported first, once, and only when some name is unknown."""
+    if not unknown_variables(environ):
+        return
+    if not _plugins_loaded:
+        _plugins_loaded.append(True)
+        from importlib import import_module
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=COMMANDS_GROUP):
+            try:
+                import_module(ep.module)
+            except ImportError:  # an optional package missing: its variables stay unknown
+                continue
+    for name, near in unknown_variables(environ):
+        warn_once(logging.getLogger("kernelcache"), ("unknown", name), unknown_message(name, near))

@@ -15,14 +15,13 @@ import os
 from collections.abc import Sequence
 
 from .. import stats, units
-from ..config import Settings, job_settings
+from ..config import Settings, job_settings, warn_unknown_in_a_job
 from ..errors import ConfigError, InvalidValue
 from ..maintenance.capacity import SizeCap
 from ..process import warn_once
 from ..remote import RemoteTier, open_remote
 from ..store.layout import resolve_root
 from ..store.root import Store
-from ..variable_checks import warn_unknown_in_a_job
 
 logger = logging.getLogger(__name__)
 

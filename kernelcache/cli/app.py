@@ -20,10 +20,9 @@ from types import ModuleType
 from typing import NoReturn
 
 from .._version import __version__
-from ..config import COMMANDS_GROUP
+from ..config import COMMANDS_GROUP, check_variables
 from ..errors import CommandFailed, ConfigError, UsageError
 from ..stats.counters import quiet as quiet_statistics
-from ..variable_checks import check_variables
 from . import bundles, diagnosis, habits, listing, maintenance, statistics, verification
 from .common import Context, Subparsers, common_options
 from .output import (
@@ -160,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _warn_unknown_variables() -> None:
     """Say, on stderr, each ``KERNELCACHE_*`` variable set that nothing declares (a misspelt
     one would silently leave its setting at the default)."""
-    from ..variable_checks import unknown_message, unknown_variables
+    from ..config import unknown_message, unknown_variables
 
     for name, near in unknown_variables():
         logging.getLogger("kernelcache").warning("%s", unknown_message(name, near))

@@ -20,6 +20,7 @@ from ..config import (
     VARIABLES,
     ConfigError,
     parse_variable,
+    unknown_variables,
     variable,
     variables,
 )
@@ -28,7 +29,6 @@ from ..process import HOST, pid_alive
 from ..signing_key import check_signing_key, read_key_file
 from ..store.layout import create_exclusive, shared_directories
 from ..store.removal import remove_own_file
-from ..variable_checks import unknown_variables
 from .report import Check
 
 #: packages whose installed versions are reported (never imported)

@@ -16,10 +16,10 @@ import sys
 from typing import Any
 
 from .._version import __version__
+from ..config import environment_in_effect
 from ..stats.summary import lock_waits
 from ..store.layout import LOCK_DIR, UNREADABLE_HINT, readable
 from ..store.locks.locker import Locker
-from ..variable_checks import environment_in_effect
 from .checks import (
     LOW_FREE_BYTES,
     LOW_FREE_FRACTION,

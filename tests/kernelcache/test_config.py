@@ -11,10 +11,10 @@ from kernelcache.config import (
     VARIABLES,
     ConfigError,
     Settings,
+    environment_in_effect,
     parse_variable,
     settings,
 )
-from kernelcache.variable_checks import environment_in_effect
 
 
 def test_defaults():

@@ -31,7 +31,6 @@ LAYERS = {
 FOUNDATION = {
     "_version",
     "config",
-    "declarations",
     "errors",
     "formats",
     "fsio",
@@ -43,7 +42,6 @@ FOUNDATION = {
     "table",
     "toolchains",
     "units",
-    "variable_checks",
 }
 
 

@@ -19,11 +19,10 @@ from cli_support import files_under, kc, kc_json, put
 from support import IS_ROOT, key_of, run_py
 
 import kernelcache
-from kernelcache.config import settings
+from kernelcache.config import environment_in_effect, settings
 from kernelcache.errors import ConfigError
 from kernelcache.schema import encode_metadata
 from kernelcache.store import Store
-from kernelcache.variable_checks import environment_in_effect
 
 KEY_1 = "first-key-" + "0123456789abcdef" * 2
 KEY_2 = "second-key-" + "fedcba9876543210" * 2
