@@ -458,7 +458,7 @@ def bench_whole(reads: int, seed: int = 0) -> dict:
 
                 def read(i: int, first: bool, check: bool, cache=cache, keys=keys, ext=ext) -> None:
                     if first:
-                        cache.store.state.memo.clear()  # the metadata is read from disk again
+                        cache.store.memo.clear()  # the metadata is read from disk again
                     art = cache.get(keys[i], ext)
                     assert art is not None
                     if check:

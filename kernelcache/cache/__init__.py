@@ -1,41 +1,69 @@
 """The cache: ordered layers over the storage format, and the policy of what to do on failure.
 
-Reads go to the writable root, then each read-only root in order, then the remote tier (if
-any); a remote hit is verified and published into the writable root. Writes go to the writable
-root (and the remote tier); the first writer of a key wins, except where ``replace`` (or
-``rebuild``, single flight) puts an entry in place of the writable root's (never of the remote
-tier's value). ``get_or_create`` runs at most one ``build`` per key at a time across every
-process sharing the writable root (single flight): the others wait for the builder's lock and
-then read its result. ``get_or_create_many`` does the same for many keys
-with work stealing: a process builds every missing key whose lock is free before it waits for
-the keys that other processes are building, and takes over those whose builder died. With a
-remote tier the same holds across machines: a key whose job-wide lock another machine holds is
-set aside while the process builds the others, and asked again with back-off.
+:class:`Cache` opens its layers once, from its arguments and the settings: one writable root,
+read-only roots searched after it (e.g. baked into a container image) and the remote tiers.
+Reads go to the writable root, then each read-only root in order, then the remote tier; a
+remote hit is verified and published into the writable root. Writes (:mod:`.writes`) go to the
+writable root and the remote tier; the first writer of a key wins, except where ``replace``
+(or ``rebuild``) puts an entry in place of the writable root's (never of the remote tier's
+value). Builds (:mod:`.builds`) run at most one ``build`` per key at a time across every
+process sharing the writable root (single flight), and across machines with a remote tier.
 
-Failures of the cache never fail the caller's job: ``get`` turns them into misses and
-``get_or_create`` into an artifact built in memory, with one warning per kind of failure. An
-entry the writable root cannot take (a full disk) still goes to the remote tier.
-
-Every call waits at most the lock timeout in all, over all its keys and all its waits (locks,
-readers of a corrupt entry, the remote tier's lock): one :class:`~kernelcache.store.locks.WaitBudget`
-per call, which stands still while the call builds. A call whose budget is spent tries each
-lock once and never waits again.
+Invariants: failures of the cache never fail the caller's job: ``get`` turns them into misses
+(a corrupt entry is quarantined and counted, never raised) and ``get_or_create`` into an
+artifact built in memory, with one warning per kind of failure; an entry the writable root
+cannot take (a full disk) still goes to the remote tier. Every call waits at most the lock
+timeout in all, over all its keys and waits (locks, readers of a corrupt entry, the remote
+tier's lock): one :class:`~kernelcache.store.root.WaitBudget` per call, which stands still
+while the call builds; once spent, each lock is tried once and never waited for. Opening the
+layers is where a job first reads its settings: a variable that cannot be used, a
+``KERNELCACHE_*`` name nothing declares, a read-only root that cannot serve anything, or a
+remote tier that cannot be used as configured (its URL, its signing key: the tier is off) is
+said there, once per process. The hot path checks each (key, ext) pair once per cache and
+adds no work to a verified hit.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from .. import stats, units
+from ..config import Settings, job_settings, warn_unknown_in_a_job
+from ..errors import CacheError, ConfigError, InvalidValue, WrongExt
 from ..keys import check_ext, check_key
 from ..maintenance.capacity import SizeCap
-from ..remote.tier import RemoteTier
+from ..problem import Problem
+from ..process import warn_once
+from ..remote import RemoteTier, check_entry, open_remote
 from ..store.entry import Artifact
+from ..store.layout import resolve_root
+from ..store.locks.locker import WaitBudget
 from ..store.root import Store
-from . import builds, reads, writes
+from . import builds, writes
 from .builds import BuildFn, BuildItem
-from .layers import Layers, readonly_problem
+
+logger = logging.getLogger(__name__)
+
+#: how many validated (key, ext) pairs a cache remembers
+_VALID_MEMO = 1 << 16
+
+
+def readonly_problem(root: str | os.PathLike[str]) -> str | None:
+    """Why the read-only root ``root`` cannot serve anything as given, with the remedy; None
+    when it is an absolute path to a directory."""
+    path = os.fspath(root)
+    if not os.path.isabs(path):
+        return (
+            f"{path!r} is a relative path, read from the current directory "
+            f"({os.getcwd()}): give an absolute path"
+        )
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.lexists(path) else "does not exist"
+        return f"{path} {what}: nothing is read from it (fix the path, or remove it)"
+    return None
 
 
 class Cache:
@@ -67,40 +95,102 @@ class Cache:
         lock_mode: str | None = None,
         max_size: int | str | None = None,
     ) -> None:
-        #: the layers and settings every method works on (reads, writes and builds are
-        #: functions of them: :mod:`.reads`, :mod:`.writes`, :mod:`.builds`)
-        self._layers = Layers(
-            root,
-            readonly_roots,
-            remote,
-            lock_timeout=lock_timeout,
-            lock_mode=lock_mode,
-            max_size=max_size,
-        )
-        layers = self._layers
-        #: the writable root (absolute)
-        self.root: str = layers.root
+        cfg = job_settings()  # a variable that cannot be used costs only itself, said once
+        warn_unknown_in_a_job()  # (a misspelt one too)
+        #: seconds a call waits in all for locks
+        self.lock_timeout: float = cfg.lock_timeout if lock_timeout is None else float(lock_timeout)
+        mode = cfg.lock_mode if lock_mode is None else lock_mode
         #: the writable root's store
-        self.store: Store = layers.store
+        self.store: Store = Store.from_settings(
+            resolve_root(root, cfg),
+            cfg,
+            lock_mode=mode,
+            lock_timeout=self.lock_timeout,
+            resolved=True,
+        )
+        #: the writable root (absolute)
+        self.root: str = self.store.root
+        ro = cfg.readonly_roots if readonly_roots is None else readonly_roots
+        named = "KERNELCACHE_READONLY_DIRS" if readonly_roots is None else "readonly_roots"
+        for r in ro:
+            problem = readonly_problem(r)
+            if problem is not None:
+                warn_once(logger, ("readonly", os.fspath(r)), "kernelcache: %s: %s", named, problem)
         #: the read-only roots' stores, in search order
-        self.readonly: list[Store] = layers.readonly
+        self.readonly: list[Store] = [Store.from_settings(r, cfg, readonly=True) for r in ro]
+        from_env = remote is None
+        if remote is None:
+            remote = cfg.remote or ""
         #: the remote tier (None: none)
-        self.remote: RemoteTier | None = layers.remote
+        self.remote: RemoteTier | None
+        if isinstance(remote, (str, list, tuple)):  # before the protocol's check, which is slow
+            self.remote = self._open_remote(remote, cfg, from_env)
+        elif isinstance(remote, RemoteTier):
+            self.remote = remote
+        else:
+            self.remote = self._open_remote(remote, cfg, from_env)
         #: whether the cache is off (``$KERNELCACHE_DISABLE``, or a variable that cannot be
         #: used): reads miss, builds run in memory
-        self.disabled: bool = layers.disabled
+        self.disabled: bool = cfg.disable
+        #: (key, ext) pairs :meth:`get` has validated (its hot path checks each pair once)
+        self.valid: set[tuple[str, str]] = set()
+        if cfg.stats_log and not self.disabled:
+            stats.enable_log(self.root)
+        cap = cfg.max_size if max_size is None else max_size
+        if isinstance(cap, str):
+            cap = units.parse_size(cap)
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise InvalidValue(f"max_size must be a size such as '50G' or bytes >= 0, not {cap!r}")
         #: the size cap of the writable root (None: none)
-        self.capacity: SizeCap | None = layers.capacity
-        #: seconds a call waits in all for locks
-        self.lock_timeout: float = layers.lock_timeout
+        self.capacity: SizeCap | None = (
+            SizeCap(self.store, cap) if cap and not self.disabled else None
+        )
+
+    def _open_remote(
+        self, remote: str | Sequence[str | RemoteTier], cfg: Settings, from_env: bool = False
+    ) -> RemoteTier | None:
+        """The remote tier of ``remote``; None (off, warned once) when the signing key that
+        must authenticate its values cannot be used (never unsigned values instead), or when
+        ``$KERNELCACHE_REMOTE`` (``from_env``) holds a URL its tier cannot use: never a failed
+        job for a setting of the tier. A URL given as an argument that cannot be used is an
+        error (ConfigError)."""
+        if not remote:
+            return None
+        try:
+            key = cfg.signing_secret()
+        except ConfigError as e:
+            warn_once(
+                logger,
+                ("signing-key", str(e)),
+                "kernelcache: %s; the remote tier is off until the key is fixed (local layers "
+                "still work; `kernelcache doctor` checks it)",
+                e,
+            )
+            return None
+        try:
+            return open_remote(
+                remote, stats_root=self.root, signing_key=key, overwrite=cfg.remote_overwrite
+            )
+        except ConfigError as e:
+            if not from_env:
+                raise
+            warn_once(
+                logger,
+                ("remote-url", str(e)),
+                "kernelcache: KERNELCACHE_REMOTE: %s; the remote tier is off until it is fixed "
+                "(local layers still work; `kernelcache doctor` checks it)",
+                e,
+            )
+            return None
 
     def __repr__(self) -> str:
-        return repr(self._layers)
+        ro = [s.root for s in self.readonly]
+        return f"Cache(root={self.root!r}, readonly_roots={ro!r}, remote={self.remote!r})"
 
     @property
     def layers(self) -> list[Store]:
         """The local roots in search order: the writable root, then the read-only ones."""
-        return self._layers.layers
+        return [self.store, *self.readonly]
 
     # -- reads ----------------------------------------------------------------------------
     def get(self, key: str, ext: str, *, counted: bool | str = True) -> Artifact | None:
@@ -116,18 +206,127 @@ class Cache:
             ValueError: ``key``, ``ext`` or ``counted`` is malformed (checked before any file
                 is touched).
         """
-        return reads.get(self._layers, key, ext, counted=counted)
+        if (key, ext) not in self.valid:
+            check_key(key)
+            check_ext(ext)
+            if len(self.valid) >= _VALID_MEMO:
+                self.valid.clear()
+            self.valid.add((key, ext))
+        names = stats.lookup_counters(counted)
+        art = self.lookup(key, ext, WaitBudget(self.lock_timeout), names)
+        if not isinstance(art, Artifact):
+            art = None
+            if names is not None:
+                stats.count(self.root, **{names[1]: 1})
+        return art
 
     def quarantine(self, art: Artifact, reason: str) -> bool:
         """Report ``art`` (what a read returned) unusable for ``reason``: a corrupt entry,
         counted, and quarantined where it lies in the writable root and still holds the same
-        artifact (re-checked under its lock: :meth:`Store.repair`). A caller that checks more
-        than a read does (e.g. which machine a kernel's code is for) calls it, then builds the
-        entry again. Returns whether the entry is gone (not for an entry of a read-only root,
-        one replaced meanwhile, or one whose readers held it for the lock timeout)."""
-        return reads.quarantine(self._layers, art, reason)
+        artifact (re-checked under its lock: :func:`~kernelcache.store.removal.repair`). A
+        caller that checks more than a read does (e.g. which machine a kernel's code is for)
+        calls it, then builds the entry again. Returns whether the entry is gone (not for an
+        entry of a read-only root, one replaced meanwhile, or one whose readers held it for
+        the lock timeout)."""
+        from ..store.removal import repair
 
-    # -- writes ---------------------------------------------------------------------------
+        stats.count(self.root, corrupt=1)
+        digest = art.meta.get("digest")
+        if self.disabled or art.path is None or os.path.dirname(art.path) != self.root:
+            return False
+
+        def same(now: Artifact) -> str | None:
+            return reason if now.meta.get("digest") == digest else None
+
+        found = repair(self.store, art.key, art.ext, refuse=same)
+        return isinstance(found, Problem) and not os.path.lexists(self.store.meta_path(art.key))
+
+    def lookup(
+        self,
+        key: str,
+        ext: str,
+        budget: WaitBudget,
+        names: tuple[str, str] | None = ("hits", "misses"),
+        *,
+        remote: bool = True,
+    ) -> Artifact | WrongExt | None:
+        """Search every layer (the remote tier too, unless ``remote`` is false) for ``key``
+        and ``ext`` (validated), waiting at most what is left of ``budget``; count hits (in
+        the counters ``names``: :func:`kernelcache.stats.lookup_counters`; None: not counted),
+        corruption and errors, but not misses. WrongExt (returned, not raised) when the
+        writable root holds the key with another extension."""
+        if self.disabled:
+            return None
+        for store in (self.store, *self.readonly):
+            try:
+                result = store.get(key, ext, wait=budget, checked=True)
+            except OSError as e:
+                stats.count(self.root, errors=1)
+                warn_once(
+                    logger, (store.root, "read"), "kernelcache: cannot read %s: %s", store.root, e
+                )
+                continue
+            if isinstance(result, Artifact):
+                if names is not None:
+                    stats.count_hit(self.root, names[0], len(result.data))
+                return result
+            if isinstance(result, Problem):
+                if result.corrupt:
+                    stats.count(self.root, corrupt=1)
+                elif result.untrusted:
+                    stats.count(self.root, untrusted=1)
+                elif store is self.store and result.ext not in (None, ext):
+                    return WrongExt(f"key {key} already holds a .{result.ext} artifact")
+        if self.remote is not None and remote:
+            return self.remote_lookup(key, ext, budget, names)
+        return None
+
+    def remote_lookup(
+        self,
+        key: str,
+        ext: str,
+        budget: WaitBudget,
+        names: tuple[str, str] | None = ("hits", "misses"),
+    ) -> Artifact | None:
+        """Read ``key`` from the remote tier, check it like a local entry (schema, entry
+        digest, artifact digest) and publish it locally. Never raises: whatever the tier
+        returns or raises is a hit or a miss."""
+        assert self.remote is not None
+        try:
+            found = self.remote.get(key, ext)
+        except Exception as e:  # a tier must not raise; if one does, it is a miss
+            stats.count(self.root, remote_errors=1)
+            warn_once(
+                logger, (self.root, "remote-raised"), "kernelcache: the remote tier failed: %r", e
+            )
+            return None
+        if found is None:
+            stats.count(self.root, remote_misses=1)
+            return None
+        checked = check_entry(found, key, ext)
+        if isinstance(checked, str):
+            stats.count(self.root, remote_errors=1, corrupt=1)
+            warn_once(
+                logger,
+                (self.root, "remote-corrupt"),
+                "kernelcache: rejected a corrupt remote entry (%s): %s",
+                key,
+                checked,
+            )
+            return None
+        data, meta = checked
+        hit = {names[0]: 1, "bytes_read": len(data)} if names is not None else {}
+        stats.count(self.root, remote_hits=1, **hit)
+        try:  # the document as its writer wrote it: what it covers is never widened here
+            art = writes.publish(self, key, ext, data, meta, budget.remaining(), as_written=True)
+        except (CacheError, WrongExt, ValueError) as e:  # ValueError: larger once re-encoded
+            warn_once(
+                logger, (self.root, "write"), "kernelcache: cannot store under %s: %s", self.root, e
+            )
+            return Artifact(key, ext, data, None, meta, "remote")
+        return Artifact(art.key, art.ext, art.data, art.path, art.meta, "remote")
+
+    # -- writes (:mod:`.writes`) -----------------------------------------------------------
     def put(
         self,
         key: str,
@@ -153,7 +352,7 @@ class Cache:
         """
         check_key(key)
         check_ext(ext)
-        return writes.put(self._layers, key, ext, data, meta, wait)
+        return writes.put(self, key, ext, data, meta, wait)
 
     def replace(
         self,
@@ -164,32 +363,23 @@ class Cache:
         *,
         wait: float | None = None,
     ) -> Artifact:
-        """Store an artifact in place of the entry the writable root holds under ``key``, if
-        any (:meth:`put` keeps the first writer's). Atomic as a put: a reader gets the earlier
-        entry or this one, never a mix. An entry of ``key`` in a read-only root stays, unread
-        (the writable root is searched first).
-
-        The remote tier never replaces a value (its first writer wins): the entry is sent to it
-        as by :meth:`put`, and where the tier holds another value for ``key``, or did not take
-        this one, one warning says so; machines that read ``key`` from the tier still get
-        its value there.
+        """:meth:`put` in place of the entry the writable root holds under ``key``, if any
+        (``put`` keeps the first writer's): a reader gets the earlier entry or this one, never
+        a mix. An entry of ``key`` in a read-only root stays, unread. The remote tier never
+        replaces a value (its first writer wins): where it holds another value for ``key``, or
+        did not take this one, one warning says so.
 
         Raises:
             as :meth:`put`.
         """
         check_key(key)
         check_ext(ext)
-        return writes.put(self._layers, key, ext, data, meta, wait, replace=True)
+        return writes.put(self, key, ext, data, meta, wait, replace=True)
 
-    # -- builds ---------------------------------------------------------------------------
+    # -- builds (:mod:`.builds`) -----------------------------------------------------------
     def get_or_create(self, key: str, ext: str, build: BuildFn) -> Artifact:
-        """Return the cached artifact, or run ``build()`` once across processes and store it.
-
-        ``build()`` returns ``(data, meta)``. Concurrent callers for the same missing key, in
-        any process sharing the writable root, wait for the one builder and read its result.
-        If the lock cannot be had within the lock timeout, or the entry cannot be stored, the
-        artifact is built and returned from memory (``path`` None) with one warning. The
-        one-key case of :meth:`get_or_create_many`.
+        """Return the cached artifact, or run ``build()`` (which returns ``(data, meta)``) once
+        across processes and store it: :meth:`get_or_create_each` of one key.
 
         Raises:
             ValueError: malformed key or ext.
@@ -200,15 +390,9 @@ class Cache:
         return self.get_or_create_many([BuildItem(key, ext, build)])[0]
 
     def get_or_create_many(self, items: Sequence[BuildItem]) -> list[Artifact]:
-        """The artifacts of ``items``, in order, building the missing ones with work stealing.
-
-        See :meth:`get_or_create_each` for what is guaranteed across processes.
-
-        Raises:
-            ValueError: a malformed key or ext (before any file is touched).
-            Exception: the first exception an item's ``build`` raised (its lock released;
-                items not reached yet are left to other processes or a later call).
-        """
+        """The artifacts of ``items``, in order: :meth:`get_or_create_each`, raising the first
+        exception an item's ``build`` raised (its lock released; items not reached yet are
+        left to other processes or a later call)."""
         results: list[Artifact | None] = [None] * len(items)
         for index, result in self.get_or_create_each(items):
             if isinstance(result, Exception):
@@ -232,15 +416,15 @@ class Cache:
         of a dead process, or one not refreshed for the stale timeout, is broken).
 
         Across processes sharing the writable root: at most one process builds a key at a
-        time (single flight, as :meth:`get_or_create`), so a key is built once in total unless
-        its builder dies or fails, or holds it past the lock timeout; a process never waits on
-        a key while it could build another one. With a remote tier, the builder of a key also
-        takes the tier's job-wide lock of that key, so one machine builds it; a key whose
-        remote lock another machine holds is set aside (its local lock released) and asked
-        again with back-off while this process builds the others, and read once built. The
-        waits for those locks share one budget per call, the lock timeout (not one per key);
-        a key still held elsewhere once it is spent is built without the remote lock, with one
-        warning naming the lock, its holder and the tier.
+        time (single flight), so a key is built once in total unless its builder dies or
+        fails, or holds it past the lock timeout; a process never waits on a key while it
+        could build another one. With a remote tier, the builder of a key also takes the
+        tier's job-wide lock of that key, so one machine builds it; a key whose remote lock
+        another machine holds is set aside (its local lock released) and asked again with
+        back-off while this process builds the others. The waits for those locks share one
+        budget per call, the lock timeout (not one per key); a key still held elsewhere once
+        it is spent is built without the remote lock, with one warning naming the lock, its
+        holder and the tier.
 
         Never fails on a cache failure: a key whose lock cannot be taken is built without it,
         and the keys still held by other processes once the call has waited the lock timeout
@@ -261,7 +445,14 @@ class Cache:
         Raises:
             ValueError: a malformed key or ext (at the call, before any file is touched).
         """
-        return builds.get_or_create_each(self._layers, items, wait=wait)
+        slots: dict[tuple[str, str], list[int]] = {}
+        makers: dict[tuple[str, str], BuildFn] = {}
+        for index, item in enumerate(items):
+            check_key(item.key)
+            check_ext(item.ext)
+            slots.setdefault((item.key, item.ext), []).append(index)
+            makers.setdefault((item.key, item.ext), item.build)
+        return builds.each(self, slots, makers, wait)
 
     def rebuild(self, key: str, ext: str, build: BuildFn, *, stale: Artifact) -> Artifact:
         """Build ``key`` again in place of ``stale``: what a read of ``key`` returned that the
@@ -278,7 +469,9 @@ class Cache:
             ValueError: malformed key or ext.
             Exception: whatever ``build`` raises.
         """
-        return builds.rebuild(self._layers, key, ext, build, stale=stale)
+        check_key(key)
+        check_ext(ext)
+        return builds.rebuild(self, key, ext, build, stale)
 
 
 __all__ = ["BuildItem", "Cache", "readonly_problem"]

@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .. import stats
 from ..errors import CacheError, LockTimeout, WrongExt
-from ..keys import check_ext, check_key
 from ..process import warn_once
 from ..remote.tier import POLL_FIRST as REMOTE_POLL_FIRST
 from ..remote.tier import Busy, Claim, next_poll, try_lock
 from ..store.entry import Artifact
-from ..store.locks.budget import WaitBudget
-from ..store.locks.locker import Held
-from . import reads, writes
+from ..store.locks.locker import Held, WaitBudget
+from . import writes
 from .layers import Layers
 
 logger = logging.getLogger(__name__)
@@ -55,72 +53,56 @@ class BuildItem:
     build: BuildFn
 
 
-def rebuild(layers: Layers, key: str, ext: str, build: BuildFn, *, stale: Artifact) -> Artifact:
-    """The work of :meth:`Cache.rebuild <kernelcache.cache.Cache.rebuild>`."""
-    check_key(key)
-    check_ext(ext)
-    budget = WaitBudget(layers.lock_timeout)
-    if layers.disabled:
-        return _build(layers, key, ext, build, None)
+def rebuild(cache: Layers, key: str, ext: str, build: BuildFn, stale: Artifact) -> Artifact:
+    """:meth:`Cache.rebuild <kernelcache.cache.Cache.rebuild>` of a validated key."""
+    budget = WaitBudget(cache.lock_timeout)
+    if cache.disabled:
+        return _build(cache, key, ext, build, None)
     held: Held | None = None
     try:
-        held = layers.store.locker.acquire(
-            key + ".build", shared=False, timeout=layers.lock_timeout
-        )
+        held = cache.store.locker.acquire(key + ".build", shared=False, timeout=cache.lock_timeout)
     except LockTimeout:
         warn_once(
             logger,
-            (layers.root, "build-lock"),
+            (cache.root, "build-lock"),
             "kernelcache: waited %.0fs for another builder under %s; building privately",
-            layers.lock_timeout,
-            layers.root,
+            cache.lock_timeout,
+            cache.root,
         )
     except CacheError as e:
-        warn_once(logger, (layers.root, "locks"), "kernelcache: building without a lock: %s", e)
+        warn_once(logger, (cache.root, "locks"), "kernelcache: building without a lock: %s", e)
     try:
-        now = reads.local_lookup(layers, key, ext)
+        now = _local_lookup(cache, key, ext)
         if now is not None and now.meta.get("digest") != stale.meta.get("digest"):
             return now
-        return _build(layers, key, ext, build, budget, replace=True)
+        return _build(cache, key, ext, build, budget, replace=True)
     finally:
         if held is not None:
             held.release()
 
 
-def get_or_create_each(
-    layers: Layers, items: Sequence[BuildItem], *, wait: bool = True
-) -> Iterator[tuple[int, Artifact | Exception | None]]:
-    """The work of :meth:`Cache.get_or_create_each <kernelcache.cache.Cache.get_or_create_each>`."""
-    slots: dict[tuple[str, str], list[int]] = {}
-    builds: dict[tuple[str, str], BuildFn] = {}
-    for index, item in enumerate(items):
-        check_key(item.key)
-        check_ext(item.ext)
-        slots.setdefault((item.key, item.ext), []).append(index)
-        builds.setdefault((item.key, item.ext), item.build)
-    return _each(layers, slots, builds, wait)
-
-
-def _each(
-    layers: Layers,
+def each(
+    cache: Layers,
     slots: dict[tuple[str, str], list[int]],
     builds: dict[tuple[str, str], BuildFn],
     wait: bool,
 ) -> Iterator[tuple[int, Artifact | Exception | None]]:
+    """:meth:`Cache.get_or_create_each <kernelcache.cache.Cache.get_or_create_each>` of the
+    validated keys of ``slots`` (each with the indices of its items), built by ``builds``."""
     # every wait of this call together; the caller's time between two results is not ours
-    budget = WaitBudget(layers.lock_timeout)
+    budget = WaitBudget(cache.lock_timeout)
     pending: list[tuple[str, str]] = []
     for entry in slots:
-        art = reads.lookup(layers, *entry, budget)
+        art = cache.lookup(*entry, budget)
         if art is None:
             pending.append(entry)
         else:
             with budget.paused():
                 yield from ((i, art) for i in slots[entry])
-    if layers.disabled:
+    if cache.disabled:
         for key, ext in pending:
-            stats.count(layers.root, misses=1)
-            built = _attempt(layers, key, ext, builds[(key, ext)], None, budget)
+            stats.count(cache.root, misses=1)
+            built = _attempt(cache, key, ext, builds[(key, ext)], None, budget)
             assert not isinstance(built, Busy)  # a disabled cache takes no locks
             with budget.paused():
                 yield from ((i, built) for i in slots[(key, ext)])
@@ -138,15 +120,15 @@ def _each(
                 left.append(entry)  # built on another machine: not yet time to ask again
                 continue
             result: Artifact | Exception | None = None
-            held = _claim(layers, key)
+            held = _claim(cache, key)
             if not isinstance(held, _Busy):
-                attempt = _attempt(layers, key, ext, builds[entry], held, budget)
+                attempt = _attempt(cache, key, ext, builds[entry], held, budget)
                 if not isinstance(attempt, Busy):
                     result = attempt
                 elif wait:
                     if entry not in waited:
                         waited.add(entry)
-                        stats.count(layers.root, lock_waits=1)
+                        stats.count(cache.root, lock_waits=1)
                     pause, after = next_poll(REMOTE_POLL_FIRST if due is None else due[1])
                     remote_waits[entry] = (time.monotonic() + pause, after)
                     left.append(entry)
@@ -154,10 +136,10 @@ def _each(
             elif wait:
                 if entry not in waited:
                     waited.add(entry)
-                    stats.count(layers.root, lock_waits=1)
-                result = reads.local_lookup(layers, key, ext)  # published, lock not yet released
+                    stats.count(cache.root, lock_waits=1)
+                result = _local_lookup(cache, key, ext)  # published, lock not yet released
                 if result is None and budget.remaining() <= 0:
-                    result = _private(layers, key, ext, builds[entry], budget)
+                    result = _private(cache, key, ext, builds[entry], budget)
                 if result is None:
                     left.append(entry)
                     continue
@@ -172,53 +154,53 @@ def _each(
         pending = left
 
 
-def _claim(layers: Layers, key: str) -> Held | _Busy | None:
+def _claim(cache: Layers, key: str) -> Held | _Busy | None:
     """Try the build lock of ``key`` without waiting: the lock, None where locks cannot
     be taken here (warned once), or ``_BUSY`` when another process holds it."""
     try:
-        return layers.store.locker.acquire(key + ".build", shared=False, timeout=0)
+        return cache.store.locker.acquire(key + ".build", shared=False, timeout=0)
     except LockTimeout:
         return _BUSY
     except CacheError as e:
-        warn_once(logger, (layers.root, "locks"), "kernelcache: building without a lock: %s", e)
+        warn_once(logger, (cache.root, "locks"), "kernelcache: building without a lock: %s", e)
         return None
 
 
 def _private(
-    layers: Layers, key: str, ext: str, build: BuildFn, budget: WaitBudget
+    cache: Layers, key: str, ext: str, build: BuildFn, budget: WaitBudget
 ) -> Artifact | Exception:
     """Build ``key`` without its lock once the call has waited its lock timeout; say who
     held the lock (and note it in the statistics log, for ``kernelcache doctor``)."""
-    stats.count(layers.root, lock_timeouts=1)
-    holder = layers.store.locker.holder(key + ".build")
-    stats.note_lock_wait(layers.root, key, layers.lock_timeout, holder)
+    stats.count(cache.root, lock_timeouts=1)
+    holder = cache.store.locker.holder(key + ".build")
+    stats.note_lock_wait(cache.root, key, cache.lock_timeout, holder)
     who = ""
     if holder is not None:
         since = holder["since"]
-        held_for = time.time() - since if since is not None else layers.lock_timeout
+        held_for = time.time() - since if since is not None else cache.lock_timeout
         who = f" (held by pid {holder['pid']} on host {holder['host']} for {held_for:.0f}s)"
     warn_once(
         logger,
-        (layers.root, "build-lock"),
+        (cache.root, "build-lock"),
         "kernelcache: waited %.0fs for another builder under %s%s; building privately",
-        layers.lock_timeout,
-        layers.root,
+        cache.lock_timeout,
+        cache.root,
         who,
     )
-    built = _attempt(layers, key, ext, build, None, budget)
+    built = _attempt(cache, key, ext, build, None, budget)
     assert not isinstance(built, Busy)  # the budget is spent: nothing is waited for
     return built
 
 
 def _attempt(
-    layers: Layers, key: str, ext: str, build: BuildFn, held: Held | None, budget: WaitBudget
+    cache: Layers, key: str, ext: str, build: BuildFn, held: Held | None, budget: WaitBudget
 ) -> Artifact | Exception | Busy:
     """Look ``key`` up again under its lock ``held`` (if any) and build it if still
     missing; the lock is released before returning. A failing build is returned; so is
     :class:`Busy` while another machine holds the key's remote lock and ``budget`` is not
     spent (nothing was built)."""
     try:
-        return _build_locked(layers, key, ext, build, held, budget)
+        return _build_locked(cache, key, ext, build, held, budget)
     except Exception as e:  # the caller decides: raise it, or report it per item
         return e
     finally:
@@ -227,62 +209,62 @@ def _attempt(
 
 
 def _build_locked(
-    layers: Layers, key: str, ext: str, build: BuildFn, held: Held | None, budget: WaitBudget
+    cache: Layers, key: str, ext: str, build: BuildFn, held: Held | None, budget: WaitBudget
 ) -> Artifact | Busy:
-    if layers.disabled:
-        return _build(layers, key, ext, build, None)
+    if cache.disabled:
+        return _build(cache, key, ext, build, None)
     if held is not None:  # (the remote tier is asked through its lock, below)
-        art = reads.lookup(layers, key, ext, budget, remote=False)
+        art = cache.lookup(key, ext, budget, remote=False)
         if isinstance(art, WrongExt):
             raise art
         if art is not None:
             return art
     release_remote = None
-    if layers.remote is not None:
-        claim = _remote_claim(layers, key, budget)
+    if cache.remote is not None:
+        claim = _remote_claim(cache, key, budget)
         if isinstance(claim, Busy):
             if budget.remaining() > 0:
                 return claim  # built on another machine: the caller asks again later
-            _remote_wait_spent(layers, claim)
+            _remote_wait_spent(cache, claim)
         elif claim is not None:
             release_remote = claim
-            art = reads.remote_lookup(layers, key, ext, budget)
+            art = cache.remote_lookup(key, ext, budget)
             if art is not None:
                 release_remote()
                 return art
     try:
-        stats.count(layers.root, misses=1)
-        return _build(layers, key, ext, build, budget)
+        stats.count(cache.root, misses=1)
+        return _build(cache, key, ext, build, budget)
     finally:
         if release_remote is not None:
             release_remote()
 
 
-def _remote_claim(layers: Layers, key: str, budget: WaitBudget) -> Claim:
+def _remote_claim(cache: Layers, key: str, budget: WaitBudget) -> Claim:
     """One try at the remote tier's build lock of ``key`` (a tier that cannot try once
     waits within what is left of ``budget``); None if it is unavailable (the caller builds
     anyway). A tier that raises is a tier without the lock."""
-    assert layers.remote is not None
+    assert cache.remote is not None
     try:
-        return try_lock(layers.remote, key, budget.remaining())
+        return try_lock(cache.remote, key, budget.remaining())
     except Exception as e:  # a tier must not raise; if one does, build without its lock
-        stats.count(layers.root, remote_errors=1)
+        stats.count(cache.root, remote_errors=1)
         warn_once(
-            logger, (layers.root, "remote-raised"), "kernelcache: the remote tier failed: %r", e
+            logger, (cache.root, "remote-raised"), "kernelcache: the remote tier failed: %r", e
         )
         return None
 
 
-def _remote_wait_spent(layers: Layers, busy: Busy) -> None:
+def _remote_wait_spent(cache: Layers, busy: Busy) -> None:
     """The call waited its lock timeout and another machine still holds a remote lock:
     build without it, saying which lock, who holds it and where."""
-    stats.count(layers.root, lock_timeouts=1)
+    stats.count(cache.root, lock_timeouts=1)
     warn_once(
         logger,
-        (layers.root, "remote-build-lock"),
+        (cache.root, "remote-build-lock"),
         "kernelcache: waited %.0fs for build locks in the remote tier %s; %s is still held "
         "by %s; building without it",
-        layers.lock_timeout,
+        cache.lock_timeout,
         busy.tier,
         busy.lock,
         busy.holder,
@@ -290,7 +272,7 @@ def _remote_wait_spent(layers: Layers, busy: Busy) -> None:
 
 
 def _build(
-    layers: Layers,
+    cache: Layers,
     key: str,
     ext: str,
     build: BuildFn,
@@ -307,13 +289,27 @@ def _build(
     else:
         with budget.paused():
             data, meta = build()
-    stats.count(layers.root, builds=1, build_seconds=time.monotonic() - started)
+    stats.count(cache.root, builds=1, build_seconds=time.monotonic() - started)
     if budget is None:
         return writes.in_memory(key, ext, data, meta)
     try:
-        return writes.put(layers, key, ext, data, meta, budget.remaining(), replace=replace)
+        return writes.put(cache, key, ext, data, meta, budget.remaining(), replace=replace)
     except CacheError as e:
-        warn_once(logger, (layers.root, "write"), "kernelcache: using an in-memory artifact: %s", e)
+        warn_once(logger, (cache.root, "write"), "kernelcache: using an in-memory artifact: %s", e)
         return writes.in_memory(key, ext, data, meta)
     finally:
         stats.flush()
+
+
+def _local_lookup(cache: Layers, key: str, ext: str) -> Artifact | None:
+    """A verified artifact of ``key`` in a local layer (the remote tier is not asked: this
+    runs in the waiting loop); counts a hit."""
+    for store in cache.layers:
+        try:
+            result = store.get(key, ext, checked=True)
+        except OSError:
+            continue  # Cache.lookup reports it when the key is looked up for real
+        if isinstance(result, Artifact):
+            stats.count(cache.root, hits=1, bytes_read=len(result.data))
+            return result
+    return None

@@ -17,14 +17,14 @@ from ..errors import CacheError
 from ..process import warn_once
 from ..schema.document import make_metadata, require_whole
 from ..store.entry import Artifact, as_bytes
-from ..store.locks.budget import WaitBudget
+from ..store.locks.locker import WaitBudget
 from .layers import Layers
 
 logger = logging.getLogger(__name__)
 
 
 def put(
-    layers: Layers,
+    cache: Layers,
     key: str,
     ext: str,
     data: bytes,
@@ -33,31 +33,32 @@ def put(
     *,
     replace: bool = False,
 ) -> Artifact:
-    """The work of :meth:`Cache.put <kernelcache.cache.Cache.put>` (``replace``: of
-    ``Cache.replace``), waiting at most ``wait`` seconds (None: the lock timeout)."""
-    if layers.disabled:
+    """Publish into the writable root (``replace``: in place of an entry there) and the
+    remote tier, waiting at most ``wait`` seconds (None: the lock timeout), counted; an entry
+    the writable root cannot take still goes to the remote tier (then CacheError)."""
+    if cache.disabled:
         return in_memory(key, ext, data, meta)
     try:
-        art = publish(layers, key, ext, data, meta, wait, replace=replace)
+        art = publish(cache, key, ext, data, meta, wait, replace=replace)
     except CacheError:
-        stats.count(layers.root, errors=1)
-        if layers.remote is not None and layers.remote.put(key, ext, as_bytes(data), meta):
-            stats.count(layers.root, remote_puts=1)  # other machines still get it
+        stats.count(cache.root, errors=1)
+        if cache.remote is not None and cache.remote.put(key, ext, as_bytes(data), meta):
+            stats.count(cache.root, remote_puts=1)  # other machines still get it
         raise
-    stats.count(layers.root, puts=1, bytes_written=len(art.data))
-    if layers.remote is not None and layers.remote.put(key, ext, art.data, art.meta):
-        stats.count(layers.root, remote_puts=1)
-    elif layers.remote is not None and replace:
-        _remote_kept(layers, art)
+    stats.count(cache.root, puts=1, bytes_written=len(art.data))
+    if cache.remote is not None and cache.remote.put(key, ext, art.data, art.meta):
+        stats.count(cache.root, remote_puts=1)
+    elif cache.remote is not None and replace:
+        _remote_kept(cache, art)
     return art
 
 
-def _remote_kept(layers: Layers, art: Artifact) -> None:
+def _remote_kept(cache: Layers, art: Artifact) -> None:
     """Warn once when the remote tier, which never replaces a value, does not hold the
     value of ``art`` that this process just put in place of another one."""
-    assert layers.remote is not None
+    assert cache.remote is not None
     try:
-        found = layers.remote.get(art.key, art.ext)
+        found = cache.remote.get(art.key, art.ext)
     except Exception:  # a tier must not raise; if one does, it holds nothing we can read
         found = None
     if found is not None and found[0] == art.data:
@@ -69,18 +70,18 @@ def _remote_kept(layers: Layers, art: Artifact) -> None:
     )
     warn_once(
         logger,
-        (layers.root, "remote-kept", art.key),
+        (cache.root, "remote-kept", art.key),
         "kernelcache: replaced %s.%s under %s, but the remote tier %s: machines that read it "
         "from the tier get that value, not this one",
         art.key,
         art.ext,
-        layers.root,
+        cache.root,
         what,
     )
 
 
 def publish(
-    layers: Layers,
+    cache: Layers,
     key: str,
     ext: str,
     data: bytes,
@@ -94,16 +95,16 @@ def publish(
     ``as_written``: ``meta`` is a document another process wrote, see
     :meth:`Store.publish`), and account for what it added under the size cap (waiting
     within the same ``wait`` where the root is past the cap's bound)."""
-    budget = WaitBudget(layers.lock_timeout if wait is None else wait)
-    art, published = layers.store.publish(
+    budget = WaitBudget(cache.lock_timeout if wait is None else wait)
+    art, published = cache.store.publish(
         key, ext, data, meta, wait=wait, replace=replace, as_written=as_written
     )
-    if published and layers.capacity is not None:
+    if published and cache.capacity is not None:
         try:
-            meta_size = os.stat(layers.store.meta_path(key)).st_size
+            meta_size = os.stat(cache.store.meta_path(key)).st_size
         except OSError:
             meta_size = 0  # evicted or replaced already: its bytes count as the artifact's
-        layers.capacity.added(len(art.data) + meta_size, budget.remaining())
+        cache.capacity.added(len(art.data) + meta_size, budget.remaining())
     return art
 
 

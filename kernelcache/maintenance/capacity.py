@@ -43,7 +43,7 @@ import weakref
 from ..errors import InvalidValue
 from ..process import warn_once
 from ..store.layout import STATS_DIR
-from ..store.locks.budget import WaitBudget
+from ..store.locks.locker import WaitBudget
 from ..store.root import Store
 from . import helper as helpers
 from .eviction import Eviction, bound_of, log_evicted

@@ -13,7 +13,7 @@ Guarantees while other processes read and write the root:
   and metadata without artifact that a writer completed meanwhile is kept (``gone``).
 * Each delete touches only the entry's own files (no listing of the root), so a prune is linear
   in the entries; the deletes of a size or age limit run in a few threads.
-* Corrupt entries are quarantined with :meth:`Store.repair`, which re-checks them under the
+* Corrupt entries are quarantined with :func:`~kernelcache.store.removal.repair`, which re-checks them under the
   exclusive lock; orphan artifacts are removed under their key's lock after a re-check.
 * Every file is removed through :mod:`kernelcache.store.removal` or the locks.
 """
@@ -49,6 +49,7 @@ from ..store.removal import (
     remove_lock_file,
     remove_root_file,
     remove_unheld_lock,
+    repair,
 )
 from ..store.root import Store
 from ..table import matcher
@@ -268,7 +269,7 @@ class _Executor:
         if not isinstance(found, Problem) or not found.corrupt:
             return "gone", "no longer corrupt"
         # re-checked under the lock, then moved; said in the command's summary, not once a key
-        after = self.store.repair(key, refuse=not_whole, announce=False)
+        after = repair(self.store, key, refuse=not_whole, announce=False)
         if isinstance(after, Artifact):
             return "gone", "no longer corrupt"
         if not os.path.lexists(self.store.meta_path(key)):  # quarantine moves metadata first

@@ -1,6 +1,6 @@
 """An entry of a root as readers get it: :class:`Artifact`, and the rules every read and
-write applies to one (whole entries: :func:`not_whole`; bytes-like data; when a last-used stamp
-is refreshed).
+write applies to one (whole entries: :func:`not_whole`; bytes-like data; how often a last-used
+stamp is refreshed, and how far in the future one may be).
 
 An entry is two files, ``<key>.<ext>`` (the artifact bytes, loadable as is) and
 ``<key>.json`` (its metadata, written last: the commit marker).
@@ -8,7 +8,6 @@ An entry is two files, ``<key>.<ext>`` (the artifact bytes, loadable as is) and
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,16 +42,6 @@ class Artifact:
     source: str = "local"
 
 
-def make_artifact(
-    key: str, ext: str, data: bytes, path: str, meta: Mapping[str, Any], source: str
-) -> Artifact:
-    """``Artifact(key, ext, data, path, meta, source)`` for the hot path: the same object,
-    without the frozen dataclass's one ``object.__setattr__`` per field."""
-    art = object.__new__(Artifact)
-    art.__dict__.update(key=key, ext=ext, data=data, path=path, meta=meta, source=source)
-    return art
-
-
 def as_bytes(data: object) -> bytes:
     """``data`` as bytes, if it is bytes-like (bytes, bytearray, memoryview).
 
@@ -71,9 +60,3 @@ def not_whole(art: Artifact) -> str | None:
     artifact whole for its extension, its launch metadata there), None when it is: what
     ``verify`` reports and ``repair(refuse=not_whole)`` quarantines."""
     return entry_problem(art.ext, art.data, art.meta)
-
-
-def stale_stamp(mtime: float) -> bool:
-    """Whether a last-used stamp should be refreshed: older than an hour, or from the future."""
-    age = time.time() - mtime
-    return age > TOUCH_INTERVAL or age < -FUTURE_SLACK

@@ -1,6 +1,6 @@
 """The one place files of a root are removed: an entry's files (deleted: :func:`delete`, for
 :meth:`Store.delete <kernelcache.store.root.Store.delete>`; quarantined where found corrupt:
-:func:`quarantine_locked`; superseded by a replacing publish: :func:`remove_locked`), orphan
+:func:`repair`, which reads it again under its lock first, and :func:`quarantine_locked`; superseded by a replacing publish: :func:`remove_locked`), orphan
 artifacts, old staging and quarantined files, lock files no one holds, and the files a module
 keeps of its own (statistics logs and their summary, the usage file, the scan index, a probe:
 :func:`remove_own_file`, each module removing only its own).
@@ -25,11 +25,14 @@ from collections.abc import Callable
 from ..errors import CacheError, LockTimeout
 from ..fsio import READ_FLAGS, changed_at
 from ..keys import META_EXT, check_key, split_entry_name
+from ..problem import Problem
 from ..process import warn_once
-from .entry import META_SUFFIX
+from .entry import META_SUFFIX, Artifact
 from .layout import LOCK_DIR, NOT_VISIBLE, QUARANTINE_DIR, open_subdir, read_metadata, write_new
+from .locks.locker import WaitBudget
 from .locks.readers import exclude_readers
-from .state import StoreState, TakeLock
+from .publish import open_root
+from .state import StoreState
 
 logger = logging.getLogger(__name__)
 
@@ -211,51 +214,49 @@ def remove_unheld_lock(locks_dfd: int, name: str) -> None:
         os.close(fd)  # (drops our flock)
 
 
-def remove_locked(state: StoreState, root_fd: int, key: str, exts: set[str]) -> None:
+def remove_locked(store: StoreState, root_fd: int, key: str, exts: set[str]) -> None:
     """Delete the metadata of ``key`` and its artifacts of extensions ``exts`` (caller holds
     the exclusive lock) unless a reader holds one; best effort: the publish that follows
     replaces the files of the same names. The root is not listed."""
     names = [f"{key}.{META_EXT}", *(f"{key}.{e}" for e in sorted(exts))]
     if remove_files(root_fd, names, wait=0.0, best_effort=True) is not None:
-        state.memo.pop(key, None)
+        store.memo.pop(key, None)
 
 
-def quarantine_locked(state: StoreState, root_fd: int, key: str, reason: str, wait: float) -> bool:
+def quarantine_locked(store: StoreState, root_fd: int, key: str, reason: str, wait: float) -> bool:
     """Move every file of ``key`` into .quarantine/ (caller holds the exclusive lock),
     waiting at most ``wait`` seconds for its readers."""
-    return quarantine_files(state.root, root_fd, key, files_of(state, key, None), reason, wait)
+    return quarantine_files(store.root, root_fd, key, files_of(store, key, None), reason, wait)
 
 
-def files_of(state: StoreState, key: str, ext: str | None) -> list[str]:
+def files_of(store: StoreState, key: str, ext: str | None) -> list[str]:
     """The files of the entry ``key``, metadata first: its metadata and its artifact of
     extension ``ext`` (default: the one its metadata names), whether or not they exist.
     The root is listed only when neither tells (no ``ext`` and no readable metadata), so
     that deleting many entries never lists the root once per entry."""
     if ext is None:
-        meta_path = f"{state.prefix}{key}.{META_EXT}"
-        loaded = read_metadata(meta_path, key, trust=state.policy, not_visible=NOT_VISIBLE)
+        meta_path = f"{store.prefix}{key}.{META_EXT}"
+        loaded = read_metadata(meta_path, key, trust=store.policy, not_visible=NOT_VISIBLE)
         if not isinstance(loaded, tuple):
-            return names_of(state.root, key)
+            return names_of(store.root, key)
         ext = loaded[0]["ext"]
     return [f"{key}.{META_EXT}", f"{key}.{ext}"]
 
 
 def delete(
-    state: StoreState,
-    lock: TakeLock,
+    store: StoreState,
     key: str,
-    *,
-    ext: str | None = None,
-    wait: float = 0.0,
-    remove_lock: bool = True,
-    check: Callable[[], bool] | None = None,
+    ext: str | None,
+    wait: float,
+    remove_lock: bool,
+    check: Callable[[], bool] | None,
 ) -> bool | None:
     """:meth:`Store.delete <kernelcache.store.root.Store.delete>`."""
     check_key(key)
-    if state.readonly:
-        raise CacheError(errno.EROFS, f"{state.root} is a read-only root")
+    if store.readonly:
+        raise CacheError(errno.EROFS, f"{store.root} is a read-only root")
     try:
-        held = lock(key, shared=False, timeout=wait)
+        held = store.lock(key, shared=False, timeout=wait)
     except LockTimeout:
         return None
     deleted = False
@@ -265,18 +266,82 @@ def delete(
             keep_lock = True  # the entry stays: so does its lock file
             return False
         try:
-            root_fd = os.open(state.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            root_fd = os.open(store.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:
             return False
         try:
-            removed = remove_files(root_fd, files_of(state, key, ext), wait=wait)
+            removed = remove_files(root_fd, files_of(store, key, ext), wait=wait)
             if removed is None:
                 return None
             deleted = removed
         finally:
             os.close(root_fd)
-        state.memo.pop(key, None)
+        store.memo.pop(key, None)
     finally:
         if held is not None:
             held.release(remove=remove_lock and not keep_lock)
     return deleted
+
+
+def repair(
+    store: StoreState,
+    key: str,
+    ext: str | None = None,
+    *,
+    wait: float | WaitBudget | None = None,
+    refuse: Callable[[Artifact], str | None] | None = None,
+    announce: bool = True,
+) -> Artifact | Problem | None:
+    """Re-read ``key`` from disk under its exclusive lock; quarantine it if it is corrupt,
+    or if ``refuse`` gives a reason against the artifact read
+    (:func:`~kernelcache.store.root.not_whole`, or what a reader that checks more than a read
+    does found: it is refused only as it still is).
+
+    Returns what the fresh read found: the Artifact (a false alarm, e.g. a concurrent
+    publish), the Problem that got the entry quarantined, or None (the entry is gone, or its
+    lock or readers were held for ``wait`` seconds in all, or what is left of that budget;
+    None: the lock timeout). Read-only stores are never modified: their corrupt entries are
+    reported and skipped; ``announce``: log a quarantine as a warning (false: the caller
+    reports what it did).
+    """
+    if store.readonly:
+        again = store.read(key, ext, fresh=True)
+        if isinstance(again, Problem) and again.corrupt:
+            warn_once(
+                logger,
+                (store.root, f"ro-corrupt-{key}"),
+                "kernelcache: corrupt entry %s in read-only root %s (%s); skipping it",
+                key,
+                store.root,
+                again.reason,
+            )
+        return again
+    if isinstance(wait, WaitBudget):
+        wait = wait.remaining()
+    budget = WaitBudget(store.lock_timeout if wait is None else wait)
+    try:
+        held = store.lock(key, shared=False, timeout=budget.remaining())
+    except LockTimeout:
+        return None
+    try:
+        again = store.read(key, ext, fresh=True)
+        reason = refuse(again) if refuse is not None and isinstance(again, Artifact) else None
+        if reason is not None:
+            again = Problem(key, reason)
+        if isinstance(again, Problem) and again.corrupt:
+            try:
+                root_fd = open_root(store.root)
+            except CacheError:
+                return again
+            try:
+                moved = quarantine_locked(store, root_fd, key, again.reason, budget.remaining())
+                if moved and announce:
+                    logger.warning(
+                        "kernelcache: quarantined %s under %s: %s", key, store.root, again.reason
+                    )
+            finally:
+                os.close(root_fd)
+        return again
+    finally:
+        if held is not None:
+            held.release()

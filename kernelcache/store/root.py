@@ -1,60 +1,67 @@
-"""One cache root on disk: the storage format, atomic publication, verified reads, quarantine.
-
-:class:`Store` declares every operation on a root; each delegates to a function taking the
-store's :class:`~kernelcache.store.state.StoreState` (what it opened) and, where it takes a
-key's lock, :meth:`Store.lock`: what a store reads, :mod:`kernelcache.store.reading`; writes,
-:mod:`kernelcache.store.writing`; removes, :mod:`kernelcache.store.removal`. (The layout of a
-root: :mod:`kernelcache.store.layout`; whose files are served: :mod:`kernelcache.store.trust`;
-the locks: :mod:`kernelcache.store.locks`.)
+"""One cache root on disk, opened: :class:`Store`, its entries as readers get them
+(:class:`Artifact`), verified reads, and the budget every wait of an operation draws from. A
+store writes through :mod:`.writing` and removes files (quarantine too) through :mod:`.removal`.
 
 Guarantees across processes and hosts sharing a root:
 
 * A reader sees a whole entry or none: the artifact is published before its metadata, both by
-  ``os.replace`` under the key's exclusive lock. Readers hold a shared flock on the artifact
-  while reading it, and deletion or quarantine first takes that flock exclusively, so an entry
-  is never removed under a reader.
-* Every read checks the metadata against the schema and its entry digest (which covers the
-  launch metadata and the artifact's digest; see :mod:`kernelcache.schema`), the artifact's
-  size and xxh3-128 digest, and the trust policy of both files. A mismatch, a value outside the
-  schema, a symlink or a half entry is never returned: the entry is re-checked under the
-  exclusive lock and moved to ``.quarantine/``. An entry of an older format, or one holding a
-  field this process requires covered that its digest does not cover, is a miss, replaced by
-  the next put.
-* Only whole entries are written or served (the contract: :mod:`kernelcache.schema.document`).
-  :meth:`Store.publish` refuses an artifact that is not whole for its extension (cut short,
-  code for another machine, PTX without its kernel) or a document without the launch
-  metadata its extension requires: ``ValueError``, nothing written. A read that reads an
-  entry's metadata from disk checks the same, less the PTX text scan (cheap: the ELF checks
-  cost time in proportion to the header tables), and a later read of the same bytes (its
-  digest checked against the remembered document) does not repeat it; :meth:`Store.inspect`
-  with ``whole`` (what ``verify`` runs) checks it all. A caller that finds an entry it read
-  unusable (a package checking more than the contract) quarantines it with
-  :meth:`Store.repair`'s ``refuse``.
-* The first complete writer of a key wins; later writers find the entry and keep it, unless
-  they replace it explicitly (``publish(..., replace=True)``), which is atomic as above.
-* Nothing is written through a symlink, and what this process writes passes its own trust
-  policy whatever the umask.
+  ``os.replace`` under the key's exclusive lock. A reader holds a shared flock on the artifact
+  while reading it, and removal takes it exclusively first: nothing is removed under a reader,
+  and a reader never waits for another.
+* A read returns a verified pair: the metadata checked against the schema and its entry digest,
+  the artifact's size, xxh3-128 digest and trust against it, and, where the metadata was read
+  from disk, the contract of an entry (:func:`~kernelcache.schema.entry_problem`, less the PTX
+  text scan). Anything else is never returned: re-checked under the exclusive lock, it is
+  moved to ``.quarantine/``. An entry of an older format, or one holding a field this process
+  requires covered that its digest does not cover, is a miss, replaced by the next put.
+* A document is remembered per process only with bytes found whole; a later read opens only
+  the artifact and checks it against the document, reading the metadata again where they no
+  longer match or the last-used stamp is due. A read writes nothing but that stamp (never in a
+  read-only store).
+* Only whole entries are written; the first complete writer of a key wins unless a later one
+  replaces it explicitly; nothing is written through a symlink, and what this process writes
+  passes its own trust policy whatever the umask.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import logging
+import math
 import os
 import stat
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..config import DEFAULTS, Settings, settings
-from ..fsio import READ_FLAGS
-from ..keys import META_EXT
+from ..errors import LockUnavailable
+from ..fsio import READ_FLAGS, read_exact
+from ..keys import META_EXT, check_ext, check_key
 from ..problem import Problem
-from . import reading, removal, writing
-from .entry import Artifact
-from .layout import open_subdir, readable, resolve_root, writable
-from .locks.budget import WaitBudget
-from .locks.locker import Held, Locker
-from .state import StoreState, take_lock
-from .trust import check_policy
+from ..process import warn_once
+from ..schema.document import digest, entry_problem
+from .entry import FUTURE_SLACK, MEMO_ENTRIES, TOUCH_INTERVAL, Artifact
+from .layout import NOT_VISIBLE, open_subdir, read_metadata, readable, resolve_root, unservable
+from .layout import writable as root_writable
+from .locks.locker import Held, Locker, WaitBudget
+from .removal import delete, repair
+from .trust import TrustPolicy, check_policy
+from .writing import check_writable, publish
+
+logger = logging.getLogger(__name__)
+
+#: how much of the contract of an entry a read of an artifact checks: its digest only (a
+#: document remembered with bytes found whole), what a read checks (``full=False``), all of it
+DIGEST_ONLY, CHEAP, FULL = 0, 1, 2
+
+
+def stale_stamp(mtime: float) -> bool:
+    """Whether a last-used stamp should be refreshed: older than an hour, or from the future."""
+    age = time.time() - mtime
+    return age > TOUCH_INTERVAL or age < -FUTURE_SLACK
 
 
 class Store:
@@ -78,27 +85,24 @@ class Store:
         :func:`~kernelcache.store.layout.resolve_root` made of it (a command or a cache that
         resolved it once), used as given."""
         check_policy(trust)
-        #: what the store opened, which its methods hand to the functions they delegate to:
-        #: the root and its settings, its trust policy, locks and per-process memo of checked
-        #: documents (:class:`~kernelcache.store.state.StoreState`)
-        self.state = state = StoreState(
-            os.fspath(root) if resolved else resolve_root(root),
-            readonly=readonly,
-            lock_mode=lock_mode,
-            lock_stale=lock_stale,
-            lock_timeout=lock_timeout,
-            trust=trust,
-        )
         #: the root directory (absolute)
-        self.root: str = state.root
+        self.root: str = os.fspath(root) if resolved else resolve_root(root)
+        #: ``root`` and a separator: an entry's file is ``prefix + name`` (the hot path)
+        self.prefix = os.path.join(self.root, "")
         #: whether the store is only read
         self.readonly: bool = readonly
         #: seconds an operation waits for a key's lock unless told otherwise
         self.lock_timeout: float = lock_timeout
         #: the trust policy's name (see :data:`kernelcache.store.trust.TRUST_POLICIES`)
         self.trust: str = trust
+        #: the trust policy applied to the root's files
+        self.policy = TrustPolicy(self.root, trust)
+        #: checked metadata by key, and when its last-used stamp is due (then it is read again)
+        self.memo: dict[str, tuple[dict[str, Any], float]] = {}
+        #: whether reads take their shared flock (False once flock is found not to work here)
+        self.read_locks = not readonly
         #: the per-key locks
-        self.locker: Locker = state.locker
+        self.locker = Locker(self.root, mode=lock_mode, stale_after=lock_stale, trust=self.policy)
 
     @classmethod
     def from_settings(
@@ -156,37 +160,22 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({self.root!r}, readonly={self.readonly})"
 
-    # -- paths and locks ------------------------------------------------------------------
+    # -- paths, directories and locks ----------------------------------------------------
     def path(self, key: str, ext: str) -> str:
         """The artifact file of ``key`` with extension ``ext``."""
-        return f"{self.state.prefix}{key}.{ext}"
+        return f"{self.prefix}{key}.{ext}"
 
     def meta_path(self, key: str) -> str:
         """The metadata file of ``key``."""
-        return f"{self.state.prefix}{key}.{META_EXT}"
+        return f"{self.prefix}{key}.{META_EXT}"
 
-    def lock(self, key: str, *, shared: bool, timeout: float | None = None) -> Held | None:
-        """Take the key's lock; None where locks cannot be had (warned once), and in a
-        read-only store. Every lock the store's operations take is taken here.
-
-        Raises:
-            LockTimeout: held by someone else for the whole timeout (None: the lock timeout).
-        """
-        return take_lock(self.state, key, shared=shared, timeout=timeout)
-
-    @property
-    def lock_mode(self) -> str:
-        """``flock`` or ``soft``: how its locks are taken (probed on first use under ``auto``)."""
-        return self.locker.mode
-
-    # -- the root's directories -----------------------------------------------------------
     def readable(self) -> bool:
         """Whether this process may list the root and read the files in it."""
         return readable(self.root)
 
     def writable(self) -> bool:
         """Whether this process may create files in the root (permissions, a read-only mount)."""
-        return writable(self.root)
+        return root_writable(self.root)
 
     def open_dir(self, name: str | None = None, *, create: bool = False) -> int:
         """The root (``name`` None), or its directory ``name`` (never through a symlink; made
@@ -217,34 +206,78 @@ class Store:
             os.close(dfd)
         with contextlib.suppress(OSError):
             st = os.fstat(fd)
-            if stat.S_ISREG(st.st_mode) and self.state.policy.accepts(st):
+            if stat.S_ISREG(st.st_mode) and self.policy.accepts(st):
                 return fd
         os.close(fd)
         return None
+
+    def lock(self, key: str, *, shared: bool, timeout: float | None = None) -> Held | None:
+        """Take the key's lock; None where locks cannot be had (warned once), and in a
+        read-only store. Every lock the store's operations take is taken here.
+
+        Raises:
+            LockTimeout: held by someone else for the whole timeout (None: the lock timeout).
+        """
+        if self.readonly:
+            return None
+        try:
+            return self.locker.acquire(
+                key, shared=shared, timeout=self.lock_timeout if timeout is None else timeout
+            )
+        except LockUnavailable as e:
+            warn_once(
+                logger,
+                (self.root, "locks"),
+                "kernelcache: working without locks under %s: %s",
+                self.root,
+                e,
+            )
+            return None
+
+    @property
+    def lock_mode(self) -> str:
+        """``flock`` or ``soft``: how its locks are taken (probed on first use under ``auto``)."""
+        return self.locker.mode
 
     # -- reading --------------------------------------------------------------------------
     def read(
         self, key: str, ext: str | None = None, *, fresh: bool = False
     ) -> Artifact | Problem | None:
         """Read and verify an entry; None if it does not exist (or is being deleted).
-
-        The artifact is read under a shared ``flock`` on its own descriptor: deleting or
-        quarantining an entry takes that lock exclusively first, so nothing is removed while
-        it is being read, and a reader never waits for another reader. ``ext=None`` accepts
-        whatever extension the entry has. A Problem with ``corrupt=False`` means the key holds
-        another extension than the one asked for.
-
-        The metadata, once read and checked, is remembered per process: a later read of the key
-        opens only the artifact, and verifies its size, trust and digest against the remembered
-        document (what is returned is always a verified pair). Where the artifact no longer
-        matches it (the entry was replaced, repaired or removed), or the last-used stamp is due
-        (:data:`~kernelcache.store.entry.TOUCH_INTERVAL`), the metadata is read from disk
-        again; ``fresh`` always does. An entry read with its metadata from disk is checked
-        against the contract of an entry (:func:`~kernelcache.schema.entry_problem`, less the
-        PTX text scan) before its document is remembered: a remembered document names bytes
-        found whole.
-        """
-        return reading.read(self.state, key, ext, fresh=fresh)
+        ``ext=None`` accepts whatever extension the entry has; a Problem with
+        ``corrupt=False`` means the key holds another extension than the one asked for.
+        The metadata is read from disk again where the remembered document no longer matches
+        the artifact or the last-used stamp is due (:data:`TOUCH_INTERVAL`); ``fresh`` always
+        reads it (see the module docstring)."""
+        memo = self.memo
+        if not fresh:
+            known = memo.get(key)
+            if known is not None and time.time() < known[1]:
+                found = self._read_artifact(key, ext, known[0], self.policy, self.read_locks)
+                if not isinstance(found, Problem) or not found.corrupt:
+                    return found
+        meta_path = f"{self.prefix}{key}.{META_EXT}"
+        loaded = read_metadata(meta_path, key, trust=self.policy, not_visible=NOT_VISIBLE)
+        if not isinstance(loaded, tuple):
+            memo.pop(key, None)
+            return loaded
+        doc, stamp = loaded[0], loaded[1].st_mtime
+        found = self._read_artifact(key, ext, doc, self.policy, self.read_locks, contract=CHEAP)
+        if not isinstance(found, Artifact):
+            memo.pop(key, None)
+            return found
+        if len(memo) >= MEMO_ENTRIES:
+            memo.clear()
+        if self.readonly:
+            due = math.inf  # never touched: read again only when the artifact does not match
+        elif stale_stamp(stamp):
+            with contextlib.suppress(OSError):
+                os.utime(meta_path, follow_symlinks=False)
+            due = time.time() + TOUCH_INTERVAL
+        else:
+            due = stamp + TOUCH_INTERVAL
+        memo[key] = (doc, due)
+        return found
 
     def inspect(
         self, key: str, ext: str | None = None, *, any_owner: bool = False, whole: bool = False
@@ -252,50 +285,112 @@ class Store:
         """:meth:`read` straight from disk, leaving no trace: no reader's lock, no last-used
         stamp refreshed, nothing remembered. With ``any_owner`` the trust policy is not
         applied: what the entry is, whoever wrote it (as prune re-checks what it planned).
-        The contract of an entry (:func:`~kernelcache.schema.entry_problem`) is checked as a
-        read checks it, and with ``whole`` in full (the PTX text scan too): what ``verify``
-        runs."""
-        return reading.inspect(self.state, key, ext, any_owner=any_owner, whole=whole)
+        The contract of an entry is checked as a read checks it, and with ``whole`` in full
+        (the PTX text scan too): what ``verify`` runs."""
+        policy = None if any_owner else self.policy
+        meta_path = f"{self.prefix}{key}.{META_EXT}"
+        loaded = read_metadata(meta_path, key, trust=policy, not_visible=NOT_VISIBLE)
+        if not isinstance(loaded, tuple):
+            return loaded
+        return self._read_artifact(
+            key, ext, loaded[0], policy, False, contract=FULL if whole else CHEAP
+        )
 
-    def get(self, key: str, ext: str) -> Artifact | Problem | None:
-        """Read an entry; if it looks corrupt, re-check it under the key's lock and quarantine it.
-
-        Returns the Artifact, a Problem (not served: corrupt and quarantined, or the key holds
-        another ext), or None (no entry). Raises ValueError for a malformed key or ext.
-        """
-        return reading.get(self.state, self.lock, key, ext)
-
-    def get_checked(
-        self, key: str, ext: str, *, wait: float | WaitBudget | None = None
-    ) -> Artifact | Problem | None:
-        """:meth:`get` for a key and ext the caller has already validated; a repair waits at
-        most ``wait`` seconds in all (or what is left of that budget; None: the lock
-        timeout)."""
-        return reading.get_checked(self.state, self.lock, key, ext, wait)
-
-    def repair(
+    def _read_artifact(
         self,
         key: str,
-        ext: str | None = None,
+        ext: str | None,
+        doc: dict[str, Any],
+        policy: TrustPolicy | None,
+        lock: bool,
         *,
-        wait: float | None = None,
-        refuse: Callable[[Artifact], str | None] | None = None,
-        announce: bool = True,
+        contract: int = DIGEST_ONLY,
     ) -> Artifact | Problem | None:
-        """Re-read ``key`` from disk under its exclusive lock; quarantine it if it is corrupt,
-        or if ``refuse`` gives a reason against the artifact read
-        (:func:`~kernelcache.store.entry.not_whole`, or what a reader that checks more than a
-        read does found: it was read, so it is re-read here and refused only as it still is).
+        """Read and verify the artifact that the metadata ``doc`` describes, under a shared
+        flock if ``lock``, applying ``policy`` (None: none); with ``contract`` :data:`CHEAP`
+        or :data:`FULL`, also the contract of an entry (``full`` or not)."""
+        stored_ext = doc["ext"]
+        if ext is not None and stored_ext != ext:
+            return Problem(
+                key,
+                f"key holds a .{stored_ext} artifact, not .{ext}",
+                corrupt=False,
+                ext=stored_ext,
+            )
+        path = f"{self.prefix}{key}.{stored_ext}"  # Store.path(), inline: the hot path
+        try:
+            afd = os.open(path, READ_FLAGS)
+        except FileNotFoundError:
+            return Problem(key, "artifact missing")
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EMLINK):
+                return Problem(key, "artifact is a symlink")
+            return Problem(key, f"artifact unreadable: {e.strerror}")
+        try:
+            if lock:
+                try:
+                    fcntl.flock(afd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return None  # being deleted or quarantined right now
+                except OSError:
+                    self.read_locks = False  # no flock here: digests still protect reads
+            ast = os.fstat(afd)
+            if not stat.S_ISREG(ast.st_mode) or (policy is not None and not policy.may_serve(ast)):
+                refused = unservable(key, ast, "artifact", policy)
+                if refused is not None:
+                    return refused
+            if ast.st_size != doc["size"]:
+                return Problem(
+                    key, f"artifact has {ast.st_size} bytes, metadata says {doc['size']}"
+                )
+            data = read_exact(afd, doc["size"])
+        except OSError as e:
+            return Problem(key, f"artifact unreadable: {e.strerror}")
+        finally:
+            os.close(afd)
+        if data is None:
+            return Problem(key, "artifact changed size while being read")
+        if digest(data) != doc["digest"]:
+            return Problem(key, "artifact digest mismatch")
+        if contract:
+            reason = entry_problem(stored_ext, data, doc, full=contract == FULL)
+            if reason is not None:
+                return Problem(key, reason)
+        # Artifact(...) without the frozen dataclass's object.__setattr__ per field: the hot path
+        art = object.__new__(Artifact)
+        art.__dict__.update(
+            key=key,
+            ext=stored_ext,
+            data=data,
+            path=path,
+            meta=doc,
+            source="readonly" if self.readonly else "local",
+        )
+        return art
 
-        Returns what the fresh read found: the Artifact (a false alarm, e.g. a concurrent
-        publish), the Problem that got the entry quarantined, or None (the entry is gone, or
-        its lock or readers were held for ``wait`` seconds in all; None: the lock timeout).
-        Read-only stores are never modified: their corrupt entries are reported and skipped;
-        ``announce``: log a quarantine as a warning (false: the caller reports what it did).
+    def get(
+        self, key: str, ext: str, *, wait: float | WaitBudget | None = None, checked: bool = False
+    ) -> Artifact | Problem | None:
+        """Read an entry; if it looks corrupt, re-check it under the key's lock and quarantine
+        it (:func:`~kernelcache.store.removal.repair`, waiting at most ``wait`` seconds in all, or what is left of that
+        budget; None: the lock timeout).
+
+        Returns the Artifact, a Problem (not served: corrupt and quarantined, or the key holds
+        another ext), or None (no entry). ``checked``: the caller has validated ``key`` and
+        ``ext`` already.
+
+        Raises:
+            ValueError: a malformed key or ext (unless ``checked``).
         """
-        return reading.repair(self.state, self.lock, key, ext, wait, refuse, announce)
+        if not checked:
+            check_key(key)
+            check_ext(ext)
+        result = self.read(key, ext)
+        if isinstance(result, Problem) and result.corrupt:
+            return repair(self, key, ext, wait=wait)
+        return result
 
-    # -- writing --------------------------------------------------------------------------
+    # -- what a store writes and removes (:mod:`.writing`, :mod:`.removal`) ----------------
     def check_writable(self) -> None:
         """Stage and remove an empty file, as a put would.
 
@@ -303,34 +398,13 @@ class Store:
             CacheError: entries cannot be written under this root (the message says why and
                 what to do).
         """
-        writing.check_writable(self.state)
+        check_writable(self)
 
     def put(
-        self,
-        key: str,
-        ext: str,
-        data: bytes,
-        meta: Mapping[str, Any],
-        *,
-        wait: float | None = None,
+        self, key: str, ext: str, data: bytes, meta: Mapping[str, Any], *, wait: float | None = None
     ) -> Artifact:
-        """Publish an entry atomically; if a valid entry already exists, keep and return it.
-
-        An entry that cannot be served (corrupt, untrusted) is quarantined and replaced; one
-        written by an older kernelcache is replaced. Waits at most ``wait`` seconds in all for
-        the key's lock and readers of a corrupt entry (None: the lock timeout).
-
-        Raises:
-            TypeError: ``data`` is not bytes (a bytes-like object).
-            ValueError: invalid key or ext; metadata that the schema refuses (the message names
-                the field); an entry that is not whole (:func:`~kernelcache.schema.
-                require_whole`: an artifact not whole for its extension, launch metadata its
-                extension requires missing; nothing is written); or the key holds another
-                extension.
-            CacheError: the entry could not be written (the message says why and what to do);
-                nothing partial is left behind.
-        """
-        return writing.publish(self.state, self.lock, key, ext, data, meta, wait=wait)[0]
+        """The artifact of :meth:`publish`, which did not replace an entry."""
+        return self.publish(key, ext, data, meta, wait=wait)[0]
 
     def publish(
         self,
@@ -343,27 +417,27 @@ class Store:
         replace: bool = False,
         as_written: bool = False,
     ) -> tuple[Artifact, bool]:
-        """:meth:`put`, also saying whether this call published the entry (False: a valid
-        entry was already there and is returned). With ``replace``, a valid entry of the same
-        extension is replaced too: both files by ``os.replace`` under the key's exclusive lock,
-        so a reader gets the earlier entry or this one (one that read the earlier metadata and
-        this artifact re-checks under the lock, and finds this one). With ``as_written``,
-        ``meta`` is a whole document another process wrote (a remote hit, a bundle entry),
-        published as written (:func:`~kernelcache.schema.written_document`): never rebuilt
-        with this process's covered fields."""
-        return writing.publish(
-            self.state,
-            self.lock,
-            key,
-            ext,
-            data,
-            meta,
-            wait=wait,
-            replace=replace,
-            as_written=as_written,
-        )
+        """Publish an entry atomically, and say whether this call published it (False: a
+        valid entry was already there and is returned: the first writer wins).
 
-    # -- removal --------------------------------------------------------------------------
+        An entry that cannot be served (corrupt, untrusted) is quarantined and replaced; one
+        written by an older kernelcache is replaced. With ``replace``, a valid entry of the
+        same extension is replaced too (a reader gets the earlier entry or this one). With
+        ``as_written``, ``meta`` is a whole document another process wrote (a remote hit, a
+        bundle entry), published as written (:func:`~kernelcache.schema.written_document`).
+        Waits at most ``wait`` seconds in all for the key's lock and readers of a corrupt
+        entry (None: the lock timeout).
+
+        Raises:
+            TypeError: ``data`` is not bytes (a bytes-like object).
+            ValueError: invalid key or ext; metadata that the schema refuses (the message names
+                the field); an entry that is not whole (:func:`~kernelcache.schema.
+                require_whole`; nothing is written); or the key holds another extension.
+            CacheError: the entry could not be written (the message says why and what to do);
+                nothing partial is left behind.
+        """
+        return publish(self, key, ext, data, meta, wait, replace, as_written)
+
     def delete(
         self,
         key: str,
@@ -378,10 +452,8 @@ class Store:
         ``ext`` is the artifact's extension when the caller knows it (else the metadata says;
         for a key without readable metadata every file of the key is removed). ``check`` is
         called under the lock before anything is removed: if it returns False nothing is
-        removed. A caller re-validates there what it decided before taking the lock, so that a
-        writer or reader that got in between is never undone (no check-then-act).
-
-        Waits at most ``wait`` seconds for the key's lock and for readers of its artifact.
+        removed (a caller re-validates there what it decided before taking the lock: no
+        check-then-act). Waits at most ``wait`` seconds for the key's lock and its readers.
         Returns True if something was deleted, False if nothing was there (or ``check``
         refused), None if the entry is in use (then nothing is deleted).
 
@@ -389,12 +461,4 @@ class Store:
             ValueError: a malformed key.
             CacheError: a read-only store.
         """
-        return removal.delete(
-            self.state,
-            self.lock,
-            key,
-            ext=ext,
-            wait=wait,
-            remove_lock=remove_lock,
-            check=check,
-        )
+        return delete(self, key, ext, wait, remove_lock, check)

@@ -1,83 +1,39 @@
-"""What a :class:`~kernelcache.store.root.Store` works on: one root directory opened with its
-settings (:class:`StoreState`), and the way a store takes a key's lock (:func:`take_lock`).
+"""What writing and removal work on of a :class:`~kernelcache.store.root.Store`: its root and
+settings, its trust policy, its memo of checked documents, its lock and its fresh read
+(:class:`StoreState`, which a Store is).
 
-The functions of :mod:`.reading`, :mod:`.removal` and :mod:`.writing` take a store's state as
-their first argument, as :class:`~kernelcache.store.root.Store` delegates to them. Those that
-take a key's lock are given the store's own :meth:`~kernelcache.store.root.Store.lock` as
-their second (``lock``): the one way a store takes a key's lock, so that a store's locks are
-what its public methods take (a caller, or a test, that wraps it sees every lock taken).
+The functions of :mod:`.writing` and :mod:`.removal` take the store itself first, typed by this
+protocol, so that they need not import :mod:`.root` (which calls them): a store's locks and
+reads are what its own methods take and return (a caller, or a test, that wraps one sees it).
 """
 
 from __future__ import annotations
 
-import logging
-import os
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from ..errors import LockUnavailable
-from ..process import warn_once
-from .locks.locker import Held, Locker
+from ..problem import Problem
+from .entry import Artifact
+from .locks.locker import Held
 from .trust import TrustPolicy
 
-logger = logging.getLogger(__name__)
 
-#: a store's :meth:`~kernelcache.store.root.Store.lock`: ``lock(key, shared=..., timeout=...)``
-TakeLock = Callable[..., "Held | None"]
+class StoreState(Protocol):
+    """An open root, as a :class:`~kernelcache.store.root.Store` holds it."""
 
+    #: the root directory (absolute), and it with a separator: an entry's file is ``prefix + name``
+    root: str
+    prefix: str
+    #: only read: no lock, touch or quarantine
+    readonly: bool
+    #: seconds an operation waits for a key's lock unless told otherwise
+    lock_timeout: float
+    #: the trust policy applied to the root's files
+    policy: TrustPolicy
+    #: checked metadata by key, and when its last-used stamp is due
+    memo: dict[str, tuple[dict[str, Any], float]]
 
-class StoreState:
-    """One root and its settings, as a :class:`~kernelcache.store.root.Store` opened them.
+    def lock(self, key: str, *, shared: bool, timeout: float | None = None) -> Held | None: ...
 
-    ``root`` is absolute (resolved by the store); ``trust`` a policy's name, checked.
-    """
-
-    def __init__(
-        self,
-        root: str,
-        *,
-        readonly: bool,
-        lock_mode: str,
-        lock_stale: float,
-        lock_timeout: float,
-        trust: str,
-    ) -> None:
-        #: the root directory
-        self.root = root
-        #: ``root`` and a separator: an entry's file is ``prefix + name`` (the hot path)
-        self.prefix = os.path.join(root, "")
-        #: only read: no lock, touch or quarantine
-        self.readonly = readonly
-        #: seconds an operation waits for a key's lock unless told otherwise
-        self.lock_timeout = lock_timeout
-        #: the trust policy's name (see :data:`kernelcache.store.trust.TRUST_POLICIES`)
-        self.trust = trust
-        #: the trust policy applied to the root's files
-        self.policy = TrustPolicy(root, trust)
-        #: the per-key locks
-        self.locker = Locker(root, mode=lock_mode, stale_after=lock_stale, trust=self.policy)
-        #: checked metadata by key, and when its last-used stamp is due (then it is read again)
-        self.memo: dict[str, tuple[dict[str, Any], float]] = {}
-        #: whether reads take their shared flock (False once flock is found not to work here)
-        self.read_locks = not readonly
-
-
-def take_lock(
-    state: StoreState, key: str, *, shared: bool, timeout: float | None = None
-) -> Held | None:
-    """:meth:`~kernelcache.store.root.Store.lock` of the store of ``state``."""
-    if state.readonly:
-        return None
-    try:
-        return state.locker.acquire(
-            key, shared=shared, timeout=state.lock_timeout if timeout is None else timeout
-        )
-    except LockUnavailable as e:
-        warn_once(
-            logger,
-            (state.root, "locks"),
-            "kernelcache: working without locks under %s: %s",
-            state.root,
-            e,
-        )
-        return None
+    def read(
+        self, key: str, ext: str | None = None, *, fresh: bool = False
+    ) -> Artifact | Problem | None: ...

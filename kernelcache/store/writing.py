@@ -1,6 +1,7 @@
 """What a :class:`~kernelcache.store.root.Store` writes: an entry, published atomically
-(:func:`publish`), and the probe of whether it could (:func:`check_writable`). Each function
-takes the store's :class:`~kernelcache.store.state.StoreState` first.
+(:func:`publish`, for :meth:`Store.publish <kernelcache.store.root.Store.publish>`), and the
+probe of whether it could (:func:`check_writable`); bytes-like data as the bytes written
+(:func:`as_bytes`).
 
 Invariants: both files of an entry are staged under ``.tmp/`` (:mod:`.publish`) and put in
 place by ``os.replace`` under the key's exclusive lock, the artifact first and the metadata
@@ -25,41 +26,38 @@ from ..problem import Problem
 from ..schema.document import encode_metadata, make_metadata, require_whole, written_document
 from .entry import Artifact, as_bytes
 from .layout import TMP_DIR, open_subdir
-from .locks.budget import WaitBudget
+from .locks.locker import WaitBudget
 from .publish import open_root, stage, write_error
-from .reading import read
 from .removal import quarantine_locked, remove_locked
-from .state import StoreState, TakeLock
+from .state import StoreState
 
 
-def check_writable(state: StoreState) -> None:
+def check_writable(store: StoreState) -> None:
     """:meth:`Store.check_writable <kernelcache.store.root.Store.check_writable>`."""
-    if state.readonly:
-        raise CacheError(errno.EROFS, f"{state.root} is a read-only root")
-    root_fd = open_root(state.root)
+    if store.readonly:
+        raise CacheError(errno.EROFS, f"{store.root} is a read-only root")
+    root_fd = open_root(store.root)
     try:
-        tmp_fd = open_subdir(state.root, TMP_DIR, create=True)
+        tmp_fd = open_subdir(store.root, TMP_DIR, create=True)
         try:
-            os.unlink(stage(tmp_fd, state.policy, b""), dir_fd=tmp_fd)
+            os.unlink(stage(tmp_fd, store.policy, b""), dir_fd=tmp_fd)
         finally:
             os.close(tmp_fd)
     except OSError as e:
-        raise write_error(state.root, f"staging failed: {e.strerror}", e) from e
+        raise write_error(store.root, f"staging failed: {e.strerror}", e) from e
     finally:
         os.close(root_fd)
 
 
 def publish(
-    state: StoreState,
-    lock: TakeLock,
+    store: StoreState,
     key: str,
     ext: str,
     data: bytes,
     meta: Mapping[str, Any],
-    *,
-    wait: float | None = None,
-    replace: bool = False,
-    as_written: bool = False,
+    wait: float | None,
+    replace: bool,
+    as_written: bool,
 ) -> tuple[Artifact, bool]:
     """:meth:`Store.publish <kernelcache.store.root.Store.publish>`."""
     check_key(key)
@@ -70,9 +68,9 @@ def publish(
     else:
         doc = make_metadata(key, ext, data, meta)
     require_whole(key, ext, data, doc)
-    budget = WaitBudget(state.lock_timeout if wait is None else wait)
-    root = state.root
-    if state.readonly:
+    budget = WaitBudget(store.lock_timeout if wait is None else wait)
+    root = store.root
+    if store.readonly:
         raise CacheError(errno.EROFS, f"{root} is a read-only root")
     root_fd = open_root(root)
     staged: list[str] = []
@@ -80,18 +78,18 @@ def publish(
     try:
         try:
             tmp_fd = open_subdir(root, TMP_DIR, create=True)
-            staged.append(stage(tmp_fd, state.policy, data))
-            staged.append(stage(tmp_fd, state.policy, encode_metadata(doc)))
+            staged.append(stage(tmp_fd, store.policy, data))
+            staged.append(stage(tmp_fd, store.policy, encode_metadata(doc)))
         except OSError as e:
             raise write_error(root, f"staging failed: {e.strerror}", e, key) from e
         try:
-            held = lock(key, shared=False, timeout=budget.remaining())
+            held = store.lock(key, shared=False, timeout=budget.remaining())
         except LockTimeout as e:
             raise CacheError(
                 errno.EAGAIN, f"kernelcache: timed out waiting to write {key} under {root}"
             ) from e
         try:
-            existing = read(state, key, fresh=True)
+            existing = store.read(key, fresh=True)
             if isinstance(existing, Artifact):
                 if existing.ext != ext:
                     raise WrongExt(f"key {key} already holds a .{existing.ext} artifact")
@@ -99,9 +97,9 @@ def publish(
                     return existing, False
             if isinstance(existing, Problem):
                 if existing.outdated:
-                    remove_locked(state, root_fd, key, {ext, existing.ext or ext})
+                    remove_locked(store, root_fd, key, {ext, existing.ext or ext})
                 else:
-                    quarantine_locked(state, root_fd, key, existing.reason, budget.remaining())
+                    quarantine_locked(store, root_fd, key, existing.reason, budget.remaining())
             try:
                 os.replace(staged[0], f"{key}.{ext}", src_dir_fd=tmp_fd, dst_dir_fd=root_fd)
                 os.replace(staged[1], f"{key}.{META_EXT}", src_dir_fd=tmp_fd, dst_dir_fd=root_fd)
@@ -109,7 +107,7 @@ def publish(
                 raise write_error(root, f"publishing failed: {e.strerror}", e, key) from e
             staged.clear()
             if replace:
-                state.memo.pop(key, None)
+                store.memo.pop(key, None)
         finally:
             if held is not None:
                 held.release()
@@ -120,4 +118,4 @@ def publish(
                     os.unlink(name, dir_fd=tmp_fd)
             os.close(tmp_fd)
         os.close(root_fd)
-    return Artifact(key, ext, data, f"{state.prefix}{key}.{ext}", doc, "local"), True
+    return Artifact(key, ext, data, f"{store.prefix}{key}.{ext}", doc, "local"), True

@@ -8,16 +8,13 @@ broken; a reader's shared flock on an artifact keeps removal away while it reads
 
 from __future__ import annotations
 
-from .budget import (
-    WaitBudget,
-)
 from .flock import (
     LOCK_SUFFIXES,
     flock_held,
     flock_holder,
     lock_name,
 )
-from .locker import Held, Locker
+from .locker import Held, Locker, WaitBudget
 from .readers import (
     exclude_readers,
 )

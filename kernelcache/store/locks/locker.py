@@ -1,4 +1,5 @@
-"""Per-key locks under ``<root>/.locks/``, and the readers' shared flock on an artifact.
+"""Per-key locks under ``<root>/.locks/``, the readers' shared flock on an artifact, and the
+wait budget of a call.
 
 Two mechanisms, chosen per root:
 
@@ -18,8 +19,9 @@ EOPNOTSUPP or EINVAL. All processes sharing a root must end up in the same mode.
 
 Invariants: lock files are opened and held to the store's trust policy as
 :mod:`.lockfiles` says; a lock file of a user the policy does not trust is never waited on: the
-lock is unavailable, and the caller works without it. Waits are bounded per call, in total
-(:class:`WaitBudget`). The exclusive flock is filelock's descriptor lock, so a tool locking
+lock is unavailable, and the caller works without it. Waits are bounded per call, in total: a
+:class:`WaitBudget` is what one call may still spend waiting, for every lock, reader and remote
+claim it waits on. The exclusive flock is filelock's descriptor lock, so a tool locking
 ``.locks/<key>.lock`` with ``filelock.FileLock`` excludes kernelcache's writers and the other
 way round. Why the rest is not filelock's: docs/reliability.md, "Locks".
 """
@@ -34,6 +36,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -349,3 +352,27 @@ class Locker:
                 logger.warning("soft lock %s under %s was broken while held", filename, self.root)
         finally:
             os.close(dfd)
+
+
+class WaitBudget:
+    """The time one call may still spend waiting, over all of its waits together (for locks,
+    for readers, for the remote tier's lock): :meth:`remaining` counts down while the call
+    waits, and stands still while it works (:meth:`paused`, around a build)."""
+
+    __slots__ = ("_end",)
+
+    def __init__(self, seconds: float) -> None:
+        self._end = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        """Seconds left to wait (0 once spent: try once, never wait)."""
+        return max(0.0, self._end - time.monotonic())
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Work that is not waiting: its time is given back to the budget."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self._end += time.monotonic() - started

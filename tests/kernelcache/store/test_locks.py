@@ -18,6 +18,7 @@ from support import child_env, key_of, run_py
 import kernelcache
 from kernelcache.errors import LockTimeout, LockUnavailable
 from kernelcache.store.locks import Locker
+from kernelcache.store.removal import repair
 
 HOLD = """
 import sys, time
@@ -364,7 +365,7 @@ def test_entry_is_never_deleted_under_a_reader(tmp_path):
         assert reader.stdout.readline().strip() == "READING"
         assert cache.store.delete(key, wait=0.2) is None  # in use: nothing deleted
         assert cache.get(key, "bin").data == b"being read"
-        assert cache.store.repair(key, "bin").data == b"being read"
+        assert repair(cache.store, key, "bin").data == b"being read"
     finally:
         reader.kill()
         reader.wait(timeout=10)
