@@ -20,7 +20,7 @@ lowering: an odd program entry is a miss, a failed put costs the next process it
 
 A program entry is served only once every opaque in it is known to inflate whole (what jaxlib
 does with one first): checked when a process reads the entry, unless this user recorded the
-check of these very bytes before (:mod:`kernelcache.store.checked`; the process that writes an entry
+check of these very bytes before (:mod:`kernelcache.store.layout`; the process that writes an entry
 records it, having built its opaques), so a warm process of the same user inflates nothing. A
 program entry that does not decode, or holds an opaque that does not inflate, is a corrupt
 entry: quarantined, and none of its items is served.
@@ -124,7 +124,7 @@ def decode(data: bytes) -> list[Item] | None:
     return items if at == len(data) else None
 
 
-#: the name of the check recorded for a program entry (:mod:`kernelcache.store.checked`)
+#: the name of the check recorded for a program entry (:mod:`kernelcache.store.layout`)
 CHECK = "opaques-inflate"
 
 

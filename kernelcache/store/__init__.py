@@ -19,9 +19,8 @@ from ..schema.document import (
     parse_metadata,
 )
 from ..schema.fields import RESERVED_FIELDS
-from .checked import check_recorded, record_check
 from .entry import Artifact
-from .layout import register_directory
+from .layout import check_recorded, record_check, register_directory
 from .root import Store
 from .trust import TRUST_POLICIES
 

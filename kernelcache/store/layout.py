@@ -8,7 +8,7 @@
     <root>/.locks/         per-key lock files (see locks.py)
     <root>/.quarantine/    corrupt entries moved aside, with the reason
     <root>/.stats/         per-process statistics logs, their summary, the scan index
-    <root>/.checked/       what each user checked of an entry beyond a read (see checked.py)
+    <root>/.checked/       what each user checked of an entry beyond a read (below)
 
 Other packages register the directories they keep in a root (:func:`register_directory`), so
 that a scan knows them from foreign files.
@@ -22,6 +22,18 @@ root (umask 002, a set-group-ID directory) stays writable for its group. In a ro
 sharing (set-group-ID or sticky), the directories every user writes files of their own into
 (:func:`shared_directories`) are created sticky, so that a user may remove or replace only
 their own files there.
+
+A package may check more of an entry than a read does (the bridge inflates every opaque of a
+program entry before serving any) and record it (:func:`record_check`), so that the same user's
+next process need not check the same bytes again (:func:`check_recorded`): one empty file per
+check, key and digest in ``.checked/``, named ``<uid>.<check>.<key>.<digest>`` (the digest's
+algorithm and hex digits joined by ``-``). A record is believed only if it is a regular file
+owned by this user (another user of a shared root can create files of any name there, never
+one owned by this user), so it vouches only for what this user checked; the digest in its name
+ties it to the bytes checked (an entry replaced, or its bytes altered with its digests made
+again, has another digest and no record). Records are never read for content and never needed:
+a missing or unwritable one (or a file another user planted under this user's record's name)
+costs the next process the check, nothing else.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 import threading
 import uuid
@@ -39,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import Settings, parse_variable, variable
 from ..errors import DeclarationError, InvalidValue
 from ..fsio import READ_FLAGS
+from ..keys import KEY_PATTERN
 from ..problem import Problem
 from ..schema.document import MAX_META_BYTES, parse_metadata
 
@@ -291,3 +305,54 @@ def readable(root: str) -> bool:
     permissions, as the process's effective user and capabilities)."""
     effective = os.access in os.supports_effective_ids
     return os.access(root, os.R_OK | os.X_OK, effective_ids=effective)
+
+
+# -- checks recorded per user --------------------------------------------------------------
+_CHECK = re.compile(r"[a-z0-9-]{1,32}")
+#: an entry's digest as its metadata writes it (``xxh3_128:<32 hex digits>``)
+_DIGEST = re.compile(r"([a-z0-9_]{1,16}):([0-9a-f]{32,128})")
+
+
+def _name(check: str, key: str, digest: object) -> str | None:
+    """The record's file name, or None where a part is not what it should be."""
+    if not _CHECK.fullmatch(check) or not KEY_PATTERN.fullmatch(key):
+        return None
+    found = _DIGEST.fullmatch(digest) if isinstance(digest, str) else None
+    if found is None:
+        return None
+    return f"{os.geteuid()}.{check}.{key}.{found[1]}-{found[2]}"
+
+
+def check_recorded(root: str, check: str, key: str, digest: object) -> bool:
+    """Whether this user recorded ``check`` of the bytes of digest ``digest`` under ``key``."""
+    name = _name(check, key, digest)
+    if name is None:
+        return False
+    try:
+        dfd = open_subdir(root, CHECKED_DIR, create=False)
+    except OSError:
+        return False
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return False
+    finally:
+        os.close(dfd)
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def record_check(root: str, check: str, key: str, digest: object) -> None:
+    """Record that this user made ``check`` of the bytes of digest ``digest`` under ``key``
+    (never raises: a record that cannot be written costs the next process the check)."""
+    name = _name(check, key, digest)
+    if name is None:
+        return
+    try:
+        dfd = open_subdir(root, CHECKED_DIR, create=True)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):  # (FileExistsError: recorded, or another user's name)
+            os.close(create_exclusive(name, dfd))
+    finally:
+        os.close(dfd)
