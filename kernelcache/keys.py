@@ -8,7 +8,10 @@ argument) can name a path outside the root.
 A key's first :data:`GROUP_CHARS` characters are its group (:func:`group_of`): a caller that
 derives the keys of an entry's companions from it keeps them in its group, and a remote tier
 keeps a group together (one Redis Cluster slot, one object-store prefix), so that a shard that
-fails takes a kernel with all of its companions, or none of them.
+fails takes a kernel with all of its companions, or none of them. Entries of some extensions
+are usually absent (autotune decisions, remembered failures, memos: declared by their owners
+with :func:`declare_sparse`), so that a remote tier lets a miss of one cost little (a layered
+tier does not wait long on a lower tier for one: :class:`kernelcache.remote.layered.LayeredTier`).
 """
 
 from __future__ import annotations
@@ -24,11 +27,19 @@ META_EXT = "json"
 RESERVED_EXTS = frozenset({META_EXT})
 #: the characters of a key that name its group (see the module docstring)
 GROUP_CHARS = 16
+#: extensions of entries that are usually absent (:func:`declare_sparse`)
+SPARSE_EXTS: set[str] = set()
 
 
 def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def declare_sparse(*exts: str) -> None:
+    """Declare entries of ``exts`` usually absent (e.g. autotune decisions, remembered
+    failures, memos): a miss of one should cost little."""
+    SPARSE_EXTS.update(exts)
 
 
 def group_of(key: str) -> str:

@@ -11,7 +11,7 @@ to a key, its owner (a kernel key, a lowering key, a decision key): its own key 
 itself (a decision, a memo). What a kind stores (its document, its metadata, what it checks when
 reading one back) is its module's. A kind registers itself when it is made: its extension is
 taken (a second kind with it is refused), and a usually absent kind is declared sparse to the
-remote tiers (:func:`kernelcache.remote.declare_sparse`); :func:`declared_kinds` is every kind.
+remote tiers (:func:`kernelcache.keys.declare_sparse`); :func:`declared_kinds` is every kind.
 
 Invariants: a kind is declared once, under one name, in the module that owns its documents;
 no other module of the bridge names its extension, nor calls the cache for an entry of it but
@@ -30,8 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kernelcache.keys import GROUP_CHARS, KEY_PATTERN, group_of
-from kernelcache.remote import declare_sparse
+from kernelcache.keys import GROUP_CHARS, KEY_PATTERN, declare_sparse, group_of
 
 if TYPE_CHECKING:
     from kernelcache import Artifact, Cache

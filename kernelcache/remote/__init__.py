@@ -32,7 +32,7 @@ from .registry import (
     schemes,
     split_urls,
 )
-from .tier import Busy, RemoteTier, TierClass, declare_sparse
+from .tier import Busy, RemoteTier, TierClass
 from .url import (
     CLIENT_OPTIONS,
     OPTIONS,
@@ -78,7 +78,6 @@ __all__ = [
     "authenticate",
     "check_entry",
     "check_url",
-    "declare_sparse",
     "decode_value",
     "encode_value",
     "make_value",

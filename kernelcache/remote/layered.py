@@ -9,7 +9,7 @@ returns is checked (:func:`~kernelcache.remote.codec.check_entry`) before it is 
 read-only tiers are never written; backfill and the puts below the first tier that holds an
 entry never block a caller (a full queue drops copies) and are given a bounded time at exit. A
 lookup of an entry that is usually absent (a decision, a remembered failure, a memo:
-:func:`~kernelcache.remote.tier.declare_sparse`) waits at most :data:`SPARSE_WAIT` for each
+:func:`~kernelcache.keys.declare_sparse`) waits at most :data:`SPARSE_WAIT` for each
 tier below the first: a slow or hung tier costs it a quarter of a second, not the tier's
 timeout, and an answer that comes later is copied up for the next lookup. A key's build lock
 is taken in the first writable tier that can give it: where a tier (or the key's shard in it)
@@ -29,18 +29,19 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import stats
+from ..keys import SPARSE_EXTS
 from ..process import warn_once
 from .base import logger, tier_label
 from .codec import check_entry
 from .contact import off_path
 from .leases import no_release
-from .tier import SPARSE_EXTS, Busy, Claim, RemoteTier, try_lock, wait_for
+from .tier import Busy, Claim, RemoteTier, try_lock, wait_for
 
 #: copies waiting to be made at most; more are dropped (a later hit copies them again)
 BACKFILL_QUEUE = 256
 #: seconds a process waits at exit for the copies it queued
 EXIT_WAIT = 2.0
-#: seconds a lookup of a usually absent entry (:data:`~kernelcache.remote.tier.SPARSE_EXTS`)
+#: seconds a lookup of a usually absent entry (:data:`~kernelcache.keys.SPARSE_EXTS`)
 #: waits for a tier below the first, and how many such lookups may run at once
 SPARSE_WAIT = 0.25
 SPARSE_CALLS = 8

@@ -20,17 +20,6 @@ from typing import Any, Protocol, runtime_checkable
 #: the first and the longest pause between two tries of a build lock held elsewhere
 POLL_FIRST, POLL_MAX = 0.02, 0.5
 
-#: extensions of entries that are usually absent (declared by their owners with
-#: :func:`declare_sparse`): a lookup of one does not wait long on a lower tier of a layered
-#: tier (see :class:`kernelcache.remote.layered.LayeredTier`)
-SPARSE_EXTS: set[str] = set()
-
-
-def declare_sparse(*exts: str) -> None:
-    """Declare entries of ``exts`` usually absent (e.g. autotune decisions, remembered
-    failures, memos): a miss of one should cost little."""
-    SPARSE_EXTS.update(exts)
-
 
 @dataclass(frozen=True)
 class Busy:

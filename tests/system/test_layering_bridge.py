@@ -288,10 +288,10 @@ def test_the_stage_of_a_module_is_its_longest_prefix(module, expected):
 #: what the bridge may import of kernelcache: its public API and the surface it offers packages
 #: built on it. Each is a folder's face (its ``__init__``: ``cli`` for commands, ``config`` for
 #: variables, ``doctor`` for report checks, ``store`` for directories and per-user check records,
-#: ``remote`` for sparse entry kinds, ``schema`` for metadata fields, ``maintenance`` for a
-#: root's scan, ``stats`` for counters) or a foundation module of the top level (keys, errors,
-#: formats, units, the table of a root, helpers for reading files and JSON, toolchains, progress,
-#: the process's host and warnings); never a module inside a folder
+#: ``remote`` for remote tiers, ``schema`` for metadata fields, ``maintenance`` for a root's
+#: scan, ``stats`` for counters) or a foundation module of the top level (keys and the sparse
+#: entry kinds, errors, formats, units, the table of a root, helpers for reading files and
+#: JSON, toolchains, progress, the process's host and warnings); never a module inside a folder
 BORDER = frozenset(
     {
         "kernelcache",

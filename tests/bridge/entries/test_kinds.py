@@ -262,7 +262,7 @@ def test_samples_are_built_once_under_their_decisions_key_and_rebuilt_when_unusa
 
 
 def test_failures_decisions_samples_and_memos_are_declared_usually_absent():
-    from kernelcache.remote.tier import SPARSE_EXTS
+    from kernelcache.keys import SPARSE_EXTS
 
     kinds.declared_kinds()
     assert {"failure", "decision", "sample", "ident"} <= SPARSE_EXTS
@@ -273,12 +273,12 @@ def test_failures_decisions_samples_and_memos_are_declared_usually_absent():
 def registry(monkeypatch):
     """The registry of kinds and the remote tiers' sparse extensions, as they are now; what a
     test declares is forgotten after it."""
-    from kernelcache.remote import tier
+    from kernelcache import keys
 
     kinds.declared_kinds()
     monkeypatch.setattr(kinds, "_BY_EXT", dict(kinds._BY_EXT))
-    monkeypatch.setattr(tier, "SPARSE_EXTS", set(tier.SPARSE_EXTS))
-    return tier
+    monkeypatch.setattr(keys, "SPARSE_EXTS", set(keys.SPARSE_EXTS))
+    return keys
 
 
 def test_a_kind_is_declared_when_made_and_a_sparse_one_to_the_remote_tiers(registry):
