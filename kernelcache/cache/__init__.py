@@ -14,7 +14,7 @@ Invariants: failures of the cache never fail the caller's job: ``get`` turns the
 artifact built in memory, with one warning per kind of failure; an entry the writable root
 cannot take (a full disk) still goes to the remote tier. Every call waits at most the lock
 timeout in all, over all its keys and waits (locks, readers of a corrupt entry, the remote
-tier's lock): one :class:`~kernelcache.store.root.WaitBudget` per call, which stands still
+tier's lock): one :class:`~kernelcache.store.locks.WaitBudget` per call, which stands still
 while the call builds; once spent, each lock is tried once and never waited for. Opening the
 layers is where a job first reads its settings: a variable that cannot be used, a
 ``KERNELCACHE_*`` name nothing declares, a read-only root that cannot serve anything, or a

@@ -294,7 +294,7 @@ def repair(
 ) -> Artifact | Problem | None:
     """Re-read ``key`` from disk under its exclusive lock; quarantine it if it is corrupt,
     or if ``refuse`` gives a reason against the artifact read
-    (:func:`~kernelcache.store.root.not_whole`, or what a reader that checks more than a read
+    (:func:`~kernelcache.store.entry.not_whole`, or what a reader that checks more than a read
     does found: it is refused only as it still is).
 
     Returns what the fresh read found: the Artifact (a false alarm, e.g. a concurrent

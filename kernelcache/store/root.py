@@ -1,6 +1,6 @@
-"""One cache root on disk, opened: :class:`Store`, its entries as readers get them
-(:class:`Artifact`), verified reads, and the budget every wait of an operation draws from. A
-store writes through :mod:`.writing` and removes files (quarantine too) through :mod:`.removal`.
+"""One cache root on disk, opened: :class:`Store` and its verified reads, which return entries
+as readers get them (:class:`~kernelcache.store.entry.Artifact`). A store writes through
+:mod:`.writing` and removes files (a corrupt entry's too: quarantine) through :mod:`.removal`.
 
 Guarantees across processes and hosts sharing a root:
 
@@ -44,8 +44,15 @@ from ..problem import Problem
 from ..process import warn_once
 from ..schema.document import digest, entry_problem
 from .entry import FUTURE_SLACK, MEMO_ENTRIES, TOUCH_INTERVAL, Artifact
-from .layout import NOT_VISIBLE, open_subdir, read_metadata, readable, resolve_root, unservable
-from .layout import writable as root_writable
+from .layout import (
+    NOT_VISIBLE,
+    open_subdir,
+    read_metadata,
+    readable,
+    resolve_root,
+    unservable,
+    writable,
+)
 from .locks.locker import Held, Locker, WaitBudget
 from .removal import delete, repair
 from .trust import TrustPolicy, check_policy
@@ -175,7 +182,7 @@ class Store:
 
     def writable(self) -> bool:
         """Whether this process may create files in the root (permissions, a read-only mount)."""
-        return root_writable(self.root)
+        return writable(self.root)
 
     def open_dir(self, name: str | None = None, *, create: bool = False) -> int:
         """The root (``name`` None), or its directory ``name`` (never through a symlink; made
@@ -372,8 +379,8 @@ class Store:
         self, key: str, ext: str, *, wait: float | WaitBudget | None = None, checked: bool = False
     ) -> Artifact | Problem | None:
         """Read an entry; if it looks corrupt, re-check it under the key's lock and quarantine
-        it (:func:`~kernelcache.store.removal.repair`, waiting at most ``wait`` seconds in all, or what is left of that
-        budget; None: the lock timeout).
+        it (:func:`~kernelcache.store.removal.repair`, waiting at most ``wait`` seconds in all,
+        or what is left of that budget; None: the lock timeout).
 
         Returns the Artifact, a Problem (not served: corrupt and quarantined, or the key holds
         another ext), or None (no entry). ``checked``: the caller has validated ``key`` and
@@ -403,7 +410,8 @@ class Store:
     def put(
         self, key: str, ext: str, data: bytes, meta: Mapping[str, Any], *, wait: float | None = None
     ) -> Artifact:
-        """The artifact of :meth:`publish`, which did not replace an entry."""
+        """:meth:`publish` without ``replace``, returning the artifact the key holds: this
+        call's, or the first writer's."""
         return self.publish(key, ext, data, meta, wait=wait)[0]
 
     def publish(
