@@ -22,7 +22,7 @@ run ending when the eviction pass it started ends; amortized: the total time of 
 passes included where they did not run beside the puts, over their number. At a cap, each put
 also pays for an eviction: one delete under the entry's lock (as ``prune``), and its share of
 the pass's listing; passes run in a helper process beside the puts (see
-:mod:`kernelcache.maintenance.capacity`), so the table also shows the CPU time per put, the helper's
+:mod:`kernelcache.capacity.size_cap`), so the table also shows the CPU time per put, the helper's
 included: the work a cap costs the machine, where the first figure is what it costs the job.
 
 Then how far a burst takes a root past its cap: writer processes that each put their entries
@@ -69,7 +69,7 @@ from common import REPO, export
 
 import kernelcache
 from kernelcache import units
-from kernelcache.maintenance.usage import entries_of
+from kernelcache.capacity.usage import entries_of
 
 SIZES = {"4KiB": 4 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20}
 KEYS = 64

@@ -31,10 +31,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .. import stats, units
+from ..capacity.size_cap import SizeCap
 from ..config import Settings, job_settings, warn_unknown_in_a_job
 from ..errors import CacheError, ConfigError, InvalidValue, WrongExt
 from ..keys import check_ext, check_key
-from ..maintenance.capacity import SizeCap
 from ..problem import Problem
 from ..process import warn_once
 from ..remote import RemoteTier, check_entry, open_remote
@@ -81,7 +81,7 @@ class Cache:
             ``$KERNELCACHE_LOCK_TIMEOUT``.
         lock_mode: "auto", "flock" or "soft"; None for ``$KERNELCACHE_LOCK_MODE``.
         max_size: a size cap of the writable root in bytes, or a size such as ``"50G"``:
-            least recently used entries are evicted past it (see :mod:`kernelcache.maintenance.capacity`);
+            least recently used entries are evicted past it (see :mod:`kernelcache.capacity.size_cap`);
             None for ``$KERNELCACHE_MAX_SIZE``; 0 for none.
     """
 

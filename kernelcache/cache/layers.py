@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ..capacity.size_cap import SizeCap
 from ..errors import WrongExt
-from ..maintenance.capacity import SizeCap
 from ..remote.tier import RemoteTier
 from ..store.entry import Artifact
 from ..store.locks.locker import WaitBudget

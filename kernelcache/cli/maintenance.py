@@ -13,7 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ..maintenance.usage import discard_usage
+from ..capacity.usage import discard_usage
 from ..store.layout import STATS_DIR
 from .common import Context, Subparsers, add_command, add_filters, age_arg, size_arg
 from .output import (

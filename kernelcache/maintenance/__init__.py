@@ -1,4 +1,5 @@
-"""Maintenance of a root: scanning, verifying, pruning and the size cap.
+"""Maintenance of a root, on request: scanning, verifying, pruning (the size cap kept while the
+cache runs is :mod:`kernelcache.capacity`'s).
 
 What enters: a store (and the settings that name its limits). What leaves: a scan (entries and
 problems found), plans (what a prune, a repair or a clear would remove, and why) and their

@@ -3,7 +3,7 @@ the layers below it; no module of kernelcache is longer than :data:`MAX_LINES` l
 
 Layers, bottom to top: the foundation (the modules at the top of the package), ``schema``,
 ``store``, ``stats``, ``remote`` and ``maintenance`` (side by side: neither imports the
-other), ``cache``, ``bundle`` and ``doctor`` (side by side), ``cli``. The package's
+other), ``capacity`` (the size cap: its passes are maintenance's prunes), ``cache``, ``bundle`` and ``doctor`` (side by side), ``cli``. The package's
 ``__init__`` (the public API) may import from any layer. Read statically with
 :func:`import_graph` (tests/helpers/import_graph.py), so function-level and
 ``TYPE_CHECKING`` imports count too.
@@ -23,10 +23,11 @@ LAYERS = {
     "stats": 3,
     "remote": 4,
     "maintenance": 4,
-    "cache": 5,
-    "bundle": 6,
-    "doctor": 6,
-    "cli": 7,
+    "capacity": 5,
+    "cache": 6,
+    "bundle": 7,
+    "doctor": 7,
+    "cli": 8,
 }
 FOUNDATION = {
     "_version",

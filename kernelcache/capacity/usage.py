@@ -72,9 +72,9 @@ def _parse(record: bytes, at: int) -> tuple[bytes, int] | None:
 
 class UsageView:
     """One process's view of a root's usage file: how far it was read, the base and the
-    running total. A :class:`~kernelcache.maintenance.capacity.SizeCap` holds one (its
+    running total. A :class:`~kernelcache.capacity.size_cap.SizeCap` holds one (its
     ``usage``), appends to the file through it, and its eviction passes
-    (:class:`~kernelcache.maintenance.eviction.Eviction`) read it and leave there the size
+    (:class:`~kernelcache.capacity.eviction.Eviction`) read it and leave there the size
     they measured.
 
     Args:

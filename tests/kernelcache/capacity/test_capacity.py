@@ -19,8 +19,8 @@ from cli_support import files_under, kc, kc_json, put
 from support import child_env, run_py
 
 import kernelcache
+from kernelcache.capacity.usage import PASS_LOCK, entries_of, replace_usage, usage_record
 from kernelcache.errors import ConfigError
-from kernelcache.maintenance.usage import PASS_LOCK, entries_of, replace_usage, usage_record
 from kernelcache.store.locks import Locker
 
 #: the extension of the artifacts these tests store: one without a structural check (what they
@@ -248,8 +248,8 @@ def test_short_processes_wait_at_exit_for_their_pass(tmp_path):
 #: lets a process's passes run one in a row
 PAUSED = """
 import os, time
-import kernelcache.maintenance.eviction as eviction
-from kernelcache.maintenance.capacity import SizeCap
+import kernelcache.capacity.eviction as eviction
+from kernelcache.capacity.size_cap import SizeCap
 SizeCap.MAX_PASSES_IN_A_ROW = 1
 listing = eviction.entries_of
 def paused(*args):
@@ -265,7 +265,7 @@ eviction.entries_of = paused
 
 LAST_PUT = """
 import hashlib, os, sys, time, kernelcache
-import kernelcache.maintenance.helper as helpers
+import kernelcache.capacity.helper as helpers
 how, GATE = sys.argv[1], sys.argv[2]
 exec(PAUSED)
 if how == "thread":
@@ -304,7 +304,7 @@ def test_a_put_during_the_last_pass_of_a_row_gets_a_pass_after_it(tmp_path, how)
 
 HELPED = """
 import hashlib, os, sys, kernelcache
-import kernelcache.maintenance.helper as helpers
+import kernelcache.capacity.helper as helpers
 how = sys.argv[1]
 if how == "no-helpers":
     sys.executable = ""  # nothing to start a helper with

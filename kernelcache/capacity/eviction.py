@@ -1,10 +1,10 @@
 """The eviction passes of a size cap: :class:`Eviction`, which a
-:class:`~kernelcache.maintenance.capacity.SizeCap` holds as its ``eviction``, runs one
+:class:`~kernelcache.capacity.size_cap.SizeCap` holds as its ``eviction``, runs one
 (:meth:`Eviction.evict`), whoever asked for it (a put, the helper process, a thread), over the
 cap's view of the usage file.
 
 A pass is a prune (:mod:`kernelcache.maintenance.prune`): a listing of the root and the status
-of each entry's files (no metadata is read: :func:`~kernelcache.maintenance.usage.entries_of`;
+of each entry's files (no metadata is read: :func:`~kernelcache.capacity.usage.entries_of`;
 the entries the same process's last pass saw and left are taken as it saw them, and every
 :data:`FULL_EVERY` passes all are looked at again), a plan that removes the least recently used
 entries (by their last-used stamps) down to the low-water mark of the cap, each delete
@@ -12,7 +12,7 @@ re-checked under its key's lock, an entry in use skipped (a helper deletes one e
 nobody waits for it); then the usage file is rewritten with the size the pass measured and the
 records appended while it ran.
 
-Invariants: a pass holds the lock ``capacity`` (:data:`~kernelcache.maintenance.usage.PASS_LOCK`)
+Invariants: a pass holds the lock ``capacity`` (:data:`~kernelcache.capacity.usage.PASS_LOCK`)
 while it runs, so no two run at once; one that waited for another's runs only if still due; a
 failure (an unwritable ``.stats/``, a lock that cannot be had) never raises: the cap gives up.
 """
@@ -52,7 +52,7 @@ class Eviction:
 
     Args:
         view: the cap's view of its root's usage file (the
-            :class:`~kernelcache.maintenance.capacity.SizeCap`'s ``usage``): the store, the
+            :class:`~kernelcache.capacity.size_cap.SizeCap`'s ``usage``): the store, the
             cap, its low-water mark and whether passes report to the process that started a
             helper; a pass leaves the size it measured there.
         lock: the lock that guards ``view`` (and what a pass changes of it).
@@ -151,10 +151,10 @@ class Eviction:
         Raises:
             OSError: the usage file cannot be written.
         """
-        from .execute import execute
-        from .prune import plan_prune
-        from .records import CacheScan
-        from .scan import finished_logs
+        from ..maintenance.execute import execute
+        from ..maintenance.prune import plan_prune
+        from ..maintenance.records import CacheScan
+        from ..maintenance.scan import finished_logs
 
         view = self.view
         store = view.store

@@ -1,16 +1,16 @@
 """Keeping a writable root under a size cap (``KERNELCACHE_MAX_SIZE``, ``Cache(max_size=)``).
 
-Every put adds its bytes to the root's usage file (:mod:`kernelcache.maintenance.usage`), a
+Every put adds its bytes to the root's usage file (:mod:`kernelcache.capacity.usage`), a
 running estimate of the root's size shared by every process writing it. When the estimate
 passes the cap, the process that notices asks its helper process for an eviction pass
-(:mod:`kernelcache.maintenance.helper`; the put that noticed returns at once); where no helper
+(:mod:`kernelcache.capacity.helper`; the put that noticed returns at once); where no helper
 can be started or one failed, passes run in a thread all the same. A put that finds a pass
 due while this process's runs has another run once it ends: the last put is always followed by
 a pass that lists the root after it. Passes take the lock
 ``capacity``: no two run at once, no put waits for the lock, and one that finds it held waits
 for it (:data:`RETRY_SECONDS` at a time), then runs only if still due.
 
-A pass (:mod:`kernelcache.maintenance.eviction`) is a prune of the least recently used entries
+A pass (:mod:`kernelcache.capacity.eviction`) is a prune of the least recently used entries
 down to :data:`LOW_WATER` of the cap, after which the usage file holds the size it measured.
 So a put costs one small append and read, and a pass (linear in the entries) runs once per
 fifth of the cap written. A process waits at exit for the pass it asked for (at most :data:`EXIT_WAIT`
@@ -65,7 +65,7 @@ class SizeCap:
 
     Thread-safe; each process keeps its own view of the usage file (see the module docstring),
     which the cap holds (:attr:`usage`), and its passes are run by the
-    :class:`~kernelcache.maintenance.eviction.Eviction` it holds. With ``reporting`` (in a
+    :class:`~kernelcache.capacity.eviction.Eviction` it holds. With ``reporting`` (in a
     helper process) what the passes evicted is reported to the process that started it
     (:attr:`eviction`'s ``evicted``), not logged, and so is why the cap cannot be kept.
     """
@@ -160,7 +160,7 @@ class SizeCap:
             return
         # what a pass imports, imported here: a thread cannot import concurrent.futures
         # once the interpreter is exiting (the pass may still run then)
-        from . import prune, scan  # noqa: F401
+        from ..maintenance import prune, scan  # noqa: F401
 
         self._running = True
         self._thread = threading.Thread(

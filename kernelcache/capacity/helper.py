@@ -1,7 +1,7 @@
 """The helper processes that run eviction passes beside the processes that put.
 
 A process starts one helper per capped cache at its first pass (``python -c``
-:data:`HELPER_CODE`, which runs :func:`kernelcache.maintenance.capacity.helper_main`), asks it
+:data:`HELPER_CODE`, which runs :func:`kernelcache.capacity.size_cap.helper_main`), asks it
 for passes through its standard input, one line each, and reads one report line per request.
 A helper ends when its standard input closes: at the process's exit or death. Where no helper
 can be started, or one failed, :data:`no_helpers_since` says why, and passes run in a thread.
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 #: what a helper process runs: ``helper_main`` with the cap's settings as JSON
 HELPER_CODE = (
-    "import sys\nfrom kernelcache.maintenance.capacity import helper_main\nhelper_main(sys.argv[1])"
+    "import sys\nfrom kernelcache.capacity.size_cap import helper_main\nhelper_main(sys.argv[1])"
 )
 #: why helper processes cannot be started here (passes then run in threads), once known
 no_helpers_since: str | None = None
