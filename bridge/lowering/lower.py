@@ -40,8 +40,7 @@ from .. import versions
 from ..call.tracing import CallSpec, triton_call_p
 from ..embed import modes
 from ..entries import lowerings
-from ..entries.lowerings import Lowered
-from ..entries.programs import Item, Program
+from ..entries.lowerings import Item, Lowered, Program
 from ..errors import KernelArgumentError
 from ..identity import specialize, witness
 from ..settings import as_cache

@@ -224,11 +224,9 @@ def cuda_devices() -> list[Any]:
 
 
 def forget_lowerings(root: Any) -> int:
-    """Remove the lowering and program entries under ``root`` (see :mod:`bridge.entries.lowerings`,
-    :mod:`bridge.entries.programs`), so that the next lowering works from the kernel entries alone;
-    returns how many files went."""
-    from bridge.entries.lowerings import LOWERING, VARIANTS
-    from bridge.entries.programs import PROGRAM
+    """Remove the lowering and program entries under ``root`` (see :mod:`bridge.entries.lowerings`),
+    so that the next lowering works from the kernel entries alone; returns how many files went."""
+    from bridge.entries.lowerings import LOWERING, PROGRAM, VARIANTS
 
     gone = 0
     for ext in (LOWERING.ext, VARIANTS.ext, PROGRAM.ext):
@@ -240,9 +238,9 @@ def forget_lowerings(root: Any) -> int:
 
 
 def forget_programs(root: Any) -> int:
-    """Remove the program entries under ``root`` (:mod:`bridge.entries.programs`), so that the next
+    """Remove the program entries under ``root`` (:mod:`bridge.entries.lowerings`), so that the next
     lowering reads each call's own lowering entries; returns how many went."""
-    from bridge.entries.programs import PROGRAM
+    from bridge.entries.lowerings import PROGRAM
 
     gone = 0
     for path in Path(root).glob(f"*.{PROGRAM.ext}"):

@@ -25,7 +25,7 @@ import bridge.entries
 import kernelcache
 from bridge.cli import tune
 from bridge.compile import fetch
-from bridge.entries import decisions, failures, kernels, kinds, lowerings, memos, programs, samples
+from bridge.entries import decisions, failures, kernels, kinds, lowerings, memos, samples
 from bridge.entries.decisions import Decision
 from bridge.entries.lowerings import Lowered
 from bridge.entries.samples import Sample
@@ -86,7 +86,7 @@ def test_every_kind_declares_the_key_extension_counting_wait_and_sparseness_it_a
     assert samples.SAMPLE.key(OWNER, 1) == SAMPLE_1_KEY
     assert memos.memo_key("ptxas", "fingerprint") == MEMO_KEY
     assert lowerings.LOWERING.corrupt == "a lowering entry that does not decode"
-    assert programs.PROGRAM.corrupt == "a program entry that does not decode"
+    assert lowerings.PROGRAM.corrupt == "a program entry that does not decode"
 
 
 def test_a_key_takes_a_part_exactly_where_its_kind_has_several_entries_per_owner():
@@ -214,13 +214,13 @@ def test_lowerings_and_their_variants_never_wait_and_a_corrupt_one_is_quarantine
 
 def test_a_program_is_stored_under_its_first_calls_key_and_a_corrupt_one_is_quarantined(cache):
     done = Lowered(zlib.compress(b"opaque"), "inline", False, (0,))
-    program = programs.Program(cache)
+    program = lowerings.Program(cache)
     assert program.lowered(OWNER, lowerings.EVERY) is None
-    program.note(programs.Item(OWNER, lowerings.EVERY, None, done), CALL, "cuda:90")
+    program.note(lowerings.Item(OWNER, lowerings.EVERY, None, done), CALL, "cuda:90")
     program.close()
-    assert programs.Program(cache).lowered(OWNER, lowerings.EVERY) == done
+    assert lowerings.Program(cache).lowered(OWNER, lowerings.EVERY) == done
     cache.replace(PROGRAM_KEY, "program", b"KCP1 not a program", LOWERING_META)
-    assert programs.Program(cache).lowered(OWNER, lowerings.EVERY) is None
+    assert lowerings.Program(cache).lowered(OWNER, lowerings.EVERY) is None
     assert cache.take() == [
         ("get", PROGRAM_KEY, "program", False),
         ("get", LOWERING_KEY, "lowering", False),

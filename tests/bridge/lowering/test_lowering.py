@@ -989,7 +989,7 @@ def test_a_warm_lowering_is_replayed_byte_identical(fresh, assembled, program):
 def test_an_edited_lowering_entry_is_never_served(fresh, assembled):
     cold = module_text(add(fresh), F32, F32)
     assert forget_programs(fresh.root) == 1  # the call's own entry is read (edited programs:
-    (path,) = Path(fresh.root).glob("*.lowering")  # tests/bridge/entries/test_programs.py)
+    (path,) = Path(fresh.root).glob("*.lowering")  # tests/bridge/entries/test_lowerings.py)
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0xFF
     path.write_bytes(bytes(raw))

@@ -1,4 +1,4 @@
-"""Program entries (``bridge.entries.programs``): a warm lowering of a program reads one entry for all
+"""Program entries (``bridge.entries.lowerings``): a warm lowering of a program reads one entry for all
 its calls, serves nothing its calls' own entries would not, and degrades to those entries when a
 program entry is missing, edited, odd or written by another program.
 
@@ -22,9 +22,8 @@ from cli_support import kc
 
 import kernelcache
 from bridge.cli import tune
-from bridge.entries import lowerings, programs
-from bridge.entries.lowerings import LOWERING, VARIANTS
-from bridge.entries.programs import PROGRAM
+from bridge.entries import lowerings
+from bridge.entries.lowerings import LOWERING, PROGRAM, VARIANTS
 from bridge.lowering import lower as bridge_call
 from examples import ops
 
@@ -156,7 +155,7 @@ ODD_PROGRAMS = {
 
 @pytest.mark.parametrize("raw", ODD_PROGRAMS.values(), ids=ODD_PROGRAMS.keys())
 def test_an_odd_program_entry_is_a_miss(raw):
-    assert programs.decode(raw) is None
+    assert lowerings.decode_program(raw) is None
 
 
 @pytest.mark.parametrize("edit", ["flipped-byte", "another-programs-items"])
@@ -168,11 +167,11 @@ def test_an_edited_or_foreign_program_entry_is_never_served(cache, assembled, re
         raw[-1] ^= 0xFF
         path.write_bytes(bytes(raw))
     else:  # well formed and signed, but its first item is not the call that looks it up
-        items = programs.decode(path.read_bytes())
+        items = lowerings.decode_program(path.read_bytes())
         assert items is not None and len(items) == 3
         path.with_suffix(".json").unlink()
         path.unlink()
-        cache.put(path.stem, PROGRAM.ext, programs.encode(items[1:]), {"kind": "lowering"})
+        cache.put(path.stem, PROGRAM.ext, lowerings.encode_program(items[1:]), {"kind": "lowering"})
     reads.clear()
     assert text(program(cache)) == cold
     assert len(assembled) == 3  # served by the calls' own entries
@@ -192,18 +191,18 @@ def test_an_entry_whose_opaque_does_not_inflate_is_a_corrupt_miss(cache, assembl
     whose opaque cannot be inflated is never served: quarantined, counted, lowered again."""
     cold = text(program(cache))
     (path,) = Path(cache.root).glob(f"*.{PROGRAM.ext}")
-    items = programs.decode(path.read_bytes())
+    items = lowerings.decode_program(path.read_bytes())
     assert items is not None
     if which == "program":
         first, second, *rest = items
         lowered = second.lowered
-        bad = programs.Item(
+        bad = lowerings.Item(
             second.key,
             second.state,
             second.variants,
             lowerings.Lowered(_damaged(lowered.opaque), lowered.embed, lowered.autotuned),
         )
-        data = programs.encode([first, bad, *rest])
+        data = lowerings.encode_program([first, bad, *rest])
     else:  # the calls' own entries only: the first call's lowering entry
         forget_programs(cache.root)
         path = Path(cache.root) / f"{LOWERING.key(items[0].key, items[0].state)}.lowering"
@@ -221,7 +220,7 @@ def test_an_entry_whose_opaque_does_not_inflate_is_a_corrupt_miss(cache, assembl
     if path.exists():  # (the entry, stored again by this lowering: whole)
         raw = path.read_bytes()
         if which == "program":
-            again = [i.lowered for i in programs.decode(raw) or ()]
+            again = [i.lowered for i in lowerings.decode_program(raw) or ()]
         else:
             again = [lowerings.decode(raw)]
         assert again and all(d is not None and lowerings.whole(d.opaque) for d in again)
