@@ -3,7 +3,7 @@
 Lowers ``benchmarks/warm_start.py``'s "large" model (21 kernel variants) for cuda:90 into a
 fresh cache root (no GPU needed), then, for every kernel entry, times the check a lowering makes
 before it uses the entry (every read of its read set made again in this process:
-``bridge.identity.witness.stale``) against the floor of the same run, a bare read of the entry's
+``bridge.identity.read_sets.stale``) against the floor of the same run, a bare read of the entry's
 metadata file (what any hit costs at least). Prints a table (median over ``--repeats`` checks of
 each kernel: microseconds, reads, ratio to the floor), then one JSON line; ``--out FILE`` also
 writes it.
@@ -51,7 +51,7 @@ def main() -> None:
     from warm_start import make_model
 
     import bridge
-    from bridge.identity import read_sets, static_reads, witness
+    from bridge.identity import read_sets, static_reads
     from bridge.vendors import backends
     from bridge.vendors.targets import parse_target
 
@@ -70,8 +70,10 @@ def main() -> None:
             kernel = getattr(kernel, part)
         while not static_reads.is_jit(kernel):  # (an autotuner's or heuristics' kernel)
             kernel = kernel.fn
-        assert witness.stale([text], kernel, {}, backend) is None, meta["kernel"]
-        check = _timed(functools.partial(witness.stale, [text], kernel, {}, backend), args.repeats)
+        assert read_sets.stale([text], kernel, {}, backend) is None, meta["kernel"]
+        check = _timed(
+            functools.partial(read_sets.stale, [text], kernel, {}, backend), args.repeats
+        )
         floor = _timed(path.read_bytes, args.repeats)
         reads = len(read_sets.parse(text) or ())
         rows.append(

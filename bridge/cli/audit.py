@@ -39,7 +39,7 @@ from kernelcache import Artifact
 
 from ..compile import fetch
 from ..errors import BridgeError, KernelArgumentError
-from ..identity import frontend, witness
+from ..identity import frontend, read_sets
 from ..identity.specialize import Specialization
 from ..vendors.targets import Target, recorded_targets
 from ..warm.manifest import load_manifest
@@ -115,14 +115,14 @@ def _entry(cache: Cache, spec: Specialization) -> Artifact | None:
     entry's reads find something else today, the one under the key chained from it (as
     :func:`bridge.compile.fetch.fetch_each` follows them)."""
     key = spec.key
-    for _ in range(witness.MAX_HOPS + 1):
+    for _ in range(read_sets.MAX_HOPS + 1):
         art = _read(cache, key, spec.ext)
         if art is None:
             return None
         now = fetch.stale(spec, art.meta)
         if now is None:
             return art
-        key = witness.chained(key, now)
+        key = read_sets.chained(key, now)
     return None
 
 

@@ -40,7 +40,7 @@ from typing import Any
 from kernelcache import formats
 
 from ..errors import IncompleteOutput, KernelArgumentError
-from ..identity import frontend, witness
+from ..identity import frontend, read_sets, witness
 from ..identity.frontend import relative_dir
 from ..vendors.targets import Target
 from ..vendors.vendor import Vendor, by_binary_ext
@@ -232,7 +232,7 @@ def _stages(src: Any, target: Target, backend: Any, options: Any) -> Compiled:
         **env_vars,
         "triton_version": triton.__version__,
     }
-    with witness.recording(src.fn, witness.params(src)) as recorder:
+    with witness.recording(src.fn, read_sets.params(src)) as recorder:
         with witness.reading_environment(recorder):
             module = frontend.module(src, target, backend, options)
             ir = frontend.digest(frontend.text(module))

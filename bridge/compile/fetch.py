@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..entries import failures, kernels
 from ..entries.kernels import PTX
 from ..errors import LeftOut
-from ..identity import witness
+from ..identity import read_sets
 from ..identity.specialize import Specialization, Usable, components
 from . import compiler_process, hit_audit
 from .compiler import Compiled, binary_problem, compile_source
@@ -83,7 +83,7 @@ class Request:
     #: from other IR is not stored under its key
     ir: str | None = None
     #: whether a cached kernel's reads (its metadata) find what they found: None where they
-    #: do, else what they find now (:func:`bridge.identity.witness.stale`); None: not checked
+    #: do, else what they find now (:func:`bridge.identity.read_sets.stale`); None: not checked
     check: Callable[[Mapping[str, Any]], str | None] | None = None
     #: how many times the key was chained already (see :func:`_chained`)
     hops: int = 0
@@ -222,11 +222,11 @@ def fetch_each(
 
 def _chained(request: Request, now: str) -> Request:
     """``request`` for code whose reads find ``now``, where a cached kernel's reads found
-    something else: its next key (:func:`bridge.identity.witness.chained`), or after
-    :data:`~bridge.identity.witness.MAX_HOPS` a compile kept in memory."""
-    if request.hops >= witness.MAX_HOPS:
+    something else: its next key (:func:`bridge.identity.read_sets.chained`), or after
+    :data:`~bridge.identity.read_sets.MAX_HOPS` a compile kept in memory."""
+    if request.hops >= read_sets.MAX_HOPS:
         return dataclasses.replace(request, stored=False, check=None)
-    key = witness.chained(request.key, now)
+    key = read_sets.chained(request.key, now)
     return dataclasses.replace(request, key=key, hops=request.hops + 1)
 
 
@@ -237,7 +237,7 @@ def stale(spec: Specialization, meta: Mapping[str, Any]) -> str | None:
     text = meta.get("reads")
     if spec.ir is not None or not isinstance(text, str):
         return None
-    return witness.stale([text], spec.source.fn, witness.params(spec.source), spec.backend)
+    return read_sets.stale([text], spec.source.fn, read_sets.params(spec.source), spec.backend)
 
 
 class _OtherIR(Exception):

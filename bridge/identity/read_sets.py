@@ -33,6 +33,11 @@ before by the row that first found it (so two names for one object, and one name
 tell apart). Invariant: :func:`check` gives the digests a frontend run now would record for the
 same reads, so a kernel whose reads all find what they found is the kernel its frontend would
 generate now (given the same source, arguments, options and compiler, which its key holds).
+
+A cached kernel or lowering is used only while :func:`stale` finds every read of its read sets
+as it was; where one finds something else, the kernel of this version of the code is kept under
+a key chained from the first (:func:`chained`), for at most :data:`MAX_HOPS` versions. Reads
+are recorded at each compile by :mod:`.witness`.
 """
 
 from __future__ import annotations
@@ -291,3 +296,47 @@ def check(text: str, kernel: Any, given: Any, module_map: dict[str, Any]) -> str
 def digest_of(parts: Sequence[str]) -> str:
     """A 64-hex-digit digest of ``parts``."""
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+# -- the read sets of a cached kernel or lowering, checked before it is used -------------------
+def params(src: Any) -> dict[str, Any]:
+    """The constexpr arguments of Triton's source object ``src``, by parameter name (those
+    given whole: an item of a tuple argument is the tuple's)."""
+    names = src.fn.arg_names
+    return {names[p[0]]: v for p, v in src.constants.items() if len(p) == 1 and p[0] < len(names)}
+
+
+_maps: dict[type, dict[str, Any]] = {}
+
+
+def module_map_of(backend: Any) -> dict[str, Any]:
+    """The module map of ``backend`` (what its code generator replaces Triton's modules by),
+    asked once per backend class."""
+    found = _maps.get(type(backend))
+    if found is None:
+        found = _maps[type(backend)] = dict(backend.get_module_map())
+    return found
+
+
+def stale(texts: Any, kernel: Any, given: Any, backend: Any) -> str | None:
+    """None where every read of the read sets ``texts`` (those of kernels of the JIT function
+    ``kernel`` compiled for ``backend``'s target, with the constexpr arguments ``given`` by
+    parameter name) finds what it found; else the digest of what they find now (see
+    :func:`check`)."""
+    modules = module_map_of(backend)
+    now = [check(text, kernel, given, modules) for text in texts]
+    if all(n is None for n in now):
+        return None
+    return digest_of([n or "" for n in now])
+
+
+#: how many other versions of a kernel's reads one lookup follows (each a :func:`chained` key)
+#: before it compiles in memory
+MAX_HOPS = 3
+
+
+def chained(key: str, now: str) -> str:
+    """The key under which the kernel (or lowering) of ``key`` is kept for code whose reads
+    find ``now`` (:func:`stale`): each version of what the frontend reads has its own entry,
+    as each set of header contents has its own result in ccache's manifest."""
+    return digest_of([key, now])

@@ -8,7 +8,7 @@ and as Triton keeps ``used_global_vals`` for a warm process: every global and cl
 a JIT function resolved, every attribute and item the frontend took from an object it got that
 way, every call of code of the program's own it made at compile time (``constexpr_function``,
 functions, classes, and built-ins given such objects) with its arguments and result. A cached
-kernel is used only while its reads find what they found (:func:`bridge.identity.read_sets.check`);
+kernel is used only while its reads find what they found (:func:`bridge.identity.read_sets.stale`);
 the key stays the fast way to the entry, and no longer has to be complete.
 
 Recording hooks Triton's ``CodeGenerator`` (its name, attribute, item and call visits, and its
@@ -122,13 +122,6 @@ class Recorder:
 
 def active() -> Recorder | None:
     return getattr(_local, "recorder", None)
-
-
-def params(src: Any) -> dict[str, Any]:
-    """The constexpr arguments of Triton's source object ``src``, by parameter name (those
-    given whole: an item of a tuple argument is the tuple's)."""
-    names = src.fn.arg_names
-    return {names[p[0]]: v for p, v in src.constants.items() if len(p) == 1 and p[0] < len(names)}
 
 
 @contextlib.contextmanager
@@ -359,39 +352,3 @@ def _origin(recorder: Recorder, value: Any) -> int | None:
 
 def _name(fn: Any) -> str:
     return str(getattr(fn, "__qualname__", None) or type(fn).__qualname__)
-
-
-_maps: dict[type, dict[str, Any]] = {}
-
-
-def module_map(backend: Any) -> dict[str, Any]:
-    """The module map of ``backend`` (what its code generator replaces Triton's modules by),
-    asked once per backend class."""
-    found = _maps.get(type(backend))
-    if found is None:
-        found = _maps[type(backend)] = dict(backend.get_module_map())
-    return found
-
-
-def stale(texts: Any, kernel: Any, given: Any, backend: Any) -> str | None:
-    """None where every read of the read sets ``texts`` (those of kernels of the JIT function
-    ``kernel`` compiled for ``backend``'s target, with the constexpr arguments ``given`` by
-    parameter name) finds what it found; else the digest of what they find now (see
-    :func:`bridge.identity.read_sets.check`)."""
-    mapped = module_map(backend)
-    now = [rs.check(text, kernel, given, mapped) for text in texts]
-    if all(n is None for n in now):
-        return None
-    return rs.digest_of([n or "" for n in now])
-
-
-#: how many other versions of a kernel's reads one lookup follows (each a :func:`chained` key)
-#: before it compiles in memory
-MAX_HOPS = 3
-
-
-def chained(key: str, now: str) -> str:
-    """The key under which the kernel (or lowering) of ``key`` is kept for code whose reads
-    find ``now`` (:func:`stale`): each version of what the frontend reads has its own entry,
-    as each set of header contents has its own result in ccache's manifest."""
-    return rs.digest_of([key, now])

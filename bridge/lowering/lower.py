@@ -42,7 +42,7 @@ from ..embed import modes
 from ..entries import lowerings
 from ..entries.lowerings import Item, Lowered, Program
 from ..errors import KernelArgumentError
-from ..identity import specialize, witness
+from ..identity import read_sets, specialize
 from ..settings import as_cache
 from ..vendors import backends, targets
 from ..vendors.vendor import registered
@@ -246,19 +246,19 @@ def _checked_replay(
     """The stored lowering of ``call`` (:func:`_replay`) whose kernels' reads find what they
     found, and the key it is (or is to be) stored under: where a stored lowering's reads find
     something else, the lowering of this version of the code is kept under a key chained from
-    it (:func:`bridge.identity.witness.chained`); after a few versions, nowhere (None)."""
+    it (:func:`bridge.identity.read_sets.chained`); after a few versions, nowhere (None)."""
     backend = None
-    for _ in range(witness.MAX_HOPS + 1):
+    for _ in range(read_sets.MAX_HOPS + 1):
         found = _replay(call, keyed, target, platform, autotune, program)
         if found is None:
             return keyed, None
         if not found.lowered.reads:
             return keyed, found
         backend = backend or backends.make_backend(target)
-        now = witness.stale(found.lowered.reads, call.parts.fn, call.named, backend)
+        now = read_sets.stale(found.lowered.reads, call.parts.fn, call.named, backend)
         if now is None:
             return keyed, found
-        keyed = (witness.chained(keyed[0], now), keyed[1])
+        keyed = (read_sets.chained(keyed[0], now), keyed[1])
     return None, None
 
 
