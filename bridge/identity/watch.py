@@ -9,6 +9,7 @@ the values' own code.
 
 from __future__ import annotations
 
+import sys
 import types
 from typing import Any
 
@@ -53,6 +54,18 @@ def source(fn: Any) -> Any:
 
 def function_parts(fn: Any) -> tuple[Any, ...]:
     return (fn.__code__, fn.__defaults__, fn.__kwdefaults__)
+
+
+def is_buffer(value: Any) -> bool:
+    """Whether ``value`` is a buffer described by its bytes (:func:`buffer_snapshot`): a
+    ``bytearray``, ``memoryview``, ``array.array`` or NumPy array of plain values."""
+    if isinstance(value, (bytearray, memoryview)):
+        return True
+    kind = type(value)
+    if kind.__name__ == "array" and kind.__module__ == "array":
+        return True
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.ndarray) and value.dtype != object
 
 
 def buffer_snapshot(value: Any) -> tuple[Any, ...]:
