@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendUnavailable, TargetError
-from ..identity import environment
-from ..identity.kernel_keys import PIPELINE_VERSION, text_digest
+from ..identity import compiler_identity
+from ..identity.kernel_keys import text_digest
 from ..vendors.targets import Target, parse_target
 from ..vendors.vendor import registered
 from .explain import differences, fallback_components, recorded_components
@@ -28,16 +28,15 @@ class Toolchain:
     machine compiles for, or None when it is not known (every target is judged possible)."""
 
     def __init__(self, target: Target | None, cache: Cache | None = None) -> None:
-        from ..identity.compiler_identity import triton_identity
         from ..versions import triton_version
 
         self.target = target
         self._cache = cache
         self.here = {
-            "pipeline": PIPELINE_VERSION,
+            "pipeline": compiler_identity.PIPELINE_VERSION,
             "triton": triton_version(),
-            "compiler": triton_identity(cache),
-            "environment": environment.digest(cache),
+            "compiler": compiler_identity.triton_identity(cache),
+            "environment": compiler_identity.environment_digest(cache),
         }
         self._backends: dict[str, str | None] = {}
 
@@ -52,13 +51,14 @@ class Toolchain:
     def _backend(self, name: str) -> str | None:
         """The backend component for target ``name`` here; None: no backend for it."""
         if name not in self._backends:
-            from ..identity.compiler_identity import backend_identity
             from ..vendors import backends
 
             try:
                 target = parse_target(name)
                 backend = backends.make_backend(target)
-                self._backends[name] = text_digest(backend_identity(self._cache, target, backend))
+                self._backends[name] = text_digest(
+                    compiler_identity.backend_identity(self._cache, target, backend)
+                )
             except (TargetError, BackendUnavailable):
                 self._backends[name] = None
         return self._backends[name]
@@ -66,12 +66,11 @@ class Toolchain:
     def _memo_keys(self, label: Any) -> set[str]:
         """The keys this installation memoizes the identity ``label`` under."""
         from ..entries.memos import memo_key
-        from ..identity.compiler_identity import triton_fingerprint
 
         if label == "triton_files":
-            return {memo_key(label, triton_fingerprint())}
-        if label == environment.MEMO_LABEL:
-            return {memo_key(label, environment.memo_fingerprint())}
+            return {memo_key(label, compiler_identity.triton_fingerprint())}
+        if label == compiler_identity.ENVIRONMENT_LABEL:
+            return {memo_key(label, compiler_identity.environment_fingerprint())}
         if isinstance(label, str) and label.startswith("backend:"):
             try:
                 target = parse_target(label.partition(":")[2])

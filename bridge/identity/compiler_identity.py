@@ -1,11 +1,38 @@
-"""The compiler's identity, memoized across processes (see docs/bridge.md for its cost).
+"""The compiler's identity: what every kernel key holds besides the kernel itself, namely the
+bridge's compile pipeline (:data:`PIPELINE_VERSION`), Triton's files, its backend and its
+environment, each memoized where computing it costs (see docs/bridge.md for the cost).
 
-The identity digests what Triton's own ``triton_key()`` hashes (Triton's version and the contents
-of every file it reads) with xxh3-128. It is memoized in the kernel cache (:mod:`bridge.entries.memos`)
-under the *file identity* of the installed Triton: the relative path, size and modification time
-of each of those files, so reinstalling or editing Triton recomputes it. A backend whose
-``hash()`` reads more (ptxas on CUDA) is memoized the same way, keyed by the fingerprint its
-vendor gives (:meth:`~bridge.vendors.vendor.Vendor.backend_fingerprint`).
+Triton's identity digests what Triton's own ``triton_key()`` hashes (Triton's version and the
+contents of every file it reads) with xxh3-128. It is memoized in the kernel cache
+(:mod:`bridge.entries.memos`) under the *file identity* of the installed Triton: the relative
+path, size and modification time of each of those files, so reinstalling or editing Triton
+recomputes it. A backend whose ``hash()`` reads more (ptxas on CUDA) is memoized the same way,
+keyed by the fingerprint its vendor gives (:meth:`~bridge.vendors.vendor.Vendor.backend_fingerprint`).
+
+The compiler's environment is what Triton reads from the process that changes the code it
+compiles, as set now. Which variables count is found from the installed Triton, once per version
+(memoized in the cache under the fingerprint of its files, :func:`triton_fingerprint`): every
+knob Triton declares (``triton.knobs``: the variable behind each), every variable its Python
+files read directly (``os.getenv("X")``, ``os.environ.get("X")``, ``os.environ["X"]``), and
+those its native library declares cache-invalidating (``get_cache_invalidating_env_vars``). Of
+these, the variables that cannot change compiled code are left out (:data:`NEUTRAL`: where
+caches and dumps go, the paths of tools whose versions the backend's identity holds, what only
+the launcher or the autotuner reads); any other one counts, including one a newer Triton adds.
+
+The environment's digest (:func:`environment_digest`) holds each counted variable that is set,
+with its value, and each knob set from Python (a knob group's own namespace: Triton mirrors most
+of them into the environment, not all). A tool the compile runs (:data:`TOOLS`: ptxas), named
+by a variable or a knob, counts by the content of its file, not its path or the version it
+reports: a wrapper script that adds an option is another tool. A hook Triton's backends call
+with the compile's stages (``knobs.runtime.add_stages_inspection_hook``) counts by its
+description (:func:`bridge.identity.jit.constant`: its code and what it reads); one with no
+exact description makes every key this process's own, so what it compiles is found again only
+here. Variables that only select devices (:data:`DEVICE_SELECTION`) or say what to print never
+count: a job whose launcher gives each rank its own device shares one compile of each kernel.
+Invariant: variables left unset and knobs left alone add nothing, so the digest of a plain
+process is the same on every machine; setting any counted variable or knob changes every
+kernel key and every lowering key. How each variable the installed Triton reads was judged is
+listed in the documentation (docs/bridge.md, "The compiler's environment, judged").
 """
 
 from __future__ import annotations
@@ -14,16 +41,20 @@ import functools
 import hashlib
 import json
 import os
+import re
 import sysconfig
 from typing import TYPE_CHECKING, Any
 
 from ..entries.memos import memoized
 from ..vendors.targets import Target
 from ..vendors.vendor import file_row
+from .static_reads import file_digest
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
+#: bump when the bridge's compile pipeline changes its output for the same inputs
+PIPELINE_VERSION = "bridge-pipeline-5"
 _VERSION = 1
 
 
@@ -145,3 +176,204 @@ def backend_identity(cache: Cache | None, target: Target, backend: Any) -> str:
             cache, f"backend:{target}", fp, lambda: str(backend.hash())
         )
     return found
+
+
+# -- the compiler's environment ---------------------------------------------------------------
+#: variables Triton reads that cannot change the code it compiles
+NEUTRAL = frozenset(
+    {"TRITON_CACHE_DIR", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR", "TRITON_HOME",
+     "TRITON_CACHE_MANAGER", "TRITON_REMOTE_CACHE_BACKEND", "TRITON_REDIS_HOST",
+     "TRITON_REDIS_PORT", "TRITON_REDIS_KEY_FORMAT", "TRITON_KERNEL_DUMP",
+     "TRITON_DUMP_PTXAS_LOG", "NVPTX_ENABLE_DUMP", "AMDGCN_ENABLE_DUMP", "TRITON_ALWAYS_COMPILE",
+     "TRITON_STORE_BINARY_ONLY", "TRITON_CACHE_AUTOTUNING", "TRITON_PRINT_AUTOTUNING",
+     "TRITON_PROTON_DISABLE", "TRITON_ENABLE_NVTX", "TRITON_FRONT_END_DEBUGGING",
+     "TRITON_LIBCUDA_PATH", "TRITON_LIBHIP_PATH", "TRITON_CUDART_PATH", "TRITON_CUDACRT_PATH",
+     "CC", "PATH", "LD_LIBRARY_PATH", "ROCM_PATH", "HIP_PATH", "TRITON_BACKENDS_IN_TREE",
+     "TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_CUOBJDUMP_PATH",
+     "TRITON_NVDISASM_PATH", "HOME", "TMPDIR", "USER", "PYTHONPATH"}
+)  # fmt: skip
+#: variables that select which devices a process sees (the target is given or detected, never
+#: taken from them): never part of a key, whichever Triton reads them
+DEVICE_SELECTION = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+     "GPU_DEVICE_ORDINAL", "HSA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK",
+     "WORLD_SIZE", "TRITON_DEVICE"}
+)  # fmt: skip
+#: Triton's files and folders that never run in a compile (its test runner and helpers, the
+#: profiler, command-line tools): what they read is not scanned
+NOT_COMPILER = frozenset(
+    {"_test_runner.py", "_internal_testing.py", "testing.py", "_compile_warmup.py",
+     "_compile_warmup_pool.py", "profiler", "tools", "__pycache__"}
+)  # fmt: skip
+#: variables naming a tool the compile runs: they count by the content of the file they name
+TOOLS = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH")
+#: knob groups whose knobs cannot change compiled code
+NEUTRAL_GROUPS = frozenset({"cache", "redis", "autotuning", "proton", "build"})
+_ENVIRONMENT_VERSION = 2
+_DIRECT = re.compile(
+    r"""(?:getenv(?:_bool)?\(|environ\.get\(|environ\[)\s*["']([A-Za-z_][A-Za-z0-9_]*)["']"""
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _groups() -> tuple[tuple[str, Any], ...]:
+    """Triton's knob groups, by name."""
+    from triton import knobs
+
+    base = getattr(knobs, "base_knobs", None)
+    if base is None:
+        return ()
+    return tuple((n, v) for n, v in sorted(vars(knobs).items()) if isinstance(v, base))
+
+
+_names: dict[type, frozenset[str]] = {}
+
+
+def _knob_names(kind: type) -> frozenset[str]:
+    """The names of the knobs of a group of type ``kind`` that read a variable."""
+    found = _names.get(kind)
+    if found is None:
+        found = _names[kind] = frozenset(_descriptors(kind))
+    return found
+
+
+def _descriptors(kind: type) -> dict[str, Any]:
+    """The knobs of a group of type ``kind`` that read a variable, by name (``.key`` is the
+    variable)."""
+    from triton import knobs
+
+    base = getattr(knobs, "env_base", None)
+    found = {}
+    for cls in reversed(kind.__mro__):
+        for name, value in vars(cls).items():
+            if base is not None and isinstance(value, base):
+                found[name] = value
+    return found
+
+
+def _scan() -> str:
+    """Every variable the installed Triton reads that can change compiled code (see the
+    module docstring), as a JSON list."""
+    import triton
+
+    names: set[str] = set()
+    for group, knobs in _groups():
+        if group not in NEUTRAL_GROUPS:
+            found = _descriptors(type(knobs)).values()
+            names.update(str(d.key) for d in found if hasattr(d, "key"))
+    base = os.path.dirname(os.path.abspath(triton.__file__))
+    for directory, subdirs, files in os.walk(base):
+        subdirs[:] = [d for d in subdirs if d not in NOT_COMPILER]
+        for name in files:
+            if name.endswith(".py") and name not in NOT_COMPILER:
+                try:
+                    with open(os.path.join(directory, name), encoding="utf-8") as f:
+                        names.update(_DIRECT.findall(f.read()))
+                except (OSError, UnicodeDecodeError):
+                    continue
+    return json.dumps(sorted(names - NEUTRAL - DEVICE_SELECTION))
+
+
+_known: dict[str, tuple[str, ...]] = {}
+#: the label of the memo of :func:`environment_variables`
+ENVIRONMENT_LABEL = "triton_environment"
+
+
+def environment_fingerprint() -> str:
+    """What the memo of :func:`environment_variables` is keyed by: the installed Triton's
+    files."""
+    return f"{_ENVIRONMENT_VERSION}:{triton_fingerprint()}"
+
+
+def environment_variables(cache: Cache | None) -> tuple[str, ...]:
+    """The variables that count (see the module docstring), found once per Triton."""
+    fp = environment_fingerprint()
+    found = _known.get(fp)
+    if found is None:
+        text = memoized(cache, ENVIRONMENT_LABEL, fp, _scan)
+        try:
+            found = tuple(str(n) for n in json.loads(text))
+        except (ValueError, TypeError):  # (an odd memo: scanned again)
+            found = tuple(json.loads(_scan()))
+        _known[fp] = found
+    return found
+
+
+def _shown(value: Any) -> Any:
+    """A knob's value as plain data (a tool by its version and the content of its file: its
+    path is the machine's)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    version = getattr(value, "version", None)
+    if version is not None:
+        return ["tool", str(version), tool_digest(str(getattr(value, "path", "")))]
+    return ["object", type(value).__qualname__]
+
+
+def tool_digest(path: str) -> str | None:
+    """The sha256 of the file at ``path`` (memoized by its size and modification time), None
+    where there is none."""
+    try:
+        st = os.stat(path)
+        return file_digest(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    except OSError:
+        return None
+
+
+#: hooks with no exact description, by id: (the hook, this process's own token for it)
+_own: dict[int, tuple[Any, str]] = {}
+
+
+def _hook(hook: Any) -> Any:
+    """A stages hook as plain data: its description, or a token of this process's own."""
+    from ..errors import Undescribable
+    from .jit import constant
+
+    try:
+        return ["hook", constant(hook)]
+    except (Undescribable, ValueError):
+        known = _own.get(id(hook))
+        if known is None or known[0] is not hook:
+            known = _own[id(hook)] = (hook, f"{os.getpid()}:{os.urandom(8).hex()}")
+        return ["hook of this process", known[1]]
+
+
+@functools.lru_cache(maxsize=1)
+def _native() -> Any:
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    return get_cache_invalidating_env_vars
+
+
+def environment_settings(cache: Cache | None) -> list[Any]:
+    """What counts, as set now: ``[[variable, value], ...]`` then ``[[group, knob, value],
+    ...]`` for knobs set from Python."""
+    environ = os.environ
+    found: dict[str, Any] = {n: environ[n] for n in environment_variables(cache) if n in environ}
+    found.update(_native()())
+    for name in TOOLS:
+        if environ.get(name):
+            found[name] = ["tool", tool_digest(environ[name])]
+    knobs = []
+    for group, values in _groups():
+        own = vars(values)
+        if own and group not in NEUTRAL_GROUPS:  # (knobs set from Python: few, if any)
+            for name in sorted(_knob_names(type(values)) & own.keys()):
+                knobs.append([group, name, _shown(own[name])])
+    hook = _stages_hook()
+    if hook is not None:
+        knobs.append(["runtime", "add_stages_inspection_hook", _hook(hook)])
+    return [sorted(found.items()), knobs]
+
+
+def _stages_hook() -> Any:
+    from triton import knobs
+
+    runtime = getattr(knobs, "runtime", None)
+    return getattr(runtime, "add_stages_inspection_hook", None)
+
+
+def environment_digest(cache: Cache | None) -> str:
+    """The digest of :func:`environment_settings`: the compiler's environment as set now."""
+    text = json.dumps(environment_settings(cache), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -7,8 +7,8 @@ describes it (by content: everything its frontend can read), the signature and s
 every constexpr described exactly (:func:`bridge.identity.jit.constant`, never by its ``str``),
 the backend's identity (``backend.hash()``: the target and, on CUDA, the ptxas version), the
 options (every field of the parsed options; extern libraries by content, not path), the
-compiler's environment (:mod:`bridge.identity.environment`: every variable and knob the
-installed Triton reads that can change code), the language, the target, the binary's kind and
+compiler's environment (:func:`bridge.identity.compiler_identity.environment_digest`: every
+variable and knob the installed Triton reads that can change code), the language, the target, the binary's kind and
 the version of the bridge's own compile pipeline.
 
 An *open* kernel, whose code or constexprs have no exact description, is keyed by the IR its
@@ -37,16 +37,17 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import Undescribable
 from ..vendors.targets import Target
-from . import environment
-from .compiler_identity import backend_identity, triton_identity
+from .compiler_identity import (
+    PIPELINE_VERSION,
+    backend_identity,
+    environment_digest,
+    triton_identity,
+)
 from .jit import constant, identity
 from .static_reads import file_digest
 
 if TYPE_CHECKING:
     from kernelcache import Cache
-
-#: bump when the bridge's compile pipeline changes its output for the same inputs
-PIPELINE_VERSION = "bridge-pipeline-5"
 
 
 def options_digest(options: Any) -> str:
@@ -164,7 +165,7 @@ _OPTIONS = Step(
 _ENVIRONMENT = Step(
     "environment",
     "the compiler's environment (variables and knobs that change code)",
-    lambda m: environment.digest(m.cache),
+    lambda m: environment_digest(m.cache),
 )
 _BINARY = Step(
     "binary", "kind of machine code", lambda m: str(getattr(m.backend, "binary_ext", ""))

@@ -16,7 +16,7 @@ reads. ``parent`` is the row whose object the read was made on (``-1``: the kern
   ``getattr``, ...) named ``operand[0]``, with ``operand[1:]`` as for ``"c"``;
 
 - ``"e"``: the environment variable ``operand``, read while the kernel compiled (those that
-  only select devices or say where files go, :mod:`.environment`, are not kept);
+  only select devices or say where files go, :mod:`.compiler_identity`, are not kept);
 - ``"p"``: the constexpr argument ``operand`` of the kernel (by parameter name; plain values
   are in the kernel's key, so only objects are read this way);
 

@@ -154,29 +154,6 @@ def say_open(parts: KernelParts, why: str) -> None:
     )
 
 
-def call_variants(
-    parts: KernelParts,
-    named: Mapping[str, Any],
-    kwargs: Mapping[str, Any],
-    options: Mapping[str, Any],
-    target: Target,
-) -> list[kernel_objects.Variant]:
-    """Every variant of a call for ``target``: autotune configs after pruning, heuristics
-    applied and pre_hooks run (see :func:`bridge.call.kernel_objects.expand_variants`), as one
-    lowering sees them: they run here, once per config.
-
-    ``named`` are the call's arguments by parameter name, ``kwargs`` the kernel parameters the
-    caller set by keyword, ``options`` the backend options the caller set.
-
-    Raises:
-        OptionError: an option ``target``'s backend does not have.
-        KernelArgumentError: the call does not fit the kernel.
-        whatever the kernel's own heuristics, prune functions or hooks raise.
-    """
-    backends.check_options(target, set(options))
-    return kernel_objects.expand_variants(parts, named, kwargs, options, target)
-
-
 def specialize_call(
     parts: KernelParts,
     named: Mapping[str, Any],
@@ -185,15 +162,18 @@ def specialize_call(
     target: Target,
     cache: Cache,
 ) -> list[Specialization]:
-    """Every variant of a call for ``target`` (:func:`call_variants`), each through
-    :func:`specialize`.
+    """Every variant of a call for ``target`` (autotune configs after pruning, heuristics
+    applied and pre_hooks run: :func:`bridge.call.kernel_objects.expand_variants`), each through
+    :func:`specialize`. ``named`` are the call's arguments by parameter name, ``kwargs`` the
+    kernel parameters the caller set by keyword, ``options`` the backend options the caller set.
 
     Raises:
         OptionError: an option ``target``'s backend does not have, or too many threads.
         KernelArgumentError: the call does not fit the kernel.
         whatever the kernel's own heuristics, prune functions or hooks raise.
     """
-    variants = call_variants(parts, named, kwargs, options, target)
+    backends.check_options(target, set(options))
+    variants = kernel_objects.expand_variants(parts, named, kwargs, options, target)
     return [specialize(parts, named, variant, target, cache) for variant in variants]
 
 

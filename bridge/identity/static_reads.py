@@ -17,8 +17,8 @@ layout) or says it cannot (None, False): the describer then declares the kernel 
 
 Where code comes from decides how it is described (:func:`origin`):
 
-- ``triton``: Triton itself. Its files are in every kernel key (:mod:`.compiler_identity`); its state
-  that changes code is its knobs and environment (:mod:`.environment`).
+- ``triton``: Triton itself. Its files, and its state that changes code (its knobs and
+  environment), are in every kernel key (:mod:`.compiler_identity`).
 - ``python``: the standard library modules whose functions depend only on their arguments
   (:data:`PURE_STDLIB`); the interpreter's version is in every description.
 - ``impure``: the rest of the standard library (``os``, ``sys``, ``random``, ``time``, ...): code

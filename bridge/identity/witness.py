@@ -104,7 +104,7 @@ class Recorder:
 
     def text(self) -> str:
         """The read set as its entry keeps it."""
-        from .environment import DEVICE_SELECTION, NEUTRAL
+        from .compiler_identity import DEVICE_SELECTION, NEUTRAL
 
         for name, value in sorted(self.environ.items()):
             if name not in NEUTRAL and name not in DEVICE_SELECTION:

@@ -37,12 +37,13 @@ except (ImportError, AttributeError):  # pragma: no cover - later releases
     from jax._src.interpreters import mlir  # type: ignore[no-redef]
 
 from .. import versions
+from ..call import kernel_objects
 from ..call.tracing import CallSpec, triton_call_p
 from ..embed import modes
 from ..entries import lowerings
 from ..entries.lowerings import Item, Lowered, Program
 from ..errors import KernelArgumentError
-from ..identity import read_sets, specialize
+from ..identity import read_sets
 from ..settings import as_cache
 from ..vendors import backends, targets
 from ..vendors.vendor import registered
@@ -203,7 +204,8 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
     target, cache = prepared.target, prepared.cache
     autotune = call.autotune or prepared.ours.autotune
     # the kernel's heuristics, prune functions and hooks run here, once per lowering
-    every = specialize.call_variants(call.parts, call.named, call.kwargs, call.options, target)
+    backends.check_options(target, set(call.options))
+    every = kernel_objects.expand_variants(call.parts, call.named, call.kwargs, call.options, target)
     keyed = None
     if prepared.context is not None and call.choice is None and not record.wanted(prepared.ours):
         keyed = lowering_keys.lowering_key(call, target, prepared.context, every)
@@ -299,7 +301,8 @@ def variant_opaque(call: CallSpec, platform: str) -> Opaque:
     from . import configs
 
     prepared = setup(call, platform)
-    every = specialize.call_variants(
+    backends.check_options(prepared.target, set(call.options))
+    every = kernel_objects.expand_variants(
         call.parts, call.named, call.kwargs, call.options, prepared.target
     )
     made = configs.Configs(

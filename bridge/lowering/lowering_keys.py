@@ -9,7 +9,7 @@ every variant as the kernel's layers make it (heuristics, pruning and pre_hooks 
 grid and zeroed outputs, the buffer layout, the target, the embedding, the local device, and the
 software (:func:`context`): the bridge, Triton (the identity of its files), the backend (what its
 vendor says its identity reads: ptxas on CUDA), the compiler's environment (every variable and
-knob that changes code: :mod:`bridge.identity.environment`), jaxlib. The process-wide
+knob that changes code: :mod:`bridge.identity.compiler_identity`), jaxlib. The process-wide
 ingredients of every kernel key (pipeline, Triton, its files, the backend, the environment)
 are in the context through the same functions, and the kernel's own (its code, signature,
 constexprs, options) follow from the call's description: a lowering key changes whenever a key
@@ -38,8 +38,7 @@ from ..call.placeholders import ArgArray, dtype_name
 from ..embed import ptxisa
 from ..entries.lowerings import FORMAT
 from ..errors import Unkeyable
-from ..identity import compiler_identity, environment, jit
-from ..identity.kernel_keys import PIPELINE_VERSION
+from ..identity import compiler_identity, jit
 from ..vendors import backends
 from ..vendors.vendor import file_row
 
@@ -150,10 +149,10 @@ def context(target: Target, embed: str, jaxlib: str, device: Any, cache: Cache) 
             FORMAT,
             [
                 __version__,
-                PIPELINE_VERSION,
+                compiler_identity.PIPELINE_VERSION,
                 compiler_identity.triton_fingerprint(),
                 target.vendor.backend_fingerprint(target.arch),
-                environment.digest(cache),
+                compiler_identity.environment_digest(cache),
                 backends.default_fp_fusion(),
                 jaxlib,
                 _assembler(target, embed, jaxlib, cache),
@@ -173,7 +172,7 @@ def lowering_key(
     """The key of ``call``'s lowering for ``target`` and the :func:`context` of its lowering,
     and the number of its variants (None: it is not stored; see the module docstring).
     ``variants`` are the call's variants for ``target``
-    (:func:`bridge.identity.specialize.call_variants`)."""
+    (:func:`bridge.call.kernel_objects.expand_variants`)."""
     parts, buffers = call.parts, call.buffers
     try:
         rows = []
