@@ -360,7 +360,9 @@ def descriptor(value: Any) -> Any:
 
 
 # -- modules ---------------------------------------------------------------------------------
-def _site_dirs() -> tuple[str, ...]:
+@functools.lru_cache(maxsize=1)
+def site_dirs() -> tuple[str, ...]:
+    """The directories installed distributions live in."""
     dirs = {sysconfig.get_paths().get(k) for k in ("purelib", "platlib")}
     try:
         dirs.update(site.getsitepackages())
@@ -368,12 +370,6 @@ def _site_dirs() -> tuple[str, ...]:
         pass
     dirs.add(site.getusersitepackages())
     return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
-
-
-@functools.lru_cache(maxsize=1)
-def site_dirs() -> tuple[str, ...]:
-    """The directories installed distributions live in."""
-    return _site_dirs()
 
 
 @functools.lru_cache(maxsize=4096)
