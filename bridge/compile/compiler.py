@@ -41,7 +41,7 @@ from kernelcache import formats
 
 from ..errors import IncompleteOutput, KernelArgumentError
 from ..identity import frontend, read_sets, witness
-from ..identity.frontend import relative_dir
+from ..identity.static_reads import relative_dir
 from ..vendors.targets import Target
 from ..vendors.vendor import Vendor, by_binary_ext
 from . import compiler_process

@@ -228,8 +228,7 @@ def _holes(desc: Any) -> bool:
 def _first_line(fn: Any) -> tuple[str, int]:
     """The file (import-relative) and first line of the JIT function ``fn``: where the
     locations of its code generator's IR point."""
-    from .frontend import relative_path
-
     code = fn.fn.__code__
     line = getattr(fn, "starting_line_number", None)
-    return relative_path(code.co_filename), int(code.co_firstlineno if line is None else line)
+    first = code.co_firstlineno if line is None else line
+    return static_reads.relative_path(code.co_filename), int(first)

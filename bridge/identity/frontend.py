@@ -10,44 +10,22 @@ whether a stored key still gives the IR it was built from.
 
 The text is the module as MLIR prints it with its locations (the line table reaches the
 binary), with each absolute source directory rewritten to the import-relative form the compile
-writes into the binary's debug information (:func:`relative_locations`): the same source at
-two checkouts gives the same text, as it gives the same binary.
+writes into the binary's debug information (:func:`relative_locations`, by
+:func:`~.static_reads.relative_path`): the same source at two checkouts gives the same text, as
+it gives the same binary.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import sys
 import threading
 from typing import Any
 
 from ..vendors.targets import Target
+from .static_reads import relative_path
 
 _LOCATION = re.compile(r'loc\("((?:[^"\\]|\\.)*)":')
-
-
-def relative_dir(directory: str) -> str:
-    """``directory`` relative to the longest ``sys.path`` entry containing it, else its name."""
-    directory = os.path.normpath(directory)
-    best = ""
-    for entry in sys.path:
-        root = os.path.normpath(os.path.abspath(entry or "."))
-        if (directory == root or directory.startswith(root + os.sep)) and len(root) > len(best):
-            best = root
-    if best:
-        rel = os.path.relpath(directory, best)
-        return "" if rel == "." else rel
-    return os.path.basename(directory)
-
-
-def relative_path(path: str) -> str:
-    """An absolute source ``path`` as its directory relative to the import root, and its name."""
-    if not os.path.isabs(path):
-        return path
-    directory, name = os.path.split(path)
-    return os.path.join(relative_dir(directory), name)
 
 
 def relative_locations(text: str) -> str:

@@ -1,7 +1,7 @@
 """How the describer (:mod:`.describe`) reads code and values without running them: what a code
 object runs and names, what a JIT function's source spells and what its syntax reads, closure
 cells, an object's fields, whether an object's state is all in its fields, and where a module
-comes from.
+comes from (and a source file's path as the import root names it: :func:`relative_path`).
 
 A JIT function's source is read as Triton's frontend walks it. :func:`spelled`, without
 parsing: every name the source spells outside string literals and comments (f-strings are
@@ -418,6 +418,28 @@ def installed_digest(module: str) -> str | None:
         return file_digest(path, st.st_size, st.st_mtime_ns)
     except OSError:
         return None
+
+
+def relative_dir(directory: str) -> str:
+    """``directory`` relative to the longest ``sys.path`` entry containing it, else its name."""
+    directory = os.path.normpath(directory)
+    best = ""
+    for entry in sys.path:
+        root = os.path.normpath(os.path.abspath(entry or "."))
+        if (directory == root or directory.startswith(root + os.sep)) and len(root) > len(best):
+            best = root
+    if best:
+        rel = os.path.relpath(directory, best)
+        return "" if rel == "." else rel
+    return os.path.basename(directory)
+
+
+def relative_path(path: str) -> str:
+    """An absolute source ``path`` as its directory relative to the import root, and its name."""
+    if not os.path.isabs(path):
+        return path
+    directory, name = os.path.split(path)
+    return os.path.join(relative_dir(directory), name)
 
 
 def name_of(value: Any) -> str:
