@@ -55,7 +55,8 @@ if TYPE_CHECKING:
 
 #: bump when the bridge's compile pipeline changes its output for the same inputs
 PIPELINE_VERSION = "bridge-pipeline-5"
-_VERSION = 1
+#: the version of what Triton's identity covers (in its fingerprint and digest)
+_TRITON_VERSION = 1
 
 
 def _package_rows(directory: str, package: str, rows: list[list[Any]]) -> None:
@@ -125,7 +126,7 @@ def triton_fingerprint() -> str:
     import triton
 
     base, rows = _triton_rows()
-    doc = [_VERSION, triton.__version__, rows, _library_rows(base)]
+    doc = [_TRITON_VERSION, triton.__version__, rows, _library_rows(base)]
     return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -137,7 +138,7 @@ def triton_digest() -> str:
 
     base, files = _triton_files()
     h = xxhash.xxh3_128()
-    h.update(f"{_VERSION}\0{triton.__version__}\0".encode())
+    h.update(f"{_TRITON_VERSION}\0{triton.__version__}\0".encode())
     for path in files:
         h.update(f"{os.path.relpath(path, base)}\0".encode())
         try:
@@ -209,6 +210,7 @@ NOT_COMPILER = frozenset(
 TOOLS = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH")
 #: knob groups whose knobs cannot change compiled code
 NEUTRAL_GROUPS = frozenset({"cache", "redis", "autotuning", "proton", "build"})
+#: the version of how the environment's variables are found (in the memo's fingerprint)
 _ENVIRONMENT_VERSION = 2
 _DIRECT = re.compile(
     r"""(?:getenv(?:_bool)?\(|environ\.get\(|environ\[)\s*["']([A-Za-z_][A-Za-z0-9_]*)["']"""
