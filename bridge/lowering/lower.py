@@ -205,7 +205,9 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
     autotune = call.autotune or prepared.ours.autotune
     # the kernel's heuristics, prune functions and hooks run here, once per lowering
     backends.check_options(target, set(call.options))
-    every = kernel_objects.expand_variants(call.parts, call.named, call.kwargs, call.options, target)
+    every = kernel_objects.expand_variants(
+        call.parts, call.named, call.kwargs, call.options, target
+    )
     keyed = None
     if prepared.context is not None and call.choice is None and not record.wanted(prepared.ours):
         keyed = lowering_keys.lowering_key(call, target, prepared.context, every)
