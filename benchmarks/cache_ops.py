@@ -433,7 +433,7 @@ def bench_whole(reads: int, seed: int = 0) -> dict:
     first read of an entry (metadata read from disk), in alternating rounds."""
     from artifact_images import elf_image
 
-    from kernelcache.formats import problem
+    from kernelcache.formats import artifact_problem
 
     rounds = 10
     out: dict = {}
@@ -453,7 +453,7 @@ def bench_whole(reads: int, seed: int = 0) -> dict:
                 )
                 keys = [_key(i, f"whole-{label}-{ext}") for i in range(KEYS)]
                 for key, data in zip(keys, payloads, strict=True):
-                    assert len(data) == size and problem(ext, data) is None
+                    assert len(data) == size and artifact_problem(ext, data) is None
                     cache.put(key, ext, data, {**LAUNCH, "name": "k"})  # PTX of kernel k
 
                 def read(i: int, first: bool, check: bool, cache=cache, keys=keys, ext=ext) -> None:
@@ -462,7 +462,7 @@ def bench_whole(reads: int, seed: int = 0) -> dict:
                     art = cache.get(keys[i], ext)
                     assert art is not None
                     if check:
-                        problem(ext, art.data)
+                        artifact_problem(ext, art.data)
 
                 rng = random.Random(seed)
                 samples: dict[tuple[bool, bool], list[float]] = {}

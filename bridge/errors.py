@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelcache.errors import KernelCacheError
+from kernelcache.plugin import KernelCacheError
 
 
 class BridgeError(KernelCacheError):

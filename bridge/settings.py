@@ -19,20 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
-from kernelcache.config import (
-    choice,
-    parser,
-    path,
-    register_variables,
-    setting,
-    variables_of,
-)
+from kernelcache.plugin import choice, parser, path, register_variables, setting, variables_of
 
 from .vendors.vendor import parse_name, registered
 
 if TYPE_CHECKING:
     from kernelcache import Cache
-    from kernelcache.config import Settings
+    from kernelcache.plugin import Settings
 
     #: what callers may pass as a cache: a Cache, a cache root directory, or None (the default)
     CacheArg: TypeAlias = Cache | str | os.PathLike[str] | None
@@ -147,7 +140,7 @@ def default_cache(cfg: Settings | None = None) -> Cache:
     """The process's kernel cache configured from the environment (one per configuration;
     ``cfg`` is a ``kernelcache.config.settings()`` snapshot, read now when None)."""
     import kernelcache
-    from kernelcache.config import settings
+    from kernelcache.plugin import settings
 
     cfg = cfg or settings()
     with _default_lock:

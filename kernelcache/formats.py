@@ -238,7 +238,9 @@ MACHINES: Mapping[str, int] = {"cubin": EM_CUDA, "hsaco": EM_AMDGPU}
 STRUCTURED = frozenset({*MACHINES, "ptx"})
 
 
-def problem(ext: str, data: bytes, entry: str | None = None, *, full: bool = True) -> str | None:
+def artifact_problem(
+    ext: str, data: bytes, entry: str | None = None, *, full: bool = True
+) -> str | None:
     """Why ``data`` is not a whole artifact of extension ``ext``; None when it is one, or when
     ``ext`` has no structural check. A cubin or HSACO must be ELF code of the extension's
     machine (:data:`MACHINES`); PTX must define the ``.entry`` named ``entry`` (when given).

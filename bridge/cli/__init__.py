@@ -46,8 +46,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bridge's toolchain and its doctor report, and make the bridge's directories of a root known
     to the other commands (importing :mod:`bridge.embed.handoff` registers ``.handoff``; it
     imports neither jax nor triton)."""
-    from kernelcache.doctor import register_report
-    from kernelcache.toolchains import register_toolchain
+    from kernelcache.cli import register_report, register_toolchain
 
     from .. import masquerade
     from ..embed import handoff  # noqa: F401

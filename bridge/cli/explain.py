@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import Artifact
-from kernelcache.maintenance import scan
+from kernelcache.cli import scan
 
 from ..call.plain import source_digest
 from ..entries.failures import remembered

@@ -23,7 +23,7 @@ from kernelcache.cli import (
     root_of,
     size_arg,
 )
-from kernelcache.units import human_size
+from kernelcache.plugin import human_size
 
 #: JAX's options of its persistent compilation cache that ``doctor`` shows: (option, shown as);
 #: JAX reads each from the environment variable of its name in capitals
@@ -44,7 +44,7 @@ def jax_cache_report() -> tuple[dict[str, Any] | None, list[Any]]:
     import importlib.util
     import os
 
-    from kernelcache.doctor import Check
+    from kernelcache.cli import Check
 
     if importlib.util.find_spec("jax") is None:
         return None, []

@@ -32,9 +32,8 @@ def run(
         kernelcache.cli.UsageError: a bad target, an unreadable manifest, a missing Triton
             backend, a disabled cache, ``jobs`` < 1 (the CLI exits 2 with the message).
     """
-    from kernelcache import progress as progressbar
-    from kernelcache.cli import Output, UsageError
-    from kernelcache.config import settings
+    from kernelcache.cli import Output, UsageError, bar
+    from kernelcache.plugin import settings
 
     from ..errors import BackendUnavailable, TargetError
 
@@ -44,7 +43,7 @@ def run(
         raise UsageError(f"--jobs must be at least 1, got {jobs}")
     out = Output(json)
     quiet = output_to_stderr() if json else contextlib.nullcontext()
-    with quiet, progressbar.bar("warming", None, json_mode=json, unit="kernels") as bar:
+    with quiet, bar("warming", None, json_mode=json, unit="kernels") as shown:
         try:
             report = warm(
                 manifest,
@@ -54,8 +53,8 @@ def run(
                 allow_changed=allow_changed,
                 devices=devices,
                 all_configs=all_configs,
-                progress=bar,
-                on_planned=bar.set_total,
+                progress=shown,
+                on_planned=shown.set_total,
             )
         except (ManifestError, TargetError, BackendUnavailable) as e:
             raise UsageError(str(e)) from None

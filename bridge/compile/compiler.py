@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kernelcache import formats
+from kernelcache.plugin import artifact_problem, elf_problem, ptx_problem
 
 from ..errors import IncompleteOutput, KernelArgumentError
 from ..identity import frontend, read_sets, witness
@@ -107,9 +107,9 @@ def _machine_code_problem(vendor: Vendor, data: bytes) -> str | None:
     """Why ``data`` is not whole machine code of ``vendor``: a complete ELF file of its machine
     (or whole by its extension's check, for a vendor whose code is not ELF)."""
     if vendor.elf_machine is not None:
-        reason = formats.elf_problem(data, vendor.elf_machine)
+        reason = elf_problem(data, vendor.elf_machine)
     else:
-        reason = formats.problem(vendor.binary_ext, data)
+        reason = artifact_problem(vendor.binary_ext, data)
     if reason is None:
         return None
     return f"its .{vendor.binary_ext} ({len(data):,} bytes) is not whole: {reason}"
@@ -124,7 +124,7 @@ def output_problem(binary: bytes, ptx: str | None, target: Target) -> str | None
     if reason is not None:
         return reason
     if ptx is not None:
-        reason = formats.ptx_problem(ptx.encode())
+        reason = ptx_problem(ptx.encode())
         if reason is not None:
             return f"its PTX is not whole: {reason}"
     return None
@@ -135,7 +135,7 @@ def binary_problem(ext: str, data: bytes) -> str | None:
     compile gives (as :func:`output_problem` checks it); None when it is."""
     vendor = by_binary_ext(ext)
     if vendor is None:
-        reason = formats.problem(ext, data)
+        reason = artifact_problem(ext, data)
         return None if reason is None else f"its .{ext} is not whole: {reason}"
     return _machine_code_problem(vendor, data)
 
@@ -143,7 +143,7 @@ def binary_problem(ext: str, data: bytes) -> str | None:
 def temp_dir() -> str:
     """The directory Triton's compilers write their files to (``TMPDIR``), with its free
     space, for messages."""
-    from kernelcache.units import human_size
+    from kernelcache.plugin import human_size
 
     path = tempfile.gettempdir()
     try:

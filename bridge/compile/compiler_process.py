@@ -132,7 +132,7 @@ _forking = threading.Lock()
 
 def _cannot_fork(error: OSError) -> None:
     """Say once that no compiler process can be started, and why."""
-    from kernelcache.process import warn_once
+    from kernelcache.plugin import warn_once
 
     warn_once(
         logger,

@@ -57,7 +57,7 @@ class KernelBinary:
 def _binary(
     key: str, ext: str, data: bytes, meta: Mapping[str, Any], ptx: str | None, built: bool
 ) -> KernelBinary:
-    from kernelcache.schema import covered_metadata
+    from kernelcache.plugin import covered_metadata
 
     return KernelBinary(key, ext, data, covered_metadata(meta), ptx, built)
 
@@ -284,7 +284,7 @@ def _in_memory(request: Request) -> KernelBinary | Exception:
 def _made(key: str, request: Request, compiled: Compiled) -> KernelBinary:
     """``compiled``, the kernel of ``request``, kept in memory under ``key``: with the metadata
     a stored entry of it would have (its covered fields, as for a cached kernel)."""
-    from kernelcache.schema import make_metadata
+    from kernelcache.plugin import make_metadata
 
     meta = request.describe(compiled)
     if compiled.ptx is not None:

@@ -15,7 +15,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from kernelcache.process import warn_once
+from kernelcache.plugin import warn_once
 
 from ..identity import frontend
 from ..identity.specialize import Specialization

@@ -50,8 +50,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from kernelcache.process import HOST, pid_alive
-from kernelcache.store import register_directory
+from kernelcache.plugin import HOST, pid_alive, register_directory
 
 logger = logging.getLogger(__name__)
 

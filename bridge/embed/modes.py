@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from kernelcache.process import warn_once
+from kernelcache.plugin import warn_once
 
 from .. import versions
 from ..errors import EmbedError

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
-from kernelcache.process import warn_once
+from kernelcache.plugin import warn_once
 
 from .kinds import EntryKind
 

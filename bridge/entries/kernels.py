@@ -49,7 +49,7 @@ def store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> None
     """Store ``ptx`` as the companion of the kernel ``key`` (whose entry's metadata is
     ``meta``); a root that cannot take it is said once, never raised."""
     from kernelcache import CacheError
-    from kernelcache.process import warn_once
+    from kernelcache.plugin import warn_once
 
     fields = {
         "kind": PTX.ext,

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kernelcache.keys import GROUP_CHARS, KEY_PATTERN, declare_sparse, group_of
+from kernelcache.plugin import GROUP_CHARS, KEY_PATTERN, declare_sparse, group_of
 
 if TYPE_CHECKING:
     from kernelcache import Artifact, Cache

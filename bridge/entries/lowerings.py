@@ -43,10 +43,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kernelcache.keys import KEY_PATTERN
-from kernelcache.schema import KERNEL_NAME
-from kernelcache.store import check_recorded, record_check
-from kernelcache.table import NAME_SEPARATOR
+from kernelcache.plugin import (
+    KERNEL_NAME,
+    KEY_PATTERN,
+    NAME_SEPARATOR,
+    check_recorded,
+    record_check,
+)
 
 from .kinds import EntryKind
 

@@ -5,7 +5,7 @@ The launch metadata of a kernel (its name, target, warps, CTAs, shared memory, s
 the TMA metadata of tensor descriptors, the PTX's digest: everything a kernel is launched or
 embedded with) is part of kernelcache's on-disk format: kernelcache declares those fields
 itself (:data:`kernelcache.schema.LAUNCH_CHECKS`), covers them by the entry digest
-(:data:`LAUNCH_FIELDS`) and requires those a machine-code entry cannot be launched without
+(:data:`kernelcache.schema.LAUNCH_FIELDS`) and requires those a machine-code entry cannot be launched without
 (:data:`kernelcache.schema.REQUIRED`), whether or not the bridge is imported. The bridge
 declares only what is its own: a stricter check of ``target`` (a target it knows), and the
 fields that describe an entry without being launched with.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelcache import schema
+from kernelcache.plugin import FieldCheck, integer, register_fields, text
 
 from ..vendors.vendor import parse_name
 
@@ -36,25 +36,22 @@ def _components(value: Any) -> str | None:
     if not isinstance(value, dict) or len(value) > 32:
         return f"must be an object of at most 32 named components, not {value!r:.40}"
     for name, part in value.items():
-        bad = schema.text(64)(name) or schema.text(128)(part)
+        bad = text(64)(name) or text(128)(part)
         if bad:
             return f"must map component names to short strings ({name!r:.40}: {bad})"
     return None
 
 
 #: the bridge's own fields and what each must be (``target``: added to kernelcache's check)
-FIELDS: dict[str, schema.Check] = {
+FIELDS: dict[str, FieldCheck] = {
     "target": _target,
-    "kernel": schema.text(1024),
-    "language": schema.text(64),
-    "num_stages": schema.integer(0, 1024),
+    "kernel": text(1024),
+    "language": text(64),
+    "num_stages": integer(0, 1024),
     "components": _components,
-    "reads": schema.text(49 << 10),
+    "reads": text(49 << 10),
 }
-#: what a kernel is launched or embedded with (besides its name and target): kernelcache's own
-#: launch fields, covered by the entry digest of every document
-LAUNCH_FIELDS = schema.LAUNCH_FIELDS
 #: what a kernel is used on (the reads of its frontend, checked before it is launched): the
 #: entry digest covers it
 COVERED = frozenset({"reads"})
-schema.register_fields(FIELDS, covered=COVERED)
+register_fields(FIELDS, covered=COVERED)

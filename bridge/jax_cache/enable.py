@@ -16,8 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kernelcache import units
-from kernelcache.process import warn_once
+from kernelcache.plugin import parse_size, warn_once
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ def _size(value: int | str | None, what: str) -> int | None:
     if value is None or (isinstance(value, int) and not isinstance(value, bool)):
         return value
     if isinstance(value, str):
-        return units.parse_size(value)
+        return parse_size(value)
     raise ValueError(f"{what} must be a size such as '50G' or a number of bytes, not {value!r}")
 
 

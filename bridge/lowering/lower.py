@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from kernelcache import stats
+from kernelcache.plugin import count
 
 try:  # the public home of the lowering registry (jax 0.8 - 0.11)
     from jax.interpreters import mlir
@@ -51,7 +51,7 @@ from . import lowering_keys, record
 
 if TYPE_CHECKING:
     from kernelcache import Cache
-    from kernelcache.config import Settings
+    from kernelcache.plugin import Settings
 
     from ..settings import BridgeSettings
     from ..tune.measure import Opaque
@@ -111,7 +111,7 @@ class Setup:
 def setup(call: CallSpec, platform: str, jaxlib: str | None = None) -> Setup:
     """Read the settings and resolve the target, embedding, cache and local device of ``call``
     for ``platform`` (see :class:`Setup`)."""
-    from kernelcache.config import job_settings
+    from kernelcache.plugin import job_settings
 
     from ..settings import job_settings as bridge_settings
 
@@ -215,7 +215,7 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
         keyed, found = _checked_replay(call, keyed, target, platform, autotune, program)
         if found is not None and keyed is not None:
             # the kernels it launches were served from the cache: hits, as a lookup of each
-            stats.count(cache.root, hits=keyed[1] if found.lowered.autotuned else 1)
+            count(cache.root, hits=keyed[1] if found.lowered.autotuned else 1)
             program.note(found, call, target)
             return found.lowered
     from . import configs  # (a miss: the variants are assembled)

@@ -34,8 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernelcache.fsio import load_json
-from kernelcache.process import warn_once
+from kernelcache.plugin import load_json, warn_once
 
 if TYPE_CHECKING:
     from ..call.binding import Bound

@@ -102,7 +102,7 @@ def install() -> None:
 def report() -> tuple[dict[str, Any], list[Any]]:
     """``kernelcache doctor``'s view: which jax_triton ``import jax_triton`` gives a process
     started with this environment, and what is installed (nothing is imported)."""
-    from kernelcache.doctor import Check
+    from kernelcache.cli import Check
 
     real = real_version()
     try:

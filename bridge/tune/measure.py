@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kernelcache.process import warn_once
+from kernelcache.plugin import warn_once
 
 from ..call.placeholders import ArgArray
 from ..call.tracing import leaf_arrays

@@ -34,8 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from kernelcache.errors import KernelCacheError
-from kernelcache.process import warn_once
+from kernelcache.plugin import KernelCacheError, warn_once
 
 from ..entries import decisions
 from ..entries.decisions import DECISION, Decision

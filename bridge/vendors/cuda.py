@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from kernelcache.formats import EM_CUDA
+from kernelcache.plugin import EM_CUDA
 
 from ..errors import TargetError
 from .vendor import Arch, Driver, KiB, Vendor, file_row, register

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kernelcache.formats import EM_AMDGPU
+from kernelcache.plugin import EM_AMDGPU
 
 from .vendor import Arch, Driver, KiB, Vendor, register
 

@@ -183,7 +183,7 @@ def recorded_targets(
         TargetError: a name given is not a target, or a pattern selects none of ``recorded``
             (the message names ``manifest`` and what it records).
     """
-    from kernelcache.table import is_pattern, matcher
+    from kernelcache.plugin import is_pattern, matcher
 
     names = [str(parse_target(t)) for t in given if not is_pattern(t)]
     patterns = [t for t in given if is_pattern(t)]

@@ -18,8 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelcache.errors import NotRegularFile
-from kernelcache.fsio import load_json, open_regular
+from kernelcache.plugin import NotRegularFile, load_json, open_regular
 
 from ..call.placeholders import ArgArray
 from ..errors import KernelArgumentError, ManifestError

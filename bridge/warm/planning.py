@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kernelcache import stats
+from kernelcache.plugin import count
 
 from ..call.kernel_objects import KernelParts, decompose, expand_variants
 from ..call.plain import source_digest
@@ -284,7 +284,7 @@ def make_plan(
                 config, ext = spec.variant.description, spec.ext
                 layer = present(cache, spec.key, ext, target.vendor.has_ptx)
                 if layer is not None:  # a build avoided: a hit, as a lowering's would be
-                    stats.count(cache.root, hits=1)
+                    count(cache.root, hits=1)
                     outcomes.append(
                         WarmOutcome(
                             call.kernel, str(target), config, spec.key, ext, "present", 0.0, layer

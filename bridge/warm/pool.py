@@ -193,9 +193,9 @@ def compile_job(job: Job, cache: Cache | None = None, *, wait: bool = True) -> W
         ((_, result),) = fetch_each(cache, [compiling.request(spec)], wait=wait)
         if result is None:
             return None
-    from kernelcache import stats
+    from kernelcache.plugin import flush
 
-    stats.flush()  # a pool worker never runs exit handlers
+    flush()  # a pool worker never runs exit handlers
     return _outcome(job, spec, result, compiling, time.monotonic() - started, cache)
 
 
@@ -271,9 +271,9 @@ def execute(
     compiler that crashes only ever takes a worker down."""
     if workers <= 1 or len(jobs) <= 1:
         return compile_jobs(jobs, cache, progress)
-    from kernelcache import stats
+    from kernelcache.plugin import flush
 
-    stats.flush()  # forked workers start from flushed counters: nothing is counted twice
+    flush()  # forked workers start from flushed counters: nothing is counted twice
     logger.debug("compiling %d kernels in %d forked processes", len(jobs), workers)
     done: dict[int, WarmOutcome | None] = {}
     for wait in (False, True):  # skip what others compile, then wait for it

@@ -11,7 +11,9 @@ One protocol for every command: a module exports ``register(subparsers)``, which
 parsers with :func:`add_command` and sets ``func(args, out) -> exit code`` on them. This
 module's names are the whole surface a package adding commands uses (the bridge adds its own):
 the protocol, the exit codes, :class:`Output` and the helpers its commands share (argument
-types, the JSON envelope, human formatting). ``args``
+types, the JSON envelope, human formatting, a progress :func:`bar`, a root's :func:`scan`), and what a package adds to the other commands: a section of ``doctor``
+(:func:`register_report`, :class:`Check`), its toolchain for ``import --dry-run``
+(:func:`register_toolchain`) and what its entries hold for ``show`` (:func:`register_content`). ``args``
 carries the command's :class:`~.common.Context` (the root and the settings, resolved once;
 :func:`root_of`), ``out`` is the :class:`Output`. The built-in modules are listed in
 :mod:`.app`; other packages add theirs through the entry-point group ``kernelcache.commands``
@@ -29,7 +31,11 @@ what its entries hold), :mod:`.verification` (``verify``), :mod:`.maintenance` (
 
 from __future__ import annotations
 
+from ..doctor import Check, register_report
 from ..errors import CommandFailed, UsageError
+from ..maintenance import scan
+from ..progress import bar
+from ..toolchains import register_toolchain
 from .app import main, run
 from .common import add_command, age_arg, parse_age, parse_size, root_of, size_arg
 from .listing import Content, register_content
@@ -54,12 +60,14 @@ __all__ = [
     "EXIT_PROBLEMS",
     "EXIT_USAGE",
     "SCHEMA",
+    "Check",
     "CommandFailed",
     "Content",
     "Output",
     "UsageError",
     "add_command",
     "age_arg",
+    "bar",
     "envelope",
     "human_age",
     "main",
@@ -68,7 +76,10 @@ __all__ = [
     "plural",
     "printable",
     "register_content",
+    "register_report",
+    "register_toolchain",
     "root_of",
     "run",
+    "scan",
     "size_arg",
 ]

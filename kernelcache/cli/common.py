@@ -143,7 +143,7 @@ def target_arg(text: str) -> str:
     return _field_arg(text, "target", schema.TARGET_NAME)
 
 
-def _field_arg(text: str, what: str, check: schema.Check) -> str:
+def _field_arg(text: str, what: str, check: schema.FieldCheck) -> str:
     from ..table import is_pattern
 
     if not is_pattern(text):

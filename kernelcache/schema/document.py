@@ -22,7 +22,7 @@ documents are the only ones served: format 1 digests did not cover the ``covers`
 
 The contract of an entry (:func:`entry_problem`): an entry of extension ``ext`` is whole when its
 document holds the launch metadata ``ext`` requires, covered by its digest, and its artifact is
-whole for ``ext`` (:func:`kernelcache.formats.problem`: a cubin is a whole ELF64 file for NVIDIA
+whole for ``ext`` (:func:`kernelcache.formats.artifact_problem`: a cubin is a whole ELF64 file for NVIDIA
 CUDA, an HSACO one for AMD GPUs, PTX defines the kernel its metadata names and a body for every
 function it calls); it applies whether or not a package built on kernelcache is imported. Who
 checks it: :meth:`kernelcache.store.Store.publish` through :func:`require_whole` (``Cache.put``,
@@ -57,7 +57,7 @@ import xxhash
 
 from .._version import __version__
 from ..errors import IncompleteEntry, InvalidMetadata
-from ..formats import problem
+from ..formats import artifact_problem
 from ..fsio import load_json
 from ..keys import EXT_PATTERN, META_EXT
 from ..problem import Problem
@@ -391,7 +391,7 @@ def entry_problem(
     if bad is not None:
         return bad
     name = doc.get("name")
-    reason = problem(ext, data, name if isinstance(name, str) else None, full=full)
+    reason = artifact_problem(ext, data, name if isinstance(name, str) else None, full=full)
     return None if reason is None else NOT_WHOLE.format(ext=ext) + reason
 
 

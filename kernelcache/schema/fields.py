@@ -60,22 +60,22 @@ def shown_value(value: object) -> str:
 
 
 # -- checks of a value ----------------------------------------------------------------------
-Check = Callable[[Any], "str | None"]
+FieldCheck = Callable[[Any], "str | None"]
 
 
-def _made(check: Check, *spec: object) -> Check:
+def _made(check: FieldCheck, *spec: object) -> FieldCheck:
     check.spec = spec  # type: ignore[attr-defined]  # see same_check
     return check
 
 
-def same_check(first: Check, second: Check) -> bool:
+def same_check(first: FieldCheck, second: FieldCheck) -> bool:
     """Whether two checks are the same: the same object, or made by the same constructor with
     the same arguments (``integer(1, 8)`` twice)."""
     spec = getattr(first, "spec", None)
     return first is second or (spec is not None and spec == getattr(second, "spec", None))
 
 
-def integer(low: int, high: int) -> Check:
+def integer(low: int, high: int) -> FieldCheck:
     """An integer from ``low`` to ``high``."""
 
     def check(value: Any) -> str | None:
@@ -89,7 +89,7 @@ def integer(low: int, high: int) -> Check:
     return _made(check, "integer", low, high)
 
 
-def text(limit: int) -> Check:
+def text(limit: int) -> FieldCheck:
     """Printable text of 1 to ``limit`` characters."""
 
     def check(value: Any) -> str | None:
@@ -104,7 +104,7 @@ def text(limit: int) -> Check:
     return _made(check, "text", limit)
 
 
-def pattern(regex: re.Pattern[str], what: str) -> Check:
+def pattern(regex: re.Pattern[str], what: str) -> FieldCheck:
     """A string that ``regex`` matches whole (``what`` says what it must be)."""
 
     def check(value: Any) -> str | None:
@@ -115,7 +115,7 @@ def pattern(regex: re.Pattern[str], what: str) -> Check:
     return _made(check, "pattern", regex.pattern, regex.flags, what)
 
 
-def objects(limit: int) -> Check:
+def objects(limit: int) -> FieldCheck:
     """A list of at most ``limit`` JSON objects of plain, bounded JSON."""
 
     def check(value: Any) -> str | None:
@@ -129,7 +129,7 @@ def objects(limit: int) -> Check:
     return _made(check, "objects", limit)
 
 
-def power_of_two(high: int) -> Check:
+def power_of_two(high: int) -> FieldCheck:
     """A power of two from 1 to ``high``."""
     bounded = integer(1, high)
 
@@ -199,7 +199,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 #: what machine code is launched or embedded with, and what each must be (besides ``name`` and
 #: ``target``, kernelcache's own fields)
-LAUNCH_CHECKS: Mapping[str, Check] = {
+LAUNCH_CHECKS: Mapping[str, FieldCheck] = {
     "arch": text(64),
     "warp_size": integer(1, 1024),
     "num_warps": integer(1, 1024),
@@ -320,7 +320,7 @@ def _producer(value: Any) -> str | None:
 #: the fields a document may hold and what each must be: kernelcache's own (below, and the launch
 #: metadata of machine code, above), and those registered by packages built on it
 #: (:func:`register_fields`)
-FIELDS: dict[str, Check] = {
+FIELDS: dict[str, FieldCheck] = {
     "created": _time,
     "producer": _producer,
     "name": KERNEL_NAME,
@@ -345,7 +345,9 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
 COVERED: set[str] = {"name", "target", *LAUNCH_FIELDS}
 
 
-def register_fields(checks: Mapping[str, Check], *, covered: frozenset[str] = frozenset()) -> None:
+def register_fields(
+    checks: Mapping[str, FieldCheck], *, covered: frozenset[str] = frozenset()
+) -> None:
     """Declare the metadata fields of a package built on kernelcache: what each must be, and
     which of them the entry digest of every new document covers (those a reader acts on).
 
@@ -377,7 +379,7 @@ def register_fields(checks: Mapping[str, Check], *, covered: frozenset[str] = fr
     COVERED.update(covered)
 
 
-def _refine_range(name: str, check: Check) -> None:
+def _refine_range(name: str, check: FieldCheck) -> None:
     """Keep the fast path of ``name`` exact once ``check`` is added to its checks: the
     intersection of both ranges, or none where ``check`` is not a range."""
     known = _INT_RANGES.get(name)
@@ -390,7 +392,7 @@ def _refine_range(name: str, check: Check) -> None:
         _INT_RANGES[name] = (max(known[0], bounds[0]), min(known[1], bounds[1]))
 
 
-def _both(first: Check, second: Check) -> Check:
+def _both(first: FieldCheck, second: FieldCheck) -> FieldCheck:
     def check(value: Any) -> str | None:
         return first(value) or second(value)
 

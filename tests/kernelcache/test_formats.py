@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from support import CAN_UNSHARE, HELPERS, key_of, run_in_namespace
 
 import kernelcache
-from kernelcache.formats import EM_AMDGPU, EM_CUDA, elf_problem, problem, ptx_problem
+from kernelcache.formats import EM_AMDGPU, EM_CUDA, artifact_problem, elf_problem, ptx_problem
 from kernelcache.schema import COVERS_FIELD, RESERVED_FIELDS
 from kernelcache.store import Problem, Store
 
@@ -123,7 +123,7 @@ def test_damaged_images_never_raise(flips, size):
 @given(st.binary(max_size=600))
 def test_odd_bytes_never_raise(data):
     for ext in ("cubin", "hsaco", "ptx"):
-        reason = problem(ext, data)
+        reason = artifact_problem(ext, data)
         assert reason is None or isinstance(reason, str)
 
 
@@ -169,13 +169,14 @@ def test_braces_in_strings_and_comments_do_not_count():
 
 def test_each_extension_has_its_check():
     for ext in ("cubin", "hsaco", "ptx"):
-        assert problem(ext, b"") == "the file is empty (0 bytes)"
+        assert artifact_problem(ext, b"") == "the file is empty (0 bytes)"
     assert (
-        problem("cubin", IMAGE) is None and problem("hsaco", elf_image(machine=EM_AMDGPU)) is None
+        artifact_problem("cubin", IMAGE) is None
+        and artifact_problem("hsaco", elf_image(machine=EM_AMDGPU)) is None
     )
-    assert problem("ptx", PTX) is None
-    assert problem("ptx", IMAGE) is not None and problem("cubin", PTX) is not None
-    assert problem("bin", b"") is None and problem("json", b"x") is None
+    assert artifact_problem("ptx", PTX) is None
+    assert artifact_problem("ptx", IMAGE) is not None and artifact_problem("cubin", PTX) is not None
+    assert artifact_problem("bin", b"") is None and artifact_problem("json", b"x") is None
 
 
 # -- verify: entries an older version stored cut short ----------------------------------------
@@ -434,11 +435,19 @@ def test_the_bridge_checks_each_vendors_machine():
 # -- what each extension must be: the machine, the kernel, every function's body ---------------
 def test_each_extension_names_its_machine():
     hsaco, x86 = elf_image(machine=EM_AMDGPU), elf_image(machine=62)
-    assert problem("cubin", hsaco) == "ELF code for machine 224 (AMD GPU), not 190 (NVIDIA CUDA)"
-    assert problem("cubin", x86) == "ELF code for machine 62 (x86-64), not 190 (NVIDIA CUDA)"
-    assert problem("hsaco", IMAGE) == "ELF code for machine 190 (NVIDIA CUDA), not 224 (AMD GPU)"
-    assert problem("hsaco", x86) == "ELF code for machine 62 (x86-64), not 224 (AMD GPU)"
-    assert problem("cubin", IMAGE) is None and problem("hsaco", hsaco) is None
+    assert (
+        artifact_problem("cubin", hsaco)
+        == "ELF code for machine 224 (AMD GPU), not 190 (NVIDIA CUDA)"
+    )
+    assert (
+        artifact_problem("cubin", x86) == "ELF code for machine 62 (x86-64), not 190 (NVIDIA CUDA)"
+    )
+    assert (
+        artifact_problem("hsaco", IMAGE)
+        == "ELF code for machine 190 (NVIDIA CUDA), not 224 (AMD GPU)"
+    )
+    assert artifact_problem("hsaco", x86) == "ELF code for machine 62 (x86-64), not 224 (AMD GPU)"
+    assert artifact_problem("cubin", IMAGE) is None and artifact_problem("hsaco", hsaco) is None
 
 
 HEADER = b".version 8.7\n.target sm_90a\n.address_size 64\n"
@@ -470,8 +479,8 @@ def test_ptx_needs_a_kernel_and_the_body_of_every_function_it_calls():
     assert ptx_problem(whole, "other") == (
         "no .entry other with a body: its metadata names that kernel, the text defines k"
     )
-    assert problem("ptx", whole, "other") is not None
-    assert problem("ptx", whole, "other", full=False) is None  # what a read checks
+    assert artifact_problem("ptx", whole, "other") is not None
+    assert artifact_problem("ptx", whole, "other", full=False) is None  # what a read checks
     # an indirect call (through a register) names no function
     indirect = KERNEL.replace(b"helper, (param0)", b"%rd1, (param0), prototype_0")
     assert ptx_problem(HEADER + indirect) is None

@@ -285,35 +285,17 @@ def test_the_stage_of_a_module_is_its_longest_prefix(module, expected):
     assert stage(module) == expected
 
 
-#: what the bridge may import of kernelcache: its public API and the surface it offers packages
-#: built on it. Each is a folder's face (its ``__init__``: ``cli`` for commands, ``config`` for
-#: variables, ``doctor`` for report checks, ``store`` for directories and per-user check records,
-#: ``remote`` for remote tiers, ``schema`` for metadata fields, ``maintenance`` for a root's
-#: scan, ``stats`` for counters) or a foundation module of the top level (keys and the sparse
-#: entry kinds, errors, formats, units, the table of a root, helpers for reading files and
-#: JSON, toolchains, progress, the process's host and warnings); never a module inside a folder
-BORDER = frozenset(
-    {
-        "kernelcache",
-        "kernelcache.cli",
-        "kernelcache.config",
-        "kernelcache.doctor",
-        "kernelcache.errors",
-        "kernelcache.formats",
-        "kernelcache.fsio",
-        "kernelcache.keys",
-        "kernelcache.maintenance",
-        "kernelcache.process",
-        "kernelcache.progress",
-        "kernelcache.remote",
-        "kernelcache.schema",
-        "kernelcache.stats",
-        "kernelcache.store",
-        "kernelcache.table",
-        "kernelcache.toolchains",
-        "kernelcache.units",
-    }
-)
+#: what the bridge may import of kernelcache, its plugin surface: its
+#: public API (``kernelcache``), what a package built on it uses (``kernelcache.plugin``: the
+#: variables, metadata fields and directories it declares, and the foundation it shares) and,
+#: for the commands it adds, ``kernelcache.cli``; nothing else
+BORDER = frozenset({"kernelcache", "kernelcache.plugin", "kernelcache.cli"})
+#: the most modules the border may hold besides ``kernelcache`` itself
+BORDER_MODULES = 4
+
+
+def test_the_border_is_kernelcache_and_at_most_four_declared_modules():
+    assert "kernelcache" in BORDER and len(BORDER - {"kernelcache"}) <= BORDER_MODULES
 
 
 def kernelcache_imports() -> dict[str, set[str]]:

@@ -4,7 +4,8 @@ the layers below it; no module of kernelcache is longer than :data:`MAX_LINES` l
 Layers, bottom to top: the foundation (the modules at the top of the package), ``schema``,
 ``store``, ``stats``, ``remote`` and ``maintenance`` (side by side: neither imports the
 other), ``capacity`` (the size cap: its passes are maintenance's prunes), ``cache``, ``bundle`` and ``doctor`` (side by side), ``cli``. The package's
-``__init__`` (the public API) may import from any layer. Read statically with
+``__init__`` (the public API) and ``kernelcache.plugin`` (the plugin surface) may import from
+any layer, and no module of the package imports either. Read statically with
 :func:`import_graph` (tests/helpers/import_graph.py), so function-level and
 ``TYPE_CHECKING`` imports count too.
 """
@@ -46,10 +47,15 @@ FOUNDATION = {
 }
 
 
+#: the surfaces: the package's ``__init__`` (the public API) and the plugin surface, which
+#: declare names of any layer and are imported by none
+SURFACES = {"kernelcache", "kernelcache.plugin"}
+
+
 def _place(module: str) -> tuple[str, int] | None:
-    """(folder, layer) of a kernelcache module; None for the package's ``__init__``."""
+    """(folder, layer) of a kernelcache module; None for a surface (:data:`SURFACES`)."""
     parts = module.split(".")
-    if len(parts) == 1:
+    if module in SURFACES:
         return None
     if parts[1] in LAYERS:
         return parts[1], LAYERS[parts[1]]
@@ -66,7 +72,7 @@ def _wrong_way(graph: dict[str, set[str]]) -> list[str]:
         for target in sorted(targets):
             there = _place(target) if target.startswith("kernelcache") else ("", -1)
             if there is None:
-                found.append(f"{module} -> {target} (the public API is for users)")
+                found.append(f"{module} -> {target} (the surfaces are for users and plugins)")
             elif there[0] != here[0] and there[1] >= here[1] and there[1] >= 0:
                 found.append(f"{module} -> {target}")
     return found
@@ -88,7 +94,7 @@ def test_the_checker_finds_an_import_up_or_across():
         "kernelcache.cli.app": {"kernelcache.cache.builds", "kernelcache.cli.output"},
     }
     assert _wrong_way(graph) == [
-        "kernelcache.keys -> kernelcache (the public API is for users)",
+        "kernelcache.keys -> kernelcache (the surfaces are for users and plugins)",
         "kernelcache.remote.base -> kernelcache.maintenance.scan",
         "kernelcache.schema.fields -> kernelcache.store.layout",
     ]

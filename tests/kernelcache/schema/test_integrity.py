@@ -22,12 +22,12 @@ from bundle_files import write_bundle
 from cli_support import kc, kc_json, put
 from support import child_env, key_of, run_py
 
+import bridge.entries.metadata  # noqa: F401  (importing bridge declares its fields)
 import kernelcache
-from bridge.entries.metadata import LAUNCH_FIELDS  # importing bridge declares its fields
 from kernelcache import stats
 from kernelcache.bundle import import_bundle
 from kernelcache.errors import BundleError
-from kernelcache.schema import FORMAT_VERSION, entry_digest
+from kernelcache.schema import FORMAT_VERSION, LAUNCH_FIELDS, entry_digest
 from kernelcache.store import Store, digest, make_metadata
 
 PAYLOAD = elf_image(bytes(range(256)) * 64)  # a whole cubin of 16 KiB and some
