@@ -65,7 +65,7 @@ def floor_call(*args, kernel, out_shape, grid, **kw):
     return result[0] if len(result) == 1 else tuple(result)
 
 if sys.argv[2] == "open":  # every kernel open: keyed by its IR (see the module docstring)
-    from bridge.errors import Undescribable
+    from bridge.exceptions import Undescribable
     from bridge.identity import jit
     try:
         from bridge.identity import kernel_keys

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import settings as settings  # declares the bridge's variables to kernelcache
 from .entries import metadata  # noqa: F401  (declares the metadata fields to kernelcache)
-from .errors import (
+from .exceptions import (
     AutotuneError,
     BackendUnavailable,
     BridgeError,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .call import conventions, tracing
 from .call.kernel_objects import decompose
-from .errors import KernelArgumentError, OptionError
+from .exceptions import KernelArgumentError, OptionError
 from .lowering import lower  # noqa: F401  (registers the primitive's lowerings)
 from .settings import AUTOTUNE_MODES
 from .vendors import backends, targets

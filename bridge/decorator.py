@@ -17,7 +17,7 @@ from typing import Any
 
 from .api import triton_call
 from .call.kernel_objects import decompose
-from .errors import KernelArgumentError
+from .exceptions import KernelArgumentError
 
 
 class Kernel:

@@ -33,7 +33,7 @@ import jax
 
 from .call import rule_contract
 from .call.tracing import triton_call_p
-from .errors import KernelArgumentError
+from .exceptions import KernelArgumentError
 from .lowering import lower
 from .vendors.vendor import registered
 

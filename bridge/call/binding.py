@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KernelArgumentError
+from ..exceptions import KernelArgumentError
 from .kernel_objects import KernelParts, Variant, launch_options
 from .placeholders import ArgArray
 

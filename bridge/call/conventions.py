@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import KernelArgumentError
+from ..exceptions import KernelArgumentError
 from .kernel_objects import KernelParts, set_by_layers
 from .out_shape import JAX_TRITON_03, ROCM_FORK, plan_out_shape
 from .placeholders import ArgArray

@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from ..errors import KernelArgumentError
+from ..exceptions import KernelArgumentError
 
 PADDINGS = ("zero", "nan")
 

@@ -10,7 +10,7 @@ tensor has and False (AttributeError) for what it has not, such as a descriptor'
 descriptor's ``block_shape`` (that config's launch gets a TMA descriptor of that block) and
 ``zero_()`` on an output (zeroed before each launch, as ``zeroed_outputs`` does). Anything else
 done to an array (reading its data or device, calling a tensor method) is a
-:class:`~bridge.errors.KernelArgumentError` naming the hook and what it tried.
+:class:`~bridge.exceptions.KernelArgumentError` naming the hook and what it tried.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, NoReturn
 
-from ..errors import KernelArgumentError
+from ..exceptions import KernelArgumentError
 from . import tma
 from .placeholders import ArgArray
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KernelArgumentError, OptionError
+from ..exceptions import KernelArgumentError, OptionError
 from ..vendors.backends import triton
 from ..vendors.targets import Target
 

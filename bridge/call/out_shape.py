@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..errors import KernelArgumentError
+from ..exceptions import KernelArgumentError
 from .kernel_objects import KernelParts
 from .placeholders import ArgArray
 from .tracing import Inputs, Plan, is_descriptor, is_ref, leaf_arrays

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..errors import KernelArgumentError
+from ..exceptions import KernelArgumentError
 from .kernel_objects import KernelParts
 from .out_shape import is_struct
 from .placeholders import ArgArray

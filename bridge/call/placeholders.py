@@ -10,7 +10,7 @@ from typing import Any
 import ml_dtypes  # noqa: F401  (registers bfloat16 and the float8 types with numpy, as jax does)
 import numpy as np
 
-from ..errors import KernelArgumentError
+from ..exceptions import KernelArgumentError
 
 #: JAX dtype name -> name of the ``triton.language`` dtype of a pointer to it
 TRITON_DTYPES = {

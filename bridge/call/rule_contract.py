@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KernelArgumentError
+from ..exceptions import KernelArgumentError
 from .kernel_objects import KernelParts, set_by_layers
 from .placeholders import ArgArray
 from .tracing import Inputs, Plan

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KernelArgumentError
+from ..exceptions import KernelArgumentError
 
 #: TMA element types: Triton's device-side enum -> CUDA's ``CUtensorMapDataType`` (as Triton's
 #: CUDA driver maps them; used where that driver cannot be imported)

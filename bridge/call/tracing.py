@@ -37,7 +37,7 @@ except (ImportError, AttributeError):  # pragma: no cover - later releases
     from jax._src.interpreters import ad, batching  # type: ignore[no-redef]
     from jax._src.interpreters import partial_eval as pe  # type: ignore[no-redef]
 
-from ..errors import KernelArgumentError, UnsupportedTransformation
+from ..exceptions import KernelArgumentError, UnsupportedTransformation
 from ..vendors import targets
 from .kernel_objects import KernelParts
 from .placeholders import ArgArray

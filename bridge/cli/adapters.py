@@ -92,7 +92,7 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
     tune = _bridge_module("tune", "bridge.cli.tune")
     import kernelcache
 
-    from ..errors import ManifestError, PinError, TargetError
+    from ..exceptions import ManifestError, PinError, TargetError
     from ..tune import measure
 
     if fill:
@@ -127,7 +127,7 @@ def cmd_explain(args: argparse.Namespace, out: Output) -> int:
     explain = _bridge_module("explain", "bridge.cli.explain")
     import kernelcache
 
-    from ..errors import ManifestError, TargetError
+    from ..exceptions import ManifestError, TargetError
 
     root = root_of(args)
     try:
@@ -162,7 +162,7 @@ def cmd_audit(args: argparse.Namespace, out: Output) -> int:
     audit = _bridge_module("audit", "bridge.cli.audit")
     import kernelcache
 
-    from ..errors import ManifestError, TargetError
+    from ..exceptions import ManifestError, TargetError
 
     root = root_of(args)
     try:

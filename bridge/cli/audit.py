@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from kernelcache import Artifact
 
 from ..compile import fetch
-from ..errors import BridgeError, KernelArgumentError
+from ..exceptions import BridgeError, KernelArgumentError
 from ..identity import frontend, read_sets
 from ..identity.specialize import Specialization
 from ..vendors.targets import Target, recorded_targets

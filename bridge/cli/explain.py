@@ -27,7 +27,7 @@ from kernelcache.cli import scan
 
 from ..call.plain import source_digest
 from ..entries.failures import remembered
-from ..errors import BridgeError, KernelArgumentError, TargetError
+from ..exceptions import BridgeError, KernelArgumentError, TargetError
 from ..identity.kernel_keys import COMPONENTS
 from ..identity.specialize import Specialization, components
 from ..vendors.targets import Target, parse_target, recorded_targets

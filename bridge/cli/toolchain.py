@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BackendUnavailable, TargetError
+from ..exceptions import BackendUnavailable, TargetError
 from ..identity import compiler_identity
 from ..identity.kernel_keys import text_digest
 from ..vendors.targets import Target, parse_target

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ..compile.variants import Variants, known_left_out
 from ..entries import decisions
 from ..entries.decisions import ANY_DEVICE, DECISION, Decision
-from ..errors import BridgeError, KernelArgumentError, PinError
+from ..exceptions import BridgeError, KernelArgumentError, PinError
 from ..identity.specialize import Specialization, specialize_call
 from ..lowering.lower import variant_opaque
 from ..tune import measure, select

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Sequence
 
 from ..compile.compiler import output_to_stderr
-from ..errors import ManifestError, RootError
+from ..exceptions import ManifestError, RootError
 from ..warm import warm
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def run(
     from kernelcache.cli import Output, UsageError, bar
     from kernelcache.plugin import settings
 
-    from ..errors import BackendUnavailable, TargetError
+    from ..exceptions import BackendUnavailable, TargetError
 
     if settings().disable:
         raise UsageError("KERNELCACHE_DISABLE is set: there is no cache to warm; unset it")

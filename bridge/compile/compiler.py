@@ -12,12 +12,12 @@ from the file wherever it finds one by that relative path.
 Only whole output leaves a compile: the machine code must be a complete ELF file of the
 target's machine and the PTX complete text (:func:`output_problem`). A compiler that runs out
 of room in its temporary directory can exit 0 after a short write; that, and running out of
-space while compiling, is an :class:`~bridge.errors.IncompleteOutput` naming ``TMPDIR`` and its
+space while compiling, is an :class:`~bridge.exceptions.IncompleteOutput` naming ``TMPDIR`` and its
 free space, never a result (nothing is stored, and nothing is remembered as the kernel's
 failure: the next compile, with room, stores the kernel).
 
 The stages run in a compiler process (:mod:`bridge.compile.compiler_process`): a compiler that aborts or
-segfaults fails its compile with a :class:`~bridge.errors.CompilerCrash`, and the job
+segfaults fails its compile with a :class:`~bridge.exceptions.CompilerCrash`, and the job
 goes on. A Gluon compile that fails because a layout does not fit the target (Triton's verifier
 says so on standard error) gets a note saying what fits; other errors do not.
 """
@@ -39,7 +39,7 @@ from typing import Any
 
 from kernelcache.plugin import artifact_problem, elf_problem, ptx_problem
 
-from ..errors import IncompleteOutput, KernelArgumentError
+from ..exceptions import IncompleteOutput, KernelArgumentError
 from ..identity import frontend, read_sets, witness
 from ..identity.static_reads import relative_dir
 from ..vendors.targets import Target

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, NoReturn
 
-from ..errors import CompilerCrash
+from ..exceptions import CompilerCrash
 from . import wire
 
 logger = logging.getLogger(__name__)

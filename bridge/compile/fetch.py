@@ -9,7 +9,7 @@ or mismatched companion costs a recompile, never a wrong pairing.
 
 A kernel that cannot compile for a reason Triton's autotuner leaves its config out for is
 remembered beside it (see :mod:`bridge.entries.failures`), under the kernel's build lock: no process
-sharing the cache compiles it again, and it is returned as a :class:`~bridge.errors.LeftOut`.
+sharing the cache compiles it again, and it is returned as a :class:`~bridge.exceptions.LeftOut`.
 
 Cache failures never fail the caller: ``get_or_create_each`` degrades to an in-memory artifact,
 and a companion that cannot be stored is rebuilt next time.
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..entries import failures, kernels
 from ..entries.kernels import PTX
-from ..errors import LeftOut
+from ..exceptions import LeftOut
 from ..identity import read_sets
 from ..identity.specialize import Specialization, Usable, components
 from . import compiler_process, hit_audit
@@ -379,7 +379,7 @@ def fetch_many(
     process compiles those no other process is compiling, then waits for the rest (see
     :func:`fetch_each`). Each is compiled once across the processes sharing
     the cache. ``usable[i]``, if given, tells which cached entries will do for ``specs[i]``.
-    A kernel that cannot compile is a :class:`~bridge.errors.LeftOut`.
+    A kernel that cannot compile is a :class:`~bridge.exceptions.LeftOut`.
 
     Raises:
         whatever else Triton raises for the first kernel that fails to compile.

@@ -8,7 +8,7 @@ shared memory than one block may have there (:func:`bridge.vendors.targets.max_s
 local device's figure where it can be read, else the vendor's table), or more tensor memory
 than Triton allows. Left-out configs are named in one warning per kernel and process (a later
 call that leaves out other configs names those); when none is left, the call fails with a
-:class:`~bridge.errors.NoConfigError` naming every config and why.
+:class:`~bridge.exceptions.NoConfigError` naming every config and why.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..entries import failures
-from ..errors import LeftOut, NoConfigError
+from ..exceptions import LeftOut, NoConfigError
 from ..vendors import targets
 from . import fetch
 from .fetch import KernelBinary

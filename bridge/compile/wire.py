@@ -18,7 +18,7 @@ import struct
 from collections.abc import Callable
 from typing import IO, Any
 
-from ..errors import CompilerTraceback
+from ..exceptions import CompilerTraceback
 
 _LENGTH = struct.Struct("<Q")
 #: the exceptions of a cause chain carried back at most

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from kernelcache.plugin import warn_once
 
 from .. import versions
-from ..errors import EmbedError
+from ..exceptions import EmbedError
 from ..settings import EMBED_MODES
 from ..vendors import backends
 from ..vendors.targets import Target

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..entries import memos
-from ..errors import EmbedError
+from ..exceptions import EmbedError
 
 if TYPE_CHECKING:
     from kernelcache import Cache

@@ -5,9 +5,9 @@ Triton's autotuner leaves a config out when compiling or loading it raises one o
 ``OutOfResources`` or ``PTXASError`` (Triton 3.6 to 3.9, both backends; the AMD backend raises
 nothing more specific: its code generation errors are plain ``RuntimeError``). The bridge leaves
 out the same ones, and one more: a compiler process that died
-(:class:`~bridge.errors.CompilerCrash`), where Triton's autotuner dies with it. Any
+(:class:`~bridge.exceptions.CompilerCrash`), where Triton's autotuner dies with it. Any
 other exception still fails the call. A compile whose output is cut short, or that ran out of
-disk space (:class:`~bridge.errors.IncompleteOutput`, whatever the compiler raised underneath),
+disk space (:class:`~bridge.exceptions.IncompleteOutput`, whatever the compiler raised underneath),
 is the environment's failure: it fails the call and is never remembered.
 
 Of those left out, a failure is remembered when the same compile would fail again: a compiler
@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CompilerCrash, IncompleteOutput
+from ..exceptions import CompilerCrash, IncompleteOutput
 from .kinds import EntryKind
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ def reason_of(error: BaseException) -> str | None:
 def lasting(error: BaseException) -> bool:
     """Whether the failure will happen again for the same kernel key: not when ptxas was killed
     by a signal (a crash, or out of memory), nor when the compiler process was killed from
-    outside (see :class:`~bridge.errors.CompilerCrash`); such a failure is not
+    outside (see :class:`~bridge.exceptions.CompilerCrash`); such a failure is not
     remembered."""
     from triton.runtime.errors import PTXASError
 

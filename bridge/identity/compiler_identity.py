@@ -328,7 +328,7 @@ _own: dict[int, tuple[Any, str]] = {}
 
 def _hook(hook: Any) -> Any:
     """A stages hook as plain data: its description, or a token of this process's own."""
-    from ..errors import Undescribable
+    from ..exceptions import Undescribable
     from .jit import constant
 
     try:

@@ -25,7 +25,7 @@ their name, ``repr`` or address:
   interpreter's version is in every description), code of installed distributions by name and
   by the digest of its file.
 
-What the describer cannot prove complete raises :class:`~bridge.errors.Undescribable` naming the
+What the describer cannot prove complete raises :class:`~bridge.exceptions.Undescribable` naming the
 value and why; the kernel is then *open* (keyed by the IR Triton's frontend produces:
 :mod:`.frontend`): a type whose instances may hold state no field shows (a type written in C,
 ``random.Random``, a pybind11 object), code that looks values up by computed names
@@ -52,7 +52,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import Undescribable
+from ..exceptions import Undescribable
 from . import static_reads
 from .static_reads import LOOKUPS, MISSING, UNKNOWN, resolved, scope, spelled, syntax
 from .watch import (

@@ -20,7 +20,7 @@ import sys
 import types
 from typing import Any
 
-from ..errors import Undescribable
+from ..exceptions import Undescribable
 from . import static_reads
 from .watch import mark
 

@@ -6,7 +6,7 @@ constexpr globals, modules' attributes, constexpr_functions and what they read).
 superset of what Triton's ``cache_key`` covers, computed without parsing the source.
 :func:`constant` describes a constexpr argument the same way.
 
-Both raise :class:`~bridge.errors.Undescribable` where the description cannot be proved
+Both raise :class:`~bridge.exceptions.Undescribable` where the description cannot be proved
 complete: the kernel is then *open*, keyed by the IR Triton's frontend produces for it
 (:mod:`.frontend`), never by an approximate description.
 
@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import Undescribable
+from ..exceptions import Undescribable
 from .describe import describe
 from .static_reads import PLAIN_TYPES, is_jit
 from .watch import Read, mark, unchanged

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Undescribable
+from ..exceptions import Undescribable
 from ..vendors.targets import Target
 from .compiler_identity import (
     PIPELINE_VERSION,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..call import kernel_objects
 from ..call.kernel_objects import KernelParts
-from ..errors import BackendUnavailable, OptionError, Undescribable
+from ..exceptions import BackendUnavailable, OptionError, Undescribable
 from ..vendors import backends
 from ..vendors.targets import Target
 from . import frontend, kernel_keys

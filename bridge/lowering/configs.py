@@ -17,7 +17,7 @@ from ..call.tracing import CallSpec
 from ..compile import variants
 from ..entries import lowerings
 from ..entries.lowerings import Lowered
-from ..errors import KernelArgumentError
+from ..exceptions import KernelArgumentError
 from ..identity import specialize
 from ..tune import select
 from ..vendors import targets

@@ -42,7 +42,7 @@ from ..call.tracing import CallSpec, triton_call_p
 from ..embed import modes
 from ..entries import lowerings
 from ..entries.lowerings import Item, Lowered, Program
-from ..errors import KernelArgumentError
+from ..exceptions import KernelArgumentError
 from ..identity import read_sets
 from ..settings import as_cache
 from ..vendors import backends, targets

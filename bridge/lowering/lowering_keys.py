@@ -37,7 +37,7 @@ from ..call import kernel_objects
 from ..call.placeholders import ArgArray, dtype_name
 from ..embed import ptxisa
 from ..entries.lowerings import FORMAT
-from ..errors import Unkeyable
+from ..exceptions import Unkeyable
 from ..identity import compiler_identity, jit
 from ..vendors import backends
 from ..vendors.vendor import file_row

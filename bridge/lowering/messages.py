@@ -20,7 +20,7 @@ from ..call import binding
 from ..call.binding import SCALAR_FIELDS
 from ..call.placeholders import ArgArray
 from ..embed import handoff, modes
-from ..errors import KernelArgumentError, OptionError
+from ..exceptions import KernelArgumentError, OptionError
 from . import proto
 
 if TYPE_CHECKING:

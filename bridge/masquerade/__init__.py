@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import MasqueradeError
+from ..exceptions import MasqueradeError
 
 #: the folder whose only package is ``jax_triton``
 FOLDER = str(Path(__file__).resolve().parent)

@@ -10,7 +10,7 @@ global scratch and encodes the same TMA descriptors), and measuring compiles no 
 The driver is reached through ``ctypes``, by the names its vendor declares
 (:class:`bridge.vendors.vendor.Driver`): the stream and events live in the device's primary
 context, the one XLA uses, so the buffers of JAX arrays on that device are valid there. A launch
-jaxlib refuses is reported as :class:`~bridge.errors.Unlaunchable`, without jaxlib's message,
+jaxlib refuses is reported as :class:`~bridge.exceptions.Unlaunchable`, without jaxlib's message,
 which the legacy call keeps in a C++ object: the caller asks a compiled program for it.
 """
 
@@ -23,7 +23,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import Unlaunchable
+from ..exceptions import Unlaunchable
 from ..vendors.vendor import Driver, by_platform
 
 #: the legacy call's status: jaxlib writes a failure into it; zeroed room for any layout

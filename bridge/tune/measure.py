@@ -26,7 +26,7 @@ from kernelcache.plugin import warn_once
 
 from ..call.placeholders import ArgArray
 from ..call.tracing import leaf_arrays
-from ..errors import BridgeError, Unlaunchable
+from ..exceptions import BridgeError, Unlaunchable
 from . import jaxlib_launch
 from .rounds import Bench
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..entries.samples import Sample
-from ..errors import Unlaunchable
+from ..exceptions import Unlaunchable
 
 #: how long the timed launches of one config take (jaxlib aims for the same)
 TARGET_SECONDS = 0.01

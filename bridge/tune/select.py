@@ -6,7 +6,7 @@ the call's autotune mode (``autotune=``, else ``$KERNELCACHE_AUTOTUNE``):
 
 - ``decided`` (default): every variant, for jaxlib to autotune at the first run;
 - ``runtime``: every variant, even where a decision exists;
-- ``require``: an :class:`~bridge.errors.AutotuneError` naming ``kernelcache tune``;
+- ``require``: an :class:`~bridge.exceptions.AutotuneError` naming ``kernelcache tune``;
 - ``job``: every rank that needs the decision screens a share of the configs on its own GPU
   (each config once per job, as a sample entry built with the cache's work stealing:
   :mod:`bridge.entries.samples`; ranks that share a GPU take turns on it, :func:`gpu`), then
@@ -41,7 +41,7 @@ from ..entries.decisions import DECISION, Decision
 from ..entries.kinds import derived_key
 from ..entries.samples import Sample
 from ..entries.samples import gather as gathered
-from ..errors import AutotuneError
+from ..exceptions import AutotuneError
 from . import measure, rounds
 from .rounds import Bench
 

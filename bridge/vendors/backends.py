@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from ..errors import BackendUnavailable, OptionError
+from ..exceptions import BackendUnavailable, OptionError
 from .targets import Target, target_of
 from .vendor import Vendor, registered
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from kernelcache.plugin import EM_CUDA
 
-from ..errors import TargetError
+from ..exceptions import TargetError
 from .vendor import Arch, Driver, KiB, Vendor, file_row, register
 
 _VERSION = 2

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import TargetError
+from ..exceptions import TargetError
 from .vendor import Arch, Vendor, by_name, by_platform, examples, parse_name
 
 if TYPE_CHECKING:

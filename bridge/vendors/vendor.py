@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TargetError
+from ..exceptions import TargetError
 
 Arch = int | str
 

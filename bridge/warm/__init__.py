@@ -31,7 +31,7 @@ what a run reports; :mod:`.warming` ties them into :func:`warm` (``kernelcache w
 
 from __future__ import annotations
 
-from ..errors import ManifestError, RootError
+from ..exceptions import ManifestError, RootError
 from .manifest import (
     Manifest,
     RecordedCall,

@@ -21,7 +21,7 @@ from typing import Any
 from kernelcache.plugin import NotRegularFile, load_json, open_regular
 
 from ..call.placeholders import ArgArray
-from ..errors import KernelArgumentError, ManifestError
+from ..exceptions import KernelArgumentError, ManifestError
 from ..lowering.record import RECORD_VERSION
 from ..vendors.targets import Target
 from .outcomes import WarmProblem

@@ -22,7 +22,7 @@ from ..call.plain import source_digest
 from ..entries import decisions
 from ..entries.failures import remembered
 from ..entries.kernels import PTX, ptx_pairs
-from ..errors import BridgeError, KernelArgumentError
+from ..exceptions import BridgeError, KernelArgumentError
 from ..identity.specialize import Specialization, specialize, specialize_call
 from ..vendors.backends import check_options
 from ..vendors.targets import Target

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from ..compile.compiler import Compiled
 from ..compile.fetch import KernelBinary, Request, fetch_each, request
-from ..errors import LeftOut
+from ..exceptions import LeftOut
 from ..identity.specialize import Specialization
 from ..vendors.targets import parse_target
 from .outcomes import WarmOutcome

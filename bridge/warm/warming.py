@@ -18,7 +18,7 @@ from kernelcache import CacheError, Store
 
 from ..call.kernel_objects import Variant, decompose
 from ..compile.fetch import fetch
-from ..errors import KernelArgumentError, RootError
+from ..exceptions import KernelArgumentError, RootError
 from ..identity.specialize import specialize
 from ..settings import as_cache
 from ..vendors import backends

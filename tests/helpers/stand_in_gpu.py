@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Sequence
 
-from bridge.errors import Unlaunchable
+from bridge.exceptions import Unlaunchable
 
 
 class TableMeasurer:

@@ -7,7 +7,7 @@ declared once, as ``NAME = EntryKind("ext", ...)`` in a module of ``bridge/entri
 module names its extension, and every such entry is stored and looked up through its kind
 (under that one name), no module of the bridge is over 500 lines, each
 folder's ``__init__.py`` says what enters and what leaves it, and every exception class of the
-bridge is declared in ``bridge/errors.py`` under ``kernelcache``'s base, and the bridge uses
+bridge is declared in ``bridge/exceptions.py`` under ``kernelcache``'s base, and the bridge uses
 kernelcache only across a declared border (:data:`BORDER`).
 """
 
@@ -29,7 +29,7 @@ BRIDGE = REPO / "bridge"
 #: the stages, in order; a module of a stage imports only modules of it and of those before it
 STAGES: tuple[tuple[str, ...], ...] = (
     (
-        "bridge.errors",
+        "bridge.exceptions",
         "bridge.settings",
         "bridge.versions",
         "bridge.vendors",
@@ -256,7 +256,7 @@ def test_every_entry_of_a_kind_goes_through_its_kind_under_one_name():
     assert not aliases, "name a kind and its extension as its module does: " + ", ".join(aliases)
 
 
-def test_every_bridge_exception_is_declared_in_errors_under_kernelcaches_base():
+def test_every_bridge_exception_is_declared_in_exceptions_under_kernelcaches_base():
     from kernelcache.errors import KernelCacheError
 
     stray, outside = [], []
@@ -269,11 +269,11 @@ def test_every_bridge_exception_is_declared_in_errors_under_kernelcaches_base():
                 and value.__module__ == name
                 and not value.__name__.startswith("_")
             ):
-                if name != "bridge.errors":
+                if name != "bridge.exceptions":
                     outside.append(f"{name}.{value.__qualname__}")
                 if not issubclass(value, KernelCacheError):
                     stray.append(f"{name}.{value.__qualname__}")
-    assert not outside, f"declare these in bridge/errors.py: {outside}"
+    assert not outside, f"declare these in bridge/exceptions.py: {outside}"
     assert not stray, f"not KernelCacheErrors: {stray}"
 
 

@@ -940,7 +940,7 @@ def test_a_pinned_decision_lowers_the_one_chosen_kernel(tmp_path, fresh, monkeyp
 
 def test_a_pin_outside_the_kernels_configs_is_refused(tmp_path, fresh, monkeypatch):
     manifest = record_matmul_manifest(tmp_path, fresh, monkeypatch)
-    from bridge.errors import PinError
+    from bridge.exceptions import PinError
 
     with pytest.raises(PinError, match="4 configs"):  # a usage error: nothing is stored
         tune.tune(str(manifest), fresh, pins={MATMUL: 4})
