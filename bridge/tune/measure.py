@@ -27,12 +27,12 @@ from kernelcache.plugin import warn_once
 from ..call.placeholders import ArgArray
 from ..call.tracing import leaf_arrays
 from ..exceptions import BridgeError, Unlaunchable
-from . import jaxlib_launch
-from .rounds import Bench
 
 if TYPE_CHECKING:
     from ..call.tracing import CallSpec
     from ..vendors.targets import Target
+    from . import jaxlib_launch
+    from .rounds import Bench
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +136,8 @@ class JaxBench:
                 self._opaques[i] = opaque(i)
             except (BridgeError, ValueError) as e:  # the config's own error is its reason
                 self._opaques[i] = str(e) or type(e).__name__
+        from . import jaxlib_launch  # (launching: not what a lookup of a decision needs)
+
         self._lanes: list[jaxlib_launch.Lane] | None = []
         try:
             for device in self.devices:
