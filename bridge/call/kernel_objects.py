@@ -169,14 +169,16 @@ def expand_variants(
     The hooks of each config run on placeholders (see :mod:`bridge.call.hooks`).
 
     Raises:
+        OptionError: an option ``target``'s backend does not have, or too many threads.
         KernelArgumentError: a config sets a name that is neither a parameter nor an option, a
             hook does what a compiled program cannot, or no config is left.
     """
+    from ..vendors import backends
+
+    backends.check_options(target, set(options))
     if not parts.layers:  # a plain kernel: its one variant is the call
         return [Variant(dict(kwargs), dict(options), "", frozenset(), {})]
     from triton.runtime.autotuner import Autotuner, Heuristics
-
-    from ..vendors import backends
 
     params = set(parts.arg_names)
     valid = backends.option_names(target.vendor) - backends.DERIVED_OPTIONS

@@ -172,7 +172,6 @@ def specialize_call(
         KernelArgumentError: the call does not fit the kernel.
         whatever the kernel's own heuristics, prune functions or hooks raise.
     """
-    backends.check_options(target, set(options))
     variants = kernel_objects.expand_variants(parts, named, kwargs, options, target)
     return [specialize(parts, named, variant, target, cache) for variant in variants]
 

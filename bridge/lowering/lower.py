@@ -204,7 +204,6 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
     target, cache = prepared.target, prepared.cache
     autotune = call.autotune or prepared.ours.autotune
     # the kernel's heuristics, prune functions and hooks run here, once per lowering
-    backends.check_options(target, set(call.options))
     every = kernel_objects.expand_variants(
         call.parts, call.named, call.kwargs, call.options, target
     )
@@ -303,7 +302,6 @@ def variant_opaque(call: CallSpec, platform: str) -> Opaque:
     from . import configs
 
     prepared = setup(call, platform)
-    backends.check_options(prepared.target, set(call.options))
     every = kernel_objects.expand_variants(
         call.parts, call.named, call.kwargs, call.options, prepared.target
     )

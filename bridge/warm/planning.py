@@ -24,7 +24,6 @@ from ..entries.failures import remembered
 from ..entries.kernels import PTX, ptx_pairs
 from ..exceptions import BridgeError, KernelArgumentError
 from ..identity.specialize import Specialization, specialize, specialize_call
-from ..vendors.backends import check_options
 from ..vendors.targets import Target
 from .manifest import Manifest, RecordedCall, import_kernel
 from .outcomes import WarmOutcome, WarmProblem
@@ -69,7 +68,6 @@ def specialization(
             call does not fit the kernel or the target.
     """
     named, kwargs, options = call.revived(target, [0])
-    check_options(target, set(options))
     variant = expand_variants(parts, named, kwargs, options, target)[index]
     return specialize(parts, named, variant, target, cache)
 
