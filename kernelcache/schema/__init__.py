@@ -15,8 +15,11 @@ calls it, and how). Encoding and digests are byte-identical across releases of t
 from __future__ import annotations
 
 from .document import (
+    CHEAP,
+    DIGEST_ONLY,
     DIGEST_PREFIX,
     FORMAT_VERSION,
+    FULL,
     HMAC_PREFIX,
     MAX_ARTIFACT_BYTES,
     MAX_META_BYTES,
@@ -66,10 +69,13 @@ from .fields import (
 )
 
 __all__ = [
+    "CHEAP",
     "COVERS_FIELD",
+    "DIGEST_ONLY",
     "DIGEST_PREFIX",
     "FIELDS",
     "FORMAT_VERSION",
+    "FULL",
     "HMAC_FIELD",
     "HMAC_PREFIX",
     "KERNEL_NAME",

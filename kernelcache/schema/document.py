@@ -29,15 +29,17 @@ checks it: :meth:`kernelcache.store.Store.publish` through :func:`require_whole`
 ``Cache.replace``, every build, a remote hit published locally, every entry a bundle import
 publishes: an :class:`~kernelcache.errors.IncompleteEntry`, nothing written; a disabled cache's
 put checks the same); :meth:`~kernelcache.store.Store.inspect` with ``whole`` (``verify``, its
-``--repair``, ``export``: a corrupt entry); :func:`kernelcache.remote.check_entry` and the check
-pass of a bundle import (the value or the bundle refused); and
+``--repair``, ``export``: a corrupt entry); :func:`kernelcache.remote.check_entry`, a remote
+value's decoding and the check pass of a bundle import (the value or the bundle refused); and
 :meth:`~kernelcache.store.Store.read` each time it reads an entry's metadata from disk, with
-``full=False``: without the checks whose cost grows with the artifact (the PTX text scan), a
-corrupt entry (quarantined, counted, rebuilt by the caller), never served, never raised.
+``check=CHEAP``: without the checks whose cost grows with the artifact (the PTX text scan), a
+corrupt entry (quarantined, counted, rebuilt by the caller), never served, never raised. The
+artifact's size and digest are part of the same check, so every door words a damaged entry
+alike.
 
 Invariants: every check returns a reason or a :class:`~kernelcache.problem.Problem` instead of
 raising: nothing here trusts its input, and nothing here crashes on it; what
-:func:`entry_problem` accepts with ``full`` it accepts without. Encoding and digests are
+:func:`entry_problem` accepts in full it accepts with less. Encoding and digests are
 byte-identical across releases of one :data:`FORMAT_VERSION`; changing a constant here changes
 what is on disk.
 """
@@ -379,19 +381,31 @@ def displayable(value: Any, depth: int = 0) -> Any:
 # -- the contract of an entry -----------------------------------------------------------------
 #: what starts the reason of an artifact that is not whole
 NOT_WHOLE = "not a whole .{ext} artifact: "
+#: how much of the contract :func:`entry_problem` checks: the artifact's size and digest only (a
+#: document remembered with bytes found whole), less the checks whose cost grows with the
+#: artifact (the PTX text scan: what a read checks), all of it
+DIGEST_ONLY, CHEAP, FULL = 0, 1, 2
 
 
 def entry_problem(
-    ext: str, data: bytes, doc: Mapping[str, Any], *, full: bool = True
+    ext: str, data: bytes, doc: Mapping[str, Any], *, check: int = FULL
 ) -> str | None:
     """Why ``data`` with its document ``doc`` (checked against the schema) is not a whole entry
-    of extension ``ext``; None when it is. ``full=False``: what a read checks (see the module
-    docstring). Never raises."""
+    of extension ``ext``: its size or digest is not the document's, or (with ``check`` above
+    :data:`DIGEST_ONLY`) the contract of an entry does not hold; None when it is whole. Every
+    door applies it: a read, a remote value, a bundle, ``put`` and ``verify``. Never raises."""
+    if len(data) != doc["size"]:
+        return f"artifact has {len(data)} bytes, metadata says {doc['size']}"
+    if digest(data) != doc["digest"]:
+        return "artifact digest mismatch"
+    if check == DIGEST_ONLY:
+        return None
     bad = launch_problem(ext, doc)
     if bad is not None:
         return bad
     name = doc.get("name")
-    reason = artifact_problem(ext, data, name if isinstance(name, str) else None, full=full)
+    whole = check == FULL
+    reason = artifact_problem(ext, data, name if isinstance(name, str) else None, full=whole)
     return None if reason is None else NOT_WHOLE.format(ext=ext) + reason
 
 
@@ -411,6 +425,8 @@ def require_whole(key: str, ext: str, data: bytes, doc: Mapping[str, Any]) -> No
             "is an ELF file for NVIDIA CUDA, a .hsaco one for AMD GPUs; a .ptx defines the "
             "kernel its metadata names and every function it calls)"
         )
+    elif reason.startswith("artifact "):
+        advice = "store a document made for these very bytes"
     else:
         advice = f"give put every launch field of a .{ext} entry"
     raise IncompleteEntry(

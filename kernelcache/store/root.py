@@ -42,7 +42,7 @@ from ..fsio import READ_FLAGS, read_exact
 from ..keys import META_EXT, check_ext, check_key
 from ..problem import Problem
 from ..process import warn_once
-from ..schema.document import digest, entry_problem
+from ..schema.document import CHEAP, DIGEST_ONLY, FULL, entry_problem
 from .entry import FUTURE_SLACK, MEMO_ENTRIES, TOUCH_INTERVAL, Artifact
 from .layout import (
     NOT_VISIBLE,
@@ -59,10 +59,6 @@ from .trust import TrustPolicy, check_policy
 from .writing import check_writable, publish
 
 logger = logging.getLogger(__name__)
-
-#: how much of the contract of an entry a read of an artifact checks: its digest only (a
-#: document remembered with bytes found whole), what a read checks (``full=False``), all of it
-DIGEST_ONLY, CHEAP, FULL = 0, 1, 2
 
 
 def stale_stamp(mtime: float) -> bool:
@@ -314,8 +310,8 @@ class Store:
         contract: int = DIGEST_ONLY,
     ) -> Artifact | Problem | None:
         """Read and verify the artifact that the metadata ``doc`` describes, under a shared
-        flock if ``lock``, applying ``policy`` (None: none); with ``contract`` :data:`CHEAP`
-        or :data:`FULL`, also the contract of an entry (``full`` or not)."""
+        flock if ``lock``, applying ``policy`` (None: none), as
+        :func:`~kernelcache.schema.entry_problem` with ``check=contract`` says."""
         stored_ext = doc["ext"]
         if ext is not None and stored_ext != ext:
             return Problem(
@@ -357,12 +353,9 @@ class Store:
             os.close(afd)
         if data is None:
             return Problem(key, "artifact changed size while being read")
-        if digest(data) != doc["digest"]:
-            return Problem(key, "artifact digest mismatch")
-        if contract:
-            reason = entry_problem(stored_ext, data, doc, full=contract == FULL)
-            if reason is not None:
-                return Problem(key, reason)
+        reason = entry_problem(stored_ext, data, doc, check=contract)
+        if reason is not None:
+            return Problem(key, reason)
         # Artifact(...) without the frozen dataclass's object.__setattr__ per field: the hot path
         art = object.__new__(Artifact)
         art.__dict__.update(

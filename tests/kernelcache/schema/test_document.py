@@ -479,12 +479,31 @@ def test_export_leaves_out_what_verify_reports(tmp_path):
 
 # -- the contract is one function ------------------------------------------------------------------
 def test_entry_problem_is_what_put_and_verify_apply():
-    doc = make_metadata(key_of("contract"), "cubin", CUBIN, LAUNCH)
-    assert schema.entry_problem("cubin", CUBIN, doc) is None
-    assert schema.entry_problem("cubin", X86, doc).startswith("not a whole .cubin artifact: ")
-    assert schema.entry_problem("hsaco", CUBIN, doc).startswith("not a whole .hsaco artifact: ")
+    def doc(ext, data, fields):
+        return make_metadata(key_of("contract"), ext, data, fields)
+
+    assert schema.entry_problem("cubin", CUBIN, doc("cubin", CUBIN, LAUNCH)) is None
+    x86 = doc("cubin", X86, LAUNCH)
+    assert schema.entry_problem("cubin", X86, x86).startswith("not a whole .cubin artifact: ")
+    hsaco = doc("hsaco", CUBIN, LAUNCH)
+    assert schema.entry_problem("hsaco", CUBIN, hsaco).startswith("not a whole .hsaco artifact: ")
     cut = PTX_CUTS["no-entry"][0]
-    ptx_doc = make_metadata(key_of("contract"), "ptx", cut, {"name": "k"})
-    assert schema.entry_problem("ptx", cut, ptx_doc, full=False) is None  # what a read checks
+    ptx_doc = doc("ptx", cut, {"name": "k"})
+    assert schema.entry_problem("ptx", cut, ptx_doc, check=schema.CHEAP) is None  # a read's
     assert "no .entry" in schema.entry_problem("ptx", cut, ptx_doc)
     assert schema.entry_problem("bin", b"", make_metadata(key_of("c"), "bin", b"", {})) is None
+
+
+def test_every_door_words_a_damaged_artifact_alike():
+    """Size and digest are part of the one contract: the store, a remote value and a tier's
+    answer refuse a flipped or cut artifact with the same reason."""
+    from kernelcache.remote.codec import check_entry, decode_value, encode_value
+
+    key = key_of("alike")
+    good = make_metadata(key, "cubin", CUBIN, LAUNCH)
+    flipped = CUBIN[:-1] + bytes([CUBIN[-1] ^ 1])
+    for data, want in ((flipped, "artifact digest mismatch"), (CUBIN[:-8], "artifact has ")):
+        assert schema.entry_problem("cubin", data, good).startswith(want)
+        assert schema.entry_problem("cubin", data, good, check=schema.DIGEST_ONLY).startswith(want)
+        assert check_entry((data, good), key, "cubin").startswith(want)
+        assert decode_value(encode_value(good, data), key).reason.startswith(want)
