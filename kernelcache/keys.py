@@ -12,12 +12,17 @@ fails takes a kernel with all of its companions, or none of them. Entries of som
 are usually absent (autotune decisions, remembered failures, memos: declared by their owners
 with :func:`declare_sparse`), so that a remote tier lets a miss of one cost little (a layered
 tier does not wait long on a lower tier for one: :class:`kernelcache.remote.layered.LayeredTier`).
+
+A key made of named steps is their digest (:func:`digest_of`), the same function for every such
+key, so two keys of different kinds never share a formula by accident and a recorded set of
+components says what made the key.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from .errors import InvalidKey
 
@@ -75,6 +80,13 @@ def check_ext(ext: object) -> str:
     if ext in RESERVED_EXTS:
         raise InvalidKey(f"artifact extension {ext!r} is reserved for the metadata file")
     return ext
+
+
+def digest_of(components: Mapping[str, str]) -> str:
+    """The 64-hex-digit key that named ``components`` make (sha256 of their sorted pairs): the
+    one way a key is made of named steps (a kernel key, a lowering key), so that an entry that
+    records its components lets a miss name the steps that differ."""
+    return hashlib.sha256(repr(sorted(components.items())).encode()).hexdigest()
 
 
 def split_entry_name(name: str) -> tuple[str, str] | None:

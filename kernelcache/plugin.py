@@ -13,7 +13,7 @@ the store, their entries and errors), this module, and for the commands it adds
 - **Writing entries as kernelcache writes them**: the metadata of a kernel binary
   (:func:`make_metadata`, :data:`KERNEL_NAME`, :func:`covered_metadata`), the checks of machine
   code (:func:`artifact_problem`, :func:`elf_problem`, :func:`ptx_problem`, the ELF machines),
-  the key grammar (:data:`KEY_PATTERN`, :func:`group_of`), counting hits (:func:`count`,
+  the key grammar (:data:`KEY_PATTERN`, :func:`group_of`, :func:`digest_of`), counting hits (:func:`count`,
   :func:`flush`) and a user's records of what was checked (:func:`record_check`).
 - **The foundation it shares**: one warning per process (:func:`warn_once`), the host and its
   processes (:data:`HOST`, :func:`pid_alive`), reading files others may have planted
@@ -41,7 +41,7 @@ from .config import (
 from .errors import KernelCacheError, NotRegularFile
 from .formats import EM_AMDGPU, EM_CUDA, artifact_problem, elf_problem, ptx_problem
 from .fsio import load_json, open_regular
-from .keys import GROUP_CHARS, KEY_PATTERN, declare_sparse, group_of
+from .keys import GROUP_CHARS, KEY_PATTERN, declare_sparse, digest_of, group_of
 from .process import HOST, pid_alive, warn_once
 from .schema import (
     KERNEL_NAME,
@@ -75,6 +75,7 @@ __all__ = [
     "count",
     "covered_metadata",
     "declare_sparse",
+    "digest_of",
     "elf_problem",
     "flush",
     "group_of",

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -202,14 +202,18 @@ def store(
     state: str,
     done: Lowered,
     variants: Sequence[str],
+    components: Mapping[str, str] | None = None,
 ) -> None:
-    """Keep what a lowering of ``call`` made (never fails the lowering: a failing put is a
-    lowering done again next time). Never waits: a key whose lock is held is being written by
-    another process, with the same bytes."""
+    """Keep what a lowering of ``call`` made, with the ``components`` (named steps) its key is
+    the digest of, where given, so that a miss can be explained (never fails the lowering: a
+    failing put is a lowering done again next time). Never waits: a key whose lock is held is
+    being written by another process, with the same bytes."""
     from kernelcache import CacheError
 
     data = encode(done)
     meta = metadata(call, target)
+    if components:
+        meta["components"] = dict(components)
     try:
         if len(variants) > 1:
             doc = json.dumps({"variants": list(variants)}).encode()

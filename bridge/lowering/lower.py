@@ -105,7 +105,7 @@ class Setup:
     mode: str
     cache: Cache
     device: Any
-    context: bytes | None
+    context: dict[str, str] | None
 
 
 def setup(call: CallSpec, platform: str, jaxlib: str | None = None) -> Setup:
@@ -211,12 +211,17 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
     if prepared.context is not None and call.choice is None and not record.wanted(prepared.ours):
         keyed = lowering_keys.lowering_key(call, target, prepared.context, every)
     if keyed is not None:
+        first = keyed
         keyed, found = _checked_replay(call, keyed, target, platform, autotune, program)
         if found is not None and keyed is not None:
             # the kernels it launches were served from the cache: hits, as a lookup of each
             count(cache.root, hits=keyed[1] if found.lowered.autotuned else 1)
             program.note(found, call, target)
             return found.lowered
+        if _explaining():
+            from . import misses
+
+            misses.explain(cache, call, target, first[2], stale=keyed is None)
     from . import configs  # (a miss: the variants are assembled)
 
     lowered, state, names = configs.assemble(
@@ -232,7 +237,7 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
         prepared.ours,
     )
     if keyed is not None:
-        lowerings.store(cache, keyed[0], call, target, state, lowered, names)
+        lowerings.store(cache, keyed[0], call, target, state, lowered, names, keyed[2])
         variants = tuple(names) if len(names) > 1 else None
         program.note(Item(keyed[0], state, variants, lowered), call, target)
     return lowered
@@ -240,12 +245,12 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
 
 def _checked_replay(
     call: CallSpec,
-    keyed: tuple[str, int],
+    keyed: lowering_keys.Keyed,
     target: targets.Target,
     platform: str,
     autotune: str,
     program: Program,
-) -> tuple[tuple[str, int] | None, Item | None]:
+) -> tuple[lowering_keys.Keyed | None, Item | None]:
     """The stored lowering of ``call`` (:func:`_replay`) whose kernels' reads find what they
     found, and the key it is (or is to be) stored under: where a stored lowering's reads find
     something else, the lowering of this version of the code is kept under a key chained from
@@ -261,13 +266,13 @@ def _checked_replay(
         now = read_sets.stale(found.lowered.reads, call.parts.fn, call.named, backend)
         if now is None:
             return keyed, found
-        keyed = (read_sets.chained(keyed[0], now), keyed[1])
+        keyed = (read_sets.chained(keyed[0], now), keyed[1], keyed[2])
     return None, None
 
 
 def _replay(
     call: CallSpec,
-    keyed: tuple[str, int],
+    keyed: lowering_keys.Keyed,
     target: targets.Target,
     platform: str,
     autotune: str,
@@ -275,7 +280,7 @@ def _replay(
 ) -> Item | None:
     """The stored lowering of ``call`` in the state its autotune mode and decision ask for;
     None where there is none (or the decision must be made or refused by the full lowering)."""
-    key, count = keyed
+    key, count = keyed[0], keyed[1]
     names = None
     if count < 2 or autotune == "runtime":
         state = lowerings.EVERY
@@ -294,6 +299,11 @@ def _replay(
     if found is None:
         return None
     return Item(key, state, None if names is None else tuple(names), found)
+
+
+def _explaining() -> bool:
+    """Whether a lowering miss is explained: JAX's own ``jax_explain_cache_misses`` is on."""
+    return bool(getattr(jax.config, "jax_explain_cache_misses", False))
 
 
 def variant_opaque(call: CallSpec, platform: str) -> Opaque:

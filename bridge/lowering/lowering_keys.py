@@ -19,6 +19,10 @@ before, and nothing is stored. Other values are described exactly, as kernel key
 constexprs (:func:`bridge.identity.jit.constant`). Where jaxlib assembles the PTX itself, the
 key holds the release of the ptxas it runs (the PTX's ``.version`` is written for it).
 
+The key is the digest of named steps (:data:`STEPS`, :func:`kernelcache.keys.digest_of`, as a
+kernel key is), and a stored lowering records them, so that a miss can name the steps that
+differ from the nearest lowering stored (:mod:`.misses`).
+
 Invariants: the same call in any process with the same software gets the same key; the stored
 lowering (:mod:`bridge.entries.lowerings`) is found under it.
 """
@@ -26,11 +30,11 @@ lowering (:mod:`bridge.entries.lowerings`) is found under it.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import __version__
+from kernelcache.plugin import digest_of
 
 from .. import versions
 from ..call import kernel_objects
@@ -140,38 +144,78 @@ def _kernel(parts: Any) -> list[Any]:
     return [parts.qualname, parts.language, jit.identity(parts.fn), layers]
 
 
-def context(target: Target, embed: str, jaxlib: str, device: Any, cache: Cache) -> bytes | None:
-    """What every lowering key for ``target``, ``embed``, ``jaxlib`` and ``device`` starts with:
-    the software that decides a lowering (see the module docstring), serialized; None where it
-    cannot be told (nothing is stored)."""
+#: the steps of a lowering key, in order, and what each is (how a miss is explained): the
+#: software and setting every key of a setup starts with (:func:`context`), then the call's own
+STEPS: dict[str, str] = {
+    "format": "lowering entry format",
+    "bridge": "kernelcache version",
+    "pipeline": "bridge pipeline",
+    "triton": "Triton's files",
+    "backend": "backend identity",
+    "environment": "compiler environment",
+    "fp_fusion": "default fp fusion",
+    "jaxlib": "jaxlib version",
+    "assembler": "PTX assembler",
+    "target": "target",
+    "device": "local device",
+    "embed": "embedding",
+    "kernel": "kernel code and layers",
+    "named": "arguments",
+    "kwargs": "keywords",
+    "options": "options",
+    "variants": "variants (configs, grids)",
+    "layout": "buffer layout",
+    "name": "call name",
+    "metadata": "call metadata",
+}
+#: a lowering key, the number of its call's variants, and the steps it is the digest of
+Keyed = tuple[str, int, dict[str, str]]
+#: a step's value longer than this is recorded as its digest
+SHORT = 128
+
+
+def _step(value: Any) -> str:
+    """A step's value as the key records it: its exact ``repr`` (plain lists, strings and
+    numbers), or that text's sha256 where it is long."""
+    text = repr(value)
+    return text if len(text) <= SHORT else hashlib.sha256(text.encode()).hexdigest()
+
+
+def context(
+    target: Target, embed: str, jaxlib: str, device: Any, cache: Cache
+) -> dict[str, str] | None:
+    """The steps every lowering key for ``target``, ``embed``, ``jaxlib`` and ``device`` starts
+    with (:data:`STEPS`): the software that decides a lowering (see the module docstring); None
+    where it cannot be told (nothing is stored)."""
     try:
-        doc = [
-            FORMAT,
-            [
-                __version__,
-                compiler_identity.PIPELINE_VERSION,
-                compiler_identity.triton_fingerprint(),
-                target.vendor.backend_fingerprint(target.arch),
-                compiler_identity.environment_digest(cache),
-                backends.default_fp_fusion(),
-                jaxlib,
-                _assembler(target, embed, jaxlib, cache),
-            ],
-            str(target),
-            None if device is None else str(getattr(device, "device_kind", device)),
-            embed,
-        ]
-        return json.dumps(doc, separators=(",", ":")).encode()
+        values = {
+            "format": FORMAT,
+            "bridge": __version__,
+            "pipeline": compiler_identity.PIPELINE_VERSION,
+            "triton": compiler_identity.triton_fingerprint(),
+            "backend": target.vendor.backend_fingerprint(target.arch),
+            "environment": compiler_identity.environment_digest(cache),
+            "fp_fusion": backends.default_fp_fusion(),
+            "jaxlib": jaxlib,
+            "assembler": _assembler(target, embed, jaxlib, cache),
+            "target": str(target),
+            "device": None if device is None else str(getattr(device, "device_kind", device)),
+            "embed": embed,
+        }
+        return {name: _step(value) for name, value in values.items()}
     except (TypeError, ValueError):
         return None
 
 
 def lowering_key(
-    call: CallSpec, target: Target, context: bytes, variants: Sequence[kernel_objects.Variant]
-) -> tuple[str, int] | None:
+    call: CallSpec,
+    target: Target,
+    context: Mapping[str, str],
+    variants: Sequence[kernel_objects.Variant],
+) -> Keyed | None:
     """The key of ``call``'s lowering for ``target`` and the :func:`context` of its lowering,
-    and the number of its variants (None: it is not stored; see the module docstring).
-    ``variants`` are the call's variants for ``target``
+    the number of its variants and the steps the key is the digest of (None: it is not
+    stored; see the module docstring). ``variants`` are the call's variants for ``target``
     (:func:`bridge.call.kernel_objects.expand_variants`)."""
     parts, buffers = call.parts, call.buffers
     try:
@@ -192,27 +236,27 @@ def lowering_key(
                     _canon(list(zeroed or ()), buffers),
                 ]
             )
-        doc = {
-            "kernel": _kernel(parts),
-            "named": _mapping(call.named, buffers),
-            "kwargs": _mapping(call.kwargs, buffers),
-            "options": _mapping(_libraries(call.options), buffers),
-            "variants": rows,
-            "layout": [
+        steps = dict(context)
+        steps["kernel"] = _step(_kernel(parts))
+        steps["named"] = _step(_mapping(call.named, buffers))
+        steps["kwargs"] = _step(_mapping(call.kwargs, buffers))
+        steps["options"] = _step(_mapping(_libraries(call.options), buffers))
+        steps["variants"] = _step(rows)
+        steps["layout"] = _step(
+            [
                 call.n_operands,
                 [[list(a.shape), dtype_name(a.dtype)] for a in call.out_avals],
                 [list(x) for x in call.aliases],
                 [list(x) for x in call.restore],
                 sorted(buffers[i] for i in call.writable if i in buffers),
                 [buffers.get(id(a)) for a in call.zero_targets],
-            ],
-            "name": call.name,
-            "metadata": call.metadata.hex(),
-        }
-        text = repr(doc)  # (plain lists, strings, numbers: exact, and cheaper than JSON)
+            ]
+        )
+        steps["name"] = _step(call.name)
+        steps["metadata"] = _step(call.metadata.hex())
     except (Unkeyable, TypeError, ValueError):
         return None
-    return hashlib.sha256(context + b"\0" + text.encode()).hexdigest(), len(variants)
+    return digest_of(steps), len(variants), steps
 
 
 def _assembler(target: Target, embed: str, jaxlib: str, cache: Cache) -> list[Any] | None:

@@ -1,0 +1,103 @@
+"""Why a call's lowering missed, step by step: what a process says when JAX's
+``jax_explain_cache_misses`` is on and a lowering is not found under its key.
+
+A stored lowering records the named steps its key is the digest of
+(:data:`bridge.lowering.lowering_keys.STEPS`). On a miss, the lowerings of the same kernel
+(by its ``module:name``) that the cache's layers hold are compared with this call's steps; the
+nearest (the fewest differing steps, the same target first) is named with the steps that
+differ, values shown where they are short ("jaxlib version '0.10.1' here vs '0.11.2'"), digests
+said to differ. A lowering found whose kernels' reads find something else now is said to be
+stale instead. Nothing here runs unless asked: the layers are scanned (linear in their entries)
+and the candidates read without a trace (``Store.inspect``); nothing is counted or changed, and
+a failure to explain is said, never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from kernelcache import Artifact, CacheError
+
+from .lowering_keys import STEPS
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
+
+    from ..call.tracing import CallSpec
+    from ..vendors.targets import Target
+
+logger = logging.getLogger("bridge.lowering")
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def differing(here: Mapping[str, str], there: Mapping[str, Any]) -> list[str]:
+    """The steps of ``here`` that ``there`` (a stored lowering's ``components``) records
+    otherwise, in :data:`STEPS` order, worded for a person."""
+    out = []
+    for name, label in STEPS.items():
+        mine, theirs = here.get(name), there.get(name)
+        if mine == theirs:
+            continue
+        if not isinstance(theirs, str):
+            out.append(f"{label}: not recorded in the stored lowering")
+        elif mine is None or _DIGEST.fullmatch(mine) or _DIGEST.fullmatch(theirs):
+            out.append(f"{label} differs")
+        else:
+            out.append(f"{label} {mine} here vs {theirs}")
+    return out
+
+
+def nearest(
+    cache: Cache, qualname: str, target: str, here: Mapping[str, str]
+) -> tuple[str, list[str]] | None:
+    """The stored lowering of the kernel ``qualname`` nearest to ``here`` among the cache's
+    layers: its target and the steps that differ; None where none is stored."""
+    from kernelcache.cli import scan
+
+    best: tuple[tuple[int, int], str, list[str]] | None = None
+    for store in cache.layers:
+        for entry in scan(store.root, trust=store.trust).entries:
+            if entry.kind != "lowering" or entry.qualname != qualname:
+                continue
+            art = store.inspect(entry.key, entry.ext)
+            if not isinstance(art, Artifact):
+                continue
+            recorded = art.meta.get("components")
+            diffs = differing(here, recorded if isinstance(recorded, dict) else {})
+            rank = (entry.target != target, len(diffs))
+            if best is None or rank < best[0]:
+                best = (rank, str(entry.target), diffs)
+    return None if best is None else (best[1], best[2])
+
+
+def explain(
+    cache: Cache, call: CallSpec, target: Target, here: Mapping[str, str], *, stale: bool
+) -> None:
+    """Say (a warning of ``bridge.lowering``) why ``call``'s lowering for ``target`` was not
+    found: ``stale``, its stored lowering's reads find something else now; else the steps
+    that differ from the nearest stored lowering of its kernel."""
+    qualname = call.parts.qualname
+    start = f"kernelcache: the lowering of {qualname} for {target} missed"
+    if stale:
+        logger.warning(
+            "%s: a stored lowering was found, but what its kernels' frontend read finds "
+            "something else now (a global, a value or a variable it read changed)",
+            start,
+        )
+        return
+    try:
+        found = nearest(cache, qualname, str(target), here)
+    except (CacheError, OSError) as e:
+        logger.warning("%s: the stored lowerings cannot be read to say why (%s)", start, e)
+        return
+    if found is None:
+        logger.warning("%s: no lowering of this kernel is stored", start)
+        return
+    where, diffs = found
+    other = "" if where == str(target) else f" (for {where})"
+    why = "; ".join(diffs) if diffs else "the same steps (it was stored under another state)"
+    logger.warning("%s: against the nearest stored lowering%s: %s", start, other, why)
