@@ -14,7 +14,9 @@ device (pinned by an operator) holds for every device of its target, and is look
 device's own.
 
 A document read back is untrusted input, read within bounds (its size, by the number of
-variants: :data:`BYTES_PER_VARIANT`; JSON nesting caught) and checked field by field: it is used
+variants: :data:`BYTES_PER_VARIANT`; JSON nesting caught) and checked field by field, then
+across fields, by one table of rules (:data:`RULES`, each with what it says of a document that
+breaks it): it is used
 only if it names exactly the call's variants (in their order) and a chosen index among them
 that ran, with times, reasons and flags that agree with them (a pinned decision holds for every
 device and measured nothing; a measured one has a time per variant). Any other document under a
@@ -28,7 +30,7 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
@@ -181,6 +183,106 @@ def _text(value: Any, most: int) -> TypeGuard[str]:
     return isinstance(value, str) and 0 < len(value) <= most
 
 
+#: a check of a decision document given the number of its variants; each assumes the rules
+#: before it in :data:`RULES` hold
+Rule = Callable[[Mapping[str, Any], int], bool]
+
+
+def _numbers(doc: Mapping[str, Any], *names: str) -> bool:
+    """Whether each of ``names`` is absent, null or a finite duration."""
+    return all(doc.get(name) is None or _finite(doc.get(name)) for name in names)
+
+
+def _per_variant(value: Any, n: int) -> TypeGuard[list[Any]]:
+    """Whether ``value`` is a list with one item per variant, or empty."""
+    return isinstance(value, list) and len(value) in (0, n)
+
+
+#: what a decision document must be, field by field and then across fields, in the order it is
+#: checked, each rule with what is said of a document that breaks it (see the module docstring)
+RULES: tuple[tuple[Rule, str], ...] = (
+    (
+        lambda d, n: type(d.get("chosen")) is int and 0 <= d["chosen"] < n,
+        "the decision's chosen variant is out of range",
+    ),
+    (
+        lambda d, n: isinstance(d.get("configs"), list) and len(d["configs"]) == n,
+        "the decision's configs do not match its variants",
+    ),
+    (
+        lambda d, n: all(isinstance(c, str) and len(c) <= MAX_TEXT for c in d["configs"]),
+        "the decision's configs are not text",
+    ),
+    (
+        lambda d, n: _per_variant(d.get("times"), n),
+        "the decision's times do not match its variants (stale times)",
+    ),
+    (
+        lambda d, n: all(t is None or _finite(t) for t in d["times"]),
+        "the decision's times are not durations",
+    ),
+    (
+        lambda d, n: _numbers(d, "margin", "noise") and type(d.get("pinned")) is bool,
+        "the decision's margin, noise or pinned flag is malformed",
+    ),
+    (
+        lambda d, n: (
+            isinstance(d.get("reasons"), dict)
+            and all(_index(k, n) and _text(v, MAX_TEXT) for k, v in d["reasons"].items())
+        ),
+        "the decision's reasons are malformed",
+    ),
+    (
+        lambda d, n: all(_text(d.get(f), 1024) for f in ("kernel", "target", "device")),
+        "the decision's kernel, target or device is malformed",
+    ),
+    (
+        lambda d, n: (
+            not d["pinned"] or (d["device"] == ANY_DEVICE and not d["times"] and not _measured(d))
+        ),
+        "the decision is pinned but names a device or measurements",
+    ),
+    (
+        lambda d, n: d["pinned"] or d["device"] != ANY_DEVICE,
+        "the decision was measured but names no device",
+    ),
+    (
+        lambda d, n: d["pinned"] or (bool(d["times"]) and d["times"][d["chosen"]] is not None),
+        "the decision was measured but its chosen variant has no time",
+    ),
+    (
+        lambda d, n: str(d["chosen"]) not in d["reasons"],
+        "the decision chooses a variant it says cannot run",
+    ),
+    (
+        lambda d, n: _per_variant(d.get("launches", []), n),
+        "the decision's launches do not match its variants",
+    ),
+    (
+        lambda d, n: all(type(k) is int and 0 <= k for k in d.get("launches", [])),
+        "the decision's launches are not counts",
+    ),
+    (
+        lambda d, n: (
+            _per_variant(d.get("by", []), n)
+            and all(_text(b, 1024) or b == "" for b in d.get("by", []))
+        ),
+        "the decision's measurers do not match its variants",
+    ),
+    (
+        lambda d, n: (
+            _numbers(d, "spent", "wall")
+            and (d.get("final_by", "") == "" or _text(d.get("final_by"), 1024))
+        ),
+        "the decision's measuring time or final measurer is malformed",
+    ),
+)
+
+
+def _measured(doc: Mapping[str, Any]) -> bool:
+    return doc.get("margin") is not None or doc.get("noise") is not None
+
+
 def parse(data: bytes, variants: Sequence[str]) -> Decision | str:
     """The decision in ``data`` if it chooses among exactly ``variants``; else why not."""
     most = min(MAX_BYTES, BYTES_PER_VARIANT * (len(variants) + 1))
@@ -198,69 +300,30 @@ def parse(data: bytes, variants: Sequence[str]) -> Decision | str:
     if doc.get("variants") != list(variants):
         return "the decision chooses among other variants (or in another order)"
     n = len(variants)
-    chosen, configs, times = doc.get("chosen"), doc.get("configs"), doc.get("times")
-    if type(chosen) is not int or not 0 <= chosen < n:
-        return "the decision's chosen variant is out of range"
-    if not isinstance(configs, list) or len(configs) != n:
-        return "the decision's configs do not match its variants"
-    if not all(isinstance(c, str) and len(c) <= MAX_TEXT for c in configs):
-        return "the decision's configs are not text"
-    if not isinstance(times, list) or len(times) not in (0, n):
-        return "the decision's times do not match its variants (stale times)"
-    if not all(t is None or _finite(t) for t in times):
-        return "the decision's times are not durations"
-    margin, noise, pinned = doc.get("margin"), doc.get("noise"), doc.get("pinned")
-    if not all(v is None or _finite(v) for v in (margin, noise)) or type(pinned) is not bool:
-        return "the decision's margin, noise or pinned flag is malformed"
-    reasons = doc.get("reasons")
-    if not isinstance(reasons, dict) or not all(
-        _index(k, n) and _text(v, MAX_TEXT) for k, v in reasons.items()
-    ):
-        return "the decision's reasons are malformed"
-    kernel, target, device = doc.get("kernel"), doc.get("target"), doc.get("device")
-    if not (_text(kernel, 1024) and _text(target, 1024) and _text(device, 1024)):
-        return "the decision's kernel, target or device is malformed"
-    if pinned and (device != ANY_DEVICE or times or margin is not None or noise is not None):
-        return "the decision is pinned but names a device or measurements"
-    if not pinned and device == ANY_DEVICE:
-        return "the decision was measured but names no device"
-    if not pinned and (not times or times[chosen] is None):
-        return "the decision was measured but its chosen variant has no time"
-    if str(chosen) in reasons:
-        return "the decision chooses a variant it says cannot run"
+    for holds, why in RULES:
+        if not holds(doc, n):
+            return why
+    chosen, times, reasons = doc["chosen"], doc["times"], doc["reasons"]
+    margin, noise, spent, wall = (doc.get(f) for f in ("margin", "noise", "spent", "wall"))
     launches, by = doc.get("launches", []), doc.get("by", [])
-    spent, wall, final_by = doc.get("spent"), doc.get("wall"), doc.get("final_by", "")
-    if not isinstance(launches, list) or len(launches) not in (0, n):
-        return "the decision's launches do not match its variants"
-    if not all(type(k) is int and 0 <= k for k in launches):
-        return "the decision's launches are not counts"
-    if (
-        not isinstance(by, list)
-        or len(by) not in (0, n)
-        or not all(_text(b, 1024) or b == "" for b in by)
-    ):
-        return "the decision's measurers do not match its variants"
-    if not all(v is None or _finite(v) for v in (spent, wall)) or not (
-        final_by == "" or _text(final_by, 1024)
-    ):
-        return "the decision's measuring time or final measurer is malformed"
+    kernel, target, device = doc["kernel"], doc["target"], doc["device"]
     return Decision(
         kernel=kernel,
         target=target,
         device=device,
         variants=tuple(variants),
-        configs=tuple(configs),
+        configs=tuple(doc["configs"]),
         chosen=chosen,
         times=tuple(float(t) if t is not None else None for t in times),
         margin=None if margin is None else float(margin),
         noise=None if noise is None else float(noise),
-        pinned=pinned,
+        pinned=doc["pinned"],
         reasons={int(k): v for k, v in reasons.items()},
         launches=tuple(launches),
         spent=None if spent is None else float(spent),
         wall=None if wall is None else float(wall),
         by=tuple(by),
-        final_by=final_by,
+        final_by=doc.get("final_by", ""),
     )
 
 
