@@ -6,7 +6,8 @@ reads. ``parent`` is the row whose object the read was made on (``-1``: the kern
 ``op`` is one of
 
 - ``"g"``: the global (or closure variable) ``operand`` of a JIT function, as Triton's code
-  generator resolves it (its backend's module map applied);
+  generator resolves it (its backend's module map applied), or of a ``constexpr_function`` or
+  Python function whose call the witness could not make again (what its code can read);
 - ``"a"``: the attribute ``operand`` of an object (a module followed through the module map, a
   ``constexpr`` unwrapped, as the code generator does);
 - ``"i"``: the item of an object at the key ``operand`` (an argument, below);
@@ -14,6 +15,9 @@ reads. ``parent`` is the row whose object the read was made on (``-1``: the kern
   function or class of the program's own), its result unwrapped from ``constexpr``;
 - ``"b"``: a call of a Python built-in the code generator offers (``len``, ``isinstance``,
   ``getattr``, ...) named ``operand[0]``, with ``operand[1:]`` as for ``"c"``;
+- ``"o"``: an operator of Triton's ``constexpr`` (:data:`OPERATORS`: ``S * 1.0``, ``S > 0``,
+  ``-S``, ``not S``, ...) named ``operand[0]``, on the arguments ``operand[1]`` (the first the
+  value the ``constexpr`` holds): the code of an object's own operators, run at compile time;
 
 - ``"e"``: the environment variable ``operand``, read while the kernel compiled (those that
   only select devices or say where files go, :mod:`.compiler_identity`, are not kept);
@@ -58,6 +62,16 @@ from .watch import mark
 BUILTINS: dict[str, Callable[..., Any]] = {
     f.__name__: f for f in (len, list, range, float, int, isinstance, getattr, hasattr)
 }
+#: the methods of Triton's ``constexpr`` that run code of the value it holds (its operators,
+#: comparisons, truth and index: an object's own ``__mul__``, ``__bool__``...)
+OPERATORS = frozenset(
+    {"__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__mod__",
+     "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__gt__", "__rgt__",
+     "__ge__", "__rge__", "__lt__", "__rlt__", "__le__", "__rle__", "__eq__", "__ne__",
+     "__and__", "__or__", "__xor__", "__pow__", "__rpow__", "__rshift__", "__lshift__",
+     "logical_and", "logical_or", "__neg__", "__pos__", "__invert__", "__not__", "__bool__",
+     "__index__"}
+)  # fmt: skip
 FORMAT = 1
 
 
@@ -148,18 +162,31 @@ def _digest(desc: Any) -> str:
     return text if len(text) <= 40 else hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def python_function(fn: Any) -> types.FunctionType | None:
+    """The Python function that runs when ``fn`` is called or generated (a JIT function's or a
+    ``constexpr_function``'s ``fn``, a method's function, ``fn`` itself), None where none."""
+    if isinstance(fn, types.MethodType):
+        fn = fn.__func__
+    if isinstance(fn, static_reads.jit_classes()[0]):
+        fn = fn.fn
+    return fn if isinstance(fn, types.FunctionType) else None
+
+
 def scope_value(fn: Any, name: str, module_map: dict[str, Any]) -> Any:
-    """The global or closure variable ``name`` of the JIT function ``fn``, as Triton's code
-    generator sees it (the module map applied)."""
-    code = fn.fn.__code__
-    closure = fn.fn.__closure__
+    """The global or closure variable ``name`` of the JIT function ``fn`` (or a function, see
+    :func:`python_function`), as Triton's code generator sees it (the module map applied)."""
+    inner = python_function(fn)
+    if inner is None:
+        raise TypeError(f"{type(fn).__name__} has no globals")
+    code = inner.__code__
+    closure = inner.__closure__
     if closure and name in code.co_freevars:
         try:
             value = closure[code.co_freevars.index(name)].cell_contents
         except ValueError:
             return ABSENT
     else:
-        value = fn.__globals__.get(name, ABSENT)
+        value = inner.__globals__.get(name, ABSENT)
     return mapped(value, module_map)
 
 
@@ -233,7 +260,17 @@ def read(
         return _call(base, operand, found)
     if op == "b":
         return unwrap(BUILTINS[str(operand[0])](*[_argument(a, found) for a in operand[1]]))
+    if op == "o":
+        return operate(str(operand[0]), [_argument(a, found) for a in operand[1]])
     raise ValueError(f"not a read: {op!r:.20}")
+
+
+def operate(name: str, args: Sequence[Any]) -> Any:
+    """The operator ``name`` of Triton's ``constexpr`` holding ``args[0]``, given the rest: what
+    the code generator computes for ``S * 1.0`` (unwrapped)."""
+    if name not in OPERATORS or not args:
+        raise ValueError(f"not an operator: {name!r:.40}")
+    return unwrap(getattr(language().constexpr(args[0]), name)(*args[1:]))
 
 
 @functools.lru_cache(maxsize=512)

@@ -12,11 +12,17 @@ kernel is used only while its reads find what they found (:func:`bridge.identity
 the key stays the fast way to the entry, and no longer has to be complete.
 
 Recording hooks Triton's ``CodeGenerator`` (its name, attribute, item and call visits, and its
-constructor, which says which JIT function is being generated); the hooks do nothing outside a
-:func:`recording` block of the same thread. What the witness cannot follow (an object reached
-from a kernel argument, a call whose arguments cannot be made again) is named in the read set
-as ``partial``: the reads it did record are still checked, and the rest is as the key describes
-it.
+constructor, which says which JIT function is being generated) and the operators of Triton's
+``constexpr`` (:data:`~.read_sets.OPERATORS`: ``S * 1.0`` or ``not S`` runs the object's own
+``__mul__`` or ``__bool__``, code of the program's own as much as a call is); the hooks do
+nothing outside a :func:`recording` block of the same thread. What the witness cannot follow
+(an object reached from a kernel argument, a call whose arguments cannot be made again) is
+named in the read set as ``partial``: the reads it did record are still checked, and the rest
+is as the key describes it. A call it cannot make again (a ``constexpr_function`` given a
+tensor or a type of Triton's) still has what its code can read recorded: each global and
+closure variable its code names, and each attribute its code names of a module among them, so
+that code the key trusts by its name (an installed distribution's, by its file) is not trusted
+for the values it reads.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import functools
 import json
 import os
 import threading
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -266,9 +273,14 @@ def _install() -> None:
         recorder = active()
         if recorder is not None:
             with recorder.guarded():
-                _call(recorder, fn, given, dict(kws), value)
+                _call(recorder, fn, given, dict(kws), value, self.builder.module_map)
         return value
 
+    constexpr = ev.language().constexpr
+    for name in sorted(rs.OPERATORS):
+        method = vars(constexpr).get(name)
+        if method is not None:
+            setattr(constexpr, name, _operator(name, method))
     CodeGenerator.__init__ = __init__
     CodeGenerator.visit_Name = visit_Name
     CodeGenerator.visit_Attribute = visit_Attribute
@@ -306,7 +318,66 @@ def _item(recorder: Recorder, base: Any, key: Any, value: Any) -> None:
         recorder.add(row, "i", made, value)
 
 
-def _call(recorder: Recorder, fn: Any, args: list[Any], kws: dict[str, Any], value: Any) -> None:
+def _operator(name: str, method: Any) -> Any:
+    """``method`` (an operator of Triton's ``constexpr``), recording what it computes from an
+    object (:func:`_operated`) while a recording is active."""
+
+    def operator(self: Any, *args: Any) -> Any:
+        value = method(self, *args)
+        recorder = active()
+        if recorder is not None:
+            with recorder.guarded():
+                _operated(recorder, name, [self, *args], value)
+        return value
+
+    return functools.wraps(method)(operator)
+
+
+def _operated(recorder: Recorder, name: str, operands: list[Any], value: Any) -> None:
+    """Record the operator ``name`` of a ``constexpr`` on ``operands`` (the ``constexpr``
+    first), where one of them holds an object of the program's own (plain values and Triton's
+    objects compute as Triton's files, in every key, say)."""
+    constexpr = ev.language().constexpr
+    held = [o.value if isinstance(o, constexpr) else o for o in operands]
+    if all(_ignorable(o) for o in held):
+        return
+    made = [recorder.argument(o) for o in operands]
+    if any(m is None for m in made):
+        recorder.missed(f"{name} of a {type(held[0]).__qualname__} not witnessed")
+        return
+    row = recorder.add(-1, "o", [name, made], ev.unwrap(value))
+    if row is not None:
+        recorder.trace.note(value.value if isinstance(value, constexpr) else value, row)
+
+
+def _reachable(recorder: Recorder, fn: Any, module_map: dict[str, Any]) -> None:
+    """Record what the code of ``fn`` (a function a call of which the witness cannot make
+    again) can read: each global and closure variable its code names and, of each module
+    among them, each attribute its code names."""
+    parent = recorder.origin(fn)
+    inner = rs.python_function(fn)
+    if parent is None or inner is None:
+        return
+    _, spelled, _ = static_reads.code_facts(inner.__code__)
+    names = sorted(spelled | set(inner.__code__.co_freevars))
+    for name in names:
+        value = rs.scope_value(fn, name, module_map)
+        row = recorder.add(parent, "g", name, value)
+        if row is not None and isinstance(value, types.ModuleType):
+            space = vars(rs.follow(value, module_map))
+            for attr in names:
+                if attr in space:
+                    recorder.add(row, "a", attr, rs.attribute(value, attr, module_map))
+
+
+def _call(
+    recorder: Recorder,
+    fn: Any,
+    args: list[Any],
+    kws: dict[str, Any],
+    value: Any,
+    module_map: dict[str, Any],
+) -> None:
     """Record a call the code generator made at compile time of code that is not Triton's."""
     jit_callable, constexpr_function, _ = static_reads.jit_classes()
     if isinstance(fn, jit_callable) and not (
@@ -328,6 +399,7 @@ def _call(recorder: Recorder, fn: Any, args: list[Any], kws: dict[str, Any], val
     if len(made) < len(given) or any(m is None for _, m in named):
         if builtin is None:
             recorder.missed(f"a call of {_name(fn)} with arguments not witnessed")
+            _reachable(recorder, fn, module_map)
         return
     if builtin is not None:
         if not named and any(m[0] == "r" for m in made):
