@@ -16,7 +16,7 @@ reads. ``parent`` is the row whose object the read was made on (``-1``: the kern
 - ``"b"``: a call of a Python built-in the code generator offers (``len``, ``isinstance``,
   ``getattr``, ...) named ``operand[0]``, with ``operand[1:]`` as for ``"c"``;
 - ``"o"``: an operator of Triton's ``constexpr`` (:data:`OPERATORS`: ``S * 1.0``, ``S > 0``,
-  ``-S``, ``not S``, ...) named ``operand[0]``, on the arguments ``operand[1]`` (the first the
+  ``-S``, ``not S``, its ``repr``...) named ``operand[0]``, on the arguments ``operand[1]`` (the first the
   value the ``constexpr`` holds): the code of an object's own operators, run at compile time;
 
 - ``"e"``: the environment variable ``operand``, read while the kernel compiled (those that
@@ -63,14 +63,15 @@ BUILTINS: dict[str, Callable[..., Any]] = {
     f.__name__: f for f in (len, list, range, float, int, isinstance, getattr, hasattr)
 }
 #: the methods of Triton's ``constexpr`` that run code of the value it holds (its operators,
-#: comparisons, truth and index: an object's own ``__mul__``, ``__bool__``...)
+#: comparisons, truth, index and text: an object's own ``__mul__``, ``__bool__``... and its
+#: ``__repr__``, which names the specialization of a JIT function it is given to)
 OPERATORS = frozenset(
     {"__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__mod__",
      "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__gt__", "__rgt__",
      "__ge__", "__rge__", "__lt__", "__rlt__", "__le__", "__rle__", "__eq__", "__ne__",
      "__and__", "__or__", "__xor__", "__pow__", "__rpow__", "__rshift__", "__lshift__",
      "logical_and", "logical_or", "__neg__", "__pos__", "__invert__", "__not__", "__bool__",
-     "__index__"}
+     "__index__", "__repr__"}
 )  # fmt: skip
 FORMAT = 1
 

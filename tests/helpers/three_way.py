@@ -27,7 +27,8 @@ SITE = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
 class Case:
     """Files of version A and those version B replaces, the kernel's module, the call's
     keywords, version B's variables and setup; ``same_stat``: version B's files keep the size
-    and modification time of version A's (an edit that a file's identity cannot tell)."""
+    and modification time of version A's (an edit that a file's identity cannot tell);
+    ``shared_env``: the variables of both versions."""
 
     a: dict[str, str]
     b: dict[str, str]
@@ -36,6 +37,8 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     setup: str = ""
     same_stat: bool = False
+    #: variables of both versions (paths are formatted with ``{src}``, the modules' folder)
+    shared_env: dict[str, str] = field(default_factory=dict)
 
 
 CHILD = """
@@ -89,13 +92,16 @@ def three_way(base: Path, cases: dict[str, Case]) -> tuple[dict, dict, dict]:
     child = CHILD.format(tests=str(HELPERS))
     groups: dict[str, list[str]] = {}
     for name, c in cases.items():
-        groups.setdefault(json.dumps(sorted(c.env.items())), []).append(name)
+        env = [sorted(c.env.items()), sorted(c.shared_env.items())]
+        groups.setdefault(json.dumps(env), []).append(name)
 
     def run(root: Path, names: list[str], with_b: bool) -> dict[str, str]:
         todo = {
             n: [cases[n].module, cases[n].params, cases[n].setup if with_b else ""] for n in names
         }
-        env = dict(cases[names[0]].env) if with_b else {}
+        shared = cases[names[0]].shared_env
+        env = {k: v.format(src=base / "src") for k, v in shared.items()}
+        env.update(cases[names[0]].env if with_b else {})
         return run_child(
             child,
             KERNELCACHE_DIR=str(root),

@@ -97,6 +97,35 @@ EXTERN = kernel_source(
     """,
     "o12_scale(x)",
 )
+LIBDEVICE = """define float @__nv_expf(float %x) {{
+  %r = fmul float %x, {k}
+  ret float %r
+}}
+"""
+REPR = """
+def _repr(self):
+    return f"Scale{FACTOR}"
+
+Scale.__repr__ = _repr
+"""
+NAMED = """
+@triton.jit(noinline=True)
+def named(n, s: tl.constexpr):
+    return n + 1
+"""
+GLUON = """
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from {pkg} import S, scale
+
+
+@gluon.jit
+def kernel(x_ptr, n, out_ptr, BLOCK: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+    offs = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=layout)
+    x = gl.load(x_ptr + offs, mask=offs < n)
+    gl.store(out_ptr + offs, {body}, mask=offs < n)
+"""
 ENV = {
     "TRITON_DEFAULT_FP_FUSION": "0",
     "TRITON_F32_DEFAULT": "ieee",
@@ -243,7 +272,47 @@ CASES: dict[str, Case] = {
         "o16pkg.k",
         same_stat=True,
     ),
-    # 6. the compiler's environment, set in the process or from Python
+    "libdevice-replaced-same-size-and-mtime": Case(
+        {
+            "o21_libdevice.ll": LIBDEVICE.format(k="2.0"),
+            "o21_k": kernel_source(
+                "from triton.language.extra import libdevice", "libdevice.exp(x)"
+            ),
+        },
+        {"o21_libdevice.ll": LIBDEVICE.format(k="9.0")},
+        "o21_k",
+        same_stat=True,
+        shared_env={"TRITON_LIBDEVICE_PATH": "{src}/o21_libdevice.ll"},
+    ),
+    "installed-object-names-a-helper": Case(
+        {
+            "site/o22pkg/__init__.py": OBJECT + REPR,
+            "site/o22pkg/_f.py": FACTOR.format(2.0),
+            "site/o22pkg/k.py": kernel_source(f"from o22pkg import S\n{NAMED}", "x * named(n, S)"),
+        },
+        {"site/o22pkg/_f.py": FACTOR.format(9.0)},
+        "o22pkg.k",
+    ),
+    # 6. a Gluon kernel: an installed object's operator, a layout given to a constexpr_function
+    "gluon-installed-object-times": Case(
+        {
+            "site/o23pkg/__init__.py": OBJECT + CFN.replace("from ._f import FACTOR", ""),
+            "site/o23pkg/_f.py": FACTOR.format(2.0),
+            "o23_k": GLUON.format(pkg="o23pkg", body="x * (S * 1.0)"),
+        },
+        {"site/o23pkg/_f.py": FACTOR.format(9.0)},
+        "o23_k",
+    ),
+    "gluon-installed-constexpr-function-given-a-layout": Case(
+        {
+            "site/o24pkg/__init__.py": OBJECT + CFN.replace("from ._f import FACTOR", ""),
+            "site/o24pkg/_f.py": FACTOR.format(2.0),
+            "o24_k": GLUON.format(pkg="o24pkg", body="x * scale(layout)"),
+        },
+        {"site/o24pkg/_f.py": FACTOR.format(9.0)},
+        "o24_k",
+    ),
+    # 7. the compiler's environment, set in the process or from Python
     "environment-fp-fusion-off": Case(
         {"o17_k": kernel_source("", "x * 3.0 + 1.0")}, {}, "o17_k", env=ENV
     ),
