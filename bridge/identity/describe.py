@@ -36,8 +36,8 @@ value and why; the kernel is then *open* (keyed by the IR Triton's frontend prod
 :data:`MAX_VALUES` values.
 
 Every description also records what it read (:data:`~.watch.Read`): a warm process reuses a
-description only while :func:`~.watch.unchanged` finds every read as it was (the same objects;
-buffers and sets by content). What has no description where code may not read it (a method no
+description only while :func:`~.watch.unchanged` finds every read as it was (the same objects,
+a deque's too; buffers and sets by content). What has no description where code may not read it (a method no
 code calls, a global or an attribute no code loads) is deferred, and :meth:`Describer.finish`
 raises it only where code met reads it for certain (:meth:`Describer.read_for_certain`: a JIT
 function's syntax is parsed only then).
@@ -61,6 +61,7 @@ from .watch import (
     FUNCTION,
     ITEMS,
     LOOKUP,
+    REDUCED,
     SET,
     SETTINGS,
     SLOTS,
@@ -72,6 +73,8 @@ from .watch import (
     is_buffer,
     items,
     mark,
+    reduced_parts,
+    reduced_state,
     source,
 )
 
@@ -229,12 +232,11 @@ class Describer:
         """An object of a type of the pure standard library written in C (an ``OrderedDict``, a
         ``deque``, a namedtuple's field): by what pickling it keeps, its whole state."""
         try:
-            parts = list(value.__reduce_ex__(4))
+            parts = reduced_parts(value)
+            self.reads.append((REDUCED, value, None, reduced_state(value)))
         except Exception as e:  # (a type that does not pickle: no description)
             why = f"a {static_reads.name_of(kind)} does not show its state: {e}"
             raise Undescribable(why) from None
-        parts += [None] * (5 - len(parts))
-        parts[3:5] = [None if p is None else list(p) for p in parts[3:5]]
         return ["reduced", self.value(kind), [self.value(p) for p in parts]]
 
     # -- what the code met reads for certain ------------------------------------------------

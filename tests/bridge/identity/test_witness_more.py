@@ -366,10 +366,19 @@ def scale(t):
     return FACTOR
 """
 WARM = """
+import collections
+
 import triton
 import triton.language as tl
 
 FACTOR = 2.0
+QUEUE = collections.deque([2.0])
+ORDERED = collections.OrderedDict(a=2.0)
+
+
+@triton.constexpr_function
+def queued(t):
+    return QUEUE[0] * ORDERED["a"]
 
 
 class Scale:
@@ -387,12 +396,14 @@ def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask)
-    y = x * (S * 1.0) * scale(x.type)
+    y = x * (S * 1.0) * scale(x.type) * queued(x.type)
     tl.store(out_ptr + offs, y, mask=mask)
 """
 WARM_CHANGES = {
     "operator-reads-a-global": lambda m, claims: setattr(m, "FACTOR", 9.0),
     "call-not-made-again-reads-a-global": lambda m, claims: setattr(claims, "FACTOR", 9.0),
+    "call-not-made-again-reads-a-deque": lambda m, claims: m.QUEUE.appendleft(9.0),
+    "call-not-made-again-reads-an-ordered-dict": lambda m, claims: m.ORDERED.update(a=9.0),
 }
 
 
