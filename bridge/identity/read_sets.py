@@ -168,8 +168,11 @@ def python_function(fn: Any) -> types.FunctionType | None:
     ``constexpr_function``'s ``fn``, a method's function, ``fn`` itself), None where none."""
     if isinstance(fn, types.MethodType):
         fn = fn.__func__
-    if isinstance(fn, static_reads.jit_classes()[0]):
-        fn = fn.fn
+    jit_callable = static_reads.jit_classes()[0]
+    if isinstance(fn, jit_callable):  # (bound to an object: its ``__func__``'s)
+        fn = vars(fn).get("fn") or vars(fn).get("__func__")
+    if isinstance(fn, jit_callable):
+        fn = vars(fn).get("fn")
     return fn if isinstance(fn, types.FunctionType) else None
 
 

@@ -350,24 +350,60 @@ def _operated(recorder: Recorder, name: str, operands: list[Any], value: Any) ->
         recorder.trace.note(value.value if isinstance(value, constexpr) else value, row)
 
 
-def _reachable(recorder: Recorder, fn: Any, module_map: dict[str, Any]) -> None:
+#: how deep :func:`_reachable` follows the functions a function names
+MAX_REACH = 4
+
+
+def _reachable(
+    recorder: Recorder, fn: Any, module_map: dict[str, Any], depth: int = 0, done: Any = None
+) -> None:
     """Record what the code of ``fn`` (a function a call of which the witness cannot make
     again) can read: each global and closure variable its code names and, of each module
-    among them, each attribute its code names."""
+    among them, each attribute its code names; and so on for each function of the program's
+    own found that way (to :data:`MAX_REACH` levels), whose calls are not made again either."""
+    done = set() if done is None else done
     parent = recorder.origin(fn)
     inner = rs.python_function(fn)
-    if parent is None or inner is None:
+    if parent is None or inner is None or id(inner) in done or depth > MAX_REACH:
         return
+    done.add(id(inner))
     _, spelled, _ = static_reads.code_facts(inner.__code__)
     names = sorted(spelled | set(inner.__code__.co_freevars))
+    found = []
     for name in names:
         value = rs.scope_value(fn, name, module_map)
         row = recorder.add(parent, "g", name, value)
+        found.append(value)
         if row is not None and isinstance(value, types.ModuleType):
             space = vars(rs.follow(value, module_map))
             for attr in names:
                 if attr in space:
-                    recorder.add(row, "a", attr, rs.attribute(value, attr, module_map))
+                    found.append(rs.attribute(value, attr, module_map))
+                    recorder.add(row, "a", attr, found[-1])
+    for value in found:
+        if rs.python_function(value) is not None and ev.triton_home(value) is None:
+            _reachable(recorder, value, module_map, depth + 1, done)
+
+
+def _bound(recorder: Recorder, fn: Any, module_map: dict[str, Any]) -> tuple[Any, Any] | None:
+    """For a ``constexpr_function`` bound to an object (a method of an ``@aggregate`` class):
+    the function, found as an attribute of the object's class (a read recorded), and the
+    object; None for anything else."""
+    constexpr_function = static_reads.jit_classes()[1]
+    own = vars(fn)
+    func, owner = own.get("__func__"), own.get("__self__")
+    if constexpr_function is None or not isinstance(func, constexpr_function) or owner is None:
+        return None
+    name = getattr(rs.python_function(func), "__name__", None)
+    row = recorder.origin(type(owner))
+    if row is None or not isinstance(name, str):
+        recorder.missed(f"a method of {type(owner).__qualname__} not witnessed")
+        return None
+    if rs.attribute(type(owner), name, module_map) is not func:
+        recorder.missed(f"{type(owner).__qualname__}.{name} found otherwise")
+        return None
+    recorder.add(row, "a", name, func)
+    return func, owner
 
 
 def _call(
@@ -383,7 +419,10 @@ def _call(
     if isinstance(fn, jit_callable) and not (
         constexpr_function is not None and isinstance(fn, constexpr_function)
     ):
-        return  # (generated: its reads are its generator's)
+        bound = _bound(recorder, fn, module_map)
+        if bound is None:
+            return  # (generated: its reads are its generator's)
+        fn, args = bound[0], [bound[1], *args]
     if ev.triton_home(fn) is not None or getattr(fn, "__triton_builtin__", False):
         return  # (Triton's own code, in every key)
     if hasattr(fn, "__self__") and _triton_value(fn.__self__):

@@ -113,6 +113,25 @@ NAMED = """
 def named(n, s: tl.constexpr):
     return n + 1
 """
+AGGREGATE = """
+import triton
+import triton.language as tl
+from triton.language.core import _aggregate as aggregate
+from ._f import FACTOR
+
+
+@aggregate
+class Cfg:
+    k: tl.constexpr
+
+    @triton.constexpr_function
+    def __init__(self, k):
+        self.k = tl.constexpr(k)
+
+    @triton.constexpr_function
+    def scale(self):
+        return self.k * FACTOR
+"""
 GLUON = """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -292,6 +311,25 @@ CASES: dict[str, Case] = {
         },
         {"site/o22pkg/_f.py": FACTOR.format(9.0)},
         "o22pkg.k",
+    ),
+    "installed-constexpr-function-calls-a-function": Case(
+        {
+            "site/o26pkg/__init__.py": CFN.replace("return FACTOR", "return _factor()")
+            + "\n@triton.constexpr_function\ndef _factor():\n    return FACTOR\n",
+            "site/o26pkg/_f.py": FACTOR.format(2.0),
+            "site/o26pkg/k.py": kernel_source("from o26pkg import scale", "x * scale(x.type)"),
+        },
+        {"site/o26pkg/_f.py": FACTOR.format(9.0)},
+        "o26pkg.k",
+    ),
+    "installed-aggregate-constexpr-method": Case(
+        {
+            "site/o27pkg/__init__.py": AGGREGATE,
+            "site/o27pkg/_f.py": FACTOR.format(2.0),
+            "site/o27pkg/k.py": kernel_source("from o27pkg import Cfg", "x * Cfg(1.0).scale()"),
+        },
+        {"site/o27pkg/_f.py": FACTOR.format(9.0)},
+        "o27pkg.k",
     ),
     # 6. a Gluon kernel: an installed object's operator, a layout given to a constexpr_function
     "gluon-installed-object-times": Case(
