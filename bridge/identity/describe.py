@@ -13,8 +13,8 @@ their name, ``repr`` or address:
   then globals; a parameter hides a global); a ``constexpr_function`` or any Python function by
   its code (instructions, constants, names), closure, defaults and every global it names; a
   class by its bases, metaclass and members; a built-in by its name, or by its method and the
-  object it is bound to; an enum member by its class and name; a bound method by its function
-  and object;
+  object it is bound to; an enum member by its class and name (and value, where the class is
+  described by name); a bound method by its function and object;
 - objects by their class and every field, where the type's memory layout holds nothing else
   (:func:`~.static_reads.data_base`); ``functools.partial`` by its function, arguments and fields;
   buffers (NumPy arrays, ``bytearray``, ``array.array``, ``memoryview``) by their bytes;
@@ -166,7 +166,10 @@ class Describer:
         if isinstance(value, type):
             return self.klass(value)
         if isinstance(value, enum.Enum):
-            return ["enum", self.value(kind), value.name]
+            doc = ["enum", self.value(kind), value.name]
+            if static_reads.origin(str(kind.__module__)) in ("installed", "python"):
+                doc.append(self.value(vars(value).get("_value_", MISSING)))  # (a class by name)
+            return doc
         if isinstance(value, types.FunctionType):
             return self.function(value)
         if isinstance(value, types.MethodType):

@@ -20,9 +20,10 @@ nothing outside a :func:`recording` block of the same thread. What the witness c
 named in the read set as ``partial``: the reads it did record are still checked, and the rest
 is as the key describes it. A call it cannot make again (a ``constexpr_function`` given a
 tensor or a type of Triton's) still has what its code can read recorded: each global and
-closure variable its code names, and each attribute its code names of a module among them, so
-that code the key trusts by its name (an installed distribution's, by its file) is not trusted
-for the values it reads.
+closure variable its code names, each attribute its code names of a module among them, and so
+on through the functions and the classes' methods found (:func:`_reachable`), so that code the
+key trusts by its name (an installed distribution's, by its file) is not trusted for the values
+it reads.
 """
 
 from __future__ import annotations
@@ -381,8 +382,36 @@ def _reachable(
                     found.append(rs.attribute(value, attr, module_map))
                     recorder.add(row, "a", attr, found[-1])
     for value in found:
-        if rs.python_function(value) is not None and ev.triton_home(value) is None:
+        if isinstance(value, type):
+            _members(recorder, value, names, module_map, depth, done)
+        elif rs.python_function(value) is not None and ev.triton_home(value) is None:
             _reachable(recorder, value, module_map, depth + 1, done)
+
+
+#: the methods Python calls on a class or its objects by itself
+IMPLICIT = ("__init__", "__new__", "__post_init__", "__call__")
+
+
+def _members(
+    recorder: Recorder,
+    cls: type,
+    names: list[str],
+    module_map: dict[str, Any],
+    depth: int,
+    done: Any,
+) -> None:
+    """For :func:`_reachable`: the methods of a class of the program's own that code names
+    (or Python calls, :data:`IMPLICIT`), found as its attributes, and what they can read."""
+    row = recorder.origin(cls)
+    if row is None or ev.triton_home(cls) is not None:
+        return
+    if static_reads.origin(str(getattr(cls, "__module__", ""))) == "python":
+        return
+    for name in sorted(set(names) | set(IMPLICIT)):
+        member = getattr(cls, name, None)
+        if rs.python_function(member) is not None:
+            recorder.add(row, "a", name, rs.attribute(cls, name, module_map))
+            _reachable(recorder, member, module_map, depth + 1, done)
 
 
 def _bound(recorder: Recorder, fn: Any, module_map: dict[str, Any]) -> tuple[Any, Any] | None:

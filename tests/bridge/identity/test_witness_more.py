@@ -186,6 +186,20 @@ CASES: dict[str, Case] = {
         "o5_k",
         "M=__import__('o5pkg').Mode.A",
     ),
+    "installed-float-enum-times-a-tensor": Case(
+        {
+            "site/o28pkg/__init__.py": """
+                import enum, os
+                class Mode(float, enum.Enum):
+                    A = float(open(os.path.join(os.path.dirname(__file__), "m.txt")).read())
+            """,
+            "site/o28pkg/m.txt": "2.0",
+            "o28_k": kernel_source("", "x * M", "M: tl.constexpr, "),
+        },
+        {"site/o28pkg/m.txt": "9.0"},
+        "o28_k",
+        "M=__import__('o28pkg').Mode.A",
+    ),
     # 2. a call whose argument the witness cannot make again
     "installed-constexpr-function-given-a-type": Case(
         {
@@ -321,6 +335,16 @@ CASES: dict[str, Case] = {
         },
         {"site/o26pkg/_f.py": FACTOR.format(9.0)},
         "o26pkg.k",
+    ),
+    "installed-constexpr-function-builds-an-object": Case(
+        {
+            "site/o29pkg/__init__.py": CFN.replace("return FACTOR", "return Box().k")
+            + "\nclass Box:\n    def __init__(self):\n        self.k = FACTOR\n",
+            "site/o29pkg/_f.py": FACTOR.format(2.0),
+            "site/o29pkg/k.py": kernel_source("from o29pkg import scale", "x * scale(x.type)"),
+        },
+        {"site/o29pkg/_f.py": FACTOR.format(9.0)},
+        "o29pkg.k",
     ),
     "installed-aggregate-constexpr-method": Case(
         {
