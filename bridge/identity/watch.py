@@ -32,9 +32,11 @@ LOOKUP, CELL, ITEMS, SET, SOURCE, BYTES, FUNCTION, SLOTS, TYPE, REDUCED = range(
 
 def items(container: Any) -> tuple[Any, ...]:
     """What an ITEMS read keeps of a list, dict or namespace: its items, keys and values."""
-    if isinstance(container, (dict, types.MappingProxyType)):
+    if isinstance(container, dict):  # (the dict's own, never what a subclass overrides)
+        return tuple(x for item in dict.items(container) for x in item)
+    if isinstance(container, types.MappingProxyType):
         return tuple(x for item in container.items() for x in item)
-    return tuple(container)
+    return tuple(list.copy(container) if isinstance(container, list) else container)
 
 
 def mark(fn: Any) -> tuple[Any, ...]:

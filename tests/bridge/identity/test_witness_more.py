@@ -113,6 +113,16 @@ NAMED = """
 def named(n, s: tl.constexpr):
     return n + 1
 """
+HIDDEN = """
+class Scale(float):
+    def __float__(self):
+        return 1.0
+
+    def __repr__(self):
+        return "Scale()"
+
+S = Scale({k})
+"""
 AGGREGATE = """
 import triton
 import triton.language as tl
@@ -199,6 +209,15 @@ CASES: dict[str, Case] = {
         {"site/o28pkg/m.txt": "9.0"},
         "o28_k",
         "M=__import__('o28pkg').Mode.A",
+    ),
+    "float-subclass-hiding-its-value": Case(
+        {
+            "o30_obj": HIDDEN.format(k="2.0"),
+            "o30_k": kernel_source("", "x * S", "S: tl.constexpr, "),
+        },
+        {"o30_obj": HIDDEN.format(k="9.0")},
+        "o30_k",
+        "S=__import__('o30_obj').S",
     ),
     # 2. a call whose argument the witness cannot make again
     "installed-constexpr-function-given-a-type": Case(
