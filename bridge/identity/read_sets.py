@@ -19,6 +19,8 @@ reads. ``parent`` is the row whose object the read was made on (``-1``: the kern
   ``-S``, ``not S``, its ``repr``...) named ``operand[0]``, on the arguments ``operand[1]`` (the first the
   value the ``constexpr`` holds): the code of an object's own operators, run at compile time;
 
+- ``"f"``: the source file of a JIT function as the binary's debug information names it
+  (:func:`source_file`: relative to the import root, which the import path decides);
 - ``"e"``: the environment variable ``operand``, read while the kernel compiled (those that
   only select devices or say where files go, :mod:`.compiler_identity`, are not kept);
 - ``"p"``: the constexpr argument ``operand`` of the kernel (by parameter name; plain values
@@ -38,6 +40,13 @@ tell apart). Invariant: :func:`check` gives the digests a frontend run now would
 same reads, so a kernel whose reads all find what they found is the kernel its frontend would
 generate now (given the same source, arguments, options and compiler, which its key holds).
 
+A call the witness cannot make again (a ``constexpr_function`` given a tensor or a type of
+Triton's) is recorded as what its code can read instead (:func:`reachable`): each global and
+closure variable its code names, each attribute its code names of a module among them, and so
+on through the functions and the methods of the classes found (to :data:`MAX_REACH` levels),
+so that code a key trusts by its name (an installed distribution's, by its file) is not
+trusted for the values it reads.
+
 A cached kernel or lowering is used only while :func:`stale` finds every read of its read sets
 as it was; where one finds something else, the kernel of this version of the code is kept under
 a key chained from the first (:func:`chained`), for at most :data:`MAX_HOPS` versions. Reads
@@ -55,7 +64,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import static_reads
-from .exact_values import ABSENT, describe, exact, language, remake, unwrap
+from .exact_values import ABSENT, describe, exact, language, remake, triton_home, unwrap
 from .watch import mark
 
 #: the built-ins Triton's code generator offers by name (its ``builtin_namespace``)
@@ -266,7 +275,19 @@ def read(
         return unwrap(BUILTINS[str(operand[0])](*[_argument(a, found) for a in operand[1]]))
     if op == "o":
         return operate(str(operand[0]), [_argument(a, found) for a in operand[1]])
+    if op == "f":
+        return source_file(base)
     raise ValueError(f"not a read: {op!r:.20}")
+
+
+def source_file(fn: Any) -> str:
+    """The file of the JIT function ``fn`` as the compile writes it into the binary's debug
+    information: relative to the longest import root that holds it
+    (:func:`~.static_reads.relative_path`)."""
+    inner = python_function(fn)
+    if inner is None:
+        raise TypeError(f"{type(fn).__name__} has no source file")
+    return static_reads.relative_path(inner.__code__.co_filename)
 
 
 def operate(name: str, args: Sequence[Any]) -> Any:
@@ -275,6 +296,71 @@ def operate(name: str, args: Sequence[Any]) -> Any:
     if name not in OPERATORS or not args:
         raise ValueError(f"not an operator: {name!r:.40}")
     return unwrap(getattr(language().constexpr(args[0]), name)(*args[1:]))
+
+
+# -- what a call the witness cannot make again can read ---------------------------------------
+#: how deep :func:`reachable` follows the functions a function names
+MAX_REACH = 4
+
+
+def reachable(
+    recorder: Any, fn: Any, module_map: dict[str, Any], depth: int = 0, done: Any = None
+) -> None:
+    """Record in ``recorder`` (a :class:`~.witness.Recorder`) what the code of ``fn`` (a
+    function a call of which the witness cannot make again) can read: each global and closure
+    variable its code names and, of each module among them, each attribute its code names; and
+    so on for each function of the program's own found that way (to :data:`MAX_REACH` levels),
+    whose calls are not made again either. Every row is a read :func:`read` makes again."""
+    done = set() if done is None else done
+    parent = recorder.origin(fn)
+    inner = python_function(fn)
+    if parent is None or inner is None or id(inner) in done or depth > MAX_REACH:
+        return
+    done.add(id(inner))
+    _, spelled, _ = static_reads.code_facts(inner.__code__)
+    names = sorted(spelled | set(inner.__code__.co_freevars))
+    found = []
+    for name in names:
+        value = scope_value(fn, name, module_map)
+        row = recorder.add(parent, "g", name, value)
+        found.append(value)
+        if row is not None and isinstance(value, types.ModuleType):
+            space = vars(follow(value, module_map))
+            for attr in names:
+                if attr in space:
+                    found.append(attribute(value, attr, module_map))
+                    recorder.add(row, "a", attr, found[-1])
+    for value in found:
+        if isinstance(value, type):
+            members(recorder, value, names, module_map, depth, done)
+        elif python_function(value) is not None and triton_home(value) is None:
+            reachable(recorder, value, module_map, depth + 1, done)
+
+
+#: the methods Python calls on a class or its objects by itself
+IMPLICIT = ("__init__", "__new__", "__post_init__", "__call__")
+
+
+def members(
+    recorder: Any,
+    cls: type,
+    names: list[str],
+    module_map: dict[str, Any],
+    depth: int,
+    done: Any,
+) -> None:
+    """For :func:`reachable`: the methods of a class of the program's own that code names
+    (or Python calls, :data:`IMPLICIT`), found as its attributes, and what they can read."""
+    row = recorder.origin(cls)
+    if row is None or triton_home(cls) is not None:
+        return
+    if static_reads.origin(str(getattr(cls, "__module__", ""))) == "python":
+        return
+    for name in sorted(set(names) | set(IMPLICIT)):
+        member = getattr(cls, name, None)
+        if python_function(member) is not None:
+            recorder.add(row, "a", name, attribute(cls, name, module_map))
+            reachable(recorder, member, module_map, depth + 1, done)
 
 
 @functools.lru_cache(maxsize=512)

@@ -21,9 +21,10 @@ named in the read set as ``partial``: the reads it did record are still checked,
 is as the key describes it. A call it cannot make again (a ``constexpr_function`` given a
 tensor or a type of Triton's) still has what its code can read recorded: each global and
 closure variable its code names, each attribute its code names of a module among them, and so
-on through the functions and the classes' methods found (:func:`_reachable`), so that code the
+on through the functions and the classes' methods found (:func:`~.read_sets.reachable`), so that code the
 key trusts by its name (an installed distribution's, by its file) is not trusted for the values
-it reads.
+it reads. Each JIT function generated has its file recorded as the binary's debug information
+names it (relative to the import root, which the import path decides: ``"f"``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import functools
 import json
 import os
 import threading
-import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -235,6 +235,9 @@ def _install() -> None:
             self._kc_root = recorder.origin(self.jit_fn)
             if self._kc_root is None:
                 recorder.missed(f"{getattr(self.jit_fn, '__name__', '?')} reached otherwise")
+            else:
+                with recorder.guarded():
+                    recorder.add(self._kc_root, "f", "", rs.source_file(self.jit_fn))
 
     def visit_Name(self: Any, node: Any) -> Any:
         value = visit_name(self, node)
@@ -351,69 +354,6 @@ def _operated(recorder: Recorder, name: str, operands: list[Any], value: Any) ->
         recorder.trace.note(value.value if isinstance(value, constexpr) else value, row)
 
 
-#: how deep :func:`_reachable` follows the functions a function names
-MAX_REACH = 4
-
-
-def _reachable(
-    recorder: Recorder, fn: Any, module_map: dict[str, Any], depth: int = 0, done: Any = None
-) -> None:
-    """Record what the code of ``fn`` (a function a call of which the witness cannot make
-    again) can read: each global and closure variable its code names and, of each module
-    among them, each attribute its code names; and so on for each function of the program's
-    own found that way (to :data:`MAX_REACH` levels), whose calls are not made again either."""
-    done = set() if done is None else done
-    parent = recorder.origin(fn)
-    inner = rs.python_function(fn)
-    if parent is None or inner is None or id(inner) in done or depth > MAX_REACH:
-        return
-    done.add(id(inner))
-    _, spelled, _ = static_reads.code_facts(inner.__code__)
-    names = sorted(spelled | set(inner.__code__.co_freevars))
-    found = []
-    for name in names:
-        value = rs.scope_value(fn, name, module_map)
-        row = recorder.add(parent, "g", name, value)
-        found.append(value)
-        if row is not None and isinstance(value, types.ModuleType):
-            space = vars(rs.follow(value, module_map))
-            for attr in names:
-                if attr in space:
-                    found.append(rs.attribute(value, attr, module_map))
-                    recorder.add(row, "a", attr, found[-1])
-    for value in found:
-        if isinstance(value, type):
-            _members(recorder, value, names, module_map, depth, done)
-        elif rs.python_function(value) is not None and ev.triton_home(value) is None:
-            _reachable(recorder, value, module_map, depth + 1, done)
-
-
-#: the methods Python calls on a class or its objects by itself
-IMPLICIT = ("__init__", "__new__", "__post_init__", "__call__")
-
-
-def _members(
-    recorder: Recorder,
-    cls: type,
-    names: list[str],
-    module_map: dict[str, Any],
-    depth: int,
-    done: Any,
-) -> None:
-    """For :func:`_reachable`: the methods of a class of the program's own that code names
-    (or Python calls, :data:`IMPLICIT`), found as its attributes, and what they can read."""
-    row = recorder.origin(cls)
-    if row is None or ev.triton_home(cls) is not None:
-        return
-    if static_reads.origin(str(getattr(cls, "__module__", ""))) == "python":
-        return
-    for name in sorted(set(names) | set(IMPLICIT)):
-        member = getattr(cls, name, None)
-        if rs.python_function(member) is not None:
-            recorder.add(row, "a", name, rs.attribute(cls, name, module_map))
-            _reachable(recorder, member, module_map, depth + 1, done)
-
-
 def _bound(recorder: Recorder, fn: Any, module_map: dict[str, Any]) -> tuple[Any, Any] | None:
     """For a ``constexpr_function`` bound to an object (a method of an ``@aggregate`` class):
     the function, found as an attribute of the object's class (a read recorded), and the
@@ -467,7 +407,7 @@ def _call(
     if len(made) < len(given) or any(m is None for _, m in named):
         if builtin is None:
             recorder.missed(f"a call of {_name(fn)} with arguments not witnessed")
-            _reachable(recorder, fn, module_map)
+            rs.reachable(recorder, fn, module_map)
         return
     if builtin is not None:
         if not named and any(m[0] == "r" for m in made):

@@ -309,6 +309,12 @@ CASES: dict[str, Case] = {
         "extern_libs={'o12': LIB}",
         same_stat=True,
     ),
+    "import-root-of-the-kernel-moved": Case(
+        {"o31pkg/__init__": "", "o31pkg/k": kernel_source("", "tl.exp(x)")},
+        {},
+        "o31pkg.k",
+        setup="import os, sys; sys.path.append(os.path.join(os.environ['WITNESS_SRC'], 'o31pkg'))",
+    ),
     "kernel-edited-same-size-and-mtime": Case(
         {"o15_k": kernel_source("", "x * 2.0")},
         {"o15_k": kernel_source("", "x * 9.0")},
