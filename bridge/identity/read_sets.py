@@ -21,6 +21,8 @@ reads. ``parent`` is the row whose object the read was made on (``-1``: the kern
 
 - ``"f"``: the source file of a JIT function as the binary's debug information names it
   (:func:`source_file`: relative to the import root, which the import path decides);
+- ``"d"``: the defaults and keyword defaults of a function (what a call that cannot be made
+  again takes where an argument is left out: :func:`reachable`);
 - ``"e"``: the environment variable ``operand``, read while the kernel compiled (those that
   only select devices or say where files go, :mod:`.compiler_identity`, are not kept);
 - ``"p"``: the constexpr argument ``operand`` of the kernel (by parameter name; plain values
@@ -42,7 +44,7 @@ generate now (given the same source, arguments, options and compiler, which its 
 
 A call the witness cannot make again (a ``constexpr_function`` given a tensor or a type of
 Triton's) is recorded as what its code can read instead (:func:`reachable`): each global and
-closure variable its code names, each attribute its code names of a module among them, and so
+closure variable its code names, its defaults, each attribute its code names of a module among them, and so
 on through the functions and the methods of the classes found (to :data:`MAX_REACH` levels),
 so that code a key trusts by its name (an installed distribution's, by its file) is not
 trusted for the values it reads.
@@ -277,7 +279,17 @@ def read(
         return operate(str(operand[0]), [_argument(a, found) for a in operand[1]])
     if op == "f":
         return source_file(base)
+    if op == "d":
+        return defaults(base)
     raise ValueError(f"not a read: {op!r:.20}")
+
+
+def defaults(fn: Any) -> list[Any]:
+    """The defaults and keyword defaults of the function ``fn`` (:func:`python_function`)."""
+    inner = python_function(fn)
+    if inner is None:
+        raise TypeError(f"{type(fn).__name__} has no defaults")
+    return [inner.__defaults__, inner.__kwdefaults__]
 
 
 def source_file(fn: Any) -> str:
@@ -308,7 +320,8 @@ def reachable(
 ) -> None:
     """Record in ``recorder`` (a :class:`~.witness.Recorder`) what the code of ``fn`` (a
     function a call of which the witness cannot make again) can read: each global and closure
-    variable its code names and, of each module among them, each attribute its code names; and
+    variable its code names, its defaults and, of each module among them, each attribute its
+    code names; and
     so on for each function of the program's own found that way (to :data:`MAX_REACH` levels),
     whose calls are not made again either. Every row is a read :func:`read` makes again."""
     done = set() if done is None else done
@@ -317,6 +330,7 @@ def reachable(
     if parent is None or inner is None or id(inner) in done or depth > MAX_REACH:
         return
     done.add(id(inner))
+    recorder.add(parent, "d", "", defaults(inner))
     _, spelled, _ = static_reads.code_facts(inner.__code__)
     names = sorted(spelled | set(inner.__code__.co_freevars))
     found = []

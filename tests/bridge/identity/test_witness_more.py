@@ -371,6 +371,17 @@ CASES: dict[str, Case] = {
         {"site/o29pkg/_f.py": FACTOR.format(9.0)},
         "o29pkg.k",
     ),
+    "installed-constexpr-function-default-from-a-sibling": Case(
+        {
+            "site/o32pkg/__init__.py": CFN.replace(
+                "def scale(t):", "def scale(t, k=FACTOR):"
+            ).replace("return FACTOR", "return k"),
+            "site/o32pkg/_f.py": FACTOR.format(2.0),
+            "site/o32pkg/k.py": kernel_source("from o32pkg import scale", "x * scale(x.type)"),
+        },
+        {"site/o32pkg/_f.py": FACTOR.format(9.0)},
+        "o32pkg.k",
+    ),
     "installed-aggregate-constexpr-method": Case(
         {
             "site/o27pkg/__init__.py": AGGREGATE,
