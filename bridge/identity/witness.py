@@ -392,10 +392,14 @@ def _call(
         if bound is None:
             return  # (generated: its reads are its generator's)
         fn, args = bound[0], [bound[1], *args]
-    if ev.triton_home(fn) is not None or getattr(fn, "__triton_builtin__", False):
+    if ev.triton_home(fn) is not None:
         return  # (Triton's own code, in every key)
     if hasattr(fn, "__self__") and _triton_value(fn.__self__):
         return  # (a method of a tensor)
+    if getattr(fn, "__triton_builtin__", False):
+        if not ev.triton_code(fn):  # (a builtin of the program's own, given tensors: never
+            rs.reachable(recorder, fn, module_map)  # called again)
+        return
     builtin = next((n for n, f in rs.BUILTINS.items() if f is fn), None)
     constexpr = ev.language().constexpr
     if builtin is not None or hasattr(fn, "__self__"):  # (given their arguments unwrapped)

@@ -123,6 +123,15 @@ class Scale(float):
 
 S = Scale({k})
 """
+BUILTIN = """
+import triton.language as tl
+from ._f import FACTOR
+
+
+@tl.core.builtin
+def scaled(x, _semantic=None):
+    return x.__mul__(FACTOR, _semantic=_semantic)
+"""
 AGGREGATE = """
 import triton
 import triton.language as tl
@@ -381,6 +390,15 @@ CASES: dict[str, Case] = {
         },
         {"site/o32pkg/_f.py": FACTOR.format(9.0)},
         "o32pkg.k",
+    ),
+    "installed-builtin-reads-a-sibling": Case(
+        {
+            "site/o33pkg/__init__.py": BUILTIN,
+            "site/o33pkg/_f.py": FACTOR.format(2.0),
+            "site/o33pkg/k.py": kernel_source("from o33pkg import scaled", "scaled(x)"),
+        },
+        {"site/o33pkg/_f.py": FACTOR.format(9.0)},
+        "o33pkg.k",
     ),
     "installed-aggregate-constexpr-method": Case(
         {
