@@ -21,9 +21,10 @@ the launcher or the autotuner reads); any other one counts, including one a newe
 
 The environment's digest (:func:`environment_digest`) holds each counted variable that is set,
 with its value, and each knob set from Python (a knob group's own namespace: Triton mirrors most
-of them into the environment, not all). A tool the compile runs (:data:`TOOLS`: ptxas), named
-by a variable or a knob, counts by the content of its file, not its path or the version it
-reports: a wrapper script that adds an option is another tool. A hook Triton's backends call
+of them into the environment, not all). A tool the compile runs or a library it links
+(:data:`TOOLS`: ptxas, libdevice), named by a variable or a knob, counts by the content of its
+file, not its path or the version it reports: a wrapper script that adds an option is another
+tool, a library replaced by another of the same size and modification time another library. A hook Triton's backends call
 with the compile's stages (``knobs.runtime.add_stages_inspection_hook``) counts by its
 description (:func:`bridge.identity.jit.constant`: its code and what it reads); one with no
 exact description makes every key this process's own, so what it compiles is found again only
@@ -206,8 +207,9 @@ NOT_COMPILER = frozenset(
     {"_test_runner.py", "_internal_testing.py", "testing.py", "_compile_warmup.py",
      "_compile_warmup_pool.py", "profiler", "tools", "__pycache__"}
 )  # fmt: skip
-#: variables naming a tool the compile runs: they count by the content of the file they name
-TOOLS = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH")
+#: variables naming a tool the compile runs or a library it links: they count by the content
+#: of the file they name
+TOOLS = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_LIBDEVICE_PATH")
 #: knob groups whose knobs cannot change compiled code
 NEUTRAL_GROUPS = frozenset({"cache", "redis", "autotuning", "proton", "build"})
 #: the version of how the environment's variables are found (in the memo's fingerprint)
@@ -360,8 +362,11 @@ def environment_settings(cache: Cache | None) -> list[Any]:
     for group, values in _groups():
         own = vars(values)
         if own and group not in NEUTRAL_GROUPS:  # (knobs set from Python: few, if any)
+            described = _descriptors(type(values))
             for name in sorted(_knob_names(type(values)) & own.keys()):
-                knobs.append([group, name, _shown(own[name])])
+                value = own[name]
+                file = getattr(described[name], "key", None) in TOOLS and isinstance(value, str)
+                knobs.append([group, name, ["tool", tool_digest(value)] if file else _shown(value)])
     hook = _stages_hook()
     if hook is not None:
         knobs.append(["runtime", "add_stages_inspection_hook", _hook(hook)])

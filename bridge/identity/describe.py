@@ -13,8 +13,8 @@ their name, ``repr`` or address:
   then globals; a parameter hides a global); a ``constexpr_function`` or any Python function by
   its code (instructions, constants, names), closure, defaults and every global it names; a
   class by its bases, metaclass and members; a built-in by its name, or by its method and the
-  object it is bound to; an enum member by its class and name; a bound method by its function
-  and object;
+  object it is bound to; an enum member by its class and name (and value, where the class is
+  described by name); a bound method by its function and object;
 - objects by their class and every field, where the type's memory layout holds nothing else
   (:func:`~.static_reads.data_base`); ``functools.partial`` by its function, arguments and fields;
   buffers (NumPy arrays, ``bytearray``, ``array.array``, ``memoryview``) by their bytes;
@@ -36,8 +36,8 @@ value and why; the kernel is then *open* (keyed by the IR Triton's frontend prod
 :data:`MAX_VALUES` values.
 
 Every description also records what it read (:data:`~.watch.Read`): a warm process reuses a
-description only while :func:`~.watch.unchanged` finds every read as it was (the same objects;
-buffers and sets by content). What has no description where code may not read it (a method no
+description only while :func:`~.watch.unchanged` finds every read as it was (the same objects,
+a deque's too; buffers and sets by content). What has no description where code may not read it (a method no
 code calls, a global or an attribute no code loads) is deferred, and :meth:`Describer.finish`
 raises it only where code met reads it for certain (:meth:`Describer.read_for_certain`: a JIT
 function's syntax is parsed only then).
@@ -61,6 +61,7 @@ from .watch import (
     FUNCTION,
     ITEMS,
     LOOKUP,
+    REDUCED,
     SET,
     SETTINGS,
     SLOTS,
@@ -72,6 +73,8 @@ from .watch import (
     is_buffer,
     items,
     mark,
+    reduced_parts,
+    reduced_state,
     source,
 )
 
@@ -163,7 +166,10 @@ class Describer:
         if isinstance(value, type):
             return self.klass(value)
         if isinstance(value, enum.Enum):
-            return ["enum", self.value(kind), value.name]
+            doc = ["enum", self.value(kind), value.name]
+            if static_reads.origin(str(kind.__module__)) in ("installed", "python"):
+                doc.append(self.value(vars(value).get("_value_", MISSING)))  # (a class by name)
+            return doc
         if isinstance(value, types.FunctionType):
             return self.function(value)
         if isinstance(value, types.MethodType):
@@ -229,12 +235,11 @@ class Describer:
         """An object of a type of the pure standard library written in C (an ``OrderedDict``, a
         ``deque``, a namedtuple's field): by what pickling it keeps, its whole state."""
         try:
-            parts = list(value.__reduce_ex__(4))
+            parts = reduced_parts(value)
+            self.reads.append((REDUCED, value, None, reduced_state(value)))
         except Exception as e:  # (a type that does not pickle: no description)
             why = f"a {static_reads.name_of(kind)} does not show its state: {e}"
             raise Undescribable(why) from None
-        parts += [None] * (5 - len(parts))
-        parts[3:5] = [None if p is None else list(p) for p in parts[3:5]]
         return ["reduced", self.value(kind), [self.value(p) for p in parts]]
 
     # -- what the code met reads for certain ------------------------------------------------

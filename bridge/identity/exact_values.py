@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import struct
 import sys
 import types
@@ -145,6 +146,13 @@ def triton_home(value: Any) -> list[str] | None:
     if code is not None and not code.co_filename.startswith(_triton_dir()):
         return None
     return ["triton", module, qualname]
+
+
+def triton_code(fn: Any) -> bool:
+    """Whether the function ``fn``, and what it wraps (``__wrapped__``), is code of Triton's
+    files (a builtin of Triton's own, not one a program made with Triton's decorator)."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    return isinstance(code, types.CodeType) and code.co_filename.startswith(_triton_dir())
 
 
 def _code(code: types.CodeType) -> list[Any]:

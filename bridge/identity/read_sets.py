@@ -6,7 +6,8 @@ reads. ``parent`` is the row whose object the read was made on (``-1``: the kern
 ``op`` is one of
 
 - ``"g"``: the global (or closure variable) ``operand`` of a JIT function, as Triton's code
-  generator resolves it (its backend's module map applied);
+  generator resolves it (its backend's module map applied), or of a ``constexpr_function`` or
+  Python function whose call the witness could not make again (what its code can read);
 - ``"a"``: the attribute ``operand`` of an object (a module followed through the module map, a
   ``constexpr`` unwrapped, as the code generator does);
 - ``"i"``: the item of an object at the key ``operand`` (an argument, below);
@@ -14,7 +15,14 @@ reads. ``parent`` is the row whose object the read was made on (``-1``: the kern
   function or class of the program's own), its result unwrapped from ``constexpr``;
 - ``"b"``: a call of a Python built-in the code generator offers (``len``, ``isinstance``,
   ``getattr``, ...) named ``operand[0]``, with ``operand[1:]`` as for ``"c"``;
+- ``"o"``: an operator of Triton's ``constexpr`` (:data:`OPERATORS`: ``S * 1.0``, ``S > 0``,
+  ``-S``, ``not S``, its ``repr``...) named ``operand[0]``, on the arguments ``operand[1]`` (the first the
+  value the ``constexpr`` holds): the code of an object's own operators, run at compile time;
 
+- ``"f"``: the source file of a JIT function as the binary's debug information names it
+  (:func:`source_file`: relative to the import root, which the import path decides);
+- ``"d"``: the defaults and keyword defaults of a function (what a call that cannot be made
+  again takes where an argument is left out: :func:`reachable`);
 - ``"e"``: the environment variable ``operand``, read while the kernel compiled (those that
   only select devices or say where files go, :mod:`.compiler_identity`, are not kept);
 - ``"p"``: the constexpr argument ``operand`` of the kernel (by parameter name; plain values
@@ -34,6 +42,13 @@ tell apart). Invariant: :func:`check` gives the digests a frontend run now would
 same reads, so a kernel whose reads all find what they found is the kernel its frontend would
 generate now (given the same source, arguments, options and compiler, which its key holds).
 
+A call the witness cannot make again (a ``constexpr_function`` given a tensor or a type of
+Triton's) is recorded as what its code can read instead (:func:`reachable`): each global and
+closure variable its code names, its defaults, each attribute its code names of a module among them, and so
+on through the functions and the methods of the classes found (to :data:`MAX_REACH` levels),
+so that code a key trusts by its name (an installed distribution's, by its file) is not
+trusted for the values it reads.
+
 A cached kernel or lowering is used only while :func:`stale` finds every read of its read sets
 as it was; where one finds something else, the kernel of this version of the code is kept under
 a key chained from the first (:func:`chained`), for at most :data:`MAX_HOPS` versions. Reads
@@ -51,13 +66,24 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import static_reads
-from .exact_values import ABSENT, describe, exact, language, remake, unwrap
+from .exact_values import ABSENT, describe, exact, language, remake, triton_home, unwrap
 from .watch import mark
 
 #: the built-ins Triton's code generator offers by name (its ``builtin_namespace``)
 BUILTINS: dict[str, Callable[..., Any]] = {
     f.__name__: f for f in (len, list, range, float, int, isinstance, getattr, hasattr)
 }
+#: the methods of Triton's ``constexpr`` that run code of the value it holds (its operators,
+#: comparisons, truth, index and text: an object's own ``__mul__``, ``__bool__``... and its
+#: ``__repr__``, which names the specialization of a JIT function it is given to)
+OPERATORS = frozenset(
+    {"__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__mod__",
+     "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__gt__", "__rgt__",
+     "__ge__", "__rge__", "__lt__", "__rlt__", "__le__", "__rle__", "__eq__", "__ne__",
+     "__and__", "__or__", "__xor__", "__pow__", "__rpow__", "__rshift__", "__lshift__",
+     "logical_and", "logical_or", "__neg__", "__pos__", "__invert__", "__not__", "__bool__",
+     "__index__", "__repr__"}
+)  # fmt: skip
 FORMAT = 1
 
 
@@ -148,18 +174,34 @@ def _digest(desc: Any) -> str:
     return text if len(text) <= 40 else hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def python_function(fn: Any) -> types.FunctionType | None:
+    """The Python function that runs when ``fn`` is called or generated (a JIT function's or a
+    ``constexpr_function``'s ``fn``, a method's function, ``fn`` itself), None where none."""
+    if isinstance(fn, types.MethodType):
+        fn = fn.__func__
+    jit_callable = static_reads.jit_classes()[0]
+    if isinstance(fn, jit_callable):  # (bound to an object: its ``__func__``'s)
+        fn = vars(fn).get("fn") or vars(fn).get("__func__")
+    if isinstance(fn, jit_callable):
+        fn = vars(fn).get("fn")
+    return fn if isinstance(fn, types.FunctionType) else None
+
+
 def scope_value(fn: Any, name: str, module_map: dict[str, Any]) -> Any:
-    """The global or closure variable ``name`` of the JIT function ``fn``, as Triton's code
-    generator sees it (the module map applied)."""
-    code = fn.fn.__code__
-    closure = fn.fn.__closure__
+    """The global or closure variable ``name`` of the JIT function ``fn`` (or a function, see
+    :func:`python_function`), as Triton's code generator sees it (the module map applied)."""
+    inner = python_function(fn)
+    if inner is None:
+        raise TypeError(f"{type(fn).__name__} has no globals")
+    code = inner.__code__
+    closure = inner.__closure__
     if closure and name in code.co_freevars:
         try:
             value = closure[code.co_freevars.index(name)].cell_contents
         except ValueError:
             return ABSENT
     else:
-        value = fn.__globals__.get(name, ABSENT)
+        value = inner.__globals__.get(name, ABSENT)
     return mapped(value, module_map)
 
 
@@ -233,7 +275,106 @@ def read(
         return _call(base, operand, found)
     if op == "b":
         return unwrap(BUILTINS[str(operand[0])](*[_argument(a, found) for a in operand[1]]))
+    if op == "o":
+        return operate(str(operand[0]), [_argument(a, found) for a in operand[1]])
+    if op == "f":
+        return source_file(base)
+    if op == "d":
+        return defaults(base)
     raise ValueError(f"not a read: {op!r:.20}")
+
+
+def defaults(fn: Any) -> list[Any]:
+    """The defaults and keyword defaults of the function ``fn`` (:func:`python_function`)."""
+    inner = python_function(fn)
+    if inner is None:
+        raise TypeError(f"{type(fn).__name__} has no defaults")
+    return [inner.__defaults__, inner.__kwdefaults__]
+
+
+def source_file(fn: Any) -> str:
+    """The file of the JIT function ``fn`` as the compile writes it into the binary's debug
+    information: relative to the longest import root that holds it
+    (:func:`~.static_reads.relative_path`)."""
+    inner = python_function(fn)
+    if inner is None:
+        raise TypeError(f"{type(fn).__name__} has no source file")
+    return static_reads.relative_path(inner.__code__.co_filename)
+
+
+def operate(name: str, args: Sequence[Any]) -> Any:
+    """The operator ``name`` of Triton's ``constexpr`` holding ``args[0]``, given the rest: what
+    the code generator computes for ``S * 1.0`` (unwrapped)."""
+    if name not in OPERATORS or not args:
+        raise ValueError(f"not an operator: {name!r:.40}")
+    return unwrap(getattr(language().constexpr(args[0]), name)(*args[1:]))
+
+
+# -- what a call the witness cannot make again can read ---------------------------------------
+#: how deep :func:`reachable` follows the functions a function names
+MAX_REACH = 4
+
+
+def reachable(
+    recorder: Any, fn: Any, module_map: dict[str, Any], depth: int = 0, done: Any = None
+) -> None:
+    """Record in ``recorder`` (a :class:`~.witness.Recorder`) what the code of ``fn`` (a
+    function a call of which the witness cannot make again) can read: each global and closure
+    variable its code names, its defaults and, of each module among them, each attribute its
+    code names; and
+    so on for each function of the program's own found that way (to :data:`MAX_REACH` levels),
+    whose calls are not made again either. Every row is a read :func:`read` makes again."""
+    done = set() if done is None else done
+    parent = recorder.origin(fn)
+    inner = python_function(fn)
+    if parent is None or inner is None or id(inner) in done or depth > MAX_REACH:
+        return
+    done.add(id(inner))
+    recorder.add(parent, "d", "", defaults(inner))
+    _, spelled, _ = static_reads.code_facts(inner.__code__)
+    names = sorted(spelled | set(inner.__code__.co_freevars))
+    found = []
+    for name in names:
+        value = scope_value(fn, name, module_map)
+        row = recorder.add(parent, "g", name, value)
+        found.append(value)
+        if row is not None and isinstance(value, types.ModuleType):
+            space = vars(follow(value, module_map))
+            for attr in names:
+                if attr in space:
+                    found.append(attribute(value, attr, module_map))
+                    recorder.add(row, "a", attr, found[-1])
+    for value in found:
+        if isinstance(value, type):
+            members(recorder, value, names, module_map, depth, done)
+        elif python_function(value) is not None and triton_home(value) is None:
+            reachable(recorder, value, module_map, depth + 1, done)
+
+
+#: the methods Python calls on a class or its objects by itself
+IMPLICIT = ("__init__", "__new__", "__post_init__", "__call__")
+
+
+def members(
+    recorder: Any,
+    cls: type,
+    names: list[str],
+    module_map: dict[str, Any],
+    depth: int,
+    done: Any,
+) -> None:
+    """For :func:`reachable`: the methods of a class of the program's own that code names
+    (or Python calls, :data:`IMPLICIT`), found as its attributes, and what they can read."""
+    row = recorder.origin(cls)
+    if row is None or triton_home(cls) is not None:
+        return
+    if static_reads.origin(str(getattr(cls, "__module__", ""))) == "python":
+        return
+    for name in sorted(set(names) | set(IMPLICIT)):
+        member = getattr(cls, name, None)
+        if python_function(member) is not None:
+            recorder.add(row, "a", name, attribute(cls, name, module_map))
+            reachable(recorder, member, module_map, depth + 1, done)
 
 
 @functools.lru_cache(maxsize=512)

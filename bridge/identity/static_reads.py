@@ -69,10 +69,15 @@ DYNAMIC_ATTRIBUTES = frozenset(
     {"__dict__", "__globals__", "__builtins__", "__code__", "__closure__", "__getattribute__",
      "f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "cr_frame", "tb_frame"}
 )  # fmt: skip
-#: bases whose instances' state the describer reads through the value itself
+#: bases whose instances' state the describer reads through the value itself, each with the
+#: base's own way to that state (never a method a subclass overrides: a ``float`` whose
+#: ``__float__`` lies is compiled by the value it holds)
 DATA_BASES: dict[type, Any] = {
-    int: int, float: float, complex: complex, str: str, bytes: bytes, tuple: tuple,
-    frozenset: frozenset, list: list, dict: dict, set: set, object: None,
+    int: int.__int__, float: float.__float__,
+    complex: lambda v: complex(complex.real.__get__(v), complex.imag.__get__(v)),
+    str: str.__str__, bytes: lambda v: bytes.__getitem__(v, slice(None)),
+    tuple: lambda v: tuple.__getitem__(v, slice(None)), frozenset: frozenset.copy,
+    list: list.copy, dict: lambda v: dict(dict.items(v)), set: set.copy, object: None,
 }  # fmt: skip
 #: what a class's namespace holds that is not its behaviour
 CLASS_NOISE = frozenset(

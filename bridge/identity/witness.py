@@ -12,11 +12,19 @@ kernel is used only while its reads find what they found (:func:`bridge.identity
 the key stays the fast way to the entry, and no longer has to be complete.
 
 Recording hooks Triton's ``CodeGenerator`` (its name, attribute, item and call visits, and its
-constructor, which says which JIT function is being generated); the hooks do nothing outside a
-:func:`recording` block of the same thread. What the witness cannot follow (an object reached
-from a kernel argument, a call whose arguments cannot be made again) is named in the read set
-as ``partial``: the reads it did record are still checked, and the rest is as the key describes
-it.
+constructor, which says which JIT function is being generated) and the operators of Triton's
+``constexpr`` (:data:`~.read_sets.OPERATORS`: ``S * 1.0`` or ``not S`` runs the object's own
+``__mul__`` or ``__bool__``, code of the program's own as much as a call is); the hooks do
+nothing outside a :func:`recording` block of the same thread. What the witness cannot follow
+(an object reached from a kernel argument, a call whose arguments cannot be made again) is
+named in the read set as ``partial``: the reads it did record are still checked, and the rest
+is as the key describes it. A call it cannot make again (a ``constexpr_function`` given a
+tensor or a type of Triton's) still has what its code can read recorded: each global and
+closure variable its code names, each attribute its code names of a module among them, and so
+on through the functions and the classes' methods found (:func:`~.read_sets.reachable`), so that code the
+key trusts by its name (an installed distribution's, by its file) is not trusted for the values
+it reads. Each JIT function generated has its file recorded as the binary's debug information
+names it (relative to the import root, which the import path decides: ``"f"``).
 """
 
 from __future__ import annotations
@@ -227,6 +235,9 @@ def _install() -> None:
             self._kc_root = recorder.origin(self.jit_fn)
             if self._kc_root is None:
                 recorder.missed(f"{getattr(self.jit_fn, '__name__', '?')} reached otherwise")
+            else:
+                with recorder.guarded():
+                    recorder.add(self._kc_root, "f", "", rs.source_file(self.jit_fn))
 
     def visit_Name(self: Any, node: Any) -> Any:
         value = visit_name(self, node)
@@ -266,9 +277,14 @@ def _install() -> None:
         recorder = active()
         if recorder is not None:
             with recorder.guarded():
-                _call(recorder, fn, given, dict(kws), value)
+                _call(recorder, fn, given, dict(kws), value, self.builder.module_map)
         return value
 
+    constexpr = ev.language().constexpr
+    for name in sorted(rs.OPERATORS):
+        method = vars(constexpr).get(name)
+        if method is not None:
+            setattr(constexpr, name, _operator(name, method))
     CodeGenerator.__init__ = __init__
     CodeGenerator.visit_Name = visit_Name
     CodeGenerator.visit_Attribute = visit_Attribute
@@ -306,17 +322,84 @@ def _item(recorder: Recorder, base: Any, key: Any, value: Any) -> None:
         recorder.add(row, "i", made, value)
 
 
-def _call(recorder: Recorder, fn: Any, args: list[Any], kws: dict[str, Any], value: Any) -> None:
+def _operator(name: str, method: Any) -> Any:
+    """``method`` (an operator of Triton's ``constexpr``), recording what it computes from an
+    object (:func:`_operated`) while a recording is active."""
+
+    def operator(self: Any, *args: Any) -> Any:
+        value = method(self, *args)
+        recorder = active()
+        if recorder is not None:
+            with recorder.guarded():
+                _operated(recorder, name, [self, *args], value)
+        return value
+
+    return functools.wraps(method)(operator)
+
+
+def _operated(recorder: Recorder, name: str, operands: list[Any], value: Any) -> None:
+    """Record the operator ``name`` of a ``constexpr`` on ``operands`` (the ``constexpr``
+    first), where one of them holds an object of the program's own (plain values and Triton's
+    objects compute as Triton's files, in every key, say)."""
+    constexpr = ev.language().constexpr
+    held = [o.value if isinstance(o, constexpr) else o for o in operands]
+    if all(_ignorable(o) for o in held):
+        return
+    made = [recorder.argument(o) for o in operands]
+    if any(m is None for m in made):
+        recorder.missed(f"{name} of a {type(held[0]).__qualname__} not witnessed")
+        return
+    row = recorder.add(-1, "o", [name, made], ev.unwrap(value))
+    if row is not None:
+        recorder.trace.note(value.value if isinstance(value, constexpr) else value, row)
+
+
+def _bound(recorder: Recorder, fn: Any, module_map: dict[str, Any]) -> tuple[Any, Any] | None:
+    """For a ``constexpr_function`` bound to an object (a method of an ``@aggregate`` class):
+    the function, found as an attribute of the object's class (a read recorded), and the
+    object; None for anything else."""
+    constexpr_function = static_reads.jit_classes()[1]
+    own = vars(fn)
+    func, owner = own.get("__func__"), own.get("__self__")
+    if constexpr_function is None or not isinstance(func, constexpr_function) or owner is None:
+        return None
+    name = getattr(rs.python_function(func), "__name__", None)
+    row = recorder.origin(type(owner))
+    if row is None or not isinstance(name, str):
+        recorder.missed(f"a method of {type(owner).__qualname__} not witnessed")
+        return None
+    if rs.attribute(type(owner), name, module_map) is not func:
+        recorder.missed(f"{type(owner).__qualname__}.{name} found otherwise")
+        return None
+    recorder.add(row, "a", name, func)
+    return func, owner
+
+
+def _call(
+    recorder: Recorder,
+    fn: Any,
+    args: list[Any],
+    kws: dict[str, Any],
+    value: Any,
+    module_map: dict[str, Any],
+) -> None:
     """Record a call the code generator made at compile time of code that is not Triton's."""
     jit_callable, constexpr_function, _ = static_reads.jit_classes()
     if isinstance(fn, jit_callable) and not (
         constexpr_function is not None and isinstance(fn, constexpr_function)
     ):
-        return  # (generated: its reads are its generator's)
-    if ev.triton_home(fn) is not None or getattr(fn, "__triton_builtin__", False):
+        bound = _bound(recorder, fn, module_map)
+        if bound is None:
+            return  # (generated: its reads are its generator's)
+        fn, args = bound[0], [bound[1], *args]
+    if ev.triton_home(fn) is not None:
         return  # (Triton's own code, in every key)
     if hasattr(fn, "__self__") and _triton_value(fn.__self__):
         return  # (a method of a tensor)
+    if getattr(fn, "__triton_builtin__", False):
+        if not ev.triton_code(fn):  # (a builtin of the program's own, given tensors: never
+            rs.reachable(recorder, fn, module_map)  # called again)
+        return
     builtin = next((n for n, f in rs.BUILTINS.items() if f is fn), None)
     constexpr = ev.language().constexpr
     if builtin is not None or hasattr(fn, "__self__"):  # (given their arguments unwrapped)
@@ -328,6 +411,7 @@ def _call(recorder: Recorder, fn: Any, args: list[Any], kws: dict[str, Any], val
     if len(made) < len(given) or any(m is None for _, m in named):
         if builtin is None:
             recorder.missed(f"a call of {_name(fn)} with arguments not witnessed")
+            rs.reachable(recorder, fn, module_map)
         return
     if builtin is not None:
         if not named and any(m[0] == "r" for m in made):

@@ -44,7 +44,6 @@ from ..entries.lowerings import FORMAT
 from ..exceptions import Unkeyable
 from ..identity import compiler_identity, jit
 from ..vendors import backends
-from ..vendors.vendor import file_row
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -120,13 +119,14 @@ def _canon_other(value: Any, buffers: Mapping[int, int]) -> Any:
 
 
 def _libraries(options: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``options`` with the identity (size, mtime) of each extern library it names beside its
-    path: a kernel key holds a library's content, so a lowering key holds its file's identity."""
+    """``options`` with the content of each extern library it names beside its path, as a
+    kernel key holds it: a library replaced by another of the same size and modification
+    time changes the key (the digest is memoized per process by the file's identity)."""
     libs = options.get("extern_libs")
     if not libs:
         return options
     pairs = libs.items() if isinstance(libs, Mapping) else libs
-    rows = [file_row(str(path), str(name)) for name, path in pairs]
+    rows = [[str(name), compiler_identity.tool_digest(str(path))] for name, path in pairs]
     return {**options, "extern_libs_files": rows}
 
 

@@ -15,32 +15,13 @@ place between two lowerings of one process.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import sys
-import textwrap
-from dataclasses import dataclass, field
 
 import pytest
 from bridge_helpers import cuda_devices, kernel_module, kernel_source, machine_code, run_child
 from support import HELPERS
-
-SITE = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
-
-
-@dataclass(frozen=True)
-class Case:
-    """Files of version A and those version B replaces (``site/`` names a file of the
-    installed tree), the kernel's module, the call's keywords (Python text evaluated in that
-    module), version B's variables and the Python it runs before lowering."""
-
-    a: dict[str, str]
-    b: dict[str, str]
-    module: str
-    params: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    setup: str = ""
-
+from three_way import Case
+from three_way import three_way as three_way_code
 
 CASES: dict[str, Case] = {
     # 1. installed code: what a module computes at import, a sibling module, a setter
@@ -216,78 +197,12 @@ CASES: dict[str, Case] = {
     ),
 }
 
-CHILD = """
-import hashlib, json, os, site, sys
-sys.path[:0] = [os.environ["WITNESS_SRC"], site.getusersitepackages(), {tests!r}]
-import jax, jax.numpy as jnp
-import bridge, kernelcache
-from bridge.lowering import proto
-from bridge_helpers import custom_calls, kernels_of, lowered_module
-cases = json.loads(os.environ.pop("WITNESS_CASES"))
-x = jax.ShapeDtypeStruct((4096,), jnp.float32)
-out = {{}}
-for name, (module, params, setup) in cases.items():
-    exec(setup, {{}})
-    mod = __import__(module, fromlist=["kernel"])
-    kw = eval("dict(" + params + ")", vars(mod))
-    fn = lambda x: bridge.triton_call(
-        x, x.size, kernel=mod.kernel, out_shape=x, grid=(4,), BLOCK=1024, target="cuda:90",
-        embed="inline", **kw)
-    (call,) = custom_calls(lowered_module(fn, x, platform="cuda"))
-    code = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
-    out[name] = hashlib.sha256(b"".join(code)).hexdigest()
-print(json.dumps(out))
-"""
-
-
-def _write(base, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        if name.startswith("site/"):
-            path = base / "user" / SITE / name[len("site/") :]
-        else:
-            path = base / "src" / f"{name}.py"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-
 
 @pytest.fixture(scope="module")
 def three_way(tmp_path_factory):
     """The machine code each case embeds: process 1 (A into R), 2 (B from R), 3 (B into a
     fresh root). Cases that set variables run in processes of their own."""
-    base = tmp_path_factory.mktemp("witness")
-    for c in CASES.values():
-        _write(base, c.a)
-    child = CHILD.format(tests=str(HELPERS))
-    groups: dict[str, list[str]] = {}
-    for name, c in CASES.items():
-        groups.setdefault(json.dumps(sorted(c.env.items())), []).append(name)
-
-    def run(root, names: list[str], with_b: bool) -> dict[str, str]:
-        cases = {
-            n: [CASES[n].module, CASES[n].params, CASES[n].setup if with_b else ""] for n in names
-        }
-        env = dict(CASES[names[0]].env) if with_b else {}
-        return run_child(
-            child,
-            KERNELCACHE_DIR=str(root),
-            PYTHONDONTWRITEBYTECODE="1",
-            PYTHONUSERBASE=str(base / "user"),
-            WITNESS_SRC=str(base / "src"),
-            WITNESS_CASES=json.dumps(cases),
-            **env,
-        )
-
-    first: dict[str, str] = {}
-    for i, names in enumerate(groups.values()):
-        first.update(run(base / f"R{i}", names, False))
-    for c in CASES.values():
-        _write(base, c.b)
-    second: dict[str, str] = {}
-    fresh: dict[str, str] = {}
-    for i, names in enumerate(groups.values()):
-        second.update(run(base / f"R{i}", names, True))
-        fresh.update(run(base / f"F{i}", names, True))
-    return first, second, fresh
+    return three_way_code(tmp_path_factory.mktemp("witness"), CASES)
 
 
 @pytest.mark.parametrize("name", CASES)

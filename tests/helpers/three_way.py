@@ -1,0 +1,125 @@
+"""The three-way attack on the cache: process 1 lowers version A of some code into root R,
+process 2 lowers version B from R, process 3 lowers version B into a fresh root. A hit must be
+what a compile gives, so process 2 must embed exactly what process 3 compiled (and, for the case
+to be one, process 1 something else).
+
+A case is the files of version A and those version B replaces (``site/`` names a file of the
+installed tree, the user site of each child: ``PYTHONUSERBASE``), the kernel's module, the
+call's keywords (Python text evaluated in that module), version B's variables and the Python it
+runs before lowering. Cases with the same variables share child processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bridge_helpers import run_child
+from support import HELPERS
+
+SITE = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
+
+
+@dataclass(frozen=True)
+class Case:
+    """Files of version A and those version B replaces, the kernel's module, the call's
+    keywords, version B's variables and setup; ``same_stat``: version B's files keep the size
+    and modification time of version A's (an edit that a file's identity cannot tell);
+    ``shared_env``: the variables of both versions."""
+
+    a: dict[str, str]
+    b: dict[str, str]
+    module: str
+    params: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    setup: str = ""
+    same_stat: bool = False
+    #: variables of both versions (paths are formatted with ``{src}``, the modules' folder)
+    shared_env: dict[str, str] = field(default_factory=dict)
+
+
+CHILD = """
+import hashlib, json, os, site, sys
+sys.path[:0] = [os.environ["WITNESS_SRC"], site.getusersitepackages(), {tests!r}]
+import jax, jax.numpy as jnp
+import bridge, kernelcache
+from bridge.lowering import proto
+from bridge_helpers import custom_calls, kernels_of, lowered_module
+cases = json.loads(os.environ.pop("WITNESS_CASES"))
+x = jax.ShapeDtypeStruct((4096,), jnp.float32)
+out = {{}}
+for name, (module, params, setup) in cases.items():
+    exec(setup, {{}})
+    mod = __import__(module, fromlist=["kernel"])
+    kw = eval("dict(" + params + ")", vars(mod))
+    fn = lambda x: bridge.triton_call(
+        x, x.size, kernel=mod.kernel, out_shape=x, grid=(4,), BLOCK=1024, target="cuda:90",
+        embed="inline", **kw)
+    (call,) = custom_calls(lowered_module(fn, x, platform="cuda"))
+    code = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
+    out[name] = hashlib.sha256(b"".join(code)).hexdigest()
+print(json.dumps(out))
+"""
+
+
+def write(base: Path, files: dict[str, str], same_stat: bool = False) -> None:
+    """Write ``files`` under ``base`` (``site/...`` into the user site, a module name into
+    ``src``); ``same_stat``: each replaced file keeps its size and modification time."""
+    for name, text in files.items():
+        if name.startswith("site/"):
+            path = base / "user" / SITE / name[len("site/") :]
+        elif "." in name:  # (a data file beside the modules)
+            path = base / "src" / name
+        else:
+            path = base / "src" / f"{name}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = textwrap.dedent(text).encode()
+        before = os.stat(path) if same_stat else None
+        path.write_bytes(data)
+        if before is not None:
+            assert before.st_size == len(data), f"{name}: version B must keep the size"
+            os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def three_way(base: Path, cases: dict[str, Case]) -> tuple[dict, dict, dict]:
+    """The digest of the machine code each case embeds: process 1 (A into R), 2 (B from R), 3
+    (B into a fresh root)."""
+    for c in cases.values():
+        write(base, c.a)
+    child = CHILD.format(tests=str(HELPERS))
+    groups: dict[str, list[str]] = {}
+    for name, c in cases.items():
+        env = [sorted(c.env.items()), sorted(c.shared_env.items())]
+        groups.setdefault(json.dumps(env), []).append(name)
+
+    def run(root: Path, names: list[str], with_b: bool) -> dict[str, str]:
+        todo = {
+            n: [cases[n].module, cases[n].params, cases[n].setup if with_b else ""] for n in names
+        }
+        shared = cases[names[0]].shared_env
+        env = {k: v.format(src=base / "src") for k, v in shared.items()}
+        env.update(cases[names[0]].env if with_b else {})
+        return run_child(
+            child,
+            KERNELCACHE_DIR=str(root),
+            PYTHONDONTWRITEBYTECODE="1",
+            PYTHONUSERBASE=str(base / "user"),
+            WITNESS_SRC=str(base / "src"),
+            WITNESS_CASES=json.dumps(todo),
+            **env,
+        )
+
+    first: dict[str, str] = {}
+    for i, names in enumerate(groups.values()):
+        first.update(run(base / f"R{i}", names, False))
+    for c in cases.values():
+        write(base, c.b, c.same_stat)
+    second: dict[str, str] = {}
+    fresh: dict[str, str] = {}
+    for i, names in enumerate(groups.values()):
+        second.update(run(base / f"R{i}", names, True))
+        fresh.update(run(base / f"F{i}", names, True))
+    return first, second, fresh
