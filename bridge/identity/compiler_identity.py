@@ -54,8 +54,9 @@ from .static_reads import file_digest
 if TYPE_CHECKING:
     from kernelcache import Cache
 
-#: bump when the bridge's compile pipeline changes its output for the same inputs
-PIPELINE_VERSION = "bridge-pipeline-5"
+#: bump when the bridge's compile pipeline changes its output for the same inputs, or when what an
+#: entry's read set records widens (an entry without the new reads would be trusted for them)
+PIPELINE_VERSION = "bridge-pipeline-6"
 #: the version of what Triton's identity covers (in its fingerprint and digest)
 _TRITON_VERSION = 1
 

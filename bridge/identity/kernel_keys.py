@@ -23,7 +23,8 @@ computed by the functions a lowering key is made of too (:mod:`bridge.lowering.l
 stored lowering never outlives a change of the kernels it embeds.
 
 Each entry records the components, so that a miss can be explained by the ingredients that
-differ (``kernelcache explain``); the key is a digest of the same components.
+differ (``kernelcache explain``); the key is the digest of the same components
+(:func:`kernelcache.keys.digest_of`, the one digest of named steps a lowering key is made by too).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from kernelcache.plugin import digest_of
 
 from ..exceptions import Undescribable
 from ..vendors.targets import Target
@@ -230,11 +233,6 @@ def key_components(
     """
     made = Ingredients(cache, target, backend, src, options, language, ir)
     return {step.name: step.value(made) for step in (STEPS if ir is None else OPEN_STEPS)}
-
-
-def digest_of(components: dict[str, str]) -> str:
-    """The 64-hex-digit key that ``components`` (:func:`key_components`) name."""
-    return hashlib.sha256(repr(sorted(components.items())).encode()).hexdigest()
 
 
 def kernel_key(
