@@ -285,6 +285,10 @@ def _install() -> None:
         method = vars(constexpr).get(name)
         if method is not None:
             setattr(constexpr, name, _operator(name, method))
+    kind = getattr(getattr(ev.language(), "core", None), "constexpr_type", None)
+    mangle = vars(kind).get("mangle") if kind is not None else None
+    if mangle is not None:  # (Triton 3.9 names a specialization by repr(value) there)
+        kind.mangle = _mangled(mangle)
     CodeGenerator.__init__ = __init__
     CodeGenerator.visit_Name = visit_Name
     CodeGenerator.visit_Attribute = visit_Attribute
@@ -335,6 +339,27 @@ def _operator(name: str, method: Any) -> Any:
         return value
 
     return functools.wraps(method)(operator)
+
+
+def _mangled(method: Any) -> Any:
+    """``method`` (``constexpr_type.mangle``, where a JIT function's specialization is named by
+    the ``repr`` of an object it is given), recording that ``repr`` as ``constexpr``'s own
+    ``__repr__`` operator (what :func:`~.read_sets.operate` computes again)."""
+
+    def mangle(self: Any) -> Any:
+        text = method(self)
+        recorder = active()
+        if recorder is not None and not hasattr(self.value, "mangle"):
+            with recorder.guarded():
+                constexpr = ev.language().constexpr
+                # (the constexpr a read found holding it, as Triton 3.6 repr()s that very one)
+                held = [k for k in recorder.trace.kept if type(k) is constexpr]
+                found = next((k for k in held if k.value is self.value), self.value)
+                shown = constexpr(self.value).__repr__()
+                _operated(recorder, "__repr__", [found], shown)
+        return text
+
+    return functools.wraps(method)(mangle)
 
 
 def _operated(recorder: Recorder, name: str, operands: list[Any], value: Any) -> None:

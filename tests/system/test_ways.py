@@ -57,9 +57,9 @@ def test_a_kernel_keys_path_from_where_it_is_made_to_the_store_crosses_at_most_t
 ):
     key = measured["key"]
     assert len(set(key["path"])) <= ways.BOUND, key["path"]
-    assert key["path"][0] == "bridge.identity.kernel_keys" and key["path"][-1].startswith(
-        "kernelcache.store"
-    )
+    # (made by the one digest of named steps, for the kernel keys' module)
+    assert key["path"][:2] == ["kernelcache.keys", "bridge.identity.kernel_keys"], key["path"]
+    assert key["path"][-1].startswith("kernelcache.store")
 
 
 #: every module a kernel key visits, side trips included (its validation, the failure memo, the
@@ -82,7 +82,8 @@ def test_prunes_root_crosses_at_most_ten_modules(measured):
 # -- what the scenarios measure -----------------------------------------------------------
 def test_the_key_goes_from_the_bridge_to_the_stores_write_of_the_binary(measured):
     key = measured["key"]
-    assert key["route"][0].startswith("bridge."), key["route"]
+    assert key["route"][0] == "kernelcache.keys", key["route"]  # (digest_of)
+    assert key["route"][1].startswith("bridge."), key["route"]
     last = key["events"][-1]
     assert last["kind"] == "call" and last["module"].startswith("kernelcache.store")
     assert last["function"].rsplit(".", 1)[-1] in ("publish", "put")
