@@ -285,7 +285,7 @@ def _install() -> None:
         method = vars(constexpr).get(name)
         if method is not None:
             setattr(constexpr, name, _operator(name, method))
-    kind = getattr(getattr(ev.language(), "core", None), "constexpr_type", None)
+    kind: Any = getattr(getattr(ev.language(), "core", None), "constexpr_type", None)
     mangle = vars(kind).get("mangle") if kind is not None else None
     if mangle is not None:  # (Triton 3.9 names a specialization by repr(value) there)
         kind.mangle = _mangled(mangle)
