@@ -187,12 +187,22 @@ def python_function(fn: Any) -> types.FunctionType | None:
     return fn if isinstance(fn, types.FunctionType) else None
 
 
+def _function(fn: Any, lacks: str) -> types.FunctionType:
+    """:func:`python_function` of ``fn``, which a read needs.
+
+    Raises:
+        TypeError: ``fn`` has none (it has no ``lacks``).
+    """
+    inner = python_function(fn)
+    if inner is None:
+        raise TypeError(f"{type(fn).__name__} has no {lacks}")
+    return inner
+
+
 def scope_value(fn: Any, name: str, module_map: dict[str, Any]) -> Any:
     """The global or closure variable ``name`` of the JIT function ``fn`` (or a function, see
     :func:`python_function`), as Triton's code generator sees it (the module map applied)."""
-    inner = python_function(fn)
-    if inner is None:
-        raise TypeError(f"{type(fn).__name__} has no globals")
+    inner = _function(fn, "globals")
     code = inner.__code__
     closure = inner.__closure__
     if closure and name in code.co_freevars:
@@ -286,9 +296,7 @@ def read(
 
 def defaults(fn: Any) -> list[Any]:
     """The defaults and keyword defaults of the function ``fn`` (:func:`python_function`)."""
-    inner = python_function(fn)
-    if inner is None:
-        raise TypeError(f"{type(fn).__name__} has no defaults")
+    inner = _function(fn, "defaults")
     return [inner.__defaults__, inner.__kwdefaults__]
 
 
@@ -296,9 +304,7 @@ def source_file(fn: Any) -> str:
     """The file of the JIT function ``fn`` as the compile writes it into the binary's debug
     information: relative to the longest import root that holds it
     (:func:`~.static_reads.relative_path`)."""
-    inner = python_function(fn)
-    if inner is None:
-        raise TypeError(f"{type(fn).__name__} has no source file")
+    inner = _function(fn, "source file")
     return static_reads.relative_path(inner.__code__.co_filename)
 
 

@@ -353,8 +353,10 @@ def _mangled(method: Any) -> Any:
             with recorder.guarded():
                 constexpr = ev.language().constexpr
                 # (the constexpr a read found holding it, as Triton 3.6 repr()s that very one)
-                held = [k for k in recorder.trace.kept if type(k) is constexpr]
-                found = next((k for k in held if k.value is self.value), self.value)
+                kept = recorder.trace.kept
+                found = next(
+                    (k for k in kept if type(k) is constexpr and k.value is self.value), self.value
+                )
                 shown = constexpr(self.value).__repr__()
                 _operated(recorder, "__repr__", [found], shown)
         return text
