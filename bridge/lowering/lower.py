@@ -211,7 +211,7 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
     if prepared.context is not None and call.choice is None and not record.wanted(prepared.ours):
         keyed = lowering_keys.lowering_key(call, target, prepared.context, every)
     if keyed is not None:
-        first = keyed
+        asked, steps = keyed[0], keyed[2]
         keyed, found = _checked_replay(call, keyed, target, platform, autotune, program)
         if found is not None and keyed is not None:
             # the kernels it launches were served from the cache: hits, as a lookup of each
@@ -221,7 +221,8 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
         if _explaining():
             from . import misses
 
-            misses.explain(cache, call, target, first[2], stale=keyed is None)
+            # (a key chained from the one asked: a stored lowering whose reads are stale)
+            misses.explain(cache, call, target, steps, stale=keyed is None or keyed[0] != asked)
     from . import configs  # (a miss: the variants are assembled)
 
     lowered, state, names = configs.assemble(
@@ -238,6 +239,10 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
     )
     if keyed is not None:
         lowerings.store(cache, keyed[0], call, target, state, lowered, names, keyed[2])
+        if _explaining():
+            from . import misses
+
+            misses.stored(cache, call, target, keyed[2])
         variants = tuple(names) if len(names) > 1 else None
         program.note(Item(keyed[0], state, variants, lowered), call, target)
     return lowered

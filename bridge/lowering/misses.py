@@ -9,7 +9,8 @@ differ, values shown where they are short ("jaxlib version '0.10.1' here vs '0.1
 said to differ. A lowering found whose kernels' reads find something else now is said to be
 stale instead. Nothing here runs unless asked: the layers are scanned (linear in their entries)
 and the candidates read without a trace (``Store.inspect``); nothing is counted or changed, and
-a failure to explain is said, never raised.
+a failure to explain is said, never raised. The layers are scanned once per process; what the
+process stores after that is added as it stores it, so a program's misses cost one scan.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from kernelcache import Artifact, CacheError
 from .lowering_keys import STEPS
 
 if TYPE_CHECKING:
-    from kernelcache import Cache
+    from kernelcache import Cache, Store
 
     from ..call.tracing import CallSpec
     from ..vendors.targets import Target
@@ -51,27 +52,67 @@ def differing(here: Mapping[str, str], there: Mapping[str, Any]) -> list[str]:
     return out
 
 
+#: the stored lowerings of each kernel (by ``module:name``) in a cache's layers (by their
+#: roots): what one scan of the layers found, then what this process stored
+_known: dict[tuple[str, ...], dict[str, list[Candidate]]] = {}
+#: a stored lowering: its target, and its steps (or where to read them: a layer and a key)
+Candidate = tuple[str, "Mapping[str, Any] | tuple[Store, str, str]"]
+
+
+def _candidates(cache: Cache) -> dict[str, list[Candidate]]:
+    """The stored lowerings of ``cache``'s layers by kernel: its layers scanned once per
+    process (what this process stores is added by :func:`stored`)."""
+    from kernelcache.cli import scan
+
+    roots = tuple(store.root for store in cache.layers)
+    known = _known.get(roots)
+    if known is None:
+        known = {}
+        for store in cache.layers:
+            for entry in scan(store.root, trust=store.trust).entries:
+                if entry.kind == "lowering" and entry.qualname is not None:
+                    where = (store, entry.key, entry.ext)
+                    known.setdefault(entry.qualname, []).append((str(entry.target), where))
+        _known[roots] = known
+    return known
+
+
+def _steps(found: Mapping[str, Any] | tuple[Store, str, str]) -> Mapping[str, Any] | None:
+    """The steps a stored lowering records (read from its layer where not known yet)."""
+    if not isinstance(found, tuple):
+        return found
+    store, key, ext = found
+    art = store.inspect(key, ext)
+    if not isinstance(art, Artifact):
+        return None
+    recorded = art.meta.get("components")
+    return recorded if isinstance(recorded, dict) else {}
+
+
 def nearest(
     cache: Cache, qualname: str, target: str, here: Mapping[str, str]
 ) -> tuple[str, list[str]] | None:
     """The stored lowering of the kernel ``qualname`` nearest to ``here`` among the cache's
     layers: its target and the steps that differ; None where none is stored."""
-    from kernelcache.cli import scan
-
     best: tuple[tuple[int, int], str, list[str]] | None = None
-    for store in cache.layers:
-        for entry in scan(store.root, trust=store.trust).entries:
-            if entry.kind != "lowering" or entry.qualname != qualname:
-                continue
-            art = store.inspect(entry.key, entry.ext)
-            if not isinstance(art, Artifact):
-                continue
-            recorded = art.meta.get("components")
-            diffs = differing(here, recorded if isinstance(recorded, dict) else {})
-            rank = (entry.target != target, len(diffs))
-            if best is None or rank < best[0]:
-                best = (rank, str(entry.target), diffs)
+    for where, found in _candidates(cache).get(qualname, ()):
+        recorded = _steps(found)
+        if recorded is None:
+            continue
+        diffs = differing(here, recorded)
+        rank = (where != target, len(diffs))
+        if best is None or rank < best[0]:
+            best = (rank, where, diffs)
     return None if best is None else (best[1], best[2])
+
+
+def stored(cache: Cache, call: CallSpec, target: Target, steps: Mapping[str, str]) -> None:
+    """Note that this process stored a lowering of ``call`` for ``target`` with ``steps``,
+    once the layers were scanned (a later miss compares with it too)."""
+    roots = tuple(store.root for store in cache.layers)
+    known = _known.get(roots)
+    if known is not None:
+        known.setdefault(call.parts.qualname, []).append((str(target), dict(steps)))
 
 
 def explain(

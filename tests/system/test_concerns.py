@@ -28,7 +28,6 @@ CONCERNS: dict[str, str] = {
     "bridge.call.out_type": "jax-triton 0.4's out_type= convention, imported only by a call that uses it",
     "bridge.compile.hit_audit": "auditing hits (KERNELCACHE_AUDIT): the frontend run again for a share of them",
     "bridge.lowering.messages": "jaxlib's messages of one kernel: parameters, TMA descriptors, embedded code",
-    "bridge.lowering.misses": "explaining a lowering miss (jax_explain_cache_misses): stored lowerings scanned, off a hit's imports",
     "bridge.tune.jaxlib_launch": "launching one variant through jaxlib's own custom call, to measure it",
     "kernelcache.cli.diagnosis": "the doctor command: its checks shown, with their fixes",
     "kernelcache.cli.habits": "ccache's options, taken or explained: the habits of its users",

@@ -79,3 +79,19 @@ def test_the_key_is_the_digest_of_the_steps_it_records(tmp_path, module):
     from bridge.entries.lowerings import LOWERING
 
     assert LOWERING.key(digest_of(steps), "every") == metas[0].key
+
+
+def test_a_programs_misses_cost_one_scan_of_the_layers(
+    tmp_path, module, explaining, caplog, monkeypatch
+):
+    import kernelcache.cli
+
+    scans = []
+    real = kernelcache.cli.scan
+    monkeypatch.setattr(kernelcache.cli, "scan", lambda *a, **k: scans.append(a) or real(*a, **k))
+    caplog.set_level(logging.WARNING, logger="bridge.lowering")
+    root = tmp_path / "cache"
+    for embed in ("inline", "ptx"):  # two misses; the second compares with the first's steps
+        _lowered_call(module.kernel, root, embed, {})
+    assert len(scans) == 1
+    assert "'ptx' here vs 'inline'" in _said(caplog)[-1]
