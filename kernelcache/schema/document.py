@@ -394,9 +394,9 @@ def entry_problem(
     of extension ``ext``: its size or digest is not the document's, or (with ``check`` above
     :data:`DIGEST_ONLY`) the contract of an entry does not hold; None when it is whole. Every
     door applies it: a read, a remote value, a bundle, ``put`` and ``verify``. Never raises."""
-    if len(data) != doc["size"]:
-        return f"artifact has {len(data)} bytes, metadata says {doc['size']}"
-    if digest(data) != doc["digest"]:
+    if len(data) != doc.get("size"):
+        return f"artifact has {len(data)} bytes, metadata says {doc.get('size')!r:.40}"
+    if digest(data) != doc.get("digest"):
         return "artifact digest mismatch"
     if check == DIGEST_ONLY:
         return None

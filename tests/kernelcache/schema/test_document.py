@@ -507,3 +507,5 @@ def test_every_door_words_a_damaged_artifact_alike():
         assert schema.entry_problem("cubin", data, good, check=schema.DIGEST_ONLY).startswith(want)
         assert check_entry((data, good), key, "cubin").startswith(want)
         assert decode_value(encode_value(good, data), key).reason.startswith(want)
+    # (never raises, whatever the document lacks)
+    assert schema.entry_problem("cubin", CUBIN, {}).startswith("artifact has ")
