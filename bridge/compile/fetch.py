@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..entries import failures, kernels
-from ..entries.kernels import PTX
+from ..entries import failures, kernels, kinds
+from ..entries.kernels import PTX, kernel_kind
 from ..exceptions import LeftOut
 from ..identity import read_sets
 from ..identity.specialize import Specialization, Usable, components
@@ -141,7 +141,6 @@ def fetch_each(
         exception its compile raised, or (``wait=False``) None for a kernel another process is
         compiling.
     """
-    from kernelcache import BuildItem
 
     #: what this process compiled, per (key, ext): requests for the same kernel share it
     built: dict[tuple[str, str], list[Compiled]] = {(r.key, r.ext): [] for r in requests}
@@ -182,8 +181,10 @@ def fetch_each(
             if not request.stored:
                 yield index, _in_memory(request)
         cached = [i for i, r in enumerate(requests) if r.stored]
-        items = [BuildItem(requests[i].key, requests[i].ext, builder(requests[i])) for i in cached]
-        for index, art in cache.get_or_create_each(items, wait=wait):
+        wanted = [
+            (kernel_kind(requests[i].ext), requests[i].key, builder(requests[i])) for i in cached
+        ]
+        for index, art in kinds.get_or_create_each(cache, wanted, wait=wait):
             index = cached[index]
             if isinstance(art, _OtherIR):  # (used here, stored nowhere)
                 logger.warning(
@@ -263,8 +264,9 @@ def _whole(
     logger.warning(
         "kernelcache: cached kernel %s is corrupt (%s); compiling it again", art.key, problem
     )
-    cache.quarantine(art, problem)
-    again = cache.get_or_create(art.key, art.ext, build)
+    kind = kernel_kind(art.ext)
+    kind.quarantine(cache, art, problem)
+    again = kind.get_or_create(cache, art.key, build)
     return again if binary_problem(again.ext, again.data) is None else None
 
 

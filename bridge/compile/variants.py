@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..entries import failures
+from ..entries.kernels import kernel_kind
 from ..exceptions import LeftOut, NoConfigError
 from ..vendors import targets
 from . import fetch
@@ -67,7 +68,7 @@ def known_left_out(
     kernel entry wins over a failure entry: it is what a lowering runs."""
     found: dict[int, str] = {}
     for i, spec in enumerate(specs):
-        art = cache.get(spec.key, spec.ext, counted=False)
+        art = kernel_kind(spec.ext).get(cache, spec.key, counted=False)
         if art is not None:
             why = launch_problem(art.meta, spec.target, device)
         else:

@@ -1,22 +1,28 @@
 """A compiled kernel as a cache entry: its metadata, and the PTX stored beside it on CUDA.
 
-The machine code (``<key>.cubin`` / ``<key>.hsaco``) is the entry; its metadata records the
-kernel name, launch geometry, shared memory, scratch sizes, target and producer versions, the
-components of its key and, on CUDA, the sha256 of the PTX, which is stored as its own entry under
-:data:`PTX`. Fetching and compiling them is :mod:`bridge.compile.fetch`'s.
+The machine code (``<key>.cubin`` / ``<key>.hsaco``) is the entry, of the kind of its vendor's
+machine code (:data:`KERNELS`, :func:`kernel_kind`: under the kernel key itself, counted as the
+lookups the hit rate is about); its metadata records the kernel name, launch geometry, shared
+memory, scratch sizes, target and producer versions, the components of its key and, on CUDA, the
+sha256 of the PTX, which is stored as its own entry under :data:`PTX`. Fetching and compiling
+them is :mod:`bridge.compile.fetch`'s.
 
 Invariants: a PTX entry is only ever paired with the binary whose metadata names its digest
-(:func:`ptx_pairs`); metadata is plain JSON with no absolute paths.
+(:func:`ptx_pairs`); metadata is plain JSON with no absolute paths; one kind per extension of
+machine code, declared here for every registered vendor (at import, so that
+:func:`~.kinds.declared_kinds` lists them; a vendor registered later, on first use).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..call.plain import plain
+from ..vendors.vendor import registered
 from ..versions import triton_version
 from .kinds import EntryKind
 
@@ -31,6 +37,27 @@ if TYPE_CHECKING:
 PTX = EntryKind("ptx", role="ptx", counted="companion")
 
 logger = logging.getLogger(__name__)
+
+#: the kinds of kernels' own entries, by the extension of their machine code
+KERNELS: dict[str, EntryKind] = {}
+_declaring = threading.Lock()
+
+
+def kernel_kind(ext: str) -> EntryKind:
+    """The kind of the entries of kernels whose machine code has the extension ``ext`` (their
+    vendor's :attr:`~bridge.vendors.vendor.Vendor.binary_ext`): stored under the kernel key
+    itself, a lookup counted as one the hit rate is about. Declared once per extension."""
+    kind = KERNELS.get(ext)
+    if kind is None:
+        with _declaring:
+            kind = KERNELS.get(ext)
+            if kind is None:
+                kind = KERNELS[ext] = EntryKind(ext, role=None, counted=True)
+    return kind
+
+
+for _vendor in registered():
+    kernel_kind(_vendor.binary_ext)
 
 
 def ptx_sha256(text: str) -> str:

@@ -2,10 +2,11 @@
 from the key it belongs to, how a lookup of it is counted, how long a put of it waits, whether
 it is usually absent, and the verbs that store and look it up), and the registry of every kind.
 
-A kernel is stored under its kernel key with its vendor's extension (``cubin``, ``hsaco``:
-:attr:`bridge.vendors.vendor.Vendor.binary_ext`; :mod:`bridge.compile.fetch`); every other entry
-the bridge stores is of a kind, an :class:`EntryKind` declared by the module of this package
-that owns its documents (``PTX = EntryKind("ptx", ...)`` in :mod:`.kernels`). An entry belongs
+Every entry the bridge stores is of a kind, an :class:`EntryKind` declared by the module of
+this package that owns its documents (``PTX = EntryKind("ptx", ...)`` in :mod:`.kernels`); a
+kernel's own entry is of the kind of its vendor's machine code (``cubin``, ``hsaco``:
+:attr:`bridge.vendors.vendor.Vendor.binary_ext`, :func:`.kernels.kernel_kind`), stored under
+the kernel key itself. An entry belongs
 to a key, its owner (a kernel key, a lowering key, a decision key): its own key is
 :func:`derived_key` of its owner and its role (by convention, its extension), or its owner's key
 itself (a decision, a memo). What a kind stores (its document, its metadata, what it checks when
@@ -26,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -96,9 +97,14 @@ class EntryKind:
             return owner
         return derived_key(owner, self.role.format(part))
 
-    def get(self, cache: Cache, owner: str, part: Part = None) -> Artifact | None:
-        """The entry of ``owner``, if the cache has one (counted as :attr:`counted` says)."""
-        return cache.get(self.key(owner, part), self.ext, counted=self.counted)
+    def get(
+        self, cache: Cache, owner: str, part: Part = None, *, counted: bool | str | None = None
+    ) -> Artifact | None:
+        """The entry of ``owner``, if the cache has one (counted as :attr:`counted` says, or
+        as ``counted`` does where given: a lookup that is not one of the kind's usual ones)."""
+        return cache.get(
+            self.key(owner, part), self.ext, counted=self.counted if counted is None else counted
+        )
 
     def load(
         self, cache: Cache, owner: str, decode: Callable[[bytes], T | None], part: Part = None
@@ -152,6 +158,18 @@ class EntryKind:
         """The entry of ``owner`` made again by ``build()`` in place of ``stale``, what a read
         returned that the caller cannot use (once across processes)."""
         return cache.rebuild(self.key(owner, part), self.ext, build, stale=stale)
+
+
+def get_or_create_each(
+    cache: Cache, wanted: Sequence[tuple[EntryKind, str, Build]], *, wait: bool = True
+) -> Iterator[tuple[int, Artifact | Exception | None]]:
+    """``(index, result)`` for each ``(kind, owner, build)`` of ``wanted`` (of one kind or
+    several) as its entry is ready, each made by its build if missing, with work stealing
+    (:meth:`kernelcache.Cache.get_or_create_each`, which says what a result is)."""
+    from kernelcache import BuildItem
+
+    items = [BuildItem(kind.key(owner), kind.ext, build) for kind, owner, build in wanted]
+    return cache.get_or_create_each(items, wait=wait)
 
 
 def declared_kinds() -> tuple[EntryKind, ...]:

@@ -53,9 +53,12 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("bridge.cli",),
 )
 
-#: where every kind of entry the bridge stores (the kernels' own, whose extension is their
-#: vendor's, aside) is declared: each in the module that owns its documents
+#: where every kind of entry the bridge stores is declared: each in the module that owns its
+#: documents
 ENTRIES = BRIDGE / "entries"
+#: kinds declared as a family, one per registered vendor's machine code (its ``binary_ext``), by
+#: the function of the module that owns their documents that declares them
+FAMILIES = {ENTRIES / "kernels.py": "kernel_kind"}
 #: where the type of a kind is, with its verbs (:class:`bridge.entries.kinds.EntryKind`)
 KINDS_MODULE = ENTRIES / "kinds.py"
 #: the cache's verbs for an entry
@@ -71,13 +74,6 @@ VERBS = frozenset(
         "rebuild",
     }
 )
-#: the only calls of those verbs outside the kinds module: of a kernel's own entry, whose
-#: extension is its vendor's (fetched or compiled, and compiled again where it is corrupt; read
-#: uncounted to know whether a variant can launch)
-KERNEL_ENTRY_CALLS = {
-    "bridge/compile/fetch.py": ["get_or_create", "get_or_create_each", "quarantine"],
-    "bridge/compile/variants.py": ["get"],
-}
 
 MAX_LINES = 500
 
@@ -155,7 +151,13 @@ def declarations() -> tuple[list[Declaration], list[str]]:
     odd: list[str] = []
     for path in sorted(BRIDGE.rglob("*.py")):
         tree = ast.parse(path.read_text())
-        declared = set()
+        declared = {  # (a family's kinds: made by its function, their extensions the vendors')
+            node
+            for fn in tree.body
+            if isinstance(fn, ast.FunctionDef) and FAMILIES.get(path) == fn.name
+            for node in ast.walk(fn)
+            if is_kind(node)
+        }
         for node in tree.body:
             if not (isinstance(node, ast.Assign) and is_kind(node.value)):
                 continue
@@ -178,10 +180,12 @@ def declarations() -> tuple[list[Declaration], list[str]]:
 
 def test_every_kind_is_declared_once_under_its_own_name_by_a_module_of_entries():
     from bridge.entries.kinds import EntryKind, declared_kinds
+    from bridge.vendors.vendor import registered
 
     found, odd = declarations()
     assert not odd, "declare a kind as NAME = EntryKind('ext', ...) at top level: " + ", ".join(odd)
-    assert sorted(d.ext for d in found) == sorted(kind.ext for kind in declared_kinds())
+    family = [vendor.binary_ext for vendor in registered()]
+    assert sorted([*(d.ext for d in found), *family]) == sorted(k.ext for k in declared_kinds())
     names = [d.name for d in found]
     assert len(set(names)) == len(names), f"one name for each kind: {sorted(names)}"
     for d in found:
@@ -252,7 +256,7 @@ def test_every_entry_of_a_kind_goes_through_its_kind_under_one_name():
                 if any(a.asname and a.name in names for a in node.names):
                     aliases.append(f"{where}:{node.lineno}")
     calls = {where: sorted(verbs) for where, verbs in calls.items()}
-    assert calls == KERNEL_ENTRY_CALLS, "store and look up entries through their kind"
+    assert not calls, "store and look up entries through their kind"
     assert not aliases, "name a kind and its extension as its module does: " + ", ".join(aliases)
 
 

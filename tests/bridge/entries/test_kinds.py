@@ -59,6 +59,8 @@ DECLARED = {
     "DECISION": ("decision", None, OWNER, False, None, True),
     "SAMPLE": ("sample", 0, SAMPLE_0_KEY, False, None, True),
     "MEMO": ("ident", None, OWNER, "memo", None, True),
+    "KERNELS[cubin]": ("cubin", None, OWNER, True, None, False),
+    "KERNELS[hsaco]": ("hsaco", None, OWNER, True, None, False),
 }
 
 
@@ -70,6 +72,8 @@ def named_kinds() -> dict[str, kinds.EntryKind]:
         for name, value in vars(importlib.import_module(info.name)).items():
             if isinstance(value, kinds.EntryKind):
                 named[name] = value
+    for ext, kind in kernels.KERNELS.items():  # (one per vendor's machine code)
+        named[f"KERNELS[{ext}]"] = kind
     assert set(named.values()) == set(declared), "declare each kind in a module of entries/"
     return named
 
