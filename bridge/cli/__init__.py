@@ -148,12 +148,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "for each call of a recorded manifest and target: hit, or the nearest entry of the "
         "same kernel and which components of the key differ (needs kernelcache[bridge])",
     )
-    p.add_argument("manifest", metavar="MANIFEST", help=MANIFEST_HELP)
+    p.add_argument("manifest", metavar="MANIFEST", nargs="?", help=MANIFEST_HELP)
     p.add_argument(
         "--target",
         action="append",
         metavar="T",
         help="explain for these targets (repeatable; default: the recorded ones)",
+    )
+    p.add_argument(
+        "--lowerings",
+        action="store_true",
+        help="instead: the calls the cache holds lowered more than once, and the steps of "
+        "their context (device, jaxlib, embedding, ...) that tell the lowerings apart",
     )
     p.set_defaults(func=cmd_explain)
 

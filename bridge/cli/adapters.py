@@ -17,8 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from kernelcache.cli import EXIT_OK, EXIT_PROBLEMS, Output, UsageError, envelope, root_of
+
+if TYPE_CHECKING:
+    from kernelcache import Cache
 
 #: the modules the bridge's commands need: its extra's packages (``pip install
 #: 'kernelcache[bridge]'``) and what they bring
@@ -130,6 +134,12 @@ def cmd_explain(args: argparse.Namespace, out: Output) -> int:
     from ..exceptions import ManifestError, TargetError
 
     root = root_of(args)
+    if args.lowerings:
+        if args.manifest is not None or args.target:
+            raise UsageError("--lowerings takes no MANIFEST and no --target")
+        return _explain_lowerings(kernelcache.Cache(root=root), root, out)
+    if args.manifest is None:
+        raise UsageError("give a MANIFEST of recorded calls to explain, or --lowerings")
     try:
         results = explain.explain(args.manifest, kernelcache.Cache(root=root), args.target or ())
     except (ManifestError, TargetError) as e:
@@ -156,6 +166,31 @@ def cmd_explain(args: argparse.Namespace, out: Output) -> int:
         human,
     )
     return EXIT_OK if counts["hit"] == len(results) else EXIT_PROBLEMS
+
+
+def _explain_lowerings(cache: Cache, root: str, out: Output) -> int:
+    """``explain --lowerings``: the calls stored as lowerings apart (:mod:`.splits`)."""
+    splits = _bridge_module("explain", "bridge.cli.splits")
+    found = splits.splits(cache)
+
+    def human() -> str:
+        lines = [s.line() for s in found.splits]
+        lines.append(
+            f"{len(found.splits)} call(s) lowered apart, among {found.entries} lowering entries "
+            f"({found.unrecorded} record no steps: written by an earlier version)"
+        )
+        return "\n".join(lines)
+
+    out.emit(
+        lambda: {
+            **envelope("explain", root),
+            "entries": found.entries,
+            "unrecorded": found.unrecorded,
+            "splits": [s.to_json() for s in found.splits],
+        },
+        human,
+    )
+    return EXIT_PROBLEMS if found.splits else EXIT_OK
 
 
 def cmd_audit(args: argparse.Namespace, out: Output) -> int:

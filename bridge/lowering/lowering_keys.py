@@ -168,6 +168,9 @@ STEPS: dict[str, str] = {
     "name": "call name",
     "metadata": "call metadata",
 }
+#: the steps of :func:`context`, which every lowering of a setup shares (the others are the
+#: call's own): lowerings of one call that differ in these are the same call lowered apart
+CONTEXT_STEPS = tuple(STEPS)[: tuple(STEPS).index("kernel")]
 #: a lowering key, the number of its call's variants, and the steps it is the digest of
 Keyed = tuple[str, int, dict[str, str]]
 #: a step's value longer than this is recorded as its digest

@@ -11,6 +11,7 @@ stale instead. Nothing here runs unless asked: the layers are scanned (linear in
 and the candidates read without a trace (``Store.inspect``); nothing is counted or changed, and
 a failure to explain is said, never raised. The layers are scanned once per process; what the
 process stores after that is added as it stores it, so a program's misses cost one scan.
+:func:`stored_lowerings` gives what the scan found to ``kernelcache explain --lowerings``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache import Artifact, CacheError
 
+from ..entries.lowerings import LOWERING
 from .lowering_keys import STEPS
 
 if TYPE_CHECKING:
@@ -70,7 +72,7 @@ def _candidates(cache: Cache) -> dict[str, list[Candidate]]:
         known = {}
         for store in cache.layers:
             for entry in scan(store.root, trust=store.trust).entries:
-                if entry.kind == "lowering" and entry.qualname is not None:
+                if entry.ext == LOWERING.ext and entry.qualname is not None:
                     where = (store, entry.key, entry.ext)
                     known.setdefault(entry.qualname, []).append((str(entry.target), where))
         _known[roots] = known
@@ -87,6 +89,16 @@ def _steps(found: Mapping[str, Any] | tuple[Store, str, str]) -> Mapping[str, An
         return None
     recorded = art.meta.get("components")
     return recorded if isinstance(recorded, dict) else {}
+
+
+def stored_lowerings(cache: Cache) -> list[tuple[str, str, Mapping[str, Any] | None]]:
+    """Every lowering the layers of ``cache`` hold: its kernel (``module:name``), its target,
+    and the steps it records (empty where it records none; None where it cannot be read)."""
+    return [
+        (qualname, target, _steps(found))
+        for qualname, candidates in _candidates(cache).items()
+        for target, found in candidates
+    ]
 
 
 def nearest(
