@@ -282,6 +282,10 @@ def main() -> None:
         )
         results["verify"], out = timed([kc, "--root", r, "verify", "--json"], 1)
         assert json.loads(out)["entries_ok"] == args.entries
+        results["explain_lowerings"], out = timed(
+            [kc, "--root", r, "explain", "--lowerings", "--json"], args.repeat
+        )
+        assert json.loads(out)["splits"] == []
 
         peer_stats, out = timed([sys.executable, "-c", PEER_STATS, r], args.repeat)
         assert json.loads(out)["entries"] == args.entries
@@ -373,6 +377,7 @@ def main() -> None:
         ("prune --dry-run --max-size --json", results["prune_plan_json"], ""),
         ("prune --dry-run --older-than 30d", results["prune_plan_age"], ""),
         ("verify --json (reads every artifact)", results["verify"], ""),
+        ("explain --lowerings --json (a scan)", results["explain_lowerings"], ""),
         (
             "verify --repair --json (1% damaged)",
             results["verify_repair"],
