@@ -236,6 +236,7 @@ def _stages(src: Any, target: Target, backend: Any, options: Any) -> Compiled:
         with witness.reading_environment(recorder):
             module = frontend.module(src, target, backend, options)
             ir = frontend.digest(frontend.text(module))
+            recorder.ran(frontend.specialization(src, options), ir)
             return _backend_stages(src, target, backend, options, metadata, module, ir, recorder)
 
 

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 #: bump when the bridge's compile pipeline changes its output for the same inputs, or when what an
 #: entry's read set records widens (an entry without the new reads would be trusted for them)
-PIPELINE_VERSION = "bridge-pipeline-6"
+PIPELINE_VERSION = "bridge-pipeline-7"
 #: the version of what Triton's identity covers (in its fingerprint and digest)
 _TRITON_VERSION = 1
 

@@ -13,16 +13,24 @@ binary), with each absolute source directory rewritten to the import-relative fo
 writes into the binary's debug information (:func:`relative_locations`, by
 :func:`~.static_reads.relative_path`): the same source at two checkouts gives the same text, as
 it gives the same binary.
+
+The IR is also a read of a read set (:mod:`.read_sets`, the op ``"ir"``): where the witness
+cannot vouch for what the frontend read (a call it cannot make again, an object with no exact
+description: the read set is *partial*), the kernel is checked as an open kernel is keyed, by
+running the frontend again for the same specialization (:func:`specialization`, made again by
+:func:`ir_again`) and comparing the digest of the IR.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import sys
 import threading
 from typing import Any
 
 from ..vendors.targets import Target
+from .exact_values import exact, remake, triton_home
 from .static_reads import relative_path
 
 _LOCATION = re.compile(r'loc\("((?:[^"\\]|\\.)*)":')
@@ -60,10 +68,14 @@ def module(src: Any, target: Target, backend: Any, options: Any, reuse: bool = F
     Raises:
         whatever Triton raises for a kernel it cannot compile (CompilationError, ...).
     """
+    return _made(src, target.triton(), backend, options, reuse)
+
+
+def _made(src: Any, gpu_target: Any, backend: Any, options: Any, reuse: bool) -> Any:
     context = _context(backend, reuse)
     codegen_fns = backend.get_codegen_implementation(options)
     module_map = backend.get_module_map()
-    return src.make_ir(target.triton(), options, codegen_fns, module_map, context)
+    return src.make_ir(gpu_target, options, codegen_fns, module_map, context)
 
 
 def text(made: Any) -> str:
@@ -79,3 +91,81 @@ def digest(ir_text: str) -> str:
 def ir_digest(src: Any, target: Target, backend: Any, options: Any) -> str:
     """Run the frontend for ``src`` and digest its IR (see :func:`module`)."""
     return digest(text(module(src, target, backend, options, reuse=True)))
+
+
+# -- the IR as a read ---------------------------------------------------------------------
+def specialization(src: Any, options: Any) -> Any:
+    """The specialization ``src`` (an ``ASTSource`` or ``GluonASTSource``) compiled with
+    ``options``, as plain data that :func:`ir_again` makes again: the signature, each
+    constexpr exactly (or, an object, by the name of the kernel's parameter that holds it), the
+    attributes and every option field; None where a part has no exact description or the
+    options are not made again equal."""
+    names = list(src.fn.arg_names)
+    constants = []
+    for path, value in src.constants.items():
+        plain = exact(value)
+        if plain is None and len(path) == 1 and path[0] < len(names):
+            plain = ["param", names[path[0]]]
+        constants.append([exact(tuple(path)), plain])
+    attrs = [[exact(tuple(path)), exact(value)] for path, value in src.attrs.items()]
+    fields = [[name, exact(value)] for name, value in sorted(vars(options).items())]
+    signature = [[name, exact(value)] for name, value in src.signature.items()]
+    kind = triton_home(type(options))
+    doc = {
+        "gluon": "gluon" in type(src).__module__.lower(),
+        "kind": kind,
+        "signature": signature,
+        "constants": constants,
+        "attrs": attrs,
+        "options": fields,
+    }
+    if kind is None or any(
+        d is None for rows in (constants, attrs, fields, signature) for _, d in rows
+    ):
+        return None
+    try:
+        same = _options(type(options), fields) == options
+    except (TypeError, ValueError):
+        same = False
+    return doc if same else None
+
+
+def _options(kind: type, fields: list[Any]) -> Any:
+    return kind(**{str(name): remake(value) for name, value in fields})
+
+
+def _home(home: Any) -> type:
+    """The class of Triton's own that :func:`~.exact_values.triton_home` placed at ``home``."""
+    _, module, qualname = home
+    found: Any = sys.modules[str(module)]
+    for part in str(qualname).split("."):
+        found = getattr(found, part)
+    if not isinstance(found, type) or triton_home(found) != home:
+        raise ValueError(f"not a class of Triton's: {home!r:.80}")
+    return found
+
+
+def ir_again(kernel: Any, made: Any, given: dict[str, Any], backend: Any) -> str:
+    """The digest of the IR the frontend gives now for the JIT function ``kernel`` in the
+    specialization :func:`specialization` described as ``made`` (``given``: the constexpr
+    arguments by parameter name, for those described by name), for ``backend``'s target.
+
+    Raises:
+        ValueError: ``made`` describes no specialization (or ``backend`` is not given).
+        whatever the frontend raises for code it cannot compile now.
+    """
+    from .kernel_keys import source
+
+    if backend is None or not isinstance(made, dict):
+        raise ValueError("no specialization to run the frontend for")
+    constants = {}
+    for path, value in made["constants"]:
+        if isinstance(value, list) and value[:1] == ["param"]:
+            constants[remake(path)] = given[str(value[1])]
+        else:
+            constants[remake(path)] = remake(value)
+    signature = {str(name): remake(value) for name, value in made["signature"]}
+    attrs = {remake(path): remake(value) for path, value in made["attrs"]}
+    src = source(kernel, bool(made["gluon"]), signature, constants, attrs)
+    options = _options(_home(made["kind"]), made["options"])
+    return digest(text(_made(src, backend.target, backend, options, reuse=True)))

@@ -15,9 +15,9 @@ reads. ``parent`` is the row whose object the read was made on (``-1``: the kern
   function or class of the program's own), its result unwrapped from ``constexpr``;
 - ``"b"``: a call of a Python built-in the code generator offers (``len``, ``isinstance``,
   ``getattr``, ...) named ``operand[0]``, with ``operand[1:]`` as for ``"c"``;
-- ``"o"``: an operator of Triton's ``constexpr`` (:data:`OPERATORS`: ``S * 1.0``, ``S > 0``,
-  ``-S``, ``not S``, its ``repr``...) named ``operand[0]``, on the arguments ``operand[1]`` (the first the
-  value the ``constexpr`` holds): the code of an object's own operators, run at compile time;
+- ``"o"``: an operator of Triton's ``constexpr`` (:data:`OPERATORS`: ``S * 1.0``, ``-S``, its
+  ``repr``...) named ``operand[0]``, on the arguments ``operand[1]`` (the first the value the
+  ``constexpr`` holds): the code of an object's own operators, run at compile time;
 
 - ``"f"``: the source file of a JIT function as the binary's debug information names it
   (:func:`source_file`: relative to the import root, which the import path decides);
@@ -27,6 +27,8 @@ reads. ``parent`` is the row whose object the read was made on (``-1``: the kern
   only select devices or say where files go, :mod:`.compiler_identity`, are not kept);
 - ``"p"``: the constexpr argument ``operand`` of the kernel (by parameter name; plain values
   are in the kernel's key, so only objects are read this way);
+- ``"ir"``: the digest of the IR the frontend gives in the specialization ``operand``
+  (:func:`~.frontend.specialization`), where the read set is partial (it runs again);
 
 and ``want`` is a digest of what the read found (:meth:`Trace.want`). An argument is
 ``["v", value]`` (a plain value, :func:`exact`, made again by :func:`remake`), ``["r", row]``
@@ -42,12 +44,11 @@ tell apart). Invariant: :func:`check` gives the digests a frontend run now would
 same reads, so a kernel whose reads all find what they found is the kernel its frontend would
 generate now (given the same source, arguments, options and compiler, which its key holds).
 
-A call the witness cannot make again (a ``constexpr_function`` given a tensor or a type of
-Triton's) is recorded as what its code can read instead (:func:`reachable`): each global and
-closure variable its code names, its defaults, each attribute its code names of a module among them, and so
-on through the functions and the methods of the classes found (to :data:`MAX_REACH` levels),
-so that code a key trusts by its name (an installed distribution's, by its file) is not
-trusted for the values it reads.
+A call the witness cannot make again (a ``constexpr_function`` given a tensor) is recorded as
+what its code can read (:func:`reachable`: the globals, closure variables, defaults and module
+attributes its code names, through the functions and classes found, :data:`MAX_REACH` levels)
+and, as code may reach values by no name (an import when it runs, a file), the read set is
+partial: it ends with the ``"ir"`` read, so the frontend vouches for what the witness cannot.
 
 A cached kernel or lowering is used only while :func:`stale` finds every read of its read sets
 as it was; where one finds something else, the kernel of this version of the code is kept under
@@ -267,18 +268,23 @@ def _call(fn: Any, operand: Any, found: Sequence[Any]) -> Any:
 
 
 def read(
-    base: Any, op: str, operand: Any, found: Sequence[Any], given: Any, module_map: dict[str, Any]
+    base: Any, op: str, operand: Any, found: Sequence[Any], given: Any, modules: Any, backend: Any
 ) -> Any:
     """Make one read again: what row ``[parent, op, operand, _]`` finds on ``base``
-    (``given``: the kernel's constexpr arguments by parameter name)."""
+    (``given``: the kernel's constexpr arguments by parameter name; ``modules``: the backend's
+    module map; ``backend``: the kernel's, for an ``"ir"`` read)."""
+    if op == "ir":
+        from .frontend import ir_again
+
+        return ir_again(base, operand, given, backend)
     if op == "p":
         return given.get(str(operand), ABSENT)
     if op == "e":
         return os.environ.get(str(operand), ABSENT)
     if op == "g":
-        return scope_value(base, str(operand), module_map)
+        return scope_value(base, str(operand), modules)
     if op == "a":
-        return attribute(base, str(operand), module_map)
+        return attribute(base, str(operand), modules)
     if op == "i":
         return base[_argument(operand, found)]
     if op == "c":
@@ -327,9 +333,8 @@ def reachable(
     """Record in ``recorder`` (a :class:`~.witness.Recorder`) what the code of ``fn`` (a
     function a call of which the witness cannot make again) can read: each global and closure
     variable its code names, its defaults and, of each module among them, each attribute its
-    code names; and
-    so on for each function of the program's own found that way (to :data:`MAX_REACH` levels),
-    whose calls are not made again either. Every row is a read :func:`read` makes again."""
+    code names; and so on for each function of the program's own found that way (to
+    :data:`MAX_REACH` levels). Every row is a read :func:`read` makes again."""
     done = set() if done is None else done
     parent = recorder.origin(fn)
     inner = python_function(fn)
@@ -399,7 +404,9 @@ def parse(text: str) -> tuple[tuple[int, str, Any, str], ...] | None:
         return None
 
 
-def wants(text: str, kernel: Any, given: Any, module_map: dict[str, Any]) -> list[str] | None:
+def wants(
+    text: str, kernel: Any, given: Any, module_map: Any, backend: Any = None
+) -> list[str] | None:
     """What each read of the read set ``text`` finds now, made again from ``kernel`` (the JIT
     function the reads start from) and ``given`` (its constexpr arguments by parameter name);
     None where ``text`` is not a read set. A read that fails (or whose object failed) finds
@@ -415,7 +422,7 @@ def wants(text: str, kernel: Any, given: Any, module_map: dict[str, Any]) -> lis
         try:
             if base is _FAILED:
                 raise LookupError("its object failed")
-            value = read(base, op, operand, found, given, module_map)
+            value = read(base, op, operand, found, given, module_map, backend)
             want = trace.want(value, index)
         except Exception:  # the user's code, run again: whatever it raises, the read differs
             value, want = _FAILED, "error"
@@ -427,11 +434,11 @@ def wants(text: str, kernel: Any, given: Any, module_map: dict[str, Any]) -> lis
 _FAILED: Any = object()
 
 
-def check(text: str, kernel: Any, given: Any, module_map: dict[str, Any]) -> str | None:
+def check(text: str, kernel: Any, given: Any, module_map: Any, backend: Any = None) -> str | None:
     """None where every read of the read set ``text`` finds what it found; else the digest
     of what they find now (what tells this process's code from the one the reads were made
     in). A text that is no read set holds nothing: its digest is that of the text."""
-    now = wants(text, kernel, given, module_map)
+    now = wants(text, kernel, given, module_map, backend)
     rows = parse(text)
     if now is None or rows is None:
         return hashlib.sha256(b"unreadable\0" + text.encode()).hexdigest()
@@ -471,7 +478,7 @@ def stale(texts: Any, kernel: Any, given: Any, backend: Any) -> str | None:
     parameter name) finds what it found; else the digest of what they find now (see
     :func:`check`)."""
     modules = module_map_of(backend)
-    now = [check(text, kernel, given, modules) for text in texts]
+    now = [check(text, kernel, given, modules, backend) for text in texts]
     if all(n is None for n in now):
         return None
     return digest_of([n or "" for n in now])

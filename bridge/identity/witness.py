@@ -59,6 +59,8 @@ class Recorder:
         self.index: dict[str, int] = {}
         self.partial: list[str] = []
         self.environ: dict[str, str | None] = {}  # variables read during the compile
+        #: the specialization the frontend ran for and the digest of its IR (see :meth:`ran`)
+        self.frontend: tuple[Any, str] | None = None
         for name, value in params.items():
             if ev.exact(value) is None:  # (a plain value is in the key as it is)
                 self.add(-1, "p", name, value)
@@ -110,6 +112,12 @@ class Recorder:
         if len(self.partial) < 8 and why not in self.partial:
             self.partial.append(why)
 
+    def ran(self, specialization: Any, ir: str) -> None:
+        """Note that the frontend gave IR of digest ``ir`` for ``specialization`` (plain data,
+        :func:`~.frontend.specialization`; None where it has none): where the read set is
+        partial, it ends with that as a read (``"ir"``), which runs the frontend again."""
+        self.frontend = (specialization, ir)
+
     def text(self) -> str:
         """The read set as its entry keeps it."""
         from .compiler_identity import DEVICE_SELECTION, NEUTRAL
@@ -120,12 +128,19 @@ class Recorder:
         partial = self.partial + [f"no exact description of {o}" for o in self.trace.opaque[:4]]
         rows = self.rows
         while True:
-            doc = {"format": rs.FORMAT, "rows": rows, "partial": partial}
+            doc = {"format": rs.FORMAT, "rows": self._vouched(rows, partial), "partial": partial}
             text = json.dumps(doc, separators=(",", ":"))
             if len(text) <= MAX_TEXT:
                 return text
             rows = rows[: len(rows) // 2]  # (a row names only rows before it)
             partial = [*partial[:7], f"cut to {len(rows)} reads"]
+
+    def _vouched(self, rows: list[list[Any]], partial: list[str]) -> list[list[Any]]:
+        """``rows`` and, where they are ``partial``, the IR the frontend gave, as a read."""
+        if not partial or self.frontend is None:
+            return rows
+        made, ir = self.frontend
+        return [*rows, [-1, "ir", made, rs.Trace().want(ir, len(rows))]]
 
 
 def active() -> Recorder | None:
