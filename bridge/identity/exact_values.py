@@ -2,7 +2,7 @@
 (:mod:`.read_sets`).
 
 Plain values exactly (:func:`exact`, made again by :func:`remake`): floats by their bits, so a
-NaN's sign counts; tuples item by item; Triton's ``constexpr`` and dtypes. Anything else by what
+NaN's sign counts; tuples item by item; Triton's ``constexpr``, dtypes, pointer and block types. Anything else by what
 it is (:func:`describe`), never by its name or address: a JIT function by its source, settings
 and first line; Triton's own objects by where Triton defines them, only where that very object
 is there and defined in Triton's files (:func:`triton_home`); a function by its code, what it
@@ -72,6 +72,15 @@ def exact(value: Any) -> Any:
         return None if inner is None else ["k", inner]
     if kind is tl.dtype:
         return ["d", value.name]
+    if kind is tl.pointer_type:
+        inner = exact(value.element_ty)
+        space = value.address_space  # (a number before Triton 3.9, a name since)
+        if inner is None or type(space) not in (int, str) or type(value.const) is not bool:
+            return None
+        return ["dp", [inner, value.address_space, value.const]]
+    if kind is tl.block_type:
+        items = [exact(value.element_ty), *(exact(unwrap(d)) for d in value.shape)]
+        return None if any(i is None for i in items) else ["db", items]
     return None
 
 
@@ -105,6 +114,16 @@ def remake(desc: Any) -> Any:
         return language().constexpr(remake(body))
     if tag == "d" and isinstance(body, str):
         return language().dtype(body)
+    if tag == "dp" and isinstance(body, list) and len(body) == 3:
+        inner, space, const = remake(body[0]), body[1], body[2]
+        if not isinstance(inner, language().dtype) or type(space) not in (int, str):
+            raise ValueError(f"not a pointer type: {desc!r:.60}")
+        return language().pointer_type(inner, space, bool(const))
+    if tag == "db" and isinstance(body, list) and len(body) >= 2:
+        element, shape = remake(body[0]), [remake(d) for d in body[1:]]
+        if not isinstance(element, language().dtype) or any(type(d) is not int for d in shape):
+            raise ValueError(f"not a block type: {desc!r:.60}")
+        return language().block_type(element, shape)
     raise ValueError(f"not a value: {desc!r:.60}")
 
 

@@ -19,7 +19,7 @@ nothing outside a :func:`recording` block of the same thread. What the witness c
 (an object reached from a kernel argument, a call whose arguments cannot be made again) is
 named in the read set as ``partial``: the reads it did record are still checked, and the rest
 is as the key describes it. A call it cannot make again (a ``constexpr_function`` given a
-tensor or a type of Triton's) still has what its code can read recorded: each global and
+tensor or a layout; Triton's dtypes, pointer and block types are exact values) still has what its code can read recorded: each global and
 closure variable its code names, each attribute its code names of a module among them, and so
 on through the functions and the classes' methods found (:func:`~.read_sets.reachable`), so that code the
 key trusts by its name (an installed distribution's, by its file) is not trusted for the values
