@@ -427,10 +427,21 @@ def installed_digest(module: str) -> str | None:
 
 def relative_dir(directory: str) -> str:
     """``directory`` relative to the longest ``sys.path`` entry containing it, else its name."""
+    return _relative_dir(directory, tuple(sys.path), os.getcwd())
+
+
+@functools.lru_cache(maxsize=4096)
+def _relative_dir(directory: str, path: tuple[Any, ...], cwd: str) -> str:
+    """:func:`relative_dir` with ``sys.path`` and the working directory (what relative entries
+    are relative to) given: a function of its arguments alone, so memoized."""
     directory = os.path.normpath(directory)
     best = ""
-    for entry in sys.path:
-        root = os.path.normpath(os.path.abspath(entry or "."))
+    for entry in path:
+        if isinstance(entry, os.PathLike):
+            entry = os.fspath(entry)
+        if not isinstance(entry, str):
+            continue
+        root = os.path.normpath(os.path.join(cwd, entry))
         if (directory == root or directory.startswith(root + os.sep)) and len(root) > len(best):
             best = root
     if best:
