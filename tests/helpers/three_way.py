@@ -14,8 +14,10 @@ import json
 import os
 import sys
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bridge_helpers import run_child
 from support import HELPERS
@@ -123,3 +125,31 @@ def three_way(base: Path, cases: dict[str, Case]) -> tuple[dict, dict, dict]:
         second.update(run(base / f"R{i}", names, True))
         fresh.update(run(base / f"F{i}", names, True))
     return first, second, fresh
+
+
+def assert_second_gets_a_compile(results: tuple[dict, dict, dict], name: str) -> None:
+    """Case ``name`` of :func:`three_way`'s ``results``: process 2 embeds what process 3
+    compiled, and process 1 something else (else the change is no case)."""
+    first, second, fresh = results
+    assert first[name] != fresh[name], "the change does not change the kernel: not a case"
+    assert second[name] == fresh[name], "process 2 embedded process 1's kernel"
+
+
+def assert_warm_change(kernel: Any, tmp_path: Path, change: Callable[[], None]) -> None:
+    """One process lowers ``kernel`` into a root twice (the same machine code), runs
+    ``change()``, then lowers it again: what a fresh root compiles now, and a third time the
+    same again from the cache (nothing compiled)."""
+    from bridge_helpers import machine_code
+
+    from bridge.compile import compiler
+
+    root = tmp_path / "root"
+    before = machine_code(kernel, root)
+    assert machine_code(kernel, root) == before
+    change()
+    after = machine_code(kernel, root)
+    assert after != before
+    assert machine_code(kernel, tmp_path / "fresh") == after
+    compiles = compiler.compile_count()
+    assert machine_code(kernel, root) == after
+    assert compiler.compile_count() == compiles

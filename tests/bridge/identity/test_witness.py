@@ -18,9 +18,9 @@ import hashlib
 import os
 
 import pytest
-from bridge_helpers import cuda_devices, kernel_module, kernel_source, machine_code, run_child
+from bridge_helpers import cuda_devices, kernel_module, kernel_source, run_child
 from support import HELPERS
-from three_way import Case
+from three_way import Case, assert_second_gets_a_compile, assert_warm_change
 from three_way import three_way as three_way_code
 
 CASES: dict[str, Case] = {
@@ -207,9 +207,7 @@ def three_way(tmp_path_factory):
 
 @pytest.mark.parametrize("name", CASES)
 def test_a_second_process_gets_what_a_compile_of_its_code_gives(three_way, name):
-    first, second, fresh = three_way
-    assert first[name] != fresh[name], "the change does not change the kernel: not a case"
-    assert second[name] == fresh[name], "process 2 embedded process 1's kernel"
+    assert_second_gets_a_compile(three_way, name)
 
 
 # -- a warm process: values changed in place between two lowerings ------------------------------
@@ -277,21 +275,10 @@ def test_a_warm_process_embeds_what_its_frontend_reads_now(tmp_path, monkeypatch
     kernel again, from the cache (nothing compiled)."""
     import triton.language as tl
 
-    from bridge.compile import compiler
-
     monkeypatch.setattr(tl, "exp", tl.exp)  # (restored after the test)
     tag = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:8]
     module = kernel_module(tmp_path, f"witness_warm_{tag}", WARM)
-    root = tmp_path / "root"
-    before = machine_code(module.kernel, root)
-    assert machine_code(module.kernel, root) == before
-    change(module)
-    after = machine_code(module.kernel, root)
-    assert after != before
-    assert machine_code(module.kernel, tmp_path / "fresh") == after
-    compiles = compiler.compile_count()
-    assert machine_code(module.kernel, root) == after
-    assert compiler.compile_count() == compiles
+    assert_warm_change(module.kernel, tmp_path, lambda: change(module))
 
 
 # -- the compiler's environment ------------------------------------------------------------

@@ -14,8 +14,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from bridge_helpers import kernel_module, kernel_source, machine_code
-from three_way import Case
+from bridge_helpers import kernel_module, kernel_source
+from three_way import Case, assert_second_gets_a_compile, assert_warm_change
 from three_way import three_way as three_way_code
 
 FACTOR = "FACTOR = {}\n"
@@ -302,9 +302,7 @@ def three_way(tmp_path_factory):
 
 @pytest.mark.parametrize("name", CASES)
 def test_a_second_process_gets_what_a_compile_of_its_code_gives(three_way, name):
-    first, second, fresh = three_way
-    assert first[name] != fresh[name], "the change does not change the kernel: not a case"
-    assert second[name] == fresh[name], "process 2 embedded process 1's kernel"
+    assert_second_gets_a_compile(three_way, name)
 
 
 # -- a warm process: values changed in place between two lowerings ------------------------------
@@ -376,7 +374,6 @@ def test_a_warm_process_embeds_what_its_frontend_reads_now(tmp_path, change):
     """After a value a call given a tensor reaches (a closure cell, an attribute of a module
     reached through another, what a property returns) changed in place, the next lowering
     embeds what a compile gives now, and a lowering after it the same, from the cache."""
-    from bridge.compile import compiler
 
     tag = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:8]
     sub = kernel_module(tmp_path, f"witness_r3_sub_{tag}", SUB)
@@ -387,16 +384,7 @@ def test_a_warm_process_embeds_what_its_frontend_reads_now(tmp_path, change):
     module = kernel_module(
         tmp_path, f"witness_r3_{tag}", WARM.format(claims=f"witness_r3_claims_{tag}")
     )
-    root = tmp_path / "root"
-    before = machine_code(module.kernel, root)
-    assert machine_code(module.kernel, root) == before
-    change(claims, sub)
-    after = machine_code(module.kernel, root)
-    assert after != before
-    assert machine_code(module.kernel, tmp_path / "fresh") == after
-    compiles = compiler.compile_count()
-    assert machine_code(module.kernel, root) == after
-    assert compiler.compile_count() == compiles
+    assert_warm_change(module.kernel, tmp_path, lambda: change(claims, sub))
 
 
 # -- the IR as a read: a kernel the frontend vouches for is still found again -------------------
