@@ -39,7 +39,6 @@ BOUND = 40
 PROGRAM = """
 import json, os, sys, threading
 import jax, jax.numpy as jnp, triton
-import bridge
 from bridge import triton_call
 sys.path.insert(0, {repo!r})
 from examples import kernels as K

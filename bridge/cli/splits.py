@@ -17,17 +17,15 @@ entries.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..lowering.lowering_keys import CONTEXT_STEPS, STEPS
+from ..lowering.lowering_keys import CONTEXT_STEPS, STEPS, digested
 from ..lowering.misses import stored_lowerings
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 #: distinct values of a step shown by the text (the JSON has them all)
 SHOWN = 4
 
@@ -53,7 +51,7 @@ class Split:
     def line(self) -> str:
         said = []
         for name, values in self.steps:
-            if any(_DIGEST.fullmatch(v) for v in values) or len(values) > SHOWN:
+            if any(digested(v) for v in values) or len(values) > SHOWN:
                 said.append(f"{STEPS[name]} ({len(values)} values)")
             else:
                 said.append(f"{STEPS[name]} ({', '.join(values)})")

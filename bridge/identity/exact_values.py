@@ -2,13 +2,13 @@
 (:mod:`.read_sets`).
 
 Plain values exactly (:func:`exact`, made again by :func:`remake`): floats by their bits, so a
-NaN's sign counts; tuples item by item; Triton's ``constexpr``, dtypes, pointer and block types. Anything else by what
-it is (:func:`describe`), never by its name or address: a JIT function by its source, settings
-and first line; Triton's own objects by where Triton defines them, only where that very object
-is there and defined in Triton's files (:func:`triton_home`); a function by its code, what it
-closes over and its defaults (a wrapper's code is the same for every function it wraps); any
-other object by :func:`bridge.identity.jit.constant` where it has an exact description. None
-where a value has no exact description.
+NaN's sign counts; tuples item by item; Triton's ``constexpr``, dtypes, pointer and block types.
+Anything else by what it is (:func:`describe`), never by its name or address: a JIT function by
+its source, settings and first line; Triton's own objects by where Triton defines them, only
+where that very object is there and defined in Triton's files (:func:`triton_home`); a function
+by its code, what it closes over and its defaults (a wrapper's code is the same for every
+function it wraps); any other object by :func:`bridge.identity.jit.constant` where it has an
+exact description. None where a value has no exact description.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def exact(value: Any) -> Any:
         space = value.address_space  # (a number before Triton 3.9, a name since)
         if inner is None or type(space) not in (int, str) or type(value.const) is not bool:
             return None
-        return ["dp", [inner, value.address_space, value.const]]
+        return ["dp", [inner, space, value.const]]
     if kind is tl.block_type:
         items = [exact(value.element_ty), *(exact(unwrap(d)) for d in value.shape)]
         return None if any(i is None for i in items) else ["db", items]

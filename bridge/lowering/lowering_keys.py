@@ -30,6 +30,7 @@ lowering (:mod:`bridge.entries.lowerings`) is found under it.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -175,6 +176,7 @@ CONTEXT_STEPS = tuple(STEPS)[: tuple(STEPS).index("kernel")]
 Keyed = tuple[str, int, dict[str, str]]
 #: a step's value longer than this is recorded as its digest
 SHORT = 128
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def _step(value: Any) -> str:
@@ -182,6 +184,12 @@ def _step(value: Any) -> str:
     numbers), or that text's sha256 where it is long."""
     text = repr(value)
     return text if len(text) <= SHORT else hashlib.sha256(text.encode()).hexdigest()
+
+
+def digested(recorded: str) -> bool:
+    """Whether ``recorded``, a step's value as a key records it (:func:`_step`), is the digest
+    of a long value rather than the value itself (a person is told it differs, not shown it)."""
+    return _DIGEST.fullmatch(recorded) is not None
 
 
 def context(

@@ -17,14 +17,13 @@ process stores after that is added as it stores it, so a program's misses cost o
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import Artifact, CacheError
 
 from ..entries.lowerings import LOWERING
-from .lowering_keys import STEPS
+from .lowering_keys import STEPS, digested
 
 if TYPE_CHECKING:
     from kernelcache import Cache, Store
@@ -33,8 +32,6 @@ if TYPE_CHECKING:
     from ..vendors.targets import Target
 
 logger = logging.getLogger("bridge.lowering")
-
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def differing(here: Mapping[str, str], there: Mapping[str, Any]) -> list[str]:
@@ -47,7 +44,7 @@ def differing(here: Mapping[str, str], there: Mapping[str, Any]) -> list[str]:
             continue
         if not isinstance(theirs, str):
             out.append(f"{label}: not recorded in the stored lowering")
-        elif mine is None or _DIGEST.fullmatch(mine) or _DIGEST.fullmatch(theirs):
+        elif mine is None or digested(mine) or digested(theirs):
             out.append(f"{label} differs")
         else:
             out.append(f"{label} {mine} here vs {theirs}")

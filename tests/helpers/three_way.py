@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bridge_helpers import run_child
+from bridge_helpers import machine_code, run_child
 from support import HELPERS
 
 SITE = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
@@ -139,8 +139,6 @@ def assert_warm_change(kernel: Any, tmp_path: Path, change: Callable[[], None]) 
     """One process lowers ``kernel`` into a root twice (the same machine code), runs
     ``change()``, then lowers it again: what a fresh root compiles now, and a third time the
     same again from the cache (nothing compiled)."""
-    from bridge_helpers import machine_code
-
     from bridge.compile import compiler
 
     root = tmp_path / "root"
