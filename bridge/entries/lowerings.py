@@ -320,7 +320,7 @@ class Program:
     """The keyed calls of one module's lowering that share a setup, and the lowerings of the
     program entries read for them (see the module docstring). Used by one thread."""
 
-    def __init__(self, cache: Cache) -> None:
+    def __init__(self, cache: Cache, checked: dict[Any, Any] | None = None) -> None:
         self.cache = cache
         self._lowered: dict[tuple[str, str], Lowered] = {}
         self._variants: dict[str, tuple[str, ...] | None] = {}  # every key the entries hold
@@ -328,6 +328,9 @@ class Program:
         self._described: list[tuple[CallSpec, Target]] = []
         self._start: int | None = None  # the first call whose program entry was not found
         self._missed = False
+        #: the read sets checked in this module's lowering (shared by its programs:
+        #: :func:`~bridge.identity.read_sets.stale`'s ``seen``)
+        self.checked: dict[Any, Any] = {} if checked is None else checked
 
     def _read(self, key: str) -> None:
         """Read the program entry of ``key`` (a key no entry read so far holds), unless one

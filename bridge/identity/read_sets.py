@@ -472,16 +472,54 @@ def module_map_of(backend: Any) -> dict[str, Any]:
     return found
 
 
-def stale(texts: Any, kernel: Any, given: Any, backend: Any) -> str | None:
+def stale(
+    texts: Any, kernel: Any, given: Any, backend: Any, seen: dict[Any, Any] | None = None
+) -> str | None:
     """None where every read of the read sets ``texts`` (those of kernels of the JIT function
     ``kernel`` compiled for ``backend``'s target, with the constexpr arguments ``given`` by
     parameter name) finds what it found; else the digest of what they find now (see
-    :func:`check`)."""
+    :func:`check`).
+
+    ``seen``: the checks made so far in one lowering of a program, where nothing but the
+    lowering runs between two calls' checks (as the settings are read once per lowering): a
+    read set checked again there for the same kernel and the same objects of ``given`` that it
+    reads is not made again."""
     modules = module_map_of(backend)
-    now = [check(text, kernel, given, modules, backend) for text in texts]
+    now = [_check_once(text, kernel, given, modules, backend, seen) for text in texts]
     if all(n is None for n in now):
         return None
     return digest_of([n or "" for n in now])
+
+
+def _check_once(
+    text: str, kernel: Any, given: Any, modules: Any, backend: Any, seen: dict[Any, Any] | None
+) -> str | None:
+    """:func:`check`, or its result for the same read set, kernel and objects of ``given``
+    in ``seen`` (kept alive there, so that their identities stay theirs)."""
+    rows = parse(text) if seen is not None else None
+    if seen is None or rows is None:
+        return check(text, kernel, given, modules, backend)
+    objects = (kernel, *(given.get(name, ABSENT) for name in _given_names(rows)))
+    which = (text, *map(id, objects))
+    found = seen.get(which)
+    if found is None or any(a is not b for a, b in zip(found[0], objects, strict=True)):
+        found = seen[which] = (objects, check(text, kernel, given, modules, backend))
+    return found[1]
+
+
+def _given_names(rows: Sequence[tuple[int, str, Any, str]]) -> list[str]:
+    """The parameters whose arguments the reads ``rows`` take from ``given``: those of ``"p"``
+    reads, and those an ``"ir"`` read's specialization names (:func:`~.frontend.ir_again`)."""
+    names = []
+    for _, op, operand, _ in rows:
+        if op == "p":
+            names.append(str(operand))
+        elif op == "ir" and isinstance(operand, dict):
+            for item in operand.get("constants") or ():
+                value = item[1] if isinstance(item, list) and len(item) == 2 else None
+                if isinstance(value, list) and value[:1] == ["param"] and len(value) > 1:
+                    names.append(str(value[1]))
+    return names
 
 
 #: how many other versions of a kernel's reads one lookup follows (each a :func:`chained` key)

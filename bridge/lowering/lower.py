@@ -129,15 +129,16 @@ class _Module:
     """The module being lowered in one thread: its setups, each with the :class:`Program` of
     the calls that use it, by what those calls pass."""
 
-    __slots__ = ("ref", "setups")
+    __slots__ = ("checked", "ref", "setups")
 
     def __init__(self, ref: weakref.ref[Any]) -> None:
         self.ref = ref
         self.setups: dict[tuple[Any, ...], tuple[Setup, Program]] = {}
+        self.checked: dict[Any, Any] = {}  # the read sets checked (each program's ``checked``)
 
     def close(self) -> None:
         """Store each program's lowerings (:meth:`Program.close`) and forget the setups."""
-        found, self.setups = self.setups, {}
+        found, self.setups, self.checked = self.setups, {}, {}
         for _, program in found.values():
             program.close()
 
@@ -164,7 +165,7 @@ def _scoped_setup(call: CallSpec, platform: str, module: Any) -> tuple[Setup, Pr
     found = scope.setups.get(which)
     if found is None:
         prepared = setup(call, platform)
-        found = scope.setups[which] = (prepared, Program(prepared.cache))
+        found = scope.setups[which] = (prepared, Program(prepared.cache, scope.checked))
     return found
 
 
@@ -268,7 +269,9 @@ def _checked_replay(
         if not found.lowered.reads:
             return keyed, found
         backend = backend or backends.make_backend(target)
-        now = read_sets.stale(found.lowered.reads, call.parts.fn, call.named, backend)
+        now = read_sets.stale(
+            found.lowered.reads, call.parts.fn, call.named, backend, program.checked
+        )
         if now is None:
             return keyed, found
         keyed = (read_sets.chained(keyed[0], now), keyed[1], keyed[2])
