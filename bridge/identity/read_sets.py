@@ -22,7 +22,7 @@ reads. ``parent`` is the row whose object the read was made on (``-1``: the kern
 - ``"f"``: the source file of a JIT function as the binary's debug information names it
   (:func:`source_file`: relative to the import root, which the import path decides);
 - ``"d"``: the defaults and keyword defaults of a function (what a call that cannot be made
-  again takes where an argument is left out: :func:`reachable`);
+  again takes where an argument is left out: :func:`~.reach.reachable`);
 - ``"e"``: the environment variable ``operand``, read while the kernel compiled (those that
   only select devices or say where files go, :mod:`.compiler_identity`, are not kept);
 - ``"p"``: the constexpr argument ``operand`` of the kernel (by parameter name; plain values
@@ -45,10 +45,10 @@ same reads, so a kernel whose reads all find what they found is the kernel its f
 generate now (given the same source, arguments, options and compiler, which its key holds).
 
 A call the witness cannot make again (a ``constexpr_function`` given a tensor) is recorded as
-what its code can read (:func:`reachable`: the globals, closure variables, defaults and module
-attributes its code names, through the functions and classes found, :data:`MAX_REACH` levels)
-and, as code may reach values by no name (an import when it runs, a file), the read set is
-partial: it ends with the ``"ir"`` read, so the frontend vouches for what the witness cannot.
+what its code can read (:mod:`.reach`: the globals, closure variables, defaults and module
+attributes its code names, through the functions and classes found) and, as code may reach
+values by no name (an import when it runs, a file), the read set is partial: it ends with the
+``"ir"`` read, so the frontend vouches for what the witness cannot.
 
 A cached kernel or lowering is used only while :func:`stale` finds every read of its read sets
 as it was; where one finds something else, the kernel of this version of the code is kept under
@@ -67,7 +67,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import static_reads
-from .exact_values import ABSENT, describe, exact, language, remake, triton_home, unwrap
+from .exact_values import ABSENT, describe, exact, language, remake, unwrap
 from .watch import mark
 
 #: the built-ins Triton's code generator offers by name (its ``builtin_namespace``)
@@ -320,72 +320,6 @@ def operate(name: str, args: Sequence[Any]) -> Any:
     if name not in OPERATORS or not args:
         raise ValueError(f"not an operator: {name!r:.40}")
     return unwrap(getattr(language().constexpr(args[0]), name)(*args[1:]))
-
-
-# -- what a call the witness cannot make again can read ---------------------------------------
-#: how deep :func:`reachable` follows the functions a function names
-MAX_REACH = 4
-
-
-def reachable(
-    recorder: Any, fn: Any, module_map: dict[str, Any], depth: int = 0, done: Any = None
-) -> None:
-    """Record in ``recorder`` (a :class:`~.witness.Recorder`) what the code of ``fn`` (a
-    function a call of which the witness cannot make again) can read: each global and closure
-    variable its code names, its defaults and, of each module among them, each attribute its
-    code names; and so on for each function of the program's own found that way (to
-    :data:`MAX_REACH` levels). Every row is a read :func:`read` makes again."""
-    done = set() if done is None else done
-    parent = recorder.origin(fn)
-    inner = python_function(fn)
-    if parent is None or inner is None or id(inner) in done or depth > MAX_REACH:
-        return
-    done.add(id(inner))
-    recorder.add(parent, "d", "", defaults(inner))
-    _, spelled, _ = static_reads.code_facts(inner.__code__)
-    names = sorted(spelled | set(inner.__code__.co_freevars))
-    found = []
-    for name in names:
-        value = scope_value(fn, name, module_map)
-        row = recorder.add(parent, "g", name, value)
-        found.append(value)
-        if row is not None and isinstance(value, types.ModuleType):
-            space = vars(follow(value, module_map))
-            for attr in names:
-                if attr in space:
-                    found.append(attribute(value, attr, module_map))
-                    recorder.add(row, "a", attr, found[-1])
-    for value in found:
-        if isinstance(value, type):
-            members(recorder, value, names, module_map, depth, done)
-        elif python_function(value) is not None and triton_home(value) is None:
-            reachable(recorder, value, module_map, depth + 1, done)
-
-
-#: the methods Python calls on a class or its objects by itself
-IMPLICIT = ("__init__", "__new__", "__post_init__", "__call__")
-
-
-def members(
-    recorder: Any,
-    cls: type,
-    names: list[str],
-    module_map: dict[str, Any],
-    depth: int,
-    done: Any,
-) -> None:
-    """For :func:`reachable`: the methods of a class of the program's own that code names
-    (or Python calls, :data:`IMPLICIT`), found as its attributes, and what they can read."""
-    row = recorder.origin(cls)
-    if row is None or triton_home(cls) is not None:
-        return
-    if static_reads.origin(str(getattr(cls, "__module__", ""))) == "python":
-        return
-    for name in sorted(set(names) | set(IMPLICIT)):
-        member = getattr(cls, name, None)
-        if python_function(member) is not None:
-            recorder.add(row, "a", name, attribute(cls, name, module_map))
-            reachable(recorder, member, module_map, depth + 1, done)
 
 
 @functools.lru_cache(maxsize=512)

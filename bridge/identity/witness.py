@@ -21,7 +21,7 @@ named in the read set as ``partial``: the reads it did record are still checked,
 is as the key describes it. A call it cannot make again (a ``constexpr_function`` given a
 tensor or a layout; Triton's dtypes, pointer and block types are exact values) still has what its code can read recorded: each global and
 closure variable its code names, each attribute its code names of a module among them, and so
-on through the functions and the classes' methods found (:func:`~.read_sets.reachable`), so that code the
+on through the functions and the classes' methods found (:func:`~.reach.reachable`), so that code the
 key trusts by its name (an installed distribution's, by its file) is not trusted for the values
 it reads. Each JIT function generated has its file recorded as the binary's debug information
 names it (relative to the import root, which the import path decides: ``"f"``).
@@ -39,8 +39,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import exact_values as ev
+from . import reach, static_reads
 from . import read_sets as rs
-from . import static_reads
 
 #: the most rows a read set keeps (a larger one is cut, and says so)
 MAX_ROWS = 2000
@@ -440,7 +440,7 @@ def _call(
         return  # (a method of a tensor)
     if getattr(fn, "__triton_builtin__", False):
         if not ev.triton_code(fn):  # (a builtin of the program's own, given tensors: never
-            rs.reachable(recorder, fn, module_map)  # called again)
+            reach.reachable(recorder, fn, module_map)  # called again)
         return
     builtin = next((n for n, f in rs.BUILTINS.items() if f is fn), None)
     constexpr = ev.language().constexpr
@@ -453,7 +453,7 @@ def _call(
     if len(made) < len(given) or any(m is None for _, m in named):
         if builtin is None:
             recorder.missed(f"a call of {_name(fn)} with arguments not witnessed")
-            rs.reachable(recorder, fn, module_map)
+            reach.reachable(recorder, fn, module_map)
         return
     if builtin is not None:
         if not named and any(m[0] == "r" for m in made):
