@@ -378,11 +378,12 @@ def check(text: str, kernel: Any, given: Any, module_map: Any, backend: Any = No
         return hashlib.sha256(b"unreadable\0" + text.encode()).hexdigest()
     if all(w == row[3] for w, row in zip(now, rows, strict=True)):
         return None
-    return digest_of(now)
+    return reads_digest(now)
 
 
-def digest_of(parts: Sequence[str]) -> str:
-    """A 64-hex-digit digest of ``parts``."""
+def reads_digest(parts: Sequence[str]) -> str:
+    """A 64-hex-digit digest of ``parts``, what reads found (not a key: keys are
+    :func:`kernelcache.keys.digest_of`'s)."""
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
@@ -422,7 +423,7 @@ def stale(
     now = [_check_once(text, kernel, given, modules, backend, seen) for text in texts]
     if all(n is None for n in now):
         return None
-    return digest_of([n or "" for n in now])
+    return reads_digest([n or "" for n in now])
 
 
 def _check_once(
@@ -465,4 +466,4 @@ def chained(key: str, now: str) -> str:
     """The key under which the kernel (or lowering) of ``key`` is kept for code whose reads
     find ``now`` (:func:`stale`): each version of what the frontend reads has its own entry,
     as each set of header contents has its own result in ccache's manifest."""
-    return digest_of([key, now])
+    return reads_digest([key, now])
