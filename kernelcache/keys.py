@@ -14,7 +14,7 @@ with :func:`declare_sparse`), so that a remote tier lets a miss of one cost litt
 tier does not wait long on a lower tier for one: :class:`kernelcache.remote.layered.LayeredTier`).
 
 A key made of named steps is their digest (:func:`digest_of`), the same function for every such
-key, so two keys of different kinds never share a formula by accident and a recorded set of
+key (the bridge's kernel, lowering, decision and memo keys), so two keys of different kinds never share a formula by accident and a recorded set of
 components says what made the key.
 """
 
@@ -84,8 +84,8 @@ def check_ext(ext: object) -> str:
 
 def digest_of(components: Mapping[str, str]) -> str:
     """The 64-hex-digit key that named ``components`` make (sha256 of their sorted pairs): the
-    one way a key is made of named steps (a kernel key, a lowering key), so that an entry that
-    records its components lets a miss name the steps that differ."""
+    one way a key is made of named steps (a kernel, lowering, decision or memo key), so that an
+    entry that records its components lets a miss name the steps that differ."""
     return hashlib.sha256(repr(sorted(components.items())).encode()).hexdigest()
 
 

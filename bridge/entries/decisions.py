@@ -8,10 +8,11 @@ verified reads, read-only layers, the remote tier, bundles, ``ls``/``show``/``ve
 Its key is derived from everything the choice depends on: the ordered kernel keys of the call's
 variants (the kernel source, its constexprs and options, the target, Triton's version), the
 shapes and dtypes of the call's arrays and the values of the autotune ``key`` arguments, and the
-device it was measured on (``device_kind``, e.g. "NVIDIA H200"). The driver and toolkit are not
-part of it: a decision outlives their updates until it is tuned again. A decision made without a
-device (pinned by an operator) holds for every device of its target, and is looked up after the
-device's own.
+device it was measured on (``device_kind``, e.g. "NVIDIA H200"): named steps
+(:func:`decision_steps`) digested as every key of named steps is
+(:func:`kernelcache.keys.digest_of`). The driver and toolkit are not part of it: a decision
+outlives their updates until it is tuned again. A decision made without a device (pinned by an
+operator) holds for every device of its target, and is looked up after the device's own.
 
 A document read back is untrusted input, read within bounds (its size, by the number of
 variants: :data:`BYTES_PER_VARIANT`; JSON nesting caught) and checked field by field, then
@@ -26,7 +27,6 @@ per document and process naming its key and why.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
-from kernelcache.plugin import warn_once
+from kernelcache.plugin import digest_of, warn_once
 
 from .kinds import EntryKind
 
@@ -380,11 +380,28 @@ def keys_for(
     return [decision_key(variants, inputs, d) for d in (*devices, ANY_DEVICE)]
 
 
+def decision_steps(
+    variants: Sequence[str], inputs: Mapping[str, Any], device: str
+) -> dict[str, str]:
+    """The named steps of the key of the decision among ``variants`` for ``inputs`` on
+    ``device``: the document format, the variants' kernel keys in order, the tuning inputs
+    (:func:`tuning_inputs`) and the device kind."""
+
+    def text(value: Any) -> str:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
+
+    return {
+        "format": str(FORMAT),
+        "variants": text(list(variants)),
+        "inputs": text(inputs),
+        "device": device,
+    }
+
+
 def decision_key(variants: Sequence[str], inputs: Mapping[str, Any], device: str) -> str:
-    """The cache key of the decision among ``variants`` for ``inputs`` on ``device``."""
-    identity = {"decision": FORMAT, "variants": list(variants), "inputs": inputs, "device": device}
-    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """The cache key of the decision among ``variants`` for ``inputs`` on ``device``: the digest
+    of its steps (:func:`kernelcache.keys.digest_of`, as kernel and lowering keys are made)."""
+    return digest_of(decision_steps(variants, inputs, device))
 
 
 def choose(times: Sequence[float | None], tie: float = TIE) -> int | None:

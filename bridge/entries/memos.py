@@ -1,17 +1,18 @@
 """Small text values memoized in the kernel cache, across processes.
 
-A value is stored under a key derived from a label and a fingerprint of what it was computed
-from (an ``ident`` entry with metadata ``kind: identity``); a changed input changes the
+A value is stored under a key made of two named steps, a label and a fingerprint of what it
+was computed from (:func:`kernelcache.keys.digest_of`; an ``ident`` entry with metadata ``kind: identity``); a changed input changes the
 fingerprint, so a stale value is never found. Cache failures only cost the recomputation: they
 are logged, never raised.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from kernelcache.plugin import digest_of
 
 from .kinds import EntryKind
 
@@ -26,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 def memo_key(label: str, fingerprint: str) -> str:
     """The key of the value memoized under ``(label, fingerprint)``."""
-    return hashlib.sha256(f"bridge-identity:{label}:{fingerprint}".encode()).hexdigest()
+    return digest_of({"memo": label, "fingerprint": fingerprint})
 
 
 def lookup(cache: Cache | None, label: str, fingerprint: str) -> str | None:

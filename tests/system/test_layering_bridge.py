@@ -7,8 +7,9 @@ declared once, as ``NAME = EntryKind("ext", ...)`` in a module of ``bridge/entri
 module names its extension, and every such entry is stored and looked up through its kind
 (under that one name), no module of the bridge is over 500 lines, each
 folder's ``__init__.py`` says what enters and what leaves it, and every exception class of the
-bridge is declared in ``bridge/exceptions.py`` under ``kernelcache``'s base, and the bridge uses
-kernelcache only across a declared border (:data:`BORDER`).
+bridge is declared in ``bridge/exceptions.py`` under ``kernelcache``'s base, the bridge uses
+kernelcache only across a declared border (:data:`BORDER`), and every key it makes is the digest
+of named steps (``kernelcache.keys.digest_of``) but those :data:`OWN_DIGEST` names.
 """
 
 from __future__ import annotations
@@ -343,3 +344,29 @@ def test_the_border_is_faces_and_foundation_modules_only():
 def test_the_bridge_uses_kernelcache_only_across_its_declared_border():
     beyond = {m: sorted(users) for m, users in kernelcache_imports().items() if m not in BORDER}
     assert beyond == {}, "import these through the public API or add them to BORDER, saying why"
+
+
+#: functions that make a key without named steps, and why (every other ``*_key`` function of
+#: the bridge digests through kernelcache.keys.digest_of, the one digest of named steps)
+OWN_DIGEST = {
+    "bridge.entries.kinds.derived_key": "a companion's key from its owner's and a role, pinned "
+    "by tests/bridge/entries/test_kinds.py: changing it orphans every stored companion",
+}
+
+
+def test_every_key_of_the_bridge_is_the_digest_of_named_steps():
+    own = {}
+    for path in sorted(BRIDGE.rglob("*.py")):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef) or not node.name.endswith("_key"):
+                continue
+            hashes = any(
+                isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name)
+                and n.value.id == "hashlib"
+                for n in ast.walk(node)
+            )
+            if hashes:
+                own[f"{module}.{node.name}"] = node.lineno
+    assert set(own) == set(OWN_DIGEST), f"make these keys with digest_of of named steps: {own}"

@@ -44,7 +44,9 @@ VARIANTS_KEY = "0123456789abcdef66550a769fd47ef5b5eaa6f8c758be7f98ec178afbd64ced
 PROGRAM_KEY = "0123456789abcdefb3b8a6ae1f9a55a8822e00d1506d816bb917004a49e139b6"
 SAMPLE_0_KEY = "0123456789abcdefad557da2cab821dd1655a48df6f974849e677e52a8f52ce7"
 SAMPLE_1_KEY = "0123456789abcdef27f679582f38e84d9f6520675be220f5be7eafc79a466793"
-MEMO_KEY = "e50fc78790e1dc2a2a16331cd62a5b5ee51a6a953195687717a328e331e8cd5b"
+#: (since the memo key is the digest of named steps, kernelcache.keys.digest_of: a memo stored
+#: before is recomputed once)
+MEMO_KEY = "c83491f5fad2bfa5e4ba919856134af822c32e99974ef9d284aaa4c1f05423d7"
 
 
 #: each kind as declared: its extension, the key of OWNER's entry (of its first part, with

@@ -56,6 +56,7 @@ from bridge.entries.kinds import derived_key
 from bridge.lowering.configs import FETCHED
 from bridge.tune import measure
 from examples import ops
+from kernelcache.keys import digest_of
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 ONE = jax.ShapeDtypeStruct((1,), jnp.float32)
@@ -899,6 +900,8 @@ def test_the_key_depends_on_variants_inputs_and_device():
     v, inputs = ["a" * 32, "b" * 32], {"arrays": {"x": [[4], "float32"]}, "key": {"n": 4}}
     key = decisions.decision_key(v, inputs, "NVIDIA H200")
     assert len(key) == 64 and key == decisions.decision_key(v, inputs, "NVIDIA H200")
+    steps = decisions.decision_steps(v, inputs, "NVIDIA H200")
+    assert key == digest_of(steps) and set(steps) == {"format", "variants", "inputs", "device"}
     assert key != decisions.decision_key(v[::-1], inputs, "NVIDIA H200")
     assert key != decisions.decision_key(v, {**inputs, "key": {"n": 8}}, "NVIDIA H200")
     assert key != decisions.decision_key(v, inputs, "NVIDIA H100")
