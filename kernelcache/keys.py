@@ -14,8 +14,8 @@ with :func:`declare_sparse`), so that a remote tier lets a miss of one cost litt
 tier does not wait long on a lower tier for one: :class:`kernelcache.remote.layered.LayeredTier`).
 
 A key made of named steps is their digest (:func:`digest_of`), the same function for every such
-key (the bridge's kernel, lowering, decision and memo keys), so two keys of different kinds never share a formula by accident and a recorded set of
-components says what made the key.
+key (the bridge's kernel, lowering, decision and memo keys), so two keys of different kinds
+never share a formula by accident and a recorded set of components says what made the key.
 """
 
 from __future__ import annotations

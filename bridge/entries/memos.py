@@ -1,9 +1,9 @@
 """Small text values memoized in the kernel cache, across processes.
 
 A value is stored under a key made of two named steps, a label and a fingerprint of what it
-was computed from (:func:`kernelcache.keys.digest_of`; an ``ident`` entry with metadata ``kind: identity``); a changed input changes the
-fingerprint, so a stale value is never found. Cache failures only cost the recomputation: they
-are logged, never raised.
+was computed from (:func:`kernelcache.keys.digest_of`; an ``ident`` entry with metadata
+``kind: identity``); a changed input changes the fingerprint, so a stale value is never found.
+Cache failures only cost the recomputation: they are logged, never raised.
 """
 
 from __future__ import annotations

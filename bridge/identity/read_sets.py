@@ -430,14 +430,14 @@ def _check_once(
     text: str, kernel: Any, given: Any, modules: Any, backend: Any, seen: dict[Any, Any] | None
 ) -> str | None:
     """:func:`check`, or its result for the same read set, kernel and objects of ``given``
-    in ``seen`` (kept alive there, so that their identities stay theirs)."""
+    in ``seen`` (by their ids: the objects are kept alive there, so no other takes an id)."""
     rows = parse(text) if seen is not None else None
     if seen is None or rows is None:
         return check(text, kernel, given, modules, backend)
     objects = (kernel, *(given.get(name, ABSENT) for name in _given_names(rows)))
     which = (text, *map(id, objects))
     found = seen.get(which)
-    if found is None or any(a is not b for a, b in zip(found[0], objects, strict=True)):
+    if found is None:
         found = seen[which] = (objects, check(text, kernel, given, modules, backend))
     return found[1]
 

@@ -356,8 +356,7 @@ OWN_DIGEST = {
 
 def test_every_key_of_the_bridge_is_the_digest_of_named_steps():
     own = {}
-    for path in sorted(BRIDGE.rglob("*.py")):
-        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+    for module, path in module_files(REPO, ("bridge",)).items():
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.FunctionDef) or not node.name.endswith("_key"):
                 continue
