@@ -450,7 +450,8 @@ def _given_names(rows: Sequence[tuple[int, str, Any, str]]) -> list[str]:
         if op == "p":
             names.append(str(operand))
         elif op == "ir" and isinstance(operand, dict):
-            for item in operand.get("constants") or ():
+            constants = operand.get("constants")  # (untrusted: any JSON value)
+            for item in constants if isinstance(constants, list) else ():
                 value = item[1] if isinstance(item, list) and len(item) == 2 else None
                 if isinstance(value, list) and value[:1] == ["param"] and len(value) > 1:
                     names.append(str(value[1]))

@@ -13,6 +13,8 @@ import bridge
 import kernelcache
 from bridge.compile import compiler
 from bridge.identity import read_sets
+from bridge.vendors.backends import make_backend
+from bridge.vendors.targets import parse_target
 
 #: a JIT function given to the kernel (two modules of this source hold two objects of it)
 HELPER = """
@@ -140,3 +142,36 @@ def test_a_partial_read_set_runs_its_frontend_once_per_lowering(tmp_path, checks
     _lower(_program(module, root, functions), 3)
     assert compiler.compile_count() == compiles
     assert '"ir"' in checks[0] and len(checks) == 1 and len(runs) == 1
+
+
+@pytest.mark.parametrize(
+    "operand",
+    [
+        {"constants": 5},
+        {"constants": True},
+        {"constants": "param"},
+        {"constants": {"a": 1}},
+        {"constants": [5, None, ["x"], [1, ["param"]], [1, 2, 3], [[], ["param", ["nested"]]]]},
+        {"constants": [[1, ["param", float("nan")]]]},
+        ["constants"],
+        None,
+    ],
+)
+def test_a_hostile_read_set_is_a_changed_read_with_the_memo_as_without(operand):
+    """A read set is read from a shared root: whatever its "ir" or "p" operands hold, the
+    memoized check answers what the check answers (the reads differ), and never raises."""
+    import json
+
+    text = json.dumps(
+        {"format": read_sets.FORMAT, "rows": [[-1, "ir", operand, "x"], [-1, "p", operand, "y"]]}
+    )
+
+    def kernel():
+        pass
+
+    backend = make_backend(parse_target("cuda:90"))
+    bare = read_sets.stale([text], kernel, {}, backend)
+    seen: dict = {}
+    assert bare is not None
+    assert read_sets.stale([text], kernel, {}, backend, seen) == bare
+    assert read_sets.stale([text], kernel, {}, backend, seen) == bare  # (from the memo)
