@@ -14,22 +14,30 @@ compiles, as set now. Which variables count is found from the installed Triton, 
 (memoized in the cache under the fingerprint of its files, :func:`triton_fingerprint`): every
 knob Triton declares (``triton.knobs``: the variable behind each), every variable its Python
 files read directly (``os.getenv("X")``, ``os.environ.get("X")``, ``os.environ["X"]``), and
-those its native library declares cache-invalidating (``get_cache_invalidating_env_vars``). Of
-these, the variables that cannot change compiled code are left out (:data:`NEUTRAL`: where
-caches and dumps go, the paths of tools whose versions the backend's identity holds, what only
-the launcher or the autotuner reads); any other one counts, including one a newer Triton adds.
+those its native library declares cache-invalidating (``get_cache_invalidating_env_vars``, as
+set now). Of these, the variables that cannot change compiled code are left out, from the scan
+and the native list alike (:func:`counts`; :data:`NEUTRAL`: where caches and dumps go, what
+only times, dumps or prints, the paths of tools whose versions the backend's identity holds,
+what only the launcher or the autotuner reads; :data:`NOT_APPLIED`: what Triton's ``compile``
+does and the bridge's own stages do not, such as ``TRITON_KERNEL_OVERRIDE``, of which a process
+that sets it is warned once); any other one counts, including one a newer Triton adds.
 
 The environment's digest (:func:`environment_digest`) holds each counted variable that is set,
 with its value, and each knob set from Python (a knob group's own namespace: Triton mirrors most
-of them into the environment, not all). A tool the compile runs or a library it links
-(:data:`TOOLS`: ptxas, libdevice), named by a variable or a knob, counts by the content of its
-file, not its path or the version it reports: a wrapper script that adds an option is another
-tool, a library replaced by another of the same size and modification time another library. A hook Triton's backends call
+of them into the environment, not all) whose variable counts. A variable behind a boolean knob
+(``env_bool``) counts by how Triton reads it, the knob's parse and the native library's, and
+not at all where both give the knob's default (``AMDGCN_USE_BUFFER_OPS=1`` is the default);
+such a knob set from Python to its default counts neither. A tool the compile runs or a library
+it links or loads (:data:`TOOLS`: ptxas, libdevice, an LLVM pass plugin), named by a variable or
+a knob, counts by the content of its file, not its path or the version it reports: a wrapper
+script that adds an option is another tool, a library replaced by another of the same size and
+modification time another library. A hook Triton's backends call
 with the compile's stages (``knobs.runtime.add_stages_inspection_hook``) counts by its
 description (:func:`bridge.identity.jit.constant`: its code and what it reads); one with no
 exact description makes every key this process's own, so what it compiles is found again only
-here. Variables that only select devices (:data:`DEVICE_SELECTION`) or say what to print never
-count: a job whose launcher gives each rank its own device shares one compile of each kernel.
+here. Variables that only select devices (:data:`DEVICE_SELECTION`), or time, dump or print,
+never count: a job whose launcher gives each rank its own device, or one rank timing its
+compiles, shares one compile of each kernel.
 Invariant: variables left unset and knobs left alone add nothing, so the digest of a plain
 process is the same on every machine; setting any counted variable or knob changes every
 kernel key and every lowering key. How each variable the installed Triton reads was judged is
@@ -41,10 +49,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import sysconfig
 from typing import TYPE_CHECKING, Any
+
+from kernelcache.plugin import warn_once
 
 from ..entries.memos import memoized
 from ..vendors.targets import Target
@@ -53,6 +64,8 @@ from .static_reads import file_digest
 
 if TYPE_CHECKING:
     from kernelcache import Cache
+
+logger = logging.getLogger(__name__)
 
 #: bump when the bridge's compile pipeline changes its output for the same inputs, or when what an
 #: entry's read set records widens (an entry without the new reads would be trusted for them)
@@ -182,18 +195,32 @@ def backend_identity(cache: Cache | None, target: Target, backend: Any) -> str:
 
 
 # -- the compiler's environment ---------------------------------------------------------------
-#: variables Triton reads that cannot change the code it compiles
-NEUTRAL = frozenset(
-    {"TRITON_CACHE_DIR", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR", "TRITON_HOME",
-     "TRITON_CACHE_MANAGER", "TRITON_REMOTE_CACHE_BACKEND", "TRITON_REDIS_HOST",
-     "TRITON_REDIS_PORT", "TRITON_REDIS_KEY_FORMAT", "TRITON_KERNEL_DUMP",
-     "TRITON_DUMP_PTXAS_LOG", "NVPTX_ENABLE_DUMP", "AMDGCN_ENABLE_DUMP", "TRITON_ALWAYS_COMPILE",
-     "TRITON_STORE_BINARY_ONLY", "TRITON_CACHE_AUTOTUNING", "TRITON_PRINT_AUTOTUNING",
-     "TRITON_PROTON_DISABLE", "TRITON_ENABLE_NVTX", "TRITON_FRONT_END_DEBUGGING",
-     "TRITON_LIBCUDA_PATH", "TRITON_LIBHIP_PATH", "TRITON_CUDART_PATH", "TRITON_CUDACRT_PATH",
-     "CC", "PATH", "LD_LIBRARY_PATH", "ROCM_PATH", "HIP_PATH", "TRITON_BACKENDS_IN_TREE",
-     "TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_CUOBJDUMP_PATH",
-     "TRITON_NVDISASM_PATH", "HOME", "TMPDIR", "USER", "PYTHONPATH"}
+#: variables whose effect the bridge does not apply, with what Triton's ``compile`` would do: the
+#: bridge runs the backend's stages itself, so they change nothing it compiles (a process that
+#: sets one is warned, once)
+NOT_APPLIED = {"TRITON_KERNEL_OVERRIDE": "Triton's override files (TRITON_OVERRIDE_DIR)"}
+#: variables Triton reads that cannot change the code it compiles: where caches and dumps go,
+#: what only times, dumps or prints (the native library's timers, IR dumps, diagnostics, LLVM's
+#: debug output), how MLIR schedules its passes on threads (not what they compute), tools whose
+#: identity the backend's holds, what only the launcher or the autotuner reads
+NEUTRAL = (
+    frozenset(
+        {"TRITON_CACHE_DIR", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR", "TRITON_HOME",
+         "TRITON_CACHE_MANAGER", "TRITON_REMOTE_CACHE_BACKEND", "TRITON_REDIS_HOST",
+         "TRITON_REDIS_PORT", "TRITON_REDIS_KEY_FORMAT", "TRITON_KERNEL_DUMP",
+         "TRITON_DUMP_PTXAS_LOG", "NVPTX_ENABLE_DUMP", "AMDGCN_ENABLE_DUMP",
+         "MLIR_ENABLE_DUMP", "MLIR_DUMP_PATH", "LLVM_IR_ENABLE_DUMP", "MLIR_ENABLE_TIMING",
+         "LLVM_ENABLE_TIMING", "MLIR_ENABLE_DIAGNOSTICS", "TRITON_ENABLE_LLVM_DEBUG",
+         "TRITON_LLVM_DEBUG_ONLY", "MLIR_DISABLE_MULTITHREADING", "TRITON_ALWAYS_COMPILE",
+         "TRITON_STORE_BINARY_ONLY", "TRITON_CACHE_AUTOTUNING", "TRITON_PRINT_AUTOTUNING",
+         "TRITON_PROTON_DISABLE", "TRITON_ENABLE_NVTX", "TRITON_FRONT_END_DEBUGGING",
+         "TRITON_LIBCUDA_PATH", "TRITON_LIBHIP_PATH", "TRITON_CUDART_PATH",
+         "TRITON_CUDACRT_PATH", "CC", "PATH", "LD_LIBRARY_PATH", "ROCM_PATH", "HIP_PATH",
+         "TRITON_BACKENDS_IN_TREE", "TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH",
+         "TRITON_CUOBJDUMP_PATH", "TRITON_NVDISASM_PATH", "HOME", "TMPDIR", "USER",
+         "PYTHONPATH"}
+    )
+    | NOT_APPLIED.keys()
 )  # fmt: skip
 #: variables that select which devices a process sees (the target is given or detected, never
 #: taken from them): never part of a key, whichever Triton reads them
@@ -208,16 +235,30 @@ NOT_COMPILER = frozenset(
     {"_test_runner.py", "_internal_testing.py", "testing.py", "_compile_warmup.py",
      "_compile_warmup_pool.py", "profiler", "tools", "__pycache__"}
 )  # fmt: skip
-#: variables naming a tool the compile runs or a library it links: they count by the content
-#: of the file they name
-TOOLS = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_LIBDEVICE_PATH")
+#: variables naming a tool the compile runs or a library it links or loads (an LLVM pass
+#: plugin): they count by the content of the file they name
+TOOLS = (
+    "TRITON_PTXAS_PATH",
+    "TRITON_PTXAS_BLACKWELL_PATH",
+    "TRITON_LIBDEVICE_PATH",
+    "LLVM_PASS_PLUGIN_PATH",
+)
 #: knob groups whose knobs cannot change compiled code
 NEUTRAL_GROUPS = frozenset({"cache", "redis", "autotuning", "proton", "build"})
 #: the version of how the environment's variables are found (in the memo's fingerprint)
-_ENVIRONMENT_VERSION = 2
+_ENVIRONMENT_VERSION = 3
 _DIRECT = re.compile(
     r"""(?:getenv(?:_bool)?\(|environ\.get\(|environ\[)\s*["']([A-Za-z_][A-Za-z0-9_]*)["']"""
 )
+#: what Triton's native library reads as true in a boolean variable (lowercased; any other
+#: value is false)
+_NATIVE_TRUE = frozenset({"on", "true", "1"})
+
+
+def counts(name: str) -> bool:
+    """Whether the variable ``name`` can change what the bridge compiles: not one of
+    :data:`NEUTRAL` (which holds :data:`NOT_APPLIED`) or :data:`DEVICE_SELECTION`."""
+    return name not in NEUTRAL and name not in DEVICE_SELECTION
 
 
 @functools.lru_cache(maxsize=1)
@@ -276,7 +317,7 @@ def _scan() -> str:
                         names.update(_DIRECT.findall(f.read()))
                 except (OSError, UnicodeDecodeError):
                     continue
-    return json.dumps(sorted(names - NEUTRAL - DEVICE_SELECTION))
+    return json.dumps(sorted(n for n in names if counts(n)))
 
 
 _known: dict[str, tuple[str, ...]] = {}
@@ -350,15 +391,87 @@ def _native() -> Any:
     return get_cache_invalidating_env_vars
 
 
-def environment_settings(cache: Cache | None) -> list[Any]:
-    """What counts, as set now: ``[[variable, value], ...]`` then ``[[group, knob, value],
-    ...]`` for knobs set from Python."""
+@functools.lru_cache(maxsize=1)
+def _boolean_knobs() -> dict[str, tuple[Any, str, Any]]:
+    """The variables behind Triton's boolean knobs (``env_bool``, with a default), each with
+    its knob: ``(the group, the knob's name, its descriptor)``."""
+    from triton import knobs
+
+    kind = getattr(knobs, "env_bool", None)
+    found: dict[str, tuple[Any, str, Any]] = {}
+    for _, group in _groups() if kind is not None else ():
+        for name, knob in _descriptors(type(group)).items():
+            if type(knob) is kind and isinstance(getattr(knob, "default", None), bool):
+                found[str(knob.key)] = (group, name, knob)
+    return found
+
+
+def _boolean(knob: Any, text: str) -> Any:
+    """The variable behind the boolean knob ``knob``, set to ``text``, as Triton reads it:
+    the knob's value (its Python reading) and the native library's reading (:data:`_NATIVE_TRUE`).
+    None where both give the knob's default: set so, the variable changes nothing."""
+    python = bool(knob.get())
+    native = text.isascii() and text.lower() in _NATIVE_TRUE
+    if python == knob.default and native == knob.default:
+        return None
+    return ["bool", python, native]
+
+
+def _variables(cache: Cache | None) -> dict[str, Any]:
+    """The variables that count, as set now, by name: their values (a boolean knob's as
+    :func:`_boolean` reads it, a tool by its file's content)."""
     environ = os.environ
     found: dict[str, Any] = {n: environ[n] for n in environment_variables(cache) if n in environ}
-    found.update(_native()())
+    found.update((n, v) for n, v in _native()().items() if counts(n))
+    booleans = _boolean_knobs()
+    for name in [n for n in found if n in booleans]:
+        value = _boolean(booleans[name][2], environ.get(name, str(found[name])))
+        if value is None:
+            del found[name]
+        else:
+            found[name] = value
     for name in TOOLS:
         if environ.get(name):
             found[name] = ["tool", tool_digest(environ[name])]
+    return found
+
+
+def _knob_counts(knob: Any, value: Any) -> bool:
+    """Whether the knob ``knob``, set from Python to ``value``, can change what the bridge
+    compiles: its variable counts (or names a tool), and a boolean knob is not set to its
+    default."""
+    variable = getattr(knob, "key", None)
+    if isinstance(variable, str) and not counts(variable) and variable not in TOOLS:
+        return False
+    default = getattr(knob, "default", None)
+    return not (isinstance(value, bool) and isinstance(default, bool) and value == default)
+
+
+def _warn_not_applied() -> None:
+    """Warn, once per process, that a variable of :data:`NOT_APPLIED` asks for what the bridge
+    does not do (a boolean knob's variable where Triton reads it as true, another where set)."""
+    booleans = _boolean_knobs()
+    for variable, what in NOT_APPLIED.items():
+        knob = booleans.get(variable)
+        if not (getattr(knob[0], knob[1], False) if knob else os.environ.get(variable)):
+            continue
+        warn_once(
+            logger,
+            ("not applied", variable),
+            "%s is set, but the bridge compiles kernels through its own stages and does not "
+            "apply %s: the kernels are compiled from their code as if it were unset (unset "
+            "it, or compile with triton directly)",
+            variable,
+            what,
+        )
+
+
+def environment_settings(cache: Cache | None) -> list[Any]:
+    """What counts, as set now: ``[[variable, value], ...]`` then ``[[group, knob, value],
+    ...]`` for knobs set from Python. Warns where a variable the bridge does not apply is set
+    (:data:`NOT_APPLIED`)."""
+    _warn_not_applied()
+    found = _variables(cache)
     knobs = []
     for group, values in _groups():
         own = vars(values)
@@ -366,6 +479,8 @@ def environment_settings(cache: Cache | None) -> list[Any]:
             described = _descriptors(type(values))
             for name in sorted(_knob_names(type(values)) & own.keys()):
                 value = own[name]
+                if not _knob_counts(described[name], value):
+                    continue
                 file = getattr(described[name], "key", None) in TOOLS and isinstance(value, str)
                 knobs.append([group, name, ["tool", tool_digest(value)] if file else _shown(value)])
     hook = _stages_hook()
