@@ -60,6 +60,7 @@ from kernelcache.plugin import warn_once
 from ..entries.memos import memoized
 from ..vendors.targets import Target
 from ..vendors.vendor import file_row
+from .plain_values import plain_text
 from .static_reads import file_digest
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ logger = logging.getLogger(__name__)
 
 #: bump when the bridge's compile pipeline changes its output for the same inputs, or when what an
 #: entry's read set records widens (an entry without the new reads would be trusted for them)
-PIPELINE_VERSION = "bridge-pipeline-7"
+PIPELINE_VERSION = "bridge-pipeline-8"
 #: the version of what Triton's identity covers (in its fingerprint and digest)
 _TRITON_VERSION = 1
 
@@ -237,12 +238,8 @@ NOT_COMPILER = frozenset(
 )  # fmt: skip
 #: variables naming a tool the compile runs or a library it links or loads (an LLVM pass
 #: plugin): they count by the content of the file they name
-TOOLS = (
-    "TRITON_PTXAS_PATH",
-    "TRITON_PTXAS_BLACKWELL_PATH",
-    "TRITON_LIBDEVICE_PATH",
-    "LLVM_PASS_PLUGIN_PATH",
-)
+TOOLS = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_LIBDEVICE_PATH",
+         "LLVM_PASS_PLUGIN_PATH")  # fmt: skip
 #: knob groups whose knobs cannot change compiled code
 NEUTRAL_GROUPS = frozenset({"cache", "redis", "autotuning", "proton", "build"})
 #: the version of how the environment's variables are found (in the memo's fingerprint)
@@ -349,7 +346,7 @@ def _shown(value: Any) -> Any:
     """A knob's value as plain data (a tool by its version and the content of its file: its
     path is the machine's)."""
     if value is None or isinstance(value, (bool, int, float, str)):
-        return repr(value)
+        return plain_text(value)
     version = getattr(value, "version", None)
     if version is not None:
         return ["tool", str(version), tool_digest(str(getattr(value, "path", "")))]

@@ -5,7 +5,9 @@ that the frontend could compile differently. It is built from what values *are*,
 their name, ``repr`` or address:
 
 - exact ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``bool`` and None by type and
-  ``repr``; tuples, lists, dicts and sets item by item;
+  ``repr``, floats and complex numbers by their bits (:func:`~.plain_values.plain_text`:
+  every NaN's ``repr`` is ``nan``, whatever its sign); tuples, lists, dicts and sets item by
+  item;
 - code by content: a JIT function by its source, first line, decorator settings and the value
   of every name its source spells outside string literals and comments (a superset of what its
   syntax reads, found without parsing; the syntax is parsed only where a value has no
@@ -54,6 +56,7 @@ from typing import Any
 
 from ..exceptions import Undescribable
 from . import static_reads
+from .plain_values import PLAIN_TYPES, plain_text
 from .static_reads import LOOKUPS, MISSING, UNKNOWN, resolved, scope, spelled, syntax
 from .watch import (
     BYTES,
@@ -112,8 +115,8 @@ class Describer:
 
     def value(self, value: Any) -> Any:
         kind = type(value)
-        if kind in static_reads.PLAIN_TYPES:
-            return [kind.__name__, repr(value)]
+        if kind in PLAIN_TYPES:
+            return [kind.__name__, plain_text(value)]
         self.count += 1
         if self.count > MAX_VALUES:
             raise Undescribable(f"more than {MAX_VALUES} values to describe")

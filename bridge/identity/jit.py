@@ -25,7 +25,8 @@ from typing import Any
 
 from ..exceptions import Undescribable
 from .describe import describe
-from .static_reads import PLAIN_TYPES, is_jit
+from .plain_values import PLAIN_TYPES, plain_text
+from .static_reads import is_jit
 from .watch import Read, mark, unchanged
 
 __all__ = ["Undescribable", "constant", "identity", "is_jit"]
@@ -74,17 +75,18 @@ _constants: dict[int, tuple[Callable[[], Any], Any, tuple[Read, ...]]] = {}
 
 def constant(value: Any) -> Any:
     """``value``, a constexpr, as plain data whose ``repr`` tells it from every value the
-    frontend could compile differently (see :mod:`.describe`). Memoized per object for the
-    process while nothing its description read changed, as :func:`identity` is.
+    frontend could compile differently (see :mod:`.describe`; a float by its bits, so that a
+    NaN's sign counts). Memoized per object for the process while nothing its description read
+    changed, as :func:`identity` is.
 
     Raises:
         Undescribable: ``value`` has no such description (the message says what and why).
     """
     kind = type(value)
     if kind in PLAIN_TYPES:
-        return [kind.__name__, repr(value)]
+        return [kind.__name__, plain_text(value)]
     if kind is tuple and all(type(v) in PLAIN_TYPES for v in value):
-        return ["tuple", [[type(v).__name__, repr(v)] for v in value]]
+        return ["tuple", [[type(v).__name__, plain_text(v)] for v in value]]
     known = _constants.get(id(value))
     if known is not None and known[0]() is value and unchanged(known[2]):
         return known[1]

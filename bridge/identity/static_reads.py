@@ -44,9 +44,8 @@ import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-#: values described by type and ``repr`` (exact types only: a subclass may behave otherwise)
-PLAIN = (int, float, str, bytes, bool, type(None), complex)
-PLAIN_TYPES = frozenset(PLAIN)
+from .plain_values import PLAIN, plain_text
+
 #: standard library modules whose functions depend only on their arguments
 PURE_STDLIB = frozenset(
     {"math", "cmath", "operator", "functools", "itertools", "enum", "dataclasses", "typing",
@@ -108,10 +107,8 @@ def code_facts(code: types.CodeType) -> tuple[str, frozenset[str], bool]:
             consts.append(digest)
             names |= inner
             imports = imports or inner_imports
-        elif isinstance(c, frozenset):  # (its iteration order varies between processes)
-            consts.append(sorted(repr(x) for x in c))
         else:
-            consts.append(repr(c))
+            consts.append(plain_text(c))
     doc = [
         code.co_code.hex(),
         consts,
@@ -489,7 +486,7 @@ def named(value: Any) -> str | None:
 
 def plain_value(value: Any) -> Any:
     if isinstance(value, PLAIN):
-        return repr(value)
+        return plain_text(value)
     if isinstance(value, (tuple, list, set, frozenset)):
-        return sorted(repr(v) for v in value)
+        return sorted(plain_text(v) for v in value)
     return name_of(value)

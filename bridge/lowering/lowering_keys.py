@@ -4,12 +4,13 @@ From everything that decides the opaque: the kernel (its code as :mod:`bridge.id
 identifies it without parsing it: a superset of what Triton's ``cache_key`` covers, its source
 and the jitted functions and constants it uses, plus its decorator's settings; and its autotune
 and heuristics layers), the call's arguments (arrays by shape, dtype and buffer; scalars and
-constexprs by value; JIT functions passed as arguments by their identity), keywords and options,
-every variant as the kernel's layers make it (heuristics, pruning and pre_hooks applied) with its
-grid and zeroed outputs, the buffer layout, the target, the embedding, the local device, and the
-software (:func:`context`): the bridge, Triton (the identity of its files), the backend (what its
-vendor says its identity reads: ptxas on CUDA), the compiler's environment (every variable and
-knob that changes code: :mod:`bridge.identity.compiler_identity`), jaxlib. The process-wide
+constexprs by value, floats by their bits; JIT functions passed as arguments by their identity),
+keywords and options, every variant as the kernel's layers make it (heuristics, pruning and
+pre_hooks applied) with its grid and zeroed outputs, the buffer layout, the target, the
+embedding, the local device, and the software (:func:`context`): the bridge, Triton (the
+identity of its files), the backend (what its vendor says its identity reads: ptxas on CUDA),
+the compiler's environment (every variable and knob that changes code:
+:mod:`bridge.identity.compiler_identity`), jaxlib. The process-wide
 ingredients of every kernel key (pipeline, Triton, its files, the backend, the environment)
 are in the context through the same functions, and the kernel's own (its code, signature,
 constexprs, options) follow from the call's description: a lowering key changes whenever a key
@@ -44,6 +45,7 @@ from ..embed import ptxisa
 from ..entries.lowerings import FORMAT
 from ..exceptions import Unkeyable
 from ..identity import compiler_identity, jit
+from ..identity.plain_values import plain_text
 from ..vendors import backends
 
 if TYPE_CHECKING:
@@ -92,8 +94,8 @@ def _canon_other(value: Any, buffers: Mapping[int, int]) -> Any:
         return str(value)
     if isinstance(value, int):  # bool cannot be subclassed: it was told by identity
         return ["int", str(value)]
-    if isinstance(value, float):
-        return ["float", repr(value)]
+    if isinstance(value, float):  # (by its bits: every NaN's repr is "nan", whatever its sign)
+        return ["float", plain_text(float.__float__(value))]
     if isinstance(value, (tuple, list)):
         return ["tuple", [_canon(v, buffers) for v in value]]
     if isinstance(value, Mapping):
