@@ -60,8 +60,8 @@ from kernelcache.plugin import warn_once
 from ..entries.memos import memoized
 from ..vendors.targets import Target
 from ..vendors.vendor import file_row
+from .file_digests import file_digest
 from .plain_values import plain_text
-from .static_reads import file_digest
 
 if TYPE_CHECKING:
     from kernelcache import Cache

@@ -25,7 +25,7 @@ their name, ``repr`` or address:
   by the kernel and by its helper is described with both helpers' names;
 - code of Triton and of the pure standard library by name (Triton's files are in every key, the
   interpreter's version is in every description), code of installed distributions by name and
-  by the digest of its file.
+  by the digest of its own file (a module with none to read, as from a zip, makes it open).
 
 What the describer cannot prove complete raises :class:`~bridge.exceptions.Undescribable` naming the
 value and why; the kernel is then *open* (keyed by the IR Triton's frontend produces:
@@ -55,7 +55,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..exceptions import Undescribable
-from . import static_reads
+from . import file_digests, static_reads
 from .plain_values import PLAIN_TYPES, plain_text
 from .static_reads import LOOKUPS, MISSING, UNKNOWN, resolved, scope, spelled, syntax
 from .watch import (
@@ -299,7 +299,7 @@ class Describer:
                 f"it reaches {name}, {what} of a module whose values are the state of the process"
             )
         if where == "installed":
-            return [what, name, static_reads.installed_digest(module)]  # type: ignore[arg-type]
+            return [what, name, file_digests.installed_digest(module)]  # type: ignore[arg-type]
         return [what, name]
 
     def builtin(self, value: Any) -> Any:

@@ -46,8 +46,8 @@ from .compiler_identity import (
     environment_digest,
     triton_identity,
 )
+from .file_digests import file_digest
 from .jit import constant, identity
-from .static_reads import file_digest
 
 if TYPE_CHECKING:
     from kernelcache import Cache

@@ -24,7 +24,10 @@ Where code comes from decides how it is described (:func:`origin`):
 - ``impure``: the rest of the standard library (``os``, ``sys``, ``random``, ``time``, ...): code
   that reads the process's state. Reaching it makes a kernel open.
 - ``installed``: a module of a distribution installed in a ``site-packages`` directory: its
-  code is described by name and by the digest of the file that defines it.
+  code is described by name and by the digest of the file that defines it, the module's own
+  (:func:`.file_digests.installed_digest`). Code of a module with no such file to read
+  (imported from a zip archive, or with no file of its own: a namespace package, a module made
+  at run time) is never trusted: reaching it makes a kernel open.
 - ``user``: everything else (the application's own modules, editable installs): described by
   content.
 """
@@ -396,30 +399,6 @@ def module_file(module: str) -> str | None:
     if path is None and "." in module:
         return module_file(module.rsplit(".", 1)[0])
     return path if isinstance(path, str) else None
-
-
-@functools.lru_cache(maxsize=1024)
-def file_digest(path: str, size: int, mtime_ns: int) -> str:
-    """sha256 of a file's content, memoized per process by its identity (path, size and
-    modification time)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def installed_digest(module: str) -> str | None:
-    """The digest of the file that defines the installed module ``module``; None where it
-    cannot be read."""
-    path = module_file(module)
-    if path is None:
-        return None
-    try:
-        st = os.stat(path)
-        return file_digest(path, st.st_size, st.st_mtime_ns)
-    except OSError:
-        return None
 
 
 def relative_dir(directory: str) -> str:

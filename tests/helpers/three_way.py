@@ -4,7 +4,8 @@ what a compile gives, so process 2 must embed exactly what process 3 compiled (a
 to be one, process 1 something else).
 
 A case is the files of version A and those version B replaces (``site/`` names a file of the
-installed tree, the user site of each child: ``PYTHONUSERBASE``), the kernel's module, the
+installed tree, the user site of each child: ``PYTHONUSERBASE``; text, or bytes written as
+they are), the kernel's module, the
 call's keywords (Python text evaluated in that module), version B's variables and the Python it
 runs before lowering. Cases with the same variables share child processes."""
 
@@ -14,7 +15,7 @@ import json
 import os
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,8 @@ class Case:
     and modification time of version A's (an edit that a file's identity cannot tell);
     ``shared_env``: the variables of both versions."""
 
-    a: dict[str, str]
-    b: dict[str, str]
+    a: dict[str, str | bytes]
+    b: dict[str, str | bytes]
     module: str
     params: str = ""
     env: dict[str, str] = field(default_factory=dict)
@@ -67,7 +68,7 @@ print(json.dumps(out))
 """
 
 
-def write(base: Path, files: dict[str, str], same_stat: bool = False) -> None:
+def write(base: Path, files: Mapping[str, str | bytes], same_stat: bool = False) -> None:
     """Write ``files`` under ``base`` (``site/...`` into the user site, a module name into
     ``src``); ``same_stat``: each replaced file keeps its size and modification time."""
     for name, text in files.items():
@@ -78,7 +79,7 @@ def write(base: Path, files: dict[str, str], same_stat: bool = False) -> None:
         else:
             path = base / "src" / f"{name}.py"
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = textwrap.dedent(text).encode()
+        data = text if isinstance(text, bytes) else textwrap.dedent(text).encode()
         before = os.stat(path) if same_stat else None
         path.write_bytes(data)
         if before is not None:
