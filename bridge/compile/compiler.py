@@ -40,7 +40,7 @@ from typing import Any
 from kernelcache.plugin import artifact_problem, elf_problem, ptx_problem
 
 from ..exceptions import IncompleteOutput, KernelArgumentError
-from ..identity import frontend, read_sets, witness
+from ..identity import frontend, frontend_hooks, read_sets, witness
 from ..identity.static_reads import relative_dir
 from ..vendors.targets import Target
 from ..vendors.vendor import Vendor, by_binary_ext
@@ -232,9 +232,11 @@ def _stages(src: Any, target: Target, backend: Any, options: Any) -> Compiled:
         **env_vars,
         "triton_version": triton.__version__,
     }
+    frontend_hooks.install()
     with witness.recording(src.fn, read_sets.params(src)) as recorder:
         with witness.reading_environment(recorder):
-            module = frontend.module(src, target, backend, options)
+            with recorder.watching():  # (program code the frontend runs unwitnessed counts)
+                module = frontend.module(src, target, backend, options)
             ir = frontend.digest(frontend.text(module))
             recorder.ran(frontend.specialization(src, options), ir)
             return _backend_stages(src, target, backend, options, metadata, module, ir, recorder)

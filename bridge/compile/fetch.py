@@ -25,10 +25,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kernelcache.plugin import warn_once
+
 from ..entries import failures, kernels, kinds
 from ..entries.kernels import PTX, kernel_kind
 from ..exceptions import LeftOut
-from ..identity import read_sets
+from ..identity import frontend, read_sets
 from ..identity.specialize import Specialization, Usable, components
 from . import compiler_process, hit_audit
 from .compiler import Compiled, binary_problem, compile_source
@@ -208,6 +210,8 @@ def fetch_each(
                 )
                 now = None if kernel.built or request.check is None else request.check(kernel.meta)
                 if now is not None:
+                    if isinstance(now, read_sets.Refusal):
+                        refused(cache, art, now)
                     stale.append((index, _chained(request, now)))
                     continue
                 if not kernel.built and request.audit is not None and request.audit(art.meta):
@@ -234,11 +238,34 @@ def _chained(request: Request, now: str) -> Request:
 def stale(spec: Specialization, meta: Mapping[str, Any]) -> str | None:
     """Whether the kernel of ``spec`` whose metadata is ``meta`` was compiled from what the
     frontend would read now: None where it was (or ``spec`` is keyed by its IR, which
-    decides), else what the reads find now."""
+    decides), else what the reads find now (a :class:`~bridge.identity.read_sets.Refusal`
+    where its code does not admit them)."""
     text = meta.get("reads")
     if spec.ir is not None or not isinstance(text, str):
         return None
-    return read_sets.stale([text], spec.source.fn, read_sets.params(spec.source), spec.backend)
+    return read_sets.stale(
+        [text],
+        spec.source.fn,
+        read_sets.params(spec.source),
+        spec.backend,
+        expected=lambda: [frontend.specialization(spec.source, spec.bound.options)],
+    )
+
+
+def refused(cache: Cache, art: Artifact, refusal: read_sets.Refusal) -> None:
+    """Set aside ``art``, a cached kernel whose read set its kernel's code does not admit (no
+    compile of this code wrote it): said once, quarantined where the cache can."""
+    warn_once(
+        logger,
+        ("refused", art.key),
+        "kernelcache: the cached kernel %s holds a read set its code does not admit (%s); no "
+        "compile of this code wrote it, so it is set aside and the kernel compiled again",
+        art.key,
+        refusal.reason,
+    )
+    kernel_kind(art.ext).quarantine(
+        cache, art, f"a read set its code does not admit: {refusal.reason}"[:300]
+    )
 
 
 class _OtherIR(Exception):

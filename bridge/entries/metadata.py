@@ -22,6 +22,7 @@ from typing import Any
 from kernelcache.plugin import FieldCheck, integer, register_fields, text
 
 from ..vendors.vendor import parse_name
+from .read_set_form import problem
 
 
 def _target(value: Any) -> str | None:
@@ -30,6 +31,16 @@ def _target(value: Any) -> str | None:
     except (ValueError, AttributeError, TypeError):
         return f"must be a target name such as cuda:90 or hip:gfx942, not {value!r:.40}"
     return None
+
+
+def _reads(value: Any) -> str | None:
+    """A read set's text, whole (:func:`.read_set_form.problem`: what a lookup checks
+    before it makes any read, checked here at every door)."""
+    bad = text(49 << 10)(value)
+    if bad:
+        return bad
+    why = problem(value)
+    return None if why is None else f"must be a read set: it {why}"[:200]
 
 
 def _components(value: Any) -> str | None:
@@ -49,7 +60,7 @@ FIELDS: dict[str, FieldCheck] = {
     "language": text(64),
     "num_stages": integer(0, 1024),
     "components": _components,
-    "reads": text(49 << 10),
+    "reads": _reads,
 }
 #: what a kernel is used on (the reads of its frontend, checked before it is launched): the
 #: entry digest covers it

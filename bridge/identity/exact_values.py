@@ -13,9 +13,12 @@ exact description. None where a value has no exact description.
 
 from __future__ import annotations
 
+import abc
+import enum
 import functools
 import hashlib
 import inspect
+import json
 import struct
 import sys
 import types
@@ -23,6 +26,7 @@ from typing import Any
 
 from ..exceptions import Undescribable
 from . import static_reads
+from .guard import program_module
 from .watch import mark
 
 #: what a lookup that found nothing finds
@@ -139,32 +143,42 @@ def unwrap(value: Any) -> Any:
 
 def triton_home(value: Any) -> list[str] | None:
     """``["triton", module, qualname]`` where ``value`` is Triton's own: found under that
-    name, in a module of Triton's files, and (a function) defined in them; else None."""
-    module = getattr(value, "__module__", None) if not isinstance(value, types.ModuleType) else None
-    if isinstance(value, types.ModuleType):
+    name, in a module of Triton's files, and (a function) defined in them; else None. Reads
+    nothing but namespaces (no code of ``value`` runs)."""
+    if type(value) is types.ModuleType:
         name = value.__name__
         found = sys.modules.get(name)
         where = getattr(found, "__file__", None) or ""
         if found is value and name.split(".")[0] == "triton" and where.startswith(_triton_dir()):
             return ["triton", name, ""]
         return None
-    qualname = getattr(value, "__qualname__", None)
-    if not isinstance(module, str) or not isinstance(qualname, str):
-        return None
-    if module.split(".")[0] != "triton":
+    module, qualname = _named(value, "__module__"), _named(value, "__qualname__")
+    if module is None or qualname is None or module.split(".")[0] != "triton":
         return None
     home = sys.modules.get(module)
     if not (getattr(home, "__file__", None) or "").startswith(_triton_dir()):
         return None
     at: Any = home
     for part in qualname.split("."):
-        at = getattr(at, part, ABSENT)
+        at = _named(at, part, object)
     if at is not value:
         return None
-    code = getattr(value, "__code__", None)
+    code = _named(value, "__code__", types.CodeType)
     if code is not None and not code.co_filename.startswith(_triton_dir()):
         return None
     return ["triton", module, qualname]
+
+
+def _named(value: Any, name: str, kind: type = str) -> Any:
+    """The attribute ``name`` of ``value`` where Python's lookup gives it without running code
+    and it is a ``kind``; else None."""
+    from .namespaces import RUNS_CODE, attribute
+
+    try:
+        found = attribute(value, name)
+    except AttributeError:
+        return None
+    return found if found is not RUNS_CODE and isinstance(found, kind) else None
 
 
 def triton_code(fn: Any) -> bool:
@@ -172,6 +186,13 @@ def triton_code(fn: Any) -> bool:
     files (a builtin of Triton's own, not one a program made with Triton's decorator)."""
     code = getattr(inspect.unwrap(fn), "__code__", None)
     return isinstance(code, types.CodeType) and code.co_filename.startswith(_triton_dir())
+
+
+@functools.lru_cache(maxsize=4096)
+def code_digest(code: types.CodeType) -> str:
+    """The digest of what ``code`` runs (:func:`_code`), memoized per code object."""
+    text = json.dumps(_code(code), separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _code(code: types.CodeType) -> list[Any]:
@@ -194,30 +215,32 @@ def _const(value: Any) -> Any:
 
 def describe(value: Any, depth: int = 0) -> Any:
     """What a non-plain ``value`` is, by content (see the module docstring), and None where
-    it has no exact description."""
+    it has no exact description. Reads nothing but namespaces and fields: no code of
+    ``value`` runs (an object's own description, :func:`bridge.identity.jit.constant`, says
+    the same of itself)."""
     from .jit import constant
 
     if depth > MAX_DEPTH:
         return None
-
     tl = language()
     jit_callable, constexpr_function, _ = static_reads.jit_classes()
-    if isinstance(value, tl.constexpr):
+    kind = type(value)
+    if issubclass(kind, tl.constexpr):
         return _whole(["k", _part(value.value, depth)])
-    if isinstance(value, (tuple, list)):
-        return _whole([type(value).__name__, [_part(v, depth) for v in value]])
+    if kind is tuple or kind is list:
+        return _whole([kind.__name__, [_part(v, depth) for v in value]])
     home = triton_home(value)
     if home is not None:
         return home
-    if isinstance(value, types.ModuleType):
+    if kind is types.ModuleType:
         return ["module"]
-    if isinstance(value, jit_callable):
-        if constexpr_function is not None and isinstance(value, constexpr_function):
-            return ["cfn", _code(value.fn.__code__)]
+    if issubclass(kind, jit_callable):
+        if constexpr_function is not None and issubclass(kind, constexpr_function):
+            return ["cfn", code_digest(value.fn.__code__)]
         src = repr(mark(value))
         file, line = _first_line(value)
         return ["jit", hashlib.sha256(src.encode()).hexdigest(), file, line]
-    if isinstance(value, types.FunctionType):
+    if kind is types.FunctionType:
         # (its code, and what it closes over and defaults to: a wrapper's code is the same
         # for every function it wraps)
         cells = []
@@ -228,13 +251,132 @@ def describe(value: Any, depth: int = 0) -> Any:
                 held = ABSENT
             cells.append(_part(held, depth))
         defaults = [_part(v, depth) for v in value.__defaults__ or ()]
-        return _whole(["fn", _code(value.__code__), cells, defaults])
-    if isinstance(value, (type, types.MethodType, types.BuiltinFunctionType)):
-        return ["code", type(value).__name__]
+        return _whole(["fn", code_digest(value.__code__), cells, defaults])
+    if issubclass(kind, type):
+        return klass(value, depth)
+    if kind is types.MethodType:
+        return _whole(["method", _part(value.__func__, depth), _part(value.__self__, depth)])
+    if kind in (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType):
+        return _builtin(value, depth)
+    if issubclass(kind, enum.Enum):
+        fields = _fields(value)
+        return _whole(["member", klass(kind, depth + 1), _part(fields.get("_name_"), depth)])
     try:
         return ["obj", constant(value)]
     except (Undescribable, ValueError, RecursionError):
         return None
+
+
+def _builtin(value: Any, depth: int) -> Any:
+    """A callable written in C: by the name that finds it, or (a method bound to an object)
+    by its name and the object."""
+    named = static_reads.named(value)
+    owner = getattr(value, "__self__", None)
+    if named is not None and (owner is None or type(owner) is types.ModuleType):
+        return ["builtin", named]
+    if owner is not None and type(owner) is not types.ModuleType:
+        return _whole(["bound", _named(value, "__name__"), _part(owner, depth)])
+    return None
+
+
+def _fields(value: Any) -> dict[str, Any]:
+    """The instance dictionary of ``value``, read without running its code ({} where none)."""
+    from .namespaces import in_mro
+
+    slot = in_mro(type(value), "__dict__")
+    own = slot.__get__(value) if type(slot) is types.GetSetDescriptorType else None
+    return own if type(own) is dict else {}
+
+
+_TYPE_DICT = type.__dict__["__dict__"]
+_TYPE_BASES = type.__dict__["__bases__"]
+
+
+def klass(cls: type, depth: int = 0) -> Any:
+    """A class by content: Triton's and Python's own by where they are defined (only where that
+    very class is found there), any other by its name, bases, metaclass, namespace (an Enum's
+    members by name and value, each member of the namespace described) and, an ABC, the
+    classes registered with it; None where a part has no exact description."""
+    home = triton_home(cls)
+    if home is not None:
+        return home
+    module, qualname = _named(cls, "__module__"), _named(cls, "__qualname__")
+    if module is not None and qualname is not None and not program_module(module):
+        found: Any = sys.modules.get(module)
+        for part in qualname.split("."):
+            found = None if found is None else _namespace(found).get(part)
+        return ["python", module, qualname] if found is cls else None
+    if depth > MAX_DEPTH:
+        return None
+    space = _TYPE_DICT.__get__(cls)
+    members = []
+    for name in sorted(space):
+        if name in static_reads.CLASS_NOISE or name in _ENUM_NOISE:
+            continue
+        members.append([name, _member(space[name], cls, depth)])
+    meta = type(cls)
+    return _whole(
+        [
+            "class",
+            module,
+            qualname,
+            [klass(b, depth + 1) for b in _TYPE_BASES.__get__(cls)],
+            klass(meta, depth + 1),
+            members,
+            _registered(cls),
+        ]
+    )
+
+
+def _namespace(value: Any) -> Any:
+    if type(value) is types.ModuleType:
+        return vars(value)
+    if issubclass(type(value), type):
+        return _TYPE_DICT.__get__(value)
+    return {}
+
+
+#: what an Enum's namespace holds besides its members and methods (made from them)
+_ENUM_NOISE = frozenset(
+    {"_member_map_", "_value2member_map_", "_member_names_", "_unhashable_values_",
+     "_member_type_", "_new_member_", "_use_args_", "_value_repr_", "_sort_order_",
+     "_generate_next_value_", "_missing_", "_ignore_", "_order_"}
+)  # fmt: skip
+
+
+def _member(value: Any, cls: type, depth: int) -> Any:
+    """A member of ``cls``'s namespace: plain values exactly, an Enum member of ``cls`` by its
+    value, methods and other members described."""
+    plain = exact(value)
+    if plain is not None:
+        return plain
+    kind = type(value)
+    if kind is cls and issubclass(kind, enum.Enum):
+        return _whole(["value", exact(_fields(value).get("_value_"))])
+    if kind in (staticmethod, classmethod):
+        return _whole([kind.__name__, _part(value.__func__, depth)])
+    if kind is property:
+        return _whole(["property", [_part(f, depth) for f in (value.fget, value.fset, value.fdel)]])
+    return _part(value, depth)
+
+
+def _registered(cls: type) -> Any:
+    """The classes registered with the ABC ``cls`` (by name), [] for any other class, None
+    where they cannot be read."""
+    if not issubclass(type(cls), abc.ABCMeta):
+        return []
+    try:
+        import _abc  # type: ignore[import-not-found]  # (CPython's: the registry of an ABC)
+
+        registry = _abc._get_dump(cls)[0]
+    except (ImportError, AttributeError, TypeError):
+        return None
+    names = []
+    for ref in registry:
+        held = ref()
+        if held is not None:
+            names.append(f"{_named(held, '__module__')}:{_named(held, '__qualname__')}")
+    return sorted(names)
 
 
 def _part(value: Any, depth: int) -> Any:

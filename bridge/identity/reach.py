@@ -16,7 +16,8 @@ from typing import Any
 
 from . import static_reads
 from .exact_values import triton_home
-from .read_sets import attribute, defaults, follow, python_function, scope_value
+from .namespaces import python_function
+from .read_sets import attribute, defaults, follow, scope_value
 
 #: how deep :func:`reachable` follows the functions a function names
 MAX_REACH = 4

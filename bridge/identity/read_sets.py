@@ -14,23 +14,24 @@ reads. ``parent`` is the row whose object the read was made on (``-1``: the kern
 - ``"c"``: a call of the object with ``operand = [args, kwargs]`` (a ``constexpr_function``, a
   function or class of the program's own), its result unwrapped from ``constexpr``;
 - ``"b"``: a call of a Python built-in the code generator offers (``len``, ``isinstance``,
-  ``getattr``, ...) named ``operand[0]``, with ``operand[1:]`` as for ``"c"``;
-- ``"o"``: an operator of Triton's ``constexpr`` (:data:`OPERATORS`: ``S * 1.0``, ``-S``, its
-  ``repr``...) named ``operand[0]``, on the arguments ``operand[1]`` (the first the value the
-  ``constexpr`` holds): the code of an object's own operators, run at compile time;
+  ``getattr``, ...) named ``operand[0]``, with the arguments ``operand[1]``, made again without
+  running code of the program (:func:`~.static_access.builtin`);
 
 - ``"f"``: the source file of a JIT function as the binary's debug information names it
   (:func:`source_file`: relative to the import root, which the import path decides);
 - ``"d"``: the defaults and keyword defaults of a function (what a call that cannot be made
   again takes where an argument is left out: :func:`~.reach.reachable`);
-- ``"e"``: the environment variable ``operand``, read while the kernel compiled (those that
-  only select devices or say where files go, :mod:`.compiler_identity`, are not kept);
+- ``"e"``: the environment variable ``operand``, read while the kernel compiled (those every
+  key holds already, and those that only select devices or say where files go,
+  :mod:`.compiler_identity`, are not kept), found as a keyed digest of its value
+  (:func:`~.keyed_environment.environment_want`: nobody without the key can test a
+  guess of it);
 - ``"p"``: the constexpr argument ``operand`` of the kernel (by parameter name; plain values
   are in the kernel's key, so only objects are read this way);
 - ``"ir"``: the digest of the IR the frontend gives in the specialization ``operand``
   (:func:`~.frontend.specialization`), where the read set is partial (it runs again);
 
-and ``want`` is a digest of what the read found (:meth:`Trace.want`). An argument is
+and ``want`` is a digest of what the read found (:meth:`~.read_trace.Trace.want`). An argument is
 ``["v", value]`` (a plain value, :func:`exact`, made again by :func:`remake`), ``["r", row]``
 (the object a row found) or ``["rk", row]`` (that object in a ``constexpr``).
 
@@ -50,6 +51,12 @@ attributes its code names, through the functions and classes found) and, as code
 values by no name (an import when it runs, a file), the read set is partial: it ends with the
 ``"ir"`` read, so the frontend vouches for what the witness cannot.
 
+A read set comes from a shared root, a remote tier or a bundle: it is hostile input. Its rows
+are checked against the kernel's code before any runs (:mod:`.admit`), reads run no code of
+the objects they read, calls run only where the code allows them and under a deadline
+(:mod:`.guard`), and nothing a check raises leaves it: a read set the code does not admit is
+:class:`Refusal`.
+
 A cached kernel or lowering is used only while :func:`stale` finds every read of its read sets
 as it was; where one finds something else, the kernel of this version of the code is kept under
 a key chained from the first (:func:`chained`), for at most :data:`MAX_HOPS` versions. Reads
@@ -66,126 +73,17 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import static_reads
-from .exact_values import ABSENT, describe, exact, language, remake, unwrap
-from .watch import mark
+from ..entries import read_set_form
+from ..exceptions import CheckInterrupted, RefusedReadSet
+from . import admit, namespaces, static_access, static_reads
+from .exact_values import ABSENT, language, remake, unwrap
+from .guard import CHECK, Guard
+from .keyed_environment import environment_want
+from .namespaces import RUNS_CODE, python_function
+from .read_trace import Trace
+from .static_access import builtin
 
-#: the built-ins Triton's code generator offers by name (its ``builtin_namespace``)
-BUILTINS: dict[str, Callable[..., Any]] = {
-    f.__name__: f for f in (len, list, range, float, int, isinstance, getattr, hasattr)
-}
-#: the methods of Triton's ``constexpr`` that run code of the value it holds (its operators,
-#: comparisons, truth, index and text: an object's own ``__mul__``, ``__bool__``... and its
-#: ``__repr__``, which names the specialization of a JIT function it is given to)
-OPERATORS = frozenset(
-    {"__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__mod__",
-     "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__gt__", "__rgt__",
-     "__ge__", "__rge__", "__lt__", "__rlt__", "__le__", "__rle__", "__eq__", "__ne__",
-     "__and__", "__or__", "__xor__", "__pow__", "__rpow__", "__rshift__", "__lshift__",
-     "logical_and", "logical_or", "__neg__", "__pos__", "__invert__", "__not__", "__bool__",
-     "__index__", "__repr__"}
-)  # fmt: skip
-FORMAT = 1
-
-
-class Trace:
-    """The objects reads found, by the row that first found each (a recorder's, or a
-    :func:`check`'s: both describe what they find the same way)."""
-
-    def __init__(self) -> None:
-        self.rows: dict[int, int] = {}
-        self.kept: list[Any] = []  # (the objects of ``rows``, alive while their ids are keys)
-        self.opaque: list[str] = []
-
-    def row_of(self, value: Any) -> int | None:
-        return self.rows.get(id(value))
-
-    def note(self, value: Any, row: int) -> None:
-        """Remember ``value`` as found by ``row`` (unless met before)."""
-        if exact(value) is None and id(value) not in self.rows:
-            self.rows[id(value)] = row
-            self.kept.append(value)
-
-    def want(self, value: Any, row: int) -> str:
-        """The digest of what ``value``, found by ``row``, is (and remember it)."""
-        if value is ABSENT:
-            return "absent"
-        plain = exact(value)
-        if plain is not None:
-            return _digest(plain)
-        first = self.rows.get(id(value))
-        if first is not None:
-            return f"same:{first}"
-        want = self._described(value, row)  # (may raise: then ``value`` is not remembered)
-        self.note(value, row)
-        return want
-
-    def _described(self, value: Any, row: int) -> str:
-        known = _wants.get(id(value))
-        if known is not None and known[0] is value:
-            if known[1] is None or known[1] == _stamp(value, known[1][0]):
-                return known[2]
-        desc = describe(value)
-        if desc is None:
-            self.opaque.append(f"{type(value).__qualname__} (row {row})")
-            return _digest(["opaque", row])
-        want = _digest(desc)
-        if isinstance(value, types.ModuleType) or desc[0] == "triton":
-            _keep(value, None, want)
-        elif desc[0] in ("jit", "fn", "cfn"):
-            _keep(value, _stamp(value, desc[0]), want)
-        return want
-
-
-#: the wants of objects whose description follows from what they are (modules: their
-#: attributes are reads of their own; Triton's objects: Triton's files are in every key) or
-#: from that and a stamp (:func:`_stamp`), by id: (the object, its stamp then or None, its
-#: want)
-_wants: dict[int, tuple[Any, Any, str]] = {}
-#: the most objects :data:`_wants` keeps (then it starts again)
-MAX_KEPT = 4096
-
-
-def _keep(value: Any, stamp: Any, want: str) -> None:
-    if len(_wants) >= MAX_KEPT:
-        _wants.clear()
-    _wants[id(value)] = (value, stamp, want)
-
-
-def _stamp(value: Any, kind: str) -> tuple[Any, ...]:
-    """What the description of ``value`` (of ``kind``) follows from besides its identity: a
-    JIT function's source, settings and first line; a function's code object, defaults and
-    the objects it closes over (what they hold is read where it is used: calls are made
-    again); a ``constexpr_function``'s code object (its calls are made again)."""
-    if kind == "jit":
-        return (kind, mark(value), getattr(value, "starting_line_number", None))
-    if kind == "cfn":
-        return (kind, value.fn.__code__)
-    cells = []
-    for cell in value.__closure__ or ():
-        try:
-            cells.append(cell.cell_contents)
-        except ValueError:
-            cells.append(ABSENT)
-    return (kind, value.__code__, value.__defaults__, value.__kwdefaults__, *cells)
-
-
-def _digest(desc: Any) -> str:
-    text = json.dumps(desc, separators=(",", ":"), default=repr)
-    return text if len(text) <= 40 else hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def python_function(fn: Any) -> types.FunctionType | None:
-    """The Python function that runs when ``fn`` is called or generated (a JIT function's or a
-    ``constexpr_function``'s ``fn``, a method's function, ``fn`` itself), None where none."""
-    if isinstance(fn, types.MethodType):
-        fn = fn.__func__
-    jit_callable = static_reads.jit_classes()[0]
-    if isinstance(fn, jit_callable):  # (bound to an object: its ``__func__``'s)
-        fn = vars(fn).get("fn") or vars(fn).get("__func__")
-    if isinstance(fn, jit_callable):
-        fn = vars(fn).get("fn")
-    return fn if isinstance(fn, types.FunctionType) else None
+FORMAT = read_set_form.FORMAT
 
 
 def _function(fn: Any, lacks: str) -> types.FunctionType:
@@ -218,19 +116,32 @@ def scope_value(fn: Any, name: str, module_map: dict[str, Any]) -> Any:
 
 def mapped(value: Any, module_map: dict[str, Any]) -> Any:
     """A global as the code generator keeps it: a module or one of its objects replaced by the
-    backend's."""
-    if isinstance(value, types.ModuleType):
+    backend's (found without running code of ``value``)."""
+    if type(value) is types.ModuleType:
         return module_map.get(value.__name__, value)
-    module = getattr(value, "__module__", "")
-    if module in module_map:
-        return getattr(module_map[module], value.__name__)
+    if not module_map:
+        return value
+    module = _static(value, "__module__")
+    if type(module) is str and module in module_map:
+        name = _static(value, "__name__")
+        if type(name) is str:
+            return getattr(module_map[module], name)
     return value
+
+
+def _static(value: Any, name: str) -> Any:
+    """:func:`~.namespaces.attribute`, None where there is none (or only code would give it)."""
+    try:
+        found = namespaces.attribute(value, name)
+    except AttributeError:
+        return None
+    return None if found is RUNS_CODE else found
 
 
 def follow(value: Any, module_map: dict[str, Any]) -> Any:
     """A module followed through the module map, as the code generator does before it reads
     an attribute; anything else as it is."""
-    if isinstance(value, types.ModuleType):
+    if type(value) is types.ModuleType:
         while (known := value.__name__) in module_map:
             value = module_map[known]
             if value.__name__ == known:
@@ -239,11 +150,17 @@ def follow(value: Any, module_map: dict[str, Any]) -> Any:
 
 
 def attribute(value: Any, name: str, module_map: dict[str, Any]) -> Any:
-    """``getattr(value, name)`` as the code generator reads an attribute."""
+    """``getattr(value, name)`` as the code generator reads an attribute, where that runs no
+    code of ``value`` (:func:`~.namespaces.attribute`): :data:`~.namespaces.RUNS_CODE` where only code
+    would give it.
+
+    Raises:
+        AttributeError: ``value`` has no such attribute.
+    """
     value = follow(value, module_map)
-    if isinstance(value, language().constexpr) and name not in ("value", "type"):
-        value = value.value
-    return getattr(value, name)
+    if issubclass(type(value), language().constexpr) and name not in ("value", "type"):
+        value = namespaces.attribute(value, "value")
+    return namespaces.attribute(value, name)
 
 
 def _argument(arg: Any, found: Sequence[Any]) -> Any:
@@ -255,44 +172,58 @@ def _argument(arg: Any, found: Sequence[Any]) -> Any:
     return remake(body)
 
 
-def _call(fn: Any, operand: Any, found: Sequence[Any]) -> Any:
+def _call(fn: Any, operand: Any, found: Sequence[Any], guard: Guard | None) -> Any:
     args, kwargs = operand
     args = [_argument(a, found) for a in args]
     kwargs = {str(k): _argument(a, found) for k, a in kwargs}
     constexpr_function = static_reads.jit_classes()[1]
-    if constexpr_function is not None and isinstance(fn, constexpr_function):
-        return unwrap(
-            fn.fn(*[unwrap(a) for a in args], **{k: unwrap(v) for k, v in kwargs.items()})
+    if constexpr_function is not None and issubclass(type(fn), constexpr_function):
+        fn, args, kwargs = (
+            fn.fn,
+            [unwrap(a) for a in args],
+            {k: unwrap(v) for k, v in kwargs.items()},
         )
-    return unwrap(fn(*args, **kwargs))
+    if guard is None:
+        return unwrap(fn(*args, **kwargs))
+    with guard.calling():
+        return unwrap(fn(*args, **kwargs))
 
 
 def read(
-    base: Any, op: str, operand: Any, found: Sequence[Any], given: Any, modules: Any, backend: Any
+    base: Any,
+    op: str,
+    operand: Any,
+    found: Sequence[Any],
+    given: Any,
+    modules: Any,
+    backend: Any,
+    guard: Guard | None = None,
 ) -> Any:
     """Make one read again: what row ``[parent, op, operand, _]`` finds on ``base``
     (``given``: the kernel's constexpr arguments by parameter name; ``modules``: the backend's
-    module map; ``backend``: the kernel's, for an ``"ir"`` read)."""
-    if op == "ir":
+    module map; ``backend``: the kernel's, for an ``"ir"`` read; ``guard``: the check's, for a
+    call). :data:`~.namespaces.RUNS_CODE` where the read would run code it may not."""
+    if op == "ir":  # (the frontend generating the kernel, for a specialization admitted)
         from .frontend import ir_again
 
-        return ir_again(base, operand, given, backend)
+        if guard is None:
+            return ir_again(base, operand, given, backend)
+        with guard.ours():
+            return ir_again(base, operand, given, backend)
     if op == "p":
         return given.get(str(operand), ABSENT)
     if op == "e":
-        return os.environ.get(str(operand), ABSENT)
+        return environment_want(str(operand), os.environ.get(str(operand)))
     if op == "g":
         return scope_value(base, str(operand), modules)
     if op == "a":
         return attribute(base, str(operand), modules)
     if op == "i":
-        return base[_argument(operand, found)]
+        return static_access.item(base, unwrap(_argument(operand, found)))
     if op == "c":
-        return _call(base, operand, found)
+        return _call(base, operand, found, guard)
     if op == "b":
-        return unwrap(BUILTINS[str(operand[0])](*[_argument(a, found) for a in operand[1]]))
-    if op == "o":
-        return operate(str(operand[0]), [_argument(a, found) for a in operand[1]])
+        return builtin(str(operand[0]), [_argument(a, found) for a in operand[1]])
     if op == "f":
         return source_file(base)
     if op == "d":
@@ -314,68 +245,135 @@ def source_file(fn: Any) -> str:
     return static_reads.relative_path(inner.__code__.co_filename)
 
 
-def operate(name: str, args: Sequence[Any]) -> Any:
-    """The operator ``name`` of Triton's ``constexpr`` holding ``args[0]``, given the rest: what
-    the code generator computes for ``S * 1.0`` (unwrapped)."""
-    if name not in OPERATORS or not args:
-        raise ValueError(f"not an operator: {name!r:.40}")
-    return unwrap(getattr(language().constexpr(args[0]), name)(*args[1:]))
-
-
 @functools.lru_cache(maxsize=512)
 def parse(text: str) -> tuple[tuple[int, str, Any, str], ...] | None:
-    """The rows of a read set's text (untrusted: None for anything else)."""
-    try:
-        doc = json.loads(text)
-        rows = doc["rows"] if isinstance(doc, dict) and doc.get("format") == FORMAT else None
-        out: list[tuple[int, str, Any, str]] = []
-        for parent, op, operand, want in rows or ():
-            if type(parent) is not int or not -1 <= parent < len(out) or not isinstance(want, str):
-                return None
-            out.append((parent, str(op), operand, want))
-        return tuple(out)
-    except (ValueError, TypeError, KeyError, RecursionError):
+    """The rows of a read set's text: None for anything :func:`~bridge.entries.read_set_form.problem` refuses."""
+    if read_set_form.problem(text) is not None:
         return None
+    doc = json.loads(text)
+    if doc["format"] != FORMAT:
+        return None
+    rows = doc["rows"]
+    return tuple((parent, op, operand, want) for parent, op, operand, want in rows)
+
+
+def reads_ir(texts: Sequence[str]) -> bool:
+    """Whether one of the read sets ``texts`` ends with the IR read (which a check makes only
+    for a specialization it is given)."""
+    return any((rows := parse(t)) is not None and rows and rows[-1][1] == "ir" for t in texts)
+
+
+class Refusal(str):
+    """What :func:`check` and :func:`stale` find for a read set the kernel's code does not
+    admit (:mod:`.admit`): a digest like any other (of the text: a key chained from it is the
+    text's), with the ``reason``. Nothing of such a read set runs."""
+
+    reason: str
+
+    def __new__(cls, text: str, reason: str) -> Refusal:
+        made = super().__new__(cls, hashlib.sha256(b"refused\0" + text.encode()).hexdigest())
+        made.reason = reason
+        return made
+
+
+class Unchecked(str):
+    """What :func:`stale` finds for a read set that ends with the IR where no specialization
+    is given (a lowering's): only the kernel's own lookup can make that read."""
 
 
 def wants(
-    text: str, kernel: Any, given: Any, module_map: Any, backend: Any = None
-) -> list[str] | None:
+    text: str,
+    kernel: Any,
+    given: Any,
+    module_map: Any,
+    backend: Any = None,
+    expected: Callable[[], Sequence[Any]] | None = None,
+) -> list[str] | Refusal | Unchecked | None:
     """What each read of the read set ``text`` finds now, made again from ``kernel`` (the JIT
     function the reads start from) and ``given`` (its constexpr arguments by parameter name);
-    None where ``text`` is not a read set. A read that fails (or whose object failed) finds
-    ``"error"``."""
+    None where ``text`` is not a read set, a :class:`Refusal` where the code does not admit a
+    row (nothing of it runs). ``expected()``: the specializations an IR read may be for (None:
+    an IR read finds :class:`Unchecked`). A read that fails (or whose object failed) finds
+    ``"error"``; nothing the reads raise leaves here."""
     rows = parse(text)
     if rows is None:
         return None
     trace = Trace()
     found: list[Any] = []
     out: list[str] = []
-    for index, (parent, op, operand, _) in enumerate(rows):
-        base = kernel if parent < 0 else found[parent]
-        try:
-            if base is _FAILED:
-                raise LookupError("its object failed")
-            value = read(base, op, operand, found, given, module_map, backend)
-            want = trace.want(value, index)
-        except Exception:  # the user's code, run again: whatever it raises, the read differs
-            value, want = _FAILED, "error"
-        found.append(value)
-        out.append(want)
+    try:
+        admission = admit.Admission(kernel, given, expected)
+        with Guard(CHECK, seconds=admit.CALL_SECONDS) as guard:
+            for index, (parent, op, operand, _) in enumerate(rows):
+                base = kernel if parent < 0 else found[parent]
+                value, want = _FAILED, "error"
+                if base is not _FAILED:
+                    admission.check(index, base, op, operand, found)
+                    if op == "ir" and expected is None:
+                        return Unchecked(reads_digest([text]))
+                    value, want = _made(
+                        trace, index, base, op, operand, found, given, module_map, backend, guard
+                    )
+                    if value is not _FAILED:
+                        admission.found(value)
+                found.append(value)
+                out.append(want)
+    except RefusedReadSet as e:
+        return Refusal(text, str(e))
+    except KeyboardInterrupt:
+        raise
+    except (CheckInterrupted, MemoryError, RecursionError) as e:
+        return Refusal(text, f"{type(e).__name__}: {e}"[:200])
+    except BaseException as e:  # (nothing a hostile read set makes leaves the check)
+        return Refusal(text, f"the check failed: {type(e).__name__}: {e}"[:200])
     return out
+
+
+def _made(
+    trace: Trace,
+    index: int,
+    base: Any,
+    op: str,
+    operand: Any,
+    found: Sequence[Any],
+    given: Any,
+    module_map: Any,
+    backend: Any,
+    guard: Guard,
+) -> tuple[Any, str]:
+    """One read made again, and the digest of what it found (``"error"`` where it fails, or
+    would run code it may not: :data:`~.namespaces.RUNS_CODE`)."""
+    try:
+        value = read(base, op, operand, found, given, module_map, backend, guard)
+        if value is RUNS_CODE:
+            return _FAILED, "error"
+        return value, trace.want(value, index)
+    except Exception:  # the user's code, run again: whatever it raises, the read differs
+        return _FAILED, "error"
 
 
 _FAILED: Any = object()
 
 
-def check(text: str, kernel: Any, given: Any, module_map: Any, backend: Any = None) -> str | None:
+def check(
+    text: str,
+    kernel: Any,
+    given: Any,
+    module_map: Any,
+    backend: Any = None,
+    expected: Callable[[], Sequence[Any]] | None = None,
+) -> str | None:
     """None where every read of the read set ``text`` finds what it found; else the digest
     of what they find now (what tells this process's code from the one the reads were made
-    in). A text that is no read set holds nothing: its digest is that of the text."""
-    now = wants(text, kernel, given, module_map, backend)
+    in): a :class:`Refusal` where the code does not admit it, :class:`Unchecked` where it ends
+    with an IR read and ``expected`` is not given. A text that is no read set holds nothing:
+    its digest is that of the text."""
+    now = wants(text, kernel, given, module_map, backend, expected)
     rows = parse(text)
     if now is None or rows is None:
         return hashlib.sha256(b"unreadable\0" + text.encode()).hexdigest()
+    if isinstance(now, str):
+        return now
     if all(w == row[3] for w, row in zip(now, rows, strict=True)):
         return None
     return reads_digest(now)
@@ -408,37 +406,56 @@ def module_map_of(backend: Any) -> dict[str, Any]:
 
 
 def stale(
-    texts: Any, kernel: Any, given: Any, backend: Any, seen: dict[Any, Any] | None = None
+    texts: Any,
+    kernel: Any,
+    given: Any,
+    backend: Any,
+    seen: dict[Any, Any] | None = None,
+    expected: Callable[[], Sequence[Any]] | None = None,
 ) -> str | None:
     """None where every read of the read sets ``texts`` (those of kernels of the JIT function
     ``kernel`` compiled for ``backend``'s target, with the constexpr arguments ``given`` by
     parameter name) finds what it found; else the digest of what they find now (see
-    :func:`check`).
+    :func:`check`): the first :class:`Refusal` where the code does not admit one, else the
+    first :class:`Unchecked` where one ends with the IR and ``expected`` (the specializations
+    the lookup is for) is not given.
 
     ``seen``: the checks made so far in one lowering of a program, where nothing but the
     lowering runs between two calls' checks (as the settings are read once per lowering): a
     read set checked again there for the same kernel and the same objects of ``given`` that it
     reads is not made again."""
     modules = module_map_of(backend)
-    now = [_check_once(text, kernel, given, modules, backend, seen) for text in texts]
+    now = [_check_once(text, kernel, given, modules, backend, seen, expected) for text in texts]
+    for kind in (Refusal, Unchecked):
+        first = next((n for n in now if isinstance(n, kind)), None)
+        if first is not None:
+            return first
     if all(n is None for n in now):
         return None
     return reads_digest([n or "" for n in now])
 
 
 def _check_once(
-    text: str, kernel: Any, given: Any, modules: Any, backend: Any, seen: dict[Any, Any] | None
+    text: str,
+    kernel: Any,
+    given: Any,
+    modules: Any,
+    backend: Any,
+    seen: dict[Any, Any] | None,
+    expected: Callable[[], Sequence[Any]] | None,
 ) -> str | None:
     """:func:`check`, or its result for the same read set, kernel and objects of ``given``
     in ``seen`` (by their ids: the objects are kept alive there, so no other takes an id)."""
     rows = parse(text) if seen is not None else None
     if seen is None or rows is None:
-        return check(text, kernel, given, modules, backend)
+        return check(text, kernel, given, modules, backend, expected)
     objects = (kernel, *(given.get(name, ABSENT) for name in _given_names(rows)))
-    which = (text, *map(id, objects))
+    which: tuple[Any, ...] = (text, *map(id, objects))
+    if expected is not None and any(op == "ir" for _, op, _, _ in rows):
+        which += (tuple(sorted(admit.plain_json(e) for e in expected())),)
     found = seen.get(which)
     if found is None:
-        found = seen[which] = (objects, check(text, kernel, given, modules, backend))
+        found = seen[which] = (objects, check(text, kernel, given, modules, backend, expected))
     return found[1]
 
 

@@ -29,7 +29,6 @@ names it (relative to the import root, which the import path decides: ``"f"``).
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import json
@@ -38,9 +37,14 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from ..entries import read_set_form
+from ..exceptions import RefusedReadSet
+from . import admit
 from . import exact_values as ev
-from . import reach, static_reads
 from . import read_sets as rs
+from .guard import WITNESS, Guard
+from .keyed_environment import environment_want
+from .namespaces import RUNS_CODE
 
 #: the most rows a read set keeps (a larger one is cut, and says so)
 MAX_ROWS = 2000
@@ -56,11 +60,16 @@ class Recorder:
         self.kernel = kernel
         self.trace = rs.Trace()
         self.rows: list[list[Any]] = []
+        self.found: list[Any] = []  # (what each row found)
         self.index: dict[str, int] = {}
         self.partial: list[str] = []
         self.environ: dict[str, str | None] = {}  # variables read during the compile
         #: the specialization the frontend ran for and the digest of its IR (see :meth:`ran`)
         self.frontend: tuple[Any, str] | None = None
+        #: what a check of the read set admits (the recorder keeps to it: see :mod:`.admit`)
+        self.admission = admit.Admission(kernel, params)
+        #: the guard watching the frontend run (:meth:`watching`), if one is
+        self.guard: Guard | None = None
         for name, value in params.items():
             if ev.exact(value) is None:  # (a plain value is in the key as it is)
                 self.add(-1, "p", name, value)
@@ -73,7 +82,8 @@ class Recorder:
 
     def add(self, parent: int, op: str, operand: Any, value: Any) -> int | None:
         """Record that the read ``op operand`` of the object of ``parent`` found ``value``;
-        its row (None where the read set is full)."""
+        its row (None where it is not recorded: the read set is full, or a check would not
+        admit the read, or only code would find ``value``: then the read set is partial)."""
         name = json.dumps([parent, op, operand], separators=(",", ":"), default=repr)
         known = self.index.get(name)
         if known is not None:
@@ -83,9 +93,24 @@ class Recorder:
             self.missed(f"more than {MAX_ROWS} reads")
             return None
         row = len(self.rows)
-        want = self.trace.want(value, row)  # (may raise: then nothing is recorded)
+        if value is RUNS_CODE:
+            self.missed(f"{op} {str(operand)[:40]}: found by code of the program's own")
+            return None
+        doc = [parent, op, operand, ""]
+        base = self.kernel if parent < 0 else self.found[parent]
+        try:
+            self.admission.check(row, base, op, operand, self.found)
+            why = read_set_form.row_problem(row, [*doc[:3], "absent"], row + 1)
+            if why is not None:
+                raise RefusedReadSet(f"{op} {str(operand)[:40]}: {why}")
+        except RefusedReadSet as e:
+            self.missed(f"a read a check would not make: {e}"[:200])
+            return None
+        doc[3] = self.trace.want(value, row)  # (may raise: then nothing is recorded)
         self.index[name] = row
-        self.rows.append([parent, op, operand, want])
+        self.rows.append(doc)
+        self.found.append(value)
+        self.admission.found(value)
         return row
 
     def argument(self, value: Any) -> list[Any] | None:
@@ -101,12 +126,13 @@ class Recorder:
 
     @contextlib.contextmanager
     def guarded(self) -> Iterator[None]:
-        """Note a read; a failure of the witness itself is named in the read set (as what it
-        could not follow), never the compile's."""
-        try:
-            yield
-        except Exception as e:  # (the user's objects, described: whatever they raise)
-            self.missed(f"the witness failed: {type(e).__name__}: {e}"[:200])
+        """Note a read (the witness's own bookkeeping: :meth:`ours`); a failure of the witness
+        itself is named in the read set (as what it could not follow), never the compile's."""
+        with self.ours():
+            try:
+                yield
+            except Exception as e:  # (the user's objects, described: whatever they raise)
+                self.missed(f"the witness failed: {type(e).__name__}: {e}"[:200])
 
     def missed(self, why: str) -> None:
         if len(self.partial) < 8 and why not in self.partial:
@@ -120,11 +146,9 @@ class Recorder:
 
     def text(self) -> str:
         """The read set as its entry keeps it."""
-        from .compiler_identity import DEVICE_SELECTION, NEUTRAL
-
         for name, value in sorted(self.environ.items()):
-            if name not in NEUTRAL and name not in DEVICE_SELECTION:
-                self.add(-1, "e", name, ev.ABSENT if value is None else value)
+            if name not in _keyed_environment():
+                self.add(-1, "e", name, environment_want(name, value))
         partial = self.partial + [f"no exact description of {o}" for o in self.trace.opaque[:4]]
         rows = self.rows
         while True:
@@ -135,12 +159,44 @@ class Recorder:
             rows = rows[: len(rows) // 2]  # (a row names only rows before it)
             partial = [*partial[:7], f"cut to {len(rows)} reads"]
 
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        """Watch the frontend run in this block (:mod:`.guard`): code of the program it runs
+        outside a call recorded to be made again makes the read set partial."""
+        with Guard(WITNESS, ran=self._ran_program) as guard:
+            self.guard = guard
+            try:
+                yield
+            finally:
+                self.guard = None
+
+    def _ran_program(self, name: str) -> None:
+        self.missed(f"the frontend ran {name}, code of the program no read made")
+
+    def ours(self) -> Any:
+        """A block of the witness's own bookkeeping (the guard does not look at it)."""
+        return self.guard.ours() if self.guard is not None else contextlib.nullcontext()
+
     def _vouched(self, rows: list[list[Any]], partial: list[str]) -> list[list[Any]]:
         """``rows`` and, where they are ``partial``, the IR the frontend gave, as a read."""
         if not partial or self.frontend is None:
             return rows
         made, ir = self.frontend
         return [*rows, [-1, "ir", made, rs.Trace().want(ir, len(rows))]]
+
+
+@functools.lru_cache(maxsize=1)
+def _keyed_environment() -> frozenset[str]:
+    """The variables a read set does not keep: those every kernel key holds already, and
+    those that only select devices or say where files go (:mod:`.compiler_identity`)."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    from .compiler_identity import DEVICE_SELECTION, NEUTRAL, environment_variables
+
+    return frozenset(
+        {*NEUTRAL, *DEVICE_SELECTION, *environment_variables(None)}
+        | set(get_cache_invalidating_env_vars())
+    )
 
 
 def active() -> Recorder | None:
@@ -151,7 +207,6 @@ def active() -> Recorder | None:
 def recording(kernel: Any, given: dict[str, Any]) -> Iterator[Recorder]:
     """Record what the frontend reads in this thread, generating ``kernel`` with the constexpr
     arguments ``given`` (by parameter name), until the block ends."""
-    _install()
     recorder = Recorder(kernel, given)
     before = active()
     _local.recorder = recorder
@@ -217,264 +272,3 @@ def reading_environment(recorder: Recorder) -> Iterator[None]:
         os.environ = real  # noqa: B003
         for name, read in readers.items():
             setattr(knobs, name, read)
-
-
-def _triton_value(value: Any) -> bool:
-    from triton.language.core import base_value
-
-    return isinstance(value, base_value)
-
-
-def _ignorable(value: Any) -> bool:
-    """Whether reading from ``value`` needs no witness: a plain value, or one of Triton's own
-    objects (a dtype, a layout: what Triton's files, in every key, decide)."""
-    if ev.exact(value) is not None:
-        return True
-    return ev.triton_home(type(value)) is not None
-
-
-@functools.lru_cache(maxsize=1)
-def _install() -> None:
-    """Hook Triton's code generator (once per process)."""
-    from triton.compiler.code_generator import CodeGenerator
-
-    init = CodeGenerator.__init__
-    visit_name = CodeGenerator.visit_Name
-    call_function = CodeGenerator.call_Function
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        recorder = active()
-        self._kc_root = None
-        if recorder is not None:
-            self._kc_root = recorder.origin(self.jit_fn)
-            if self._kc_root is None:
-                recorder.missed(f"{getattr(self.jit_fn, '__name__', '?')} reached otherwise")
-            else:
-                with recorder.guarded():
-                    recorder.add(self._kc_root, "f", "", rs.source_file(self.jit_fn))
-
-    def visit_Name(self: Any, node: Any) -> Any:
-        value = visit_name(self, node)
-        recorder = active()
-        if recorder is not None and not isinstance(node.ctx, ast.Store):
-            name = node.id
-            root = getattr(self, "_kc_root", None)
-            if name not in self.lscope and root is not None:
-                with recorder.guarded():
-                    recorder.add(root, "g", name, self.gscope.get(name, ev.ABSENT))
-        return value
-
-    def visit_Attribute(self: Any, node: Any) -> Any:
-        lhs = self.visit(node.value)
-        value = self.get_Attribute(rs.follow(lhs, self.builder.module_map), node.attr)
-        recorder = active()
-        if recorder is not None:
-            with recorder.guarded():
-                _attribute(recorder, lhs, node.attr, value)
-        return value
-
-    def visit_Subscript_Load(self: Any, node: Any) -> Any:
-        lhs = self.visit(node.value)
-        slices = self.visit(node.slice)
-        if _triton_value(lhs):
-            return self.call_Method(node, lhs.__getitem__, lhs, [slices], {})
-        value = lhs[slices]
-        recorder = active()
-        if recorder is not None:
-            with recorder.guarded():
-                _item(recorder, lhs, slices, value)
-        return value
-
-    def call_Function(self: Any, node: Any, fn: Any, args: Any, kws: Any) -> Any:
-        given = list(args)
-        value = call_function(self, node, fn, args, kws)
-        recorder = active()
-        if recorder is not None:
-            with recorder.guarded():
-                _call(recorder, fn, given, dict(kws), value, self.builder.module_map)
-        return value
-
-    constexpr = ev.language().constexpr
-    for name in sorted(rs.OPERATORS):
-        method = vars(constexpr).get(name)
-        if method is not None:
-            setattr(constexpr, name, _operator(name, method))
-    kind: Any = getattr(getattr(ev.language(), "core", None), "constexpr_type", None)
-    mangle = vars(kind).get("mangle") if kind is not None else None
-    if mangle is not None:  # (Triton 3.9 names a specialization by repr(value) there)
-        kind.mangle = _mangled(mangle)
-    CodeGenerator.__init__ = __init__
-    CodeGenerator.visit_Name = visit_Name
-    CodeGenerator.visit_Attribute = visit_Attribute
-    CodeGenerator.visit_Subscript_Load = visit_Subscript_Load
-    CodeGenerator.call_Function = call_Function
-
-
-def _attribute(recorder: Recorder, base: Any, name: str, value: Any) -> None:
-    inner = base
-    if isinstance(base, ev.language().constexpr) and name not in ("value", "type"):
-        inner = base.value  # (what the code generator reads the attribute of)
-    row = recorder.origin(base)
-    if row is None and inner is not base:
-        row = recorder.origin(inner)
-    if row is not None:
-        recorder.add(row, "a", name, value)
-    elif _triton_value(inner):
-        # (an aggregate's method: a member of its class, which a read may have found)
-        row = recorder.origin(type(inner))
-        if row is not None:
-            recorder.add(row, "a", name, value)
-        elif static_reads.is_jit(value) and ev.triton_home(type(inner)) is None:
-            recorder.missed(f"a method of {type(inner).__qualname__} not witnessed")
-    elif not _ignorable(inner):
-        recorder.missed(f"an attribute of a {type(inner).__qualname__} not witnessed")
-
-
-def _item(recorder: Recorder, base: Any, key: Any, value: Any) -> None:
-    if _ignorable(base):
-        return
-    row, made = _origin(recorder, base), recorder.argument(key)
-    if row is None or made is None:
-        recorder.missed(f"an item of a {type(base).__qualname__} not witnessed")
-    else:
-        recorder.add(row, "i", made, value)
-
-
-def _operator(name: str, method: Any) -> Any:
-    """``method`` (an operator of Triton's ``constexpr``), recording what it computes from an
-    object (:func:`_operated`) while a recording is active."""
-
-    def operator(self: Any, *args: Any) -> Any:
-        value = method(self, *args)
-        recorder = active()
-        if recorder is not None:
-            with recorder.guarded():
-                _operated(recorder, name, [self, *args], value)
-        return value
-
-    return functools.wraps(method)(operator)
-
-
-def _mangled(method: Any) -> Any:
-    """``method`` (``constexpr_type.mangle``, where a JIT function's specialization is named by
-    the ``repr`` of an object it is given), recording that ``repr`` as ``constexpr``'s own
-    ``__repr__`` operator (what :func:`~.read_sets.operate` computes again)."""
-
-    def mangle(self: Any) -> Any:
-        text = method(self)
-        recorder = active()
-        if recorder is not None and not hasattr(self.value, "mangle"):
-            with recorder.guarded():
-                constexpr = ev.language().constexpr
-                # (the constexpr a read found holding it, as Triton 3.6 repr()s that very one)
-                kept = recorder.trace.kept
-                found = next(
-                    (k for k in kept if type(k) is constexpr and k.value is self.value), self.value
-                )
-                shown = constexpr(self.value).__repr__()
-                _operated(recorder, "__repr__", [found], shown)
-        return text
-
-    return functools.wraps(method)(mangle)
-
-
-def _operated(recorder: Recorder, name: str, operands: list[Any], value: Any) -> None:
-    """Record the operator ``name`` of a ``constexpr`` on ``operands`` (the ``constexpr``
-    first), where one of them holds an object of the program's own (plain values and Triton's
-    objects compute as Triton's files, in every key, say)."""
-    constexpr = ev.language().constexpr
-    held = [o.value if isinstance(o, constexpr) else o for o in operands]
-    if all(_ignorable(o) for o in held):
-        return
-    made = [recorder.argument(o) for o in operands]
-    if any(m is None for m in made):
-        recorder.missed(f"{name} of a {type(held[0]).__qualname__} not witnessed")
-        return
-    row = recorder.add(-1, "o", [name, made], ev.unwrap(value))
-    if row is not None:
-        recorder.trace.note(value.value if isinstance(value, constexpr) else value, row)
-
-
-def _bound(recorder: Recorder, fn: Any, module_map: dict[str, Any]) -> tuple[Any, Any] | None:
-    """For a ``constexpr_function`` bound to an object (a method of an ``@aggregate`` class):
-    the function, found as an attribute of the object's class (a read recorded), and the
-    object; None for anything else."""
-    constexpr_function = static_reads.jit_classes()[1]
-    own = vars(fn)
-    func, owner = own.get("__func__"), own.get("__self__")
-    if constexpr_function is None or not isinstance(func, constexpr_function) or owner is None:
-        return None
-    name = getattr(rs.python_function(func), "__name__", None)
-    row = recorder.origin(type(owner))
-    if row is None or not isinstance(name, str):
-        recorder.missed(f"a method of {type(owner).__qualname__} not witnessed")
-        return None
-    if rs.attribute(type(owner), name, module_map) is not func:
-        recorder.missed(f"{type(owner).__qualname__}.{name} found otherwise")
-        return None
-    recorder.add(row, "a", name, func)
-    return func, owner
-
-
-def _call(
-    recorder: Recorder,
-    fn: Any,
-    args: list[Any],
-    kws: dict[str, Any],
-    value: Any,
-    module_map: dict[str, Any],
-) -> None:
-    """Record a call the code generator made at compile time of code that is not Triton's."""
-    jit_callable, constexpr_function, _ = static_reads.jit_classes()
-    if isinstance(fn, jit_callable) and not (
-        constexpr_function is not None and isinstance(fn, constexpr_function)
-    ):
-        bound = _bound(recorder, fn, module_map)
-        if bound is None:
-            return  # (generated: its reads are its generator's)
-        fn, args = bound[0], [bound[1], *args]
-    if ev.triton_home(fn) is not None:
-        return  # (Triton's own code, in every key)
-    if hasattr(fn, "__self__") and _triton_value(fn.__self__):
-        return  # (a method of a tensor)
-    if getattr(fn, "__triton_builtin__", False):
-        if not ev.triton_code(fn):  # (a builtin of the program's own, given tensors: never
-            reach.reachable(recorder, fn, module_map)  # called again)
-        return
-    builtin = next((n for n, f in rs.BUILTINS.items() if f is fn), None)
-    constexpr = ev.language().constexpr
-    if builtin is not None or hasattr(fn, "__self__"):  # (given their arguments unwrapped)
-        args = [a.value if isinstance(a, constexpr) else a for a in args]
-        kws = {k: v.value if isinstance(v, constexpr) else v for k, v in kws.items()}
-    given = [recorder.argument(a) for a in args]
-    named = [[k, recorder.argument(v)] for k, v in sorted(kws.items())]
-    made = [m for m in given if m is not None]
-    if len(made) < len(given) or any(m is None for _, m in named):
-        if builtin is None:
-            recorder.missed(f"a call of {_name(fn)} with arguments not witnessed")
-            reach.reachable(recorder, fn, module_map)
-        return
-    if builtin is not None:
-        if not named and any(m[0] == "r" for m in made):
-            recorder.add(-1, "b", [builtin, made], ev.unwrap(value))
-        return
-    parent = recorder.origin(fn)
-    if parent is None:
-        recorder.missed(f"a call of {_name(fn)} not witnessed")
-        return
-    row = recorder.add(parent, "c", [made, named], ev.unwrap(value))
-    if row is not None:
-        recorder.trace.note(value, row)  # (the wrapped result the generator goes on with)
-
-
-def _origin(recorder: Recorder, value: Any) -> int | None:
-    """The row that found ``value`` or, for a ``constexpr``, the value it holds."""
-    row = recorder.origin(value)
-    if row is None and isinstance(value, ev.language().constexpr):
-        row = recorder.origin(value.value)
-    return row
-
-
-def _name(fn: Any) -> str:
-    return str(getattr(fn, "__qualname__", None) or type(fn).__qualname__)

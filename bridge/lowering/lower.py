@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from kernelcache.plugin import count
+from kernelcache.plugin import count, warn_once
 
 try:  # the public home of the lowering registry (jax 0.8 - 0.11)
     from jax.interpreters import mlir
@@ -213,7 +213,7 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
         keyed = lowering_keys.lowering_key(call, target, prepared.context, every)
     if keyed is not None:
         asked, steps = keyed[0], keyed[2]
-        keyed, found = _checked_replay(call, keyed, target, platform, autotune, program)
+        keyed, found = _checked_replay(call, keyed, target, platform, autotune, program, every)
         if found is not None and keyed is not None:
             # the kernels it launches were served from the cache: hits, as a lookup of each
             count(cache.root, hits=keyed[1] if found.lowered.autotuned else 1)
@@ -256,6 +256,7 @@ def _checked_replay(
     platform: str,
     autotune: str,
     program: Program,
+    every: list[kernel_objects.Variant],
 ) -> tuple[lowering_keys.Keyed | None, Item | None]:
     """The stored lowering of ``call`` (:func:`_replay`) whose kernels' reads find what they
     found, and the key it is (or is to be) stored under: where a stored lowering's reads find
@@ -269,13 +270,37 @@ def _checked_replay(
         if not found.lowered.reads:
             return keyed, found
         backend = backend or backends.make_backend(target)
-        now = read_sets.stale(
-            found.lowered.reads, call.parts.fn, call.named, backend, program.checked
-        )
+        reads, specs = found.lowered.reads, None
+        if read_sets.reads_ir(reads):  # (an IR read: for one of the call's own variants)
+            specs = functools.cache(
+                functools.partial(_specializations, call, every, target, program.cache)
+            )
+        now = read_sets.stale(reads, call.parts.fn, call.named, backend, program.checked, specs)
         if now is None:
             return keyed, found
+        if isinstance(now, read_sets.Refusal):
+            warn_once(
+                logger,
+                ("refused", keyed[0]),
+                "kernelcache: the stored lowering %s of %s holds a read set its code does not "
+                "admit (%s); no compile of this code wrote it, so it is not used",
+                keyed[0],
+                call.parts.qualname,
+                now.reason,
+            )
         keyed = (read_sets.chained(keyed[0], now), keyed[1], keyed[2])
     return None, None
+
+
+def _specializations(
+    call: CallSpec, every: list[kernel_objects.Variant], target: targets.Target, cache: Any
+) -> list[Any]:
+    """What the frontend is given for each of ``call``'s variants (an IR read's
+    specialization: :func:`bridge.identity.frontend.specialization`)."""
+    from ..identity import frontend, specialize
+
+    specs = [specialize.specialize(call.parts, call.named, v, target, cache) for v in every]
+    return [frontend.specialization(s.source, s.bound.options) for s in specs]
 
 
 def _replay(

@@ -263,6 +263,14 @@ def test_every_entry_of_a_kind_goes_through_its_kind_under_one_name():
     assert not aliases, "name a kind and its extension as its module does: " + ", ".join(aliases)
 
 
+#: exceptions of the bridge that are not errors a user catches, and why
+NOT_ERRORS = {
+    "bridge.exceptions.CheckInterrupted": "raised into code a check of a read set runs, to stop "
+    "it: a BaseException so that the program's own `except Exception` cannot swallow it; the "
+    "check catches it and it never leaves the bridge",
+}
+
+
 def test_every_bridge_exception_is_declared_in_exceptions_under_kernelcaches_base():
     from kernelcache.errors import KernelCacheError
 
@@ -278,8 +286,9 @@ def test_every_bridge_exception_is_declared_in_exceptions_under_kernelcaches_bas
             ):
                 if name != "bridge.exceptions":
                     outside.append(f"{name}.{value.__qualname__}")
-                if not issubclass(value, KernelCacheError):
-                    stray.append(f"{name}.{value.__qualname__}")
+                named = f"{name}.{value.__qualname__}"
+                if not issubclass(value, KernelCacheError) and named not in NOT_ERRORS:
+                    stray.append(named)
     assert not outside, f"declare these in bridge/exceptions.py: {outside}"
     assert not stray, f"not KernelCacheErrors: {stray}"
 

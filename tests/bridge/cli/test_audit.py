@@ -68,7 +68,7 @@ sys.exit(main(sys.argv[1:]))
 #: ... and a witness blind to what the frontend read
 BLIND = KEY_BLIND.replace(
     "from kernelcache.cli",
-    "from bridge.identity import read_sets\nread_sets.stale = lambda *a: None\nfrom kernelcache.cli",
+    "from bridge.identity import read_sets\nread_sets.stale = lambda *a, **k: None\nfrom kernelcache.cli",
 )
 
 

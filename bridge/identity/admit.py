@@ -1,0 +1,254 @@
+"""Which reads a lookup may make of a stored read set (:mod:`.read_sets`): its text has the
+form of one (:mod:`bridge.entries.read_set_form`, checked at every door); here each row is
+checked against the kernel's code as a lookup makes the rows again (:class:`Admission`), and
+nothing the rows say chooses code to run.
+
+A global must be one the code of its function reads; an attribute, a name the code of the
+kernel or of a function a read found spells (:func:`code_names`); a call only of a
+``constexpr_function``, or a function or class of the program, that a read found, or of a pure
+function of the standard library (:data:`PURE`), with arguments that are small plain values
+(:func:`small`) or values the lookup holds already (given, constants of the code, found by a
+read); a built-in of :data:`~bridge.entries.read_set_form.BUILTIN_NAMES` only on plain values;
+the IR read only for a specialization the lookup is for.
+
+The recorder (:mod:`.witness`) applies the same checks to each read it would record (a read
+they refuse is not recorded: the read set is partial, and the IR decides), so a read set a
+compile records is always admitted, and one that is not was written some other way. Reads run
+no code of the objects they read (:mod:`.namespaces`, :mod:`.static_access`); a call runs under
+a :class:`~.guard.Guard` with a deadline (:data:`CALL_SECONDS`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..entries.read_set_form import IMPLICIT, MAX_ITEMS
+from ..exceptions import RefusedReadSet
+from .exact_values import exact, language, remake, triton_home
+from .guard import program_class, program_module
+from .namespaces import python_function
+from .static_reads import code_facts, jit_classes, syntax
+from .watch import source
+
+#: the largest plain value a call is given that the lookup does not hold already
+SMALL = 1 << 20
+#: how long the calls of one lookup may run in all
+CALL_SECONDS = 1.0
+
+
+# -- values -------------------------------------------------------------------------------------
+def small(value: Any, depth: int = 0) -> bool:
+    """Whether the plain ``value`` is small: what a call may be given that the lookup does not
+    hold already (numbers within :data:`SMALL`, short strings, short tuples of such)."""
+    kind = type(value)
+    if value is None or kind is bool:
+        return True
+    if kind is int:
+        return -SMALL <= value <= SMALL
+    if kind is float:
+        return not math.isfinite(value) or -SMALL <= value <= SMALL
+    if kind is complex:
+        return small(value.real) and small(value.imag)
+    if kind in (str, bytes):
+        return len(value) <= 64
+    if kind in (tuple, list):
+        return depth < 4 and len(value) <= MAX_ITEMS and all(small(v, depth + 1) for v in value)
+
+    tl = language()
+    if kind is tl.constexpr:
+        return small(value.value, depth + 1)
+    if kind is tl.block_type:
+        return all(small(d, depth + 1) for d in value.shape)
+    return kind in (tl.dtype, tl.pointer_type)
+
+
+def consts(code: types.CodeType) -> list[Any]:
+    """The constants of ``code`` and of the code nested in it."""
+    found: list[Any] = []
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            found += consts(c)
+        else:
+            found.append(c)
+    return found
+
+
+# -- the rows against the code ------------------------------------------------------------------
+def program_function(fn: Any) -> bool:
+    """Whether ``fn`` is a Python function (or a method of one) of the program's own."""
+    if type(fn) is types.MethodType:
+        fn = fn.__func__
+    if type(fn) is not types.FunctionType or triton_home(fn) is not None:
+        return False
+    return program_module(fn.__globals__.get("__name__"))
+
+
+#: callables of the standard library that depend only on their (small) arguments, which a
+#: kernel may call (``math.log2(BLOCK)``)
+PURE = frozenset(
+    getattr(math, n)
+    for n in ("log2", "log", "log10", "ceil", "floor", "sqrt", "isqrt", "exp", "gcd", "lcm",
+              "trunc", "fabs", "copysign", "frexp", "sin", "cos", "tan", "tanh", "atan", "erf",
+              "isfinite", "isinf", "isnan", "log1p", "expm1", "atan2", "hypot")
+    if hasattr(math, n)
+)  # fmt: skip
+
+
+class Admission:
+    """The rows a lookup of one read set may make (see the module docstring), fed the rows in
+    order: :meth:`check` before a row runs, :meth:`found` with what it found. ``expected()``:
+    the specializations (:func:`~.frontend.specialization`) the lookup is for, one of which an
+    IR read must be for (None: an IR read is admitted, and not made)."""
+
+    def __init__(
+        self,
+        kernel: Any,
+        given: dict[str, Any],
+        expected: Callable[[], Sequence[Any]] | None = None,
+    ) -> None:
+        self.kernel = kernel
+        self.expected = expected
+        self.params = frozenset(getattr(kernel, "arg_names", ()) or ())
+        self.names: set[str] = set()
+        self.known: set[str] = set()
+        self.followed: set[int] = set()
+        for value in given.values():
+            self._know(exact(value))
+        self.found(kernel)
+
+    def _know(self, desc: Any) -> None:
+        if desc is not None and len(self.known) < 65536:
+            self.known.add(json.dumps(desc, separators=(",", ":")))
+
+    def found(self, value: Any) -> None:
+        """Note ``value``, found by an admitted read (or the kernel): a function's names and
+        constants, a plain value itself."""
+        plain = exact(value)
+        if plain is not None:
+            self._know(plain)
+            return
+        inner = python_function(value)
+        if inner is None or id(inner) in self.followed:
+            return
+        self.followed.add(id(inner))
+        self.names |= code_names(value)[1]
+        for c in consts(inner.__code__):
+            self._know(exact(c))
+
+    def check(self, index: int, base: Any, op: str, operand: Any, found: Sequence[Any]) -> None:
+        """Raise :class:`~bridge.exceptions.RefusedReadSet` where the code does not allow row ``index``, ``op`` of
+        ``operand`` on ``base`` (what its parent found)."""
+        why = self._why(base, op, operand, found)
+        if why is not None:
+            raise RefusedReadSet(f"row {index} ({op} {json.dumps(operand)[:60]}): {why}")
+
+    def _why(self, base: Any, op: str, operand: Any, found: Sequence[Any]) -> str | None:
+        jit, cfn, _ = jit_classes()
+        if op == "g":
+            if python_function(base) is None:
+                return "a global is read only of a function"
+            ok = operand in code_names(base)[0]
+            return None if ok else "a global its function's code does not read"
+        if op == "a":
+            if operand in self.names:
+                return None
+            ok = operand in IMPLICIT and issubclass(type(base), type)
+            return None if ok else "a name no code the reads followed spells"
+        if op == "f":
+            ok = issubclass(type(base), jit) and (cfn is None or not issubclass(type(base), cfn))
+            return None if ok else "a source file is read only of a JIT function"
+        if op == "d":
+            return None if python_function(base) is not None else "defaults only of a function"
+        if op == "p":
+            return None if operand in self.params else "not a parameter of the kernel"
+        if op == "e":
+            return None
+        if op == "i":
+            return self._argument(operand[:], found, any_value=False)
+        if op == "c":
+            return self._call(base, operand, found)
+        if op == "b":
+            return self._builtin(operand, found)
+        if op == "ir":
+            if self.expected is None:
+                return None  # (made again where the specialization is known: see read_sets)
+            ok = plain_json(operand) in {plain_json(e) for e in self.expected()}
+            return None if ok else "an IR read of a specialization the lookup is not for"
+        return "no such read"
+
+    def _call(self, fn: Any, operand: Any, found: Sequence[Any]) -> str | None:
+        cfn = jit_classes()[1]
+        callable_ = (
+            (cfn is not None and issubclass(type(fn), cfn))
+            or program_function(fn)
+            or (issubclass(type(fn), type) and program_class(fn))
+            or (type(fn) is types.BuiltinFunctionType and fn in PURE)
+        )
+        if not callable_:
+            return "a call only of a constexpr_function or a function or class of the program"
+        args, kwargs = operand
+        for arg in [*args, *(a for _, a in kwargs)]:
+            why = self._argument(arg, found, any_value=True)
+            if why is not None:
+                return why
+        return None
+
+    def _argument(self, arg: Any, found: Sequence[Any], any_value: bool) -> str | None:
+        """Why the argument ``arg`` may not be given, None where it may: a value found by a
+        read (``any_value``: any object; else a plain one), or a plain value that is small or
+        that the lookup holds already."""
+        tag, body = arg
+        if tag in ("r", "rk"):
+            value = found[body]
+            return None if any_value or exact(value) is not None else "an object as a key"
+        try:
+            value = remake(body)
+        except (ValueError, TypeError, OverflowError):
+            return "not a value"
+        if small(value) or json.dumps(body, separators=(",", ":")) in self.known:
+            return None
+        return "a large value the lookup does not hold (given, in the code or found)"
+
+    def _builtin(self, operand: Any, found: Sequence[Any]) -> str | None:
+        name, args = operand
+        if name in ("getattr", "hasattr"):
+            if not 2 <= len(args) <= (3 if name == "getattr" else 2):
+                return f"{name} takes an object and a name"
+            attr = args[1]
+            named = attr[0] == "v" and isinstance(attr[1], list) and attr[1][:1] == ["s"]
+            if not named or attr[1][1] not in self.names:
+                return f"{name} of a name no code the reads followed spells"
+            return self._argument(args[0], found, any_value=True)
+        if name == "isinstance":
+            return None if len(args) == 2 else "isinstance takes two arguments"
+        for arg in args:
+            why = self._argument(arg, found, any_value=False)
+            if why is not None:
+                return why
+        return None
+
+
+def plain_json(value: Any) -> str:
+    """``value`` as canonical JSON text (what two specializations are compared by)."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def code_names(fn: Any) -> tuple[frozenset[str], frozenset[str]]:
+    """The globals the code of the function ``fn`` reads and the attribute names it spells: a
+    JIT function's syntax (as Triton's frontend walks it); a Python function's code, nested
+    code and closure (both alike)."""
+    jit, cfn, _ = jit_classes()
+    if issubclass(type(fn), jit) and (cfn is None or not issubclass(type(fn), cfn)):
+        src = source(fn)
+        if isinstance(src, str):
+            found = syntax(src)
+            return found.loaded, found.attributes
+    inner = python_function(fn)
+    if inner is None:
+        return frozenset(), frozenset()
+    names = code_facts(inner.__code__)[1] | frozenset(inner.__code__.co_freevars)
+    return names, names

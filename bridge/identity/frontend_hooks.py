@@ -1,0 +1,320 @@
+"""The witness's hooks in Triton's code generator: each read the frontend makes of the program
+(a global or closure variable, an attribute, an item, a call made at compile time), recorded
+in the active :class:`~.witness.Recorder` where a check can make it again as it was made, and
+the read set made partial where it cannot.
+
+The hooks wrap the generator's constructor (which JIT function is being generated), its name,
+attribute, item and call visits, and ``constexpr_type.mangle`` (Triton 3.9 names a
+specialization by an object's ``repr``); they do nothing outside a recording of the same
+thread. A read is recorded only where :mod:`.static_access` finds the same value without
+running code and :mod:`.admit` admits it; a call of code of the program is recorded where a
+check may make it again (:func:`made_again`: what program code it runs is then the call's
+own); a built-in where its result follows from what reads found. Everything else the frontend
+runs of the program is seen by the recording's guard (:mod:`.guard`).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import types
+from collections.abc import Callable
+from typing import Any
+
+from . import admit, reach, static_access, static_reads
+from . import exact_values as ev
+from . import read_sets as rs
+from .guard import program_class
+from .namespaces import RUNS_CODE, python_function
+from .witness import Recorder, active
+
+
+def _triton_value(value: Any) -> bool:
+    from triton.language.core import base_value
+
+    return isinstance(value, base_value)
+
+
+def _ignorable(value: Any) -> bool:
+    """Whether reading from ``value`` needs no witness: a plain value, or one of Triton's own
+    objects (a dtype, a layout: what Triton's files, in every key, decide)."""
+    if ev.exact(value) is not None:
+        return True
+    return ev.triton_home(type(value)) is not None
+
+
+@functools.lru_cache(maxsize=1)
+def install() -> None:
+    """Hook Triton's code generator (once per process)."""
+    from triton.compiler.code_generator import CodeGenerator
+
+    init = CodeGenerator.__init__
+    visit_name = CodeGenerator.visit_Name
+    call_function = CodeGenerator.call_Function
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        recorder = active()
+        self._kc_root = None
+        if recorder is not None:
+            self._kc_root = recorder.origin(self.jit_fn)
+            if self._kc_root is None:
+                recorder.missed(f"{getattr(self.jit_fn, '__name__', '?')} reached otherwise")
+            else:
+                with recorder.guarded():
+                    recorder.add(self._kc_root, "f", "", rs.source_file(self.jit_fn))
+
+    def visit_Name(self: Any, node: Any) -> Any:
+        value = visit_name(self, node)
+        recorder = active()
+        if recorder is not None and not isinstance(node.ctx, ast.Store):
+            name = node.id
+            root = getattr(self, "_kc_root", None)
+            if name not in self.lscope and root is not None:
+                with recorder.guarded():
+                    recorder.add(root, "g", name, self.gscope.get(name, ev.ABSENT))
+        return value
+
+    def visit_Attribute(self: Any, node: Any) -> Any:
+        lhs = self.visit(node.value)
+        value = self.get_Attribute(rs.follow(lhs, self.builder.module_map), node.attr)
+        recorder = active()
+        if recorder is not None:
+            with recorder.guarded():
+                _attribute(recorder, lhs, node.attr, value, self.builder.module_map)
+        return value
+
+    def visit_Subscript_Load(self: Any, node: Any) -> Any:
+        lhs = self.visit(node.value)
+        slices = self.visit(node.slice)
+        if _triton_value(lhs):
+            return self.call_Method(node, lhs.__getitem__, lhs, [slices], {})
+        value = lhs[slices]
+        recorder = active()
+        if recorder is not None:
+            with recorder.guarded():
+                _item(recorder, lhs, slices, value)
+        return value
+
+    def call_Function(self: Any, node: Any, fn: Any, args: Any, kws: Any) -> Any:
+        given = list(args)
+        recorder = active()
+        if recorder is None or recorder.guard is None or not made_again(fn):
+            value = call_function(self, node, fn, args, kws)
+            ran = False
+        else:  # (program code it runs is the call's, if the call is recorded)
+            with recorder.guard.calling() as block:
+                value = call_function(self, node, fn, args, kws)
+            ran = bool(block[1])
+        if recorder is not None:
+            with recorder.guarded():
+                _call(recorder, fn, given, dict(kws), value, self.builder.module_map, ran)
+        return value
+
+    kind: Any = getattr(getattr(ev.language(), "core", None), "constexpr_type", None)
+    mangle = vars(kind).get("mangle") if kind is not None else None
+    if mangle is not None:  # (Triton 3.9 names a specialization by repr(value) there)
+        kind.mangle = _mangled(mangle)
+    CodeGenerator.__init__ = __init__
+    CodeGenerator.visit_Name = visit_Name
+    CodeGenerator.visit_Attribute = visit_Attribute
+    CodeGenerator.visit_Subscript_Load = visit_Subscript_Load
+    CodeGenerator.call_Function = call_Function
+
+
+def _attribute(recorder: Recorder, base: Any, name: str, value: Any, module_map: Any) -> None:
+    inner = base
+    if isinstance(base, ev.language().constexpr) and name not in ("value", "type"):
+        inner = base.value  # (what the code generator reads the attribute of)
+    row = recorder.origin(base)
+    if row is None and inner is not base:
+        row = recorder.origin(inner)
+    if row is not None:
+        _found(recorder, row, "a", name, value, lambda: rs.attribute(base, name, module_map))
+    elif _triton_value(inner):
+        # (an aggregate's method: a member of its class, which a read may have found)
+        row = recorder.origin(type(inner))
+        if row is not None:
+            _found(recorder, row, "a", name, value, lambda: rs.attribute(type(inner), name, {}))
+        elif static_reads.is_jit(value) and ev.triton_home(type(inner)) is None:
+            recorder.missed(f"a method of {type(inner).__qualname__} not witnessed")
+    elif not _ignorable(inner):
+        recorder.missed(f"an attribute of a {type(inner).__qualname__} not witnessed")
+
+
+def _found(
+    recorder: Recorder, row: int, op: str, operand: Any, value: Any, again: Callable[[], Any]
+) -> None:
+    """Record the read ``op operand`` of row ``row``'s object where a check makes it again
+    without running code, finding ``value`` (``again()``: that read); else the read set is
+    partial."""
+    try:
+        made = again()
+    except (AttributeError, LookupError, TypeError):
+        made = RUNS_CODE
+    if made is value or (made is not RUNS_CODE and _same(made, value)):
+        recorder.add(row, op, operand, value)
+    else:
+        recorder.missed(f"{op} {str(operand)[:40]}: found by code of the program's own")
+
+
+def _same(made: Any, value: Any) -> bool:
+    """Whether ``made`` (a read made again) is ``value``: the same object, an equal plain
+    value, or a method of the same function bound to the same object."""
+    if type(made) is types.MethodType and type(value) is types.MethodType:
+        return made.__func__ is value.__func__ and made.__self__ is value.__self__
+    plain = ev.exact(made)
+    return plain is not None and plain == ev.exact(value)
+
+
+def _item(recorder: Recorder, base: Any, key: Any, value: Any) -> None:
+    if _ignorable(base):
+        return
+    row, made = _origin(recorder, base), recorder.argument(key)
+    if row is None or made is None:
+        recorder.missed(f"an item of a {type(base).__qualname__} not witnessed")
+    else:
+        _found(recorder, row, "i", made, value, lambda: static_access.item(base, ev.unwrap(key)))
+
+
+def _mangled(method: Any) -> Any:
+    """``method`` (``constexpr_type.mangle``, where Triton names a JIT function's
+    specialization by the ``repr`` of an object it is given): where that object is not a plain
+    value, the read set is partial (the ``repr`` is the object's own code, or its address)."""
+
+    def mangle(self: Any) -> Any:
+        text = method(self)
+        recorder = active()
+        value = self.value
+        if recorder is not None and ev.exact(value) is None and not _ignorable(value):
+            recorder.missed(f"a specialization named by the repr of a {type(value).__qualname__}")
+        return text
+
+    return functools.wraps(method)(mangle)
+
+
+def made_again(fn: Any) -> bool:
+    """Whether a call of ``fn`` is one a check may make again (:mod:`.admit`): what program
+    code it runs is then the call's own."""
+    jit_callable, constexpr_function, _ = static_reads.jit_classes()
+    if constexpr_function is not None and isinstance(fn, constexpr_function):
+        return True
+    if isinstance(fn, jit_callable) or ev.triton_home(fn) is not None:
+        return False
+    if any(f is fn for f in static_access.BUILTINS.values()) or fn in admit.PURE:
+        return True
+    return admit.program_function(fn) or (isinstance(fn, type) and program_class(fn))
+
+
+def _bound(recorder: Recorder, fn: Any, module_map: dict[str, Any]) -> tuple[Any, Any] | None:
+    """For a ``constexpr_function`` bound to an object (a method of an ``@aggregate`` class):
+    the function, found as an attribute of the object's class (a read recorded), and the
+    object; None for anything else."""
+    constexpr_function = static_reads.jit_classes()[1]
+    own = vars(fn)
+    func, owner = own.get("__func__"), own.get("__self__")
+    if constexpr_function is None or not isinstance(func, constexpr_function) or owner is None:
+        return None
+    name = getattr(python_function(func), "__name__", None)
+    row = recorder.origin(type(owner))
+    if row is None or not isinstance(name, str):
+        recorder.missed(f"a method of {type(owner).__qualname__} not witnessed")
+        return None
+    if rs.attribute(type(owner), name, module_map) is not func:
+        recorder.missed(f"{type(owner).__qualname__}.{name} found otherwise")
+        return None
+    recorder.add(row, "a", name, func)
+    return func, owner
+
+
+def _call(
+    recorder: Recorder,
+    fn: Any,
+    args: list[Any],
+    kws: dict[str, Any],
+    value: Any,
+    module_map: dict[str, Any],
+    ran: bool,
+) -> None:
+    """Record a call the code generator made at compile time of code that is not Triton's
+    (``ran``: the call ran code of the program's own)."""
+    jit_callable, constexpr_function, _ = static_reads.jit_classes()
+    if isinstance(fn, jit_callable) and not (
+        constexpr_function is not None and isinstance(fn, constexpr_function)
+    ):
+        bound = _bound(recorder, fn, module_map)
+        if bound is None:
+            return  # (generated: its reads are its generator's)
+        fn, args = bound[0], [bound[1], *args]
+    if ev.triton_home(fn) is not None:
+        return  # (Triton's own code, in every key)
+    if hasattr(fn, "__self__") and _triton_value(fn.__self__):
+        return  # (a method of a tensor)
+    if getattr(fn, "__triton_builtin__", False):
+        if not ev.triton_code(fn):  # (a builtin of the program's own, given tensors: never
+            reach.reachable(recorder, fn, module_map)  # called again)
+        return
+    builtin = next((n for n, f in static_access.BUILTINS.items() if f is fn), None)
+    if builtin is not None:
+        _builtin(recorder, builtin, args, kws, value, ran)
+        return
+    constexpr = ev.language().constexpr
+    if hasattr(fn, "__self__"):  # (given their arguments unwrapped)
+        args = [a.value if isinstance(a, constexpr) else a for a in args]
+        kws = {k: v.value if isinstance(v, constexpr) else v for k, v in kws.items()}
+    given = [recorder.argument(a) for a in args]
+    named = [[k, recorder.argument(v)] for k, v in sorted(kws.items())]
+    if any(m is None for m in given) or any(m is None for _, m in named):
+        recorder.missed(f"a call of {_name(fn)} with arguments not witnessed")
+        reach.reachable(recorder, fn, module_map)
+        return
+    parent = recorder.origin(fn)
+    if parent is None:
+        recorder.missed(f"a call of {_name(fn)} not witnessed")
+        return
+    row = recorder.add(parent, "c", [given, named], ev.unwrap(value))
+    if row is not None:
+        recorder.trace.note(value, row)  # (the wrapped result the generator goes on with)
+
+
+def _builtin(
+    recorder: Recorder, name: str, args: list[Any], kws: dict[str, Any], value: Any, ran: bool
+) -> None:
+    """Record a call of the built-in ``name``: nothing where its arguments are plain (its
+    result follows from them) or Triton's own objects, a read where a check makes it again as
+    it was made (no code of the program ran in it: :func:`~.read_sets.builtin`); else the
+    read set is partial."""
+    args = [ev.unwrap(a) for a in args]
+    given = [recorder.argument(a) for a in args]
+    if not ran and not kws:
+        if all(g is not None and g[0] == "v" for g in given):
+            return
+        if all(
+            g is not None or _triton_value(a) or _ignorable(a)
+            for g, a in zip(given, args, strict=True)
+        ):
+            if all(g is not None for g in given):
+                try:
+                    again = static_access.builtin(name, args)
+                except Exception:  # (the check would find an error, not this)
+                    again = RUNS_CODE
+                if again is not RUNS_CODE and (
+                    again is ev.unwrap(value) or _same(again, ev.unwrap(value))
+                ):
+                    recorder.add(-1, "b", [name, given], ev.unwrap(value))
+                    return
+            else:
+                return  # (Triton's objects and plain values: what Triton's files say)
+    recorder.missed(f"{name}() of what no read can make again")
+
+
+def _origin(recorder: Recorder, value: Any) -> int | None:
+    """The row that found ``value`` or, for a ``constexpr``, the value it holds."""
+    row = recorder.origin(value)
+    if row is None and isinstance(value, ev.language().constexpr):
+        row = recorder.origin(value.value)
+    return row
+
+
+def _name(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", None) or type(fn).__qualname__)

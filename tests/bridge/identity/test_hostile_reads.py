@@ -1,0 +1,340 @@
+"""A stored read set is hostile input: whatever its rows say, a lookup runs no code the kernel's
+code does not allow, never raises, and ends within a second.
+
+The program here is a trap: every way Python runs code of an object (a property, ``__getattr__``
+of an object, a class and a module, a metaclass's ``__len__``/``__index__``/``__format__``/
+``__instancecheck__``, an object's ``__hash__``/``__eq__``/``__len__``/``__index__``/
+``__repr__``/``__mul__``, ``os.system``, ``__import__``) leaves a marker file. Its kernel
+spells every name (in a branch the frontend never takes), so a forged row that names them gets
+past the names check and must be stopped by what a read may run. The read sets are checked the
+way a lookup checks them (:func:`bridge.identity.read_sets.check`): a compile's own, then
+forged ones, then rows drawn at random (hypothesis) from the names, operations and values a
+forger would use.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import tracemalloc
+from typing import Any
+
+import pytest
+from bridge_helpers import kernel_module, machine_code
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+TRAP = """
+import os
+import triton
+import triton.language as tl
+
+#: what ran (a list: the kernel stays one the bridge describes exactly, so its read set is used)
+HIT = []
+
+
+def trip(what):
+    HIT.append(what)
+
+
+class Meta(type):
+    def __len__(cls):
+        trip("meta-len")
+        return 3
+
+    def __index__(cls):
+        trip("meta-index")
+        return 3
+
+    def __format__(cls, spec):
+        trip("meta-format")
+        return "x"
+
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        trip("meta-getattr")
+        return 1.0
+
+    def __instancecheck__(cls, other):
+        trip("meta-instancecheck")
+        return True
+
+
+class Reg(metaclass=Meta):
+    SCALE = 2.0
+
+
+class Trap:
+    def __init__(self):
+        self.value = 2.0
+
+    @property
+    def boom(self):
+        trip("property")
+        return 1.0
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        trip("getattr")
+        return 1.0
+
+    def __hash__(self):
+        trip("hash")
+        return 1
+
+    def __eq__(self, other):
+        trip("eq")
+        return False
+
+    def __len__(self):
+        trip("len")
+        return 1
+
+    def __index__(self):
+        trip("index")
+        return 1
+
+    def __repr__(self):
+        trip("repr")
+        return "Trap"
+
+    def __mul__(self, other):
+        trip("mul")
+        return 1.0
+
+    def __del__(self):
+        pass
+
+
+TRAPPED = Trap()
+TABLE = {"a": 1.0, TRAPPED: 2.0}
+NUMBERS = tl.constexpr((1.0, 2.0))
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    trip("module-getattr")
+    return 1.0
+
+
+def shell(command):
+    trip("shell")
+    return command
+
+
+@triton.constexpr_function
+def pick(n):
+    if n == 7:
+        raise SystemExit(3)
+    if n == 5:
+        raise KeyError("five")
+    return float(n) * 2.0
+
+
+@triton.jit
+def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask) * pick(1) * NUMBERS[1]
+    if BLOCK < 0:  # (never taken: the names are spelled, never read by the frontend)
+        x = x * TRAPPED.boom * TRAPPED.missing * Reg.SCALE * Reg.absent * TABLE["a"]
+        x = x * len(Reg) * TRAPPED.value * getattr(Reg, "nothing")
+        x = pick(n=1, shell=1, system=1, value=1, exit=1, eval=1, __builtins__=1, __import__=1)
+    tl.store(out_ptr + offs, x, mask=mask)
+"""
+#: names the trap spells, and names it does not, for forged rows
+NAMES = [
+    "TRAPPED", "Reg", "TABLE", "NUMBERS", "os", "shell", "pick", "system", "path", "boom",
+    "missing", "SCALE", "absent", "value", "tl", "exit", "nothing", "trip", "HIT", "append",
+    "__import__", "__builtins__", "__class__", "__globals__", "__init__", "__call__", "eval",
+]  # fmt: skip
+#: values forged rows pass (large ones included)
+VALUES = [
+    ["i", "1"], ["i", "7"], ["i", "5"], ["i", "30000000"], ["i", str(10**19)], ["s", "a"],
+    ["s", "touch /tmp/kc-owned"], ["f", "7ff8000000000000"], ["t", [["i", "1"], ["i", "2"]]],
+    "N", ["b", 1], ["s", "x" * 200],
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trap(tmp_path_factory) -> dict[str, Any]:
+    """The trap compiled once: its kernel, what a check is given, and its own read set."""
+    from bridge.identity import read_sets
+    from bridge.vendors import backends, targets
+
+    base = tmp_path_factory.mktemp("trap")
+    module = kernel_module(base, "hostile_trap", TRAP)
+    root = base / "root"
+    code = machine_code(module.kernel, root)
+    (text,) = [
+        json.loads(p.read_text())["reads"]
+        for p in root.glob("*.json")
+        if "reads" in json.loads(p.read_text())
+    ]
+    backend = backends.make_backend(targets.parse_target("cuda:90"))
+    module.HIT.clear()  # (what the import and Triton's own dependency finder ran)
+    return {
+        "kernel": module.kernel,
+        "given": {"BLOCK": 1024},
+        "backend": backend,
+        "modules": read_sets.module_map_of(backend),
+        "text": text,
+        "marks": module.HIT,
+        "code": code,
+    }
+
+
+@pytest.fixture(autouse=True)
+def _nothing_ran_yet(trap: dict[str, Any]) -> None:
+    trap["marks"].clear()
+
+
+def _check(trap: dict[str, Any], text: str) -> tuple[Any, float]:
+    from bridge.identity import read_sets
+
+    start = time.monotonic()
+    found = read_sets.check(text, trap["kernel"], trap["given"], trap["modules"], trap["backend"])
+    return found, time.monotonic() - start
+
+
+def _forged(trap: dict[str, Any], rows: list[list[Any]]) -> str:
+    """The trap's own read set with ``rows`` in place of its rows after the first few (what a
+    forger who read the entry writes)."""
+    doc = json.loads(trap["text"])
+    doc["rows"] = [r for r in doc["rows"] if r[1] != "ir"][:4] + rows
+    doc["partial"] = []
+    return json.dumps(doc)
+
+
+def _marks(trap: dict[str, Any]) -> list[str]:
+    return sorted(trap["marks"])
+
+
+def test_a_compiles_own_read_set_is_admitted_and_holds(trap):
+    from bridge.entries import read_set_form
+
+    assert read_set_form.problem(trap["text"]) is None
+    found, _ = _check(trap, trap["text"])
+    assert found is None, "the read set a compile wrote does not hold in the same process"
+    assert _marks(trap) == []
+
+
+#: forged rows, each of which would run code of the trap if a lookup made it as written
+FORGED = {
+    "import-through-builtins": [[0, "g", "__builtins__", "x"]],
+    "os-system": [[-1, "g", "os", "x"], [4, "a", "system", "x"], [5, "c", [[["v", ["s", "true"]]], []], "x"]],
+    "program-function-running-os-system": [[-1, "g", "shell", "x"], [4, "c", [[["v", ["s", "x"]]], []], "x"]],
+    "property": [[-1, "g", "TRAPPED", "x"], [4, "a", "boom", "x"]],
+    "object-getattr": [[-1, "g", "TRAPPED", "x"], [4, "a", "missing", "x"]],
+    "module-getattr": [[-1, "g", "os", "x"], [4, "a", "absent", "x"]],
+    "metaclass-getattr": [[-1, "g", "Reg", "x"], [4, "a", "absent", "x"]],
+    "metaclass-len": [[-1, "g", "Reg", "x"], [-1, "b", ["len", [["r", 4]]], "x"]],
+    "metaclass-instancecheck": [[-1, "g", "Reg", "x"], [-1, "b", ["isinstance", [["v", ["i", "1"]], ["r", 4]]], "x"]],
+    "getattr-builtin-dunder": [[-1, "g", "Reg", "x"], [-1, "b", ["getattr", [["r", 4], ["v", ["s", "__class__"]]]], "x"]],
+    "object-len": [[-1, "g", "TRAPPED", "x"], [-1, "b", ["len", [["r", 4]]], "x"]],
+    "object-index": [[-1, "g", "TRAPPED", "x"], [-1, "b", ["range", [["r", 4]]], "x"]],
+    "item-hash": [[-1, "g", "TABLE", "x"], [-1, "g", "TRAPPED", "x"], [4, "i", ["r", 5], "x"]],
+    "huge-range-listed": [[-1, "b", ["range", [["v", ["i", "30000000"]]]], "x"], [-1, "b", ["list", [["r", 4]]], "x"]],
+    "huge-power": [[-1, "g", "pick", "x"], [4, "c", [[["v", ["i", str(10**19)]]], []], "x"]],
+    "system-exit": [[-1, "g", "pick", "x"], [4, "c", [[["v", ["i", "7"]]], []], "x"]],
+    "a-program-error": [[-1, "g", "pick", "x"], [4, "c", [[["v", ["i", "5"]]], []], "x"]],
+    "unknown-operation": [[-1, "o", ["__pow__", [["v", ["i", "10"]], ["v", ["i", "30000000"]]]], "x"]],
+    "ir-of-another-specialization": [[-1, "ir", {"gluon": False, "kind": ["triton", "x", "y"], "signature": [], "constants": [], "attrs": [], "options": []}, "x"]],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("rows", FORGED.values(), ids=FORGED.keys())
+def test_a_forged_read_set_runs_no_code_raises_nothing_and_ends_in_time(trap, rows):
+    text = _forged(trap, rows)
+    tracemalloc.start()
+    try:
+        found, took = _check(trap, text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert found is not None, "a forged read set was found to hold"
+    assert _marks(trap) == [], "a forged read set ran code of the program"
+    assert took < 1.0 and peak < 100 << 20
+
+
+def test_a_refused_read_set_says_which_row_and_why(trap):
+    from bridge.identity import read_sets
+
+    found, _ = _check(trap, _forged(trap, FORGED["os-system"]))
+    assert isinstance(found, read_sets.Refusal)
+    assert "row 4" in found.reason and "global" in found.reason
+    found, _ = _check(trap, _forged(trap, [[-1, "g", "TRAPPED", "x"], [4, "c", [[], []], "x"]]))
+    assert isinstance(found, read_sets.Refusal)
+    assert "row 5" in found.reason and "constexpr_function" in found.reason
+
+
+def test_the_door_refuses_what_no_compile_writes(trap):
+    """The schema's check of the ``reads`` field, at every door: a dunder, an operation no
+    compile records, a value too large to be a kernel's."""
+    from bridge.entries import read_set_form
+
+    for rows in (
+        FORGED["import-through-builtins"],
+        FORGED["unknown-operation"],
+        [[-1, "c", [[["v", ["s", "x" * 5000]]], []], "x"]],
+        [[-1, "b", ["__import__", [["v", ["s", "os"]]]], "x"]],
+        [[7, "g", "tl", "x"]],
+    ):
+        assert read_set_form.problem(_forged(trap, rows)) is not None
+
+
+@st.composite
+def _rows(draw: Any) -> list[list[Any]]:
+    rows: list[list[Any]] = []
+    for index in range(4, 4 + draw(st.integers(1, 8))):
+        parent = draw(st.integers(-1, index - 1))
+        op = draw(st.sampled_from(["g", "a", "i", "c", "b", "f", "d", "e", "p", "ir", "o"]))
+        ref = ["r", draw(st.integers(0, index - 1))]
+        value = ["v", draw(st.sampled_from(VALUES))]
+        arg = draw(st.sampled_from([ref, value]))
+        operand: Any = {
+            "g": draw(st.sampled_from(NAMES)),
+            "a": draw(st.sampled_from(NAMES)),
+            "i": arg,
+            "c": [draw(st.lists(st.sampled_from([ref, value]), max_size=3)), []],
+            "b": [
+                draw(
+                    st.sampled_from(
+                        ["len", "list", "range", "int", "float", "isinstance", "getattr", "hasattr"]
+                    )
+                ),
+                draw(
+                    st.lists(
+                        st.sampled_from([ref, value, ["v", ["s", draw(st.sampled_from(NAMES))]]]),
+                        max_size=3,
+                    )
+                ),
+            ],
+            "e": draw(st.sampled_from(["HOME", "SECRET", "PATH"])),
+            "p": draw(st.sampled_from(["BLOCK", "x_ptr", "nope"])),
+            "ir": None,
+            "o": ["__mul__", [ref, value]],
+        }.get(op, "")
+        rows.append([parent, op, operand, "x"])
+    return rows
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(rows=_rows())
+def test_random_rows_run_no_code_and_raise_nothing(trap, rows):
+    found, took = _check(trap, _forged(trap, rows))
+    assert found is not None
+    assert _marks(trap) == [], f"rows {rows} ran code of the program"
+    assert took < 1.0
+
+
+def test_the_kernel_is_unchanged_by_the_attacks(trap, tmp_path):
+    """After every attack (in this module's order), the trap still lowers to what a compile
+    gives: nothing of it was changed by a check."""
+    assert machine_code(trap["kernel"], tmp_path / "fresh") == trap["code"]
+    assert _marks(trap) == []
