@@ -1,0 +1,271 @@
+"""A forged read set, through every door: whoever may write a shared root, a read-only layer, a
+Redis tier or an S3 bucket (keyless, or signed with the reader's own key), or hand over a
+bundle, may edit the ``reads`` of an entry (its digests made valid). A victim process that
+lowers the kernel from there runs none of the program's code the forged rows name, gets the
+kernel a compile of its code gives, and keeps no copy of the forged entry in its own root.
+
+The program is a trap: its property and the ``__getattr__`` of its object and of its class
+print ``TRAP:<what>`` when they run (print: the kernel stays one the bridge describes
+exactly, so its read set is what a lookup checks). The forged read set passes the schema (the
+door lets it in), names what the kernel reads and spells (whose reads run no code), then asks
+for ``os.system`` through the module's ``os``, which the kernel does not read: its code does
+not allow it, so nothing of the forged read set runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bridge_helpers import forget_lowerings, forget_programs
+from cli_support import kc
+from object_store import moto_available, s3_env
+from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
+from support import HELPERS, child_env
+
+TRAP = """
+import os
+import triton
+import triton.language as tl
+
+
+def trip(what):
+    print("TRAP:" + what)
+
+
+class Meta(type):
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        trip("metaclass-getattr")
+        return 1.0
+
+
+class Reg(metaclass=Meta):
+    SCALE = 2.0
+
+
+class Trap:
+    @property
+    def boom(self):
+        trip("property")
+        return 1.0
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        trip("getattr")
+        return 1.0
+
+
+TRAPPED = Trap()
+
+
+@triton.jit
+def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask) * 2.0
+    if BLOCK < 0:  # (never taken: the names are spelled, never read by the frontend)
+        t, r = TRAPPED, Reg  # (locals: no finder of names reads them)
+        x = x * t.boom * t.missing * r.absent
+    tl.store(out_ptr + offs, x, mask=mask)
+"""
+#: the victim: lowers the kernel (its cache as the environment says) and prints the digest of
+#: the machine code it embeds
+CHILD = """
+import hashlib, json, sys
+sys.path[:0] = [sys.argv[1], {helpers!r}]
+import jax, jax.numpy as jnp
+import bridge
+from bridge.lowering import proto
+from bridge_helpers import custom_calls, kernels_of, lowered_module
+import doors_trap
+x = jax.ShapeDtypeStruct((4096,), jnp.float32)
+fn = lambda x: bridge.triton_call(x, x.size, kernel=doors_trap.kernel, out_shape=x, grid=(4,),
+                                  BLOCK=1024, target="cuda:90", embed="inline")
+(call,) = custom_calls(lowered_module(fn, x, platform="cuda"))
+code = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
+print(json.dumps({{"code": hashlib.sha256(b"".join(code)).hexdigest()}}))
+"""
+#: what marks the forged read set (a note of its own, which the schema lets through)
+FORGED_MARK = "forged-by-an-attacker"
+KEY = "a-signing-key-of-the-fleet-0123456789"
+
+
+def _lower(src: Path, **env: str) -> tuple[str, list[str], str]:
+    """Run the victim: the digest of its machine code, the trap lines it printed, and what it
+    said on standard error."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CHILD.format(helpers=str(HELPERS))), str(src)],
+        env=child_env(PYTHONDONTWRITEBYTECODE="1", **env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"the victim failed\n{proc.stdout}\n{proc.stderr}"
+    lines = proc.stdout.strip().splitlines()
+    trapped = [line for line in lines if line.startswith("TRAP:")]
+    return json.loads(lines[-1])["code"], trapped, proc.stderr
+
+
+def _forged_reads(text: str) -> str:
+    """The read set ``text`` with rows that name what the trap reads and spells, then a call of
+    ``os.system`` (what a forger who read the entry writes)."""
+    doc = json.loads(text)
+    rows = [r for r in doc["rows"] if r[1] != "ir"]
+    n = len(rows)
+    rows += [
+        [-1, "g", "TRAPPED", "x"],
+        [n, "a", "boom", "x"],
+        [n, "a", "missing", "x"],
+        [-1, "g", "Reg", "x"],
+        [n + 3, "a", "absent", "x"],
+        [-1, "g", "os", "x"],
+        [n + 5, "a", "system", "x"],
+        [n + 6, "c", [[["v", ["s", "echo TRAP:os-system"]]], []], "x"],
+    ]
+    doc["rows"], doc["partial"] = rows, [FORGED_MARK]
+    return json.dumps(doc)
+
+
+def _forge(root: Path) -> None:
+    """Edit the reads of the kernel entry in ``root``, its entry digest made valid; forget the
+    lowerings (so that a lookup reaches the kernel entry)."""
+    from bridge.entries.read_set_form import problem
+    from kernelcache.schema.document import entry_digest
+
+    forget_lowerings(root)
+    forget_programs(root)
+    (path,) = [p for p in root.glob("*.json") if "reads" in json.loads(p.read_text())]
+    doc = json.loads(path.read_text())
+    doc["reads"] = _forged_reads(doc["reads"])
+    assert problem(doc["reads"]) is None, "the forged read set must pass the door"
+    doc["entry_digest"] = entry_digest(doc)
+    path.write_text(json.dumps(doc))
+
+
+def _live_forgeries(root: Path) -> list[str]:
+    """The entries of ``root`` (not set aside) that hold the forged read set."""
+    if not root.exists():
+        return []
+    return [p.name for p in root.glob("*.json") if FORGED_MARK in p.read_text()]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> dict[str, Any]:
+    """The trap's source, a root its kernel was compiled into (then forged), and the machine
+    code a compile gives."""
+    base = tmp_path_factory.mktemp("doors")
+    src = base / "src"
+    src.mkdir()
+    (src / "doors_trap.py").write_text(textwrap.dedent(TRAP))
+    clean = base / "clean"
+    code, said, _ = _lower(src, KERNELCACHE_DIR=str(clean))
+    assert said == []
+    return {"src": src, "clean": clean, "code": code, "base": base}
+
+
+def _copy_forged(made: dict[str, Any], where: Path) -> Path:
+    import shutil
+
+    shutil.copytree(made["clean"], where)
+    _forge(where)
+    return where
+
+
+def _upload(root: Path, url: str, key: str | None) -> None:
+    """Put every entry of ``root`` into the remote tier ``url`` as it is (signed with ``key``)."""
+    code = f"""
+import os, sys
+import kernelcache
+from kernelcache.store import Store
+root = {str(root)!r}
+upload = kernelcache.Cache(root={str(root) + "-upload"!r}, remote={url!r})
+for name in sorted(os.listdir(root)):
+    if name.endswith(".json"):
+        key, ext = name[: -len(".json")], None
+        for other in os.listdir(root):
+            if other.startswith(key + ".") and not other.endswith(".json"):
+                ext = other[len(key) + 1 :]
+        if ext is None:
+            continue
+        art = Store(root).read(key, ext)
+        meta = {{k: v for k, v in art.meta.items() if k not in ("format", "key", "ext", "size",
+                "digest", "created", "entry_digest", "hmac")}}
+        upload.put(key, ext, art.data, meta)
+upload.close() if hasattr(upload, "close") else None
+"""
+    env = child_env(**({"KERNELCACHE_SIGNING_KEY": key} if key else {}))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _victim(made: dict[str, Any], where: Path, **env: str) -> None:
+    code, said, stderr = _lower(made["src"], **env)
+    assert said == [], f"the forged read set ran code of the program: {said}"
+    assert code == made["code"], "the victim embedded another kernel than a compile gives"
+    assert "does not admit" in stderr, "the forged entry never reached the victim: no case"
+
+
+def test_a_forged_local_root(made, tmp_path):
+    root = _copy_forged(made, tmp_path / "shared")
+    _victim(made, root, KERNELCACHE_DIR=str(root))
+    assert _live_forgeries(root) == [], "the forged entry is still served from the root"
+
+
+def test_a_forged_read_only_layer(made, tmp_path):
+    layer = _copy_forged(made, tmp_path / "layer")
+    own = tmp_path / "own"
+    _victim(made, own, KERNELCACHE_DIR=str(own), KERNELCACHE_READONLY_DIRS=str(layer))
+    assert _live_forgeries(own) == []
+
+
+@pytest.fixture
+def redis_url(tmp_path) -> Iterator[str]:
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
+@pytest.mark.parametrize("key", [None, KEY], ids=["keyless", "signed-with-the-readers-key"])
+def test_a_forged_redis_tier(made, tmp_path, redis_url, key):
+    _upload(_copy_forged(made, tmp_path / "forged"), redis_url, key)
+    own = tmp_path / "own"
+    env = {"KERNELCACHE_DIR": str(own), "KERNELCACHE_REMOTE": redis_url}
+    _victim(made, own, **env, **({"KERNELCACHE_SIGNING_KEY": key} if key else {}))
+    assert _live_forgeries(own) == [], "the forged entry was copied into the victim's root"
+
+
+@pytest.mark.skipif(not moto_available(), reason="moto and obstore (the s3 extra) are needed")
+def test_a_forged_s3_bucket(made, tmp_path):
+    from object_store import MotoS3
+
+    with s3_env(), MotoS3() as server:
+        url = server.bucket("forged")
+        _upload(_copy_forged(made, tmp_path / "forged"), url, None)
+        own = tmp_path / "own"
+        _victim(made, own, KERNELCACHE_DIR=str(own), KERNELCACHE_REMOTE=url)
+    assert _live_forgeries(own) == [], "the forged entry was copied into the victim's root"
+
+
+@pytest.mark.parametrize("key", [None, KEY], ids=["unsigned", "signed-with-the-readers-key"])
+def test_a_forged_bundle(made, tmp_path, key):
+    forged = _copy_forged(made, tmp_path / "forged")
+    env = {"KERNELCACHE_SIGNING_KEY": key} if key else {}
+    bundle = tmp_path / "kernels.tar"
+    assert kc(forged, "export", str(bundle), env=env).returncode == 0
+    own = tmp_path / "own"
+    done = kc(own, "import", str(bundle), env=env)
+    assert done.returncode in (0, 1), done.stderr
+    _victim(made, own, KERNELCACHE_DIR=str(own), **env)
+    assert _live_forgeries(own) == [], "the forged entry is still served from the victim's root"
