@@ -20,6 +20,7 @@ a :class:`~.guard.Guard` with a deadline (:data:`CALL_SECONDS`).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import types
@@ -29,7 +30,7 @@ from typing import Any
 from ..entries.read_set_form import IMPLICIT, MAX_ITEMS
 from ..exceptions import RefusedReadSet
 from .exact_values import exact, language, remake, triton_home
-from .guard import program_class, program_module
+from .guard import OURS, kind_of, program_class, program_module
 from .namespaces import python_function
 from .static_reads import code_facts, jit_classes, syntax
 from .watch import source
@@ -114,30 +115,38 @@ class Admission:
         self.expected = expected
         self.params = frozenset(getattr(kernel, "arg_names", ()) or ())
         self.names: set[str] = set()
-        self.known: set[str] = set()
+        #: what the lookup holds: the given values, the found ones and the code followed
+        #: (whose constants are made known only when a call needs them: :meth:`_known`)
+        self.held: list[Any] = list(given.values())
+        self.code: list[types.CodeType] = []
         self.followed: set[int] = set()
-        for value in given.values():
-            self._know(exact(value))
         self.found(kernel)
-
-    def _know(self, desc: Any) -> None:
-        if desc is not None and len(self.known) < 65536:
-            self.known.add(json.dumps(desc, separators=(",", ":")))
 
     def found(self, value: Any) -> None:
         """Note ``value``, found by an admitted read (or the kernel): a function's names and
-        constants, a plain value itself."""
-        plain = exact(value)
-        if plain is not None:
-            self._know(plain)
-            return
+        code, any other value itself."""
         inner = python_function(value)
-        if inner is None or id(inner) in self.followed:
+        if inner is None:
+            if len(self.held) < 65536:
+                self.held.append(value)
+            return
+        if id(inner) in self.followed:
             return
         self.followed.add(id(inner))
         self.names |= code_names(value)[1]
-        for c in consts(inner.__code__):
-            self._know(exact(c))
+        if kind_of(inner.__code__) != OURS:  # (Triton's constants are no values of the call)
+            self.code.append(inner.__code__)
+
+    def _known(self) -> frozenset[str]:
+        """The plain values the lookup holds, as JSON text (made when first asked)."""
+        made = []
+        for value in self.held:
+            desc = exact(value)
+            if desc is not None:
+                made.append(plain_json(desc))
+        for code in self.code:
+            made += _constants(code)
+        return frozenset(made)
 
     def check(self, index: int, base: Any, op: str, operand: Any, found: Sequence[Any]) -> None:
         """Raise :class:`~bridge.exceptions.RefusedReadSet` where the code does not allow row ``index``, ``op`` of
@@ -209,7 +218,7 @@ class Admission:
             value = remake(body)
         except (ValueError, TypeError, OverflowError):
             return "not a value"
-        if small(value) or json.dumps(body, separators=(",", ":")) in self.known:
+        if small(value) or plain_json(body) in self._known():
             return None
         return "a large value the lookup does not hold (given, in the code or found)"
 
@@ -230,6 +239,12 @@ class Admission:
             if why is not None:
                 return why
         return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _constants(code: types.CodeType) -> tuple[str, ...]:
+    """The plain constants of ``code`` and the code nested in it, as JSON text."""
+    return tuple(plain_json(d) for d in map(exact, consts(code)) if d is not None)
 
 
 def plain_json(value: Any) -> str:

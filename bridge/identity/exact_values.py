@@ -26,7 +26,7 @@ from typing import Any
 
 from ..exceptions import Undescribable
 from . import static_reads
-from .guard import program_module
+from .guard import program_module, watched
 from .watch import mark
 
 #: what a lookup that found nothing finds
@@ -262,7 +262,8 @@ def describe(value: Any, depth: int = 0) -> Any:
         fields = _fields(value)
         return _whole(["member", klass(kind, depth + 1), _part(fields.get("_name_"), depth)])
     try:
-        return ["obj", constant(value)]
+        with watched():  # (the describer reads fields: the guard sees any code it runs)
+            return ["obj", constant(value)]
     except (Undescribable, ValueError, RecursionError):
         return None
 

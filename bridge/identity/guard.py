@@ -163,6 +163,13 @@ def current() -> Guard | None:
     return getattr(_local, "guard", None)
 
 
+def watched() -> contextlib.AbstractContextManager[None]:
+    """A block traced by the guard open in this thread, if any (what may run code of the
+    program: a description of an object by its fields)."""
+    guard = current()
+    return guard.tracing() if guard is not None else contextlib.nullcontext()
+
+
 class Guard:
     """Watches the calls of this thread until its block ends (see the module docstring).
 
@@ -184,28 +191,67 @@ class Guard:
         self.previous: Any = None
         self.outer: Guard | None = None
         self.collecting = False
+        self.tracer_on = False
 
     # -- blocks --------------------------------------------------------------------------------
     def __enter__(self) -> Guard:
-        self.previous = sys.gettrace()
+        """The guard current in this thread, tracing every call until the block ends."""
+        self._arm()
+        self._trace()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._untrace()
+        self._disarm()
+
+    @contextlib.contextmanager
+    def armed(self) -> Iterator[Guard]:
+        """The guard current in this thread, tracing only in :meth:`tracing` blocks (a check:
+        what it reads runs no code by construction; what may, it traces)."""
+        self._arm()
+        try:
+            yield self
+        finally:
+            self._disarm()
+
+    @contextlib.contextmanager
+    def tracing(self) -> Iterator[None]:
+        """Trace every call in this block (already traced: as it is)."""
+        if self.tracer_on:
+            yield
+            return
+        self._trace()
+        try:
+            yield
+        finally:
+            self._untrace()
+
+    def _arm(self) -> None:
         if self.seconds is not None:
             self.deadline = time.monotonic() + self.seconds
         self.outer = current()
         _local.guard = self
+
+    def _disarm(self) -> None:
+        _local.guard = self.outer
+
+    def _trace(self) -> None:
+        self.previous = sys.gettrace()
         self.collecting = gc.isenabled()
         gc.disable()  # (a collection runs callbacks and finalizers of whatever it finds)
+        self.tracer_on = True
         sys.settrace(self._call)
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def _untrace(self) -> None:
         sys.settrace(self.previous)
-        _local.guard = self.outer
+        self.tracer_on = False
         if self.collecting:
             gc.enable()
 
     def rearm(self) -> None:
-        """Trace again after :class:`~bridge.exceptions.CheckInterrupted` was raised (Python stops a tracer that raises)."""
-        if sys.gettrace() is not self._call:
+        """Trace again after :class:`~bridge.exceptions.CheckInterrupted` was raised (Python
+        stops a tracer that raises)."""
+        if self.tracer_on and sys.gettrace() is not self._call:
             sys.settrace(self._call)
 
     @contextlib.contextmanager

@@ -185,7 +185,7 @@ def _call(fn: Any, operand: Any, found: Sequence[Any], guard: Guard | None) -> A
         )
     if guard is None:
         return unwrap(fn(*args, **kwargs))
-    with guard.calling():
+    with guard.tracing(), guard.calling():
         return unwrap(fn(*args, **kwargs))
 
 
@@ -301,9 +301,12 @@ def wants(
     trace = Trace()
     found: list[Any] = []
     out: list[str] = []
+    if expected is not None and rows and rows[-1][1] == "ir":  # (made here: the lookup's code)
+        specializations = list(expected())
+        expected = lambda: specializations  # noqa: E731
     try:
         admission = admit.Admission(kernel, given, expected)
-        with Guard(CHECK, seconds=admit.CALL_SECONDS) as guard:
+        with Guard(CHECK, seconds=admit.CALL_SECONDS).armed() as guard:
             for index, (parent, op, operand, _) in enumerate(rows):
                 base = kernel if parent < 0 else found[parent]
                 value, want = _FAILED, "error"
