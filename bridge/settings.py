@@ -101,8 +101,8 @@ class BridgeSettings:
         _fraction,
         0.0,
         "0",
-        "the fraction (0 to 1) of cached kernels whose frontend runs again in the job, to "
-        "check that the entry was compiled from the IR it gives now",
+        "the fraction (0 to 1) of the job's cache hits (kernels, stored lowerings, program "
+        "entries) made again in the job and compared with what was served",
     )
 
 

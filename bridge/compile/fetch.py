@@ -89,9 +89,9 @@ class Request:
     check: Callable[[Mapping[str, Any]], str | None] | None = None
     #: how many times the key was chained already (see :func:`_chained`)
     hops: int = 0
-    #: whether a cached kernel (its full metadata) is stale by an audit of this hit
-    #: (:mod:`bridge.compile.hit_audit`)
-    audit: Callable[[Mapping[str, Any]], bool] | None = None
+    #: an audit of this hit (:mod:`bridge.compile.hit_audit`): given a cached kernel's full
+    #: metadata, machine code and PTX served, its compile now where they differ from it, else None
+    audit: Callable[[Mapping[str, Any], bytes, str | None], Compiled | None] | None = None
 
 
 def fetch_request(cache: Cache, request: Request) -> KernelBinary:
@@ -214,8 +214,9 @@ def fetch_each(
                         refused(cache, art, now)
                     stale.append((index, _chained(request, now)))
                     continue
-                if not kernel.built and request.audit is not None and request.audit(art.meta):
-                    kernel = _rebuilt(dataclasses.replace(request, audit=None))
+                if not kernel.built and request.audit is not None:
+                    fresh = request.audit(art.meta, kernel.binary, kernel.ptx)
+                    kernel = kernel if fresh is None else _made(request.key, request, fresh)
                 yield index, kernel
             except Exception as e:  # a failing recompile, reported per request
                 yield index, e

@@ -3,8 +3,9 @@ key computed without compiling), its kernel taken from the cache when first aske
 only on a miss, once across processes), and the lowering assembled from those chosen.
 
 Invariants: the variants are specialized once per lowering, in their order; a kernel is fetched
-at most once per process for a key, target and cache root (:data:`FETCHED`); the opaque is
-byte-identical for the same call, target, software and embedding.
+at most once per process for a key, target and cache root (:data:`FETCHED`), but by the audit
+of a lowering hit (:mod:`bridge.compile.hit_audit`), which fetches its kernels again; the opaque
+is byte-identical for the same call, target, software and embedding.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Configs:
         mode: str,
         cache: Any,
         device: Any,
+        memo: variants.Memo | None = None,
     ) -> None:
         self.call, self.target, self.jaxlib, self.mode, self.cache = (
             call,
@@ -62,7 +64,7 @@ class Configs:
             return (lambda meta: messages.descriptor_meta(meta, n) is not None) if n else None
 
         self.found = variants.Variants(
-            self.every, cache, device=device, usable=usable, memo=FETCHED
+            self.every, cache, device=device, usable=usable, memo=FETCHED if memo is None else memo
         )
 
     def config(self, index: int) -> tuple[proto.Config, bool]:
@@ -100,13 +102,15 @@ def assemble(
     autotune: str,
     device: Any,
     ours: BridgeSettings,
+    memo: variants.Memo | None = None,
 ) -> tuple[Lowered, str, list[str]]:
     """Lower ``call`` from its kernels (``every_variant``: its variants, ``ours``: the
-    bridge's settings): the lowering, its state (see :mod:`bridge.entries.lowerings`) and the kernel
-    keys of its variants."""
+    bridge's settings; ``memo``: the kernels fetched before, default :data:`FETCHED`): the
+    lowering, its state (see :mod:`bridge.entries.lowerings`) and the kernel keys of its
+    variants."""
     configs: list[proto.Config] = []
     needs = versions.MODULE_IMAGE if mode == "inline" else (0,)
-    made = Configs(call, every_variant, target, jaxlib, mode, cache, device)
+    made = Configs(call, every_variant, target, jaxlib, mode, cache, device, memo)
     every, found = made.every, made.found
     # the kernels select needs (every variant at once, compiled here or by another process)
     chosen = select.select(call, found, target, platform, cache, autotune, made.alone)

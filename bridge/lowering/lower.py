@@ -10,9 +10,10 @@ jaxlib's Triton custom call with the messages :mod:`bridge.lowering.messages` bu
 Invariants: the same call, target, software and embedding give a byte-identical opaque in every
 process (no temporary paths, no absolute source paths, deterministic metadata and
 serialization), so JAX's persistent compilation cache hits; on a warm kernel cache no Triton
-compile runs. What a call's lowering reads from the process (:class:`Setup`: the settings, the
-target, embedding, cache and device they resolve to, the software its key starts with) is read
-once per lowered module for the calls that pass the same ``target``, ``embed`` and ``cache``.
+compile runs, but for the hits ``KERNELCACHE_AUDIT`` audits (:mod:`bridge.compile.hit_audit`).
+What a call's lowering reads from the process (:class:`Setup`: the settings, the target,
+embedding, cache and device they resolve to, the software its key starts with) is read once per
+lowered module for the calls that pass the same ``target``, ``embed`` and ``cache``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from kernelcache import Cache
     from kernelcache.plugin import Settings
 
+    from ..compile.variants import Memo
     from ..settings import BridgeSettings
     from ..tune.measure import Opaque
 
@@ -217,6 +219,9 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
         if found is not None and keyed is not None:
             # the kernels it launches were served from the cache: hits, as a lookup of each
             count(cache.root, hits=keyed[1] if found.lowered.autotuned else 1)
+            instead = _audited(call, platform, prepared, autotune, every, found)
+            if instead is not None:  # (not noted: no program entry is written with it)
+                return instead
             program.note(found, call, target)
             return found.lowered
         if _explaining():
@@ -224,9 +229,32 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
 
             # (a key chained from the one asked: a stored lowering whose reads are stale)
             misses.explain(cache, call, target, steps, stale=keyed is None or keyed[0] != asked)
-    from . import configs  # (a miss: the variants are assembled)
+    lowered, state, names = _assembled(call, platform, prepared, autotune, every)
+    if keyed is not None:
+        lowerings.store(cache, keyed[0], call, target, state, lowered, names, keyed[2])
+        if _explaining():
+            from . import misses
 
-    lowered, state, names = configs.assemble(
+            misses.stored(cache, call, target, keyed[2])
+        variants = tuple(names) if len(names) > 1 else None
+        program.note(Item(keyed[0], state, variants, lowered), call, target)
+    return lowered
+
+
+def _assembled(
+    call: CallSpec,
+    platform: str,
+    prepared: Setup,
+    autotune: str,
+    every: list[kernel_objects.Variant],
+    memo: Memo | None = None,
+) -> tuple[Lowered, str, list[str]]:
+    """``call`` lowered from its kernels (:func:`bridge.lowering.configs.assemble`: a miss, or
+    an audit, whose ``memo`` is its own)."""
+    from . import configs
+
+    target, cache = prepared.target, prepared.cache
+    return configs.assemble(
         call,
         every,
         target,
@@ -237,16 +265,34 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
         autotune,
         prepared.device,
         prepared.ours,
+        memo,
     )
-    if keyed is not None:
-        lowerings.store(cache, keyed[0], call, target, state, lowered, names, keyed[2])
-        if _explaining():
-            from . import misses
 
-            misses.stored(cache, call, target, keyed[2])
-        variants = tuple(names) if len(names) > 1 else None
-        program.note(Item(keyed[0], state, variants, lowered), call, target)
-    return lowered
+
+def _audited(
+    call: CallSpec,
+    platform: str,
+    prepared: Setup,
+    autotune: str,
+    every: list[kernel_objects.Variant],
+    found: Item,
+) -> Lowered | None:
+    """What ``call`` uses instead of ``found``, its stored lowering (or a program entry's item),
+    where an audit of this hit (``KERNELCACHE_AUDIT``) finds that lowering it again, its kernels
+    fetched again and each audited, gives another opaque (see
+    :func:`bridge.compile.hit_audit.replayed`); None where ``found`` is used."""
+    fraction = prepared.ours.audit
+    if fraction <= 0:
+        return None
+    from ..compile import hit_audit
+
+    about = (str(prepared.cache.root), call.parts.qualname, str(prepared.target))
+
+    def again() -> tuple[Lowered, str]:
+        lowered, state, _ = _assembled(call, platform, prepared, autotune, every, {})
+        return lowered, state
+
+    return hit_audit.replayed(found, about, fraction, again)
 
 
 def _checked_replay(
