@@ -306,7 +306,10 @@ def klass(cls: type, depth: int = 0) -> Any:
         found: Any = sys.modules.get(module)
         for part in qualname.split("."):
             found = None if found is None else _namespace(found).get(part)
-        return ["python", module, qualname] if found is cls else None
+        if found is not cls:
+            return None
+        registered = _registered(cls)  # (an ABC of Python's: what the program registered)
+        return ["python", module, qualname] + ([registered] if registered else [])
     if depth > MAX_DEPTH:
         return None
     space = _TYPE_DICT.__get__(cls)

@@ -111,15 +111,97 @@ def install() -> None:
                 _call(recorder, fn, given, dict(kws), value, self.builder.module_map, ran)
         return value
 
+    joined = CodeGenerator.visit_JoinedStr
+
+    def visit_JoinedStr(self: Any, node: Any) -> Any:
+        recorder = active()
+        if recorder is None:
+            return joined(self, node)
+        formatted = {id(v.value) for v in node.values if isinstance(v, ast.FormattedValue)}
+        visit = self.visit
+
+        def noting(inner: Any) -> Any:  # (what each formatted value is, as the f-string sees it)
+            value = visit(inner)
+            if id(inner) in formatted:
+                _opaque(recorder, "an f-string", ev.unwrap(value))
+            return value
+
+        self.visit = noting
+        try:
+            return joined(self, node)
+        finally:
+            del self.visit
+
     kind: Any = getattr(getattr(ev.language(), "core", None), "constexpr_type", None)
     mangle = vars(kind).get("mangle") if kind is not None else None
     if mangle is not None:  # (Triton 3.9 names a specialization by repr(value) there)
         kind.mangle = _mangled(mangle)
+    constexpr = ev.language().constexpr
+    for name in OPERATORS:
+        method = vars(constexpr).get(name)
+        if method is not None:
+            setattr(constexpr, name, _operator(name, method))
+    table = getattr(CodeGenerator, "statically_implemented_functions", {})
+    executor = getattr(CodeGenerator, "static_executor", None)
+    for builtin in (int, len):  # (Triton runs these itself, never through call_Function)
+        if builtin in table and executor is not None:
+            table[builtin] = executor(_noted(builtin))
+    CodeGenerator.visit_JoinedStr = visit_JoinedStr
     CodeGenerator.__init__ = __init__
     CodeGenerator.visit_Name = visit_Name
     CodeGenerator.visit_Attribute = visit_Attribute
     CodeGenerator.visit_Subscript_Load = visit_Subscript_Load
     CodeGenerator.call_Function = call_Function
+
+
+#: the methods of Triton's ``constexpr`` that compute with the value it holds (its operators,
+#: comparisons, truth and index): on a value that is not plain, code that is not Triton's runs
+OPERATORS = (
+    "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__mod__", "__truediv__",
+    "__rtruediv__", "__floordiv__", "__rfloordiv__", "__gt__", "__ge__", "__lt__", "__le__",
+    "__eq__", "__ne__", "__and__", "__or__", "__xor__", "__pow__", "__rpow__", "__rshift__",
+    "__lshift__", "logical_and", "logical_or", "__neg__", "__pos__", "__invert__", "__not__",
+    "__bool__", "__index__",
+)  # fmt: skip
+
+
+def _opaque(recorder: Recorder, what: str, value: Any) -> None:
+    """Make the read set partial where ``what`` (an operator, a built-in Triton runs itself, an
+    f-string) is given ``value``, neither plain nor Triton's own: what it computes is the
+    value's code (a ``Decimal`` reads its thread's context; a set's text, the hash seed), which
+    no read made again sees, so the IR decides."""
+    if not _ignorable(value):
+        recorder.missed(f"{what} of a {type(value).__qualname__}")
+
+
+def _operator(name: str, method: Any) -> Any:
+    """``method``, an operator of Triton's ``constexpr``, noting a value it is given that is
+    not plain (:func:`_opaque`) while a recording is active."""
+
+    def operator(self: Any, *args: Any) -> Any:
+        recorder = active()
+        if recorder is not None:
+            with recorder.guarded():
+                for value in (self, *args):
+                    _opaque(recorder, name, ev.unwrap(value))
+        return method(self, *args)
+
+    return functools.wraps(method)(operator)
+
+
+def _noted(builtin: Any) -> Any:
+    """``builtin`` as Triton runs it itself (``int``, ``len``), noting an argument that is not
+    plain (:func:`_opaque`) while a recording is active."""
+
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        recorder = active()
+        if recorder is not None:
+            with recorder.guarded():
+                for value in (*args, *kwargs.values()):
+                    _opaque(recorder, f"{builtin.__name__}()", value)
+        return builtin(*args, **kwargs)
+
+    return noted
 
 
 def _attribute(recorder: Recorder, base: Any, name: str, value: Any, module_map: Any) -> None:
@@ -303,9 +385,18 @@ def _builtin(
                 ):
                     recorder.add(-1, "b", [name, given], ev.unwrap(value))
                     return
-            else:
+            elif not any(_registers(a) for a in args):
                 return  # (Triton's objects and plain values: what Triton's files say)
     recorder.missed(f"{name}() of what no read can make again")
+
+
+def _registers(value: Any) -> bool:
+    """Whether ``value`` is a class (or a tuple of classes) whose ``isinstance`` answers from
+    more than its bases: a metaclass of its own (an ABC's registry, an ``__instancecheck__``)."""
+    if type(value) is tuple:
+        return any(_registers(v) for v in value)
+    kind = type(value)
+    return issubclass(kind, type) and kind is not type and ev.triton_home(kind) is None
 
 
 def _origin(recorder: Recorder, value: Any) -> int | None:
