@@ -37,8 +37,8 @@ from .watch import source
 
 #: the largest plain value a call is given that the lookup does not hold already
 SMALL = 1 << 20
-#: how long the calls of one lookup may run in all
-CALL_SECONDS = 1.0
+#: how long the calls of one lookup may run in all (the lookup as a whole stays within a second)
+CALL_SECONDS = 0.5
 
 
 # -- values -------------------------------------------------------------------------------------

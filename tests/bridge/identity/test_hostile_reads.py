@@ -131,6 +131,11 @@ def pick(n):
         raise SystemExit(3)
     if n == 5:
         raise KeyError("five")
+    while n == 3:  # (a loop a forged argument starts: the check's deadline ends it)
+        try:
+            n = n + 0
+        except BaseException:  # (code that swallows everything, even what stops it)
+            pass
     return float(n) * 2.0
 
 
@@ -241,6 +246,7 @@ FORGED = {
     "huge-power": [[-1, "g", "pick", "x"], [4, "c", [[["v", ["i", str(10**19)]]], []], "x"]],
     "system-exit": [[-1, "g", "pick", "x"], [4, "c", [[["v", ["i", "7"]]], []], "x"]],
     "a-program-error": [[-1, "g", "pick", "x"], [4, "c", [[["v", ["i", "5"]]], []], "x"]],
+    "an-endless-loop": [[-1, "g", "pick", "x"], [4, "c", [[["v", ["i", "3"]]], []], "x"]],
     "unknown-operation": [[-1, "o", ["__pow__", [["v", ["i", "10"]], ["v", ["i", "30000000"]]]], "x"]],
     "ir-of-another-specialization": [[-1, "ir", {"gluon": False, "kind": ["triton", "x", "y"], "signature": [], "constants": [], "attrs": [], "options": []}, "x"]],
 }  # fmt: skip
@@ -338,3 +344,76 @@ def test_the_kernel_is_unchanged_by_the_attacks(trap, tmp_path):
     gives: nothing of it was changed by a check."""
     assert machine_code(trap["kernel"], tmp_path / "fresh") == trap["code"]
     assert _marks(trap) == []
+
+
+def test_an_environment_read_cannot_be_guessed_from_what_a_lookup_stores(trap, monkeypatch):
+    """A forger plants a read of a variable the victim's process sets; what the victim then
+    finds (and chains its next key from) is a digest keyed by the user's secret: testing every
+    four-digit guess against it finds nothing, and no entry holds the value."""
+    from bridge.identity import read_sets
+    from bridge.identity.read_trace import _digest
+
+    monkeypatch.setenv("KC_SECRET_PIN", "4821")
+    doc = json.loads(_forged(trap, []))
+    wants = [row[3] for row in doc["rows"]]
+    doc["rows"].append([-1, "e", "KC_SECRET_PIN", _digest(["s", "0000"])])
+    found, _ = _check(trap, json.dumps(doc))
+    assert found is not None and not isinstance(found, read_sets.Refusal)
+    guesses = {read_sets.reads_digest([*wants, _digest(["s", f"{n:04d}"])]) for n in range(10_000)}
+    assert found not in guesses, "the victim's digest tells the value to whoever guesses it"
+    now = read_sets.wants(
+        json.dumps(doc), trap["kernel"], trap["given"], trap["modules"], trap["backend"]
+    )
+    assert isinstance(now, list) and not any("4821" in w for w in now)
+
+
+def test_reads_that_only_code_would_answer_run_no_code():
+    """:func:`bridge.identity.namespaces.attribute` on everything that would run code: a
+    property, ``__getattr__`` of an object, a class (its metaclass) and a module, a
+    ``__getattribute__`` of its own, a ``__dict__`` of its own; what plain lookups find is
+    found."""
+    import types
+
+    from bridge.identity.namespaces import RUNS_CODE, attribute
+
+    ran: list[str] = []
+
+    class Meta(type):
+        def __getattr__(cls, name):
+            ran.append("meta")
+            return 1
+
+    class Plain(metaclass=Meta):
+        x = 1
+
+        @property
+        def p(self):
+            ran.append("property")
+            return 1
+
+        def __getattr__(self, name):
+            ran.append("getattr")
+            return 1
+
+        def method(self):
+            return 1
+
+    class Sly:
+        def __getattribute__(self, name):
+            ran.append("getattribute")
+            return 1
+
+    module = types.ModuleType("sly_module")
+
+    def module_getattr(name):
+        ran.append("module")
+        return 1
+
+    module.__getattr__ = module_getattr  # type: ignore[attr-defined]
+    module.y = 2  # type: ignore[attr-defined]
+    obj = Plain()
+    assert attribute(obj, "p") is RUNS_CODE and attribute(obj, "missing") is RUNS_CODE
+    assert attribute(Plain, "missing") is RUNS_CODE and attribute(Sly(), "x") is RUNS_CODE
+    assert attribute(module, "missing") is RUNS_CODE and attribute(module, "y") == 2
+    assert attribute(Plain, "x") == 1 and attribute(obj, "method").__func__ is Plain.method
+    assert ran == []
