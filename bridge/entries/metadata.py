@@ -13,16 +13,31 @@ fields that describe an entry without being launched with.
 ``components`` (the ingredients of the entry's key, see :func:`bridge.identity.kernel_keys.key_components`)
 only explains misses: nothing is launched with it, so the digest does not cover it, and an entry
 without it (written by an earlier version) is served all the same.
+
+The form of a read set, the ``reads`` field of a kernel entry and of a stored lowering (what
+the frontend read while it generated the kernel, :mod:`bridge.identity.read_sets`, as rows of
+``[parent, op, operand, want]``), is declared here too: a read set is data from a shared root,
+a remote tier or a bundle, so its text is checked at every door before anything reads it
+(:func:`problem`), without Triton: JSON of the current :data:`FORMAT` (format 1, an earlier
+version's, is no read set any lookup admits: a miss); at most :data:`MAX_ROWS` rows; each row's
+operation one of :data:`OPS`, its parent an earlier row (or -1, the kernel), its operand of
+that operation's form; names that are identifiers, never a dunder but those Python calls by
+itself (:data:`IMPLICIT`); values plain (:func:`plain`) and of bounded size; the IR read, if
+any, last. What the rows may do against the kernel's code is checked when a lookup makes them
+(:mod:`bridge.identity.admit`).
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import re
+from collections.abc import Sequence
 from typing import Any
 
 from kernelcache.plugin import FieldCheck, integer, register_fields, text
 
 from ..vendors.vendor import parse_name
-from .read_set_form import problem
 
 
 def _target(value: Any) -> str | None:
@@ -34,7 +49,7 @@ def _target(value: Any) -> str | None:
 
 
 def _reads(value: Any) -> str | None:
-    """A read set's text, whole (:func:`.read_set_form.problem`: what a lookup checks
+    """A read set's text, whole (:func:`problem`: what a lookup checks
     before it makes any read, checked here at every door)."""
     bad = text(49 << 10)(value)
     if bad:
@@ -66,3 +81,219 @@ FIELDS: dict[str, FieldCheck] = {
 #: entry digest covers it
 COVERED = frozenset({"reads"})
 register_fields(FIELDS, covered=COVERED)
+
+
+# -- the form of a read set ---------------------------------------------------------------------
+#: the form of read sets this version writes and admits (1: an earlier one's, read as a read
+#: set that finds nothing: a miss)
+FORMAT = 2
+#: the operations a row may name
+OPS = frozenset({"g", "a", "i", "c", "b", "f", "d", "e", "p", "ir"})
+#: the built-ins Triton's code generator offers kernel code by name (its ``builtin_namespace``)
+BUILTIN_NAMES = ("len", "list", "range", "float", "int", "isinstance", "getattr", "hasattr")
+#: the methods Python calls on a class or its objects by itself: the only dunders a read names
+IMPLICIT = ("__init__", "__new__", "__post_init__", "__call__")
+#: the most rows, and items of one value, a read set holds
+MAX_ROWS = 2000
+MAX_ITEMS = 64
+#: the longest string or name a read set holds
+MAX_TEXT = 256
+#: the largest integer a read set holds (a kernel's values are 64-bit)
+MAX_INT = 1 << 64
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")
+_HEX = re.compile(r"[0-9a-f]*")
+
+
+@functools.lru_cache(maxsize=512)
+def problem(text: Any) -> str | None:
+    """What is wrong with ``text`` as a read set (see the module docstring), None where
+    nothing is (an earlier version's read set, of format 1, is read as one that finds nothing:
+    never admitted). Never raises."""
+    if not isinstance(text, str):
+        return "must be a read set's text"
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return "is not JSON"
+    if isinstance(doc, dict) and doc.get("format") == 1:
+        return None
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format") != FORMAT
+        or set(doc)
+        - {
+            "format",
+            "rows",
+            "partial",
+        }
+    ):
+        return f"must be an object of format {FORMAT} with rows and partial"
+    partial, rows = doc.get("partial", []), doc.get("rows")
+    if not isinstance(partial, list) or len(partial) > 9 or not all(_text(p, 300) for p in partial):
+        return "partial must be a short list of short strings"
+    if not isinstance(rows, list) or len(rows) > MAX_ROWS:
+        return f"rows must be a list of at most {MAX_ROWS}"
+    for index, row in enumerate(rows):
+        why = row_problem(index, row, len(rows))
+        if why is not None:
+            return f"row {index}: {why}"
+    return None
+
+
+def _text(value: Any, most: int = MAX_TEXT) -> bool:
+    return isinstance(value, str) and len(value) <= most
+
+
+def _name(value: Any, dunders: Sequence[str] = ()) -> bool:
+    """An identifier that is no dunder but those in ``dunders``."""
+    if not _text(value, 128) or _NAME.fullmatch(value) is None:
+        return False
+    return not (value.startswith("__") and value.endswith("__")) or value in dunders
+
+
+def row_problem(index: int, row: Any, count: int) -> str | None:
+    """What is wrong with ``row``, row ``index`` of ``count`` (see :func:`problem`)."""
+    if not isinstance(row, list) or len(row) != 4:
+        return "must be [parent, op, operand, want]"
+    parent, op, operand, want = row
+    if type(parent) is not int or not -1 <= parent < index:
+        return "its parent must be an earlier row or -1"
+    if op not in OPS:
+        return f"no such read: {op!r:.20}"
+    if not _text(want, 64):
+        return "what it found must be a short string"
+    if op in ("g", "p"):
+        return None if _name(operand) else "must name an identifier (no dunder)"
+    if op == "a":
+        return None if _name(operand, IMPLICIT) else "must name an identifier (no dunder)"
+    if op in ("f", "d"):
+        return None if operand == "" else "takes no operand"
+    if op == "e":
+        ok = _text(operand, 128) and _VARIABLE.fullmatch(operand)
+        return None if ok else "must name an environment variable"
+    if op == "i":
+        return _argument_problem(operand, index)
+    if op == "c":
+        return _call_problem(operand, index)
+    if op == "b":
+        if not isinstance(operand, list) or len(operand) != 2 or operand[0] not in BUILTIN_NAMES:
+            return f"must be [a built-in of {', '.join(BUILTIN_NAMES)}, arguments]"
+        return _arguments_problem(operand[1], index, 3)
+    # op == "ir"
+    if parent != -1 or index != count - 1:
+        return "the IR read must be the last read, of the kernel"
+    return None if operand is None else _specialization_problem(operand)
+
+
+def _call_problem(operand: Any, index: int) -> str | None:
+    if not isinstance(operand, list) or len(operand) != 2:
+        return "a call must be [args, kwargs]"
+    args, kwargs = operand
+    why = _arguments_problem(args, index, 32)
+    if why is not None:
+        return why
+    if not isinstance(kwargs, list) or len(kwargs) > 32:
+        return "keyword arguments must be a short list"
+    for item in kwargs:
+        if not isinstance(item, list) or len(item) != 2 or not _name(item[0]):
+            return "a keyword argument must be [identifier, argument]"
+        why = _argument_problem(item[1], index)
+        if why is not None:
+            return why
+    return None
+
+
+def _arguments_problem(args: Any, index: int, most: int) -> str | None:
+    if not isinstance(args, list) or len(args) > most:
+        return f"arguments must be a list of at most {most}"
+    for arg in args:
+        why = _argument_problem(arg, index)
+        if why is not None:
+            return why
+    return None
+
+
+def _argument_problem(arg: Any, index: int) -> str | None:
+    if not isinstance(arg, list) or len(arg) != 2:
+        return "an argument must be [kind, value]"
+    tag, body = arg
+    if tag in ("r", "rk"):
+        ok = type(body) is int and 0 <= body < index
+        return None if ok else "an argument must be found by an earlier row"
+    if tag == "v":
+        return None if plain(body) else "an argument's value must be plain and small"
+    return f"no such argument: {tag!r:.20}"
+
+
+def plain(desc: Any, depth: int = 0) -> bool:
+    """Whether ``desc`` describes a plain value of bounded size
+    (:func:`~.exact_values.exact`'s form: nothing here makes the value)."""
+    if desc == "N":
+        return True
+    if not isinstance(desc, list) or len(desc) != 2 or depth > 4:
+        return False
+    tag, body = desc
+    if tag == "b":
+        return body in (0, 1) and type(body) is int
+    if tag == "i":
+        return _text(body, 21) and re.fullmatch(r"-?\d{1,20}", body) is not None
+    if tag in ("f", "j"):
+        return _text(body, 32) and len(body) == (16 if tag == "f" else 32) and _hexed(body)
+    if tag == "s":
+        return _text(body)
+    if tag == "y":
+        return _text(body, 2 * MAX_TEXT) and _hexed(body)
+    if tag in ("t", "l"):
+        ok = isinstance(body, list) and len(body) <= MAX_ITEMS
+        return ok and all(plain(v, depth + 1) for v in body)
+    if tag == "k":
+        return plain(body, depth + 1)
+    if tag == "d":
+        return _text(body, 32) and _NAME.fullmatch(body) is not None
+    if tag == "dp":
+        return (
+            isinstance(body, list)
+            and len(body) == 3
+            and plain(body[0], depth + 1)
+            and (type(body[1]) is int or _text(body[1], 32))
+            and type(body[2]) is bool
+        )
+    if tag == "db":
+        return isinstance(body, list) and 2 <= len(body) <= 9 and all(plain(v) for v in body)
+    return False
+
+
+def _hexed(text: str) -> bool:
+    return len(text) % 2 == 0 and _HEX.fullmatch(text) is not None
+
+
+def _specialization_problem(made: Any) -> str | None:
+    if not isinstance(made, dict) or set(made) != {
+        "gluon",
+        "kind",
+        "signature",
+        "constants",
+        "attrs",
+        "options",
+    }:
+        return "the IR read's specialization must hold exactly its six parts"
+    if type(made["gluon"]) is not bool:
+        return "gluon must be true or false"
+    kind = made["kind"]
+    if not isinstance(kind, list) or len(kind) != 3 or not all(_text(k) for k in kind):
+        return "kind must name a class of Triton's"
+    for part in ("signature", "constants", "attrs", "options"):
+        rows = made[part]
+        if not isinstance(rows, list) or len(rows) > 256:
+            return f"{part} must be a list of at most 256"
+        for row in rows:
+            if not isinstance(row, list) or len(row) != 2:
+                return f"each of {part} must be a pair"
+            name, value = row
+            named = _text(name, 128) if part in ("signature", "options") else plain(name)
+            param = isinstance(value, list) and value[:1] == ["param"] and len(value) == 2
+            if not named or not (plain(value) or (param and _name(value[1]))):
+                return f"{part} must pair names with plain values"
+    return None

@@ -1,5 +1,5 @@
 """Which reads a lookup may make of a stored read set (:mod:`.read_sets`): its text has the
-form of one (:mod:`bridge.entries.read_set_form`, checked at every door); here each row is
+form of one (:mod:`bridge.entries.metadata`, checked at every door); here each row is
 checked against the kernel's code as a lookup makes the rows again (:class:`Admission`), and
 nothing the rows say chooses code to run.
 
@@ -8,14 +8,22 @@ kernel or of a function a read found spells (:func:`code_names`); a call only of
 ``constexpr_function``, or a function or class of the program, that a read found, or of a pure
 function of the standard library (:data:`PURE`), with arguments that are small plain values
 (:func:`small`) or values the lookup holds already (given, constants of the code, found by a
-read); a built-in of :data:`~bridge.entries.read_set_form.BUILTIN_NAMES` only on plain values;
+read); a built-in of :data:`~bridge.entries.metadata.BUILTIN_NAMES` only on plain values;
 the IR read only for a specialization the lookup is for.
 
 The recorder (:mod:`.witness`) applies the same checks to each read it would record (a read
 they refuse is not recorded: the read set is partial, and the IR decides), so a read set a
-compile records is always admitted, and one that is not was written some other way. Reads run
-no code of the objects they read (:mod:`.namespaces`, :mod:`.static_access`); a call runs under
-a :class:`~.guard.Guard` with a deadline (:data:`CALL_SECONDS`).
+compile records is always admitted, and one that is not was written some other way.
+
+Reads run no code of the objects they read (items and built-ins: :mod:`.static_access`). An
+attribute is found where Python's own lookup finds it (:func:`attribute`), in the namespaces
+(an object's, its class's and their bases', a metaclass's), bound as Python binds it where that
+runs no code of the program: a function becomes a method, a static or class method its
+function, a descriptor written in C or defined by Triton (in every key) gives what it gives, an
+Enum member's ``name`` and ``value`` are its fields; one only code would give (a property of
+the program, a ``__getattr__``, a type that reads attributes its own way) is :data:`RUNS_CODE`,
+and no code runs. A call runs under a :class:`~.guard.Guard` with a deadline
+(:data:`CALL_SECONDS`).
 """
 
 from __future__ import annotations
@@ -23,15 +31,25 @@ from __future__ import annotations
 import functools
 import json
 import math
+import struct
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..entries.read_set_form import IMPLICIT, MAX_ITEMS
+from ..entries.metadata import IMPLICIT, MAX_ITEMS
 from ..exceptions import RefusedReadSet
-from .exact_values import exact, language, remake, triton_home
-from .guard import OURS, kind_of, program_class, program_module
-from .namespaces import python_function
+from . import static_reads
+from .exact_values import (
+    ABSENT,
+    RUNS_CODE,
+    attribute,
+    exact,
+    language,
+    python_function,
+    triton_code,
+    triton_home,
+)
+from .guard import program_class, program_module
 from .static_reads import code_facts, jit_classes, syntax
 from .watch import source
 
@@ -39,6 +57,153 @@ from .watch import source
 SMALL = 1 << 20
 #: how long the calls of one lookup may run in all (the lookup as a whole stays within a second)
 CALL_SECONDS = 0.5
+
+
+# -- reads made as the code generator makes them, running no code of what they read -----------
+def _function(fn: Any, lacks: str) -> types.FunctionType:
+    """:func:`python_function` of ``fn``, which a read needs.
+
+    Raises:
+        TypeError: ``fn`` has none (it has no ``lacks``).
+    """
+    inner = python_function(fn)
+    if inner is None:
+        raise TypeError(f"{type(fn).__name__} has no {lacks}")
+    return inner
+
+
+def scope_value(fn: Any, name: str, module_map: dict[str, Any]) -> Any:
+    """The global or closure variable ``name`` of the JIT function ``fn`` (or a function, see
+    :func:`python_function`), as Triton's code generator sees it (the module map applied)."""
+    inner = _function(fn, "globals")
+    code = inner.__code__
+    closure = inner.__closure__
+    if closure and name in code.co_freevars:
+        try:
+            value = closure[code.co_freevars.index(name)].cell_contents
+        except ValueError:
+            return ABSENT
+    else:
+        value = inner.__globals__.get(name, ABSENT)
+    return mapped(value, module_map)
+
+
+def mapped(value: Any, module_map: dict[str, Any]) -> Any:
+    """A global as the code generator keeps it: a module or one of its objects replaced by the
+    backend's (found without running code of ``value``)."""
+    if type(value) is types.ModuleType:
+        return module_map.get(value.__name__, value)
+    if not module_map:
+        return value
+    module = _static(value, "__module__")
+    if type(module) is str and module in module_map:
+        name = _static(value, "__name__")
+        if type(name) is str:
+            return getattr(module_map[module], name)
+    return value
+
+
+def _static(value: Any, name: str) -> Any:
+    """:func:`~.exact_values.attribute`, None where there is none (or only code would give it)."""
+    try:
+        found = attribute(value, name)
+    except AttributeError:
+        return None
+    return None if found is RUNS_CODE else found
+
+
+def follow(value: Any, module_map: dict[str, Any]) -> Any:
+    """A module followed through the module map, as the code generator does before it reads
+    an attribute; anything else as it is."""
+    if type(value) is types.ModuleType:
+        while (known := value.__name__) in module_map:
+            value = module_map[known]
+            if value.__name__ == known:
+                break
+    return value
+
+
+def generated_attribute(value: Any, name: str, module_map: dict[str, Any]) -> Any:
+    """``getattr(value, name)`` as the code generator reads an attribute, where that runs no
+    code of ``value`` (:func:`~.exact_values.attribute`): :data:`~.exact_values.RUNS_CODE` where only code
+    would give it.
+
+    Raises:
+        AttributeError: ``value`` has no such attribute.
+    """
+    value = follow(value, module_map)
+    if issubclass(type(value), language().constexpr) and name not in ("value", "type"):
+        value = attribute(value, "value")
+    return attribute(value, name)
+
+
+def defaults(fn: Any) -> list[Any]:
+    """The defaults and keyword defaults of the function ``fn`` (:func:`python_function`)."""
+    inner = _function(fn, "defaults")
+    return [inner.__defaults__, inner.__kwdefaults__]
+
+
+def source_file(fn: Any) -> str:
+    """The file of the JIT function ``fn`` as the compile writes it into the binary's debug
+    information: relative to the longest import root that holds it
+    (:func:`~.static_reads.relative_path`)."""
+    inner = _function(fn, "source file")
+    return static_reads.relative_path(inner.__code__.co_filename)
+
+
+def remake(desc: Any) -> Any:
+    """The value :func:`exact` described as ``desc`` (untrusted).
+
+    Raises:
+        ValueError: ``desc`` describes no value.
+    """
+    if desc == "N":
+        return None
+    if not isinstance(desc, list) or len(desc) != 2:
+        raise ValueError(f"not a value: {desc!r:.60}")
+    tag, body = desc
+    if tag == "b":
+        return bool(body)
+    if tag == "i":
+        return int(body)
+    if tag == "f":
+        return struct.unpack("<d", bytes.fromhex(body))[0]
+    if tag == "s" and isinstance(body, str):
+        return body
+    if tag == "y":
+        return bytes.fromhex(body)
+    if tag == "j":
+        return complex(*struct.unpack("<dd", bytes.fromhex(body)))
+    if tag in ("t", "l") and isinstance(body, list):
+        items = [remake(v) for v in body]
+        return tuple(items) if tag == "t" else items
+    if tag == "k":
+        return language().constexpr(remake(body))
+    if tag == "d" and isinstance(body, str):
+        return language().dtype(body)
+    if tag == "dp" and isinstance(body, list) and len(body) == 3:
+        inner, space, const = remake(body[0]), body[1], body[2]
+        if not isinstance(inner, language().dtype) or type(space) not in (int, str):
+            raise ValueError(f"not a pointer type: {desc!r:.60}")
+        return language().pointer_type(inner, space, bool(const))
+    if tag == "db" and isinstance(body, list) and len(body) >= 2:
+        element, shape = remake(body[0]), [remake(d) for d in body[1:]]
+        if not isinstance(element, language().dtype) or any(type(d) is not int for d in shape):
+            raise ValueError(f"not a block type: {desc!r:.60}")
+        return language().block_type(element, shape)
+    raise ValueError(f"not a value: {desc!r:.60}")
+
+
+_maps: dict[type, dict[str, Any]] = {}
+
+
+def module_map_of(backend: Any) -> dict[str, Any]:
+    """The module map of ``backend`` (what its code generator replaces Triton's modules by),
+    asked once per backend class."""
+    found = _maps.get(type(backend))
+    if found is None:
+        found = _maps[type(backend)] = dict(backend.get_module_map())
+    return found
 
 
 # -- values -------------------------------------------------------------------------------------
@@ -134,7 +299,7 @@ class Admission:
             return
         self.followed.add(id(inner))
         self.names |= code_names(value)[1]
-        if kind_of(inner.__code__) != OURS:  # (Triton's constants are no values of the call)
+        if not triton_code(inner):  # (Triton's constants are no values of the call)
             self.code.append(inner.__code__)
 
     def _known(self) -> frozenset[str]:

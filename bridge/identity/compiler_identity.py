@@ -61,7 +61,7 @@ from ..entries.memos import memoized
 from ..vendors.targets import Target
 from ..vendors.vendor import file_row
 from .file_digests import file_digest
-from .plain_values import plain_text
+from .static_reads import plain_text
 
 if TYPE_CHECKING:
     from kernelcache import Cache

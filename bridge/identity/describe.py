@@ -5,7 +5,7 @@ that the frontend could compile differently. It is built from what values *are*,
 their name, ``repr`` or address:
 
 - exact ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``bool`` and None by type and
-  ``repr``, floats and complex numbers by their bits (:func:`~.plain_values.plain_text`:
+  ``repr``, floats and complex numbers by their bits (:func:`~.static_reads.plain_text`:
   every NaN's ``repr`` is ``nan``, whatever its sign); tuples, lists, dicts and sets item by
   item;
 - code by content: a JIT function by its source, first line, decorator settings and the value
@@ -56,7 +56,6 @@ from typing import Any
 
 from ..exceptions import Undescribable
 from . import file_digests, static_reads
-from .plain_values import PLAIN_TYPES, plain_text
 from .static_reads import LOOKUPS, MISSING, UNKNOWN, resolved, scope, spelled, syntax
 from .watch import (
     BYTES,
@@ -115,8 +114,8 @@ class Describer:
 
     def value(self, value: Any) -> Any:
         kind = type(value)
-        if kind in PLAIN_TYPES:
-            return [kind.__name__, plain_text(value)]
+        if kind in static_reads.PLAIN_TYPES:
+            return [kind.__name__, static_reads.plain_text(value)]
         self.count += 1
         if self.count > MAX_VALUES:
             raise Undescribable(f"more than {MAX_VALUES} values to describe")

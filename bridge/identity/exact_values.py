@@ -1,7 +1,7 @@
 """What a read of the frontend found, described by content: the values of read sets
 (:mod:`.read_sets`).
 
-Plain values exactly (:func:`exact`, made again by :func:`remake`): floats by their bits, so a
+Plain values exactly (:func:`exact`, made again by :func:`~.admit.remake`): floats by their bits, so a
 NaN's sign counts; tuples item by item; Triton's ``constexpr``, dtypes, pointer and block types.
 Anything else by what it is (:func:`describe`), never by its name or address: a JIT function by
 its source, settings and first line; Triton's own objects by where Triton defines them, only
@@ -26,7 +26,7 @@ from typing import Any
 
 from ..exceptions import Undescribable
 from . import static_reads
-from .guard import program_module, watched
+from .guard import program_module, triton_type, watched
 from .watch import mark
 
 #: what a lookup that found nothing finds
@@ -88,49 +88,6 @@ def exact(value: Any) -> Any:
     return None
 
 
-def remake(desc: Any) -> Any:
-    """The value :func:`exact` described as ``desc`` (untrusted).
-
-    Raises:
-        ValueError: ``desc`` describes no value.
-    """
-    if desc == "N":
-        return None
-    if not isinstance(desc, list) or len(desc) != 2:
-        raise ValueError(f"not a value: {desc!r:.60}")
-    tag, body = desc
-    if tag == "b":
-        return bool(body)
-    if tag == "i":
-        return int(body)
-    if tag == "f":
-        return struct.unpack("<d", bytes.fromhex(body))[0]
-    if tag == "s" and isinstance(body, str):
-        return body
-    if tag == "y":
-        return bytes.fromhex(body)
-    if tag == "j":
-        return complex(*struct.unpack("<dd", bytes.fromhex(body)))
-    if tag in ("t", "l") and isinstance(body, list):
-        items = [remake(v) for v in body]
-        return tuple(items) if tag == "t" else items
-    if tag == "k":
-        return language().constexpr(remake(body))
-    if tag == "d" and isinstance(body, str):
-        return language().dtype(body)
-    if tag == "dp" and isinstance(body, list) and len(body) == 3:
-        inner, space, const = remake(body[0]), body[1], body[2]
-        if not isinstance(inner, language().dtype) or type(space) not in (int, str):
-            raise ValueError(f"not a pointer type: {desc!r:.60}")
-        return language().pointer_type(inner, space, bool(const))
-    if tag == "db" and isinstance(body, list) and len(body) >= 2:
-        element, shape = remake(body[0]), [remake(d) for d in body[1:]]
-        if not isinstance(element, language().dtype) or any(type(d) is not int for d in shape):
-            raise ValueError(f"not a block type: {desc!r:.60}")
-        return language().block_type(element, shape)
-    raise ValueError(f"not a value: {desc!r:.60}")
-
-
 def unwrap(value: Any) -> Any:
     """``value`` without Triton's ``constexpr`` wrappers (a tuple's items too)."""
     tl = language()
@@ -172,8 +129,6 @@ def triton_home(value: Any) -> list[str] | None:
 def _named(value: Any, name: str, kind: type = str) -> Any:
     """The attribute ``name`` of ``value`` where Python's lookup gives it without running code
     and it is a ``kind``; else None."""
-    from .namespaces import RUNS_CODE, attribute
-
     try:
         found = attribute(value, name)
     except AttributeError:
@@ -282,8 +237,6 @@ def _builtin(value: Any, depth: int) -> Any:
 
 def _fields(value: Any) -> dict[str, Any]:
     """The instance dictionary of ``value``, read without running its code ({} where none)."""
-    from .namespaces import in_mro
-
     slot = in_mro(type(value), "__dict__")
     own = slot.__get__(value) if type(slot) is types.GetSetDescriptorType else None
     return own if type(own) is dict else {}
@@ -405,3 +358,126 @@ def _first_line(fn: Any) -> tuple[str, int]:
     line = getattr(fn, "starting_line_number", None)
     first = code.co_firstlineno if line is None else line
     return static_reads.relative_path(code.co_filename), int(first)
+
+
+# -- attributes read without running code -------------------------------------------------------
+#: what an attribute only code would give finds (no code runs)
+RUNS_CODE: Any = type("RunsCode", (), {"__repr__": lambda self: "<computed by code>"})()
+
+_TYPE_MRO = type.__dict__["__mro__"]
+#: descriptors written in C whose ``__get__`` runs no code of the program
+_C_DESCRIPTORS = frozenset(
+    {types.MemberDescriptorType, types.GetSetDescriptorType, types.MethodDescriptorType,
+     types.WrapperDescriptorType, types.ClassMethodDescriptorType, types.BuiltinFunctionType}
+)  # fmt: skip
+_MISSING: Any = object()
+#: an Enum member's ``name`` and ``value`` (Enum's own properties): the fields they return
+_ENUM_FIELDS = {
+    id(enum.Enum.__dict__[n]): (enum.Enum.__dict__[n], f"_{n}_") for n in ("name", "value")
+}
+
+
+def in_mro(cls: type, name: str) -> Any:
+    """``name`` as the classes of ``cls``'s method resolution order hold it, raw (no
+    descriptor called), or a sentinel where none does."""
+    for base in _TYPE_MRO.__get__(cls):
+        space = _TYPE_DICT.__get__(base)
+        if name in space:
+            return space[name]
+    return _MISSING
+
+
+def _overrides_access(kind: type) -> bool:
+    """Whether objects of ``kind`` read attributes through code of their own."""
+    found = in_mro(kind, "__getattribute__")
+    return (
+        found is not object.__getattribute__
+        and found is not type.__getattribute__
+        and (found is not types.ModuleType.__getattribute__)
+    )
+
+
+def attribute(value: Any, name: str) -> Any:
+    """``getattr(value, name)`` where it runs no code but Python's own lookup: the attribute
+    itself, :data:`RUNS_CODE` where only code would give it (a property, a descriptor or a
+    ``__getattr__`` of the program's, a type that reads attributes its own way), and
+    ``AttributeError`` where there is none. Enum members' ``name`` and ``value`` are their
+    fields."""
+    kind = type(value)
+    if _overrides_access(kind):
+        return RUNS_CODE
+    if kind is types.ModuleType:
+        space = vars(value)
+        if name in space:
+            return space[name]
+        if "__getattr__" in space:
+            return RUNS_CODE
+        raise AttributeError(name)
+    if issubclass(kind, type):  # a class: its metaclass's data descriptors first, then its own
+        meta = in_mro(kind, name)
+        if meta is not _MISSING and _is_data(meta):
+            return _bound(meta, value, kind)
+        own = in_mro(value, name)
+        if own is not _MISSING:
+            return _bound(own, None, value)
+        if meta is not _MISSING:
+            return _bound(meta, value, kind)
+        if in_mro(kind, "__getattr__") is not _MISSING:
+            return RUNS_CODE
+        raise AttributeError(name)
+    raw = in_mro(kind, name)
+    if raw is not _MISSING and _is_data(raw):
+        return _bound(raw, value, kind)
+    slot = in_mro(kind, "__dict__")
+    if slot is not _MISSING and type(slot) is not types.GetSetDescriptorType:
+        return RUNS_CODE  # (a ``__dict__`` of the program's own)
+    own = slot.__get__(value, kind) if slot is not _MISSING else None
+    if type(own) is dict and name in own:
+        return own[name]
+    if raw is not _MISSING:
+        return _bound(raw, value, kind)
+    if in_mro(kind, "__getattr__") is not _MISSING:
+        return RUNS_CODE
+    raise AttributeError(name)
+
+
+def _is_data(raw: Any) -> bool:
+    kind = type(raw)
+    return in_mro(kind, "__set__") is not _MISSING or in_mro(kind, "__delete__") is not _MISSING
+
+
+def _bound(raw: Any, instance: Any, owner: type) -> Any:
+    """What ``raw``, found in a class, gives ``instance`` (None: the class ``owner`` itself)."""
+    kind = type(raw)
+    if in_mro(kind, "__get__") is _MISSING:
+        return raw
+    if kind is types.FunctionType:
+        return raw if instance is None else types.MethodType(raw, instance)
+    if kind is staticmethod:
+        return raw.__func__
+    if kind is classmethod:
+        return types.MethodType(raw.__func__, owner if instance is None else type(instance))
+    if kind in _C_DESCRIPTORS:
+        return raw.__get__(instance, owner)
+    if triton_type(kind):  # (Triton's own descriptor: its code is in every key)
+        return raw.__get__(instance, owner)
+    field = _ENUM_FIELDS.get(id(raw))
+    if field is not None and raw is field[0] and issubclass(type(instance), enum.Enum):
+        slot = in_mro(type(instance), "__dict__")
+        own = slot.__get__(instance) if type(slot) is types.GetSetDescriptorType else None
+        if type(own) is dict and field[1] in own:
+            return own[field[1]]
+    return RUNS_CODE
+
+
+def python_function(fn: Any) -> types.FunctionType | None:
+    """The Python function that runs when ``fn`` is called or generated (a JIT function's or a
+    ``constexpr_function``'s ``fn``, a method's function, ``fn`` itself), None where none."""
+    if type(fn) is types.MethodType:
+        fn = fn.__func__
+    jit_callable = static_reads.jit_classes()[0]
+    if issubclass(type(fn), jit_callable):  # (bound to an object: its ``__func__``'s)
+        fn = vars(fn).get("fn") or vars(fn).get("__func__")
+    if issubclass(type(fn), jit_callable):
+        fn = vars(fn).get("fn")
+    return fn if type(fn) is types.FunctionType else None

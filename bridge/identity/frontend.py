@@ -30,7 +30,8 @@ import threading
 from typing import Any
 
 from ..vendors.targets import Target
-from .exact_values import exact, remake, triton_home
+from .admit import remake
+from .exact_values import exact, triton_home
 from .static_reads import relative_path
 
 _LOCATION = re.compile(r'loc\("((?:[^"\\]|\\.)*)":')

@@ -23,9 +23,8 @@ from typing import Any
 
 from . import admit, reach, static_access, static_reads
 from . import exact_values as ev
-from . import read_sets as rs
+from .exact_values import RUNS_CODE, python_function
 from .guard import program_class
-from .namespaces import RUNS_CODE, python_function
 from .witness import Recorder, active
 
 
@@ -62,7 +61,7 @@ def install() -> None:
                 recorder.missed(f"{getattr(self.jit_fn, '__name__', '?')} reached otherwise")
             else:
                 with recorder.guarded():
-                    recorder.add(self._kc_root, "f", "", rs.source_file(self.jit_fn))
+                    recorder.add(self._kc_root, "f", "", admit.source_file(self.jit_fn))
 
     def visit_Name(self: Any, node: Any) -> Any:
         value = visit_name(self, node)
@@ -77,7 +76,7 @@ def install() -> None:
 
     def visit_Attribute(self: Any, node: Any) -> Any:
         lhs = self.visit(node.value)
-        value = self.get_Attribute(rs.follow(lhs, self.builder.module_map), node.attr)
+        value = self.get_Attribute(admit.follow(lhs, self.builder.module_map), node.attr)
         recorder = active()
         if recorder is not None:
             with recorder.guarded():
@@ -212,12 +211,26 @@ def _attribute(recorder: Recorder, base: Any, name: str, value: Any, module_map:
     if row is None and inner is not base:
         row = recorder.origin(inner)
     if row is not None:
-        _found(recorder, row, "a", name, value, lambda: rs.attribute(base, name, module_map))
+        _found(
+            recorder,
+            row,
+            "a",
+            name,
+            value,
+            lambda: admit.generated_attribute(base, name, module_map),
+        )
     elif _triton_value(inner):
         # (an aggregate's method: a member of its class, which a read may have found)
         row = recorder.origin(type(inner))
         if row is not None:
-            _found(recorder, row, "a", name, value, lambda: rs.attribute(type(inner), name, {}))
+            _found(
+                recorder,
+                row,
+                "a",
+                name,
+                value,
+                lambda: admit.generated_attribute(type(inner), name, {}),
+            )
         elif static_reads.is_jit(value) and ev.triton_home(type(inner)) is None:
             recorder.missed(f"a method of {type(inner).__qualname__} not witnessed")
     elif not _ignorable(inner):
@@ -302,7 +315,7 @@ def _bound(recorder: Recorder, fn: Any, module_map: dict[str, Any]) -> tuple[Any
     if row is None or not isinstance(name, str):
         recorder.missed(f"a method of {type(owner).__qualname__} not witnessed")
         return None
-    if rs.attribute(type(owner), name, module_map) is not func:
+    if admit.generated_attribute(type(owner), name, module_map) is not func:
         recorder.missed(f"{type(owner).__qualname__}.{name} found otherwise")
         return None
     recorder.add(row, "a", name, func)

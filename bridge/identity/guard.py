@@ -16,10 +16,10 @@ already there, such as a debugger's) until its block ends. Each call of program 
   program (``len`` of an Enum runs ``EnumType.__len__``, an ABC's ``isinstance`` its registry)
   counts as the program's. Within :meth:`Guard.ours` (the witness's own bookkeeping) nothing
   counts.
-- while *checking* a stored read set (:data:`CHECK`) raises :class:`~bridge.exceptions.CheckInterrupted` before its first
-  line runs, unless it is within :meth:`Guard.calling` (a call the read set may make again:
-  :mod:`.admit` decided), where it may run until the guard's deadline passes (every call and
-  line of program code looks at the clock), then raises :class:`~bridge.exceptions.CheckInterrupted`.
+- while *checking* a stored read set (:data:`CHECK`) raises
+  :class:`~bridge.exceptions.CheckInterrupted` before its first line runs, unless it is within
+  :meth:`Guard.calling` (a call the read set may make again: :mod:`.admit` decided), where it
+  may run until a :class:`Watchdog` interrupts it (and again, where the program swallows it).
 
 Invariants: nothing here runs code of the objects it looks at (types and namespaces are read
 from their own tables); :class:`~bridge.exceptions.CheckInterrupted` derives from ``BaseException`` so that program code
@@ -29,6 +29,7 @@ catching ``Exception`` cannot swallow it; a guard always restores the tracer it 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import os
 import sys
@@ -155,12 +156,14 @@ def of_program(value: Any) -> bool:
     return program_class(value if issubclass(kind, type) else kind)
 
 
-_local = threading.local()
+#: this thread's guard (:func:`current`), or what makes it when first needed (a check's:
+#: :class:`bridge.identity.read_sets.OnDemand`)
+STATE = threading.local()
 
 
 def current() -> Guard | None:
     """The guard open in this thread, if any."""
-    return getattr(_local, "guard", None)
+    return getattr(STATE, "guard", None)
 
 
 def watched() -> contextlib.AbstractContextManager[None]:
@@ -181,11 +184,8 @@ class Guard:
         self,
         mode: str,
         ran: Callable[[str], None] | None = None,
-        seconds: float | None = None,
     ) -> None:
         self.ran = ran
-        self.seconds = seconds
-        self.deadline = float("inf")
         #: the blocks open, innermost last: a mode, and for a call whether program code ran
         self.blocks: list[list[Any]] = [[mode, False]]
         self.previous: Any = None
@@ -227,13 +227,11 @@ class Guard:
             self._untrace()
 
     def _arm(self) -> None:
-        if self.seconds is not None:
-            self.deadline = time.monotonic() + self.seconds
         self.outer = current()
-        _local.guard = self
+        STATE.guard = self
 
     def _disarm(self) -> None:
-        _local.guard = self.outer
+        STATE.guard = self.outer
 
     def _trace(self) -> None:
         self.previous = sys.gettrace()
@@ -301,10 +299,7 @@ class Guard:
             return local
         if mode == "calling":
             block[1] = True
-            if self.seconds is None:
-                return local
-            self._in_time()
-            return self._lines(local)
+            return local
         if mode == CHECK:
             raise CheckInterrupted(f"{_name(frame.f_code)} would run, code a check may not run")
         if self.ran is not None:
@@ -320,19 +315,46 @@ class Guard:
         values = frame.f_locals
         return any(of_program(values.get(n)) for n in code.co_varnames[:count])
 
-    def _in_time(self) -> None:
-        if time.monotonic() > self.deadline:
-            raise CheckInterrupted(f"a check ran past its {self.seconds} s")
 
-    def _lines(self, local: Any) -> Any:
-        def line(frame: types.FrameType, event: str, arg: Any) -> Any:
-            if event == "line":
-                self._in_time()
-            if local is not None:
-                local(frame, event, arg)
-            return line
+class Watchdog:
+    """Interrupts this thread once ``seconds`` have passed, and again every few milliseconds
+    until :meth:`close` (code of the program that swallows the exception meets it again at its
+    next instruction), from a thread of its own: raising from the tracer would stop it."""
 
-        return line
+    def __init__(self, seconds: float) -> None:
+        self.thread = threading.get_ident()
+        self.done = threading.Event()
+        self.fired = False
+        self.deadline = time.monotonic() + seconds
+        self.watcher = threading.Thread(target=self._watch, name="kernelcache-check", daemon=True)
+        self.watcher.start()
+
+    def _watch(self) -> None:
+        if self.done.wait(max(0.0, self.deadline - time.monotonic())):
+            return
+        while not self.done.is_set():
+            self.fired = True
+            interrupt(self.thread, CheckInterrupted)
+            self.done.wait(0.005)
+
+    def close(self) -> None:
+        """Stop interrupting; an interruption not yet delivered is taken here (wherever one
+        lands, the watcher is stopped before this returns)."""
+        while True:
+            try:
+                self.done.set()
+                self.watcher.join()
+                for _ in range(8) if self.fired else ():  # (delivered at a jump back)
+                    pass
+                return
+            except CheckInterrupted:
+                continue
+
+
+def interrupt(thread: int, exception: type[BaseException]) -> None:
+    """Raise ``exception`` in ``thread`` at its next instruction (never "none": CPython then
+    keeps asking the thread to check, and a thread that finds nothing loops on it)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(exception))
 
 
 def _name(code: types.CodeType) -> str:

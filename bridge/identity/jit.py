@@ -25,8 +25,7 @@ from typing import Any
 
 from ..exceptions import Undescribable
 from .describe import describe
-from .plain_values import PLAIN_TYPES, plain_text
-from .static_reads import is_jit
+from .static_reads import PLAIN_TYPES, is_jit, plain_text
 from .watch import Read, mark, unchanged
 
 __all__ = ["Undescribable", "constant", "identity", "is_jit"]

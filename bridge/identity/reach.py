@@ -15,9 +15,8 @@ import types
 from typing import Any
 
 from . import static_reads
-from .exact_values import triton_home
-from .namespaces import python_function
-from .read_sets import attribute, defaults, follow, scope_value
+from .admit import defaults, follow, generated_attribute, scope_value
+from .exact_values import python_function, triton_home
 
 #: how deep :func:`reachable` follows the functions a function names
 MAX_REACH = 4
@@ -49,7 +48,7 @@ def reachable(
             space = vars(follow(value, module_map))
             for attr in names:
                 if attr in space:
-                    found.append(attribute(value, attr, module_map))
+                    found.append(generated_attribute(value, attr, module_map))
                     recorder.add(row, "a", attr, found[-1])
     for value in found:
         if isinstance(value, type):
@@ -80,5 +79,5 @@ def members(
     for name in sorted(set(names) | set(IMPLICIT)):
         member = getattr(cls, name, None)
         if python_function(member) is not None:
-            recorder.add(row, "a", name, attribute(cls, name, module_map))
+            recorder.add(row, "a", name, generated_attribute(cls, name, module_map))
             reachable(recorder, member, module_map, depth + 1, done)

@@ -2,167 +2,201 @@
 process can ask again (:func:`check`).
 
 A read set is a list of rows ``[parent, op, operand, want]``, in the order the frontend made the
-reads. ``parent`` is the row whose object the read was made on (``-1``: the kernel itself);
-``op`` is one of
-
-- ``"g"``: the global (or closure variable) ``operand`` of a JIT function, as Triton's code
-  generator resolves it (its backend's module map applied), or of a ``constexpr_function`` or
-  Python function whose call the witness could not make again (what its code can read);
-- ``"a"``: the attribute ``operand`` of an object (a module followed through the module map, a
-  ``constexpr`` unwrapped, as the code generator does);
-- ``"i"``: the item of an object at the key ``operand`` (an argument, below);
-- ``"c"``: a call of the object with ``operand = [args, kwargs]`` (a ``constexpr_function``, a
-  function or class of the program's own), its result unwrapped from ``constexpr``;
-- ``"b"``: a call of a Python built-in the code generator offers (``len``, ``isinstance``,
-  ``getattr``, ...) named ``operand[0]``, with the arguments ``operand[1]``, made again without
-  running code of the program (:func:`~.static_access.builtin`);
-
-- ``"f"``: the source file of a JIT function as the binary's debug information names it
-  (:func:`source_file`: relative to the import root, which the import path decides);
-- ``"d"``: the defaults and keyword defaults of a function (what a call that cannot be made
-  again takes where an argument is left out: :func:`~.reach.reachable`);
-- ``"e"``: the environment variable ``operand``, read while the kernel compiled (those every
-  key holds already, and those that only select devices or say where files go,
-  :mod:`.compiler_identity`, are not kept), found as a keyed digest of its value
-  (:func:`~.keyed_environment.environment_want`: nobody without the key can test a
-  guess of it);
-- ``"p"``: the constexpr argument ``operand`` of the kernel (by parameter name; plain values
-  are in the kernel's key, so only objects are read this way);
-- ``"ir"``: the digest of the IR the frontend gives in the specialization ``operand``
-  (:func:`~.frontend.specialization`), where the read set is partial (it runs again);
-
-and ``want`` is a digest of what the read found (:meth:`~.read_trace.Trace.want`). An argument is
-``["v", value]`` (a plain value, :func:`exact`, made again by :func:`remake`), ``["r", row]``
+reads (its form: :mod:`bridge.entries.metadata`). ``parent`` is the row whose object the read
+was made on (``-1``: the kernel itself); ``op`` is one of ``"g"`` (a global or closure variable
+of a function, as Triton's code generator resolves it), ``"a"`` (an attribute), ``"i"`` (an
+item), ``"c"`` (a call of a ``constexpr_function`` or of a function or class of the program,
+with ``[args, kwargs]``), ``"b"`` (a built-in the code generator offers, made again without
+running code of the program: :func:`~.static_access.builtin`), ``"f"`` (a JIT function's source
+file as the binary's debug information names it), ``"d"`` (a function's defaults), ``"e"`` (an
+environment variable no key holds, as a keyed digest of its value:
+:mod:`.keyed_environment`), ``"p"`` (a constexpr argument of the kernel that is an object) and
+``"ir"`` (where the read set is partial: the digest of the IR the frontend gives in the
+specialization ``operand``, made again); ``want`` is a digest of what the read found
+(:meth:`Trace.want`). An argument is ``["v", value]`` (plain, :func:`exact`), ``["r", row]``
 (the object a row found) or ``["rk", row]`` (that object in a ``constexpr``).
 
-What a read found is described by content, never by name or address: plain values exactly
-(floats by their bits, so a NaN's sign counts; tuples item by item), a JIT function by its
-source, settings and first line, Triton's own objects by where Triton defines them (only where
-that very object is there, defined in Triton's files), a function by its code, any other object
-by :func:`bridge.identity.jit.constant` where it has an exact description, and an object met
-before by the row that first found it (so two names for one object, and one name for two,
-tell apart). Invariant: :func:`check` gives the digests a frontend run now would record for the
-same reads, so a kernel whose reads all find what they found is the kernel its frontend would
-generate now (given the same source, arguments, options and compiler, which its key holds).
-
-A call the witness cannot make again (a ``constexpr_function`` given a tensor) is recorded as
-what its code can read (:mod:`.reach`: the globals, closure variables, defaults and module
-attributes its code names, through the functions and classes found) and, as code may reach
-values by no name (an import when it runs, a file), the read set is partial: it ends with the
-``"ir"`` read, so the frontend vouches for what the witness cannot.
+What a read found is described by content, never by name or address
+(:func:`~.exact_values.describe`), an object met before by the row that first found it (so two
+names for one object, and one name for two, tell apart). Invariant: :func:`check` gives the
+digests a frontend run now would record for the same reads, so a kernel whose reads all find
+what they found is the kernel its frontend would generate now (given the same source,
+arguments, options and compiler, which its key holds). What the witness cannot follow makes
+the read set partial: it ends with the ``"ir"`` read, so the frontend vouches for the rest.
 
 A read set comes from a shared root, a remote tier or a bundle: it is hostile input. Its rows
 are checked against the kernel's code before any runs (:mod:`.admit`), reads run no code of
 the objects they read, calls run only where the code allows them and under a deadline
-(:mod:`.guard`), and nothing a check raises leaves it: a read set the code does not admit is
-:class:`Refusal`.
-
-A cached kernel or lowering is used only while :func:`stale` finds every read of its read sets
+(:mod:`.guard`), and nothing a check raises leaves it: a read set the code does not admit is a
+:class:`Refusal`. A cached kernel or lowering is used only while :func:`stale` finds every read
 as it was; where one finds something else, the kernel of this version of the code is kept under
-a key chained from the first (:func:`chained`), for at most :data:`MAX_HOPS` versions. Reads
-are recorded at each compile by :mod:`.witness`.
+a key chained from the first (:func:`chained`), for at most :data:`MAX_HOPS` versions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
+import time
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..entries import read_set_form
+from ..entries import metadata
 from ..exceptions import CheckInterrupted, RefusedReadSet
-from . import admit, namespaces, static_access, static_reads
-from .exact_values import ABSENT, language, remake, unwrap
-from .guard import CHECK, Guard
+from . import admit, static_access, static_reads
+from .admit import defaults, generated_attribute, module_map_of, remake, scope_value, source_file
+from .exact_values import ABSENT, RUNS_CODE, describe, exact, language, unwrap
+from .guard import CHECK, STATE, Guard, Watchdog
 from .keyed_environment import environment_want
-from .namespaces import RUNS_CODE, python_function
-from .read_trace import Trace
 from .static_access import builtin
+from .watch import mark
 
-FORMAT = read_set_form.FORMAT
-
-
-def _function(fn: Any, lacks: str) -> types.FunctionType:
-    """:func:`python_function` of ``fn``, which a read needs.
-
-    Raises:
-        TypeError: ``fn`` has none (it has no ``lacks``).
-    """
-    inner = python_function(fn)
-    if inner is None:
-        raise TypeError(f"{type(fn).__name__} has no {lacks}")
-    return inner
+FORMAT = metadata.FORMAT
 
 
-def scope_value(fn: Any, name: str, module_map: dict[str, Any]) -> Any:
-    """The global or closure variable ``name`` of the JIT function ``fn`` (or a function, see
-    :func:`python_function`), as Triton's code generator sees it (the module map applied)."""
-    inner = _function(fn, "globals")
-    code = inner.__code__
-    closure = inner.__closure__
-    if closure and name in code.co_freevars:
+class OnDemand:
+    """A check's guard (:mod:`.guard`), made when first needed (a call made again, an object
+    described by its fields) and until then only noted as this thread's
+    (:data:`~.guard.STATE`): a check whose reads need none runs none of it. A call made again
+    is interrupted once the check has run ``seconds`` (:class:`~.guard.Watchdog`)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+        self.made: Guard | None = None
+        self.watchdog: Watchdog | None = None
+
+    def guard(self) -> Guard:
+        if self.made is None:
+            self.made = Guard(CHECK)
+        return self.made
+
+    def tracing(self) -> contextlib.AbstractContextManager[None]:
+        return self.guard().tracing()
+
+    def calling(self) -> contextlib.AbstractContextManager[list[Any]]:
+        if self.watchdog is None:
+            self.watchdog = Watchdog(max(0.0, self.end - time.monotonic()))
+        return self.guard().calling()
+
+    def strict(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # (a check refuses code of the program anywhere)
+
+    def rearm(self) -> None:
+        if self.made is not None:
+            self.made.rearm()
+
+    def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.close()
+
+
+# -- what reads found ----------------------------------------------------------------------------
+class Trace:
+    """The objects reads found, by the row that first found each (a recorder's, or a
+    :func:`check`'s: both describe what they find the same way)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, int] = {}
+        self.kept: list[Any] = []  # (the objects of ``rows``, alive while their ids are keys)
+        self.opaque: list[str] = []
+
+    def row_of(self, value: Any) -> int | None:
+        return self.rows.get(id(value))
+
+    def note(self, value: Any, row: int) -> None:
+        """Remember ``value`` as found by ``row`` (unless met before)."""
+        if exact(value) is None and id(value) not in self.rows:
+            self.rows[id(value)] = row
+            self.kept.append(value)
+
+    def want(self, value: Any, row: int) -> str:
+        """The digest of what ``value``, found by ``row``, is (and remember it)."""
+        if value is ABSENT:
+            return "absent"
+        plain = exact(value)
+        if plain is not None:
+            return _digest(plain)
+        first = self.rows.get(id(value))
+        if first is not None:
+            return f"same:{first}"
+        want = self._described(value, row)  # (may raise: then ``value`` is not remembered)
+        self.note(value, row)
+        return want
+
+    def _described(self, value: Any, row: int) -> str:
+        known = _wants.get(id(value))
+        if known is not None and known[0] is value:
+            if known[1] is None or known[1] == _stamp(value, known[1][0]):
+                return known[2]
+        desc = description(value)
+        if desc is None:
+            self.opaque.append(f"{type(value).__qualname__} (row {row})")
+            return _digest(["opaque", row])
+        want = _digest(desc)
+        if type(value) is types.ModuleType or desc[0] == "triton":
+            _keep(value, None, want)
+        elif desc[0] in ("jit", "fn", "cfn"):
+            _keep(value, _stamp(value, desc[0]), want)
+        return want
+
+
+def description(value: Any) -> Any:
+    """:func:`~.exact_values.describe` of ``value``, where it runs no code of the program (in
+    the guard open, if any: a recording's or a check's alike): None where it would."""
+    guard = getattr(STATE, "guard", None)  # (read here: a check's may not be made yet)
+    if guard is None:
+        return describe(value)
+    with guard.strict():
         try:
-            value = closure[code.co_freevars.index(name)].cell_contents
+            return describe(value)
+        except CheckInterrupted:
+            guard.rearm()
+            return None
+
+
+#: the wants of objects whose description follows from what they are (modules: their
+#: attributes are reads of their own; Triton's objects: Triton's files are in every key) or
+#: from that and a stamp (:func:`_stamp`), by id: (the object, its stamp then or None, its
+#: want)
+_wants: dict[int, tuple[Any, Any, str]] = {}
+#: the most objects :data:`_wants` keeps (then it starts again)
+MAX_KEPT = 4096
+
+
+def _keep(value: Any, stamp: Any, want: str) -> None:
+    if len(_wants) >= MAX_KEPT:
+        _wants.clear()
+    _wants[id(value)] = (value, stamp, want)
+
+
+def _stamp(value: Any, kind: str) -> tuple[Any, ...]:
+    """What the description of ``value`` (of ``kind``) follows from besides its identity: a
+    JIT function's source, settings and first line; a function's code object, defaults and
+    the objects it closes over (what they hold is read where it is used: calls are made
+    again); a ``constexpr_function``'s code object (its calls are made again)."""
+    if kind == "jit":
+        return (kind, mark(value), getattr(value, "starting_line_number", None))
+    if kind == "cfn":
+        return (kind, value.fn.__code__)
+    cells = []
+    for cell in value.__closure__ or ():
+        try:
+            cells.append(cell.cell_contents)
         except ValueError:
-            return ABSENT
-    else:
-        value = inner.__globals__.get(name, ABSENT)
-    return mapped(value, module_map)
+            cells.append(ABSENT)
+    return (kind, value.__code__, value.__defaults__, value.__kwdefaults__, *cells)
 
 
-def mapped(value: Any, module_map: dict[str, Any]) -> Any:
-    """A global as the code generator keeps it: a module or one of its objects replaced by the
-    backend's (found without running code of ``value``)."""
-    if type(value) is types.ModuleType:
-        return module_map.get(value.__name__, value)
-    if not module_map:
-        return value
-    module = _static(value, "__module__")
-    if type(module) is str and module in module_map:
-        name = _static(value, "__name__")
-        if type(name) is str:
-            return getattr(module_map[module], name)
-    return value
+def _digest(desc: Any) -> str:
+    text = json.dumps(desc, separators=(",", ":"), default=repr)
+    return text if len(text) <= 40 else hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _static(value: Any, name: str) -> Any:
-    """:func:`~.namespaces.attribute`, None where there is none (or only code would give it)."""
-    try:
-        found = namespaces.attribute(value, name)
-    except AttributeError:
-        return None
-    return None if found is RUNS_CODE else found
-
-
-def follow(value: Any, module_map: dict[str, Any]) -> Any:
-    """A module followed through the module map, as the code generator does before it reads
-    an attribute; anything else as it is."""
-    if type(value) is types.ModuleType:
-        while (known := value.__name__) in module_map:
-            value = module_map[known]
-            if value.__name__ == known:
-                break
-    return value
-
-
-def attribute(value: Any, name: str, module_map: dict[str, Any]) -> Any:
-    """``getattr(value, name)`` as the code generator reads an attribute, where that runs no
-    code of ``value`` (:func:`~.namespaces.attribute`): :data:`~.namespaces.RUNS_CODE` where only code
-    would give it.
-
-    Raises:
-        AttributeError: ``value`` has no such attribute.
-    """
-    value = follow(value, module_map)
-    if issubclass(type(value), language().constexpr) and name not in ("value", "type"):
-        value = namespaces.attribute(value, "value")
-    return namespaces.attribute(value, name)
-
-
+# -- making reads again ---------------------------------------------------------------------------
 def _argument(arg: Any, found: Sequence[Any]) -> Any:
     tag, body = arg
     if tag == "r":
@@ -172,7 +206,7 @@ def _argument(arg: Any, found: Sequence[Any]) -> Any:
     return remake(body)
 
 
-def _call(fn: Any, operand: Any, found: Sequence[Any], guard: Guard | None) -> Any:
+def _call(fn: Any, operand: Any, found: Sequence[Any], guard: OnDemand | None) -> Any:
     args, kwargs = operand
     args = [_argument(a, found) for a in args]
     kwargs = {str(k): _argument(a, found) for k, a in kwargs}
@@ -197,19 +231,16 @@ def read(
     given: Any,
     modules: Any,
     backend: Any,
-    guard: Guard | None = None,
+    guard: OnDemand | None = None,
 ) -> Any:
     """Make one read again: what row ``[parent, op, operand, _]`` finds on ``base``
     (``given``: the kernel's constexpr arguments by parameter name; ``modules``: the backend's
     module map; ``backend``: the kernel's, for an ``"ir"`` read; ``guard``: the check's, for a
-    call). :data:`~.namespaces.RUNS_CODE` where the read would run code it may not."""
-    if op == "ir":  # (the frontend generating the kernel, for a specialization admitted)
-        from .frontend import ir_again
+    call). :data:`~.exact_values.RUNS_CODE` where the read would run code it may not."""
+    if op == "ir":  # (the frontend generating the kernel, for a specialization admitted: not
+        from .frontend import ir_again  # traced, as nothing of a check is but what may run code)
 
-        if guard is None:
-            return ir_again(base, operand, given, backend)
-        with guard.ours():
-            return ir_again(base, operand, given, backend)
+        return ir_again(base, operand, given, backend)
     if op == "p":
         return given.get(str(operand), ABSENT)
     if op == "e":
@@ -217,7 +248,7 @@ def read(
     if op == "g":
         return scope_value(base, str(operand), modules)
     if op == "a":
-        return attribute(base, str(operand), modules)
+        return generated_attribute(base, str(operand), modules)
     if op == "i":
         return static_access.item(base, unwrap(_argument(operand, found)))
     if op == "c":
@@ -231,24 +262,10 @@ def read(
     raise ValueError(f"not a read: {op!r:.20}")
 
 
-def defaults(fn: Any) -> list[Any]:
-    """The defaults and keyword defaults of the function ``fn`` (:func:`python_function`)."""
-    inner = _function(fn, "defaults")
-    return [inner.__defaults__, inner.__kwdefaults__]
-
-
-def source_file(fn: Any) -> str:
-    """The file of the JIT function ``fn`` as the compile writes it into the binary's debug
-    information: relative to the longest import root that holds it
-    (:func:`~.static_reads.relative_path`)."""
-    inner = _function(fn, "source file")
-    return static_reads.relative_path(inner.__code__.co_filename)
-
-
 @functools.lru_cache(maxsize=512)
 def parse(text: str) -> tuple[tuple[int, str, Any, str], ...] | None:
-    """The rows of a read set's text: None for anything :func:`~bridge.entries.read_set_form.problem` refuses."""
-    if read_set_form.problem(text) is not None:
+    """The rows of a read set's text: None for anything :func:`~bridge.entries.metadata.problem` refuses."""
+    if metadata.problem(text) is not None:
         return None
     doc = json.loads(text)
     if doc["format"] != FORMAT:
@@ -306,7 +323,9 @@ def wants(
         expected = lambda: specializations  # noqa: E731
     try:
         admission = admit.Admission(kernel, given, expected)
-        with Guard(CHECK, seconds=admit.CALL_SECONDS).armed() as guard:
+        guard, outer = OnDemand(admit.CALL_SECONDS), getattr(STATE, "guard", None)
+        STATE.guard = guard  # (this thread's guard, made if a read needs it)
+        try:
             for index, (parent, op, operand, _) in enumerate(rows):
                 base = kernel if parent < 0 else found[parent]
                 value, want = _FAILED, "error"
@@ -321,6 +340,9 @@ def wants(
                         admission.found(value)
                 found.append(value)
                 out.append(want)
+        finally:
+            STATE.guard = outer
+            guard.close()
     except RefusedReadSet as e:
         return Refusal(text, str(e))
     except KeyboardInterrupt:
@@ -342,10 +364,10 @@ def _made(
     given: Any,
     module_map: Any,
     backend: Any,
-    guard: Guard,
+    guard: OnDemand,
 ) -> tuple[Any, str]:
     """One read made again, and the digest of what it found (``"error"`` where it fails, or
-    would run code it may not: :data:`~.namespaces.RUNS_CODE`)."""
+    would run code it may not: :data:`~.exact_values.RUNS_CODE`)."""
     try:
         value = read(base, op, operand, found, given, module_map, backend, guard)
         if value is RUNS_CODE:
@@ -394,18 +416,6 @@ def params(src: Any) -> dict[str, Any]:
     given whole: an item of a tuple argument is the tuple's)."""
     names = src.fn.arg_names
     return {names[p[0]]: v for p, v in src.constants.items() if len(p) == 1 and p[0] < len(names)}
-
-
-_maps: dict[type, dict[str, Any]] = {}
-
-
-def module_map_of(backend: Any) -> dict[str, Any]:
-    """The module map of ``backend`` (what its code generator replaces Triton's modules by),
-    asked once per backend class."""
-    found = _maps.get(type(backend))
-    if found is None:
-        found = _maps[type(backend)] = dict(backend.get_module_map())
-    return found
 
 
 def stale(

@@ -1,12 +1,12 @@
 """Reading an object's items, and calling the built-ins kernel code is offered, without running
 code of the program: what a check of a stored read set (:mod:`.read_sets`) may do with
 whatever its reads find, and what the witness (:mod:`.frontend_hooks`) compares each read it
-records with (attributes: :mod:`.namespaces`).
+records with (attributes: :mod:`.admit`).
 
 An item is read only of a tuple, list or dict whose keys are plain; ``getattr`` and
-``hasattr`` read as :func:`~.namespaces.attribute` does, ``isinstance`` only of a class that
+``hasattr`` read as :func:`~.exact_values.attribute` does, ``isinstance`` only of a class that
 checks by its bases, the rest only on plain values, their result bounded. Where that cannot be,
-the read finds :data:`~.namespaces.RUNS_CODE` and no code runs.
+the read finds :data:`~.exact_values.RUNS_CODE` and no code runs.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ import builtins
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..entries.read_set_form import BUILTIN_NAMES
-from .exact_values import exact, language, triton_home, unwrap
-from .namespaces import RUNS_CODE, attribute, in_mro
+from ..entries.metadata import BUILTIN_NAMES
+from .exact_values import RUNS_CODE, attribute, exact, in_mro, language, triton_home, unwrap
 
-#: the built-ins Triton's code generator offers kernel code (:data:`~bridge.entries.read_set_form.BUILTIN_NAMES`)
+#: the built-ins Triton's code generator offers kernel code (:data:`~bridge.entries.metadata.BUILTIN_NAMES`)
 BUILTINS: dict[str, Callable[..., Any]] = {n: vars(builtins)[n] for n in BUILTIN_NAMES}
 #: the most items a built-in's result holds (``range``, ``list``) or a dict read holds
 MAX_RESULT = 4096

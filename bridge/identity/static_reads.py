@@ -1,4 +1,5 @@
-"""How the describer (:mod:`.describe`) reads code and values without running them: what a code
+"""How the describer (:mod:`.describe`) reads code and values without running them (and plain
+values as keys describe them, :func:`plain_text`: a float by its bits, so every NaN apart): what a code
 object runs and names, what a JIT function's source spells and what its syntax reads, closure
 cells, an object's fields, whether an object's state is all in its fields, and where a module
 comes from (and a source file's path as the import root names it: :func:`relative_path`).
@@ -41,13 +42,12 @@ import hashlib
 import os
 import re
 import site
+import struct
 import sys
 import sysconfig
 import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
-
-from .plain_values import PLAIN, plain_text
 
 #: standard library modules whose functions depend only on their arguments
 PURE_STDLIB = frozenset(
@@ -94,6 +94,29 @@ C_CALLABLES = frozenset(
      "method-wrapper", "classmethod_descriptor", "ufunc"}
 )  # fmt: skip
 _IMPORT = frozenset(dis.opmap[name] for name in ("IMPORT_NAME", "IMPORT_FROM") if name in dis.opmap)
+
+
+#: values described by type and text (:func:`plain_text`; exact types only: a subclass may
+#: behave otherwise)
+PLAIN = (int, float, str, bytes, bool, type(None), complex)
+PLAIN_TYPES = frozenset(PLAIN)
+
+
+def plain_text(value: Any) -> str:
+    """A plain value (of :data:`PLAIN`, or a tuple or frozenset of them, as a code object's
+    constants are) as text that tells it from every other (see the module docstring). The text
+    of a float or a complex starts with its kind, which no ``repr`` of another plain value
+    does."""
+    kind = type(value)
+    if kind is float:
+        return "float:" + struct.pack("<d", value).hex()
+    if kind is complex:
+        return "complex:" + struct.pack("<dd", value.real, value.imag).hex()
+    if kind is tuple:
+        return "(" + "".join(plain_text(v) + ", " for v in value) + ")"
+    if kind is frozenset:  # (its iteration order varies between processes)
+        return f"frozenset({sorted(plain_text(v) for v in value)!r})"
+    return repr(value)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -37,14 +37,14 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ..entries import read_set_form
+from ..entries import metadata
 from ..exceptions import RefusedReadSet
 from . import admit
 from . import exact_values as ev
 from . import read_sets as rs
+from .exact_values import RUNS_CODE
 from .guard import WITNESS, Guard
 from .keyed_environment import environment_want
-from .namespaces import RUNS_CODE
 
 #: the most rows a read set keeps (a larger one is cut, and says so)
 MAX_ROWS = 2000
@@ -100,7 +100,7 @@ class Recorder:
         base = self.kernel if parent < 0 else self.found[parent]
         try:
             self.admission.check(row, base, op, operand, self.found)
-            why = read_set_form.row_problem(row, [*doc[:3], "absent"], row + 1)
+            why = metadata.row_problem(row, [*doc[:3], "absent"], row + 1)
             if why is not None:
                 raise RefusedReadSet(f"{op} {str(operand)[:40]}: {why}")
         except RefusedReadSet as e:

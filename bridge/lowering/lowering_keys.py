@@ -45,7 +45,7 @@ from ..embed import ptxisa
 from ..entries.lowerings import FORMAT
 from ..exceptions import Unkeyable
 from ..identity import compiler_identity, jit
-from ..identity.plain_values import plain_text
+from ..identity.static_reads import plain_text
 from ..vendors import backends
 
 if TYPE_CHECKING:

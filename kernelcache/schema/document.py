@@ -59,7 +59,7 @@ import xxhash
 
 from .._version import __version__
 from ..errors import IncompleteEntry, InvalidMetadata
-from ..formats import artifact_problem
+from ..formats import STRUCTURED, artifact_problem
 from ..fsio import load_json
 from ..keys import EXT_PATTERN, META_EXT
 from ..problem import Problem
@@ -403,6 +403,8 @@ def entry_problem(
     bad = launch_problem(ext, doc)
     if bad is not None:
         return bad
+    if ext not in STRUCTURED:  # (a lowering, a decision: its kind checks what it holds)
+        return None
     name = doc.get("name")
     whole = check == FULL
     reason = artifact_problem(ext, data, name if isinstance(name, str) else None, full=whole)

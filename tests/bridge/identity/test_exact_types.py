@@ -11,7 +11,8 @@ import pytest
 import triton.language as tl
 from bridge_helpers import _lowered_call, kernel_module
 
-from bridge.identity.exact_values import exact, remake
+from bridge.identity.admit import remake
+from bridge.identity.exact_values import exact
 from kernelcache import Store
 
 #: an address space other than the default (a number before Triton 3.9, a name since)

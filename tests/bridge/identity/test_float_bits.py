@@ -1,4 +1,4 @@
-"""A float in a key is described by its bits (bridge.identity.plain_values.plain_text):
+"""A float in a key is described by its bits (bridge.identity.static_reads.plain_text):
 ``repr`` shows every NaN as ``nan``, whatever its sign, and a NaN given as a constexpr reaches
 the machine code bit for bit. A kernel lowered with a NaN and with the NaN of the other sign
 gets two kernels under two keys, in one process and in two processes sharing a root.
@@ -15,7 +15,7 @@ from bridge_helpers import kernel_module, kernel_source, machine_code, run_child
 from support import HELPERS
 
 from bridge.compile import compiler as bridge_compile
-from bridge.identity import jit, plain_values, static_reads
+from bridge.identity import jit, static_reads
 from bridge.lowering import lowering_keys
 
 NAN = float("nan")
@@ -44,12 +44,12 @@ def test_the_two_nans_are_told_apart():
 
 def test_plain_text_is_repr_but_for_floats():
     for value in (1, -1, "1.0", b"x", True, None, "float:0"):
-        assert plain_values.plain_text(value) == repr(value)
-    assert plain_values.plain_text(2.0) == "float:" + struct.pack("<d", 2.0).hex()
-    assert plain_values.plain_text(
+        assert static_reads.plain_text(value) == repr(value)
+    assert static_reads.plain_text(2.0) == "float:" + struct.pack("<d", 2.0).hex()
+    assert static_reads.plain_text(
         "float:" + struct.pack("<d", 2.0).hex()
-    ) != plain_values.plain_text(2.0)
-    assert plain_values.plain_text(frozenset({NAN, 1})) == plain_values.plain_text(
+    ) != static_reads.plain_text(2.0)
+    assert static_reads.plain_text(frozenset({NAN, 1})) == static_reads.plain_text(
         frozenset({1, NAN})
     )
 

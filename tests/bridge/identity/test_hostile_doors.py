@@ -138,7 +138,7 @@ def _forged_reads(text: str) -> str:
 def _forge(root: Path) -> None:
     """Edit the reads of the kernel entry in ``root``, its entry digest made valid; forget the
     lowerings (so that a lookup reaches the kernel entry)."""
-    from bridge.entries.read_set_form import problem
+    from bridge.entries.metadata import problem
     from kernelcache.schema.document import entry_digest
 
     forget_lowerings(root)

@@ -167,7 +167,7 @@ VALUES = [
 @pytest.fixture(scope="module")
 def trap(tmp_path_factory) -> dict[str, Any]:
     """The trap compiled once: its kernel, what a check is given, and its own read set."""
-    from bridge.identity import read_sets
+    from bridge.identity import admit
     from bridge.vendors import backends, targets
 
     base = tmp_path_factory.mktemp("trap")
@@ -185,7 +185,7 @@ def trap(tmp_path_factory) -> dict[str, Any]:
         "kernel": module.kernel,
         "given": {"BLOCK": 1024},
         "backend": backend,
-        "modules": read_sets.module_map_of(backend),
+        "modules": admit.module_map_of(backend),
         "text": text,
         "marks": module.HIT,
         "code": code,
@@ -219,9 +219,9 @@ def _marks(trap: dict[str, Any]) -> list[str]:
 
 
 def test_a_compiles_own_read_set_is_admitted_and_holds(trap):
-    from bridge.entries import read_set_form
+    from bridge.entries import metadata
 
-    assert read_set_form.problem(trap["text"]) is None
+    assert metadata.problem(trap["text"]) is None
     found, _ = _check(trap, trap["text"])
     assert found is None, "the read set a compile wrote does not hold in the same process"
     assert _marks(trap) == []
@@ -280,7 +280,7 @@ def test_a_refused_read_set_says_which_row_and_why(trap):
 def test_the_door_refuses_what_no_compile_writes(trap):
     """The schema's check of the ``reads`` field, at every door: a dunder, an operation no
     compile records, a value too large to be a kernel's."""
-    from bridge.entries import read_set_form
+    from bridge.entries import metadata
 
     for rows in (
         FORGED["import-through-builtins"],
@@ -289,7 +289,7 @@ def test_the_door_refuses_what_no_compile_writes(trap):
         [[-1, "b", ["__import__", [["v", ["s", "os"]]]], "x"]],
         [[7, "g", "tl", "x"]],
     ):
-        assert read_set_form.problem(_forged(trap, rows)) is not None
+        assert metadata.problem(_forged(trap, rows)) is not None
 
 
 @st.composite
@@ -351,7 +351,7 @@ def test_an_environment_read_cannot_be_guessed_from_what_a_lookup_stores(trap, m
     finds (and chains its next key from) is a digest keyed by the user's secret: testing every
     four-digit guess against it finds nothing, and no entry holds the value."""
     from bridge.identity import read_sets
-    from bridge.identity.read_trace import _digest
+    from bridge.identity.read_sets import _digest
 
     monkeypatch.setenv("KC_SECRET_PIN", "4821")
     doc = json.loads(_forged(trap, []))
@@ -368,13 +368,13 @@ def test_an_environment_read_cannot_be_guessed_from_what_a_lookup_stores(trap, m
 
 
 def test_reads_that_only_code_would_answer_run_no_code():
-    """:func:`bridge.identity.namespaces.attribute` on everything that would run code: a
+    """:func:`bridge.identity.exact_values.attribute` on everything that would run code: a
     property, ``__getattr__`` of an object, a class (its metaclass) and a module, a
     ``__getattribute__`` of its own, a ``__dict__`` of its own; what plain lookups find is
     found."""
     import types
 
-    from bridge.identity.namespaces import RUNS_CODE, attribute
+    from bridge.identity.exact_values import RUNS_CODE, attribute
 
     ran: list[str] = []
 
