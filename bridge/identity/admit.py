@@ -50,7 +50,7 @@ from .exact_values import (
     triton_home,
 )
 from .guard import program_class, program_module
-from .static_reads import code_facts, jit_classes, syntax
+from .static_reads import code_facts, jit_classes, spelled, syntax
 from .watch import source
 
 #: the largest plain value a call is given that the lookup does not hold already
@@ -285,11 +285,16 @@ class Admission:
         self.held: list[Any] = list(given.values())
         self.code: list[types.CodeType] = []
         self.followed: set[int] = set()
+        #: how each object was found (the read that found it, by the object's id), and the read
+        #: being made
+        self.how: dict[int, tuple[str, Any, Any]] = {}
+        self.read: tuple[str, Any, Any] = ("", None, None)
         self.found(kernel)
 
     def found(self, value: Any) -> None:
         """Note ``value``, found by an admitted read (or the kernel): a function's names and
         code, any other value itself."""
+        self.how.setdefault(id(value), self.read)
         inner = python_function(value)
         if inner is None:
             if len(self.held) < 65536:
@@ -298,7 +303,7 @@ class Admission:
         if id(inner) in self.followed:
             return
         self.followed.add(id(inner))
-        self.names |= code_names(value)[1]
+        self.names |= code_names(value)
         if not triton_code(inner):  # (Triton's constants are no values of the call)
             self.code.append(inner.__code__)
 
@@ -316,6 +321,7 @@ class Admission:
     def check(self, index: int, base: Any, op: str, operand: Any, found: Sequence[Any]) -> None:
         """Raise :class:`~bridge.exceptions.RefusedReadSet` where the code does not allow row ``index``, ``op`` of
         ``operand`` on ``base`` (what its parent found)."""
+        self.read = (op, operand, base)
         why = self._why(base, op, operand, found)
         if why is not None:
             raise RefusedReadSet(f"row {index} ({op} {json.dumps(operand)[:60]}): {why}")
@@ -325,8 +331,8 @@ class Admission:
         if op == "g":
             if python_function(base) is None:
                 return "a global is read only of a function"
-            ok = operand in code_names(base)[0]
-            return None if ok else "a global its function's code does not read"
+            ok = operand in code_names(base)
+            return None if ok else "a global its function's code does not spell"
         if op == "a":
             if operand in self.names:
                 return None
@@ -364,6 +370,12 @@ class Admission:
         )
         if not callable_:
             return "a call only of a constexpr_function or a function or class of the program"
+        how = self.how.get(id(fn), ("", None, None))
+        plain = (cfn is not None and issubclass(type(fn), cfn)) or (
+            type(fn) is types.BuiltinFunctionType and fn in PURE
+        )
+        if not plain and not (how[0] == "g" and how[1] in loads(how[2])):
+            return "a call of a function or class the code does not load by its name"
         args, kwargs = operand
         for arg in [*args, *(a for _, a in kwargs)]:
             why = self._argument(arg, found, any_value=True)
@@ -417,18 +429,28 @@ def plain_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-def code_names(fn: Any) -> tuple[frozenset[str], frozenset[str]]:
-    """The globals the code of the function ``fn`` reads and the attribute names it spells: a
-    JIT function's syntax (as Triton's frontend walks it); a Python function's code, nested
-    code and closure (both alike)."""
+def code_names(fn: Any) -> frozenset[str]:
+    """The names the code of the function ``fn`` spells (its globals and attributes): a JIT
+    function's source outside string literals and comments (found without parsing); a Python
+    function's code, nested code and closure."""
     jit, cfn, _ = jit_classes()
     if issubclass(type(fn), jit) and (cfn is None or not issubclass(type(fn), cfn)):
         src = source(fn)
         if isinstance(src, str):
-            found = syntax(src)
-            return found.loaded, found.attributes
+            return spelled(src)
     inner = python_function(fn)
     if inner is None:
-        return frozenset(), frozenset()
-    names = code_facts(inner.__code__)[1] | frozenset(inner.__code__.co_freevars)
-    return names, names
+        return frozenset()
+    return code_facts(inner.__code__)[1] | frozenset(inner.__code__.co_freevars)
+
+
+def loads(fn: Any) -> frozenset[str]:
+    """The names the code of the function ``fn`` loads as globals: a JIT function's syntax, as
+    Triton's frontend walks it (parsed: asked only of a function whose global a call is made
+    of); a Python function's names (:func:`code_names`)."""
+    jit, cfn, _ = jit_classes()
+    if issubclass(type(fn), jit) and (cfn is None or not issubclass(type(fn), cfn)):
+        src = source(fn)
+        if isinstance(src, str):
+            return syntax(src).loaded
+    return code_names(fn)
