@@ -210,30 +210,16 @@ def _attribute(recorder: Recorder, base: Any, name: str, value: Any, module_map:
     row = recorder.origin(base)
     if row is None and inner is not base:
         row = recorder.origin(inner)
-    if row is not None:
-        _found(
-            recorder,
-            row,
-            "a",
-            name,
-            value,
-            lambda: admit.generated_attribute(base, name, module_map),
-        )
-    elif _triton_value(inner):
+    owner, modules = base, module_map
+    if row is None and _triton_value(inner):
         # (an aggregate's method: a member of its class, which a read may have found)
-        row = recorder.origin(type(inner))
-        if row is not None:
-            _found(
-                recorder,
-                row,
-                "a",
-                name,
-                value,
-                lambda: admit.generated_attribute(type(inner), name, {}),
-            )
-        elif static_reads.is_jit(value) and ev.triton_home(type(inner)) is None:
-            recorder.missed(f"a method of {type(inner).__qualname__} not witnessed")
-    elif not _ignorable(inner):
+        row, owner, modules = recorder.origin(type(inner)), type(inner), {}
+        if row is None and static_reads.is_jit(value) and ev.triton_home(owner) is None:
+            recorder.missed(f"a method of {owner.__qualname__} not witnessed")
+    if row is not None:
+        again = lambda: admit.generated_attribute(owner, name, modules)  # noqa: E731
+        _found(recorder, row, "a", name, value, again)
+    elif owner is base and not _ignorable(inner):
         recorder.missed(f"an attribute of a {type(inner).__qualname__} not witnessed")
 
 
