@@ -4,8 +4,10 @@ Counters are kept per writable root; :func:`process_stats` sums them for this pr
 process appends the changes since its last flush as one JSON line to its own file
 ``<root>/.stats/<host>-<pid>-<token>.jsonl`` (every :data:`FLUSH_INTERVAL` seconds at most,
 after builds, and at exit), so writers never contend. A killed process loses at most its last
-interval of counts. The writable root is created for the log if it does not exist yet; a root
-that cannot hold it is warned about once.
+interval of counts. The writable root is created for the log if this process has never seen it
+exist (a job served only by read-only layers or a remote tier); a root deleted while the process
+ran stays deleted, and its counts are dropped. A root that cannot hold the log is warned about
+once.
 
 Hits and misses count one lookup per kernel (the hit rate); entries read beside a kernel and
 memoized values are counted apart (:data:`LOOKUP_CLASSES`). A lock a call waited on for its
@@ -82,6 +84,8 @@ _flushed: dict[str, dict[str, float]] = {}
 _tier_counts: dict[str, dict[str, dict[str, float]]] = {}  # root -> tier label -> counters
 _tier_flushed: dict[str, dict[str, dict[str, float]]] = {}
 _logged_roots: set[str] = set()
+#: logged roots this process has seen exist: a flush never creates one of them again
+_existed: set[str] = set()
 #: whether a log that cannot be written is warned about (not after a command reported an error,
 #: which named the root: :func:`quiet`)
 _warn_unlogged = True
@@ -164,6 +168,8 @@ def enable_log(root: str) -> None:
     """Append this process's counters for ``root`` to a log under it (at flushes and exit)."""
     with _lock:
         _logged_roots.add(root)
+    if os.path.isdir(root):
+        _existed.add(root)
 
 
 def process_stats() -> dict[str, Any]:
@@ -221,18 +227,26 @@ def note_lock_wait(root: str, key: str, waited: float, holder: dict[str, Any] | 
     _append(root, {}, waited={"key": key, "seconds": waited, "holder": holder})
 
 
-def _stats_dir(root: str) -> int:
-    """``<root>/.stats/``, opened; the root is created first if it does not exist yet (a job
-    served only by read-only layers or a remote tier has written nothing there before).
+def _stats_dir(root: str) -> int | None:
+    """``<root>/.stats/``, opened (created if missing). The root is created first only if
+    this process has never seen it exist (a job served only by read-only layers or a remote
+    tier has written nothing there before); one that existed (when the cache was opened, or
+    since this process put into it) and is gone was deleted while the process ran: None.
 
     Raises:
         OSError: it cannot be opened or created.
     """
     try:
-        return open_subdir(root, STATS_DIR, create=True)
-    except FileNotFoundError:
+        dfd = open_subdir(root, STATS_DIR, create=True)
+    except FileNotFoundError:  # the root is missing
+        with _lock:
+            put_into = bool((_counts.get(root) or {}).get("puts"))
+        if root in _existed or put_into:
+            return None
         os.makedirs(root, exist_ok=True)
-        return open_subdir(root, STATS_DIR, create=True)
+        dfd = open_subdir(root, STATS_DIR, create=True)
+    _existed.add(root)
+    return dfd
 
 
 def _append(root: str, delta: dict[str, float], **extra: object) -> None:
@@ -240,6 +254,9 @@ def _append(root: str, delta: dict[str, float], **extra: object) -> None:
     line = json.dumps({**record, "delta": delta, **extra}, sort_keys=True)
     try:
         dfd = _stats_dir(root)
+        if dfd is None:
+            logger.debug("kernelcache: statistics not logged under %s: deleted", root)
+            return
         try:
             fd = os.open(
                 log_name(),

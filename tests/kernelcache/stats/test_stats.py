@@ -7,6 +7,7 @@ table shows every counter."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -190,6 +191,47 @@ def test_logs_from_several_processes_add_up(root):
         for line in log.read_text().splitlines():
             record = json.loads(line)
             assert record["v"] == 1 and record["pid"] > 0 and "delta" in record
+
+
+# A job that uses a root ("opened": one that exists; "put": one its put creates; "built": one
+# its get_or_create creates, whose build flushes the log at once), says so, and exits on a line.
+USES_THEN_EXITS = """
+import sys, kernelcache
+root, how = sys.argv[1], sys.argv[2]
+cache = kernelcache.Cache(root, readonly_roots=(), remote="")
+key = "ab" * 16
+if how == "opened":
+    assert cache.get(key, "bin") is None
+elif how == "put":
+    cache.put(key, "bin", b"x" * 10, {})
+else:
+    cache.get_or_create(key, "bin", lambda: (b"x" * 10, {}))
+    assert cache.get(key, "bin") is not None  # counted after the flush
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("how", ["opened", "put", "built"])
+def test_a_root_deleted_while_a_job_ran_stays_deleted_after_it_exits(root, how):
+    """The log written at exit does not bring back a root (with a lone ``.stats/``) that was
+    deleted while the job ran; a root the job never saw exist is still created for it."""
+    if how == "opened":
+        root.mkdir()
+    job = subprocess.Popen(
+        [sys.executable, "-c", USES_THEN_EXITS, str(root), how],
+        env=child_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert job.stdout is not None and job.stdout.readline() == "ready\n"
+    assert root.is_dir()
+    shutil.rmtree(root)
+    _, err = job.communicate("\n", timeout=60)
+    assert job.returncode == 0 and err == "", err
+    assert not root.exists(), sorted(p.name for p in root.rglob("*"))
 
 
 def test_stats_log_can_be_turned_off(root):
