@@ -398,6 +398,33 @@ def test_the_python_page_opens_with_a_block_that_runs():
     assert first.not_run is None, f"{_id(first)} is marked not-run: {first.not_run}"
 
 
+def test_the_python_pages_first_example_runs_again_and_leaves_the_users_cache_alone(tmp_path):
+    """The API at a glance runs a second time as it ran the first (a reader runs it again), and
+    with no kernelcache variable set it writes nothing under the user's home: its fake kernels
+    never land in the user's own cache."""
+    first = next(b for b in BLOCKS if b.path == DOCS / "python.md" and b.language == "python")
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    script = tmp_path / "example.py"
+    script.write_text(first.code)
+    env = child_env(HOME=str(home))
+    for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+        env.pop(name, None)  # the user cache directory is the one under HOME
+    for run in ("first", "second"):
+        proc = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+        assert proc.returncode == 0, f"{_id(first)}, {run} run:\n{proc.stdout}\n{proc.stderr}"
+    assert sorted(home.rglob("*")) == [], "the example wrote under the user's home"
+
+
 @pytest.mark.parametrize(
     "block",
     [
