@@ -26,7 +26,8 @@ the context), and one module per group of commands: :mod:`.statistics` (``stats`
 table and Prometheus text: :mod:`.stats_text`),
 :mod:`.listing` (``ls``, ``show``; :func:`register_content`, through which a package says
 what its entries hold), :mod:`.verification` (``verify``), :mod:`.maintenance` (``prune``, ``clear``),
-:mod:`.bundles` (``export``, ``import``) and :mod:`.diagnosis` (``doctor``).
+:mod:`.bundles` (``export``, ``import``), :mod:`.diagnosis` (``doctor``) and :mod:`.shell`
+(``dir``, ``completion``).
 """
 
 from __future__ import annotations

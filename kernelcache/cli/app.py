@@ -23,7 +23,7 @@ from .._version import __version__
 from ..config import COMMANDS_GROUP, check_variables
 from ..errors import CommandFailed, ConfigError, UsageError
 from ..stats.counters import quiet as quiet_statistics
-from . import bundles, diagnosis, habits, listing, maintenance, statistics, verification
+from . import bundles, diagnosis, habits, listing, maintenance, shell, statistics, verification
 from .common import Context, Subparsers, common_options
 from .output import (
     EXIT_CODES,
@@ -47,6 +47,7 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     maintenance,
     bundles,
     diagnosis,
+    shell,
 )
 
 
@@ -174,6 +175,8 @@ def _ours(argv: Sequence[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     parser = build_parser()
+    if "_ARGCOMPLETE" in os.environ:  # a completion script asks what may follow (exits)
+        shell.complete(parser)
     given = list(sys.argv[1:] if argv is None else argv)
     try:
         given = habits.translate(given)
