@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import MissingDependency
+from ..optional import require
 from ..schema.document import MAX_META_BYTES
 
 BUNDLE_FORMAT = "kernelcache-bundle"
@@ -75,10 +75,9 @@ class ImportResult:
 
 
 def zstandard_module() -> Any:
-    try:
-        import zstandard
-    except ImportError:
-        raise MissingDependency(
-            "zstd bundles need the zstandard package: pip install 'kernelcache[zstd]'"
-        ) from None
-    return zstandard
+    """The zstandard package.
+
+    Raises:
+        MissingDependency: it is not installed (the message says how to install it).
+    """
+    return require("zstandard", "a zstd bundle")

@@ -21,7 +21,7 @@ from typing import NoReturn
 
 from .._version import __version__
 from ..config import COMMANDS_GROUP, check_variables
-from ..errors import CommandFailed, ConfigError, UsageError
+from ..errors import CommandFailed, ConfigError, MissingDependency, UsageError
 from ..stats.counters import quiet as quiet_statistics
 from . import bundles, diagnosis, habits, listing, maintenance, shell, statistics, verification
 from .common import Context, Subparsers, common_options
@@ -218,6 +218,8 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         return fail(str(e), EXIT_USAGE, args.command, args.json)
     except ConfigError as e:
         return fail(f"{e} (fix the environment variable)", EXIT_USAGE, args.command, args.json)
+    except MissingDependency as e:  # an optional package (the message says how to install it)
+        return fail(str(e), EXIT_USAGE, args.command, args.json)
     except CommandFailed as e:
         return fail(str(e), EXIT_PROBLEMS, args.command, args.json)
     except BrokenPipeError:
@@ -238,10 +240,6 @@ def _run(args: argparse.Namespace, out: Output) -> int:
     except Exception as e:  # pragma: no cover - the message beats a traceback for operators
         if args.verbose > 1:
             raise
-        from ..errors import MissingDependency  # the one optional-package error commands raise
-
-        if isinstance(e, MissingDependency):
-            return fail(str(e), EXIT_USAGE, args.command, args.json)
         return fail(
             f"{e.__class__.__name__}: {e} (rerun with -vv for a traceback)",
             EXIT_PROBLEMS,

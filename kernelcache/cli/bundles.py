@@ -63,7 +63,7 @@ def register(subparsers: Subparsers) -> None:
         type=size_arg,
         default=256 << 20,
         metavar="SIZE",
-        help="refuse artifacts larger than SIZE (default 256M)",
+        help="refuse artifacts larger than SIZE (default 256M; 0 means no limit)",
     )
     p.add_argument(
         "--dry-run",
@@ -75,9 +75,18 @@ def register(subparsers: Subparsers) -> None:
 
 
 def _one_place(args: argparse.Namespace, url: str | None, option: str) -> None:
+    """Check, before any work, that the bundle is either FILE or ``option`` URL, and that the
+    URL names an object of a store this machine can reach (obstore installed).
+
+    Raises:
+        UsageError: neither or both, or a URL that names no object.
+        MissingDependency: a URL, and obstore is not installed.
+    """
     if (args.file is None) == (url is None):
         raise UsageError(f"give either FILE or {option} URL")
     if url is not None:
+        from ..optional import require
+        from ..remote import redact
         from ..remote.objstore.location import parse_object_url
 
         try:
@@ -88,6 +97,7 @@ def _one_place(args: argparse.Namespace, url: str | None, option: str) -> None:
             raise UsageError(
                 f"{option} needs the bundle's object: {where.scheme}://bucket/path/FILE"
             )
+        require("obstore", f"{option} {redact(url)}")
 
 
 def cmd_export(args: argparse.Namespace, out: Output) -> int:
@@ -104,7 +114,7 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
         def upload() -> None:
             try:
                 upload_file(args.to, local, overwrite=args.force)
-            except ConfigError as e:  # obstore missing
+            except ConfigError as e:  # a bad option of the URL
                 raise UsageError(str(e)) from None
             except OSError as e:  # the store refused it, or cannot be reached
                 raise UsageError(str(e)) from None
@@ -232,7 +242,7 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
         local = os.path.join(tmp, name)
         try:
             download_file(args.source, local)
-        except ConfigError as e:  # obstore missing
+        except ConfigError as e:  # a bad option of the URL
             raise UsageError(str(e)) from None
         except OSError as e:  # no such bundle, or the store cannot be reached
             raise UsageError(str(e)) from None

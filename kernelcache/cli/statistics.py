@@ -116,6 +116,21 @@ def probe_remotes(spec: str, root: str) -> list[dict[str, Any]]:
     return [probe(url, stats_root=root) for url in split_urls(spec)]
 
 
+def require_clients(spec: str) -> None:
+    """Check that the client of each built-in tier of ``spec`` is installed.
+
+    Raises:
+        MissingDependency: one is not (the message says how to install it).
+    """
+    from ..optional import require
+    from ..remote import client_of, redact, split_urls
+
+    for url in split_urls(spec):
+        module = client_of(url)
+        if module is not None:
+            require(module, f"stats --remote ({redact(url)})")
+
+
 def _write_atomic(path: str, text: str) -> None:
     """Write a file so that readers (a textfile collector) see the old or new text, whole."""
     directory, name = os.path.split(os.path.abspath(path))
@@ -180,6 +195,7 @@ def cmd_zero(context: Context, out: Output) -> int:
     from ..stats.summary import zero_logs
 
     root = context.existing_root()
+    context.refuse_readonly(root, "stats --zero")
     context.require_writable()
     removed, left, error = zero_logs(context.store().locker)
     problems = [*left, *([error] if error else [])]
@@ -199,6 +215,8 @@ def cmd_stats(args: argparse.Namespace, out: Output) -> int:
     context: Context = args.context
     if args.zero:
         return cmd_zero(context, out)
+    if args.remote:
+        require_clients(context.settings.remote or "")
     root = context.existing_root(missing_ok=True)  # before the first job: zeros
     doc = stats_document(root, context.trust, out)
     doc["remote_urls"] = remote_urls(context.settings.remote or "")

@@ -24,7 +24,9 @@ from ..config import (
     variable,
     variables,
 )
+from ..errors import MissingDependency
 from ..keys import META_EXT, split_entry_name
+from ..optional import require
 from ..process import HOST, pid_alive
 from ..signing_key import check_signing_key, read_key_file
 from ..store.layout import create_exclusive, shared_directories
@@ -40,7 +42,6 @@ PACKAGES = (
     "platformdirs",
     "filelock",
     "zstandard",
-    "tqdm",
     "redis",
     "obstore",
 )
@@ -263,7 +264,7 @@ def readonly_checks(roots: Sequence[os.PathLike[str] | str]) -> list[Check]:
 def remote_checks(spec: str) -> list[Check]:
     """Whether each tier of ``spec`` (``$KERNELCACHE_REMOTE``) answers: one bounded request each
     (a Redis PING within the URL's timeout). A URL that cannot be used is its variable's check."""
-    from ..remote import check_url, probe, split_urls
+    from ..remote import check_url, client_of, probe, redact, split_urls
 
     checks = []
     for url in split_urls(spec):
@@ -271,6 +272,13 @@ def remote_checks(spec: str) -> list[Check]:
             check_url(url)
         except ConfigError:
             continue  # (reported by the variable's own check)
+        try:
+            module = client_of(url)
+            if module is not None:
+                require(module, "this tier")
+        except MissingDependency as e:
+            checks.append(Check(f"remote {redact(url).split('?', 1)[0]}", "fail", str(e)))
+            continue
         found = probe(url)
         name = f"remote {found['tier']}"
         ms = found["seconds"] * 1000

@@ -84,6 +84,18 @@ def _broken(plugin: EntryPoint, url: str, e: Exception) -> str:
     return f"the remote tier plugin {plugin.name} = {plugin.value} ({GROUP}) failed: {reason}"
 
 
+def client_of(url: str) -> str | None:
+    """The optional package the built-in tier of ``url`` talks through ("redis" or "obstore",
+    see :mod:`kernelcache.optional`); None for a plugin's scheme or a malformed URL."""
+    try:
+        scheme = _scheme(url)
+    except ConfigError:
+        return None
+    if scheme in REDIS_SCHEMES:
+        return "redis"
+    return "obstore" if scheme in OBJECT_SCHEMES else None
+
+
 def split_urls(spec: str) -> list[str]:
     """The URLs of a list of remote tiers (``$KERNELCACHE_REMOTE``): separated by whitespace,
     which no URL contains unencoded (a cluster's nodes are separated by commas)."""

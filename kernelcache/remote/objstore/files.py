@@ -17,6 +17,7 @@ from ...errors import (
     ObjectMissing,
     RemoteError,
 )
+from ...optional import require
 from ..url import redact
 from .location import parse_object_url
 from .requests import first_line, make_store
@@ -31,12 +32,14 @@ def _file_location(url: str) -> tuple[Any, str, str]:
 
     Raises:
         ConfigError: not an object URL, no object name, or a bad option.
+        MissingDependency: obstore is not installed.
     """
     where = parse_object_url(url)
     shown = redact(url)
     directory, _, name = where.path.rpartition("/")
     if not name:
         raise ConfigError(f"{shown!r} names no object; use {where.scheme}://bucket/path/FILE")
+    require("obstore", shown)
     query = urlsplit(url).query
     defaults: dict[str, Any] = {}
     if "timeout=" not in query:
@@ -52,14 +55,15 @@ def upload_file(url: str, path: str, *, overwrite: bool) -> None:
     without ``overwrite``, only if there is no such object yet.
 
     Raises:
-        ConfigError: a bad URL, or obstore is not installed.
+        ConfigError: a bad URL.
+        MissingDependency: obstore is not installed.
         FileExistsError: the object exists and ``overwrite`` is false.
         OSError: the store failed (the message says why, without credentials).
     """
+    store, name, shown = _file_location(url)
     import obstore
     from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-    store, name, shown = _file_location(url)
     try:
         obstore.put(store, name, Path(path), mode="overwrite" if overwrite else "create")
     except (AlreadyExistsError, PreconditionError):
@@ -73,13 +77,14 @@ def download_file(url: str, path: str) -> int:
     be at most the URL's ``max_size`` (default 16G) and take at most its ``timeout`` (600s).
 
     Raises:
-        ConfigError: a bad URL, or obstore is not installed.
+        ConfigError: a bad URL.
+        MissingDependency: obstore is not installed.
         FileNotFoundError: there is no such object.
         OSError: the store failed, or the object is too large or too slow.
     """
+    store, name, shown = _file_location(url)
     import obstore
 
-    store, name, shown = _file_location(url)
     where = parse_object_url(url)
     limit = where.max_size if "max_size=" in urlsplit(url).query else TRANSFER_MAX_SIZE
     started = time.monotonic()

@@ -17,6 +17,7 @@ from ...errors import (
     ConfigError,
     RemoteTimeout,
 )
+from ...optional import needs
 from .location import ObjectURL
 
 #: the most bytes of a lock object read (its holder record is far smaller)
@@ -32,9 +33,7 @@ def make_store(where: ObjectURL, prefix: str, *, shown: str) -> Any:
     try:
         from obstore.store import GCSStore, S3Store
     except ImportError:
-        raise ConfigError(
-            f"the remote tier {shown!r} needs obstore: pip install 'kernelcache[s3]'"
-        ) from None
+        raise ConfigError(needs(f"the remote tier {shown!r}", "obstore")) from None
     client: dict[str, Any] = {
         "timeout": f"{round(where.timeout * 1000)}ms",
         "connect_timeout": f"{round(where.connect_timeout * 1000)}ms",

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import ConfigError
+from ...optional import needs
 from ..contact import Abandoned
 from ..policy import FailurePolicy
 from ..url import RemoteOptions, scrub
@@ -62,10 +63,7 @@ class RedisCalls:
         try:
             import redis
         except ImportError:
-            raise ConfigError(
-                f"the remote tier {policy.url!r} needs the redis client: "
-                "pip install 'kernelcache[redis]'"
-            ) from None
+            raise ConfigError(needs(f"the remote tier {policy.url!r}", "redis")) from None
         self._errors = redis.exceptions
         self._budget = Budget()
         self._address = address
