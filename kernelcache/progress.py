@@ -1,53 +1,94 @@
 """Progress of long operations of the command line, on standard error.
 
-Where standard error is a terminal (and the output is not ``--json``), a bar is drawn by the
-optional ``tqdm`` package (``pip install 'kernelcache[progress]'``); without it, a one-time hint
-names the extra and plain lines are written instead. Anywhere else (a pipe, a CI log, or with
-``--json``), plain lines are written: ``kernelcache: warming: 12/40 (30%) after 20s``, at
-most one per ``$KERNELCACHE_PROGRESS_INTERVAL`` seconds (0: one per step), and a last one at the
-end of an operation that lasted that long. Callers never check: the reporter is called with the number of items done.
+Where standard error is a terminal (and the output is not ``--json``), a bar is redrawn in
+place (a carriage return, no escape sequence), at most every :data:`REDRAW` seconds, and erased
+when the operation ends:
+``warming: [#######.............] 12/40 entries (30%) 20s``; it needs no optional package.
+Anywhere else (a pipe, a CI log, or with ``--json``), plain lines are written, never a carriage
+return or an escape sequence: ``kernelcache: warming: 12/40 (30%) after 20s``, at most one per
+``$KERNELCACHE_PROGRESS_INTERVAL`` seconds (0: one per step), and a last one at the end of an
+operation that lasted that long. Callers never check: the reporter is called with the number
+of items done.
 
 Invariant: nothing here starts a thread. The commands fork worker processes (``warm``), which
-is only safe in a single-threaded process; tqdm's monitor thread is turned off.
+is only safe in a single-threaded process. A reporter may be called from any thread.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, Any
+from typing import IO
 
 from .config import settings
 from .errors import ConfigError
 
-#: the hint shown once on a terminal without tqdm
-HINT = "kernelcache: install 'kernelcache[progress]' (tqdm) for a progress bar"
-_hinted = False
+#: seconds between two drawings of a bar
+REDRAW = 0.2
+#: the width of a terminal that does not say its own
+DEFAULT_COLUMNS = 80
+#: a bar narrower than this is left out (the counts are still drawn)
+MIN_BAR = 10
 
 
 class _Bar:
-    """A tqdm bar."""
+    """A bar on a terminal, redrawn in place (from its first step on), erased by :meth:`finish`."""
 
-    def __init__(self, bar: Any) -> None:
-        self._bar = bar
+    def __init__(self, desc: str, total: int | None, unit: str, stream: IO[str]) -> None:
+        self.desc, self.total, self.unit, self.stream = desc, total, unit, stream
+        self.done = 0
+        self.started = time.monotonic()
+        self.drawn_at: float | None = None
+        self.shown = 0  # the length of the line drawn last
+        self._lock = threading.Lock()
 
     def __call__(self, n: int = 1) -> None:
-        self._bar.update(n)
+        with self._lock:
+            self.done += n
+            now = time.monotonic()
+            if self.drawn_at is None or now - self.drawn_at >= REDRAW:
+                self._draw(now)
 
     def set_total(self, total: int) -> None:
-        self._bar.total = total
-        self._bar.refresh()
+        self.total = total
 
-    @property
-    def done(self) -> int:
-        return int(self._bar.n)
+    def finish(self) -> None:
+        """Erase the bar (the command's own output follows on a clean line)."""
+        if self.drawn_at is not None:
+            self.stream.write("\r" + " " * self.shown + "\r")
+            self.stream.flush()
 
-    @property
-    def total(self) -> int | None:
-        return None if self._bar.total is None else int(self._bar.total)
+    def line(self, now: float, columns: int) -> str:
+        """The bar as drawn ``now`` on a terminal of ``columns`` columns."""
+        elapsed = f"{now - self.started:.0f}s"
+        if not self.total:
+            return f"{self.desc}: {self.done:,} {self.unit} {elapsed}"[: columns - 1]
+        done = min(self.done, self.total)
+        counts = f"{done:,}/{self.total:,} {self.unit} ({100 * done // self.total}%) {elapsed}"
+        width = columns - 1 - len(self.desc) - len(counts) - 5  # ": [", "] " and the cursor
+        if width < MIN_BAR:
+            return f"{self.desc}: {counts}"[: columns - 1]
+        filled = width * done // self.total
+        return f"{self.desc}: [{'#' * filled}{'.' * (width - filled)}] {counts}"
+
+    def _draw(self, now: float) -> None:
+        self.drawn_at = now
+        text = self.line(now, _columns(self.stream))
+        self.stream.write("\r" + text + " " * (self.shown - len(text)))  # (spaces: what was longer)
+        self.stream.flush()
+        self.shown = len(text)
+
+
+def _columns(stream: IO[str]) -> int:
+    """The width of the terminal ``stream`` writes to."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or DEFAULT_COLUMNS
+    except (AttributeError, ValueError, OSError):
+        return DEFAULT_COLUMNS
 
 
 class _Lines:
@@ -104,14 +145,6 @@ def interval() -> float:
         return 10.0
 
 
-def hint_once(stream: IO[str]) -> None:
-    """Name the extra that draws bars, once per process."""
-    global _hinted
-    if not _hinted:
-        _hinted = True
-        stream.write(HINT + "\n")
-
-
 #: the operation under way in this process: its description, reporter and unit (for a message
 #: when the command is interrupted)
 _current: tuple[str, _Bar | _Lines, str] | None = None
@@ -141,34 +174,16 @@ def bar(
     ``set_total`` gives it later). The yielded reporter is called with the number of items done.
     """
     stream = sys.stderr
+    reporter: _Bar | _Lines
     if on_terminal(stream) and not json_mode:
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            hint_once(stream)
-        else:
-
-            class Bar(tqdm):  # (tqdm is untyped)
-                monitor_interval = 0  # no monitor thread: see the module's invariant
-
-            with Bar(
-                total=total,
-                desc=desc,
-                unit=f" {unit}",
-                leave=False,
-                file=stream,
-                dynamic_ncols=True,
-                mininterval=0.2,
-            ) as t:
-                with _under_way(desc, _Bar(t), unit) as reporter:
-                    yield reporter
-            return
-    lines = _Lines(desc, total, interval(), stream)
+        reporter = _Bar(desc, total, unit, stream)
+    else:
+        reporter = _Lines(desc, total, interval(), stream)
     try:
-        with _under_way(desc, lines, unit):
-            yield lines
+        with _under_way(desc, reporter, unit):
+            yield reporter
     finally:
-        lines.finish()
+        reporter.finish()
 
 
 @contextmanager

@@ -18,7 +18,7 @@ unset TRITON VENV # not for the tests
 # (setuptools announces every editable install with a warning banner, "Editable installation
 # ... folders in your working directory with the same name": expected here, so not shown)
 PYTHONWARNINGS="ignore:Editable installation" \
-    "$venv/bin/python" -m pip install -q -e '.[bridge,redis,s3,zstd,progress,test]' "triton==$triton"
+    "$venv/bin/python" -m pip install -q -e '.[bridge,redis,s3,zstd,test]' "triton==$triton"
 # jaxlib's Triton bindings (they import without a GPU): tests compare our protos with jaxlib's.
 jaxlib_version=$("$venv/bin/python" -c 'import jaxlib; print(jaxlib.__version__)')
 "$venv/bin/python" -m pip install -q --no-deps "jax-cuda13-plugin==${jaxlib_version}"

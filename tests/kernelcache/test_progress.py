@@ -1,10 +1,11 @@
-"""Progress of long commands, through the real command line: a bar when standard error is a
-pseudo-terminal (and ``warm`` still compiles in parallel: the bar starts no thread), plain
-periodic lines when it is a pipe, and a one-time hint on a terminal without tqdm."""
+"""Progress of long commands, through the real command line: a bar of the package's own when
+standard error is a pseudo-terminal (no optional package needed; ``warm`` still compiles in
+parallel: the bar starts no thread), plain periodic lines when it is a pipe."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -48,7 +49,6 @@ def _builders(root: Path) -> set[int]:
 
 
 def test_warm_on_a_terminal_draws_a_bar_and_compiles_in_parallel(tmp_path):
-    pytest.importorskip("tqdm", reason="the bar needs the optional tqdm package")
     root = tmp_path / "c"
     argv = [KERNELCACHE or "kernelcache", "--root", str(root), "warm", str(_manifest(tmp_path))]
     argv += ["--target", "cuda:80", "--target", "cuda:86", "-j", "2"]
@@ -102,22 +102,49 @@ def test_verify_piped_lines_only_past_the_interval(tmp_path):
     assert "kernelcache: verifying: 3/3 (100%) after " in every.stderr, every.stderr
 
 
-# the command line with tqdm missing (its import fails, as when the extra is not installed)
+# the command line with tqdm missing (its import fails): the bar is the package's own
 _NO_TQDM = "import sys; sys.modules['tqdm'] = None; from kernelcache.cli.app import run; run()"
 
 
-def test_a_terminal_without_tqdm_gets_a_hint_once_and_plain_lines(tmp_path):
+def test_a_terminal_gets_a_bar_without_any_optional_package(tmp_path):
     root = tmp_path / "c"
     _entries(root, 3)
     argv = [sys.executable, "-c", _NO_TQDM, "--root", str(root), "verify", "--repair"]
     code, out, shown = stderr_on_a_terminal(argv, KERNELCACHE_PROGRESS_INTERVAL="0")
     assert code == 0, out + shown
-    assert shown.count("install 'kernelcache[progress]'") == 1, shown
-    assert "kernelcache: verifying: 3/3 (100%)" in shown
-    code, out, shown = stderr_on_a_terminal(argv)
-    assert "install 'kernelcache[progress]'" in shown
-    piped = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=60)
-    assert piped.returncode == 0 and "kernelcache[progress]" not in piped.stderr
+    assert "\rverifying: [" in shown and "] 3/3 entries (100%) " in shown, repr(shown)
+    assert "kernelcache: verifying:" not in shown and "install" not in shown  # no line, no hint
+    assert re.search(r"\r {40,}\r", shown), repr(shown)  # erased at the end
+    assert "\x1b" not in shown  # a carriage return and spaces: any terminal draws it
+    piped = subprocess.run(
+        argv,
+        env=child_env(KERNELCACHE_PROGRESS_INTERVAL="0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert "kernelcache: verifying: 3/3 (100%) after " in piped.stderr
+    assert "\r" not in piped.stderr and "[" not in piped.stderr  # lines, not a bar
+
+
+def test_a_bar_fits_its_terminal_and_drops_the_bar_before_the_counts():
+    import io
+
+    from kernelcache.progress import _Bar
+
+    bar = _Bar("pruning", 400, "entries", io.StringIO())
+    bar.done = 100
+    wide = bar.line(bar.started + 12, 80)
+    assert wide.startswith("pruning: [") and wide.endswith("] 100/400 entries (25%) 12s")
+    assert len(wide) == 79  # the last column left for the cursor
+    inside = wide[wide.index("[") + 1 : wide.index("]")]
+    assert inside == "#" * 10 + "." * 30 + "." * 2  # a quarter of the 42 columns left for it
+    narrow = bar.line(bar.started, 40)
+    assert narrow == "pruning: 100/400 entries (25%) 0s"
+    assert len(bar.line(bar.started, 20)) == 19
+    bar.total = None
+    assert bar.line(bar.started + 3, 80) == "pruning: 100 entries 3s"
 
 
 def test_an_interrupted_command_says_how_far_it_got_and_that_a_rerun_finishes(

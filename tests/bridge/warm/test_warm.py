@@ -394,7 +394,6 @@ def test_vanished_changed_failing_and_crashing_kernels(tmp_path):
 # -- the progress bar ----------------------------------------------------------------------------
 @pytest.mark.skipif(sys.platform != "linux", reason="pseudo-terminals as on Linux")
 def test_progress_bar_only_on_a_terminal(tmp_path):
-    pytest.importorskip("tqdm", reason="the progress bar needs the optional tqdm package")
     lines = (REPO / "examples" / "manifest.jsonl").read_text().splitlines()
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(next(line for line in lines if "add_kernel" in line) + "\n")
