@@ -128,10 +128,11 @@ def _canonical_fd(dir_fd: int) -> bool:
     return True
 
 
-def _base(root: str) -> Path:
+def _base(root: str) -> tuple[Path, bool]:
     """``<root>/.handoff`` (created sticky), or a per-user directory under the system temp
     directory when the cache root cannot take it (a read-only or missing root must not fail
-    the job) or when others could rename what this process keeps there.
+    the job) or when others could rename what this process keeps there; and whether that
+    directory is this process's own (:func:`_temp_base`).
 
     A symlink planted at either place is never followed, and the temp directory is used only
     if this user owns it and nobody else can write it (else a fresh private one is made)."""
@@ -141,14 +142,17 @@ def _base(root: str) -> Path:
         with contextlib.suppress(FileExistsError):
             os.mkdir(base, 0o1777)
         if _usable_base(root, base):
-            return base
+            return base, False
     except OSError as e:
         logger.debug("cannot use %s for HSACO hand-off: %s", base, e)
     return _temp_base()
 
 
-def _temp_base() -> Path:
-    """A directory of this user's alone under the system temp directory."""
+def _temp_base() -> tuple[Path, bool]:
+    """A directory of this user's alone under the system temp directory, and whether it is
+    this process's own: ``kernelcache-handoff-<uid>``, shared by this user's processes, or,
+    where that name is taken by something else, a fresh directory that this process removes
+    when it ends."""
     import tempfile
 
     base = Path(tempfile.gettempdir()) / f"kernelcache-handoff-{os.getuid()}"
@@ -156,8 +160,8 @@ def _temp_base() -> Path:
         base.mkdir(mode=0o700)
     st = os.lstat(base)
     if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
-        return base
-    return Path(tempfile.mkdtemp(prefix="kernelcache-handoff-"))
+        return base, False
+    return Path(tempfile.mkdtemp(prefix="kernelcache-handoff-")), True
 
 
 def _usable_base(root: str, base: Path) -> bool:
@@ -182,7 +186,7 @@ def _usable_base(root: str, base: Path) -> bool:
 
 
 def _setup(root: str, *, after_fork: bool = False, private_base: bool = False) -> dict[str, object]:
-    base = _temp_base() if private_base else _base(root)
+    base, own_base = _temp_base() if private_base else _base(root)
     _reap(base)
     name = f"{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     # set up under a name the reaper leaves alone while this process lives, and put in place
@@ -213,6 +217,7 @@ def _setup(root: str, *, after_fork: bool = False, private_base: bool = False) -
         "owner": owner,
         "canonical": canonical,
         "pid": os.getpid(),
+        "own_base": str(base) if own_base else "",
     }
 
 
@@ -229,6 +234,9 @@ def _cleanup() -> None:
                 os.unlink(name, dir_fd=dir_fd)
         if _leads_to(str(state["dir"]), dir_fd):
             os.rmdir(str(state["dir"]))
+    if state.get("own_base"):
+        with contextlib.suppress(OSError):
+            os.rmdir(str(state["own_base"]))  # made for this process; empty unless planted
     if state.get("canonical") and _leads_to(f"/proc/self/fd/{HANDOFF_FD}", dir_fd):
         os.close(HANDOFF_FD)  # free for the next set-up (another root), whose path it is
     for key in ("dir_fd", "owner"):

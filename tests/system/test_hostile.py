@@ -152,7 +152,8 @@ print(json.dumps(out))
 
 def test_planted_handoff_links_never_redirect_the_hsaco_hand_off(tmp_path):
     """``<root>/.handoff`` planted as a symlink, and the per-user fallback in the temp
-    directory planted as a symlink or as another user's directory: none of them is used."""
+    directory planted as a symlink or as another user's directory: none of them is used; the
+    private directory used instead is removed when the process ends."""
     root = tmp_path / "cache"
     root.mkdir()
     outside = tmp_path / "outside"
@@ -171,6 +172,8 @@ def test_planted_handoff_links_never_redirect_the_hsaco_hand_off(tmp_path):
     for private in dirs.values():
         assert not private.startswith((str(outside), str(attacker))), dirs
         assert private.startswith(str(temp)), dirs  # a private directory of its own
+    # ... removed when the process ends, with the directory made to hold it
+    assert [p.name for p in temp.iterdir()] == [f"kernelcache-handoff-{os.getuid()}"]
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root to make a directory of another user")
@@ -189,6 +192,7 @@ def test_handoff_fallback_owned_by_another_user_is_not_used(tmp_path):
     # (a fallback directory of mkdtemp may share the prefix "kernelcache-handoff-0...": compare
     # whole path components)
     assert all(theirs not in Path(d).parents and Path(d) != theirs for d in dirs.values()), dirs
+    assert list(temp.iterdir()) == [theirs], "the fallback made for the process outlived it"
 
 
 # -- keys and extensions from outside: rejected before any file access -------------------------
