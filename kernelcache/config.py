@@ -463,6 +463,15 @@ def unknown_message(name: str, near: str | None) -> str:
     return f"kernelcache: {name} is not a kernelcache variable: ignored{hint}"
 
 
+def misspelt(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """What to say, where the variable ``name`` was needed and is not set, of the
+    ``KERNELCACHE_*`` names set that no package declares and whose nearest declared name is
+    ``name`` (a misspelling of it); None when there is none."""
+    found = [n for n, near in unknown_variables(environ) if near == name]
+    said = (f"{n} is not a variable kernelcache reads; did you mean {name}?" for n in found)
+    return "; ".join(said) or None
+
+
 _plugins_loaded: list[bool] = []
 
 

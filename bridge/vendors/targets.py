@@ -143,10 +143,14 @@ def select_target(
     local = detect(platform)
     if explicit is None:
         if not local:
+            from kernelcache.plugin import misspelt
+
+            typo = misspelt("KERNELCACHE_TARGET")  # (the variable meant, set under another name)
             raise TargetError(
-                f"no {platform} device here to detect the compile target from: pass target= "
-                f"(e.g. {examples()}) or set KERNELCACHE_TARGET to cross-compile on this "
-                "machine"
+                f"no {platform} device here to detect the compile target from: "
+                + (f"{typo} " if typo else "")
+                + f"pass target= (e.g. {examples()}) or set KERNELCACHE_TARGET to cross-compile "
+                "on this machine"
             )
         if len(local) > 1:
             logger.warning(

@@ -37,6 +37,7 @@ FOUNDATION = {
     "formats",
     "fsio",
     "keys",
+    "optional",
     "problem",
     "process",
     "progress",

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
+from support import REPO, child_env
 
 import bridge
 from bridge import versions
@@ -11,7 +15,7 @@ from bridge.identity import compiler_identity
 from bridge.vendors import backends
 from bridge.vendors.cuda import CUDA
 from bridge.vendors.hip import HIP
-from bridge.vendors.targets import Target, parse_target
+from bridge.vendors.targets import Target, parse_target, select_target
 
 
 @pytest.mark.parametrize(
@@ -185,3 +189,44 @@ def test_fingerprint_changes_with_the_installation(monkeypatch):
     monkeypatch.setattr(os, "stat", real_stat)
     compiler_identity.triton_fingerprint.cache_clear()
     assert compiler_identity.triton_fingerprint() == before
+
+
+def test_a_missing_target_names_a_misspelt_variable(monkeypatch):
+    monkeypatch.setenv("KERNELCACHE_TARGT", "hip:gfx942")
+    with pytest.raises(bridge.TargetError) as raised:
+        select_target(None, "rocm")  # (no ROCm device here, nor on an NVIDIA machine)
+    said = str(raised.value)
+    assert (
+        "KERNELCACHE_TARGT is not a variable kernelcache reads; did you mean KERNELCACHE_TARGET?"
+        in said
+    )
+    monkeypatch.delenv("KERNELCACHE_TARGT")
+    with pytest.raises(bridge.TargetError) as raised:
+        select_target(None, "rocm")
+    assert "did you mean" not in str(raised.value)  # nothing misspelt: nothing said of it
+
+
+# a job lowering for a GPU it does not have, with the target's variable misspelt
+MISSPELT_JOB = """
+import jax, jax.numpy as jnp
+from examples import ops
+
+x = jnp.ones(8, jnp.float32)
+jax.jit(ops.add).trace(x, x).lower(lowering_platforms=("rocm",))
+"""
+
+
+def test_a_job_whose_target_variable_is_misspelt_is_told_so(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", MISSPELT_JOB],
+        env=child_env(KERNELCACHE_TARGT="hip:gfx942", KERNELCACHE_DIR=str(tmp_path / "kc")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(REPO),
+    )
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]  # what a CI log shows last: the error itself
+    assert last.startswith("bridge.exceptions.TargetError: no rocm device here"), proc.stderr
+    assert "KERNELCACHE_TARGT is not a variable kernelcache reads" in last
+    assert "did you mean KERNELCACHE_TARGET?" in last
