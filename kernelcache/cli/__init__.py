@@ -26,8 +26,8 @@ the context), and one module per group of commands: :mod:`.statistics` (``stats`
 table and Prometheus text: :mod:`.stats_text`),
 :mod:`.listing` (``ls``, ``show``; :func:`register_content`, through which a package says
 what its entries hold), :mod:`.verification` (``verify``), :mod:`.maintenance` (``prune``, ``clear``),
-:mod:`.bundles` (``export``, ``import``), :mod:`.diagnosis` (``doctor``) and :mod:`.shell`
-(``dir``, ``completion``).
+:mod:`.bundles` (``export``, ``import``), :mod:`.diagnosis` (``doctor``), :mod:`.shell`
+(``dir``, ``completion``) and :mod:`.manual` (``help``).
 """
 
 from __future__ import annotations

@@ -23,7 +23,17 @@ from .._version import __version__
 from ..config import COMMANDS_GROUP, check_variables
 from ..errors import CommandFailed, ConfigError, MissingDependency, UsageError
 from ..stats.counters import quiet as quiet_statistics
-from . import bundles, diagnosis, habits, listing, maintenance, shell, statistics, verification
+from . import (
+    bundles,
+    diagnosis,
+    habits,
+    listing,
+    maintenance,
+    manual,
+    shell,
+    statistics,
+    verification,
+)
 from .common import Context, Subparsers, common_options
 from .output import (
     EXIT_CODES,
@@ -48,6 +58,7 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     bundles,
     diagnosis,
     shell,
+    manual,
 )
 
 
@@ -147,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common_options()],
         epilog="Exit codes: "
         + "; ".join(f"{code} {what.split(':')[0]}" for code, what in EXIT_CODES.items())
-        + ".",
+        + ". The manual: `kernelcache help [TOPIC]`.",
     )
     parser.add_argument("--version", action="version", version=f"kernelcache {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -108,7 +108,7 @@ def common_options() -> argparse.ArgumentParser:
         "--json",
         action="store_true",
         default=argparse.SUPPRESS,
-        help="print one JSON document (fields documented in docs/commands.md)",
+        help="print one JSON document (its fields: `kernelcache help commands`)",
     )
     common.add_argument(
         "-v",
