@@ -17,9 +17,17 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from kernelcache.plugin import choice, parser, path, register_variables, setting, variables_of
+from kernelcache.plugin import (
+    choice,
+    parse_variable,
+    parser,
+    path,
+    register_variables,
+    setting,
+    variables_of,
+)
 
 from .vendors.vendor import parse_name, registered
 
@@ -122,6 +130,18 @@ def settings(environ: Mapping[str, str] | None = None) -> BridgeSettings:
         kernelcache.ConfigError: a variable is set to a value that cannot be used.
     """
     return _parse(environ)
+
+
+def setting_value(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The value of the bridge's variable ``name`` alone (its default when unset), whatever the
+    others hold: what reads one setting (``kernelcache run``'s jax-triton API, the target of
+    ``import --dry-run``) and must not stop at another that cannot be used.
+
+    Raises:
+        kernelcache.ConfigError: that variable is set to a value that cannot be used.
+    """
+    (var,) = (v for v in VARIABLES if v.name == name)
+    return parse_variable(var, environ)
 
 
 def job_settings(environ: Mapping[str, str] | None = None) -> BridgeSettings:

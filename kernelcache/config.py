@@ -10,8 +10,8 @@ list :func:`variables`. :func:`settings` parses kernelcache's own, again only wh
 values in the environment changed (:func:`parser`), so tests and launchers can change variables
 between calls. A command fails on a variable that cannot be used (:func:`settings`); a job
 never does (:func:`job_settings`): that variable alone is left out, said once. What is set is
-held against the declarations: every variable parsed (:func:`check_variables`, what every
-command does first), those in effect (for diagnostics), and the ``KERNELCACHE_*`` names no
+held against the declarations: those a command reads parsed (:func:`check_variables`, what
+every command does first), those in effect (for diagnostics), and the ``KERNELCACHE_*`` names no
 package declares (a misspelled variable, said once in a job: :func:`warn_unknown_in_a_job`).
 The signing key's own checks: :mod:`kernelcache.signing_key`.
 
@@ -424,14 +424,16 @@ def job_settings(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 # -- the environment held against the declared variables ------------------------------------
-def check_variables(environ: Mapping[str, str] | None = None) -> None:
-    """Parse every declared variable (kernelcache's and the registered ones).
+def check_variables(
+    also: Sequence[Variable] = (), environ: Mapping[str, str] | None = None
+) -> None:
+    """Parse kernelcache's variables and ``also`` (a package's, that a command reads).
 
     Raises:
         ConfigError: the first one set to a value that cannot be used (the message names it).
     """
     env = os.environ if environ is None else environ
-    for var in variables():
+    for var in (*VARIABLES, *also):
         parse_variable(var, env)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from kernelcache.cli import Content, add_command, register_content
 
+from ..settings import VARIABLES
 from . import jax_cache as jax_cache_command
 from .adapters import cmd_audit, cmd_explain, cmd_run, cmd_tune, cmd_warm
 
@@ -61,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         subparsers,
         "warm",
         "compile a recorded manifest for other targets (needs kernelcache[bridge])",
+        variables=VARIABLES,
     )
     p.add_argument("manifest", metavar="MANIFEST", help=MANIFEST_HELP)
     p.add_argument(
@@ -103,6 +105,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "tune",
         "autotune decisions for a recorded manifest: measure on this GPU, or --pin configs "
         "(needs kernelcache[bridge])",
+        variables=VARIABLES,
     )
     p.add_argument("manifest", metavar="MANIFEST", help=MANIFEST_HELP)
     p.add_argument(
@@ -147,6 +150,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "explain",
         "for each call of a recorded manifest and target: hit, or the nearest entry of the "
         "same kernel and which components of the key differ (needs kernelcache[bridge])",
+        variables=VARIABLES,
     )
     p.add_argument("manifest", metavar="MANIFEST", nargs="?", help=MANIFEST_HELP)
     p.add_argument(
@@ -169,6 +173,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "for each call of a recorded manifest and target: whether the cached entry under its "
         "key was compiled from the IR Triton's frontend gives today (a hole in the key if not), "
         "and which kernels are open (keyed by their IR) and why (needs kernelcache[bridge])",
+        variables=VARIABLES,
     )
     p.add_argument("manifest", metavar="MANIFEST", help=MANIFEST_HELP)
     p.add_argument(

@@ -116,10 +116,10 @@ class Toolchain:
 def toolchain(find_gpu: bool = True) -> Toolchain:
     """This machine's toolchain: its target from ``$KERNELCACHE_TARGET``, else (with
     ``find_gpu``, which imports jax) its GPU."""
-    from ..settings import settings
+    from ..settings import setting_value
     from ..vendors.targets import detect
 
-    explicit = settings().target
+    explicit = setting_value("KERNELCACHE_TARGET")
     target: Target | None = None
     if explicit is not None:
         target = parse_target(explicit)

@@ -54,10 +54,10 @@ def api_version() -> str:
     """
     from kernelcache import ConfigError
 
-    from ..settings import settings
+    from ..settings import setting_value
 
     try:
-        chosen = settings().jax_triton
+        chosen = setting_value("KERNELCACHE_JAX_TRITON")  # (the others are not read here)
     except ConfigError as e:
         raise MasqueradeError(str(e)) from None
     if chosen is not None:

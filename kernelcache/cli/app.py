@@ -223,7 +223,9 @@ def _run(args: argparse.Namespace, out: Output) -> int:
     try:
         if args.command != "doctor":  # (doctor lists them among its checks)
             _warn_unknown_variables()
-            check_variables()  # every command: a variable that cannot be used is an error
+            # kernelcache's variables and those the command reads: one that cannot be used is
+            # an error (a package's that the command does not read is left to doctor and jobs)
+            check_variables(getattr(args, "variables_read", ()))
         return int(args.func(args, out))
     except UsageError as e:
         return fail(str(e), EXIT_USAGE, args.command, args.json)

@@ -10,12 +10,12 @@ import fnmatch
 import os
 import stat
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import TypeAlias
 
 from .. import schema, units
-from ..config import Settings, parse_variable, settings, variable
+from ..config import Settings, Variable, parse_variable, settings, variable
 from ..errors import ConfigError, UsageError
 from ..store.layout import UNREADABLE_HINT, readable, resolve_root, writable
 from ..store.root import Store
@@ -120,14 +120,21 @@ def common_options() -> argparse.ArgumentParser:
     return common
 
 
-def add_command(subparsers: Subparsers, name: str, help_: str) -> argparse.ArgumentParser:
+def add_command(
+    subparsers: Subparsers, name: str, help_: str, *, variables: Sequence[Variable] = ()
+) -> argparse.ArgumentParser:
     """Add a subcommand that takes the global options (--root, --json, -v) too.
 
     The caller adds its arguments and sets ``func(args, out) -> exit code`` with
     ``set_defaults``; ``args.json``, ``args.verbose`` and ``args.context`` (the
-    :class:`Context`; the root is also :func:`root_of`) are always present.
+    :class:`Context`; the root is also :func:`root_of`) are always present. ``variables``: those
+    of a package built on kernelcache that the command reads, parsed before it runs as
+    kernelcache's own are (one that cannot be used is a usage error); the variables of a
+    package that a command does not read never stop it (``doctor`` checks every one).
     """
-    return subparsers.add_parser(name, parents=[common_options()], help=help_, description=help_)
+    p = subparsers.add_parser(name, parents=[common_options()], help=help_, description=help_)
+    p.set_defaults(variables_read=tuple(variables))
+    return p
 
 
 def kernel_arg(text: str) -> str:

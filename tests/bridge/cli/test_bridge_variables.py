@@ -1,0 +1,47 @@
+"""A bridge variable that cannot be used stops only the commands that read it: the operator's
+commands (``ls``, ``stats``, ``verify``, ...) run, ``doctor`` fails that variable's own check
+and no other, and the bridge's commands that compile or look up kernels (``warm``) refuse it
+as before. Through the real command line."""
+
+from __future__ import annotations
+
+import pytest
+from cli_support import kc, kc_json, put
+
+BOGUS = {"KERNELCACHE_EMBED": "bogus"}
+
+
+@pytest.mark.parametrize("args", [["ls"], ["stats"], ["verify"], ["prune", "--dry-run"]])
+def test_operator_commands_do_not_read_the_bridge_variables(tmp_path, args):
+    root = tmp_path / "cache"
+    put(root, "matmul")
+    proc = kc(root, *args, env=BOGUS)
+    assert proc.returncode == 0, proc.stderr
+    assert "KERNELCACHE_EMBED" not in proc.stderr
+
+
+def test_doctor_fails_the_variable_alone(tmp_path):
+    root = tmp_path / "cache"
+    put(root, "matmul")
+    doc = kc_json(root, "doctor", code=1, env=BOGUS)
+    checks = {c["name"]: c for c in doc["checks"]}
+    embed = checks["KERNELCACHE_EMBED"]
+    assert embed["status"] == "fail" and "KERNELCACHE_EMBED='bogus'" in embed["detail"]
+    failed = [c for c in doc["checks"] if c["status"] == "fail"]
+    assert failed == [embed], failed  # jax_triton and the rest do not read it
+    assert "EMBED" not in checks["jax_triton"]["detail"]
+
+
+def test_a_command_that_reads_them_still_refuses_one(tmp_path):
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text("")
+    proc = kc(tmp_path / "cache", "warm", str(manifest), "--target", "cuda:90", env=BOGUS)
+    assert proc.returncode == 2
+    assert "KERNELCACHE_EMBED='bogus': not one of" in proc.stderr
+
+
+def test_kernelcache_variables_still_stop_every_command(tmp_path):
+    root = tmp_path / "cache"
+    put(root, "matmul")
+    proc = kc(root, "ls", env={"KERNELCACHE_TRUST": "bogus"})
+    assert proc.returncode == 2 and "KERNELCACHE_TRUST='bogus'" in proc.stderr
