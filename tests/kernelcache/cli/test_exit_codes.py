@@ -74,6 +74,12 @@ CASES = [
     ("run", EXIT_USAGE, ["run"], {}),
     ("jax-cache", EXIT_OK, ["jax-cache", "--dir", "{jax}"], {}),
     ("jax-cache", EXIT_USAGE, ["jax-cache", "--dir", "{jax}", "--max-age", "soon"], {}),
+    ("dir", EXIT_OK, ["dir"], {}),
+    ("dir", EXIT_USAGE, ["dir", "--all"], {}),
+    ("completion", EXIT_OK, ["completion", "bash"], {}),
+    ("completion", EXIT_USAGE, ["completion", "tcsh"], {}),
+    ("help", EXIT_OK, ["help", "commands"], {}),
+    ("help", EXIT_USAGE, ["help", "no-such-topic"], {}),
 ]
 
 
