@@ -1,10 +1,17 @@
-"""Fixtures for every test: each test's own kernelcache environment and default root, a cache
-root in a temporary directory, and the kernelcache logger's warnings.
+"""Fixtures for every test: the session's own temporary and user directories, each test's own
+kernelcache environment and default root, a cache root in a temporary directory, a directory
+other users can reach, and the kernelcache logger's warnings.
 
-Nothing a test runs writes outside temporary directories: the session's user directories
-(``XDG_CACHE_HOME``, ``XDG_CONFIG_HOME``, ``XDG_DATA_HOME``, ``XDG_STATE_HOME``, and Triton's
-``TRITON_HOME``) point into one made for the session, in this process and every child it
-starts, so a default cache root (platformdirs' user cache directory) is never the user's own.
+Nothing a test runs writes outside temporary directories, and nothing is left in the system's
+temp directory: for the session, ``TMPDIR`` (what :mod:`tempfile` uses, here and in every child
+process) is a directory under pytest's base temporary directory, and ``HOME``, the XDG user
+directories (``XDG_CACHE_HOME``, ``XDG_CONFIG_HOME``, ``XDG_DATA_HOME``, ``XDG_STATE_HOME``) and
+Triton's ``TRITON_HOME`` are in it, so a default cache root (platformdirs' user cache directory)
+is never the user's own. With pytest-xdist each worker has its own, under its base directory.
+When the session ends, anything the suite's processes would make that appeared in the system's
+temp directory (``kc-*``, ``kernelcache-*``, a ``tmp*`` directory holding a root's ``.stats/``)
+fails the session. Tests that run processes as other users (who cannot enter pytest's
+directories) use :func:`shared_tmp`.
 
 Helpers (plain functions and constants) are in tests/helpers/, which pytest puts on the path
 (``pythonpath`` in pyproject.toml); fixtures of one part of the tree are in that part's
@@ -16,29 +23,102 @@ import logging
 import os
 import shutil
 import tempfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import USER_DIRS
 
 # The kernelcache command these tests run loads the bridge's command plugin, which declares the
 # bridge's metadata fields (launch fields such as num_warps are covered); this process declares
 # them too, so that entries the tests write are entries such a reader serves.
 import bridge.entries.metadata  # noqa: F401
 
-#: the session's stand-in for the user's own directories (removed when the session ends)
-SESSION_HOME = Path(tempfile.mkdtemp(prefix="kernelcache-tests-home-"))
-for _name, _sub in (
-    ("XDG_CACHE_HOME", "cache"),
-    ("XDG_CONFIG_HOME", "config"),
-    ("XDG_DATA_HOME", "data"),
-    ("XDG_STATE_HOME", "state"),
-    ("TRITON_HOME", "triton"),
-):
-    os.environ[_name] = str(SESSION_HOME / _sub)
+#: the system's temp directory, as the session found it
+SYSTEM_TEMP = Path(tempfile.gettempdir())
+#: this session's name, shared by its xdist workers (which inherit the variable)
+SESSION = os.environ.setdefault("KC_TESTS_SESSION", uuid.uuid4().hex[:12])
+#: the prefix of the directories :func:`shared_tmp` makes in :data:`SYSTEM_TEMP`
+SHARED_PREFIX = f"kernelcache-tests-{SESSION}-"
+_BEFORE = pytest.StashKey[set[str]]()
 
 
-def pytest_sessionfinish(session, exitstatus):
-    shutil.rmtree(SESSION_HOME, ignore_errors=True)
+def left_in_system_temp() -> set[str]:
+    """Names in :data:`SYSTEM_TEMP` of what the suite's processes would make there: ``kc-*``
+    and ``kernelcache-*`` (not another session's :func:`shared_tmp` directories), and a
+    ``tmp*`` directory holding a cache root's ``.stats/``."""
+    names = set()
+    for entry in os.scandir(SYSTEM_TEMP):
+        name = entry.name
+        if name.startswith("kernelcache-tests-") and not name.startswith(SHARED_PREFIX):
+            continue  # another session's, running at the same time
+        if name.startswith(("kc-", "kernelcache-")):
+            names.add(name)
+        elif name.startswith("tmp") and os.path.lexists(os.path.join(entry.path, ".stats")):
+            names.add(name)
+    return names
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the session's first process (xdist's controller)
+        config.stash[_BEFORE] = left_in_system_temp()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the session if it left anything in the system's temp directory (with xdist, the
+    controller checks once every worker has finished)."""
+    config = session.config
+    if _BEFORE not in config.stash:
+        return
+    left = sorted(left_in_system_temp() - config.stash[_BEFORE])
+    if not left:
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    message = (
+        f"left in {SYSTEM_TEMP} by this session (or by another running at the same time): "
+        + ", ".join(left)
+    )
+    if reporter is not None:
+        reporter.write("\n")
+        reporter.write_sep("!", message, red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """This process's ``TMPDIR`` and user directories, under pytest's base temporary
+    directory, for the session; the variables are restored afterwards."""
+    temp = tmp_path_factory.mktemp("session-temp", numbered=False)
+    saved = {name: os.environ.get(name) for name in ("TMPDIR", *USER_DIRS)}
+    os.environ["TMPDIR"] = str(temp)
+    for name, sub in USER_DIRS.items():
+        (temp / sub).mkdir(parents=True, exist_ok=True)
+        os.environ[name] = str(temp / sub)
+    tempfile.tempdir = None  # tempfile asks TMPDIR again
+    yield temp
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    tempfile.tempdir = None
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory in the system's temp directory that every user can enter (mode 0755;
+    pytest's are private to this user), removed after the test: for tests that run processes
+    as other users. Give those processes :func:`support.other_users_env`, whose ``TMPDIR`` and
+    ``HOME`` are its ``tmp/`` (sticky, writable by all), so nothing they make is left behind."""
+    shared = Path(tempfile.mkdtemp(prefix=SHARED_PREFIX, dir=SYSTEM_TEMP))
+    try:
+        shared.chmod(0o755)
+        (shared / "tmp").mkdir()
+        (shared / "tmp").chmod(0o1777)
+        yield shared
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -43,6 +43,28 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+#: the user directories a test session points into its own temporary directory (the
+#: variable, and the directory under it)
+USER_DIRS = {
+    "HOME": "home",
+    "XDG_CACHE_HOME": "home/.cache",
+    "XDG_CONFIG_HOME": "home/.config",
+    "XDG_DATA_HOME": "home/.local/share",
+    "XDG_STATE_HOME": "home/.local/state",
+    "TRITON_HOME": "home",
+}
+
+
+def other_users_env(shared: Path, **extra: str) -> dict[str, str]:
+    """:func:`child_env` for a process run as another user, who cannot enter the session's
+    temporary directories: its ``TMPDIR`` and user directories are under ``shared/tmp`` (the
+    ``shared_tmp`` fixture's), so what it makes there is removed with the test's."""
+    tmp = Path(shared) / "tmp"
+    env = child_env(TMPDIR=str(tmp), **{name: str(tmp / sub) for name, sub in USER_DIRS.items()})
+    env.update(extra)
+    return env
+
+
 def run_py(code: str, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter; raise with its output if it fails."""
     proc = subprocess.run(

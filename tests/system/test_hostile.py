@@ -18,7 +18,6 @@ import contextlib
 import io
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -34,7 +33,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 from reliability_support import record_figures, run_cli
-from support import CAN_SHARE, HELPERS, IS_ROOT, SHARE_GID, child_env, key_of, run_py
+from support import (
+    CAN_SHARE,
+    HELPERS,
+    IS_ROOT,
+    SHARE_GID,
+    key_of,
+    other_users_env,
+    run_py,
+)
 
 import kernelcache
 from kernelcache import bundle
@@ -582,71 +589,67 @@ print(json.dumps(out))
 
 
 @pytest.mark.skipif(not CAN_SHARE, reason="needs root, unshare -m and setpriv (real users)")
-def test_group_shared_root_two_users_and_an_intruder(tmp_path):
+def test_group_shared_root_two_users_and_an_intruder(shared_tmp):
     """Users daemon (1) and nobody (65534) share group 4242 (an /etc/group bind-mounted in a
     private mount namespace); the root is root:4242, mode 2775 (set-group-ID), umask 002.
     Each user's entries are readable by the other and trusted (same group). User bin (2), not
     in the group, cannot write there; in a world-writable sticky root it can plant an entry,
     which nobody refuses with a warning (KERNELCACHE_TRUST=group) and does not serve."""
-    shared = Path(tempfile.mkdtemp(prefix="kc-group-", dir="/tmp"))
-    try:
-        os.chmod(shared, 0o755)
-        group = shared / "group"
-        group.write_text(Path("/etc/group").read_text() + f"kcshare:x:{SHARE_GID}:daemon,nobody\n")
-        root, world = shared / "cache", shared / "world"
-        for path, mode in ((root, 0o2775), (world, 0o3777)):
-            path.mkdir()
-            os.chown(path, 0, SHARE_GID)
-            os.chmod(path, mode)
-        helpers_dir = str(HELPERS)
+    shared = shared_tmp
+    group = shared / "group"
+    group.write_text(Path("/etc/group").read_text() + f"kcshare:x:{SHARE_GID}:daemon,nobody\n")
+    root, world = shared / "cache", shared / "world"
+    for path, mode in ((root, 0o2775), (world, 0o3777)):
+        path.mkdir()
+        os.chown(path, 0, SHARE_GID)
+        os.chmod(path, mode)
+    helpers_dir = str(HELPERS)
 
-        def as_user(uid: int, gid: int, role: str, where: Path) -> str:
-            who = f"--reuid={uid} --regid={gid} --init-groups"
-            argv = " ".join(repr(a) for a in (role, str(where), helpers_dir, str(world)))
-            return f'setpriv {who} {sys.executable} -c "$ROLE" {argv}'
+    def as_user(uid: int, gid: int, role: str, where: Path) -> str:
+        who = f"--reuid={uid} --regid={gid} --init-groups"
+        argv = " ".join(repr(a) for a in (role, str(where), helpers_dir, str(world)))
+        return f'setpriv {who} {sys.executable} -c "$ROLE" {argv}'
 
-        script = "\n".join(
-            [
-                "set -e",
-                f"mount --bind {group} /etc/group",
-                as_user(1, SHARE_GID, "writer", root),
-                as_user(65534, SHARE_GID, "reader", root),
-                as_user(1, SHARE_GID, "writer2", root),
-                as_user(2, 2, "intruder", root),
-                as_user(65534, SHARE_GID, "victim", world),
-            ]
-        )
-        proc = subprocess.run(
-            ["unshare", "-m", "sh", "-c", script],
-            env=child_env(ROLE=ROLE, HOME="/tmp"),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr
-        writer, reader, writer2, intruder, victim = map(json.loads, proc.stdout.splitlines())
-        assert SHARE_GID in writer["groups"] and SHARE_GID in reader["groups"]
-        assert writer["k1"] == "local"
-        assert reader == {**reader, "k1": "daemon's kernel", "k2": "local"}
-        assert writer2["k2"] == "nobody's kernel"
-        assert intruder == {**intruder, "shared": "memory", "world": "local"}
-        assert victim["planted"] is None and victim["k3"] == ["good kernel", "memory"]
-        assert victim["verify"] == ["untrusted"]
-        assert "refusing artifacts" in proc.stderr and "owned by user 2" in proc.stderr
-        for name, owner in ((f"{'a1' * 32}.bin", 1), (f"{'b2' * 32}.json", 65534)):
-            st = (root / name).stat()
-            assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (owner, SHARE_GID, 0o664)
-        for sub in (".tmp", ".locks"):
-            st = (root / sub).stat()
-            assert st.st_gid == SHARE_GID and st.st_mode & stat.S_ISGID, sub
-        assert (world / f"{'c3' * 32}.bin").read_bytes() == b"EVIL"  # left alone, not served
-        record_figures(
-            "group-shared root, two users and an intruder",
-            processes=5,
-            operations=9,
-            faults=1,
-            corrupt_served=0,
-            jobs_failed=0,
-        )
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
+    script = "\n".join(
+        [
+            "set -e",
+            f"mount --bind {group} /etc/group",
+            as_user(1, SHARE_GID, "writer", root),
+            as_user(65534, SHARE_GID, "reader", root),
+            as_user(1, SHARE_GID, "writer2", root),
+            as_user(2, 2, "intruder", root),
+            as_user(65534, SHARE_GID, "victim", world),
+        ]
+    )
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        env=other_users_env(shared, ROLE=ROLE),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    writer, reader, writer2, intruder, victim = map(json.loads, proc.stdout.splitlines())
+    assert SHARE_GID in writer["groups"] and SHARE_GID in reader["groups"]
+    assert writer["k1"] == "local"
+    assert reader == {**reader, "k1": "daemon's kernel", "k2": "local"}
+    assert writer2["k2"] == "nobody's kernel"
+    assert intruder == {**intruder, "shared": "memory", "world": "local"}
+    assert victim["planted"] is None and victim["k3"] == ["good kernel", "memory"]
+    assert victim["verify"] == ["untrusted"]
+    assert "refusing artifacts" in proc.stderr and "owned by user 2" in proc.stderr
+    for name, owner in ((f"{'a1' * 32}.bin", 1), (f"{'b2' * 32}.json", 65534)):
+        st = (root / name).stat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (owner, SHARE_GID, 0o664)
+    for sub in (".tmp", ".locks"):
+        st = (root / sub).stat()
+        assert st.st_gid == SHARE_GID and st.st_mode & stat.S_ISGID, sub
+    assert (world / f"{'c3' * 32}.bin").read_bytes() == b"EVIL"  # left alone, not served
+    record_figures(
+        "group-shared root, two users and an intruder",
+        processes=5,
+        operations=9,
+        faults=1,
+        corrupt_served=0,
+        jobs_failed=0,
+    )

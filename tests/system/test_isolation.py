@@ -1,15 +1,21 @@
 """The tests touch nothing outside temporary directories: a process a test starts without a
 cache root of its own (``KERNELCACHE_DIR`` is never passed on to children) writes its default
-root, and Triton its files, under the session's temporary user directories, never the user's."""
+root, Triton its files and anything under ``~`` under the session's temporary directories,
+never the user's own; and a session that leaves something in the system's temp directory
+fails (tests/conftest.py)."""
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
-from support import run_py
+from support import REPO, child_env, run_py
 
 CHILD = """
 import json, os, platformdirs, kernelcache
@@ -17,7 +23,8 @@ cache = kernelcache.Cache(None, readonly_roots=(), remote="")
 art = cache.put("ab" * 32, "bin", b"written by a test's child", {})
 print(json.dumps({"root": cache.root, "path": art.path,
                   "cache_dir": platformdirs.user_cache_dir("kernelcache", appauthor=False),
-                  "triton_home": os.environ.get("TRITON_HOME")}))
+                  "triton_home": os.environ.get("TRITON_HOME"),
+                  "home": os.path.expanduser("~"), "temp": __import__("tempfile").gettempdir()}))
 """
 
 
@@ -28,6 +35,53 @@ def _under(path: str, directory: str) -> bool:
 def test_a_child_without_a_root_writes_under_the_sessions_temporary_directories():
     out = json.loads(run_py(CHILD).stdout.splitlines()[-1])
     temp = tempfile.gettempdir()
-    for name in ("root", "path", "cache_dir", "triton_home"):
+    users_home = pwd.getpwuid(os.getuid()).pw_dir
+    for name in ("root", "path", "cache_dir", "triton_home", "home", "temp"):
         assert out[name] and _under(out[name], temp), (name, out[name])
-    assert not _under(out["root"], os.path.expanduser("~")) or _under(os.path.expanduser("~"), temp)
+        assert not _under(out[name], users_home), (name, out[name])
+
+
+# A test that leaves a directory in what its session takes for the system's temp directory (its
+# TMPDIR when it started, which the session's processes see as $SYSTEM_TEMP).
+LEAKS = """
+import os, tempfile
+
+def test_leaves_a_directory():
+    tempfile.mkdtemp(prefix="kc-left-", dir=os.environ["SYSTEM_TEMP"])
+"""
+
+
+def test_a_session_that_leaves_something_in_the_temp_directory_fails(tmp_path):
+    """A session (with an xdist worker) whose test leaves ``kc-left-*`` in the system's temp
+    directory passes its tests but fails, naming what it left."""
+    suite, system_temp = tmp_path / "suite", tmp_path / "system-temp"
+    suite.mkdir()
+    system_temp.mkdir()
+    shutil.copy(REPO / "tests" / "conftest.py", suite / "conftest.py")
+    (suite / "test_leaves.py").write_text(LEAKS)
+    env = child_env(TMPDIR=str(system_temp), SYSTEM_TEMP=str(system_temp))
+    env["PYTHONPATH"] += os.pathsep + str(REPO / "tests" / "helpers")
+    env.pop("KC_TESTS_SESSION", None)
+    session = [
+        "-n",
+        "2",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-c",
+        "/dev/null",
+        "--rootdir",
+        str(suite),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *session, str(suite)],
+        env=env,
+        cwd=suite,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    (left,) = [p.name for p in system_temp.iterdir() if p.name.startswith("kc-left-")]
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 passed" in proc.stdout and f"left in {system_temp}" in proc.stdout, proc.stdout
+    assert left in proc.stdout

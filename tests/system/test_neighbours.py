@@ -11,18 +11,16 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from artifact_images import elf_image, launch
 from cli_support import kc, kc_json, put
-from support import CAN_DROP_PRIVILEGES, checked, child_env, key_of, run_py
+from support import CAN_DROP_PRIVILEGES, checked, child_env, key_of, other_users_env, run_py
 
 import kernelcache
 from kernelcache.errors import WrongExt
@@ -46,13 +44,6 @@ CAN_SHARE = _can_share()
 needs_users = pytest.mark.skipif(not CAN_SHARE, reason="needs root, unshare -m and setpriv")
 
 
-def _shared_dir(prefix: str) -> Path:
-    """A directory under /tmp every user can reach (pytest's tmp_path is private to root)."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    os.chmod(path, 0o755)
-    return path
-
-
 def _as_users(shared: Path, steps: list[str], timeout: float = 240, **env: str) -> list[dict]:
     """Run shell ``steps`` in a private mount namespace whose /etc/group puts daemon (1) and
     nobody (65534) in group 4242; each step prints one JSON line. Returns them."""
@@ -61,7 +52,7 @@ def _as_users(shared: Path, steps: list[str], timeout: float = 240, **env: str) 
     script = "\n".join(["set -e", f"mount --bind {group} /etc/group", *steps])
     proc = subprocess.run(
         ["unshare", "-m", "sh", "-c", script],
-        env=child_env(HOME="/tmp", **env),
+        env=other_users_env(shared, **env),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -190,45 +181,41 @@ print(json.dumps(out))
 
 
 @needs_users
-def test_a_group_member_cannot_make_the_operators_prune_delete(tmp_path):
+def test_a_group_member_cannot_make_the_operators_prune_delete(shared_tmp):
     """The README's recipe with a sticky root (root:4242, mode 3775): nobody, a member of the
     group, cannot delete daemon's entries, but could write the scan index under .stats/, so
     that the operator's `prune --target cuda:80` deleted all 20 of daemon's cuda:90 entries,
     and `stats` showed 2e16 bytes. Now the index it plants selects nothing, and it cannot
     replace the operator's (.stats/ is sticky)."""
-    shared = _shared_dir("kc-index-")
-    try:
-        root = shared / "cache"
-        root.mkdir()
-        os.chown(root, 0, SHARE_GID)
-        os.chmod(root, 0o3775)
-        operator = f"{sys.executable} -m kernelcache.cli --root {root}"
-        steps = [
-            _user(1, "ROLE", "victim", str(root)),
-            _user(65534, "ROLE", "planter", str(root)),
-            f"{operator} prune --target cuda:80 --json --yes",
-            f"{operator} stats --json | tr -d '\\n'; echo",
-            _user(65534, "ROLE", "replacer", str(root)),
-            f"{operator} prune --target cuda:80 --json --yes",
-            f"{operator} stats --json",
-        ]
-        _, planter, prune1, stats1, replacer, prune2, stats2 = _as_users(
-            shared, steps, ROLE=INDEX_ROLE
-        )
-        assert planter == {**planter, "forged": "done", "delete-one": "PermissionError"}
-        # the planted index (of a member the group policy trusts) planned 20 deletions; each
-        # entry's own metadata said otherwise under its lock, and the index was dropped
-        assert prune1["result"]["counts"] == {"changed": 20}, prune1["result"]["counts"]
-        assert prune2["result"] is None  # the operator's own index, which nobody cannot replace
-        assert replacer["forged"] == "PermissionError", replacer  # .stats/ is sticky
-        assert len(list(root.glob("*.json"))) == 20
-        for shown in (stats1, stats2):
-            assert shown["entries"] == 20 and shown["bytes"] < 10**6, shown["bytes"]
-            assert list(shown["by_target"]) == ["cuda:90"], shown["by_target"]
-        for shared in (".stats", ".locks"):  # in a root set up for sharing: sticky
-            assert (root / shared).stat().st_mode & 0o1000, shared
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
+    root = shared_tmp / "cache"
+    root.mkdir()
+    os.chown(root, 0, SHARE_GID)
+    os.chmod(root, 0o3775)
+    operator = f"{sys.executable} -m kernelcache.cli --root {root}"
+    steps = [
+        _user(1, "ROLE", "victim", str(root)),
+        _user(65534, "ROLE", "planter", str(root)),
+        f"{operator} prune --target cuda:80 --json --yes",
+        f"{operator} stats --json | tr -d '\\n'; echo",
+        _user(65534, "ROLE", "replacer", str(root)),
+        f"{operator} prune --target cuda:80 --json --yes",
+        f"{operator} stats --json",
+    ]
+    _, planter, prune1, stats1, replacer, prune2, stats2 = _as_users(
+        shared_tmp, steps, ROLE=INDEX_ROLE
+    )
+    assert planter == {**planter, "forged": "done", "delete-one": "PermissionError"}
+    # the planted index (of a member the group policy trusts) planned 20 deletions; each
+    # entry's own metadata said otherwise under its lock, and the index was dropped
+    assert prune1["result"]["counts"] == {"changed": 20}, prune1["result"]["counts"]
+    assert prune2["result"] is None  # the operator's own index, which nobody cannot replace
+    assert replacer["forged"] == "PermissionError", replacer  # .stats/ is sticky
+    assert len(list(root.glob("*.json"))) == 20
+    for shown in (stats1, stats2):
+        assert shown["entries"] == 20 and shown["bytes"] < 10**6, shown["bytes"]
+        assert list(shown["by_target"]) == ["cuda:90"], shown["by_target"]
+    for shared in (".stats", ".locks"):  # in a root set up for sharing: sticky
+        assert (root / shared).stat().st_mode & 0o1000, shared
 
 
 # -- 2. every wait of a call is bounded in total ------------------------------------------------
@@ -265,13 +252,15 @@ print(json.dumps({"many": many, "one": single, "sources": [a.source for a in art
 """
 
 
-def _squat(root: Path, keys: list[str], *prefix: str) -> subprocess.Popen[str]:
+def _squat(
+    root: Path, keys: list[str], *prefix: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [*prefix, sys.executable, "-c", SQUAT, str(root), ",".join(keys)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env=child_env(HOME="/tmp"),
+        env=env or child_env(),
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
@@ -300,34 +289,30 @@ def test_a_squatter_on_every_lock_costs_one_timeout_per_call(tmp_path):
 
 
 @needs_users
-def test_an_outsider_cannot_squat_the_locks(tmp_path):
+def test_an_outsider_cannot_squat_the_locks(shared_tmp):
     """User bin (2), in no group of the cache, plants and holds the lock files of 4 keys in a
     world-writable sticky root. nobody's get_or_create_many waited (N+1) x the timeout for
     them; a lock file of a user the trust policy excludes is not waited on: nobody builds at
     once (without those locks) and publishes."""
-    shared = _shared_dir("kc-squat-")
+    root = shared_tmp / "world"
+    root.mkdir()
+    os.chmod(root, 0o1777)
+    keys = [key_of("outsider", i) for i in range(4)]
+    squatter = _squat(root, keys, *_as(2, 2), env=other_users_env(shared_tmp))
     try:
-        root = shared / "world"
-        root.mkdir()
-        os.chmod(root, 0o1777)
-        keys = [key_of("outsider", i) for i in range(4)]
-        squatter = _squat(root, keys, *_as(2, 2))
-        try:
-            proc = subprocess.run(
-                [*_as(65534, 65534), sys.executable, "-c", JOB, str(root), ",".join(keys)],
-                env=child_env(HOME="/tmp", KERNELCACHE_LOCK_TIMEOUT="3"),
-                capture_output=True,
-                text=True,
-                timeout=240,
-            )
-        finally:
-            squatter.communicate("")
-        checked(proc)
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
-        assert out["many"] < 1.5 and out["one"] < 1.5, out
-        assert out["sources"] == ["local"] * 4
+        proc = subprocess.run(
+            [*_as(65534, 65534), sys.executable, "-c", JOB, str(root), ",".join(keys)],
+            env=other_users_env(shared_tmp, KERNELCACHE_LOCK_TIMEOUT="3"),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
     finally:
-        shutil.rmtree(shared, ignore_errors=True)
+        squatter.communicate("")
+    checked(proc)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["many"] < 1.5 and out["one"] < 1.5, out
+    assert out["sources"] == ["local"] * 4
 
 
 @pytest.mark.parametrize(("policy", "others"), [("group", 0o007), ("owner", 0o077)])
@@ -557,44 +542,40 @@ print(json.dumps(out), flush=True)
 
 
 @pytest.mark.skipif(not CAN_DROP_PRIVILEGES, reason="needs root and setpriv")
-def test_a_neighbour_cannot_swap_the_handoff_directory(tmp_path):
+def test_a_neighbour_cannot_swap_the_handoff_directory(shared_tmp):
     """daemon hands HSACO files over by path (descriptor 1023 taken). nobody, in the same group,
     renamed daemon's hand-off directory and planted a file of the same size at the same name:
     daemon's next lowering handed jaxlib nobody's bytes. Now the files are checked through the
     directory's descriptor, by content, and the path is checked to still lead there."""
-    shared = _shared_dir("kc-handoff-")
-    try:
-        root = shared / "cache"
-        root.mkdir()
-        os.chown(root, 0, SHARE_GID)
-        os.chmod(root, 0o2775)
-        victim_, neighbour_ = _as(1, SHARE_GID, SHARE_GID), _as(65534, SHARE_GID, SHARE_GID)
-        env = child_env(HOME="/tmp")
-        victim = subprocess.Popen(
-            [*victim_, sys.executable, "-c", HANDOFF_VICTIM, str(root)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        assert victim.stdout is not None and victim.stdin is not None
-        first = json.loads(victim.stdout.readline())
-        neighbour = subprocess.run(
-            [*neighbour_, sys.executable, "-c", HANDOFF_NEIGHBOUR, first["dir"]],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
-        checked(neighbour)
-        out, err = victim.communicate("go\n", timeout=120)
-        assert victim.returncode == 0, err
-        second = json.loads(out.strip().splitlines()[-1])
-        assert second["good"], (first, neighbour.stdout, second)
-        assert json.loads(neighbour.stdout)["moved"] == "PermissionError"  # .handoff is sticky
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
+    root = shared_tmp / "cache"
+    root.mkdir()
+    os.chown(root, 0, SHARE_GID)
+    os.chmod(root, 0o2775)
+    victim_, neighbour_ = _as(1, SHARE_GID, SHARE_GID), _as(65534, SHARE_GID, SHARE_GID)
+    env = other_users_env(shared_tmp)
+    victim = subprocess.Popen(
+        [*victim_, sys.executable, "-c", HANDOFF_VICTIM, str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert victim.stdout is not None and victim.stdin is not None
+    first = json.loads(victim.stdout.readline())
+    neighbour = subprocess.run(
+        [*neighbour_, sys.executable, "-c", HANDOFF_NEIGHBOUR, first["dir"]],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    checked(neighbour)
+    out, err = victim.communicate("go\n", timeout=120)
+    assert victim.returncode == 0, err
+    second = json.loads(out.strip().splitlines()[-1])
+    assert second["good"], (first, neighbour.stdout, second)
+    assert json.loads(neighbour.stdout)["moved"] == "PermissionError"  # .handoff is sticky
 
 
 def test_a_file_of_the_same_size_is_not_taken_for_the_kernel(tmp_path):

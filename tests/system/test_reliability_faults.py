@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 from artifact_images import elf_image
@@ -27,6 +24,7 @@ from support import (
     HELPERS,
     child_env,
     key_of,
+    other_users_env,
     run_in_namespace,
     run_py,
 )
@@ -165,59 +163,55 @@ def test_builder_killed_while_holding_the_build_lock(tmp_path, lock_mode):
 
 # -- permissions that stop the process --------------------------------------------------------
 @pytest.mark.skipif(not CAN_DROP_PRIVILEGES, reason="needs root and setpriv to act as another user")
-def test_lock_directory_of_another_user_that_this_user_cannot_write(tmp_path):
+def test_lock_directory_of_another_user_that_this_user_cannot_write(shared_tmp):
     """A shared root whose .locks/ belongs to root (mode 755) and that user 65534 may write:
     three processes of that user at once get their kernels (without locks, one warning each
     kind), publish valid entries, and leave nothing in .locks/."""
-    shared = Path(tempfile.mkdtemp(prefix="kc-locks-", dir="/tmp"))
-    try:
-        os.chmod(shared, 0o755)
-        root = shared / "cache"
-        root.mkdir()
-        os.chmod(root, 0o777)
-        (root / ".locks").mkdir()
-        os.chmod(root / ".locks", 0o755)
-        procs = [
-            subprocess.Popen(
-                [
-                    "setpriv",
-                    "--reuid=65534",
-                    "--regid=65534",
-                    "--clear-groups",
-                    sys.executable,
-                    "-c",
-                    JOB,
-                    str(root),
-                ],
-                env=child_env(HOME="/tmp"),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(3)
-        ]
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err
-            doc = json.loads(out.strip().splitlines()[-1])
-            assert doc["sources"] == ["local"] * 3 and doc["stats"]["errors"] == 0
-            assert err.count("without locks") <= 1 and err.count("without a lock") <= 1
-        assert os.listdir(root / ".locks") == []
-        store = Store(root, readonly=True, trust="any")
-        for key, data in JOB_KEYS:
-            art = store.read(key, "cubin")
-            assert isinstance(art, Artifact) and art.data == data
-            assert os.stat(art.path).st_uid == 65534
-        record_figures(
-            "lock directory not writable (user 65534)",
-            processes=3,
-            operations=9,
-            faults=3,
-            corrupt_served=0,
-            jobs_failed=0,
+    shared = shared_tmp
+    root = shared / "cache"
+    root.mkdir()
+    os.chmod(root, 0o777)
+    (root / ".locks").mkdir()
+    os.chmod(root / ".locks", 0o755)
+    procs = [
+        subprocess.Popen(
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                sys.executable,
+                "-c",
+                JOB,
+                str(root),
+            ],
+            env=other_users_env(shared),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
+        for _ in range(3)
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        doc = json.loads(out.strip().splitlines()[-1])
+        assert doc["sources"] == ["local"] * 3 and doc["stats"]["errors"] == 0
+        assert err.count("without locks") <= 1 and err.count("without a lock") <= 1
+    assert os.listdir(root / ".locks") == []
+    store = Store(root, readonly=True, trust="any")
+    for key, data in JOB_KEYS:
+        art = store.read(key, "cubin")
+        assert isinstance(art, Artifact) and art.data == data
+        assert os.stat(art.path).st_uid == 65534
+    record_figures(
+        "lock directory not writable (user 65534)",
+        processes=3,
+        operations=9,
+        faults=3,
+        corrupt_served=0,
+        jobs_failed=0,
+    )
 
 
 # -- clock skew -------------------------------------------------------------------------------

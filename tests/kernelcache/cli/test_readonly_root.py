@@ -10,14 +10,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cli_support import KERNELCACHE, backdate, files_under, put
-from support import CAN_DROP_PRIVILEGES, CAN_UNSHARE, child_env
+from support import CAN_DROP_PRIVILEGES, CAN_UNSHARE, child_env, other_users_env
 
 
 def _populate(root: Path) -> dict[str, str]:
@@ -127,22 +125,21 @@ def test_import_into_a_read_only_mount_writes_nothing(tmp_path):
 
 
 @pytest.fixture
-def shared_root() -> Iterator[Path]:
+def shared_root(shared_tmp: Path) -> Path:
     """A root owned by root that other users can read but not write."""
-    parent = Path(tempfile.mkdtemp(prefix="kc-cli-shared-", dir="/tmp"))
-    os.chmod(parent, 0o755)
-    root = parent / "cache"
+    root = shared_tmp / "cache"
     root.mkdir()
     os.chmod(root, 0o755)
-    yield root
-    shutil.rmtree(parent)
+    return root
 
 
-def _as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
+def _as_nobody(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``kernelcache --root ROOT ARGS`` run as user nobody (``root`` is in a shared_tmp)."""
     assert KERNELCACHE is not None
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     return subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", KERNELCACHE, *args],
-        env=child_env(HOME="/tmp"),
+        [*nobody, KERNELCACHE, "--root", str(root), *args],
+        env=other_users_env(root.parent),
         capture_output=True,
         text=True,
         timeout=120,
@@ -155,17 +152,17 @@ def test_a_root_another_user_owns(shared_root):
     for sub in (".tmp",):
         os.chmod(shared_root / sub, 0o755)
     before = files_under(shared_root)
-    stats = _as_nobody("--root", str(shared_root), "stats", "--json")
+    stats = _as_nobody(shared_root, "stats", "--json")
     assert stats.returncode == 0, stats.stderr
     assert json.loads(stats.stdout)["entries"] == 3
-    verify = _as_nobody("--root", str(shared_root), "verify", "--json")
+    verify = _as_nobody(shared_root, "verify", "--json")
     assert verify.returncode == 1
     assert keys["bad"] in verify.stdout
     for args in (["verify", "--repair"], ["prune", "--older-than", "1d"]):
-        proc = _as_nobody("--root", str(shared_root), *args)
+        proc = _as_nobody(shared_root, *args)
         assert proc.returncode == 2, proc.stderr
         assert "not writable" in proc.stderr
-    doctor = _as_nobody("--root", str(shared_root), "doctor", "--json")
+    doctor = _as_nobody(shared_root, "doctor", "--json")
     checks = {c["name"]: c["status"] for c in json.loads(doctor.stdout)["checks"]}
     assert checks["writable"] == "fail"
     assert files_under(shared_root) == before

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import tempfile
 import time
@@ -253,11 +252,9 @@ def test_group_shared_root_with_setgid(root):
 
 
 @pytest.mark.skipif(not CAN_DROP_PRIVILEGES, reason="needs root and setpriv to act as another user")
-def test_unwritable_root_for_another_user(tmp_path):
-    shared = Path(tempfile.mkdtemp(prefix="kc-shared-", dir="/tmp"))  # traversable by others
-    root = shared / "owned-by-root"
+def test_unwritable_root_for_another_user(shared_tmp):
+    root = shared_tmp / "owned-by-root"
     root.mkdir()
-    os.chmod(shared, 0o755)
     os.chmod(root, 0o755)
     key = key_of("unwritable")
     kernelcache.Cache(root, readonly_roots=()).put(key, "bin", b"shared", {})
@@ -265,7 +262,7 @@ def test_unwritable_root_for_another_user(tmp_path):
     import sys
     import textwrap
 
-    from support import child_env
+    from support import other_users_env
 
     code = textwrap.dedent(
         """
@@ -293,7 +290,7 @@ def test_unwritable_root_for_another_user(tmp_path):
             str(root),
             key,
         ],
-        env=child_env(HOME="/tmp"),
+        env=other_users_env(shared_tmp),
         capture_output=True,
         text=True,
         timeout=60,
@@ -305,7 +302,6 @@ def test_unwritable_root_for_another_user(tmp_path):
         f"{key}.bin",
         f"{key}.json",
     ]
-    shutil.rmtree(shared)
 
 
 @pytest.mark.skipif(not CAN_UNSHARE, reason="needs a private mount namespace (unshare -rm)")

@@ -275,7 +275,7 @@ print(json.dumps(out))
 """
 
 
-def test_owner_policy_with_the_group_recipe_and_real_users(tmp_path):
+def test_owner_policy_with_the_group_recipe_and_real_users(shared_tmp):
     """Users daemon (the victim) and nobody (a member of the cache's group) share a root made
     by the README's recipe (root:4242, mode 2775, umask 002) under KERNELCACHE_TRUST=owner.
     nobody rewrites daemon's entries in place and plants hard links of one key's artifact under
@@ -286,57 +286,51 @@ def test_owner_policy_with_the_group_recipe_and_real_users(tmp_path):
     if not CAN_SHARE:
         pytest.skip("needs root, unshare -m and setpriv (real users)")
     import json
-    import shutil
     import subprocess
     import sys
-    import tempfile
     from pathlib import Path
 
-    from support import child_env
+    from support import other_users_env
 
-    shared = Path(tempfile.mkdtemp(prefix="kc-owner-", dir="/tmp"))
-    try:
-        os.chmod(shared, 0o755)
-        group = shared / "group"
-        group.write_text(Path("/etc/group").read_text() + f"kcshare:x:{SHARE_GID}:daemon,nobody\n")
-        root = shared / "cache"
-        root.mkdir()
-        os.chown(root, 0, SHARE_GID)
-        os.chmod(root, 0o2775)
+    shared = shared_tmp
+    group = shared / "group"
+    group.write_text(Path("/etc/group").read_text() + f"kcshare:x:{SHARE_GID}:daemon,nobody\n")
+    root = shared / "cache"
+    root.mkdir()
+    os.chown(root, 0, SHARE_GID)
+    os.chmod(root, 0o2775)
 
-        def as_user(uid: int, role: str) -> str:
-            who = f"--reuid={uid} --regid={SHARE_GID} --init-groups"
-            return f'setpriv {who} {sys.executable} -c "$ROLE" {role} {root}'
+    def as_user(uid: int, role: str) -> str:
+        who = f"--reuid={uid} --regid={SHARE_GID} --init-groups"
+        return f'setpriv {who} {sys.executable} -c "$ROLE" {role} {root}'
 
-        script = "\n".join(
-            [
-                "set -e",
-                f"mount --bind {group} /etc/group",
-                as_user(1, "victim"),
-                as_user(65534, "attacker"),
-                as_user(1, "victim2"),
-            ]
-        )
-        proc = subprocess.run(
-            ["unshare", "-m", "sh", "-c", script],
-            env=child_env(ROLE=OWNER_ROLE, HOME="/tmp", KERNELCACHE_TRUST="owner"),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr
-        victim, attacker, after = map(json.loads, proc.stdout.splitlines())
-        assert victim["modes"] == {"a1": "0o644", "b2": "0o644", "c3": "0o664", "d4": "0o664"}
-        # the entries written now cannot be rewritten in place by the group
-        assert attacker["rewrite-a1"] == "PermissionError"
-        assert attacker["link-a1-as-b2"] != "done"
-        # the old group-writable ones can, and are refused
-        assert attacker["rewrite-c3"] == "done"
-        assert after["a1"] == "victim's a1"
-        for k in ("b2", "c3", "d4"):
-            assert after[k] in (None, f"victim's {k}"), (k, after)
-        assert after["c3"] is None and after["d4"] is None
-        assert "EVIL" not in json.dumps(after)
-        assert "writable" in proc.stderr  # the refusal was explained
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
+    script = "\n".join(
+        [
+            "set -e",
+            f"mount --bind {group} /etc/group",
+            as_user(1, "victim"),
+            as_user(65534, "attacker"),
+            as_user(1, "victim2"),
+        ]
+    )
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        env=other_users_env(shared, ROLE=OWNER_ROLE, KERNELCACHE_TRUST="owner"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    victim, attacker, after = map(json.loads, proc.stdout.splitlines())
+    assert victim["modes"] == {"a1": "0o644", "b2": "0o644", "c3": "0o664", "d4": "0o664"}
+    # the entries written now cannot be rewritten in place by the group
+    assert attacker["rewrite-a1"] == "PermissionError"
+    assert attacker["link-a1-as-b2"] != "done"
+    # the old group-writable ones can, and are refused
+    assert attacker["rewrite-c3"] == "done"
+    assert after["a1"] == "victim's a1"
+    for k in ("b2", "c3", "d4"):
+        assert after[k] in (None, f"victim's {k}"), (k, after)
+    assert after["c3"] is None and after["d4"] is None
+    assert "EVIL" not in json.dumps(after)
+    assert "writable" in proc.stderr  # the refusal was explained
