@@ -39,7 +39,7 @@ from ..problem import Problem
 from ..process import warn_once
 from ..remote import RemoteTier, check_entry, open_remote
 from ..store.entry import Artifact
-from ..store.layout import resolve_root
+from ..store.layout import path_problem, resolve_root
 from ..store.locks.locker import WaitBudget
 from ..store.root import Store
 from . import builds, writes
@@ -55,11 +55,9 @@ def readonly_problem(root: str | os.PathLike[str]) -> str | None:
     """Why the read-only root ``root`` cannot serve anything as given, with the remedy; None
     when it is an absolute path to a directory."""
     path = os.fspath(root)
-    if not os.path.isabs(path):
-        return (
-            f"{path!r} is a relative path, read from the current directory "
-            f"({os.getcwd()}): give an absolute path"
-        )
+    named = path_problem(path)
+    if named is not None:
+        return named
     if not os.path.isdir(path):
         what = "is not a directory" if os.path.lexists(path) else "does not exist"
         return f"{path} {what}: nothing is read from it (fix the path, or remove it)"
@@ -110,6 +108,11 @@ class Cache:
         )
         #: the writable root (absolute)
         self.root: str = self.store.root
+        if root is None and cfg.root is not None and (named := path_problem(cfg.root)):
+            # used as given, as a read-only root is: the job's cache still works where it leads
+            warn_once(
+                logger, ("root", os.fspath(cfg.root)), "kernelcache: KERNELCACHE_DIR: %s", named
+            )
         ro = cfg.readonly_roots if readonly_roots is None else readonly_roots
         named = "KERNELCACHE_READONLY_DIRS" if readonly_roots is None else "readonly_roots"
         for r in ro:

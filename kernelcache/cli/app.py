@@ -177,6 +177,18 @@ def _warn_unknown_variables() -> None:
         logging.getLogger("kernelcache").warning("%s", unknown_message(name, near))
 
 
+def _warn_root_variable(given_root: str | None) -> None:
+    """Say, on stderr, a ``$KERNELCACHE_DIR`` naming the root (no ``--root``) that is relative
+    or holds a ``$VAR`` or ``~`` no shell expanded: it is used as given, as a job uses it."""
+    from ..config import settings
+    from ..store.layout import path_problem
+
+    named = settings().root if given_root is None else None
+    problem = path_problem(named) if named is not None else None
+    if problem is not None:
+        logging.getLogger("kernelcache").warning("KERNELCACHE_DIR: %s", problem)
+
+
 def _ours(argv: Sequence[str]) -> list[str]:
     """The arguments before ``--`` (what follows is another program's)."""
     tokens = list(argv)
@@ -226,6 +238,7 @@ def _run(args: argparse.Namespace, out: Output) -> int:
             # kernelcache's variables and those the command reads: one that cannot be used is
             # an error (a package's that the command does not read is left to doctor and jobs)
             check_variables(getattr(args, "variables_read", ()))
+            _warn_root_variable(args.root)
         return int(args.func(args, out))
     except UsageError as e:
         return fail(str(e), EXIT_USAGE, args.command, args.json)

@@ -154,8 +154,8 @@ def shown(name: str, raw: str) -> str:
 
 def _check_deeper(name: str, value: Any, env: Mapping[str, str]) -> None:
     """Checks beyond a variable's own parser: the remote URL as its tier reads it, the
-    signing key file as the cache reads it (and not beside a key given directly), the
-    read-only roots as the cache uses them.
+    signing key file as the cache reads it (and not beside a key given directly), the roots
+    as the cache uses them (a relative path, a ``$VAR`` no shell expanded).
 
     Raises:
         ConfigError: the value cannot be used (the message never shows a secret).
@@ -164,6 +164,12 @@ def _check_deeper(name: str, value: Any, env: Mapping[str, str]) -> None:
         from ..remote import check_url
 
         check_url(value)
+    if name == "KERNELCACHE_DIR" and value:
+        from ..store.layout import path_problem
+
+        problem = path_problem(value)
+        if problem is not None:
+            raise ConfigError(problem)
     if name == "KERNELCACHE_READONLY_DIRS" and value:
         from ..cache import readonly_problem
 

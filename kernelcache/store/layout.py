@@ -271,6 +271,34 @@ def default_root(cfg: Settings | None = None) -> Path:
     return Path(platformdirs.user_cache_dir("kernelcache", appauthor=False))
 
 
+#: a shell variable left as text (``$HOME``, ``${USER}``)
+_SHELL_VARIABLE = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
+
+
+def path_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why a root named in the environment (``$KERNELCACHE_DIR``, ``$KERNELCACHE_READONLY_DIRS``)
+    is not the directory meant, with the remedy; None for an absolute path. A relative path is
+    read from each process's current directory; a ``$VAR`` or ``~`` left in it was expanded by
+    no shell (the value was quoted, or set where no shell reads it). A leading ``~`` is
+    expanded when the variable is read, as a shell would."""
+    text = os.fspath(path)
+    left = _SHELL_VARIABLE.search(text)
+    shown = left.group() if left else next((p for p in Path(text).parts if p[0] == "~"), None)
+    if shown is not None:
+        meant = os.path.expandvars(text)  # (what this process's environment would give)
+        return (
+            f"{text!r} holds {shown!r}, which no shell expanded (the value was quoted, or set "
+            "where no shell reads it): write the path out"
+            + (f" ({meant}?)" if meant != text and os.path.isabs(meant) else "")
+        )
+    if not os.path.isabs(text):
+        return (
+            f"{text!r} is a relative path, read from the current directory "
+            f"({os.getcwd()}): give an absolute path"
+        )
+    return None
+
+
 def resolve_root(root: str | os.PathLike[str] | None, cfg: Settings | None = None) -> str:
     """The cache root to work on: ``root`` with a leading ``~`` expanded, else
     :func:`default_root`.

@@ -57,6 +57,45 @@ def test_missing_and_relative_read_only_roots_are_warned_once_in_the_job(tmp_pat
     assert "fix the path, or remove it" in missing[0] and "give an absolute path" in relative[0]
 
 
+@pytest.mark.parametrize(
+    "value, said",
+    [
+        ("$HOME/kc", "'$HOME/kc' holds '$HOME', which no shell expanded"),
+        ("relative/kc", "'relative/kc' is a relative path, read from the current directory"),
+        ("{tmp}/${{USER}}/kc", "holds '${{USER}}', which no shell expanded"),
+    ],
+)
+def test_a_relative_or_unexpanded_root_is_warned_as_a_read_only_one_is(tmp_path, value, said):
+    """Used as given, as a read-only root is (the job's cache works where it leads), and said:
+    once in a job, by every command that the variable names the root for, and as a failed
+    check by doctor."""
+    value = value.format(tmp=tmp_path)
+    said = said.format(tmp=tmp_path)
+    env = {"KERNELCACHE_DIR": value}
+    job = subprocess.run(
+        [sys.executable, "-c", JOB],
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert job.returncode == 0, job.stderr
+    warned = [line for line in job.stderr.splitlines() if said in line]
+    assert len(warned) == 1, job.stderr  # two caches opened, said once
+    assert warned[0].startswith("kernelcache: KERNELCACHE_DIR: ")
+    listed = kc(None, "ls", env=env, cwd=tmp_path)
+    assert listed.returncode == 0 and "1 kernel" in listed.stdout, listed.stderr
+    assert (
+        f"kernelcache: WARNING: KERNELCACHE_DIR: {value!r}" in listed.stderr
+        and said in listed.stderr
+    )
+    doctor = kc(None, "doctor", "--json", env=env, cwd=tmp_path)
+    check = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}["KERNELCACHE_DIR"]
+    assert doctor.returncode == 1 and check["status"] == "fail" and said in check["detail"]
+    given = kc(value, "ls", cwd=tmp_path)  # --root is the operator's own: as typed
+    assert given.returncode == 0 and "KERNELCACHE_DIR" not in given.stderr
+
+
 def test_doctor_checks_every_read_only_root(tmp_path):
     full, empty = tmp_path / "full", tmp_path / "empty"
     put(full, "k")
