@@ -150,29 +150,50 @@ def interval() -> float:
 _current: tuple[str, _Bar | _Lines, str] | None = None
 #: the last operation that an exception (Ctrl-C) stopped
 _stopped: tuple[str, _Bar | _Lines, str] | None = None
+#: whether an operation that may change something (one not declared read-only) began
+_changing: list[bool] = []
+
+
+def begin_command() -> None:
+    """Forget the operations of a command run before in this process (``main`` may be called
+    more than once): what :func:`interrupted` says is of the command under way."""
+    global _current, _stopped
+    _current = _stopped = None
+    _changing.clear()
 
 
 def interrupted() -> str:
     """What to say when the command is interrupted: how far the operation under way got, and
-    that a re-run finishes the work (what was done is kept)."""
+    that a re-run finishes the work: nothing was changed, when only read-only operations began
+    (``bar(changes=False)``); else what was done is kept."""
     found = _current or _stopped
     if found is None:
         return "kernelcache: interrupted; what was done is kept: run the command again to finish"
     desc, reporter, unit = found
     total = f" of {reporter.total:,}" if reporter.total else ""
+    kept = "what was done is kept" if _changing else "nothing was changed"
     return (
-        f"kernelcache: interrupted while {desc}, after {reporter.done:,}{total} {unit}; what was "
-        "done is kept: run the command again to finish"
+        f"kernelcache: interrupted while {desc}, after {reporter.done:,}{total} {unit}; {kept}: "
+        "run the command again to finish"
     )
 
 
 @contextmanager
 def bar(
-    desc: str, total: int | None, *, json_mode: bool = False, unit: str = "entries"
+    desc: str,
+    total: int | None,
+    *,
+    json_mode: bool = False,
+    unit: str = "entries",
+    changes: bool = True,
 ) -> Iterator[_Bar | _Lines]:
     """Progress on stderr for ``desc`` (``total`` items, None: not known yet; the reporter's
     ``set_total`` gives it later). The yielded reporter is called with the number of items done.
+    ``changes``: False for an operation that only reads (``verify`` without ``--repair``), so
+    that an interruption says nothing was changed.
     """
+    if changes and not _changing:
+        _changing.append(True)
     stream = sys.stderr
     reporter: _Bar | _Lines
     if on_terminal(stream) and not json_mode:

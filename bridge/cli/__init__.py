@@ -201,7 +201,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "run a command whose `import jax_triton` gives the bridge (its kernels, and its child "
         "processes', compile through the kernel cache): kernelcache run -- python train.py",
     )
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]")
     p.set_defaults(func=cmd_run)
 
     jax_cache_command.register(subparsers)

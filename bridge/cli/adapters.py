@@ -19,11 +19,23 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from kernelcache.cli import EXIT_OK, EXIT_PROBLEMS, Output, UsageError, envelope, root_of
+from kernelcache.cli import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    Output,
+    UsageError,
+    envelope,
+    fail,
+    root_of,
+)
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
+#: how ``kernelcache run`` ends when its command cannot be run, as a shell's does: no such
+#: command, or one found that cannot be run (not executable, not a program)
+EXIT_NOT_FOUND = 127
+EXIT_NOT_EXECUTABLE = 126
 #: the modules the bridge's commands need: its extra's packages (``pip install
 #: 'kernelcache[bridge]'``) and what they bring
 BRIDGE_DEPENDENCIES = ("numpy", "jax", "jaxlib", "triton", "google.protobuf")
@@ -236,10 +248,11 @@ def cmd_audit(args: argparse.Namespace, out: Output) -> int:
 def cmd_run(args: argparse.Namespace, out: Output) -> int:
     """``kernelcache run -- COMMAND ...``: the command in place of this process, with the
     masquerade's folder first on its ``PYTHONPATH`` (and ``--root``'s root as its
-    ``KERNELCACHE_DIR``)."""
+    ``KERNELCACHE_DIR``). A command that cannot be run ends it as a shell would:
+    :data:`EXIT_NOT_FOUND`, or :data:`EXIT_NOT_EXECUTABLE`."""
     from .. import masquerade
 
-    command = list(args.command)
+    command = list(args.argv)
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
@@ -258,8 +271,11 @@ def cmd_run(args: argparse.Namespace, out: Output) -> int:
     sys.stderr.flush()
     try:
         os.execvpe(command[0], command, env)
-    except OSError as e:
-        raise UsageError(f"kernelcache run: cannot run {command[0]!r}: {e.strerror}") from None
+    except FileNotFoundError:
+        return fail(f"{command[0]}: command not found", EXIT_NOT_FOUND, "run", out.json)
+    except OSError as e:  # found, and not a program this user may run (or not one at all)
+        said = f"{command[0]}: cannot run it: {e.strerror}"
+        return fail(said, EXIT_NOT_EXECUTABLE, "run", out.json)
     return EXIT_OK  # pragma: no cover  (exec does not return)
 
 

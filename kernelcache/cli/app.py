@@ -112,7 +112,10 @@ class Parser(argparse.ArgumentParser):
         if wrong:
             choices = re.findall(r"'([^']*)'", wrong.group(2))
             near = difflib.get_close_matches(wrong.group(1), choices, n=1)
-            if near:
+            if wrong.group(1) in habits.COMMANDS:  # another tool's word: what it means
+                given, ours = wrong.group(1), habits.COMMANDS[wrong.group(1)]
+                message += f"; did you mean {ours!r}? (`pip cache {given}` is `kernelcache {ours}`)"
+            elif near:
                 message += f"; did you mean {near[0]!r}?"
         if message.endswith("required: COMMAND"):
             message += " (e.g. `kernelcache stats`; `kernelcache -h` lists every command)"
@@ -232,6 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, out: Output) -> int:
     """Run the command ``args`` names; its exit code (an error said as :func:`fail` says it)."""
+    from ..progress import begin_command
+
+    begin_command()
     try:
         if args.command != "doctor":  # (doctor lists them among its checks)
             _warn_unknown_variables()

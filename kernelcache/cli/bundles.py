@@ -176,12 +176,29 @@ def _export(
     }
 
     def human() -> str:
-        lines = [
-            f"Exported {plural(result.entries, 'entry')} ({human_size(result.bytes)}) to "
+        where = (
             f"{upload[0] if upload else result.path}"
-            f" ({'zstd' if result.compression == 'zstd' else 'uncompressed tar'})."
-        ]
-        lines += [f"No entry matches {printable(f)}." for f in missed]
+            f" ({'zstd' if result.compression == 'zstd' else 'uncompressed tar'})"
+        )
+        if not result.entries:  # an empty bundle: say why
+            filters = [
+                *(f"--kernel {k}" for k in args.kernel or ()),
+                *(f"--target {t}" for t in args.target or ()),
+            ]
+            if result.skipped:
+                why = "every entry it matched was skipped (below)"
+            elif missed:
+                why = "; ".join(f"no entry matches {f}" for f in missed)
+            elif filters:
+                why = f"no entry matches {' and '.join(filters)} together"
+            else:
+                why = f"{root} holds no entries"
+            lines = [printable(f"Nothing was exported: {why}; {where} holds an empty bundle.")]
+        else:
+            lines = [
+                f"Exported {plural(result.entries, 'entry')} ({human_size(result.bytes)}) to {where}."
+            ]
+            lines += [f"No entry matches {printable(f)}." for f in missed]
         for key, reason in result.skipped:
             lines.append(f"  skipped {key}: {printable(reason)}")
         return "\n".join(lines)
@@ -262,7 +279,7 @@ def _import(args: argparse.Namespace, out: Output, file: str, shown: str) -> int
     store = context.store(lock_timeout=None)
     judge, toolchain = _toolchain() if args.dry_run else (None, "")
     try:
-        with out.progress("importing", None) as tick:
+        with out.progress("importing", None, changes=not args.dry_run) as tick:
             result = import_bundle(
                 store,
                 file,

@@ -1,6 +1,7 @@
 """ccache's options where ``kernelcache`` expects a command: the ones with a command of the
 same meaning run it (``kernelcache -s`` is ``kernelcache stats``), the others say what does
-their work here.
+their work here. ``pip cache``'s commands, given as a command, are answered with the command
+that does their work here (:data:`COMMANDS`; never run for them: ``purge`` deletes).
 
 Invariant: only the first argument after the global options (``--root DIR``, ``--json``,
 ``-v``) is read, and only when it is one of ccache's options: a command's own options are never
@@ -36,6 +37,12 @@ HINTS: dict[str, str] = {
     "-x": "`kernelcache stats` shows the sizes (kernelcache does not compress entries)",
     "--show-compression": "`kernelcache stats` shows the sizes (kernelcache does not compress "
     "entries)",
+}
+#: ``pip cache``'s commands -> the command that does their work here (suggested, not run)
+COMMANDS: dict[str, str] = {
+    "purge": "clear",
+    "list": "ls",
+    "info": "stats",
 }
 #: the global options that take a value
 _VALUED = ("--root",)

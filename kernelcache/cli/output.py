@@ -90,10 +90,13 @@ class Output:
             if text:
                 sys.stdout.write(text.rstrip("\n") + "\n")
 
-    def progress(self, desc: str, total: int | None) -> contextlib.AbstractContextManager[Any]:
+    def progress(
+        self, desc: str, total: int | None, *, changes: bool = True
+    ) -> contextlib.AbstractContextManager[Any]:
         """Progress on standard error: a bar on a terminal without --json, else plain lines
-        (see :mod:`kernelcache.progress`)."""
-        return progressbar.bar(desc, total, json_mode=self.json)
+        (see :mod:`kernelcache.progress`; ``changes``: False for an operation that only
+        reads)."""
+        return progressbar.bar(desc, total, json_mode=self.json, changes=changes)
 
 
 def fail(message: str, code: int, command: str | None, json_mode: bool) -> int:

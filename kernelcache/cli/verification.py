@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 #: the problems (and failed repairs) listed without ``-v``
 SHOWN = 10
+#: the kinds of problem that are an entry's (its metadata and artifact): counted with the
+#: entries checked, beside those found ok; the other kinds are files of the root
+ENTRY_PROBLEMS = ("corrupt", "outdated", "untrusted")
 #: how each kind of repair action reads in the summary
 _DONE = {
     "quarantine-entry": "corrupt entries moved to .quarantine/",
@@ -109,12 +112,15 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     store = context.existing_store()
     root = store.root
     base = scan_store(store)
-    with out.progress("verifying", len(base.entries)) as tick:
+    with out.progress("verifying", len(base.entries), changes=False) as tick:
         checked = verify(store, base, progress=tick)
     issues: list[Issue] = list(checked.issues)
     counts = dict(Counter(i.kind for i in issues))
     # a file the cache does not know is reported, and left alone: it is not the cache's damage
     foreign = counts.get("foreign", 0)
+    # every entry checked: those found ok and those found wrong, by the scan or the read
+    bad_entries = {kind: n for kind, n in counts.items() if kind in ENTRY_PROBLEMS}
+    entries = len(checked.entries) + sum(bad_entries.values())
     result = None
     remaining = len(issues) - foreign
     if args.repair and remaining:
@@ -129,7 +135,7 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     doc = {
         **envelope("verify", root),
         "exists": checked.exists,
-        "entries_checked": len(base.entries),
+        "entries_checked": entries,
         "entries_ok": len(checked.entries),
         "problems": [i.to_json() for i in issues],
         "counts": counts,
@@ -141,7 +147,10 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     def human() -> str:
         verbose = args.verbose > 0
         lines = [
-            f"Checked {plural(len(base.entries), 'entry')} under {root}: {len(checked.entries):,} ok."
+            f"Checked {plural(entries, 'entry')} under {root} (each one's metadata, size and "
+            f"digest): {', '.join(found)}."
+        found = [f"{len(checked.entries):,} ok"]
+        found += [f"{n:,} {kind}" for kind, n in sorted(bad_entries.items())]
         ]
         if issues:
             by_kind = ", ".join(f"{n:,} {kind}" for kind, n in sorted(counts.items()))
