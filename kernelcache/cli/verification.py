@@ -146,11 +146,11 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
 
     def human() -> str:
         verbose = args.verbose > 0
+        found = [f"{len(checked.entries):,} ok"]
+        found += [f"{n:,} {kind}" for kind, n in sorted(bad_entries.items())]
         lines = [
             f"Checked {plural(entries, 'entry')} under {root} (each one's metadata, size and "
             f"digest): {', '.join(found)}."
-        found = [f"{len(checked.entries):,} ok"]
-        found += [f"{n:,} {kind}" for kind, n in sorted(bad_entries.items())]
         ]
         if issues:
             by_kind = ", ".join(f"{n:,} {kind}" for kind, n in sorted(counts.items()))
