@@ -2,8 +2,11 @@
 compilation cache.
 
 The command shows JAX's cache directory and prunes it by size or age under JAX's own lock
-(:mod:`bridge.jax_cache.directory` reads JAX's format). Neither the command nor the report imports jax or
-triton: the report reads the environment a job would start with.
+(:mod:`bridge.jax_cache.directory` reads JAX's format). A prune that would remove every entry
+asks first on a terminal and does nothing elsewhere without ``--yes``; it never removes from a
+read-only root's directory (``KERNELCACHE_READONLY_DIRS``, or JAX's directory beside one).
+Neither the command nor the report imports jax or triton: the report reads the environment a
+job would start with.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from kernelcache.cli import (
     UsageError,
     add_command,
     age_arg,
+    confirm_everything,
     envelope,
     human_age,
     printable,
@@ -90,6 +94,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--max-age", type=age_arg, metavar="AGE", help="remove entries not used for AGE, e.g. 30d"
     )
     p.add_argument("--dry-run", action="store_true", help="say what would go, change nothing")
+    p.add_argument(
+        "-y",
+        "--yes",
+        action="store_true",
+        help="do it even when the prune removes every entry (without it, such a prune asks on "
+        "a terminal and does nothing elsewhere)",
+    )
     p.set_defaults(func=cmd_jax_cache)
 
 
@@ -114,14 +125,20 @@ def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
             f"JAX_COMPILATION_CACHE_DIR; {fills})"
         )
     exists = os.path.isdir(directory)  # the default one: none yet on a fresh set-up
-    entries, stray = scan_jax_cache(directory) if exists else ([], [])
     max_size = args.max_size or None  # one meaning of a size cap everywhere: 0 is no cap
     pruning = max_size is not None or args.max_age is not None
+    if pruning and not args.dry_run:
+        args.context.refuse_readonly(directory, "jax-cache", beside=default_dir)
+    entries, stray = scan_jax_cache(directory) if exists else ([], [])
     doomed = plan_jax_prune(entries, max_size=max_size, max_age=args.max_age) if pruning else []
     if not pruning:
         stray = []  # showing only
     removed = freed = 0
     if (doomed or stray) and not args.dry_run:
+        if doomed and len(doomed) == len(entries) and not args.yes:
+            size = human_size(sum(e.size for e in doomed))
+            every = f"every entry of JAX's cache {printable(directory)} ({len(doomed):,}, {size})"
+            confirm_everything("jax-cache prune", every, " (--max-size 0 means no size cap)")
         try:
             with out.progress("pruning", len(doomed)) as tick:
                 removed, freed = prune_jax_cache(directory, doomed, stray, progress=tick)

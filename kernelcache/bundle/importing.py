@@ -66,7 +66,8 @@ def import_bundle(
     With ``dry_run`` only the verification runs (the same as for a real import: what it
     accepts, the import publishes). Entries whose key is already present (and valid, under
     the store's trust policy) are skipped; a key present with another extension is a conflict,
-    left alone. With ``signing_key``, every entry must carry a valid signature. With ``judge``
+    left alone. An artifact larger than ``max_member_size`` bytes rejects the bundle (0: no
+    limit). With ``signing_key``, every entry must carry a valid signature. With ``judge``
     (see :mod:`kernelcache.toolchains`), the result counts the entries this machine's keys can
     name, and the others by reason.
 

@@ -157,8 +157,8 @@ def tar_members(
     progress: Progress | None = None,
     read_manifest: bool = False,
 ) -> Iterator[_Member]:
-    """Each member of the bundle, checked (name, type, size) and hashed, in archive order.
-    The manifest's size is checked against :func:`manifest_limit` from its header, before
+    """Each member of the bundle, checked (name, type, size: at most ``max_member`` bytes, 0
+    meaning no limit) and hashed, in archive order. The manifest's size is checked against :func:`manifest_limit` from its header, before
     any of it is read; with ``read_manifest`` it is parsed (:func:`.parse_manifest`), else
     skipped."""
     seen: set[str] = set()
@@ -187,7 +187,7 @@ def tar_members(
                     parsed = parse_manifest(source, m.size)
                     yield _Member(name, key, ext, m.size, "", None, manifest=parsed)
                 continue
-            if m.size > max_member:
+            if max_member and m.size > max_member:  # (0: no limit)
                 raise BundleError(
                     f"member {name!r} is oversized: {m.size} bytes, the limit is {max_member} "
                     "(raise it with --max-member-size)"

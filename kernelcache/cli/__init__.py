@@ -11,7 +11,8 @@ One protocol for every command: a module exports ``register(subparsers)``, which
 parsers with :func:`add_command` and sets ``func(args, out) -> exit code`` on them. This
 module's names are the whole surface a package adding commands uses (the bridge adds its own):
 the protocol, the exit codes, :class:`Output` and the helpers its commands share (argument
-types, the JSON envelope, human formatting, a progress :func:`bar`, a root's :func:`scan`), and what a package adds to the other commands: a section of ``doctor``
+types, the JSON envelope, human formatting, a progress :func:`bar`, a root's :func:`scan`, the
+question before deleting every entry, :func:`confirm_everything`), and what a package adds to the other commands: a section of ``doctor``
 (:func:`register_report`, :class:`Check`), its toolchain for ``import --dry-run``
 (:func:`register_toolchain`) and what its entries hold for ``show`` (:func:`register_content`). ``args``
 carries the command's :class:`~.common.Context` (the root and the settings, resolved once;
@@ -38,7 +39,15 @@ from ..maintenance import scan
 from ..progress import bar
 from ..toolchains import register_toolchain
 from .app import main, run
-from .common import add_command, age_arg, parse_age, parse_size, root_of, size_arg
+from .common import (
+    add_command,
+    age_arg,
+    confirm_everything,
+    parse_age,
+    parse_size,
+    root_of,
+    size_arg,
+)
 from .listing import Content, register_content
 from .output import (
     EXIT_CODES,
@@ -70,6 +79,7 @@ __all__ = [
     "add_command",
     "age_arg",
     "bar",
+    "confirm_everything",
     "envelope",
     "fail",
     "human_age",

@@ -10,13 +10,14 @@ import fnmatch
 import os
 import stat
 import string
+import sys
 from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import TypeAlias
 
 from .. import schema, units
 from ..config import Settings, Variable, parse_variable, settings, variable
-from ..errors import ConfigError, UsageError
+from ..errors import ConfigError, NothingDone, UsageError
 from ..store.layout import UNREADABLE_HINT, readable, resolve_root, writable
 from ..store.root import Store
 
@@ -93,6 +94,24 @@ def level_arg(text: str) -> int:
             f"invalid level {text!r}: use 1 (fastest) to 22 (smallest); the default is 3"
         )
     return value
+
+
+def confirm_everything(command: str, what: str, hint: str = "") -> None:
+    """Ask, on a terminal, before ``command`` deletes ``what``: every entry of its scope (every
+    kernel of a root, every entry of JAX's cache); elsewhere refuse. ``--yes`` skips this.
+
+    Raises:
+        NothingDone: not confirmed (or no terminal to ask on): nothing was changed.
+    """
+    if not sys.stdin.isatty():
+        raise NothingDone(
+            f"this {command} would delete {what}: nothing was done; pass --yes to do it, or "
+            f"--dry-run to see the plan{hint}"
+        )
+    sys.stderr.write(f"This {command} deletes {what}. Go ahead? [y/N] ")
+    sys.stderr.flush()
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        raise NothingDone("not confirmed: nothing was removed")
 
 
 def common_options() -> argparse.ArgumentParser:
@@ -322,6 +341,30 @@ class Context:
                 f"{root} is not writable by this user (or is on a read-only filesystem); "
                 "nothing was changed"
             )
+
+    def refuse_readonly(
+        self, path: str, command: str, *, beside: Callable[[str], os.PathLike[str]] | None = None
+    ) -> None:
+        """Refuse, before anything is removed, to remove from ``path`` where it is a root named
+        read-only (``$KERNELCACHE_READONLY_DIRS``), or, with ``beside``, what ``beside(root)``
+        names for one of them (``jax-cache``: JAX's directory beside a root).
+
+        Raises:
+            UsageError: naming the read-only root; nothing was changed.
+        """
+        real = os.path.realpath(path)
+        for root in self.settings.readonly_roots:
+            named = os.path.realpath(root)
+            if real == named:
+                raise UsageError(
+                    f"{path} is a read-only root (KERNELCACHE_READONLY_DIRS): {command} never "
+                    "removes from one; nothing was changed (give the writable root with --root)"
+                )
+            if beside is not None and real == os.path.realpath(beside(named)):
+                raise UsageError(
+                    f"{path} belongs to the read-only root {named} (KERNELCACHE_READONLY_DIRS): "
+                    f"{command} never removes from one; nothing was changed"
+                )
 
     def store(self, *, readonly: bool = False, lock_timeout: float | None = 0.0) -> Store:
         """A store of the root as configured (lock mode, staleness, trust); per-key locks are

@@ -1,13 +1,19 @@
-"""``kernelcache ls`` and ``kernelcache show``: list entries, and show one by its key or a unique
-prefix of it.
+"""``kernelcache ls`` and ``kernelcache show``: list entries, and show one by its key, a unique
+prefix of it, ``<key>.<ext>`` or the path of its file under the root.
 
 ``ls`` lists kernels (entries without a ``kind``) unless ``--kind`` asks for others: what
 a package keeps beside its kernels (PTX companions, memoized values, lowerings, decisions) is
-counted under the list, never mixed into it.
+counted under the list, never mixed into it. ``--kind`` takes the words ``ls`` prints for
+entries: a kind its summary names (``kernel`` or ``kernels``, ``identity``, ``ptx``, ...), an
+extension of its EXT column (``cubin``, ``ident``, ...), or ``all``; any other word is an error
+that names them.
 
-Invariant: the key prefixes ``ls`` prints are prefixes ``show`` accepts: unique among the keys
+Invariants: the key prefixes ``ls`` prints are prefixes ``show`` accepts: unique among the keys
 of the root (an entry and its companions share their first 16 digits, so their prefixes are
-longer), all of one width (:func:`shown_key_width`).
+longer), all of one width (:func:`shown_key_width`). A prefix of a kernel's key group (the
+first 16 digits, as ``explain`` names the nearest entry) is a prefix ``show`` accepts too: it
+shows the one kernel of the group, and ``show`` lists the other entries of an entry's group
+(its companions) with it.
 
 ``show`` prints what an entry holds where the package that writes entries of its ``kind``
 says how to read them: :func:`register_content` (the bridge describes its autotune
@@ -27,10 +33,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..fsio import load_json
-from ..keys import KEY_PATTERN, META_EXT
+from ..keys import KEY_PATTERN, META_EXT, group_of, split_entry_name
 from ..schema.document import displayable
 from ..schema.fields import FIELDS
 from ..store.entry import Artifact
+from ..table import EntryInfo, EntryTable
 from .common import Context, Subparsers, add_command, add_filters, count_arg
 from .output import (
     EXIT_OK,
@@ -131,15 +138,22 @@ def register(subparsers: Subparsers) -> None:
         action="append",
         type=kind_arg,
         metavar="KIND",
-        help="list entries of this kind (repeatable): kernel (the default), a kind the list's "
-        "summary names (ptx, identity, program, decision, ...), or all",
+        help="list entries of this kind (repeatable): kernel (the default; also kernels), a "
+        "kind the list's summary names (ptx, identity, decision, ...), an extension its EXT "
+        "column shows (cubin, ident, program, ...), or all; another word is an error that "
+        "lists the kinds of the root",
     )
     p.add_argument("--reverse", action="store_true", help="reverse the order")
     p.add_argument("--limit", type=count_arg, metavar="N", help="show at most N entries")
     p.set_defaults(func=cmd_ls)
 
     p = add_command(subparsers, "show", "one entry: metadata, path, verified status")
-    p.add_argument("key", metavar="KEY", help="a key or a unique prefix of at least 6 hex digits")
+    p.add_argument(
+        "key",
+        metavar="KEY",
+        help="a key or a unique prefix of at least 6 hex digits (a kernel's: the kernel, with "
+        "its companions), KEY.EXT, or the path of an entry's file under the root",
+    )
     p.set_defaults(func=cmd_show)
 
 
@@ -150,14 +164,18 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
     context: Context = args.context
     root = context.existing_root()
     scanned = scan(root, last_used=True, trust=context.trust)
+    kinds = set(args.kind or [KERNEL])
+    _check_kinds(kinds, scanned.table, root)
     matching = select(scanned.entries, args.kernel or (), args.target or ())
     missed = unmatched(scanned.table, args.kernel or (), args.target or ())
-    kinds = set(args.kind or [KERNEL])
-    entries = [e for e in matching if "all" in kinds or (e.kind or KERNEL) in kinds]
+    entries: list[EntryInfo] = []
     hidden: dict[str, int] = {}
     for e in matching:
-        if "all" not in kinds and (e.kind or KERNEL) not in kinds:
-            hidden[e.kind or KERNEL] = hidden.get(e.kind or KERNEL, 0) + 1
+        kind = e.kind or KERNEL
+        if "all" in kinds or kind in kinds or e.ext in kinds:
+            entries.append(e)
+        else:
+            hidden[kind] = hidden.get(kind, 0) + 1
     sort_key, descending = SORTS[args.sort]
     entries.sort(key=sort_key, reverse=descending != args.reverse)
     matched = len(entries)
@@ -234,43 +252,115 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
 KERNEL = "kernel"
 
 
+#: what ``--kind`` takes for every entry
+ALL = "all"
+
+
 def kind_arg(text: str) -> str:
-    """A ``--kind`` value, as an argparse ``type``: ``kernel``, ``all``, or a kind's name."""
+    """A ``--kind`` value, as an argparse ``type``: ``kernel`` (``kernels``, as the summary says
+    it, is the same), ``all``, or a kind's name or extension (checked against the root's by
+    :func:`_check_kinds`)."""
     value = text.strip()
     if not re.fullmatch(r"[a-z0-9_.-]{1,64}", value):
         raise argparse.ArgumentTypeError(
             f"invalid kind {text!r}: give kernel, all, or a kind `ls` names (ptx, identity, ...)"
         )
-    return value
+    return KERNEL if value == KERNEL + "s" else value
 
 
-def _key_text(text: str) -> str:
-    """The key argument, normalized; checked before anything is looked up.
+def _check_kinds(asked: set[str], table: EntryTable, root: str) -> None:
+    """Refuse a ``--kind`` word that names no kind of the entries of ``table`` (the root's)
+    and none of their extensions: ``kernel`` and ``all`` always name one.
 
     Raises:
-        UsageError: it is neither a key nor a prefix of at least 6 hex digits.
+        UsageError: naming the word and the kinds and extensions ``--kind`` takes here.
     """
-    text = text.strip().lower()
-    if not re.fullmatch(r"[0-9a-f]{6,128}", text):
+    kinds = {k or KERNEL for k in set(table.kind)} | {KERNEL}
+    exts = set(table.ext)
+    unknown = sorted(asked - kinds - exts - {ALL})
+    if not unknown:
+        return
+    words = ", ".join(sorted(kinds))
+    by_ext = f"; their extensions: {', '.join(sorted(exts))}" if exts else ""
+    raise UsageError(
+        f"unknown kind {unknown[0]!r} for --kind: the entries under {root} are of the kinds "
+        f"{words}{by_ext}; give one of these, or all"
+    )
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What ``show`` was given, checked before the root is looked at: a key or a prefix of one,
+    the extension of a file of the entry (``<key>.<ext>``, or a path's) or None, and the
+    directory a path names (None: no path)."""
+
+    key: str
+    ext: str | None
+    directory: str | None
+
+
+def _asked(text: str) -> _Asked:
+    """The argument of ``show``, parsed: a key or a prefix of at least 6 hex digits, ``KEY.EXT``,
+    or the path of an entry's file (``<root>/<key>.<ext>``, as ``ls --json`` and ``verify``
+    print it).
+
+    Raises:
+        UsageError: it is none of these.
+    """
+    given = text.strip()
+    directory, _, name = given.rpartition(os.sep)
+    if directory or given.startswith(os.sep):
+        parts = split_entry_name(name)
+        if parts is None:
+            raise UsageError(
+                f"invalid entry path {text!r}: the file of an entry is <key>.<ext> under the "
+                "root (a key is 32-128 hex digits)"
+            )
+        return _Asked(parts[0], parts[1], os.path.expanduser(directory or os.sep))
+    key, dot, ext = given.lower().partition(".")
+    if not re.fullmatch(r"[0-9a-f]{6,128}", key) or (
+        dot and not re.fullmatch(r"[a-z0-9]{1,16}", ext)
+    ):
         raise UsageError(
-            f"invalid key {text!r}: give a key (32-128 hex digits) or a prefix of at least 6"
+            f"invalid key {given.lower()!r}: give a key (32-128 hex digits) or a prefix of at "
+            "least 6, KEY.EXT, or the path of an entry's file"
         )
-    return text
+    return _Asked(key, ext if dot else None, None)
 
 
-def _resolve_key(root: str, text: str) -> str:
-    """A full key, or a unique prefix (at least 6 hex digits) of one."""
-    text = _key_text(text)
-    if KEY_PATTERN.fullmatch(text):
-        return text
+def _resolve_key(root: str, asked: _Asked) -> tuple[str, list[str]]:
+    """The full key ``asked`` names, and the names of every entry file of the root (one
+    listing). A prefix names the key it is a prefix of, where it is of one key alone, or of
+    one key group (a kernel and its companions, :func:`~kernelcache.keys.group_of`) with one
+    kernel in it (an entry without a ``kind``): that kernel. With an extension, only keys
+    with a file of it count.
+
+    Raises:
+        UsageError: a path outside the root; a prefix of several keys (they are named).
+        CommandFailed: no such entry.
+    """
+    if asked.directory is not None and os.path.realpath(asked.directory) != os.path.realpath(root):
+        raise UsageError(
+            f"{os.path.join(asked.directory, f'{asked.key}.{asked.ext}')} is not in the cache "
+            f"root {root}: give the path of an entry under it, or its key (check --root)"
+        )
     try:
         names = os.listdir(root)
     except OSError:
         names = []
-    found = sorted(
-        {n.split(".", 1)[0] for n in names if n.startswith(text) and n.endswith("." + META_EXT)}
-    )
+    text = asked.key
+    metas = {n[: -len(META_EXT) - 1] for n in names if n.endswith("." + META_EXT)}
+    if asked.ext is not None and asked.ext != META_EXT:
+        with_ext = {n.partition(".")[0] for n in names if n.endswith("." + asked.ext)}
+        metas &= with_ext
+    if text in metas:  # a whole key (the prefix of a longer one, too)
+        return text, names
+    found = sorted(k for k in metas if k.startswith(text))
+    what = text if asked.ext is None else f"{text}.{asked.ext}"
     if len(found) > 1:
+        kernel = _only_kernel(root, found)
+        if kernel is not None:
+            return kernel, names
         exts: dict[str, list[str]] = {}
         candidates = set(found)
         for n in names:
@@ -280,13 +370,56 @@ def _resolve_key(root: str, text: str) -> str:
         width = shown_key_width(found, found)
         shown = [f"{k[:width]} ({', '.join(sorted(exts.get(k, ['?'])))})" for k in found[:5]]
         raise UsageError(
-            f"key prefix {text!r} is ambiguous: {', '.join(shown)}"
+            f"key prefix {what!r} is ambiguous: {', '.join(shown)}"
             + (f" and {len(found) - 5:,} more" if len(found) > 5 else "")
             + "; give one of these (kernelcache ls prints prefixes show accepts)"
         )
     if not found:
-        raise CommandFailed(f"no entry with key prefix {text!r} under {root}")
-    return found[0]
+        noun = "key" if KEY_PATTERN.fullmatch(text) and asked.ext is None else "key prefix"
+        raise CommandFailed(f"no entry with {noun} {what!r} under {root}")
+    return found[0], names
+
+
+def _only_kernel(root: str, keys: list[str]) -> str | None:
+    """The one kernel among ``keys`` where all are of one key group and every other one is
+    a companion (an entry with a ``kind``); else None. Reads the metadata of ``keys`` only
+    where they are of one group (a kernel's companions are few)."""
+    if len({group_of(k) for k in keys}) > 1:
+        return None
+    kernels = [k for k in keys if (_raw_metadata(root, k) or {}).get("kind") is None]
+    return kernels[0] if len(kernels) == 1 else None
+
+
+def _companions(root: str, key: str, names: list[str]) -> list[dict[str, Any]]:
+    """The other entries of ``key``'s group (a kernel's PTX, what is stored beside it; a
+    companion's kernel), as ``show --json`` lists them, from ``names`` (the root's files)."""
+    group = group_of(key)
+    mine = [n for n in names if n.startswith(group)]
+    found = []
+    for name in sorted(mine):
+        parts = split_entry_name(name)
+        if parts is None or parts[0] == key or parts[1] == META_EXT:
+            continue
+        other, ext = parts
+        if f"{other}.{META_EXT}" not in mine:
+            continue
+        meta = _raw_metadata(root, other) or {}
+        path = os.path.join(root, name)
+        try:
+            size: int | None = os.stat(path, follow_symlinks=False).st_size
+        except OSError:
+            size = None
+        kind = meta.get("kind")
+        found.append(
+            {
+                "key": other,
+                "ext": ext,
+                "kind": kind if isinstance(kind, str) else None,
+                "size": size,
+                "path": path,
+            }
+        )
+    return found
 
 
 def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
@@ -308,10 +441,11 @@ def _raw_metadata(root: str, key: str) -> dict[str, Any] | None:
 
 
 def cmd_show(args: argparse.Namespace, out: Output) -> int:
-    _key_text(args.key)  # a malformed key is refused before the root is looked at
+    asked = _asked(args.key)  # a malformed key is refused before the root is looked at
     context: Context = args.context
     root = context.existing_root()
-    key = _resolve_key(root, args.key)
+    key, names = _resolve_key(root, asked)
+    companions = _companions(root, key, names)
     result = context.store(readonly=True, lock_timeout=None).read(key)
     if result is None:
         raise CommandFailed(f"no entry {key} under {root}")
@@ -337,6 +471,7 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
         "problem": None if ok else result.reason,  # type: ignore[union-attr]
         "metadata": meta,
         "content": None if content is None else content.doc,
+        "companions": companions,
     }
 
     def human() -> str:
@@ -365,6 +500,20 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
         if content is not None:
             lines.append("content:")
             lines += [f"  {printable(line)}" for line in content.lines]
+        if companions:
+            lines.append("companions (its key group: kept and pruned with it):")
+            rows = [
+                [
+                    c["key"],
+                    c["ext"],
+                    c["kind"] or KERNEL,
+                    "?" if c["size"] is None else human_size(c["size"]),
+                ]
+                for c in companions
+            ]
+            lines += [
+                "  " + printable(line) for line in format_table(rows, right=(3,)).splitlines()
+            ]
         return "\n".join(lines)
 
     out.emit(doc, human)

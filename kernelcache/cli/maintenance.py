@@ -3,25 +3,34 @@ execute; ``verify`` is :mod:`.verification`).
 
 ``clear`` removes every entry of the writable root, as ``prune`` removes entries (each under its
 key's lock); it asks first when standard input is a terminal (``--yes`` does not), and, like
-``pip cache purge``, does not ask when it is not (scripts and CI).
+``pip cache purge``, does not ask when it is not (scripts and CI). A ``prune`` whose criteria
+would delete every kernel of the root (what it keeps of other kinds counts for nothing) asks
+on a terminal and does nothing elsewhere without ``--yes``. Neither removes anything from a
+root named read-only (``KERNELCACHE_READONLY_DIRS``).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import TYPE_CHECKING, Any
 
 from ..capacity.usage import discard_usage
 from ..store.layout import STATS_DIR
-from .common import Context, Subparsers, add_command, add_filters, age_arg, size_arg
+from .common import (
+    Context,
+    Subparsers,
+    add_command,
+    add_filters,
+    age_arg,
+    confirm_everything,
+    size_arg,
+)
 from .output import (
     EXIT_OK,
     EXIT_PROBLEMS,
     NothingDone,
     Output,
-    UsageError,
     envelope,
     format_table,
     human_size,
@@ -70,7 +79,7 @@ def register(subparsers: Subparsers) -> None:
         "-y",
         "--yes",
         action="store_true",
-        help="do it even when the plan deletes every entry of the root (without it, such a "
+        help="do it even when the plan deletes every kernel of the root (without it, such a "
         "prune asks on a terminal and does nothing elsewhere)",
     )
     p.set_defaults(func=cmd_prune)
@@ -131,6 +140,7 @@ def _plan_json(plan: Plan, result: Result | None) -> dict[str, Any]:
             "bytes_to_free": plan.bytes_to_free,
             "kept_entries": plan.kept_entries,
             "kept_bytes": plan.kept_bytes,
+            "kept_kernels": plan.kept_kernels,
             "fold_logs": len(plan.logs_to_fold),
         },
         "left": [i.to_json() for i in plan.left],
@@ -156,6 +166,8 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
     context: Context = args.context
     store = context.existing_store()
     root = store.root
+    if not args.dry_run:
+        context.refuse_readonly(root, "prune")
     scanned = scan_store(store)
     max_size = args.max_size or None  # one meaning of a size cap everywhere: 0 is no cap
     plan = plan_prune(
@@ -198,8 +210,8 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
             sys.stdout.flush()
         doomed = plan.summary.get("delete-entry")
         asked = max_size is not None or args.older_than is not None or args.kernel or args.target
-        if doomed and asked and not plan.kept_entries and not args.yes:
-            _confirm_emptying(root, doomed["count"], doomed["bytes"])
+        if doomed and asked and _empties(plan) and not args.yes:
+            confirm_everything("prune", _everything(root, plan), _HINT)
         if doomed and max_size is None and args.older_than is None:
             # a filter and no limit: every match goes; say so before doing it
             which = " ".join(
@@ -245,22 +257,27 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
     return EXIT_PROBLEMS if failed else EXIT_OK
 
 
-def _confirm_emptying(root: str, count: int, nbytes: int) -> None:
-    """Ask before a prune deletes every entry of ``root`` (on a terminal); elsewhere refuse.
+#: what a prune refused for deleting everything says last
+_HINT = " (--max-size 0 means no size cap)"
 
-    Raises:
-        NothingDone: not confirmed (or no terminal to ask on): nothing was changed.
-    """
-    what = f"every entry of {root} ({count:,}, {human_size(nbytes)})"
-    if not sys.stdin.isatty():
-        raise NothingDone(
-            f"this prune would delete {what}: nothing was done; pass --yes to do it, or "
-            "--dry-run to see the plan (--max-size 0 means no size cap)"
-        )
-    sys.stderr.write(f"This prune deletes {what}. Go ahead? [y/N] ")
-    sys.stderr.flush()
-    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
-        raise NothingDone("not confirmed: nothing was removed")
+
+def _empties(plan: Plan) -> bool:
+    """Whether ``plan`` deletes every entry of the root, or every kernel (entries without a
+    ``kind``; what it keeps of a package's other entries counts for nothing)."""
+    return not plan.kept_entries or bool(plan.deleted_kernels and not plan.kept_kernels)
+
+
+def _everything(root: str, plan: Plan) -> str:
+    """What ``plan``, which :func:`_empties` the root, deletes, in words."""
+    doomed = plan.summary["delete-entry"]
+    size = human_size(doomed["bytes"])
+    if not plan.kept_entries:
+        return f"every entry of {root} ({doomed['count']:,}, {size})"
+    return (
+        f"every kernel of {root} ({plural(plan.deleted_kernels, 'kernel')} in "
+        f"{plural(doomed['count'], 'entry')}, {size}; the {plural(plan.kept_entries, 'entry')} "
+        "it keeps are no kernels)"
+    )
 
 
 def cmd_clear(args: argparse.Namespace, out: Output) -> int:
@@ -271,12 +288,7 @@ def cmd_clear(args: argparse.Namespace, out: Output) -> int:
     context: Context = args.context
     store = context.existing_store()
     root = store.root
-    real = os.path.realpath(root)
-    if any(os.path.realpath(r) == real for r in context.settings.readonly_roots):
-        raise UsageError(
-            f"{root} is a read-only root (KERNELCACHE_READONLY_DIRS): clear never removes from "
-            "one; give the writable root with --root"
-        )
+    context.refuse_readonly(root, "clear")
     plan = plan_prune(scan_store(store), everything=True, quarantine_age=0.0)
     doomed = plan.summary.get("delete-entry", {"count": 0, "bytes": 0})
     others = len(plan.actions) - doomed["count"]

@@ -111,6 +111,8 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     context: Context = args.context
     store = context.existing_store()
     root = store.root
+    if args.repair:
+        context.refuse_readonly(root, "verify --repair")
     base = scan_store(store)
     with out.progress("verifying", len(base.entries), changes=False) as tick:
         checked = verify(store, base, progress=tick)

@@ -11,6 +11,10 @@ Guarantees while other processes read and write the root:
   (its extension, its kernel or target for a filter, its sizes) is kept (``changed``): the
   scan index the plan may have read is a hint that others can write, never a reason to delete;
   and metadata without artifact that a writer completed meanwhile is kept (``gone``).
+* A unit of the plan (a kernel and its companions, its own entries first:
+  :func:`~kernelcache.maintenance.prune.units_of`) is deleted in turn, by one thread: once one
+  of its entries is kept (in use, used since the plan, changed) or cannot be deleted, the rest
+  of the unit is kept too, so that no kernel stays without a companion a prune deleted.
 * Each delete touches only the entry's own files (no listing of the root), so a prune is linear
   in the entries; the deletes of a size or age limit run in a few threads.
 * Corrupt entries are quarantined with :func:`~kernelcache.store.removal.repair`, which re-checks them under the
@@ -27,10 +31,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import groupby
 
 from ..errors import LockTimeout
 from ..fsio import changed_at
-from ..keys import META_EXT
+from ..keys import GROUP_CHARS, META_EXT
 from ..problem import Problem
 from ..schema.document import parse_fields
 from ..stats.summary import fold_logs
@@ -93,8 +98,22 @@ def execute(
                 progress(1)
         return Outcome(action, status, detail)
 
+    def unit(actions: Sequence[Action]) -> list[Outcome]:
+        outcomes = [one(actions[0])]
+        for action in actions[1:]:
+            before = outcomes[-1]
+            if before.status in _KEEPS_UNIT:
+                detail = f"kept with {before.action.path}, of the same unit"
+                outcomes.append(Outcome(action, before.status, detail))
+                if progress is not None:
+                    with ticking:
+                        progress(1)
+            else:
+                outcomes.append(one(action))
+        return outcomes
+
     try:
-        outcomes = _run(plan.actions, one, threads)
+        outcomes = _run(plan.actions, one, unit, threads)
     finally:
         run.close()
     if any(o.status == "changed" for o in outcomes):
@@ -108,14 +127,22 @@ def execute(
     return Result(plan, tuple(outcomes), folded, error, counts)
 
 
+#: the outcomes of an entry's delete that keep the rest of its unit
+_KEEPS_UNIT = frozenset({"in-use", "used-since-plan", "changed", "failed"})
+
+
 def _run(
-    actions: Sequence[Action], one: Callable[[Action], Outcome], threads: bool = True
+    actions: Sequence[Action],
+    one: Callable[[Action], Outcome],
+    unit: Callable[[Sequence[Action]], list[Outcome]],
+    threads: bool = True,
 ) -> list[Outcome]:
     """The outcomes of ``actions``, in order. The leading deletes by size or age (distinct keys,
-    which plan_prune puts first) start one at a time; if those first :data:`PROBE_DELETES`
-    spent most of their time waiting on the file system (freeing blocks on a real disk), the
-    rest run in :data:`DELETE_THREADS` threads to overlap the waits (where nothing waits, as
-    on tmpfs, threads would only contend for the same directories). Then the rest, in turn."""
+    which plan_prune puts first, unit after unit) are deleted a unit at a time (``unit``); the
+    first :data:`PROBE_DELETES` units one after another; if those spent most of their time
+    waiting on the file system (freeing blocks on a real disk), the rest run in
+    :data:`DELETE_THREADS` threads to overlap the waits (where nothing waits, as on tmpfs,
+    threads would only contend for the same directories). Then the rest, in turn."""
     lead = 0
     while (
         lead < len(actions)
@@ -123,17 +150,23 @@ def _run(
         and actions[lead].mtime is not None
     ):
         lead += 1
+    units = _units(actions[:lead])
     wall, cpu = time.perf_counter(), time.thread_time()
-    outcomes = list(map(one, actions[: min(lead, PROBE_DELETES)]))
+    outcomes = [o for u in units[:PROBE_DELETES] for o in unit(u)]
     wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
-    rest = actions[PROBE_DELETES:lead]
+    rest = units[PROBE_DELETES:]
     if threads and len(rest) >= 2 * DELETE_THREADS and _mostly_waiting(wall, cpu):
         with ThreadPoolExecutor(DELETE_THREADS, thread_name_prefix="kernelcache-prune") as pool:
-            outcomes += pool.map(one, rest, chunksize=64)
+            outcomes += [o for done in pool.map(unit, rest, chunksize=64) for o in done]
     else:
-        outcomes += map(one, rest)
+        outcomes += [o for u in rest for o in unit(u)]
     outcomes += map(one, actions[lead:])
     return outcomes
+
+
+def _units(actions: Sequence[Action]) -> list[tuple[Action, ...]]:
+    """``actions`` (deletes, unit after unit) cut into units: the runs of one key group."""
+    return [tuple(run) for _, run in groupby(actions, lambda a: (a.key or "")[:GROUP_CHARS])]
 
 
 def _mostly_waiting(wall: float, cpu: float) -> bool:
@@ -210,7 +243,8 @@ class _Executor:
         needs only the status of both files: the artifact of the planned extension must be
         there with the planned sizes, and the stamp unchanged."""
         plan = self.plan
-        filtered = bool(plan.kernels or plan.targets)
+        # (a companion deleted with its kernel is not selected by a filter of its own)
+        filtered = bool(plan.kernels or plan.targets) and key not in plan.companions
         if filtered:
             loaded = read_metadata(
                 self.store.meta_path(key), key, not_visible=NOT_VISIBLE, parse=parse_fields

@@ -4,7 +4,9 @@ clear) and :func:`plan_repair` (``verify --repair``). Planning removes nothing.
 A plan is data: a tuple of :class:`Action` records, in the order they will run, with the bytes
 each frees. ``prune --dry-run`` prints the plan and stops; ``prune`` and ``verify --repair``
 execute it (:mod:`kernelcache.maintenance.execute`). The entries a plan deletes by size or age
-come first and are distinct keys. Staging files, quarantined files and lock files are planned
+come first and are distinct keys, one unit after another (:func:`units_of`): a kernel goes or
+stays with its companions (the entries of its key's group: its PTX, what is stored beside it),
+its own entries first. Staging files, quarantined files and lock files are planned
 only once older than their age limits, so a write in progress never loses them; per-process
 statistics logs of finished processes are planned for folding into the summary
 (:func:`kernelcache.stats.fold_logs`).
@@ -18,9 +20,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import repeat
 from operator import add
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from ..errors import InvalidValue
+from ..keys import GROUP_CHARS
 from ..table import EntryInfo, EntryTable, kernel_names, matcher
 from .records import CacheScan, Issue
 
@@ -84,6 +87,12 @@ class Plan:
     targets: frozenset[str] = frozenset()
     #: whether an entry used after the plan was made is kept (False for ``clear``)
     keep_used: bool = True
+    #: the keys the plan deletes only as companions of a selected kernel (they match no filter
+    #: themselves: their filters are not checked again)
+    companions: frozenset[str] = frozenset()
+    #: the kernels (entries without a ``kind``) the plan keeps, and deletes
+    kept_kernels: int = 0
+    deleted_kernels: int = 0
 
     @property
     def bytes_to_free(self) -> int:
@@ -197,6 +206,19 @@ def unmatched(
     return found + [f"--target {t}" for t in targets if not any(map(matcher([t]), table.target))]
 
 
+def units_of(table: EntryTable, indices: Sequence[int]) -> list[list[int]]:
+    """``indices`` of ``table`` as the units a prune keeps or deletes whole: the entries of
+    one key group (:func:`kernelcache.keys.group_of`: a kernel and its companions, which share
+    it), its kernels (entries without a ``kind``) first. Two passes over the indices."""
+    keys, kinds = table.key, table.kind
+    by_group: dict[str, list[int]] = {}
+    for kernels in (True, False):
+        for i in indices:
+            if (kinds[i] is None) is kernels:
+                by_group.setdefault(keys[i][:GROUP_CHARS], []).append(i)
+    return list(by_group.values())
+
+
 def plan_prune(
     scanned: CacheScan,
     *,
@@ -210,12 +232,14 @@ def plan_prune(
 ) -> Plan:
     """Plan a prune of a scan made with ``last_used=True, locks=True``.
 
-    Entries: among those matching ``kernels``/``targets``, those not used for ``older_than``
-    seconds go; then, least recently used first, as many as needed to bring the matching
-    entries' bytes (artifact plus metadata) to at most ``max_size``. With filters but neither
-    limit, every matching entry goes; with no filter and no limit, no entry goes.
-    ``everything`` (``kernelcache clear``): every matching entry goes, even one used after
-    the plan was made.
+    Entries go by unit (:func:`units_of`: a kernel with its companions), a unit selected
+    where one of its entries matches ``kernels``/``targets`` and last used when the most
+    recently used of its entries was. Of the selected units, those not used for
+    ``older_than`` seconds go; then, least recently used first, as many as needed to bring
+    the selected units' bytes (artifacts plus metadata) to at most ``max_size``. With filters
+    but neither limit, every selected unit goes; with no filter and no limit, no entry goes.
+    ``everything`` (``kernelcache clear``): every entry goes, even one used after the plan
+    was made.
 
     Housekeeping, always: orphan artifacts and metadata without artifact, staging files and
     lock files past the grace period, quarantined files older than ``quarantine_age``, and the
@@ -227,45 +251,50 @@ def plan_prune(
     if len(last) != len(table) or None in last:
         raise InvalidValue("plan_prune needs a scan made with last_used=True")
     keys, nbytes = table.key, list(map(add, table.size, table.meta_size))
-    chosen: Iterable[int] = range(len(table))
-    if kernels:
-        match_k = kernel_matcher(kernels)
-        chosen = [i for i in chosen if match_k(table.kernel[i], table.qualname[i])]
-    if targets:
-        match_t = matcher(targets)
-        chosen = [i for i in chosen if match_t(table.target[i])]
-    # least recently used first; ties broken by key so that plans are reproducible
-    lru = sorted(sorted(chosen, key=keys.__getitem__), key=lambda i: last[i] or 0.0)
-    doomed: list[int] = []
-    reason: dict[int, str] = {}
+    units = units_of(table, range(len(table)))
+    matching: set[int] | None = None
+    if kernels or targets:
+        match_k, match_t = kernel_matcher(kernels), matcher(targets)
+        matching = {
+            i
+            for i in range(len(table))
+            if (not kernels or match_k(table.kernel[i], table.qualname[i]))
+            and (not targets or match_t(table.target[i]))
+        }
+        units = [u for u in units if not matching.isdisjoint(u)]
+    stamps = cast("tuple[float, ...]", last)  # (none is None: checked above)
+    used = [stamps[u[0]] if len(u) == 1 else max(map(stamps.__getitem__, u)) for u in units]
+    size = [nbytes[u[0]] if len(u) == 1 else sum(map(nbytes.__getitem__, u)) for u in units]
+    # least recently used first; ties broken by key group so that plans are reproducible
+    lru = sorted(range(len(units)), key=lambda u: (used[u], keys[units[u][0]][:GROUP_CHARS]))
+    reason_of: dict[int, str] = {}
     if everything:
-        doomed = lru
-        reason = dict.fromkeys(lru, "clear")
+        reason_of = dict.fromkeys(lru, "clear")
     elif max_size is None and older_than is None:
         if kernels or targets:
-            doomed = lru
-            reason = dict.fromkeys(lru, "matches --kernel/--target")
+            reason_of = dict.fromkeys(lru, "matches --kernel/--target")
     else:
         if older_than is not None:
             cutoff = now - older_than
-            doomed = [i for i in lru if last[i] < cutoff]  # type: ignore[operator]
-            reason = dict.fromkeys(doomed, "not used within --older-than")
+            reason_of = {u: "not used within --older-than" for u in lru if used[u] < cutoff}
         if max_size is not None:
-            total = sum(nbytes[i] for i in lru) - sum(nbytes[i] for i in doomed)
-            for i in lru:
+            total = sum(size) - sum(size[u] for u in reason_of)
+            for u in lru:
                 if total <= max_size:
                     break
-                if i not in reason:
-                    reason[i] = "least recently used, over --max-size"
-                    total -= nbytes[i]
-            doomed = [i for i in lru if i in reason]
+                if u not in reason_of:
+                    reason_of[u] = "least recently used, over --max-size"
+                    total -= size[u]
+    doomed_units = [u for u in lru if u in reason_of]
+    doomed = [i for u in doomed_units for i in units[u]]
+    reason = [reason_of[u] for u in doomed_units for _ in units[u]]
     exts = table.ext
     paths = [f"{keys[i]}.{exts[i]}" for i in doomed]
     rows = zip(
         repeat("delete-entry"),
         paths,
         [nbytes[i] for i in doomed],
-        [reason[i] for i in doomed],
+        reason,
         [keys[i] for i in doomed],
         [last[i] for i in doomed],
     )
@@ -282,6 +311,8 @@ def plan_prune(
         for f in scanned.quarantine
         if now - f.mtime > quarantine_age
     ]
+    kinds = table.kind
+    deleted_kernels = sum(1 for i in doomed if kinds[i] is None)
     return Plan(
         tuple(actions),
         kept_entries=len(table) - len(doomed),
@@ -291,6 +322,11 @@ def plan_prune(
         kernels=frozenset(kernels),
         targets=frozenset(targets),
         keep_used=not everything,
+        companions=frozenset(
+            () if matching is None else (keys[i] for i in doomed if i not in matching)
+        ),
+        kept_kernels=kinds.count(None) - deleted_kernels,
+        deleted_kernels=deleted_kernels,
     )
 
 

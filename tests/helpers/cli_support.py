@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from artifact_images import launch, sized
+from artifact_images import launch, sized, whole
 from support import REPO, child_env, key_of
 
 from kernelcache.store import Artifact, Store
@@ -186,3 +186,27 @@ def answer_on_a_terminal(root: Path, answer: str | None, *args: str) -> tuple[in
         with_rest += chunk
     os.close(primary)
     return proc.returncode, with_rest.decode(errors="replace") + out.decode()
+
+
+def put_companion(
+    root: Path,
+    kernel_key: str,
+    ext: str = "ptx",
+    kind: str = "ptx",
+    *,
+    role: str | None = None,
+    last_used: float | None = None,
+    **fields: Any,
+) -> Artifact:
+    """Store an entry of ``kind`` in the key group of ``kernel_key`` (as a package derives the
+    keys of a kernel's companions: its PTX, what it keeps beside it), its metadata naming
+    kernel ``matmul`` for ``cuda:90`` unless ``fields`` says otherwise."""
+    from kernelcache.keys import group_of
+
+    key = group_of(kernel_key) + key_of(kernel_key, role or kind)[16:]
+    given = {"name": "matmul", "target": "cuda:90", **fields, "kind": kind}
+    meta = {k: v for k, v in given.items() if v is not None}  # (target=None: none)
+    art = Store(root).put(key, ext, whole(ext, name=str(meta["name"])), launch(ext, **meta))
+    if last_used is not None:
+        backdate(root / f"{key}.json", time.time() - last_used)
+    return art

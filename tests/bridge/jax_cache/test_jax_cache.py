@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_support import kc, kc_json
+from cli_support import answer_on_a_terminal, kc, kc_json
 from support import run_py
 
 pytest.importorskip("jax", reason="needs jax (pip install 'kernelcache[bridge]')")
@@ -64,7 +64,9 @@ def test_user_settings_are_kept_and_the_directory_pruned_in_jaxs_format(tmp_path
     # a size cap keeps the most recently used; JAX's directory is found through its variable
     env = {"JAX_COMPILATION_CACHE_DIR": str(users)}
     assert kc_json(None, "jax-cache", "--max-size", "0", env=env)["removed"] == 0  # no cap
-    doc = kc_json(None, "jax-cache", "--max-size", "1B", env=env)
+    # every entry left: refused without --yes (no terminal to ask on), nothing removed
+    assert "would delete every entry" in kc(None, "jax-cache", "--max-size", "1B", env=env).stderr
+    doc = kc_json(None, "jax-cache", "--max-size", "1B", "--yes", env=env)
     assert doc["removed"] == len(cache_files) - 1
     assert sorted(p.name for p in users.iterdir()) == [".lockfile"]
 
@@ -95,3 +97,44 @@ def test_enable_jax_cache_reads_sizes(tmp_path):
     with pytest.raises(ValueError, match="invalid size 'huge'"):
         bridge.enable_jax_cache(tmp_path, max_size="huge")
     assert Path(tmp_path).exists()
+
+
+def _jax_entries(directory: Path, n: int, size: int = 2000) -> set[str]:
+    """``n`` entries of JAX's cache (``<key>-cache`` files of ``size`` bytes); every file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        (directory / f"k{i}-cache").write_bytes(b"x" * size)
+    return {p.name for p in directory.iterdir()}
+
+
+def test_a_prune_of_every_entry_asks_first(tmp_path):
+    root = tmp_path / "kc"
+    jax = tmp_path / "kc-jax"
+    written = _jax_entries(jax, 7)
+    proc = kc(root, "jax-cache", "--max-size", "1K")  # no terminal to ask on: refused
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and f"would delete every entry of JAX's cache {jax} (7," in said
+    assert "pass --yes" in said
+    assert {p.name for p in jax.iterdir()} == written
+    code, shown = answer_on_a_terminal(root, "n", "jax-cache", "--max-size", "1K")
+    assert "[y/N]" in shown and code == 2 and "not confirmed" in shown
+    assert {p.name for p in jax.iterdir()} == written
+    assert kc_json(root, "jax-cache", "--max-size", "2K")["removed"] == 6  # one kept: no question
+    assert kc_json(root, "jax-cache", "--max-size", "1K", "--yes")["removed"] == 1
+
+
+def test_jax_cache_never_prunes_a_read_only_roots_directory(tmp_path):
+    root = tmp_path / "image"
+    beside = tmp_path / "image-jax"
+    written = _jax_entries(beside, 3)
+    env = {"KERNELCACHE_READONLY_DIRS": str(root)}
+    proc = kc(root, "jax-cache", "--max-age", "0s", "--yes", env=env)  # the directory beside it
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and f"belongs to the read-only root {root}" in said, said
+    named = {"KERNELCACHE_READONLY_DIRS": str(beside)}  # a directory named read-only itself
+    proc = kc(None, "jax-cache", "--dir", str(beside), "--max-size", "1K", "--yes", env=named)
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and f"{beside} is a read-only root" in said, said
+    assert {p.name for p in beside.iterdir()} == written
+    dry = kc_json(root, "jax-cache", "--max-age", "0s", "--dry-run", env=env)
+    assert len(dry["to_remove"]) == 3 and {p.name for p in beside.iterdir()} == written

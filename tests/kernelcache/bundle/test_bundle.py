@@ -287,6 +287,18 @@ def test_oversized_member(source, tmp_path):
     assert kc_json(fresh, "import", str(bundle), "--max-member-size", "4M")["imported"] == 1
 
 
+def test_max_member_size_0_is_no_limit(source, tmp_path):
+    """0 means no limit, as it does for every size limit of the command."""
+    root = tmp_path / "big"
+    put(root, "huge", size=3 << 20)
+    bundle = tmp_path / "big.tar"
+    kc_json(root, "export", str(bundle))
+    fresh = tmp_path / "fresh"
+    assert kc_json(fresh, "import", str(bundle), "--max-member-size", "0")["imported"] == 1
+    assert kc_json(fresh, "ls")["count"] == 1
+    assert "0 means no limit" in " ".join(kc(None, "import", "--help").stdout.split())
+
+
 def test_a_truncated_bundle_is_called_truncated(source, tmp_path):
     """A copy cut short, wherever the cut falls, is named as such (not "not a tar archive"),
     with what to do; a plain tar cut inside a member too."""

@@ -1,6 +1,7 @@
 """One meaning of a size: ``--max-size 0`` is no size cap, as ``KERNELCACHE_MAX_SIZE=0`` is;
-and a prune that would delete every entry of the root asks first on a terminal, and does
-nothing elsewhere unless ``--yes`` says so."""
+and a prune that would delete every entry of the root, or every kernel of it (what it keeps of
+other kinds counts for nothing), asks first on a terminal, and does nothing elsewhere unless
+``--yes`` says so."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from pathlib import Path
 
 import pytest
 from cli_support import answer_on_a_terminal, kc, kc_json, put
+from support import key_of
+
+from kernelcache.store import Store
 
 
 @pytest.fixture
@@ -64,3 +68,20 @@ def test_a_prune_of_every_entry_asks_on_a_terminal(populated):
     code, shown = answer_on_a_terminal(populated, "y", "prune", "--older-than", "1d")
     assert code == 0 and "Pruned: 5 done" in shown, shown
     assert _count(populated) == 0
+
+
+def test_a_prune_of_every_kernel_asks_though_entries_of_other_kinds_stay(tmp_path):
+    root = tmp_path / "cache"
+    for i in range(3):
+        put(root, "matmul", "cuda:90", size=1000 + i)
+    for i in range(4):  # memoized values a package keeps beside the kernels: no target
+        Store(root).put(key_of("memo", i), "ident", b"memo", {"kind": "identity", "name": "m"})
+    proc = kc(root, "prune", "--target", "*")
+    assert proc.returncode == 2, proc.stdout
+    said = " ".join(proc.stderr.split())
+    assert "would delete every kernel of" in said and "(3 kernels in 3 entries" in said, said
+    assert "pass --yes" in said
+    assert _count(root) == 3
+    done = kc_json(root, "prune", "--target", "*", "--yes")
+    assert done["result"]["counts"] == {"done": 3} and _count(root) == 0
+    assert kc_json(root, "ls", "--kind", "identity")["count"] == 4

@@ -42,6 +42,32 @@ def test_ls_lists_kernels_and_counts_the_rest(tmp_path):
     assert bad.returncode == 2 and "invalid kind" in bad.stderr
 
 
+def test_kind_takes_the_words_ls_prints_and_refuses_others(tmp_path):
+    """--kind takes the summary's words (``kernels``) and the EXT column's (``ident``); a
+    word that names no kind of the root is a usage error that lists the kinds it takes."""
+    root = tmp_path / "cache"
+    for i in range(3):
+        put(root, "matmul", size=400, seed=i)
+    for i in range(2):
+        Store(root).put(key_of("memo", i), "ident", b"memo", {"kind": "identity", "name": "m"})
+    plural = kc(root, "ls", "--kind", "kernels")
+    assert plural.returncode == 0 and "3 kernels, " in plural.stdout, plural.stdout
+    assert kc_json(root, "ls", "--kind", "kernels")["count"] == 3
+    by_ext = kc_json(root, "ls", "--kind", "ident")
+    assert [e["kind"] for e in by_ext["entries"]] == ["identity", "identity"]
+    assert by_ext["hidden"] == {"kernel": 3}
+    assert kc_json(root, "ls", "--kind", "cubin")["count"] == 3
+    for args in (["--kind", "bogus"], ["--kind", "kernels", "--kind", "decisions"]):
+        proc = kc(root, "ls", *args)
+        assert proc.returncode == 2, proc.stdout
+        said = " ".join(proc.stderr.split())
+        assert f"unknown kind {args[-1]!r}" in said, said
+        assert "identity, kernel" in said and "cubin, ident" in said and "or all" in said
+        assert "(no entries)" not in proc.stdout
+    doc = json.loads(kc(root, "ls", "--kind", "bogus", "--json").stdout)
+    assert "unknown kind 'bogus'" in doc["error"]
+
+
 def test_stats_leads_with_kernels_and_breaks_the_rest_down_on_request(tmp_path):
     root = tmp_path / "cache"
     for i in range(3):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from artifact_images import elf_image
-from cli_support import backdate, dead_pid, hold_shared, kc, kc_json, put
+from cli_support import backdate, dead_pid, hold_shared, kc, kc_json, put, put_companion
 from support import HELPERS, child_env, key_of
 
 from kernelcache import stats
@@ -165,6 +165,71 @@ def test_a_held_build_lock_of_a_pruned_entry_is_left_to_its_builder(tmp_path):
     finally:
         builder.communicate("", timeout=30)
     assert not (root / f"{art.key}.json").exists()
+
+
+# -- a kernel and its companions: one unit ------------------------------------------------
+@pytest.fixture
+def grouped(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """Two kernels, each with its PTX beside it: ``hot`` used an hour ago, its PTX 30 days ago
+    (a companion is read only now and then); ``cold`` and its PTX both 10 days ago."""
+    root = tmp_path / "cache"
+    hot = put(root, "hot", size=1000, last_used=3600)
+    cold = put(root, "cold", size=1000, last_used=10 * 86400)
+    keys = {
+        "hot": hot.key,
+        "hot_ptx": put_companion(root, hot.key, name="hot", last_used=30 * 86400).key,
+        "cold": cold.key,
+        "cold_ptx": put_companion(root, cold.key, name="cold", last_used=10 * 86400).key,
+    }
+    return root, keys
+
+
+def _done(doc: dict) -> set[str]:
+    return {o["key"] for o in doc["result"]["outcomes"] if o["status"] == "done"}
+
+
+def _left(root: Path) -> set[str]:
+    return {p.stem for p in root.glob("*.json")}
+
+
+def test_a_size_cap_drops_a_kernel_with_its_companions(grouped):
+    root, keys = grouped
+    scanned = scan(root, last_used=True)
+    nbytes = {e.key: e.nbytes for e in scanned.entries}
+    cap = scanned.nbytes - nbytes[keys["hot_ptx"]]  # one PTX too many
+    doc = kc_json(root, "prune", "--max-size", f"{cap}B")
+    assert _done(doc) == {keys["cold"], keys["cold_ptx"]}
+    assert _left(root) == {keys["hot"], keys["hot_ptx"]}
+
+
+def test_an_age_limit_keeps_the_companions_of_a_kernel_used_lately(grouped):
+    root, keys = grouped
+    doc = kc_json(root, "prune", "--older-than", "7d")
+    assert _done(doc) == {keys["cold"], keys["cold_ptx"]}
+    assert _left(root) == {keys["hot"], keys["hot_ptx"]}
+
+
+def test_a_kernel_kept_in_use_keeps_its_companions(grouped):
+    root, keys = grouped
+    reader = hold_shared(root / f"{keys['cold']}.cubin")
+    try:
+        doc = kc_json(root, "prune", "--older-than", "7d")
+    finally:
+        reader.communicate("", timeout=30)
+    outcomes = {o["key"]: o for o in doc["result"]["outcomes"]}
+    assert [outcomes[keys[k]]["status"] for k in ("cold", "cold_ptx")] == ["in-use", "in-use"]
+    assert f"kept with {keys['cold']}.cubin" in outcomes[keys["cold_ptx"]]["detail"]
+    assert _left(root) == set(keys.values())
+
+
+def test_a_filter_selects_a_kernel_with_its_companions(grouped):
+    """An entry kept beside a kernel that the filter does not match on its own (no target)
+    goes with the kernel the filter selects."""
+    root, keys = grouped
+    ident = put_companion(root, keys["cold"], "ident", "identity", target=None).key
+    doc = kc_json(root, "prune", "--kernel", "cold", "--target", "cuda:90")
+    assert _done(doc) == {keys["cold"], keys["cold_ptx"], ident}
+    assert _left(root) == {keys["hot"], keys["hot_ptx"]}
 
 
 # -- statistics logs ----------------------------------------------------------------------
