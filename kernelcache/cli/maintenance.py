@@ -33,6 +33,7 @@ from .output import (
     Output,
     envelope,
     format_table,
+    human_age,
     human_size,
     plural,
     printable,
@@ -211,7 +212,7 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
         doomed = plan.summary.get("delete-entry")
         asked = max_size is not None or args.older_than is not None or args.kernel or args.target
         if doomed and asked and _empties(plan) and not args.yes:
-            confirm_everything("prune", _everything(root, plan), _HINT)
+            confirm_everything("prune", _everything(root, plan), _hint(args, max_size))
         if doomed and max_size is None and args.older_than is None:
             # a filter and no limit: every match goes; say so before doing it
             which = " ".join(
@@ -257,8 +258,24 @@ def cmd_prune(args: argparse.Namespace, out: Output) -> int:
     return EXIT_PROBLEMS if failed else EXIT_OK
 
 
-#: what a prune refused for deleting everything says last
-_HINT = " (--max-size 0 means no size cap)"
+def _hint(args: argparse.Namespace, max_size: int | None) -> str:
+    """What a prune refused for deleting everything says last: what each option given selects,
+    and what to give instead."""
+    why = []
+    if args.older_than is not None:
+        age = human_age(args.older_than).removesuffix(" ago")
+        why.append(
+            f"--older-than {age} selects every entry not used for {age}: give a longer AGE to "
+            "keep the recent ones, e.g. 30d"
+        )
+    if max_size is not None:
+        why.append(
+            f"--max-size {human_size(max_size)} keeps only what fits in it: give a larger SIZE; "
+            "--max-size 0 means no size cap"
+        )
+    if not why:  # filters alone
+        why.append("--kernel and --target select every kernel of the root: name fewer")
+    return f" ({'; '.join(why)})"
 
 
 def _empties(plan: Plan) -> bool:

@@ -99,3 +99,34 @@ def test_an_export_of_nothing_says_so_and_why(tmp_path, filters, why):
         f"Nothing was exported: {why.format(root=root)}; {out} (uncompressed tar) holds an "
         "empty bundle."
     ), proc.stdout
+
+
+@pytest.mark.parametrize(
+    "options, hint, not_said",
+    [
+        (
+            ["--older-than", "0s"],
+            "(--older-than 0s selects every entry not used for 0s: give a longer AGE to keep "
+            "the recent ones, e.g. 30d)",
+            "--max-size",
+        ),
+        (
+            ["--max-size", "1K"],
+            "(--max-size 1.0 KiB keeps only what fits in it: give a larger SIZE; --max-size 0 "
+            "means no size cap)",
+            "--older-than",
+        ),
+    ],
+)
+def test_a_prune_refused_for_deleting_everything_hints_at_the_option_used(
+    tmp_path, options, hint, not_said
+):
+    root = tmp_path / "cache"
+    for i in range(3):
+        put(root, "matmul", seed=i, size=2000)
+    proc = kc(root, "prune", *options)
+    assert proc.returncode == 2
+    said = proc.stderr.strip().splitlines()[-1]
+    assert said.endswith(hint), said
+    assert not_said not in said
+    assert kc_json(root, "ls")["count"] == 3  # nothing was done
