@@ -25,8 +25,8 @@ options in a command's place), :mod:`.output` (exit codes,
 errors, the JSON envelope and human formatting), :mod:`.common` (global options, argument types,
 the context), and one module per group of commands: :mod:`.statistics` (``stats``; its
 table and Prometheus text: :mod:`.stats_text`),
-:mod:`.listing` (``ls``, ``show``; :func:`register_content`, through which a package says
-what its entries hold), :mod:`.verification` (``verify``), :mod:`.maintenance` (``prune``, ``clear``),
+:mod:`.listing` (``ls``), :mod:`.showing` (``show``; :func:`register_content`, through which a
+package says what its entries hold), :mod:`.verification` (``verify``), :mod:`.maintenance` (``prune``, ``clear``),
 :mod:`.bundles` (``export``, ``import``), :mod:`.diagnosis` (``doctor``), :mod:`.shell`
 (``dir``, ``completion``) and :mod:`.manual` (``help``).
 """
@@ -48,7 +48,6 @@ from .common import (
     root_of,
     size_arg,
 )
-from .listing import Content, register_content
 from .output import (
     EXIT_CODES,
     EXIT_INTERRUPTED,
@@ -63,6 +62,7 @@ from .output import (
     plural,
     printable,
 )
+from .showing import Content, register_content
 
 __all__ = [
     "EXIT_CODES",

@@ -31,6 +31,7 @@ from . import (
     maintenance,
     manual,
     shell,
+    showing,
     statistics,
     verification,
 )
@@ -53,6 +54,7 @@ logger = logging.getLogger(__name__)
 COMMAND_MODULES: tuple[ModuleType, ...] = (
     statistics,
     listing,
+    showing,
     verification,
     maintenance,
     bundles,
