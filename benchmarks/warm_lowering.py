@@ -24,10 +24,10 @@ cycles of generations 0 and 1 (a collection of generation 1 costs about 1 ms wit
 fixed phase puts one inside every window of one program and none in another's). The JSON has
 the collections each window saw.
 
-With ``--open``, the same models are measured once more with every kernel *open* (keyed by
-the IR its frontend produces, as a kernel whose description cannot be proved complete is): the
-frontend runs for every variant of every call on each warm lowering, so the row says what an
-open kernel costs on a warm hit against an exact one ("open" against "now").
+With ``--partial``, the same models are measured once more with every read set *partial*
+(ending with the IR, as one that found a value with no description by content does): the
+frontend runs for every variant of every call on each warm lowering, so the row says what a
+partial read set costs on a warm hit against a complete one ("partial" against "now").
 
 With ``--before REF_OR_DIR`` an older bridge (a directory, or a git ref exported with
 ``git archive``) is measured in the same run, its processes interleaved with this one's. Prints a
@@ -72,20 +72,16 @@ def floor_call(*args, kernel, out_shape, grid, **kw):
     result = jax.ffi.ffi_call("kernelcache_floor", outs)(*arrays, opaque=b"x" * 64)
     return result[0] if len(result) == 1 else tuple(result)
 
-if sys.argv[2] == "open":  # every kernel open: keyed by its IR (see the module docstring)
-    from bridge.exceptions import Undescribable
-    from bridge.identity import jit
-    try:
-        from bridge.identity import kernel_keys
-    except ImportError:  # a checkout from before the module was named so
-        from bridge.identity import keys as kernel_keys
+if sys.argv[2] == "partial":  # every read set partial (see the module docstring)
+    from bridge.identity import witness
 
-    def _open(fn):
-        raise Undescribable("measured as open")
+    _made = witness.Recorder.__init__
 
-    jit.identity = kernel_keys.identity = _open
-    import logging
-    logging.getLogger("bridge").setLevel(logging.ERROR)  # (the warning that says so)
+    def _partial(self, *args, **kwargs):
+        _made(self, *args, **kwargs)
+        self.missed("measured as partial")
+
+    witness.Recorder.__init__ = _partial
 call = floor_call if sys.argv[2] == "floor" else bridge.triton_call
 fn, args = make_model(call, sys.argv[1], {})
 jax.block_until_ready(args)
@@ -140,14 +136,16 @@ def main() -> None:
     parser.add_argument("--before", help="an older checkout (directory) or git ref")
     parser.add_argument("--out", type=Path)
     parser.add_argument(
-        "--open", action="store_true", help="measure the models with every kernel open too"
+        "--partial",
+        action="store_true",
+        help="measure the models with every read set partial too",
     )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="warm-lowering-"))
     bridges = {"now": REPO}
     if args.before:
         bridges["before"] = export(args.before, work)
-    extra = ["open"] if args.open else []
+    extra = ["partial"] if args.partial else []
     samples: dict[str, dict[str, list[dict]]] = {
         b: {m: [] for m in MODELS} for b in [*bridges, *extra, "floor"]
     }
@@ -157,7 +155,7 @@ def main() -> None:
             for model in MODELS:
                 run(root, caches[label], model)
         for model in MODELS if extra else ():
-            run(REPO, caches["open"], model, "open")
+            run(REPO, caches["partial"], model, "partial")
         phases = random.Random(0).sample(range(GC_CYCLE), args.repeats)
         for phase in phases:
             for model in MODELS:
@@ -167,8 +165,8 @@ def main() -> None:
                 for label, root in bridges.items():
                     samples[label][model].append(run(root, caches[label], model, phase=phase))
                 if extra:
-                    samples["open"][model].append(
-                        run(REPO, caches["open"], model, "open", phase=phase)
+                    samples["partial"][model].append(
+                        run(REPO, caches["partial"], model, "partial", phase=phase)
                     )
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -203,8 +201,8 @@ def main() -> None:
         for label in [*bridges, *extra]
     }
     if extra:
-        summary["open_over_now"] = {
-            m: round(results["open"][m]["median_ms"] / results["now"][m]["median_ms"], 2)
+        summary["partial_over_now"] = {
+            m: round(results["partial"][m]["median_ms"] / results["now"][m]["median_ms"], 2)
             for m in MODELS
         }
     if "before" in results:

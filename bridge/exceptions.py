@@ -8,8 +8,6 @@ imports neither jax nor triton.
 
 from __future__ import annotations
 
-from typing import Any
-
 from kernelcache.plugin import KernelCacheError
 
 
@@ -76,16 +74,6 @@ class MasqueradeError(BridgeError, ImportError):
     what to do): see :mod:`bridge.masquerade`."""
 
 
-class Undescribable(BridgeError, ValueError):
-    """A constexpr value with no description that tells it from every other value;
-    ``path``: where the value is among a specialization's constexprs (its parameter's
-    position first), where known."""
-
-    def __init__(self, message: str, path: tuple[Any, ...] = ()) -> None:
-        super().__init__(message)
-        self.path = path
-
-
 class Unkeyable(BridgeError):
     """A value of the call is known only by its address: the call is not stored."""
 
@@ -142,7 +130,6 @@ __all__ = [
     "OptionError",
     "RootError",
     "TargetError",
-    "Undescribable",
     "Unkeyable",
     "UnsupportedTransformation",
 ]

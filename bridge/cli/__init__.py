@@ -185,7 +185,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--strict",
         action="store_true",
-        help="fail on an open kernel or a call that cannot be audited too, not only on a hole",
+        help="fail on a kernel or call that cannot be audited too (uncached, a problem), not only on a hole",
     )
     p.add_argument(
         "--compile",

@@ -8,16 +8,14 @@ compares the IR it gives today with the IR the cached entry under that key was c
 - ``exact``: the entry a lowering would use (the one under the key, or where its frontend's
   reads find something else today, the one kept for what they find: see
   :mod:`bridge.identity.witness`) was built from today's IR;
-- ``hole``: the entry under today's key was built from other IR: a change the description of the
-  kernel did not see (a lowering would serve a stale kernel). The audit fails;
-- ``open``: the kernel cannot be described exactly, and is keyed by its IR (the reason says why,
-  so the kernel can be made exact);
+- ``hole``: the entry a lowering would use was built from other IR: a change neither the key nor
+  the read set saw (a lowering would serve a stale kernel). The audit fails;
 - ``uncached``: nothing is stored under the key (nothing to compare; the kernel is exact);
 - ``unrecorded``: the entry predates IR digests;
 - ``problem``: the call does not fit the kernel any more, or its frontend fails (or, with
   ``recompile``, its compile).
 
-With ``recompile``, each cached kernel that is ``exact`` or ``open`` is also compiled (in a
+With ``recompile``, each cached kernel that is ``exact`` is also compiled (in a
 compiler process, kept in memory) and its machine code compared with the entry's, byte for
 byte; one that differs is ``differs``: the entry was compiled from today's IR, yet a compile
 today gives other machine code, so something after the frontend (the backend, its tools, what
@@ -50,9 +48,9 @@ if TYPE_CHECKING:
     from kernelcache import Cache
 
 #: statuses, in the order a summary lists them
-STATUSES = ("exact", "hole", "differs", "open", "uncached", "unrecorded", "problem")
+STATUSES = ("exact", "hole", "differs", "uncached", "unrecorded", "problem")
 #: statuses of specializations whose entry the audit could not compare with today's code
-UNCHECKED = ("open", "uncached", "unrecorded", "problem")
+UNCHECKED = ("uncached", "unrecorded", "problem")
 
 
 @dataclass(frozen=True)
@@ -94,7 +92,6 @@ class Audited:
                 f"today's IR, yet a compile today gives other machine code ({self.reason}): a "
                 "change after the frontend its key does not see"
             ),
-            "open": f"open, keyed by its IR: {self.reason}",
             "uncached": "nothing cached under its key",
             "unrecorded": "the entry does not record the IR it was compiled from",
             "problem": str(self.reason),
@@ -128,12 +125,6 @@ def _entry(cache: Cache, spec: Specialization) -> Artifact | None:
 
 def _one(kernel: str, spec: Specialization, cache: Cache, recompile: bool) -> Audited:
     target, config = str(spec.target), spec.variant.description
-    if not spec.stored:
-        return Audited(kernel, target, config, "problem", reason=spec.open)
-    if spec.open is not None:
-        opened = Audited(kernel, target, config, "open", spec.key, spec.ir, reason=spec.open)
-        art = _entry(cache, spec) if recompile else None
-        return opened if art is None else _compared(opened, spec, art)
     try:
         today = frontend.ir_digest(spec.source, spec.target, spec.backend, spec.bound.options)
     except Exception as e:  # the kernel's own error: reported, as a compile would

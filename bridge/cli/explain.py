@@ -304,11 +304,6 @@ def _one(
     notes: tuple[str, ...],
 ) -> Explained:
     target, config = str(spec.target), spec.variant.description
-    if spec.open is not None:
-        notes = (*notes, f"open, keyed by the IR its frontend produces: {spec.open}")
-    if not spec.stored:
-        why = "never stored: its frontend fails for this call (a compile says why)"
-        return Explained(kernel, target, config, "miss", spec.key, notes=(*notes, why))
     layer = present(cache, spec.key, spec.ext, spec.target.vendor.has_ptx)
     if layer is not None:
         return Explained(kernel, target, config, "hit", spec.key, layer, notes=notes)

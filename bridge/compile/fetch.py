@@ -79,11 +79,9 @@ class Request:
     #: whether a cached entry's metadata has what this call needs (None: any entry will do)
     usable: Callable[[Mapping[str, Any]], bool] | None = None
     about: Mapping[str, Any] = field(default_factory=dict)
-    #: False: compiled in this process and never looked up nor stored (a kernel with no key)
+    #: False: compiled in this process and never looked up nor stored (its reads found
+    #: other values under too many keys: see :func:`_chained`)
     stored: bool = True
-    #: the digest of the IR the kernel is keyed by (an open kernel): a compile that started
-    #: from other IR is not stored under its key
-    ir: str | None = None
     #: whether a cached kernel's reads (its metadata) find what they found: None where they
     #: do, else what they find now (:func:`bridge.identity.read_sets.stale`); None: not checked
     check: Callable[[Mapping[str, Any]], str | None] | None = None
@@ -160,8 +158,6 @@ def fetch_each(
             if failures.lasting(e):  # before the build lock is released: nobody compiles it again
                 failures.remember(cache, request.key, reason, request.about)
             raise LeftOut(reason) from e
-        if request.ir is not None and compiled.ir != request.ir:
-            raise _OtherIR(compiled)
         return compiled
 
     def builder(request: Request) -> Callable[[], tuple[bytes, dict[str, Any]]]:
@@ -188,16 +184,6 @@ def fetch_each(
         ]
         for index, art in kinds.get_or_create_each(cache, wanted, wait=wait):
             index = cached[index]
-            if isinstance(art, _OtherIR):  # (used here, stored nowhere)
-                logger.warning(
-                    "kernelcache: %s compiled from other IR than the frontend gave a moment "
-                    "before (its code changed, or its frontend is not deterministic); the "
-                    "kernel is used in this process and not stored",
-                    requests[index].about.get("kernel"),
-                )
-                key = hashlib.sha256(b"in-memory\0" + art.compiled.binary).hexdigest()
-                yield index, _made(key, requests[index], art.compiled)
-                continue
             if art is None or isinstance(art, Exception):
                 yield index, art
                 continue
@@ -238,11 +224,10 @@ def _chained(request: Request, now: str) -> Request:
 
 def stale(spec: Specialization, meta: Mapping[str, Any]) -> str | None:
     """Whether the kernel of ``spec`` whose metadata is ``meta`` was compiled from what the
-    frontend would read now: None where it was (or ``spec`` is keyed by its IR, which
-    decides), else what the reads find now (a :class:`~bridge.identity.read_sets.Refusal`
+    frontend would read now: None where it was, else what the reads find now (a :class:`~bridge.identity.read_sets.Refusal`
     where its code does not admit them)."""
     text = meta.get("reads")
-    if spec.ir is not None or not isinstance(text, str):
+    if not isinstance(text, str):
         return None
     return read_sets.stale(
         [text],
@@ -267,15 +252,6 @@ def refused(cache: Cache, art: Artifact, refusal: read_sets.Refusal) -> None:
     kernel_kind(art.ext).quarantine(
         cache, art, f"a read set its code does not admit: {refusal.reason}"[:300]
     )
-
-
-class _OtherIR(Exception):
-    """An open kernel's compile started from other IR than its key names (see
-    :class:`Request`): its result is used, not stored."""
-
-    def __init__(self, compiled: Compiled) -> None:
-        super().__init__("compiled from other IR than the key names")
-        self.compiled = compiled
 
 
 def _whole(
@@ -372,14 +348,11 @@ def request(spec: Specialization, usable: Usable | None = None) -> Request:
             spec.parts,
             target,
             bound,
-            functools.partial(components, spec) if spec.stored else None,
-            spec.open,
+            functools.partial(components, spec),
         ),
         need_ptx=target.vendor.has_ptx,
         usable=usable,
         about={"name": spec.parts.name, "kernel": spec.parts.qualname, "target": str(target)},
-        stored=spec.stored,
-        ir=spec.ir,
         check=functools.partial(stale, spec),
         audit=functools.partial(hit_audit.audited, spec),
     )

@@ -87,9 +87,6 @@ def audited(
     except Exception as e:  # (the kernel's own error, or a compiler's: its miss says it)
         logger.debug("kernelcache: the audit of %s could not compile it: %s", spec.key, e)
         return None
-    if spec.ir is not None and fresh.ir != spec.ir:  # (its code changed since it was keyed)
-        logger.debug("kernelcache: the audit of %s compiled other IR than its key's", spec.key)
-        return None
     why = difference(meta, binary, ptx, fresh)
     if why is None:
         return None

@@ -133,8 +133,7 @@ class Variants:
             got = fetch.fetch_many([self.specs[i] for i in todo], self.cache, checks)
             for i, result in zip(todo, got, strict=True):
                 fetched[i] = result.reason if isinstance(result, LeftOut) else result
-                if self.specs[i].stored:  # (a kernel with no key is not kept either)
-                    self.memo[self._memo_key(i)] = fetched[i]
+                self.memo[self._memo_key(i)] = fetched[i]
         for i in wanted:
             found = fetched[i] if i in fetched else self.memo[self._memo_key(i)]
             if isinstance(found, KernelBinary):

@@ -98,12 +98,10 @@ def entry_metadata(
     target: Target,
     bound: Bound,
     components: Callable[[], Mapping[str, str]] | None = None,
-    open_reason: str | None = None,
 ) -> Callable[[Any], dict[str, Any]]:
     """A function turning a compile result of ``bound`` into the cache entry's metadata (plain
     JSON, no absolute paths); ``components()`` gives the key's components to record (see
-    :func:`bridge.identity.kernel_keys.key_components`), computed only when something is compiled;
-    ``open_reason``: why the kernel is open (keyed by its IR), if it is. The digest of the IR
+    :func:`bridge.identity.kernel_keys.key_components`), computed only when something is compiled. The digest of the IR
     the compile started from (``ir``) is recorded for ``kernelcache audit``."""
 
     def describe(compiled: Any) -> dict[str, Any]:  # a bridge.compile.compiler.Compiled
@@ -129,7 +127,6 @@ def entry_metadata(
             **({"components": dict(components())} if components is not None else {}),
             **({"ir": compiled.ir} if getattr(compiled, "ir", None) else {}),
             **({"reads": compiled.reads} if getattr(compiled, "reads", None) else {}),
-            **({"open": open_reason[:1000]} if open_reason else {}),
         }
 
     return describe

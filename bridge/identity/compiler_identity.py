@@ -33,8 +33,8 @@ a knob, counts by the content of its file, not its path or the version it report
 script that adds an option is another tool, a library replaced by another of the same size and
 modification time another library. A hook Triton's backends call
 with the compile's stages (``knobs.runtime.add_stages_inspection_hook``) counts by its
-description (:func:`bridge.identity.jit.constant`: its code and what it reads); one with no
-exact description makes every key this process's own, so what it compiles is found again only
+description by content (:func:`bridge.identity.jit.constant`: its code, defaults and what it
+closes over); one with no such description makes every key this process's own, so what it compiles is found again only
 here. Variables that only select devices (:data:`DEVICE_SELECTION`), or time, dump or print,
 never count: a job whose launcher gives each rank its own device, or one rank timing its
 compiles, shares one compile of each kernel.
@@ -70,7 +70,8 @@ logger = logging.getLogger(__name__)
 
 #: bump when the bridge's compile pipeline changes its output for the same inputs, or when what an
 #: entry's read set records widens (an entry without the new reads would be trusted for them)
-PIPELINE_VERSION = "bridge-pipeline-8"
+#: (9: keys hold the kernel's own code only, the read set decides)
+PIPELINE_VERSION = "bridge-pipeline-9"
 #: the version of what Triton's identity covers (in its fingerprint and digest)
 _TRITON_VERSION = 1
 
@@ -369,12 +370,11 @@ _own: dict[int, tuple[Any, str]] = {}
 
 def _hook(hook: Any) -> Any:
     """A stages hook as plain data: its description, or a token of this process's own."""
-    from ..exceptions import Undescribable
     from .jit import constant
 
     try:
         return ["hook", constant(hook)]
-    except (Undescribable, ValueError):
+    except (ValueError, RecursionError):
         known = _own.get(id(hook))
         if known is None or known[0] is not hook:
             known = _own[id(hook)] = (hook, f"{os.getpid()}:{os.urandom(8).hex()}")

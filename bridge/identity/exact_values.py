@@ -7,8 +7,9 @@ Anything else by what it is (:func:`describe`), never by its name or address: a 
 its source, settings and first line; Triton's own objects by where Triton defines them, only
 where that very object is there and defined in Triton's files (:func:`triton_home`); a function
 by its code, what it closes over and its defaults (a wrapper's code is the same for every
-function it wraps); any other object by :func:`bridge.identity.jit.constant` where it has an
-exact description. None where a value has no exact description.
+function it wraps); a class by its namespace, bases, metaclass and registrations; any other
+object by its class and fields, where its type's layout holds nothing else. None where a value
+has no exact description.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ import inspect
 import json
 import struct
 import sys
+import threading
 import types
 from typing import Any
 
-from ..exceptions import Undescribable
 from . import static_reads
-from .guard import program_module, triton_type, watched
-from .watch import mark
+from .guard import program_module, watched
+from .static_reads import RUNS_CODE, in_mro, mark
 
 #: what a lookup that found nothing finds
 ABSENT: Any = static_reads.MISSING
@@ -129,6 +130,8 @@ def triton_home(value: Any) -> list[str] | None:
 def _named(value: Any, name: str, kind: type = str) -> Any:
     """The attribute ``name`` of ``value`` where Python's lookup gives it without running code
     and it is a ``kind``; else None."""
+    from .static_access import attribute  # (which reads items with this module's values)
+
     try:
         found = attribute(value, name)
     except AttributeError:
@@ -171,10 +174,7 @@ def _const(value: Any) -> Any:
 def describe(value: Any, depth: int = 0) -> Any:
     """What a non-plain ``value`` is, by content (see the module docstring), and None where
     it has no exact description. Reads nothing but namespaces and fields: no code of
-    ``value`` runs (an object's own description, :func:`bridge.identity.jit.constant`, says
-    the same of itself)."""
-    from .jit import constant
-
+    ``value`` runs."""
     if depth > MAX_DEPTH:
         return None
     tl = language()
@@ -216,11 +216,38 @@ def describe(value: Any, depth: int = 0) -> Any:
     if issubclass(kind, enum.Enum):
         fields = _fields(value)
         return _whole(["member", klass(kind, depth + 1), _part(fields.get("_name_"), depth)])
-    try:
-        with watched():  # (the describer reads fields: the guard sees any code it runs)
-            return ["obj", constant(value)]
-    except (Undescribable, ValueError, RecursionError):
+    if kind is dict:
+        return _whole(["dict", [[_part(k, depth), _part(v, depth)] for k, v in value.items()]])
+    if kind is set or kind is frozenset:  # (iterated in an order that varies by process)
+        parts = [_part(v, depth) for v in value]
+        return None if _holes(parts) else [kind.__name__, sorted(parts, key=repr)]
+    with watched():  # (nothing here runs code of the value: the guard would see it)
+        return _object(value, kind, depth)
+
+
+def _object(value: Any, kind: type, depth: int) -> Any:
+    """An object by its class and every field, where its type's memory layout holds nothing
+    else (:func:`~.static_reads.data_base`); a subclass of a built-in type by the value of
+    that type it holds too (never through a method a subclass may override)."""
+    base = static_reads.data_base(kind)
+    if base is None:
         return None
+    held = []  # (the value of the built-in type it subclasses, if any)
+    if base is not object:
+        held = [_part(static_reads.DATA_BASES[base](value), depth)]
+    fields = dict(_fields(value))
+    for name in static_reads.slot_names(kind):
+        slot = in_mro(kind, name)
+        if type(slot) is not types.MemberDescriptorType:
+            return None
+        try:
+            fields[name] = slot.__get__(value)
+        except AttributeError:  # (an unset slot)
+            fields[name] = ABSENT
+    if any(type(name) is not str for name in fields):
+        return None
+    rows = [[name, _part(v, depth)] for name, v in sorted(fields.items())]
+    return _whole(["obj", klass(kind, depth + 1), rows, *held])
 
 
 def _builtin(value: Any, depth: int) -> Any:
@@ -238,7 +265,8 @@ def _builtin(value: Any, depth: int) -> Any:
 def _fields(value: Any) -> dict[str, Any]:
     """The instance dictionary of ``value``, read without running its code ({} where none)."""
     slot = in_mro(type(value), "__dict__")
-    own = slot.__get__(value) if type(slot) is types.GetSetDescriptorType else None
+    readable = (types.GetSetDescriptorType, types.MemberDescriptorType)
+    own = slot.__get__(value) if type(slot) in readable else None
     return own if type(own) is dict else {}
 
 
@@ -265,6 +293,22 @@ def klass(cls: type, depth: int = 0) -> Any:
         return ["python", module, qualname] + ([registered] if registered else [])
     if depth > MAX_DEPTH:
         return None
+    open_ = _open.__dict__.setdefault("classes", [])
+    for back, outer in enumerate(reversed(open_)):
+        if outer is cls:  # (a class its own members name: a method closing over it)
+            return ["enclosing", back]
+    open_.append(cls)
+    try:
+        return _program_class(cls, module, qualname, depth)
+    finally:
+        open_.pop()
+
+
+#: the classes being described in this thread, outermost first (:func:`klass`)
+_open = threading.local()
+
+
+def _program_class(cls: type, module: Any, qualname: Any, depth: int) -> Any:
     space = _TYPE_DICT.__get__(cls)
     members = []
     for name in sorted(space):
@@ -310,6 +354,8 @@ def _member(value: Any, cls: type, depth: int) -> Any:
     kind = type(value)
     if kind is cls and issubclass(kind, enum.Enum):
         return _whole(["value", exact(_fields(value).get("_value_"))])
+    if kind is types.MemberDescriptorType and value.__objclass__ is cls:  # (a slot of cls)
+        return ["slot", value.__name__]
     if kind in (staticmethod, classmethod):
         return _whole([kind.__name__, _part(value.__func__, depth)])
     if kind is property:
@@ -358,126 +404,3 @@ def _first_line(fn: Any) -> tuple[str, int]:
     line = getattr(fn, "starting_line_number", None)
     first = code.co_firstlineno if line is None else line
     return static_reads.relative_path(code.co_filename), int(first)
-
-
-# -- attributes read without running code -------------------------------------------------------
-#: what an attribute only code would give finds (no code runs)
-RUNS_CODE: Any = type("RunsCode", (), {"__repr__": lambda self: "<computed by code>"})()
-
-_TYPE_MRO = type.__dict__["__mro__"]
-#: descriptors written in C whose ``__get__`` runs no code of the program
-_C_DESCRIPTORS = frozenset(
-    {types.MemberDescriptorType, types.GetSetDescriptorType, types.MethodDescriptorType,
-     types.WrapperDescriptorType, types.ClassMethodDescriptorType, types.BuiltinFunctionType}
-)  # fmt: skip
-_MISSING: Any = object()
-#: an Enum member's ``name`` and ``value`` (Enum's own properties): the fields they return
-_ENUM_FIELDS = {
-    id(enum.Enum.__dict__[n]): (enum.Enum.__dict__[n], f"_{n}_") for n in ("name", "value")
-}
-
-
-def in_mro(cls: type, name: str) -> Any:
-    """``name`` as the classes of ``cls``'s method resolution order hold it, raw (no
-    descriptor called), or a sentinel where none does."""
-    for base in _TYPE_MRO.__get__(cls):
-        space = _TYPE_DICT.__get__(base)
-        if name in space:
-            return space[name]
-    return _MISSING
-
-
-def _overrides_access(kind: type) -> bool:
-    """Whether objects of ``kind`` read attributes through code of their own."""
-    found = in_mro(kind, "__getattribute__")
-    return (
-        found is not object.__getattribute__
-        and found is not type.__getattribute__
-        and (found is not types.ModuleType.__getattribute__)
-    )
-
-
-def attribute(value: Any, name: str) -> Any:
-    """``getattr(value, name)`` where it runs no code but Python's own lookup: the attribute
-    itself, :data:`RUNS_CODE` where only code would give it (a property, a descriptor or a
-    ``__getattr__`` of the program's, a type that reads attributes its own way), and
-    ``AttributeError`` where there is none. Enum members' ``name`` and ``value`` are their
-    fields."""
-    kind = type(value)
-    if _overrides_access(kind):
-        return RUNS_CODE
-    if kind is types.ModuleType:
-        space = vars(value)
-        if name in space:
-            return space[name]
-        if "__getattr__" in space:
-            return RUNS_CODE
-        raise AttributeError(name)
-    if issubclass(kind, type):  # a class: its metaclass's data descriptors first, then its own
-        meta = in_mro(kind, name)
-        if meta is not _MISSING and _is_data(meta):
-            return _bound(meta, value, kind)
-        own = in_mro(value, name)
-        if own is not _MISSING:
-            return _bound(own, None, value)
-        if meta is not _MISSING:
-            return _bound(meta, value, kind)
-        if in_mro(kind, "__getattr__") is not _MISSING:
-            return RUNS_CODE
-        raise AttributeError(name)
-    raw = in_mro(kind, name)
-    if raw is not _MISSING and _is_data(raw):
-        return _bound(raw, value, kind)
-    slot = in_mro(kind, "__dict__")
-    if slot is not _MISSING and type(slot) is not types.GetSetDescriptorType:
-        return RUNS_CODE  # (a ``__dict__`` of the program's own)
-    own = slot.__get__(value, kind) if slot is not _MISSING else None
-    if type(own) is dict and name in own:
-        return own[name]
-    if raw is not _MISSING:
-        return _bound(raw, value, kind)
-    if in_mro(kind, "__getattr__") is not _MISSING:
-        return RUNS_CODE
-    raise AttributeError(name)
-
-
-def _is_data(raw: Any) -> bool:
-    kind = type(raw)
-    return in_mro(kind, "__set__") is not _MISSING or in_mro(kind, "__delete__") is not _MISSING
-
-
-def _bound(raw: Any, instance: Any, owner: type) -> Any:
-    """What ``raw``, found in a class, gives ``instance`` (None: the class ``owner`` itself)."""
-    kind = type(raw)
-    if in_mro(kind, "__get__") is _MISSING:
-        return raw
-    if kind is types.FunctionType:
-        return raw if instance is None else types.MethodType(raw, instance)
-    if kind is staticmethod:
-        return raw.__func__
-    if kind is classmethod:
-        return types.MethodType(raw.__func__, owner if instance is None else type(instance))
-    if kind in _C_DESCRIPTORS:
-        return raw.__get__(instance, owner)
-    if triton_type(kind):  # (Triton's own descriptor: its code is in every key)
-        return raw.__get__(instance, owner)
-    field = _ENUM_FIELDS.get(id(raw))
-    if field is not None and raw is field[0] and issubclass(type(instance), enum.Enum):
-        slot = in_mro(type(instance), "__dict__")
-        own = slot.__get__(instance) if type(slot) is types.GetSetDescriptorType else None
-        if type(own) is dict and field[1] in own:
-            return own[field[1]]
-    return RUNS_CODE
-
-
-def python_function(fn: Any) -> types.FunctionType | None:
-    """The Python function that runs when ``fn`` is called or generated (a JIT function's or a
-    ``constexpr_function``'s ``fn``, a method's function, ``fn`` itself), None where none."""
-    if type(fn) is types.MethodType:
-        fn = fn.__func__
-    jit_callable = static_reads.jit_classes()[0]
-    if issubclass(type(fn), jit_callable):  # (bound to an object: its ``__func__``'s)
-        fn = vars(fn).get("fn") or vars(fn).get("__func__")
-    if issubclass(type(fn), jit_callable):
-        fn = vars(fn).get("fn")
-    return fn if type(fn) is types.FunctionType else None

@@ -23,8 +23,9 @@ from typing import Any
 
 from . import admit, reach, static_access, static_reads
 from . import exact_values as ev
-from .exact_values import RUNS_CODE, python_function
 from .guard import program_class
+from .static_access import python_function
+from .static_reads import RUNS_CODE
 from .witness import Recorder, active
 
 

@@ -1,97 +1,91 @@
-"""A kernel's code and constexprs as kernel keys hold them: exact descriptions, or none.
+"""A kernel's code and constexprs as keys hold them: what Triton's own cache key covers.
 
-:func:`identity` is the digest of a JIT function's description (:mod:`.describe`): its source,
-first line and decorator settings and, by content, every value its frontend can read (helpers,
-constexpr globals, modules' attributes, constexpr_functions and what they read). It is a
-superset of what Triton's ``cache_key`` covers, computed without parsing the source.
-:func:`constant` describes a constexpr argument the same way.
+:func:`identity` is the digest of a JIT function's *own* code: its source, decorator settings,
+file (as the import root names it) and first line, and the same of every JIT function its source
+names as a global or closure variable, transitively (found by the names the source spells, not
+parsed: a superset of the helpers its syntax calls). :func:`constant` describes a constexpr
+by content, as a read of the frontend is described (:func:`~.exact_values.describe`).
 
-Both raise :class:`~bridge.exceptions.Undescribable` where the description cannot be proved
-complete: the kernel is then *open*, keyed by the IR Triton's frontend produces for it
-(:mod:`.frontend`), never by an approximate description.
-
-An identity is memoized per function for the process, and used only while every value its
-description read is as it was (:func:`.watch.unchanged`: the same objects, buffers and sets
-by content). Triton's launcher checks the globals a kernel used the same way before each
-launch; here a change gives a new identity, so the new code is lowered, never the old one.
+Keys route; the witness decides. What else the frontend reads while it generates a kernel
+(constexpr globals, attributes of modules, ``constexpr_function`` calls, objects, helpers
+reached otherwise) is the kernel's read set (:mod:`.witness`), checked before a cached kernel
+or lowering is used (:mod:`.read_sets`), as ccache checks a manifest's headers. So nothing here
+has to be complete: a key only tells apart the code a lookup starts from.
 """
 
 from __future__ import annotations
 
 import hashlib
-import weakref
-from collections.abc import Callable
 from typing import Any
 
-from ..exceptions import Undescribable
-from .describe import describe
-from .static_reads import PLAIN_TYPES, is_jit, plain_text
-from .watch import Read, mark, unchanged
+from .exact_values import describe, exact
+from .static_reads import SETTINGS, is_jit, mark, relative_path, source, spelled
 
-__all__ = ["Undescribable", "constant", "identity", "is_jit"]
+__all__ = ["SETTINGS", "constant", "identity", "is_jit", "mark", "source"]
 
-#: identities by the id of their function: (a weak reference to it, its source and settings
-#: then, the identity, what its description read)
-_memo: dict[int, tuple[Callable[[], Any], tuple[Any, ...], str, tuple[Read, ...]]] = {}
+#: the most JIT functions one identity follows
+MAX_HELPERS = 256
+
+
+def _own(fn: Any) -> list[Any]:
+    """What :func:`identity` holds of one JIT function: its module and name, source, settings,
+    file and first line."""
+    code = getattr(getattr(fn, "fn", None), "__code__", None)
+    line = getattr(fn, "starting_line_number", None)
+    if line is None and code is not None:
+        line = code.co_firstlineno
+    file = relative_path(code.co_filename) if code is not None else None
+    return [getattr(fn, "__module__", None), getattr(fn, "__qualname__", None),
+            repr(mark(fn)), file, line]  # fmt: skip
+
+
+def _helpers(fn: Any) -> list[Any]:
+    """The JIT functions the source of ``fn`` names as closure variables or globals."""
+    inner = getattr(fn, "fn", None)
+    text = source(fn)
+    if inner is None or not isinstance(text, str):
+        return []
+    cells = dict(zip(inner.__code__.co_freevars, inner.__closure__ or (), strict=False))
+    scope = inner.__globals__
+    found = []
+    for name in sorted(spelled(text)):
+        try:
+            value = cells[name].cell_contents if name in cells else scope.get(name)
+        except ValueError:  # (an empty cell)
+            continue
+        if is_jit(value):
+            found.append(value)
+    return found
 
 
 def identity(fn: Any) -> str:
-    """The identity of the JIT function ``fn`` (see the module docstring): a sha256 digest.
-
-    Raises:
-        Undescribable: something ``fn``'s frontend can read has no exact description (the
-            message says what and why): the kernel is open.
-    """
-    now = mark(fn)
-    known = _memo.get(id(fn))
-    if known is not None and known[0]() is fn and known[1] == now and unchanged(known[3]):
-        return known[2]
-    doc, found = describe(fn)
-    digest = hashlib.sha256(repr(doc).encode()).hexdigest()  # (plain lists and strings)
-    try:
-        _memo[id(fn)] = (_reference(fn, _memo), now, digest, found)
-    except TypeError:  # (an object that cannot be referred to weakly: not memoized)
-        pass
-    return digest
-
-
-def _reference(value: Any, memo: dict[int, Any]) -> Callable[[], Any]:
-    """A weak reference to ``value`` that forgets its entry of ``memo`` when it dies."""
-    key = id(value)
-
-    def forget(ref: Any) -> None:
-        entry = memo.get(key)
-        if entry is not None and entry[0] is ref:
-            del memo[key]
-
-    return weakref.ref(value, forget)
-
-
-#: descriptions of constexpr objects by their id, as :data:`_memo` holds identities: (a weak
-#: reference to the object, its description, what the description read)
-_constants: dict[int, tuple[Callable[[], Any], Any, tuple[Read, ...]]] = {}
+    """The identity of the JIT function ``fn`` (see the module docstring): a sha256 digest."""
+    rows: list[list[Any]] = []
+    seen, todo = {id(fn)}, [fn]
+    while todo and len(rows) < MAX_HELPERS:
+        one = todo.pop()
+        rows.append(_own(one))
+        for helper in _helpers(one):
+            if id(helper) not in seen:
+                seen.add(id(helper))
+                todo.append(helper)
+    return hashlib.sha256(repr(rows).encode()).hexdigest()
 
 
 def constant(value: Any) -> Any:
     """``value``, a constexpr, as plain data whose ``repr`` tells it from every value the
-    frontend could compile differently (see :mod:`.describe`; a float by its bits, so that a
-    NaN's sign counts). Memoized per object for the process while nothing its description read
-    changed, as :func:`identity` is.
+    frontend could compile differently: exactly where it is plain (a float by its bits, so a
+    NaN's sign counts), else by content (:func:`~.exact_values.describe`).
 
     Raises:
-        Undescribable: ``value`` has no such description (the message says what and why).
+        ValueError: ``value`` has no description by content (the message says what).
     """
-    kind = type(value)
-    if kind in PLAIN_TYPES:
-        return [kind.__name__, plain_text(value)]
-    if kind is tuple and all(type(v) in PLAIN_TYPES for v in value):
-        return ["tuple", [[type(v).__name__, plain_text(v)] for v in value]]
-    known = _constants.get(id(value))
-    if known is not None and known[0]() is value and unchanged(known[2]):
-        return known[1]
-    doc, found = describe(value)
-    try:
-        _constants[id(value)] = (_reference(value, _constants), doc, found)
-    except TypeError:  # (not weakly referable: described at each use)
-        pass
-    return doc
+    plain = exact(value)
+    if plain is not None:
+        return plain
+    if is_jit(value):
+        return ["jit", identity(value)]
+    described = describe(value)
+    if described is None:
+        raise ValueError(f"{type(value).__qualname__} has no description by content")
+    return described

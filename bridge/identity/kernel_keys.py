@@ -1,26 +1,27 @@
-"""Kernel keys: computed without compiling, from everything that decides the binary.
+"""Kernel keys: computed without compiling, at the level of Triton's own cache key.
 
 Ingredients, named one by one and listed once, in :data:`STEPS`:
 the compiler's identity (what ``triton_key()`` hashes, digested with xxh3 and memoized across
-processes: see :mod:`bridge.identity.compiler_identity`), the kernel's code as :mod:`bridge.identity.jit`
-describes it (by content: everything its frontend can read), the signature and specialization,
-every constexpr described exactly (:func:`bridge.identity.jit.constant`, never by its ``str``),
-the backend's identity (``backend.hash()``: the target and, on CUDA, the ptxas version), the
-options (every field of the parsed options; extern libraries by content, not path), the
-compiler's environment (:func:`bridge.identity.compiler_identity.environment_digest`: every
-variable and knob the installed Triton reads that can change code), the language, the target, the binary's kind and
+processes: see :mod:`bridge.identity.compiler_identity`), the kernel's own code (its source,
+settings and first line, and its JIT helpers': :func:`bridge.identity.jit.identity`), the
+signature and specialization, the constexprs (plain ones exactly, objects by content where they
+have a description: :func:`bridge.identity.jit.constant`), the backend's identity
+(``backend.hash()``: the target and, on CUDA, the ptxas version), the options (every field of
+the parsed options; extern libraries by content, not path), the compiler's environment
+(:func:`bridge.identity.compiler_identity.environment_digest`: every variable and knob the
+installed Triton reads that can change code), the language, the target, the binary's kind and
 the version of the bridge's own compile pipeline.
 
-An *open* kernel, whose code or constexprs have no exact description, is keyed by the IR its
-frontend produced instead (:data:`OPEN_STEPS`: :func:`ir_key`), as ccache keys a source it
-cannot vouch for by the preprocessor's output: the code, signature and constexprs steps give
-way to the IR's digest (:mod:`bridge.identity.frontend`), everything else is the same.
+A key routes; it is not asked to be complete. What the frontend reads beyond the code the key
+holds (globals, attributes, ``constexpr_function`` calls, objects) is the kernel's read set,
+recorded by the compile and checked before a cached kernel is used (:mod:`.read_sets`): a
+cached kernel whose reads find something else now is not used, and the kernel of this code is
+kept under a key chained from its own.
 
 Invariants: the same call in any process on any machine with the same software gets the same
-key; any change that can change the binary changes it. Every ingredient but the kernel's own
-(code, signature, constexprs, IR) is a property of the process, the target and the options,
-computed by the functions a lowering key is made of too (:mod:`bridge.lowering.lowering_keys`), so a
-stored lowering never outlives a change of the kernels it embeds.
+key. Every ingredient but the kernel's own (code, signature, constexprs) is a property of the
+process, the target and the options, computed by the functions a lowering key is made of too
+(:mod:`bridge.lowering.lowering_keys`).
 
 Each entry records the components, so that a miss can be explained by the ingredients that
 differ (``kernelcache explain``); the key is the digest of the same components
@@ -38,7 +39,6 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache.plugin import digest_of
 
-from ..exceptions import Undescribable
 from ..vendors.targets import Target
 from .compiler_identity import (
     PIPELINE_VERSION,
@@ -83,34 +83,15 @@ def text_digest(text: str) -> str:
 
 def constexprs_digest(fn: Any, constants: Any) -> str:
     """The digest of the constexprs (``ASTSource.constants``) of a specialization of the JIT
-    function ``fn``, each described exactly (:func:`bridge.identity.jit.constant`).
-
-    Raises:
-        Undescribable: a constexpr has no exact description (the message names it).
-    """
+    function ``fn``: each by :func:`bridge.identity.jit.constant`, an object with no
+    description by content as an object only (the read set's ``"p"`` read decides)."""
     rows = []
     for path, value in sorted(constants.items()):
         try:
             rows.append([repr(path), constant(value)])
-        except ValueError as e:  # (Undescribable, or a repr that fails)
-            where = path if isinstance(path, tuple) else (path,)
-            names = list(getattr(fn, "arg_names", ()))
-            first = where[0] if where and isinstance(where[0], int) else None
-            name = names[first] if first is not None and first < len(names) else str(path)
-            raise Undescribable(f"its constexpr {name}: {e}", where) from e
+        except (ValueError, RecursionError):
+            rows.append([repr(path), ["object"]])
     return text_digest(repr(rows))
-
-
-def code_digest(fn: Any) -> str:
-    """The identity of the JIT function ``fn`` (:func:`bridge.identity.jit.identity`).
-
-    Raises:
-        Undescribable: something its frontend can read has no exact description.
-    """
-    try:
-        return identity(fn)
-    except Undescribable as e:
-        raise Undescribable(f"its code: {e}") from e
 
 
 @dataclass(frozen=True)
@@ -126,7 +107,6 @@ class Ingredients:
     src: Any
     options: Any
     language: str
-    ir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -186,8 +166,8 @@ STEPS: tuple[Step, ...] = (
     _LANGUAGE,
     Step(
         "code",
-        "code digest (every global, attribute and helper the frontend reads, by content)",
-        lambda m: code_digest(m.src.fn),
+        "code digest (the kernel's source, settings and first line, and its JIT helpers')",
+        lambda m: identity(m.src.fn),
     ),
     Step("signature", "signature digest (argument types and specialization)", _signature),
     Step("constexprs", "constexprs digest", lambda m: constexprs_digest(m.src.fn, m.src.constants)),
@@ -195,23 +175,8 @@ STEPS: tuple[Step, ...] = (
     _ENVIRONMENT,
     _BINARY,
 )
-#: the ingredients of an open kernel's key: the IR its frontend produced in place of its code,
-#: signature and constexprs
-OPEN_STEPS: tuple[Step, ...] = (
-    _PIPELINE,
-    _TRITON,
-    _COMPILER,
-    _TARGET,
-    _BACKEND,
-    _LANGUAGE,
-    Step("ir", "the IR Triton's frontend produced (an open kernel)", lambda m: str(m.ir)),
-    _OPTIONS,
-    _ENVIRONMENT,
-    _BINARY,
-)
-
 #: what each component of a key is, by name, in :data:`STEPS` order (how ``explain`` words it)
-COMPONENTS: dict[str, str] = {step.name: step.label for step in (*STEPS, *OPEN_STEPS)}
+COMPONENTS: dict[str, str] = {step.name: step.label for step in STEPS}
 
 
 def key_components(
@@ -221,34 +186,15 @@ def key_components(
     src: Any,
     options: Any,
     language: str,
-    ir: str | None = None,
 ) -> dict[str, str]:
-    """The ingredients of :func:`kernel_key` (or, given the digest of the kernel's ``ir``, of
-    :func:`ir_key`), named, one per step: the key is their digest, and an entry records them,
-    so that a miss can say which of them differ.
-
-    Raises:
-        Undescribable: (without ``ir``) a constexpr of ``src``, or something its code reads,
-            has no exact description: the kernel is open.
-    """
-    made = Ingredients(cache, target, backend, src, options, language, ir)
-    return {step.name: step.value(made) for step in (STEPS if ir is None else OPEN_STEPS)}
+    """The ingredients of :func:`kernel_key`, named, one per step: the key is their digest,
+    and an entry records them, so that a miss can say which of them differ."""
+    made = Ingredients(cache, target, backend, src, options, language)
+    return {step.name: step.value(made) for step in STEPS}
 
 
 def kernel_key(
     cache: Cache, target: Target, backend: Any, src: Any, options: Any, language: str
 ) -> str:
-    """The key of one compiled kernel (see the module docstring).
-
-    Raises:
-        Undescribable: something the kernel is compiled with has no exact description: the
-            kernel is open (:func:`ir_key` keys it).
-    """
+    """The key of one compiled kernel (see the module docstring)."""
     return digest_of(key_components(cache, target, backend, src, options, language))
-
-
-def ir_key(
-    cache: Cache, target: Target, backend: Any, src: Any, options: Any, language: str, ir: str
-) -> str:
-    """The key of an open kernel whose frontend produced the IR of digest ``ir``."""
-    return digest_of(key_components(cache, target, backend, src, options, language, ir))

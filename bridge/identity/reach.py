@@ -16,7 +16,8 @@ from typing import Any
 
 from . import static_reads
 from .admit import defaults, follow, generated_attribute, scope_value
-from .exact_values import python_function, triton_home
+from .exact_values import triton_home
+from .static_access import python_function
 
 #: how deep :func:`reachable` follows the functions a function names
 MAX_REACH = 4

@@ -49,11 +49,11 @@ from ..entries import metadata
 from ..exceptions import CheckInterrupted, RefusedReadSet
 from . import admit, static_access, static_reads
 from .admit import defaults, generated_attribute, module_map_of, remake, scope_value, source_file
-from .exact_values import ABSENT, RUNS_CODE, describe, exact, language, unwrap
+from .exact_values import ABSENT, describe, exact, language, unwrap
 from .guard import CHECK, STATE, Guard, Watchdog
 from .keyed_environment import environment_want
 from .static_access import builtin
-from .watch import mark
+from .static_reads import RUNS_CODE, mark
 
 FORMAT = metadata.FORMAT
 
@@ -236,7 +236,7 @@ def read(
     """Make one read again: what row ``[parent, op, operand, _]`` finds on ``base``
     (``given``: the kernel's constexpr arguments by parameter name; ``modules``: the backend's
     module map; ``backend``: the kernel's, for an ``"ir"`` read; ``guard``: the check's, for a
-    call). :data:`~.exact_values.RUNS_CODE` where the read would run code it may not."""
+    call). :data:`~.static_reads.RUNS_CODE` where the read would run code it may not."""
     if op == "ir":  # (the frontend generating the kernel, for a specialization admitted: not
         from .frontend import ir_again  # traced, as nothing of a check is but what may run code)
 
@@ -367,7 +367,7 @@ def _made(
     guard: OnDemand,
 ) -> tuple[Any, str]:
     """One read made again, and the digest of what it found (``"error"`` where it fails, or
-    would run code it may not: :data:`~.exact_values.RUNS_CODE`)."""
+    would run code it may not: :data:`~.static_reads.RUNS_CODE`)."""
     try:
         value = read(base, op, operand, found, given, module_map, backend, guard)
         if value is RUNS_CODE:

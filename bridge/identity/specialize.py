@@ -2,10 +2,8 @@
 
 The one way from a kernel's parts, its arguments by parameter name, a variant (an autotune
 config after heuristics) and a target to what the cache is asked for: bind with Triton's binder,
-check the block's thread count, build Triton's source object and compute the kernel key (for an
-*open* kernel, whose code or constexprs have no exact description, by running Triton's
-frontend and keying its IR: :func:`bridge.identity.kernel_keys.ir_key`, said once per kernel and
-process). The
+check the block's thread count, build Triton's source object and compute the kernel key
+(:mod:`.kernel_keys`). The
 lowering (:mod:`bridge.lowering.lower`), warm's planning and its compile jobs (:mod:`bridge.warm`) all go
 through :func:`specialize`, so warming a recorded call computes the very keys a lowering of that
 call for the same target computes.
@@ -17,25 +15,21 @@ miss.
 
 from __future__ import annotations
 
-import logging
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..call import kernel_objects
 from ..call.kernel_objects import KernelParts
-from ..exceptions import BackendUnavailable, OptionError, Undescribable
+from ..exceptions import BackendUnavailable, OptionError
 from ..vendors import backends
 from ..vendors.targets import Target
-from . import frontend, kernel_keys
+from . import kernel_keys
 
 if TYPE_CHECKING:
     from kernelcache import Cache
 
     from ..call.binding import Bound
-
-logger = logging.getLogger(__name__)
 
 #: whether a cached entry's metadata has what a call needs
 Usable = Callable[[Mapping[str, Any]], bool]
@@ -53,14 +47,6 @@ class Specialization:
     key: str
     target: Target
     backend: Any  # the target's Triton backend (CUDABackend / HIPBackend)
-    #: False: the kernel has no key (``key`` is then unique to this specialization): its
-    #: frontend fails, so it is compiled in the process (to fail as Triton fails) and never
-    #: stored
-    stored: bool = True
-    #: why the kernel is open (keyed by its IR), None where it is exact
-    open: str | None = None
-    #: the digest of the IR its frontend produced (an open kernel's only)
-    ir: str | None = None
 
     @property
     def ext(self) -> str:
@@ -113,45 +99,8 @@ def specialize(
     src = kernel_keys.source(
         parts.fn, parts.is_gluon, bound.signature, bound.constexprs, bound.attrs
     )
-    try:
-        key = kernel_keys.kernel_key(cache, target, backend, src, bound.options, parts.language)
-    except Undescribable as e:
-        why = str(e)
-        say_open(parts, why)
-        try:
-            ir = frontend.ir_digest(src, target, backend, bound.options)
-        except Exception as failed:  # its compile fails the same way, and says why
-            why = f"{why}; and its frontend fails: {type(failed).__name__}: {failed}"
-            return Specialization(
-                parts, variant, bound, src, _unique_key(), target, backend, False, why
-            )
-        key = kernel_keys.ir_key(cache, target, backend, src, bound.options, parts.language, ir)
-        return Specialization(parts, variant, bound, src, key, target, backend, True, why, ir)
+    key = kernel_keys.kernel_key(cache, target, backend, src, bound.options, parts.language)
     return Specialization(parts, variant, bound, src, key, target, backend)
-
-
-def _unique_key() -> str:
-    """A key no other specialization has, in any process (that of a kernel that has none)."""
-    return uuid.uuid4().hex * 2
-
-
-#: the kernels said open in this process: (qualified name, why)
-_said: set[tuple[str, str]] = set()
-
-
-def say_open(parts: KernelParts, why: str) -> None:
-    """Say once per kernel, reason and process that the kernel is open: keyed by its IR."""
-    if (parts.qualname, why) in _said:
-        return
-    _said.add((parts.qualname, why))
-    logger.warning(
-        "kernelcache: %s is open: %s. It is keyed by the IR Triton's frontend produces for it, "
-        "so its frontend runs at every lowering (the backend compile is still skipped on a hit); "
-        "to make it exact, give it values the bridge can describe by content (numbers, strings, "
-        "tuples, enums, dataclasses, classes and functions of your own, JIT functions)",
-        parts.qualname,
-        why,
-    )
 
 
 def specialize_call(
@@ -187,5 +136,4 @@ def components(spec: Specialization, cache: Cache | None = None) -> dict[str, st
         spec.source,
         spec.bound.options,
         spec.parts.language,
-        spec.ir,
     )

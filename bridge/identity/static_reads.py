@@ -1,36 +1,23 @@
-"""How the describer (:mod:`.describe`) reads code and values without running them (and plain
-values as keys describe them, :func:`plain_text`: a float by its bits, so every NaN apart): what a code
-object runs and names, what a JIT function's source spells and what its syntax reads, closure
-cells, an object's fields, whether an object's state is all in its fields, and where a module
-comes from (and a source file's path as the import root names it: :func:`relative_path`).
+"""Reading code and values without running them: what a code object runs and names, what a
+JIT function's source spells and what its syntax reads, a JIT function's source and settings,
+whether an object's state is all in its fields, and where a module comes from (and a source
+file's path as the import root names it: :func:`relative_path`); plain values as keys hold them
+(:func:`plain_text`: a float by its bits, so every NaN apart).
 
 A JIT function's source is read as Triton's frontend walks it. :func:`spelled`, without
 parsing: every name the source spells outside string literals and comments (f-strings are
 code), a superset of what it reads. :func:`syntax`, parsed: the names it loads and stores, the
 attributes it reads and the chain of each, and a ``getattr``/``hasattr`` whose name is
-computed. The describer looks names up by the first, and asks the second only where a value has
-no description, to tell whether the code reads it (:func:`resolved` follows a chain through
-modules, without running code).
+computed.
 
 Nothing here calls a property, a ``__repr__`` or any other code of the value read. Every
 function answers from the value's own tables (its ``__dict__``, slots, code object, the type's
-layout) or says it cannot (None, False): the describer then declares the kernel open.
+layout) or says it cannot (None, False).
 
-Where code comes from decides how it is described (:func:`origin`):
-
-- ``triton``: Triton itself. Its files, and its state that changes code (its knobs and
-  environment), are in every kernel key (:mod:`.compiler_identity`).
-- ``python``: the standard library modules whose functions depend only on their arguments
-  (:data:`PURE_STDLIB`); the interpreter's version is in every description.
-- ``impure``: the rest of the standard library (``os``, ``sys``, ``random``, ``time``, ...): code
-  that reads the process's state. Reaching it makes a kernel open.
-- ``installed``: a module of a distribution installed in a ``site-packages`` directory: its
-  code is described by name and by the digest of the file that defines it, the module's own
-  (:func:`.file_digests.installed_digest`). Code of a module with no such file to read
-  (imported from a zip archive, or with no file of its own: a namespace package, a module made
-  at run time) is never trusted: reaching it makes a kernel open.
-- ``user``: everything else (the application's own modules, editable installs): described by
-  content.
+Where code comes from (:func:`origin`): ``triton`` (Triton itself, whose files are in every
+key), ``python`` (the standard library modules whose functions depend only on their arguments,
+:data:`PURE_STDLIB`), ``impure`` (the rest of the standard library), ``installed`` (a module of a
+distribution in a ``site-packages`` directory) or ``user`` (everything else).
 """
 
 from __future__ import annotations
@@ -46,7 +33,6 @@ import struct
 import sys
 import sysconfig
 import types
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 #: standard library modules whose functions depend only on their arguments
@@ -58,18 +44,6 @@ PURE_STDLIB = frozenset(
      "_pydecimal", "_struct", "_heapq", "_bisect", "_json", "_sre", "sre_compile",
      "sre_parse", "sre_constants", "_string", "contextlib", "warnings", "_warnings", "weakref",
      "_weakref", "_weakrefset", "reprlib", "copyreg"}
-)  # fmt: skip
-#: builtins that look values up by a computed name or read the process's state (files, the
-#: terminal): Python code that names one (not shadowed by a global) makes its kernel open
-DYNAMIC_BUILTINS = frozenset(
-    {"getattr", "hasattr", "setattr", "delattr", "globals", "locals", "vars", "eval", "exec",
-     "compile", "__import__", "open", "input", "breakpoint"}
-)  # fmt: skip
-#: attributes whose reading gives code a way around the names it spells (a namespace, a
-#: frame, another function's globals): Python code that spells one makes its kernel open
-DYNAMIC_ATTRIBUTES = frozenset(
-    {"__dict__", "__globals__", "__builtins__", "__code__", "__closure__", "__getattribute__",
-     "f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "cr_frame", "tb_frame"}
 )  # fmt: skip
 #: bases whose instances' state the describer reads through the value itself, each with the
 #: base's own way to that state (never a method a subclass overrides: a ``float`` whose
@@ -88,18 +62,12 @@ CLASS_NOISE = frozenset(
      "__slotnames__", "__abstractmethods__", "_abc_impl", "__dataclass_fields__",
      "__dataclass_params__"}
 )  # fmt: skip
-#: the type names of callables written in C that are described by name (as built-ins are)
-C_CALLABLES = frozenset(
-    {"builtin_function_or_method", "method_descriptor", "wrapper_descriptor",
-     "method-wrapper", "classmethod_descriptor", "ufunc"}
-)  # fmt: skip
 _IMPORT = frozenset(dis.opmap[name] for name in ("IMPORT_NAME", "IMPORT_FROM") if name in dis.opmap)
 
 
 #: values described by type and text (:func:`plain_text`; exact types only: a subclass may
 #: behave otherwise)
 PLAIN = (int, float, str, bytes, bool, type(None), complex)
-PLAIN_TYPES = frozenset(PLAIN)
 
 
 def plain_text(value: Any) -> str:
@@ -148,31 +116,6 @@ def code_facts(code: types.CodeType) -> tuple[str, frozenset[str], bool]:
         code.co_flags,
     ]
     return hashlib.sha256(repr(doc).encode()).hexdigest(), frozenset(names), imports
-
-
-def cell(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell
-        return MISSING
-
-
-def cells(inner: Any) -> dict[str, Any]:
-    """The closure cells of the Python function ``inner``, by name."""
-    code = getattr(inner, "__code__", None)
-    found = getattr(inner, "__closure__", None) or ()
-    if code is None:
-        return {}
-    return dict(zip(code.co_freevars, found, strict=False))
-
-
-def parameters(inner: Any) -> frozenset[str]:
-    """The parameter names of the Python function ``inner``."""
-    code = getattr(inner, "__code__", None)
-    if code is None:
-        return frozenset()
-    count = code.co_argcount + code.co_kwonlyargcount
-    return frozenset(code.co_varnames[:count])
 
 
 # -- a JIT function's source ------------------------------------------------------------------
@@ -256,47 +199,6 @@ def syntax(src: str) -> Syntax:
     )
 
 
-#: what cannot be told without running code
-UNKNOWN = object()
-
-
-def scope(
-    cells: dict[str, Any], glob: dict[str, Any], params: frozenset[str]
-) -> Callable[[str], Any]:
-    """How a JIT function finds a global name (a parameter: not known before the call)."""
-
-    def find(name: str) -> Any:
-        if name in params:
-            return UNKNOWN
-        if name in cells:
-            return cell(cells[name])
-        return glob.get(name, UNKNOWN)
-
-    return find
-
-
-def resolved(
-    found: Syntax, scope: Callable[[str], Any], head: str | None, attrs: tuple[str, ...]
-) -> Any:
-    """What the chain ``head.attrs`` finds without running code, through modules only;
-    :data:`UNKNOWN` where that cannot be told (an expression, a local, another object)."""
-    if head is None or head in found.stored:
-        return UNKNOWN
-    value = scope(head)
-    for attr in attrs:
-        if not isinstance(value, types.ModuleType):
-            return UNKNOWN
-        value = vars(value).get(attr, UNKNOWN)
-    return value
-
-
-@functools.lru_cache(maxsize=1)
-def constexpr_class() -> Any:
-    from triton.language import core
-
-    return core.constexpr
-
-
 @functools.lru_cache(maxsize=1)
 def jit_classes() -> tuple[Any, Any, Any]:
     from triton.runtime import jit
@@ -311,6 +213,29 @@ def jit_classes() -> tuple[Any, Any, Any]:
 def is_jit(value: Any) -> bool:
     """Whether ``value`` is a Triton JIT function (``constexpr_function`` included)."""
     return isinstance(value, jit_classes()[0])
+
+
+# -- JIT functions ---------------------------------------------------------------------------
+#: the decorator settings that change what is compiled but not Triton's ``cache_key``
+SETTINGS = ("noinline", "debug", "do_not_specialize", "do_not_specialize_on_alignment")
+
+
+def source(fn: Any) -> Any:
+    """The source of the JIT function ``fn``, as Triton's frontend parses it."""
+    try:
+        return fn.src
+    except AttributeError:
+        return getattr(fn, "_src", None)
+
+
+def mark(fn: Any) -> tuple[Any, ...]:
+    """The source and decorator settings of the JIT function ``fn`` as they are now."""
+    found: list[Any] = [source(fn)]
+    for s in SETTINGS:
+        value: Any = getattr(fn, s, None)
+        kind = type(value)
+        found.append(tuple(value) if kind is list else frozenset(value) if kind is set else value)
+    return tuple(found)
 
 
 # -- objects ---------------------------------------------------------------------------------
@@ -352,17 +277,6 @@ def data_base(cls: type) -> type | None:
     return cls
 
 
-def fields(value: Any) -> dict[str, Any]:
-    """The fields of ``value``: its ``__dict__`` and its slots (:data:`MISSING` if unset)."""
-    own = getattr(value, "__dict__", None)
-    found = dict(own) if isinstance(own, dict) else {}
-    for cls in type(value).__mro__:
-        for slot in _own_slots(cls):
-            if slot not in ("__dict__", "__weakref__"):
-                found[slot] = getattr(value, slot, MISSING)
-    return found
-
-
 def slot_names(kind: type) -> tuple[str, ...]:
     """The slots of instances of ``kind`` (for reading them again)."""
     return tuple(
@@ -370,21 +284,22 @@ def slot_names(kind: type) -> tuple[str, ...]:
     )
 
 
-def is_member(value: Any) -> bool:
-    """Whether a class attribute is described as a value (not a C-level slot or wrapper)."""
-    return not isinstance(
-        value,
-        (
-            types.MemberDescriptorType,
-            types.GetSetDescriptorType,
-            types.WrapperDescriptorType,
-            types.MethodDescriptorType,
-        ),
-    )
+# -- attributes, read without running code ---------------------------------------------------
+#: what an attribute only code would give finds (no code runs)
+RUNS_CODE: Any = type("RunsCode", (), {"__repr__": lambda self: "<computed by code>"})()
+#: what :func:`in_mro` finds where no class holds the name
+NOT_FOUND: Any = type("NotFound", (), {"__repr__": lambda self: "<not found>"})()
+_TYPE_MRO = type.__dict__["__mro__"]
 
 
-def descriptor(value: Any) -> Any:
-    return ["descriptor", type(value).__name__, getattr(value, "__name__", None)]
+def in_mro(cls: type, name: str) -> Any:
+    """``name`` as the classes of ``cls``'s method resolution order hold it, raw (no
+    descriptor called), or a sentinel where none does."""
+    for base in _TYPE_MRO.__get__(cls):
+        space = type.__dict__["__dict__"].__get__(base)
+        if name in space:
+            return space[name]
+    return NOT_FOUND
 
 
 # -- modules ---------------------------------------------------------------------------------
@@ -484,11 +399,3 @@ def named(value: Any) -> str | None:
     if isinstance(found, (staticmethod, classmethod)):
         found = found.__func__
     return f"{module}:{qualname}" if found is value else None
-
-
-def plain_value(value: Any) -> Any:
-    if isinstance(value, PLAIN):
-        return plain_text(value)
-    if isinstance(value, (tuple, list, set, frozenset)):
-        return sorted(plain_text(v) for v in value)
-    return name_of(value)

@@ -42,9 +42,9 @@ from ..exceptions import RefusedReadSet
 from . import admit
 from . import exact_values as ev
 from . import read_sets as rs
-from .exact_values import RUNS_CODE
 from .guard import WITNESS, Guard
 from .keyed_environment import environment_want
+from .static_reads import RUNS_CODE
 
 #: the most rows a read set keeps (a larger one is cut, and says so)
 MAX_ROWS = 2000

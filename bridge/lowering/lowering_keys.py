@@ -1,24 +1,22 @@
 """The key of a call's lowering, derived without binding or keying any kernel.
 
-From everything that decides the opaque: the kernel (its code as :mod:`bridge.identity.jit`
-identifies it without parsing it: a superset of what Triton's ``cache_key`` covers, its source
-and the jitted functions and constants it uses, plus its decorator's settings; and its autotune
-and heuristics layers), the call's arguments (arrays by shape, dtype and buffer; scalars and
-constexprs by value, floats by their bits; JIT functions passed as arguments by their identity),
-keywords and options, every variant as the kernel's layers make it (heuristics, pruning and
-pre_hooks applied) with its grid and zeroed outputs, the buffer layout, the target, the
-embedding, the local device, and the software (:func:`context`): the bridge, Triton (the
-identity of its files), the backend (what its vendor says its identity reads: ptxas on CUDA),
-the compiler's environment (every variable and knob that changes code:
-:mod:`bridge.identity.compiler_identity`), jaxlib. The process-wide
-ingredients of every kernel key (pipeline, Triton, its files, the backend, the environment)
-are in the context through the same functions, and the kernel's own (its code, signature,
-constexprs, options) follow from the call's description: a lowering key changes whenever a key
-of a kernel it embeds changes. An open kernel (:mod:`bridge.identity.jit`) has no code identity,
-so its calls are never stored: their lowering runs the frontend and keys each kernel by its IR. A value known only by its address makes a call unkeyable: it is lowered as
-before, and nothing is stored. Other values are described exactly, as kernel keys describe
-constexprs (:func:`bridge.identity.jit.constant`). Where jaxlib assembles the PTX itself, the
-key holds the release of the ptxas it runs (the PTX's ``.version`` is written for it).
+From everything that decides the opaque but what the frontend reads: the kernel (its own code
+as :func:`bridge.identity.jit.identity` holds it, what Triton's ``cache_key`` covers of it and
+its JIT helpers, plus its decorator's settings; and its autotune and heuristics layers), the
+call's arguments (arrays by shape, dtype and buffer; scalars and constexprs by value, floats by
+their bits, objects by content: :func:`bridge.identity.jit.constant`), keywords and options,
+every variant as the kernel's layers make it (heuristics, pruning and pre_hooks applied) with
+its grid and zeroed outputs, the buffer layout, the target, the embedding, the local device,
+and the software (:func:`context`): the bridge, Triton (the identity of its files), the backend
+(what its vendor says its identity reads: ptxas on CUDA), the compiler's environment (every
+variable and knob that changes code: :mod:`bridge.identity.compiler_identity`), jaxlib. The
+process-wide ingredients of every kernel key are in the context through the same functions,
+and the kernel's own follow from the call's description. What the frontend read while it
+generated the kernels (the read sets of the kernels a lowering embeds) is stored with it and
+checked before it is used again (:mod:`bridge.lowering.lower`). A value with no description
+by content makes a call unkeyable: it is lowered as before, and nothing is stored. Where
+jaxlib assembles the PTX itself, the key holds the release of the ptxas it runs (the PTX's
+``.version`` is written for it).
 
 The key is the digest of named steps (:data:`STEPS`, :func:`kernelcache.keys.digest_of`, as a
 kernel key is), and a stored lowering records them, so that a miss can name the steps that

@@ -265,17 +265,6 @@ def make_plan(
             for index, spec in enumerate(specs):
                 if spec.key not in keys:
                     continue  # an autotune decision chose another config
-                if not spec.stored:
-                    problems.append(
-                        WarmProblem(
-                            "invalid",
-                            f"the kernel has no key: it is {spec.open}",
-                            call.kernel,
-                            str(target),
-                            lines=call.lines,
-                        )
-                    )
-                    continue
                 if (spec.key, str(target)) in seen:
                     continue  # another call has the same specialization
                 seen.add((spec.key, str(target)))

@@ -1,7 +1,7 @@
 """``kernelcache audit MANIFEST`` through the real command line: it reruns Triton's frontend for
-every recorded call and says whether the entry under each key was compiled from today's IR
-(``exact``), from other IR (``hole``: a change the key did not see; the audit fails), or whether
-the kernel is open (keyed by its IR) and why. It writes nothing."""
+every recorded call and says whether the entry a lowering would use was compiled from today's
+IR (``exact``) or from other IR (``hole``: a change neither the key nor the read set saw; the
+audit fails). It writes nothing."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def exact_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def open_kernel(x_ptr, n, out_ptr, ACT: tl.constexpr, BLOCK: tl.constexpr):
+def by_name(x_ptr, n, out_ptr, ACT: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(out_ptr + offs, getattr(ops, ACT)(tl.load(x_ptr + offs, mask=mask)), mask=mask)
@@ -50,26 +50,20 @@ import bridge
 import auditkernels as K
 
 x = jax.ShapeDtypeStruct((4096,), jnp.float32)
-for kernel, kw in ((K.exact_kernel, {}), (K.open_kernel, {"ACT": "double"})):
+for kernel, kw in ((K.exact_kernel, {}), (K.by_name, {"ACT": "double"})):
     fn = lambda x, kernel=kernel, kw=kw: bridge.triton_call(
         x, x.size, kernel=kernel, out_shape=x, grid=(4,), BLOCK=1024, target="cuda:90", **kw)
     jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",))
 """
-#: the kernelcache command where the kernel's code is not part of its key: an analysis with a
+#: the kernelcache command with a witness blind to what the frontend read: an analysis with a
 #: hole, as a change it cannot see would make one
-#: the kernelcache command with a key blind to the kernel's code
-KEY_BLIND = """
+BLIND = """
 import sys
-from bridge.identity import kernel_keys
-kernel_keys.code_digest = lambda fn: "blind"
+from bridge.identity import read_sets
+read_sets.stale = lambda *a, **k: None
 from kernelcache.cli import main
 sys.exit(main(sys.argv[1:]))
 """
-#: ... and a witness blind to what the frontend read
-BLIND = KEY_BLIND.replace(
-    "from kernelcache.cli",
-    "from bridge.identity import read_sets\nread_sets.stale = lambda *a, **k: None\nfrom kernelcache.cli",
-)
 
 
 @pytest.fixture(scope="module")
@@ -115,19 +109,16 @@ def _listing(root: Path) -> list[tuple[str, int, int]]:
     return sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*"))
 
 
-def test_exact_and_open_kernels_are_told_apart_and_nothing_is_written(project):
+def test_entries_built_from_todays_ir_are_exact_and_nothing_is_written(project):
     before = _listing(project["root"])
-    doc = audit(project["root"], project, code=0)
+    doc = audit(project["root"], project, "--strict", code=0)
     assert _listing(project["root"]) == before  # (no memo, no stamp, no statistics)
-    assert (doc["command"], doc["exact"], doc["open"], doc["hole"]) == ("audit", 1, 1, 0)
+    assert (doc["command"], doc["exact"], doc["hole"]) == ("audit", 2, 0)
     by_kernel = {r["kernel"].rpartition(":")[2]: r for r in doc["results"]}
-    assert by_kernel["exact_kernel"]["status"] == "exact"
-    assert by_kernel["exact_kernel"]["ir"] == by_kernel["exact_kernel"]["entry_ir"]
-    opened = by_kernel["open_kernel"]
-    assert opened["status"] == "open" and "getattr(ops, ACT)" in opened["reason"]
-    # --strict fails on an open kernel too
-    assert audit(project["root"], project, "--strict", code=1)["open"] == 1
-    # explain says it too, and finds the open kernel's entry (keyed by its IR)
+    for name in ("exact_kernel", "by_name"):
+        assert by_kernel[name]["status"] == "exact"
+        assert by_kernel[name]["ir"] == by_kernel[name]["entry_ir"]
+    # explain finds both entries
     explained = kc_code(
         "--root",
         str(project["root"]),
@@ -138,20 +129,17 @@ def test_exact_and_open_kernels_are_told_apart_and_nothing_is_written(project):
         PYTHONPATH=str(project["src"]),
         PYTHONDONTWRITEBYTECODE="1",
     )
-    notes = {
-        r["kernel"].rpartition(":")[2]: (r["status"], r["notes"])
-        for r in json.loads(explained.stdout)["results"]
+    statuses = {
+        r["kernel"].rpartition(":")[2]: r["status"] for r in json.loads(explained.stdout)["results"]
     }
-    status, said = notes["open_kernel"]
-    assert status == "hit" and any("open, keyed by the IR" in n for n in said)
-    assert notes["exact_kernel"] == ("hit", [])
+    assert statuses == {"exact_kernel": "hit", "by_name": "hit"}
 
 
 def test_a_change_the_key_does_not_see_is_a_hole(project, tmp_path):
-    """An analysis blind to the kernel's code (its key and the witness of its reads) keys the
-    edited kernel as before: the entry under that key was compiled from other IR, and the
-    audit says so, and fails. With the key alone blind, the witness sees the change: the entry
-    a lowering would use is another, not yet compiled."""
+    """An analysis blind to what the frontend read (the witness of its reads) uses the entry
+    under the key of an edited helper module as before: it was compiled from other IR, and the
+    audit says so, and fails. The witness sees the change: the entry a lowering would use is
+    another, not yet compiled."""
     root = tmp_path / "blind"
     kc_code(
         "--root",
@@ -170,18 +158,14 @@ def test_a_change_the_key_does_not_see_is_a_hole(project, tmp_path):
     cfg.write_text(text.replace("2.0", "3.0"))
     try:
         doc = audit(root, project, code=1, prelude=BLIND)
-        witnessed = audit(root, project, code=0, prelude=KEY_BLIND)
         honest = audit(root, project, code=0)
     finally:
         cfg.write_text(text)
     (hole,) = [r for r in doc["results"] if r["status"] == "hole"]
     assert hole["kernel"].endswith(":exact_kernel") and hole["ir"] != hole["entry_ir"]
-    # the real key sees the change: nothing is cached under it, nothing is wrong
+    # the read set sees the change: nothing is cached for it yet, nothing is wrong
     statuses = {r["kernel"].rpartition(":")[2]: r["status"] for r in honest["results"]}
-    assert statuses == {"exact_kernel": "uncached", "open_kernel": "open"}
-    # (the open kernel, its code blind, is keyed like the entry it was warmed as: its reads hold)
-    statuses = {r["kernel"].rpartition(":")[2]: r["status"] for r in witnessed["results"]}
-    assert statuses == {"exact_kernel": "uncached", "open_kernel": "exact"}
+    assert statuses == {"exact_kernel": "uncached", "by_name": "exact"}
 
 
 #: the kernelcache command where what ptxas is told of the source files differs from what a
@@ -201,13 +185,13 @@ def test_compile_compares_each_entrys_machine_code_with_a_compile_today(project)
     doc = audit(project["root"], project, "--compile", code=0)
     assert _listing(project["root"]) == before  # compiled in memory: nothing written
     statuses = {r["kernel"].rpartition(":")[2]: r["status"] for r in doc["results"]}
-    assert statuses == {"exact_kernel": "exact", "open_kernel": "open"}
+    assert statuses == {"exact_kernel": "exact", "by_name": "exact"}
     # the same IR, other machine code: both entries differ, and the audit fails
     changed = audit(project["root"], project, "--compile", code=1, prelude=RESTAMPED)
     differs = {r["kernel"].rpartition(":")[2]: r for r in changed["results"]}
     assert {name: r["status"] for name, r in differs.items()} == {
         "exact_kernel": "differs",
-        "open_kernel": "differs",
+        "by_name": "differs",
     }
     assert "first different at byte" in differs["exact_kernel"]["reason"]
     assert differs["exact_kernel"]["ir"] == differs["exact_kernel"]["entry_ir"]

@@ -161,7 +161,7 @@ def test_explain_names_an_edited_source_and_serves_entries_without_components(tm
     assert "the kernel's source changed since the manifest was recorded" in result["notes"]
     text = kc_code(*common, "explain", str(manifest), code=1, **env).stdout
     assert (
-        "code digest (every global, attribute and helper the frontend reads, by content) differs"
+        "code digest (the kernel's source, settings and first line, and its JIT helpers') differs"
         in text
     )
     # an entry written before entries recorded components: still a hit, and as the nearest

@@ -1,5 +1,6 @@
 """No wrong launch, by construction: whatever changes what Triton's frontend compiles changes
-the kernel's key (and the stored lowering's), or the kernel is open and keyed by its IR.
+the kernel's key (and the stored lowering's), or what its read set finds (or, a partial read
+set, the IR it ends with).
 
 The three-way test: process 1 lowers version A of some code into root R; process 2 lowers
 version B from R; process 3 lowers version B into a fresh root. Process 2 must embed what
@@ -17,13 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import textwrap
 from dataclasses import dataclass, field
 
 import pytest
 import triton.language as tl
-from bridge_helpers import kernel_module, kernel_source, opaque, run_child
+from bridge_helpers import kernel_module, kernel_source, machine_code, run_child
 from support import HELPERS
 
 
@@ -344,7 +344,9 @@ def three_way(tmp_path_factory):
 def test_a_second_process_embeds_what_a_compile_of_the_new_code_gives(three_way, name):
     first, second, fresh = three_way
     assert first[name][1] != fresh[name][1], "the change does not change the machine code"
-    assert second[name] == fresh[name]
+    # (the machine code: the opaque also names the key of the entry it came from, and process
+    # 2 keeps its kernel under a key chained from process 1's)
+    assert second[name][1] == fresh[name][1]
 
 
 # -- inside one warm process ---------------------------------------------------------------------
@@ -431,12 +433,12 @@ def test_a_warm_process_lowers_the_code_as_it_is_now(tmp_path, change):
     )
     module = kernel_module(tmp_path, f"exact_warm_{tag}", WARM.format(cfg=cfg.__name__))
     root = tmp_path / "root"
-    before = opaque(module.kernel, root)
-    assert opaque(module.kernel, root) == before  # (warm: the same)
+    before = machine_code(module.kernel, root)
+    assert machine_code(module.kernel, root) == before  # (warm: the same)
     change(module, cfg)
-    after = opaque(module.kernel, root)
+    after = machine_code(module.kernel, root)
     assert after != before
-    assert opaque(module.kernel, tmp_path / "fresh") == after
+    assert machine_code(module.kernel, tmp_path / "fresh") == after
 
 
 # -- descriptions: by content, or none --------------------------------------------------------
@@ -498,80 +500,77 @@ APART = {
 
 
 @pytest.mark.parametrize("pair", APART.values(), ids=APART.keys())
-def test_values_that_compile_apart_are_described_apart(pair):
-    from bridge.identity import jit
+def test_values_that_compile_apart_are_never_described_alike(pair):
+    """Two values the frontend can compile differently get two descriptions, or one of them
+    none (a read set that found it is partial: the IR decides)."""
+    from bridge.identity.exact_values import describe, exact
 
-    one, other = pair()
-    assert repr(jit.constant(one)) != repr(jit.constant(other))
-
-
-def _reads_environ():
-    return os.environ.get("X")
+    one, other = (exact(v) or describe(v) for v in pair())
+    assert one is None or other is None or repr(one) != repr(other)
 
 
-def _looks_up(obj):
-    return getattr(obj, "x" + "y")
-
-
-def _imports():
-    import math
-
-    return math.pi
-
-
-#: constexprs with no exact description: the kernel is open, and the reason names what
+#: constexprs with no description by content: what a read of them finds is opaque
 UNDESCRIBABLE = {
-    "a-lock": (lambda: __import__("threading").Lock(), "_thread:lock"),
-    "a-random-generator": (lambda: __import__("random").Random(0), "random:Random"),
-    "code-that-reads-the-environment": (lambda: _reads_environ, "module os"),
-    "code-that-looks-up-computed-names": (lambda: _looks_up, "getattr"),
-    "code-that-imports": (lambda: _imports, "imports a module"),
+    "a-lock": lambda: __import__("threading").Lock(),
+    "a-random-generator": lambda: __import__("random").Random(0),
+    "a-partial": lambda: __import__("functools").partial(print, 1),
 }
 
 
-@pytest.mark.parametrize("case", UNDESCRIBABLE.values(), ids=UNDESCRIBABLE.keys())
-def test_what_cannot_be_proved_complete_has_no_description(case):
+@pytest.mark.parametrize("make", UNDESCRIBABLE.values(), ids=UNDESCRIBABLE.keys())
+def test_what_holds_state_no_field_shows_has_no_description(make):
     from bridge.identity import jit
+    from bridge.identity.exact_values import describe
 
-    make, named = case
-    with pytest.raises(jit.Undescribable, match=named):
+    assert describe(make()) is None
+    with pytest.raises(ValueError, match="no description by content"):
         jit.constant(make())
 
 
 def test_a_global_defined_later_that_hides_a_builtin_is_seen(tmp_path):
     """A constexpr_function's name that found a builtin finds a global once one is defined:
-    the warm identity notices (absent names are reads too)."""
-    from bridge.identity import jit
-
+    the next lowering in the same process embeds the new code."""
     module = kernel_module(
         tmp_path,
         "exact_hidden_builtin",
         """
         @triton.constexpr_function
         def width():
-            return len("ab")
+            return float(len("ab"))
 
         @triton.jit
-        def kernel(x_ptr):
-            tl.store(x_ptr, 1.0 * width())
+        def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            x = tl.load(x_ptr + offs, mask=offs < n)
+            tl.store(out_ptr + offs, x * width(), mask=offs < n)
         """,
     )
-    before = jit.identity(module.kernel)
-    assert jit.identity(module.kernel) == before
+    root = tmp_path / "root"
+    before = machine_code(module.kernel, root)
+    assert machine_code(module.kernel, root) == before
     module.len = lambda s: 7
-    assert jit.identity(module.kernel) != before
+    after = machine_code(module.kernel, root)
+    assert after != before
+    assert machine_code(module.kernel, tmp_path / "fresh") == after
 
 
 # -- ordinary kernels are exact ------------------------------------------------------------------
 ORDINARY = """
 import types
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.language.core import _aggregate as aggregate
 
 LAZY = types.ModuleType("lazy")  # a module that makes attributes on demand, as some packages do
-LAZY.__getattr__ = lambda name: 1.0
+
+
+def _made_on_demand(name):
+    if name == "K":
+        return tl.constexpr(1.0)
+    raise AttributeError(name)
+
+
+LAZY.__getattr__ = _made_on_demand
 LAZY.SCALE = tl.constexpr(2.0)
+PLAIN = types.ModuleType("plain")
+PLAIN.SCALE = tl.constexpr(2.0)
 
 
 def shift(x):
@@ -583,37 +582,32 @@ def documented(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
     \"\"\"Copies (+ shift, when a shift is bound): the docstring names a helper the kernel never
     reads.\"\"\"
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * LAZY.SCALE, mask=offs < n)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * PLAIN.SCALE, mask=offs < n)
 
 
-@aggregate
-class Scale:
-    k: gl.constexpr
-
-    @gluon.jit
-    def apply(self, x):
-        return x * 2.0
-
-
-@gluon.jit
-def with_aggregate(x_ptr, n, out_ptr, BLOCK: gl.constexpr):
-    layout: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
-    offs = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=layout)
-    gl.store(out_ptr + offs, Scale(2).apply(gl.load(x_ptr + offs, mask=offs < n)), mask=offs < n)
 """
 
 
 def test_ordinary_kernels_are_exact(tmp_path):
-    """A docstring that names a helper, ``tl.arange`` beside a module that makes attributes on
-    demand, a Gluon ``@aggregate`` class (whose ``hash_attrs`` hold ``object.__init__``): none of
-    these makes a kernel open."""
-    from bridge.identity import jit
+    """A docstring that names a helper, a module's attribute: the read set is complete (no IR
+    read: another process hits without the frontend). A module that makes attributes on
+    demand (``__getattr__``) runs code of the program when Triton's frontend probes it for its
+    own markers (``__triton_builtin__``): a read set that reaches one is partial."""
+    import json
+
+    from bridge_helpers import _lowered_call
+
+    from kernelcache.store import Store
 
     module = kernel_module(tmp_path, "exact_ordinary", ORDINARY)
-    for kernel in (module.documented, module.with_aggregate):
-        assert isinstance(jit.identity(kernel), str)
-    assert jit.constant(module.Scale)
-    # the module's own attribute that it makes on demand is read: then the kernel is open
-    module.documented._unsafe_update_src(module.documented.src.replace("LAZY.SCALE", "LAZY.K"))
-    with pytest.raises(jit.Undescribable, match="makes its attribute K with __getattr__"):
-        jit.identity(module.documented)
+
+    def reads(kernel, root):
+        _lowered_call(kernel, root, "inline", {})
+        (meta,) = [Store(root).inspect(p.stem).meta for p in root.glob("*.cubin")]
+        return json.loads(meta["reads"])
+
+    found = reads(module.documented, tmp_path / "root")
+    assert found["partial"] == [] and "ir" not in [r[1] for r in found["rows"]]
+    module.documented._unsafe_update_src(module.documented.src.replace("PLAIN.SCALE", "LAZY.K"))
+    found = reads(module.documented, tmp_path / "lazy")
+    assert found["partial"] and found["rows"][-1][1] == "ir"
