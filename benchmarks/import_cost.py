@@ -1,16 +1,26 @@
-"""What the bridge adds to a process's start, against ``import jax, triton`` alone.
+"""What the bridge adds to a process's start, against ``import jax, triton`` alone, and what
+``import kernelcache`` costs the operator's command, module by module.
 
-Each measurement is a fresh process that imports jax and triton (the baseline: any Triton-in-JAX
-program pays it), then ``import bridge``, then ``bridge.triton_call`` (the first access imports
-the lowering machinery), then lowers one call whose kernel is already in the kernel cache. The
-modules the first lowering imports are timed with ``-X importtime`` in separate runs (the
-imports between two markers), and the largest of everything the bridge brings in is listed.
-Bytecode is cached (``PYTHONDONTWRITEBYTECODE`` is unset for the measured processes, and a
-first run writes it), as it is for an installed package.
+Each measurement is a fresh process. The bridge's process imports jax and triton (the baseline:
+any Triton-in-JAX program pays it), then ``import bridge`` and ``bridge.triton_call`` (the first
+access imports the lowering machinery), then lowers one call whose kernel is already in the
+kernel cache (the imports it makes are the first lowering's). The kernelcache process imports
+``kernelcache`` alone, as the ``kernelcache`` command does before it parses its arguments.
+
+Two runs per repeat and process: one timed, one under ``python -X importtime``, whose stderr
+gives each module's own (self) and cumulative microseconds; the tables show each module's median
+over the repeats, largest own time first. A module ``importlib.import_module`` imports (the
+bridge's lazy names: ``bridge.api``) is not logged by ``-X importtime``; the row "not logged"
+is the wall time of the step less what the log attributes, which is mostly those modules' own
+code. The modules a step brings in are counted from ``sys.modules``: the project's
+(``bridge.*``, ``kernelcache.*``), the standard library's, and each third-party package's
+beyond what ``import jax, triton`` loaded already (protobuf, xxhash, ...). Bytecode is cached
+(``PYTHONDONTWRITEBYTECODE`` is unset for the measured processes, and a first run writes it),
+as it is for an installed package.
 
 With ``--before REF_OR_DIR`` the same runs also measure an older bridge (a directory, or a git
-ref exported with ``git archive``) for comparison. Prints a table (min and median over
-``--repeats`` processes), then one JSON line; ``--out FILE`` also writes it.
+ref exported with ``git archive``), its processes interleaved with this one's. Prints tables
+(median and min over ``--repeats``), then one JSON line; ``--out FILE`` also writes it.
 
     python benchmarks/import_cost.py --repeats 15 --before main --out import_cost.json
 """
@@ -30,8 +40,16 @@ from pathlib import Path
 from common import emit_summary, export
 
 REPO = Path(__file__).resolve().parent.parent
-STEPS = ("import jax, triton", "import bridge", "bridge.triton_call", "first lowering")
-CHILD = r"""
+PROJECT = ("bridge", "kernelcache")
+STEPS = (
+    "import jax, triton",
+    "import bridge + bridge.triton_call",
+    "first lowering",
+    "next lowering",
+    "import kernelcache (alone)",
+)
+#: the bridge's process: markers on stderr delimit the steps in the ``-X importtime`` log
+BRIDGE_CHILD = r"""
 import json, sys, time
 def mark(what):
     sys.stderr.write(f"@@ {what}\n")
@@ -39,12 +57,14 @@ def mark(what):
 t0 = time.perf_counter()
 import jax, jax.numpy as jnp, triton
 t1 = time.perf_counter()
+loaded = set(sys.modules)
 mark("bridge")
-import bridge
 t2 = time.perf_counter()
+import bridge
 bridge.triton_call
 t3 = time.perf_counter()
 mark("accessed")
+brought = sorted(set(sys.modules) - loaded)
 from examples import kernels as K
 x = jax.ShapeDtypeStruct((4096,), jnp.float32)
 def f(a, b):
@@ -59,85 +79,178 @@ mark("end")
 t6 = time.perf_counter()
 jax.jit(f).trace(jax.ShapeDtypeStruct((8192,), jnp.float32), x).lower(lowering_platforms=("cuda",))
 t7 = time.perf_counter()
-print(json.dumps({"import jax, triton": t1 - t0, "import bridge": t2 - t1,
-                  "bridge.triton_call": t3 - t2, "first lowering": t5 - t4,
-                  "next lowering": t7 - t6}))
+print(json.dumps({"ms": {"import jax, triton": t1 - t0, "import bridge + bridge.triton_call": t3 - t2,
+                         "first lowering": t5 - t4, "next lowering": t7 - t6},
+                  "brought": brought, "stdlib": sorted(sys.stdlib_module_names)}))
+"""
+#: the operator's command's process: ``import kernelcache`` and nothing before it
+KERNELCACHE_CHILD = r"""
+import json, sys, time
+loaded = set(sys.modules)
+sys.stderr.write("@@ kernelcache\n")
+sys.stderr.flush()
+t0 = time.perf_counter()
+import kernelcache
+t1 = time.perf_counter()
+sys.stderr.write("@@ end\n")
+print(json.dumps({"ms": {"import kernelcache (alone)": t1 - t0},
+                  "brought": sorted(set(sys.modules) - loaded),
+                  "stdlib": sorted(sys.stdlib_module_names)}))
 """
 
 
-def run(root: Path, cache: str, importtime: bool) -> tuple[dict, str]:
+def run(root: Path, cache: str, child: str, importtime: bool) -> tuple[dict, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as for an installed package
     env.update(PYTHONPATH=str(root), KERNELCACHE_DIR=cache, JAX_PLATFORMS="cpu")
-    cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-c", CHILD]
+    cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-c", child]
     proc = subprocess.run(cmd, env=env, cwd=str(root), capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"the measuring process failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-def imports_between(stderr: str, start: str, end: str) -> dict[str, float]:
-    """Top-level imports (cumulative ms) that ``-X importtime`` logged between two markers."""
-    out: dict[str, float] = {}
+def logged_imports(stderr: str, start: str, end: str) -> dict[str, tuple[int, int, bool]]:
+    """{module: (self µs, cumulative µs, imported by the section itself)} that ``-X
+    importtime`` logged between two markers (a module logged twice: the times added)."""
+    out: dict[str, tuple[int, int, bool]] = {}
     inside = False
     for line in stderr.splitlines():
         if line.startswith("@@ "):
             inside = line[3:] == start or (inside and line[3:] != end)
             continue
         if inside and line.startswith("import time:") and "self [us]" not in line:
-            _, cumulative, name = line[len("import time:") :].split("|")
-            if not name.startswith("  "):  # one space: imported by the section itself
-                out[name.strip()] = out.get(name.strip(), 0.0) + int(cumulative) / 1000
+            own, cumulative, name = line[len("import time:") :].split("|")
+            top = not name.startswith("  ")  # one space: imported by the section itself
+            was = out.get(name.strip(), (0, 0, False))
+            out[name.strip()] = (was[0] + int(own), was[1] + int(cumulative), was[2] or top)
     return out
 
 
-def measure(root: Path, repeats: int, work: Path) -> dict:
-    cache = tempfile.mkdtemp(prefix="kc-", dir=work)
-    run(root, cache, False)  # the kernel and the modules' bytecode are cached from now on
-    rows: dict[str, list[float]] = {}
-    for _ in range(repeats):
-        timings, _ = run(root, cache, False)
-        for step, seconds in timings.items():
-            rows.setdefault(step, []).append(seconds * 1000)
-    lowering_imports: list[dict[str, float]] = []
-    access_imports: list[dict[str, float]] = []
-    for _ in range(3):
-        _, stderr = run(root, cache, True)
-        access_imports.append(imports_between(stderr, "bridge", "accessed"))
-        lowering_imports.append(imports_between(stderr, "lowering", "end"))
+def counts(brought: list[str], stdlib: list[str]) -> dict:
+    """The modules a step brought in: the project's, the standard library's, the others' by
+    top-level package."""
+    std = set(stdlib)
+    third: dict[str, int] = {}
+    project = standard = 0
+    for name in brought:
+        top = name.split(".")[0]
+        if top in PROJECT:
+            project += 1
+        elif top in std:
+            standard += 1
+        else:
+            third[top] = third.get(top, 0) + 1
+    return {"project": project, "stdlib": standard, "third_party": dict(sorted(third.items()))}
 
-    def least(samples: list[dict[str, float]]) -> dict[str, float]:
-        names = set().union(*samples)
-        return {
-            n: round(min(s.get(n, 0.0) for s in samples), 2)
-            for n in sorted(names, key=lambda n: -min(s.get(n, 0.0) for s in samples))
-        }
 
-    imports_access = least(access_imports)
-    imports_lowering = least(lowering_imports)
+def modules_table(logs: list[dict[str, tuple[int, int, bool]]], wall_ms: list[float]) -> dict:
+    """Each module's median own and cumulative ms over the runs, largest own time first, and
+    the median of what the log does not attribute (the step's wall time less its top-level
+    imports' cumulative time)."""
+    names = set().union(*logs)
+    rows = []
+    for name in names:
+        own = statistics.median(log.get(name, (0, 0, False))[0] for log in logs) / 1000
+        cumulative = statistics.median(log.get(name, (0, 0, False))[1] for log in logs) / 1000
+        rows.append(
+            {"module": name, "self_ms": round(own, 3), "cumulative_ms": round(cumulative, 3)}
+        )
+    rows.sort(key=lambda r: (-r["self_ms"], r["module"]))
+    unlogged = [
+        wall - sum(c for _, c, top in log.values() if top) / 1000
+        for log, wall in zip(logs, wall_ms, strict=True)
+    ]
+    project = [r["self_ms"] for r in rows if r["module"].split(".")[0] in PROJECT]
     return {
-        "min_ms": {k: round(min(v), 2) for k, v in rows.items()},
-        "median_ms": {k: round(statistics.median(v), 2) for k, v in rows.items()},
-        "imports_by_access_ms": imports_access,
-        "imports_by_first_lowering_ms": imports_lowering,
-        "imports_by_first_lowering_total_ms": round(sum(imports_lowering.values()), 2),
+        "modules": rows,
+        "logged_total_ms": round(sum(r["self_ms"] for r in rows), 2),
+        "project_self_ms": round(sum(project), 2),
+        "not_logged_ms": round(statistics.median(unlogged), 2),
     }
+
+
+def sample(root: Path, cache: str) -> dict:
+    """One repeat: each process timed, then each under ``-X importtime``."""
+    timed: dict[str, float] = {}
+    for child in (BRIDGE_CHILD, KERNELCACHE_CHILD):
+        result, _ = run(root, cache, child, False)
+        timed.update({step: seconds * 1000 for step, seconds in result["ms"].items()})
+    bridge, stderr = run(root, cache, BRIDGE_CHILD, True)
+    alone, alone_stderr = run(root, cache, KERNELCACHE_CHILD, True)
+    return {
+        "ms": timed,
+        "access": logged_imports(stderr, "bridge", "accessed"),
+        "access_wall": bridge["ms"]["import bridge + bridge.triton_call"] * 1000,
+        "lowering": logged_imports(stderr, "lowering", "end"),
+        "bridge_brought": counts(bridge["brought"], bridge["stdlib"]),
+        "alone": logged_imports(alone_stderr, "kernelcache", "end"),
+        "alone_wall": alone["ms"]["import kernelcache (alone)"] * 1000,
+        "kernelcache_brought": counts(alone["brought"], alone["stdlib"]),
+    }
+
+
+def summarize(samples: list[dict]) -> dict:
+    """The medians and minimums of one bridge's samples."""
+    timed = {step: [s["ms"][step] for s in samples] for step in STEPS}
+    access = modules_table([s["access"] for s in samples], [s["access_wall"] for s in samples])
+    alone = modules_table([s["alone"] for s in samples], [s["alone_wall"] for s in samples])
+    first = modules_table([s["lowering"] for s in samples], [0.0] * len(samples))
+    return {
+        "median_ms": {k: round(statistics.median(v), 2) for k, v in timed.items()},
+        "min_ms": {k: round(min(v), 2) for k, v in timed.items()},
+        "bridge": {**access, "brought": samples[-1]["bridge_brought"]},
+        "kernelcache": {**alone, "brought": samples[-1]["kernelcache_brought"]},
+        "first_lowering_imports": first["modules"],
+        "first_lowering_imports_ms": first["logged_total_ms"],
+    }
+
+
+def brought_line(brought: dict) -> str:
+    third = ", ".join(f"{k} {v}" for k, v in brought["third_party"].items()) or "none"
+    return (
+        f"{brought['project']} project, {brought['stdlib']} standard library, third-party: {third}"
+    )
+
+
+def print_modules(label: str, what: str, table: dict, top: int) -> None:
+    print(f"{label}: {what}: {brought_line(table['brought'])}")
+    print(f"  {'module':44} {'self ms':>8} {'cumul. ms':>10}")
+    for row in table["modules"][:top]:
+        print(f"  {row['module']:44} {row['self_ms']:8.2f} {row['cumulative_ms']:10.2f}")
+    rest = table["modules"][top:]
+    if rest:
+        print(f"  {f'{len(rest)} more':44} {sum(r['self_ms'] for r in rest):8.2f}")
+    print(f"  {'not logged (importlib.import_module)':44} {table['not_logged_ms']:8.2f}")
+    others = table["logged_total_ms"] - table["project_self_ms"]
+    print(f"  {'own time of the project modules, in all':44} {table['project_self_ms']:8.2f}")
+    print(f"  {'own time of the others, in all':44} {others:8.2f}")
+    print()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=15, help="processes per bridge")
+    parser.add_argument("--repeats", type=int, default=15, help="processes per bridge and run")
     parser.add_argument("--before", help="an older checkout (directory) or git ref")
+    parser.add_argument("--top", type=int, default=20, help="modules shown per table")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="import-cost-"))
     bridges = {"now": REPO}
     if args.before:
         bridges["before"] = export(args.before, work)
+    samples: dict[str, list[dict]] = {label: [] for label in bridges}
     try:
-        results = {label: measure(root, args.repeats, work) for label, root in bridges.items()}
+        caches = {label: tempfile.mkdtemp(prefix="kc-", dir=work) for label in bridges}
+        for label, root in bridges.items():  # the kernel and the bytecode cached from now on
+            run(root, caches[label], BRIDGE_CHILD, False)
+            run(root, caches[label], KERNELCACHE_CHILD, False)
+        for _ in range(args.repeats):
+            for label, root in bridges.items():
+                samples[label].append(sample(root, caches[label]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    results = {label: summarize(rows) for label, rows in samples.items()}
     summary: dict = {
         "repeats": args.repeats,
         "before": args.before,
@@ -145,48 +258,38 @@ def main() -> None:
         "load_average": os.getloadavg(),
         "bridges": results,
     }
-    for r in results.values():
-        added = r["min_ms"]["import bridge"] + r["min_ms"]["bridge.triton_call"]
-        r["bridge_adds_min_ms"] = round(added, 2)
-        r["bridge_adds_with_lowering_imports_min_ms"] = round(
-            added + r["imports_by_first_lowering_total_ms"], 2
-        )
-    print(f"{'step':40} " + " ".join(f"{label + ' min':>11} {'median':>8}" for label in results))
-    for step in (*STEPS, "next lowering"):
+    print(f"{'step':36} " + " ".join(f"{label + ' median':>14} {'min':>7}" for label in results))
+    for step in STEPS:
         print(
-            f"{step:40} "
+            f"{step:36} "
             + " ".join(
-                f"{r['min_ms'][step]:11.1f} {r['median_ms'][step]:8.1f}" for r in results.values()
+                f"{r['median_ms'][step]:14.1f} {r['min_ms'][step]:7.1f}" for r in results.values()
             )
         )
-    print(
-        f"{'imports during the first lowering':40} "
-        + " ".join(
-            f"{r['imports_by_first_lowering_total_ms']:11.1f} {'':8}" for r in results.values()
+    for table in ("bridge", "kernelcache"):
+        print(
+            f"{f'own ms of project modules, {table}':36} "
+            + " ".join(f"{r[table]['project_self_ms']:14.1f} {'':7}" for r in results.values())
         )
-    )
+    for what, key in (("project modules", "project"), ("standard library", "stdlib")):
+        for table in ("bridge", "kernelcache"):
+            print(
+                f"{f'{what}, {table}':36} "
+                + " ".join(f"{r[table]['brought'][key]:14} {'':7}" for r in results.values())
+            )
     print(
-        f"{'bridge adds: import + first access':40} "
-        + " ".join(f"{r['bridge_adds_min_ms']:11.1f} {'':8}" for r in results.values())
+        f"{'imports of the first lowering, ms':36} "
+        + " ".join(f"{r['first_lowering_imports_ms']:14.1f} {'':7}" for r in results.values())
     )
-    print(
-        f"{'  + imports of the first lowering':40} "
-        + " ".join(
-            f"{r['bridge_adds_with_lowering_imports_min_ms']:11.1f} {'':8}"
-            for r in results.values()
-        )
-    )
+    print()
     for label, r in results.items():
-        top = list(r["imports_by_access_ms"].items())[:6]
-        print(
-            f"{label}: largest imports at first access (ms): "
-            + ", ".join(f"{n} {t}" for n, t in top)
+        print_modules(label, "import bridge + bridge.triton_call", r["bridge"], args.top)
+        print_modules(label, "import kernelcache (alone)", r["kernelcache"], args.top)
+        first = ", ".join(
+            f"{row['module']} {row['self_ms']:.2f}" for row in r["first_lowering_imports"][:6]
         )
-        low = list(r["imports_by_first_lowering_ms"].items())[:6]
-        print(
-            f"{label}: imports during the first lowering (ms): "
-            + ", ".join(f"{n} {t}" for n, t in low)
-        )
+        print(f"{label}: imports of the first lowering (self ms): {first or 'none'}")
+        print()
     print(f"load average: {os.getloadavg()[0]:.1f} on {summary['cpus']} CPUs")
     print()
     emit_summary(summary, args.out)
