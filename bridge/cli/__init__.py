@@ -148,8 +148,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = add_command(
         subparsers,
         "explain",
-        "for each call of a recorded manifest and target: hit, or the nearest entry of the "
-        "same kernel and which components of the key differ (needs kernelcache[bridge])",
+        "for each call of a recorded manifest and target: hit (the entry a lowering uses, "
+        "and what its reads find), or why not: the reads that find something else now, or the "
+        "nearest entry of the same kernel and which components of the key differ (needs "
+        "kernelcache[bridge])",
         variables=VARIABLES,
     )
     p.add_argument("manifest", metavar="MANIFEST", nargs="?", help=MANIFEST_HELP)
@@ -158,6 +160,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="append",
         metavar="T",
         help="explain for these targets (repeatable; default: the recorded ones)",
+    )
+    p.add_argument(
+        "--reads",
+        action="store_true",
+        help="list each read of the entry a lowering uses (and of each entry it passes): what "
+        "it read, and whether it finds the same now (an environment variable by its name only)",
     )
     p.add_argument(
         "--lowerings",

@@ -147,8 +147,8 @@ def cmd_explain(args: argparse.Namespace, out: Output) -> int:
 
     root = root_of(args)
     if args.lowerings:
-        if args.manifest is not None or args.target:
-            raise UsageError("--lowerings takes no MANIFEST and no --target")
+        if args.manifest is not None or args.target or args.reads:
+            raise UsageError("--lowerings takes no MANIFEST, no --target and no --reads")
         return _explain_lowerings(kernelcache.Cache(root=root), root, out)
     if args.manifest is None:
         raise UsageError("give a MANIFEST of recorded calls to explain, or --lowerings")
@@ -161,7 +161,7 @@ def cmd_explain(args: argparse.Namespace, out: Output) -> int:
     }
 
     def human() -> str:
-        lines = [r.line() for r in results]
+        lines = [r.line(reads=args.reads) for r in results]
         lines.append(
             f"{counts['hit']} hit, {counts['miss']} missed, {counts['left-out']} left out "
             f"(known not to compile), {counts['problem']} could not be explained"

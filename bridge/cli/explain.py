@@ -3,7 +3,10 @@
 Every entry the bridge compiles records the components of its key
 (:func:`bridge.identity.kernel_keys.key_components`). :func:`explain` keys each call of a manifest for
 each target exactly as a lowering (and ``warm``) does (:mod:`bridge.warm.planning`) and says, per
-specialization, whether a layer of the cache holds it; for a miss, it finds the nearest entry of
+specialization, whether a lowering would use an entry of the cache: the lookup a lowering makes
+is followed (:mod:`.lookups`): the entry under the key, or where its reads find something else
+now, the one chained from it; for a hit, which entry, and what its reads find; for an entry
+passed, which reads differ. For a miss with nothing under its key, it finds the nearest entry of
 the same kernel (the fewest differing components, among entries of the same kernel name) and
 names the components that differ, worded for a person ("triton version 3.6.0 here vs 3.9.0 in
 the entry", "code digest differs"). An entry written before components were recorded is still
@@ -11,7 +14,8 @@ a hit; as the nearest entry it is compared by what it does record (target, Trito
 says "components not recorded".
 
 Nothing here compiles, counts a hit or a miss, or changes the cache (keys are computed without
-its memos, as ``audit`` computes them): layers are scanned once
+its memos, as ``audit`` computes them; entries are read without a trace, and their reads made
+as a lookup makes them): layers are scanned once
 (metadata, through the scan index) and the candidates of a kernel are read without a trace
 (``Store.inspect``). Linear in entries.
 """
@@ -26,13 +30,13 @@ from kernelcache import Artifact
 from kernelcache.cli import scan
 
 from ..call.plain import source_digest
-from ..entries.failures import remembered
 from ..exceptions import BridgeError, KernelArgumentError, TargetError
 from ..identity.kernel_keys import COMPONENTS
 from ..identity.specialize import Specialization, components
 from ..vendors.targets import Target, parse_target, recorded_targets
 from ..warm.manifest import RecordedCall, load_manifest
-from ..warm.planning import kernel_parts, present, specializations
+from ..warm.planning import kernel_parts, specializations
+from . import lookups
 
 if TYPE_CHECKING:
     from kernelcache import Cache, Store
@@ -152,7 +156,14 @@ class Nearest:
 
 @dataclass(frozen=True)
 class Explained:
-    """One specialization of a recorded call for one target: hit or miss, and why."""
+    """One specialization of a recorded call for one target: hit or miss, and why.
+
+    For a hit, ``entry`` is the key of the entry a lowering uses, ``hops`` how many keys it
+    is chained from the call's ``key`` (0: the entry under it), ``reads`` what each read of
+    its read set finds (None: it records none) and ``partial`` why that read set is partial
+    (then the IR decides). ``differs``: the entries a lowering finds and passes on the way,
+    their reads finding something else now (for a miss too: why the entry under the key is
+    not used)."""
 
     kernel: str
     target: str
@@ -162,6 +173,11 @@ class Explained:
     layer: str | None = None
     nearest: Nearest | None = None
     notes: tuple[str, ...] = ()
+    entry: str | None = None
+    hops: int | None = None
+    reads: tuple[lookups.Read, ...] | None = None
+    partial: tuple[str, ...] = ()
+    differs: tuple[lookups.Passed, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -171,16 +187,27 @@ class Explained:
             "status": self.status,
             "key": self.key,
             "layer": self.layer,
+            "entry": self.entry,
+            "hops": self.hops,
+            "reads": lookups.reads_json(self.reads),
+            "partial": list(self.partial),
+            "differs": [p.to_json() for p in self.differs],
             "nearest": None if self.nearest is None else self.nearest.to_json(),
             "notes": list(self.notes),
         }
 
-    def line(self) -> str:
+    def line(self, reads: bool = False) -> str:
+        """The explanation for a person; ``reads``: each read on a line of its own."""
         where = f"{self.kernel} {self.target}" + (f" ({self.config})" if self.config else "")
         if self.status == "hit":
-            text = f"hit   {where}: {self.layer}"
+            assert self.entry is not None and self.hops is not None
+            text = (
+                f"hit   {where}: {self.layer}, entry {self.entry[:16]} {lookups.where(self.hops)}"
+            )
         elif self.status == "miss":
-            if self.nearest is None:
+            if self.differs:
+                why = "its reads find something else now"
+            elif self.nearest is None:
                 why = "no entry of this kernel in the cache"
             else:
                 why = (
@@ -191,7 +218,10 @@ class Explained:
             text = f"miss  {where}: {why}"
         else:
             text = f"{self.status:<5} {where}"
-        return "\n".join([text, *(f"      {n}" for n in self.notes)])
+        said = lookups.lines(
+            self.status == "hit", self.reads, self.partial, self.differs, every=reads
+        )
+        return "\n".join([text, *(f"      {n}" for n in (*said, *self.notes))])
 
 
 @dataclass
@@ -304,20 +334,30 @@ def _one(
     notes: tuple[str, ...],
 ) -> Explained:
     target, config = str(spec.target), spec.variant.description
-    layer = present(cache, spec.key, spec.ext, spec.target.vendor.has_ptx)
-    if layer is not None:
-        return Explained(kernel, target, config, "hit", spec.key, layer, notes=notes)
-    failed = remembered(cache, spec.key)
-    if failed is not None:
+    found = lookups.follow(spec, cache)
+    if found.status == "hit":
         return Explained(
             kernel,
             target,
             config,
-            "left-out",
+            "hit",
             spec.key,
-            notes=(*notes, f"known not to compile: {failed}"),
+            found.layer,
+            notes=notes,
+            entry=found.key,
+            hops=found.hops,
+            reads=found.reads,
+            partial=found.partial,
+            differs=found.passed,
         )
-    nearest = candidates.nearest(spec, components(spec))
-    if nearest is not None and nearest.key == spec.key:
-        notes = (*notes, "the entry is there, but not the PTX it was built from (pruned?)")
-    return Explained(kernel, target, config, "miss", spec.key, nearest=nearest, notes=notes)
+    if found.status == "left-out":
+        notes = (*notes, f"known not to compile: {found.note}")
+        return Explained(
+            kernel, target, config, "left-out", spec.key, notes=notes, differs=found.passed
+        )
+    if found.note is not None:
+        notes = (*notes, found.note)
+    nearest = None if found.passed else candidates.nearest(spec, components(spec))
+    return Explained(
+        kernel, target, config, "miss", spec.key, nearest=nearest, notes=notes, differs=found.passed
+    )
