@@ -41,8 +41,16 @@ from ..exceptions import RefusedReadSet
 from . import static_reads
 from .exact_values import ABSENT, exact, language, triton_code, triton_home
 from .guard import program_class, program_module
-from .static_access import attribute, python_function
-from .static_reads import RUNS_CODE, code_facts, jit_classes, source, spelled, syntax
+from .static_reads import (
+    RUNS_CODE,
+    attribute,
+    code_facts,
+    jit_classes,
+    python_function,
+    source,
+    spelled,
+    syntax,
+)
 
 #: the largest plain value a call is given that the lookup does not hold already
 SMALL = 1 << 20
@@ -95,7 +103,7 @@ def mapped(value: Any, module_map: dict[str, Any]) -> Any:
 
 
 def _static(value: Any, name: str) -> Any:
-    """:func:`~.static_access.attribute`, None where there is none (or only code would give it)."""
+    """:func:`~.static_reads.attribute`, None where there is none (or only code would give it)."""
     try:
         found = attribute(value, name)
     except AttributeError:
@@ -116,7 +124,7 @@ def follow(value: Any, module_map: dict[str, Any]) -> Any:
 
 def generated_attribute(value: Any, name: str, module_map: dict[str, Any]) -> Any:
     """``getattr(value, name)`` as the code generator reads an attribute, where that runs no
-    code of ``value`` (:func:`~.static_access.attribute`): :data:`~.static_reads.RUNS_CODE` where only code
+    code of ``value`` (:func:`~.static_reads.attribute`): :data:`~.static_reads.RUNS_CODE` where only code
     would give it.
 
     Raises:

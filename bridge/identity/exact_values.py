@@ -28,7 +28,7 @@ from typing import Any
 
 from . import static_reads
 from .guard import program_module, watched
-from .static_reads import RUNS_CODE, in_mro, mark
+from .static_reads import RUNS_CODE, attribute, in_mro, mark
 
 #: what a lookup that found nothing finds
 ABSENT: Any = static_reads.MISSING
@@ -130,8 +130,6 @@ def triton_home(value: Any) -> list[str] | None:
 def _named(value: Any, name: str, kind: type = str) -> Any:
     """The attribute ``name`` of ``value`` where Python's lookup gives it without running code
     and it is a ``kind``; else None."""
-    from .static_access import attribute  # (which reads items with this module's values)
-
     try:
         found = attribute(value, name)
     except AttributeError:

@@ -24,8 +24,7 @@ from typing import Any
 from . import admit, reach, static_access, static_reads
 from . import exact_values as ev
 from .guard import program_class
-from .static_access import python_function
-from .static_reads import RUNS_CODE
+from .static_reads import RUNS_CODE, python_function
 from .witness import Recorder, active
 
 

@@ -17,8 +17,18 @@ from typing import Any
 from . import static_reads
 from .admit import defaults, follow, generated_attribute, scope_value
 from .exact_values import triton_home
-from .static_access import python_function
+from .static_reads import python_function
 
+#: standard library modules whose functions depend only on their arguments
+PURE_STDLIB = frozenset(
+    {"math", "cmath", "operator", "functools", "itertools", "enum", "dataclasses", "typing",
+     "types", "collections", "abc", "numbers", "fractions", "decimal", "re", "string", "copy",
+     "builtins", "textwrap", "struct", "statistics", "heapq", "bisect", "keyword", "json",
+     "_operator", "_functools", "_collections", "_collections_abc", "_abc", "_decimal",
+     "_pydecimal", "_struct", "_heapq", "_bisect", "_json", "_sre", "sre_compile",
+     "sre_parse", "sre_constants", "_string", "contextlib", "warnings", "_warnings", "weakref",
+     "_weakref", "_weakrefset", "reprlib", "copyreg"}
+)  # fmt: skip
 #: how deep :func:`reachable` follows the functions a function names
 MAX_REACH = 4
 
@@ -75,7 +85,7 @@ def members(
     row = recorder.origin(cls)
     if row is None or triton_home(cls) is not None:
         return
-    if static_reads.origin(str(getattr(cls, "__module__", ""))) == "python":
+    if str(getattr(cls, "__module__", "")).split(".")[0] in PURE_STDLIB:
         return
     for name in sorted(set(names) | set(IMPLICIT)):
         member = getattr(cls, name, None)

@@ -1,7 +1,7 @@
 """Reading code and values without running them: what a code object runs and names, what a
 JIT function's source spells and what its syntax reads, a JIT function's source and settings,
-whether an object's state is all in its fields, and where a module comes from (and a source
-file's path as the import root names it: :func:`relative_path`); plain values as keys hold them
+whether an object's state is all in its fields, attributes read without running code, and a
+source file's path as the import root names it (:func:`relative_path`); plain values as keys hold them
 (:func:`plain_text`: a float by its bits, so every NaN apart).
 
 A JIT function's source is read as Triton's frontend walks it. :func:`spelled`, without
@@ -13,38 +13,24 @@ computed.
 Nothing here calls a property, a ``__repr__`` or any other code of the value read. Every
 function answers from the value's own tables (its ``__dict__``, slots, code object, the type's
 layout) or says it cannot (None, False).
-
-Where code comes from (:func:`origin`): ``triton`` (Triton itself, whose files are in every
-key), ``python`` (the standard library modules whose functions depend only on their arguments,
-:data:`PURE_STDLIB`), ``impure`` (the rest of the standard library), ``installed`` (a module of a
-distribution in a ``site-packages`` directory) or ``user`` (everything else).
 """
 
 from __future__ import annotations
 
 import ast
 import dis
+import enum
 import functools
 import hashlib
 import os
 import re
-import site
 import struct
 import sys
-import sysconfig
 import types
 from typing import Any, NamedTuple
 
-#: standard library modules whose functions depend only on their arguments
-PURE_STDLIB = frozenset(
-    {"math", "cmath", "operator", "functools", "itertools", "enum", "dataclasses", "typing",
-     "types", "collections", "abc", "numbers", "fractions", "decimal", "re", "string", "copy",
-     "builtins", "textwrap", "struct", "statistics", "heapq", "bisect", "keyword", "json",
-     "_operator", "_functools", "_collections", "_collections_abc", "_abc", "_decimal",
-     "_pydecimal", "_struct", "_heapq", "_bisect", "_json", "_sre", "sre_compile",
-     "sre_parse", "sre_constants", "_string", "contextlib", "warnings", "_warnings", "weakref",
-     "_weakref", "_weakrefset", "reprlib", "copyreg"}
-)  # fmt: skip
+from .guard import triton_type
+
 #: bases whose instances' state the describer reads through the value itself, each with the
 #: base's own way to that state (never a method a subclass overrides: a ``float`` whose
 #: ``__float__`` lies is compiled by the value it holds)
@@ -302,43 +288,115 @@ def in_mro(cls: type, name: str) -> Any:
     return NOT_FOUND
 
 
+# -- attributes, continued -------------------------------------------------------------------------------
+#: descriptors written in C whose ``__get__`` runs no code of the program
+_C_DESCRIPTORS = frozenset(
+    {types.MemberDescriptorType, types.GetSetDescriptorType, types.MethodDescriptorType,
+     types.WrapperDescriptorType, types.ClassMethodDescriptorType, types.BuiltinFunctionType}
+)  # fmt: skip
+#: an Enum member's ``name`` and ``value`` (Enum's own properties): the fields they return
+_ENUM_FIELDS = {
+    id(enum.Enum.__dict__[n]): (enum.Enum.__dict__[n], f"_{n}_") for n in ("name", "value")
+}
+
+
+def _overrides_access(kind: type) -> bool:
+    """Whether objects of ``kind`` read attributes through code of their own."""
+    found = in_mro(kind, "__getattribute__")
+    return (
+        found is not object.__getattribute__
+        and found is not type.__getattribute__
+        and (found is not types.ModuleType.__getattribute__)
+    )
+
+
+def attribute(value: Any, name: str) -> Any:
+    """``getattr(value, name)`` where it runs no code but Python's own lookup: the attribute
+    itself, :data:`RUNS_CODE` where only code would give it (a property, a descriptor or a
+    ``__getattr__`` of the program's, a type that reads attributes its own way), and
+    ``AttributeError`` where there is none. Enum members' ``name`` and ``value`` are their
+    fields."""
+    kind = type(value)
+    if _overrides_access(kind):
+        return RUNS_CODE
+    if kind is types.ModuleType:
+        space = vars(value)
+        if name in space:
+            return space[name]
+        if "__getattr__" in space:
+            return RUNS_CODE
+        raise AttributeError(name)
+    if issubclass(kind, type):  # a class: its metaclass's data descriptors first, then its own
+        meta = in_mro(kind, name)
+        if meta is not NOT_FOUND and _is_data(meta):
+            return _bound(meta, value, kind)
+        own = in_mro(value, name)
+        if own is not NOT_FOUND:
+            return _bound(own, None, value)
+        if meta is not NOT_FOUND:
+            return _bound(meta, value, kind)
+        if in_mro(kind, "__getattr__") is not NOT_FOUND:
+            return RUNS_CODE
+        raise AttributeError(name)
+    raw = in_mro(kind, name)
+    if raw is not NOT_FOUND and _is_data(raw):
+        return _bound(raw, value, kind)
+    slot = in_mro(kind, "__dict__")
+    if slot is not NOT_FOUND and type(slot) is not types.GetSetDescriptorType:
+        return RUNS_CODE  # (a ``__dict__`` of the program's own)
+    own = slot.__get__(value, kind) if slot is not NOT_FOUND else None
+    if type(own) is dict and name in own:
+        return own[name]
+    if raw is not NOT_FOUND:
+        return _bound(raw, value, kind)
+    if in_mro(kind, "__getattr__") is not NOT_FOUND:
+        return RUNS_CODE
+    raise AttributeError(name)
+
+
+def _is_data(raw: Any) -> bool:
+    kind = type(raw)
+    return in_mro(kind, "__set__") is not NOT_FOUND or in_mro(kind, "__delete__") is not NOT_FOUND
+
+
+def _bound(raw: Any, instance: Any, owner: type) -> Any:
+    """What ``raw``, found in a class, gives ``instance`` (None: the class ``owner`` itself)."""
+    kind = type(raw)
+    if in_mro(kind, "__get__") is NOT_FOUND:
+        return raw
+    if kind is types.FunctionType:
+        return raw if instance is None else types.MethodType(raw, instance)
+    if kind is staticmethod:
+        return raw.__func__
+    if kind is classmethod:
+        return types.MethodType(raw.__func__, owner if instance is None else type(instance))
+    if kind in _C_DESCRIPTORS:
+        return raw.__get__(instance, owner)
+    if triton_type(kind):  # (Triton's own descriptor: its code is in every key)
+        return raw.__get__(instance, owner)
+    field = _ENUM_FIELDS.get(id(raw))
+    if field is not None and raw is field[0] and issubclass(type(instance), enum.Enum):
+        slot = in_mro(type(instance), "__dict__")
+        own = slot.__get__(instance) if type(slot) is types.GetSetDescriptorType else None
+        if type(own) is dict and field[1] in own:
+            return own[field[1]]
+    return RUNS_CODE
+
+
+def python_function(fn: Any) -> types.FunctionType | None:
+    """The Python function that runs when ``fn`` is called or generated (a JIT function's or a
+    ``constexpr_function``'s ``fn``, a method's function, ``fn`` itself), None where none."""
+    if type(fn) is types.MethodType:
+        fn = fn.__func__
+    jit_callable = jit_classes()[0]
+    if issubclass(type(fn), jit_callable):  # (bound to an object: its ``__func__``'s)
+        fn = vars(fn).get("fn") or vars(fn).get("__func__")
+    if issubclass(type(fn), jit_callable):
+        fn = vars(fn).get("fn")
+    return fn if type(fn) is types.FunctionType else None
+
+
 # -- modules ---------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
-def site_dirs() -> tuple[str, ...]:
-    """The directories installed distributions live in."""
-    dirs = {sysconfig.get_paths().get(k) for k in ("purelib", "platlib")}
-    try:
-        dirs.update(site.getsitepackages())
-    except AttributeError:  # (a virtualenv's site module of old)
-        pass
-    dirs.add(site.getusersitepackages())
-    return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
-
-
-@functools.lru_cache(maxsize=4096)
-def origin(module: str) -> str:
-    """Where the module named ``module`` comes from: "triton", "python", "impure", "installed"
-    or "user" (see the module docstring)."""
-    top = module.split(".")[0]
-    if top == "triton":
-        return "triton"
-    if top in sys.stdlib_module_names or top == "builtins":
-        return "python" if top in PURE_STDLIB else "impure"
-    path = module_file(module)
-    if path is not None and os.path.realpath(path).startswith(site_dirs()):
-        return "installed"
-    return "user"
-
-
-def module_file(module: str) -> str | None:
-    """The file that defines the loaded module ``module`` (or its package), if any."""
-    found = sys.modules.get(module)
-    path = getattr(found, "__file__", None)
-    if path is None and "." in module:
-        return module_file(module.rsplit(".", 1)[0])
-    return path if isinstance(path, str) else None
-
-
 def relative_dir(directory: str) -> str:
     """``directory`` relative to the longest ``sys.path`` entry containing it, else its name."""
     return _relative_dir(directory, tuple(sys.path), os.getcwd())

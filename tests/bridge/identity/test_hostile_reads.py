@@ -368,7 +368,7 @@ def test_an_environment_read_cannot_be_guessed_from_what_a_lookup_stores(trap, m
 
 
 def test_reads_that_only_code_would_answer_run_no_code():
-    """:func:`bridge.identity.static_access.attribute` on everything that would run code: a
+    """:func:`bridge.identity.static_reads.attribute` on everything that would run code: a
     property, ``__getattr__`` of an object, a class (its metaclass) and a module, a
     ``__getattribute__`` of its own, a ``__dict__`` of its own; what plain lookups find is
     found."""

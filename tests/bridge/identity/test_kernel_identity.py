@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 import triton.language as tl
-from bridge_helpers import kernel_module, opaque, run_child
+from bridge_helpers import kernel_module, machine_code, run_child
 from identity_constants import DISTINCT, Tile
 from support import HELPERS
 
@@ -56,21 +56,24 @@ sys.path[:0] = [{path!r}, {tests!r}]
 import jax, jax.numpy as jnp
 import bridge, kernelcache
 from bridge.compile import compiler as bridge_compile
-from bridge_helpers import custom_calls, lowered_module
+from bridge.lowering import proto
+from bridge_helpers import custom_calls, kernels_of, lowered_module
 import kid_kernels as K
 
 x = jax.ShapeDtypeStruct((4096,), jnp.float32)
 out = {{}}
 for name in ("through_a_module", "through_a_constexpr_function"):
     fn = lambda x, k=getattr(K, name): bridge.triton_call(
-        x, x.size, kernel=k, out_shape=x, grid=(4,), BLOCK=1024, target="cuda:90")
+        x, x.size, kernel=k, out_shape=x, grid=(4,), BLOCK=1024, target="cuda:90", embed="inline")
     (call,) = custom_calls(lowered_module(fn, x))
-    out[name] = hashlib.sha256(call["opaque"]).hexdigest()
+    # (the machine code embedded: the opaque also names the key of the entry it came from)
+    code = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
+    out[name] = hashlib.sha256(b"".join(code)).hexdigest()
 print(json.dumps({{"opaques": out, "compiles": bridge_compile.compile_count()}}))
 """
 
 
-def test_values_read_through_a_module_or_a_constexpr_function_reach_the_kernel_key(tmp_path):
+def test_values_read_through_a_module_or_a_constexpr_function_are_checked(tmp_path):
     """A constexpr read as another module's attribute, and a plain global read by a
     constexpr_function: changed between two processes sharing a root, the second process
     compiles the new code (Triton's cache_key sees neither change)."""
@@ -161,12 +164,12 @@ def test_a_warm_process_lowers_the_code_as_it_is_now(tmp_path, change):
     cfg = kernel_module(tmp_path, f"kid_warm_cfg_{tag}", WARM_CFG)
     module = kernel_module(tmp_path, f"kid_warm_{tag}", WARM.format(cfg=cfg.__name__))
     root = tmp_path / "root"
-    before = opaque(module.kernel, root)
-    assert opaque(module.kernel, root) == before  # (warm: the same)
+    before = machine_code(module.kernel, root)
+    assert machine_code(module.kernel, root) == before  # (warm: the same)
     change(module, cfg)
-    after = opaque(module.kernel, root)
+    after = machine_code(module.kernel, root)
     assert after != before
-    assert opaque(module.kernel, tmp_path / "fresh") == after
+    assert machine_code(module.kernel, tmp_path / "fresh") == after
 
 
 # -- constexpr objects --------------------------------------------------------------------------
@@ -238,14 +241,15 @@ def test_constexpr_objects_that_print_alike_get_their_own_kernels(tmp_path, obje
         name = "C"
     shared = tmp_path / "shared"
     compiles = bridge_compile.compile_count()
-    first = opaque(kernel, shared, **{name: one})
-    second = opaque(kernel, shared, **{name: other})
+    first = machine_code(kernel, shared, **{name: one})
+    second = machine_code(kernel, shared, **{name: other})
     assert bridge_compile.compile_count() - compiles == 2 and first != second
-    assert opaque(kernel, tmp_path / "fresh", **{name: other}) == second
+    assert machine_code(kernel, tmp_path / "fresh", **{name: other}) == second
     # each is stored under its own key: lowered again, nothing compiles, the same bytes
     compiles = bridge_compile.compile_count()
     assert (
-        opaque(kernel, shared, **{name: objects.Scheduler(1) if name == "Impl" else one}) == first
+        machine_code(kernel, shared, **{name: objects.Scheduler(1) if name == "Impl" else one})
+        == first
     )
     assert bridge_compile.compile_count() == compiles
 
@@ -257,8 +261,8 @@ def test_a_constexpr_known_only_by_its_address_leaves_the_ir_to_decide(tmp_path,
     key) is not stored."""
     root = tmp_path / "root"
     compiles = bridge_compile.compile_count()
-    first = opaque(objects.tagged_kernel, root, TAG=threading.Lock())
-    second = opaque(objects.tagged_kernel, root, TAG=threading.Lock())
+    first = machine_code(objects.tagged_kernel, root, TAG=threading.Lock())
+    second = machine_code(objects.tagged_kernel, root, TAG=threading.Lock())
     assert first == second
     assert bridge_compile.compile_count() - compiles == 1  # (the second lowering hit)
     assert len(list(root.glob("*.cubin"))) == 1 and not list(root.glob("*.lowering"))
