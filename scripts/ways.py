@@ -650,7 +650,7 @@ def prune_way() -> Way:
             )
             + 500
         )
-        argv = ["--root", root, "prune", "--max-size", f"{cap}B", "--older-than", "108h"]
+        argv = ["--root", root, "prune", "--yes", "--max-size", f"{cap}B", "--older-than", "108h"]
         codes: list[Any] = []
 
         def run() -> None:

@@ -207,16 +207,24 @@ def unmatched(
 
 
 def units_of(table: EntryTable, indices: Sequence[int]) -> list[list[int]]:
-    """``indices`` of ``table`` as the units a prune keeps or deletes whole: the entries of
-    one key group (:func:`kernelcache.keys.group_of`: a kernel and its companions, which share
-    it), its kernels (entries without a ``kind``) first. Two passes over the indices."""
+    """``indices`` of ``table`` as the units a prune keeps or deletes whole: a kernel (an entry
+    without a ``kind``) with its companions, the entries of its key group
+    (:func:`kernelcache.keys.group_of`), kernel first. Kernels that share a group (unrelated
+    keys that happen to start alike) are units of their own, and the companions of such a
+    group one more; companions without a kernel are one unit. Two passes over the indices."""
     keys, kinds = table.key, table.kind
-    by_group: dict[str, list[int]] = {}
-    for kernels in (True, False):
-        for i in indices:
-            if (kinds[i] is None) is kernels:
-                by_group.setdefault(keys[i][:GROUP_CHARS], []).append(i)
-    return list(by_group.values())
+    kernels: dict[str, list[int]] = {}
+    others: dict[str, list[int]] = {}
+    for i in indices:
+        (kernels if kinds[i] is None else others).setdefault(keys[i][:GROUP_CHARS], []).append(i)
+    units = []
+    for group, found in kernels.items():
+        rest = others.pop(group, [])
+        if len(found) == 1:
+            units.append(found + rest)
+        else:
+            units += [[i] for i in found] + ([rest] if rest else [])
+    return units + list(others.values())
 
 
 def plan_prune(

@@ -202,6 +202,17 @@ def test_a_size_cap_drops_a_kernel_with_its_companions(grouped):
     assert _left(root) == {keys["hot"], keys["hot_ptx"]}
 
 
+def test_kernels_whose_keys_start_alike_go_each_on_its_own(tmp_path):
+    """Two unrelated kernels whose keys share a group (the first characters) are not each
+    other's companions: an age limit takes the old one and keeps the new one."""
+    root = tmp_path / "cache"
+    new = put(root, "new", key="ab" * 8 + "1" * 48, last_used=3600)
+    old = put(root, "old", key="ab" * 8 + "2" * 48, last_used=10 * 86400)
+    doc = kc_json(root, "prune", "--older-than", "7d")
+    assert _done(doc) == {old.key}
+    assert _left(root) == {new.key}
+
+
 def test_an_age_limit_keeps_the_companions_of_a_kernel_used_lately(grouped):
     root, keys = grouped
     doc = kc_json(root, "prune", "--older-than", "7d")
