@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from kernelcache import Cache
 from kernelcache.plugin import (
     choice,
     parse_variable,
@@ -32,7 +33,6 @@ from kernelcache.plugin import (
 from .vendors.vendor import parse_name, registered
 
 if TYPE_CHECKING:
-    from kernelcache import Cache
     from kernelcache.plugin import Settings
 
     #: what callers may pass as a cache: a Cache, a cache root directory, or None (the default)
@@ -159,14 +159,13 @@ _default_lock = threading.Lock()
 def default_cache(cfg: Settings | None = None) -> Cache:
     """The process's kernel cache configured from the environment (one per configuration;
     ``cfg`` is a ``kernelcache.config.settings()`` snapshot, read now when None)."""
-    import kernelcache
     from kernelcache.plugin import settings
 
     cfg = cfg or settings()
     with _default_lock:
         cache = _default.get(cfg)
         if cache is None:
-            cache = _default[cfg] = kernelcache.Cache()
+            cache = _default[cfg] = Cache()
         return cache
 
 
@@ -175,7 +174,5 @@ def as_cache(cache: CacheArg, cfg: Settings | None = None) -> Cache:
     if cache is None:
         return default_cache(cfg)
     if isinstance(cache, (str, os.PathLike)):
-        import kernelcache
-
-        return kernelcache.Cache(root=cache)
+        return Cache(root=cache)
     return cache

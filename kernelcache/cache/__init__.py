@@ -20,7 +20,8 @@ layers is where a job first reads its settings: a variable that cannot be used, 
 ``KERNELCACHE_*`` name nothing declares, a read-only root that cannot serve anything, or a
 remote tier that cannot be used as configured (its URL, its signing key: the tier is off) is
 said there, once per process. The hot path checks each (key, ext) pair once per cache and
-adds no work to a verified hit.
+adds no work to a verified hit. A cache imports the remote tiers and the size cap only when it
+has them, and :mod:`.builds` at its first build: a process that only reads imports none of them.
 """
 
 from __future__ import annotations
@@ -28,22 +29,24 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import stats, units
-from ..capacity.size_cap import SizeCap
 from ..config import Settings, job_settings, warn_unknown_in_a_job
 from ..errors import CacheError, ConfigError, InvalidValue, WrongExt
 from ..keys import check_ext, check_key
 from ..problem import Problem
 from ..process import warn_once
-from ..remote import RemoteTier, check_entry, open_remote
 from ..store.entry import Artifact
 from ..store.layout import path_problem, resolve_root
 from ..store.locks.locker import WaitBudget
 from ..store.root import Store
-from . import builds, writes
-from .builds import BuildFn, BuildItem
+from . import writes
+
+if TYPE_CHECKING:
+    from ..capacity.size_cap import SizeCap
+    from ..remote import RemoteTier
+    from .builds import BuildFn, BuildItem
 
 logger = logging.getLogger(__name__)
 
@@ -128,10 +131,13 @@ class Cache:
         self.remote: RemoteTier | None
         if isinstance(remote, (str, list, tuple)):  # before the protocol's check, which is slow
             self.remote = self._open_remote(remote, cfg, from_env)
-        elif isinstance(remote, RemoteTier):
-            self.remote = remote
         else:
-            self.remote = self._open_remote(remote, cfg, from_env)
+            from ..remote import RemoteTier
+
+            if isinstance(remote, RemoteTier):
+                self.remote = remote
+            else:
+                self.remote = self._open_remote(remote, cfg, from_env)
         #: whether the cache is off (``$KERNELCACHE_DISABLE``, or a variable that cannot be
         #: used): reads miss, builds run in memory
         self.disabled: bool = cfg.disable
@@ -145,9 +151,11 @@ class Cache:
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
             raise InvalidValue(f"max_size must be a size such as '50G' or bytes >= 0, not {cap!r}")
         #: the size cap of the writable root (None: none)
-        self.capacity: SizeCap | None = (
-            SizeCap(self.store, cap) if cap and not self.disabled else None
-        )
+        self.capacity: SizeCap | None = None
+        if cap and not self.disabled:
+            from ..capacity.size_cap import SizeCap
+
+            self.capacity = SizeCap(self.store, cap)
 
     def _open_remote(
         self, remote: str | Sequence[str | RemoteTier], cfg: Settings, from_env: bool = False
@@ -170,6 +178,8 @@ class Cache:
                 e,
             )
             return None
+        from ..remote import open_remote
+
         try:
             return open_remote(
                 remote, stats_root=self.root, signing_key=key, overwrite=cfg.remote_overwrite
@@ -306,6 +316,8 @@ class Cache:
         if found is None:
             stats.count(self.root, remote_misses=1)
             return None
+        from ..remote import check_entry
+
         checked = check_entry(found, key, ext)
         if isinstance(checked, str):
             stats.count(self.root, remote_errors=1, corrupt=1)
@@ -390,6 +402,8 @@ class Cache:
             TypeError: ``build`` returned data that is not bytes.
             Exception: whatever ``build`` raises.
         """
+        from .builds import BuildItem  # (imported by the first build)
+
         return self.get_or_create_many([BuildItem(key, ext, build)])[0]
 
     def get_or_create_many(self, items: Sequence[BuildItem]) -> list[Artifact]:
@@ -455,6 +469,8 @@ class Cache:
             check_ext(item.ext)
             slots.setdefault((item.key, item.ext), []).append(index)
             makers.setdefault((item.key, item.ext), item.build)
+        from . import builds
+
         return builds.each(self, slots, makers, wait)
 
     def rebuild(self, key: str, ext: str, build: BuildFn, *, stale: Artifact) -> Artifact:
@@ -474,7 +490,9 @@ class Cache:
         """
         check_key(key)
         check_ext(ext)
+        from . import builds
+
         return builds.rebuild(self, key, ext, build, stale)
 
 
-__all__ = ["BuildItem", "Cache", "readonly_problem"]
+__all__ = ["Cache", "readonly_problem"]

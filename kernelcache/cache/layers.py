@@ -8,14 +8,15 @@ protocol, so that they need not import the package's ``__init__`` (which calls t
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from ..capacity.size_cap import SizeCap
-from ..errors import WrongExt
-from ..remote.tier import RemoteTier
-from ..store.entry import Artifact
-from ..store.locks.locker import WaitBudget
-from ..store.root import Store
+if TYPE_CHECKING:
+    from ..capacity.size_cap import SizeCap
+    from ..errors import WrongExt
+    from ..remote.tier import RemoteTier
+    from ..store.entry import Artifact
+    from ..store.locks.locker import WaitBudget
+    from ..store.root import Store
 
 
 class Layers(Protocol):

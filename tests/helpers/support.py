@@ -65,6 +65,29 @@ def other_users_env(shared: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+#: what a process that lowers calls must not import before it needs it: the remote tiers and
+#: the size cap (for a cache that has neither), the cache's builds (a miss), the operator's
+#: commands and what only they use, and the bridge's commands, warming and tuning
+NOT_FOR_A_HIT = (
+    "kernelcache.remote",
+    "kernelcache.capacity",
+    "kernelcache.cache.builds",
+    "kernelcache.cli",
+    "kernelcache.bundle",
+    "kernelcache.maintenance",
+    "kernelcache.doctor",
+    "bridge.cli",
+    "bridge.warm",
+    "bridge.tune",
+    "bridge.compile.compiler_process",
+)
+
+
+def not_for_a_hit(modules: list[str]) -> list[str]:
+    """The modules of ``modules`` that :data:`NOT_FOR_A_HIT` names (or that are inside one)."""
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in NOT_FOR_A_HIT))
+
+
 def run_py(code: str, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter; raise with its output if it fails."""
     proc = subprocess.run(
