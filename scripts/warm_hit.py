@@ -16,8 +16,9 @@ second process compiled.
 
 The measure is the number of distinct modules (``count``) and their names, grouped by folder;
 the JSON also has each function that ran (``module:qualname``, `` [import]`` when it ran below a
-module's body, that is for an import) and how many times it was called, and the modules that ran
-only to be imported (``imported_only``).
+module's body, that is for an import) and how many times it was called, the modules that ran
+only to be imported (``imported_only``), and every project module the process had imported once
+the lowering was done (``loaded``: what it imported for the hit, whether code of it ran or not).
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ if {probe!r}:
 jitted.trace(x, x).lower(lowering_platforms=("cuda",))
 sys.setprofile(None)
 threading.setprofile(None)
-print(json.dumps({{"functions": seen}}))
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in {project!r})
+print(json.dumps({{"functions": seen, "loaded": loaded}}))
 """
 
 
@@ -127,6 +129,7 @@ def measure() -> dict:
         "folders": folders,
         "functions": dict(sorted(functions.items())),
         "written": written,
+        "loaded": result["loaded"],
     }
 
 

@@ -1,6 +1,7 @@
 """A warm hit's walk, measured by scripts/warm_hit.py: a fresh process lowering one call the
-cache already holds runs code in at most ``BOUND`` project modules, and compiles nothing
-(the script fails when the second process wrote a kernel binary)."""
+cache already holds runs code in at most ``BOUND`` project modules, compiles nothing (the
+script fails when the second process wrote a kernel binary), and has imported none of what only
+a miss, the operator's commands or a remote tier need."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import subprocess
 import sys
 
-from support import REPO, child_env
+from support import REPO, child_env, not_for_a_hit
 
 SCRIPT = REPO / "scripts" / "warm_hit.py"
 
@@ -36,3 +37,4 @@ def test_a_warm_hit_runs_code_in_at_most_the_bound_of_project_modules(tmp_path):
     measured = json.loads(out.read_text())
     assert 0 < measured["count"] <= _bound(), measured["modules"]
     assert "bridge.api" in measured["modules"], "the probe did not see the call"
+    assert not_for_a_hit(measured["loaded"]) == [], "a warm hit imported what only a miss needs"
