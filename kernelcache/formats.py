@@ -142,15 +142,17 @@ def _past_end(what: str, offset: int, length: int, size: int) -> str:
     )
 
 
+# The patterns of the PTX scan are compiled at its first use (``re`` keeps them): a process that
+# only reads entries never scans PTX text.
 #: what is not code in PTX: strings, line comments, block comments
-_PTX_NOISE = re.compile(rb'"(?:[^"\\\n]|\\.)*"|//[^\n]*|/\*.*?\*/', re.DOTALL)
-_PTX_VERSION = re.compile(rb"(?m)^\s*\.version\s+\d+\.\d+")
-_PTX_TARGET = re.compile(rb"(?m)^\s*\.target\s+\w")
-_PTX_FUNCTION = re.compile(rb"\.(?:entry|func)\s")
+_PTX_NOISE = rb'(?s)"(?:[^"\\\n]|\\.)*"|//[^\n]*|/\*.*?\*/'
+_PTX_VERSION = rb"(?m)^\s*\.version\s+\d+\.\d+"
+_PTX_TARGET = rb"(?m)^\s*\.target\s+\w"
+_PTX_FUNCTION = rb"\.(?:entry|func)\s"
 #: a function's header: its kind, name, and what ends it: ``{`` (its body follows: a
 #: definition) or ``;`` (a declaration, a prototype); between the parameters and that,
 #: performance directives such as ``.maxntid 128, 1, 1`` or ``.noreturn``
-_PTX_HEADER = re.compile(
+_PTX_HEADER = (
     rb"\.(entry|func)(?![\w$])\s*"
     rb"(?:\([^()]*\)\s*)?"  # a .func's return parameter
     rb"([A-Za-z_$%][\w$]*)\s*"  # the name
@@ -158,9 +160,9 @@ _PTX_HEADER = re.compile(
     rb"[^{};]*([{;])"
 )
 #: the linkage directives before a header that declare an external function (``.extern``)
-_PTX_EXTERN = re.compile(rb"\.extern\s+(?:\.(?:visible|weak|common)\s+)*\Z")
+_PTX_EXTERN = rb"\.extern\s+(?:\.(?:visible|weak|common)\s+)*\Z"
 #: a direct call (``call.uni (retval0), name, (param0);``); an indirect one names a register
-_PTX_CALL = re.compile(rb"\bcall(?:\.uni)?\s+(?:\([^()]*\)\s*,\s*)?([A-Za-z_$][\w$]*)")
+_PTX_CALL = rb"\bcall(?:\.uni)?\s+(?:\([^()]*\)\s*,\s*)?([A-Za-z_$][\w$]*)"
 
 
 def ptx_problem(data: bytes, entry: str | None = None) -> str | None:
@@ -170,16 +172,16 @@ def ptx_problem(data: bytes, entry: str | None = None) -> str | None:
         return "the file is empty (0 bytes)"
     if b"\0" in data:
         return "NUL bytes in PTX text (a damaged or short write)"
-    code = _PTX_NOISE.sub(b" ", data)
+    code = re.sub(_PTX_NOISE, b" ", data)
     if b'"' in code:
         return "a string is not terminated: the text is cut short"
     if b"/*" in code:
         return "a comment is not terminated: the text is cut short"
-    if _PTX_VERSION.search(code) is None:
+    if re.search(_PTX_VERSION, code) is None:
         return "no .version directive"
-    if _PTX_TARGET.search(code) is None:
+    if re.search(_PTX_TARGET, code) is None:
         return "no .target directive"
-    if _PTX_FUNCTION.search(code) is None:
+    if re.search(_PTX_FUNCTION, code) is None:
         return "no .entry or .func"
     opened, closed = code.count(b"{"), code.count(b"}")
     if opened != closed:
@@ -197,14 +199,15 @@ def _functions_problem(code: bytes, entry: str | None) -> str | None:
     defined: set[bytes] = set()
     external: set[bytes] = set()
     declared: set[bytes] = set()
-    for header in _PTX_HEADER.finditer(code):
+    extern = re.compile(_PTX_EXTERN)
+    for header in re.finditer(_PTX_HEADER, code):
         kind, name, end = header.groups()
         if kind == b"entry":
             if end == b"{":
                 entries.add(name)
         elif end == b"{":
             defined.add(name)
-        elif _PTX_EXTERN.search(code, max(0, header.start() - 64), header.start()):
+        elif extern.search(code, max(0, header.start() - 64), header.start()):
             external.add(name)
         else:
             declared.add(name)
@@ -215,7 +218,7 @@ def _functions_problem(code: bytes, entry: str | None) -> str | None:
             f"no .entry {entry} with a body: its metadata names that kernel, the text defines "
             f"{_names(entries)}"
         )
-    called = set(_PTX_CALL.findall(code))
+    called = set(re.findall(_PTX_CALL, code))
     missing = (declared | called) - defined - external
     if missing:
         return (

@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import mmap
 import os
 import re
 import stat
@@ -310,6 +309,8 @@ def runs_ptxas_executable(plugin_dir: str, cache: Cache | None = None) -> bool:
     known = memos.lookup(cache, "ptxas-stub", fingerprint)
     if known in ("0", "1"):
         return known == "1"
+    import mmap  # (a library is read once: its answer is memoized in the cache)
+
     try:
         with open(libraries[0], "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             stub = m.find(NO_LIBRARY) >= 0
