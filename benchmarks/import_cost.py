@@ -1,11 +1,12 @@
 """What the bridge adds to a process's start, against ``import jax, triton`` alone, and what
-``import kernelcache`` costs the operator's command, module by module.
+``import kernelcache`` and the operator's command cost, module by module.
 
 Each measurement is a fresh process. The bridge's process imports jax and triton (the baseline:
 any Triton-in-JAX program pays it), then ``import bridge`` and ``bridge.triton_call`` (the first
 access imports the lowering machinery), then lowers one call whose kernel is already in the
-kernel cache (the imports it makes are the first lowering's). The kernelcache process imports
-``kernelcache`` alone, as the ``kernelcache`` command does before it parses its arguments.
+kernel cache (the imports it makes are the first lowering's). The operator's processes import
+``kernelcache`` alone, and ``kernelcache.cli`` (what the ``kernelcache`` command imports before
+it parses its arguments), with nothing before.
 
 Two runs per repeat and process: one timed, one under ``python -X importtime``, whose stderr
 gives each module's own (self) and cumulative microseconds; the tables show each module's median
@@ -46,8 +47,14 @@ STEPS = (
     "import bridge + bridge.triton_call",
     "first lowering",
     "next lowering",
-    "import kernelcache (alone)",
 )
+#: the operator's processes: the step, and the statement it times with nothing imported before
+OPERATOR = {
+    "import kernelcache (alone)": "import kernelcache",
+    "import kernelcache.cli (the command)": "import kernelcache.cli",
+}
+#: the steps whose imports are tabled module by module
+TABLED = ("import bridge + bridge.triton_call", *OPERATOR)
 #: the bridge's process: markers on stderr delimit the steps in the ``-X importtime`` log
 BRIDGE_CHILD = r"""
 import json, sys, time
@@ -83,27 +90,26 @@ print(json.dumps({"ms": {"import jax, triton": t1 - t0, "import bridge + bridge.
                          "first lowering": t5 - t4, "next lowering": t7 - t6},
                   "brought": brought, "stdlib": sorted(sys.stdlib_module_names)}))
 """
-#: the operator's command's process: ``import kernelcache`` and nothing before it
-KERNELCACHE_CHILD = r"""
+#: an operator's process: the statement given (``import kernelcache``) and nothing before it
+OPERATOR_CHILD = r"""
 import json, sys, time
 loaded = set(sys.modules)
-sys.stderr.write("@@ kernelcache\n")
+sys.stderr.write("@@ start\n")
 sys.stderr.flush()
 t0 = time.perf_counter()
-import kernelcache
+exec(sys.argv[1])
 t1 = time.perf_counter()
 sys.stderr.write("@@ end\n")
-print(json.dumps({"ms": {"import kernelcache (alone)": t1 - t0},
-                  "brought": sorted(set(sys.modules) - loaded),
+print(json.dumps({"ms": t1 - t0, "brought": sorted(set(sys.modules) - loaded),
                   "stdlib": sorted(sys.stdlib_module_names)}))
 """
 
 
-def run(root: Path, cache: str, child: str, importtime: bool) -> tuple[dict, str]:
+def run(root: Path, cache: str, child: str, importtime: bool, *args: str) -> tuple[dict, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as for an installed package
     env.update(PYTHONPATH=str(root), KERNELCACHE_DIR=cache, JAX_PLATFORMS="cpu")
-    cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-c", child]
+    cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-c", child, *args]
     proc = subprocess.run(cmd, env=env, cwd=str(root), capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"the measuring process failed:\n{proc.stderr[-3000:]}")
@@ -171,36 +177,47 @@ def modules_table(logs: list[dict[str, tuple[int, int, bool]]], wall_ms: list[fl
 
 
 def sample(root: Path, cache: str) -> dict:
-    """One repeat: each process timed, then each under ``-X importtime``."""
-    timed: dict[str, float] = {}
-    for child in (BRIDGE_CHILD, KERNELCACHE_CHILD):
-        result, _ = run(root, cache, child, False)
-        timed.update({step: seconds * 1000 for step, seconds in result["ms"].items()})
-    bridge, stderr = run(root, cache, BRIDGE_CHILD, True)
-    alone, alone_stderr = run(root, cache, KERNELCACHE_CHILD, True)
-    return {
-        "ms": timed,
-        "access": logged_imports(stderr, "bridge", "accessed"),
-        "access_wall": bridge["ms"]["import bridge + bridge.triton_call"] * 1000,
-        "lowering": logged_imports(stderr, "lowering", "end"),
-        "bridge_brought": counts(bridge["brought"], bridge["stdlib"]),
-        "alone": logged_imports(alone_stderr, "kernelcache", "end"),
-        "alone_wall": alone["ms"]["import kernelcache (alone)"] * 1000,
-        "kernelcache_brought": counts(alone["brought"], alone["stdlib"]),
+    """One repeat: each process timed, then each under ``-X importtime``: {"ms": {step: ms},
+    "tables": {step: (its import log, its wall ms, what it brought)}, "lowering": the first
+    lowering's import log}."""
+    result, _ = run(root, cache, BRIDGE_CHILD, False)
+    timed = {step: seconds * 1000 for step, seconds in result["ms"].items()}
+    for step, statement in OPERATOR.items():
+        result, _ = run(root, cache, OPERATOR_CHILD, False, statement)
+        timed[step] = result["ms"] * 1000
+    result, stderr = run(root, cache, BRIDGE_CHILD, True)
+    step = "import bridge + bridge.triton_call"
+    tables = {
+        step: (
+            logged_imports(stderr, "bridge", "accessed"),
+            result["ms"][step] * 1000,
+            counts(result["brought"], result["stdlib"]),
+        )
     }
+    lowering = logged_imports(stderr, "lowering", "end")
+    for step, statement in OPERATOR.items():
+        result, stderr = run(root, cache, OPERATOR_CHILD, True, statement)
+        tables[step] = (
+            logged_imports(stderr, "start", "end"),
+            result["ms"] * 1000,
+            counts(result["brought"], result["stdlib"]),
+        )
+    return {"ms": timed, "tables": tables, "lowering": lowering}
 
 
 def summarize(samples: list[dict]) -> dict:
     """The medians and minimums of one bridge's samples."""
-    timed = {step: [s["ms"][step] for s in samples] for step in STEPS}
-    access = modules_table([s["access"] for s in samples], [s["access_wall"] for s in samples])
-    alone = modules_table([s["alone"] for s in samples], [s["alone_wall"] for s in samples])
+    timed = {step: [s["ms"][step] for s in samples] for step in (*STEPS, *OPERATOR)}
     first = modules_table([s["lowering"] for s in samples], [0.0] * len(samples))
+    tables = {}
+    for step in TABLED:
+        logs = [s["tables"][step][0] for s in samples]
+        walls = [s["tables"][step][1] for s in samples]
+        tables[step] = {**modules_table(logs, walls), "brought": samples[-1]["tables"][step][2]}
     return {
         "median_ms": {k: round(statistics.median(v), 2) for k, v in timed.items()},
         "min_ms": {k: round(min(v), 2) for k, v in timed.items()},
-        "bridge": {**access, "brought": samples[-1]["bridge_brought"]},
-        "kernelcache": {**alone, "brought": samples[-1]["kernelcache_brought"]},
+        "imports": tables,
         "first_lowering_imports": first["modules"],
         "first_lowering_imports_ms": first["logged_total_ms"],
     }
@@ -244,7 +261,7 @@ def main() -> None:
         caches = {label: tempfile.mkdtemp(prefix="kc-", dir=work) for label in bridges}
         for label, root in bridges.items():  # the kernel and the bytecode cached from now on
             run(root, caches[label], BRIDGE_CHILD, False)
-            run(root, caches[label], KERNELCACHE_CHILD, False)
+            run(root, caches[label], OPERATOR_CHILD, False, "import kernelcache.cli")
         for _ in range(args.repeats):
             for label, root in bridges.items():
                 samples[label].append(sample(root, caches[label]))
@@ -259,32 +276,35 @@ def main() -> None:
         "bridges": results,
     }
     print(f"{'step':36} " + " ".join(f"{label + ' median':>14} {'min':>7}" for label in results))
-    for step in STEPS:
+    for step in (*STEPS, *OPERATOR):
         print(
             f"{step:36} "
             + " ".join(
                 f"{r['median_ms'][step]:14.1f} {r['min_ms'][step]:7.1f}" for r in results.values()
             )
         )
-    for table in ("bridge", "kernelcache"):
-        print(
-            f"{f'own ms of project modules, {table}':36} "
-            + " ".join(f"{r[table]['project_self_ms']:14.1f} {'':7}" for r in results.values())
-        )
-    for what, key in (("project modules", "project"), ("standard library", "stdlib")):
-        for table in ("bridge", "kernelcache"):
-            print(
-                f"{f'{what}, {table}':36} "
-                + " ".join(f"{r[table]['brought'][key]:14} {'':7}" for r in results.values())
+    print()
+    print(
+        f"{'modules a step imports':36} "
+        + " ".join(f"{label + ': project':>16} {'own ms':>7} {'std':>4}" for label in results)
+    )
+    for step in TABLED:
+        cells = []
+        for r in results.values():
+            table = r["imports"][step]
+            cells.append(
+                f"{table['brought']['project']:16} {table['project_self_ms']:7.1f}"
+                f" {table['brought']['stdlib']:4}"
             )
+        print(f"{step:36} " + " ".join(cells))
     print(
         f"{'imports of the first lowering, ms':36} "
         + " ".join(f"{r['first_lowering_imports_ms']:14.1f} {'':7}" for r in results.values())
     )
     print()
     for label, r in results.items():
-        print_modules(label, "import bridge + bridge.triton_call", r["bridge"], args.top)
-        print_modules(label, "import kernelcache (alone)", r["kernelcache"], args.top)
+        for step in TABLED:
+            print_modules(label, step, r["imports"][step], args.top)
         first = ", ".join(
             f"{row['module']} {row['self_ms']:.2f}" for row in r["first_lowering_imports"][:6]
         )
