@@ -17,6 +17,7 @@ Counting never raises.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -204,6 +205,9 @@ def flush() -> None:
                 _flushed[root] = dict(_counts.get(root) or {})
     for root, delta, tiers in pending:
         _append(root, delta, **({"tiers": tiers} if tiers else {}))
+
+
+atexit.register(flush)  # what a process counted since its last flush is logged when it exits
 
 
 def quiet() -> None:

@@ -8,7 +8,6 @@ an :class:`~kernelcache.errors.UnreadableFile`.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -33,7 +32,6 @@ from .counters import (
     MAX_DELTA,
     add_delta,
     add_tiers,
-    flush,
     zero_counters,
 )
 from .logs import read_log_file
@@ -325,9 +323,6 @@ def zero_logs(locker: Locker, *, timeout: float = 10.0) -> tuple[int, list[str],
     finally:
         held.release()
     return removed, left, None
-
-
-atexit.register(flush)
 
 
 def read_logs(

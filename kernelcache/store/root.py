@@ -1,6 +1,7 @@
 """One cache root on disk, opened: :class:`Store` and its verified reads, which return entries
 as readers get them (:class:`~kernelcache.store.entry.Artifact`). A store writes through
-:mod:`.writing` and removes files (a corrupt entry's too: quarantine) through :mod:`.removal`.
+:mod:`.writing` and removes files (a corrupt entry's too: quarantine) through :mod:`.removal`,
+each imported at its first use: a process that only reads whole entries imports neither.
 
 Guarantees across processes and hosts sharing a root:
 
@@ -54,9 +55,7 @@ from .layout import (
     writable,
 )
 from .locks.locker import Held, Locker, WaitBudget
-from .removal import delete, repair
 from .trust import TrustPolicy, check_policy
-from .writing import check_writable, publish
 
 logger = logging.getLogger(__name__)
 
@@ -387,6 +386,8 @@ class Store:
             check_ext(ext)
         result = self.read(key, ext)
         if isinstance(result, Problem) and result.corrupt:
+            from .removal import repair
+
             return repair(self, key, ext, wait=wait)
         return result
 
@@ -398,6 +399,8 @@ class Store:
             CacheError: entries cannot be written under this root (the message says why and
                 what to do).
         """
+        from .writing import check_writable
+
         check_writable(self)
 
     def put(
@@ -437,6 +440,8 @@ class Store:
             CacheError: the entry could not be written (the message says why and what to do);
                 nothing partial is left behind.
         """
+        from .writing import publish
+
         return publish(self, key, ext, data, meta, wait, replace, as_written)
 
     def delete(
@@ -462,4 +467,6 @@ class Store:
             ValueError: a malformed key.
             CacheError: a read-only store.
         """
+        from .removal import delete
+
         return delete(self, key, ext, wait, remove_lock, check)
