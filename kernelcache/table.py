@@ -6,10 +6,8 @@ These records are immutable values built from one listing of a root; nothing her
 
 from __future__ import annotations
 
-import fnmatch
-import re
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import add
 from typing import Any, NamedTuple
@@ -26,8 +24,8 @@ class EntryInfo(NamedTuple):
     the last-used stamp, or None when the scan did not stat files. ``qualname`` is the
     metadata's ``kernel`` field, where the kernel is defined (``module:name``), when it is
     printable text. An entry that holds several kernels lists them in ``name`` (and
-    ``kernel``), separated by :data:`NAME_SEPARATOR`. (A NamedTuple: a scan builds one per
-    entry, and a root may hold a great many.)
+    ``kernel``), separated by :data:`~kernelcache.naming.NAME_SEPARATOR`. (A NamedTuple: a scan
+    builds one per entry, and a root may hold a great many.)
     """
 
     key: str
@@ -68,14 +66,6 @@ class EntryInfo(NamedTuple):
 
 #: EntryInfo's fields, in order: the columns of an EntryTable
 COLUMNS = EntryInfo._fields
-#: how an entry that holds several kernels separates their names in its ``name`` and
-#: ``kernel`` fields (a kernel's own name never holds it)
-NAME_SEPARATOR = ", "
-
-
-def kernel_names(value: str | None) -> list[str]:
-    """The kernel names a ``name`` or ``kernel`` field lists (see :data:`NAME_SEPARATOR`)."""
-    return value.split(NAME_SEPARATOR) if value else []
 
 
 @dataclass(frozen=True)
@@ -125,28 +115,3 @@ class EntryTable:
             sizes[value] += n
         order = sorted(counts, key=lambda v: (-sizes[v], str(v)))
         return {v: (counts[v], sizes[v]) for v in order}
-
-
-# -- selecting by name ----------------------------------------------------------------------
-#: the characters that make a ``--kernel`` or ``--target`` value a pattern (:mod:`fnmatch`)
-GLOB_CHARS = frozenset("*?[")
-
-
-def is_pattern(value: str) -> bool:
-    """Whether ``value`` is an :mod:`fnmatch` pattern rather than a plain name."""
-    return not GLOB_CHARS.isdisjoint(value)
-
-
-def matcher(patterns: Iterable[str]) -> Callable[[object], bool]:
-    """A test of a metadata value against ``patterns``: names matched exactly and
-    :mod:`fnmatch` patterns (``cuda:*``, ``hip:gfx9?2``, ``matmul_[ab]*``), case-sensitively.
-    Anything but a string matches nothing."""
-    exact = {p for p in patterns if not is_pattern(p)}
-    globs = [re.compile(fnmatch.translate(p)).match for p in patterns if is_pattern(p)]
-
-    def match(value: object) -> bool:
-        if not isinstance(value, str):
-            return False
-        return value in exact or any(g(value) is not None for g in globs)
-
-    return match

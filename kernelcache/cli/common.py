@@ -170,7 +170,7 @@ def target_arg(text: str) -> str:
 
 
 def _field_arg(text: str, what: str, check: schema.FieldCheck) -> str:
-    from ..table import is_pattern
+    from ..naming import is_pattern
 
     if not is_pattern(text):
         bad = check(text)

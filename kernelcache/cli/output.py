@@ -18,7 +18,7 @@ from .. import progress as progressbar
 from ..errors import CommandFailed as CommandFailed  # the errors commands raise, kept here too
 from ..errors import NothingDone as NothingDone
 from ..errors import UsageError as UsageError
-from ..table import NAME_SEPARATOR, kernel_names
+from ..naming import NAME_SEPARATOR, kernel_names
 from ..units import human_size as human_size  # (how the commands show sizes)
 
 #: the version of every command's ``--json`` document

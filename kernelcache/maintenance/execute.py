@@ -36,6 +36,7 @@ from itertools import groupby
 from ..errors import LockTimeout
 from ..fsio import changed_at
 from ..keys import GROUP_CHARS, META_EXT
+from ..naming import matcher
 from ..problem import Problem
 from ..schema.document import parse_fields
 from ..stats.summary import fold_logs
@@ -57,7 +58,6 @@ from ..store.removal import (
     repair,
 )
 from ..store.root import Store
-from ..table import matcher
 from .index import discard_index
 from .prune import Action, Outcome, Plan, Result, kernel_matcher
 from .scan import in_directory

@@ -24,7 +24,8 @@ from typing import Any, NamedTuple, cast
 
 from ..errors import InvalidValue
 from ..keys import GROUP_CHARS
-from ..table import EntryInfo, EntryTable, kernel_names, matcher
+from ..naming import kernel_names, matcher
+from ..table import EntryInfo, EntryTable
 from .records import CacheScan, Issue
 
 logger = logging.getLogger(__name__)
@@ -162,7 +163,7 @@ class Result:
 def kernel_matcher(patterns: Iterable[str]) -> Callable[[object, object], bool]:
     """A test of an entry's kernel against ``patterns`` (as :func:`matcher`), given its
     ``name`` and ``kernel`` fields: it matches when a pattern matches a kernel name the entry
-    holds (an entry of several lists them: :func:`~kernelcache.table.kernel_names`) or where
+    holds (an entry of several lists them: :func:`~kernelcache.naming.kernel_names`) or where
     one is defined (``module:name``, as ``warm`` and ``explain`` print it)."""
     match = matcher(patterns)
 

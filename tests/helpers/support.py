@@ -68,7 +68,8 @@ def other_users_env(shared: Path, **extra: str) -> dict[str, str]:
 #: what a process that lowers calls must not import before it needs it: the remote tiers and
 #: the size cap (for a cache that has neither), the cache's builds and the store's writes and
 #: removals (a miss, a corrupt entry), the summary of the counters' logs, the operator's
-#: commands and what only they use, and the bridge's commands, warming and tuning
+#: commands and what only they use (a root's table of entries), and the bridge's commands,
+#: warming and tuning
 NOT_FOR_A_HIT = (
     "kernelcache.remote",
     "kernelcache.capacity",
@@ -76,6 +77,7 @@ NOT_FOR_A_HIT = (
     "kernelcache.store.writing",
     "kernelcache.store.removal",
     "kernelcache.stats.summary",
+    "kernelcache.table",
     "kernelcache.cli",
     "kernelcache.bundle",
     "kernelcache.maintenance",

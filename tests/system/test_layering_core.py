@@ -37,6 +37,7 @@ FOUNDATION = {
     "formats",
     "fsio",
     "keys",
+    "naming",
     "optional",
     "problem",
     "process",
