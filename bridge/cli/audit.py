@@ -111,16 +111,12 @@ def _entry(cache: Cache, spec: Specialization) -> Artifact | None:
     """The entry a lowering of ``spec`` would use: the one under its key or, where that
     entry's reads find something else today, the one under the key chained from it (as
     :func:`bridge.compile.fetch.fetch_each` follows them)."""
-    key = spec.key
-    for _ in range(read_sets.MAX_HOPS + 1):
-        art = _read(cache, key, spec.ext)
-        if art is None:
-            return None
-        now = fetch.stale(spec, art.meta)
-        if now is None:
-            return art
-        key = read_sets.chained(key, now)
-    return None
+    _, found = read_sets.follow(
+        spec.key,
+        lambda key: _read(cache, key, spec.ext),
+        lambda _, art: fetch.stale(spec, art.meta),
+    )
+    return found
 
 
 def _one(kernel: str, spec: Specialization, cache: Cache, recompile: bool) -> Audited:

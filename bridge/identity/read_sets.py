@@ -16,21 +16,17 @@ specialization ``operand``, made again); ``want`` is a digest of what the read f
 (:meth:`Trace.want`). An argument is ``["v", value]`` (plain, :func:`exact`), ``["r", row]``
 (the object a row found) or ``["rk", row]`` (that object in a ``constexpr``).
 
-What a read found is described by content, never by name or address
-(:func:`~.exact_values.describe`), an object met before by the row that first found it (so two
-names for one object, and one name for two, tell apart). Invariant: :func:`check` gives the
-digests a frontend run now would record for the same reads, so a kernel whose reads all find
-what they found is the kernel its frontend would generate now (given the same source,
-arguments, options and compiler, which its key holds). What the witness cannot follow makes
-the read set partial: it ends with the ``"ir"`` read, so the frontend vouches for the rest.
+What a read found is described by content (:func:`~.exact_values.describe`), an object met
+before by the row that first found it. Invariant: :func:`check` gives the digests a frontend run
+now would record for the same reads, so a kernel whose reads all find what they found is the
+kernel its frontend would generate now (its key holds the rest). A partial read set ends with
+the ``"ir"`` read: the frontend vouches for what the witness could not follow.
 
-A read set comes from a shared root, a remote tier or a bundle: it is hostile input. Its rows
-are checked against the kernel's code before any runs (:mod:`.admit`), reads run no code of
-the objects they read, calls run only where the code allows them and under a deadline
-(:mod:`.guard`), and nothing a check raises leaves it: a read set the code does not admit is a
-:class:`Refusal`. A cached kernel or lowering is used only while :func:`stale` finds every read
-as it was; where one finds something else, the kernel of this version of the code is kept under
-a key chained from the first (:func:`chained`), for at most :data:`MAX_HOPS` versions.
+A read set is hostile input (a shared root, a remote tier, a bundle): its rows are checked
+against the kernel's code before any runs (:mod:`.admit`), reads run no code of what they read,
+calls run only where the code allows them and under a deadline (:mod:`.guard`), and nothing a
+check raises leaves it (a :class:`Refusal`). A lookup (:func:`follow`) uses an entry only while
+:func:`stale` finds every read as it was, else the one under the key :func:`chained` from it.
 """
 
 from __future__ import annotations
@@ -43,7 +39,7 @@ import os
 import time
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ..entries import metadata
 from ..exceptions import CheckInterrupted, RefusedReadSet
@@ -56,13 +52,13 @@ from .static_access import builtin
 from .static_reads import RUNS_CODE, mark
 
 FORMAT = metadata.FORMAT
+T = TypeVar("T")
 
 
 class OnDemand:
-    """A check's guard (:mod:`.guard`), made when first needed (a call made again, an object
-    described by its fields) and until then only noted as this thread's
-    (:data:`~.guard.STATE`): a check whose reads need none runs none of it. A call made again
-    is interrupted once the check has run ``seconds`` (:class:`~.guard.Watchdog`)."""
+    """A check's guard (:mod:`.guard`), made when a read first needs it (a call made again, an
+    object described by its fields); a call made again is interrupted once the check has run
+    ``seconds`` (:class:`~.guard.Watchdog`)."""
 
     def __init__(self, seconds: float) -> None:
         self.end = time.monotonic() + seconds
@@ -233,10 +229,9 @@ def read(
     backend: Any,
     guard: OnDemand | None = None,
 ) -> Any:
-    """Make one read again: what row ``[parent, op, operand, _]`` finds on ``base``
-    (``given``: the kernel's constexpr arguments by parameter name; ``modules``: the backend's
-    module map; ``backend``: the kernel's, for an ``"ir"`` read; ``guard``: the check's, for a
-    call). :data:`~.static_reads.RUNS_CODE` where the read would run code it may not."""
+    """What row ``[parent, op, operand, _]`` finds on ``base`` now (``modules``: the backend's
+    module map; ``backend``: for an ``"ir"`` read; ``guard``: the check's, for a call);
+    :data:`~.static_reads.RUNS_CODE` where the read would run code it may not."""
     if op == "ir":  # (the frontend generating the kernel, for a specialization admitted: not
         from .frontend import ir_again  # traced, as nothing of a check is but what may run code)
 
@@ -281,9 +276,8 @@ def reads_ir(texts: Sequence[str]) -> bool:
 
 
 class Refusal(str):
-    """What :func:`check` and :func:`stale` find for a read set the kernel's code does not
-    admit (:mod:`.admit`): a digest like any other (of the text: a key chained from it is the
-    text's), with the ``reason``. Nothing of such a read set runs."""
+    """What :func:`check` finds for a read set the kernel's code does not admit (:mod:`.admit`):
+    a digest of the text like any other, with the ``reason``. Nothing of it runs."""
 
     reason: str
 
@@ -294,8 +288,8 @@ class Refusal(str):
 
 
 class Unchecked(str):
-    """What :func:`stale` finds for a read set that ends with the IR where no specialization
-    is given (a lowering's): only the kernel's own lookup can make that read."""
+    """What :func:`stale` finds for a read set ending with the IR where no specialization is
+    given (a lowering's): only the kernel's own lookup can make that read."""
 
 
 def wants(
@@ -306,12 +300,10 @@ def wants(
     backend: Any = None,
     expected: Callable[[], Sequence[Any]] | None = None,
 ) -> list[str] | Refusal | Unchecked | None:
-    """What each read of the read set ``text`` finds now, made again from ``kernel`` (the JIT
-    function the reads start from) and ``given`` (its constexpr arguments by parameter name);
-    None where ``text`` is not a read set, a :class:`Refusal` where the code does not admit a
-    row (nothing of it runs). ``expected()``: the specializations an IR read may be for (None:
-    an IR read finds :class:`Unchecked`). A read that fails (or whose object failed) finds
-    ``"error"``; nothing the reads raise leaves here."""
+    """What each read of ``text`` finds now, made again from ``kernel`` and ``given`` (its
+    constexpr arguments by name); None: no read set; a :class:`Refusal`: a row the code does
+    not admit (nothing runs). ``expected()``: the specializations an IR read may be for (None:
+    :class:`Unchecked`). A failing read finds ``"error"``; nothing raised leaves here."""
     rows = parse(text)
     if rows is None:
         return None
@@ -388,11 +380,9 @@ def check(
     backend: Any = None,
     expected: Callable[[], Sequence[Any]] | None = None,
 ) -> str | None:
-    """None where every read of the read set ``text`` finds what it found; else the digest
-    of what they find now (what tells this process's code from the one the reads were made
-    in): a :class:`Refusal` where the code does not admit it, :class:`Unchecked` where it ends
-    with an IR read and ``expected`` is not given. A text that is no read set holds nothing:
-    its digest is that of the text."""
+    """None where every read of the read set ``text`` finds what it found; else the digest of
+    what they find now: a :class:`Refusal` where the code does not admit it, :class:`Unchecked`
+    where it ends with an IR read and ``expected`` is not given (no read set: the text's)."""
     now = wants(text, kernel, given, module_map, backend, expected)
     rows = parse(text)
     if now is None or rows is None:
@@ -405,15 +395,13 @@ def check(
 
 
 def reads_digest(parts: Sequence[str]) -> str:
-    """A 64-hex-digit digest of ``parts``, what reads found (not a key: keys are
-    :func:`kernelcache.keys.digest_of`'s)."""
+    """A 64-hex-digit digest of ``parts``, what reads found."""
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
 # -- the read sets of a cached kernel or lowering, checked before it is used -------------------
 def params(src: Any) -> dict[str, Any]:
-    """The constexpr arguments of Triton's source object ``src``, by parameter name (those
-    given whole: an item of a tuple argument is the tuple's)."""
+    """The constexpr arguments of Triton's source object ``src`` given whole, by name."""
     names = src.fn.arg_names
     return {names[p[0]]: v for p, v in src.constants.items() if len(p) == 1 and p[0] < len(names)}
 
@@ -426,17 +414,11 @@ def stale(
     seen: dict[Any, Any] | None = None,
     expected: Callable[[], Sequence[Any]] | None = None,
 ) -> str | None:
-    """None where every read of the read sets ``texts`` (those of kernels of the JIT function
-    ``kernel`` compiled for ``backend``'s target, with the constexpr arguments ``given`` by
-    parameter name) finds what it found; else the digest of what they find now (see
-    :func:`check`): the first :class:`Refusal` where the code does not admit one, else the
-    first :class:`Unchecked` where one ends with the IR and ``expected`` (the specializations
-    the lookup is for) is not given.
-
-    ``seen``: the checks made so far in one lowering of a program, where nothing but the
-    lowering runs between two calls' checks (as the settings are read once per lowering): a
-    read set checked again there for the same kernel and the same objects of ``given`` that it
-    reads is not made again."""
+    """None where every read of the read sets ``texts`` (of kernels of the JIT function
+    ``kernel`` for ``backend``'s target, with the constexpr arguments ``given``) finds what it
+    found; else what they find now (:func:`check`): a :class:`Refusal` or :class:`Unchecked`
+    first. ``seen``: the checks made so far in one lowering of a program (nothing else runs
+    between two calls' checks): one made again for the same kernel and objects is not."""
     modules = module_map_of(backend)
     now = [_check_once(text, kernel, given, modules, backend, seen, expected) for text in texts]
     for kind in (Refusal, Unchecked):
@@ -488,8 +470,7 @@ def _given_names(rows: Sequence[tuple[int, str, Any, str]]) -> list[str]:
     return names
 
 
-#: how many other versions of a kernel's reads one lookup follows (each a :func:`chained` key)
-#: before it compiles in memory
+#: how many other versions of a kernel's reads one lookup follows before it compiles in memory
 MAX_HOPS = 3
 
 
@@ -498,3 +479,22 @@ def chained(key: str, now: str) -> str:
     find ``now`` (:func:`stale`): each version of what the frontend reads has its own entry,
     as each set of header contents has its own result in ccache's manifest."""
     return reads_digest([key, now])
+
+
+def follow(
+    key: str, entry: Callable[[str], T | None], now: Callable[[str, Any], str | None]
+) -> tuple[str | None, T | None]:
+    """The one walk of a lookup (a kernel's, a stored lowering's, an audit's): the entry under
+    ``key`` whose reads find what they found (``now(key, found)`` is None), else the one under
+    the key :func:`chained` from what they find now, for at most :data:`MAX_HOPS` more keys;
+    with the key it is (or is to be) stored under: ``(key, None)`` where nothing is stored
+    there yet, ``(None, None)`` past the last hop (kept in memory only)."""
+    for _ in range(MAX_HOPS + 1):
+        found = entry(key)
+        if found is None:
+            return key, None
+        differs = now(key, found)
+        if differs is None:
+            return key, found
+        key = chained(key, differs)
+    return None, None

@@ -307,35 +307,37 @@ def _checked_replay(
     """The stored lowering of ``call`` (:func:`_replay`) whose kernels' reads find what they
     found, and the key it is (or is to be) stored under: where a stored lowering's reads find
     something else, the lowering of this version of the code is kept under a key chained from
-    it (:func:`bridge.identity.read_sets.chained`); after a few versions, nowhere (None)."""
-    backend = None
-    for _ in range(read_sets.MAX_HOPS + 1):
-        found = _replay(call, keyed, target, platform, autotune, program)
-        if found is None:
-            return keyed, None
-        if not found.lowered.reads:
-            return keyed, found
-        backend = backend or backends.make_backend(target)
-        reads, specs = found.lowered.reads, None
+    it (:func:`bridge.identity.read_sets.follow`); after a few versions, nowhere (None)."""
+    backend: list[Any] = []  # (made at the first stored lowering with reads)
+
+    def stale(key: str, found: Item) -> str | None:
+        reads = found.lowered.reads
+        if not reads:
+            return None
+        backend[:] = backend or [backends.make_backend(target)]
+        specs = None
         if read_sets.reads_ir(reads):  # (an IR read: for one of the call's own variants)
             specs = functools.cache(
                 functools.partial(_specializations, call, every, target, program.cache)
             )
-        now = read_sets.stale(reads, call.parts.fn, call.named, backend, program.checked, specs)
-        if now is None:
-            return keyed, found
+        now = read_sets.stale(reads, call.parts.fn, call.named, backend[0], program.checked, specs)
         if isinstance(now, read_sets.Refusal):
             warn_once(
                 logger,
-                ("refused", keyed[0]),
+                ("refused", key),
                 "kernelcache: the stored lowering %s of %s holds a read set its code does not "
                 "admit (%s); no compile of this code wrote it, so it is not used",
-                keyed[0],
+                key,
                 call.parts.qualname,
                 now.reason,
             )
-        keyed = (read_sets.chained(keyed[0], now), keyed[1], keyed[2])
-    return None, None
+        return now
+
+    def stored(key: str) -> Item | None:
+        return _replay(call, (key, keyed[1], keyed[2]), target, platform, autotune, program)
+
+    key, found = read_sets.follow(keyed[0], stored, stale)
+    return (None if key is None else (key, keyed[1], keyed[2])), found
 
 
 def _specializations(

@@ -26,7 +26,6 @@ LIMIT = 500
 #: apart from that sibling)
 CONCERNS: dict[str, str] = {
     "bridge.call.out_type": "jax-triton 0.4's out_type= convention, imported only by a call that uses it",
-    "bridge.identity.reach": "what a call the witness cannot make again can read, followed through the code it names",
     "bridge.lowering.messages": "jaxlib's messages of one kernel: parameters, TMA descriptors, embedded code",
     "bridge.tune.jaxlib_launch": "launching one variant through jaxlib's own custom call, to measure it",
     "kernelcache.cli.diagnosis": "the doctor command: its checks shown, with their fixes",
