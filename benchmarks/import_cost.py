@@ -19,6 +19,9 @@ beyond what ``import jax, triton`` loaded already (protobuf, xxhash, ...). Bytec
 (``PYTHONDONTWRITEBYTECODE`` is unset for the measured processes, and a first run writes it),
 as it is for an installed package.
 
+Wall time (median and minimum) and, for the steps the bridge adds and the operator's imports, the
+process's CPU time (median; what other work on a busy machine changes least).
+
 With ``--before REF_OR_DIR`` the same runs also measure an older bridge (a directory, or a git
 ref exported with ``git archive``), its processes interleaved with this one's. Prints tables
 (median and min over ``--repeats``), then one JSON line; ``--out FILE`` also writes it.
@@ -66,10 +69,10 @@ import jax, jax.numpy as jnp, triton
 t1 = time.perf_counter()
 loaded = set(sys.modules)
 mark("bridge")
-t2 = time.perf_counter()
+t2, c2 = time.perf_counter(), time.process_time()
 import bridge
 bridge.triton_call
-t3 = time.perf_counter()
+t3, c3 = time.perf_counter(), time.process_time()
 mark("accessed")
 brought = sorted(set(sys.modules) - loaded)
 from examples import kernels as K
@@ -79,15 +82,16 @@ def f(a, b):
                               BLOCK=1024, target="cuda:90")
 jax.jit(lambda a, b: a + b).trace(x, x).lower(lowering_platforms=("cuda",))  # JAX's own first
 mark("lowering")
-t4 = time.perf_counter()
+t4, c4 = time.perf_counter(), time.process_time()
 jax.jit(f).trace(x, x).lower(lowering_platforms=("cuda",))
-t5 = time.perf_counter()
+t5, c5 = time.perf_counter(), time.process_time()
 mark("end")
 t6 = time.perf_counter()
 jax.jit(f).trace(jax.ShapeDtypeStruct((8192,), jnp.float32), x).lower(lowering_platforms=("cuda",))
 t7 = time.perf_counter()
 print(json.dumps({"ms": {"import jax, triton": t1 - t0, "import bridge + bridge.triton_call": t3 - t2,
                          "first lowering": t5 - t4, "next lowering": t7 - t6},
+                  "cpu": {"import bridge + bridge.triton_call": c3 - c2, "first lowering": c5 - c4},
                   "brought": brought, "stdlib": sorted(sys.stdlib_module_names)}))
 """
 #: an operator's process: the statement given (``import kernelcache``) and nothing before it
@@ -96,11 +100,11 @@ import json, sys, time
 loaded = set(sys.modules)
 sys.stderr.write("@@ start\n")
 sys.stderr.flush()
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 exec(sys.argv[1])
-t1 = time.perf_counter()
+t1, c1 = time.perf_counter(), time.process_time()
 sys.stderr.write("@@ end\n")
-print(json.dumps({"ms": t1 - t0, "brought": sorted(set(sys.modules) - loaded),
+print(json.dumps({"ms": t1 - t0, "cpu": c1 - c0, "brought": sorted(set(sys.modules) - loaded),
                   "stdlib": sorted(sys.stdlib_module_names)}))
 """
 
@@ -182,9 +186,11 @@ def sample(root: Path, cache: str) -> dict:
     lowering's import log}."""
     result, _ = run(root, cache, BRIDGE_CHILD, False)
     timed = {step: seconds * 1000 for step, seconds in result["ms"].items()}
+    cpu = {step: seconds * 1000 for step, seconds in result["cpu"].items()}
     for step, statement in OPERATOR.items():
         result, _ = run(root, cache, OPERATOR_CHILD, False, statement)
         timed[step] = result["ms"] * 1000
+        cpu[step] = result["cpu"] * 1000
     result, stderr = run(root, cache, BRIDGE_CHILD, True)
     step = "import bridge + bridge.triton_call"
     tables = {
@@ -202,12 +208,13 @@ def sample(root: Path, cache: str) -> dict:
             result["ms"] * 1000,
             counts(result["brought"], result["stdlib"]),
         )
-    return {"ms": timed, "tables": tables, "lowering": lowering}
+    return {"ms": timed, "cpu": cpu, "tables": tables, "lowering": lowering}
 
 
 def summarize(samples: list[dict]) -> dict:
     """The medians and minimums of one bridge's samples."""
     timed = {step: [s["ms"][step] for s in samples] for step in (*STEPS, *OPERATOR)}
+    cpu = {step: [s["cpu"][step] for s in samples] for step in samples[0]["cpu"]}
     first = modules_table([s["lowering"] for s in samples], [0.0] * len(samples))
     tables = {}
     for step in TABLED:
@@ -217,6 +224,7 @@ def summarize(samples: list[dict]) -> dict:
     return {
         "median_ms": {k: round(statistics.median(v), 2) for k, v in timed.items()},
         "min_ms": {k: round(min(v), 2) for k, v in timed.items()},
+        "cpu_median_ms": {k: round(statistics.median(v), 2) for k, v in cpu.items()},
         "imports": tables,
         "first_lowering_imports": first["modules"],
         "first_lowering_imports_ms": first["logged_total_ms"],
@@ -275,14 +283,17 @@ def main() -> None:
         "load_average": os.getloadavg(),
         "bridges": results,
     }
-    print(f"{'step':36} " + " ".join(f"{label + ' median':>14} {'min':>7}" for label in results))
+    print(
+        f"{'step':36} "
+        + " ".join(f"{label + ' median':>14} {'min':>7} {'cpu':>7}" for label in results)
+    )
     for step in (*STEPS, *OPERATOR):
-        print(
-            f"{step:36} "
-            + " ".join(
-                f"{r['median_ms'][step]:14.1f} {r['min_ms'][step]:7.1f}" for r in results.values()
-            )
-        )
+        cells = []
+        for r in results.values():
+            cpu = r["cpu_median_ms"].get(step)
+            shown = f"{cpu:7.1f}" if cpu is not None else f"{'':7}"
+            cells.append(f"{r['median_ms'][step]:14.1f} {r['min_ms'][step]:7.1f} {shown}")
+        print(f"{step:36} " + " ".join(cells))
     print()
     print(
         f"{'modules a step imports':36} "
