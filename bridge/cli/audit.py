@@ -43,6 +43,7 @@ from ..vendors.targets import Target, recorded_targets
 from ..warm.manifest import load_manifest
 from ..warm.planning import kernel_parts, specializations
 from .explain import targets_of
+from .lookups import inspected
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -99,21 +100,13 @@ class Audited:
         return f"{self.status:<10} {where}: {text}"
 
 
-def _read(cache: Cache, key: str, ext: str) -> Artifact | None:
-    for store in cache.layers:
-        art = store.read(key, ext)
-        if isinstance(art, Artifact):
-            return art
-    return None
-
-
 def _entry(cache: Cache, spec: Specialization) -> Artifact | None:
     """The entry a lowering of ``spec`` would use: the one under its key or, where that
     entry's reads find something else today, the one under the key chained from it (as
     :func:`bridge.compile.fetch.fetch_each` follows them)."""
     _, found = read_sets.follow(
         spec.key,
-        lambda key: _read(cache, key, spec.ext),
+        lambda key: inspected(cache, key, spec.ext),
         lambda _, art: fetch.stale(spec, art.meta),
     )
     return found

@@ -171,7 +171,7 @@ def follow(spec: Specialization, cache: Cache) -> Lookup:
     key = spec.key
     passed: list[Passed] = []
     for hops in range(read_sets.MAX_HOPS + 1):
-        art = _entry(cache, key, spec.ext)
+        art = inspected(cache, key, spec.ext)
         if art is None:
             failed = _failed(cache, key)
             if failed is not None:
@@ -196,7 +196,9 @@ def follow(spec: Specialization, cache: Cache) -> Lookup:
     return Lookup("miss", passed=tuple(passed), note=note)
 
 
-def _entry(cache: Cache, key: str, ext: str) -> Artifact | None:
+def inspected(cache: Cache, key: str, ext: str) -> Artifact | None:
+    """The entry ``key`` of the first layer of ``cache`` that holds it whole, read leaving no
+    trace (no hit counted, no last-used stamp refreshed)."""
     for store in cache.layers:
         art = store.inspect(key, ext)
         if isinstance(art, Artifact):
