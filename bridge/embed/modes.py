@@ -19,6 +19,7 @@ Which modes a target takes is its descriptor's (:meth:`bridge.vendors.vendor.Ven
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -104,12 +105,18 @@ def assembled_ptx(ptx: str, target: Target, what: str, cache: Cache | None, stri
         return ptx
 
 
-def marked_ptx(ptx: str, key: str) -> str:
-    """PTX text ending in a comment naming the kernel key (keeps jaxlib's cache key unique)."""
-    return f"{ptx.rstrip()}\n// kernelcache {key}\n"
+def marked_ptx(ptx: str, binary: bytes) -> str:
+    """PTX text ending in a comment naming the digest of the machine code it comes with: keeps
+    jaxlib's cache key (the PTX text) unique to that code, and the same whichever entry of the
+    cache served it (what embeds depends on what the kernel is, never on where it was kept)."""
+    return f"{ptx.rstrip()}\n// kernelcache {_digest(binary)}\n"
 
 
-def binary_token(ext: str, key: str, digest: str) -> str:
+def binary_token(ext: str, binary: bytes) -> str:
     """The ``ptx`` field of inline machine code without PTX (HSACO): a stable token unique to
     this binary."""
-    return f"kernelcache:{ext}:{key}:{digest}"
+    return f"kernelcache:{ext}:{_digest(binary)}"
+
+
+def _digest(binary: bytes) -> str:
+    return hashlib.sha256(binary).hexdigest()

@@ -118,9 +118,9 @@ def kernel_message(
         if mode == "ptx" or not versions.honours_module_image(jaxlib):  # jaxlib runs ptxas
             where = f"{call.parts.qualname} on {target}"
             ptx = modes.assembled_ptx(ptx, target, where, cache, strict=mode == "ptx")
-        kernel.ptx = modes.marked_ptx(ptx, kb.key)
+        kernel.ptx = modes.marked_ptx(ptx, kb.binary)
     else:
-        kernel.ptx = modes.binary_token(kb.ext, kb.key, str(meta.get("digest", "")))
+        kernel.ptx = modes.binary_token(kb.ext, kb.binary)
     if mode == "inline":
         kernel.module_image = proto.ModuleImage(
             object_file=kb.binary, kernel_name=name, shared_mem_bytes=shared

@@ -10,6 +10,7 @@ take ``fresh``, a cache of their own; the others share the module's ``cache``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -61,6 +62,17 @@ def cache(tmp_path_factory) -> kernelcache.Cache:
     return kernelcache.Cache(root=tmp_path_factory.mktemp("bridge-kernels"))
 
 
+def cubins(cache: kernelcache.Cache) -> dict[str, str]:
+    """The key of each machine-code entry in ``cache``'s root, by the SHA-256 of its bytes (what
+    the marker at the end of the embedded PTX names)."""
+    keys = [path.stem for path in Path(cache.root).glob("*.cubin")]
+    return {hashlib.sha256(cache.get(k, "cubin").data).hexdigest(): k for k in keys}
+
+
+def marker(kernel: proto.TritonKernel) -> str:
+    return kernel.ptx.rstrip().rsplit(" ", 1)[-1]
+
+
 def add_fn(cache, **kw):
     return lambda x, y: ops.add(x, y, cache=cache, **kw)
 
@@ -76,10 +88,10 @@ def test_cuda_inline_embeds_cubin_and_real_ptx(cache):
     assert kernel.module_image.kernel_name == "add_kernel"
     assert ".entry add_kernel" in kernel.ptx and ".target sm_90a" in kernel.ptx
     assert kernel.compute_capability == 90 and kernel.num_warps == 4 and kernel.num_ctas == 1
-    # the PTX ends with the kernel key: jaxlib's module cache never confuses two binaries
-    key = kernel.ptx.rstrip().rsplit(" ", 1)[-1]
-    entry = cache.get(key, "cubin")
-    assert entry is not None and entry.data == cubin
+    # the PTX ends with the digest of the machine code: jaxlib's module cache (keyed on the
+    # PTX text) never confuses two binaries
+    assert marker(kernel) == hashlib.sha256(cubin).hexdigest()
+    assert cache.get(cubins(cache)[marker(kernel)], "cubin").data == cubin
     # no absolute source paths anywhere in what is embedded
     files = [line for line in kernel.ptx.splitlines() if ".file" in line]
     assert files and all('"/' not in line for line in files), files
@@ -98,7 +110,7 @@ def test_rocm_inline_embeds_hsaco_and_a_token(cache):
     (kernel,) = kernels_of(call)
     hsaco = kernel.module_image.object_file
     assert hsaco[:4] == ELF_MAGIC and any(t in hsaco for t in HSACO_TRIPLES)
-    assert kernel.ptx.startswith("kernelcache:hsaco:")
+    assert kernel.ptx == f"kernelcache:hsaco:{hashlib.sha256(hsaco).hexdigest()}"
     assert kernel.compute_capability == 0
     # 4 warps of 64 threads; jaxlib's HIP launcher also counts 64 threads per warp
     assert kernel.num_warps == 4
@@ -170,7 +182,7 @@ def test_autotuned_calls_use_the_legacy_target(cache):
 
 def test_cache_entry_metadata(cache):
     (call,) = decoded(add_fn(cache, target="cuda:90", embed="inline"), F32, F32)
-    key = call.kernel_call.kernel.ptx.rstrip().rsplit(" ", 1)[-1]
+    key = cubins(cache)[marker(call.kernel_call.kernel)]
     art = cache.get(key, "cubin")
     meta = dict(art.meta)
     assert meta["name"] == "add_kernel" and meta["target"] == "cuda:90"
@@ -203,8 +215,8 @@ def test_autotuned_matmul_compiles_every_config(cache):
     warps = [c.kernel_call.kernel.num_warps for c in tuned.configs]
     assert warps == [8, 4, 4, 4]
     assert "BM: 128, BN: 128, BK: 64" in tuned.configs[0].description
-    keys = {c.kernel_call.kernel.ptx.rstrip().rsplit(" ", 1)[-1] for c in tuned.configs}
-    assert len(keys) == 4 and all(cache.get(k, "cubin") is not None for k in keys)
+    markers = {marker(c.kernel_call.kernel) for c in tuned.configs}
+    assert len(markers) == 4 and markers <= cubins(cache).keys()
     assert all(c.kernel_call.kernel.shared_mem_bytes > 0 for c in tuned.configs)
 
 
