@@ -167,33 +167,45 @@ class Lookup:
 
 
 def follow(spec: Specialization, cache: Cache) -> Lookup:
-    """The lookups a lowering of ``spec`` makes in ``cache``, and where they end."""
-    key = spec.key
+    """The lookups a lowering of ``spec`` makes in ``cache`` (the walk of
+    :func:`bridge.identity.read_sets.follow`), and where they end."""
     passed: list[Passed] = []
-    for hops in range(read_sets.MAX_HOPS + 1):
+    unpaired: list[str] = []
+
+    def entry(key: str) -> Artifact | None:
         art = inspected(cache, key, spec.ext)
-        if art is None:
-            failed = _failed(cache, key)
-            if failed is not None:
-                return Lookup("left-out", passed=tuple(passed), note=failed)
-            kept = "nothing is kept for what they find now: a lowering compiles the kernel"
-            return Lookup("miss", passed=tuple(passed), note=kept if passed else None)
-        if spec.target.vendor.has_ptx and not _paired(cache, key, art):
-            note = "the entry is there, but not the PTX it was built from (pruned?): compiled again"
-            return Lookup("miss", passed=tuple(passed), note=note)
+        if art is not None and spec.target.vendor.has_ptx and not _paired(cache, key, art):
+            unpaired.append(key)  # (a lowering compiles it again: a miss)
+            return None
+        return art
+
+    def now(key: str, art: Artifact) -> str | None:
+        differs = fetch.stale(spec, art.meta)
+        if differs is not None:
+            passed.append(_passed(spec, art, len(passed), differs))
+        return differs
+
+    key, art = read_sets.follow(spec.key, entry, now)
+    went = tuple(passed)
+    if art is not None:
         text = art.meta.get("reads")
-        now = fetch.stale(spec, art.meta)
-        if now is None:
-            rows = read_sets.parse(text) if isinstance(text, str) else None
-            found = None if rows is None else tuple(_reads(rows, None))
-            return Lookup("hit", key, hops, art.source, found, _partial(text), tuple(passed))
-        passed.append(_passed(spec, art, hops, now))
-        key = read_sets.chained(key, now)
-    note = (
-        f"its reads found something else under each of its {read_sets.MAX_HOPS + 1} keys: "
-        "compiled in memory at each lowering"
-    )
-    return Lookup("miss", passed=tuple(passed), note=note)
+        rows = read_sets.parse(text) if isinstance(text, str) else None
+        found = None if rows is None else tuple(_reads(rows, None))
+        return Lookup("hit", key, len(passed), art.source, found, _partial(text), went)
+    if key is None:
+        note = (
+            f"its reads found something else under each of its {read_sets.MAX_HOPS + 1} keys: "
+            "compiled in memory at each lowering"
+        )
+        return Lookup("miss", passed=went, note=note)
+    if unpaired:
+        note = "the entry is there, but not the PTX it was built from (pruned?): compiled again"
+        return Lookup("miss", passed=went, note=note)
+    failed = _failed(cache, key)
+    if failed is not None:
+        return Lookup("left-out", passed=went, note=failed)
+    kept = "nothing is kept for what they find now: a lowering compiles the kernel"
+    return Lookup("miss", passed=went, note=kept if passed else None)
 
 
 def inspected(cache: Cache, key: str, ext: str) -> Artifact | None:

@@ -234,3 +234,14 @@ def test_what_a_read_set_holds_is_shown_short_and_printable():
     ]
     assert all(r.now is None and r.was is None for r in reads[3:])
     assert lookups.summary(reads) == "1 global, 2 attributes, 1 call, 1 environment variable"
+
+
+def test_an_entry_without_the_ptx_it_was_built_from_is_a_miss(helped):
+    """A lowering compiles a kernel whose PTX companion is gone (pruned) again: explain says
+    so rather than naming the entry it cannot use."""
+    assert helped.result(code=0)["status"] == "hit"
+    (companion,) = helped.root.glob("*.ptx")
+    companion.unlink()
+    miss = helped.result(code=1)
+    assert miss["status"] == "miss" and miss["entry"] is None and miss["differs"] == []
+    assert "not the PTX it was built from" in helped.explain(code=1)
