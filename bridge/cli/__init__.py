@@ -179,8 +179,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         subparsers,
         "audit",
         "for each call of a recorded manifest and target: whether the cached entry under its "
-        "key was compiled from the IR Triton's frontend gives today (a hole in the key if not), "
-        "and which kernels are open (keyed by their IR) and why (needs kernelcache[bridge])",
+        "key was compiled from the IR Triton's frontend gives today (a hole if not), and with "
+        "--compile whether a compile today gives its machine code (needs kernelcache[bridge])",
         variables=VARIABLES,
     )
     p.add_argument("manifest", metavar="MANIFEST", help=MANIFEST_HELP)

@@ -97,8 +97,7 @@ def constexprs_digest(fn: Any, constants: Any) -> str:
 @dataclass(frozen=True)
 class Ingredients:
     """What one kernel key is computed from: the target and its backend, Triton's source object
-    for the specialization, the parsed options and the language, and for an open kernel the
-    digest of its IR; ``cache`` memoizes the compiler's and the backend's identities and
+    for the specialization, the parsed options and the language; ``cache`` memoizes the compiler's and the backend's identities and
     what the environment step reads."""
 
     cache: Cache | None
