@@ -6,7 +6,9 @@ are bound and keyed by :func:`bridge.identity.specialize.specialize_call`, exact
 call for the target does it. A kernel is "present" when a layer of the cache holds what a
 lowering needs without compiling: a build avoided, counted as one kernel hit (as a lowering
 that finds it would count it), so a re-run that finds everything has a hit rate of 100%;
-nothing else is counted while planning (:func:`present` counts nothing).
+nothing else is counted while planning (:func:`present` counts nothing). "Present" is the entry
+a lowering would use: one whose reads find something else now (a global the kernel reads has
+changed) is not, and the version of the code they find now is compiled.
 """
 
 from __future__ import annotations
@@ -72,30 +74,34 @@ def specialization(
     return specialize(parts, named, variant, target, cache)
 
 
-def present(cache: Cache, key: str, ext: str, need_ptx: bool) -> str | None:
-    """The layer ("local" or "readonly") that already holds a usable ``key``, or None.
+def present(cache: Cache, spec: Specialization) -> str | None:
+    """The layer ("local" or "readonly") that holds the entry a lowering of ``spec`` would use,
+    or None (the lowering would compile).
 
-    Usable means what a lowering needs without compiling: the verified binary and, with
-    ``need_ptx`` (a target with PTX), the PTX whose digest its metadata names. Nothing is counted as a hit or a miss.
+    That entry is found as a lowering finds it (:func:`bridge.identity.read_sets.follow`): the
+    one under the key, or where its reads find something else now, the one under the key
+    chained from it; it is usable when a layer holds the verified binary and, for a target with
+    PTX, the PTX whose digest its metadata names. Nothing is counted as a hit or a miss.
     """
     from kernelcache import Artifact
 
-    found = None
-    for store in cache.layers:
-        art = store.read(key, ext)
-        if isinstance(art, Artifact):
-            found = art
-            break
-    if found is None:
-        return None
-    if need_ptx:
-        ptx_key = PTX.key(key)
+    from ..compile import fetch
+    from ..identity import read_sets
+
+    def entry(key: str) -> Artifact | None:
+        found = next(
+            (a for s in cache.layers if isinstance(a := s.read(key, spec.ext), Artifact)), None
+        )
+        if found is None or not spec.target.vendor.has_ptx:
+            return found
         for store in cache.layers:
-            art = store.read(ptx_key, PTX.ext)
-            if isinstance(art, Artifact) and ptx_pairs(found.meta, art.data):
-                return found.source
+            ptx = store.read(PTX.key(key), PTX.ext)
+            if isinstance(ptx, Artifact) and ptx_pairs(found.meta, ptx.data):
+                return found
         return None
-    return found.source
+
+    _, found = read_sets.follow(spec.key, entry, lambda _, art: fetch.stale(spec, art.meta))
+    return None if found is None else found.source
 
 
 @dataclass(frozen=True)
@@ -269,7 +275,7 @@ def make_plan(
                     continue  # another call has the same specialization
                 seen.add((spec.key, str(target)))
                 config, ext = spec.variant.description, spec.ext
-                layer = present(cache, spec.key, ext, target.vendor.has_ptx)
+                layer = present(cache, spec)
                 if layer is not None:  # a build avoided: a hit, as a lowering's would be
                     count(cache.root, hits=1)
                     outcomes.append(

@@ -147,7 +147,7 @@ def _outcome(
         return outcome("failed", message)
     if text:
         logger.info("while compiling %s for %s:\n%s", job.call.kernel, job.target, text)
-    if present(cache, spec.key, spec.ext, spec.target.vendor.has_ptx) is None:
+    if present(cache, spec) is None:
         return outcome(
             "failed",
             f"{UNSTORED} {cache.root}{_why_unstored(cache.root)}"

@@ -705,3 +705,44 @@ def test_compile_record_and_the_manifest_build_the_same_call(tmp_path):
     manifest.write_text(json.dumps(record) + "\n")
     (key,) = compile_manifest(manifest, ["hip:gfx942"], cache=str(tmp_path / "a"))["hip:gfx942"]
     assert compile_record(record, "hip:gfx942", cache=str(tmp_path / "b")) == key
+
+
+READS_V1 = """
+import triton
+import triton.language as tl
+
+SCALE = tl.constexpr(2.0)
+
+
+@triton.jit
+def k_reads(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * SCALE, mask=mask)
+"""
+
+
+def test_an_entry_whose_reads_find_something_else_is_not_present(tmp_path):
+    """A kernel's source is the same, but a global it reads changed: the entry under its key is
+    not what a lowering would use, so warm compiles the new version (under the key chained from
+    the first, where a lowering looks), and the job then compiles nothing."""
+    pkg = tmp_path / "src" / "kcwarm_demo"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "kernels.py").write_text(READS_V1)
+    root, manifest = tmp_path / "cache", tmp_path / "manifest.jsonl"
+    recorded = _run_demo(
+        tmp_path / "src", "k_reads", KERNELCACHE_DIR=str(root), KERNELCACHE_RECORD=str(manifest)
+    )
+    assert recorded["compiles"] == 1
+    (pkg / "kernels.py").write_text(READS_V1.replace("(2.0)", "(3.0)"))
+    args = (str(manifest), "--target", "cuda:90")
+    env = _demo_env(tmp_path / "src")
+    assert statuses(warm_json(root, *args, code=0, env=env)) == {
+        ("k_reads", "cuda:90"): ["compiled"]
+    }
+    lowered = _run_demo(tmp_path / "src", "k_reads", KERNELCACHE_DIR=str(root))
+    assert lowered["compiles"] == 0 and lowered["keys"] == recorded["keys"]
+    assert statuses(warm_json(root, *args, code=0, env=env)) == {
+        ("k_reads", "cuda:90"): ["present"]
+    }
