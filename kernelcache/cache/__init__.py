@@ -14,8 +14,9 @@ Invariants: failures of the cache never fail the caller's job: ``get`` turns the
 artifact built in memory, with one warning per kind of failure; an entry the writable root
 cannot take (a full disk) still goes to the remote tier. Every call waits at most the lock
 timeout in all, over all its keys and waits (locks, readers of a corrupt entry, the remote
-tier's lock): one :class:`~kernelcache.store.locks.WaitBudget` per call, which stands still
-while the call builds; once spent, each lock is tried once and never waited for. Opening the
+tier's lock): one :class:`~kernelcache.store.locks.WaitBudget` per call, made where it first
+waits, which stands still while the call builds; once spent, each lock is tried once and never
+waited for. Opening the
 layers is where a job first reads its settings: a variable that cannot be used, a
 ``KERNELCACHE_*`` name nothing declares, a read-only root that cannot serve anything, or a
 remote tier that cannot be used as configured (its URL, its signing key: the tier is off) is
@@ -58,8 +59,7 @@ def readonly_problem(root: str | os.PathLike[str]) -> str | None:
     """Why the read-only root ``root`` cannot serve anything as given, with the remedy; None
     when it is an absolute path to a directory."""
     path = os.fspath(root)
-    named = path_problem(path)
-    if named is not None:
+    if (named := path_problem(path)) is not None:
         return named
     if not os.path.isdir(path):
         what = "is not a directory" if os.path.lexists(path) else "does not exist"
@@ -216,8 +216,7 @@ class Cache:
         :data:`kernelcache.stats.LOOKUP_CLASSES`).
 
         Raises:
-            ValueError: ``key``, ``ext`` or ``counted`` is malformed (checked before any file
-                is touched).
+            ValueError: ``key``, ``ext`` or ``counted`` is malformed (before any file is read).
         """
         if (key, ext) not in self.valid:
             check_key(key)
@@ -226,7 +225,7 @@ class Cache:
                 self.valid.clear()
             self.valid.add((key, ext))
         names = stats.lookup_counters(counted)
-        art = self.lookup(key, ext, WaitBudget(self.lock_timeout), names)
+        art = self.lookup(key, ext, None, names)
         if not isinstance(art, Artifact):
             art = None
             if names is not None:
@@ -258,21 +257,24 @@ class Cache:
         self,
         key: str,
         ext: str,
-        budget: WaitBudget,
+        budget: WaitBudget | None,
         names: tuple[str, str] | None = ("hits", "misses"),
         *,
         remote: bool = True,
     ) -> Artifact | WrongExt | None:
         """Search every layer (the remote tier too, unless ``remote`` is false) for ``key``
-        and ``ext`` (validated), waiting at most what is left of ``budget``; count hits (in
-        the counters ``names``: :func:`kernelcache.stats.lookup_counters`; None: not counted),
-        corruption and errors, but not misses. WrongExt (returned, not raised) when the
-        writable root holds the key with another extension."""
+        and ``ext`` (validated), waiting at most what is left of ``budget`` (None: made where
+        it first waits); count hits (in the counters ``names``: :func:`kernelcache.stats.
+        lookup_counters`; None: not counted), corruption and errors, but not misses. WrongExt
+        (returned, not raised) when the writable root holds the key with another extension."""
         if self.disabled:
             return None
         for store in (self.store, *self.readonly):
             try:
-                result = store.get(key, ext, wait=budget, checked=True)
+                result = store.read(key, ext)
+                if isinstance(result, Problem) and result.corrupt:  # re-checked, quarantined
+                    budget = budget or WaitBudget(self.lock_timeout)
+                    result = store.get(key, ext, wait=budget, checked=True)
             except OSError as e:
                 stats.count(self.root, errors=1)
                 warn_once(
@@ -291,7 +293,7 @@ class Cache:
                 elif store is self.store and result.ext not in (None, ext):
                     return WrongExt(f"key {key} already holds a .{result.ext} artifact")
         if self.remote is not None and remote:
-            return self.remote_lookup(key, ext, budget, names)
+            return self.remote_lookup(key, ext, budget or WaitBudget(self.lock_timeout), names)
         return None
 
     def remote_lookup(

@@ -41,7 +41,7 @@ class Layers(Protocol):
         self,
         key: str,
         ext: str,
-        budget: WaitBudget,
+        budget: WaitBudget | None,
         names: tuple[str, str] | None = ...,
         *,
         remote: bool = ...,

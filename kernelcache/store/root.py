@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..config import DEFAULTS, Settings, settings
-from ..errors import LockUnavailable
+from ..errors import InvalidValue, LockUnavailable
 from ..fsio import READ_FLAGS, read_exact
 from ..keys import META_EXT, check_ext, check_key
 from ..problem import Problem
@@ -54,7 +54,7 @@ from .layout import (
     unservable,
     writable,
 )
-from .locks.locker import Held, Locker, WaitBudget
+from .locks.locker import LOCK_MODES, Held, Locker, WaitBudget
 from .trust import TrustPolicy, check_policy
 
 logger = logging.getLogger(__name__)
@@ -85,8 +85,14 @@ class Store:
     ) -> None:
         """``root`` with a leading ``~`` expanded; ``resolved``: ``root`` is already what
         :func:`~kernelcache.store.layout.resolve_root` made of it (a command or a cache that
-        resolved it once), used as given."""
+        resolved it once), used as given.
+
+        Raises:
+            ValueError: an unknown trust policy or lock mode.
+        """
         check_policy(trust)
+        if lock_mode not in LOCK_MODES:
+            raise InvalidValue(f"lock mode {lock_mode!r} is not one of {', '.join(LOCK_MODES)}")
         #: the root directory (absolute)
         self.root: str = os.fspath(root) if resolved else resolve_root(root)
         #: ``root`` and a separator: an entry's file is ``prefix + name`` (the hot path)
@@ -103,8 +109,8 @@ class Store:
         self.memo: dict[str, tuple[dict[str, Any], float]] = {}
         #: whether reads take their shared flock (False once flock is found not to work here)
         self.read_locks = not readonly
-        #: the per-key locks
-        self.locker = Locker(self.root, mode=lock_mode, stale_after=lock_stale, trust=self.policy)
+        self._lock_mode, self._lock_stale = lock_mode, lock_stale
+        self._locker: Locker | None = None
 
     @classmethod
     def from_settings(
@@ -161,6 +167,15 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({self.root!r}, readonly={self.readonly})"
+
+    @property
+    def locker(self) -> Locker:
+        """The per-key locks, made when the store first locks (a read takes none)."""
+        if self._locker is None:
+            self._locker = Locker(
+                self.root, mode=self._lock_mode, stale_after=self._lock_stale, trust=self.policy
+            )
+        return self._locker
 
     # -- paths, directories and locks ----------------------------------------------------
     def path(self, key: str, ext: str) -> str:

@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: how a root's locks may be taken: probed (``auto``), flock, or soft locks
+LOCK_MODES = ("auto", "flock", "soft")
+
 
 @dataclass
 class Held:
@@ -104,8 +107,8 @@ class Locker:
         stale_after: float = DEFAULTS.lock_stale,
         trust: TrustPolicy | None = None,
     ) -> None:
-        if mode not in ("auto", "flock", "soft"):
-            raise InvalidValue(f"lock mode {mode!r} is not one of auto, flock, soft")
+        if mode not in LOCK_MODES:
+            raise InvalidValue(f"lock mode {mode!r} is not one of {', '.join(LOCK_MODES)}")
         self.root = root
         self.requested_mode = mode
         self.stale_after = stale_after
