@@ -205,16 +205,6 @@ class Guard:
         self._disarm()
 
     @contextlib.contextmanager
-    def armed(self) -> Iterator[Guard]:
-        """The guard current in this thread, tracing only in :meth:`tracing` blocks (a check:
-        what it reads runs no code by construction; what may, it traces)."""
-        self._arm()
-        try:
-            yield self
-        finally:
-            self._disarm()
-
-    @contextlib.contextmanager
     def tracing(self) -> Iterator[None]:
         """Trace every call in this block (already traced: as it is)."""
         if self.tracer_on:
