@@ -5,20 +5,13 @@ JAX's persistent cache key on those bytes)."""
 
 from __future__ import annotations
 
-from bridge_helpers import REPO, run_child
-
-HEAD = "import triton\nimport triton.language as tl\n"
-
-SOURCE = """
-SCALE = tl.constexpr({scale})
+from bridge_helpers import REPO, kernel_source, run_child
 
 
-@triton.jit
-def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * SCALE, mask=mask)
-"""
+def source(scale: str) -> str:
+    """A kernel that reads the global ``SCALE`` (``scale``)."""
+    return kernel_source(f"SCALE = tl.constexpr({scale})", "x * SCALE")
+
 
 CHILD = """
 import json, sys
@@ -39,7 +32,7 @@ def test_a_kernel_served_from_a_chained_key_embeds_what_a_fresh_compile_embeds(t
     root, fresh = str(tmp_path / "root"), str(tmp_path / "fresh")
 
     def lower(scale: str, *roots: str) -> dict:
-        (code / "marked_kernel.py").write_text(HEAD + SOURCE.format(scale=scale))
+        (code / "marked_kernel.py").write_text(source(scale))
         helpers = str(REPO / "tests" / "helpers")
         return run_child(CHILD.format(directory=str(code), helpers=helpers, roots=list(roots)))
 
