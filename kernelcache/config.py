@@ -219,12 +219,13 @@ _SAID_OFF = "the cache is off in this process (kernels compile in memory)"
 #: what a job does instead of using a signing key it cannot read (never unsigned values)
 _REMOTE_OFF = (("remote", None),)
 _SAID_REMOTE_OFF = "the remote tier is off (local layers still work; never unsigned values)"
+#: how a root's locks may be taken: probed (``auto``), flock, or soft locks
+LOCK_MODES = ("auto", "flock", "soft")
 
 
 @dataclass(frozen=True)
 class Settings:
-    """A snapshot of the environment, parsed and validated: one field per variable, each
-    declared with :func:`setting`."""
+    """A snapshot of the environment, parsed and validated: a field per :func:`setting`."""
 
     root: Path | None = setting(
         "KERNELCACHE_DIR",
@@ -266,7 +267,7 @@ class Settings:
     )
     lock_mode: str = setting(
         "KERNELCACHE_LOCK_MODE",
-        choice("auto", "flock", "soft"),
+        choice(*LOCK_MODES),
         "auto",
         "auto",
         "auto, flock or soft (O_EXCL lock files for NFS)",
@@ -438,8 +439,7 @@ def check_variables(
 
 
 def environment_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The declared variables that are set, for diagnostics (values as given; secrets as
-    ``***``)."""
+    """The declared variables that are set, for diagnostics (as given; secrets as ``***``)."""
     env = os.environ if environ is None else environ
     return {
         var.name: "***" if var.secret else env[var.name] for var in variables() if var.name in env

@@ -16,13 +16,12 @@ cannot take (a full disk) still goes to the remote tier. Every call waits at mos
 timeout in all, over all its keys and waits (locks, readers of a corrupt entry, the remote
 tier's lock): one :class:`~kernelcache.store.locks.WaitBudget` per call, made where it first
 waits, which stands still while the call builds; once spent, each lock is tried once and never
-waited for. Opening the
-layers is where a job first reads its settings: a variable that cannot be used, a
-``KERNELCACHE_*`` name nothing declares, a read-only root that cannot serve anything, or a
-remote tier that cannot be used as configured (its URL, its signing key: the tier is off) is
-said there, once per process. The hot path checks each (key, ext) pair once per cache and
-adds no work to a verified hit. A cache imports the remote tiers and the size cap only when it
-has them, and :mod:`.builds` at its first build: a process that only reads imports none of them.
+waited for. Opening the layers is where a job first reads its settings: a variable that cannot
+be used, a ``KERNELCACHE_*`` name nothing declares, a read-only root that cannot serve anything,
+or a remote tier that cannot be used as configured (its URL, its signing key: the tier is off)
+is said there, once per process. The hot path checks each (key, ext) pair once per cache and
+adds no work to a verified hit; a cache imports the remote tiers and the size cap where it has
+them, :mod:`.builds` at its first build and the locks at its first wait: none to only read.
 """
 
 from __future__ import annotations
@@ -40,13 +39,13 @@ from ..problem import Problem
 from ..process import warn_once
 from ..store.entry import Artifact
 from ..store.layout import path_problem, resolve_root
-from ..store.locks.locker import WaitBudget
 from ..store.root import Store
 from . import writes
 
 if TYPE_CHECKING:
     from ..capacity.size_cap import SizeCap
     from ..remote import RemoteTier
+    from ..store.locks.locker import WaitBudget
     from .builds import BuildFn, BuildItem
 
 logger = logging.getLogger(__name__)
@@ -119,14 +118,12 @@ class Cache:
         ro = cfg.readonly_roots if readonly_roots is None else readonly_roots
         named = "KERNELCACHE_READONLY_DIRS" if readonly_roots is None else "readonly_roots"
         for r in ro:
-            problem = readonly_problem(r)
-            if problem is not None:
+            if (problem := readonly_problem(r)) is not None:
                 warn_once(logger, ("readonly", os.fspath(r)), "kernelcache: %s: %s", named, problem)
         #: the read-only roots' stores, in search order
         self.readonly: list[Store] = [Store.from_settings(r, cfg, readonly=True) for r in ro]
         from_env = remote is None
-        if remote is None:
-            remote = cfg.remote or ""
+        remote = (cfg.remote or "") if remote is None else remote
         #: the remote tier (None: none)
         self.remote: RemoteTier | None
         if isinstance(remote, (str, list, tuple)):  # before the protocol's check, which is slow
@@ -273,6 +270,8 @@ class Cache:
             try:
                 result = store.read(key, ext)
                 if isinstance(result, Problem) and result.corrupt:  # re-checked, quarantined
+                    from ..store.locks.locker import WaitBudget  # (the call's first wait)
+
                     budget = budget or WaitBudget(self.lock_timeout)
                     result = store.get(key, ext, wait=budget, checked=True)
             except OSError as e:
@@ -293,19 +292,19 @@ class Cache:
                 elif store is self.store and result.ext not in (None, ext):
                     return WrongExt(f"key {key} already holds a .{result.ext} artifact")
         if self.remote is not None and remote:
-            return self.remote_lookup(key, ext, budget or WaitBudget(self.lock_timeout), names)
+            return self.remote_lookup(key, ext, budget, names)
         return None
 
     def remote_lookup(
         self,
         key: str,
         ext: str,
-        budget: WaitBudget,
+        budget: WaitBudget | None,
         names: tuple[str, str] | None = ("hits", "misses"),
     ) -> Artifact | None:
         """Read ``key`` from the remote tier, check it like a local entry (schema, entry
-        digest, artifact digest) and publish it locally. Never raises: whatever the tier
-        returns or raises is a hit or a miss."""
+        digest, artifact digest) and publish it locally (waiting what is left of ``budget``,
+        None: the lock timeout). Never raises: what the tier returns or raises is a miss or hit."""
         assert self.remote is not None
         try:
             found = self.remote.get(key, ext)
@@ -335,7 +334,8 @@ class Cache:
         hit = {names[0]: 1, "bytes_read": len(data)} if names is not None else {}
         stats.count(self.root, remote_hits=1, **hit)
         try:  # the document as its writer wrote it: what it covers is never widened here
-            art = writes.publish(self, key, ext, data, meta, budget.remaining(), as_written=True)
+            left = self.lock_timeout if budget is None else budget.remaining()
+            art = writes.publish(self, key, ext, data, meta, left, as_written=True)
         except (CacheError, WrongExt, ValueError) as e:  # ValueError: larger once re-encoded
             warn_once(
                 logger, (self.root, "write"), "kernelcache: cannot store under %s: %s", self.root, e

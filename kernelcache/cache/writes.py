@@ -17,7 +17,6 @@ from ..errors import CacheError
 from ..process import warn_once
 from ..schema.document import make_metadata, require_whole
 from ..store.entry import Artifact, as_bytes
-from ..store.locks.locker import WaitBudget
 from .layers import Layers
 
 logger = logging.getLogger(__name__)
@@ -95,6 +94,8 @@ def publish(
     ``as_written``: ``meta`` is a document another process wrote, see
     :meth:`Store.publish`), and account for what it added under the size cap (waiting
     within the same ``wait`` where the root is past the cap's bound)."""
+    from ..store.locks.locker import WaitBudget  # (the locks: imported by the first write)
+
     budget = WaitBudget(cache.lock_timeout if wait is None else wait)
     art, published = cache.store.publish(
         key, ext, data, meta, wait=wait, replace=replace, as_written=as_written

@@ -1,7 +1,8 @@
 """One cache root on disk, opened: :class:`Store` and its verified reads, which return entries
 as readers get them (:class:`~kernelcache.store.entry.Artifact`). A store writes through
-:mod:`.writing` and removes files (a corrupt entry's too: quarantine) through :mod:`.removal`,
-each imported at its first use: a process that only reads whole entries imports neither.
+:mod:`.writing`, removes files (a corrupt entry's too: quarantine) through :mod:`.removal` and
+takes per-key locks through :mod:`.locks`, each imported (the locks made) at its first use: a
+process that only reads whole entries imports none of them.
 
 Guarantees across processes and hosts sharing a root:
 
@@ -35,9 +36,9 @@ import os
 import stat
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..config import DEFAULTS, Settings, settings
+from ..config import DEFAULTS, LOCK_MODES, Settings, settings
 from ..errors import InvalidValue, LockUnavailable
 from ..fsio import READ_FLAGS, read_exact
 from ..keys import META_EXT, check_ext, check_key
@@ -54,8 +55,10 @@ from .layout import (
     unservable,
     writable,
 )
-from .locks.locker import LOCK_MODES, Held, Locker, WaitBudget
 from .trust import TrustPolicy, check_policy
+
+if TYPE_CHECKING:
+    from .locks.locker import Held, Locker, WaitBudget
 
 logger = logging.getLogger(__name__)
 
@@ -170,8 +173,11 @@ class Store:
 
     @property
     def locker(self) -> Locker:
-        """The per-key locks, made when the store first locks (a read takes none)."""
+        """The per-key locks, made (and their module imported) when the store first locks: a
+        read takes none."""
         if self._locker is None:
+            from .locks.locker import Locker
+
             self._locker = Locker(
                 self.root, mode=self._lock_mode, stale_after=self._lock_stale, trust=self.policy
             )

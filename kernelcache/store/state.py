@@ -9,12 +9,14 @@ reads are what its own methods take and return (a caller, or a test, that wraps 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..problem import Problem
 from .entry import Artifact
-from .locks.locker import Held
 from .trust import TrustPolicy
+
+if TYPE_CHECKING:
+    from .locks.locker import Held
 
 
 class StoreState(Protocol):

@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...config import DEFAULTS
+from ...config import DEFAULTS, LOCK_MODES
 from ...errors import InvalidValue, LockTimeout, LockUnavailable
 from ...process import HOST
 from ..layout import LOCK_DIR, open_subdir
@@ -52,9 +52,6 @@ if TYPE_CHECKING:
     from ..trust import TrustPolicy
 
 logger = logging.getLogger(__name__)
-
-#: how a root's locks may be taken: probed (``auto``), flock, or soft locks
-LOCK_MODES = ("auto", "flock", "soft")
 
 
 @dataclass
