@@ -12,8 +12,11 @@ process (no temporary paths, no absolute source paths, deterministic metadata an
 serialization), so JAX's persistent compilation cache hits; on a warm kernel cache no Triton
 compile runs, but for the hits ``KERNELCACHE_AUDIT`` audits (:mod:`bridge.compile.hit_audit`).
 What a call's lowering reads from the process (:class:`Setup`: the settings, the target,
-embedding, cache and device they resolve to, the software its key starts with) is read once per
-lowered module for the calls that pass the same ``target``, ``embed`` and ``cache``.
+embedding, cache and device they resolve to, the jaxlib's features, the software its key starts
+with) is read once per lowered module for the calls that pass the same ``target``, ``embed``
+and ``cache``. A hit imports neither the record seam (:mod:`.record`: only a process that
+records) nor the tuning machinery (an autotuned call's decision is looked up for the setup's
+device, as the default measurer names it, unless a measurer was installed).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -48,7 +52,7 @@ from ..identity import read_sets
 from ..settings import as_cache
 from ..vendors import backends, targets
 from ..vendors.vendor import registered
-from . import lowering_keys, record
+from . import lowering_keys
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -78,7 +82,7 @@ def _no_cpu(ctx: Any, *args: Any, call: CallSpec, has_side_effect: bool) -> Any:
 # -- lowering -----------------------------------------------------------------------------
 
 
-def custom_call_target(lowered: Lowered, jaxlib: str, forward_compat: bool = False) -> str:
+def custom_call_target(lowered: Lowered, ffi_call: bool, forward_compat: bool = False) -> str:
     """``triton_kernel_call_ffi`` where jaxlib has it, except for autotuned calls: those go
     through the legacy ``triton_kernel_call``, as TransformerEngine does after observing
     illegal memory accesses with autotuned kernels on the FFI target (TE PR #3077).
@@ -86,8 +90,8 @@ def custom_call_target(lowered: Lowered, jaxlib: str, forward_compat: bool = Fal
     Lowered for export (``forward_compat``), a call keeps the legacy target unless what it
     embeds already needs a jaxlib with the FFI target (inline machine code, tensor descriptors,
     global scratch: jaxlib >= 0.11.1), so an exported module runs on every jaxlib its contents
-    allow."""
-    if lowered.autotuned or not versions.has_ffi_call(jaxlib):
+    allow. ``ffi_call``: the jaxlib it is lowered for has the FFI target (:class:`Setup`)."""
+    if lowered.autotuned or not ffi_call:
         return CUSTOM_CALL_LEGACY
     if forward_compat and not versions.has_ffi_call(lowered.needs):
         return CUSTOM_CALL_LEGACY
@@ -98,12 +102,14 @@ def custom_call_target(lowered: Lowered, jaxlib: str, forward_compat: bool = Fal
 class Setup:
     """What lowering a call reads from the process: its settings, and what they and the call's
     ``target``, ``embed`` and ``cache`` arguments resolve to (``context``: the start of its
-    lowering key, None where lowerings are not stored; see :mod:`bridge.entries.lowerings`)."""
+    lowering key, None where lowerings are not stored; see :mod:`bridge.entries.lowerings`;
+    ``ffi_call``: whether ``jaxlib`` has the FFI custom-call target)."""
 
     cfg: Settings
     ours: BridgeSettings
     target: targets.Target
     jaxlib: str
+    ffi_call: bool
     mode: str
     cache: Cache
     device: Any
@@ -124,7 +130,8 @@ def setup(call: CallSpec, platform: str, jaxlib: str | None = None) -> Setup:
     cache = as_cache(call.cache, cfg)
     device = targets.local_device(target, platform)
     context = None if mode == "path" else lowering_keys.context(target, mode, jaxlib, device, cache)
-    return Setup(cfg, ours, target, jaxlib, mode, cache, device, context)
+    ffi_call = versions.has_ffi_call(jaxlib)
+    return Setup(cfg, ours, target, jaxlib, ffi_call, mode, cache, device, context)
 
 
 class _Module:
@@ -211,11 +218,11 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
         call.parts, call.named, call.kwargs, call.options, target
     )
     keyed = None
-    if prepared.context is not None and call.choice is None and not record.wanted(prepared.ours):
+    if prepared.context is not None and call.choice is None and not _recording(prepared.ours):
         keyed = lowering_keys.lowering_key(call, target, prepared.context, every)
     if keyed is not None:
         asked, steps = keyed[0], keyed[2]
-        keyed, found = _checked_replay(call, keyed, target, platform, autotune, program, every)
+        keyed, found = _checked_replay(call, keyed, prepared, platform, autotune, program, every)
         if found is not None and keyed is not None:
             # the kernels it launches were served from the cache: hits, as a lookup of each
             count(cache.root, hits=keyed[1] if found.lowered.autotuned else 1)
@@ -298,7 +305,7 @@ def _audited(
 def _checked_replay(
     call: CallSpec,
     keyed: lowering_keys.Keyed,
-    target: targets.Target,
+    prepared: Setup,
     platform: str,
     autotune: str,
     program: Program,
@@ -308,6 +315,7 @@ def _checked_replay(
     found, and the key it is (or is to be) stored under: where a stored lowering's reads find
     something else, the lowering of this version of the code is kept under a key chained from
     it (:func:`bridge.identity.read_sets.follow`); after a few versions, nowhere (None)."""
+    target = prepared.target
     backend: list[Any] = []  # (made at the first stored lowering with reads)
 
     def stale(key: str, found: Item) -> str | None:
@@ -334,7 +342,7 @@ def _checked_replay(
         return now
 
     def stored(key: str) -> Item | None:
-        return _replay(call, (key, keyed[1], keyed[2]), target, platform, autotune, program)
+        return _replay(call, (key, keyed[1], keyed[2]), prepared, platform, autotune, program)
 
     key, found = read_sets.follow(keyed[0], stored, stale)
     return (None if key is None else (key, keyed[1], keyed[2])), found
@@ -354,7 +362,7 @@ def _specializations(
 def _replay(
     call: CallSpec,
     keyed: lowering_keys.Keyed,
-    target: targets.Target,
+    prepared: Setup,
     platform: str,
     autotune: str,
     program: Program,
@@ -369,9 +377,7 @@ def _replay(
         names = program.variants(key)
         if names is None or len(names) != count:
             return None
-        from ..tune import measure  # (an autotuned call: its decision)
-
-        kind = measure.current().device(target, platform)
+        kind = _device_kind(prepared, platform)  # (an autotuned call: its decision)
         decided = lowerings.decided_state(program.cache, call, names, [kind] if kind else [])
         if decided is None and autotune != "decided":  # "require" refuses, "job" decides
             return None
@@ -380,6 +386,27 @@ def _replay(
     if found is None:
         return None
     return Item(key, state, None if names is None else tuple(names), found)
+
+
+def _recording(ours: BridgeSettings) -> bool:
+    """Whether a lowered variant goes anywhere (:func:`bridge.lowering.record.wanted`): to
+    ``$KERNELCACHE_RECORD``, or to a listener, which only that module registers (where it is
+    not loaded there is none: a process that records nothing never imports it)."""
+    if ours.record is not None:
+        return True
+    record = sys.modules.get("bridge.lowering.record")
+    return record is not None and record.wanted(ours)
+
+
+def _device_kind(prepared: Setup, platform: str) -> str | None:
+    """The device a decision for ``prepared``'s target is looked up for: the measurer's
+    (:func:`bridge.tune.measure.current`) where the tuning machinery is loaded, as it is where
+    a measurer was installed; else the default measurer's answer, the kind of the setup's local
+    device, without loading it."""
+    measure = sys.modules.get("bridge.tune.measure")
+    if measure is not None:
+        return measure.current().device(prepared.target, platform)
+    return targets.device_kind(prepared.device, prepared.target)
 
 
 def _explaining() -> bool:
@@ -419,7 +446,7 @@ def lower_rule(
     lowered = _lower_with(call, platform, prepared, program)
     aliases = dict(call.aliases)
     forward_compat = getattr(ctx, "is_forward_compat", lambda: False)()
-    target = custom_call_target(lowered, prepared.jaxlib, forward_compat)
+    target = custom_call_target(lowered, prepared.ffi_call, forward_compat)
     if target == CUSTOM_CALL_FFI:
         rule = jax.ffi.ffi_lowering(
             target,

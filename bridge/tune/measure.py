@@ -94,10 +94,10 @@ class JaxMeasurer:
     def device(self, target: Target, platform: str) -> str | None:
         which = (str(target), platform)
         if which not in self._kinds:
+            from ..vendors.targets import device_kind
+
             found = _devices(target, platform)
-            self._kinds[which] = (
-                str(getattr(found[0], "device_kind", "") or target) if found else None
-            )
+            self._kinds[which] = device_kind(found[0] if found else None, target)
         return self._kinds[which]
 
     def bench(

@@ -113,6 +113,12 @@ def local_device(target: Target, platform: str) -> Any:
     return next((d for d, local in detect_devices(platform) if target.runs_on(local)), None)
 
 
+def device_kind(device: Any, target: Target) -> str | None:
+    """What a decision names the local ``device`` that runs ``target`` by: its kind (the
+    target where it has none); None where there is no such device."""
+    return None if device is None else str(getattr(device, "device_kind", "") or target)
+
+
 def detect(platform: str) -> list[Target]:
     """The targets of this process's local devices of JAX's ``platform`` (see
     :func:`detect_devices`), each once."""
