@@ -174,7 +174,8 @@ class Store:
     @property
     def locker(self) -> Locker:
         """The per-key locks, made (and their module imported) when the store first locks: a
-        read takes none."""
+        read takes none. (Threads that make them at once make equal ones: a Locker holds no
+        lock of its own, only its settings and its probed mode.)"""
         if self._locker is None:
             from .locks.locker import Locker
 
