@@ -182,7 +182,8 @@ def fetch_each(
         wanted = [
             (kernel_kind(requests[i].ext), requests[i].key, builder(requests[i])) for i in cached
         ]
-        for index, art in kinds.get_or_create_each(cache, wanted, wait=wait):
+        accepts = [_admitted(requests[i]) for i in cached]
+        for index, art in kinds.get_or_create_each(cache, wanted, wait=wait, accepts=accepts):
             index = cached[index]
             if art is None or isinstance(art, Exception):
                 yield index, art
@@ -210,6 +211,26 @@ def fetch_each(
         again = fetch_each(cache, [r for _, r in stale], wait=wait)
         for at, result in again:
             yield stale[at][0], result
+
+
+def _admitted(request: Request) -> kinds.Accept | None:
+    """The check of a kernel the remote tier holds for ``request``, before any copy of it is
+    made here: a read set its code does not admit (:class:`~bridge.identity.read_sets.Refusal`)
+    is refused at the door; one whose reads merely find something else now is another version
+    of the code, published as any entry and passed by the lookup."""
+    check = request.check
+    if check is None:
+        return None
+
+    def accept(art: Artifact) -> str | None:
+        now = check(art.meta)
+        return (
+            f"a read set its code does not admit: {now.reason}"
+            if isinstance(now, read_sets.Refusal)
+            else None
+        )
+
+    return accept
 
 
 def _chained(request: Request, now: str) -> Request:

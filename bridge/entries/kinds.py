@@ -41,6 +41,8 @@ T = TypeVar("T")
 _BY_EXT: dict[str, EntryKind] = {}
 #: what makes an entry on a miss: its data and metadata
 Build = Callable[[], "tuple[bytes, Mapping[str, Any]]"]
+#: a check of an entry found in the remote tier: a reason to refuse it, or None
+Accept = Callable[["Artifact"], "str | None"]
 #: what tells apart the entries of one kind that belong to one key (a lowering's state, a
 #: sample's index), or None
 Part = str | int | None
@@ -161,14 +163,24 @@ class EntryKind:
 
 
 def get_or_create_each(
-    cache: Cache, wanted: Sequence[tuple[EntryKind, str, Build]], *, wait: bool = True
+    cache: Cache,
+    wanted: Sequence[tuple[EntryKind, str, Build]],
+    *,
+    wait: bool = True,
+    accepts: Sequence[Accept | None] = (),
 ) -> Iterator[tuple[int, Artifact | Exception | None]]:
     """``(index, result)`` for each ``(kind, owner, build)`` of ``wanted`` (of one kind or
     several) as its entry is ready, each made by its build if missing, with work stealing
-    (:meth:`kernelcache.Cache.get_or_create_each`, which says what a result is)."""
+    (:meth:`kernelcache.Cache.get_or_create_each`, which says what a result is); ``accepts``:
+    for each, the check of an entry found in the remote tier before it is published (None:
+    none)."""
     from kernelcache import BuildItem
 
-    items = [BuildItem(kind.key(owner), kind.ext, build) for kind, owner, build in wanted]
+    checks = [*accepts, *[None] * (len(wanted) - len(accepts))]
+    items = [
+        BuildItem(kind.key(owner), kind.ext, build, check)
+        for (kind, owner, build), check in zip(wanted, checks, strict=True)
+    ]
     return cache.get_or_create_each(items, wait=wait)
 
 

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from ..capacity.size_cap import SizeCap
     from ..remote import RemoteTier
     from ..store.locks.locker import WaitBudget
-    from .builds import BuildFn, BuildItem
+    from .builds import Accept, BuildFn, BuildItem
 
 logger = logging.getLogger(__name__)
 
@@ -258,12 +258,15 @@ class Cache:
         names: tuple[str, str] | None = ("hits", "misses"),
         *,
         remote: bool = True,
+        accept: Accept | None = None,
     ) -> Artifact | WrongExt | None:
         """Search every layer (the remote tier too, unless ``remote`` is false) for ``key``
         and ``ext`` (validated), waiting at most what is left of ``budget`` (None: made where
         it first waits); count hits (in the counters ``names``: :func:`kernelcache.stats.
         lookup_counters`; None: not counted), corruption and errors, but not misses. WrongExt
-        (returned, not raised) when the writable root holds the key with another extension."""
+        (returned, not raised) when the writable root holds the key with another extension.
+        ``accept``: the caller's own check of a remote entry, before it is published
+        (:meth:`remote_lookup`)."""
         if self.disabled:
             return None
         for store in (self.store, *self.readonly):
@@ -292,7 +295,7 @@ class Cache:
                 elif store is self.store and result.ext not in (None, ext):
                     return WrongExt(f"key {key} already holds a .{result.ext} artifact")
         if self.remote is not None and remote:
-            return self.remote_lookup(key, ext, budget, names)
+            return self.remote_lookup(key, ext, budget, names, accept)
         return None
 
     def remote_lookup(
@@ -301,10 +304,16 @@ class Cache:
         ext: str,
         budget: WaitBudget | None,
         names: tuple[str, str] | None = ("hits", "misses"),
+        accept: Accept | None = None,
     ) -> Artifact | None:
         """Read ``key`` from the remote tier, check it like a local entry (schema, entry
         digest, artifact digest) and publish it locally (waiting what is left of ``budget``,
-        None: the lock timeout). Never raises: what the tier returns or raises is a miss or hit."""
+        None: the lock timeout). Never raises: what the tier returns or raises is a miss or hit.
+
+        ``accept``: the caller's own check of the entry (what it will use it for: a kernel's
+        read set against the code that asks for it, say), made before anything is written: an
+        entry it refuses (a reason) is a miss, counted as untrusted, said once, and never
+        published, so no copy of it is left in a local root."""
         assert self.remote is not None
         try:
             found = self.remote.get(key, ext)
@@ -331,6 +340,17 @@ class Cache:
             )
             return None
         data, meta = checked
+        refused = None if accept is None else accept(Artifact(key, ext, data, None, meta, "remote"))
+        if refused is not None:
+            stats.count(self.root, untrusted=1)
+            warn_once(
+                logger,
+                (self.root, "remote-refused", key),
+                "kernelcache: refused the remote entry %s: %s",
+                key,
+                refused,
+            )
+            return None
         hit = {names[0]: 1, "bytes_read": len(data)} if names is not None else {}
         stats.count(self.root, remote_hits=1, **hit)
         try:  # the document as its writer wrote it: what it covers is never widened here
@@ -458,22 +478,22 @@ class Cache:
             unbuilt, its lock released), :class:`WrongExt` for a key the writable root holds
             with another extension (never built), or, with ``wait=False``, None for a key
             another process is building (nothing is waited for). Equal ``(key, ext)`` items are
-            built once and yielded each. No lock is held while the caller runs between two
-            results.
+            built once (by the first one's ``build``, its ``accept`` checking a remote entry)
+            and yielded each. No lock is held while the caller runs between two results.
 
         Raises:
             ValueError: a malformed key or ext (at the call, before any file is touched).
         """
         slots: dict[tuple[str, str], list[int]] = {}
-        makers: dict[tuple[str, str], BuildFn] = {}
+        first: dict[tuple[str, str], BuildItem] = {}
         for index, item in enumerate(items):
             check_key(item.key)
             check_ext(item.ext)
             slots.setdefault((item.key, item.ext), []).append(index)
-            makers.setdefault((item.key, item.ext), item.build)
+            first.setdefault((item.key, item.ext), item)
         from . import builds
 
-        return builds.each(self, slots, makers, wait)
+        return builds.each(self, slots, first, wait)
 
     def rebuild(self, key: str, ext: str, build: BuildFn, *, stale: Artifact) -> Artifact:
         """Build ``key`` again in place of ``stale``: what a read of ``key`` returned that the

@@ -31,6 +31,8 @@ from .layers import Layers
 logger = logging.getLogger(__name__)
 
 BuildFn = Callable[[], "tuple[bytes, Mapping[str, Any]]"]
+#: a caller's own check of an entry found in the remote tier: a reason to refuse it, or None
+Accept = Callable[[Artifact], "str | None"]
 #: the first and the longest pause between two rounds of tries while other processes build
 POLL_FIRST = 0.0005
 POLL_MAX = 0.01
@@ -46,11 +48,13 @@ _BUSY = _Busy()
 @dataclass(frozen=True)
 class BuildItem:
     """One entry asked of :meth:`Cache.get_or_create_many`: ``build()`` makes it on a miss,
-    returning ``(data, meta)``."""
+    returning ``(data, meta)``; ``accept`` checks an entry of the remote tier before it is
+    published (:meth:`Cache.remote_lookup <kernelcache.cache.Cache.remote_lookup>`)."""
 
     key: str
     ext: str
     build: BuildFn
+    accept: Accept | None = None
 
 
 def rebuild(cache: Layers, key: str, ext: str, build: BuildFn, stale: Artifact) -> Artifact:
@@ -84,16 +88,17 @@ def rebuild(cache: Layers, key: str, ext: str, build: BuildFn, stale: Artifact) 
 def each(
     cache: Layers,
     slots: dict[tuple[str, str], list[int]],
-    builds: dict[tuple[str, str], BuildFn],
+    items: dict[tuple[str, str], BuildItem],
     wait: bool,
 ) -> Iterator[tuple[int, Artifact | Exception | None]]:
     """:meth:`Cache.get_or_create_each <kernelcache.cache.Cache.get_or_create_each>` of the
-    validated keys of ``slots`` (each with the indices of its items), built by ``builds``."""
+    validated keys of ``slots`` (each with the indices of its items), each built (and its
+    remote entry accepted) as the first of its ``items`` says."""
     # every wait of this call together; the caller's time between two results is not ours
     budget = WaitBudget(cache.lock_timeout)
     pending: list[tuple[str, str]] = []
     for entry in slots:
-        art = cache.lookup(*entry, budget)
+        art = cache.lookup(*entry, budget, accept=items[entry].accept)
         if art is None:
             pending.append(entry)
         else:
@@ -102,7 +107,7 @@ def each(
     if cache.disabled:
         for key, ext in pending:
             stats.count(cache.root, misses=1)
-            built = _attempt(cache, key, ext, builds[(key, ext)], None, budget)
+            built = _attempt(cache, items[(key, ext)], None, budget)
             assert not isinstance(built, Busy)  # a disabled cache takes no locks
             with budget.paused():
                 yield from ((i, built) for i in slots[(key, ext)])
@@ -122,7 +127,7 @@ def each(
             result: Artifact | Exception | None = None
             held = _claim(cache, key)
             if not isinstance(held, _Busy):
-                attempt = _attempt(cache, key, ext, builds[entry], held, budget)
+                attempt = _attempt(cache, items[entry], held, budget)
                 if not isinstance(attempt, Busy):
                     result = attempt
                 elif wait:
@@ -139,7 +144,7 @@ def each(
                     stats.count(cache.root, lock_waits=1)
                 result = _local_lookup(cache, key, ext)  # published, lock not yet released
                 if result is None and budget.remaining() <= 0:
-                    result = _private(cache, key, ext, builds[entry], budget)
+                    result = _private(cache, items[entry], budget)
                 if result is None:
                     left.append(entry)
                     continue
@@ -166,11 +171,10 @@ def _claim(cache: Layers, key: str) -> Held | _Busy | None:
         return None
 
 
-def _private(
-    cache: Layers, key: str, ext: str, build: BuildFn, budget: WaitBudget
-) -> Artifact | Exception:
+def _private(cache: Layers, item: BuildItem, budget: WaitBudget) -> Artifact | Exception:
     """Build ``key`` without its lock once the call has waited its lock timeout; say who
     held the lock (and note it in the statistics log, for ``kernelcache doctor``)."""
+    key = item.key
     stats.count(cache.root, lock_timeouts=1)
     holder = cache.store.locker.holder(key + ".build")
     stats.note_lock_wait(cache.root, key, cache.lock_timeout, holder)
@@ -187,20 +191,20 @@ def _private(
         cache.root,
         who,
     )
-    built = _attempt(cache, key, ext, build, None, budget)
+    built = _attempt(cache, item, None, budget)
     assert not isinstance(built, Busy)  # the budget is spent: nothing is waited for
     return built
 
 
 def _attempt(
-    cache: Layers, key: str, ext: str, build: BuildFn, held: Held | None, budget: WaitBudget
+    cache: Layers, item: BuildItem, held: Held | None, budget: WaitBudget
 ) -> Artifact | Exception | Busy:
-    """Look ``key`` up again under its lock ``held`` (if any) and build it if still
+    """Look ``item`` up again under its lock ``held`` (if any) and build it if still
     missing; the lock is released before returning. A failing build is returned; so is
     :class:`Busy` while another machine holds the key's remote lock and ``budget`` is not
     spent (nothing was built)."""
     try:
-        return _build_locked(cache, key, ext, build, held, budget)
+        return _build_locked(cache, item, held, budget)
     except Exception as e:  # the caller decides: raise it, or report it per item
         return e
     finally:
@@ -209,8 +213,9 @@ def _attempt(
 
 
 def _build_locked(
-    cache: Layers, key: str, ext: str, build: BuildFn, held: Held | None, budget: WaitBudget
+    cache: Layers, item: BuildItem, held: Held | None, budget: WaitBudget
 ) -> Artifact | Busy:
+    key, ext, build = item.key, item.ext, item.build
     if cache.disabled:
         return _build(cache, key, ext, build, None)
     if held is not None:  # (the remote tier is asked through its lock, below)
@@ -228,7 +233,7 @@ def _build_locked(
             _remote_wait_spent(cache, claim)
         elif claim is not None:
             release_remote = claim
-            art = cache.remote_lookup(key, ext, budget)
+            art = cache.remote_lookup(key, ext, budget, accept=item.accept)
             if art is not None:
                 release_remote()
                 return art

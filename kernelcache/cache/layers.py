@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ..store.entry import Artifact
     from ..store.locks.locker import WaitBudget
     from ..store.root import Store
+    from .builds import Accept
 
 
 class Layers(Protocol):
@@ -45,8 +46,14 @@ class Layers(Protocol):
         names: tuple[str, str] | None = ...,
         *,
         remote: bool = ...,
+        accept: Accept | None = ...,
     ) -> Artifact | WrongExt | None: ...
 
     def remote_lookup(
-        self, key: str, ext: str, budget: WaitBudget, names: tuple[str, str] | None = ...
+        self,
+        key: str,
+        ext: str,
+        budget: WaitBudget | None,
+        names: tuple[str, str] | None = ...,
+        accept: Accept | None = ...,
     ) -> Artifact | None: ...
