@@ -1,5 +1,6 @@
 """Helpers for the reliability and hostile-input tests (tests/system/): a child harness that
-SIGKILLs itself at a chosen file-system call, the post-crash audit, and the figures for
+SIGKILLs itself at a chosen file-system call (run as a fresh interpreter, or forked from a
+process that imported kernelcache once), the post-crash audit, and the figures for
 benchmarks/RELIABILITY.md."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import itertools
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -96,12 +98,113 @@ def run_armed(
         text=True,
         timeout=timeout,
     )
+    return proc, _calls_counted(proc, calls_file)
+
+
+#: The program of :class:`ForkServer`: ``KILLER``, the modules named in its arguments imported
+#: once, then for each request (a JSON line: code, argv, env, output files) a fork that runs
+#: the request's code as a ``python -c`` program would, in a module whose globals are
+#: ``KILLER``'s: its argv, its variables added, its output to the files, and its end the
+#: interpreter's own (threads joined, exit handlers run, the exit status of SystemExit or of an
+#: uncaught exception). The server answers each request with the child's pid, then its
+#: wait status.
+FORK_SERVER = (
+    KILLER
+    + r"""
+import json as _json, sys as _sys
+for _name in _sys.argv[1:]:
+    __import__(_name)
+
+def _serve():
+    for line in _sys.stdin:
+        job = _json.loads(line)
+        _sys.stdout.flush()
+        pid = _os.fork()
+        if pid == 0:
+            return job
+        print(pid, flush=True)
+        print(_os.waitpid(pid, 0)[1], flush=True)
+    return None
+
+_job = _serve()
+if _job is not None:  # (the child)
+    del _serve
+    _opened = _os.open(_os.devnull, _os.O_RDONLY)
+    _os.dup2(_opened, 0)
+    _os.close(_opened)
+    for _fd, _path in ((1, _job["stdout"]), (2, _job["stderr"])):
+        _opened = _os.open(_path, _os.O_WRONLY | _os.O_CREAT | _os.O_TRUNC, 0o600)
+        _os.dup2(_opened, _fd)
+        _os.close(_opened)
+    _sys.argv = ["-c", *_job["argv"]]
+    _os.environ.update(_job["env"])
+    exec(compile(_job["code"], "<string>", "exec"))
+"""
+)
+
+
+class ForkServer:
+    """Runs the programs of :func:`run_armed` as children of one process that imported the
+    modules they use (``preload``) once: each is a fresh fork, a real process that a real
+    SIGKILL ends, without the start of an interpreter and its imports (most of such a short
+    program's time). The children's environment is :func:`support.child_env`'s when the server
+    started, with each call's variables added."""
+
+    def __init__(self, tmp: Path, *preload: str) -> None:
+        self.tmp = tmp
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", FORK_SERVER, *preload],
+            env=child_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def run(
+        self, code: str, argv: list[str], at: int, timeout: float = 120, **env: str
+    ) -> tuple[subprocess.CompletedProcess[str], int | None]:
+        """As :func:`run_armed`, in a fork of the server."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        out, err = self.tmp / "fork-stdout", self.tmp / "fork-stderr"
+        calls_file = self.tmp / f"calls-{os.getpid()}-{random.random()}"
+        env = {"KC_KILL_AT": str(at), "KC_CALLS_FILE": str(calls_file), **env}
+        job = {"code": textwrap.dedent(code), "argv": argv, "env": env}
+        self.proc.stdin.write(json.dumps({**job, "stdout": str(out), "stderr": str(err)}) + "\n")
+        self.proc.stdin.flush()
+        pid = self.proc.stdout.readline()
+        assert pid, f"the fork server ended ({self.proc.wait()}); see its standard error"
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            os.kill(int(pid), signal.SIGKILL)
+            self.proc.stdout.readline()  # (its status)
+            raise subprocess.TimeoutExpired(code, timeout)
+        status = int(self.proc.stdout.readline())
+        returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        proc = subprocess.CompletedProcess(argv, returncode, out.read_text(), err.read_text())
+        return proc, _calls_counted(proc, calls_file)
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+    def __enter__(self) -> ForkServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _calls_counted(proc: subprocess.CompletedProcess[str], calls_file: Path) -> int | None:
+    """The count of file-system calls a child wrote to ``calls_file`` at its exit (None for a
+    killed child); the file is removed."""
     count = None
     if proc.returncode != -signal.SIGKILL and calls_file.exists():
         count = int(calls_file.read_text())
     with contextlib.suppress(FileNotFoundError):
         calls_file.unlink()
-    return proc, count
+    return count
 
 
 def kill_points(total: int, count: int, seed: object) -> list[int]:

@@ -4,7 +4,10 @@ Each operation is first run to completion in a child that counts its file-system
 open, write, replace, rename, unlink, link, utime, mkdir, close and flock: the steps at which a
 crash can leave a different state on disk). Then, many times, a fresh copy of the same root
 gets the same operation from a child that kills itself with SIGKILL just before call number
-k, k drawn at random from each of equal slices of the run. After every kill:
+k, k drawn at random from each of equal slices of the run. (The children of put, prune and
+import are forks of one process that imported kernelcache, ``reliability_support.ForkServer``:
+a trial costs its operation, not an interpreter's start; those of warm are forks too, and
+``kernelcache warm`` runs in a fresh interpreter each time.) After every kill:
 
 * ``kernelcache verify --json`` runs; it finds no corrupt entry at all, and every entry it
   passes holds exactly the bytes that were written (see ``audit``);
@@ -31,6 +34,7 @@ import pytest
 from artifact_images import launch, sized
 from reliability_support import (
     KILLER,
+    ForkServer,
     audit,
     kill_points,
     payload,
@@ -50,6 +54,13 @@ KILLS = 24
 def _no_stats_logs(monkeypatch):
     # the audits' own Cache objects must not add statistics logs to the roots they check
     monkeypatch.setenv("KERNELCACHE_STATS_LOG", "0")
+
+
+@pytest.fixture
+def server(tmp_path):
+    """The process the children of put, prune and import are forked from."""
+    with ForkServer(tmp_path, "kernelcache.cli") as server:
+        yield server
 
 
 def _copy(template: Path, dest: Path) -> Path:
@@ -95,7 +106,7 @@ PUT_SIZES = [5_000, 6_000, 7_000, 30_000, 70_000, 9_000]
 
 
 @pytest.mark.parametrize("lock_mode", ["flock", "soft"])
-def test_kill_9_during_put(tmp_path, lock_mode):
+def test_kill_9_during_put(tmp_path, server, lock_mode):
     keys = [key_of("put", i) for i in range(6)]
     expected = {k: ("cubin", payload(k, n)) for k, n in zip(keys, PUT_SIZES, strict=True)}
     template = tmp_path / "template"
@@ -111,7 +122,7 @@ def test_kill_9_during_put(tmp_path, lock_mode):
     argv = [",".join(keys)]
 
     def run(root: Path, at: int):
-        return run_armed(PUT, [str(root), *argv], at, tmp_path, **env)
+        return server.run(PUT, [str(root), *argv], at, **env)
 
     calib = _copy(template, tmp_path / "calibration")
     proc, total = run(calib, 0)
@@ -215,7 +226,7 @@ def _counters(root: Path) -> dict[str, int]:
     return {k: c[k] for k in ("hits", "misses", "builds")}
 
 
-def test_kill_9_during_prune(tmp_path):
+def test_kill_9_during_prune(tmp_path, server):
     template = tmp_path / "template"
     expected, counters = _prune_template(template)
     total_bytes = sum(
@@ -224,7 +235,7 @@ def test_kill_9_during_prune(tmp_path):
     max_size = str(total_bytes // 2)
 
     def run(root: Path, at: int):
-        return run_armed(PRUNE, [str(root), max_size], at, tmp_path)
+        return server.run(PRUNE, [str(root), max_size], at)
 
     calib = _copy(template, tmp_path / "calibration")
     proc, total = run(calib, 0)
@@ -279,7 +290,7 @@ sys.exit(cli.main(["--root", root, "import", path]))
 BUNDLE_ENTRIES = 30
 
 
-def test_kill_9_during_import(tmp_path):
+def test_kill_9_during_import(tmp_path, server):
     source = tmp_path / "source"
     store = Store(source)
     expected = {}
@@ -302,7 +313,7 @@ def test_kill_9_during_import(tmp_path):
     (template / f"{list(expected)[5]}.{ext}").write_bytes(b"\xff" * len(data))
 
     def run(root: Path, at: int):
-        return run_armed(IMPORT, [str(root), str(path)], at, tmp_path)
+        return server.run(IMPORT, [str(root), str(path)], at)
 
     calib = _copy(template, tmp_path / "calibration")
     proc, total = run(calib, 0)
