@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from ..capacity.size_cap import SizeCap
     from ..remote import RemoteTier
     from ..store.locks.locker import WaitBudget
-    from .builds import Accept, BuildFn, BuildItem
+    from .builds import BuildFn, BuildItem
+    from .layers import Accept
 
 logger = logging.getLogger(__name__)
 
@@ -264,9 +265,8 @@ class Cache:
         and ``ext`` (validated), waiting at most what is left of ``budget`` (None: made where
         it first waits); count hits (in the counters ``names``: :func:`kernelcache.stats.
         lookup_counters`; None: not counted), corruption and errors, but not misses. WrongExt
-        (returned, not raised) when the writable root holds the key with another extension.
-        ``accept``: the caller's own check of a remote entry, before it is published
-        (:meth:`remote_lookup`)."""
+        (returned, not raised) when the writable root holds the key with another extension;
+        ``accept``: see :meth:`remote_lookup`."""
         if self.disabled:
             return None
         for store in (self.store, *self.readonly):
@@ -309,19 +309,15 @@ class Cache:
         """Read ``key`` from the remote tier, check it like a local entry (schema, entry
         digest, artifact digest) and publish it locally (waiting what is left of ``budget``,
         None: the lock timeout). Never raises: what the tier returns or raises is a miss or hit.
-
-        ``accept``: the caller's own check of the entry (what it will use it for: a kernel's
-        read set against the code that asks for it, say), made before anything is written: an
-        entry it refuses (a reason) is a miss, counted as untrusted, said once, and never
-        published, so no copy of it is left in a local root."""
+        ``accept``: the caller's own check, before anything is written: an entry it refuses (a
+        reason) is a miss, counted untrusted, said once, never copied into a local root."""
         assert self.remote is not None
         try:
             found = self.remote.get(key, ext)
         except Exception as e:  # a tier must not raise; if one does, it is a miss
             stats.count(self.root, remote_errors=1)
-            warn_once(
-                logger, (self.root, "remote-raised"), "kernelcache: the remote tier failed: %r", e
-            )
+            said = "kernelcache: the remote tier failed: %r"
+            warn_once(logger, (self.root, "remote-raised"), said, e)
             return None
         if found is None:
             stats.count(self.root, remote_misses=1)
@@ -331,25 +327,15 @@ class Cache:
         checked = check_entry(found, key, ext)
         if isinstance(checked, str):
             stats.count(self.root, remote_errors=1, corrupt=1)
-            warn_once(
-                logger,
-                (self.root, "remote-corrupt"),
-                "kernelcache: rejected a corrupt remote entry (%s): %s",
-                key,
-                checked,
-            )
+            said = "kernelcache: rejected a corrupt remote entry (%s): %s"
+            warn_once(logger, (self.root, "remote-corrupt"), said, key, checked)
             return None
         data, meta = checked
         refused = None if accept is None else accept(Artifact(key, ext, data, None, meta, "remote"))
         if refused is not None:
             stats.count(self.root, untrusted=1)
-            warn_once(
-                logger,
-                (self.root, "remote-refused", key),
-                "kernelcache: refused the remote entry %s: %s",
-                key,
-                refused,
-            )
+            said = "kernelcache: refused the remote entry %s: %s"
+            warn_once(logger, (self.root, "remote-refused", key), said, key, refused)
             return None
         hit = {names[0]: 1, "bytes_read": len(data)} if names is not None else {}
         stats.count(self.root, remote_hits=1, **hit)
@@ -454,16 +440,9 @@ class Cache:
         over a key whose builder died (a ``flock`` is dropped with its process; a soft lock
         of a dead process, or one not refreshed for the stale timeout, is broken).
 
-        Across processes sharing the writable root: at most one process builds a key at a
-        time (single flight), so a key is built once in total unless its builder dies or
-        fails, or holds it past the lock timeout; a process never waits on a key while it
-        could build another one. With a remote tier, the builder of a key also takes the
-        tier's job-wide lock of that key, so one machine builds it; a key whose remote lock
-        another machine holds is set aside (its local lock released) and asked again with
-        back-off while this process builds the others. The waits for those locks share one
-        budget per call, the lock timeout (not one per key); a key still held elsewhere once
-        it is spent is built without the remote lock, with one warning naming the lock, its
-        holder and the tier.
+        Across processes sharing the writable root, and with a remote tier across machines
+        (its lock of the key), at most one builds a key at a time (:mod:`.builds`): a key is
+        built once unless its builder dies, fails or holds it past the lock timeout.
 
         Never fails on a cache failure: a key whose lock cannot be taken is built without it,
         and the keys still held by other processes once the call has waited the lock timeout

@@ -6,8 +6,10 @@ the writable root: the others wait for the builder's lock and then read its resu
 missing key whose lock is free before it waits for the keys that other processes are building,
 and takes over those whose builder died. With a remote tier the same holds across machines: a
 key whose job-wide lock another machine holds is set aside while the process builds the
-others, and asked again with back-off. A failure of the cache is never the caller's: the
-artifact is built in memory instead (warned once).
+others, and asked again with back-off; the waits for those locks share one budget per call, the
+lock timeout (not one per key), and a key still held elsewhere once it is spent is built without
+the remote lock, with one warning naming the lock, its holder and the tier. A failure of the
+cache is never the caller's: the artifact is built in memory instead (warned once).
 """
 
 from __future__ import annotations
@@ -26,13 +28,11 @@ from ..remote.tier import Busy, Claim, next_poll, try_lock
 from ..store.entry import Artifact
 from ..store.locks.locker import Held, WaitBudget
 from . import writes
-from .layers import Layers
+from .layers import Accept, Layers
 
 logger = logging.getLogger(__name__)
 
 BuildFn = Callable[[], "tuple[bytes, Mapping[str, Any]]"]
-#: a caller's own check of an entry found in the remote tier: a reason to refuse it, or None
-Accept = Callable[[Artifact], "str | None"]
 #: the first and the longest pause between two rounds of tries while other processes build
 POLL_FIRST = 0.0005
 POLL_MAX = 0.01

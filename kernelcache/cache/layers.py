@@ -8,6 +8,7 @@ protocol, so that they need not import the package's ``__init__`` (which calls t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -17,7 +18,9 @@ if TYPE_CHECKING:
     from ..store.entry import Artifact
     from ..store.locks.locker import WaitBudget
     from ..store.root import Store
-    from .builds import Accept
+
+#: a caller's own check of an entry found in the remote tier: a reason to refuse it, or None
+Accept = Callable[["Artifact"], "str | None"]
 
 
 class Layers(Protocol):

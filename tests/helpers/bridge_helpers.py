@@ -81,6 +81,20 @@ def decoded(fn: Any, *avals: Any, platform: str = "cuda") -> list[Any]:
     ]
 
 
+def kernel_keys(fn: Any, *avals: Any, platform: str = "cuda") -> list[str]:
+    """The kernel key of each variant a lowering of ``fn`` lowers (as ``bridge.on_lowered``
+    reports them: what the cache holds the kernels under)."""
+    import bridge
+
+    seen: list[dict[str, Any]] = []
+    remove = bridge.on_lowered(seen.append)
+    try:
+        lowered_module(fn, *avals, platform=platform)
+    finally:
+        remove()
+    return [r["key"] for r in seen]
+
+
 def to_protobuf(message: Any, into: Any = None) -> Any:
     """``message`` (a :mod:`bridge.lowering.proto` dataclass) as a protobuf message, built field by field
     through protobuf's message API: the reference the bridge's own encoder is compared with."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from bridge_helpers import cuda_devices, decoded, kernels_of
+from bridge_helpers import cuda_devices, decoded, kernel_keys, kernels_of
 from cli_support import KERNELCACHE
 from support import REPO, child_env
 
@@ -415,8 +415,8 @@ def test_inline_ptx_is_lowered_only_for_a_jaxlib_that_assembles_it(cache, monkey
 
 # -- FP fusion ---------------------------------------------------------------------------------
 def key_of(cache, **kw) -> str:
-    (ptx,) = ptx_of(KERNELS["add"][0](cache, target="cuda:90", embed="inline", **kw), F32, F32)
-    return ptx.rstrip().rsplit(" ", 1)[-1]
+    (key,) = kernel_keys(KERNELS["add"][0](cache, target="cuda:90", embed="inline", **kw), F32, F32)
+    return key
 
 
 def options_of(target: str, **options) -> object:
