@@ -84,23 +84,6 @@ def payload(key: str, size: int) -> bytes:
     return sized("cubin", size, hashlib.sha256(key.encode()).digest())
 
 
-def run_armed(
-    code: str, argv: list[str], at: int, tmp: Path, timeout: float = 120, **env: str
-) -> tuple[subprocess.CompletedProcess[str], int | None]:
-    """Run ``KILLER + code`` with ``argv``; the code calls ``arm(int(os.environ["KC_KILL_AT"]))``
-    where the operation starts. Returns the process and, for an unkilled run, its count of
-    file-system calls."""
-    calls_file = tmp / f"calls-{os.getpid()}-{random.random()}"
-    proc = subprocess.run(
-        [sys.executable, "-c", KILLER + textwrap.dedent(code), *argv],
-        env=child_env(KC_KILL_AT=str(at), KC_CALLS_FILE=str(calls_file), **env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    return proc, _calls_counted(proc, calls_file)
-
-
 #: The program of :class:`ForkServer`: ``KILLER``, the modules named in its arguments imported
 #: once, then for each request (a JSON line: code, argv, env, output files) a fork that runs
 #: the request's code as a ``python -c`` program would, in a module whose globals are
@@ -144,11 +127,11 @@ if _job is not None:  # (the child)
 
 
 class ForkServer:
-    """Runs the programs of :func:`run_armed` as children of one process that imported the
-    modules they use (``preload``) once: each is a fresh fork, a real process that a real
-    SIGKILL ends, without the start of an interpreter and its imports (most of such a short
-    program's time). The children's environment is :func:`support.child_env`'s when the server
-    started, with each call's variables added."""
+    """Runs programs armed with ``KILLER`` as children of one process that imported the modules
+    they use (``preload``) once: each is a fresh fork, a real process that a real SIGKILL ends,
+    without the start of an interpreter and its imports (most of such a short program's time;
+    its count of file-system calls is the same). The children's environment is
+    :func:`support.child_env`'s when the server started, with each call's variables added."""
 
     def __init__(self, tmp: Path, *preload: str) -> None:
         self.tmp = tmp
@@ -163,7 +146,9 @@ class ForkServer:
     def run(
         self, code: str, argv: list[str], at: int, timeout: float = 120, **env: str
     ) -> tuple[subprocess.CompletedProcess[str], int | None]:
-        """As :func:`run_armed`, in a fork of the server."""
+        """Run ``code`` with ``argv`` in a fork of the server; the code calls
+        ``arm(int(os.environ["KC_KILL_AT"]))`` where the operation starts. Returns the process
+        and, for an unkilled run, its count of file-system calls."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         out, err = self.tmp / "fork-stdout", self.tmp / "fork-stderr"
         calls_file = self.tmp / f"calls-{os.getpid()}-{random.random()}"

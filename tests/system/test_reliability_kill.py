@@ -4,10 +4,9 @@ Each operation is first run to completion in a child that counts its file-system
 open, write, replace, rename, unlink, link, utime, mkdir, close and flock: the steps at which a
 crash can leave a different state on disk). Then, many times, a fresh copy of the same root
 gets the same operation from a child that kills itself with SIGKILL just before call number
-k, k drawn at random from each of equal slices of the run. (The children of put, prune and
-import are forks of one process that imported kernelcache, ``reliability_support.ForkServer``:
-a trial costs its operation, not an interpreter's start; those of warm are forks too, and
-``kernelcache warm`` runs in a fresh interpreter each time.) After every kill:
+k, k drawn at random from each of equal slices of the run. (The children are forks of one
+process that imported what they use, ``reliability_support.ForkServer``: a trial costs its
+operation, not an interpreter's start and its imports.) After every kill:
 
 * ``kernelcache verify --json`` runs; it finds no corrupt entry at all, and every entry it
   passes holds exactly the bytes that were written (see ``audit``);
@@ -39,7 +38,6 @@ from reliability_support import (
     kill_points,
     payload,
     record_figures,
-    run_armed,
     run_cli,
 )
 from support import HELPERS, key_of, metadata_keys, run_py
@@ -464,30 +462,31 @@ sys.exit(cli.main(["--root", root, "warm", manifest, "--target", target]))
 
 
 def test_kill_9_during_kernelcache_warm_command(tmp_path, manifest):
-    """The same through the command line (``kernelcache warm``), fewer kills (each trial is a
-    fresh process importing jax and Triton)."""
+    """The same through the command line (``kernelcache warm``), fewer kills."""
+    server = ForkServer(tmp_path, "kernelcache.cli", "bridge.warm")
 
     def run(root: Path, at: int):
         argv = [str(root), str(manifest), WARM_TARGET]
-        return run_armed(WARM_CLI, argv, at, tmp_path, timeout=300)
+        return server.run(WARM_CLI, argv, at, timeout=300)
 
-    calibration = tmp_path / "calibration"
-    proc, total = run(calibration, 0)
-    assert proc.returncode == 0 and total, proc.stderr
-    expected = _entries(calibration)
-    kills = 0
-    for at in kill_points(total, 8, "warm command"):
-        root = tmp_path / "trial"
-        shutil.rmtree(root, ignore_errors=True)
-        proc, _ = run(root, at)
-        assert _killed(proc), (at, proc.returncode, proc.stderr)
-        kills += 1
-        found = audit(root, expected)
-        assert found.served_wrong == 0 and "corrupt" not in found.kinds(), (at, found)
-        again, _ = run(root, 0)
-        assert again.returncode == 0, (at, again.stderr)
-        final = audit(root, expected)
-        assert final.problems == [] and final.served == len(expected), (at, final)
+    with server:
+        calibration = tmp_path / "calibration"
+        proc, total = run(calibration, 0)
+        assert proc.returncode == 0 and total, proc.stderr
+        expected = _entries(calibration)
+        kills = 0
+        for at in kill_points(total, 8, "warm command"):
+            root = tmp_path / "trial"
+            shutil.rmtree(root, ignore_errors=True)
+            proc, _ = run(root, at)
+            assert _killed(proc), (at, proc.returncode, proc.stderr)
+            kills += 1
+            found = audit(root, expected)
+            assert found.served_wrong == 0 and "corrupt" not in found.kinds(), (at, found)
+            again, _ = run(root, 0)
+            assert again.returncode == 0, (at, again.stderr)
+            final = audit(root, expected)
+            assert final.problems == [] and final.served == len(expected), (at, final)
     record_figures(
         "kill -9 during kernelcache warm",
         processes=2 * kills + 1,
