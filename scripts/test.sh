@@ -25,5 +25,14 @@ jaxlib_version=$("$venv/bin/python" -c 'import jaxlib; print(jaxlib.__version__)
 # the ptxas jaxlib runs on PTX (what `jax[cuda13]` installs beside the plugin): tests assemble
 # the PTX the bridge lowers for jaxlib with it
 "$venv/bin/python" -m pip install -q --no-deps 'nvidia-cuda-nvcc==13.0.88'
-# two workers: the suite spends much of its time waiting on child processes
-exec "$venv/bin/python" -m pytest -n 2 "$@"
+# The tests start about 1,700 Python processes that import this checkout: its bytecode is
+# compiled here once (checked against each source's hash at import, so an edited file is
+# compiled again), not by every one of them where PYTHONDONTWRITEBYTECODE is set.
+"$venv/bin/python" -m compileall -q --invalidation-mode checked-hash kernelcache bridge examples \
+    tests/helpers
+# Twice as many workers as CPUs (at most 8): the suite spends much of its time waiting on
+# child processes, servers and timeouts. Each test file runs on one worker (--dist loadfile),
+# so a module's fixtures (a three-way set-up, a cluster of servers) are set up once, not on
+# every worker that gets one of its tests.
+workers=$(( 2 * $(nproc) ))
+exec "$venv/bin/python" -m pytest -n "$(( workers < 8 ? workers : 8 ))" --dist loadfile "$@"
