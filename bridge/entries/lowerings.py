@@ -54,7 +54,7 @@ from kernelcache.plugin import (
 from .kinds import EntryKind
 
 if TYPE_CHECKING:
-    from kernelcache import Cache
+    from kernelcache import Artifact, Cache
 
     from ..call.tracing import CallSpec
     from ..vendors.targets import Target
@@ -323,6 +323,8 @@ class Program:
     def __init__(self, cache: Cache, checked: dict[Any, Any] | None = None) -> None:
         self.cache = cache
         self._lowered: dict[tuple[str, str], Lowered] = {}
+        #: the entry each lowering served so far was read from (its kind and artifact)
+        self._from: dict[tuple[str, str], tuple[EntryKind, Artifact]] = {}
         self._variants: dict[str, tuple[str, ...] | None] = {}  # every key the entries hold
         self._calls: list[Item] = []
         self._described: list[tuple[CallSpec, Target]] = []
@@ -359,6 +361,7 @@ class Program:
             record_check(self.cache.root, CHECK, art.key, digest)
         for item in items:
             self._lowered.setdefault((item.key, item.state), item.lowered)
+            self._from.setdefault((item.key, item.state), (PROGRAM, art))
             self._variants.setdefault(item.key, item.variants)
 
     def variants(self, key: str) -> list[str] | None:
@@ -371,11 +374,28 @@ class Program:
         return variant_keys(self.cache, key)
 
     def lowered(self, key: str, state: str) -> Lowered | None:
-        """:func:`lowered`, from the program entries where they hold it."""
+        """:func:`lowered`, from the program entries where they hold it; the entry each came
+        from is kept, for :meth:`refuse`."""
         if key not in self._variants:
             self._read(key)
         found = self._lowered.get((key, state))
-        return found if found is not None else lowered(self.cache, key, state)
+        if found is not None:
+            return found
+        read = LOWERING.load(self.cache, key, _intact, part=state)
+        if read is None:
+            return None
+        self._from[(key, state)] = (LOWERING, read[0])
+        return read[1]
+
+    def refuse(self, key: str, state: str, reason: str) -> None:
+        """Set aside the entry the lowering ``(key, state)`` was read from, which no compile of
+        this code wrote (``reason``: a read set its code does not admit): quarantined where
+        the cache can, a program entry whole (none of its items is served again)."""
+        self._lowered.pop((key, state), None)
+        found = self._from.pop((key, state), None)
+        if found is not None:
+            kind, art = found
+            kind.quarantine(self.cache, art, reason[:300])
 
     def note(self, item: Item, call: CallSpec, target: Target) -> None:
         """Note what ``call``, a call of the program, lowered to for ``target``."""
@@ -390,6 +410,7 @@ class Program:
         start, calls, described = self._start, self._calls, self._described
         self._start, self._calls, self._described, self._missed = None, [], [], False
         self._lowered.clear()
+        self._from.clear()
         self._variants.clear()
         if start is None or start >= len(calls):
             return

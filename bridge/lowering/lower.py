@@ -334,11 +334,12 @@ def _checked_replay(
                 logger,
                 ("refused", key),
                 "kernelcache: the stored lowering %s of %s holds a read set its code does not "
-                "admit (%s); no compile of this code wrote it, so it is not used",
+                "admit (%s); no compile of this code wrote it, so it is set aside",
                 key,
                 call.parts.qualname,
                 now.reason,
             )
+            program.refuse(key, found.state, f"a read set its code does not admit: {now.reason}")
         return now
 
     def stored(key: str) -> Item | None:

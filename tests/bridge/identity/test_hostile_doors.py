@@ -230,6 +230,62 @@ def test_a_forged_local_root(made, tmp_path):
     assert _live_forgeries(root) == [], "the forged entry is still served from the root"
 
 
+def _forge_lowerings(root: Path, ext: str) -> int:
+    """Edit the read sets inside every stored lowering (``ext`` "lowering") or program entry
+    (``ext`` "program") of ``root``, their digests made valid; forget the other kind. Returns
+    how many were forged."""
+    import dataclasses
+
+    from bridge.entries import lowerings
+    from kernelcache.schema.document import digest, entry_digest
+
+    if ext == "lowering":
+        forget_programs(root)
+    forged = 0
+    for path in root.glob(f"*.{ext}"):
+        data = path.read_bytes()
+        if ext == "lowering":
+            done = lowerings.decode(data)
+            data = lowerings.encode(
+                dataclasses.replace(done, reads=tuple(_forged_reads(r) for r in done.reads))
+            )
+        else:
+            items = lowerings.decode_program(data)
+            data = lowerings.encode_program(
+                [
+                    dataclasses.replace(
+                        item,
+                        lowered=dataclasses.replace(
+                            item.lowered, reads=tuple(_forged_reads(r) for r in item.lowered.reads)
+                        ),
+                    )
+                    for item in items
+                ]
+            )
+        meta_path = path.with_suffix(".json")
+        doc = json.loads(meta_path.read_text())
+        doc["size"], doc["digest"] = len(data), digest(data)
+        doc["entry_digest"] = entry_digest(doc)
+        path.write_bytes(data)
+        meta_path.write_text(json.dumps(doc))
+        forged += 1
+    return forged
+
+
+@pytest.mark.parametrize("ext", ["lowering", "program"])
+def test_a_forged_stored_lowering_is_set_aside(made, tmp_path, ext):
+    """A stored lowering (or a program entry) holds its kernels' read sets: forged, it is not
+    used, no code it names runs, and it is set aside (quarantined) rather than read again."""
+    import shutil
+
+    root = tmp_path / "shared"
+    shutil.copytree(made["clean"], root)
+    assert _forge_lowerings(root, ext) >= 1
+    _victim(made, root, KERNELCACHE_DIR=str(root))
+    live = [p.name for p in root.glob(f"*.{ext}") if FORGED_MARK.encode() in p.read_bytes()]
+    assert live == [], "the forged lowering is still served from the root"
+
+
 def test_a_forged_read_only_layer(made, tmp_path):
     layer = _copy_forged(made, tmp_path / "layer")
     own = tmp_path / "own"
