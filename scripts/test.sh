@@ -30,9 +30,10 @@ jaxlib_version=$("$venv/bin/python" -c 'import jaxlib; print(jaxlib.__version__)
 # compiled again), not by every one of them where PYTHONDONTWRITEBYTECODE is set.
 "$venv/bin/python" -m compileall -q --invalidation-mode checked-hash kernelcache bridge examples \
     tests/helpers
-# Twice as many workers as CPUs (at most 8): the suite spends much of its time waiting on
-# child processes, servers and timeouts. Each test file runs on one worker (--dist loadfile),
-# so a module's fixtures (a three-way set-up, a cluster of servers) are set up once, not on
-# every worker that gets one of its tests.
-workers=$(( 2 * $(nproc) ))
+# One worker more than there are CPUs (at most 8): most of the suite's time is CPU time in
+# the processes its tests start, the rest waiting on servers and timeouts, which one more
+# worker fills (more only slow each other down). Each test file runs on one worker (--dist
+# loadfile), so a module's fixtures (a three-way set-up, a cluster of servers) are set up once,
+# not on every worker that gets one of its tests.
+workers=$(( $(nproc) + 1 ))
 exec "$venv/bin/python" -m pytest -n "$(( workers < 8 ? workers : 8 ))" --dist loadfile "$@"
