@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 
+import pytest
 from bridge_helpers import COUNT_COMPILES, REPO, run_child
 
 # Lowers a set of kernels for both vendors in every embedding; counts every way Triton could
@@ -46,9 +47,16 @@ print(json.dumps({"opaques": out, "counts": counts, "module_file": K.__file__,
 )
 
 
-def test_two_processes_identical_opaques_and_warm_start_compiles_nothing(tmp_path):
-    root = str(tmp_path / "cache")
-    cold = run_child(CHILD, KERNELCACHE_DIR=root)
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory) -> tuple[str, dict]:
+    """A root and what a process lowering :data:`CHILD`'s kernels into it, cold, found: the
+    first process of each test below."""
+    root = str(tmp_path_factory.mktemp("opaques") / "cache")
+    return root, run_child(CHILD, KERNELCACHE_DIR=root)
+
+
+def test_two_processes_identical_opaques_and_warm_start_compiles_nothing(cold):
+    root, cold = cold
     warm = run_child(CHILD, KERNELCACHE_DIR=root)
     assert cold["opaques"] == warm["opaques"]
     assert len(set(cold["opaques"].values())) == len(cold["opaques"])
@@ -63,7 +71,7 @@ def test_two_processes_identical_opaques_and_warm_start_compiles_nothing(tmp_pat
     assert warm["stats"]["hits"] >= 9
 
 
-def test_opaques_do_not_depend_on_where_the_sources_live(tmp_path):
+def test_opaques_do_not_depend_on_where_the_sources_live(tmp_path, cold):
     """The same kernels imported from another directory, compiled into another cold cache,
     give byte-identical opaques: no absolute source path reaches the machine code or PTX, nor
     the time or size of the source files (ptxas reads both for the line table of a source file
@@ -74,7 +82,7 @@ def test_opaques_do_not_depend_on_where_the_sources_live(tmp_path):
     with open(copy, "a") as f:
         f.write("\n# a comment at the end: no kernel moves\n")
     os.utime(copy, (1_000_000_000, 1_000_000_000))
-    here = run_child(CHILD, KERNELCACHE_DIR=str(tmp_path / "a"))
+    _, here = cold
     there = run_child(
         CHILD,
         cwd=str(elsewhere),
