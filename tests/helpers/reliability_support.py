@@ -32,11 +32,15 @@ from kernelcache.store import Artifact, Store
 
 #: Prepended to a child's code. ``arm(at)`` makes the process kill itself with SIGKILL just
 #: before its ``at``-th file-system call (the os functions below and fcntl.flock: every step
-#: at which a crash can leave a different state on disk). ``arm(0)`` only counts; the count is
-#: written to ``$KC_CALLS_FILE`` at exit (registered first, so it runs after every other
-#: exit handler, kernelcache's statistics flush included).
+#: at which a crash can leave a different state on disk) in the thread that armed it. The
+#: calls of other threads are not counted: a held soft lock's heartbeat refreshes its file
+#: every so often, so how many of those a run makes depends on how long it takes (a kill
+#: point drawn from a slow run's count could lie beyond a faster run's end), and they change
+#: nothing but a time. ``arm(0)`` only counts; the count is written to ``$KC_CALLS_FILE`` at
+#: exit (registered first, so it runs after every other exit handler, kernelcache's
+#: statistics flush included).
 KILLER = r"""
-import atexit as _atexit, fcntl as _fcntl, os as _os, signal as _signal
+import atexit as _atexit, fcntl as _fcntl, os as _os, signal as _signal, threading as _threading
 _FS_CALLS = ("open", "write", "replace", "rename", "unlink", "link", "utime", "mkdir", "rmdir",
              "close", "fsync", "ftruncate")
 _calls = [0]
@@ -50,15 +54,17 @@ def _save_count():
 _atexit.register(_save_count)
 
 def arm(at):
-    kill, getpid = _os.kill, _os.getpid
+    kill, getpid, thread = _os.kill, _os.getpid, _threading.get_ident
+    armed = thread()
 
     def wrap(module, name):
         real = getattr(module, name)
 
         def call(*args, **kwargs):
-            _calls[0] += 1
-            if _calls[0] == at:
-                kill(getpid(), _signal.SIGKILL)
+            if thread() == armed:
+                _calls[0] += 1
+                if _calls[0] == at:
+                    kill(getpid(), _signal.SIGKILL)
             return real(*args, **kwargs)
 
         setattr(module, name, call)
