@@ -167,7 +167,7 @@ def get_or_create_each(
     wanted: Sequence[tuple[EntryKind, str, Build]],
     *,
     wait: bool = True,
-    accepts: Sequence[Accept | None] = (),
+    accepts: Sequence[Accept | None] | None = None,
 ) -> Iterator[tuple[int, Artifact | Exception | None]]:
     """``(index, result)`` for each ``(kind, owner, build)`` of ``wanted`` (of one kind or
     several) as its entry is ready, each made by its build if missing, with work stealing
@@ -176,7 +176,7 @@ def get_or_create_each(
     none)."""
     from kernelcache import BuildItem
 
-    checks = [*accepts, *[None] * (len(wanted) - len(accepts))]
+    checks = [None] * len(wanted) if accepts is None else accepts
     items = [
         BuildItem(kind.key(owner), kind.ext, build, check)
         for (kind, owner, build), check in zip(wanted, checks, strict=True)

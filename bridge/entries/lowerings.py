@@ -117,8 +117,13 @@ def lowered(cache: Cache, key: str, state: str) -> Lowered | None:
     """The stored lowering of ``state`` (:data:`EVERY`, or a chosen variant's index); an
     entry that does not decode, or whose opaque does not inflate whole, is a corrupt entry (a
     miss, quarantined)."""
-    found = LOWERING.load(cache, key, _intact, part=state)
+    found = _entry(cache, key, state)
     return None if found is None else found[1]
+
+
+def _entry(cache: Cache, key: str, state: str) -> tuple[Artifact, Lowered] | None:
+    """The lowering entry of :func:`lowered`, with what it holds."""
+    return LOWERING.load(cache, key, _intact, part=state)
 
 
 def _intact(data: bytes) -> Lowered | None:
@@ -381,7 +386,7 @@ class Program:
         found = self._lowered.get((key, state))
         if found is not None:
             return found
-        read = LOWERING.load(self.cache, key, _intact, part=state)
+        read = _entry(self.cache, key, state)
         if read is None:
             return None
         self._from[(key, state)] = (LOWERING, read[0])
