@@ -41,6 +41,7 @@ from ..store.entry import Artifact
 from ..store.layout import path_problem, resolve_root
 from ..store.root import Store
 from . import writes
+from .layers import refusal
 
 if TYPE_CHECKING:
     from ..capacity.size_cap import SizeCap
@@ -331,7 +332,7 @@ class Cache:
             warn_once(logger, (self.root, "remote-corrupt"), said, key, checked)
             return None
         data, meta = checked
-        refused = None if accept is None else accept(Artifact(key, ext, data, None, meta, "remote"))
+        refused = refusal(accept, Artifact(key, ext, data, None, meta, "remote"))
         if refused is not None:
             stats.count(self.root, untrusted=1)
             said = "kernelcache: refused the remote entry %s: %s"

@@ -23,6 +23,17 @@ if TYPE_CHECKING:
 Accept = Callable[["Artifact"], "str | None"]
 
 
+def refusal(accept: Accept | None, found: Artifact) -> str | None:
+    """What ``accept`` says of ``found`` (None: no check, or accepted); a check that raises
+    refuses: a remote entry it cannot judge is never copied, and the lookup never raises."""
+    if accept is None:
+        return None
+    try:
+        return accept(found)
+    except Exception as e:  # the caller's check of untrusted bytes failed: not a reason to fail
+        return f"its check failed: {e!r}"
+
+
 class Layers(Protocol):
     """A cache's layers and settings, as a :class:`~kernelcache.cache.Cache` opened them."""
 

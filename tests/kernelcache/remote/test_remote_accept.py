@@ -72,3 +72,20 @@ def test_an_accepted_remote_entry_is_published_and_served(server, tmp_path):
     data, built = _fetch(server, root, lambda art: None)
     assert (data, built) == (THEIRS, [])
     assert _holding(root, THEIRS) != []
+
+
+def test_a_check_that_raises_refuses_the_entry(server, tmp_path, caplog):
+    """The caller's check fails on the bytes it was given: the lookup still never raises, and
+    what it could not judge is not copied."""
+    _publish(server, tmp_path)
+    root = tmp_path / "victim"
+
+    def broken(art: kernelcache.Artifact) -> str | None:
+        raise ValueError("cannot parse this")
+
+    caplog.set_level(logging.WARNING, logger="kernelcache")
+    data, built = _fetch(server, root, broken)
+    assert (data, built) == (OURS, [KEY])
+    assert _holding(root, THEIRS) == []
+    said = [r.getMessage() for r in caplog.records if "refused the remote entry" in r.getMessage()]
+    assert len(said) == 1 and "cannot parse this" in said[0]
