@@ -1,5 +1,6 @@
 """Helpers for the command-line tests: run the real console script (:func:`kc`,
-:func:`kc_json`, :func:`kc_code`), make entries (:func:`put`), age files, hold shared locks."""
+:func:`kc_json`, :func:`kc_code`; each run a process of its own: :mod:`command_server`),
+make entries (:func:`put`), age files, hold shared locks."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import command_server
 import pytest
 from artifact_images import launch, sized, whole
 from support import REPO, child_env, key_of
@@ -42,17 +44,9 @@ def kc(
             "the kernelcache console script is not installed next to this Python; "
             "install the project first (pip install -e .)"
         )
-    cmd = [KERNELCACHE]
-    if root is not None:
-        cmd += ["--root", str(root)]
-    return subprocess.run(
-        [*cmd, *args],
-        env=child_env(**(env or {})),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        cwd=cwd,
+    given = ["--root", str(root)] if root is not None else []
+    return command_server.run(
+        KERNELCACHE, [*given, *args], child_env(**(env or {})), timeout=timeout, cwd=cwd
     )
 
 
@@ -63,16 +57,18 @@ def kc_code(
     ``prelude`` (Python code that runs the command itself) in a fresh interpreter; it must exit
     with ``code``."""
     assert KERNELCACHE is not None, "install the project first (pip install -e '.[bridge]')"
-    cmd = [sys.executable, "-c", prelude, *args] if prelude else [KERNELCACHE, *args]
-    proc = subprocess.run(
-        cmd,
-        env=child_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=str(REPO),
-        stdin=subprocess.DEVNULL,
-    )
+    if prelude is None:
+        proc = command_server.run(KERNELCACHE, args, child_env(**env), timeout=300, cwd=REPO)
+    else:
+        proc = subprocess.run(
+            [sys.executable, "-c", prelude, *args],
+            env=child_env(**env),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=str(REPO),
+            stdin=subprocess.DEVNULL,
+        )
     assert proc.returncode == code, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
 

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import command_server
 import pytest
 from bridge_helpers import COUNT_COMPILES, REPO, run_child
 from cli_support import KERNELCACHE, files_under
@@ -80,15 +81,9 @@ def kc(
     """Run the installed console script from the repository root, as the README does."""
     if KERNELCACHE is None:
         pytest.fail("the kernelcache console script is not installed: pip install -e '.[bridge]'")
-    cmd = [KERNELCACHE, *(["--root", str(root)] if root is not None else []), *args]
-    return subprocess.run(
-        cmd,
-        env=child_env(**(env or {})),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=str(REPO),
-        stdin=subprocess.DEVNULL,
+    given = ["--root", str(root)] if root is not None else []
+    return command_server.run(
+        KERNELCACHE, [*given, *args], child_env(**(env or {})), timeout=300, cwd=REPO
     )
 
 
