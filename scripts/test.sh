@@ -14,17 +14,25 @@ triton=${TRITON:-3.6.0}
 venv=${VENV:-.venv-test}
 unset TRITON VENV # not for the tests
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install -q --upgrade pip
-# (setuptools announces every editable install with a warning banner, "Editable installation
-# ... folders in your working directory with the same name": expected here, so not shown)
-PYTHONWARNINGS="ignore:Editable installation" \
-    "$venv/bin/python" -m pip install -q -e '.[bridge,redis,s3,zstd,test]' "triton==$triton"
-# jaxlib's Triton bindings (they import without a GPU): tests compare our protos with jaxlib's.
-jaxlib_version=$("$venv/bin/python" -c 'import jaxlib; print(jaxlib.__version__)')
-"$venv/bin/python" -m pip install -q --no-deps "jax-cuda13-plugin==${jaxlib_version}"
-# the ptxas jaxlib runs on PTX (what `jax[cuda13]` installs beside the plugin): tests assemble
-# the PTX the bridge lowers for jaxlib with it
-"$venv/bin/python" -m pip install -q --no-deps 'nvidia-cuda-nvcc==13.0.88'
+# What is installed is done again only when what decides it changed (this script, the
+# project's dependencies, the Triton asked for): a re-run does not ask pip about each package.
+stamp="$venv/.installed"
+wanted=$(cat "$0" pyproject.toml | sha256sum | cut -c1-64)-$triton
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+    rm -f "$stamp"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+    # (setuptools announces every editable install with a warning banner, "Editable installation
+    # ... folders in your working directory with the same name": expected here, so not shown)
+    PYTHONWARNINGS="ignore:Editable installation" \
+        "$venv/bin/python" -m pip install -q -e '.[bridge,redis,s3,zstd,test]' "triton==$triton"
+    # jaxlib's Triton bindings (they import without a GPU): tests compare our protos with jaxlib's.
+    jaxlib_version=$("$venv/bin/python" -c 'import jaxlib; print(jaxlib.__version__)')
+    "$venv/bin/python" -m pip install -q --no-deps "jax-cuda13-plugin==${jaxlib_version}"
+    # the ptxas jaxlib runs on PTX (what `jax[cuda13]` installs beside the plugin): tests assemble
+    # the PTX the bridge lowers for jaxlib with it
+    "$venv/bin/python" -m pip install -q --no-deps 'nvidia-cuda-nvcc==13.0.88'
+    echo "$wanted" >"$stamp"
+fi
 # The tests start about 1,700 Python processes that import this checkout: its bytecode is
 # compiled here once (checked against each source's hash at import, so an edited file is
 # compiled again), not by every one of them where PYTHONDONTWRITEBYTECODE is set.

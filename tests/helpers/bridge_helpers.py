@@ -12,6 +12,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import command_server
 from support import HELPERS, REPO, checked, child_env
 
 ELF_MAGIC = b"\x7fELF"
@@ -127,14 +128,10 @@ def kernels_of(call: Any) -> list[Any]:
 
 
 def run_child(code: str, *, timeout: float = 240, cwd: str | None = None, **env: str) -> Any:
-    """Run ``code`` in a fresh interpreter; it prints one JSON document last. Returns it."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=child_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd or str(REPO),
+    """Run ``code`` in a process of its own (:func:`command_server.run_python`); it prints one
+    JSON document last. Returns it."""
+    proc = command_server.run_python(
+        textwrap.dedent(code), [], child_env(**env), timeout=timeout, cwd=cwd or REPO
     )
     return json.loads(checked(proc).stdout.strip().splitlines()[-1])
 
