@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 from ..entries import failures
 from ..entries.kernels import kernel_kind
 from ..exceptions import LeftOut, NoConfigError
+from ..identity import read_sets
 from ..vendors import targets
 from . import fetch
 from .fetch import KernelBinary
 
 if TYPE_CHECKING:
-    from kernelcache import Cache
+    from kernelcache import Artifact, Cache
 
     from ..identity.specialize import Specialization, Usable
     from ..vendors.targets import Target
@@ -64,18 +65,30 @@ def known_left_out(
     specs: Sequence[Specialization], cache: Cache, device: Any = None
 ) -> dict[int, str]:
     """Why each of ``specs`` that the cache knows cannot launch (its kernel's entry) or, having
-    no kernel entry, cannot compile (a failure entry) is left out; nothing is compiled. A
-    kernel entry wins over a failure entry: it is what a lowering runs."""
+    no kernel entry, cannot compile (a failure entry) is left out; nothing is compiled. The
+    entry is the one a lowering would run (:func:`bridge.identity.read_sets.follow`: not one
+    whose reads find something else now), and wins over a failure entry beside it."""
     found: dict[int, str] = {}
     for i, spec in enumerate(specs):
-        art = kernel_kind(spec.ext).get(cache, spec.key, counted=False)
+        key, art = _followed(spec, cache)
         if art is not None:
             why = launch_problem(art.meta, spec.target, device)
         else:
-            why = failures.remembered(cache, spec.key)
+            why = None if key is None else failures.remembered(cache, key)
         if why is not None:
             found[i] = why
     return found
+
+
+def _followed(spec: Specialization, cache: Cache) -> tuple[str | None, Artifact | None]:
+    """The kernel entry a lowering of ``spec`` would run, and its key (see
+    :func:`bridge.identity.read_sets.follow`); nothing is counted."""
+    kind = kernel_kind(spec.ext)
+    return read_sets.follow(
+        spec.key,
+        lambda k: kind.get(cache, k, counted=False),
+        lambda _, a: fetch.stale(spec, a.meta),
+    )
 
 
 def _config(spec: Specialization) -> str:

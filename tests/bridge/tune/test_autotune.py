@@ -57,6 +57,7 @@ from bridge.lowering.configs import FETCHED
 from bridge.tune import measure
 from examples import ops
 from kernelcache.keys import digest_of
+from kernelcache.store import Store
 
 F32 = jax.ShapeDtypeStruct((4096,), jnp.float32)
 ONE = jax.ShapeDtypeStruct((1,), jnp.float32)
@@ -722,6 +723,29 @@ def test_a_kernel_entry_wins_over_a_failure_entry(tmp_path, fresh, monkeypatch):
         e for e in explain.explain(str(manifest), fresh, ["cuda:90"]) if e.key == specs[0].key
     ]
     assert told.status == "hit"
+
+
+def test_a_stale_entrys_launch_limits_leave_no_config_out(tmp_path, fresh, monkeypatch):
+    """The entry under a config's key whose reads find something else now is not what a
+    lowering runs: what it says of shared memory does not leave the config out of a pin."""
+    manifest = record_manifest(tmp_path, fresh, monkeypatch)
+    (group,) = tune.recorded_calls(str(manifest))
+    specs = tune._specs(group, bridge.parse_target("cuda:90"), fresh)
+    art = fresh.get(specs[0].key, specs[0].ext)
+    assert art is not None  # BLOCK 128 compiled
+    reserved = ("digest", "entry_digest", "ext", "format", "key", "size")
+    stale = {k: v for k, v in art.meta.items() if k not in reserved}
+    reads = json.loads(art.meta["reads"])
+    first = reads["rows"][0]
+    first[-1] = "0" * len(first[-1])  # what another version's first read found
+    stale.update(shared=10**6, reads=json.dumps(reads))
+    Store(fresh.root).publish(specs[0].key, specs[0].ext, art.data, stale, replace=True)
+    later = kernelcache.Cache(fresh.root, readonly_roots=(), remote="")  # another process's
+    assert later.get(specs[0].key, specs[0].ext).meta["shared"] == 10**6
+    assert variants.launch_problem(stale, specs[0].target) is not None
+    assert 0 not in variants.known_left_out(specs, later)
+    (pinned,) = tune.tune(str(manifest), later, pins={"bounded_copy_kernel": 0})
+    assert pinned.status == "pinned", pinned.detail
 
 
 def test_a_tuning_job_never_measures_or_chooses_a_left_out_config(fresh):
