@@ -60,15 +60,8 @@ def kc_code(
     if prelude is None:
         proc = command_server.run(KERNELCACHE, args, child_env(**env), timeout=300, cwd=REPO)
     else:
-        proc = subprocess.run(
-            [sys.executable, "-c", prelude, *args],
-            env=child_env(**env),
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=str(REPO),
-            stdin=subprocess.DEVNULL,
-        )
+        argv = [sys.executable, "-c", prelude, *args]
+        proc = command_server.fresh(argv, child_env(**env), timeout=300, cwd=REPO)
     assert proc.returncode == code, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
 

@@ -158,15 +158,18 @@ class _Server:
     def run(
         self, argv: list[str], code: str | None, env: dict[str, str], cwd: str, timeout: float
     ) -> tuple[int, bytes, bytes]:
+        """Run ``argv`` (a console script's, or ``python -c CODE ARGS...`` where ``code`` is
+        given) as a fork of this server: its exit code, its output and its error output."""
         out, err = os.memfd_create("stdout"), os.memfd_create("stderr")
         null = os.open(os.devnull, os.O_RDONLY)
         try:
             mask = os.umask(0o022)
             os.umask(mask)
-            # sys.path[0]: a script's folder (links resolved), or "" for ``-c``
+            # sys.path[0] and sys.argv: a script's folder (links resolved) and its argv, or ""
+            # and ``-c ARGS...`` for ``python -c``
             path0 = "" if code is not None else os.path.dirname(os.path.realpath(argv[0]))
             ask = {
-                "argv": argv,
+                "argv": argv if code is None else ["-c", *argv[3:]],
                 "code": code,
                 "env": env,
                 "cwd": cwd,
@@ -252,9 +255,15 @@ def _served(
     return subprocess.CompletedProcess(argv, exit_code, _text(out), _text(err))
 
 
-def _fresh(
-    argv: list[str], env: dict[str, str], cwd: str, timeout: float
+def fresh(
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    timeout: float,
+    cwd: str | os.PathLike[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """``argv`` in a fresh interpreter with ``env``, in ``cwd``, stdin empty, its output
+    captured as text."""
     return subprocess.run(
         argv,
         env=env,
@@ -264,6 +273,20 @@ def _fresh(
         stdin=subprocess.DEVNULL,
         cwd=cwd,
     )
+
+
+def _run(
+    argv: list[str],
+    code: str | None,
+    server: _Server | None,
+    env: dict[str, str],
+    timeout: float,
+    cwd: str | os.PathLike[str] | None,
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` as a fork of ``server`` where it serves it, else :func:`fresh`."""
+    where = os.fspath(cwd) if cwd is not None else os.getcwd()
+    done = None if server is None else _served(server, argv, code, env, where, timeout)
+    return done if done is not None else fresh(argv, env, timeout=timeout, cwd=where)
 
 
 def run(
@@ -276,11 +299,8 @@ def run(
 ) -> subprocess.CompletedProcess[str]:
     """``script ARGS...`` (the console script ``script``) with ``env``, in ``cwd``, stdin
     empty, its output captured as text: what :func:`subprocess.run` gives."""
-    argv = [script, *args]
-    where = os.fspath(cwd) if cwd is not None else os.getcwd()
     server = _the_server(COMMAND, INTERPRETER)
-    done = _served(server, argv, None, env, where, timeout)
-    return done if done is not None else _fresh(argv, env, where, timeout)
+    return _run([script, *args], None, server, env, timeout, cwd)
 
 
 #: a top-level import of jax
@@ -302,12 +322,7 @@ def run_python(
     """``python -c CODE ARGS...`` with ``env``, in ``cwd``, stdin empty, its output captured
     as text; a fork of the jax server where ``code`` imports jax at its top level and does
     nothing before that could change what the import is."""
-    argv = [sys.executable, "-c", code, *args]
-    where = os.fspath(cwd) if cwd is not None else os.getcwd()
     first = IMPORTS_JAX.search(code)
-    if first is not None and not BEFORE_JAX.search(code[: first.start()]):
-        server = _the_server(JAX, INTERPRETER + JAX_IMPORT)
-        done = _served(server, ["-c", *args], code, env, where, timeout)
-        if done is not None:
-            return subprocess.CompletedProcess(argv, done.returncode, done.stdout, done.stderr)
-    return _fresh(argv, env, where, timeout)
+    jax = first is not None and not BEFORE_JAX.search(code[: first.start()])
+    server = _the_server(JAX, INTERPRETER + JAX_IMPORT) if jax else None
+    return _run([sys.executable, "-c", code, *args], code, server, env, timeout, cwd)

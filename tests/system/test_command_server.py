@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -31,15 +30,7 @@ REPORT = textwrap.dedent(
 
 
 def _fresh(code: str, env: dict[str, str], cwd: str) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-c", code, "a", "b"],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    proc = command_server.fresh([sys.executable, "-c", code, "a", "b"], env, timeout=120, cwd=cwd)
     assert proc.returncode == 3, proc.stderr
     return json.loads(proc.stdout)
 
@@ -94,9 +85,7 @@ def test_a_served_command_exits_and_says_what_the_script_does(tmp_path):
     args = ["--root", str(root), "frobnicate"]
     env = child_env()
     served = command_server.run(KERNELCACHE, args, env, timeout=60, cwd=tmp_path)
-    fresh = subprocess.run(
-        [KERNELCACHE, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
-    )
+    fresh = command_server.fresh([KERNELCACHE, *args], env, timeout=60, cwd=tmp_path)
     assert (served.returncode, served.stdout, served.stderr) == (
         fresh.returncode,
         fresh.stdout,
