@@ -243,6 +243,14 @@ def _chained(request: Request, now: str) -> Request:
     return dataclasses.replace(request, key=key, hops=request.hops + 1)
 
 
+def followed(
+    spec: Specialization, entry: Callable[[str], Artifact | None]
+) -> tuple[str | None, Artifact | None]:
+    """The kernel entry of ``spec`` a lookup would use, each read by ``entry(key)``, and its
+    key: :func:`bridge.identity.read_sets.follow` with :func:`stale` as the check."""
+    return read_sets.follow(spec.key, entry, lambda _, art: stale(spec, art.meta))
+
+
 def stale(spec: Specialization, meta: Mapping[str, Any]) -> str | None:
     """Whether the kernel of ``spec`` whose metadata is ``meta`` was compiled from what the
     frontend would read now: None where it was, else what the reads find now (a :class:`~bridge.identity.read_sets.Refusal`

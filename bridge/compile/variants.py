@@ -13,6 +13,7 @@ call that leaves out other configs names those); when none is left, the call fai
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -21,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from ..entries import failures
 from ..entries.kernels import kernel_kind
 from ..exceptions import LeftOut, NoConfigError
-from ..identity import read_sets
 from ..vendors import targets
 from . import fetch
 from .fetch import KernelBinary
@@ -70,7 +70,7 @@ def known_left_out(
     whose reads find something else now), and wins over a failure entry beside it."""
     found: dict[int, str] = {}
     for i, spec in enumerate(specs):
-        key, art = _followed(spec, cache)
+        key, art = fetch.followed(spec, functools.partial(_uncounted, cache, spec.ext))
         if art is not None:
             why = launch_problem(art.meta, spec.target, device)
         else:
@@ -80,15 +80,9 @@ def known_left_out(
     return found
 
 
-def _followed(spec: Specialization, cache: Cache) -> tuple[str | None, Artifact | None]:
-    """The kernel entry a lowering of ``spec`` would run, and its key (see
-    :func:`bridge.identity.read_sets.follow`); nothing is counted."""
-    kind = kernel_kind(spec.ext)
-    return read_sets.follow(
-        spec.key,
-        lambda k: kind.get(cache, k, counted=False),
-        lambda _, a: fetch.stale(spec, a.meta),
-    )
+def _uncounted(cache: Cache, ext: str, key: str) -> Artifact | None:
+    """The kernel entry ``key``, read without counting a hit or a miss."""
+    return kernel_kind(ext).get(cache, key, counted=False)
 
 
 def _config(spec: Specialization) -> str:

@@ -86,7 +86,6 @@ def present(cache: Cache, spec: Specialization) -> str | None:
     from kernelcache import Artifact
 
     from ..compile import fetch
-    from ..identity import read_sets
 
     def entry(key: str) -> Artifact | None:
         found = next(
@@ -100,7 +99,7 @@ def present(cache: Cache, spec: Specialization) -> str | None:
                 return found
         return None
 
-    _, found = read_sets.follow(spec.key, entry, lambda _, art: fetch.stale(spec, art.meta))
+    _, found = fetch.followed(spec, entry)
     return None if found is None else found.source
 
 
