@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -260,3 +260,63 @@ def read_only_bucket() -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+@contextlib.contextmanager
+def flaky_proxy(endpoint: str, fail: Callable[[str, str], str | None]) -> Iterator[Proxy]:
+    """An HTTP proxy on 127.0.0.1 in front of the S3-compatible server at ``endpoint`` that
+    answers a request with a server error (500 InternalError, as S3's sporadic ones) where
+    ``fail(method, path)`` says so: ``"before"`` without passing it on, ``"after"`` once the
+    server has done it (its answer lost), None passes it on. Yields the proxy, whose
+    ``requests`` lists every (method, path, answered status)."""
+    import http.client
+
+    proxy = Proxy()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _any(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            verdict = fail(self.command, self.path)
+            status, headers, data = 500, [], b"<Error><Code>InternalError</Code></Error>"
+            if verdict != "before":
+                upstream = http.client.HTTPConnection(endpoint.removeprefix("http://"), timeout=30)
+                upstream.request(self.command, self.path, body, dict(self.headers))
+                answer = upstream.getresponse()
+                if verdict is None:
+                    status, headers = answer.status, answer.getheaders()
+                data = answer.read() if verdict is None else data
+                upstream.close()
+            proxy.requests.append((self.command, self.path, status))
+            self.send_response(status)
+            for name, value in headers:
+                if name.lower() not in ("content-length", "transfer-encoding", "connection"):
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _any
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    proxy.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield proxy
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+class Proxy:
+    """What :func:`flaky_proxy` yields: its ``endpoint`` and the ``requests`` it answered."""
+
+    def __init__(self) -> None:
+        self.endpoint = ""
+        self.requests: list[tuple[str, str, int]] = []

@@ -56,6 +56,7 @@ from .requests import (
     runtime_here,
     update_mode,
     version_of,
+    written_by,
 )
 
 _WRITES = ("put", "lock", "renew", "unlock")
@@ -349,7 +350,8 @@ class ObjectStoreTier(TierBase):
         self, store: Any, lock: str, token: str, version: Version | None
     ) -> Version | str | None:
         """Write this process's record into ``lock``: only if absent (``version`` None), else
-        only if it is still at ``version``. The version written; None when the condition
+        only if it is still at ``version``. The version written (also when the condition
+        failed because this write's own first try had landed); None when the condition
         failed; ``"unsupported"`` for a store without conditional puts."""
         import obstore
         from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
@@ -364,7 +366,7 @@ class ObjectStoreTier(TierBase):
         try:
             result = obstore.put(store, lock, json.dumps(record).encode(), mode=mode)
         except (AlreadyExistsError, PreconditionError):
-            return None
+            return written_by(store, lock, token)
         except NotSupportedError:
             return "unsupported"
         return version_of(result)

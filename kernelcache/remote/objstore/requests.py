@@ -20,6 +20,12 @@ from ...errors import (
 from ...optional import needs
 from .location import ObjectURL
 
+#: a request the store answered with a server error (5xx) or whose connection failed is sent
+#: once more after about this long, when it failed within half its timeout: one bad answer of
+#: a bucket (S3 asks clients to retry its sporadic 500 and 503) does not make the node give up
+#: the tier, and a request that timed out is not sent again (a hung store costs one timeout).
+#: A write sent again after its first try landed finds its own write (see ``written_by``).
+_RETRY_WAIT = timedelta(milliseconds=50)
 #: the most bytes of a lock object read (its holder record is far smaller)
 _LOCK_RECORD_MAX = 4096
 #: an object's version as its store tells it: (e_tag, version), either possibly None
@@ -45,7 +51,11 @@ def make_store(where: ObjectURL, prefix: str, *, shown: str) -> Any:
         config["endpoint" if where.scheme == "s3" else "base_url"] = where.endpoint
     if where.region is not None:
         config["region"] = where.region
-    retry = {"max_retries": 0, "retry_timeout": timedelta(seconds=where.timeout)}
+    retry = {
+        "max_retries": 1,
+        "retry_timeout": timedelta(seconds=where.timeout / 2),
+        "backoff": {"init_backoff": _RETRY_WAIT, "max_backoff": _RETRY_WAIT * 4},
+    }
     cls: Any = S3Store if where.scheme == "s3" else GCSStore
     try:
         return cls(
@@ -66,9 +76,6 @@ def runtime_here() -> bool:
     if _runtime_pid is None:
         _runtime_pid = os.getpid()
     return _runtime_pid == os.getpid()
-
-
-#: the calls that write (a refusal of one is a bucket that refuses writes, not a down one)
 
 
 def version_of(meta: Any) -> Version:
@@ -97,6 +104,20 @@ def read_lock(store: Any, path: str) -> tuple[Version, bytes] | None:
     if result.meta["size"] > _LOCK_RECORD_MAX:
         return version_of(result.meta), b""
     return version_of(result.meta), bytes(result.bytes())
+
+
+def written_by(store: Any, path: str, token: str) -> Version | None:
+    """The version of the lock object ``path`` if its record is the one of ``token`` (a
+    conditional write that failed its condition because its own first try had landed), else
+    None."""
+    seen = read_lock(store, path)
+    if seen is None:
+        return None
+    try:
+        ours = json.loads(seen[1]).get("token") == token
+    except (ValueError, AttributeError):
+        return None
+    return seen[0] if ours else None
 
 
 def object_exists(store: Any, path: str) -> bool:
