@@ -52,6 +52,7 @@ def test_a_hit_below_is_copied_up_and_the_next_node_reads_the_top(layers, server
     redis_tier, bucket_tier = writer.remote.tiers
     assert isinstance(redis_tier, RedisTier) and isinstance(bucket_tier, ObjectStoreTier)
     writer.put(key, "bin", b"layered" * 100, META)
+    assert writer.remote.flush(10)  # the put below the first tier is made in the background
     assert server.client().exists(redis_tier.name(key)) == 1  # puts reach every tier
     server.client().flushall()  # Redis restarted or evicted: the bucket still has it
 
