@@ -127,11 +127,13 @@ def kernels_of(call: Any) -> list[Any]:
     return [c.kernel_call.kernel for c in call.autotuned_kernel_call.configs]
 
 
-def run_child(code: str, *, timeout: float = 240, cwd: str | None = None, **env: str) -> Any:
-    """Run ``code`` in a process of its own (:func:`command_server.run_python`); it prints one
-    JSON document last. Returns it."""
+def run_child(
+    code: str, *argv: str, timeout: float = 240, cwd: str | None = None, **env: str
+) -> Any:
+    """Run ``code`` with ``argv`` in a process of its own (:func:`command_server.run_python`);
+    it prints one JSON document last. Returns it."""
     proc = command_server.run_python(
-        textwrap.dedent(code), [], child_env(**env), timeout=timeout, cwd=cwd or REPO
+        textwrap.dedent(code), list(argv), child_env(**env), timeout=timeout, cwd=cwd or REPO
     )
     return json.loads(checked(proc).stdout.strip().splitlines()[-1])
 

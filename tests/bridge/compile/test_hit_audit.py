@@ -25,11 +25,10 @@ import pytest
 from bridge_helpers import (
     COUNT_COMPILES,
     custom_calls,
-    finish_child,
     kernel_module,
     lowered_module,
     machine_code,
-    start_child,
+    run_child,
 )
 
 import kernelcache
@@ -130,7 +129,7 @@ def _lower(folder: Path, root: Path, scale: str, audit: str | None = None) -> di
     embeds and says (see :data:`CHILD`), auditing ``audit`` of its hits."""
     env = {} if audit is None else {"KERNELCACHE_AUDIT": audit}
     source = SOURCE.format(scale=scale)
-    return finish_child(start_child(CHILD, str(folder), str(root), MODULE, source, **env))
+    return run_child(CHILD, str(folder), str(root), MODULE, source, **env)
 
 
 def _entries(root: Path) -> dict[str, dict]:

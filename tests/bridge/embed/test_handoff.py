@@ -16,7 +16,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-from bridge_helpers import ELF_MAGIC, decoded, finish_children, start_child
+from bridge_helpers import ELF_MAGIC, decoded, finish_children, run_child, start_child
 from support import HELPERS, REPO
 
 import kernelcache
@@ -343,7 +343,7 @@ print(json.dumps({"canonical": canonical, "seen": seen, "mine": os.path.realpath
 
 def test_a_child_forked_when_the_cache_root_is_full_gets_its_own_directory(tmp_path):
     root = tmp_path / "root"
-    (out,) = finish_children([start_child(FORK_WHEN_FULL, str(root))])
+    out = run_child(FORK_WHEN_FULL, str(root))
     assert out["canonical"]
     # the child's descriptor leads to its own directory, outside the full root, with its own
     # copy: loading there never consumes the parent's file
@@ -367,7 +367,7 @@ print(json.dumps({"canonical": [a_canonical, b_canonical], "path": path, "b": b,
 
 
 def test_a_process_that_changes_cache_root_keeps_the_canonical_path(tmp_path):
-    (out,) = finish_children([start_child(TWO_ROOTS, str(tmp_path / "a"), str(tmp_path / "b"))])
+    out = run_child(TWO_ROOTS, str(tmp_path / "a"), str(tmp_path / "b"))
     assert out["canonical"] == [True, True]
     assert out["path"] == f"/proc/self/fd/{handoff.HANDOFF_FD}/k.hsaco"
     assert out["fd_dir"] == os.path.realpath(out["b"])
