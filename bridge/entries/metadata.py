@@ -55,7 +55,7 @@ def _reads(value: Any) -> str | None:
     if bad:
         return bad
     why = problem(value)
-    return None if why is None else f"must be a read set: it {why}"[:200]
+    return None if why is None else f"must be a read set ({why})"[:200]
 
 
 def _components(value: Any) -> str | None:
@@ -261,7 +261,11 @@ def plain(desc: Any, depth: int = 0) -> bool:
             and type(body[2]) is bool
         )
     if tag == "db":
-        return isinstance(body, list) and 2 <= len(body) <= 9 and all(plain(v) for v in body)
+        return (
+            isinstance(body, list)
+            and 2 <= len(body) <= 9
+            and all(plain(v, depth + 1) for v in body)
+        )
     return False
 
 

@@ -45,6 +45,7 @@ from .static_reads import (
     RUNS_CODE,
     attribute,
     code_facts,
+    global_loads,
     jit_classes,
     python_function,
     source,
@@ -54,8 +55,11 @@ from .static_reads import (
 
 #: the largest plain value a call is given that the lookup does not hold already
 SMALL = 1 << 20
-#: how long the calls of one lookup may run in all (the lookup as a whole stays within a second)
+#: how long the calls of one check of a read set may run in all
 CALL_SECONDS = 0.5
+#: how long one check of a read set may take in all (its reads, descriptions and calls): a
+#: read set still being checked then is refused, whatever it would find
+CHECK_SECONDS = 1.0
 
 
 # -- reads made as the code generator makes them, running no code of what they read -----------
@@ -444,12 +448,18 @@ def code_names(fn: Any) -> frozenset[str]:
 
 
 def loads(fn: Any) -> frozenset[str]:
-    """The names the code of the function ``fn`` loads as globals: a JIT function's syntax, as
-    Triton's frontend walks it (parsed: asked only of a function whose global a call is made
-    of); a Python function's names (:func:`code_names`)."""
+    """The names the code of the function ``fn`` loads as globals (asked only of a function
+    whose global a call is made of): a JIT function's syntax as Triton's frontend walks it,
+    less the names it stores or takes as parameters (its locals); a Python function's global
+    loads and closure (:func:`~.static_reads.global_loads`)."""
     jit, cfn, _ = jit_classes()
     if issubclass(type(fn), jit) and (cfn is None or not issubclass(type(fn), cfn)):
         src = source(fn)
         if isinstance(src, str):
-            return syntax(src).loaded
-    return code_names(fn)
+            parsed = syntax(src)
+            return parsed.loaded - parsed.stored
+        return frozenset()
+    inner = python_function(fn)
+    if inner is None:
+        return frozenset()
+    return global_loads(inner.__code__) | frozenset(inner.__code__.co_freevars)

@@ -90,12 +90,20 @@ def exact(value: Any) -> Any:
 
 
 def unwrap(value: Any) -> Any:
-    """``value`` without Triton's ``constexpr`` wrappers (a tuple's items too)."""
+    """``value`` without Triton's ``constexpr`` wrappers (a tuple's items too), asked of its
+    type alone: no code of ``value`` runs (a wrapper or tuple whose class reads its own
+    fields or iterates its own way is left as it is)."""
     tl = language()
-    if isinstance(value, tl.constexpr):
+    kind = type(value)
+    if kind is tl.constexpr:
         return unwrap(value.value)
-    if isinstance(value, (tuple, tl.tuple)):
+    if kind is tuple or kind is tl.tuple:
         return tuple(unwrap(v) for v in value)
+    if issubclass(kind, tl.constexpr):
+        inner = _named(value, "value", object)
+        return value if inner is None else unwrap(inner)
+    if issubclass(kind, tuple) and static_reads.in_mro(kind, "__iter__") is tuple.__iter__:
+        return tuple(unwrap(v) for v in tuple.__iter__(value))
     return value
 
 
@@ -134,7 +142,7 @@ def _named(value: Any, name: str, kind: type = str) -> Any:
         found = attribute(value, name)
     except AttributeError:
         return None
-    return found if found is not RUNS_CODE and isinstance(found, kind) else None
+    return found if found is not RUNS_CODE and issubclass(type(found), kind) else None
 
 
 def triton_code(fn: Any) -> bool:

@@ -99,6 +99,8 @@ class Trace:
         self.rows: dict[int, int] = {}
         self.kept: list[Any] = []  # (the objects of ``rows``, alive while their ids are keys)
         self.opaque: list[str] = []
+        #: the digests of plain values met, by id: (the value, kept alive; its digest)
+        self.plain: dict[int, tuple[Any, str]] = {}
 
     def row_of(self, value: Any) -> int | None:
         return self.rows.get(id(value))
@@ -113,9 +115,14 @@ class Trace:
         """The digest of what ``value``, found by ``row``, is (and remember it)."""
         if value is ABSENT:
             return "absent"
+        known = self.plain.get(id(value))
+        if known is not None and known[0] is value:
+            return known[1]
         plain = exact(value)
         if plain is not None:
-            return _digest(plain)
+            digest = _digest(plain)
+            self.plain[id(value)] = (value, digest)
+            return digest
         first = self.rows.get(id(value))
         if first is not None:
             return f"same:{first}"
@@ -126,7 +133,7 @@ class Trace:
     def _described(self, value: Any, row: int) -> str:
         known = _wants.get(id(value))
         if known is not None and known[0] is value:
-            if known[1] is None or known[1] == _stamp(value, known[1][0]):
+            if known[1] is None or _same(known[1], _stamp(value, known[1][0])):
                 return known[2]
         desc = description(value)
         if desc is None:
@@ -187,6 +194,23 @@ def _stamp(value: Any, kind: str) -> tuple[Any, ...]:
     return (kind, value.__code__, value.__defaults__, value.__kwdefaults__, *cells)
 
 
+def _same(then: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
+    """Whether two stamps are the same: each part the same object, or equal plain values
+    (compared as :func:`~.exact_values.exact` describes them: no ``__eq__`` of the program
+    runs, whatever a closure holds now)."""
+    if len(then) != len(now):
+        return False
+    for a, b in zip(then, now, strict=True):
+        if a is b:
+            continue
+        if type(a) is not type(b):
+            return False
+        plain = exact(a)
+        if plain is None or plain != exact(b):
+            return False
+    return True
+
+
 def _digest(desc: Any) -> str:
     text = json.dumps(desc, separators=(",", ":"), default=repr)
     return text if len(text) <= 40 else hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -198,7 +222,10 @@ def _argument(arg: Any, found: Sequence[Any]) -> Any:
     if tag == "r":
         return found[int(body)]
     if tag == "rk":
-        return language().constexpr(found[int(body)])
+        value = found[int(body)]
+        if not static_reads.own_class(value):  # (constexpr() asks isinstance of it)
+            raise ValueError("an object that tells its own class, in a constexpr")
+        return language().constexpr(value)
     return remake(body)
 
 
@@ -313,12 +340,16 @@ def wants(
     if expected is not None and rows and rows[-1][1] == "ir":  # (made here: the lookup's code)
         specializations = list(expected())
         expected = lambda: specializations  # noqa: E731
+    ends = admit.CHECK_SECONDS
+    deadline = time.monotonic() + ends
     try:
         admission = admit.Admission(kernel, given, expected)
         guard, outer = OnDemand(admit.CALL_SECONDS), getattr(STATE, "guard", None)
         STATE.guard = guard  # (this thread's guard, made if a read needs it)
         try:
             for index, (parent, op, operand, _) in enumerate(rows):
+                if time.monotonic() > deadline:
+                    raise CheckInterrupted(f"still checking at row {index} after {ends}s")
                 base = kernel if parent < 0 else found[parent]
                 value, want = _FAILED, "error"
                 if base is not _FAILED:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..entries.metadata import BUILTIN_NAMES
 from .exact_values import exact, language, triton_home, unwrap
-from .static_reads import RUNS_CODE, attribute, in_mro
+from .static_reads import RUNS_CODE, attribute, own_class
 
 #: the built-ins Triton's code generator offers kernel code (:data:`~bridge.entries.metadata.BUILTIN_NAMES`)
 BUILTINS: dict[str, Callable[..., Any]] = {n: vars(builtins)[n] for n in BUILTIN_NAMES}
@@ -58,9 +58,9 @@ def builtin(name: str, args: Sequence[Any]) -> Any:
         kinds = args[1] if type(args[1]) is tuple else (args[1],)
         if not all(type(k) is type or _triton_class(k) for k in kinds):
             return RUNS_CODE  # (a metaclass's own ``__instancecheck__``: an ABC, an Enum...)
-        if in_mro(type(args[0]), "__class__") is not object.__dict__["__class__"]:
-            return RUNS_CODE
-        return isinstance(args[0], kinds)
+        if not own_class(args[0]):
+            return RUNS_CODE  # (isinstance would ask the object for its class)
+        return issubclass(type(args[0]), kinds)
     if any(exact(a) is None for a in args):
         return RUNS_CODE
     if name == "range":

@@ -104,6 +104,23 @@ def code_facts(code: types.CodeType) -> tuple[str, frozenset[str], bool]:
     return hashlib.sha256(repr(doc).encode()).hexdigest(), frozenset(names), imports
 
 
+@functools.lru_cache(maxsize=4096)
+def global_loads(code: types.CodeType) -> frozenset[str]:
+    """The names ``code`` and the code nested in it load as globals (not the attributes they
+    read)."""
+    import dis
+
+    names = {
+        i.argval
+        for i in dis.get_instructions(code)
+        if i.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(i.argval, str)
+    }
+    for c in code.co_consts:
+        if type(c) is types.CodeType:
+            names |= global_loads(c)
+    return frozenset(names)
+
+
 # -- a JIT function's source ------------------------------------------------------------------
 #: Triton's names for Python builtins in kernel code that look attributes up
 LOOKUPS = ("getattr", "hasattr")
@@ -198,7 +215,7 @@ def jit_classes() -> tuple[Any, Any, Any]:
 
 def is_jit(value: Any) -> bool:
     """Whether ``value`` is a Triton JIT function (``constexpr_function`` included)."""
-    return isinstance(value, jit_classes()[0])
+    return issubclass(type(value), jit_classes()[0])
 
 
 # -- JIT functions ---------------------------------------------------------------------------
@@ -298,6 +315,13 @@ _C_DESCRIPTORS = frozenset(
 _ENUM_FIELDS = {
     id(enum.Enum.__dict__[n]): (enum.Enum.__dict__[n], f"_{n}_") for n in ("name", "value")
 }
+
+
+def own_class(value: Any) -> bool:
+    """Whether ``isinstance(value, cls)`` asks nothing of ``value`` but its type: its class
+    reads attributes as Python does and has no ``__class__`` of its own (a proxy's)."""
+    kind = type(value)
+    return not _overrides_access(kind) and in_mro(kind, "__class__") is object.__dict__["__class__"]
 
 
 def _overrides_access(kind: type) -> bool:

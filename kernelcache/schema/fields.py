@@ -414,7 +414,10 @@ def check_fields(doc: Mapping[str, Any]) -> str | None:
             continue
         check = FIELDS.get(name)
         if check is not None:
-            bad = check(value)
+            try:
+                bad = check(value)
+            except Exception as e:  # (a field's check that fails on a value refuses it)
+                bad = f"cannot be checked ({type(e).__name__})"
             if bad:
                 return f"metadata field {name!r} {bad}"
         elif name not in RESERVED_FIELDS:

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 TRAP = """
 import os
+import types
 import triton
 import triton.language as tl
 
@@ -108,8 +109,53 @@ class Trap:
         pass
 
 
+class Proxy:  # (an object that reads its own attributes, as a lazy module does)
+    value = 2.0
+
+    def __getattribute__(self, name):
+        trip("getattribute")
+        return object.__getattribute__(self, name)
+
+
+class Masked:  # (an object that tells its own class)
+    value = 2.0
+
+    @property
+    def __class__(self):
+        trip("class-property")
+        return int
+
+
+class Same:  # (a value with its own equality)
+    def __eq__(self, other):
+        trip("eq-of-a-closure")
+        return False
+
+    __hash__ = object.__hash__
+
+
+def _closing():
+    state = Same()
+
+    def current():
+        return state
+
+    def rebind():
+        nonlocal state
+        state = Same()
+
+    return current, rebind
+
+
 TRAPPED = Trap()
 TABLE = {"a": 1.0, TRAPPED: 2.0}
+#: objects the frontend itself would run code of were they globals of the kernel's module (its
+#: code generator asks each global whether it is a module): kept in a namespace of their own
+cfg = types.ModuleType("cfg")
+cfg.PROXY = Proxy()
+cfg.MASKED = Masked()
+BIG = tuple(float(i) for i in range(100000))
+current, rebind = _closing()
 NUMBERS = tl.constexpr((1.0, 2.0))
 
 
@@ -148,6 +194,9 @@ def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
         x = x * TRAPPED.boom * TRAPPED.missing * Reg.SCALE * Reg.absent * TABLE["a"]
         x = x * len(Reg) * TRAPPED.value * getattr(Reg, "nothing")
         x = pick(n=1, shell=1, system=1, value=1, exit=1, eval=1, __builtins__=1, __import__=1)
+        x = x * pick(cfg=1, PROXY=1, MASKED=1, BIG=1, current=1)
+        trip = x  # (a local that is also the name of a function of the module)
+        x = x * trip
     tl.store(out_ptr + offs, x, mask=mask)
 """
 #: names the trap spells, and names it does not, for forged rows
@@ -248,6 +297,12 @@ FORGED = {
     "a-program-error": [[-1, "g", "pick", "x"], [4, "c", [[["v", ["i", "5"]]], []], "x"]],
     "an-endless-loop": [[-1, "g", "pick", "x"], [4, "c", [[["v", ["i", "3"]]], []], "x"]],
     "unknown-operation": [[-1, "o", ["__pow__", [["v", ["i", "10"]], ["v", ["i", "30000000"]]]], "x"]],
+    "isinstance-of-an-object-reading-its-attributes": [[-1, "g", "cfg", "x"], [4, "a", "PROXY", "x"], [-1, "g", "tl", "x"], [6, "a", "constexpr", "x"], [-1, "b", ["isinstance", [["r", 5], ["r", 7]]], "x"]],
+    "isinstance-of-an-object-telling-its-class": [[-1, "g", "cfg", "x"], [4, "a", "MASKED", "x"], [-1, "g", "tl", "x"], [6, "a", "constexpr", "x"], [-1, "b", ["isinstance", [["r", 5], ["r", 7]]], "x"]],
+    "constexpr-of-an-object-telling-its-class": [[-1, "g", "cfg", "x"], [4, "a", "MASKED", "x"], [-1, "g", "tl", "x"], [6, "a", "constexpr", "x"], [-1, "b", ["isinstance", [["rk", 5], ["r", 7]]], "x"]],
+    "hasattr-of-an-object-reading-its-attributes": [[-1, "g", "cfg", "x"], [4, "a", "PROXY", "x"], [-1, "b", ["hasattr", [["r", 5], ["v", ["s", "value"]]]], "x"]],
+    "a-call-of-a-name-the-kernel-only-has-as-a-local": [[-1, "g", "trip", "x"], [4, "c", [[["v", ["s", "chosen"]]], []], "x"]],
+    "a-large-value-read-over-and-over": [[-1, "g", "BIG", "x"]] * 1900,
     "ir-of-another-specialization": [[-1, "ir", {"gluon": False, "kind": ["triton", "x", "y"], "signature": [], "constants": [], "attrs": [], "options": []}, "x"]],
 }  # fmt: skip
 
@@ -264,6 +319,19 @@ def test_a_forged_read_set_runs_no_code_raises_nothing_and_ends_in_time(trap, ro
     assert found is not None, "a forged read set was found to hold"
     assert _marks(trap) == [], "a forged read set ran code of the program"
     assert took < 1.0 and peak < 100 << 20
+
+
+def test_a_closure_rebound_between_checks_is_compared_running_no_code(trap):
+    """A process checks a read set reaching a function twice, the object it closes over
+    rebound in between (the description memo compares what it held then with what it holds
+    now): no ``__eq__`` of the program runs."""
+    rows = [[-1, "g", "current", "x"]]
+    module = __import__(trap["kernel"].fn.__module__)
+    for _ in range(2):
+        found, _ = _check(trap, _forged(trap, rows))
+        assert found is not None
+        module.rebind()
+    assert _marks(trap) == []
 
 
 def test_a_refused_read_set_says_which_row_and_why(trap):
@@ -288,8 +356,17 @@ def test_the_door_refuses_what_no_compile_writes(trap):
         [[-1, "c", [[["v", ["s", "x" * 5000]]], []], "x"]],
         [[-1, "b", ["__import__", [["v", ["s", "os"]]]], "x"]],
         [[7, "g", "tl", "x"]],
+        [[-1, "b", ["len", [["v", _nested_shape(400)]]], "x"]],
     ):
         assert metadata.problem(_forged(trap, rows)) is not None
+
+
+def _nested_shape(depth: int) -> Any:
+    """A block type's description nested ``depth`` deep (its element type another one)."""
+    desc: Any = ["d", "fp32"]
+    for _ in range(depth):
+        desc = ["db", [desc, ["i", "1"]]]
+    return desc
 
 
 @st.composite
