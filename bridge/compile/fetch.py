@@ -255,11 +255,8 @@ def stale(spec: Specialization, meta: Mapping[str, Any]) -> str | None:
     """Whether the kernel of ``spec`` whose metadata is ``meta`` was compiled from what the
     frontend would read now: None where it was, else what the reads find now (a :class:`~bridge.identity.read_sets.Refusal`
     where its code does not admit them)."""
-    text = meta.get("reads")
-    if not isinstance(text, str):
-        return None
     return read_sets.stale(
-        [text],
+        [meta.get("reads")],
         spec.source.fn,
         read_sets.params(spec.source),
         spec.backend,

@@ -286,7 +286,11 @@ class Admission:
         #: what the lookup holds: the given values, the found ones and the code followed
         #: (whose constants are made known only when a call needs them: :meth:`_known`)
         self.held: list[Any] = list(given.values())
+        self._held = {id(v) for v in self.held}
         self.code: list[types.CodeType] = []
+        #: :meth:`_known`'s values, and how many of ``held`` and ``code`` they cover
+        self._plain: set[str] = set()
+        self._made = (0, 0)
         self.followed: set[int] = set()
         #: how each object was found (the read that found it, by the object's id), and the read
         #: being made
@@ -300,7 +304,8 @@ class Admission:
         self.how.setdefault(id(value), self.read)
         inner = python_function(value)
         if inner is None:
-            if len(self.held) < 65536:
+            if len(self.held) < 65536 and id(value) not in self._held:
+                self._held.add(id(value))  # (each object once: a read made again finds it)
                 self.held.append(value)
             return
         if id(inner) in self.followed:
@@ -310,16 +315,18 @@ class Admission:
         if not triton_code(inner):  # (Triton's constants are no values of the call)
             self.code.append(inner.__code__)
 
-    def _known(self) -> frozenset[str]:
-        """The plain values the lookup holds, as JSON text (made when first asked)."""
-        made = []
-        for value in self.held:
+    def _known(self) -> set[str]:
+        """The plain values the lookup holds, as JSON text (made when first asked, and kept:
+        what was held or followed since is added)."""
+        held, code = self._made
+        for value in self.held[held:]:
             desc = exact(value)
             if desc is not None:
-                made.append(plain_json(desc))
-        for code in self.code:
-            made += _constants(code)
-        return frozenset(made)
+                self._plain.add(plain_json(desc))
+        for inner in self.code[code:]:
+            self._plain.update(_constants(inner))
+        self._made = (len(self.held), len(self.code))
+        return self._plain
 
     def check(self, index: int, base: Any, op: str, operand: Any, found: Sequence[Any]) -> None:
         """Raise :class:`~bridge.exceptions.RefusedReadSet` where the code does not allow row ``index``, ``op`` of

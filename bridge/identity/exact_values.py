@@ -9,7 +9,12 @@ where that very object is there and defined in Triton's files (:func:`triton_hom
 by its code, what it closes over and its defaults (a wrapper's code is the same for every
 function it wraps); a class by its namespace, bases, metaclass and registrations; any other
 object by its class and fields, where its type's layout holds nothing else. None where a value
-has no exact description.
+has no exact description. Nothing here runs code of what it describes: what an object is, is
+asked of its type.
+
+The description of a module, of Triton's own objects and of functions is remembered across
+reads of a process (:func:`remember`), a function's while its stamp is the same (its code,
+defaults and what it closes over, compared by identity or as plain values).
 """
 
 from __future__ import annotations
@@ -186,8 +191,11 @@ def describe(value: Any, depth: int = 0) -> Any:
     tl = language()
     jit_callable, constexpr_function, _ = static_reads.jit_classes()
     kind = type(value)
-    if issubclass(kind, tl.constexpr):
+    if kind is tl.constexpr:
         return _whole(["k", _part(value.value, depth)])
+    if issubclass(kind, tl.constexpr):  # (a subclass: its field as Python's lookup finds it)
+        inner = _named(value, "value", object)
+        return None if inner is None else _whole(["k", _part(inner, depth)])
     if kind is tuple or kind is list:
         return _whole([kind.__name__, [_part(v, depth) for v in value]])
     home = triton_home(value)
@@ -410,3 +418,74 @@ def _first_line(fn: Any) -> tuple[str, int]:
     line = getattr(fn, "starting_line_number", None)
     first = code.co_firstlineno if line is None else line
     return static_reads.relative_path(code.co_filename), int(first)
+
+
+# -- wants remembered across reads ---------------------------------------------------------------
+#: the wants of objects whose description follows from what they are (modules: their
+#: attributes are reads of their own; Triton's objects: Triton's files are in every key) or
+#: from that and a stamp (:func:`_stamp`), by id: (the object, its stamp then or None, its
+#: want)
+_wants: dict[int, tuple[Any, Any, str]] = {}
+#: the most objects :data:`_wants` keeps (then it starts again)
+MAX_KEPT = 4096
+
+
+def _keep(value: Any, stamp: Any, want: str) -> None:
+    if len(_wants) >= MAX_KEPT:
+        _wants.clear()
+    _wants[id(value)] = (value, stamp, want)
+
+
+def _stamp(value: Any, kind: str) -> tuple[Any, ...]:
+    """What the description of ``value`` (of ``kind``) follows from besides its identity: a
+    JIT function's source, settings and first line; a function's code object, defaults and
+    the objects it closes over (what they hold is read where it is used: calls are made
+    again); a ``constexpr_function``'s code object (its calls are made again)."""
+    if kind == "jit":
+        return (kind, mark(value), getattr(value, "starting_line_number", None))
+    if kind == "cfn":
+        return (kind, value.fn.__code__)
+    cells = []
+    for cell in value.__closure__ or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:
+            cells.append(ABSENT)
+    return (kind, value.__code__, value.__defaults__, value.__kwdefaults__, *cells)
+
+
+def _same(then: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
+    """Whether two stamps are the same: each part the same object, or equal plain values
+    (compared as :func:`exact` describes them: no ``__eq__`` of the program
+    runs, whatever a closure holds now)."""
+    if len(then) != len(now):
+        return False
+    for a, b in zip(then, now, strict=True):
+        if a is b:
+            continue
+        if type(a) is not type(b):
+            return False
+        plain = exact(a)
+        if plain is None or plain != exact(b):
+            return False
+    return True
+
+
+def remembered(value: Any) -> str | None:
+    """The want :func:`remember` kept of ``value``, where what it follows from is unchanged
+    (its stamp the same: :func:`_same`); else None."""
+    known = _wants.get(id(value))
+    if known is not None and known[0] is value:
+        if known[1] is None or _same(known[1], _stamp(value, known[1][0])):
+            return known[2]
+    return None
+
+
+def remember(value: Any, desc: Any, want: str) -> None:
+    """Keep ``want``, the digest of ``desc`` (:func:`describe` of ``value``), where it follows
+    from what ``value`` is (a module, Triton's own) or from that and its stamp (a JIT
+    function, a function, a ``constexpr_function``)."""
+    if type(value) is types.ModuleType or desc[0] == "triton":
+        _keep(value, None, want)
+    elif desc[0] in ("jit", "fn", "cfn"):
+        _keep(value, _stamp(value, desc[0]), want)

@@ -37,7 +37,6 @@ import hashlib
 import json
 import os
 import time
-import types
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -45,11 +44,11 @@ from ..entries import metadata
 from ..exceptions import CheckInterrupted, RefusedReadSet
 from . import admit, static_access, static_reads
 from .admit import defaults, generated_attribute, module_map_of, remake, scope_value, source_file
-from .exact_values import ABSENT, describe, exact, language, unwrap
+from .exact_values import ABSENT, describe, exact, language, remember, remembered, unwrap
 from .guard import CHECK, STATE, Guard, Watchdog
 from .keyed_environment import environment_want
 from .static_access import builtin
-from .static_reads import RUNS_CODE, mark
+from .static_reads import RUNS_CODE
 
 FORMAT = metadata.FORMAT
 T = TypeVar("T")
@@ -131,19 +130,15 @@ class Trace:
         return want
 
     def _described(self, value: Any, row: int) -> str:
-        known = _wants.get(id(value))
-        if known is not None and known[0] is value:
-            if known[1] is None or _same(known[1], _stamp(value, known[1][0])):
-                return known[2]
+        known = remembered(value)
+        if known is not None:
+            return known
         desc = description(value)
         if desc is None:
             self.opaque.append(f"{type(value).__qualname__} (row {row})")
             return _digest(["opaque", row])
         want = _digest(desc)
-        if type(value) is types.ModuleType or desc[0] == "triton":
-            _keep(value, None, want)
-        elif desc[0] in ("jit", "fn", "cfn"):
-            _keep(value, _stamp(value, desc[0]), want)
+        remember(value, desc, want)
         return want
 
 
@@ -161,56 +156,6 @@ def description(value: Any) -> Any:
             return None
 
 
-#: the wants of objects whose description follows from what they are (modules: their
-#: attributes are reads of their own; Triton's objects: Triton's files are in every key) or
-#: from that and a stamp (:func:`_stamp`), by id: (the object, its stamp then or None, its
-#: want)
-_wants: dict[int, tuple[Any, Any, str]] = {}
-#: the most objects :data:`_wants` keeps (then it starts again)
-MAX_KEPT = 4096
-
-
-def _keep(value: Any, stamp: Any, want: str) -> None:
-    if len(_wants) >= MAX_KEPT:
-        _wants.clear()
-    _wants[id(value)] = (value, stamp, want)
-
-
-def _stamp(value: Any, kind: str) -> tuple[Any, ...]:
-    """What the description of ``value`` (of ``kind``) follows from besides its identity: a
-    JIT function's source, settings and first line; a function's code object, defaults and
-    the objects it closes over (what they hold is read where it is used: calls are made
-    again); a ``constexpr_function``'s code object (its calls are made again)."""
-    if kind == "jit":
-        return (kind, mark(value), getattr(value, "starting_line_number", None))
-    if kind == "cfn":
-        return (kind, value.fn.__code__)
-    cells = []
-    for cell in value.__closure__ or ():
-        try:
-            cells.append(cell.cell_contents)
-        except ValueError:
-            cells.append(ABSENT)
-    return (kind, value.__code__, value.__defaults__, value.__kwdefaults__, *cells)
-
-
-def _same(then: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
-    """Whether two stamps are the same: each part the same object, or equal plain values
-    (compared as :func:`~.exact_values.exact` describes them: no ``__eq__`` of the program
-    runs, whatever a closure holds now)."""
-    if len(then) != len(now):
-        return False
-    for a, b in zip(then, now, strict=True):
-        if a is b:
-            continue
-        if type(a) is not type(b):
-            return False
-        plain = exact(a)
-        if plain is None or plain != exact(b):
-            return False
-    return True
-
-
 def _digest(desc: Any) -> str:
     text = json.dumps(desc, separators=(",", ":"), default=repr)
     return text if len(text) <= 40 else hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -223,9 +168,12 @@ def _argument(arg: Any, found: Sequence[Any]) -> Any:
         return found[int(body)]
     if tag == "rk":
         value = found[int(body)]
+        tl = language()
+        if issubclass(type(value), tl.constexpr) and type(value) is not tl.constexpr:
+            raise ValueError("a constexpr of a subclass (constexpr() reads its value)")
         if not static_reads.own_class(value):  # (constexpr() asks isinstance of it)
             raise ValueError("an object that tells its own class, in a constexpr")
-        return language().constexpr(value)
+        return tl.constexpr(value)
     return remake(body)
 
 
@@ -334,6 +282,8 @@ def wants(
     rows = parse(text)
     if rows is None:
         return None
+    if not rows:
+        return Refusal(text, "no reads (every compile reads its kernel's source file)")
     trace = Trace()
     found: list[Any] = []
     out: list[str] = []
@@ -450,6 +400,8 @@ def stale(
     found; else what they find now (:func:`check`): a :class:`Refusal` or :class:`Unchecked`
     first. ``seen``: the checks made so far in one lowering of a program (nothing else runs
     between two calls' checks): one made again for the same kernel and objects is not."""
+    if not texts or not all(isinstance(t, str) for t in texts):
+        return Refusal("", "no read set (every compile of the bridge writes one)")
     modules = module_map_of(backend)
     now = [_check_once(text, kernel, given, modules, backend, seen, expected) for text in texts]
     for kind in (Refusal, Unchecked):

@@ -320,8 +320,6 @@ def _checked_replay(
 
     def stale(key: str, found: Item) -> str | None:
         reads = found.lowered.reads
-        if not reads:
-            return None
         backend[:] = backend or [backends.make_backend(target)]
         specs = None
         if read_sets.reads_ir(reads):  # (an IR read: for one of the call's own variants)

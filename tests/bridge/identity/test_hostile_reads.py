@@ -126,6 +126,17 @@ class Masked:  # (an object that tells its own class)
         return int
 
 
+class Wrapped(tl.constexpr):  # (a constexpr whose value is a property)
+    @property
+    def value(self):
+        trip("constexpr-value-property")
+        return self._value
+
+    @value.setter
+    def value(self, value):
+        self._value = value
+
+
 class Same:  # (a value with its own equality)
     def __eq__(self, other):
         trip("eq-of-a-closure")
@@ -154,7 +165,8 @@ TABLE = {"a": 1.0, TRAPPED: 2.0}
 cfg = types.ModuleType("cfg")
 cfg.PROXY = Proxy()
 cfg.MASKED = Masked()
-BIG = tuple(float(i) for i in range(100000))
+cfg.WRAPPED = Wrapped(2.0)
+BIG = tuple(float(i) for i in range(20000))
 current, rebind = _closing()
 NUMBERS = tl.constexpr((1.0, 2.0))
 
@@ -194,7 +206,7 @@ def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
         x = x * TRAPPED.boom * TRAPPED.missing * Reg.SCALE * Reg.absent * TABLE["a"]
         x = x * len(Reg) * TRAPPED.value * getattr(Reg, "nothing")
         x = pick(n=1, shell=1, system=1, value=1, exit=1, eval=1, __builtins__=1, __import__=1)
-        x = x * pick(cfg=1, PROXY=1, MASKED=1, BIG=1, current=1)
+        x = x * pick(cfg=1, PROXY=1, MASKED=1, WRAPPED=1, BIG=1, current=1)
         trip = x  # (a local that is also the name of a function of the module)
         x = x * trip
     tl.store(out_ptr + offs, x, mask=mask)
@@ -302,6 +314,10 @@ FORGED = {
     "constexpr-of-an-object-telling-its-class": [[-1, "g", "cfg", "x"], [4, "a", "MASKED", "x"], [-1, "g", "tl", "x"], [6, "a", "constexpr", "x"], [-1, "b", ["isinstance", [["rk", 5], ["r", 7]]], "x"]],
     "hasattr-of-an-object-reading-its-attributes": [[-1, "g", "cfg", "x"], [4, "a", "PROXY", "x"], [-1, "b", ["hasattr", [["r", 5], ["v", ["s", "value"]]]], "x"]],
     "a-call-of-a-name-the-kernel-only-has-as-a-local": [[-1, "g", "trip", "x"], [4, "c", [[["v", ["s", "chosen"]]], []], "x"]],
+    "a-constexpr-whose-value-is-a-property-described": [[-1, "g", "cfg", "x"], [4, "a", "WRAPPED", "x"]],
+    "a-constexpr-whose-value-is-a-property-in-a-constexpr": [[-1, "g", "cfg", "x"], [4, "a", "WRAPPED", "x"], [-1, "g", "tl", "x"], [6, "a", "constexpr", "x"], [-1, "b", ["isinstance", [["rk", 5], ["r", 7]]], "x"]],
+    "a-call-given-a-constexpr-whose-value-is-a-property": [[-1, "g", "cfg", "x"], [4, "a", "WRAPPED", "x"], [-1, "g", "pick", "x"], [6, "c", [[["rk", 5]], []], "x"]],
+    "a-large-value-held-over-and-over-then-large-keys": [[-1, "g", "BIG", "x"]] * 1500 + [[-1, "g", "TABLE", "x"]] + [[1504, "i", ["v", ["i", "2000000"]], "x"]] * 20,
     "a-large-value-read-over-and-over": [[-1, "g", "BIG", "x"]] * 1900,
     "ir-of-another-specialization": [[-1, "ir", {"gluon": False, "kind": ["triton", "x", "y"], "signature": [], "constants": [], "attrs": [], "options": []}, "x"]],
 }  # fmt: skip
@@ -332,6 +348,18 @@ def test_a_closure_rebound_between_checks_is_compared_running_no_code(trap):
         assert found is not None
         module.rebind()
     assert _marks(trap) == []
+
+
+@pytest.mark.parametrize("text", ['{"format":2,"rows":[],"partial":[]}', None])
+def test_an_entry_without_reads_is_refused_not_served(trap, text):
+    """No compile writes a read set without reads, nor an entry without a read set (every
+    compile reads its kernel's source file): such an entry is refused, never used as it is
+    (code changed since would be served its old kernel)."""
+    from bridge.identity import read_sets
+
+    found = read_sets.stale([text], trap["kernel"], trap["given"], trap["backend"])
+    assert isinstance(found, read_sets.Refusal), found
+    assert isinstance(read_sets.stale([], trap["kernel"], trap["given"], trap["backend"]), str)
 
 
 def test_a_refused_read_set_says_which_row_and_why(trap):
