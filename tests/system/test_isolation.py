@@ -64,7 +64,7 @@ def test_a_session_that_leaves_something_in_the_temp_directory_fails(tmp_path):
     env.pop("KC_TESTS_SESSION", None)
     session = [
         "-n",
-        "2",
+        "1",
         "-p",
         "no:cacheprovider",
         "-q",
