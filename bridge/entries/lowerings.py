@@ -132,15 +132,33 @@ def _intact(data: bytes) -> Lowered | None:
     return found if found is not None and whole(found.opaque) else None
 
 
+#: the most an opaque may inflate to, per byte of it (machine code and PTX inflate a few times;
+#: a zlib bomb a thousand), and at least :data:`MIN_INFLATED` bytes in all
+INFLATION = 64
+MIN_INFLATED = 16 << 20
+_CHUNK = 1 << 20
+
+
 def whole(opaque: bytes) -> bool:
     """Whether ``opaque`` inflates completely, with nothing after its end: what jaxlib does
-    with an opaque first (zlib-compressed, see :func:`bridge.lowering.proto.compress`)."""
+    with an opaque first (zlib-compressed, see :func:`bridge.lowering.proto.compress`); in
+    chunks that are let go, and no further than :data:`INFLATION` times its size (a stored
+    opaque that would inflate past it is not one the bridge wrote)."""
     inflater = zlib.decompressobj()
+    most = max(MIN_INFLATED, INFLATION * len(opaque))
+    made, data = 0, opaque
     try:
-        inflater.decompress(opaque)
+        while not inflater.eof:
+            made += len(inflater.decompress(data, _CHUNK))
+            if made > most:
+                return False
+            data = inflater.unconsumed_tail
+            if not data and not inflater.eof:
+                made += len(inflater.flush())
+                break
     except zlib.error:
         return False
-    return inflater.eof and not inflater.unused_data
+    return inflater.eof and not inflater.unused_data and made <= most
 
 
 def head(done: Lowered) -> dict[str, Any]:

@@ -298,3 +298,22 @@ def test_threads_lowering_at_once_keep_their_programs_apart(cache, assembled, re
     reads.clear()
     assert [text(program(cache)), text(program(cache, last_block=512))] == cold
     assert lowering_reads(reads) == 0 and reads[PROGRAM.ext] <= 4
+
+
+def test_an_opaque_that_inflates_a_thousand_times_is_refused_in_bounded_memory():
+    """A stored opaque is inflated in chunks that are let go and no further than a bridge's
+    opaque inflates: a zlib bomb (1 MB inflating to 1 GiB) is not whole, and checking it holds
+    a few megabytes at most (it held the whole gigabyte before)."""
+    import tracemalloc
+    import zlib
+
+    bomb = zlib.compress(b"\0" * (1 << 30), 9)
+    honest = zlib.compress(os.urandom(1 << 20) + b"\0" * (8 << 20))
+    tracemalloc.start()
+    try:
+        assert not lowerings.whole(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak
+    assert lowerings.whole(honest)
