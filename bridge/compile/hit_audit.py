@@ -3,11 +3,12 @@ serves, make what was served again and compare. Every kind of hit is sampled ali
 
 - a kernel hit (:func:`audited`): the kernel is compiled again in memory
   (:func:`bridge.compile.compiler.compile_source`); the IR it started from is compared with the
-  IR its entry says it was compiled from (the ``ir`` field), its machine code and PTX with those
-  served;
+  IR its entry says it was compiled from (the ``ir`` field), its machine code, PTX and launch
+  metadata (name, warps, shared memory, ...) with those served;
 - a lowering hit, from a stored lowering or a program entry's item (:func:`replayed`): the call
   is lowered again without it, every kernel it fetches audited (whatever the share: see
-  :func:`every_hit`), and the opaque it gives is compared with the stored one.
+  :func:`every_hit`), and the opaque it gives, and whether the call is autotuned, are compared
+  with the stored ones.
 
 A difference is a stale entry its key and the witness (:mod:`bridge.identity.witness`) did not
 see: said loudly (``AUDIT FAILED``), once per entry and process, and what was made again is used
@@ -28,13 +29,16 @@ import random
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelcache.plugin import warn_once
 
 from ..entries.lowerings import Item, Lowered
 from ..identity.specialize import Specialization
 from .compiler import Compiled, compile_source
+
+if TYPE_CHECKING:
+    from ..vendors.targets import Target
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +91,7 @@ def audited(
     except Exception as e:  # (the kernel's own error, or a compiler's: its miss says it)
         logger.debug("kernelcache: the audit of %s could not compile it: %s", spec.key, e)
         return None
-    why = difference(meta, binary, ptx, fresh)
+    why = difference(meta, binary, ptx, fresh, spec.target)
     if why is None:
         return None
     warn_once(
@@ -105,10 +109,12 @@ def audited(
 
 
 def difference(
-    meta: Mapping[str, Any], binary: bytes, ptx: str | None, fresh: Compiled
+    meta: Mapping[str, Any], binary: bytes, ptx: str | None, fresh: Compiled, target: Target
 ) -> str | None:
     """How a cached kernel (``meta``, ``binary``, ``ptx``: see :func:`audited`) differs from
-    ``fresh``, its compile now; None where it does not."""
+    ``fresh``, its compile now for ``target``; None where it does not."""
+    from ..entries.kernels import launch_fields
+
     recorded = meta.get("ir")
     if isinstance(recorded, str) and fresh.ir is not None and recorded != fresh.ir:
         return "it was compiled from other IR than its frontend gives now"
@@ -116,6 +122,9 @@ def difference(
         return "its machine code differs"
     if ptx is not None and ptx != fresh.ptx:
         return "its PTX differs"
+    for name, value in launch_fields(fresh.metadata, target).items():
+        if name in meta and meta[name] != value:
+            return f"its launch metadata differs ({name} {meta[name]!r:.40}, a compile gives {value!r:.40})"
     return None
 
 
@@ -152,7 +161,8 @@ def replayed(
     if state != item.state:
         logger.debug("kernelcache: the audit of lowering %s lowered state %s", item.key, state)
         return None
-    instead = None if fresh.opaque == item.lowered.opaque else fresh
+    same = (fresh.opaque, fresh.autotuned) == (item.lowered.opaque, item.lowered.autotuned)
+    instead = None if same else fresh
     with _lock:
         _lowerings[which] = instead
     if instead is not None:

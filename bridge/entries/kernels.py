@@ -93,6 +93,25 @@ def store_ptx(cache: Cache, key: str, ptx: str, meta: Mapping[str, Any]) -> None
         )
 
 
+def launch_fields(md: Mapping[str, Any], target: Target) -> dict[str, Any]:
+    """What an entry keeps of Triton's metadata ``md`` of a kernel compiled for ``target``:
+    its name and what it is launched with."""
+    return {
+        "name": md["name"],
+        "arch": str(md.get("arch", target.arch)),
+        "warp_size": int(md.get("warp_size", target.warp_size)),
+        "num_warps": int(md["num_warps"]),
+        "num_ctas": int(md.get("num_ctas", 1)),
+        "num_stages": int(md.get("num_stages", 0)),
+        "shared": int(md.get("shared") or 0),
+        "global_scratch_size": int(md.get("global_scratch_size") or 0),
+        "global_scratch_align": int(md.get("global_scratch_align") or 1),
+        "profile_scratch_size": int(md.get("profile_scratch_size") or 0),
+        "tmem_size": int(md.get("tmem_size") or 0),
+        "tensordesc_meta": plain(list(md.get("tensordesc_meta") or [])),
+    }
+
+
 def entry_metadata(
     parts: KernelParts,
     target: Target,
@@ -105,23 +124,11 @@ def entry_metadata(
     the compile started from (``ir``) is recorded for ``kernelcache audit``."""
 
     def describe(compiled: Any) -> dict[str, Any]:  # a bridge.compile.compiler.Compiled
-        md = compiled.metadata
         return {
-            "name": md["name"],
+            **launch_fields(compiled.metadata, target),
             "kernel": parts.qualname,
             "language": parts.language,
             "target": str(target),
-            "arch": str(md.get("arch", target.arch)),
-            "warp_size": int(md.get("warp_size", target.warp_size)),
-            "num_warps": int(md["num_warps"]),
-            "num_ctas": int(md.get("num_ctas", 1)),
-            "num_stages": int(md.get("num_stages", 0)),
-            "shared": int(md.get("shared") or 0),
-            "global_scratch_size": int(md.get("global_scratch_size") or 0),
-            "global_scratch_align": int(md.get("global_scratch_align") or 1),
-            "profile_scratch_size": int(md.get("profile_scratch_size") or 0),
-            "tmem_size": int(md.get("tmem_size") or 0),
-            "tensordesc_meta": plain(list(md.get("tensordesc_meta") or [])),
             "signature": plain(dict(bound.signature)),
             "producer": {"triton": triton_version()},
             **({"components": dict(components())} if components is not None else {}),

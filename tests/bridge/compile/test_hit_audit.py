@@ -404,12 +404,32 @@ def test_with_the_share_0_nothing_is_drawn_made_or_compared(monkeypatch):
 
 
 def test_what_an_audited_kernel_is_compared_in():
-    fresh = Compiled(b"code B", "ptx B", {}, ir="ir B")
-    assert hit_audit.difference({"ir": "ir B"}, b"code B", "ptx B", fresh) is None
-    assert hit_audit.difference({}, b"code B", None, fresh) is None  # (no IR said, no PTX served)
-    assert "other IR" in str(hit_audit.difference({"ir": "ir A"}, b"code B", "ptx B", fresh))
-    assert "machine code" in str(hit_audit.difference({"ir": "ir B"}, b"code A", "ptx B", fresh))
-    assert "PTX" in str(hit_audit.difference({"ir": "ir B"}, b"code B", "ptx A", fresh))
+    from bridge.entries.kernels import launch_fields
+    from bridge.vendors.targets import parse_target
+
+    target = parse_target("cuda:90")
+    fresh = Compiled(b"code B", "ptx B", {"name": "k", "num_warps": 4}, ir="ir B")
+    launch = launch_fields(fresh.metadata, target)
+
+    def differs(meta, binary, ptx):
+        return hit_audit.difference({**launch, **meta}, binary, ptx, fresh, target)
+
+    assert differs({"ir": "ir B"}, b"code B", "ptx B") is None
+    assert hit_audit.difference({}, b"code B", None, fresh, target) is None  # (nothing said)
+    assert "other IR" in str(differs({"ir": "ir A"}, b"code B", "ptx B"))
+    assert "machine code" in str(differs({"ir": "ir B"}, b"code A", "ptx B"))
+    assert "PTX" in str(differs({"ir": "ir B"}, b"code B", "ptx A"))
+    # what the machine code is launched with: a forged entry's warps, name or shared memory
+    for field, forged in (("num_warps", 8), ("name", "kk"), ("shared", 1 << 16)):
+        assert field in str(differs({field: forged}, b"code B", "ptx B")), field
+
+
+def test_a_stored_lowering_that_says_it_is_autotuned_when_it_is_not_is_a_difference():
+    stored = Item("3" * 64, EVERY, None, Lowered(b"opaque", "inline", True))
+    fresh = Lowered(b"opaque", "inline", False)
+    hit_audit._lowerings.clear()
+    found = hit_audit.replayed(stored, ("/nowhere", "m:k", "cuda:90"), 1.0, lambda: (fresh, EVERY))
+    assert found == fresh
 
 
 def test_the_audit_fraction_is_checked(monkeypatch):
