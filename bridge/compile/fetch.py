@@ -336,8 +336,9 @@ def _paired(cache: Cache, request: Request, art: Artifact, built: list[Compiled]
     key, ext = request.key, request.ext
     if request.usable is not None and not built and not request.usable(art.meta):
         logger.warning(
-            "kernelcache: the metadata of %s lacks what this lowering needs (an entry from an "
-            "older version?); compiling it again in memory",
+            "kernelcache: the metadata of %s lacks what this lowering needs, or says the kernel "
+            "cannot be launched here (an entry of an older version, or another writer's); "
+            "compiling it again in memory",
             key,
         )
         return _rebuilt(request)

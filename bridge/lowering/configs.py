@@ -61,7 +61,14 @@ class Configs:
 
         def usable(spec: specialize.Specialization) -> specialize.Usable | None:
             n = messages.host_descriptor_count(call, spec.bound, spec.target, jaxlib)
-            return (lambda meta: messages.descriptor_meta(meta, n) is not None) if n else None
+            name, target = call.parts.qualname, spec.target
+
+            def ok(meta: Any) -> bool:  # (else compiled again: its own metadata is what counts)
+                if n and messages.descriptor_meta(meta, n) is None:
+                    return False
+                return messages.launch_refusal(name, meta, target, jaxlib) is None
+
+            return ok
 
         self.found = variants.Variants(
             self.every, cache, device=device, usable=usable, memo=FETCHED if memo is None else memo

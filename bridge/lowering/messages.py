@@ -68,31 +68,53 @@ def zeroed_bytes(call: CallSpec, bound: binding.Bound) -> dict[int, int]:
     return result
 
 
+def launch_refusal(
+    qualname: str, meta: Mapping[str, Any], target: Target, jaxlib: str
+) -> Exception | None:
+    """Why a kernel whose entry's metadata is ``meta`` cannot be launched through ``jaxlib``
+    (the error to raise), or None. A cached entry it refuses is compiled again first (see
+    :mod:`bridge.lowering.configs`): only a compile's own metadata is ever said to the user."""
+    vendor = target.vendor
+    warps = int(meta["num_warps"])
+    threads = warps * target.warp_size
+    if threads > vendor.max_threads_per_block:
+        return OptionError(
+            f"{qualname} compiled to {warps} warps of {target.warp_size} threads "
+            f"({threads}) on {target}; the limit is {vendor.max_threads_per_block} threads"
+        )
+    if threads % vendor.jaxlib_threads_per_warp:
+        return OptionError(
+            f"{qualname}: jaxlib launches {vendor.jaxlib_threads_per_warp} threads per "
+            f"warp on {target.platform}; {warps} warps of {target.warp_size} ({threads} threads) "
+            "cannot be launched: use an even num_warps"
+        )
+    if int(meta.get("profile_scratch_size", 0)):
+        return KernelArgumentError(
+            f"{qualname} was compiled with profiling instrumentation (it needs a "
+            "profile scratch buffer, which jaxlib passes as a null pointer): unset Triton's "
+            "instrumentation mode (TRITON_INSTRUMENTATION_MODE / proton) for JAX calls"
+        )
+    scratch = int(meta.get("global_scratch_size", 0))
+    if scratch and not versions.has_global_scratch(jaxlib):
+        return KernelArgumentError(
+            f"{qualname} needs {scratch} bytes of global scratch memory (device-side "
+            f"tensor descriptors, tl.make_tensor_descriptor), which jaxlib {jaxlib} does not "
+            "provide: use jaxlib >= 0.11.1"
+        )
+    return None
+
+
 def kernel_message(
     call: CallSpec, target: Target, mode: str, kb: KernelBinary, cache: Cache, jaxlib: str
 ) -> proto.TritonKernel:
     """The ``TritonKernel`` of one compiled variant, its machine code embedded as ``mode``."""
     vendor = target.vendor
     meta = kb.meta  # read only fields the entry digest covers (kernelcache.schema.LAUNCH_FIELDS)
+    refused = launch_refusal(call.parts.qualname, meta, target, jaxlib)
+    if refused is not None:
+        raise refused
     name, shared, warps = str(meta["name"]), int(meta["shared"]), int(meta["num_warps"])
     threads = warps * target.warp_size
-    if threads > vendor.max_threads_per_block:
-        raise OptionError(
-            f"{call.parts.qualname} compiled to {warps} warps of {target.warp_size} threads "
-            f"({threads}) on {target}; the limit is {vendor.max_threads_per_block} threads"
-        )
-    if threads % vendor.jaxlib_threads_per_warp:
-        raise OptionError(
-            f"{call.parts.qualname}: jaxlib launches {vendor.jaxlib_threads_per_warp} threads per "
-            f"warp on {target.platform}; {warps} warps of {target.warp_size} ({threads} threads) "
-            "cannot be launched: use an even num_warps"
-        )
-    if int(meta.get("profile_scratch_size", 0)):
-        raise KernelArgumentError(
-            f"{call.parts.qualname} was compiled with profiling instrumentation (it needs a "
-            "profile scratch buffer, which jaxlib passes as a null pointer): unset Triton's "
-            "instrumentation mode (TRITON_INSTRUMENTATION_MODE / proton) for JAX calls"
-        )
     kernel = proto.TritonKernel(
         kernel_name=name,
         num_warps=threads // vendor.jaxlib_threads_per_warp,
@@ -102,12 +124,6 @@ def kernel_message(
     )
     scratch = int(meta.get("global_scratch_size", 0))
     if scratch:
-        if not versions.has_global_scratch(jaxlib):
-            raise KernelArgumentError(
-                f"{call.parts.qualname} needs {scratch} bytes of global scratch memory (device-side "
-                f"tensor descriptors, tl.make_tensor_descriptor), which jaxlib {jaxlib} does not "
-                "provide: use jaxlib >= 0.11.1"
-            )
         kernel.global_scratch_size = scratch
         kernel.global_scratch_align = int(meta.get("global_scratch_align", 1))
     if mode == "path":
