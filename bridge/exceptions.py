@@ -80,11 +80,13 @@ class Unkeyable(BridgeError):
 
 class LeftOut(BridgeError):
     """A kernel that cannot compile for its target, for a reason Triton's autotuner leaves its
-    config out for (``reason``: one line)."""
+    config out for (``reason``: one line); ``remembered``: the cache said so (a failure entry),
+    no compile of this process."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, remembered: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.remembered = remembered
 
 
 class CompilerCrash(BridgeError, RuntimeError):

@@ -148,7 +148,7 @@ def fetch_each(
     def compile_or_leave_out(request: Request) -> Compiled:
         known = failures.remembered(cache, request.key)
         if known is not None:
-            raise LeftOut(known)
+            raise LeftOut(known, remembered=True)
         try:
             compiled = request.build()
         except Exception as e:
@@ -383,6 +383,13 @@ def request(spec: Specialization, usable: Usable | None = None) -> Request:
         check=functools.partial(stale, spec),
         audit=functools.partial(hit_audit.audited, spec),
     )
+
+
+def compiled_here(spec: Specialization) -> KernelBinary | Exception:
+    """The kernel of ``spec`` compiled in this process and kept in memory, whatever the cache
+    says of it (nothing is looked up or stored); a :class:`LeftOut` or the compile's own
+    exception where it cannot compile."""
+    return _in_memory(dataclasses.replace(request(spec), stored=False, check=None))
 
 
 def fetch(spec: Specialization, cache: Cache, usable: Usable | None = None) -> KernelBinary:

@@ -115,6 +115,8 @@ class Variants:
         self.usable = usable
         self.memo: Memo = memo if memo is not None else {}
         self._found: dict[int, KernelBinary | str] = {}
+        #: variants left out on the cache's word alone (see :meth:`_confirmed`)
+        self._hearsay: set[int] = set()
 
     def _memo_key(self, index: int) -> tuple[str, str, str]:
         spec = self.specs[index]
@@ -141,11 +143,16 @@ class Variants:
             for i, result in zip(todo, got, strict=True):
                 fetched[i] = result.reason if isinstance(result, LeftOut) else result
                 self.memo[self._memo_key(i)] = fetched[i]
+                if isinstance(result, LeftOut) and result.remembered:
+                    self._hearsay.add(i)
         for i in wanted:
             found = fetched[i] if i in fetched else self.memo[self._memo_key(i)]
             if isinstance(found, KernelBinary):
                 spec = self.specs[i]
-                found = launch_problem(found.meta, spec.target, self.device) or found
+                problem = launch_problem(found.meta, spec.target, self.device)
+                if problem is not None and not found.built and i in fetched:
+                    self._hearsay.add(i)
+                found = problem or found
             self._found[i] = found
 
     def left_out(self, indices: Iterable[int] | None = None) -> dict[int, str]:
@@ -175,9 +182,10 @@ class Variants:
         """
         chosen = list(range(len(self.specs))) if indices is None else list(indices)
         left = self.left_out(chosen)
+        kept = [i for i in chosen if i not in left] or self._confirmed(left)
+        left = {i: r for i, r in left.items() if i not in kept}
         if left:
             self._warn(left)
-        kept = [i for i in chosen if i not in left]
         if not kept:
             spec = self.specs[chosen[0]]
             why = "; ".join(_named(self.specs[i], r) for i, r in left.items())
@@ -185,6 +193,32 @@ class Variants:
                 f"no config of {spec.parts.qualname} can run on {spec.target}: {why}. Give it "
                 "configs that fit the target"
             )
+        return kept
+
+    def _confirmed(self, left: Mapping[int, str]) -> list[int]:
+        """Those of ``left`` (every variant asked for) that compile and launch here after all,
+        compiled again in memory before the call is given up, of those the cache alone said
+        could not (a failure entry, a cached kernel's metadata: another writer's, perhaps,
+        never a compile of this process)."""
+        kept = []
+        for i, why in left.items():
+            if i not in self._hearsay:
+                continue
+            spec = self.specs[i]
+            got = fetch.compiled_here(spec)
+            if (
+                isinstance(got, KernelBinary)
+                and launch_problem(got.meta, spec.target, self.device) is None
+            ):
+                logger.warning(
+                    "kernelcache: the cache says %s cannot run on %s (%s), but it compiles here: "
+                    "using what was compiled now (run `kernelcache verify`)",
+                    spec.parts.qualname,
+                    spec.target,
+                    why,
+                )
+                self._found[i] = self.memo[self._memo_key(i)] = got
+                kept.append(i)
         return kept
 
     def _warn(self, left: Mapping[int, str]) -> None:

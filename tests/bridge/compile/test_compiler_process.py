@@ -147,10 +147,11 @@ def test_a_crashing_compiler_fails_the_kernel_not_the_job(
     assert len(attempts) == 1
     (failure,) = Path(cache.root).glob("*.failure")
     assert said in failure.read_text()
-    # remembered: a second lowering says the same without compiling it again
+    # remembered: a second lowering says the same; as the cache's word alone would leave the
+    # call no config (a failure entry may be another writer's), it is compiled once more first
     with pytest.raises(bridge.NoConfigError, match=said.replace("(", r"\(").replace(")", r"\)")):
         lower_again(cache, scaled_copy, target, platform, BLOCK=256)
-    assert len(attempts) == 1
+    assert len(attempts) == 2
 
 
 @pytest.mark.parametrize("target, platform", TARGETS)

@@ -43,3 +43,24 @@ def test_a_forged_launch_field_is_compiled_again_not_raised(honest, fields, capl
     meta_path.write_bytes(encode_metadata(doc))
     assert opaque(kernel, forged) == expected
     assert "compiling it again in memory" in caplog.text
+
+
+def test_a_forged_failure_entry_of_a_kernel_that_compiles_is_compiled_again(honest, caplog):
+    """A failure entry says the kernel cannot compile: where that would leave the call no
+    config at all, the kernel is compiled again first, and it runs."""
+    import kernelcache
+    from bridge.entries import failures
+
+    kernel, root, expected, base = honest
+    forged = base / "forged-failure"
+    shutil.copytree(root, forged)
+    forget_lowerings(forged)
+    (binary,) = Path(forged).glob("*.cubin")
+    key = binary.stem
+    for path in Path(forged).glob(f"{key}.*"):
+        path.unlink()
+    about = {"name": "kernel", "kernel": "forged_launch.kernel", "target": "cuda:90"}
+    failures.remember(kernelcache.Cache(str(forged)), key, "out of resource: shared memory", about)
+    assert failures.remembered(kernelcache.Cache(str(forged)), key) is not None
+    assert opaque(kernel, forged) == expected
+    assert "but it compiles here" in caplog.text
