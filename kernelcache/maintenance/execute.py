@@ -47,6 +47,7 @@ from ..store.layout import (
     QUARANTINE_DIR,
     STATS_DIR,
     TMP_DIR,
+    open_subdir,
     read_metadata,
 )
 from ..store.locks.flock import lock_name
@@ -308,6 +309,10 @@ class _Executor:
             return "gone", "no longer corrupt"
         if not os.path.lexists(self.store.meta_path(key)):  # quarantine moves metadata first
             return "done", found.reason
+        try:  # (a quarantine that cannot be opened is no entry in use)
+            os.close(open_subdir(self.root, QUARANTINE_DIR, create=True))
+        except OSError as e:
+            return "failed", f"cannot move it into {QUARANTINE_DIR}/: {e.strerror or e}"
         return "in-use", "its lock or artifact is held; run verify --repair again later"
 
     def remove_orphan(self, action: Action) -> tuple[str, str]:

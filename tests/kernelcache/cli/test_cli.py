@@ -383,6 +383,21 @@ def test_verify_finds_every_kind_of_problem(tmp_path):
     assert "notes.txt" in human.stdout and "verify --repair" in human.stdout
 
 
+def test_verify_repair_says_why_it_cannot_quarantine_into_a_linked_quarantine(tmp_path):
+    """A ``.quarantine`` that is a link (another user's trap) is never followed: the corrupt
+    entry stays, reported as failed with the reason, not as an entry in use."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    art = put(root, ext="bin", size=64)
+    Path(art.path).write_bytes(b"x" * 64)  # (its digest no longer matches)
+    (root / ".quarantine").symlink_to(outside)
+    doc = kc_json(root, "verify", "--repair", code=1)
+    assert doc["repair"]["counts"] == {"failed": 1}, doc["repair"]
+    said = json.dumps(doc["repair"])
+    assert ".quarantine" in said and "in use" not in said
+    assert list(outside.iterdir()) == [] and Path(art.path).exists()
+
+
 def test_verify_repair_fixes_all_but_foreign_files(tmp_path):
     root, keys = corrupt_root(tmp_path)
     doc = kc_json(root, "verify", "--repair")  # notes.txt stays: it is not the cache's
