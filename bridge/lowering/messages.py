@@ -68,6 +68,11 @@ def zeroed_bytes(call: CallSpec, bound: binding.Bound) -> dict[int, int]:
     return result
 
 
+#: the most blocks a cluster launch holds (CUDA's limit on the GPUs that have clusters, with the
+#: non-portable size allowed; Triton's ``num_ctas``)
+MAX_CTAS = 16
+
+
 def launch_refusal(
     qualname: str, meta: Mapping[str, Any], target: Target, jaxlib: str
 ) -> Exception | None:
@@ -87,6 +92,12 @@ def launch_refusal(
             f"{qualname}: jaxlib launches {vendor.jaxlib_threads_per_warp} threads per "
             f"warp on {target.platform}; {warps} warps of {target.warp_size} ({threads} threads) "
             "cannot be launched: use an even num_warps"
+        )
+    ctas = int(meta.get("num_ctas", 1))
+    if not 1 <= ctas <= MAX_CTAS:
+        return OptionError(
+            f"{qualname} compiled to a cluster of {ctas} blocks on {target}; a cluster holds "
+            f"at most {MAX_CTAS}"
         )
     if int(meta.get("profile_scratch_size", 0)):
         return KernelArgumentError(

@@ -1,8 +1,9 @@
 """A kernel entry whose launch metadata says it cannot be launched through this jaxlib (more
-threads than a block holds, a profile scratch buffer; also global scratch jaxlib lacks) is
-compiled again before the lowering says so: a forged entry (its digests made again,
-as anyone who writes a shared root can) costs a compile, never the job, and the lowering embeds
-what a fresh root's compile embeds."""
+threads than a block holds, a cluster larger than one can be, a profile scratch buffer; also
+global scratch jaxlib lacks) is compiled again before the lowering says so: a forged entry (its
+digests made again, as anyone who writes a shared root can) costs a compile, never the job, and
+the lowering embeds what a fresh root's compile embeds. So does a failure entry of a kernel that
+compiles, where it would leave the call no config."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from kernelcache.schema.document import encode_metadata, entry_digest
 FORGED = {
     "too-many-threads": {"num_warps": 64},
     "a-profile-scratch-buffer": {"profile_scratch_size": 16},
+    "a-cluster-larger-than-a-cluster-can-be": {"num_ctas": 1024},
 }
 
 
