@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache.plugin import warn_once
 
+from ..entries.kernels import launch_fields
 from ..entries.lowerings import Item, Lowered
 from ..identity.specialize import Specialization
 from .compiler import Compiled, compile_source
@@ -113,8 +114,6 @@ def difference(
 ) -> str | None:
     """How a cached kernel (``meta``, ``binary``, ``ptx``: see :func:`audited`) differs from
     ``fresh``, its compile now for ``target``; None where it does not."""
-    from ..entries.kernels import launch_fields
-
     recorded = meta.get("ir")
     if isinstance(recorded, str) and fresh.ir is not None and recorded != fresh.ir:
         return "it was compiled from other IR than its frontend gives now"

@@ -100,16 +100,25 @@ def unwrap(value: Any) -> Any:
     fields or iterates its own way is left as it is)."""
     tl = language()
     kind = type(value)
-    if kind is tl.constexpr:
-        return unwrap(value.value)
+    if issubclass(kind, tl.constexpr):
+        inner = _wrapped(value)
+        return value if inner is RUNS_CODE else unwrap(inner)
     if kind is tuple or kind is tl.tuple:
         return tuple(unwrap(v) for v in value)
-    if issubclass(kind, tl.constexpr):
-        inner = _named(value, "value", object)
-        return value if inner is None else unwrap(inner)
     if issubclass(kind, tuple) and static_reads.in_mro(kind, "__iter__") is tuple.__iter__:
         return tuple(unwrap(v) for v in tuple.__iter__(value))
     return value
+
+
+def _wrapped(value: Any) -> Any:
+    """What the ``constexpr`` ``value`` wraps: a subclass's field as Python's lookup finds it,
+    :data:`~.static_reads.RUNS_CODE` where only code would give it (or it has none)."""
+    if type(value) is language().constexpr:
+        return value.value
+    try:
+        return attribute(value, "value")
+    except AttributeError:
+        return RUNS_CODE
 
 
 def triton_home(value: Any) -> list[str] | None:
@@ -191,11 +200,9 @@ def describe(value: Any, depth: int = 0) -> Any:
     tl = language()
     jit_callable, constexpr_function, _ = static_reads.jit_classes()
     kind = type(value)
-    if kind is tl.constexpr:
-        return _whole(["k", _part(value.value, depth)])
-    if issubclass(kind, tl.constexpr):  # (a subclass: its field as Python's lookup finds it)
-        inner = _named(value, "value", object)
-        return None if inner is None else _whole(["k", _part(inner, depth)])
+    if issubclass(kind, tl.constexpr):
+        inner = _wrapped(value)
+        return None if inner is RUNS_CODE else _whole(["k", _part(inner, depth)])
     if kind is tuple or kind is list:
         return _whole([kind.__name__, [_part(v, depth) for v in value]])
     home = triton_home(value)

@@ -111,13 +111,7 @@ def written_by(store: Any, path: str, token: str) -> Version | None:
     conditional write that failed its condition because its own first try had landed), else
     None."""
     seen = read_lock(store, path)
-    if seen is None:
-        return None
-    try:
-        ours = json.loads(seen[1]).get("token") == token
-    except (ValueError, AttributeError):
-        return None
-    return seen[0] if ours else None
+    return seen[0] if seen is not None and _field(seen[1], "token") == token else None
 
 
 def object_exists(store: Any, path: str) -> bool:
@@ -144,21 +138,23 @@ def delete_if(store: Any, path: str, version: Version) -> bool:
     return True
 
 
+def _field(record: bytes, name: str) -> Any:
+    """The field ``name`` of a lock's record (untrusted JSON), or None."""
+    try:
+        return json.loads(record).get(name)
+    except (ValueError, AttributeError, RecursionError):
+        return None
+
+
 def lock_holder(record: bytes) -> str:
     """Who holds a lock, from its record, or "unknown"."""
-    try:
-        holder = json.loads(record).get("holder")
-    except (ValueError, AttributeError):
-        return "unknown"
+    holder = _field(record, "holder")
     return holder[:200] if isinstance(holder, str) else "unknown"
 
 
 def declared_lease(record: bytes) -> float:
     """The lease a lock's record declares, in seconds (0 when it declares none)."""
-    try:
-        lease = json.loads(record).get("lease")
-    except (ValueError, AttributeError):
-        return 0.0
+    lease = _field(record, "lease")
     return float(lease) if isinstance(lease, (int, float)) and lease > 0 else 0.0
 
 
