@@ -70,8 +70,9 @@ logger = logging.getLogger(__name__)
 
 #: bump when the bridge's compile pipeline changes its output for the same inputs, or when what an
 #: entry's read set records widens (an entry without the new reads would be trusted for them)
-#: (9: keys hold the kernel's own code only, the read set decides)
-PIPELINE_VERSION = "bridge-pipeline-9"
+#: (9: keys hold the kernel's own code only, the read set decides; 10: a JIT function's defaults,
+#: annotations and names as its ``def`` bound them, and ``is`` of two values, partial)
+PIPELINE_VERSION = "bridge-pipeline-10"
 #: the version of what Triton's identity covers (in its fingerprint and digest)
 _TRITON_VERSION = 1
 

@@ -215,7 +215,8 @@ def describe(value: Any, depth: int = 0) -> Any:
             return ["cfn", code_digest(value.fn.__code__)]
         src = repr(mark(value))
         file, line = _first_line(value)
-        return ["jit", hashlib.sha256(src.encode()).hexdigest(), file, line]
+        defined = static_reads.bound(value, lambda v: _part(v, depth))
+        return _whole(["jit", hashlib.sha256(src.encode()).hexdigest(), file, line, defined])
     if kind is types.FunctionType:
         # (its code, and what it closes over and defaults to: a wrapper's code is the same
         # for every function it wraps)

@@ -131,6 +131,30 @@ def install() -> None:
         finally:
             del self.visit
 
+    compare = CodeGenerator.visit_Compare
+
+    def visit_Compare(self: Any, node: Any) -> Any:
+        recorder = active()
+        if recorder is None or type(node.ops[0]) not in (ast.Is, ast.IsNot):
+            return compare(self, node)
+        operands = {id(node.left), id(node.comparators[0])}
+        found: list[Any] = []
+        visit = self.visit
+
+        def noting(inner: Any) -> Any:  # (the two values ``is`` compares, as it sees them)
+            value = visit(inner)
+            if id(inner) in operands:
+                found.append(ev.unwrap(value))
+            return value
+
+        self.visit = noting
+        try:
+            return compare(self, node)
+        finally:
+            del self.visit
+            with recorder.guarded():
+                _identity(recorder, found)
+
     kind: Any = getattr(getattr(ev.language(), "core", None), "constexpr_type", None)
     mangle = vars(kind).get("mangle") if kind is not None else None
     if mangle is not None:  # (Triton 3.9 names a specialization by repr(value) there)
@@ -146,6 +170,7 @@ def install() -> None:
         if builtin in table and executor is not None:
             table[builtin] = executor(_noted(builtin))
     CodeGenerator.visit_JoinedStr = visit_JoinedStr
+    CodeGenerator.visit_Compare = visit_Compare
     CodeGenerator.__init__ = __init__
     CodeGenerator.visit_Name = visit_Name
     CodeGenerator.visit_Attribute = visit_Attribute
@@ -201,6 +226,24 @@ def _noted(builtin: Any) -> Any:
         return builtin(*args, **kwargs)
 
     return noted
+
+
+#: the values whose identity is their value: ``x is None`` follows from what ``x`` is
+SINGLETONS = (None, True, False, Ellipsis, NotImplemented)
+
+
+def _identity(recorder: Recorder, operands: list[Any]) -> None:
+    """Make the read set partial where ``is`` compares two values neither of which is a
+    singleton or one of the kernel's own tensors: reads are recorded by value, and equal
+    values may be other objects (``int('1000')``, ``tl.dtype('fp32')``), so the IR decides."""
+    if len(operands) != 2:
+        return
+    if any(any(v is s for s in SINGLETONS) for v in operands):
+        return
+    if all(_triton_value(v) and not isinstance(v, ev.language().constexpr) for v in operands):
+        return  # (which tensor is which follows from the kernel's code)
+    kinds = " and ".join(type(v).__qualname__ for v in operands)
+    recorder.missed(f"`is` between a {kinds}")
 
 
 def _attribute(recorder: Recorder, base: Any, name: str, value: Any, module_map: Any) -> None:

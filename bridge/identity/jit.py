@@ -19,7 +19,7 @@ import hashlib
 from typing import Any
 
 from .exact_values import describe, exact
-from .static_reads import SETTINGS, is_jit, mark, relative_path, source, spelled
+from .static_reads import SETTINGS, bound, is_jit, mark, relative_path, source, spelled
 
 __all__ = ["SETTINGS", "constant", "identity", "is_jit", "mark", "source"]
 
@@ -27,16 +27,23 @@ __all__ = ["SETTINGS", "constant", "identity", "is_jit", "mark", "source"]
 MAX_HELPERS = 256
 
 
-def _own(fn: Any) -> list[Any]:
+def _own(fn: Any, strict: bool) -> list[Any]:
     """What :func:`identity` holds of one JIT function: its module and name, source, settings,
-    file and first line."""
+    file and first line, and its parameters' defaults and annotations as defined."""
     code = getattr(getattr(fn, "fn", None), "__code__", None)
     line = getattr(fn, "starting_line_number", None)
     if line is None and code is not None:
         line = code.co_firstlineno
     file = relative_path(code.co_filename) if code is not None else None
     return [getattr(fn, "__module__", None), getattr(fn, "__qualname__", None),
-            repr(mark(fn)), file, line]  # fmt: skip
+            repr(mark(fn)), file, line, bound(fn, constant if strict else _loose)]  # fmt: skip
+
+
+def _loose(value: Any) -> Any:
+    try:
+        return constant(value)
+    except (ValueError, RecursionError):
+        return ["object"]
 
 
 def _helpers(fn: Any) -> list[Any]:
@@ -58,13 +65,15 @@ def _helpers(fn: Any) -> list[Any]:
     return found
 
 
-def identity(fn: Any) -> str:
-    """The identity of the JIT function ``fn`` (see the module docstring): a sha256 digest."""
+def identity(fn: Any, strict: bool = False) -> str:
+    """The identity of the JIT function ``fn`` (see the module docstring): a sha256 digest. A
+    default or annotation with no description by content is an object only (the read set
+    decides), or with ``strict`` a ValueError (a key that must tell every value apart)."""
     rows: list[list[Any]] = []
     seen, todo = {id(fn)}, [fn]
     while todo and len(rows) < MAX_HELPERS:
         one = todo.pop()
-        rows.append(_own(one))
+        rows.append(_own(one, strict))
         for helper in _helpers(one):
             if id(helper) not in seen:
                 seen.add(id(helper))
@@ -84,7 +93,7 @@ def constant(value: Any) -> Any:
     if plain is not None:
         return plain
     if is_jit(value):
-        return ["jit", identity(value)]
+        return ["jit", identity(value, strict=True)]
     described = describe(value)
     if described is None:
         raise ValueError(f"{type(value).__qualname__} has no description by content")

@@ -241,6 +241,21 @@ def mark(fn: Any) -> tuple[Any, ...]:
     return tuple(found)
 
 
+def bound(fn: Any, part: Any) -> list[Any] | None:
+    """What Triton takes of the JIT function ``fn`` as it was defined: the module and
+    qualified name it names what it generates by, and its parameters' default values and
+    annotations as the ``def`` bound them (``part`` describes each); None where one cannot be
+    read without running code."""
+    names = [attribute(fn, n) for n in ("__module__", "__qualname__")]
+    inner = attribute(fn, "fn")
+    if RUNS_CODE in names or type(inner) is not types.FunctionType:
+        return None
+    kw = inner.__kwdefaults__ or {}
+    notes = inner.__annotations__
+    return [[part(n) for n in names], [part(v) for v in inner.__defaults__ or ()],
+            [[k, part(kw[k])] for k in sorted(kw)], [[k, part(notes[k])] for k in notes]]  # fmt: skip
+
+
 # -- objects ---------------------------------------------------------------------------------
 #: a field that has no value (an unset slot), or a lookup that found nothing
 MISSING = "<unset>"

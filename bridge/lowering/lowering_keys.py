@@ -100,7 +100,7 @@ def _canon_other(value: Any, buffers: Mapping[int, int]) -> Any:
         return _mapping(value, buffers)
     kind = type(value).__name__
     if jit.is_jit(value):  # a JIT function
-        return ["jit", jit.identity(value)]
+        return ["jit", _identity(value)]
     if kind == "constexpr":  # (bound at compile time even on a runtime parameter: not the value)
         return ["constexpr", _canon(value.value, buffers)]
     if kind == "dtype" and hasattr(value, "name"):
@@ -142,7 +142,16 @@ def _kernel(parts: Any) -> list[Any]:
         if values is not None and isinstance(values, Mapping):
             row.append(sorted(values))
         layers.append(row)
-    return [parts.qualname, parts.language, jit.identity(parts.fn), layers]
+    return [parts.qualname, parts.language, _identity(parts.fn), layers]
+
+
+def _identity(fn: Any) -> str:
+    """The identity of the JIT function ``fn`` with every default and annotation by content:
+    a lowering has no read of what the call leaves to a default."""
+    try:
+        return jit.identity(fn, strict=True)
+    except (ValueError, RecursionError) as e:
+        raise Unkeyable(f"{getattr(fn, '__name__', 'a JIT function')}: {e}") from e
 
 
 #: the steps of a lowering key, in order, and what each is (how a miss is explained): the
