@@ -249,7 +249,11 @@ def _fingerprint(path: str, executable: bool = True) -> str | None:
     return hashlib.sha256(doc.encode()).hexdigest()
 
 
-_RELEASE = re.compile(r"\d+\.\d+\.\d+")
+_RELEASE = re.compile(r"\d{1,6}\.\d{1,6}\.\d{1,6}")
+
+
+def _release_text(text: str) -> bool:
+    return _RELEASE.fullmatch(text) is not None
 
 
 def _release(path: str, cache: Cache | None) -> tuple[int, ...] | None:
@@ -257,8 +261,8 @@ def _release(path: str, cache: Cache | None) -> tuple[int, ...] | None:
     fingerprint = _fingerprint(path)
     if fingerprint is None:
         return None
-    known = memos.lookup(cache, "ptxas-release", fingerprint)
-    if known is not None and _RELEASE.fullmatch(known):
+    known = memos.lookup(cache, "ptxas-release", fingerprint, _release_text)
+    if known is not None:
         return tuple(int(x) for x in known.split("."))
     release = ptxas_release(path)
     if release is not None:
@@ -306,8 +310,8 @@ def runs_ptxas_executable(plugin_dir: str, cache: Cache | None = None) -> bool:
     fingerprint = _fingerprint(libraries[0], executable=False)
     if fingerprint is None:
         return True
-    known = memos.lookup(cache, "ptxas-stub", fingerprint)
-    if known in ("0", "1"):
+    known = memos.lookup(cache, "ptxas-stub", fingerprint, ("0", "1").__contains__)
+    if known is not None:
         return known == "1"
     import mmap  # (a library is read once: its answer is memoized in the cache)
 

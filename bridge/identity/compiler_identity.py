@@ -23,25 +23,14 @@ does and the bridge's own stages do not, such as ``TRITON_KERNEL_OVERRIDE``, of 
 that sets it is warned once); any other one counts, including one a newer Triton adds.
 
 The environment's digest (:func:`environment_digest`) holds each counted variable that is set,
-with its value, and each knob set from Python (a knob group's own namespace: Triton mirrors most
-of them into the environment, not all) whose variable counts. A variable behind a boolean knob
-(``env_bool``) counts by how Triton reads it, the knob's parse and the native library's, and
-not at all where both give the knob's default (``AMDGCN_USE_BUFFER_OPS=1`` is the default);
-such a knob set from Python to its default counts neither. A tool the compile runs or a library
-it links or loads (:data:`TOOLS`: ptxas, libdevice, an LLVM pass plugin), named by a variable or
-a knob, counts by the content of its file, not its path or the version it reports: a wrapper
-script that adds an option is another tool, a library replaced by another of the same size and
-modification time another library. A hook Triton's backends call
-with the compile's stages (``knobs.runtime.add_stages_inspection_hook``) counts by its
-description by content (:func:`bridge.identity.jit.constant`: its code, defaults and what it
-closes over); one with no such description makes every key this process's own, so what it compiles is found again only
-here. Variables that only select devices (:data:`DEVICE_SELECTION`), or time, dump or print,
-never count: a job whose launcher gives each rank its own device, or one rank timing its
-compiles, shares one compile of each kernel.
-Invariant: variables left unset and knobs left alone add nothing, so the digest of a plain
-process is the same on every machine; setting any counted variable or knob changes every
-kernel key and every lowering key. How each variable the installed Triton reads was judged is
-listed in the documentation (docs/bridge.md, "The compiler's environment, judged").
+with its value (a boolean knob's by how Triton parses it: at its default, none), each knob set
+from Python whose variable counts, a tool or library a variable names (:data:`TOOLS`) by its
+file's content, and a stage-inspection hook by its description by content
+(:func:`bridge.identity.jit.constant`; one with none makes every key this process's own).
+Variables that only select devices (:data:`DEVICE_SELECTION`), or time, dump or print, never
+count. Invariant: variables left unset and knobs left alone add nothing, so the digest of a
+plain process is the same on every machine. How each variable was judged: docs/bridge.md ("The
+compiler's environment, judged"). A memo found is checked for the form its kind has before use.
 """
 
 from __future__ import annotations
@@ -170,6 +159,8 @@ def triton_digest() -> str:
 
 
 _memo: dict[tuple[str, str], str] = {}
+#: what a memo of Triton's files, and a variable's name in one of its environment, may be
+_DIGEST, _NAME = re.compile(r"[0-9a-f]{16,64}"), re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
 def triton_identity(cache: Cache | None) -> str:
@@ -178,7 +169,9 @@ def triton_identity(cache: Cache | None) -> str:
     fp = triton_fingerprint()
     found = _memo.get(("triton", fp))
     if found is None:
-        found = _memo[("triton", fp)] = memoized(cache, "triton_files", fp, triton_digest)
+        found = _memo[("triton", fp)] = memoized(
+            cache, "triton_files", fp, triton_digest, _DIGEST.fullmatch
+        )
     return found
 
 
@@ -192,7 +185,7 @@ def backend_identity(cache: Cache | None, target: Target, backend: Any) -> str:
     found = _memo.get(("backend", fp))
     if found is None:
         found = _memo[("backend", fp)] = memoized(
-            cache, f"backend:{target}", fp, lambda: str(backend.hash())
+            cache, f"backend:{target}", fp, lambda: str(backend.hash()), _text
         )
     return found
 
@@ -335,13 +328,20 @@ def environment_variables(cache: Cache | None) -> tuple[str, ...]:
     fp = environment_fingerprint()
     found = _known.get(fp)
     if found is None:
-        text = memoized(cache, ENVIRONMENT_LABEL, fp, _scan)
-        try:
-            found = tuple(str(n) for n in json.loads(text))
-        except (ValueError, TypeError):  # (an odd memo: scanned again)
-            found = tuple(json.loads(_scan()))
-        _known[fp] = found
+        found = _known[fp] = _listed(memoized(cache, ENVIRONMENT_LABEL, fp, _scan, _listed))
     return found
+
+
+def _text(value: str) -> bool:
+    return len(value) <= 4096 and all(c.isprintable() or c in "\t\n\r" for c in value)
+
+
+def _listed(text: str) -> tuple[str, ...]:
+    """The names in ``text``, :func:`_scan`'s JSON list (ValueError where it is not one)."""
+    names = json.loads(text)
+    if type(names) is not list or not all(type(n) is str and _NAME.fullmatch(n) for n in names):
+        raise ValueError("not a list of variable names")
+    return tuple(names)
 
 
 def _shown(value: Any) -> Any:
