@@ -85,8 +85,9 @@ DIGEST_PREFIX = "xxh3_128:"
 HMAC_PREFIX = "hmac-sha256:"
 #: the largest metadata document accepted, encoded
 MAX_META_BYTES = 64 << 10
-#: the largest artifact an entry may describe
-MAX_ARTIFACT_BYTES = 1 << 40
+#: the largest artifact an entry may describe: a reader holds an entry in memory whole, so this
+#: bounds what a root's writer can make every reader allocate (a sparse file claims any size)
+MAX_ARTIFACT_BYTES = 1 << 30
 
 DIGEST = re.compile(r"xxh3_128:[0-9a-f]{32}")
 HMAC_PATTERN = re.compile(r"hmac-sha256:[0-9a-f]{64}")

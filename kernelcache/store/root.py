@@ -370,6 +370,8 @@ class Store:
             data = read_exact(afd, doc["size"])
         except OSError as e:
             return Problem(key, f"artifact unreadable: {e.strerror}")
+        except MemoryError:
+            return Problem(key, f"artifact of {doc['size']} bytes: no memory to read it")
         finally:
             os.close(afd)
         if data is None:

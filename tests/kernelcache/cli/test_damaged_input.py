@@ -18,7 +18,7 @@ from support import CAN_UNSHARE, child_env, key_of
 import bridge  # noqa: F401  (declares the bridge's variables, as the command's plugin does)
 from kernelcache.config import variables
 from kernelcache.remote import parse_url
-from kernelcache.schema import entry_digest
+from kernelcache.schema import MAX_ARTIFACT_BYTES, entry_digest
 from kernelcache.store import Store
 
 SECRET = "s3cr3t-pa55"
@@ -48,7 +48,7 @@ def test_an_entry_that_lies_about_its_size_does_not_steer_prune_or_stats(tmp_pat
     root = tmp_path / "cache"
     good = [put(root, f"good{i}", size=1000, last_used=86400 * (i + 1)) for i in range(5)]
     liar = put(root, "liar", size=400, last_used=60)
-    _rewrite_metadata(root, liar.key, size=1 << 40)  # 1 TiB, the most the schema allows
+    _rewrite_metadata(root, liar.key, size=MAX_ARTIFACT_BYTES)  # the most the schema allows
     stats = kc_json(root, "stats")
     metadata = sum(p.stat().st_size for p in root.glob("*.json"))
     assert stats["artifact_bytes"] == 5 * 1000 + 400

@@ -20,7 +20,7 @@ from kernelcache.maintenance.inventory import summarize
 from kernelcache.maintenance.records import GRACE_SECONDS
 from kernelcache.maintenance.scan import scan
 from kernelcache.maintenance.verify import verify
-from kernelcache.schema import entry_digest
+from kernelcache.schema import MAX_ARTIFACT_BYTES, entry_digest
 from kernelcache.store import Store
 from kernelcache.table import EntryInfo
 
@@ -319,7 +319,7 @@ def test_sizes_come_from_the_file_system(tmp_path):
     root = tmp_path / "cache"
     good = [put(root, f"good{i}", size=1000) for i in range(3)]
     liar = put(root, "liar", size=400)
-    _lie_about_size(root, liar, 1 << 40)
+    _lie_about_size(root, liar, MAX_ARTIFACT_BYTES)
     for last_used in (False, True):
         result = scan(root, last_used=last_used)
         sizes = {e.key: e.size for e in result.entries}

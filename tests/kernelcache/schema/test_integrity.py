@@ -266,6 +266,35 @@ def test_an_odd_value_on_disk_is_a_corrupt_entry(root, case):
     assert art.path is not None and art.source == "local"
 
 
+@pytest.mark.parametrize("in_a_readonly_layer", [False, True], ids=["own-root", "readonly-layer"])
+def test_an_artifact_claiming_more_than_an_entry_may_hold_is_never_read(
+    tmp_path, in_a_readonly_layer
+):
+    """A root's writer makes a kernel's file sparse and its metadata claim that size (digests
+    recomputed): every reader would allocate and read it whole (a 1 TiB claim raised
+    MemoryError into the job; 3 GiB took 30 s and 6 GB). A claim over what an entry may hold is
+    a corrupt entry, refused before its file is read."""
+    root = tmp_path / "root"
+    key = key_of("sparse")
+    Store(root).put(key, "cubin", PAYLOAD, KERNEL_META)
+    claim = 3 << 30
+    os.truncate(root / f"{key}.cubin", claim)
+    doc = json.loads((root / f"{key}.json").read_text())
+    doc["size"] = claim
+    doc["entry_digest"] = entry_digest(doc)  # (no secret: anyone who can write can recompute it)
+    (root / f"{key}.json").write_text(json.dumps(doc))
+    cache = (
+        kernelcache.Cache(tmp_path / "own", readonly_roots=(root,), remote="")
+        if in_a_readonly_layer
+        else kernelcache.Cache(root, readonly_roots=(), remote="")
+    )
+    started = time.monotonic()
+    assert cache.get(key, "cubin") is None
+    assert time.monotonic() - started < 1.0
+    art = cache.get_or_create(key, "cubin", lambda: (PAYLOAD, KERNEL_META))
+    assert art.data == PAYLOAD
+
+
 COMMANDS_CHILD = textwrap.dedent(
     """
     import json, sys
@@ -370,7 +399,7 @@ def test_replacing_an_entry_of_an_older_version_does_not_list_the_root(root, mon
     real_scandir = os.scandir
 
     def counting_scandir(path=".", *a, **kw):
-        if os.fspath(path) == str(root):
+        if not isinstance(path, int) and os.fspath(path) == str(root):
             listings.append(path)
         return real_scandir(path, *a, **kw)
 
