@@ -276,7 +276,7 @@ class Cache:
                 if isinstance(result, Problem) and result.corrupt:  # re-checked, quarantined
                     from ..store.locks.locker import WaitBudget  # (the call's first wait)
 
-                    budget = budget or WaitBudget(self.lock_timeout)
+                    budget = budget or WaitBudget(self.lock_timeout, self.root)
                     result = store.get(key, ext, wait=budget, checked=True)
             except OSError as e:
                 stats.count(self.root, errors=1)

@@ -59,13 +59,14 @@ class BuildItem:
 
 def rebuild(cache: Layers, key: str, ext: str, build: BuildFn, stale: Artifact) -> Artifact:
     """:meth:`Cache.rebuild <kernelcache.cache.Cache.rebuild>` of a validated key."""
-    budget = WaitBudget(cache.lock_timeout)
+    budget = WaitBudget(cache.lock_timeout, cache.root)
     if cache.disabled:
         return _build(cache, key, ext, build, None)
     held: Held | None = None
     try:
-        held = cache.store.locker.acquire(key + ".build", shared=False, timeout=cache.lock_timeout)
+        held = cache.store.locker.acquire(key + ".build", shared=False, timeout=budget.remaining())
     except LockTimeout:
+        budget.remaining()  # (spent: noted for the process's next calls)
         warn_once(
             logger,
             (cache.root, "build-lock"),
@@ -95,7 +96,7 @@ def each(
     validated keys of ``slots`` (each with the indices of its items), each built (and its
     remote entry accepted) as the first of its ``items`` says."""
     # every wait of this call together; the caller's time between two results is not ours
-    budget = WaitBudget(cache.lock_timeout)
+    budget = WaitBudget(cache.lock_timeout, cache.root)
     pending: list[tuple[str, str]] = []
     for entry in slots:
         art = cache.lookup(*entry, budget, accept=items[entry].accept)

@@ -96,7 +96,7 @@ def publish(
     within the same ``wait`` where the root is past the cap's bound)."""
     from ..store.locks.locker import WaitBudget  # (the locks: imported by the first write)
 
-    budget = WaitBudget(cache.lock_timeout if wait is None else wait)
+    budget = WaitBudget(cache.lock_timeout if wait is None else wait, cache.root)
     art, published = cache.store.publish(
         key, ext, data, meta, wait=wait, replace=replace, as_written=as_written
     )

@@ -247,7 +247,11 @@ many = time.monotonic() - started
 started = time.monotonic()
 one = cache.get_or_create(keys[0], "bin", build(0))
 single = time.monotonic() - started
-print(json.dumps({"many": many, "one": single, "sources": [a.source for a in arts],
+started = time.monotonic()
+for i in (1, 2, 3):
+    cache.get_or_create(keys[i], "bin", build(i))
+each = time.monotonic() - started
+print(json.dumps({"many": many, "one": single, "each": each, "sources": [a.source for a in arts],
                   "data": [a.data.decode() for a in arts], "stats": kernelcache.process_stats()}))
 """
 
@@ -266,11 +270,13 @@ def _squat(
     return proc
 
 
-def test_a_squatter_on_every_lock_costs_one_timeout_per_call(tmp_path):
+def test_a_squatter_on_every_lock_costs_a_process_one_timeout(tmp_path):
     """Another process holds the writer's and the builder's lock of 4 keys for ever. With a
     3 s lock timeout, get_or_create_many of the 4 keys took 15 s ((N+1) x timeout: the wait,
-    then each private build's put waited again, in turn) and get_or_create 6 s; now each call
-    waits about one timeout in total and builds in memory."""
+    then each private build's put waited again, in turn) and get_or_create 6 s, then each call
+    after it one timeout more (a lowering makes several: one held 10 minutes); now the first
+    call waits about one timeout in total and builds in memory, and the calls after it (for as
+    long again) do not wait."""
     root = tmp_path / "cache"
     keys = [key_of("squat", i) for i in range(4)]
     timeout = 3.0
@@ -284,7 +290,7 @@ def test_a_squatter_on_every_lock_costs_one_timeout_per_call(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["data"] == [f"kernel {i}" for i in range(4)] and set(out["sources"]) == {"memory"}
     assert out["many"] < 1.5 * timeout, out
-    assert out["one"] < 1.5 * timeout, out
+    assert out["one"] + out["each"] < 0.5 * timeout, out
     assert out["stats"]["lock_timeouts"] >= 4
 
 

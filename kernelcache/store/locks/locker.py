@@ -133,12 +133,19 @@ class Locker:
             LockTimeout: another holder kept it for the whole timeout.
             LockUnavailable: locks cannot be created here (unwritable or missing lock directory).
         """
+        root = os.fspath(self.root)
+        if timeout > 0 and _QUIET.get(root, 0.0) > time.monotonic():
+            timeout = 0.0  # (a holder outlasted a whole wait here just now: see WaitBudget)
         deadline = time.monotonic() + timeout
-        if self.mode == "flock":
-            return self._acquire_flock(name, shared, deadline)
-        if shared:
-            return Held(self, name)
-        return self._acquire_soft(name, deadline)
+        try:
+            if self.mode == "flock":
+                return self._acquire_flock(name, shared, deadline)
+            if shared:
+                return Held(self, name)
+            return self._acquire_soft(name, deadline)
+        except LockTimeout:
+            _spent(root, timeout)
+            raise
 
     def acquire_soft(self, name: str, *, timeout: float) -> Held:
         """Take the soft lock ``name`` whatever this root's mode, breaking it if it is stale
@@ -354,19 +361,45 @@ class Locker:
             os.close(dfd)
 
 
+#: per root, until when (``time.monotonic()``) this process's calls wait for none of its locks
+_QUIET: dict[str, float] = {}
+
+
+def _spent(root: str, seconds: float) -> None:
+    """A wait of ``seconds`` for a lock under ``root`` ran out (see :class:`WaitBudget`)."""
+    if seconds > 0:
+        _QUIET[root] = max(_QUIET.get(root, 0.0), time.monotonic() + seconds)
+
+
 class WaitBudget:
     """The time one call may still spend waiting, over all of its waits together (for locks,
     for readers, for the remote tier's lock): :meth:`remaining` counts down while the call
-    waits, and stands still while it works (:meth:`paused`, around a build)."""
+    waits, and stands still while it works (:meth:`paused`, around a build).
 
-    __slots__ = ("_end",)
+    A call's budget on a ``root`` that ran out found a holder that outlasts a whole timeout (a
+    stuck builder, or a squatter holding every lock): for as long again, the process's later
+    calls on that root start with none (they try once, then build privately), so such a holder
+    costs a job one timeout, not one per call."""
 
-    def __init__(self, seconds: float) -> None:
-        self._end = time.monotonic() + seconds
+    __slots__ = ("_end", "_length", "_root")
+
+    def __init__(self, seconds: float, root: str | os.PathLike[str] | None = None) -> None:
+        now = time.monotonic()
+        self._root = None if root is None else os.fspath(root)
+        if self._root is not None and _QUIET.get(self._root, 0.0) > now:
+            seconds = 0.0
+        self._end = now + seconds
+        self._length = seconds
 
     def remaining(self) -> float:
         """Seconds left to wait (0 once spent: try once, never wait)."""
-        return max(0.0, self._end - time.monotonic())
+        left = self._end - time.monotonic()
+        if left > 0:
+            return left
+        if self._root is not None:
+            _spent(self._root, self._length)
+            self._length = 0.0
+        return 0.0
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
