@@ -95,6 +95,33 @@ def _check_name(name: str) -> tuple[str, str]:
     return parts
 
 
+#: the largest extended header (pax, GNU long name or link) a member may have: an export writes
+#: none longer than a key's path, and Python's tarfile reads one whole and parses a pax one in
+#: time quadratic in its size (CVE-2024-6232, on Pythons before 3.11.10 and 3.12.6) before any
+#: check here sees the member (a 33 KB zstd bundle held a 1 GiB long name)
+MAX_HEADER_BYTES = 16 << 10
+_EXTENDED = frozenset(
+    {tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+     tarfile.GNUTYPE_LONGLINK}
+)  # fmt: skip
+
+
+class _Header(tarfile.TarInfo):
+    """A member's header, refused before tarfile reads what it announces where that is an
+    extended header over :data:`MAX_HEADER_BYTES` or an old GNU sparse map (a chain of blocks
+    tarfile follows to its end; a sparse member is refused anyway)."""
+
+    def _proc_member(self, archive: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _EXTENDED and self.size > MAX_HEADER_BYTES:
+            raise BundleError(
+                f"a member's extended header is {self.size:,} bytes (a bundle's are at most "
+                f"{MAX_HEADER_BYTES:,}): not a kernelcache bundle, or a hostile one"
+            )
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise BundleError(f"member {self.name!r} is a sparse file")
+        return super()._proc_member(archive)  # type: ignore[misc]
+
+
 def _open_tar(
     f: IO[bytes],
 ) -> tuple[tarfile.TarFile, Any, tuple[type[BaseException], ...]]:
@@ -112,7 +139,7 @@ def _open_tar(
         stream = zstd.ZstdDecompressor().stream_reader(f, closefd=False)
         errors += (zstd.ZstdError,)
     try:
-        return tarfile.open(fileobj=stream, mode="r|"), stream, errors
+        return tarfile.open(fileobj=stream, mode="r|", tarinfo=_Header), stream, errors
     except errors as e:
         if stream is not f and not _zstd_whole(f):
             raise BundleError(TRUNCATED) from None

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import zstandard
 from cli_support import files_under, kc, kc_json, put
-from support import key_of
+from support import key_of, run_py
 
 from kernelcache.schema import FORMAT_VERSION, entry_digest
 from kernelcache.store import Store, digest
@@ -271,6 +271,50 @@ def test_hostile_zstd_bundle_is_rejected(source, tmp_path, kind):
     doc = kc_json(tmp_path / "fresh", "import", str(bundle), code=2)
     assert message in doc["error"]
     assert not (tmp_path / "fresh").exists()
+
+
+def _header_bomb(path: Path, typeflag: bytes, size: int, byte: bytes) -> None:
+    """A zstd tar whose first member is an extended header announcing ``size`` bytes of
+    ``byte`` (a pax header of digits without a newline, or a GNU long name), then a manifest."""
+    head = tarfile.TarInfo("././@LongLink")
+    head.type, head.size = typeflag, size
+    with open(path, "wb") as f, zstandard.ZstdCompressor().stream_writer(f) as w:
+        w.write(head.tobuf(format=tarfile.USTAR_FORMAT))
+        chunk = byte * (1 << 20)
+        for start in range(0, size, len(chunk)):
+            w.write(chunk[: size - start])
+        w.write(b"\0" * (-size % 512) + tarfile.TarInfo("manifest.json").tobuf() + b"\0" * 1024)
+
+
+@pytest.mark.parametrize(
+    ("typeflag", "byte"),
+    [(tarfile.XHDTYPE, b"1"), (tarfile.GNUTYPE_LONGNAME, b"a")],
+    ids=["pax-digits", "gnu-long-name"],
+)
+def test_a_member_header_announcing_much_is_refused_unread(tmp_path, typeflag, byte):
+    """A 30 KB zstd bundle whose first header announced 256 MiB (a pax header of digits, which
+    Python's tarfile parses in quadratic time before 3.11.10, or a GNU long name, which it
+    reads whole): import held that memory, or ran for minutes. Refused before it is read."""
+    bundle = tmp_path / "bomb.tar.zst"
+    _header_bomb(bundle, typeflag, 256 << 20, byte)
+    assert bundle.stat().st_size < 100_000
+    proc = run_py(IMPORT_RSS, str(bundle), str(tmp_path / "fresh"), timeout=120)
+    exit_code, rss_kib, elapsed = proc.stdout.split()
+    assert int(exit_code) == 2, proc.stderr
+    assert "extended header is 268,435,456 bytes" in proc.stderr
+    assert int(rss_kib) < 150 << 10 and float(elapsed) < 5.0
+    assert not (tmp_path / "fresh").exists()
+
+
+#: ``kernelcache import BUNDLE`` into ROOT in this process: its exit code, peak memory (KiB) and
+#: seconds
+IMPORT_RSS = """
+import resource, sys, time
+from kernelcache.cli.app import main
+started = time.monotonic()
+code = main(["--root", sys.argv[2], "import", sys.argv[1]])
+print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.monotonic() - started)
+"""
 
 
 def test_oversized_member(source, tmp_path):
