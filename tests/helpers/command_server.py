@@ -1,6 +1,6 @@
 """Child processes started as forks of a process per test worker that has already imported
 what they import: the ``kernelcache`` console script (:func:`run`) and Python code that
-imports jax (:func:`run_python`; its server has imported jax, Triton and the bridge).
+imports jax (:func:`run_python`).
 
 The tests run the command about a thousand times and a few hundred children that import jax;
 a fresh interpreter spends most of such a run importing (0.1 s of CPU for the command and its
@@ -52,9 +52,6 @@ for ep in entry_points(group=kernelcache.cli.app.COMMANDS_GROUP):
 """
 JAX = """
 import jax, jax.numpy
-import triton, triton.language
-import bridge
-bridge.triton_call
 """
 
 SERVER = r"""
