@@ -96,10 +96,14 @@ def publish(
     within the same ``wait`` where the root is past the cap's bound)."""
     from ..store.locks.locker import WaitBudget  # (the locks: imported by the first write)
 
-    budget = WaitBudget(cache.lock_timeout if wait is None else wait, cache.root)
-    art, published = cache.store.publish(
-        key, ext, data, meta, wait=wait, replace=replace, as_written=as_written
-    )
+    budget = WaitBudget(cache.lock_timeout, cache.root) if wait is None else WaitBudget(wait)
+    try:
+        art, published = cache.store.publish(
+            key, ext, data, meta, wait=wait, replace=replace, as_written=as_written
+        )
+    except CacheError:
+        budget.remaining()  # (where its whole wait was spent: noted for the next calls)
+        raise
     if published and cache.capacity is not None:
         try:
             meta_size = os.stat(cache.store.meta_path(key)).st_size

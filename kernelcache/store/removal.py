@@ -318,7 +318,7 @@ def repair(
         return again
     if isinstance(wait, WaitBudget):
         wait = wait.remaining()
-    budget = WaitBudget(store.lock_timeout if wait is None else wait, store.root)
+    budget = WaitBudget(store.lock_timeout if wait is None else wait)
     try:
         held = store.lock(key, shared=False, timeout=budget.remaining())
     except LockTimeout:

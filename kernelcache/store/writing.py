@@ -68,7 +68,7 @@ def publish(
     else:
         doc = make_metadata(key, ext, data, meta)
     require_whole(key, ext, data, doc)
-    budget = WaitBudget(store.lock_timeout if wait is None else wait, store.root)
+    budget = WaitBudget(store.lock_timeout if wait is None else wait)
     root = store.root
     if store.readonly:
         raise CacheError(errno.EROFS, f"{root} is a read-only root")

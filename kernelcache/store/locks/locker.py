@@ -133,19 +133,14 @@ class Locker:
             LockTimeout: another holder kept it for the whole timeout.
             LockUnavailable: locks cannot be created here (unwritable or missing lock directory).
         """
-        root = os.fspath(self.root)
-        if timeout > 0 and _QUIET.get(root, 0.0) > time.monotonic():
-            timeout = 0.0  # (a holder outlasted a whole wait here just now: see WaitBudget)
+        if timeout > 0 and _QUIET.get(os.fspath(self.root), 0.0) > time.monotonic():
+            timeout = 0.0  # (a holder outlasted a call's whole wait here just now: WaitBudget)
         deadline = time.monotonic() + timeout
-        try:
-            if self.mode == "flock":
-                return self._acquire_flock(name, shared, deadline)
-            if shared:
-                return Held(self, name)
-            return self._acquire_soft(name, deadline)
-        except LockTimeout:
-            _spent(root, timeout)
-            raise
+        if self.mode == "flock":
+            return self._acquire_flock(name, shared, deadline)
+        if shared:
+            return Held(self, name)
+        return self._acquire_soft(name, deadline)
 
     def acquire_soft(self, name: str, *, timeout: float) -> Held:
         """Take the soft lock ``name`` whatever this root's mode, breaking it if it is stale
@@ -376,10 +371,11 @@ class WaitBudget:
     for readers, for the remote tier's lock): :meth:`remaining` counts down while the call
     waits, and stands still while it works (:meth:`paused`, around a build).
 
-    A call's budget on a ``root`` that ran out found a holder that outlasts a whole timeout (a
-    stuck builder, or a squatter holding every lock): for as long again, the process's later
-    calls on that root start with none (they try once, then build privately), so such a holder
-    costs a job one timeout, not one per call."""
+    A call's budget (one given its ``root``) that ran out found a holder that outlasts a whole
+    timeout (a stuck builder, or a squatter holding every lock): for as long again, the
+    process's later calls on that root start with none and its lock waits there try once (they
+    build privately, keep what they made in memory), so such a holder costs a job one timeout,
+    not one per call. Shorter waits of a store's own (a prune's, a publish's) give no root."""
 
     __slots__ = ("_end", "_length", "_root")
 
