@@ -298,6 +298,54 @@ def kernel_source(head: str, body: str, params: str = "") -> str:
     return KERNEL_SOURCE.format(head=textwrap.dedent(head), body=body, params=params)
 
 
+#: a kernel whose loaded block ``x`` goes through ``stmts`` (indented lines that set ``out``)
+KERNEL_STATEMENTS = """
+import triton
+import triton.language as tl
+{head}
+
+@triton.jit
+def kernel(x_ptr, n, out_ptr, {params}BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+{stmts}
+    tl.store(out_ptr + offs, out, mask=mask)
+"""
+#: a Gluon kernel, likewise
+GLUON_STATEMENTS = """
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+{head}
+
+
+@gluon.jit
+def kernel(x_ptr, n, out_ptr, BLOCK: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([4], [32], [4], [0])
+    offs = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=layout)
+    x = gl.load(x_ptr + offs, mask=offs < n)
+{stmts}
+    gl.store(out_ptr + offs, out, mask=offs < n)
+"""
+
+
+def kernel_statements(head: str, stmts: str, params: str = "", gluon: bool = False) -> str:
+    """:data:`KERNEL_STATEMENTS` (or :data:`GLUON_STATEMENTS`) with ``head`` and ``stmts``
+    (dedented, then indented as the kernel's body)."""
+    body = textwrap.indent(textwrap.dedent(stmts).strip("\n"), "    ")
+    template = GLUON_STATEMENTS if gluon else KERNEL_STATEMENTS
+    return template.format(head=textwrap.dedent(head), stmts=body, params=params)
+
+
+#: a static ``if`` on ``{cond}`` choosing between two expressions
+CHOOSE = """
+if {cond}:
+    out = tl.exp(x)
+else:
+    out = tl.sin(x)
+"""
+
+
 def _lowered_call(kernel: Any, root: Any, embed: str | None, params: dict[str, Any]) -> Any:
     """The custom call a lowering of ``kernel`` (one float32 vector of 4096 and its size;
     ``BLOCK=1024``, 4 programs) for cuda:90 makes (cache at ``root``)."""

@@ -21,65 +21,19 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import textwrap
 
 import pytest
-from bridge_helpers import kernel_module, kernel_source, run_child
+from bridge_helpers import CHOOSE, kernel_module, kernel_source, run_child
+from bridge_helpers import kernel_statements as kernel
 from support import HELPERS
 from three_way import Case, assert_second_gets_a_compile, assert_warm_change, write
 from three_way import three_way as three_way_code
-
-#: a kernel whose loaded block ``x`` goes through ``stmts`` (indented lines that set ``out``)
-KERNEL = """
-import triton
-import triton.language as tl
-{head}
-
-@triton.jit
-def kernel(x_ptr, n, out_ptr, {params}BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask)
-{stmts}
-    tl.store(out_ptr + offs, out, mask=mask)
-"""
-#: a Gluon kernel, likewise
-GLUON = """
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-{head}
-
-
-@gluon.jit
-def kernel(x_ptr, n, out_ptr, BLOCK: gl.constexpr):
-    layout: gl.constexpr = gl.BlockedLayout([4], [32], [4], [0])
-    offs = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=layout)
-    x = gl.load(x_ptr + offs, mask=offs < n)
-{stmts}
-    gl.store(out_ptr + offs, out, mask=offs < n)
-"""
-
-
-def kernel(head: str, stmts: str, params: str = "", gluon: bool = False) -> str:
-    """:data:`KERNEL` (or :data:`GLUON`) with ``head`` and ``stmts`` (dedented, then indented
-    as the kernel's body)."""
-    body = textwrap.indent(textwrap.dedent(stmts).strip("\n"), "    ")
-    template = GLUON if gluon else KERNEL
-    return template.format(head=textwrap.dedent(head), stmts=body, params=params)
-
 
 #: a loop unrolled as often as ``{count}`` says: each trip adds code
 UNROLLED = """
 out = x
 for i in {range}({count}):
     out = out * x + i
-"""
-#: a static ``if`` on ``{cond}`` choosing between two expressions
-CHOOSE = """
-if {cond}:
-    out = tl.exp(x)
-else:
-    out = tl.sin(x)
 """
 #: the same, between two products (for Gluon)
 CHOOSE_VALUES = """

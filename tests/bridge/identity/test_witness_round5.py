@@ -17,39 +17,12 @@ Each case: process 2 (version B, from version A's root) must embed what process 
 from __future__ import annotations
 
 import hashlib
-import textwrap
 
 import pytest
-from bridge_helpers import kernel_module
+from bridge_helpers import CHOOSE, kernel_module
+from bridge_helpers import kernel_statements as kernel
 from three_way import Case, assert_second_gets_a_compile, assert_warm_change
 from three_way import three_way as three_way_code
-
-KERNEL = """
-import triton
-import triton.language as tl
-{head}
-
-@triton.jit
-def kernel(x_ptr, n, out_ptr, {params}BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask)
-{stmts}
-    tl.store(out_ptr + offs, out, mask=mask)
-"""
-#: statements choosing what the kernel computes by ``cond``
-CHOOSE = """
-if {cond}:
-    out = tl.exp(x)
-else:
-    out = tl.sin(x)
-"""
-
-
-def kernel(head: str, stmts: str, params: str = "") -> str:
-    body = textwrap.indent(textwrap.dedent(stmts).strip("\n"), "    ")
-    return KERNEL.format(head=textwrap.dedent(head), stmts=body, params=params)
-
 
 #: a helper of class ``{cls}``, reached as the module's attribute ``helper``
 RENAMED = """
