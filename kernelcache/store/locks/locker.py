@@ -133,7 +133,7 @@ class Locker:
             LockTimeout: another holder kept it for the whole timeout.
             LockUnavailable: locks cannot be created here (unwritable or missing lock directory).
         """
-        if timeout > 0 and _QUIET.get(os.fspath(self.root), 0.0) > time.monotonic():
+        if timeout > 0 and _quiet(self.root):
             timeout = 0.0  # (a holder outlasted a call's whole wait here just now: WaitBudget)
         deadline = time.monotonic() + timeout
         if self.mode == "flock":
@@ -360,10 +360,9 @@ class Locker:
 _QUIET: dict[str, float] = {}
 
 
-def _spent(root: str, seconds: float) -> None:
-    """A wait of ``seconds`` for a lock under ``root`` ran out (see :class:`WaitBudget`)."""
-    if seconds > 0:
-        _QUIET[root] = max(_QUIET.get(root, 0.0), time.monotonic() + seconds)
+def _quiet(root: str | os.PathLike[str]) -> bool:
+    """Whether this process waits for no lock under ``root`` now (see :class:`WaitBudget`)."""
+    return _QUIET.get(os.fspath(root), 0.0) > time.monotonic()
 
 
 class WaitBudget:
@@ -380,11 +379,10 @@ class WaitBudget:
     __slots__ = ("_end", "_length", "_root")
 
     def __init__(self, seconds: float, root: str | os.PathLike[str] | None = None) -> None:
-        now = time.monotonic()
         self._root = None if root is None else os.fspath(root)
-        if self._root is not None and _QUIET.get(self._root, 0.0) > now:
+        if self._root is not None and _quiet(self._root):
             seconds = 0.0
-        self._end = now + seconds
+        self._end = time.monotonic() + seconds
         self._length = seconds
 
     def remaining(self) -> float:
@@ -392,8 +390,8 @@ class WaitBudget:
         left = self._end - time.monotonic()
         if left > 0:
             return left
-        if self._root is not None:
-            _spent(self._root, self._length)
+        if self._root is not None and self._length > 0:  # (spent: once, for the next calls)
+            _QUIET[self._root] = max(_QUIET.get(self._root, 0.0), time.monotonic() + self._length)
             self._length = 0.0
         return 0.0
 
