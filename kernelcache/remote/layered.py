@@ -207,12 +207,16 @@ class LayeredTier:
         for it (a tier, or the key's shard in it, may be down: the next one's lock then keeps
         one builder); :class:`Busy` from the tier that holds it elsewhere; None when no
         writable tier is available. A tier without ``try_acquire`` is asked ``acquire(key,
-        0)``, and its None read as unavailable."""
+        0)``, and its None read as unavailable. The release of a lock taken is guarded as every
+        call of a tier is (a release that raises is counted and warned about, never raised)."""
         writable_tiers = [t for t in self.tiers if writable(t)]
         for tier in writable_tiers:
             claim: Claim = self._guarded(tier, functools.partial(try_lock, tier, key, 0.0))
-            if claim is not None:
+            if claim is None:
+                continue
+            if isinstance(claim, Busy) or claim is no_release:
                 return claim
+            return functools.partial(self._guarded, tier, claim)
         return None if writable_tiers else no_release
 
     def acquire(self, key: str, timeout: float) -> Callable[[], None] | None:

@@ -105,6 +105,11 @@ class Leases:
                     self.drop(token)
                     logger.debug("kernelcache: a build lock reached its lock_ttl; not renewed")
                     continue
-                if renew(min(self._lease, left)) is False:
+                try:
+                    renewed = renew(min(self._lease, left))
+                except Exception as e:  # the store failed (its tier should have said None)
+                    logger.debug("kernelcache: a build lock's renewal raised %r", e)
+                    renewed = None
+                if renewed is False:
                     self.drop(token)
                     self._lost()

@@ -5,8 +5,8 @@ persistence, waits until it answers PING, and ``stop()``/``kill()`` end it. ``RE
 is the binary's path or None; tests skip with ``SKIP_REASON`` when it is absent.
 :func:`make_tls_files` makes a self-signed certificate for a TLS server. Also:
 :func:`blackhole` (a TCP port that accepts connections and never answers), :func:`drip` (a
-server that answers one byte at a time, or floods) and
-:func:`free_port` (a port where nothing listens).
+server that answers one byte at a time, or floods), :func:`scripted` (a server that answers
+what a test chooses) and :func:`free_port` (a port where nothing listens).
 """
 
 from __future__ import annotations
@@ -192,11 +192,13 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def _listener(serve: Callable[[socket.socket, threading.Event], None]) -> Iterator[int]:
-    """A port on 127.0.0.1 whose every connection is handed to ``serve(conn, stop)`` in a
+def _listener(
+    serve: Callable[[socket.socket, threading.Event], None], host: str = "127.0.0.1"
+) -> Iterator[int]:
+    """A port on ``host`` whose every connection is handed to ``serve(conn, stop)`` in a
     thread of its own; ``stop`` is set, and every connection closed, on exit."""
     listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
+    listener.bind((host, 0))
     listener.listen(64)
     stop = threading.Event()
     threads: list[threading.Thread] = []
@@ -219,6 +221,9 @@ def _listener(serve: Callable[[socket.socket, threading.Event], None]) -> Iterat
     finally:
         stop.set()
         acceptor.join()
+        for conn in conns:  # (wakes a thread blocked reading it)
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         for thread in threads:
             thread.join(timeout=5)
         for conn in conns:
@@ -236,6 +241,37 @@ def blackhole(reply: bytes = b"") -> contextlib.AbstractContextManager[int]:
                 conn.sendall(reply)
 
     return _listener(serve)
+
+
+def _commands(conn: socket.socket) -> Iterator[list[bytes]]:
+    """The commands a client sends on ``conn`` (RESP arrays of bulk strings), until it closes."""
+    reader = conn.makefile("rb")
+    while line := reader.readline():
+        count = int(line[1:])
+        command = []
+        for _ in range(count):
+            size = int(reader.readline()[1:])
+            command.append(reader.read(size + 2)[:-2])
+        yield command
+
+
+def scripted(
+    answer: Callable[[list[bytes]], bytes | None], host: str = "127.0.0.1"
+) -> contextlib.AbstractContextManager[int]:
+    """A port on ``host`` ("0.0.0.0": every loopback address) whose server answers each
+    command (``[b"EVALSHA", sha, ...]``) with the raw bytes ``answer(command)`` gives, or
+    never again where it gives None: a server that says what a test chooses."""
+
+    def serve(conn: socket.socket, stop: threading.Event) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for command in _commands(conn):
+                reply = answer(command)
+                if reply is None:
+                    stop.wait()
+                    return
+                conn.sendall(reply)
+
+    return _listener(serve, host)
 
 
 def drip(

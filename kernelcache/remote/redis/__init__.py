@@ -40,6 +40,9 @@ from .names import count_entries, entry_name
 from .scripts import ACQUIRED, BROKEN, READY, REPLY_LIMIT, holder_of, milliseconds
 
 USAGE_SCAN_LIMIT = 100_000
+#: how long counting the entries may take, in the tier's timeouts (a server that never ends
+#: its scan is stopped there)
+USAGE_SCAN_CALLS = 20
 
 
 class RedisTier(TierBase):
@@ -107,16 +110,20 @@ class RedisTier(TierBase):
     def usage(self, limit: int = USAGE_SCAN_LIMIT) -> dict[str, Any]:
         """This tier's entries and their bytes (``kernelcache stats --remote``), bounded for a
         big server: ``SCAN`` of the namespace's keys, 1,000 a call, and ``STRLEN`` of each in
-        one pipeline a batch, stopping after ``limit`` keys (``complete`` false: at least that
-        many); ``server_keys``: every key of the database, from ``DBSIZE`` (O(1)). A cluster
-        is not scanned (its keys are spread over nodes): only None values. Never raises."""
+        one pipeline a batch, stopping after ``limit`` keys or :data:`USAGE_SCAN_CALLS` times
+        the tier's timeout (``complete`` false: at least that many); ``server_keys``: every
+        key of the database, from ``DBSIZE`` (O(1)). A cluster is not scanned (its keys are
+        spread over nodes): only None values. Never raises."""
         if self.cluster:
             return {"entries": None, "bytes": None, "complete": False, "server_keys": None}
         calls = self.calls
         client = calls.single
         size, error, _ = calls.attempt(client, lambda c: c.dbsize())
         out = count_entries(
-            lambda fn, *args: calls.attempt(client, fn, *args), self.options.prefix, limit
+            lambda fn, *args: calls.attempt(client, fn, *args),
+            self.options.prefix,
+            limit,
+            USAGE_SCAN_CALLS * self.options.timeout,
         )
         out["server_keys"] = int(size) if error is None else None
         return out

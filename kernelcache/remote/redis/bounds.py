@@ -1,6 +1,8 @@
 """A bound on every call to a Redis server, whatever the server does: a socket that spends one
 deadline and one reply budget per call (:class:`Budget`), so a slow or hostile server can
-neither stall a caller past ``timeout`` nor send a reply larger than ``max_size``; a call whose
+neither stall a caller past ``timeout`` nor send a reply larger than ``max_size`` (each line
+counted as :data:`LINE_COST` bytes more: what parsing it may cost in memory, so that a reply of
+millions of tiny elements is as bounded as one large value); a call whose
 budget can be abandoned (its server found hung elsewhere: :mod:`kernelcache.remote.contact`)
 waits for a reply in slices of :data:`SLICE` and stops as soon as it is.
 """
@@ -19,6 +21,9 @@ from ..contact import ABANDON_POLL, Abandoned
 
 #: seconds a read of a call that may be abandoned waits before asking whether it is
 SLICE = ABANDON_POLL
+#: what one line of a reply (a protocol element: ``*0\r\n`` is an empty list) is counted as
+#: besides its bytes, about what redis-py's parser makes of it in memory
+LINE_COST = 64
 
 
 class Budget(threading.local):
@@ -61,11 +66,11 @@ class _BoundedSocket:
             raise RemoteTimeout("the call's deadline passed")
         self._sock.settimeout(left if self._timeout is None else min(left, self._timeout))
 
-    def _spend(self, n: int, flags: int) -> None:
+    def _spend(self, data: bytes, flags: int) -> None:
         budget = self._budget
         if budget.left is None or flags & socket.MSG_PEEK:
             return
-        budget.left -= n
+        budget.left -= len(data) + LINE_COST * data.count(b"\r\n")
         if budget.left < 0:
             budget.overrun = True
             raise RemoteError(errno.EMSGSIZE, "the reply is larger than max_size")
@@ -90,12 +95,12 @@ class _BoundedSocket:
 
     def recv(self, size: int, flags: int = 0) -> bytes:
         data: bytes = self._wait(lambda: self._sock.recv(size, flags))
-        self._spend(len(data), flags)
+        self._spend(data, flags)
         return data
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         n: int = self._wait(lambda: self._sock.recv_into(buffer, nbytes, flags))
-        self._spend(n, flags)
+        self._spend(bytes(memoryview(buffer)[:n]), flags)
         return n
 
     def sendall(self, data: Any, flags: int = 0) -> None:

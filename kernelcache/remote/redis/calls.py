@@ -36,6 +36,9 @@ from .clients import server_client
 from .cluster import Cluster
 from .scripts import REPLY_LIMIT, SCRIPTS, SHAS
 
+#: how long probing a cluster's primaries may take, in calls (a slot map may name thousands)
+PROBE_CALLS = 8
+
 
 class RedisCalls:
     """The calls of one :class:`~kernelcache.remote.redis.RedisTier` to its server or cluster
@@ -203,14 +206,18 @@ class RedisCalls:
         """``(fn(client, *args), None, False)``, or ``(None, the failure, whether the reply
         ran past ``limit``)``, within the call's deadline and reply budget; nothing is
         counted or warned about. With ``abandon``, a wait for the reply stops as soon as it
-        says so (the failure is then :class:`~kernelcache.remote.contact.Abandoned`)."""
-        budget, errors = self._budget, self._errors
+        says so (the failure is then :class:`~kernelcache.remote.contact.Abandoned`).
+
+        Whatever the call raises is its failure: besides redis-py's errors, a reply the server
+        shaped to break redis-py's parser or the script's reader (nested past the recursion
+        limit, an integer where a list is read) raises what Python raises then."""
+        budget = self._budget
         budget.deadline = time.monotonic() + self.options.timeout
         budget.left, budget.overrun = limit, False
         budget.abandon, budget.abandoned = abandon, False
         try:
             return fn(client, *args), None, False
-        except (errors.RedisError, OSError, ValueError) as e:
+        except Exception as e:  # (the server chose the reply: see above)
             if budget.abandoned:
                 return None, Abandoned(f"abandoned: {e}"), False
             return None, e, budget.overrun
@@ -219,8 +226,9 @@ class RedisCalls:
 
     def probe(self) -> str | None:
         """Whether the server answers a PING within the bounds of a call (on a cluster, every
-        primary, each within those bounds): None, or why not (nothing is counted or warned
-        about)."""
+        primary, each within those bounds, all within :data:`PROBE_CALLS` calls' time: the
+        primaries not asked by then are named as such): None, or why not (nothing is
+        counted or warned about)."""
         try:
             client, _ = self._route(None)
         except (self._errors.RedisError, OSError, ValueError) as e:
@@ -229,8 +237,13 @@ class RedisCalls:
         if cluster is None:
             error = self.attempt(client, lambda c: c.ping())[1]
             return None if error is None else self._shown(error)
-        down = []
-        for name in cluster.primaries():
+        down, opts = [], self.options
+        names = cluster.primaries()
+        until = time.monotonic() + PROBE_CALLS * ((opts.connect_timeout or 0) + opts.timeout)
+        for asked, name in enumerate(names):
+            if time.monotonic() >= until:
+                down.append(f"{len(names) - asked} of {len(names)} primaries not asked in time")
+                break
             error = self.attempt(cluster.primary(name), lambda c: c.ping())[1]
             if error is not None:
                 down.append(f"{name}: {self._shown(error)}")

@@ -1,6 +1,11 @@
 """The redis-py clients of the Redis tier: one for a single server, one per node of a cluster,
-each made with the tier's timeouts, no retries and no health checks, and its connections bounded
-by the tier's :class:`~.bounds.Budget` (a call's deadline and reply size).
+each made with the tier's timeouts, no retries and no health checks, speaking RESP2, and its
+connections bounded by the tier's :class:`~.bounds.Budget` (a call's deadline and reply size).
+
+RESP2 because the server is not trusted: under RESP3 a server may push messages between
+replies, and redis-py acts on some (a ``MOVING`` push starts a timer of the server's length that
+holds the process at exit, and moves the connections to an address the server names), and may
+answer with maps and sets, which redis-py turns into dicts and sets of what the server chose.
 
 Invariant: nothing here connects; the first command does.
 """
@@ -24,6 +29,7 @@ def _common(options: RemoteOptions) -> dict[str, Any]:
         "socket_connect_timeout": options.connect_timeout or options.timeout,
         "retry": Retry(NoBackoff(), 0),
         "health_check_interval": 0,
+        "protocol": 2,
     }
 
 

@@ -6,10 +6,11 @@ Invariants:
 * A call for a key goes to the primary that serves the key's slot, and to no other: redis-py's
   cluster client is used for the slot map only. The map is read at the first call, from the
   first node that answers (the URL's nodes and the primaries known, in a random order, those
-  known down last), within one connect and one call per node; a failure to read it again keeps
-  the map it had.
+  known down last), within one connect and one call per node, asking no more nodes than the
+  URL names or :data:`READ_NODES` (the primaries are the server's word: a map naming thousands
+  of silent ones costs a read no more); a failure to read it again keeps the map it had.
 * The map is read again when a shard's breaker closes (a failover may have moved its slots),
-  at most every :data:`FAILOVER_POLL` seconds while it is open, and after a ``MOVED`` reply.
+  and at most every :data:`FAILOVER_POLL` seconds while it is open or ``MOVED`` replies come.
 * While a shard is down its groups move to their first fallback slot whose shard is up
   (:func:`.names.fallback_names`), and a miss at home is looked up once more in the group's
   spare (:func:`.names.spare_name`): every node's processes compute the same names.
@@ -35,6 +36,8 @@ from .scripts import REPLY_LIMIT, UNSERVED, serving
 #: while a cluster's shard is down, how often its slot map is read again (a replica that took
 #: its slots over serves them from then on)
 FAILOVER_POLL = 0.5
+#: the most nodes one read of the slot map asks, where the URL names fewer
+READ_NODES = 3
 
 
 class Cluster:
@@ -90,27 +93,23 @@ class Cluster:
         """The primaries the slot map names ("host:port"), sorted; none before it is read."""
         return sorted({name for _, _, name in self.slots or ()})
 
-    def _read_budget(self) -> float:
-        """Seconds to read the slot map: each node it knows may be tried in turn."""
-        opts = self._options
-        per_node = (opts.connect_timeout or opts.timeout) + opts.timeout
-        return per_node * max(len(cluster_nodes(self._address)), len(self._primaries))
-
     def _read(self) -> list[tuple[int, int, str]]:
         """The slot map (``CLUSTER SLOTS``) from the first node that answers, the nodes of
-        the URL and the primaries known tried in a random order, within
-        :meth:`_read_budget`.
+        the URL and the primaries known tried in a random order (those known down last), as
+        many as the URL names or :data:`READ_NODES`, within one connect and one call each.
 
         Raises:
             what redis-py raises when no node answers (the last failure).
         """
-        names = {f"{host}:{port}" for host, port in cluster_nodes(self._address)}
-        names.update(self._primaries)
+        given = {f"{host}:{port}" for host, port in cluster_nodes(self._address)}
+        names = given | set(self._primaries)
         now = time.monotonic()
         order = random.sample(sorted(names), len(names))
         order.sort(key=lambda name: now < self._down.get(name, 0.0))  # those known down last
-        budget = self._budget
-        budget.deadline = time.monotonic() + self._read_budget()
+        del order[max(len(given), READ_NODES) :]
+        opts, budget = self._options, self._budget
+        per_node = (opts.connect_timeout or opts.timeout) + opts.timeout
+        budget.deadline = time.monotonic() + per_node * len(order)
 
         def ask(name: str) -> Any:
             budget.left = REPLY_LIMIT
@@ -141,7 +140,15 @@ class Cluster:
         return (None if shard == UNSERVED else self.primary(shard)), shard
 
     def refresh(self) -> None:
-        """Read the slot map again; a failure keeps the map it had."""
+        """Read the slot map again (after a ``MOVED`` reply), unless it was read in the last
+        :data:`FAILOVER_POLL` seconds; a failure keeps the map it had."""
+        now = time.monotonic()
+        if now < self._next_refresh:
+            return
+        self._next_refresh = now + FAILOVER_POLL
+        self._reread()
+
+    def _reread(self) -> None:
         try:
             slots = self._read()
         except (self._errors.RedisError, OSError) as e:
@@ -177,7 +184,7 @@ class Cluster:
                 with self._down_lock:
                     self._down.pop(shard, None)
             self._next_refresh = now + FAILOVER_POLL
-            self.refresh()
+            self._reread()
             shard = serving(self.slots or slots, name)
             until = self._down.get(shard)
         return until is not None and time.monotonic() < until

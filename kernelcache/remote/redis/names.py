@@ -10,6 +10,7 @@ at home and at each fallback; every process computes the same names.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -77,14 +78,16 @@ def _strlens(client: Any, names: list[bytes]) -> list[int]:
     return list(pipe.execute())
 
 
-def count_entries(attempt: Attempt, prefix: str, limit: int) -> dict[str, Any]:
+def count_entries(attempt: Attempt, prefix: str, limit: int, seconds: float) -> dict[str, Any]:
     """``{"entries", "bytes", "complete"}`` of the namespace ``prefix`` on one server:
     ``SCAN`` of its keys, 1,000 a call, and ``STRLEN`` of each in one pipeline a batch,
-    stopping after ``limit`` keys (``complete`` false: at least that many); None values
-    where the server failed."""
+    stopping after ``limit`` keys or ``seconds`` (``complete`` false: at least that many; a
+    server that never ends its scan, or pages nothing forever, is stopped by the time); None
+    values where the server failed."""
     out: dict[str, Any] = {"entries": None, "bytes": None, "complete": False}
     pattern = f"{prefix}*"
     cursor, entries, total = 0, 0, 0
+    until = time.monotonic() + seconds
     while True:
         found, error, _ = attempt(lambda c, at=cursor: c.scan(cursor=at, match=pattern, count=1000))
         if error is not None:
@@ -97,7 +100,7 @@ def count_entries(attempt: Attempt, prefix: str, limit: int) -> dict[str, Any]:
                 return out
             entries += len(names)
             total += sum(int(n) for n in lengths)
-        if int(cursor) == 0 or entries >= limit:
+        if int(cursor) == 0 or entries >= limit or time.monotonic() >= until:
             break
     out.update(entries=entries, bytes=total, complete=int(cursor) == 0)
     return out
