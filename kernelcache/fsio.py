@@ -1,7 +1,10 @@
 """Reading what others may have planted, safely: files and the JSON in them.
 
 Files under a shared root are opened with :data:`READ_FLAGS`: no symlink is followed and a
-planted FIFO cannot block the open. Files named on a command line are opened with
+planted FIFO cannot block the open; one that is written, or whose mode or times are set, is
+opened with :func:`open_planted`, which also refuses anything but a regular file of one link
+(a hard link planted under its name would have this process change a file elsewhere, that it
+owns). Files named on a command line are opened with
 :func:`open_regular`, which refuses anything but a regular file. JSON from outside the process
 (files in a shared root, bundles, manifests, remote values) is parsed with :func:`load_json`,
 whose every failure is a ValueError: hostile input is unreadable data, never a crash.
@@ -38,6 +41,29 @@ def open_regular(path: str) -> IO[bytes]:
             raise NotRegularFile(errno.EINVAL, "not a regular file", path)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
         return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_planted(name: str, flags: int, mode: int = 0o666, *, dir_fd: int | None = None) -> int:
+    """A descriptor of ``name`` (``os.open`` with ``flags``, under ``dir_fd``) where anyone
+    who writes the directory may have planted something under that name: no symlink is
+    followed, a FIFO cannot block the open, and anything but a regular file with one link is
+    refused. The descriptor is blocking, as a file's always is.
+
+    Raises:
+        NotRegularFile: ``name`` is a FIFO, a device, a directory or a hard link.
+        OSError: it cannot be opened (a FIFO with no reader: ENXIO).
+    """
+    flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(name, flags, mode, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            what = "a hard link" if stat.S_ISREG(st.st_mode) else "not a regular file"
+            raise NotRegularFile(errno.EINVAL, what, name)
+        return fd
     except BaseException:
         os.close(fd)
         raise

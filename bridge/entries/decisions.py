@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 from kernelcache.plugin import digest_of, warn_once
 
 from .kinds import EntryKind
+from .samples import is_duration
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -169,14 +169,16 @@ class Decision:
         }
 
 
-def _finite(value: Any) -> bool:
-    return type(value) in (int, float) and math.isfinite(value) and value >= 0
-
-
 def _index(text: Any, n: int) -> bool:
     """Whether ``text`` is a variant's index among ``n`` written as JSON keys are: decimal
-    ASCII digits."""
-    return isinstance(text, str) and text.isascii() and text.isdigit() and int(text) < n
+    ASCII digits (at most 9: Python refuses to read a number of thousands)."""
+    return (
+        isinstance(text, str)
+        and 0 < len(text) <= 9
+        and text.isascii()
+        and text.isdigit()
+        and int(text) < n
+    )
 
 
 def _text(value: Any, most: int) -> TypeGuard[str]:
@@ -190,7 +192,7 @@ Rule = Callable[[Mapping[str, Any], int], bool]
 
 def _numbers(doc: Mapping[str, Any], *names: str) -> bool:
     """Whether each of ``names`` is absent, null or a finite duration."""
-    return all(doc.get(name) is None or _finite(doc.get(name)) for name in names)
+    return all(doc.get(name) is None or is_duration(doc.get(name)) for name in names)
 
 
 def _per_variant(value: Any, n: int) -> TypeGuard[list[Any]]:
@@ -218,7 +220,7 @@ RULES: tuple[tuple[Rule, str], ...] = (
         "the decision's times do not match its variants (stale times)",
     ),
     (
-        lambda d, n: all(t is None or _finite(t) for t in d["times"]),
+        lambda d, n: all(t is None or is_duration(t) for t in d["times"]),
         "the decision's times are not durations",
     ),
     (
@@ -301,7 +303,11 @@ def parse(data: bytes, variants: Sequence[str]) -> Decision | str:
         return "the decision chooses among other variants (or in another order)"
     n = len(variants)
     for holds, why in RULES:
-        if not holds(doc, n):
+        try:
+            held = holds(doc, n)
+        except (ValueError, OverflowError, TypeError):  # (a value no rule foresaw: broken)
+            held = False
+        if not held:
             return why
     chosen, times, reasons = doc["chosen"], doc["times"], doc["reasons"]
     margin, noise, spent, wall = (doc.get(f) for f in ("margin", "noise", "spent", "wall"))

@@ -16,7 +16,6 @@ sample of exactly that config on that device is measured again.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard
@@ -71,8 +70,14 @@ def _count(value: Any) -> TypeGuard[int]:
     return type(value) is int and 0 <= value <= 1 << 40
 
 
-def _seconds(value: Any) -> TypeGuard[float]:
-    return type(value) in (int, float) and math.isfinite(value) and value >= 0
+#: the longest duration a document may hold, in seconds (a year: no measurement takes longer)
+MAX_SECONDS = 365 * 86400.0
+
+
+def is_duration(value: Any) -> TypeGuard[float]:
+    """Whether ``value`` is a number of seconds, 0 to :data:`MAX_SECONDS` (an int compared to
+    that bound is never converted to a float: ``10**400`` is refused, not an OverflowError)."""
+    return type(value) in (int, float) and 0 <= value <= MAX_SECONDS
 
 
 def _text(value: Any) -> TypeGuard[str]:
@@ -93,12 +98,12 @@ def parse(data: bytes, index: int, variant: str, device: str) -> Sample | str:
     if doc.get("index") != index or doc.get("variant") != variant or doc.get("device") != device:
         return "the sample is of another config or device"
     seconds, reason = doc.get("time"), doc.get("reason")
-    if not (seconds is None or _seconds(seconds)) or not (reason is None or _text(reason)):
+    if not (seconds is None or is_duration(seconds)) or not (reason is None or _text(reason)):
         return "the sample's time or reason is malformed"
     if (seconds is None) == (reason is None):
         return "the sample has both a time and a reason, or neither"
     runs, launches, spent, by = (doc.get(k) for k in ("runs", "launches", "spent", "by"))
-    if not (_count(runs) and _count(launches) and _seconds(spent) and _text(by)):
+    if not (_count(runs) and _count(launches) and is_duration(spent) and _text(by)):
         return "the sample's counts, seconds or measurer are malformed"
     if seconds is not None and not 1 <= int(runs) <= int(launches):
         return "the sample's launches do not add up"

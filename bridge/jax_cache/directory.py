@@ -47,7 +47,8 @@ def scan_jax_cache(directory: str | os.PathLike[str]) -> tuple[list[JaxEntry], l
     except FileNotFoundError:
         return [], []
     for item in listing:
-        names.add(item.name)
+        if item.is_file(follow_symlinks=False):  # (a directory planted: neither entry nor stray)
+            names.add(item.name)
     for item in listing:
         if not item.name.endswith(CACHE_SUFFIX) or item.name == CACHE_SUFFIX:
             continue
@@ -125,7 +126,8 @@ def prune_jax_cache(
 ) -> tuple[int, int]:
     """Remove ``doomed`` entries (``-cache``, then ``-atime``) and the ``stray`` ``-atime``
     files under JAX's own lock; (entries removed, bytes freed). An entry whose ``-cache`` file
-    changed since the scan (JAX rewrote it) is kept.
+    changed since the scan (JAX rewrote it), or a file that cannot be removed (another user's,
+    or a directory planted under its name), is kept.
 
     Raises:
         TimeoutError: JAX's lock was held for ``timeout`` seconds.
@@ -145,24 +147,26 @@ def prune_jax_cache(
         for entry in doomed:
             path = os.path.join(directory, entry.key + CACHE_SUFFIX)
             try:
-                if os.stat(path, follow_symlinks=False).st_size != entry.size:
-                    continue
-                os.unlink(path)
+                kept = os.stat(path, follow_symlinks=False).st_size != entry.size
+            except OSError:
+                kept = True
+            if not kept and _unlink(path):
                 removed += 1
                 freed += entry.size
-            except FileNotFoundError:
-                pass
-            try:
-                os.unlink(os.path.join(directory, entry.key + ATIME_SUFFIX))
-            except FileNotFoundError:
-                pass
+            _unlink(os.path.join(directory, entry.key + ATIME_SUFFIX))
             if progress is not None:
                 progress(1)
         for name in stray:
-            try:
-                os.unlink(os.path.join(directory, name))
-            except FileNotFoundError:
-                pass
+            _unlink(os.path.join(directory, name))
     finally:
         lock.release()
     return removed, freed
+
+
+def _unlink(path: str) -> bool:
+    """Remove the file ``path``; whether it was (gone already, or not removable: False)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        return False
+    return True

@@ -52,6 +52,9 @@ INDEX_VERSION = 5
 GROUPED = ("ext", "target", "kernel", "kind")
 _TOTALS = ("entries", "size", "meta_size")
 MAX_INDEX_BYTES = 512 << 20
+#: what an index may hold per name of the root's listing, beyond its first MiB (one row per
+#: entry of two names: about 140 bytes)
+INDEX_BYTES_PER_NAME = 512
 
 
 def listing_signature(pairs: list[tuple[str, int]]) -> str:
@@ -76,17 +79,20 @@ def index_matches(index: EntryTable, names: Mapping[str, int]) -> bool:
     return all(map(names.__contains__, map(add, map(add, index.key, repeat(".")), index.ext)))
 
 
-def index_file(fd: int | None, *, header_only: bool) -> bytes | None:
+def index_file(fd: int | None, names: int, *, header_only: bool) -> bytes | None:
     """The bytes (or the first line only) of the scan index open as ``fd`` (by the store, which
-    applied its trust policy: :meth:`~kernelcache.store.root.Store.open_trusted`; left open);
-    None if there is none (``fd`` None), it is larger than an index may be, or unreadable."""
+    applied its trust policy: :meth:`~kernelcache.store.root.Store.open_trusted`; left open)
+    of a root whose listing holds ``names`` names; None if there is none (``fd`` None), it is
+    larger than an index of such a root may be (what its JSON holds in memory is many times
+    its bytes), or unreadable."""
     if fd is None:
         return None
+    most = min(MAX_INDEX_BYTES, (1 << 20) + INDEX_BYTES_PER_NAME * names)
     try:
-        if os.fstat(fd).st_size > MAX_INDEX_BYTES:
+        if os.fstat(fd).st_size > most:
             return None
         with os.fdopen(os.dup(fd), "rb") as f:
-            return f.readline(MAX_INDEX_BYTES) if header_only else f.read()
+            return f.readline(most) if header_only else f.read(most)
     except OSError:
         return None
 
@@ -145,12 +151,12 @@ def plausible_header(head: dict[str, Any], names: int, room: int) -> bool:
     )
 
 
-def load_index(fd: int | None, root_fd: int) -> tuple[EntryTable, str | None]:
+def load_index(fd: int | None, root_fd: int, names: int) -> tuple[EntryTable, str | None]:
     """The entries the scan index open as ``fd`` (:func:`index_file`) remembers and the
     signature of the listing they were read from; (empty table, None) when there is none, or
-    it is malformed or says what cannot be of the root open as ``root_fd`` (see the module's
-    docstring). Never raises: it is a cache."""
-    raw = index_file(fd, header_only=False)
+    it is malformed or says what cannot be of the root open as ``root_fd``, whose listing
+    holds ``names`` names (see the module's docstring). Never raises: it is a cache."""
+    raw = index_file(fd, names, header_only=False)
     if raw is None:
         return EntryTable(), None
     first, _, rest = raw.partition(b"\n")
@@ -205,19 +211,19 @@ def load_index(fd: int | None, root_fd: int) -> tuple[EntryTable, str | None]:
     except (ValueError, KeyError, TypeError, AttributeError):
         return EntryTable(), None
     lookup = [*strings, None]  # index -1 -> None
-    names = lookup.__getitem__
+    string_at = lookup.__getitem__
     table = EntryTable(
         tuple(keys),
-        tuple(map(names, ext)),
+        tuple(map(string_at, ext)),
         tuple(size),
         tuple(meta_size),
-        tuple(map(names, kernel)),
-        tuple(map(names, target)),
+        tuple(map(string_at, kernel)),
+        tuple(map(string_at, target)),
         tuple(created),
         (None,) * n,
         tuple(inode),
-        tuple(map(names, kind)),
-        tuple(map(names, qualname)),
+        tuple(map(string_at, kind)),
+        tuple(map(string_at, qualname)),
     )
     return table, head["listing"]
 

@@ -71,7 +71,7 @@ def summarize(
             pairs = []
         fd = store.open_trusted(STATS_DIR, INDEX_NAME)
         try:
-            raw = index_file(fd, header_only=True)
+            raw = index_file(fd, len(pairs), header_only=True)
         finally:
             if fd is not None:
                 os.close(fd)

@@ -243,7 +243,7 @@ def scan_pairs(
     is told how many metadata files the scan index does not hold (read now), before they are
     read."""
     issues: list[Issue] = []
-    index, known = _load_index(store, dfd)
+    index, known = _load_index(store, dfd, len(pairs))
     signature = listing_signature(pairs)
     table = index
     # The index is a cache in a shared directory: it is used only when the listing holds
@@ -279,11 +279,12 @@ def scan_pairs(
     return CacheScan(store.root, True, table, tuple(issues), temp, quarantine, now, logs)
 
 
-def _load_index(store: Store, dfd: int) -> tuple[EntryTable, str | None]:
-    """The scan index of the root open as ``dfd``, where the store's trust policy accepts it."""
+def _load_index(store: Store, dfd: int, names: int) -> tuple[EntryTable, str | None]:
+    """The scan index of the root open as ``dfd`` (whose listing holds ``names`` names), where
+    the store's trust policy accepts it."""
     fd = store.open_trusted(STATS_DIR, INDEX_NAME)
     try:
-        return load_index(fd, dfd)
+        return load_index(fd, dfd, names)
     finally:
         if fd is not None:
             os.close(fd)

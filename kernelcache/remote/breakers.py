@@ -29,6 +29,7 @@ import os
 import stat
 import time
 
+from ..fsio import open_planted
 from ..store.layout import BREAKER_DIR, create_exclusive, open_subdir
 
 #: a first contact in flight, as another process sees it: (inode, modification time in ns)
@@ -84,14 +85,11 @@ class SharedBreakers:
         dfd = self._dir(create=True)
         if dfd is None:
             return False
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            fd = os.open(name, flags, 0o666, dir_fd=dfd)
+        try:  # (a planted FIFO, directory or hard link is refused: the time is not shared)
+            fd = open_planted(name, os.O_WRONLY | os.O_CREAT, dir_fd=dfd)
         except OSError:
             return False
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return False
             os.utime(fd, (when, when))
             return True
         except OSError:  # another user's file: read by all, changed by its owner only

@@ -29,6 +29,7 @@ from typing import Any
 from ..errors import (
     InvalidValue,
 )
+from ..fsio import open_planted
 from ..process import HOST, warn_once
 from ..store.layout import STATS_DIR, open_subdir
 
@@ -262,12 +263,8 @@ def _append(root: str, delta: dict[str, float], **extra: object) -> None:
             logger.debug("kernelcache: statistics not logged under %s: deleted", root)
             return
         try:
-            fd = os.open(
-                log_name(),
-                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o666,
-                dir_fd=dfd,
-            )
+            # (what was planted under the log's name, a FIFO or a hard link, is refused)
+            fd = open_planted(log_name(), os.O_WRONLY | os.O_APPEND | os.O_CREAT, dir_fd=dfd)
             try:
                 os.write(fd, (line + "\n").encode())
             finally:
@@ -290,8 +287,6 @@ def _append(root: str, delta: dict[str, float], **extra: object) -> None:
 
 #: the largest counter value a log record may add (a log is untrusted: a huge integer or one
 #: near float's limit must not overflow a sum, and no process counts this much)
-
-
 MAX_DELTA = 2**53
 
 

@@ -1,8 +1,10 @@
 """Reading one per-process log under ``<root>/.stats/`` as bytes, without trusting it.
 
 A log is untrusted input: it is opened without following a symlink and without blocking, and a
-log larger than :data:`MAX_LOG_BYTES` or not a regular file is refused. What its lines hold is
-added up by :mod:`kernelcache.stats.summary`.
+log larger than :data:`MAX_LOG_BYTES` or not a regular file is refused; a line longer than
+:data:`MAX_LINE_BYTES` is read as unreadable (what JSON makes of a line of ``[{},{},...]`` holds
+thirty times its bytes in memory). What its lines hold is added up by
+:mod:`kernelcache.stats.summary`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from ..fsio import READ_FLAGS
 
 #: a statistics log larger than this is not read (a process appends one line a minute)
 MAX_LOG_BYTES = 256 << 20
+#: the longest line of a log that is read (a process writes lines of a few hundred bytes)
+MAX_LINE_BYTES = 64 << 10
 
 
 def read_log_file(dfd: int, name: str) -> bytes:
@@ -46,3 +50,14 @@ def read_log_file(dfd: int, name: str) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def read_log_lines(dfd: int, name: str) -> list[bytes]:
+    """The lines of the log ``name`` in ``dfd`` (:func:`read_log_file`), each one longer than
+    :data:`MAX_LINE_BYTES` read as an empty line (unreadable, as JSON).
+
+    Raises:
+        OSError: it cannot be read (the message says why).
+    """
+    lines = read_log_file(dfd, name).splitlines()
+    return [line if len(line) <= MAX_LINE_BYTES else b"" for line in lines]

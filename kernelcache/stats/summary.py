@@ -34,11 +34,14 @@ from .counters import (
     add_tiers,
     zero_counters,
 )
-from .logs import read_log_file
+from .logs import read_log_file, read_log_lines
 
 #: statistics logs of other hosts are folded once untouched for this long
 LOG_FOLD_AGE = 86400.0
 SUMMARY_NAME = "summary.jsonl"
+#: the largest summary that is read: one record, naming the logs its last fold absorbed (a fold
+#: of 400,000 logs)
+MAX_SUMMARY_BYTES = 16 << 20
 _FOLDING = ".folding"
 _SUMMARY_LOCK = "stats-summary"
 
@@ -61,7 +64,7 @@ def lock_waits(root: str) -> list[dict[str, Any]]:
             if not name.endswith(".jsonl") or name == SUMMARY_NAME:
                 continue
             try:
-                lines = read_log_file(dfd, name).splitlines()
+                lines = read_log_lines(dfd, name)
             except OSError:
                 continue
             for raw in lines:
@@ -119,6 +122,8 @@ def foldable_logs(root: str | int, now: float | None = None) -> list[str]:
     with it:
         for entry in it:
             name = entry.name
+            if not entry.is_file(follow_symlinks=False):  # (a directory planted: never a log)
+                continue
             if name.endswith(".jsonl" + _FOLDING):  # hidden by a fold that was killed
                 found.append(name)
                 continue
@@ -160,6 +165,8 @@ def _read_summary(dfd: int) -> dict[str, Any] | None:
         return None
     except OSError as e:
         raise UnreadableFile(f"cannot read {SUMMARY_NAME}: {e.strerror or e}") from e
+    if len(raw) > MAX_SUMMARY_BYTES:  # (its JSON would hold many times its bytes in memory)
+        raise UnreadableFile(f"{SUMMARY_NAME} is larger than {MAX_SUMMARY_BYTES >> 20} MiB")
     try:
         record = load_json(raw)
     except ValueError:
@@ -180,7 +187,7 @@ def _sum_log(
     dfd: int, name: str, totals: dict[str, float], tiers: dict[str, dict[str, float]]
 ) -> None:
     with contextlib.suppress(OSError):
-        lines = read_log_file(dfd, name).splitlines()
+        lines = read_log_lines(dfd, name)
         for raw in lines:
             try:
                 record = load_json(raw)
@@ -245,7 +252,9 @@ def _fold_locked(dfd: int, names: Iterable[str]) -> int:
     summary = _read_summary(dfd)
     absorbed = set(summary["folded"]) if summary else set()
     pending: list[str] = []
-    for name in os.listdir(dfd):
+    with os.scandir(dfd) as it:
+        listed = [e.name for e in it if e.is_file(follow_symlinks=False)]  # (no directory)
+    for name in listed:
         if name.endswith(_FOLDING):
             if name[: -len(_FOLDING)] in absorbed:
                 with contextlib.suppress(PermissionError):
@@ -359,7 +368,7 @@ def read_logs(
             processes += 1
             path = os.path.join(directory, name)
             try:
-                lines = read_log_file(dfd, name).splitlines()
+                lines = read_log_lines(dfd, name)
             except OSError as e:
                 problems.append(f"{path}: {e.strerror or e}")
                 continue

@@ -28,8 +28,9 @@ program entry before serving any) and record it (:func:`record_check`), so that 
 next process need not check the same bytes again (:func:`check_recorded`): one empty file per
 check, key and digest in ``.checked/``, named ``<uid>.<check>.<key>.<digest>`` (the digest's
 algorithm and hex digits joined by ``-``). A record is believed only if it is a regular file
-owned by this user (another user of a shared root can create files of any name there, never
-one owned by this user), so it vouches only for what this user checked; the digest in its name
+owned by this user with one link (another user of a shared root can create files of any name
+there, never one owned by this user; a hard link to a file of this user that the other may
+write has two), so it vouches only for what this user checked; the digest in its name
 ties it to the bytes checked (an entry replaced, or its bytes altered with its digests made
 again, has another digest and no record). Records are never read for content and never needed:
 a missing or unwritable one (or a file another user planted under this user's record's name)
@@ -352,7 +353,9 @@ def _name(check: str, key: str, digest: object) -> str | None:
 
 
 def check_recorded(root: str, check: str, key: str, digest: object) -> bool:
-    """Whether this user recorded ``check`` of the bytes of digest ``digest`` under ``key``."""
+    """Whether this user recorded ``check`` of the bytes of digest ``digest`` under ``key``:
+    a regular file of this user under the record's name, of one link (another user who may
+    write a file of this user could hard-link it there)."""
     name = _name(check, key, digest)
     if name is None:
         return False
@@ -366,7 +369,7 @@ def check_recorded(root: str, check: str, key: str, digest: object) -> bool:
         return False
     finally:
         os.close(dfd)
-    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1
 
 
 def record_check(root: str, check: str, key: str, digest: object) -> None:

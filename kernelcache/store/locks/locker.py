@@ -319,7 +319,8 @@ class Locker:
                 record.get("host"),
                 record.get("pid"),
             )
-        with contextlib.suppress(FileNotFoundError):
+        # (OSError: a directory planted under the lock's name stays aside; the name is free)
+        with contextlib.suppress(OSError):
             os.unlink(aside, dir_fd=dfd)
         return not fresh
 

@@ -79,7 +79,9 @@ def open_lock_file(root: str, dfd: int, filename: str, trust: TrustPolicy | None
 
 def vet_lock_file(root: str, fd: int, filename: str, trust: TrustPolicy | None) -> None:
     """Apply the trust policy to the open lock file ``fd``: a file of this user keeps only
-    the bits of trusted users; a file of a user the policy does not trust is refused.
+    the bits of trusted users (unless it has other links: a hard link planted under its name
+    names a file of this user elsewhere, whose mode is not the lock's to change); a file of a
+    user the policy does not trust is refused.
 
     Raises:
         LockUnavailable: the file belongs to an untrusted user (it may hold it for ever).
@@ -88,6 +90,8 @@ def vet_lock_file(root: str, fd: int, filename: str, trust: TrustPolicy | None) 
         return
     st = os.fstat(fd)
     if st.st_uid == os.geteuid():
+        if st.st_nlink != 1:
+            return
         with contextlib.suppress(OSError):
             trust.limit_access(fd, st)
     elif not trust.trusts(st.st_uid):

@@ -897,6 +897,11 @@ def test_a_decision_reads_back_as_written():
         ({"device": decisions.ANY_DEVICE}, "names no device"),
         ({"times": []}, "has no time"),
         ({"times": [1.0, None, None]}, "has no time"),
+        # numbers Python cannot read or compare as floats: an error raised, not a reason
+        ({"reasons": {"1" * 4400: "x"}}, "reasons"),
+        ({"spent": 10**400}, "measuring time"),
+        ({"times": [1.0, 10**400, None]}, "not durations"),
+        ({"noise": 10**400}, "margin, noise"),
     ],
 )
 def test_an_odd_decision_is_refused_with_a_reason(edit, why):

@@ -105,6 +105,8 @@ HOSTILE = {
     "another device": (lambda d: {**d, "device": "NVIDIA A100"}, "another config or device"),
     "negative time": (lambda d: {**d, "time": -1.0}, "time or reason"),
     "infinite spent": (lambda d: {**d, "spent": float("inf")}, "counts, seconds"),
+    "spent past a float": (lambda d: {**d, "spent": 10**400}, "counts, seconds"),
+    "time past a float": (lambda d: {**d, "time": 10**400}, "time or reason"),
     "time and reason": (lambda d: {**d, "reason": "x"}, "both a time and a reason"),
     "neither": (lambda d: {**d, "time": None}, "both a time and a reason, or neither"),
     "runs over launches": (lambda d: {**d, "runs": 50}, "do not add up"),
