@@ -68,6 +68,8 @@ _state: dict[str, object] = {}
 
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: the largest code object a forked child copies from its parent's directory
+MAX_HSACO = 256 << 20
 
 
 def _reap(base: Path) -> None:
@@ -251,17 +253,42 @@ def _after_fork_in_child() -> None:
     _state.clear()
     if not old:
         return
+    parents = None
+    if old.get("canonical"):  # (its descriptor is about to be HANDOFF_FD's no more)
+        with contextlib.suppress(OSError):
+            parents = os.dup(int(old["dir_fd"]))  # type: ignore[call-overload]
     for key in ("dir_fd", "owner"):
         with contextlib.suppress(OSError):
             os.close(int(old[key]))  # type: ignore[call-overload]
-    if old.get("canonical"):
+    if parents is None:
+        return
+    try:
         # executables lowered by the parent may run here first: give the child its own copies
         _state.update(_setup_or_temp(str(old["root"]), after_fork=True))
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(str(old["dir"])):
-                if entry.name.endswith(".hsaco"):
-                    with contextlib.suppress(OSError):
-                        shutil.copyfile(entry.path, os.path.join(str(_state["dir"]), entry.name))
+        _copy_kernels(parents, int(_state["dir_fd"]))  # type: ignore[call-overload]
+    finally:
+        os.close(parents)
+
+
+def _copy_kernels(source: int, target: int) -> None:
+    """Copy the code objects of the directory open as ``source`` (the parent's, read through
+    its descriptor: the path may lead elsewhere by now) into the one open as ``target``:
+    regular files of at most :data:`MAX_HSACO` bytes, never through a link."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(source):
+            if not name.endswith(".hsaco"):
+                continue
+            with contextlib.suppress(OSError):
+                fd = os.open(name, _READ, dir_fd=source)
+                try:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_HSACO:
+                        continue
+                    data = os.pread(fd, st.st_size + 1, 0)
+                finally:
+                    os.close(fd)
+                if len(data) <= MAX_HSACO:
+                    _write(target, name, data)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -12,7 +12,9 @@ written with a single ``write`` on an ``O_APPEND`` descriptor while holding an e
 ``flock`` on the file, so lines never interleave or tear; under the lock the writer reads what
 other processes appended since it last looked and skips a record the file already has (same
 kernel key, target and import path). Where ``flock`` is unavailable (some network
-filesystems) lines are still whole, and duplicates are removed when the manifest is read.
+filesystems) or not had within :data:`LOCK_WAIT` (anyone who may read the file may hold it),
+lines are still whole, and duplicates are removed when the manifest is read; nor does a writer
+read more than :data:`MAX_CATCH_UP` bytes of what others appended.
 
 A kernel that another process cannot import (:mod:`bridge.call.importable`) is still recorded,
 marked ``"importable": false`` with the reason, and reported once per process with a warning
@@ -29,6 +31,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,6 +214,12 @@ class _Seen:
     broken: bool = False  # could not be written: warned once, recording to it stops
 
 
+#: the most bytes one append reads of what others appended (a manifest is shared: a sparse
+#: terabyte of it must cost nothing)
+MAX_CATCH_UP = 64 << 20
+#: how long an append waits for the manifest's lock (anyone who may read it may hold it)
+LOCK_WAIT = 2.0
+
 _files: dict[str, _Seen] = {}
 _file_lock = threading.Lock()
 
@@ -223,10 +232,15 @@ def _ident(rec: Any) -> tuple[str, str, str] | None:
 
 
 def _catch_up(fd: int, seen: _Seen, st: os.stat_result) -> None:
-    """Read what was appended since ``seen.offset`` (all of it if the file was replaced)."""
+    """Read what was appended since ``seen.offset`` (all of it if the file was replaced); more
+    than :data:`MAX_CATCH_UP` bytes is not read but passed over (a record this process then
+    writes again is a duplicate, which readers drop)."""
     if seen.ident != (st.st_dev, st.st_ino) or st.st_size < seen.offset:
         seen.ident, seen.offset, seen.records = (st.st_dev, st.st_ino), 0, set()
     if st.st_size == seen.offset:
+        return
+    if st.st_size - seen.offset > MAX_CATCH_UP:
+        seen.offset = st.st_size
         return
     data = os.pread(fd, st.st_size - seen.offset, seen.offset)
     end = data.rfind(b"\n") + 1  # only complete lines; a torn tail is skipped, not parsed
@@ -275,6 +289,23 @@ def _unchanged(name: str, seen: _Seen) -> bool:
     return seen.ident == (st.st_dev, st.st_ino) and st.st_size >= seen.offset
 
 
+def _lock_briefly(fd: int) -> None:
+    """Take the exclusive ``flock`` of the manifest open as ``fd`` if it is had within
+    :data:`LOCK_WAIT` seconds. Else (no flock here, or anyone who may read the file holds it)
+    the line is written without it: lines stay whole (``O_APPEND``), readers drop duplicates."""
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.01)
+        except OSError:
+            return
+
+
 def _append_locked(name: str, seen: _Seen, ident: tuple[str, str, str] | None, line: bytes) -> bool:
     Path(name).parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
@@ -283,10 +314,7 @@ def _append_locked(name: str, seen: _Seen, ident: tuple[str, str, str] | None, l
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass  # no flock here: lines stay whole (O_APPEND); readers drop duplicates
+        _lock_briefly(fd)
         st = os.fstat(fd)
         _catch_up(fd, seen, st)
         if ident is not None and ident in seen.records:

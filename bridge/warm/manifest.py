@@ -49,11 +49,15 @@ def import_kernel(path: str) -> Any:
         raise KernelArgumentError(
             f"{path} was defined in a script run as __main__: move it into a module"
         )
+    parts = (*module_name.split("."), *qualname.split("."))
+    if any(part.startswith("__") and part.endswith("__") for part in parts):
+        # (a package's __main__ runs a program when imported; no kernel lives in a dunder)
+        raise KernelArgumentError(f"{path!r} is not a kernel import path: it names a dunder")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as e:
         raise KernelArgumentError(f"cannot import the kernel {path}: {e}") from None
-    except Exception as e:  # the user's module failed while importing: report its error
+    except (Exception, SystemExit) as e:  # the module failed while importing: its error
         raise KernelArgumentError(
             f"importing {module_name} for {path} raised {type(e).__name__}: {e}"
         ) from None
@@ -184,10 +188,22 @@ class Manifest:
     failures: tuple[WarmProblem, ...]
 
 
+#: the largest manifest read (a recorded model's calls take a few MB), and the longest line
+#: parsed (a record takes about a kilobyte): JSON holds many times its bytes in memory
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_LINE_BYTES = 64 << 10
+
+
 def _open_regular(path: str) -> bytes:
     try:
         with open_regular(path) as f:
-            return f.read()
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise ManifestError(
+                f"the manifest {path} is larger than {MAX_MANIFEST_BYTES >> 20} MiB: not a "
+                "recorded manifest, or record a smaller run"
+            )
+        return raw
     except NotRegularFile:
         raise ManifestError(f"the manifest {path} is not a regular file") from None
     except OSError as e:
@@ -214,6 +230,7 @@ _OPTIONAL_FIELDS: dict[str, tuple[Any, str]] = {
         "an object whose 'triton' is a string",
     ),
     "source": (lambda v: isinstance(v, str), "a string"),
+    "target": (lambda v: isinstance(v, str), "a string"),
     "config": (lambda v: isinstance(v, str), "a string"),
     "importable": (lambda v: isinstance(v, bool), "true or false"),
     "problem": (lambda v: isinstance(v, str), "a string"),
@@ -274,6 +291,8 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
             continue
         nonblank += 1
         try:
+            if len(line) > MAX_LINE_BYTES:
+                raise ValueError(f"longer than {MAX_LINE_BYTES >> 10} KiB")
             rec = load_json(line)
         except ValueError as e:  # includes a UnicodeDecodeError
             failures.append(
@@ -353,6 +372,8 @@ def read_manifest(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The usable records of a manifest, one per distinct (kernel, call, variant, target)."""
     seen: dict[str, dict[str, Any]] = {}
     for line in _open_regular(os.fspath(path)).splitlines():
+        if len(line) > MAX_LINE_BYTES:
+            continue
         with contextlib.suppress(ValueError):
             rec = load_json(line)
             if check_record(rec) is None:

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from bridge_helpers import ELF_MAGIC, decoded, finish_children, run_child, start_child
-from support import HELPERS, REPO
+from support import HELPERS, REPO, run_py
 
 import kernelcache
 from bridge.embed import handoff
@@ -385,3 +385,41 @@ def test_materialize_is_atomic_and_idempotent(tmp_path, size):
     assert again == path and open(again, "rb").read() == data
     private, _ = handoff.directory(str(tmp_path))
     assert sorted(os.listdir(private)) == ["k.hsaco", "owner.lock"]
+
+
+PLANTED_AT_FORK = r"""
+import os, sys
+from bridge.embed import handoff
+root, planted = sys.argv[1], sys.argv[2]
+os.chmod(root, 0o2775)  # a group's root: any member may rename what is in it
+good = b"GOOD-HSACO" * 10
+path = handoff.materialize(root, "k.hsaco", good)
+mine = handoff.directory(root)[0]
+# a member renames .handoff and plants a directory of the job's directory's name
+os.rename(os.path.join(root, ".handoff"), os.path.join(root, ".handoff-moved"))
+os.makedirs(mine)
+if planted == "bytes":
+    with open(os.path.join(mine, "k.hsaco"), "wb") as f:
+        f.write(b"EVIL-HSACO" * 10)
+else:
+    os.symlink("/dev/zero", os.path.join(mine, "k.hsaco"))
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:  # what jaxlib reads in the child
+    with open(path, "rb") as f:
+        os.write(w, f.read(200))
+    os._exit(0)
+os.close(w)
+data = os.read(r, 1000)
+os.waitpid(pid, 0)
+print(data == good)
+"""
+
+
+@pytest.mark.parametrize("planted", ["bytes", "link-to-dev-zero"])
+def test_a_forked_child_copies_its_parents_files_never_what_is_at_their_path(tmp_path, planted):
+    """The child copied its parent's directory by path: a member who renamed .handoff and
+    planted a directory of that name had the child hand jaxlib the member's bytes, or copy
+    /dev/zero for ever inside fork()."""
+    done = run_py(PLANTED_AT_FORK, str(tmp_path), planted, timeout=60)
+    assert done.stdout.split()[-1] == "True"

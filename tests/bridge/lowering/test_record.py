@@ -4,12 +4,14 @@ reported once, never dropped."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -250,3 +252,38 @@ def test_kernels_of_scripts_are_recorded_marked_and_reported_by_warm(tmp_path):
     (failure,) = doc["failures"]
     assert failure["kind"] == "not-importable" and failure["lines"] == [1, 2]
     assert "runs as __main__" in failure["detail"]
+
+
+def test_a_manifest_locked_by_a_reader_delays_an_append_briefly(tmp_path):
+    """Anyone who could open the manifest for reading could hold its flock: the job's
+    lowering waited for ever."""
+    path = tmp_path / "kernels.jsonl"
+    path.write_text("")
+    holder = os.open(path, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    done: list = []
+    thread = threading.Thread(
+        target=lambda: done.append(record.append(path, {"key": "1" * 64, "kernel": "m:k"})),
+        daemon=True,
+    )
+    try:
+        started = time.monotonic()
+        thread.start()
+        thread.join(30)
+        assert done == [True], "still waiting for the lock"
+        assert time.monotonic() - started < record.LOCK_WAIT + 5
+    finally:
+        os.close(holder)  # (lets a waiter go)
+    assert [json.loads(line)["key"] for line in path.read_text().splitlines()] == ["1" * 64]
+
+
+def test_a_sparse_terabyte_manifest_is_passed_over_not_read(tmp_path):
+    """Reading what others appended took the whole file: a 1 TB sparse manifest raised
+    MemoryError into the job's lowering."""
+    path = tmp_path / "kernels.jsonl"
+    path.write_text("")
+    os.truncate(path, 1 << 40)
+    assert record.append(path, {"key": "2" * 64, "kernel": "m:k"}) is True
+    with open(path, "rb") as f:
+        f.seek(1 << 40)
+        assert json.loads(f.read())["key"] == "2" * 64

@@ -658,6 +658,8 @@ BAD_FIELDS = [
     ("variant", 5),
     ("variant", {"kwargs": 5, "options": {}}),
     ("variant", {"kwargs": {}, "options": ["num_warps"]}),
+    ("target", {"x": 1}),  # (explain and audit raised "unhashable type: 'dict'")
+    ("target", 90),
 ]
 
 
@@ -689,6 +691,44 @@ def test_compile_record_refuses_a_field_of_the_wrong_type(tmp_path, field, value
     with pytest.raises(KernelArgumentError, match=f"field {field!r}"):
         compile_record(record, "cuda:90", cache=str(tmp_path / "root"))
     assert not (tmp_path / "root").exists()
+
+
+def test_a_line_longer_than_a_record_may_be_is_a_bad_record_unparsed(tmp_path):
+    """Every distinct record of a manifest was kept parsed: a 64 MB manifest of 200 records
+    of empty lists took 932 MB."""
+    from bridge.warm import load_manifest
+
+    good = _example_record()
+    padded = {**good, "arguments": {**good["arguments"], "pad": [[]] * 40_000}}
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text(json.dumps(good) + "\n" + json.dumps(padded) + "\n")
+    loaded = load_manifest(manifest)
+    assert loaded.records == 1
+    (failure,) = loaded.failures
+    assert failure.kind == "bad-record" and "longer than 64 KiB" in failure.detail
+
+
+@pytest.mark.parametrize("kernel", ["unittest.__main__:main", "examples.ops:add.__globals__"])
+def test_a_kernel_path_naming_a_dunder_is_never_imported(kernel):
+    """`pkg.__main__` runs a program when imported: warm ran unittest's command line on its
+    own arguments, whose SystemExit ended the command."""
+    from bridge import KernelArgumentError
+    from bridge.warm import import_kernel
+
+    before = set(sys.modules)
+    with pytest.raises(KernelArgumentError, match="dunder"):
+        import_kernel(kernel)
+    assert "unittest.__main__" not in set(sys.modules) - before
+
+
+def test_a_module_that_exits_while_imported_is_an_error_of_its_kernel(tmp_path, monkeypatch):
+    from bridge import KernelArgumentError
+    from bridge.warm import import_kernel
+
+    (tmp_path / "exits_on_import.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(KernelArgumentError, match="raised SystemExit"):
+        import_kernel("exits_on_import:kernel")
 
 
 def test_compile_record_and_the_manifest_build_the_same_call(tmp_path):
