@@ -10,6 +10,8 @@
   as no live process.
 * :func:`warn_once`: a warning logged the first time its key comes up in this process
   (thread-safe). Failures of the cache are warned about once, not on every kernel.
+* :func:`printable`: text from others (names in a shared root, a server's error) made safe
+  to print on the user's terminal or log.
 """
 
 from __future__ import annotations
@@ -72,3 +74,15 @@ def warn_once(log: logging.Logger, key: Hashable, message: str, *args: object) -
         _warned.add(key)
     log.warning(message, *args)
     return True
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: control characters (escape sequences, newlines,
+    carriage returns, ...) are shown escaped, as ``\\x1b`` or ``\\n``. Names read from a
+    shared root and what a server says are untrusted: they must not redraw the screen or
+    forge output lines."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )

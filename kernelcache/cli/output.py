@@ -19,6 +19,7 @@ from ..errors import CommandFailed as CommandFailed  # the errors commands raise
 from ..errors import NothingDone as NothingDone
 from ..errors import UsageError as UsageError
 from ..naming import NAME_SEPARATOR, kernel_names
+from ..process import printable as printable  # (how the commands show what others wrote)
 from ..units import human_size as human_size  # (how the commands show sizes)
 
 #: the version of every command's ``--json`` document
@@ -57,17 +58,6 @@ def finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [finite(v) for v in value]
     return value
-
-
-def printable(text: str) -> str:
-    """``text`` safe to print on a terminal: control characters (escape sequences, newlines,
-    carriage returns, ...) are shown escaped, as ``\\x1b`` or ``\\n``. Names read from a
-    shared root are untrusted: they must not redraw the screen or forge output lines."""
-    if text.isprintable():
-        return text
-    return "".join(
-        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
-    )
 
 
 class Output:

@@ -26,6 +26,7 @@ Invariants:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -34,6 +35,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from ...errors import RemoteError
 from ...keys import group_of
 from ...process import HOST
 from ..base import TierBase
@@ -235,10 +237,10 @@ class ObjectStoreTier(TierBase):
 
         path = self.path(key)
         if replace:
-            obstore.put(store, path, value)
+            _put(store, path, value)
             return True
         try:
-            obstore.put(store, path, value, mode="create")
+            _put(store, path, value, mode="create")
             return True
         except (AlreadyExistsError, PreconditionError):
             return False
@@ -248,7 +250,7 @@ class ObjectStoreTier(TierBase):
             obstore.head(store, path)
             return False
         except FileNotFoundError:
-            obstore.put(store, path, value)
+            _put(store, path, value)
             return True
 
     # -- build locks ----------------------------------------------------------------------
@@ -353,7 +355,6 @@ class ObjectStoreTier(TierBase):
         only if it is still at ``version``. The version written (also when the condition
         failed because this write's own first try had landed); None when the condition
         failed; ``"unsupported"`` for a store without conditional puts."""
-        import obstore
         from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
 
         record = {
@@ -364,9 +365,27 @@ class ObjectStoreTier(TierBase):
         }
         mode: Any = "create" if version is None else update_mode(version)
         try:
-            result = obstore.put(store, lock, json.dumps(record).encode(), mode=mode)
+            result = _put(store, lock, json.dumps(record).encode(), mode=mode)
         except (AlreadyExistsError, PreconditionError):
             return written_by(store, lock, token)
         except NotSupportedError:
             return "unsupported"
         return version_of(result)
+
+
+def _put(store: Any, path: str, data: bytes, **options: Any) -> Any:
+    """``obstore.put``, where a write answered "not found" (S3's NoSuchBucket: a bucket that
+    does not exist, or an endpoint that says so) is a failure of the store, not a missing
+    object: a lock written there is never taken for one held elsewhere.
+
+    Raises:
+        RemoteError: the store answered the write with "not found".
+    """
+    import obstore
+
+    try:
+        return obstore.put(store, path, data, **options)
+    except FileNotFoundError as e:
+        raise RemoteError(
+            errno.ENOENT, f"a write was answered 'not found': {first_line(e)}"
+        ) from None

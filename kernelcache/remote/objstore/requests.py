@@ -18,6 +18,7 @@ from ...errors import (
     RemoteTimeout,
 )
 from ...optional import needs
+from ...process import printable
 from .location import ObjectURL
 
 #: a request the store answered with a server error (5xx) or whose connection failed is sent
@@ -28,6 +29,8 @@ from .location import ObjectURL
 _RETRY_WAIT = timedelta(milliseconds=50)
 #: the most bytes of a lock object read (its holder record is far smaller)
 _LOCK_RECORD_MAX = 4096
+#: the longest lease a lock's record may declare, in seconds (a day)
+_LONGEST_LEASE = 86400
 #: an object's version as its store tells it: (e_tag, version), either possibly None
 Version = tuple[Any, Any]
 
@@ -101,9 +104,16 @@ def read_lock(store: Any, path: str) -> tuple[Version, bytes] | None:
         result = obstore.get(store, path)
     except FileNotFoundError:
         return None
+    version = version_of(result.meta)
     if result.meta["size"] > _LOCK_RECORD_MAX:
-        return version_of(result.meta), b""
-    return version_of(result.meta), bytes(result.bytes())
+        return version, b""
+    chunks, got = [], 0  # (in chunks, whatever length was announced: a body may go on)
+    for chunk in result.stream(min_chunk_size=_LOCK_RECORD_MAX + 1):
+        got += len(chunk)
+        if got > _LOCK_RECORD_MAX:
+            return version, b""
+        chunks.append(bytes(chunk))
+    return version, b"".join(chunks)
 
 
 def written_by(store: Any, path: str, token: str) -> Version | None:
@@ -149,13 +159,16 @@ def _field(record: bytes, name: str) -> Any:
 def lock_holder(record: bytes) -> str:
     """Who holds a lock, from its record, or "unknown"."""
     holder = _field(record, "holder")
-    return holder[:200] if isinstance(holder, str) else "unknown"
+    return printable(holder[:200]) if isinstance(holder, str) else "unknown"
 
 
 def declared_lease(record: bytes) -> float:
     """The lease a lock's record declares, in seconds (0 when it declares none)."""
     lease = _field(record, "lease")
-    return float(lease) if isinstance(lease, (int, float)) and lease > 0 else 0.0
+    # (compared before conversion: a float cannot hold 10**400)
+    if type(lease) in (int, float) and 0 < lease <= _LONGEST_LEASE:
+        return float(lease)
+    return 0.0
 
 
 def read_object(store: Any, path: str, max_size: int, timeout: float) -> bytes | int | None:
@@ -190,4 +203,5 @@ def read_object(store: Any, path: str, max_size: int, timeout: float) -> bytes |
 
 
 def first_line(e: Exception) -> str:
-    return (str(e).splitlines() or [type(e).__name__])[0][:300]
+    """The first line of what a failure says (the server's words, escaped)."""
+    return printable((str(e).splitlines() or [type(e).__name__])[0][:300])

@@ -221,3 +221,46 @@ def test_a_process_forked_after_the_tier_was_used_skips_it_instead_of_hanging(bu
     data, skipped = queue.get(timeout=30)
     process.join(timeout=30)
     assert data == b"built in the child" and skipped >= 1
+
+
+def test_a_lock_record_whose_body_goes_on_is_read_no_further_than_a_record():
+    """A lock's record was read whole after its announced length: a body sent chunked behind
+    `Content-Length: 10` took a job to 3 GB."""
+    from kernelcache.remote.objstore.requests import read_lock
+
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\nTransfer-Encoding: chunked\r\n"
+        b'ETag: "a"\r\nLast-Modified: Tue, 15 Nov 1994 08:12:31 GMT\r\n\r\n'
+    )
+    chunk = b"100000\r\n" + b"x" * 0x100000 + b"\r\n"  # 1 MiB chunks, for 3 s
+    with s3_env(), drip(head=head, chunk=chunk, interval=0.01, limit=3.0) as port:
+        url = f"s3://b/kc?endpoint=http://127.0.0.1:{port}&region=us-east-1&timeout=30s"
+        tier = open_remote(url)
+        started = time.monotonic()
+        _, record = read_lock(tier.store, "kc/k.lock")
+        elapsed = time.monotonic() - started
+    assert record == b"", len(record)  # larger than a record: not read (it was 300 MB)
+    assert elapsed < 10, elapsed
+
+
+def test_a_bucket_that_does_not_exist_fails_writes_at_once(s3, tmp_path):
+    """A write answered 404 (NoSuchBucket) was taken for a lock held elsewhere: every call
+    waited its whole lock timeout, and nothing said the bucket was missing."""
+    url = f"s3://never-made/kc?endpoint={s3.endpoint}&region=us-east-1"
+    cache = kernelcache.Cache(str(tmp_path), (), url, lock_timeout=10.0)
+    with s3_env():
+        started = time.monotonic()
+        art = cache.get_or_create(key_of(60), "bin", lambda: (b"built", META))
+        elapsed = time.monotonic() - started
+    assert art.data == b"built"
+    assert elapsed < 5, elapsed  # not the lock timeout (10 s)
+
+
+def test_what_a_server_or_a_lock_record_says_is_escaped_and_bounded():
+    from kernelcache.remote.objstore.requests import declared_lease, first_line, lock_holder
+
+    said = first_line(RuntimeError("403 Forbidden: \x1b]0;owned\x07\x1b[2J\nnext line"))
+    assert "\x1b" not in said and "\\x1b" in said and "next line" not in said
+    assert lock_holder(b'{"holder": "h\\u001b[2J"}') == "h\\x1b[2J"
+    assert declared_lease(b'{"lease": 1' + b"0" * 400 + b"}") == 0.0  # a float cannot hold it
+    assert declared_lease(b'{"lease": 30}') == 30.0
