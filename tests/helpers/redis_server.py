@@ -280,13 +280,14 @@ def drip(
     interval: float = 0.3,
     limit: float = 60.0,
 ) -> contextlib.AbstractContextManager[int]:
-    """A port on 127.0.0.1 whose server answers every connection with ``head``, then
-    ``chunk`` every ``interval`` seconds (0: as fast as the client reads) whatever it is asked:
-    a slow (or flooding) server. Each connection stops after ``limit`` seconds, or when the
-    client goes away."""
+    """A port on 127.0.0.1 whose server answers every connection, once the client has sent
+    its first bytes, with ``head``, then ``chunk`` every ``interval`` seconds (0: as fast as
+    the client reads) whatever it is asked: a slow (or flooding) server. Each connection stops
+    after ``limit`` seconds, or when the client goes away."""
 
     def serve(conn: socket.socket, stop: threading.Event) -> None:
         with contextlib.suppress(OSError):
+            conn.recv(65536)  # (an HTTP client refuses an answer that comes before its request)
             conn.sendall(head)
             end = time.monotonic() + limit
             while not stop.is_set() and time.monotonic() < end:
