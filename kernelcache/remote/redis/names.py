@@ -81,13 +81,15 @@ def _strlens(client: Any, names: list[bytes]) -> list[int]:
 def count_entries(attempt: Attempt, prefix: str, limit: int, seconds: float) -> dict[str, Any]:
     """``{"entries", "bytes", "complete"}`` of the namespace ``prefix`` on one server:
     ``SCAN`` of its keys, 1,000 a call, and ``STRLEN`` of each in one pipeline a batch,
-    stopping after ``limit`` keys or ``seconds`` (``complete`` false: at least that many; a
-    server that never ends its scan, or pages nothing forever, is stopped by the time); None
-    values where the server failed."""
+    stopping after ``limit`` keys or ``seconds``, or at a cursor given before (``complete``
+    false: at least that many; Redis never gives a cursor twice in one scan, so a server that
+    does, or that pages nothing forever, is stopped there or by the time); None values where
+    the server failed."""
     out: dict[str, Any] = {"entries": None, "bytes": None, "complete": False}
     pattern = f"{prefix}*"
     cursor, entries, total = 0, 0, 0
     until = time.monotonic() + seconds
+    given: set[int] = set()
     while True:
         found, error, _ = attempt(lambda c, at=cursor: c.scan(cursor=at, match=pattern, count=1000))
         if error is not None:
@@ -102,5 +104,8 @@ def count_entries(attempt: Attempt, prefix: str, limit: int, seconds: float) -> 
             total += sum(int(n) for n in lengths)
         if int(cursor) == 0 or entries >= limit or time.monotonic() >= until:
             break
+        if int(cursor) in given:
+            break
+        given.add(int(cursor))
     out.update(entries=entries, bytes=total, complete=int(cursor) == 0)
     return out
