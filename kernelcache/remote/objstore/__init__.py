@@ -270,6 +270,7 @@ class ObjectStoreTier(TierBase):
             self.policy.count(lock_ready=1)
             return no_release
         lock = f"{self.path(key)}.lock"
+        named = self.name(key) + ".lock"  # (as messages name it: in the bucket)
         token = uuid.uuid4().hex
         made, failed = self._call("lock", lambda store: self._put_lock(store, lock, token, None))
         if failed:
@@ -287,16 +288,16 @@ class ObjectStoreTier(TierBase):
             return self._held(key, lock, token, made)
         seen, failed = self._call("lock", lambda store: read_lock(store, lock))
         if failed or seen is None:
-            return Busy(self.name(lock), "unknown", self.label)  # gone meanwhile: try again
+            return Busy(named, "unknown", self.label)  # gone meanwhile: try again
         version, record = seen
         holder = lock_holder(record)
         if not self._stale(lock, version, record):
-            return Busy(self.name(lock), holder, self.label)
+            return Busy(named, holder, self.label)
         taken, failed = self._call(
             "lock", lambda store: self._put_lock(store, lock, token, version)
         )
         if failed or not isinstance(taken, tuple):
-            return Busy(self.name(lock), holder, self.label)
+            return Busy(named, holder, self.label)
         self.policy.count(locks_broken=1)
         self.policy.warn(
             "lock-broken",

@@ -62,7 +62,10 @@ def test_a_lock_whose_first_write_landed_unanswered_is_its_takers(s3):
         assert callable(release), release
         puts = [status for m, path, status in proxy.requests if m == "PUT" and "lock" in path]
         assert puts == [500, 412], "the write landed, then was sent again and refused"
-        assert isinstance(ObjectStoreTier(bucket).try_acquire(key), Busy), "held by its taker"
+        other = ObjectStoreTier(bucket)
+        busy = other.try_acquire(key)
+        assert isinstance(busy, Busy), "held by its taker"
+        assert busy.lock == other.name(key) + ".lock"  # (it named the key's group twice)
         release()
     assert callable(ObjectStoreTier(bucket).try_acquire(key)), "released"
 
