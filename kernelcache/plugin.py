@@ -17,7 +17,8 @@ the store, their entries and errors), this module, and for the commands it adds
   :func:`flush`) and a user's records of what was checked (:func:`record_check`).
 - **The foundation it shares**: one warning per process (:func:`warn_once`), the host and its
   processes (:data:`HOST`, :func:`pid_alive`), reading files others may have planted
-  (:func:`open_regular`, :func:`load_json`), sizes (:func:`parse_size`, :func:`human_size`),
+  (:func:`open_regular`, :func:`load_json`), a lock on a file of its own waited for until a
+  deadline (:func:`flock_by`), sizes (:func:`parse_size`, :func:`human_size`),
   name patterns (:func:`matcher`, :func:`is_pattern`, :data:`NAME_SEPARATOR`), and the errors
   those raise.
 
@@ -57,6 +58,7 @@ from .schema import (
 )
 from .stats import count, flush
 from .store import check_recorded, record_check, register_directory
+from .store.locks.flock import flock_by
 from .units import human_size, parse_size
 
 __all__ = [
@@ -79,6 +81,7 @@ __all__ = [
     "declare_sparse",
     "digest_of",
     "elf_problem",
+    "flock_by",
     "flush",
     "group_of",
     "human_size",

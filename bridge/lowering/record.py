@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -37,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernelcache.plugin import load_json, warn_once
+from kernelcache.plugin import flock_by, load_json, warn_once
 
 if TYPE_CHECKING:
     from ..call.binding import Bound
@@ -289,23 +288,6 @@ def _unchanged(name: str, seen: _Seen) -> bool:
     return seen.ident == (st.st_dev, st.st_ino) and st.st_size >= seen.offset
 
 
-def _lock_briefly(fd: int) -> None:
-    """Take the exclusive ``flock`` of the manifest open as ``fd`` if it is had within
-    :data:`LOCK_WAIT` seconds. Else (no flock here, or anyone who may read the file holds it)
-    the line is written without it: lines stay whole (``O_APPEND``), readers drop duplicates."""
-    deadline = time.monotonic() + LOCK_WAIT
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return
-            time.sleep(0.01)
-        except OSError:
-            return
-
-
 def _append_locked(name: str, seen: _Seen, ident: tuple[str, str, str] | None, line: bytes) -> bool:
     Path(name).parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
@@ -314,7 +296,9 @@ def _append_locked(name: str, seen: _Seen, ident: tuple[str, str, str] | None, l
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
-        _lock_briefly(fd)
+        # (had within LOCK_WAIT, or not: anyone who may read the file may hold its lock, and
+        # the line is then written without it: lines stay whole, readers drop duplicates)
+        flock_by(fd, time.monotonic() + LOCK_WAIT, poll=0.01)
         st = os.fstat(fd)
         _catch_up(fd, seen, st)
         if ident is not None and ident in seen.records:

@@ -1,5 +1,6 @@
-"""flock-based locks: taking and dropping a descriptor lock, the names of a key's lock files, and
-probing whether a lock file is held (and by whom).
+"""flock-based locks: taking and dropping a descriptor lock (or waiting for one until a
+deadline), the names of a key's lock files, and probing whether a lock file is held (and by
+whom).
 
 The exclusive flock is filelock's descriptor lock, so a tool locking ``.locks/<key>.lock`` with
 ``filelock.FileLock`` excludes kernelcache's writers and the other way round.
@@ -11,6 +12,7 @@ import errno
 import fcntl
 import functools
 import os
+import time
 from collections.abc import Callable
 
 from ...errors import LockUnavailable
@@ -37,6 +39,22 @@ def try_flock(fd: int, *, shared: bool) -> bool:
             return False
         return True
     return _descriptor_lock()[0](fd)
+
+
+def flock_by(fd: int, deadline: float, *, poll: float = 0.002) -> bool:
+    """The exclusive ``flock`` on ``fd``, tried until the monotonic time ``deadline``: False
+    if another holder kept it that long; True once had, or where flock does not work on the
+    file's filesystem (there is nothing to wait for)."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
+        except OSError:
+            return True
 
 
 def unflock(fd: int, *, shared: bool) -> None:

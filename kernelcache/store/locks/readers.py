@@ -6,11 +6,11 @@ that flock exclusively first, so bytes are never removed under a reader that hol
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 
 from ...fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
+from .flock import flock_by
 
 
 def exclude_readers(dfd: int, names: list[str], *, wait: float) -> list[int] | None:
@@ -27,16 +27,8 @@ def exclude_readers(dfd: int, names: list[str], *, wait: float) -> list[int] | N
         except OSError:
             continue
         fds.append(fd)
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    for held in fds:
-                        os.close(held)
-                    return None
-                time.sleep(0.002)
-            except OSError:
-                break  # no flock on this filesystem
+        if not flock_by(fd, deadline):
+            for held in fds:
+                os.close(held)
+            return None
     return fds
