@@ -19,13 +19,13 @@ each entry's files, no metadata read.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import stat
 from collections.abc import Mapping
 
-from ..errors import LockTimeout, LockUnavailable, NotRegularFile
+from ..errors import LockTimeout, LockUnavailable
+from ..fsio import open_planted
 from ..keys import KEY_PATTERN, META_EXT, all_keys, valid_ext
 from ..process import warn_once
 from ..store.layout import STATS_DIR, open_subdir, replace_file
@@ -240,15 +240,10 @@ def _open_appending(dfd: int) -> int:
     appending.
 
     Raises:
-        OSError: it cannot be opened, or it is not a regular file (a FIFO planted there is
-            never waited on).
+        OSError: it cannot be opened, or it is not a regular file of one link (a FIFO planted
+            there is never waited on: :func:`~kernelcache.fsio.open_planted`).
     """
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    fd = os.open(USAGE_NAME, flags, 0o666, dir_fd=dfd)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise NotRegularFile(errno.EINVAL, f"{STATS_DIR}/{USAGE_NAME} is not a regular file")
-    return fd
+    return open_planted(USAGE_NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT, dir_fd=dfd)
 
 
 def open_usage(dfd: int) -> int | None:
@@ -301,8 +296,7 @@ def replace_usage(dfd: int, old: int | None, begin: int, head: bytes) -> None:
         return
     late, _ = _additions_from(old, end)
     if late:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        fd = os.open(USAGE_NAME, flags, dir_fd=dfd)
+        fd = open_planted(USAGE_NAME, os.O_WRONLY | os.O_APPEND, dir_fd=dfd)
         try:
             os.write(fd, late)
         finally:
