@@ -277,9 +277,9 @@ def kernel_module(directory: Path, name: str, body: str):
     return module
 
 
-#: a kernel module's source: Triton imported, ``head``, then ``kernel`` storing ``body`` (an
-#: expression of ``x``, the loaded block) with ``params`` before ``BLOCK``
-KERNEL_SOURCE = """
+#: the start of the kernel modules below: Triton imported, ``head``, then ``kernel`` (with
+#: ``params`` before ``BLOCK``) up to its loaded block ``x``
+_KERNEL_HEAD = """
 import triton
 import triton.language as tl
 {head}
@@ -289,8 +289,9 @@ def kernel(x_ptr, n, out_ptr, {params}BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask)
-    tl.store(out_ptr + offs, {body}, mask=mask)
 """
+#: a kernel module's source: ``kernel`` stores ``body`` (an expression of ``x``)
+KERNEL_SOURCE = _KERNEL_HEAD + "    tl.store(out_ptr + offs, {body}, mask=mask)\n"
 
 
 def kernel_source(head: str, body: str, params: str = "") -> str:
@@ -299,19 +300,7 @@ def kernel_source(head: str, body: str, params: str = "") -> str:
 
 
 #: a kernel whose loaded block ``x`` goes through ``stmts`` (indented lines that set ``out``)
-KERNEL_STATEMENTS = """
-import triton
-import triton.language as tl
-{head}
-
-@triton.jit
-def kernel(x_ptr, n, out_ptr, {params}BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask)
-{stmts}
-    tl.store(out_ptr + offs, out, mask=mask)
-"""
+KERNEL_STATEMENTS = _KERNEL_HEAD + "{stmts}\n    tl.store(out_ptr + offs, out, mask=mask)\n"
 #: a Gluon kernel, likewise
 GLUON_STATEMENTS = """
 from triton.experimental import gluon
