@@ -22,10 +22,10 @@ MAX_LOG_BYTES = 256 << 20
 MAX_LINE_BYTES = 64 << 10
 
 
-def read_log_file(dfd: int, name: str) -> bytes:
+def read_log_file(dfd: int, name: str, most: int = MAX_LOG_BYTES) -> bytes:
     """The bytes of the log ``name`` in the directory ``dfd``, read without blocking: no
     symlink is followed, and anything but a regular file (a planted FIFO or device) or a file
-    over :data:`MAX_LOG_BYTES` is refused.
+    over ``most`` bytes is refused.
 
     Raises:
         OSError: it cannot be read (the message says why).
@@ -35,10 +35,10 @@ def read_log_file(dfd: int, name: str) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFile(errno.EINVAL, "not a regular file")
-        if st.st_size > MAX_LOG_BYTES:
-            raise FileTooLarge(errno.EFBIG, f"larger than {MAX_LOG_BYTES >> 20} MiB")
+        if st.st_size > most:
+            raise FileTooLarge(errno.EFBIG, f"larger than {most >> 20} MiB")
         chunks = []
-        remaining = MAX_LOG_BYTES + 1
+        remaining = most + 1
         while remaining > 0:
             chunk = os.read(fd, min(remaining, 1 << 20))
             if not chunk:
@@ -46,7 +46,7 @@ def read_log_file(dfd: int, name: str) -> bytes:
             chunks.append(chunk)
             remaining -= len(chunk)
         if remaining <= 0:
-            raise FileTooLarge(errno.EFBIG, f"larger than {MAX_LOG_BYTES >> 20} MiB")
+            raise FileTooLarge(errno.EFBIG, f"larger than {most >> 20} MiB")
         return b"".join(chunks)
     finally:
         os.close(fd)

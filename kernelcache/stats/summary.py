@@ -160,13 +160,12 @@ def read_summary(root: str) -> dict[str, Any] | None:
 def _read_summary(dfd: int) -> dict[str, Any] | None:
     """The summary record; None if absent. Raises ValueError if it exists but is unreadable."""
     try:
-        raw = read_log_file(dfd, SUMMARY_NAME)
+        # (no larger: its JSON would hold many times its bytes in memory)
+        raw = read_log_file(dfd, SUMMARY_NAME, MAX_SUMMARY_BYTES)
     except FileNotFoundError:
         return None
     except OSError as e:
         raise UnreadableFile(f"cannot read {SUMMARY_NAME}: {e.strerror or e}") from e
-    if len(raw) > MAX_SUMMARY_BYTES:  # (its JSON would hold many times its bytes in memory)
-        raise UnreadableFile(f"{SUMMARY_NAME} is larger than {MAX_SUMMARY_BYTES >> 20} MiB")
     try:
         record = load_json(raw)
     except ValueError:
