@@ -3,14 +3,13 @@
 Comparisons use parsed release tuples (``packaging.version.Version(v).release``), so local
 suffixes such as ``+rocm7`` or ``.dev2026...+git`` cannot satisfy a check by accident: a
 pre-release of 0.11.1 counts as 0.11.1 only through its release tuple, never through string
-order.
+order. A plain release ("0.11.2": dotted decimal numbers only) is its own tuple; only the
+others are parsed by ``packaging`` (which a process then imports).
 """
 
 from __future__ import annotations
 
 import functools
-
-from packaging.version import InvalidVersion, Version
 
 #: jaxlib's Triton custom-call targets: the typed-FFI one (api_version 4, an ``opaque``
 #: attribute) and the legacy one (api_version 2, the opaque as raw backend_config)
@@ -30,6 +29,11 @@ def release(version: str) -> tuple[int, ...]:
     Raises:
         ValueError: ``version`` is not a PEP 440 version.
     """
+    parts = version.split(".")
+    if all(p.isdecimal() and p.isascii() for p in parts):  # ("" is not decimal)
+        return tuple(int(p) for p in parts)
+    from packaging.version import InvalidVersion, Version
+
     try:
         return Version(version).release
     except InvalidVersion:

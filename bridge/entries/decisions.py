@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 from kernelcache.plugin import digest_of, warn_once
 
 from .kinds import EntryKind
-from .samples import is_duration
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -167,6 +166,16 @@ class Decision:
             "kernel": self.kernel,
             "target": self.target,
         }
+
+
+#: the longest duration a document may hold, in seconds (a year: no measurement takes longer)
+MAX_SECONDS = 365 * 86400.0
+
+
+def is_duration(value: Any) -> TypeGuard[float]:
+    """Whether ``value`` is a number of seconds, 0 to :data:`MAX_SECONDS` (an int compared to
+    that bound is never converted to a float: ``10**400`` is refused, not an OverflowError)."""
+    return type(value) in (int, float) and 0 <= value <= MAX_SECONDS
 
 
 def _index(text: Any, n: int) -> bool:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+from .decisions import is_duration
 from .kinds import EntryKind
 
 if TYPE_CHECKING:
@@ -68,16 +69,6 @@ def encode(sample: Sample, variant: str, device: str) -> tuple[bytes, dict[str, 
 
 def _count(value: Any) -> TypeGuard[int]:
     return type(value) is int and 0 <= value <= 1 << 40
-
-
-#: the longest duration a document may hold, in seconds (a year: no measurement takes longer)
-MAX_SECONDS = 365 * 86400.0
-
-
-def is_duration(value: Any) -> TypeGuard[float]:
-    """Whether ``value`` is a number of seconds, 0 to :data:`MAX_SECONDS` (an int compared to
-    that bound is never converted to a float: ``10**400`` is refused, not an OverflowError)."""
-    return type(value) in (int, float) and 0 <= value <= MAX_SECONDS
 
 
 def _text(value: Any) -> TypeGuard[str]:

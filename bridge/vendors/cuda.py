@@ -11,8 +11,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from kernelcache.plugin import EM_CUDA
 
@@ -45,12 +44,12 @@ def ptxas_fingerprint(target: str, arch: int) -> str:
     return hashlib.sha256(doc.encode()).hexdigest()
 
 
-@dataclass(frozen=True, eq=False)
 class Cuda(Vendor):
-    """NVIDIA GPUs, through Triton's ``nvidia`` backend: cubins with their PTX."""
+    """NVIDIA GPUs, through Triton's ``nvidia`` backend: cubins with their PTX. (Not a
+    dataclass of its own: it adds no field, so it keeps :class:`Vendor`'s methods.)"""
 
     #: the oldest compute capability Triton compiles for
-    min_compute_capability: int = 50
+    min_compute_capability: ClassVar[int] = 50
 
     def arch_of(self, raw: str, text: str) -> Arch:
         cc = int(raw)

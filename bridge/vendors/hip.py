@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from kernelcache.plugin import EM_AMDGPU
@@ -20,9 +19,9 @@ from .vendor import Arch, Driver, KiB, Vendor, register
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, eq=False)
 class Hip(Vendor):
-    """AMD's GPUs, through Triton's ``amd`` backend: HSACO code objects."""
+    """AMD's GPUs, through Triton's ``amd`` backend: HSACO code objects. (Not a dataclass of
+    its own: it adds no field, so it keeps :class:`Vendor`'s methods.)"""
 
     def warp_size(self, arch: Arch) -> int:
         """32 on gfx10 and newer (RDNA), else 64 (CDNA, GCN)."""

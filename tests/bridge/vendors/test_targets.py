@@ -70,6 +70,23 @@ def test_versions_compare_release_tuples():
 
 
 @pytest.mark.parametrize(
+    "text",
+    ["0.11.2", "3.6.0", "01.2", "7", "0.11.1rc1", "1.0.post2", "v1.2", "1!2.0", "0.11.2+rocm7"],
+)
+def test_a_release_tuple_is_packagings(text):
+    # plain dotted numbers are read without packaging; the same tuple as packaging reads
+    from packaging.version import Version
+
+    assert versions.release(text) == Version(text).release
+
+
+@pytest.mark.parametrize("text", ["", "1..2", "1.", "\u0661.\u0662", "-1.2"])
+def test_a_string_of_digits_and_dots_that_is_no_version_is_refused(text):
+    with pytest.raises(ValueError, match="not a version"):
+        versions.release(text)
+
+
+@pytest.mark.parametrize(
     "jaxlib, target, mode",
     [
         ("0.11.2", "cuda:90", "inline"),
