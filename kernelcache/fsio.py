@@ -7,7 +7,9 @@ opened with :func:`open_planted`, which also refuses anything but a regular file
 owns). Files named on a command line are opened with
 :func:`open_regular`, which refuses anything but a regular file. JSON from outside the process
 (files in a shared root, bundles, manifests, remote values) is parsed with :func:`load_json`,
-whose every failure is a ValueError: hostile input is unreadable data, never a crash.
+whose every failure is a ValueError: hostile input is unreadable data, never a crash. A file
+of a process's own that others may lock too is locked with :func:`flock_by`, which waits
+until a deadline, never for ever.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import fcntl
 import json
 import os
 import stat
+import time
 from typing import IO, Any
 
 from .errors import NotRegularFile, UnreadableFile
@@ -103,3 +106,19 @@ def load_json(raw: bytes | str) -> Any:
         return json.loads(raw)
     except RecursionError:
         raise UnreadableFile("JSON nested too deeply") from None
+
+
+def flock_by(fd: int, deadline: float, *, poll: float = 0.002) -> bool:
+    """The exclusive ``flock`` on ``fd``, tried until the monotonic time ``deadline``: False
+    if another holder kept it that long; True once had, or where flock does not work on the
+    file's filesystem (there is nothing to wait for)."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
+        except OSError:
+            return True

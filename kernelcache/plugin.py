@@ -43,7 +43,7 @@ from .config import (
 )
 from .errors import KernelCacheError, NotRegularFile
 from .formats import EM_AMDGPU, EM_CUDA, artifact_problem, elf_problem, ptx_problem
-from .fsio import load_json, open_regular
+from .fsio import flock_by, load_json, open_regular
 from .keys import GROUP_CHARS, KEY_PATTERN, declare_sparse, digest_of, group_of
 from .naming import NAME_SEPARATOR, is_pattern, matcher
 from .process import HOST, pid_alive, warn_once
@@ -58,7 +58,6 @@ from .schema import (
 )
 from .stats import count, flush
 from .store import check_recorded, record_check, register_directory
-from .store.locks.flock import flock_by
 from .units import human_size, parse_size
 
 __all__ = [

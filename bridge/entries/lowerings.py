@@ -40,8 +40,7 @@ import json
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kernelcache.plugin import (
     KERNEL_NAME,
@@ -71,8 +70,7 @@ _HEADER = struct.Struct(">4sI")
 EVERY = "every"
 
 
-@dataclass(frozen=True)
-class Lowered:
+class Lowered(NamedTuple):
     """What a call lowers to: the opaque, the embedding, whether jaxlib autotunes it, and the
     oldest jaxlib release that can run it."""
 
@@ -269,8 +267,7 @@ PROGRAM_MAGIC = b"KCP1"
 MAX_ITEMS = 4096
 
 
-@dataclass(frozen=True)
-class Item:
+class Item(NamedTuple):
     """One call of a program: its lowering key, the state it lowered in, the kernel keys of its
     variants (autotuned calls only) and what it lowered to."""
 

@@ -27,8 +27,7 @@ import logging
 import sys
 import threading
 import weakref
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 
@@ -98,8 +97,7 @@ def custom_call_target(lowered: Lowered, ffi_call: bool, forward_compat: bool = 
     return CUSTOM_CALL_FFI
 
 
-@dataclass(frozen=True)
-class Setup:
+class Setup(NamedTuple):
     """What lowering a call reads from the process: its settings, and what they and the call's
     ``target``, ``embed`` and ``cache`` arguments resolve to (``context``: the start of its
     lowering key, None where lowerings are not stored; see :mod:`bridge.entries.lowerings`;

@@ -75,6 +75,7 @@ NOT_FOR_A_HIT = (
     "kernelcache.capacity",
     "kernelcache.cache.builds",
     "kernelcache.store.writing",
+    "kernelcache.store.locks",  # (the writers' locks: imported by the first write)
     "kernelcache.store.removal",
     "kernelcache.stats.summary",
     "kernelcache.table",

@@ -12,7 +12,6 @@ import errno
 import fcntl
 import functools
 import os
-import time
 from collections.abc import Callable
 
 from ...errors import LockUnavailable
@@ -39,22 +38,6 @@ def try_flock(fd: int, *, shared: bool) -> bool:
             return False
         return True
     return _descriptor_lock()[0](fd)
-
-
-def flock_by(fd: int, deadline: float, *, poll: float = 0.002) -> bool:
-    """The exclusive ``flock`` on ``fd``, tried until the monotonic time ``deadline``: False
-    if another holder kept it that long; True once had, or where flock does not work on the
-    file's filesystem (there is nothing to wait for)."""
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(poll)
-        except OSError:
-            return True
 
 
 def unflock(fd: int, *, shared: bool) -> None:

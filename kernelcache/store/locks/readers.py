@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import time
 
-from ...fsio import READ_FLAGS  # a FIFO planted as a lock file must not hang the open
-from .flock import flock_by
+from ...fsio import (
+    READ_FLAGS,  # a FIFO planted as a lock file must not hang the open
+    flock_by,
+)
 
 
 def exclude_readers(dfd: int, names: list[str], *, wait: float) -> list[int] | None:
