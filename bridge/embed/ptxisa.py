@@ -33,8 +33,7 @@ import re
 import stat
 import subprocess
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..entries import memos
 from ..exceptions import EmbedError
@@ -131,8 +130,7 @@ def _target(ptx: str) -> str | None:
     return m.group(1) if m else None
 
 
-@dataclass(frozen=True)
-class Assembler:
+class Assembler(NamedTuple):
     """The PTX assembler jaxlib runs: its CUDA release, the ISA it takes and where it is
     (``origin``: the ptxas path, or how the release was inferred)."""
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeGuard
 
 from kernelcache.plugin import digest_of, warn_once
 
@@ -73,8 +73,7 @@ BYTES_PER_VARIANT = 16 * MAX_TEXT
 MAX_VARIANTS = 4096
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     """The choice among the variants of one autotuned call on one device.
 
     ``times`` are seconds per launch (None: the variant could not run, see ``reasons``);
@@ -95,7 +94,7 @@ class Decision:
     margin: float | None = None
     noise: float | None = None
     pinned: bool = False
-    reasons: Mapping[int, str] = field(default_factory=dict)
+    reasons: Mapping[int, str] = MappingProxyType({})
     launches: tuple[int, ...] = ()
     spent: float | None = None
     wall: float | None = None

@@ -25,7 +25,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..exceptions import TargetError
 
@@ -44,8 +44,7 @@ def file_row(path: str, name: str) -> list[Any]:
     return [name, st.st_size, st.st_mtime_ns]
 
 
-@dataclass(frozen=True)
-class Driver:
+class Driver(NamedTuple):
     """A vendor's GPU driver API, as measuring launches through it (:mod:`bridge.tune.jaxlib_launch`):
     the shared library, the names of the functions it calls, and jaxlib's Triton module for the
     platform (in ``jax._src.lib.gpu_triton``)."""
