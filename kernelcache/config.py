@@ -27,9 +27,9 @@ import difflib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from . import units
 from .errors import ConfigError, DeclarationError, InvalidValue, UnknownVariable
@@ -44,8 +44,7 @@ COMMANDS_GROUP = "kernelcache.commands"
 
 
 # -- declaring and parsing a variable ------------------------------------------------------
-@dataclass(frozen=True)
-class Variable:
+class Variable(NamedTuple):
     """One environment variable: how it is parsed, its default, and what it means."""
 
     name: str
@@ -89,7 +88,7 @@ def setting(
 def variables_of(declared: type) -> tuple[Variable, ...]:
     """The variables of a dataclass whose fields are declared with :func:`setting`, in its
     order (a package built on kernelcache declares its settings so too)."""
-    return tuple(replace(f.metadata["variable"], field=f.name) for f in fields(declared))
+    return tuple(f.metadata["variable"]._replace(field=f.name) for f in fields(declared))
 
 
 def parse_variable(var: Variable, environ: Mapping[str, str] | None = None) -> Any:
