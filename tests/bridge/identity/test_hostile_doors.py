@@ -234,7 +234,6 @@ def _forge_lowerings(root: Path, ext: str) -> int:
     """Edit the read sets inside every stored lowering (``ext`` "lowering") or program entry
     (``ext`` "program") of ``root``, their digests made valid; forget the other kind. Returns
     how many were forged."""
-    import dataclasses
 
     from bridge.entries import lowerings
     from kernelcache.schema.document import digest, entry_digest
@@ -247,16 +246,15 @@ def _forge_lowerings(root: Path, ext: str) -> int:
         if ext == "lowering":
             done = lowerings.decode(data)
             data = lowerings.encode(
-                dataclasses.replace(done, reads=tuple(_forged_reads(r) for r in done.reads))
+                done._replace(reads=tuple(_forged_reads(r) for r in done.reads))
             )
         else:
             items = lowerings.decode_program(data)
             data = lowerings.encode_program(
                 [
-                    dataclasses.replace(
-                        item,
-                        lowered=dataclasses.replace(
-                            item.lowered, reads=tuple(_forged_reads(r) for r in item.lowered.reads)
+                    item._replace(
+                        lowered=item.lowered._replace(
+                            reads=tuple(_forged_reads(r) for r in item.lowered.reads)
                         ),
                     )
                     for item in items
