@@ -340,7 +340,12 @@ class Program:
     """The keyed calls of one module's lowering that share a setup, and the lowerings of the
     program entries read for them (see the module docstring). Used by one thread."""
 
-    def __init__(self, cache: Cache, checked: dict[Any, Any] | None = None) -> None:
+    def __init__(
+        self,
+        cache: Cache,
+        checked: dict[Any, Any] | None = None,
+        identities: dict[int, tuple[Any, str]] | None = None,
+    ) -> None:
         self.cache = cache
         self._lowered: dict[tuple[str, str], Lowered] = {}
         #: the entry each lowering served so far was read from (its kind and artifact)
@@ -353,6 +358,9 @@ class Program:
         #: the read sets checked in this module's lowering (shared by its programs:
         #: :func:`~bridge.identity.read_sets.stale`'s ``seen``)
         self.checked: dict[Any, Any] = {} if checked is None else checked
+        #: the identities of the JIT functions keyed in this module's lowering (shared too:
+        #: :func:`~bridge.lowering.lowering_keys.lowering_key`'s ``known``)
+        self.identities: dict[int, tuple[Any, str]] = {} if identities is None else identities
 
     def _read(self, key: str) -> None:
         """Read the program entry of ``key`` (a key no entry read so far holds), unless one

@@ -136,16 +136,17 @@ class _Module:
     """The module being lowered in one thread: its setups, each with the :class:`Program` of
     the calls that use it, by what those calls pass."""
 
-    __slots__ = ("checked", "ref", "setups")
+    __slots__ = ("checked", "identities", "ref", "setups")
 
     def __init__(self, ref: weakref.ref[Any]) -> None:
         self.ref = ref
         self.setups: dict[tuple[Any, ...], tuple[Setup, Program]] = {}
         self.checked: dict[Any, Any] = {}  # the read sets checked (each program's ``checked``)
+        self.identities: dict[int, tuple[Any, str]] = {}  # (each program's ``identities``)
 
     def close(self) -> None:
         """Store each program's lowerings (:meth:`Program.close`) and forget the setups."""
-        found, self.setups, self.checked = self.setups, {}, {}
+        found, self.setups, self.checked, self.identities = self.setups, {}, {}, {}
         for _, program in found.values():
             program.close()
 
@@ -172,7 +173,10 @@ def _scoped_setup(call: CallSpec, platform: str, module: Any) -> tuple[Setup, Pr
     found = scope.setups.get(which)
     if found is None:
         prepared = setup(call, platform)
-        found = scope.setups[which] = (prepared, Program(prepared.cache, scope.checked))
+        found = scope.setups[which] = (
+            prepared,
+            Program(prepared.cache, scope.checked, scope.identities),
+        )
     return found
 
 
@@ -217,7 +221,9 @@ def _lower_with(call: CallSpec, platform: str, prepared: Setup, program: Program
     )
     keyed = None
     if prepared.context is not None and call.choice is None and not _recording(prepared.ours):
-        keyed = lowering_keys.lowering_key(call, target, prepared.context, every)
+        keyed = lowering_keys.lowering_key(
+            call, target, prepared.context, every, program.identities
+        )
     if keyed is not None:
         asked, steps = keyed[0], keyed[2]
         keyed, found = _checked_replay(call, keyed, prepared, platform, autotune, program, every)

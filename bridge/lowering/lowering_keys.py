@@ -131,7 +131,7 @@ def _libraries(options: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**options, "extern_libs_files": rows}
 
 
-def _kernel(parts: Any) -> list[Any]:
+def _kernel(parts: Any, known: dict[int, tuple[Any, str]] | None) -> list[Any]:
     layers = []
     for layer in parts.layers:
         row: list[Any] = [type(layer).__name__]
@@ -142,7 +142,13 @@ def _kernel(parts: Any) -> list[Any]:
         if values is not None and isinstance(values, Mapping):
             row.append(sorted(values))
         layers.append(row)
-    return [parts.qualname, parts.language, _identity(parts.fn), layers]
+    fn = parts.fn
+    found = None if known is None else known.get(id(fn))
+    if found is None or found[0] is not fn:
+        found = (fn, _identity(fn))
+        if known is not None:
+            known[id(fn)] = found
+    return [parts.qualname, parts.language, found[1], layers]
 
 
 def _identity(fn: Any) -> str:
@@ -232,11 +238,14 @@ def lowering_key(
     target: Target,
     context: Mapping[str, str],
     variants: Sequence[kernel_objects.Variant],
+    known: dict[int, tuple[Any, str]] | None = None,
 ) -> Keyed | None:
     """The key of ``call``'s lowering for ``target`` and the :func:`context` of its lowering,
     the number of its variants and the steps the key is the digest of (None: it is not
     stored; see the module docstring). ``variants`` are the call's variants for ``target``
-    (:func:`bridge.call.kernel_objects.expand_variants`)."""
+    (:func:`bridge.call.kernel_objects.expand_variants`); ``known``, where given, holds the
+    identities of the JIT functions keyed so far in one lowering of a module (by id, with the
+    function), so that the calls of one kernel compute its identity once."""
     parts, buffers = call.parts, call.buffers
     try:
         rows = []
@@ -257,7 +266,7 @@ def lowering_key(
                 ]
             )
         steps = dict(context)
-        steps["kernel"] = _step(_kernel(parts))
+        steps["kernel"] = _step(_kernel(parts, known))
         steps["named"] = _step(_mapping(call.named, buffers))
         steps["kwargs"] = _step(_mapping(call.kwargs, buffers))
         steps["options"] = _step(_mapping(_libraries(call.options), buffers))
