@@ -307,14 +307,14 @@ def slot_names(kind: type) -> tuple[str, ...]:
 RUNS_CODE: Any = type("RunsCode", (), {"__repr__": lambda self: "<computed by code>"})()
 #: what :func:`in_mro` finds where no class holds the name
 NOT_FOUND: Any = type("NotFound", (), {"__repr__": lambda self: "<not found>"})()
-_TYPE_MRO = type.__dict__["__mro__"]
+_TYPE_MRO, _TYPE_DICT = type.__dict__["__mro__"], type.__dict__["__dict__"]
 
 
 def in_mro(cls: type, name: str) -> Any:
     """``name`` as the classes of ``cls``'s method resolution order hold it, raw (no
     descriptor called), or a sentinel where none does."""
     for base in _TYPE_MRO.__get__(cls):
-        space = type.__dict__["__dict__"].__get__(base)
+        space = _TYPE_DICT.__get__(base)
         if name in space:
             return space[name]
     return NOT_FOUND
