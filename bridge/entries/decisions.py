@@ -106,6 +106,10 @@ class Decision(NamedTuple):
         """The chosen config, as Triton prints it."""
         return self.configs[self.chosen]
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # (pickled with its reasons as a dict: the default, a read-only mapping, is not picklable)
+        return type(self), tuple(self._replace(reasons=dict(self.reasons)))
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,

@@ -11,9 +11,11 @@ they never change with a refactoring, only with a deliberate change of the on-di
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib
 import json
+import pickle
 import pkgutil
 import zlib
 from types import SimpleNamespace
@@ -250,6 +252,15 @@ def test_a_decision_is_stored_under_its_own_key_and_looked_up_uncounted(cache):
         ("replace", OWNER, "decision", meta, None),
         ("get", OWNER, "decision", False),
     ]
+
+
+@pytest.mark.parametrize("reasons", [None, {1: "out of resources"}])
+def test_a_decision_copies_and_pickles_whole(reasons):
+    more = {} if reasons is None else {"reasons": reasons}
+    made = Decision("m:k", "cuda:90", "*", (OWNER, OTHER), ("a", "b"), 1, **more)
+    again = pickle.loads(pickle.dumps(made))
+    assert again == made and type(again) is Decision and copy.deepcopy(made) == made
+    assert dict(again.reasons) == (reasons or {})
 
 
 def test_samples_are_built_once_under_their_decisions_key_and_rebuilt_when_unusable(cache):
