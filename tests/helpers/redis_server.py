@@ -274,28 +274,6 @@ def scripted(
     return _listener(serve, host)
 
 
-def late(reply: bytes, delay: float) -> contextlib.AbstractContextManager[int]:
-    """A port on 127.0.0.1 whose server answers each request of a connection (an HTTP request
-    without a body: the bytes up to a blank line) with ``reply``, ``delay`` seconds after it
-    came: a server that answers everything, slowly."""
-
-    def serve(conn: socket.socket, stop: threading.Event) -> None:
-        with contextlib.suppress(OSError):
-            pending = b""
-            while not stop.is_set():
-                while b"\r\n\r\n" not in pending:
-                    got = conn.recv(65536)
-                    if not got:
-                        return
-                    pending += got
-                pending = pending.split(b"\r\n\r\n", 1)[1]
-                if stop.wait(delay):
-                    return
-                conn.sendall(reply)
-
-    return _listener(serve)
-
-
 def drip(
     head: bytes = b"$1000000\r\n",
     chunk: bytes = b"x",
