@@ -60,9 +60,6 @@ class TierBase:
         here: whether the tier can be used in this process at all (see
             :class:`~.policy.FailurePolicy`); None: always.
         bound: the longest one request to the store may take, in seconds.
-        answer: the longest its answer may take, not counting a connect (None: ``bound``):
-            answers slower than half of it, several in a row, open the breaker
-            (:mod:`.policy`).
     """
 
     def __init__(
@@ -79,7 +76,6 @@ class TierBase:
         overwrite: bool = False,
         here: Callable[[], bool] | None = None,
         bound: float = 5.0,
-        answer: float | None = None,
     ) -> None:
         self.url = shown
         self.label = tier_label(shown)
@@ -93,7 +89,6 @@ class TierBase:
             read_only=read_only,
             here=here,
             bound=bound,
-            answer=answer,
         )
         self._signing_key = signing_key
         self._max_size = max_size

@@ -117,8 +117,6 @@ class Ticket:
     probe: bool
     #: the event the threads of this process waiting for the probe wait on
     done: threading.Event = field(default_factory=threading.Event)
-    #: when it was let through (monotonic seconds): how long its answer took
-    started: float = field(default_factory=time.monotonic)
 
 
 class Contact:

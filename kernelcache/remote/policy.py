@@ -14,11 +14,7 @@ A request is let through by :meth:`FailurePolicy.admit` (the breakers, then the 
 contact with the tier: :mod:`.contact`) and ends with :meth:`FailurePolicy.settle`; while it is
 in flight, :meth:`FailurePolicy.opened` says whether it should be abandoned (its breaker opened,
 here or in another process of the root). So once a request timed out, the tier's next put, lock,
-renewal or release waits for nothing, in this process or any other of the node. A store that
-answers, but each time only after more than half the time an answer may take
-(:data:`SLOW_FRACTION` of its timeout), :data:`SLOW_IN_A_ROW` times in a row, opens its breaker as
-a failure does: a lookup makes several requests, and one answered just inside its timeout each
-time would otherwise cost every lookup several timeouts.
+renewal or release waits for nothing, in this process or any other of the node.
 """
 
 from __future__ import annotations
@@ -36,10 +32,6 @@ from .contact import Contact, Ticket
 
 #: the remote tiers' logger (:data:`.base.logger`)
 logger = logging.getLogger("kernelcache.remote")
-#: an answer that took longer than this fraction of the longest a request may take is slow
-SLOW_FRACTION = 0.5
-#: this many slow answers of a shard in a row open its breaker (see the module docstring)
-SLOW_IN_A_ROW = 4
 
 
 class FailurePolicy:
@@ -56,8 +48,6 @@ class FailurePolicy:
             :meth:`usable` (it counts and warns itself where not); None: always.
         bound: the longest one request to the store may take, in seconds (how long a first
             contact may last: :mod:`.contact`).
-        answer: the longest the answer to one request may take, not counting a connect (the
-            time an answer is slow past is :data:`SLOW_FRACTION` of it); None: ``bound``.
     """
 
     def __init__(
@@ -70,7 +60,6 @@ class FailurePolicy:
         read_only: bool,
         here: Callable[[], bool] | None = None,
         bound: float = 5.0,
-        answer: float | None = None,
     ) -> None:
         self.url = url
         self.label = label
@@ -90,9 +79,6 @@ class FailurePolicy:
         self._counters: Counter[str] = Counter()
         #: the first contacts with the tier's shards (one process of the node at a time)
         self.contact = Contact(self._shared, bound, self.opened)
-        #: an answer slower than this is slow; shard -> the slow answers in a row so far
-        self.slow_after = SLOW_FRACTION * (bound if answer is None else answer)
-        self._slow: Counter[str] = Counter()
 
     @property
     def counters(self) -> dict[str, int]:
@@ -164,21 +150,6 @@ class FailurePolicy:
         """The request of ``ticket`` ended: the store answered it (True), failed it or it was
         abandoned (False), or it was not made or ended otherwise (None)."""
         self.contact.settle(ticket, answered)
-        if answered:
-            self._timed(ticket)
-
-    def _timed(self, ticket: Ticket) -> None:
-        """Count an answer to ``ticket`` that was slow; open the breaker of its shard at the
-        :data:`SLOW_IN_A_ROW`-th in a row (see the module docstring)."""
-        slow = time.monotonic() - ticket.started > self.slow_after
-        shard = ticket.shard
-        with self.lock:
-            row = self._slow[shard] = self._slow[shard] + 1 if slow else 0
-            if row >= SLOW_IN_A_ROW:
-                self._slow[shard] = 0
-        if row >= SLOW_IN_A_ROW:
-            why = f"{row} answers in a row each took over {self.slow_after:g}s"
-            self.trip("requests", why, timeout=True, shard=shard)
 
     def writable(self, shard: str = "") -> bool:
         """False for a read-only tier, and while the store (or ``shard``) refuses writes."""

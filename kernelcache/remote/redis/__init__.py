@@ -87,7 +87,6 @@ class RedisTier(TierBase):
             lock_ttl=options.lock_ttl,
             overwrite=overwrite,
             bound=options.timeout + (options.connect_timeout or options.timeout),
-            answer=options.timeout,
         )
         #: the URL's options (docs/remote.md)
         self.options = options
