@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from kernelcache.plugin import EM_CUDA
 
 from ..exceptions import TargetError
-from .vendor import Arch, Driver, KiB, Vendor, file_row, register
+from .vendor import Arch, Driver, KiB, Vendor, file_row, frozen, register
 
 _VERSION = 2
 
@@ -50,6 +50,7 @@ class Cuda(Vendor):
 
     #: the oldest compute capability Triton compiles for
     min_compute_capability: ClassVar[int] = 50
+    __setattr__ = __delattr__ = frozen
 
     def arch_of(self, raw: str, text: str) -> Arch:
         cc = int(raw)

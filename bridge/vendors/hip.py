@@ -14,7 +14,7 @@ from typing import Any
 
 from kernelcache.plugin import EM_AMDGPU
 
-from .vendor import Arch, Driver, KiB, Vendor, register
+from .vendor import Arch, Driver, KiB, Vendor, frozen, register
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 class Hip(Vendor):
     """AMD's GPUs, through Triton's ``amd`` backend: HSACO code objects. (Not a dataclass of
     its own: it adds no field, so it keeps :class:`Vendor`'s methods.)"""
+
+    __setattr__ = __delattr__ = frozen
 
     def warp_size(self, arch: Arch) -> int:
         """32 on gfx10 and newer (RDNA), else 64 (CDNA, GCN)."""

@@ -24,7 +24,7 @@ import copyreg
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import FrozenInstanceError, dataclass
 from typing import Any, NamedTuple
 
 from ..exceptions import TargetError
@@ -215,6 +215,13 @@ def register(vendor: Vendor) -> Vendor:
     _registry[vendor.name] = vendor
     copyreg.pickle(type(vendor), _reduce)
     return vendor
+
+
+def frozen(self: Vendor, name: str, *value: Any) -> None:
+    """``__setattr__`` and ``__delattr__`` of a vendor class that adds no field to
+    :class:`Vendor` and so is no dataclass of its own (the generated methods refuse only
+    :class:`Vendor`'s fields on an object of a subclass): every assignment is refused."""
+    raise FrozenInstanceError(f"cannot assign to field {name!r}")
 
 
 def _reduce(vendor: Vendor) -> tuple[Any, tuple[str]]:

@@ -247,3 +247,18 @@ def test_a_job_whose_target_variable_is_misspelt_is_told_so(tmp_path):
     assert last.startswith("bridge.exceptions.TargetError: no rocm device here"), proc.stderr
     assert "KERNELCACHE_TARGT is not a variable kernelcache reads" in last
     assert "did you mean KERNELCACHE_TARGET?" in last
+
+
+@pytest.mark.parametrize("name", ["name", "min_compute_capability", "not_a_field"])
+def test_a_vendor_refuses_every_assignment(name):
+    from dataclasses import FrozenInstanceError
+
+    from bridge.vendors.cuda import CUDA
+    from bridge.vendors.hip import HIP
+
+    for vendor in (CUDA, HIP):
+        with pytest.raises(FrozenInstanceError):
+            setattr(vendor, name, 30)
+        with pytest.raises(FrozenInstanceError):
+            delattr(vendor, "name")
+    assert CUDA.min_compute_capability == 50 and not hasattr(HIP, "not_a_field")
