@@ -1,6 +1,6 @@
-"""flock-based locks: taking and dropping a descriptor lock (or waiting for one until a
-deadline), the names of a key's lock files, and probing whether a lock file is held (and by
-whom).
+"""flock-based locks: taking and dropping a descriptor lock, the names of a key's lock files, and
+probing whether a lock file is held (and by whom). (Waiting for an exclusive flock until a
+deadline is :func:`kernelcache.fsio.flock_by`.)
 
 The exclusive flock is filelock's descriptor lock, so a tool locking ``.locks/<key>.lock`` with
 ``filelock.FileLock`` excludes kernelcache's writers and the other way round.
