@@ -100,20 +100,44 @@ class EntryKind:
         return derived_key(owner, self.role.format(part))
 
     def get(
-        self, cache: Cache, owner: str, part: Part = None, *, counted: bool | str | None = None
+        self,
+        cache: Cache,
+        owner: str,
+        part: Part = None,
+        *,
+        counted: bool | str | None = None,
+        accept: Accept | None = None,
+        copy: bool = True,
     ) -> Artifact | None:
         """The entry of ``owner``, if the cache has one (counted as :attr:`counted` says, or
-        as ``counted`` does where given: a lookup that is not one of the kind's usual ones)."""
-        return cache.get(
-            self.key(owner, part), self.ext, counted=self.counted if counted is None else counted
-        )
+        as ``counted`` does where given: a lookup that is not one of the kind's usual ones;
+        ``accept`` and ``copy``: see :meth:`kernelcache.Cache.remote_lookup`)."""
+        counted = self.counted if counted is None else counted
+        return cache.get(self.key(owner, part), self.ext, counted=counted, accept=accept, copy=copy)
 
     def load(
-        self, cache: Cache, owner: str, decode: Callable[[bytes], T | None], part: Part = None
+        self,
+        cache: Cache,
+        owner: str,
+        decode: Callable[[bytes], T | None],
+        part: Part = None,
+        *,
+        admit: Callable[[T], str | None] | None = None,
+        copy: bool = True,
     ) -> tuple[Artifact, T] | None:
         """The entry of ``owner`` and what ``decode`` makes of its bytes; an entry it makes
-        nothing of (None) is a corrupt entry: a miss, quarantined (:attr:`corrupt`)."""
-        art = self.get(cache, owner, part)
+        nothing of (None) is a corrupt entry: a miss, quarantined (:attr:`corrupt`). An entry
+        of the remote tier is judged at its door: one that does not decode, or that ``admit``
+        refuses (a reason), is a miss never copied into a local root; ``copy=False`` returns
+        one without a copy (see :meth:`kernelcache.Cache.keep`)."""
+
+        def door(art: Artifact) -> str | None:
+            found = decode(art.data)
+            if found is None:
+                return self.corrupt or f"a {self.ext} entry that does not decode"
+            return None if admit is None else admit(found)
+
+        art = self.get(cache, owner, part, accept=door, copy=copy)
         if art is None:
             return None
         found = decode(art.data)

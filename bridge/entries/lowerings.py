@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kernelcache.plugin import (
@@ -119,9 +119,12 @@ def lowered(cache: Cache, key: str, state: str) -> Lowered | None:
     return None if found is None else found[1]
 
 
-def _entry(cache: Cache, key: str, state: str) -> tuple[Artifact, Lowered] | None:
-    """The lowering entry of :func:`lowered`, with what it holds."""
-    return LOWERING.load(cache, key, _intact, part=state)
+def _entry(
+    cache: Cache, key: str, state: str, admit: Callable[[Lowered], str | None] | None = None
+) -> tuple[Artifact, Lowered] | None:
+    """The lowering entry of :func:`lowered`, with what it holds; one of the remote tier that
+    ``admit`` refuses (a reason) is a miss, never copied (:meth:`EntryKind.load`)."""
+    return LOWERING.load(cache, key, _intact, part=state, admit=admit)
 
 
 def _intact(data: bytes) -> Lowered | None:
@@ -355,6 +358,9 @@ class Program:
         self._described: list[tuple[CallSpec, Target]] = []
         self._start: int | None = None  # the first call whose program entry was not found
         self._missed = False
+        #: a program entry of the remote tier read without a copy, with the lowerings of it
+        #: not served yet: it is kept in the local root once every one was (:meth:`close`)
+        self._remote: tuple[Artifact, set[tuple[str, str]]] | None = None
         #: the read sets checked in this module's lowering (shared by its programs:
         #: :func:`~bridge.identity.read_sets.stale`'s ``seen``)
         self.checked: dict[Any, Any] = {} if checked is None else checked
@@ -373,7 +379,8 @@ class Program:
             items = decode_program(data)
             return items if items is not None and items[0].key == key else None
 
-        found = PROGRAM.load(self.cache, key, first)
+        # (one of the remote tier is copied only once its calls' checks accepted it whole)
+        found = PROGRAM.load(self.cache, key, first, copy=False)
         if found is None:
             self._missed, self._start = True, len(self._calls)
             return
@@ -391,6 +398,8 @@ class Program:
             self._lowered.setdefault((item.key, item.state), item.lowered)
             self._from.setdefault((item.key, item.state), (PROGRAM, art))
             self._variants.setdefault(item.key, item.variants)
+        if art.path is None and self._remote is None:
+            self._remote = (art, {(item.key, item.state) for item in items})
 
     def variants(self, key: str) -> list[str] | None:
         """:func:`variant_keys`, from the program entries where they hold ``key``."""
@@ -401,15 +410,18 @@ class Program:
             return list(known)
         return variant_keys(self.cache, key)
 
-    def lowered(self, key: str, state: str) -> Lowered | None:
+    def lowered(
+        self, key: str, state: str, admit: Callable[[Lowered], str | None] | None = None
+    ) -> Lowered | None:
         """:func:`lowered`, from the program entries where they hold it; the entry each came
-        from is kept, for :meth:`refuse`."""
+        from is kept, for :meth:`refuse`. ``admit``: the check of a lowering entry of the
+        remote tier at its door (:func:`_entry`)."""
         if key not in self._variants:
             self._read(key)
         found = self._lowered.get((key, state))
         if found is not None:
             return found
-        read = _entry(self.cache, key, state)
+        read = _entry(self.cache, key, state, admit)
         if read is None:
             return None
         self._from[(key, state)] = (LOWERING, read[0])
@@ -423,12 +435,16 @@ class Program:
         found = self._from.pop((key, state), None)
         if found is not None:
             kind, art = found
+            if self._remote is not None and self._remote[0] is art:
+                self._remote = None  # (never copied: nothing to set aside here)
             kind.quarantine(self.cache, art, reason[:300])
 
     def note(self, item: Item, call: CallSpec, target: Target) -> None:
         """Note what ``call``, a call of the program, lowered to for ``target``."""
         self._calls.append(item)
         self._described.append((call, target))
+        if self._remote is not None:
+            self._remote[1].discard((item.key, item.state))
 
     def close(self) -> None:
         """Store the calls from the first one whose program entry was not found (if any) as
@@ -440,6 +456,9 @@ class Program:
         self._lowered.clear()
         self._from.clear()
         self._variants.clear()
+        remote, self._remote = self._remote, None
+        if remote is not None and not remote[1]:  # every lowering of it served: checked
+            self.cache.keep(remote[0], 0)
         if start is None or start >= len(calls):
             return
         seen: set[tuple[str, str]] = set()

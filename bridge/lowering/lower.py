@@ -27,6 +27,7 @@ import logging
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
@@ -322,15 +323,26 @@ def _checked_replay(
     target = prepared.target
     backend: list[Any] = []  # (made at the first stored lowering with reads)
 
-    def stale(key: str, found: Item) -> str | None:
-        reads = found.lowered.reads
+    def check(lowered: Lowered) -> str | read_sets.Refusal | None:
+        reads = lowered.reads
         backend[:] = backend or [backends.make_backend(target)]
         specs = None
         if read_sets.reads_ir(reads):  # (an IR read: for one of the call's own variants)
             specs = functools.cache(
                 functools.partial(_specializations, call, every, target, program.cache)
             )
-        now = read_sets.stale(reads, call.parts.fn, call.named, backend[0], program.checked, specs)
+        return read_sets.stale(reads, call.parts.fn, call.named, backend[0], program.checked, specs)
+
+    def admit(lowered: Lowered) -> str | None:
+        """A lowering entry of the remote tier at its door: one holding a read set its code
+        does not admit is refused (never copied); a stale one is another version's."""
+        now = check(lowered)
+        if isinstance(now, read_sets.Refusal):
+            return f"a read set its code does not admit: {now.reason}"
+        return None
+
+    def stale(key: str, found: Item) -> str | None:
+        now = check(found.lowered)
         if isinstance(now, read_sets.Refusal):
             warn_once(
                 logger,
@@ -345,7 +357,8 @@ def _checked_replay(
         return now
 
     def stored(key: str) -> Item | None:
-        return _replay(call, (key, keyed[1], keyed[2]), prepared, platform, autotune, program)
+        keyed_here = (key, keyed[1], keyed[2])
+        return _replay(call, keyed_here, prepared, platform, autotune, program, admit)
 
     key, found = read_sets.follow(keyed[0], stored, stale)
     return (None if key is None else (key, keyed[1], keyed[2])), found
@@ -369,9 +382,11 @@ def _replay(
     platform: str,
     autotune: str,
     program: Program,
+    admit: Callable[[Lowered], str | None] | None = None,
 ) -> Item | None:
     """The stored lowering of ``call`` in the state its autotune mode and decision ask for;
-    None where there is none (or the decision must be made or refused by the full lowering)."""
+    None where there is none (or the decision must be made or refused by the full lowering).
+    ``admit``: the check of a lowering entry of the remote tier at its door."""
     key, count = keyed[0], keyed[1]
     names = None
     if count < 2 or autotune == "runtime":
@@ -385,7 +400,7 @@ def _replay(
         if decided is None and autotune != "decided":  # "require" refuses, "job" decides
             return None
         state = decided or lowerings.EVERY
-    found = program.lowered(key, state)
+    found = program.lowered(key, state, admit)
     if found is None:
         return None
     return Item(key, state, None if names is None else tuple(names), found)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import stats, units
 from ..config import Settings, job_settings, warn_unknown_in_a_job
-from ..errors import CacheError, ConfigError, InvalidValue, WrongExt
+from ..errors import CacheError, ConfigError, InvalidValue, LockTimeout, WrongExt
 from ..keys import check_ext, check_key
 from ..problem import Problem
 from ..process import warn_once
@@ -205,14 +205,23 @@ class Cache:
         return [self.store, *self.readonly]
 
     # -- reads ----------------------------------------------------------------------------
-    def get(self, key: str, ext: str, *, counted: bool | str = True) -> Artifact | None:
+    def get(
+        self,
+        key: str,
+        ext: str,
+        *,
+        counted: bool | str = True,
+        accept: Accept | None = None,
+        copy: bool = True,
+    ) -> Artifact | None:
         """Return the verified artifact for ``key``, or None.
 
         A corrupt entry is a miss: it is quarantined (in the writable root) and counted.
         ``counted``: True, a lookup of one of the entries the hit rate is about (one per
         kernel); False, none of them (hits and misses are not counted; corruption and errors
         are); or a class of lookups counted apart (``"companion"``, ``"memo"``: see
-        :data:`kernelcache.stats.LOOKUP_CLASSES`).
+        :data:`kernelcache.stats.LOOKUP_CLASSES`). ``accept`` and ``copy``: what is done
+        with an entry of the remote tier (:meth:`remote_lookup`).
 
         Raises:
             ValueError: ``key``, ``ext`` or ``counted`` is malformed (before any file is read).
@@ -224,7 +233,7 @@ class Cache:
                 self.valid.clear()
             self.valid.add((key, ext))
         names = stats.lookup_counters(counted)
-        art = self.lookup(key, ext, None, names)
+        art = self.lookup(key, ext, None, names, accept=accept, copy=copy)
         if not isinstance(art, Artifact):
             art = None
             if names is not None:
@@ -261,13 +270,14 @@ class Cache:
         *,
         remote: bool = True,
         accept: Accept | None = None,
+        copy: bool = True,
     ) -> Artifact | WrongExt | None:
         """Search every layer (the remote tier too, unless ``remote`` is false) for ``key``
         and ``ext`` (validated), waiting at most what is left of ``budget`` (None: made where
         it first waits); count hits (in the counters ``names``: :func:`kernelcache.stats.
         lookup_counters`; None: not counted), corruption and errors, but not misses. WrongExt
         (returned, not raised) when the writable root holds the key with another extension;
-        ``accept``: see :meth:`remote_lookup`."""
+        ``accept`` and ``copy``: see :meth:`remote_lookup`."""
         if self.disabled:
             return None
         for store in (self.store, *self.readonly):
@@ -296,7 +306,7 @@ class Cache:
                 elif store is self.store and result.ext not in (None, ext):
                     return WrongExt(f"key {key} already holds a .{result.ext} artifact")
         if self.remote is not None and remote:
-            return self.remote_lookup(key, ext, budget, names, accept)
+            return self.remote_lookup(key, ext, budget, names, accept, copy)
         return None
 
     def remote_lookup(
@@ -306,12 +316,15 @@ class Cache:
         budget: WaitBudget | None,
         names: tuple[str, str] | None = ("hits", "misses"),
         accept: Accept | None = None,
+        copy: bool = True,
     ) -> Artifact | None:
         """Read ``key`` from the remote tier, check it like a local entry (schema, entry
         digest, artifact digest) and publish it locally (waiting what is left of ``budget``,
         None: the lock timeout). Never raises: what the tier returns or raises is a miss or hit.
         ``accept``: the caller's own check, before anything is written: an entry it refuses (a
-        reason) is a miss, counted untrusted, said once, never copied into a local root."""
+        reason) is a miss, counted untrusted, said once, never copied into a local root.
+        ``copy=False``: the entry is returned without a copy (its ``path`` None), for a caller
+        that can judge it only later and then :meth:`keep` it."""
         assert self.remote is not None
         try:
             found = self.remote.get(key, ext)
@@ -332,7 +345,8 @@ class Cache:
             warn_once(logger, (self.root, "remote-corrupt"), said, key, checked)
             return None
         data, meta = checked
-        refused = refusal(accept, Artifact(key, ext, data, None, meta, "remote"))
+        entry = Artifact(key, ext, data, None, meta, "remote")
+        refused = refusal(accept, entry)
         if refused is not None:
             stats.count(self.root, untrusted=1)
             said = "kernelcache: refused the remote entry %s: %s"
@@ -340,15 +354,27 @@ class Cache:
             return None
         hit = {names[0]: 1, "bytes_read": len(data)} if names is not None else {}
         stats.count(self.root, remote_hits=1, **hit)
-        try:  # the document as its writer wrote it: what it covers is never widened here
-            left = self.lock_timeout if budget is None else budget.remaining()
-            art = writes.publish(self, key, ext, data, meta, left, as_written=True)
+        if not copy:
+            return entry
+        return self.keep(entry, self.lock_timeout if budget is None else budget.remaining())
+
+    def keep(self, art: Artifact, wait: float | None = None) -> Artifact:
+        """Copy ``art``, an entry of the remote tier that a lookup returned without a copy
+        (``copy=False``), into the writable root as its writer wrote it (its document is not
+        widened), waiting at most ``wait`` (None: the lock timeout) for the key's lock; the
+        entry with its path, or ``art`` itself where it cannot be stored (said once; with
+        ``wait`` 0, a key whose lock another process holds is left to it unsaid). Never raises
+        for the cache's own failures."""
+        if self.disabled:
+            return art
+        try:
+            kept = writes.publish(self, art.key, art.ext, art.data, art.meta, wait, as_written=True)
         except (CacheError, WrongExt, ValueError) as e:  # ValueError: larger once re-encoded
-            warn_once(
-                logger, (self.root, "write"), "kernelcache: cannot store under %s: %s", self.root, e
-            )
-            return Artifact(key, ext, data, None, meta, "remote")
-        return Artifact(art.key, art.ext, art.data, art.path, art.meta, "remote")
+            if not (wait == 0 and isinstance(e, LockTimeout)):
+                said = "kernelcache: cannot store under %s: %s"
+                warn_once(logger, (self.root, "write"), said, self.root, e)
+            return art
+        return Artifact(kept.key, kept.ext, kept.data, kept.path, kept.meta, art.source)
 
     # -- writes (:mod:`.writes`) -----------------------------------------------------------
     def put(

@@ -61,6 +61,7 @@ class Layers(Protocol):
         *,
         remote: bool = ...,
         accept: Accept | None = ...,
+        copy: bool = ...,
     ) -> Artifact | WrongExt | None: ...
 
     def remote_lookup(
@@ -70,4 +71,5 @@ class Layers(Protocol):
         budget: WaitBudget | None,
         names: tuple[str, str] | None = ...,
         accept: Accept | None = ...,
+        copy: bool = ...,
     ) -> Artifact | None: ...

@@ -333,3 +333,41 @@ def test_a_forged_bundle(made, tmp_path, key):
     assert done.returncode in (0, 1), done.stderr
     _victim(made, own, KERNELCACHE_DIR=str(own), **env)
     assert _live_forgeries(own) == [], "the forged entry is still served from the victim's root"
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
+@pytest.mark.parametrize("ext", ["lowering", "program"])
+def test_a_forged_stored_lowering_in_a_redis_tier(made, tmp_path, redis_url, ext):
+    """A stored lowering (or a program entry) with forged read sets in a keyless tier: no code
+    it names runs, the victim embeds what a compile gives, and keeps no copy of it."""
+    import shutil
+
+    forged = tmp_path / "forged"
+    shutil.copytree(made["clean"], forged)
+    assert _forge_lowerings(forged, ext) >= 1
+    _upload(forged, redis_url, None)
+    own = tmp_path / "own"
+    _victim(made, own, KERNELCACHE_DIR=str(own), KERNELCACHE_REMOTE=redis_url)
+    assert _copies(own) == [], "the forged lowering was copied into the victim's root"
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
+@pytest.mark.parametrize("ext", ["lowering", "program"])
+def test_a_true_stored_lowering_in_a_redis_tier_is_kept(made, tmp_path, redis_url, ext):
+    """The other side of the door: a stored lowering (or program entry) the tier holds as a
+    compile wrote it is served without a compile and kept in the local root, byte for byte
+    (a program entry once every call of it passed its check)."""
+    import shutil
+
+    clean = tmp_path / "clean"
+    shutil.copytree(made["clean"], clean)
+    if ext == "lowering":
+        forget_programs(clean)
+    _upload(clean, redis_url, None)
+    own = tmp_path / "own"
+    code, said, _ = _lower(made["src"], KERNELCACHE_DIR=str(own), KERNELCACHE_REMOTE=redis_url)
+    assert said == [] and code == made["code"]
+    assert not list(own.glob("*.cubin")), "the victim compiled: the stored lowering was not used"
+    theirs = {p.name: p.read_bytes() for p in clean.glob(f"*.{ext}")}
+    kept = {p.name: p.read_bytes() for p in own.glob(f"*.{ext}")}
+    assert theirs and kept == theirs

@@ -89,3 +89,33 @@ def test_a_check_that_raises_refuses_the_entry(server, tmp_path, caplog):
     assert _holding(root, THEIRS) == []
     said = [r.getMessage() for r in caplog.records if "refused the remote entry" in r.getMessage()]
     assert len(said) == 1 and "cannot parse this" in said[0]
+
+
+def test_get_judges_a_remote_entry_at_its_door(server, tmp_path):
+    """``Cache.get`` takes the caller's check too: refused, the entry is a miss and no copy
+    is made; accepted, it is published as always."""
+    _publish(server, tmp_path)
+    root = tmp_path / "reader"
+    cache = kernelcache.Cache(root, readonly_roots=(), remote=server.url)
+    assert cache.get(KEY, "cubin", accept=lambda art: "not ours") is None
+    assert _holding(root, THEIRS) == []
+    art = cache.get(KEY, "cubin", accept=lambda art: None)
+    assert art is not None and art.data == THEIRS and art.path is not None
+    assert _holding(root, THEIRS) == [art.path]
+
+
+def test_a_remote_entry_read_without_a_copy_is_kept_when_asked(server, tmp_path):
+    """``copy=False``: the entry is served from memory (no path) and nothing is written until
+    the caller ``keep``s it; then it is the local entry, as its writer wrote it."""
+    _publish(server, tmp_path)
+    root = tmp_path / "reader"
+    cache = kernelcache.Cache(root, readonly_roots=(), remote=server.url)
+    art = cache.get(KEY, "cubin", copy=False)
+    assert art is not None and art.data == THEIRS and art.path is None
+    assert art.source == "remote" and _holding(root, THEIRS) == []
+    kept = cache.keep(art)
+    assert kept.path is not None and _holding(root, THEIRS) == [kept.path]
+    local = kernelcache.Cache(root, readonly_roots=(), remote="").get(KEY, "cubin")
+    assert local is not None and local.data == THEIRS
+    assert local.meta["digest"] == art.meta["digest"]
+    assert local.meta["created"] == art.meta["created"]  # (the writer's document, not widened)
