@@ -357,8 +357,7 @@ def _checked_replay(
         return now
 
     def stored(key: str) -> Item | None:
-        keyed_here = (key, keyed[1], keyed[2])
-        return _replay(call, keyed_here, prepared, platform, autotune, program, admit)
+        return _replay(call, (key, *keyed[1:]), prepared, platform, autotune, program, admit)
 
     key, found = read_sets.follow(keyed[0], stored, stale)
     return (None if key is None else (key, keyed[1], keyed[2])), found

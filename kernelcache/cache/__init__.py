@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import stats, units
 from ..config import Settings, job_settings, warn_unknown_in_a_job
-from ..errors import CacheError, ConfigError, InvalidValue, LockTimeout, WrongExt
+from ..errors import ConfigError, InvalidValue, WrongExt
 from ..keys import check_ext, check_key
 from ..problem import Problem
 from ..process import warn_once
@@ -41,7 +41,6 @@ from ..store.entry import Artifact
 from ..store.layout import path_problem, resolve_root
 from ..store.root import Store
 from . import writes
-from .layers import refusal
 
 if TYPE_CHECKING:
     from ..capacity.size_cap import SizeCap
@@ -325,38 +324,10 @@ class Cache:
         reason) is a miss, counted untrusted, said once, never copied into a local root.
         ``copy=False``: the entry is returned without a copy (its ``path`` None), for a caller
         that can judge it only later and then :meth:`keep` it."""
-        assert self.remote is not None
-        try:
-            found = self.remote.get(key, ext)
-        except Exception as e:  # a tier must not raise; if one does, it is a miss
-            stats.count(self.root, remote_errors=1)
-            said = "kernelcache: the remote tier failed: %r"
-            warn_once(logger, (self.root, "remote-raised"), said, e)
-            return None
-        if found is None:
-            stats.count(self.root, remote_misses=1)
-            return None
-        from ..remote import check_entry
+        from .remote_reads import remote_lookup  # (a cache with a remote tier: its first read)
 
-        checked = check_entry(found, key, ext)
-        if isinstance(checked, str):
-            stats.count(self.root, remote_errors=1, corrupt=1)
-            said = "kernelcache: rejected a corrupt remote entry (%s): %s"
-            warn_once(logger, (self.root, "remote-corrupt"), said, key, checked)
-            return None
-        data, meta = checked
-        entry = Artifact(key, ext, data, None, meta, "remote")
-        refused = refusal(accept, entry)
-        if refused is not None:
-            stats.count(self.root, untrusted=1)
-            said = "kernelcache: refused the remote entry %s: %s"
-            warn_once(logger, (self.root, "remote-refused", key), said, key, refused)
-            return None
-        hit = {names[0]: 1, "bytes_read": len(data)} if names is not None else {}
-        stats.count(self.root, remote_hits=1, **hit)
-        if not copy:
-            return entry
-        return self.keep(entry, self.lock_timeout if budget is None else budget.remaining())
+        wait = self.lock_timeout if budget is None else budget.remaining()
+        return remote_lookup(self, key, ext, wait, names, accept, copy)
 
     def keep(self, art: Artifact, wait: float | None = None) -> Artifact:
         """Copy ``art``, an entry of the remote tier that a lookup returned without a copy
@@ -365,16 +336,9 @@ class Cache:
         entry with its path, or ``art`` itself where it cannot be stored (said once; with
         ``wait`` 0, a key whose lock another process holds is left to it unsaid). Never raises
         for the cache's own failures."""
-        if self.disabled:
-            return art
-        try:
-            kept = writes.publish(self, art.key, art.ext, art.data, art.meta, wait, as_written=True)
-        except (CacheError, WrongExt, ValueError) as e:  # ValueError: larger once re-encoded
-            if not (wait == 0 and isinstance(e, LockTimeout)):
-                said = "kernelcache: cannot store under %s: %s"
-                warn_once(logger, (self.root, "write"), said, self.root, e)
-            return art
-        return Artifact(kept.key, kept.ext, kept.data, kept.path, kept.meta, art.source)
+        from .remote_reads import keep
+
+        return keep(self, art, wait)
 
     # -- writes (:mod:`.writes`) -----------------------------------------------------------
     def put(
