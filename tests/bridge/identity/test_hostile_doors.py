@@ -14,10 +14,12 @@ not allow it, so nothing of the forged read set runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import textwrap
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -335,9 +337,38 @@ def test_a_forged_bundle(made, tmp_path, key):
     assert _live_forgeries(own) == [], "the forged entry is still served from the victim's root"
 
 
-@pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
+#: the keyless remote tiers a forger may write
+TIERS = [
+    pytest.param("redis", marks=pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)),
+    pytest.param(
+        "s3",
+        marks=pytest.mark.skipif(
+            not moto_available(), reason="moto and obstore (the s3 extra) are needed"
+        ),
+    ),
+]
+
+
+@contextlib.contextmanager
+def _tier(door: str, tmp_path: Path) -> Iterator[str]:
+    """An empty keyless tier of the kind ``door`` ("redis", "s3"), for as long as the block
+    runs: its URL."""
+    if door == "redis":
+        server = RedisServer(tmp_path / "redis").start()
+        try:
+            yield server.url
+        finally:
+            server.stop()
+        return
+    from object_store import MotoS3
+
+    with s3_env(), MotoS3() as bucket_server:  # (moto keeps buckets for the process: a new one)
+        yield bucket_server.bucket(f"lowerings-{uuid.uuid4().hex[:16]}")
+
+
+@pytest.mark.parametrize("door", TIERS)
 @pytest.mark.parametrize("ext", ["lowering", "program"])
-def test_a_forged_stored_lowering_in_a_redis_tier(made, tmp_path, redis_url, ext):
+def test_a_forged_stored_lowering_in_a_tier(made, tmp_path, door, ext):
     """A stored lowering (or a program entry) with forged read sets in a keyless tier: no code
     it names runs, the victim embeds what a compile gives, and keeps no copy of it."""
     import shutil
@@ -345,15 +376,16 @@ def test_a_forged_stored_lowering_in_a_redis_tier(made, tmp_path, redis_url, ext
     forged = tmp_path / "forged"
     shutil.copytree(made["clean"], forged)
     assert _forge_lowerings(forged, ext) >= 1
-    _upload(forged, redis_url, None)
     own = tmp_path / "own"
-    _victim(made, own, KERNELCACHE_DIR=str(own), KERNELCACHE_REMOTE=redis_url)
+    with _tier(door, tmp_path) as url:
+        _upload(forged, url, None)
+        _victim(made, own, KERNELCACHE_DIR=str(own), KERNELCACHE_REMOTE=url)
     assert _copies(own) == [], "the forged lowering was copied into the victim's root"
 
 
-@pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
+@pytest.mark.parametrize("door", TIERS)
 @pytest.mark.parametrize("ext", ["lowering", "program"])
-def test_a_true_stored_lowering_in_a_redis_tier_is_kept(made, tmp_path, redis_url, ext):
+def test_a_true_stored_lowering_in_a_tier_is_kept(made, tmp_path, door, ext):
     """The other side of the door: a stored lowering (or program entry) the tier holds as a
     compile wrote it is served without a compile and kept in the local root, byte for byte
     (a program entry once every call of it passed its check)."""
@@ -363,9 +395,10 @@ def test_a_true_stored_lowering_in_a_redis_tier_is_kept(made, tmp_path, redis_ur
     shutil.copytree(made["clean"], clean)
     if ext == "lowering":
         forget_programs(clean)
-    _upload(clean, redis_url, None)
     own = tmp_path / "own"
-    code, said, _ = _lower(made["src"], KERNELCACHE_DIR=str(own), KERNELCACHE_REMOTE=redis_url)
+    with _tier(door, tmp_path) as url:
+        _upload(clean, url, None)
+        code, said, _ = _lower(made["src"], KERNELCACHE_DIR=str(own), KERNELCACHE_REMOTE=url)
     assert said == [] and code == made["code"]
     assert not list(own.glob("*.cubin")), "the victim compiled: the stored lowering was not used"
     theirs = {p.name: p.read_bytes() for p in clean.glob(f"*.{ext}")}
