@@ -224,11 +224,7 @@ def _admitted(request: Request) -> kinds.Accept | None:
 
     def accept(art: Artifact) -> str | None:
         now = check(art.meta)
-        return (
-            f"a read set its code does not admit: {now.reason}"
-            if isinstance(now, read_sets.Refusal)
-            else None
-        )
+        return now.said if isinstance(now, read_sets.Refusal) else None
 
     return accept
 
@@ -275,9 +271,7 @@ def refused(cache: Cache, art: Artifact, refusal: read_sets.Refusal) -> None:
         art.key,
         refusal.reason,
     )
-    kernel_kind(art.ext).quarantine(
-        cache, art, f"a read set its code does not admit: {refusal.reason}"[:300]
-    )
+    kernel_kind(art.ext).quarantine(cache, art, refusal.said[:300])
 
 
 def _whole(

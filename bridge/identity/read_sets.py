@@ -261,6 +261,11 @@ class Refusal(str):
         made.reason = reason
         return made
 
+    @property
+    def said(self) -> str:
+        """Why its entry is refused or set aside, as a refusal says it."""
+        return f"a read set its code does not admit: {self.reason}"
+
 
 class Unchecked(str):
     """What :func:`stale` finds for a read set ending with the IR where no specialization is

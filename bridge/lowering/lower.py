@@ -337,9 +337,7 @@ def _checked_replay(
         """A lowering entry of the remote tier at its door: one holding a read set its code
         does not admit is refused (never copied); a stale one is another version's."""
         now = check(lowered)
-        if isinstance(now, read_sets.Refusal):
-            return f"a read set its code does not admit: {now.reason}"
-        return None
+        return now.said if isinstance(now, read_sets.Refusal) else None
 
     def stale(key: str, found: Item) -> str | None:
         now = check(found.lowered)
@@ -353,7 +351,7 @@ def _checked_replay(
                 call.parts.qualname,
                 now.reason,
             )
-            program.refuse(key, found.state, f"a read set its code does not admit: {now.reason}")
+            program.refuse(key, found.state, now.said)
         return now
 
     def stored(key: str) -> Item | None:
