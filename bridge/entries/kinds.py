@@ -131,8 +131,11 @@ class EntryKind:
         refuses (a reason), is a miss never copied into a local root; ``copy=False`` returns
         one without a copy (see :meth:`kernelcache.Cache.keep`)."""
 
+        decoded: list[Any] = []  # (what the door decoded: the bytes, and what they made)
+
         def door(art: Artifact) -> str | None:
             found = decode(art.data)
+            decoded[:] = [art.data, found]
             if found is None:
                 return self.corrupt or f"a {self.ext} entry that does not decode"
             return None if admit is None else admit(found)
@@ -140,7 +143,7 @@ class EntryKind:
         art = self.get(cache, owner, part, accept=door, copy=copy)
         if art is None:
             return None
-        found = decode(art.data)
+        found = decoded[1] if decoded and decoded[0] is art.data else decode(art.data)
         if found is None:
             cache.quarantine(art, self.corrupt)
             return None
