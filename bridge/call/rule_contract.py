@@ -10,7 +10,8 @@ define it:
   TE hands it to Triton's compiler as a constant); a pointer given as ``None`` (an absent
   optional tensor). A scalar reaches Triton's own binder as ``tl.constexpr(value)``, which
   Triton specializes like a constexpr (its signature says ``constexpr``, its value is in the
-  kernel's constants); ``None`` Triton binds as a constexpr by itself.
+  kernel's constants); ``None`` Triton binds as a constexpr by itself. jax's typed scalars
+  (``TypedInt``, ``TypedFloat``) are bound as the plain int or float they compute as.
 - The parameters it does not name, in signature order (those an autotune config or a heuristic
   sets left aside), take the rule's operands, then its results. Results beyond them have no
   parameter of their own: each must be aliased to an operand, and the kernel writes through the
@@ -51,6 +52,19 @@ def _python_scalar(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
+def _untyped(value: Any) -> Any:
+    """``value`` with jax's typed Python scalars (``TypedInt``, ``TypedFloat``: an int or
+    float that carries a dtype, what jax hands a rule for a weakly typed scalar) as the plain
+    int or float they are: they compute as that (their arithmetic is the built-in's), and only
+    their ``repr`` and ``dtype`` differ, which would make a kernel's identity depend on jax."""
+    kind = type(value)
+    if kind.__module__ == "jax._src.literals":
+        for plain in (bool, int, float, complex):
+            if kind.__mro__[1] is plain:
+                return plain(value)
+    return value
+
+
 def constants(parts: KernelParts, constexprs: Mapping[str, Any]) -> dict[str, Any]:
     """The kernel's arguments for ``constexprs``, as Triton's binder is to get them: a scalar
     for a parameter not annotated ``tl.constexpr`` wrapped in ``tl.constexpr`` (bound at
@@ -70,7 +84,8 @@ def constants(parts: KernelParts, constexprs: Mapping[str, Any]) -> dict[str, An
             f"{parts.qualname} ({', '.join(parts.arg_names)})"
         )
     out: dict[str, Any] = {}
-    for name, value in constexprs.items():
+    for name, given in constexprs.items():
+        value = _untyped(given)
         if not params[name].is_constexpr and isinstance(value, _SCALARS):
             out[name] = tl.constexpr(_python_scalar(value))
         else:

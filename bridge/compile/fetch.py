@@ -164,11 +164,13 @@ def fetch_each(
         def build_entry() -> tuple[bytes, dict[str, Any]]:
             compiled = compile_or_leave_out(request)
             built[(request.key, request.ext)].append(compiled)
-            meta = request.describe(compiled)
-            if compiled.ptx is not None:
-                meta["ptx_sha256"] = kernels.ptx_sha256(compiled.ptx)
-                if request.need_ptx:  # before the binary, under the build lock: readers find both
-                    kernels.store_ptx(cache, request.key, compiled.ptx, meta)
+            meta = _described(request, compiled)
+            why = _entry_problem(request.key, request.ext, compiled.binary, meta)
+            if why is not None:  # before anything is stored: no companion without its entry
+                raise _Unstorable(why, _made(request.key, request, compiled))
+            if compiled.ptx is not None and request.need_ptx:
+                # before the binary, under the build lock: readers find both
+                kernels.store_ptx(cache, request.key, compiled.ptx, meta)
             return compiled.binary, meta
 
         return build_entry
@@ -185,6 +187,10 @@ def fetch_each(
         accepts = [_admitted(requests[i]) for i in cached]
         for index, art in kinds.get_or_create_each(cache, wanted, wait=wait, accepts=accepts):
             index = cached[index]
+            if isinstance(art, _Unstorable):
+                _not_stored(cache, requests[index], art)
+                yield index, art.kernel
+                continue
             if art is None or isinstance(art, Exception):
                 yield index, art
                 continue
@@ -307,14 +313,64 @@ def _in_memory(request: Request) -> KernelBinary | Exception:
     return _made(key, request, compiled)
 
 
-def _made(key: str, request: Request, compiled: Compiled) -> KernelBinary:
-    """``compiled``, the kernel of ``request``, kept in memory under ``key``: with the metadata
-    a stored entry of it would have (its covered fields, as for a cached kernel)."""
-    from kernelcache.plugin import make_metadata
+class _Unstorable(Exception):
+    """A kernel compiled for a request whose entry the cache's own checks refuse (its
+    metadata, as :func:`_entry_problem` says): nothing of it was stored; ``kernel`` is the
+    compile, kept in memory."""
 
+    def __init__(self, why: str, kernel: KernelBinary) -> None:
+        super().__init__(why)
+        self.kernel = kernel
+
+
+#: the fields of a kernel entry that describe it without being launched with: an in-memory
+#: kernel whose entry the cache refuses keeps what it is launched with only
+_DESCRIPTIVE = ("reads", "components", "ir")
+
+
+def _described(request: Request, compiled: Compiled) -> dict[str, Any]:
+    """The metadata of the entry of ``compiled``, the kernel of ``request``."""
     meta = request.describe(compiled)
     if compiled.ptx is not None:
         meta["ptx_sha256"] = kernels.ptx_sha256(compiled.ptx)
+    return meta
+
+
+def _entry_problem(key: str, ext: str, binary: bytes, meta: Mapping[str, Any]) -> str | None:
+    """Why the cache would refuse the entry of ``binary`` with ``meta`` (the schema's form
+    checks, a put's), None where it takes it."""
+    from kernelcache.plugin import make_metadata
+
+    try:
+        make_metadata(key, ext, binary, meta)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _not_stored(cache: Cache, request: Request, unstorable: _Unstorable) -> None:
+    """Say once that the kernel of ``request`` is used from memory, its entry refused by the
+    cache's own checks: a failure of the cache, which costs a compile in the next process,
+    never the lowering."""
+    warn_once(
+        logger,
+        (cache.root, "unstorable", request.key),
+        "kernelcache: the kernel %s (%s) is used from memory and not stored: %s",
+        request.key,
+        request.about.get("kernel", "?"),
+        unstorable,
+    )
+
+
+def _made(key: str, request: Request, compiled: Compiled) -> KernelBinary:
+    """``compiled``, the kernel of ``request``, kept in memory under ``key``: with the metadata
+    a stored entry of it would have (its covered fields, as for a cached kernel); where the
+    cache's checks refuse that, with the fields it is launched with only."""
+    from kernelcache.plugin import make_metadata
+
+    meta = _described(request, compiled)
+    if _entry_problem(key, request.ext, compiled.binary, meta) is not None:
+        meta = {k: v for k, v in meta.items() if k not in _DESCRIPTIVE}
     doc = make_metadata(key, request.ext, compiled.binary, meta)
     return _binary(key, request.ext, compiled.binary, doc, compiled.ptx, True)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,6 +94,10 @@ OPS = frozenset({"g", "a", "i", "c", "b", "f", "d", "e", "p", "ir"})
 BUILTIN_NAMES = ("len", "list", "range", "float", "int", "isinstance", "getattr", "hasattr")
 #: the methods Python calls on a class or its objects by itself: the only dunders a read names
 IMPLICIT = ("__init__", "__new__", "__post_init__", "__call__")
+#: the most reasons a partial read set gives, and the longest one (:func:`bounded_reasons`
+#: makes any list of reasons fit: the recorder writes through it, the form check admits it)
+MAX_REASONS = 12
+MAX_REASON = 300
 #: the most rows, and items of one value, a read set holds
 MAX_ROWS = 2000
 MAX_ITEMS = 64
@@ -131,8 +136,12 @@ def problem(text: Any) -> str | None:
     ):
         return f"must be an object of format {FORMAT} with rows and partial"
     partial, rows = doc.get("partial", []), doc.get("rows")
-    if not isinstance(partial, list) or len(partial) > 9 or not all(_text(p, 300) for p in partial):
-        return "partial must be a short list of short strings"
+    if (
+        not isinstance(partial, list)
+        or len(partial) > MAX_REASONS
+        or not all(_text(p, MAX_REASON) for p in partial)
+    ):
+        return f"partial must be a list of at most {MAX_REASONS} strings of {MAX_REASON} characters"
     if not isinstance(rows, list) or len(rows) > MAX_ROWS:
         return f"rows must be a list of at most {MAX_ROWS}"
     for index, row in enumerate(rows):
@@ -142,13 +151,31 @@ def problem(text: Any) -> str | None:
     return None
 
 
+def bounded_reasons(reasons: Sequence[str]) -> list[str]:
+    """``reasons`` (why a read set is partial) as a read set keeps them: each cut to
+    :data:`MAX_REASON` characters, the same one once, and past :data:`MAX_REASONS` the rest
+    counted in the last one. What it returns always passes :func:`problem`."""
+    kept: list[str] = []
+    for reason in reasons:
+        cut = str(reason)[:MAX_REASON]
+        if cut not in kept:
+            kept.append(cut)
+    if len(kept) <= MAX_REASONS:
+        return kept
+    rest = len(kept) - (MAX_REASONS - 1)
+    return [*kept[: MAX_REASONS - 1], f"and {rest} more reasons"]
+
+
 def _text(value: Any, most: int = MAX_TEXT) -> bool:
     return isinstance(value, str) and len(value) <= most
 
 
 def _name(value: Any, dunders: Sequence[str] = ()) -> bool:
-    """An identifier that is no dunder but those in ``dunders``."""
-    if not _text(value, 128) or _NAME.fullmatch(value) is None:
+    """An identifier as Python reads it (ASCII or not, NFKC-normalized) that is no dunder but
+    those in ``dunders``."""
+    if not _text(value, 128) or not value.isidentifier():
+        return False
+    if not value.isascii() and unicodedata.normalize("NFKC", value) != value:
         return False
     return not (value.startswith("__") and value.endswith("__")) or value in dunders
 

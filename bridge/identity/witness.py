@@ -135,7 +135,9 @@ class Recorder:
                 self.missed(f"the witness failed: {type(e).__name__}: {e}"[:200])
 
     def missed(self, why: str) -> None:
-        if len(self.partial) < 8 and why not in self.partial:
+        """Note why the read set is partial (the first :data:`~.metadata.MAX_REASONS` reasons
+        are kept; :meth:`text` fits them to the form check's bounds)."""
+        if len(self.partial) < metadata.MAX_REASONS and why not in self.partial:
             self.partial.append(why)
 
     def ran(self, specialization: Any, ir: str) -> None:
@@ -149,7 +151,8 @@ class Recorder:
         for name, value in sorted(self.environ.items()):
             if name not in _keyed_environment():
                 self.add(-1, "e", name, environment_want(name, value))
-        partial = self.partial + [f"no exact description of {o}" for o in self.trace.opaque[:4]]
+        opaque = [f"no exact description of {o}" for o in self.trace.opaque[:4]]
+        partial = metadata.bounded_reasons(self.partial + opaque)
         rows = self.rows
         while True:
             doc = {"format": rs.FORMAT, "rows": self._vouched(rows, partial), "partial": partial}
@@ -157,7 +160,7 @@ class Recorder:
             if len(text) <= MAX_TEXT:
                 return text
             rows = rows[: len(rows) // 2]  # (a row names only rows before it)
-            partial = [*partial[:7], f"cut to {len(rows)} reads"]
+            partial = metadata.bounded_reasons([f"cut to {len(rows)} reads", *partial])
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:

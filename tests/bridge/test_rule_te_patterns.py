@@ -43,6 +43,7 @@ SHAPES = {
     "rownorm_sumsq": (1, 2, 3),
     "scatter": (4, 2, 6),
     "scatter_probs": (4, 2, 6),
+    "unpermute": (4, 2, 6),
     "axpy": (2, 1, 3),
     "axpy_fused": (2, 1, 3),
 }
@@ -181,6 +182,24 @@ def test_num_warps_given_to_an_autotuned_kernel_is_ignored(root, monkeypatch, ta
     (call,) = lowered(lambda x: absmax_p.bind(x), target, P.VEC, monkeypatch=monkeypatch)
     message = proto.decode_opaque(call["opaque"])
     assert sorted({k.num_warps for k in kernels_of(message)}) == [4, 8]
+
+
+@pytest.mark.parametrize("target", list(PLATFORMS))
+def test_jax_typed_scalars_bind_as_the_plain_values_they_are(root, monkeypatch, target):
+    """TE's permutation rules pass scalars as jax's ``TypedInt``: the kernel is the one plain
+    ints give (one compile, the same module), and its read set is exact, not partial."""
+    import json
+
+    fn, avals = P.patterns(target)["unpermute"]
+    compiles = bridge_compile.compile_count()
+    (typed,) = lowered(fn, target, *avals, monkeypatch=monkeypatch)
+    monkeypatch.setattr(P, "typed", int)
+    (plain_ints,) = lowered(fn, target, *avals, monkeypatch=monkeypatch)
+    assert typed["opaque"] == plain_ints["opaque"]
+    assert bridge_compile.compile_count() - compiles == 1
+    docs = [json.loads(p.read_text()) for p in root.glob("*.json")]
+    (entry,) = [d for d in docs if d.get("ext") in ("cubin", "hsaco")]
+    assert json.loads(entry["reads"])["partial"] == []
 
 
 def test_fp_fusion_is_the_callers_choice(root, monkeypatch):

@@ -301,6 +301,122 @@ def scatter_inputs(with_probs: bool) -> list[jax.ShapeDtypeStruct]:
     ]
 
 
+# -- TE's unpermute: autotuned, the block size pinned, a loop over routed rows, scalars given as
+# jax's typed scalars (TypedInt: an int subclass carrying a dtype, with a __repr__ of its own,
+# which TE's permutation rules pass in constexprs)
+EXPERTS, TOKENS = 4, 64
+
+
+def typed(value: int):
+    """``value`` as jax's typed Python int (what TE's permutation rules pass as scalars)."""
+    from jax._src.literals import TypedInt
+
+    return TypedInt(value, jnp.dtype(jnp.int32))
+
+
+@triton.autotune(
+    configs=[triton.Config({"BLOCK_SIZE": b}) for b in (64, 128, 256)],
+    key=["hidden_size"],
+)
+@triton.jit
+def unpermute_kernel(
+    input_ptr,
+    row_id_map_ptr,
+    merging_probs_ptr,
+    permuted_probs_ptr,
+    stride_map_token,
+    stride_map_expert,
+    stride_input_token,
+    stride_output_token,
+    stride_probs_token,
+    output_ptr,
+    unpermuted_probs_ptr,
+    num_experts: tl.constexpr,
+    hidden_size: tl.constexpr,
+    WITH_MERGING_PROBS: tl.constexpr,
+    PERMUTE_PROBS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    data_type = input_ptr.dtype.element_ty
+    compute_type = tl.float32
+    token, blk = tl.program_id(0), tl.program_id(1)
+    cols = blk * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    inside = cols < hidden_size
+    acc = tl.zeros((BLOCK_SIZE,), dtype=compute_type)
+    routed = tl.load(
+        row_id_map_ptr + token * stride_map_token + 2 * num_experts * stride_map_expert
+    )
+    for k in tl.range(routed):
+        row = tl.load(row_id_map_ptr + token * stride_map_token + k * stride_map_expert)
+        x = tl.load(input_ptr + row.to(tl.int64) * stride_input_token + cols, mask=inside)
+        x = x.to(compute_type)
+        if WITH_MERGING_PROBS:
+            expert = tl.load(
+                row_id_map_ptr + token * stride_map_token + (num_experts + k) * stride_map_expert
+            )
+            x *= tl.load(merging_probs_ptr + token * stride_probs_token + expert).to(compute_type)
+        acc += x
+        if PERMUTE_PROBS:
+            tl.store(unpermuted_probs_ptr + token, tl.load(permuted_probs_ptr + row))
+    tl.store(output_ptr + token * stride_output_token + cols, acc.to(data_type), mask=inside)
+
+
+UNPERMUTE_BLOCK = min(c.kwargs["BLOCK_SIZE"] for c in unpermute_kernel.configs)
+
+
+def _unpermute_rule(ctx, inp, row_id_map, merging_probs, permuted_probs):
+    hidden = ctx.avals_in[0].shape[1]
+    tokens, width = ctx.avals_in[1].shape
+    return bridge.triton_call_lowering(
+        ctx,
+        unpermute_kernel,
+        inp,
+        row_id_map,
+        merging_probs,
+        permuted_probs,
+        grid=(tokens, triton.cdiv(hidden, UNPERMUTE_BLOCK)),
+        constexprs={
+            "stride_map_token": typed(width),
+            "stride_map_expert": typed(1),
+            "stride_input_token": typed(hidden),
+            "stride_output_token": typed(hidden),
+            "stride_probs_token": typed(EXPERTS),
+            "num_experts": typed(EXPERTS),
+            "hidden_size": typed(hidden),
+            "WITH_MERGING_PROBS": True,
+            "PERMUTE_PROBS": False,
+            "BLOCK_SIZE": UNPERMUTE_BLOCK,
+        },
+    )
+
+
+def _unpermute_abstract(inp, row_id_map, merging_probs, permuted_probs):
+    return [
+        jax.core.ShapedArray((row_id_map.shape[0], inp.shape[1]), inp.dtype),
+        jax.core.ShapedArray((0,), merging_probs.dtype),
+    ]
+
+
+def unpermute_inputs() -> list[jax.ShapeDtypeStruct]:
+    return [
+        jax.ShapeDtypeStruct((TOKENS * 2, HIDDEN), jnp.float32),
+        jax.ShapeDtypeStruct((TOKENS, 2 * EXPERTS + 1), jnp.int32),
+        jax.ShapeDtypeStruct((TOKENS, EXPERTS), jnp.float32),
+        jax.ShapeDtypeStruct((0,), jnp.float32),
+    ]
+
+
+def unpermute_reference(inp, row_id_map, merging_probs):
+    """What ``unpermute_kernel`` computes: each token's routed rows, weighted and summed."""
+    routed = row_id_map[:, 2 * EXPERTS]
+    out = jnp.zeros((row_id_map.shape[0], inp.shape[1]), jnp.float32)
+    for k in range(EXPERTS):
+        weight = jnp.take_along_axis(merging_probs, row_id_map[:, EXPERTS + k, None], axis=1)
+        term = inp[jnp.clip(row_id_map[:, k], 0, inp.shape[0] - 1)] * weight
+        out = out + jnp.where((k < routed)[:, None], term, 0.0)
+    return out
+
+
 def _first_shape(x, *rest, **_):
     return [jax.core.ShapedArray(x.shape, x.dtype)]
 
@@ -311,6 +427,7 @@ def _multi(name, abstract, rule):
     return p
 
 
+unpermute_p = _multi("kc_te_unpermute", _unpermute_abstract, _unpermute_rule)
 block_count_p = _multi("kc_te_block_count", _block_count_abstract, _block_count_rule)
 add_offsets_p = _multi(
     "kc_te_add_offsets",
@@ -369,6 +486,7 @@ def patterns(target: str) -> dict[str, tuple]:
         "rownorm_sumsq": (rownorm_sumsq_p.bind, (NORM_X,)),
         "scatter": (scatter_p[False].bind, tuple(scatter_inputs(False))),
         "scatter_probs": (scatter_p[True].bind, tuple(scatter_inputs(True))),
+        "unpermute": (unpermute_p.bind, tuple(unpermute_inputs())),
         "axpy": (axpy_p[(ws, False)].bind, (VEC, VEC)),
         "axpy_fused": (axpy_p[(ws, True)].bind, (VEC, VEC)),
     }
