@@ -10,8 +10,9 @@ How the bridge meets all three:
 
 1. **One path for every process, a private file behind it.** Each process creates a private
    hand-off directory (under ``<cache root>/.handoff/``) and keeps it open as file descriptor
-   :data:`HANDOFF_FD`. The path handed to jaxlib is ``/proc/self/fd/<HANDOFF_FD>/<key>.hsaco``:
-   the same string in every process on every host, which the kernel resolves to *this*
+   :data:`HANDOFF_FD`. The path handed to jaxlib is ``/proc/self/fd/<HANDOFF_FD>/<sha256>.hsaco``
+   (the digest of the machine code, whichever entry served it): the same string in every
+   process on every host, which the kernel resolves to *this*
    process's directory. No process can read or delete another's file; no host-wide lock is
    needed. Forked children get their own directory (``os.register_at_fork``); the descriptor is
    close-on-exec, so exec'd programs start clean.

@@ -118,5 +118,12 @@ def binary_token(ext: str, binary: bytes) -> str:
     return f"kernelcache:{ext}:{_digest(binary)}"
 
 
+def handoff_name(ext: str, binary: bytes) -> str:
+    """The file name machine code handed over by path has (:mod:`.handoff`): its digest, as
+    the PTX marker and the inline token name it, so the path, and with it the lowered module,
+    is the same whichever entry (a chained key, an in-memory compile) served the code."""
+    return f"{_digest(binary)}.{ext}"
+
+
 def _digest(binary: bytes) -> str:
     return hashlib.sha256(binary).hexdigest()

@@ -22,6 +22,7 @@ description: the read set is *partial*), the kernel is checked by running the fr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import sys
@@ -108,7 +109,7 @@ def specialization(src: Any, options: Any) -> Any:
             plain = ["param", names[path[0]]]
         constants.append([exact(tuple(path)), plain])
     attrs = [[exact(tuple(path)), exact(value)] for path, value in src.attrs.items()]
-    fields = [[name, exact(value)] for name, value in sorted(vars(options).items())]
+    fields = [[name, exact(value)] for name, value in option_fields(options)]
     signature = [[name, exact(value)] for name, value in src.signature.items()]
     kind = triton_home(type(options))
     doc = {
@@ -128,6 +129,16 @@ def specialization(src: Any, options: Any) -> Any:
     except (TypeError, ValueError):
         same = False
     return doc if same else None
+
+
+def option_fields(options: Any) -> list[tuple[str, Any]]:
+    """The fields ``options`` (a backend's options, a dataclass in every backend Triton ships)
+    is made from, by name: its constructor's, not what its ``__post_init__`` derives and sets
+    beside them (``HIPOptions.warp_size``, from the arch), which the constructor refuses."""
+    if dataclasses.is_dataclass(options):
+        made = [f.name for f in dataclasses.fields(options) if f.init]
+        return [(name, getattr(options, name)) for name in sorted(made)]
+    return sorted(vars(options).items())
 
 
 def _options(kind: type, fields: list[Any]) -> Any:

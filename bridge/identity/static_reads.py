@@ -27,6 +27,7 @@ import re
 import struct
 import sys
 import types
+import unicodedata
 from typing import Any, NamedTuple
 
 from .guard import triton_type
@@ -152,18 +153,20 @@ def _chain(node: ast.expr, last: tuple[str, ...] = ()) -> tuple[str | None, tupl
 _QUOTED = r"""(?:'''[\s\S]*?'''|\"\"\"[\s\S]*?\"\"\"|'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")"""
 #: an f-string (kept: its expressions are code), another string literal or a comment (dropped)
 _LITERAL = re.compile(
-    rf"(?P<f>(?<![A-Za-z0-9_])(?:[fF][rR]?|[rR][fF]){_QUOTED})"
-    rf"|(?<![A-Za-z0-9_])(?:[rRbBuU]|[bB][rR]|[rR][bB])?{_QUOTED}|#[^\n]*"
+    rf"(?P<f>(?<!\w)(?:[fF][rR]?|[rR][fF]){_QUOTED})"
+    rf"|(?<!\w)(?:[rRbBuU]|[bB][rR]|[rR][bB])?{_QUOTED}|#[^\n]*"
 )
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: a Python identifier, ASCII or not (a letter or underscore, then word characters)
+_NAME = re.compile(r"[^\W\d]\w*")
 
 
 @functools.lru_cache(maxsize=512)
 def spelled(src: str) -> frozenset[str]:
     """Every name a JIT function's source spells outside string literals and comments: a
     superset of the names and attributes its syntax reads (:func:`syntax`), found without
-    parsing."""
-    return frozenset(_NAME.findall(_LITERAL.sub(r"\g<f>", src)))  # (f-strings kept)
+    parsing; each as Python reads it (NFKC-normalized: ``ﬁ`` is ``fi``, as in code objects)."""
+    found = _NAME.findall(_LITERAL.sub(r"\g<f>", src))  # (f-strings kept)
+    return frozenset(unicodedata.normalize("NFKC", name) for name in found)
 
 
 @functools.lru_cache(maxsize=512)

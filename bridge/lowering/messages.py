@@ -138,7 +138,9 @@ def kernel_message(
         kernel.global_scratch_size = scratch
         kernel.global_scratch_align = int(meta.get("global_scratch_align", 1))
     if mode == "path":
-        kernel.ptx = handoff.materialize(str(cache.root), f"{kb.key}.{kb.ext}", kb.binary)
+        kernel.ptx = handoff.materialize(
+            str(cache.root), modes.handoff_name(kb.ext, kb.binary), kb.binary
+        )
         return kernel
     if vendor.has_ptx:
         ptx = kb.ptx or ""
