@@ -3,7 +3,8 @@ kernel, or why it is left out of the call.
 
 A config is left out, as Triton's autotuner leaves it out, when it cannot compile (see
 :mod:`bridge.entries.failures`: remembered in the cache, and consulted only where the cache holds no
-kernel for it: a kernel entry is what runs) or cannot launch on the target: it needs more
+kernel for it: a kernel entry is what runs) or cannot launch on the target: it has more threads than
+a block may have there (its ``num_warps`` at the target's warp size: never compiled), it needs more
 shared memory than one block may have there (:func:`bridge.vendors.targets.max_shared_memory`: the
 local device's figure where it can be read, else the vendor's table), or more tensor memory
 than Triton allows. Left-out configs are named in one warning per kernel and process (a later
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..entries import failures
 from ..entries.kernels import kernel_kind
 from ..exceptions import LeftOut, NoConfigError
+from ..identity.specialize import threads_problem
 from ..vendors import targets
 from . import fetch
 from .fetch import KernelBinary
@@ -135,8 +137,13 @@ class Variants:
         """Fetch the kernels of ``indices`` (every missing one at once, compiled here or by
         another process, whichever is free first)."""
         wanted = [i for i in dict.fromkeys(indices) if i not in self._found]
-        todo = [i for i in wanted if not self._remembered(i)]
         fetched: dict[int, KernelBinary | str] = {}
+        for i in wanted:  # (over a limit the options show: never compiled)
+            spec = self.specs[i]
+            too_many = threads_problem(spec.target, int(spec.bound.options.num_warps))
+            if too_many is not None:
+                fetched[i] = too_many
+        todo = [i for i in wanted if i not in fetched and not self._remembered(i)]
         if todo:
             checks = [self.usable(self.specs[i]) if self.usable else None for i in todo]
             got = fetch.fetch_many([self.specs[i] for i in todo], self.cache, checks)

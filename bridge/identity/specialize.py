@@ -54,19 +54,28 @@ class Specialization:
         return self.target.vendor.binary_ext
 
 
+def threads_problem(target: Target, num_warps: int) -> str | None:
+    """Why ``num_warps`` warps of ``target`` do not fit in one block (the same words on every
+    vendor), or None."""
+    threads = num_warps * target.warp_size
+    limit = target.vendor.max_threads_per_block
+    if threads <= limit:
+        return None
+    return (
+        f"num_warps={num_warps} on {target} means {threads} threads per block; the limit is "
+        f"{limit}: use num_warps <= {limit // target.warp_size}"
+    )
+
+
 def check_threads(target: Target, num_warps: int) -> None:
     """Check that ``num_warps`` warps of ``target`` fit in one block.
 
     Raises:
         OptionError: more threads than a block of the target's vendor may have.
     """
-    threads = num_warps * target.warp_size
-    limit = target.vendor.max_threads_per_block
-    if threads > limit:
-        raise OptionError(
-            f"num_warps={num_warps} on {target} means {threads} threads per block; the limit is "
-            f"{limit}: use num_warps <= {limit // target.warp_size}"
-        )
+    why = threads_problem(target, num_warps)
+    if why is not None:
+        raise OptionError(why)
 
 
 def specialize(
@@ -75,10 +84,15 @@ def specialize(
     variant: kernel_objects.Variant,
     target: Target,
     cache: Cache,
+    *,
+    strict: bool = True,
 ) -> Specialization:
     """Bind ``variant`` of a call with arguments ``named`` for ``target`` and key it.
 
-    ``cache`` only memoizes the compiler's identity; nothing is looked up or compiled.
+    ``cache`` only memoizes the compiler's identity; nothing is looked up or compiled. Not
+    ``strict`` (one config of several), a variant with more threads than a block may have is
+    keyed all the same: it is left out of the call as one that cannot launch
+    (:mod:`bridge.compile.variants`), as Triton's autotuner leaves out a config over a limit.
 
     Raises:
         KernelArgumentError: the arguments do not fit the kernel.
@@ -95,7 +109,8 @@ def specialize(
     from ..call.binding import bind  # (a warm hit binds nothing)
 
     bound = bind(parts, backend, named, variant)
-    check_threads(target, int(bound.options.num_warps))
+    if strict:
+        check_threads(target, int(bound.options.num_warps))
     src = kernel_keys.source(
         parts.fn, parts.is_gluon, bound.signature, bound.constexprs, bound.attrs
     )
@@ -122,7 +137,8 @@ def specialize_call(
         whatever the kernel's own heuristics, prune functions or hooks raise.
     """
     variants = kernel_objects.expand_variants(parts, named, kwargs, options, target)
-    return [specialize(parts, named, variant, target, cache) for variant in variants]
+    strict = len(variants) == 1  # (of several configs, one over a limit is left out)
+    return [specialize(parts, named, v, target, cache, strict=strict) for v in variants]
 
 
 def components(spec: Specialization, cache: Cache | None = None) -> dict[str, str]:

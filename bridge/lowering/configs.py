@@ -54,8 +54,9 @@ class Configs:
             mode,
             cache,
         )
+        strict = len(every_variant) == 1  # (of several configs, one over a limit is left out)
         self.every = [
-            specialize.specialize(call.parts, call.named, variant, target, cache)
+            specialize.specialize(call.parts, call.named, variant, target, cache, strict=strict)
             for variant in every_variant
         ]
 

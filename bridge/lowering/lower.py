@@ -368,7 +368,8 @@ def _specializations(
     specialization: :func:`bridge.identity.frontend.specialization`)."""
     from ..identity import frontend, specialize
 
-    specs = [specialize.specialize(call.parts, call.named, v, target, cache) for v in every]
+    make, strict = specialize.specialize, len(every) == 1  # (one over a limit: left out)
+    specs = [make(call.parts, call.named, v, target, cache, strict=strict) for v in every]
     return [frontend.specialization(s.source, s.bound.options) for s in specs]
 
 

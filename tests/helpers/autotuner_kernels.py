@@ -74,6 +74,23 @@ bounded_copy_nested = triton.autotune(configs=copy_configs(128, 512, nested=True
 never_fits = triton.autotune(configs=copy_configs(512, 1024), key=["n"])(bounded_copy_kernel.fn)
 
 
+# -- configs with more threads than a block may have on some targets -----------------------------
+@triton.jit
+def plain_copy_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+#: 4, 32 and 64 warps: 64 is over 1024 threads everywhere, 32 on a CDNA GPU (a wave of 64)
+wide_copy = triton.autotune(
+    configs=[triton.Config({"BLOCK": 1024}, num_warps=w) for w in (4, 32, 64)], key=["n"]
+)(plain_copy_kernel)
+only_too_wide = triton.autotune(
+    configs=[triton.Config({"BLOCK": 1024}, num_warps=w) for w in (64, 128)], key=["n"]
+)(plain_copy_kernel)
+
+
 @triton.jit
 def broken_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
     """A kernel with a bug: not a config that cannot compile, but an error."""

@@ -410,6 +410,25 @@ def test_a_config_over_the_shared_memory_limit_is_left_out(
         decoded(matmul_call(K.matmul_only_huge, cache, target), H, H, platform=platform)
 
 
+@pytest.mark.parametrize(
+    "target, platform, kept, left",
+    [("cuda:90", "cuda", [4, 32], [64]), ("hip:gfx942", "rocm", [4], [32, 64])],
+)
+def test_a_config_with_more_threads_than_a_block_is_left_out(
+    cache, target, platform, kept, left, warnings_
+):
+    """As a config over the shared-memory limit is: never compiled, named in one warning in
+    the same words on every vendor; none left, the call fails naming each."""
+    (call,) = decoded(copy_call(K.wide_copy, cache, target), F32, platform=platform)
+    wave = 32 if platform == "cuda" else 64
+    assert {k.num_warps for k in kernels_of(call)} == set(kept)
+    (warning,) = left_out_warnings(warnings_)
+    for w in left:
+        assert f"num_warps={w} on {target} means {w * wave} threads per block" in warning
+    with pytest.raises(bridge.NoConfigError, match="threads per block; the limit is 1024"):
+        decoded(copy_call(K.only_too_wide, cache, target), F32, platform=platform)
+
+
 def test_the_limit_comes_from_the_target_and_is_unknown_for_others():
     t90, t75 = bridge.parse_target("cuda:90"), bridge.parse_target("cuda:75")
     assert variants.launch_problem({"shared": 232_448}, t90) is None
