@@ -2,16 +2,17 @@
 kernelcache environment and default root, a cache root in a temporary directory, a directory
 other users can reach, and the kernelcache logger's warnings.
 
-Nothing a test runs writes outside temporary directories, and nothing is left in the system's
-temp directory: for the session, ``TMPDIR`` (what :mod:`tempfile` uses, here and in every child
-process) is a directory under pytest's base temporary directory, and ``HOME``, the XDG user
-directories (``XDG_CACHE_HOME``, ``XDG_CONFIG_HOME``, ``XDG_DATA_HOME``, ``XDG_STATE_HOME``) and
-Triton's ``TRITON_HOME`` are in it, so a default cache root (platformdirs' user cache directory)
-is never the user's own. With pytest-xdist each worker has its own, under its base directory.
-When the session ends, anything the suite's processes would make that appeared in the system's
-temp directory (``kc-*``, ``kernelcache-*``, a ``tmp*`` directory holding a root's ``.stats/``)
-fails the session. Tests that run processes as other users (who cannot enter pytest's
-directories) use :func:`shared_tmp`.
+Nothing a test runs writes outside temporary directories, and nothing is left in a temporary
+directory it does not own: for the session, ``TMPDIR`` (what :mod:`tempfile` uses, here and in
+every child process) is a directory under pytest's base temporary directory, and ``HOME``, the
+XDG user directories (``XDG_CACHE_HOME``, ``XDG_CONFIG_HOME``, ``XDG_DATA_HOME``,
+``XDG_STATE_HOME``) and Triton's ``TRITON_HOME`` are in it, so a default cache root
+(platformdirs' user cache directory) is never the user's own. With pytest-xdist each worker has
+its own, under its base directory. When the session ends, anything the suite's processes left in
+those temporary directories (the session's own: never the machine's, where other programs make
+what they make) that kernelcache or Triton would make there (``kc-*``, ``kernelcache-*``, a
+``tmp*`` file or directory: Triton's files, a root's ``.stats/``) fails the session. Tests that
+run processes as other users (who cannot enter pytest's directories) use :func:`shared_tmp`.
 
 Helpers (plain functions and constants) are in tests/helpers/, which pytest puts on the path
 (``pythonpath`` in pyproject.toml); fixtures of one part of the tree are in that part's
@@ -35,50 +36,49 @@ from support import USER_DIRS
 # them too, so that entries the tests write are entries such a reader serves.
 import bridge.entries.metadata  # noqa: F401
 
-#: the system's temp directory, as the session found it
+#: the system's temp directory, as the session found it (only :func:`shared_tmp` makes
+#: directories there, and removes them)
 SYSTEM_TEMP = Path(tempfile.gettempdir())
 #: this session's name, shared by its xdist workers (which inherit the variable)
 SESSION = os.environ.setdefault("KC_TESTS_SESSION", uuid.uuid4().hex[:12])
 #: the prefix of the directories :func:`shared_tmp` makes in :data:`SYSTEM_TEMP`
 SHARED_PREFIX = f"kernelcache-tests-{SESSION}-"
-_BEFORE = pytest.StashKey[set[str]]()
+#: the name of the session's own temporary directory (``TMPDIR``), in each process's base
+#: temporary directory (with xdist, each worker's is under the controller's)
+SESSION_TEMP = "session-temp"
+#: what the suite's processes leave in a temporary directory, by name (with :func:`left_in`)
+LITTER = ("kc-", "kernelcache-", "tmp")
 
 
-def left_in_system_temp() -> set[str]:
-    """Names in :data:`SYSTEM_TEMP` of what the suite's processes would make there: ``kc-*``
-    and ``kernelcache-*`` (not another session's :func:`shared_tmp` directories), and a
-    ``tmp*`` directory holding a cache root's ``.stats/``."""
-    names = set()
-    for entry in os.scandir(SYSTEM_TEMP):
-        name = entry.name
-        if name.startswith("kernelcache-tests-") and not name.startswith(SHARED_PREFIX):
-            continue  # another session's, running at the same time
-        if name.startswith(("kc-", "kernelcache-")):
-            names.add(name)
-        elif name.startswith("tmp") and os.path.lexists(os.path.join(entry.path, ".stats")):
-            names.add(name)
-    return names
+def left_in(temp: Path) -> set[str]:
+    """Names in ``temp`` of what the suite's processes would leave there: ``kc-*`` and
+    ``kernelcache-*``, and a ``tmp*`` file or directory (Triton's temporary files; a cache root
+    made by :func:`tempfile.mkdtemp`)."""
+    try:
+        return {e.name for e in os.scandir(temp) if e.name.startswith(LITTER)}
+    except FileNotFoundError:
+        return set()
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    if not hasattr(config, "workerinput"):  # the session's first process (xdist's controller)
-        config.stash[_BEFORE] = left_in_system_temp()
+def session_temps(base: Path) -> list[Path]:
+    """The session's temporary directories under pytest's base temporary directory ``base``:
+    its own and, with xdist, each worker's."""
+    return [base / SESSION_TEMP, *sorted(base.glob(f"*/{SESSION_TEMP}"))]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Fail the session if it left anything in the system's temp directory (with xdist, the
-    controller checks once every worker has finished)."""
+    """Fail the session if its processes left anything in its own temporary directories (with
+    xdist, the controller checks once every worker has finished). The machine's temp directory
+    is never judged: other programs, other test runs included, make what they make there."""
     config = session.config
-    if _BEFORE not in config.stash:
+    if hasattr(config, "workerinput") or not hasattr(config, "_tmp_path_factory"):
         return
-    left = sorted(left_in_system_temp() - config.stash[_BEFORE])
+    base = config._tmp_path_factory.getbasetemp()
+    left = sorted(str(t / n) for t in session_temps(base) for n in left_in(t))
     if not left:
         return
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    message = (
-        f"left in {SYSTEM_TEMP} by this session (or by another running at the same time): "
-        + ", ".join(left)
-    )
+    message = "left in the session's temporary directories by its processes: " + ", ".join(left)
     if reporter is not None:
         reporter.write("\n")
         reporter.write_sep("!", message, red=True)
@@ -89,7 +89,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def _session_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """This process's ``TMPDIR`` and user directories, under pytest's base temporary
     directory, for the session; the variables are restored afterwards."""
-    temp = tmp_path_factory.mktemp("session-temp", numbered=False)
+    temp = tmp_path_factory.mktemp(SESSION_TEMP, numbered=False)
     saved = {name: os.environ.get(name) for name in ("TMPDIR", *USER_DIRS)}
     os.environ["TMPDIR"] = str(temp)
     for name, sub in USER_DIRS.items():
