@@ -29,13 +29,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+HERE = Path(__file__).resolve().parent
+
+
+def _missing_matplotlib() -> str:
+    """What to say where matplotlib is not installed: the release the committed plots were
+    made with (the test extra's pin) and how to install it."""
+    pinned = re.search(r'"(matplotlib==[\d.]+)', (HERE.parent / "pyproject.toml").read_text())
+    wanted = pinned.group(1) if pinned else "matplotlib"
+    return (
+        f"benchmarks/plots.py draws with matplotlib, which is not installed here: pip install "
+        f"'{wanted}' (the release the committed plots were made with; the test extra, "
+        "pip install -e '.[test]', installs it too)"
+    )
+
+
+try:
+    import matplotlib
+except ModuleNotFoundError as e:  # said plainly, as a command does, not as a traceback
+    if e.name != "matplotlib":
+        raise
+    raise SystemExit(_missing_matplotlib()) from None
 
 matplotlib.use("svg")
-import matplotlib.pyplot as plt  # (after the backend is chosen)
-from matplotlib.figure import Figure
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+from matplotlib.figure import Figure  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 OUT = HERE.parent / "docs" / "img" / "benchmarks"
 
