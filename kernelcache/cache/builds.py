@@ -8,8 +8,11 @@ and takes over those whose builder died. With a remote tier the same holds acros
 key whose job-wide lock another machine holds is set aside while the process builds the
 others, and asked again with back-off; the waits for those locks share one budget per call, the
 lock timeout (not one per key), and a key still held elsewhere once it is spent is built without
-the remote lock, with one warning naming the lock, its holder and the tier. A failure of the
-cache is never the caller's: the artifact is built in memory instead (warned once).
+the remote lock, with one warning naming the lock, its holder and the tier. The requests one key
+makes to the remote tier (its reads, lock tries, put and release; not those of its build) are
+one lookup there, whose time in each tier is bounded as a whole
+(:func:`~kernelcache.remote.tier.lookup`). A failure of the cache is never the caller's: the
+artifact is built in memory instead (warned once).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from .. import stats
 from ..errors import CacheError, LockTimeout, WrongExt
 from ..process import warn_once
 from ..remote.tier import POLL_FIRST as REMOTE_POLL_FIRST
-from ..remote.tier import Busy, Claim, next_poll, try_lock
+from ..remote.tier import Busy, Claim, Lookup, lookup, next_poll, try_lock
 from ..store.entry import Artifact
 from ..store.locks.locker import Held, WaitBudget
 from . import writes
@@ -97,9 +100,12 @@ def each(
     remote entry accepted) as the first of its ``items`` says."""
     # every wait of this call together; the caller's time between two results is not ours
     budget = WaitBudget(cache.lock_timeout, cache.root)
+    # each key's requests to the remote tier, bounded together (:func:`~..remote.tier.lookup`)
+    scopes = {entry: Lookup() for entry in slots}
     pending: list[tuple[str, str]] = []
     for entry in slots:
-        art = cache.lookup(*entry, budget, accept=items[entry].accept)
+        with lookup(scopes[entry]):
+            art = cache.lookup(*entry, budget, accept=items[entry].accept)
         if art is None:
             pending.append(entry)
         else:
@@ -128,7 +134,8 @@ def each(
             result: Artifact | Exception | None = None
             held = _claim(cache, key)
             if not isinstance(held, _Busy):
-                attempt = _attempt(cache, items[entry], held, budget)
+                with lookup(scopes[entry]):
+                    attempt = _attempt(cache, items[entry], held, budget)
                 if not isinstance(attempt, Busy):
                     result = attempt
                 elif wait:
@@ -145,7 +152,8 @@ def each(
                     stats.count(cache.root, lock_waits=1)
                 result = _local_lookup(cache, key, ext)  # published, lock not yet released
                 if result is None and budget.remaining() <= 0:
-                    result = _private(cache, items[entry], budget)
+                    with lookup(scopes[entry]):
+                        result = _private(cache, items[entry], budget)
                 if result is None:
                     left.append(entry)
                     continue
@@ -288,13 +296,14 @@ def _build(
 ) -> Artifact:
     """Run ``build`` and store what it made (``budget`` None: keep it in memory;
     ``replace``: in place of an entry), waiting at most what is left of ``budget`` to
-    store it."""
+    store it. What ``build`` asks of a remote tier is no part of the key's lookup."""
     started = time.monotonic()
-    if budget is None:
-        data, meta = build()
-    else:
-        with budget.paused():
+    with lookup(None):
+        if budget is None:
             data, meta = build()
+        else:
+            with budget.paused():
+                data, meta = build()
     stats.count(cache.root, builds=1, build_seconds=time.monotonic() - started)
     if budget is None:
         return writes.in_memory(key, ext, data, meta)

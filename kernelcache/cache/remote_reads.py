@@ -31,10 +31,15 @@ def remote_lookup(
     accept: Accept | None,
     copy: bool,
 ) -> Artifact | None:
-    """:meth:`kernelcache.Cache.remote_lookup`, waiting at most ``wait`` seconds to publish."""
+    """:meth:`kernelcache.Cache.remote_lookup`, waiting at most ``wait`` seconds to publish;
+    the read is one lookup of the tier (:func:`~kernelcache.remote.tier.lookup`), or part of
+    the one this thread makes (a key of ``get_or_create``)."""
+    from ..remote.tier import Lookup, current_lookup, lookup
+
     assert cache.remote is not None
     try:
-        found = cache.remote.get(key, ext)
+        with lookup(current_lookup() or Lookup()):
+            found = cache.remote.get(key, ext)
     except Exception as e:  # a tier must not raise; if one does, it is a miss
         stats.count(cache.root, remote_errors=1)
         warn_once(

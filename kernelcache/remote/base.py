@@ -26,9 +26,10 @@ from .. import stats
 from ..keys import check_ext, check_key
 from ..problem import Problem
 from .codec import authenticate, decode_value, make_value
+from .contact import off_path
 from .leases import Leases, no_release
 from .policy import FailurePolicy
-from .tier import Busy, Claim, wait_for
+from .tier import LOOKUP_TIMEOUTS, Busy, Claim, wait_for
 
 #: the remote tiers' logger, whichever module logs (docs/remote.md names it)
 logger = logging.getLogger("kernelcache.remote")
@@ -60,6 +61,8 @@ class TierBase:
         here: whether the tier can be used in this process at all (see
             :class:`~.policy.FailurePolicy`); None: always.
         bound: the longest one request to the store may take, in seconds.
+        timeout: the store's timeout, in seconds: the requests of one lookup may take
+            :data:`~.tier.LOOKUP_TIMEOUTS` of it in all (:mod:`.policy`).
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class TierBase:
         overwrite: bool = False,
         here: Callable[[], bool] | None = None,
         bound: float = 5.0,
+        timeout: float | None = None,
     ) -> None:
         self.url = shown
         self.label = tier_label(shown)
@@ -89,6 +93,7 @@ class TierBase:
             read_only=read_only,
             here=here,
             bound=bound,
+            lookup_s=None if timeout is None else LOOKUP_TIMEOUTS * timeout,
         )
         self._signing_key = signing_key
         self._max_size = max_size
@@ -263,6 +268,28 @@ class TierBase:
         return True
 
     # -- build locks --------------------------------------------------------------------------
+    def _holding(
+        self, token: str, renew: Callable[[float], bool | None], release: Callable[[], None]
+    ) -> Callable[[], None]:
+        """The release function of the lock ``token`` just taken, renewed meanwhile
+        (:meth:`.leases.Leases.holding`). A release whose lookup has spent its time in the tier
+        is sent from a thread of its own, off the job's path: the lock is given back all the
+        same, and the lookup waits for nothing more there."""
+
+        def ending() -> None:
+            left = self.policy.left()
+            if left is None or left > 0:
+                release()
+                return
+
+            def later() -> None:
+                with off_path():
+                    release()
+
+            threading.Thread(target=later, name="kernelcache-remote-release", daemon=True).start()
+
+        return self.leases.holding(token, renew, ending)
+
     def _try_lock(self, key: str) -> Claim:
         """One try at the build lock of ``key`` in the store (see :meth:`try_acquire`), the
         tier neither read-only nor known unavailable; a failure is accounted for already."""

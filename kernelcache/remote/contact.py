@@ -108,6 +108,11 @@ class Abandoned(RemoteTimeout):
     """A request stopped waiting for: the breaker of its shard opened while it was in flight."""
 
 
+class LookupSpent(RemoteTimeout):
+    """A request stopped waiting for: the lookup it serves spent its time in the tier
+    (:data:`~.tier.LOOKUP_TIMEOUTS`); not a failure of the tier."""
+
+
 @dataclass
 class Ticket:
     """A request let through to ``shard``: settle it with :meth:`Contact.settle`."""
@@ -117,6 +122,10 @@ class Ticket:
     probe: bool
     #: the event the threads of this process waiting for the probe wait on
     done: threading.Event = field(default_factory=threading.Event)
+    #: when the request was asked for (monotonic), and when the lookup it serves runs out of
+    #: time in the tier (None: it serves none; see :mod:`.policy`)
+    started: float = 0.0
+    until: float | None = None
 
 
 class Contact:
@@ -237,7 +246,8 @@ class Contact:
     def watch(self, ticket: Ticket, request: Callable[[], Any]) -> tuple[Any, BaseException | None]:
         """``(request(), None)`` or ``(None, what it raised)``, made in another thread and
         waited for until it ends, its breaker opens (:class:`Abandoned`: the thread is left to
-        end on its own, its outcome unused), or :attr:`bound` and a second pass
+        end on its own, its outcome unused), the lookup it serves runs out of time
+        (:class:`LookupSpent`, the same), or :attr:`bound` and a second pass
         (:class:`~kernelcache.errors.RemoteTimeout`)."""
         done = threading.Event()
         box: list[Any] = [None, None]
@@ -255,6 +265,9 @@ class Contact:
         while not done.wait(ABANDON_POLL):
             if self._opened(ticket.shard):
                 return None, Abandoned("the tier's breaker opened while the request was waited for")
-            if time.monotonic() > limit:
+            now = time.monotonic()
+            if ticket.until is not None and now > ticket.until:
+                return None, LookupSpent("the lookup spent its time in the tier")
+            if now > limit:
                 return None, RemoteTimeout(f"no answer in {self.bound:g}s")
         return box[0], box[1]

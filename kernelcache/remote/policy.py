@@ -15,6 +15,14 @@ contact with the tier: :mod:`.contact`) and ends with :meth:`FailurePolicy.settl
 in flight, :meth:`FailurePolicy.opened` says whether it should be abandoned (its breaker opened,
 here or in another process of the root). So once a request timed out, the tier's next put, lock,
 renewal or release waits for nothing, in this process or any other of the node.
+
+A request made for a lookup (:func:`~.tier.lookup`: one key of a ``get_or_create``) is charged
+to it: the requests of one lookup spend at most ``lookup_s`` in the tier together (a request
+is given what is left as its deadline, :attr:`~.contact.Ticket.until`, and stops there:
+:class:`~.contact.LookupSpent`), then its other requests there are not made. That is no
+failure of the tier: no breaker opens, nothing is carried to the next lookup, and the time a
+request took is never judged on its own (a healthy tier serving large values, or setting up a
+TLS connection, is asked as before).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from .. import stats
 from ..process import warn_once
 from .breakers import SharedBreakers
 from .contact import Contact, Ticket
+from .tier import current_lookup
 
 #: the remote tiers' logger (:data:`.base.logger`)
 logger = logging.getLogger("kernelcache.remote")
@@ -48,6 +57,8 @@ class FailurePolicy:
             :meth:`usable` (it counts and warns itself where not); None: always.
         bound: the longest one request to the store may take, in seconds (how long a first
             contact may last: :mod:`.contact`).
+        lookup_s: what the requests of one lookup may take in the tier in all, in seconds
+            (None: no bound but each request's own).
     """
 
     def __init__(
@@ -60,8 +71,10 @@ class FailurePolicy:
         read_only: bool,
         here: Callable[[], bool] | None = None,
         bound: float = 5.0,
+        lookup_s: float | None = None,
     ) -> None:
         self.url = url
+        self.lookup_s = lookup_s
         self.label = label
         #: the root whose stats logs take the counters (a label of the URL where none)
         self.stats_root = stats_root or f"remote:{label}"
@@ -134,22 +147,61 @@ class FailurePolicy:
 
     def admit(self, shard: str = "") -> Ticket | None:
         """Whether to make one request of the tier (or ``shard``) now: None while its breaker is
-        open, or while another process of the node makes the first contact with it and this one
-        may not wait for its answer (:mod:`.contact`; counted ``skipped``), else the request's
-        ticket, to :meth:`settle` whatever happens."""
+        open, while another process of the node makes the first contact with it and this one
+        may not wait for its answer (:mod:`.contact`), or once the lookup it serves has spent
+        its time in the tier (each counted ``skipped``), else the request's ticket, to
+        :meth:`settle` whatever happens (its ``until``: when its lookup's time runs out)."""
+        started = time.monotonic()
+        left = self.left()
+        if left is not None and left <= 0:
+            self.count(skipped=1)
+            self.spent()
+            return None
         if not self.usable(shard):
             return None
         ticket = self.contact.admit(shard)
         if ticket is None:
             self.count(skipped=1)
-        elif ticket.probe:
+            return None
+        if ticket.probe:
             self.count(probes=1)
+        ticket.started = started
+        ticket.until = None if left is None else started + left
         return ticket
 
     def settle(self, ticket: Ticket, answered: bool | None) -> None:
         """The request of ``ticket`` ended: the store answered it (True), failed it or it was
-        abandoned (False), or it was not made or ended otherwise (None)."""
+        abandoned (False), or it was not made or ended otherwise (None). Its time, from its
+        admission, is charged to the lookup it served."""
+        scope = current_lookup()
+        if ticket.until is not None and scope is not None:
+            took = time.monotonic() - ticket.started
+            scope.spent[self] = scope.spent.get(self, 0.0) + took
         self.contact.settle(ticket, answered)
+
+    def left(self) -> float | None:
+        """Seconds the lookup this thread serves may still spend in the tier (None: it serves
+        none, or the tier bounds requests one by one)."""
+        scope = current_lookup()
+        if scope is None or self.lookup_s is None:
+            return None
+        return self.lookup_s - scope.spent.get(self, 0.0)
+
+    def spent(self) -> None:
+        """The lookup this thread serves has spent its time in the tier: counted
+        (``lookup_spent``) once per lookup, warned about once per process."""
+        scope = current_lookup()
+        if scope is None or self in scope.over:
+            return
+        scope.over.add(self)
+        self.count(lookup_spent=1)
+        self.warn(
+            "lookup-spent",
+            "remote cache %s: a lookup's requests took %gs there in all; its other requests "
+            "there are not made (the tier is not skipped: the next lookup asks it again)",
+            self.url,
+            self.lookup_s,
+        )
 
     def writable(self, shard: str = "") -> bool:
         """False for a read-only tier, and while the store (or ``shard``) refuses writes."""

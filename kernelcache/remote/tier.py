@@ -7,18 +7,62 @@ A tier may also offer ``try_acquire(key)``: one try at a key's build lock that t
 held by another client (:class:`Busy`) from an unavailable one (None); the cache then builds
 other keys while another machine holds a key's lock, and says who held a lock it stopped
 waiting for (:func:`try_lock`).
+
+A lookup's time in a tier is bounded as a whole: the cache makes the requests of one key of a
+``get_or_create`` (its reads, lock tries, put and release) inside :func:`lookup` of that key's
+:class:`Lookup`, and a built-in tier lets them spend :data:`LOOKUP_TIMEOUTS` of its timeouts in
+all (:mod:`.policy`): a tier answering every request just inside its timeout costs a lookup
+two timeouts, not one per request, and a healthy one is never skipped for what one request
+took (nothing is carried from one lookup to the next). What a build does runs outside its
+key's lookup.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 #: the first and the longest pause between two tries of a build lock held elsewhere
 POLL_FIRST, POLL_MAX = 0.02, 0.5
+#: what the requests of one lookup may take in one tier, in all, in the tier's timeouts
+LOOKUP_TIMEOUTS = 2.0
+
+
+class Lookup:
+    """The seconds the requests of one lookup have spent in each tier (keyed by the tier's
+    failure policy), summed as each request ends; and the tiers where it ran out of time."""
+
+    __slots__ = ("over", "spent")
+
+    def __init__(self) -> None:
+        self.spent: dict[object, float] = {}
+        self.over: set[object] = set()
+
+
+_here = threading.local()
+
+
+def current_lookup() -> Lookup | None:
+    """The lookup whose requests this thread makes now, or None (a request on its own)."""
+    found: Lookup | None = getattr(_here, "lookup", None)
+    return found
+
+
+@contextlib.contextmanager
+def lookup(scope: Lookup | None) -> Iterator[None]:
+    """The requests this thread makes in the block are those of ``scope`` (None: of no
+    lookup, each bounded on its own, as a build's are); the lookup before is restored after."""
+    before = current_lookup()
+    _here.lookup = scope
+    try:
+        yield
+    finally:
+        _here.lookup = before
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from ...keys import group_of
 from ...process import HOST
 from ..base import TierBase
 from ..codec import REMOTE_FORMAT
-from ..contact import Abandoned
+from ..contact import Abandoned, LookupSpent
 from ..leases import no_release
 from ..tier import Busy, Claim
 from ..url import redact
@@ -99,6 +99,7 @@ class ObjectStoreTier(TierBase):
             overwrite=overwrite,
             here=self.usable_here,
             bound=self.where.timeout,
+            timeout=self.where.timeout,
         )
         #: the store's prefix: the URL's path, then the value layout's version
         self.prefix = "/".join(p for p in (self.where.path, f"v{REMOTE_FORMAT}") if p)
@@ -188,6 +189,9 @@ class ObjectStoreTier(TierBase):
             if error is None or isinstance(error, FileNotFoundError):
                 answered = True
                 return result, False
+            if isinstance(error, LookupSpent):  # (not a failure of the store)
+                policy.spent()
+                return None, True
             answered = self._failed(what, error)
             return None, True
         finally:
@@ -347,7 +351,7 @@ class ObjectStoreTier(TierBase):
             if not failed and not gone:
                 self.policy.count(locks_lost=1)
 
-        return self.leases.holding(token, renew, release)
+        return self._holding(token, renew, release)
 
     def _put_lock(
         self, store: Any, lock: str, token: str, version: Version | None

@@ -87,6 +87,7 @@ class RedisTier(TierBase):
             lock_ttl=options.lock_ttl,
             overwrite=overwrite,
             bound=options.timeout + (options.connect_timeout or options.timeout),
+            timeout=options.timeout,
         )
         #: the URL's options (docs/remote.md)
         self.options = options
@@ -226,7 +227,7 @@ class RedisTier(TierBase):
             )
         if state in (ACQUIRED, BROKEN):
             self.policy.count(locks=1)
-            return self.leases.holding(
+            return self._holding(
                 token,
                 lambda seconds: self._renew(lock, token, seconds),
                 lambda: self._release(lock, token),

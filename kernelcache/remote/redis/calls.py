@@ -28,7 +28,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...optional import needs
-from ..contact import Abandoned
+from ..contact import Abandoned, LookupSpent
 from ..policy import FailurePolicy
 from ..url import RemoteOptions, scrub
 from .bounds import Budget
@@ -182,8 +182,17 @@ class RedisCalls:
                     policy.trip(what, why, timeout=False, shard=shard)
                     return None, True
                 result, error, overrun = self.attempt(
-                    client, fn, *args, limit=limit, abandon=functools.partial(policy.opened, shard)
+                    client,
+                    fn,
+                    *args,
+                    limit=limit,
+                    abandon=functools.partial(policy.opened, shard),
+                    until=ticket.until,
                 )
+                if isinstance(error, LookupSpent):  # (not a failure of the server)
+                    policy.spent()
+                    client.connection_pool.disconnect(inuse_connections=False)
+                    return None, True
                 answered = error is None or isinstance(error, errors.ResponseError)
                 if error is None:
                     return result, False
@@ -202,17 +211,23 @@ class RedisCalls:
         *args: Any,
         limit: int = REPLY_LIMIT,
         abandon: Callable[[], bool] | None = None,
+        until: float | None = None,
     ) -> tuple[Any, Exception | None, bool]:
         """``(fn(client, *args), None, False)``, or ``(None, the failure, whether the reply
         ran past ``limit``)``, within the call's deadline and reply budget; nothing is
         counted or warned about. With ``abandon``, a wait for the reply stops as soon as it
-        says so (the failure is then :class:`~kernelcache.remote.contact.Abandoned`).
+        says so (the failure is then :class:`~kernelcache.remote.contact.Abandoned`). With
+        ``until`` (when the lookup the call serves runs out of time in the tier), the call
+        stops there if that comes before its own deadline
+        (:class:`~kernelcache.remote.contact.LookupSpent`).
 
         Whatever the call raises is its failure: besides redis-py's errors, a reply the server
         shaped to break redis-py's parser or the script's reader (nested past the recursion
         limit, an integer where a list is read) raises what Python raises then."""
         budget = self._budget
-        budget.deadline = time.monotonic() + self.options.timeout
+        own = time.monotonic() + self.options.timeout
+        cut = until is not None and until < own
+        budget.deadline = until if cut else own
         budget.left, budget.overrun = limit, False
         budget.abandon, budget.abandoned = abandon, False
         try:
@@ -220,6 +235,9 @@ class RedisCalls:
         except Exception as e:  # (the server chose the reply: see above)
             if budget.abandoned:
                 return None, Abandoned(f"abandoned: {e}"), False
+            timeouts = (self._errors.TimeoutError, TimeoutError)
+            if cut and (isinstance(e, timeouts) or isinstance(e.__context__, timeouts)):
+                return None, LookupSpent(f"the lookup spent its time in the tier: {e}"), False
             return None, e, budget.overrun
         finally:
             budget.deadline = budget.left = budget.abandon = None
