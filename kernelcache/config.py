@@ -1,24 +1,21 @@
-"""The one place that reads kernelcache's environment variables: how a variable is declared
-and parsed, kernelcache's own, those of packages built on it, and the environment held
-against them.
+"""The one place that reads kernelcache's settings: how a variable is declared and parsed,
+kernelcache's own, those of packages built on it, and the environment held against them.
 
-Each variable is declared once, as a :class:`Variable` (name, parser, default, meaning, and
-what a job does when its value cannot be used), a field of a settings dataclass made with
-:func:`setting`: kernelcache's own in :class:`Settings` (:data:`VARIABLES`), those of packages
-built on it through :func:`register_variables`. Tools (``doctor``, the documentation's table)
-list :func:`variables`. :func:`settings` parses kernelcache's own, again only when one of their
-values in the environment changed (:func:`parser`), so tests and launchers can change variables
-between calls. A command fails on a variable that cannot be used (:func:`settings`); a job
-never does (:func:`job_settings`): that variable alone is left out, said once. What is set is
-held against the declarations: those a command reads parsed (:func:`check_variables`, what
-every command does first), those in effect (for diagnostics), and the ``KERNELCACHE_*`` names no
-package declares (a misspelled variable, said once in a job: :func:`warn_unknown_in_a_job`).
-The signing key's own checks: :mod:`kernelcache.signing_key`.
+Each variable is declared once, as a :class:`Variable` (name, parser, default, meaning, what a
+job does when its value cannot be used, whether a root's own configuration file may set it),
+a field of a settings dataclass made with :func:`setting`: kernelcache's own in
+:class:`Settings`, packages' through :func:`register_variables`; :func:`variables` lists them.
+:func:`settings` parses kernelcache's own, again only when a value changed (:func:`parser`). A
+value comes from the environment, else the root's file (``file``, as
+:mod:`kernelcache.store.settings_file` read it), else the default (:func:`origins` says which).
+A command fails on a variable it uses (``strict``) that cannot be used; any other, and every
+one in a job (:func:`job_settings`), costs only itself, said once. ``KERNELCACHE_*`` names no
+package declares are said too (:func:`warn_unknown_in_a_job`).
 
 Invariants: nothing else reads ``os.environ`` for kernelcache's configuration, and nothing
-here changes it. An unset or empty variable means its default, except a secret's (the signing
-key, its file): set but blank, it is an error naming it, never signing turned off without a
-word. A secret's value is never shown (``***``).
+here changes it. An unset or empty variable means the root's file's value or the default,
+except a secret's (the signing key, its file; never in a file): set but blank, it is an error
+naming it, never signing turned off without a word. A secret's value is never shown (``***``).
 """
 
 from __future__ import annotations
@@ -26,15 +23,16 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from . import units
-from .errors import ConfigError, DeclarationError, InvalidValue, UnknownVariable
+from .errors import ConfigError, DeclarationError, UnknownVariable
 from .process import warn_once
 from .signing_key import check_signing_key, read_key_file
+from .units import choice, path, paths, size_cap, stripped
 
 #: the prefix of every variable kernelcache and the packages built on it declare
 PREFIX = "KERNELCACHE_"
@@ -61,28 +59,25 @@ class Variable(NamedTuple):
     #: that cannot be used); ``instead`` says what the job does until it is fixed
     in_a_job: tuple[tuple[str, Any], ...] = ()
     instead: str = ""
+    #: whether a root's own configuration file may set it (under the environment); never a
+    #: secret, the root or what decides whose files are served
+    in_file: bool = False
+
+    @property
+    def key(self) -> str:
+        """The name a root's configuration file and ``kernelcache -o`` give it: ``max_size``."""
+        return self.name.removeprefix(PREFIX).lower()
 
 
 def setting(
-    name: str,
-    parse: Callable[[str], Any],
-    default: Any,
-    shown_default: str,
-    meaning: str,
-    *,
-    secret: bool = False,
-    required_if_set: bool = False,
-    in_a_job: tuple[tuple[str, Any], ...] = (),
-    instead: str = "",
+    name: str, parse: Callable[[str], Any], default: Any, shown: str, meaning: str, **how: Any
 ) -> Any:
     """A field of :class:`Settings` declared with its variable: the one place a setting's name,
-    parser, default and meaning are written (and, with ``in_a_job`` and ``instead``, what a
-    job does when its value cannot be used, when that is more than its default: see
-    :class:`Variable`)."""
-    var = Variable(
-        name, "", parse, default, shown_default, meaning, secret, required_if_set, in_a_job, instead
-    )
-    return field(default=default, repr=not secret, metadata={"variable": var})
+    parser, default (``shown``: as the documentation shows it) and meaning are written, and
+    ``how`` it is read (the keywords of :class:`Variable` from ``secret`` on: what a job does
+    when its value cannot be used, whether a root's configuration file may set it)."""
+    var = Variable(name, "", parse, default, shown, meaning, **how)
+    return field(default=default, repr=not var.secret, metadata={"variable": var})
 
 
 def variables_of(declared: type) -> tuple[Variable, ...]:
@@ -91,29 +86,36 @@ def variables_of(declared: type) -> tuple[Variable, ...]:
     return tuple(f.metadata["variable"]._replace(field=f.name) for f in fields(declared))
 
 
-def parse_variable(var: Variable, environ: Mapping[str, str] | None = None) -> Any:
-    """The value of one variable in ``environ`` (default: ``os.environ``), or its default.
+#: what a root's configuration file gives: variable name -> (the file's path, the value)
+FileValues = Mapping[str, tuple[str, str]]
+
+
+def parse_variable(
+    var: Variable, environ: Mapping[str, str] | None = None, file: FileValues | None = None
+) -> Any:
+    """The value of one variable in ``environ`` (default: ``os.environ``), else in ``file``
+    (where :attr:`Variable.in_file`), else its default.
 
     Raises:
-        ConfigError: the variable is set to a value that cannot be used (or, for a variable
-            :attr:`Variable.required_if_set`, set but blank); the message names it, the value,
-            what is wrong and what is accepted.
+        ConfigError: the value cannot be used, or a :attr:`Variable.required_if_set` one is
+            set but blank; the message names the variable (or the file's key and the file),
+            the value, what is wrong and what is accepted.
     """
-    raw = (os.environ if environ is None else environ).get(var.name)
-    if raw is None:
-        return var.default
-    if not raw.strip():
-        if var.required_if_set:
-            raise ConfigError(
-                f"{var.name} is set but blank: give it a value or unset it (a blank value "
-                "would turn off what it protects)"
-            )
+    name, where, raw = var.name, "", (os.environ if environ is None else environ).get(var.name)
+    if raw is not None and not raw.strip() and var.required_if_set:
+        raise ConfigError(
+            f"{var.name} is set but blank: give it a value or unset it (a blank value "
+            "would turn off what it protects)"
+        )
+    if (raw is None or not raw.strip()) and var.in_file and file and var.name in file:
+        name, where, raw = var.key, f" in {file[var.name][0]}", file[var.name][1]
+    if raw is None or not raw.strip():
         return var.default
     try:
         return var.parse(raw)
     except (ValueError, ConfigError) as e:
         shown = "***" if var.secret else repr(raw)
-        raise ConfigError(f"{var.name}={shown}: {e}") from None
+        raise ConfigError(f"{name}={shown}{where}: {e}") from None
 
 
 T = TypeVar("T")
@@ -122,37 +124,41 @@ T = TypeVar("T")
 def parser(
     declared: Sequence[Variable], make: Callable[..., T], *, in_a_job: bool = False
 ) -> Callable[..., T]:
-    """A function that parses the ``declared`` variables from an environment (default:
-    ``os.environ``) into ``make(**{field: value})``, again only when one of their values (or
-    HOME, for ``~`` in paths) changed since its last call. A variable that cannot be used
-    raises ConfigError naming it.
-
-    ``in_a_job``: for code that runs in a user's job, which a setting must never fail. A
-    variable that cannot be used costs only itself: it is said once (its name, its value, what
-    is accepted and what the job does instead), its field takes its default and its
-    :attr:`Variable.in_a_job` fields are set; every other variable is used as given."""
+    """``parse(environ=None, file=None, strict=None)``: the ``declared`` variables of an
+    environment (default: ``os.environ``) over a root's file (:data:`FileValues`), made into
+    ``make(**{field: value})``, again only when a value (or HOME, for ``~``) changed. A
+    variable that cannot be used raises ConfigError naming it where ``strict`` (names; None:
+    all) holds it. Elsewhere, and everywhere ``in_a_job`` (a user's job, which a setting must
+    never fail), it costs only itself: said once (its name, its value, what is accepted and
+    what is done instead), its field takes its default and its :attr:`Variable.in_a_job`
+    fields are set; every other variable is used as given."""
     names = (*(var.name for var in declared), "HOME")
-    last: list[tuple[tuple[str | None, ...], T]] = []
+    last: list[tuple[object, T]] = []
 
-    def parse(environ: Mapping[str, str] | None = None) -> T:
+    def parse(
+        environ: Mapping[str, str] | None = None,
+        file: FileValues | None = None,
+        strict: Collection[str] | None = None,
+    ) -> T:
         env = os.environ if environ is None else environ
         raw = tuple(map(env.get, names))
-        if last and last[0][0] == raw:
+        stamp = (raw, tuple(sorted((file or {}).items())), strict and tuple(sorted(strict)))
+        if last and last[0][0] == stamp:
             return last[0][1]
         values = {n: v for n, v in zip(names, raw, strict=True) if v is not None}  # read once
         parsed: dict[str, Any] = {}
         instead: dict[str, Any] = {}
         for var in declared:
             try:
-                parsed[var.field] = parse_variable(var, values)
+                parsed[var.field] = parse_variable(var, values, file)
             except ConfigError as e:
-                if not in_a_job:
+                if not in_a_job and (strict is None or var.name in strict):
                     raise
                 parsed[var.field] = var.default
                 instead.update(var.in_a_job)
                 _say_unusable(var, e)
         made = make(**{**parsed, **instead})
-        last[:] = [(raw, made)]
+        last[:] = [(stamp, made)]
         return made
 
     return parse
@@ -172,40 +178,6 @@ def _say_unusable(var: Variable, error: ConfigError) -> None:
 
 
 # -- kernelcache's variables ----------------------------------------------------------------
-def path(raw: str) -> Path:
-    """A path (``~`` expanded)."""
-    try:
-        return Path(raw.strip()).expanduser()
-    except RuntimeError:  # "~user/..." for a user that does not exist, or no home directory
-        home = raw.strip().split("/")[0]
-        raise InvalidValue(f"cannot expand {home!r}: no such home directory") from None
-
-
-def _paths(raw: str) -> tuple[Path, ...]:
-    return tuple(path(p) for p in raw.split(os.pathsep) if p.strip())
-
-
-def choice(*allowed: str) -> Callable[[str], str]:
-    """A parser of one of ``allowed`` (case-insensitive)."""
-
-    def parse(raw: str) -> str:
-        value = raw.strip().lower()
-        if value not in allowed:
-            raise InvalidValue(f"not one of {', '.join(allowed)}")
-        return value
-
-    return parse
-
-
-def _stripped(raw: str) -> str:
-    return raw.strip()
-
-
-def _cap(raw: str) -> int:
-    """A size cap: a size with its unit (a bare number other than 0 is ambiguous)."""
-    return units.parse_size(raw, bare_bytes=False)
-
-
 def _key(raw: str) -> bytes:
     # its length is checked where it is used (Settings.signing_secret): a job warns and turns
     # its remote tier off, a command fails; the other settings stay usable either way
@@ -220,6 +192,8 @@ _REMOTE_OFF = (("remote", None),)
 _SAID_REMOTE_OFF = "the remote tier is off (local layers still work; never unsigned values)"
 #: how a root's locks may be taken: probed (``auto``), flock, or soft locks
 LOCK_MODES = ("auto", "flock", "soft")
+#: how a root writes new entries' artifacts (kernelcache.store.compression)
+COMPRESSIONS = ("none", "zstd")
 
 
 @dataclass(frozen=True)
@@ -237,25 +211,26 @@ class Settings:
     )
     readonly_roots: tuple[Path, ...] = setting(
         "KERNELCACHE_READONLY_DIRS",
-        _paths,
+        paths,
         (),
         "(none)",
         "read-only roots searched after the writable root, separated by ':'",
     )
     remote: str | None = setting(
         "KERNELCACHE_REMOTE",
-        _stripped,  # checked by kernelcache.remote.check_url when opened (and by doctor)
+        stripped,  # checked by kernelcache.remote.check_url when opened (and by doctor)
         None,
         "(none)",
         "remote tier URLs, tried in order, separated by whitespace, e.g. redis://host:6379/0 s3://bucket/kc",
     )
     max_size: int = setting(
         "KERNELCACHE_MAX_SIZE",
-        _cap,
+        size_cap,
         0,
         "0",
         "size cap of the writable root, e.g. 50G: least recently used entries are evicted "
         "past it (0: no cap)",
+        in_file=True,
     )
     lock_timeout: float = setting(
         "KERNELCACHE_LOCK_TIMEOUT",
@@ -263,6 +238,7 @@ class Settings:
         120.0,
         "120",
         "seconds to wait for a per-key lock before going private",
+        in_file=True,
     )
     lock_mode: str = setting(
         "KERNELCACHE_LOCK_MODE",
@@ -270,6 +246,7 @@ class Settings:
         "auto",
         "auto",
         "auto, flock or soft (O_EXCL lock files for NFS)",
+        in_file=True,
     )
     lock_stale: float = setting(
         "KERNELCACHE_LOCK_STALE",
@@ -277,6 +254,7 @@ class Settings:
         300.0,
         "300",
         "seconds after which another host's soft lock is stale",
+        in_file=True,
     )
     disable: bool = setting(
         "KERNELCACHE_DISABLE",
@@ -293,6 +271,17 @@ class Settings:
         True,
         "1",
         "0: do not append per-process stats logs under the root",
+        in_file=True,
+    )
+    compression: str = setting(
+        "KERNELCACHE_COMPRESSION",
+        choice(*COMPRESSIONS),
+        "none",
+        "none",
+        "how new entries' artifacts are written: none (as loaders take them) or zstd (smaller; "
+        "each read decompresses); usually the root's own setting (`kernelcache -o "
+        "compression=zstd`)",
+        in_file=True,
     )
     progress_interval: float = setting(
         "KERNELCACHE_PROGRESS_INTERVAL",
@@ -402,41 +391,51 @@ def variable(name: str) -> Variable:
 _parse = parser(VARIABLES, Settings)
 
 
-def settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """Parse kernelcache's variables from ``environ`` (default: ``os.environ``; parsed again only
-    when one of their values changed).
+def settings(
+    environ: Mapping[str, str] | None = None,
+    file: FileValues | None = None,
+    strict: Collection[str] | None = None,
+) -> Settings:
+    """kernelcache's variables of ``environ`` (default: ``os.environ``) over a root's file.
 
     Raises:
-        ConfigError: a variable is set to a value that cannot be used; the message names it.
+        ConfigError: a variable (of ``strict``, if given) cannot be used; the message names it.
     """
-    return _parse(environ)
+    return _parse(environ, file, strict)
 
 
 _job_parse = parser(VARIABLES, Settings, in_a_job=True)
 
 
-def job_settings(environ: Mapping[str, str] | None = None) -> Settings:
+def job_settings(
+    environ: Mapping[str, str] | None = None, file: FileValues | None = None
+) -> Settings:
     """:func:`settings` in a user's job (:func:`parser`, ``in_a_job``): a variable that cannot
     be used is said once and costs only itself (its default; for a root or a switch that cannot
     be read, the cache off; for a trust policy, the strictest; for a signing key, the remote
     tier off)."""
-    return _job_parse(environ)
+    return _job_parse(environ, file)
+
+
+def origins(
+    environ: Mapping[str, str] | None = None, file: FileValues | None = None
+) -> list[tuple[Variable, str | None, str]]:
+    """Every declared variable, the value given (None: the default; a secret's ``***``) and
+    where from: ``environment``, the root's file (its path) or ``default``."""
+    env = os.environ if environ is None else environ
+    found: list[tuple[Variable, str | None, str]] = []
+    for var in variables():
+        raw = env.get(var.name)
+        if raw is not None and (raw.strip() or var.required_if_set):
+            found.append((var, "***" if var.secret else raw, "environment"))
+        elif var.in_file and file and var.name in file:
+            found.append((var, file[var.name][1], file[var.name][0]))
+        else:
+            found.append((var, None, "default"))
+    return found
 
 
 # -- the environment held against the declared variables ------------------------------------
-def check_variables(
-    also: Sequence[Variable] = (), environ: Mapping[str, str] | None = None
-) -> None:
-    """Parse kernelcache's variables and ``also`` (a package's, that a command reads).
-
-    Raises:
-        ConfigError: the first one set to a value that cannot be used (the message names it).
-    """
-    env = os.environ if environ is None else environ
-    for var in (*VARIABLES, *also):
-        parse_variable(var, env)
-
-
 def environment_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The declared variables that are set, for diagnostics (as given; secrets as ``***``)."""
     env = os.environ if environ is None else environ

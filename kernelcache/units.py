@@ -13,6 +13,8 @@ everywhere:
   possibly combined (``1d12h``). Where a bare number is accepted it means seconds; the command
   line refuses it (``--older-than 30`` is ambiguous).
 * **booleans**: ``1``, ``true``, ``yes``, ``on`` and ``0``, ``false``, ``no``, ``off``.
+* **paths** (``~`` expanded), lists of paths separated by ``:``, and one word of a fixed list
+  (:func:`choice`, case-insensitive), as the settings read them.
 
 Every function raises ValueError with a message that shows the accepted forms.
 """
@@ -20,7 +22,10 @@ Every function raises ValueError with a message that shows the accepted forms.
 from __future__ import annotations
 
 import math
+import os
 import re
+from collections.abc import Callable
+from pathlib import Path
 
 from .errors import InvalidValue
 
@@ -138,3 +143,39 @@ def human_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def size_cap(raw: str) -> int:
+    """A size cap: a size with its unit (a bare number other than 0 is ambiguous)."""
+    return parse_size(raw, bare_bytes=False)
+
+
+def path(raw: str) -> Path:
+    """A path (``~`` expanded)."""
+    try:
+        return Path(raw.strip()).expanduser()
+    except RuntimeError:  # "~user/..." for a user that does not exist, or no home directory
+        home = raw.strip().split("/")[0]
+        raise InvalidValue(f"cannot expand {home!r}: no such home directory") from None
+
+
+def paths(raw: str) -> tuple[Path, ...]:
+    """Paths separated by ``:`` (``os.pathsep``), blanks left out."""
+    return tuple(path(p) for p in raw.split(os.pathsep) if p.strip())
+
+
+def choice(*allowed: str) -> Callable[[str], str]:
+    """A parser of one of ``allowed`` (case-insensitive)."""
+
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in allowed:
+            raise InvalidValue(f"not one of {', '.join(allowed)}")
+        return value
+
+    return parse
+
+
+def stripped(raw: str) -> str:
+    """The text without surrounding blanks."""
+    return raw.strip()

@@ -286,6 +286,7 @@ def cmd_warm(args: argparse.Namespace, out: Output) -> int:
         list(args.target),
         root=root_of(args),
         json=out.json,
+        disabled=args.context.settings.disable,
         jobs=args.jobs,
         allow_changed=args.allow_changed,
         devices=list(args.device or ()),

@@ -77,6 +77,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "jax-cache",
         "show JAX's persistent compilation cache directory; prune it by size (least recently "
         "used first) or age",
+        uses=("KERNELCACHE_DIR", "KERNELCACHE_READONLY_DIRS"),
     )
     p.add_argument(
         "--dir",

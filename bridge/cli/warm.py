@@ -20,6 +20,7 @@ def run(
     *,
     root: str | None = None,
     json: bool = False,
+    disabled: bool = False,
     jobs: int | None = None,
     allow_changed: bool = False,
     devices: Sequence[str] = (),
@@ -30,14 +31,14 @@ def run(
 
     Raises:
         kernelcache.cli.UsageError: a bad target, an unreadable manifest, a missing Triton
-            backend, a disabled cache, ``jobs`` < 1 (the CLI exits 2 with the message).
+            backend, a disabled cache (``disabled``: ``$KERNELCACHE_DISABLE``), ``jobs`` < 1
+            (the CLI exits 2 with the message).
     """
     from kernelcache.cli import Output, UsageError, bar
-    from kernelcache.plugin import settings
 
     from ..exceptions import BackendUnavailable, TargetError
 
-    if settings().disable:
+    if disabled:
         raise UsageError("KERNELCACHE_DISABLE is set: there is no cache to warm; unset it")
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {jobs}")

@@ -20,11 +20,12 @@ from types import ModuleType
 from typing import NoReturn
 
 from .._version import __version__
-from ..config import COMMANDS_GROUP, check_variables
+from ..config import COMMANDS_GROUP
 from ..errors import CommandFailed, ConfigError, MissingDependency, UsageError
 from ..stats.counters import quiet as quiet_statistics
 from . import (
     bundles,
+    configuring,
     diagnosis,
     habits,
     listing,
@@ -59,6 +60,7 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     maintenance,
     bundles,
     diagnosis,
+    configuring,
     shell,
     manual,
 )
@@ -166,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
         + ". The manual: `kernelcache help [TOPIC]`.",
     )
     parser.add_argument("--version", action="version", version=f"kernelcache {__version__}")
+    parser.add_argument(  # ccache's name of the root, before the command
+        "-d", "--dir", dest="root", metavar="DIR", default=argparse.SUPPRESS, help="as --root"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMAND_MODULES:
         module.register(sub)
@@ -182,13 +187,12 @@ def _warn_unknown_variables() -> None:
         logging.getLogger("kernelcache").warning("%s", unknown_message(name, near))
 
 
-def _warn_root_variable(given_root: str | None) -> None:
+def _warn_root_variable(context: Context) -> None:
     """Say, on stderr, a ``$KERNELCACHE_DIR`` naming the root (no ``--root``) that is relative
     or holds a ``$VAR`` or ``~`` no shell expanded: it is used as given, as a job uses it."""
-    from ..config import settings
     from ..store.layout import path_problem
 
-    named = settings().root if given_root is None else None
+    named = context.settings.root if context.given_root is None else None
     problem = path_problem(named) if named is not None else None
     if problem is not None:
         logging.getLogger("kernelcache").warning("KERNELCACHE_DIR: %s", problem)
@@ -225,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.json = getattr(args, "json", False)
     args.root = getattr(args, "root", None)
     args.verbose = getattr(args, "verbose", 0)
-    args.context = Context(args.root)
+    args.context = Context(args.root, getattr(args, "uses", None))
     handler = logging.StreamHandler()
     handler.setFormatter(_Formatter())
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), handlers=[handler])
@@ -243,10 +247,10 @@ def _run(args: argparse.Namespace, out: Output) -> int:
     try:
         if args.command != "doctor":  # (doctor lists them among its checks)
             _warn_unknown_variables()
-            # kernelcache's variables and those the command reads: one that cannot be used is
-            # an error (a package's that the command does not read is left to doctor and jobs)
-            check_variables(getattr(args, "variables_read", ()))
-            _warn_root_variable(args.root)
+            # the variables the command uses (kernelcache's, a package's it reads): one that
+            # cannot be used is an error; any other is said and costs only itself
+            args.context.check(getattr(args, "variables_read", ()))
+            _warn_root_variable(args.context)
         return int(args.func(args, out))
     except UsageError as e:
         return fail(str(e), EXIT_USAGE, args.command, args.json)

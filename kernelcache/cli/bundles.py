@@ -12,7 +12,17 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..errors import CacheError, ConfigError
-from .common import Context, Subparsers, add_command, add_filters, level_arg, size_arg
+from .common import (
+    CHANGES,
+    ROOT,
+    SIGNS,
+    Context,
+    Subparsers,
+    add_command,
+    add_filters,
+    level_arg,
+    size_arg,
+)
 from .output import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -31,8 +41,16 @@ if TYPE_CHECKING:
     from ..toolchains import Judge
 
 
+#: the variables ``export`` works by: the root, whose files it serves, the signing key
+EXPORTS = (*ROOT, "KERNELCACHE_TRUST", *SIGNS)
+#: ... and ``import``: those of a command that writes to a root, how it writes entries
+IMPORTS = (*CHANGES, *SIGNS, "KERNELCACHE_COMPRESSION")
+
+
 def register(subparsers: Subparsers) -> None:
-    p = add_command(subparsers, "export", "write entries to a bundle (tar, or tar+zstd)")
+    p = add_command(
+        subparsers, "export", "write entries to a bundle (tar, or tar+zstd)", uses=EXPORTS
+    )
     p.add_argument("file", metavar="FILE", nargs="?", help="the bundle to write (or --to)")
     p.add_argument(
         "--to",
@@ -50,7 +68,12 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--force", action="store_true", help="overwrite FILE")
     p.set_defaults(func=cmd_export)
 
-    p = add_command(subparsers, "import", "verify a bundle completely, then add its entries")
+    p = add_command(
+        subparsers,
+        "import",
+        "verify a bundle completely, then add its entries",
+        uses=IMPORTS,
+    )
     p.add_argument("file", metavar="FILE", nargs="?", help="the bundle to read (or --from)")
     p.add_argument(
         "--from",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import logging
 import os
 import stat
 import string
@@ -16,10 +17,13 @@ from functools import cached_property
 from typing import TypeAlias
 
 from .. import schema, units
-from ..config import Settings, Variable, parse_variable, settings, variable
+from ..config import Settings, Variable, origins, parse_variable, settings
 from ..errors import ConfigError, NothingDone, UsageError
+from ..store import settings_file
 from ..store.layout import UNREADABLE_HINT, readable, resolve_root, writable
 from ..store.root import Store
+
+logger = logging.getLogger("kernelcache")
 
 #: what ``register(subparsers)`` is given
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -139,20 +143,43 @@ def common_options() -> argparse.ArgumentParser:
     return common
 
 
+#: kernelcache's variables of a root's commands: the root itself
+ROOT = ("KERNELCACHE_DIR",)
+#: ... and those a command that removes from a root or writes to it works by: whose files it
+#: serves, how it locks, which roots are read-only
+CHANGES = (
+    *ROOT,
+    "KERNELCACHE_TRUST",
+    "KERNELCACHE_LOCK_MODE",
+    "KERNELCACHE_LOCK_STALE",
+    "KERNELCACHE_READONLY_DIRS",
+)
+#: ... and the signing key, of a command that signs or authenticates
+SIGNS = ("KERNELCACHE_SIGNING_KEY", "KERNELCACHE_SIGNING_KEY_FILE")
+
+
 def add_command(
-    subparsers: Subparsers, name: str, help_: str, *, variables: Sequence[Variable] = ()
+    subparsers: Subparsers,
+    name: str,
+    help_: str,
+    *,
+    variables: Sequence[Variable] = (),
+    uses: Sequence[str] | None = None,
 ) -> argparse.ArgumentParser:
     """Add a subcommand that takes the global options (--root, --json, -v) too.
 
     The caller adds its arguments and sets ``func(args, out) -> exit code`` with
     ``set_defaults``; ``args.json``, ``args.verbose`` and ``args.context`` (the
-    :class:`Context`; the root is also :func:`root_of`) are always present. ``variables``: those
-    of a package built on kernelcache that the command reads, parsed before it runs as
-    kernelcache's own are (one that cannot be used is a usage error); the variables of a
-    package that a command does not read never stop it (``doctor`` checks every one).
+    :class:`Context`; the root is also :func:`root_of`) are always present. ``uses``: the names
+    of kernelcache's variables the command works by (None: every one): one of them that cannot
+    be used is a usage error before it runs; any other is said and costs only itself (its
+    default, or the safe fallback a job takes), so that a bad setting of the jobs never stops
+    a command that does not use it. ``variables``: those of a package built on kernelcache that
+    the command reads, parsed before it runs the same way (the variables of a package that a
+    command does not read never stop it; ``doctor`` checks every one).
     """
     p = subparsers.add_parser(name, parents=[common_options()], help=help_, description=help_)
-    p.set_defaults(variables_read=tuple(variables))
+    p.set_defaults(variables_read=tuple(variables), uses=None if uses is None else tuple(uses))
     return p
 
 
@@ -255,10 +282,14 @@ def add_filters(p: argparse.ArgumentParser, note: str = "") -> None:
 class Context:
     """What a command works on, each resolved once, when the command first asks: the root and
     the settings. ``main`` makes one per command (``args.context``). A command that works on
-    the root through a store opens it once (:meth:`existing_store`) and asks the store."""
+    the root through a store opens it once (:meth:`existing_store`) and asks the store.
+    ``uses``: the variables the command works by (:func:`add_command`; None: every one)."""
 
-    def __init__(self, given_root: str | None) -> None:
+    def __init__(self, given_root: str | None, uses: Sequence[str] | None = None) -> None:
         self.given_root = given_root
+        self.uses = uses
+        #: the root's configuration file, once :attr:`settings` read it
+        self.root_file: settings_file.RootFile | None = None
 
     @cached_property
     def root(self) -> str:
@@ -278,23 +309,49 @@ class Context:
 
     @cached_property
     def trust(self) -> str:
-        """The trust policy (``$KERNELCACHE_TRUST``), read alone: what a command that only
-        reads the scan index needs, whatever the other variables hold.
+        """The trust policy (``$KERNELCACHE_TRUST``; the strictest, said, where it cannot be
+        used and the command does not use it).
 
         Raises:
-            ConfigError: ``$KERNELCACHE_TRUST`` cannot be used.
+            ConfigError: ``$KERNELCACHE_TRUST`` cannot be used, and the command uses it.
         """
-        policy: str = parse_variable(variable("KERNELCACHE_TRUST"))
-        return policy
+        return self.settings.trust
 
     @cached_property
     def settings(self) -> Settings:
-        """Every setting, parsed from the environment once.
+        """Every setting, parsed once: the environment over the root's configuration file.
 
         Raises:
-            ConfigError: a variable is set to a value that cannot be used.
+            ConfigError: a variable the command uses is set to a value that cannot be used
+                (the others are said, and cost only themselves).
         """
-        return settings()
+        env = settings(strict=self.uses)
+        try:
+            root = self.root
+        except (ConfigError, UsageError):  # no root: the environment alone (said where needed)
+            return env
+        found = self.root_file = settings_file.read(root, env.trust)
+        for problem in found.problems:
+            logger.warning("kernelcache: %s", problem)
+        return settings(file=found.as_settings(), strict=self.uses)
+
+    def origin(self, name: str) -> str:
+        """Where the variable ``name``'s value comes from: ``environment``, the root's
+        configuration file (its path) or ``default`` (:func:`kernelcache.config.origins`)."""
+        self.settings  # noqa: B018  (the root's file, read once)
+        given = self.root_file.as_settings() if self.root_file is not None else None
+        return next(origin for var, _, origin in origins(file=given) if var.name == name)
+
+    def check(self, also: Sequence[Variable] = ()) -> None:
+        """Parse the settings (a variable the command uses that cannot be used is an error;
+        the others are said) and ``also``, a package's variables the command reads.
+
+        Raises:
+            ConfigError: the first one of them set to a value that cannot be used.
+        """
+        self.settings  # noqa: B018  (parsed, and what cannot be used said, once)
+        for var in also:
+            parse_variable(var)
 
     def existing_root(self, *, missing_ok: bool = False) -> str:
         """:attr:`root`, for a command that reads a root (or removes from it): the root must be

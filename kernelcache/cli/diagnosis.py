@@ -16,6 +16,7 @@ def register(subparsers: Subparsers) -> None:
         subparsers,
         "doctor",
         "the root, its filesystem, free space, permissions, locks, versions, environment",
+        uses=(),  # (it checks every variable, each on its own line)
     )
     p.set_defaults(func=cmd_doctor)
 

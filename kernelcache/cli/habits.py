@@ -1,11 +1,15 @@
 """ccache's options where ``kernelcache`` expects a command: the ones with a command of the
-same meaning run it (``kernelcache -s`` is ``kernelcache stats``), the others say what does
-their work here. ``pip cache``'s commands, given as a command, are answered with the command
-that does their work here (:data:`COMMANDS`; never run for them: ``purge`` deletes).
+same meaning run it (``kernelcache -s`` is ``kernelcache stats``, ``-M 50G`` and ``-o
+max_size=50G`` set the root's own configuration file through ``config --set``, ``-p`` shows
+every setting and its origin, ``--evict-older-than 30d`` is ``prune --older-than 30d``), the
+others say what does their work here; ``-d DIR``/``--dir DIR`` name the root as ``--root``
+does. ``pip cache``'s commands, given as a command or after the word ``cache`` (``kernelcache
+cache dir``), are answered with the command that does their work here (:data:`PIP_CACHE`;
+never run for them: ``purge`` deletes).
 
-Invariant: only the first argument after the global options (``--root DIR``, ``--json``,
-``-v``) is read, and only when it is one of ccache's options: a command's own options are never
-rewritten, nor anything after ``--``.
+Invariant: only the first argument after the global options (``--root DIR``, ``-d DIR``,
+``--json``, ``-v``) is read, and only when it is one of ccache's options or ``cache``: a
+command's own options are never rewritten, nor anything after ``--``.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from collections.abc import Sequence
 
 from ..errors import UsageError
 
-#: ccache's option -> the command line that does the same here
+#: ccache's option -> the command line that does the same here (its value, if it takes one,
+#: follows it; see :data:`VALUE_INTO`)
 ALIASES: dict[str, tuple[str, ...]] = {
     "-s": ("stats",),
     "--show-stats": ("stats",),
@@ -23,20 +28,26 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "-C": ("clear",),
     "--clear": ("clear",),
     "-V": ("--version",),
+    "-p": ("config",),
+    "--show-config": ("config",),
+    "-o": ("config", "--set"),
+    "--set-config": ("config", "--set"),
+    "-M": ("config", "--set"),
+    "--max-size": ("config", "--set"),
+    "--evict-older-than": ("prune", "--older-than"),
 }
+#: ccache's options whose value becomes a setting: ``-M 5G`` is ``config --set max_size=5G``
+VALUE_INTO: dict[str, str] = {"-M": "max_size=", "--max-size": "max_size="}
+#: ccache's options that take a value
+VALUED: frozenset[str] = frozenset({"-o", "--set-config", "--evict-older-than", *VALUE_INTO})
 #: ccache's option -> what does its work here
 HINTS: dict[str, str] = {
     "-c": "`kernelcache prune` cleans up (add --max-size SIZE or --older-than AGE to trim)",
     "--cleanup": "`kernelcache prune` cleans up (add --max-size SIZE or --older-than AGE to trim)",
-    "-M": "the size cap is KERNELCACHE_MAX_SIZE=SIZE in the jobs' environment; "
-    "`kernelcache prune --max-size SIZE` trims to SIZE now",
-    "--max-size": "the size cap is KERNELCACHE_MAX_SIZE=SIZE in the jobs' environment; "
-    "`kernelcache prune --max-size SIZE` trims to SIZE now",
-    "-p": "`kernelcache doctor` shows every setting and checks it",
-    "--show-config": "`kernelcache doctor` shows every setting and checks it",
-    "-x": "`kernelcache stats` shows the sizes (kernelcache does not compress entries)",
-    "--show-compression": "`kernelcache stats` shows the sizes (kernelcache does not compress "
-    "entries)",
+    "-x": "`kernelcache stats` shows the sizes; `kernelcache -p` shows whether new entries are "
+    "compressed (the compression setting)",
+    "--show-compression": "`kernelcache stats` shows the sizes; `kernelcache -p` shows whether "
+    "new entries are compressed (the compression setting)",
 }
 #: ``pip cache``'s commands -> the command that does their work here (suggested, not run)
 COMMANDS: dict[str, str] = {
@@ -44,8 +55,10 @@ COMMANDS: dict[str, str] = {
     "list": "ls",
     "info": "stats",
 }
-#: the global options that take a value
-_VALUED = ("--root",)
+#: ``pip cache``'s commands given after the word ``cache`` (``kernelcache cache dir``) -> ours
+PIP_CACHE: dict[str, str] = {**COMMANDS, "dir": "dir", "remove": "prune --kernel PATTERN"}
+#: the global options that take a value (``-d``, ``--dir``: ccache's names of ``--root``)
+_VALUED = ("--root", "-d", "--dir")
 
 
 def _command_at(argv: Sequence[str]) -> int:
@@ -55,13 +68,22 @@ def _command_at(argv: Sequence[str]) -> int:
         token = argv[i]
         if token in _VALUED:
             i += 2
-        elif token.startswith("--root=") or token in ("--json", "--verbose"):
+        elif token.startswith(("--root=", "--dir=")) or token in ("--json", "--verbose"):
             i += 1
         elif token.startswith("-v") and set(token[1:]) == {"v"}:
             i += 1
         else:
             return i
     return i
+
+
+_EXAMPLES = {
+    "-M": "-M 50G",
+    "--max-size": "--max-size 50G",
+    "-o": "-o max_size=50G",
+    "--set-config": "--set-config max_size=50G",
+    "--evict-older-than": "--evict-older-than 30d",
+}
 
 
 def translate(argv: Sequence[str]) -> list[str]:
@@ -75,9 +97,44 @@ def translate(argv: Sequence[str]) -> list[str]:
     i = _command_at(out)
     if i == len(out):
         return out
-    option = out[i].split("=", 1)[0]
+    if out[i] == "cache":  # pip's habit: `pip cache dir`
+        raise UsageError(_pip_cache(out[i + 1] if i + 1 < len(out) else None))
+    option, equals, value = out[i].partition("=")
     if option in ALIASES:
-        return [*out[:i], *ALIASES[option], *out[i + 1 :]]
+        rest = out[i + 1 :]
+        if option in VALUED:
+            if not equals and not rest:
+                raise UsageError(f"{option} takes a value, e.g. {_EXAMPLES[option]}")
+            value, rest = (value, rest) if equals else (rest[0], rest[1:])
+            first = [*ALIASES[option], VALUE_INTO.get(option, "") + value]
+            if first[0] == "config":  # ccache takes several: -o a=1 -o b=2 -M 5G
+                return [*out[:i], *first, *_more_settings(rest)]
+            return [*out[:i], *first, *rest]
+        return [*out[:i], *ALIASES[option], *rest]
     if option in HINTS:
         raise UsageError(f"{option} is ccache's option: here, {HINTS[option]}")
+    return out
+
+
+def _pip_cache(given: str | None) -> str:
+    """What is said of ``kernelcache cache GIVEN``: the command that does its work here."""
+    ours = PIP_CACHE.get(given or "")
+    if ours is not None:
+        return f"`pip cache {given}` is `kernelcache {ours}` here: the command names the cache"
+    known = ", ".join(f"{k}: `kernelcache {v}`" for k, v in PIP_CACHE.items())
+    return f"kernelcache has no `cache` command: the command itself is the cache's ({known})"
+
+
+def _more_settings(rest: list[str]) -> list[str]:
+    """``rest`` after a first ``-o``/``-M``, each further ``-o KEY=VALUE`` or ``-M SIZE`` made
+    ``--set`` (any other argument is left for ``config`` to judge)."""
+    out: list[str] = []
+    tokens = iter(rest)
+    for token in tokens:
+        option, equals, value = token.partition("=")
+        if option in VALUED and ALIASES[option][0] == "config":
+            value = value if equals else next(tokens, "")
+            out += ["--set", VALUE_INTO.get(option, "") + value]
+        else:
+            out.append(token)
     return out

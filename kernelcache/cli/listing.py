@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..table import EntryInfo, EntryTable
-from .common import Context, Subparsers, add_command, add_filters, count_arg
+from .common import ROOT, Context, Subparsers, add_command, add_filters, count_arg
 from .output import (
     EXIT_OK,
     Output,
@@ -71,7 +71,7 @@ SORTS: dict[str, tuple[Callable[[Any], Any], bool]] = {
 
 
 def register(subparsers: Subparsers) -> None:
-    p = add_command(subparsers, "ls", "list entries and their metadata")
+    p = add_command(subparsers, "ls", "list entries and their metadata", uses=ROOT)
     add_filters(p)
     p.add_argument(
         "--sort",
@@ -99,7 +99,7 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
     from ..maintenance.scan import scan
 
     context: Context = args.context
-    root = context.existing_root()
+    root = context.existing_root(missing_ok=True)  # before the first job: nothing to list
     scanned = scan(root, last_used=True, trust=context.trust)
     kinds = set(args.kind or [KERNEL])
     _check_kinds(kinds, scanned.table, root)
@@ -145,7 +145,9 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
 
     def human() -> str:
         if not entries:
-            return ("(no kernels)" if kinds == {KERNEL} else "(no entries)") + problems()
+            yet = "" if scanned.exists else f": {printable(root)} does not exist yet"
+            none = "(no kernels" if kinds == {KERNEL} else "(no entries"
+            return f"{none}{yet})" + problems()
         rows = [["KEY", "EXT", "SIZE", "KERNEL", "TARGET", "LAST USED", "CREATED"]]
         every = [*scanned.table.key, *(i.key for i in scanned.issues if i.key)]
         width = shown_key_width([e.key for e in entries], every)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..capacity.usage import discard_usage
 from ..store.layout import STATS_DIR
 from .common import (
+    CHANGES,
     Context,
     Subparsers,
     add_command,
@@ -48,6 +49,7 @@ def register(subparsers: Subparsers) -> None:
         subparsers,
         "prune",
         "plan, then remove entries by size cap (least recently used first) or age; clean up",
+        uses=CHANGES,
     )
     p.add_argument(
         "--max-size",
@@ -89,6 +91,7 @@ def register(subparsers: Subparsers) -> None:
         subparsers,
         "clear",
         "remove every entry of the root (never of read-only roots); asks first on a terminal",
+        uses=CHANGES,
     )
     p.add_argument("--dry-run", action="store_true", help="say what would go, change nothing")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")

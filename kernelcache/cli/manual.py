@@ -58,6 +58,7 @@ def register(subparsers: Subparsers) -> None:
         subparsers,
         "help",
         "the manual, installed with the command: its topics, or one topic's page (Markdown)",
+        uses=(),
     )
     p.add_argument("topic", nargs="?", metavar="TOPIC", help="e.g. commands, configuration")
     p.set_defaults(func=cmd_help)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import Context, Subparsers, add_command
+from .common import ROOT, Context, Subparsers, add_command
 from .output import EXIT_OK, Output, envelope
 
 #: the shells ``completion`` writes a script for
@@ -28,12 +28,14 @@ def register(subparsers: Subparsers) -> None:
         "dir",
         "print the cache root alone (--root, else $KERNELCACHE_DIR, else the user cache "
         'directory), e.g. for cd "$(kernelcache dir)"',
+        uses=ROOT,
     )
     p.set_defaults(func=cmd_dir)
     p = add_command(
         subparsers,
         "completion",
         "print the script that completes kernelcache's commands and options in SHELL",
+        uses=(),
     )
     p.add_argument("shell", choices=SHELLS, metavar="SHELL", help="the shell: " + ", ".join(SHELLS))
     p.epilog = (

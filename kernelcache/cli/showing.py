@@ -27,7 +27,7 @@ from ..keys import KEY_PATTERN, META_EXT, group_of, split_entry_name
 from ..schema.document import displayable
 from ..schema.fields import FIELDS
 from ..store.entry import Artifact
-from .common import Context, Subparsers, add_command
+from .common import ROOT, Context, Subparsers, add_command
 from .listing import KERNEL, shown_key_width
 from .output import (
     EXIT_OK,
@@ -79,7 +79,7 @@ def _content(data: bytes, meta: Mapping[str, Any]) -> Content | None:
 
 
 def register(subparsers: Subparsers) -> None:
-    p = add_command(subparsers, "show", "one entry: metadata, path, verified status")
+    p = add_command(subparsers, "show", "one entry: metadata, path, verified status", uses=ROOT)
     p.add_argument(
         "key",
         metavar="KEY",

@@ -13,7 +13,7 @@ from typing import Any
 from ..config import DEFAULTS
 from ..stats.summary import read_logs, read_summary
 from ..store.layout import replace_file
-from .common import Context, Subparsers, add_command, count_arg
+from .common import ROOT, Context, Subparsers, add_command, count_arg
 from .output import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -149,6 +149,7 @@ def register(subparsers: Subparsers) -> None:
         subparsers,
         "stats",
         "entries and bytes by extension, target and kernel; hit rate and counters",
+        uses=ROOT,
     )
     p.add_argument(
         "--format",
@@ -221,6 +222,7 @@ def cmd_stats(args: argparse.Namespace, out: Output) -> int:
     doc = stats_document(root, context.trust, out)
     doc["remote_urls"] = remote_urls(context.settings.remote or "")
     doc["max_size"] = context.settings.max_size or None
+    doc["max_size_from"] = context.origin("KERNELCACHE_MAX_SIZE") if doc["max_size"] else None
     if args.remote:
         doc["remote"] = probe_remotes(context.settings.remote or "", root)
     fmt = "json" if out.json else args.format or "table"

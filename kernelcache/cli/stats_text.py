@@ -63,9 +63,9 @@ def stats_human(doc: dict[str, Any], top: int, every: bool = False) -> str:
     cap = doc.get("max_size")
     if cap:
         used = doc["bytes"] / cap * 100
-        lines.append(
-            f"Size cap:         {human_size(cap)} ({used:.0f}% used; KERNELCACHE_MAX_SIZE)"
-        )
+        origin = doc.get("max_size_from")
+        named = "KERNELCACHE_MAX_SIZE" if origin == "environment" else f"max_size in {origin}"
+        lines.append(f"Size cap:         {human_size(cap)} ({used:.0f}% used; {named})")
     q, t = doc["quarantine"], doc["temp"]
     lines.append(f"Quarantined:      {plural(q['files'], 'file')}, {human_size(q['bytes'])}")
     lines.append(f"Staging files:    {plural(t['files'], 'file')}, {human_size(t['bytes'])}")

@@ -12,7 +12,7 @@ import argparse
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from .common import Context, Subparsers, add_command
+from .common import CHANGES, Context, Subparsers, add_command
 from .maintenance import outcomes_human, result_json
 from .output import (
     EXIT_OK,
@@ -48,6 +48,7 @@ def register(subparsers: Subparsers) -> None:
         subparsers,
         "verify",
         "check every entry's size, digest and metadata; find orphans, stale staging files and locks",
+        uses=CHANGES,
     )
     p.add_argument(
         "--repair",

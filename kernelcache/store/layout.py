@@ -68,7 +68,13 @@ CHECKED_DIR = ".checked"
 #: the remote tiers' circuit breakers, shared by the processes of a root (remote/breakers.py)
 BREAKER_DIR = ".breakers"
 
-_known_dirs = frozenset({TMP_DIR, LOCK_DIR, QUARANTINE_DIR, STATS_DIR, CHECKED_DIR, BREAKER_DIR})
+#: the root's own configuration file (kernelcache/store/settings_file.py)
+SETTINGS_FILE = ".kernelcache.conf"
+
+#: the names a root holds besides its entries: its directories, and its configuration file
+_known_dirs = frozenset(
+    {TMP_DIR, LOCK_DIR, QUARANTINE_DIR, STATS_DIR, CHECKED_DIR, BREAKER_DIR, SETTINGS_FILE}
+)
 #: directories where every user of a root keeps files of their own (lock files, statistics
 #: logs, the scan index, check records, breakers): created sticky in a shared root
 _shared_dirs = frozenset({LOCK_DIR, STATS_DIR, CHECKED_DIR, BREAKER_DIR})
@@ -100,8 +106,8 @@ def register_directory(name: str, *, shared: bool = False) -> None:
 
 
 def known_directories() -> frozenset[str]:
-    """Every directory a root may hold besides its entries: kernelcache's and those other
-    packages registered in this process."""
+    """Every directory a root may hold besides its entries (and its configuration file):
+    kernelcache's and those other packages registered in this process."""
     return _known_dirs
 
 

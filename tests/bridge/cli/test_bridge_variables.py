@@ -40,8 +40,10 @@ def test_a_command_that_reads_them_still_refuses_one(tmp_path):
     assert "KERNELCACHE_EMBED='bogus': not one of" in proc.stderr
 
 
-def test_kernelcache_variables_still_stop_every_command(tmp_path):
+def test_kernelcache_variables_stop_the_commands_that_use_them(tmp_path):
     root = tmp_path / "cache"
     put(root, "matmul")
-    proc = kc(root, "ls", env={"KERNELCACHE_TRUST": "bogus"})
+    proc = kc(root, "verify", env={"KERNELCACHE_TRUST": "bogus"})
     assert proc.returncode == 2 and "KERNELCACHE_TRUST='bogus'" in proc.stderr
+    listed = kc(root, "ls", env={"KERNELCACHE_TRUST": "bogus"})  # said; the strictest applies
+    assert listed.returncode == 0 and "KERNELCACHE_TRUST='bogus'" in listed.stderr

@@ -93,11 +93,12 @@ def test_every_command_on_an_empty_root(tmp_path, args):
 
 def test_no_command_but_a_write_creates_a_missing_root(tmp_path):
     root = tmp_path / "missing"
-    for args in (["ls"], ["verify"], ["prune", "--dry-run"], ["prune"]):
+    for args in (["verify"], ["prune", "--dry-run"], ["prune"]):
         proc = kc(root, *args)
         assert proc.returncode == 2, (args, proc.stderr)
         assert f"{root} does not exist" in proc.stderr
     assert kc(root, "stats").returncode == 0  # zeros before the first job
+    assert kc(root, "ls").returncode == 0  # nothing to list yet
     assert kc(root, "doctor").returncode == 0  # doctor reports it
     assert not root.exists()
     assert "does not exist" in kc(root, "doctor").stdout
@@ -567,8 +568,11 @@ def test_a_size_needs_its_unit(populated):
     assert proc.returncode == 2
     assert "invalid size '10'" in proc.stderr and "10G" in proc.stderr
     assert kc(populated, "import", "x.tar", "--max-member-size", "4096").returncode == 2
-    bad = kc(populated, "stats", env={"KERNELCACHE_MAX_SIZE": "50"})
-    assert bad.returncode == 2 and "KERNELCACHE_MAX_SIZE='50': invalid size" in bad.stderr
+    bad = kc(populated, "-M", "50")
+    assert bad.returncode == 2 and "max_size='50'" in bad.stderr and "invalid size" in bad.stderr
+    # stats does not use the jobs' cap: it says it, and shows no cap
+    said = kc(populated, "stats", env={"KERNELCACHE_MAX_SIZE": "50"})
+    assert said.returncode == 0 and "KERNELCACHE_MAX_SIZE='50': invalid size" in said.stderr
     assert "needs a unit" in bad.stderr
     assert kc_json(populated, "stats", env={"KERNELCACHE_MAX_SIZE": "50G"})["max_size"] == 50 << 30
     kept = kc_json(populated, "prune", "--max-size", "10B", "--dry-run")["plan"]["kept_entries"]

@@ -140,7 +140,6 @@ def test_a_statistics_log_named_with_unicode_digits_does_not_crash_prune(tmp_pat
     "args",
     [
         ["stats", "--zero"],
-        ["ls"],
         ["show", "ab" * 16],
         ["verify"],
         ["verify", "--repair"],

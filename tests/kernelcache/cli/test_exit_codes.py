@@ -74,6 +74,8 @@ CASES = [
     ("run", EXIT_USAGE, ["run"], {}),
     ("jax-cache", EXIT_OK, ["jax-cache", "--dir", "{jax}"], {}),
     ("jax-cache", EXIT_USAGE, ["jax-cache", "--dir", "{jax}", "--max-age", "soon"], {}),
+    ("config", EXIT_OK, ["config"], {}),
+    ("config", EXIT_USAGE, ["config", "--set", "no_such_setting=1"], {}),
     ("dir", EXIT_OK, ["dir"], {}),
     ("dir", EXIT_USAGE, ["dir", "--all"], {}),
     ("completion", EXIT_OK, ["completion", "bash"], {}),
