@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from kernelcache.cli import Content, add_command, register_content
+from kernelcache.cli import Content, add_command, register_content, register_field_view
 
 from ..settings import VARIABLES
 from . import jax_cache as jax_cache_command
@@ -57,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     register_report("jax_cache", jax_cache_command.jax_cache_report)
     register_report("jax_triton", masquerade.report)
     register_content(DECISION.ext, decision_content)
+    register_field_view("reads", reads_view)
 
     p = add_command(
         subparsers,
@@ -235,6 +236,35 @@ def decision_content(data: bytes, meta: Mapping[str, Any]) -> Content:
         return Content({"problem": found}, (f"not a usable decision: {found}",))
     first, *rest = found.describe()
     return Content(found.to_json(), (f"decision: {first}", *rest))
+
+
+#: the rows of a read set ``show`` prints without ``-v``
+SHOWN_READS = 5
+
+
+def reads_view(value: Any, verbose: bool) -> tuple[str, list[str]] | None:
+    """What ``kernelcache show`` prints of a read set (the ``reads`` field): how many rows and
+    whether it is exact, then its first rows (every one with ``verbose``), each as ``[index]
+    op operand (of row parent): what it found``; None for a value that is no read set (see
+    :func:`kernelcache.cli.register_field_view`)."""
+    from ..entries.metadata import FORMAT, problem
+
+    if problem(value) is not None:
+        return None
+    doc = json.loads(value)
+    if doc["format"] != FORMAT:
+        return f"a read set of format {doc['format']}, an earlier version's: never used", []
+    rows, partial = doc["rows"], doc.get("partial", [])
+    state = f"partial ({len(partial)} reasons): the IR decides" if partial else "exact"
+    shown = rows if verbose else rows[:SHOWN_READS]
+    lines = [
+        f"[{i}] {op} {json.dumps(arg)} (of {'the kernel' if up < 0 else f'[{up}]'}): {found}"
+        for i, (up, op, arg, found) in enumerate(shown)
+    ]
+    lines += [f"partial: {why}" for why in (partial if verbose else partial[:1])]
+    if len(rows) > len(shown):
+        lines.append(f"... {len(rows) - len(shown):,} more rows (-v shows them)")
+    return f"{len(rows):,} reads, {state}", lines
 
 
 def _positive(text: str) -> int:

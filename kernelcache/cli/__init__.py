@@ -14,7 +14,8 @@ the protocol, the exit codes, :class:`Output` and the helpers its commands share
 types, the JSON envelope, human formatting, a progress :func:`bar`, a root's :func:`scan`, the
 question before deleting every entry, :func:`confirm_everything`), and what a package adds to the other commands: a section of ``doctor``
 (:func:`register_report`, :class:`Check`), its toolchain for ``import --dry-run``
-(:func:`register_toolchain`) and what its entries hold for ``show`` (:func:`register_content`). ``args``
+(:func:`register_toolchain`) and what its entries hold for ``show`` (:func:`register_content`;
+its metadata fields: :func:`register_field_view`). ``args``
 carries the command's :class:`~.common.Context` (the root and the settings, resolved once;
 :func:`root_of`), ``out`` is the :class:`Output`. The built-in modules are listed in
 :mod:`.app`; other packages add theirs through the entry-point group ``kernelcache.commands``
@@ -62,7 +63,7 @@ from .output import (
     plural,
     printable,
 )
-from .showing import Content, register_content
+from .showing import Content, register_content, register_field_view
 
 __all__ = [
     "EXIT_CODES",
@@ -89,6 +90,7 @@ __all__ = [
     "plural",
     "printable",
     "register_content",
+    "register_field_view",
     "register_report",
     "register_toolchain",
     "root_of",

@@ -40,6 +40,7 @@ from .output import (
     format_table,
     human_age,
     human_size,
+    plural,
     printable,
 )
 
@@ -64,6 +65,23 @@ def register_content(kind: str, describe: Describe) -> None:
     """Let ``show`` say what entries of metadata ``kind`` hold (registering a kind again
     replaces its reader)."""
     _contents[kind] = describe
+
+
+#: what ``show`` prints of one metadata field's value for people, where the package that
+#: declared the field says how to read it: ``view(value, verbose)`` -> a summary (after the
+#: field's name) and lines under it (every one with ``verbose``, else the first
+#: :data:`SHOWN_ROWS`); None for a value it cannot read (shown as any other). The value is
+#: untrusted input: a view never raises.
+FieldView = Callable[[Any, bool], "tuple[str, list[str]] | None"]
+_field_views: dict[str, FieldView] = {}
+#: the rows of a long value shown without ``-v``, and the characters of a long text
+SHOWN_ROWS = 5
+SHOWN_CHARS = 100
+
+
+def register_field_view(name: str, view: FieldView) -> None:
+    """Let ``show`` summarize metadata field ``name`` (registering it again replaces it)."""
+    _field_views[name] = view
 
 
 def _content(data: bytes, meta: Mapping[str, Any]) -> Content | None:
@@ -260,6 +278,7 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
     except OSError:
         last_used = None
     ok = isinstance(result, Artifact)
+    verbose = args.verbose > 0
     content = _content(result.data, result.meta) if isinstance(result, Artifact) else None
     doc = {
         **envelope("show", root),
@@ -294,10 +313,9 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
                 f"created:    {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(created))}"
                 f" ({human_age(time.time() - created)})"
             )
-        lines.append("metadata:")
+        lines.append("metadata:" + ("" if verbose else " (-v: every value whole; --json: as is)"))
         for k, v in sorted((meta or {}).items()):
-            shown = json.dumps(finite(v)) if isinstance(v, (dict, list)) else str(finite(v))
-            lines.append(f"  {printable(k)}: {printable(shown)}")
+            lines.extend(_field_lines(k, v, verbose))
         if content is not None:
             lines.append("content:")
             lines += [f"  {printable(line)}" for line in content.lines]
@@ -319,3 +337,37 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
 
     out.emit(doc, human)
     return EXIT_OK if ok else EXIT_PROBLEMS
+
+
+def _field_lines(name: str, value: Any, verbose: bool) -> list[str]:
+    """The lines ``show`` prints of one metadata field: a registered view's summary and first
+    rows; a mapping one item a line; a long list counted, with its first rows; a long text
+    cut (``verbose``: every row and character)."""
+    label = f"  {printable(name)}:"
+    view = _field_views.get(name)
+    viewed = view(value, verbose) if view is not None else None
+    if viewed is not None:
+        summary, rows = viewed
+        return [f"{label} {printable(summary)}", *(f"    {printable(r)}" for r in rows)]
+    if isinstance(value, dict):
+        items = [f"    {printable(str(k))}: {_cut(_text(v), verbose)}" for k, v in value.items()]
+        return [f"{label} {plural(len(value), 'item')}", *items]
+    if isinstance(value, list) and (verbose or len(_text(value)) > SHOWN_CHARS):
+        shown = value if verbose else value[:SHOWN_ROWS]
+        rows = [f"    - {_cut(_text(v), verbose)}" for v in shown]
+        more = len(value) - len(shown)
+        rows += [f"    ... {more:,} more (-v shows them)"] if more else []
+        return [f"{label} {plural(len(value), 'item')}", *rows]
+    return [f"{label} {_cut(_text(value), verbose)}"]
+
+
+def _text(value: Any) -> str:
+    """A metadata value as one line of text (JSON for lists and mappings)."""
+    return json.dumps(finite(value)) if isinstance(value, (dict, list)) else str(finite(value))
+
+
+def _cut(text: str, verbose: bool) -> str:
+    """``text`` shown: whole with ``verbose`` or when short, else its start and its length."""
+    if verbose or len(text) <= SHOWN_CHARS:
+        return printable(text)
+    return f"{printable(text[:SHOWN_CHARS])}... ({len(text):,} characters; -v shows it whole)"
