@@ -12,6 +12,7 @@ job would start with.
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from kernelcache.cli import (
@@ -105,11 +106,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=cmd_jax_cache)
 
 
+def _why_every(args: argparse.Namespace, entries: list[Any]) -> str:
+    """What makes a prune remove every entry of JAX's cache, said after its refusal: the cap is
+    below the entry used last, or every entry is older than ``--max-age``."""
+    last = entries[-1]  # (the most recently used)
+    if args.max_size and last.size > args.max_size:
+        return (
+            f" (--max-size {human_size(args.max_size)} is less than the entry used last, "
+            f"{human_size(last.size)}: give a larger SIZE to keep the recent ones)"
+        )
+    return (
+        " (--max-age selects every entry: the one used last was used "
+        f"{human_age(time.time() - last.last_used)}; give a longer AGE to keep it)"
+    )
+
+
 def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
     """``kernelcache jax-cache``: JAX's cache directory, and a prune of it under JAX's lock
     (see :mod:`.directory`; needs neither jax nor triton)."""
     import os
-    import time
 
     from ..jax_cache.directory import plan_jax_prune, prune_jax_cache, scan_jax_cache
     from ..jax_cache.enable import default_dir
@@ -139,7 +154,7 @@ def cmd_jax_cache(args: argparse.Namespace, out: Output) -> int:
         if doomed and len(doomed) == len(entries) and not args.yes:
             size = human_size(sum(e.size for e in doomed))
             every = f"every entry of JAX's cache {printable(directory)} ({len(doomed):,}, {size})"
-            confirm_everything("jax-cache prune", every, " (--max-size 0 means no size cap)")
+            confirm_everything("jax-cache prune", every, _why_every(args, entries))
         try:
             with out.progress("pruning", len(doomed)) as tick:
                 removed, freed = prune_jax_cache(directory, doomed, stray, progress=tick)
