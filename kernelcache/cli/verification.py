@@ -68,13 +68,22 @@ def _listed(rows: list[list[str]], verbose: bool, what: str) -> list[str]:
     return lines
 
 
-def _repair_human(result: Result, verbose: bool) -> list[str]:
-    """What the repair did, by kind of action; its failures; every outcome with ``verbose``."""
+def _moved_bytes(before: set[str], after: tuple[AuxFile, ...]) -> int:
+    """The bytes of the files a repair moved to the quarantine: those of ``after`` (the
+    quarantine's files now) not in ``before`` (their paths then), less the notes saying why.
+    Measured, never taken from a scan: an entry whose metadata cannot be read has an artifact
+    the scan did not size."""
+    return sum(f.size for f in after if f.path not in before and not f.path.endswith(".reason"))
+
+
+def _repair_human(result: Result, moved: int, verbose: bool) -> list[str]:
+    """What the repair did, by kind of action (``moved``: bytes moved to the quarantine); its
+    failures; every outcome with ``verbose``."""
     done = Counter(o.action.kind for o in result.outcomes if o.status == "done")
     parts = [f"{n:,} {_DONE.get(kind, kind)}" for kind, n in sorted(done.items())]
     lines = [f"Repaired: {', '.join(parts) if parts else 'nothing'}."]
-    if result.quarantined_bytes:
-        lines[-1] += f" Moved {human_size(result.quarantined_bytes)} to the quarantine"
+    if moved:
+        lines[-1] += f" Moved {human_size(moved)} to the quarantine"
         lines[-1] += f"; freed {human_size(result.freed_bytes)}."
     elif result.freed_bytes:
         lines[-1] += f" Freed {human_size(result.freed_bytes)}."
@@ -125,12 +134,15 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     bad_entries = {kind: n for kind, n in counts.items() if kind in ENTRY_PROBLEMS}
     entries = len(checked.entries) + sum(bad_entries.values())
     result = None
+    moved = 0  # bytes of entries moved to the quarantine, as its files measure them
     remaining = len(issues) - foreign
     if args.repair and remaining:
         context.require_writable(store)
         plan = plan_repair(checked)
+        before = {f.path for f in files_in(store, QUARANTINE_DIR)}
         with out.progress("repairing", len(plan.actions)) as tick:
             result = execute(store, plan, progress=tick)
+        moved = _moved_bytes(before, files_in(store, QUARANTINE_DIR))
         remaining = sum(1 for i in plan.left if i.kind != "foreign") + sum(
             1 for o in result.outcomes if o.status in ("in-use", "failed")
         )
@@ -142,7 +154,7 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
         "entries_ok": len(checked.entries),
         "problems": [i.to_json() for i in issues],
         "counts": counts,
-        "repair": result_json(result) if result is not None else None,
+        "repair": None if result is None else {**result_json(result), "quarantined_bytes": moved},
         "quarantine": {"files": len(quarantine), "bytes": sum(f.size for f in quarantine)},
         "clean": remaining == 0,
     }
@@ -172,7 +184,7 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
         else:
             lines.append("No problems found.")
         if result is not None:
-            lines += _repair_human(result, verbose)
+            lines += _repair_human(result, moved, verbose)
         if quarantine:
             lines.append(_quarantine_line(quarantine))
         return "\n".join(lines)

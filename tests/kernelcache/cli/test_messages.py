@@ -1,4 +1,5 @@
-"""What the commands say adds up and fits what was asked: verify's counts, the interruption
+"""What the commands say adds up and fits what was asked: verify's counts and the bytes its
+repair moved, the interruption
 of a read-only verify, another tool's command word, a command ``run`` cannot run (as a shell
 says it), the command a JSON error names, and an export of nothing."""
 
@@ -18,6 +19,31 @@ def _damaged(root: Path) -> None:
     Path(arts[0].path).write_bytes(b"\0" * Path(arts[0].path).stat().st_size)
     for art in arts[1:3]:
         Path(art.path).with_suffix(".json").write_text("{not json")
+
+
+def test_verify_repair_says_every_byte_it_moved_to_the_quarantine(tmp_path):
+    """A PTX entry whose metadata cannot be read counts with its artifact (the scan knows its
+    metadata file alone), as a cubin with a wrong digest does."""
+    root = tmp_path / "cache"
+    cubin = put(root, "matmul", size=20_000)
+    ptx = put(root, "matmul", ext="ptx", size=15_000)
+    Path(cubin.path).write_bytes(b"\0" * 20_000)
+    meta = Path(ptx.path).with_suffix(".json")
+    meta.write_text("{not json")
+    files = [Path(cubin.path), Path(cubin.path).with_suffix(".json"), Path(ptx.path), meta]
+    moving = sum(f.stat().st_size for f in files)
+    doc = kc_json(root, "verify", "--repair", code=0)
+    assert doc["repair"]["quarantined_bytes"] == moving
+    again = kc_json(root, "verify")
+    assert again["clean"] and again["quarantine"]["bytes"] > moving  # (and the notes of why)
+    for f in files:
+        assert not f.exists()
+    root2 = tmp_path / "again"
+    put(root2, "matmul", ext="ptx", size=15_000)
+    (meta2,) = root2.glob("*.json")
+    meta2.write_text("{not json")
+    text = kc(root2, "verify", "--repair").stdout
+    assert "Moved 14.7 KiB to the quarantine" in text  # 15,000 + 9 bytes
 
 
 def test_verify_counts_every_entry_it_checked_and_they_add_up(tmp_path):
