@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import command_server
+from identity_targets import platform_of, target_params
 from support import HELPERS, REPO, checked, child_env
 
 ELF_MAGIC = b"\x7fELF"
@@ -301,7 +302,7 @@ def kernel_source(head: str, body: str, params: str = "") -> str:
 
 #: a kernel whose loaded block ``x`` goes through ``stmts`` (indented lines that set ``out``)
 KERNEL_STATEMENTS = _KERNEL_HEAD + "{stmts}\n    tl.store(out_ptr + offs, out, mask=mask)\n"
-#: a Gluon kernel, likewise
+#: a Gluon kernel, likewise (its layout for ``TPW`` threads per warp: the target's)
 GLUON_STATEMENTS = """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -309,8 +310,8 @@ from triton.experimental.gluon import language as gl
 
 
 @gluon.jit
-def kernel(x_ptr, n, out_ptr, BLOCK: gl.constexpr):
-    layout: gl.constexpr = gl.BlockedLayout([4], [32], [4], [0])
+def kernel(x_ptr, n, out_ptr, BLOCK: gl.constexpr, TPW: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([4], [TPW], [4], [0])
     offs = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=layout)
     x = gl.load(x_ptr + offs, mask=offs < n)
 {stmts}
@@ -335,9 +336,12 @@ else:
 """
 
 
-def _lowered_call(kernel: Any, root: Any, embed: str | None, params: dict[str, Any]) -> Any:
+def _lowered_call(
+    kernel: Any, root: Any, embed: str | None, params: dict[str, Any], target: str = "cuda:90"
+) -> Any:
     """The custom call a lowering of ``kernel`` (one float32 vector of 4096 and its size;
-    ``BLOCK=1024``, 4 programs) for cuda:90 makes (cache at ``root``)."""
+    ``BLOCK=1024``, 4 programs; a Gluon kernel's ``TPW``: :func:`identity_targets.target_params`)
+    for ``target`` makes (cache at ``root``)."""
     import jax
     import jax.numpy as jnp
 
@@ -352,28 +356,32 @@ def _lowered_call(kernel: Any, root: Any, embed: str | None, params: dict[str, A
             out_shape=x,
             grid=(4,),
             BLOCK=1024,
-            target="cuda:90",
+            target=target,
             embed=embed,
             cache=kernelcache.Cache(str(root)),
+            **target_params(kernel, target),
             **params,
         )
 
-    (call,) = custom_calls(lowered_module(fn, jax.ShapeDtypeStruct((4096,), jnp.float32)))
+    avals = jax.ShapeDtypeStruct((4096,), jnp.float32)
+    (call,) = custom_calls(lowered_module(fn, avals, platform=platform_of(target)))
     return call
 
 
-def opaque(kernel: Any, root: Any, **params: Any) -> str:
+def opaque(kernel: Any, root: Any, *, target: str = "cuda:90", **params: Any) -> str:
     """The digest of the opaque a lowering of ``kernel`` embeds (see :func:`_lowered_call`)."""
     import hashlib
 
-    return hashlib.sha256(_lowered_call(kernel, root, None, params)["opaque"]).hexdigest()
+    call = _lowered_call(kernel, root, None, params, target)
+    return hashlib.sha256(call["opaque"]).hexdigest()
 
 
-def machine_code(kernel: Any, root: Any, **params: Any) -> bytes:
-    """The machine code a lowering of ``kernel`` embeds inline (see :func:`_lowered_call`):
-    what a process runs, whichever entry (and so whichever key in the opaque) it came from."""
+def machine_code(kernel: Any, root: Any, *, target: str = "cuda:90", **params: Any) -> bytes:
+    """The machine code a lowering of ``kernel`` for ``target`` embeds inline (see
+    :func:`_lowered_call`): what a process runs, whichever entry (and so whichever key in the
+    opaque) it came from."""
     from bridge.lowering import proto
 
-    call = _lowered_call(kernel, root, "inline", params)
+    call = _lowered_call(kernel, root, "inline", params, target)
     images = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
     return b"".join(images)

@@ -7,7 +7,9 @@ A case is the files of version A and those version B replaces (``site/`` names a
 installed tree, the user site of each child: ``PYTHONUSERBASE``; text, or bytes written as
 they are), the kernel's module, the
 call's keywords (Python text evaluated in that module), version B's variables and the Python it
-runs before lowering. Cases with the same variables share child processes."""
+runs before lowering. Cases with the same variables share child processes; each child lowers
+every case for every target it is given (:data:`identity_targets.TARGETS`: one process start,
+a lowering per target), and the results are keyed by target, then by case."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_helpers import machine_code, run_child
+from identity_targets import TARGETS
 from support import HELPERS
 
 SITE = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
@@ -51,21 +54,28 @@ import jax, jax.numpy as jnp
 import bridge, kernelcache
 from bridge.lowering import proto
 from bridge_helpers import custom_calls, kernels_of, lowered_module
+from identity_targets import platform_of, target_params
 cases = json.loads(os.environ.pop("WITNESS_CASES"))
+targets = json.loads(os.environ.pop("WITNESS_TARGETS"))
 x = jax.ShapeDtypeStruct((4096,), jnp.float32)
-out = {{}}
+out = {{target: {{}} for target in targets}}
 for name, (module, params, setup) in cases.items():
     exec(setup, {{}})
     mod = __import__(module, fromlist=["kernel"])
     kw = eval("dict(" + params + ")", vars(mod))
-    fn = lambda x: bridge.triton_call(
-        x, x.size, kernel=mod.kernel, out_shape=x, grid=(4,), BLOCK=1024, target="cuda:90",
-        embed="inline", **kw)
-    (call,) = custom_calls(lowered_module(fn, x, platform="cuda"))
-    assert [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
-    out[name] = hashlib.sha256(call["opaque"]).hexdigest()
+    for target in targets:
+        fn = lambda x: bridge.triton_call(
+            x, x.size, kernel=mod.kernel, out_shape=x, grid=(4,), BLOCK=1024, target=target,
+            embed="inline", **target_params(mod.kernel, target), **kw)
+        (call,) = custom_calls(lowered_module(fn, x, platform=platform_of(target)))
+        code = kernels_of(proto.decode_opaque(call["opaque"]))
+        assert [k.module_image.object_file for k in code]
+        out[target][name] = hashlib.sha256(call["opaque"]).hexdigest()
 print(json.dumps(out))
 """
+
+#: what :func:`three_way` gives: per process (1, 2, 3), target -> case -> digest
+Results = tuple[dict[str, dict[str, str]], ...]
 
 
 def write(base: Path, files: Mapping[str, str | bytes], same_stat: bool = False) -> None:
@@ -87,10 +97,10 @@ def write(base: Path, files: Mapping[str, str | bytes], same_stat: bool = False)
             os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
-def three_way(base: Path, cases: dict[str, Case]) -> tuple[dict, dict, dict]:
+def three_way(base: Path, cases: dict[str, Case], targets: tuple[str, ...] = TARGETS) -> Results:
     """The digest of the whole opaque each case embeds (its machine code, launch parameters
-    and everything else a process runs): process 1 (A into R), 2 (B from R), 3 (B into a
-    fresh root)."""
+    and everything else a process runs) for each of ``targets``: process 1 (A into R), 2 (B
+    from R), 3 (B into a fresh root); each keyed by target, then by case."""
     for c in cases.values():
         write(base, c.a)
     child = CHILD.format(tests=str(HELPERS))
@@ -99,7 +109,7 @@ def three_way(base: Path, cases: dict[str, Case]) -> tuple[dict, dict, dict]:
         env = [sorted(c.env.items()), sorted(c.shared_env.items())]
         groups.setdefault(json.dumps(env), []).append(name)
 
-    def run(root: Path, names: list[str], with_b: bool) -> dict[str, str]:
+    def run(root: Path, names: list[str], with_b: bool) -> dict[str, dict[str, str]]:
         todo = {
             n: [cases[n].module, cases[n].params, cases[n].setup if with_b else ""] for n in names
         }
@@ -113,43 +123,46 @@ def three_way(base: Path, cases: dict[str, Case]) -> tuple[dict, dict, dict]:
             PYTHONUSERBASE=str(base / "user"),
             WITNESS_SRC=str(base / "src"),
             WITNESS_CASES=json.dumps(todo),
+            WITNESS_TARGETS=json.dumps(list(targets)),
             **env,
         )
 
-    first: dict[str, str] = {}
-    for i, names in enumerate(groups.values()):
-        first.update(run(base / f"R{i}", names, False))
+    def merged(runs: list[dict[str, dict[str, str]]]) -> dict[str, dict[str, str]]:
+        return {t: {n: d for r in runs for n, d in r[t].items()} for t in targets}
+
+    first = merged([run(base / f"R{i}", names, False) for i, names in enumerate(groups.values())])
     for c in cases.values():
         write(base, c.b, c.same_stat)
-    second: dict[str, str] = {}
-    fresh: dict[str, str] = {}
+    second, fresh = [], []
     for i, names in enumerate(groups.values()):
-        second.update(run(base / f"R{i}", names, True))
-        fresh.update(run(base / f"F{i}", names, True))
-    return first, second, fresh
+        second.append(run(base / f"R{i}", names, True))
+        fresh.append(run(base / f"F{i}", names, True))
+    return first, merged(second), merged(fresh)
 
 
-def assert_second_gets_a_compile(results: tuple[dict, dict, dict], name: str) -> None:
-    """Case ``name`` of :func:`three_way`'s ``results``: process 2 embeds what process 3
-    compiled, and process 1 something else (else the change is no case)."""
-    first, second, fresh = results
+def assert_second_gets_a_compile(results: Results, name: str, target: str) -> None:
+    """Case ``name`` of :func:`three_way`'s ``results`` on ``target``: process 2 embeds what
+    process 3 compiled, and process 1 something else (else the change is no case)."""
+    first, second, fresh = (r[target] for r in results)
     assert first[name] != fresh[name], "the change does not change the kernel: not a case"
     assert second[name] == fresh[name], "process 2 embedded process 1's kernel"
 
 
-def assert_warm_change(kernel: Any, tmp_path: Path, change: Callable[[], None]) -> None:
-    """One process lowers ``kernel`` into a root twice (the same machine code), runs
-    ``change()``, then lowers it again: what a fresh root compiles now, and a third time the
-    same again from the cache (nothing compiled)."""
+def assert_warm_change(
+    kernel: Any, tmp_path: Path, change: Callable[[], None], target: str = "cuda:90"
+) -> None:
+    """One process lowers ``kernel`` for ``target`` into a root twice (the same machine code),
+    runs ``change()``, then lowers it again: what a fresh root compiles now, and a third time
+    the same again from the cache (nothing compiled)."""
     from bridge.compile import compiler
 
     root = tmp_path / "root"
-    before = machine_code(kernel, root)
-    assert machine_code(kernel, root) == before
+    before = machine_code(kernel, root, target=target)
+    assert machine_code(kernel, root, target=target) == before
     change()
-    after = machine_code(kernel, root)
+    after = machine_code(kernel, root, target=target)
     assert after != before
-    assert machine_code(kernel, tmp_path / "fresh") == after
+    assert machine_code(kernel, tmp_path / "fresh", target=target) == after
     compiles = compiler.compile_count()
-    assert machine_code(kernel, root) == after
+    assert machine_code(kernel, root, target=target) == after
     assert compiler.compile_count() == compiles

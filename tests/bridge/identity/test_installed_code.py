@@ -16,6 +16,7 @@ import zipfile
 
 import pytest
 from bridge_helpers import kernel_source
+from identity_targets import each_target
 from three_way import Case, assert_second_gets_a_compile
 from three_way import three_way as three_way_code
 
@@ -75,6 +76,8 @@ def three_way(tmp_path_factory):
     return three_way_code(tmp_path_factory.mktemp("installed-digests"), CASES)
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_a_second_process_embeds_what_a_compile_of_the_new_installed_code_gives(three_way, name):
-    assert_second_gets_a_compile(three_way, name)
+@pytest.mark.parametrize("target,name", each_target(CASES))
+def test_a_second_process_embeds_what_a_compile_of_the_new_installed_code_gives(
+    three_way, target, name
+):
+    assert_second_gets_a_compile(three_way, name, target)

@@ -15,6 +15,7 @@ import pytest
 import triton.language as tl
 from bridge_helpers import kernel_module, machine_code, run_child
 from identity_constants import DISTINCT, Tile
+from identity_targets import TARGETS, machine_ext
 from support import HELPERS
 
 import kernelcache
@@ -51,34 +52,41 @@ def through_a_constexpr_function(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * factor(), mask=mask)
 """
 CHILD = """
-import hashlib, json, sys
+import hashlib, json, os, sys
 sys.path[:0] = [{path!r}, {tests!r}]
 import jax, jax.numpy as jnp
 import bridge, kernelcache
 from bridge.compile import compiler as bridge_compile
 from bridge.lowering import proto
 from bridge_helpers import custom_calls, kernels_of, lowered_module
+from identity_targets import platform_of
 import kid_kernels as K
 
 x = jax.ShapeDtypeStruct((4096,), jnp.float32)
-out = {{}}
-for name in ("through_a_module", "through_a_constexpr_function"):
-    fn = lambda x, k=getattr(K, name): bridge.triton_call(
-        x, x.size, kernel=k, out_shape=x, grid=(4,), BLOCK=1024, target="cuda:90", embed="inline")
-    (call,) = custom_calls(lowered_module(fn, x))
-    # (the machine code embedded: the opaque also names the key of the entry it came from)
-    code = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
-    out[name] = hashlib.sha256(b"".join(code)).hexdigest()
-print(json.dumps({{"opaques": out, "compiles": bridge_compile.compile_count()}}))
+found = {{}}
+for target in json.loads(os.environ["KC_TARGETS"]):
+    compiles, out = bridge_compile.compile_count(), {{}}
+    for name in ("through_a_module", "through_a_constexpr_function"):
+        fn = lambda x, k=getattr(K, name): bridge.triton_call(
+            x, x.size, kernel=k, out_shape=x, grid=(4,), BLOCK=1024, target=target,
+            embed="inline")
+        (call,) = custom_calls(lowered_module(fn, x, platform=platform_of(target)))
+        # (the machine code embedded: the opaque also names the key of the entry it came from)
+        code = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
+        out[name] = hashlib.sha256(b"".join(code)).hexdigest()
+    found[target] = {{"opaques": out, "compiles": bridge_compile.compile_count() - compiles}}
+print(json.dumps(found))
 """
 
 
-def test_values_read_through_a_module_or_a_constexpr_function_are_checked(tmp_path):
+@pytest.mark.parametrize("target", TARGETS)
+def test_values_read_through_a_module_or_a_constexpr_function_are_checked(runs, target):
     """A constexpr read as another module's attribute, and a plain global read by a
     constexpr_function: changed between two processes sharing a root, the second process
     compiles the new code (Triton's cache_key sees neither change)."""
+    tmp_path = runs.dir
     src = tmp_path / "src"
-    src.mkdir()
+    src.mkdir(exist_ok=True)
     child = CHILD.format(path=str(src), tests=str(HELPERS))
 
     def write(offset: str, factor: str) -> None:
@@ -88,7 +96,7 @@ def test_values_read_through_a_module_or_a_constexpr_function_are_checked(tmp_pa
         )
 
     def run(root: str):
-        return run_child(child, KERNELCACHE_DIR=root, PYTHONDONTWRITEBYTECODE="1")
+        return runs.child(child, KERNELCACHE_DIR=root, PYTHONDONTWRITEBYTECODE="1")[target]
 
     shared = str(tmp_path / "shared")
     write("1.0", "2.0")
@@ -156,7 +164,8 @@ CHANGES = {
 
 
 @pytest.mark.parametrize("change", CHANGES.values(), ids=CHANGES.keys())
-def test_a_warm_process_lowers_the_code_as_it_is_now(tmp_path, change):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_warm_process_lowers_the_code_as_it_is_now(tmp_path, change, target):
     """After a global, another module's attribute, a helper or a list the frontend reads
     changed, the next lowering in the same process embeds what a compile of the code as it is
     now gives (as Triton's launcher refuses a kernel whose globals changed)."""
@@ -164,12 +173,12 @@ def test_a_warm_process_lowers_the_code_as_it_is_now(tmp_path, change):
     cfg = kernel_module(tmp_path, f"kid_warm_cfg_{tag}", WARM_CFG)
     module = kernel_module(tmp_path, f"kid_warm_{tag}", WARM.format(cfg=cfg.__name__))
     root = tmp_path / "root"
-    before = machine_code(module.kernel, root)
-    assert machine_code(module.kernel, root) == before  # (warm: the same)
+    before = machine_code(module.kernel, root, target=target)
+    assert machine_code(module.kernel, root, target=target) == before  # (warm: the same)
     change(module, cfg)
-    after = machine_code(module.kernel, root)
+    after = machine_code(module.kernel, root, target=target)
     assert after != before
-    assert machine_code(module.kernel, tmp_path / "fresh") == after
+    assert machine_code(module.kernel, tmp_path / "fresh", target=target) == after
 
 
 # -- constexpr objects --------------------------------------------------------------------------
@@ -203,8 +212,8 @@ class Hidden:
 
 
 @gluon.jit
-def gluon_kernel(x_ptr, n, out_ptr, Impl: gl.constexpr, BLOCK: gl.constexpr):
-    layout: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+def gluon_kernel(x_ptr, n, out_ptr, Impl: gl.constexpr, BLOCK: gl.constexpr, TPW: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([4], [TPW], [gl.num_warps()], [0])
     offs = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=layout)
     mask = offs < n
     gl.store(out_ptr + offs, Impl.scale(gl.load(x_ptr + offs, mask=mask)), mask=mask)
@@ -231,7 +240,8 @@ def objects(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", ["gluon-aggregate-classes", "objects-with-hidden-fields"])
-def test_constexpr_objects_that_print_alike_get_their_own_kernels(tmp_path, objects, case):
+@pytest.mark.parametrize("target", TARGETS)
+def test_constexpr_objects_that_print_alike_get_their_own_kernels(tmp_path, objects, case, target):
     if case == "gluon-aggregate-classes":
         kernel, one, other = objects.gluon_kernel, objects.Scheduler(1), objects.Scheduler(8)
         assert str(one) == str(other)  # what Triton's key holds of them
@@ -241,32 +251,32 @@ def test_constexpr_objects_that_print_alike_get_their_own_kernels(tmp_path, obje
         name = "C"
     shared = tmp_path / "shared"
     compiles = bridge_compile.compile_count()
-    first = machine_code(kernel, shared, **{name: one})
-    second = machine_code(kernel, shared, **{name: other})
+    first = machine_code(kernel, shared, target=target, **{name: one})
+    second = machine_code(kernel, shared, target=target, **{name: other})
     assert bridge_compile.compile_count() - compiles == 2 and first != second
-    assert machine_code(kernel, tmp_path / "fresh", **{name: other}) == second
+    assert machine_code(kernel, tmp_path / "fresh", target=target, **{name: other}) == second
     # each is stored under its own key: lowered again, nothing compiles, the same bytes
     compiles = bridge_compile.compile_count()
-    assert (
-        machine_code(kernel, shared, **{name: objects.Scheduler(1) if name == "Impl" else one})
-        == first
-    )
+    again = {name: objects.Scheduler(1) if name == "Impl" else one}
+    assert machine_code(kernel, shared, target=target, **again) == first
     assert bridge_compile.compile_count() == compiles
 
 
-def test_a_constexpr_known_only_by_its_address_leaves_the_ir_to_decide(tmp_path, objects):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_constexpr_known_only_by_its_address_leaves_the_ir_to_decide(tmp_path, objects, target):
     """An object whose state no field shows (a lock) has no description: the read set that
     found it is partial and ends with the IR, so a lookup runs the frontend and compares; the
     kernel is stored once and found again without a compile; the call's lowering (which has no
     key) is not stored."""
     root = tmp_path / "root"
     compiles = bridge_compile.compile_count()
-    first = machine_code(objects.tagged_kernel, root, TAG=threading.Lock())
-    second = machine_code(objects.tagged_kernel, root, TAG=threading.Lock())
+    first = machine_code(objects.tagged_kernel, root, target=target, TAG=threading.Lock())
+    second = machine_code(objects.tagged_kernel, root, target=target, TAG=threading.Lock())
     assert first == second
     assert bridge_compile.compile_count() - compiles == 1  # (the second lowering hit)
-    assert len(list(root.glob("*.cubin"))) == 1 and not list(root.glob("*.lowering"))
-    (entry,) = [kernelcache.Cache(str(root)).get(p.stem, "cubin") for p in root.glob("*.cubin")]
+    ext = machine_ext(target)
+    assert len(list(root.glob(f"*.{ext}"))) == 1 and not list(root.glob("*.lowering"))
+    (entry,) = [kernelcache.Cache(str(root)).get(p.stem, ext) for p in root.glob(f"*.{ext}")]
     reads = json.loads(entry.meta["reads"])
     assert any("lock" in why for why in reads["partial"]) and reads["rows"][-1][1] == "ir"
 

@@ -18,7 +18,8 @@ import hashlib
 import os
 
 import pytest
-from bridge_helpers import cuda_devices, kernel_module, kernel_source, run_child
+from bridge_helpers import cuda_devices, kernel_module, kernel_source
+from identity_targets import TARGETS, each_target
 from support import HELPERS
 from three_way import Case, assert_second_gets_a_compile, assert_warm_change
 from three_way import three_way as three_way_code
@@ -205,9 +206,9 @@ def three_way(tmp_path_factory):
     return three_way_code(tmp_path_factory.mktemp("witness"), CASES)
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_a_second_process_gets_what_a_compile_of_its_code_gives(three_way, name):
-    assert_second_gets_a_compile(three_way, name)
+@pytest.mark.parametrize("target,name", each_target(CASES))
+def test_a_second_process_gets_what_a_compile_of_its_code_gives(three_way, target, name):
+    assert_second_gets_a_compile(three_way, name, target)
 
 
 # -- a warm process: values changed in place between two lowerings ------------------------------
@@ -269,7 +270,8 @@ WARM_CHANGES = {
 
 
 @pytest.mark.parametrize("change", WARM_CHANGES.values(), ids=WARM_CHANGES.keys())
-def test_a_warm_process_embeds_what_its_frontend_reads_now(tmp_path, monkeypatch, change):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_warm_process_embeds_what_its_frontend_reads_now(tmp_path, monkeypatch, change, target):
     """After a value the frontend reads changed in place, the next lowering in the same
     process embeds what a compile of the code as it is now gives; changed back, the first
     kernel again, from the cache (nothing compiled)."""
@@ -278,7 +280,7 @@ def test_a_warm_process_embeds_what_its_frontend_reads_now(tmp_path, monkeypatch
     monkeypatch.setattr(tl, "exp", tl.exp)  # (restored after the test)
     tag = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:8]
     module = kernel_module(tmp_path, f"witness_warm_{tag}", WARM)
-    assert_warm_change(module.kernel, tmp_path, lambda: change(module))
+    assert_warm_change(module.kernel, tmp_path, lambda: change(module), target)
 
 
 # -- the compiler's environment ------------------------------------------------------------
@@ -290,85 +292,110 @@ import bridge
 from bridge.compile import compiler
 from bridge.lowering import proto
 from bridge_helpers import custom_calls, kernels_of, lowered_module
+from identity_targets import platform_of
 exec(os.environ.get("WITNESS_SETUP", ""), {{}})
 import w_env_k as mod
 x = jax.ShapeDtypeStruct((4096,), jnp.float32)
-fn = lambda x: bridge.triton_call(
-    x, x.size, kernel=mod.kernel, out_shape=x, grid=(4,), BLOCK=1024, target="cuda:90",
-    embed="inline")
-(call,) = custom_calls(lowered_module(fn, x, platform="cuda"))
-code = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
-print(json.dumps([hashlib.sha256(b"".join(code)).hexdigest(), compiler.compile_count()]))
+out = {{}}
+for target in json.loads(os.environ["KC_TARGETS"]):
+    compiles = compiler.compile_count()
+    fn = lambda x: bridge.triton_call(
+        x, x.size, kernel=mod.kernel, out_shape=x, grid=(4,), BLOCK=1024, target=target,
+        embed="inline")
+    (call,) = custom_calls(lowered_module(fn, x, platform=platform_of(target)))
+    code = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
+    out[target] = [hashlib.sha256(b"".join(code)).hexdigest(), compiler.compile_count() - compiles]
+print(json.dumps(out))
 """
 
 
 @pytest.fixture
-def env_child(tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
+def env_child(runs):
+    """Lower the kernel in a fresh process (with a root under the test's folder, variables
+    set) for every target: for ``target``, the digest of its machine code and how many
+    kernels it compiled."""
+    src = runs.dir / "src"
+    src.mkdir(exist_ok=True)
     (src / "w_env_k.py").write_text(kernel_source("", "tl.exp(x) * x + tl.sin(x)"))
     child = ENV_CHILD.format(tests=str(HELPERS))
 
-    def run(root, **env: str) -> tuple[str, int]:
-        code, compiles = run_child(
-            child, KERNELCACHE_DIR=str(tmp_path / root), WITNESS_SRC=str(src), **env
+    def run(root, target: str, targets=TARGETS, **env: str) -> tuple[str, int]:
+        found = runs.child(
+            child,
+            KERNELCACHE_DIR=str(runs.dir / root),
+            WITNESS_SRC=str(src),
+            targets=targets,
+            **env,
         )
+        code, compiles = found[target]
         return code, compiles
 
     return run
 
 
-def test_device_selection_shares_one_compile_and_debug_does_not(env_child):
+@pytest.mark.parametrize("target", TARGETS)
+def test_device_selection_shares_one_compile_and_debug_does_not(env_child, target):
     """Each rank of a job sees its own device: the kernel compiles once for all of them (and
     an image warmed without the variable serves them); TRITON_DEBUG changes the code, so it
     still has its own kernel."""
-    plain, compiles = env_child("R")
+    plain, compiles = env_child("R", target)
     assert compiles == 1
     for rank in ("3", "0,1"):
-        assert env_child("R", CUDA_VISIBLE_DEVICES=rank, HIP_VISIBLE_DEVICES=rank) == (plain, 0)
-    debug, compiles = env_child("R", TRITON_DEBUG="1")
+        found = env_child("R", target, CUDA_VISIBLE_DEVICES=rank, HIP_VISIBLE_DEVICES=rank)
+        assert found == (plain, 0)
+    debug, compiles = env_child("R", target, TRITON_DEBUG="1")
     assert compiles == 1 and debug != plain
 
 
-def test_a_ptxas_wrapper_is_another_tool(env_child, tmp_path):
+def test_a_ptxas_wrapper_is_another_tool(env_child, runs):
     """A wrapper named by TRITON_PTXAS_PATH that adds an option reports ptxas's version but
-    compiles other code: the kernel compiled without it is not used with it."""
+    compiles other code: the kernel compiled without it is not used with it. (NVIDIA's tool:
+    Triton's AMD backend assembles and links in its own library, with no tool to name.)"""
     import triton
 
     env = {}
     for name in ("ptxas", "ptxas-blackwell"):  # (whichever the installed Triton runs for sm_90)
         real = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
-        wrapper = tmp_path / f"{name}-wrapped"
+        wrapper = runs.dir / f"{name}-wrapped"
         wrapper.write_text(
             f'#!/bin/sh\ncase "$1" in --version) exec "{real}" "$@";; esac\n'
             f'exec "{real}" --def-load-cache=cg "$@"\n'
         )
         wrapper.chmod(0o755)
         env[f"TRITON_{name.upper().replace('-', '_')}_PATH"] = str(wrapper)
-    plain, _ = env_child("R")
-    wrapped, compiles = env_child("R", **env)
+    cuda = {"target": "cuda:90", "targets": ("cuda:90",)}
+    plain, _ = env_child("R", **cuda)
+    wrapped, compiles = env_child("R", **cuda, **env)
     assert compiles == 1 and wrapped != plain
-    assert env_child("fresh", **env) == (wrapped, 1)
-    assert env_child("R", **env) == (wrapped, 0)
+    assert env_child("fresh", **cuda, **env) == (wrapped, 1)
+    assert env_child("R", **cuda, **env) == (wrapped, 0)
 
 
+#: a hook rewriting one instruction of the assembly, for whichever backend compiles: the exp
+#: of PTX flushing denormals, or the exp of AMDGCN a log
 HOOK = """
 import triton
+REWRITES = {
+    "ptx": ("ex2.approx.f32", "ex2.approx.ftz.f32"),
+    "amdgcn": ("v_exp_f32_e32", "v_log_f32_e32"),
+}
 def hook(backend, stages, options, language, capability):
-    make_ptx = stages["ptx"]
-    stages["ptx"] = lambda src, metadata: make_ptx(src, metadata).replace("{old}", "{new}")
+    for stage, (old, new) in REWRITES.items():
+        if stage in stages:
+            make = stages[stage]
+            stages[stage] = lambda src, md, make=make, old=old, new=new: make(src, md).replace(old, new)
 triton.knobs.runtime.add_stages_inspection_hook = hook
 """
 
 
-def test_a_stages_hook_counts_by_its_code(env_child):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_stages_hook_counts_by_its_code(env_child, target):
     """A hook that rewrites a stage makes the kernel another one; the same hook in another
     process finds it again."""
-    plain, _ = env_child("R")
-    setup = HOOK.format(old="ex2.approx.f32", new="ex2.approx.ftz.f32")
-    hooked, compiles = env_child("R", WITNESS_SETUP=setup)
+    plain, _ = env_child("R", target)
+    hooked, compiles = env_child("R", target, WITNESS_SETUP=HOOK)
     assert compiles == 1 and hooked != plain
-    assert env_child("R", WITNESS_SETUP=setup) == (hooked, 0)
+    assert env_child("R", target, WITNESS_SETUP=HOOK) == (hooked, 0)
 
 
 GPU_KERNEL = """

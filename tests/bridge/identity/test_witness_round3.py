@@ -15,6 +15,7 @@ import hashlib
 
 import pytest
 from bridge_helpers import kernel_module, kernel_source
+from identity_targets import TARGETS, each_target
 from three_way import Case, assert_second_gets_a_compile, assert_warm_change
 from three_way import three_way as three_way_code
 
@@ -172,7 +173,8 @@ GLUON_LAYOUT = """
 from triton.experimental.gluon import language as gl
 from ._f import FACTOR
 
-LAYOUT = gl.constexpr(gl.BlockedLayout([int(FACTOR) // 2 * 2], [32], [4], [0]))
+LAYOUT_32 = gl.constexpr(gl.BlockedLayout([int(FACTOR) // 2 * 2], [32], [4], [0]))
+LAYOUT_64 = gl.constexpr(gl.BlockedLayout([int(FACTOR) // 2 * 2], [64], [4], [0]))
 """
 GLUON = """
 from triton.experimental import gluon
@@ -181,13 +183,13 @@ from triton.experimental.gluon import language as gl
 
 
 @gluon.jit
-def kernel(x_ptr, n, out_ptr, BLOCK: gl.constexpr):
+def kernel(x_ptr, n, out_ptr, BLOCK: gl.constexpr, TPW: gl.constexpr):
     layout: gl.constexpr = {layout}
     offs = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=layout)
     x = gl.load(x_ptr + offs, mask=offs < n)
     gl.store(out_ptr + offs, {body}, mask=offs < n)
 """
-BLOCKED = "gl.BlockedLayout([4], [32], [4], [0])"
+BLOCKED = "gl.BlockedLayout([4], [TPW], [4], [0])"
 
 
 def _installed(pkg: str, init: str, head: str, body: str, b: str = "9.0") -> Case:
@@ -275,7 +277,11 @@ CASES: dict[str, Case] = {
         {
             "site/r15pkg/__init__.py": GLUON_LAYOUT,
             "site/r15pkg/_f.py": FACTOR.format(4.0),
-            "r15_k": GLUON.format(head="from r15pkg import LAYOUT", layout="LAYOUT", body="x"),
+            "r15_k": GLUON.format(
+                head="from r15pkg import LAYOUT_32, LAYOUT_64",
+                layout="LAYOUT_32 if TPW == 32 else LAYOUT_64",
+                body="x",
+            ),
         },
         {"site/r15pkg/_f.py": FACTOR.format(8.0)},
         "r15_k",
@@ -300,9 +306,9 @@ def three_way(tmp_path_factory):
     return three_way_code(tmp_path_factory.mktemp("witness_round3"), CASES)
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_a_second_process_gets_what_a_compile_of_its_code_gives(three_way, name):
-    assert_second_gets_a_compile(three_way, name)
+@pytest.mark.parametrize("target,name", each_target(CASES))
+def test_a_second_process_gets_what_a_compile_of_its_code_gives(three_way, target, name):
+    assert_second_gets_a_compile(three_way, name, target)
 
 
 # -- a warm process: values changed in place between two lowerings ------------------------------
@@ -370,7 +376,8 @@ WARM_CHANGES = {
 
 
 @pytest.mark.parametrize("change", WARM_CHANGES.values(), ids=WARM_CHANGES.keys())
-def test_a_warm_process_embeds_what_its_frontend_reads_now(tmp_path, change):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_warm_process_embeds_what_its_frontend_reads_now(tmp_path, change, target):
     """After a value a call given a tensor reaches (a closure cell, an attribute of a module
     reached through another, what a property returns) changed in place, the next lowering
     embeds what a compile gives now, and a lowering after it the same, from the cache."""
@@ -384,7 +391,7 @@ def test_a_warm_process_embeds_what_its_frontend_reads_now(tmp_path, change):
     module = kernel_module(
         tmp_path, f"witness_r3_{tag}", WARM.format(claims=f"witness_r3_claims_{tag}")
     )
-    assert_warm_change(module.kernel, tmp_path, lambda: change(claims, sub))
+    assert_warm_change(module.kernel, tmp_path, lambda: change(claims, sub), target)
 
 
 # -- the IR as a read: a kernel the frontend vouches for is still found again -------------------
@@ -394,24 +401,28 @@ sys.path[:0] = [os.environ["WITNESS_SRC"], {tests!r}]
 from bridge_helpers import machine_code
 from bridge.compile import compiler
 import r3_vouched
-code = [machine_code(k, os.environ["KERNELCACHE_DIR"]).hex()[:64] for k in (r3_vouched.kernel,)]
-print(json.dumps([code, compiler.compile_count()]))
+out = {{}}
+for target in json.loads(os.environ["KC_TARGETS"]):
+    compiles = compiler.compile_count()
+    code = machine_code(r3_vouched.kernel, os.environ["KERNELCACHE_DIR"], target=target)
+    out[target] = [[code.hex()[:64]], compiler.compile_count() - compiles]
+print(json.dumps(out))
 """
 
 
-def test_a_kernel_its_frontend_vouches_for_is_found_again_without_a_compile(tmp_path):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_kernel_its_frontend_vouches_for_is_found_again_without_a_compile(runs, target):
     """A kernel whose read set is partial (a constexpr_function given a tensor) is checked by the
     IR its frontend gives: another process finds it in the cache and compiles nothing."""
-    from bridge_helpers import run_child
     from support import HELPERS
 
-    src = tmp_path / "src"
-    src.mkdir()
+    src = runs.dir / "src"
+    src.mkdir(exist_ok=True)
     (src / "r3_vouched.py").write_text(
         kernel_source("@triton.constexpr_function\ndef scale(t):\n    return 2.0\n", "x * scale(x)")
     )
     child = VOUCHED_CHILD.format(tests=str(HELPERS))
-    env = {"KERNELCACHE_DIR": str(tmp_path / "root"), "WITNESS_SRC": str(src)}
-    first, compiles = run_child(child, **env)
+    env = {"KERNELCACHE_DIR": str(runs.dir / "root"), "WITNESS_SRC": str(src)}
+    first, compiles = runs.child(child, **env)[target]
     assert compiles == 1
-    assert run_child(child, **env) == [first, 0]
+    assert runs.child(child, **env)[target] == [first, 0]

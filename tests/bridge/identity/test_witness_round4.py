@@ -23,8 +23,9 @@ import enum
 import hashlib
 
 import pytest
-from bridge_helpers import CHOOSE, kernel_module, kernel_source, run_child
+from bridge_helpers import CHOOSE, kernel_module, kernel_source
 from bridge_helpers import kernel_statements as kernel
+from identity_targets import TARGETS, each_target
 from support import HELPERS
 from three_way import Case, assert_second_gets_a_compile, assert_warm_change, write
 from three_way import three_way as three_way_code
@@ -425,9 +426,9 @@ def three_way(tmp_path_factory):
     return three_way_code(tmp_path_factory.mktemp("witness_round4"), CASES)
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_a_second_process_gets_what_a_compile_of_its_code_gives(three_way, name):
-    assert_second_gets_a_compile(three_way, name)
+@pytest.mark.parametrize("target,name", each_target(CASES))
+def test_a_second_process_gets_what_a_compile_of_its_code_gives(three_way, target, name):
+    assert_second_gets_a_compile(three_way, name, target)
 
 
 # -- a warm process: values changed in place between two lowerings ------------------------------
@@ -464,8 +465,9 @@ WARM_REGISTRY = {
 
 
 @pytest.mark.parametrize("stmts,how", WARM_REGISTRY.values(), ids=WARM_REGISTRY.keys())
+@pytest.mark.parametrize("target", TARGETS)
 def test_a_warm_process_embeds_what_a_registry_read_by_protocol_methods_gives_now(
-    tmp_path, stmts, how
+    tmp_path, stmts, how, target
 ):
     """A registry list that a metaclass's ``__len__``, ``__index__`` or ``__format__``, or an
     object's ``__int__`` or ``__index__``, reads is changed in place (appended to, its first
@@ -481,11 +483,12 @@ def test_a_warm_process_embeds_what_a_registry_read_by_protocol_methods_gives_no
         else:
             reg.ITEMS[0] = "slow"
 
-    assert_warm_change(module.kernel, tmp_path, change)
+    assert_warm_change(module.kernel, tmp_path, change, target)
 
 
 @pytest.mark.parametrize("gluon", [False, True], ids=["triton", "gluon"])
-def test_a_warm_process_embeds_what_an_enum_rebound_gives_now(tmp_path, gluon):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_warm_process_embeds_what_an_enum_rebound_gives_now(tmp_path, gluon, target):
     """The module attribute holding an Enum is rebound to one with more members: ``len`` of it,
     an unroll count, is what a compile gives now."""
     tag = _tag(tmp_path)
@@ -498,7 +501,7 @@ def test_a_warm_process_embeds_what_an_enum_rebound_gives_now(tmp_path, gluon):
     source = kernel(f"import {acts.__name__} as acts", stmts, gluon=gluon)
     module = kernel_module(tmp_path, f"w4_wek_{tag}", source)
     assert_warm_change(
-        module.kernel, tmp_path, lambda: setattr(acts, "Act", enum.Enum("Act", "A B C D"))
+        module.kernel, tmp_path, lambda: setattr(acts, "Act", enum.Enum("Act", "A B C D")), target
     )
 
 
@@ -507,7 +510,10 @@ def test_a_warm_process_embeds_what_an_enum_rebound_gives_now(tmp_path, gluon):
     [("isinstance(V, cfg.KIND)", "int"), ("isinstance(x, cfg.KIND)", "tl.tensor")],
     ids=["a-module-constant", "the-loaded-tensor"],
 )
-def test_a_warm_process_embeds_what_an_abc_registering_a_plugin_gives_now(tmp_path, cond, cls):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_warm_process_embeds_what_an_abc_registering_a_plugin_gives_now(
+    tmp_path, cond, cls, target
+):
     """A plug-in registers a class with the application's ABC between two lowerings: the
     kernel choosing by ``isinstance`` against it is what a compile gives now."""
     import triton.language as tl
@@ -517,10 +523,11 @@ def test_a_warm_process_embeds_what_an_abc_registering_a_plugin_gives_now(tmp_pa
     head = f"import {kinds.__name__} as cfg\nV = tl.constexpr(3)\n"
     module = kernel_module(tmp_path, f"w4_wak_{tag}", kernel(head, CHOOSE.format(cond=cond)))
     registered = {"int": int, "tl.tensor": tl.tensor}[cls]
-    assert_warm_change(module.kernel, tmp_path, lambda: kinds.KIND.register(registered))
+    assert_warm_change(module.kernel, tmp_path, lambda: kinds.KIND.register(registered), target)
 
 
-def test_a_warm_process_embeds_what_a_nan_rebound_gives_now(tmp_path):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_warm_process_embeds_what_a_nan_rebound_gives_now(tmp_path, target):
     """A module's constexpr NaN the kernel reads is rebound to the NaN of the other sign."""
     import triton.language as tl
 
@@ -532,7 +539,10 @@ def test_a_warm_process_embeds_what_a_nan_rebound_gives_now(tmp_path):
         kernel(f"import {nans.__name__} as nans", "out = x * 0.0 + nans.KNAN"),
     )
     assert_warm_change(
-        module.kernel, tmp_path, lambda: setattr(nans, "KNAN", tl.constexpr(-float("nan")))
+        module.kernel,
+        tmp_path,
+        lambda: setattr(nans, "KNAN", tl.constexpr(-float("nan"))),
+        target,
     )
 
 
@@ -547,19 +557,23 @@ from bridge.compile import compiler
 from bridge_helpers import machine_code
 mod = __import__(os.environ["W4_MODULE"], fromlist=["kernel"])
 tmp = Path(os.environ["W4_TMP"])
+targets = json.loads(os.environ["KC_TARGETS"])
 
 
-def code(root):
-    return hashlib.sha256(machine_code(mod.kernel, tmp / root)).hexdigest()
+def code(root, target):
+    return hashlib.sha256(machine_code(mod.kernel, tmp / target / root, target=target)).hexdigest()
 
 
-# (the lowerings of three_way.assert_warm_change, in its order)
-before = [code("root"), code("root")]
+# (the lowerings of three_way.assert_warm_change, in its order, for each target)
+before = {{t: [code("root", t), code("root", t)] for t in targets}}
 exec(os.environ["W4_CHANGE"], {{"mod": mod}})
-after, fresh = code("root"), code("fresh")
-compiles = compiler.compile_count()
-again = [code("root"), compiler.compile_count() - compiles]
-print(json.dumps(dict(before=before, after=after, fresh=fresh, again=again)))
+out = {{}}
+for t in targets:
+    after, fresh = code("root", t), code("fresh", t)
+    compiles = compiler.compile_count()
+    again = [code("root", t), compiler.compile_count() - compiles]
+    out[t] = dict(before=before[t], after=after, fresh=fresh, again=again)
+print(json.dumps(out))
 """
 WARM_CHILD_CASES = {
     "a-standard-abc-registering-tl-tensor": (
@@ -609,20 +623,23 @@ WARM_CHILD_CASES = {
 
 
 @pytest.mark.parametrize("files,module,change", WARM_CHILD_CASES.values(), ids=WARM_CHILD_CASES)
-def test_a_warm_process_of_its_own_embeds_what_a_change_gives_now(tmp_path, files, module, change):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_warm_process_of_its_own_embeds_what_a_change_gives_now(
+    runs, files, module, change, target
+):
     """As the warm tests above, in a child process (the change is to the standard library's
     ABC or decimal context, or to installed code): the lowering after the change is what a
     compile gives now, and the one after it the same, from the cache."""
-    write(tmp_path, files)
-    out = run_child(
+    write(runs.dir, files)
+    out = runs.child(
         WARM_CHILD.format(tests=str(HELPERS)),
         PYTHONDONTWRITEBYTECODE="1",
-        PYTHONUSERBASE=str(tmp_path / "user"),
-        WITNESS_SRC=str(tmp_path / "src"),
+        PYTHONUSERBASE=str(runs.dir / "user"),
+        WITNESS_SRC=str(runs.dir / "src"),
         W4_MODULE=module,
-        W4_TMP=str(tmp_path / "warm"),
+        W4_TMP=str(runs.dir / "warm"),
         W4_CHANGE=change,
-    )
+    )[target]
     (before, same), after, fresh = out["before"], out["after"], out["fresh"]
     assert before == same
     assert fresh != before, "the change does not change the kernel: not a case"

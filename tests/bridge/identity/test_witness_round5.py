@@ -21,6 +21,7 @@ import hashlib
 import pytest
 from bridge_helpers import CHOOSE, kernel_module
 from bridge_helpers import kernel_statements as kernel
+from identity_targets import TARGETS, each_target
 from three_way import Case, assert_second_gets_a_compile, assert_warm_change
 from three_way import three_way as three_way_code
 
@@ -156,12 +157,13 @@ def three_way(tmp_path_factory):
     return three_way_code(tmp_path_factory.mktemp("witness_round5"), CASES)
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_a_second_process_gets_what_a_compile_of_its_code_gives(three_way, name):
-    assert_second_gets_a_compile(three_way, name)
+@pytest.mark.parametrize("target,name", each_target(CASES))
+def test_a_second_process_gets_what_a_compile_of_its_code_gives(three_way, target, name):
+    assert_second_gets_a_compile(three_way, name, target)
 
 
-def test_a_warm_process_embeds_what_an_equal_value_of_another_identity_gives(tmp_path):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_warm_process_embeds_what_an_equal_value_of_another_identity_gives(tmp_path, target):
     """``cfg.B`` is rebound to an equal int that is another object between two lowerings of one
     process: ``cfg.A is cfg.B`` flips, and the next lowering embeds what a compile gives now."""
     tag = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:8]
@@ -174,4 +176,4 @@ def test_a_warm_process_embeds_what_an_equal_value_of_another_identity_gives(tmp
         cfg.B = int("1000")
         assert cfg.A == cfg.B and cfg.A is not cfg.B
 
-    assert_warm_change(module.kernel, tmp_path, change)
+    assert_warm_change(module.kernel, tmp_path, change, target)
