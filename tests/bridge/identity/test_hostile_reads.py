@@ -9,7 +9,7 @@ spells every name (in a branch the frontend never takes), so a forged row that n
 past the names check and must be stopped by what a read may run. The read sets are checked the
 way a lookup checks them (:func:`bridge.identity.read_sets.check`): a compile's own, then
 forged ones, then rows drawn at random (hypothesis) from the names, operations and values a
-forger would use.
+forger would use. Every test runs on each target (the trap compiled for it).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import pytest
 from bridge_helpers import kernel_module, machine_code
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from identity_targets import each_target
 
 TRAP = """
 import os
@@ -228,22 +229,24 @@ VALUES = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def trap(tmp_path_factory) -> dict[str, Any]:
-    """The trap compiled once: its kernel, what a check is given, and its own read set."""
+@pytest.fixture(scope="module", params=each_target())
+def trap(tmp_path_factory, request) -> dict[str, Any]:
+    """The trap compiled once for a target (each test runs on each): its kernel, what a check
+    is given, and its own read set."""
     from bridge.identity import admit
     from bridge.vendors import backends, targets
 
+    target = request.param
     base = tmp_path_factory.mktemp("trap")
-    module = kernel_module(base, "hostile_trap", TRAP)
+    module = kernel_module(base, "hostile_trap_" + target.replace(":", "_"), TRAP)
     root = base / "root"
-    code = machine_code(module.kernel, root)
+    code = machine_code(module.kernel, root, target=target)
     (text,) = [
         json.loads(p.read_text())["reads"]
         for p in root.glob("*.json")
         if "reads" in json.loads(p.read_text())
     ]
-    backend = backends.make_backend(targets.parse_target("cuda:90"))
+    backend = backends.make_backend(targets.parse_target(target))
     module.HIT.clear()  # (what the import and Triton's own dependency finder ran)
     return {
         "kernel": module.kernel,
@@ -253,6 +256,7 @@ def trap(tmp_path_factory) -> dict[str, Any]:
         "text": text,
         "marks": module.HIT,
         "code": code,
+        "target": target,
     }
 
 
@@ -450,7 +454,7 @@ def test_random_rows_run_no_code_and_raise_nothing(trap, rows):
 def test_the_kernel_is_unchanged_by_the_attacks(trap, tmp_path):
     """After every attack (in this module's order), the trap still lowers to what a compile
     gives: nothing of it was changed by a check."""
-    assert machine_code(trap["kernel"], tmp_path / "fresh") == trap["code"]
+    assert machine_code(trap["kernel"], tmp_path / "fresh", target=trap["target"]) == trap["code"]
     assert _marks(trap) == []
 
 
