@@ -6,8 +6,8 @@ again for the contract of an entry); ``dry_run`` stops there, with the same outc
 does a second pass publish each entry through :meth:`Store.publish` (atomic, first writer
 wins), re-checking each member's digest first; entries already present are skipped. Each
 document is published as written (its fields, ``covers`` and entry digest; its signature is
-dropped). If anything fails during that pass (the file changed, a full disk), the entries this
-import published are deleted again before the error is raised. (A process killed during the
+dropped). If anything fails during that pass (the file changed, a full disk, Ctrl-C), the
+entries this import published are deleted again before the error is raised. (A process killed during the
 second pass cannot roll back: the entries it published are whole and verified.)
 """
 
@@ -23,7 +23,7 @@ from ..schema.document import check_signature
 from ..store.entry import Artifact
 from ..store.root import Store
 from ..toolchains import Judge
-from .archive import MANIFEST, MAX_MEMBER_BYTES, ImportResult, Progress
+from .archive import MANIFEST, MAX_MEMBER_BYTES, ImportInterrupted, ImportResult, Progress
 from .manifest_reader import Listed
 from .preflight import check_artifacts, tar_members
 
@@ -60,6 +60,7 @@ def import_bundle(
     progress: Progress | None = None,
     signing_key: bytes | None = None,
     judge: Judge | None = None,
+    planned: Progress | None = None,
 ) -> ImportResult:
     """Verify the bundle ``path`` completely, then publish its entries into ``store``.
 
@@ -69,7 +70,8 @@ def import_bundle(
     left alone. An artifact larger than ``max_member_size`` bytes rejects the bundle (0: no
     limit). With ``signing_key``, every entry must carry a valid signature. With ``judge``
     (see :mod:`kernelcache.toolchains`), the result counts the entries this machine's keys can
-    name, and the others by reason.
+    name, and the others by reason. Once the bundle is verified, ``planned`` is called with
+    the number of entries to publish, and ``progress`` with 1 as each is published.
 
     Raises:
         BundleError: the bundle is rejected, or changed while being imported; nothing was
@@ -77,6 +79,8 @@ def import_bundle(
         MissingDependency: a zstd bundle and no ``zstandard``.
         CacheError: the store cannot take an entry (read-only root, full disk, ...); the
             entries this import published before are removed again.
+        ImportInterrupted: Ctrl-C while it published: the entries it published were removed
+            again (it says how many, and how many could not be).
     """
     with _open_bundle(path) as f:
         members = {
@@ -148,13 +152,11 @@ def import_bundle(
         published: list[str] = []
         imported = 0
         size = 0
+        if planned is not None:
+            planned(len(todo))
         try:
             for member in tar_members(
-                f,
-                max_member_size,
-                keep_data=True,
-                sha256=signing_key is not None,
-                progress=progress,
+                f, max_member_size, keep_data=True, sha256=signing_key is not None
             ):
                 if member.name not in wanted:
                     continue
@@ -179,10 +181,14 @@ def import_bundle(
                     published.append(member.key)
                 imported += 1
                 size += member.size
+                if progress is not None:
+                    progress(1)
         except BaseException as e:
             left = _roll_back(store, published)
             if isinstance(e, BundleError):
                 e.imported = left
+            if isinstance(e, KeyboardInterrupt):
+                raise ImportInterrupted(len(published), left) from None
             raise
     return ImportResult(
         path,

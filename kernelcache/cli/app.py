@@ -44,6 +44,7 @@ from .output import (
     EXIT_PROBLEMS,
     EXIT_USAGE,
     SCHEMA,
+    Interrupted,
     Output,
     dumps,
     fail,
@@ -205,7 +206,17 @@ def _ours(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; returns the exit code."""
+    """Entry point of the console script; returns the exit code (130 after Ctrl-C, at any
+    moment: the command's own interruption is said by :func:`_run`, one before it began
+    here)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        sys.stderr.write("kernelcache: interrupted before the command began; nothing was done\n")
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     if "_ARGCOMPLETE" in os.environ:  # a completion script asks what may follow (exits)
         shell.complete(parser)
@@ -265,10 +276,12 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         from ..progress import interrupted
 
         said = interrupted()
+        if isinstance(e, Interrupted):  # how far it got, then exactly what was kept
+            said = f"{said.partition('; ')[0]}; {e.kept}: run the command again to finish"
         if args.json:  # the envelope of an error, marked interrupted
             error = said.removeprefix("kernelcache: ")
             doc = {"schema": SCHEMA, "command": args.command, "error": error, "interrupted": True}

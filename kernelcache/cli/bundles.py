@@ -27,6 +27,7 @@ from .output import (
     EXIT_OK,
     EXIT_PROBLEMS,
     CommandFailed,
+    Interrupted,
     NothingDone,
     Output,
     UsageError,
@@ -164,6 +165,7 @@ def _export(
     entries = select(scanned.entries, args.kernel or (), args.target or ())
     missed = unmatched(scanned.table, args.kernel or (), args.target or ())
     entries.sort(key=lambda e: e.key)
+    before = _identity(file)
     try:
         with out.progress("exporting", len(entries)) as tick:
             result = export_bundle(
@@ -179,6 +181,12 @@ def _export(
             )
     except BundleError as e:  # the bundle is written whole or not at all: nothing was done
         raise NothingDone(str(e)) from None
+    except KeyboardInterrupt:  # whole or not at all: which one, said
+        shown = upload[0] if upload else file
+        if upload is None and before != _identity(file):
+            raise Interrupted(f"the bundle {file} was written whole") from None
+        was = "is as it was" if before is not None else "was not made"
+        raise Interrupted(f"no bundle was written ({shown} {was})") from None
     # entries the scan found unusable (bad metadata, older format) are skipped too
     unusable = [
         (i.key, f"{i.kind}: {i.detail}")
@@ -227,9 +235,25 @@ def _export(
         return "\n".join(lines)
 
     if upload is not None:
-        upload[1]()
+        try:
+            upload[1]()
+        except KeyboardInterrupt:
+            raise Interrupted(
+                f"interrupted while uploading: an object store keeps {upload[0]} whole or not "
+                "at all, as it was before or as exported"
+            ) from None
     out.emit(doc, human)
     return EXIT_PROBLEMS if result.skipped else EXIT_OK
+
+
+def _identity(path: str) -> tuple[int, int, int] | None:
+    """What tells the file at ``path`` from another one put there: device, inode and change
+    time; None where there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
 def _toolchain() -> tuple[Judge | None, str]:
@@ -291,6 +315,7 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
 
 def _import(args: argparse.Namespace, out: Output, file: str, shown: str) -> int:
     """Import the bundle ``file`` (``shown`` as the file or URL it came from)."""
+    from ..bundle.archive import ImportInterrupted
     from ..bundle.importing import import_bundle
     from ..errors import BundleError
 
@@ -311,7 +336,20 @@ def _import(args: argparse.Namespace, out: Output, file: str, shown: str) -> int
                 progress=tick,
                 signing_key=cfg.signing_secret(),
                 judge=judge,
+                planned=tick.set_total,
             )
+    except ImportInterrupted as e:  # all or nothing: what it published was removed again
+        if e.left:
+            raise Interrupted(
+                f"{e.left:,} of the {e.published:,} entries it published could not be removed "
+                "again (each is whole and verified); the others were"
+            ) from None
+        removed = f" (the {plural(e.published, 'entry')} it published were removed again)"
+        raise Interrupted("nothing was imported" + (removed if e.published else "")) from None
+    except KeyboardInterrupt:
+        if args.dry_run:
+            raise
+        raise Interrupted("nothing was imported (it was still verifying the bundle)") from None
     except BundleError as e:
         if not e.imported:  # refused whole: nothing was done (exit 2)
             raise NothingDone(f"import of {shown} rejected: {e}; nothing was imported") from None

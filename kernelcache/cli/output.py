@@ -39,6 +39,15 @@ EXIT_CODES = {
 }
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, raised again by a command that knows exactly what was kept (``kept``: said after
+    how far the operation under way got, in place of "what was done is kept")."""
+
+    def __init__(self, kept: str) -> None:
+        super().__init__(kept)
+        self.kept = kept
+
+
 def dumps(doc: dict[str, Any]) -> str:
     """JSON text: indented on a terminal, compact (and fast) otherwise. Always strict JSON:
     NaN and infinities (which metadata read from disk may hold) become null."""
