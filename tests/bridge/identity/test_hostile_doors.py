@@ -9,7 +9,8 @@ print ``TRAP:<what>`` when they run (print: the kernel stays one the bridge desc
 exactly, so its read set is what a lookup checks). The forged read set passes the schema (the
 door lets it in), names what the kernel reads and spells (whose reads run no code), then asks
 for ``os.system`` through the module's ``os``, which the kernel does not read: its code does
-not allow it, so nothing of the forged read set runs.
+not allow it, so nothing of the forged read set runs. Every door is tried on each target (the
+kernel compiled for it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 from bridge_helpers import forget_lowerings, forget_programs
 from cli_support import kc
+from identity_targets import each_target, machine_ext
 from object_store import moto_available, s3_env
 from redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 from support import HELPERS, child_env
@@ -79,8 +81,8 @@ def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
         x = x * t.boom * t.missing * r.absent
     tl.store(out_ptr + offs, x, mask=mask)
 """
-#: the victim: lowers the kernel (its cache as the environment says) and prints the digest of
-#: the machine code it embeds
+#: the victim: lowers the kernel for a target (its cache as the environment says) and prints the
+#: digest of the machine code it embeds
 CHILD = """
 import hashlib, json, sys
 sys.path[:0] = [sys.argv[1], {helpers!r}]
@@ -88,11 +90,13 @@ import jax, jax.numpy as jnp
 import bridge
 from bridge.lowering import proto
 from bridge_helpers import custom_calls, kernels_of, lowered_module
+from identity_targets import platform_of
 import doors_trap
+target = sys.argv[2]
 x = jax.ShapeDtypeStruct((4096,), jnp.float32)
 fn = lambda x: bridge.triton_call(x, x.size, kernel=doors_trap.kernel, out_shape=x, grid=(4,),
-                                  BLOCK=1024, target="cuda:90", embed="inline")
-(call,) = custom_calls(lowered_module(fn, x, platform="cuda"))
+                                  BLOCK=1024, target=target, embed="inline")
+(call,) = custom_calls(lowered_module(fn, x, platform=platform_of(target)))
 code = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
 print(json.dumps({{"code": hashlib.sha256(b"".join(code)).hexdigest()}}))
 """
@@ -101,11 +105,12 @@ FORGED_MARK = "forged-by-an-attacker"
 KEY = "a-signing-key-of-the-fleet-0123456789"
 
 
-def _lower(src: Path, **env: str) -> tuple[str, list[str], str]:
-    """Run the victim: the digest of its machine code, the trap lines it printed, and what it
-    said on standard error."""
+def _lower(src: Path, target: str, **env: str) -> tuple[str, list[str], str]:
+    """Run the victim for ``target``: the digest of its machine code, the trap lines it
+    printed, and what it said on standard error."""
+    child = textwrap.dedent(CHILD.format(helpers=str(HELPERS)))
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(CHILD.format(helpers=str(HELPERS))), str(src)],
+        [sys.executable, "-c", child, str(src), target],
         env=child_env(PYTHONDONTWRITEBYTECODE="1", **env),
         capture_output=True,
         text=True,
@@ -170,18 +175,18 @@ def _copies(root: Path) -> list[str]:
     ]
 
 
-@pytest.fixture(scope="module")
-def made(tmp_path_factory) -> dict[str, Any]:
-    """The trap's source, a root its kernel was compiled into (then forged), and the machine
-    code a compile gives."""
+@pytest.fixture(scope="module", params=each_target())
+def made(tmp_path_factory, request) -> dict[str, Any]:
+    """The trap's source, a root its kernel was compiled into for a target (each test runs on
+    each; then forged), and the machine code a compile gives."""
     base = tmp_path_factory.mktemp("doors")
     src = base / "src"
     src.mkdir()
     (src / "doors_trap.py").write_text(textwrap.dedent(TRAP))
     clean = base / "clean"
-    code, said, _ = _lower(src, KERNELCACHE_DIR=str(clean))
+    code, said, _ = _lower(src, request.param, KERNELCACHE_DIR=str(clean))
     assert said == []
-    return {"src": src, "clean": clean, "code": code, "base": base}
+    return {"src": src, "clean": clean, "code": code, "base": base, "target": request.param}
 
 
 def _copy_forged(made: dict[str, Any], where: Path) -> Path:
@@ -220,7 +225,7 @@ upload.close() if hasattr(upload, "close") else None
 
 
 def _victim(made: dict[str, Any], where: Path, **env: str) -> None:
-    code, said, stderr = _lower(made["src"], **env)
+    code, said, stderr = _lower(made["src"], made["target"], **env)
     assert said == [], f"the forged read set ran code of the program: {said}"
     assert code == made["code"], "the victim embedded another kernel than a compile gives"
     assert "does not admit" in stderr, "the forged entry never reached the victim: no case"
@@ -398,9 +403,12 @@ def test_a_true_stored_lowering_in_a_tier_is_kept(made, tmp_path, door, ext):
     own = tmp_path / "own"
     with _tier(door, tmp_path) as url:
         _upload(clean, url, None)
-        code, said, _ = _lower(made["src"], KERNELCACHE_DIR=str(own), KERNELCACHE_REMOTE=url)
+        code, said, _ = _lower(
+            made["src"], made["target"], KERNELCACHE_DIR=str(own), KERNELCACHE_REMOTE=url
+        )
     assert said == [] and code == made["code"]
-    assert not list(own.glob("*.cubin")), "the victim compiled: the stored lowering was not used"
+    compiled = list(own.glob(f"*.{machine_ext(made['target'])}"))
+    assert not compiled, "the victim compiled: the stored lowering was not used"
     theirs = {p.name: p.read_bytes() for p in clean.glob(f"*.{ext}")}
     kept = {p.name: p.read_bytes() for p in own.glob(f"*.{ext}")}
     assert theirs and kept == theirs
