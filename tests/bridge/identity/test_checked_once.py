@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from bridge_helpers import custom_calls, kernel_module, lowered_module
+from identity_targets import TARGETS, platform_of
 
 import bridge
 import kernelcache
@@ -50,9 +51,10 @@ def checks(monkeypatch):
     return made
 
 
-def _program(module, root, functions):
+def _program(module, root, functions, target):
     """A program calling ``module.kernel`` once per function of ``functions`` (its ``f``), each
-    call on a vector of another size (so each is a call of its own, with a key of its own)."""
+    call on a vector of another size (so each is a call of its own, with a key of its own),
+    lowered for ``target``."""
 
     def fn(*xs):
         return [
@@ -64,7 +66,7 @@ def _program(module, root, functions):
                 grid=(1,),
                 f=f,
                 BLOCK=1024,
-                target="cuda:90",
+                target=target,
                 embed="inline",
                 cache=kernelcache.Cache(str(root)),
             )
@@ -74,25 +76,27 @@ def _program(module, root, functions):
     return fn
 
 
-def _lower(fn, count):
+def _lower(fn, count, target):
     avals = [jax.ShapeDtypeStruct((1000 + i,), jnp.float32) for i in range(count)]
-    return custom_calls(lowered_module(fn, *avals))
+    return custom_calls(lowered_module(fn, *avals, platform=platform_of(target)))
 
 
-def test_calls_of_one_kernel_in_one_program_check_its_reads_once(tmp_path, checks):
+@pytest.mark.parametrize("target", TARGETS)
+def test_calls_of_one_kernel_in_one_program_check_its_reads_once(tmp_path, checks, target):
     module = kernel_module(tmp_path, "once_k", SOURCE)
     root = tmp_path / "cache"
     functions = [module.times_two] * 3
-    first = _lower(_program(module, root, functions), 3)
+    first = _lower(_program(module, root, functions, target), 3, target)
     checks.clear()  # (the kernel the first call compiled, checked as the others used it)
     compiles = compiler.compile_count()
-    again = _lower(_program(module, root, functions), 3)
+    again = _lower(_program(module, root, functions, target), 3, target)
     assert compiler.compile_count() == compiles  # three stored lowerings used
     assert [c["opaque"] for c in again] == [c["opaque"] for c in first]
     assert len(checks) == 1
 
 
-def test_a_call_given_another_object_checks_again(tmp_path, checks):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_call_given_another_object_checks_again(tmp_path, checks, target):
     module = kernel_module(tmp_path, "again_k", SOURCE)
     root = tmp_path / "cache"
     # one JIT function's source in two modules: one read set (what a read finds is described by
@@ -100,27 +104,31 @@ def test_a_call_given_another_object_checks_again(tmp_path, checks):
     first, second = tmp_path / "a" / "helpers", tmp_path / "b" / "helpers"
     first.mkdir(parents=True), second.mkdir(parents=True)
     functions = [kernel_module(where, "again_h", HELPER).times_two for where in (first, second)]
-    _lower(_program(module, root, functions), 2)
+    _lower(_program(module, root, functions, target), 2, target)
     checks.clear()
-    _lower(_program(module, root, functions), 2)
+    _lower(_program(module, root, functions, target), 2, target)
     assert len(checks) == 2 and checks[0] == checks[1]
 
 
-def test_a_change_between_two_lowerings_is_found(tmp_path, checks):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_change_between_two_lowerings_is_found(tmp_path, checks, target):
     module = kernel_module(tmp_path, "change_k", SOURCE)
     root = tmp_path / "cache"
     functions = [module.times_two] * 2
-    _lower(_program(module, root, functions), 2)
+    _lower(_program(module, root, functions, target), 2, target)
     checks.clear()
-    _lower(_program(module, root, functions), 2)
+    _lower(_program(module, root, functions, target), 2, target)
     compiles = compiler.compile_count()
     module.SCALE = module.tl.constexpr(3.0)
-    _lower(_program(module, root, functions), 2)
+    _lower(_program(module, root, functions, target), 2, target)
     assert compiler.compile_count() > compiles  # the new value's kernel, compiled
     assert len(checks) >= 2  # the second lowering checked the reads anew
 
 
-def test_a_partial_read_set_runs_its_frontend_once_per_lowering(tmp_path, checks, monkeypatch):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_partial_read_set_runs_its_frontend_once_per_lowering(
+    tmp_path, checks, monkeypatch, target
+):
     """A read set that ends with the IR read (a ``constexpr_function`` given a tensor): the
     frontend runs once in a lowering of a program whose calls share it, not once per call."""
     from bridge.identity import frontend
@@ -133,13 +141,13 @@ def test_a_partial_read_set_runs_its_frontend_once_per_lowering(tmp_path, checks
     )
     root = tmp_path / "cache"
     functions = [module.times_two] * 3
-    _lower(_program(module, root, functions), 3)
+    _lower(_program(module, root, functions, target), 3, target)
     runs: list[object] = []
     ir_again = frontend.ir_again
     monkeypatch.setattr(frontend, "ir_again", lambda *a: runs.append(a) or ir_again(*a))
     checks.clear()
     compiles = compiler.compile_count()
-    _lower(_program(module, root, functions), 3)
+    _lower(_program(module, root, functions, target), 3, target)
     assert compiler.compile_count() == compiles
     assert '"ir"' in checks[0] and len(checks) == 1 and len(runs) == 1
 
@@ -157,7 +165,8 @@ def test_a_partial_read_set_runs_its_frontend_once_per_lowering(tmp_path, checks
         None,
     ],
 )
-def test_a_hostile_read_set_is_a_changed_read_with_the_memo_as_without(operand):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_hostile_read_set_is_a_changed_read_with_the_memo_as_without(operand, target):
     """A read set is read from a shared root: whatever its "ir" or "p" operands hold, the
     memoized check answers what the check answers (the reads differ), and never raises."""
     import json
@@ -169,7 +178,7 @@ def test_a_hostile_read_set_is_a_changed_read_with_the_memo_as_without(operand):
     def kernel():
         pass
 
-    backend = make_backend(parse_target("cuda:90"))
+    backend = make_backend(parse_target(target))
     bare = read_sets.stale([text], kernel, {}, backend)
     seen: dict = {}
     assert bare is not None
