@@ -12,8 +12,11 @@ its own. An LLVM pass plugin counts by the content of its file, not by its path.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from bridge_helpers import kernel_source, run_child
+from identity_targets import TARGETS
 from support import HELPERS
 
 #: variables that only time, dump or print (every one the installed Triton's native library
@@ -39,6 +42,7 @@ import bridge
 from bridge.compile import compiler
 from bridge.lowering import proto
 from bridge_helpers import custom_calls, kernels_of, lowered_module
+from identity_targets import machine_ext, platform_of
 
 class Kept(logging.Handler):
     def __init__(self):
@@ -50,58 +54,70 @@ class Kept(logging.Handler):
 kept = Kept()
 logging.getLogger("bridge").addHandler(kept)
 import j_env_k as mod
-target = os.environ["JUDGED_TARGET"]
 x = jax.ShapeDtypeStruct((4096,), jnp.float32)
-fn = lambda x: bridge.triton_call(
-    x, x.size, kernel=mod.kernel, out_shape=x, grid=(4,), BLOCK=1024, target=target,
-    embed="inline")
-platform = "cuda" if target.startswith("cuda") else "rocm"
-(call,) = custom_calls(lowered_module(fn, x, platform=platform))
-code = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
 root = os.environ["KERNELCACHE_DIR"]
-keys = sorted(n.split(".")[0] for n in os.listdir(root) if n.endswith((".cubin", ".hsaco")))
-print(json.dumps({{
-    "code": hashlib.sha256(b"".join(code)).hexdigest(),
-    "compiles": compiler.compile_count(),
-    "keys": keys,
-    "warnings": kept.messages,
-}}))
+out = {{}}
+for target in json.loads(os.environ["KC_TARGETS"]):
+    compiles, said = compiler.compile_count(), len(kept.messages)
+    fn = lambda x: bridge.triton_call(
+        x, x.size, kernel=mod.kernel, out_shape=x, grid=(4,), BLOCK=1024, target=target,
+        embed="inline")
+    (call,) = custom_calls(lowered_module(fn, x, platform=platform_of(target)))
+    code = [k.module_image.object_file for k in kernels_of(proto.decode_opaque(call["opaque"]))]
+    ext = "." + machine_ext(target)
+    out[target] = {{
+        "code": hashlib.sha256(b"".join(code)).hexdigest(),
+        "compiles": compiler.compile_count() - compiles,
+        "keys": sorted(n.split(".")[0] for n in os.listdir(root) if n.endswith(ext)),
+        "warnings": kept.messages[said:],
+    }}
+print(json.dumps(out))
 """
 
 
 @pytest.fixture
-def child(tmp_path):
-    """Lower the kernel in a fresh process for a target (``cuda:90`` unless told), with a
-    cache root under ``tmp_path`` and variables set: the machine code it embeds, how many
-    kernels it compiled, the kernel keys its root holds afterwards, the warnings it logged."""
-    src = tmp_path / "src"
-    src.mkdir()
+def child(runs, tmp_path):
+    """Lower the kernel in a fresh process for every target (or ``targets``), with a cache
+    root under the test's folder and variables set: for ``target``, the machine code it
+    embeds, how many kernels it compiled, the kernel keys its root holds for the target
+    afterwards, the warnings it logged while lowering for it. ``alone``: a process of this
+    instance's own, for ``target`` alone (roots under its ``tmp_path``)."""
+    src = runs.dir / "src"
+    src.mkdir(exist_ok=True)
     (src / "j_env_k.py").write_text(kernel_source("", "tl.exp(x) * x + tl.sin(x)"))
     code = CHILD.format(tests=str(HELPERS))
 
-    def run(root: str, target: str = "cuda:90", **env: str) -> dict:
-        return run_child(
-            code,
-            KERNELCACHE_DIR=str(tmp_path / root),
-            JUDGED_SRC=str(src),
-            JUDGED_TARGET=target,
-            **env,
-        )
+    def run(
+        root: str, target: str, targets: tuple[str, ...] = TARGETS, alone: bool = False, **env: str
+    ) -> dict:
+        if alone:
+            only = json.dumps([target])
+            where = str(tmp_path / root)
+            found = run_child(
+                code, KERNELCACHE_DIR=where, JUDGED_SRC=str(src), KC_TARGETS=only, **env
+            )
+        else:
+            where = str(runs.dir / root)
+            found = runs.child(
+                code, KERNELCACHE_DIR=where, JUDGED_SRC=str(src), targets=targets, **env
+            )
+        return found[target]
 
     return run
 
 
-def test_timing_and_dumps_share_one_compile_and_debug_does_not(child):
+@pytest.mark.parametrize("target", TARGETS)
+def test_timing_and_dumps_share_one_compile_and_debug_does_not(child, target):
     """A process that times its compiles or dumps their IR finds the kernel a plain process
     compiled (the same key: its root holds no other), and a fresh root gets the same key
     from it; TRITON_DEBUG changes the code, so it still has a kernel of its own."""
-    plain = child("R")
+    plain = child("R", target)
     assert plain["compiles"] == 1 and len(plain["keys"]) == 1
-    timed = child("R", **TIMING_AND_DUMPS)
+    timed = child("R", target, **TIMING_AND_DUMPS)
     assert (timed["code"], timed["compiles"], timed["keys"]) == (plain["code"], 0, plain["keys"])
-    fresh = child("fresh", **TIMING_AND_DUMPS)
+    fresh = child("fresh", target, **TIMING_AND_DUMPS)
     assert (fresh["code"], fresh["keys"]) == (plain["code"], plain["keys"])
-    debug = child("R", TRITON_DEBUG="1")
+    debug = child("R", target, TRITON_DEBUG="1")
     assert debug["compiles"] == 1 and debug["code"] != plain["code"]
     assert len(debug["keys"]) == 2
 
@@ -109,25 +125,28 @@ def test_timing_and_dumps_share_one_compile_and_debug_does_not(child):
 def test_a_boolean_knob_at_its_default_is_no_setting(child):
     """``AMDGCN_USE_BUFFER_OPS=1`` is what Triton does unset (the knob's default is true): a
     hip:gfx942 kernel compiled with it has the key and the code of a plain process's; set
-    against its default, the variable still counts."""
+    against its default, the variable still counts. (AMD's knob: on gfx942 alone.)"""
     import triton
 
     assert vars(triton.knobs.amd_knobs)["use_buffer_ops"].default is True
-    plain = child("R", target="hip:gfx942")
+    hip = {"target": "hip:gfx942", "targets": ("hip:gfx942",)}
+    plain = child("R", **hip)
     assert plain["compiles"] == 1 and len(plain["keys"]) == 1
     for value in ("1", "true", "on"):
-        at_default = child(f"at-{value}", target="hip:gfx942", AMDGCN_USE_BUFFER_OPS=value)
+        at_default = child(f"at-{value}", **hip, AMDGCN_USE_BUFFER_OPS=value)
         assert (at_default["code"], at_default["keys"]) == (plain["code"], plain["keys"])
-    off = child("off", target="hip:gfx942", AMDGCN_USE_BUFFER_OPS="0")
+    off = child("off", **hip, AMDGCN_USE_BUFFER_OPS="0")
     assert off["compiles"] == 1 and off["keys"] != plain["keys"]
 
 
-def test_kernel_override_is_not_applied_and_says_so(child):
+@pytest.mark.parametrize("target", TARGETS)
+def test_kernel_override_is_not_applied_and_says_so(child, target):
     """The bridge runs Triton's stages itself and never reads override files: with
     TRITON_KERNEL_OVERRIDE set, a process finds the plain process's kernel and is told, once,
-    that the variable is not applied."""
-    plain = child("R")
-    override = child("R", TRITON_KERNEL_OVERRIDE="1")
+    that the variable is not applied. (A process of its own per target: the warning is said
+    once per process.)"""
+    plain = child("R", target, alone=True)
+    override = child("R", target, alone=True, TRITON_KERNEL_OVERRIDE="1")
     assert (override["code"], override["compiles"], override["keys"]) == (
         plain["code"],
         0,
