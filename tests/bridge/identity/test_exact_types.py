@@ -10,6 +10,7 @@ import json
 import pytest
 import triton.language as tl
 from bridge_helpers import _lowered_call, kernel_module
+from identity_targets import TARGETS, machine_ext
 
 from bridge.identity.admit import remake
 from bridge.identity.exact_values import exact
@@ -59,7 +60,8 @@ def test_a_malformed_description_is_no_value(desc):
         remake(desc)
 
 
-def test_a_constexpr_function_given_a_type_is_a_call_made_again(tmp_path):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_constexpr_function_given_a_type_is_a_call_made_again(tmp_path, target):
     module = kernel_module(
         tmp_path,
         "typed_kernel",
@@ -76,9 +78,9 @@ def test_a_constexpr_function_given_a_type_is_a_call_made_again(tmp_path):
         """,
     )
     root = tmp_path / "cache"
-    _lowered_call(module.kernel, root, "inline", {})
+    _lowered_call(module.kernel, root, "inline", {}, target)
     store = Store(root)
-    (meta,) = [store.inspect(p.stem).meta for p in root.glob("*.cubin")]
+    (meta,) = [store.inspect(p.stem).meta for p in root.glob(f"*.{machine_ext(target)}")]
     reads = json.loads(meta["reads"])
     assert reads["partial"] == []
     assert [row[1] for row in reads["rows"]].count("c") == 1

@@ -11,7 +11,8 @@ import math
 import struct
 
 import pytest
-from bridge_helpers import kernel_module, kernel_source, machine_code, run_child
+from bridge_helpers import kernel_module, kernel_source, machine_code
+from identity_targets import TARGETS, machine_ext
 from support import HELPERS
 
 from bridge.compile import compiler as bridge_compile
@@ -54,22 +55,25 @@ def test_plain_text_is_repr_but_for_floats():
     )
 
 
-def test_a_nans_sign_gives_another_kernel_in_one_process(tmp_path):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_nans_sign_gives_another_kernel_in_one_process(tmp_path, target):
     """The same kernel with S=nan and S=-nan, one after the other into one root: two compiles,
     two kernel keys, each the code a fresh root compiles; again, both from the cache."""
     tag = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:8]
     module = kernel_module(tmp_path, f"nan_sign_{tag}", KERNEL)
     root = tmp_path / "root"
     before = bridge_compile.compile_count()
-    positive = machine_code(module.kernel, root, S=NAN)
-    negative = machine_code(module.kernel, root, S=NEGATIVE_NAN)
+    positive = machine_code(module.kernel, root, target=target, S=NAN)
+    negative = machine_code(module.kernel, root, target=target, S=NEGATIVE_NAN)
     assert bridge_compile.compile_count() == before + 2
     assert positive != negative
-    assert len(list(root.glob("*.cubin"))) == 2
-    assert machine_code(module.kernel, tmp_path / "fresh", S=NEGATIVE_NAN) == negative
+    assert len(list(root.glob(f"*.{machine_ext(target)}"))) == 2
+    assert (
+        machine_code(module.kernel, tmp_path / "fresh", target=target, S=NEGATIVE_NAN) == negative
+    )
     compiles = bridge_compile.compile_count()
-    assert machine_code(module.kernel, root, S=NAN) == positive
-    assert machine_code(module.kernel, root, S=NEGATIVE_NAN) == negative
+    assert machine_code(module.kernel, root, target=target, S=NAN) == positive
+    assert machine_code(module.kernel, root, target=target, S=NEGATIVE_NAN) == negative
     assert bridge_compile.compile_count() == compiles
 
 
@@ -78,28 +82,35 @@ import hashlib, json, os, sys
 sys.path[:0] = [{path!r}, {tests!r}]
 from bridge.compile import compiler
 from bridge_helpers import machine_code
+from identity_targets import machine_ext
 import nan_sign_k as mod
 
 sign = float(os.environ["NAN_SIGN"])
 s = float("nan") if sign > 0 else -float("nan")
 root = os.environ["KERNELCACHE_DIR"]
-code = machine_code(mod.kernel, root, S=s)
-keys = sorted(n.split(".")[0] for n in os.listdir(root) if n.endswith(".cubin"))
-print(json.dumps([hashlib.sha256(code).hexdigest(), compiler.compile_count(), keys]))
+out = {{}}
+for target in json.loads(os.environ["KC_TARGETS"]):
+    compiles = compiler.compile_count()
+    code = machine_code(mod.kernel, root, target=target, S=s)
+    ext = "." + machine_ext(target)
+    keys = sorted(n.split(".")[0] for n in os.listdir(root) if n.endswith(ext))
+    out[target] = [hashlib.sha256(code).hexdigest(), compiler.compile_count() - compiles, keys]
+print(json.dumps(out))
 """
 
 
 @pytest.mark.parametrize("first,second", [("1", "-1"), ("-1", "1")])
-def test_a_nans_sign_gives_another_kernel_across_processes(tmp_path, first, second):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_nans_sign_gives_another_kernel_across_processes(runs, first, second, target):
     """Process 1 lowers the kernel with one NaN into root R; process 2, with the NaN of the
     other sign, from R: it compiles, under another key, what a fresh root compiles."""
-    src = tmp_path / "src"
-    src.mkdir()
+    src = runs.dir / "src"
+    src.mkdir(exist_ok=True)
     (src / "nan_sign_k.py").write_text(KERNEL)
     child = CHILD.format(path=str(src), tests=str(HELPERS))
 
     def run(root: str, sign: str) -> list:
-        return run_child(child, KERNELCACHE_DIR=str(tmp_path / root), NAN_SIGN=sign)
+        return runs.child(child, KERNELCACHE_DIR=str(runs.dir / root), NAN_SIGN=sign)[target]
 
     one = run("R", first)
     two = run("R", second)
