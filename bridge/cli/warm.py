@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from ..compile.compiler import output_to_stderr
 from ..exceptions import ManifestError, RootError
 from ..warm import warm
+from ..warm.outcomes import WarmInterrupted
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def run(
             backend, a disabled cache (``disabled``: ``$KERNELCACHE_DISABLE``), ``jobs`` < 1
             (the CLI exits 2 with the message).
     """
-    from kernelcache.cli import Output, UsageError, bar
+    from kernelcache.cli import Interrupted, Output, UsageError, bar, plural
 
     from ..exceptions import BackendUnavailable, TargetError
 
@@ -59,6 +60,12 @@ def run(
             )
         except (ManifestError, TargetError, BackendUnavailable) as e:
             raise UsageError(str(e)) from None
+        except WarmInterrupted as e:
+            raise Interrupted(
+                f"{plural(e.kept, 'kernel')} of the {e.planned:,} it was compiling "
+                f"{'is' if e.kept == 1 else 'are'} stored in {e.root}, whole; the compiles "
+                "under way were stopped and stored nothing"
+            ) from None
         except RootError as e:
             raise UsageError(e.strerror) from None
     if not report.records and not report.failures:

@@ -44,6 +44,28 @@ def ptxas_fingerprint(target: str, arch: int) -> str:
     return hashlib.sha256(doc.encode()).hexdigest()
 
 
+@functools.cache
+def ptxas_archs() -> tuple[int, ...] | None:
+    """The compute capabilities the ptxas tools Triton may run know (the ``sm_XX`` values of
+    their ``--gpu-name``), in order; None where none answers."""
+    import subprocess
+
+    from triton import knobs
+
+    found: set[int] = set()
+    for name in ("ptxas", "ptxas_blackwell"):
+        try:
+            tool = getattr(knobs.nvidia, name)
+            text = subprocess.run(
+                [tool.path, "--help"], capture_output=True, text=True, timeout=30
+            ).stdout
+        except (AttributeError, RuntimeError, OSError, subprocess.SubprocessError):
+            continue
+        names = text.partition("--gpu-name")[2].partition("\n--")[0]
+        found.update(int(cc) for cc in re.findall(r"'sm_(\d+)[a-z]?'", names))
+    return tuple(sorted(found)) or None
+
+
 class Cuda(Vendor):
     """NVIDIA GPUs, through Triton's ``nvidia`` backend: cubins with their PTX. (Not a
     dataclass of its own: it adds no field, so it keeps :class:`Vendor`'s methods.)"""
@@ -80,6 +102,10 @@ class Cuda(Vendor):
             major, minor = raw.split(".")
             return int(major) * 10 + int(minor)
         return None
+
+    def known_archs(self) -> tuple[Arch, ...] | None:
+        """What ptxas knows (:func:`ptxas_archs`): Triton hands it ``sm_<capability>``."""
+        return ptxas_archs()
 
     def backend_fingerprint(self, arch: Arch) -> str | None:
         """The backend's ``hash()`` runs ptxas: the ptxas files Triton would pick for ``arch``

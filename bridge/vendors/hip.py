@@ -7,6 +7,7 @@ to specialize pointers; the bridge answers from the placeholder array instead.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Callable
@@ -17,6 +18,40 @@ from kernelcache.plugin import EM_AMDGPU
 from .vendor import Arch, Driver, KiB, Vendor, frozen, register
 
 logger = logging.getLogger(__name__)
+
+
+#: a module LLVM translates for the processor "help", which makes it list its processors
+_PROBE_MODULE = "define void @f() {\n  ret void\n}\n"
+
+
+@functools.cache
+def llvm_processors() -> tuple[str, ...] | None:
+    """The gfx processors of the AMDGPU target of the LLVM inside Triton (LLVM lists them on
+    standard error when asked for the processor "help"), in order; None where it cannot be
+    asked."""
+    import os
+    import tempfile
+
+    try:
+        from triton._C.libtriton import llvm
+    except ImportError:
+        return None
+    with tempfile.TemporaryFile() as said:
+        saved = os.dup(2)
+        os.dup2(said.fileno(), 2)
+        try:
+            llvm.init_targets()
+            llvm.translate_to_asm(_PROBE_MODULE, "amdgcn-amd-amdhsa", "help", "", [], False, False)
+        except (RuntimeError, TypeError, ValueError):  # (another release's signature)
+            pass
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        said.seek(0)
+        text = said.read().decode(errors="replace")
+    processors = text.partition("Available CPUs")[2].partition("Available features")[0]
+    found = re.findall(r"^\s+(gfx[0-9a-f]+)\s+-", processors, re.M)
+    return tuple(sorted(set(found), key=lambda name: (len(name), name))) or None
 
 
 class Hip(Vendor):
@@ -30,6 +65,10 @@ class Hip(Vendor):
         digits = str(arch)[3:-2]
         major = int(digits) if digits.isdigit() else 0
         return 32 if major >= 10 else 64
+
+    def known_archs(self) -> tuple[Arch, ...] | None:
+        """What LLVM's AMDGPU target knows (:func:`llvm_processors`)."""
+        return llvm_processors()
 
     def device_arch(self, device: Any) -> Arch | None:
         raw = str(getattr(device, "compute_capability", "") or "")

@@ -133,6 +133,12 @@ class Vendor:
         and is computed in every process (the default)."""
         return None
 
+    def known_archs(self) -> tuple[Arch, ...] | None:
+        """The architectures the compiler Triton runs for this vendor here knows (asked of it
+        once per process), so that a target it does not know is refused before any compile;
+        None where it cannot be asked (the default): nothing is refused."""
+        return None
+
     def tensor_specialization(self, backend_class: type) -> Callable[..., str] | None:
         """How a backend of ``backend_class`` specializes a pointer argument, where the bridge
         answers in its place (a replacement for its ``get_tensor_specialization``); None:

@@ -8,6 +8,11 @@ own, :mod:`bridge.compile.compiler_process`: the kernel is left out). A worker t
 outside the compiler, or killed for memory) breaks the pool: every job it left unfinished then
 runs again on its own, so the culprit is named.
 
+Ctrl-C: each worker is the leader of a process group of its own (its compiler process and the
+tools it runs are in it); an interruption kills those groups at once, rather than waiting for
+the compiles under way, and is noticed even where Python drops the exception (a signal that
+arrives while a worker is forked: :func:`interruptible`).
+
 Across processes: workers publish through the cache (atomic, first writer wins, one builder per
 key across every process sharing the root). A kernel that another process is compiling is
 skipped at first and waited for once the rest is done, so every worker compiles while anything
@@ -22,11 +27,12 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -199,8 +205,37 @@ def compile_job(job: Job, cache: Cache | None = None, *, wait: bool = True) -> W
     return _outcome(job, spec, result, compiling, time.monotonic() - started, cache)
 
 
+@contextlib.contextmanager
+def interruptible() -> Iterator[Callable[[], None]]:
+    """SIGINT raises KeyboardInterrupt, as Python's own handler does, and is remembered: the
+    check this yields raises it again where Python dropped it (an exception in a fork's
+    handlers is only printed). Outside the main thread, Python's handler stays."""
+    hit: list[bool] = []
+
+    def handler(signum: int, frame: object) -> None:
+        hit.append(True)
+        raise KeyboardInterrupt
+
+    def check() -> None:
+        if hit:
+            raise KeyboardInterrupt
+
+    try:
+        before = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        yield check
+        return
+    try:
+        yield check
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def compile_jobs(
-    jobs: Sequence[Job], cache: Cache, progress: Callable[[int], None]
+    jobs: Sequence[Job],
+    cache: Cache,
+    progress: Callable[[int], None],
+    check: Callable[[], None] = lambda: None,
 ) -> list[WarmOutcome]:
     """Fetch or compile ``jobs`` in this process, with work stealing: first every kernel that
     no other process is compiling, then the others as their compilers finish (taking over from
@@ -220,6 +255,7 @@ def compile_jobs(
             todo.append((i, spec))
     requests = [compiling[i].request(spec) for i, spec in todo]
     for n, result in fetch_each(cache, requests):
+        check()
         i, spec = todo[n]
         seconds = compiling[i].seconds or time.monotonic() - started
         done[i] = _outcome(jobs[i], spec, result, compiling[i], seconds, cache)
@@ -269,31 +305,36 @@ def execute(
     other kernel is done, those are handed to the pool again, whose workers wait for them
     (taking over any whose compiler died). Each kernel is compiled once across them all, and a
     compiler that crashes only ever takes a worker down."""
-    if workers <= 1 or len(jobs) <= 1:
-        return compile_jobs(jobs, cache, progress)
-    from kernelcache.plugin import flush
+    with interruptible() as check:
+        if workers <= 1 or len(jobs) <= 1:
+            return compile_jobs(jobs, cache, progress, check)
+        from kernelcache.plugin import flush
 
-    flush()  # forked workers start from flushed counters: nothing is counted twice
-    logger.debug("compiling %d kernels in %d forked processes", len(jobs), workers)
-    done: dict[int, WarmOutcome | None] = {}
-    for wait in (False, True):  # skip what others compile, then wait for it
-        todo = [i for i in range(len(jobs)) if done.get(i) is None]
-        if not todo:
-            break
-        pending = _pool_run(jobs, todo, workers, done, progress, wait=wait)
-        for i in pending:  # the pool broke: each unfinished job again, alone, to find the culprit
-            _pool_run(jobs, [i], 1, done, progress, wait=wait)
+        flush()  # forked workers start from flushed counters: nothing is counted twice
+        logger.debug("compiling %d kernels in %d forked processes", len(jobs), workers)
+        done: dict[int, WarmOutcome | None] = {}
+        for wait in (False, True):  # skip what others compile, then wait for it
+            todo = [i for i in range(len(jobs)) if done.get(i) is None]
+            if not todo:
+                break
+            pending = _pool_run(jobs, todo, workers, done, progress, check, wait=wait)
+            for i in pending:  # the pool broke: each unfinished job again, alone (the culprit)
+                _pool_run(jobs, [i], 1, done, progress, check, wait=wait)
     outcomes = [done[i] for i in range(len(jobs))]
     assert all(o is not None for o in outcomes)
     return outcomes  # type: ignore[return-value]  # the second round waited for every job
 
 
-def _exit_with_parent(parent: int) -> None:
-    """In a pool worker: exit as soon as the process that forked it is gone.
+def _worker_start(parent: int) -> None:
+    """In a pool worker: lead a process group of its own (what it starts is in it: killed
+    with it, see :func:`_kill_workers`), and exit as soon as the process that forked it is
+    gone.
 
     A warm killed with SIGKILL cannot shut its pool down, and its workers would wait forever on
     a queue that their siblings keep open (holding the caller's pipes open too).
     """
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -303,30 +344,46 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="kernelcache-warm-watchdog", daemon=True).start()
 
 
+def _kill_workers(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Kill every worker of ``pool`` with what it started (its process group: a compiler
+    process, the tools it runs), at once."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        with contextlib.suppress(OSError):  # (gone already; or not its group's leader yet)
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.kill(process.pid, signal.SIGKILL)
+
+
+#: seconds between two looks at whether Ctrl-C was dropped, while the pool works
+_LOOK = 0.2
+
+
 def _pool_run(
     jobs: Sequence[Job],
     indices: Sequence[int],
     workers: int,
     done: dict[int, WarmOutcome | None],
     progress: Callable[[int], None],
+    check: Callable[[], None],
     *,
     wait: bool,
 ) -> list[int]:
     """Run ``jobs[i]`` for each of ``indices`` in a pool (without ``wait``, a kernel that
     another process is compiling is recorded as None); returns the indices left unfinished by
-    a broken pool (or, for a single job, records it as crashed)."""
+    a broken pool (or, for a single job, records it as crashed). Interrupted (``check``
+    raises, or Ctrl-C), it kills its workers and what they started, and raises."""
     from concurrent.futures.process import BrokenProcessPool
 
     pool = concurrent.futures.ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("fork"),
-        initializer=_exit_with_parent,
+        initializer=_worker_start,
         initargs=(os.getpid(),),
     )
     broken: list[int] = []
     try:
         futures = {pool.submit(compile_job, jobs[i], wait=wait): i for i in indices}
-        for future in concurrent.futures.as_completed(futures):
+        for future in _completed(futures, check):
             i = futures[future]
             try:
                 done[i] = future.result()
@@ -347,6 +404,22 @@ def _pool_run(
                     continue
             if done[i] is not None:
                 progress(1)
+    except BaseException:
+        _kill_workers(pool)
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     return sorted(broken)
+
+
+def _completed(
+    futures: Iterable[concurrent.futures.Future[WarmOutcome | None]], check: Callable[[], None]
+) -> Iterator[concurrent.futures.Future[WarmOutcome | None]]:
+    """``futures`` as they complete, calling ``check`` every :data:`_LOOK` seconds meanwhile."""
+    pending = set(futures)
+    while pending:
+        finished, pending = concurrent.futures.wait(
+            pending, timeout=_LOOK, return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        check()
+        yield from finished

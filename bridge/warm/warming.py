@@ -8,17 +8,20 @@ record and for a whole manifest.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kernelcache import CacheError, Store
+from kernelcache import Artifact, CacheError, Store
 
 from ..call.kernel_objects import Variant, decompose
 from ..compile.fetch import fetch
-from ..exceptions import KernelArgumentError, RootError
+from ..exceptions import KernelArgumentError, RootError, TargetError
 from ..identity.specialize import specialize
 from ..settings import as_cache
 from ..vendors import backends
@@ -30,7 +33,7 @@ from .manifest import (
     load_manifest,
     revive,
 )
-from .outcomes import WarmProblem, WarmReport, merged
+from .outcomes import WarmInterrupted, WarmProblem, WarmReport, merged
 from .planning import make_plan
 from .pool import CRASHED, UNSTORED, can_fork, default_workers, execute
 
@@ -56,6 +59,24 @@ def _check_writable(root: str) -> None:
         ) from None
 
 
+@contextlib.contextmanager
+def _private_temp() -> Iterator[None]:
+    """Temporary files of the compiles (Triton leaves a PTX file and a log behind when ptxas
+    fails) in a directory of this run's, removed with what is in it at the end. Only in a
+    process with no other thread (see :func:`can_fork`), whose temporary files are then all
+    the compiles'."""
+    if not can_fork():
+        yield
+        return
+    before = tempfile.tempdir
+    tempfile.tempdir = tempfile.mkdtemp(prefix="kernelcache-warm-")
+    try:
+        yield
+    finally:
+        shutil.rmtree(tempfile.tempdir, ignore_errors=True)
+        tempfile.tempdir = before
+
+
 def _parse_targets(targets: Iterable[str | Target]) -> list[Target]:
     out: list[Target] = []
     for t in targets:
@@ -66,6 +87,13 @@ def _parse_targets(targets: Iterable[str | Target]) -> list[Target]:
         raise KernelArgumentError("no target given: pass at least one, e.g. cuda:90")
     for t in out:
         backends.make_backend(t)  # a missing vendor backend is an error before any work
+        known = t.vendor.known_archs()
+        if known is not None and t.arch not in known:  # (its compiles would all fail)
+            names = ", ".join(f"{t.backend}:{arch}" for arch in known)
+            raise TargetError(
+                f"target {t}: the {t.vendor.title} compiler Triton runs here does not know "
+                f"{t.arch}; nothing was compiled. It knows {names}"
+            )
     return out
 
 
@@ -102,8 +130,11 @@ def warm(
     Raises:
         ManifestError: the manifest cannot be read or is not a manifest.
         RootError: there is something to compile and the writable root cannot take it.
-        TargetError, BackendUnavailable: a bad target, or Triton lacks its backend.
+        TargetError, BackendUnavailable: a bad target, one Triton's compiler here does not
+            know (nothing is compiled), or Triton lacks its backend.
         ValueError: ``jobs`` < 1.
+        WarmInterrupted: Ctrl-C while it compiled (the compiles under way are killed); it
+            says how many of the kernels to compile are stored.
     """
     started = time.monotonic()
     if jobs is not None and jobs < 1:
@@ -126,7 +157,12 @@ def warm(
         on_planned(len(plan.jobs))
     outcomes = list(plan.outcomes)
     problems = list(plan.problems)
-    done = execute(plan.jobs, workers, cache, progress or (lambda n: None))
+    try:
+        with _private_temp():
+            done = execute(plan.jobs, workers, cache, progress or (lambda n: None))
+    except KeyboardInterrupt:  # the compiles under way are killed: what is stored, counted
+        kept = sum(isinstance(cache.store.inspect(j.key, j.ext), Artifact) for j in plan.jobs)
+        raise WarmInterrupted(len(plan.jobs), kept, str(cache.root)) from None
     for slot, job, outcome in zip(plan.slots, plan.jobs, done, strict=True):
         outcomes[slot] = outcome
         if outcome.status == "failed":

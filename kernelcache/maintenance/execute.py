@@ -157,8 +157,11 @@ def _run(
     wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
     rest = units[PROBE_DELETES:]
     if threads and len(rest) >= 2 * DELETE_THREADS and _mostly_waiting(wall, cpu):
-        with ThreadPoolExecutor(DELETE_THREADS, thread_name_prefix="kernelcache-prune") as pool:
-            outcomes += [o for done in pool.map(unit, rest, chunksize=64) for o in done]
+        pool = ThreadPoolExecutor(DELETE_THREADS, thread_name_prefix="kernelcache-prune")
+        try:
+            outcomes += [o for done in pool.map(unit, rest) for o in done]
+        finally:  # (Ctrl-C: the deletes under way finish, no other begins)
+            pool.shutdown(wait=True, cancel_futures=True)
     else:
         outcomes += [o for u in rest for o in unit(u)]
     outcomes += map(one, actions[lead:])
