@@ -151,6 +151,12 @@ def select_target(
         if not local:
             from kernelcache.plugin import misspelt
 
+            unusable = _unusable_target()  # (set, to a value that cannot be used)
+            if unusable is not None:
+                raise TargetError(
+                    f"no {platform} device here to detect the compile target from, and "
+                    f"{unusable}: fix it, or pass target="
+                )
             typo = misspelt("KERNELCACHE_TARGET")  # (the variable meant, set under another name)
             raise TargetError(
                 f"no {platform} device here to detect the compile target from: "
@@ -178,6 +184,21 @@ def select_target(
             "or cross-compile on a machine without these GPUs"
         )
     return target
+
+
+def _unusable_target() -> str | None:
+    """What is wrong with ``$KERNELCACHE_TARGET``, where it is set to a value that cannot be
+    used (a job took its default: detection); None otherwise."""
+    from kernelcache import ConfigError
+    from kernelcache.plugin import parse_variable
+
+    from ..settings import VARIABLES
+
+    try:
+        parse_variable(next(v for v in VARIABLES if v.name == "KERNELCACHE_TARGET"))
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def recorded_targets(

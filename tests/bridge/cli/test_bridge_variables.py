@@ -5,8 +5,12 @@ as before. Through the real command line."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from cli_support import kc, kc_json, put
+from support import REPO, child_env
 
 BOGUS = {"KERNELCACHE_EMBED": "bogus"}
 
@@ -47,3 +51,31 @@ def test_kernelcache_variables_stop_the_commands_that_use_them(tmp_path):
     assert proc.returncode == 2 and "KERNELCACHE_TRUST='bogus'" in proc.stderr
     listed = kc(root, "ls", env={"KERNELCACHE_TRUST": "bogus"})  # said; the strictest applies
     assert listed.returncode == 0 and "KERNELCACHE_TRUST='bogus'" in listed.stderr
+
+
+# a job lowering for a GPU it does not have, its target's variable set to what is no target
+UNUSABLE_TARGET_JOB = """
+import jax, jax.numpy as jnp
+from examples import ops
+
+x = jnp.ones(8, jnp.float32)
+jax.jit(ops.add).trace(x, x).lower(lowering_platforms=("cuda",))
+"""
+
+
+def test_a_job_whose_target_variable_cannot_be_used_is_told_to_fix_it_not_to_set_it(tmp_path):
+    pytest.importorskip("jax", reason="a job lowers a call")
+    proc = subprocess.run(
+        [sys.executable, "-c", UNUSABLE_TARGET_JOB],
+        env=child_env(KERNELCACHE_TARGET="cuda9O", KERNELCACHE_DIR=str(tmp_path / "kc")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(REPO),
+    )
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]  # what a CI log shows last: the error itself
+    assert last.startswith("bridge.exceptions.TargetError: no cuda device here"), proc.stderr
+    assert "KERNELCACHE_TARGET='cuda9O': invalid target 'cuda9O'" in last
+    assert last.endswith(": fix it, or pass target=")
+    assert "set KERNELCACHE_TARGET" not in last
