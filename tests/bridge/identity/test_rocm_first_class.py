@@ -13,6 +13,9 @@ hip:gfx950, cross-compiled here, in fresh processes sharing a root.
 - The hand-off path names the machine code (its SHA-256): a kernel served from a key chained
   from a stale entry's, and the same code served from its first key in another root, are handed
   over by one path, in one module.
+- The IR decides for every backend's options: the options of each backend Triton ships (its
+  defaults, and option sets programs pass) are recorded with a specialization and made again
+  equal, so a partial read set can be checked on every vendor.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import triton
+import triton.language as tl
 from bridge_helpers import run_child
 from identity_targets import rocm_targets
 from support import HELPERS
@@ -326,3 +331,75 @@ def test_the_handoff_path_names_the_machine_code_whichever_key_served_it(handoff
     assert first_built["paths"] == [path] and old["paths"] != [path]
     assert chained["module"] == first["module"]
     assert os.path.basename(path) != f"{chained_key}.hsaco"
+
+
+# -- the IR decides for every backend's options -------------------------------------------------
+@triton.jit
+def _specialized(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2.0, mask=offs < n)
+
+
+#: for each backend Triton ships, targets and the options programs pass for them (none: the
+#: backend's defaults); ``schedule_hint`` only where the installed Triton still has it
+OPTION_SETS: dict[str, list[tuple[tuple[str, Any, int], dict[str, Any]]]] = {
+    "nvidia": [
+        (("cuda", 90, 32), {}),
+        (("cuda", 90, 32), {"num_warps": 8, "num_stages": 3, "enable_fp_fusion": False}),
+        (("cuda", 90, 32), {"maxnreg": 128, "num_warps": 4, "num_stages": 4}),
+        (("cuda", 80, 32), {"num_warps": 2, "num_stages": 2, "debug": True}),
+        (("cuda", 100, 32), {"num_ctas": 1, "maxnreg": 255}),
+    ],
+    "amd": [
+        (("hip", "gfx942", 64), {}),
+        (("hip", "gfx942", 64), {"num_warps": 8, "num_stages": 2, "enable_fp_fusion": False}),
+        (("hip", "gfx942", 64), {"waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 2}),
+        (("hip", "gfx950", 64), {"matrix_instr_nonkdim": 32, "schedule_hint": "attention"}),
+        (("hip", "gfx90a", 64), {"waves_per_eu": 1, "num_stages": 1}),
+        (("hip", "gfx1100", 32), {"num_warps": 4}),
+    ],
+}
+OPTIONAL = {"schedule_hint"}
+
+
+def _option_params() -> list[Any]:
+    from triton.backends import backends
+
+    unknown = sorted(set(backends) - set(OPTION_SETS))
+    assert not unknown, f"Triton ships backends this test has no options for: {unknown}"
+    return [
+        pytest.param(name, target, given, id=f"{name}-{target[1]}-{i}")
+        for name in sorted(backends)
+        for i, (target, given) in enumerate(OPTION_SETS[name])
+    ]
+
+
+@pytest.mark.parametrize("backend,target,given", _option_params())
+def test_every_backends_options_are_made_again_equal(backend, target, given):
+    """``frontend.specialization`` records a specialization's options (the fields its
+    constructor takes: ``option_fields``) and they make, through JSON as an entry holds them,
+    options equal to the backend's own: for its defaults and for what programs pass."""
+    import dataclasses
+
+    from triton.backends import backends
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from bridge.identity import frontend
+
+    compiler = backends[backend].compiler(GPUTarget(*target))
+    fields = {f.name for f in dataclasses.fields(compiler.parse_options({}))}
+    given = {k: v for k, v in given.items() if k in fields or k not in OPTIONAL}
+    options = compiler.parse_options(given)
+    assert {k: getattr(options, k) for k in given} == given  # (the options asked for)
+    src = ASTSource(
+        fn=_specialized,
+        signature={"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+        constexprs={(2,): 1024},
+        attrs={},
+    )
+    doc = frontend.specialization(src, options)
+    assert doc is not None, f"{type(options).__name__} is not made again: the IR cannot decide"
+    fields_made = json.loads(json.dumps(doc["options"]))
+    assert [name for name, _ in fields_made] == [n for n, _ in frontend.option_fields(options)]
+    assert frontend._options(type(options), fields_made) == options
