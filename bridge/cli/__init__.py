@@ -52,10 +52,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     from .. import masquerade
     from ..embed import handoff  # noqa: F401
     from ..entries.decisions import DECISION
+    from . import rocm_report
 
     register_toolchain("bridge", _toolchain)
     register_report("jax_cache", jax_cache_command.jax_cache_report)
     register_report("jax_triton", masquerade.report)
+    register_report("rocm", rocm_report.report)
     register_content(DECISION.ext, decision_content)
     register_field_view("reads", reads_view)
 
