@@ -1,5 +1,5 @@
-"""The bundle format: a POSIX tar archive, optionally compressed with zstd (the optional
-``zstandard`` package, ``pip install 'kernelcache[zstd]'``), holding exactly:
+"""The bundle format: a POSIX tar archive, compressed with zstd unless asked otherwise (a
+name ending in ``.tar``, ``--compression none``), holding exactly:
 
 * ``entries/<key>.<ext>``: each artifact, a regular file;
 * ``manifest.json`` (written last): ``{"format": "kernelcache-bundle", "version": 1,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -60,11 +61,13 @@ def compatibility(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def resolve_compression(path: str, compression: str) -> str:
-    """``auto`` means zstd for names ending in .zst, .zstd or .tzst, else none."""
+    """``auto`` means zstd (where zstandard is installed: a dependency of kernelcache's),
+    except for a name ending in ``.tar``: a plain tar, as it says."""
     if compression not in ("auto", "none", "zstd"):
         raise BundleError(f"unknown compression {compression!r}; use auto, none or zstd")
     if compression == "auto":
-        return "zstd" if path.endswith((".zst", ".zstd", ".tzst")) else "none"
+        plain = path.endswith(".tar") or importlib.util.find_spec("zstandard") is None
+        return "none" if plain else "zstd"
     return compression
 
 

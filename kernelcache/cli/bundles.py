@@ -50,7 +50,7 @@ IMPORTS = (*CHANGES, *SIGNS, "KERNELCACHE_COMPRESSION")
 
 def register(subparsers: Subparsers) -> None:
     p = add_command(
-        subparsers, "export", "write entries to a bundle (tar, or tar+zstd)", uses=EXPORTS
+        subparsers, "export", "write entries to a bundle (tar+zstd, or tar)", uses=EXPORTS
     )
     p.add_argument("file", metavar="FILE", nargs="?", help="the bundle to write (or --to)")
     p.add_argument(
@@ -63,7 +63,7 @@ def register(subparsers: Subparsers) -> None:
         "--compression",
         choices=("auto", "none", "zstd"),
         default="auto",
-        help="auto: zstd when FILE ends in .zst/.zstd/.tzst",
+        help="auto (the default): zstd, unless FILE ends in .tar (a plain tar, as it says)",
     )
     p.add_argument("--level", type=level_arg, default=3, help="zstd level, 1 to 22 (default 3)")
     p.add_argument("--force", action="store_true", help="overwrite FILE")

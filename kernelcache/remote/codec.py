@@ -1,15 +1,21 @@
 """An entry as one remote value, the same bytes for every tier: ``b"KCR1"``, the metadata's
-length (uint32, big endian), the store's metadata JSON, the artifact bytes.
+length (uint32, big endian), the store's metadata JSON, the artifact bytes; or, compressed (the
+default, where it is smaller: machine code and its metadata shrink to a fifth to a third),
+``b"KCZ1"`` and one zstd frame of that value, its size in its header.
 
 Invariants: a decoded value is used only if its header, its metadata (the one schema and the
 entry digest), the artifact's size and xxh3-128 digest and the contract of an entry (its
 artifact whole for its extension, its launch metadata there:
 :func:`~kernelcache.schema.entry_problem`) check out; with a signing key, only if its HMAC does
-too. A value is made only of a whole entry. Nothing here raises for what a server returns: a refused value is a
+too. A value is made only of a whole entry. Readers take both forms; a compressed value is
+inflated only where its frame says its size and that size is one an entry may have
+(:data:`MAX_INFLATED`), and only if the frame ends the value and inflates to exactly that size.
+Nothing here raises for what a server returns: a refused value is a
 :class:`~kernelcache.problem.Problem`. An entry's document travels as written: a value made of
 a document (a backfill, an entry read from a root) carries its fields, ``covers`` and entry
 digest unchanged (:func:`~kernelcache.schema.written_document`), so a reader never widens what
-a writer covered, and the same document under the same key is the same value.
+a writer covered, and the same document under the same key is the same value (zstd at one
+level is deterministic).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 
 from ..problem import Problem
 from ..schema.document import (
+    MAX_ARTIFACT_BYTES,
     MAX_META_BYTES,
     check_document,
     check_signature,
@@ -36,23 +43,75 @@ from ..schema.fields import HMAC_FIELD, RESERVED_FIELDS
 
 #: version of the value layout; part of every Redis key, so a new layout never reads an old one
 #: (2: the metadata carries an entry digest, and optionally an HMAC; 3: metadata of format 2,
-#: whose entry digest and HMAC cover its ``covers`` list)
-REMOTE_FORMAT = 3
+#: whose entry digest and HMAC cover its ``covers`` list; 4: values zstd-compressed, as
+#: ``ZMAGIC``: a reader of 3 would take them for corrupt values and delete them)
+REMOTE_FORMAT = 4
 MAGIC = b"KCR1"
+#: the magic of a compressed value: one zstd frame of the plain value follows
+ZMAGIC = b"KCZ1"
+#: the zstd level values are compressed at (zstd's default: fast, a fifth to a third of
+#: machine code's size; higher levels gain a few percent for several times the time)
+ZSTD_LEVEL = 3
 _HEADER = struct.Struct(">4sI")
+#: the most a compressed value may inflate to: the largest entry the schema accepts
+MAX_INFLATED = _HEADER.size + MAX_META_BYTES + MAX_ARTIFACT_BYTES
 
 
 def encode_value(meta: Mapping[str, Any], data: bytes) -> bytes:
-    """One entry as a remote value: magic, metadata length, metadata JSON, artifact bytes."""
+    """One entry as a plain remote value: magic, metadata length, metadata JSON, artifact."""
     raw_meta = encode_metadata(meta)
     return b"".join((_HEADER.pack(MAGIC, len(raw_meta)), raw_meta, data))
+
+
+def _zstd() -> Any:
+    """The zstandard module (a dependency of kernelcache's), or None where it is missing: then
+    values are written plain, and a compressed one is refused as unreadable here."""
+    try:
+        import zstandard
+    except ImportError:
+        return None
+    return zstandard
+
+
+def compress_value(value: bytes) -> bytes:
+    """``value`` (a plain value) compressed, where that is smaller; else ``value``."""
+    zstd = _zstd()
+    if zstd is None:
+        return value
+    packed = ZMAGIC + zstd.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(value)
+    return packed if len(packed) < len(value) else value
+
+
+def inflate_value(raw: bytes) -> bytes | str:
+    """The plain value of ``raw`` (``raw`` itself unless it is compressed), or what is wrong
+    with it (never raises)."""
+    if not raw.startswith(ZMAGIC):
+        return raw
+    zstd = _zstd()
+    if zstd is None:
+        return "value is zstd-compressed and zstandard is not installed here"
+    frame = raw[len(ZMAGIC) :]
+    try:
+        size = zstd.frame_content_size(frame)
+    except zstd.ZstdError:
+        return "value is not a zstd frame"
+    if size < 0 or size > MAX_INFLATED:
+        return f"value's zstd frame does not give a size an entry may have ({size})"
+    inflater = zstd.ZstdDecompressor().decompressobj()
+    try:
+        plain = inflater.decompress(frame)
+    except zstd.ZstdError as e:
+        return f"value's zstd frame cannot be inflated: {e}"
+    if not inflater.eof or inflater.unused_data or len(plain) != size:
+        return "value's zstd frame is cut short, or followed by other bytes"
+    return plain
 
 
 def make_value(
     key: str, ext: str, data: bytes, meta: Mapping[str, Any], signing_key: bytes | None
 ) -> bytes:
-    """The value a tier stores for an entry, signed when ``signing_key`` is given (else a
-    signature the document carries is kept as written).
+    """The value a tier stores for an entry (compressed where that is smaller), signed when
+    ``signing_key`` is given (else a signature the document carries is kept as written).
 
     ``meta`` is either the entry's document (one with an entry digest: an entry read from a
     root or a tier), kept as written, or the caller's fields of a new entry, from which its
@@ -74,7 +133,7 @@ def make_value(
     require_whole(key, ext, data, doc)
     if signing_key is not None:
         doc[HMAC_FIELD] = sign(doc, hashlib.sha256(data).digest(), signing_key)
-    return encode_value(doc, data)
+    return compress_value(encode_value(doc, data))
 
 
 def decode_value(raw: bytes, key: str) -> tuple[bytes, dict[str, Any]] | Problem:
@@ -86,6 +145,10 @@ def decode_value(raw: bytes, key: str) -> tuple[bytes, dict[str, Any]] | Problem
     """
     if not isinstance(raw, bytes):
         return Problem(key, f"value is a {type(raw).__name__}, not bytes")
+    inflated = inflate_value(raw)
+    if isinstance(inflated, str):
+        return Problem(key, inflated)
+    raw = inflated
     if len(raw) < _HEADER.size:
         return Problem(key, "value is shorter than its header")
     magic, meta_len = _HEADER.unpack_from(raw)

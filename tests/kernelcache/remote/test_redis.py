@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import signal
@@ -36,7 +37,8 @@ SECRET = "pa55-W0rd-never-logged"
 
 
 def payload(key: str, size: int = 4096) -> bytes:
-    return (key.encode() * (size // len(key) + 1))[:size]
+    """``size`` bytes of ``key``'s, which do not compress (sizes on the server stay theirs)."""
+    return hashlib.shake_256(key.encode()).digest(size)
 
 
 def builder(key: str, calls: list[str], size: int = 4096):
@@ -284,9 +286,9 @@ def test_ttl_is_applied(server) -> None:
 
 def test_oversized_entries_are_not_sent(server, remote_log) -> None:
     tier = open_remote(server.url + "?max_size=4K")
-    tier.put(key_of(900), "bin", b"s" * 1000, {})
-    tier.put(key_of(901), "bin", b"L" * 5000, {})
-    tier.put(key_of(902), "bin", b"L" * 6000, {})
+    tier.put(key_of(900), "bin", payload("s", 1000), {})
+    tier.put(key_of(901), "bin", payload("L", 5000), {})
+    tier.put(key_of(902), "bin", payload("L", 6000), {})
     r = server.client()
     assert r.exists(tier.name(key_of(900))) == 1
     assert r.exists(tier.name(key_of(901)), tier.name(key_of(902))) == 0
@@ -298,7 +300,7 @@ def test_namespaces_do_not_see_each_other(server) -> None:
     a, b = open_remote(server.url + "?namespace=jobA"), open_remote(server.url + "?namespace=jobB")
     a.put(key_of(950), "bin", b"a", {})
     assert b.get(key_of(950), "bin") is None and a.get(key_of(950), "bin") is not None
-    assert server.client().exists(f"jobA:v3:{key_of(950)}") == 1
+    assert server.client().exists(f"jobA:v4:{key_of(950)}") == 1
 
 
 def test_full_server_stops_puts_but_reads_go_on(tmp_path, remote_log) -> None:
@@ -448,10 +450,10 @@ def test_stats_remote_shows_the_tiers_entries_and_bytes_bounded(server, tmp_path
     url = server.url + "?namespace=team-a"
     cache = kernelcache.Cache(tmp_path / "root", readonly_roots=(), remote=url)
     for i in range(3):
-        cache.put(f"{i:064x}", "bin", b"x" * 1000, {"name": "k", "target": "cuda:90"})
+        cache.put(f"{i:064x}", "bin", payload(str(i), 1000), {"name": "k", "target": "cuda:90"})
     client = server.client()
     client.set(cache.remote.name("f" * 64) + ":lock", b"token")  # a build lock: not an entry
-    client.set("kc:v3:team-b:" + "e" * 64, b"y" * 50_000)  # another namespace
+    client.set("kc:v4:team-b:" + "e" * 64, b"y" * 50_000)  # another namespace
     doc = json.loads(
         kc(tmp_path / "root", "stats", "--remote", "--json", env={"KERNELCACHE_REMOTE": url}).stdout
     )

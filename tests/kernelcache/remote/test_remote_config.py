@@ -41,7 +41,7 @@ def test_defaults() -> None:
         30.0,
         120.0,
     )
-    assert opts.prefix == "kc:v3:"
+    assert opts.prefix == "kc:v4:"
 
 
 def test_options_are_parsed_and_stripped_from_the_address() -> None:
@@ -52,7 +52,7 @@ def test_options_are_parsed_and_stripped_from_the_address() -> None:
     assert address == "redis://:pw@h:1/0"
     assert opts.timeout == 0.25 and opts.connect_timeout == 2.0
     assert opts.ttl == 7 * 86400 and opts.breaker == 60.0 and opts.lock_ttl == 90.0
-    assert opts.namespace == "job-42" and opts.prefix == "job-42:v3:"
+    assert opts.namespace == "job-42" and opts.prefix == "job-42:v4:"
     assert opts.max_size == 512 * 1024
 
 

@@ -21,6 +21,7 @@ import bridge.entries.metadata  # noqa: F401 -- its launch fields (num_warps, ..
 import kernelcache
 from kernelcache import stats
 from kernelcache.remote import MAGIC, open_remote
+from kernelcache.remote.codec import inflate_value
 from kernelcache.schema import check_signature, encode_metadata, entry_digest
 from kernelcache.store import make_metadata
 
@@ -95,7 +96,7 @@ def test_a_value_whose_launch_metadata_was_changed_is_rejected(server, tmp_path,
     writer.put(KEY_A, "cubin", DATA, META)
     r = server.client()
     name = writer.remote.name(KEY_A)
-    raw = r.get(name)
+    raw = _plain(r.get(name))
     edited = raw.replace(b'"num_warps":4', b'"num_warps":8')
     assert edited != raw and len(edited) == len(raw)
     r.set(name, edited)
@@ -208,7 +209,7 @@ def test_signed_values_between_peers(server, tmp_path, monkeypatch, warnings):
     monkeypatch.setenv("KERNELCACHE_SIGNING_KEY", SECRET_1)
     writer = _cache(tmp_path / "w", _url(server))
     writer.put(KEY_A, "cubin", DATA, META)
-    raw = server.client().get(writer.remote.name(KEY_A))
+    raw = _plain(server.client().get(writer.remote.name(KEY_A)))
     assert b'"hmac":"hmac-sha256:' in raw and SECRET_1.encode() not in raw
     assert _cache(tmp_path / "same-key", _url(server)).get(KEY_A, "cubin").source == "remote"
 
@@ -235,7 +236,7 @@ def test_unsigned_values_are_refused_when_a_key_is_set(server, tmp_path, monkeyp
     art = signed.get_or_create(KEY_B, "cubin", lambda: (DATA, META))
     assert art.source == "local"
     # the rebuild left the unsigned value in place (it cannot verify it) ...
-    assert b'"hmac"' not in server.client().get(name)
+    assert b'"hmac"' not in _plain(server.client().get(name))
     assert signed.remote.counters["kept_unverified"] == 1
     # ... unless told to replace such values
     monkeypatch.setenv("KERNELCACHE_REMOTE_OVERWRITE", "1")
@@ -255,7 +256,15 @@ def _signed_value(server: RedisServer, tmp_path: Any, ext: str) -> tuple[Any, st
     return server.client(), name, doc, data
 
 
+def _plain(raw: bytes) -> bytes:
+    """A stored value as its plain form (compressed values are inflated; readers take both)."""
+    plain = inflate_value(raw)
+    assert isinstance(plain, bytes), plain
+    return plain
+
+
 def _split_value(raw: bytes) -> tuple[dict[str, Any], bytes]:
+    raw = _plain(raw)
     """(metadata, artifact) of a value in the tier's layout."""
     (length,) = struct.unpack(">I", raw[4:8])
     return json.loads(raw[8 : 8 + length]), raw[8 + length :]
