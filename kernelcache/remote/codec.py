@@ -15,7 +15,7 @@ Nothing here raises for what a server returns: a refused value is a
 a document (a backfill, an entry read from a root) carries its fields, ``covers`` and entry
 digest unchanged (:func:`~kernelcache.schema.written_document`), so a reader never widens what
 a writer covered, and the same document under the same key is the same value (zstd at one
-level is deterministic).
+level is deterministic: :mod:`kernelcache.store.compression`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from ..schema.document import (
     written_document,
 )
 from ..schema.fields import HMAC_FIELD, RESERVED_FIELDS
+from ..store.compression import deflated, inflated
 
 #: version of the value layout; part of every Redis key, so a new layout never reads an old one
 #: (2: the metadata carries an entry digest, and optionally an HMAC; 3: metadata of format 2,
@@ -49,9 +50,6 @@ REMOTE_FORMAT = 4
 MAGIC = b"KCR1"
 #: the magic of a compressed value: one zstd frame of the plain value follows
 ZMAGIC = b"KCZ1"
-#: the zstd level values are compressed at (zstd's default: fast, a fifth to a third of
-#: machine code's size; higher levels gain a few percent for several times the time)
-ZSTD_LEVEL = 3
 _HEADER = struct.Struct(">4sI")
 #: the most a compressed value may inflate to: the largest entry the schema accepts
 MAX_INFLATED = _HEADER.size + MAX_META_BYTES + MAX_ARTIFACT_BYTES
@@ -63,23 +61,10 @@ def encode_value(meta: Mapping[str, Any], data: bytes) -> bytes:
     return b"".join((_HEADER.pack(MAGIC, len(raw_meta)), raw_meta, data))
 
 
-def _zstd() -> Any:
-    """The zstandard module (a dependency of kernelcache's), or None where it is missing: then
-    values are written plain, and a compressed one is refused as unreadable here."""
-    try:
-        import zstandard
-    except ImportError:
-        return None
-    return zstandard
-
-
 def compress_value(value: bytes) -> bytes:
     """``value`` (a plain value) compressed, where that is smaller; else ``value``."""
-    zstd = _zstd()
-    if zstd is None:
-        return value
-    packed = ZMAGIC + zstd.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(value)
-    return packed if len(packed) < len(value) else value
+    frame = deflated(value)
+    return value if frame is None or len(ZMAGIC) + len(frame) >= len(value) else ZMAGIC + frame
 
 
 def inflate_value(raw: bytes) -> bytes | str:
@@ -87,24 +72,8 @@ def inflate_value(raw: bytes) -> bytes | str:
     with it (never raises)."""
     if not raw.startswith(ZMAGIC):
         return raw
-    zstd = _zstd()
-    if zstd is None:
-        return "value is zstd-compressed and zstandard is not installed here"
-    frame = raw[len(ZMAGIC) :]
-    try:
-        size = zstd.frame_content_size(frame)
-    except zstd.ZstdError:
-        return "value is not a zstd frame"
-    if size < 0 or size > MAX_INFLATED:
-        return f"value's zstd frame does not give a size an entry may have ({size})"
-    inflater = zstd.ZstdDecompressor().decompressobj()
-    try:
-        plain = inflater.decompress(frame)
-    except zstd.ZstdError as e:
-        return f"value's zstd frame cannot be inflated: {e}"
-    if not inflater.eof or inflater.unused_data or len(plain) != size:
-        return "value's zstd frame is cut short, or followed by other bytes"
-    return plain
+    found = inflated(raw[len(ZMAGIC) :], MAX_INFLATED)
+    return found if isinstance(found, bytes) else f"value is compressed, but {found}"
 
 
 def make_value(

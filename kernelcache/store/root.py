@@ -45,6 +45,7 @@ from ..keys import META_EXT, check_ext, check_key
 from ..problem import Problem
 from ..process import warn_once
 from ..schema.document import CHEAP, DIGEST_ONLY, FULL, entry_problem
+from .compression import check_method, read_packed
 from .entry import FUTURE_SLACK, MEMO_ENTRIES, TOUCH_INTERVAL, Artifact
 from .layout import (
     NOT_VISIBLE,
@@ -85,10 +86,11 @@ class Store:
         lock_timeout: float = DEFAULTS.lock_timeout,
         trust: str = DEFAULTS.trust,
         resolved: bool = False,
+        compression: str = DEFAULTS.compression,
     ) -> None:
         """``root`` with a leading ``~`` expanded; ``resolved``: ``root`` is already what
         :func:`~kernelcache.store.layout.resolve_root` made of it (a command or a cache that
-        resolved it once), used as given.
+        resolved it once), used as given; ``compression``: how new artifacts are written.
 
         Raises:
             ValueError: an unknown trust policy or lock mode.
@@ -96,6 +98,7 @@ class Store:
         check_policy(trust)
         if lock_mode not in LOCK_MODES:
             raise InvalidValue(f"lock mode {lock_mode!r} is not one of {', '.join(LOCK_MODES)}")
+        self.compression = check_method(compression)  #: "none" or "zstd": new artifacts packed
         #: the root directory (absolute)
         self.root: str = os.fspath(root) if resolved else resolve_root(root)
         #: ``root`` and a separator: an entry's file is ``prefix + name`` (the hot path)
@@ -144,6 +147,7 @@ class Store:
             lock_timeout=cfg.lock_timeout if lock_timeout is None else lock_timeout,
             trust=cfg.trust,
             resolved=resolved,
+            compression=cfg.compression,
         )
 
     @classmethod
@@ -363,11 +367,10 @@ class Store:
                 refused = unservable(key, ast, "artifact", policy)
                 if refused is not None:
                     return refused
-            if ast.st_size != doc["size"]:
-                return Problem(
-                    key, f"artifact has {ast.st_size} bytes, metadata says {doc['size']}"
-                )
-            data = read_exact(afd, doc["size"])
+            n = doc["size"]  # (a packed artifact, of a root that compresses, is smaller)
+            data = read_exact(afd, n) if ast.st_size == n else read_packed(afd, ast.st_size, n)
+            if isinstance(data, str):  # neither plain nor packed: damaged
+                return Problem(key, data)
         except OSError as e:
             return Problem(key, f"artifact unreadable: {e.strerror}")
         except MemoryError:

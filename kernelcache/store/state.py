@@ -31,6 +31,8 @@ class StoreState(Protocol):
     lock_timeout: float
     #: the trust policy applied to the root's files
     policy: TrustPolicy
+    #: how new artifacts are written: "none" or "zstd" (:mod:`.compression`)
+    compression: str
     #: checked metadata by key, and when its last-used stamp is due
     memo: dict[str, tuple[dict[str, Any], float]]
 

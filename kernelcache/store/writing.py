@@ -4,8 +4,9 @@ probe of whether it could (:func:`check_writable`); bytes-like data as the bytes
 (:func:`as_bytes`).
 
 Invariants: both files of an entry are staged under ``.tmp/`` (:mod:`.publish`) and put in
-place by ``os.replace`` under the key's exclusive lock, the artifact first and the metadata
-last (the commit marker); nothing partial is left behind. Only whole entries are written
+place by ``os.replace`` under the key's exclusive lock, the artifact first (packed where the
+root compresses: :mod:`.compression`) and the metadata last (the commit marker); nothing
+partial is left behind. Only whole entries are written
 (:func:`~kernelcache.schema.require_whole`, before any file is touched). An entry already
 there is re-read under the lock: a valid one is kept (the first writer wins) unless replaced
 explicitly; one that cannot be served is quarantined, one of an older format removed
@@ -24,6 +25,7 @@ from ..errors import CacheError, LockTimeout, WrongExt
 from ..keys import META_EXT, check_ext, check_key
 from ..problem import Problem
 from ..schema.document import encode_metadata, make_metadata, require_whole, written_document
+from .compression import packed
 from .entry import Artifact, as_bytes
 from .layout import TMP_DIR, open_subdir
 from .locks.locker import WaitBudget
@@ -78,7 +80,7 @@ def publish(
     try:
         try:
             tmp_fd = open_subdir(root, TMP_DIR, create=True)
-            staged.append(stage(tmp_fd, store.policy, data))
+            staged.append(stage(tmp_fd, store.policy, packed(data, store.compression)))
             staged.append(stage(tmp_fd, store.policy, encode_metadata(doc)))
         except OSError as e:
             raise write_error(root, f"staging failed: {e.strerror}", e, key) from e
