@@ -182,21 +182,23 @@ def write_new(
         raise
 
 
-def replace_file(dfd: int, name: str, data: bytes) -> None:
+def replace_file(dfd: int, name: str, data: bytes, staging: int | None = None) -> None:
     """Write ``data`` to ``name`` in the directory ``dfd`` atomically: readers see the old file
     or the new one, whole. Staged under a hidden unique name (never followed if planted as a
-    link), then ``os.replace``d; nothing is left behind on failure.
+    link) in ``dfd``, or in the directory ``staging`` of the same filesystem (a root's
+    ``.tmp/``, where a scan never takes it for a foreign file), then ``os.replace``d; nothing is
+    left behind on failure.
 
     Raises:
         OSError: it could not be written (the old file, if any, is intact).
     """
-    tmp = f".{name}.{os.getpid()}-{uuid.uuid4().hex}.tmp"
-    write_new(dfd, tmp, data)
+    tmp, sfd = f".{name}.{os.getpid()}-{uuid.uuid4().hex}.tmp", dfd if staging is None else staging
+    write_new(sfd, tmp, data)
     try:
-        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        os.replace(tmp, name, src_dir_fd=sfd, dst_dir_fd=dfd)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dfd)
+            os.unlink(tmp, dir_fd=sfd)
         raise
 
 

@@ -18,12 +18,10 @@ it is used. It is written whole (staged, then ``os.replace``), values checked fi
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
 import stat
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -31,7 +29,7 @@ from ..config import VARIABLES, FileValues, Variable, parse_variable
 from ..errors import ConfigError, UsageError
 from ..fsio import READ_FLAGS
 from ..process import printable, warn_once
-from .layout import SETTINGS_FILE, TMP_DIR, open_subdir, write_new
+from .layout import SETTINGS_FILE, TMP_DIR, open_subdir, replace_file
 from .trust import TrustPolicy
 
 logger = logging.getLogger(__name__)
@@ -177,18 +175,11 @@ def write(root: str | os.PathLike[str], updates: Mapping[str, str | None]) -> Ro
 def _replace(root: str, data: bytes) -> None:
     """Write ``data`` as ``root``'s file, whole: staged under ``.tmp/``, then ``os.replace``d
     (readers see the old file or the new one)."""
-    staged = f"{NAME[1:]}.{os.getpid()}-{uuid.uuid4().hex}.staged"
     rfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         tfd = open_subdir(root, TMP_DIR, create=True)
         try:
-            write_new(tfd, staged, data)
-            try:
-                os.replace(staged, NAME, src_dir_fd=tfd, dst_dir_fd=rfd)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(staged, dir_fd=tfd)
-                raise
+            replace_file(rfd, NAME, data, staging=tfd)
         finally:
             os.close(tfd)
     finally:

@@ -65,14 +65,9 @@ jax.jit(ops.add).trace(x, x).lower(lowering_platforms=("cuda",))
 
 def test_a_job_whose_target_variable_cannot_be_used_is_told_to_fix_it_not_to_set_it(tmp_path):
     pytest.importorskip("jax", reason="a job lowers a call")
-    proc = subprocess.run(
-        [sys.executable, "-c", UNUSABLE_TARGET_JOB],
-        env=child_env(KERNELCACHE_TARGET="cuda9O", KERNELCACHE_DIR=str(tmp_path / "kc")),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=str(REPO),
-    )
+    env = child_env(KERNELCACHE_TARGET="cuda9O", KERNELCACHE_DIR=str(tmp_path / "kc"))
+    argv = [sys.executable, "-c", UNUSABLE_TARGET_JOB]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]  # what a CI log shows last: the error itself
     assert last.startswith("bridge.exceptions.TargetError: no cuda device here"), proc.stderr

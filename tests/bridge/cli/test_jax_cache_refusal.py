@@ -22,25 +22,27 @@ def _entries(directory: Path, n: int, size: int, age: float) -> set[str]:
     return {p.name for p in directory.iterdir()}
 
 
-def test_a_cap_below_the_entry_used_last_is_said_as_such(tmp_path):
-    written = _entries(tmp_path / "kc-jax", 3, 2000, 60)
-    proc = kc(tmp_path / "kc", "jax-cache", "--max-size", "1K")
-    said = " ".join(proc.stderr.split())
+def _refused(tmp_path: Path, age: float, *args: str) -> str:
+    """What ``jax-cache ARGS`` says refusing to prune every one of 3 entries of 2,000 bytes last
+    used ``age`` seconds ago, having removed none."""
+    written = _entries(tmp_path / "kc-jax", 3, 2000, age)
+    proc = kc(tmp_path / "kc", "jax-cache", *args)
     assert proc.returncode == 2, proc.stderr
+    assert {p.name for p in (tmp_path / "kc-jax").iterdir()} == written
+    return " ".join(proc.stderr.split())
+
+
+def test_a_cap_below_the_entry_used_last_is_said_as_such(tmp_path):
+    said = _refused(tmp_path, 60, "--max-size", "1K")
     assert (
         "(--max-size 1.0 KiB is less than the entry used last, 2.0 KiB: give a larger SIZE" in said
     )
     assert "--max-size 0" not in said
-    assert {p.name for p in (tmp_path / "kc-jax").iterdir()} == written
 
 
 def test_an_age_every_entry_is_older_than_is_said_as_such(tmp_path):
-    written = _entries(tmp_path / "kc-jax", 3, 2000, 2 * 86400)
-    proc = kc(tmp_path / "kc", "jax-cache", "--max-age", "1d")
-    said = " ".join(proc.stderr.split())
-    assert proc.returncode == 2, proc.stderr
+    said = _refused(tmp_path, 2 * 86400, "--max-age", "1d")
     assert (
         "(--max-age selects every entry: the one used last was used 2d ago; give a longer" in said
     )
     assert "--max-size" not in said
-    assert {p.name for p in (tmp_path / "kc-jax").iterdir()} == written
