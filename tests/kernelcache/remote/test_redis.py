@@ -171,7 +171,7 @@ def test_unreachable_url_costs_at_most_the_timeout_once(tmp_path, remote_log, ki
             cache.remote.put(key, "bin", b"x", {})
             assert cache.remote.acquire(key, 5.0) is None
         elapsed = time.monotonic() - started
-    assert elapsed < 0.3 + 0.7, elapsed
+    assert elapsed < 10 * 0.3, elapsed  # the timeout once (40 times would be 12 s), under load
     assert len(calls) == 40
     tier = cache.remote.counters
     assert tier["breaker_trips"] == 1 and tier["gets"] == 1
@@ -195,7 +195,7 @@ def test_a_server_speaking_garbage_is_skipped(tmp_path, reply) -> None:
             key = key_of(450 + i)
             assert cache.get_or_create(key, "bin", builder(key, calls)).data == payload(key)
         elapsed = time.monotonic() - started
-    assert len(calls) == 10 and elapsed < 1.0
+    assert len(calls) == 10 and elapsed < 8 * 0.3, elapsed  # the timeout once, not 10 times
     assert cache.remote.counters["breaker_trips"] == 1
 
 
@@ -368,7 +368,7 @@ def test_lock_is_exclusive_and_a_waiter_gives_up_in_time(server) -> None:
     assert release is not None
     started = time.monotonic()
     assert b.acquire(key_of(1400), 0.3) is None
-    assert 0.3 <= time.monotonic() - started < 0.9
+    assert 0.3 <= time.monotonic() - started < 4.0  # gave up, not waiting for the holder (5 s)
     release()
     again = b.acquire(key_of(1400), 0)
     assert again is not None
@@ -382,7 +382,7 @@ def test_waiter_stops_as_soon_as_the_entry_appears(server) -> None:
     a.put(key_of(1500), "bin", b"built by a", {})
     started = time.monotonic()
     ready = b.acquire(key_of(1500), 10)
-    assert ready is not None and time.monotonic() - started < 0.5
+    assert ready is not None and time.monotonic() - started < 5.0  # not its timeout (10 s)
     ready()  # releases nothing
     assert server.client().get(a.name(key_of(1500)) + ":lock") is not None
     release()
@@ -403,7 +403,7 @@ def test_a_dead_builders_lock_expires(server) -> None:
     started = time.monotonic()
     release = open_remote(url).acquire(key_of(1600), 5)
     assert release is not None
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 4.0  # the lock expired (600 ms): not the timeout (5 s)
     release()
 
 

@@ -288,9 +288,9 @@ def test_an_artifact_claiming_more_than_an_entry_may_hold_is_never_read(
         if in_a_readonly_layer
         else kernelcache.Cache(root, readonly_roots=(), remote="")
     )
-    started = time.monotonic()
+    started = time.process_time()  # (CPU time: reading 3 GiB would cost seconds of it, any load)
     assert cache.get(key, "cubin") is None
-    assert time.monotonic() - started < 1.0
+    assert time.process_time() - started < 1.0
     art = cache.get_or_create(key, "cubin", lambda: (PAYLOAD, KERNEL_META))
     assert art.data == PAYLOAD
 

@@ -86,7 +86,8 @@ def test_exclusive_excludes_other_processes(lockroot, mode):
         started = time.monotonic()
         with pytest.raises(LockTimeout):
             Locker(str(lockroot), mode=mode).acquire(name, shared=False, timeout=0.3)
-        assert 0.25 < time.monotonic() - started < 3
+        # waited its timeout; the bound is generous (a loaded machine), the holder never lets go
+        assert 0.25 < time.monotonic() - started < 0.3 + 10
     finally:
         stop(child)
 
@@ -186,7 +187,7 @@ def test_soft_lock_of_killed_process_on_this_host_is_broken(lockroot, caplog_war
     assert record["pid"] == child.pid and record["host"]
     started = time.monotonic()
     held = Locker(str(lockroot), mode="soft").acquire(name, shared=False, timeout=5)
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 4, "waited out the timeout: the lock was not broken"
     held.release()
     assert not (lockroot / ".locks" / f"{name}.softlock").exists()
     assert any("broke stale lock" in r.getMessage() for r in caplog_warnings.records)
