@@ -341,7 +341,7 @@ def _specialized(x_ptr, n, BLOCK: tl.constexpr):
 
 
 #: for each backend Triton ships, targets and the options programs pass for them (none: the
-#: backend's defaults); ``schedule_hint`` only where the installed Triton still has it
+#: backend's defaults); those of :data:`OPTIONAL` only where the installed Triton still has them
 OPTION_SETS: dict[str, list[tuple[tuple[str, Any, int], dict[str, Any]]]] = {
     "nvidia": [
         (("cuda", 90, 32), {}),
@@ -359,7 +359,8 @@ OPTION_SETS: dict[str, list[tuple[tuple[str, Any, int], dict[str, Any]]]] = {
         (("hip", "gfx1100", 32), {"num_warps": 4}),
     ],
 }
-OPTIONAL = {"schedule_hint"}
+#: options Triton marks experimental or deprecated (``schedule_hint``; ``kpack`` from gfx950)
+OPTIONAL = {"schedule_hint", "kpack"}
 
 
 def _option_params() -> list[Any]:

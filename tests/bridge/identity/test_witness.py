@@ -371,13 +371,13 @@ def test_a_ptxas_wrapper_is_another_tool(env_child, runs):
     assert env_child("R", **cuda, **env) == (wrapped, 0)
 
 
-#: a hook rewriting one instruction of the assembly, for whichever backend compiles: the exp
-#: of PTX flushing denormals, or the exp of AMDGCN a log
+#: a hook rewriting the assembly, for whichever backend compiles: the exp of PTX flushing
+#: denormals, or a no-op before the end of the AMDGCN program (every kernel has one)
 HOOK = """
 import triton
 REWRITES = {
     "ptx": ("ex2.approx.f32", "ex2.approx.ftz.f32"),
-    "amdgcn": ("v_exp_f32_e32", "v_log_f32_e32"),
+    "amdgcn": ("\\ts_endpgm", "\\ts_nop 0\\n\\ts_endpgm"),
 }
 def hook(backend, stages, options, language, capability):
     for stage, (old, new) in REWRITES.items():
