@@ -104,6 +104,8 @@ class TierBase:
         self._overwrite = overwrite
         #: keys whose value this process refused as unverifiable, oldest first (bounded)
         self._unverified: dict[str, None] = {}
+        #: per thread, the value of a key a lock's try found (:meth:`_found`)
+        self._ready = threading.local()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
@@ -204,6 +206,11 @@ class TierBase:
         """
         check_key(key)
         check_ext(ext)
+        found = getattr(self._ready, "found", None)
+        self._ready.found = None
+        if found is not None and found[0] == key:
+            self.policy.count(gets=1)
+            return self._decode(key, ext, found[1])
         if not self.policy.usable():
             return None
         self.policy.count(gets=1)
@@ -268,6 +275,13 @@ class TierBase:
         return True
 
     # -- build locks --------------------------------------------------------------------------
+    def _found(self, key: str, raw: bytes) -> None:
+        """The value of ``key`` a try at its lock found (the entry is there): the next
+        :meth:`get` of ``key`` in this thread reads it (checked as every value read is)
+        without asking the store again, so that a waiter's last try is its read. Only the
+        last one is kept."""
+        self._ready.found = (key, raw)
+
     def _holding(
         self, token: str, renew: Callable[[float], bool | None], release: Callable[[], None]
     ) -> Callable[[], None]:

@@ -27,8 +27,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-#: the first and the longest pause between two tries of a build lock held elsewhere
-POLL_FIRST, POLL_MAX = 0.02, 0.5
+#: the first and the longest pause between two tries of a build lock held elsewhere (the first
+#: after 0.1 s: a compile takes longer, and a job's nodes waiting for each variant one node
+#: compiles make most of its requests: with 0.02 s, 64 nodes asked about 2 more times each)
+POLL_FIRST, POLL_MAX = 0.1, 0.5
 #: what the requests of one lookup may take in one tier, in all, in the tier's timeouts
 LOOKUP_TIMEOUTS = 2.0
 

@@ -52,7 +52,6 @@ from .requests import (
     first_line,
     lock_holder,
     make_store,
-    object_exists,
     read_lock,
     read_object,
     runtime_here,
@@ -260,18 +259,26 @@ class ObjectStoreTier(TierBase):
     # -- build locks ----------------------------------------------------------------------
     def _try_lock(self, key: str) -> Claim:
         """One try at the build lock of ``key`` (see :meth:`TierBase.try_acquire`): the entry
-        is looked for first (there: nothing to build), then the lock object is created only
+        is read first (there: nothing to build, and the next read of it takes what was read),
+        then the lock object is created only
         if absent; a lock whose version this process has seen unchanged for its lease is
         taken over (one warning)."""
         if not self._conditional:
             return no_release
         if not self.policy.writable():
             return None
-        found, failed = self._call("lock", lambda store: object_exists(store, self.path(key)))
+        found, failed = self._call(
+            "lock",
+            lambda store: read_object(
+                store, self.path(key), self.where.max_size, self.where.timeout
+            ),
+        )
         if failed:
             return None
-        if found:
+        if found is not None:
             self.policy.count(lock_ready=1)
+            if isinstance(found, bytes):  # (the entry: what the next read takes)
+                self._found(key, found)
             return no_release
         lock = f"{self.path(key)}.lock"
         named = self.name(key) + ".lock"  # (as messages name it: in the bucket)

@@ -124,16 +124,6 @@ def written_by(store: Any, path: str, token: str) -> Version | None:
     return seen[0] if seen is not None and _field(seen[1], "token") == token else None
 
 
-def object_exists(store: Any, path: str) -> bool:
-    import obstore
-
-    try:
-        obstore.head(store, path)
-    except FileNotFoundError:
-        return False
-    return True
-
-
 def delete_if(store: Any, path: str, version: Version) -> bool:
     """Delete ``path`` if it is still at ``version``; whether it was (a writer between the
     check and the delete loses its lock: the next waiter builds again, which is harmless)."""

@@ -202,17 +202,25 @@ class RedisTier(TierBase):
         ``lock_ttl`` (a crashed or foreign client), is broken at once (one warning)."""
         lease = milliseconds(self.lease)
         token = f"{lease}:{HOST}:{os.getpid()}:{uuid.uuid4().hex}"
-        args = [token, lease, milliseconds(self.options.lock_ttl)]
+        limit = self.options.max_size
+        args = [token, lease, milliseconds(self.options.lock_ttl), limit]
         calls = self.calls
-        name, (reply, failed) = self._moving(
-            key, lambda at: calls.call("lock", at, calls.eval, "acquire", [at + ":lock", at], args)
-        )
+
+        def acquire(at: str) -> tuple[Any, bool]:
+            keys = [at + ":lock", at]
+            return calls.call(
+                "lock", at, calls.eval, "acquire", keys, args, limit=limit + REPLY_LIMIT
+            )
+
+        name, (reply, failed) = self._moving(key, acquire)
         if failed:
             return None
         lock = name + ":lock"
         state, held = int(reply[0]), reply[1]
         if state == READY:
             self.policy.count(lock_ready=1)
+            if isinstance(held, bytes) and held:  # (the entry: what the next read takes)
+                self._found(key, held)
             return no_release
         if state == BROKEN:
             self.policy.count(locks_broken=1)

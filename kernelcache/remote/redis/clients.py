@@ -7,11 +7,17 @@ replies, and redis-py acts on some (a ``MOVING`` push starts a timer of the serv
 holds the process at exit, and moves the connections to an address the server names), and may
 answer with maps and sets, which redis-py turns into dicts and sets of what the server chose.
 
+No ``CLIENT SETINFO`` at connect: redis-py names itself to the server by default, two more
+commands on every connection (a round trip each before redis-py 6), which a job of many
+processes pays on each of its connections to each primary.
+
 Invariant: nothing here connects; the first command does.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -30,7 +36,20 @@ def _common(options: RemoteOptions) -> dict[str, Any]:
         "retry": Retry(NoBackoff(), 0),
         "health_check_interval": 0,
         "protocol": 2,
+        **_unnamed(),
     }
+
+
+@functools.cache
+def _unnamed() -> dict[str, Any]:
+    """The arguments that leave ``CLIENT SETINFO`` out: ``driver_info=None`` where redis-py
+    has it (lib_name and lib_version are deprecated there), else ``lib_name=None`` and
+    ``lib_version=None``."""
+    from redis.connection import AbstractConnection
+
+    if "driver_info" in inspect.signature(AbstractConnection.__init__).parameters:
+        return {"driver_info": None}
+    return {"lib_name": None, "lib_version": None}
 
 
 def server_client(address: str, options: RemoteOptions, budget: Budget) -> Any:

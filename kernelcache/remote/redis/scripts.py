@@ -16,14 +16,20 @@ from ...errors import RemoteError
 # -- scripts ----------------------------------------------------------------------------------
 # They run atomically in Redis. In the lock scripts KEYS[1] is the lock, KEYS[2] the entry. A
 # lock's value is "<its lease in ms>:<host>:<pid>:<token>", set (and renewed) with that expiry,
-# so that the time since it was last set is that lease minus its PTTL.
+# so that the time since it was last set is that lease minus its PTTL. An acquire that finds
+# the entry returns it (its length where it is longer than ARGV[4], the most a value may be):
+# a waiter's last try is its read.
 _GET = """
 local n = redis.call('strlen', KEYS[1])
 if n > tonumber(ARGV[1]) then return n end
 return redis.call('get', KEYS[1])
 """
 _ACQUIRE = """
-if redis.call('exists', KEYS[2]) == 1 then return {2, ''} end
+if redis.call('exists', KEYS[2]) == 1 then
+  local n = redis.call('strlen', KEYS[2])
+  if n > tonumber(ARGV[4]) then return {2, n} end
+  return {2, redis.call('get', KEYS[2])}
+end
 local lease = tonumber(ARGV[2])
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', lease) then return {1, ''} end
 local left = redis.call('pttl', KEYS[1])
