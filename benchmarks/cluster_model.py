@@ -21,6 +21,18 @@ def count_requests() -> dict[str, Counter[str]]:
     """Count, from now on in this process, every Redis command (by name) and every
     object-store request (by operation); the returned counters fill as requests are made."""
     counts: dict[str, Counter[str]] = {"redis": Counter(), "objstore": Counter()}
+
+    def count(tier: str, kind: str, _args: tuple[Any, ...]) -> None:
+        counts[tier][kind] += 1
+
+    watch_requests(count)
+    return counts
+
+
+def watch_requests(seen: Any) -> None:
+    """Call ``seen(tier, kind, args)`` for every Redis command (tier "redis", kind its name,
+    args what redis-py packs) and every object-store request (tier "objstore", kind its
+    operation) this process makes from now on, in the thread that makes it."""
     try:
         import redis.connection as connection
     except ImportError:
@@ -32,25 +44,24 @@ def count_requests() -> dict[str, Counter[str]]:
 
         def pack(self: Any, *args: Any, _pack: Any = serializer.pack) -> Any:
             command = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
-            counts["redis"][command.split()[0].upper()] += 1
+            seen("redis", command.split()[0].upper(), args)
             return _pack(self, *args)
 
         serializer.pack = pack
     try:
         import obstore
     except ImportError:
-        return counts
+        return
     for operation in OBJECT_OPERATIONS:
         call = getattr(obstore, operation, None)
         if call is None:
             continue
 
         def counted(*args: Any, _call: Any = call, _op: str = operation, **kw: Any) -> Any:
-            counts["objstore"][_op.split("_")[0].upper()] += 1
+            seen("objstore", _op.split("_")[0].upper(), args)
             return _call(*args, **kw)
 
         setattr(obstore, operation, counted)
-    return counts
 
 
 #: what a job's thread calls on a tier, each call timed (a release returned by a lock's try is
@@ -123,9 +134,21 @@ def ptx_key(key: str) -> str:
     return derived_key(key, "ptx")
 
 
+def binary_of(key: str) -> bytes:
+    """A variant's binary: 64 KiB that do not compress (as a remote tier's zstd would find
+    machine code about as dense), the same for a key in every process."""
+    return hashlib.shake_256(key.encode()).digest(64 << 10)
+
+
+def ptx_of(key: str) -> bytes:
+    """A variant's PTX: 128 KiB of text (hex digits: it compresses about 2:1)."""
+    return hashlib.shake_256(b"ptx:" + key.encode()).hexdigest(64 << 10).encode()
+
+
 def lower_synthetic(cache: Any, cfg: dict[str, Any], *, prepare: bool = False, **_: Any) -> Any:
     """The model's kernels in order, each one ``get_or_create_each`` call over its variants;
-    a compile sleeps, stores its PTX (a companion entry), then returns the binary. Returns the
+    a compile sleeps, stores its PTX (a companion entry, :func:`ptx_of`), then returns the
+    binary (:func:`binary_of`). Returns the
     digest of every binary, in order."""
     if prepare:
         return None
@@ -138,11 +161,11 @@ def lower_synthetic(cache: Any, cfg: dict[str, Any], *, prepare: bool = False, *
             time.sleep(cfg["compile_s"])
             try:
                 cache.put(  # (opaque text: a .ptx must define the kernel it names)
-                    ptx_key(key), "txt", key.encode() * 2048, {"name": "ptx", "target": "cuda:90"}
+                    ptx_key(key), "txt", ptx_of(key), {"name": "ptx", "target": "cuda:90"}
                 )
             except kernelcache.CacheError:
                 pass  # as the bridge: a PTX that cannot be stored is not fatal
-            return key.encode() * 1024, {"name": "kernel", "target": "cuda:90"}
+            return binary_of(key), {"name": "kernel", "target": "cuda:90"}
 
         return compile_variant
 
@@ -150,7 +173,7 @@ def lower_synthetic(cache: Any, cfg: dict[str, Any], *, prepare: bool = False, *
         keys = [variant_key(kernel, v) for v in range(variants)]
         items = [kernelcache.BuildItem(k, "bin", build(k)) for k in keys]
         for index, art in cache.get_or_create_each(items):
-            if isinstance(art, Exception) or art.data != keys[index].encode() * 1024:
+            if isinstance(art, Exception) or art.data != binary_of(keys[index]):
                 raise SystemExit(f"wrong artifact for {keys[index]}: {art!r}")
             binaries[keys[index]] = art.data
     return hashlib.sha256(b"".join(binaries[k] for k in sorted(binaries))).hexdigest()[:16]
