@@ -80,7 +80,14 @@ from pathlib import Path
 from typing import Any
 
 from cluster_faults import FAULTS, Servers
-from cluster_model import IDEAL, count_requests, lower_synthetic, lower_triton, time_tiers
+from cluster_model import (
+    IDEAL,
+    count_requests,
+    keep_warnings,
+    lower_synthetic,
+    lower_triton,
+    time_tiers,
+)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -129,20 +136,13 @@ def worker(cfg: dict[str, Any]) -> None:
     peer's); print one JSON line: wall-clock start and end, compiles, compile seconds, the
     seconds spent in the cache other than compiling, the warnings logged, the digest of what
     it lowered, its remote requests, and (on a full disk) what a probe write met."""
-    import logging
     import resource
     import signal
 
     if cfg["small_files"]:  # a full disk where no file system can be mounted
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
-    warnings: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            warnings.append(record.getMessage()[:300])
-
-    logging.getLogger("kernelcache").addHandler(Keep(logging.WARNING))
+    warnings = keep_warnings()
     import kernelcache
 
     requests = count_requests()

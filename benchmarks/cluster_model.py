@@ -17,6 +17,21 @@ IDEAL = sum(MODEL)
 OBJECT_OPERATIONS = ("get", "get_range", "get_ranges", "head", "put", "delete", "list", "copy")
 
 
+def keep_warnings() -> list[str]:
+    """The warnings kernelcache logs in this process from now on (each cut to 300
+    characters); the returned list fills as they are logged."""
+    import logging
+
+    warnings: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warnings.append(record.getMessage()[:300])
+
+    logging.getLogger("kernelcache").addHandler(Keep(logging.WARNING))
+    return warnings
+
+
 def count_requests() -> dict[str, Counter[str]]:
     """Count, from now on in this process, every Redis command (by name) and every
     object-store request (by operation); the returned counters fill as requests are made."""

@@ -9,7 +9,7 @@ Triton calls for cuda:90).
 Per job: the makespan, compiles against the ideal (each variant once for the job), the remote
 requests by tier and kind (per node and per rank: those a rank's thread made, and those of the
 node's background threads), the peak requests per second at the tier (the most in any second of
-the job) and in the job's first second, the value bytes read and written, the longest wait of a
+the job) and in the second after its first request, the value bytes read and written, the longest wait of a
 rank (its time in the job less its own compiles), a digest of what each rank lowered, and the
 Redis Cluster's memory and connections. Jobs: a cold one (fresh roots, an empty tier), a warm
 one (fresh roots, the tier as the cold one left it), a killed primary (one of 3, kill -9 before
@@ -115,10 +115,10 @@ def run_job(
         if p.returncode != 0 or not out.strip():
             raise SystemExit(f"a node failed ({p.returncode}):\n{err[-3000:]}")
         reports.append(json.loads(out.strip().splitlines()[-1]))
-    return summary(reports, start_at, nodes)
+    return summary(reports, nodes)
 
 
-def summary(reports: list[dict[str, Any]], start_at: float, nodes: int) -> dict[str, Any]:
+def summary(reports: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
     """A job's numbers from its nodes' reports."""
     ranks = sorted((r for n in reports for r in n["ranks"]), key=lambda r: r["rank"])
     made = [r for n in reports for r in n["requests"]]
@@ -145,13 +145,19 @@ def summary(reports: list[dict[str, Any]], start_at: float, nodes: int) -> dict[
         "requests_per_rank_max": max(per_rank.values(), default=0),
         "requests_background": sum(1 for *_, rank in made if rank < 0),
         "peak_rps": peak_rate([t for t, *_ in made]),
-        "first_second": sum(1 for t, *_ in made if t < start_at + 1.0),
+        "first_second": first_second([t for t, *_ in made]),
         "bytes": dict(bytes_moved),
         "max_wait_s": round(max(r["ended"] - r["started"] - r["compile_s"] for r in ranks), 3),
         "digests": [r["digest"] for r in ranks],
         "s3_dollars_per_1000_jobs": round(s3_cost, 4),
         "warnings": sorted({w for n in reports for w in n["warnings"]})[:4],
     }
+
+
+def first_second(times: list[float]) -> int:
+    """The requests in the second after the job's first one: the burst the tier meets at the
+    job's start."""
+    return sum(1 for t in times if t < min(times) + 1.0) if times else 0
 
 
 def peak_rate(times: list[float], window: float = 1.0, step: float = 0.1) -> int:

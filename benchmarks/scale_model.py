@@ -60,14 +60,24 @@ def _terms(terms: tuple[str, ...], shape: str) -> list[float]:
 
 
 def fit(points: dict[str, float], terms: tuple[str, ...]) -> list[float]:
-    """Least-squares coefficients of ``terms`` over ``points`` (shape -> value)."""
+    """Least-squares coefficients of ``terms`` over ``points`` (shape -> value), none below
+    zero (a count has no negative share per node or rank: such a term is dropped, its
+    coefficient 0, and the others fitted again)."""
     import numpy as np
 
     shapes = sorted(points)
-    a = np.array([_terms(terms, s) for s in shapes])
-    b = np.array([points[s] for s in shapes])
-    coefficients, *_ = np.linalg.lstsq(a, b, rcond=None)
-    return [float(c) for c in coefficients]
+    kept = list(range(len(terms)))
+    while True:
+        a = np.array([[_terms(terms, s)[i] for i in kept] for s in shapes])
+        b = np.array([points[s] for s in shapes])
+        solved, *_ = np.linalg.lstsq(a, b, rcond=None)
+        if len(kept) == 1 or min(solved) >= 0:
+            break
+        del kept[int(np.argmin(solved))]
+    coefficients = [0.0] * len(terms)
+    for i, c in zip(kept, solved, strict=True):
+        coefficients[i] = float(c)
+    return coefficients
 
 
 def predict(coefficients: list[float], terms: tuple[str, ...], shape: str) -> float:
@@ -208,6 +218,9 @@ def plot(doc: dict[str, Any], out: Path) -> None:
                 spec = model[name]
                 line = [predict(spec["coefficients"], tuple(spec["terms"]), s) for s in shapes]
             ax.plot(xs, [v * scale for v in line], color=OLDER, label="model (fitted on 3)")
+            if name == "makespan_s":
+                cluster = [makespan(model, s)[1] for s in shapes]
+                ax.plot(xs, cluster, "--", color=THEIRS, label="model, a core per rank")
             if name == "requests":
                 ideal = predicted[TARGET]["ideal"]
                 bound = [3 * ideal * size(s)[0] + 10 * size(s)[1] for s in shapes]

@@ -22,7 +22,6 @@ counters, and every remote request the node made from the start (wall time, tier
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import threading
@@ -107,14 +106,9 @@ def time_compiles() -> dict[int, list[float]]:
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
-    warnings: list[str] = []
+    from cluster_model import keep_warnings, lower_synthetic, lower_triton
 
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            warnings.append(record.getMessage()[:300])
-
-    logging.getLogger("kernelcache").addHandler(Keep(logging.WARNING))
-    from cluster_model import lower_synthetic, lower_triton
+    warnings = keep_warnings()
 
     import kernelcache
 

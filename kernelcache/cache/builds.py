@@ -36,11 +36,14 @@ from .layers import Accept, Layers
 logger = logging.getLogger(__name__)
 
 BuildFn = Callable[[], "tuple[bytes, Mapping[str, Any]]"]
-#: the first and the longest pause between two rounds of tries while other processes build (a
-#: build another process of the root finishes is noticed at most 50 ms late; polling every
-#: 10 ms, 256 waiting processes of 32 roots spent 49 CPU-s in a 29 s job on 2 cores)
+#: the first pause between two rounds of tries while other processes build, and the longest:
+#: a tenth of the time the call has waited so far, at least POLL_MAX and at most POLL_LONGEST
+#: (a build another process finishes is noticed at most 10 % of the wait late, and processes
+#: waiting for a long build do not spin: polling every 10 ms, 256 waiting processes of 32
+#: roots spent 49 CPU-s in a 29 s job on 2 cores)
 POLL_FIRST = 0.0005
-POLL_MAX = 0.05
+POLL_MAX = 0.01
+POLL_LONGEST = 0.5
 
 
 class _Busy:
@@ -131,7 +134,7 @@ def each(
     remote_waits: dict[tuple[str, str], tuple[float, float]] = {}
     # the build locks in the root this call holds while another machine builds their key
     holding: dict[tuple[str, str], Held | None] = {}
-    delay = POLL_FIRST
+    delay, waiting = POLL_FIRST, 0.0
     try:
         while pending:
             left: list[tuple[str, str]] = []
@@ -173,10 +176,12 @@ def each(
                 with budget.paused():
                     yield from ((i, result) for i in slots[entry])
             if left and len(left) == len(pending):  # every remaining key is built elsewhere
+                waiting = waiting or time.monotonic()
                 time.sleep(delay)
-                delay = min(delay * 2, POLL_MAX)
+                late = (time.monotonic() - waiting) / 10
+                delay = min(delay * 2, POLL_LONGEST, max(POLL_MAX, late))
             else:
-                delay = POLL_FIRST
+                delay = POLL_FIRST  # (something moved: others may follow soon)
             pending = left
     finally:
         _release(holding)
