@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from . import units
-from .errors import ConfigError, DeclarationError, UnknownVariable
+from .errors import ConfigError, DeclarationError, InvalidValue, UnknownVariable
 from .process import warn_once
 from .signing_key import check_signing_key, read_key_file
-from .units import choice, path, paths, size_cap, stripped
+from .units import choice, size_cap, stripped
 
 #: the prefix of every variable kernelcache and the packages built on it declare
 PREFIX = "KERNELCACHE_"
@@ -178,6 +178,19 @@ def _say_unusable(var: Variable, error: ConfigError) -> None:
 
 
 # -- kernelcache's variables ----------------------------------------------------------------
+def path(raw: str) -> Path:
+    """A path (``~`` expanded)."""
+    try:
+        return Path(raw.strip()).expanduser()
+    except RuntimeError:  # "~user/..." for a user that does not exist, or no home directory
+        home = raw.strip().split("/")[0]
+        raise InvalidValue(f"cannot expand {home!r}: no such home directory") from None
+
+
+def paths(raw: str) -> tuple[Path, ...]:
+    return tuple(path(p) for p in raw.split(os.pathsep) if p.strip())
+
+
 def _key(raw: str) -> bytes:
     # its length is checked where it is used (Settings.signing_secret): a job warns and turns
     # its remote tier off, a command fails; the other settings stay usable either way
@@ -358,12 +371,8 @@ _registered: dict[str, Variable] = {}
 
 
 def register_variables(*declared: Variable) -> None:
-    """Declare the variables of a package built on kernelcache (once per process; declaring
-    the same variable again is a no-op), so that ``doctor`` and the documentation list them.
-
-    Raises:
-        ValueError: a name kernelcache already declares, or one declared differently before.
-    """
+    """Declare the variables of a package built on kernelcache (again: a no-op), so that
+    ``doctor`` and the documentation list them; ValueError for a name declared otherwise."""
     own = {var.name for var in VARIABLES}
     for var in declared:
         if var.name in own or _registered.get(var.name, var) != var:
@@ -377,11 +386,7 @@ def variables() -> tuple[Variable, ...]:
 
 
 def variable(name: str) -> Variable:
-    """The declaration of the variable ``name``.
-
-    Raises:
-        KeyError: no such variable is declared.
-    """
+    """The declaration of the variable ``name`` (KeyError: none is declared)."""
     for var in variables():
         if var.name == name:
             return var
@@ -396,11 +401,8 @@ def settings(
     file: FileValues | None = None,
     strict: Collection[str] | None = None,
 ) -> Settings:
-    """kernelcache's variables of ``environ`` (default: ``os.environ``) over a root's file.
-
-    Raises:
-        ConfigError: a variable (of ``strict``, if given) cannot be used; the message names it.
-    """
+    """kernelcache's variables of ``environ`` (default: ``os.environ``) over a root's file;
+    ConfigError naming one (of ``strict``, None: any) that cannot be used."""
     return _parse(environ, file, strict)
 
 
@@ -411,9 +413,7 @@ def job_settings(
     environ: Mapping[str, str] | None = None, file: FileValues | None = None
 ) -> Settings:
     """:func:`settings` in a user's job (:func:`parser`, ``in_a_job``): a variable that cannot
-    be used is said once and costs only itself (its default; for a root or a switch that cannot
-    be read, the cache off; for a trust policy, the strictest; for a signing key, the remote
-    tier off)."""
+    be used is said once and costs only itself (its default, or :attr:`Variable.in_a_job`)."""
     return _job_parse(environ, file)
 
 
@@ -476,12 +476,9 @@ _plugins_loaded: list[bool] = []
 
 
 def warn_unknown_in_a_job(environ: Mapping[str, str] | None = None) -> None:
-    """Say once, in a job, each ``KERNELCACHE_*`` name set that no package declares.
-
-    A package declares its variables when it is imported; so that a job that has not imported
-    one does not take its variables for misspellings, the modules of the command plugins
-    (entry-point group :data:`~kernelcache.config.COMMANDS_GROUP`, imported as the command
-    imports them) are imported first, once, and only when some name is unknown."""
+    """Say once, in a job, each ``KERNELCACHE_*`` name set that no package declares (the
+    modules of the command plugins, :data:`COMMANDS_GROUP`, imported first, once, where one is
+    unknown: they declare their variables, which are no misspellings)."""
     if not unknown_variables(environ):
         return
     if not _plugins_loaded:

@@ -13,8 +13,7 @@ everywhere:
   possibly combined (``1d12h``). Where a bare number is accepted it means seconds; the command
   line refuses it (``--older-than 30`` is ambiguous).
 * **booleans**: ``1``, ``true``, ``yes``, ``on`` and ``0``, ``false``, ``no``, ``off``.
-* **paths** (``~`` expanded), lists of paths separated by ``:``, and one word of a fixed list
-  (:func:`choice`, case-insensitive), as the settings read them.
+* **one word of a fixed list** (:func:`choice`, case-insensitive), as the settings read them.
 
 Every function raises ValueError with a message that shows the accepted forms.
 """
@@ -22,10 +21,8 @@ Every function raises ValueError with a message that shows the accepted forms.
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Callable
-from pathlib import Path
 
 from .errors import InvalidValue
 
@@ -148,20 +145,6 @@ def human_size(n: float) -> str:
 def size_cap(raw: str) -> int:
     """A size cap: a size with its unit (a bare number other than 0 is ambiguous)."""
     return parse_size(raw, bare_bytes=False)
-
-
-def path(raw: str) -> Path:
-    """A path (``~`` expanded)."""
-    try:
-        return Path(raw.strip()).expanduser()
-    except RuntimeError:  # "~user/..." for a user that does not exist, or no home directory
-        home = raw.strip().split("/")[0]
-        raise InvalidValue(f"cannot expand {home!r}: no such home directory") from None
-
-
-def paths(raw: str) -> tuple[Path, ...]:
-    """Paths separated by ``:`` (``os.pathsep``), blanks left out."""
-    return tuple(path(p) for p in raw.split(os.pathsep) if p.strip())
 
 
 def choice(*allowed: str) -> Callable[[str], str]:

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from ..compile.compiler import output_to_stderr
 from ..exceptions import ManifestError, RootError
 from ..warm import warm
-from ..warm.outcomes import WarmInterrupted
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +34,7 @@ def run(
             backend, a disabled cache (``disabled``: ``$KERNELCACHE_DISABLE``), ``jobs`` < 1
             (the CLI exits 2 with the message).
     """
-    from kernelcache.cli import Interrupted, Output, UsageError, bar, plural
+    from kernelcache.cli import Output, UsageError, bar, interrupted_keeping, plural
 
     from ..exceptions import BackendUnavailable, TargetError
 
@@ -60,10 +59,13 @@ def run(
             )
         except (ManifestError, TargetError, BackendUnavailable) as e:
             raise UsageError(str(e)) from None
-        except WarmInterrupted as e:
-            raise Interrupted(
-                f"{plural(e.kept, 'kernel')} of the {e.planned:,} it was compiling "
-                f"{'is' if e.kept == 1 else 'are'} stored in {e.root}, whole; the compiles "
+        except KeyboardInterrupt as e:
+            if not hasattr(e, "stored"):  # (before it compiled: the generic words are true)
+                raise
+            planned, kept, where = e.stored
+            raise interrupted_keeping(
+                f"{plural(kept, 'kernel')} of the {planned:,} it was compiling "
+                f"{'is' if kept == 1 else 'are'} stored in {where}, whole; the compiles "
                 "under way were stopped and stored nothing"
             ) from None
         except RootError as e:

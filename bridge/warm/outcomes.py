@@ -25,16 +25,6 @@ KINDS = (
 )
 
 
-class WarmInterrupted(KeyboardInterrupt):
-    """Ctrl-C while a warm run compiled: of the ``planned`` kernels it had to compile,
-    ``kept`` are in the writable ``root`` now, whole and verified (the compiles under way were
-    killed: nothing else was stored)."""
-
-    def __init__(self, planned: int, kept: int, root: str) -> None:
-        super().__init__(f"{kept} of {planned} kept in {root}")
-        self.planned, self.kept, self.root = planned, kept, root
-
-
 @dataclass(frozen=True)
 class WarmProblem:
     """Something that could not be warmed, or changed since recording, and why (``kind`` is one

@@ -33,7 +33,7 @@ from .manifest import (
     load_manifest,
     revive,
 )
-from .outcomes import WarmInterrupted, WarmProblem, WarmReport, merged
+from .outcomes import WarmProblem, WarmReport, merged
 from .planning import make_plan
 from .pool import CRASHED, UNSTORED, can_fork, default_workers, execute
 
@@ -59,22 +59,33 @@ def _check_writable(root: str) -> None:
         ) from None
 
 
+#: the prefix of a warm run's temporary directory, followed by its process's pid and a dash
+TEMP_PREFIX = "kernelcache-warm-"
+
+
 @contextlib.contextmanager
 def _private_temp() -> Iterator[None]:
     """Temporary files of the compiles (Triton leaves a PTX file and a log behind when ptxas
-    fails) in a directory of this run's, removed with what is in it at the end. Only in a
-    process with no other thread (see :func:`can_fork`), whose temporary files are then all
-    the compiles'."""
+    fails) in a directory of this run's, removed with what is in it at the end; those of runs
+    whose process is gone (killed) are removed first. Only in a process with no other thread
+    (see :func:`can_fork`), whose temporary files are then all the compiles'."""
     if not can_fork():
         yield
         return
-    before = tempfile.tempdir
-    tempfile.tempdir = tempfile.mkdtemp(prefix="kernelcache-warm-")
+    from kernelcache.plugin import pid_alive
+
+    saved, base = tempfile.tempdir, tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            pid = name.removeprefix(TEMP_PREFIX).partition("-")[0]
+            if name.startswith(TEMP_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    mine = tempfile.tempdir = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
     try:
         yield
     finally:
-        shutil.rmtree(tempfile.tempdir, ignore_errors=True)
-        tempfile.tempdir = before
+        shutil.rmtree(mine, ignore_errors=True)
+        tempfile.tempdir = saved
 
 
 def _parse_targets(targets: Iterable[str | Target]) -> list[Target]:
@@ -87,14 +98,24 @@ def _parse_targets(targets: Iterable[str | Target]) -> list[Target]:
         raise KernelArgumentError("no target given: pass at least one, e.g. cuda:90")
     for t in out:
         backends.make_backend(t)  # a missing vendor backend is an error before any work
+    return out
+
+
+def _check_known(targets: Iterable[Target]) -> None:
+    """Refuse, before any compile, a target the compiler Triton runs here does not know (its
+    compiles would all fail: ptxas or LLVM refusing the architecture, after pages of dumps).
+
+    Raises:
+        TargetError: naming the target and the architectures the compiler knows.
+    """
+    for t in targets:
         known = t.vendor.known_archs()
-        if known is not None and t.arch not in known:  # (its compiles would all fail)
+        if known is not None and t.arch not in known:
             names = ", ".join(f"{t.backend}:{arch}" for arch in known)
             raise TargetError(
                 f"target {t}: the {t.vendor.title} compiler Triton runs here does not know "
                 f"{t.arch}; nothing was compiled. It knows {names}"
             )
-    return out
 
 
 def warm(
@@ -133,8 +154,9 @@ def warm(
         TargetError, BackendUnavailable: a bad target, one Triton's compiler here does not
             know (nothing is compiled), or Triton lacks its backend.
         ValueError: ``jobs`` < 1.
-        WarmInterrupted: Ctrl-C while it compiled (the compiles under way are killed); it
-            says how many of the kernels to compile are stored.
+        KeyboardInterrupt: Ctrl-C; while it compiled, the compiles under way are killed, and
+            its ``stored`` says how many of the kernels it was compiling are stored: (to
+            compile, stored, the root).
     """
     started = time.monotonic()
     if jobs is not None and jobs < 1:
@@ -142,6 +164,9 @@ def warm(
     tgts = _parse_targets(targets)
     loaded = load_manifest(manifest)
     cache = as_cache(cache)
+    with contextlib.suppress(OSError):  # the root it writes, made first (its checks: below)
+        os.makedirs(cache.root, exist_ok=True)
+    _check_known(tgts)  # (before planning, which stores the compiler's identity for each)
     plan = make_plan(loaded, tgts, cache, allow_changed, devices=devices, all_configs=all_configs)
     if plan.jobs:
         _check_writable(str(cache.root))
@@ -160,9 +185,10 @@ def warm(
     try:
         with _private_temp():
             done = execute(plan.jobs, workers, cache, progress or (lambda n: None))
-    except KeyboardInterrupt:  # the compiles under way are killed: what is stored, counted
+    except KeyboardInterrupt as e:  # the compiles under way are killed: what is stored, counted
         kept = sum(isinstance(cache.store.inspect(j.key, j.ext), Artifact) for j in plan.jobs)
-        raise WarmInterrupted(len(plan.jobs), kept, str(cache.root)) from None
+        e.stored = (len(plan.jobs), kept, str(cache.root))  # type: ignore[attr-defined]
+        raise
     for slot, job, outcome in zip(plan.slots, plan.jobs, done, strict=True):
         outcomes[slot] = outcome
         if outcome.status == "failed":

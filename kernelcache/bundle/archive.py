@@ -74,16 +74,6 @@ class ImportResult:
     not_looked_up: tuple[tuple[str, int], ...] = ()
 
 
-class ImportInterrupted(KeyboardInterrupt):
-    """Ctrl-C while an import published its entries: they were deleted again (``published``
-    of them; ``left``: those that could not be, each whole and verified)."""
-
-    def __init__(self, published: int, left: int) -> None:
-        super().__init__(f"{published} published, {left} left")
-        self.published = published
-        self.left = left
-
-
 def zstandard_module() -> Any:
     """The zstandard package.
 

@@ -61,13 +61,15 @@ def compatibility(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def resolve_compression(path: str, compression: str) -> str:
-    """``auto`` means zstd (where zstandard is installed: a dependency of kernelcache's),
-    except for a name ending in ``.tar``: a plain tar, as it says."""
+    """``auto`` means what the name says (``.tar``: a plain tar; ``.zst``, ``.zstd``, ``.tzst``:
+    zstd), else zstd where zstandard is installed (a dependency of kernelcache's)."""
     if compression not in ("auto", "none", "zstd"):
         raise BundleError(f"unknown compression {compression!r}; use auto, none or zstd")
     if compression == "auto":
-        plain = path.endswith(".tar") or importlib.util.find_spec("zstandard") is None
-        return "none" if plain else "zstd"
+        if path.endswith(".tar"):
+            return "none"
+        named = path.endswith((".zst", ".zstd", ".tzst"))
+        return "zstd" if named or importlib.util.find_spec("zstandard") else "none"
     return compression
 
 

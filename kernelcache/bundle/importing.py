@@ -23,7 +23,7 @@ from ..schema.document import check_signature
 from ..store.entry import Artifact
 from ..store.root import Store
 from ..toolchains import Judge
-from .archive import MANIFEST, MAX_MEMBER_BYTES, ImportInterrupted, ImportResult, Progress
+from .archive import MANIFEST, MAX_MEMBER_BYTES, ImportResult, Progress
 from .manifest_reader import Listed
 from .preflight import check_artifacts, tar_members
 
@@ -79,8 +79,9 @@ def import_bundle(
         MissingDependency: a zstd bundle and no ``zstandard``.
         CacheError: the store cannot take an entry (read-only root, full disk, ...); the
             entries this import published before are removed again.
-        ImportInterrupted: Ctrl-C while it published: the entries it published were removed
-            again (it says how many, and how many could not be).
+        KeyboardInterrupt: Ctrl-C; while it published, the entries it published are removed
+            again first (its ``rolled_back``: how many it had published, and how many of
+            them could not be removed).
     """
     with _open_bundle(path) as f:
         members = {
@@ -170,15 +171,19 @@ def import_bundle(
                     raise BundleError(
                         f"{path} changed while being imported (member {member.name!r})"
                     )
+                published.append(
+                    member.key
+                )  # (first: Ctrl-C right after its publish rolls it back)
                 try:
                     _, created = store.publish(
                         member.key, member.ext, member.data, entry.document(), as_written=True
                     )
                 except WrongExt as e:
+                    published.pop()
                     conflicts.append((member.key, str(e)))
                     continue
-                if created:
-                    published.append(member.key)
+                if not created:
+                    published.pop()
                 imported += 1
                 size += member.size
                 if progress is not None:
@@ -188,7 +193,7 @@ def import_bundle(
             if isinstance(e, BundleError):
                 e.imported = left
             if isinstance(e, KeyboardInterrupt):
-                raise ImportInterrupted(len(published), left) from None
+                e.rolled_back = (len(published), left)  # type: ignore[attr-defined]
             raise
     return ImportResult(
         path,

@@ -38,9 +38,8 @@ from ..keys import check_ext, check_key
 from ..problem import Problem
 from ..process import warn_once
 from ..store.entry import Artifact
-from ..store.layout import path_problem, resolve_root
+from ..store.layout import path_problem, resolve_root, settings_of_root
 from ..store.root import Store
-from ..store.settings_file import file_values
 from . import writes
 
 if TYPE_CHECKING:
@@ -100,7 +99,7 @@ class Cache:
         cfg = job_settings()  # a variable that cannot be used costs only itself, said once
         warn_unknown_in_a_job()  # (a misspelt one too)
         where = resolve_root(root, cfg)
-        cfg = job_settings(file=file_values(where, cfg.trust))  # the root's own file, under them
+        cfg = job_settings(file=settings_of_root(where, cfg.trust))  # + the root's own file
         #: seconds a call waits in all for locks
         self.lock_timeout: float = cfg.lock_timeout if lock_timeout is None else float(lock_timeout)
         mode = cfg.lock_mode if lock_mode is None else lock_mode

@@ -44,7 +44,6 @@ from .output import (
     EXIT_PROBLEMS,
     EXIT_USAGE,
     SCHEMA,
-    Interrupted,
     Output,
     dumps,
     fail,
@@ -193,7 +192,7 @@ def _warn_root_variable(context: Context) -> None:
     or holds a ``$VAR`` or ``~`` no shell expanded: it is used as given, as a job uses it."""
     from ..store.layout import path_problem
 
-    named = context.settings.root if context.given_root is None else None
+    named = context.environment.root if context.given_root is None else None
     problem = path_problem(named) if named is not None else None
     if problem is not None:
         logging.getLogger("kernelcache").warning("KERNELCACHE_DIR: %s", problem)
@@ -280,8 +279,9 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         from ..progress import interrupted
 
         said = interrupted()
-        if isinstance(e, Interrupted):  # how far it got, then exactly what was kept
-            said = f"{said.partition('; ')[0]}; {e.kept}: run the command again to finish"
+        kept = getattr(e, "kept", None)  # (interrupted_keeping: exactly what was kept)
+        if isinstance(kept, str):
+            said = f"{said.partition('; ')[0]}; {kept}: run the command again to finish"
         if args.json:  # the envelope of an error, marked interrupted
             error = said.removeprefix("kernelcache: ")
             doc = {"schema": SCHEMA, "command": args.command, "error": error, "interrupted": True}

@@ -27,12 +27,12 @@ from .output import (
     EXIT_OK,
     EXIT_PROBLEMS,
     CommandFailed,
-    Interrupted,
     NothingDone,
     Output,
     UsageError,
     envelope,
     human_size,
+    interrupted_keeping,
     plural,
     printable,
 )
@@ -184,9 +184,9 @@ def _export(
     except KeyboardInterrupt:  # whole or not at all: which one, said
         shown = upload[0] if upload else file
         if upload is None and before != _identity(file):
-            raise Interrupted(f"the bundle {file} was written whole") from None
+            raise interrupted_keeping(f"the bundle {file} was written whole") from None
         was = "is as it was" if before is not None else "was not made"
-        raise Interrupted(f"no bundle was written ({shown} {was})") from None
+        raise interrupted_keeping(f"no bundle was written ({shown} {was})") from None
     # entries the scan found unusable (bad metadata, older format) are skipped too
     unusable = [
         (i.key, f"{i.kind}: {i.detail}")
@@ -238,7 +238,7 @@ def _export(
         try:
             upload[1]()
         except KeyboardInterrupt:
-            raise Interrupted(
+            raise interrupted_keeping(
                 f"interrupted while uploading: an object store keeps {upload[0]} whole or not "
                 "at all, as it was before or as exported"
             ) from None
@@ -315,7 +315,6 @@ def cmd_import(args: argparse.Namespace, out: Output) -> int:
 
 def _import(args: argparse.Namespace, out: Output, file: str, shown: str) -> int:
     """Import the bundle ``file`` (``shown`` as the file or URL it came from)."""
-    from ..bundle.archive import ImportInterrupted
     from ..bundle.importing import import_bundle
     from ..errors import BundleError
 
@@ -338,18 +337,17 @@ def _import(args: argparse.Namespace, out: Output, file: str, shown: str) -> int
                 judge=judge,
                 planned=tick.set_total,
             )
-    except ImportInterrupted as e:  # all or nothing: what it published was removed again
-        if e.left:
-            raise Interrupted(
-                f"{e.left:,} of the {e.published:,} entries it published could not be removed "
-                "again (each is whole and verified); the others were"
-            ) from None
-        removed = f" (the {plural(e.published, 'entry')} it published were removed again)"
-        raise Interrupted("nothing was imported" + (removed if e.published else "")) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # all or nothing: what it published was removed again
         if args.dry_run:
             raise
-        raise Interrupted("nothing was imported (it was still verifying the bundle)") from None
+        published, left = getattr(e, "rolled_back", (0, 0))  # (none yet: still verifying)
+        if left:
+            raise interrupted_keeping(
+                f"{left:,} of the {published:,} entries it published could not be removed "
+                "again (each is whole and verified); the others were"
+            ) from None
+        removed = f" (the {plural(published, 'entry')} it published were removed again)"
+        raise interrupted_keeping("nothing was imported" + (removed if published else "")) from None
     except BundleError as e:
         if not e.imported:  # refused whole: nothing was done (exit 2)
             raise NothingDone(f"import of {shown} rejected: {e}; nothing was imported") from None

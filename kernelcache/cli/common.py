@@ -19,8 +19,7 @@ from typing import TypeAlias
 from .. import schema, units
 from ..config import Settings, Variable, origins, parse_variable, settings
 from ..errors import ConfigError, NothingDone, UsageError
-from ..store import settings_file
-from ..store.layout import UNREADABLE_HINT, readable, resolve_root, writable
+from ..store.layout import UNREADABLE_HINT, RootFile, readable, resolve_root, writable
 from ..store.root import Store
 
 logger = logging.getLogger("kernelcache")
@@ -289,7 +288,7 @@ class Context:
         self.given_root = given_root
         self.uses = uses
         #: the root's configuration file, once :attr:`settings` read it
-        self.root_file: settings_file.RootFile | None = None
+        self.root_file: RootFile | None = None
 
     @cached_property
     def root(self) -> str:
@@ -318,19 +317,30 @@ class Context:
         return self.settings.trust
 
     @cached_property
-    def settings(self) -> Settings:
-        """Every setting, parsed once: the environment over the root's configuration file.
+    def environment(self) -> Settings:
+        """The settings of the environment alone, parsed once (what :meth:`check` needs: no
+        file of the root is read before the command has looked at its arguments).
 
         Raises:
             ConfigError: a variable the command uses is set to a value that cannot be used
                 (the others are said, and cost only themselves).
         """
-        env = settings(strict=self.uses)
-        try:
-            root = self.root
-        except (ConfigError, UsageError):  # no root: the environment alone (said where needed)
+        return settings(strict=self.uses)
+
+    @cached_property
+    def settings(self) -> Settings:
+        """Every setting, parsed once: the environment over the root's configuration file.
+
+        Raises:
+            ConfigError: as :attr:`environment`, of the environment or the root's file.
+        """
+        env = self.environment
+        try:  # (through the store, as a command opens its root)
+            root, found = Store.configured(self.given_root, env)
+        except (ConfigError, ValueError):  # no root: the environment alone (said where needed)
             return env
-        found = self.root_file = settings_file.read(root, env.trust)
+        vars(self)["root"] = root  # (what the cached property holds: resolved once)
+        self.root_file = found
         for problem in found.problems:
             logger.warning("kernelcache: %s", problem)
         return settings(file=found.as_settings(), strict=self.uses)
@@ -349,7 +359,7 @@ class Context:
         Raises:
             ConfigError: the first one of them set to a value that cannot be used.
         """
-        self.settings  # noqa: B018  (parsed, and what cannot be used said, once)
+        self.environment  # noqa: B018  (parsed, and what cannot be used said, once)
         for var in also:
             parse_variable(var)
 

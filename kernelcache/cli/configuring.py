@@ -14,6 +14,7 @@ from typing import Any
 
 from ..config import ConfigError, FileValues, Variable, origins, parse_variable
 from ..store import settings_file
+from ..store.layout import file_variables, read_settings, settings_path
 from .common import ROOT, Context, Subparsers, add_command
 from .output import EXIT_OK, Output, UsageError, envelope, printable
 
@@ -42,6 +43,15 @@ def register(subparsers: Subparsers) -> None:
     p.set_defaults(func=cmd_config)
 
 
+def where_set(variable: str, origin: str) -> str:
+    """Where a setting's value comes from, as the commands say it (``origin`` as
+    :func:`kernelcache.config.origins` gives it): the variable, for the environment; ``key in
+    FILE``, for a root's configuration file; ``default``."""
+    if origin in ("environment", "default"):
+        return variable if origin == "environment" else "default"
+    return f"{variable.removeprefix('KERNELCACHE_').lower()} in {origin}"
+
+
 def _assignment(text: str) -> tuple[str, str]:
     """``KEY=VALUE`` (a variable's name is taken too: ``KERNELCACHE_MAX_SIZE=50G``), as an
     argparse ``type``."""
@@ -68,11 +78,11 @@ def cmd_config(args: argparse.Namespace, out: Output) -> int:
         try:
             found = settings_file.write(root, updates)
         except OSError as e:
-            raise UsageError(f"cannot write {settings_file.path_of(root)}: {e.strerror}") from None
-        known = settings_file.file_variables()
+            raise UsageError(f"cannot write {settings_path(root)}: {e.strerror}") from None
+        known = file_variables()
         overridden = [known[k].name for k in updates if _from_environment(known[k])]
     else:
-        found = settings_file.read(root, context.settings.trust)
+        found = read_settings(root, context.settings.trust)
     given = found.as_settings()
     rows = [_row(var, value, origin, given) for var, value, origin in origins(file=given)]
     for row in rows:  # the root: the one this command works on, and what named it

@@ -39,13 +39,13 @@ EXIT_CODES = {
 }
 
 
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, raised again by a command that knows exactly what was kept (``kept``: said after
-    how far the operation under way got, in place of "what was done is kept")."""
-
-    def __init__(self, kept: str) -> None:
-        super().__init__(kept)
-        self.kept = kept
+def interrupted_keeping(kept: str) -> KeyboardInterrupt:
+    """Ctrl-C, to raise again from a command that knows exactly what was kept: ``kept`` is said
+    after how far the operation under way got, in place of "what was done is kept" (a plain
+    KeyboardInterrupt carrying it as ``kept``, so that no ``except Exception`` can catch it)."""
+    stop = KeyboardInterrupt(kept)
+    stop.kept = kept  # type: ignore[attr-defined]
+    return stop
 
 
 def dumps(doc: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..stats.counters import COUNTERS, TIER_COUNTERS
+from .configuring import where_set
 from .output import format_table, human_duration, human_size, plural, printable
 
 #: what the table calls entries without a ``kind`` (``by_kind``'s name for them)
@@ -63,8 +64,7 @@ def stats_human(doc: dict[str, Any], top: int, every: bool = False) -> str:
     cap = doc.get("max_size")
     if cap:
         used = doc["bytes"] / cap * 100
-        origin = doc.get("max_size_from")
-        named = "KERNELCACHE_MAX_SIZE" if origin == "environment" else f"max_size in {origin}"
+        named = where_set("KERNELCACHE_MAX_SIZE", doc.get("max_size_from") or "environment")
         lines.append(f"Size cap:         {human_size(cap)} ({used:.0f}% used; {named})")
     q, t = doc["quarantine"], doc["temp"]
     lines.append(f"Quarantined:      {plural(q['files'], 'file')}, {human_size(q['bytes'])}")

@@ -9,6 +9,7 @@
     <root>/.quarantine/    corrupt entries moved aside, with the reason
     <root>/.stats/         per-process statistics logs, their summary, the scan index
     <root>/.checked/       what each user checked of an entry beyond a read (below)
+    <root>/.kernelcache.conf  the root's own settings (read here; .settings_file writes it)
 
 Other packages register the directories they keep in a root (:func:`register_directory`), so
 that a scan knows them from foreign files.
@@ -41,24 +42,28 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
 import stat
 import threading
 import uuid
 from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import Settings, parse_variable, variable
+from ..config import VARIABLES, Settings, Variable, parse_variable, variable
 from ..errors import DeclarationError, InvalidValue
 from ..fsio import READ_FLAGS
 from ..keys import KEY_PATTERN
 from ..problem import Problem
+from ..process import printable, warn_once
 from ..schema.document import MAX_META_BYTES, parse_metadata
+from .trust import TrustPolicy
 
 if TYPE_CHECKING:
-    from .trust import TrustPolicy
+    from ..config import FileValues
 
 TMP_DIR = ".tmp"
 LOCK_DIR = ".locks"
@@ -144,6 +149,103 @@ def open_subdir(root: str, name: str, *, create: bool) -> int:
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o1777 if sticky else 0o777)
     return os.open(path, flags)
+
+
+# -- the root's configuration file (written by .settings_file) ------------------------------
+#: the most a file may hold; a larger one is not read
+MAX_SETTINGS_BYTES = 64 << 10
+
+
+def file_variables() -> dict[str, Variable]:
+    """The variables a root's file may set, by their key there (``max_size``)."""
+    return {var.key: var for var in VARIABLES if var.in_file}
+
+
+@dataclass(frozen=True)
+class RootFile:
+    """What a root's file holds: its path, its lines' values by key (in file order), and what
+    in it cannot be used."""
+
+    path: str
+    exists: bool = False
+    values: dict[str, str] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+
+    def as_settings(self) -> FileValues:
+        """The values as :func:`kernelcache.config.settings` takes them."""
+        known = file_variables()
+        return {known[k].name: (self.path, v) for k, v in self.values.items()}
+
+
+def settings_path(root: str | os.PathLike[str]) -> str:
+    """The configuration file of ``root``."""
+    return os.path.join(os.fspath(root), SETTINGS_FILE)
+
+
+def read_settings(root: str | os.PathLike[str], trust: str) -> RootFile:
+    """The configuration file of ``root``, as the trust policy ``trust`` lets it be used.
+    Never raises."""
+    path = settings_path(root)
+    try:
+        fd = os.open(path, READ_FLAGS)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):  # none (or no root yet)
+            return RootFile(path)
+        return RootFile(path, True, problems=(f"{path} cannot be read: {e.strerror}: not used",))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return RootFile(path, True, problems=(f"{path} is not a regular file: not used",))
+        if not TrustPolicy(os.fspath(root), trust).accepts(st):
+            why = f"its owner (uid {st.st_uid}) or mode is not one KERNELCACHE_TRUST={trust} trusts"
+            return RootFile(path, True, problems=(f"{path}: {why}: not used",))
+        raw = os.read(fd, MAX_SETTINGS_BYTES + 1)
+    except OSError as e:
+        return RootFile(path, True, problems=(f"{path} cannot be read: {e.strerror}: not used",))
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_SETTINGS_BYTES:
+        return RootFile(
+            path, True, problems=(f"{path} is larger than {MAX_SETTINGS_BYTES:,} bytes: not used",)
+        )
+    values, problems = parse_settings(raw.decode("utf-8", errors="replace"), path)
+    return RootFile(path, True, values, problems)
+
+
+def parse_settings(text: str, path: str) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The values of a file's ``text`` by key (the last of a key repeated wins), and what in
+    it cannot be used (each line named)."""
+    known = file_variables()
+    values: dict[str, str] = {}
+    problems = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, equals, value = (part.strip() for part in line.partition("="))
+        where = f"{path}:{number}"
+        if not equals:
+            problems.append(f"{where}: {printable(line[:80])!r} is not KEY = VALUE: left out")
+        elif key.lower() not in known:
+            problems.append(f"{where}: {unknown_setting(key)}: left out")
+        else:
+            values[key.lower()] = value
+    return values, tuple(problems)
+
+
+def unknown_setting(key: str) -> str:
+    """What is said of ``key``, which a root's file cannot hold."""
+    return f"{printable(key[:80])!r} is not a setting of a root's file (one of {', '.join(file_variables())})"
+
+
+def settings_of_root(root: str | os.PathLike[str], trust: str) -> FileValues:
+    """The values of ``root``'s file for a job's settings; what cannot be used is said once."""
+    found = read_settings(root, trust)
+    for problem in found.problems:
+        warn_once(
+            logging.getLogger("kernelcache"), ("settings-file", problem), "kernelcache: %s", problem
+        )
+    return found.as_settings()
 
 
 # -- files --------------------------------------------------------------------------------

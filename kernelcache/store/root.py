@@ -1,8 +1,8 @@
 """One cache root on disk, opened: :class:`Store` and its verified reads, which return entries
-as readers get them (:class:`~kernelcache.store.entry.Artifact`). A store writes through
-:mod:`.writing`, removes files (a corrupt entry's too: quarantine) through :mod:`.removal` and
-takes per-key locks through :mod:`.locks`, each imported (the locks made) at its first use: a
-process that only reads whole entries imports none of them.
+as readers get them (:class:`~kernelcache.store.entry.Artifact`); where a command finds a root
+and its own settings (:meth:`Store.configured`). A store writes through :mod:`.writing`,
+removes files (a corrupt entry's too: quarantine) through :mod:`.removal` and takes per-key
+locks through :mod:`.locks`, each imported at its first use (none to only read).
 
 Guarantees across processes and hosts sharing a root:
 
@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..config import DEFAULTS, LOCK_MODES, Settings, settings
+from ..config import COMPRESSIONS, DEFAULTS, LOCK_MODES, Settings, settings
 from ..errors import InvalidValue, LockUnavailable
 from ..fsio import READ_FLAGS, read_exact
 from ..keys import META_EXT, check_ext, check_key
@@ -49,8 +49,10 @@ from .compression import check_method, read_packed
 from .entry import FUTURE_SLACK, MEMO_ENTRIES, TOUCH_INTERVAL, Artifact
 from .layout import (
     NOT_VISIBLE,
+    RootFile,
     open_subdir,
     read_metadata,
+    read_settings,
     readable,
     resolve_root,
     unservable,
@@ -98,7 +100,8 @@ class Store:
         check_policy(trust)
         if lock_mode not in LOCK_MODES:
             raise InvalidValue(f"lock mode {lock_mode!r} is not one of {', '.join(LOCK_MODES)}")
-        self.compression = check_method(compression)  #: "none" or "zstd": new artifacts packed
+        #: "none" or "zstd": how new artifacts are written (a bad one said by check_method)
+        self.compression = compression if compression in COMPRESSIONS else check_method(compression)
         #: the root directory (absolute)
         self.root: str = os.fspath(root) if resolved else resolve_root(root)
         #: ``root`` and a separator: an entry's file is ``prefix + name`` (the hot path)
@@ -159,18 +162,21 @@ class Store:
         readonly: bool = False,
         lock_timeout: float | None = None,
     ) -> Store:
-        """:meth:`from_settings` of the root a user names (``--root``), ``~`` expanded and made
-        absolute; None: the configured one (``$KERNELCACHE_DIR``, else the user cache directory).
-
-        Raises:
-            ValueError: ``root`` starts with ``~user`` of no such user (or there is no home).
-            ConfigError: a variable is set to a value that cannot be used.
-        """
+        """:meth:`from_settings` of the root a user names (:meth:`configured`). ValueError: a
+        ``~user`` of no such user; ConfigError: a variable that cannot be used."""
         cfg = settings() if cfg is None else cfg
         where = os.path.abspath(resolve_root(root, cfg))
         return cls.from_settings(
             where, cfg, readonly=readonly, lock_timeout=lock_timeout, resolved=True
         )
+
+    @staticmethod
+    def configured(root: str | os.PathLike[str] | None, cfg: Settings) -> tuple[str, RootFile]:
+        """The root a user names (``--root``; ``~`` expanded, made absolute; None: the
+        configured one), and its own configuration file, as ``cfg``'s trust policy lets it be
+        used (:func:`~.layout.read_settings`)."""
+        where = os.path.abspath(resolve_root(root, cfg))
+        return where, read_settings(where, cfg.trust)
 
     def __repr__(self) -> str:
         return f"Store({self.root!r}, readonly={self.readonly})"
@@ -207,12 +213,8 @@ class Store:
 
     def open_dir(self, name: str | None = None, *, create: bool = False) -> int:
         """The root (``name`` None), or its directory ``name`` (never through a symlink; made
-        if ``create``, as :func:`~kernelcache.store.layout.open_subdir` makes it), open as a
-        descriptor for the caller to close.
-
-        Raises:
-            OSError: from the system (FileNotFoundError: there is none).
-        """
+        if ``create``, as :func:`~.layout.open_subdir` does), open for the caller to close;
+        OSError from the system (FileNotFoundError: there is none)."""
         if name is None:
             return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         return open_subdir(self.root, name, create=create)
@@ -271,12 +273,10 @@ class Store:
     def read(
         self, key: str, ext: str | None = None, *, fresh: bool = False
     ) -> Artifact | Problem | None:
-        """Read and verify an entry; None if it does not exist (or is being deleted).
-        ``ext=None`` accepts whatever extension the entry has; a Problem with
-        ``corrupt=False`` means the key holds another extension than the one asked for.
+        """Read and verify an entry; None if it does not exist (or is being deleted). ``ext``
+        None accepts any extension; a Problem with ``corrupt=False``: the key holds another.
         The metadata is read from disk again where the remembered document no longer matches
-        the artifact or the last-used stamp is due (:data:`TOUCH_INTERVAL`); ``fresh`` always
-        reads it (see the module docstring)."""
+        the artifact or the last-used stamp is due; ``fresh`` always reads it."""
         memo = self.memo
         if not fresh:
             known = memo.get(key)

@@ -1,6 +1,7 @@
-"""A root's own configuration file, ``<root>/.kernelcache.conf``: the settings its jobs and
-commands read under the environment (ccache's ``ccache.conf``; ``kernelcache -M``, ``-o`` write
-it, ``-p`` shows where each setting comes from).
+"""A root's own configuration file, ``<root>/.kernelcache.conf``, written: the settings its jobs
+and commands read under the environment (ccache's ``ccache.conf``; ``kernelcache -M``, ``-o``
+write it, ``-p`` shows where each setting comes from). It is read as the rest of a root's
+layout is, by :mod:`.layout` (:func:`~.layout.read_settings`), on a warm hit's path.
 
 The file is lines of ``key = value`` (``#`` starts a comment), a key being a setting's name
 without ``KERNELCACHE_``, in lower case (``max_size = 50G``): only the settings declared
@@ -9,7 +10,7 @@ are written, its locks, its statistics logs), never the root itself, a secret, a
 the trust policy, which are the job's.
 
 Invariants: the file is untrusted input. It is read only as a regular file (never through a
-symlink, never a FIFO), at most :data:`MAX_BYTES`, and used only where the trust policy
+symlink, never a FIFO), at most :data:`MAX_SETTINGS_BYTES`, and used only where the trust policy
 accepts its owner and mode, as an entry's files are; anything it holds that cannot be used is
 said (:attr:`RootFile.problems`) and left out, never an exception: a job warns once, and a
 value of a known key that cannot be used is said by :func:`~kernelcache.config.settings` where
@@ -18,120 +19,32 @@ it is used. It is written whole (staged, then ``os.replace``), values checked fi
 
 from __future__ import annotations
 
-import errno
-import logging
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
-from ..config import VARIABLES, FileValues, Variable, parse_variable
+from ..config import parse_variable
 from ..errors import ConfigError, UsageError
 from ..fsio import READ_FLAGS
-from ..process import printable, warn_once
-from .layout import SETTINGS_FILE, TMP_DIR, open_subdir, replace_file
-from .trust import TrustPolicy
-
-logger = logging.getLogger(__name__)
+from .layout import (
+    MAX_SETTINGS_BYTES,
+    SETTINGS_FILE,
+    TMP_DIR,
+    RootFile,
+    file_variables,
+    open_subdir,
+    parse_settings,
+    replace_file,
+    settings_path,
+    unknown_setting,
+)
 
 #: the file's name in a root (hidden: it is no entry)
 NAME = SETTINGS_FILE
-#: the most a file may hold; a larger one is not read
-MAX_BYTES = 64 << 10
 HEADER = (
     "# kernelcache: the settings of this root, under the environment's KERNELCACHE_* variables\n"
     "# (kernelcache -o KEY=VALUE sets one, kernelcache -p shows every setting and its origin)\n"
 )
-
-
-def file_variables() -> dict[str, Variable]:
-    """The variables a root's file may set, by their key there (``max_size``)."""
-    return {var.key: var for var in VARIABLES if var.in_file}
-
-
-@dataclass(frozen=True)
-class RootFile:
-    """What a root's file holds: its path, its lines' values by key (in file order), and what
-    in it cannot be used."""
-
-    path: str
-    exists: bool = False
-    values: dict[str, str] = field(default_factory=dict)
-    problems: tuple[str, ...] = ()
-
-    def as_settings(self) -> FileValues:
-        """The values as :func:`kernelcache.config.settings` takes them."""
-        known = file_variables()
-        return {known[k].name: (self.path, v) for k, v in self.values.items()}
-
-
-def path_of(root: str | os.PathLike[str]) -> str:
-    """The configuration file of ``root``."""
-    return os.path.join(os.fspath(root), NAME)
-
-
-def read(root: str | os.PathLike[str], trust: str) -> RootFile:
-    """The configuration file of ``root``, as the trust policy ``trust`` lets it be used.
-    Never raises."""
-    path = path_of(root)
-    try:
-        fd = os.open(path, READ_FLAGS)
-    except OSError as e:
-        if e.errno in (errno.ENOENT, errno.ENOTDIR):  # none (or no root yet)
-            return RootFile(path)
-        return RootFile(path, True, problems=(f"{path} cannot be read: {e.strerror}: not used",))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return RootFile(path, True, problems=(f"{path} is not a regular file: not used",))
-        if not TrustPolicy(os.fspath(root), trust).accepts(st):
-            why = f"its owner (uid {st.st_uid}) or mode is not one KERNELCACHE_TRUST={trust} trusts"
-            return RootFile(path, True, problems=(f"{path}: {why}: not used",))
-        raw = os.read(fd, MAX_BYTES + 1)
-    except OSError as e:
-        return RootFile(path, True, problems=(f"{path} cannot be read: {e.strerror}: not used",))
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_BYTES:
-        return RootFile(
-            path, True, problems=(f"{path} is larger than {MAX_BYTES:,} bytes: not used",)
-        )
-    values, problems = parse(raw.decode("utf-8", errors="replace"), path)
-    return RootFile(path, True, values, problems)
-
-
-def parse(text: str, path: str) -> tuple[dict[str, str], tuple[str, ...]]:
-    """The values of a file's ``text`` by key (the last of a key repeated wins), and what in
-    it cannot be used (each line named)."""
-    known = file_variables()
-    values: dict[str, str] = {}
-    problems = []
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, equals, value = (part.strip() for part in line.partition("="))
-        where = f"{path}:{number}"
-        if not equals:
-            problems.append(f"{where}: {printable(line[:80])!r} is not KEY = VALUE: left out")
-        elif key.lower() not in known:
-            problems.append(f"{where}: {unknown(key)}: left out")
-        else:
-            values[key.lower()] = value
-    return values, tuple(problems)
-
-
-def unknown(key: str) -> str:
-    """What is said of ``key``, which a root's file cannot hold."""
-    return f"{printable(key[:80])!r} is not a setting of a root's file (one of {', '.join(file_variables())})"
-
-
-def file_values(root: str | os.PathLike[str], trust: str) -> FileValues:
-    """The values of ``root``'s file for a job's settings; what cannot be used is said once."""
-    found = read(root, trust)
-    for problem in found.problems:
-        warn_once(logger, ("settings-file", problem), "kernelcache: %s", problem)
-    return found.as_settings()
 
 
 def write(root: str | os.PathLike[str], updates: Mapping[str, str | None]) -> RootFile:
@@ -145,10 +58,10 @@ def write(root: str | os.PathLike[str], updates: Mapping[str, str | None]) -> Ro
         OSError: the file could not be written (the old one is intact).
     """
     known = file_variables()
-    path = path_of(root)
+    path = settings_path(root)
     for key, value in updates.items():
         if key not in known:
-            raise UsageError(f"{unknown(key)}; nothing was written")
+            raise UsageError(f"{unknown_setting(key)}; nothing was written")
         if value is not None:
             try:
                 parse_variable(known[key], {}, {known[key].name: (path, value)})
@@ -168,7 +81,7 @@ def write(root: str | os.PathLike[str], updates: Mapping[str, str | None]) -> Ro
     out += [f"{k} = {v}\n" for k, v in updates.items() if v is not None and k not in done]
     os.makedirs(root, exist_ok=True)
     _replace(os.fspath(root), "".join(out).encode())
-    values, problems = parse("".join(out), path)
+    values, problems = parse_settings("".join(out), path)
     return RootFile(path, True, values, problems)
 
 
@@ -196,11 +109,13 @@ def _current_lines(path: str) -> list[str]:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise UsageError(f"{path} is not a regular file: remove it first; nothing was written")
-        raw = os.read(fd, MAX_BYTES + 1)
+        raw = os.read(fd, MAX_SETTINGS_BYTES + 1)
     finally:
         os.close(fd)
-    if len(raw) > MAX_BYTES:
-        raise UsageError(f"{path} is larger than {MAX_BYTES:,} bytes: fix it by hand first")
+    if len(raw) > MAX_SETTINGS_BYTES:
+        raise UsageError(
+            f"{path} is larger than {MAX_SETTINGS_BYTES:,} bytes: fix it by hand first"
+        )
     return [
         line if line.endswith("\n") else line + "\n"
         for line in raw.decode(errors="replace").splitlines()

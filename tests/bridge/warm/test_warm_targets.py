@@ -6,6 +6,7 @@ ptxas leaves nothing there either (Triton leaves its PTX and log behind when ptx
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,23 @@ def test_a_compile_that_fails_in_ptxas_leaves_nothing_in_the_temporary_directory
         )
         assert "ptxas fatal: refused" in proc.stdout, proc.stderr  # (reported, left out)
         assert list(temp.iterdir()) == [], jobs
+
+
+def test_the_temporary_directory_of_a_killed_run_is_removed_by_the_next(tmp_path):
+    from bridge.warm.warming import TEMP_PREFIX
+
+    temp = tmp_path / "tmp"
+    dead = temp / f"{TEMP_PREFIX}{2**22 + 1}-abc"  # (above any pid this host gives)
+    alive = temp / f"{TEMP_PREFIX}{os.getpid()}-abc"  # a run going on: this test's process
+    for directory in (dead, alive):
+        (directory / "left").mkdir(parents=True)
+    proc = kc(
+        tmp_path / "cache",
+        "warm",
+        str(_manifest(tmp_path)),
+        "--target",
+        "cuda:90",
+        env={"TMPDIR": str(temp)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in temp.iterdir()) == [alive.name]

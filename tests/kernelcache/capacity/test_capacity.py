@@ -173,11 +173,15 @@ def test_stats_shows_the_cap(tmp_path):
     assert "Size cap:" not in kc(tmp_path / "cache", "stats").stdout
 
 
-def test_a_bad_cap_is_a_usage_error_naming_the_variable(tmp_path):
+def test_a_bad_cap_is_said_naming_the_variable_and_refused_where_it_is_set(tmp_path):
+    """A command that does not work by the jobs' cap says it and runs (clear removes what it
+    removes whatever the cap); setting it as the root's own is refused, nothing written."""
     put(tmp_path / "cache", ext=EXT)
     proc = kc(tmp_path / "cache", "clear", "--dry-run", env={"KERNELCACHE_MAX_SIZE": "50Q"})
-    assert proc.returncode == 2
+    assert proc.returncode == 0
     assert "KERNELCACHE_MAX_SIZE='50Q'" in proc.stderr
+    refused = kc(tmp_path / "cache", "-M", "50Q")
+    assert refused.returncode == 2 and "max_size='50Q'" in refused.stderr
 
 
 @pytest.mark.parametrize("planted", [os.mkdir, os.mkfifo], ids=["directory", "fifo"])
