@@ -1,6 +1,7 @@
 """Jobs of many machines at scale, simulated on this one and modelled for 64 nodes: 4x2, 8x2,
 16x4 and 32x8 ranks (nodes x ranks per node), each node a process whose ranks are threads
-(``scale_node.py`` says how such a rank differs from a real one), every node its own cache
+(``scale_node.py`` says how such a rank differs from a real one; the bridge's model runs a
+process per rank), every node its own cache
 root, all sharing a real 3-primary Redis Cluster, an S3 server (moto, a process of its own), or
 both in layers (the cluster in front). Every rank lowers the same model (``cluster_model.py``:
 the synthetic one, 13 variants compiled in --compile-s each, or the real bridge lowering 8
@@ -75,47 +76,63 @@ def checkout_env() -> dict[str, str]:
 def run_job(
     url: str, directory: Path, shape: str, model: str, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """One job of ``shape`` against ``url``: node processes, started together once all are
-    ready; what each reported, summed up (:func:`summary`)."""
+    """One job of ``shape`` against ``url``: node processes (for the bridge's model, a process
+    per rank: its compiler is a fork, which a process whose other threads hold locks must not
+    make), started together once all are ready; what each reported, summed up
+    (:func:`summary`). A job that fails ends every process it started."""
     nodes, per_node = SHAPES[shape]
+    apart = model == "triton"
     procs = []
     for node in range(nodes):
-        cfg = {
-            "node": node,
-            "first_rank": node * per_node,
-            "ranks": per_node,
-            "root": str(directory / f"node{node}"),
-            "url": url,
-            "model": model,
-            "compile_s": args.compile_s,
-            "flush_s": 10.0,
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(HERE / "scale_node.py"), json.dumps(cfg)],
-                env=checkout_env(),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
+        for first in range(0, per_node, 1 if apart else per_node):
+            cfg = {
+                "node": node,
+                "first_rank": node * per_node + first,
+                "ranks": 1 if apart else per_node,
+                "root": str(directory / f"node{node}"),
+                "url": url,
+                "model": model,
+                "compile_s": args.compile_s,
+                "flush_s": 10.0,
+            }
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(HERE / "scale_node.py"), json.dumps(cfg)],
+                    env=checkout_env(),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
             )
-        )
+    try:
+        return summary(started(procs, args.job_timeout), nodes)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+
+
+def started(procs: list[subprocess.Popen[str]], timeout: float) -> list[dict[str, Any]]:
+    """What each of ``procs`` reported, once all said ready and were told to start."""
     for p in procs:
         assert p.stdout is not None
         if p.stdout.readline().strip() != "ready":
+            p.kill()
             raise SystemExit(f"a node failed to start:\n{p.communicate()[1][-3000:]}")
     start_at = time.time() + 0.3
-    reports = []
     for p in procs:
         assert p.stdin is not None
         p.stdin.write(f"{start_at}\n")
         p.stdin.flush()
+    reports = []
     for p in procs:
-        out, err = p.communicate(timeout=args.job_timeout)
+        out, err = p.communicate(timeout=timeout)
         if p.returncode != 0 or not out.strip():
             raise SystemExit(f"a node failed ({p.returncode}):\n{err[-3000:]}")
         reports.append(json.loads(out.strip().splitlines()[-1]))
-    return summary(reports, nodes)
+    return reports
 
 
 def summary(reports: list[dict[str, Any]], nodes: int) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """One node of a simulated job of ``cluster_scale.py``: a process whose ranks are threads, each
 with a cache of its own (``kernelcache.Cache`` on the node's root, its own connections to the
 tier) lowering the same model (``cluster_model.py``) at the same moment, as the processes of a
-node of a real job do.
+node of a real job do. (The bridge's model runs one rank a process, several processes on the
+node's root: its compiler is a fork, which a process whose other threads hold locks must not
+make.)
 
 How a simulated rank differs from a real one (the benchmark's table says so too): the ranks of
 a node share one interpreter (its GIL: their CPU work runs one at a time, and all of the job's
