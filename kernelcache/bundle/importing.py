@@ -182,6 +182,9 @@ def import_bundle(
                     published.pop()
                     conflicts.append((member.key, str(e)))
                     continue
+                except Exception:  # (not published: nothing of it to roll back)
+                    published.pop()
+                    raise
                 if not created:
                     published.pop()
                 imported += 1
