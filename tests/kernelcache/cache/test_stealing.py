@@ -93,10 +93,15 @@ def test_four_processes_share_the_builds_and_build_each_key_once(tmp_path, mode)
     assert all(events[("start", n)] == 1 and events[("done", n)] == 1 for n in names), events
     builds = [r["stats"]["builds"] for r in results]
     assert sum(builds) == len(names)  # single flight: each key built once in total
-    # stealing: nobody waited while a key was free, so the builds were shared out and the
-    # batch took about a quarter of building it alone (8 builds of 0.4 s: 3.2 s in sequence)
+    # stealing: nobody waited while a key was free, so the builds were shared out and ran
+    # side by side (the log's order: several started before one was done), not one after
+    # another; told from the order of events, not a wall time a loaded machine stretches
     assert all(b >= 1 for b in builds), builds
-    assert max(r["seconds"] for r in results) < 0.6 * len(names) * 0.4, results
+    running = most = 0
+    for line in log.read_text().splitlines():
+        running += 1 if line.startswith("start ") else -1
+        most = max(most, running)
+    assert most >= 2, log.read_text()
 
 
 @pytest.mark.parametrize("mode, how", [("flock", "kill"), ("soft", "kill"), ("soft", "stop")])
