@@ -117,10 +117,11 @@ def document(
     slow: dict[str, float],
     cores: int,
 ) -> dict[str, Any]:
-    """The benchmark's document: each measured shape's headline job (every job of the shape
-    under ``jobs``), the model's predictions for :data:`CHECK` and :data:`TARGET` (with its
+    """The benchmark's document: each shape's headline job, where it ran (every job of the
+    shape under ``jobs``), the model's predictions for :data:`CHECK` and :data:`TARGET` (with its
     coefficients and the check), and the slow tier."""
-    shapes = sorted({r["shape"] for r in rows}, key=lambda s: size(s)[1])
+    judged = {r["shape"] for r in rows if (r["tier"], r["model"], r["job"]) == which}
+    shapes = sorted(judged, key=lambda s: size(s)[1])
     measured = {}
     for shape in shapes:
         head = headline(rows, shape, which)
