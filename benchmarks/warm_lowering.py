@@ -93,7 +93,8 @@ if sys.argv[2] == "partial":  # every read set partial (see the module docstring
 if sys.argv[2] == "unchecked":  # every read set taken as fresh unread (see the docstring)
     from bridge.identity import read_sets
 
-    read_sets.stale = lambda *args, **kwargs: None
+    fresh = read_sets.Verdict("fresh") if hasattr(read_sets, "Verdict") else None  # (earlier: None)
+    read_sets.stale = lambda *args, **kwargs: fresh
 # the bridge's share of the window: triton_call at trace and the lowering rule's two steps
 spent = [0.0]
 

@@ -137,14 +137,6 @@ __all__ = [
 ]
 
 
-class RefusedReadSet(BridgeError, ValueError):
-    """A stored read set whose rows the kernel's code does not allow (a read of a name it does
-    not read, a call of what it does not call): no compile of this code wrote it. The message
-    says which row and why; a lookup that finds one compiles the kernel instead."""
-
-
-class CheckInterrupted(BaseException):
-    """Raised into code a check of a read set runs, to stop it: code of the program the check
-    may not run, or a call past the check's deadline. A ``BaseException`` (not a
-    :class:`BridgeError`), so that the program's own ``except Exception`` cannot swallow it;
-    the check catches it, and it never leaves the bridge."""
+class OverBudget(BridgeError, RuntimeError):
+    """A description of what reads found, made under a budget (a check of a stored read set),
+    went past it: the entry is refused (:mod:`bridge.identity.namespaces`)."""

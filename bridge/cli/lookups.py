@@ -10,7 +10,7 @@ the reads find (:func:`~bridge.identity.read_sets.chained`), for at most
 (:func:`bridge.compile.fetch.stale`, which is safe against a hostile read set) in the same
 order: an entry whose companion PTX is missing is compiled again before its reads are checked,
 and a key known not to compile is left out. Nothing here compiles, counts, quarantines (a
-read set its code does not admit is only said) or writes: entries are read without a trace
+read set no compile of this code wrote is only said) or writes: entries are read without a trace
 (``Store.inspect``), in the local layers (a remote tier's entries are not looked up: a
 lookup there publishes what it finds).
 
@@ -38,7 +38,7 @@ from ..entries import failures, metadata
 from ..entries.failures import FAILURE
 from ..entries.kernels import PTX, ptx_pairs
 from ..identity import frontend, read_sets
-from ..identity.admit import module_map_of
+from ..identity.namespaces import module_map_of
 
 if TYPE_CHECKING:
     from kernelcache import Cache
@@ -114,7 +114,7 @@ class Read:
 @dataclass(frozen=True)
 class Passed:
     """An entry the lookup found and passed: its reads find something else now, or were not
-    made (``unchecked`` says why: a read set its code does not admit, or one of an earlier
+    made (``unchecked`` says why: a read set no compile of this code wrote, or one of an earlier
     format), so the lowering looks under the next key."""
 
     key: str
@@ -179,11 +179,11 @@ def follow(spec: Specialization, cache: Cache) -> Lookup:
             return None
         return art
 
-    def now(key: str, art: Artifact) -> str | None:
-        differs = fetch.stale(spec, art.meta)
-        if differs is not None:
-            passed.append(_passed(spec, art, len(passed), differs))
-        return differs
+    def now(key: str, art: Artifact) -> read_sets.Verdict:
+        verdict = fetch.stale(spec, art.meta)
+        if not verdict.fresh:
+            passed.append(_passed(spec, art, len(passed), verdict))
+        return verdict
 
     key, art = read_sets.follow(spec.key, entry, now)
     went = tuple(passed)
@@ -245,7 +245,7 @@ def _partial(text: Any) -> tuple[str, ...]:
     return tuple(_short(str(p), 300) for p in json.loads(text).get("partial", ()))
 
 
-def _passed(spec: Specialization, art: Artifact, hops: int, now: str) -> Passed:
+def _passed(spec: Specialization, art: Artifact, hops: int, now: read_sets.Verdict) -> Passed:
     """``art``, whose reads find ``now`` (:func:`bridge.compile.fetch.stale`), its reads made
     once more to say which differ."""
     text = art.meta["reads"]
@@ -253,7 +253,7 @@ def _passed(spec: Specialization, art: Artifact, hops: int, now: str) -> Passed:
     if rows is None:
         why = "a read set of an earlier format, or none this version reads"
         return Passed(art.key, hops, art.source, (), (), why)
-    if isinstance(now, read_sets.Refusal):
+    if now.kind == read_sets.REFUSED:
         return Passed(art.key, hops, art.source, (), _partial(text), _refused(now.reason))
     wants = read_sets.wants(
         text,
@@ -263,15 +263,15 @@ def _passed(spec: Specialization, art: Artifact, hops: int, now: str) -> Passed:
         spec.backend,
         expected=lambda: [frontend.specialization(spec.source, spec.bound.options)],
     )
-    if not isinstance(wants, list):  # (refused on this second making)
-        reason = wants.reason if isinstance(wants, read_sets.Refusal) else "not a read set"
+    if isinstance(wants, read_sets.Verdict):  # (refused on this second making)
+        reason = wants.reason or "not a read set"
         return Passed(art.key, hops, art.source, (), _partial(text), _refused(reason))
     return Passed(art.key, hops, art.source, tuple(_reads(rows, wants)), _partial(text))
 
 
 def _refused(reason: str) -> str:
     why = _short(reason, 300)
-    return f"a read set its code does not admit ({why}): a lowering sets the entry aside"
+    return f"a read set no compile of this code wrote ({why}): a lowering sets the entry aside"
 
 
 def _reads(rows: Sequence[tuple[int, str, Any, str]], now: Sequence[str] | None) -> list[Read]:
@@ -344,7 +344,7 @@ def _value(want: str) -> str | None:
 
 
 def _plain(desc: Any, depth: int = 0) -> str | None:
-    """A plain value described as :func:`~bridge.identity.exact_values.exact` describes it (or
+    """A plain value described as :func:`~bridge.identity.namespaces.exact` describes it (or
     a module, or Triton's own object), shortly; None for anything else."""
     if desc == "N":
         return "None"

@@ -82,9 +82,9 @@ class Request:
     #: False: compiled in this process and never looked up nor stored (its reads found
     #: other values under too many keys: see :func:`_chained`)
     stored: bool = True
-    #: whether a cached kernel's reads (its metadata) find what they found: None where they
-    #: do, else what they find now (:func:`bridge.identity.read_sets.stale`); None: not checked
-    check: Callable[[Mapping[str, Any]], str | None] | None = None
+    #: whether a cached kernel's reads (its metadata) find what they found
+    #: (:func:`bridge.identity.read_sets.stale`'s verdict); None: not checked
+    check: Callable[[Mapping[str, Any]], read_sets.Verdict] | None = None
     #: how many times the key was chained already (see :func:`_chained`)
     hops: int = 0
     #: an audit of this hit (:mod:`bridge.compile.hit_audit`): given a cached kernel's full
@@ -165,7 +165,7 @@ def fetch_each(
             compiled = compile_or_leave_out(request)
             built[(request.key, request.ext)].append(compiled)
             meta = _described(request, compiled)
-            why = _entry_problem(request.key, request.ext, compiled.binary, meta)
+            why = _entry_problem(request.ext, compiled.binary, meta)
             if why is not None:  # before anything is stored: no companion without its entry
                 raise _Unstorable(why, _made(request.key, request, compiled))
             if compiled.ptx is not None and request.need_ptx:
@@ -202,8 +202,8 @@ def fetch_each(
                     _rebuilt(request) if whole is None else _paired(cache, request, whole, here)
                 )
                 now = None if kernel.built or request.check is None else request.check(kernel.meta)
-                if now is not None:
-                    if isinstance(now, read_sets.Refusal):
+                if now is not None and not now.fresh:
+                    if now.kind == read_sets.REFUSED:
                         refused(cache, art, now)
                     stale.append((index, _chained(request, now)))
                     continue
@@ -221,27 +221,20 @@ def fetch_each(
 
 def _admitted(request: Request) -> kinds.Accept | None:
     """The check of a kernel the remote tier holds for ``request``, before any copy of it is
-    made here: a read set its code does not admit (:class:`~bridge.identity.read_sets.Refusal`)
-    is refused at the door; one whose reads merely find something else now is another version
-    of the code, published as any entry and passed by the lookup."""
+    made here (:func:`bridge.identity.read_sets.door`)."""
     check = request.check
     if check is None:
         return None
-
-    def accept(art: Artifact) -> str | None:
-        now = check(art.meta)
-        return now.said if isinstance(now, read_sets.Refusal) else None
-
-    return accept
+    return lambda art: read_sets.door(check(art.meta))
 
 
-def _chained(request: Request, now: str) -> Request:
-    """``request`` for code whose reads find ``now``, where a cached kernel's reads found
-    something else: its next key (:func:`bridge.identity.read_sets.chained`), or after
-    :data:`~bridge.identity.read_sets.MAX_HOPS` a compile kept in memory."""
+def _chained(request: Request, now: read_sets.Verdict) -> Request:
+    """``request`` for code whose reads find what ``now`` says, where a cached kernel's
+    reads found something else: its next key (:func:`bridge.identity.read_sets.chained`),
+    or after :data:`~bridge.identity.read_sets.MAX_HOPS` a compile kept in memory."""
     if request.hops >= read_sets.MAX_HOPS:
         return dataclasses.replace(request, stored=False, check=None)
-    key = read_sets.chained(request.key, now)
+    key = read_sets.chained(request.key, now.now)
     return dataclasses.replace(request, key=key, hops=request.hops + 1)
 
 
@@ -253,10 +246,10 @@ def followed(
     return read_sets.follow(spec.key, entry, lambda _, art: stale(spec, art.meta))
 
 
-def stale(spec: Specialization, meta: Mapping[str, Any]) -> str | None:
+def stale(spec: Specialization, meta: Mapping[str, Any]) -> read_sets.Verdict:
     """Whether the kernel of ``spec`` whose metadata is ``meta`` was compiled from what the
-    frontend would read now: None where it was, else what the reads find now (a :class:`~bridge.identity.read_sets.Refusal`
-    where its code does not admit them)."""
+    frontend would read now: the verdict of its read set
+    (:func:`bridge.identity.read_sets.stale`)."""
     return read_sets.stale(
         [meta.get("reads")],
         spec.source.fn,
@@ -266,14 +259,14 @@ def stale(spec: Specialization, meta: Mapping[str, Any]) -> str | None:
     )
 
 
-def refused(cache: Cache, art: Artifact, refusal: read_sets.Refusal) -> None:
-    """Set aside ``art``, a cached kernel whose read set its kernel's code does not admit (no
-    compile of this code wrote it): said once, quarantined where the cache can."""
+def refused(cache: Cache, art: Artifact, refusal: read_sets.Verdict) -> None:
+    """Set aside ``art``, a cached kernel whose read set no compile of this code wrote (or
+    past a bound of what a check does): said once, quarantined where the cache can."""
     warn_once(
         logger,
         ("refused", art.key),
-        "kernelcache: the cached kernel %s holds a read set its code does not admit (%s); no "
-        "compile of this code wrote it, so it is set aside and the kernel compiled again",
+        "kernelcache: the cached kernel %s holds a read set no compile of this code wrote "
+        "(%s), so it is set aside and the kernel compiled again",
         art.key,
         refusal.reason,
     )
@@ -336,13 +329,17 @@ def _described(request: Request, compiled: Compiled) -> dict[str, Any]:
     return meta
 
 
-def _entry_problem(key: str, ext: str, binary: bytes, meta: Mapping[str, Any]) -> str | None:
-    """Why the cache would refuse the entry of ``binary`` with ``meta`` (the schema's form
-    checks, a put's), None where it takes it."""
+#: a key of the form every key has, for checks of what does not depend on the key
+_ANY_KEY = "0" * 64
+
+
+def _entry_problem(ext: str, binary: bytes, meta: Mapping[str, Any]) -> str | None:
+    """Why the cache would refuse an entry of ``binary`` with ``meta`` whatever its key (the
+    schema's form checks, a put's), None where it takes it."""
     from kernelcache.plugin import make_metadata
 
     try:
-        make_metadata(key, ext, binary, meta)
+        make_metadata(_ANY_KEY, ext, binary, meta)
     except ValueError as e:
         return str(e)
     return None
@@ -369,7 +366,7 @@ def _made(key: str, request: Request, compiled: Compiled) -> KernelBinary:
     from kernelcache.plugin import make_metadata
 
     meta = _described(request, compiled)
-    if _entry_problem(key, request.ext, compiled.binary, meta) is not None:
+    if _entry_problem(request.ext, compiled.binary, meta) is not None:
         meta = {k: v for k, v in meta.items() if k not in _DESCRIPTIVE}
     doc = make_metadata(key, request.ext, compiled.binary, meta)
     return _binary(key, request.ext, compiled.binary, doc, compiled.ptx, True)

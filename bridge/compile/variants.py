@@ -128,7 +128,7 @@ class Variants:
         """Whether the memo holds the kernel of variant ``index`` as the frontend would
         generate it now (a kernel whose reads find something else is forgotten)."""
         known = self.memo.get(self._memo_key(index))
-        if isinstance(known, KernelBinary) and fetch.stale(self.specs[index], known.meta):
+        if isinstance(known, KernelBinary) and not fetch.stale(self.specs[index], known.meta).fresh:
             del self.memo[self._memo_key(index)]
             return False
         return known is not None

@@ -359,8 +359,9 @@ class Program:
         self._start: int | None = None  # the first call whose program entry was not found
         self._missed = False
         #: a program entry of the remote tier read without a copy, with the lowerings of it
-        #: not served yet: it is kept in the local root once every one was (:meth:`close`)
-        self._remote: tuple[Artifact, set[tuple[str, str]]] | None = None
+        #: not served yet and the first call it served: once every one was, the calls it
+        #: served (each checked here) are kept in the local root, never its bytes (:meth:`close`)
+        self._remote: tuple[Artifact, set[tuple[str, str]], int] | None = None
         #: the read sets checked in this module's lowering (shared by its programs:
         #: :func:`~bridge.identity.read_sets.stale`'s ``seen``)
         self.checked: dict[Any, Any] = {} if checked is None else checked
@@ -399,7 +400,7 @@ class Program:
             self._from.setdefault((item.key, item.state), (PROGRAM, art))
             self._variants.setdefault(item.key, item.variants)
         if art.path is None and self._remote is None:
-            self._remote = (art, {(item.key, item.state) for item in items})
+            self._remote = (art, {(item.key, item.state) for item in items}, len(self._calls))
 
     def variants(self, key: str) -> list[str] | None:
         """:func:`variant_keys`, from the program entries where they hold ``key``."""
@@ -457,8 +458,8 @@ class Program:
         self._from.clear()
         self._variants.clear()
         remote, self._remote = self._remote, None
-        if remote is not None and not remote[1]:  # every lowering of it served: checked
-            self.cache.keep(remote[0], 0)
+        if remote is not None and not remote[1] and start is None:
+            start = remote[2]  # (every lowering of it served and checked: those are kept)
         if start is None or start >= len(calls):
             return
         seen: set[tuple[str, str]] = set()

@@ -18,13 +18,13 @@ The form of a read set, the ``reads`` field of a kernel entry and of a stored lo
 the frontend read while it generated the kernel, :mod:`bridge.identity.read_sets`, as rows of
 ``[parent, op, operand, want]``), is declared here too: a read set is data from a shared root,
 a remote tier or a bundle, so its text is checked at every door before anything reads it
-(:func:`problem`), without Triton: JSON of the current :data:`FORMAT` (format 1, an earlier
-version's, is no read set any lookup admits: a miss); at most :data:`MAX_ROWS` rows; each row's
-operation one of :data:`OPS`, its parent an earlier row (or -1, the kernel), its operand of
-that operation's form; names that are identifiers, never a dunder but those Python calls by
-itself (:data:`IMPLICIT`); values plain (:func:`plain`) and of bounded size; the IR read, if
-any, last. What the rows may do against the kernel's code is checked when a lookup makes them
-(:mod:`bridge.identity.admit`).
+(:func:`problem`), without Triton: JSON of the current :data:`FORMAT` (those of
+:data:`EARLIER`, earlier versions', are read sets that find nothing: a miss); at most
+:data:`MAX_ROWS` rows; each row's operation one of :data:`OPS`, its parent an earlier row (or
+-1, the kernel), its operand of that operation's form; names that are identifiers, never a
+dunder but those Python calls by itself (:data:`IMPLICIT`); values plain (:func:`plain`) and of
+bounded size; the IR read, if any, last. A check of the rows reads and compares and never
+calls (:mod:`bridge.identity.read_sets`).
 """
 
 from __future__ import annotations
@@ -85,9 +85,11 @@ register_fields(FIELDS, covered=COVERED)
 
 
 # -- the form of a read set ---------------------------------------------------------------------
-#: the form of read sets this version writes and admits (1: an earlier one's, read as a read
-#: set that finds nothing: a miss)
-FORMAT = 2
+#: the form of read sets this version writes and reads
+FORMAT = 3
+#: earlier versions' forms, read as read sets that find nothing (a miss): format 2's checks
+#: made calls again, where format 3 records what decides them
+EARLIER = (1, 2)
 #: the operations a row may name
 OPS = frozenset({"g", "a", "i", "c", "b", "f", "d", "e", "p", "ir"})
 #: the built-ins Triton's code generator offers kernel code by name (its ``builtin_namespace``)
@@ -114,7 +116,7 @@ _HEX = re.compile(r"[0-9a-f]*")
 @functools.lru_cache(maxsize=512)
 def problem(text: Any) -> str | None:
     """What is wrong with ``text`` as a read set (see the module docstring), None where
-    nothing is (an earlier version's read set, of format 1, is read as one that finds nothing:
+    nothing is (an earlier version's read set, of :data:`EARLIER`, is read as one that finds nothing:
     never admitted). Never raises."""
     if not isinstance(text, str):
         return "must be a read set's text"
@@ -122,7 +124,7 @@ def problem(text: Any) -> str | None:
         doc = json.loads(text)
     except (ValueError, RecursionError):
         return "is not JSON"
-    if isinstance(doc, dict) and doc.get("format") == 1:
+    if isinstance(doc, dict) and doc.get("format") in EARLIER:
         return None
     if (
         not isinstance(doc, dict)
@@ -256,7 +258,7 @@ def _argument_problem(arg: Any, index: int) -> str | None:
 
 def plain(desc: Any, depth: int = 0) -> bool:
     """Whether ``desc`` describes a plain value of bounded size
-    (:func:`~.exact_values.exact`'s form: nothing here makes the value)."""
+    (:func:`~bridge.identity.namespaces.exact`'s form: nothing here makes the value)."""
     if desc == "N":
         return True
     if not isinstance(desc, list) or len(desc) != 2 or depth > 4:

@@ -1,7 +1,7 @@
 """What a read of the frontend found, described by content: the values of read sets
 (:mod:`.read_sets`).
 
-Plain values exactly (:func:`exact`, made again by :func:`~.admit.remake`): floats by their bits, so a
+Plain values exactly (:func:`exact`, made again by :func:`remake`): floats by their bits, so a
 NaN's sign counts; tuples item by item; Triton's ``constexpr``, dtypes, pointer and block types.
 Anything else by what it is (:func:`describe`), never by its name or address: a JIT function by
 its source, settings and first line; Triton's own objects by where Triton defines them, only
@@ -25,15 +25,16 @@ import functools
 import hashlib
 import inspect
 import json
-import struct
+import os
 import sys
 import threading
 import types
 from typing import Any
 
 from . import static_reads
-from .guard import program_module, watched
-from .static_reads import RUNS_CODE, attribute, in_mro, mark
+from .guard import program_module
+from .namespaces import exact, language, spend, wrapped
+from .static_reads import RUNS_CODE, attribute, in_mro, mark, one_of
 
 #: what a lookup that found nothing finds
 ABSENT: Any = static_reads.MISSING
@@ -42,83 +43,10 @@ MAX_DEPTH = 4
 
 
 @functools.lru_cache(maxsize=1)
-def language() -> Any:
-    import triton.language as tl
-
-    return tl
-
-
-@functools.lru_cache(maxsize=1)
 def _triton_dir() -> str:
     import triton
 
     return triton.__file__.rsplit("/", 1)[0] + "/"
-
-
-def exact(value: Any) -> Any:
-    """A plain value as JSON that tells it from every other value (see the module docstring);
-    None where ``value`` is not plain."""
-    kind = type(value)
-    if value is None:
-        return "N"
-    if kind is bool:
-        return ["b", int(value)]
-    if kind is int:
-        return ["i", str(value)]
-    if kind is float:
-        return ["f", struct.pack("<d", value).hex()]
-    if kind is str:
-        return ["s", value]
-    if kind is bytes:
-        return ["y", value.hex()]
-    if kind is complex:
-        return ["j", struct.pack("<dd", value.real, value.imag).hex()]
-    if kind is tuple or kind is list:
-        items = [exact(v) for v in value]
-        return None if any(i is None for i in items) else ["t" if kind is tuple else "l", items]
-    tl = language()
-    if kind is tl.constexpr:
-        inner = exact(value.value)
-        return None if inner is None else ["k", inner]
-    if kind is tl.dtype:
-        return ["d", value.name]
-    if kind is tl.pointer_type:
-        inner = exact(value.element_ty)
-        space = value.address_space  # (a number before Triton 3.9, a name since)
-        if inner is None or type(space) not in (int, str) or type(value.const) is not bool:
-            return None
-        return ["dp", [inner, space, value.const]]
-    if kind is tl.block_type:
-        items = [exact(value.element_ty), *(exact(unwrap(d)) for d in value.shape)]
-        return None if any(i is None for i in items) else ["db", items]
-    return None
-
-
-def unwrap(value: Any) -> Any:
-    """``value`` without Triton's ``constexpr`` wrappers (a tuple's items too), asked of its
-    type alone: no code of ``value`` runs (a wrapper or tuple whose class reads its own
-    fields or iterates its own way is left as it is)."""
-    tl = language()
-    kind = type(value)
-    if issubclass(kind, tl.constexpr):
-        inner = _wrapped(value)
-        return value if inner is RUNS_CODE else unwrap(inner)
-    if kind is tuple or kind is tl.tuple:
-        return tuple(unwrap(v) for v in value)
-    if issubclass(kind, tuple) and static_reads.in_mro(kind, "__iter__") is tuple.__iter__:
-        return tuple(unwrap(v) for v in tuple.__iter__(value))
-    return value
-
-
-def _wrapped(value: Any) -> Any:
-    """What the ``constexpr`` ``value`` wraps: a subclass's field as Python's lookup finds it,
-    :data:`~.static_reads.RUNS_CODE` where only code would give it (or it has none)."""
-    if type(value) is language().constexpr:
-        return value.value
-    try:
-        return attribute(value, "value")
-    except AttributeError:
-        return RUNS_CODE
 
 
 def triton_home(value: Any) -> list[str] | None:
@@ -151,12 +79,15 @@ def triton_home(value: Any) -> list[str] | None:
 
 def _named(value: Any, name: str, kind: type = str) -> Any:
     """The attribute ``name`` of ``value`` where Python's lookup gives it without running code
-    and it is a ``kind``; else None."""
+    and it is a ``kind`` (a ``str`` exactly: a subclass may hash and split its own way); else
+    None."""
     try:
         found = attribute(value, name)
     except AttributeError:
         return None
-    return found if found is not RUNS_CODE and issubclass(type(found), kind) else None
+    if found is RUNS_CODE:
+        return None
+    return found if (type(found) is str if kind is str else issubclass(type(found), kind)) else None
 
 
 def triton_code(fn: Any) -> bool:
@@ -200,8 +131,9 @@ def describe(value: Any, depth: int = 0) -> Any:
     tl = language()
     jit_callable, constexpr_function, _ = static_reads.jit_classes()
     kind = type(value)
+    spend(1 + len(value) if one_of(kind, (dict, set, frozenset)) else 1)
     if issubclass(kind, tl.constexpr):
-        inner = _wrapped(value)
+        inner = wrapped(value)
         return None if inner is RUNS_CODE else _whole(["k", _part(inner, depth)])
     if kind is tuple or kind is list:
         return _whole([kind.__name__, [_part(v, depth) for v in value]])
@@ -210,9 +142,13 @@ def describe(value: Any, depth: int = 0) -> Any:
         return home
     if kind is types.ModuleType:
         return ["module"]
+    if value is os.environ:  # (what code reads of it is read as each variable: "e" reads)
+        return ["environ"]
     if issubclass(kind, jit_callable):
         if constexpr_function is not None and issubclass(kind, constexpr_function):
-            return ["cfn", code_digest(value.fn.__code__)]
+            inner = static_reads.python_function(value)
+            function = None if inner is None else _part(inner, depth)
+            return None if function is None else ["cfn", function]
         src = repr(mark(value))
         file, line = _first_line(value)
         defined = static_reads.bound(value, lambda v: _part(v, depth))
@@ -228,12 +164,16 @@ def describe(value: Any, depth: int = 0) -> Any:
                 held = ABSENT
             cells.append(_part(held, depth))
         defaults = [_part(v, depth) for v in value.__defaults__ or ()]
-        return _whole(["fn", code_digest(value.__code__), cells, defaults])
+        own = _named_fields(value)
+        attrs = None if own is None else [[k, _part(v, depth)] for k, v in own]
+        return _whole(["fn", code_digest(value.__code__), cells, defaults, attrs])
     if issubclass(kind, type):
         return klass(value, depth)
     if kind is types.MethodType:
         return _whole(["method", _part(value.__func__, depth), _part(value.__self__, depth)])
-    if kind in (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType):
+    if one_of(
+        kind, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)
+    ):
         return _builtin(value, depth)
     if issubclass(kind, enum.Enum):
         fields = _fields(value)
@@ -243,8 +183,7 @@ def describe(value: Any, depth: int = 0) -> Any:
     if kind is set or kind is frozenset:  # (iterated in an order that varies by process)
         parts = [_part(v, depth) for v in value]
         return None if _holes(parts) else [kind.__name__, sorted(parts, key=repr)]
-    with watched():  # (nothing here runs code of the value: the guard would see it)
-        return _object(value, kind, depth)
+    return _object(value, kind, depth)
 
 
 def _object(value: Any, kind: type, depth: int) -> Any:
@@ -258,6 +197,7 @@ def _object(value: Any, kind: type, depth: int) -> Any:
     if base is not object:
         held = [_part(static_reads.DATA_BASES[base](value), depth)]
     fields = dict(_fields(value))
+    spend(len(fields))
     for name in static_reads.slot_names(kind):
         slot = in_mro(kind, name)
         if type(slot) is not types.MemberDescriptorType:
@@ -288,8 +228,17 @@ def _fields(value: Any) -> dict[str, Any]:
     """The instance dictionary of ``value``, read without running its code ({} where none)."""
     slot = in_mro(type(value), "__dict__")
     readable = (types.GetSetDescriptorType, types.MemberDescriptorType)
-    own = slot.__get__(value) if type(slot) in readable else None
+    own = slot.__get__(value) if one_of(type(slot), readable) else None
     return own if type(own) is dict else {}
+
+
+def _named_fields(value: Any) -> list[tuple[str, Any]] | None:
+    """The instance dictionary of ``value`` by name, in order; None where a key is not a
+    name (sorting it would compare objects of the program)."""
+    fields = _fields(value)
+    if not all(type(name) is str for name in fields):
+        return None
+    return sorted(fields.items(), key=lambda item: item[0])
 
 
 _TYPE_DICT = type.__dict__["__dict__"]
@@ -332,6 +281,7 @@ _open = threading.local()
 
 def _program_class(cls: type, module: Any, qualname: Any, depth: int) -> Any:
     space = _TYPE_DICT.__get__(cls)
+    spend(len(space))
     members = []
     for name in sorted(space):
         if name in static_reads.CLASS_NOISE or name in _ENUM_NOISE:
@@ -378,7 +328,7 @@ def _member(value: Any, cls: type, depth: int) -> Any:
         return _whole(["value", exact(_fields(value).get("_value_"))])
     if kind is types.MemberDescriptorType and value.__objclass__ is cls:  # (a slot of cls)
         return ["slot", value.__name__]
-    if kind in (staticmethod, classmethod):
+    if one_of(kind, (staticmethod, classmethod)):
         return _whole([kind.__name__, _part(value.__func__, depth)])
     if kind is property:
         return _whole(["property", [_part(f, depth) for f in (value.fget, value.fset, value.fdel)]])
@@ -446,20 +396,22 @@ def _keep(value: Any, stamp: Any, want: str) -> None:
 
 def _stamp(value: Any, kind: str) -> tuple[Any, ...]:
     """What the description of ``value`` (of ``kind``) follows from besides its identity: a
-    JIT function's source, settings and first line; a function's code object, defaults and
-    the objects it closes over (what they hold is read where it is used: calls are made
-    again); a ``constexpr_function``'s code object (its calls are made again)."""
+    JIT function's source, settings and first line; a function's (a ``constexpr_function``'s
+    function's) code object, defaults and the objects it closes over (what they hold is
+    read where it is used)."""
     if kind == "jit":
         return (kind, mark(value), getattr(value, "starting_line_number", None))
     if kind == "cfn":
-        return (kind, value.fn.__code__)
+        value = static_reads.python_function(value)
     cells = []
     for cell in value.__closure__ or ():
         try:
             cells.append(cell.cell_contents)
         except ValueError:
             cells.append(ABSENT)
-    return (kind, value.__code__, value.__defaults__, value.__kwdefaults__, *cells)
+    fields = _named_fields(value) or []  # (a function's own attributes: ``f.scale``)
+    names, held = [k for k, _ in fields], [v for _, v in fields]
+    return (kind, value.__code__, value.__defaults__, value.__kwdefaults__, *cells, *names, *held)
 
 
 def _same(then: tuple[Any, ...], now: tuple[Any, ...]) -> bool:

@@ -30,8 +30,8 @@ import threading
 from typing import Any
 
 from ..vendors.targets import Target
-from .admit import remake
-from .exact_values import exact, triton_home
+from .exact_values import triton_home
+from .namespaces import exact, remake
 from .static_reads import relative_path
 
 _LOCATION = re.compile(r'loc\("((?:[^"\\]|\\.)*)":')

@@ -21,9 +21,10 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from . import admit, reach, static_access, static_reads
 from . import exact_values as ev
-from .guard import program_class
+from . import namespaces, reach, static_access, static_reads
+from . import namespaces as pv
+from .guard import program_class, program_module
 from .static_reads import RUNS_CODE, python_function
 from .witness import Recorder, active
 
@@ -37,7 +38,7 @@ def _triton_value(value: Any) -> bool:
 def _ignorable(value: Any) -> bool:
     """Whether reading from ``value`` needs no witness: a plain value, or one of Triton's own
     objects (a dtype, a layout: what Triton's files, in every key, decide)."""
-    if ev.exact(value) is not None:
+    if pv.exact(value) is not None:
         return True
     return ev.triton_home(type(value)) is not None
 
@@ -61,7 +62,7 @@ def install() -> None:
                 recorder.missed(f"{getattr(self.jit_fn, '__name__', '?')} reached otherwise")
             else:
                 with recorder.guarded():
-                    recorder.add(self._kc_root, "f", "", admit.source_file(self.jit_fn))
+                    recorder.add(self._kc_root, "f", "", namespaces.source_file(self.jit_fn))
 
     def visit_Name(self: Any, node: Any) -> Any:
         value = visit_name(self, node)
@@ -76,7 +77,7 @@ def install() -> None:
 
     def visit_Attribute(self: Any, node: Any) -> Any:
         lhs = self.visit(node.value)
-        value = self.get_Attribute(admit.follow(lhs, self.builder.module_map), node.attr)
+        value = self.get_Attribute(namespaces.follow(lhs, self.builder.module_map), node.attr)
         recorder = active()
         if recorder is not None:
             with recorder.guarded():
@@ -98,13 +99,13 @@ def install() -> None:
     def call_Function(self: Any, node: Any, fn: Any, args: Any, kws: Any) -> Any:
         given = list(args)
         recorder = active()
-        if recorder is None or recorder.guard is None or not made_again(fn):
+        ran: set[Any] = set()  # (the code objects the call ran, where it is recorded)
+        if recorder is None or recorder.guard is None or not recordable(fn):
             value = call_function(self, node, fn, args, kws)
-            ran = False
         else:  # (program code it runs is the call's, if the call is recorded)
             with recorder.guard.calling() as block:
                 value = call_function(self, node, fn, args, kws)
-            ran = bool(block[1])
+            ran = block[1]
         if recorder is not None:
             with recorder.guarded():
                 _call(recorder, fn, given, dict(kws), value, self.builder.module_map, ran)
@@ -122,7 +123,7 @@ def install() -> None:
         def noting(inner: Any) -> Any:  # (what each formatted value is, as the f-string sees it)
             value = visit(inner)
             if id(inner) in formatted:
-                _opaque(recorder, "an f-string", ev.unwrap(value))
+                _opaque(recorder, "an f-string", pv.unwrap(value))
             return value
 
         self.visit = noting
@@ -144,7 +145,7 @@ def install() -> None:
         def noting(inner: Any) -> Any:  # (the two values ``is`` compares, as it sees them)
             value = visit(inner)
             if id(inner) in operands:
-                found.append(ev.unwrap(value))
+                found.append(pv.unwrap(value))
             return value
 
         self.visit = noting
@@ -155,11 +156,11 @@ def install() -> None:
             with recorder.guarded():
                 _identity(recorder, found)
 
-    kind: Any = getattr(getattr(ev.language(), "core", None), "constexpr_type", None)
+    kind: Any = getattr(getattr(pv.language(), "core", None), "constexpr_type", None)
     mangle = vars(kind).get("mangle") if kind is not None else None
     if mangle is not None:  # (Triton 3.9 names a specialization by repr(value) there)
         kind.mangle = _mangled(mangle)
-    constexpr = ev.language().constexpr
+    constexpr = pv.language().constexpr
     for name in OPERATORS:
         method = vars(constexpr).get(name)
         if method is not None:
@@ -207,7 +208,7 @@ def _operator(name: str, method: Any) -> Any:
         if recorder is not None:
             with recorder.guarded():
                 for value in (self, *args):
-                    _opaque(recorder, name, ev.unwrap(value))
+                    _opaque(recorder, name, pv.unwrap(value))
         return method(self, *args)
 
     return functools.wraps(method)(operator)
@@ -240,7 +241,7 @@ def _identity(recorder: Recorder, operands: list[Any]) -> None:
         return
     if any(any(v is s for s in SINGLETONS) for v in operands):
         return
-    if all(_triton_value(v) and not isinstance(v, ev.language().constexpr) for v in operands):
+    if all(_triton_value(v) and not isinstance(v, pv.language().constexpr) for v in operands):
         return  # (which tensor is which follows from the kernel's code)
     kinds = " and ".join(type(v).__qualname__ for v in operands)
     recorder.missed(f"`is` between a {kinds}")
@@ -248,7 +249,7 @@ def _identity(recorder: Recorder, operands: list[Any]) -> None:
 
 def _attribute(recorder: Recorder, base: Any, name: str, value: Any, module_map: Any) -> None:
     inner = base
-    if isinstance(base, ev.language().constexpr) and name not in ("value", "type"):
+    if isinstance(base, pv.language().constexpr) and name not in ("value", "type"):
         inner = base.value  # (what the code generator reads the attribute of)
     row = recorder.origin(base)
     if row is None and inner is not base:
@@ -260,7 +261,7 @@ def _attribute(recorder: Recorder, base: Any, name: str, value: Any, module_map:
         if row is None and static_reads.is_jit(value) and ev.triton_home(owner) is None:
             recorder.missed(f"a method of {owner.__qualname__} not witnessed")
     if row is not None:
-        again = lambda: admit.generated_attribute(owner, name, modules)  # noqa: E731
+        again = lambda: namespaces.generated_attribute(owner, name, modules)  # noqa: E731
         _found(recorder, row, "a", name, value, again)
     elif owner is base and not _ignorable(inner):
         recorder.missed(f"an attribute of a {type(inner).__qualname__} not witnessed")
@@ -287,8 +288,8 @@ def _same(made: Any, value: Any) -> bool:
     value, or a method of the same function bound to the same object."""
     if type(made) is types.MethodType and type(value) is types.MethodType:
         return made.__func__ is value.__func__ and made.__self__ is value.__self__
-    plain = ev.exact(made)
-    return plain is not None and plain == ev.exact(value)
+    plain = pv.exact(made)
+    return plain is not None and plain == pv.exact(value)
 
 
 def _item(recorder: Recorder, base: Any, key: Any, value: Any) -> None:
@@ -298,7 +299,7 @@ def _item(recorder: Recorder, base: Any, key: Any, value: Any) -> None:
     if row is None or made is None:
         recorder.missed(f"an item of a {type(base).__qualname__} not witnessed")
     else:
-        _found(recorder, row, "i", made, value, lambda: static_access.item(base, ev.unwrap(key)))
+        _found(recorder, row, "i", made, value, lambda: static_access.item(base, pv.unwrap(key)))
 
 
 def _mangled(method: Any) -> Any:
@@ -310,24 +311,24 @@ def _mangled(method: Any) -> Any:
         text = method(self)
         recorder = active()
         value = self.value
-        if recorder is not None and ev.exact(value) is None and not _ignorable(value):
+        if recorder is not None and pv.exact(value) is None and not _ignorable(value):
             recorder.missed(f"a specialization named by the repr of a {type(value).__qualname__}")
         return text
 
     return functools.wraps(method)(mangle)
 
 
-def made_again(fn: Any) -> bool:
-    """Whether a call of ``fn`` is one a check may make again (:mod:`.admit`): what program
-    code it runs is then the call's own."""
+def recordable(fn: Any) -> bool:
+    """Whether a call of ``fn`` is one the witness records (:func:`_call`): what program code
+    it runs is then the call's own, and decides whether its reads decide it."""
     jit_callable, constexpr_function, _ = static_reads.jit_classes()
     if constexpr_function is not None and isinstance(fn, constexpr_function):
         return True
     if isinstance(fn, jit_callable) or ev.triton_home(fn) is not None:
         return False
-    if any(f is fn for f in static_access.BUILTINS.values()) or fn in admit.PURE:
+    if any(f is fn for f in static_access.BUILTINS.values()) or fn in reach.PURE_MATH:
         return True
-    return admit.program_function(fn) or (isinstance(fn, type) and program_class(fn))
+    return program_function(fn) or (isinstance(fn, type) and program_class(fn))
 
 
 def _bound(recorder: Recorder, fn: Any, module_map: dict[str, Any]) -> tuple[Any, Any] | None:
@@ -344,7 +345,7 @@ def _bound(recorder: Recorder, fn: Any, module_map: dict[str, Any]) -> tuple[Any
     if row is None or not isinstance(name, str):
         recorder.missed(f"a method of {type(owner).__qualname__} not witnessed")
         return None
-    if admit.generated_attribute(type(owner), name, module_map) is not func:
+    if namespaces.generated_attribute(type(owner), name, module_map) is not func:
         recorder.missed(f"{type(owner).__qualname__}.{name} found otherwise")
         return None
     recorder.add(row, "a", name, func)
@@ -358,10 +359,11 @@ def _call(
     kws: dict[str, Any],
     value: Any,
     module_map: dict[str, Any],
-    ran: bool,
+    ran: set[Any],
 ) -> None:
     """Record a call the code generator made at compile time of code that is not Triton's
-    (``ran``: the call ran code of the program's own)."""
+    (``ran``: the code objects it ran, but ours), where what its code can read decides it
+    (:mod:`.reach`); else the read set is partial."""
     jit_callable, constexpr_function, _ = static_reads.jit_classes()
     if isinstance(fn, jit_callable) and not (
         constexpr_function is not None and isinstance(fn, constexpr_function)
@@ -372,33 +374,42 @@ def _call(
         fn, args = bound[0], [bound[1], *args]
     if ev.triton_home(fn) is not None:
         return  # (Triton's own code, in every key)
-    if hasattr(fn, "__self__") and _triton_value(fn.__self__):
+    owner = getattr(fn, "__self__", None)
+    if _triton_value(owner):
         return  # (a method of a tensor)
+    if ev.triton_home(type(owner)) is not None and pv.exact(owner) is not None:
+        return  # (Triton's method of a value of Triton's: a dtype's ``is_int``, in every key)
     if getattr(fn, "__triton_builtin__", False):
         if not ev.triton_code(fn):  # (a builtin of the program's own, given tensors: never
-            reach.reachable(recorder, fn, module_map)  # called again)
+            reach.reachable(recorder, fn, module_map, reach.Reach())  # decided by its reads)
         return
     builtin = next((n for n, f in static_access.BUILTINS.items() if f is fn), None)
     if builtin is not None:
-        _builtin(recorder, builtin, args, kws, value, ran)
+        _builtin(recorder, builtin, args, kws, value, bool(ran))
         return
-    constexpr = ev.language().constexpr
+    constexpr = pv.language().constexpr
     if hasattr(fn, "__self__"):  # (given their arguments unwrapped)
         args = [a.value if isinstance(a, constexpr) else a for a in args]
         kws = {k: v.value if isinstance(v, constexpr) else v for k, v in kws.items()}
     given = [recorder.argument(a) for a in args]
     named = [[k, recorder.argument(v)] for k, v in sorted(kws.items())]
+    followed = reach.Reach()
     if any(m is None for m in given) or any(m is None for _, m in named):
         recorder.missed(f"a call of {_name(fn)} with arguments not witnessed")
-        reach.reachable(recorder, fn, module_map)
+        reach.reachable(recorder, fn, module_map, followed)
         return
     parent = recorder.origin(fn)
     if parent is None:
         recorder.missed(f"a call of {_name(fn)} not witnessed")
         return
-    row = recorder.add(parent, "c", [given, named], ev.unwrap(value))
+    row = recorder.add(parent, "c", [given, named], pv.unwrap(value))
     if row is not None:
         recorder.trace.note(value, row)  # (the wrapped result the generator goes on with)
+    reach.reachable(recorder, fn, module_map, followed)
+    reach.arguments(recorder, [pv.unwrap(a) for a in [*args, *kws.values()]], module_map, followed)
+    why = followed.decided(ran)
+    if why is not None:
+        recorder.missed(f"a call of {_name(fn)} its reads do not decide: {why}"[:200])
 
 
 def _builtin(
@@ -408,7 +419,7 @@ def _builtin(
     result follows from them) or Triton's own objects, a read where a check makes it again as
     it was made (no code of the program ran in it: :func:`~.read_sets.builtin`); else the
     read set is partial."""
-    args = [ev.unwrap(a) for a in args]
+    args = [pv.unwrap(a) for a in args]
     given = [recorder.argument(a) for a in args]
     if not ran and not kws:
         if all(g is not None and g[0] == "v" for g in given):
@@ -423,9 +434,9 @@ def _builtin(
                 except Exception:  # (the check would find an error, not this)
                     again = RUNS_CODE
                 if again is not RUNS_CODE and (
-                    again is ev.unwrap(value) or _same(again, ev.unwrap(value))
+                    again is pv.unwrap(value) or _same(again, pv.unwrap(value))
                 ):
-                    recorder.add(-1, "b", [name, given], ev.unwrap(value))
+                    recorder.add(-1, "b", [name, given], pv.unwrap(value))
                     return
             elif not any(_registers(a) for a in args):
                 return  # (Triton's objects and plain values: what Triton's files say)
@@ -444,10 +455,19 @@ def _registers(value: Any) -> bool:
 def _origin(recorder: Recorder, value: Any) -> int | None:
     """The row that found ``value`` or, for a ``constexpr``, the value it holds."""
     row = recorder.origin(value)
-    if row is None and isinstance(value, ev.language().constexpr):
+    if row is None and isinstance(value, pv.language().constexpr):
         row = recorder.origin(value.value)
     return row
 
 
 def _name(fn: Any) -> str:
     return str(getattr(fn, "__qualname__", None) or type(fn).__qualname__)
+
+
+def program_function(fn: Any) -> bool:
+    """Whether ``fn`` is a Python function (or a method of one) of the program's own."""
+    if type(fn) is types.MethodType:
+        fn = fn.__func__
+    if type(fn) is not types.FunctionType or ev.triton_home(fn) is not None:
+        return False
+    return program_module(fn.__globals__.get("__name__"))

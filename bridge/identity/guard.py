@@ -1,50 +1,40 @@
-"""Watching which Python code runs: while Triton's frontend generates a kernel (what the witness
-did not see run), and while a stored read set is checked (what a lookup may run at all).
+"""Watching which Python code runs while Triton's frontend generates a kernel: what the
+witness did not see run makes a read set partial.
 
 Code is told apart by where it is defined (:func:`kind_of`): the bridge's, kernelcache's and
-Triton's files (*ours*: in every key, or the check itself), the standard library's (*library*),
-and everything else: the program's own and the installed distributions' (*program*), code a
-``constexpr_function``, a property, a metaclass or a module's ``__getattr__`` runs. Code made at
-run time (``<string>``: a dataclass's or namedtuple's methods) is a program's.
+Triton's files (*ours*: in every key, or the witness itself), the standard library's
+(*library*), and everything else: the program's own and the installed distributions'
+(*program*), code a ``constexpr_function``, a property, a metaclass or a module's
+``__getattr__`` runs. Code made at run time (``<string>``: a dataclass's or namedtuple's
+methods) is a program's.
 
 A :class:`Guard` traces the calls of one thread (:func:`sys.settrace`, chained to a tracer
-already there, such as a debugger's) until its block ends. Each call of program code:
+already there, such as a debugger's) until its block ends. Each call of program code is
+reported to ``ran`` (the read set is then partial, so the IR decides), unless a
+:meth:`Guard.calling` block says it is part of a call the witness records: there the code
+objects that run (the program's and the library's alike) are collected, for the witness to
+judge whether the call is decided by its code and reads (:mod:`.reach`). Library code given
+an object or class of the program (``len`` of an Enum runs ``EnumType.__len__``, an ABC's
+``isinstance`` its registry) counts as the program's. Within :meth:`Guard.ours` (the
+witness's own bookkeeping) nothing counts.
 
-- while *witnessing* a frontend run (:data:`WITNESS`) is reported to ``ran`` (the read set is
-  then partial, so the IR decides), unless a :meth:`Guard.calling` block says it is part of a
-  call the witness records and makes again; library code given an object or class of the
-  program (``len`` of an Enum runs ``EnumType.__len__``, an ABC's ``isinstance`` its registry)
-  counts as the program's. Within :meth:`Guard.ours` (the witness's own bookkeeping) nothing
-  counts.
-- while *checking* a stored read set (:data:`CHECK`) raises
-  :class:`~bridge.exceptions.CheckInterrupted` before its first line runs, unless it is within
-  :meth:`Guard.calling` (a call the read set may make again: :mod:`.admit` decided), where it
-  may run until a :class:`Watchdog` interrupts it (and again, where the program swallows it).
-
-Invariants: nothing here runs code of the objects it looks at (types and namespaces are read
-from their own tables); :class:`~bridge.exceptions.CheckInterrupted` derives from ``BaseException`` so that program code
-catching ``Exception`` cannot swallow it; a guard always restores the tracer it found.
+Only a recording is ever watched: a check of a stored read set runs no code to watch
+(:mod:`.read_sets`). Invariants: nothing here runs code of the objects it looks at (types and
+namespaces are read from their own tables); a guard always restores the tracer it found.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import os
 import sys
 import sysconfig
 import threading
-import time
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..exceptions import CheckInterrupted
-
-#: what a guard watches for: a frontend run (report program code) or a check (refuse it)
-WITNESS = "witness"
-CHECK = "check"
 OURS, LIBRARY, MADE, PROGRAM_CODE = 0, 1, 2, 3
 #: library modules that never run code of the objects they are given (what the frontend
 #: itself runs): their calls are not looked at
@@ -102,17 +92,6 @@ def kind_of(code: types.CodeType) -> int:
     return found
 
 
-def triton_type(kind: type) -> bool:
-    """Whether the class ``kind`` is defined by Triton (in a module of Triton's files)."""
-    module = type.__dict__["__module__"].__get__(kind)
-    if not isinstance(module, str) or module.split(".")[0] != "triton":
-        return False
-    if not _where:
-        _where.append(_dirs())
-    where = getattr(sys.modules.get(module), "__file__", None) or ""
-    return where.startswith(_where[0][0])
-
-
 _classes: dict[int, tuple[type, bool]] = {}
 
 
@@ -156,8 +135,7 @@ def of_program(value: Any) -> bool:
     return program_class(value if issubclass(kind, type) else kind)
 
 
-#: this thread's guard (:func:`current`), or what makes it when first needed (a check's:
-#: :class:`bridge.identity.read_sets.OnDemand`)
+#: this thread's guard (:func:`current`)
 STATE = threading.local()
 
 
@@ -166,97 +144,52 @@ def current() -> Guard | None:
     return getattr(STATE, "guard", None)
 
 
-def watched() -> contextlib.AbstractContextManager[None]:
-    """A block traced by the guard open in this thread, if any (what may run code of the
-    program: a description of an object by its fields)."""
-    guard = current()
-    return guard.tracing() if guard is not None else contextlib.nullcontext()
-
-
 class Guard:
     """Watches the calls of this thread until its block ends (see the module docstring).
 
-    What a call of program code does depends on the innermost block open: the guard's own
-    ``mode`` (:data:`WITNESS`: reported; :data:`CHECK`: refused), :meth:`calling` (allowed, and
-    noted), :meth:`strict` (refused) or :meth:`ours` (not looked at)."""
+    What a call of program code does depends on the innermost block open: reported to
+    ``ran`` (the guard's own), collected (:meth:`calling`) or not looked at (:meth:`ours`)."""
 
-    def __init__(
-        self,
-        mode: str,
-        ran: Callable[[str], None] | None = None,
-    ) -> None:
+    def __init__(self, ran: Callable[[str], None] | None = None) -> None:
         self.ran = ran
-        #: the blocks open, innermost last: a mode, and for a call whether program code ran
-        self.blocks: list[list[Any]] = [[mode, False]]
+        #: the blocks open, innermost last: a mode, and for a call the code that ran in it
+        self.blocks: list[list[Any]] = [["witness", None]]
         self.previous: Any = None
         self.outer: Guard | None = None
         self.collecting = False
-        self.tracer_on = False
 
-    # -- blocks --------------------------------------------------------------------------------
     def __enter__(self) -> Guard:
         """The guard current in this thread, tracing every call until the block ends."""
-        self._arm()
-        self._trace()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._untrace()
-        self._disarm()
-
-    @contextlib.contextmanager
-    def tracing(self) -> Iterator[None]:
-        """Trace every call in this block (already traced: as it is)."""
-        if self.tracer_on:
-            yield
-            return
-        self._trace()
-        try:
-            yield
-        finally:
-            self._untrace()
-
-    def _arm(self) -> None:
         self.outer = current()
         STATE.guard = self
-
-    def _disarm(self) -> None:
-        STATE.guard = self.outer
-
-    def _trace(self) -> None:
         self.previous = sys.gettrace()
         self.collecting = gc.isenabled()
         gc.disable()  # (a collection runs callbacks and finalizers of whatever it finds)
-        self.tracer_on = True
         sys.settrace(self._call)
+        return self
 
-    def _untrace(self) -> None:
+    def __exit__(self, *exc: object) -> None:
         sys.settrace(self.previous)
-        self.tracer_on = False
         if self.collecting:
             gc.enable()
-
-    def rearm(self) -> None:
-        """Trace again after :class:`~bridge.exceptions.CheckInterrupted` was raised (Python
-        stops a tracer that raises)."""
-        if self.tracer_on and sys.gettrace() is not self._call:
-            sys.settrace(self._call)
+        STATE.guard = self.outer
 
     @contextlib.contextmanager
     def _block(self, mode: str) -> Iterator[list[Any]]:
-        block = [mode, False]
+        block: list[Any] = [mode, set() if mode == "calling" else None]
         self.blocks.append(block)
         try:
             yield block
         finally:
             self.blocks.pop()
-            if block[1] and mode == "calling":
-                self.blocks[-1][1] = True
+            outer = self.blocks[-1]
+            if mode == "calling" and outer[0] == "calling":
+                outer[1] |= block[1]
 
     @contextlib.contextmanager
     def calling(self) -> Iterator[list[Any]]:
-        """A call that is made again (a check) or recorded to be (a witness): program code may
-        run in it. Yields a block whose ``[1]`` is True afterwards where any did."""
+        """A call the witness records: any code may run in it. Yields a block whose ``[1]``
+        is afterwards the set of code objects that ran in it, but ours."""
         with self._block("calling") as block:
             yield block
 
@@ -266,13 +199,6 @@ class Guard:
         with self._block("quiet"):
             yield
 
-    @contextlib.contextmanager
-    def strict(self) -> Iterator[None]:
-        """A description of what a read found: program code may not run in it (a check makes
-        the same description, where it may not either)."""
-        with self._block(CHECK):
-            yield
-
     # -- the tracer ----------------------------------------------------------------------------
     def _call(self, frame: types.FrameType, event: str, arg: Any) -> Any:
         local = self.previous(frame, event, arg) if self.previous is not None else None
@@ -280,20 +206,17 @@ class Guard:
         mode = block[0]
         if event != "call" or mode == "quiet":
             return local
-        kind = kind_of(frame.f_code)
-        if kind == OURS or frame.f_code.co_name == "__del__":  # (a finalizer: not the reads')
-            return local
-        if kind == LIBRARY and (mode == CHECK or not self._given_program(frame)):
-            return local
-        if kind == MADE and not self._given_program(frame):
+        code = frame.f_code
+        kind = kind_of(code)
+        if kind == OURS or code.co_name == "__del__":  # (a finalizer: not the reads')
             return local
         if mode == "calling":
-            block[1] = True
+            block[1].add(code)
             return local
-        if mode == CHECK:
-            raise CheckInterrupted(f"{_name(frame.f_code)} would run, code a check may not run")
+        if kind in (LIBRARY, MADE) and not self._given_program(frame):
+            return local
         if self.ran is not None:
-            self.ran(_name(frame.f_code))
+            self.ran(_name(code))
         return local
 
     def _given_program(self, frame: types.FrameType) -> bool:
@@ -304,47 +227,6 @@ class Guard:
             return False
         values = frame.f_locals
         return any(of_program(values.get(n)) for n in code.co_varnames[:count])
-
-
-class Watchdog:
-    """Interrupts this thread once ``seconds`` have passed, and again every few milliseconds
-    until :meth:`close` (code of the program that swallows the exception meets it again at its
-    next instruction), from a thread of its own: raising from the tracer would stop it."""
-
-    def __init__(self, seconds: float) -> None:
-        self.thread = threading.get_ident()
-        self.done = threading.Event()
-        self.fired = False
-        self.deadline = time.monotonic() + seconds
-        self.watcher = threading.Thread(target=self._watch, name="kernelcache-check", daemon=True)
-        self.watcher.start()
-
-    def _watch(self) -> None:
-        if self.done.wait(max(0.0, self.deadline - time.monotonic())):
-            return
-        while not self.done.is_set():
-            self.fired = True
-            interrupt(self.thread, CheckInterrupted)
-            self.done.wait(0.005)
-
-    def close(self) -> None:
-        """Stop interrupting; an interruption not yet delivered is taken here (wherever one
-        lands, the watcher is stopped before this returns)."""
-        while True:
-            try:
-                self.done.set()
-                self.watcher.join()
-                for _ in range(8) if self.fired else ():  # (delivered at a jump back)
-                    pass
-                return
-            except CheckInterrupted:
-                continue
-
-
-def interrupt(thread: int, exception: type[BaseException]) -> None:
-    """Raise ``exception`` in ``thread`` at its next instruction (never "none": CPython then
-    keeps asking the thread to check, and a thread that finds nothing loops on it)."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(exception))
 
 
 def _name(code: types.CodeType) -> str:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from .exact_values import describe, exact
+from .exact_values import describe
+from .namespaces import exact
 from .static_reads import SETTINGS, bound, is_jit, mark, relative_path, source, spelled
 
 __all__ = ["SETTINGS", "constant", "identity", "is_jit", "mark", "source"]

@@ -1,98 +1,109 @@
 """A read set: what Triton's frontend read while it generated one kernel, as plain data that any
-process can ask again (:func:`check`).
+process compares with what the same reads find now (:func:`stale`). A check reads and
+compares; it never calls.
 
 A read set is a list of rows ``[parent, op, operand, want]``, in the order the frontend made the
 reads (its form: :mod:`bridge.entries.metadata`). ``parent`` is the row whose object the read
-was made on (``-1``: the kernel itself); ``op`` is one of ``"g"`` (a global or closure variable
-of a function, as Triton's code generator resolves it), ``"a"`` (an attribute), ``"i"`` (an
-item), ``"c"`` (a call of a ``constexpr_function`` or of a function or class of the program,
-with ``[args, kwargs]``), ``"b"`` (a built-in the code generator offers, made again without
-running code of the program: :func:`~.static_access.builtin`), ``"f"`` (a JIT function's source
-file as the binary's debug information names it), ``"d"`` (a function's defaults), ``"e"`` (an
-environment variable no key holds, as a keyed digest of its value:
-:mod:`.keyed_environment`), ``"p"`` (a constexpr argument of the kernel that is an object) and
-``"ir"`` (where the read set is partial: the digest of the IR the frontend gives in the
-specialization ``operand``, made again); ``want`` is a digest of what the read found
-(:meth:`Trace.want`). An argument is ``["v", value]`` (plain, :func:`exact`), ``["r", row]``
-(the object a row found) or ``["rk", row]`` (that object in a ``constexpr``).
+was made on (``-1``: the kernel itself); ``op`` is one of :data:`OPS`; ``want`` is a digest of
+what the read found (:meth:`Trace.want`). An argument is ``["v", value]`` (plain, :func:`exact`),
+``["r", row]`` (the object a row found) or ``["rk", row]`` (that object in a ``constexpr``).
 
 What a read found is described by content (:func:`~.exact_values.describe`), an object met
-before by the row that first found it. Invariant: :func:`check` gives the digests a frontend run
-now would record for the same reads, so a kernel whose reads all find what they found is the
-kernel its frontend would generate now (its key holds the rest). A partial read set ends with
-the ``"ir"`` read: the frontend vouches for what the witness could not follow.
+before by the row that first found it. A check makes each *namespace read* again (a
+function's globals and closure, a module's, a class's or an object's own namespace, an item
+of a plain container, an environment variable, the kernel's constexpr arguments: no
+descriptor but Python's own binding, no ``__getattr__``, no ``__eq__`` or ``__hash__`` of the
+program's) and compares what it finds. A call (``"c"``) or a built-in (``"b"``) the frontend
+made is *decided*: its result follows from its callee (the row that found it), its arguments
+(each described by content) and the reads its code can make (recorded as rows by :mod:`.reach`
+at the compile, which judged that nothing else decides it), so a check compares those and
+never makes the call; what the result's own rows read follows from it too. ``getattr`` and
+``hasattr`` (:data:`LOOKUPS`) are attribute reads, made as ``"a"`` makes one. A read set whose calls its reads do not
+decide is *partial* and ends with the ``"ir"`` read, which runs Triton's frontend for the
+lookup's own specialization (the stored data gives only its digest) and compares.
 
-A read set is hostile input (a shared root, a remote tier, a bundle): its rows are checked
-against the kernel's code before any runs (:mod:`.admit`), reads run no code of what they read,
-calls run only where the code allows them and under a deadline (:mod:`.guard`), and nothing a
-check raises leaves it (a :class:`Refusal`). A lookup (:func:`follow`) uses an entry only while
-:func:`stale` finds every read as it was, else the one under the key :func:`chained` from it.
+Invariant: a check gives the digests a frontend run now would record for the same reads, so a
+kernel whose reads all find what they found is the kernel its frontend would generate now (its
+key holds the rest). A read set is hostile input (a shared root, a remote tier, a bundle):
+nothing it says runs code, and what a check of one entry may do is bounded by the data's form
+(:data:`MAX_READ_SETS`, :data:`MAX_ENTRY_ROWS`, :data:`MAX_PARTS`): past a bound it is refused.
+Every outcome is a :class:`Verdict`; nothing a check meets leaves it as an exception.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import gc
 import hashlib
 import json
 import os
-import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from ..entries import metadata
-from ..exceptions import CheckInterrupted, RefusedReadSet
-from . import admit, static_access, static_reads
-from .admit import defaults, generated_attribute, module_map_of, remake, scope_value, source_file
-from .exact_values import ABSENT, describe, exact, language, remember, remembered, unwrap
-from .guard import CHECK, STATE, Guard, Watchdog
+from ..exceptions import OverBudget
+from . import static_access
+from .exact_values import ABSENT, describe, remember, remembered
 from .keyed_environment import environment_want
-from .static_access import builtin
+from .namespaces import (
+    budget,
+    defaults,
+    exact,
+    generated_attribute,
+    module_map_of,
+    plain_json,
+    remake,
+    scope_value,
+    source_file,
+    unwrap,
+)
 from .static_reads import RUNS_CODE
 
 FORMAT = metadata.FORMAT
+#: the most read sets one entry holds (a stored lowering: one per kernel it embeds), the most
+#: rows they hold together, and the most values and items a check of the entry describes
+MAX_READ_SETS = 256
+MAX_ENTRY_ROWS = 32768
+MAX_PARTS = 250_000
 T = TypeVar("T")
 
 
-class OnDemand:
-    """A check's guard (:mod:`.guard`), made when a read first needs it (a call made again, an
-    object described by its fields); a call made again is interrupted once the check has run
-    ``seconds`` (:class:`~.guard.Watchdog`)."""
+class Verdict(NamedTuple):
+    """What a check found of an entry's read sets: ``kind`` one of :data:`FRESH` (every read
+    finds what it found), :data:`CHANGED` (``now``: the digest of what they find now, which
+    the next key is chained from), :data:`REFUSED` (``reason``: data no compile of this code
+    writes, or past a bound: the entry is not used, and set aside) or :data:`UNCHECKED` (it
+    ends with the IR read and no specialization was given: only the kernel's own lookup can
+    make that read)."""
 
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
-        self.made: Guard | None = None
-        self.watchdog: Watchdog | None = None
+    kind: str
+    now: str = ""
+    reason: str = ""
 
-    def guard(self) -> Guard:
-        if self.made is None:
-            self.made = Guard(CHECK)
-        return self.made
+    @property
+    def fresh(self) -> bool:
+        return self.kind == FRESH
 
-    def tracing(self) -> contextlib.AbstractContextManager[None]:
-        return self.guard().tracing()
+    @property
+    def said(self) -> str:
+        """Why its entry is refused or set aside, as a refusal says it."""
+        return f"a read set no compile of this code wrote: {self.reason}"
 
-    def calling(self) -> contextlib.AbstractContextManager[list[Any]]:
-        if self.watchdog is None:
-            self.watchdog = Watchdog(max(0.0, self.end - time.monotonic()))
-        return self.guard().calling()
 
-    def strict(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()  # (a check refuses code of the program anywhere)
+FRESH, CHANGED, REFUSED, UNCHECKED = "fresh", "changed", "refused", "unchecked"
 
-    def rearm(self) -> None:
-        if self.made is not None:
-            self.made.rearm()
 
-    def close(self) -> None:
-        if self.watchdog is not None:
-            self.watchdog.close()
+def refused(reason: str, *texts: str) -> Verdict:
+    """A refusal for ``reason`` of the read sets ``texts`` (its ``now``: a digest of them, so
+    that a lookup passing it chains the same key in every process)."""
+    now = hashlib.sha256("\0".join(["refused", *texts]).encode()).hexdigest()
+    return Verdict(REFUSED, now, reason[:200])
 
 
 # -- what reads found ----------------------------------------------------------------------------
 class Trace:
     """The objects reads found, by the row that first found each (a recorder's, or a
-    :func:`check`'s: both describe what they find the same way)."""
+    check's: both describe what they find the same way)."""
 
     def __init__(self) -> None:
         self.rows: dict[int, int] = {}
@@ -111,7 +122,11 @@ class Trace:
             self.kept.append(value)
 
     def want(self, value: Any, row: int) -> str:
-        """The digest of what ``value``, found by ``row``, is (and remember it)."""
+        """The digest of what ``value``, found by ``row``, is (and remember it).
+
+        Raises:
+            OverBudget: describing it went past the budget open (:func:`~.namespaces.budget`).
+        """
         if value is ABSENT:
             return "absent"
         known = self.plain.get(id(value))
@@ -125,7 +140,7 @@ class Trace:
         first = self.rows.get(id(value))
         if first is not None:
             return f"same:{first}"
-        want = self._described(value, row)  # (may raise: then ``value`` is not remembered)
+        want = self._described(value, row)
         self.note(value, row)
         return want
 
@@ -133,7 +148,7 @@ class Trace:
         known = remembered(value)
         if known is not None:
             return known
-        desc = description(value)
+        desc = describe(value)
         if desc is None:
             self.opaque.append(f"{type(value).__qualname__} (row {row})")
             return _digest(["opaque", row])
@@ -142,73 +157,35 @@ class Trace:
         return want
 
 
-def description(value: Any) -> Any:
-    """:func:`~.exact_values.describe` of ``value``, where it runs no code of the program (in
-    the guard open, if any: a recording's or a check's alike): None where it would."""
-    guard = getattr(STATE, "guard", None)  # (read here: a check's may not be made yet)
-    if guard is None:
-        return describe(value)
-    with guard.strict():
-        try:
-            return describe(value)
-        except CheckInterrupted:
-            guard.rearm()
-            return None
-
-
 def _digest(desc: Any) -> str:
     text = json.dumps(desc, separators=(",", ":"), default=repr)
     return text if len(text) <= 40 else hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-# -- making reads again ---------------------------------------------------------------------------
+# -- the reads a check makes again ---------------------------------------------------------------
+#: what a decided row finds at a check: nothing is made (see the module docstring)
+DECIDED: Any = type("Decided", (), {"__repr__": lambda self: "<decided>"})()
+_FAILED: Any = type("Failed", (), {"__repr__": lambda self: "<failed>"})()
+
+
 def _argument(arg: Any, found: Sequence[Any]) -> Any:
     tag, body = arg
-    if tag == "r":
-        return found[int(body)]
-    if tag == "rk":
-        value = found[int(body)]
-        tl = language()
-        if issubclass(type(value), tl.constexpr) and type(value) is not tl.constexpr:
-            raise ValueError("a constexpr of a subclass (constexpr() reads its value)")
-        if not static_reads.own_class(value):  # (constexpr() asks isinstance of it)
-            raise ValueError("an object that tells its own class, in a constexpr")
-        return tl.constexpr(value)
-    return remake(body)
-
-
-def _call(fn: Any, operand: Any, found: Sequence[Any], guard: OnDemand | None) -> Any:
-    args, kwargs = operand
-    args = [_argument(a, found) for a in args]
-    kwargs = {str(k): _argument(a, found) for k, a in kwargs}
-    constexpr_function = static_reads.jit_classes()[1]
-    if constexpr_function is not None and issubclass(type(fn), constexpr_function):
-        fn, args, kwargs = (
-            fn.fn,
-            [unwrap(a) for a in args],
-            {k: unwrap(v) for k, v in kwargs.items()},
-        )
-    if guard is None:
-        return unwrap(fn(*args, **kwargs))
-    with guard.tracing(), guard.calling():
-        return unwrap(fn(*args, **kwargs))
+    return found[int(body)] if tag in ("r", "rk") else remake(body)
 
 
 def read(
-    base: Any,
-    op: str,
-    operand: Any,
-    found: Sequence[Any],
-    given: Any,
-    modules: Any,
-    backend: Any,
-    guard: OnDemand | None = None,
+    base: Any, op: str, operand: Any, found: Sequence[Any], given: Any, modules: Any, backend: Any
 ) -> Any:
-    """What row ``[parent, op, operand, _]`` finds on ``base`` now (``modules``: the backend's
-    module map; ``backend``: for an ``"ir"`` read; ``guard``: the check's, for a call);
-    :data:`~.static_reads.RUNS_CODE` where the read would run code it may not."""
-    if op == "ir":  # (the frontend generating the kernel, for a specialization admitted: not
-        from .frontend import ir_again  # traced, as nothing of a check is but what may run code)
+    """What row ``[parent, op, operand, _]`` finds on ``base`` now, by a namespace read
+    (``modules``: the backend's module map; ``backend``: for an ``"ir"`` read);
+    :data:`~.static_reads.RUNS_CODE` where only code would find it (none runs).
+
+    Raises:
+        whatever a read of what is not there raises (AttributeError, LookupError, TypeError,
+        ValueError: the read differs).
+    """
+    if op == "ir":  # (the frontend generating the kernel, for the lookup's own specialization)
+        from .frontend import ir_again
 
         return ir_again(base, operand, given, backend)
     if op == "p":
@@ -221,10 +198,8 @@ def read(
         return generated_attribute(base, str(operand), modules)
     if op == "i":
         return static_access.item(base, unwrap(_argument(operand, found)))
-    if op == "c":
-        return _call(base, operand, found, guard)
-    if op == "b":
-        return builtin(str(operand[0]), [_argument(a, found) for a in operand[1]])
+    if op == "b":  # (getattr and hasattr: an attribute read as "a" reads one)
+        return static_access.builtin(str(operand[0]), [_argument(a, found) for a in operand[1]])
     if op == "f":
         return source_file(base)
     if op == "d":
@@ -232,44 +207,35 @@ def read(
     raise ValueError(f"not a read: {op!r:.20}")
 
 
+#: the built-ins that read an attribute: reads a check makes, not results it takes as decided
+LOOKUPS = ("getattr", "hasattr")
+
+
+def _decided(op: str, operand: Any, base: Any, found: Sequence[Any]) -> bool:
+    """Whether a row is decided (see the module docstring): a call, a built-in that reads no
+    attribute, or any read of what a decided row found (its object or an argument)."""
+    if op == "c" or (op == "b" and operand[0] not in LOOKUPS) or base is DECIDED:
+        return True
+    args = [operand] if op == "i" else operand[1] if op == "b" else []
+    return any(a[0] in ("r", "rk") and found[int(a[1])] is DECIDED for a in args)
+
+
 @functools.lru_cache(maxsize=512)
 def parse(text: str) -> tuple[tuple[int, str, Any, str], ...] | None:
-    """The rows of a read set's text: None for anything :func:`~bridge.entries.metadata.problem` refuses."""
+    """The rows of a read set's text: None for anything :func:`~bridge.entries.metadata.problem`
+    refuses or an earlier version wrote."""
     if metadata.problem(text) is not None:
         return None
     doc = json.loads(text)
     if doc["format"] != FORMAT:
         return None
-    rows = doc["rows"]
-    return tuple((parent, op, operand, want) for parent, op, operand, want in rows)
+    return tuple((parent, op, operand, want) for parent, op, operand, want in doc["rows"])
 
 
 def reads_ir(texts: Sequence[str]) -> bool:
     """Whether one of the read sets ``texts`` ends with the IR read (which a check makes only
     for a specialization it is given)."""
     return any((rows := parse(t)) is not None and rows and rows[-1][1] == "ir" for t in texts)
-
-
-class Refusal(str):
-    """What :func:`check` finds for a read set the kernel's code does not admit (:mod:`.admit`):
-    a digest of the text like any other, with the ``reason``. Nothing of it runs."""
-
-    reason: str
-
-    def __new__(cls, text: str, reason: str) -> Refusal:
-        made = super().__new__(cls, hashlib.sha256(b"refused\0" + text.encode()).hexdigest())
-        made.reason = reason
-        return made
-
-    @property
-    def said(self) -> str:
-        """Why its entry is refused or set aside, as a refusal says it."""
-        return f"a read set its code does not admit: {self.reason}"
-
-
-class Unchecked(str):
-    """What :func:`stale` finds for a read set ending with the IR where no specialization is
-    given (a lowering's): only the kernel's own lookup can make that read."""
 
 
 def wants(
@@ -279,56 +245,43 @@ def wants(
     module_map: Any,
     backend: Any = None,
     expected: Callable[[], Sequence[Any]] | None = None,
-) -> list[str] | Refusal | Unchecked | None:
+) -> list[str] | Verdict:
     """What each read of ``text`` finds now, made again from ``kernel`` and ``given`` (its
-    constexpr arguments by name); None: no read set; a :class:`Refusal`: a row the code does
-    not admit (nothing runs). ``expected()``: the specializations an IR read may be for (None:
-    :class:`Unchecked`). A failing read finds ``"error"``; nothing raised leaves here."""
+    constexpr arguments by name): a decided row's as it was; a read that fails finds
+    ``"error"``. A :class:`Verdict` instead where the text is no read set of this version
+    (:data:`CHANGED`), refused, or ends with an IR read not made (``expected()``: the
+    specializations an IR read may be for; None: :data:`UNCHECKED`). Never raises."""
     rows = parse(text)
     if rows is None:
-        return None
+        return Verdict(CHANGED, hashlib.sha256(b"unreadable\0" + text.encode()).hexdigest())
     if not rows:
-        return Refusal(text, "no reads (every compile reads its kernel's source file)")
+        return refused("no reads (every compile reads its kernel's source file)", text)
+    if rows[-1][1] == "ir":
+        if expected is None:
+            return Verdict(UNCHECKED, reads_digest([text]))
+        if plain_json(rows[-1][2]) not in {plain_json(e) for e in expected()}:
+            return refused("an IR read of a specialization the lookup is not for", text)
     trace = Trace()
     found: list[Any] = []
     out: list[str] = []
-    if expected is not None and rows and rows[-1][1] == "ir":  # (made here: the lookup's code)
-        specializations = list(expected())
-        expected = lambda: specializations  # noqa: E731
-    ends = admit.CHECK_SECONDS
-    deadline = time.monotonic() + ends
     try:
-        admission = admit.Admission(kernel, given, expected)
-        guard, outer = OnDemand(admit.CALL_SECONDS), getattr(STATE, "guard", None)
-        STATE.guard = guard  # (this thread's guard, made if a read needs it)
-        try:
-            for index, (parent, op, operand, _) in enumerate(rows):
-                if time.monotonic() > deadline:
-                    raise CheckInterrupted(f"still checking at row {index} after {ends}s")
-                base = kernel if parent < 0 else found[parent]
-                value, want = _FAILED, "error"
-                if base is not _FAILED:
-                    admission.check(index, base, op, operand, found)
-                    if op == "ir" and expected is None:
-                        return Unchecked(reads_digest([text]))
-                    value, want = _made(
-                        trace, index, base, op, operand, found, given, module_map, backend, guard
-                    )
-                    if value is not _FAILED:
-                        admission.found(value)
-                found.append(value)
+        for index, (parent, op, operand, want) in enumerate(rows):
+            base = kernel if parent < 0 else found[parent]
+            if _decided(op, operand, base, found):
+                found.append(DECIDED)
                 out.append(want)
-        finally:
-            STATE.guard = outer
-            guard.close()
-    except RefusedReadSet as e:
-        return Refusal(text, str(e))
-    except KeyboardInterrupt:
-        raise
-    except (CheckInterrupted, MemoryError, RecursionError) as e:
-        return Refusal(text, f"{type(e).__name__}: {e}"[:200])
-    except BaseException as e:  # (nothing a hostile read set makes leaves the check)
-        return Refusal(text, f"the check failed: {type(e).__name__}: {e}"[:200])
+                continue
+            value, now = _FAILED, "error"
+            if base is not _FAILED:
+                value, now = _made(
+                    trace, index, base, op, operand, found, given, module_map, backend
+                )
+            found.append(value)
+            out.append(now)
+    except OverBudget:
+        return refused(f"its reads describe more than {MAX_PARTS:,} values", text)
+    except RecursionError:
+        return refused("a value nested past what a check describes", text)
     return out
 
 
@@ -342,20 +295,18 @@ def _made(
     given: Any,
     module_map: Any,
     backend: Any,
-    guard: OnDemand,
 ) -> tuple[Any, str]:
     """One read made again, and the digest of what it found (``"error"`` where it fails, or
-    would run code it may not: :data:`~.static_reads.RUNS_CODE`)."""
+    only code would find it: :data:`~.static_reads.RUNS_CODE`)."""
     try:
-        value = read(base, op, operand, found, given, module_map, backend, guard)
-        if value is RUNS_CODE:
-            return _FAILED, "error"
-        return value, trace.want(value, index)
-    except Exception:  # the user's code, run again: whatever it raises, the read differs
+        value = read(base, op, operand, found, given, module_map, backend)
+    except OverBudget:
+        raise
+    except Exception:  # (a read of what is not there, or the frontend failing now: differs)
         return _FAILED, "error"
-
-
-_FAILED: Any = object()
+    if value is RUNS_CODE:
+        return _FAILED, "error"
+    return value, trace.want(value, index)
 
 
 def check(
@@ -365,19 +316,16 @@ def check(
     module_map: Any,
     backend: Any = None,
     expected: Callable[[], Sequence[Any]] | None = None,
-) -> str | None:
-    """None where every read of the read set ``text`` finds what it found; else the digest of
-    what they find now: a :class:`Refusal` where the code does not admit it, :class:`Unchecked`
-    where it ends with an IR read and ``expected`` is not given (no read set: the text's)."""
+) -> Verdict:
+    """The :class:`Verdict` of the read set ``text`` (see :func:`wants`)."""
     now = wants(text, kernel, given, module_map, backend, expected)
-    rows = parse(text)
-    if now is None or rows is None:
-        return hashlib.sha256(b"unreadable\0" + text.encode()).hexdigest()
-    if isinstance(now, str):
+    if isinstance(now, Verdict):
         return now
+    rows = parse(text)
+    assert rows is not None  # (wants parsed it)
     if all(w == row[3] for w, row in zip(now, rows, strict=True)):
-        return None
-    return reads_digest(now)
+        return Verdict(FRESH)
+    return Verdict(CHANGED, reads_digest(now))
 
 
 def reads_digest(parts: Sequence[str]) -> str:
@@ -392,6 +340,17 @@ def params(src: Any) -> dict[str, Any]:
     return {names[p[0]]: v for p, v in src.constants.items() if len(p) == 1 and p[0] < len(names)}
 
 
+def bounds(texts: Sequence[Any]) -> str | None:
+    """Why an entry holding the read sets ``texts`` is past what a check of one entry may do
+    (:data:`MAX_READ_SETS`, :data:`MAX_ENTRY_ROWS`), None where it is within."""
+    if len(texts) > MAX_READ_SETS:
+        return f"{len(texts)} read sets (at most {MAX_READ_SETS})"
+    rows = sum(len(parse(t) or ()) for t in texts if isinstance(t, str))
+    if rows > MAX_ENTRY_ROWS:
+        return f"{rows} reads in all (at most {MAX_ENTRY_ROWS})"
+    return None
+
+
 def stale(
     texts: Any,
     kernel: Any,
@@ -399,23 +358,49 @@ def stale(
     backend: Any,
     seen: dict[Any, Any] | None = None,
     expected: Callable[[], Sequence[Any]] | None = None,
-) -> str | None:
-    """None where every read of the read sets ``texts`` (of kernels of the JIT function
-    ``kernel`` for ``backend``'s target, with the constexpr arguments ``given``) finds what it
-    found; else what they find now (:func:`check`): a :class:`Refusal` or :class:`Unchecked`
-    first. ``seen``: the checks made so far in one lowering of a program (nothing else runs
-    between two calls' checks): one made again for the same kernel and objects is not."""
+) -> Verdict:
+    """The :class:`Verdict` of the read sets ``texts`` of one entry (of kernels of the JIT
+    function ``kernel`` for ``backend``'s target, with the constexpr arguments ``given``): a
+    refusal or an unchecked IR read first, else :data:`CHANGED` where any read finds
+    something else. ``seen``: the checks made so far in one lowering of a program (nothing
+    else runs between two calls' checks): one made again for the same kernel and objects is
+    not. Never raises; no garbage collection runs while it checks (a collection runs the
+    finalizers and callbacks of whatever it finds)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _stale(texts, kernel, given, backend, seen, expected)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _stale(
+    texts: Any,
+    kernel: Any,
+    given: Any,
+    backend: Any,
+    seen: dict[Any, Any] | None,
+    expected: Callable[[], Sequence[Any]] | None,
+) -> Verdict:
     if not texts or not all(isinstance(t, str) for t in texts):
-        return Refusal("", "no read set (every compile of the bridge writes one)")
+        return refused("no read set (every compile of the bridge writes one)")
+    why = bounds(texts)
+    if why is not None:
+        return refused(why, *texts)
     modules = module_map_of(backend)
-    now = [_check_once(text, kernel, given, modules, backend, seen, expected) for text in texts]
-    for kind in (Refusal, Unchecked):
-        first = next((n for n in now if isinstance(n, kind)), None)
+    try:
+        with budget(MAX_PARTS):
+            now = [_check_once(t, kernel, given, modules, backend, seen, expected) for t in texts]
+    except OverBudget:
+        return refused(f"its reads describe more than {MAX_PARTS:,} values", *texts)
+    for kind in (REFUSED, UNCHECKED):
+        first = next((n for n in now if n.kind == kind), None)
         if first is not None:
             return first
-    if all(n is None for n in now):
-        return None
-    return reads_digest([n or "" for n in now])
+    if all(n.fresh for n in now):
+        return Verdict(FRESH)
+    return Verdict(CHANGED, reads_digest([n.now for n in now]))
 
 
 def _check_once(
@@ -426,7 +411,7 @@ def _check_once(
     backend: Any,
     seen: dict[Any, Any] | None,
     expected: Callable[[], Sequence[Any]] | None,
-) -> str | None:
+) -> Verdict:
     """:func:`check`, or its result for the same read set, kernel and objects of ``given``
     in ``seen`` (by their ids: the objects are kept alive there, so no other takes an id)."""
     rows = parse(text) if seen is not None else None
@@ -435,7 +420,7 @@ def _check_once(
     objects = (kernel, *(given.get(name, ABSENT) for name in _given_names(rows)))
     which: tuple[Any, ...] = (text, *map(id, objects))
     if expected is not None and any(op == "ir" for _, op, _, _ in rows):
-        which += (tuple(sorted(admit.plain_json(e) for e in expected())),)
+        which += (tuple(sorted(plain_json(e) for e in expected())),)
     found = seen.get(which)
     if found is None:
         found = seen[which] = (objects, check(text, kernel, given, modules, backend, expected))
@@ -458,31 +443,41 @@ def _given_names(rows: Sequence[tuple[int, str, Any, str]]) -> list[str]:
     return names
 
 
+def door(verdict: Verdict) -> str | None:
+    """The door policy, for an entry of a remote tier checked before any copy of it is made
+    here (a kernel's, a stored lowering's): a refused one is refused at the door (why, said
+    once by the cache); any other is published as an entry like any, and the lookup judges
+    it (a stale one is another version of the code's)."""
+    return verdict.said if verdict.kind == REFUSED else None
+
+
+# -- the one walk of a lookup --------------------------------------------------------------------
 #: how many other versions of a kernel's reads one lookup follows before it compiles in memory
 MAX_HOPS = 3
 
 
 def chained(key: str, now: str) -> str:
     """The key under which the kernel (or lowering) of ``key`` is kept for code whose reads
-    find ``now`` (:func:`stale`): each version of what the frontend reads has its own entry,
-    as each set of header contents has its own result in ccache's manifest."""
+    find ``now`` (a :data:`CHANGED` verdict's): each version of what the frontend reads has
+    its own entry, as each set of header contents has its own result in ccache's manifest."""
     return reads_digest([key, now])
 
 
 def follow(
-    key: str, entry: Callable[[str], T | None], now: Callable[[str, Any], str | None]
+    key: str, entry: Callable[[str], T | None], judge: Callable[[str, Any], Verdict]
 ) -> tuple[str | None, T | None]:
-    """The one walk of a lookup (a kernel's, a stored lowering's, an audit's): the entry under
-    ``key`` whose reads find what they found (``now(key, found)`` is None), else the one under
-    the key :func:`chained` from what they find now, for at most :data:`MAX_HOPS` more keys;
-    with the key it is (or is to be) stored under: ``(key, None)`` where nothing is stored
-    there yet, ``(None, None)`` past the last hop (kept in memory only)."""
+    """The one walk of a lookup (a kernel's, a stored lowering's, an audit's, ``explain``'s):
+    the entry under ``key`` whose reads find what they found (``judge(key, found)`` is
+    fresh), else the one under the key :func:`chained` from what they find now, for at most
+    :data:`MAX_HOPS` more keys; with the key it is (or is to be) stored under: ``(key, None)``
+    where nothing is stored there yet, ``(None, None)`` past the last hop (kept in memory
+    only). A refused or unchecked entry is passed as one that finds something else."""
     for _ in range(MAX_HOPS + 1):
         found = entry(key)
         if found is None:
             return key, None
-        differs = now(key, found)
-        if differs is None:
+        verdict = judge(key, found)
+        if verdict.fresh:
             return key, found
-        key = chained(key, differs)
+        key = chained(key, verdict.now)
     return None, None

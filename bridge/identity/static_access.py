@@ -1,7 +1,7 @@
 """Reading an object's items, and calling the built-ins kernel code is offered, without running
 code of the program: what a check of a stored read set (:mod:`.read_sets`) may do with
 whatever its reads find, and what the witness (:mod:`.frontend_hooks`) compares each read it
-records with (attributes: :mod:`.admit`).
+records with (attributes: :mod:`.namespaces`).
 
 An item is read only of a tuple, list or dict whose keys are plain; ``getattr`` and
 ``hasattr`` read as :func:`~.static_reads.attribute` does, ``isinstance`` only of a class that
@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..entries.metadata import BUILTIN_NAMES
-from .exact_values import exact, language, triton_home, unwrap
-from .static_reads import RUNS_CODE, attribute, own_class
+from .exact_values import triton_home
+from .namespaces import exact, language, unwrap
+from .static_reads import RUNS_CODE, attribute, one_of, own_class
 
 #: the built-ins Triton's code generator offers kernel code (:data:`~bridge.entries.metadata.BUILTIN_NAMES`)
 BUILTINS: dict[str, Callable[..., Any]] = {n: vars(builtins)[n] for n in BUILTIN_NAMES}
@@ -29,10 +30,10 @@ def item(value: Any, key: Any) -> Any:
     """``value[key]`` for a tuple, list or dict whose keys are plain (nothing else is read:
     :data:`RUNS_CODE`)."""
     kind = type(value)
-    if kind in (tuple, list, language().tuple) and type(key) in (int, bool):
+    if one_of(kind, (tuple, list, language().tuple)) and one_of(type(key), (int, bool)):
         return value.values[key] if kind is language().tuple else value[key]
     if kind is dict and exact(key) is not None and len(value) <= MAX_RESULT:
-        if all(type(k) in (int, str, bool, float, bytes, type(None)) for k in value):
+        if all(one_of(type(k), (int, str, bool, float, bytes, type(None))) for k in value):
             return value[key]
     return RUNS_CODE
 
@@ -45,6 +46,8 @@ def builtin(name: str, args: Sequence[Any]) -> Any:
     be."""
     args = [unwrap(a) for a in args]
     if name in ("getattr", "hasattr"):
+        if len(args) < 2 or type(args[1]) is not str:
+            return RUNS_CODE  # (a name only: any other key would be hashed, and compared)
         try:
             found = attribute(args[0], args[1])
         except AttributeError:

@@ -1,14 +1,12 @@
 """Reading code and values without running them: what a code object runs and names, what a
-JIT function's source spells and what its syntax reads, a JIT function's source and settings,
+JIT function's source spells, a JIT function's source and settings,
 whether an object's state is all in its fields, attributes read without running code, and a
 source file's path as the import root names it (:func:`relative_path`); plain values as keys hold them
 (:func:`plain_text`: a float by its bits, so every NaN apart).
 
 A JIT function's source is read as Triton's frontend walks it. :func:`spelled`, without
 parsing: every name the source spells outside string literals and comments (f-strings are
-code), a superset of what it reads. :func:`syntax`, parsed: the names it loads and stores, the
-attributes it reads and the chain of each, and a ``getattr``/``hasattr`` whose name is
-computed.
+code), a superset of what it reads.
 
 Nothing here calls a property, a ``__repr__`` or any other code of the value read. Every
 function answers from the value's own tables (its ``__dict__``, slots, code object, the type's
@@ -17,7 +15,6 @@ layout) or says it cannot (None, False).
 
 from __future__ import annotations
 
-import ast
 import dis
 import enum
 import functools
@@ -28,9 +25,7 @@ import struct
 import sys
 import types
 import unicodedata
-from typing import Any, NamedTuple
-
-from .guard import triton_type
+from typing import Any
 
 #: bases whose instances' state the describer reads through the value itself, each with the
 #: base's own way to that state (never a method a subclass overrides: a ``float`` whose
@@ -40,7 +35,7 @@ DATA_BASES: dict[type, Any] = {
     complex: lambda v: complex(complex.real.__get__(v), complex.imag.__get__(v)),
     str: str.__str__, bytes: lambda v: bytes.__getitem__(v, slice(None)),
     tuple: lambda v: tuple.__getitem__(v, slice(None)), frozenset: frozenset.copy,
-    list: list.copy, dict: lambda v: dict(dict.items(v)), set: set.copy, object: None,
+    list: list.copy, dict: dict.copy, set: set.copy, object: None,
 }  # fmt: skip
 #: what a class's namespace holds that is not its behaviour
 CLASS_NOISE = frozenset(
@@ -105,51 +100,7 @@ def code_facts(code: types.CodeType) -> tuple[str, frozenset[str], bool]:
     return hashlib.sha256(repr(doc).encode()).hexdigest(), frozenset(names), imports
 
 
-@functools.lru_cache(maxsize=4096)
-def global_loads(code: types.CodeType) -> frozenset[str]:
-    """The names ``code`` and the code nested in it load as globals (not the attributes they
-    read)."""
-    import dis
-
-    names = {
-        i.argval
-        for i in dis.get_instructions(code)
-        if i.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(i.argval, str)
-    }
-    for c in code.co_consts:
-        if type(c) is types.CodeType:
-            names |= global_loads(c)
-    return frozenset(names)
-
-
 # -- a JIT function's source ------------------------------------------------------------------
-#: Triton's names for Python builtins in kernel code that look attributes up
-LOOKUPS = ("getattr", "hasattr")
-
-
-class Syntax(NamedTuple):
-    """What the syntax of a JIT function's source reads, exactly as Triton's frontend walks it:
-    the names it loads and stores, every attribute it reads (with the literal names of
-    ``getattr``/``hasattr``) and the chain each is read through (the name it starts from, None
-    where it starts from an expression, then the attributes), and a ``getattr`` or ``hasattr``
-    call whose name is computed (its text), if any."""
-
-    loaded: frozenset[str]
-    stored: frozenset[str]
-    attributes: frozenset[str]
-    chains: frozenset[tuple[str | None, tuple[str, ...]]]
-    computed: str | None
-
-
-def _chain(node: ast.expr, last: tuple[str, ...] = ()) -> tuple[str | None, tuple[str, ...]]:
-    attrs = list(last)
-    while isinstance(node, ast.Attribute):
-        attrs.append(node.attr)
-        node = node.value
-    head = node.id if isinstance(node, ast.Name) else None
-    return head, tuple(reversed(attrs))
-
-
 _QUOTED = r"""(?:'''[\s\S]*?'''|\"\"\"[\s\S]*?\"\"\"|'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")"""
 #: an f-string (kept: its expressions are code), another string literal or a comment (dropped)
 _LITERAL = re.compile(
@@ -163,46 +114,10 @@ _NAME = re.compile(r"[^\W\d]\w*")
 @functools.lru_cache(maxsize=512)
 def spelled(src: str) -> frozenset[str]:
     """Every name a JIT function's source spells outside string literals and comments: a
-    superset of the names and attributes its syntax reads (:func:`syntax`), found without
-    parsing; each as Python reads it (NFKC-normalized: ``ﬁ`` is ``fi``, as in code objects)."""
+    superset of the names and attributes its syntax reads, found without parsing; each as
+    Python reads it (NFKC-normalized: ``ﬁ`` is ``fi``, as in code objects)."""
     found = _NAME.findall(_LITERAL.sub(r"\g<f>", src))  # (f-strings kept)
     return frozenset(unicodedata.normalize("NFKC", name) for name in found)
-
-
-@functools.lru_cache(maxsize=512)
-def syntax(src: str) -> Syntax:
-    """The :class:`Syntax` of a JIT function's source (parsed once per source and process)."""
-    import textwrap
-
-    try:
-        tree = ast.parse(textwrap.dedent(src))
-    except SyntaxError as e:
-        none: frozenset[Any] = frozenset()
-        return Syntax(none, none, none, none, f"(its source does not parse: {e.msg})")
-    loaded: set[str] = set()
-    stored: set[str] = set()
-    attributes: set[str] = set()
-    chains: set[tuple[str | None, tuple[str, ...]]] = set()
-    computed = None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (loaded if isinstance(node.ctx, ast.Load) else stored).add(node.id)
-        elif isinstance(node, ast.arg):
-            stored.add(node.arg)
-        elif isinstance(node, ast.Attribute):
-            attributes.add(node.attr)
-            chains.add(_chain(node))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            if node.func.id in LOOKUPS and len(node.args) >= 2:
-                name = node.args[1]
-                if isinstance(name, ast.Constant) and isinstance(name.value, str):
-                    attributes.add(name.value)
-                    chains.add(_chain(node.args[0], (name.value,)))
-                elif computed is None:
-                    computed = ast.unparse(node)
-    return Syntax(
-        frozenset(loaded), frozenset(stored), frozenset(attributes), frozenset(chains), computed
-    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -265,43 +180,73 @@ MISSING = "<unset>"
 _WORD = 8
 
 
+#: a class's own tables, read through ``type``'s descriptors (never a metaclass's)
+_TYPE = {n: type.__dict__[n] for n in ("__base__", "__basicsize__", "__weakrefoffset__",
+         "__dictoffset__", "__mro__", "__dict__")}  # fmt: skip
+
+
+def _of(cls: type, name: str) -> Any:
+    return _TYPE[name].__get__(cls)
+
+
+def one_of(kind: type, kinds: Any) -> bool:
+    """Whether ``kind`` is one of the classes ``kinds``, by identity (``kind in kinds`` would
+    ask a metaclass of the program's for its equality)."""
+    return any(kind is k for k in kinds)
+
+
 def _own_slots(cls: type) -> list[str]:
-    slots = vars(cls).get("__slots__", ())
-    return [slots] if isinstance(slots, str) else [s for s in slots if isinstance(s, str)]
+    slots = _of(cls, "__dict__").get("__slots__", ())
+    if type(slots) is str:
+        return [slots]
+    return [s for s in slots if type(s) is str] if one_of(type(slots), (tuple, list)) else []
 
 
 def _adds_only_fields(cls: type) -> bool:
     """Whether ``cls`` adds nothing to its base's memory layout but its own slots and the
     pointers of ``__dict__`` and ``__weakref__``: all its instances' state is in fields."""
-    base = cls.__base__
+    base = _of(cls, "__base__")
     if base is None:
         return False
-    grown = cls.__basicsize__ - base.__basicsize__
+    size, base_size = _of(cls, "__basicsize__"), _of(base, "__basicsize__")
+    grown = size - base_size
     slots = [s for s in _own_slots(cls) if s not in ("__dict__", "__weakref__")]
     grown -= _WORD * len(slots)
-    for offset in (cls.__weakrefoffset__, cls.__dictoffset__):
-        if offset > 0 and base.__basicsize__ <= offset < cls.__basicsize__:
+    for offset in (_of(cls, "__weakrefoffset__"), _of(cls, "__dictoffset__")):
+        if offset > 0 and base_size <= offset < size:
             grown -= _WORD
     return grown == 0
 
 
-@functools.lru_cache(maxsize=1024)
+#: :func:`data_base` of classes met, by id: (the class, kept alive; its base)
+_bases: dict[int, tuple[type, type | None]] = {}
+
+
 def data_base(cls: type) -> type | None:
     """The built-in base whose value holds the state of ``cls``'s instances besides their
     fields (``object``: none, ``int`` for a subclass of ``int``, ...), or None where an
     instance may hold state that no field shows (a type written in C, or a subclass of one:
-    ``functools.partial``, ``random.Random``, a pybind11 class)."""
-    while cls not in DATA_BASES:
-        if not _adds_only_fields(cls):
-            return None
-        cls = cls.__base__  # type: ignore[assignment]  # (checked: not None)
-    return cls
+    ``functools.partial``, ``random.Random``, a pybind11 class). Nothing of ``cls`` runs (no
+    metaclass's hash or equality: classes are told apart by identity)."""
+    known = _bases.get(id(cls))
+    if known is not None and known[0] is cls:
+        return known[1]
+    at: type | None = cls
+    while at is not None and not any(at is base for base in DATA_BASES):
+        at = _of(at, "__base__") if _adds_only_fields(at) else None
+    if len(_bases) > 4096:
+        _bases.clear()
+    _bases[id(cls)] = (cls, at)
+    return at
 
 
 def slot_names(kind: type) -> tuple[str, ...]:
     """The slots of instances of ``kind`` (for reading them again)."""
     return tuple(
-        s for cls in kind.__mro__ for s in _own_slots(cls) if s not in ("__dict__", "__weakref__")
+        s
+        for cls in _of(kind, "__mro__")
+        for s in _own_slots(cls)
+        if s not in ("__dict__", "__weakref__")
     )
 
 
@@ -324,10 +269,12 @@ def in_mro(cls: type, name: str) -> Any:
 
 
 # -- attributes, continued -------------------------------------------------------------------------------
-#: descriptors written in C whose ``__get__`` runs no code of the program
+#: descriptors written in C whose ``__get__`` binds or reads a field and runs no code: a
+#: slot's field, a method of a type written in C bound (a getset's getter is any C function,
+#: which may run Python: only Python's own built-in types' are read, :func:`_builtin_getset`)
 _C_DESCRIPTORS = frozenset(
-    {types.MemberDescriptorType, types.GetSetDescriptorType, types.MethodDescriptorType,
-     types.WrapperDescriptorType, types.ClassMethodDescriptorType, types.BuiltinFunctionType}
+    {types.MemberDescriptorType, types.MethodDescriptorType, types.WrapperDescriptorType,
+     types.ClassMethodDescriptorType, types.BuiltinFunctionType}
 )  # fmt: skip
 #: an Enum member's ``name`` and ``value`` (Enum's own properties): the fields they return
 _ENUM_FIELDS = {
@@ -412,9 +359,7 @@ def _bound(raw: Any, instance: Any, owner: type) -> Any:
         return raw.__func__
     if kind is classmethod:
         return types.MethodType(raw.__func__, owner if instance is None else type(instance))
-    if kind in _C_DESCRIPTORS:
-        return raw.__get__(instance, owner)
-    if triton_type(kind):  # (Triton's own descriptor: its code is in every key)
+    if one_of(kind, _C_DESCRIPTORS) or _builtin_getset(raw):
         return raw.__get__(instance, owner)
     field = _ENUM_FIELDS.get(id(raw))
     if field is not None and raw is field[0] and issubclass(type(instance), enum.Enum):
@@ -423,6 +368,15 @@ def _bound(raw: Any, instance: Any, owner: type) -> Any:
         if type(own) is dict and field[1] in own:
             return own[field[1]]
     return RUNS_CODE
+
+
+def _builtin_getset(raw: Any) -> bool:
+    """Whether ``raw`` is a getset descriptor of one of Python's own built-in types (``type``,
+    ``object``, a function's: its getter reads the object's fields)."""
+    if type(raw) is not types.GetSetDescriptorType:
+        return False
+    owner = raw.__objclass__
+    return type.__dict__["__module__"].__get__(owner) == "builtins"
 
 
 def python_function(fn: Any) -> types.FunctionType | None:
@@ -440,21 +394,20 @@ def python_function(fn: Any) -> types.FunctionType | None:
 
 # -- modules ---------------------------------------------------------------------------------
 def relative_dir(directory: str) -> str:
-    """``directory`` relative to the longest ``sys.path`` entry containing it, else its name."""
-    return _relative_dir(directory, tuple(sys.path), os.getcwd())
+    """``directory`` relative to the longest ``sys.path`` entry containing it, else its name
+    (the entries that are strings: the import system ignores any other, and nothing of one
+    runs here)."""
+    roots = tuple(entry for entry in sys.path if type(entry) is str)
+    return _relative_dir(directory, roots, os.getcwd())
 
 
 @functools.lru_cache(maxsize=4096)
-def _relative_dir(directory: str, path: tuple[Any, ...], cwd: str) -> str:
+def _relative_dir(directory: str, path: tuple[str, ...], cwd: str) -> str:
     """:func:`relative_dir` with ``sys.path`` and the working directory (what relative entries
     are relative to) given: a function of its arguments alone, so memoized."""
     directory = os.path.normpath(directory)
     best = ""
     for entry in path:
-        if isinstance(entry, os.PathLike):
-            entry = os.fspath(entry)
-        if not isinstance(entry, str):
-            continue
         root = os.path.normpath(os.path.join(cwd, entry))
         if (directory == root or directory.startswith(root + os.sep)) and len(root) > len(best):
             best = root

@@ -38,11 +38,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..entries import metadata
-from ..exceptions import RefusedReadSet
-from . import admit
-from . import exact_values as ev
+from ..exceptions import OverBudget
+from . import namespaces as pv
 from . import read_sets as rs
-from .guard import WITNESS, Guard
+from .guard import Guard
 from .keyed_environment import environment_want
 from .static_reads import RUNS_CODE
 
@@ -66,12 +65,10 @@ class Recorder:
         self.environ: dict[str, str | None] = {}  # variables read during the compile
         #: the specialization the frontend ran for and the digest of its IR (see :meth:`ran`)
         self.frontend: tuple[Any, str] | None = None
-        #: what a check of the read set admits (the recorder keeps to it: see :mod:`.admit`)
-        self.admission = admit.Admission(kernel, params)
         #: the guard watching the frontend run (:meth:`watching`), if one is
         self.guard: Guard | None = None
         for name, value in params.items():
-            if ev.exact(value) is None:  # (a plain value is in the key as it is)
+            if pv.exact(value) is None:  # (a plain value is in the key as it is)
                 self.add(-1, "p", name, value)
 
     def origin(self, value: Any) -> int | None:
@@ -82,8 +79,8 @@ class Recorder:
 
     def add(self, parent: int, op: str, operand: Any, value: Any) -> int | None:
         """Record that the read ``op operand`` of the object of ``parent`` found ``value``;
-        its row (None where it is not recorded: the read set is full, or a check would not
-        admit the read, or only code would find ``value``: then the read set is partial)."""
+        its row (None where it is not recorded: the read set is full, the read has no form a
+        read set holds, or only code would find ``value``: then the read set is partial)."""
         name = json.dumps([parent, op, operand], separators=(",", ":"), default=repr)
         known = self.index.get(name)
         if known is not None:
@@ -97,29 +94,28 @@ class Recorder:
             self.missed(f"{op} {str(operand)[:40]}: found by code of the program's own")
             return None
         doc = [parent, op, operand, ""]
-        base = self.kernel if parent < 0 else self.found[parent]
-        try:
-            self.admission.check(row, base, op, operand, self.found)
-            why = metadata.row_problem(row, [*doc[:3], "absent"], row + 1)
-            if why is not None:
-                raise RefusedReadSet(f"{op} {str(operand)[:40]}: {why}")
-        except RefusedReadSet as e:
-            self.missed(f"a read a check would not make: {e}"[:200])
+        why = metadata.row_problem(row, [*doc[:3], "absent"], row + 1)
+        if why is not None:
+            self.missed(f"a read of no form a read set holds: {op} {str(operand)[:40]}: {why}")
             return None
-        doc[3] = self.trace.want(value, row)  # (may raise: then nothing is recorded)
+        try:
+            with pv.budget(rs.MAX_PARTS):
+                doc[3] = self.trace.want(value, row)
+        except OverBudget:
+            self.missed(f"{op} {str(operand)[:40]}: a value past what a check describes")
+            return None
         self.index[name] = row
         self.rows.append(doc)
         self.found.append(value)
-        self.admission.found(value)
         return row
 
     def argument(self, value: Any) -> list[Any] | None:
         """``value`` as an argument of a recorded call: plain, or found by a read; None."""
-        plain = ev.exact(value)
+        plain = pv.exact(value)
         if plain is not None:
             return ["v", plain]
         row = self.origin(value)
-        if row is None and isinstance(value, ev.language().constexpr):
+        if row is None and isinstance(value, pv.language().constexpr):
             row = self.origin(value.value)
             return None if row is None or row < 0 else ["rk", row]
         return None if row is None or row < 0 else ["r", row]
@@ -166,7 +162,7 @@ class Recorder:
     def watching(self) -> Iterator[None]:
         """Watch the frontend run in this block (:mod:`.guard`): code of the program it runs
         outside a call recorded to be made again makes the read set partial."""
-        with Guard(WITNESS, ran=self._ran_program) as guard:
+        with Guard(ran=self._ran_program) as guard:
             self.guard = guard
             try:
                 yield

@@ -323,7 +323,7 @@ def _checked_replay(
     target = prepared.target
     backend: list[Any] = []  # (made at the first stored lowering with reads)
 
-    def check(lowered: Lowered) -> str | read_sets.Refusal | None:
+    def check(lowered: Lowered) -> read_sets.Verdict:
         reads = lowered.reads
         backend[:] = backend or [backends.make_backend(target)]
         specs = None
@@ -333,26 +333,23 @@ def _checked_replay(
             )
         return read_sets.stale(reads, call.parts.fn, call.named, backend[0], program.checked, specs)
 
-    def admit(lowered: Lowered) -> str | None:
-        """A lowering entry of the remote tier at its door: one holding a read set its code
-        does not admit is refused (never copied); a stale one is another version's."""
-        now = check(lowered)
-        return now.said if isinstance(now, read_sets.Refusal) else None
-
-    def stale(key: str, found: Item) -> str | None:
+    def stale(key: str, found: Item) -> read_sets.Verdict:
         now = check(found.lowered)
-        if isinstance(now, read_sets.Refusal):
+        if now.kind == read_sets.REFUSED:
             warn_once(
                 logger,
                 ("refused", key),
-                "kernelcache: the stored lowering %s of %s holds a read set its code does not "
-                "admit (%s); no compile of this code wrote it, so it is set aside",
+                "kernelcache: the stored lowering %s of %s holds a read set no compile of this "
+                "code wrote (%s), so it is set aside",
                 key,
                 call.parts.qualname,
                 now.reason,
             )
             program.refuse(key, found.state, now.said)
         return now
+
+    def admit(lowered: Lowered) -> str | None:  # (the door of the remote tier)
+        return read_sets.door(check(lowered))
 
     def stored(key: str) -> Item | None:
         return _replay(call, (key, *keyed[1:]), prepared, platform, autotune, program, admit)

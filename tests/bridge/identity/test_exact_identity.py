@@ -520,7 +520,8 @@ APART = {
 def test_values_that_compile_apart_are_never_described_alike(pair):
     """Two values the frontend can compile differently get two descriptions, or one of them
     none (a read set that found it is partial: the IR decides)."""
-    from bridge.identity.exact_values import describe, exact
+    from bridge.identity.exact_values import describe
+    from bridge.identity.namespaces import exact
 
     one, other = (exact(v) or describe(v) for v in pair())
     assert one is None or other is None or repr(one) != repr(other)

@@ -12,8 +12,7 @@ import triton.language as tl
 from bridge_helpers import _lowered_call, kernel_module
 from identity_targets import TARGETS, machine_ext
 
-from bridge.identity.admit import remake
-from bridge.identity.exact_values import exact
+from bridge.identity.namespaces import exact, remake
 from kernelcache import Store
 
 #: an address space other than the default (a number before Triton 3.9, a name since)

@@ -19,7 +19,11 @@ def walk(entries: dict[str, str], finds: str) -> tuple[tuple[str | None, str | N
         read.append(key)
         return entries.get(key)
 
-    return read_sets.follow(KEY, entry, lambda _, found: None if found == finds else finds), read
+    def judge(_: str, found: str) -> read_sets.Verdict:
+        fresh = found == finds
+        return read_sets.Verdict(read_sets.FRESH) if fresh else read_sets.Verdict("changed", finds)
+
+    return read_sets.follow(KEY, entry, judge), read
 
 
 def test_an_entry_whose_reads_find_what_they_found_is_used():
