@@ -53,14 +53,13 @@ lowered_module(add(K.add_kernel, BLOCK_SIZE=128), x, x, platform=platform)
 lowered_module(add(K.add_default_kernel), x, x, platform=platform)
 """,
     "witness-cases": """
-import importlib, site, tempfile
+import importlib, tempfile
 from pathlib import Path
 import jax, jax.numpy as jnp, bridge, three_way as W
 from bridge_helpers import lowered_module
 sys.path.insert(0, os.path.join(HERE, "tests", "bridge", "identity"))
 base = Path(tempfile.mkdtemp())
-os.environ["PYTHONUSERBASE"] = str(base / "user")
-sys.path[:0] = [str(base / "src"), site.getusersitepackages()]
+sys.path[:0] = [str(base / "src"), str(base / "user" / W.SITE)]  # (the cases' installed tree)
 x = jax.ShapeDtypeStruct((4096,), jnp.float32)
 platform = "cuda" if TARGET.startswith("cuda") else "rocm"
 for test in ("test_witness", "test_witness_more", "test_witness_round3", "test_witness_round4",
@@ -68,6 +67,7 @@ for test in ("test_witness", "test_witness_more", "test_witness_round3", "test_w
     for name, case in importlib.import_module(test).CASES.items():
         try:
             W.write(base, case.a)
+            importlib.invalidate_caches()  # (new files in folders already looked in)
             os.environ.update({k: v.format(src=base / "src") for k, v in case.shared_env.items()})
             mod = importlib.import_module(case.module)
             kw = eval("dict(" + case.params + ")", vars(mod))
