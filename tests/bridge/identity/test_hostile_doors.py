@@ -239,11 +239,12 @@ def test_a_forged_local_root(made, tmp_path):
     _victim(made, root, KERNELCACHE_DIR=str(root))
 
 
-def _forge_lowerings(root: Path, ext: str, many: bool = False) -> int:
+def _forge_lowerings(root: Path, ext: str, many: bool = False, beside: bool = False) -> int:
     """Edit the read sets inside every stored lowering (``ext`` "lowering") or program entry
     (``ext`` "program") of ``root``, their digests made valid (``many``: each held 300 times,
-    more than a check of one entry makes); forget the other kind. Returns how many were
-    forged."""
+    more than a check of one entry makes; ``beside``: a program entry keeps each true item
+    and holds a forged one beside it, under the same key); forget the other kind. Returns how
+    many were forged."""
     times = 300 if many else 1
 
     from bridge.entries import lowerings
@@ -261,16 +262,15 @@ def _forge_lowerings(root: Path, ext: str, many: bool = False) -> int:
             )
         else:
             items = lowerings.decode_program(data)
-            data = lowerings.encode_program(
-                [
-                    item._replace(
-                        lowered=item.lowered._replace(
-                            reads=tuple(_forged_reads(r) for r in item.lowered.reads) * times
-                        ),
-                    )
-                    for item in items
-                ]
-            )
+            forgeries = [
+                item._replace(
+                    lowered=item.lowered._replace(
+                        reads=tuple(_forged_reads(r) for r in item.lowered.reads) * times
+                    ),
+                )
+                for item in items
+            ]
+            data = lowerings.encode_program([*items, *forgeries] if beside else forgeries)
         meta_path = path.with_suffix(".json")
         doc = json.loads(meta_path.read_text())
         doc["size"], doc["digest"] = len(data), digest(data)
@@ -391,6 +391,27 @@ def test_a_forged_stored_lowering_in_a_tier(made, tmp_path, door, ext):
         )
     assert (code, said) == (made["code"], [])
     assert _copies(own) == [], "the forged lowering was copied into the victim's root"
+
+
+@pytest.mark.parametrize("door", TIERS)
+def test_a_program_entry_is_kept_as_the_calls_used_never_as_the_tiers_bytes(made, tmp_path, door):
+    """A program entry of a tier holding each true item and a forged duplicate under the same
+    key: the true one is served (no compile) and checked, and what the victim keeps in its own
+    root is the calls it used, never the forged item beside them."""
+    import shutil
+
+    forged = tmp_path / "forged"
+    shutil.copytree(made["clean"], forged)
+    assert _forge_lowerings(forged, "program", beside=True) >= 1
+    own = tmp_path / "own"
+    with _tier(door, tmp_path) as url:
+        _upload(forged, url, None)
+        code, said, compiles = _lower(
+            made["src"], made["target"], KERNELCACHE_DIR=str(own), KERNELCACHE_REMOTE=url
+        )
+    assert (code, said, compiles) == (made["code"], [], 0)
+    kept = [p.read_bytes() for p in own.glob("*.program")]
+    assert kept and not any(FORGED_MARK.encode() in data for data in kept)
 
 
 @pytest.mark.parametrize("door", TIERS)
