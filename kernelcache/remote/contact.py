@@ -262,11 +262,12 @@ class Contact:
 
         _workers.submit(run)
         limit = time.monotonic() + self.bound + 1.0
-        while not done.wait(ABANDON_POLL):
+        until = limit if ticket.until is None else ticket.until
+        while not done.wait(max(0.0, min(ABANDON_POLL, until - time.monotonic()))):
             if self._opened(ticket.shard):
                 return None, Abandoned("the tier's breaker opened while the request was waited for")
             now = time.monotonic()
-            if ticket.until is not None and now > ticket.until:
+            if ticket.until is not None and now >= ticket.until:
                 return None, LookupSpent("the lookup spent its time in the tier")
             if now > limit:
                 return None, RemoteTimeout(f"no answer in {self.bound:g}s")
