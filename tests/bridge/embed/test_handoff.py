@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -277,7 +278,18 @@ print(json.dumps({{"path": path, "fd_is_devnull": os.path.samefile(f"/proc/self/
     assert out["path"].startswith(str(tmp_path)) and "is in use" in proc.stderr
 
 
-def test_an_unwritable_cache_root_hands_off_from_the_temp_directory(tmp_path):
+@pytest.fixture
+def own_temp(tmp_path, monkeypatch):
+    """A temp directory of the test's own, where a hand-off that the cache root cannot take
+    makes its per-user directory (which outlives the process by design: shared by the user's
+    processes)."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    return temp
+
+
+def test_an_unwritable_cache_root_hands_off_from_the_temp_directory(tmp_path, own_temp):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
     handoff._cleanup()
@@ -286,12 +298,14 @@ def test_an_unwritable_cache_root_hands_off_from_the_temp_directory(tmp_path):
         with open(path, "rb") as f:
             assert f.read() == b"\x7fELF"
         private, _ = handoff.directory(str(blocker / "root"))
-        assert not private.startswith(str(tmp_path))
+        assert private.startswith(str(own_temp))
     finally:
         handoff._cleanup()
 
 
-def test_a_full_cache_root_hands_off_from_the_temp_directory(tmp_path, monkeypatch, caplog):
+def test_a_full_cache_root_hands_off_from_the_temp_directory(
+    tmp_path, monkeypatch, caplog, own_temp
+):
     root = tmp_path / "root"
     real_mkdir = os.mkdir
 
@@ -344,7 +358,8 @@ print(json.dumps({"canonical": canonical, "seen": seen, "mine": os.path.realpath
 
 def test_a_child_forked_when_the_cache_root_is_full_gets_its_own_directory(tmp_path):
     root = tmp_path / "root"
-    out = run_child(FORK_WHEN_FULL, str(root))
+    (tmp_path / "temp").mkdir()
+    out = run_child(FORK_WHEN_FULL, str(root), TMPDIR=str(tmp_path / "temp"))
     assert out["canonical"]
     # the child's descriptor leads to its own directory, outside the full root, with its own
     # copy: loading there never consumes the parent's file
