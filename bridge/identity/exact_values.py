@@ -20,8 +20,10 @@ defaults and what it closes over, compared by identity or as plain values).
 from __future__ import annotations
 
 import abc
+import collections
 import enum
 import functools
+import gc
 import hashlib
 import inspect
 import json
@@ -39,7 +41,7 @@ from .static_reads import RUNS_CODE, attribute, in_mro, mark, one_of
 #: what a lookup that found nothing finds
 ABSENT: Any = static_reads.MISSING
 #: how deep a description follows what functions close over and containers hold
-MAX_DEPTH = 4
+MAX_DEPTH = 6
 
 
 @functools.lru_cache(maxsize=1)
@@ -131,7 +133,7 @@ def describe(value: Any, depth: int = 0) -> Any:
     tl = language()
     jit_callable, constexpr_function, _ = static_reads.jit_classes()
     kind = type(value)
-    spend(1 + len(value) if one_of(kind, (dict, set, frozenset)) else 1)
+    spend(1 + len(value) if one_of(kind, (dict, collections.OrderedDict, set, frozenset)) else 1)
     if issubclass(kind, tl.constexpr):
         inner = wrapped(value)
         return None if inner is RUNS_CODE else _whole(["k", _part(inner, depth)])
@@ -178,8 +180,13 @@ def describe(value: Any, depth: int = 0) -> Any:
     if issubclass(kind, enum.Enum):
         fields = _fields(value)
         return _whole(["member", klass(kind, depth + 1), _part(fields.get("_name_"), depth)])
-    if kind is dict:
-        return _whole(["dict", [[_part(k, depth), _part(v, depth)] for k, v in value.items()]])
+    if kind is dict or kind is collections.OrderedDict:
+        items = [[_part(k, depth), _part(v, depth)] for k, v in value.items()]
+        return _whole(["dict" if kind is dict else "odict", items])
+    if kind is types.MappingProxyType:  # (the mapping it shows, as the garbage collector's
+        # walk finds it: no code runs; e.g. an inspect.Signature's parameters)
+        (shown,) = gc.get_referents(value)
+        return _whole(["proxy", _part(shown, depth)])
     if kind is set or kind is frozenset:  # (iterated in an order that varies by process)
         parts = [_part(v, depth) for v in value]
         return None if _holes(parts) else [kind.__name__, sorted(parts, key=repr)]

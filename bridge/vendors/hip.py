@@ -41,9 +41,17 @@ def llvm_processors() -> tuple[str, ...] | None:
         os.dup2(said.fileno(), 2)
         try:
             llvm.init_targets()
-            llvm.translate_to_asm(_PROBE_MODULE, "amdgcn-amd-amdhsa", "help", "", [], False, False)
-        except (RuntimeError, TypeError, ValueError):  # (another release's signature)
-            pass
+            # (3.9 added canonicalize_gep after is_object; an older release takes 7 arguments)
+            for extra in ((), (False,)):
+                try:
+                    llvm.translate_to_asm(
+                        _PROBE_MODULE, "amdgcn-amd-amdhsa", "help", "", [], False, False, *extra
+                    )
+                except TypeError:  # another release's signature: try the next
+                    continue
+                except (RuntimeError, ValueError):
+                    pass
+                break
         finally:
             os.dup2(saved, 2)
             os.close(saved)

@@ -84,3 +84,19 @@ def test_a_constexpr_function_given_a_type_is_a_call_made_again(tmp_path, target
     assert reads["partial"] == []
     assert [row[1] for row in reads["rows"]].count("c") == 1
     assert "ir" not in [row[1] for row in reads["rows"]]
+
+
+def test_every_function_of_gluons_language_has_an_exact_description():
+    """Gluon's language wraps Triton's builtins (since Triton 3.9, in modules other than the one
+    ``functools.wraps`` names, with an ``inspect.Signature`` beside each): each is described,
+    by where Triton defines it or by its code, what it wraps and its signature, so a Gluon
+    kernel's read set is whole (partial before, on 3.9: a compile's IR in every process)."""
+    import types
+
+    from triton.experimental.gluon import language as gl
+
+    from bridge.identity.exact_values import describe
+
+    functions = {n: v for n, v in vars(gl).items() if type(v) is types.FunctionType}
+    assert len(functions) > 20
+    assert [n for n, v in functions.items() if describe(v) is None] == []

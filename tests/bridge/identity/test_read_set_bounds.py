@@ -27,18 +27,32 @@ from bridge.entries import metadata
 
 TARGETS = {"cuda:90": "cuda", "hip:gfx942": "rocm"}
 
-#: a constexpr whose ``repr`` (what Triton's frontend names a specialization by) runs 16
-#: functions of the program: 16 reasons, more than a read set keeps
-MANY_REASONS = "\n".join(f"def f{i}(v):\n    return v + {i}\n" for i in range(16)) + (
-    textwrap.dedent(
+#: a constexpr whose dunder methods (what Triton's frontend calls on it: ``repr`` and ``==`` on
+#: 3.6, ``float`` on 3.9) each run 16 functions of the program: 16 reasons and more, more than a
+#: read set keeps
+MANY_REASONS = (
+    "\n".join(f"def f{i}(v):\n    return v + {i}\n" for i in range(16))
+    + "\ndef run_all(v):\n"
+    + "".join(f"    v = f{i}(v)\n" for i in range(16))
+    + "    return v\n"
+    + textwrap.dedent(
         """
         class Knob(int):
             def __repr__(self):
-                v = int(self)
+                return f"Knob({run_all(int(self)) - 120})"
+
+            def __str__(self):
+                return repr(self)
+
+            def __eq__(self, other):
+                return run_all(int(self)) - 120 == other
+
+            __hash__ = int.__hash__
+
+            def __float__(self):
+                return float(run_all(int(self)) - 120)
         """
     )
-    + "".join(f"        v = f{i}(v)\n" for i in range(16))
-    + "        return f'Knob({v})'\n"
 )
 
 

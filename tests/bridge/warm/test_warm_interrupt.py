@@ -55,7 +55,8 @@ def test_ctrl_c_ends_warm_at_once_even_mid_compile_and_kills_the_compiles(tmp_pa
     manifest.write_text(json.dumps(ADD) + "\n")
     root, temp = tmp_path / "cache", tmp_path / "tmp"
     temp.mkdir()
-    env = child_env(TRITON_PTXAS_PATH=str(_stalling_ptxas(tmp_path)), TMPDIR=str(temp))
+    ptxas = str(_stalling_ptxas(tmp_path))  # (Triton 3.9 runs ptxas_blackwell from sm_90 on)
+    env = child_env(TRITON_PTXAS_PATH=ptxas, TRITON_PTXAS_BLACKWELL_PATH=ptxas, TMPDIR=str(temp))
     argv = [KERNELCACHE, "--root", str(root), "warm", str(manifest)]
     proc = subprocess.Popen(
         [*argv, "--target", "cuda:90", "--target", "cuda:80", "--jobs", "2"],
@@ -71,7 +72,9 @@ def test_ctrl_c_ends_warm_at_once_even_mid_compile_and_kills_the_compiles(tmp_pa
             time.monotonic() + 300
         )  # (until both compiles reach ptxas: a bound, not a measure)
         while len(list((tmp_path / "started").iterdir())) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            if proc.poll() is not None:
+                pytest.fail(f"warm ended before its compiles reached ptxas: {proc.stderr.read()}")
+            assert time.monotonic() < deadline, "the compiles never reached ptxas"
             time.sleep(0.1)
         if whom == "the command":  # as `kill -INT PID` or a job scheduler sends it
             os.kill(proc.pid, signal.SIGINT)
