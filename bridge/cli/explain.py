@@ -5,8 +5,10 @@ Every entry the bridge compiles records the components of its key
 each target exactly as a lowering (and ``warm``) does (:mod:`bridge.warm.planning`) and says, per
 specialization, whether a lowering would use an entry of the cache: the lookup a lowering makes
 is followed (:mod:`.lookups`): the entry under the key, or where its reads find something else
-now, the one chained from it; for a hit, which entry, and what its reads find; for an entry
-passed, which reads differ. For a miss with nothing under its key, it finds the nearest entry of
+now, the one chained from it; for a hit, which entry, and what its reads find, and the stored
+lowerings that embed it (those holding its read set: a warm lowering of a call stored so is
+served from one of them, its read sets checked as here, and looks up no kernel entry); for an
+entry passed, which reads differ. For a miss with nothing under its key, it finds the nearest entry of
 the same kernel (the fewest differing components, among entries of the same kernel name) and
 names the components that differ, worded for a person ("triton version 3.6.0 here vs 3.9.0 in
 the entry", "code digest differs"). An entry written before components were recorded is still
@@ -30,6 +32,7 @@ from kernelcache import Artifact
 from kernelcache.cli import scan
 
 from ..call.plain import source_digest
+from ..entries.lowerings import LOWERING, decode
 from ..exceptions import BridgeError, KernelArgumentError, TargetError
 from ..identity.kernel_keys import COMPONENTS
 from ..identity.specialize import Specialization, components
@@ -178,6 +181,7 @@ class Explained:
     reads: tuple[lookups.Read, ...] | None = None
     partial: tuple[str, ...] = ()
     differs: tuple[lookups.Passed, ...] = ()
+    lowerings: tuple[tuple[str, str], ...] = ()  # (key, layer) of each stored lowering
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -192,6 +196,7 @@ class Explained:
             "reads": lookups.reads_json(self.reads),
             "partial": list(self.partial),
             "differs": [p.to_json() for p in self.differs],
+            "lowerings": [{"key": key, "layer": layer} for key, layer in self.lowerings],
             "nearest": None if self.nearest is None else self.nearest.to_json(),
             "notes": list(self.notes),
         }
@@ -221,6 +226,12 @@ class Explained:
         said = lookups.lines(
             self.status == "hit", self.reads, self.partial, self.differs, every=reads
         )
+        if self.lowerings:
+            stored = ", ".join(f"{key[:16]} ({layer})" for key, layer in self.lowerings)
+            said.append(
+                f"embedded by stored lowerings {stored}: a warm lowering of a call stored so "
+                "is served from one, its read sets checked as here, and looks up no kernel entry"
+            )
         return "\n".join([text, *(f"      {n}" for n in (*said, *self.notes))])
 
 
@@ -230,6 +241,8 @@ class _Candidates:
 
     cache: Cache
     by_name: dict[str, list[tuple[Store, str, str]]] = field(default_factory=dict)
+    #: the stored lowerings by kernel (``module:name``) and target
+    lowered: dict[tuple[str, str], list[tuple[Store, str, str]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for index, store in enumerate(self.cache.layers):
@@ -237,6 +250,23 @@ class _Candidates:
             for e in scan(store.root, trust=store.trust).entries:
                 if e.kind is None and e.kernel is not None:
                     self.by_name.setdefault(e.kernel, []).append((store, layer, e.key))
+                elif e.kind == LOWERING.ext and e.qualname is not None and e.target is not None:
+                    found = self.lowered.setdefault((e.qualname, e.target), [])
+                    found.append((store, layer, e.key))
+
+    def lowerings(self, spec: Specialization, reads: Any) -> tuple[tuple[str, str], ...]:
+        """The stored lowerings of ``spec``'s kernel and target that hold ``reads``, the read
+        set of the entry its lookup uses (compared as data; a lowering that does not decode
+        holds none)."""
+        if not isinstance(reads, str):
+            return ()
+        out = []
+        for store, layer, key in self.lowered.get((spec.parts.qualname, str(spec.target)), ()):
+            art = store.inspect(key, LOWERING.ext)
+            lowered = decode(art.data) if isinstance(art, Artifact) else None
+            if lowered is not None and reads in lowered.reads:
+                out.append((key, layer))
+        return tuple(out)
 
     def nearest(self, spec: Specialization, here: Mapping[str, str]) -> Nearest | None:
         best: tuple[tuple[int, ...], Nearest] | None = None
@@ -336,6 +366,9 @@ def _one(
     target, config = str(spec.target), spec.variant.description
     found = lookups.follow(spec, cache)
     if found.status == "hit":
+        assert found.key is not None
+        art = lookups.inspected(cache, found.key, spec.ext)
+        lowered = candidates.lowerings(spec, None if art is None else art.meta.get("reads"))
         return Explained(
             kernel,
             target,
@@ -349,6 +382,7 @@ def _one(
             reads=found.reads,
             partial=found.partial,
             differs=found.passed,
+            lowerings=lowered,
         )
     if found.status == "left-out":
         notes = (*notes, f"known not to compile: {found.note}")

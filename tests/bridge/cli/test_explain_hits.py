@@ -47,13 +47,16 @@ class Program:
         for name, text in files.items():
             (self.src / f"{name}.py").write_text(textwrap.dedent(text))
 
-    def lower(self, **env: str) -> None:
+    def lower(self, record: bool = True, **env: str) -> None:
+        """Lower the kernel into the root, recording the call (a process that records stores
+        no lowering: each lowering goes to the manifest), or not."""
+        if record:
+            env["KERNELCACHE_RECORD"] = str(self.manifest)
         run_child(
             CHILD,
             EXH_SRC=str(self.src),
             EXH_MODULE=self.module,
             KERNELCACHE_DIR=str(self.root),
-            KERNELCACHE_RECORD=str(self.manifest),
             PYTHONDONTWRITEBYTECODE="1",
             **env,
         )
@@ -119,6 +122,28 @@ def test_a_hit_under_its_key_names_the_entry_and_counts_its_reads(helped):
     assert "helper.SCALE" not in text  # (each read is listed with --reads only)
     listed = helped.explain("--reads", code=0)
     assert "a  helper.SCALE: same" in listed and "g  helper: same" in listed
+
+
+def _lowering_files(root: Path) -> set[str]:
+    return {p.name.split(".")[0] for p in root.glob("*.lowering")}
+
+
+def test_a_hit_names_the_stored_lowering_a_warm_lowering_is_served_from(helped):
+    """The common warm hit is a stored lowering: explain names the one embedding the entry
+    (it holds the entry's read set; none while only a recording process lowered it), and after the helper changed and the new version was
+    lowered, the new lowering, not the old one, whose read set is another."""
+    assert helped.result(code=0)["lowerings"] == [] and not _lowering_files(helped.root)
+    helped.lower(record=False)
+    (stored,) = helped.result(code=0)["lowerings"]
+    assert stored["layer"] == "local" and {stored["key"]} == _lowering_files(helped.root)
+    text = helped.explain(code=0)
+    assert f"embedded by stored lowerings {stored['key'][:16]} (local): a warm lowering" in text
+    helped.write({"exh_helper": HELPER.format(3.0)})
+    assert helped.result(code=1)["lowerings"] == []  # a miss names none
+    helped.lower(record=False)
+    (again,) = helped.result(code=0)["lowerings"]
+    assert again["key"] != stored["key"]
+    assert _lowering_files(helped.root) == {stored["key"], again["key"]}
 
 
 def test_a_changed_helper_constant_misses_then_hits_the_entry_chained_from_the_key(helped):
