@@ -81,7 +81,7 @@ def floor_call(*args, kernel, out_shape, grid, **kw):
     return result[0] if len(result) == 1 else tuple(result)
 
 if sys.argv[2] == "partial":  # every read set partial (see the module docstring)
-    from bridge.identity import witness
+    from bridge.readsets import witness
 
     _made = witness.Recorder.__init__
 
@@ -91,7 +91,7 @@ if sys.argv[2] == "partial":  # every read set partial (see the module docstring
 
     witness.Recorder.__init__ = _partial
 if sys.argv[2] == "unchecked":  # every read set taken as fresh unread (see the docstring)
-    from bridge.identity import read_sets
+    from bridge.readsets import read_sets
 
     fresh = read_sets.Verdict("fresh") if hasattr(read_sets, "Verdict") else None  # (earlier: None)
     read_sets.stale = lambda *args, **kwargs: fresh

@@ -3,7 +3,7 @@
 Lowers ``benchmarks/warm_start.py``'s "large" model (21 kernel variants) for cuda:90 into a
 fresh cache root (no GPU needed), then, for every kernel entry, times the check a lowering makes
 before it uses the entry (every read of its read set made again in this process:
-``bridge.identity.read_sets.stale``) against the floor of the same run, a bare read of the entry's
+``bridge.readsets.read_sets.stale``) against the floor of the same run, a bare read of the entry's
 metadata file (what any hit costs at least). Prints a table (median over ``--repeats`` checks of
 each kernel: microseconds, reads, ratio to the floor), then one JSON line; ``--out FILE`` also
 writes it.
@@ -64,7 +64,8 @@ def main() -> None:
     from warm_start import make_model
 
     import bridge
-    from bridge.identity import read_sets, static_reads
+    from bridge.identity import static_reads
+    from bridge.readsets import read_sets
     from bridge.vendors import backends
     from bridge.vendors.targets import parse_target
 

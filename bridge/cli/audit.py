@@ -7,7 +7,7 @@ compares the IR it gives today with the IR the cached entry under that key was c
 
 - ``exact``: the entry a lowering would use (the one under the key, or where its frontend's
   reads find something else today, the one kept for what they find: see
-  :mod:`bridge.identity.witness`) was built from today's IR;
+  :mod:`bridge.readsets.witness`) was built from today's IR;
 - ``hole``: the entry a lowering would use was built from other IR: a change neither the key nor
   the read set saw (a lowering would serve a stale kernel). The audit fails;
 - ``uncached``: nothing is stored under the key (nothing to compare; the kernel is exact);
@@ -37,8 +37,9 @@ from kernelcache import Artifact
 
 from ..compile import fetch
 from ..exceptions import BridgeError, KernelArgumentError
-from ..identity import frontend, read_sets
+from ..identity import frontend
 from ..identity.specialize import Specialization
+from ..readsets import read_sets
 from ..vendors.targets import Target, recorded_targets
 from ..warm.manifest import load_manifest
 from ..warm.planning import kernel_parts, specializations

@@ -37,8 +37,9 @@ from ..compile import fetch
 from ..entries import failures, metadata
 from ..entries.failures import FAILURE
 from ..entries.kernels import PTX, ptx_pairs
-from ..identity import frontend, read_sets
+from ..identity import frontend
 from ..identity.namespaces import module_map_of
+from ..readsets import read_sets
 
 if TYPE_CHECKING:
     from kernelcache import Cache

@@ -40,8 +40,9 @@ from typing import Any
 from kernelcache.plugin import artifact_problem, elf_problem, ptx_problem
 
 from ..exceptions import IncompleteOutput, KernelArgumentError
-from ..identity import frontend, frontend_hooks, read_sets, witness
+from ..identity import frontend
 from ..identity.static_reads import relative_dir
+from ..readsets import frontend_hooks, read_sets, witness
 from ..vendors.targets import Target
 from ..vendors.vendor import Vendor, by_binary_ext
 from . import compiler_process
@@ -66,7 +67,7 @@ class Compiled:
     metadata: dict[str, Any]
     #: the digest of the IR the compile started from (:mod:`bridge.identity.frontend`)
     ir: str | None = None
-    #: what the frontend read to generate that IR (:mod:`bridge.identity.witness`)
+    #: what the frontend read to generate that IR (:mod:`bridge.readsets.witness`)
     reads: str | None = None
 
 

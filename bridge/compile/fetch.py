@@ -30,8 +30,9 @@ from kernelcache.plugin import warn_once
 from ..entries import failures, kernels, kinds
 from ..entries.kernels import PTX, kernel_kind
 from ..exceptions import LeftOut
-from ..identity import frontend, read_sets
+from ..identity import frontend
 from ..identity.specialize import Specialization, Usable, components
+from ..readsets import read_sets
 from . import compiler_process, hit_audit
 from .compiler import Compiled, binary_problem, compile_source
 
@@ -83,7 +84,7 @@ class Request:
     #: other values under too many keys: see :func:`_chained`)
     stored: bool = True
     #: whether a cached kernel's reads (its metadata) find what they found
-    #: (:func:`bridge.identity.read_sets.stale`'s verdict); None: not checked
+    #: (:func:`bridge.readsets.read_sets.stale`'s verdict); None: not checked
     check: Callable[[Mapping[str, Any]], read_sets.Verdict] | None = None
     #: how many times the key was chained already (see :func:`_chained`)
     hops: int = 0
@@ -221,7 +222,7 @@ def fetch_each(
 
 def _admitted(request: Request) -> kinds.Accept | None:
     """The check of a kernel the remote tier holds for ``request``, before any copy of it is
-    made here (:func:`bridge.identity.read_sets.door`)."""
+    made here (:func:`bridge.readsets.read_sets.door`)."""
     check = request.check
     if check is None:
         return None
@@ -229,12 +230,12 @@ def _admitted(request: Request) -> kinds.Accept | None:
 
 
 def _chained(request: Request, now: read_sets.Verdict) -> Request:
-    """``request`` for code whose reads find what ``now`` says, where a cached kernel's
-    reads found something else: its next key (:func:`bridge.identity.read_sets.chained`),
-    or after :data:`~bridge.identity.read_sets.MAX_HOPS` a compile kept in memory."""
-    if request.hops >= read_sets.MAX_HOPS:
+    """``request`` for code whose reads find what ``now`` says, where a cached kernel's reads
+    found something else: under the next key of the one walk
+    (:func:`bridge.readsets.read_sets.hop`), or past the last a compile kept in memory."""
+    key = read_sets.hop(request.key, now, request.hops)
+    if key is None:
         return dataclasses.replace(request, stored=False, check=None)
-    key = read_sets.chained(request.key, now.now)
     return dataclasses.replace(request, key=key, hops=request.hops + 1)
 
 
@@ -242,14 +243,14 @@ def followed(
     spec: Specialization, entry: Callable[[str], Artifact | None]
 ) -> tuple[str | None, Artifact | None]:
     """The kernel entry of ``spec`` a lookup would use, each read by ``entry(key)``, and its
-    key: :func:`bridge.identity.read_sets.follow` with :func:`stale` as the check."""
+    key: :func:`bridge.readsets.read_sets.follow` with :func:`stale` as the check."""
     return read_sets.follow(spec.key, entry, lambda _, art: stale(spec, art.meta))
 
 
 def stale(spec: Specialization, meta: Mapping[str, Any]) -> read_sets.Verdict:
     """Whether the kernel of ``spec`` whose metadata is ``meta`` was compiled from what the
     frontend would read now: the verdict of its read set
-    (:func:`bridge.identity.read_sets.stale`)."""
+    (:func:`bridge.readsets.read_sets.stale`)."""
     return read_sets.stale(
         [meta.get("reads")],
         spec.source.fn,

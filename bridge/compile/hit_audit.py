@@ -10,7 +10,7 @@ serves, make what was served again and compare. Every kind of hit is sampled ali
   :func:`every_hit`), and the opaque it gives, and whether the call is autotuned, are compared
   with the stored ones.
 
-A difference is a stale entry its key and the witness (:mod:`bridge.identity.witness`) did not
+A difference is a stale entry its key and the witness (:mod:`bridge.readsets.witness`) did not
 see: said loudly (``AUDIT FAILED``), once per entry and process, and what was made again is used
 for this process (the entry stays, for ``kernelcache audit`` and an operator to look at).
 

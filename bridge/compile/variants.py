@@ -68,7 +68,7 @@ def known_left_out(
 ) -> dict[int, str]:
     """Why each of ``specs`` that the cache knows cannot launch (its kernel's entry) or, having
     no kernel entry, cannot compile (a failure entry) is left out; nothing is compiled. The
-    entry is the one a lowering would run (:func:`bridge.identity.read_sets.follow`: not one
+    entry is the one a lowering would run (:func:`bridge.readsets.read_sets.follow`: not one
     whose reads find something else now), and wins over a failure entry beside it."""
     found: dict[int, str] = {}
     for i, spec in enumerate(specs):

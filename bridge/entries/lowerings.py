@@ -79,7 +79,7 @@ class Lowered(NamedTuple):
     autotuned: bool
     needs: tuple[int, ...] = (0,)
     #: what the frontend read for the kernels it embeds (their read sets: see
-    #: :mod:`bridge.identity.witness`), checked before it is used again
+    #: :mod:`bridge.readsets.witness`), checked before it is used again
     reads: tuple[str, ...] = ()
 
 
@@ -363,7 +363,7 @@ class Program:
         #: served (each checked here) are kept in the local root, never its bytes (:meth:`close`)
         self._remote: tuple[Artifact, set[tuple[str, str]], int] | None = None
         #: the read sets checked in this module's lowering (shared by its programs:
-        #: :func:`~bridge.identity.read_sets.stale`'s ``seen``)
+        #: :func:`~bridge.readsets.read_sets.stale`'s ``seen``)
         self.checked: dict[Any, Any] = {} if checked is None else checked
         #: the identities of the JIT functions keyed in this module's lowering (shared too:
         #: :func:`~bridge.lowering.lowering_keys.lowering_key`'s ``known``)

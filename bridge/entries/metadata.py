@@ -15,7 +15,7 @@ only explains misses: nothing is launched with it, so the digest does not cover 
 without it (written by an earlier version) is served all the same.
 
 The form of a read set, the ``reads`` field of a kernel entry and of a stored lowering (what
-the frontend read while it generated the kernel, :mod:`bridge.identity.read_sets`, as rows of
+the frontend read while it generated the kernel, :mod:`bridge.readsets.read_sets`, as rows of
 ``[parent, op, operand, want]``), is declared here too: a read set is data from a shared root,
 a remote tier or a bundle, so its text is checked at every door before anything reads it
 (:func:`problem`), without Triton: JSON of the current :data:`FORMAT` (those of
@@ -24,7 +24,7 @@ a remote tier or a bundle, so its text is checked at every door before anything 
 -1, the kernel), its operand of that operation's form; names that are identifiers, never a
 dunder but those Python calls by itself (:data:`IMPLICIT`); values plain (:func:`plain`) and of
 bounded size; the IR read, if any, last. A check of the rows reads and compares and never
-calls (:mod:`bridge.identity.read_sets`).
+calls (:mod:`bridge.readsets.read_sets`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ import functools
 import json
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kernelcache.plugin import FieldCheck, integer, register_fields, text
@@ -90,10 +91,11 @@ FORMAT = 3
 #: earlier versions' forms, read as read sets that find nothing (a miss): format 2's checks
 #: made calls again, where format 3 records what decides them
 EARLIER = (1, 2)
-#: the operations a row may name
-OPS = frozenset({"g", "a", "i", "c", "b", "f", "d", "e", "p", "ir"})
 #: the built-ins Triton's code generator offers kernel code by name (its ``builtin_namespace``)
 BUILTIN_NAMES = ("len", "list", "range", "float", "int", "isinstance", "getattr", "hasattr")
+#: the built-ins that read an attribute: reads a check makes as ``"a"`` makes one, not results
+#: it takes as decided
+LOOKUPS = ("getattr", "hasattr")
 #: the methods Python calls on a class or its objects by itself: the only dunders a read names
 IMPLICIT = ("__init__", "__new__", "__post_init__", "__call__")
 #: the most reasons a partial read set gives, and the longest one (:func:`bounded_reasons`
@@ -193,27 +195,9 @@ def row_problem(index: int, row: Any, count: int) -> str | None:
         return f"no such read: {op!r:.20}"
     if not _text(want, 64):
         return "what it found must be a short string"
-    if op in ("g", "p"):
-        return None if _name(operand) else "must name an identifier (no dunder)"
-    if op == "a":
-        return None if _name(operand, IMPLICIT) else "must name an identifier (no dunder)"
-    if op in ("f", "d"):
-        return None if operand == "" else "takes no operand"
-    if op == "e":
-        ok = _text(operand, 128) and _VARIABLE.fullmatch(operand)
-        return None if ok else "must name an environment variable"
-    if op == "i":
-        return _argument_problem(operand, index)
-    if op == "c":
-        return _call_problem(operand, index)
-    if op == "b":
-        if not isinstance(operand, list) or len(operand) != 2 or operand[0] not in BUILTIN_NAMES:
-            return f"must be [a built-in of {', '.join(BUILTIN_NAMES)}, arguments]"
-        return _arguments_problem(operand[1], index, 3)
-    # op == "ir"
-    if parent != -1 or index != count - 1:
+    if op == "ir" and (parent != -1 or index != count - 1):
         return "the IR read must be the last read, of the kernel"
-    return None if operand is None else _specialization_problem(operand)
+    return OPS[op].form(operand, index)
 
 
 def _call_problem(operand: Any, index: int) -> str | None:
@@ -330,3 +314,80 @@ def _specialization_problem(made: Any) -> str | None:
             if not named or not (plain(value) or (param and _name(value[1]))):
                 return f"{part} must pair names with plain values"
     return None
+
+
+# -- the operations of a read set: one table ---------------------------------------------------
+@dataclass(frozen=True)
+class ReadOp:
+    """An operation a row of a read set names: what it reads, for a person (``one``,
+    ``several``; ``words(base, operand, argument)``: what one row reads, ``base`` the name of
+    the object it reads on (None: the kernel), ``argument`` the words of an argument); what is
+    wrong with its operand (``form(operand, row)``); and how a check treats it: made again and
+    compared (:func:`bridge.readsets.read_sets.read`), or taken as found where ``decided`` (a
+    call: its callee, arguments and the reads its code can make decide it, and none is made)."""
+
+    one: str
+    several: str
+    form: Callable[[Any, int], str | None]
+    words: Callable[[str | None, Any, Callable[[Any], str]], str]
+    decided: Callable[[Any], bool] = lambda operand: False
+
+
+def _identifier(dunders: Sequence[str] = ()) -> Callable[[Any, int], str | None]:
+    return lambda operand, _: (
+        None if _name(operand, dunders) else "must name an identifier (no dunder)"
+    )
+
+
+def _nothing(operand: Any, _: int) -> str | None:
+    return None if operand == "" else "takes no operand"
+
+
+def _variable(operand: Any, _: int) -> str | None:
+    ok = _text(operand, 128) and _VARIABLE.fullmatch(operand)
+    return None if ok else "must name an environment variable"
+
+
+def _builtin(operand: Any, index: int) -> str | None:
+    if not isinstance(operand, list) or len(operand) != 2 or operand[0] not in BUILTIN_NAMES:
+        return f"must be [a built-in of {', '.join(BUILTIN_NAMES)}, arguments]"
+    return _arguments_problem(operand[1], index, 3)
+
+
+def _call_words(base: str | None, operand: Any, argument: Callable[[Any], str]) -> str:
+    args, kwargs = operand if isinstance(operand, list) and len(operand) == 2 else ([], [])
+    shown = [argument(a) for a in args] + [f"{k}={argument(a)}" for k, a in kwargs]
+    return f"{base or 'the kernel'}({', '.join(shown)})"
+
+
+#: the operations a row may name, by the name a row holds
+OPS: dict[str, ReadOp] = {
+    "f": ReadOp("source file", "source files", _nothing,
+                lambda base, _, __: f"the source file of {base or 'the kernel'}"),
+    "g": ReadOp("global", "globals", _identifier(),
+                lambda base, name, _: str(name) if base is None else f"{name} (in {base})"),
+    "a": ReadOp("attribute", "attributes", _identifier(IMPLICIT),
+                lambda base, name, _: f"{base or 'the kernel'}.{name}"),
+    "i": ReadOp("item", "items", _argument_problem,
+                lambda base, key, argument: f"{base or 'the kernel'}[{argument(key)}]"),
+    "c": ReadOp("call", "calls", _call_problem, _call_words,
+                decided=lambda operand: True),
+    "b": ReadOp("built-in", "built-ins", _builtin,
+                lambda _, operand, argument: f"{operand[0]}({', '.join(map(argument, operand[1]))})",
+                decided=lambda operand: operand[0] not in LOOKUPS),
+    "d": ReadOp("defaults", "defaults", _nothing,
+                lambda base, _, __: f"the defaults of {base or 'the kernel'}"),
+    "p": ReadOp("constexpr argument", "constexpr arguments", _identifier(),
+                lambda _, name, __: str(name)),
+    "e": ReadOp("environment variable", "environment variables", _variable,
+                lambda _, name, __: str(name)),
+    "ir": ReadOp("IR", "IR",
+                 lambda made, _: None if made is None else _specialization_problem(made),
+                 lambda _, __, ___: "the IR Triton's frontend gives for this specialization"),
+}  # fmt: skip
+
+
+def worded(op: str, operand: Any, base: str | None, argument: Callable[[Any], str]) -> str:
+    """What a row ``[_, op, operand, _]`` reads, for a person: ``base`` the name of the object
+    it reads on (None: the kernel), ``argument`` the words of an argument of it."""
+    return OPS[op].words(base, operand, argument)

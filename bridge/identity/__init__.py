@@ -2,9 +2,9 @@
 
 In: a kernel taken apart and bound for a target (:mod:`bridge.call`). Out: the kernel key of each
 variant, computed without compiling (:mod:`.kernel_keys`, its ingredients listed once), from the
-compiler's identity (:mod:`.compiler_identity`), the code's identity (:mod:`.jit`) and the options; and
-the specializations that carry those keys to the compile stage (:mod:`.specialize`); and what
-Triton's frontend read while it compiled a kernel (:mod:`.witness`), checked before a cached
-kernel or lowering is used again (:mod:`.read_sets`). The same call gives the same keys in every
-process with the same software.
+compiler's identity (:mod:`.compiler_identity`), the code's identity (:mod:`.jit`) and the options; the
+specializations that carry those keys to the compile stage (:mod:`.specialize`); and values
+described by content (:mod:`.exact_values`, :mod:`.namespaces`: also the namespace reads a check makes), which the read sets of
+:mod:`bridge.readsets` are made of. The same call gives the same keys in every process with the
+same software.
 """

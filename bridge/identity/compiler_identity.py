@@ -1,36 +1,23 @@
 """The compiler's identity: what every kernel key holds besides the kernel itself, namely the
 bridge's compile pipeline (:data:`PIPELINE_VERSION`), Triton's files, its backend and its
-environment, each memoized where computing it costs (see docs/bridge.md for the cost).
+environment, each memoized where computing it costs.
 
-Triton's identity digests what Triton's own ``triton_key()`` hashes (Triton's version and the
-contents of every file it reads) with xxh3-128. It is memoized in the kernel cache
-(:mod:`bridge.entries.memos`) under the *file identity* of the installed Triton: the relative
-path, size and modification time of each of those files, so reinstalling or editing Triton
-recomputes it. A backend whose ``hash()`` reads more (ptxas on CUDA) is memoized the same way,
-keyed by the fingerprint its vendor gives (:meth:`~bridge.vendors.vendor.Vendor.backend_fingerprint`).
+Triton's identity digests what ``triton_key()`` hashes (Triton's version and the contents of
+every file it reads) with xxh3-128, memoized in the kernel cache (:mod:`bridge.entries.memos`)
+under the path, size and modification time of those files. A backend whose ``hash()`` reads more
+(ptxas on CUDA) is memoized under the fingerprint its vendor gives.
 
 The compiler's environment is what Triton reads from the process that changes the code it
-compiles, as set now. Which variables count is found from the installed Triton, once per version
-(memoized in the cache under the fingerprint of its files, :func:`triton_fingerprint`): every
-knob Triton declares (``triton.knobs``: the variable behind each), every variable its Python
-files read directly (``os.getenv("X")``, ``os.environ.get("X")``, ``os.environ["X"]``), and
-those its native library declares cache-invalidating (``get_cache_invalidating_env_vars``, as
-set now). Of these, the variables that cannot change compiled code are left out, from the scan
-and the native list alike (:func:`counts`; :data:`NEUTRAL`: where caches and dumps go, what
-only times, dumps or prints, the paths of tools whose versions the backend's identity holds,
-what only the launcher or the autotuner reads; :data:`NOT_APPLIED`: what Triton's ``compile``
-does and the bridge's own stages do not, such as ``TRITON_KERNEL_OVERRIDE``, of which a process
-that sets it is warned once); any other one counts, including one a newer Triton adds.
-
-The environment's digest (:func:`environment_digest`) holds each counted variable that is set,
-with its value (a boolean knob's by how Triton parses it: at its default, none), each knob set
-from Python whose variable counts, a tool or library a variable names (:data:`TOOLS`) by its
-file's content, and a stage-inspection hook by its description by content
-(:func:`bridge.identity.jit.constant`; one with none makes every key this process's own).
-Variables that only select devices (:data:`DEVICE_SELECTION`), or time, dump or print, never
-count. Invariant: variables left unset and knobs left alone add nothing, so the digest of a
-plain process is the same on every machine. How each variable was judged: docs/bridge.md ("The
-compiler's environment, judged"). A memo found is checked for the form its kind has before use.
+compiles, as set now. Which variables count is found from the installed Triton once per version:
+every knob of ``triton.knobs``, every variable its Python files read directly, and those its
+native library declares cache-invalidating; less those that cannot change compiled code
+(:data:`NEUTRAL`; :data:`NOT_APPLIED`: what Triton's ``compile`` does and the bridge's own stages
+do not, warned of once; :data:`DEVICE_SELECTION`). Its digest (:func:`environment_digest`) holds
+each counted variable that is set (a boolean knob's value as Triton parses it, none at its
+default), each knob set from Python whose variable counts, a tool or library a variable names
+(:data:`TOOLS`) by its file's content, and a stage-inspection hook by its description.
+Invariant: variables left unset and knobs left alone add nothing, so the digest of a plain
+process is the same on every machine. A memo found is checked for its form before use.
 """
 
 from __future__ import annotations
@@ -101,12 +88,6 @@ def _triton_rows() -> tuple[str, list[list[Any]]]:
     return base, rows
 
 
-def _triton_files() -> tuple[str, tuple[str, ...]]:
-    """Triton's directory and every file ``triton_key()`` reads (see :func:`_triton_rows`)."""
-    base, rows = _triton_rows()
-    return base, tuple(os.path.join(base, row[0]) for row in rows)
-
-
 def _library_rows(base: str) -> list[list[Any]]:
     """The rows of the libraries the backends link kernels with (``backends/*/lib``: libdevice,
     the ROCm device libraries): options name them, and a kernel key holds their content."""
@@ -143,10 +124,11 @@ def triton_digest() -> str:
     import triton
     import xxhash
 
-    base, files = _triton_files()
+    base, rows = _triton_rows()
     h = xxhash.xxh3_128()
     h.update(f"{_TRITON_VERSION}\0{triton.__version__}\0".encode())
-    for path in files:
+    for row in rows:
+        path = os.path.join(base, row[0])
         h.update(f"{os.path.relpath(path, base)}\0".encode())
         try:
             with open(path, "rb") as f:
@@ -262,17 +244,6 @@ def _groups() -> tuple[tuple[str, Any], ...]:
     if base is None:
         return ()
     return tuple((n, v) for n, v in sorted(vars(knobs).items()) if isinstance(v, base))
-
-
-_names: dict[type, frozenset[str]] = {}
-
-
-def _knob_names(kind: type) -> frozenset[str]:
-    """The names of the knobs of a group of type ``kind`` that read a variable."""
-    found = _names.get(kind)
-    if found is None:
-        found = _names[kind] = frozenset(_descriptors(kind))
-    return found
 
 
 def _descriptors(kind: type) -> dict[str, Any]:
@@ -475,23 +446,18 @@ def environment_settings(cache: Cache | None) -> list[Any]:
         own = vars(values)
         if own and group not in NEUTRAL_GROUPS:  # (knobs set from Python: few, if any)
             described = _descriptors(type(values))
-            for name in sorted(_knob_names(type(values)) & own.keys()):
+            for name in sorted(described.keys() & own.keys()):
                 value = own[name]
                 if not _knob_counts(described[name], value):
                     continue
                 file = getattr(described[name], "key", None) in TOOLS and isinstance(value, str)
                 knobs.append([group, name, ["tool", tool_digest(value)] if file else _shown(value)])
-    hook = _stages_hook()
+    from triton import knobs as triton_knobs
+
+    hook = getattr(getattr(triton_knobs, "runtime", None), "add_stages_inspection_hook", None)
     if hook is not None:
         knobs.append(["runtime", "add_stages_inspection_hook", _hook(hook)])
     return [sorted(found.items()), knobs]
-
-
-def _stages_hook() -> Any:
-    from triton import knobs
-
-    runtime = getattr(knobs, "runtime", None)
-    return getattr(runtime, "add_stages_inspection_hook", None)
 
 
 def environment_digest(cache: Cache | None) -> str:

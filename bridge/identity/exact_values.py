@@ -1,5 +1,5 @@
 """What a read of the frontend found, described by content: the values of read sets
-(:mod:`.read_sets`).
+(:mod:`bridge.readsets.read_sets`).
 
 Plain values exactly (:func:`exact`, made again by :func:`remake`): floats by their bits, so a
 NaN's sign counts; tuples item by item; Triton's ``constexpr``, dtypes, pointer and block types.
@@ -34,9 +34,8 @@ import types
 from typing import Any
 
 from . import static_reads
-from .guard import program_module
 from .namespaces import exact, language, spend, wrapped
-from .static_reads import RUNS_CODE, attribute, in_mro, mark, one_of
+from .static_reads import RUNS_CODE, attribute, in_mro, mark, one_of, program_module
 
 #: what a lookup that found nothing finds
 ABSENT: Any = static_reads.MISSING

@@ -14,7 +14,7 @@ writes into the binary's debug information (:func:`relative_locations`, by
 :func:`~.static_reads.relative_path`): the same source at two checkouts gives the same text, as
 it gives the same binary.
 
-The IR is also a read of a read set (:mod:`.read_sets`, the op ``"ir"``): where the witness
+The IR is also a read of a read set (:mod:`bridge.readsets.read_sets`, the op ``"ir"``): where the witness
 cannot vouch for what the frontend read (a call it cannot make again, an object with no exact
 description: the read set is *partial*), the kernel is checked by running the frontend again for the same specialization (:func:`specialization`, made again by
 :func:`ir_again`) and comparing the digest of the IR.

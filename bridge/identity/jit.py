@@ -8,8 +8,8 @@ by content, as a read of the frontend is described (:func:`~.exact_values.descri
 
 Keys route; the witness decides. What else the frontend reads while it generates a kernel
 (constexpr globals, attributes of modules, ``constexpr_function`` calls, objects, helpers
-reached otherwise) is the kernel's read set (:mod:`.witness`), checked before a cached kernel
-or lowering is used (:mod:`.read_sets`), as ccache checks a manifest's headers. So nothing here
+reached otherwise) is the kernel's read set (:mod:`bridge.readsets.witness`), checked before a cached kernel
+or lowering is used (:mod:`bridge.readsets.read_sets`), as ccache checks a manifest's headers. So nothing here
 has to be complete: a key only tells apart the code a lookup starts from.
 """
 

@@ -14,7 +14,7 @@ the version of the bridge's own compile pipeline.
 
 A key routes; it is not asked to be complete. What the frontend reads beyond the code the key
 holds (globals, attributes, ``constexpr_function`` calls, objects) is the kernel's read set,
-recorded by the compile and checked before a cached kernel is used (:mod:`.read_sets`): a
+recorded by the compile and checked before a cached kernel is used (:mod:`bridge.readsets.read_sets`): a
 cached kernel whose reads find something else now is not used, and the kernel of this code is
 kept under a key chained from its own.
 

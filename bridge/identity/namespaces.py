@@ -1,6 +1,6 @@
 """What reads find without running code of what they read: namespace reads, and plain values
 exactly. The reads of a read set as a check makes them again, and as the witness compares what
-the frontend found with (:mod:`.read_sets`).
+the frontend found with (:mod:`bridge.readsets.read_sets`).
 
 A global or closure variable of a function as Triton's code generator resolves it (the
 backend's module map applied); an attribute where Python's own lookup finds it

@@ -393,6 +393,17 @@ def python_function(fn: Any) -> types.FunctionType | None:
 
 
 # -- modules ---------------------------------------------------------------------------------
+def program_module(module: Any) -> bool:
+    """Whether the module named ``module`` is the program's (not built in, not the standard
+    library's, not Triton's, the bridge's or kernelcache's); a name that is no string is."""
+    if not isinstance(module, str):
+        return True
+    top = module.split(".")[0]
+    return top not in ("builtins", "triton", "bridge", "kernelcache") and (
+        top not in sys.stdlib_module_names
+    )
+
+
 def relative_dir(directory: str) -> str:
     """``directory`` relative to the longest ``sys.path`` entry containing it, else its name
     (the entries that are strings: the import system ignores any other, and nothing of one

@@ -48,7 +48,7 @@ from ..embed import modes
 from ..entries import lowerings
 from ..entries.lowerings import Item, Lowered, Program
 from ..exceptions import KernelArgumentError
-from ..identity import read_sets
+from ..readsets import read_sets
 from ..settings import as_cache
 from ..vendors import backends, targets
 from ..vendors.vendor import registered
@@ -319,7 +319,7 @@ def _checked_replay(
     """The stored lowering of ``call`` (:func:`_replay`) whose kernels' reads find what they
     found, and the key it is (or is to be) stored under: where a stored lowering's reads find
     something else, the lowering of this version of the code is kept under a key chained from
-    it (:func:`bridge.identity.read_sets.follow`); after a few versions, nowhere (None)."""
+    it (:func:`bridge.readsets.read_sets.follow`); after a few versions, nowhere (None)."""
     target = prepared.target
     backend: list[Any] = []  # (made at the first stored lowering with reads)
 

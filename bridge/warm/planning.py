@@ -78,7 +78,7 @@ def present(cache: Cache, spec: Specialization) -> str | None:
     """The layer ("local" or "readonly") that holds the entry a lowering of ``spec`` would use,
     or None (the lowering would compile).
 
-    That entry is found as a lowering finds it (:func:`bridge.identity.read_sets.follow`): the
+    That entry is found as a lowering finds it (:func:`bridge.readsets.read_sets.follow`): the
     one under the key, or where its reads find something else now, the one under the key
     chained from it; it is usable when a layer holds the verified binary and, for a target with
     PTX, the PTX whose digest its metadata names. Nothing is counted as a hit or a miss.

@@ -39,6 +39,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("bridge.entries",),
     ("bridge.embed",),
     ("bridge.identity",),
+    ("bridge.readsets",),
     ("bridge.compile",),
     ("bridge.tune",),
     ("bridge.lowering",),
@@ -291,7 +292,7 @@ def test_every_bridge_exception_is_declared_in_exceptions_under_kernelcaches_bas
 
 @pytest.mark.parametrize(
     ("module", "expected"),
-    [("bridge", 8), ("bridge.call.binding", 1), ("bridge.vendors.cuda", 0), ("bridge.cli", 10)],
+    [("bridge", 9), ("bridge.call.binding", 1), ("bridge.vendors.cuda", 0), ("bridge.cli", 11)],
 )
 def test_the_stage_of_a_module_is_its_longest_prefix(module, expected):
     assert stage(module) == expected

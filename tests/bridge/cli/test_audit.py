@@ -59,7 +59,7 @@ for kernel, kw in ((K.exact_kernel, {}), (K.by_name, {"ACT": "double"})):
 #: hole, as a change it cannot see would make one
 BLIND = """
 import sys
-from bridge.identity import read_sets
+from bridge.readsets import read_sets
 read_sets.stale = lambda *a, **k: read_sets.Verdict(read_sets.FRESH)
 from kernelcache.cli import main
 sys.exit(main(sys.argv[1:]))

@@ -13,7 +13,7 @@ from identity_targets import TARGETS, platform_of
 import bridge
 import kernelcache
 from bridge.compile import compiler
-from bridge.identity import read_sets
+from bridge.readsets import read_sets
 from bridge.vendors.backends import make_backend
 from bridge.vendors.targets import parse_target
 

@@ -220,7 +220,7 @@ def forge(request, tmp_path_factory) -> dict[str, Any]:
 def _check(forge: dict[str, Any], text: str) -> tuple[Any, list[str], int]:
     """The verdict of ``text``, the foreign Python frames entered while it was made, and the
     peak of what it allocated."""
-    from bridge.identity import read_sets
+    from bridge.readsets import read_sets
 
     entered: list[str] = []
     made = read_sets.Verdict.__new__.__code__  # (a NamedTuple's, made by the standard library)
@@ -249,7 +249,7 @@ def _check(forge: dict[str, Any], text: str) -> tuple[Any, list[str], int]:
 def _with_rows(forge: dict[str, Any], rows: list[list[Any]]) -> str:
     """The compile's own read set, with ``rows`` after its rows (the wants made right: what a
     forger who can run the same reads writes, so that every namespace read holds)."""
-    from bridge.identity import read_sets
+    from bridge.readsets import read_sets
 
     doc = json.loads(forge["text"])
     kept = [r for r in doc["rows"] if r[1] != "ir"]
@@ -408,7 +408,7 @@ def test_any_walk_of_names_runs_no_code(forge, data):
 
 
 def test_read_sets_past_what_a_check_of_one_entry_does_are_refused_before_any_read(forge):
-    from bridge.identity import read_sets
+    from bridge.readsets import read_sets
 
     start = time.process_time()
     many = read_sets.stale([forge["text"]] * 600, forge["kernel"], forge["given"], forge["backend"])

@@ -1,11 +1,11 @@
-"""The walk of a lookup (:func:`bridge.identity.read_sets.follow`): the entry under the key whose
+"""The walk of a lookup (:func:`bridge.readsets.read_sets.follow`): the entry under the key whose
 reads find what they found, else the one under the key chained from what they find now; a chain
 of entries whose reads all find something else (hostile, or many versions) ends after a bounded
 number of reads, with nowhere to store (the kernel is kept in memory)."""
 
 from __future__ import annotations
 
-from bridge.identity import read_sets
+from bridge.readsets import read_sets
 
 KEY = "a" * 64
 

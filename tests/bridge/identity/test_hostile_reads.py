@@ -6,7 +6,7 @@ of an object, a class and a module, a metaclass's ``__len__``/``__index__``/``__
 ``__instancecheck__``, an object's ``__hash__``/``__eq__``/``__len__``/``__index__``/
 ``__repr__``/``__mul__``, ``os.system``, ``__import__``) leaves a marker file. Its kernel
 spells every name (in a branch the frontend never takes). The read sets are checked the way a
-lookup checks them (:func:`bridge.identity.read_sets.check`): a compile's own, then forged
+lookup checks them (:func:`bridge.readsets.read_sets.check`): a compile's own, then forged
 ones, then rows drawn at random (hypothesis) from the names, operations and values a forger
 would use. A forged call or built-in is decided by what found its callee and arguments: it
 is never made, whatever it names.
@@ -213,7 +213,7 @@ def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, x, mask=mask)
 """
 #: the CPU time a check may take: it reads and compares (what it may describe is bounded by
-#: bridge.identity.read_sets.MAX_PARTS), in well under a second; tracing allocations (as these
+#: bridge.readsets.read_sets.MAX_PARTS), in well under a second; tracing allocations (as these
 #: tests do) slows it several times
 ENDS = 2.0
 #: names the trap spells, and names it does not, for forged rows
@@ -267,7 +267,7 @@ def _nothing_ran_yet(trap: dict[str, Any]) -> None:
 
 
 def _check(trap: dict[str, Any], text: str) -> tuple[Any, float]:
-    from bridge.identity import read_sets
+    from bridge.readsets import read_sets
 
     start = time.process_time()  # (CPU time: what the check spends, whatever load shares it)
     found = read_sets.check(text, trap["kernel"], trap["given"], trap["modules"], trap["backend"])
@@ -364,7 +364,7 @@ def test_an_entry_without_reads_is_refused_not_served(trap, text):
     """No compile writes a read set without reads, nor an entry without a read set (every
     compile reads its kernel's source file): such an entry is refused, never used as it is
     (code changed since would be served its old kernel)."""
-    from bridge.identity import read_sets
+    from bridge.readsets import read_sets
 
     found = read_sets.stale([text], trap["kernel"], trap["given"], trap["backend"])
     assert found.kind == read_sets.REFUSED, found
@@ -374,7 +374,7 @@ def test_an_entry_without_reads_is_refused_not_served(trap, text):
 def test_an_ir_read_the_lookup_is_not_for_is_refused_saying_so(trap):
     """The IR read runs Triton's frontend: only for a specialization the lookup computed
     itself, never one the stored data chose."""
-    from bridge.identity import read_sets
+    from bridge.readsets import read_sets
 
     text = _forged(trap, FORGED["ir-of-another-specialization"])
     found = read_sets.stale([text], trap["kernel"], trap["given"], trap["backend"], None, list)
@@ -465,8 +465,8 @@ def test_an_environment_read_cannot_be_guessed_from_what_a_lookup_stores(trap, m
     """A forger plants a read of a variable the victim's process sets; what the victim then
     finds (and chains its next key from) is a digest keyed by the user's secret: testing every
     four-digit guess against it finds nothing, and no entry holds the value."""
-    from bridge.identity import read_sets
-    from bridge.identity.read_sets import _digest
+    from bridge.readsets import read_sets
+    from bridge.readsets.read_sets import _digest
 
     monkeypatch.setenv("KC_SECRET_PIN", "4821")
     doc = json.loads(_forged(trap, []))
@@ -489,7 +489,7 @@ def test_reads_that_only_code_would_answer_run_no_code():
     found."""
     import types
 
-    from bridge.identity.static_access import RUNS_CODE, attribute
+    from bridge.readsets.static_access import RUNS_CODE, attribute
 
     ran: list[str] = []
 

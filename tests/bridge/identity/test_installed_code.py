@@ -1,6 +1,6 @@
 """Installed code is never trusted by its name: what the frontend reads of an installed
 distribution is described by content, and calls of its ``constexpr_function`` are made again,
-as the application's own are (bridge.identity.witness).
+as the application's own are (bridge.readsets.witness).
 
 A package imported from a zip archive that lies in ``site-packages`` (as an egg does) has its
 modules' ``__file__`` inside the archive, no file to digest; a portion of a namespace package

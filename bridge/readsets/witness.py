@@ -8,7 +8,7 @@ and as Triton keeps ``used_global_vals`` for a warm process: every global and cl
 a JIT function resolved, every attribute and item the frontend took from an object it got that
 way, every call of code of the program's own it made at compile time (``constexpr_function``,
 functions, classes, and built-ins given such objects) with its arguments and result. A cached
-kernel is used only while its reads find what they found (:func:`bridge.identity.read_sets.stale`);
+kernel is used only while its reads find what they found (:func:`bridge.readsets.read_sets.stale`);
 the key stays the fast way to the entry, and no longer has to be complete.
 
 Recording hooks Triton's ``CodeGenerator`` (its name, attribute, item and call visits, and its
@@ -39,11 +39,11 @@ from typing import Any
 
 from ..entries import metadata
 from ..exceptions import OverBudget
-from . import namespaces as pv
+from ..identity import namespaces as pv
+from ..identity.keyed_environment import environment_want
+from ..identity.static_reads import RUNS_CODE
 from . import read_sets as rs
 from .guard import Guard
-from .keyed_environment import environment_want
-from .static_reads import RUNS_CODE
 
 #: the most rows a read set keeps (a larger one is cut, and says so)
 MAX_ROWS = 2000
@@ -138,7 +138,7 @@ class Recorder:
 
     def ran(self, specialization: Any, ir: str) -> None:
         """Note that the frontend gave IR of digest ``ir`` for ``specialization`` (plain data,
-        :func:`~.frontend.specialization`; None where it has none): where the read set is
+        :func:`~bridge.identity.frontend.specialization`; None where it has none): where the read set is
         partial, it ends with that as a read (``"ir"``), which runs the frontend again."""
         self.frontend = (specialization, ir)
 
@@ -187,10 +187,10 @@ class Recorder:
 @functools.lru_cache(maxsize=1)
 def _keyed_environment() -> frozenset[str]:
     """The variables a read set does not keep: those every kernel key holds already, and
-    those that only select devices or say where files go (:mod:`.compiler_identity`)."""
+    those that only select devices or say where files go (:mod:`bridge.identity.compiler_identity`)."""
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
-    from .compiler_identity import DEVICE_SELECTION, NEUTRAL, environment_variables
+    from ..identity.compiler_identity import DEVICE_SELECTION, NEUTRAL, environment_variables
 
     return frozenset(
         {*NEUTRAL, *DEVICE_SELECTION, *environment_variables(None)}

@@ -23,11 +23,11 @@ import math
 import types
 from typing import Any
 
-from . import static_reads
-from .exact_values import ABSENT, describe, triton_home
+from ..identity import static_reads
+from ..identity.exact_values import ABSENT, describe, triton_home
+from ..identity.namespaces import defaults, exact, follow, generated_attribute, scope_value
+from ..identity.static_reads import python_function
 from .guard import LIBRARY, MADE, kind_of
-from .namespaces import defaults, exact, follow, generated_attribute, scope_value
-from .static_reads import python_function
 
 #: standard library modules whose Python code depends only on what it is given
 PURE_STDLIB = frozenset(
@@ -130,7 +130,7 @@ class Reach:
 
 
 def _holds_module(value: Any) -> bool:
-    """Whether the description of ``value`` (:func:`~.exact_values.describe`) holds a module
+    """Whether the description of ``value`` (:func:`~bridge.identity.exact_values.describe`) holds a module
     (which it names, never describes: its attributes are reads of their own)."""
     if exact(value) is not None or triton_home(value) is not None:
         return False

@@ -21,11 +21,11 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from . import exact_values as ev
-from . import namespaces, reach, static_access, static_reads
-from . import namespaces as pv
-from .guard import program_class, program_module
-from .static_reads import RUNS_CODE, python_function
+from ..identity import exact_values as ev
+from ..identity import namespaces, static_reads
+from ..identity.static_reads import RUNS_CODE, program_module, python_function
+from . import reach, static_access
+from .guard import program_class
 from .witness import Recorder, active
 
 
@@ -38,7 +38,7 @@ def _triton_value(value: Any) -> bool:
 def _ignorable(value: Any) -> bool:
     """Whether reading from ``value`` needs no witness: a plain value, or one of Triton's own
     objects (a dtype, a layout: what Triton's files, in every key, decide)."""
-    if pv.exact(value) is not None:
+    if namespaces.exact(value) is not None:
         return True
     return ev.triton_home(type(value)) is not None
 
@@ -123,7 +123,7 @@ def install() -> None:
         def noting(inner: Any) -> Any:  # (what each formatted value is, as the f-string sees it)
             value = visit(inner)
             if id(inner) in formatted:
-                _opaque(recorder, "an f-string", pv.unwrap(value))
+                _opaque(recorder, "an f-string", namespaces.unwrap(value))
             return value
 
         self.visit = noting
@@ -145,7 +145,7 @@ def install() -> None:
         def noting(inner: Any) -> Any:  # (the two values ``is`` compares, as it sees them)
             value = visit(inner)
             if id(inner) in operands:
-                found.append(pv.unwrap(value))
+                found.append(namespaces.unwrap(value))
             return value
 
         self.visit = noting
@@ -156,11 +156,11 @@ def install() -> None:
             with recorder.guarded():
                 _identity(recorder, found)
 
-    kind: Any = getattr(getattr(pv.language(), "core", None), "constexpr_type", None)
+    kind: Any = getattr(getattr(namespaces.language(), "core", None), "constexpr_type", None)
     mangle = vars(kind).get("mangle") if kind is not None else None
     if mangle is not None:  # (Triton 3.9 names a specialization by repr(value) there)
         kind.mangle = _mangled(mangle)
-    constexpr = pv.language().constexpr
+    constexpr = namespaces.language().constexpr
     for name in OPERATORS:
         method = vars(constexpr).get(name)
         if method is not None:
@@ -208,7 +208,7 @@ def _operator(name: str, method: Any) -> Any:
         if recorder is not None:
             with recorder.guarded():
                 for value in (self, *args):
-                    _opaque(recorder, name, pv.unwrap(value))
+                    _opaque(recorder, name, namespaces.unwrap(value))
         return method(self, *args)
 
     return functools.wraps(method)(operator)
@@ -241,7 +241,9 @@ def _identity(recorder: Recorder, operands: list[Any]) -> None:
         return
     if any(any(v is s for s in SINGLETONS) for v in operands):
         return
-    if all(_triton_value(v) and not isinstance(v, pv.language().constexpr) for v in operands):
+    if all(
+        _triton_value(v) and not isinstance(v, namespaces.language().constexpr) for v in operands
+    ):
         return  # (which tensor is which follows from the kernel's code)
     kinds = " and ".join(type(v).__qualname__ for v in operands)
     recorder.missed(f"`is` between a {kinds}")
@@ -249,7 +251,7 @@ def _identity(recorder: Recorder, operands: list[Any]) -> None:
 
 def _attribute(recorder: Recorder, base: Any, name: str, value: Any, module_map: Any) -> None:
     inner = base
-    if isinstance(base, pv.language().constexpr) and name not in ("value", "type"):
+    if isinstance(base, namespaces.language().constexpr) and name not in ("value", "type"):
         inner = base.value  # (what the code generator reads the attribute of)
     row = recorder.origin(base)
     if row is None and inner is not base:
@@ -288,8 +290,8 @@ def _same(made: Any, value: Any) -> bool:
     value, or a method of the same function bound to the same object."""
     if type(made) is types.MethodType and type(value) is types.MethodType:
         return made.__func__ is value.__func__ and made.__self__ is value.__self__
-    plain = pv.exact(made)
-    return plain is not None and plain == pv.exact(value)
+    plain = namespaces.exact(made)
+    return plain is not None and plain == namespaces.exact(value)
 
 
 def _item(recorder: Recorder, base: Any, key: Any, value: Any) -> None:
@@ -299,7 +301,14 @@ def _item(recorder: Recorder, base: Any, key: Any, value: Any) -> None:
     if row is None or made is None:
         recorder.missed(f"an item of a {type(base).__qualname__} not witnessed")
     else:
-        _found(recorder, row, "i", made, value, lambda: static_access.item(base, pv.unwrap(key)))
+        _found(
+            recorder,
+            row,
+            "i",
+            made,
+            value,
+            lambda: static_access.item(base, namespaces.unwrap(key)),
+        )
 
 
 def _mangled(method: Any) -> Any:
@@ -311,7 +320,7 @@ def _mangled(method: Any) -> Any:
         text = method(self)
         recorder = active()
         value = self.value
-        if recorder is not None and pv.exact(value) is None and not _ignorable(value):
+        if recorder is not None and namespaces.exact(value) is None and not _ignorable(value):
             recorder.missed(f"a specialization named by the repr of a {type(value).__qualname__}")
         return text
 
@@ -377,7 +386,7 @@ def _call(
     owner = getattr(fn, "__self__", None)
     if _triton_value(owner):
         return  # (a method of a tensor)
-    if ev.triton_home(type(owner)) is not None and pv.exact(owner) is not None:
+    if ev.triton_home(type(owner)) is not None and namespaces.exact(owner) is not None:
         return  # (Triton's method of a value of Triton's: a dtype's ``is_int``, in every key)
     if getattr(fn, "__triton_builtin__", False):
         if not ev.triton_code(fn):  # (a builtin of the program's own, given tensors: never
@@ -387,7 +396,7 @@ def _call(
     if builtin is not None:
         _builtin(recorder, builtin, args, kws, value, bool(ran))
         return
-    constexpr = pv.language().constexpr
+    constexpr = namespaces.language().constexpr
     if hasattr(fn, "__self__"):  # (given their arguments unwrapped)
         args = [a.value if isinstance(a, constexpr) else a for a in args]
         kws = {k: v.value if isinstance(v, constexpr) else v for k, v in kws.items()}
@@ -402,11 +411,13 @@ def _call(
     if parent is None:
         recorder.missed(f"a call of {_name(fn)} not witnessed")
         return
-    row = recorder.add(parent, "c", [given, named], pv.unwrap(value))
+    row = recorder.add(parent, "c", [given, named], namespaces.unwrap(value))
     if row is not None:
         recorder.trace.note(value, row)  # (the wrapped result the generator goes on with)
     reach.reachable(recorder, fn, module_map, followed)
-    reach.arguments(recorder, [pv.unwrap(a) for a in [*args, *kws.values()]], module_map, followed)
+    reach.arguments(
+        recorder, [namespaces.unwrap(a) for a in [*args, *kws.values()]], module_map, followed
+    )
     why = followed.decided(ran)
     if why is not None:
         recorder.missed(f"a call of {_name(fn)} its reads do not decide: {why}"[:200])
@@ -419,7 +430,7 @@ def _builtin(
     result follows from them) or Triton's own objects, a read where a check makes it again as
     it was made (no code of the program ran in it: :func:`~.read_sets.builtin`); else the
     read set is partial."""
-    args = [pv.unwrap(a) for a in args]
+    args = [namespaces.unwrap(a) for a in args]
     given = [recorder.argument(a) for a in args]
     if not ran and not kws:
         if all(g is not None and g[0] == "v" for g in given):
@@ -434,9 +445,9 @@ def _builtin(
                 except Exception:  # (the check would find an error, not this)
                     again = RUNS_CODE
                 if again is not RUNS_CODE and (
-                    again is pv.unwrap(value) or _same(again, pv.unwrap(value))
+                    again is namespaces.unwrap(value) or _same(again, namespaces.unwrap(value))
                 ):
-                    recorder.add(-1, "b", [name, given], pv.unwrap(value))
+                    recorder.add(-1, "b", [name, given], namespaces.unwrap(value))
                     return
             elif not any(_registers(a) for a in args):
                 return  # (Triton's objects and plain values: what Triton's files say)
@@ -455,7 +466,7 @@ def _registers(value: Any) -> bool:
 def _origin(recorder: Recorder, value: Any) -> int | None:
     """The row that found ``value`` or, for a ``constexpr``, the value it holds."""
     row = recorder.origin(value)
-    if row is None and isinstance(value, pv.language().constexpr):
+    if row is None and isinstance(value, namespaces.language().constexpr):
         row = recorder.origin(value.value)
     return row
 

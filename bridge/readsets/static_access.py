@@ -4,9 +4,9 @@ whatever its reads find, and what the witness (:mod:`.frontend_hooks`) compares 
 records with (attributes: :mod:`.namespaces`).
 
 An item is read only of a tuple, list or dict whose keys are plain; ``getattr`` and
-``hasattr`` read as :func:`~.static_reads.attribute` does, ``isinstance`` only of a class that
+``hasattr`` read as :func:`~bridge.identity.static_reads.attribute` does, ``isinstance`` only of a class that
 checks by its bases, the rest only on plain values, their result bounded. Where that cannot be,
-the read finds :data:`~.static_reads.RUNS_CODE` and no code runs.
+the read finds :data:`~bridge.identity.static_reads.RUNS_CODE` and no code runs.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..entries.metadata import BUILTIN_NAMES
-from .exact_values import triton_home
-from .namespaces import exact, language, unwrap
-from .static_reads import RUNS_CODE, attribute, one_of, own_class
+from ..identity.exact_values import triton_home
+from ..identity.namespaces import exact, language, unwrap
+from ..identity.static_reads import RUNS_CODE, attribute, one_of, own_class
 
 #: the built-ins Triton's code generator offers kernel code (:data:`~bridge.entries.metadata.BUILTIN_NAMES`)
 BUILTINS: dict[str, Callable[..., Any]] = {n: vars(builtins)[n] for n in BUILTIN_NAMES}

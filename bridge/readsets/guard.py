@@ -35,6 +35,8 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..identity.static_reads import program_module
+
 OURS, LIBRARY, MADE, PROGRAM_CODE = 0, 1, 2, 3
 #: library modules that never run code of the objects they are given (what the frontend
 #: itself runs): their calls are not looked at
@@ -93,17 +95,6 @@ def kind_of(code: types.CodeType) -> int:
 
 
 _classes: dict[int, tuple[type, bool]] = {}
-
-
-def program_module(module: Any) -> bool:
-    """Whether the module named ``module`` is the program's (not built in, not the standard
-    library's, not Triton's, the bridge's or kernelcache's); a name that is no string is."""
-    if not isinstance(module, str):
-        return True
-    top = module.split(".")[0]
-    return top not in ("builtins", "triton", "bridge", "kernelcache") and (
-        top not in sys.stdlib_module_names
-    )
 
 
 def program_class(cls: type) -> bool:

@@ -3,31 +3,27 @@ process compares with what the same reads find now (:func:`stale`). A check read
 compares; it never calls.
 
 A read set is a list of rows ``[parent, op, operand, want]``, in the order the frontend made the
-reads (its form: :mod:`bridge.entries.metadata`). ``parent`` is the row whose object the read
-was made on (``-1``: the kernel itself); ``op`` is one of :data:`OPS`; ``want`` is a digest of
-what the read found (:meth:`Trace.want`). An argument is ``["v", value]`` (plain, :func:`exact`),
-``["r", row]`` (the object a row found) or ``["rk", row]`` (that object in a ``constexpr``).
+reads. ``parent`` is the row whose object the read was made on (``-1``: the kernel itself);
+``op`` is one of :data:`~bridge.entries.metadata.OPS` (the one table of reads: their forms, how
+a check treats each, their words); ``want`` is a digest of what the read found
+(:meth:`Trace.want`), an object described by content, or named by the row that first found it.
+An argument is ``["v", value]`` (plain, :func:`exact`), ``["r", row]`` (the object a row found)
+or ``["rk", row]`` (that object in a ``constexpr``).
 
-What a read found is described by content (:func:`~.exact_values.describe`), an object met
-before by the row that first found it. A check makes each *namespace read* again (a
-function's globals and closure, a module's, a class's or an object's own namespace, an item
-of a plain container, an environment variable, the kernel's constexpr arguments: no
-descriptor but Python's own binding, no ``__getattr__``, no ``__eq__`` or ``__hash__`` of the
-program's) and compares what it finds. A call (``"c"``) or a built-in (``"b"``) the frontend
-made is *decided*: its result follows from its callee (the row that found it), its arguments
-(each described by content) and the reads its code can make (recorded as rows by :mod:`.reach`
-at the compile, which judged that nothing else decides it), so a check compares those and
-never makes the call; what the result's own rows read follows from it too. ``getattr`` and
-``hasattr`` (:data:`LOOKUPS`) are attribute reads, made as ``"a"`` makes one. A read set whose calls its reads do not
-decide is *partial* and ends with the ``"ir"`` read, which runs Triton's frontend for the
-lookup's own specialization (the stored data gives only its digest) and compares.
+A check makes each namespace read again (no descriptor but Python's own binding, no
+``__getattr__``, no ``__eq__`` or ``__hash__`` of the program's) and compares what it finds. A
+*decided* row (a call, a built-in that reads no attribute, any read of what a decided row found)
+is never made: its callee, arguments and the reads its code can make (recorded by :mod:`.reach`)
+decide it. A read set whose calls its reads do not decide is *partial* and ends with the
+``"ir"`` read, which runs Triton's frontend for the lookup's own specialization and compares.
 
-Invariant: a check gives the digests a frontend run now would record for the same reads, so a
-kernel whose reads all find what they found is the kernel its frontend would generate now (its
-key holds the rest). A read set is hostile input (a shared root, a remote tier, a bundle):
-nothing it says runs code, and what a check of one entry may do is bounded by the data's form
-(:data:`MAX_READ_SETS`, :data:`MAX_ENTRY_ROWS`, :data:`MAX_PARTS`): past a bound it is refused.
-Every outcome is a :class:`Verdict`; nothing a check meets leaves it as an exception.
+Invariant: a check gives the digests a frontend run now would record for the same reads. A
+read set is hostile input (a shared root, a remote tier, a bundle): nothing it says runs code,
+and what a check of one entry may do is bounded (:data:`MAX_READ_SETS`, :data:`MAX_ENTRY_ROWS`,
+:data:`MAX_PARTS`): past a bound it is refused. Every outcome is a :class:`Verdict`; nothing a
+check meets leaves it as an exception. The walk of a lookup over the keys chained from what
+reads find (:func:`follow`, one hop of it :func:`hop`) and the door policy of a remote tier
+(:func:`door`) are here, shared by the fetch of kernels, the lowering and the commands.
 """
 
 from __future__ import annotations
@@ -42,10 +38,9 @@ from typing import Any, NamedTuple, TypeVar
 
 from ..entries import metadata
 from ..exceptions import OverBudget
-from . import static_access
-from .exact_values import ABSENT, describe, remember, remembered
-from .keyed_environment import environment_want
-from .namespaces import (
+from ..identity.exact_values import ABSENT, describe, remember, remembered
+from ..identity.keyed_environment import environment_want
+from ..identity.namespaces import (
     budget,
     defaults,
     exact,
@@ -57,7 +52,8 @@ from .namespaces import (
     source_file,
     unwrap,
 )
-from .static_reads import RUNS_CODE
+from ..identity.static_reads import RUNS_CODE
+from . import static_access
 
 FORMAT = metadata.FORMAT
 #: the most read sets one entry holds (a stored lowering: one per kernel it embeds), the most
@@ -125,7 +121,7 @@ class Trace:
         """The digest of what ``value``, found by ``row``, is (and remember it).
 
         Raises:
-            OverBudget: describing it went past the budget open (:func:`~.namespaces.budget`).
+            OverBudget: describing it went past the budget open (:func:`~bridge.identity.namespaces.budget`).
         """
         if value is ABSENT:
             return "absent"
@@ -178,14 +174,14 @@ def read(
 ) -> Any:
     """What row ``[parent, op, operand, _]`` finds on ``base`` now, by a namespace read
     (``modules``: the backend's module map; ``backend``: for an ``"ir"`` read);
-    :data:`~.static_reads.RUNS_CODE` where only code would find it (none runs).
+    :data:`~bridge.identity.static_reads.RUNS_CODE` where only code would find it (none runs).
 
     Raises:
         whatever a read of what is not there raises (AttributeError, LookupError, TypeError,
         ValueError: the read differs).
     """
     if op == "ir":  # (the frontend generating the kernel, for the lookup's own specialization)
-        from .frontend import ir_again
+        from ..identity.frontend import ir_again
 
         return ir_again(base, operand, given, backend)
     if op == "p":
@@ -198,7 +194,7 @@ def read(
         return generated_attribute(base, str(operand), modules)
     if op == "i":
         return static_access.item(base, unwrap(_argument(operand, found)))
-    if op == "b":  # (getattr and hasattr: an attribute read as "a" reads one)
+    if op == "b":  # (getattr and hasattr: a built-in that is decided is never made)
         return static_access.builtin(str(operand[0]), [_argument(a, found) for a in operand[1]])
     if op == "f":
         return source_file(base)
@@ -207,14 +203,9 @@ def read(
     raise ValueError(f"not a read: {op!r:.20}")
 
 
-#: the built-ins that read an attribute: reads a check makes, not results it takes as decided
-LOOKUPS = ("getattr", "hasattr")
-
-
 def _decided(op: str, operand: Any, base: Any, found: Sequence[Any]) -> bool:
-    """Whether a row is decided (see the module docstring): a call, a built-in that reads no
-    attribute, or any read of what a decided row found (its object or an argument)."""
-    if op == "c" or (op == "b" and operand[0] not in LOOKUPS) or base is DECIDED:
+    """Whether a row is decided (see the module docstring)."""
+    if metadata.OPS[op].decided(operand) or base is DECIDED:
         return True
     args = [operand] if op == "i" else operand[1] if op == "b" else []
     return any(a[0] in ("r", "rk") and found[int(a[1])] is DECIDED for a in args)
@@ -297,7 +288,7 @@ def _made(
     backend: Any,
 ) -> tuple[Any, str]:
     """One read made again, and the digest of what it found (``"error"`` where it fails, or
-    only code would find it: :data:`~.static_reads.RUNS_CODE`)."""
+    only code would find it: :data:`~bridge.identity.static_reads.RUNS_CODE`)."""
     try:
         value = read(base, op, operand, found, given, module_map, backend)
     except OverBudget:
@@ -429,7 +420,7 @@ def _check_once(
 
 def _given_names(rows: Sequence[tuple[int, str, Any, str]]) -> list[str]:
     """The parameters whose arguments the reads ``rows`` take from ``given``: those of ``"p"``
-    reads, and those an ``"ir"`` read's specialization names (:func:`~.frontend.ir_again`)."""
+    reads, and those an ``"ir"`` read's specialization names (:func:`~bridge.identity.frontend.ir_again`)."""
     names = []
     for _, op, operand, _ in rows:
         if op == "p":
@@ -463,21 +454,31 @@ def chained(key: str, now: str) -> str:
     return reads_digest([key, now])
 
 
+def hop(key: str, verdict: Verdict, hops: int) -> str | None:
+    """The key a lookup goes on to from ``key`` (reached after ``hops`` hops), whose entry's
+    reads find what ``verdict`` says: the one :func:`chained` from it, None past
+    :data:`MAX_HOPS` (the kernel or lowering is then kept in memory only)."""
+    return None if hops >= MAX_HOPS else chained(key, verdict.now)
+
+
 def follow(
     key: str, entry: Callable[[str], T | None], judge: Callable[[str, Any], Verdict]
 ) -> tuple[str | None, T | None]:
-    """The one walk of a lookup (a kernel's, a stored lowering's, an audit's, ``explain``'s):
-    the entry under ``key`` whose reads find what they found (``judge(key, found)`` is
-    fresh), else the one under the key :func:`chained` from what they find now, for at most
-    :data:`MAX_HOPS` more keys; with the key it is (or is to be) stored under: ``(key, None)``
-    where nothing is stored there yet, ``(None, None)`` past the last hop (kept in memory
-    only). A refused or unchecked entry is passed as one that finds something else."""
-    for _ in range(MAX_HOPS + 1):
+    """The one walk of a lookup (a lowering's, an audit's, ``explain``'s; the fetch of kernels
+    makes the same hops, :func:`hop`, for many keys at once): the entry under ``key`` whose
+    reads find what they found (``judge(key, found)`` is fresh), else the one under the next
+    key; with the key it is (or is to be) stored under: ``(key, None)`` where nothing is stored
+    there yet, ``(None, None)`` past the last hop. A refused or unchecked entry is passed as one
+    that finds something else."""
+    hops = 0
+    while True:
         found = entry(key)
         if found is None:
             return key, None
         verdict = judge(key, found)
         if verdict.fresh:
             return key, found
-        key = chained(key, verdict.now)
-    return None, None
+        after = hop(key, verdict, hops)
+        if after is None:
+            return None, None
+        key, hops = after, hops + 1
