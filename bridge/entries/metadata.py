@@ -20,11 +20,12 @@ the frontend read while it generated the kernel, :mod:`bridge.readsets.read_sets
 a remote tier or a bundle, so its text is checked at every door before anything reads it
 (:func:`problem`), without Triton: JSON of the current :data:`FORMAT` (those of
 :data:`EARLIER`, earlier versions', are read sets that find nothing: a miss); at most
-:data:`MAX_ROWS` rows; each row's operation one of :data:`OPS`, its parent an earlier row (or
--1, the kernel), its operand of that operation's form; names that are identifiers, never a
-dunder but those Python calls by itself (:data:`IMPLICIT`); values plain (:func:`plain`) and of
-bounded size; the IR read, if any, last. A check of the rows reads and compares and never
-calls (:mod:`bridge.readsets.read_sets`).
+:data:`MAX_ROWS` rows; each row's operation one of :data:`OPS` (the one table of the reads:
+each one's operand form, whether a check makes it again or takes it as decided, and its words
+for a person), its parent an earlier row (or -1, the kernel), its operand of that operation's
+form; names that are identifiers, never a dunder but those Python calls by itself
+(:data:`IMPLICIT`); values plain (:func:`plain`) and of bounded size; the IR read, if any, last.
+A check of the rows reads and compares and never calls (:mod:`bridge.readsets.read_sets`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
-"""What a read of the frontend found, described by content: the values of read sets
-(:mod:`bridge.readsets.read_sets`).
+"""What a read of the frontend found, described by content: the values of read sets.
 
-Plain values exactly (:func:`exact`, made again by :func:`remake`): floats by their bits, so a
-NaN's sign counts; tuples item by item; Triton's ``constexpr``, dtypes, pointer and block types.
-Anything else by what it is (:func:`describe`), never by its name or address: a JIT function by
-its source, settings and first line; Triton's own objects by where Triton defines them, only
-where that very object is there and defined in Triton's files (:func:`triton_home`); a function
-by its code, what it closes over and its defaults (a wrapper's code is the same for every
-function it wraps); a class by its namespace, bases, metaclass and registrations; any other
-object by its class and fields, where its type's layout holds nothing else. None where a value
-has no exact description. Nothing here runs code of what it describes: what an object is, is
-asked of its type.
-
-The description of a module, of Triton's own objects and of functions is remembered across
-reads of a process (:func:`remember`), a function's while its stamp is the same (its code,
-defaults and what it closes over, compared by identity or as plain values).
+Plain values exactly (:func:`~.namespaces.exact`). Anything else by what it is
+(:func:`describe`), never by its name or address: a JIT function by its source, settings and
+first line; Triton's own objects by where Triton defines them (:func:`triton_home`); a function
+by its code, what it closes over and its defaults; a class by its namespace, bases, metaclass
+and registrations; any other object by its class and fields, where its type's layout holds
+nothing else. None where a value has no exact description. Nothing here runs code of what it
+describes: what an object is, is asked of its type. The descriptions of modules, Triton's own
+objects and functions are remembered across reads (:func:`remember`), a function's while its
+code, defaults and what it closes over are the same.
 """
 
 from __future__ import annotations
@@ -35,7 +29,7 @@ from typing import Any
 
 from . import static_reads
 from .namespaces import exact, language, spend, wrapped
-from .static_reads import RUNS_CODE, attribute, in_mro, mark, one_of, program_module
+from .static_reads import RUNS_CODE, attribute_of, in_mro, mark, one_of, program_module
 
 #: what a lookup that found nothing finds
 ABSENT: Any = static_reads.MISSING
@@ -61,7 +55,7 @@ def triton_home(value: Any) -> list[str] | None:
         if found is value and name.split(".")[0] == "triton" and where.startswith(_triton_dir()):
             return ["triton", name, ""]
         return None
-    module, qualname = _named(value, "__module__"), _named(value, "__qualname__")
+    module, qualname = attribute_of(value, "__module__"), attribute_of(value, "__qualname__")
     if module is None or qualname is None or module.split(".")[0] != "triton":
         return None
     home = sys.modules.get(module)
@@ -69,26 +63,13 @@ def triton_home(value: Any) -> list[str] | None:
         return None
     at: Any = home
     for part in qualname.split("."):
-        at = _named(at, part, object)
+        at = attribute_of(at, part, object)
     if at is not value:
         return None
-    code = _named(value, "__code__", types.CodeType)
+    code = attribute_of(value, "__code__", types.CodeType)
     if code is not None and not code.co_filename.startswith(_triton_dir()):
         return None
     return ["triton", module, qualname]
-
-
-def _named(value: Any, name: str, kind: type = str) -> Any:
-    """The attribute ``name`` of ``value`` where Python's lookup gives it without running code
-    and it is a ``kind`` (a ``str`` exactly: a subclass may hash and split its own way); else
-    None."""
-    try:
-        found = attribute(value, name)
-    except AttributeError:
-        return None
-    if found is RUNS_CODE:
-        return None
-    return found if (type(found) is str if kind is str else issubclass(type(found), kind)) else None
 
 
 def triton_code(fn: Any) -> bool:
@@ -226,7 +207,7 @@ def _builtin(value: Any, depth: int) -> Any:
     if named is not None and (owner is None or type(owner) is types.ModuleType):
         return ["builtin", named]
     if owner is not None and type(owner) is not types.ModuleType:
-        return _whole(["bound", _named(value, "__name__"), _part(owner, depth)])
+        return _whole(["bound", attribute_of(value, "__name__"), _part(owner, depth)])
     return None
 
 
@@ -259,7 +240,7 @@ def klass(cls: type, depth: int = 0) -> Any:
     home = triton_home(cls)
     if home is not None:
         return home
-    module, qualname = _named(cls, "__module__"), _named(cls, "__qualname__")
+    module, qualname = attribute_of(cls, "__module__"), attribute_of(cls, "__qualname__")
     if module is not None and qualname is not None and not program_module(module):
         found: Any = sys.modules.get(module)
         for part in qualname.split("."):
@@ -356,7 +337,7 @@ def _registered(cls: type) -> Any:
     for ref in registry:
         held = ref()
         if held is not None:
-            names.append(f"{_named(held, '__module__')}:{_named(held, '__qualname__')}")
+            names.append(f"{attribute_of(held, '__module__')}:{attribute_of(held, '__qualname__')}")
     return sorted(names)
 
 

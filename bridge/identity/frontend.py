@@ -1,23 +1,15 @@
 """Running Triton's frontend for one specialization: the IR the backend receives, as text and
 as a digest.
 
-An *open* kernel (one whose description cannot be proved complete: :mod:`.describe`) is keyed
-by what the frontend produced for it, as ccache's preprocessed mode keys a source by the
-preprocessor's output: the frontend runs in this process on every lowering (its cost, not the
-backend's), and the backend compile is skipped on a hit. Every compile records the digest of
-the IR it started from (:func:`digest` of the same text), so ``kernelcache audit`` can tell
-whether a stored key still gives the IR it was built from.
+Every compile records the digest of the IR it started from (:func:`digest`), so ``kernelcache
+audit`` can tell whether a stored key still gives that IR. The text is the module as MLIR prints
+it with its locations, each absolute source directory rewritten to the import-relative form the
+compile writes into the binary's debug information (:func:`relative_locations`): the same
+source at two checkouts gives the same text, as it gives the same binary.
 
-The text is the module as MLIR prints it with its locations (the line table reaches the
-binary), with each absolute source directory rewritten to the import-relative form the compile
-writes into the binary's debug information (:func:`relative_locations`, by
-:func:`~.static_reads.relative_path`): the same source at two checkouts gives the same text, as
-it gives the same binary.
-
-The IR is also a read of a read set (:mod:`bridge.readsets.read_sets`, the op ``"ir"``): where the witness
-cannot vouch for what the frontend read (a call it cannot make again, an object with no exact
-description: the read set is *partial*), the kernel is checked by running the frontend again for the same specialization (:func:`specialization`, made again by
-:func:`ir_again`) and comparing the digest of the IR.
+The IR is also a read of a read set (the op ``"ir"``): where the witness cannot vouch for what
+the frontend read (the read set is *partial*), a check runs the frontend again for the same
+specialization (:func:`specialization`, made again by :func:`ir_again`) and compares digests.
 """
 
 from __future__ import annotations

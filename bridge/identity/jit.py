@@ -2,15 +2,10 @@
 
 :func:`identity` is the digest of a JIT function's *own* code: its source, decorator settings,
 file (as the import root names it) and first line, and the same of every JIT function its source
-names as a global or closure variable, transitively (found by the names the source spells, not
-parsed: a superset of the helpers its syntax calls). :func:`constant` describes a constexpr
-by content, as a read of the frontend is described (:func:`~.exact_values.describe`).
-
-Keys route; the witness decides. What else the frontend reads while it generates a kernel
-(constexpr globals, attributes of modules, ``constexpr_function`` calls, objects, helpers
-reached otherwise) is the kernel's read set (:mod:`bridge.readsets.witness`), checked before a cached kernel
-or lowering is used (:mod:`bridge.readsets.read_sets`), as ccache checks a manifest's headers. So nothing here
-has to be complete: a key only tells apart the code a lookup starts from.
+names as a global or closure variable, transitively (found by the names the source spells: a
+superset of the helpers its syntax calls). :func:`constant` describes a constexpr by content
+(:func:`~.exact_values.describe`). Nothing here has to be complete: what else the frontend reads
+is the kernel's read set (:mod:`bridge.readsets`), checked before a cached kernel is used.
 """
 
 from __future__ import annotations

@@ -1,31 +1,20 @@
 """Kernel keys: computed without compiling, at the level of Triton's own cache key.
 
-Ingredients, named one by one and listed once, in :data:`STEPS`:
-the compiler's identity (what ``triton_key()`` hashes, digested with xxh3 and memoized across
-processes: see :mod:`bridge.identity.compiler_identity`), the kernel's own code (its source,
-settings and first line, and its JIT helpers': :func:`bridge.identity.jit.identity`), the
-signature and specialization, the constexprs (plain ones exactly, objects by content where they
-have a description: :func:`bridge.identity.jit.constant`), the backend's identity
-(``backend.hash()``: the target and, on CUDA, the ptxas version), the options (every field of
-the parsed options; extern libraries by content, not path), the compiler's environment
-(:func:`bridge.identity.compiler_identity.environment_digest`: every variable and knob the
-installed Triton reads that can change code), the language, the target, the binary's kind and
-the version of the bridge's own compile pipeline.
+Ingredients, named one by one and listed once, in :data:`STEPS`: the compiler's identity
+(:mod:`.compiler_identity`), the kernel's own code (:func:`.jit.identity`), the signature and
+specialization, the constexprs (by content: :func:`.jit.constant`), the backend's identity
+(``backend.hash()``), the options (extern libraries by content, not path), the compiler's
+environment, the language, the target, the binary's kind and the bridge's pipeline version.
+Each entry records them, so that a miss can be explained by the ingredients that differ
+(``kernelcache explain``); the key is their digest (:func:`kernelcache.keys.digest_of`).
 
-A key routes; it is not asked to be complete. What the frontend reads beyond the code the key
-holds (globals, attributes, ``constexpr_function`` calls, objects) is the kernel's read set,
-recorded by the compile and checked before a cached kernel is used (:mod:`bridge.readsets.read_sets`): a
-cached kernel whose reads find something else now is not used, and the kernel of this code is
-kept under a key chained from its own.
+A key routes; it is not asked to be complete: what the frontend reads beyond the code the key
+holds is the kernel's read set (:mod:`bridge.readsets`), checked before a cached kernel is used.
 
 Invariants: the same call in any process on any machine with the same software gets the same
 key. Every ingredient but the kernel's own (code, signature, constexprs) is a property of the
 process, the target and the options, computed by the functions a lowering key is made of too
 (:mod:`bridge.lowering.lowering_keys`).
-
-Each entry records the components, so that a miss can be explained by the ingredients that
-differ (``kernelcache explain``); the key is the digest of the same components
-(:func:`kernelcache.keys.digest_of`, the one digest of named steps a lowering key is made by too).
 """
 
 from __future__ import annotations
@@ -97,8 +86,8 @@ def constexprs_digest(fn: Any, constants: Any) -> str:
 @dataclass(frozen=True)
 class Ingredients:
     """What one kernel key is computed from: the target and its backend, Triton's source object
-    for the specialization, the parsed options and the language; ``cache`` memoizes the compiler's and the backend's identities and
-    what the environment step reads."""
+    for the specialization, the parsed options and the language; ``cache`` memoizes the
+    compiler's and the backend's identities and what the environment step reads."""
 
     cache: Cache | None
     target: Target
@@ -129,40 +118,20 @@ def _signature(made: Ingredients) -> str:
     return text_digest(f"{made.src.attrs}-{sig}")
 
 
-_PIPELINE = Step("pipeline", "the bridge's compile pipeline", lambda _: PIPELINE_VERSION)
-_TRITON = Step("triton", "Triton version", _triton_version)
-_COMPILER = Step(
-    "compiler", "compiler identity (Triton's files)", lambda m: triton_identity(m.cache)
-)
-_TARGET = Step("target", "target", lambda m: str(m.target))
-_BACKEND = Step(
-    "backend",
-    "backend identity (target, ptxas version)",
-    lambda m: text_digest(backend_identity(m.cache, m.target, m.backend)),
-)
-_LANGUAGE = Step("language", "language", lambda m: m.language)
-_OPTIONS = Step(
-    "options", "options digest (num_warps, num_stages, ...)", lambda m: options_digest(m.options)
-)
-_ENVIRONMENT = Step(
-    "environment",
-    "the compiler's environment (variables and knobs that change code)",
-    lambda m: environment_digest(m.cache),
-)
-_BINARY = Step(
-    "binary", "kind of machine code", lambda m: str(getattr(m.backend, "binary_ext", ""))
-)
-
 #: the ingredients of a kernel key, in the order ``explain`` reports them: the one list both the
 #: key (:func:`kernel_key`) and the components an entry records (:func:`key_components`) are
 #: made of
 STEPS: tuple[Step, ...] = (
-    _PIPELINE,
-    _TRITON,
-    _COMPILER,
-    _TARGET,
-    _BACKEND,
-    _LANGUAGE,
+    Step("pipeline", "the bridge's compile pipeline", lambda _: PIPELINE_VERSION),
+    Step("triton", "Triton version", _triton_version),
+    Step("compiler", "compiler identity (Triton's files)", lambda m: triton_identity(m.cache)),
+    Step("target", "target", lambda m: str(m.target)),
+    Step(
+        "backend",
+        "backend identity (target, ptxas version)",
+        lambda m: text_digest(backend_identity(m.cache, m.target, m.backend)),
+    ),
+    Step("language", "language", lambda m: m.language),
     Step(
         "code",
         "code digest (the kernel's source, settings and first line, and its JIT helpers')",
@@ -170,21 +139,24 @@ STEPS: tuple[Step, ...] = (
     ),
     Step("signature", "signature digest (argument types and specialization)", _signature),
     Step("constexprs", "constexprs digest", lambda m: constexprs_digest(m.src.fn, m.src.constants)),
-    _OPTIONS,
-    _ENVIRONMENT,
-    _BINARY,
+    Step(
+        "options",
+        "options digest (num_warps, num_stages, ...)",
+        lambda m: options_digest(m.options),
+    ),
+    Step(
+        "environment",
+        "the compiler's environment (variables and knobs that change code)",
+        lambda m: environment_digest(m.cache),
+    ),
+    Step("binary", "kind of machine code", lambda m: str(getattr(m.backend, "binary_ext", ""))),
 )
 #: what each component of a key is, by name, in :data:`STEPS` order (how ``explain`` words it)
 COMPONENTS: dict[str, str] = {step.name: step.label for step in STEPS}
 
 
 def key_components(
-    cache: Cache | None,
-    target: Target,
-    backend: Any,
-    src: Any,
-    options: Any,
-    language: str,
+    cache: Cache | None, target: Target, backend: Any, src: Any, options: Any, language: str
 ) -> dict[str, str]:
     """The ingredients of :func:`kernel_key`, named, one per step: the key is their digest,
     and an entry records them, so that a miss can say which of them differ."""

@@ -1,11 +1,6 @@
 """What a read set keeps of an environment variable read while a kernel compiled: absent, or a
-digest of its value keyed by a secret this user holds (:func:`environment_want`), never the
-value, nor anything a guess of it can be tested against by whoever reads the entry.
-
-The key is the job's signing key where it has one (every process of a fleet that signs shares
-it, so their read sets agree), else this user's own, made once and kept in the user's
-configuration directory, readable by the user alone, else this process's (a read of a set
-variable then never holds in another process: a recompile, never a leak).
+digest of its value keyed by a secret (:func:`environment_want`), never the value, nor anything
+a guess of it can be tested against by whoever reads the entry.
 """
 
 from __future__ import annotations

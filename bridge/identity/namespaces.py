@@ -1,20 +1,16 @@
 """What reads find without running code of what they read: namespace reads, and plain values
-exactly. The reads of a read set as a check makes them again, and as the witness compares what
-the frontend found with (:mod:`bridge.readsets.read_sets`).
+exactly, as a check makes the reads of a read set again (:mod:`bridge.readsets.read_sets`) and
+as the witness compares what the frontend found with.
 
 A global or closure variable of a function as Triton's code generator resolves it (the
 backend's module map applied); an attribute where Python's own lookup finds it
-(:func:`~.static_reads.attribute`: in the namespaces of an object, its class and their bases,
-a metaclass; bound as Python binds a function or a method written in C, a slot read; an Enum
-member's ``name`` and ``value`` its fields), :data:`~.static_reads.RUNS_CODE` where only code
-would give it (a property, a getset of a type written outside Python, a ``__getattr__``, a type
-that reads attributes its own way: no code runs); a function's defaults and source file.
+(:func:`~.static_reads.attribute`), ``RUNS_CODE`` where only code would give it; a function's
+defaults and source file.
 
 A plain value is described so that it tells it from every other value (:func:`exact`: a float
-by its bits, a NaN's sign counting; tuples item by item; Triton's ``constexpr``, dtypes, pointer
-and block types), made again from that (:func:`remake`), and read out of Triton's ``constexpr``
-wrappers (:func:`unwrap`): what a value is, is asked of its type, by identity. Every description
-is made under the budget open (:func:`budget`), counting each value and item it reads: past it,
+by its bits; tuples item by item; Triton's ``constexpr``, dtypes, pointer and block types), made
+again from that (:func:`remake`), and read out of ``constexpr`` wrappers (:func:`unwrap`). Every
+description is made under the budget open (:func:`budget`): past it,
 :class:`~bridge.exceptions.OverBudget` is raised, so what a check of hostile data can make a
 thread do is bounded by the data's size.
 """
@@ -33,7 +29,7 @@ from typing import Any
 from ..exceptions import OverBudget
 from . import static_reads
 from .static_reads import MISSING as ABSENT
-from .static_reads import RUNS_CODE, attribute, in_mro, python_function
+from .static_reads import RUNS_CODE, attribute, attribute_of, in_mro, python_function
 
 _budget = threading.local()
 
@@ -215,21 +211,12 @@ def mapped(value: Any, module_map: dict[str, Any]) -> Any:
         return module_map.get(value.__name__, value)
     if not module_map:
         return value
-    module = _static(value, "__module__")
+    module = attribute_of(value, "__module__")
     if type(module) is str and module in module_map:
-        name = _static(value, "__name__")
+        name = attribute_of(value, "__name__")
         if type(name) is str:
             return getattr(module_map[module], name)
     return value
-
-
-def _static(value: Any, name: str) -> Any:
-    """:func:`~.static_reads.attribute`, None where there is none (or only code would give it)."""
-    try:
-        found = attribute(value, name)
-    except AttributeError:
-        return None
-    return None if found is RUNS_CODE else found
 
 
 def follow(value: Any, module_map: dict[str, Any]) -> Any:

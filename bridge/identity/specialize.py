@@ -1,16 +1,11 @@
 """Specializing a call: from a kernel and its arguments to bound, keyed variants.
 
 The one way from a kernel's parts, its arguments by parameter name, a variant (an autotune
-config after heuristics) and a target to what the cache is asked for: bind with Triton's binder,
-check the block's thread count, build Triton's source object and compute the kernel key
-(:mod:`.kernel_keys`). The
-lowering (:mod:`bridge.lowering.lower`), warm's planning and its compile jobs (:mod:`bridge.warm`) all go
-through :func:`specialize`, so warming a recorded call computes the very keys a lowering of that
-call for the same target computes.
-
-Nothing here compiles: :func:`bridge.compile.fetch.fetch` and
-:func:`~bridge.compile.fetch.fetch_many` take specializations from the cache, compiling them on a
-miss.
+config after heuristics) and a target to what the cache is asked for: bind with Triton's
+binder, check the block's thread count, build Triton's source object and compute the kernel key
+(:mod:`.kernel_keys`). The lowering and warm's planning and compile jobs all go through
+:func:`specialize`, so warming a recorded call computes the very keys its lowering computes.
+Nothing here compiles (:mod:`bridge.compile.fetch` does).
 """
 
 from __future__ import annotations
@@ -67,17 +62,6 @@ def threads_problem(target: Target, num_warps: int) -> str | None:
     )
 
 
-def check_threads(target: Target, num_warps: int) -> None:
-    """Check that ``num_warps`` warps of ``target`` fit in one block.
-
-    Raises:
-        OptionError: more threads than a block of the target's vendor may have.
-    """
-    why = threads_problem(target, num_warps)
-    if why is not None:
-        raise OptionError(why)
-
-
 def specialize(
     parts: KernelParts,
     named: Mapping[str, Any],
@@ -87,11 +71,9 @@ def specialize(
     *,
     strict: bool = True,
 ) -> Specialization:
-    """Bind ``variant`` of a call with arguments ``named`` for ``target`` and key it.
-
-    ``cache`` only memoizes the compiler's identity; nothing is looked up or compiled. Not
-    ``strict`` (one config of several), a variant with more threads than a block may have is
-    keyed all the same: it is left out of the call as one that cannot launch
+    """Bind ``variant`` of a call with arguments ``named`` for ``target`` and key it (``cache``
+    only memoizes the compiler's identity). Not ``strict`` (one config of several), a variant
+    with more threads than a block may have is keyed all the same, to be left out of the call
     (:mod:`bridge.compile.variants`), as Triton's autotuner leaves out a config over a limit.
 
     Raises:
@@ -109,8 +91,9 @@ def specialize(
     from ..call.binding import bind  # (a warm hit binds nothing)
 
     bound = bind(parts, backend, named, variant)
-    if strict:
-        check_threads(target, int(bound.options.num_warps))
+    why = threads_problem(target, int(bound.options.num_warps)) if strict else None
+    if why is not None:
+        raise OptionError(why)
     src = kernel_keys.source(
         parts.fn, parts.is_gluon, bound.signature, bound.constexprs, bound.attrs
     )
@@ -142,14 +125,9 @@ def specialize_call(
 
 
 def components(spec: Specialization, cache: Cache | None = None) -> dict[str, str]:
-    """The components of ``spec``'s key, named (see :func:`bridge.identity.kernel_keys.key_components`).
-    Without ``cache``, the compiler's identity comes from this process's memo (computed when
-    ``spec`` was keyed)."""
+    """The components of ``spec``'s key, named (:func:`.kernel_keys.key_components`; without
+    ``cache``, the compiler's identity from this process's memo)."""
+    target, options = spec.target, spec.bound.options
     return kernel_keys.key_components(
-        cache,
-        spec.target,
-        spec.backend,
-        spec.source,
-        spec.bound.options,
-        spec.parts.language,
+        cache, target, spec.backend, spec.source, options, spec.parts.language
     )

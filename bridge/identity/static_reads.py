@@ -1,14 +1,10 @@
 """Reading code and values without running them: what a code object runs and names, what a
-JIT function's source spells, a JIT function's source and settings,
-whether an object's state is all in its fields, attributes read without running code, and a
-source file's path as the import root names it (:func:`relative_path`); plain values as keys hold them
-(:func:`plain_text`: a float by its bits, so every NaN apart).
+JIT function's source spells (:func:`spelled`: a superset of what it reads), its source and
+settings, whether an object's state is all in its fields, attributes read without running code,
+whether a module is the program's, and a source file's path as the import root names it
+(:func:`relative_path`); plain values as keys hold them (:func:`plain_text`).
 
-A JIT function's source is read as Triton's frontend walks it. :func:`spelled`, without
-parsing: every name the source spells outside string literals and comments (f-strings are
-code), a superset of what it reads.
-
-Nothing here calls a property, a ``__repr__`` or any other code of the value read. Every
+Nothing here calls a property, a ``__repr__`` or any other code of the value read: every
 function answers from the value's own tables (its ``__dict__``, slots, code object, the type's
 layout) or says it cannot (None, False).
 """
@@ -341,6 +337,19 @@ def attribute(value: Any, name: str) -> Any:
     if in_mro(kind, "__getattr__") is not NOT_FOUND:
         return RUNS_CODE
     raise AttributeError(name)
+
+
+def attribute_of(value: Any, name: str, kind: type = str) -> Any:
+    """The attribute ``name`` of ``value`` where Python's lookup gives it without running code
+    and it is a ``kind`` (a ``str`` exactly: a subclass may hash and split its own way); else
+    None."""
+    try:
+        found = attribute(value, name)
+    except AttributeError:
+        return None
+    if found is RUNS_CODE:
+        return None
+    return found if (type(found) is str if kind is str else issubclass(type(found), kind)) else None
 
 
 def _is_data(raw: Any) -> bool:

@@ -1,16 +1,14 @@
 """The witness's hooks in Triton's code generator: each read the frontend makes of the program
-(a global or closure variable, an attribute, an item, a call made at compile time), recorded
-in the active :class:`~.witness.Recorder` where a check can make it again as it was made, and
-the read set made partial where it cannot.
+(a global or closure variable, an attribute, an item, a call made at compile time) recorded in
+the active :class:`~.witness.Recorder` where a check can make it again as it was made, and the
+read set made partial where it cannot.
 
-The hooks wrap the generator's constructor (which JIT function is being generated), its name,
-attribute, item and call visits, and ``constexpr_type.mangle`` (Triton 3.9 names a
-specialization by an object's ``repr``); they do nothing outside a recording of the same
-thread. A read is recorded only where :mod:`.static_access` finds the same value without
-running code and :mod:`.admit` admits it; a call of code of the program is recorded where a
-check may make it again (:func:`made_again`: what program code it runs is then the call's
-own); a built-in where its result follows from what reads found. Everything else the frontend
-runs of the program is seen by the recording's guard (:mod:`.guard`).
+The hooks wrap the generator's constructor, its name, attribute, item, call, f-string and ``is``
+visits, the operators of Triton's ``constexpr`` and ``constexpr_type.mangle`` (Triton 3.9 names
+a specialization by an object's ``repr``); they do nothing outside a recording of the same
+thread. A call of the program's code is recorded where what its code can read decides it
+(:mod:`.reach`); everything else the frontend runs of the program is seen by the recording's
+guard (:mod:`.guard`).
 """
 
 from __future__ import annotations
@@ -241,9 +239,8 @@ def _identity(recorder: Recorder, operands: list[Any]) -> None:
         return
     if any(any(v is s for s in SINGLETONS) for v in operands):
         return
-    if all(
-        _triton_value(v) and not isinstance(v, namespaces.language().constexpr) for v in operands
-    ):
+    constexpr = namespaces.language().constexpr
+    if all(_triton_value(v) and not isinstance(v, constexpr) for v in operands):
         return  # (which tensor is which follows from the kernel's code)
     kinds = " and ".join(type(v).__qualname__ for v in operands)
     recorder.missed(f"`is` between a {kinds}")
@@ -301,14 +298,8 @@ def _item(recorder: Recorder, base: Any, key: Any, value: Any) -> None:
     if row is None or made is None:
         recorder.missed(f"an item of a {type(base).__qualname__} not witnessed")
     else:
-        _found(
-            recorder,
-            row,
-            "i",
-            made,
-            value,
-            lambda: static_access.item(base, namespaces.unwrap(key)),
-        )
+        again = lambda: static_access.item(base, namespaces.unwrap(key))  # noqa: E731
+        _found(recorder, row, "i", made, value, again)
 
 
 def _mangled(method: Any) -> Any:
@@ -415,9 +406,8 @@ def _call(
     if row is not None:
         recorder.trace.note(value, row)  # (the wrapped result the generator goes on with)
     reach.reachable(recorder, fn, module_map, followed)
-    reach.arguments(
-        recorder, [namespaces.unwrap(a) for a in [*args, *kws.values()]], module_map, followed
-    )
+    unwrapped = [namespaces.unwrap(a) for a in [*args, *kws.values()]]
+    reach.arguments(recorder, unwrapped, module_map, followed)
     why = followed.decided(ran)
     if why is not None:
         recorder.missed(f"a call of {_name(fn)} its reads do not decide: {why}"[:200])
@@ -428,7 +418,7 @@ def _builtin(
 ) -> None:
     """Record a call of the built-in ``name``: nothing where its arguments are plain (its
     result follows from them) or Triton's own objects, a read where a check makes it again as
-    it was made (no code of the program ran in it: :func:`~.read_sets.builtin`); else the
+    it was made (no code of the program ran in it: :func:`.static_access.builtin`); else the
     read set is partial."""
     args = [namespaces.unwrap(a) for a in args]
     given = [recorder.argument(a) for a in args]

@@ -2,25 +2,16 @@
 witness did not see run makes a read set partial.
 
 Code is told apart by where it is defined (:func:`kind_of`): the bridge's, kernelcache's and
-Triton's files (*ours*: in every key, or the witness itself), the standard library's
-(*library*), and everything else: the program's own and the installed distributions'
-(*program*), code a ``constexpr_function``, a property, a metaclass or a module's
-``__getattr__`` runs. Code made at run time (``<string>``: a dataclass's or namedtuple's
-methods) is a program's.
+Triton's files (*ours*), the standard library's (*library*), and everything else, code made at
+run time included (*program*). A :class:`Guard` traces the calls of one thread (chained to a
+tracer already there) until its block ends: each call of program code is reported to ``ran``
+(the read set is then partial), unless a :meth:`Guard.calling` block says it is part of a call
+the witness records: there the code objects that run are collected, for :mod:`.reach` to judge
+whether the call is decided. Library code given an object or class of the program counts as the
+program's; within :meth:`Guard.ours` (the witness's own bookkeeping) nothing counts.
 
-A :class:`Guard` traces the calls of one thread (:func:`sys.settrace`, chained to a tracer
-already there, such as a debugger's) until its block ends. Each call of program code is
-reported to ``ran`` (the read set is then partial, so the IR decides), unless a
-:meth:`Guard.calling` block says it is part of a call the witness records: there the code
-objects that run (the program's and the library's alike) are collected, for the witness to
-judge whether the call is decided by its code and reads (:mod:`.reach`). Library code given
-an object or class of the program (``len`` of an Enum runs ``EnumType.__len__``, an ABC's
-``isinstance`` its registry) counts as the program's. Within :meth:`Guard.ours` (the
-witness's own bookkeeping) nothing counts.
-
-Only a recording is ever watched: a check of a stored read set runs no code to watch
-(:mod:`.read_sets`). Invariants: nothing here runs code of the objects it looks at (types and
-namespaces are read from their own tables); a guard always restores the tracer it found.
+Only a recording is watched: a check runs no code to watch. Invariants: nothing here runs code
+of the objects it looks at; a guard always restores the tracer it found.
 """
 
 from __future__ import annotations
@@ -98,8 +89,8 @@ _classes: dict[int, tuple[type, bool]] = {}
 
 
 def program_class(cls: type) -> bool:
-    """Whether ``cls`` is a class of the program (not built in, not the standard library's, not
-    Triton's or the bridge's), read from its own namespace."""
+    """Whether ``cls`` is a class of the program (:func:`program_module`), read from its own
+    namespace."""
     known = _classes.get(id(cls))
     if known is not None and known[0] is cls:
         return known[1]
@@ -136,10 +127,9 @@ def current() -> Guard | None:
 
 
 class Guard:
-    """Watches the calls of this thread until its block ends (see the module docstring).
-
-    What a call of program code does depends on the innermost block open: reported to
-    ``ran`` (the guard's own), collected (:meth:`calling`) or not looked at (:meth:`ours`)."""
+    """Watches the calls of this thread until its block ends: a call of program code is
+    reported to ``ran``, collected (:meth:`calling`) or not looked at (:meth:`ours`), by the
+    innermost block open."""
 
     def __init__(self, ran: Callable[[str], None] | None = None) -> None:
         self.ran = ran

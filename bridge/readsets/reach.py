@@ -1,18 +1,13 @@
 """What the code a call of the frontend runs can read, recorded as rows of the read set, and
-whether the call is decided by them: the callee's code, the reads it can make, its arguments.
+whether the call is decided by them.
 
-For a call the witness records (a ``constexpr_function``, a function or class of the
-program's own), :func:`reachable` records each global and closure variable its code names,
-its defaults, the module attributes its code names, and so on through the functions and the
-classes' methods found that way (to :data:`MAX_REACH` levels), each a row a check reads again
-as a namespace read (:mod:`.read_sets`). A check never makes the call again: it compares
-those rows, and the call's result follows from them (:class:`Reach`: the call is *decided*)
-where all the code the call ran was code followed so (or pure code of the standard library),
-no C function it can name keeps state or reads the world (:data:`PURE_C`), and no code
-followed builds a set (its order is the process's hash seed). Anything else the witness
-names, and the read set is partial: the IR decides.
-
-Recorded at a compile only (by :mod:`.witness`); nothing here runs at a lookup.
+For a call the witness records (a ``constexpr_function``, a function or class of the program's
+own), :func:`reachable` records each global and closure variable its code names, its defaults,
+the module attributes its code names, and so on through the functions and methods found (to
+:data:`MAX_REACH` levels): rows a check reads again. The call is *decided* (:class:`Reach`) where
+all the code it ran was code followed so (or pure code of the standard library), no C function
+it can name keeps state or reads the world (:data:`PURE_C`), and no code followed builds a set;
+else the read set is partial. Recorded at a compile only; nothing here runs at a lookup.
 """
 
 from __future__ import annotations
@@ -23,6 +18,7 @@ import math
 import types
 from typing import Any
 
+from ..entries.metadata import IMPLICIT
 from ..identity import static_reads
 from ..identity.exact_values import ABSENT, describe, triton_home
 from ..identity.namespaces import defaults, exact, follow, generated_attribute, scope_value
@@ -62,8 +58,6 @@ PURE_MATH = frozenset(
 )  # fmt: skip
 #: how deep :func:`reachable` follows the functions a function names
 MAX_REACH = 4
-#: the methods Python calls on a class or its objects by itself
-IMPLICIT = ("__init__", "__new__", "__post_init__", "__call__")
 _BUILTINS = vars(builtins)
 _SETS = frozenset(dis.opmap[n] for n in ("BUILD_SET", "SET_ADD", "SET_UPDATE") if n in dis.opmap)
 
@@ -200,15 +194,10 @@ def reachable(
 
 
 def members(
-    recorder: Any,
-    cls: type,
-    names: list[str],
-    module_map: dict[str, Any],
-    depth: int,
-    reach: Reach,
+    recorder: Any, cls: type, names: list[str], module_map: dict[str, Any], depth: int, reach: Reach
 ) -> None:
-    """For :func:`reachable`: the methods of a class of the program's own that code names
-    (or Python calls, :data:`IMPLICIT`), found as its attributes, and what they can read."""
+    """For :func:`reachable`: the methods of a class of the program's own that code names (or
+    Python calls by itself: ``IMPLICIT``), found as its attributes, and what they can read."""
     row = recorder.origin(cls)
     if row is None or triton_home(cls) is not None:
         return

@@ -62,15 +62,15 @@ MAX_READ_SETS = 256
 MAX_ENTRY_ROWS = 32768
 MAX_PARTS = 250_000
 T = TypeVar("T")
+#: the specializations an IR read may be for, asked only where one is made (None: none is)
+Expected = Callable[[], Sequence[Any]] | None
 
 
 class Verdict(NamedTuple):
-    """What a check found of an entry's read sets: ``kind`` one of :data:`FRESH` (every read
-    finds what it found), :data:`CHANGED` (``now``: the digest of what they find now, which
-    the next key is chained from), :data:`REFUSED` (``reason``: data no compile of this code
-    writes, or past a bound: the entry is not used, and set aside) or :data:`UNCHECKED` (it
-    ends with the IR read and no specialization was given: only the kernel's own lookup can
-    make that read)."""
+    """What a check found of an entry's read sets: ``kind`` one of :data:`FRESH`,
+    :data:`CHANGED` (``now``: the digest of what the reads find now, the next key's ingredient),
+    :data:`REFUSED` (``reason``: data no compile of this code writes, or past a bound) or
+    :data:`UNCHECKED` (an IR read, and no specialization given to make it for)."""
 
     kind: str
     now: str = ""
@@ -230,12 +230,7 @@ def reads_ir(texts: Sequence[str]) -> bool:
 
 
 def wants(
-    text: str,
-    kernel: Any,
-    given: Any,
-    module_map: Any,
-    backend: Any = None,
-    expected: Callable[[], Sequence[Any]] | None = None,
+    text: str, kernel: Any, given: Any, modules: Any, backend: Any = None, expected: Expected = None
 ) -> list[str] | Verdict:
     """What each read of ``text`` finds now, made again from ``kernel`` and ``given`` (its
     constexpr arguments by name): a decided row's as it was; a read that fails finds
@@ -262,13 +257,18 @@ def wants(
                 found.append(DECIDED)
                 out.append(want)
                 continue
-            value, now = _FAILED, "error"
+            value = _FAILED
             if base is not _FAILED:
-                value, now = _made(
-                    trace, index, base, op, operand, found, given, module_map, backend
-                )
+                try:
+                    value = read(base, op, operand, found, given, modules, backend)
+                except OverBudget:
+                    raise
+                except Exception:  # (a read of what is not there, or the frontend failing now)
+                    value = _FAILED
+            if value is RUNS_CODE:  # (only code would find it: none runs, the read differs)
+                value = _FAILED
             found.append(value)
-            out.append(now)
+            out.append("error" if value is _FAILED else trace.want(value, index))
     except OverBudget:
         return refused(f"its reads describe more than {MAX_PARTS:,} values", text)
     except RecursionError:
@@ -276,40 +276,11 @@ def wants(
     return out
 
 
-def _made(
-    trace: Trace,
-    index: int,
-    base: Any,
-    op: str,
-    operand: Any,
-    found: Sequence[Any],
-    given: Any,
-    module_map: Any,
-    backend: Any,
-) -> tuple[Any, str]:
-    """One read made again, and the digest of what it found (``"error"`` where it fails, or
-    only code would find it: :data:`~bridge.identity.static_reads.RUNS_CODE`)."""
-    try:
-        value = read(base, op, operand, found, given, module_map, backend)
-    except OverBudget:
-        raise
-    except Exception:  # (a read of what is not there, or the frontend failing now: differs)
-        return _FAILED, "error"
-    if value is RUNS_CODE:
-        return _FAILED, "error"
-    return value, trace.want(value, index)
-
-
 def check(
-    text: str,
-    kernel: Any,
-    given: Any,
-    module_map: Any,
-    backend: Any = None,
-    expected: Callable[[], Sequence[Any]] | None = None,
+    text: str, kernel: Any, given: Any, modules: Any, backend: Any = None, expected: Expected = None
 ) -> Verdict:
     """The :class:`Verdict` of the read set ``text`` (see :func:`wants`)."""
-    now = wants(text, kernel, given, module_map, backend, expected)
+    now = wants(text, kernel, given, modules, backend, expected)
     if isinstance(now, Verdict):
         return now
     rows = parse(text)
@@ -348,7 +319,7 @@ def stale(
     given: Any,
     backend: Any,
     seen: dict[Any, Any] | None = None,
-    expected: Callable[[], Sequence[Any]] | None = None,
+    expected: Expected = None,
 ) -> Verdict:
     """The :class:`Verdict` of the read sets ``texts`` of one entry (of kernels of the JIT
     function ``kernel`` for ``backend``'s target, with the constexpr arguments ``given``): a
@@ -360,31 +331,19 @@ def stale(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _stale(texts, kernel, given, backend, seen, expected)
-    finally:
-        if collecting:
-            gc.enable()
-
-
-def _stale(
-    texts: Any,
-    kernel: Any,
-    given: Any,
-    backend: Any,
-    seen: dict[Any, Any] | None,
-    expected: Callable[[], Sequence[Any]] | None,
-) -> Verdict:
-    if not texts or not all(isinstance(t, str) for t in texts):
-        return refused("no read set (every compile of the bridge writes one)")
-    why = bounds(texts)
-    if why is not None:
-        return refused(why, *texts)
-    modules = module_map_of(backend)
-    try:
+        if not texts or not all(isinstance(t, str) for t in texts):
+            return refused("no read set (every compile of the bridge writes one)")
+        why = bounds(texts)
+        if why is not None:
+            return refused(why, *texts)
+        modules = module_map_of(backend)
         with budget(MAX_PARTS):
             now = [_check_once(t, kernel, given, modules, backend, seen, expected) for t in texts]
     except OverBudget:
         return refused(f"its reads describe more than {MAX_PARTS:,} values", *texts)
+    finally:
+        if collecting:
+            gc.enable()
     for kind in (REFUSED, UNCHECKED):
         first = next((n for n in now if n.kind == kind), None)
         if first is not None:
@@ -401,7 +360,7 @@ def _check_once(
     modules: Any,
     backend: Any,
     seen: dict[Any, Any] | None,
-    expected: Callable[[], Sequence[Any]] | None,
+    expected: Expected,
 ) -> Verdict:
     """:func:`check`, or its result for the same read set, kernel and objects of ``given``
     in ``seen`` (by their ids: the objects are kept alive there, so no other takes an id)."""

@@ -15,12 +15,12 @@ import builtins
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..entries.metadata import BUILTIN_NAMES
+from ..entries.metadata import BUILTIN_NAMES, LOOKUPS
 from ..identity.exact_values import triton_home
 from ..identity.namespaces import exact, language, unwrap
 from ..identity.static_reads import RUNS_CODE, attribute, one_of, own_class
 
-#: the built-ins Triton's code generator offers kernel code (:data:`~bridge.entries.metadata.BUILTIN_NAMES`)
+#: the built-ins Triton's code generator offers kernel code, by name
 BUILTINS: dict[str, Callable[..., Any]] = {n: vars(builtins)[n] for n in BUILTIN_NAMES}
 #: the most items a built-in's result holds (``range``, ``list``) or a dict read holds
 MAX_RESULT = 4096
@@ -45,7 +45,7 @@ def builtin(name: str, args: Sequence[Any]) -> Any:
     their result bounded (:data:`MAX_RESULT` items). :data:`RUNS_CODE` where that cannot
     be."""
     args = [unwrap(a) for a in args]
-    if name in ("getattr", "hasattr"):
+    if name in LOOKUPS:
         if len(args) < 2 or type(args[1]) is not str:
             return RUNS_CODE  # (a name only: any other key would be hashed, and compared)
         try:

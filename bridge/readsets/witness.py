@@ -1,30 +1,19 @@
-"""The frontend as witness: record what Triton's code generator reads while it generates one
-kernel, as a read set (:mod:`.read_sets`) kept with the compiled kernel.
+"""The frontend as witness: what Triton's code generator read while it generated one kernel,
+recorded as a read set (:mod:`.read_sets`) kept with the compiled kernel.
 
-A kernel's key is computed from a description of its code (:mod:`.describe`) made before any
-compile: a model of what the frontend might read. The witness is what it did read, as ccache's
-direct mode keeps, beside each result, the manifest of the headers the preprocessor opened,
-and as Triton keeps ``used_global_vals`` for a warm process: every global and closure variable
-a JIT function resolved, every attribute and item the frontend took from an object it got that
-way, every call of code of the program's own it made at compile time (``constexpr_function``,
-functions, classes, and built-ins given such objects) with its arguments and result. A cached
-kernel is used only while its reads find what they found (:func:`bridge.readsets.read_sets.stale`);
-the key stays the fast way to the entry, and no longer has to be complete.
+A kernel's key describes its code before any compile: a model of what the frontend might read.
+The witness is what it did read, as ccache's direct mode keeps the headers the preprocessor
+opened: every global and closure variable a JIT function resolved, every attribute and item
+taken from what it found, every call of the program's own code made at compile time, with its
+arguments and result (:mod:`.frontend_hooks`), and the environment variables the compile read.
+A cached kernel is used only while its reads find what they found
+(:func:`.read_sets.stale`); the key is the fast way to the entry, and need not be complete.
 
-Recording hooks Triton's ``CodeGenerator`` (its name, attribute, item and call visits, and its
-constructor, which says which JIT function is being generated) and the operators of Triton's
-``constexpr`` (:data:`~.read_sets.OPERATORS`: ``S * 1.0`` or ``not S`` runs the object's own
-``__mul__`` or ``__bool__``, code of the program's own as much as a call is); the hooks do
-nothing outside a :func:`recording` block of the same thread. What the witness cannot follow
-(an object reached from a kernel argument, a call whose arguments cannot be made again) is
-named in the read set as ``partial``: the reads it did record are still checked, and the rest
-is as the key describes it. A call it cannot make again (a ``constexpr_function`` given a
-tensor or a layout; Triton's dtypes, pointer and block types are exact values) still has what its code can read recorded: each global and
-closure variable its code names, each attribute its code names of a module among them, and so
-on through the functions and the classes' methods found (:func:`~.reach.reachable`), so that code the
-key trusts by its name (an installed distribution's, by its file) is not trusted for the values
-it reads. Each JIT function generated has its file recorded as the binary's debug information
-names it (relative to the import root, which the import path decides: ``"f"``).
+What the witness cannot follow is named in the read set as ``partial``: the reads it recorded
+are still checked, and the IR decides the rest. A call it cannot make again still has what its
+code can read recorded (:func:`.reach.reachable`), so that code the key trusts by its file is
+not trusted for the values it reads. The hooks do nothing outside a :func:`recording` block of
+the same thread.
 """
 
 from __future__ import annotations
