@@ -294,15 +294,20 @@ class TierBase:
             left = self.policy.left()
             if left is None or left > 0:
                 release()
-                return
-
-            def later() -> None:
-                with off_path():
-                    release()
-
-            threading.Thread(target=later, name="kernelcache-remote-release", daemon=True).start()
+            else:
+                self._off_path(release)
 
         return self.leases.holding(token, renew, ending)
+
+    def _off_path(self, request: Callable[[], Any]) -> None:
+        """Make ``request`` (a lock given back) from a thread of its own, off the job's path:
+        bounded by the tier's own timeouts, not by the lookup's time."""
+
+        def later() -> None:
+            with off_path():
+                request()
+
+        threading.Thread(target=later, name="kernelcache-remote-release", daemon=True).start()
 
     def _try_lock(self, key: str) -> Claim:
         """One try at the build lock of ``key`` in the store (see :meth:`try_acquire`), the

@@ -283,7 +283,7 @@ class ObjectStoreTier(TierBase):
         lock = f"{self.path(key)}.lock"
         named = self.name(key) + ".lock"  # (as messages name it: in the bucket)
         token = uuid.uuid4().hex
-        made, failed = self._call("lock", lambda store: self._put_lock(store, lock, token, None))
+        made, failed = self._lock_request(lock, token, None)
         if failed:
             return None
         if made == "unsupported":
@@ -304,9 +304,7 @@ class ObjectStoreTier(TierBase):
         holder = lock_holder(record)
         if not self._stale(lock, version, record):
             return Busy(named, holder, self.label)
-        taken, failed = self._call(
-            "lock", lambda store: self._put_lock(store, lock, token, version)
-        )
+        taken, failed = self._lock_request(lock, token, version)
         if failed or not isinstance(taken, tuple):
             return Busy(named, holder, self.label)
         self.policy.count(locks_broken=1)
@@ -334,6 +332,30 @@ class ObjectStoreTier(TierBase):
                 return False
         lease = min(max(self.lease, declared_lease(record)), self.where.lock_ttl)
         return now - seen[1] > lease
+
+    def _lock_request(self, lock: str, token: str, version: Version | None) -> tuple[Any, bool]:
+        """:meth:`_put_lock` as a request (:meth:`_call`). Where this process stopped waiting
+        for its answer (the lookup's time in the tier ran out, the breaker opened) and the
+        lock was written all the same, it is deleted again: left, it would hold every other
+        machine off for its lease."""
+        guard = threading.Lock()
+        seen: dict[str, Any] = {}  # "made": what the write made; "left": nobody waits for it
+
+        def put(store: Any) -> Any:
+            made = self._put_lock(store, lock, token, version)
+            with guard:
+                seen["made"], left = made, "left" in seen
+            if left and isinstance(made, tuple):  # (in the request's own thread)
+                delete_if(store, lock, made)
+            return made
+
+        made, failed = self._call("lock", put)
+        if failed:
+            with guard:
+                seen["left"], landed = True, seen.get("made")
+            if isinstance(landed, tuple):  # (it landed as the wait for it ended)
+                self._off_path(lambda: self._call("unlock", lambda s: delete_if(s, lock, landed)))
+        return made, failed
 
     def _held(self, key: str, lock: str, token: str, version: Version) -> Callable[[], None]:
         """The release of a lock this process holds at ``version``, renewed meanwhile."""

@@ -71,6 +71,27 @@ def test_a_bucket_answering_each_request_late_costs_a_lookup_two_timeouts(s3, tm
 
 
 @needs_moto
+def test_a_lock_written_after_its_lookup_stopped_waiting_is_deleted_again(s3, tmp_path):
+    """Each request 0.75 s late: the entry's read and the lock's look take 1.5 s of the
+    lookup's 2, so the lock's write is cut by the deadline, and lands at the bucket after.
+    Before, it was left there, holding every other machine off the key for its lease (the
+    test above failed so on a loaded machine, its write cut at 2 s)."""
+    s3.bucket("kc-late-lock")
+    port = int(s3.endpoint.rsplit(":", 1)[1])
+    with slow_proxy(port, 0.75) as slow:
+        cache = kernelcache.Cache(
+            tmp_path / "root", (), _url(f"http://127.0.0.1:{slow}", "kc-late-lock")
+        )
+        art = cache.get_or_create(key_of(3), "bin", lambda: (b"built" * 20, META))
+        assert art.data == b"built" * 20 and cache.remote.counters["lookup_spent"] == 1
+        time.sleep(3 * 0.75)  # (the write lands 0.25 s after the cut: given 2 s more)
+        deadline = time.monotonic() + 15
+        while _locks(s3, "kc-late-lock") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _locks(s3, "kc-late-lock")
+
+
+@needs_moto
 def test_a_bucket_answering_each_read_late_serves_every_hit(s3, tmp_path):
     """A hit is one read: answered late, it is a hit each time, and the tier is asked for
     every key (the slow-answer breaker reverted in 23d68fb skipped it after four)."""
