@@ -394,10 +394,9 @@ def _given_names(rows: Sequence[tuple[int, str, Any, str]]) -> list[str]:
 
 
 def door(verdict: Verdict) -> str | None:
-    """The door policy, for an entry of a remote tier checked before any copy of it is made
-    here (a kernel's, a stored lowering's): a refused one is refused at the door (why, said
-    once by the cache); any other is published as an entry like any, and the lookup judges
-    it (a stale one is another version of the code's)."""
+    """The door policy for an entry of a remote tier, checked before any copy of it is made
+    here: a refused one is refused at the door (why); any other is published, and the lookup
+    judges it (a stale one is another version of the code's)."""
     return verdict.said if verdict.kind == REFUSED else None
 
 
@@ -409,7 +408,7 @@ MAX_HOPS = 3
 def chained(key: str, now: str) -> str:
     """The key under which the kernel (or lowering) of ``key`` is kept for code whose reads
     find ``now`` (a :data:`CHANGED` verdict's): each version of what the frontend reads has
-    its own entry, as each set of header contents has its own result in ccache's manifest."""
+    its own entry."""
     return reads_digest([key, now])
 
 

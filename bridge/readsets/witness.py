@@ -34,8 +34,6 @@ from ..identity.static_reads import RUNS_CODE
 from . import read_sets as rs
 from .guard import Guard
 
-#: the most rows a read set keeps (a larger one is cut, and says so)
-MAX_ROWS = 2000
 #: the largest read set's text an entry keeps (its rows are cut to fit, and it says so)
 MAX_TEXT = 48 << 10
 _local = threading.local()
@@ -75,8 +73,8 @@ class Recorder:
         if known is not None:
             self.trace.note(value, known)
             return known
-        if len(self.rows) >= MAX_ROWS:
-            self.missed(f"more than {MAX_ROWS} reads")
+        if len(self.rows) >= metadata.MAX_ROWS:  # (the rest is cut, and the read set says so)
+            self.missed(f"more than {metadata.MAX_ROWS} reads")
             return None
         row = len(self.rows)
         if value is RUNS_CODE:
