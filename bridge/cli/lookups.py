@@ -2,10 +2,10 @@
 which entry it uses, and what that entry's reads, and those of the entries it passes, find now.
 
 A lowering looks its kernel up under the call's key; where the entry there holds a read set
-(what Triton's frontend read when it generated the kernel: :mod:`bridge.identity.read_sets`)
+(what Triton's frontend read when it generated the kernel: :mod:`bridge.readsets.read_sets`)
 whose reads find something else now, it looks under the key chained from that entry and what
-the reads find (:func:`~bridge.identity.read_sets.chained`), for at most
-:data:`~bridge.identity.read_sets.MAX_HOPS` more keys, then compiles in memory.
+the reads find (:func:`~bridge.readsets.read_sets.chained`), for at most
+:data:`~bridge.readsets.read_sets.MAX_HOPS` more keys, then compiles in memory.
 :func:`follow` makes the same lookups and the same check
 (:func:`bridge.compile.fetch.stale`, which is safe against a hostile read set) in the same
 order: an entry whose companion PTX is missing is compiled again before its reads are checked,
@@ -15,7 +15,7 @@ read set no compile of this code wrote is only said) or writes: entries are read
 lookup there publishes what it finds).
 
 The reads of the entry used are not made twice: its check found each as it was. The reads
-of an entry passed are made once more (:func:`~bridge.identity.read_sets.wants`) to say which
+of an entry passed are made once more (:func:`~bridge.readsets.read_sets.wants`) to say which
 find something else. What a read found is shown where its read set holds it as a short plain
 value (a number, a short string, Triton's own objects); otherwise only whether it is the
 same. An environment variable's read is only named: its read set holds a keyed digest of the
@@ -24,6 +24,7 @@ value, and nothing of the value is shown.
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections import Counter
@@ -37,6 +38,7 @@ from ..compile import fetch
 from ..entries import failures, metadata
 from ..entries.failures import FAILURE
 from ..entries.kernels import PTX, ptx_pairs
+from ..entries.metadata import OPS
 from ..identity import frontend
 from ..identity.namespaces import module_map_of
 from ..readsets import read_sets
@@ -46,19 +48,6 @@ if TYPE_CHECKING:
 
     from ..identity.specialize import Specialization
 
-#: each operation of a read set, as a person counts it: (one, several)
-KINDS: dict[str, tuple[str, str]] = {
-    "f": ("source file", "source files"),
-    "g": ("global", "globals"),
-    "a": ("attribute", "attributes"),
-    "i": ("item", "items"),
-    "c": ("call", "calls"),
-    "b": ("built-in", "built-ins"),
-    "d": ("defaults", "defaults"),
-    "p": ("constexpr argument", "constexpr arguments"),
-    "e": ("environment variable", "environment variables"),
-    "ir": ("IR", "IR"),
-}
 #: the longest operand or value shown
 WIDE = 60
 #: how many differing reads a line names
@@ -89,7 +78,7 @@ class Read:
 
     @property
     def kind(self) -> str:
-        return KINDS.get(self.op, (self.op, self.op))[0]
+        return metadata.OPS[self.op].one if self.op in metadata.OPS else self.op
 
     def found(self) -> str:
         if self.same:
@@ -169,7 +158,7 @@ class Lookup:
 
 def follow(spec: Specialization, cache: Cache) -> Lookup:
     """The lookups a lowering of ``spec`` makes in ``cache`` (the walk of
-    :func:`bridge.identity.read_sets.follow`), and where they end."""
+    :func:`bridge.readsets.read_sets.follow`), and where they end."""
     passed: list[Passed] = []
     unpaired: list[str] = []
 
@@ -294,30 +283,14 @@ def _reads(rows: Sequence[tuple[int, str, Any, str]], now: Sequence[str] | None)
 
 
 def _operand(names: Sequence[str], parent: int, op: str, operand: Any) -> str:
-    """What a row reads, for a person, from the ``names`` of the rows before it."""
-    base = names[parent] if 0 <= parent < len(names) else "the kernel"
-    if op == "g":
-        name = str(operand) if parent < 0 else f"{operand} (in {base})"
-    elif op == "a":
-        name = f"{base}.{operand}"
-    elif op == "i":
-        name = f"{base}[{_argument(names, operand)}]"
-    elif op == "c":
-        args, kwargs = operand if isinstance(operand, list) and len(operand) == 2 else ([], [])
-        shown = [_argument(names, a) for a in args]
-        shown += [f"{k}={_argument(names, a)}" for k, a in kwargs]
-        name = f"{base}({', '.join(shown)})"
-    elif op == "b":
-        name = f"{operand[0]}({', '.join(_argument(names, a) for a in operand[1])})"
-    elif op == "f":
-        name = f"the source file of {base}"
-    elif op == "d":
-        name = f"the defaults of {base}"
-    elif op == "ir":
-        name = "the IR Triton's frontend gives for this specialization"
-    else:  # "e": a variable's name; "p": a parameter's
-        name = str(operand)
-    return _short(name)
+    """What a row reads, for a person (:func:`bridge.entries.metadata.worded`), from the
+    ``names`` of the rows before it."""
+    base = names[parent] if 0 <= parent < len(names) else None
+    return _short(metadata.worded(op, operand, base, functools.partial(_argument, names)))
+
+
+def _kind(op: str, count: int) -> str:
+    return OPS[op].one if count == 1 else OPS[op].several
 
 
 def _argument(names: Sequence[str], arg: Any) -> str:
@@ -383,17 +356,16 @@ def _short(text: str, wide: int = WIDE) -> str:
 
 # -- for a person -------------------------------------------------------------------------------
 def counted(reads: Sequence[Read]) -> dict[str, int]:
-    """How many of ``reads`` there are of each kind, in :data:`KINDS` order."""
+    """How many of ``reads`` there are of each kind, in the order of the read ops'
+    table (:data:`bridge.entries.metadata.OPS`)."""
     found = Counter(r.op for r in reads)
-    return {KINDS[op][0]: found[op] for op in KINDS if found[op]}
+    return {OPS[op].one: found[op] for op in OPS if found[op]}
 
 
 def summary(reads: Sequence[Read]) -> str:
     """``reads`` counted by kind: ``"2 globals, 1 attribute"``."""
     found = Counter(r.op for r in reads)
-    return (
-        ", ".join(f"{found[op]} {KINDS[op][found[op] != 1]}" for op in KINDS if found[op]) or "none"
-    )
+    return ", ".join(f"{found[op]} {_kind(op, found[op])}" for op in OPS if found[op]) or "none"
 
 
 def lines(
