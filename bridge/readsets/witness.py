@@ -73,8 +73,9 @@ class Recorder:
         if known is not None:
             self.trace.note(value, known)
             return known
-        if len(self.rows) >= metadata.MAX_ROWS:  # (the rest is cut, and the read set says so)
-            self.missed(f"more than {metadata.MAX_ROWS} reads")
+        if len(self.rows) >= metadata.MAX_ROWS - 1:  # (the rest is cut, and the read set says
+            # so; the last row is kept for the IR's, which a partial read set ends with)
+            self.missed(f"more than {metadata.MAX_ROWS - 1} reads")
             return None
         row = len(self.rows)
         if value is RUNS_CODE:

@@ -130,3 +130,20 @@ def test_an_entry_the_cache_refuses_at_its_put_costs_a_compile_not_the_lowering(
     assert len(said) == 1 and "refused for this test" in said[0]
     monkeypatch.undo()  # the same module, stored, once the check admits it
     assert _lower(kernels.copy_dns_kernel, root, target) == [call]
+
+
+def test_a_read_set_cut_at_its_row_bound_keeps_a_row_for_the_ir():
+    """A recording past the bound is cut and partial, so it ends with the IR's row: the cut
+    leaves room for it (before, 2,000 rows and the IR's made 2,001, which the form check
+    refuses: the kernel was never stored)."""
+    from bridge.readsets.witness import Recorder
+
+    recorder = Recorder(object(), {})
+    for i in range(metadata.MAX_ROWS + 10):
+        recorder.add(-1, "g", f"n{i}", None)  # (short rows: 2,000 fit the text bound)
+    recorder.ran(None, "0" * 64)
+    text = recorder.text()
+    assert metadata.problem(text) is None
+    doc = json.loads(text)
+    assert len(doc["rows"]) == metadata.MAX_ROWS and doc["rows"][-1][1] == "ir"
+    assert f"more than {metadata.MAX_ROWS - 1} reads" in doc["partial"]
