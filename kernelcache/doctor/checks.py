@@ -19,6 +19,7 @@ from typing import Any
 from ..config import (
     VARIABLES,
     ConfigError,
+    origins,
     parse_variable,
     unknown_variables,
     variable,
@@ -29,7 +30,7 @@ from ..keys import META_EXT, split_entry_name
 from ..optional import require
 from ..process import HOST, pid_alive
 from ..signing_key import check_signing_key, read_key_file
-from ..store.layout import create_exclusive, shared_directories
+from ..store.layout import create_exclusive, read_settings, shared_directories
 from ..store.removal import remove_own_file
 from .report import Check
 
@@ -230,6 +231,31 @@ def setting_checks(
             )
         )
     return checks, values
+
+
+def root_file_checks(root: str, trust: str) -> list[Check]:
+    """The root's own configuration file (``kernelcache -M``/``-o``): a check per value it
+    sets that can be used or not (one the environment overrides said so), and one per line
+    or problem that keeps it, or the whole file, from being used."""
+    found = read_settings(root, trust)
+    if not found.exists:
+        return []
+    checks = [Check(found.path, "warn", problem) for problem in found.problems]
+    given = found.as_settings()
+    for var, _value, origin in origins(file=given):
+        if var.name not in given:
+            continue
+        name = f"{var.key} ({found.path})"
+        try:
+            parse_variable(var, environ={}, file=given)
+        except ConfigError as e:
+            checks.append(Check(name, "fail", f"{e} (fix it with kernelcache -o {var.key}=...)"))
+            continue
+        over = f": overridden by the environment's {var.name}" if origin == "environment" else ""
+        checks.append(Check(name, "ok", f"{given[var.name][1]}{over}"))
+    if not checks:
+        checks.append(Check(found.path, "ok", "sets nothing"))
+    return checks
 
 
 def readonly_checks(roots: Sequence[os.PathLike[str] | str]) -> list[Check]:

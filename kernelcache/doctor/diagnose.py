@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from .._version import __version__
-from ..config import environment_in_effect
+from ..config import environment_in_effect, parse_variable, variable
 from ..stats.summary import lock_waits
 from ..store.layout import LOCK_DIR, UNREADABLE_HINT, readable
 from ..store.locks.locker import Locker
@@ -31,6 +31,7 @@ from .checks import (
     probe_root,
     readonly_checks,
     remote_checks,
+    root_file_checks,
     setting_checks,
     shared_dir_checks,
     shown,
@@ -187,6 +188,8 @@ def diagnose(root: str | None) -> Report:
     elif lock_mode == "flock":
         checks.append(Check("locks", "ok", "flock works"))
     checks += shared_dir_checks(root)
+    trust = values.get("trust") or parse_variable(variable("KERNELCACHE_TRUST"), {})
+    checks += root_file_checks(root, trust)
     waits = lock_waits(root)
     if waits:
         checks.append(Check("lock waits", "warn", lock_waits_detail(waits)))

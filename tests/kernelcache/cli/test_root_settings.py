@@ -5,6 +5,7 @@ is said and left out; a file the trust policy does not accept is not used."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -142,3 +143,30 @@ def test_a_root_file_that_is_a_link_or_too_large_is_not_read(tmp_path, caplog_wa
     (root / NAME).write_text("max_size = 1K\n" + "#" * (64 << 10))
     assert Cache(root=root).capacity is None
     assert "is larger than 65,536 bytes: not used" in caplog_warnings.text
+
+
+def test_doctor_checks_each_value_of_the_roots_file(tmp_path):
+    """doctor says of the root's file what a job would do with it: each value usable or not
+    (one the environment overrides, said so), each line it leaves out."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / NAME).write_text("max_size = 5G\nlock_timeout = x\nthis is no setting\n")
+    proc = kc(root, "doctor", "--json", env={"KERNELCACHE_MAX_SIZE": "1G"})
+    assert proc.returncode == 1  # (a value that cannot be used fails)
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    path = str(root / NAME)
+    assert checks[f"max_size ({path})"] == {
+        "name": f"max_size ({path})",
+        "status": "ok",
+        "detail": "5G: overridden by the environment's KERNELCACHE_MAX_SIZE",
+    }
+    timeout = checks[f"lock_timeout ({path})"]
+    assert timeout["status"] == "fail" and "invalid duration 'x'" in timeout["detail"]
+    assert "kernelcache -o lock_timeout=" in timeout["detail"]
+    assert (
+        checks[path]["status"] == "warn"
+        and "'this is no setting' is not KEY = VALUE" in (checks[path]["detail"])
+    )
+    (root / NAME).write_text("max_size = 5G\n")
+    checks = {c["name"]: c for c in json.loads(kc(root, "doctor", "--json").stdout)["checks"]}
+    assert checks[f"max_size ({path})"]["detail"] == "5G"
