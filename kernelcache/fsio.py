@@ -53,23 +53,34 @@ def open_planted(name: str, flags: int, mode: int = 0o666, *, dir_fd: int | None
     """A descriptor of ``name`` (``os.open`` with ``flags``, under ``dir_fd``) where anyone
     who writes the directory may have planted something under that name: no symlink is
     followed, a FIFO cannot block the open, and anything but a regular file with one link is
-    refused. The descriptor is blocking, as a file's always is.
+    refused. The descriptor is blocking, as a file's always is. A file another process
+    replaced between the open and the check (no links left) is opened again.
 
     Raises:
         NotRegularFile: ``name`` is a FIFO, a device, a directory or a hard link.
         OSError: it cannot be opened (a FIFO with no reader: ENXIO).
     """
     flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    fd = os.open(name, flags, mode, dir_fd=dir_fd)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            what = "a hard link" if stat.S_ISREG(st.st_mode) else "not a regular file"
-            raise NotRegularFile(errno.EINVAL, what, name)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+    for _ in range(_REOPENS):
+        fd = os.open(name, flags, mode, dir_fd=dir_fd)
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 0:  # (replaced as it was opened)
+                os.close(fd)
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                what = "a hard link" if stat.S_ISREG(st.st_mode) else "not a regular file"
+                raise NotRegularFile(errno.EINVAL, what, name)
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+    raise NotRegularFile(errno.EINVAL, f"replaced each of {_REOPENS} times it was opened", name)
+
+
+#: how many times :func:`open_planted` opens a name that another process replaces each time
+#: between the open and the check (a file replaced so is unlinked: no links left)
+_REOPENS = 5
 
 
 def changed_at(st: os.stat_result) -> float:

@@ -1,7 +1,8 @@
 """What anyone who writes a shared root may plant under the names of its state (the breakers,
 the statistics logs, the lock files, the check records, the scan index, JAX's cache): a FIFO
 never blocks a process, a hard link never has it change a file elsewhere, a directory never
-fails it, and a file of many tiny JSON values never takes many times its size in memory."""
+fails it, and a file of many tiny JSON values never takes many times its size in memory; a
+file another process replaces as it is opened is no planted link, and is opened again."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from support import key_of, run_py
 
 import kernelcache
 from bridge.jax_cache.directory import plan_jax_prune, prune_jax_cache, scan_jax_cache
-from kernelcache import stats
+from kernelcache import fsio, stats
 from kernelcache.remote.breakers import BREAKER_DIR, SharedBreakers
 from kernelcache.stats.summary import fold_logs
 from kernelcache.store import Store
@@ -158,3 +159,26 @@ def test_an_index_or_a_log_of_tiny_json_values_is_not_parsed_whole(tmp_path):
     (tmp_path / STATS_DIR / "otherhost-1-abcdef01.jsonl").write_bytes(tiny)
     peak = int(run_py(_PEAK, str(tmp_path)).stdout.split()[-1])
     assert peak < 256, f"{peak} MiB"
+
+
+def test_a_file_replaced_between_the_open_and_the_check_is_opened_again(tmp_path, monkeypatch):
+    """Its old inode has no link left, which was refused as "a hard link": a writer under a
+    size cap stopped keeping its root under it for good, as four writers replaced the usage
+    file (test_capacity's burst, under load)."""
+    (tmp_path / "usage").write_bytes(b"old")
+    real_open, opened = os.open, []
+
+    def open_then_replaced(name, flags, mode=0o777, *, dir_fd=None):
+        fd = real_open(name, flags, mode, dir_fd=dir_fd)
+        opened.append(fd)
+        if len(opened) == 1:  # another process replaces the file (os.replace) right after
+            (tmp_path / "new").write_bytes(b"new")
+            os.replace(tmp_path / "new", tmp_path / "usage")
+        return fd
+
+    monkeypatch.setattr(fsio.os, "open", open_then_replaced)
+    fd = fsio.open_planted(str(tmp_path / "usage"), os.O_RDONLY)
+    try:
+        assert len(opened) == 2 and os.read(fd, 10) == b"new"
+    finally:
+        os.close(fd)
