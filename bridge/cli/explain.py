@@ -243,6 +243,8 @@ class _Candidates:
     by_name: dict[str, list[tuple[Store, str, str]]] = field(default_factory=dict)
     #: the stored lowerings by kernel (``module:name``) and target
     lowered: dict[tuple[str, str], list[tuple[Store, str, str]]] = field(default_factory=dict)
+    #: the read sets each stored lowering holds, by its key (read at the first ask)
+    held: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for index, store in enumerate(self.cache.layers):
@@ -254,17 +256,19 @@ class _Candidates:
                     found = self.lowered.setdefault((e.qualname, e.target), [])
                     found.append((store, layer, e.key))
 
-    def lowerings(self, spec: Specialization, reads: Any) -> tuple[tuple[str, str], ...]:
+    def lowerings(self, spec: Specialization, reads: str | None) -> tuple[tuple[str, str], ...]:
         """The stored lowerings of ``spec``'s kernel and target that hold ``reads``, the read
         set of the entry its lookup uses (compared as data; a lowering that does not decode
-        holds none)."""
-        if not isinstance(reads, str):
+        holds none). Each lowering is read once, whatever number of specializations ask."""
+        if reads is None:
             return ()
         out = []
         for store, layer, key in self.lowered.get((spec.parts.qualname, str(spec.target)), ()):
-            art = store.inspect(key, LOWERING.ext)
-            lowered = decode(art.data) if isinstance(art, Artifact) else None
-            if lowered is not None and reads in lowered.reads:
+            if key not in self.held:
+                art = store.inspect(key, LOWERING.ext)
+                lowered = decode(art.data) if isinstance(art, Artifact) else None
+                self.held[key] = frozenset(lowered.reads) if lowered is not None else frozenset()
+            if reads in self.held[key]:
                 out.append((key, layer))
         return tuple(out)
 
@@ -366,9 +370,7 @@ def _one(
     target, config = str(spec.target), spec.variant.description
     found = lookups.follow(spec, cache)
     if found.status == "hit":
-        assert found.key is not None
-        art = lookups.inspected(cache, found.key, spec.ext)
-        lowered = candidates.lowerings(spec, None if art is None else art.meta.get("reads"))
+        lowered = candidates.lowerings(spec, found.text)
         return Explained(
             kernel,
             target,

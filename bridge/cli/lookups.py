@@ -78,7 +78,7 @@ class Read:
 
     @property
     def kind(self) -> str:
-        return metadata.OPS[self.op].one if self.op in metadata.OPS else self.op
+        return OPS[self.op].one if self.op in OPS else self.op
 
     def found(self) -> str:
         if self.same:
@@ -143,8 +143,9 @@ class Passed:
 class Lookup:
     """What a lowering's lookup of one specialization comes to: ``status`` ``"hit"`` (the
     entry ``key``, ``hops`` keys chained from the call's, in ``layer``, with its ``reads``:
-    None where it records none), ``"miss"`` or ``"left-out"`` (``note`` says why where more
-    than the absence of an entry), and the entries ``passed`` on the way."""
+    None where it records none, and its read set as stored, ``text``), ``"miss"`` or
+    ``"left-out"`` (``note`` says why where more than the absence of an entry), and the entries
+    ``passed`` on the way."""
 
     status: str
     key: str | None = None
@@ -154,6 +155,7 @@ class Lookup:
     partial: tuple[str, ...] = ()
     passed: tuple[Passed, ...] = ()
     note: str | None = None
+    text: str | None = None
 
 
 def follow(spec: Specialization, cache: Cache) -> Lookup:
@@ -181,7 +183,10 @@ def follow(spec: Specialization, cache: Cache) -> Lookup:
         text = art.meta.get("reads")
         rows = read_sets.parse(text) if isinstance(text, str) else None
         found = None if rows is None else tuple(_reads(rows, None))
-        return Lookup("hit", key, len(passed), art.source, found, _partial(text), went)
+        read_set = text if isinstance(text, str) else None
+        return Lookup(
+            "hit", key, len(passed), art.source, found, _partial(text), went, text=read_set
+        )
     if key is None:
         note = (
             f"its reads found something else under each of its {read_sets.MAX_HOPS + 1} keys: "
