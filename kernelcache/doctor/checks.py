@@ -28,7 +28,7 @@ from ..config import (
 from ..errors import MissingDependency
 from ..keys import META_EXT, split_entry_name
 from ..optional import require
-from ..process import HOST, pid_alive
+from ..process import HOST, pid_alive, printable
 from ..signing_key import check_signing_key, read_key_file
 from ..store.layout import create_exclusive, read_settings, shared_directories
 from ..store.removal import remove_own_file
@@ -252,7 +252,7 @@ def root_file_checks(root: str, trust: str) -> list[Check]:
             checks.append(Check(name, "fail", f"{e} (fix it with kernelcache -o {var.key}=...)"))
             continue
         over = f": overridden by the environment's {var.name}" if origin == "environment" else ""
-        checks.append(Check(name, "ok", f"{given[var.name][1]}{over}"))
+        checks.append(Check(name, "ok", f"{printable(given[var.name][1])}{over}"))
     if not checks:
         checks.append(Check(found.path, "ok", "sets nothing"))
     return checks
